@@ -1,0 +1,43 @@
+"""The ``poot`` command line: one module per subcommand, each exposing ``register(sub)``.
+
+A :class:`~poot.errors.PootError` raised by a subcommand is printed as one line
+``poot: error: ...`` on stderr with exit status 2; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from poot.errors import PootError
+
+# Subcommand modules, in --help order. Each defines register(subparsers).
+_SUBCOMMANDS = ("inspect", "tokenize")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="poot", description="poot: an LLM inference compiler")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _SUBCOMMANDS:
+        importlib.import_module(f"poot.cli.{name}_cmd").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PootError as e:
+        print(f"poot: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        print("poot: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
