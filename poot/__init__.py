@@ -7,3 +7,12 @@ compositions), ``poot.load`` (safetensors/GGUF), ``poot.text`` (tokenizers, chat
 """
 
 __version__ = "0.1.0"
+
+# In a source checkout dialects/ and passes/ sit beside poot/ (the design's fixed layout) and
+# install as poot.dialects / poot.passes. When this package is imported from the checkout
+# itself (cwd on sys.path shadows the installed mapping), make the same names resolve.
+import os as _os
+
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_root, "dialects", "opdef.py")) and _root not in __path__:
+    __path__.append(_root)

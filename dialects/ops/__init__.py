@@ -1,0 +1,11 @@
+"""The ops of the poot dialect, one module per family; importing registers them."""
+
+from poot.dialects.ops import (  # noqa: F401  (registration side effects)
+    contraction,
+    elementwise,
+    indexing,
+    packed,
+    reduce,
+    sources,
+    views,
+)

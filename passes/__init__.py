@@ -1,0 +1,1 @@
+"""The compiler's passes: one module per pass, registered by name for poot-opt and compile."""
