@@ -133,6 +133,8 @@ def _is_mapped(a: np.ndarray) -> bool:
         if isinstance(base, np.memmap):
             return True
         base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer(mmap) keeps a memoryview of the map
+        base = base.obj
     return isinstance(base, mmap.mmap)
 
 
