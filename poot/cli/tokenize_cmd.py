@@ -1,0 +1,50 @@
+"""``poot tokenize``: print the token ids of a text (or a one-message chat) for a checkpoint.
+
+    poot tokenize --model MODEL [--chat] [--json] TEXT
+
+Plain output is the ids separated by spaces. ``--json`` prints
+``{"ids": [...], "tokens": [...], "text": ...}`` where ``tokens`` are the vocab strings and
+``text`` is what was encoded. ``--chat`` wraps TEXT as one user message, renders the
+checkpoint's chat template with ``add_generation_prompt=True`` and encodes the result without
+adding special tokens again (HF ``apply_chat_template(tokenize=True)``). TEXT ``-`` reads stdin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("tokenize", help="print the token ids of TEXT for a checkpoint",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a .gguf file or an HF folder with tokenizer.json")
+    p.add_argument("--chat", action="store_true",
+                   help="render TEXT as one user message with the chat template first")
+    p.add_argument("--no-special", action="store_true",
+                   help="do not add BOS/EOS to plain TEXT (ignored with --chat)")
+    p.add_argument("--json", action="store_true", help="print a JSON object with ids and tokens")
+    p.add_argument("text", metavar="TEXT", help="the text to tokenize ('-' reads stdin)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here so `poot --help` does not pay for tokenizers/jinja2.
+    from poot.text.chat import render_chat
+    from poot.text.tokenizer import load_tokenizer
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    tok = load_tokenizer(args.model)
+    if args.chat:
+        messages = [{"role": "user", "content": text}]
+        text = render_chat(tok, messages, add_generation_prompt=True)
+        ids = tok.encode(text, add_special_tokens=False)  # the template wrote its specials
+    else:
+        ids = tok.encode(text, add_special_tokens=not args.no_special)
+    if args.json:
+        out = {"ids": ids, "tokens": [tok.id_to_token(i) for i in ids], "text": text}
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        print(" ".join(map(str, ids)))
+    return 0
