@@ -1,0 +1,632 @@
+#!/usr/bin/env python3
+"""Make the tiny random-init test fixtures in test/fixtures/tiny/ and their reference outputs.
+
+Each fixture is a small HF checkpoint (random init, float32) plus the logits that HF
+`transformers` computes for it, so poot's tests can compare against an independent
+reference without needing torch. One extra fixture is a Q8_0/Q4_1 GGUF of the Llama
+fixture for the GGUF llama path.
+
+This script is NOT part of poot's runtime or CI; torch/transformers are not project
+dependencies. To run it, install (CPU torch only; do not pull a CUDA build):
+
+    pip install torch==2.13.0            # the +cpu wheel
+    pip install transformers==5.24.0     # pinned: accepts torch 2.13
+    pip install gguf numpy safetensors   # gguf 0.19.0 was used
+
+    python scripts/make_fixtures.py [--out test/fixtures/tiny] [--only NAME ...] [--list]
+
+NAME is a fixture name (see --list), e.g. `llama`, `mistral_swa4`, `llama_gguf_q4_1`.
+Output is deterministic (fixed seeds, fixed prompt). Every fixture is reloaded from disk
+and must reproduce its logits exactly (max abs diff 0), and the GGUF is read back with
+gguf.GGUFReader; the script fails loudly otherwise. See test/fixtures/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "test" / "fixtures" / "tiny"
+
+PROMPT_IDS = [1, 17, 42, 100, 7, 255, 3, 128, 64, 9, 200, 31]
+DECODE_PREFIX = 8  # prefill this many prompt tokens with a cache, then decode the rest one by one
+N_GREEDY = 8
+INIT_SEED = 0  # torch.manual_seed before Cls(config)
+NOISE_SEED = 1  # torch.Generator seed for the N(0, NOISE_STD) noise on 1-D params
+NOISE_STD = 0.1
+
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    initializer_range=0.2,  # default 0.02 gives near-uniform logits
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+)
+
+# name -> (architecture class, config class, overrides on top of COMMON, description)
+SPECS: dict[str, tuple[str, str, dict, str]] = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", {}, "Llama, untied embeddings, default RoPE (theta 10000)"),
+    "llama_llama3rope_tied": (
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        dict(
+            tie_word_embeddings=True,
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                # with theta 5e5 and head_dim 16 this keeps the highest frequency, smooths
+                # the next one and divides the other 6 by `factor`
+                original_max_position_embeddings=64,
+            ),
+        ),
+        "Llama, tied embeddings (no lm_head.weight in the file), llama3 rope scaling",
+    ),
+    "mistral_swa4": (
+        "MistralForCausalLM",
+        "MistralConfig",
+        dict(sliding_window=4),
+        "Mistral, sliding_window 4 on every layer (query i sees keys j with i-4 < j <= i)",
+    ),
+    "qwen2": (
+        "Qwen2ForCausalLM",
+        "Qwen2Config",
+        dict(use_sliding_window=False),
+        "Qwen2, q/k/v projection biases",
+    ),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(use_sliding_window=False), "Qwen3, per-head q/k RMSNorm"),
+    "gemma": (
+        "GemmaForCausalLM",
+        "GemmaConfig",
+        dict(tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh"),
+        "Gemma, tied, (1+w) RMSNorm, embeddings scaled by sqrt(hidden), GeGLU (tanh gelu)",
+    ),
+    "gemma2": (
+        "Gemma2ForCausalLM",
+        "Gemma2Config",
+        dict(
+            tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh",
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            # small caps so that soft-capping changes the result materially
+            attn_logit_softcapping=10.0,
+            final_logit_softcapping=5.0,
+            query_pre_attn_scalar=32,  # != head_dim, so the scale must come from the config
+        ),
+        "Gemma2, soft-capping (attn 10, final 5), layer 0 sliding_window 4, layer 1 full, "
+        "query_pre_attn_scalar 32, pre+post norms",
+    ),
+    "phi3": (
+        "Phi3ForCausalLM",
+        "Phi3Config",
+        dict(hidden_act="silu", sliding_window=None),
+        "Phi3, fused qkv_proj and gate_up_proj",
+    ),
+    "mixtral": (
+        "MixtralForCausalLM",
+        "MixtralConfig",
+        # ffn 32 per expert (not 128) to keep the file under ~600 KB
+        dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+        "Mixtral MoE, 4 experts top-2 (softmax then top-k, renormalised), expert ffn 32",
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        dict(
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+            use_sliding_window=False,
+        ),
+        "Qwen3-MoE, q/k norm, 4 experts top-2, norm_topk_prob True, expert ffn 32, every layer sparse",
+    ),
+}
+GGUF_NAME = "llama_gguf_q4_1"
+GGUF_SOURCE = "llama"
+ALL_NAMES = list(SPECS) + [GGUF_NAME]
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+
+
+def versions() -> dict:
+    import safetensors
+    import torch
+    import transformers
+
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": np.__version__,
+        "safetensors": safetensors.__version__,
+    }
+    try:
+        from importlib.metadata import version
+
+        out["gguf"] = version("gguf")
+    except Exception:  # pragma: no cover
+        pass
+    return out
+
+
+def make_config(name: str):
+    import transformers
+
+    arch, cfg_cls, overrides, _ = SPECS[name]
+    kw = dict(COMMON)
+    kw.update(overrides)
+    cfg = getattr(transformers, cfg_cls)(**kw)
+    cfg.architectures = [arch]
+    cfg._attn_implementation = "eager"
+    try:
+        cfg._experts_implementation = "eager"
+    except Exception:  # older transformers: no such switch
+        pass
+    return cfg
+
+
+def build_model(name: str, cfg=None):
+    import torch
+    import transformers
+
+    arch = SPECS[name][0]
+    cfg = cfg if cfg is not None else make_config(name)
+    torch.manual_seed(INIT_SEED)
+    model = getattr(transformers, arch)(cfg).to(torch.float32)
+    gen = torch.Generator().manual_seed(NOISE_SEED)
+    with torch.no_grad():
+        for pname, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * NOISE_STD)
+    model.eval()
+    return model
+
+
+def clone_with_config(model, name: str, **changes):
+    """Same weights, config tweaked (for the ablation checks)."""
+    import transformers
+
+    cfg = copy.deepcopy(model.config)
+    for k, v in changes.items():
+        setattr(cfg, k, v)
+    other = getattr(transformers, SPECS[name][0])(cfg).to("cpu")
+    other.load_state_dict(model.state_dict())
+    other.eval()
+    return other
+
+
+def prefill_logits(model) -> np.ndarray:
+    import torch
+
+    ids = torch.tensor([PROMPT_IDS], dtype=torch.long)
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=False)
+    return out.logits[0].float().numpy().copy()
+
+
+def decode_logits(model) -> np.ndarray:
+    """Prefill PROMPT_IDS[:DECODE_PREFIX] with a cache, then feed the rest one token a step."""
+    import torch
+
+    ids = torch.tensor([PROMPT_IDS], dtype=torch.long)
+    rows = []
+    with torch.no_grad():
+        out = model(input_ids=ids[:, :DECODE_PREFIX], use_cache=True)
+        pkv = out.past_key_values
+        for t in range(DECODE_PREFIX, len(PROMPT_IDS)):
+            out = model(input_ids=ids[:, t : t + 1], past_key_values=pkv, use_cache=True)
+            pkv = out.past_key_values
+            rows.append(out.logits[0, -1].float().numpy().copy())
+    return np.stack(rows).astype(np.float32)
+
+
+def greedy(model) -> dict:
+    import torch
+
+    ids = torch.tensor([PROMPT_IDS], dtype=torch.long)
+    with torch.no_grad():
+        g = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            min_new_tokens=N_GREEDY,
+            max_new_tokens=N_GREEDY,
+            output_scores=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    new = g.sequences[0, len(PROMPT_IDS) :].numpy().astype(np.int64)
+    assert new.shape == (N_GREEDY,), new.shape
+    margins, raw_argmax = [], []
+    for s, raw in zip(g.scores, g.logits):
+        top2 = torch.topk(s[0].float(), 2).values
+        margins.append(float(top2[0] - top2[1]))
+        raw_argmax.append(int(raw[0].argmax()))
+    # the same tokens from plain no-cache forwards (argmax of raw logits)
+    full = torch.cat([ids, torch.tensor(new[None, :-1])], dim=1)
+    with torch.no_grad():
+        lg = model(input_ids=full, use_cache=False).logits[0]
+    nocache_argmax = lg[len(PROMPT_IDS) - 1 :].argmax(-1).numpy().astype(np.int64)
+    return {
+        "greedy_ids": new,
+        "greedy_margins": np.asarray(margins, dtype=np.float32),
+        "raw_logits_argmax": raw_argmax,
+        "nocache_argmax_matches": bool((nocache_argmax == new).all()),
+        "eos_suppressed_changed_choice": bool(any(a != int(b) for a, b in zip(raw_argmax, new))),
+    }
+
+
+def reference_for(model) -> tuple[dict, dict]:
+    """Arrays for reference.npz and a summary for reference.json."""
+    pre = prefill_logits(model)
+    dec = decode_logits(model)
+    gr = greedy(model)
+    arrays = {
+        "prompt_ids": np.asarray(PROMPT_IDS, dtype=np.int64),
+        "prefill_logits": pre.astype(np.float32),
+        "decode_logits": dec.astype(np.float32),
+        "greedy_ids": gr["greedy_ids"],
+        "greedy_margins": gr["greedy_margins"],
+    }
+    info = {
+        "prefill_argmax": [int(x) for x in pre.argmax(-1)],
+        "prefill_logit_std": float(pre.std()),
+        "decode_argmax": [int(x) for x in dec.argmax(-1)],
+        "decode_vs_prefill_max_abs_diff": float(np.abs(dec - pre[DECODE_PREFIX:]).max()),
+        "greedy_ids": [int(x) for x in gr["greedy_ids"]],
+        "greedy_margins": [float(x) for x in gr["greedy_margins"]],
+        "greedy_min_margin": float(gr["greedy_margins"].min()),
+        "greedy_raw_logits_argmax": gr["raw_logits_argmax"],
+        "greedy_nocache_argmax_matches": gr["nocache_argmax_matches"],
+        "greedy_eos_suppression_changed_a_choice": gr["eos_suppressed_changed_choice"],
+    }
+    return arrays, info
+
+
+REFERENCE_DOC = {
+    "prompt_ids": "int64 [12]: the fixed prompt",
+    "prefill_logits": "float32 [12, vocab]: one forward over the whole prompt, no cache",
+    "decode_logits": (
+        f"float32 [{len(PROMPT_IDS) - DECODE_PREFIX}, vocab]: prefill prompt[:{DECODE_PREFIX}] with "
+        f"use_cache=True, then feed prompt[{DECODE_PREFIX}], prompt[{DECODE_PREFIX + 1}], ... one token per "
+        "step through past_key_values; row k = logits of step k (should equal prefill_logits[8+k] up to fp noise)"
+    ),
+    "greedy_ids": (
+        f"int64 [{N_GREEDY}]: generate(do_sample=False, min_new_tokens={N_GREEDY}, max_new_tokens={N_GREEDY}) "
+        "after the 12-token prompt (min_new_tokens masks eos to -inf until the last step)"
+    ),
+    "greedy_margins": "float32 [8]: top1 - top2 of the (processed) scores at each greedy step",
+}
+
+
+def save_reference(d: Path, arrays: dict, info: dict, extra: dict) -> None:
+    np.savez(d / "reference.npz", **arrays)
+    doc = {
+        **extra,
+        "prompt_ids": PROMPT_IDS,
+        "decode_prefix_len": DECODE_PREFIX,
+        "decode_step_token_ids": PROMPT_IDS[DECODE_PREFIX:],
+        "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype), "doc": REFERENCE_DOC[k]} for k, v in arrays.items()},
+        **info,
+        "seeds": {"torch.manual_seed(init)": INIT_SEED, "noise_generator": NOISE_SEED, "noise_std_1d_params": NOISE_STD},
+        "versions": versions(),
+        "script": "scripts/make_fixtures.py",
+    }
+    (d / "reference.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def dir_size(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+
+
+# ---------------------------------------------------------------------------------------
+# HF fixtures
+
+
+def make_hf_fixture(name: str, out: Path) -> dict:
+    import torch
+    import transformers
+
+    arch, _, _, desc = SPECS[name]
+    d = out / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+
+    model = build_model(name)
+    arrays, info = reference_for(model)
+
+    # ablations: prove the feature under test changes the output for this prompt
+    ablations = {}
+    if name == "mistral_swa4":
+        nowin = clone_with_config(model, name, sliding_window=None)
+        ablations["no_sliding_window_prefill_max_abs_diff"] = float(
+            np.abs(prefill_logits(nowin) - arrays["prefill_logits"]).max()
+        )
+    if name == "gemma2":
+        nowin = clone_with_config(model, name, sliding_window=4096)
+        ablations["no_sliding_window_prefill_max_abs_diff"] = float(
+            np.abs(prefill_logits(nowin) - arrays["prefill_logits"]).max()
+        )
+        nocap = clone_with_config(model, name, attn_logit_softcapping=None, final_logit_softcapping=None)
+        ablations["no_softcapping_prefill_max_abs_diff"] = float(
+            np.abs(prefill_logits(nocap) - arrays["prefill_logits"]).max()
+        )
+    if name == "llama_llama3rope_tied":
+        plain = clone_with_config(model, name, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+        ablations["default_rope_prefill_max_abs_diff"] = float(
+            np.abs(prefill_logits(plain) - arrays["prefill_logits"]).max()
+        )
+    for k, v in ablations.items():
+        if not v > 1e-3:
+            raise SystemExit(f"{name}: ablation {k}={v}: the feature does not matter for this prompt")
+
+    model.save_pretrained(d, safe_serialization=True)
+
+    # reload from disk: logits must reproduce exactly
+    re = getattr(transformers, arch).from_pretrained(
+        d, attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    reload_pre = float(np.abs(prefill_logits(re) - arrays["prefill_logits"]).max())
+    reload_dec = float(np.abs(decode_logits(re) - arrays["decode_logits"]).max())
+    if reload_pre != 0.0 or reload_dec != 0.0:
+        raise SystemExit(f"{name}: reload mismatch prefill {reload_pre} decode {reload_dec}")
+    if info["decode_vs_prefill_max_abs_diff"] > 1e-4:
+        raise SystemExit(f"{name}: cached decode disagrees with prefill: {info['decode_vs_prefill_max_abs_diff']}")
+
+    extra = {
+        "name": name,
+        "architecture": arch,
+        "model_type": model.config.model_type,
+        "description": desc,
+        "n_params": int(sum(p.numel() for p in model.parameters())),
+        "reload_prefill_max_abs_diff": reload_pre,
+        "reload_decode_max_abs_diff": reload_dec,
+        "ablations": ablations,
+    }
+    save_reference(d, arrays, info, extra)
+    return {"name": name, "bytes": dir_size(d), "logit_std": info["prefill_logit_std"], **ablations}
+
+
+# ---------------------------------------------------------------------------------------
+# GGUF fixture
+
+
+def gguf_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf's Q/K permutation (HF rotate-half -> GGML interleaved rope)."""
+    rows, cols = w.shape
+    return w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def gguf_unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    rows, cols = w.shape
+    return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def byte_bpe_vocab() -> tuple[list[str], list[int], list[str]]:
+    """A minimal, self-consistent GPT-2-style byte-level BPE vocab of exactly 256 tokens.
+
+    0..2 control (<pad>, <s>, </s>); 3..99 printable ASCII + '\\n' + '\\t' (as GPT-2 byte
+    chars, so ' ' is 'Ġ'); 100..227 bytes 0x80..0xFF; 228..255 the results of 28 merges.
+    """
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    b2u = {b: chr(c) for b, c in zip(bs, cs)}
+    tokens = ["<pad>", "<s>", "</s>"]
+    tokens += [b2u[b] for b in range(0x20, 0x7F)] + [b2u[0x0A], b2u[0x09]]
+    tokens += [b2u[b] for b in range(0x80, 0x100)]
+    merges = [
+        "Ġ t", "Ġ a", "h e", "i n", "r e", "o n", "Ġ s", "e r", "Ġ c", "a t", "e n", "o r", "Ġ w", "e s",
+        "Ġ o", "i s", "Ġ b", "i t", "a n", "Ġ p", "Ġ f", "e d", "a r", "Ġ m", "o u", "a l", "Ġ d", "l e",
+    ]  # fmt: skip
+    tokens += [m.replace(" ", "") for m in merges]
+    assert len(tokens) == 256 and len(set(tokens)) == 256, (len(tokens), len(set(tokens)))
+    types = [3, 3, 3] + [1] * 253  # CONTROL, NORMAL
+    return tokens, types, merges
+
+
+def make_gguf_fixture(out: Path) -> dict:
+    import gguf
+    import torch
+    import transformers
+    from gguf import GGMLQuantizationType as QT
+
+    name = GGUF_NAME
+    d = out / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+
+    cfg = make_config(GGUF_SOURCE)
+    src = build_model(GGUF_SOURCE, cfg)  # same weights as the `llama` fixture
+    sd = {k: v.detach().numpy().astype(np.float32) for k, v in src.state_dict().items()}
+    n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    L = cfg.num_hidden_layers
+
+    # (gguf name, hf name, qtype, permute-heads or None)
+    plan = [("token_embd.weight", "model.embed_tokens.weight", QT.Q8_0, None)]
+    for i in range(L):
+        p = f"model.layers.{i}."
+        plan += [
+            (f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight", QT.F32, None),
+            (f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight", QT.Q4_1, n_head),
+            (f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight", QT.Q4_1, n_kv),
+            (f"blk.{i}.attn_v.weight", p + "self_attn.v_proj.weight", QT.Q4_1, None),
+            (f"blk.{i}.attn_output.weight", p + "self_attn.o_proj.weight", QT.Q4_1, None),
+            (f"blk.{i}.ffn_norm.weight", p + "post_attention_layernorm.weight", QT.F32, None),
+            (f"blk.{i}.ffn_gate.weight", p + "mlp.gate_proj.weight", QT.Q4_1, None),
+            (f"blk.{i}.ffn_up.weight", p + "mlp.up_proj.weight", QT.Q4_1, None),
+            (f"blk.{i}.ffn_down.weight", p + "mlp.down_proj.weight", QT.Q4_1, None),
+        ]
+    plan += [
+        ("output_norm.weight", "model.norm.weight", QT.F32, None),
+        ("output.weight", "lm_head.weight", QT.Q4_1, None),
+    ]
+    assert {h for _, h, _, _ in plan} == set(sd), set(sd) ^ {h for _, h, _, _ in plan}
+
+    w = gguf.GGUFWriter(d / "model.gguf", "llama")
+    w.add_name("poot tiny llama (random init) Q4_1")
+    w.add_block_count(L)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    tokens, types, merges = byte_bpe_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(cfg.bos_token_id)
+    w.add_eos_token_id(cfg.eos_token_id)
+    w.add_pad_token_id(cfg.pad_token_id)
+    w.add_add_bos_token(False)
+
+    deq_sd = {}
+    written = {}
+    for gname, hname, qt, heads in plan:
+        t = sd[hname]
+        if heads is not None:
+            t = gguf_permute(t, heads)
+            assert np.array_equal(gguf_unpermute(t, heads), sd[hname])
+        t = np.ascontiguousarray(t, dtype=np.float32)
+        if qt == QT.F32:
+            w.add_tensor(gname, t)
+            deq = t
+        else:
+            q = gguf.quants.quantize(t, qt)
+            w.add_tensor(gname, q, raw_dtype=qt)
+            deq = gguf.quants.dequantize(q, qt).reshape(t.shape).astype(np.float32)
+        written[gname] = (qt, deq)
+        if heads is not None:
+            deq = gguf_unpermute(deq, heads)
+        deq_sd[hname] = torch.from_numpy(np.ascontiguousarray(deq))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    # read back
+    r = gguf.GGUFReader(d / "model.gguf")
+    got = {t.name: t for t in r.tensors}
+    if set(got) != set(written):
+        raise SystemExit(f"gguf read-back tensor names differ: {set(got) ^ set(written)}")
+    for gname, (qt, deq) in written.items():
+        t = got[gname]
+        if t.tensor_type != qt:
+            raise SystemExit(f"{gname}: type {t.tensor_type} != {qt}")
+        back = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(deq.shape)
+        if not np.array_equal(back, deq):
+            raise SystemExit(f"{gname}: read-back data differs")
+        # GGUF lists dims fastest-first
+        if list(map(int, t.shape)) != list(deq.shape[::-1]):
+            raise SystemExit(f"{gname}: shape {list(t.shape)} vs {deq.shape}")
+    arch_field = r.fields["general.architecture"]
+    if bytes(arch_field.parts[arch_field.data[0]]).decode() != "llama":
+        raise SystemExit("gguf: general.architecture is not llama")
+    if int(r.fields["llama.attention.head_count_kv"].parts[-1][0]) != n_kv:
+        raise SystemExit("gguf: head_count_kv read back wrong")
+
+    # reference: HF Llama with the dequantized (and un-permuted) weights
+    deq_model = transformers.LlamaForCausalLM(copy.deepcopy(cfg)).eval()
+    deq_model.load_state_dict(deq_sd, strict=True)
+    arrays, info = reference_for(deq_model)
+    src_pre = prefill_logits(src)
+    meta = {
+        k: (f.contents() if hasattr(f, "contents") else None)
+        for k, f in r.fields.items()
+        if not k.startswith("tokenizer.ggml.") or k in ("tokenizer.ggml.model", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
+    }
+    extra = {
+        "name": name,
+        "architecture": "LlamaForCausalLM (reference) / GGUF llama",
+        "description": (
+            "GGUF v3 of the `llama` fixture's weights: token_embd Q8_0; attn_q/k/v/output, ffn_gate/up/down, "
+            "output Q4_1; norms F32; attn_q/attn_k permuted like llama.cpp convert_hf_to_gguf before quantizing. "
+            "Reference logits come from HF LlamaForCausalLM loaded with the dequantized, un-permuted weights."
+        ),
+        "source_fixture": GGUF_SOURCE,
+        "hf_config": json.loads(cfg.to_json_string()),
+        "tensors": {
+            t.name: {"type": t.tensor_type.name, "gguf_shape": [int(x) for x in t.shape]} for t in r.tensors
+        },
+        "gguf_metadata": {k: v for k, v in meta.items() if not k.startswith("GGUF.")},
+        "gguf_version": int(r.fields["GGUF.version"].parts[-1][0]),
+        "quantization_vs_f32_prefill_max_abs_diff": float(np.abs(arrays["prefill_logits"] - src_pre).max()),
+    }
+    save_reference(d, arrays, info, extra)
+    return {"name": name, "bytes": dir_size(d), "logit_std": info["prefill_logit_std"]}
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--only", nargs="+", metavar="NAME", choices=ALL_NAMES)
+    ap.add_argument("--list", action="store_true", help="list fixture names and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        for n in SPECS:
+            print(f"{n:24s} {SPECS[n][0]:22s} {SPECS[n][3]}")
+        print(f"{GGUF_NAME:24s} {'GGUF llama':22s} Q8_0/Q4_1 GGUF of `{GGUF_SOURCE}`")
+        return 0
+
+    import torch
+
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    names = args.only or ALL_NAMES
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for n in names:
+        res = make_gguf_fixture(args.out) if n == GGUF_NAME else make_hf_fixture(n, args.out)
+        results.append(res)
+        print(json.dumps(res), flush=True)
+    big = [r for r in results if r["bytes"] > 600 * 1024]
+    if big:
+        print(f"WARNING: fixtures over 600 KiB: {[r['name'] for r in big]}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
