@@ -1,0 +1,198 @@
+"""``poot-opt``: an ``mlir-opt``-style driver with the poot dialect and poot's passes.
+
+Reads ``.mlir`` (a file or ``-``), loads the poot dialect, verifies poot ops by their rules,
+runs a pipeline mixing poot's Python passes and upstream MLIR passes, and prints the result.
+
+    poot-opt in.mlir --pass-pipeline='builtin.module(poot-verify,canonicalize,cse)'
+    poot-opt in.mlir --poot-verify --split-input-file
+    poot-opt bad.mlir --verify-diagnostics      # checks `// expected-error @+1 {{...}}`
+
+Exit status: 0 on success, 1 when the input fails to parse/verify or a pass fails (or, with
+``--verify-diagnostics``, when diagnostics and expectations disagree), 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+
+from mlir import ir
+
+from poot.dialects import irdl_text, make_context
+from poot.dialects.verify import verify_module
+from poot.errors import PootError
+from poot.passes.registry import (PipelineError, build_pass_manager, load_all_passes,
+                                  take_failures)
+
+SPLIT_MARKER = "// -----"
+
+
+@dataclass
+class Diag:
+    line: int | None
+    text: str  # "file:line:col: error: message"
+    message: str
+
+
+def _parser() -> argparse.ArgumentParser:
+    passes = load_all_passes()
+    epilog = "poot passes:\n" + "\n".join(
+        f"  --{p.argument:<28} {p.summary}" +
+        "".join(f"\n      {k}={t.__name__} (default {d}): {h}" for k, (t, d, h) in
+                p.options.items())
+        for p in sorted(passes.values(), key=lambda p: p.argument))
+    epilog += ("\n\nUpstream MLIR passes are named inside --pass-pipeline, e.g.\n"
+               "  --pass-pipeline='builtin.module(poot-verify,canonicalize,cse)'")
+    ap = argparse.ArgumentParser(prog="poot-opt", epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 description="MLIR optimizer driver with the poot dialect")
+    ap.add_argument("input", nargs="?", default="-", help="input .mlir file (default: stdin)")
+    ap.add_argument("-o", dest="output", default="-", help="output file (default: stdout)")
+    ap.add_argument("--pass-pipeline", "-p", default="", help="textual pass pipeline")
+    ap.add_argument("--split-input-file", action="store_true",
+                    help=f"process chunks separated by '{SPLIT_MARKER}' independently")
+    ap.add_argument("--verify-diagnostics", action="store_true",
+                    help="check emitted errors against expected-error comments")
+    ap.add_argument("--print-irdl", action="store_true",
+                    help="print the poot dialect's IRDL definition and exit")
+    for p in passes.values():
+        ap.add_argument(f"--{p.argument}", action="append_const", const=p.argument,
+                        dest="pass_flags", help=p.summary)
+    return ap
+
+
+def _chunks(text: str, split: bool) -> list[tuple[int, str]]:
+    """(first line number - 1, text) per chunk, padded so MLIR's line numbers stay absolute."""
+    if not split:
+        return [(0, text)]
+    out, start = [], 0
+    for piece in re.split(r"^// -----.*$", text, flags=re.M):
+        out.append((start, "\n" * start + piece))
+        start += piece.count("\n")
+    return out
+
+
+def _parse_loc(loc: str, filename: str) -> tuple[int | None, str]:
+    m = re.search(r'"?(?:-|[^":]*)"?:(\d+):(\d+)', loc)
+    if not m:
+        return None, f"{filename}"
+    return int(m.group(1)), f"{filename}:{m.group(1)}:{m.group(2)}"
+
+
+def process_chunk(text: str, pipeline: str, filename: str) -> tuple[str | None, list[Diag]]:
+    """Parse, verify and transform one chunk. Returns (printed IR or None, diagnostics)."""
+    ctx = make_context()
+    diags: list[Diag] = []
+    with ctx:
+        try:
+            module = ir.Module.parse(text)
+        except ir.MLIRError as e:
+            for d in e.error_diagnostics:
+                line, where = _parse_loc(str(d.location), filename)
+                diags.append(Diag(line, f"{where}: error: {d.message}", d.message))
+            return None, diags
+        for d in verify_module(module):
+            line, where = _parse_loc(d.location, filename)
+            diags.append(Diag(line, f"{where}: error: {d.message}", d.message))
+        if diags:
+            return None, diags
+        if pipeline:
+            pm = build_pass_manager(pipeline, ctx)
+            try:
+                pm.run(module.operation)
+            except ir.MLIRError as e:
+                fails = take_failures()
+                for msg in fails or [str(x.message) for x in e.error_diagnostics]:
+                    for one in msg.splitlines():
+                        m = re.match(r"(\S+?):(\d+):(\d+): error: (.*)", one)
+                        line = int(m.group(2)) if m else None
+                        diags.append(Diag(line, one if m else f"{filename}: error: {one}",
+                                          m.group(4) if m else one))
+                return None, diags
+        return str(module), diags
+
+
+_EXPECT = re.compile(r"//\s*expected-error\s*(@[+-]\d+|@above|@below)?\s*\{\{(.*?)\}\}")
+
+
+def _expectations(text: str) -> list[tuple[int, str]]:
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        for m in _EXPECT.finditer(line):
+            off = m.group(1)
+            target = i
+            if off in ("@above",):
+                target = i - 1
+            elif off == "@below":
+                target = i + 1
+            elif off:
+                target = i + int(off[1:])
+            out.append((target, m.group(2)))
+    return out
+
+
+def _check_expectations(expected, diags: list[Diag], filename: str) -> list[str]:
+    problems, used = [], set()
+    for line, msg in expected:
+        hit = next((k for k, d in enumerate(diags)
+                    if k not in used and d.line == line and msg in d.message), None)
+        if hit is None:
+            problems.append(f"{filename}:{line}: error: expected error \"{msg}\" was not produced")
+        else:
+            used.add(hit)
+    for k, d in enumerate(diags):
+        if k not in used:
+            problems.append(f"{d.text}  (unexpected error)")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.print_irdl:
+        sys.stdout.write(irdl_text())
+        return 0
+    if args.pass_pipeline and args.pass_flags:
+        print("poot-opt: error: use either --pass-pipeline or pass flags", file=sys.stderr)
+        return 2
+    pipeline = args.pass_pipeline or ",".join(args.pass_flags or [])
+    filename = "<stdin>" if args.input == "-" else args.input
+    try:
+        text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+    except OSError as e:
+        print(f"poot-opt: error: cannot read {args.input}: {e.strerror}", file=sys.stderr)
+        return 2
+    outputs, failed, problems = [], False, []
+    try:
+        for _, chunk in _chunks(text, args.split_input_file):
+            out, diags = process_chunk(chunk, pipeline, filename)
+            if args.verify_diagnostics:
+                problems += _check_expectations(_expectations(chunk), diags, filename)
+            else:
+                for d in diags:
+                    print(d.text, file=sys.stderr)
+                failed |= bool(diags)
+            if out is not None:
+                outputs.append(out)
+    except PipelineError as e:
+        print(f"poot-opt: error: {e}", file=sys.stderr)
+        return 2
+    except PootError as e:
+        print(f"poot-opt: error: {e}", file=sys.stderr)
+        return 1
+    if args.verify_diagnostics:
+        for p in problems:
+            print(p, file=sys.stderr)
+        return 1 if problems else 0
+    result = f"\n{SPLIT_MARKER}\n".join(outputs)
+    if args.output == "-":
+        sys.stdout.write(result)
+    else:
+        with open(args.output, "w") as f:
+            f.write(result)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
