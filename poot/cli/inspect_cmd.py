@@ -1,0 +1,133 @@
+"""``poot inspect``: what a checkpoint holds, without loading its weights into memory.
+
+    poot inspect MODEL [--json]
+
+MODEL is a ``.gguf`` file, a ``.safetensors`` file or a Hugging Face folder. Prints the
+architecture, the typed :class:`~poot.load.config.ModelConfig`, a tokenizer summary and every
+tensor with its stored format (``f32``, ``bf16``, ``q4_1``...), logical shape and bytes.
+``--json`` prints the same as one JSON object. A malformed checkpoint is a LoadError: one line
+``poot: error: <file>: <field>: <problem>``, exit status 2. A tokenizer that cannot be built
+is reported in the output, not fatal (the weights and config may still be inspected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("inspect", help="show a checkpoint's architecture, config, "
+                              "tokenizer and tensors", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL", help="a .gguf file, .safetensors file or HF folder")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = inspect_model(args.model)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=1))
+    else:
+        print(_text(report))
+    return 0
+
+
+def inspect_model(path: str) -> dict[str, Any]:
+    """The inspect report as plain JSON-able data. Raises LoadError for malformed files."""
+    from poot.load.config import load_config
+    from poot.load.errors import LoadError
+    from poot.load.store import open_weights
+
+    store = open_weights(path)
+    report: dict[str, Any] = {"path": os.fspath(path), "format": store.kind,
+                              "files": store.files}
+    if store.gguf is not None:
+        report["gguf_version"] = store.gguf.version
+        report["alignment"] = store.gguf.alignment
+    try:
+        cfg = load_config(path)
+        report["architecture"] = cfg.architecture
+        report["config"] = {f.name: _plain(getattr(cfg, f.name))
+                            for f in dataclasses.fields(cfg) if f.name != "extra"}
+    except LoadError as e:
+        if e.field != "config.json":  # a broken config is an error; an absent one is not
+            raise
+        report["architecture"] = None
+        report["config"] = None
+    report["tokenizer"] = _tokenizer_summary(path, store)
+    report["tensors"] = [{"name": t.name, "format": t.format, "shape": list(t.shape),
+                          "nbytes": t.nbytes} for t in store.values()]
+    report["mapped_bytes"] = store.mapped_bytes()
+    report["resident_bytes"] = store.resident_bytes()
+    return report
+
+
+def _plain(v: Any) -> Any:
+    if dataclasses.is_dataclass(v):
+        return {f.name: _plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _tokenizer_summary(path: str, store: Any) -> dict[str, Any] | None:
+    """Via poot.text.tokenizer when present; otherwise from GGUF metadata alone."""
+    from poot.errors import PootError
+
+    try:
+        from poot.text.tokenizer import load_tokenizer
+    except ImportError:
+        load_tokenizer = None
+    meta = store.metadata if store.kind == "gguf" else {}
+    out: dict[str, Any] = {}
+    if "tokenizer.ggml.model" in meta:
+        out["model"] = meta["tokenizer.ggml.model"]
+        out["vocab_size"] = len(meta.get("tokenizer.ggml.tokens", ()))
+        out["has_chat_template"] = "tokenizer.chat_template" in meta
+    if load_tokenizer is not None:
+        try:
+            tok = load_tokenizer(path)
+            out.update(vocab_size=tok.vocab_size, bos_id=tok.bos_id, eos_id=tok.eos_id,
+                       stop_ids=sorted(tok.stop_ids),
+                       has_chat_template=tok.chat_template is not None)
+        except PootError as e:
+            out["error"] = str(e)
+    return out or None
+
+
+def _text(r: dict[str, Any]) -> str:
+    lines = [f"model: {r['path']} ({r['format']}"
+             + (f" v{r['gguf_version']}, alignment {r['alignment']}" if "gguf_version" in r
+                else "")
+             + f", {len(r['tensors'])} tensors, {_size(r['mapped_bytes'])} mapped, "
+               f"{_size(r['resident_bytes'])} resident)",
+             f"architecture: {r['architecture'] or 'unknown (no config.json)'}"]
+    if r["config"]:
+        lines.append("config:")
+        for k, v in r["config"].items():
+            if isinstance(v, dict):  # rope_scaling: show only what is set
+                v = ", ".join(f"{a}={b}" for a, b in v.items() if b is not None)
+            lines.append(f"  {k}: {v}")
+    tok = r["tokenizer"]
+    lines.append("tokenizer: " + (", ".join(f"{k}={v}" for k, v in tok.items()) if tok
+                                  else "none found"))
+    lines.append("tensors:")
+    width = max((len(t["name"]) for t in r["tensors"]), default=0)
+    for t in r["tensors"]:
+        lines.append(f"  {t['name']:<{width}}  {t['format']:<6} "
+                     f"{'x'.join(map(str, t['shape'])) or 'scalar':<16} {_size(t['nbytes'])}")
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
