@@ -58,6 +58,14 @@ _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{
            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Qwen2: the Llama 3 regex with single digits.
 _QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+# Mistral Tekken and GPT-4o / Llama 4 (case-aware words; the form transformers' GGUF loader uses).
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _CONTRACTION
+          + r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CONTRACTION
+          + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 
 PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
@@ -67,6 +75,8 @@ PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
     "qwen2": (_QWEN2,),
     # smollm, starcoder, refact, command-r, codeshell, exaone, minerva: single digits first.
     "smollm": (r"\p{N}", _GPT2),
+    "tekken": (_TEKKEN,),
+    "gpt-4o": (_GPT4O,),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"),
     "deepseek-coder": ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
     "deepseek-v3": (
@@ -87,6 +97,7 @@ PRE_TOKENIZER_ALIASES: dict[str, str] = {
     "smollm": "smollm", "starcoder": "smollm", "refact": "smollm", "command-r": "smollm",
     "codeshell": "smollm", "exaone": "smollm", "minerva-7b": "smollm",
     "falcon": "falcon",
+    "tekken": "tekken", "gpt-4o": "gpt-4o", "llama4": "gpt-4o",
     "deepseek-coder": "deepseek-coder", "deepseek-v3": "deepseek-v3",
 }
 # Pre-tokenizers whose BPE emits a whole word found in the vocab before merging (llama.cpp's
@@ -360,9 +371,11 @@ def _build_llama(meta: Mapping[str, Any], tokens: Sequence[str], types: Sequence
     unk_id = _field(meta, "tokenizer.ggml.unknown_token_id", int, unk_ids[0] if unk_ids else None)
     unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
     tk = _HFTokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    # HF LlamaTokenizer: Metaspace prepends "▁" to the first text run only (and not when it
+    # already starts with a space); the decoder strips that one leading space again.
     prefix = _field(meta, "tokenizer.ggml.add_space_prefix", bool, True)
-    norm = [normalizers.Prepend("▁")] if prefix else []
-    tk.normalizer = normalizers.Sequence(norm + [normalizers.Replace(" ", "▁")])
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if prefix else "never",
+                                                split=False)
     dec = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     tk.decoder = decoders.Sequence(dec + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     return tk
@@ -373,16 +386,19 @@ def merges_from_scores(tokens: Sequence[str], scores: Sequence[float]) -> list[t
 
     Every split ``piece = left + right`` with both sides in the vocab is a merge, ranked by
     the merged piece's score (higher first; SentencePiece BPE scores are minus merge order),
-    ties by the sides' ids. Cost: O(total piece length).
+    then by longer left and right sides, then vocab order (transformers' ``generate_merges``).
+    Cost: O(total piece length^2 / piece) string slicing, fine for 32k-256k vocabs.
     """
     vocab = _vocab(tokens)
     found = []
     for piece, pid in vocab.items():
-        local = [(vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:])
-                 for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
-        found.extend((-float(scores[pid]), a, b, pa, pb) for a, b, pa, pb in sorted(local))
-    found.sort(key=lambda m: m[0])  # stable: keeps the per-piece id order on equal scores
-    return [(pa, pb) for _, _, _, pa, pb in found]
+        local = [(piece[:k], piece[k:]) for k in range(1, len(piece))
+                 if piece[:k] in vocab and piece[k:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        found.extend((float(scores[pid]), a, b) for a, b in local)
+    # Stable sort, best first: score, then longer left side, then longer right side.
+    found.sort(key=lambda m: (m[0], len(m[1]), len(m[2])), reverse=True)
+    return [(a, b) for _, a, b in found]
 
 
 def _add_gguf_special_tokens(tk: _HFTokenizer, tokens: Sequence[str], types: Sequence[int]) -> None:
