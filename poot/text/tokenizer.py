@@ -35,6 +35,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as _HFTokenizer
 
 from poot.errors import PootError
+from poot.load.gguf import looks_like_gguf, read_gguf
 
 
 class TokenizerError(PootError):
@@ -195,41 +196,16 @@ def load_tokenizer(model_path: str | Path) -> Tokenizer:
             raise TokenizerError(f"{path}: no tokenizer.json and not exactly one .gguf file")
     if not path.is_file():
         raise TokenizerError(f"{path}: no such file or directory")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise TokenizerError(f"{path}: not a GGUF file (magic {magic!r}) nor an HF folder")
+    if not looks_like_gguf(path):
+        raise TokenizerError(f"{path}: neither a GGUF file nor an HF folder with tokenizer.json")
     tok = from_gguf_metadata(_gguf_metadata(path))
     tok.source = str(path)
     return tok
 
 
 def _gguf_metadata(path: Path) -> Mapping[str, Any]:
-    """GGUF metadata through the project's loader (``poot.load.gguf.read_gguf``)."""
-    try:
-        from poot.load.gguf import read_gguf
-    except ModuleNotFoundError as e:  # loader not landed in this checkout yet
-        if e.name != "poot.load.gguf":
-            raise
-        return _gguf_metadata_fallback_ggufreader(path)
+    """GGUF metadata through the project's loader (raises its LoadError for a bad file)."""
     return read_gguf(path).metadata
-
-
-def _gguf_metadata_fallback_ggufreader(path: Path) -> dict[str, Any]:
-    """FALLBACK used only while ``poot.load.gguf`` is absent: the same metadata shape via
-    ``gguf.GGUFReader`` (scalars as Python values, string arrays as list[str], numeric arrays
-    as numpy arrays)."""
-    from gguf import GGUFReader, GGUFValueType
-
-    out: dict[str, Any] = {}
-    for key, f in GGUFReader(str(path)).fields.items():
-        if f.types and f.types[0] == GGUFValueType.ARRAY and len(f.types) > 1 \
-                and f.types[1] not in (GGUFValueType.STRING, GGUFValueType.ARRAY):
-            out[key] = np.concatenate([np.asarray(f.parts[i]).ravel() for i in f.data]) \
-                if f.data else np.zeros(0)
-        else:
-            out[key] = f.contents()
-    return out
 
 
 # --- GGUF ------------------------------------------------------------------------------------
@@ -270,6 +246,7 @@ def from_gguf_metadata(meta: Mapping[str, Any]) -> Tokenizer:
     tokens = _field(meta, "tokenizer.ggml.tokens", list)
     if not tokens or not all(isinstance(t, str) for t in tokens):
         raise TokenizerError("GGUF metadata field 'tokenizer.ggml.tokens' must be a non-empty string array")
+    _check_utf8(tokens)
     n = len(tokens)
     types = _field(meta, "tokenizer.ggml.token_type", list, [TOKEN_NORMAL] * n)
     if len(types) != n:
@@ -300,6 +277,16 @@ def from_gguf_metadata(meta: Mapping[str, Any]) -> Tokenizer:
     template = _field(meta, "tokenizer.chat_template", str, None)
     return Tokenizer(backend, bos, eos, stops, template,
                      {k: tokens[v] for k, v in named.items() if v is not None})
+
+
+def _check_utf8(tokens: Sequence[str]) -> None:
+    # The loader keeps invalid UTF-8 as surrogate escapes; the tokenizers library cannot hold them.
+    for i, t in enumerate(tokens):
+        if not t.isascii():
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                raise TokenizerError(f"GGUF metadata field 'tokenizer.ggml.tokens'[{i}] is not valid UTF-8") from None
 
 
 def _pre_tokenizer_key(meta: Mapping[str, Any]) -> str:
