@@ -1,0 +1,37 @@
+"""Assertion helper shared by the malformed-file tests."""
+
+from __future__ import annotations
+
+import os
+import time
+import tracemalloc
+
+import pytest
+
+from poot.load.errors import LoadError
+
+
+def expect_load_error(fn, path: str, field: str, problem: str = "") -> LoadError:
+    """``fn(path)`` must raise LoadError whose field contains ``field`` (and problem contains
+    ``problem``), naming the file, within 1 s, with peak traced memory below the file size."""
+    size = os.path.getsize(path)
+    t0 = time.perf_counter()
+    with pytest.raises(LoadError) as ei:
+        fn(path)
+    elapsed = time.perf_counter() - t0
+    err = ei.value
+    assert field in err.field, f"field {err.field!r} does not name {field!r}: {err}"
+    assert problem in err.problem, f"problem {err.problem!r} lacks {problem!r}"
+    assert err.file.endswith(os.path.basename(path)) or os.path.basename(path) in err.file
+    assert str(err).startswith(err.file) and "\n" not in str(err)
+    assert elapsed < 1.0, f"took {elapsed:.3f} s"
+    # Memory is measured in a second run so tracing does not skew the timing.
+    tracemalloc.start()
+    try:
+        with pytest.raises(LoadError):
+            fn(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size, f"peak traced memory {peak} B >= file size {size} B"
+    return err
