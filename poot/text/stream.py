@@ -9,6 +9,13 @@ leading-space strip, byte fallback pieces), and a window whose text ends in U+FF
 incomplete UTF-8 sequence split across byte-level tokens) is held back until later ids
 complete it. Because the offsets only advance at character boundaries, the concatenated deltas
 equal ``decode(all ids)``; :meth:`StreamDecoder.finish` flushes bytes that never completed.
+
+One exception, from HF's ``ByteFallback`` decoder (SentencePiece ``<0xAB>`` pieces): a run of
+byte pieces that is not valid UTF-8 decodes to one U+FFFD per byte as a whole, so a later
+invalid byte can turn already-valid, already-emitted bytes of the same run into U+FFFD. A
+stream cannot take text back; it then emits what was valid when it was seen, and stops
+matching ``decode`` only inside such garbage runs. (Byte-level BPE decodes with
+``from_utf8_lossy``, which is prefix-stable, so it has no such case.)
 """
 
 from __future__ import annotations
