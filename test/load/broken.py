@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from poot.dialects.quant import QuantFormat
+
 # GGUF value types
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 _PACK = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f",
@@ -163,3 +165,20 @@ def write_bytes(path: str | os.PathLike, b: bytes) -> str:
     with open(path, "wb") as f:
         f.write(b)
     return os.fspath(path)
+
+
+# --- quant blocks ------------------------------------------------------------------------------
+
+# Byte offsets of the f16 scale fields per block (ggml-common.h): random bytes there could be
+# NaN/Inf, where "bitwise equal" would only test NaN propagation.
+_F16_FIELDS = {"q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0],
+               "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
+
+
+def random_blocks(fmt: QuantFormat, n_blocks: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, (n_blocks, fmt.block_bytes), dtype=np.uint8)
+    for off in _F16_FIELDS[fmt.name]:
+        scales = rng.uniform(-4, 4, n_blocks).astype(np.float16)
+        b[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
+    return b

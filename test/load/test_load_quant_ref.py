@@ -5,25 +5,11 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
+from broken import random_blocks
 from gguf.quants import dequantize as gguf_dequantize
 
-from poot.dialects.quant import FORMATS, QuantFormat
+from poot.dialects.quant import FORMATS
 from poot.dialects.quant_ref import dequantize
-
-# Byte offsets of the f16 scale fields per block (ggml-common.h): random bytes there could be
-# NaN/Inf, where "bitwise equal" would only test NaN propagation.
-_F16_FIELDS = {"q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0],
-               "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
-
-
-def random_blocks(fmt: QuantFormat, n_blocks: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, (n_blocks, fmt.block_bytes), dtype=np.uint8)
-    for off in _F16_FIELDS[fmt.name]:
-        scales = rng.uniform(-4, 4, n_blocks).astype(np.float16)
-        b[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
-    return b
-
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 def test_dequant_matches_gguf_bitwise(fmt):
