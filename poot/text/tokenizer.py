@@ -12,8 +12,9 @@ Sources of the formats and algorithms:
   keeping matches and gaps, which is HF ``Split(..., behavior="isolated")``.
 * ``llama``: SentencePiece BPE as HF's ``LlamaConverter`` / transformers' GGUF converter
   build it: BPE with byte fallback (``<0xAB>`` pieces), merges from the GGUF or derived from
-  the piece scores (transformers' ``SentencePieceExtractor``), ``"▁"`` for spaces, a ``"▁"``
-  prepended to every text run when ``add_space_prefix`` (llama.cpp's ``llm_tokenizer_spm``).
+  the piece scores (transformers' ``generate_merges``), ``"▁"`` for spaces, and a ``"▁"``
+  prepended to the first text run when ``add_space_prefix`` (HF ``Metaspace``,
+  ``prepend_scheme="first"``; llama.cpp also prepends one after each special token).
 * HF folders: ``tokenizer.json`` read by ``tokenizers`` as is, plus ``tokenizer_config.json``
   (``add_bos_token``/``add_eos_token``, special tokens, ``chat_template``),
   ``special_tokens_map.json`` and ``generation_config.json`` (``eos_token_id``).
@@ -27,11 +28,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as _HFTokenizer
 
 from poot.errors import PootError
@@ -75,6 +77,8 @@ PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
     "llama3": (_LLAMA3,),
     "qwen2": (_QWEN2,),
     # smollm, starcoder, refact, command-r, codeshell, exaone, minerva: single digits first.
+    # (The models' own tokenizer.json: Digits(individual_digits) + ByteLevel. transformers'
+    # GGUF loader uses plain GPT-2 here and differs on whitespace runs before a digit.)
     "smollm": (r"\p{N}", _GPT2),
     "tekken": (_TEKKEN,),
     "gpt-4o": (_GPT4O,),
@@ -129,12 +133,12 @@ class Tokenizer:
     special_tokens: dict[str, str] = field(default_factory=dict)
     source: str = "<memory>"
 
-    @property
+    @cached_property  # the backend is not changed after construction
     def vocab_size(self) -> int:
         """Number of ids, added tokens included (ids are ``0 .. vocab_size-1``)."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    @property
+    @cached_property
     def special_ids(self) -> frozenset[int]:
         """Ids of special (control) tokens: matched atomically, dropped by ``skip_special_tokens``."""
         return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
@@ -184,6 +188,7 @@ def load_tokenizer(model_path: str | Path) -> Tokenizer:
 
     Raises:
         TokenizerError: the path is neither, or its tokenizer data is malformed.
+        poot.load.LoadError: a GGUF file the loader rejects (truncated, bad header, ...).
     """
     path = Path(model_path)
     if path.is_dir():
