@@ -17,8 +17,12 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("tokenize", help="print the token ids of TEXT for a checkpoint",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "tokenize", help="print the token ids of TEXT for a checkpoint",
+        description="Print the token ids of TEXT (space-separated, or a JSON object with ids, "
+                    "tokens and the encoded text). --chat renders TEXT as one user message with "
+                    "the checkpoint's chat template (add_generation_prompt) and encodes that "
+                    "without adding special tokens again.")
     p.add_argument("--model", required=True, help="a .gguf file or an HF folder with tokenizer.json")
     p.add_argument("--chat", action="store_true",
                    help="render TEXT as one user message with the chat template first")
