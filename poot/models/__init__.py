@@ -1,0 +1,14 @@
+"""Model families: config types, weight-name tables and tracers, found by architecture.
+
+``load_model(path)`` opens a checkpoint, looks its architecture up in :data:`REGISTRY` and
+returns the family instance with its weights bound; ``model.trace(StepSpec...)`` gives the
+step graph. Importing this package registers every family.
+"""
+
+from poot.models.base import (REGISTRY, LoadedModel, Model, ModelError, Registry, StepDims,
+                              StepSpec, UnknownArchitecture, WeightBinding, WeightName,
+                              load_model, trace_limits)
+from poot.models import llama  # noqa: F401  (registers the Llama family)
+
+__all__ = ["REGISTRY", "LoadedModel", "Model", "ModelError", "Registry", "StepDims", "StepSpec",
+           "UnknownArchitecture", "WeightBinding", "WeightName", "load_model", "trace_limits"]

@@ -1,0 +1,354 @@
+"""What a model family is, and how a checkpoint finds its family.
+
+A family (``poot.models.llama`` ...) is four things, and nothing outside ``poot/models`` names
+one:
+
+* a **config type**: a frozen dataclass built from the shared
+  :class:`~poot.load.config.ModelConfig` (HF ``config.json`` or GGUF metadata);
+* a **weight-name table**: role -> stored tensor name per checkpoint kind (``"hf"``
+  safetensors, ``"gguf"``). A role is the name the tracer's ``b.param(role, type)`` uses;
+* a **tracer**: ``trace(spec, weight_types) -> Graph`` over :class:`~poot.graph.Builder` and
+  the shared compositions in :mod:`poot.graph.ops`;
+* its **registration**: the architecture names it answers to (HF ``architectures[0]`` such
+  as ``LlamaForCausalLM``, GGUF ``general.architecture`` such as ``llama``).
+
+The step interface every family traces (see :class:`StepSpec`)::
+
+    inputs   tokens    i32 [B, T]              token ids
+             positions i32 [B, T]              absolute position of each token (= KV index)
+             slots     i32 [B]                 KV slot of each sequence
+             kv.{i}.k  f32 [n_slots, C, Hkv, D] layer i's key cache (and kv.{i}.v, values)
+    outputs  logits    f32 [B, T, V]           (or hidden f32 [B, T, hidden])
+             kv.{i}.k, kv.{i}.v                the caches with this step's K/V written at
+                                               (slot, position); a runtime aliases them in place
+
+Attention reads each sequence's slot (gather on axis 0) and masks keys by position (key index
+= position, causal), so the decode graph (T = 1) has one shape for every position.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal, Mapping, Protocol, runtime_checkable
+
+import numpy as np
+
+from poot.dialects.types import DType, PackedType, PootType, TensorType
+from poot.errors import PootError
+from poot.graph.builder import Graph, TraceLimits
+
+StepKind = Literal["prefill", "decode"]
+StepOutputs = Literal["logits", "hidden"]
+
+
+class ModelError(PootError):
+    """A checkpoint a family cannot serve (missing tensor, unsupported setting, bad spec)."""
+
+
+class UnknownArchitecture(ModelError):
+    """No family is registered for ``architecture``; ``registered`` lists the known names."""
+
+    def __init__(self, architecture: str, registered: list[str]):
+        self.architecture, self.registered = architecture, list(registered)
+        super().__init__(f"unknown architecture {architecture!r}; registered: "
+                         f"{', '.join(self.registered) or '(none)'}")
+
+
+# --- step specs --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepSpec:
+    """The shape of one traced step.
+
+    Attributes:
+        kind: ``"prefill"`` (T tokens per sequence, T >= 1) or ``"decode"`` (T = 1).
+        batch: sequences per step, B >= 1.
+        tokens: tokens per sequence, T (1 for decode).
+        kv_capacity: cache positions per slot, C; positions must lie in ``[0, C)``.
+        kv_slots: number of cache slots (sequences the cache holds), >= 1.
+        outputs: ``"logits"`` (f32 [B, T, V]) or ``"hidden"`` (final-normed f32 [B, T, H]).
+    """
+
+    kind: StepKind
+    batch: int
+    tokens: int
+    kv_capacity: int
+    kv_slots: int
+    outputs: StepOutputs = "logits"
+
+    def __post_init__(self):
+        if self.kind not in ("prefill", "decode"):
+            raise ModelError(f"StepSpec.kind must be 'prefill' or 'decode', got {self.kind!r}")
+        if self.outputs not in ("logits", "hidden"):
+            raise ModelError(f"StepSpec.outputs must be 'logits' or 'hidden', got "
+                             f"{self.outputs!r}")
+        for k in ("batch", "tokens", "kv_capacity", "kv_slots"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or v <= 0:
+                raise ModelError(f"StepSpec.{k} must be a positive int, got {v!r}")
+        if self.kind == "decode" and self.tokens != 1:
+            raise ModelError(f"a decode step has T = 1, got tokens={self.tokens}")
+        if self.tokens > self.kv_capacity:
+            raise ModelError(f"T = {self.tokens} tokens do not fit a KV capacity of "
+                             f"{self.kv_capacity}")
+
+    @staticmethod
+    def prefill(tokens: int, *, batch: int = 1, kv_capacity: int, kv_slots: int = 1,
+                outputs: StepOutputs = "logits") -> "StepSpec":
+        return StepSpec("prefill", batch, tokens, kv_capacity, kv_slots, outputs)
+
+    @staticmethod
+    def decode(*, batch: int = 1, kv_capacity: int, kv_slots: int = 1,
+               outputs: StepOutputs = "logits") -> "StepSpec":
+        return StepSpec("decode", batch, 1, kv_capacity, kv_slots, outputs)
+
+    @property
+    def n_tokens(self) -> int:
+        """B * T: token rows the step computes."""
+        return self.batch * self.tokens
+
+    def input_types(self) -> dict[str, TensorType]:
+        """The non-cache step inputs: tokens/positions i32 [B, T], slots i32 [B]."""
+        bt = (self.batch, self.tokens)
+        return {"tokens": TensorType(bt, DType.I32), "positions": TensorType(bt, DType.I32),
+                "slots": TensorType((self.batch,), DType.I32)}
+
+    def cache_type(self, n_kv_heads: int, head_dim: int) -> TensorType:
+        """One layer's K (or V) cache: f32 [n_slots, C, Hkv, D]."""
+        return TensorType((self.kv_slots, self.kv_capacity, n_kv_heads, head_dim), DType.F32)
+
+
+@dataclass(frozen=True)
+class StepDims:
+    """The sizes a family reports so :func:`trace_limits` can bound a step's graph.
+
+    Attributes:
+        n_layers, hidden, intermediate, vocab, n_heads, n_kv_heads, head_dim: model shape.
+        n_weight_elems: logical elements of all weights (each may be dequantized to f32 once).
+        ops_per_layer: a bound on the ops one layer traces (the family's own estimate).
+    """
+
+    n_layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_weight_elems: int
+    ops_per_layer: int = 400
+
+
+def trace_limits(spec: StepSpec, dims: StepDims) -> TraceLimits:
+    """:class:`TraceLimits` for one step, derived from its shape with a 2x margin.
+
+    Owned bytes bound every f32 result: each weight dequantized/cast once, per-layer
+    activations over N = B*T rows, attention scores over [B, Hq, T, C] (several passes), the
+    caches (scatter result + slot gather + GQA expansion), and the output head.
+    """
+    n, d = spec.n_tokens, dims
+    qkv = (d.n_heads + 2 * d.n_kv_heads) * d.head_dim
+    per_layer = (n * (16 * d.hidden + 8 * d.intermediate + 8 * qkv)
+                 + 12 * spec.batch * d.n_heads * spec.tokens * spec.kv_capacity
+                 + 4 * spec.kv_slots * spec.kv_capacity * d.n_kv_heads * d.head_dim
+                 + 6 * spec.batch * spec.kv_capacity * d.n_heads * d.head_dim)
+    elems = (2 * d.n_weight_elems + d.n_layers * per_layer
+             + n * (4 * d.vocab + 8 * d.hidden) + 8 * d.head_dim * n)
+    ops = 256 + d.n_layers * d.ops_per_layer
+    return TraceLimits(max_values=2 * ops, max_ops=2 * ops, max_literal_bytes=1 << 20,
+                       max_owned_bytes=2 * 4 * elems, max_tokens=n)
+
+
+# --- weights -----------------------------------------------------------------------------------
+
+#: Checkpoint kinds a weight-name table covers (``WeightStore.kind``).
+SOURCES = ("hf", "gguf")
+
+
+@dataclass(frozen=True)
+class WeightName:
+    """Where one role is stored: its tensor name per checkpoint kind (None: not stored
+    there), and whether the role may be absent (optional biases, tied heads)."""
+
+    hf: str | None
+    gguf: str | None
+    optional: bool = False
+
+    def stored(self, source: str) -> str | None:
+        return self.hf if source == "hf" else self.gguf
+
+
+#: role -> where it is stored; roles with ``{i}`` expand per layer.
+WeightTable = Mapping[str, WeightName]
+
+
+@dataclass
+class WeightBinding:
+    """Param role -> stored array and its graph type.
+
+    ``types[role]`` is what the tracer declares with ``b.param(role, type)``; ``arrays[role]``
+    is what the oracle binds: dense tensors in their stored dtype (f32/f16/bf16; other
+    dtypes converted to f32), packed tensors as their stored ``uint8`` block bytes with a
+    :class:`PackedType`. ``stored[role]`` names the checkpoint tensor.
+    """
+
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    types: dict[str, PootType] = field(default_factory=dict)
+    stored: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, role: str) -> np.ndarray:
+        return self.arrays[role]
+
+    def __contains__(self, role: object) -> bool:
+        return role in self.arrays
+
+    def __call__(self, role: str) -> np.ndarray:
+        """Callable form for :func:`poot.oracle.evaluate` (raises KeyError if unbound)."""
+        return self.arrays[role]
+
+    def add(self, role: str, tensor: Any) -> None:
+        """Bind ``role`` to a :class:`~poot.load.store.StoredTensor` without dequantizing."""
+        array, type_ = stored_param(tensor)
+        self.arrays[role], self.types[role], self.stored[role] = array, type_, tensor.name
+
+
+_ORACLE_DTYPES = {"f32": DType.F32, "f16": DType.F16, "bf16": DType.BF16}
+
+
+def stored_param(t: Any) -> tuple[np.ndarray, PootType]:
+    """(array, graph type) for a stored tensor: packed stays packed (uint8 bytes +
+    :class:`PackedType`); f32/f16/bf16 stay as stored; other dense dtypes become f32."""
+    if t.quant is not None:
+        return t.data, PackedType(t.quant, t.shape)
+    dt = _ORACLE_DTYPES.get(t.dtype.value)
+    if dt is None:
+        return np.asarray(t.data, dtype=np.float32), TensorType(t.shape, DType.F32)
+    return t.data, TensorType(t.shape, dt)
+
+
+def bind_weights(table: WeightTable, store: Mapping[str, Any], source: str, n_layers: int,
+                 rename: Callable[[str, Any], Any] | None = None) -> WeightBinding:
+    """Bind every role of ``table`` (``{i}`` expanded over ``n_layers``) from ``store``.
+
+    ``rename(role, tensor)`` may return a replacement tensor (for example rows permuted with
+    ``take_rows``). Raises :class:`ModelError` naming the first missing required tensor.
+    """
+    out = WeightBinding()
+    for role_t, where in table.items():
+        name_t = where.stored(source)
+        layers = range(n_layers) if "{i}" in role_t else [None]
+        for i in layers:
+            role = role_t.format(i=i) if i is not None else role_t
+            name = name_t.format(i=i) if (name_t and i is not None) else name_t
+            if name is None or name not in store:
+                if where.optional:
+                    continue
+                raise ModelError(f"checkpoint has no tensor {name!r} (role {role!r}, "
+                                 f"{source} naming)")
+            t = store[name]
+            out.add(role, rename(role, t) if rename else t)
+    return out
+
+
+# --- the family protocol and registry ----------------------------------------------------------
+
+@runtime_checkable
+class Model(Protocol):
+    """A model family instance: a config plus a tracer over shared components.
+
+    Class attributes:
+        family: the family's name (``"llama"``), for messages only.
+        architectures: the architecture names it is registered under.
+    """
+
+    family: ClassVar[str]
+    architectures: ClassVar[tuple[str, ...]]
+    config: Any
+
+    @classmethod
+    def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "Model":
+        """Build the family's config type from a :class:`~poot.load.config.ModelConfig`
+        (``store``, when given, lets a family read tensors that carry settings)."""
+        ...
+
+    def weight_table(self) -> WeightTable:
+        """Role -> stored names for this config (tied heads drop their own role)."""
+        ...
+
+    def bind(self, store: Any) -> WeightBinding:
+        """Bind every role from an opened :class:`~poot.load.store.WeightStore`."""
+        ...
+
+    def dims(self) -> StepDims:
+        """Sizes for :func:`trace_limits`."""
+        ...
+
+    def trace(self, spec: StepSpec, weight_types: Mapping[str, PootType]) -> Graph:
+        """The step graph for ``spec``; params are declared with ``weight_types[role]``."""
+        ...
+
+
+class Registry:
+    """Architecture name -> family class. Lookups are exact and case-sensitive."""
+
+    def __init__(self):
+        self._families: dict[str, type] = {}
+
+    def register(self, family: type) -> type:
+        """Register ``family`` under each of its ``architectures``; usable as a decorator.
+        Raises ModelError if a name is already taken by another family."""
+        for arch in family.architectures:
+            prev = self._families.get(arch)
+            if prev is not None and prev is not family:
+                raise ModelError(f"architecture {arch!r} is already registered to "
+                                 f"{prev.family}")
+            self._families[arch] = family
+        return family
+
+    def lookup(self, architecture: str) -> type:
+        """The family for ``architecture``; raises :class:`UnknownArchitecture`."""
+        try:
+            return self._families[architecture]
+        except KeyError:
+            raise UnknownArchitecture(architecture, self.names()) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._families)
+
+    def __contains__(self, architecture: object) -> bool:
+        return architecture in self._families
+
+
+#: The registry families add themselves to on import of :mod:`poot.models`.
+REGISTRY = Registry()
+
+
+@dataclass
+class LoadedModel:
+    """A family instance with its config and the weights bound to its roles."""
+
+    model: Any
+    weights: WeightBinding
+    store: Any
+
+    def __iter__(self):  # model, weights = load_model(path)
+        return iter((self.model, self.weights))
+
+
+def load_model(path: str | os.PathLike, registry: Registry | None = None) -> LoadedModel:
+    """Open a checkpoint (``.gguf``, ``.safetensors`` or HF folder), find its family by
+    architecture, build its config and bind its weights (packed tensors stay packed).
+
+    Raises :class:`UnknownArchitecture`, :class:`ModelError` or a
+    :class:`~poot.load.errors.LoadError`.
+    """
+    from poot.load import load_config, open_weights
+
+    import poot.models  # noqa: F401  (registers the families)
+
+    cfg = load_config(path)
+    family = (registry or REGISTRY).lookup(cfg.architecture)
+    store = open_weights(path)
+    model = family.from_config(cfg, store)
+    return LoadedModel(model, model.bind(store), store)
