@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -269,11 +270,17 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     except OSError as e:
         raise LoadError(p, "file", e.strerror or str(e)) from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LoadError(p, "file", "not a regular file")
+        size = st.st_size
         if size < _HEADER_BYTES:
             raise LoadError(p, "header", f"file is {size} bytes, shorter than the "
                                          f"{_HEADER_BYTES}-byte GGUF header")
-        buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        try:
+            buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise LoadError(p, "file", f"cannot be memory-mapped ({e})") from None
     finally:
         os.close(fd)  # the mapping keeps the file alive
     return _parse(p, buf, size)
@@ -440,6 +447,8 @@ def _read_tensor_infos(cur: _Cursor, n: int) -> list[_Info]:
     seen: set[str] = set()
     for i in range(n):
         name = cur.string(f"tensor[{i}].name", strict=True)
+        if not name:
+            raise cur.fail(f"tensor[{i}].name", "empty tensor name")
         fld = f"tensor {name}"
         if name in seen:
             raise cur.fail(fld, "duplicate tensor name")

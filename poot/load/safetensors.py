@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import stat
 from typing import Any
 
 import numpy as np
@@ -46,8 +47,14 @@ def _map_file(path: str) -> tuple[mmap.mmap | None, int]:
     except OSError as e:
         raise LoadError(path, "file", e.strerror or str(e)) from None
     try:
-        size = os.fstat(fd).st_size
-        return (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None), size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LoadError(path, "file", "not a regular file")
+        try:
+            return (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else None), \
+                st.st_size
+        except (OSError, ValueError) as e:
+            raise LoadError(path, "file", f"cannot be memory-mapped ({e})") from None
     finally:
         os.close(fd)
 

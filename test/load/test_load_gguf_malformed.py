@@ -280,3 +280,14 @@ def test_dims_are_reversed_into_numpy_order(tmp_path):
     t = g.tensors["t"]
     assert t.shape == (2, 3, 4) and t.data[1, 2, 3] == 23.0
     assert not t.data.flags.writeable
+
+
+def test_empty_tensor_name(tmp_path):
+    expect_load_error(read_gguf, _write(tmp_path, _with_tensor(1, name="")),
+                      "tensor[1].name", "empty")
+
+
+def test_not_a_regular_file(tmp_path):
+    with pytest.raises(Exception) as ei:
+        read_gguf(tmp_path)
+    assert ei.value.field == "file" and "regular file" in ei.value.problem
