@@ -10,6 +10,7 @@ from broken import (BOOL, F32, I32, STR, U32, U64, GGUFSpec, GTensor, gstr, kv_a
                     kv_scalar)
 from loadcheck import expect_load_error
 
+from poot.load.errors import LoadError
 from poot.load.gguf import read_gguf
 
 BIG = 1 << 62
@@ -63,7 +64,7 @@ def test_file_shorter_than_header(tmp_path):
     p = tmp_path / "short.gguf"
     p.write_bytes(b"GGUF\x03\0\0\0" + b"\0" * 4)
     # 12 bytes: the traced-memory bound is meaningless at this size; check the error only.
-    with pytest.raises(Exception) as ei:
+    with pytest.raises(LoadError) as ei:
         read_gguf(p)
     assert ei.value.field == "header"
 
@@ -268,7 +269,7 @@ def test_version_2_parses(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(Exception) as ei:
+    with pytest.raises(LoadError) as ei:
         read_gguf(tmp_path / "nope.gguf")
     assert ei.value.field == "file"
 
@@ -288,6 +289,30 @@ def test_empty_tensor_name(tmp_path):
 
 
 def test_not_a_regular_file(tmp_path):
-    with pytest.raises(Exception) as ei:
+    with pytest.raises(LoadError) as ei:
         read_gguf(tmp_path)
     assert ei.value.field == "file" and "regular file" in ei.value.problem
+
+
+def test_every_truncation_and_byte_flip_is_a_load_error_or_valid(tmp_path):
+    """Fuzz: cutting the file anywhere or corrupting any header byte never escapes as
+    anything but LoadError (no IndexError, struct.error, MemoryError, ...)."""
+    full = GGUFSpec().build()
+    header_end = full.index(b"c.weight") + 64
+    p = tmp_path / "fuzz.gguf"
+    rng = np.random.default_rng(0)
+    cuts = list(range(0, header_end, 7)) + [len(full) - 1]
+    flips = [(int(i), int(v)) for i, v in zip(rng.integers(0, header_end, 400),
+                                               rng.integers(0, 256, 400))]
+    for cut in cuts:
+        p.write_bytes(full[:cut])
+        with pytest.raises(LoadError):
+            read_gguf(p)
+    for i, v in flips:
+        b = bytearray(full)
+        b[i] = v
+        p.write_bytes(bytes(b))
+        try:
+            read_gguf(p)
+        except LoadError:
+            pass

@@ -238,3 +238,24 @@ def test_open_weights_on_safetensors_file(tmp_path):
     save_file(BODY, p)
     store = open_weights(p)
     assert store.kind == "safetensors" and set(store) == set(BODY)
+
+
+def test_every_truncation_and_byte_flip_is_a_load_error_or_valid(tmp_path):
+    """Fuzz: any cut or corrupted header byte is a LoadError or still a valid file."""
+    h, buf = st_valid(BODY)
+    full = st_bytes(h, buf)
+    n_header = 8 + len(json.dumps(h))
+    p = tmp_path / "fuzz.safetensors"
+    for cut in list(range(0, n_header, 3)) + [len(full) - 1]:
+        p.write_bytes(full[:cut])
+        with pytest.raises(LoadError):
+            read_safetensors(p)
+    rng = np.random.default_rng(0)
+    for i, v in zip(rng.integers(0, n_header, 400), rng.integers(0, 256, 400)):
+        b = bytearray(full)
+        b[int(i)] = int(v)
+        p.write_bytes(bytes(b))
+        try:
+            read_safetensors(p)
+        except LoadError:
+            pass
