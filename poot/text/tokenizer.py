@@ -61,6 +61,9 @@ _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{
            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Qwen2: the Llama 3 regex with single digits.
 _QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+# Qwen3.5: letters may carry combining marks (\p{M}).
+_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+           r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Mistral Tekken and GPT-4o / Llama 4 (case-aware words; the form transformers' GGUF loader uses).
 _TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
            r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
@@ -76,6 +79,7 @@ PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
     "gpt2": (_GPT2,),
     "llama3": (_LLAMA3,),
     "qwen2": (_QWEN2,),
+    "qwen35": (_QWEN35,),
     # smollm, starcoder, refact, command-r, codeshell, exaone, minerva: single digits first.
     # (The models' own tokenizer.json: Digits(individual_digits) + ByteLevel. transformers'
     # GGUF loader uses plain GPT-2 here and differs on whitespace runs before a digit.)
@@ -99,6 +103,7 @@ PRE_TOKENIZER_ALIASES: dict[str, str] = {
     "llama3": "llama3", "llama-v3": "llama3", "llama-bpe": "llama3", "falcon3": "llama3",
     "dbrx": "llama3", "smaug-bpe": "llama3", "chatglm-bpe": "llama3",
     "qwen2": "qwen2", "deepseek-r1-qwen": "qwen2", "stablelm2": "qwen2", "megrez": "qwen2",
+    "qwen35": "qwen35",
     "smollm": "smollm", "starcoder": "smollm", "refact": "smollm", "command-r": "smollm",
     "codeshell": "smollm", "exaone": "smollm", "minerva-7b": "smollm",
     "falcon": "falcon",
