@@ -47,13 +47,38 @@ def _fail(fn: str, problem: str):
     raise BuilderError(f"ops.{fn}: {problem}")
 
 
+def _float(fn: str, what: str, t) -> None:
+    """``t`` must be a handle to a dense float tensor."""
+    if not isinstance(t, Tensor):
+        _fail(fn, f"{what} must be a Tensor, got {type(t).__name__}")
+    if not isinstance(t.type, TensorType) or not t.type.dtype.is_float:
+        _fail(fn, f"{what} must be a dense float tensor, got {t.type}")
+
+
+def _int_shape(fn: str, what: str, t, shape: tuple[int, ...]) -> None:
+    if (not isinstance(t, Tensor) or not isinstance(t.type, TensorType)
+            or not t.type.dtype.is_int or t.shape != shape):
+        got = t.type if isinstance(t, Tensor) else type(t).__name__
+        _fail(fn, f"{what} must be an integer tensor of shape {list(shape)}, got {got}")
+
+
+def _same(fn: str, a, c) -> None:
+    _float(fn, "gate", a)
+    _float(fn, "up", c)
+    if a.shape != c.shape:
+        _fail(fn, f"gate {a.type} and up {c.type} differ in shape")
+
+
 # ---------------------------------------------------------------------------------------------
 # dense / packed projections
 # ---------------------------------------------------------------------------------------------
 def as_f32(b: Builder, x: Tensor) -> Tensor:
     """``x`` as a dense f32 tensor: packed -> ``dequantize`` (f32); f16/bf16/int -> ``cast``;
     f32 unchanged."""
-    raise NotImplementedError
+    x = b._own(x)
+    if isinstance(x.type, PackedType):
+        return b.dequantize(x, DType.F32)
+    return b.cast(x, DType.F32)
 
 
 def linear(b: Builder, x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -67,14 +92,43 @@ def linear(b: Builder, x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tens
         ``[..., N]`` f32. Spelled as reshape x to ``[M, K]``, ``matmul(x, transpose(w))``
         (f32 accumulation), reshape back, add bias.
     """
-    raise NotImplementedError
+    _float("linear", "x", x)
+    if x.rank < 1:
+        _fail("linear", f"x must have rank >= 1, got {x.type}")
+    if w.rank != 2:
+        _fail("linear", f"w must be [N, K], got {w.type}")
+    n, kw = w.shape
+    kx = x.shape[-1]
+    if kw != kx:
+        _fail("linear", f"x {x.type} has K={kx} but w {w.type} has K={kw} (w is [N, K])")
+    if not isinstance(w.type, PackedType):
+        _float("linear", "w", w)
+    if bias is not None:
+        _float("linear", "bias", bias)
+        if bias.shape != (n,):
+            _fail("linear", f"bias must be [{n}], got {bias.type}")
+    lead = x.shape[:-1]
+    m = int(np.prod(lead, dtype=np.int64))
+    x2 = b.reshape(as_f32(b, x), [m, kx])
+    y = b.matmul(x2, b.transpose(as_f32(b, w), [1, 0]))
+    y = b.reshape(y, lead + (n,))
+    if bias is not None:
+        y = y + as_f32(b, bias)
+    return y
 
 
 def embedding(b: Builder, table: Tensor, ids: Tensor) -> Tensor:
     """``table[ids]``: table ``[V, D]`` dense float or packed (dequantized, then gathered),
     ids integer ``[...]`` -> ``[..., D]`` f32. Out-of-range ids are clamped to ``[0, V-1]``
     (``poot.gather`` semantics)."""
-    raise NotImplementedError
+    if table.rank != 2:
+        _fail("embedding", f"table must be [V, D], got {table.type}")
+    if not isinstance(ids.type, TensorType) or not ids.dtype.is_int:
+        _fail("embedding", f"ids must be an integer tensor, got {ids.type}")
+    if isinstance(table.type, PackedType):
+        return b.gather(b.dequantize(table, DType.F32), ids, axis=0)
+    _float("embedding", "table", table)
+    return b.cast(b.gather(table, ids, axis=0), DType.F32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,7 +142,21 @@ def rmsnorm(b: Builder, x: Tensor, w: Tensor | None, eps: float,
 
     x ``[..., D]`` float, w ``[D]`` float -> ``[..., D]`` f32 (computed in f32).
     """
-    raise NotImplementedError
+    _float("rmsnorm", "x", x)
+    d = x.shape[-1] if x.rank else 0
+    if x.rank < 1:
+        _fail("rmsnorm", f"x must have rank >= 1, got {x.type}")
+    if w is not None:
+        _float("rmsnorm", "w", w)
+        if w.shape != (d,):
+            _fail("rmsnorm", f"w must be [{d}] for x {x.type}, got {w.type}")
+    xf = as_f32(b, x)
+    ms = b.reduce("sum", xf * xf, -1, keepdims=True) / float(d)
+    y = xf * b.unary("rsqrt", ms + float(eps))
+    if w is not None:
+        wf = as_f32(b, w)
+        y = y * ((wf + 1.0) if unit_offset else wf)
+    return y
 
 
 def layernorm(b: Builder, x: Tensor, w: Tensor | None, bias: Tensor | None,
@@ -98,7 +166,24 @@ def layernorm(b: Builder, x: Tensor, w: Tensor | None, bias: Tensor | None,
 
     x ``[..., D]`` float; w, bias ``[D]`` float or None -> ``[..., D]`` f32.
     """
-    raise NotImplementedError
+    _float("layernorm", "x", x)
+    if x.rank < 1:
+        _fail("layernorm", f"x must have rank >= 1, got {x.type}")
+    d = x.shape[-1]
+    for nm, t in (("w", w), ("bias", bias)):
+        if t is not None:
+            _float("layernorm", nm, t)
+            if t.shape != (d,):
+                _fail("layernorm", f"{nm} must be [{d}] for x {x.type}, got {t.type}")
+    xf = as_f32(b, x)
+    xc = xf - b.reduce("sum", xf, -1, keepdims=True) / float(d)
+    var = b.reduce("sum", xc * xc, -1, keepdims=True) / float(d)
+    y = xc * b.unary("rsqrt", var + float(eps))
+    if w is not None:
+        y = y * as_f32(b, w)
+    if bias is not None:
+        y = y + as_f32(b, bias)
+    return y
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,7 +229,27 @@ class RopeScaling:
         """From an HF config's ``rope_scaling`` dict (``rope_type`` or legacy ``type`` key);
         None or ``rope_type == "default"`` gives ``kind="none"``. ``max_position`` is the
         config's ``max_position_embeddings``, the fallback for ``original_max_position``."""
-        raise NotImplementedError
+        if not cfg:
+            return RopeScaling()
+        kind = cfg.get("rope_type", cfg.get("type", "default"))
+        if kind == "default":
+            return RopeScaling()
+        if kind not in ("linear", "llama3", "yarn"):
+            raise BuilderError(f"ops.RopeScaling.from_hf: rope_type {kind!r} is not supported "
+                               f"(none, linear, llama3, yarn)")
+        orig = cfg.get("original_max_position_embeddings") or max_position or 8192
+        af = cfg.get("attention_factor")
+        return RopeScaling(
+            kind=kind, factor=float(cfg.get("factor", 1.0)),
+            low_freq_factor=float(cfg.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(cfg.get("high_freq_factor", 4.0)),
+            original_max_position=int(orig),
+            beta_fast=float(cfg.get("beta_fast") or 32.0),
+            beta_slow=float(cfg.get("beta_slow") or 1.0),
+            mscale=float(cfg.get("mscale") or 0.0),
+            mscale_all_dim=float(cfg.get("mscale_all_dim") or 0.0),
+            attention_factor=None if af is None else float(af),
+            truncate=bool(cfg.get("truncate", True)))
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None,
@@ -166,14 +271,59 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = Non
 
     Computed in float64 and rounded once to float32.
     """
-    raise NotImplementedError
+    r = head_dim if rotary_dim is None else int(rotary_dim)
+    if r <= 0 or r % 2 or r > head_dim:
+        raise BuilderError(f"ops.rope_inv_freq: rotary_dim {r} must be even and in "
+                           f"(0, head_dim={head_dim}]")
+    s = scaling or RopeScaling()
+    base = float(theta) ** (np.arange(0, r, 2, dtype=np.float64) / r)
+    inv = 1.0 / base
+    if s.kind == "linear":
+        inv = inv / s.factor
+    elif s.kind == "llama3":
+        orig = float(s.original_max_position)
+        low_wl = orig / s.low_freq_factor
+        high_wl = orig / s.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > low_wl, inv / s.factor, inv)
+        smooth = (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        inv = np.where(medium, smoothed, scaled)
+    elif s.kind == "yarn":
+        orig = float(s.original_max_position)
+
+        def corr_dim(rot):
+            return r * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+        low, high = corr_dim(s.beta_fast), corr_dim(s.beta_slow)
+        if s.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, r - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(r // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extra = 1 - ramp
+        inv = (inv / s.factor) * (1 - extra) + inv * extra
+    return inv.astype(np.float32)
 
 
 def rope_attention_scaling(scaling: RopeScaling | None) -> float:
     """The factor HF multiplies cos and sin by (``attention_scaling``): 1.0 except for yarn,
     where it is ``attention_factor`` or ``0.1 * ln(factor) + 1`` (or the DeepSeek mscale
     ratio when ``mscale``/``mscale_all_dim`` are set)."""
-    raise NotImplementedError
+    if scaling is None or scaling.kind != "yarn":
+        return 1.0
+    if scaling.attention_factor is not None:
+        return float(scaling.attention_factor)
+
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if scaling.mscale and scaling.mscale_all_dim:
+        return float(get_mscale(scaling.factor, scaling.mscale)
+                     / get_mscale(scaling.factor, scaling.mscale_all_dim))
+    return float(get_mscale(scaling.factor))
 
 
 def rope_cos_sin(b: Builder, positions: Tensor, inv_freq: np.ndarray,
@@ -188,7 +338,19 @@ def rope_cos_sin(b: Builder, positions: Tensor, inv_freq: np.ndarray,
         ``cos, sin``: f32 ``[B, T, R/2]``; ``angle[b, t, i] = f32(positions[b, t]) *
         inv_freq[i]`` in f32, as HF does.
     """
-    raise NotImplementedError
+    positions = b._own(positions)
+    if not isinstance(positions.type, TensorType) or not positions.dtype.is_int:
+        _fail("rope_cos_sin", f"positions must be an integer tensor, got {positions.type}")
+    inv = np.asarray(inv_freq, dtype=np.float32)
+    if inv.ndim != 1 or inv.size == 0:
+        _fail("rope_cos_sin", f"inv_freq must be a non-empty 1-D array, got shape "
+              f"{list(inv.shape)}")
+    pos = b.reshape(b.cast(positions, DType.F32), positions.shape + (1,))
+    angle = pos * b.constant(inv)
+    cos, sin = b.unary("cos", angle), b.unary("sin", angle)
+    if attention_scaling != 1.0:
+        cos, sin = cos * float(attention_scaling), sin * float(attention_scaling)
+    return cos, sin
 
 
 def apply_rope(b: Builder, x: Tensor, cos: Tensor, sin: Tensor,
@@ -206,7 +368,35 @@ def apply_rope(b: Builder, x: Tensor, cos: Tensor, sin: Tensor,
     Returns:
         ``[B, T, H, D]`` f32.
     """
-    raise NotImplementedError
+    _float("apply_rope", "x", x)
+    if x.rank != 4:
+        _fail("apply_rope", f"x must be [B, T, H, D], got {x.type}")
+    bsz, t, h, d = x.shape
+    if cos.rank != 3 or cos.shape != sin.shape or cos.shape[:2] != (bsz, t):
+        _fail("apply_rope", f"cos/sin must be [{bsz}, {t}, R/2] for x {x.type}, got "
+              f"{cos.type} and {sin.type}")
+    half = cos.shape[-1]
+    r = 2 * half
+    if r > d:
+        _fail("apply_rope", f"rotary dim {r} (2 * cos.shape[-1]) exceeds head dim {d}")
+    if layout not in ("half", "interleaved"):
+        _fail("apply_rope", f"layout must be 'half' or 'interleaved', got {layout!r}")
+    xf = as_f32(b, x)
+    c = b.reshape(as_f32(b, cos), [bsz, t, 1, half])
+    s = b.reshape(as_f32(b, sin), [bsz, t, 1, half])
+    if layout == "half":
+        x1 = b.slice_axis(xf, 3, 0, half)
+        x2 = b.slice_axis(xf, 3, half, r)
+        rot = b.concat([x1 * c - x2 * s, x2 * c + x1 * s], axis=3)
+    else:
+        xe = b.slice_axis(xf, 3, 0, r, 2)
+        xo = b.slice_axis(xf, 3, 1, r, 2)
+        oe = b.reshape(xe * c - xo * s, [bsz, t, h, half, 1])
+        oo = b.reshape(xo * c + xe * s, [bsz, t, h, half, 1])
+        rot = b.reshape(b.concat([oe, oo], axis=4), [bsz, t, h, r])
+    if r < d:
+        rot = b.concat([rot, b.slice_axis(xf, 3, r, d)], axis=3)
+    return rot
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,58 +404,101 @@ def apply_rope(b: Builder, x: Tensor, cos: Tensor, sin: Tensor,
 # ---------------------------------------------------------------------------------------------
 def softmax(b: Builder, x: Tensor, axis: int = -1) -> Tensor:
     """``exp(x - max(x)) / sum(exp(x - max(x)))`` along ``axis``; f32."""
-    raise NotImplementedError
+    _float("softmax", "x", x)
+    xf = as_f32(b, x)
+    e = b.unary("exp", xf - b.reduce("max", xf, axis, keepdims=True))
+    return e / b.reduce("sum", e, axis, keepdims=True)
 
 
 def masked_softmax(b: Builder, x: Tensor, visible: Tensor, axis: int = -1) -> Tensor:
     """Softmax of ``x`` over the entries where ``visible`` (i1, broadcastable to ``x``) is
     true; masked entries get probability 0. A slice with no visible entry yields all zeros
     (never NaN). f32."""
-    raise NotImplementedError
+    _float("masked_softmax", "x", x)
+    if not isinstance(visible.type, TensorType) or not visible.dtype.is_bool:
+        _fail("masked_softmax", f"visible must be an i1 tensor, got {visible.type}")
+    xf = as_f32(b, x)
+    vis = b.broadcast_to(visible, xf.shape) if visible.shape != xf.shape else visible
+    xm = b.select(vis, xf, b.scalar(MASKED_SCORE))
+    e = b.unary("exp", xm - b.reduce("max", xm, axis, keepdims=True))
+    e = b.select(vis, e, b.scalar(0.0))
+    # A row with a visible entry sums to >= 1 (its max contributes exp(0) = 1); a row with
+    # none sums to 0 and, divided by 1, stays all zeros.
+    denom = b.binary("max", b.reduce("sum", e, axis, keepdims=True), b.scalar(1.0))
+    return e / denom
 
 
 def relu(b: Builder, x: Tensor) -> Tensor:
     """``max(x, 0)``; f32."""
-    raise NotImplementedError
+    _float("relu", "x", x)
+    return b.binary("max", as_f32(b, x), b.scalar(0.0))
 
 
 def sigmoid(b: Builder, x: Tensor) -> Tensor:
     """``1 / (1 + exp(-x))``; f32."""
-    raise NotImplementedError
+    _float("sigmoid", "x", x)
+    return 1.0 / (b.unary("exp", -as_f32(b, x)) + 1.0)
 
 
 def silu(b: Builder, x: Tensor) -> Tensor:
     """``x * sigmoid(x)`` (SiLU / swish); f32."""
-    raise NotImplementedError
+    _float("silu", "x", x)
+    xf = as_f32(b, x)
+    return xf * sigmoid(b, xf)
 
 
 def gelu_tanh(b: Builder, x: Tensor) -> Tensor:
     """``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (HF ``gelu_pytorch_tanh``,
     ``gelu_new``); f32."""
-    raise NotImplementedError
+    _float("gelu_tanh", "x", x)
+    xf = as_f32(b, x)
+    inner = (xf + xf * xf * xf * 0.044715) * math.sqrt(2.0 / math.pi)
+    return xf * 0.5 * (b.unary("tanh", inner) + 1.0)
 
 
 def gelu_erf(b: Builder, x: Tensor) -> Tensor:
     """``0.5 x (1 + erf(x / sqrt(2)))`` (exact GELU, HF ``gelu``); f32."""
-    raise NotImplementedError
+    _float("gelu_erf", "x", x)
+    xf = as_f32(b, x)
+    return xf * 0.5 * (b.unary("erf", xf * (1.0 / math.sqrt(2.0))) + 1.0)
 
 
 def activation(b: Builder, x: Tensor, act: str) -> Tensor:
     """Apply the activation named ``act``: ``silu``/``swish``, ``gelu_tanh`` (also HF's
     ``gelu_pytorch_tanh``, ``gelu_new``, ``gelu_fast``), ``gelu_erf`` (also ``gelu``),
     ``relu``, ``sigmoid``. Unknown names raise BuilderError."""
-    raise NotImplementedError
+    fn = _ACTIVATIONS.get(act)
+    if fn is None:
+        _fail("activation", f"unknown activation {act!r} (known: {', '.join(_ACTIVATIONS)})")
+    return fn(b, x)
+
+
+_ACTIVATIONS = {
+    "silu": silu, "swish": silu,
+    "gelu_tanh": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "gelu_new": gelu_tanh,
+    "gelu_fast": gelu_tanh,
+    "gelu_erf": gelu_erf, "gelu": gelu_erf,
+    "relu": relu, "sigmoid": sigmoid,
+}
 
 
 def swiglu(b: Builder, gate: Tensor, up: Tensor) -> Tensor:
     """``silu(gate) * up``; equal shapes; f32."""
-    raise NotImplementedError
+    _same("swiglu", gate, up)
+    return silu(b, gate) * as_f32(b, up)
 
 
 def geglu(b: Builder, gate: Tensor, up: Tensor, approximate: str = "tanh") -> Tensor:
     """``gelu(gate) * up``, ``approximate`` ``"tanh"`` (:func:`gelu_tanh`) or ``"none"``
     (:func:`gelu_erf`); f32."""
-    raise NotImplementedError
+    _same("geglu", gate, up)
+    if approximate == "tanh":
+        g = gelu_tanh(b, gate)
+    elif approximate == "none":
+        g = gelu_erf(b, gate)
+    else:
+        _fail("geglu", f"approximate must be 'tanh' or 'none', got {approximate!r}")
+    return g * as_f32(b, up)
 
 
 def mlp_glu(b: Builder, x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
@@ -275,7 +508,13 @@ def mlp_glu(b: Builder, x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
     x ``[..., D]``; w_gate, w_up ``[F, D]``; w_down ``[D, F]`` (dense or packed) -> ``[..., D]``
     f32. ``act`` as in :func:`activation`.
     """
-    raise NotImplementedError
+    if w_gate.shape != w_up.shape:
+        _fail("mlp_glu", f"w_gate {w_gate.type} and w_up {w_up.type} differ in shape")
+    if w_gate.rank != 2 or w_down.shape != (w_gate.shape[1], w_gate.shape[0]):
+        _fail("mlp_glu", f"w_down must be [D, F] = {[w_gate.shape[-1], w_gate.shape[0]]} "
+              f"for w_gate {w_gate.type}, got {w_down.type}")
+    h = activation(b, linear(b, x, w_gate), act) * linear(b, x, w_up)
+    return linear(b, h, w_down)
 
 
 def mlp(b: Builder, x: Tensor, w_up: Tensor, w_down: Tensor, act: str = "gelu_tanh",
@@ -285,7 +524,8 @@ def mlp(b: Builder, x: Tensor, w_up: Tensor, w_down: Tensor, act: str = "gelu_ta
     x ``[..., D]``; w_up ``[F, D]``; w_down ``[D, F]``; biases ``[F]``/``[D]`` or None ->
     ``[..., D]`` f32.
     """
-    raise NotImplementedError
+    h = activation(b, linear(b, x, w_up, b_up), act)
+    return linear(b, h, w_down, b_down)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,12 +556,77 @@ def attention(b: Builder, q: Tensor, k: Tensor, v: Tensor, *, q_pos: Tensor,
         ``p = softmax_s(scale * q[b,t,h] . k[b,s,h // (Hq/Hkv)])`` over the visible keys
         (query head h reads kv head ``h // (Hq / Hkv)``, as HF ``repeat_kv``). A query with no
         visible key gets probability 0 everywhere and yields an all-zero output row (no NaN).
+        Invisible keys enter the ``p @ v`` matmul with weight exactly 0, so unwritten cache slots
+        may hold any finite values (a NaN/inf there would propagate: keep caches
+        zero-initialised).
 
     Spelled with grouped batched matmuls (no KV repetition is materialized): q as
     ``[B, Hkv, G*T, D]`` times k as ``[B, Hkv, D, S]``, masked softmax over S, times v as
     ``[B, Hkv, S, Dv]``.
     """
-    raise NotImplementedError
+    fn = "attention"
+    for nm, t in (("q", q), ("k", k), ("v", v)):
+        _float(fn, nm, t)
+        if t.rank != 4:
+            _fail(fn, f"{nm} must be rank 4 ([B, T|S, H, D]), got {t.type}")
+    bsz, t, hq, d = q.shape
+    bk, s, hkv, dk = k.shape
+    bv, sv, hv, dv = v.shape
+    if not bsz == bk == bv:
+        _fail(fn, f"batch sizes differ: q {q.type}, k {k.type}, v {v.type}")
+    if dk != d:
+        _fail(fn, f"q head dim {d} differs from k head dim {dk}")
+    if (sv, hv) != (s, hkv):
+        _fail(fn, f"v {v.type} must have k's length and heads [{bk}, {s}, {hkv}, Dv]")
+    if hq % hkv:
+        _fail(fn, f"query heads Hq={hq} are not a multiple of kv heads Hkv={hkv} "
+              f"(q {q.type}, k {k.type})")
+    _int_shape(fn, "q_pos", q_pos, (bsz, t))
+    if k_pos is not None:
+        _int_shape(fn, "k_pos", k_pos, (bsz, s))
+    if mask is not None and (not isinstance(mask.type, TensorType) or not mask.dtype.is_bool
+                             or mask.shape != (bsz, t, s)):
+        _fail(fn, f"mask must be i1 [{bsz}, {t}, {s}], got {mask.type}")
+    if sliding_window is not None and (int(sliding_window) != sliding_window
+                                       or sliding_window < 1):
+        _fail(fn, f"sliding_window must be a positive int, got {sliding_window!r}")
+    if softcap is not None and not softcap > 0:
+        _fail(fn, f"softcap must be > 0, got {softcap!r}")
+    g = hq // hkv
+    scale = d ** -0.5 if scale is None else float(scale)
+
+    # scores [B, Hkv, G*T, S]: query head h = kv * G + g reads kv head h // G (repeat_kv).
+    qf = b.reshape(as_f32(b, q), [bsz, t, hkv, g, d])
+    qf = b.reshape(b.transpose(qf, [0, 2, 3, 1, 4]), [bsz, hkv, g * t, d])
+    kt = b.transpose(as_f32(b, k), [0, 2, 3, 1])
+    scores = b.matmul(qf, kt) * scale
+    if softcap is not None:
+        scores = b.unary("tanh", scores * (1.0 / float(softcap))) * float(softcap)
+    scores = b.reshape(scores, [bsz, hkv, g, t, s])
+
+    visible = None
+    if causal or sliding_window is not None:
+        if k_pos is None:
+            k_pos = b.iota([bsz, s], 1, q_pos.dtype)
+        pdt = q_pos.dtype if q_pos.dtype is k_pos.dtype else DType.I64
+        qp = b.reshape(b.cast(q_pos, pdt), [bsz, t, 1])
+        kp = b.reshape(b.cast(k_pos, pdt), [bsz, 1, s])
+        if causal:
+            visible = b.compare("le", kp, qp)
+        if sliding_window is not None:
+            inside = b.compare("lt", qp - kp, b.scalar(int(sliding_window), pdt))
+            visible = inside if visible is None else b.binary("and", visible, inside)
+    if mask is not None:
+        visible = mask if visible is None else b.binary("and", visible, mask)
+    if visible is None:
+        p = softmax(b, scores, -1)
+    else:
+        p = masked_softmax(b, scores, b.reshape(visible, [bsz, 1, 1, t, s]), -1)
+
+    p = b.reshape(p, [bsz, hkv, g * t, s])
+    out = b.matmul(p, b.transpose(as_f32(b, v), [0, 2, 1, 3]))  # [B, Hkv, G*T, Dv]
+    out = b.transpose(b.reshape(out, [bsz, hkv, g, t, dv]), [0, 3, 1, 2, 4])
+    return b.reshape(out, [bsz, t, hq, dv])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,7 +636,26 @@ def topk_mask(b: Builder, scores: Tensor, k: int) -> Tensor:
     """i1 ``[N, E]``: True at the k largest entries of each row of ``scores`` ``[N, E]``.
     Ties are broken toward the lowest index. Spelled as k rounds of argmax (reduce max,
     compare, select over iota, reduce min)."""
-    raise NotImplementedError
+    _float("topk_mask", "scores", scores)
+    if scores.rank != 2:
+        _fail("topk_mask", f"scores must be [N, E], got {scores.type}")
+    n, e = scores.shape
+    if not 1 <= k <= e:
+        _fail("topk_mask", f"k={k} must be in [1, E={e}]")
+    sf = as_f32(b, scores)
+    idx = b.iota([n, e], 1, DType.I32)
+    none = b.scalar(e, DType.I32)
+    ninf = b.scalar(-np.inf)
+    remaining, selected = sf, None
+    for _ in range(k):
+        top = b.compare("eq", remaining, b.reduce("max", remaining, 1, keepdims=True))
+        if selected is not None:
+            top = b.binary("and", top, b.unary("not", selected))
+        first = b.reduce("min", b.select(top, idx, none), 1, keepdims=True)
+        hit = b.compare("eq", idx, first)
+        selected = hit if selected is None else b.binary("or", selected, hit)
+        remaining = b.select(hit, ninf, remaining)
+    return selected
 
 
 def topk_routing(b: Builder, logits: Tensor, k: int, normalize: bool, *,
@@ -348,7 +672,20 @@ def topk_routing(b: Builder, logits: Tensor, k: int, normalize: bool, *,
     * ``scoring="sigmoid"``: ``p = sigmoid(logits)`` (renormalized over the selection when
       ``normalize``).
     """
-    raise NotImplementedError
+    _float("topk_routing", "logits", logits)
+    if scoring not in ("softmax", "sigmoid"):
+        _fail("topk_routing", f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+    if softmax_after_topk and scoring != "softmax":
+        _fail("topk_routing", "softmax_after_topk needs scoring='softmax'")
+    sel = topk_mask(b, logits, k)
+    lf = as_f32(b, logits)
+    if softmax_after_topk:
+        return masked_softmax(b, lf, sel, -1)
+    p = softmax(b, lf, -1) if scoring == "softmax" else sigmoid(b, lf)
+    w = b.select(sel, p, b.scalar(0.0))
+    if normalize:
+        w = w / b.binary("max", b.reduce("sum", w, 1, keepdims=True), b.scalar(1e-20))
+    return w
 
 
 def moe(b: Builder, x: Tensor, router_w: Tensor, experts_gate: Tensor, experts_up: Tensor,
@@ -368,4 +705,30 @@ def moe(b: Builder, x: Tensor, router_w: Tensor, experts_gate: Tensor, experts_u
         :func:`topk_routing`. Every expert is computed for every token and weighted (zero
         for unselected experts); a sparse lowering is the compiler's job.
     """
-    raise NotImplementedError
+    fn = "moe"
+    _float(fn, "x", x)
+    if x.rank < 1:
+        _fail(fn, f"x must be [N, D], got {x.type}")
+    d = x.shape[-1]
+    if router_w.rank != 2 or router_w.shape[1] != d:
+        _fail(fn, f"router_w must be [E, {d}], got {router_w.type}")
+    e = router_w.shape[0]
+    if experts_gate.rank != 3 or experts_gate.shape[0] != e or experts_gate.shape[2] != d:
+        _fail(fn, f"experts_gate must be [{e}, F, {d}], got {experts_gate.type}")
+    f = experts_gate.shape[1]
+    if experts_up.shape != (e, f, d):
+        _fail(fn, f"experts_up must be [{e}, {f}, {d}], got {experts_up.type}")
+    if experts_down.shape != (e, d, f):
+        _fail(fn, f"experts_down must be [{e}, {d}, {f}], got {experts_down.type}")
+    lead = x.shape[:-1]
+    n = int(np.prod(lead, dtype=np.int64))
+    xf = b.reshape(as_f32(b, x), [n, d])
+    w = topk_routing(b, linear(b, xf, router_w), k, normalize,
+                     softmax_after_topk=softmax_after_topk, scoring=scoring)  # [N, E]
+    xe = b.broadcast_to(xf, [e, n, d], dims=(1, 2))
+    gate = b.matmul(xe, b.transpose(as_f32(b, experts_gate), [0, 2, 1]))  # [E, N, F]
+    up = b.matmul(xe, b.transpose(as_f32(b, experts_up), [0, 2, 1]))
+    h = activation(b, gate, act) * up
+    y = b.matmul(h, b.transpose(as_f32(b, experts_down), [0, 2, 1]))  # [E, N, D]
+    y = y * b.reshape(b.transpose(w, [1, 0]), [e, n, 1])
+    return b.reshape(b.reduce("sum", y, 0), lead + (d,))
