@@ -299,7 +299,7 @@ def _parse(p: str, buf: mmap.mmap, size: int) -> GGUFFile:
         raise cur.fail("tensor_count", f"{n_tensors} tensor infos cannot fit in the "
                                        f"{cur.remaining()} bytes left in the file")
     metadata, types = _read_kvs(cur, n_kv)
-    _check_arch_keys(cur, metadata, types)
+    _check_known_keys(cur, metadata, types)
     alignment = _alignment(cur, metadata)
     infos = _read_tensor_infos(cur, n_tensors)
     data_offset = -(-cur.pos // alignment) * alignment
@@ -406,7 +406,7 @@ def _read_string_array(cur: _Cursor, key: str, n: int) -> list[str]:
     return out
 
 
-def _check_arch_keys(cur: _Cursor, metadata: dict[str, Any], types: dict[str, KVType]) -> None:
+def _check_known_keys(cur: _Cursor, metadata: dict[str, Any], types: dict[str, KVType]) -> None:
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         return

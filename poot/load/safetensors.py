@@ -103,13 +103,19 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, StoredTensor], 
     base, buf_len = 8 + n, size - 8 - n
     entries = [_entry(p, name, info) for name, info in header.items()]
     _check_tiling(p, entries, buf_len)
-    tensors: dict[str, StoredTensor] = {}
-    for name, dtype, shape, begin, end in entries:
-        data = np.frombuffer(buf, dtype.numpy, count=(end - begin) // dtype.itemsize,
-                             offset=base + begin).reshape(shape) if end > begin else \
-            np.empty(shape, dtype.numpy)  # zero-size: nothing to map
-        tensors[name] = StoredTensor(name, shape, dtype, None, data, p)
+    tensors = {name: StoredTensor(name, shape, dtype, None,
+                                  _view(buf, dtype, shape, base + begin, end - begin), p)
+               for name, dtype, shape, begin, end in entries}
     return tensors, meta
+
+
+def _view(buf: mmap.mmap, dtype: DType, shape: tuple[int, ...], offset: int,
+          nbytes: int) -> np.ndarray:
+    """A read-only view of ``nbytes`` at ``offset`` (zero-size tensors map nothing)."""
+    if nbytes == 0:
+        return np.empty(shape, dtype.numpy)
+    return np.frombuffer(buf, dtype.numpy, count=nbytes // dtype.itemsize,
+                         offset=offset).reshape(shape)
 
 
 def _parse_header(p: str, raw: bytes) -> dict[str, Any]:
