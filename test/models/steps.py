@@ -1,0 +1,40 @@
+"""Run traced step graphs on the CPU oracle, carrying KV caches between steps (test-side)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from poot.models import StepSpec
+from poot.oracle import evaluate
+
+
+def empty_caches(graph) -> dict[str, np.ndarray]:
+    """Zero-filled arrays for every ``kv.*`` input of ``graph``."""
+    return {n: np.zeros(t.shape, t.dtype.numpy) for n, t in graph.inputs if n.startswith("kv.")}
+
+
+def run_step(graph, weights, tokens, positions, slots, caches):
+    """Evaluate one step. tokens/positions [B, T], slots [B]. Returns (outputs, new caches)."""
+    inputs = {"tokens": np.asarray(tokens, np.int32), "positions": np.asarray(positions, np.int32),
+              "slots": np.asarray(slots, np.int32), **caches}
+    out = evaluate(graph, inputs, weights)
+    return out, {k: v for k, v in out.items() if k.startswith("kv.")}
+
+
+def prefill_then_decode(model, weights, ids, n_prefill: int, capacity: int = 16,
+                        n_slots: int = 1, slot: int = 0):
+    """Prefill ``ids[:n_prefill]`` then decode the rest one token per step in ``slot``.
+
+    Returns (prefill logits [n_prefill, V], decode logits [len(ids) - n_prefill, V]).
+    """
+    ids = [int(i) for i in ids]
+    pre = model.trace(StepSpec.prefill(n_prefill, kv_capacity=capacity, kv_slots=n_slots),
+                      weights.types)
+    dec = model.trace(StepSpec.decode(kv_capacity=capacity, kv_slots=n_slots), weights.types)
+    out, caches = run_step(pre, weights, [ids[:n_prefill]], [list(range(n_prefill))], [slot],
+                           empty_caches(pre))
+    rows = []
+    for p in range(n_prefill, len(ids)):
+        o, caches = run_step(dec, weights, [[ids[p]]], [[p]], [slot], caches)
+        rows.append(o["logits"][0, 0])
+    return out["logits"][0], np.stack(rows) if rows else np.zeros((0,) + out["logits"].shape[2:])
