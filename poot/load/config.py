@@ -127,10 +127,13 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
 def _read_json(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            obj = json.loads(f.read(16 << 20).decode("utf-8"))
+            size = os.fstat(f.fileno()).st_size
+            if size > 16 << 20:  # configs are kilobytes; refuse before reading
+                raise LoadError(path, "file", f"{size} bytes is too large for a config")
+            obj = json.loads(f.read(size).decode("utf-8"))
     except OSError as e:
         raise LoadError(path, "file", e.strerror or str(e)) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise LoadError(path, "file", f"not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise LoadError(path, "file", "must be a JSON object")

@@ -184,11 +184,14 @@ def open_safetensors_store(path: str | os.PathLike) -> WeightStore:
 def _load_index(index_path: str) -> dict[str, str]:
     try:
         with open(index_path, "rb") as f:
-            raw = f.read(MAX_HEADER_BYTES + 1)
+            # Size first: read(limit) would allocate the whole limit up front.
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_HEADER_BYTES:
+                raise LoadError(index_path, "file", f"index of {size} bytes is larger than "
+                                                    f"{MAX_HEADER_BYTES} bytes")
+            raw = f.read(size)
     except OSError as e:
         raise LoadError(index_path, "file", e.strerror or str(e)) from None
-    if len(raw) > MAX_HEADER_BYTES:
-        raise LoadError(index_path, "file", f"index larger than {MAX_HEADER_BYTES} bytes")
     index = _parse_header(index_path, raw)
     wm = index.get("weight_map")
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
