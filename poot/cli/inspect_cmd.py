@@ -91,7 +91,10 @@ def _tokenizer_summary(path: str, store: Any) -> dict[str, Any] | None:
         out["has_chat_template"] = "tokenizer.chat_template" in meta
     if load_tokenizer is not None:
         try:
-            tok = load_tokenizer(path)
+            # A lone .safetensors file takes its tokenizer from the folder around it.
+            tok_path = os.path.dirname(path) or "." if str(path).endswith(".safetensors") \
+                else path
+            tok = load_tokenizer(tok_path)
             out.update(vocab_size=tok.vocab_size, bos_id=tok.bos_id, eos_id=tok.eos_id,
                        stop_ids=sorted(tok.stop_ids),
                        has_chat_template=tok.chat_template is not None)
