@@ -239,8 +239,11 @@ class RopeScaling:
                                f"(none, linear, llama3, yarn)")
         orig = cfg.get("original_max_position_embeddings") or max_position or 8192
         af = cfg.get("attention_factor")
+        factor = cfg.get("factor")
+        if factor is None:  # HF yarn: derived from the context extension when unset
+            factor = max_position / orig if (kind == "yarn" and max_position) else 1.0
         return RopeScaling(
-            kind=kind, factor=float(cfg.get("factor", 1.0)),
+            kind=kind, factor=float(factor),
             low_freq_factor=float(cfg.get("low_freq_factor", 1.0)),
             high_freq_factor=float(cfg.get("high_freq_factor", 4.0)),
             original_max_position=int(orig),
@@ -269,25 +272,32 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = Non
     * yarn (HF ``_compute_yarn_parameters``): linear-ramp blend of interpolated and
       extrapolated frequencies between the beta_fast / beta_slow correction dims.
 
-    Computed in float64 and rounded once to float32.
+    Computed in float32 in HF's operation order (what torch computes), so the constants match
+    HF's bit for bit in the common cases: at position 1e5 one ulp of inv_freq is ~6e-3 rad.
     """
     r = head_dim if rotary_dim is None else int(rotary_dim)
     if r <= 0 or r % 2 or r > head_dim:
         raise BuilderError(f"ops.rope_inv_freq: rotary_dim {r} must be even and in "
                            f"(0, head_dim={head_dim}]")
     s = scaling or RopeScaling()
-    base = float(theta) ** (np.arange(0, r, 2, dtype=np.float64) / r)
-    inv = 1.0 / base
+    f32 = np.float32
+    # float32 throughout, in HF's operation order (torch computes these in f32): at large
+    # positions one ulp of inv_freq moves the angle visibly, so we match HF's rounding.
+    # torch evaluates ``float ** f32 tensor`` in double and rounds once to f32
+    expo = np.arange(0, r, 2).astype(f32) / f32(r)
+    pos_freqs = (float(theta) ** expo.astype(np.float64)).astype(f32)
+    inv = f32(1.0) / pos_freqs
     if s.kind == "linear":
-        inv = inv / s.factor
+        inv = inv / f32(s.factor)
     elif s.kind == "llama3":
+        factor, lo, hi = f32(s.factor), f32(s.low_freq_factor), f32(s.high_freq_factor)
         orig = float(s.original_max_position)
-        low_wl = orig / s.low_freq_factor
-        high_wl = orig / s.high_freq_factor
-        wavelen = 2 * math.pi / inv
-        scaled = np.where(wavelen > low_wl, inv / s.factor, inv)
-        smooth = (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+        low_wl = f32(orig / s.low_freq_factor)
+        high_wl = f32(orig / s.high_freq_factor)
+        wavelen = f32(2 * math.pi) / inv
+        scaled = np.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (f32(orig) / wavelen - lo) / f32(s.high_freq_factor - s.low_freq_factor)
+        smoothed = (f32(1) - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
         inv = np.where(medium, smoothed, scaled)
     elif s.kind == "yarn":
@@ -302,10 +312,11 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = Non
         low, high = max(low, 0), min(high, r - 1)
         if low == high:
             high += 0.001
-        ramp = np.clip((np.arange(r // 2, dtype=np.float64) - low) / (high - low), 0, 1)
-        extra = 1 - ramp
-        inv = (inv / s.factor) * (1 - extra) + inv * extra
-    return inv.astype(np.float32)
+        ramp = np.clip((np.arange(r // 2).astype(f32) - f32(low)) / f32(high - low), 0, 1)
+        extra = f32(1) - ramp
+        interp = f32(1.0) / (f32(s.factor) * pos_freqs)
+        inv = interp * (f32(1) - extra) + inv * extra
+    return np.asarray(inv, dtype=np.float32)
 
 
 def rope_attention_scaling(scaling: RopeScaling | None) -> float:

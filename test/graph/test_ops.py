@@ -263,6 +263,48 @@ def test_rope_inv_freq_scalings():
     assert ops.rope_attention_scaling(l3) == 1.0
 
 
+def test_rope_matches_transformers():
+    """Cross-check against the installed HF transformers (skipped when it is absent)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import (LlamaRotaryEmbedding,
+                                                          apply_rotary_pos_emb)
+
+    cases = [
+        ({"rope_type": "default", "rope_theta": 10000.0}, 64, 2048),
+        ({"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}, 64, 4096),
+        ({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, 128, 131072),
+        ({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+          "original_max_position_embeddings": 4096}, 64, 16384),
+    ]
+    for params, hd, maxpos in cases:
+        cfg = transformers.LlamaConfig(hidden_size=2 * hd, num_attention_heads=2,
+                                       max_position_embeddings=maxpos, rope_parameters=params)
+        init = ROPE_INIT_FUNCTIONS.get(params["rope_type"])
+        if init is None:  # "default" lives elsewhere across versions
+            want = 1.0 / params["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd)
+            att = 1.0
+        else:
+            want, att = init(cfg, "cpu")
+        sc = ops.RopeScaling.from_hf(params, maxpos)
+        close(ops.rope_inv_freq(hd, params["rope_theta"], sc), want.numpy(), rtol=2.5e-7, atol=0)
+        assert ops.rope_attention_scaling(sc) == pytest.approx(att)
+
+        if params["rope_type"] == "llama3":
+            rot = LlamaRotaryEmbedding(cfg)
+            x = randn(2, 3, 2, hd)
+            pos = np.array([[0, 1, 9000], [17, 18, 100000]], np.int64)
+            cos, sin = rot(torch.from_numpy(x), torch.from_numpy(pos))
+            xt = torch.from_numpy(x).transpose(1, 2)  # HF [B, H, T, D]
+            want, _ = apply_rotary_pos_emb(xt, xt, cos, sin)
+            inv = ops.rope_inv_freq(hd, params["rope_theta"], sc)
+            got = run(lambda b, x, p: ops.apply_rope(b, x, *ops.rope_cos_sin(b, p, inv), "half"),
+                      {"x": x, "p": pos})
+            close(got, want.transpose(1, 2).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def rope_ref(x, pos, inv, layout):
     """x [B,T,H,D] float64, pos [B,T]: rotate pairs with angles pos * inv (numpy)."""
     r = 2 * inv.size
