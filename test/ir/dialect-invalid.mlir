@@ -811,3 +811,67 @@ func.func @gather_axis_kind(%t: tensor<10x4xf32>, %i: tensor<3xi32>) {
   %0 = "poot.gather"(%t, %i) {axis = array<i64: 0>} : (tensor<10x4xf32>, tensor<3xi32>) -> tensor<3x4xf32>
   return
 }
+
+// -----
+
+func.func @binary_missing_fn(%a: tensor<4xf32>) {
+  // expected-error @+1 {{'poot.binary' op attribute "fn" is expected but not provided}}
+  %0 = "poot.binary"(%a, %a) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @ternary_missing_fn(%a: tensor<4xf32>) {
+  // expected-error @+1 {{'poot.ternary' op attribute "fn" is expected but not provided}}
+  %0 = "poot.ternary"(%a, %a, %a) : (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @reduce_missing_fn(%x: tensor<2x3xf32>) {
+  // expected-error @+1 {{'poot.reduce' op attribute "fn" is expected but not provided}}
+  %0 = "poot.reduce"(%x) {axes = array<i64: 1>} : (tensor<2x3xf32>) -> tensor<2xf32>
+  return
+}
+
+// -----
+
+func.func @broadcast_missing_dims(%x: tensor<3xf32>) {
+  // expected-error @+1 {{'poot.broadcast' op attribute "dims" is expected but not provided}}
+  %0 = "poot.broadcast"(%x) : (tensor<3xf32>) -> tensor<2x3xf32>
+  return
+}
+
+// -----
+
+func.func @concat_missing_axis(%a: tensor<2x3xf32>) {
+  // expected-error @+1 {{'poot.concat' op attribute "axis" is expected but not provided}}
+  %0 = "poot.concat"(%a, %a) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<4x3xf32>
+  return
+}
+
+// -----
+
+func.func @iota_missing_axis() {
+  // expected-error @+1 {{'poot.iota' op attribute "axis" is expected but not provided}}
+  %0 = "poot.iota"() : () -> tensor<4xi32>
+  return
+}
+
+// -----
+
+func.func @slice_missing_start(%x: tensor<8x6xf32>) {
+  // expected-error @+1 {{'poot.slice' op attribute "start" is expected but not provided}}
+  %0 = "poot.slice"(%x) {limit = array<i64: 8, 6>, stride = array<i64: 1, 1>} : (tensor<8x6xf32>) -> tensor<8x6xf32>
+  return
+}
+
+// -----
+
+func.func @slice_missing_limit(%x: tensor<8x6xf32>) {
+  // expected-error @+1 {{'poot.slice' op attribute "limit" is expected but not provided}}
+  %0 = "poot.slice"(%x) {start = array<i64: 0, 0>, stride = array<i64: 1, 1>} : (tensor<8x6xf32>) -> tensor<8x6xf32>
+  return
+}
