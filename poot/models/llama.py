@@ -225,7 +225,7 @@ class Llama:
         per_layer = qkv_o + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
         head = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
         return StepDims(c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
-                        c.num_heads, c.num_kv_heads, c.head_dim,
+                        c.num_heads, c.num_kv_heads, c.head_dim, ops_per_layer=224,
                         n_weight_elems=c.vocab_size * c.hidden_size + head
                         + c.num_layers * per_layer + c.hidden_size)
 
