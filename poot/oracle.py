@@ -44,10 +44,39 @@ def evaluate(graph: Graph | ir.Module, inputs: Mapping[str, np.ndarray],
         if name not in inputs:
             raise EvalError(f"input '{name}' ({t}) is not bound")
         env[arg] = _bind(f"input '{name}'", inputs[name], t)
+    results = _run_block(block, env, lookup_param, observer, _functions(g.module))
+    return {n: np.asarray(v) for (n, _), v in zip(g.outputs, results)}
+
+
+def _functions(module: ir.Module) -> dict[str, ir.Operation]:
+    """``func.func`` ops of the module by symbol name (the callees of ``func.call``)."""
+    out = {}
+    for op in module.body.operations:
+        if op.operation.name == "func.func":
+            out[ir.StringAttr(op.operation.attributes["sym_name"]).value] = op.operation
+    return out
+
+
+def _run_block(block, env, lookup_param, observer, funcs, depth: int = 0) -> list:
+    """Evaluate a function body; returns the values of its ``func.return``. A ``func.call``
+    evaluates the callee's body recursively with the same semantics."""
     for op in block.operations:
         op = op.operation
         if op.name == "func.return":
-            return {n: np.asarray(env[v]) for (n, _), v in zip(g.outputs, op.operands)}
+            return [env[v] for v in op.operands]
+        if op.name == "func.call":
+            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            fn = funcs.get(callee)
+            if fn is None or not fn.regions[0].blocks:
+                raise EvalError(f"func.call to '{callee}', which has no body in the module")
+            if depth > 64:
+                raise EvalError(f"func.call to '{callee}': call depth exceeds 64")
+            body = fn.regions[0].blocks[0]
+            inner = {arg: env[v] for arg, v in zip(body.arguments, op.operands)}
+            outs = _run_block(body, inner, lookup_param, observer, funcs, depth + 1)
+            for r, v in zip(op.results, outs):
+                env[r] = v
+            continue
         env[op.results[0]] = _eval_op(op, env, lookup_param)
         if observer is not None:
             observer(op, env[op.results[0]])

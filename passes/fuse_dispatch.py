@@ -1,0 +1,446 @@
+"""``poot-fuse-dispatch``: partition each function's poot ops into fusable regions and outline
+each region into one ``func.func private @<fn>_dispatch_<n>`` (one region = one kernel),
+replaced by a ``func.call``.
+
+The partition is decided on op semantics only (never on op order or tracer names):
+
+* **elementwise** regions: any connected set of pointwise ops -- elementwise
+  (unary/binary/ternary/compare/select/cast), ``broadcast``, views (reshape/transpose/slice),
+  ``concat`` and ``dequantize``. Every output element is a function of input elements at
+  computable indices, so a kernel recomputes producers at the indices it needs.
+* **reduction** regions: ``poot.reduce`` ops that all share one iteration space (same operand
+  shape S, same reduced axes A), their pointwise producers (a prologue, evaluated per element of
+  S) and the consumers of reduced values, as long as every value that depends on a reduction is
+  either *row-level* (shape S without A, or its keep-dims form, through elementwise ops and the
+  reshape between those two forms) or *full-level* (shape S, reached only by a broadcast that
+  puts the row back on the kept axes). A reduced value used at any other shape (another
+  broadcast map, a transpose, a slice, a reshape to something else) is not fused: it needs the
+  whole reduction before it can be read. RMSNorm, LayerNorm and softmax become one region each.
+* **matmul** / **gather** regions: one contraction or gather (never two), a prologue of
+  re-indexing and decoding ops on its operands (dequantize, cast, reshape, transpose, slice,
+  broadcast, used only inside the region: a packed-weight matmul) and an elementwise epilogue on
+  its result (bias, activation, residual; through bijective views: reshape, transpose).
+* **scatter** regions: a scatter with re-indexing prologues; no epilogue.
+
+Views and ``dequantize`` are free when they re-index: one with several users is cloned per user
+and joins the consuming region. Constants, iota and pointwise ops computed only from them are
+cloned into each region that uses them; params and other values are region inputs. A merge that
+would create a cycle (a region whose output reaches, through outside ops, its own input) is
+refused. Results used outside a region become the call's results. Regions made only of reshapes
+(aliases) are not outlined.
+
+Options: ``max-region-ops`` (largest region, in ops), ``outline`` (false: only annotate each op
+with ``poot.region = <n>`` for inspection).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+from mlir import ir
+
+from poot.dialects.types import type_from_mlir
+from poot.passes.analysis import (ANCHORS, DISPATCH_ATTR, ELEMENTWISE, POINTWISE,
+                                  REMATERIALIZABLE, SOURCES, VIEWS, defining_op, functions,
+                                  is_dispatch_function, is_poot, sym_name, users)
+from poot.passes.dce import dce
+from poot.passes.registry import PassFailure, register_pass
+
+# ops that may feed an anchor (matmul/gather/scatter) inside its region: they only re-index
+# or decode the operand
+PROLOGUE = frozenset({"poot.dequantize", "poot.cast", "poot.reshape", "poot.transpose",
+                      "poot.slice", "poot.broadcast"})
+# ops pulled into the region of their consumer rather than their producer
+PULLED = VIEWS | frozenset({"poot.dequantize"})
+
+
+def _attrs_key(op: ir.Operation) -> str:
+    return str(sorted((op.attributes[i].name, str(op.attributes[i].attr))
+                      for i in range(len(op.attributes))))
+
+
+def _shape(v: ir.Value) -> tuple[int, ...]:
+    return type_from_mlir(v.type).shape
+
+
+def _dims(op: ir.Operation) -> tuple[int, ...]:
+    return tuple(ir.DenseI64ArrayAttr(op.attributes["dims"]))
+
+
+class _Partition:
+    """Greedy producer/consumer merging of one block's poot ops into legal, acyclic regions."""
+
+    def __init__(self, block: ir.Block, max_ops: int):
+        self.block = block
+        self.max_ops = max_ops
+        self.ops = [o.operation for o in block.operations]
+        self.pos = {o: i for i, o in enumerate(self.ops)}
+        self.remat: set = set()
+        self.compute: list = []
+        for o in self.ops:
+            if not is_poot(o) or o.name in ("poot.param", "poot.packed_param"):
+                continue
+            if o.name in REMATERIALIZABLE or (
+                    o.name in POINTWISE and o.operands and
+                    all(defining_op(v) in self.remat for v in o.operands)):
+                self.remat.add(o)
+            else:
+                self.compute.append(o)
+        self.parent = {o: o for o in self.compute}
+        self.members = {o: [o] for o in self.compute}
+
+    # ---- union-find ----
+    def find(self, o):
+        while self.parent[o] is not o:
+            self.parent[o] = self.parent[self.parent[o]]
+            o = self.parent[o]
+        return o
+
+    def group_of(self, v: ir.Value):
+        p = defining_op(v)
+        return p if p is not None and p in self.parent else None
+
+    # ---- legality ----
+    def classify(self, members: list) -> str | None:
+        anchors = [o for o in members if o.name in ANCHORS]
+        reduces = [o for o in members if o.name == "poot.reduce"]
+        if len(anchors) > 1 or (anchors and reduces):
+            return None
+        if anchors:
+            return self._anchor(members, anchors[0])
+        if reduces:
+            return self._reduction(members, reduces)
+        return "elementwise"
+
+    def _reduction(self, members, reduces) -> str | None:
+        s = _shape(reduces[0].operands[0])
+        axes = tuple(ir.DenseI64ArrayAttr(reduces[0].attributes["axes"]))
+        for r in reduces[1:]:
+            if _shape(r.operands[0]) != s or \
+                    tuple(ir.DenseI64ArrayAttr(r.attributes["axes"])) != axes:
+                return None
+        kept = tuple(i for i in range(len(s)) if i not in axes)
+        row = tuple(s[i] for i in kept)
+        keep = tuple(1 if i in axes else d for i, d in enumerate(s))
+        level: dict = {}
+        for o in members:
+            deps = {level[v] for v in o.operands if v in level}
+            if o.name == "poot.reduce":
+                if deps and deps != {"full"}:
+                    return None
+                level[o.results[0]] = "row"
+                continue
+            if not deps:
+                continue  # prologue / independent operand of the epilogue
+            if len(deps) != 1:
+                return None
+            dep = deps.pop()
+            out = _shape(o.results[0])
+            if o.name in ELEMENTWISE:
+                level[o.results[0]] = dep
+            elif o.name == "poot.reshape" and dep == "row" and out in (row, keep):
+                level[o.results[0]] = "row"
+            elif o.name == "poot.broadcast" and dep == "row" and out == s and (
+                    (_shape(o.operands[0]) == row and _dims(o) == kept) or
+                    (_shape(o.operands[0]) == keep and _dims(o) == tuple(range(len(s))))):
+                level[o.results[0]] = "full"
+            else:
+                return None  # a reduced value used at a different shape
+        return "reduction"
+
+    def _anchor(self, members, anchor) -> str | None:
+        kind = ANCHORS[anchor.name]
+        inside = set(members)
+        # prologue: the anchor's in-region ancestors only re-index/decode, and feed only it
+        stack = [defining_op(v) for v in anchor.operands]
+        seen = set()
+        while stack:
+            p = stack.pop()
+            if p is None or p not in inside or p in seen:
+                continue
+            seen.add(p)
+            if p.name not in PROLOGUE or any(u not in inside for u in users(p)):
+                return None
+            stack.extend(defining_op(v) for v in p.operands)
+        sig = {anchor.results[0]: ()}
+        for o in members:
+            if o is anchor or self.pos[o] < self.pos[anchor]:
+                continue
+            deps = {sig[v] for v in o.operands if v in sig}
+            if not deps:
+                continue
+            if kind == "scatter" or len(deps) != 1:
+                return None
+            dep = deps.pop()
+            if o.name in ELEMENTWISE:
+                sig[o.results[0]] = dep
+            elif o.name in ("poot.reshape", "poot.transpose"):  # bijective re-index
+                sig[o.results[0]] = dep + ((o.name, _attrs_key(o), str(o.results[0].type)),)
+            else:
+                return None
+        return kind
+
+    def creates_cycle(self, members: list) -> bool:
+        inside = set(members)
+        last = max(self.pos[o] for o in members)
+        stack, seen = [], set()
+        for o in members:
+            stack.extend(u for u in users(o) if u not in inside)
+        while stack:
+            u = stack.pop()
+            if u in seen or u not in self.pos or self.pos[u] > last:
+                continue
+            seen.add(u)
+            for w in users(u):
+                if w in inside:
+                    return True
+                stack.append(w)
+        return False
+
+    def try_merge(self, a, b, kinds=None) -> bool:
+        ra, rb = self.find(a), self.find(b)
+        if ra is rb:
+            return False
+        merged = sorted(self.members[ra] + self.members[rb], key=self.pos.__getitem__)
+        if len(merged) > self.max_ops:
+            return False
+        kind = self.classify(merged)
+        if kind is None or (kinds is not None and kind not in kinds) or \
+                self.creates_cycle(merged):
+            return False
+        self.parent[rb] = ra
+        self.members[ra] = merged
+        del self.members[rb]
+        return True
+
+    def producers(self, o):
+        """Compute producers of ``o``: direct ones first, then through pulled views."""
+        out, stack = [], [o]
+        while stack:
+            cur = stack.pop(0)
+            for v in cur.operands:
+                p = self.group_of(v)
+                if p is not None and p not in out:
+                    out.append(p)
+                    if p.name in PULLED:
+                        stack.append(p)
+        return out
+
+    def run(self) -> list[list]:
+        # Reductions first (they gain the most: a prologue that is not materialized, an
+        # epilogue that reads the reduced row in registers), then the anchors' prologues and
+        # epilogues, then plain elementwise regions.
+        for kinds in (("reduction",), tuple(ANCHORS.values()), None):
+            for o in self.compute:
+                if o.name in PULLED:
+                    continue
+                for p in self.producers(o):
+                    self.try_merge(o, p, kinds)
+        for o in self.compute:  # views left alone (e.g. outputs) join their producer
+            if o.name in PULLED and len(self.members.get(self.find(o), ())) == 1:
+                for p in self.producers(o):
+                    if self.try_merge(p, o):
+                        break
+        return sorted(self.members.values(), key=lambda m: self.pos[m[0]])
+
+
+def _clone_fanout(block: ir.Block) -> None:
+    """Give every view/dequantize one user: clone it per extra user (users in this block)."""
+    for o in reversed([x.operation for x in block.operations]):
+        if o.name not in PULLED:
+            continue
+        uses = [(u.owner.operation, u.operand_number) for u in o.results[0].uses]
+        for owner, idx in uses[1:]:
+            with o.context, o.location:
+                c = ir.Operation.create(o.name, results=[o.results[0].type],
+                                        operands=list(o.operands),
+                                        attributes={o.attributes[i].name: o.attributes[i].attr
+                                                    for i in range(len(o.attributes))},
+                                        ip=ir.InsertionPoint(owner) if owner.block == block
+                                        else ir.InsertionPoint(o))
+            owner.operands[idx] = c.results[0]
+
+
+def _clone_into(op: ir.Operation, mapping: dict, ip: ir.InsertionPoint) -> ir.Operation:
+    with op.context, op.location:
+        c = ir.Operation.create(op.name, results=[r.type for r in op.results],
+                                operands=[mapping[v] for v in op.operands],
+                                attributes={op.attributes[i].name: op.attributes[i].attr
+                                            for i in range(len(op.attributes))}, ip=ip)
+    for r, n in zip(op.results, c.results):
+        mapping[r] = n
+    return c
+
+
+class _Outliner:
+    def __init__(self, module_body: ir.Block, fn: ir.Operation, names: set):
+        self.module_body = module_body
+        self.fn = fn
+        self.names = names
+        self.count = 0
+
+    def fresh(self) -> str:
+        base = sym_name(self.fn)
+        while f"{base}_dispatch_{self.count}" in self.names:
+            self.count += 1
+        name = f"{base}_dispatch_{self.count}"
+        self.names.add(name)
+        return name
+
+    def outline(self, members: list, kind: str, part: _Partition, ip) -> ir.Operation:
+        inside = set(members)
+        inputs, remat_needed = [], set()
+
+        def need(v):
+            p = defining_op(v)
+            if p is not None and p in inside:
+                return
+            if p is not None and p in part.remat:
+                if p not in remat_needed:
+                    remat_needed.add(p)
+                    for w in p.operands:
+                        need(w)
+                return
+            if v not in inputs:
+                inputs.append(v)
+
+        for o in members:
+            for v in o.operands:
+                need(v)
+        outputs = [r for o in members for r in o.results
+                   if any(u.owner.operation not in inside for u in r.uses)]
+        name = self.fresh()
+        ctx = self.fn.context
+        with ctx, self.fn.location:
+            ftype = ir.FunctionType.get([v.type for v in inputs], [r.type for r in outputs])
+            callee = ir.Operation.create(
+                "func.func", regions=1,
+                attributes={"sym_name": ir.StringAttr.get(name),
+                            "function_type": ir.TypeAttr.get(ftype),
+                            "sym_visibility": ir.StringAttr.get("private"),
+                            DISPATCH_ATTR: ir.DictAttr.get({
+                                "kind": ir.StringAttr.get(kind),
+                                "ops": ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                          len(members))})},
+                ip=ir.InsertionPoint(self.module_body))
+            entry = callee.regions[0].blocks.append(*[v.type for v in inputs])
+            mapping = dict(zip(inputs, entry.arguments))
+            body_ip = ir.InsertionPoint(entry)
+            for o in sorted(remat_needed, key=part.pos.__getitem__):
+                _clone_into(o, mapping, body_ip)
+            for o in members:
+                _clone_into(o, mapping, body_ip)
+            ir.Operation.create("func.return", operands=[mapping[r] for r in outputs],
+                                ip=body_ip)
+            call = ir.Operation.create("func.call", results=[r.type for r in outputs],
+                                       operands=inputs,
+                                       attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
+                                       ip=ip)
+        for r, n in zip(outputs, call.results):
+            r.replace_all_uses_with(n)
+        for o in reversed(members):
+            o.erase()
+        return call
+
+
+def _nested_operands(op: ir.Operation) -> list:
+    vals = list(op.operands)
+    if op.regions:
+        def visit(inner):
+            vals.extend(inner.operation.operands)
+            return ir.WalkResult.ADVANCE
+        op.walk(visit)
+    return vals
+
+
+def fuse_function(fn: ir.Operation, module_body: ir.Block, names: set, max_ops: int,
+                  outline: bool = True) -> list[tuple[str, int]]:
+    """Partition and outline ``fn``'s body; returns (kind, ops) per region in order."""
+    if len(fn.regions[0].blocks) != 1:
+        raise PassFailure(f"poot-fuse-dispatch: function @{sym_name(fn)} has "
+                          f"{len(fn.regions[0].blocks)} blocks; one is supported")
+    block = fn.regions[0].blocks[0]
+    _clone_fanout(block)
+    part = _Partition(block, max_ops)
+    groups = [g for g in part.run() if any(o.name != "poot.reshape" for o in g)]
+    kinds = [part.classify(g) for g in groups]
+    if not outline:
+        with fn.context:
+            for n, g in enumerate(groups):
+                for o in g:
+                    o.attributes["poot.region"] = ir.IntegerAttr.get(
+                        ir.IntegerType.get_signless(64), n)
+        return [(k, len(g)) for k, g in zip(kinds, groups)]
+    # order regions and the remaining ops topologically (regions are acyclic by construction)
+    node = {}
+    for i, g in enumerate(groups):
+        for o in g:
+            node[o] = ("g", i)
+    ops = [o.operation for o in block.operations]
+    term = ops[-1]
+    for o in ops[:-1]:
+        node.setdefault(o, ("o", o))
+    key = {}
+    for o in ops[:-1]:
+        k = node[o]
+        key[k] = min(key.get(k, len(ops)), part.pos[o])
+    succ, indeg = defaultdict(set), defaultdict(int)
+    for o in ops:
+        for v in _nested_operands(o):
+            p = defining_op(v)
+            if p is None or p not in node or o is term:
+                continue
+            a, b = node[p], node.get(o)
+            if b is None or a == b or b in succ[a]:
+                continue
+            succ[a].add(b)
+            indeg[b] += 1
+    heap = [(key[k], n, k) for n, k in enumerate(key) if indeg[k] == 0]
+    order_id = {k: n for n, k in enumerate(key)}
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, _, k = heapq.heappop(heap)
+        order.append(k)
+        for s in sorted(succ[k], key=order_id.__getitem__):
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(heap, (key[s], order_id[s], s))
+    if len(order) != len(key):
+        raise PassFailure(f"poot-fuse-dispatch: @{sym_name(fn)}: regions form a cycle")
+    outliner = _Outliner(module_body, fn, names)
+    ip = ir.InsertionPoint(term)
+    for k in order:
+        if k[0] == "o":
+            k[1].move_before(term)
+        else:
+            outliner.outline(groups[k[1]], kinds[k[1]], part, ip)
+    dce(fn)
+    return [(k, len(g)) for k, g in zip(kinds, groups)]
+
+
+def fuse_dispatch(module, max_region_ops: int = 256, outline: bool = True) -> dict:
+    """Run the pass on every function of ``module`` that is not itself a dispatch region."""
+    root = module.operation if isinstance(module, ir.Module) else module
+    if root.name != "builtin.module":
+        raise PassFailure("poot-fuse-dispatch runs on a builtin.module")
+    body = root.regions[0].blocks[0]
+    fns = functions(root)
+    names = {sym_name(f) for f in fns}
+    out = {}
+    for fn in fns:
+        if is_dispatch_function(fn) or not fn.regions[0].blocks:
+            continue
+        out[sym_name(fn)] = fuse_function(fn, body, names, max_region_ops, outline)
+    return out
+
+
+@register_pass("poot-fuse-dispatch",
+               "pointwise/reduction/epilogue fusion: outline one function per kernel region",
+               {"max-region-ops": (int, 256, "largest region, in poot ops"),
+                "outline": (bool, True, "outline regions (false: annotate poot.region only)")})
+def run(module: ir.Operation, **opts) -> None:
+    if opts.get("max-region-ops", 256) < 1:
+        raise PassFailure("poot-fuse-dispatch: max-region-ops must be >= 1")
+    fuse_dispatch(module, opts.get("max-region-ops", 256), opts.get("outline", True))
