@@ -119,7 +119,7 @@ class Emitter:
     def generic(self, out: TensorType, ins: Sequence[tuple[str, TensorType, str]],
                 body: Callable[[list[str], str], str], iterators: Sequence[str] | None = None,
                 out_map: str | None = None, init: str | None = None,
-                loop_rank: int | None = None) -> str:
+                loop_rank: int | None = None, reads_out: bool = False) -> str:
         """``linalg.generic`` writing ``out``.
 
         ``ins``: (ssa, type, indexing map) per input. ``body(args, out_arg)`` emits the region
@@ -143,7 +143,9 @@ class Emitter:
         self.line(f"^bb0({', '.join(f'{a}: {storage(d)}' for a, d in typed)}):")
         self.depth += 1
         args = [self.from_storage(a, t.dtype) for a, (_, t, _) in zip(args, ins)]
-        y = self.to_storage(body(args, self.from_storage(out_arg, out.dtype)), out.dtype)
+        if reads_out:
+            out_arg = self.from_storage(out_arg, out.dtype)
+        y = self.to_storage(body(args, out_arg), out.dtype)
         self.line(f"linalg.yield {y} : {storage(out.dtype)}")
         self.depth -= 1
         self.line(f"}} -> {tt(out)}")

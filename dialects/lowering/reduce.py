@@ -54,7 +54,7 @@ def lower_reduce(em: Emitter, op: OpInfo) -> str:
     iters = ["reduction" if i in axes else "parallel" for i in range(n)]
     r = em.generic(acc_type, [(op.args[0], x, in_map)],
                    lambda a, o: _combine(em, fn, acc_t, o, em.ext(a[0], d)),
-                   iterators=iters, out_map=out_map, init=init, loop_rank=n)
+                   iterators=iters, out_map=out_map, init=init, loop_rank=n, reads_out=True)
     if d not in HALF:
         return r
     return em.pointwise(out, [(r, acc_type)], lambda a: em.trunc(a[0], d))
