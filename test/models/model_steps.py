@@ -1,11 +1,29 @@
-"""Run traced step graphs on the CPU oracle, carrying KV caches between steps (test-side)."""
+"""Test-side helpers: tiny fixtures, and step graphs run on the CPU oracle with KV caches
+carried between steps."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
 from poot.models import StepSpec
 from poot.oracle import evaluate
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tiny"
+
+
+def fixture_path(name: str) -> Path:
+    """The checkpoint of a tiny fixture: the HF folder, or model.gguf for GGUF fixtures."""
+    folder = FIXTURES / name
+    gguf = folder / "model.gguf"
+    return gguf if gguf.exists() else folder
+
+
+def reference(name: str) -> dict[str, np.ndarray]:
+    """The fixture's reference.npz arrays (prompt_ids, prefill_logits, decode_logits, ...)."""
+    with np.load(FIXTURES / name / "reference.npz") as z:
+        return {k: z[k] for k in z.files}
 
 
 def empty_caches(graph) -> dict[str, np.ndarray]:

@@ -7,12 +7,11 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import fixture_path, reference
 from poot.dialects.types import DType, TensorType
 from poot.load import load_config
 from poot.models import Model, ModelError, StepSpec, load_model, trace_limits
 from poot.models.llama import Llama, LlamaConfig
-from steps import prefill_then_decode
+from model_steps import fixture_path, prefill_then_decode, reference
 
 
 def test_llama_is_a_model():

@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import fixture_path, reference
 from poot.dialects.types import PackedType
 from poot.models import load_model
 from poot.models.llama import Llama
-from steps import prefill_then_decode
+from model_steps import fixture_path, prefill_then_decode, reference
 
 HF_FIXTURES = ["llama", "llama_llama3rope_tied", "mistral_swa4"]
 TOL_HF = 1e-4     # f32 vs f32 (HF eager attention)

@@ -12,7 +12,7 @@ import pytest
 
 from poot.load.bundled import smollm2_gguf
 from poot.models import StepSpec, load_model
-from steps import empty_caches, run_step
+from model_steps import empty_caches, run_step
 
 REF = Path("/work/shared/reference/smollm2")
 PROMPTS = sorted(p for p in REF.glob("[0-9][0-9]_*.json")) if REF.is_dir() else []

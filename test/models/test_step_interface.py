@@ -5,12 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import fixture_path, reference
 from poot.dialects.types import DType, TensorType
 from poot.models import (REGISTRY, ModelError, Registry, StepSpec, UnknownArchitecture,
                          load_model)
-from poot.models.base import load_model as base_load_model
-from steps import empty_caches, prefill_then_decode, run_step
+from model_steps import empty_caches, fixture_path, prefill_then_decode, reference, run_step
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +83,7 @@ def test_unknown_architecture_lists_registered(tmp_path):
         (src / "config.json").read_text().replace("LlamaForCausalLM", "FancyNewForCausalLM"))
     (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
     with pytest.raises(UnknownArchitecture, match="registered: .*LlamaForCausalLM"):
-        base_load_model(tmp_path)
+        load_model(tmp_path)
 
 
 def test_registry_refuses_a_taken_name():
