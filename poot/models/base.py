@@ -103,6 +103,11 @@ class StepSpec:
                outputs: StepOutputs = "logits") -> "StepSpec":
         return StepSpec("decode", batch, 1, kv_capacity, kv_slots, outputs)
 
+    def limits(self, dims: "StepDims") -> TraceLimits:
+        """The :class:`TraceLimits` of this step for a model of ``dims``
+        (:func:`trace_limits`)."""
+        return trace_limits(self, dims)
+
     @property
     def n_tokens(self) -> int:
         """B * T: token rows the step computes."""
@@ -336,9 +341,11 @@ class LoadedModel:
         return iter((self.model, self.weights))
 
 
-def load_model(path: str | os.PathLike, registry: Registry | None = None) -> LoadedModel:
+def load_model(path: str | os.PathLike, registry: Registry | None = None,
+               **options: Any) -> LoadedModel:
     """Open a checkpoint (``.gguf``, ``.safetensors`` or HF folder), find its family by
     architecture, build its config and bind its weights (packed tensors stay packed).
+    ``options`` go to the family's ``from_config`` unchanged.
 
     Raises :class:`UnknownArchitecture`, :class:`ModelError` or a
     :class:`~poot.load.errors.LoadError`.
@@ -350,5 +357,5 @@ def load_model(path: str | os.PathLike, registry: Registry | None = None) -> Loa
     cfg = load_config(path)
     family = (registry or REGISTRY).lookup(cfg.architecture)
     store = open_weights(path)
-    model = family.from_config(cfg, store)
+    model = family.from_config(cfg, store, **options)
     return LoadedModel(model, model.bind(store), store)

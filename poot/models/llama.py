@@ -31,7 +31,7 @@ from poot.graph.builder import Builder, Graph, Tensor
 from poot.load.store import llama_rotary_unpermute_rows
 from poot.models import components as C
 from poot.models.base import (REGISTRY, ModelError, StepDims, StepSpec, WeightBinding,
-                              WeightName, WeightTable, bind_weights, trace_limits)
+                              WeightName, WeightTable, bind_weights)
 
 GgufQK = Literal["interleaved", "unpermute"]
 
@@ -233,7 +233,7 @@ class Llama:
         """The step graph (interface in :mod:`poot.models.base`); ``weight_types`` is
         :attr:`WeightBinding.types`, so packed weights are declared packed."""
         c = self.config
-        b = Builder(trace_limits(spec, self.dims()), name=f"llama_{spec.kind}")
+        b = Builder(spec.limits(self.dims()), name=f"llama_{spec.kind}")
         types = dict(weight_types)
         inp = C.step_inputs(b, spec, c.num_layers, c.num_kv_heads, c.head_dim)
         with b.scope("embed"):

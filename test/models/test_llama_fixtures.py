@@ -50,12 +50,7 @@ def test_mistral_sliding_window_is_read():
 def test_gguf_q4_1_matches_transformers(gguf_qk):
     """GGUF with llama.cpp-permuted Q/K: traced interleaved RoPE over the rows as stored
     (default) and half RoPE over rows permuted back with take_rows both match HF."""
-    from poot.load import load_config, open_weights
-
-    path = fixture_path("llama_gguf_q4_1")
-    store = open_weights(path)
-    model = Llama.from_config(load_config(path), store, gguf_qk=gguf_qk)
-    weights = model.bind(store)
+    model, weights = load_model(fixture_path("llama_gguf_q4_1"), gguf_qk=gguf_qk)
     assert isinstance(weights.types["blk.0.attn.q"], PackedType)
     assert weights.types["blk.0.attn.q"].format.name == "q4_1"
     assert model.config.rope_layout == ("interleaved" if gguf_qk == "interleaved" else "half")
@@ -88,3 +83,18 @@ def test_packed_weights_stay_packed_in_the_graph():
         if isinstance(weights.types[role], PackedType):
             assert arr.dtype == np.uint8
     assert "!poot.packed<#poot.q4_1" in g.text()
+
+
+def test_gguf_qk_rows_as_stored_or_permuted_back():
+    """Interleaved (default) binds the stored, memory-mapped Q/K bytes as they are; unpermute
+    binds whole packed rows reordered with llama_rotary_unpermute_rows."""
+    from poot.load import llama_rotary_unpermute_rows
+
+    path = fixture_path("llama_gguf_q4_1")
+    lm = load_model(path)
+    stored = lm.store["blk.0.attn_k.weight"]
+    assert lm.weights["blk.0.attn.k"] is stored.data
+    _, weights = load_model(path, gguf_qk="unpermute")
+    rows = llama_rotary_unpermute_rows(stored.shape[0], 2)
+    assert np.array_equal(weights["blk.0.attn.k"], stored.data[rows])
+    assert not np.array_equal(weights["blk.0.attn.k"], stored.data)
