@@ -93,6 +93,11 @@ def dense_to_mlir(value: np.ndarray) -> ir.Attribute:
     flat = value.reshape(-1)
     if flat.size and (flat == flat[0]).all():
         return ir.DenseElementsAttr.get_splat(ttype, _scalar_attr(dtype, flat[0]))
+    if dtype is DType.I1:
+        # The buffer protocol path wants bit-packed i1 data; spell small bool tensors as text.
+        body = np.array2string(value, separator=", ", threshold=value.size + 1,
+                               formatter={"bool": lambda b: "true" if b else "false"})
+        return ir.Attribute.parse(f"dense<{body.replace(chr(10), '')}> : {ttype}")
     return ir.DenseElementsAttr.get(np.ascontiguousarray(value), type=ttype)
 
 
