@@ -492,6 +492,36 @@ def test_attention_chunked_prefill_with_k_pos_and_half_inputs():
                              v.astype(np.float16).astype(np.float32), qp, k_pos=kp), atol=2e-6)
 
 
+def test_attention_matches_transformers_gemma2_eager():
+    """GQA + softcap + sliding window + chunk against a cache, against HF's own eager attention
+    (Gemma 2) and HF's own mask functions (skipped when transformers is absent)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from transformers.masking_utils import (and_masks, causal_mask_function,
+                                            sliding_window_overlay)
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    bsz, t, hq, hkv, d, cap, w, cap_s = 2, 4, 6, 2, 16, 10, 3, 20.0
+    q, k, v = randn(bsz, t, hq, d, scale=2.0), randn(bsz, cap, hkv, d, scale=2.0), \
+        randn(bsz, cap, hkv, d)
+    qp = np.array([[3, 4, 5, 6], [6, 7, 8, 9]], np.int32)
+    allowed_fn = and_masks(causal_mask_function, sliding_window_overlay(w))
+    kv_idx = torch.arange(cap)
+    ti_ = torch.tensor
+    allowed = np.array([[allowed_fn(ti_(bi), ti_(0), ti_(int(qp[bi, ti])), kv_idx).numpy()
+                         for ti in range(t)] for bi in range(bsz)])
+    assert allowed.shape == (bsz, t, cap) and 0 < allowed.sum() < allowed.size
+    add = torch.from_numpy(np.where(allowed, 0.0, np.finfo(np.float32).min)
+                           .astype(np.float32))[:, None]
+    module = SimpleNamespace(num_key_value_groups=hq // hkv, training=False, head_dim=d)
+    tq, tk, tv = (torch.from_numpy(a).transpose(1, 2) for a in (q, k, v))
+    want, _ = eager_attention_forward(module, tq, tk, tv, add, scaling=0.2, softcap=cap_s)
+    got = attn(q, k, v, qp, sliding_window=w, softcap=cap_s, scale=0.2)
+    close(got, want.numpy(), atol=2e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # MoE
 # ---------------------------------------------------------------------------------------------
