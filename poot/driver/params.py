@@ -1,0 +1,256 @@
+"""Per-request sampling parameters: validation, and packing into the sampling step's inputs.
+
+A request's :class:`SamplingParams` is validated when it is made (every range check that needs
+no model) and against the model's vocabulary when it is admitted (:meth:`SamplingParams.check`).
+A violation is an :class:`InvalidRequest` naming the field and the bad value.
+
+The device side is :mod:`poot.graph.sampling`. Per-slot parameters are written into the slot
+buffers when a request enters a slot (:meth:`SamplingParams.pack`); the only value that changes
+per step is the uniform number ``u`` each sequence draws from its own seeded generator
+(:class:`UniformStream`), so a seeded request samples the same tokens whatever batch it shares.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from poot.errors import PootError
+from poot.graph.sampling import GREEDY_EPS, INPUTS, SamplerSpec, input_type
+
+MAX_LOGPROBS = 20          # OpenAI's top_logprobs bound
+LOGIT_BIAS_RANGE = 100.0   # OpenAI: bias values in [-100, 100]
+PENALTY_RANGE = 2.0        # OpenAI: presence/frequency penalties in [-2, 2]
+
+
+class InvalidRequest(PootError):
+    """A request parameter outside its domain.
+
+    Attributes:
+        field: the parameter's name (``"top_p"``, ``"logit_bias[50000]"``, ...).
+        value: the offending value.
+        reason: what the value must be.
+    """
+
+    def __init__(self, field: str, value: Any, reason: str):
+        self.field, self.value, self.reason = field, value, reason
+        super().__init__(f"invalid request: {field}={value!r}: {reason}")
+
+
+def _real(name: str, v, lo: float | None = None, hi: float | None = None,
+          lo_open: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise InvalidRequest(name, v, "must be a number")
+    f = float(v)
+    if not math.isfinite(f):
+        raise InvalidRequest(name, v, "must be finite")
+    if lo is not None and (f <= lo if lo_open else f < lo):
+        rng = f"({lo}" if lo_open else f"[{lo}"
+        raise InvalidRequest(name, v, f"must be in {rng}, {hi if hi is not None else 'inf'}"
+                                      f"{']' if hi is not None else ')'}")
+    if hi is not None and f > hi:
+        rng = f"({lo}" if lo_open else f"[{lo}"
+        raise InvalidRequest(name, v, f"must be in {rng}, {hi}]")
+    return f
+
+
+def _int(name: str, v, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise InvalidRequest(name, v, "must be an integer")
+    i = int(v)
+    if lo is not None and i < lo:
+        raise InvalidRequest(name, v, f"must be >= {lo}" if hi is None else
+                             f"must be in [{lo}, {hi}]")
+    if hi is not None and i > hi:
+        raise InvalidRequest(name, v, f"must be in [{lo}, {hi}]" if lo is not None else
+                             f"must be <= {hi}")
+    return i
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples (vLLM / OpenAI semantics; see :mod:`poot.graph.sampling`).
+
+    Attributes:
+        temperature: >= 0; below ``GREEDY_EPS`` (1e-5) the request is greedy.
+        top_k: keep the k most likely tokens; ``<= 0`` is off.
+        top_p: nucleus mass in (0, 1]; 1 is off.
+        min_p: keep tokens with ``p >= min_p * max(p)``, in [0, 1]; 0 is off.
+        repetition_penalty: > 0 (HF/CTRL; 1 is off), for tokens in the history.
+        presence_penalty / frequency_penalty: in [-2, 2], subtracted once / per occurrence.
+        logit_bias: token id -> bias in [-100, 100], added to the logits (JSON string keys are
+            accepted and converted).
+        seed: the request's generator seed (an int in [0, 2^64)); ``None``: fresh entropy.
+        max_tokens: >= 1 generated tokens at most.
+        stop: stop strings (one string or a sequence; none empty); the matched stop string is
+            not part of the output.
+        stop_token_ids: token ids that end generation.
+        logprobs: ``None``: no log-probs; ``n`` in [0, 20]: the chosen token's log-prob and the
+            top ``n`` alternatives.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    max_tokens: int = 16
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    logprobs: int | None = None
+
+    def __post_init__(self):
+        put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen)
+        put("temperature", _real("temperature", self.temperature, 0.0))
+        put("top_k", _int("top_k", self.top_k))
+        put("top_p", _real("top_p", self.top_p, 0.0, 1.0, lo_open=True))
+        put("min_p", _real("min_p", self.min_p, 0.0, 1.0))
+        put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty, 0.0,
+                                        lo_open=True))
+        put("presence_penalty", _real("presence_penalty", self.presence_penalty,
+                                      -PENALTY_RANGE, PENALTY_RANGE))
+        put("frequency_penalty", _real("frequency_penalty", self.frequency_penalty,
+                                       -PENALTY_RANGE, PENALTY_RANGE))
+        if not isinstance(self.logit_bias, Mapping):
+            raise InvalidRequest("logit_bias", self.logit_bias, "must be a mapping id -> bias")
+        bias = {}
+        for key, v in self.logit_bias.items():
+            tid = key
+            if isinstance(key, str):
+                try:
+                    tid = int(key)
+                except ValueError:
+                    raise InvalidRequest("logit_bias", key, "keys must be token ids") from None
+            tid = _int("logit_bias", tid, 0)
+            bias[tid] = _real(f"logit_bias[{tid}]", v, -LOGIT_BIAS_RANGE, LOGIT_BIAS_RANGE)
+        put("logit_bias", bias)
+        if self.seed is not None:
+            put("seed", _int("seed", self.seed, 0, 2 ** 64 - 1))
+        put("max_tokens", _int("max_tokens", self.max_tokens, 1))
+        stop = self.stop
+        if stop is None:
+            stop = ()
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not isinstance(stop, Sequence):
+            raise InvalidRequest("stop", stop, "must be a string or a list of strings")
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidRequest("stop", s, "stop strings must be non-empty strings")
+        put("stop", tuple(stop))
+        ids = self.stop_token_ids
+        if ids is None:
+            ids = ()
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise InvalidRequest("stop_token_ids", ids, "must be a list of token ids")
+        put("stop_token_ids", tuple(_int("stop_token_ids", i, 0) for i in ids))
+        if self.logprobs is not None:
+            put("logprobs", _int("logprobs", self.logprobs, 0, MAX_LOGPROBS))
+
+    # ---- construction and checks -------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SamplingParams":
+        """From a request body's fields (``null`` means the default); an unknown field is an
+        :class:`InvalidRequest`."""
+        names = {f.name for f in fields(cls)}
+        for k in d:
+            if k not in names:
+                raise InvalidRequest(str(k), d[k], "unknown sampling parameter")
+        return cls(**{k: v for k, v in d.items() if v is not None})
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+    def check(self, vocab_size: int) -> "SamplingParams":
+        """Validate the token ids against a vocabulary of ``vocab_size``; returns ``self``."""
+        for tid in self.logit_bias:
+            if tid >= vocab_size:
+                raise InvalidRequest("logit_bias", tid,
+                                     f"token id out of the vocabulary [0, {vocab_size})")
+        for tid in self.stop_token_ids:
+            if tid >= vocab_size:
+                raise InvalidRequest("stop_token_ids", tid,
+                                     f"token id out of the vocabulary [0, {vocab_size})")
+        return self
+
+    def uniforms(self) -> "UniformStream":
+        """A fresh per-sequence generator of the step's ``u`` (seeded by :attr:`seed`)."""
+        return UniformStream(self.seed)
+
+    # ---- packing -----------------------------------------------------------------------------
+    def _row(self, role: str):
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+                "presence_penalty": self.presence_penalty,
+                "frequency_penalty": self.frequency_penalty}[role]
+
+    @staticmethod
+    def pack(batch: Sequence["SamplingParams | None"], vocab_size: int,
+             uniforms: Sequence["UniformStream | None"] | None = None,
+             spec: SamplerSpec | None = None) -> dict[str, np.ndarray]:
+        """The sampling step's inputs for a batch of slots, by input name
+        (:data:`poot.graph.sampling.INPUTS`), for the inputs ``spec`` declares.
+
+        ``None`` is an empty slot: greedy, no bias. The per-slot parameters and the logit bias
+        are written when a request enters its slot; ``uniforms`` (one stream per slot) draws
+        this step's ``u`` and is the only per-step part (without it ``u`` is 0). The token
+        history (``token_counts``) is device-resident and is not packed here
+        (:func:`history_row` makes a row to start a slot with).
+        """
+        spec = spec or SamplerSpec()
+        B, V = len(batch), vocab_size
+        out: dict[str, np.ndarray] = {}
+        empty = SamplingParams(temperature=0.0)
+        for role in spec.input_roles():
+            if role == "token_counts":
+                continue
+            t = input_type(role, B, V)
+            a = np.zeros(t.shape, t.dtype.numpy)
+            if role == "uniform":
+                if uniforms is not None:
+                    if len(uniforms) != B:
+                        raise ValueError(f"{len(uniforms)} uniform streams for {B} slots")
+                    a[:] = [0.0 if s is None else s.next() for s in uniforms]
+            elif role == "logit_bias":
+                for i, p in enumerate(batch):
+                    if p is not None:
+                        p.check(V)
+                        for tid, v in p.logit_bias.items():
+                            a[i, tid] = v
+            else:
+                a[:] = [(empty if p is None else p)._row(role) for p in batch]
+            out[INPUTS[role]] = a
+        return out
+
+
+def history_row(vocab_size: int, token_ids: Sequence[int] = ()) -> np.ndarray:
+    """i32 [V]: a slot's starting token history, counting ``token_ids`` (the tokens the
+    penalties should see before the first generated one; OpenAI counts generated tokens only,
+    so by default none)."""
+    return np.bincount(np.asarray(token_ids, dtype=np.int64),
+                       minlength=vocab_size)[:vocab_size].astype(np.int32)
+
+
+class UniformStream:
+    """One sequence's stream of uniform numbers in ``[0, 1)``, one per step.
+
+    ``numpy.random.Generator(PCG64(seed)).random(dtype=float32)``: reproducible for a seed,
+    independent of the batch and the backend (the host draws it; only the f32 crosses to the
+    device). ``seed=None`` draws fresh OS entropy.
+    """
+
+    def __init__(self, seed: int | None):
+        self.seed = seed
+        self._gen = np.random.Generator(np.random.PCG64(seed))
+
+    def next(self) -> np.float32:
+        return self._gen.random(dtype=np.float32)

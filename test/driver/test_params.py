@@ -1,0 +1,134 @@
+"""Request sampling parameters (poot.driver.params): validation and packing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from poot.driver.params import (InvalidRequest, SamplingParams, UniformStream, history_row)
+from poot.errors import PootError
+from poot.graph import sampling as S
+
+
+@pytest.mark.parametrize("kw, field, value", [
+    (dict(temperature=-0.1), "temperature", -0.1),
+    (dict(temperature=float("nan")), "temperature", None),
+    (dict(temperature="hot"), "temperature", "hot"),
+    (dict(top_p=0.0), "top_p", 0.0),
+    (dict(top_p=1.01), "top_p", 1.01),
+    (dict(min_p=-0.5), "min_p", -0.5),
+    (dict(min_p=2), "min_p", 2),
+    (dict(top_k=1.5), "top_k", 1.5),
+    (dict(top_k=True), "top_k", True),
+    (dict(repetition_penalty=0), "repetition_penalty", 0),
+    (dict(presence_penalty=2.5), "presence_penalty", 2.5),
+    (dict(frequency_penalty=-3), "frequency_penalty", -3),
+    (dict(logit_bias={"x": 1.0}), "logit_bias", "x"),
+    (dict(logit_bias={-1: 1.0}), "logit_bias", -1),
+    (dict(logit_bias={5: 101.0}), "logit_bias[5]", 101.0),
+    (dict(logit_bias=[1, 2]), "logit_bias", [1, 2]),
+    (dict(seed=-1), "seed", -1),
+    (dict(seed=2 ** 64), "seed", 2 ** 64),
+    (dict(max_tokens=0), "max_tokens", 0),
+    (dict(max_tokens=2.0), "max_tokens", 2.0),
+    (dict(stop=["ok", ""]), "stop", ""),
+    (dict(stop=["ok", 3]), "stop", 3),
+    (dict(stop_token_ids=[1, -2]), "stop_token_ids", -2),
+    (dict(logprobs=21), "logprobs", 21),
+    (dict(logprobs=-1), "logprobs", -1),
+])
+def test_invalid_fields_are_named(kw, field, value):
+    with pytest.raises(InvalidRequest) as ei:
+        SamplingParams(**kw)
+    e = ei.value
+    assert isinstance(e, PootError)
+    assert e.field == field
+    if value is not None:
+        assert e.value == value and type(e.value) is type(value)
+    assert field in str(e) and "invalid request" in str(e)
+
+
+def test_vocab_checks():
+    p = SamplingParams(logit_bias={"100": 1.0}, stop_token_ids=[7])
+    assert p.logit_bias == {100: 1.0} and p.check(101) is p
+    with pytest.raises(InvalidRequest, match=r"logit_bias=100: token id out of the vocab"):
+        p.check(100)
+    with pytest.raises(InvalidRequest) as ei:
+        SamplingParams(stop_token_ids=[49152]).check(49152)
+    assert ei.value.field == "stop_token_ids" and ei.value.value == 49152
+
+
+def test_normalization_and_from_dict():
+    p = SamplingParams(temperature=0, stop="END", top_k=-1, seed=np.int64(3))
+    assert p.stop == ("END",) and p.greedy and p.seed == 3 and isinstance(p.seed, int)
+    q = SamplingParams.from_dict({"temperature": 0.5, "stop": None, "logprobs": 2,
+                                  "logit_bias": {"1": -100}})
+    assert q.stop == () and q.logprobs == 2 and q.logit_bias == {1: -100.0} and not q.greedy
+    with pytest.raises(InvalidRequest) as ei:
+        SamplingParams.from_dict({"n": 2})
+    assert ei.value.field == "n"
+
+
+def test_pack_batch():
+    V = 32
+    a = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
+                       presence_penalty=0.5, frequency_penalty=-0.25, logit_bias={3: 2.0, 31: -1},
+                       seed=9)
+    b = SamplingParams()
+    batch = [a, None, b]
+    streams = [a.uniforms(), None, UniformStream(1)]
+    arrs = SamplingParams.pack(batch, V, streams)
+    N = S.INPUTS
+    assert set(arrs) == {N[r] for r in N if r != "token_counts"}
+    for role in N:
+        if role == "token_counts":
+            continue
+        t = S.input_type(role, 3, V)
+        assert arrs[N[role]].shape == t.shape and arrs[N[role]].dtype == t.dtype.numpy
+    np.testing.assert_array_equal(arrs[N["temperature"]], np.float32([0.7, 0.0, 1.0]))
+    np.testing.assert_array_equal(arrs[N["top_k"]], [5, 0, 0])
+    np.testing.assert_array_equal(arrs[N["presence_penalty"]], np.float32([0.5, 0, 0]))
+    bias = arrs[N["logit_bias"]]
+    assert bias[0, 3] == 2.0 and bias[0, 31] == -1.0 and np.count_nonzero(bias) == 2
+    u = arrs[N["uniform"]]
+    assert u[1] == 0 and ((0 <= u) & (u < 1)).all()
+    # seeded streams are reproducible and independent of the batch around them
+    again = SamplingParams.pack([b, a], V, [UniformStream(1), a.uniforms()])
+    assert again[N["uniform"]][1] == u[0] and again[N["uniform"]][0] == u[2]
+    s1, s2 = UniformStream(5), UniformStream(5)
+    assert [s1.next() for _ in range(5)] == [s2.next() for _ in range(5)]
+    # an out-of-vocabulary bias is refused at packing
+    with pytest.raises(InvalidRequest):
+        SamplingParams.pack([SamplingParams(logit_bias={V: 1.0})], V)
+    # only the inputs a spec declares
+    spec = S.SamplerSpec(penalties=False, logit_bias=False)
+    assert N["logit_bias"] not in SamplingParams.pack(batch, V, spec=spec)
+
+
+def test_history_row():
+    h = history_row(10, [1, 1, 9])
+    assert h.dtype == np.int32 and h.tolist() == [0, 2] + [0] * 7 + [1]
+    assert history_row(4).tolist() == [0, 0, 0, 0]
+
+
+def test_packed_batch_drives_the_sampling_graph():
+    """End to end on the oracle: packed arrays bind the sampling graph's inputs by name."""
+    from poot.dialects.types import DType, TensorType
+    from poot.graph.builder import Builder, TraceLimits
+    from poot.oracle import evaluate
+
+    V = 16
+    b = Builder(TraceLimits(max_values=1 << 14, max_ops=1 << 14, max_literal_bytes=1 << 14,
+                            max_owned_bytes=1 << 28))
+    lg = b.input("logits", TensorType((2, V), DType.F32))
+    si = S.declare_inputs(b, 2, V)
+    g = b.finish(S.sample(b, lg, si).outputs())
+    batch = [SamplingParams(temperature=0, logit_bias={4: 50.0}),
+             SamplingParams(temperature=1.0, top_k=1, seed=0)]
+    arrs = SamplingParams.pack(batch, V, [p.uniforms() for p in batch])
+    arrs[S.INPUTS["token_counts"]] = np.stack([history_row(V), history_row(V, [2])])
+    logits = np.zeros((2, V), np.float32)
+    logits[1, 11] = 3.0
+    out = evaluate(g, {"logits": logits, **arrs})
+    assert out[S.OUTPUTS["token"]].tolist() == [4, 11]
+    assert out[S.OUTPUTS["history"]][1, 2] == 1 and out[S.OUTPUTS["history"]][1, 11] == 1
