@@ -175,7 +175,7 @@ func.func @gather_scatter(%ids: tensor<4xi32>, %cache: tensor<8x32xf32>, %pos: t
 // (which every tile would recompute) stays in its own region.
 // CHECK-LABEL: func.func @no_elementwise_prologue(
 // CHECK: %[[E:.+]] = call @no_elementwise_prologue_dispatch_0(%arg0)
-// CHECK: call @no_elementwise_prologue_dispatch_1(%[[E]]
+// CHECK: call @no_elementwise_prologue_dispatch_1(%{{[0-9]+}}, %[[E]])
 // CHECK: kind = "elementwise", ops = 1
 // CHECK: kind = "matmul", ops = 2
 func.func @no_elementwise_prologue(%x: tensor<4x32xf32>) -> tensor<4x16xf32> {
