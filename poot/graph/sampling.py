@@ -226,6 +226,20 @@ class _K:
             self._c[key] = self.b.scalar(value, dtype)
         return self._c[key]
 
+    def full(self, shape, value, dtype: DType = DType.F32) -> Tensor:
+        """A cached broadcast of ``value`` to ``shape``."""
+        key = ("full", tuple(shape), float(value) if dtype.is_float else int(value), dtype)
+        if key not in self._c:
+            self._c[key] = self.b.broadcast_to(self(value, dtype), tuple(shape))
+        return self._c[key]
+
+    def iota(self, shape) -> Tensor:
+        """A cached i32 iota along the last axis of ``shape``."""
+        key = ("iota", tuple(shape))
+        if key not in self._c:
+            self._c[key] = self.b.iota(tuple(shape), len(shape) - 1)
+        return self._c[key]
+
     def pow2_table(self) -> Tensor:
         """f32 [151]: ``2^-j`` for ``j = 0..149`` (149: the least subnormal), then 0."""
         if ("pow2",) not in self._c:
@@ -279,7 +293,7 @@ def argmax(b: Builder, x: Tensor, k: _K | None = None) -> Tensor:
     """i32 [B]: the first index of the row maximum (NaN rows: the last index)."""
     k = k or _K(b)
     batch, vocab = x.shape
-    iota = b.iota((batch, vocab), 1)
+    iota = k.iota((batch, vocab))
     m = b.reduce("max", x, 1, keepdims=True)
     idx = b.reduce("min", b.select(b.compare("eq", x, m), iota, k(vocab, DType.I32)), 1)
     return b.binary("min", idx, k(vocab - 1, DType.I32))
@@ -290,8 +304,8 @@ def _largest_true(b: Builder, k: _K, batch: int, pred) -> Tensor:
     (``pred``: f32 [B] -> i1 [B], non-increasing in ``t``, true at 0, false at 2). Exact: see
     the module docstring (8 binade steps, then 23 steps inside the binade)."""
     tab = k.pow2_table()
-    lo = b.full((batch,), 0, DType.I32)
-    hi = b.full((batch,), tab.shape[0] - 1, DType.I32)
+    lo = k.full((batch,), 0, DType.I32)
+    hi = k.full((batch,), tab.shape[0] - 1, DType.I32)
     for _ in range(STAGE1_STEPS):
         mid = (lo + hi) / k(2, DType.I32)
         ok = pred(b.gather(tab, mid, 0))
@@ -323,18 +337,18 @@ def distribution(b: Builder, x: Tensor, si: SamplingInputs, k: _K | None = None
     k = k or _K(b)
     batch, vocab = x.shape
     t = si.temperature
-    t = b.select(b.compare("lt", t, k(GREEDY_EPS)), b.full(t.shape, 1.0), t)
+    t = b.select(b.compare("lt", t, k(GREEDY_EPS)), k.full(t.shape, 1.0), t)
     z = x / _col(b, t)
     e = b.unary("exp", z - b.reduce("max", z, 1, keepdims=True))
     p = e / b.reduce("sum", e, 1, keepdims=True)
     pmax = b.reduce("max", p, 1)                       # [B]
-    zero = b.full((batch,), 0.0)
+    zero = k.full((batch,), 0.0)
     t1 = zero
     if si.min_p is not None:
         t1 = b.binary("max", t1, si.min_p * pmax)
     if si.top_k is not None:
         kk = b.binary("min", si.top_k, k(vocab, DType.I32))
-        kk = b.select(b.compare("le", kk, k(0, DType.I32)), b.full((batch,), vocab, DType.I32),
+        kk = b.select(b.compare("le", kk, k(0, DType.I32)), k.full((batch,), vocab, DType.I32),
                       kk)
 
         def count_ge(tv):
@@ -347,7 +361,7 @@ def distribution(b: Builder, x: Tensor, si: SamplingInputs, k: _K | None = None
         t1c = _col(b, t1)
 
         def mass_ge(tc):
-            return b.reduce("sum", b.select(b.compare("ge", p, tc), p, k(0.0)), 1)
+            return b.reduce("sum", b.select(b.compare("ge", p, tc), p, k.full(p.shape, 0.0)), 1)
 
         target = si.top_p * mass_ge(t1c)
 
@@ -368,14 +382,15 @@ def inverse_cdf(b: Builder, w: Tensor, u: Tensor, k: _K | None = None) -> Tensor
     positive weight."""
     k = k or _K(b)
     batch, vocab = w.shape
-    iota = b.iota((batch, vocab), 1)
+    iota = k.iota((batch, vocab))
     total = b.reduce("sum", w, 1)
     target = u * total
-    lo = b.full((batch,), 0, DType.I32)
-    hi = b.full((batch,), vocab - 1, DType.I32)
+    lo = k.full((batch,), 0, DType.I32)
+    hi = k.full((batch,), vocab - 1, DType.I32)
     for _ in range(math.ceil(math.log2(vocab)) if vocab > 1 else 0):
         mid = (lo + hi) / k(2, DType.I32)
-        prefix = b.reduce("sum", b.select(b.compare("le", iota, _col(b, mid)), w, k(0.0)), 1)
+        prefix = b.reduce("sum", b.select(b.compare("le", iota, _col(b, mid)), w,
+                                          k.full(w.shape, 0.0)), 1)
         gt = b.compare("gt", prefix, target)
         hi = b.select(gt, mid, hi)
         lo = b.select(gt, lo, mid + k(1, DType.I32))
@@ -403,13 +418,13 @@ def top_n(b: Builder, x: Tensor, n: int, k: _K | None = None) -> tuple[Tensor, T
     batch, vocab = x.shape
     if n > vocab:
         raise BuilderError(f"top_n: n={n} exceeds the vocabulary ({vocab})")
-    iota = b.iota((batch, vocab), 1)
+    iota = k.iota((batch, vocab))
     vals, ids = [], []
     for _ in range(n):
         i = argmax(b, x, k)
         vals.append(_col(b, _row_gather(b, x, i, k)))
         ids.append(_col(b, i))
-        x = b.select(b.compare("eq", iota, _col(b, i)), b.full(x.shape, -math.inf), x)
+        x = b.select(b.compare("eq", iota, _col(b, i)), k.full(x.shape, -math.inf), x)
     return b.concat(vals, 1), b.concat(ids, 1)
 
 
@@ -431,10 +446,10 @@ def sample(b: Builder, logits: Tensor, si: SamplingInputs, spec: SamplerSpec | N
         x = process_logits(b, logits, si)
         greedy = argmax(b, x, k)
         d = distribution(b, x, si, k)
-        w = b.select(d.keep, d.p, k(0.0))
+        w = b.select(d.keep, d.p, k.full(d.p.shape, 0.0))
         drawn = inverse_cdf(b, w, si.uniform, k)
         token = b.select(b.compare("lt", si.temperature, k(GREEDY_EPS)), greedy, drawn)
-        onehot = b.compare("eq", b.iota((batch, vocab), 1), _col(b, token))
+        onehot = b.compare("eq", k.iota((batch, vocab)), _col(b, token))
         history = si.token_counts + b.cast(onehot, DType.I32)
         res = SampleResult(token, history, nonfinite)
         if spec.logprobs is not None:
@@ -443,3 +458,19 @@ def sample(b: Builder, logits: Tensor, si: SamplingInputs, spec: SamplerSpec | N
             if spec.logprobs > 0:
                 res.top_logprobs, res.top_ids = top_n(b, lp, spec.logprobs, k)
     return res
+
+
+def trace_cost(batch: int, vocab: int, spec: SamplerSpec | None = None) -> dict[str, int]:
+    """What the sampling suffix adds to a builder (``values``, ``ops``, ``literal_bytes``,
+    ``owned_bytes``, the :class:`~poot.graph.builder.TraceLimits` resources), measured by
+    tracing it on a scratch builder: for callers sizing their limits."""
+    from poot.graph.builder import TraceLimits
+    big = 1 << 62
+    b = Builder(TraceLimits(max_values=big, max_ops=big, max_literal_bytes=big,
+                            max_owned_bytes=big))
+    lg = b.input("logits", TensorType((batch, vocab), DType.F32))
+    base = (b._values, b._ops, b._literal, b._owned)
+    sample(b, lg, declare_inputs(b, batch, vocab, spec), spec)
+    now = (b._values, b._ops, b._literal, b._owned)
+    return {k: n - o for k, n, o in zip(("values", "ops", "literal_bytes", "owned_bytes"),
+                                        now, base)}

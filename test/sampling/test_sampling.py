@@ -282,6 +282,9 @@ def test_feature_flags_drop_inputs():
     for i, (idx, *_rest) in enumerate(ref_batch(logits, inp)):
         assert out[S.OUTPUTS["token"]][i] == idx
     assert g.op_count() < graph(B, V).op_count() / 3
+    cost = S.trace_cost(B, V, spec)
+    assert cost["ops"] == g.op_count()
+    assert cost["values"] == cost["ops"] + 3  # + the three sampling inputs
 
 
 def test_bad_shapes_are_builder_errors():
