@@ -116,7 +116,8 @@ def lower_function(fn: ir.Operation) -> str:
 
 
 def lower_module(module: ir.Operation) -> None:
-    """Replace every ``func.func`` of ``module`` that holds poot ops by its lowering, in place.
+    """Replace every ``func.func`` of ``module`` that holds poot ops (or nothing but its
+    return) by its lowering, in place.
 
     All functions are lowered before any is replaced, so a refusal leaves ``module`` unchanged.
     """
@@ -126,7 +127,8 @@ def lower_module(module: ir.Operation) -> None:
         op = op.operation
         if op.name != "func.func" or not op.regions[0].blocks:
             continue
-        if any(o.operation.name.startswith("poot.") for o in op.regions[0].blocks[0].operations):
+        ops = [o.operation.name for o in op.regions[0].blocks[0].operations]
+        if any(n.startswith("poot.") for n in ops) or ops == ["func.return"]:
             with module.context, ir.Location.unknown():
                 todo.append((op, lower_function(op)))
     if not todo:

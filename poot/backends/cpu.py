@@ -39,7 +39,10 @@ BUFFERIZE = (
     "empty-tensor-to-alloc-tensor,"
     "one-shot-bufferize{bufferize-function-boundaries "
     "function-boundary-type-conversion=identity-layout-map},"
-    "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true},"
+    # Results become caller-allocated out-parameters, filled by one copy each. (Its
+    # hoist-static-allocs option would write results in place, but it crashes when two
+    # results share an allocation, e.g. an output and a reshape of it.)
+    "buffer-results-to-out-params{modify-public-functions=true},"
     "canonicalize,"
     "buffer-deallocation-pipeline,"
     "convert-bufferization-to-memref"
