@@ -37,7 +37,7 @@ in two exact stages, emulating a bisection over the float bit pattern (there is 
 
 * stage 1, 8 steps: bisection over the binade index ``j in [0, 150]`` with thresholds
   ``2^-j`` read from a 151-entry constant table by ``gather`` (entry 150 is 0). It finds the
-  binade ``[2^-j, 2^-j+1)`` holding the answer. ``ceil(log2 151) = 8``.
+  binade ``[2^-j, 2^(1-j))`` holding the answer. ``ceil(log2 151) = 8``.
 * stage 2, 23 steps: bisection on value inside that binade. Floats there are evenly spaced
   (2^23 steps of one ulp; fewer in the subnormal range), and the f32 midpoint ``(lo+hi)/2`` is
   exact while the bracket is a power-of-two number of ulps, so after 23 halvings ``hi - lo`` is
@@ -47,7 +47,9 @@ So the threshold equals the sort-based one bit for bit: the kept set is the sort
 except at exact ties of ``p`` at the cut (the threshold form keeps every tied token, a sort keeps
 some of them). Mass comparisons use the graph's reductions (f32 results; the oracle accumulates
 in f64), so a top-p cut within rounding of ``top_p * mass`` is decided by that rounding.
-Cost: 31 steps of one [B, V] compare + reduce per search (two searches).
+Cost: 31 steps of one [B, V] compare + reduce per search (two searches). A device that flushes
+subnormals to zero decides cuts below ``2^-126`` differently, but there every ``p`` it compares
+is 0 as well, so no sampled token changes.
 
 The cumulative sum for inverse-CDF: an upper-triangular matmul is O(V^2) (V = 49152: 2.4e9
 multiply-adds and a 9.6 GB constant), so the index is found by bisection on the token index:
