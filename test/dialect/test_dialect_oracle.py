@@ -59,13 +59,8 @@ def test_constant(value):
     assert_same(run(lambda b: b.constant(value), {}), value)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "BUG dialects/opdef.py dense_to_mlir: a non-splat bool array goes through "
-    "DenseElementsAttr.get(array, type=tensor<Nxi1>), which MLIR rejects (it wants bit-packed "
-    "i1 data) -> raw ValueError from Builder.constant. Fix: for DType.I1 call "
-    "DenseElementsAttr.get(np.ascontiguousarray(value)) without type= (or pass "
-    "np.packbits(value, bitorder='little') with the type)"))
 def test_constant_bool_non_splat():
+    # Regression: non-splat i1 constants once failed in dense_to_mlir (buffer wants bit-packed i1).
     value = np.array([True, False, True])
     assert_same(run(lambda b: b.constant(value), {}), value)
 
