@@ -1,0 +1,49 @@
+"""Compile options and the finite limits one compile may construct."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CompileLimits:
+    """Bounds on what one compile builds. Every field is finite and positive; there is no
+    unlimited setting. :data:`CompileLimits.STANDARD` is the production policy.
+
+    Attributes:
+        max_graph_ops: ops in any graph a pass produces (the input included).
+        max_kernel_ops: ops in the body of one dispatch region (one kernel).
+        max_artifact_bytes: bytes of one compiled artifact (lowered module text or binary).
+    """
+
+    max_graph_ops: int
+    max_kernel_ops: int
+    max_artifact_bytes: int
+
+    def __post_init__(self):
+        for k, v in self.__dict__.items():
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"CompileLimits.{k} must be a positive int, got {v!r}")
+
+
+CompileLimits.STANDARD = CompileLimits(max_graph_ops=1_000_000, max_kernel_ops=20_000,
+                                       max_artifact_bytes=512 << 20)
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How to compile.
+
+    Attributes:
+        limits: the :class:`CompileLimits`.
+        fuse: form dispatch regions (pointwise/reduction/matmul-epilogue fusion).
+        flash_attention: rewrite attention compositions into the fused attention op.
+        opt_level: LLVM optimization level for host code.
+        disable: pass arguments to leave out of the pipeline (for experiments and tests).
+    """
+
+    limits: CompileLimits = CompileLimits.STANDARD
+    fuse: bool = True
+    flash_attention: bool = True
+    opt_level: int = 2
+    disable: frozenset[str] = field(default_factory=frozenset)

@@ -1,0 +1,110 @@
+"""Planning: decide, per op, whether the target can run it, and the storage of a step.
+
+Capability is decided here and only here: an op the target cannot run is a typed
+:class:`Refusal` naming the op, where it is, and the missing capability. Nothing above this
+layer branches on a backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlir import ir
+
+from poot.compiler.target import Target
+from poot.dialects.types import PackedType, TensorType, type_from_mlir
+from poot.errors import PootError
+from poot.passes.legalize import COMPUTE_OPS
+
+
+class Refusal(PootError):
+    """The target cannot run an op.
+
+    Attributes:
+        op: the op name (``poot.matmul``); capability: what the target lacks (``f16
+        storage``); location: the op's location (builder scope), when known.
+    """
+
+    def __init__(self, op: str, capability: str, location: str = ""):
+        self.op, self.capability, self.location = op, capability, location
+        at = f" at {location}" if location and location != "loc(unknown)" else ""
+        super().__init__(f"target cannot run '{op}'{at}: missing {capability}")
+
+
+def _types(op: ir.Operation):
+    for v in list(op.operands) + list(op.results):
+        try:
+            yield type_from_mlir(v.type)
+        except TypeError:
+            continue
+
+
+def check_op(op: ir.Operation, target: Target) -> None:
+    """Raise :class:`Refusal` when ``target`` lacks what ``op`` needs."""
+    caps = target.caps
+    loc = str(op.location)
+    for t in _types(op):
+        if isinstance(t, TensorType) and t.dtype not in caps.storage_dtypes:
+            raise Refusal(op.name, f"{t.dtype} storage", loc)
+        if isinstance(t, PackedType) and op.name == "poot.dequantize" and \
+                t.format.name not in caps.packed_formats:
+            raise Refusal(op.name, f"in-kernel decoding of packed format {t.format.name}", loc)
+    if op.name in COMPUTE_OPS and op.operands:
+        t = type_from_mlir(op.operands[0].type)
+        if isinstance(t, TensorType) and t.dtype not in caps.compute_dtypes:
+            raise Refusal(op.name, f"{t.dtype} arithmetic", loc)
+
+
+def check_module(module: ir.Operation, target: Target) -> None:
+    """Check every poot op under ``module``; the first refusal is raised."""
+    refusal: list[Refusal] = []
+
+    def visit(op):
+        op = op.operation
+        if op.name.startswith("poot."):
+            try:
+                check_op(op, target)
+            except Refusal as r:
+                refusal.append(r)
+                return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    if refusal:
+        raise refusal[0]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One buffer of a step: a role (input/param/output), a name, its type and byte size;
+    ``aliases`` names the input an output may share storage with (updated in place)."""
+
+    role: str
+    name: str
+    type: object
+    nbytes: int
+    aliases: str | None = None
+
+
+def plan_storage(func: ir.Operation, inputs, outputs, params) -> list[Buffer]:
+    """Buffers of the entry function, planned before fusion. An output that is a
+    ``poot.scatter`` into an input (a KV-cache write) aliases that input: the runtime may
+    update it in place."""
+    block = func.regions[0].blocks[0]
+    arg_names = {block.arguments[i]: n for i, (n, _) in enumerate(inputs)}
+    ret = list(block.operations)[-1]
+    out: list[Buffer] = [Buffer("input", n, t, t.nbytes) for n, t in inputs]
+    out += [Buffer("param", n, t, t.nbytes) for n, t in params.items()]
+    for (name, t), v in zip(outputs, ret.operands):
+        out.append(Buffer("output", name, t, t.nbytes, _scatter_base(v, arg_names)))
+    return out
+
+
+def _scatter_base(v: ir.Value, arg_names) -> str | None:
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        return None
+    op = owner.operation
+    if op.name == "poot.scatter" and op.operands[0] in arg_names:
+        return arg_names[op.operands[0]]
+    return None

@@ -1,0 +1,89 @@
+"""Targets: a backend plus the capabilities planning decides with.
+
+Capabilities are measured from the device where possible (:func:`host_cpu` reads the host's
+cores and ISA flags); a target that lacks something is described by a smaller
+:class:`Capabilities`, never by a support list of models or ops.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+from poot.dialects.types import DType
+
+ALL_DTYPES = frozenset(DType)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a target can run.
+
+    Attributes:
+        storage_dtypes: dtypes a buffer may hold (a graph touching another dtype is refused).
+        compute_dtypes: dtypes arithmetic may run in; others are legalized to f32 compute
+            when f32 is available (storage stays as declared).
+        packed_formats: packed weight formats the kernels can decode in place.
+        cores: CPU cores (host) or compute units (GPU) available to one step.
+        vector_bits: native SIMD width in bits (CPU) for tiling decisions.
+        subgroup_size: threads per subgroup/warp (GPU), or None on the CPU.
+        max_shared_bytes: on-chip shared memory per workgroup (GPU), 0 on the CPU.
+        features: ISA features the codegen may use (e.g. ``avx2``, ``fma``, ``f16c``).
+    """
+
+    storage_dtypes: frozenset[DType] = ALL_DTYPES
+    compute_dtypes: frozenset[DType] = frozenset({DType.F32, DType.I64, DType.I32, DType.I8,
+                                                  DType.I1})
+    packed_formats: frozenset[str] = frozenset()
+    cores: int = 1
+    vector_bits: int = 128
+    subgroup_size: int | None = None
+    max_shared_bytes: int = 0
+    features: frozenset[str] = field(default_factory=frozenset)
+
+    def without_dtype(self, dtype: DType) -> "Capabilities":
+        """These capabilities less one dtype (storage and compute); for tests and planning."""
+        return replace(self, storage_dtypes=self.storage_dtypes - {dtype},
+                       compute_dtypes=self.compute_dtypes - {dtype})
+
+
+@dataclass(frozen=True)
+class Target:
+    """A backend (``cpu``, ``cuda``, ``vulkan``, ``rocm``) and its capabilities."""
+
+    backend: str
+    caps: Capabilities
+
+    def key(self) -> str:
+        """A stable text identity, used in compile-cache keys."""
+        c = self.caps
+        return (f"{self.backend};st={sorted(d.value for d in c.storage_dtypes)};"
+                f"co={sorted(d.value for d in c.compute_dtypes)};pk={sorted(c.packed_formats)};"
+                f"cores={c.cores};vb={c.vector_bits};sg={c.subgroup_size};"
+                f"sh={c.max_shared_bytes};f={sorted(c.features)}")
+
+
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def host_cpu() -> Target:
+    """The host CPU as measured here: cores available to this process and its SIMD width."""
+    from poot.dialects.lowering.packed import DECODERS  # what the CPU kernels can decode
+
+    flags = _cpu_flags()
+    wanted = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx_vnni"}
+    bits = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return Target("cpu", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
+                                      vector_bits=bits, features=frozenset(flags & wanted)))
