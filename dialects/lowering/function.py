@@ -140,10 +140,6 @@ def lower_module(module: ir.Operation) -> None:
         new.detach_from_parent()
         ir.InsertionPoint(old).insert(new)
         old.erase()
-    _KEEP.append(parsed)
-
-
-_KEEP: list = []  # parsed scratch modules (now empty shells); kept to avoid early frees
 
 
 __all__ = ["RULES", "OpInfo", "lower_function", "lower_module", "location_text", "arg_type",

@@ -34,6 +34,16 @@ from poot.dialects.types import PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.graph.builder import Graph
 
+# On tensors: named ops become generics so that elementwise producers (broadcasts, casts,
+# dequantization, transposes) fuse into their consumers, matmuls included: a dequantize ->
+# transpose -> matmul chain becomes one contraction reading the packed bytes in place.
+FUSE = (
+    "linalg-generalize-named-ops,"
+    "linalg-fuse-elementwise-ops,"
+    "canonicalize,"
+    "cse"
+)
+
 BUFFERIZE = (
     "eliminate-empty-tensors,"
     "empty-tensor-to-alloc-tensor,"
@@ -192,8 +202,9 @@ def lower_graph(graph: Graph) -> tuple[ir.Module, ir.Operation]:
     return module, fn
 
 
-def compile_cpu(graph: Graph, opt_level: int = 2) -> CpuProgram:
-    """Compile ``graph`` for the host CPU.
+def compile_cpu(graph: Graph, opt_level: int = 2, fuse: bool = True) -> CpuProgram:
+    """Compile ``graph`` for the host CPU (``fuse``: elementwise fusion on linalg, see
+    :data:`FUSE`).
 
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering.
     """
@@ -204,7 +215,8 @@ def compile_cpu(graph: Graph, opt_level: int = 2) -> CpuProgram:
     params = [(n, graph.params[n]) for n in names]
     with module.context:
         _prepare_abi(fn)
-        pm = PassManager.parse(f"builtin.module({BUFFERIZE},{TO_LLVM})")
+        stages = ([FUSE] if fuse else []) + [BUFFERIZE, TO_LLVM]
+        pm = PassManager.parse(f"builtin.module({','.join(stages)})")
         pm.run(module.operation)
         engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=list(runtime_libs()))
     prog = CpuProgram(graph.name, list(graph.inputs), params, list(graph.outputs), engine,

@@ -49,8 +49,8 @@ def assert_matches(got: dict, want: dict, rtol: float | None = None):
             np.testing.assert_array_equal(g, w, err_msg=name)
 
 
-def check(g, inputs, params=None, rtol=None):
-    prog = compile_cpu(g)
+def check(g, inputs, params=None, rtol=None, fuse=True):
+    prog = compile_cpu(g, fuse=fuse)
     got = prog.run(inputs, params or {})
     want = oracle.evaluate(g, inputs, params or {})
     assert_matches(got, want, rtol)
@@ -320,8 +320,9 @@ def test_dequantize_exact(q):
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("q", [Quant.Q8_0, Quant.Q4_1, Quant.Q4_0], ids=lambda q: q.value.name)
-def test_dequantize_matmul_gguf(q):
+def test_dequantize_matmul_gguf(q, fuse):
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
@@ -335,7 +336,7 @@ def test_dequantize_matmul_gguf(q):
     wq = b.param("wq", PackedType(fmt, (rows, cols)))
     y = b.matmul(x, b.transpose(b.dequantize(wq), (1, 0)))
     g = b.finish({"y": y})
-    check(g, {"x": rand((2, cols), DType.F32)}, {"wq": packed}, rtol=2e-5)
+    check(g, {"x": rand((2, cols), DType.F32)}, {"wq": packed}, rtol=2e-5, fuse=fuse)
 
 
 def test_refused_formats():
@@ -350,7 +351,8 @@ def test_refused_formats():
 
 # ---- composites ---------------------------------------------------------------------------
 
-def test_composite_block():
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+def test_composite_block(fuse):
     """x @ W, an RMSNorm-like reduce and a softmax-like normalisation in one graph."""
     b = Builder(LIMITS)
     n, d, h = 3, 16, 8
@@ -365,7 +367,8 @@ def test_composite_block():
     sm = e / b.reduce("sum", e, 1, keepdims=True)
     g = b.finish({"norm": yn, "softmax": sm})
     check(g, {"x": rand((n, d), DType.F32)},
-          {"w": rand((d, h), DType.F32, -0.5, 0.5), "g": rand((h,), DType.F32)}, rtol=2e-5)
+          {"w": rand((d, h), DType.F32, -0.5, 0.5), "g": rand((h,), DType.F32)}, rtol=2e-5,
+          fuse=fuse)
 
 
 def test_inputs_not_written_and_rerun():
