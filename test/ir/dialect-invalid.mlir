@@ -3,7 +3,7 @@
 // the rule violations name the op ('poot.<name>' op ...). Structural violations caught by MLIR's
 // IRDL verifier (attribute kind, operand kind/count) currently carry upstream's bare message:
 // dialect-invalid-irdl-op-names.mlir (XFAIL) expects the op name there too.
-// test/dialect/test_coverage.py fails when a registered op has no case here.
+// test/dialect/test_dialect_coverage.py fails when a registered op has no case here.
 // RUN: poot-opt %s --split-input-file --verify-diagnostics
 
 func.func @param_missing_name() {

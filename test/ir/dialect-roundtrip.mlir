@@ -1,6 +1,6 @@
 // Round-trip of every poot op, the !poot.packed type and every quant format attribute:
 // parse, print (generic form), re-parse, print again; the CHECK lines pin the printed form.
-// test/dialect/test_coverage.py fails when a registered op has no case here.
+// test/dialect/test_dialect_coverage.py fails when a registered op has no case here.
 // RUN: poot-opt %s --split-input-file | poot-opt --split-input-file | FileCheck %s
 // RUN: poot-opt %s --split-input-file --pass-pipeline='builtin.module(poot-verify)' | FileCheck %s
 

@@ -1,5 +1,5 @@
 // poot-opt as a command: help, the IRDL it loads, pipeline errors and exit statuses.
-// test/dialect/test_poot_opt.py checks the same against the live registries.
+// test/dialect/test_dialect_poot_opt.py checks the same against the live registries.
 
 // RUN: poot-opt --help | FileCheck %s --check-prefix=HELP
 // HELP: usage: poot-opt
