@@ -218,3 +218,24 @@ def test_tensor_operators_and_scalars():
     want = -(np.float32(2) * v - np.float32(1) / (v + np.float32(3)))
     np.testing.assert_array_equal(oracle.evaluate(g, {"x": v})["y"], want)
     assert isinstance(x, Tensor) and x.shape == (3,) and x.rank == 1 and x.dtype is DType.F32
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG poot/graph/builder.py Builder.concat and Builder.slice_axis normalise the axis with "
+    "`axis % rank`: an out-of-range axis silently wraps (concat(axis=5) on rank 2 joins along "
+    "axis 1) and rank 0 raises ZeroDivisionError instead of BuilderError. Fix: `if not "
+    "-rank <= axis < rank: raise BuilderError(f'axis {axis} is out of range for rank {rank}')` "
+    "before the modulo (as reduce does)"))
+@pytest.mark.parametrize("call", [
+    lambda b, m, s: b.concat([m, m], axis=5),
+    lambda b, m, s: b.concat([m, m], axis=-3),
+    lambda b, m, s: b.slice_axis(m, 2, 0, 1),
+    lambda b, m, s: b.concat([s, s], axis=0),
+    lambda b, m, s: b.slice_axis(s, 0, 0, 1),
+], ids=["concat-5", "concat--3", "slice_axis-2", "concat-rank0", "slice_axis-rank0"])
+def test_axis_out_of_range_is_a_builder_error(call):
+    b = Builder(ROOMY)
+    m, s = b.input("m", tt((2, 3))), b.input("s", tt(()))
+    with pytest.raises(BuilderError, match="out of range"):
+        call(b, m, s)
+    assert n_ops(b) == 0
