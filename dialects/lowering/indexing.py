@@ -14,6 +14,11 @@ def _to_index(em: Emitter, v: str, t: str) -> str:
     return em.op(f"arith.index_cast {v} : {t} to index")
 
 
+def _to_i64(em: Emitter, v: str, t: str) -> str:
+    """An index of any integer dtype as i64 (bounds of any table size fit)."""
+    return v if t == "i64" else em.op(f"arith.extsi {v} : {t} to i64")
+
+
 @rule("gather")
 def lower_gather(em: Emitter, op: OpInfo) -> str:
     table, idx = op.args
@@ -21,10 +26,10 @@ def lower_gather(em: Emitter, op: OpInfo) -> str:
     ax, r = op.attrs["axis"], op.result
     k = it.rank
     idx_map = affine_map(r.rank, [f"d{ax + j}" for j in range(k)])
-    ity = it.dtype.value
+    ity = "i64"
 
     def body(a, _o):
-        i = a[0]
+        i = _to_i64(em, a[0], it.dtype.value)
         lo, hi = em.const(0, ity), em.const(tt_.shape[ax] - 1, ity)
         c = em.op(f"arith.maxsi {i}, {lo} : {ity}")
         c = em.op(f"arith.minsi {c}, {hi} : {ity}")
@@ -47,7 +52,7 @@ def lower_scatter(em: Emitter, op: OpInfo) -> str:
     dest, idx, upd = op.args
     dt, it, ut = op.types
     nrows, r = it.shape
-    ity = it.dtype.value
+    ity = "i64"
     tail = dt.shape[r:]
     row_t = TensorType(tail, dt.dtype)
     c0, c1 = em.const(0, "index"), em.const(1, "index")
@@ -60,7 +65,7 @@ def lower_scatter(em: Emitter, op: OpInfo) -> str:
     coords, ok = [], None
     for j in range(r):
         cj = em.const(j, "index")
-        v = em.op(f"tensor.extract {idx}[{iv}, {cj}] : {tt(it)}")
+        v = _to_i64(em, em.op(f"tensor.extract {idx}[{iv}, {cj}] : {tt(it)}"), it.dtype.value)
         lo = em.op(f"arith.cmpi sge, {v}, {em.const(0, ity)} : {ity}")
         hi = em.op(f"arith.cmpi slt, {v}, {em.const(dt.shape[j], ity)} : {ity}")
         inb = em.op(f"arith.andi {lo}, {hi} : i1")
