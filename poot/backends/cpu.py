@@ -30,7 +30,7 @@ from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 
 from poot.dialects.lowering import lower_module
-from poot.dialects.types import PackedType, PootType, TensorType
+from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.graph.builder import Graph
 
@@ -139,7 +139,8 @@ class CpuProgram:
     def run(self, inputs: Mapping[str, np.ndarray],
             params: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run the step on ``inputs`` (by name) and ``params`` (weight name -> array; packed
-        weights as their stored uint8 bytes). Returns fresh output arrays by name."""
+        weights as their stored uint8 bytes; bf16/f16 as their numpy dtype or as uint16
+        words). Returns fresh output arrays by name (bf16 as ``ml_dtypes.bfloat16``)."""
         params = params or {}
         keep: list[np.ndarray] = []
         for what, items, src in (("input", self.inputs, inputs),
@@ -167,6 +168,8 @@ def _bind(what: str, value, t: PootType) -> np.ndarray:
                               f"{a.size} x {a.dtype}")
         return np.ascontiguousarray(a.reshape(-1))
     assert isinstance(t, TensorType)
+    if t.dtype in (DType.BF16, DType.F16) and a.dtype == np.uint16 and a.shape == t.shape:
+        return np.ascontiguousarray(a)  # the raw words
     if a.dtype != t.dtype.numpy or a.shape != t.shape:
         raise CpuRunError(f"{what} must be {t}, got {list(a.shape)} x {a.dtype}")
     return np.ascontiguousarray(a)

@@ -503,3 +503,35 @@ def test_random_graphs(recipe):
                                        else 1e-4, equal_nan=True, err_msg=k)
         else:
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_bf16_as_uint16_words():
+    b = Builder(LIMITS)
+    x = b.input("x", TensorType((4,), DType.BF16))
+    w = b.param("w", TensorType((4,), DType.BF16))
+    g = b.finish({"y": b.binary("mul", x, w)})
+    xv, wv = rand((4,), DType.BF16), rand((4,), DType.BF16)
+    prog = compile_cpu(g)
+    got = prog.run({"x": xv.view(np.uint16)}, {"w": wv.view(np.uint16)})
+    assert_matches(got, oracle.evaluate(g, {"x": xv}, {"w": wv}))
+
+
+def test_bad_bindings_are_typed_errors():
+    from poot.backends.cpu import CpuRunError
+
+    b = Builder(LIMITS)
+    x = b.input("x", TensorType((4,), DType.F32))
+    wq = b.param("wq", PackedType(Quant.Q8_0.value, (1, 32)))
+    g = b.finish({"y": b.binary("add", x, x), "d": b.dequantize(wq)})
+    prog = compile_cpu(g)
+    good = np.zeros(34, np.uint8)
+    with pytest.raises(CpuRunError, match="input 'x'"):
+        prog.run({"x": np.zeros((5,), np.float32)}, {"wq": good})
+    with pytest.raises(CpuRunError, match="input 'x'"):
+        prog.run({}, {"wq": good})
+    with pytest.raises(CpuRunError, match="weight 'wq'"):
+        prog.run({"x": np.zeros((4,), np.float32)}, {"wq": np.zeros(33, np.uint8)})
+    with pytest.raises(CpuRunError, match="weight 'wq'"):
+        prog.run({"x": np.zeros((4,), np.float32)}, {})
+    out = prog.run({"x": np.ones((4,), np.float32)}, {"wq": good})
+    assert out["y"].tolist() == [2, 2, 2, 2] and not out["d"].any()
