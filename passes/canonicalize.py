@@ -254,7 +254,8 @@ def canonicalize(root, max_fold_bytes: int = 4096, no_signed_zeros: bool = False
                 op = op.operation
                 if not is_poot(op) or op.regions or len(op.results) != 1 or not has_uses(op):
                     continue
-                new = canon.rewrite(op)
+                with op.context, op.location:
+                    new = canon.rewrite(op)
                 if new is not None and new != op.results[0]:
                     op.results[0].replace_all_uses_with(new)
                     changed += 1

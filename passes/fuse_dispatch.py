@@ -361,6 +361,7 @@ def fuse_function(fn: ir.Operation, module_body: ir.Block, names: set, max_ops: 
         raise PassFailure(f"poot-fuse-dispatch: function @{sym_name(fn)} has "
                           f"{len(fn.regions[0].blocks)} blocks; one is supported")
     block = fn.regions[0].blocks[0]
+    dce(fn)  # a dead op would otherwise become a kernel of its own
     _clone_fanout(block)
     part = _Partition(block, max_ops)
     groups = [g for g in part.run() if any(o.name != "poot.reshape" for o in g)]
