@@ -144,7 +144,8 @@ class PackedType:
         return ir.Type.parse(f"!poot.packed<#poot.{self.format.name}, array<i64: {dims}>>")
 
     def __str__(self) -> str:
-        return str(self.mlir())
+        return f"!poot.packed<#poot.{self.format.name}, array<i64: " \
+               f"{', '.join(map(str, self.shape))}>>"
 
 
 PootType = TensorType | PackedType

@@ -31,11 +31,12 @@ def check_op(op: ir.Operation) -> None:
     try:
         operands = [type_from_mlir(v.type) for v in op.operands]
         results = [type_from_mlir(r.type) for r in op.results]
-    except (TypeError, KeyError) as e:
+        attrs = read_attrs(opdef, op)
+    except (TypeError, KeyError, ValueError) as e:
         raise VerifyError(op.name, str(e)) from None
     if len(results) != 1:
         raise VerifyError(op.name, f"must have exactly one result, got {len(results)}")
-    opdef.check(operands, read_attrs(opdef, op), results[0])
+    opdef.check(operands, attrs, results[0])
 
 
 def verify_module(module: ir.Module | ir.Operation) -> list[Diagnostic]:

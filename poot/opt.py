@@ -91,7 +91,8 @@ def process_chunk(text: str, pipeline: str, filename: str) -> tuple[str | None, 
         except ir.MLIRError as e:
             for d in e.error_diagnostics:
                 line, where = _parse_loc(str(d.location), filename)
-                diags.append(Diag(line, f"{where}: error: {d.message}", d.message))
+                msg = _name_op(d)
+                diags.append(Diag(line, f"{where}: error: {msg}", msg))
             return None, diags
         for d in verify_module(module):
             line, where = _parse_loc(d.location, filename)
@@ -112,6 +113,18 @@ def process_chunk(text: str, pipeline: str, filename: str) -> tuple[str | None, 
                                           m.group(4) if m else one))
                 return None, diags
         return str(module), diags
+
+
+def _name_op(d) -> str:
+    """IRDL's structural errors do not name the op; MLIR's note with the operation does."""
+    msg = str(d.message)
+    if msg.startswith("'"):
+        return msg
+    for note in d.notes:
+        m = re.search(r'see current operation: .*?"([\w.]+)"\(', str(note.message))
+        if m:
+            return f"'{m.group(1)}' op {msg}"
+    return msg
 
 
 _EXPECT = re.compile(r"//\s*expected-error\s*(@[+-]\d+|@above|@below)?\s*\{\{(.*?)\}\}")

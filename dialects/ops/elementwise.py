@@ -35,8 +35,12 @@ UNARY = {
 def _int_div(a, b):
     if a.dtype.kind == "f":
         return a / b
-    q = np.abs(a) // np.maximum(np.abs(b), 1)  # C semantics: truncate toward zero
-    return np.where((a < 0) ^ (b < 0), -q, q).astype(a.dtype)
+    # C semantics: truncate toward zero (floor division, then step toward zero when inexact);
+    # division by zero yields 0 here, a lowering may differ (undefined).
+    safe = np.where(b == 0, 1, b)
+    q = a // safe
+    q = q + (((a % safe) != 0) & ((a < 0) != (safe < 0))).astype(a.dtype)
+    return np.where(b == 0, 0, q).astype(a.dtype)
 
 
 BINARY = {

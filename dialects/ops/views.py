@@ -124,26 +124,28 @@ class Slice(OpDef):
 
 @register
 class Concat(OpDef):
+    """Two tensors joined along ``axis``. Binary because IRDL binds one type to all operands
+    of a variadic slot (MLIR 22), so operands of different sizes could not verify; the
+    builder chains concatenations of more than two."""
+
     name = "concat"
-    operands = ("*inputs",)
+    operands = ("lhs", "rhs")
     attrs = {"axis": Attr("i64")}
-    summary = "concatenation along an axis"
+    summary = "concatenation of two tensors along an axis"
 
     @classmethod
     def check(cls, operands, attrs, result):
         cls.check_attrs(attrs)
-        if not operands:
-            cls.fail("needs at least one operand")
-        ts = [cls.tensor(t, f"operand #{i}") for i, t in enumerate(operands)]
-        ax = cls.axis(attrs["axis"], ts[0].rank)
-        for i, t in enumerate(ts[1:], 1):
-            other = [d for j, d in enumerate(t.shape) if j != ax]
-            first = [d for j, d in enumerate(ts[0].shape) if j != ax]
-            if t.dtype != ts[0].dtype or t.rank != ts[0].rank or other != first:
-                cls.fail(f"operand #{i} type {t} is not concatenable with {ts[0]} on axis {ax}")
-        shape = list(ts[0].shape)
-        shape[ax] = sum(t.shape[ax] for t in ts)
-        return cls.same_result(TensorType(shape, ts[0].dtype), result)
+        if len(operands) != 2:
+            cls.fail(f"expects 2 operands, got {len(operands)}")
+        a, b = (cls.tensor(t, f"operand #{i}") for i, t in enumerate(operands))
+        ax = cls.axis(attrs["axis"], a.rank)
+        others = lambda t: [d for j, d in enumerate(t.shape) if j != ax]  # noqa: E731
+        if b.dtype != a.dtype or b.rank != a.rank or others(b) != others(a):
+            cls.fail(f"operand #1 type {b} is not concatenable with {a} on axis {ax}")
+        shape = list(a.shape)
+        shape[ax] += b.shape[ax]
+        return cls.same_result(TensorType(shape, a.dtype), result)
 
     @classmethod
     def evaluate(cls, args, attrs, result):

@@ -267,6 +267,8 @@ class Builder:
     # ---- sources -------------------------------------------------------------------------
     def input(self, name: str, type_: TensorType) -> Tensor:
         """A per-step input (token ids, positions, ...): a function argument named ``name``."""
+        if self._finished:
+            raise BuilderError("builder is finished")
         if any(n == name for n, _ in self._inputs):
             raise BuilderError(f"input '{name}' declared twice")
         self._charge(values=1, owned=type_.nbytes)
@@ -399,7 +401,7 @@ class Builder:
     def slice_axis(self, x: Tensor, axis: int, start: int, limit: int, step: int = 1) -> Tensor:
         """``x[..., start:limit:step, ...]`` on one axis."""
         x = self._own(x)
-        axis %= x.rank
+        axis = self._axis(axis, x.rank)
         st = [0] * x.rank
         li = list(x.shape)
         sd = [1] * x.rank
@@ -407,10 +409,21 @@ class Builder:
         return self.slice(x, st, li, sd)
 
     def concat(self, xs: Sequence[Tensor], axis: int) -> Tensor:
-        xs = list(xs)
-        if len(xs) == 1:
-            return self._own(xs[0])
-        return self.op("concat", xs, {"axis": axis % xs[0].rank})
+        """Join ``xs`` along ``axis`` (a chain of binary ``poot.concat``)."""
+        xs = [self._own(x) for x in xs]
+        if not xs:
+            raise BuilderError("concat needs at least one tensor")
+        axis = self._axis(axis, xs[0].rank)
+        out = xs[0]
+        for x in xs[1:]:
+            out = self.op("concat", [out, x], {"axis": axis})
+        return out
+
+    @staticmethod
+    def _axis(axis: int, rank: int) -> int:
+        if not -rank <= axis < rank:
+            raise BuilderError(f"axis {axis} is out of range for rank {rank}")
+        return axis % rank
 
     # ---- finish ----------------------------------------------------------------------------
     def finish(self, outputs: Tensor | dict[str, Tensor]) -> Graph:
