@@ -147,7 +147,7 @@ class CpuProgram:
                                  ("weight", self.params, params)):
             for name, t in items:
                 if name not in src:
-                    raise CpuRunError(f"{what} '{name}' ({t}) is not bound")
+                    raise CpuRunError(f"{what} '{name}' ({_spell(t)}) is not bound")
                 keep.append(_bind(f"{what} '{name}'", src[name], t))
         outs = [np.empty(t.shape, dtype=t.dtype.numpy) for _, t in self.outputs]
         keep += outs
@@ -160,11 +160,18 @@ class CpuProgram:
         return {n: a for (n, _), a in zip(self.outputs, outs)}
 
 
+def _spell(t: PootType) -> str:
+    """A type for messages, without an MLIR context (PackedType.__str__ needs one)."""
+    if isinstance(t, PackedType):
+        return f"packed {t.format.name} {list(t.shape)}"
+    return str(t)
+
+
 def _bind(what: str, value, t: PootType) -> np.ndarray:
     a = np.asarray(value)
     if isinstance(t, PackedType):
         if a.dtype != np.uint8 or a.size != t.nbytes:
-            raise CpuRunError(f"{what} ({t}) needs {t.nbytes} uint8 bytes, got "
+            raise CpuRunError(f"{what} ({_spell(t)}) needs {t.nbytes} uint8 bytes, got "
                               f"{a.size} x {a.dtype}")
         return np.ascontiguousarray(a.reshape(-1))
     assert isinstance(t, TensorType)
