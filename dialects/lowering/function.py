@@ -5,6 +5,7 @@ from __future__ import annotations
 from mlir import ir
 
 from poot.dialects.lowering import (  # noqa: F401  (rule registration side effects)
+    attention,
     contraction,
     elementwise,
     indexing,
