@@ -3,8 +3,8 @@
 
 Numerics follow :mod:`poot.dialects.ops.elementwise`: f16/bf16 operands are widened to f32,
 computed, and rounded back; ``erf`` is computed in f64 (as the oracle does); integer ``div``
-truncates toward zero with the oracle's answers for a zero divisor (``a / 0 = a``) and never
-executes a trapping ``INT_MIN / -1``. Float max/min propagate NaN (``maximumf``/``minimumf``,
+truncates toward zero with the oracle's answers for a zero divisor (``a / 0 = 0``) and for
+``INT_MIN / -1`` (``INT_MIN``, wrapping), and never executes a trapping division. Float max/min propagate NaN (``maximumf``/``minimumf``,
 as ``np.maximum``).
 """
 
@@ -25,7 +25,8 @@ def _int_div(em: Emitter, t: str, a: str, b: str) -> str:
     safe = em.op(f"arith.select {unsafe}, {one}, {b} : {t}")
     q = em.op(f"arith.divsi {a}, {safe} : {t}")
     neg = em.op(f"arith.subi {zero}, {a} : {t}")
-    return em.op(f"arith.select {ism1}, {neg}, {q} : {t}")
+    q = em.op(f"arith.select {ism1}, {neg}, {q} : {t}")
+    return em.op(f"arith.select {is0}, {zero}, {q} : {t}")
 
 
 def _unary(em: Emitter, fn: str, t: str, x: str) -> str:
