@@ -1,0 +1,431 @@
+"""``poot-flash-attention``: rewrite ``softmax(softcap(Q K^T * scale) (+|masked) mask) V``,
+however it is spelled with primitives, into one ``poot.attention``
+(:mod:`poot.dialects.ops.attention`), whose lowering runs an online softmax over key blocks
+and never materializes the score matrix.
+
+Matching is on semantics, anchored at the ``p @ V`` matmul and walked backwards through
+use-def chains (never op order or tracer names):
+
+* ``P @ V``: ``poot.matmul(P, V)`` with ``V`` ``[batch..., S, Dv]``; ``P`` is, through
+  reshapes, the softmax result at some shape ``F = batch + rows + [S]`` whose row dims
+  multiply to the matmul's ``M`` (GQA's ``[B, Hkv, G, T, S]`` view of ``[B, Hkv, G*T, S]``).
+  The key axis is the last axis of ``F``, the one the matmul contracts; the softmax's
+  reductions must be over exactly that axis (identified by shape, not position).
+* softmax: ``e / bcast(den)`` where ``den`` is a ``reduce sum`` over the key axis of the same
+  ``e`` (row value brought back by reshape to keep-dims and/or broadcast, either spelling),
+  ``e = exp(y - bcast(reduce max over the key axis of the same y))``.
+* masking, two forms (the op's mask dtype):
+
+  - *visible* (i1): ``y = select(vis, x, C)`` with a splat ``C <= -1e30`` (or ``-inf``), the
+    numerator zeroed ``select(vis, exp(..), 0)`` with the *same* mask, and
+    ``den = max(sum, c)`` with a splat ``0 < c <= 1`` (a row with no visible key gives zeros,
+    not NaN). The branches may be swapped against a *masked* condition:
+    ``select(m, C, x)`` / ``select(m, 0, e)`` (the op then gets ``not m``).
+  - *additive* (f32): ``y = x + bias`` (either operand order; any f32 bias: a -1e30/-inf
+    mask, ALiBi, ...), plain softmax; no mask at all is a zero bias.
+
+  The mask/bias operand of the op is the broadcast's source (reshaped to the scores' rank), so
+  a ``[B, 1, 1, T, S]`` causal mask stays that size.
+* scores ``x``: from ``matmul(Q, R)`` with ``R = [batch..., D, S]`` (``K^T``: k is
+  ``transpose(R)``, composed with R's own transpose when R is one), through reshapes and
+  elementwise ops with splat constants: multiplies/divides (scale, before or after the
+  matmul: a splat multiply directly on Q is folded into ``scale``) and a soft cap
+  ``c2 * tanh(x * c1)`` with ``c1 * c2 = 1``; scale factors after the cap are not this op.
+
+Every intermediate value (scores, masked scores, exp, numerator, row values) must have no use
+outside the pattern; otherwise the composition's pieces are needed elsewhere and the pass does
+not fire. It also does not fire when: the softmax is over another axis than the contracted
+key axis, the exp input is not max-subtracted over that same axis of the same tensor, the
+max/sum reduce another tensor, the masked form lacks the zeroing select or the ``max(sum, c)``
+clamp (fully masked rows would be NaN, the op gives zeros) or its fill is above -1e30, the two
+selects use different masks, the shapes do not line up (batch dims differ, a reshape mixes the
+key axis or the batch dims), or the operands are not f32.
+
+The op's oracle computes the same f32 operations in the composition's order, so the rewritten
+graph equals the original to matmul summation-order rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from mlir import ir
+
+from poot.dialects.opdef import attr_to_mlir, dense_to_mlir
+from poot.dialects.types import DType, TensorType, type_from_mlir
+from poot.passes.analysis import defining_op, functions
+from poot.passes.canonicalize import splat_value
+from poot.passes.dce import dce
+from poot.passes.registry import register_pass
+
+MASK_FILL_MAX = -1e30   # a masked-score fill must be at most this (poot.graph.ops.MASKED_SCORE)
+
+
+class _NoMatch(Exception):
+    pass
+
+
+def _need(cond: bool, why: str = "") -> None:
+    if not cond:
+        raise _NoMatch(why)
+
+
+def _shape(v: ir.Value) -> tuple[int, ...]:
+    return type_from_mlir(v.type).shape
+
+
+def _dtype(v: ir.Value) -> DType:
+    return type_from_mlir(v.type).dtype
+
+
+def _fn(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["fn"]).value
+
+
+def _i64s(op: ir.Operation, key: str) -> tuple[int, ...]:
+    return tuple(ir.DenseI64ArrayAttr(op.attributes[key]))
+
+
+def _n_uses(v: ir.Value) -> int:
+    return sum(1 for _ in v.uses)
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= int(x)
+    return n
+
+
+def _producer(v: ir.Value, name: str | None = None, fn: str | None = None):
+    p = defining_op(v)
+    if p is None or (name is not None and p.name != name):
+        return None
+    if fn is not None and _fn(p) != fn:
+        return None
+    return p
+
+
+def _only_use(v: ir.Value) -> None:
+    _need(_n_uses(v) == 1, "an intermediate value has another consumer")
+
+
+@dataclass
+class _Match:
+    mm1: ir.Operation
+    mm2: ir.Operation
+    q: ir.Value
+    r: ir.Value                 # K^T [batch..., D, S]
+    v: ir.Value
+    rows: tuple[int, ...]
+    scale: float
+    softcap: float
+    mode: str                   # "visible" | "bias" | "none"
+    mask: ir.Value | None       # at the scores' shape F (possibly a broadcast)
+    negate: bool = False
+    notes: list = field(default_factory=list)
+
+
+def _splat_operand(op: ir.Operation):
+    """For a binary op with one splat operand: (index of the other operand, splat value)."""
+    a, b = op.operands
+    cb, ca = splat_value(b), splat_value(a)
+    if cb is not None:
+        return 0, cb
+    if ca is not None:
+        return 1, ca
+    return None
+
+
+def _row_reduce(v: ir.Value, full: tuple[int, ...], fn: str):
+    """``v`` (shape ``full``) as a row value of a ``reduce fn`` over the last axis brought back
+    to ``full`` by keep-dims reshape and/or broadcast, with splat ``max`` clamps on the way.
+    Returns (reduce op, [clamp constants]). Every op on the way has one use."""
+    n = len(full)
+    row, keep = full[:-1], full[:-1] + (1,)
+    clamps, level, cur = [], "full", v
+    while True:
+        p = defining_op(cur)
+        _need(p is not None, "row value is an argument")
+        if p.name == "poot.binary" and _fn(p) == "max" and _splat_operand(p):
+            i, c = _splat_operand(p)
+            clamps.append(float(c))
+            _only_use(cur)
+            cur = p.operands[i]
+            continue
+        if p.name == "poot.broadcast" and level == "full":
+            src = p.operands[0]
+            ss, dims = _shape(src), _i64s(p, "dims")
+            _need((ss == keep and dims == tuple(range(n))) or
+                  (ss == row and dims == tuple(range(n - 1))), "broadcast is not a row map")
+            _only_use(cur)
+            cur, level = src, "row"
+            continue
+        if p.name == "poot.reshape" and _shape(cur) in (row, keep) and \
+                _shape(p.operands[0]) in (row, keep):
+            _only_use(cur)
+            cur, level = p.operands[0], "row"
+            continue
+        if p.name == "poot.reduce":
+            _need(_fn(p) == fn, f"expected a reduce {fn}")
+            _need(_shape(p.operands[0]) == full and _i64s(p, "axes") == (n - 1,),
+                  "reduction is not over the key axis of the scores")
+            _need(_shape(cur) == row, "reduced value has the wrong shape")
+            _only_use(cur)
+            return p, clamps
+        raise _NoMatch(f"unexpected {p.name} in a row value")
+
+
+def _same_mask(a: ir.Value, b: ir.Value) -> bool:
+    if a == b:
+        return True
+    pa, pb = _producer(a, "poot.broadcast"), _producer(b, "poot.broadcast")
+    return (pa is not None and pb is not None and pa.operands[0] == pb.operands[0] and
+            _i64s(pa, "dims") == _i64s(pb, "dims") and a.type == b.type)
+
+
+def _scores(x: ir.Value, check_first: bool = True):
+    """Walk the scores back to their matmul. Returns (mm1, scale, softcap)."""
+    items = []   # forward order after reversal: ("f", c) | ("tanh",)
+    cur = x
+    while True:
+        p = defining_op(cur)
+        _need(p is not None, "scores come from an argument")
+        if p.name == "poot.matmul":
+            break
+        if cur != x or check_first:
+            _only_use(cur)
+        if p.name == "poot.reshape":
+            cur = p.operands[0]
+        elif p.name == "poot.binary" and _fn(p) in ("mul", "div") and _splat_operand(p):
+            i, c = _splat_operand(p)
+            if _fn(p) == "div":
+                _need(i == 0 and c != 0, "division of a constant by the scores")
+                c = 1.0 / c
+            items.append(("f", float(c)))
+            cur = p.operands[i]
+        elif p.name == "poot.unary" and _fn(p) == "tanh":
+            items.append(("tanh",))
+            cur = p.operands[0]
+        else:
+            raise _NoMatch(f"{p.name} between the scores matmul and the softmax")
+    if cur != x or check_first:
+        _only_use(cur)
+    items.reverse()
+    tanhs = [i for i, it in enumerate(items) if it[0] == "tanh"]
+    _need(len(tanhs) <= 1, "more than one tanh")
+    if not tanhs:
+        return p, float(np.prod([it[1] for it in items])) if items else 1.0, 0.0
+    t = tanhs[0]
+    pre, post = [it[1] for it in items[:t]], [it[1] for it in items[t + 1:]]
+    _need(len(post) == 1 and post[0] > 0, "a soft cap is c * tanh(x / c), nothing after")
+    cap = post[0]
+    _need(len(pre) >= 1, "tanh without the 1/c factor is not a soft cap")
+    if len(pre) >= 2 and abs(pre[-1] * cap - 1.0) <= 1e-6:
+        scale = float(np.prod(pre[:-1]))
+    else:
+        scale = float(np.prod(pre)) * cap
+    return p, scale, cap
+
+
+def _match(mm2: ir.Operation) -> _Match:
+    _need(_dtype(mm2.results[0]) is DType.F32, "result not f32")
+    pv, v = mm2.operands
+    shp, vs = _shape(pv), _shape(v)
+    nb = len(shp) - 2
+    batch, m_rows, s_len = shp[:nb], shp[-2], shp[-1]
+    # P through reshapes to the softmax result
+    cur = pv
+    while (p := _producer(cur, "poot.reshape")) is not None:
+        _only_use(cur)
+        cur = p.operands[0]
+    _only_use(cur)
+    full = _shape(cur)
+    rows = full[nb:-1]
+    _need(full[:nb] == batch and full[-1] == s_len and len(rows) >= 1 and
+          _prod(rows) == m_rows, "softmax shape does not line up with P @ V")
+    div = _producer(cur, "poot.binary", "div")
+    _need(div is not None, "P is not a division")
+    num, den = div.operands
+    rsum, clamps = _row_reduce(den, full, "sum")
+    _need(rsum.operands[0] == num, "the sum is not over the numerator")
+    _need(_n_uses(num) == 2, "numerator has other consumers")
+    sel = _producer(num, "poot.select")
+    mode, negate, vis = "bias", False, None
+    if sel is not None:
+        c, a, b = sel.operands
+        if splat_value(b) is not None and splat_value(b) == 0:
+            e_val, vis = a, c
+        elif splat_value(a) is not None and splat_value(a) == 0:
+            e_val, vis, negate = b, c, True
+        else:
+            raise _NoMatch("numerator select does not zero the masked entries")
+        mode = "visible"
+        _need(len(clamps) == 1 and 0 < clamps[0] <= 1,
+              "masked softmax without the max(sum, c<=1) clamp (fully masked rows)")
+        _only_use(e_val)
+    else:
+        e_val = num
+        _need(all(0 < c <= 1 for c in clamps), "denominator clamp above 1")
+    ex = _producer(e_val, "poot.unary", "exp")
+    _need(ex is not None, "numerator is not an exp")
+    sub = _producer(ex.operands[0], "poot.binary", "sub")
+    _need(sub is not None, "exp input is not max-subtracted")
+    _only_use(ex.operands[0])
+    y, mx = sub.operands
+    rmax, mclamps = _row_reduce(mx, full, "max")
+    _need(not mclamps and rmax.operands[0] == y, "max is not over the exp's own input")
+    _need(_n_uses(y) == 2, "softmax input has other consumers")
+    mask = None
+    yp = defining_op(y)
+    if mode == "visible":
+        _need(yp is not None and yp.name == "poot.select", "masked scores are not a select")
+        c, a, b = yp.operands
+        x, fill = (a, b) if not negate else (b, a)
+        fv = splat_value(fill)
+        _need(fv is not None and fv <= MASK_FILL_MAX, "masked-score fill above -1e30")
+        _need(_same_mask(c, vis), "the two selects use different masks")
+        mask = vis
+        mm1, scale, cap = _scores(x)
+    else:
+        try:
+            mm1, scale, cap = _scores(y, check_first=False)
+            mode = "none"
+        except _NoMatch:
+            _need(yp is not None and yp.name == "poot.binary" and _fn(yp) == "add",
+                  "softmax input is neither scores nor scores + bias")
+            last = None
+            for xi in (0, 1):
+                try:
+                    mm1, scale, cap = _scores(yp.operands[xi])
+                    mask = yp.operands[1 - xi]
+                    break
+                except _NoMatch as e:
+                    last = e
+            else:
+                raise last
+            _need(_dtype(mask) is DType.F32, "bias is not f32")
+    q, r = mm1.operands
+    qs, rs = _shape(q), _shape(r)
+    _need(len(qs) == len(shp) and qs[:nb] == batch and rs[:nb] == batch and
+          qs[-2] == m_rows and rs[-1] == s_len and vs[-2] == s_len,
+          "scores matmul does not line up with P @ V")
+    _need(_dtype(mm1.results[0]) is DType.F32, "scores not f32")
+    _need(_dtype(q) is DType.F32 and _dtype(v) is DType.F32, "q/k/v not f32")
+    # a splat multiply directly on Q is part of the scale
+    qp = _producer(q, "poot.binary", "mul")
+    if qp is not None and _splat_operand(qp) and _n_uses(q) == 1:
+        i, c = _splat_operand(qp)
+        q, scale = qp.operands[i], scale * float(c)
+    return _Match(mm1, mm2, q, r, v, rows, scale, cap, mode, mask, negate)
+
+
+def _create(name, operands, rtype: TensorType, ip, attrs=None) -> ir.Value:
+    return ir.Operation.create(name, results=[rtype.mlir()], operands=list(operands),
+                               attributes=dict(attrs or {}), ip=ip).results[0]
+
+
+def _unbroadcast(v: ir.Value, full: tuple[int, ...], ip) -> ir.Value:
+    """The source of a broadcast to ``full``, reshaped to ``full``'s rank with size-1 dims."""
+    p = _producer(v, "poot.broadcast")
+    if p is None:
+        return v
+    src = p.operands[0]
+    ss, dims = _shape(src), _i64s(p, "dims")
+    shape = [1] * len(full)
+    for j, d in enumerate(dims):
+        shape[d] = ss[j]
+    if tuple(shape) == ss:
+        return src
+    t = type_from_mlir(src.type)
+    return _create("poot.reshape", [src], TensorType(tuple(shape), t.dtype), ip)
+
+
+def _rewrite(m: _Match) -> None:
+    mm2 = m.mm2
+    with mm2.context, mm2.location:
+        ip = ir.InsertionPoint(mm2)
+        shp = _shape(mm2.operands[0])
+        nb = len(shp) - 2
+        batch = shp[:nb]
+        full = batch + m.rows + (shp[-1],)
+        qt = type_from_mlir(m.q.type)
+        q = m.q
+        if qt.shape[nb:-1] != m.rows:
+            q = _create("poot.reshape", [q], qt.with_shape(batch + m.rows + (qt.shape[-1],)), ip)
+        # k = swap of the last two dims of R (composed with R's own transpose)
+        rank = len(shp)
+        swap = list(range(rank - 2)) + [rank - 1, rank - 2]
+        src, perm = m.r, swap
+        rp = _producer(m.r, "poot.transpose")
+        if rp is not None:
+            p0 = _i64s(rp, "perm")
+            src, perm = rp.operands[0], [p0[s] for s in swap]
+        if perm == list(range(rank)):
+            k = src
+        else:
+            st = type_from_mlir(src.type)
+            k = _create("poot.transpose", [src],
+                        st.with_shape(tuple(st.shape[p] for p in perm)), ip,
+                        {"perm": attr_to_mlir("i64s", perm)})
+        if m.mode == "none":
+            mask = _create("poot.constant", [], TensorType((1,) * len(full), DType.F32), ip,
+                           {"value": dense_to_mlir(np.zeros((1,) * len(full), np.float32))})
+        else:
+            mask = _unbroadcast(m.mask, full, ip)
+            if m.negate:
+                mask = _create("poot.unary", [mask], type_from_mlir(mask.type), ip,
+                               {"fn": attr_to_mlir("enum", "not")})
+        vt = type_from_mlir(m.v.type)
+        out_t = TensorType(batch + m.rows + (vt.shape[-1],), DType.F32)
+        out = _create("poot.attention", [q, k, m.v, mask], out_t, ip,
+                      {"scale": attr_to_mlir("f64", m.scale),
+                       "softcap": attr_to_mlir("f64", m.softcap)})
+        res_t = type_from_mlir(mm2.results[0].type)
+        if res_t.shape != out_t.shape:
+            out = _create("poot.reshape", [out], res_t, ip)
+    mm2.results[0].replace_all_uses_with(out)
+
+
+def _matmuls(fn: ir.Operation) -> list[ir.Operation]:
+    out = []
+    for block in fn.regions[0].blocks:
+        for op in block.operations:
+            if op.operation.name == "poot.matmul":
+                out.append(op.operation)
+    return out
+
+
+def flash_attention(module, trace: list | None = None) -> int:
+    """Rewrite every attention composition under ``module``; returns how many were rewritten.
+    ``trace`` (a list), when given, receives one ``(matmul location, reason)`` per candidate
+    ``P @ V`` matmul that did not match."""
+    root = module.operation if isinstance(module, ir.Module) else module
+    total = 0
+    for fn in functions(root):
+        if not fn.regions[0].blocks:
+            continue
+        while True:
+            failures = []
+            for mm in _matmuls(fn):
+                try:
+                    m = _match(mm)
+                except _NoMatch as e:
+                    failures.append((str(mm.location), str(e)))
+                    continue
+                _rewrite(m)
+                dce(fn)
+                total += 1
+                break
+            else:
+                if trace is not None:
+                    trace.extend(failures)
+                break
+    return total
+
+
+@register_pass("poot-flash-attention",
+               "rewrite softmax(softcap(Q K^T scale) + mask) V compositions into poot.attention")
+def run(module: ir.Operation) -> None:
+    flash_attention(module)
