@@ -29,8 +29,7 @@ would create a cycle (a region whose output reaches, through outside ops, its ow
 refused. Results used outside a region become the call's results. Regions made only of reshapes
 (aliases) are not outlined.
 
-Options: ``max-region-ops`` (largest region, in ops), ``outline`` (false: only annotate each op
-with ``poot.region = <n>`` for inspection).
+Option: ``max-region-ops`` (the largest region, in poot ops; cloned constants not counted).
 """
 
 from __future__ import annotations
@@ -354,8 +353,8 @@ def _nested_operands(op: ir.Operation) -> list:
     return vals
 
 
-def fuse_function(fn: ir.Operation, module_body: ir.Block, names: set, max_ops: int,
-                  outline: bool = True) -> list[tuple[str, int]]:
+def fuse_function(fn: ir.Operation, module_body: ir.Block, names: set,
+                  max_ops: int) -> list[tuple[str, int]]:
     """Partition and outline ``fn``'s body; returns (kind, ops) per region in order."""
     if len(fn.regions[0].blocks) != 1:
         raise PassFailure(f"poot-fuse-dispatch: function @{sym_name(fn)} has "
@@ -366,13 +365,6 @@ def fuse_function(fn: ir.Operation, module_body: ir.Block, names: set, max_ops: 
     part = _Partition(block, max_ops)
     groups = [g for g in part.run() if any(o.name != "poot.reshape" for o in g)]
     kinds = [part.classify(g) for g in groups]
-    if not outline:
-        with fn.context:
-            for n, g in enumerate(groups):
-                for o in g:
-                    o.attributes["poot.region"] = ir.IntegerAttr.get(
-                        ir.IntegerType.get_signless(64), n)
-        return [(k, len(g)) for k, g in zip(kinds, groups)]
     # order regions and the remaining ops topologically (regions are acyclic by construction)
     node = {}
     for i, g in enumerate(groups):
@@ -421,7 +413,7 @@ def fuse_function(fn: ir.Operation, module_body: ir.Block, names: set, max_ops: 
     return [(k, len(g)) for k, g in zip(kinds, groups)]
 
 
-def fuse_dispatch(module, max_region_ops: int = 256, outline: bool = True) -> dict:
+def fuse_dispatch(module, max_region_ops: int = 256) -> dict:
     """Run the pass on every function of ``module`` that is not itself a dispatch region."""
     root = module.operation if isinstance(module, ir.Module) else module
     if root.name != "builtin.module":
@@ -433,15 +425,14 @@ def fuse_dispatch(module, max_region_ops: int = 256, outline: bool = True) -> di
     for fn in fns:
         if is_dispatch_function(fn) or not fn.regions[0].blocks:
             continue
-        out[sym_name(fn)] = fuse_function(fn, body, names, max_region_ops, outline)
+        out[sym_name(fn)] = fuse_function(fn, body, names, max_region_ops)
     return out
 
 
 @register_pass("poot-fuse-dispatch",
                "pointwise/reduction/epilogue fusion: outline one function per kernel region",
-               {"max-region-ops": (int, 256, "largest region, in poot ops"),
-                "outline": (bool, True, "outline regions (false: annotate poot.region only)")})
+               {"max-region-ops": (int, 256, "largest region, in poot ops")})
 def run(module: ir.Operation, **opts) -> None:
     if opts.get("max-region-ops", 256) < 1:
         raise PassFailure("poot-fuse-dispatch: max-region-ops must be >= 1")
-    fuse_dispatch(module, opts.get("max-region-ops", 256), opts.get("outline", True))
+    fuse_dispatch(module, opts.get("max-region-ops", 256))

@@ -56,7 +56,7 @@ def q8_0_bytes(shape, rng) -> np.ndarray:
     return blocks.reshape(-1)
 
 
-def transformer_block(T=4, D=32, H=2, F=64, S=8):
+def transformer_block(T=4, D=32, H=2, F=64, S=8, layers=1):
     """One decoder layer of a small llama-like model plus the embedding lookup, a KV-cache
     write (scatter) and the LM head. Returns (graph, inputs, params)."""
     rng = np.random.default_rng(0)
@@ -69,6 +69,8 @@ def transformer_block(T=4, D=32, H=2, F=64, S=8):
     params = {}
 
     def param(name, shape, packed=False):
+        if layers == 1 and name[:2] == "0.":
+            name = name[2:]
         if packed:
             t = PackedType(BY_NAME["q8_0"], shape)
             params[name] = q8_0_bytes(shape, rng)
@@ -79,24 +81,26 @@ def transformer_block(T=4, D=32, H=2, F=64, S=8):
 
     emb = param("emb", (V, D))
     x = b.gather(emb, ids)                                        # [T, D]
-    h = rmsnorm(b, x, param("attn_norm", (D,)))
-    q = linear(b, h, param("wq", (D, D), packed=True))
-    k = linear(b, h, param("wk", (D, D)))
-    v = linear(b, h, param("wv", (D, D)))
-    new_cache = b.scatter(cache, pos, k)                           # KV write
-    qh = b.transpose(b.reshape(q, [T, H, hd]), [1, 0, 2])          # [H, T, hd]
-    kh = b.transpose(b.reshape(k, [T, H, hd]), [1, 2, 0])          # [H, hd, T]
-    vh = b.transpose(b.reshape(v, [T, H, hd]), [1, 0, 2])
-    scores = b.matmul(qh, kh) * (1.0 / np.sqrt(hd))                # [H, T, T]
-    causal = b.compare("le", b.iota((T, T), 1), b.iota((T, T), 0))
-    mask = b.select(causal, b.full((T, T), 0.0), b.full((T, T), -1e30))
-    p = softmax(b, scores + mask)
-    o = b.reshape(b.transpose(b.matmul(p, vh), [1, 0, 2]), [T, D])
-    x = x + linear(b, o, param("wo", (D, D)))
-    h = rmsnorm(b, x, param("ffn_norm", (D,)))
-    gate = linear(b, h, param("w_gate", (F, D), packed=True))
-    up = linear(b, h, param("w_up", (F, D)))
-    x = x + linear(b, silu(b, gate) * up, param("w_down", (D, F)))
+    new_cache = cache
+    for layer in range(layers):
+        h = rmsnorm(b, x, param(f"{layer}.attn_norm", (D,)))
+        q = linear(b, h, param(f"{layer}.wq", (D, D), packed=True))
+        k = linear(b, h, param(f"{layer}.wk", (D, D)))
+        v = linear(b, h, param(f"{layer}.wv", (D, D)))
+        new_cache = b.scatter(new_cache, pos, k)                           # KV write
+        qh = b.transpose(b.reshape(q, [T, H, hd]), [1, 0, 2])          # [H, T, hd]
+        kh = b.transpose(b.reshape(k, [T, H, hd]), [1, 2, 0])          # [H, hd, T]
+        vh = b.transpose(b.reshape(v, [T, H, hd]), [1, 0, 2])
+        scores = b.matmul(qh, kh) * (1.0 / np.sqrt(hd))                # [H, T, T]
+        causal = b.compare("le", b.iota((T, T), 1), b.iota((T, T), 0))
+        mask = b.select(causal, b.full((T, T), 0.0), b.full((T, T), -1e30))
+        p = softmax(b, scores + mask)
+        o = b.reshape(b.transpose(b.matmul(p, vh), [1, 0, 2]), [T, D])
+        x = x + linear(b, o, param(f"{layer}.wo", (D, D)))
+        h = rmsnorm(b, x, param(f"{layer}.ffn_norm", (D,)))
+        gate = linear(b, h, param(f"{layer}.w_gate", (F, D), packed=True))
+        up = linear(b, h, param(f"{layer}.w_up", (F, D)))
+        x = x + linear(b, silu(b, gate) * up, param(f"{layer}.w_down", (D, F)))
     logits = linear(b, rmsnorm(b, x, param("out_norm", (D,))), param("lm_head", (V, D)))
     g = b.finish({"logits": logits, "k_cache": new_cache})
     inputs = {"ids": rng.integers(0, V, size=(T,)).astype(np.int32),
