@@ -4,7 +4,8 @@ ExecutionEngine.
     prog = compile_cpu(graph)                      # lowering refusals raise LoweringRefusal
     outs = prog.run({"x": x}, {"w": w, "wq": packed_uint8_bytes})
 
-Path: ``poot-lower-to-linalg`` -> one-shot bufferization over function boundaries (identity
+Path: ``poot-lower-to-linalg`` -> elementwise fusion on tensors (:data:`FUSE`; dequantize
+fuses into its matmul) -> one-shot bufferization over function boundaries (identity
 layouts; every argument read-only, so inputs are never written) -> results become
 out-parameters the caller allocates -> ownership-based deallocation -> linalg to loops ->
 LLVM (toolchain.md, "CPU JIT") -> ``ExecutionEngine`` with ``libmlir_c_runner_utils``.
