@@ -192,12 +192,6 @@ def test_finished_builder_refuses_ops():
                                   -np.ones(4, np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG poot/graph/builder.py Builder.input does not check self._finished: after finish() it "
-    "adds a block argument to the finished func, whose function_type is already fixed, so the "
-    "returned Graph no longer verifies ('entry block must have 1 arguments to match function "
-    "signature'). Fix: start input() with `if self._finished: raise BuilderError('builder is "
-    "finished')`"))
 def test_finished_builder_refuses_inputs():
     b = Builder(ROOMY)
     x = b.input("x", tt((4,)))
@@ -220,12 +214,6 @@ def test_tensor_operators_and_scalars():
     assert isinstance(x, Tensor) and x.shape == (3,) and x.rank == 1 and x.dtype is DType.F32
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG poot/graph/builder.py Builder.concat and Builder.slice_axis normalise the axis with "
-    "`axis % rank`: an out-of-range axis silently wraps (concat(axis=5) on rank 2 joins along "
-    "axis 1) and rank 0 raises ZeroDivisionError instead of BuilderError. Fix: `if not "
-    "-rank <= axis < rank: raise BuilderError(f'axis {axis} is out of range for rank {rank}')` "
-    "before the modulo (as reduce does)"))
 @pytest.mark.parametrize("call", [
     lambda b, m, s: b.concat([m, m], axis=5),
     lambda b, m, s: b.concat([m, m], axis=-3),

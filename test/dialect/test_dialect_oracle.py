@@ -162,10 +162,6 @@ def test_int_division_truncates_toward_zero(dtype):
     assert got.tolist() == [-3, -3, 3, 3, 0, -2, -2, 0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG dialects/ops/elementwise.py _int_div: np.abs(INT_MIN) overflows to INT_MIN, so "
-    "INT_MIN / 2 comes out positive (i8: -128 / 2 = 64, want -64). Fix: q = a // b; "
-    "q += (a % b != 0) & ((a < 0) != (b < 0))  (no abs, no overflow)"))
 @pytest.mark.parametrize("dtype", [np.int8, np.int32])
 def test_int_division_of_int_min(dtype):
     lo = np.iinfo(dtype).min
@@ -454,12 +450,6 @@ def test_dequantize_to_f16_and_into_matmul():
                 rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "BUG dialects/types.py PackedType.__str__ builds the text through ir.Type.parse, which "
-    "needs an active MLIR context; oracle._bind's error message formats the type outside one, "
-    "so a wrong-sized packed weight raises RuntimeError('requires a Context') instead of "
-    "EvalError. Fix: __str__ returns f'!poot.packed<#poot.{fmt}, array<i64: {dims}>>' "
-    "without MLIR"))
 def test_packed_binding_is_checked():
     fmt = FORMATS[0]
     ptype = PackedType(fmt, (2, 32))

@@ -143,15 +143,6 @@ def test_property_generator_covers_every_step_kind():
             assert same(a, c), kind
 
 
-@pytest.mark.xfail(strict=True, raises=ir.MLIRError, reason=(
-    "BUG dialects/irdl.py: concat's variadic operand gets one IRDL constraint variable "
-    "(`irdl.operands(inputs: variadic %o0)`); an IRDL variable binds to the first type it "
-    "matches, so every poot.concat whose operands differ in type (e.g. 2x3 and 2x1 on axis 1, "
-    "the normal case) fails MLIR verification and cannot be re-parsed ('expected "
-    "tensor<2x3xf32> but got tensor<2x1xf32>'). The builder and oracle accept it. Fix: IRDL "
-    "cannot express 'each operand any tensor' for a variadic in MLIR 22, so make concat "
-    "binary (operands lhs, rhs, each with its own constraint; the builder folds n inputs "
-    "into a chain)"))
 def test_concat_of_different_sizes_round_trips():
     b = Builder(ROOMY)
     x, y = b.input("x", tt((2, 3))), b.input("y", tt((2, 1)))

@@ -1,12 +1,9 @@
 // Attributes whose payload is not a poot type must be diagnostics at the op, not a crash.
 //
-// XFAIL: *
-// Known bug (dialects/verify.py check_op): `read_attrs(opdef, op)` runs outside the try that
-// turns TypeError/KeyError into VerifyError, and ValueError is not caught at all, so
-// poot-opt dies with a Python traceback:
+// Regression (dialects/verify.py check_op): attributes are read inside the try that turns
+// TypeError/KeyError/ValueError into a VerifyError; before, poot-opt died with a traceback:
 //   acc = f64 / index         -> TypeError: element type f64 is not a poot dtype
 //   dense<...> : vector<...>  -> ValueError: Cannot cast type to RankedTensorType
-// Fix: read the attributes inside that try and also catch ValueError. Remove XFAIL once fixed.
 //
 // RUN: poot-opt %s --split-input-file --verify-diagnostics
 
@@ -35,7 +32,7 @@ func.func @constant_f64_value_f32_result() {
 // -----
 
 func.func @constant_vector_value() {
-  // expected-error @+1 {{'poot.constant' op}}
+  // expected-error @+1 {{'poot.constant' op Cannot cast type to RankedTensorType}}
   %0 = "poot.constant"() {value = dense<1.0> : vector<4xf32>} : () -> tensor<4xf32>
   return
 }

@@ -1,8 +1,8 @@
 // Invalid poot IR: at least one case per op for each of its main rules (operand dtypes, ranks,
 // attribute presence/kinds/enum values, result types). poot-opt reports each as an error at the op;
 // the rule violations name the op ('poot.<name>' op ...). Structural violations caught by MLIR's
-// IRDL verifier (attribute kind, operand kind/count) currently carry upstream's bare message:
-// dialect-invalid-irdl-op-names.mlir (XFAIL) expects the op name there too.
+// IRDL verifier (attribute kind, operand kind/count) are matched here on upstream's message;
+// dialect-invalid-irdl-op-names.mlir checks that poot-opt prefixes them with the op name.
 // test/dialect/test_dialect_coverage.py fails when a registered op has no case here.
 // RUN: poot-opt %s --split-input-file --verify-diagnostics
 
@@ -542,17 +542,50 @@ func.func @concat_axis(%a: tensor<2x3xf32>) {
 
 // -----
 
+// concat is binary: IRDL rejects any other operand count before Concat.check runs.
 func.func @concat_no_operands() {
-  // expected-error @+1 {{'poot.concat' op needs at least one operand}}
+  // expected-error @+1 {{expects exactly 2 operands, but got 0}}
   %0 = "poot.concat"() {axis = 0 : i64} : () -> tensor<2xf32>
   return
 }
 
 // -----
 
+func.func @concat_one_operand(%a: tensor<2x3xf32>) {
+  // expected-error @+1 {{expects exactly 2 operands, but got 1}}
+  %0 = "poot.concat"(%a) {axis = 0 : i64} : (tensor<2x3xf32>) -> tensor<2x3xf32>
+  return
+}
+
+// -----
+
+func.func @concat_three_operands(%a: tensor<2x3xf32>) {
+  // expected-error @+1 {{expects exactly 2 operands, but got 3}}
+  %0 = "poot.concat"(%a, %a, %a) {axis = 1 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x9xf32>
+  return
+}
+
+// -----
+
 func.func @concat_mismatch(%a: tensor<2x3xf32>, %b: tensor<3x3xf32>) {
-  // expected-error @+1 {{expected 'tensor<2x3xf32>' but got 'tensor<3x3xf32>'}}
+  // expected-error @+1 {{'poot.concat' op operand #1 type tensor<3x3xf32> is not concatenable with tensor<2x3xf32> on axis 1}}
   %0 = "poot.concat"(%a, %b) {axis = 1 : i64} : (tensor<2x3xf32>, tensor<3x3xf32>) -> tensor<2x6xf32>
+  return
+}
+
+// -----
+
+func.func @concat_dtype_mismatch(%a: tensor<2x3xf32>, %b: tensor<2x3xi32>) {
+  // expected-error @+1 {{'poot.concat' op operand #1 type tensor<2x3xi32> is not concatenable with tensor<2x3xf32> on axis 0}}
+  %0 = "poot.concat"(%a, %b) {axis = 0 : i64} : (tensor<2x3xf32>, tensor<2x3xi32>) -> tensor<4x3xf32>
+  return
+}
+
+// -----
+
+func.func @concat_rank_mismatch(%a: tensor<2x3xf32>, %b: tensor<3xf32>) {
+  // expected-error @+1 {{'poot.concat' op operand #1 type tensor<3xf32> is not concatenable with tensor<2x3xf32> on axis 0}}
+  %0 = "poot.concat"(%a, %b) {axis = 0 : i64} : (tensor<2x3xf32>, tensor<3xf32>) -> tensor<3x3xf32>
   return
 }
 
@@ -873,5 +906,53 @@ func.func @slice_missing_start(%x: tensor<8x6xf32>) {
 func.func @slice_missing_limit(%x: tensor<8x6xf32>) {
   // expected-error @+1 {{'poot.slice' op attribute "limit" is expected but not provided}}
   %0 = "poot.slice"(%x) {start = array<i64: 0, 0>, stride = array<i64: 1, 1>} : (tensor<8x6xf32>) -> tensor<8x6xf32>
+  return
+}
+
+// -----
+
+func.func @attention_missing_scale(%q: tensor<2x4x8xf32>, %k: tensor<2x6x8xf32>, %v: tensor<2x6x3xf32>, %m: tensor<1x4x6xi1>) {
+  // expected-error @+1 {{'poot.attention' op attribute "scale" is expected but not provided}}
+  %0 = "poot.attention"(%q, %k, %v, %m) {softcap = 0.0 : f64} : (tensor<2x4x8xf32>, tensor<2x6x8xf32>, tensor<2x6x3xf32>, tensor<1x4x6xi1>) -> tensor<2x4x3xf32>
+  return
+}
+
+// -----
+
+func.func @attention_missing_softcap(%q: tensor<2x4x8xf32>, %k: tensor<2x6x8xf32>, %v: tensor<2x6x3xf32>, %m: tensor<1x4x6xi1>) {
+  // expected-error @+1 {{'poot.attention' op attribute "softcap" is expected but not provided}}
+  %0 = "poot.attention"(%q, %k, %v, %m) {scale = 1.0 : f64} : (tensor<2x4x8xf32>, tensor<2x6x8xf32>, tensor<2x6x3xf32>, tensor<1x4x6xi1>) -> tensor<2x4x3xf32>
+  return
+}
+
+// -----
+
+func.func @attention_head_dims(%q: tensor<2x4x5xf32>, %k: tensor<2x6x8xf32>, %v: tensor<2x6x3xf32>, %m: tensor<1x4x6xi1>) {
+  // expected-error @+1 {{'poot.attention' op head dims differ: q D=5, k D=8}}
+  %0 = "poot.attention"(%q, %k, %v, %m) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<2x4x5xf32>, tensor<2x6x8xf32>, tensor<2x6x3xf32>, tensor<1x4x6xi1>) -> tensor<2x4x3xf32>
+  return
+}
+
+// -----
+
+func.func @attention_mask_dtype(%q: tensor<2x4x8xf32>, %k: tensor<2x6x8xf32>, %v: tensor<2x6x3xf32>, %m: tensor<1x4x6xi8>) {
+  // expected-error @+1 {{'poot.attention' op mask must be i1 (visible) or f32 (additive bias), got i8}}
+  %0 = "poot.attention"(%q, %k, %v, %m) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<2x4x8xf32>, tensor<2x6x8xf32>, tensor<2x6x3xf32>, tensor<1x4x6xi8>) -> tensor<2x4x3xf32>
+  return
+}
+
+// -----
+
+func.func @attention_negative_softcap(%q: tensor<2x4x8xf32>, %k: tensor<2x6x8xf32>, %v: tensor<2x6x3xf32>, %m: tensor<1x4x6xi1>) {
+  // expected-error @+1 {{'poot.attention' op softcap must be >= 0 (0 = none), got -1.0}}
+  %0 = "poot.attention"(%q, %k, %v, %m) {scale = 1.0 : f64, softcap = -1.0 : f64} : (tensor<2x4x8xf32>, tensor<2x6x8xf32>, tensor<2x6x3xf32>, tensor<1x4x6xi1>) -> tensor<2x4x3xf32>
+  return
+}
+
+// -----
+
+func.func @attention_result(%q: tensor<2x4x8xbf16>, %k: tensor<2x6x8xbf16>, %v: tensor<2x6x3xbf16>, %m: tensor<1x4x6xi1>) {
+  // expected-error @+1 {{'poot.attention' op result type tensor<2x4x3xbf16> does not match the inferred type tensor<2x4x3xf32>}}
+  %0 = "poot.attention"(%q, %k, %v, %m) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<2x4x8xbf16>, tensor<2x6x8xbf16>, tensor<2x6x3xbf16>, tensor<1x4x6xi1>) -> tensor<2x4x3xbf16>
   return
 }

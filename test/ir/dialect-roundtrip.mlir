@@ -602,17 +602,20 @@ func.func @slice(%x: tensor<8x6xf32>) -> tensor<3x2xf32> {
 
 // -----
 
-// Operands of different sizes along the axis: see dialect-roundtrip-concat-sizes.mlir (XFAIL).
+// poot.concat is binary; longer concatenations are chains (as Builder.concat emits them).
+// Operands of different sizes along the axis: see dialect-roundtrip-concat-sizes.mlir.
 // CHECK-LABEL: func.func @concat(
-// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.concat"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {axis = 1 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x9xf32>
+// CHECK-NEXT: %[[C0:[a-z0-9_]+]] = "poot.concat"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {axis = 1 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x6xf32>
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.concat"(%[[C0]], %{{[a-z0-9_]+}}) {axis = 1 : i64} : (tensor<2x6xf32>, tensor<2x3xf32>) -> tensor<2x9xf32>
 // CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.concat"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {axis = 0 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<4x3xf32>
-// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.concat"(%{{[a-z0-9_]+}}) {axis = 0 : i64} : (tensor<4x2xi32>) -> tensor<4x2xi32>
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.concat"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {axis = 0 : i64} : (tensor<4x2xi32>, tensor<4x2xi32>) -> tensor<8x2xi32>
 // CHECK-NEXT: return
 func.func @concat(%a: tensor<2x3xf32>, %b: tensor<2x3xf32>, %c: tensor<4x2xi32>) -> tensor<2x9xf32> {
-  %0 = "poot.concat"(%a, %b, %a) {axis = 1 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x9xf32>
-  %1 = "poot.concat"(%a, %b) {axis = 0 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<4x3xf32>
-  %2 = "poot.concat"(%c) {axis = 0 : i64} : (tensor<4x2xi32>) -> tensor<4x2xi32>
-  return %0 : tensor<2x9xf32>
+  %0 = "poot.concat"(%a, %b) {axis = 1 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x6xf32>
+  %1 = "poot.concat"(%0, %a) {axis = 1 : i64} : (tensor<2x6xf32>, tensor<2x3xf32>) -> tensor<2x9xf32>
+  %2 = "poot.concat"(%a, %b) {axis = 0 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<4x3xf32>
+  %3 = "poot.concat"(%c, %c) {axis = 0 : i64} : (tensor<4x2xi32>, tensor<4x2xi32>) -> tensor<8x2xi32>
+  return %1 : tensor<2x9xf32>
 }
 
 // -----
@@ -651,4 +654,18 @@ func.func @scatter(%kv: tensor<2x64x8xf16>, %i: tensor<3x2xi64>, %u: tensor<3x8x
   %0 = "poot.scatter"(%kv, %i, %u) : (tensor<2x64x8xf16>, tensor<3x2xi64>, tensor<3x8xf16>) -> tensor<2x64x8xf16>
   %1 = "poot.scatter"(%0, %i1, %u1) : (tensor<2x64x8xf16>, tensor<1x1xi32>, tensor<1x64x8xf16>) -> tensor<2x64x8xf16>
   return %1 : tensor<2x64x8xf16>
+}
+
+// -----
+
+// poot.attention (pass-introduced fused form): i1 visible mask, and a GQA-shaped bf16 case with
+// an f32 bias mask broadcast from all-ones dims and a soft cap.
+// CHECK-LABEL: func.func @attention(
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.attention"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {scale = 0.35355339059327379 : f64, softcap = 0.000000e+00 : f64} : (tensor<2x4x8xf32>, tensor<2x6x8xf32>, tensor<2x6x3xf32>, tensor<1x4x6xi1>) -> tensor<2x4x3xf32>
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.attention"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {scale = 5.000000e-01 : f64, softcap = 5.000000e+01 : f64} : (tensor<1x2x2x5x4xbf16>, tensor<1x2x7x4xbf16>, tensor<1x2x7x4xbf16>, tensor<1x1x1x1x7xf32>) -> tensor<1x2x2x5x4xf32>
+// CHECK-NEXT: return
+func.func @attention(%q: tensor<2x4x8xf32>, %k: tensor<2x6x8xf32>, %v: tensor<2x6x3xf32>, %m: tensor<1x4x6xi1>, %qb: tensor<1x2x2x5x4xbf16>, %kb: tensor<1x2x7x4xbf16>, %vb: tensor<1x2x7x4xbf16>, %bias: tensor<1x1x1x1x7xf32>) -> tensor<2x4x3xf32> {
+  %0 = "poot.attention"(%q, %k, %v, %m) {scale = 0.35355339059327379 : f64, softcap = 0.0 : f64} : (tensor<2x4x8xf32>, tensor<2x6x8xf32>, tensor<2x6x3xf32>, tensor<1x4x6xi1>) -> tensor<2x4x3xf32>
+  %1 = "poot.attention"(%qb, %kb, %vb, %bias) {scale = 5.000000e-01 : f64, softcap = 5.000000e+01 : f64} : (tensor<1x2x2x5x4xbf16>, tensor<1x2x7x4xbf16>, tensor<1x2x7x4xbf16>, tensor<1x1x1x1x7xf32>) -> tensor<1x2x2x5x4xf32>
+  return %0 : tensor<2x4x3xf32>
 }
