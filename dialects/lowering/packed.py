@@ -5,7 +5,7 @@ Element ``e`` (row-major over the logical shape) lives in block ``e / block_elem
 ``block * block_bytes``; f16 scales are two little-endian bytes joined into an i16 word and
 ``arith.bitcast`` to f16. Arithmetic is f32 in ggml's order (``q * d``, ``q * d + m``), so the
 result equals :mod:`poot.dialects.quant_ref` exactly. Formats with a decoder here: Q4_0, Q4_1,
-Q5_0, Q5_1, Q8_0. K-quants are a typed refusal.
+Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K; a format without one is a typed refusal.
 """
 
 from __future__ import annotations
@@ -105,7 +105,93 @@ def _q5_1(em, blk, j, j32):
     return _affine(em, q, d, m)
 
 
-DECODERS = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1}
+# ---- K-quants: 256-element super-blocks with per-sub-block scales ----------------------------
+
+
+def _c(em: Emitter, name: str, a: str, k: int, ty: str = "index") -> str:
+    """``arith.<name> a, k`` with a constant right operand."""
+    return em.op(f"arith.{name} {a}, {em.const(k, ty)} : {ty}")
+
+
+def _add(em: Emitter, a: str, b: str, ty: str = "index") -> str:
+    return em.op(f"arith.addi {a}, {b} : {ty}")
+
+
+def _i32(em: Emitter, ix: str) -> str:
+    return em.op(f"arith.index_cast {ix} : index to i32")
+
+
+def _k_scale_min(em: Emitter, blk: _Block, s: str) -> tuple[str, str]:
+    """ggml ``get_scale_min_k4`` for sub-block ``s`` (0..7) of the 12 scale bytes at 4: 6-bit
+    scale and min, as i32. s < 4: scales[s] & 63, scales[s+4] & 63; s >= 4: low nibble / high
+    nibble of scales[s+4] with the top two bits of scales[s-4] / scales[s]."""
+    s4 = _c(em, "remui", s, 4)  # s for s < 4, s - 4 for s >= 4
+    a = blk.ubyte32(_c(em, "addi", s4, 4))   # scales[s4]
+    b = blk.ubyte32(_c(em, "addi", s4, 8))   # scales[s4 + 4]
+    c = blk.ubyte32(_c(em, "addi", s4, 12))  # scales[s4 + 8]
+    lo_sc, lo_m = _c(em, "andi", a, 63, "i32"), _c(em, "andi", b, 63, "i32")
+    top_a = _c(em, "shli", _c(em, "shrui", a, 6, "i32"), 4, "i32")
+    top_b = _c(em, "shli", _c(em, "shrui", b, 6, "i32"), 4, "i32")
+    hi_sc = em.op(f"arith.ori {_c(em, 'andi', c, 15, 'i32')}, {top_a} : i32")
+    hi_m = em.op(f"arith.ori {_c(em, 'shrui', c, 4, 'i32')}, {top_b} : i32")
+    upper = em.op(f"arith.cmpi uge, {s}, {em.const(4, 'index')} : index")
+    return (em.op(f"arith.select {upper}, {hi_sc}, {lo_sc} : i32"),
+            em.op(f"arith.select {upper}, {hi_m}, {lo_m} : i32"))
+
+
+def _k_low_nibble(em: Emitter, blk: _Block, qs_off: int, j: str) -> str:
+    """64-element chunk c = j / 64 holds the low nibbles of qs[32c : 32c+32], then their high
+    nibbles."""
+    byte = blk.ubyte32(_c(em, "addi", _add(em, _c(em, "muli", _c(em, "divui", j, 64), 32),
+                                           _c(em, "remui", j, 32)), qs_off))
+    shift = _c(em, "muli", _i32(em, _c(em, "remui", _c(em, "divui", j, 32), 2)), 4, "i32")
+    return _c(em, "andi", em.op(f"arith.shrui {byte}, {shift} : i32"), 15, "i32")
+
+
+def _k_affine(em: Emitter, blk: _Block, j: str, q: str) -> str:
+    """(d * scale_s) * q - (dmin * min_s) for sub-block s = j / 32, in ggml's order."""
+    sc, m = _k_scale_min(em, blk, _c(em, "divui", j, 32))
+    d1 = em.op(f"arith.mulf {blk.f16(0)}, {_tof(em, sc)} : f32")
+    m1 = em.op(f"arith.mulf {blk.f16(2)}, {_tof(em, m)} : f32")
+    return em.op(f"arith.subf {em.op(f'arith.mulf {d1}, {_tof(em, q)} : f32')}, {m1} : f32")
+
+
+def _q4_k(em, blk, j, j32):
+    return _k_affine(em, blk, j, _k_low_nibble(em, blk, 16, j))
+
+
+def _q5_k(em, blk, j, j32):
+    # The 5th bit of element j is bit (j / 32) of qh[j % 32].
+    qh = blk.ubyte32(_c(em, "addi", _c(em, "remui", j, 32), 16))
+    bit = em.op(f"arith.shrui {qh}, {_i32(em, _c(em, 'divui', j, 32))} : i32")
+    hi = _c(em, "shli", _c(em, "andi", bit, 1, "i32"), 4, "i32")
+    q = em.op(f"arith.ori {_k_low_nibble(em, blk, 48, j)}, {hi} : i32")
+    return _k_affine(em, blk, j, q)
+
+
+def _q6_k(em, blk, j, j32):
+    # Half h = j / 128 of ql[128] (64 bytes each) and qh[64] (32 each); in it, group g of 32
+    # takes low 4 bits from ql[64h + 32(g % 2) + l] (low nibble for g < 2, high for g >= 2)
+    # and its top 2 bits from bits 2g..2g+1 of qh[32h + l]; one int8 scale per 16 elements.
+    h, e = _c(em, "divui", j, 128), _c(em, "remui", j, 128)
+    g, l = _c(em, "divui", e, 32), _c(em, "remui", e, 32)
+    ql_at = _add(em, _add(em, _c(em, "muli", h, 64), _c(em, "muli", _c(em, "remui", g, 2), 32)),
+                 l)
+    g32 = _i32(em, g)
+    lo_shift = _c(em, "muli", _c(em, "divui", g32, 2, "i32"), 4, "i32")
+    lo = _c(em, "andi", em.op(f"arith.shrui {blk.ubyte32(ql_at)}, {lo_shift} : i32"), 15, "i32")
+    qh = blk.ubyte32(_c(em, "addi", _add(em, _c(em, "muli", h, 32), l), 128))
+    hi = _c(em, "andi", em.op(f"arith.shrui {qh}, {_c(em, 'muli', g32, 2, 'i32')} : i32"), 3,
+            "i32")
+    q = _c(em, "subi", em.op(f"arith.ori {lo}, {_c(em, 'shli', hi, 4, 'i32')} : i32"), 32,
+           "i32")
+    sc = em.op(f"arith.sitofp {blk.byte(_c(em, 'addi', _c(em, 'divui', j, 16), 192))} : i8 to f32")
+    scale = em.op(f"arith.mulf {blk.f16(208)}, {sc} : f32")
+    return em.op(f"arith.mulf {scale}, {_tof(em, q)} : f32")
+
+
+DECODERS = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1,
+            "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}
 
 
 @rule("dequantize")

@@ -1,6 +1,7 @@
 // poot-lower-to-linalg: every poot op family becomes linalg on tensors (+ tensor, arith, math,
 // scf); weights become trailing function arguments listed in `poot.params`; i1 tensors are
-// stored as i8; a packed format without an in-kernel decoder is refused at the op.
+// stored as i8; packed weights (Q8_0 ... Q6_K) are read as bytes; an op without a lowering
+// rule is refused at the op.
 //
 // The first RUN checks the lowered IR of the chunks that lower (the refused chunk makes
 // poot-opt exit 1, hence `not`); the second checks the refusal's diagnostic.
@@ -172,11 +173,26 @@ func.func @dequantize_q8_0(%x: tensor<1x64xf32>) -> tensor<1x2xf32> {
 
 // -----
 
-// CHECK-NOT: func.func @refused_q4_k
-// A packed format without an in-kernel decoder is a typed refusal at the op.
-func.func @refused_q4_k() -> tensor<2x256xf32> {
+// CHECK-LABEL: func.func @dequantize_q4_k(
+// CHECK-SAME: %arg0: tensor<288xi8> {poot.packed = "q4_k", poot.param = "wk"}
+// CHECK: arith.constant 144 : index
+// CHECK: arith.cmpi uge
+// CHECK: arith.select
+// CHECK: arith.subf
+func.func @dequantize_q4_k() -> tensor<2x256xf32> {
   %0 = "poot.packed_param"() {name = "wk"} : () -> !poot.packed<#poot.q4_k, array<i64: 2, 256>>
-  // expected-error @+1 {{'poot.dequantize' op cannot be lowered to linalg: no in-kernel decoder for packed format q4_k}}
   %1 = "poot.dequantize"(%0) : (!poot.packed<#poot.q4_k, array<i64: 2, 256>>) -> tensor<2x256xf32>
   return %1 : tensor<2x256xf32>
+}
+
+// -----
+
+// An op without a lowering rule (here a foreign op inside a poot function) is a typed
+// refusal at the op; the function is not lowered.
+// CHECK-NOT: func.func @refused_foreign_op
+func.func @refused_foreign_op(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = "poot.unary"(%x) {fn = "exp"} : (tensor<4xf32>) -> tensor<4xf32>
+  // expected-error @+1 {{'arith.addf' op cannot be lowered to linalg: no lowering rule for this op}}
+  %1 = arith.addf %0, %x : tensor<4xf32>
+  return %1 : tensor<4xf32>
 }
