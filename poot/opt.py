@@ -120,6 +120,7 @@ def _name_op(d) -> str:
     msg = str(d.message)
     if msg.startswith("'"):
         return msg
+    msg = msg.removeprefix("op ")  # upstream count errors already say "op expects ..."
     for note in d.notes:
         m = re.search(r'see current operation: .*?"([\w.]+)"\(', str(note.message))
         if m:

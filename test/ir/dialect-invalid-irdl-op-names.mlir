@@ -3,9 +3,7 @@
 // `see current operation` note (poot/opt.py _name_op).
 //
 // Operand/result COUNT errors: upstream's message itself starts with "op " ("op expects exactly
-// 1 operands, but got 2") and _name_op prefixes "'poot.unary' op " without stripping it, so poot-opt
-// prints "'poot.unary' op op expects ...". Those cases below match only the upstream part; tighten
-// them to "'poot.unary' op expects ..." once the doubled "op" is gone.
+// 1 operands, but got 2"); _name_op drops that word before naming the op.
 // RUN: poot-opt %s --split-input-file --verify-diagnostics
 
 func.func @concat_packed_operand(%a: tensor<4x32xf32>, %p: !poot.packed<#poot.q4_0, array<i64: 4, 32>>) {
@@ -17,7 +15,7 @@ func.func @concat_packed_operand(%a: tensor<4x32xf32>, %p: !poot.packed<#poot.q4
 // -----
 
 func.func @concat_operand_count(%a: tensor<2x3xf32>) {
-  // expected-error @+1 {{op expects exactly 2 operands, but got 3}}
+  // expected-error @+1 {{'poot.concat' op expects exactly 2 operands, but got 3}}
   %0 = "poot.concat"(%a, %a, %a) {axis = 1 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x9xf32>
   return
 }
@@ -57,7 +55,7 @@ func.func @dequantize_packed_result(%p: !poot.packed<#poot.q8_0, array<i64: 2, 3
 // -----
 
 func.func @operand_count(%x: tensor<4xf32>) {
-  // expected-error @+1 {{op expects exactly 1 operands, but got 2}}
+  // expected-error @+1 {{'poot.unary' op expects exactly 1 operands, but got 2}}
   %0 = "poot.unary"(%x, %x) {fn = "exp"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
   return
 }
@@ -65,7 +63,7 @@ func.func @operand_count(%x: tensor<4xf32>) {
 // -----
 
 func.func @result_count(%x: tensor<4xf32>) {
-  // expected-error @+1 {{op expects exactly 1 results, but got 2}}
+  // expected-error @+1 {{'poot.unary' op expects exactly 1 results, but got 2}}
   %0:2 = "poot.unary"(%x) {fn = "exp"} : (tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
   return
 }

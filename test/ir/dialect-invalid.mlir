@@ -816,7 +816,7 @@ func.func @unknown_op(%x: tensor<4xf32>) {
 // -----
 
 func.func @operand_count(%x: tensor<4xf32>) {
-  // expected-error @+1 {{op expects exactly 1 operands, but got 2}}
+  // expected-error @+1 {{'poot.unary' op expects exactly 1 operands, but got 2}}
   %0 = "poot.unary"(%x, %x) {fn = "exp"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
   return
 }
@@ -824,7 +824,7 @@ func.func @operand_count(%x: tensor<4xf32>) {
 // -----
 
 func.func @result_count(%x: tensor<4xf32>) {
-  // expected-error @+1 {{op expects exactly 1 results, but got 2}}
+  // expected-error @+1 {{'poot.unary' op expects exactly 1 results, but got 2}}
   %0:2 = "poot.unary"(%x) {fn = "exp"} : (tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
   return
 }
