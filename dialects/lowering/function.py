@@ -76,7 +76,7 @@ def lower_function(fn: ir.Operation) -> str:
             pname = ir.StringAttr(op.attributes["name"]).value
             t = type_from_mlir(op.results[0].type)
             if pname not in params:
-                params[pname] = f"%w{len(params)}"
+                params[pname] = f"%param{len(params)}"
                 extra = f", poot.packed = \"{t.format.name}\"" if isinstance(t, PackedType) else ""
                 sig.append(f"{params[pname]}: {arg_type(t)} "
                            f"{{poot.param = {_str_attr(pname)}{extra}}}")

@@ -544,3 +544,18 @@ def test_bad_bindings_are_typed_errors():
         prog.run({"x": np.zeros((4,), np.float32)}, {})
     out = prog.run({"x": np.ones((4,), np.float32)}, {"wq": good})
     assert out["y"].tolist() == [2, 2, 2, 2] and not out["d"].any()
+
+
+def test_many_weights_and_scatter():
+    """Weights become arguments in first-use order, however many (names never collide with
+    values the rules emit)."""
+    b = Builder(LIMITS)
+    d = b.input("d", TensorType((6, 2), DType.F32))
+    i = b.input("i", TensorType((2, 1), DType.I32))
+    acc = b.param("w0", TensorType((2, 2), DType.F32))
+    for k in range(1, 9):
+        acc = b.binary("add", acc, b.param(f"w{k}", TensorType((2, 2), DType.F32)))
+    g = b.finish({"s": b.scatter(d, i, acc)})
+    params = {f"w{k}": rand((2, 2), DType.F32) for k in range(9)}
+    prog = check(g, {"d": rand((6, 2), DType.F32), "i": np.array([[4], [1]], np.int32)}, params)
+    assert [n for n, _ in prog.params] == [f"w{k}" for k in range(9)]
