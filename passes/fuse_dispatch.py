@@ -181,6 +181,11 @@ class _Partition:
         return kind
 
     def creates_cycle(self, members: list) -> bool:
+        """Whether the region ``members`` would reach itself through outside ops or regions.
+
+        The search runs on the quotient graph (an outside region is one node: a path may enter
+        it at one member and leave from another), pruned by block position: nothing that
+        starts after the region's last op can reach it."""
         inside = set(members)
         last = max(self.pos[o] for o in members)
         stack, seen = [], set()
@@ -188,13 +193,20 @@ class _Partition:
             stack.extend(u for u in users(o) if u not in inside)
         while stack:
             u = stack.pop()
-            if u in seen or u not in self.pos or self.pos[u] > last:
+            if u not in self.pos:
                 continue
-            seen.add(u)
-            for w in users(u):
-                if w in inside:
-                    return True
-                stack.append(w)
+            node = self.find(u) if u in self.parent else u
+            if node in seen:
+                continue
+            seen.add(node)
+            group = self.members[node] if u in self.parent else [u]
+            if self.pos[group[0]] > last:
+                continue
+            for g in group:
+                for w in users(g):
+                    if w in inside:
+                        return True
+                    stack.append(w)
         return False
 
     def try_merge(self, a, b, kinds=None) -> bool:

@@ -185,3 +185,25 @@ func.func @no_elementwise_prologue(%x: tensor<4x32xf32>) -> tensor<4x16xf32> {
   %2 = "poot.matmul"(%0, %1) {acc = f32} : (tensor<4x32xf32>, tensor<32x16xf32>) -> tensor<4x16xf32>
   return %2 : tensor<4x16xf32>
 }
+
+// -----
+
+// Two matmuls whose epilogues read each other's prologue values: every region stays acyclic
+// (a path may enter an outside region at one op and leave it at another), and the output
+// verifies (each call's operands are defined before it).
+// CHECK-LABEL: func.func @crossed_epilogues(
+// CHECK: %[[E:.+]] = call @crossed_epilogues_dispatch_0(%arg0)
+// CHECK: %[[M:.+]]:2 = call @crossed_epilogues_dispatch_1(%[[E]], %arg1, %arg0)
+// CHECK: call @crossed_epilogues_dispatch_2(%[[M]]#0, %arg1, %[[E]])
+// CHECK: kind = "elementwise", ops = 1
+// CHECK: kind = "matmul", ops = 3
+// CHECK: kind = "matmul", ops = 2
+func.func @crossed_epilogues(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %a = "poot.unary"(%x) {fn = "exp"} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %m1 = "poot.matmul"(%a, %w) {acc = f32} : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %b = "poot.unary"(%x) {fn = "neg"} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %m2 = "poot.matmul"(%b, %w) {acc = f32} : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %c = "poot.binary"(%m1, %b) {fn = "add"} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %d = "poot.binary"(%m2, %a) {fn = "add"} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %c, %d : tensor<4x8xf32>, tensor<4x8xf32>
+}

@@ -366,3 +366,30 @@ def test_thirty_layers_fuse_to_thirteen_dispatches_per_layer():
     # per layer: 9 matmuls, 2 RMSNorms + 1 softmax, 1 scatter; plus gather, norm, lm head
     assert dispatch_report(graph.module) == {"gather": 1, "reduction": 91, "matmul": 271,
                                              "scatter": 30}
+
+
+def test_cycle_check_sees_paths_through_other_regions():
+    """Regions {u1, u2} and {a1, a2} with u1 -> a1 and a2 -> u2 form a cycle of regions
+    although no op-level path leaves {a1, a2} and comes back: the check must see it."""
+    from poot.passes.fuse_dispatch import _Partition
+
+    text = """
+func.func @f(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %u1 = "poot.unary"(%x) {fn = "exp"} : (tensor<4xf32>) -> tensor<4xf32>
+  %a2 = "poot.unary"(%x) {fn = "neg"} : (tensor<4xf32>) -> tensor<4xf32>
+  %u2 = "poot.unary"(%a2) {fn = "tanh"} : (tensor<4xf32>) -> tensor<4xf32>
+  %a1 = "poot.unary"(%u1) {fn = "sin"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %a1, %u2 : tensor<4xf32>, tensor<4xf32>
+}"""
+    from poot.dialects import make_context
+
+    with make_context():
+        module = ir.Module.parse(text)
+        fn = module.body.operations[0].operation
+        block = fn.regions[0].blocks[0]
+        part = _Partition(block, 16)
+        u1, a2, u2, a1 = [o.operation for o in list(block.operations)[:4]]
+        assert part.try_merge(u1, u2)  # independent ops: a legal (multi-output) region
+        assert part.creates_cycle([a2, a1])
+        assert not part.try_merge(a1, a2)
+        assert not part.creates_cycle([a2])
