@@ -177,12 +177,20 @@ def _row_reduce(v: ir.Value, full: tuple[int, ...], fn: str):
         raise _NoMatch(f"unexpected {p.name} in a row value")
 
 
-def _same_mask(a: ir.Value, b: ir.Value) -> bool:
+def _same_mask(a: ir.Value, b: ir.Value, depth: int = 6) -> bool:
+    """Whether ``a`` and ``b`` are the same value: identical, or computed by the same pure op
+    (name, attributes, type) from the same values (CSE need not have run)."""
     if a == b:
         return True
-    pa, pb = _producer(a, "poot.broadcast"), _producer(b, "poot.broadcast")
-    return (pa is not None and pb is not None and pa.operands[0] == pb.operands[0] and
-            _i64s(pa, "dims") == _i64s(pb, "dims") and a.type == b.type)
+    pa, pb = defining_op(a), defining_op(b)
+    if depth == 0 or pa is None or pb is None or pa.name != pb.name or a.type != b.type or \
+            not pa.name.startswith("poot.") or pa.name == "poot.param" or \
+            len(pa.operands) != len(pb.operands):
+        return False
+    attrs = lambda o: sorted((o.attributes[i].name, str(o.attributes[i].attr))  # noqa: E731
+                             for i in range(len(o.attributes)))
+    return attrs(pa) == attrs(pb) and all(
+        _same_mask(x, y, depth - 1) for x, y in zip(pa.operands, pb.operands))
 
 
 def _scores(x: ir.Value, check_first: bool = True):
@@ -373,8 +381,12 @@ def _rewrite(m: _Match) -> None:
             mask = _create("poot.constant", [], TensorType((1,) * len(full), DType.F32), ip,
                            {"value": dense_to_mlir(np.zeros((1,) * len(full), np.float32))})
         else:
-            mask = _unbroadcast(m.mask, full, ip)
-            if m.negate:
+            mask, negate = m.mask, m.negate
+            notp = _producer(mask, "poot.unary", "not")
+            if negate and notp is not None:      # select(not(vis), fill, x): vis itself
+                mask, negate = notp.operands[0], False
+            mask = _unbroadcast(mask, full, ip)
+            if negate:
                 mask = _create("poot.unary", [mask], type_from_mlir(mask.type), ip,
                                {"fn": attr_to_mlir("enum", "not")})
         vt = type_from_mlir(m.v.type)
