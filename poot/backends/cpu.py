@@ -213,13 +213,15 @@ def lower_graph(graph: Graph) -> tuple[ir.Module, ir.Operation]:
     return module, fn
 
 
-def compile_cpu(graph: Graph, opt_level: int = 2, fuse: bool = True) -> CpuProgram:
-    """Compile ``graph`` for the host CPU (``fuse``: elementwise fusion on linalg, see
-    :data:`FUSE`).
+def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True) -> CpuProgram:
+    """Compile ``graph`` (a builder's Graph, or a module holding one poot function) for the
+    host CPU (``fuse``: elementwise fusion on linalg, see :data:`FUSE`).
 
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering.
     """
     t0 = time.perf_counter()
+    if isinstance(graph, ir.Module):
+        graph = Graph.from_module(graph)
     module, fn = lower_graph(graph)
     lowered = str(module)
     names = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes["poot.params"])]

@@ -559,3 +559,22 @@ def test_many_weights_and_scatter():
     params = {f"w{k}": rand((2, 2), DType.F32) for k in range(9)}
     prog = check(g, {"d": rand((6, 2), DType.F32), "i": np.array([[4], [1]], np.int32)}, params)
     assert [n for n, _ in prog.params] == [f"w{k}" for k in range(9)]
+
+
+def test_compile_parsed_module():
+    """A module parsed from text (as poot-opt reads it) compiles like a builder's graph."""
+    from poot.dialects import make_context
+    from mlir import ir
+
+    text = """
+    func.func @step(%x: tensor<2x3xf32> {poot.name = "x"}) -> (tensor<3xf32> {poot.name = "s"}) {
+      %w = "poot.param"() {name = "w"} : () -> tensor<2x3xf32>
+      %0 = "poot.binary"(%x, %w) {fn = "mul"} : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>
+      %1 = "poot.reduce"(%0) {axes = array<i64: 0>, fn = "sum"} : (tensor<2x3xf32>) -> tensor<3xf32>
+      return %1 : tensor<3xf32>
+    }"""
+    with make_context() as ctx, ir.Location.unknown(ctx):
+        module = ir.Module.parse(text)
+    prog = compile_cpu(module)
+    xv, wv = rand((2, 3), DType.F32), rand((2, 3), DType.F32)
+    assert_matches(prog.run({"x": xv}, {"w": wv}), oracle.evaluate(module, {"x": xv}, {"w": wv}))
