@@ -7,7 +7,9 @@ Op classes (decided by op semantics, from the op's definition name only):
 * pointwise: elementwise ops (``unary``, ``binary``, ``ternary``, ``compare``, ``select``,
   ``cast``), ``broadcast``, the views (``reshape``, ``transpose``, ``slice``), ``concat`` and
   ``dequantize``: every output element is a function of input elements at computable indices.
-* reduction: ``reduce``; anchors: ``matmul``, ``gather``, ``scatter``.
+* reduction: ``reduce``; anchors: ``matmul``, ``gather``, ``scatter``, ``attention`` (the fused
+  op the flash-attention rewrite introduces).
+* any other poot op is opaque: a kernel of its own, never merged with others.
 
 All poot ops are pure (value semantics on tensors): an op whose results are unused can be
 erased and two identical ops compute the same value.
@@ -30,7 +32,9 @@ ELEMENTWISE = frozenset({"poot.unary", "poot.binary", "poot.ternary", "poot.comp
 VIEWS = frozenset({"poot.reshape", "poot.transpose", "poot.slice"})
 POINTWISE = ELEMENTWISE | VIEWS | frozenset({"poot.broadcast", "poot.concat",
                                              "poot.dequantize"})
-ANCHORS = {"poot.matmul": "matmul", "poot.gather": "gather", "poot.scatter": "scatter"}
+ANCHORS = {"poot.matmul": "matmul", "poot.gather": "gather", "poot.scatter": "scatter",
+           "poot.attention": "attention"}
+KNOWN = POINTWISE | SOURCES | frozenset(ANCHORS) | frozenset({"poot.reduce"})
 # ops that never need a kernel of their own when left outside a region
 NO_KERNEL = frozenset({"poot.param", "poot.packed_param", "poot.constant", "poot.reshape"})
 
@@ -103,6 +107,8 @@ def op_kind(name: str) -> str:
         return "copy"
     if name == "poot.iota":
         return "iota"
+    if name not in KNOWN:  # an op this analysis has no class for: a kernel of its own kind
+        return name.removeprefix("poot.")
     return "elementwise"
 
 

@@ -21,6 +21,9 @@ The partition is decided on op semantics only (never on op order or tracer names
   broadcast, used only inside the region: a packed-weight matmul) and an elementwise epilogue on
   its result (bias, activation, residual; through bijective views: reshape, transpose).
 * **scatter** regions: a scatter with re-indexing prologues; no epilogue.
+* **attention** regions (the fused op of the flash-attention rewrite): like a matmul, one
+  attention op with re-indexing prologues and an elementwise epilogue.
+* a poot op with no rule here is a region of its own (kind: its mnemonic), never merged.
 
 Views and ``dequantize`` are free when they re-index: one with several users is cloned per user
 and joins the consuming region. Constants, iota and pointwise ops computed only from them are
@@ -40,7 +43,7 @@ from collections import defaultdict
 from mlir import ir
 
 from poot.dialects.types import type_from_mlir
-from poot.passes.analysis import (ANCHORS, DISPATCH_ATTR, ELEMENTWISE, POINTWISE,
+from poot.passes.analysis import (ANCHORS, DISPATCH_ATTR, ELEMENTWISE, KNOWN, POINTWISE,
                                   REMATERIALIZABLE, SOURCES, VIEWS, defining_op, functions,
                                   is_dispatch_function, is_poot, sym_name, users)
 from poot.passes.dce import dce
@@ -102,6 +105,9 @@ class _Partition:
 
     # ---- legality ----
     def classify(self, members: list) -> str | None:
+        opaque = [o for o in members if o.name not in KNOWN]
+        if opaque:  # an op without a fusion rule is a region of its own
+            return opaque[0].name.removeprefix("poot.") if len(members) == 1 else None
         anchors = [o for o in members if o.name in ANCHORS]
         reduces = [o for o in members if o.name == "poot.reduce"]
         if len(anchors) > 1 or (anchors and reduces):

@@ -207,3 +207,29 @@ func.func @crossed_epilogues(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> (tenso
   %d = "poot.binary"(%m2, %a) {fn = "add"} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
   return %c, %d : tensor<4x8xf32>, tensor<4x8xf32>
 }
+
+// -----
+
+// The fused attention op (flash-attention rewrite) is an anchor like matmul: re-indexing
+// prologues on q/k/v, the constant-only causal mask cloned in, an elementwise epilogue; a
+// second attention is a region of its own.
+// CHECK-LABEL: func.func @attention(
+// CHECK: %[[A:.+]] = call @attention_dispatch_0(
+// CHECK: call @attention_dispatch_1(%[[A]]
+// CHECK: func.func private @attention_dispatch_0({{.*}}kind = "attention", ops = 3
+// CHECK: poot.iota
+// CHECK: poot.compare
+// CHECK: poot.transpose
+// CHECK: poot.attention
+// CHECK: {fn = "exp"}
+// CHECK: func.func private @attention_dispatch_1({{.*}}kind = "attention", ops = 1
+func.func @attention(%q: tensor<4x2x8xf32>, %k: tensor<2x4x8xf32>, %v: tensor<2x4x8xf32>) -> tensor<2x4x8xf32> {
+  %i = "poot.iota"() {axis = 2} : () -> tensor<2x4x4xi32>
+  %j = "poot.iota"() {axis = 1} : () -> tensor<2x4x4xi32>
+  %m = "poot.compare"(%i, %j) {pred = "le"} : (tensor<2x4x4xi32>, tensor<2x4x4xi32>) -> tensor<2x4x4xi1>
+  %qt = "poot.transpose"(%q) {perm = array<i64: 1, 0, 2>} : (tensor<4x2x8xf32>) -> tensor<2x4x8xf32>
+  %0 = "poot.attention"(%qt, %k, %v, %m) {scale = 0.35 : f64, softcap = 0.0 : f64} : (tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x4xi1>) -> tensor<2x4x8xf32>
+  %1 = "poot.unary"(%0) {fn = "exp"} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+  %2 = "poot.attention"(%1, %k, %v, %m) {scale = 0.35 : f64, softcap = 0.0 : f64} : (tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x4xi1>) -> tensor<2x4x8xf32>
+  return %2 : tensor<2x4x8xf32>
+}
