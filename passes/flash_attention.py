@@ -230,7 +230,7 @@ def _scores(x: ir.Value, check_first: bool = True):
     _need(len(post) == 1 and post[0] > 0, "a soft cap is c * tanh(x / c), nothing after")
     cap = post[0]
     _need(len(pre) >= 1, "tanh without the 1/c factor is not a soft cap")
-    if len(pre) >= 2 and abs(pre[-1] * cap - 1.0) <= 1e-6:
+    if abs(pre[-1] * cap - 1.0) <= 1e-6:      # x * (1/c): the cap's own factor
         scale = float(np.prod(pre[:-1]))
     else:
         scale = float(np.prod(pre)) * cap
