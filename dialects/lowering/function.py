@@ -17,7 +17,7 @@ from poot.dialects.lowering import (  # noqa: F401  (rule registration side effe
 from poot.dialects.lowering.emit import Emitter, tt
 from poot.dialects.lowering.rules import RULES, OpInfo
 from poot.dialects.opdef import lookup, read_attrs
-from poot.dialects.types import PackedType, TensorType, type_from_mlir
+from poot.dialects.types import PackedType, type_from_mlir
 
 PARAM_OPS = ("poot.param", "poot.packed_param")
 
@@ -143,5 +143,4 @@ def lower_module(module: ir.Operation) -> None:
         old.erase()
 
 
-__all__ = ["RULES", "OpInfo", "lower_function", "lower_module", "location_text", "arg_type",
-           "TensorType"]
+__all__ = ["RULES", "OpInfo", "lower_function", "lower_module", "location_text", "arg_type"]

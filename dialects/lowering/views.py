@@ -55,6 +55,9 @@ def lower_reshape(em: Emitter, op: OpInfo) -> str:
 
 @rule("transpose")
 def lower_transpose(em: Emitter, op: OpInfo) -> str:
+    perm = list(op.attrs["perm"])
+    if perm == sorted(perm):  # identity (rank 0 included: linalg.transpose rejects rank 0)
+        return op.args[0]
     init = em.empty(op.result)
     return em.op(f"linalg.transpose ins({op.args[0]} : {tt(op.types[0])}) "
                  f"outs({init} : {tt(op.result)}) permutation = {_ilist(op.attrs['perm'])}")

@@ -578,3 +578,13 @@ def test_compile_parsed_module():
     prog = compile_cpu(module)
     xv, wv = rand((2, 3), DType.F32), rand((2, 3), DType.F32)
     assert_matches(prog.run({"x": xv}, {"w": wv}), oracle.evaluate(module, {"x": xv}, {"w": wv}))
+
+
+def test_rank0_values():
+    b = Builder(LIMITS)
+    s = b.input("s", TensorType((), DType.F32))
+    t = b.input("t", TensorType((), DType.F32))
+    g = b.finish({"add": b.binary("add", s, t), "tr": b.transpose(s, ()),
+                  "cast": b.cast(s, DType.I32), "sel": b.select(b.compare("lt", s, t), s, t),
+                  "sl": b.slice(s, (), (), ())})
+    check(g, {"s": np.array(2.5, np.float32), "t": np.array(-1.0, np.float32)})
