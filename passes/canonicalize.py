@@ -15,8 +15,8 @@ Each rule fires on what the ops compute, whatever spelled them:
   seen through broadcast/reshape/transpose): ``x*1``, ``1*x``, ``x/1``, ``x-0`` -> ``x``;
   ``x+0``/``0+x`` -> ``x`` for integers, and for floats only with ``-0.0`` (``x + +0.0`` turns
   ``-0.0`` into ``+0.0``) unless the option ``no-signed-zeros`` allows it;
-  ``and(x, true)``, ``or(x, false)`` -> ``x``; ``select`` with a splat condition -> the chosen
-  operand.
+  ``and(x, true)``, ``or(x, false)`` -> ``x``; ``max/min/and/or(x, x)`` -> ``x``; ``select``
+  with a splat condition or two equal branches -> the chosen operand.
 * constant folding: a poot op (not a source) whose operands are all ``poot.constant`` and whose
   result is at most ``max-fold-bytes`` bytes is evaluated with the op's own
   :meth:`~poot.dialects.opdef.OpDef.evaluate` (the oracle's semantics) and replaced by a
@@ -73,7 +73,10 @@ def splat_value(v: ir.Value):
         if dt.is_float:
             return float(ir.FloatAttr(s).value)
         return int(ir.IntegerAttr(s).value) & 1 if dt.is_bool else int(ir.IntegerAttr(s).value)
-    arr = dense_from_mlir(d)
+    try:
+        arr = dense_from_mlir(d)
+    except Exception:  # noqa: BLE001 - a literal numpy cannot read is simply not a splat
+        return None
     if arr.size and (arr.reshape(-1) == arr.reshape(-1)[0]).all() and not (
             arr.dtype.kind == "f" and np.signbit(arr).any() != np.signbit(arr).all()):
         return arr.reshape(-1)[0].item()
@@ -102,10 +105,9 @@ class _Canon:
         name = op.name
         rtype = op.results[0].type
         x = op.operands[0] if len(op.operands) else None
-        if name in ("poot.reshape", "poot.broadcast", "poot.cast", "poot.slice"):
-            if x.type == rtype and name != "poot.slice" or (
-                    name == "poot.slice" and x.type == rtype):
-                return x
+        if name in ("poot.reshape", "poot.broadcast", "poot.cast", "poot.slice") and \
+                x.type == rtype:
+            return x
         folded = self.fold_constant(op)
         if folded is not None:
             return folded
@@ -164,6 +166,8 @@ class _Canon:
         fn = _attrs(op)["fn"]
         a, b = op.operands
         is_float = type_from_mlir(rtype).dtype.is_float
+        if a == b and fn in ("max", "min", "and", "or"):
+            return a
         ca, cb = splat_value(a), splat_value(b)
         if fn == "add":
             if not is_float or self.no_signed_zeros:
@@ -198,6 +202,8 @@ class _Canon:
         return None
 
     def r_select(self, op, rtype):
+        if op.operands[1] == op.operands[2]:
+            return op.operands[1]
         c = splat_value(op.operands[0])
         if c is None:
             return None
@@ -213,13 +219,11 @@ class _Canon:
         if not isinstance(rt, TensorType) or rt.dtype is DType.BF16 or \
                 rt.nbytes > self.max_fold_bytes:
             return None
-        args = []
-        for v in op.operands:
-            p = _producer(v, "poot.constant")
-            if p is None:
-                return None
-            args.append(dense_from_mlir(p.attributes["value"]))
+        producers = [_producer(v, "poot.constant") for v in op.operands]
+        if any(p is None for p in producers):
+            return None
         try:
+            args = [dense_from_mlir(p.attributes["value"]) for p in producers]
             out = np.asarray(opdef.evaluate(args, read_attrs(opdef, op), rt),
                              dtype=rt.dtype.numpy).reshape(rt.shape)
             with op.context, op.location:

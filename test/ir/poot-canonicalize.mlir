@@ -117,3 +117,24 @@ func.func @select_splat(%a: tensor<4xf32>, %b: tensor<4xf32>) -> (tensor<4xf32>,
   %1 = "poot.select"(%t, %a, %b) : (tensor<4xi1>, tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
   return %0, %1 : tensor<4xf32>, tensor<4xf32>
 }
+
+// -----
+
+// Idempotent binaries and a select of two equal branches; i1 and f16 constants fold.
+// CHECK-LABEL: func.func @same_operands(
+// CHECK-NEXT: %[[N:.+]] = "poot.constant"() {value = dense<[false, true, false, false]> : tensor<4xi1>}
+// CHECK-NEXT: %[[H:.+]] = "poot.constant"() {value = dense<[1.000000e+00, 6.250000e+00, 9.000000e+00, 1.600000e+01]> : tensor<4xf16>}
+// CHECK-NEXT: %[[S:.+]] = "poot.binary"(%arg0, %arg0) {fn = "sub"}
+// CHECK-NEXT: return %[[N]], %arg0, %[[H]], %arg0, %arg0, %[[S]]
+func.func @same_operands(%a: tensor<4xf32>) -> (tensor<4xi1>, tensor<4xf32>, tensor<4xf16>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %m = "poot.constant"() {value = dense<[true, false, true, true]> : tensor<4xi1>} : () -> tensor<4xi1>
+  %n = "poot.unary"(%m) {fn = "not"} : (tensor<4xi1>) -> tensor<4xi1>
+  %s = "poot.select"(%m, %a, %a) : (tensor<4xi1>, tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %h = "poot.constant"() {value = dense<[1.0, 2.5, 3.0, 4.0]> : tensor<4xf16>} : () -> tensor<4xf16>
+  %h2 = "poot.binary"(%h, %h) {fn = "mul"} : (tensor<4xf16>, tensor<4xf16>) -> tensor<4xf16>
+  %mx = "poot.binary"(%a, %a) {fn = "max"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %mn = "poot.binary"(%a, %a) {fn = "min"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  // x - x is not 0 for x = inf or nan: it stays
+  %sb = "poot.binary"(%a, %a) {fn = "sub"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %n, %s, %h2, %mx, %mn, %sb : tensor<4xi1>, tensor<4xf32>, tensor<4xf16>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+}
