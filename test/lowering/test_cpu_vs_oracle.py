@@ -484,7 +484,7 @@ def _build_random(shape, dtype, steps):
 @st.composite
 def _recipes(draw):
     shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
-    dtype = draw(st.sampled_from([DType.F32, DType.I32]))
+    dtype = draw(st.sampled_from([DType.F32, DType.F16, DType.BF16, DType.I32, DType.I8]))
     steps = draw(st.lists(st.tuples(st.sampled_from(_KINDS), st.integers(0, 2**31 - 1)),
                           min_size=1, max_size=6))
     return shape, dtype, steps
@@ -494,22 +494,24 @@ def _recipes(draw):
           suppress_health_check=[HealthCheck.too_slow])
 @given(_recipes())
 def test_random_graphs(recipe):
-    """Random elementwise/reduce/view graphs match the oracle (floats: rtol 1e-4, atol 1e-4,
-    looser than per-op checks because sums of mixed-sign values cancel)."""
+    """Random elementwise/reduce/view graphs match the oracle (f32: rtol 1e-4, atol 1e-4,
+    looser than per-op checks because sums of mixed-sign values cancel; f16/bf16: TOL)."""
     shape, dtype, steps = recipe
     g = _build_random(shape, dtype, steps)
     r = np.random.default_rng(len(steps))
     if dtype.is_float:
-        xs = {k: r.uniform(-2, 2, shape).astype(np.float32) for k in ("x", "y")}
+        xs = {k: r.uniform(-2, 2, shape).astype(np.float32).astype(dtype.numpy)
+              for k in ("x", "y")}
     else:
-        xs = {k: r.integers(-5, 6, shape).astype(np.int32) for k in ("x", "y")}
+        xs = {k: r.integers(-5, 6, shape).astype(dtype.numpy) for k in ("x", "y")}
     got = compile_cpu(g).run(xs, {})
     want = oracle.evaluate(g, xs, {})
     for k in want:
-        if want[k].dtype.kind == "f":
+        dt = DType.from_numpy(want[k].dtype)
+        if dt.is_float:
+            rtol, atol = (1e-4, 1e-4) if dt is DType.F32 else TOL[dt]
             np.testing.assert_allclose(got[k].astype(np.float64), want[k].astype(np.float64),
-                                       rtol=1e-4, atol=1e-3 if want[k].dtype == np.float16
-                                       else 1e-4, equal_nan=True, err_msg=k)
+                                       rtol=rtol, atol=atol, equal_nan=True, err_msg=k)
         else:
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
