@@ -22,7 +22,8 @@ Recognized (on semantics: use-def structure, commutation and op order free):
   (unit-stride slices of the last axis), ``concat([first, second], last axis)``;
 * *interleaved* layout (GPT-J, GGUF): ``a = x[..., 0:2h:2]``, ``b = x[..., 1:2h:2]``, each
   half reshaped to ``[..., h, 1]``, concatenated on that new axis and reshaped to
-  ``[..., 2h]``;
+  ``[..., 2h]`` (or, without a tail, to any shape: canonicalize folds the reshape into the
+  consumer's view);
 * partial rotary: the untouched tail ``x[..., 2h:D]`` concatenated after (flat or nested).
 
 Not recognized (left alone): wrong signs (not a rotation), pairs taken from different
@@ -204,9 +205,8 @@ def _match(root: ir.Operation):
             inner = defining_op(p.operands[0])
             _need(_is(inner, "poot.concat") and len(inner.operands) == 2, "not a rotation")
             isz = _shape(inner.results[0])
-            _need(len(isz) == n + 1 and isz[-1] == 2 and
-                  ir.IntegerAttr(inner.attributes["axis"]).value == n and
-                  _shape(p.results[0]) == isz[:-2] + (isz[-2] * 2,),
+            _need(isz[-1] == 2 and
+                  ir.IntegerAttr(inner.attributes["axis"]).value == len(isz) - 1,
                   "interleaved halves are not stacked pairwise")
             g.add(p)
             g.add(inner)
@@ -223,7 +223,12 @@ def _match(root: ir.Operation):
             h = isz[-2]
             _need(d0 == 2 and d1 == 2 and s0 == 0 and s1 == 1 and
                   _count(s0, l0, 2) == h and _count(s1, l1, 2) == h, "not pairs (2i, 2i+1)")
-            _check_tail(tail, x, 2 * h, rv)
+            if tail is None:   # any reshape of the stacked pairs (canonicalize folds views)
+                _need(isz[:-2] == _shape(x)[:-1] and 2 * h == _shape(x)[-1],
+                      "rotation does not cover x")
+            else:
+                _need(_shape(p.results[0]) == _shape(x)[:-1] + (2 * h,), "not [..., 2h]")
+                _check_tail(tail, x, 2 * h, rv)
             g.add(p)
             return g, x, "interleaved"
         else:
