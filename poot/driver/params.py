@@ -91,6 +91,8 @@ class SamplingParams:
         stop_token_ids: token ids that end generation.
         logprobs: ``None``: no log-probs; ``n`` in [0, 20]: the chosen token's log-prob and the
             top ``n`` alternatives.
+        ignore_eos: keep generating past the tokenizer's EOS / end-of-turn ids
+            (``stop_token_ids`` still stop).
     """
 
     temperature: float = 1.0
@@ -106,6 +108,7 @@ class SamplingParams:
     stop: Sequence[str] = ()
     stop_token_ids: Sequence[int] = ()
     logprobs: int | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self):
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen)
@@ -154,6 +157,8 @@ class SamplingParams:
         put("stop_token_ids", tuple(_int("stop_token_ids", i, 0) for i in ids))
         if self.logprobs is not None:
             put("logprobs", _int("logprobs", self.logprobs, 0, MAX_LOGPROBS))
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequest("ignore_eos", self.ignore_eos, "must be a boolean")
 
     # ---- construction and checks -------------------------------------------------------------
     @classmethod

@@ -68,6 +68,9 @@ class StepSpec:
         kv_capacity: cache positions per slot, C; positions must lie in ``[0, C)``.
         kv_slots: number of cache slots (sequences the cache holds), >= 1.
         outputs: ``"logits"`` (f32 [B, T, V]) or ``"hidden"`` (final-normed f32 [B, T, H]).
+        sampler: a :class:`~poot.graph.sampling.SamplerSpec` to append the on-device sampling
+            suffix to a decode step's logits (inputs ``sampling.*``, outputs
+            ``sampling.token`` i32 [B], ``sampling.token_counts_out`` ...), or ``None``.
     """
 
     kind: StepKind
@@ -76,6 +79,7 @@ class StepSpec:
     kv_capacity: int
     kv_slots: int
     outputs: StepOutputs = "logits"
+    sampler: Any = None
 
     def __post_init__(self):
         if self.kind not in ("prefill", "decode"):
@@ -92,6 +96,9 @@ class StepSpec:
         if self.tokens > self.kv_capacity:
             raise ModelError(f"T = {self.tokens} tokens do not fit a KV capacity of "
                              f"{self.kv_capacity}")
+        if self.sampler is not None and (self.tokens != 1 or self.outputs != "logits"):
+            raise ModelError("the sampling suffix needs one logits row per sequence "
+                             "(a decode step with outputs='logits')")
 
     @staticmethod
     def prefill(tokens: int, *, batch: int = 1, kv_capacity: int, kv_slots: int = 1,
@@ -100,8 +107,8 @@ class StepSpec:
 
     @staticmethod
     def decode(*, batch: int = 1, kv_capacity: int, kv_slots: int = 1,
-               outputs: StepOutputs = "logits") -> "StepSpec":
-        return StepSpec("decode", batch, 1, kv_capacity, kv_slots, outputs)
+               outputs: StepOutputs = "logits", sampler: Any = None) -> "StepSpec":
+        return StepSpec("decode", batch, 1, kv_capacity, kv_slots, outputs, sampler)
 
     def limits(self, dims: "StepDims") -> TraceLimits:
         """The :class:`TraceLimits` of this step for a model of ``dims``
@@ -161,8 +168,16 @@ def trace_limits(spec: StepSpec, dims: StepDims) -> TraceLimits:
     elems = (2 * d.n_weight_elems + d.n_layers * per_layer
              + n * (4 * d.vocab + 8 * d.hidden) + 8 * d.head_dim * n)
     ops = 256 + d.n_layers * d.ops_per_layer
-    return TraceLimits(max_values=2 * ops, max_ops=2 * ops, max_literal_bytes=1 << 20,
-                       max_owned_bytes=2 * 4 * elems, max_tokens=n)
+    values, literal, owned = 2 * ops, 1 << 20, 2 * 4 * elems
+    if spec.sampler is not None:
+        from poot.graph.sampling import trace_cost
+        cost = trace_cost(spec.batch, d.vocab, spec.sampler)
+        values += cost["values"] + 64
+        ops += cost["ops"] // 2 + 32
+        literal += cost["literal_bytes"]
+        owned += cost["owned_bytes"]
+    return TraceLimits(max_values=values, max_ops=2 * ops, max_literal_bytes=literal,
+                       max_owned_bytes=owned, max_tokens=n)
 
 
 # --- weights -----------------------------------------------------------------------------------

@@ -109,4 +109,17 @@ def finish_step(b: Builder, spec: StepSpec, hidden: Tensor, head: Tensor | None,
         outputs = {"hidden": b.cast(hidden, DType.F32)}
     for i, (k, v) in enumerate(caches):
         outputs[f"kv.{i}.k"], outputs[f"kv.{i}.v"] = k, v
+    if spec.sampler is not None:
+        outputs.update(sampling_suffix(b, spec, outputs["logits"]))
     return b.finish(outputs)
+
+
+def sampling_suffix(b: Builder, spec: StepSpec, logits: Tensor) -> dict[str, Tensor]:
+    """The on-device sampling suffix (:func:`poot.graph.sampling.sample`) on a decode step's
+    logits f32 [B, 1, V]: declares the ``sampling.*`` inputs (after the caches) and returns
+    the named outputs (``sampling.token`` i32 [B], ``sampling.token_counts_out`` ...)."""
+    from poot.graph import sampling
+
+    bsz, _, vocab = logits.shape
+    si = sampling.declare_inputs(b, bsz, vocab, spec.sampler)
+    return sampling.sample(b, b.reshape(logits, (bsz, vocab)), si, spec.sampler).outputs()

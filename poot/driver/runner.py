@@ -1,0 +1,124 @@
+"""A model's steps on an engine: the prefill and decode entries over one KV cache.
+
+:class:`StepRunner` owns the :class:`~poot.executor.Engine` of one loaded model. Entries are
+compiled lazily, once per shape:
+
+* **prefill** ``StepSpec.prefill(T, outputs="hidden")``: writes T prompt tokens' K/V into the
+  cache. The prompt is fed in chunks of a fixed T; the last chunk is padded with rows whose
+  position is the capacity C, which the cache scatter drops (their outputs are ignored). No
+  LM head runs during prefill.
+* **decode** ``StepSpec.decode(sampler=spec)``: one token per sequence, the model step plus
+  the on-device sampling suffix. The last prompt token goes through decode, so the first
+  generated token is sampled on the device like every later one. One decode entry per
+  :class:`~poot.graph.sampling.SamplerSpec` (features a request does not use are not traced;
+  log-probs only when asked).
+
+Carried state: the caches ``kv.{i}.k/v`` (aliases declared by ``Program.storage``) and the
+token history ``sampling.token_counts`` (carried explicitly), shared by both entries.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from poot.executor import Engine, Entry
+from poot.graph import sampling
+from poot.graph.sampling import SamplerSpec
+from poot.models import StepSpec
+
+HISTORY_CARRY = {sampling.OUTPUTS["history"]: sampling.INPUTS["token_counts"]}
+
+
+def sampler_spec(params) -> SamplerSpec:
+    """The smallest :class:`SamplerSpec` serving ``params`` (a greedy request traces no
+    filters, penalties or bias)."""
+    greedy = params.greedy
+    return SamplerSpec(
+        penalties=(params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+                   or params.frequency_penalty != 0.0),
+        logit_bias=bool(params.logit_bias),
+        top_k=not greedy and params.top_k > 0,
+        top_p=not greedy and params.top_p < 1.0,
+        min_p=not greedy and params.min_p > 0.0,
+        logprobs=params.logprobs)
+
+
+@dataclass
+class StepRunner:
+    """The engine-side half of a loaded model (see the module docstring).
+
+    Attributes:
+        model / weights: the family instance and its :class:`WeightBinding`.
+        engine: the executor; compile: ``graph -> Program`` (cached compile for the target).
+        kv_capacity: cache positions per sequence (C); prefill_chunk: prefill tokens per step.
+        compile_s: seconds spent compiling (or fetching from the compile cache) per entry.
+    """
+
+    model: Any
+    weights: Any
+    engine: Engine
+    compile: Callable[[Any], Any]
+    kv_capacity: int
+    prefill_chunk: int
+    compile_s: dict[str, float] = field(default_factory=dict)
+    _entries: dict[Any, Entry] = field(default_factory=dict)
+    on_compile: Callable[[str], None] | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.dims().vocab
+
+    def _entry(self, key, spec: StepSpec, carry=None) -> Entry:
+        e = self._entries.get(key)
+        if e is None:
+            label = f"{spec.kind} T={spec.tokens}" + (
+                f" sampler={spec.sampler}" if spec.sampler is not None else "")
+            if self.on_compile:
+                self.on_compile(label)
+            t0 = time.perf_counter()
+            graph = self.model.trace(spec, self.weights.types)
+            program = self.compile(graph)
+            e = self._entries[key] = self.engine.add_entry(program, carry=carry)
+            self.compile_s[label] = time.perf_counter() - t0
+        return e
+
+    def prefill_entry(self) -> Entry:
+        t = min(self.prefill_chunk, self.kv_capacity)
+        return self._entry(("prefill", t), StepSpec.prefill(
+            t, kv_capacity=self.kv_capacity, outputs="hidden"))
+
+    def decode_entry(self, spec: SamplerSpec) -> Entry:
+        return self._entry(("decode", spec), StepSpec.decode(
+            kv_capacity=self.kv_capacity, sampler=spec), carry=HISTORY_CARRY)
+
+    def prefill(self, ids, start: int = 0, slot: int = 0) -> int:
+        """Write the K/V of ``ids`` at positions ``start..`` of ``slot``; returns the number
+        of prefill steps run (0 for no ids)."""
+        ids = list(ids)
+        if not ids:
+            return 0
+        entry = self.prefill_entry()
+        t = entry.slots["tokens"].shape[1] if hasattr(entry.slots["tokens"], "shape") \
+            else self.prefill_chunk
+        steps = 0
+        for off in range(0, len(ids), t):
+            chunk = ids[off:off + t]
+            tokens = np.zeros((1, t), np.int32)
+            positions = np.full((1, t), self.kv_capacity, np.int32)  # padding rows: dropped
+            tokens[0, :len(chunk)] = chunk
+            positions[0, :len(chunk)] = np.arange(start + off, start + off + len(chunk))
+            self.engine.step(entry, {"tokens": tokens, "positions": positions,
+                                     "slots": np.array([slot], np.int32)}, read=())
+            steps += 1
+        return steps
+
+    def warm_up(self, spec: SamplerSpec | None = None, prefill: bool = True) -> None:
+        """Compile the entries a request of ``spec`` needs (greedy by default)."""
+        if prefill:
+            self.prefill_entry()
+        self.decode_entry(spec or SamplerSpec(penalties=False, logit_bias=False, top_k=False,
+                                              top_p=False, min_p=False))

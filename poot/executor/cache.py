@@ -1,0 +1,183 @@
+"""The on-disk compile cache: the second run of a model starts without the poot passes and
+the lowering.
+
+Key: sha256 of (the step graph's IR text, ``target.key()``, the compile options, the poot
+version and a hash of the compiler's source files: ``poot/compiler``, ``poot/backends``,
+``dialects/``, ``passes/``). A change to any of them is a different key.
+
+Entry (CPU): the LLVM-dialect module text that ``compile_cpu`` hands to the
+``ExecutionEngine`` plus the program's interface (inputs, params, outputs, storage, dispatch
+counts), pickled. On a hit :func:`cpu_program_from_llvm` re-creates the ``ExecutionEngine``
+from that text (LLVM's JIT still runs; the poot passes, the linalg lowering and the MLIR
+pipeline do not).
+
+How the text is obtained: if the backend's program exposes ``llvm_text`` it is used;
+otherwise the miss-path compile captures the module handed to the ``ExecutionEngine`` (a
+scoped wrapper around ``poot.backends.cpu.ExecutionEngine``, restored afterwards). A backend
+with neither is compiled every time (cache entries are only written when text was captured).
+
+Location: ``$POOT_CACHE_DIR``, else ``~/.cache/poot``; ``enabled=False`` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_LOCK = threading.Lock()
+FORMAT = 1
+
+
+@functools.cache
+def compiler_source_hash() -> str:
+    """sha256 over the compiler's source files (paths and contents)."""
+    import poot
+
+    roots = []
+    for base in poot.__path__:
+        for sub in ("compiler", "backends", "dialects", "passes"):
+            p = Path(base) / sub
+            if p.is_dir():
+                roots.append(p)
+    h = hashlib.sha256()
+    for root in sorted(set(roots)):
+        for f in sorted(root.rglob("*")):
+            if f.suffix in (".py", ".mlir", ".irdl") and "__pycache__" not in f.parts:
+                h.update(str(f.relative_to(root.parent)).encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(graph_text: str, target, options) -> str:
+    import poot
+
+    h = hashlib.sha256()
+    for part in (f"format={FORMAT}", graph_text, target.key(), repr(options),
+                 poot.__version__, compiler_source_hash()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("POOT_CACHE_DIR") or Path.home() / ".cache" / "poot")
+
+
+@dataclass
+class CachedProgram:
+    """A program rebuilt from the cache: what the executor needs (``executable``,
+    ``storage``) and the compile report (``dispatches``); ``graph`` is not kept."""
+
+    executable: Any
+    storage: list
+    target: Any
+    dispatches: dict = field(default_factory=dict)
+    from_cache: bool = True
+    graph: Any = None
+
+    def run(self, inputs, params=None):
+        return self.executable.run(inputs, params or {})
+
+
+def cpu_program_from_llvm(text: str, name: str, inputs, params, outputs, opt_level: int = 2):
+    """A ``CpuProgram`` from LLVM-dialect module text (the JIT runs; nothing else)."""
+    from mlir import ir
+    from mlir.execution_engine import ExecutionEngine
+
+    from poot.backends.cpu import CpuProgram, runtime_libs
+
+    t0 = time.perf_counter()
+    ctx = ir.Context()
+    module = ir.Module.parse(text, ctx)
+    engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=list(runtime_libs()))
+    prog = CpuProgram(name, list(inputs), list(params), list(outputs), engine)
+    prog._fn = engine.lookup(name)
+    prog.compile_s = time.perf_counter() - t0
+    prog._ctx = ctx  # keep the context alive with the engine
+    return prog
+
+
+class _Capture:
+    """Within the block, remember the text of every module given to the CPU backend's
+    ExecutionEngine (used when the backend exposes no ``llvm_text``)."""
+
+    def __enter__(self):
+        import poot.backends.cpu as cpu
+
+        self.texts: list[str] = []
+        self._cpu, self._orig = cpu, cpu.ExecutionEngine
+        texts = self.texts
+
+        def capture(module, *a, **kw):
+            texts.append(str(module))
+            return self._orig(module, *a, **kw)
+
+        cpu.ExecutionEngine = capture
+        return self
+
+    def __exit__(self, *exc):
+        self._cpu.ExecutionEngine = self._orig
+
+
+class CompileCache:
+    """``compile(graph, target, options)`` through the on-disk cache."""
+
+    def __init__(self, directory: str | os.PathLike | None = None, enabled: bool = True):
+        self.dir = Path(directory) if directory else default_dir()
+        self.enabled = enabled
+        self.hits = 0
+        self.misses = 0
+
+    def path(self, key: str) -> Path:
+        return self.dir / "programs" / f"{key}.pkl"
+
+    def compile(self, graph, target, options):
+        from poot.compiler import compile
+
+        if not self.enabled or target.backend != "cpu":
+            return compile(graph, target, options)
+        key = cache_key(graph.text(), target, options)
+        path = self.path(key)
+        if path.is_file():
+            try:
+                with open(path, "rb") as f:
+                    entry = pickle.load(f)
+                exe = cpu_program_from_llvm(entry["llvm"], entry["name"], entry["inputs"],
+                                            entry["params"], entry["outputs"],
+                                            entry["opt_level"])
+                self.hits += 1
+                return CachedProgram(exe, entry["storage"], target, entry["dispatches"])
+            except Exception:  # a stale or unreadable entry: recompile and overwrite
+                pass
+        self.misses += 1
+        with _LOCK:
+            with _Capture() as cap:
+                program = compile(graph, target, options)
+        exe = program.executable
+        text = getattr(exe, "llvm_text", None) or (cap.texts[-1] if len(cap.texts) == 1
+                                                  else None)
+        if text is not None:
+            entry = {"llvm": text, "name": exe.name, "inputs": exe.inputs,
+                     "params": exe.params, "outputs": exe.outputs,
+                     "opt_level": options.opt_level, "storage": program.storage,
+                     "dispatches": dict(program.dispatches)}
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                with open(tmp, "wb") as f:
+                    pickle.dump(entry, f)
+                os.replace(tmp, path)
+            except (OSError, pickle.PicklingError, TypeError, AttributeError):
+                pass
+        return program
+
+
+__all__ = ["CachedProgram", "CompileCache", "cache_key", "compiler_source_hash",
+           "cpu_program_from_llvm", "default_dir"]

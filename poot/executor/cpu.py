@@ -1,0 +1,151 @@
+"""The CPU device: buffers are numpy arrays, a kernel is the compiled step function of a
+:class:`~poot.backends.cpu.CpuProgram`, a recording is its argument array built once.
+
+Record builds one ranked memref descriptor per bound array and the packed ``void*[]`` of
+pointers to them (inputs, weights, outputs: the ``_mlir_ciface_`` convention of
+:mod:`poot.backends.cpu`) exactly once. Replay is one ctypes call of the function pointer with
+that prebuilt array: no descriptors are rebuilt and no arrays are allocated. Because the
+descriptors point at the arrays' memory, the host rewrites a slot buffer in place
+(:meth:`CpuDevice.upload` is ``np.copyto``) and the next replay sees the new values.
+
+The recording keeps every bound array, the descriptors and the ExecutionEngine alive (a
+descriptor does not keep its array alive, and the function pointer dies with its engine).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from poot.dialects.types import DType, PackedType, PootType, TensorType
+from poot.errors import PootError
+from poot.executor.device import KernelArg
+
+
+class DeviceError(PootError):
+    """A buffer or binding the device cannot accept (wrong type, shape, or program)."""
+
+
+def host_dtype(t: PootType) -> np.dtype:
+    """The numpy dtype of a buffer of ``t`` on the CPU: packed as uint8 bytes, bf16/f16 as
+    uint16 words, i1 as one byte per element (numpy bool)."""
+    if isinstance(t, PackedType):
+        return np.dtype(np.uint8)
+    if t.dtype in (DType.BF16, DType.F16):
+        return np.dtype(np.uint16)
+    return np.dtype(t.dtype.numpy)
+
+
+def host_shape(t: PootType) -> tuple[int, ...]:
+    if isinstance(t, PackedType):
+        return (t.nbytes,)
+    return tuple(t.shape)
+
+
+@functools.cache
+def _struct(rank: int):
+    fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
+              ("offset", ctypes.c_longlong)]
+    if rank:
+        fields += [("shape", ctypes.c_longlong * rank), ("strides", ctypes.c_longlong * rank)]
+    return type(f"PootMemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+
+
+def descriptor(arr: np.ndarray):
+    """A ranked memref descriptor over ``arr`` (C-contiguous; must outlive the descriptor)."""
+    d = _struct(arr.ndim)()
+    d.allocated = d.aligned = arr.ctypes.data
+    d.offset = 0
+    if arr.ndim:
+        d.shape = (ctypes.c_longlong * arr.ndim)(*arr.shape)
+        d.strides = (ctypes.c_longlong * arr.ndim)(*[s // arr.itemsize for s in arr.strides])
+    return d
+
+
+@dataclass
+class CpuKernel:
+    """A loaded CPU program: ``args`` in call order, the function pointer and its engine."""
+
+    args: list[KernelArg]
+    fn: Any
+    engine: Any
+    program: Any = None
+
+
+@dataclass
+class CpuRecording:
+    """A prebuilt call: the packed argument array and everything it points into."""
+
+    kernel: CpuKernel
+    packed: Any
+    keep: list = field(default_factory=list)
+
+
+class CpuDevice:
+    """The host CPU as an executor device (synchronous)."""
+
+    name = "cpu"
+
+    def __init__(self):
+        self.records = 0    # recordings built (argument arrays constructed)
+        self.replays = 0    # calls made through a recording
+
+    # ---- buffers -----------------------------------------------------------------------
+    def alloc(self, type_: PootType) -> np.ndarray:
+        return np.zeros(host_shape(type_), host_dtype(type_))
+
+    def upload(self, buffer: np.ndarray, array) -> None:
+        a = np.asarray(array)
+        if a.dtype != buffer.dtype:
+            if buffer.dtype == np.uint16 and a.dtype.itemsize == 2:
+                a = a.view(np.uint16)          # bf16/f16 as their words
+            elif not np.can_cast(a.dtype, buffer.dtype, "same_kind"):
+                raise DeviceError(f"cannot write {a.dtype} data into a {buffer.dtype} buffer")
+        if a.size != buffer.size:
+            raise DeviceError(f"cannot write {list(a.shape)} into a buffer of "
+                              f"{list(buffer.shape)}")
+        np.copyto(buffer, a.reshape(buffer.shape), casting="same_kind")
+
+    def download(self, buffer: np.ndarray) -> np.ndarray:
+        return buffer.copy()
+
+    def synchronize(self) -> None:
+        pass
+
+    # ---- programs ----------------------------------------------------------------------
+    def load(self, program) -> CpuKernel:
+        exe = getattr(program, "executable", program)
+        fn = getattr(exe, "_fn", None)
+        if fn is None or not hasattr(exe, "inputs"):
+            raise DeviceError(f"{type(exe).__name__} is not a compiled CPU program")
+        args = ([KernelArg("input", n, t) for n, t in exe.inputs]
+                + [KernelArg("param", n, t) for n, t in exe.params]
+                + [KernelArg("output", n, t) for n, t in exe.outputs])
+        return CpuKernel(args, fn, exe.engine, program)
+
+    def record(self, kernel: CpuKernel, bindings: Sequence[np.ndarray]) -> CpuRecording:
+        if len(bindings) != len(kernel.args):
+            raise DeviceError(f"{len(bindings)} buffers bound to {len(kernel.args)} arguments")
+        for a, buf in zip(kernel.args, bindings):
+            if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous \
+                    or buf.shape != host_shape(a.type) or buf.dtype != host_dtype(a.type):
+                raise DeviceError(f"{a.role} '{a.name}' needs a contiguous "
+                                  f"{list(host_shape(a.type))} x {host_dtype(a.type)} buffer")
+        descs = [descriptor(b) for b in bindings]
+        ptrs = [ctypes.pointer(d) for d in descs]
+        packed = (ctypes.c_void_p * len(ptrs))(
+            *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs])
+        self.records += 1
+        return CpuRecording(kernel, packed, [list(bindings), descs, ptrs, kernel.engine])
+
+    def replay(self, recording: CpuRecording) -> None:
+        recording.kernel.fn(recording.packed)
+        self.replays += 1
+
+
+__all__ = ["CpuDevice", "CpuKernel", "CpuRecording", "DeviceError", "descriptor",
+           "host_dtype", "host_shape"]

@@ -1,0 +1,236 @@
+"""``Engine[Device]``: the one executor contract every backend runs through.
+
+    engine = Engine(CpuDevice())
+    engine.load_weights(weights.arrays, weights.types)    # once per model
+    entry = engine.add_entry(program)                       # once per step shape
+    out = engine.step(entry, {"tokens": ..., "positions": ..., "slots": ...}, read=["logits"])
+
+Buffers are stable: each entry owns one *slot buffer* per per-step input and one buffer per
+output; weights are uploaded once and shared by every entry. :meth:`Engine.step` writes the
+inputs it is given into their slot buffers in place (inputs not given keep their last value:
+per-request settings are written once), then launches. The first step on an entry (for a given
+state parity, below) *records* the launch over those buffers; every later step only *replays*
+the recording.
+
+Carried state (KV caches, the sampling history): an output that is the next step's input.
+``Program.storage`` names outputs that alias an input (``Buffer.aliases``: scatters into an
+input, i.e. the KV caches); ``add_entry(carry=...)`` adds more (``{"sampling.token_counts_out":
+"sampling.token_counts"}``). Carried state lives in the engine, keyed by the input name, and is
+shared by every entry that carries it (the prefill and the decode entries see one cache).
+
+Aliasing decision (CPU): the compiled CPU code (:mod:`poot.backends.cpu`) marks every argument
+read-only and writes each result into its out-parameter with a copy. Binding one buffer as both
+the cache input and the cache output is only safe if every read of the input happens before that
+copy, which the bufferization does not promise (a later optimization that writes results in
+place, or a copy ordered before the last read, would silently corrupt the cache). So carried
+state is **ping-ponged**: two buffers per state, the step reads one and writes the other, and
+the roles swap after each step. An entry therefore has at most one recording per parity (two in
+practice), each recorded once. ``Engine(device, alias_carried=True)`` binds input and output to
+one buffer for devices whose programs are proven safe in place; the test
+``test/executor/test_engine.py::test_kv_carried_vs_oracle`` catches corruption either way.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Generic, Iterable, Mapping, TypeVar
+
+import numpy as np
+
+from poot.dialects.types import PootType
+from poot.errors import PootError
+from poot.executor.device import Device
+
+D = TypeVar("D", bound=Device)
+
+
+class ExecutorError(PootError):
+    """A binding the engine cannot make: unknown input, missing weight, mismatched state."""
+
+
+@dataclass
+class _State:
+    """One carried value: its type and its buffers (two when ping-ponged)."""
+
+    type: PootType
+    buffers: list
+    cur: int = 0
+
+    @property
+    def current(self):
+        return self.buffers[self.cur]
+
+    @property
+    def next(self):
+        return self.buffers[(self.cur + 1) % len(self.buffers)]
+
+
+@dataclass
+class Entry:
+    """One step shape added to an engine (see :meth:`Engine.add_entry`).
+
+    Attributes:
+        program: the compiled program; kernel: the device's loaded kernel.
+        carry: output name -> carried input name.
+        slots: per-step input name -> its stable slot buffer.
+        outputs: non-carried output name -> its buffer.
+        recordings: state parity -> the device recording (built on first use).
+        steps: steps run on this entry.
+    """
+
+    id: int
+    program: Any
+    kernel: Any
+    carry: dict[str, str]
+    slots: dict[str, Any]
+    outputs: dict[str, Any]
+    recordings: dict[tuple, Any] = field(default_factory=dict)
+    steps: int = 0
+
+    @property
+    def input_names(self) -> list[str]:
+        return [a.name for a in self.kernel.args if a.role == "input"]
+
+
+class Engine(Generic[D]):
+    """Runs compiled step programs on one device with record-then-replay."""
+
+    def __init__(self, device: D, alias_carried: bool = False):
+        self.device = device
+        self.alias_carried = alias_carried
+        self._weights: dict[str, Any] = {}
+        self._weight_types: dict[str, PootType] = {}
+        self._state: dict[str, _State] = {}
+        self._ids = itertools.count()
+        self.entries: list[Entry] = []
+
+    # ---- weights -----------------------------------------------------------------------
+    def load_weights(self, arrays: Mapping[str, np.ndarray],
+                     types: Mapping[str, PootType]) -> None:
+        """Upload every weight once (``arrays[name]`` of ``types[name]``); entries bind them
+        by name. Weights already loaded under a name are replaced in place."""
+        for name, t in types.items():
+            if name not in arrays:
+                raise ExecutorError(f"weight '{name}' has a type but no array")
+            buf = self._weights.get(name)
+            if buf is None:
+                buf = self.device.alloc(t)
+                self._weights[name], self._weight_types[name] = buf, t
+            self.device.upload(buf, arrays[name])
+
+    # ---- entries -----------------------------------------------------------------------
+    def add_entry(self, program, carry: Mapping[str, str] | None = None,
+                  share: Mapping[str, tuple[Entry, str]] | None = None) -> Entry:
+        """Load ``program`` and allocate its stable buffers.
+
+        ``carry`` (output -> input) adds carried values to the aliases ``program.storage``
+        declares. ``share`` binds an input to another entry's output buffer
+        (``{"logits": (prefill_entry, "logits")}``): no host round trip between entries.
+        """
+        kernel = self.device.load(program)
+        carried = {b.name: b.aliases for b in getattr(program, "storage", ())
+                   if b.role == "output" and b.aliases}
+        carried.update(carry or {})
+        args = {(a.role, a.name): a for a in kernel.args}
+        for out, inp in carried.items():
+            if ("output", out) not in args or ("input", inp) not in args:
+                raise ExecutorError(f"carry {out} -> {inp}: the program has no such "
+                                    "output/input")
+            t_in, t_out = args[("input", inp)].type, args[("output", out)].type
+            if t_in != t_out:
+                raise ExecutorError(f"carry {out} -> {inp}: types differ ({t_out} vs {t_in})")
+            st = self._state.get(inp)
+            if st is None:
+                n = 1 if self.alias_carried else 2
+                self._state[inp] = _State(t_in, [self.device.alloc(t_in) for _ in range(n)])
+            elif st.type != t_in:
+                raise ExecutorError(f"carried '{inp}' is {st.type} in another entry, "
+                                    f"{t_in} here")
+        carried_inputs = set(carried.values())
+        share = dict(share or {})
+        slots, outputs = {}, {}
+        for a in kernel.args:
+            if a.role == "input" and a.name not in carried_inputs:
+                if a.name in share:
+                    src, name = share[a.name]
+                    slots[a.name] = src.outputs[name]
+                else:
+                    slots[a.name] = self.device.alloc(a.type)
+            elif a.role == "param" and a.name not in self._weights:
+                raise ExecutorError(f"weight '{a.name}' is not loaded (load_weights first)")
+            elif a.role == "output" and a.name not in carried:
+                outputs[a.name] = self.device.alloc(a.type)
+        entry = Entry(next(self._ids), program, kernel, dict(carried), slots, outputs)
+        self.entries.append(entry)
+        return entry
+
+    # ---- state -------------------------------------------------------------------------
+    def state_names(self) -> list[str]:
+        return list(self._state)
+
+    def read_state(self, name: str) -> np.ndarray:
+        """A host copy of the current value of carried ``name``."""
+        return self.device.download(self._state[name].current)
+
+    def write_state(self, name: str, array: np.ndarray) -> None:
+        """Overwrite the current value of carried ``name`` (e.g. a slot's token history)."""
+        self.device.upload(self._state[name].current, array)
+
+    def write_inputs(self, entry: Entry, inputs: Mapping[str, np.ndarray]) -> None:
+        """Rewrite slot buffers in place (what :meth:`step` does with its ``inputs``)."""
+        for name, value in inputs.items():
+            buf = entry.slots.get(name)
+            if buf is None:
+                if name in self._state and name in entry.carry.values():
+                    raise ExecutorError(f"'{name}' is carried state; use write_state")
+                raise ExecutorError(f"the entry has no per-step input '{name}' "
+                                    f"(inputs: {', '.join(entry.slots)})")
+            self.device.upload(buf, value)
+
+    # ---- stepping ----------------------------------------------------------------------
+    def _parity(self, entry: Entry) -> tuple:
+        return tuple(self._state[i].cur for i in entry.carry.values())
+
+    def _bindings(self, entry: Entry) -> list:
+        out = []
+        carried_in = set(entry.carry.values())
+        for a in entry.kernel.args:
+            if a.role == "input":
+                out.append(self._state[a.name].current if a.name in carried_in
+                           else entry.slots[a.name])
+            elif a.role == "param":
+                out.append(self._weights[a.name])
+            elif a.name in entry.carry:
+                out.append(self._state[entry.carry[a.name]].next)
+            else:
+                out.append(entry.outputs[a.name])
+        return out
+
+    def step(self, entry: Entry, inputs: Mapping[str, np.ndarray] | None = None,
+             read: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Write ``inputs`` into the entry's slot buffers, record (first time) or replay the
+        step, advance the carried state, and return host copies of the outputs in ``read``
+        (default: every non-carried output)."""
+        if inputs:
+            self.write_inputs(entry, inputs)
+        key = self._parity(entry)
+        rec = entry.recordings.get(key)
+        if rec is None:
+            rec = entry.recordings[key] = self.device.record(entry.kernel,
+                                                             self._bindings(entry))
+        self.device.replay(rec)
+        entry.steps += 1
+        for inp in entry.carry.values():
+            st = self._state[inp]
+            st.cur = (st.cur + 1) % len(st.buffers)
+        names = entry.outputs if read is None else read
+        self.device.synchronize()
+        return {n: self.device.download(entry.outputs[n]) for n in names}
+
+    def output(self, entry: Entry, name: str) -> np.ndarray:
+        """A host copy of the entry's output ``name`` from its last step."""
+        return self.device.download(entry.outputs[name])
+
+
+__all__ = ["Engine", "Entry", "ExecutorError"]

@@ -1,0 +1,73 @@
+"""A test-side Device over the CPU oracle: the executor contract without a code generator.
+
+It lets the engine and the driver loop be tested on whole model steps independently of the
+CPU backend's progress (generation itself never uses the oracle)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from poot.compiler.planning import plan_storage
+from poot.executor.cpu import host_dtype, host_shape
+from poot.executor.device import KernelArg
+from poot.oracle import evaluate
+
+
+@dataclass
+class OracleProgram:
+    graph: object
+    storage: list = field(default_factory=list)
+
+
+def oracle_compile(graph) -> OracleProgram:
+    return OracleProgram(graph, plan_storage(graph.func, graph.inputs, graph.outputs,
+                                             graph.params))
+
+
+@dataclass
+class OracleKernel:
+    args: list
+    graph: object
+
+
+class OracleDevice:
+    name = "oracle"
+
+    def __init__(self):
+        self.records = 0
+        self.replays = 0
+
+    def alloc(self, t):
+        return np.zeros(host_shape(t), host_dtype(t))
+
+    def upload(self, buf, a):
+        np.copyto(buf, np.asarray(a).reshape(buf.shape), casting="same_kind")
+
+    def download(self, buf):
+        return buf.copy()
+
+    def synchronize(self):
+        pass
+
+    def load(self, program):
+        g = program.graph
+        args = ([KernelArg("input", n, t) for n, t in g.inputs]
+                + [KernelArg("param", n, t) for n, t in g.params.items()]
+                + [KernelArg("output", n, t) for n, t in g.outputs])
+        return OracleKernel(args, g)
+
+    def record(self, kernel, bindings):
+        self.records += 1
+        return (kernel, list(bindings))
+
+    def replay(self, rec):
+        kernel, bufs = rec
+        inputs, params, outs = {}, {}, {}
+        for a, b in zip(kernel.args, bufs):
+            {"input": inputs, "param": params, "output": outs}[a.role][a.name] = b
+        res = evaluate(kernel.graph, {k: v.copy() for k, v in inputs.items()}, params)
+        for k, buf in outs.items():
+            np.copyto(buf, np.asarray(res[k]).reshape(buf.shape), casting="unsafe")
+        self.replays += 1

@@ -1,0 +1,132 @@
+"""Engine record-then-replay on the CPU device, slot buffers, carried state (ping-pong)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _graphs import ROWS, WIDTH, cache_step
+from poot.compiler import CompileOptions, compile, host_cpu
+from poot.executor import CpuDevice, Engine, ExecutorError
+
+# The executor is under test here, not dispatch fusion: the small graph compiles unfused.
+OPTIONS = CompileOptions(fuse=False)
+
+
+@pytest.fixture(scope="module")
+def program():
+    return compile(cache_step(), host_cpu(), OPTIONS)
+
+
+def _engine(program, alias=False, seed=0):
+    eng = Engine(CpuDevice(), alias_carried=alias)
+    w = np.random.default_rng(seed).standard_normal((WIDTH, WIDTH)).astype(np.float32)
+    eng.load_weights({"w": w}, program.graph.params)
+    return eng, eng.add_entry(program), w
+
+
+def test_storage_declares_the_cache_alias(program):
+    assert [(b.name, b.aliases) for b in program.storage if b.aliases] == [("cache", "cache")]
+
+
+def test_record_once_per_parity_then_replay(program):
+    eng, entry, _ = _engine(program)
+    dev = eng.device
+    x = np.ones((1, WIDTH), np.float32)
+    eng.step(entry, {"x": x, "idx": np.array([[0]])})
+    assert (dev.records, dev.replays) == (1, 1)
+    eng.step(entry, {"idx": np.array([[1]])})
+    assert (dev.records, dev.replays) == (2, 2)          # the other ping-pong parity
+    for i in range(6):
+        eng.step(entry, {"idx": np.array([[i % ROWS]])})
+    assert (dev.records, dev.replays) == (2, 8)          # only replays from here on
+    assert len(entry.recordings) == 2
+
+
+def test_no_state_no_second_recording():
+    from poot.dialects.types import DType, TensorType
+    from poot.graph.builder import Builder, TraceLimits
+
+    b = Builder(TraceLimits(max_values=16, max_ops=16, max_literal_bytes=64,
+                            max_owned_bytes=4096))
+    x = b.input("x", TensorType((4,), DType.F32))
+    g = b.finish({"y": x * x})
+    eng = Engine(CpuDevice())
+    entry = eng.add_entry(compile(g, host_cpu(), OPTIONS))
+    for v in range(1, 5):
+        out = eng.step(entry, {"x": np.full(4, v, np.float32)})
+        np.testing.assert_array_equal(out["y"], np.full(4, v * v, np.float32))
+    assert (eng.device.records, eng.device.replays) == (1, 4)
+
+
+def test_slot_buffers_rewritten_in_place(program):
+    eng, entry, _ = _engine(program)
+    buf = entry.slots["x"]
+    for v in (1.0, 2.0, 3.0):
+        eng.step(entry, {"x": np.full((1, WIDTH), v, np.float32), "idx": np.array([[0]])})
+        assert entry.slots["x"] is buf
+        np.testing.assert_array_equal(buf, np.full((1, WIDTH), v, np.float32))
+    # an input not given keeps its last value
+    eng.step(entry, {"idx": np.array([[1]])})
+    np.testing.assert_allclose(eng.read_state("cache")[1],
+                               (np.full((1, WIDTH), 3.0, np.float32) @ _w(eng))[0], rtol=1e-5)
+
+
+def _w(eng):
+    return eng._weights["w"]
+
+
+@pytest.mark.parametrize("alias", [False], ids=["ping-pong"])
+def test_kv_carried_vs_reference(program, alias):
+    """Carried cache across steps equals a numpy replay (out-of-range rows dropped); catches
+    a cache read after being overwritten (aliasing) or a lost update (wrong parity)."""
+    eng, entry, w = _engine(program, alias)
+    rng = np.random.default_rng(1)
+    cache = np.zeros((ROWS, WIDTH), np.float32)
+    for step, idx in enumerate([0, 3, 3, 7, ROWS, 1, 5, 0, ROWS + 3, 2]):
+        x = rng.standard_normal((1, WIDTH)).astype(np.float32)
+        out = eng.step(entry, {"x": x, "idx": np.array([[idx]], np.int32)})
+        if 0 <= idx < ROWS:
+            cache[idx] = (x @ w)[0]
+        np.testing.assert_allclose(out["y"], cache.sum(0), rtol=1e-5, atol=1e-5,
+                                   err_msg=f"step {step}")
+        np.testing.assert_allclose(eng.read_state("cache"), cache, rtol=1e-5, atol=1e-6)
+
+
+def test_two_entries_share_state(program):
+    eng, a, w = _engine(program)
+    b = eng.add_entry(program)
+    x = np.ones((1, WIDTH), np.float32)
+    eng.step(a, {"x": x, "idx": np.array([[0]])})
+    out = eng.step(b, {"x": 2 * x, "idx": np.array([[1]])})
+    np.testing.assert_allclose(out["y"], (x @ w)[0] + (2 * x @ w)[0], rtol=1e-5)
+
+
+def test_errors(program):
+    eng = Engine(CpuDevice())
+    with pytest.raises(ExecutorError, match="weight 'w' is not loaded"):
+        eng.add_entry(program)
+    eng, entry, _ = _engine(program)
+    with pytest.raises(ExecutorError, match="no per-step input 'nope'"):
+        eng.step(entry, {"nope": np.zeros(1)})
+    with pytest.raises(ExecutorError, match="carried state"):
+        eng.step(entry, {"cache": np.zeros((ROWS, WIDTH), np.float32)})
+
+
+def test_compile_cache_round_trip(program, tmp_path):
+    from poot.executor.cache import CachedProgram, CompileCache
+
+    cache = CompileCache(tmp_path)
+    p1 = cache.compile(cache_step(), host_cpu(), OPTIONS)
+    p2 = cache.compile(cache_step(), host_cpu(), OPTIONS)
+    assert (cache.misses, cache.hits) == (1, 1) and isinstance(p2, CachedProgram)
+    w = np.eye(WIDTH, dtype=np.float32)
+    for p in (p1, p2):
+        eng = Engine(CpuDevice())
+        eng.load_weights({"w": w}, {"w": program.graph.params["w"]})
+        e = eng.add_entry(p)
+        out = eng.step(e, {"x": np.ones((1, WIDTH), np.float32), "idx": np.array([[2]])})
+        np.testing.assert_array_equal(out["y"], np.ones(WIDTH, np.float32))
+    other = CompileCache(tmp_path)
+    other.compile(cache_step(), host_cpu(), CompileOptions(fuse=False, opt_level=1))
+    assert other.misses == 1       # options are part of the key
