@@ -1,6 +1,7 @@
 """Lowering of gather (``linalg.generic`` reading the table with ``tensor.extract`` at a clamped
-index) and scatter (``scf.for`` over update rows; each in-range row is written by
-``tensor.insert_slice`` under ``scf.if``, so later rows win and out-of-range rows are dropped).
+index) and scatter (``scf.for`` over update rows, in order, so later rows win; each row is
+written with ``tensor.insert_slice`` at clamped coordinates, as itself when in range and as the
+row already there when not, so out-of-range rows change nothing).
 """
 
 from __future__ import annotations
@@ -49,12 +50,23 @@ def lower_gather(em: Emitter, op: OpInfo) -> str:
 
 @rule("scatter")
 def lower_scatter(em: Emitter, op: OpInfo) -> str:
+    """Row n goes to ``dest[idx[n, 0], ..., idx[n, r-1]]`` when every coordinate is in range.
+
+    Branch-free, so that bufferization can decide buffer ownership statically (an ``scf.if``
+    yielding either a fresh buffer or the read-only argument needs runtime ownership flags,
+    whose i1 memrefs MLIR 22 cannot lower to LLVM): the coordinates are clamped into range,
+    the row currently there is read, ``select(in_range, update, current)`` is written back."""
     dest, idx, upd = op.args
     dt, it, ut = op.types
     nrows, r = it.shape
+    if nrows == 0 or 0 in dt.shape:
+        return dest
     ity = "i64"
     tail = dt.shape[r:]
     row_t = TensorType(tail, dt.dtype)
+    sizes = ", ".join(["1"] * r + [str(s) for s in tail])
+    ones = ", ".join(["1"] * dt.rank)
+    zeros = ["0"] * len(tail)
     c0, c1 = em.const(0, "index"), em.const(1, "index")
     cn = em.const(nrows, "index")
     iv, acc = em.fresh("n"), em.fresh("d")
@@ -66,30 +78,23 @@ def lower_scatter(em: Emitter, op: OpInfo) -> str:
     for j in range(r):
         cj = em.const(j, "index")
         v = _to_i64(em, em.op(f"tensor.extract {idx}[{iv}, {cj}] : {tt(it)}"), it.dtype.value)
-        lo = em.op(f"arith.cmpi sge, {v}, {em.const(0, ity)} : {ity}")
-        hi = em.op(f"arith.cmpi slt, {v}, {em.const(dt.shape[j], ity)} : {ity}")
-        inb = em.op(f"arith.andi {lo}, {hi} : i1")
+        lo, hi = em.const(0, ity), em.const(dt.shape[j] - 1, ity)
+        inb = em.op(f"arith.andi {em.op(f'arith.cmpi sge, {v}, {lo} : {ity}')}, "
+                    f"{em.op(f'arith.cmpi sle, {v}, {hi} : {ity}')} : i1")
         ok = inb if ok is None else em.op(f"arith.andi {ok}, {inb} : i1")
-        coords.append(_to_index(em, v, ity))
-    zeros = ["0"] * len(tail)
-    one = ["1"] * len(tail)
-    row = em.op(f"tensor.extract_slice {upd}[{', '.join([iv] + zeros)}] "
-                f"[{', '.join(['1'] + [str(s) for s in tail])}] [{', '.join(['1'] + one)}] : "
+        clamped = em.op(f"arith.minsi {em.op(f'arith.maxsi {v}, {lo} : {ity}')}, {hi} : {ity}")
+        coords.append(_to_index(em, clamped, ity))
+    at = ", ".join(coords + zeros)
+    new = em.op(f"tensor.extract_slice {upd}[{', '.join([iv] + zeros)}] "
+                f"[{', '.join(['1'] + [str(s) for s in tail])}] [{', '.join(['1'] * ut.rank)}] : "
                 f"{tt(ut)} to {tt(row_t)}")
-    upd_acc = em.fresh("w")
-    em.line(f"{upd_acc} = scf.if {ok} -> ({tt(dt)}) {{")
-    em.depth += 1
-    ins = em.op(f"tensor.insert_slice {row} into {acc}[{', '.join(coords + zeros)}] "
-                f"[{', '.join(['1'] * r + [str(s) for s in tail])}] "
-                f"[{', '.join(['1'] * dt.rank)}] : {tt(row_t)} into {tt(dt)}")
+    cur = em.op(f"tensor.extract_slice {acc}[{at}] [{sizes}] [{ones}] : {tt(dt)} to {tt(row_t)}")
+    t = dt.dtype.value
+    row = em.pointwise(row_t, [(new, row_t), (cur, row_t)],
+                       lambda a: em.op(f"arith.select {ok}, {a[0]}, {a[1]} : {t}"))
+    ins = em.op(f"tensor.insert_slice {row} into {acc}[{at}] [{sizes}] [{ones}] : "
+                f"{tt(row_t)} into {tt(dt)}")
     em.line(f"scf.yield {ins} : {tt(dt)}")
-    em.depth -= 1
-    em.line("} else {")
-    em.depth += 1
-    em.line(f"scf.yield {acc} : {tt(dt)}")
-    em.depth -= 1
-    em.line("}")
-    em.line(f"scf.yield {upd_acc} : {tt(dt)}")
     em.depth -= 1
     em.line("}")
     return res

@@ -134,13 +134,17 @@ func.func @sources(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<2x3xi32>) {
 // CHECK: tensor.extract %arg0[
 // CHECK: scf.for %[[N:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[D:.*]] = %arg2) -> (tensor<5x4xf32>)
 // CHECK: arith.cmpi sge
-// CHECK: arith.cmpi slt
-// CHECK: %[[ROW:.*]] = tensor.extract_slice %arg4[%[[N]], 0] [1, 4] [1, 1] : tensor<2x4xf32> to tensor<4xf32>
-// CHECK: scf.if
-// CHECK-NEXT: tensor.insert_slice %[[ROW]] into %[[D]]
-// CHECK: } else {
-// CHECK-NEXT: scf.yield %[[D]]
-// Indexing: gather with clamped indices; scatter as a guarded loop over update rows.
+// CHECK: arith.cmpi sle
+// CHECK: %[[OK:.*]] = arith.andi
+// CHECK: %[[AT:.*]] = arith.index_cast
+// CHECK: %[[NEW:.*]] = tensor.extract_slice %arg4[%[[N]], 0] [1, 4] [1, 1] : tensor<2x4xf32> to tensor<4xf32>
+// CHECK: %[[CUR:.*]] = tensor.extract_slice %[[D]][%[[AT]], 0] [1, 4] [1, 1]
+// CHECK: %[[ROW:.*]] = linalg.generic {{.*}} ins(%[[NEW]], %[[CUR]] :
+// CHECK: arith.select %[[OK]]
+// CHECK: %[[W:.*]] = tensor.insert_slice %[[ROW]] into %[[D]][%[[AT]], 0] [1, 4] [1, 1]
+// CHECK-NEXT: scf.yield %[[W]]
+// Indexing: gather with clamped indices; scatter as a loop over update rows, each written at
+// clamped coordinates as itself (in range) or as the row already there (out of range).
 func.func @indexing(%t: tensor<6x4xf32>, %i: tensor<3xi32>, %d: tensor<5x4xf32>, %r: tensor<2x1xi64>, %u: tensor<2x4xf32>) -> (tensor<3x4xf32>, tensor<5x4xf32>) {
   %0 = "poot.gather"(%t, %i) {axis = 0 : i64} : (tensor<6x4xf32>, tensor<3xi32>) -> tensor<3x4xf32>
   %1 = "poot.scatter"(%d, %r, %u) : (tensor<5x4xf32>, tensor<2x1xi64>, tensor<2x4xf32>) -> tensor<5x4xf32>

@@ -590,3 +590,36 @@ def test_rank0_values():
                   "cast": b.cast(s, DType.I32), "sel": b.select(b.compare("lt", s, t), s, t),
                   "sl": b.slice(s, (), (), ())})
     check(g, {"s": np.array(2.5, np.float32), "t": np.array(-1.0, np.float32)})
+
+
+# ---- a traced model step ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["llama", "llama_gguf_q4_1"])
+def test_tiny_llama_steps(name):
+    """A traced prefill step and a decode step of the tiny Llama fixtures (dense f32 and GGUF
+    Q4_1), KV caches carried from the compiled program's own outputs, match the oracle
+    (logits and caches: atol 1e-4)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+    from model_steps import empty_caches, fixture_path, reference
+
+    from poot.models import StepSpec, load_model
+
+    model, weights = load_model(fixture_path(name))
+    ids = [int(i) for i in reference(name)["prompt_ids"]]
+    n = 6
+    caches = None
+    for spec, toks, pos in ((StepSpec.prefill(n, kv_capacity=16, kv_slots=1), ids[:n],
+                             list(range(n))),
+                            (StepSpec.decode(kv_capacity=16, kv_slots=1), ids[n:n + 1], [n])):
+        g = model.trace(spec, weights.types)
+        inputs = {"tokens": np.asarray([toks], np.int32), "positions": np.asarray([pos], np.int32),
+                  "slots": np.asarray([0], np.int32), **(caches or empty_caches(g))}
+        prog = compile_cpu(g)
+        got = prog.run(inputs, {k: weights[k] for k, _ in prog.params})
+        want = oracle.evaluate(g, inputs, weights)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+        caches = {k: v for k, v in got.items() if k.startswith("kv.")}
