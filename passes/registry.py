@@ -112,10 +112,21 @@ def _parse_options(info: PassInfo, text: str) -> dict:
     return opts
 
 
+def run_verified(info: PassInfo, op: ir.Operation, opts: dict) -> None:
+    """Run a poot pass, then check every poot op it left against its rule."""
+    from poot.dialects.verify import verify_module
+
+    info.run(op, **opts)
+    diags = verify_module(op)
+    if diags:
+        raise PassFailure(f"{info.argument} produced invalid IR:\n" +
+                          "\n".join(str(d) for d in diags))
+
+
 def _wrap(info: PassInfo, opts: dict):
     def run(op, pass_):
         try:
-            info.run(op, **opts)
+            run_verified(info, op, opts)
         except PassFailure as e:
             _FAILURES.append(str(e))
             pass_.signal_pass_failure()

@@ -14,6 +14,7 @@ Exit status: 0 on success, 1 when the input fails to parse/verify or a pass fail
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -201,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     result = f"\n{SPLIT_MARKER}\n".join(outputs)
     if args.output == "-":
-        sys.stdout.write(result)
+        try:
+            sys.stdout.write(result)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `poot-opt ... | head`: the reader left; not an error
+            sys.stdout = open(os.devnull, "w")
     else:
         with open(args.output, "w") as f:
             f.write(result)

@@ -28,7 +28,7 @@ from poot.compiler.target import Target
 from poot.errors import LimitExceeded, PootError
 from poot.graph.builder import Graph
 from poot.passes.analysis import dispatch_count, dispatch_report
-from poot.passes.registry import PASSES, PassFailure, load_all_passes
+from poot.passes.registry import PASSES, PassFailure, load_all_passes, run_verified
 
 
 class CompileError(PootError):
@@ -109,7 +109,7 @@ def _run_pass(name: str, module: ir.Module, opts: dict, options: CompileOptions,
               seconds: dict[str, float]) -> None:
     t0 = time.perf_counter()
     try:
-        PASSES[name].run(module.operation, **opts)
+        run_verified(PASSES[name], module.operation, opts)
     except PassFailure as e:
         raise CompileError(f"pass {name} failed: {e}") from None
     seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0

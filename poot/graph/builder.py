@@ -134,10 +134,7 @@ class Graph:
 
     @property
     def func(self) -> ir.Operation:
-        for op in self.module.body.operations:
-            if op.operation.name == "func.func":
-                return op.operation
-        raise BuilderError("module holds no func.func")
+        return entry_function(self.module)
 
     def text(self) -> str:
         return str(self.module)
@@ -148,8 +145,7 @@ class Graph:
     @staticmethod
     def from_module(module: ir.Module) -> "Graph":
         """Read the interface of a module made by a builder (or parsed from its text)."""
-        fn = next(op.operation for op in module.body.operations
-                  if op.operation.name == "func.func")
+        fn = entry_function(module)
         block = fn.regions[0].blocks[0]
         names = _names(fn, "arg_attrs", len(block.arguments), "arg")
         inputs = [(n, type_from_mlir(a.type)) for n, a in zip(names, block.arguments)]
@@ -163,6 +159,15 @@ class Graph:
                     op.results[0].type)
         return Graph(module, ir.StringAttr(fn.attributes["sym_name"]).value, inputs, outputs,
                      params)
+
+
+def entry_function(module: ir.Module) -> ir.Operation:
+    """The step function: the first public ``func.func`` (dispatch regions are private)."""
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and "sym_visibility" not in op.attributes:
+            return op
+    raise BuilderError("module holds no public func.func")
 
 
 def _names(fn: ir.Operation, key: str, n: int, prefix: str) -> list[str]:

@@ -1,5 +1,7 @@
 """compile(): typed refusals from planning, legalization for the target, limits, storage."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -38,8 +40,9 @@ def test_refusal_for_packed_format_without_decoder():
     x = b.input("x", TensorType((1, 256), DType.F32))
     w = b.param("w", PackedType(Quant.Q4_K.value, (4, 256)))
     g = b.finish({"y": ops.linear(b, x, w)})
+    only_q8 = Target("cpu", replace(host_cpu().caps, packed_formats=frozenset({"q8_0"})))
     with pytest.raises(Refusal) as e:
-        compile(g, host_cpu(), CompileOptions(fuse=False))
+        compile(g, only_q8, CompileOptions(fuse=False))
     assert e.value.op == "poot.dequantize"
     assert "q4_k" in e.value.capability
 
