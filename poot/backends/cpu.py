@@ -27,6 +27,7 @@ from typing import Mapping
 
 import numpy as np
 from mlir import ir
+from mlir.dialects import arith as arith_d
 from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 
@@ -198,6 +199,61 @@ def _prepare_abi(fn: ir.Operation) -> None:
     fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
 
 
+def _i1_to_i8(t: ir.Type) -> ir.Type | None:
+    """``memref<...xi1>`` as ``memref<...xi8>`` (same shape and layout); None otherwise."""
+    if not isinstance(t, ir.MemRefType) or str(t.element_type) != "i1":
+        return None
+    return ir.MemRefType.get(t.shape, ir.IntegerType.get_signless(8), t.layout, t.memory_space)
+
+
+def widen_i1_memrefs(module: ir.Module) -> None:
+    """Store every i1 memref as bytes, in place.
+
+    Bufferization's runtime ownership flags (``bufferization.dealloc`` lowered to a helper
+    over ``memref<?xi1>``) are i1 memrefs, and MLIR 22's memref-to-LLVM lowering aborts the
+    process on an i1 load or store. Retyping those memrefs to i8, with ``extui`` before each
+    store and ``trunci`` after each load, keeps any lowering that needs runtime ownership
+    compilable. (poot's own i1 tensors are already stored as i8.)"""
+    i1, i8 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(8)
+    loads, stores = [], []
+
+    def visit(op):
+        op = op.operation
+        for region in op.regions:
+            for block in region.blocks:
+                for arg in block.arguments:
+                    if (t := _i1_to_i8(arg.type)) is not None:
+                        arg.set_type(t)
+        for r in op.results:
+            if (t := _i1_to_i8(r.type)) is not None:
+                r.set_type(t)
+        if op.name == "func.func":
+            ft = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+            fix = lambda ts: [_i1_to_i8(t) or t for t in ts]  # noqa: E731
+            op.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get(fix(ft.inputs), fix(ft.results)))
+        elif op.name == "memref.load" and str(op.results[0].type) == "i1":
+            loads.append(op)
+        elif op.name == "memref.store" and str(op.operands[0].type) == "i1":
+            stores.append(op)
+        return ir.WalkResult.ADVANCE
+
+    with module.context, ir.Location.unknown():
+        module.operation.walk(visit)
+        for op in loads:
+            if _i1_to_i8(op.operands[0].type) is None and str(
+                    ir.MemRefType(op.operands[0].type).element_type) == "i8":
+                r = op.results[0]
+                r.set_type(i8)
+                with ir.InsertionPoint.after(op):
+                    narrow = arith_d.TruncIOp(i1, r)
+                r.replace_all_uses_except(narrow.result, narrow.operation)
+        for op in stores:
+            if str(ir.MemRefType(op.operands[1].type).element_type) == "i8":
+                with ir.InsertionPoint(op):
+                    op.operands[0] = arith_d.ExtUIOp(i8, op.operands[0]).result
+
+
 def lower_graph(graph: Graph) -> tuple[ir.Module, ir.Operation]:
     """A new module (in the graph's context) holding the graph's function lowered to linalg.
 
@@ -211,6 +267,17 @@ def lower_graph(graph: Graph) -> tuple[ir.Module, ir.Operation]:
               if op.operation.name == "func.func"
               and ir.StringAttr(op.operation.attributes["sym_name"]).value == graph.name)
     return module, fn
+
+
+def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True
+                    ) -> ExecutionEngine:
+    """Bufferize a linalg-on-tensors module, lower it to LLVM and JIT it."""
+    with module.context:
+        stages = ([FUSE] if fuse else []) + [BUFFERIZE]
+        PassManager.parse(f"builtin.module({','.join(stages)})").run(module.operation)
+        widen_i1_memrefs(module)
+        PassManager.parse(f"builtin.module({TO_LLVM})").run(module.operation)
+        return ExecutionEngine(module, opt_level=opt_level, shared_libs=list(runtime_libs()))
 
 
 def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True) -> CpuProgram:
@@ -228,10 +295,7 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True)
     params = [(n, graph.params[n]) for n in names]
     with module.context:
         _prepare_abi(fn)
-        stages = ([FUSE] if fuse else []) + [BUFFERIZE, TO_LLVM]
-        pm = PassManager.parse(f"builtin.module({','.join(stages)})")
-        pm.run(module.operation)
-        engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=list(runtime_libs()))
+        engine = compile_lowered(module, opt_level, fuse)
     prog = CpuProgram(graph.name, list(graph.inputs), params, list(graph.outputs), engine,
                       lowered=lowered)
     prog._fn = engine.lookup(graph.name)
@@ -239,4 +303,5 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True)
     return prog
 
 
-__all__ = ["CpuProgram", "CpuRunError", "compile_cpu", "lower_graph", "runtime_libs"]
+__all__ = ["CpuProgram", "CpuRunError", "compile_cpu", "compile_lowered", "lower_graph",
+           "runtime_libs", "widen_i1_memrefs"]
