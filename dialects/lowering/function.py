@@ -53,6 +53,27 @@ def _dict_names(fn: ir.Operation, key: str, n: int) -> list[str]:
     return out
 
 
+def _lower_call(em: Emitter, op: ir.Operation, names: dict) -> None:
+    """``func.call`` of another function of the module (a dispatch function, lowered
+    alongside): the same call on the lowered (tensor-form) types."""
+    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+    args = ", ".join(names[v] for v in op.operands)
+    ins = ", ".join(arg_type(type_from_mlir(v.type)) for v in op.operands)
+    outs = [arg_type(type_from_mlir(r.type)) for r in op.results]
+    text = f"call @{callee}({args}) : ({ins}) -> ({', '.join(outs)})"
+    if not outs:
+        em.line(text)
+        return
+    res = em.op(text + "", "call")
+    if len(outs) == 1:
+        names[op.results[0]] = res
+        return
+    # a multi-result call: rename to the `%name:N` form
+    em.lines[-1] = em.lines[-1].replace(f"{res} = ", f"{res}:{len(outs)} = ", 1)
+    for i, r in enumerate(op.results):
+        names[r] = f"{res}#{i}"
+
+
 def lower_function(fn: ir.Operation) -> str:
     """The text of a ``func.func`` equivalent to ``fn`` (a poot function) in upstream dialects.
 
@@ -84,6 +105,9 @@ def lower_function(fn: ir.Operation) -> str:
     for op in block.operations:
         op = op.operation
         if op.name in PARAM_OPS:
+            continue
+        if op.name == "func.call":
+            _lower_call(em, op, names)
             continue
         if op.name == "func.return":
             vals = [names[v] for v in op.operands]
@@ -129,7 +153,7 @@ def lower_module(module: ir.Operation) -> None:
         if op.name != "func.func" or not op.regions[0].blocks:
             continue
         ops = [o.operation.name for o in op.regions[0].blocks[0].operations]
-        if any(n.startswith("poot.") for n in ops) or ops == ["func.return"]:
+        if all(n.startswith("poot.") or n in ("func.call", "func.return") for n in ops):
             with module.context, ir.Location.unknown():
                 todo.append((op, lower_function(op)))
     if not todo:

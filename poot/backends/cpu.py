@@ -261,7 +261,9 @@ def lower_graph(graph: Graph) -> tuple[ir.Module, ir.Operation]:
     round-trip through the IRDL parser is needed (see the report on variadic concat)."""
     with graph.context, ir.Location.unknown():
         module = ir.Module.create()
-        graph.func.clone(ip=ir.InsertionPoint(module.body))
+        # the entry and the functions it calls (outlined dispatch regions)
+        for op in graph.module.body.operations:
+            op.operation.clone(ip=ir.InsertionPoint(module.body))
     lower_module(module.operation)
     fn = next(op.operation for op in module.body.operations
               if op.operation.name == "func.func"
