@@ -348,3 +348,18 @@ def test_lowering_block_edges(s_len):
     ins["m"][:] = False                      # every key masked: zeros, not NaN
     assert np.all(compile_cpu(g).run(ins, {})["output"] == 0)
     assert np.all(oracle.evaluate(g, ins)["output"] == 0)
+
+
+def test_contraction_not_over_the_key_axis_does_not_fire():
+    """Softmax over S of [H, M, S] scores, but P is reshaped to [H, S, M] (a view that mixes
+    the key axis into the rows) before P @ V contracts its last axis: not attention."""
+    b = Builder(LIMITS)
+    q = b.input("q", TensorType((2, 6, D), F32))
+    k = b.input("k", TensorType((2, 10, D), F32))
+    v = b.input("v", TensorType((2, 6, DV), F32))
+    s = b.matmul(q, b.transpose(k, [0, 2, 1])) * 0.3
+    e = b.unary("exp", s - b.reduce("max", s, 2, keepdims=True))
+    p = e / b.reduce("sum", e, 2, keepdims=True)
+    g = b.finish(b.matmul(b.reshape(p, (2, 10, 6)), v))
+    before = str(g.module)
+    assert flash_attention(g.module) == 0 and str(g.module) == before
