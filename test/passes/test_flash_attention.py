@@ -284,9 +284,7 @@ def test_traced_steps(fixture, step):
     assert n_ops(g, "poot.attention") == n
     got = oracle.evaluate(g, ins, weights)
     assert rel_err(got, ref) <= 1e-6
-    # fuse=False: compile_cpu's default fusion aborts on these whole steps with or without this
-    # rewrite (an i1 memref from the buffer-deallocation pipeline; see the commit report).
-    cpu = compile_cpu(g, fuse=False).run(ins, weights)
+    cpu = compile_cpu(g).run(ins, weights)
     assert rel_err(cpu, got) <= 1e-5
 
 

@@ -174,7 +174,19 @@ def test_full_pipeline_keeps_rope_and_attention():
                        "poot-flash-attention,poot-fuse-dispatch,poot-verify)",
                        g.context).run(g.module.operation)
     rep = dispatch_report(g.module)
-    assert rep.get("rope") == 4
+    assert rep.get("rope") == 4 and rep.get("attention") == 2
     got = oracle.evaluate(g, ins, weights)
     for k in ref:
         assert np.abs(got[k] - ref[k]).max() <= 1e-6 * max(np.abs(ref[k]).max(), 1e-30), k
+
+
+def test_rope_dispatch_compiles_on_cpu():
+    """The outlined rope functions lower and run (CPU backend) like the oracle."""
+    from poot.backends.cpu import compile_cpu
+
+    for layout, rot in (("half", 8), ("interleaved", 12)):
+        g, ins = rope_graph(layout, rot, "commuted")
+        ref = oracle.evaluate(g, ins)
+        assert rope_fusion(g.module) == 1
+        got = compile_cpu(g).run(ins, {})
+        assert np.abs(got["out"] - ref["out"]).max() <= 1e-5 * np.abs(ref["out"]).max()
