@@ -9,6 +9,7 @@ from poot.models.base import (REGISTRY, LoadedModel, Model, ModelError, Registry
                               StepSpec, UnknownArchitecture, WeightBinding, WeightName,
                               load_model, trace_limits)
 from poot.models import llama  # noqa: F401  (registers the Llama family)
+from poot.models import qwen  # noqa: F401  (Qwen2, Qwen3)
 
 __all__ = ["REGISTRY", "LoadedModel", "Model", "ModelError", "Registry", "StepDims", "StepSpec",
            "UnknownArchitecture", "WeightBinding", "WeightName", "load_model", "trace_limits"]

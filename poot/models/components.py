@@ -9,11 +9,15 @@ gather on axis 0, keys masked by position (key index = position).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
+
+import numpy as np
 
 from poot.dialects.types import DType, PootType
 from poot.graph import ops
-from poot.graph.builder import Builder, Tensor
-from poot.models.base import StepSpec
+from poot.graph.builder import Builder, Graph, Tensor
+from poot.models.base import (ModelError, StepDims, StepSpec, WeightBinding, WeightName,
+                              WeightTable, bind_weights)
 
 
 @dataclass
@@ -123,3 +127,324 @@ def sampling_suffix(b: Builder, spec: StepSpec, logits: Tensor) -> dict[str, Ten
     bsz, _, vocab = logits.shape
     si = sampling.declare_inputs(b, bsz, vocab, spec.sampler)
     return sampling.sample(b, b.reshape(logits, (bsz, vocab)), si, spec.sampler).outputs()
+
+
+# --- a shared pre-norm decoder -----------------------------------------------------------------
+#
+# Families whose layers are "x += attn(norm(x)); x += ffn(norm(x))" with small variations
+# (Qwen2/3, Gemma 1/2, Phi-3, Mixtral, Qwen3-MoE) describe themselves with DecoderOptions and
+# a weight-name table over the roles below; the tracer here is family-neutral.
+#
+# Roles: tok_embed, out_norm, lm_head (absent when tied); per layer blk.{i}.:
+#   attn_norm, attn.q / attn.k / attn.v (or attn.qkv fused), attn.o, attn.{q,k,v,o}_bias
+#   (optional), attn.q_norm / attn.k_norm (qk_norm), post_attn_norm (sandwich), ffn_norm,
+#   ffn.gate / ffn.up (or ffn.gate_up fused), ffn.down, post_ffn_norm (sandwich);
+#   MoE layers: ffn.router [E, H] and per expert ffn.exp.{e}.gate/up/down, or stacked
+#   ffn.exps.gate/up [E, F, H] and ffn.exps.down [E, H, F].
+
+@dataclass(frozen=True)
+class MoeOptions:
+    """Sparse MoE FFN: ``num_experts`` gated experts of width ``expert_ffn``, top ``top_k``
+    by softmax router score, renormalized over the selection when ``normalize``;
+    ``dense_layers`` keep a dense MLP (width ``intermediate_size``)."""
+
+    num_experts: int
+    top_k: int
+    normalize: bool
+    expert_ffn: int
+    dense_layers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """A pre-norm decoder's shape and per-family variations (see the roles above).
+
+    Attributes:
+        source: ``"hf"`` or ``"gguf"`` (which weight names the family's table uses).
+        norm_eps, norm_unit_offset: RMSNorm epsilon; scale by ``(1 + w)`` (Gemma, HF).
+        inv_freq: RoPE inverse frequencies (``R/2`` values; ``R < head_dim`` is partial
+            rotary); rope_attention_scaling multiplies cos/sin (yarn); rope_layout as
+            :func:`poot.graph.ops.apply_rope`.
+        embed_scale: multiplies the embeddings (Gemma: ``sqrt(hidden)``), or None.
+        qk_norm: per-head RMSNorm of q and k before RoPE (Qwen3).
+        fused_qkv, fused_gate_up: Phi-3 style stacked projections (rows q|k|v, gate|up).
+        sandwich_norms: post-attention and post-FFN norms on the branch outputs (Gemma 2).
+        act: the GLU activation. attn_scale, attn_softcap, final_softcap: as
+            :func:`poot.graph.ops.attention` / :func:`finish_step`.
+        layer_windows: per layer sliding window or None (empty: no sliding window).
+        moe: :class:`MoeOptions` or None (dense).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    norm_eps: float
+    inv_freq: tuple[float, ...]
+    tie_word_embeddings: bool
+    source: str = "hf"
+    rope_attention_scaling: float = 1.0
+    rope_layout: str = "half"
+    norm_unit_offset: bool = False
+    embed_scale: float | None = None
+    qk_norm: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    sandwich_norms: bool = False
+    act: str = "silu"
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    layer_windows: tuple[int | None, ...] = ()
+    moe: MoeOptions | None = None
+
+    def window(self, i: int) -> int | None:
+        return self.layer_windows[i] if self.layer_windows else None
+
+    def is_moe(self, i: int) -> bool:
+        return self.moe is not None and i not in self.moe.dense_layers
+
+
+def ops_rope_scaling(cfg: Any, family: str) -> ops.RopeScaling:
+    """The loader's :class:`~poot.load.config.RopeScaling` as :class:`ops.RopeScaling`;
+    kinds ops cannot compute (dynamic, longrope) raise ModelError naming ``family``."""
+    rs = cfg.rope_scaling
+    if rs.kind == "none":
+        return ops.RopeScaling()
+    if rs.kind not in ("linear", "llama3", "yarn"):
+        raise ModelError(f"{family}: rope scaling {rs.kind!r} is not supported (supported: "
+                         f"none, linear, llama3, yarn)")
+    d = ops.RopeScaling()
+    pick = lambda v, dflt: dflt if v is None else v  # noqa: E731
+    return ops.RopeScaling(
+        kind=rs.kind, factor=float(rs.factor),
+        low_freq_factor=pick(rs.low_freq_factor, d.low_freq_factor),
+        high_freq_factor=pick(rs.high_freq_factor, d.high_freq_factor),
+        original_max_position=pick(rs.original_max_position_embeddings,
+                                   cfg.max_position_embeddings),
+        beta_fast=pick(rs.beta_fast, d.beta_fast), beta_slow=pick(rs.beta_slow, d.beta_slow),
+        mscale=pick(rs.mscale, 0.0), mscale_all_dim=pick(rs.mscale_all_dim, 0.0),
+        attention_factor=rs.attn_factor)
+
+
+def decoder_options(cfg: Any, family: str, **overrides: Any) -> DecoderOptions:
+    """:class:`DecoderOptions` from a :class:`~poot.load.config.ModelConfig`: shape, eps,
+    RoPE (scaling and ``partial_rotary_factor``), tying and source; ``overrides`` set the
+    family's variations. Raises ModelError for heads that do not group."""
+    if cfg.num_kv_heads <= 0 or cfg.num_heads % cfg.num_kv_heads:
+        raise ModelError(f"{family}: {cfg.num_heads} heads do not group over "
+                         f"{cfg.num_kv_heads} KV heads")
+    extra = cfg.extra or {}
+    rp = extra.get("rope_parameters") if isinstance(extra.get("rope_parameters"), dict) else {}
+    partial = float(rp.get("partial_rotary_factor", extra.get("partial_rotary_factor", 1.0)))
+    scaling = ops_rope_scaling(cfg, family)
+    inv = ops.rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling,
+                            rotary_dim=int(cfg.head_dim * partial))
+    opts = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
+                num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                norm_eps=float(cfg.rms_norm_eps), inv_freq=tuple(float(x) for x in inv),
+                rope_attention_scaling=ops.rope_attention_scaling(scaling),
+                tie_word_embeddings=cfg.tie_word_embeddings, source=cfg.source)
+    opts.update(overrides)
+    return DecoderOptions(**opts)
+
+
+def layer_windows(cfg: Any, default_sliding: Callable[[int], bool] | None = None
+                  ) -> tuple[int | None, ...]:
+    """Per-layer sliding windows: ``cfg.sliding_window`` on the layers HF ``layer_types``
+    marks ``sliding_attention`` (else on the layers ``default_sliding(i)`` picks, else on
+    every layer); empty when there is no window."""
+    w = cfg.sliding_window
+    if not w:
+        return ()
+    types = (cfg.extra or {}).get("layer_types")
+    if isinstance(types, list) and len(types) == cfg.num_layers:
+        return tuple(w if t == "sliding_attention" else None for t in types)
+    pick = default_sliding or (lambda i: True)
+    return tuple(w if pick(i) else None for i in range(cfg.num_layers))
+
+
+def decoder_dims(o: DecoderOptions) -> StepDims:
+    """:class:`StepDims` for a decoder (MoE experts counted as dense work)."""
+    qkv_o = o.hidden_size * o.head_dim * (2 * o.num_heads + 2 * o.num_kv_heads)
+    ffn = 3 * o.hidden_size * o.intermediate_size
+    if o.moe is not None:
+        ffn = max(ffn, o.moe.num_experts * (3 * o.hidden_size * o.moe.expert_ffn
+                                            + o.hidden_size))
+    head = 0 if o.tie_word_embeddings else o.vocab_size * o.hidden_size
+    ffn_width = max(o.intermediate_size, o.moe.num_experts * o.moe.expert_ffn if o.moe else 0)
+    ops_per_layer = 320 + (40 * o.moe.num_experts + 24 * o.moe.top_k if o.moe else 0)
+    return StepDims(o.num_layers, o.hidden_size, ffn_width, o.vocab_size, o.num_heads,
+                    o.num_kv_heads, o.head_dim, ops_per_layer=ops_per_layer,
+                    n_weight_elems=o.vocab_size * o.hidden_size + head
+                    + o.num_layers * (qkv_o + ffn + 6 * o.hidden_size + 2 * o.head_dim)
+                    + o.hidden_size)
+
+
+def proj(b: Builder, types: dict[str, PootType], role: str, x: Tensor) -> Tensor:
+    """``linear(x, role)``, adding ``role_bias`` when it is bound."""
+    bias = param(b, types, role + "_bias") if role + "_bias" in types else None
+    return ops.linear(b, x, param(b, types, role), bias)
+
+
+def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, PootType],
+                  name: str) -> Graph:
+    """The step graph (interface in :mod:`poot.models.base`) of the decoder ``o``."""
+    b = Builder(spec.limits(decoder_dims(o)), name=f"{name}_{spec.kind}")
+    types = dict(weight_types)
+    inp = step_inputs(b, spec, o.num_layers, o.num_kv_heads, o.head_dim)
+    with b.scope("embed"):
+        x = ops.embedding(b, param(b, types, "tok_embed"), inp.tokens)
+        if o.embed_scale is not None:
+            x = x * float(o.embed_scale)
+    with b.scope("rope"):
+        rope = ops.rope_cos_sin(b, inp.positions, np.asarray(o.inv_freq, np.float32),
+                                o.rope_attention_scaling)
+    norm = lambda role, y: ops.rmsnorm(b, y, param(b, types, role), o.norm_eps,  # noqa: E731
+                                       unit_offset=o.norm_unit_offset)
+    caches = []
+    for i in range(o.num_layers):
+        p = f"blk.{i}."
+        with b.scope(f"blk.{i}"):
+            with b.scope("attn"):
+                a, kv = decoder_attention(b, o, types, i, norm(p + "attn_norm", x), rope, inp)
+                if o.sandwich_norms:
+                    a = norm(p + "post_attn_norm", a)
+            x = x + a
+            with b.scope("ffn"):
+                f = decoder_ffn(b, o, types, i, norm(p + "ffn_norm", x))
+                if o.sandwich_norms:
+                    f = norm(p + "post_ffn_norm", f)
+            x = x + f
+        caches.append(kv)
+    with b.scope("out_norm"):
+        h = norm("out_norm", x)
+    head = None
+    if spec.outputs == "logits":
+        head = param(b, types, "tok_embed" if o.tie_word_embeddings else "lm_head")
+    return finish_step(b, spec, h, head, caches, final_softcap=o.final_softcap)
+
+
+def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: int,
+                      h: Tensor, rope: tuple[Tensor, Tensor], inp: StepInputs
+                      ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Layer ``i``'s GQA self-attention of h f32 [B, T, H] over its cache -> (f32 [B, T, H],
+    updated (k, v) caches)."""
+    bsz, t, _ = h.shape
+    p, d = f"blk.{i}.attn.", o.head_dim
+    nq, nkv = o.num_heads * d, o.num_kv_heads * d
+    if o.fused_qkv:
+        qkv = proj(b, types, p + "qkv", h)
+        q, k, v = (b.slice_axis(qkv, 2, s, e) for s, e in
+                   ((0, nq), (nq, nq + nkv), (nq + nkv, nq + 2 * nkv)))
+    else:
+        q, k, v = (proj(b, types, p + r, h) for r in ("q", "k", "v"))
+    q = b.reshape(q, (bsz, t, o.num_heads, d))
+    k = b.reshape(k, (bsz, t, o.num_kv_heads, d))
+    v = b.reshape(v, (bsz, t, o.num_kv_heads, d))
+    if o.qk_norm:
+        q = ops.rmsnorm(b, q, param(b, types, p + "q_norm"), o.norm_eps,
+                        unit_offset=o.norm_unit_offset)
+        k = ops.rmsnorm(b, k, param(b, types, p + "k_norm"), o.norm_eps,
+                        unit_offset=o.norm_unit_offset)
+    q = ops.apply_rope(b, q, *rope, layout=o.rope_layout)
+    k = ops.apply_rope(b, k, *rope, layout=o.rope_layout)
+    out, k_cache, v_cache = cached_attention(b, q, k, v, inp.caches[i], inp,
+                                             sliding_window=o.window(i),
+                                             softcap=o.attn_softcap, scale=o.attn_scale)
+    out = b.reshape(out, (bsz, t, nq))
+    return proj(b, types, p + "o", out), (k_cache, v_cache)
+
+
+def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: int,
+                h: Tensor) -> Tensor:
+    """Layer ``i``'s FFN on h f32 [B, T, H]: gated MLP (separate or fused gate|up, optional
+    biases) or, on MoE layers, :func:`poot.graph.ops.moe` over the layer's experts."""
+    p = f"blk.{i}.ffn."
+    if o.is_moe(i):
+        m = o.moe
+        if p + "exps.gate" in types:  # stacked [E, F, H] as stored
+            gate, up, down = (param(b, types, p + f"exps.{r}") for r in ("gate", "up", "down"))
+        else:  # per-expert tensors, stacked in the graph
+            def stack(r):
+                es = [ops.as_f32(b, param(b, types, p + f"exp.{e}.{r}"))
+                      for e in range(m.num_experts)]
+                return b.concat([b.reshape(w, (1,) + w.shape) for w in es], axis=0)
+            gate, up, down = stack("gate"), stack("up"), stack("down")
+        return ops.moe(b, h, param(b, types, p + "router"), gate, up, down, m.top_k,
+                       m.normalize, act=o.act)
+    if o.fused_gate_up:
+        gu = proj(b, types, p + "gate_up", h)
+        f = gu.shape[-1] // 2
+        gate, up = b.slice_axis(gu, gu.rank - 1, 0, f), b.slice_axis(gu, gu.rank - 1, f, 2 * f)
+        return proj(b, types, p + "down", ops.activation(b, gate, o.act) * up)
+    if not any(p + f"{r}_bias" in types for r in ("gate", "up", "down")):
+        return ops.mlp_glu(b, h, param(b, types, p + "gate"), param(b, types, p + "up"),
+                           param(b, types, p + "down"), act=o.act)
+    act = ops.activation(b, proj(b, types, p + "gate", h), o.act) * proj(b, types, p + "up", h)
+    return proj(b, types, p + "down", act)
+
+
+class DecoderModel:
+    """Base of the families traced by :func:`trace_decoder`: ``config`` is their
+    :class:`DecoderOptions`; a subclass sets ``family``/``architectures`` and supplies
+    ``from_config`` and ``weight_table``."""
+
+    family: ClassVar[str] = "decoder"
+    architectures: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: DecoderOptions):
+        self.config = config
+
+    def weight_table(self) -> WeightTable:
+        raise NotImplementedError
+
+    def bind(self, store: Mapping[str, Any]) -> WeightBinding:
+        """Bind every role from ``store`` (packed stays packed). Raises ModelError naming a
+        missing tensor."""
+        return bind_weights(self.weight_table(), store, self.config.source,
+                            self.config.num_layers)
+
+    def dims(self) -> StepDims:
+        return decoder_dims(self.config)
+
+    def trace(self, spec: StepSpec, weight_types: Mapping[str, PootType]) -> Graph:
+        return trace_decoder(self.config, spec, weight_types, self.family)
+
+
+def decoder_weight_names(o: DecoderOptions, attn_bias: bool = False) -> dict[str, WeightName]:
+    """The role -> name entries most decoders share (HF ``model.layers.{i}.`` / GGUF
+    ``blk.{i}.`` naming): embedding, norms, separate q/k/v/o (biases optional when
+    ``attn_bias``), qk-norm weights when ``o.qk_norm``, the head unless tied. Families add
+    their FFN roles and any differences."""
+    hb = "model.layers.{i}."
+    t = {"tok_embed": WeightName("model.embed_tokens.weight", "token_embd.weight"),
+         "out_norm": WeightName("model.norm.weight", "output_norm.weight"),
+         "blk.{i}.attn_norm": WeightName(hb + "input_layernorm.weight",
+                                         "blk.{i}.attn_norm.weight"),
+         "blk.{i}.ffn_norm": WeightName(hb + "post_attention_layernorm.weight",
+                                        "blk.{i}.ffn_norm.weight")}
+    for r, g in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output")):
+        t[f"blk.{{i}}.attn.{r}"] = WeightName(hb + f"self_attn.{r}_proj.weight",
+                                              f"blk.{{i}}.attn_{g}.weight")
+        if attn_bias:
+            t[f"blk.{{i}}.attn.{r}_bias"] = WeightName(hb + f"self_attn.{r}_proj.bias",
+                                                       f"blk.{{i}}.attn_{g}.bias", True)
+    if o.qk_norm:
+        for r in ("q", "k"):
+            t[f"blk.{{i}}.attn.{r}_norm"] = WeightName(hb + f"self_attn.{r}_norm.weight",
+                                                       f"blk.{{i}}.attn_{r}_norm.weight")
+    if not o.tie_word_embeddings:
+        t["lm_head"] = WeightName("lm_head.weight", "output.weight")
+    return t
+
+
+def dense_ffn_names() -> dict[str, WeightName]:
+    """HF ``mlp.{gate,up,down}_proj`` / GGUF ``ffn_{gate,up,down}`` roles."""
+    return {f"blk.{{i}}.ffn.{r}": WeightName(f"model.layers.{{i}}.mlp.{r}_proj.weight",
+                                             f"blk.{{i}}.ffn_{r}.weight")
+            for r in ("gate", "up", "down")}

@@ -1,0 +1,100 @@
+"""The non-Llama families (Qwen2, Qwen3, Gemma, Gemma2, Phi3, Mixtral, Qwen3-MoE): their
+traced step graphs, evaluated by the oracle, match HF transformers on the tiny fixtures (one
+12-token prefill; 4 cached decode steps after an 8-token prefill); registry lookups; a missing
+tensor is a typed error naming it."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from poot.models import REGISTRY, ModelError, StepSpec, UnknownArchitecture, load_model
+from model_steps import fixture_path, prefill_then_decode, reference
+
+TOL = 1e-4  # f32 vs f32 (HF eager attention)
+
+# fixture -> (HF architecture, family name)
+FAMILIES = {
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+}
+GGUF_NAMES = {"qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_fixture_matches_transformers(name):
+    model, weights = load_model(fixture_path(name))
+    assert model.family == FAMILIES[name][1]
+    ref = reference(name)
+    ids = ref["prompt_ids"]
+    prefill, _ = prefill_then_decode(model, weights, ids, n_prefill=12)
+    _, decode = prefill_then_decode(model, weights, ids, n_prefill=8)
+    err_prefill = np.abs(prefill - ref["prefill_logits"]).max()
+    err_decode = np.abs(decode - ref["decode_logits"]).max()
+    print(f"{name}: prefill max abs diff {err_prefill:.3g}, decode {err_decode:.3g}")
+    assert err_prefill <= TOL, f"{name} prefill logits off by {err_prefill}"
+    assert err_decode <= TOL, f"{name} decode logits off by {err_decode}"
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_registry_finds_the_family_by_hf_name(name):
+    arch, family = FAMILIES[name]
+    assert REGISTRY.lookup(arch).family == family
+    if name in GGUF_NAMES:
+        assert REGISTRY.lookup(GGUF_NAMES[name]) is REGISTRY.lookup(arch)
+
+
+def test_unknown_architecture_is_typed():
+    with pytest.raises(UnknownArchitecture) as e:
+        REGISTRY.lookup("Qwen2MoeForCausalLM")
+    assert "Qwen3ForCausalLM" in e.value.registered
+
+
+def _without(name: str, tensor: str, tmp_path):
+    """A copy of fixture ``name`` whose safetensors lacks ``tensor``."""
+    from safetensors.numpy import load_file, save_file
+
+    src = fixture_path(name)
+    dst = tmp_path / name
+    dst.mkdir()
+    for f in ("config.json", "generation_config.json"):
+        if (src / f).exists():
+            shutil.copy(src / f, dst / f)
+    tensors = load_file(str(src / "model.safetensors"))
+    del tensors[tensor]
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+MISSING = {
+    "qwen3": "model.layers.1.self_attn.k_norm.weight",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISSING))
+def test_missing_tensor_is_a_typed_error_naming_it(name, tmp_path):
+    with pytest.raises(ModelError, match=MISSING[name].replace(".", r"\.")):
+        load_model(_without(name, MISSING[name], tmp_path))
+
+
+def test_qwen2_binds_qkv_biases_not_o():
+    _, weights = load_model(fixture_path("qwen2"))
+    assert {"blk.0.attn.q_bias", "blk.0.attn.k_bias", "blk.0.attn.v_bias"} <= set(weights.types)
+    assert "blk.0.attn.o_bias" not in weights
+
+
+def test_batched_decode_matches_single():
+    """Two slots decoded in one batch give each sequence's own logits."""
+    model, weights = load_model(fixture_path("qwen3"))
+    from model_steps import empty_caches, run_step
+    ids = reference("qwen3")["prompt_ids"]
+    pre = model.trace(StepSpec.prefill(8, batch=2, kv_capacity=16, kv_slots=2), weights.types)
+    dec = model.trace(StepSpec.decode(batch=2, kv_capacity=16, kv_slots=2), weights.types)
+    seqs = [ids[:8], ids[4:12]]
+    _, caches = run_step(pre, weights, seqs, [list(range(8))] * 2, [1, 0], empty_caches(pre))
+    out, _ = run_step(dec, weights, [[5], [9]], [[8], [8]], [1, 0], caches)
+    for row, seq, tok in ((0, seqs[0], 5), (1, seqs[1], 9)):
+        single, dec1 = prefill_then_decode(model, weights, list(seq) + [tok], n_prefill=8)
+        assert np.abs(out["logits"][row, 0] - dec1[0]).max() <= 1e-5
