@@ -37,5 +37,6 @@ class LoweringRefusal(PootError):
 
 
 from poot.dialects.lowering.function import RULES, lower_function, lower_module  # noqa: E402
+from poot.dialects.lowering.rules import Strategy  # noqa: E402
 
-__all__ = ["LoweringRefusal", "RULES", "lower_function", "lower_module"]
+__all__ = ["LoweringRefusal", "RULES", "Strategy", "lower_function", "lower_module"]

@@ -8,6 +8,7 @@ the accumulator's is rounded from it in a following ``linalg.generic``.
 
 from __future__ import annotations
 
+from poot.dialects.lowering import gemv
 from poot.dialects.lowering.emit import Emitter, tt
 from poot.dialects.lowering.rules import OpInfo, rule
 from poot.dialects.lowering.elementwise import convert_scalar
@@ -33,11 +34,21 @@ def lower_matmul(em: Emitter, op: OpInfo) -> str:
         at, bt, name = at3, bt3, "linalg.batch_matmul"
     else:
         acc_t, name = TensorType((m, n), acc), "linalg.matmul"
+    kernel = gemv.match(op)
+    if kernel is not None:  # a weight read in place by the row-streaming kernel
+        r = gemv.emit(em, kernel, op.strategy)
+        return _finish(em, op, r, acc_t)
     zero = em.const(0.0 if acc is DType.F32 else 0, acc.value)
     init = em.op(f"linalg.fill ins({zero} : {acc.value}) outs({em.empty(acc_t)} : {tt(acc_t)})"
                  f" -> {tt(acc_t)}", "acc")
     r = em.op(f"{name} ins({a}, {b} : {tt(at)}, {tt(bt)}) outs({init} : {tt(acc_t)}) -> "
               f"{tt(acc_t)}", "mm")
+    return _finish(em, op, r, acc_t)
+
+
+def _finish(em: Emitter, op: OpInfo, r: str, acc_t: TensorType) -> str:
+    """The accumulator rounded to the result dtype and reshaped to the result's shape."""
+    acc, out = op.attrs["acc"], op.result
     if out.dtype is not acc:
         cast_t = acc_t.with_dtype(out.dtype)
         r = em.pointwise(cast_t, [(r, acc_t)],

@@ -15,7 +15,7 @@ from poot.dialects.lowering import (  # noqa: F401  (rule registration side effe
     views,
 )
 from poot.dialects.lowering.emit import Emitter, tt
-from poot.dialects.lowering.rules import RULES, OpInfo
+from poot.dialects.lowering.rules import RULES, OpInfo, Strategy
 from poot.dialects.opdef import lookup, read_attrs
 from poot.dialects.types import PackedType, type_from_mlir
 
@@ -74,7 +74,7 @@ def _lower_call(em: Emitter, op: ir.Operation, names: dict) -> None:
         names[r] = f"{res}#{i}"
 
 
-def lower_function(fn: ir.Operation) -> str:
+def lower_function(fn: ir.Operation, strategy: Strategy | None = None) -> str:
     """The text of a ``func.func`` equivalent to ``fn`` (a poot function) in upstream dialects.
 
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` for an op no rule can lower.
@@ -91,6 +91,7 @@ def lower_function(fn: ir.Operation) -> str:
         attr = f" {{poot.name = {_str_attr(nm)}}}" if nm else ""
         sig.append(f"%in{i}: {arg_type(type_from_mlir(arg.type))}{attr}")
     params: dict[str, str] = {}
+    infos: dict[ir.Value, OpInfo] = {}
     for op in block.operations:
         op = op.operation
         if op.name in PARAM_OPS:
@@ -119,7 +120,9 @@ def lower_function(fn: ir.Operation) -> str:
             raise LoweringRefusal(op.name, "no lowering rule for this op", location_text(op))
         info = OpInfo(opdef.name, read_attrs(opdef, op), [names[v] for v in op.operands],
                       [type_from_mlir(v.type) for v in op.operands],
-                      type_from_mlir(op.results[0].type), location_text(op))
+                      type_from_mlir(op.results[0].type), location_text(op),
+                      [infos.get(v) for v in op.operands], strategy)
+        infos[op.results[0]] = info
         try:
             names[op.results[0]] = RULES[opdef.name](em, info)
         except LoweringRefusal as e:
@@ -140,7 +143,7 @@ def lower_function(fn: ir.Operation) -> str:
     return "\n".join([head, em.text(), "}"])
 
 
-def lower_module(module: ir.Operation) -> None:
+def lower_module(module: ir.Operation, strategy: Strategy | None = None) -> None:
     """Replace every ``func.func`` of ``module`` that holds poot ops (or nothing but its
     return) by its lowering, in place.
 
@@ -155,7 +158,7 @@ def lower_module(module: ir.Operation) -> None:
         ops = [o.operation.name for o in op.regions[0].blocks[0].operations]
         if all(n.startswith("poot.") or n in ("func.call", "func.return") for n in ops):
             with module.context, ir.Location.unknown():
-                todo.append((op, lower_function(op)))
+                todo.append((op, lower_function(op, strategy)))
     if not todo:
         return
     with module.context, ir.Location.unknown():

@@ -7,6 +7,7 @@ row already there when not, so out-of-range rows change nothing).
 from __future__ import annotations
 
 from poot.dialects.lowering.emit import Emitter, affine_map, tt
+from poot.dialects.lowering.packed import decode_at
 from poot.dialects.lowering.rules import OpInfo, rule
 from poot.dialects.types import TensorType
 
@@ -28,6 +29,9 @@ def lower_gather(em: Emitter, op: OpInfo) -> str:
     k = it.rank
     idx_map = affine_map(r.rank, [f"d{ax + j}" for j in range(k)])
     ity = "i64"
+    deq = op.producer(0)
+    if deq is not None and (deq.name != "dequantize" or deq.producer(0) is not None):
+        deq = None  # only a dequantize of a weight is decoded at the gathered rows
 
     def body(a, _o):
         i = _to_i64(em, a[0], it.dtype.value)
@@ -42,6 +46,8 @@ def lower_gather(em: Emitter, op: OpInfo) -> str:
                 coords.append(_to_index(em, c, ity))
             else:
                 coords.append(em.op(f"linalg.index {d - 1 + k} : index"))
+        if deq is not None:  # decode just the gathered elements from the packed bytes
+            return decode_at(em, deq, coords)
         v = em.op(f"tensor.extract {table}[{', '.join(coords)}] : {tt(tt_)}")
         return em.from_storage(v, tt_.dtype)
 

@@ -194,6 +194,31 @@ DECODERS = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": 
             "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}
 
 
+def decode_at(em: Emitter, deq: OpInfo, coords: list[str]) -> str:
+    """The element of ``dequantize(packed)`` at ``coords`` (index SSA names), decoded in place
+    from the packed bytes, as the dequantize's result dtype: a consumer that reads a few
+    elements (a gather of embedding rows) decodes only those."""
+    pt, out = deq.types[0], deq.result
+    fmt = pt.format
+    decode = DECODERS.get(fmt.name)
+    if decode is None:
+        deq.refuse(f"no in-kernel decoder for packed format {fmt.name}")
+    e, stride = None, 1
+    for c, d in zip(reversed(coords), reversed(pt.shape)):
+        term = c if stride == 1 else em.op(f"arith.muli {c}, {em.const(stride, 'index')} : index")
+        e = term if e is None else em.op(f"arith.addi {e}, {term} : index")
+        stride *= d
+    nel = em.const(fmt.block_elems, "index")
+    block = em.op(f"arith.divui {e}, {nel} : index")
+    j = em.op(f"arith.remui {e}, {nel} : index")
+    j32 = em.op(f"arith.index_cast {j} : index to i32")
+    base = em.op(f"arith.muli {block}, {em.const(fmt.block_bytes, 'index')} : index")
+    x = decode(em, _Block(em, deq.args[0], pt.nbytes, base), j, j32)
+    if out.dtype is DType.F32:
+        return x
+    return em.op(f"arith.truncf {x} : f32 to {out.dtype.value}")
+
+
 @rule("dequantize")
 def lower_dequantize(em: Emitter, op: OpInfo) -> str:
     pt, out = op.types[0], op.result

@@ -24,11 +24,41 @@ class OpInfo:
     types: list[PootType]
     result: PootType
     location: str = ""
+    # the OpInfo of the poot op defining each operand (None: a function argument, a weight,
+    # a call result); lets a rule look through prologues (a matmul reading a dequantized,
+    # transposed weight in place)
+    producers: list = None  # type: ignore[assignment]
+    # how this op is lowered for its target (None: the portable linalg rules only)
+    strategy: "Strategy | None" = None
+
+    def producer(self, i: int) -> "OpInfo | None":
+        return self.producers[i] if self.producers else None
 
     def refuse(self, capability: str):
         from poot.dialects.lowering import LoweringRefusal
 
         raise LoweringRefusal(f"poot.{self.name}", capability, self.location)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Target-chosen lowering strategies (the CPU backend fills it from ``Target.caps``).
+
+    Attributes:
+        gemv: lower ``x @ W^T`` with W a weight (dense f32/f16/bf16, or a dequantized Q4_0 /
+            Q4_1 / Q8_0 block format read in place) as a row-streaming vector kernel.
+        vector_width: f32 lanes of one accumulator (16: two AVX2 registers).
+        m_tile: rows of x computed together against one decoded row of W.
+        parallel_min_bytes: a kernel whose weight is at least this big runs its rows as an
+            ``scf.forall`` (threads); smaller ones as a sequential loop.
+        cores: threads the kernels may use (1: never ``scf.forall``).
+    """
+
+    gemv: bool = True
+    vector_width: int = 16
+    m_tile: int = 2
+    parallel_min_bytes: int = 64 << 10
+    cores: int = 1
 
 
 Rule = Callable[..., str]

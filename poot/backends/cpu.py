@@ -31,7 +31,7 @@ from mlir.dialects import arith as arith_d
 from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 
-from poot.dialects.lowering import lower_module
+from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.graph.builder import Graph
@@ -60,6 +60,11 @@ BUFFERIZE = (
     "convert-bufferization-to-memref"
 )
 
+# Row loops of the matmul kernels are ``scf.forall``: after bufferization they become
+# ``scf.parallel``, then OpenMP worksharing loops when libomp is there (else plain loops).
+PARALLEL = "scf-forall-to-parallel"
+OPENMP = "convert-scf-to-openmp{{num-threads={threads}}},canonicalize"
+
 TO_LLVM = (
     "func.func(convert-linalg-to-loops),"
     "arith-expand{include-bf16=true},"
@@ -69,15 +74,70 @@ TO_LLVM = (
     "lower-affine,"
     "convert-math-to-llvm,"
     "convert-math-to-libm,"
-    "convert-vector-to-llvm,"
+    "convert-vector-to-llvm{reassociate-fp-reductions=true},"
     "convert-arith-to-llvm,"
     "finalize-memref-to-llvm,"
     "convert-cf-to-llvm,"
     "convert-ub-to-llvm,"
     "convert-func-to-llvm,"
     "convert-index-to-llvm,"
+    "convert-openmp-to-llvm,"
     "reconcile-unrealized-casts"
 )
+
+
+@functools.cache
+def openmp_lib() -> str | None:
+    """LLVM's OpenMP runtime (Debian ``libomp5``: ``libomp.so.5``), which the OpenMP dialect's
+    lowering calls (``__kmpc_*``; GNU libgomp lacks them), or None: kernels then run on one
+    thread. ``POOT_CPU_OPENMP=0`` turns threads off."""
+    if os.environ.get("POOT_CPU_OPENMP", "1") == "0":
+        return None
+    import ctypes.util
+
+    names = [os.path.join(d, n) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64",
+                                          "/usr/lib", "/usr/local/lib")
+             for n in ("libomp.so.5", "libomp.so")]
+    found = ctypes.util.find_library("omp")
+    names += [found] if found and os.path.isabs(found) else []
+    for name in names:
+        if not os.path.exists(name):
+            continue
+        try:
+            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        return name
+    return None
+
+
+def cpu_threads(target=None) -> int:
+    """Threads the kernels run on: the target's cores (``POOT_CPU_THREADS`` overrides), 1
+    without an OpenMP runtime."""
+    if openmp_lib() is None:
+        return 1
+    env = os.environ.get("POOT_CPU_THREADS")
+    if env:
+        return max(1, int(env))
+    if target is None:
+        from poot.compiler.target import host_cpu
+
+        target = host_cpu()
+    return max(1, target.caps.cores)
+
+
+def strategy_for(target=None, threads: int | None = None) -> Strategy:
+    """The lowering strategy for a CPU target (host when None): row-streaming matmul kernels
+    with 16-lane f32 accumulators; x rows per decoded weight row from the register file
+    (AVX-512's 32 registers hold 4 rows of accumulators, AVX2's 16 hold 2)."""
+    if target is None:
+        from poot.compiler.target import host_cpu
+
+        target = host_cpu()
+    threads = cpu_threads(target) if threads is None else threads
+    return Strategy(gemv=True, vector_width=16,
+                    m_tile=4 if target.caps.vector_bits >= 512 else 2,
+                    cores=threads)
 
 
 class CpuRunError(PootError):
@@ -254,7 +314,8 @@ def widen_i1_memrefs(module: ir.Module) -> None:
                     op.operands[0] = arith_d.ExtUIOp(i8, op.operands[0]).result
 
 
-def lower_graph(graph: Graph) -> tuple[ir.Module, ir.Operation]:
+def lower_graph(graph: Graph, strategy: Strategy | None = None
+                ) -> tuple[ir.Module, ir.Operation]:
     """A new module (in the graph's context) holding the graph's function lowered to linalg.
 
     The function is cloned rather than re-parsed: the graph is left untouched, and no
@@ -264,40 +325,51 @@ def lower_graph(graph: Graph) -> tuple[ir.Module, ir.Operation]:
         # the entry and the functions it calls (outlined dispatch regions)
         for op in graph.module.body.operations:
             op.operation.clone(ip=ir.InsertionPoint(module.body))
-    lower_module(module.operation)
+    lower_module(module.operation, strategy)
     fn = next(op.operation for op in module.body.operations
               if op.operation.name == "func.func"
               and ir.StringAttr(op.operation.attributes["sym_name"]).value == graph.name)
     return module, fn
 
 
-def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True
-                    ) -> ExecutionEngine:
-    """Bufferize a linalg-on-tensors module, lower it to LLVM and JIT it."""
+def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
+                    threads: int = 1) -> ExecutionEngine:
+    """Bufferize a linalg-on-tensors module, lower it to LLVM and JIT it (``threads`` > 1:
+    parallel loops through OpenMP, when :func:`openmp_lib` finds the runtime)."""
+    libs = list(runtime_libs())
+    omp = openmp_lib() if threads > 1 else None
     with module.context:
-        stages = ([FUSE] if fuse else []) + [BUFFERIZE]
+        stages = ([FUSE] if fuse else []) + [BUFFERIZE, PARALLEL]
+        if omp:
+            stages.append(OPENMP.format(threads=threads))
+            libs.append(omp)
         PassManager.parse(f"builtin.module({','.join(stages)})").run(module.operation)
         widen_i1_memrefs(module)
         PassManager.parse(f"builtin.module({TO_LLVM})").run(module.operation)
-        return ExecutionEngine(module, opt_level=opt_level, shared_libs=list(runtime_libs()))
+        return ExecutionEngine(module, opt_level=opt_level, shared_libs=libs)
 
 
-def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True) -> CpuProgram:
-    """Compile ``graph`` (a builder's Graph, or a module holding one poot function) for the
-    host CPU (``fuse``: elementwise fusion on linalg, see :data:`FUSE`).
+def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
+                target=None, strategy: Strategy | None = None) -> CpuProgram:
+    """Compile ``graph`` (a builder's Graph, or a module holding one poot function and the
+    dispatch functions it calls) for the host CPU (``fuse``: elementwise fusion on linalg, see
+    :data:`FUSE`). ``strategy`` (default: :func:`strategy_for` ``target``, the host when None)
+    picks the matmul kernels and the thread count; ``Strategy(gemv=False)`` is the portable
+    linalg lowering on one thread.
 
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering.
     """
     t0 = time.perf_counter()
     if isinstance(graph, ir.Module):
         graph = Graph.from_module(graph)
-    module, fn = lower_graph(graph)
+    strategy = strategy_for(target) if strategy is None else strategy
+    module, fn = lower_graph(graph, strategy)
     lowered = str(module)
     names = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes["poot.params"])]
     params = [(n, graph.params[n]) for n in names]
     with module.context:
         _prepare_abi(fn)
-        engine = compile_lowered(module, opt_level, fuse)
+        engine = compile_lowered(module, opt_level, fuse, threads=strategy.cores)
     prog = CpuProgram(graph.name, list(graph.inputs), params, list(graph.outputs), engine,
                       lowered=lowered)
     prog._fn = engine.lookup(graph.name)
@@ -305,5 +377,5 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True)
     return prog
 
 
-__all__ = ["CpuProgram", "CpuRunError", "compile_cpu", "compile_lowered", "lower_graph",
-           "runtime_libs", "widen_i1_memrefs"]
+__all__ = ["CpuProgram", "CpuRunError", "compile_cpu", "compile_lowered", "cpu_threads",
+           "lower_graph", "openmp_lib", "runtime_libs", "strategy_for", "widen_i1_memrefs"]

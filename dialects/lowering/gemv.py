@@ -1,0 +1,317 @@
+"""The row-streaming matmul kernel: ``y[m, n] = sum_k x[m, k] * W[n, k]`` with ``W`` a weight
+stored ``[N, K]`` row-major (the ``matmul(x, transpose(W))`` of every linear layer), read in
+place -- dense (f32, or f16/bf16 widened in registers) or packed (Q4_0, Q4_1, Q8_0 blocks
+decoded in registers from their stored bytes; no dequantized copy of the weight).
+
+Chosen by :func:`match` when the target's :class:`~poot.dialects.lowering.rules.Strategy` asks
+for it. The kernel, on tensors (one-shot bufferization makes it in place):
+
+* rows ``n`` of W: ``scf.forall`` (threads, when the weight is big enough to pay for a
+  fork/join) or ``scf.for``;
+* inside a row, tiles of ``m_tile`` rows of x (decode M = 1: one tile; prefill: a loop of
+  tiles, so each decoded row of W is reused from L1 by every row of x);
+* the K loop walks 32-element chunks (one quant block): the chunk's 32 weights are decoded into
+  two ``vector<16xf32>`` (f16 scales through ``vector.bitcast`` + ``extf``; nibbles with
+  ``andi``/``shrui``), multiplied into two vector accumulators per x row with ``math.fma``,
+  reduced once per row at the end (``vector.reduction``). A dense K that is not a multiple of
+  32 finishes with one masked chunk (padding 0).
+
+Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from poot.dialects.lowering.emit import Emitter, tt
+from poot.dialects.lowering.rules import OpInfo, Strategy
+from poot.dialects.types import DType, PackedType, TensorType
+
+#: packed formats with a vector decoder here (others keep the portable lowering)
+PACKED = ("q4_0", "q4_1", "q8_0")
+CHUNK = 32  # K elements per step: one quant block
+HALF_DTYPES = (DType.F16, DType.BF16)
+
+
+@dataclass
+class Gemv:
+    """One matched ``x[M, K] @ W[N, K]^T``.
+
+    Attributes:
+        x: SSA name of x (tensor<MxKxf32>); w: SSA name of W (dense tensor, or the packed
+        bytes ``tensor<NBYTESxi8>``); wtype: W's type (TensorType or PackedType); m, k, n: sizes.
+    """
+
+    x: str
+    w: str
+    wtype: object
+    m: int
+    k: int
+    n: int
+
+    @property
+    def packed(self) -> bool:
+        return isinstance(self.wtype, PackedType)
+
+    @property
+    def weight_bytes(self) -> int:
+        if self.packed:
+            return self.wtype.nbytes
+        return self.n * self.k * self.wtype.dtype.itemsize
+
+
+def _weight_source(t: OpInfo | None) -> tuple[str, object] | None:
+    """(ssa, type) of the [N, K] weight behind ``transpose(W)``, looking through a dequantize
+    of a supported format or a widening cast of a dense half tensor; None when not a weight
+    read in place."""
+    if t is None or t.name != "transpose" or tuple(t.attrs["perm"]) != (1, 0):
+        return None
+    src = t.producer(0)
+    wt = t.types[0]
+    if src is None:
+        if isinstance(wt, TensorType) and (wt.dtype is DType.F32 or wt.dtype in HALF_DTYPES):
+            return t.args[0], wt
+        return None
+    if src.name == "dequantize" and src.result.dtype is DType.F32:
+        pt = src.types[0]
+        if pt.format.name in PACKED and src.producer(0) is None:
+            return src.args[0], pt
+        return None
+    if src.name == "cast" and src.producer(0) is None and src.result.dtype is DType.F32 and \
+            src.types[0].dtype in HALF_DTYPES:
+        return src.args[0], src.types[0]
+    return None
+
+
+def match(op: OpInfo) -> Gemv | None:
+    """The kernel for a ``poot.matmul`` when the strategy enables it and the operands fit:
+    2-D, f32 x, f32 accumulation, rhs = transpose of a weight read in place."""
+    s = op.strategy
+    if s is None or not s.gemv:
+        return None
+    at, bt = op.types
+    if at.rank != 2 or bt.rank != 2 or at.dtype is not DType.F32 or op.attrs["acc"] is not DType.F32:
+        return None
+    src = _weight_source(op.producer(1))
+    if src is None:
+        return None
+    m, k = at.shape
+    n = bt.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        return None
+    return Gemv(op.args[0], src[0], src[1], m, k, n)
+
+
+class _K:
+    """Emission helpers for one kernel."""
+
+    def __init__(self, em: Emitter, g: Gemv, s: Strategy):
+        self.em, self.g, self.s = em, g, s
+        self.vw = 16
+        self.vf = f"vector<{self.vw}xf32>"
+        self._consts: dict = {}
+
+    def c(self, v: int) -> str:
+        return self.em.const(v, "index")
+
+    def idx(self, expr: str) -> str:
+        return self.em.op(expr + " : index")
+
+    def add(self, a: str, b) -> str:
+        if isinstance(b, int):
+            if b == 0:
+                return a
+            b = self.c(b)
+        return self.idx(f"arith.addi {a}, {b}")
+
+    def mul(self, a: str, b: int) -> str:
+        return self.idx(f"arith.muli {a}, {self.c(b)}")
+
+    def splat(self, v, ty: str, n: int | None = None) -> str:
+        n = n or self.vw
+        return self.em.op(f"arith.constant dense<{v}> : vector<{n}x{ty}>", "cv")
+
+    # ---- reads ----
+    def read_x(self, row: str, k: str, masked: bool) -> str:
+        g, em = self.g, self.em
+        pad = em.const(0.0, "f32")
+        ib = "false" if masked else "true"
+        return em.op(f"vector.transfer_read {g.x}[{row}, {k}], {pad} {{in_bounds = [{ib}]}} : "
+                     f"tensor<{g.m}x{g.k}xf32>, {self.vf}")
+
+    def read_bytes(self, off: str, n: int) -> str:
+        g, em = self.g, self.em
+        pad = em.const(0, "i8")
+        return em.op(f"vector.transfer_read {g.w}[{off}], {pad} {{in_bounds = [true]}} : "
+                     f"tensor<{g.wtype.nbytes}xi8>, vector<{n}xi8>")
+
+    def scales(self, off: str, count: int) -> list[str]:
+        """``count`` consecutive little-endian f16 at byte ``off``, as f32 splats."""
+        em = self.em
+        raw = self.read_bytes(off, 2 * count)
+        h = em.op(f"vector.bitcast {raw} : vector<{2 * count}xi8> to vector<{count}xf16>")
+        f = em.op(f"arith.extf {h} : vector<{count}xf16> to vector<{count}xf32>")
+        out = []
+        for i in range(count):
+            x = em.op(f"vector.extract {f}[{i}] : f32 from vector<{count}xf32>")
+            out.append(em.op(f"vector.broadcast {x} : f32 to {self.vf}"))
+        return out
+
+    def decode(self, row: str, b: str) -> tuple[str, str]:
+        """Weights ``W[row, 32b : 32b + 32]`` as two vector<16xf32> (elements 0-15, 16-31)."""
+        g, em, vf = self.g, self.em, self.vf
+        if not g.packed:
+            return self.dense(row, self.mul(b, CHUNK), False)
+        fmt = g.wtype.format
+        row_bytes = g.k // fmt.block_elems * fmt.block_bytes
+        off = self.add(self.mul(row, row_bytes), self.mul(b, fmt.block_bytes))
+        v16i8 = "vector<16xi8>"
+        if fmt.name == "q8_0":
+            (d,) = self.scales(off, 1)
+            out = []
+            for h in (0, 16):
+                q = self.read_bytes(self.add(off, 2 + h), 16)
+                qf = em.op(f"arith.sitofp {q} : {v16i8} to {vf}")
+                out.append(em.op(f"arith.mulf {qf}, {d} : {vf}"))
+            return out[0], out[1]
+        qs_off = 2 if fmt.name == "q4_0" else 4
+        sc = self.scales(off, 1 if fmt.name == "q4_0" else 2)
+        q = self.read_bytes(self.add(off, qs_off), 16)
+        lo = em.op(f"arith.andi {q}, {self.splat(15, 'i8', 16)} : {v16i8}")
+        hi = em.op(f"arith.shrui {q}, {self.splat(4, 'i8', 16)} : {v16i8}")
+        out = []
+        for nib in (lo, hi):
+            if fmt.name == "q4_0":
+                qi = em.op(f"arith.subi {nib}, {self.splat(8, 'i8', 16)} : {v16i8}")
+                qf = em.op(f"arith.sitofp {qi} : {v16i8} to {vf}")
+                out.append(em.op(f"arith.mulf {qf}, {sc[0]} : {vf}"))
+            else:
+                qf = em.op(f"arith.uitofp {nib} : {v16i8} to {vf}")
+                out.append(em.op(f"math.fma {qf}, {sc[0]}, {sc[1]} : {vf}"))
+        return out[0], out[1]
+
+    def dense(self, row: str, k: str, masked: bool) -> tuple[str, str | None]:
+        """Dense ``W[row, k : k + 32]`` (masked: padded with 0 past K; the upper half is None
+        when it lies wholly past K)."""
+        g, em, vf = self.g, self.em, self.vf
+        wt: TensorType = g.wtype
+        ty = wt.dtype.value
+        pad = em.const(0.0, ty)
+        ib = "false" if masked else "true"
+        out = []
+        for h in (0, 16):
+            if masked and h and self.tail <= 16:
+                out.append(None)
+                continue
+            kk = self.add(k, h)
+            v = em.op(f"vector.transfer_read {g.w}[{row}, {kk}], {pad} {{in_bounds = [{ib}]}} : "
+                      f"{tt(wt)}, vector<{self.vw}x{ty}>")
+            if wt.dtype is not DType.F32:
+                v = em.op(f"arith.extf {v} : vector<{self.vw}x{ty}> to {vf}")
+            out.append(v)
+        return out[0], out[1]
+
+    # ---- the kernel ----
+    def tile(self, row: str, m0: str, rows: int, dest: str, dest_t: str, col: str) -> str:
+        """Rows ``m0 .. m0 + rows`` of x against row ``row`` of W: inserts the ``rows`` sums
+        into ``dest`` (type ``dest_t``) at ``[m0 + i, col]``; returns the new ``dest``."""
+        g, em, vf = self.g, self.em, self.vf
+        nb = g.k // CHUNK
+        self.tail = g.k % CHUNK
+        zero = em.op(f"arith.constant dense<0.0> : {vf}", "cv")
+        xrows = [self.add(m0, i) for i in range(rows)]
+        accs = [zero] * (2 * rows)
+        if nb:
+            b = em.fresh("b")
+            iters = [em.fresh("acc") for _ in accs]
+            res = em.fresh("kl")
+            c0, cnb, c1 = self.c(0), self.c(nb), self.c(1)
+            em.line(f"{res}:{len(accs)} = scf.for {b} = {c0} to {cnb} step {c1} iter_args("
+                    + ", ".join(f"{a} = {z}" for a, z in zip(iters, accs))
+                    + f") -> ({', '.join([vf] * len(accs))}) {{")
+            em.depth += 1
+            wlo, whi = self.decode(row, b)
+            k = self.mul(b, CHUNK)
+            k16 = self.add(k, 16)
+            new = []
+            for i, xr in enumerate(xrows):
+                xlo, xhi = self.read_x(xr, k, False), self.read_x(xr, k16, False)
+                new.append(em.op(f"math.fma {wlo}, {xlo}, {iters[2 * i]} : {vf}"))
+                new.append(em.op(f"math.fma {whi}, {xhi}, {iters[2 * i + 1]} : {vf}"))
+            em.line(f"scf.yield {', '.join(new)} : {', '.join([vf] * len(new))}")
+            em.depth -= 1
+            em.line("}")
+            accs = [f"{res}#{i}" for i in range(len(accs))]
+        if self.tail:  # dense only: one masked chunk
+            k = self.c(nb * CHUNK)
+            wlo, whi = self.dense(row, k, True)
+            for i, xr in enumerate(xrows):
+                accs[2 * i] = em.op(f"math.fma {wlo}, {self.read_x(xr, k, True)}, "
+                                    f"{accs[2 * i]} : {vf}")
+                if whi is not None:
+                    xhi = self.read_x(xr, self.add(k, 16), True)
+                    accs[2 * i + 1] = em.op(f"math.fma {whi}, {xhi}, {accs[2 * i + 1]} : {vf}")
+        for i, xr in enumerate(xrows):
+            both = em.op(f"arith.addf {accs[2 * i]}, {accs[2 * i + 1]} : {vf}")
+            s = em.op(f"vector.reduction <add>, {both} : {vf} into f32")
+            dest = em.op(f"tensor.insert {s} into {dest}[{xr}, {col}] : {dest_t}")
+        return dest
+
+    def row(self, row: str, dest: str, dest_t: str, col: str) -> str:
+        """All rows of x against row ``row`` of W, in tiles of ``m_tile``."""
+        em, g = self.em, self.g
+        mt = max(1, min(self.s.m_tile, g.m))
+        full, rest = divmod(g.m, mt)
+        if full == 1:
+            dest = self.tile(row, self.c(0), mt, dest, dest_t, col)
+        elif full > 1:
+            t, acc, res = em.fresh("t"), em.fresh("d"), em.fresh("ml")
+            em.line(f"{res} = scf.for {t} = {self.c(0)} to {self.c(full)} step {self.c(1)} "
+                    f"iter_args({acc} = {dest}) -> ({dest_t}) {{")
+            em.depth += 1
+            m0 = self.mul(t, mt)
+            em.line(f"scf.yield {self.tile(row, m0, mt, acc, dest_t, col)} : {dest_t}")
+            em.depth -= 1
+            em.line("}")
+            dest = res
+        if rest:
+            dest = self.tile(row, self.c(full * mt), rest, dest, dest_t, col)
+        return dest
+
+    def emit(self) -> str:
+        em, g = self.em, self.g
+        out_t = f"tensor<{g.m}x{g.n}xf32>"
+        init = em.op(f"tensor.empty() : {out_t}", "e")
+        n, res = em.fresh("n"), em.fresh("gemv")
+        if self.s.cores > 1 and g.n > 1 and g.weight_bytes >= self.s.parallel_min_bytes:
+            o = em.fresh("o")
+            em.line(f"{res} = scf.forall ({n}) in ({g.n}) shared_outs({o} = {init}) -> "
+                    f"({out_t}) {{")
+            em.depth += 1
+            col_t = f"tensor<{g.m}x1xf32>"
+            sl = em.op(f"tensor.extract_slice {o}[0, {n}] [{g.m}, 1] [1, 1] : {out_t} to "
+                       f"{col_t}")
+            sl = self.row(n, sl, col_t, self.c(0))
+            em.line("scf.forall.in_parallel {")
+            em.line(f"  tensor.parallel_insert_slice {sl} into {o}[0, {n}] [{g.m}, 1] [1, 1] : "
+                    f"{col_t} into {out_t}")
+            em.line("}")
+            em.depth -= 1
+            em.line("}")
+        else:
+            o = em.fresh("o")
+            em.line(f"{res} = scf.for {n} = {self.c(0)} to {self.c(g.n)} step {self.c(1)} "
+                    f"iter_args({o} = {init}) -> ({out_t}) {{")
+            em.depth += 1
+            em.line(f"scf.yield {self.row(n, o, out_t, n)} : {out_t}")
+            em.depth -= 1
+            em.line("}")
+        return res
+
+
+def emit(em: Emitter, g: Gemv, strategy: Strategy) -> str:
+    """Emit the kernel; returns the SSA name of its ``tensor<MxNxf32>`` result."""
+    return _K(em, g, strategy).emit()
+
+
+__all__ = ["Gemv", "PACKED", "emit", "match"]
