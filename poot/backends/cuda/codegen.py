@@ -1,0 +1,138 @@
+"""CUDA code generation: the shared GPU plan (:mod:`poot.backends.gpu.plan`) lowered through
+NVVM to PTX for sm_90 (bare-pointer kernel ABI), packaged as a
+:class:`~poot.backends.cuda.artifact.CudaArtifact`.
+
+    artifact = compile_cuda(graph, target, options)   # what compile()'s _codegen calls
+    artifact = compile_program(program)               # from a Program compiled to dispatches
+
+The target-specific part is only :data:`NVVM_PIPELINE` and :func:`ptx_text`.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+from mlir import ir
+from mlir.dialects import gpu as gpu_d
+from mlir.passmanager import PassManager
+
+from poot.backends.cuda.artifact import CudaArtifact
+from poot.backends.gpu.plan import plan_program
+from poot.errors import PootError
+
+
+class CudaCodegenError(PootError):
+    """PTX generation or validation failed."""
+
+
+@functools.cache
+def libdevice() -> str | None:
+    """libdevice.10.bc of a local CUDA toolkit (math functions: expf, logf, ...)."""
+    for pat in (os.environ.get("POOT_LIBDEVICE", ""),
+                "/usr/local/cuda*/nvvm/libdevice/libdevice.10.bc",
+                "/usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc"):
+        if pat:
+            hits = sorted(glob.glob(pat))
+            if hits:
+                return hits[-1]
+    return None
+
+
+def nvvm_pipeline(chip: str = "sm_90", features: str = "+ptx80", opt: int = 3) -> str:
+    link = f" l={libdevice()}" if libdevice() else ""
+    return (
+        "builtin.module("
+        "convert-vector-to-scf,convert-scf-to-cf,convert-nvvm-to-llvm,"
+        "expand-strided-metadata,"
+        f"nvvm-attach-target{{chip={chip} features={features} O={opt}{link}}},"
+        "lower-affine,arith-expand{include-bf16=true},convert-arith-to-llvm,"
+        "convert-index-to-llvm{index-bitwidth=64},canonicalize,cse,"
+        "gpu.module(convert-gpu-to-nvvm{index-bitwidth=64 use-bare-ptr-memref-call-conv=true},"
+        "canonicalize,cse,reconcile-unrealized-casts),"
+        "reconcile-unrealized-casts,gpu-module-to-binary{format=isa})"
+    )
+
+
+def ptx_text(module: ir.Module, chip: str = "sm_90") -> str:
+    """Lower every ``gpu.module`` of ``module`` (in place) and return the PTX text."""
+    with module.context:
+        PassManager.parse(nvvm_pipeline(chip)).run(module.operation)
+        out = []
+        for op in module.body.operations:
+            if op.operation.name == "gpu.binary":
+                for a in ir.ArrayAttr(op.operation.attributes["objects"]):
+                    obj = gpu_d.ObjectAttr(a).object
+                    out.append(obj.decode() if isinstance(obj, bytes) else str(obj))
+    if len(out) != 1:
+        raise CudaCodegenError(f"expected one PTX object, got {len(out)}")
+    return out[0].rstrip("\x00")
+
+
+def ptxas_check(ptx: str, arch: str = "sm_90") -> str | None:
+    """Assemble ``ptx`` with ``ptxas`` when one is installed; None if there is no ptxas.
+    Raises :class:`CudaCodegenError` with ptxas's message when it rejects the PTX."""
+    exe = shutil.which("ptxas")
+    if exe is None:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        r = subprocess.run([exe, f"-arch={arch}", src, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise CudaCodegenError(f"ptxas rejected the PTX: {r.stderr[-2000:]}")
+    return exe
+
+
+def compile_program(program, chip: str = "sm_90") -> CudaArtifact:
+    """Kernels + launch plan of a compiled :class:`~poot.compiler.Program` as an artifact."""
+    caps = program.target.caps
+    t0 = time.perf_counter()
+    plan = plan_program(program, caps)
+    t1 = time.perf_counter()
+    ptx = ptx_text(plan.module, chip)
+    t2 = time.perf_counter()
+    p = {"entry": plan.entry, "target": {"arch": chip, "subgroup_size": caps.subgroup_size or 32},
+         "kernels": plan.kernels, "buffers": plan.buffers, "launches": plan.launches,
+         "dispatches": plan.dispatches, "inputs": plan.inputs, "params": plan.params,
+         "outputs": plan.outputs}
+    meta = {"plan_s": round(t1 - t0, 3), "ptx_s": round(t2 - t1, 3),
+            "strategies": plan.strategies, "dispatch_kinds": dict(program.dispatches)}
+    return CudaArtifact(p, ptx, meta)
+
+
+def compile_cuda(graph, target, options=None) -> CudaArtifact:
+    """``compile()``'s code generator for ``target.backend == "cuda"``: ``graph`` is the
+    optimized, dispatch-outlined graph that ``compile`` built."""
+    from poot.compiler.compile import Program
+
+    prog = Program(graph, target, "", {}, 0, _storage_of(graph), {})
+    return compile_program(prog)
+
+
+def _storage_of(graph):
+    from poot.compiler.planning import plan_storage
+
+    return plan_storage(graph.func, graph.inputs, graph.outputs, graph.params)
+
+
+def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):
+    """The sm_90 target: f32/f16/bf16 storage, f32 compute, every packed decoder."""
+    from poot.compiler.target import Capabilities, Target
+    from poot.dialects.lowering.packed import DECODERS
+
+    return Target("cuda", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
+                                       subgroup_size=subgroup_size,
+                                       max_shared_bytes=max_shared_bytes,
+                                       features=frozenset({"sm_90"})))
+
+
+__all__ = ["CudaCodegenError", "compile_cuda", "compile_program", "cuda_target",
+           "nvvm_pipeline", "ptx_text", "ptxas_check"]

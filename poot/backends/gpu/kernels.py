@@ -1,0 +1,486 @@
+"""Kernel generation for one dispatch region, shared by every gpu-dialect backend.
+
+    launches = build_dispatch(linalg_text, caps)    # -> DispatchKernels (module + launch plan)
+
+A dispatch function (``poot-fuse-dispatch``'s ``@<fn>_dispatch_N``, lowered to linalg on
+tensors by :func:`poot.dialects.lowering.function.lower_function`) becomes a sequence of GPU
+kernels:
+
+1. elementwise fusion on tensors, then one-shot bufferization over the function boundary
+   (identity layouts, every argument read-only, results as caller-allocated out-parameters);
+   no deallocation: every temporary ``memref.alloc`` is hoisted into a *scratch* argument the
+   runtime allocates once;
+2. whole-buffer ``memref.copy`` ops become device-to-device copies of the plan; others become
+   ``linalg.copy``;
+3. ``convert-linalg-to-parallel-loops`` (reduction dims stay serial ``scf.for`` per thread),
+   ``fold-memref-alias-ops`` (loads and stores through views index the base buffers);
+4. each top-level ``scf.parallel`` is linearized into a 2-level nest over (blocks, threads)
+   with a bounds guard, its block size chosen from the iteration count and the target's
+   subgroup size; any other top-level op with effects (serial loops, e.g. a scatter's loop
+   over the batch) becomes a one-thread kernel; ``gpu-map-parallel-loops``,
+   ``convert-parallel-loops-to-gpu``, ``gpu-launch-sink-index-computations``,
+   ``gpu-kernel-outlining``;
+5. the host function is read back as a launch plan (kernel, grid, block, argument slots) and
+   erased: what remains is ``gpu.module``s, ready for a target's lowering (NVVM, SPIR-V,
+   ROCDL) in :mod:`poot.backends.cuda.codegen` and its siblings.
+
+Argument slots of a dispatch: ``("arg", i)`` the dispatch function's i-th argument,
+``("out", j)`` its j-th result, ``("scratch", k)`` its k-th temporary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlir import ir
+from mlir.dialects import arith, scf
+from mlir.passmanager import PassManager
+
+from poot.errors import PootError
+
+FUSE = ("linalg-generalize-named-ops,linalg-fuse-elementwise-ops,canonicalize,cse")
+
+BUFFERIZE = (
+    "eliminate-empty-tensors,"
+    "empty-tensor-to-alloc-tensor,"
+    "one-shot-bufferize{bufferize-function-boundaries "
+    "function-boundary-type-conversion=identity-layout-map},"
+    "buffer-results-to-out-params{modify-public-functions=true},"
+    "canonicalize,"
+    "func.func(buffer-hoisting,buffer-loop-hoisting),"
+    "convert-bufferization-to-memref"
+)
+
+TO_LOOPS = ("func.func(convert-linalg-to-parallel-loops),fold-memref-alias-ops,"
+            "canonicalize,cse")
+
+TO_GPU = ("func.func(gpu-map-parallel-loops),func.func(convert-parallel-loops-to-gpu),"
+          "gpu-launch-sink-index-computations,gpu-kernel-outlining,canonicalize")
+
+
+class GpuCodegenError(PootError):
+    """A dispatch region the GPU kernel generator cannot map."""
+
+
+@dataclass
+class Launch:
+    """One step of a dispatch: a kernel launch or a device-to-device copy.
+
+    ``kind`` is ``"kernel"`` (``module``/``kernel`` name the outlined ``gpu.func``) or
+    ``"copy"`` (``args`` = [src, dst], ``nbytes``)."""
+
+    kind: str
+    args: list[tuple[str, int]]
+    module: str = ""
+    kernel: str = ""
+    grid: tuple[int, int, int] = (1, 1, 1)
+    block: tuple[int, int, int] = (1, 1, 1)
+    nbytes: int = 0
+    strategy: str = "naive"
+
+
+@dataclass
+class DispatchKernels:
+    """A dispatch function compiled to gpu.modules plus the launches that run it."""
+
+    module: ir.Module
+    launches: list[Launch]
+    arg_types: list[str]
+    out_types: list[str]
+    scratch: list[tuple[str, int]] = field(default_factory=list)   # (type, nbytes)
+    consts: list[tuple[str, int, bytes]] = field(default_factory=list)  # (type, nbytes, data)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def memref_nbytes(t: ir.Type) -> int:
+    m = ir.MemRefType(t)
+    n = 1
+    for s in m.shape:
+        n *= s
+    w = m.element_type.width if hasattr(m.element_type, "width") else None
+    if w is None:
+        et = str(m.element_type)
+        w = {"f32": 32, "f16": 16, "bf16": 16, "f64": 64, "index": 64}.get(et, 32)
+    return n * max(8, w) // 8
+
+
+def _global_bytes(g: ir.Operation, t: ir.Type) -> bytes:
+    """The initial contents of a constant ``memref.global`` as raw little-endian bytes."""
+    import numpy as np
+
+    attr = ir.DenseElementsAttr(g.attributes["initial_value"])
+    m = ir.MemRefType(t)
+    et = str(m.element_type)
+    np_t = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64,
+            "i8": np.int8, "i16": np.int16, "f16": np.float16, "i1": np.bool_}.get(et)
+    shape = tuple(m.shape)
+    if attr.is_splat:
+        sv = attr.get_splat_value()
+        val = sv.value if hasattr(sv, "value") else sv
+        if et == "bf16":
+            import ml_dtypes
+            return np.full(shape, float(val), ml_dtypes.bfloat16).tobytes()
+        return np.full(shape, val, np_t).tobytes()
+    if et == "bf16" or np_t is None:
+        raise GpuCodegenError(f"a constant of {et} elements")
+    return np.asarray(np.array(attr), np_t).reshape(shape).tobytes()
+
+
+def _const_index(v: ir.Value) -> int | None:
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        return None
+    op = owner.operation if hasattr(owner, "operation") else owner
+    if op.name == "arith.constant":
+        return ir.IntegerAttr(op.attributes["value"]).value
+    return None
+
+
+def _base(v: ir.Value) -> ir.Value:
+    """The buffer under a chain of contiguous reshapes (expand/collapse), else ``v``."""
+    while True:
+        owner = v.owner
+        if isinstance(owner, ir.Block):
+            return v
+        op = owner.operation if hasattr(owner, "operation") else owner
+        if op.name in ("memref.expand_shape", "memref.collapse_shape", "memref.cast"):
+            v = op.operands[0]
+            continue
+        return v
+
+
+def _top_ops(fn: ir.Operation) -> list[ir.Operation]:
+    return [o.operation for o in fn.regions[0].blocks[0].operations]
+
+
+def _parallel_op(lbs, ubs, steps) -> tuple[ir.Operation, ir.Block]:
+    op = scf.ParallelOp([], lbs, ubs, steps, [])
+    idx = ir.IndexType.get()
+    blk = op.operation.regions[0].blocks.append(*([idx] * len(lbs)))
+    with ir.InsertionPoint(blk):
+        scf.ReduceOp([], 0)
+    return op.operation, blk
+
+
+def _cidx(n: int) -> ir.Value:
+    return arith.ConstantOp(ir.IndexType.get(), n).result
+
+
+def block_size(n: int, caps) -> int:
+    """Threads per block for ``n`` independent work items: whole subgroups, at most 256."""
+    sg = getattr(caps, "subgroup_size", None) or 32
+    t = 256
+    while t > sg and t >= 2 * n:
+        t //= 2
+    return max(sg, t) if n > 1 else 1
+
+
+def _linearize(par: ir.Operation, caps) -> None:
+    """Replace a top-level ``scf.parallel`` (static bounds) by a (blocks, threads) nest over
+    its linearized iteration space with a bounds guard."""
+    nd = len(par.regions[0].blocks[0].arguments)
+    lbs, ubs, steps = (list(par.operands[i * nd:(i + 1) * nd]) for i in range(3))
+    lb = [_const_index(v) for v in lbs]
+    ub = [_const_index(v) for v in ubs]
+    st = [_const_index(v) for v in steps]
+    if None in lb or None in ub or None in st:
+        raise GpuCodegenError("a parallel loop with dynamic bounds (static shapes only)")
+    counts = [max(0, (u - l + s - 1) // s) for l, u, s in zip(lb, ub, st)]
+    n = 1
+    for c in counts:
+        n *= c
+    t = block_size(n, caps)
+    nb = max(1, (n + t - 1) // t)
+    with ir.InsertionPoint(par), par.location:
+        c0, c1 = _cidx(0), _cidx(1)
+        outer, ob = _parallel_op([c0], [_cidx(nb)], [c1])
+    with ir.InsertionPoint.at_block_begin(ob), par.location:
+        inner, ib = _parallel_op([c0], [_cidx(t)], [c1])
+    with ir.InsertionPoint.at_block_begin(ib), par.location:
+        lin = arith.AddIOp(arith.MulIOp(ob.arguments[0], _cidx(t)).result,
+                           ib.arguments[0]).result
+        cond = arith.CmpIOp(arith.CmpIPredicate.ult, lin, _cidx(n)).result
+        ifop = scf.IfOp(cond)
+    then = ifop.then_block
+    with ir.InsertionPoint(then), par.location:
+        ivs = []
+        rem = lin
+        for d in reversed(range(nd)):
+            if d == 0:
+                q = rem
+            else:
+                q = arith.RemUIOp(rem, _cidx(counts[d])).result
+                rem = arith.DivUIOp(rem, _cidx(counts[d])).result
+            iv = arith.AddIOp(arith.MulIOp(q, _cidx(st[d])).result, _cidx(lb[d])).result
+            ivs.append(iv)
+        ivs.reverse()
+        yield_op = scf.YieldOp([])
+    body = par.regions[0].blocks[0]
+    for arg, iv in zip(body.arguments, ivs):
+        arg.replace_all_uses_with(iv)
+    for op in list(body.operations):
+        op = op.operation
+        if op.name == "scf.reduce":
+            continue
+        op.move_before(yield_op.operation)
+    par.erase()
+
+
+def _wrap_serial(op: ir.Operation) -> None:
+    """Wrap a top-level op with effects (a serial loop) in a one-block, one-thread nest."""
+    with ir.InsertionPoint(op), op.location:
+        c0, c1 = _cidx(0), _cidx(1)
+        outer, ob = _parallel_op([c0], [c1], [c1])
+    with ir.InsertionPoint.at_block_begin(ob), op.location:
+        inner, ib = _parallel_op([c0], [c1], [c1])
+    term = list(ib.operations)[-1].operation
+    op.move_before(term)
+    # nested scf.parallel stay serial inside the thread (scf-to-cf lowers them as loops)
+    def strip(o):
+        o = o.operation
+        if o.name == "scf.parallel" and "mapping" in o.attributes:
+            del o.attributes["mapping"]
+        return ir.WalkResult.ADVANCE
+    op.walk(strip)
+
+
+def _sinkable(op: ir.Operation) -> bool:
+    """A top-level op without regions or writes that a kernel can recompute (scalar
+    arithmetic, loads, views)."""
+    if len(op.regions) or not len(op.results) or op.name in _PURE_TOP - _VIEWS:
+        return False
+    d = op.name.split(".")[0]
+    return d in ("arith", "math", "index", "affine") or op.name in (
+        "memref.load", "memref.dim") or op.name in _VIEWS
+
+
+def _sink_into(par: ir.Operation, fn_block: ir.Block) -> None:
+    """Clone into ``par``'s body every top-level sinkable op it (transitively) uses, so no
+    scalar computed on the host crosses into a kernel."""
+    top = {}
+    for o in fn_block.operations:
+        o = o.operation
+        if _sinkable(o) and o.name != "arith.constant":
+            for r in o.results:
+                top[r] = o
+    needed: list[ir.Operation] = []
+    seen = set()
+
+    def visit_value(v):
+        o = top.get(v)
+        if o is None or id(o) in seen:
+            return
+        for x in o.operands:
+            visit_value(x)
+        if id(o) not in seen:
+            seen.add(id(o))
+            needed.append(o)
+
+    inner = []
+
+    def collect(o):
+        inner.append(o.operation)
+        return ir.WalkResult.ADVANCE
+    par.walk(collect)
+    for o in inner:
+        for v in o.operands:
+            visit_value(v)
+    if not needed:
+        return
+    # keep the ops in their original program order
+    order = {}
+    for i, o in enumerate(fn_block.operations):
+        order[o.operation] = i
+    needed.sort(key=lambda o: order.get(o, 0))
+    body = par.regions[0].blocks[0]
+    first = list(body.operations)[0].operation
+    mapping = {}
+    for o in needed:
+        c = o.clone(ip=ir.InsertionPoint(first))
+        for i, v in enumerate(c.operands):
+            if v in mapping:
+                c.operands[i] = mapping[v]
+        for r_old, r_new in zip(o.results, c.results):
+            mapping[r_old] = r_new
+    for o in inner:
+        if o == par:
+            continue
+        for i, v in enumerate(o.operands):
+            if v in mapping:
+                o.operands[i] = mapping[v]
+
+
+_VIEWS = {"memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.subview",
+          "memref.reinterpret_cast"}
+
+_PURE_TOP = {"arith.constant", "memref.alloc", "memref.expand_shape", "memref.collapse_shape",
+             "memref.cast", "memref.subview", "memref.reinterpret_cast", "func.return",
+             "memref.dealloc", "memref.get_global"}
+
+
+# ---- the generator ---------------------------------------------------------------------------
+
+def build_dispatch(text: str, caps, context: ir.Context | None = None) -> DispatchKernels:
+    """Compile one dispatch function (linalg on tensors, as text) to gpu.modules + launches."""
+    ctx = context or ir.Context()
+    ctx.allow_unregistered_dialects = True
+    with ctx, ir.Location.unknown():
+        module = ir.Module.parse(text)
+        fn = next(o.operation for o in module.body.operations
+                  if o.operation.name == "func.func")
+        if "sym_visibility" in fn.attributes:
+            del fn.attributes["sym_visibility"]
+        n_args = len(fn.regions[0].blocks[0].arguments)
+        fn.attributes["arg_attrs"] = ir.ArrayAttr.get(
+            [ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)})] * n_args)
+        for k in ("res_attrs",):
+            if k in fn.attributes:
+                del fn.attributes[k]
+        n_outs = len(ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results)
+        PassManager.parse(f"builtin.module({FUSE},{BUFFERIZE})").run(module.operation)
+        block = fn.regions[0].blocks[0]
+        arg_types = [str(a.type) for a in list(block.arguments)[:n_args]]
+        out_types = [str(a.type) for a in list(block.arguments)[n_args:]]
+        if len(out_types) != n_outs:
+            raise GpuCodegenError("results were not all turned into out-parameters")
+
+        # temporaries -> scratch arguments
+        scratch = []
+        for op in _top_ops(fn):
+            if op.name == "memref.alloc":
+                if len(op.operands):
+                    raise GpuCodegenError("a dynamically sized temporary")
+                t = op.results[0].type
+                arg = block.add_argument(t, op.location)
+                op.results[0].replace_all_uses_with(arg)
+                scratch.append((str(t), memref_nbytes(t)))
+                op.erase()
+            elif op.name == "memref.dealloc":
+                op.erase()
+
+        def nested_alloc(o):
+            if o.operation.name in ("memref.alloc", "memref.alloca"):
+                raise GpuCodegenError("a temporary allocated inside a loop")
+            return ir.WalkResult.ADVANCE
+        fn.walk(nested_alloc)
+
+        args = list(block.arguments)
+
+        globals_ = {ir.StringAttr(o.operation.attributes["sym_name"]).value: o.operation
+                    for o in module.body.operations if o.operation.name == "memref.global"}
+        consts: list[tuple[str, int, bytes]] = []
+        const_ids: dict[str, int] = {}
+
+        def slot(v: ir.Value):
+            v = _base(v)
+            owner = v.owner
+            if not isinstance(owner, ir.Block) and owner.operation.name == "memref.get_global":
+                name = ir.FlatSymbolRefAttr(owner.operation.attributes["name"]).value
+                if name not in const_ids:
+                    const_ids[name] = len(consts)
+                    consts.append((str(v.type), memref_nbytes(v.type),
+                                   _global_bytes(globals_[name], v.type)))
+                return ("const", const_ids[name])
+            for i, a in enumerate(args):
+                if a == v:
+                    if i < n_args:
+                        return ("arg", i)
+                    if i < n_args + n_outs:
+                        return ("out", i - n_args)
+                    return ("scratch", i - n_args - n_outs)
+            return None
+
+        # whole-buffer copies -> plan copies (marked), others -> linalg.copy
+        copies: dict[int, tuple] = {}
+        for op in _top_ops(fn):
+            if op.name != "memref.copy":
+                continue
+            s, d = slot(op.operands[0]), slot(op.operands[1])
+            if s is not None and d is not None and \
+                    memref_nbytes(op.operands[0].type) == memref_nbytes(args[_flat(d, n_args, n_outs)].type):
+                mark = len(copies)
+                copies[mark] = (s, d, memref_nbytes(op.operands[0].type))
+                with ir.InsertionPoint(op):
+                    m = ir.Operation.create("poot.copy_mark", attributes={
+                        "id": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), mark)})
+                op.erase()
+            else:
+                from mlir.dialects import linalg
+                with ir.InsertionPoint(op):
+                    linalg.copy(op.operands[0], outs=[op.operands[1]])
+                op.erase()
+        fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            [a.type for a in block.arguments], []))
+        PassManager.parse(f"builtin.module({TO_LOOPS})").run(module.operation)
+        for op in _top_ops(fn):
+            if op.name in _PURE_TOP or op.name in ("scf.parallel", "poot.copy_mark") \
+                    or _sinkable(op):
+                continue
+            _wrap_serial(op)
+        for op in _top_ops(fn):
+            if op.name == "scf.parallel":
+                _sink_into(op, block)
+        for op in reversed(_top_ops(fn)):
+            if _sinkable(op) and all(not list(r.uses) for r in op.results):
+                op.erase()
+        for op in _top_ops(fn):
+            if op.name == "scf.parallel":
+                _linearize(op, caps)
+            elif not (op.name in _PURE_TOP or op.name == "poot.copy_mark"):
+                raise GpuCodegenError(f"host op {op.name} would stay on the host")
+        PassManager.parse(f"builtin.module({TO_GPU})").run(module.operation)
+
+        launches: list[Launch] = []
+        for op in _top_ops(fn):
+            if op.name == "gpu.launch_func":
+                kref = ir.SymbolRefAttr(op.attributes["kernel"])
+                mod_name, kname = kref.value[0], kref.value[1]
+                ops = list(op.operands)
+                # operands: [asyncDeps..., gridXYZ, blockXYZ, (clusterXYZ), dynSmem?, args...]
+                nk = len(ops)
+                sizes = [_const_index(v) for v in ops[:6]]
+                kargs = ops[6:]
+                if "operandSegmentSizes" in op.attributes:
+                    seg = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+                    # asyncDeps, grid xyz, block xyz, cluster xyz, dynamic smem, args, object
+                    if seg[0] or any(seg[7:11]):
+                        raise GpuCodegenError("a launch with async deps, clusters or "
+                                              "dynamic shared memory")
+                    pos, parts = 0, []
+                    for s_ in seg:
+                        parts.append(ops[pos:pos + s_])
+                        pos += s_
+                    sizes = [_const_index(v) for v in sum(parts[1:7], [])]
+                    kargs = parts[11]
+                if None in sizes:
+                    raise GpuCodegenError("a launch with dynamic grid/block sizes")
+                slots = []
+                for v in kargs:
+                    s_ = slot(v)
+                    if s_ is None:
+                        raise GpuCodegenError(f"kernel {kname}: argument {v.type} is not a "
+                                              "buffer of the dispatch")
+                    slots.append(s_)
+                launches.append(Launch("kernel", slots, mod_name, kname,
+                                       tuple(sizes[:3]), tuple(sizes[3:6])))
+            elif op.name == "poot.copy_mark":
+                s, d, nb = copies[ir.IntegerAttr(op.attributes["id"]).value]
+                launches.append(Launch("copy", [s, d], nbytes=nb))
+            elif op.name in _PURE_TOP:
+                continue
+            else:
+                raise GpuCodegenError(f"host op {op.name} left after kernel outlining")
+        fn.erase()
+        for g in globals_.values():
+            g.erase()
+        return DispatchKernels(module, launches, arg_types, out_types, scratch, consts)
+
+
+def _flat(s, n_args, n_outs) -> int:
+    k, i = s
+    return i if k == "arg" else n_args + i if k == "out" else n_args + n_outs + i
+
+
+__all__ = ["DispatchKernels", "GpuCodegenError", "Launch", "block_size", "build_dispatch",
+           "memref_nbytes"]

@@ -1,0 +1,245 @@
+"""The step-level launch plan of a GPU program, shared by every gpu-dialect backend.
+
+:func:`plan_program` walks a compiled :class:`~poot.compiler.Program`'s step function (the
+``func.call`` of each outlined dispatch region, in step order), compiles each *distinct*
+dispatch body once (:func:`poot.backends.gpu.kernels.build_dispatch`; identical layers share
+kernels), and assigns a device buffer to every value: step inputs, weights (by name), outputs,
+one buffer per intermediate value, per-dispatch scratch and constants (shared by the calls of
+one distinct dispatch, which run one after another).
+
+In-place state: an output that ``Program.storage`` says aliases an input (a KV cache written
+by a scatter) reuses that input's buffer when the input's only use is the producing call;
+otherwise the output gets its own buffer and the plan ends with a copy back.
+
+The result is a :class:`GpuPlan` whose ``module`` holds every kernel (``gpu.module``s, ready
+for a target lowering) and whose JSON-able fields are everything a runtime needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+
+from mlir import ir
+
+from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError, build_dispatch
+from poot.dialects.lowering.function import lower_function
+from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
+
+
+def host_spec(t) -> dict:
+    """How a runtime holds a value of poot type ``t``: numpy dtype name, shape, bytes.
+    Packed weights are uint8 bytes; bf16/f16 as uint16 words; i1 as one byte."""
+    if isinstance(t, PackedType):
+        return {"dtype": "uint8", "shape": [t.nbytes], "nbytes": t.nbytes,
+                "poot": f"packed:{t.format.name}:{list(t.shape)}"}
+    assert isinstance(t, TensorType)
+    if t.dtype in (DType.BF16, DType.F16):
+        dt = "uint16"
+    elif t.dtype == DType.I1:
+        dt = "uint8"
+    else:
+        dt = str(t.dtype.numpy)
+    import numpy as np
+
+    n = 1
+    for s in t.shape:
+        n *= s
+    return {"dtype": dt, "shape": list(t.shape), "nbytes": n * np.dtype(dt).itemsize,
+            "poot": str(t.dtype.value)}
+
+
+@dataclass
+class GpuPlan:
+    """See the module doc. ``buffers[i]``: ``{"role", "name", "nbytes", ...}``; ``launches``:
+    ``{"op": "kernel", "kernel", "grid", "block", "args"}`` or ``{"op": "copy", "src", "dst",
+    "nbytes"}``; ``dispatches``: per call ``{"callee", "kind", "args", "outs", "first",
+    "count"}`` (its launches are ``launches[first:first + count]``)."""
+
+    entry: str
+    module: ir.Module
+    kernels: list[str]
+    buffers: list[dict]
+    launches: list[dict]
+    dispatches: list[dict]
+    inputs: list[dict]
+    params: list[dict]
+    outputs: list[dict]
+    strategies: dict[str, int] = field(default_factory=dict)
+
+
+def _fn_name(op) -> str:
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def plan_program(program, caps, rename=None) -> GpuPlan:
+    """Plan ``program`` (a :class:`~poot.compiler.Program`) for a GPU target of ``caps``."""
+    g = program.graph
+    funcs = {_fn_name(o.operation): o.operation for o in g.module.body.operations
+             if o.operation.name == "func.func"}
+    step = g.func
+    block = step.regions[0].blocks[0]
+    kctx = ir.Context()
+    kctx.allow_unregistered_dialects = True
+    with kctx, ir.Location.unknown():
+        kmodule = ir.Module.create()
+        kmodule.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
+    kernels: list[str] = []
+    compiled: dict[str, tuple[DispatchKernels, dict]] = {}
+
+    buffers: list[dict] = []
+
+    def new_buffer(role, name, spec, **extra) -> int:
+        buffers.append({"id": len(buffers), "role": role, "name": name, **spec, **extra})
+        return len(buffers) - 1
+
+    value_buf: dict = {}
+    inputs, params, outputs = [], [], []
+    for (name, t), arg in zip(g.inputs, block.arguments):
+        b = new_buffer("input", name, host_spec(t))
+        value_buf[arg] = b
+        inputs.append({"name": name, "buffer": b, **host_spec(t)})
+    param_buf: dict[str, int] = {}
+    aliases = {b.name: b.aliases for b in program.storage if b.role == "output" and b.aliases}
+    ret = list(block.operations)[-1].operation
+    out_names = [n for n, _ in g.outputs]
+    returned = {}
+    for i, v in enumerate(ret.operands):
+        returned.setdefault(v, []).append(i)
+    in_arg = {name: arg for (name, _), arg in zip(g.inputs, block.arguments)}
+
+    launches: list[dict] = []
+    dispatches: list[dict] = []
+    strategies: dict[str, int] = {}
+    for op in block.operations:
+        op = op.operation
+        if op.name in ("poot.param", "poot.packed_param"):
+            pname = ir.StringAttr(op.attributes["name"]).value
+            if pname not in param_buf:
+                t = g.params[pname]
+                param_buf[pname] = new_buffer("param", pname, host_spec(t))
+                params.append({"name": pname, "buffer": param_buf[pname], **host_spec(t)})
+            value_buf[op.results[0]] = param_buf[pname]
+            continue
+        if op.name == "func.return":
+            break
+        if op.name != "func.call":
+            raise GpuCodegenError(f"the step function holds '{op.name}' outside any dispatch "
+                                  "region")
+        callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+        fn = funcs[callee]
+        with g.context, ir.Location.unknown():
+            text = lower_function(fn)
+        key = hashlib.sha1(text.replace(f"@{callee}(", "@dispatch(").encode()).hexdigest()[:16]
+        if key not in compiled:
+            with kctx, ir.Location.unknown():
+                dk = build_dispatch(text.replace(f"@{callee}(", f"@d_{key}("), caps, kctx)
+                names = _merge_kernels(dk, kmodule, kernels, key)
+            scratch = [new_buffer("scratch", f"d_{key}.scratch{i}", {"nbytes": nb, "type": t})
+                       for i, (t, nb) in enumerate(dk.scratch)]
+            consts = [new_buffer("const", f"d_{key}.const{i}",
+                                 {"nbytes": nb, "type": t,
+                                  "data": base64.b64encode(data).decode()})
+                      for i, (t, nb, data) in enumerate(dk.consts)]
+            compiled[key] = (dk, {"kernels": names, "scratch": scratch, "consts": consts})
+        dk, info = compiled[key]
+        arg_bufs = [value_buf[v] for v in op.operands]
+        out_bufs = []
+        for r in op.results:
+            b = None
+            for i in returned.get(r, []):
+                inp = aliases.get(out_names[i])
+                if inp is not None and inp in in_arg:
+                    a = in_arg[inp]
+                    uses = list(a.uses)
+                    if len(uses) == 1 and uses[0].owner == op and a in list(op.operands):
+                        b = value_buf[a]
+            if b is None:
+                b = new_buffer("value", f"{callee}.out{len(out_bufs)}",
+                               host_spec(type_from_mlir(r.type)))
+            value_buf[r] = b
+            out_bufs.append(b)
+        first = len(launches)
+        for L in dk.launches:
+            def buf(s):
+                k, i = s
+                return {"arg": arg_bufs, "out": out_bufs, "scratch": info["scratch"],
+                        "const": info["consts"]}[k][i]
+            if L.kind == "copy":
+                launches.append({"op": "copy", "src": buf(L.args[0]), "dst": buf(L.args[1]),
+                                 "nbytes": L.nbytes})
+            else:
+                launches.append({"op": "kernel", "kernel": info["kernels"][(L.module, L.kernel)],
+                                 "grid": list(L.grid), "block": list(L.block),
+                                 "args": [buf(s) for s in L.args], "strategy": L.strategy})
+                strategies[L.strategy] = strategies.get(L.strategy, 0) + 1
+        kind = "?"
+        if "poot.dispatch" in fn.attributes:
+            d = ir.DictAttr(fn.attributes["poot.dispatch"])
+            kind = ir.StringAttr(d["kind"]).value if "kind" in d else "?"
+        dispatches.append({"callee": callee, "kind": kind, "key": key, "args": arg_bufs,
+                           "outs": out_bufs, "first": first, "count": len(launches) - first})
+    # outputs: name them; copies where a returned value's buffer is not its own
+    seen_out: set[int] = set()
+    for i, v in enumerate(ret.operands):
+        name = out_names[i]
+        b = value_buf[v]
+        if b in seen_out or buffers[b]["role"] in ("input", "param"):
+            if aliases.get(name) and buffers[b]["role"] == "input" and \
+                    buffers[b]["name"] == aliases[name]:
+                pass                      # written in place: the input's buffer is the output
+            else:
+                nb = new_buffer("output", name, {k: buffers[b][k] for k in
+                                                 ("dtype", "shape", "nbytes", "poot")})
+                launches.append({"op": "copy", "src": b, "dst": nb,
+                                 "nbytes": buffers[b]["nbytes"]})
+                b = nb
+        elif buffers[b]["role"] == "value":
+            buffers[b]["role"], buffers[b]["name"] = "output", name
+        seen_out.add(b)
+        outputs.append({"name": name, "buffer": b, "aliases": aliases.get(name),
+                        **{k: buffers[b][k] for k in ("dtype", "shape", "nbytes", "poot")}})
+    # carried outputs not written in place: copy back into the input at the end
+    for o in outputs:
+        if o["aliases"]:
+            ib = next(x["buffer"] for x in inputs if x["name"] == o["aliases"])
+            o["in_place"] = ib == o["buffer"]
+    return GpuPlan(g.name, kmodule, kernels, buffers, launches, dispatches, inputs, params,
+                   outputs, strategies)
+
+
+def _merge_kernels(dk: DispatchKernels, kmodule: ir.Module, kernels: list[str], key: str
+                   ) -> dict:
+    """Move the dispatch's kernels into the program's one ``gpu.module`` (unique names)."""
+    target = None
+    for o in kmodule.body.operations:
+        if o.operation.name == "gpu.module":
+            target = o.operation
+    if target is None:
+        with ir.InsertionPoint(kmodule.body):
+            target = ir.Operation.create("gpu.module", attributes={
+                "sym_name": ir.StringAttr.get("poot_kernels")}, regions=1)
+            target.regions[0].blocks.append()
+    tblock = target.regions[0].blocks[0]
+    names = {}
+    for o in list(dk.module.body.operations):
+        o = o.operation
+        if o.name != "gpu.module":
+            continue
+        mname = _fn_name(o)
+        for f in list(o.regions[0].blocks[0].operations):
+            f = f.operation
+            if f.name != "gpu.func":
+                continue
+            new = f"k{len(kernels)}_{key[:8]}"
+            old = _fn_name(f)
+            f.attributes["sym_name"] = ir.StringAttr.get(new)
+            f.detach_from_parent()
+            ir.InsertionPoint(tblock).insert(f)
+            kernels.append(new)
+            names[(mname, old)] = len(kernels) - 1
+    return names
+
+
+__all__ = ["GpuPlan", "host_spec", "plan_program"]
