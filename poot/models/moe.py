@@ -1,0 +1,115 @@
+"""Sparse mixture-of-experts families: Mixtral and Qwen3-MoE.
+
+Pre-norm decoders traced by :func:`poot.models.components.trace_decoder` whose FFN is
+:func:`poot.graph.ops.moe`: router ``linear(x, gate)`` -> softmax over all experts -> top-k
+(ties to the lowest expert) -> optionally renormalized over the selection -> weighted sum of
+SwiGLU experts (evaluated densely; a sparse lowering is the compiler's job).
+
+* **Mixtral** (``MixtralForCausalLM``): Llama attention (optional sliding window on every
+  layer), experts ``block_sparse_moe.experts.{e}.w1/w3/w2`` (gate/up/down) of width
+  ``intermediate_size``, always renormalized. Mixtral GGUF files say ``llama`` and are not
+  mapped here.
+* **Qwen3-MoE** (``Qwen3MoeForCausalLM``, GGUF ``qwen3moe``): Qwen3 attention (per-head q/k
+  RMSNorm), experts ``mlp.experts.{e}.gate_proj/up_proj/down_proj`` of width
+  ``moe_intermediate_size``, renormalized iff ``norm_topk_prob`` (llama.cpp always
+  renormalizes qwen3moe); layers in ``mlp_only_layers`` or off ``decoder_sparse_step`` keep
+  a dense MLP. GGUF stores the experts stacked (``ffn_{gate,up,down}_exps``); those names are
+  mapped but untested (no GGUF fixture).
+
+HF checkpoints store one tensor per expert; the graph declares each and stacks them (the
+stored arrays are bound as they are, no stacked copy on the host).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+from poot.models import components as C
+from poot.models.base import REGISTRY, ModelError, WeightName, WeightTable
+
+
+def _check_moe(cfg: Any, family: str, expert_ffn: int | None) -> None:
+    if cfg.num_experts <= 0 or not 1 <= cfg.experts_per_token <= cfg.num_experts:
+        raise ModelError(f"{family}: needs num_experts > 0 and 1 <= experts per token <= "
+                         f"num_experts, got {cfg.num_experts} / {cfg.experts_per_token}")
+    if not expert_ffn:
+        raise ModelError(f"{family}: the expert FFN width is missing")
+
+
+def _moe_table(o: C.DecoderOptions, hf_router: str, hf_expert: dict[str, str],
+               hf_dense: str = "model.layers.{i}.mlp.{r}_proj.weight") -> dict[str, WeightName]:
+    """FFN roles per layer (concrete layer indices: MoE and dense layers may mix). HF names:
+    ``hf_router`` and ``hf_expert[r]`` (with ``{i}``, ``{e}``); GGUF: router
+    ``ffn_gate_inp``, stacked ``ffn_{r}_exps``."""
+    t: dict[str, WeightName] = {}
+    for i in range(o.num_layers):
+        p = f"blk.{i}.ffn."
+        if not o.is_moe(i):
+            for r in ("gate", "up", "down"):
+                t[p + r] = WeightName(hf_dense.format(i=i, r=r), f"blk.{i}.ffn_{r}.weight")
+            continue
+        t[p + "router"] = WeightName(hf_router.format(i=i), f"blk.{i}.ffn_gate_inp.weight")
+        for r, name in hf_expert.items():
+            if o.source == "gguf":
+                t[p + f"exps.{r}"] = WeightName(None, f"blk.{i}.ffn_{r}_exps.weight")
+            else:
+                for e in range(o.moe.num_experts):
+                    t[p + f"exp.{e}.{r}"] = WeightName(name.format(i=i, e=e), None)
+    return t
+
+
+@REGISTRY.register
+class Mixtral(C.DecoderModel):
+    """Mixtral: Llama attention, top-k of E SwiGLU experts, renormalized."""
+
+    family: ClassVar[str] = "mixtral"
+    architectures: ClassVar[tuple[str, ...]] = ("MixtralForCausalLM",)
+
+    @classmethod
+    def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "Mixtral":
+        if cfg.source != "hf":
+            raise ModelError("mixtral: only HF checkpoints are mapped")
+        _check_moe(cfg, cls.family, cfg.intermediate_size)
+        moe = C.MoeOptions(cfg.num_experts, cfg.experts_per_token, normalize=True,
+                           expert_ffn=cfg.intermediate_size)
+        extra = cfg.extra or {}
+        return cls(C.decoder_options(cfg, cls.family, moe=moe,
+                                     act=str(extra.get("hidden_act", "silu")),
+                                     layer_windows=C.layer_windows(cfg)))
+
+    def weight_table(self) -> WeightTable:
+        blk = "model.layers.{i}.block_sparse_moe."
+        return {**C.decoder_weight_names(self.config),
+                **_moe_table(self.config, blk + "gate.weight",
+                             {"gate": blk + "experts.{e}.w1.weight",
+                              "up": blk + "experts.{e}.w3.weight",
+                              "down": blk + "experts.{e}.w2.weight"})}
+
+
+@REGISTRY.register
+class Qwen3Moe(C.DecoderModel):
+    """Qwen3-MoE: Qwen3 attention, top-k of E SwiGLU experts (norm_topk_prob)."""
+
+    family: ClassVar[str] = "qwen3_moe"
+    architectures: ClassVar[tuple[str, ...]] = ("Qwen3MoeForCausalLM", "qwen3moe")
+
+    @classmethod
+    def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "Qwen3Moe":
+        extra = cfg.extra or {}
+        _check_moe(cfg, cls.family, cfg.moe_intermediate_size)
+        step = int(extra.get("decoder_sparse_step", 1) or 1)
+        only = {int(i) for i in extra.get("mlp_only_layers", None) or ()}
+        dense = tuple(i for i in range(cfg.num_layers) if i in only or (i + 1) % step)
+        normalize = True if cfg.source == "gguf" else bool(extra.get("norm_topk_prob", False))
+        moe = C.MoeOptions(cfg.num_experts, cfg.experts_per_token, normalize=normalize,
+                           expert_ffn=cfg.moe_intermediate_size, dense_layers=dense)
+        return cls(C.decoder_options(cfg, cls.family, moe=moe, qk_norm=True,
+                                     act=str(extra.get("hidden_act", "silu")),
+                                     layer_windows=C.layer_windows(cfg)))
+
+    def weight_table(self) -> WeightTable:
+        blk = "model.layers.{i}.mlp."
+        return {**C.decoder_weight_names(self.config, attn_bias=True),
+                **_moe_table(self.config, blk + "gate.weight",
+                             {r: blk + f"experts.{{e}}.{r}_proj.weight"
+                              for r in ("gate", "up", "down")})}
