@@ -1,0 +1,74 @@
+"""Build device-check bundles (artifact + oracle fixtures + weights) for the CUDA backend.
+
+    python bench/cuda_bundle.py OUT_DIR [--models llama llama_gguf_q4_1] [--steps 4]
+
+Each bundle is OUT_DIR/<model>/ and is read by poot/backends/cuda/devcheck.py on a machine
+with a CUDA device (no MLIR needed there). Prints a JSON summary per bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "test", "fixtures", "tiny")
+
+
+def fixture_path(name: str) -> str:
+    folder = os.path.join(FIXTURES, name)
+    gguf = os.path.join(folder, "model.gguf")
+    return gguf if os.path.exists(gguf) else folder
+
+
+def build(name: str, out: str, steps: int, capacity: int = 16, path: str | None = None,
+          with_weights: bool = True) -> dict:
+    from poot.backends.cuda.codegen import compile_program, cuda_target, ptxas_check
+    from poot.backends.cuda.fixtures import write_check_bundle
+    from poot.compiler.compile import compile as compile_step
+    from poot.models import StepSpec, load_model
+
+    import poot.compiler.compile as _m  # noqa: F401
+    cmod = sys.modules["poot.compiler.compile"]
+    model, weights = load_model(path or fixture_path(name))
+    g = model.trace(StepSpec.decode(kv_capacity=capacity), weights.types)
+    t0 = time.perf_counter()
+    saved = cmod._codegen
+    cmod._codegen = lambda g_, t_, o_: None        # the CUDA artifact is made below
+    try:
+        prog = compile_step(g, cuda_target())
+    finally:
+        cmod._codegen = saved
+    art = compile_program(prog)
+    compile_s = time.perf_counter() - t0
+    ptxas = ptxas_check(art.ptx)
+    ids = [int(i) for i in np.load(os.path.join(FIXTURES, name, "reference.npz"))["prompt_ids"]] \
+        if path is None else [1, 2, 3, 4, 5, 6, 7, 8]
+    seq = [{"tokens": np.array([[ids[p % len(ids)]]], np.int32),
+            "positions": np.array([[p]], np.int32), "slots": np.array([0], np.int32)}
+           for p in range(steps)]
+    folder = os.path.join(out, name)
+    t1 = time.perf_counter()
+    write_check_bundle(folder, prog, art, weights.arrays, seq, with_weights=with_weights)
+    return {"bundle": folder, "compile_s": round(compile_s, 2),
+            "fixtures_s": round(time.perf_counter() - t1, 2), "ptxas": bool(ptxas),
+            **art.summary(), **art.meta}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--models", nargs="+", default=["llama", "llama_gguf_q4_1"])
+    ap.add_argument("--steps", type=int, default=4)
+    a = ap.parse_args()
+    for m in a.models:
+        print(json.dumps(build(m, a.out, a.steps)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The device check: every dispatch of a compiled program, and whole steps replayed from one
+CUDA graph, against the oracle's results carried as fixtures. Imports no MLIR.
+
+    python poot/backends/cuda/devcheck.py BUNDLE [--bench N] [--json OUT]
+
+``BUNDLE`` is a folder written by :func:`poot.backends.cuda.fixtures.write_check_bundle`.
+Fails (exit 1) when any result is off by more than the tolerance, or when the fixture of any
+dispatch or step is missing. This file and its two siblings (``artifact.py``, ``runtime.py``)
+are loadable on their own (no package import), for machines without MLIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+if __package__:
+    from poot.backends.cuda.artifact import CudaArtifact
+    from poot.backends.cuda.runtime import CudaDevice, StepRunner
+else:                                   # run as a file: load the siblings directly
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from artifact import CudaArtifact  # type: ignore  # noqa: E402
+    from runtime import CudaDevice, StepRunner  # type: ignore  # noqa: E402
+
+TOL = {"float32": 1e-4, "float16": 1e-2, "uint16": 2e-2}
+
+
+def compare(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
+    """(max abs diff, within tolerance): floats relative to max(1, max|want|), ints exact."""
+    got = np.asarray(got).reshape(want.shape)
+    if want.dtype.kind == "f":
+        if want.size == 0:
+            return 0.0, True
+        d = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        err = float(np.nanmax(d)) if np.isfinite(d).all() else float("inf")
+        scale = max(1.0, float(np.abs(want).max()))
+        return err, err <= TOL.get(str(want.dtype), 1e-4) * scale
+    err = float(np.abs(got.astype(np.int64) - want.astype(np.int64)).max()) if want.size else 0.
+    return err, err == 0
+
+
+def run_check(folder: str, bench: int = 0) -> dict:
+    art = CudaArtifact.load(folder)
+    fx = dict(np.load(os.path.join(folder, "fixtures.npz")))
+    wpath = os.path.join(folder, "weights.npz")
+    weights = dict(np.load(wpath)) if os.path.exists(wpath) else {}
+    dev = CudaDevice()
+    t0 = time.perf_counter()
+    runner = StepRunner(dev, art, weights)
+    report = {"device": dev.device_name, "summary": art.summary(), "meta": art.meta,
+              "load_s": round(time.perf_counter() - t0, 3), "failures": [], "missing": []}
+    plan = art.plan
+    # ---- whole steps through the CUDA graph ----------------------------------------------
+    carried = [o for o in plan["outputs"] if o.get("aliases")]
+    plain = [o["name"] for o in plan["outputs"] if not o.get("aliases")]
+    k = 0
+    steps = []
+    while f"s{k}.out.{plain[0]}" in fx if plain else False:
+        ins = {n[len(f"s{k}.in."):]: v for n, v in fx.items() if n.startswith(f"s{k}.in.")}
+        outs = runner.step(ins, read=plain)
+        for n in plain:
+            err, ok = compare(outs[n], fx[f"s{k}.out.{n}"])
+            steps.append({"step": k, "output": n, "max_abs_diff": err, "ok": ok})
+            if not ok:
+                report["failures"].append(f"step {k} output {n}: max abs diff {err:.3g}")
+        k += 1
+    if k == 0:
+        report["missing"].append("step fixtures (s0.out.*)")
+    for o in carried:
+        key = f"final.{o['name']}"
+        if key not in fx:
+            report["missing"].append(key)
+            continue
+        err, ok = compare(dev.download(runner.buffer("output", o["name"])), fx[key])
+        steps.append({"step": k - 1, "output": o["name"], "max_abs_diff": err, "ok": ok})
+        if not ok:
+            report["failures"].append(f"carried {o['name']} after {k} steps: {err:.3g}")
+    report["steps"] = steps
+    report["graph_capture_s"] = round(runner.graph_s, 4)
+    report["graph_nodes"] = runner.recording.nodes if runner.recording else 0
+    # ---- speed: replay the captured step ---------------------------------------------------
+    if bench and k:
+        ins = {n[len("s0.in."):]: v for n, v in fx.items() if n.startswith("s0.in.")}
+        read = [plain[0]] if plain else []
+        runner.step(ins, read=read)
+        t0 = time.perf_counter()
+        for _ in range(bench):
+            runner.step(ins, read=read)
+        dt = time.perf_counter() - t0
+        dev.synchronize()
+        t1 = time.perf_counter()
+        for _ in range(bench):
+            dev.replay(runner.recording)
+        dev.synchronize()
+        dt_graph = time.perf_counter() - t1
+        report["bench"] = {"steps": bench, "step_ms": 1e3 * dt / bench,
+                           "tok_per_s": bench / dt, "graph_only_ms": 1e3 * dt_graph / bench,
+                           "launches_per_step": runner.recording.nodes}
+    # ---- every dispatch on its own ---------------------------------------------------------
+    specs = {b["id"]: b for b in plan["buffers"]}
+    worst = {}
+    for i, d in enumerate(plan["dispatches"]):
+        if f"d{i}.o0" not in fx:
+            report["missing"].append(f"d{i} ({d['callee']})")
+            continue
+        args = {}
+        for j, bid in enumerate(d["args"]):
+            if specs[bid]["role"] == "param":
+                continue
+            if f"d{i}.a{j}" not in fx:
+                report["missing"].append(f"d{i}.a{j}")
+                continue
+            args[bid] = fx[f"d{i}.a{j}"]
+        outs = runner.run_dispatch(i, args)
+        for j, got in enumerate(outs):
+            want = fx.get(f"d{i}.o{j}")
+            if want is None:
+                report["missing"].append(f"d{i}.o{j}")
+                continue
+            err, ok = compare(got.view(want.dtype) if got.dtype != want.dtype and
+                              got.dtype.itemsize == want.dtype.itemsize else got, want)
+            kind = d["kind"]
+            worst[kind] = max(worst.get(kind, 0.0), err)
+            if not ok:
+                report["failures"].append(f"dispatch {i} {d['callee']} ({kind}) result {j}: "
+                                          f"max abs diff {err:.3g}")
+    report["dispatches_checked"] = len(plan["dispatches"])
+    report["max_abs_diff_by_kind"] = worst
+    report["ok"] = not report["failures"] and not report["missing"]
+    return report
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("bundles", nargs="+")
+    ap.add_argument("--bench", type=int, default=0)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    reports = {}
+    ok = True
+    for b in a.bundles:
+        try:
+            r = run_check(b, a.bench)
+        except Exception as e:  # noqa: BLE001
+            import traceback
+
+            r = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                 "trace": traceback.format_exc()[-3000:]}
+        reports[b] = r
+        ok &= bool(r.get("ok"))
+        print(json.dumps({b: {k: v for k, v in r.items() if k != "steps"}}, indent=1,
+                         default=str))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(reports, f, indent=1, default=str)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The CUDA device: runs a :class:`~poot.backends.cuda.artifact.CudaArtifact` on
+``cuda.bindings.driver``. Imports no MLIR (it runs on machines that have none).
+
+    dev = CudaDevice()
+    kernel = dev.load(artifact)            # cuModuleLoadData(PTX) once, internal buffers
+    rec = dev.record(kernel, bindings)     # the whole step captured into one CUDA graph
+    dev.replay(rec)                        # one cuGraphLaunch per step
+
+:class:`CudaDevice` follows the executor's Device protocol (:mod:`poot.executor.device`)
+structurally: ``alloc``/``upload``/``download``/``load``/``record``/``replay``/``synchronize``.
+A kernel's ``args`` are inputs, params (weights), outputs, in the artifact's order; a
+recording fixes them to buffers. Values private to the step (intermediates, scratch,
+constants) are allocated once per loaded kernel. An output that the artifact writes in place
+over an input (the KV caches) works both ways: bound to the input's own buffer (aliased) it is
+updated in place; bound to another buffer (ping-pong) the graph starts with a copy of the input
+into it.
+
+:class:`StepRunner` is the self-contained form used by the device check and the benchmarks:
+every buffer allocated by the runner, carried state in place, per-step inputs written into
+stable slot buffers before each graph launch, only the named outputs read back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed (the message names the call and the error)."""
+
+
+_cu = None
+
+
+def driver():
+    """``cuda.bindings.driver`` (imported on first use; ImportError when absent)."""
+    global _cu
+    if _cu is None:
+        from cuda.bindings import driver as cu  # noqa: PLC0415
+
+        _cu = cu
+    return _cu
+
+
+def _check(res, what: str):
+    err = res[0]
+    if int(err) != 0:
+        cu = driver()
+        try:
+            name = cu.cuGetErrorName(err)[1].decode()
+        except Exception:  # noqa: BLE001
+            name = str(err)
+        raise CudaError(f"{what}: {name}")
+    if len(res) == 1:
+        return None
+    return res[1] if len(res) == 2 else res[1:]
+
+
+def device_available() -> tuple[bool, str]:
+    """(True, name) when cuda.bindings imports and a CUDA device answers, else (False, why)."""
+    try:
+        cu = driver()
+    except Exception as e:  # noqa: BLE001
+        return False, f"no CUDA device (cuda.bindings not importable: {e})"
+    try:
+        _check(cu.cuInit(0), "cuInit")
+        n = _check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        if not n:
+            return False, "no CUDA device"
+        dev = _check(cu.cuDeviceGet(0), "cuDeviceGet")
+        name = _check(cu.cuDeviceGetName(128, dev), "cuDeviceGetName")
+        return True, name.split(b"\0")[0].decode()
+    except Exception as e:  # noqa: BLE001
+        return False, f"no CUDA device ({e})"
+
+
+@dataclass(frozen=True)
+class BufType:
+    """A buffer's host view: numpy dtype name, shape (bytes of a packed weight: uint8 [n])."""
+
+    dtype: str
+    shape: tuple
+    nbytes: int
+
+
+def buf_type(spec: dict) -> BufType:
+    return BufType(spec.get("dtype", "uint8"), tuple(spec.get("shape", [spec["nbytes"]])),
+                   int(spec["nbytes"]))
+
+
+def _host_of(t) -> tuple[np.dtype, tuple, int]:
+    """dtype, shape, nbytes of a BufType or a poot type (duck-typed: no MLIR import)."""
+    if isinstance(t, BufType):
+        return np.dtype(t.dtype), t.shape, t.nbytes
+    if hasattr(t, "format"):                       # PackedType
+        return np.dtype(np.uint8), (t.nbytes,), t.nbytes
+    dt = t.dtype.value if hasattr(t.dtype, "value") else str(t.dtype)
+    np_dt = {"bf16": np.uint16, "f16": np.uint16, "i1": np.uint8}.get(dt)
+    np_dt = np.dtype(np_dt) if np_dt else np.dtype(t.dtype.numpy)
+    return np_dt, tuple(t.shape), int(np.prod(t.shape, dtype=np.int64)) * np_dt.itemsize
+
+
+@dataclass
+class DevBuf:
+    ptr: int
+    nbytes: int
+    dtype: np.dtype
+    shape: tuple
+
+
+@dataclass
+class Arg:
+    role: str
+    name: str
+    type: Any
+    buffer: int      # plan buffer id
+
+
+@dataclass
+class CudaKernel:
+    """A loaded artifact: ``args`` (inputs, params, outputs), the module and functions, the
+    buffers private to the step."""
+
+    args: list[Arg]
+    artifact: Any
+    module: Any
+    functions: list
+    private: dict[int, DevBuf]
+    load_s: float = 0.0
+
+
+@dataclass
+class CudaRecording:
+    kernel: CudaKernel
+    graph: Any
+    exec: Any
+    pointers: dict[int, int]
+    keep: list = field(default_factory=list)
+    nodes: int = 0
+
+
+class CudaDevice:
+    """One CUDA device (the first by default) with one stream."""
+
+    name = "cuda"
+
+    def __init__(self, ordinal: int = 0):
+        cu = driver()
+        _check(cu.cuInit(0), "cuInit")
+        self.dev = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.ctx = _check(cu.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
+        _check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        self.stream = _check(cu.cuStreamCreate(0), "cuStreamCreate")
+        self.device_name = _check(cu.cuDeviceGetName(128, self.dev),
+                                  "cuDeviceGetName").split(b"\0")[0].decode()
+        self._modules: dict[int, Any] = {}
+        self.records = 0
+        self.replays = 0
+        self.allocated = 0
+
+    # ---- buffers -----------------------------------------------------------------------
+    def _alloc_bytes(self, nbytes: int) -> int:
+        cu = driver()
+        ptr = _check(cu.cuMemAlloc(max(16, nbytes)), "cuMemAlloc")
+        _check(cu.cuMemsetD8(ptr, 0, max(16, nbytes)), "cuMemsetD8")
+        self.allocated += nbytes
+        return int(ptr)
+
+    def alloc(self, type_) -> DevBuf:
+        dt, shape, n = _host_of(type_)
+        return DevBuf(self._alloc_bytes(n), n, dt, shape)
+
+    def upload(self, buffer: DevBuf, array) -> None:
+        a = np.asarray(array)
+        if a.dtype.itemsize == 2 and buffer.dtype == np.uint16:
+            a = a.view(np.uint16)
+        if a.dtype == np.bool_:
+            a = a.astype(np.uint8)
+        a = np.ascontiguousarray(a.astype(buffer.dtype, copy=False))
+        if a.nbytes != buffer.nbytes:
+            raise CudaError(f"cannot write {a.nbytes} bytes into a buffer of {buffer.nbytes}")
+        cu = driver()
+        _check(cu.cuMemcpyHtoD(buffer.ptr, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+
+    def upload_async(self, buffer: DevBuf, array: np.ndarray) -> None:
+        """Queue a host-to-device write on the stream (``array`` must stay alive until the
+        stream reaches it; pass contiguous arrays of the buffer's dtype)."""
+        cu = driver()
+        _check(cu.cuMemcpyHtoDAsync(buffer.ptr, array.ctypes.data, buffer.nbytes,
+                                    self.stream), "cuMemcpyHtoDAsync")
+
+    def download(self, buffer: DevBuf) -> np.ndarray:
+        cu = driver()
+        _check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        out = np.empty(buffer.shape, buffer.dtype)
+        _check(cu.cuMemcpyDtoH(out.ctypes.data, buffer.ptr, buffer.nbytes), "cuMemcpyDtoH")
+        return out
+
+    def synchronize(self) -> None:
+        _check(driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    # ---- programs ----------------------------------------------------------------------
+    def load(self, program) -> CudaKernel:
+        """Load an artifact (or a Program whose ``executable`` is one): JIT the PTX once
+        (modules are cached per PTX text), allocate the step's private buffers."""
+        art = getattr(program, "executable", program)
+        if not hasattr(art, "plan") or not hasattr(art, "ptx"):
+            raise CudaError(f"{type(art).__name__} is not a compiled CUDA program")
+        cu = driver()
+        t0 = time.perf_counter()
+        key = hash(art.ptx)
+        mod = self._modules.get(key)
+        if mod is None:
+            mod = _check(cu.cuModuleLoadData(art.ptx.encode() + b"\0"), "cuModuleLoadData")
+            self._modules[key] = mod
+        fns = [_check(cu.cuModuleGetFunction(mod, k.encode()), f"cuModuleGetFunction {k}")
+               for k in art.plan["kernels"]]
+        plan = art.plan
+        args = ([Arg("input", x["name"], buf_type(x), x["buffer"]) for x in plan["inputs"]]
+                + [Arg("param", x["name"], buf_type(x), x["buffer"]) for x in plan["params"]]
+                + [Arg("output", x["name"], buf_type(x), x["buffer"]) for x in plan["outputs"]])
+        private = {}
+        import base64
+
+        for b in plan["buffers"]:
+            if b["role"] in ("value", "scratch", "const"):
+                buf = DevBuf(self._alloc_bytes(b["nbytes"]), b["nbytes"],
+                             np.dtype(b.get("dtype", "uint8")),
+                             tuple(b.get("shape", [b["nbytes"]])))
+                if b["role"] == "const":
+                    data = np.frombuffer(base64.b64decode(b["data"]), np.uint8)
+                    _check(cu.cuMemcpyHtoD(buf.ptr, data.ctypes.data, data.nbytes),
+                           "cuMemcpyHtoD")
+                private[b["id"]] = buf
+        return CudaKernel(args, art, mod, fns, private, time.perf_counter() - t0)
+
+    def _pointers(self, kernel: CudaKernel, bindings: Sequence[DevBuf]):
+        if len(bindings) != len(kernel.args):
+            raise CudaError(f"{len(bindings)} buffers bound to {len(kernel.args)} arguments")
+        ptrs = {i: b.ptr for i, b in kernel.private.items()}
+        pre = []
+        for a, b in zip(kernel.args, bindings):
+            if b.nbytes != a.type.nbytes:
+                raise CudaError(f"{a.role} '{a.name}' needs {a.type.nbytes} bytes, bound "
+                                f"{b.nbytes}")
+            if a.role == "output" and a.buffer in ptrs and ptrs[a.buffer] != b.ptr:
+                # written in place over an input, but bound apart: start from the input
+                pre.append((ptrs[a.buffer], b.ptr, b.nbytes))
+            ptrs[a.buffer] = b.ptr
+        return ptrs, pre
+
+    def _enqueue(self, kernel: CudaKernel, ptrs: dict, pre, keep: list,
+                 launches=None) -> int:
+        cu = driver()
+        n = 0
+        for src, dst, nb in pre:
+            _check(cu.cuMemcpyDtoDAsync(dst, src, nb, self.stream), "cuMemcpyDtoDAsync")
+            n += 1
+        for L in (kernel.artifact.plan["launches"] if launches is None else launches):
+            if L["op"] == "copy":
+                _check(cu.cuMemcpyDtoDAsync(ptrs[L["dst"]], ptrs[L["src"]], L["nbytes"],
+                                            self.stream), "cuMemcpyDtoDAsync")
+            else:
+                vals = np.array([ptrs[b] for b in L["args"]], dtype=np.uint64)
+                params = np.array([vals.ctypes.data + 8 * i for i in range(len(vals))],
+                                  dtype=np.uint64)
+                keep += [vals, params]
+                g, b = L["grid"], L["block"]
+                _check(cu.cuLaunchKernel(kernel.functions[L["kernel"]], g[0], g[1], g[2],
+                                         b[0], b[1], b[2], 0, self.stream,
+                                         params.ctypes.data if len(vals) else 0, 0),
+                       f"cuLaunchKernel {kernel.artifact.plan['kernels'][L['kernel']]}")
+            n += 1
+        return n
+
+    def record(self, kernel: CudaKernel, bindings: Sequence[DevBuf]) -> CudaRecording:
+        """Capture the whole step over ``bindings`` into one CUDA graph (once)."""
+        cu = driver()
+        ptrs, pre = self._pointers(kernel, bindings)
+        keep: list = []
+        _check(cu.cuStreamBeginCapture(
+            self.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "cuStreamBeginCapture")
+        try:
+            n = self._enqueue(kernel, ptrs, pre, keep)
+        finally:
+            graph = _check(cu.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
+        gexec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        self.records += 1
+        return CudaRecording(kernel, graph, gexec, ptrs, keep, n)
+
+    def run_eager(self, kernel: CudaKernel, bindings: Sequence[DevBuf], launches=None) -> int:
+        """Launch the step (or ``launches``) directly, without a graph (for checks)."""
+        ptrs, pre = self._pointers(kernel, bindings)
+        keep: list = []
+        n = self._enqueue(kernel, ptrs, pre if launches is None else [], keep, launches)
+        self.synchronize()
+        return n
+
+    def replay(self, recording: CudaRecording) -> None:
+        _check(driver().cuGraphLaunch(recording.exec, self.stream), "cuGraphLaunch")
+        self.replays += 1
+
+
+class StepRunner:
+    """A loaded artifact with every buffer owned here: weights uploaded once, carried state
+    in place, per-step inputs in stable slot buffers, the step as one CUDA graph."""
+
+    def __init__(self, device: CudaDevice, artifact, weights: dict[str, np.ndarray]):
+        self.device = device
+        self.kernel = device.load(artifact)
+        self.bufs: dict[int, DevBuf] = {}
+        for a in self.kernel.args:
+            if a.buffer not in self.bufs:
+                self.bufs[a.buffer] = device.alloc(a.type)
+        self.by_name = {(a.role, a.name): a for a in self.kernel.args}
+        for a in self.kernel.args:
+            if a.role == "param":
+                if a.name not in weights:
+                    raise CudaError(f"weight '{a.name}' is not given")
+                device.upload(self.bufs[a.buffer], weights[a.name])
+        self.bindings = [self.bufs[a.buffer] for a in self.kernel.args]
+        self.recording = None
+        self.graph_s = 0.0
+        self._staged: dict[str, np.ndarray] = {}
+
+    def buffer(self, role: str, name: str) -> DevBuf:
+        return self.bufs[self.by_name[(role, name)].buffer]
+
+    def write(self, inputs: dict[str, np.ndarray]) -> None:
+        """Queue per-step inputs into their slot buffers (async, ahead of the graph)."""
+        for name, value in inputs.items():
+            b = self.buffer("input", name)
+            a = np.ascontiguousarray(np.asarray(value).astype(b.dtype, copy=False)
+                                     .reshape(b.shape))
+            self._staged[name] = a           # alive until the stream has copied it
+            self.device.upload_async(b, a)
+
+    def step(self, inputs: dict[str, np.ndarray] | None = None,
+             read: Sequence[str] = ("logits",)) -> dict[str, np.ndarray]:
+        if inputs:
+            self.write(inputs)
+        if self.recording is None:
+            t0 = time.perf_counter()
+            self.recording = self.device.record(self.kernel, self.bindings)
+            self.graph_s = time.perf_counter() - t0
+        self.device.replay(self.recording)
+        return {n: self.device.download(self.buffer("output", n)) for n in read}
+
+    def run_dispatch(self, index: int, args: dict[int, np.ndarray]) -> list[np.ndarray]:
+        """Run dispatch ``index`` alone (eagerly) with ``args`` (plan buffer id -> host array)
+        written into its argument buffers first; returns host copies of its results."""
+        plan = self.kernel.artifact.plan
+        d = plan["dispatches"][index]
+        ptrs, _ = self.device._pointers(self.kernel, self.bindings)
+        specs = {b["id"]: b for b in plan["buffers"]}
+
+        def view(bid):
+            s = specs[bid]
+            return DevBuf(ptrs[bid], s["nbytes"], np.dtype(s.get("dtype", "uint8")),
+                          tuple(s.get("shape", [s["nbytes"]])))
+        for bid, value in args.items():
+            buf = view(bid)
+            a = np.ascontiguousarray(np.asarray(value))
+            if a.nbytes != buf.nbytes:
+                raise CudaError(f"dispatch {index}: argument of {a.nbytes} bytes for a "
+                                f"buffer of {buf.nbytes}")
+            _check(driver().cuMemcpyHtoD(buf.ptr, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+        self.device.run_eager(self.kernel, self.bindings,
+                              plan["launches"][d["first"]:d["first"] + d["count"]])
+        return [self.device.download(view(bid)) for bid in d["outs"]]
+
+
+__all__ = ["BufType", "CudaDevice", "CudaError", "CudaKernel", "CudaRecording", "DevBuf",
+           "StepRunner", "device_available"]
