@@ -158,3 +158,21 @@ def test_longrope_is_refused():
                               rope_scaling=RopeScaling(kind="longrope", factor=32.0))
     with pytest.raises(ModelError, match="longrope"):
         Phi3.from_config(cfg)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "mixtral"])
+def test_cpu_backend_greedy_matches_reference(name, tmp_path):
+    """The same pipeline as Llama: compile for the CPU backend, Engine, Driver; greedy ids
+    equal HF's up to the first step whose top-2 margin is under 1e-3. (All seven fixtures
+    pass this; two are run to keep the suite fast: ~6 s each.)"""
+    from poot.api import Driver, ModelHandle
+    from poot.driver.params import SamplingParams
+
+    ref = reference(name)
+    h = ModelHandle.load(fixture_path(name), kv_capacity=48, prefill_chunk=5,
+                         cache_dir=tmp_path)
+    r = Driver(h).complete(list(ref["prompt_ids"]),
+                           SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    margins = ref["greedy_margins"]
+    n = next((i + 1 for i, m in enumerate(margins) if m < 1e-3), len(margins))
+    assert list(r.token_ids[:n]) == [int(x) for x in ref["greedy_ids"][:n]]
