@@ -1,0 +1,489 @@
+"""SPIR-V code generation for Vulkan: a fused poot step -> :class:`VulkanArtifact`.
+
+    program = compile_vulkan(graph, vulkan_target(device.capabilities()))
+    artifact = program.executable            # SPIR-V per kernel + the plan (JSON-able)
+    artifact.save(directory)                 # read back by the runtime without MLIR
+
+Kernel source: the SHARED gpu-dialect kernel generator (:func:`poot.backends.gpu.kernels.
+build_dispatch`, also used by CUDA) turns each dispatch function (``poot-fuse-dispatch``'s
+``@<fn>_dispatch_N`` lowered to linalg by ``lower_function``) into outlined ``gpu.module``s plus
+a launch list. This module only lowers those gpu.modules to SPIR-V and assembles the step plan:
+
+* SPIR-V constraints: structured control flow (``scf`` is converted by ``convert-gpu-to-spirv``
+  straight to ``spirv.mlir.loop``/``selection``, never through ``cf``); serial ``scf.parallel``
+  left inside a thread become nested ``scf.for`` (``scf-parallel-for-to-nested-fors``); no
+  private arrays (every temporary is a scratch storage buffer, hoisted by the generator);
+  index math is 32-bit (``use-64bit-index=false``); i64 arithmetic needs ``Int64`` (the
+  device's ``shaderInt64``: without it the compile is refused); 8/16-bit storage types are
+  used natively only when the device reports the storage features, else emulated on 32-bit
+  words; compute stays f32 (the target's compute dtypes make ``poot-legalize`` widen f16/bf16).
+* ABI: kernel argument i is storage buffer (set 0, binding i); every kernel gets one more
+  argument, the *error word* (``memref<2xi32>``, binding = number of arguments): kernel checks
+  store a nonzero code in word 0 and the dispatch ordinal + 1 in word 1. The check emitted
+  today: a gather whose data-dependent index is clamped (``minsi(maxsi(x, lo), hi)`` feeding a
+  load) reports ``x`` out of range (code :data:`ERR_GATHER_INDEX`).
+* workgroup size: chosen by the shared generator from the target's subgroup size (a multiple of
+  it, never an assumed 32); written into the SPIR-V entry point.
+
+Each kernel's SPIR-V is validated with ``spirv-val --target-env vulkan1.1`` when the tool is on
+PATH (``validate=True``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import replace
+
+from mlir import ir
+from mlir.dialects import arith, memref, scf
+from mlir.passmanager import PassManager
+
+from poot.backends.vulkan.artifact import (ERR_GATHER_INDEX, BufferSpec, Step,
+                                           VulkanArtifact, VulkanKernel)
+from poot.errors import PootError
+
+#: what the SPIR-V lowering assumes about a device it was not told about (lavapipe-like)
+DEFAULT_FEATURES = frozenset({"shaderInt64", "shaderInt16", "shaderInt8", "shaderFloat16",
+                              "storageBuffer8BitAccess", "storageBuffer16BitAccess"})
+
+
+class SpirvCodegenError(PootError):
+    """A kernel the SPIR-V lowering or the validator rejected."""
+
+
+# ---- targets ---------------------------------------------------------------------------------
+
+def vulkan_target(device_caps: dict | None = None):
+    """The compile :class:`~poot.compiler.target.Target` of a Vulkan device, from the runtime's
+    :meth:`~poot.backends.vulkan.runtime.VulkanDevice.capabilities` dict (features, subgroup
+    size, shared memory). Without one: lavapipe-like defaults, subgroup size unknown (None)."""
+    from poot.compiler.target import Capabilities, Target
+    from poot.dialects.lowering.packed import DECODERS
+    from poot.dialects.types import DType
+
+    caps = dict(device_caps or {})
+    feats = frozenset(caps.get("features", DEFAULT_FEATURES))
+    storage = {DType.F32, DType.I32, DType.I1, DType.I8}
+    if "shaderInt64" in feats:
+        storage.add(DType.I64)
+    if "storageBuffer16BitAccess" in feats:
+        storage |= {DType.F16, DType.BF16}
+    compute = {DType.F32, DType.I32, DType.I8, DType.I1}
+    if "shaderInt64" in feats:
+        compute.add(DType.I64)
+    return Target("vulkan", Capabilities(
+        storage_dtypes=frozenset(storage), compute_dtypes=frozenset(compute),
+        packed_formats=frozenset(DECODERS), cores=int(caps.get("compute_units", 1)),
+        vector_bits=128, subgroup_size=caps.get("subgroup_size"),
+        max_shared_bytes=int(caps.get("max_shared_bytes", 32768)), features=feats))
+
+
+def _spirv_caps(features) -> tuple[str, str]:
+    caps = ["Shader"]
+    exts = ["SPV_KHR_storage_buffer_storage_class"]
+    f = set(features)
+    if "shaderInt64" in f:
+        caps.append("Int64")
+    if "shaderInt16" in f:
+        caps.append("Int16")
+    if "shaderInt8" in f:
+        caps.append("Int8")
+    if "shaderFloat16" in f:
+        caps.append("Float16")
+    if "storageBuffer16BitAccess" in f:
+        caps.append("StorageBuffer16BitAccess")
+        exts.append("SPV_KHR_16bit_storage")
+    if "storageBuffer8BitAccess" in f:
+        caps.append("StorageBuffer8BitAccess")
+        exts.append("SPV_KHR_8bit_storage")
+    return ",".join(caps), ",".join(exts)
+
+
+# ---- one dispatch ----------------------------------------------------------------------------
+
+def _is_const(v: ir.Value) -> bool:
+    o = v.owner
+    return not isinstance(o, ir.Block) and o.operation.name == "arith.constant"
+
+
+def _add_error_word(gfunc: ir.Operation, ordinal: int) -> int:
+    """Append the error-word argument to a ``gpu.func`` and emit its checks; returns the
+    number of checks emitted."""
+    i32 = ir.IntegerType.get_signless(32)
+    err_t = ir.MemRefType.get([2], i32)
+    block = gfunc.regions[0].blocks[0]
+    err = block.add_argument(err_t, gfunc.location)
+    ft = ir.FunctionType(ir.TypeAttr(gfunc.attributes["function_type"]).value)
+    gfunc.attributes["function_type"] = ir.TypeAttr.get(
+        ir.FunctionType.get(list(ft.inputs) + [err_t], list(ft.results)))
+    if "arg_attrs" in gfunc.attributes:
+        old = list(ir.ArrayAttr(gfunc.attributes["arg_attrs"]))
+        gfunc.attributes["arg_attrs"] = ir.ArrayAttr.get(old + [ir.DictAttr.get({})])
+    clamps = []
+
+    def visit(op):
+        op = op.operation
+        if op.name == "arith.minsi" and _is_const(op.operands[1]):
+            inner = op.operands[0].owner
+            if not isinstance(inner, ir.Block) and inner.operation.name == "arith.maxsi" \
+                    and _is_const(inner.operation.operands[1]):
+                # feeds a load (gather), not a guarded write (scatter: in-range predicate)
+                feeds_load = any(
+                    u.owner.name == "arith.index_cast" and any(
+                        uu.owner.name == "memref.load" for uu in u.owner.results[0].uses)
+                    for u in op.results[0].uses)
+                guarded = any(u.owner.name == "arith.cmpi"
+                              for u in inner.operation.operands[0].uses)
+                if feeds_load and not guarded:   # a guarded clamp is a scatter's drop
+                    clamps.append((op, inner.operation.operands[0]))
+        return ir.WalkResult.ADVANCE
+
+    gfunc.walk(visit)
+    for op, raw in clamps:
+        with ir.InsertionPoint.after(op), op.location:
+            bad = arith.CmpIOp(arith.CmpIPredicate.ne, raw, op.results[0]).result
+            ifop = scf.IfOp(bad)
+        with ir.InsertionPoint(ifop.then_block), op.location:
+            idx = ir.IndexType.get()
+            c0 = arith.ConstantOp(idx, 0).result
+            c1 = arith.ConstantOp(idx, 1).result
+            memref.StoreOp(arith.ConstantOp(i32, ERR_GATHER_INDEX).result, err, [c0])
+            memref.StoreOp(arith.ConstantOp(i32, ordinal + 1).result, err, [c1])
+            scf.YieldOp([])
+    return len(clamps)
+
+
+def _spirv_binaries(module: ir.Module, features, checks_for, blocks: dict
+                    ) -> dict[str, tuple[bytes, str]]:
+    """Lower every gpu.module of ``module`` to SPIR-V: ``{module name: (binary, entry)}``;
+    ``blocks[module name]`` is its launch's workgroup size."""
+    caps, exts = _spirv_caps(features)
+    with module.context, ir.Location.unknown():
+        for gm in module.body.operations:
+            gm = gm.operation
+            if gm.name != "gpu.module":
+                continue
+            for f in gm.regions[0].blocks[0].operations:
+                f = f.operation
+                if f.name == "gpu.func":
+                    checks_for(gm, f)
+                    x, y, z = blocks[ir.StringAttr(gm.attributes["sym_name"]).value]
+                    f.attributes["spirv.entry_point_abi"] = ir.Attribute.parse(
+                        f"#spirv.entry_point_abi<workgroup_size = [{x}, {y}, {z}]>")
+        PassManager.parse(
+            "builtin.module(gpu.module(scf-parallel-for-to-nested-fors,lower-affine,"
+            "arith-int-range-narrowing{int-bitwidths-supported=32},"
+            "canonicalize,cse),"
+            f"spirv-attach-target{{ver=v1.3 caps={caps} exts={exts} client_api=Vulkan}},"
+            "gpu.module(convert-math-to-spirv),"
+            "convert-gpu-to-spirv{use-64bit-index=false})").run(module.operation)
+        # for Shader targets the spirv.module lands beside its gpu.module: move it inside
+        body = module.body
+        ops = [o.operation for o in body.operations]
+        gmods = {ir.StringAttr(o.attributes["sym_name"]).value: o for o in ops
+                 if o.name == "gpu.module"}
+        entries = {}
+        for o in ops:
+            if o.name != "spirv.module":
+                continue
+            name = ir.StringAttr(o.attributes["sym_name"]).value if "sym_name" in o.attributes \
+                else ""
+            key = name[len("__spv__"):] if name.startswith("__spv__") else name
+            gm = gmods.get(key)
+            if gm is None:
+                raise SpirvCodegenError(f"spirv.module {name!r} has no gpu.module")
+            gblock = gm.regions[0].blocks[0]
+            for f in list(gblock.operations):
+                f = f.operation
+                if f.name == "gpu.func":
+                    entries[key] = ir.StringAttr(f.attributes["sym_name"]).value
+                    f.erase()
+            term = list(gblock.operations)
+            if term:
+                o.move_before(term[-1].operation) if term[-1].operation.name.endswith(
+                    "_end") else gblock.append(o)
+            else:
+                gblock.append(o)
+        PassManager.parse("builtin.module(gpu.module(spirv.module(spirv-lower-abi-attrs,"
+                          "spirv-update-vce)),gpu-module-to-binary{format=bin})"
+                          ).run(module.operation)
+        from mlir.dialects import gpu
+
+        out = {}
+        for o in module.body.operations:
+            o = o.operation
+            if o.name != "gpu.binary":
+                continue
+            name = ir.StringAttr(o.attributes["sym_name"]).value
+            objs = list(ir.ArrayAttr(o.attributes["objects"]))
+            out[name] = (bytes(gpu.ObjectAttr(objs[0]).object), entries.get(name, name))
+        return out
+
+
+def spirv_val(binary: bytes, what: str = "kernel") -> None:
+    """Validate with ``spirv-val --target-env vulkan1.1`` (a no-op without the tool)."""
+    tool = shutil.which("spirv-val")
+    if tool is None:
+        return
+    with tempfile.NamedTemporaryFile(suffix=".spv", delete=False) as f:
+        f.write(binary)
+        path = f.name
+    try:
+        r = subprocess.run([tool, "--target-env", "vulkan1.1", path], capture_output=True,
+                           text=True, timeout=60)
+    finally:
+        os.unlink(path)
+    if r.returncode != 0:
+        raise SpirvCodegenError(f"spirv-val rejected {what}: {(r.stdout + r.stderr).strip()}")
+
+
+def hoist_constants(text: str) -> tuple[str, list]:
+    """Non-splat dense tensor constants of a lowered dispatch function become trailing
+    function arguments (constant buffers the runtime fills once); returns the new text and
+    the constants' bytes in argument order. (Bufferization would otherwise make them
+    ``memref.global``s, which a kernel module cannot bind.)"""
+    import numpy as np
+
+    ctx = ir.Context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.parse(text)
+        fn = next(o.operation for o in module.body.operations
+                  if o.operation.name == "func.func")
+        block = fn.regions[0].blocks[0]
+        found = []
+
+        def visit(op):
+            op = op.operation
+            if op.name == "arith.constant" and isinstance(op.results[0].type,
+                                                          ir.RankedTensorType):
+                attr = op.attributes["value"]
+                if isinstance(attr, ir.DenseElementsAttr) and not attr.is_splat:
+                    found.append(op)
+            return ir.WalkResult.ADVANCE
+
+        fn.walk(visit)
+        if not found:
+            return text, []
+        datas = []
+        n0 = len(block.arguments)
+        for op in found:
+            t = op.results[0].type
+            attr = ir.DenseElementsAttr(op.attributes["value"])
+            et = str(ir.RankedTensorType(t).element_type)
+            arr = np.array(attr)
+            if et == "i1":
+                arr = arr.astype(np.uint8)
+                t = ir.RankedTensorType.get(ir.RankedTensorType(t).shape,
+                                            ir.IntegerType.get_signless(8))
+                raise SpirvCodegenError("an i1 tensor constant in a dispatch region")
+            datas.append(np.ascontiguousarray(arr).tobytes())
+            arg = block.add_argument(t, op.location)
+            op.results[0].replace_all_uses_with(arg)
+            op.erase()
+        ft = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+        fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            [a.type for a in block.arguments], list(ft.results)))
+        if "arg_attrs" in fn.attributes:
+            old = list(ir.ArrayAttr(fn.attributes["arg_attrs"]))
+            fn.attributes["arg_attrs"] = ir.ArrayAttr.get(
+                old + [ir.DictAttr.get({})] * (len(block.arguments) - n0))
+        return str(module), datas
+
+
+# ---- the step ----------------------------------------------------------------------------------
+
+def _sym(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def codegen_vulkan(g, target, validate: bool = True) -> VulkanArtifact:
+    """The backend code generator: an optimized, dispatch-fused graph (what
+    ``poot.compiler.compile._codegen`` receives) -> :class:`VulkanArtifact`."""
+    from poot.backends.gpu.kernels import build_dispatch
+    from poot.dialects.lowering import LoweringRefusal
+    from poot.dialects.lowering.function import lower_function
+    from poot.dialects.types import PackedType
+
+    caps = target.caps
+    features = caps.features or DEFAULT_FEATURES
+    fn = g.func
+    funcs = {_sym(o.operation): o.operation for o in g.module.body.operations
+             if o.operation.name == "func.func"}
+    block = fn.regions[0].blocks[0]
+
+    def spec(t) -> BufferSpec:
+        if isinstance(t, PackedType):
+            return BufferSpec("u8", (t.nbytes,), t.nbytes, t.format.name)
+        return BufferSpec(t.dtype.value, tuple(t.shape), t.nbytes)
+
+    art = VulkanArtifact(name=g.name)
+    buf_of: dict = {}
+
+    def new_buffer(kind, nbytes, name="", index=-1, bspec=None) -> int:
+        art.buffers.append({"kind": kind, "name": name, "index": index,
+                            "nbytes": max(4, (int(nbytes) + 3) // 4 * 4)})
+        return len(art.buffers) - 1
+
+    for i, ((name, t), arg) in enumerate(zip(g.inputs, block.arguments)):
+        art.inputs.append((name, spec(t)))
+        buf_of[arg] = new_buffer("input", t.nbytes, name, i)
+    ret = list(block.operations)[-1].operation
+    out_for: dict = {}       # value -> first output index that returns it
+    for j, ((name, t), v) in enumerate(zip(g.outputs, ret.operands)):
+        art.outputs.append((name, spec(t)))
+        out_for.setdefault(v, j)
+    out_bufs = [new_buffer("output", t.nbytes, name, j) for j, (name, t) in
+                enumerate(g.outputs)]
+    params: dict[str, int] = {}
+
+    def resolve(v):
+        if v in buf_of:
+            return buf_of[v]
+        raise SpirvCodegenError(f"value of type {v.type} has no buffer")
+
+    kernels_by_key: dict = {}
+    ordinal = 0
+    with g.context, ir.Location.unknown():
+        for op in block.operations:
+            op = op.operation
+            if op.name in ("poot.param", "poot.packed_param"):
+                pname = ir.StringAttr(op.attributes["name"]).value
+                if pname not in params:
+                    t = g.params[pname]
+                    params[pname] = new_buffer("param", t.nbytes, pname, len(art.params))
+                    art.params.append((pname, spec(t)))
+                buf_of[op.results[0]] = params[pname]
+            elif op.name == "poot.reshape":
+                buf_of[op.results[0]] = resolve(op.operands[0])   # contiguous: same bytes
+            elif op.name == "func.call":
+                callee = funcs[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]
+                kind = "dispatch"
+                if "poot.dispatch" in callee.attributes:
+                    d = ir.DictAttr(callee.attributes["poot.dispatch"])
+                    kind = ir.StringAttr(d["kind"]).value
+                try:
+                    text = lower_function(callee)
+                except LoweringRefusal:
+                    raise
+                res_bufs = []
+                for r in op.results:
+                    j = out_for.get(r)
+                    if j is not None and out_bufs[j] not in res_bufs:
+                        res_bufs.append(out_bufs[j])
+                    else:
+                        res_bufs.append(new_buffer("temp", _nbytes(r.type)))
+                    buf_of[r] = res_bufs[-1]
+                arg_bufs = [resolve(v) for v in op.operands]
+                text, consts = hoist_constants(text)
+                for data in consts:
+                    arg_bufs.append(new_buffer("const", len(data)))
+                    art.buffers[-1]["data"] = data.hex()
+                ctx = ir.Context()
+                dk = build_dispatch(text, caps, ctx)
+                scratch = [new_buffer("temp", nb) for _, nb in dk.scratch]
+                n_checks = [0]
+
+                def checks_for(gm, f, _ord=ordinal):
+                    n_checks[0] += _add_error_word(f, _ord)
+
+                bins = _spirv_binaries(dk.module, features, checks_for,
+                                       {la.module: la.block for la in dk.launches
+                                        if la.kind != "copy"})
+                dname = _sym(callee)
+                art.dispatches.append({"name": dname, "kind": kind,
+                                       "checks": 0})
+                for la in dk.launches:
+                    def slot_buf(s):
+                        k, i = s
+                        return arg_bufs[i] if k == "arg" else res_bufs[i] if k == "out" \
+                            else scratch[i]
+                    if la.kind == "copy":
+                        src, dst = (slot_buf(s) for s in la.args)
+                        art.steps.append(Step("copy", src=src, dst=dst, nbytes=la.nbytes,
+                                              dispatch=ordinal))
+                        continue
+                    spv, entry = bins[la.module]
+                    key = spv
+                    if key not in kernels_by_key:
+                        if validate:
+                            spirv_val(spv, f"{dname}/{la.kernel}")
+                        kernels_by_key[key] = len(art.kernels)
+                        art.kernels.append(VulkanKernel(f"{dname}.{la.kernel}", entry, spv,
+                                                        list(la.block), len(la.args) + 1))
+                    art.steps.append(Step("dispatch", kernel=kernels_by_key[key],
+                                          args=[slot_buf(s) for s in la.args],
+                                          groups=list(la.grid), dispatch=ordinal))
+                art.dispatches[-1]["checks"] = n_checks[0]
+                ordinal += 1
+            elif op.name == "func.return":
+                for j, v in enumerate(op.operands):
+                    src = resolve(v)
+                    if src != out_bufs[j]:
+                        art.steps.append(Step("copy", src=src, dst=out_bufs[j],
+                                              nbytes=art.buffers[out_bufs[j]]["nbytes"],
+                                              dispatch=-1))
+            else:
+                raise SpirvCodegenError(f"'{op.name}' outside a dispatch region (compile with "
+                                        "dispatch fusion on)")
+    art.subgroup_size = caps.subgroup_size
+    art.features = sorted(features)
+    return art
+
+
+def _nbytes(t: ir.Type) -> int:
+    from poot.dialects.types import type_from_mlir
+
+    return type_from_mlir(t).nbytes
+
+
+def compile_vulkan(graph, target=None, options=None):
+    """Compile a traced step for Vulkan: the compiler's front half (optimization, legalization
+    for the target's compute dtypes, planning, dispatch fusion) then :func:`codegen_vulkan`.
+
+    Returns a :class:`~poot.compiler.compile.Program` whose ``executable`` is the
+    :class:`VulkanArtifact`. (Once ``poot.compiler.compile._codegen`` routes ``vulkan`` to
+    :func:`codegen_vulkan`, ``poot.compiler.compile`` is the entry and this wrapper goes.)
+    """
+    from poot.compiler.compile import (CompileOptions, Program, _clone, _optimization_pipeline,
+                                       _run_pass)
+    from poot.compiler.planning import check_module, plan_storage
+    from poot.passes.analysis import dispatch_count, dispatch_report
+    from poot.passes.registry import load_all_passes
+
+    target = target or vulkan_target()
+    options = options or CompileOptions()
+    if not options.fuse:
+        options = replace(options, fuse=True)   # one dispatch region = one kernel sequence
+    load_all_passes()
+    g = _clone(graph)
+    seconds: dict[str, float] = {}
+    with g.context, ir.Location.unknown():
+        for name in _optimization_pipeline(options):
+            _run_pass(name, g.module, {}, options, seconds)
+        compute = ",".join(sorted(d.value for d in target.caps.compute_dtypes))
+        _run_pass("poot-legalize", g.module, {"compute": compute}, options, seconds)
+        check_module(g.module.operation, target)
+        storage = plan_storage(g.func, g.inputs, g.outputs, g.params)
+        before = dispatch_count(g.module.operation)
+        _run_pass("poot-fuse-dispatch", g.module,
+                  {"max-region-ops": min(256, options.limits.max_kernel_ops)}, options, seconds)
+        report = dispatch_report(g.module.operation)
+        text = str(g.module)
+    program = Program(g, target, text, report, before, storage,
+                      {"matmul_accumulation": "f32", "reduction_accumulation": "f32",
+                       "tolerance_vs_oracle": {"f32": 1e-4, "f16": 1e-2, "bf16": 2e-2}},
+                      seconds)
+    t0 = time.perf_counter()
+    art = codegen_vulkan(g, target)
+    art.aliases = {b.name: b.aliases for b in storage if b.role == "output" and b.aliases}
+    program.executable = art
+    seconds["codegen"] = time.perf_counter() - t0
+    return program
+
+
+__all__ = ["SpirvCodegenError", "codegen_vulkan", "compile_vulkan", "spirv_val",
+           "vulkan_target"]

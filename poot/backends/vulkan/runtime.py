@@ -1,0 +1,725 @@
+"""The Vulkan device: the executor's Device protocol on the PyPI ``vulkan`` package (cffi).
+
+Imports no MLIR: a compiled :class:`~poot.backends.vulkan.artifact.VulkanArtifact` (SPIR-V +
+plan JSON) is all it reads, so it runs on a machine without the compiler.
+
+    dev = VulkanDevice()                          # best device: discrete > integrated > cpu
+    engine = Engine(dev)                          # poot.executor.Engine
+    kernel = dev.load(program_or_artifact_or_dir)
+    rec = dev.record(kernel, buffers)             # descriptor sets + ONE command buffer
+    dev.replay(rec); dev.synchronize()            # resubmitted verbatim, bounded fence wait
+
+Semantics (the seeds' "Raw Vulkan" contract):
+
+* **robustBufferAccess is required**: SPIR-V has no trap, so an out-of-bounds access must stay
+  harmless; a device without it is refused at open (:class:`RobustnessUnavailable`).
+* **record once, resubmit verbatim**: :meth:`record` writes one descriptor set per dispatch
+  and records one primary command buffer (dispatches, a full memory barrier after each, a
+  final barrier to the host); :meth:`replay` is one ``vkQueueSubmit`` of that command buffer
+  through ``vk.lib`` with a prebuilt ``VkSubmitInfo`` (no per-token Python wrappers).
+* **bounded waits, poisoning**: :meth:`synchronize` waits on the fence at most
+  ``fence_timeout_s`` (600 s by default). A timed-out wait or a failed submission poisons the
+  device: it raises :class:`DeviceLost`, leaks whatever the pending work may still reference
+  (nothing is destroyed), and every later call raises :class:`DeviceLost` again.
+* **error word**: one 8-byte host-visible buffer is bound to every pipeline as its last
+  binding; kernel checks write a code (word 0) and the dispatch ordinal + 1 (word 1).
+  :meth:`synchronize` reads it after the fence and raises :class:`KernelFault` (then clears it).
+* **memory**: one allocation per buffer. If the device has a large host-visible device-local
+  heap (UMA, lavapipe, resizable BAR) every buffer lives there, mapped once; otherwise buffers
+  of at least ``staging_threshold`` bytes are device-local and uploads/downloads go through a
+  staging buffer, smaller ones (slot buffers, sampled tokens) stay host-visible.
+* **live memory**: :meth:`memory_budget` reads ``VK_EXT_memory_budget`` when the device has it
+  (enabled at open), else returns None.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from poot.backends.vulkan.artifact import (ERROR_NAMES, BufferSpec, VulkanArtifact)
+from poot.errors import PootError
+
+DEFAULT_FENCE_TIMEOUT_S = 600.0
+
+
+class VulkanError(PootError):
+    """A Vulkan runtime failure."""
+
+
+class VulkanUnavailable(VulkanError):
+    """No Vulkan loader, no instance, or no usable compute device."""
+
+
+class RobustnessUnavailable(VulkanError):
+    """The device lacks ``robustBufferAccess``; poot refuses to open it (SPIR-V has no trap,
+    so an out-of-bounds access must be made harmless by the device)."""
+
+
+class DeviceLost(VulkanError):
+    """A fence wait timed out or a submission failed: the device is poisoned and refuses
+    every later call."""
+
+
+class KernelFault(VulkanError):
+    """A kernel check set the error word.
+
+    Attributes: code (the error code), dispatch (the dispatch region's name, when known)."""
+
+    def __init__(self, code: int, dispatch: str | None):
+        self.code, self.dispatch = code, dispatch
+        what = ERROR_NAMES.get(code, f"error code {code}")
+        super().__init__(f"kernel fault: {what}" + (f" in {dispatch}" if dispatch else ""))
+
+
+def _vk():
+    try:
+        import vulkan as vk
+    except (ImportError, OSError) as e:   # the package needs libvulkan.so.1 at import
+        raise VulkanUnavailable(f"the Vulkan loader is not available: {e}") from None
+    return vk
+
+
+_NP = {"f32": np.float32, "f16": np.uint16, "bf16": np.uint16, "i64": np.int64,
+       "i32": np.int32, "i8": np.int8, "i1": np.bool_, "u8": np.uint8}
+
+FEATURE_NAMES_10 = ("robustBufferAccess", "shaderInt64", "shaderInt16", "shaderFloat64")
+
+
+def host_layout(t) -> tuple[np.dtype, tuple, int]:
+    """(numpy dtype, shape, nbytes) of a buffer of ``t`` (a BufferSpec, or a poot
+    TensorType/PackedType: read by duck typing, no import): bf16/f16 as uint16 words, i1 as
+    bool bytes, packed weights as their uint8 bytes."""
+    if isinstance(t, BufferSpec):
+        return np.dtype(_NP[t.dtype]), tuple(t.shape), int(t.nbytes)
+    if hasattr(t, "format"):                 # PackedType
+        return np.dtype(np.uint8), (int(t.nbytes),), int(t.nbytes)
+    return np.dtype(_NP[t.dtype.value]), tuple(t.shape), int(t.nbytes)
+
+
+@dataclass(frozen=True)
+class VkKernelArg:
+    """A loaded kernel's argument (the executor's KernelArg shape, without its import)."""
+
+    role: str
+    name: str
+    type: BufferSpec
+
+
+@dataclass(eq=False)
+class VkBuffer:
+    buffer: Any
+    memory: Any
+    nbytes: int           # logical bytes
+    size: int             # allocated bytes (>= 4, multiple of 4)
+    dtype: np.dtype
+    shape: tuple
+    host: np.ndarray | None = None    # mapped bytes (uint8) when host-visible
+
+
+@dataclass(eq=False)
+class VkLoadedKernel:
+    """A loaded program: ``args`` (inputs, params, outputs), its pipelines and temps."""
+
+    args: list
+    artifact: VulkanArtifact
+    pipelines: list
+    set_layouts: list
+    pipeline_layouts: list
+    modules: list
+    temps: dict = field(default_factory=dict)    # plan buffer id -> VkBuffer
+    program: Any = None
+
+
+@dataclass(eq=False)
+class VkRecording:
+    kernel: VkLoadedKernel
+    command_buffer: Any
+    pool: Any
+    submit: Any           # prebuilt VkSubmitInfo*
+    keep: list = field(default_factory=list)
+    submits: int = 0
+
+
+class VulkanDevice:
+    """The executor Device for Vulkan (see the module doc)."""
+
+    name = "vulkan"
+
+    def __init__(self, fence_timeout_s: float = DEFAULT_FENCE_TIMEOUT_S,
+                 device: int | str | None = None, features_of=None,
+                 staging_threshold: int = 1 << 16, app_name: str = "poot"):
+        vk = self.vk = _vk()
+        self.ffi, self.lib = vk.ffi, vk.lib
+        self.fence_timeout_s = float(fence_timeout_s)
+        self.staging_threshold = int(staging_threshold)
+        self._poisoned: str | None = None
+        self._pending: VkRecording | None = None
+        self._closed = False
+        self.records = 0
+        self.replays = 0
+        self._buffers: list[VkBuffer] = []
+        self._kernels: list[VkLoadedKernel] = []
+        self._recordings: list[VkRecording] = []
+        app = vk.VkApplicationInfo(sType=vk.VK_STRUCTURE_TYPE_APPLICATION_INFO,
+                                   pApplicationName=app_name, applicationVersion=1,
+                                   pEngineName="poot", engineVersion=1,
+                                   apiVersion=vk.VK_MAKE_VERSION(1, 2, 0))
+        try:
+            self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, pApplicationInfo=app), None)
+            pds = vk.vkEnumeratePhysicalDevices(self.instance)
+        except vk.VkError as e:
+            raise VulkanUnavailable(f"cannot create a Vulkan instance: {type(e).__name__}") \
+                from None
+        if not pds:
+            raise VulkanUnavailable("no Vulkan physical device")
+        self.physical = self._select(pds, device)
+        self.properties = vk.vkGetPhysicalDeviceProperties(self.physical)
+        self.device_name = self.ffi.string(self.properties.deviceName).decode() \
+            if not isinstance(self.properties.deviceName, str) else self.properties.deviceName
+        feats = (features_of or self._features)(self.physical)
+        if not feats.get("robustBufferAccess"):
+            raise RobustnessUnavailable(
+                f"Vulkan device '{self.device_name}' lacks robustBufferAccess: poot requires it "
+                "(SPIR-V has no trap; out-of-bounds accesses must stay harmless)")
+        self.features = feats
+        exts = {e.extensionName for e in
+                vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
+        self.has_memory_budget = "VK_EXT_memory_budget" in exts
+        self._open(feats, exts)
+
+    # ---- opening -----------------------------------------------------------------------------
+    def _select(self, pds, want):
+        vk = self.vk
+        want = want if want is not None else os.environ.get("POOT_VULKAN_DEVICE")
+        rank = {vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: 0,
+                vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: 1,
+                vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: 2, vk.VK_PHYSICAL_DEVICE_TYPE_CPU: 3}
+        props = [vk.vkGetPhysicalDeviceProperties(p) for p in pds]
+        if want is not None and str(want).isdigit():
+            i = int(want)
+            if i >= len(pds):
+                raise VulkanUnavailable(f"Vulkan device {i} requested, {len(pds)} present")
+            return pds[i]
+        if want:
+            for p, pr in zip(pds, props):
+                if str(want).lower() in str(pr.deviceName).lower():
+                    return p
+            raise VulkanUnavailable(f"no Vulkan device named like {want!r}")
+        order = sorted(range(len(pds)), key=lambda i: rank.get(props[i].deviceType, 9))
+        return pds[order[0]]
+
+    def _features(self, pd) -> dict:
+        """Feature bits poot cares about (core 1.0 + the 1.1/1.2 feature structs)."""
+        vk, ffi, lib = self.vk, self.ffi, self.lib
+        f = vk.vkGetPhysicalDeviceFeatures(pd)
+        out = {n: bool(getattr(f, n)) for n in FEATURE_NAMES_10}
+        if vk.VK_VERSION_MINOR(self.properties.apiVersion) >= 2 or \
+                vk.VK_VERSION_MAJOR(self.properties.apiVersion) > 1:
+            v12 = ffi.new("VkPhysicalDeviceVulkan12Features*")
+            v12.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES
+            v11 = ffi.new("VkPhysicalDeviceVulkan11Features*")
+            v11.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES
+            v11.pNext = v12
+            f2 = ffi.new("VkPhysicalDeviceFeatures2*")
+            f2.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2
+            f2.pNext = v11
+            lib.vkGetPhysicalDeviceFeatures2(pd, f2)
+            out["storageBuffer16BitAccess"] = bool(v11.storageBuffer16BitAccess)
+            out["storageBuffer8BitAccess"] = bool(v12.storageBuffer8BitAccess)
+            out["shaderFloat16"] = bool(v12.shaderFloat16)
+            out["shaderInt8"] = bool(v12.shaderInt8)
+        return out
+
+    def _open(self, feats, exts):
+        vk, ffi, lib = self.vk, self.ffi, self.lib
+        qprops = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
+        fam = next((i for i, q in enumerate(qprops)
+                    if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), None)
+        if fam is None:
+            raise VulkanUnavailable(f"'{self.device_name}' has no compute queue")
+        self.queue_family = fam
+        base = ffi.new("VkPhysicalDeviceFeatures*")
+        for n in FEATURE_NAMES_10:
+            if n != "shaderFloat64" and feats.get(n):
+                setattr(base, n, 1)
+        chain = ffi.NULL
+        keep = []
+        if "storageBuffer8BitAccess" in feats:
+            v12 = ffi.new("VkPhysicalDeviceVulkan12Features*")
+            v12.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES
+            v12.storageBuffer8BitAccess = int(feats["storageBuffer8BitAccess"])
+            v12.shaderFloat16 = int(feats["shaderFloat16"])
+            v12.shaderInt8 = int(feats["shaderInt8"])
+            v11 = ffi.new("VkPhysicalDeviceVulkan11Features*")
+            v11.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES
+            v11.storageBuffer16BitAccess = int(feats["storageBuffer16BitAccess"])
+            v11.pNext = v12
+            chain = v11
+            keep += [v11, v12]
+        prio = ffi.new("float[1]", [1.0])
+        qci = ffi.new("VkDeviceQueueCreateInfo*")
+        qci.sType = vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO
+        qci.queueFamilyIndex = fam
+        qci.queueCount = 1
+        qci.pQueuePriorities = prio
+        ext_names = [ffi.new("char[]", b"VK_EXT_memory_budget")] if self.has_memory_budget \
+            else []
+        ext_arr = ffi.new("char*[]", ext_names) if ext_names else ffi.NULL
+        dci = ffi.new("VkDeviceCreateInfo*")
+        dci.sType = vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO
+        dci.pNext = chain
+        dci.queueCreateInfoCount = 1
+        dci.pQueueCreateInfos = qci
+        dci.pEnabledFeatures = base
+        dci.enabledExtensionCount = len(ext_names)
+        dci.ppEnabledExtensionNames = ext_arr
+        dev = ffi.new("VkDevice*")
+        r = lib.vkCreateDevice(self.physical, dci, ffi.NULL, dev)
+        if r != vk.VK_SUCCESS:
+            raise VulkanUnavailable(f"vkCreateDevice failed ({r}) on '{self.device_name}'")
+        self.device = dev[0]
+        self.queue = vk.vkGetDeviceQueue(self.device, fam, 0)
+        self.cmd_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, queueFamilyIndex=fam,
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT), None)
+        self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
+        self._fence_arr = ffi.new("VkFence[1]", [self.fence])
+        # memory types
+        mp = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        self._mem_types = [(mp.memoryTypes[i].propertyFlags, mp.memoryTypes[i].heapIndex)
+                           for i in range(mp.memoryTypeCount)]
+        self._heaps = [(mp.memoryHeaps[i].size, mp.memoryHeaps[i].flags)
+                       for i in range(mp.memoryHeapCount)]
+        HV, HC, DL = (vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT,
+                      vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                      vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+        self._HV, self._HC, self._DL = HV, HC, DL
+        big = [i for i, (fl, h) in enumerate(self._mem_types)
+               if fl & (HV | HC | DL) == (HV | HC | DL) and self._heaps[h][0] >= (1 << 30)]
+        self._unified = bool(big) or not any(
+            fl & DL and not fl & HV for fl, _ in self._mem_types)
+        self._staging: VkBuffer | None = None
+        self._err = self._make_buffer(8, np.dtype(np.uint32), (2,), host=True)
+        self._err.host[:] = 0
+
+    # ---- state -------------------------------------------------------------------------------
+    @property
+    def poisoned(self) -> str | None:
+        """Why the device is poisoned (None while healthy)."""
+        return self._poisoned
+
+    def _check(self):
+        if self._poisoned:
+            raise DeviceLost(f"Vulkan device '{self.device_name}' is poisoned: {self._poisoned}")
+        if self._closed:
+            raise VulkanError("the Vulkan device is closed")
+
+    def _poison(self, why: str):
+        self._poisoned = why
+        # leak: the pending work may still reference buffers, sets and command buffers
+        raise DeviceLost(f"Vulkan device '{self.device_name}' is poisoned: {why}")
+
+    def capabilities(self) -> dict:
+        """What codegen needs: feature names, subgroup size, limits (see
+        :func:`poot.backends.vulkan.codegen.vulkan_target`)."""
+        vk, ffi, lib = self.vk, self.ffi, self.lib
+        sg = ffi.new("VkPhysicalDeviceSubgroupProperties*")
+        sg.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES
+        p2 = ffi.new("VkPhysicalDeviceProperties2*")
+        p2.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2
+        p2.pNext = sg
+        lib.vkGetPhysicalDeviceProperties2(self.physical, p2)
+        lim = self.properties.limits
+        return {"name": self.device_name, "device_type": int(self.properties.deviceType),
+                "api_version": int(self.properties.apiVersion),
+                "features": sorted(k for k, v in self.features.items() if v),
+                "subgroup_size": int(sg.subgroupSize),
+                "max_shared_bytes": int(lim.maxComputeSharedMemorySize),
+                "max_storage_buffer_range": int(lim.maxStorageBufferRange),
+                "max_workgroup_invocations": int(lim.maxComputeWorkGroupInvocations),
+                "max_workgroup_count": [int(x) for x in lim.maxComputeWorkGroupCount],
+                "memory_budget": self.has_memory_budget, "unified_memory": self._unified}
+
+    def memory_budget(self) -> list[dict] | None:
+        """Per heap ``{"budget", "usage", "size"}`` from VK_EXT_memory_budget; None when the
+        device does not have the extension (lavapipe)."""
+        self._check()
+        if not self.has_memory_budget:
+            return None
+        vk, ffi, lib = self.vk, self.ffi, self.lib
+        b = ffi.new("VkPhysicalDeviceMemoryBudgetPropertiesEXT*")
+        b.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT
+        m2 = ffi.new("VkPhysicalDeviceMemoryProperties2*")
+        m2.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2
+        m2.pNext = b
+        lib.vkGetPhysicalDeviceMemoryProperties2(self.physical, m2)
+        return [{"budget": int(b.heapBudget[i]), "usage": int(b.heapUsage[i]),
+                 "size": int(m2.memoryProperties.memoryHeaps[i].size)}
+                for i in range(m2.memoryProperties.memoryHeapCount)]
+
+    # ---- buffers -----------------------------------------------------------------------------
+    def _mem_type(self, bits: int, want: int) -> int:
+        for i, (fl, _) in enumerate(self._mem_types):
+            if bits & (1 << i) and fl & want == want:
+                return i
+        raise VulkanError(f"no memory type with flags {want:#x}")
+
+    def _make_buffer(self, nbytes: int, dtype, shape, host: bool) -> VkBuffer:
+        vk = self.vk
+        size = max(4, (int(nbytes) + 3) // 4 * 4)
+        buf = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, size=size,
+            usage=(vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                   | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT),
+            sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        req = vk.vkGetBufferMemoryRequirements(self.device, buf)
+        if host:
+            try:
+                t = self._mem_type(req.memoryTypeBits, self._HV | self._HC | self._DL) \
+                    if self._unified else self._mem_type(req.memoryTypeBits, self._HV | self._HC)
+            except VulkanError:
+                t = self._mem_type(req.memoryTypeBits, self._HV | self._HC)
+        else:
+            t = self._mem_type(req.memoryTypeBits, self._DL)
+        mem = vk.vkAllocateMemory(self.device, vk.VkMemoryAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, allocationSize=req.size,
+            memoryTypeIndex=t), None)
+        vk.vkBindBufferMemory(self.device, buf, mem, 0)
+        b = VkBuffer(buf, mem, int(nbytes), size, np.dtype(dtype), tuple(shape))
+        if host:
+            ptr = vk.vkMapMemory(self.device, mem, 0, size, 0)
+            b.host = np.frombuffer(ptr, dtype=np.uint8, count=size)
+            b.host[:] = 0
+        self._buffers.append(b)
+        return b
+
+    def alloc(self, type_) -> VkBuffer:
+        """A zero-filled buffer of ``type_`` (BufferSpec or poot type)."""
+        self._check()
+        dtype, shape, nbytes = host_layout(type_)
+        host = self._unified or nbytes < self.staging_threshold
+        b = self._make_buffer(nbytes, dtype, shape, host)
+        if b.host is None:
+            self._one_shot(lambda cb: self.vk.vkCmdFillBuffer(cb, b.buffer, 0, b.size, 0))
+        return b
+
+    def _staging_for(self, n: int) -> VkBuffer:
+        if self._staging is None or self._staging.size < n:
+            self._staging = self._make_buffer(max(n, 1 << 20), np.uint8, (n,), host=True)
+        return self._staging
+
+    def _one_shot(self, fill) -> None:
+        """Record ``fill(cb)``, submit, wait (bounded): uploads/downloads of device-local
+        buffers and fills."""
+        vk = self.vk
+        if self._pending is not None:
+            self.synchronize()
+        cb = vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.cmd_pool,
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+            flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        fill(cb)
+        self._barrier(cb, host=True)
+        vk.vkEndCommandBuffer(cb)
+        cbs = self.ffi.new("VkCommandBuffer[1]", [cb])
+        si = self.ffi.new("VkSubmitInfo*")
+        si.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
+        si.commandBufferCount = 1
+        si.pCommandBuffers = cbs
+        self._submit_and_wait(si)
+        vk.vkFreeCommandBuffers(self.device, self.cmd_pool, 1, [cb])
+
+    def upload(self, buffer: VkBuffer, array) -> None:
+        self._check()
+        a = np.asarray(array)
+        if a.dtype != buffer.dtype:
+            if buffer.dtype == np.uint16 and a.dtype.itemsize == 2:
+                a = a.view(np.uint16)
+            elif not np.can_cast(a.dtype, buffer.dtype, "same_kind"):
+                raise VulkanError(f"cannot write {a.dtype} data into a {buffer.dtype} buffer")
+            a = a.astype(buffer.dtype)
+        if a.size * buffer.dtype.itemsize != buffer.nbytes:
+            raise VulkanError(f"cannot write {list(a.shape)} into a buffer of "
+                              f"{list(buffer.shape)}")
+        raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        if self._pending is not None:       # the GPU may still read it
+            self.synchronize()
+        if buffer.host is not None:
+            buffer.host[:buffer.nbytes] = raw
+            return
+        st = self._staging_for(buffer.nbytes)
+        st.host[:buffer.nbytes] = raw
+        region = self.vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=buffer.size)
+        self._one_shot(lambda cb: self.vk.vkCmdCopyBuffer(cb, st.buffer, buffer.buffer, 1,
+                                                          [region]))
+
+    def download(self, buffer: VkBuffer) -> np.ndarray:
+        self._check()
+        if self._pending is not None:
+            self.synchronize()
+        if buffer.host is not None:
+            raw = buffer.host[:buffer.nbytes]
+        else:
+            st = self._staging_for(buffer.nbytes)
+            region = self.vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=buffer.size)
+            self._one_shot(lambda cb: self.vk.vkCmdCopyBuffer(cb, buffer.buffer, st.buffer, 1,
+                                                              [region]))
+            raw = st.host[:buffer.nbytes]
+        return raw.view(buffer.dtype).reshape(buffer.shape).copy()
+
+    # ---- programs ----------------------------------------------------------------------------
+    def load(self, program) -> VkLoadedKernel:
+        """Load a compiled step: a Program whose ``executable`` is a VulkanArtifact, an
+        artifact, or an artifact directory."""
+        self._check()
+        vk, ffi = self.vk, self.ffi
+        art = getattr(program, "executable", program)
+        if isinstance(art, (str, os.PathLike)):
+            art = VulkanArtifact.load(Path(art))
+        if not isinstance(art, VulkanArtifact):
+            raise VulkanError(f"{type(art).__name__} is not a compiled Vulkan program")
+        args = ([VkKernelArg("input", n, s) for n, s in art.inputs]
+                + [VkKernelArg("param", n, s) for n, s in art.params]
+                + [VkKernelArg("output", n, s) for n, s in art.outputs])
+        pipelines, set_layouts, layouts, modules = [], [], [], []
+        for k in art.kernels:
+            code = k.spirv
+            mod = vk.vkCreateShaderModule(self.device, vk.VkShaderModuleCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, codeSize=len(code),
+                pCode=code), None)
+            binds = [vk.VkDescriptorSetLayoutBinding(
+                binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+                for i in range(k.bindings)]
+            sl = vk.vkCreateDescriptorSetLayout(self.device, vk.VkDescriptorSetLayoutCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                bindingCount=len(binds), pBindings=binds), None)
+            pl = vk.vkCreatePipelineLayout(self.device, vk.VkPipelineLayoutCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, setLayoutCount=1,
+                pSetLayouts=[sl]), None)
+            stage = vk.VkPipelineShaderStageCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=mod, pName=k.entry)
+            pipe = vk.vkCreateComputePipelines(self.device, vk.VK_NULL_HANDLE, 1, [
+                vk.VkComputePipelineCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO, stage=stage,
+                    layout=pl)], None)[0]
+            pipelines.append(pipe)
+            set_layouts.append(sl)
+            layouts.append(pl)
+            modules.append(mod)
+        temps = {}
+        for i, b in enumerate(art.buffers):
+            if b["kind"] in ("temp", "const"):
+                n = int(b["nbytes"])
+                temps[i] = self._make_buffer(n, np.uint8, (n,),
+                                             host=self._unified or n < self.staging_threshold)
+                if b["kind"] == "const":
+                    data = np.frombuffer(bytes.fromhex(b["data"]), np.uint8)
+                    t = temps[i]
+                    t.nbytes = data.size
+                    t.shape = (data.size,)
+                    self.upload(t, data)
+        k = VkLoadedKernel(args, art, pipelines, set_layouts, layouts, modules, temps, program)
+        self._kernels.append(k)
+        return k
+
+    def _barrier(self, cb, host: bool = False):
+        vk = self.vk
+        mb = vk.VkMemoryBarrier(
+            sType=vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+            srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+            dstAccessMask=(vk.VK_ACCESS_HOST_READ_BIT if host else
+                           vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+                           | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT))
+        src = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        dst = vk.VK_PIPELINE_STAGE_HOST_BIT if host else src
+        vk.vkCmdPipelineBarrier(cb, src, dst, 0, 1, [mb], 0, None, 0, None)
+
+    def record(self, kernel: VkLoadedKernel, bindings: Sequence[VkBuffer]) -> VkRecording:
+        """Descriptor sets for every dispatch and one command buffer for the whole step."""
+        self._check()
+        vk, ffi = self.vk, self.ffi
+        art = kernel.artifact
+        if len(bindings) != len(kernel.args):
+            raise VulkanError(f"{len(bindings)} buffers bound to {len(kernel.args)} arguments")
+        for a, b in zip(kernel.args, bindings):
+            if not isinstance(b, VkBuffer) or b.nbytes != a.type.nbytes:
+                raise VulkanError(f"{a.role} '{a.name}' needs a {a.type.nbytes}-byte buffer")
+        n_in, n_par = len(art.inputs), len(art.params)
+
+        def buf(i) -> VkBuffer:
+            d = art.buffers[i]
+            k = d["kind"]
+            if k == "input":
+                return bindings[d["index"]]
+            if k == "param":
+                return bindings[n_in + d["index"]]
+            if k == "output":
+                return bindings[n_in + n_par + d["index"]]
+            return kernel.temps[i]
+
+        disp = [s for s in art.steps if s.op == "dispatch"]
+        n_desc = sum(art.kernels[s.kernel].bindings for s in disp)
+        pool = None
+        sets = []
+        if disp:
+            pool = vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, maxSets=len(disp),
+                poolSizeCount=1, pPoolSizes=[vk.VkDescriptorPoolSize(
+                    type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=n_desc)]), None)
+            sets = vk.vkAllocateDescriptorSets(self.device, vk.VkDescriptorSetAllocateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=pool,
+                descriptorSetCount=len(disp),
+                pSetLayouts=[kernel.set_layouts[s.kernel] for s in disp]))
+            writes = []
+            for ds, s in zip(sets, disp):
+                bufs = [buf(i) for i in s.args] + [self._err]
+                if len(bufs) != art.kernels[s.kernel].bindings:
+                    raise VulkanError(f"kernel {art.kernels[s.kernel].name}: plan binds "
+                                      f"{len(bufs)} buffers to "
+                                      f"{art.kernels[s.kernel].bindings} bindings")
+                for j, b in enumerate(bufs):
+                    writes.append(vk.VkWriteDescriptorSet(
+                        sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, dstSet=ds,
+                        dstBinding=j, dstArrayElement=0, descriptorCount=1,
+                        descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                        pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.buffer, offset=0,
+                                                               range=b.size)]))
+            vk.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
+        cb = vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.cmd_pool,
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, flags=0))
+        it = iter(sets)
+        for s in art.steps:
+            if s.op == "dispatch":
+                vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
+                                     kernel.pipelines[s.kernel])
+                vk.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
+                                           kernel.pipeline_layouts[s.kernel], 0, 1, [next(it)],
+                                           0, None)
+                vk.vkCmdDispatch(cb, *[int(g) for g in s.groups])
+            else:
+                src, dst = buf(s.src), buf(s.dst)
+                vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer, 1, [vk.VkBufferCopy(
+                    srcOffset=0, dstOffset=0, size=min(src.size, dst.size, s.nbytes + 3
+                                                       - (s.nbytes + 3) % 4))])
+            self._barrier(cb)
+        self._barrier(cb, host=True)
+        vk.vkEndCommandBuffer(cb)
+        cbs = ffi.new("VkCommandBuffer[1]", [cb])
+        si = ffi.new("VkSubmitInfo*")
+        si.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
+        si.commandBufferCount = 1
+        si.pCommandBuffers = cbs
+        rec = VkRecording(kernel, cb, pool, si, [cbs, sets, list(bindings)])
+        self._recordings.append(rec)
+        self.records += 1
+        return rec
+
+    # ---- running -----------------------------------------------------------------------------
+    def replay(self, recording: VkRecording) -> None:
+        """Resubmit the recorded command buffer (one ``vkQueueSubmit``, no re-recording)."""
+        self._check()
+        if self._pending is not None:
+            self.synchronize()
+        r = self.lib.vkQueueSubmit(self.queue, 1, recording.submit, self.fence)
+        if r != self.vk.VK_SUCCESS:
+            self._poison(f"vkQueueSubmit failed with VkResult {r}")
+        self._pending = recording
+        recording.submits += 1
+        self.replays += 1
+
+    def _submit_and_wait(self, si) -> None:
+        r = self.lib.vkQueueSubmit(self.queue, 1, si, self.fence)
+        if r != self.vk.VK_SUCCESS:
+            self._poison(f"vkQueueSubmit failed with VkResult {r}")
+        self._wait()
+
+    def _wait(self) -> None:
+        timeout = int(max(0.0, self.fence_timeout_s) * 1e9)
+        r = self.lib.vkWaitForFences(self.device, 1, self._fence_arr, 1, timeout)
+        if r == self.vk.VK_TIMEOUT:
+            self._poison(f"fence wait timed out after {self.fence_timeout_s:g} s")
+        if r != self.vk.VK_SUCCESS:
+            self._poison(f"vkWaitForFences failed with VkResult {r}")
+        self.lib.vkResetFences(self.device, 1, self._fence_arr)
+
+    def synchronize(self) -> None:
+        """Wait (bounded) for the submitted step; raise :class:`KernelFault` if a kernel check
+        set the error word."""
+        self._check()
+        rec, self._pending = self._pending, None
+        if rec is None:
+            return
+        try:
+            self._wait()
+        except DeviceLost:
+            self._pending = rec
+            raise
+        err = self._err.host.view(np.uint32)
+        if err[0]:
+            code, ordinal = int(err[0]), int(err[1])
+            err[:] = 0
+            ds = rec.kernel.artifact.dispatches
+            name = ds[ordinal - 1]["name"] if 0 < ordinal <= len(ds) else None
+            raise KernelFault(code, name)
+
+    def close(self) -> None:
+        """Destroy everything (a poisoned device leaks instead: pending work may still run)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._poisoned:
+            return
+        vk = self.vk
+        vk.vkDeviceWaitIdle(self.device)
+        for r in self._recordings:
+            if r.pool is not None:
+                vk.vkDestroyDescriptorPool(self.device, r.pool, None)
+        for k in self._kernels:
+            for p, pl, sl, m in zip(k.pipelines, k.pipeline_layouts, k.set_layouts, k.modules):
+                vk.vkDestroyPipeline(self.device, p, None)
+                vk.vkDestroyPipelineLayout(self.device, pl, None)
+                vk.vkDestroyDescriptorSetLayout(self.device, sl, None)
+                vk.vkDestroyShaderModule(self.device, m, None)
+        for b in self._buffers:
+            b.host = None
+            vk.vkDestroyBuffer(self.device, b.buffer, None)
+            vk.vkFreeMemory(self.device, b.memory, None)
+        vk.vkDestroyFence(self.device, self.fence, None)
+        vk.vkDestroyCommandPool(self.device, self.cmd_pool, None)
+        vk.vkDestroyDevice(self.device, None)
+        vk.vkDestroyInstance(self.instance, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def available() -> str | None:
+    """None when a Vulkan device with robustBufferAccess opens here, else why not."""
+    try:
+        VulkanDevice().close()
+    except VulkanError as e:
+        return str(e)
+    return None
+
+
+__all__ = ["DEFAULT_FENCE_TIMEOUT_S", "DeviceLost", "KernelFault", "RobustnessUnavailable",
+           "VkBuffer", "VkKernelArg", "VkLoadedKernel", "VkRecording", "VulkanDevice",
+           "VulkanError", "VulkanUnavailable", "available", "host_layout"]
