@@ -27,7 +27,7 @@ def fixture_path(name: str) -> str:
 
 
 def build(name: str, out: str, steps: int, capacity: int = 16, path: str | None = None,
-          with_weights: bool = True) -> dict:
+          with_weights: bool = True, label: str | None = None) -> dict:
     from poot.backends.cuda.codegen import compile_program, cuda_target, ptxas_check
     from poot.backends.cuda.fixtures import write_check_bundle
     from poot.compiler.compile import compile as compile_step
@@ -52,7 +52,7 @@ def build(name: str, out: str, steps: int, capacity: int = 16, path: str | None 
     seq = [{"tokens": np.array([[ids[p % len(ids)]]], np.int32),
             "positions": np.array([[p]], np.int32), "slots": np.array([0], np.int32)}
            for p in range(steps)]
-    folder = os.path.join(out, name)
+    folder = os.path.join(out, label or name)
     t1 = time.perf_counter()
     write_check_bundle(folder, prog, art, weights.arrays, seq, with_weights=with_weights)
     return {"bundle": folder, "compile_s": round(compile_s, 2),
@@ -63,11 +63,15 @@ def build(name: str, out: str, steps: int, capacity: int = 16, path: str | None 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--models", nargs="+", default=["llama", "llama_gguf_q4_1"])
+    ap.add_argument("--models", nargs="+", default=["llama", "llama_gguf_q4_1",
+                                                    "llama_gguf_q4_1:256"])
     ap.add_argument("--steps", type=int, default=4)
     a = ap.parse_args()
-    for m in a.models:
-        print(json.dumps(build(m, a.out, a.steps)))
+    for m in a.models:                  # NAME or NAME:KV_CAPACITY
+        name, _, cap = m.partition(":")
+        r = build(name, a.out, a.steps, capacity=int(cap or 16),
+                  label=f"{name}_cap{cap}" if cap else name)
+        print(json.dumps(r))
 
 
 if __name__ == "__main__":

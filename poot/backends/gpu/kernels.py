@@ -227,22 +227,107 @@ def _linearize(par: ir.Operation, caps) -> None:
     par.erase()
 
 
-def _wrap_serial(op: ir.Operation) -> None:
-    """Wrap a top-level op with effects (a serial loop) in a one-block, one-thread nest."""
+def _counts(par: ir.Operation):
+    nd = len(par.regions[0].blocks[0].arguments)
+    lbs, ubs, steps = (list(par.operands[i * nd:(i + 1) * nd]) for i in range(3))
+    lb = [_const_index(v) for v in lbs]
+    ub = [_const_index(v) for v in ubs]
+    st = [_const_index(v) for v in steps]
+    if None in lb or None in ub or None in st:
+        raise GpuCodegenError("a parallel loop with dynamic bounds (static shapes only)")
+    counts = [max(0, (u - l + s - 1) // s) for l, u, s in zip(lb, ub, st)]
+    return lb, st, counts
+
+
+def _delinearize(lin: ir.Value, lb, st, counts) -> list:
+    ivs, rem = [], lin
+    for d in reversed(range(len(counts))):
+        if d == 0:
+            q = rem
+        else:
+            q = arith.RemUIOp(rem, _cidx(counts[d])).result
+            rem = arith.DivUIOp(rem, _cidx(counts[d])).result
+        ivs.append(arith.AddIOp(arith.MulIOp(q, _cidx(st[d])).result, _cidx(lb[d])).result)
+    return ivs[::-1]
+
+
+def _move_body(par: ir.Operation, ivs, before: ir.Operation) -> None:
+    body = par.regions[0].blocks[0]
+    for arg, iv in zip(body.arguments, ivs):
+        arg.replace_all_uses_with(iv)
+    for op in list(body.operations):
+        op = op.operation
+        if op.name != "scf.reduce":
+            op.move_before(before)
+
+
+def _numel(par: ir.Operation) -> int:
+    n = 1
+    for c in _counts(par)[2]:
+        n *= c
+    return n
+
+
+def _wrap_serial(op: ir.Operation, caps) -> None:
+    """A top-level op with effects that is no parallel loop (a loop over key blocks, a
+    scatter's loop over the batch) becomes one *cooperative* block: its nested parallel
+    loops are spread over the block's threads (thread-strided, a barrier after each), and
+    its other writes are made by thread 0 between barriers."""
+    from mlir.dialects import gpu as gpu_d
+
+    nested: list[ir.Operation] = []
+    writes: list[ir.Operation] = []
+
+    # outermost nested scf.parallel ops, and writes outside them
+    def walk(region_op):
+        for region in region_op.regions:
+            for blk in region.blocks:
+                for o in blk.operations:
+                    o = o.operation
+                    if o.name == "scf.parallel":
+                        nested.append(o)
+                    elif o.name in ("memref.store", "memref.copy"):
+                        writes.append(o)
+                    else:
+                        walk(o)
+    walk(op)
+    if op.name in ("memref.store", "memref.copy"):
+        writes.append(op)
+    width = max([_numel(p) for p in nested] or [1])
+    t = block_size(width, caps) if nested else 1
     with ir.InsertionPoint(op), op.location:
         c0, c1 = _cidx(0), _cidx(1)
         outer, ob = _parallel_op([c0], [c1], [c1])
     with ir.InsertionPoint.at_block_begin(ob), op.location:
-        inner, ib = _parallel_op([c0], [c1], [c1])
+        inner, ib = _parallel_op([c0], [_cidx(t)], [c1])
+    outer.attributes["poot.mapped"] = ir.UnitAttr.get()
+    tid = ib.arguments[0]
     term = list(ib.operations)[-1].operation
     op.move_before(term)
-    # nested scf.parallel stay serial inside the thread (scf-to-cf lowers them as loops)
-    def strip(o):
-        o = o.operation
-        if o.name == "scf.parallel" and "mapping" in o.attributes:
-            del o.attributes["mapping"]
-        return ir.WalkResult.ADVANCE
-    op.walk(strip)
+    for p in nested:
+        lb, st, counts = _counts(p)
+        n = 1
+        for c in counts:
+            n *= c
+        with ir.InsertionPoint(p), p.location:
+            loop = scf.ForOp(tid, _cidx(n), _cidx(t))
+        with ir.InsertionPoint(loop.body), p.location:
+            ivs = _delinearize(loop.induction_variable, lb, st, counts)
+            y = scf.YieldOp([])
+        _move_body(p, ivs, y.operation)
+        with ir.InsertionPoint(p), p.location:
+            gpu_d.BarrierOp()
+        p.erase()
+    for w in writes:
+        with ir.InsertionPoint(w), w.location:
+            gpu_d.BarrierOp()
+            first = arith.CmpIOp(arith.CmpIPredicate.eq, tid, _cidx(0)).result
+            ifop = scf.IfOp(first)
+        with ir.InsertionPoint(ifop.then_block), w.location:
+            y = scf.YieldOp([])
+        w.move_before(y.operation)
+        with ir.InsertionPoint.after(ifop.operation), w.location:
+            gpu_d.BarrierOp()
 
 
 def _sinkable(op: ir.Operation) -> bool:
@@ -417,7 +502,7 @@ def build_dispatch(text: str, caps, context: ir.Context | None = None) -> Dispat
             if op.name in _PURE_TOP or op.name in ("scf.parallel", "poot.copy_mark") \
                     or _sinkable(op):
                 continue
-            _wrap_serial(op)
+            _wrap_serial(op, caps)
         for op in _top_ops(fn):
             if op.name == "scf.parallel":
                 _sink_into(op, block)
@@ -425,7 +510,9 @@ def build_dispatch(text: str, caps, context: ir.Context | None = None) -> Dispat
             if _sinkable(op) and all(not list(r.uses) for r in op.results):
                 op.erase()
         for op in _top_ops(fn):
-            if op.name == "scf.parallel":
+            if op.name == "scf.parallel" and "poot.mapped" in op.attributes:
+                del op.attributes["poot.mapped"]
+            elif op.name == "scf.parallel":
                 _linearize(op, caps)
             elif not (op.name in _PURE_TOP or op.name == "poot.copy_mark"):
                 raise GpuCodegenError(f"host op {op.name} would stay on the host")
