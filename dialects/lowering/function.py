@@ -138,8 +138,11 @@ def lower_function(fn: ir.Operation, strategy: Strategy | None = None) -> str:
     vis = ""
     if "sym_visibility" in fn.attributes:
         vis = ir.StringAttr(fn.attributes["sym_visibility"]).value + " "
+    extra = ""
+    if "poot.dispatch" in fn.attributes:  # the region's kind, for backends and profiles
+        extra = f", poot.dispatch = {fn.attributes['poot.dispatch']}"
     head = (f"func.func {vis}@{fname}({', '.join(sig)}) -> ({', '.join(results)}) "
-            f"attributes {{poot.params = [{plist}]}} {{")
+            f"attributes {{poot.params = [{plist}]{extra}}} {{")
     return "\n".join([head, em.text(), "}"])
 
 
@@ -156,11 +159,12 @@ def lower_module(module: ir.Operation, strategy: Strategy | None = None) -> None
         if op.name != "func.func" or not op.regions[0].blocks:
             continue
         ops = [o.operation.name for o in op.regions[0].blocks[0].operations]
-        if all(n.startswith("poot.") or n in ("func.call", "func.return") for n in ops):
+        if any(n.startswith("poot.") or n == "func.call" for n in ops) or ops == ["func.return"]:
             with module.context, ir.Location.unknown():
                 todo.append((op, lower_function(op, strategy)))
     if not todo:
         return
+    todo, dropped = _dedupe(todo)
     with module.context, ir.Location.unknown():
         parsed = ir.Module.parse("\n".join(text for _, text in todo))
     for (old, _), new in zip(todo, list(parsed.body.operations)):
@@ -168,6 +172,38 @@ def lower_module(module: ir.Operation, strategy: Strategy | None = None) -> None
         new.detach_from_parent()
         ir.InsertionPoint(old).insert(new)
         old.erase()
+    for old in dropped:
+        old.erase()
+
+
+def _dedupe(todo: list) -> tuple[list, list]:
+    """Private functions whose lowerings are identical but for their name (the same dispatch
+    region in every layer) are kept once; calls go to the one kept. A step of a 30-layer
+    model then compiles a handful of kernels per kind instead of hundreds."""
+    canon: dict[str, str] = {}
+    rename: dict[str, str] = {}
+    kept, dropped = [], []
+    for old, text in todo:
+        fname = ir.StringAttr(old.attributes["sym_name"]).value
+        vis = ir.StringAttr(old.attributes["sym_visibility"]).value \
+            if "sym_visibility" in old.attributes else ""
+        if vis != "private":
+            kept.append((old, text))
+            continue
+        key = text.replace(f"@{fname}(", "@__poot_fn(", 1)
+        if key in canon:
+            rename[fname] = canon[key]
+            dropped.append(old)
+        else:
+            canon[key] = fname
+            kept.append((old, text))
+    if rename:
+        import re
+
+        pat = re.compile(r"call @([\w.$-]+)\(")
+        kept = [(old, pat.sub(lambda m: f"call @{rename.get(m.group(1), m.group(1))}(", text))
+                for old, text in kept]
+    return kept, dropped
 
 
 __all__ = ["RULES", "OpInfo", "lower_function", "lower_module", "location_text", "arg_type"]
