@@ -27,7 +27,8 @@ def fixture_path(name: str) -> str:
 
 
 def build(name: str, out: str, steps: int, capacity: int = 16, path: str | None = None,
-          with_weights: bool = True, label: str | None = None) -> dict:
+          with_weights: bool = True, label: str | None = None, strategy: str = "auto"
+          ) -> dict:
     from poot.backends.cuda.codegen import compile_program, cuda_target, ptxas_check
     from poot.backends.cuda.fixtures import write_check_bundle
     from poot.compiler.compile import compile as compile_step
@@ -44,7 +45,7 @@ def build(name: str, out: str, steps: int, capacity: int = 16, path: str | None 
         prog = compile_step(g, cuda_target())
     finally:
         cmod._codegen = saved
-    art = compile_program(prog)
+    art = compile_program(prog, strategy=strategy)
     compile_s = time.perf_counter() - t0
     ptxas = ptxas_check(art.ptx)
     ids = [int(i) for i in np.load(os.path.join(FIXTURES, name, "reference.npz"))["prompt_ids"]] \
@@ -60,17 +61,48 @@ def build(name: str, out: str, steps: int, capacity: int = 16, path: str | None 
             **art.summary(), **art.meta}
 
 
+def build_speed(path: str, out: str, label: str, capacity: int, strategy: str = "auto"
+                ) -> dict:
+    """A speed-only bundle (artifact, no weights or fixtures: the device check makes stand-in
+    weights of the right sizes) of a real checkpoint's decode step."""
+    from poot.backends.cuda.codegen import compile_program, cuda_target
+    from poot.compiler.compile import compile as compile_step
+    from poot.models import StepSpec, load_model
+
+    cmod = sys.modules["poot.compiler.compile"]
+    model, weights = load_model(path)
+    g = model.trace(StepSpec.decode(kv_capacity=capacity), weights.types)
+    saved = cmod._codegen
+    cmod._codegen = lambda g_, t_, o_: None
+    try:
+        prog = compile_step(g, cuda_target())
+    finally:
+        cmod._codegen = saved
+    art = compile_program(prog, strategy=strategy)
+    art.save(os.path.join(out, label))
+    return {"bundle": os.path.join(out, label), **art.summary(), **art.meta}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--models", nargs="+", default=["llama", "llama_gguf_q4_1",
-                                                    "llama_gguf_q4_1:256"])
+                                                    "llama_gguf_q4_1:256",
+                                                    "llama_gguf_q4_1:256:naive"])
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--speed", nargs="*", default=[],
+                    help="GGUF/HF checkpoints for speed-only bundles (PATH:CAPACITY:STRATEGY)")
     a = ap.parse_args()
-    for m in a.models:                  # NAME or NAME:KV_CAPACITY
-        name, _, cap = m.partition(":")
-        r = build(name, a.out, a.steps, capacity=int(cap or 16),
-                  label=f"{name}_cap{cap}" if cap else name)
+    for sp in a.speed:
+        path, cap, strat = (sp.split(":") + ["", ""])[:3]
+        label = os.path.basename(path).split(".")[0].lower() + f"_cap{cap or 256}_" + \
+            (strat or "auto") + "_speed"
+        print(json.dumps(build_speed(path, a.out, label, int(cap or 256), strat or "auto")))
+    for m in a.models:                  # NAME[:KV_CAPACITY[:STRATEGY]]
+        name, cap, strat = (m.split(":") + ["", ""])[:3]
+        label = name + (f"_cap{cap}" if cap else "") + (f"_{strat}" if strat else "")
+        r = build(name, a.out, a.steps, capacity=int(cap or 16), label=label,
+                  strategy=strat or "auto")
         print(json.dumps(r))
 
 

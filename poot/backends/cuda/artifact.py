@@ -59,6 +59,7 @@ class CudaArtifact:
             raise ValueError(f"{folder}: not a {FORMAT} program (format {plan.get('format')})")
         with open(os.path.join(folder, "kernels.ptx")) as f:
             ptx = f.read()
+        plan.pop("format")
         return CudaArtifact(plan, ptx, plan.pop("meta", {}))
 
     def summary(self) -> dict:

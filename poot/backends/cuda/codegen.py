@@ -91,11 +91,11 @@ def ptxas_check(ptx: str, arch: str = "sm_90") -> str | None:
     return exe
 
 
-def compile_program(program, chip: str = "sm_90") -> CudaArtifact:
+def compile_program(program, chip: str = "sm_90", strategy: str = "auto") -> CudaArtifact:
     """Kernels + launch plan of a compiled :class:`~poot.compiler.Program` as an artifact."""
     caps = program.target.caps
     t0 = time.perf_counter()
-    plan = plan_program(program, caps)
+    plan = plan_program(program, caps, strategy)
     t1 = time.perf_counter()
     ptx = ptx_text(plan.module, chip)
     t2 = time.perf_counter()
@@ -103,7 +103,7 @@ def compile_program(program, chip: str = "sm_90") -> CudaArtifact:
          "kernels": plan.kernels, "buffers": plan.buffers, "launches": plan.launches,
          "dispatches": plan.dispatches, "inputs": plan.inputs, "params": plan.params,
          "outputs": plan.outputs}
-    meta = {"plan_s": round(t1 - t0, 3), "ptx_s": round(t2 - t1, 3),
+    meta = {"strategy": strategy, "plan_s": round(t1 - t0, 3), "ptx_s": round(t2 - t1, 3),
             "strategies": plan.strategies, "dispatch_kinds": dict(program.dispatches)}
     return CudaArtifact(p, ptx, meta)
 

@@ -227,6 +227,146 @@ def _linearize(par: ir.Operation, caps) -> None:
     par.erase()
 
 
+_COMBINE = {"arith.addf": "add", "arith.maximumf": "max", "arith.minimumf": "min"}
+
+
+def _row_reduction(par: ir.Operation):
+    """If ``par`` is a row reduction (its body: pure ops, then one ``scf.for`` over the
+    reduction dim that loads ``out[idx]``, combines it with a contribution and stores it
+    back), return (pre_ops, for_op, load, combine, store, contribution); else None."""
+    body = list(par.regions[0].blocks[0].operations)
+    ops = [o.operation for o in body if o.operation.name != "scf.reduce"]
+    if not ops or ops[-1].name != "scf.for":
+        return None
+    loop = ops[-1]
+    pre = ops[:-1]
+    if any(len(o.regions) or o.name in ("memref.store", "memref.copy") for o in pre):
+        return None
+    if len(loop.results) or _const_index(loop.operands[0]) != 0 or \
+            _const_index(loop.operands[2]) != 1 or _const_index(loop.operands[1]) is None:
+        return None
+    lops = [o.operation for o in loop.regions[0].blocks[0].operations]
+    if len(lops) < 3 or lops[-1].name != "scf.yield" or lops[-2].name != "memref.store":
+        return None
+    store = lops[-2]
+    comb = store.operands[0].owner
+    if isinstance(comb, ir.Block):
+        return None
+    comb = comb.operation
+    if comb.name not in _COMBINE or str(comb.results[0].type) != "f32":
+        return None
+    load = None
+    for i, v in enumerate(comb.operands):
+        o = v.owner
+        if not isinstance(o, ir.Block) and o.operation.name == "memref.load" and \
+                o.operation.operands[0] == store.operands[1] and \
+                list(o.operation.operands)[1:] == list(store.operands)[2:]:
+            load, contrib = o.operation, comb.operands[1 - i]
+    if load is None or len(list(load.results[0].uses)) != 1:
+        return None
+    iv = loop.regions[0].blocks[0].arguments[0]
+    if any(v == iv for v in list(store.operands)[2:]):
+        return None
+    for o in lops[:-2]:
+        if len(o.regions) or o.name in ("memref.store", "memref.copy"):
+            return None
+    return pre, loop, load, comb, store, contrib
+
+
+def _warp_rows(par: ir.Operation, caps) -> bool:
+    """Map a top-level row reduction to one subgroup (warp) per row: the reduction dim is
+    split across the lanes (lane-strided, so neighbouring lanes read neighbouring elements),
+    partial results are combined with ``gpu.shuffle xor`` butterflies, and lane 0 merges the
+    row's result into the output. Several rows per block. Returns False if ``par`` is not a
+    row reduction."""
+    from mlir.dialects import gpu as gpu_d
+
+    m = _row_reduction(par)
+    if m is None:
+        return False
+    pre, loop, load, comb, store, contrib = m
+    lb, st, counts = _counts(par)
+    n = 1
+    for c in counts:
+        n *= c
+    k = _const_index(loop.operands[1])
+    sg = getattr(caps, "subgroup_size", None) or 32
+    if k < 2 * sg:
+        return False
+    rows = max(1, min(256 // sg, n))
+    t = rows * sg
+    nb = (n + rows - 1) // rows
+    f32 = ir.F32Type.get()
+    kind = _COMBINE[comb.name]
+    init = {"add": 0.0, "max": float("-inf"), "min": float("inf")}[kind]
+    with ir.InsertionPoint(par), par.location:
+        c0, c1 = _cidx(0), _cidx(1)
+        outer, ob = _parallel_op([c0], [_cidx(nb)], [c1])
+    with ir.InsertionPoint.at_block_begin(ob), par.location:
+        inner, ib = _parallel_op([c0], [_cidx(t)], [c1])
+    with ir.InsertionPoint.at_block_begin(ib), par.location:
+        tid = ib.arguments[0]
+        row = arith.AddIOp(arith.MulIOp(ob.arguments[0], _cidx(rows)).result,
+                           arith.DivUIOp(tid, _cidx(sg)).result).result
+        lane = arith.RemUIOp(tid, _cidx(sg)).result
+        cond = arith.CmpIOp(arith.CmpIPredicate.ult, row, _cidx(n)).result
+        ifop = scf.IfOp(cond)
+    with ir.InsertionPoint(ifop.then_block), par.location:
+        ivs = _delinearize(row, lb, st, counts)
+        y_if = scf.YieldOp([])
+    body = par.regions[0].blocks[0]
+    for arg, iv in zip(body.arguments, ivs):
+        arg.replace_all_uses_with(iv)
+    for o in pre:
+        o.move_before(y_if.operation)
+    with ir.InsertionPoint(y_if.operation), par.location:
+        zero = arith.ConstantOp(f32, init).result
+        new = scf.ForOp(lane, _cidx(k), _cidx(sg), [zero])
+    with ir.InsertionPoint(new.body), par.location:
+        acc = new.inner_iter_args[0]
+        y_for = scf.YieldOp([acc])      # operand replaced below
+    old_iv = loop.regions[0].blocks[0].arguments[0]
+    old_iv.replace_all_uses_with(new.induction_variable)
+    for o in [o.operation for o in loop.regions[0].blocks[0].operations]:
+        if o.name in ("scf.yield", "memref.store") or o == comb or o == load:
+            continue
+        o.move_before(y_for.operation)
+    with ir.InsertionPoint(y_for.operation), par.location:
+        part = _combine(kind, acc, contrib)
+    y_for.operation.operands[0] = part
+    with ir.InsertionPoint(y_if.operation), par.location:
+        v = new.results[0]
+        i32 = ir.IntegerType.get_signless(32)
+        width = arith.ConstantOp(i32, sg).result
+        off = sg // 2
+        while off:
+            sh = gpu_d.ShuffleOp(v, arith.ConstantOp(i32, off).result, width,
+                                 gpu_d.ShuffleMode.XOR)
+            v = _combine(kind, v, sh.results[0])
+            off //= 2
+        is0 = arith.CmpIOp(arith.CmpIPredicate.eq, lane, _cidx(0)).result
+        if0 = scf.IfOp(is0)
+    with ir.InsertionPoint(if0.then_block), par.location:
+        y0 = scf.YieldOp([])
+    load.move_before(y0.operation)
+    comb.move_before(y0.operation)
+    store.move_before(y0.operation)
+    for i, x in enumerate(comb.operands):
+        if x == contrib:
+            comb.operands[i] = v
+    loop.erase()
+    par.erase()
+    return True
+
+
+def _combine(kind: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    if kind == "add":
+        return arith.AddFOp(a, b).result
+    if kind == "max":
+        return arith.MaximumFOp(a, b).result
+    return arith.MinimumFOp(a, b).result
+
+
 def _counts(par: ir.Operation):
     nd = len(par.regions[0].blocks[0].arguments)
     lbs, ubs, steps = (list(par.operands[i * nd:(i + 1) * nd]) for i in range(3))
@@ -330,6 +470,18 @@ def _wrap_serial(op: ir.Operation, caps) -> None:
             gpu_d.BarrierOp()
 
 
+def _has_parallel(op: ir.Operation) -> bool:
+    found = []
+
+    def visit(o):
+        if o.operation.name == "scf.parallel":
+            found.append(o)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+    op.walk(visit)
+    return bool(found)
+
+
 def _sinkable(op: ir.Operation) -> bool:
     """A top-level op without regions or writes that a kernel can recompute (scalar
     arithmetic, loads, views)."""
@@ -406,8 +558,13 @@ _PURE_TOP = {"arith.constant", "memref.alloc", "memref.expand_shape", "memref.co
 
 # ---- the generator ---------------------------------------------------------------------------
 
-def build_dispatch(text: str, caps, context: ir.Context | None = None) -> DispatchKernels:
-    """Compile one dispatch function (linalg on tensors, as text) to gpu.modules + launches."""
+def build_dispatch(text: str, caps, context: ir.Context | None = None,
+                   strategy: str = "auto") -> DispatchKernels:
+    """Compile one dispatch function (linalg on tensors, as text) to gpu.modules + launches.
+
+    ``strategy``: ``"naive"`` maps every parallel loop one thread per output element
+    (reductions serial per thread: the correctness baseline); ``"auto"`` also maps row
+    reductions (GEMV rows, RMSNorm/softmax sums and maxima) one warp per row."""
     ctx = context or ir.Context()
     ctx.allow_unregistered_dialects = True
     with ctx, ir.Location.unknown():
@@ -502,6 +659,14 @@ def build_dispatch(text: str, caps, context: ir.Context | None = None) -> Dispat
             if op.name in _PURE_TOP or op.name in ("scf.parallel", "poot.copy_mark") \
                     or _sinkable(op):
                 continue
+            if strategy != "naive" and op.name == "scf.for" and not _has_parallel(op):
+                # a reduction whose parallel dims all folded away: a one-row nest, so the
+                # row-reduction mapping can take it
+                with ir.InsertionPoint(op), op.location:
+                    c0, c1 = _cidx(0), _cidx(1)
+                    _, pb = _parallel_op([c0], [c1], [c1])
+                op.move_before(list(pb.operations)[-1].operation)
+                continue
             _wrap_serial(op, caps)
         for op in _top_ops(fn):
             if op.name == "scf.parallel":
@@ -509,11 +674,17 @@ def build_dispatch(text: str, caps, context: ir.Context | None = None) -> Dispat
         for op in reversed(_top_ops(fn)):
             if _sinkable(op) and all(not list(r.uses) for r in op.results):
                 op.erase()
+        kinds = []
         for op in _top_ops(fn):
             if op.name == "scf.parallel" and "poot.mapped" in op.attributes:
                 del op.attributes["poot.mapped"]
+                kinds.append("cooperative")
             elif op.name == "scf.parallel":
-                _linearize(op, caps)
+                if strategy != "naive" and _warp_rows(op, caps):
+                    kinds.append("warp_rows")
+                else:
+                    _linearize(op, caps)
+                    kinds.append("naive")
             elif not (op.name in _PURE_TOP or op.name == "poot.copy_mark"):
                 raise GpuCodegenError(f"host op {op.name} would stay on the host")
         PassManager.parse(f"builtin.module({TO_GPU})").run(module.operation)
@@ -550,7 +721,9 @@ def build_dispatch(text: str, caps, context: ir.Context | None = None) -> Dispat
                                               "buffer of the dispatch")
                     slots.append(s_)
                 launches.append(Launch("kernel", slots, mod_name, kname,
-                                       tuple(sizes[:3]), tuple(sizes[3:6])))
+                                       tuple(sizes[:3]), tuple(sizes[3:6]),
+                                       strategy=kinds[sum(L.kind == "kernel"
+                                                          for L in launches)]))
             elif op.name == "poot.copy_mark":
                 s, d, nb = copies[ir.IntegerAttr(op.attributes["id"]).value]
                 launches.append(Launch("copy", [s, d], nbytes=nb))

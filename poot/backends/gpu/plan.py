@@ -73,8 +73,9 @@ def _fn_name(op) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value
 
 
-def plan_program(program, caps, rename=None) -> GpuPlan:
-    """Plan ``program`` (a :class:`~poot.compiler.Program`) for a GPU target of ``caps``."""
+def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
+    """Plan ``program`` (a :class:`~poot.compiler.Program`) for a GPU target of ``caps``
+    (``strategy``: see :func:`~poot.backends.gpu.kernels.build_dispatch`)."""
     g = program.graph
     funcs = {_fn_name(o.operation): o.operation for o in g.module.body.operations
              if o.operation.name == "func.func"}
@@ -134,7 +135,8 @@ def plan_program(program, caps, rename=None) -> GpuPlan:
         key = hashlib.sha1(text.replace(f"@{callee}(", "@dispatch(").encode()).hexdigest()[:16]
         if key not in compiled:
             with kctx, ir.Location.unknown():
-                dk = build_dispatch(text.replace(f"@{callee}(", f"@d_{key}("), caps, kctx)
+                dk = build_dispatch(text.replace(f"@{callee}(", f"@d_{key}("), caps, kctx,
+                                    strategy)
                 names = _merge_kernels(dk, kmodule, kernels, key)
             scratch = [new_buffer("scratch", f"d_{key}.scratch{i}", {"nbytes": nb, "type": t})
                        for i, (t, nb) in enumerate(dk.scratch)]
