@@ -42,7 +42,7 @@ def _embed(vocab=16, dim=8):
     return b.finish({"h": b.unary("neg", b.gather(table, tok))})
 
 
-def _big_matmul(k=2048, n=2048):
+def _big_matmul(k=1024, n=1024):
     b = Builder(LIMITS, name="big")
     x = b.input("x", TensorType((64, k), DType.F32))
     w = b.param("w", TensorType((k, n), DType.F32))
@@ -141,8 +141,8 @@ def test_fence_timeout_poisons_device(vk_target):
     g = _big_matmul()
     k = dev.load(compile_vulkan(g, vk_target))
     rng = np.random.default_rng(0)
-    bufs = _bind(dev, k, {"x": rng.standard_normal((64, 2048)).astype(np.float32),
-                          "w": rng.standard_normal((2048, 2048)).astype(np.float32)})
+    bufs = _bind(dev, k, {"x": rng.standard_normal((64, 1024)).astype(np.float32),
+                          "w": rng.standard_normal((1024, 1024)).astype(np.float32)})
     rec = dev.record(k, bufs)
     dev.replay(rec)
     with pytest.raises(DeviceLost, match="timed out"):
@@ -150,7 +150,7 @@ def test_fence_timeout_poisons_device(vk_target):
     assert dev.poisoned
     for call in (lambda: dev.replay(rec), dev.synchronize, lambda: dev.download(bufs[0]),
                  lambda: dev.alloc(k.args[0].type), lambda: dev.record(k, bufs),
-                 lambda: dev.upload(bufs[0], np.zeros((64, 2048), np.float32))):
+                 lambda: dev.upload(bufs[0], np.zeros((64, 1024), np.float32))):
         with pytest.raises(DeviceLost, match="poisoned"):
             call()
     dev.vk.vkDeviceWaitIdle(dev.device)   # let the leaked work finish before the process ends

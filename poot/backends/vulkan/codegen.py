@@ -48,7 +48,8 @@ from poot.errors import PootError
 
 #: what the SPIR-V lowering assumes about a device it was not told about (lavapipe-like)
 DEFAULT_FEATURES = frozenset({"shaderInt64", "shaderInt16", "shaderInt8", "shaderFloat16",
-                              "storageBuffer8BitAccess", "storageBuffer16BitAccess"})
+                              "storageBuffer8BitAccess", "storageBuffer16BitAccess",
+                              "subgroupBasic", "subgroupShuffle", "subgroupArithmetic"})
 
 
 class SpirvCodegenError(PootError):
@@ -100,7 +101,24 @@ def _spirv_caps(features) -> tuple[str, str]:
     if "storageBuffer8BitAccess" in f:
         caps.append("StorageBuffer8BitAccess")
         exts.append("SPV_KHR_8bit_storage")
-    return ",".join(caps), ",".join(exts)
+    for feat, cap in (("subgroupBasic", "GroupNonUniform"),
+                      ("subgroupShuffle", "GroupNonUniformShuffle"),
+                      ("subgroupArithmetic", "GroupNonUniformArithmetic")):
+        if feat in f:
+            caps.append(cap)
+    return ", ".join(caps), ", ".join(exts)
+
+
+def target_env(caps) -> str:
+    """The ``#spirv.target_env`` of a target: SPIR-V 1.3 for Vulkan, the capabilities its
+    device features allow, and its resource limits (the device's subgroup size: shuffles are
+    only legal at that width; shared memory; workgroup invocations)."""
+    spv_caps, exts = _spirv_caps(caps.features or DEFAULT_FEATURES)
+    limits = [f"max_compute_shared_memory_size = {int(caps.max_shared_bytes or 16384)}"]
+    if caps.subgroup_size:
+        limits.append(f"subgroup_size = {int(caps.subgroup_size)}")
+    return (f"#spirv.target_env<#spirv.vce<v1.3, [{spv_caps}], [{exts}]>, api=Vulkan, "
+            f"#spirv.resource_limits<{', '.join(limits)}>>")
 
 
 # ---- one dispatch ----------------------------------------------------------------------------
@@ -157,12 +175,30 @@ def _add_error_word(gfunc: ir.Operation, ordinal: int) -> int:
     return len(clamps)
 
 
-def _spirv_binaries(module: ir.Module, features, checks_for, blocks: dict
+def _spirv_binaries(module: ir.Module, caps, checks_for, blocks: dict
                     ) -> dict[str, tuple[bytes, str]]:
     """Lower every gpu.module of ``module`` to SPIR-V: ``{module name: (binary, entry)}``;
     ``blocks[module name]`` is its launch's workgroup size."""
-    caps, exts = _spirv_caps(features)
+    env = target_env(caps)
     with module.context, ir.Location.unknown():
+        # a memref.copy left inside a kernel (e.g. in a serial scatter loop) becomes loops
+        copies = []
+
+        def find_copies(op):
+            if op.operation.name == "memref.copy":
+                copies.append(op.operation)
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(find_copies)
+        if copies:
+            from mlir.dialects import linalg
+
+            for c in copies:
+                with ir.InsertionPoint(c), c.location:
+                    linalg.copy(c.operands[0], outs=[c.operands[1]])
+                c.erase()
+            PassManager.parse("builtin.module(gpu.module(convert-linalg-to-loops,"
+                              "fold-memref-alias-ops,canonicalize))").run(module.operation)
         for gm in module.body.operations:
             gm = gm.operation
             if gm.name != "gpu.module":
@@ -170,6 +206,7 @@ def _spirv_binaries(module: ir.Module, features, checks_for, blocks: dict
             for f in gm.regions[0].blocks[0].operations:
                 f = f.operation
                 if f.name == "gpu.func":
+                    gm.attributes["targets"] = ir.ArrayAttr.get([ir.Attribute.parse(env)])
                     checks_for(gm, f)
                     x, y, z = blocks[ir.StringAttr(gm.attributes["sym_name"]).value]
                     f.attributes["spirv.entry_point_abi"] = ir.Attribute.parse(
@@ -178,7 +215,6 @@ def _spirv_binaries(module: ir.Module, features, checks_for, blocks: dict
             "builtin.module(gpu.module(scf-parallel-for-to-nested-fors,lower-affine,"
             "arith-int-range-narrowing{int-bitwidths-supported=32},"
             "canonicalize,cse),"
-            f"spirv-attach-target{{ver=v1.3 caps={caps} exts={exts} client_api=Vulkan}},"
             "gpu.module(convert-math-to-spirv),"
             "convert-gpu-to-spirv{use-64bit-index=false})").run(module.operation)
         # for Shader targets the spirv.module lands beside its gpu.module: move it inside
@@ -390,7 +426,7 @@ def codegen_vulkan(g, target, validate: bool = True) -> VulkanArtifact:
                 def checks_for(gm, f, _ord=ordinal):
                     n_checks[0] += _add_error_word(f, _ord)
 
-                bins = _spirv_binaries(dk.module, features, checks_for,
+                bins = _spirv_binaries(dk.module, caps, checks_for,
                                        {la.module: la.block for la in dk.launches
                                         if la.kind != "copy"})
                 dname = _sym(callee)

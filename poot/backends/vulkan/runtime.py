@@ -338,9 +338,16 @@ class VulkanDevice:
         p2.pNext = sg
         lib.vkGetPhysicalDeviceProperties2(self.physical, p2)
         lim = self.properties.limits
+        feats = {k for k, v in self.features.items() if v}
+        if sg.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT:
+            for bit, name in ((vk.VK_SUBGROUP_FEATURE_BASIC_BIT, "subgroupBasic"),
+                              (vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT, "subgroupShuffle"),
+                              (vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT, "subgroupArithmetic")):
+                if sg.supportedOperations & bit:
+                    feats.add(name)
         return {"name": self.device_name, "device_type": int(self.properties.deviceType),
                 "api_version": int(self.properties.apiVersion),
-                "features": sorted(k for k, v in self.features.items() if v),
+                "features": sorted(feats),
                 "subgroup_size": int(sg.subgroupSize),
                 "max_shared_bytes": int(lim.maxComputeSharedMemorySize),
                 "max_storage_buffer_range": int(lim.maxStorageBufferRange),
