@@ -92,7 +92,14 @@ def match(op: OpInfo) -> Gemv | None:
     at, bt = op.types
     if at.rank != 2 or bt.rank != 2 or at.dtype is not DType.F32 or op.attrs["acc"] is not DType.F32:
         return None
-    src = _weight_source(op.producer(1))
+    rhs = op.producer(1)
+    if rhs is not None and rhs.name == "cast" and rhs.result.dtype is DType.F32 and \
+            rhs.types[0].dtype in HALF_DTYPES:
+        # cast(transpose(W)): the same weight, widened after the view
+        t = rhs.producer(0)
+        src = _weight_source(t) if t is not None and t.producer(0) is None else None
+    else:
+        src = _weight_source(rhs)
     if src is None:
         return None
     m, k = at.shape

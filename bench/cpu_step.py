@@ -1,0 +1,244 @@
+"""CPU backend benchmark: the SmolLM2-135M (GGUF Q4_1, tied Q8_0 embedding) decode step,
+compiled for the host, run alone in a loop with fixed inputs. Prints one JSON object.
+
+    python bench/cpu_step.py [--steps 50] [--threads N] [--no-micro]
+
+Reports: compile time, dispatches per step, ms/token and tok/s of the compiled step (raw
+call with prebuilt arguments, and through ``CpuProgram.run``), single-GEMV kernels (GB/s of
+weight bytes streamed) next to numpy on the same GEMVs (dequantized f32 ``W @ x``), and the
+numpy time of all the step's GEMVs together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def _timeit(fn, steps: int, warm: int = 3) -> float:
+    for _ in range(warm):
+        fn()
+    best = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        best.append((time.perf_counter() - t0) / steps)
+    return min(best)
+
+
+def prepared_call(prog, inputs, params):
+    """A zero-argument callable running ``prog`` on fixed arrays (descriptors built once)."""
+    from poot.backends.cpu import _bind, _descriptor
+
+    keep = [_bind(n, inputs[n], t) for n, t in prog.inputs]
+    keep += [_bind(n, params[n], t) for n, t in prog.params]
+    outs = [np.empty(t.shape, dtype=t.dtype.numpy) for _, t in prog.outputs]
+    keep += outs
+    descs = [_descriptor(a) for a in keep]
+    ptrs = [ctypes.pointer(d) for d in descs]
+    packed = (ctypes.c_void_p * len(ptrs))(
+        *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs])
+    fn = prog._fn
+
+    def call():
+        fn(packed)
+
+    call._keep = (keep, descs, ptrs, packed, prog)  # keep the memory alive
+    return call
+
+
+def step_bench(path, steps: int, threads: int | None):
+    from poot.backends.cpu import cpu_threads
+    from poot.compiler import CompileOptions, compile
+    from poot.compiler.target import host_cpu
+    from poot.models import StepSpec, load_model
+
+    t0 = time.perf_counter()
+    model, weights = load_model(path)
+    g = model.trace(StepSpec.decode(kv_capacity=256), weights.types)
+    trace_s = time.perf_counter() - t0
+    if threads is not None:
+        os.environ["POOT_CPU_THREADS"] = str(threads)
+    t0 = time.perf_counter()
+    program = compile(g, host_cpu(), CompileOptions())
+    compile_s = time.perf_counter() - t0
+    prog = program.executable
+    params = {n: np.asarray(weights[n]) for n, _ in prog.params}
+    inputs = {}
+    for n, t in prog.inputs:
+        inputs[n] = np.zeros(t.shape, t.dtype.numpy)
+    inputs["tokens"][...] = 42
+    inputs["positions"][...] = 17
+    raw = prepared_call(prog, inputs, params)
+    step_s = _timeit(raw, steps)
+    run_s = _timeit(lambda: prog.run(inputs, params), max(3, steps // 5), warm=1)
+    logits = prog.run(inputs, params)["logits"]
+    return {
+        "model": os.path.basename(str(path)),
+        "threads": cpu_threads(),
+        "trace_s": round(trace_s, 3),
+        "compile_s": round(compile_s, 3),
+        "codegen_s": round(program.pass_seconds.get("codegen", 0.0), 3),
+        "dispatches": program.dispatches,
+        "dispatch_count": program.dispatch_count,
+        "step_ms": round(step_s * 1e3, 3),
+        "tok_s": round(1.0 / step_s, 2),
+        "run_ms": round(run_s * 1e3, 3),
+        "logits_finite": bool(np.isfinite(logits).all()),
+    }, g, weights
+
+
+def _gemvs(g, weights):
+    """(name, packed/dense type) of every weight used as a matmul rhs in the step."""
+    from poot.dialects.types import PackedType
+
+    out = {}
+    for name, t in g.params.items():
+        if len(t.shape) == 2 and (isinstance(t, PackedType) or t.shape[1] >= 256):
+            out[name] = t
+    return out
+
+
+def micro(g, weights, steps: int):
+    """Single GEMV kernels compiled alone (x[1, K] @ W^T) vs numpy on the dequantized W."""
+    from poot.backends.cpu import compile_cpu
+    from poot.compiler.options import CompileLimits
+    from poot.dialects.quant_ref import dequantize
+    from poot.dialects.types import DType, PackedType, TensorType
+    from poot.graph.builder import Builder
+
+    gemvs = _gemvs(g, weights)
+    shapes = {}
+    for name, t in gemvs.items():
+        key = (str(getattr(t, "format", t.dtype)), tuple(t.shape))
+        shapes.setdefault(key, name)
+    rows = []
+    for (fmt, shape), name in sorted(shapes.items(), key=lambda kv: -np.prod(kv[0][1])):
+        t = gemvs[name]
+        n, k = t.shape
+        b = Builder(CompileLimits.STANDARD)
+        x = b.input("x", TensorType((1, k), DType.F32))
+        if isinstance(t, PackedType):
+            w = b.dequantize(b.packed_param("w", t), DType.F32)
+        else:
+            w = b.param("w", t)
+        y = b.matmul(x, b.transpose(w, (1, 0)), DType.F32)
+        gg = b.finish({"y": y})
+        prog = compile_cpu(gg)
+        raw = np.asarray(weights[name])
+        xv = np.random.default_rng(0).standard_normal((1, k)).astype(np.float32)
+        call = prepared_call(prog, {"x": xv}, {"w": raw})
+        sec = _timeit(call, steps)
+        wd = dequantize(t.format, raw, t.shape).astype(np.float32) if isinstance(t, PackedType) \
+            else raw.astype(np.float32)
+        xv1 = xv[0]
+        nsec = _timeit(lambda: wd @ xv1, max(3, steps // 2))
+        nbytes = raw.nbytes
+        rows.append({"weight": name, "format": fmt, "shape": [n, k], "bytes": int(nbytes),
+                     "us": round(sec * 1e6, 1), "GB_s": round(nbytes / sec / 1e9, 2),
+                     "numpy_f32_us": round(nsec * 1e6, 1),
+                     "numpy_f32_GB_s": round(wd.nbytes / nsec / 1e9, 2)})
+    return rows
+
+
+def numpy_all(g, weights):
+    """numpy time of every GEMV of one decode step on dequantized f32 weights."""
+    from poot.dialects.quant_ref import dequantize
+    from poot.dialects.types import PackedType
+
+    mats = []
+    for name, t in _gemvs(g, weights).items():
+        raw = np.asarray(weights[name])
+        w = dequantize(t.format, raw, t.shape).astype(np.float32) if isinstance(t, PackedType) \
+            else raw.astype(np.float32)
+        mats.append(w)
+    # the tied embedding is both the gather table and lm_head: counted once as a GEMV
+    xs = {m.shape[1]: np.random.default_rng(1).standard_normal(m.shape[1]).astype(np.float32)
+          for m in mats}
+    sec = _timeit(lambda: [m @ xs[m.shape[1]] for m in mats], 3, warm=1)
+    return {"gemvs": len(mats), "ms": round(sec * 1e3, 3), "tok_s": round(1 / sec, 2),
+            "f32_bytes": int(sum(m.nbytes for m in mats))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--no-micro", action="store_true")
+    ap.add_argument("--model", default=None, help="GGUF path (default: the bundled SmolLM2)")
+    a = ap.parse_args(argv)
+    from poot.load.bundled import smollm2_gguf
+
+    path = a.model or smollm2_gguf()
+    report, g, weights = step_bench(path, a.steps, a.threads)
+    if not a.no_micro:
+        report["gemv_kernels"] = micro(g, weights, a.steps)
+        report["numpy_step_gemvs"] = numpy_all(g, weights)
+    json.dump(report, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+_NP = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "i8": np.int8, "i32": np.int32,
+       "i64": np.int64, "i1": np.int8}
+
+
+def _np_of(t) -> np.ndarray:
+    from mlir import ir
+
+    rt = ir.RankedTensorType(t)
+    return np.zeros(rt.shape, _NP[str(rt.element_type)])
+
+
+def per_kind(lowered: str, steps: int = 20) -> dict:
+    """Each distinct dispatch function of the lowered step compiled alone and timed on zero
+    inputs, times the number of calls the step makes: an estimate of ms per token by kind."""
+    import re
+    from collections import Counter
+
+    from mlir import ir
+    from mlir.execution_engine import ExecutionEngine
+
+    from poot.backends import cpu
+    from poot.dialects import make_context
+
+    from mlir.passmanager import PassManager
+
+    calls = Counter(re.findall(r"call @([\w.$-]+)\(", lowered))
+    out: dict[str, float] = {}
+    with make_context(), ir.Location.unknown():
+        m0 = ir.Module.parse(lowered)
+        for f in list(m0.body.operations):
+            f = f.operation
+            if "poot.dispatch" not in f.attributes:
+                continue
+            name = ir.StringAttr(f.attributes["sym_name"]).value
+            kind = re.search(r'kind = "(\w+)"', str(f.attributes["poot.dispatch"])).group(1)
+            ft = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
+            m = ir.Module.create()
+            g = f.clone(ip=ir.InsertionPoint(m.body))
+            del g.attributes["sym_visibility"]
+            cpu._prepare_abi(g)
+            threads = cpu.cpu_threads()
+            engine = cpu.compile_lowered(m, threads=threads)
+            fn = engine.lookup(name)
+            arrays = [_np_of(t) for t in ft.inputs] + [_np_of(t) for t in ft.results]
+            descs = [cpu._descriptor(a) for a in arrays]
+            ptrs = [ctypes.pointer(d) for d in descs]
+            packed = (ctypes.c_void_p * len(ptrs))(
+                *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs])
+            sec = _timeit(lambda: fn(packed), steps)
+            out[kind] = out.get(kind, 0.0) + sec * calls[name] * 1e3
+            del engine
+    return {k: round(v, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}

@@ -1,0 +1,197 @@
+"""The CPU backend's matmul kernels (dialects/lowering/gemv.py) and its compile of fused
+(dispatch-function) steps, against the oracle.
+
+The row-streaming kernel reads the weight in place: dense f32/bf16/f16 or Q4_0/Q4_1/Q8_0 blocks
+decoded in registers. Shapes cover N not a multiple of the vector width, K a multiple of 32
+(and for dense weights K that is not), batch M = 1..4 and an M-tiled prefill M, on one thread
+and with the row loop as scf.forall (OpenMP threads when libomp is installed).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from poot import oracle
+from poot.backends.cpu import compile_cpu, openmp_lib
+from poot.dialects.lowering import Strategy
+from poot.dialects.quant import Quant
+from poot.dialects.types import DType, PackedType, TensorType
+from poot.graph.builder import Builder, TraceLimits
+
+LIMITS = TraceLimits(max_values=100_000, max_ops=100_000, max_literal_bytes=1 << 20,
+                     max_owned_bytes=1 << 30)
+SERIAL = Strategy(gemv=True, m_tile=2, cores=1)
+THREADED = Strategy(gemv=True, m_tile=2, cores=2, parallel_min_bytes=0)
+
+
+def _quantized(fmt, n, k, rng):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    return np.asarray(quantize(w, GGMLQuantizationType(fmt.ggml_type)),
+                      dtype=np.uint8).reshape(-1)
+
+
+def _gemv_graph(wtype, m, k, half_order="cast_first"):
+    b = Builder(LIMITS)
+    x = b.input("x", TensorType((m, k), DType.F32))
+    w = b.param("w", wtype)
+    if isinstance(wtype, PackedType):
+        rhs = b.transpose(b.dequantize(w), (1, 0))
+    elif wtype.dtype is DType.F32:
+        rhs = b.transpose(w, (1, 0))
+    elif half_order == "cast_first":
+        rhs = b.transpose(b.cast(w, DType.F32), (1, 0))
+    else:
+        rhs = b.cast(b.transpose(w, (1, 0)), DType.F32)
+    y = b.matmul(x, rhs)
+    return b.finish({"y": y, "z": b.unary("exp", y * 0.01)})
+
+
+def _run(g, strategy, inputs, params):
+    prog = compile_cpu(g, strategy=strategy)
+    assert "math.fma" in prog.lowered and "linalg.matmul" not in prog.lowered, \
+        "the GEMV kernel was not chosen"
+    got = prog.run(inputs, params)
+    want = oracle.evaluate(g, inputs, params)
+    for name in want:
+        scale = max(1.0, float(np.abs(want[name]).max()))
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4 * scale,
+                                   err_msg=name)
+    return prog
+
+
+CASES = [  # (weight kind, n, k)
+    ("q4_0", 37, 96), ("q4_1", 37, 96), ("q8_0", 37, 96),
+    ("f32", 37, 96), ("f32", 13, 70), ("bf16", 21, 64), ("f16", 19, 48),
+]
+
+
+@pytest.mark.parametrize("strategy", [SERIAL, THREADED], ids=["serial", "forall"])
+@pytest.mark.parametrize("kind,n,k", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in CASES])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_gemv_matches_oracle(kind, n, k, m, strategy):
+    rng = np.random.default_rng(hash((kind, n, k, m)) % 2**32)
+    if kind.startswith("q"):
+        fmt = Quant[kind.upper()].value
+        wtype = PackedType(fmt, (n, k))
+        wv = _quantized(fmt, n, k, rng)
+    else:
+        dt = DType(kind)
+        wtype = TensorType((n, k), dt)
+        wv = rng.normal(size=(n, k)).astype(dt.numpy)
+    g = _gemv_graph(wtype, m, k)
+    _run(g, strategy, {"x": rng.normal(size=(m, k)).astype(np.float32)}, {"w": wv})
+
+
+def test_half_weight_cast_after_transpose():
+    rng = np.random.default_rng(3)
+    g = _gemv_graph(TensorType((9, 40), DType.BF16), 2, 40, half_order="transpose_first")
+    import ml_dtypes
+
+    _run(g, SERIAL, {"x": rng.normal(size=(2, 40)).astype(np.float32)},
+         {"w": rng.normal(size=(9, 40)).astype(ml_dtypes.bfloat16)})
+
+
+@pytest.mark.parametrize("m", [7, 12])
+def test_prefill_m_tiles(m):
+    """A prefill-shaped matmul: M-tiles of m_tile rows against each decoded W row (a loop of
+    tiles and a tail tile)."""
+    rng = np.random.default_rng(m)
+    fmt = Quant.Q4_1.value
+    g = _gemv_graph(PackedType(fmt, (24, 64)), m, 64)
+    _run(g, THREADED, {"x": rng.normal(size=(m, 64)).astype(np.float32)},
+         {"w": _quantized(fmt, 24, 64, rng)})
+
+
+def test_portable_strategy_keeps_linalg():
+    g = _gemv_graph(TensorType((8, 32), DType.F32), 1, 32)
+    prog = compile_cpu(g, strategy=Strategy(gemv=False))
+    assert "linalg.matmul" in prog.lowered and "math.fma" not in prog.lowered
+
+
+def test_openmp_lookup_is_graceful(monkeypatch):
+    """Without libomp the kernels compile single-threaded (no OpenMP lowering)."""
+    from poot.backends import cpu
+
+    monkeypatch.setenv("POOT_CPU_OPENMP", "0")
+    cpu.openmp_lib.cache_clear()
+    try:
+        assert cpu.openmp_lib() is None and cpu.cpu_threads() == 1
+        rng = np.random.default_rng(5)
+        g = _gemv_graph(TensorType((40, 64), DType.F32), 1, 64)
+        _run(g, THREADED, {"x": rng.normal(size=(1, 64)).astype(np.float32)},
+             {"w": rng.normal(size=(40, 64)).astype(np.float32)})
+    finally:
+        cpu.openmp_lib.cache_clear()
+
+
+def test_gather_of_packed_table_decodes_rows():
+    """An embedding gather from a dequantized Q8_0 table decodes only the gathered rows
+    (no generic over the whole table), exactly like the oracle."""
+    rng = np.random.default_rng(7)
+    fmt = Quant.Q8_0.value
+    b = Builder(LIMITS)
+    ids = b.input("ids", TensorType((1, 3), DType.I32))
+    table = b.param("emb", PackedType(fmt, (50, 64)))
+    g = b.finish({"e": b.gather(b.dequantize(table), ids, 0)})
+    from mlir.passmanager import PassManager
+
+    from poot.backends.cpu import lower_graph
+
+    module, _ = lower_graph(g)
+    with module.context:  # the dequantize of the whole table is dead once gathers decode
+        PassManager.parse("builtin.module(canonicalize)").run(module.operation)
+    assert "tensor<50x64xf32>" not in str(module)
+    prog = compile_cpu(g)
+    inputs = {"ids": np.array([[3, 49, 0]], np.int32)}
+    params = {"emb": _quantized(fmt, 50, 64, rng)}
+    np.testing.assert_array_equal(prog.run(inputs, params)["e"],
+                                  oracle.evaluate(g, inputs, params)["e"])
+
+
+# ---- fused steps through poot.compiler.compile ------------------------------------------------
+
+@pytest.mark.parametrize("name", ["llama", "llama_gguf_q4_1"])
+def test_fused_tiny_llama_steps(name):
+    """poot.compiler.compile (dispatch regions outlined into functions, func.call in the
+    entry) of a prefill step then a decode step of the tiny Llama fixtures: logits and caches
+    match the oracle within 1e-4, caches carried from the compiled program's own outputs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+    from model_steps import empty_caches, fixture_path, reference
+
+    from poot.compiler import CompileOptions, compile
+    from poot.compiler.target import host_cpu
+    from poot.models import StepSpec, load_model
+
+    model, weights = load_model(fixture_path(name))
+    ids = [int(i) for i in reference(name)["prompt_ids"]]
+    n = 6
+    caches = None
+    for spec, toks, pos in ((StepSpec.prefill(n, kv_capacity=16, kv_slots=1), ids[:n],
+                             list(range(n))),
+                            (StepSpec.decode(kv_capacity=16, kv_slots=1), ids[n:n + 1], [n])):
+        g = model.trace(spec, weights.types)
+        program = compile(g, host_cpu(), CompileOptions())
+        assert program.dispatches.get("matmul", 0) > 0
+        assert "func.call" in program.ir_text or "call @" in program.ir_text
+        prog = program.executable
+        inputs = {"tokens": np.asarray([toks], np.int32),
+                  "positions": np.asarray([pos], np.int32),
+                  "slots": np.asarray([0], np.int32), **(caches or empty_caches(g))}
+        got = prog.run(inputs, {k: weights[k] for k, _ in prog.params})
+        want = oracle.evaluate(g, inputs, weights)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+        caches = {k: v for k, v in got.items() if k.startswith("kv.")}
+
+
+def test_openmp_runtime_reported():
+    """Not a requirement: says whether threads are available here (libomp5)."""
+    if openmp_lib() is None:
+        pytest.skip("libomp (Debian libomp5) not installed: CPU kernels run on one thread")
