@@ -20,11 +20,11 @@ import numpy as np
 
 if __package__:
     from poot.backends.cuda.artifact import CudaArtifact
-    from poot.backends.cuda.runtime import CudaDevice, StepRunner
+    from poot.backends.cuda.runtime import CudaDevice, StepRunner, profile_dispatches
 else:                                   # run as a file: load the siblings directly
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from artifact import CudaArtifact  # type: ignore  # noqa: E402
-    from runtime import CudaDevice, StepRunner  # type: ignore  # noqa: E402
+    from runtime import CudaDevice, StepRunner, profile_dispatches  # type: ignore  # noqa
 
 TOL = {"float32": 1e-4, "float16": 1e-2, "uint16": 2e-2}
 
@@ -131,7 +131,8 @@ def run_check(folder: str, bench: int = 0) -> dict:
         dt_graph = time.perf_counter() - t1
         report["bench"] = {"steps": bench, "step_ms": 1e3 * dt / bench,
                            "tok_per_s": bench / dt, "graph_only_ms": 1e3 * dt_graph / bench,
-                           "launches_per_step": runner.recording.nodes}
+                           "launches_per_step": runner.recording.nodes,
+                           "gpu_ms_by_kind_eager": profile_dispatches(runner)}
     # ---- every dispatch on its own ---------------------------------------------------------
     specs = {b["id"]: b for b in plan["buffers"]}
     worst = {}

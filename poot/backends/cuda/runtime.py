@@ -307,6 +307,28 @@ class CudaDevice:
         self.replays += 1
 
 
+def profile_dispatches(runner: "StepRunner") -> dict[str, float]:
+    """GPU milliseconds per dispatch kind for one step, each dispatch's launches bracketed by
+    CUDA events (eager launches; the current buffer contents are used)."""
+    cu = driver()
+    dev = runner.device
+    plan = runner.kernel.artifact.plan
+    ptrs, _ = dev._pointers(runner.kernel, runner.bindings)
+    ev0 = _check(cu.cuEventCreate(0), "cuEventCreate")
+    ev1 = _check(cu.cuEventCreate(0), "cuEventCreate")
+    out: dict[str, float] = {}
+    for d in plan["dispatches"]:
+        keep: list = []
+        _check(cu.cuEventRecord(ev0, dev.stream), "cuEventRecord")
+        dev._enqueue(runner.kernel, ptrs, [], keep,
+                     plan["launches"][d["first"]:d["first"] + d["count"]])
+        _check(cu.cuEventRecord(ev1, dev.stream), "cuEventRecord")
+        _check(cu.cuEventSynchronize(ev1), "cuEventSynchronize")
+        ms = _check(cu.cuEventElapsedTime(ev0, ev1), "cuEventElapsedTime")
+        out[d["kind"]] = out.get(d["kind"], 0.0) + float(ms)
+    return out
+
+
 class StepRunner:
     """A loaded artifact with every buffer owned here: weights uploaded once, carried state
     in place, per-step inputs in stable slot buffers, the step as one CUDA graph."""
