@@ -19,7 +19,8 @@ Plan semantics:
   or ``{"op": "copy", "src", "dst", "nbytes"}``; every step is followed by a full
   compute/transfer memory barrier.
 * the error word: two u32, word 0 the error code (:data:`ERR_GATHER_INDEX`...), word 1 the
-  dispatch ordinal + 1 (``dispatches[ordinal]`` names it); zero means no fault.
+  kernel index + 1 (``kernels[i]`` and ``kernel_users[i]``, the dispatch functions that use
+  it, name it); zero means no fault.
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ class VulkanArtifact:
     buffers: list = field(default_factory=list)
     kernels: list = field(default_factory=list)    # [VulkanKernel]
     steps: list = field(default_factory=list)      # [Step]
-    dispatches: list = field(default_factory=list)  # [{"name", "kind", "checks"}]
+    dispatches: list = field(default_factory=list)  # [{"name", "kind"}] in step order
+    kernel_users: list = field(default_factory=list)  # kernel i -> dispatch functions using it
+    checks: dict = field(default_factory=dict)      # kernel name -> kernel checks emitted
     subgroup_size: int | None = None
     features: list = field(default_factory=list)
 
@@ -122,7 +125,8 @@ class VulkanArtifact:
                          "workgroup": list(k.workgroup), "bindings": k.bindings}
                         for i, k in enumerate(self.kernels)],
             "steps": [s.to_json() for s in self.steps],
-            "dispatches": list(self.dispatches), "subgroup_size": self.subgroup_size,
+            "dispatches": list(self.dispatches), "kernel_users": list(self.kernel_users),
+            "checks": dict(self.checks), "subgroup_size": self.subgroup_size,
             "features": list(self.features),
         }
 
@@ -148,6 +152,7 @@ class VulkanArtifact:
                                   int(k["bindings"])) for i, k in enumerate(plan["kernels"])],
             steps=[Step.from_json(s) for s in plan["steps"]],
             dispatches=list(plan.get("dispatches", [])),
+            kernel_users=list(plan.get("kernel_users", [])), checks=dict(plan.get("checks", {})),
             subgroup_size=plan.get("subgroup_size"), features=list(plan.get("features", [])))
         return art
 

@@ -17,9 +17,11 @@ a launch list. This module only lowers those gpu.modules to SPIR-V and assembles
   device's ``shaderInt64``: without it the compile is refused); 8/16-bit storage types are
   used natively only when the device reports the storage features, else emulated on 32-bit
   words; compute stays f32 (the target's compute dtypes make ``poot-legalize`` widen f16/bf16).
+* constant tables of a region (e.g. RoPE frequencies) are const buffers of the plan, filled
+  once at load (the shared generator hoists them).
 * ABI: kernel argument i is storage buffer (set 0, binding i); every kernel gets one more
   argument, the *error word* (``memref<2xi32>``, binding = number of arguments): kernel checks
-  store a nonzero code in word 0 and the dispatch ordinal + 1 in word 1. The check emitted
+  store a nonzero code in word 0 and the kernel index + 1 in word 1. The check emitted
   today: a gather whose data-dependent index is clamped (``minsi(maxsi(x, lo), hi)`` feeding a
   load) reports ``x`` out of range (code :data:`ERR_GATHER_INDEX`).
 * workgroup size: chosen by the shared generator from the target's subgroup size (a multiple of
@@ -277,59 +279,6 @@ def spirv_val(binary: bytes, what: str = "kernel") -> None:
         raise SpirvCodegenError(f"spirv-val rejected {what}: {(r.stdout + r.stderr).strip()}")
 
 
-def hoist_constants(text: str) -> tuple[str, list]:
-    """Non-splat dense tensor constants of a lowered dispatch function become trailing
-    function arguments (constant buffers the runtime fills once); returns the new text and
-    the constants' bytes in argument order. (Bufferization would otherwise make them
-    ``memref.global``s, which a kernel module cannot bind.)"""
-    import numpy as np
-
-    ctx = ir.Context()
-    with ctx, ir.Location.unknown():
-        module = ir.Module.parse(text)
-        fn = next(o.operation for o in module.body.operations
-                  if o.operation.name == "func.func")
-        block = fn.regions[0].blocks[0]
-        found = []
-
-        def visit(op):
-            op = op.operation
-            if op.name == "arith.constant" and isinstance(op.results[0].type,
-                                                          ir.RankedTensorType):
-                attr = op.attributes["value"]
-                if isinstance(attr, ir.DenseElementsAttr) and not attr.is_splat:
-                    found.append(op)
-            return ir.WalkResult.ADVANCE
-
-        fn.walk(visit)
-        if not found:
-            return text, []
-        datas = []
-        n0 = len(block.arguments)
-        for op in found:
-            t = op.results[0].type
-            attr = ir.DenseElementsAttr(op.attributes["value"])
-            et = str(ir.RankedTensorType(t).element_type)
-            arr = np.array(attr)
-            if et == "i1":
-                arr = arr.astype(np.uint8)
-                t = ir.RankedTensorType.get(ir.RankedTensorType(t).shape,
-                                            ir.IntegerType.get_signless(8))
-                raise SpirvCodegenError("an i1 tensor constant in a dispatch region")
-            datas.append(np.ascontiguousarray(arr).tobytes())
-            arg = block.add_argument(t, op.location)
-            op.results[0].replace_all_uses_with(arg)
-            op.erase()
-        ft = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
-        fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-            [a.type for a in block.arguments], list(ft.results)))
-        if "arg_attrs" in fn.attributes:
-            old = list(ir.ArrayAttr(fn.attributes["arg_attrs"]))
-            fn.attributes["arg_attrs"] = ir.ArrayAttr.get(
-                old + [ir.DictAttr.get({})] * (len(block.arguments) - n0))
-        return str(module), datas
-
-
 # ---- the step ----------------------------------------------------------------------------------
 
 def _sym(op: ir.Operation) -> str:
@@ -338,133 +287,107 @@ def _sym(op: ir.Operation) -> str:
 
 def codegen_vulkan(g, target, validate: bool = True) -> VulkanArtifact:
     """The backend code generator: an optimized, dispatch-fused graph (what
-    ``poot.compiler.compile._codegen`` receives) -> :class:`VulkanArtifact`."""
-    from poot.backends.gpu.kernels import build_dispatch
-    from poot.dialects.lowering import LoweringRefusal
-    from poot.dialects.lowering.function import lower_function
-    from poot.dialects.types import PackedType
+    ``poot.compiler.compile._codegen`` receives) -> :class:`VulkanArtifact`.
+
+    The step plan and the kernels come from the shared :func:`poot.backends.gpu.plan.
+    plan_program` (identical dispatch bodies, e.g. the layers, are compiled once); each kernel
+    is split into its own gpu.module and lowered to SPIR-V here. The plan is planned without
+    in-place aliases: every output has its own buffer (the executor ping-pongs carried state).
+    """
+    from types import SimpleNamespace
+
+    from poot.backends.gpu.plan import plan_program
 
     caps = target.caps
     features = caps.features or DEFAULT_FEATURES
-    fn = g.func
-    funcs = {_sym(o.operation): o.operation for o in g.module.body.operations
-             if o.operation.name == "func.func"}
-    block = fn.regions[0].blocks[0]
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
+    kmod = plan.module
+    users: dict[int, list[str]] = {}
+    for d in plan.dispatches:
+        for L in plan.launches[d["first"]:d["first"] + d["count"]]:
+            if L["op"] == "kernel":
+                users.setdefault(L["kernel"], [])
+                if d["callee"] not in users[L["kernel"]]:
+                    users[L["kernel"]].append(d["callee"])
+    blocks = {}
+    for L in plan.launches:
+        if L["op"] == "kernel":
+            name = plan.kernels[L["kernel"]]
+            if blocks.setdefault(name, tuple(L["block"])) != tuple(L["block"]):
+                raise SpirvCodegenError(f"kernel {name} launched with two block sizes")
+    # one gpu.module per kernel: one SPIR-V binary, one entry point, its own bindings
+    with kmod.context, ir.Location.unknown():
+        for gm in [o.operation for o in kmod.body.operations]:
+            if gm.name != "gpu.module":
+                continue
+            for f in [o.operation for o in gm.regions[0].blocks[0].operations]:
+                if f.name != "gpu.func":
+                    continue
+                name = _sym(f)
+                with ir.InsertionPoint(kmod.body):
+                    new = ir.Operation.create("gpu.module", attributes={
+                        "sym_name": ir.StringAttr.get(name)}, regions=1)
+                    new.regions[0].blocks.append()
+                f.detach_from_parent()
+                ir.InsertionPoint(new.regions[0].blocks[0]).insert(f)
+            gm.erase()
+    index = {n: i for i, n in enumerate(plan.kernels)}
+    n_checks: dict[int, int] = {}
 
-    def spec(t) -> BufferSpec:
-        if isinstance(t, PackedType):
-            return BufferSpec("u8", (t.nbytes,), t.nbytes, t.format.name)
-        return BufferSpec(t.dtype.value, tuple(t.shape), t.nbytes)
+    def checks_for(gm, f):
+        k = index[_sym(f)]
+        n_checks[k] = _add_error_word(f, k)
+
+    bins = _spirv_binaries(kmod, caps, checks_for, blocks)
+
+    def spec(d) -> BufferSpec:
+        poot_t = d.get("poot", "")
+        if poot_t.startswith("packed:"):
+            return BufferSpec("u8", (d["nbytes"],), d["nbytes"], poot_t.split(":")[1])
+        return BufferSpec(poot_t, tuple(d["shape"]), d["nbytes"])
 
     art = VulkanArtifact(name=g.name)
-    buf_of: dict = {}
+    ids = {}
+    for role, items in (("input", plan.inputs), ("param", plan.params),
+                        ("output", plan.outputs)):
+        for i, d in enumerate(items):
+            getattr(art, role + "s").append((d["name"], spec(d)))
+            ids[d["buffer"]] = len(art.buffers)
+            art.buffers.append({"kind": role, "name": d["name"], "index": i,
+                                "nbytes": d["nbytes"]})
+    for b in plan.buffers:
+        if b["id"] in ids:
+            continue
+        ids[b["id"]] = len(art.buffers)
+        entry = {"kind": "const" if b["role"] == "const" else "temp", "name": b["name"],
+                 "index": -1, "nbytes": int(b["nbytes"])}
+        if b["role"] == "const":
+            import base64
 
-    def new_buffer(kind, nbytes, name="", index=-1, bspec=None) -> int:
-        art.buffers.append({"kind": kind, "name": name, "index": index,
-                            "nbytes": max(4, (int(nbytes) + 3) // 4 * 4)})
-        return len(art.buffers) - 1
-
-    for i, ((name, t), arg) in enumerate(zip(g.inputs, block.arguments)):
-        art.inputs.append((name, spec(t)))
-        buf_of[arg] = new_buffer("input", t.nbytes, name, i)
-    ret = list(block.operations)[-1].operation
-    out_for: dict = {}       # value -> first output index that returns it
-    for j, ((name, t), v) in enumerate(zip(g.outputs, ret.operands)):
-        art.outputs.append((name, spec(t)))
-        out_for.setdefault(v, j)
-    out_bufs = [new_buffer("output", t.nbytes, name, j) for j, (name, t) in
-                enumerate(g.outputs)]
-    params: dict[str, int] = {}
-
-    def resolve(v):
-        if v in buf_of:
-            return buf_of[v]
-        raise SpirvCodegenError(f"value of type {v.type} has no buffer")
-
-    kernels_by_key: dict = {}
-    ordinal = 0
-    with g.context, ir.Location.unknown():
-        for op in block.operations:
-            op = op.operation
-            if op.name in ("poot.param", "poot.packed_param"):
-                pname = ir.StringAttr(op.attributes["name"]).value
-                if pname not in params:
-                    t = g.params[pname]
-                    params[pname] = new_buffer("param", t.nbytes, pname, len(art.params))
-                    art.params.append((pname, spec(t)))
-                buf_of[op.results[0]] = params[pname]
-            elif op.name == "poot.reshape":
-                buf_of[op.results[0]] = resolve(op.operands[0])   # contiguous: same bytes
-            elif op.name == "func.call":
-                callee = funcs[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]
-                kind = "dispatch"
-                if "poot.dispatch" in callee.attributes:
-                    d = ir.DictAttr(callee.attributes["poot.dispatch"])
-                    kind = ir.StringAttr(d["kind"]).value
-                try:
-                    text = lower_function(callee)
-                except LoweringRefusal:
-                    raise
-                res_bufs = []
-                for r in op.results:
-                    j = out_for.get(r)
-                    if j is not None and out_bufs[j] not in res_bufs:
-                        res_bufs.append(out_bufs[j])
-                    else:
-                        res_bufs.append(new_buffer("temp", _nbytes(r.type)))
-                    buf_of[r] = res_bufs[-1]
-                arg_bufs = [resolve(v) for v in op.operands]
-                text, consts = hoist_constants(text)
-                for data in consts:
-                    arg_bufs.append(new_buffer("const", len(data)))
-                    art.buffers[-1]["data"] = data.hex()
-                ctx = ir.Context()
-                dk = build_dispatch(text, caps, ctx)
-                scratch = [new_buffer("temp", nb) for _, nb in dk.scratch]
-                n_checks = [0]
-
-                def checks_for(gm, f, _ord=ordinal):
-                    n_checks[0] += _add_error_word(f, _ord)
-
-                bins = _spirv_binaries(dk.module, caps, checks_for,
-                                       {la.module: la.block for la in dk.launches
-                                        if la.kind != "copy"})
-                dname = _sym(callee)
-                art.dispatches.append({"name": dname, "kind": kind,
-                                       "checks": 0})
-                for la in dk.launches:
-                    def slot_buf(s):
-                        k, i = s
-                        return arg_bufs[i] if k == "arg" else res_bufs[i] if k == "out" \
-                            else scratch[i]
-                    if la.kind == "copy":
-                        src, dst = (slot_buf(s) for s in la.args)
-                        art.steps.append(Step("copy", src=src, dst=dst, nbytes=la.nbytes,
-                                              dispatch=ordinal))
-                        continue
-                    spv, entry = bins[la.module]
-                    key = spv
-                    if key not in kernels_by_key:
-                        if validate:
-                            spirv_val(spv, f"{dname}/{la.kernel}")
-                        kernels_by_key[key] = len(art.kernels)
-                        art.kernels.append(VulkanKernel(f"{dname}.{la.kernel}", entry, spv,
-                                                        list(la.block), len(la.args) + 1))
-                    art.steps.append(Step("dispatch", kernel=kernels_by_key[key],
-                                          args=[slot_buf(s) for s in la.args],
-                                          groups=list(la.grid), dispatch=ordinal))
-                art.dispatches[-1]["checks"] = n_checks[0]
-                ordinal += 1
-            elif op.name == "func.return":
-                for j, v in enumerate(op.operands):
-                    src = resolve(v)
-                    if src != out_bufs[j]:
-                        art.steps.append(Step("copy", src=src, dst=out_bufs[j],
-                                              nbytes=art.buffers[out_bufs[j]]["nbytes"],
-                                              dispatch=-1))
-            else:
-                raise SpirvCodegenError(f"'{op.name}' outside a dispatch region (compile with "
-                                        "dispatch fusion on)")
+            entry["data"] = base64.b64decode(b["data"]).hex()
+        art.buffers.append(entry)
+    for i, name in enumerate(plan.kernels):
+        spv, entry = bins[name]
+        if validate:
+            spirv_val(spv, f"kernel {name} ({', '.join(users.get(i, []))})")
+        nargs = next(len(L["args"]) for L in plan.launches
+                     if L["op"] == "kernel" and L["kernel"] == i)
+        art.kernels.append(VulkanKernel(name, entry, spv, list(blocks[name]), nargs + 1))
+    ordinal = {}
+    for j, d in enumerate(plan.dispatches):
+        for L in plan.launches[d["first"]:d["first"] + d["count"]]:
+            ordinal[id(L)] = j
+    for L in plan.launches:
+        if L["op"] == "copy":
+            art.steps.append(Step("copy", src=ids[L["src"]], dst=ids[L["dst"]],
+                                  nbytes=int(L["nbytes"]), dispatch=ordinal.get(id(L), -1)))
+        else:
+            art.steps.append(Step("dispatch", kernel=L["kernel"],
+                                  args=[ids[a] for a in L["args"]], groups=list(L["grid"]),
+                                  dispatch=ordinal.get(id(L), -1)))
+    art.dispatches = [{"name": d["callee"], "kind": d["kind"]} for d in plan.dispatches]
+    art.kernel_users = [users.get(i, []) for i in range(len(plan.kernels))]
+    art.checks = {plan.kernels[k]: n for k, n in n_checks.items() if n}
     art.subgroup_size = caps.subgroup_size
     art.features = sorted(features)
     return art

@@ -22,7 +22,7 @@ Semantics (the seeds' "Raw Vulkan" contract):
   device: it raises :class:`DeviceLost`, leaks whatever the pending work may still reference
   (nothing is destroyed), and every later call raises :class:`DeviceLost` again.
 * **error word**: one 8-byte host-visible buffer is bound to every pipeline as its last
-  binding; kernel checks write a code (word 0) and the dispatch ordinal + 1 (word 1).
+  binding; kernel checks write a code (word 0) and the kernel index + 1 (word 1).
   :meth:`synchronize` reads it after the fence and raises :class:`KernelFault` (then clears it).
 * **memory**: one allocation per buffer. If the device has a large host-visible device-local
   heap (UMA, lavapipe, resizable BAR) every buffer lives there, mapped once; otherwise buffers
@@ -35,7 +35,6 @@ Semantics (the seeds' "Raw Vulkan" contract):
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -489,7 +488,7 @@ class VulkanDevice:
         """Load a compiled step: a Program whose ``executable`` is a VulkanArtifact, an
         artifact, or an artifact directory."""
         self._check()
-        vk, ffi = self.vk, self.ffi
+        vk = self.vk
         art = getattr(program, "executable", program)
         if isinstance(art, (str, os.PathLike)):
             art = VulkanArtifact.load(Path(art))
@@ -678,10 +677,13 @@ class VulkanDevice:
             raise
         err = self._err.host.view(np.uint32)
         if err[0]:
-            code, ordinal = int(err[0]), int(err[1])
+            code, k = int(err[0]), int(err[1])
             err[:] = 0
-            ds = rec.kernel.artifact.dispatches
-            name = ds[ordinal - 1]["name"] if 0 < ordinal <= len(ds) else None
+            art = rec.kernel.artifact
+            name = None
+            if 0 < k <= len(art.kernels):
+                users = art.kernel_users[k - 1] if k <= len(art.kernel_users) else []
+                name = art.kernels[k - 1].name + (f" ({', '.join(users)})" if users else "")
             raise KernelFault(code, name)
 
     def close(self) -> None:
