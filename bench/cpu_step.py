@@ -117,7 +117,7 @@ def micro(g, weights, steps: int):
     gemvs = _gemvs(g, weights)
     shapes = {}
     for name, t in gemvs.items():
-        key = (str(getattr(t, "format", t.dtype)), tuple(t.shape))
+        key = (t.format.name if isinstance(t, PackedType) else t.dtype.value, tuple(t.shape))
         shapes.setdefault(key, name)
     rows = []
     for (fmt, shape), name in sorted(shapes.items(), key=lambda kv: -np.prod(kv[0][1])):
@@ -126,7 +126,7 @@ def micro(g, weights, steps: int):
         b = Builder(CompileLimits.STANDARD)
         x = b.input("x", TensorType((1, k), DType.F32))
         if isinstance(t, PackedType):
-            w = b.dequantize(b.packed_param("w", t), DType.F32)
+            w = b.dequantize(b.param("w", t), DType.F32)
         else:
             w = b.param("w", t)
         y = b.matmul(x, b.transpose(w, (1, 0)), DType.F32)
@@ -178,6 +178,7 @@ def main(argv=None) -> int:
 
     path = a.model or smollm2_gguf()
     report, g, weights = step_bench(path, a.steps, a.threads)
+    print(json.dumps(report), file=sys.stderr, flush=True)
     if not a.no_micro:
         report["gemv_kernels"] = micro(g, weights, a.steps)
         report["numpy_step_gemvs"] = numpy_all(g, weights)

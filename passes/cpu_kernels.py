@@ -1,0 +1,32 @@
+"""``poot-lower-to-cpu-kernels``: ``poot-lower-to-linalg`` with the CPU backend's matmul
+strategy: a matmul reading a weight in place (``x @ transpose(W)``, W dense f32/f16/bf16 or a
+dequantized Q4_0/Q4_1/Q8_0 weight) becomes the row-streaming vector kernel of
+:mod:`poot.dialects.lowering.gemv` (GEMV-shaped decode matmuls; prefill M in tiles of
+``m-tile`` rows per decoded weight row) instead of ``linalg.matmul``; a gather of a dequantized
+table decodes only the gathered rows. Everything else lowers as in ``poot-lower-to-linalg``.
+
+Options (the CPU backend takes them from ``Target.caps``): ``cores`` (> 1: the row loop of a
+kernel whose weight has at least ``parallel-min-bytes`` is an ``scf.forall``), ``m-tile``.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+
+from poot.dialects.lowering import LoweringRefusal, Strategy, lower_module
+from poot.passes.registry import PassFailure, register_pass
+
+
+@register_pass("poot-lower-to-cpu-kernels",
+               "lower poot to linalg/scf/vector with the CPU matmul kernels",
+               {"cores": (int, 1, "threads a kernel's row loop may use"),
+                "m-tile": (int, 2, "rows of x per decoded weight row"),
+                "parallel-min-bytes": (int, 65536, "smallest weight with a parallel row loop")})
+def run(module: ir.Operation, **opts) -> None:
+    strategy = Strategy(gemv=True, m_tile=opts.get("m-tile", 2), cores=opts.get("cores", 1),
+                        parallel_min_bytes=opts.get("parallel-min-bytes", 65536))
+    try:
+        lower_module(module, strategy)
+    except LoweringRefusal as e:
+        where = f"{e.location}: error: " if e.location else ""
+        raise PassFailure(f"{where}{e}") from e
