@@ -114,3 +114,14 @@ def test_fixtures_follow_the_step(tmp_path):
     assert all(f"d{i}.o0" in fx for i in range(last + 1))
     assert "final.kv.0.k" in fx and np.abs(fx["final.kv.0.k"]).max() > 0
     assert set(np.load(tmp_path / "weights.npz").files) == {p["name"] for p in art.plan["params"]}
+
+
+def test_compile_cuda_entry_keeps_kv_in_place():
+    """``compile_cuda(graph, target, options)`` (compile()'s code generator for cuda) finds
+    the carried KV caches on the outlined graph and writes them in place."""
+    from poot.backends.cuda.codegen import compile_cuda
+
+    prog, _ = tiny_program()
+    art = compile_cuda(prog.graph, prog.target, None)
+    kv = {o["name"]: o for o in art.plan["outputs"] if o["name"].startswith("kv.")}
+    assert len(kv) == 4 and all(o["aliases"] == n and o["in_place"] for n, o in kv.items())

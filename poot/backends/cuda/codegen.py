@@ -118,9 +118,17 @@ def compile_cuda(graph, target, options=None) -> CudaArtifact:
 
 
 def _storage_of(graph):
+    """The step's buffers. After dispatch outlining the scatters that update the KV caches
+    sit inside dispatch functions, where ``plan_storage`` does not look: an output that has
+    an input's name and type is that input's carried state (the models' convention)."""
+    import dataclasses
+
     from poot.compiler.planning import plan_storage
 
-    return plan_storage(graph.func, graph.inputs, graph.outputs, graph.params)
+    storage = plan_storage(graph.func, graph.inputs, graph.outputs, graph.params)
+    ins = dict(graph.inputs)
+    return [dataclasses.replace(b, aliases=b.name) if b.role == "output" and not b.aliases
+            and ins.get(b.name) == b.type else b for b in storage]
 
 
 def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):
