@@ -250,3 +250,25 @@ def test_greedy_generation_matches_reference_tokens(vk_device, vk_target):
             break
     assert r.token_ids[:n] == [int(x) for x in ref["greedy_ids"][:n]]
     assert r.stats.prefill_steps == 3 and r.stats.generated_tokens == 8
+
+
+def test_check_bundle_runs_as_a_file_without_mlir(vk_device, tmp_path):
+    """The device-check path used on other machines (NVIDIA Vulkan on the GPU machine): a
+    bundle written here (SPIR-V + plan + weights + oracle fixtures over 3 decode steps with the
+    KV caches carried) passes ``python poot/backends/vulkan/check.py`` with MLIR unimportable."""
+    from poot.backends.vulkan.bundle import write_bundle
+
+    caps = vk_device.capabilities()
+    write_bundle(str(tmp_path / "b"), str(fixture_path("llama")), caps["subgroup_size"],
+                 caps["max_shared_bytes"], steps=3)
+    script = ("import sys, runpy; sys.modules['mlir'] = None; "
+              f"sys.argv = ['check.py', {str(tmp_path / 'b')!r}, '--bench', '3', "
+              f"'--json', {str(tmp_path / 'r.json')!r}]; "
+              "runpy.run_path('poot/backends/vulkan/check.py', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    res = rep["results"][0]
+    assert res["ok"] and res["steps_checked"] == 3 and res["recordings"] == 2
+    assert rep["subgroup_size"] == caps["subgroup_size"]

@@ -41,8 +41,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from poot.backends.vulkan.artifact import (ERROR_NAMES, BufferSpec, VulkanArtifact)
 from poot.errors import PootError
+
+if __package__:
+    from poot.backends.vulkan.artifact import ERROR_NAMES, BufferSpec, VulkanArtifact
+else:                     # loaded as a file beside artifact.py (check.py on a machine w/o MLIR)
+    from artifact import ERROR_NAMES, BufferSpec, VulkanArtifact  # type: ignore  # noqa
 
 DEFAULT_FENCE_TIMEOUT_S = 600.0
 
