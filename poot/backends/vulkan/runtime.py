@@ -27,7 +27,8 @@ Semantics (the seeds' "Raw Vulkan" contract):
 * **memory**: one allocation per buffer. If the device has a large host-visible device-local
   heap (UMA, lavapipe, resizable BAR) every buffer lives there, mapped once; otherwise buffers
   of at least ``staging_threshold`` bytes are device-local and uploads/downloads go through a
-  staging buffer, smaller ones (slot buffers, sampled tokens) stay host-visible.
+  staging buffer, smaller ones (slot buffers, sampled tokens) stay host-visible
+  (``unified_memory=False`` forces that split on any device).
 * **live memory**: :meth:`memory_budget` reads ``VK_EXT_memory_budget`` when the device has it
   (enabled at open), else returns None.
 """
@@ -156,11 +157,13 @@ class VulkanDevice:
 
     def __init__(self, fence_timeout_s: float = DEFAULT_FENCE_TIMEOUT_S,
                  device: int | str | None = None, features_of=None,
-                 staging_threshold: int = 1 << 16, app_name: str = "poot"):
+                 staging_threshold: int = 1 << 16, app_name: str = "poot",
+                 unified_memory: bool | None = None):
         vk = self.vk = _vk()
         self.ffi, self.lib = vk.ffi, vk.lib
         self.fence_timeout_s = float(fence_timeout_s)
         self.staging_threshold = int(staging_threshold)
+        self._force_unified = unified_memory
         self._poisoned: str | None = None
         self._pending: VkRecording | None = None
         self._closed = False
@@ -309,6 +312,8 @@ class VulkanDevice:
                if fl & (HV | HC | DL) == (HV | HC | DL) and self._heaps[h][0] >= (1 << 30)]
         self._unified = bool(big) or not any(
             fl & DL and not fl & HV for fl, _ in self._mem_types)
+        if self._force_unified is not None:     # tests: exercise the staging path anywhere
+            self._unified = bool(self._force_unified)
         self._staging: VkBuffer | None = None
         self._err = self._make_buffer(8, np.dtype(np.uint32), (2,), host=True)
         self._err.host[:] = 0
