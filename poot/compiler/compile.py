@@ -155,21 +155,26 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None)
                        "tolerance_vs_oracle": {"f32": 1e-4, "f16": 1e-2, "bf16": 2e-2}},
                       seconds)
     t0 = time.perf_counter()
-    program.executable = _codegen(g, target, options)
+    program.executable = _codegen(program, options)
     seconds["codegen"] = time.perf_counter() - t0
     return program
 
 
-def _codegen(g: Graph, target: Target, options: CompileOptions):
-    """The backend's code generator: the one place that depends on the backend."""
+def _codegen(program: Program, options: CompileOptions):
+    """The backend's code generator: the one place that depends on the backend. It gets the
+    whole program (graph, target, the storage planned before fusion)."""
     from poot.dialects.lowering import LoweringRefusal
 
+    backend = program.target.backend
     try:
-        if target.backend == "cpu":
+        if backend == "cpu":
             from poot.backends.cpu import compile_cpu
 
-            return compile_cpu(g, opt_level=options.opt_level)
+            return compile_cpu(program.graph, opt_level=options.opt_level)
+        if backend == "cuda":
+            from poot.backends.cuda.codegen import compile_program
+
+            return compile_program(program)
     except LoweringRefusal as r:
         raise Refusal(r.op, r.capability, r.location) from None
-    raise Refusal("builtin.module", f"a code generator for backend '{target.backend}' in "
-                  "this build")
+    raise Refusal("builtin.module", f"a code generator for backend '{backend}' in this build")

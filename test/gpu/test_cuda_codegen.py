@@ -116,12 +116,9 @@ def test_fixtures_follow_the_step(tmp_path):
     assert set(np.load(tmp_path / "weights.npz").files) == {p["name"] for p in art.plan["params"]}
 
 
-def test_compile_cuda_entry_keeps_kv_in_place():
-    """``compile_cuda(graph, target, options)`` (compile()'s code generator for cuda) finds
-    the carried KV caches on the outlined graph and writes them in place."""
-    from poot.backends.cuda.codegen import compile_cuda
-
-    prog, _ = tiny_program()
-    art = compile_cuda(prog.graph, prog.target, None)
+def test_compile_entry_keeps_kv_in_place():
+    """``compile(graph, cuda_target())`` plans the KV scatters before fusion outlines them;
+    its CUDA artifact writes the carried caches in place."""
+    art = tiny_artifact()  # compile(traced step, cuda_target()).executable
     kv = {o["name"]: o for o in art.plan["outputs"] if o["name"].startswith("kv.")}
     assert len(kv) == 4 and all(o["aliases"] == n and o["in_place"] for n, o in kv.items())

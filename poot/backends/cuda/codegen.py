@@ -108,29 +108,6 @@ def compile_program(program, chip: str = "sm_90", strategy: str = "auto") -> Cud
     return CudaArtifact(p, ptx, meta)
 
 
-def compile_cuda(graph, target, options=None) -> CudaArtifact:
-    """``compile()``'s code generator for ``target.backend == "cuda"``: ``graph`` is the
-    optimized, dispatch-outlined graph that ``compile`` built."""
-    from poot.compiler.compile import Program
-
-    prog = Program(graph, target, "", {}, 0, _storage_of(graph), {})
-    return compile_program(prog)
-
-
-def _storage_of(graph):
-    """The step's buffers. After dispatch outlining the scatters that update the KV caches
-    sit inside dispatch functions, where ``plan_storage`` does not look: an output that has
-    an input's name and type is that input's carried state (the models' convention)."""
-    import dataclasses
-
-    from poot.compiler.planning import plan_storage
-
-    storage = plan_storage(graph.func, graph.inputs, graph.outputs, graph.params)
-    ins = dict(graph.inputs)
-    return [dataclasses.replace(b, aliases=b.name) if b.role == "output" and not b.aliases
-            and ins.get(b.name) == b.type else b for b in storage]
-
-
 def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):
     """The sm_90 target: f32/f16/bf16 storage, f32 compute, every packed decoder."""
     from poot.compiler.target import Capabilities, Target
@@ -142,5 +119,5 @@ def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, core
                                        features=frozenset({"sm_90"})))
 
 
-__all__ = ["CudaCodegenError", "compile_cuda", "compile_program", "cuda_target",
+__all__ = ["CudaCodegenError", "compile_program", "cuda_target",
            "nvvm_pipeline", "ptx_text", "ptxas_check"]
