@@ -13,7 +13,7 @@ import sys
 from poot.errors import PootError
 
 # Subcommand modules, in --help order. Each defines register(subparsers).
-_SUBCOMMANDS = ("inspect", "tokenize", "generate", "bench")
+_SUBCOMMANDS = ("generate", "bench", "inspect", "tokenize", "devcheck")
 
 
 def build_parser() -> argparse.ArgumentParser:
