@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import shutil
+
 import numpy as np
 import pytest
 
@@ -127,6 +130,8 @@ def test_compile_cache_round_trip(program, tmp_path):
         e = eng.add_entry(p)
         out = eng.step(e, {"x": np.ones((1, WIDTH), np.float32), "idx": np.array([[2]])})
         np.testing.assert_array_equal(out["y"], np.ones(WIDTH, np.float32))
+    if shutil.which("ld"):
+        assert isinstance(p2.executable.engine, ctypes.CDLL)   # machine code, no JIT
     other = CompileCache(tmp_path)
     other.compile(cache_step(), host_cpu(), CompileOptions(fuse=False, opt_level=1))
     assert other.misses == 1       # options are part of the key
