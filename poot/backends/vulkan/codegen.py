@@ -405,7 +405,8 @@ def compile_vulkan(graph, target=None, options=None):
 
     Returns a :class:`~poot.compiler.compile.Program` whose ``executable`` is the
     :class:`VulkanArtifact`. (Once ``poot.compiler.compile._codegen`` routes ``vulkan`` to
-    :func:`codegen_vulkan`, ``poot.compiler.compile`` is the entry and this wrapper goes.)
+    :func:`compile_program`, ``poot.compiler.compile(graph, target, CompileOptions(fuse=True))``
+    is the entry and this wrapper goes.)
     """
     from poot.compiler.compile import (CompileOptions, Program, _clone, _optimization_pipeline,
                                        _run_pass)
@@ -437,12 +438,20 @@ def compile_vulkan(graph, target=None, options=None):
                        "tolerance_vs_oracle": {"f32": 1e-4, "f16": 1e-2, "bf16": 2e-2}},
                       seconds)
     t0 = time.perf_counter()
-    art = codegen_vulkan(g, target)
-    art.aliases = {b.name: b.aliases for b in storage if b.role == "output" and b.aliases}
-    program.executable = art
+    program.executable = compile_program(program)
     seconds["codegen"] = time.perf_counter() - t0
     return program
 
 
-__all__ = ["SpirvCodegenError", "codegen_vulkan", "compile_vulkan", "spirv_val",
+def compile_program(program) -> VulkanArtifact:
+    """``poot.compiler.compile._codegen``'s entry for ``vulkan`` (same shape as CUDA's):
+    the fused Program (graph, target, storage planned before fusion) -> VulkanArtifact."""
+    art = codegen_vulkan(program.graph, program.target)
+    art.aliases = {b.name: b.aliases for b in program.storage
+                   if b.role == "output" and b.aliases}
+    return art
+
+
+__all__ = ["SpirvCodegenError", "codegen_vulkan", "compile_program", "compile_vulkan",
+           "spirv_val",
            "vulkan_target"]
