@@ -92,6 +92,8 @@ def step_bench(path, steps: int, threads: int | None):
         "tok_s": round(1.0 / step_s, 2),
         "run_ms": round(run_s * 1e3, 3),
         "logits_finite": bool(np.isfinite(logits).all()),
+        "_call": raw,
+        "_lowered": prog.lowered,
     }, g, weights
 
 
@@ -109,10 +111,9 @@ def _gemvs(g, weights):
 def micro(g, weights, steps: int):
     """Single GEMV kernels compiled alone (x[1, K] @ W^T) vs numpy on the dequantized W."""
     from poot.backends.cpu import compile_cpu
-    from poot.compiler.options import CompileLimits
     from poot.dialects.quant_ref import dequantize
     from poot.dialects.types import DType, PackedType, TensorType
-    from poot.graph.builder import Builder
+    from poot.graph.builder import Builder, TraceLimits
 
     gemvs = _gemvs(g, weights)
     shapes = {}
@@ -123,7 +124,8 @@ def micro(g, weights, steps: int):
     for (fmt, shape), name in sorted(shapes.items(), key=lambda kv: -np.prod(kv[0][1])):
         t = gemvs[name]
         n, k = t.shape
-        b = Builder(CompileLimits.STANDARD)
+        b = Builder(TraceLimits(max_values=1000, max_ops=1000, max_literal_bytes=1 << 20,
+                                max_owned_bytes=1 << 30))
         x = b.input("x", TensorType((1, k), DType.F32))
         if isinstance(t, PackedType):
             w = b.dequantize(b.param("w", t), DType.F32)
@@ -139,6 +141,7 @@ def micro(g, weights, steps: int):
         wd = dequantize(t.format, raw, t.shape).astype(np.float32) if isinstance(t, PackedType) \
             else raw.astype(np.float32)
         xv1 = xv[0]
+        time.sleep(0.3)  # let OpenMP workers stop spinning (KMP_BLOCKTIME) before numpy runs
         nsec = _timeit(lambda: wd @ xv1, max(3, steps // 2))
         nbytes = raw.nbytes
         rows.append({"weight": name, "format": fmt, "shape": [n, k], "bytes": int(nbytes),
@@ -162,6 +165,7 @@ def numpy_all(g, weights):
     # the tied embedding is both the gather table and lm_head: counted once as a GEMV
     xs = {m.shape[1]: np.random.default_rng(1).standard_normal(m.shape[1]).astype(np.float32)
           for m in mats}
+    time.sleep(0.3)
     sec = _timeit(lambda: [m @ xs[m.shape[1]] for m in mats], 3, warm=1)
     return {"gemvs": len(mats), "ms": round(sec * 1e3, 3), "tok_s": round(1 / sec, 2),
             "f32_bytes": int(sum(m.nbytes for m in mats))}
@@ -178,17 +182,19 @@ def main(argv=None) -> int:
 
     path = a.model or smollm2_gguf()
     report, g, weights = step_bench(path, a.steps, a.threads)
+    call = report.pop("_call")
     print(json.dumps(report), file=sys.stderr, flush=True)
     if not a.no_micro:
+        report["per_kind_ms_estimate"] = per_kind(report.pop("_lowered"), a.steps)
         report["gemv_kernels"] = micro(g, weights, a.steps)
         report["numpy_step_gemvs"] = numpy_all(g, weights)
+    else:
+        report.pop("_lowered")
+    del call
     json.dump(report, sys.stdout, indent=1)
     print()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 _NP = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "i8": np.int8, "i32": np.int32,
@@ -243,3 +249,7 @@ def per_kind(lowered: str, steps: int = 20) -> dict:
             out[kind] = out.get(kind, 0.0) + sec * calls[name] * 1e3
             del engine
     return {k: round(v, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -332,6 +332,16 @@ def lower_graph(graph: Graph, strategy: Strategy | None = None
     return module, fn
 
 
+def _keep_calls(module: ir.Module, kernels: set[str]) -> None:
+    """Dispatch functions stay functions (``noinline``): the same kernel is called from every
+    layer, and inlining hundreds of calls into the entry makes LLVM's time explode."""
+    noinline = ir.ArrayAttr.get([ir.StringAttr.get("noinline")])
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "llvm.func" and ir.StringAttr(op.attributes["sym_name"]).value in kernels:
+            op.attributes["passthrough"] = noinline
+
+
 def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
                     threads: int = 1) -> ExecutionEngine:
     """Bufferize a linalg-on-tensors module, lower it to LLVM and JIT it (``threads`` > 1:
@@ -345,7 +355,11 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
             libs.append(omp)
         PassManager.parse(f"builtin.module({','.join(stages)})").run(module.operation)
         widen_i1_memrefs(module)
+        kernels = {ir.StringAttr(op.operation.attributes["sym_name"]).value
+                   for op in module.body.operations
+                   if op.operation.name == "func.func" and "poot.dispatch" in op.operation.attributes}
         PassManager.parse(f"builtin.module({TO_LLVM})").run(module.operation)
+        _keep_calls(module, kernels)
         return ExecutionEngine(module, opt_level=opt_level, shared_libs=libs)
 
 
