@@ -175,6 +175,10 @@ def _codegen(program: Program, options: CompileOptions):
             from poot.backends.cuda.codegen import compile_program
 
             return compile_program(program)
+        if backend == "vulkan":
+            from poot.backends.vulkan.codegen import compile_program as compile_spirv
+
+            return compile_spirv(program)
     except LoweringRefusal as r:
         raise Refusal(r.op, r.capability, r.location) from None
     raise Refusal("builtin.module", f"a code generator for backend '{backend}' in this build")
