@@ -111,6 +111,22 @@ def openmp_lib() -> str | None:
     return None
 
 
+@functools.cache
+def tune_malloc() -> bool:
+    """Keep big step buffers (KV-cache copies, activations over glibc's 128 KiB mmap
+    threshold) on the heap: otherwise every step mmaps, page-faults and unmaps each of them.
+    Process-wide glibc setting, made once; ``POOT_CPU_MALLOPT=0`` leaves malloc alone."""
+    if os.environ.get("POOT_CPU_MALLOPT", "1") == "0":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    ok = libc.mallopt(m_mmap_threshold, 256 << 20) == 1
+    return ok and libc.mallopt(m_trim_threshold, 1 << 30) == 1
+
+
 def cpu_threads(target=None) -> int:
     """Threads the kernels run on: the target's cores (``POOT_CPU_THREADS`` overrides), 1
     without an OpenMP runtime."""
@@ -374,6 +390,7 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering.
     """
     t0 = time.perf_counter()
+    tune_malloc()
     if isinstance(graph, ir.Module):
         graph = Graph.from_module(graph)
     strategy = strategy_for(target) if strategy is None else strategy
