@@ -47,7 +47,6 @@ class Strategy:
     Attributes:
         gemv: lower ``x @ W^T`` with W a weight (dense f32/f16/bf16, or a dequantized Q4_0 /
             Q4_1 / Q8_0 block format read in place) as a row-streaming vector kernel.
-        vector_width: f32 lanes of one accumulator (16: two AVX2 registers).
         m_tile: rows of x computed together against one decoded row of W.
         parallel_min_bytes: a kernel whose weight is at least this big runs its rows as an
             ``scf.forall`` (threads); smaller ones as a sequential loop.
@@ -55,7 +54,6 @@ class Strategy:
     """
 
     gemv: bool = True
-    vector_width: int = 16
     m_tile: int = 2
     parallel_min_bytes: int = 64 << 10
     cores: int = 1

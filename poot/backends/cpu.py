@@ -4,11 +4,17 @@ ExecutionEngine.
     prog = compile_cpu(graph)                      # lowering refusals raise LoweringRefusal
     outs = prog.run({"x": x}, {"w": w, "wq": packed_uint8_bytes})
 
-Path: ``poot-lower-to-linalg`` -> elementwise fusion on tensors (:data:`FUSE`; dequantize
-fuses into its matmul) -> one-shot bufferization over function boundaries (identity
-layouts; every argument read-only, so inputs are never written) -> results become
-out-parameters the caller allocates -> ownership-based deallocation -> linalg to loops ->
-LLVM (toolchain.md, "CPU JIT") -> ``ExecutionEngine`` with ``libmlir_c_runner_utils``.
+Path: the poot module -- the entry function and the dispatch functions ``poot-fuse-dispatch``
+outlined (one kernel each; identical ones are lowered once) -- lowered to linalg with the
+target's :class:`~poot.dialects.lowering.Strategy` (:func:`strategy_for`: matmuls that read a
+weight in place become the row-streaming vector kernels of ``dialects/lowering/gemv.py``,
+packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwise fusion on
+tensors (:data:`FUSE`) -> one-shot bufferization over function boundaries (identity layouts;
+every argument of the entry read-only, so inputs are never written) -> results become
+out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
+``scf.parallel`` -> OpenMP when LLVM's ``libomp.so.5`` is installed (Debian ``libomp5``;
+else one thread) -> linalg to loops -> LLVM (toolchain.md, "CPU JIT"; dispatch functions stay
+``noinline``) -> ``ExecutionEngine`` with ``libmlir_c_runner_utils`` (and libomp).
 
 Calling convention of the compiled ``_mlir_ciface_<name>``: one memref descriptor per step
 input (graph order), per weight (``poot.params`` order) and per output (graph order). Arrays
@@ -151,8 +157,7 @@ def strategy_for(target=None, threads: int | None = None) -> Strategy:
 
         target = host_cpu()
     threads = cpu_threads(target) if threads is None else threads
-    return Strategy(gemv=True, vector_width=16,
-                    m_tile=4 if target.caps.vector_bits >= 512 else 2,
+    return Strategy(gemv=True, m_tile=4 if target.caps.vector_bits >= 512 else 2,
                     cores=threads)
 
 
