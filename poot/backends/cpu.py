@@ -353,14 +353,34 @@ def lower_graph(graph: Graph, strategy: Strategy | None = None
     return module, fn
 
 
-def _keep_calls(module: ir.Module, kernels: set[str]) -> None:
+def _calls_only(fn: ir.Operation, kernels: set[str]) -> bool:
+    """Whether ``fn`` (bufferized) does no loops of its own: only calls to kernels, buffer
+    management and copies; and at least one call (a step whose regions were outlined)."""
+    ok = {"func.call", "func.return", "memref.alloc", "memref.dealloc", "memref.copy",
+          "memref.collapse_shape", "memref.expand_shape", "memref.cast", "memref.subview",
+          "memref.reinterpret_cast", "arith.constant"}
+    names = [o.operation.name for o in fn.regions[0].blocks[0].operations] \
+        if fn.regions[0].blocks else []
+    return "func.call" in names and all(n in ok for n in names)
+
+
+def _keep_calls(module: ir.Module, kernels: set[str], glue: set[str]) -> None:
     """Dispatch functions stay functions (``noinline``): the same kernel is called from every
-    layer, and inlining hundreds of calls into the entry makes LLVM's time explode."""
+    layer, and inlining hundreds of calls into the entry makes LLVM's time explode. An entry
+    that only calls kernels (``glue``: allocations, copies, calls; tens of thousands of LLVM
+    instructions in one block for a 30-layer model) is not optimized (``optnone``): LLVM's
+    passes are superlinear on it, and there is nothing in it to speed up."""
     noinline = ir.ArrayAttr.get([ir.StringAttr.get("noinline")])
+    optnone = ir.ArrayAttr.get([ir.StringAttr.get("noinline"), ir.StringAttr.get("optnone")])
     for op in module.body.operations:
         op = op.operation
-        if op.name == "llvm.func" and ir.StringAttr(op.attributes["sym_name"]).value in kernels:
+        if op.name != "llvm.func":
+            continue
+        name = ir.StringAttr(op.attributes["sym_name"]).value
+        if name in kernels:
             op.attributes["passthrough"] = noinline
+        elif name in glue:
+            op.attributes["passthrough"] = optnone
 
 
 def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
@@ -376,11 +396,14 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
             libs.append(omp)
         PassManager.parse(f"builtin.module({','.join(stages)})").run(module.operation)
         widen_i1_memrefs(module)
-        kernels = {ir.StringAttr(op.operation.attributes["sym_name"]).value
-                   for op in module.body.operations
-                   if op.operation.name == "func.func" and "poot.dispatch" in op.operation.attributes}
+        funcs = [op.operation for op in module.body.operations
+                 if op.operation.name == "func.func"]
+        kernels = {ir.StringAttr(f.attributes["sym_name"]).value for f in funcs
+                   if "poot.dispatch" in f.attributes}
+        glue = {ir.StringAttr(f.attributes["sym_name"]).value for f in funcs
+                if "poot.dispatch" not in f.attributes and _calls_only(f, kernels)}
         PassManager.parse(f"builtin.module({TO_LLVM})").run(module.operation)
-        _keep_calls(module, kernels)
+        _keep_calls(module, kernels, glue)
         return ExecutionEngine(module, opt_level=opt_level, shared_libs=libs)
 
 
