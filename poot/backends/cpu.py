@@ -219,6 +219,9 @@ class CpuProgram:
     lowered: str = ""
     _fn: object = field(default=None, repr=False)
 
+    def __post_init__(self):
+        tune_malloc()  # also for programs built from cached code
+
     def run(self, inputs: Mapping[str, np.ndarray],
             params: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run the step on ``inputs`` (by name) and ``params`` (weight name -> array; packed
