@@ -54,7 +54,7 @@ def prepared_call(prog, inputs, params):
     return call
 
 
-def step_bench(path, steps: int, threads: int | None):
+def step_bench(path, steps: int, threads: int | None, prefill: int = 0):
     from poot.backends.cpu import cpu_threads
     from poot.compiler import CompileOptions, compile
     from poot.compiler.target import host_cpu
@@ -62,7 +62,9 @@ def step_bench(path, steps: int, threads: int | None):
 
     t0 = time.perf_counter()
     model, weights = load_model(path)
-    g = model.trace(StepSpec.decode(kv_capacity=256), weights.types)
+    spec = StepSpec.prefill(prefill, kv_capacity=256) if prefill else \
+        StepSpec.decode(kv_capacity=256)
+    g = model.trace(spec, weights.types)
     trace_s = time.perf_counter() - t0
     if threads is not None:
         os.environ["POOT_CPU_THREADS"] = str(threads)
@@ -75,13 +77,14 @@ def step_bench(path, steps: int, threads: int | None):
     for n, t in prog.inputs:
         inputs[n] = np.zeros(t.shape, t.dtype.numpy)
     inputs["tokens"][...] = 42
-    inputs["positions"][...] = 17
+    inputs["positions"][...] = np.arange(inputs["positions"].shape[-1]) + (0 if prefill else 17)
     raw = prepared_call(prog, inputs, params)
     step_s = _timeit(raw, steps)
     run_s = _timeit(lambda: prog.run(inputs, params), max(3, steps // 5), warm=1)
     logits = prog.run(inputs, params)["logits"]
     return {
         "model": os.path.basename(str(path)),
+        "step": f"prefill {prefill}" if prefill else "decode",
         "threads": cpu_threads(),
         "trace_s": round(trace_s, 3),
         "compile_s": round(compile_s, 3),
@@ -89,7 +92,7 @@ def step_bench(path, steps: int, threads: int | None):
         "dispatches": program.dispatches,
         "dispatch_count": program.dispatch_count,
         "step_ms": round(step_s * 1e3, 3),
-        "tok_s": round(1.0 / step_s, 2),
+        "tok_s": round((prefill or 1) / step_s, 2),
         "run_ms": round(run_s * 1e3, 3),
         "logits_finite": bool(np.isfinite(logits).all()),
         "_call": raw,
@@ -176,15 +179,17 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-micro", action="store_true")
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="time a prefill step of this many tokens instead of decode")
     ap.add_argument("--model", default=None, help="GGUF path (default: the bundled SmolLM2)")
     a = ap.parse_args(argv)
     from poot.load.bundled import smollm2_gguf
 
     path = a.model or smollm2_gguf()
-    report, g, weights = step_bench(path, a.steps, a.threads)
+    report, g, weights = step_bench(path, a.steps, a.threads, a.prefill)
     call = report.pop("_call")
     print(json.dumps(report), file=sys.stderr, flush=True)
-    if not a.no_micro:
+    if not a.no_micro and not a.prefill:
         report["per_kind_ms_estimate"] = per_kind(report.pop("_lowered"), a.steps)
         report["gemv_kernels"] = micro(g, weights, a.steps)
         report["numpy_step_gemvs"] = numpy_all(g, weights)
