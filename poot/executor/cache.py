@@ -2,8 +2,9 @@
 the lowering.
 
 Key: sha256 of (the step graph's IR text, ``target.key()``, the compile options, the poot
-version and a hash of the compiler's source files: ``poot/compiler``, ``poot/backends``,
-``dialects/``, ``passes/``). A change to any of them is a different key.
+version and a hash of the compiler's source files: ``poot/compiler``, ``dialects/``,
+``passes/`` and the target backend's code generator). A change to any of them is a different
+key.
 
 Entry (CPU), pickled with the program's interface (inputs, params, outputs, storage,
 dispatch counts, the shared libraries it links against):
@@ -46,22 +47,26 @@ FORMAT = 3
 
 
 @functools.cache
-def compiler_source_hash() -> str:
-    """sha256 over the compiler's source files (paths and contents)."""
+def compiler_source_hash(backend: str = "cpu") -> str:
+    """sha256 over the compiler's source files (paths and contents): ``poot/compiler``,
+    ``dialects/``, ``passes/`` and the backend's own code generator (``poot/backends/<b>.py``
+    or ``poot/backends/<b>/``; other backends' files do not invalidate it)."""
     import poot
 
-    roots = []
-    for base in poot.__path__:
-        for sub in ("compiler", "backends", "dialects", "passes"):
-            p = Path(base) / sub
-            if p.is_dir():
-                roots.append(p)
+    files: set[Path] = set()
+    for base in map(Path, poot.__path__):
+        for sub in ("compiler", "dialects", "passes", f"backends/{backend}"):
+            if (base / sub).is_dir():
+                files |= {f for f in (base / sub).rglob("*")
+                          if f.suffix in (".py", ".mlir", ".irdl")
+                          and "__pycache__" not in f.parts}
+        for f in (f"backends/{backend}.py", "backends/__init__.py"):
+            if (base / f).is_file():
+                files.add(base / f)
     h = hashlib.sha256()
-    for root in sorted(set(roots)):
-        for f in sorted(root.rglob("*")):
-            if f.suffix in (".py", ".mlir", ".irdl") and "__pycache__" not in f.parts:
-                h.update(str(f.relative_to(root.parent)).encode())
-                h.update(f.read_bytes())
+    for f in sorted(files):
+        h.update(f"{f.parent.name}/{f.name}".encode())
+        h.update(f.read_bytes())
     return h.hexdigest()
 
 
@@ -70,7 +75,7 @@ def cache_key(graph_text: str, target, options) -> str:
 
     h = hashlib.sha256()
     for part in (f"format={FORMAT}", graph_text, target.key(), repr(options),
-                 poot.__version__, compiler_source_hash()):
+                 poot.__version__, compiler_source_hash(target.backend)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
