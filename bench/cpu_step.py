@@ -86,6 +86,7 @@ def step_bench(path, steps: int, threads: int | None, prefill: int = 0):
         "model": os.path.basename(str(path)),
         "step": f"prefill {prefill}" if prefill else "decode",
         "threads": cpu_threads(),
+        "int8_dot": os.environ.get("POOT_CPU_INT8", "0") == "1",
         "trace_s": round(trace_s, 3),
         "compile_s": round(compile_s, 3),
         "codegen_s": round(program.pass_seconds.get("codegen", 0.0), 3),
@@ -179,6 +180,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-micro", action="store_true")
+    ap.add_argument("--int8", action="store_true",
+                    help="int8 dot products for packed weights (POOT_CPU_INT8=1)")
     ap.add_argument("--prefill", type=int, default=0,
                     help="time a prefill step of this many tokens instead of decode")
     ap.add_argument("--model", default=None, help="GGUF path (default: the bundled SmolLM2)")
@@ -186,6 +189,8 @@ def main(argv=None) -> int:
     from poot.load.bundled import smollm2_gguf
 
     path = a.model or smollm2_gguf()
+    if a.int8:
+        os.environ["POOT_CPU_INT8"] = "1"
     report, g, weights = step_bench(path, a.steps, a.threads, a.prefill)
     call = report.pop("_call")
     print(json.dumps(report), file=sys.stderr, flush=True)

@@ -165,9 +165,18 @@ def lower_module(module: ir.Operation, strategy: Strategy | None = None) -> None
     if not todo:
         return
     todo, dropped = _dedupe(todo)
+    from poot.dialects.lowering.gemv import intrinsic_declarations
+
+    joined = "\n".join(text for _, text in todo)
+    decls = intrinsic_declarations(joined)
     with module.context, ir.Location.unknown():
-        parsed = ir.Module.parse("\n".join(text for _, text in todo))
-    for (old, _), new in zip(todo, list(parsed.body.operations)):
+        parsed = ir.Module.parse(joined + "\n" + decls)
+    new_ops = list(parsed.body.operations)
+    for extra in new_ops[len(todo):]:  # declarations go after the lowered functions
+        extra = extra.operation
+        extra.detach_from_parent()
+        module.regions[0].blocks[0].append(extra)
+    for (old, _), new in zip(todo, new_ops):
         new = new.operation
         new.detach_from_parent()
         ir.InsertionPoint(old).insert(new)

@@ -27,6 +27,20 @@ from poot.dialects.lowering.emit import Emitter, tt
 from poot.dialects.lowering.rules import OpInfo, Strategy
 from poot.dialects.types import DType, PackedType, TensorType
 
+#: declared functions standing for LLVM intrinsics: name -> (intrinsic, function type)
+INTRINSIC_PREFIX = "__poot_intr_"
+INTRINSICS: dict[str, tuple[str, str]] = {}
+
+
+def intrinsic_declarations(text: str) -> str:
+    """``func.func private`` declarations of the intrinsic stand-ins that ``text`` calls."""
+    out = []
+    for fn, (_, sig) in INTRINSICS.items():
+        if f"@{fn}(" in text:
+            out.append(f"func.func private @{fn}{sig.replace(') ->', ') -> ', 1)}")
+    return "\n".join(out)
+
+
 #: packed formats with a vector decoder here (others keep the portable lowering)
 PACKED = ("q4_0", "q4_1", "q8_0")
 CHUNK = 32  # K elements per step: one quant block
@@ -116,6 +130,7 @@ class _K:
         self.em, self.g, self.s = em, g, s
         self.vw = 16
         self.vf = f"vector<{self.vw}xf32>"
+        self.int8 = s.int8_dot and g.packed
         self._consts: dict = {}
 
     def c(self, v: int) -> str:
@@ -222,6 +237,8 @@ class _K:
     def tile(self, row: str, m0: str, rows: int, dest: str, dest_t: str, col: str) -> str:
         """Rows ``m0 .. m0 + rows`` of x against row ``row`` of W: inserts the ``rows`` sums
         into ``dest`` (type ``dest_t``) at ``[m0 + i, col]``; returns the new ``dest``."""
+        if self.int8:
+            return self.tile_int8(row, m0, rows, dest, dest_t, col)
         g, em, vf = self.g, self.em, self.vf
         nb = g.k // CHUNK
         self.tail = g.k % CHUNK
@@ -285,8 +302,137 @@ class _K:
             dest = self.tile(row, self.c(full * mt), rest, dest, dest_t, col)
         return dest
 
+    # ---- int8 dot products (x quantized per 32-block, as llama.cpp) ----
+    def quantize_x(self) -> None:
+        """x as int8 per 32-element block: ``xq`` (tensor<MxKxi8>), the block scales ``xd``
+        (amax / 127) and ``xs`` (scale * sum of the block's int8 values), tensor<MxNBxf32>."""
+        em, g, vf = self.em, self.g, self.vf
+        nb = g.k // CHUNK
+        tq, tf = f"tensor<{g.m}x{g.k}xi8>", f"tensor<{g.m}x{nb}xf32>"
+        inits = [em.op(f"tensor.empty() : {t}", "e") for t in (tq, tf, tf)]
+        m, res = em.fresh("qm"), em.fresh("xq")
+        its = [em.fresh("qi") for _ in inits]
+        em.line(f"{res}:3 = scf.for {m} = {self.c(0)} to {self.c(g.m)} step {self.c(1)} "
+                f"iter_args({', '.join(f'{a} = {b}' for a, b in zip(its, inits))}) -> "
+                f"({tq}, {tf}, {tf}) {{")
+        em.depth += 1
+        b, res2 = em.fresh("qb"), em.fresh("xqb")
+        its2 = [em.fresh("qj") for _ in inits]
+        em.line(f"{res2}:3 = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({', '.join(f'{a} = {b_}' for a, b_ in zip(its2, its))}) -> "
+                f"({tq}, {tf}, {tf}) {{")
+        em.depth += 1
+        k = self.mul(b, CHUNK)
+        v = [self.read_x(m, k, False), self.read_x(m, self.add(k, 16), False)]
+        a = [em.op(f"math.absf {x} : {vf}") for x in v]
+        mx = em.op(f"arith.maximumf {a[0]}, {a[1]} : {vf}")
+        amax = em.op(f"vector.reduction <maximumf>, {mx} : {vf} into f32")
+        c127 = em.const(127.0, "f32")
+        dx = em.op(f"arith.divf {amax}, {c127} : f32")
+        nz = em.op(f"arith.cmpf ogt, {amax}, {em.const(0.0, 'f32')} : f32")
+        inv = em.op(f"arith.select {nz}, {em.op(f'arith.divf {c127}, {amax} : f32')}, "
+                    f"{em.const(0.0, 'f32')} : f32")
+        invv = em.op(f"vector.broadcast {inv} : f32 to {vf}")
+        q = []
+        for x in v:
+            r = em.op(f"math.roundeven {em.op(f'arith.mulf {x}, {invv} : {vf}')} : {vf}")
+            q.append(em.op(f"arith.fptosi {r} : {vf} to vector<16xi8>"))
+        idx = ", ".join(str(i) for i in range(32))
+        qq = em.op(f"vector.shuffle {q[0]}, {q[1]} [{idx}] : vector<16xi8>, vector<16xi8>")
+        wide = em.op(f"arith.extsi {qq} : vector<32xi8> to vector<32xi32>")
+        qsum = em.op(f"vector.reduction <add>, {wide} : vector<32xi32> into i32")
+        xs = em.op(f"arith.mulf {em.op(f'arith.sitofp {qsum} : i32 to f32')}, {dx} : f32")
+        n0 = em.op(f"vector.transfer_write {qq}, {its2[0]}[{m}, {k}] {{in_bounds = [true]}} : "
+                   f"vector<32xi8>, {tq}")
+        n1 = em.op(f"tensor.insert {dx} into {its2[1]}[{m}, {b}] : {tf}")
+        n2 = em.op(f"tensor.insert {xs} into {its2[2]}[{m}, {b}] : {tf}")
+        em.line(f"scf.yield {n0}, {n1}, {n2} : {tq}, {tf}, {tf}")
+        em.depth -= 1
+        em.line("}")
+        em.line(f"scf.yield {res2}#0, {res2}#1, {res2}#2 : {tq}, {tf}, {tf}")
+        em.depth -= 1
+        em.line("}")
+        self.xq, self.xd, self.xs = f"{res}#0", f"{res}#1", f"{res}#2"
+        self.tq, self.tf = tq, tf
+
+    def _intr(self, name: str, args: list[str], ins: str, out: str) -> str:
+        """An LLVM intrinsic, spelled as a call of a declared function ``@__poot_intr_<name>``
+        (bufferization refuses ``llvm.call_intrinsic``, whose memory effects it cannot see);
+        the backend turns the calls into intrinsics after bufferization
+        (:func:`intrinsic_declarations`, :data:`INTRINSIC_PREFIX`)."""
+        fn = INTRINSIC_PREFIX + name.replace(".", "_")
+        INTRINSICS[fn] = (name, f"({ins}) -> {out}")
+        return self.em.op(f"func.call @{fn}({', '.join(args)}) : ({ins}) -> {out}")
+
+    def tile_int8(self, row: str, m0: str, rows: int, dest: str, dest_t: str, col: str) -> str:
+        g, em = self.g, self.em
+        fmt = g.wtype.format
+        nb = g.k // CHUNK
+        v8, v32i8 = "vector<8xf32>", "vector<32xi8>"
+        row_bytes = nb * fmt.block_bytes
+        xrows = [self.add(m0, i) for i in range(rows)]
+        zero_v = em.op(f"arith.constant dense<0.0> : {v8}", "cv")
+        zero_s = em.const(0.0, "f32")
+        ones = self.splat(1, "i16", 16)
+        inits = [zero_v, zero_s] * rows
+        types = [v8, "f32"] * rows
+        b, res = em.fresh("b"), em.fresh("kl")
+        its = [em.fresh("acc") for _ in inits]
+        em.line(f"{res}:{len(its)} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({', '.join(f'{a} = {z}' for a, z in zip(its, inits))}) -> "
+                f"({', '.join(types)}) {{")
+        em.depth += 1
+        off = self.add(self.mul(row, row_bytes), self.mul(b, fmt.block_bytes))
+        nsc = 2 if fmt.name == "q4_1" else 1
+        raw = self.read_bytes(off, 2 * nsc)
+        h = em.op(f"vector.bitcast {raw} : vector<{2 * nsc}xi8> to vector<{nsc}xf16>")
+        f = em.op(f"arith.extf {h} : vector<{nsc}xf16> to vector<{nsc}xf32>")
+        dw = em.op(f"vector.extract {f}[0] : f32 from vector<{nsc}xf32>")
+        mw = em.op(f"vector.extract {f}[1] : f32 from vector<{nsc}xf32>") if nsc == 2 else None
+        idx = ", ".join(str(i) for i in range(32))
+        if fmt.name == "q8_0":
+            w = self.read_bytes(self.add(off, 2), 32)
+            wu = em.op(f"math.absi {w} : {v32i8}")
+        else:
+            q = self.read_bytes(self.add(off, 2 if fmt.name == "q4_0" else 4), 16)
+            lo = em.op(f"arith.andi {q}, {self.splat(15, 'i8', 16)} : vector<16xi8>")
+            hi = em.op(f"arith.shrui {q}, {self.splat(4, 'i8', 16)} : vector<16xi8>")
+            wu = em.op(f"vector.shuffle {lo}, {hi} [{idx}] : vector<16xi8>, vector<16xi8>")
+        new = []
+        for i, xr in enumerate(xrows):
+            pad = em.const(0, "i8")
+            xq = em.op(f"vector.transfer_read {self.xq}[{xr}, {self.mul(b, CHUNK)}], {pad} "
+                       f"{{in_bounds = [true]}} : {self.tq}, {v32i8}")
+            if fmt.name == "q8_0":
+                xq = self._intr("llvm.x86.avx2.psign.b", [xq, w], f"{v32i8}, {v32i8}", v32i8)
+            p16 = self._intr("llvm.x86.avx2.pmadd.ub.sw", [wu, xq], f"{v32i8}, {v32i8}",
+                             "vector<16xi16>")
+            p32 = self._intr("llvm.x86.avx2.pmadd.wd", [p16, ones],
+                             "vector<16xi16>, vector<16xi16>", "vector<8xi32>")
+            fd = em.op(f"arith.sitofp {p32} : vector<8xi32> to {v8}")
+            dx = em.op(f"tensor.extract {self.xd}[{xr}, {b}] : {self.tf}")
+            sc = em.op(f"vector.broadcast {em.op(f'arith.mulf {dw}, {dx} : f32')} : f32 to {v8}")
+            new.append(em.op(f"math.fma {fd}, {sc}, {its[2 * i]} : {v8}"))
+            acc_s = its[2 * i + 1]
+            if fmt.name != "q8_0":
+                sx = em.op(f"tensor.extract {self.xs}[{xr}, {b}] : {self.tf}")
+                coef = mw if mw is not None else em.op(
+                    f"arith.mulf {dw}, {em.const(-8.0, 'f32')} : f32")
+                acc_s = em.op(f"math.fma {coef}, {sx}, {acc_s} : f32")
+            new.append(acc_s)
+        em.line(f"scf.yield {', '.join(new)} : {', '.join(types)}")
+        em.depth -= 1
+        em.line("}")
+        for i, xr in enumerate(xrows):
+            r = em.op(f"vector.reduction <add>, {res}#{2 * i} : {v8} into f32")
+            r = em.op(f"arith.addf {r}, {res}#{2 * i + 1} : f32")
+            dest = em.op(f"tensor.insert {r} into {dest}[{xr}, {col}] : {dest_t}")
+        return dest
+
     def emit(self) -> str:
         em, g = self.em, self.g
+        if self.int8:
+            self.quantize_x()
         out_t = f"tensor<{g.m}x{g.n}xf32>"
         init = em.op(f"tensor.empty() : {out_t}", "e")
         n, res = em.fresh("n"), em.fresh("gemv")

@@ -157,7 +157,11 @@ def strategy_for(target=None, threads: int | None = None) -> Strategy:
 
         target = host_cpu()
     threads = cpu_threads(target) if threads is None else threads
-    return Strategy(gemv=True, m_tile=4 if target.caps.vector_bits >= 512 else 2,
+    # int8 dot products (x quantized per block, llama.cpp's precision) are opt-in:
+    # POOT_CPU_INT8=1, on a target with AVX2
+    int8 = os.environ.get("POOT_CPU_INT8", "0") == "1" and "avx2" in target.caps.features
+    return Strategy(gemv=True, int8_dot=int8,
+                    m_tile=4 if target.caps.vector_bits >= 512 else 2,
                     cores=threads)
 
 
@@ -356,6 +360,45 @@ def lower_graph(graph: Graph, strategy: Strategy | None = None
     return module, fn
 
 
+def lower_intrinsic_calls(module: ir.Module) -> None:
+    """Calls of the kernels' intrinsic stand-ins (``@__poot_intr_*`` declarations, see
+    ``dialects/lowering/gemv.py``) become ``llvm.call_intrinsic``, now that bufferization is
+    done; the declarations are erased."""
+    from poot.dialects.lowering.gemv import INTRINSIC_PREFIX, INTRINSICS
+
+    calls, decls = [], []
+
+    def visit(op):
+        op = op.operation
+        if op.name == "func.call" and ir.FlatSymbolRefAttr(
+                op.attributes["callee"]).value.startswith(INTRINSIC_PREFIX):
+            calls.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and ir.StringAttr(
+                op.attributes["sym_name"]).value.startswith(INTRINSIC_PREFIX):
+            decls.append(op)
+    for op in calls:
+        name = INTRINSICS[ir.FlatSymbolRefAttr(op.attributes["callee"]).value][0]
+        with ir.InsertionPoint(op), op.location:
+            new = ir.Operation.create(
+                "llvm.call_intrinsic", results=[r.type for r in op.results],
+                operands=list(op.operands),
+                attributes={"intrin": ir.StringAttr.get(name),
+                            "fastmathFlags": ir.Attribute.parse("#llvm.fastmath<none>"),
+                            "op_bundle_sizes": ir.DenseI32ArrayAttr.get([]),
+                            "operandSegmentSizes": ir.DenseI32ArrayAttr.get(
+                                [len(op.operands), 0])})
+        for old, r in zip(op.results, new.results):
+            old.replace_all_uses_with(r)
+        op.erase()
+    for op in decls:
+        op.erase()
+
+
 def _calls_only(fn: ir.Operation, kernels: set[str]) -> bool:
     """Whether ``fn`` (bufferized) does no loops of its own: only calls to kernels, buffer
     management and copies; and at least one call (a step whose regions were outlined)."""
@@ -399,6 +442,7 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
             libs.append(omp)
         PassManager.parse(f"builtin.module({','.join(stages)})").run(module.operation)
         widen_i1_memrefs(module)
+        lower_intrinsic_calls(module)
         funcs = [op.operation for op in module.body.operations
                  if op.operation.name == "func.func"]
         kernels = {ir.StringAttr(f.attributes["sym_name"]).value for f in funcs

@@ -195,3 +195,25 @@ def test_openmp_runtime_reported():
     """Not a requirement: says whether threads are available here (libomp5)."""
     if openmp_lib() is None:
         pytest.skip("libomp (Debian libomp5) not installed: CPU kernels run on one thread")
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_int8_dot_products(fmt, m):
+    """Opt-in int8 dot products (x quantized per 32-block as llama.cpp does; AVX2 pmaddubsw /
+    pmaddwd, psign for Q8_0): within int8 precision of the oracle (2% of the largest |y|)."""
+    from poot.compiler.target import host_cpu
+
+    if "avx2" not in host_cpu().caps.features:
+        pytest.skip("int8 dot products need AVX2")
+    rng = np.random.default_rng(11 + m)
+    f = Quant[fmt.upper()].value
+    n, k = 37, 96
+    g = _gemv_graph(PackedType(f, (n, k)), m, k)
+    prog = compile_cpu(g, strategy=Strategy(cores=2, m_tile=2, parallel_min_bytes=0,
+                                            int8_dot=True))
+    assert "llvm.x86.avx2.pmadd" not in prog.lowered  # stand-ins until after bufferization
+    x, w = rng.normal(size=(m, k)).astype(np.float32), _quantized(f, n, k, rng)
+    got = prog.run({"x": x}, {"w": w})["y"]
+    want = oracle.evaluate(g, {"x": x}, {"w": w})["y"]
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
