@@ -28,11 +28,9 @@ from poot.errors import PootError
 BACKENDS = ("cpu", "vulkan", "cuda", "rocm")
 DEFAULT_KV_CAPACITY = 1024
 DEFAULT_PREFILL_CHUNK = 32
-#: Options the API compiles with. Meanwhile the CPU backend cannot lower the ``func.call``s
-#: that dispatch-region formation (``fuse``) and the flash-attention/RoPE rewrites produce
-#: ("target cannot run 'func.call': no lowering rule"), so whole steps compile unfused;
-#: switch back to ``CompileOptions()`` when it can.
-DEFAULT_COMPILE_OPTIONS = CompileOptions(fuse=False, flash_attention=False)
+#: Options the API compiles with (the full pipeline: dispatch fusion, RoPE and
+#: flash-attention rewrites).
+DEFAULT_COMPILE_OPTIONS = CompileOptions()
 
 
 class ModelNotFound(PootError):

@@ -102,8 +102,8 @@ class StepRunner:
         if not ids:
             return 0
         entry = self.prefill_entry()
-        t = entry.slots["tokens"].shape[1] if hasattr(entry.slots["tokens"], "shape") \
-            else self.prefill_chunk
+        t = next(a.type.shape[1] for a in entry.kernel.args
+                 if a.role == "input" and a.name == "tokens")
         steps = 0
         for off in range(0, len(ids), t):
             chunk = ids[off:off + t]
