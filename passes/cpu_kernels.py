@@ -21,10 +21,10 @@ from poot.passes.registry import PassFailure, register_pass
                "lower poot to linalg/scf/vector with the CPU matmul kernels",
                {"cores": (int, 1, "threads a kernel's row loop may use"),
                 "m-tile": (int, 2, "rows of x per decoded weight row"),
-                "parallel-min-bytes": (int, 65536, "smallest weight with a parallel row loop")})
+                "parallel-min-bytes": (int, 1 << 20, "smallest weight with a parallel row loop")})
 def run(module: ir.Operation, **opts) -> None:
     strategy = Strategy(gemv=True, m_tile=opts.get("m-tile", 2), cores=opts.get("cores", 1),
-                        parallel_min_bytes=opts.get("parallel-min-bytes", 65536))
+                        parallel_min_bytes=opts.get("parallel-min-bytes", 1 << 20))
     try:
         lower_module(module, strategy)
     except LoweringRefusal as e:

@@ -49,7 +49,9 @@ class Strategy:
             Q4_1 / Q8_0 block format read in place) as a row-streaming vector kernel.
         m_tile: rows of x computed together against one decoded row of W.
         parallel_min_bytes: a kernel whose weight is at least this big runs its rows as an
-            ``scf.forall`` (threads); smaller ones as a sequential loop.
+            ``scf.forall`` (threads); smaller ones as a sequential loop. 1 MiB: on a 2-core
+            host shared with other work, a fork/join per layer GEMV (211 per SmolLM2 token)
+            cost more than it gained; the lm_head-sized ones pay.
         cores: threads the kernels may use (1: never ``scf.forall``).
         int8_dot: packed weights (Q4_0/Q4_1/Q8_0) are multiplied by x quantized to int8 per
             32-element block (llama.cpp's scheme; AVX2 ``pmaddubsw``/``pmaddwd``): about twice
@@ -59,7 +61,7 @@ class Strategy:
 
     gemv: bool = True
     m_tile: int = 2
-    parallel_min_bytes: int = 64 << 10
+    parallel_min_bytes: int = 1 << 20
     cores: int = 1
     int8_dot: bool = False
 
