@@ -1,0 +1,89 @@
+"""Build (here, with MLIR) what bench/gpu_run/run_*.sh need on the GPU machine.
+
+    python bench/gpu_run/build.py cuda     # .gpuw/art (SmolLM2 cap-256 CUDA step) + weights split in two
+    python bench/gpu_run/build.py vulkan   # .gpuw/vk_smollm2 (SmolLM2 cap-256 Vulkan step, sg 32)
+
+The SmolLM2 weights (96.6 MB packed) exceed one device transfer (64 MiB): they are written as
+two npz halves, .gpuw/a/w.npz and .gpuw/b/w.npz, carried in two consecutive calls (the first
+half stays on the warm machine).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+OUT = os.path.join(ROOT, ".gpuw")
+
+
+def weights_npz(weights, names):
+    arrays = {}
+    for n in names:
+        a = np.asarray(weights.arrays[n] if hasattr(weights, "arrays") else weights[n])
+        if a.dtype.itemsize == 2 and a.dtype.kind == "V":
+            a = a.view(np.uint16)
+        arrays[n] = a
+    order = sorted(arrays, key=lambda n: -arrays[n].nbytes)
+    halves = ({}, {})
+    sizes = [0, 0]
+    for n in order:                       # greedy balance
+        i = 0 if sizes[0] <= sizes[1] else 1
+        halves[i][n] = arrays[n]
+        sizes[i] += arrays[n].nbytes
+    for sub, h in zip("ab", halves):
+        os.makedirs(os.path.join(OUT, sub), exist_ok=True)
+        np.savez(os.path.join(OUT, sub, "w.npz"), **h)
+    return sizes
+
+
+def cuda(cap=256):
+    from poot.backends.cuda.codegen import compile_program, cuda_target
+    from poot.compiler.compile import compile as compile_step
+    from poot.load.bundled import smollm2_gguf
+    from poot.models import StepSpec, load_model
+
+    cmod = sys.modules["poot.compiler.compile"]
+    model, weights = load_model(str(smollm2_gguf()))
+    g = model.trace(StepSpec.decode(kv_capacity=cap), weights.types)
+    t0 = time.perf_counter()
+    saved = cmod._codegen
+    cmod._codegen = lambda *a_: None
+    try:
+        prog = compile_step(g, cuda_target())
+    finally:
+        cmod._codegen = saved
+    art = compile_program(prog)
+    art.save(os.path.join(OUT, "art"))
+    names = [p["name"] for p in art.plan["params"]]
+    sizes = weights_npz(weights, names)
+    print(json.dumps({"compile_s": round(time.perf_counter() - t0, 1), "halves": sizes,
+                      **art.summary()}))
+
+
+def vulkan(cap=256):
+    from poot.backends.vulkan.codegen import DEFAULT_FEATURES, compile_vulkan, vulkan_target
+    from poot.load.bundled import smollm2_gguf
+    from poot.models import StepSpec, load_model
+
+    model, weights = load_model(str(smollm2_gguf()))
+    g = model.trace(StepSpec.decode(kv_capacity=cap, kv_slots=1), weights.types)
+    target = vulkan_target({"features": sorted(DEFAULT_FEATURES), "subgroup_size": 32,
+                            "max_shared_bytes": 48 * 1024})
+    t0 = time.perf_counter()
+    prog = compile_vulkan(g, target)
+    prog.executable.save(os.path.join(OUT, "vk_smollm2", "art"))
+    meta = {n: [list(s.shape) if hasattr(s, "shape") else str(s)] for n, s in
+            prog.executable.params}
+    with open(os.path.join(OUT, "vk_smollm2", "params.json"), "w") as f:
+        json.dump(sorted(meta), f)
+    print(json.dumps({"compile_s": round(time.perf_counter() - t0, 1),
+                      "params": len(meta)}))
+
+
+if __name__ == "__main__":
+    {"cuda": cuda, "vulkan": vulkan}[sys.argv[1]]()
