@@ -42,7 +42,18 @@ def target_for(backend: str) -> Target:
     target whose code generation planning decides (a build without it refuses)."""
     if backend not in BACKENDS:
         raise InvalidRequest("backend", backend, f"must be one of {', '.join(BACKENDS)}")
-    return host_cpu() if backend == "cpu" else Target(backend, Capabilities())
+    if backend == "cpu":
+        return host_cpu()
+    if backend == "vulkan":  # capabilities (subgroup size, 16-bit storage) from the device
+        from poot.backends.vulkan.codegen import vulkan_target
+        from poot.executor import open_device
+
+        return vulkan_target(open_device("vulkan").capabilities())
+    if backend == "cuda":
+        from poot.backends.cuda.codegen import cuda_target
+
+        return cuda_target()
+    return Target(backend, Capabilities())
 
 
 def default_model_path() -> Path:
