@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from _graphs import ROWS, WIDTH, cache_step
+from exec_graphs import ROWS, WIDTH, cache_step
 from poot.compiler import CompileOptions, compile, host_cpu
 from poot.executor import CpuDevice, Engine, ExecutorError
 
