@@ -42,22 +42,15 @@ def weights_npz(weights, names):
 
 
 def cuda(cap=256):
-    from poot.backends.cuda.codegen import compile_program, cuda_target
+    from poot.backends.cuda.codegen import cuda_target
     from poot.compiler.compile import compile as compile_step
     from poot.load.bundled import smollm2_gguf
     from poot.models import StepSpec, load_model
 
-    cmod = sys.modules["poot.compiler.compile"]
     model, weights = load_model(str(smollm2_gguf()))
     g = model.trace(StepSpec.decode(kv_capacity=cap), weights.types)
     t0 = time.perf_counter()
-    saved = cmod._codegen
-    cmod._codegen = lambda *a_: None
-    try:
-        prog = compile_step(g, cuda_target())
-    finally:
-        cmod._codegen = saved
-    art = compile_program(prog)
+    art = compile_step(g, cuda_target()).executable
     art.save(os.path.join(OUT, "art"))
     names = [p["name"] for p in art.plan["params"]]
     sizes = weights_npz(weights, names)
