@@ -9,7 +9,7 @@ gather on axis 0, keys masked by position (key index = position).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -132,13 +132,14 @@ def sampling_suffix(b: Builder, spec: StepSpec, logits: Tensor) -> dict[str, Ten
 # --- a shared pre-norm decoder -----------------------------------------------------------------
 #
 # Families whose layers are "x += attn(norm(x)); x += ffn(norm(x))" with small variations
-# (Qwen2/3, Gemma 1/2, Phi-3, Mixtral, Qwen3-MoE) describe themselves with DecoderOptions and
-# a weight-name table over the roles below; the tracer here is family-neutral.
+# (Llama/Mistral, Qwen2/3, Gemma 1/2, Phi-3, Mixtral, Qwen3-MoE) describe themselves with
+# DecoderOptions and a weight-name table over the roles below; the tracer here is family-neutral.
 #
 # Roles: tok_embed, out_norm, lm_head (absent when tied); per layer blk.{i}.:
 #   attn_norm, attn.q / attn.k / attn.v (or attn.qkv fused), attn.o, attn.{q,k,v,o}_bias
 #   (optional), attn.q_norm / attn.k_norm (qk_norm), post_attn_norm (sandwich), ffn_norm,
-#   ffn.gate / ffn.up (or ffn.gate_up fused), ffn.down, post_ffn_norm (sandwich);
+#   ffn.gate / ffn.up (or ffn.gate_up fused), ffn.down, ffn.{gate,up,down}_bias (optional),
+#   post_ffn_norm (sandwich);
 #   MoE layers: ffn.router [E, H] and per expert ffn.exp.{e}.gate/up/down, or stacked
 #   ffn.exps.gate/up [E, F, H] and ffn.exps.down [E, H, F].
 
@@ -230,6 +231,19 @@ def ops_rope_scaling(cfg: Any, family: str) -> ops.RopeScaling:
         attention_factor=rs.attn_factor)
 
 
+def rope_inv_freq(head_dim: int, theta: float, scaling: ops.RopeScaling | None = None,
+                  rotary_dim: int | None = None,
+                  freq_factors: Sequence[float] | None = None) -> np.ndarray:
+    """:func:`poot.graph.ops.rope_inv_freq`, then each inverse frequency divided by its
+    ``freq_factors`` entry when given (GGUF ``rope_freqs.weight``, llama.cpp's spelling of
+    llama3 scaling; divided in f64, rounded to f32)."""
+    inv = ops.rope_inv_freq(head_dim, theta, scaling, rotary_dim=rotary_dim)
+    if freq_factors is not None:
+        ff = np.asarray(freq_factors, dtype=np.float64)
+        inv = (inv.astype(np.float64) / ff).astype(np.float32)
+    return inv
+
+
 def decoder_options(cfg: Any, family: str, **overrides: Any) -> DecoderOptions:
     """:class:`DecoderOptions` from a :class:`~poot.load.config.ModelConfig`: shape, eps,
     RoPE (scaling and ``partial_rotary_factor``), tying and source; ``overrides`` set the
@@ -241,8 +255,8 @@ def decoder_options(cfg: Any, family: str, **overrides: Any) -> DecoderOptions:
     rp = extra.get("rope_parameters") if isinstance(extra.get("rope_parameters"), dict) else {}
     partial = float(rp.get("partial_rotary_factor", extra.get("partial_rotary_factor", 1.0)))
     scaling = ops_rope_scaling(cfg, family)
-    inv = ops.rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling,
-                            rotary_dim=int(cfg.head_dim * partial))
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling,
+                        rotary_dim=int(cfg.head_dim * partial))
     opts = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
                 intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
                 num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
@@ -391,8 +405,8 @@ def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: in
 
 class DecoderModel:
     """Base of the families traced by :func:`trace_decoder`: ``config`` is their
-    :class:`DecoderOptions`; a subclass sets ``family``/``architectures`` and supplies
-    ``from_config`` and ``weight_table``."""
+    :class:`DecoderOptions` (or a family config whose :meth:`options` gives them); a subclass
+    sets ``family``/``architectures`` and supplies ``from_config`` and ``weight_table``."""
 
     family: ClassVar[str] = "decoder"
     architectures: ClassVar[tuple[str, ...]] = ()
@@ -400,20 +414,26 @@ class DecoderModel:
     def __init__(self, config: DecoderOptions):
         self.config = config
 
+    def options(self) -> DecoderOptions:
+        """The traced decoder: ``config`` itself; a family keeping its own config type
+        overrides this to derive them."""
+        return self.config
+
     def weight_table(self) -> WeightTable:
         raise NotImplementedError
 
-    def bind(self, store: Mapping[str, Any]) -> WeightBinding:
-        """Bind every role from ``store`` (packed stays packed). Raises ModelError naming a
-        missing tensor."""
-        return bind_weights(self.weight_table(), store, self.config.source,
-                            self.config.num_layers)
+    def bind(self, store: Mapping[str, Any],
+             rename: Callable[[str, Any], Any] | None = None) -> WeightBinding:
+        """Bind every role from ``store`` (packed stays packed; ``rename`` as
+        :func:`~poot.models.base.bind_weights`). Raises ModelError naming a missing tensor."""
+        o = self.options()
+        return bind_weights(self.weight_table(), store, o.source, o.num_layers, rename)
 
     def dims(self) -> StepDims:
-        return decoder_dims(self.config)
+        return decoder_dims(self.options())
 
     def trace(self, spec: StepSpec, weight_types: Mapping[str, PootType]) -> Graph:
-        return trace_decoder(self.config, spec, weight_types, self.family)
+        return trace_decoder(self.options(), spec, weight_types, self.family)
 
 
 def decoder_weight_names(o: DecoderOptions, attn_bias: bool = False) -> dict[str, WeightName]:
@@ -443,8 +463,14 @@ def decoder_weight_names(o: DecoderOptions, attn_bias: bool = False) -> dict[str
     return t
 
 
-def dense_ffn_names() -> dict[str, WeightName]:
-    """HF ``mlp.{gate,up,down}_proj`` / GGUF ``ffn_{gate,up,down}`` roles."""
-    return {f"blk.{{i}}.ffn.{r}": WeightName(f"model.layers.{{i}}.mlp.{r}_proj.weight",
-                                             f"blk.{{i}}.ffn_{r}.weight")
-            for r in ("gate", "up", "down")}
+def dense_ffn_names(bias: bool = False) -> dict[str, WeightName]:
+    """HF ``mlp.{gate,up,down}_proj`` / GGUF ``ffn_{gate,up,down}`` roles (with optional
+    ``_bias`` roles when ``bias``)."""
+    t = {f"blk.{{i}}.ffn.{r}": WeightName(f"model.layers.{{i}}.mlp.{r}_proj.weight",
+                                          f"blk.{{i}}.ffn_{r}.weight")
+         for r in ("gate", "up", "down")}
+    if bias:
+        t.update({f"blk.{{i}}.ffn.{r}_bias": WeightName(f"model.layers.{{i}}.mlp.{r}_proj.bias",
+                                                        f"blk.{{i}}.ffn_{r}.bias", True)
+                  for r in ("gate", "up", "down")})
+    return t
