@@ -57,34 +57,10 @@ from poot.dialects.types import DType, TensorType, type_from_mlir
 from poot.passes.analysis import defining_op, functions
 from poot.passes.canonicalize import splat_value
 from poot.passes.dce import dce
+from poot.passes.ir_utils import NoMatch, dtype_of, fn_attr, i64s, need, same_value, shape_of
 from poot.passes.registry import register_pass
 
 MASK_FILL_MAX = -1e30   # a masked-score fill must be at most this (poot.graph.ops.MASKED_SCORE)
-
-
-class _NoMatch(Exception):
-    pass
-
-
-def _need(cond: bool, why: str = "") -> None:
-    if not cond:
-        raise _NoMatch(why)
-
-
-def _shape(v: ir.Value) -> tuple[int, ...]:
-    return type_from_mlir(v.type).shape
-
-
-def _dtype(v: ir.Value) -> DType:
-    return type_from_mlir(v.type).dtype
-
-
-def _fn(op: ir.Operation) -> str:
-    return ir.StringAttr(op.attributes["fn"]).value
-
-
-def _i64s(op: ir.Operation, key: str) -> tuple[int, ...]:
-    return tuple(ir.DenseI64ArrayAttr(op.attributes[key]))
 
 
 def _n_uses(v: ir.Value) -> int:
@@ -102,13 +78,13 @@ def _producer(v: ir.Value, name: str | None = None, fn: str | None = None):
     p = defining_op(v)
     if p is None or (name is not None and p.name != name):
         return None
-    if fn is not None and _fn(p) != fn:
+    if fn is not None and fn_attr(p) != fn:
         return None
     return p
 
 
 def _only_use(v: ir.Value) -> None:
-    _need(_n_uses(v) == 1, "an intermediate value has another consumer")
+    need(_n_uses(v) == 1, "an intermediate value has another consumer")
 
 
 @dataclass
@@ -147,8 +123,8 @@ def _row_reduce(v: ir.Value, full: tuple[int, ...], fn: str):
     clamps, level, cur = [], "full", v
     while True:
         p = defining_op(cur)
-        _need(p is not None, "row value is an argument")
-        if p.name == "poot.binary" and _fn(p) == "max" and _splat_operand(p):
+        need(p is not None, "row value is an argument")
+        if p.name == "poot.binary" and fn_attr(p) == "max" and _splat_operand(p):
             i, c = _splat_operand(p)
             clamps.append(float(c))
             _only_use(cur)
@@ -156,41 +132,25 @@ def _row_reduce(v: ir.Value, full: tuple[int, ...], fn: str):
             continue
         if p.name == "poot.broadcast" and level == "full":
             src = p.operands[0]
-            ss, dims = _shape(src), _i64s(p, "dims")
-            _need((ss == keep and dims == tuple(range(n))) or
+            ss, dims = shape_of(src), i64s(p, "dims")
+            need((ss == keep and dims == tuple(range(n))) or
                   (ss == row and dims == tuple(range(n - 1))), "broadcast is not a row map")
             _only_use(cur)
             cur, level = src, "row"
             continue
-        if p.name == "poot.reshape" and _shape(cur) in (row, keep) and \
-                _shape(p.operands[0]) in (row, keep):
+        if p.name == "poot.reshape" and shape_of(cur) in (row, keep) and \
+                shape_of(p.operands[0]) in (row, keep):
             _only_use(cur)
             cur, level = p.operands[0], "row"
             continue
         if p.name == "poot.reduce":
-            _need(_fn(p) == fn, f"expected a reduce {fn}")
-            _need(_shape(p.operands[0]) == full and _i64s(p, "axes") == (n - 1,),
+            need(fn_attr(p) == fn, f"expected a reduce {fn}")
+            need(shape_of(p.operands[0]) == full and i64s(p, "axes") == (n - 1,),
                   "reduction is not over the key axis of the scores")
-            _need(_shape(cur) == row, "reduced value has the wrong shape")
+            need(shape_of(cur) == row, "reduced value has the wrong shape")
             _only_use(cur)
             return p, clamps
-        raise _NoMatch(f"unexpected {p.name} in a row value")
-
-
-def _same_mask(a: ir.Value, b: ir.Value, depth: int = 6) -> bool:
-    """Whether ``a`` and ``b`` are the same value: identical, or computed by the same pure op
-    (name, attributes, type) from the same values (CSE need not have run)."""
-    if a == b:
-        return True
-    pa, pb = defining_op(a), defining_op(b)
-    if depth == 0 or pa is None or pb is None or pa.name != pb.name or a.type != b.type or \
-            not pa.name.startswith("poot.") or pa.name == "poot.param" or \
-            len(pa.operands) != len(pb.operands):
-        return False
-    attrs = lambda o: sorted((o.attributes[i].name, str(o.attributes[i].attr))  # noqa: E731
-                             for i in range(len(o.attributes)))
-    return attrs(pa) == attrs(pb) and all(
-        _same_mask(x, y, depth - 1) for x, y in zip(pa.operands, pb.operands))
+        raise NoMatch(f"unexpected {p.name} in a row value")
 
 
 def _scores(x: ir.Value, check_first: bool = True):
@@ -199,37 +159,37 @@ def _scores(x: ir.Value, check_first: bool = True):
     cur = x
     while True:
         p = defining_op(cur)
-        _need(p is not None, "scores come from an argument")
+        need(p is not None, "scores come from an argument")
         if p.name == "poot.matmul":
             break
         if cur != x or check_first:
             _only_use(cur)
         if p.name == "poot.reshape":
             cur = p.operands[0]
-        elif p.name == "poot.binary" and _fn(p) in ("mul", "div") and _splat_operand(p):
+        elif p.name == "poot.binary" and fn_attr(p) in ("mul", "div") and _splat_operand(p):
             i, c = _splat_operand(p)
-            if _fn(p) == "div":
-                _need(i == 0 and c != 0, "division of a constant by the scores")
+            if fn_attr(p) == "div":
+                need(i == 0 and c != 0, "division of a constant by the scores")
                 c = 1.0 / c
             items.append(("f", float(c)))
             cur = p.operands[i]
-        elif p.name == "poot.unary" and _fn(p) == "tanh":
+        elif p.name == "poot.unary" and fn_attr(p) == "tanh":
             items.append(("tanh",))
             cur = p.operands[0]
         else:
-            raise _NoMatch(f"{p.name} between the scores matmul and the softmax")
+            raise NoMatch(f"{p.name} between the scores matmul and the softmax")
     if cur != x or check_first:
         _only_use(cur)
     items.reverse()
     tanhs = [i for i, it in enumerate(items) if it[0] == "tanh"]
-    _need(len(tanhs) <= 1, "more than one tanh")
+    need(len(tanhs) <= 1, "more than one tanh")
     if not tanhs:
         return p, float(np.prod([it[1] for it in items])) if items else 1.0, 0.0
     t = tanhs[0]
     pre, post = [it[1] for it in items[:t]], [it[1] for it in items[t + 1:]]
-    _need(len(post) == 1 and post[0] > 0, "a soft cap is c * tanh(x / c), nothing after")
+    need(len(post) == 1 and post[0] > 0, "a soft cap is c * tanh(x / c), nothing after")
     cap = post[0]
-    _need(len(pre) >= 1, "tanh without the 1/c factor is not a soft cap")
+    need(len(pre) >= 1, "tanh without the 1/c factor is not a soft cap")
     if abs(pre[-1] * cap - 1.0) <= 1e-6:      # x * (1/c): the cap's own factor
         scale = float(np.prod(pre[:-1]))
     else:
@@ -238,9 +198,9 @@ def _scores(x: ir.Value, check_first: bool = True):
 
 
 def _match(mm2: ir.Operation) -> _Match:
-    _need(_dtype(mm2.results[0]) is DType.F32, "result not f32")
+    need(dtype_of(mm2.results[0]) is DType.F32, "result not f32")
     pv, v = mm2.operands
-    shp, vs = _shape(pv), _shape(v)
+    shp, vs = shape_of(pv), shape_of(v)
     nb = len(shp) - 2
     batch, m_rows, s_len = shp[:nb], shp[-2], shp[-1]
     # P through reshapes to the softmax result
@@ -249,16 +209,16 @@ def _match(mm2: ir.Operation) -> _Match:
         _only_use(cur)
         cur = p.operands[0]
     _only_use(cur)
-    full = _shape(cur)
+    full = shape_of(cur)
     rows = full[nb:-1]
-    _need(full[:nb] == batch and full[-1] == s_len and len(rows) >= 1 and
+    need(full[:nb] == batch and full[-1] == s_len and len(rows) >= 1 and
           _prod(rows) == m_rows, "softmax shape does not line up with P @ V")
     div = _producer(cur, "poot.binary", "div")
-    _need(div is not None, "P is not a division")
+    need(div is not None, "P is not a division")
     num, den = div.operands
     rsum, clamps = _row_reduce(den, full, "sum")
-    _need(rsum.operands[0] == num, "the sum is not over the numerator")
-    _need(_n_uses(num) == 2, "numerator has other consumers")
+    need(rsum.operands[0] == num, "the sum is not over the numerator")
+    need(_n_uses(num) == 2, "numerator has other consumers")
     sel = _producer(num, "poot.select")
     mode, negate, vis = "bias", False, None
     if sel is not None:
@@ -268,40 +228,40 @@ def _match(mm2: ir.Operation) -> _Match:
         elif splat_value(a) is not None and splat_value(a) == 0:
             e_val, vis, negate = b, c, True
         else:
-            raise _NoMatch("numerator select does not zero the masked entries")
+            raise NoMatch("numerator select does not zero the masked entries")
         mode = "visible"
-        _need(len(clamps) == 1 and 0 < clamps[0] <= 1,
+        need(len(clamps) == 1 and 0 < clamps[0] <= 1,
               "masked softmax without the max(sum, c<=1) clamp (fully masked rows)")
         _only_use(e_val)
     else:
         e_val = num
-        _need(all(0 < c <= 1 for c in clamps), "denominator clamp above 1")
+        need(all(0 < c <= 1 for c in clamps), "denominator clamp above 1")
     ex = _producer(e_val, "poot.unary", "exp")
-    _need(ex is not None, "numerator is not an exp")
+    need(ex is not None, "numerator is not an exp")
     sub = _producer(ex.operands[0], "poot.binary", "sub")
-    _need(sub is not None, "exp input is not max-subtracted")
+    need(sub is not None, "exp input is not max-subtracted")
     _only_use(ex.operands[0])
     y, mx = sub.operands
     rmax, mclamps = _row_reduce(mx, full, "max")
-    _need(not mclamps and rmax.operands[0] == y, "max is not over the exp's own input")
-    _need(_n_uses(y) == 2, "softmax input has other consumers")
+    need(not mclamps and rmax.operands[0] == y, "max is not over the exp's own input")
+    need(_n_uses(y) == 2, "softmax input has other consumers")
     mask = None
     yp = defining_op(y)
     if mode == "visible":
-        _need(yp is not None and yp.name == "poot.select", "masked scores are not a select")
+        need(yp is not None and yp.name == "poot.select", "masked scores are not a select")
         c, a, b = yp.operands
         x, fill = (a, b) if not negate else (b, a)
         fv = splat_value(fill)
-        _need(fv is not None and fv <= MASK_FILL_MAX, "masked-score fill above -1e30")
-        _need(_same_mask(c, vis), "the two selects use different masks")
+        need(fv is not None and fv <= MASK_FILL_MAX, "masked-score fill above -1e30")
+        need(same_value(c, vis), "the two selects use different masks")
         mask = vis
         mm1, scale, cap = _scores(x)
     else:
         try:
             mm1, scale, cap = _scores(y, check_first=False)
             mode = "none"
-        except _NoMatch:
-            _need(yp is not None and yp.name == "poot.binary" and _fn(yp) == "add",
+        except NoMatch:
+            need(yp is not None and yp.name == "poot.binary" and fn_attr(yp) == "add",
                   "softmax input is neither scores nor scores + bias")
             last = None
             for xi in (0, 1):
@@ -309,18 +269,18 @@ def _match(mm2: ir.Operation) -> _Match:
                     mm1, scale, cap = _scores(yp.operands[xi])
                     mask = yp.operands[1 - xi]
                     break
-                except _NoMatch as e:
+                except NoMatch as e:
                     last = e
             else:
                 raise last
-            _need(_dtype(mask) is DType.F32, "bias is not f32")
+            need(dtype_of(mask) is DType.F32, "bias is not f32")
     q, r = mm1.operands
-    qs, rs = _shape(q), _shape(r)
-    _need(len(qs) == len(shp) and qs[:nb] == batch and rs[:nb] == batch and
+    qs, rs = shape_of(q), shape_of(r)
+    need(len(qs) == len(shp) and qs[:nb] == batch and rs[:nb] == batch and
           qs[-2] == m_rows and rs[-1] == s_len and vs[-2] == s_len,
           "scores matmul does not line up with P @ V")
-    _need(_dtype(mm1.results[0]) is DType.F32, "scores not f32")
-    _need(_dtype(q) is DType.F32 and _dtype(v) is DType.F32, "q/k/v not f32")
+    need(dtype_of(mm1.results[0]) is DType.F32, "scores not f32")
+    need(dtype_of(q) is DType.F32 and dtype_of(v) is DType.F32, "q/k/v not f32")
     # a splat multiply directly on Q is part of the scale
     qp = _producer(q, "poot.binary", "mul")
     if qp is not None and _splat_operand(qp) and _n_uses(q) == 1:
@@ -340,7 +300,7 @@ def _unbroadcast(v: ir.Value, full: tuple[int, ...], ip) -> ir.Value:
     if p is None:
         return v
     src = p.operands[0]
-    ss, dims = _shape(src), _i64s(p, "dims")
+    ss, dims = shape_of(src), i64s(p, "dims")
     shape = [1] * len(full)
     for j, d in enumerate(dims):
         shape[d] = ss[j]
@@ -354,7 +314,7 @@ def _rewrite(m: _Match) -> None:
     mm2 = m.mm2
     with mm2.context, mm2.location:
         ip = ir.InsertionPoint(mm2)
-        shp = _shape(mm2.operands[0])
+        shp = shape_of(mm2.operands[0])
         nb = len(shp) - 2
         batch = shp[:nb]
         full = batch + m.rows + (shp[-1],)
@@ -368,7 +328,7 @@ def _rewrite(m: _Match) -> None:
         src, perm = m.r, swap
         rp = _producer(m.r, "poot.transpose")
         if rp is not None:
-            p0 = _i64s(rp, "perm")
+            p0 = i64s(rp, "perm")
             src, perm = rp.operands[0], [p0[s] for s in swap]
         if perm == list(range(rank)):
             k = src
@@ -423,7 +383,7 @@ def flash_attention(module, trace: list | None = None) -> int:
             for mm in _matmuls(fn):
                 try:
                     m = _match(mm)
-                except _NoMatch as e:
+                except NoMatch as e:
                     failures.append((str(mm.location), str(e)))
                     continue
                 _rewrite(m)

@@ -47,6 +47,7 @@ from poot.passes.analysis import (ANCHORS, DISPATCH_ATTR, ELEMENTWISE, KNOWN, PO
                                   REMATERIALIZABLE, SOURCES, VIEWS, defining_op, functions,
                                   is_dispatch_function, is_poot, sym_name, users)
 from poot.passes.dce import dce
+from poot.passes.ir_utils import clone_into, op_attributes
 from poot.passes.registry import PassFailure, register_pass
 
 # ops that may feed an anchor (matmul/gather/scatter) inside its region: they only re-index
@@ -272,22 +273,10 @@ def _clone_fanout(block: ir.Block) -> None:
             with o.context, o.location:
                 c = ir.Operation.create(o.name, results=[o.results[0].type],
                                         operands=list(o.operands),
-                                        attributes={o.attributes[i].name: o.attributes[i].attr
-                                                    for i in range(len(o.attributes))},
+                                        attributes=op_attributes(o),
                                         ip=ir.InsertionPoint(owner) if owner.block == block
                                         else ir.InsertionPoint(o))
             owner.operands[idx] = c.results[0]
-
-
-def _clone_into(op: ir.Operation, mapping: dict, ip: ir.InsertionPoint) -> ir.Operation:
-    with op.context, op.location:
-        c = ir.Operation.create(op.name, results=[r.type for r in op.results],
-                                operands=[mapping[v] for v in op.operands],
-                                attributes={op.attributes[i].name: op.attributes[i].attr
-                                            for i in range(len(op.attributes))}, ip=ip)
-    for r, n in zip(op.results, c.results):
-        mapping[r] = n
-    return c
 
 
 class _Outliner:
@@ -345,9 +334,9 @@ class _Outliner:
             mapping = dict(zip(inputs, entry.arguments))
             body_ip = ir.InsertionPoint(entry)
             for o in sorted(remat_needed, key=part.pos.__getitem__):
-                _clone_into(o, mapping, body_ip)
+                clone_into(o, mapping, body_ip)
             for o in members:
-                _clone_into(o, mapping, body_ip)
+                clone_into(o, mapping, body_ip)
             ir.Operation.create("func.return", operands=[mapping[r] for r in outputs],
                                 ip=body_ip)
             call = ir.Operation.create("func.call", results=[r.type for r in outputs],

@@ -36,39 +36,17 @@ from __future__ import annotations
 
 from mlir import ir
 
-from poot.dialects.types import type_from_mlir
 from poot.passes.analysis import DISPATCH_ATTR, defining_op, functions, is_dispatch_function, \
     sym_name, users
 from poot.passes.dce import dce
-from poot.passes.flash_attention import _same_mask as same_value
+from poot.passes.ir_utils import NoMatch, clone_into, fn_attr, i64s, need, same_value, shape_of
 from poot.passes.registry import PassFailure, register_pass
 
 VIEWS = ("poot.reshape", "poot.broadcast")
 
 
-class _NoMatch(Exception):
-    pass
-
-
-def _need(cond: bool, why: str = "") -> None:
-    if not cond:
-        raise _NoMatch(why)
-
-
-def _shape(v: ir.Value) -> tuple[int, ...]:
-    return type_from_mlir(v.type).shape
-
-
-def _fn(op: ir.Operation) -> str:
-    return ir.StringAttr(op.attributes["fn"]).value
-
-
-def _i64s(op: ir.Operation, key: str) -> tuple[int, ...]:
-    return tuple(ir.DenseI64ArrayAttr(op.attributes[key]))
-
-
 def _is(op, name: str, fn: str | None = None) -> bool:
-    return op is not None and op.name == name and (fn is None or _fn(op) == fn)
+    return op is not None and op.name == name and (fn is None or fn_attr(op) == fn)
 
 
 class _Group:
@@ -96,14 +74,14 @@ def _trig(v: ir.Value, g: _Group) -> ir.Value:
 
 def _terms(v: ir.Value, g: _Group, depth: int = 0) -> list[tuple[int, ir.Operation, ir.Value]]:
     """``v`` as a signed sum of products ``sign * slice * trig``: [(sign, slice op, trig)]."""
-    _need(depth < 8, "expression too deep")
+    need(depth < 8, "expression too deep")
     p = defining_op(v)
-    _need(p is not None, "argument inside the rotation")
+    need(p is not None, "argument inside the rotation")
     if _is(p, "poot.binary", "add") or _is(p, "poot.binary", "sub"):
         g.add(p)
         a = _terms(p.operands[0], g, depth + 1)
         b = _terms(p.operands[1], g, depth + 1)
-        if _fn(p) == "sub":
+        if fn_attr(p) == "sub":
             b = [(-s, x, t) for s, x, t in b]
         return a + b
     if _is(p, "poot.unary", "neg"):
@@ -115,7 +93,7 @@ def _terms(v: ir.Value, g: _Group, depth: int = 0) -> list[tuple[int, ir.Operati
     if _is(p, "poot.binary", "mul"):
         g.add(p)
         return _product(p.operands[0], p.operands[1], g)
-    raise _NoMatch(f"{p.name} in the rotation")
+    raise NoMatch(f"{p.name} in the rotation")
 
 
 def _product(a: ir.Value, b: ir.Value, g: _Group):
@@ -126,7 +104,7 @@ def _product(a: ir.Value, b: ir.Value, g: _Group):
     elif _is(pb, "poot.slice") and not _is(pa, "poot.slice"):
         xs, t = pb, a
     else:
-        raise _NoMatch("a product that is not slice * factor")
+        raise NoMatch("a product that is not slice * factor")
     g.add(xs, soft=True)
     return [(1, xs, _trig(t, g))]
 
@@ -134,22 +112,22 @@ def _product(a: ir.Value, b: ir.Value, g: _Group):
 def _rotation(first: ir.Value, second: ir.Value, g: _Group):
     """Check ``first = a*C - b*S``, ``second = b*C + a*S``; return (a slice, b slice)."""
     t1, t2 = _terms(first, g), _terms(second, g)
-    _need(len(t1) == 2 and len(t2) == 2, "each half is two products")
+    need(len(t1) == 2 and len(t2) == 2, "each half is two products")
     pos1 = [t for t in t1 if t[0] == 1]
     neg1 = [t for t in t1 if t[0] == -1]
-    _need(len(pos1) == 1 and len(neg1) == 1, "first half is not a*C - b*S")
-    _need(all(s == 1 for s, _, _ in t2), "second half is not b*C + a*S")
+    need(len(pos1) == 1 and len(neg1) == 1, "first half is not a*C - b*S")
+    need(all(s == 1 for s, _, _ in t2), "second half is not b*C + a*S")
     _, a, c = pos1[0]
     _, b, s = neg1[0]
-    _need(not same_value(c, s), "C and S are one value")
+    need(not same_value(c, s), "C and S are one value")
     got = {}
     for _, x, t in t2:
         if x == b and same_value(t, c):
             got["bc"] = True
         elif x == a and same_value(t, s):
             got["as"] = True
-    _need(len(got) == 2, "second half does not pair with the first")
-    _need(a.operands[0] == b.operands[0] or same_value(a.operands[0], b.operands[0]),
+    need(len(got) == 2, "second half does not pair with the first")
+    need(a.operands[0] == b.operands[0] or same_value(a.operands[0], b.operands[0]),
           "the pair comes from two tensors")
     return a, b
 
@@ -157,10 +135,10 @@ def _rotation(first: ir.Value, second: ir.Value, g: _Group):
 def _slice_last(op: ir.Operation):
     """(x, start, limit, stride) of a slice that only cuts the last axis."""
     x = op.operands[0]
-    shp = _shape(x)
-    st, li, sd = _i64s(op, "start"), _i64s(op, "limit"), _i64s(op, "stride")
+    shp = shape_of(x)
+    st, li, sd = i64s(op, "start"), i64s(op, "limit"), i64s(op, "stride")
     n = len(shp)
-    _need(all(st[i] == 0 and li[i] == shp[i] and sd[i] == 1 for i in range(n - 1)),
+    need(all(st[i] == 0 and li[i] == shp[i] and sd[i] == 1 for i in range(n - 1)),
           "slice cuts more than the channel axis")
     return x, st[-1], li[-1], sd[-1]
 
@@ -175,7 +153,7 @@ def _match(root: ir.Operation):
     tail = None
     top = root
     rv = root.results[0]
-    n = len(_shape(rv))
+    n = len(shape_of(rv))
     body = rv
     # partial rotary: concat([rot..., tail]) (flat or nested) on the channel axis
     parts = None
@@ -203,9 +181,9 @@ def _match(root: ir.Operation):
             parts = list(p.operands)
         elif _is(p, "poot.reshape"):
             inner = defining_op(p.operands[0])
-            _need(_is(inner, "poot.concat") and len(inner.operands) == 2, "not a rotation")
-            isz = _shape(inner.results[0])
-            _need(isz[-1] == 2 and
+            need(_is(inner, "poot.concat") and len(inner.operands) == 2, "not a rotation")
+            isz = shape_of(inner.results[0])
+            need(isz[-1] == 2 and
                   ir.IntegerAttr(inner.attributes["axis"]).value == len(isz) - 1,
                   "interleaved halves are not stacked pairwise")
             g.add(p)
@@ -213,7 +191,7 @@ def _match(root: ir.Operation):
             halves = []
             for h in inner.operands:
                 rp = defining_op(h)
-                _need(_is(rp, "poot.reshape") and _shape(rp.operands[0]) == isz[:-1],
+                need(_is(rp, "poot.reshape") and shape_of(rp.operands[0]) == isz[:-1],
                       "interleaved half is not a [..., h, 1] view")
                 g.add(rp)
                 halves.append(rp.operands[0])
@@ -221,24 +199,24 @@ def _match(root: ir.Operation):
             x, s0, l0, d0 = _slice_last(a)
             x1, s1, l1, d1 = _slice_last(b)
             h = isz[-2]
-            _need(d0 == 2 and d1 == 2 and s0 == 0 and s1 == 1 and
+            need(d0 == 2 and d1 == 2 and s0 == 0 and s1 == 1 and
                   _count(s0, l0, 2) == h and _count(s1, l1, 2) == h, "not pairs (2i, 2i+1)")
             if tail is None:   # any reshape of the stacked pairs (canonicalize folds views)
-                _need(isz[:-2] == _shape(x)[:-1] and 2 * h == _shape(x)[-1],
+                need(isz[:-2] == shape_of(x)[:-1] and 2 * h == shape_of(x)[-1],
                       "rotation does not cover x")
             else:
-                _need(_shape(p.results[0]) == _shape(x)[:-1] + (2 * h,), "not [..., 2h]")
+                need(shape_of(p.results[0]) == shape_of(x)[:-1] + (2 * h,), "not [..., 2h]")
                 _check_tail(tail, x, 2 * h, rv)
             g.add(p)
             return g, x, "interleaved"
         else:
-            raise _NoMatch("not a concat of two rotated halves")
+            raise NoMatch("not a concat of two rotated halves")
     g.add(top)
     a, b = _rotation(parts[0], parts[1], g)
     x, s0, l0, d0 = _slice_last(a)
     _, s1, l1, d1 = _slice_last(b)
-    h = _shape(parts[0])[-1]
-    _need(d0 == 1 and d1 == 1 and s0 == 0 and l0 == h and s1 == h and l1 == 2 * h,
+    h = shape_of(parts[0])[-1]
+    need(d0 == 1 and d1 == 1 and s0 == 0 and l0 == h and s1 == h and l1 == 2 * h,
           "not halves (i, i + h)")
     _check_tail(tail, x, 2 * h, rv)
     return g, x, "half"
@@ -246,12 +224,12 @@ def _match(root: ir.Operation):
 
 def _check_tail(tail, x, r, out):
     if tail is None:
-        _need(_shape(out) == _shape(x), "rotation does not cover x")
+        need(shape_of(out) == shape_of(x), "rotation does not cover x")
         return
     tx, st, li, sd = _slice_last(tail)
-    _need((tx == x or same_value(tx, x)) and st == r and li == _shape(x)[-1] and sd == 1,
+    need((tx == x or same_value(tx, x)) and st == r and li == shape_of(x)[-1] and sd == 1,
           "tail is not x[..., 2h:D]")
-    _need(_shape(out) == _shape(x), "rotation does not cover x")
+    need(shape_of(out) == shape_of(x), "rotation does not cover x")
 
 
 def _region(g: _Group, root: ir.Operation) -> list[ir.Operation]:
@@ -266,7 +244,7 @@ def _region(g: _Group, root: ir.Operation) -> list[ir.Operation]:
                 continue
             if any(u not in inside for u in users(o)):
                 if o in g.core:
-                    raise _NoMatch("an intermediate of the rotation is used outside it")
+                    raise NoMatch("an intermediate of the rotation is used outside it")
                 inside.discard(o)
                 changed = True
     return list(inside)
@@ -305,13 +283,7 @@ def _outline(ops: list[ir.Operation], root: ir.Operation, fn: ir.Operation,
         mapping = dict(zip(inputs, entry.arguments))
         ip = ir.InsertionPoint(entry)
         for o in sorted(consts, key=order.__getitem__) + ops:
-            with o.location:
-                c = ir.Operation.create(o.name, results=[r.type for r in o.results],
-                                        operands=[mapping[v] for v in o.operands],
-                                        attributes={o.attributes[i].name: o.attributes[i].attr
-                                                    for i in range(len(o.attributes))}, ip=ip)
-            for r, nr in zip(o.results, c.results):
-                mapping[r] = nr
+            clone_into(o, mapping, ip)
         ir.Operation.create("func.return", operands=[mapping[root.results[0]]], ip=ip)
         call = ir.Operation.create("func.call", results=[root.results[0].type],
                                    operands=inputs,
@@ -344,7 +316,7 @@ def rope_fusion(module, trace: list | None = None) -> int:
                 try:
                     g, _x, layout = _match(op)
                     ops = _region(g, op)
-                except _NoMatch:
+                except NoMatch:
                     continue
                 while f"{sym_name(fn)}_rope_{count}" in names:
                     count += 1
