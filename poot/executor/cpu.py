@@ -56,7 +56,9 @@ def _struct(rank: int):
 
 
 def descriptor(arr: np.ndarray):
-    """A ranked memref descriptor over ``arr`` (C-contiguous; must outlive the descriptor)."""
+    """A ranked memref descriptor (struct) over ``arr``'s memory (strides in elements);
+    ``arr`` must outlive the descriptor. Element types do not matter to the C interface: only
+    the pointers, sizes and strides. Shared with :mod:`poot.backends.cpu`."""
     d = _struct(arr.ndim)()
     d.allocated = d.aligned = arr.ctypes.data
     d.offset = 0

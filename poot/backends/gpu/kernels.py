@@ -36,17 +36,13 @@ from mlir import ir
 from mlir.dialects import arith, scf
 from mlir.passmanager import PassManager
 
+from poot.backends.pipelines import BUFFERIZE_TO_OUT_PARAMS, FUSE
 from poot.errors import PootError
 
-FUSE = ("linalg-generalize-named-ops,linalg-fuse-elementwise-ops,canonicalize,cse")
-
+# Bufferize (shared with the CPU backend), then hoist the buffers out of loops (no
+# deallocation pass).
 BUFFERIZE = (
-    "eliminate-empty-tensors,"
-    "empty-tensor-to-alloc-tensor,"
-    "one-shot-bufferize{bufferize-function-boundaries "
-    "function-boundary-type-conversion=identity-layout-map},"
-    "buffer-results-to-out-params{modify-public-functions=true},"
-    "canonicalize,"
+    BUFFERIZE_TO_OUT_PARAMS + ","
     "func.func(buffer-hoisting,buffer-loop-hoisting),"
     "convert-bufferization-to-memref"
 )
