@@ -1,0 +1,53 @@
+// poot-legalize: arithmetic in a dtype the target cannot compute in runs in f32 between casts;
+// storage keeps the declared dtype.
+// RUN: poot-opt %s --split-input-file -p 'builtin.module(poot-legalize{compute=f32,i64,i32,i8,i1},poot-verify)' | FileCheck %s
+// RUN: poot-opt %s --split-input-file -p 'builtin.module(poot-legalize{compute=f32,f16,bf16,i64,i32,i8,i1})' | FileCheck %s --check-prefix=NATIVE
+
+// CHECK-LABEL: func.func @half_exp
+// CHECK: %[[W:.*]] = "poot.cast"(%arg0) : (tensor<4xf16>) -> tensor<4xf32>
+// CHECK: %[[E:.*]] = "poot.unary"(%[[W]]) {fn = "exp"} : (tensor<4xf32>) -> tensor<4xf32>
+// CHECK: %[[N:.*]] = "poot.cast"(%[[E]]) : (tensor<4xf32>) -> tensor<4xf16>
+// CHECK: return %[[N]]
+// NATIVE-LABEL: func.func @half_exp
+// NATIVE-NOT: poot.cast
+func.func @half_exp(%a: tensor<4xf16>) -> tensor<4xf16> {
+  %0 = "poot.unary"(%a) {fn = "exp"} : (tensor<4xf16>) -> tensor<4xf16>
+  return %0 : tensor<4xf16>
+}
+
+// -----
+
+// bf16 matmul: both operands widened, f32 result kept as declared (no narrowing cast).
+// CHECK-LABEL: func.func @bf16_matmul
+// CHECK-DAG: "poot.cast"(%arg0) : (tensor<2x8xbf16>) -> tensor<2x8xf32>
+// CHECK-DAG: "poot.cast"(%arg1) : (tensor<8x4xbf16>) -> tensor<8x4xf32>
+// CHECK: "poot.matmul"(%{{.*}}, %{{.*}}) {acc = f32} : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+// CHECK-NEXT: return
+func.func @bf16_matmul(%a: tensor<2x8xbf16>, %b: tensor<8x4xbf16>) -> tensor<2x4xf32> {
+  %0 = "poot.matmul"(%a, %b) {acc = f32} : (tensor<2x8xbf16>, tensor<8x4xbf16>) -> tensor<2x4xf32>
+  return %0 : tensor<2x4xf32>
+}
+
+// -----
+
+// compare keeps its i1 result; views and data movement are not arithmetic: untouched.
+// CHECK-LABEL: func.func @compare_and_views
+// CHECK: "poot.compare"(%{{.*}}, %{{.*}}) {pred = "lt"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+// CHECK: "poot.reshape"(%arg0) : (tensor<4xf16>) -> tensor<2x2xf16>
+func.func @compare_and_views(%a: tensor<4xf16>, %b: tensor<4xf16>) -> (tensor<4xi1>, tensor<2x2xf16>) {
+  %0 = "poot.compare"(%a, %b) {pred = "lt"} : (tensor<4xf16>, tensor<4xf16>) -> tensor<4xi1>
+  %1 = "poot.reshape"(%a) : (tensor<4xf16>) -> tensor<2x2xf16>
+  return %0, %1 : tensor<4xi1>, tensor<2x2xf16>
+}
+
+// -----
+
+// f32 and integer arithmetic is already legal: the pass must not fire.
+// CHECK-LABEL: func.func @legal
+// CHECK-NOT: poot.cast
+// CHECK: "poot.binary"
+func.func @legal(%a: tensor<4xf32>, %b: tensor<4xi32>) -> (tensor<4xf32>, tensor<4xi32>) {
+  %0 = "poot.binary"(%a, %a) {fn = "add"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %1 = "poot.binary"(%b, %b) {fn = "mul"} : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi32>
+  return %0, %1 : tensor<4xf32>, tensor<4xi32>
+}
