@@ -103,6 +103,9 @@ class ModelHandle:
         t0 = time.perf_counter()
         path = Path(path) if path is not None else default_model_path()
         target = target_for(backend)
+        if device is None and backend in ("cpu", "vulkan", "cuda"):
+            # A missing runtime package or device fails here, before minutes of compiling.
+            device = device_for(target)
         say(f"loading {path.name}")
         model, weights = load_model(path)
         ctx = getattr(model.config, "max_position_embeddings", None) or kv_capacity

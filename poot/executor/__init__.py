@@ -15,22 +15,48 @@ _OPEN: dict[str, Device] = {}
 
 def open_device(backend: str) -> Device:
     """The process's device for ``backend`` (opened once): the host CPU, the first Vulkan
-    physical device (a discrete GPU first), or CUDA device 0. Opening a missing runtime or
-    device raises the runtime's typed error."""
+    physical device (a discrete GPU first), or CUDA device 0.
+
+    A missing runtime package (``cuda-python`` / ``vulkan``), a missing loader or no device
+    raises :class:`DeviceError` saying what to install or that no device answered."""
     if backend not in _OPEN:
         if backend == "cpu":
             _OPEN[backend] = CpuDevice()
         elif backend == "vulkan":
-            from poot.backends.vulkan.runtime import VulkanDevice
-
-            _OPEN[backend] = VulkanDevice()
+            _OPEN[backend] = _open_vulkan()
         elif backend == "cuda":
-            from poot.backends.cuda.runtime import CudaDevice
-
-            _OPEN[backend] = CudaDevice()
+            _OPEN[backend] = _open_cuda()
         else:
             raise DeviceError(f"no executor device for backend '{backend}' in this build")
     return _OPEN[backend]
+
+
+def _open_vulkan() -> Device:
+    import importlib.util
+
+    if importlib.util.find_spec("vulkan") is None:
+        raise DeviceError("the vulkan backend needs the 'vulkan' package: "
+                          "pip install 'poot[vulkan]'")
+    from poot.backends.vulkan.runtime import VulkanDevice, VulkanError
+
+    try:
+        return VulkanDevice()
+    except VulkanError as e:
+        raise DeviceError(f"no usable Vulkan device: {e}") from None
+
+
+def _open_cuda() -> Device:
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
+        raise DeviceError("the cuda backend needs cuda-python: pip install 'poot[cuda]'") \
+            from None
+    from poot.backends.cuda.runtime import CudaDevice, CudaError
+
+    try:
+        return CudaDevice()
+    except CudaError as e:
+        raise DeviceError(f"no CUDA device: {e}") from None
 
 
 def device_for(target) -> Device:
