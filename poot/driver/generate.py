@@ -8,7 +8,9 @@ Rules:
 
 * **Context.** The cache holds ``kv_capacity`` positions per sequence. A request is refused
   with :class:`ContextOverflow` when ``len(prompt) + max_tokens > kv_capacity`` (the prompt
-  alone past the capacity is the same error with ``max_tokens`` counted as 0 in the message).
+  alone past the capacity is the same error, its message saying so). The message states the
+  prompt length, the requested ``max_tokens`` and the capacity, and how far ``--kv-capacity``
+  may be raised (the model's trained context, when the runner knows it).
   This is checked before any step runs.
 * **Stops**, checked per generated token in this order: a stop token id (the tokenizer's EOS /
   end-of-turn ids, unless ``params.ignore_eos``, plus ``params.stop_token_ids``) ends
@@ -36,16 +38,36 @@ from poot.errors import PootError
 from poot.graph import sampling
 
 
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
 class ContextOverflow(PootError):
     """The prompt plus the requested tokens do not fit the KV capacity.
 
-    Attributes: prompt_tokens, max_tokens, capacity.
+    Attributes: prompt_tokens, max_tokens (as requested), capacity, model_context (the
+    model's trained context, when known: how far the capacity may be raised).
     """
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, capacity: int):
+    def __init__(self, prompt_tokens: int, max_tokens: int, capacity: int,
+                 model_context: int | None = None):
         self.prompt_tokens, self.max_tokens, self.capacity = prompt_tokens, max_tokens, capacity
-        super().__init__(f"prompt of {prompt_tokens} tokens + max_tokens {max_tokens} exceeds "
-                         f"the context capacity of {capacity} tokens")
+        self.model_context = model_context
+        if model_context is not None and capacity >= model_context:
+            raise_it = (f" (the capacity is already the model's context of "
+                        f"{_tokens(model_context)})")
+        else:
+            upto = f"up to {model_context}" if model_context else "up to the model's context"
+            raise_it = f" or raise --kv-capacity ({upto})"
+        if prompt_tokens > capacity:
+            msg = (f"the prompt alone is {_tokens(prompt_tokens)} and exceeds the context "
+                   f"capacity of {_tokens(capacity)} (max_tokens {max_tokens} requested); "
+                   f"shorten the prompt{raise_it}")
+        else:
+            msg = (f"prompt of {_tokens(prompt_tokens)} + max_tokens {max_tokens} = "
+                   f"{prompt_tokens + max_tokens} exceeds the context capacity of "
+                   f"{_tokens(capacity)}; lower max_tokens{raise_it}")
+        super().__init__(msg)
 
 
 @dataclass
@@ -90,12 +112,11 @@ class Finished:
         return {"token_ids": self.token_ids, "text": self.text, "stats": self.stats.to_dict()}
 
 
-def check_context(n_prompt: int, max_tokens: int, capacity: int) -> None:
+def check_context(n_prompt: int, max_tokens: int, capacity: int,
+                  model_context: int | None = None) -> None:
     """Raise :class:`ContextOverflow` unless ``n_prompt + max_tokens <= capacity``."""
-    if n_prompt > capacity:
-        raise ContextOverflow(n_prompt, 0, capacity)
     if n_prompt + max_tokens > capacity:
-        raise ContextOverflow(n_prompt, max_tokens, capacity)
+        raise ContextOverflow(n_prompt, max_tokens, capacity, model_context)
 
 
 def generate(runner: StepRunner, prompt_ids: Sequence[int], params: SamplingParams,
@@ -113,7 +134,8 @@ def generate(runner: StepRunner, prompt_ids: Sequence[int], params: SamplingPara
     params.check(vocab)
     if params.stop and tokenizer is None:
         raise InvalidRequest("stop", params.stop, "stop strings need a tokenizer")
-    check_context(len(ids), params.max_tokens, runner.kv_capacity)
+    check_context(len(ids), params.max_tokens, runner.kv_capacity,
+                  getattr(runner, "model_context", None))
     return _loop(runner, ids, params, tokenizer, slot)
 
 

@@ -56,6 +56,7 @@ class StepRunner:
         engine: the executor; compile: ``graph -> Program`` (cached compile for the target).
         kv_capacity: cache positions per sequence (C); prefill_chunk: prefill tokens per step.
         compile_s: seconds spent compiling (or fetching from the compile cache) per entry.
+        model_context: the model's trained context when known (how far kv_capacity may go).
     """
 
     model: Any
@@ -67,6 +68,7 @@ class StepRunner:
     compile_s: dict[str, float] = field(default_factory=dict)
     _entries: dict[Any, Entry] = field(default_factory=dict)
     on_compile: Callable[[str], None] | None = None
+    model_context: int | None = None   # the model's trained context (max kv_capacity)
 
     @property
     def vocab_size(self) -> int:
