@@ -82,15 +82,20 @@ class ModelHandle:
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "cpu", *,
-             kv_capacity: int = DEFAULT_KV_CAPACITY, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+             kv_capacity: int | None = None, prefill_chunk: int | None = None,
              compile_options: CompileOptions | None = None, cache_dir: str | None = None,
              use_cache: bool = True, progress: Callable[[str], None] | None = None,
              compile_fn: Callable[[Any], Any] | None = None, device: Any = None,
              warm_up: bool = True) -> "ModelHandle":
         """Load a checkpoint (``None``: the bundled SmolLM2) for ``backend``.
 
-        ``kv_capacity`` is the context (prompt + generated tokens) per sequence, capped at the
-        model's trained context. ``progress(msg)`` is called before each loading/compiling
+        ``kv_capacity`` is the context (prompt + generated tokens) per sequence; ``None`` is
+        ``DEFAULT_KV_CAPACITY`` capped at the model's trained context
+        (``max_position_embeddings``). An explicit value must be >= 1 and at most the trained
+        context (a larger one is refused, not silently capped), and the KV cache it implies
+        must fit in the available memory; otherwise :class:`InvalidRequest` naming
+        ``kv_capacity`` is raised before anything is allocated or compiled. ``prefill_chunk``
+        (``None``: ``DEFAULT_PREFILL_CHUNK``) must be >= 1. ``progress(msg)`` is called before each loading/compiling
         stage. ``compile_fn``/``device`` replace the compile and the executor device (tests).
         """
         import time
@@ -101,6 +106,10 @@ class ModelHandle:
 
         say = progress or (lambda msg: None)
         t0 = time.perf_counter()
+        if kv_capacity is not None:
+            _positive("kv_capacity", kv_capacity)
+        prefill_chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else \
+            _positive("prefill_chunk", prefill_chunk)
         path = Path(path) if path is not None else default_model_path()
         target = target_for(backend)
         if device is None and backend in ("cpu", "vulkan", "cuda"):
@@ -108,10 +117,8 @@ class ModelHandle:
             device = device_for(target)
         say(f"loading {path.name}")
         model, weights = load_model(path)
-        ctx = getattr(model.config, "max_position_embeddings", None) or kv_capacity
-        kv_capacity = int(min(kv_capacity, ctx))
-        if prefill_chunk < 1:
-            raise InvalidRequest("prefill_chunk", prefill_chunk, "must be >= 1")
+        model_context = _trained_context(path)
+        kv_capacity = check_kv_capacity(model, kv_capacity, model_context)
         tokenizer = _tokenizer(path)
         cache = None
         if compile_fn is None:
@@ -132,7 +139,8 @@ class ModelHandle:
 
         runner = StepRunner(model, weights, None, compile_and_bind, kv_capacity,
                             min(prefill_chunk, kv_capacity),
-                            on_compile=lambda what: say(f"compiling {what}"))
+                            on_compile=lambda what: say(f"compiling {what}"),
+                            model_context=model_context)
         handle = cls(path, backend, model, weights, tokenizer, runner, compile_cache=cache)
         if warm_up:
             runner.warm_up()
@@ -154,6 +162,62 @@ class ModelHandle:
 
             return encode_chat(self.tokenizer, prompt)
         return [int(i) for i in prompt]
+
+
+def _positive(name: str, v) -> int:
+    import numbers
+
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise InvalidRequest(name, v, "must be an integer >= 1")
+    return int(v)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation: ``MemAvailable`` from /proc/meminfo,
+    else the physical memory (``os.sysconf``); None when neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def kv_cache_bytes(model, kv_capacity: int, slots: int = 1) -> int:
+    """Bytes of the f32 K and V caches of every layer, twice (a step's result beside its
+    input): layers x 2 x slots x capacity x kv_heads x head_dim x 4 x 2."""
+    d = model.dims()
+    return d.n_layers * 2 * slots * kv_capacity * d.n_kv_heads * d.head_dim * 4 * 2
+
+
+def _trained_context(path: Path) -> int | None:
+    from poot.load import load_config
+
+    return getattr(load_config(path), "max_position_embeddings", None)
+
+
+def check_kv_capacity(model, kv_capacity: int | None, ctx: int | None,
+                      slots: int = 1) -> int:
+    """The KV capacity to use: ``None`` is the default capped at the model's trained context
+    ``ctx``; an explicit value past ``ctx`` or whose cache does not fit in memory is
+    refused."""
+    _positive("slots", slots)
+    if kv_capacity is None:
+        kv_capacity = min(DEFAULT_KV_CAPACITY, ctx) if ctx else DEFAULT_KV_CAPACITY
+    elif ctx and kv_capacity > ctx:
+        raise InvalidRequest("kv_capacity", kv_capacity, f"more than the model's context of "
+                             f"{ctx} tokens (max_position_embeddings)")
+    need, avail = kv_cache_bytes(model, kv_capacity, slots), available_memory()
+    if avail is not None and need > avail:
+        raise InvalidRequest("kv_capacity", kv_capacity, f"the KV cache would need "
+                             f"{need / 2**30:.1f} GiB, more than the {avail / 2**30:.1f} GiB "
+                             f"of memory available")
+    return kv_capacity
 
 
 def _tokenizer(path: Path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from poot.cli.generate_cmd import add_model_args, load_handle
+from poot.cli.generate_cmd import add_model_args, check_options, load_handle
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from poot.api import Driver
     from poot.driver.params import SamplingParams
 
+    check_options(args, "tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk")
     handle = load_handle(args)
     if args.prompt is not None:
         prompt = handle.encode(args.prompt)
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     drv = Driver(handle)
     drv.complete(prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
-    runs = [drv.complete(prompt, params).stats.to_dict() for _ in range(max(1, args.runs))]
+    runs = [drv.complete(prompt, params).stats.to_dict() for _ in range(args.runs)]
     best = max(runs, key=lambda r: r["decode_tokens_per_s"] or 0.0)
     out = {"model": str(handle.path), "backend": handle.backend,
            "prompt_tokens": best["prompt_tokens"], "generated_tokens": best["generated_tokens"],

@@ -44,11 +44,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check_options(args, *names: str) -> None:
+    """Refuse an integer option below 1, naming the option (``--kv-capacity=-5``); None (not
+    given) means the default."""
+    from poot.driver.params import InvalidRequest
+
+    for name in names:
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise InvalidRequest("--" + name.replace("_", "-"), v, "must be >= 1")
+
+
 def load_handle(args, max_tokens_hint: int = 0):
     """ModelHandle.load with a tqdm progress bar on stderr over the load/compile stages."""
     from tqdm import tqdm
 
-    from poot.api import DEFAULT_KV_CAPACITY, DEFAULT_PREFILL_CHUNK, ModelHandle
+    from poot.api import ModelHandle
+
+    check_options(args, "kv_capacity", "prefill_chunk")
 
     bar = tqdm(total=4, desc="poot", file=sys.stderr, leave=False,
                bar_format="{desc}: {n}/{total} {postfix} [{elapsed}]",
@@ -61,8 +74,7 @@ def load_handle(args, max_tokens_hint: int = 0):
     try:
         return ModelHandle.load(
             args.model, backend=args.backend,
-            kv_capacity=args.kv_capacity or DEFAULT_KV_CAPACITY,
-            prefill_chunk=args.prefill_chunk or DEFAULT_PREFILL_CHUNK,
+            kv_capacity=args.kv_capacity, prefill_chunk=args.prefill_chunk,
             use_cache=not args.no_cache, progress=progress)
     finally:
         bar.close()
@@ -73,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from poot.driver.generate import Finished
     from poot.driver.params import SamplingParams
 
+    check_options(args, "max_tokens", "kv_capacity", "prefill_chunk")
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,

@@ -61,3 +61,64 @@ def test_open_device_missing_runtime_is_device_error(monkeypatch):
     monkeypatch.delitem(ex._OPEN, "cuda", raising=False)
     with pytest.raises(ex.DeviceError, match="cuda-python"):
         ex.open_device("cuda")
+
+
+# --- 2. sizes: kv capacity, prefill chunk, bench counts --------------------------------------
+
+@pytest.mark.parametrize("argv,needles", [
+    (["generate", "--prompt", "hi", "--kv-capacity", "100000000"],
+     ["kv_capacity=100000000", "context of 128"]),
+    (["generate", "--prompt", "hi", "--kv-capacity", "0"], ["--kv-capacity=0", ">= 1"]),
+    (["generate", "--prompt", "hi", "--kv-capacity", "-5"], ["--kv-capacity=-5"]),
+    (["generate", "--prompt", "hi", "--prefill-chunk", "0"], ["--prefill-chunk=0"]),
+    (["generate", "--prompt", "hi", "--max-tokens", "0"], ["--max-tokens=0"]),
+    (["bench", "--runs", "0"], ["--runs=0"]),
+    (["bench", "--runs", "-1"], ["--runs=-1"]),
+    (["bench", "--tokens", "0"], ["--tokens=0"]),
+])
+def test_bad_sizes_are_refused(argv, needles):
+    rc, _, err = poot(*argv, "--model", LLAMA, "--no-cache")
+    user_error(rc, err, *needles)
+
+
+def test_load_validates_capacity_before_compiling(monkeypatch):
+    import poot.api as api
+    from poot.driver.params import InvalidRequest
+
+    def no_compile(graph):
+        raise AssertionError("compiled before validating")
+
+    load = lambda **kw: api.ModelHandle.load(LLAMA, compile_fn=no_compile,  # noqa: E731
+                                             device=object(), **kw)
+    for kw in ({"kv_capacity": 0}, {"kv_capacity": -5}, {"kv_capacity": 129},
+               {"prefill_chunk": 0}):
+        with pytest.raises(InvalidRequest) as e:
+            load(**kw)
+        assert e.value.field in kw
+    monkeypatch.setattr(api, "available_memory", lambda: 1 << 10)
+    with pytest.raises(InvalidRequest, match="KV cache would need .* GiB of memory") as e:
+        load(kv_capacity=128)
+    assert e.value.field == "kv_capacity"
+
+
+# --- 4. context overflow names the prompt, max_tokens, the capacity and the way out ----------
+
+def test_context_overflow_message():
+    from poot.driver.generate import ContextOverflow, check_context
+
+    with pytest.raises(ContextOverflow) as e:
+        check_context(200, 16, 128, 8192)
+    msg = str(e.value)
+    assert "prompt alone is 200 tokens" in msg and "max_tokens 16" in msg
+    assert "capacity of 128 tokens" in msg and "--kv-capacity (up to 8192)" in msg
+    assert e.value.max_tokens == 16
+    msg = str(ContextOverflow(1, 200, 128))
+    assert "1 token +" in msg and "max_tokens 200" in msg and "--kv-capacity" in msg
+    assert "already the model's context" in str(ContextOverflow(100, 50, 128, 128))
+
+
+def test_cli_prompt_longer_than_capacity():
+    rc, _, err = poot("generate", "--model", GGUF, "--kv-capacity", "8", "--max-tokens", "4",
+                      "--prompt", "hello world " * 5)
+    user_error(rc, err, "prompt alone is", "max_tokens 4", "capacity of 8 tokens",
+               "--kv-capacity (up to 128)")
