@@ -174,9 +174,19 @@ def main(argv: list[str] | None = None) -> int:
     pipeline = args.pass_pipeline or ",".join(args.pass_flags or [])
     filename = "<stdin>" if args.input == "-" else args.input
     try:
-        text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+        if args.input == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(args.input, "rb") as f:
+                data = f.read()
     except OSError as e:
         print(f"poot-opt: error: cannot read {args.input}: {e.strerror}", file=sys.stderr)
+        return 2
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        print(f"poot-opt: error: {filename}: input is not valid UTF-8 at byte {e.start}",
+              file=sys.stderr)
         return 2
     outputs, failed, problems = [], False, []
     try:

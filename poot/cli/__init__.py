@@ -16,6 +16,30 @@ from poot.errors import PootError
 _SUBCOMMANDS = ("generate", "bench", "inspect", "tokenize", "devcheck")
 
 
+class InputError(PootError):
+    """Command-line input poot cannot use (stdin that is not UTF-8, ...)."""
+
+
+def read_stdin_text(what: str = "stdin") -> str:
+    """All of stdin decoded as strict UTF-8; :class:`InputError` naming the first bad byte."""
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} is not valid UTF-8 at byte {e.start} "
+                         f"(0x{data[e.start]:02x})") from None
+
+
+def check_utf8(text: str, what: str) -> None:
+    """:class:`InputError` when ``text`` (a command-line argument, decoded by Python with
+    ``surrogateescape``) holds bytes that are not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        at = len(text[:e.start].encode("utf-8", "surrogateescape"))
+        raise InputError(f"{what} is not valid UTF-8 at byte {at}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="poot", description="poot: an LLM inference compiler")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -16,6 +16,8 @@ import argparse
 import json
 import sys
 
+from poot.cli import check_utf8, read_stdin_text
+
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="a .gguf file or HF folder (default: the bundled SmolLM2)")
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from poot.driver.params import SamplingParams
 
     check_options(args, "max_tokens", "kv_capacity", "prefill_chunk")
-    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    text = read_stdin_text("the prompt on stdin") if args.prompt == "-" else args.prompt
+    check_utf8(text, "the prompt")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
                             ignore_eos=args.ignore_eos)

@@ -15,6 +15,8 @@ import argparse
 import json
 import sys
 
+from poot.cli import check_utf8, read_stdin_text
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -38,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from poot.text.chat import render_chat
     from poot.text.tokenizer import load_tokenizer
 
-    text = sys.stdin.read() if args.text == "-" else args.text
+    text = read_stdin_text("the text on stdin") if args.text == "-" else args.text
+    check_utf8(text, "TEXT")
     tok = load_tokenizer(args.model)
     if args.chat:
         messages = [{"role": "user", "content": text}]

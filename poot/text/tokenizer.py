@@ -156,6 +156,7 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TokenizerError(f"encode expects str, got {type(text).__name__}")
+        check_utf8(text)
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
@@ -184,6 +185,19 @@ class Tokenizer:
         if bad:
             raise TokenizerError(f"token id {bad[0]} out of range [0, {n})")
         return out
+
+
+def check_utf8(text: str, what: str = "text") -> None:
+    """Raise :class:`TokenizerError` when ``text`` holds lone surrogates (bytes that were not
+    UTF-8, smuggled in by ``surrogateescape``, e.g. a command-line argument), naming the byte
+    offset of the first one in the original bytes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        at = len(text[:e.start].encode("utf-8", "surrogateescape"))
+        bad = text[e.start].encode("utf-8", "surrogateescape")
+        detail = f" (0x{bad[0]:02x})" if len(bad) == 1 else ""
+        raise TokenizerError(f"{what} is not valid UTF-8 at byte {at}{detail}") from None
 
 
 # --- entry point -----------------------------------------------------------------------------

@@ -60,6 +60,20 @@ def test_invalid_stdin_names_stdin():
     assert r.returncode == 1 and "<stdin>:4:8: error: 'poot.matmul' op" in r.stderr
 
 
+@pytest.mark.parametrize("via_file", [False, True])
+def test_input_not_utf8_is_one_line_error(tmp_path, via_file):
+    bad = b"\xff\xfe"
+    if via_file:
+        (tmp_path / "bad.mlir").write_bytes(bad)
+        r = subprocess.run([*_poot_opt(), str(tmp_path / "bad.mlir")], capture_output=True,
+                           timeout=60)
+    else:
+        r = subprocess.run(_poot_opt(), input=bad, capture_output=True, timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "Traceback" not in err, err
+    assert err.strip().count("\n") == 0 and "input is not valid UTF-8 at byte 0" in err, err
+
+
 def test_verify_diagnostics_statuses(tmp_path):
     ok = tmp_path / "ok.mlir"
     ok.write_text(INVALID_MATMUL.read_text().replace(

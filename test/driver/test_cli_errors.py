@@ -122,3 +122,31 @@ def test_cli_prompt_longer_than_capacity():
                       "--prompt", "hello world " * 5)
     user_error(rc, err, "prompt alone is", "max_tokens 4", "capacity of 8 tokens",
                "--kv-capacity (up to 128)")
+
+
+# --- 3. text that is not UTF-8 ---------------------------------------------------------------
+
+def test_tokenize_stdin_not_utf8():
+    rc, _, err = poot("tokenize", "--model", GGUF, "-", stdin=b"caf\xe9")
+    user_error(rc, err, "not valid UTF-8 at byte 3")
+
+
+def test_tokenize_argument_not_utf8():
+    rc, _, err = poot("tokenize", "--model", GGUF, b"caf\xe9")
+    user_error(rc, err, "TEXT is not valid UTF-8 at byte 3")
+
+
+def test_generate_prompt_stdin_not_utf8():
+    rc, _, err = poot("generate", "--model", GGUF, "--prompt", "-", stdin=b"ok \xff")
+    user_error(rc, err, "prompt on stdin is not valid UTF-8 at byte 3")
+
+
+def test_tokenizer_encode_rejects_lone_surrogates():
+    from poot.text import load_tokenizer
+    from poot.text.tokenizer import TokenizerError
+
+    tok = load_tokenizer(GGUF)
+    text = b"caf\xe9".decode("utf-8", "surrogateescape")
+    with pytest.raises(TokenizerError, match="not valid UTF-8 at byte 3"):
+        tok.encode(text)
+    assert tok.encode("café")
