@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     text = read_stdin_text("the text on stdin") if args.text == "-" else args.text
     check_utf8(text, "TEXT")
-    tok = load_tokenizer(args.model)
+    tok = _load_tokenizer(args.model, load_tokenizer)
     if args.chat:
         messages = [{"role": "user", "content": text}]
         text = render_chat(tok, messages, add_generation_prompt=True)
@@ -55,3 +55,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(" ".join(map(str, ids)))
     return 0
+
+
+def _load_tokenizer(path, load_tokenizer):
+    """The checkpoint's tokenizer; when it cannot be built, a missing path or a broken
+    checkpoint is reported as the weight loader (``poot inspect``) reports it."""
+    from poot.errors import PootError
+    from poot.load.store import open_weights
+
+    try:
+        return load_tokenizer(path)
+    except PootError:
+        open_weights(path)   # raises the precise LoadError (path, magic, header) if any
+        raise

@@ -369,8 +369,8 @@ def load_model(path: str | os.PathLike, registry: Registry | None = None,
 
     import poot.models  # noqa: F401  (registers the families)
 
+    store = open_weights(path)   # first: a missing path or a broken file is named precisely
     cfg = load_config(path)
     family = (registry or REGISTRY).lookup(cfg.architecture)
-    store = open_weights(path)
     model = family.from_config(cfg, store, **options)
     return LoadedModel(model, model.bind(store), store)

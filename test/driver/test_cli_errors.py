@@ -150,3 +150,30 @@ def test_tokenizer_encode_rejects_lone_surrogates():
     with pytest.raises(TokenizerError, match="not valid UTF-8 at byte 3"):
         tok.encode(text)
     assert tok.encode("café")
+
+
+# --- 5. a missing or broken checkpoint: the loader's precise error, as `poot inspect` says ----
+
+def _broken(tmp_path, kind):
+    if kind == "missing":
+        return tmp_path / "nonexist.gguf"
+    if kind == "bad-magic":
+        (tmp_path / "m.gguf").write_bytes(b"NOPE" + bytes(60))
+        return tmp_path / "m.gguf"
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text((LLAMA / "config.json").read_text())
+    (folder / "model.safetensors").write_bytes(b"\xff" * 8 + b"{")
+    return folder / "model.safetensors" if kind == "bad-header-file" else folder
+
+
+@pytest.mark.parametrize("kind", ["missing", "bad-magic", "bad-header-file", "bad-header-folder"])
+def test_broken_checkpoint_same_error_everywhere(tmp_path, kind):
+    model = _broken(tmp_path, kind)
+    rc, _, err = poot("inspect", model)
+    want = user_error(rc, err)
+    assert "config.json" not in want
+    for argv in (["generate", "--prompt", "hi", "--model", model], ["bench", "--model", model],
+                 ["tokenize", "--model", model, "hi"]):
+        rc, _, err = poot(*argv)
+        assert user_error(rc, err) == want, argv
