@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from poot.errors import PootError
@@ -38,6 +39,14 @@ def check_utf8(text: str, what: str) -> None:
     except UnicodeEncodeError as e:
         at = len(text[:e.start].encode("utf-8", "surrogateescape"))
         raise InputError(f"{what} is not valid UTF-8 at byte {at}") from None
+
+
+def plain(doc: str) -> str:
+    """A docstring as plain ``--help`` text: RST roles (``:class:`~a.B``` -> ``B``) and double
+    backticks removed."""
+    doc = re.sub(r":[a-z]+:`~?([^`]*?)`", lambda m: m.group(1).rsplit(".", 1)[-1]
+                 if m.group(0).count("~") else m.group(1), doc)
+    return doc.replace("``", "")
 
 
 def build_parser() -> argparse.ArgumentParser:

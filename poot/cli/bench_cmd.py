@@ -5,7 +5,8 @@
 Runs R greedy requests of N new tokens (EOS ignored) on a synthetic prompt of
 ``--prompt-tokens`` ids (or ``--prompt`` text) after one warm-up request, and prints
 ``{"model", "backend", "prompt_tokens", "generated_tokens", "ttft_s", "decode_tokens_per_s",
-"load_s", "compile_s", "runs": [...]}`` (the best run's numbers at the top level).
+"load_s", "compile_s", "runs": [...]}`` (the best run's numbers at the top level;
+``compile_s`` maps entry names such as ``"prefill"`` and ``"decode"`` to seconds).
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from poot.cli.generate_cmd import add_model_args, check_options, load_handle
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="print decode tokens/s and time to first token",
-                              description=__doc__.split("\n\n")[0])
+                              description="Print greedy decode speed and time to first "
+                              "token as one JSON object.")
     add_model_args(p)
     p.add_argument("--prompt", default=None, help="prompt text (default: synthetic ids)")
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--tokens", type=int, default=64, help="new tokens per run")
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--prompt-tokens", type=int, default=32, metavar="N",
+                   help="length of the synthetic prompt when no --prompt (default: 32)")
+    p.add_argument("--tokens", type=int, default=64, metavar="N",
+                   help="new tokens per run, EOS ignored (default: 64)")
+    p.add_argument("--runs", type=int, default=3, metavar="R",
+                   help="timed runs after one warm-up; the best is reported (default: 3)")
     p.set_defaults(func=run)
 
 

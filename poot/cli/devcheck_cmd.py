@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 
+from poot.cli import plain
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("devcheck", help="check compiled CUDA programs on the device "
-                              "against oracle fixtures", description=__doc__,
+                              "against oracle fixtures", description=plain(__doc__),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundles", nargs="+", metavar="BUNDLE")
     p.add_argument("--bench", type=int, default=0, help="also replay N steps and time them")

@@ -23,23 +23,33 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="a .gguf file or HF folder (default: the bundled SmolLM2)")
     p.add_argument("--backend", default="cpu", choices=("cpu", "vulkan", "cuda", "rocm"),
                    help="where to run (default: cpu)")
-    p.add_argument("--kv-capacity", type=int, default=None,
-                   help="context positions per sequence (prompt + generated tokens)")
-    p.add_argument("--prefill-chunk", type=int, default=None, help="prefill tokens per step")
+    p.add_argument("--kv-capacity", type=int, default=None, metavar="N",
+                   help="context positions per sequence (prompt + generated tokens), at most "
+                        "the model's trained context (default: 1024, or the model's context "
+                        "if smaller)")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prefill tokens per step (default: 32)")
     p.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="generate text for a prompt",
-                              description=__doc__.split("\n\n")[0])
+                              description="Stream generated text for a prompt (stdout); "
+                              "loading and compiling progress goes to stderr.")
     add_model_args(p)
     p.add_argument("--prompt", required=True, help="the prompt text ('-' reads stdin)")
     p.add_argument("--chat", action="store_true", help="use the chat template")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=128, metavar="N",
+                   help="generate at most N tokens (default: 128)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature; 0 = greedy (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="nucleus sampling: keep the smallest set of tokens whose probability "
+                        "reaches P; 1 = off (default: 1.0)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="keep the K most likely tokens; 0 (or negative) = off (default: 0)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="random seed for sampling (default: none, a fresh seed each run)")
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS/end-of-turn")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")

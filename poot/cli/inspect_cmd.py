@@ -18,10 +18,12 @@ import json
 import os
 from typing import Any
 
+from poot.cli import plain
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("inspect", help="show a checkpoint's architecture, config, "
-                              "tokenizer and tensors", description=__doc__,
+                              "tokenizer and tensors", description=plain(__doc__),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="a .gguf file, .safetensors file or HF folder")
     p.add_argument("--json", action="store_true", help="print one JSON object")

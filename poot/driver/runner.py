@@ -47,6 +47,17 @@ def sampler_spec(params) -> SamplerSpec:
         logprobs=params.logprobs)
 
 
+def entry_name(spec: StepSpec) -> str:
+    """A short name for an entry (``compile_s`` key, progress text): ``prefill``, ``decode``,
+    or ``decode+top_k+top_p...`` naming the sampler features a decode entry traces."""
+    s = spec.sampler
+    if s is None:
+        return spec.kind
+    feats = [f for f in ("penalties", "logit_bias", "top_k", "top_p", "min_p")
+             if getattr(s, f)] + (["logprobs"] if s.logprobs is not None else [])
+    return "+".join([spec.kind, *feats])
+
+
 @dataclass
 class StepRunner:
     """The engine-side half of a loaded model (see the module docstring).
@@ -55,7 +66,8 @@ class StepRunner:
         model / weights: the family instance and its :class:`WeightBinding`.
         engine: the executor; compile: ``graph -> Program`` (cached compile for the target).
         kv_capacity: cache positions per sequence (C); prefill_chunk: prefill tokens per step.
-        compile_s: seconds spent compiling (or fetching from the compile cache) per entry.
+        compile_s: seconds spent compiling (or fetching from the compile cache) per entry,
+            keyed by :func:`entry_name` (``"prefill"``, ``"decode"``, ...).
         model_context: the model's trained context when known (how far kv_capacity may go).
     """
 
@@ -77,8 +89,7 @@ class StepRunner:
     def _entry(self, key, spec: StepSpec, carry=None) -> Entry:
         e = self._entries.get(key)
         if e is None:
-            label = f"{spec.kind} T={spec.tokens}" + (
-                f" sampler={spec.sampler}" if spec.sampler is not None else "")
+            label = entry_name(spec)
             if self.on_compile:
                 self.on_compile(label)
             t0 = time.perf_counter()

@@ -177,3 +177,36 @@ def test_broken_checkpoint_same_error_everywhere(tmp_path, kind):
                  ["tokenize", "--model", model, "hi"]):
         rc, _, err = poot(*argv)
         assert user_error(rc, err) == want, argv
+
+
+# --- 6. --help: plain text, every sampling option documented with its default ---------------
+
+@pytest.mark.parametrize("cmd", ["generate", "bench", "inspect", "tokenize", "devcheck"])
+def test_help_is_plain_text(cmd, capsys):
+    from poot.cli import main
+
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and ":class:" not in out
+    opts = out.split("options:")[1] + "\n  -"
+    if cmd == "generate":
+        assert "0 (or negative) = off" in out
+        for opt in ("--max-tokens", "--top-p", "--top-k", "--seed", "--temperature"):
+            line = opts[opts.index(opt + " "):]
+            assert "default:" in line[:line.index("\n  -")], opt
+    if cmd == "bench":
+        for opt in ("--tokens", "--runs", "--prompt-tokens"):
+            line = opts[opts.index(opt + " "):]
+            assert "default:" in line[:line.index("\n  -")], opt
+
+
+def test_entry_names_are_short():
+    from poot.driver.runner import entry_name
+    from poot.graph.sampling import SamplerSpec
+    from poot.models import StepSpec
+
+    greedy = SamplerSpec(penalties=False, logit_bias=False, top_k=False, top_p=False,
+                         min_p=False)
+    assert entry_name(StepSpec.prefill(5, kv_capacity=8, outputs="hidden")) == "prefill"
+    assert entry_name(StepSpec.decode(kv_capacity=8, sampler=greedy)) == "decode"

@@ -112,6 +112,7 @@ def test_cli_generate_json_and_bench(handles, cache_dir, capsys, monkeypatch):
     b = json.loads(capsys.readouterr().out)
     assert rc == 0 and b["backend"] == "cpu" and b["generated_tokens"] == 4
     assert b["decode_tokens_per_s"] > 0 and b["ttft_s"] > 0
+    assert set(b["compile_s"]) == {"prefill", "decode"}     # short names, no reprs
     rc = main(["generate", "--model", model, "--prompt", "x " * 60, "--max-tokens", "4",
                "--kv-capacity", "48", "--prefill-chunk", "5"])
     assert rc == 2 and "exceeds the context capacity" in capsys.readouterr().err
