@@ -24,7 +24,9 @@ otherwise the miss-path compile captures the module handed to the ``ExecutionEng
 scoped wrapper around ``poot.backends.cpu.ExecutionEngine``, restored afterwards). A backend
 with neither is compiled every time (cache entries are only written when text was captured).
 
-Location: ``$POOT_CACHE_DIR``, else ``~/.cache/poot``; ``enabled=False`` turns it off.
+Location: ``$POOT_CACHE_DIR``, else ``~/.cache/poot``; ``enabled=False`` turns it off. A
+directory that cannot be created or written turns it off with one warning on stderr
+(``poot: warning: compile cache disabled: ...``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 _LOCK = threading.Lock()
+_WARNED: set[str] = set()   # cache directories already reported unusable on stderr
 FORMAT = 3
 
 
@@ -204,6 +207,26 @@ class CompileCache:
         self.enabled = enabled
         self.hits = 0
         self.misses = 0
+        if enabled:
+            try:
+                (self.dir / "programs").mkdir(parents=True, exist_ok=True)
+                if not os.access(self.dir / "programs", os.W_OK | os.X_OK):
+                    raise PermissionError(13, "not writable")
+            except OSError as e:
+                self._disable(e)
+
+    def _disable(self, e: OSError) -> None:
+        """Turn the cache off for this instance and say so once per directory on stderr (an
+        unusable ``POOT_CACHE_DIR`` must not silently cost a full compile every run)."""
+        import sys
+
+        self.enabled = False
+        where = str(self.dir)
+        if where not in _WARNED:
+            _WARNED.add(where)
+            why = e.strerror or str(e)
+            print(f"poot: warning: compile cache disabled: cannot use {where}: {why}",
+                  file=sys.stderr)
 
     def path(self, key: str) -> Path:
         return self.dir / "programs" / f"{key}.pkl"
@@ -256,7 +279,9 @@ class CompileCache:
                 with open(tmp, "wb") as f:
                     pickle.dump(entry, f)
                 os.replace(tmp, path)
-            except (OSError, pickle.PicklingError, TypeError, AttributeError):
+            except OSError as e:
+                self._disable(e)
+            except (pickle.PicklingError, TypeError, AttributeError):
                 pass
         return program
 

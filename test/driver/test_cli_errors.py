@@ -210,3 +210,32 @@ def test_entry_names_are_short():
                          min_p=False)
     assert entry_name(StepSpec.prefill(5, kv_capacity=8, outputs="hidden")) == "prefill"
     assert entry_name(StepSpec.decode(kv_capacity=8, sampler=greedy)) == "decode"
+
+
+# --- 8. an unusable compile cache directory is reported once, not silently ignored ----------
+
+def test_unusable_cache_dir_warns_once(tmp_path, capsys):
+    import poot.executor.cache as cache
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    first = cache.CompileCache(blocker / "cache")
+    second = cache.CompileCache(blocker / "cache")
+    assert not first.enabled and not second.enabled
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("poot: warning: compile cache disabled: ")
+    assert str(blocker / "cache") in err[0]
+    ok = cache.CompileCache(tmp_path / "good")
+    assert ok.enabled and capsys.readouterr().err == ""
+
+
+def test_cli_unusable_cache_dir_warns(tmp_path):
+    import os
+
+    (tmp_path / "file").write_text("")
+    env = {**os.environ, "POOT_CACHE_DIR": str(tmp_path / "file" / "cache")}
+    rc, _, err = poot("generate", "--model", GGUF, "--prompt", "hi", "--max-tokens", "1",
+                      "--kv-capacity", "16", "--prefill-chunk", "4", env=env)
+    assert rc == 0, err
+    warn = [ln for ln in err.splitlines() if ln.startswith("poot: warning:")]
+    assert len(warn) == 1 and "compile cache disabled" in warn[0], err
