@@ -25,7 +25,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="where to run (default: cpu)")
     p.add_argument("--kv-capacity", type=int, default=None, metavar="N",
                    help="context positions per sequence (prompt + generated tokens), at most "
-                        "the model's trained context (default: 1024, or the model's context "
+                        "the model's trained context (default: 512, or the model's context "
                         "if smaller)")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prefill tokens per step (default: 32)")
