@@ -156,14 +156,16 @@ class OpDef:
         ``result`` is the declared result type when there is one (parsed IR, or a builder call
         that must state it, such as reshape's target shape); ops whose result follows from the
         operands compare it with the inferred one. Raises :class:`VerifyError`.
+        Every registered op overrides it (:func:`register` checks).
         """
-        raise NotImplementedError(cls.name)
+        raise TypeError(f"{cls.full_name()} has no type rule")
 
     @classmethod
     def evaluate(cls, args: list[np.ndarray], attrs: dict[str, Any],
                  result: PootType) -> np.ndarray:
-        """Reference semantics on numpy arrays (the CPU oracle)."""
-        raise NotImplementedError(cls.name)
+        """Reference semantics on numpy arrays (the CPU oracle). Every registered op
+        overrides it (:func:`register` checks)."""
+        raise TypeError(f"{cls.full_name()} has no semantics")
 
     # ---- helpers shared by the rules ----
     @classmethod
@@ -210,6 +212,9 @@ def register(cls: type[OpDef]) -> type[OpDef]:
     """Class decorator adding an op definition to the dialect."""
     if cls.name in REGISTRY:
         raise ValueError(f"poot.{cls.name} defined twice")
+    for rule in ("check", "evaluate"):
+        if getattr(cls, rule).__func__ is getattr(OpDef, rule).__func__:
+            raise TypeError(f"poot.{cls.name} does not define its {rule} rule")
     REGISTRY[cls.name] = cls
     return cls
 

@@ -8,6 +8,7 @@ gather on axis 0, keys masked by position (key index = position).
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
@@ -403,7 +404,7 @@ def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: in
     return proj(b, types, p + "down", act)
 
 
-class DecoderModel:
+class DecoderModel(abc.ABC):
     """Base of the families traced by :func:`trace_decoder`: ``config`` is their
     :class:`DecoderOptions` (or a family config whose :meth:`options` gives them); a subclass
     sets ``family``/``architectures`` and supplies ``from_config`` and ``weight_table``."""
@@ -419,8 +420,9 @@ class DecoderModel:
         overrides this to derive them."""
         return self.config
 
+    @abc.abstractmethod
     def weight_table(self) -> WeightTable:
-        raise NotImplementedError
+        """Role name -> stored names (HF and GGUF) for this family."""
 
     def bind(self, store: Mapping[str, Any],
              rename: Callable[[str, Any], Any] | None = None) -> WeightBinding:
