@@ -169,8 +169,8 @@ class Select(OpDef):
 
 @register
 class Cast(OpDef):
-    """Convert dtype. float->float rounds to nearest even; float->int truncates toward zero;
-    x->i1 is ``x != 0``; i1->x is 0 or 1."""
+    """Convert dtype. float->float rounds to nearest even; float->int truncates toward zero
+    (undefined when out of range or NaN); x->i1 is ``x != 0``; i1->x is 0 or 1."""
 
     name = "cast"
     operands = ("x",)
@@ -191,6 +191,9 @@ class Cast(OpDef):
         is_float = x.dtype.kind == "f" or x.dtype.name == "bfloat16"
         if result.dtype.is_bool:
             return x.astype(np.float32) != 0
-        if result.dtype.is_int and is_float:
-            x = np.trunc(x.astype(np.float32))
-        return x.astype(result.dtype.numpy)
+        # Out-of-range or NaN float->int and overflowing narrowings are undefined (as LLVM's
+        # fptosi/trunc): the oracle returns numpy's value without warning about it.
+        with np.errstate(over="ignore", invalid="ignore"):
+            if result.dtype.is_int and is_float:
+                x = np.trunc(x.astype(np.float32))
+            return x.astype(result.dtype.numpy)
