@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from poot import oracle
-from poot.backends.cpu import compile_cpu, openmp_lib
+from poot.backends.cpu import compile_cpu
 from poot.dialects.lowering import Strategy
 from poot.dialects.quant import Quant
 from poot.dialects.types import DType, PackedType, TensorType
@@ -163,38 +163,18 @@ def test_fused_tiny_llama_steps(name):
     entry) of a prefill step then a decode step of the tiny Llama fixtures: logits and caches
     match the oracle within 1e-4, caches carried from the compiled program's own outputs."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-    from model_steps import empty_caches, fixture_path, reference
+    from model_steps import compiled_steps_match_oracle
 
     from poot.compiler import CompileOptions, compile
     from poot.compiler.target import host_cpu
-    from poot.models import StepSpec, load_model
 
-    model, weights = load_model(fixture_path(name))
-    ids = [int(i) for i in reference(name)["prompt_ids"]]
-    n = 6
-    caches = None
-    for spec, toks, pos in ((StepSpec.prefill(n, kv_capacity=16, kv_slots=1), ids[:n],
-                             list(range(n))),
-                            (StepSpec.decode(kv_capacity=16, kv_slots=1), ids[n:n + 1], [n])):
-        g = model.trace(spec, weights.types)
+    def compile_fused(g):
         program = compile(g, host_cpu(), CompileOptions())
         assert program.dispatches.get("matmul", 0) > 0
-        assert "func.call" in program.ir_text or "call @" in program.ir_text
-        prog = program.executable
-        inputs = {"tokens": np.asarray([toks], np.int32),
-                  "positions": np.asarray([pos], np.int32),
-                  "slots": np.asarray([0], np.int32), **(caches or empty_caches(g))}
-        got = prog.run(inputs, {k: weights[k] for k, _ in prog.params})
-        want = oracle.evaluate(g, inputs, weights)
-        for k in want:
-            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
-        caches = {k: v for k, v in got.items() if k.startswith("kv.")}
+        assert "call @" in program.ir_text
+        return program.executable
 
-
-def test_openmp_runtime_reported():
-    """Not a requirement: says whether threads are available here (libomp5)."""
-    if openmp_lib() is None:
-        pytest.skip("libomp (Debian libomp5) not installed: CPU kernels run on one thread")
+    compiled_steps_match_oracle(name, compile_fused)
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])

@@ -603,26 +603,9 @@ def test_tiny_llama_steps(name):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-    from model_steps import empty_caches, fixture_path, reference
+    from model_steps import compiled_steps_match_oracle
 
-    from poot.models import StepSpec, load_model
-
-    model, weights = load_model(fixture_path(name))
-    ids = [int(i) for i in reference(name)["prompt_ids"]]
-    n = 6
-    caches = None
-    for spec, toks, pos in ((StepSpec.prefill(n, kv_capacity=16, kv_slots=1), ids[:n],
-                             list(range(n))),
-                            (StepSpec.decode(kv_capacity=16, kv_slots=1), ids[n:n + 1], [n])):
-        g = model.trace(spec, weights.types)
-        inputs = {"tokens": np.asarray([toks], np.int32), "positions": np.asarray([pos], np.int32),
-                  "slots": np.asarray([0], np.int32), **(caches or empty_caches(g))}
-        prog = compile_cpu(g)
-        got = prog.run(inputs, {k: weights[k] for k, _ in prog.params})
-        want = oracle.evaluate(g, inputs, weights)
-        for k in want:
-            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
-        caches = {k: v for k, v in got.items() if k.startswith("kv.")}
+    compiled_steps_match_oracle(name, compile_cpu)
 
 
 def test_runtime_buffer_ownership_compiles_and_runs():

@@ -56,3 +56,28 @@ def prefill_then_decode(model, weights, ids, n_prefill: int, capacity: int = 16,
         o, caches = run_step(dec, weights, [[ids[p]]], [[p]], [slot], caches)
         rows.append(o["logits"][0, 0])
     return out["logits"][0], np.stack(rows) if rows else np.zeros((0,) + out["logits"].shape[2:])
+
+
+def compiled_steps_match_oracle(name: str, compile_step, tol: float = 1e-4) -> None:
+    """Prefill 6 prompt tokens, then decode the 7th, each step compiled by
+    ``compile_step(graph) -> program`` (``.run(inputs, params)``, ``.params``), with the KV
+    caches carried from the compiled program's own outputs; logits and caches must match
+    the oracle within ``tol`` (rtol and atol)."""
+    from poot.models import load_model
+
+    model, weights = load_model(fixture_path(name))
+    ids = [int(i) for i in reference(name)["prompt_ids"]]
+    n = 6
+    caches = None
+    for spec, toks, pos in ((StepSpec.prefill(n, kv_capacity=16, kv_slots=1), ids[:n],
+                             list(range(n))),
+                            (StepSpec.decode(kv_capacity=16, kv_slots=1), ids[n:n + 1], [n])):
+        g = model.trace(spec, weights.types)
+        inputs = {"tokens": np.asarray([toks], np.int32), "positions": np.asarray([pos], np.int32),
+                  "slots": np.asarray([0], np.int32), **(caches or empty_caches(g))}
+        prog = compile_step(g)
+        got = prog.run(inputs, {k: weights[k] for k, _ in prog.params})
+        want = evaluate(g, inputs, weights)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=tol, atol=tol, err_msg=k)
+        caches = {k: v for k, v in got.items() if k.startswith("kv.")}
