@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from mlir import ir
 
 from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError, build_dispatch
+from poot.backends.gpu.strategies import synthesize
 from poot.dialects.lowering.function import lower_function
 from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
 
@@ -130,13 +131,18 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
                                   "region")
         callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
         fn = funcs[callee]
-        with g.context, ir.Location.unknown():
-            text = lower_function(fn)
-        key = hashlib.sha1(text.replace(f"@{callee}(", "@dispatch(").encode()).hexdigest()[:16]
+        # identical bodies (the layers) share kernels: key on the poot-level body
+        body = str(fn).replace(f"@{callee}(", "@dispatch(")
+        key = hashlib.sha1(body.encode()).hexdigest()[:16]
         if key not in compiled:
+            dk = synthesize(fn, caps, kctx) if strategy != "naive" else None
+            if dk is None:
+                with g.context, ir.Location.unknown():
+                    text = lower_function(fn)
+                with kctx, ir.Location.unknown():
+                    dk = build_dispatch(text.replace(f"@{callee}(", f"@d_{key}("), caps, kctx,
+                                        strategy)
             with kctx, ir.Location.unknown():
-                dk = build_dispatch(text.replace(f"@{callee}(", f"@d_{key}("), caps, kctx,
-                                    strategy)
                 names = _merge_kernels(dk, kmodule, kernels, key)
             scratch = [new_buffer("scratch", f"d_{key}.scratch{i}", {"nbytes": nb, "type": t})
                        for i, (t, nb) in enumerate(dk.scratch)]

@@ -1,0 +1,93 @@
+"""Kernel synthesis for a dispatch region, chosen by the region's root op (the GPU analogue
+of a kernel configuration): before the generic mapping of :mod:`poot.backends.gpu.kernels`
+(linalg -> parallel loops -> one thread or one warp per row), each registered strategy looks
+at the region's *poot-level* body and either returns the region's kernels or ``None`` (the
+next strategy, and finally the generic mapping, takes it).
+
+A strategy is a function ``(fn, caps) -> Synthesized | None``:
+
+* ``fn``: the outlined dispatch ``func.func`` (poot dialect, static shapes), in the graph's
+  context; its arguments are ``("arg", i)`` slots, its results ``("out", j)`` slots.
+* ``caps``: the target's :class:`~poot.compiler.target.Capabilities` (subgroup size, shared
+  memory, cores).
+
+It matches on semantics (what the ops compute and how the values flow), never on a model or
+on one tracer's spelling, and refuses (``None``) anything it does not cover exactly. The
+kernels it returns are ``gpu.module`` text (``gpu.func ... kernel`` taking one memref per
+argument, static shapes), lowered by every gpu-dialect backend (NVVM, SPIR-V) like the generic
+kernels. Set ``POOT_GPU_STRATEGIES=generic`` to turn every strategy off (to compare).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from mlir import ir
+
+from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError, Launch
+
+
+@dataclass
+class Synthesized:
+    """What a strategy returns: ``text`` holds one or more ``gpu.module``s; ``launches``
+    (kernel launches naming ``module``/``kernel`` in ``text``, in order, and plan copies);
+    ``scratch``: ``(memref type text, nbytes)`` per temporary buffer (``("scratch", k)``);
+    ``consts``: ``(memref type text, nbytes, raw bytes)`` per constant (``("const", k)``)."""
+
+    text: str
+    launches: list[Launch]
+    scratch: list[tuple[str, int]] = field(default_factory=list)
+    consts: list[tuple[str, int, bytes]] = field(default_factory=list)
+
+
+Strategy = Callable[[ir.Operation, object], "Synthesized | None"]
+_STRATEGIES: list[tuple[str, Strategy]] = []
+
+
+def register(name: str):
+    """Decorator: add a strategy (tried in registration order)."""
+    def deco(fn: Strategy) -> Strategy:
+        _STRATEGIES.append((name, fn))
+        return fn
+    return deco
+
+
+def _load() -> None:
+    # strategy modules register themselves on import
+    import importlib
+    import pkgutil
+
+    for m in pkgutil.iter_modules(__path__):
+        if not m.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{m.name}")
+
+
+def synthesize(fn: ir.Operation, caps, kctx: ir.Context) -> DispatchKernels | None:
+    """The first strategy's kernels for dispatch ``fn``, parsed into ``kctx``; None when no
+    strategy takes it (or ``POOT_GPU_STRATEGIES=generic``)."""
+    if os.environ.get("POOT_GPU_STRATEGIES", "") == "generic":
+        return None
+    if not _STRATEGIES:
+        _load()
+    for name, strat in _STRATEGIES:
+        with fn.context, ir.Location.unknown():
+            s = strat(fn, caps)
+        if s is None:
+            continue
+        with kctx, ir.Location.unknown():
+            try:
+                module = ir.Module.parse(s.text)
+            except Exception as e:  # noqa: BLE001 - MLIR reports parse errors as Exception
+                raise GpuCodegenError(f"strategy {name} emitted invalid IR: {e}") from e
+        for L in s.launches:
+            if L.kind == "kernel" and L.strategy == "naive":
+                L.strategy = name
+        ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+        return DispatchKernels(module, s.launches, [str(t) for t in ftype.inputs],
+                               [str(t) for t in ftype.results], s.scratch, s.consts)
+    return None
+
+
+__all__ = ["Synthesized", "register", "synthesize"]
