@@ -17,6 +17,8 @@ Each rule fires on what the ops compute, whatever spelled them:
   ``-0.0`` into ``+0.0``) unless the option ``no-signed-zeros`` allows it;
   ``and(x, true)``, ``or(x, false)`` -> ``x``; ``max/min/and/or(x, x)`` -> ``x``; ``select``
   with a splat condition or two equal branches -> the chosen operand.
+* ``gather`` along an axis of extent 1 -> the table without that axis, broadcast over the
+  index dims (every clamped index is 0: a one-slot KV cache read).
 * constant folding: a poot op (not a source) whose operands are all ``poot.constant`` and whose
   result is at most ``max-fold-bytes`` bytes is evaluated with the op's own
   :meth:`~poot.dialects.opdef.OpDef.evaluate` (the oracle's semantics) and replaced by a
@@ -161,6 +163,27 @@ class _Canon:
         return _create("poot.slice", op, [inner.operands[0]], rtype,
                        {"start": _i64s(start), "limit": _i64s(limit),
                         "stride": _i64s(stride)}).result
+
+    def r_gather(self, op, rtype):
+        """A gather along an axis of extent 1 reads entry 0 whatever the (clamped) index:
+        drop the axis and broadcast over the index dims (a KV cache of one slot)."""
+        table = op.operands[0]
+        tt_ = type_from_mlir(table.type)
+        ax = _attrs(op)["axis"]
+        if tt_.shape[ax] != 1:
+            return None
+        it = type_from_mlir(op.operands[1].type)
+        if it.numel == 1:        # same elements in the same order: a reshape
+            return table if table.type == rtype else \
+                _create("poot.reshape", op, [table], rtype).result
+        n_idx = it.rank
+        kept = tt_.shape[:ax] + tt_.shape[ax + 1:]
+        src = table
+        if kept != tt_.shape:
+            src = _create("poot.reshape", op, [table],
+                          TensorType(kept, tt_.dtype).mlir()).result
+        dims = list(range(ax)) + [d + n_idx for d in range(ax, len(kept))]
+        return _create("poot.broadcast", op, [src], rtype, {"dims": _i64s(dims)}).result
 
     def r_binary(self, op, rtype):
         fn = _attrs(op)["fn"]

@@ -138,3 +138,20 @@ func.func @same_operands(%a: tensor<4xf32>) -> (tensor<4xi1>, tensor<4xf32>, ten
   %sb = "poot.binary"(%a, %a) {fn = "sub"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
   return %n, %s, %h2, %mx, %mn, %sb : tensor<4xi1>, tensor<4xf32>, tensor<4xf16>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
 }
+
+// -----
+
+// A gather along an axis of extent 1 (a one-slot KV cache): every clamped index reads entry 0,
+// so the table is reshaped (and broadcast over the index dims when there are several).
+// CHECK-LABEL: func.func @gather_unit_axis(
+// CHECK-NOT: poot.gather
+// CHECK: %[[R:.+]] = "poot.reshape"(%arg0) : (tensor<1x8x2xf32>) -> tensor<8x2xf32>
+// CHECK-NEXT: %[[B:.+]] = "poot.broadcast"(%[[R]]) {dims = array<i64: 1, 2>} : (tensor<8x2xf32>) -> tensor<3x8x2xf32>
+// CHECK-NEXT: %[[G:.+]] = "poot.gather"(%arg2, %arg1) {axis = 0 : i64}
+// CHECK-NEXT: return %arg0, %[[B]], %[[G]]
+func.func @gather_unit_axis(%t: tensor<1x8x2xf32>, %i: tensor<1xi32>, %u: tensor<2x8xf32>, %j: tensor<3xi32>) -> (tensor<1x8x2xf32>, tensor<3x8x2xf32>, tensor<1x8xf32>) {
+  %0 = "poot.gather"(%t, %i) {axis = 0 : i64} : (tensor<1x8x2xf32>, tensor<1xi32>) -> tensor<1x8x2xf32>
+  %1 = "poot.gather"(%t, %j) {axis = 0 : i64} : (tensor<1x8x2xf32>, tensor<3xi32>) -> tensor<3x8x2xf32>
+  %2 = "poot.gather"(%u, %i) {axis = 0 : i64} : (tensor<2x8xf32>, tensor<1xi32>) -> tensor<1x8xf32>
+  return %0, %1, %2 : tensor<1x8x2xf32>, tensor<3x8x2xf32>, tensor<1x8xf32>
+}

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from mlir import ir
 from mlir.dialects import arith, scf
+from mlir.dialects import memref as memref_d
 from mlir.passmanager import PassManager
 
 from poot.backends.pipelines import BUFFERIZE_TO_OUT_PARAMS, FUSE
@@ -140,7 +141,8 @@ def _base(v: ir.Value) -> ir.Value:
         if isinstance(owner, ir.Block):
             return v
         op = owner.operation if hasattr(owner, "operation") else owner
-        if op.name in ("memref.expand_shape", "memref.collapse_shape", "memref.cast"):
+        if op.name in ("memref.expand_shape", "memref.collapse_shape", "memref.cast",
+                       "memref.reinterpret_cast"):
             v = op.operands[0]
             continue
         return v
@@ -552,6 +554,63 @@ _PURE_TOP = {"arith.constant", "memref.alloc", "memref.expand_shape", "memref.co
              "memref.dealloc", "memref.get_global"}
 
 
+def _top_ancestor(op: ir.Operation, block: ir.Block) -> ir.Operation:
+    while op.parent is not None and op.block != block:
+        op = op.parent
+    return op
+
+
+def _results_in_place(fn: ir.Operation, n_args: int, n_outs: int) -> None:
+    """Write each result straight into its out-parameter.
+
+    ``buffer-results-to-out-params`` computes a result into a temporary and ends with a copy
+    into the caller's buffer: a whole extra pass over the result (a device copy per region).
+    When the temporary (through contiguous reshapes) feeds only that copy and nothing touches
+    it after the copy, the temporary becomes a view of the out-parameter and the copy goes."""
+    block = fn.regions[0].blocks[0]
+    outs = list(block.arguments)[n_args:n_args + n_outs]
+    order = {o.operation: i for i, o in enumerate(block.operations)}
+    for op in _top_ops(fn):
+        if op.name != "memref.copy" or op.operands[1] not in outs:
+            continue
+        dst = op.operands[1]
+        if len(list(dst.uses)) != 1:
+            continue
+        base = _base(op.operands[0])
+        owner = base.owner
+        if isinstance(owner, ir.Block) or owner.operation.name != "memref.alloc" or \
+                len(owner.operation.operands):
+            continue
+        alloc = owner.operation
+        at = order[op]
+        users, stack = [], [base]
+        while stack:                      # every use of the temporary, through its views
+            for u in stack.pop().uses:
+                o = u.owner.operation if hasattr(u.owner, "operation") else u.owner
+                if o.name in ("memref.expand_shape", "memref.collapse_shape", "memref.cast"):
+                    stack.append(o.results[0])
+                users.append(o)
+        if any(u.name == "memref.copy" and u != op and u.operands[0] != base and
+               _base(u.operands[0]) == base for u in users):
+            continue                      # copied into a second result as well
+        if any(order.get(_top_ancestor(u, block), at) > at for u in users):
+            continue                      # touched after the copy
+        at_ = ir.MemRefType(base.type)
+        shape = list(at_.shape)
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.append(acc)
+            acc *= d
+        strides.reverse()
+        with ir.InsertionPoint(alloc), alloc.location:
+            view = memref_d.ReinterpretCastOp(
+                at_, dst, [], [], [], static_offsets=[0], static_sizes=shape,
+                static_strides=strides).result
+        base.replace_all_uses_with(view)
+        op.erase()
+        alloc.erase()
+
+
 # ---- the generator ---------------------------------------------------------------------------
 
 def build_dispatch(text: str, caps, context: ir.Context | None = None,
@@ -582,6 +641,8 @@ def build_dispatch(text: str, caps, context: ir.Context | None = None,
         out_types = [str(a.type) for a in list(block.arguments)[n_args:]]
         if len(out_types) != n_outs:
             raise GpuCodegenError("results were not all turned into out-parameters")
+
+        _results_in_place(fn, n_args, n_outs)
 
         # temporaries -> scratch arguments
         scratch = []

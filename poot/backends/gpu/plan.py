@@ -175,8 +175,9 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
                 return {"arg": arg_bufs, "out": out_bufs, "scratch": info["scratch"],
                         "const": info["consts"]}[k][i]
             if L.kind == "copy":
-                launches.append({"op": "copy", "src": buf(L.args[0]), "dst": buf(L.args[1]),
-                                 "nbytes": L.nbytes})
+                if buf(L.args[0]) != buf(L.args[1]):   # else: state updated in place
+                    launches.append({"op": "copy", "src": buf(L.args[0]),
+                                     "dst": buf(L.args[1]), "nbytes": L.nbytes})
             else:
                 launches.append({"op": "kernel", "kernel": info["kernels"][(L.module, L.kernel)],
                                  "grid": list(L.grid), "block": list(L.block),
