@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import functools
 
-from mlir import ir
-from mlir.dialects import irdl as irdl_d
+from poot.lazy import lazy_module
+ir = lazy_module("mlir.ir")
+irdl_d = lazy_module("mlir.dialects.irdl")
 
 from poot.dialects import ops as _ops  # noqa: F401  (registers the ops)
 from poot.dialects.opdef import REGISTRY, OpDef, attr_irdl_base

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from mlir import ir
+from poot.lazy import lazy_module
+ir = lazy_module("mlir.ir")
 
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError

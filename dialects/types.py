@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
-from mlir import ir
+from poot.lazy import lazy_module
+ir = lazy_module("mlir.ir")
 
 from poot.dialects.quant import BY_NAME, QuantFormat
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mlir import ir
+from poot.lazy import lazy_module
+ir = lazy_module("mlir.ir")
 
 SOURCES = frozenset({"poot.param", "poot.packed_param", "poot.constant", "poot.iota"})
 REMATERIALIZABLE = frozenset({"poot.constant", "poot.iota"})

@@ -11,7 +11,8 @@ Option ``compute``: comma-separated dtypes the target computes in (default the C
 
 from __future__ import annotations
 
-from mlir import ir
+from poot.lazy import lazy_module
+ir = lazy_module("mlir.ir")
 
 from poot.dialects.types import DType, TensorType, type_from_mlir
 from poot.passes.registry import PassFailure, register_pass

@@ -14,8 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from mlir import ir
-from mlir.passmanager import PassManager
+from poot.lazy import lazy_module
+ir = lazy_module("mlir.ir")
+passmanager = lazy_module("mlir.passmanager")
 
 from poot.errors import PootError
 
@@ -144,10 +145,10 @@ def take_failures() -> list[str]:
     return out
 
 
-def build_pass_manager(pipeline: str, ctx: ir.Context) -> PassManager:
+def build_pass_manager(pipeline: str, ctx: ir.Context) -> "passmanager.PassManager":
     """A PassManager running ``pipeline``: poot and upstream passes mixed, in order."""
     load_all_passes()
-    pm = PassManager("builtin.module", context=ctx)
+    pm = passmanager.PassManager("builtin.module", context=ctx)
     upstream: list[str] = []
 
     def flush():

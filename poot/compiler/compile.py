@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from mlir import ir
+from poot.lazy import lazy_module
+ir = lazy_module("mlir.ir")
 
 from poot.compiler.options import CompileOptions
 from poot.compiler.planning import Buffer, Refusal, check_module, plan_storage

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlir import ir
+from poot.lazy import lazy_module
+ir = lazy_module("mlir.ir")
 
 from poot.compiler.target import Target
 from poot.dialects.types import PackedType, TensorType, type_from_mlir

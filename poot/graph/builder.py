@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from mlir import ir
-from mlir.dialects import func
+from poot.lazy import lazy_module
+ir = lazy_module("mlir.ir")
+func = lazy_module("mlir.dialects.func")
 
 from poot.dialects import make_context
 from poot.dialects.opdef import REGISTRY, VerifyError, attr_to_mlir
