@@ -15,7 +15,8 @@ It matches on semantics (what the ops compute and how the values flow), never on
 on one tracer's spelling, and refuses (``None``) anything it does not cover exactly. The
 kernels it returns are ``gpu.module`` text (``gpu.func ... kernel`` taking one memref per
 argument, static shapes), lowered by every gpu-dialect backend (NVVM, SPIR-V) like the generic
-kernels. Set ``POOT_GPU_STRATEGIES=generic`` to turn every strategy off (to compare).
+kernels. ``POOT_GPU_STRATEGIES=generic`` turns every strategy off (to compare);
+``POOT_GPU_STRATEGIES=a,b`` keeps only the strategies named ``a`` and ``b``.
 """
 
 from __future__ import annotations
@@ -67,11 +68,15 @@ def _load() -> None:
 def synthesize(fn: ir.Operation, caps, kctx: ir.Context) -> DispatchKernels | None:
     """The first strategy's kernels for dispatch ``fn``, parsed into ``kctx``; None when no
     strategy takes it (or ``POOT_GPU_STRATEGIES=generic``)."""
-    if os.environ.get("POOT_GPU_STRATEGIES", "") == "generic":
+    only = os.environ.get("POOT_GPU_STRATEGIES", "")
+    if only == "generic":
         return None
+    allowed = set(only.split(",")) if only else None
     if not _STRATEGIES:
         _load()
     for name, strat in _STRATEGIES:
+        if allowed is not None and name not in allowed:
+            continue
         with fn.context, ir.Location.unknown():
             s = strat(fn, caps)
         if s is None:
