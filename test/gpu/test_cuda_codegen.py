@@ -70,11 +70,29 @@ def test_strategies():
     assert all(L["block"][0] % 32 == 0 for L in warp)
 
 
-def test_flash_attention_loop_is_one_cooperative_block():
+def test_attention_is_flash_decoding_and_generic_mapping_remains(monkeypatch):
+    """Each attention region (KV capacity 256) is the flash-decoding strategy's split kernel
+    (one warp per block, the key axis in several chunks) then its combine kernel; with
+    ``POOT_GPU_STRATEGIES=generic`` the generic mapping still makes the online-softmax loop
+    one cooperative block."""
+    from poot.backends.cuda.codegen import compile_program
+
     art = tiny_artifact(capacity=256)
-    coop = [L for L in art.plan["launches"] if L.get("strategy") == "cooperative"]
+    plan = art.plan
+    att = [d for d in plan["dispatches"] if d["kind"] == "attention"]
+    assert att
+    for d in att:
+        ks = [L for L in plan["launches"][d["first"]:d["first"] + d["count"]]
+              if L["op"] == "kernel"]
+        assert [L["strategy"] for L in ks] == ["flash_decode", "flash_decode"]
+        assert ks[0]["block"] == [32, 1, 1] and ks[0]["grid"][0] > 1
+    assert "shfl.sync.idx" in art.ptx
+    monkeypatch.setenv("POOT_GPU_STRATEGIES", "generic")
+    generic = compile_program(tiny_program(capacity=256)[0])
+    assert "flash_decode" not in generic.meta["strategies"]
+    coop = [L for L in generic.plan["launches"] if L.get("strategy") == "cooperative"]
     assert coop and max(L["block"][0] for L in coop) >= 64
-    assert "bar.sync" in art.ptx
+    assert "bar.sync" in generic.ptx
 
 
 def test_artifact_round_trip(tmp_path):

@@ -1,0 +1,718 @@
+"""Flash-decoding for a ``poot.attention`` dispatch region: a *split* kernel over chunks of
+the key axis and a *combine* kernel that merges the chunks (one kernel when one chunk covers
+every key), synthesized from the shapes and the target's subgroup size and core count.
+
+What it takes (:func:`match_attention`): a dispatch function whose root is ``poot.attention``
+(semantics: :class:`poot.dialects.ops.attention.Attention`) with
+
+* q ``[batch..., rows..., D]``, k ``[batch..., S, D]``, v ``[batch..., S, Dv]`` (f32 or f16;
+  ``nb = rank(k) - 2`` batch dims; GQA groups are rows dims of q) and the mask
+  (``i1`` visibility or ``f32`` additive bias, broadcastable to ``[batch..., rows..., S]``)
+  each reached from a function argument through ``poot.reshape`` / ``poot.transpose`` /
+  ``poot.broadcast`` / ``poot.slice`` views only (the mask may also be a splat
+  ``poot.constant``, or ``poot.unary not`` of such a view);
+* its result reaching the function's only result through ``poot.reshape`` only (so the
+  output is row-major ``[batch, rows, Dv]``).
+
+Each operand's view chain is resolved to a strided index map (:class:`View`: logical
+coordinates -> element offset in the argument buffer); a reshape that no strided map can
+express (NumPy's no-copy reshape rule) or any other op makes the region fall back to the
+generic mapping (``None``).
+
+The kernels (:func:`emit`; one block = one subgroup, so no workgroup memory and no barriers:
+every reduction is a ``gpu.shuffle`` butterfly):
+
+1. *split*, grid ``(splits, row groups, batch)``, block ``(subgroup,)``: a block serves
+   ``R`` query rows of one batch index (for GQA decode all the query heads of a kv head, so
+   K and V are read once for them) over one chunk of ``C`` keys. It walks the chunk ``sg``
+   keys at a time: lane ``j`` takes key ``s0 + j`` and computes its ``R`` scores (dot over
+   ``D`` in f32; q rows are read as uniform loads), then scale, soft cap and mask as the op
+   says; a butterfly gives the batch max, the running max/sum are rescaled (online softmax,
+   Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"), and the
+   accumulators ``acc[r, dv]`` (lanes over ``dv``) take ``sum_j p_j v[s0 + j, dv]`` with
+   ``p_j`` broadcast from lane ``j`` (``gpu.shuffle idx``). It writes ``(m, l, acc)`` of the
+   chunk to a scratch buffer, or the output directly when there is one chunk.
+2. *combine* (Flash-Decoding, Dao et al. 2023, "Flash-Decoding for long-context
+   inference"), one thread per output element: ``M = max_c m_c``, ``w_c = exp(m_c - M)``,
+   ``out = sum_c w_c acc_c / sum_c w_c l_c``.
+
+Masking edge cases, exactly as the op: with an ``i1`` mask a masked score is -1e30 and its
+weight exactly 0, the denominator is ``max(l, 1)``, so a row with no visible key gives zeros;
+with an additive bias a ``-inf`` score has weight 0 without ``exp(-inf - -inf)`` (a chunk or
+a whole row of ``-inf`` gives zeros, never NaN).
+
+Buffers: q/k/v/mask are read through flat memrefs of their arguments (``memref<N x f32|f16>``,
+``memref<N x i8>`` for i1); the scratch holds ``acc[B*M, splits, Dv]`` then
+``(m, l)[B*M, splits]`` (f32).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from mlir import ir
+
+from poot.backends.gpu.kernels import Launch
+from poot.backends.gpu.strategies import Synthesized, register
+from poot.dialects.types import DType, TensorType, type_from_mlir
+
+#: the score a masked key takes with an i1 mask (poot.dialects.ops.attention.MASKED_SCORE)
+MASKED_SCORE = -1e30
+#: register budget of the split kernel: accumulators per lane (rows x Dv / subgroup)
+MAX_ACC_PER_LANE = 64
+#: query rows one split block serves at most
+MAX_ROWS = 16
+#: split blocks aimed for per core (fills the GPU for decode, where rows are few)
+BLOCKS_PER_CORE = 4
+#: grid dimensions this strategy emits at most (Vulkan's guaranteed minimum)
+MAX_GRID = 65535
+
+
+# ---- views -> strided index maps ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class View:
+    """A strided view of function argument ``arg``'s buffer (elements, row-major storage):
+    element ``[i0, i1, ...]`` of the view is at ``offset + sum(i_k * strides[k])``."""
+
+    arg: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+
+def _row_major(shape) -> tuple[int, ...]:
+    st, n = [], 1
+    for s in reversed(shape):
+        st.append(n)
+        n *= s
+    return tuple(reversed(st))
+
+
+def reshape_strides(shape, strides, new_shape) -> tuple[int, ...] | None:
+    """Strides that give the row-major reshape of a strided view ``(shape, strides)`` to
+    ``new_shape`` without a copy, or None when no strides do (NumPy's
+    ``_attempt_nocopy_reshape``: dims are matched in groups of equal product, and the old dims
+    of a group must be contiguous relative to each other)."""
+    old = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    new = list(new_shape)
+    out = [0] * len(new)
+    oi = 0
+    nz = [i for i, n in enumerate(new) if n != 1]
+    # walk the non-unit dims of both sides in groups of equal product
+    k = 0
+    while oi < len(old) or k < len(nz):
+        if oi >= len(old) or k >= len(nz):
+            return None
+        op, np_ = old[oi][0], new[nz[k]]
+        oj, kj = oi + 1, k + 1
+        while op != np_:
+            if op < np_:
+                if oj >= len(old):
+                    return None
+                op *= old[oj][0]
+                oj += 1
+            else:
+                if kj >= len(nz):
+                    return None
+                np_ *= new[nz[kj]]
+                kj += 1
+        for t in range(oi, oj - 1):
+            if old[t][1] != old[t + 1][1] * old[t + 1][0]:
+                return None
+        st = old[oj - 1][1]
+        for t in reversed(range(k, kj)):
+            out[nz[t]] = st
+            st *= new[nz[t]]
+        oi, k = oj, kj
+    return tuple(out)
+
+
+def _owner(v: ir.Value):
+    o = v.owner
+    return None if isinstance(o, ir.Block) else o.operation
+
+
+def resolve_view(v: ir.Value, fn_args) -> View | None:
+    """The strided map of ``v`` onto a function argument through view ops, or None."""
+    chain = []
+    while True:
+        op = _owner(v)
+        if op is None:
+            break
+        if op.name not in ("poot.reshape", "poot.transpose", "poot.broadcast", "poot.slice"):
+            return None
+        chain.append(op)
+        v = op.operands[0]
+    idx = next((i for i, a in enumerate(fn_args) if a == v), None)
+    if idx is None:
+        return None
+    t = type_from_mlir(v.type)
+    if not isinstance(t, TensorType):
+        return None
+    shape, strides, off = tuple(t.shape), _row_major(t.shape), 0
+    for op in reversed(chain):
+        rshape = tuple(type_from_mlir(op.results[0].type).shape)
+        if op.name == "poot.reshape":
+            st = reshape_strides(shape, strides, rshape)
+            if st is None:
+                return None
+            strides = st
+        elif op.name == "poot.transpose":
+            perm = list(ir.DenseI64ArrayAttr(op.attributes["perm"]))
+            strides = tuple(strides[p] for p in perm)
+        elif op.name == "poot.broadcast":
+            dims = list(ir.DenseI64ArrayAttr(op.attributes["dims"]))
+            st = [0] * len(rshape)
+            for i, d in enumerate(dims):
+                st[d] = strides[i] if shape[i] == rshape[d] else 0
+            strides = tuple(st)
+        else:  # slice
+            start = list(ir.DenseI64ArrayAttr(op.attributes["start"]))
+            step = list(ir.DenseI64ArrayAttr(op.attributes["stride"]))
+            off += sum(a * s for a, s in zip(start, strides))
+            strides = tuple(s * k for s, k in zip(strides, step))
+        shape = rshape
+    return View(idx, shape, strides, off)
+
+
+# ---- the region ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttentionRegion:
+    """A matched region: operand views (q ``[batch..., rows..., D]``, k ``[batch..., S, D]``,
+    v ``[batch..., S, Dv]``), the mask (``mask_kind`` ``"i1"``/``"f32"``; ``mask`` a view of
+    the mask at its own (broadcastable) shape, or None with ``mask_const`` its splat value),
+    ``negate`` (an i1 mask used through ``not``), the op's attributes, and ``arg_types``
+    (element type per function argument)."""
+
+    q: View
+    k: View
+    v: View
+    mask: View | None
+    mask_kind: str
+    mask_const: float | bool | None
+    negate: bool
+    batch: tuple[int, ...]
+    rows: tuple[int, ...]
+    S: int
+    D: int
+    Dv: int
+    scale: float
+    softcap: float
+    arg_types: tuple[tuple[str, int], ...]   # (element type, numel) per argument
+
+    @property
+    def B(self) -> int:
+        return _prod(self.batch)
+
+    @property
+    def M(self) -> int:
+        return _prod(self.rows)
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= int(x)
+    return n
+
+
+def match_attention(fn: ir.Operation) -> AttentionRegion | None:
+    """The attention region of dispatch ``fn`` (poot level), or None when ``fn`` is anything
+    else (see the module doc for what is taken)."""
+    block = fn.regions[0].blocks[0]
+    ops = [o.operation for o in block.operations]
+    atts = [o for o in ops if o.name == "poot.attention"]
+    if len(atts) != 1 or not ops or ops[-1].name != "func.return" or len(ops[-1].operands) != 1:
+        return None
+    att = atts[0]
+    # the result reaches the return through reshapes only
+    chain = {att, ops[-1]}
+    r = ops[-1].operands[0]
+    while r != att.results[0]:
+        o = _owner(r)
+        if o is None or o.name != "poot.reshape":
+            return None
+        chain.add(o)
+        r = o.operands[0]
+    # every other op is on an operand's chain (views, and the mask's not/constant), all
+    # checked below: any other work in the region is not ours
+    for x in att.operands:
+        o = _owner(x)
+        while o is not None:
+            chain.add(o)
+            o = _owner(o.operands[0]) if len(o.operands) == 1 else None
+    if any(o not in chain for o in ops):
+        return None
+    args = list(block.arguments)
+    arg_types = []
+    for a in args:
+        t = type_from_mlir(a.type)
+        arg_types.append((t.dtype.value, _prod(t.shape)) if isinstance(t, TensorType)
+                         else ("", 0))
+    q, k, v = (resolve_view(att.operands[i], args) for i in range(3))
+    if q is None or k is None or v is None:
+        return None
+    qt, kt, vt, mt = (type_from_mlir(x.type) for x in att.operands)
+    if qt.dtype not in (DType.F32, DType.F16) or kt.dtype != qt.dtype or vt.dtype != qt.dtype:
+        return None
+    nb = len(kt.shape) - 2
+    batch, rows = tuple(kt.shape[:nb]), tuple(qt.shape[nb:-1])
+    S, D, Dv = kt.shape[-2], kt.shape[-1], vt.shape[-1]
+    if S < 1 or D < 1 or Dv < 1 or not rows:
+        return None
+    # the mask: a view, a splat constant, or not(view) for i1
+    mval, negate = att.operands[3], False
+    mo = _owner(mval)
+    if mo is not None and mo.name == "poot.unary" and \
+            ir.StringAttr(mo.attributes["fn"]).value == "not":
+        mval, negate = mo.operands[0], True
+    kind = {DType.I1: "i1", DType.F32: "f32"}.get(mt.dtype)
+    if kind is None:
+        return None
+    mview, mconst = None, None
+    mo = _owner(mval)
+    if mo is not None and mo.name == "poot.constant":
+        attr = ir.DenseElementsAttr(mo.attributes["value"])
+        if not attr.is_splat:
+            return None
+        sv = attr.get_splat_value()
+        mconst = bool(ir.IntegerAttr(sv).value) if kind == "i1" else \
+            float(ir.FloatAttr(sv).value)
+        if negate:
+            mconst = not mconst
+            negate = False
+    else:
+        mview = resolve_view(mval, args)
+        if mview is None:
+            return None
+        if len(mview.shape) != len(qt.shape):
+            return None
+    scale = float(ir.FloatAttr(att.attributes["scale"]).value)
+    softcap = float(ir.FloatAttr(att.attributes["softcap"]).value)
+    return AttentionRegion(q, k, v, mview, kind, mconst, negate, batch, rows, S, D, Dv,
+                           scale, softcap, tuple(arg_types))
+
+
+# ---- planning ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """``sg`` lanes per split block; ``R`` rows per block, ``RG`` row groups; ``C`` keys per
+    chunk, ``NS`` chunks (splits); ``CT`` threads per combine block."""
+
+    sg: int
+    R: int
+    RG: int
+    C: int
+    NS: int
+    CT: int
+
+
+def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
+    """Block shapes for ``reg`` on a target of ``caps``: enough split blocks to give each
+    core :data:`BLOCKS_PER_CORE` of them, chunks of whole subgroups of keys (at most 256
+    keys unless that would need more than :data:`MAX_GRID` splits)."""
+    sg = getattr(caps, "subgroup_size", None)
+    if not sg or sg & (sg - 1) or sg > 128:
+        return None                          # butterflies need a known power-of-two width
+    ndv = -(-reg.Dv // sg)
+    rmax = max(1, min(MAX_ROWS, MAX_ACC_PER_LANE // ndv))
+    RG = -(-reg.M // rmax)
+    R = -(-reg.M // RG)
+    want = max(1, BLOCKS_PER_CORE * max(1, int(getattr(caps, "cores", 1) or 1)))
+    ns = max(1, -(-want // (reg.B * RG)))
+    C = -(-reg.S // ns)
+    C = max(sg, -(-C // sg) * sg)
+    C = max(C, min(256, -(-reg.S // MAX_GRID)))
+    NS = -(-reg.S // C)
+    CT = max(sg, min(256, 4 * sg))
+    if RG > MAX_GRID or reg.B > MAX_GRID or NS > MAX_GRID or \
+            -(-reg.B * reg.M * reg.Dv // CT) > MAX_GRID:
+        return None
+    return AttentionPlan(sg, R, RG, C, NS, CT)
+
+
+# ---- text emission -------------------------------------------------------------------------------
+
+def _f32(x: float) -> str:
+    """An exact f32 literal (its bit pattern)."""
+    return "0x%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+class _Body:
+    """Straight-line SSA text with hoisted constants (a tiny builder for gpu.func bodies)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.consts: dict[tuple[str, str], str] = {}
+        self.head: list[str] = []
+        self.n = 0
+
+    def fresh(self) -> str:
+        self.n += 1
+        return f"%v{self.n}"
+
+    def __call__(self, expr: str) -> str:
+        name = self.fresh()
+        self.lines.append(f"{name} = {expr}")
+        return name
+
+    def raw(self, line: str) -> None:
+        self.lines.append(line)
+
+    def c(self, value, ty: str = "index") -> str:
+        lit = _f32(float(value)) if ty == "f32" else str(int(value))
+        if ty == "i1":
+            lit = "true" if value else "false"
+        key = (lit, ty)
+        if key not in self.consts:
+            name = f"%c{len(self.consts)}"
+            self.consts[key] = name
+            self.head.append(f"{name} = arith.constant {lit} : {ty}")
+        return self.consts[key]
+
+    # index arithmetic with constant folding of the trivial cases
+    def add(self, a: str, b: str) -> str:
+        if a == self.c(0):
+            return b
+        if b == self.c(0):
+            return a
+        return self(f"arith.addi {a}, {b} : index")
+
+    def mul(self, a: str, k: int) -> str:
+        if k == 0:
+            return self.c(0)
+        if k == 1:
+            return a
+        return self(f"arith.muli {a}, {self.c(k)} : index")
+
+    def text(self) -> str:
+        return "\n".join(self.head + self.lines)
+
+
+def _merge_dims(shape, strides_list):
+    """Drop size-1 dims and merge adjacent dims that every stride vector walks contiguously:
+    the same offsets with fewer div/mod."""
+    dims = [(n, [st[i] for st in strides_list]) for i, n in enumerate(shape) if n != 1]
+    out: list = []
+    for n, sts in dims:
+        if out and all(p == s * n for p, s in zip(out[-1][1], sts)):
+            out[-1] = (out[-1][0] * n, sts)
+        else:
+            out.append((n, sts))
+    return out
+
+
+def _offsets(b: _Body, x: str, dims, nvec: int) -> list[str]:
+    """Per stride vector (``nvec`` of them): ``sum_k coord_k(x) * stride_k`` for the
+    row-major coordinates of the flat index ``x`` over ``dims`` (from :func:`_merge_dims`)."""
+    acc = [b.c(0)] * nvec
+    rem = x
+    for i in reversed(range(len(dims))):
+        n, sts = dims[i]
+        if i == 0:
+            coord = rem
+        else:
+            coord = b(f"arith.remui {rem}, {b.c(n)} : index")
+            rem = b(f"arith.divui {rem}, {b.c(n)} : index")
+        for j, s in enumerate(sts):
+            acc[j] = b.add(acc[j], b.mul(coord, s))
+    return acc
+
+
+def _bstrides(view: View, full) -> tuple[int, ...]:
+    """Strides of ``view`` read at the broadcast shape ``full`` (size-1 dims: stride 0)."""
+    return tuple(0 if n == 1 and f != 1 else s for n, f, s in zip(view.shape, full, view.strides))
+
+
+def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
+    """The gpu.module text and launches of ``reg`` under ``plan`` (see the module doc)."""
+    sg, R, C, NS = plan.sg, plan.R, plan.C, plan.NS
+    nb = len(reg.batch)
+    nr = len(reg.rows)
+    S, D, Dv, M = reg.S, reg.D, reg.Dv, reg.M
+    NR = reg.B * M
+    ndv = -(-Dv // sg)
+    et = reg.arg_types[reg.q.arg][0]
+
+    # kernel parameters: each argument once, then the output or the scratch
+    used = [reg.q.arg, reg.k.arg, reg.v.arg] + ([reg.mask.arg] if reg.mask else [])
+    params = []
+    for a in used:
+        if a not in params:
+            params.append(a)
+
+    def ptype(a: int) -> str:
+        t, n = reg.arg_types[a]
+        return f"memref<{n}x{'i8' if t == 'i1' else t}>"
+
+    pname = {a: f"%a{a}" for a in params}
+    out_t = f"memref<{NR * Dv}xf32>"
+    scr_n = NR * NS * (Dv + 2)
+    scr_t = f"memref<{scr_n}xf32>"
+    ml_base = NR * NS * Dv
+
+    def load_f(b: _Body, a: int, idx: str) -> str:
+        x = b(f"memref.load {pname[a]}[{idx}] : {ptype(a)}")
+        return x if et == "f32" else b(f"arith.extf {x} : {et} to f32")
+
+    def denom_div(b: _Body, acc: str, ll: str) -> str:
+        if reg.mask_kind == "i1":
+            den = b(f"arith.maximumf {ll}, {b.c(1.0, 'f32')} : f32")
+            return b(f"arith.divf {acc}, {den} : f32")
+        q = b(f"arith.divf {acc}, {ll} : f32")
+        pos = b(f"arith.cmpf ogt, {ll}, {b.c(0.0, 'f32')} : f32")
+        return b(f"arith.select {pos}, {q}, {b.c(0.0, 'f32')} : f32")
+
+    def butterfly(b: _Body, x: str, op: str) -> str:
+        off = sg // 2
+        while off:
+            s = b.fresh()
+            b.raw(f"{s}, {s}_ok = gpu.shuffle xor {x}, {b.c(off, 'i32')}, {b.c(sg, 'i32')} : f32")
+            x = b(f"arith.{op} {x}, {s} : f32")
+            off //= 2
+        return x
+
+    # ---- split kernel
+    b = _Body()
+    lane = b("gpu.thread_id x")
+    split = b("gpu.block_id x")
+    rg = b("gpu.block_id y")
+    bi = b("gpu.block_id z")
+    q, k, v, mk = reg.q, reg.k, reg.v, reg.mask
+    full = tuple(q.shape[:-1]) + (S,)
+    mst = _bstrides(mk, full) if mk else None
+    bvecs = [q.strides[:nb], k.strides[:nb], v.strides[:nb]] + ([mst[:nb]] if mk else [])
+    boffs = _offsets(b, bi, _merge_dims(reg.batch, bvecs), len(bvecs))
+    qb, kb, vb = (b.add(o, b.c(x.offset)) for o, x in zip(boffs[:3], (q, k, v)))
+    mb = b.add(boffs[3], b.c(mk.offset)) if mk else None
+    rvecs = [q.strides[nb:nb + nr]] + ([mst[nb:nb + nr]] if mk else [])
+    rdims = _merge_dims(reg.rows, rvecs)
+    rows, qrow, mrow = [], [], []
+    for j in range(R):
+        r = b.add(b.mul(rg, R), b.c(j))
+        rc = b(f"arith.minui {r}, {b.c(M - 1)} : index")
+        offs = _offsets(b, rc, rdims, len(rvecs))
+        rows.append(r)
+        qrow.append(b.add(qb, offs[0]))
+        mrow.append(b.add(mb, offs[1]) if mk else None)
+    s_begin = b.mul(split, C)
+    s_end = b(f"arith.minui {b.add(s_begin, b.c(C))}, {b.c(S)} : index")
+    ninf = b.c(float("-inf"), "f32")
+    zero = b.c(0.0, "f32")
+    # carried: m[R], l[R], acc[R][ndv]
+    init = [ninf] * R + [zero] * R + [zero] * (R * ndv)
+    nc = len(init)
+    loop = b.fresh()
+    carried = [f"%it{j}" for j in range(nc)]
+    b.raw(f"{loop}:{nc} = scf.for %s0 = {s_begin} to {s_end} step {b.c(sg)} iter_args("
+          + ", ".join(f"{c} = {i}" for c, i in zip(carried, init)) + ") -> ("
+          + ", ".join(["f32"] * nc) + ") {")
+    m_in, l_in = carried[:R], carried[R:2 * R]
+    acc_in = [carried[2 * R + j * ndv:2 * R + (j + 1) * ndv] for j in range(R)]
+    s = b.add("%s0", lane)
+    valid = b(f"arith.cmpi ult, {s}, {s_end} : index")
+    sc = b(f"arith.minui {s}, {b.c(S - 1)} : index")
+    koff = b.add(kb, b.mul(sc, k.strides[-2]))
+    # scores: dot over D, unrolled by U
+    U = next(u for u in (4, 2, 1) if D % u == 0)
+    dl = b.fresh()
+    dots = [f"%dot{j}" for j in range(R)]
+    b.raw(f"{dl}:{R} = scf.for %d = {b.c(0)} to {b.c(D)} step {b.c(U)} iter_args("
+          + ", ".join(f"{d} = {zero}" for d in dots) + ") -> (" + ", ".join(["f32"] * R) + ") {")
+    cur = list(dots)
+    for u in range(U):
+        du = b.add("%d", b.c(u))
+        kv = load_f(b, k.arg, b.add(koff, b.mul(du, k.strides[-1])))
+        for j in range(R):
+            qv = load_f(b, q.arg, b.add(qrow[j], b.mul(du, q.strides[-1])))
+            pr = b(f"arith.mulf {qv}, {kv} : f32")
+            cur[j] = b(f"arith.addf {cur[j]}, {pr} : f32")
+    b.raw("scf.yield " + ", ".join(cur) + " : " + ", ".join(["f32"] * R))
+    b.raw("}")
+    m_out, l_out, e_lane, corr = [], [], [], []
+    for j in range(R):
+        x = f"{dl}#{j}"
+        if reg.scale != 1.0:
+            x = b(f"arith.mulf {x}, {b.c(reg.scale, 'f32')} : f32")
+        if reg.softcap:
+            y = b(f"arith.mulf {x}, {b.c(1.0 / reg.softcap, 'f32')} : f32")
+            y = b(f"math.tanh {y} : f32")
+            x = b(f"arith.mulf {y}, {b.c(reg.softcap, 'f32')} : f32")
+        if reg.mask_kind == "i1":
+            if mk is not None:
+                mv = b(f"memref.load {pname[mk.arg]}[{b.add(mrow[j], b.mul(sc, mst[-1]))}] "
+                       f": {ptype(mk.arg)}")
+                vis = b(f"arith.cmpi {'eq' if reg.negate else 'ne'}, {mv}, {b.c(0, 'i8')} : i8")
+            else:
+                vis = b.c(bool(reg.mask_const), "i1")
+            xm = b(f"arith.select {vis}, {x}, {b.c(MASKED_SCORE, 'f32')} : f32")
+            keep = vis
+        else:
+            if mk is not None:
+                bias = b(f"memref.load {pname[mk.arg]}[{b.add(mrow[j], b.mul(sc, mst[-1]))}] "
+                         f": {ptype(mk.arg)}")
+                xm = b(f"arith.addf {x}, {bias} : f32")
+            elif reg.mask_const:
+                xm = b(f"arith.addf {x}, {b.c(reg.mask_const, 'f32')} : f32")
+            else:
+                xm = x
+            keep = b(f"arith.cmpf ogt, {xm}, {ninf} : f32")
+        xm = b(f"arith.select {valid}, {xm}, {ninf} : f32")
+        keep = b(f"arith.andi {keep}, {valid} : i1")
+        bm = butterfly(b, xm, "maximumf")
+        mn = b(f"arith.maximumf {m_in[j]}, {bm} : f32")
+        same = b(f"arith.cmpf oeq, {m_in[j]}, {mn} : f32")
+        dm = b(f"arith.subf {m_in[j]}, {mn} : f32")
+        ex = b(f"math.exp {dm} : f32")
+        cr = b(f"arith.select {same}, {b.c(1.0, 'f32')}, {ex} : f32")
+        dx = b(f"arith.subf {xm}, {mn} : f32")
+        e = b(f"math.exp {dx} : f32")
+        e = b(f"arith.select {keep}, {e}, {zero} : f32")
+        es = butterfly(b, e, "addf")
+        lc = b(f"arith.mulf {l_in[j]}, {cr} : f32")
+        m_out.append(mn)
+        l_out.append(b(f"arith.addf {lc}, {es} : f32"))
+        e_lane.append(e)
+        corr.append(cr)
+    # acc = acc * corr + sum_t p_t v[s0 + t]
+    acc0 = [[b(f"arith.mulf {acc_in[j][i]}, {corr[j]} : f32") for i in range(ndv)]
+            for j in range(R)]
+    flat0 = [a for row in acc0 for a in row]
+    tl = b.fresh()
+    tc = [f"%ta{i}" for i in range(len(flat0))]
+    nvalid = b(f"arith.subi {s_end}, %s0 : index")
+    nvalid = b(f"arith.minui {nvalid}, {b.c(sg)} : index")
+    b.raw(f"{tl}:{len(tc)} = scf.for %t = {b.c(0)} to {nvalid} step {b.c(1)} iter_args("
+          + ", ".join(f"{c} = {i}" for c, i in zip(tc, flat0)) + ") -> ("
+          + ", ".join(["f32"] * len(tc)) + ") {")
+    st_ = b.add("%s0", "%t")
+    voff = b.add(vb, b.mul(st_, v.strides[-2]))
+    vv = []
+    for i in range(ndv):
+        dv = b.add(lane, b.c(i * sg))
+        if (i + 1) * sg > Dv:
+            dv = b(f"arith.minui {dv}, {b.c(Dv - 1)} : index")
+        vv.append(load_f(b, v.arg, b.add(voff, b.mul(dv, v.strides[-1]))))
+    t32 = b("arith.index_cast %t : index to i32")
+    nxt = []
+    for j in range(R):
+        p = b.fresh()
+        b.raw(f"{p}, {p}_ok = gpu.shuffle idx {e_lane[j]}, {t32}, {b.c(sg, 'i32')} : f32")
+        for i in range(ndv):
+            pv = b(f"arith.mulf {p}, {vv[i]} : f32")
+            nxt.append(b(f"arith.addf {tc[j * ndv + i]}, {pv} : f32"))
+    b.raw("scf.yield " + ", ".join(nxt) + " : " + ", ".join(["f32"] * len(nxt)))
+    b.raw("}")
+    outs = m_out + l_out + [f"{tl}#{i}" for i in range(len(tc))]
+    b.raw("scf.yield " + ", ".join(outs) + " : " + ", ".join(["f32"] * nc))
+    b.raw("}")
+    # write the chunk: scratch (m, l, acc) or, with one chunk, the output
+    rowbase = b.mul(bi, M)
+    dst = "%out" if NS == 1 else "%scr"
+    dst_t = out_t if NS == 1 else scr_t
+    is0 = b(f"arith.cmpi eq, {lane}, {b.c(0)} : index")
+    for j in range(R):
+        inr = b(f"arith.cmpi ult, {rows[j]}, {b.c(M)} : index")
+        b.raw(f"scf.if {inr} {{")
+        grow = b.add(rowbase, rows[j])
+        slot = grow if NS == 1 else b.add(b.mul(grow, NS), split)
+        mres, lres = f"{loop}#{j}", f"{loop}#{R + j}"
+        for i in range(ndv):
+            dv = b.add(lane, b.c(i * sg))
+            a = f"{loop}#{2 * R + j * ndv + i}"
+            val = denom_div(b, a, lres) if NS == 1 else a
+            idx = b.add(b.mul(slot, Dv), dv)
+            if (i + 1) * sg > Dv:
+                ok = b(f"arith.cmpi ult, {dv}, {b.c(Dv)} : index")
+                b.raw(f"scf.if {ok} {{")
+                b.raw(f"memref.store {val}, {dst}[{idx}] : {dst_t}")
+                b.raw("}")
+            else:
+                b.raw(f"memref.store {val}, {dst}[{idx}] : {dst_t}")
+        if NS > 1:
+            b.raw(f"scf.if {is0} {{")
+            mi = b.add(b.c(ml_base), b.mul(slot, 2))
+            b.raw(f"memref.store {mres}, %scr[{mi}] : {scr_t}")
+            b.raw(f"memref.store {lres}, %scr[{b.add(mi, b.c(1))}] : {scr_t}")
+            b.raw("}")
+        b.raw("}")
+    b.raw("gpu.return")
+    sig = ", ".join(f"{pname[a]}: {ptype(a)}" for a in params)
+    sig += f", %out: {out_t}" if NS == 1 else f", %scr: {scr_t}"
+    text = ("gpu.module @attention {\n"
+            f"gpu.func @split({sig}) kernel {{\n{b.text()}\n}}\n")
+    slots = [("arg", a) for a in params]
+    launches = [Launch("kernel", slots + ([("out", 0)] if NS == 1 else [("scratch", 0)]),
+                       "attention", "split", (NS, plan.RG, reg.B), (sg, 1, 1),
+                       strategy="flash_decode")]
+    scratch = []
+    if NS > 1:
+        # ---- combine kernel: one thread per output element
+        c = _Body()
+        tid = c("gpu.thread_id x")
+        blk = c("gpu.block_id x")
+        item = c.add(c.mul(blk, plan.CT), tid)
+        ok = c(f"arith.cmpi ult, {item}, {c.c(NR * Dv)} : index")
+        itc = c(f"arith.minui {item}, {c.c(NR * Dv - 1)} : index")
+        row = c(f"arith.divui {itc}, {c.c(Dv)} : index")
+        dv = c(f"arith.remui {itc}, {c.c(Dv)} : index")
+        slot0 = c.mul(row, NS)
+        ninf = c.c(float("-inf"), "f32")
+        l1 = c.fresh()
+        c.raw(f"{l1} = scf.for %w = {c.c(0)} to {c.c(NS)} step {c.c(1)} "
+              f"iter_args(%mx = {ninf}) -> (f32) {{")
+        mi = c.add(c.c(ml_base), c.mul(c.add(slot0, "%w"), 2))
+        mc = c(f"memref.load %scr[{mi}] : {scr_t}")
+        c.raw(f"scf.yield {c(f'arith.maximumf %mx, {mc} : f32')} : f32")
+        c.raw("}")
+        l2 = c.fresh()
+        z = c.c(0.0, "f32")
+        c.raw(f"{l2}:2 = scf.for %w = {c.c(0)} to {c.c(NS)} step {c.c(1)} "
+              f"iter_args(%L = {z}, %O = {z}) -> (f32, f32) {{")
+        sl = c.add(slot0, "%w")
+        mi = c.add(c.c(ml_base), c.mul(sl, 2))
+        mc = c(f"memref.load %scr[{mi}] : {scr_t}")
+        lc = c(f"memref.load %scr[{c.add(mi, c.c(1))}] : {scr_t}")
+        ac = c(f"memref.load %scr[{c.add(c.mul(sl, Dv), dv)}] : {scr_t}")
+        same = c(f"arith.cmpf oeq, {mc}, {l1} : f32")
+        dm = c(f"arith.subf {mc}, {l1} : f32")
+        ex = c(f"math.exp {dm} : f32")
+        w = c(f"arith.select {same}, {c.c(1.0, 'f32')}, {ex} : f32")
+        L = c(f"arith.addf %L, {c(f'arith.mulf {w}, {lc} : f32')} : f32")
+        O = c(f"arith.addf %O, {c(f'arith.mulf {w}, {ac} : f32')} : f32")
+        c.raw(f"scf.yield {L}, {O} : f32, f32")
+        c.raw("}")
+        res = denom_div(c, f"{l2}#1", f"{l2}#0")
+        c.raw(f"scf.if {ok} {{")
+        c.raw(f"memref.store {res}, %out[{itc}] : {out_t}")
+        c.raw("}")
+        c.raw("gpu.return")
+        text += (f"gpu.func @combine(%scr: {scr_t}, %out: {out_t}) kernel {{\n"
+                 f"{c.text()}\n}}\n")
+        nblk = -(-NR * Dv // plan.CT)
+        launches.append(Launch("kernel", [("scratch", 0), ("out", 0)], "attention",
+                               "combine", (nblk, 1, 1), (plan.CT, 1, 1),
+                               strategy="flash_decode"))
+        scratch.append((scr_t, scr_n * 4))
+    text += "}\n"
+    return Synthesized(text, launches, scratch)
+
+
+@register("flash_decode")
+def flash_decode(fn: ir.Operation, caps) -> Synthesized | None:
+    """The strategy: :func:`match_attention`, :func:`plan_attention`, :func:`emit`."""
+    reg = match_attention(fn)
+    if reg is None:
+        return None
+    plan = plan_attention(reg, caps)
+    if plan is None:
+        return None
+    return emit(reg, plan)
+
+
+__all__ = ["AttentionPlan", "AttentionRegion", "View", "emit", "flash_decode",
+           "match_attention", "plan_attention", "reshape_strides", "resolve_view"]
