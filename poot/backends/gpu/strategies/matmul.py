@@ -1,0 +1,639 @@
+"""Decode GEMV: one kernel for a dispatch region rooted at a small-M ``poot.matmul`` against a
+weight, with its elementwise epilogue fused.
+
+Matched region (poot level, static shapes)::
+
+    x   = reshape*(arg f32, M*K elements)                          # M <= MAX_M (decode)
+    w   = transpose(dequantize(arg packed [N, K]))                 # Q4_0 Q4_1 Q8_0 Q4_K Q6_K
+        | transpose(cast?(arg [N, K] f32|bf16|f16))                # dense, read as stored
+        | cast?(arg [K, N] f32|bf16|f16)
+    y   = matmul(x, w) {acc = f32}                                 # [M, N]
+    out = epilogue(y, args...)    # reshapes and elementwise ops on the M*N elements (residual
+                                  # add, SiLU(gate) * up, ...); args read at the same flat index
+
+Kernel (after llama.cpp's ``mul_mat_vec`` / ``mul_mat_vec_q`` CUDA kernels): output column ``n``
+is one subgroup (warp); ``W`` warps per block. The K axis is cut into *units* spread over the
+lanes (lane-strided, so neighbouring lanes read neighbouring memory): 32 weights for packed
+formats (one Q4_0/Q4_1/Q8_0 block, one 32-element sub-block of a Q4_K/Q6_K super-block), 16
+bytes for dense weights (one ``ld.global.v4`` on CUDA). Each lane decodes its unit in registers
+(the ggml block layouts of :mod:`poot.dialects.quant_ref`), multiplies it with the matching
+elements of each of the M rows of ``x`` and accumulates in f32 (M accumulators); a
+``gpu.shuffle xor`` butterfly sums the lanes and lane 0 applies the epilogue to the M results
+and stores them. Packed bytes are read as 32-bit words; blocks that are only 2-byte aligned
+(18, 34, 210 bytes) are realigned with a funnel shift chosen by the block's address.
+
+Summation order differs from the oracle's (per-lane partial sums, a scaled sum per block:
+``d * sum(q * x) + m * sum(x)``), so results agree to f32 rounding, not bitwise.
+
+Vector (128-bit) loads are emitted only for targets whose features name ``sm_90`` (CUDA);
+SPIR-V targets get the same kernel with 32-bit scalar loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlir import ir
+
+from poot.backends.gpu.kernels import Launch
+from poot.backends.gpu.strategies import Synthesized, register
+from poot.backends.gpu.strategies._scalar import (KernelEmitter, ScalarEmitter,
+                                                  ScalarUnsupported, buffer_type)
+from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
+
+#: largest M (rows of x: batch x new tokens) taken; larger M (prefill) stays generic
+MAX_M = 8
+
+#: packed formats this kernel decodes, by IR name -> (block bytes, elements per block)
+PACKED = {"q4_0": (18, 32), "q4_1": (20, 32), "q8_0": (34, 32), "q4_k": (144, 256),
+          "q6_k": (210, 256)}
+
+_DENSE = (DType.F32, DType.BF16, DType.F16)
+
+# ---- matching --------------------------------------------------------------------------------
+
+@dataclass
+class _Weight:
+    arg: int
+    layout: str                    # "packed" [N, K] | "nk" dense [N, K] | "kn" dense [K, N]
+    fmt: str = ""                  # packed format name
+    dtype: DType = DType.F32       # dense storage dtype
+    nbytes: int = 0
+
+
+@dataclass
+class GemvMatch:
+    """A matched decode GEMV region: ``out[l] = epilogue(sum_k x[m, k] * w[k, n])`` at
+    row-major flat index ``l = m * N + n`` of ``out`` (of poot type ``out_t``); ``x_arg`` and
+    ``weight`` name function arguments."""
+
+    M: int
+    N: int
+    K: int
+    x_arg: int
+    weight: _Weight
+    root: ir.Value
+    out: ir.Value
+    out_t: TensorType
+
+
+def _op(v: ir.Value):
+    o = v.owner
+    if isinstance(o, ir.Block):
+        return None
+    return o.operation if hasattr(o, "operation") else o
+
+
+def _arg_no(v: ir.Value) -> int | None:
+    return ir.BlockArgument(v).arg_number if isinstance(v.owner, ir.Block) else None
+
+
+def _ttype(v: ir.Value):
+    try:
+        return type_from_mlir(v.type)
+    except TypeError:
+        return None
+
+
+def _strip(v: ir.Value, names: tuple[str, ...]) -> ir.Value:
+    while (o := _op(v)) is not None and o.name in names:
+        v = o.operands[0]
+    return v
+
+
+def _f32_cast(o) -> bool:
+    """A ``poot.cast`` widening a float tensor to f32 (legalization of bf16/f16 compute)."""
+    if o is None or o.name != "poot.cast":
+        return False
+    a, r = _ttype(o.operands[0]), _ttype(o.results[0])
+    return isinstance(a, TensorType) and a.dtype in _DENSE and r.dtype is DType.F32
+
+
+def _match_weight(v: ir.Value, N: int, K: int) -> _Weight | None:
+    o = _op(v)
+    if _f32_cast(o):
+        v, o = o.operands[0], _op(o.operands[0])
+    if o is not None and o.name == "poot.transpose":
+        if list(ir.DenseI64ArrayAttr(o.attributes["perm"])) != [1, 0]:
+            return None
+        v = o.operands[0]
+        o = _op(v)
+        if o is not None and o.name == "poot.dequantize":
+            a = _arg_no(o.operands[0])
+            t = _ttype(o.operands[0])
+            if a is None or not isinstance(t, PackedType) or t.format.name not in PACKED \
+                    or tuple(t.shape) != (N, K) or K % PACKED[t.format.name][1]:
+                return None
+            return _Weight(a, "packed", fmt=t.format.name, nbytes=t.nbytes)
+        if _f32_cast(o):
+            v = o.operands[0]
+        layout, shape = "nk", (N, K)
+    else:
+        layout, shape = "kn", (K, N)
+    a, t = _arg_no(v), _ttype(v)
+    if a is None or not isinstance(t, TensorType) or t.dtype not in _DENSE or \
+            tuple(t.shape) != shape or t.nbytes % 4:
+        return None
+    return _Weight(a, layout, dtype=t.dtype, nbytes=t.nbytes)
+
+
+def match(fn: ir.Operation) -> GemvMatch | None:
+    """The region's GEMV, or None when ``fn`` is not exactly one (see the module doc)."""
+    block = fn.regions[0].blocks[0]
+    ops = [o.operation for o in block.operations]
+    mms = [o for o in ops if o.name == "poot.matmul"]
+    if len(mms) != 1 or ops[-1].name != "func.return" or len(ops[-1].operands) != 1:
+        return None
+    mm = mms[0]
+    lt, rt, yt = (_ttype(v) for v in (mm.operands[0], mm.operands[1], mm.results[0]))
+    if not all(isinstance(t, TensorType) for t in (lt, rt, yt)) or lt.rank != 2 or \
+            lt.dtype is not DType.F32 or yt.dtype is not DType.F32:
+        return None
+    M, K = lt.shape
+    N = rt.shape[1]
+    if M > MAX_M:
+        return None
+    x = _strip(mm.operands[0], ("poot.reshape",))
+    xa, xt = _arg_no(x), _ttype(x)
+    if xa is None or not isinstance(xt, TensorType) or xt.dtype is not DType.F32:
+        return None
+    w = _match_weight(mm.operands[1], N, K)
+    if w is None or w.arg == xa:
+        return None
+    out = ops[-1].operands[0]
+    ot = _ttype(out)
+    if not isinstance(ot, TensorType) or ot.numel != M * N:
+        return None
+    m = GemvMatch(M, N, K, xa, w, mm.results[0], out, ot)
+    return m if _elementwise_epilogue(fn, m) else None
+
+
+def _elementwise_epilogue(fn: ir.Operation, m: GemvMatch) -> bool:
+    """Whether output element ``l = m * N + n`` needs the matmul result at ``(m, n)`` only
+    and otherwise what :mod:`._scalar` computes: emitted (and thrown away) at sample
+    coordinates, which fold to integers through every view, so a reordering view (a transpose,
+    a broadcast of the result) or a data-dependent read of the result shows as another
+    coordinate."""
+    ns = sorted({0, 1, 2, m.N // 3, m.N // 2, m.N - 2, m.N - 1} & set(range(m.N)))
+    for row in range(m.M):
+        for n in ns:
+            def provide(v, idx, want=(row, n)):
+                if v == m.root:
+                    if tuple(idx) != want:
+                        raise ScalarUnsupported("the epilogue reorders the matmul result")
+                    return "%acc"
+                return None
+            se = ScalarEmitter(fn, KernelEmitter(), provide=provide)
+            try:
+                se.value(m.out, se.delinearize(row * m.N + n, m.out_t.shape))
+            except ScalarUnsupported:
+                return False
+    return True
+
+
+# ---- emission --------------------------------------------------------------------------------
+
+class _Emit:
+    """Shorthands over a :class:`~._scalar.KernelEmitter` (constants hoisted to the entry)."""
+
+    def __init__(self):
+        self.k = KernelEmitter()
+
+    def name(self) -> str:
+        return self.k.fresh()
+
+    def op(self, text: str) -> str:
+        return self.k.op(text)
+
+    def raw(self, text: str) -> None:
+        self.k.line(text)
+
+    def c(self, v, t: str = "index") -> str:
+        return self.k.const(v, t)
+
+    # index / i32 / f32 shorthands
+    def add(self, a, b, t="index"):
+        return self.op(f"arith.addi {a}, {b} : {t}")
+
+    def mul(self, a, b, t="index"):
+        return self.op(f"arith.muli {a}, {b} : {t}")
+
+    def fadd(self, a, b):
+        return self.op(f"arith.addf {a}, {b} : f32")
+
+    def fmul(self, a, b):
+        return self.op(f"arith.mulf {a}, {b} : f32")
+
+    def fma(self, a, b, c):
+        return self.op(f"math.fma {a}, {b}, {c} : f32")
+
+    def shr(self, a, k):
+        return a if k == 0 else self.op(f"arith.shrui {a}, {self.c(k, 'i32')} : i32")
+
+    def shl(self, a, k):
+        return a if k == 0 else self.op(f"arith.shli {a}, {self.c(k, 'i32')} : i32")
+
+    def band(self, a, k):
+        return self.op(f"arith.andi {a}, {self.c(k, 'i32')} : i32")
+
+    def u2f(self, a):
+        return self.op(f"arith.uitofp {a} : i32 to f32")
+
+    def s2f(self, a):
+        return self.op(f"arith.sitofp {a} : i32 to f32")
+
+    def half(self, w, hi: bool):
+        """The f16 in the low (``hi`` False) or high half of i32 ``w``, as f32."""
+        h = self.op(f"arith.trunci {self.shr(w, 16) if hi else w} : i32 to i16")
+        f = self.op(f"arith.bitcast {h} : i16 to f16")
+        return self.op(f"arith.extf {f} : f16 to f32")
+
+
+class _Kernel:
+    """Emits the GEMV kernel of a :class:`GemvMatch` (see the module doc)."""
+
+    def __init__(self, m: GemvMatch, sg: int, warps: int, vec: bool):
+        self.m, self.sg, self.warps, self.vec = m, sg, warps, vec
+        self.e = _Emit()
+        self.x = "%x"
+        self.w = "%w"
+        self.xtype = f"memref<{m.M * m.K}xf32>"
+        self.wwords = (m.weight.nbytes + 3) // 4
+        self.wtype = f"memref<{self.wwords}xi32>"
+
+    # -- loads
+    def word(self, idx: str) -> str:
+        return self.e.op(f"memref.load {self.w}[{idx}] : {self.wtype}")
+
+    def words(self, idx: str, n: int, aligned16: bool = False) -> list[str]:
+        """``n`` consecutive i32 words from word index ``idx``; ``aligned16``: the caller
+        guarantees ``idx`` is a multiple of 4 (then 128-bit loads where the target has them)."""
+        e = self.e
+        if self.vec and aligned16 and n % 4 == 0:
+            out = []
+            for i in range(0, n, 4):
+                j = e.add(idx, e.c(i)) if i else idx
+                v = e.op(f"vector.load {self.w}[{j}] {{alignment = 16 : i64}} : "
+                         f"{self.wtype}, vector<4xi32>")
+                out += [e.op(f"vector.extract {v}[{t}] : i32 from vector<4xi32>")
+                        for t in range(4)]
+            return out
+        return [self.word(e.add(idx, e.c(i)) if i else idx) for i in range(n)]
+
+    def words16(self, byte: str, nbytes: int) -> list[str]:
+        """The ``nbytes`` bytes at (2-byte aligned) byte offset ``byte`` as little-endian i32
+        words, realigned: loads from the enclosing 4-byte word and, when ``byte`` is 2 mod 4,
+        joins neighbouring words' halves (the last word's high half may be garbage when
+        ``nbytes % 4 == 2``)."""
+        e = self.e
+        nw = (nbytes + 3) // 4
+        w0 = e.op(f"arith.shrui {byte}, {e.c(2)} : index")
+        odd = e.op(f"arith.cmpi ne, {e.op(f'arith.andi {byte}, {e.c(2)} : index')}, "
+                   f"{e.c(0)} : index")
+        raw = self.words(w0, nw)
+        # bytes past the enclosing words are needed only when realigning a full last word
+        if nbytes % 4 == 0:
+            last = e.op(f"arith.minui {e.add(w0, e.c(nw))}, {e.c(self.wwords - 1)} : index")
+            raw.append(self.word(last))
+        out = []
+        for j in range(nw):
+            lo = e.shr(raw[j], 16)
+            fun = e.op(f"arith.ori {lo}, {e.shl(raw[j + 1], 16)} : i32") if j + 1 < len(raw) \
+                else lo
+            out.append(e.op(f"arith.select {odd}, {fun}, {raw[j]} : i32"))
+        return out
+
+    def xs(self, m: int, base: str, n: int) -> list[str]:
+        """``x[m, base:base+n]`` as f32 scalars (``base`` a multiple of 4 when vectorized)."""
+        e = self.e
+        K = self.m.K
+        start = e.add(base, e.c(m * K)) if m else base
+        if self.vec and n % 4 == 0:
+            out = []
+            for i in range(0, n, 4):
+                j = e.add(start, e.c(i)) if i else start
+                v = e.op(f"vector.load {self.x}[{j}] {{alignment = 16 : i64}} : "
+                         f"{self.xtype}, vector<4xf32>")
+                out += [e.op(f"vector.extract {v}[{t}] : f32 from vector<4xf32>")
+                        for t in range(4)]
+            return out
+        return [e.op(f"memref.load {self.x}[{e.add(start, e.c(i)) if i else start}] : "
+                     f"{self.xtype}") for i in range(n)]
+
+    @staticmethod
+    def byte(V: list[str], k: int, e: _Emit, signed: bool = False) -> str:
+        """Byte ``k`` of little-endian words ``V``: zero-extended (or sign-extended) i32."""
+        w = V[k // 4]
+        s = 8 * (k % 4)
+        if signed:
+            t = e.shl(w, 24 - s)
+            return e.op(f"arith.shrsi {t}, {e.c(24, 'i32')} : i32")
+        return e.band(e.shr(w, s), 0xFF)
+
+    # -- dot products of one unit: returns per-m partial sums
+    def dot(self, qs: list[str], u_x0: str) -> list[str]:
+        """``sum_l qs[l] * x[m, u_x0 + l]`` per m (``qs`` f32 weights or decoded values)."""
+        e = self.e
+        out = []
+        for m in range(self.m.M):
+            xv = self.xs(m, u_x0, len(qs))
+            s = e.fmul(qs[0], xv[0])
+            for q, xx in zip(qs[1:], xv[1:]):
+                s = e.fma(q, xx, s)
+            out.append(s)
+        return out
+
+    def xsum(self, x0: str, n: int) -> list[str]:
+        e = self.e
+        out = []
+        for m in range(self.m.M):
+            xv = self.xs(m, x0, n)
+            s = xv[0]
+            for xx in xv[1:]:
+                s = e.fadd(s, xx)
+            out.append(s)
+        return out
+
+    def unit(self, n: str, u: str) -> list[str]:
+        """Per-m contribution of unit ``u`` of column ``n`` (see :meth:`units`)."""
+        e, m, w = self.e, self.m, self.m.weight
+        if w.layout == "nk":
+            per = 16 if (m.K * w.dtype.itemsize) % 16 == 0 else 4
+            nw = per // 4
+            row = e.mul(n, e.c(m.K * w.dtype.itemsize // 4))
+            W = self.words(e.add(row, e.mul(u, e.c(nw))), nw, aligned16=True)
+            vals = self.dense_vals(W, w.dtype)
+            return self.dot(vals, e.mul(u, e.c(len(vals))))
+        if w.layout == "kn":                    # element (k = u, n): one strided read
+            idx = e.add(e.mul(u, e.c(m.N)), n)
+            if w.dtype is DType.F32:
+                val = e.op(f"arith.bitcast {self.word(idx)} : i32 to f32")
+            else:
+                wd = self.word(e.op(f"arith.shrui {idx}, {e.c(1)} : index"))
+                odd = e.op(f"arith.cmpi ne, {e.op(f'arith.andi {idx}, {e.c(1)} : index')}, "
+                           f"{e.c(0)} : index")
+                wd = e.op(f"arith.select {odd}, {e.shr(wd, 16)}, {wd} : i32")
+                val = self.dense_vals([wd], w.dtype)[0]
+            return self.dot([val], u)
+        return getattr(self, "_" + w.fmt)(n, u)
+
+    def dense_vals(self, W: list[str], dt: DType) -> list[str]:
+        e = self.e
+        out = []
+        for wd in W:
+            if dt is DType.F32:
+                out.append(e.op(f"arith.bitcast {wd} : i32 to f32"))
+            elif dt is DType.BF16:           # bf16 = the high half of an f32
+                out.append(e.op(f"arith.bitcast {e.shl(wd, 16)} : i32 to f32"))
+                out.append(e.op(f"arith.bitcast {e.band(wd, 0xFFFF0000 - (1 << 32))} : "
+                                "i32 to f32"))
+            else:
+                out += [e.half(wd, False), e.half(wd, True)]
+        return out
+
+    def _blk(self, n: str, u: str, per_row: int, bb: int) -> str:
+        """Byte offset of block ``u`` of row ``n`` (``per_row`` blocks of ``bb`` bytes)."""
+        e = self.e
+        return e.mul(e.add(e.mul(n, e.c(per_row)), u), e.c(bb))
+
+    def _q4_1(self, n, u):
+        e, K = self.e, self.m.K
+        B = self._blk(n, u, K // 32, 20)
+        V = self.words(e.op(f"arith.shrui {B}, {e.c(2)} : index"), 5)
+        d, mn = e.half(V[0], False), e.half(V[0], True)
+        x0 = e.mul(u, e.c(32))
+        q = self._nibbles(V[1:5])
+        s, sx = self.dot(q, x0), self.xsum(x0, 32)
+        return [e.fma(d, a, e.fmul(mn, b)) for a, b in zip(s, sx)]
+
+    def _q4_0(self, n, u):
+        e, K = self.e, self.m.K
+        V = self.words16(self._blk(n, u, K // 32, 18), 18)
+        d = e.half(V[0], False)
+        qs = [self.byte(V, 2 + k, e) for k in range(16)]
+        q = [e.u2f(e.band(b, 15)) for b in qs] + [e.u2f(e.shr(b, 4)) for b in qs]
+        x0 = e.mul(u, e.c(32))
+        s, sx = self.dot(q, x0), self.xsum(x0, 32)
+        # (q - 8) * d summed: d * (sum q x - 8 sum x)
+        return [e.fmul(d, e.fma(e.c(-8.0, "f32"), b, a)) for a, b in zip(s, sx)]
+
+    def _q8_0(self, n, u):
+        e, K = self.e, self.m.K
+        V = self.words16(self._blk(n, u, K // 32, 34), 34)
+        d = e.half(V[0], False)
+        q = [e.s2f(self.byte(V, 2 + k, e, signed=True)) for k in range(32)]
+        return [e.fmul(d, a) for a in self.dot(q, e.mul(u, e.c(32)))]
+
+    def _nibbles(self, W: list[str], shift: str | None = None) -> list[str]:
+        """32 4-bit values of 16 bytes (4 words): low nibbles, then high nibbles; with
+        ``shift`` (i32 SSA 0 or 4): 32 bytes (8 words), one nibble each."""
+        e = self.e
+        if shift is None:
+            lo = [e.u2f(e.band(e.shr(w, 8 * t), 15)) for w in W for t in range(4)]
+            hi = [e.u2f(e.band(e.shr(w, 8 * t + 4), 15)) for w in W for t in range(4)]
+            return lo + hi
+        out = []
+        for w in W:
+            ws = e.op(f"arith.shrui {w}, {shift} : i32")
+            out += [e.u2f(e.band(e.shr(ws, 8 * t), 15)) for t in range(4)]
+        return out
+
+    def _q4_k(self, n, u):
+        # unit = sub-block j (32 elements) of super-block s; ggml dequantize_row_q4_K
+        e, K = self.e, self.m.K
+        s = e.op(f"arith.divui {u}, {e.c(8)} : index")
+        j = e.op(f"arith.remui {u}, {e.c(8)} : index")
+        B = self._blk(n, s, K // 256, 144)
+        w0 = e.op(f"arith.shrui {B}, {e.c(2)} : index")
+        hdr = self.words(w0, 4, aligned16=True)                      # d, dmin, scales[12]
+        d, dmin = e.half(hdr[0], False), e.half(hdr[0], True)
+        j32 = e.op(f"arith.index_cast {j} : index to i32")
+        jl = e.op(f"arith.andi {j32}, {e.c(3, 'i32')} : i32")
+        sh = e.op(f"arith.muli {jl}, {e.c(8, 'i32')} : i32")
+
+        def b(word):            # byte jl of a scale word
+            return e.band(e.op(f"arith.shrui {word}, {sh} : i32"), 0xFF)
+        A, Bb, C = b(hdr[1]), b(hdr[2]), b(hdr[3])
+        low = e.op(f"arith.cmpi ult, {j32}, {e.c(4, 'i32')} : i32")
+        sc_hi = e.op(f"arith.ori {e.band(C, 15)}, {e.shl(e.shr(A, 6), 4)} : i32")
+        mn_hi = e.op(f"arith.ori {e.shr(C, 4)}, {e.shl(e.shr(Bb, 6), 4)} : i32")
+        sc = e.op(f"arith.select {low}, {e.band(A, 63)}, {sc_hi} : i32")
+        mn = e.op(f"arith.select {low}, {e.band(Bb, 63)}, {mn_hi} : i32")
+        d1 = e.fmul(d, e.u2f(sc))
+        m1 = e.fmul(dmin, e.u2f(mn))
+        # 64-element chunk j/2: low nibbles of qs[32c:32c+32] then high nibbles
+        c = e.op(f"arith.shrui {j}, {e.c(1)} : index")
+        W = self.words(e.add(w0, e.add(e.c(4), e.mul(c, e.c(8)))), 8, aligned16=True)
+        odd = e.band(j32, 1)
+        shift = e.op(f"arith.muli {odd}, {e.c(4, 'i32')} : i32")
+        q = self._nibbles(W, shift)
+        x0 = e.mul(u, e.c(32))
+        sq, sx = self.dot(q, x0), self.xsum(x0, 32)
+        return [e.op(f"arith.subf {e.fmul(d1, a)}, {e.fmul(m1, bx)} : f32")
+                for a, bx in zip(sq, sx)]
+
+    def _q6_k(self, n, u):
+        # unit = group g of half h (32 elements, two 16-element scales); ggml
+        # dequantize_row_q6_K
+        e, K = self.e, self.m.K
+        s = e.op(f"arith.divui {u}, {e.c(8)} : index")
+        j = e.op(f"arith.remui {u}, {e.c(8)} : index")
+        h = e.op(f"arith.shrui {j}, {e.c(2)} : index")
+        g = e.op(f"arith.andi {j}, {e.c(3)} : index")
+        B = self._blk(n, s, K // 256, 210)
+        g1 = e.op(f"arith.andi {g}, {e.c(1)} : index")
+        ql_off = e.add(B, e.add(e.mul(h, e.c(64)), e.mul(g1, e.c(32))))
+        qh_off = e.add(B, e.add(e.c(128), e.mul(h, e.c(32))))
+        QL = self.words16(ql_off, 32)
+        QH = self.words16(qh_off, 32)
+        sc_off = e.add(B, e.add(e.c(192), e.add(e.mul(h, e.c(8)), e.mul(g, e.c(2)))))
+        SC = self.words16(sc_off, 2)[0]
+        D = self.words16(e.add(B, e.c(208)), 2)[0]
+        d = e.half(D, False)
+        sca = e.s2f(self.byte([SC], 0, e, signed=True))
+        scb = e.s2f(self.byte([SC], 1, e, signed=True))
+        g32 = e.op(f"arith.index_cast {g} : index to i32")
+        lo_sh = e.op(f"arith.muli {e.shr(g32, 1)}, {e.c(4, 'i32')} : i32")
+        hi_sh = e.op(f"arith.muli {g32}, {e.c(2, 'i32')} : i32")
+        q = []
+        for i in range(8):
+            a = e.op(f"arith.shrui {QL[i]}, {lo_sh} : i32")
+            b = e.op(f"arith.shrui {QH[i]}, {hi_sh} : i32")
+            for t in range(4):
+                lo = e.band(e.shr(a, 8 * t), 15)
+                hi = e.shl(e.band(e.shr(b, 8 * t), 3), 4)
+                v = e.op(f"arith.ori {lo}, {hi} : i32")
+                q.append(e.s2f(e.op(f"arith.subi {v}, {e.c(32, 'i32')} : i32")))
+        x0 = e.mul(u, e.c(32))
+        lo_s, hi_s = [], []
+        for mm in range(self.m.M):
+            xv = self.xs(mm, x0, 32)
+            a = e.fmul(q[0], xv[0])
+            for k in range(1, 16):
+                a = e.fma(q[k], xv[k], a)
+            b = e.fmul(q[16], xv[16])
+            for k in range(17, 32):
+                b = e.fma(q[k], xv[k], b)
+            lo_s.append(a)
+            hi_s.append(b)
+        return [e.fmul(d, e.fma(sca, a, e.fmul(scb, b))) for a, b in zip(lo_s, hi_s)]
+
+    # -- the kernel
+    def units(self) -> int:
+        m, w = self.m, self.m.weight
+        if w.layout == "nk":
+            per = 16 if (m.K * w.dtype.itemsize) % 16 == 0 else 4
+            return m.K * w.dtype.itemsize // per
+        if w.layout == "kn":
+            return m.K
+        return m.K // 32
+
+    def kernel(self, fn: ir.Operation) -> tuple[str, list[tuple[str, int]], list]:
+        """(gpu.module text, launch argument slots, constant buffers) of the kernel."""
+        m, e, sg = self.m, self.e, self.sg
+        M = m.M
+        tid = e.op("gpu.thread_id x")
+        bid = e.op("gpu.block_id x")
+        warp = e.op(f"arith.divui {tid}, {e.c(sg)} : index")
+        lane = e.op(f"arith.remui {tid}, {e.c(sg)} : index")
+        n = e.add(e.mul(bid, e.c(self.warps)), warp)
+        # a whole warp is in or out: the shuffles below run in uniform control flow
+        inb = e.op(f"arith.cmpi ult, {n}, {e.c(m.N)} : index")
+        e.raw(f"scf.if {inb} {{")
+        accs = [e.name() for _ in range(M)]
+        res = e.name()
+        zero = e.c(0.0, "f32")
+        f32s = ", ".join(["f32"] * M)
+        e.raw(f"{res}:{M} = scf.for %u = {lane} to {e.c(self.units())} step {e.c(sg)} "
+              f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> ({f32s}) {{")
+        parts = self.unit(n, "%u")
+        new = [e.fadd(a, p) for a, p in zip(accs, parts)]
+        e.raw(f"scf.yield {', '.join(new)} : {f32s}")
+        e.raw("}")
+        width = e.c(sg, "i32")
+        sums = []
+        for i in range(M):
+            v = f"{res}#{i}"
+            off = sg // 2
+            while off:
+                sh = e.name()
+                e.raw(f"{sh}:2 = gpu.shuffle xor {v}, {e.c(off, 'i32')}, {width} : f32")
+                v = e.fadd(v, f"{sh}#0")
+                off //= 2
+            sums.append(v)
+        is0 = e.op(f"arith.cmpi eq, {lane}, {e.c(0)} : index")
+        e.raw(f"scf.if {is0} {{")
+        # the epilogue: output element (row, n) from the row's sum
+        row_now = [0]
+        se = _ArgsSeen(fn, e.k, [f"%e{i}" for i in range(len(fn.regions[0].blocks[0].arguments))],
+                       provide=lambda v, idx: sums[row_now[0]] if v == m.root else None)
+        for i in range(M):
+            row_now[0] = i
+            with se.scope():
+                idx = se.delinearize(se.iadd(i * m.N, n), m.out_t.shape)
+                se.store(se.value(m.out, idx), "%o", m.out_t, idx)
+        e.raw("}")
+        e.raw("}")
+        params = [(self.x, self.xtype), (self.w, self.wtype)]
+        slots = [("arg", m.x_arg), ("arg", m.weight.arg)]
+        for i, a in enumerate(fn.regions[0].blocks[0].arguments):
+            if f"%e{i}" in se.seen:
+                params.append((f"%e{i}", buffer_type(_ttype(a))))
+                slots.append(("arg", i))
+        for k, (name, c) in enumerate(zip(se.const_names, se.consts)):
+            params.append((name, c[0]))
+            slots.append(("const", k))
+        params.append(("%o", buffer_type(m.out_t)))
+        slots.append(("out", 0))
+        t = self.warps * sg
+        sig = ", ".join(f"{a}: {b}" for a, b in params)
+        text = (f"gpu.module @poot_gemv {{\n"
+                f"  gpu.func @gemv({sig}) kernel attributes "
+                f"{{known_block_size = array<i32: {t}, 1, 1>}} {{\n{e.k.text()}\n"
+                f"    gpu.return\n  }}\n}}\n")
+        return text, slots, se.consts
+
+
+class _ArgsSeen(ScalarEmitter):
+    """A scalar emitter that records which argument buffers the epilogue reads."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen: set[str] = set()
+
+    def _arg(self, v: ir.Value) -> str:
+        name = super()._arg(v)
+        self.seen.add(name)
+        return name
+
+
+def _warps(N: int, caps) -> int:
+    """Warps (columns) per block: as many as keep every compute unit busy, 1..8."""
+    cores = max(1, int(getattr(caps, "cores", 1) or 1))
+    for w in (8, 4, 2):
+        if -(-N // w) >= cores:
+            return w
+    return 1
+
+
+@register("gemv")
+def gemv(fn: ir.Operation, caps) -> Synthesized | None:
+    """Decode GEMV regions (see the module doc); None for anything else."""
+    sg = getattr(caps, "subgroup_size", None)
+    if not sg:
+        return None                 # shuffles need the device's real subgroup width
+    m = match(fn)
+    if m is None:
+        return None
+    vec = "sm_90" in (getattr(caps, "features", None) or ())
+    warps = _warps(m.N, caps)
+    try:
+        text, slots, consts = _Kernel(m, sg, warps, vec).kernel(fn)
+    except ScalarUnsupported:
+        return None
+    grid = (-(-m.N // warps), 1, 1)
+    return Synthesized(text, [Launch("kernel", slots, "poot_gemv", "gemv", grid,
+                                     (warps * sg, 1, 1))], consts=consts)
+
+
+__all__ = ["GemvMatch", "MAX_M", "PACKED", "gemv", "match"]

@@ -1,0 +1,276 @@
+"""The decode-GEMV strategy (:mod:`poot.backends.gpu.strategies.matmul`): which regions it
+takes, and its kernels run on a Vulkan device (lavapipe in CI) against the numpy oracle over
+weight formats x shapes x epilogues; the same kernels lower to PTX (128-bit loads on the
+dense and K-quant paths) that ptxas assembles."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import ml_dtypes
+import numpy as np
+import pytest
+from mlir import ir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vulkan"))
+
+
+def _vk_fixtures():
+    """The Vulkan tests' device fixtures (test/vulkan/conftest.py), under another name."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "vulkan" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_vk_conftest", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.vk_device, mod.vk_target
+
+
+vk_device, vk_target = _vk_fixtures()
+
+from poot import oracle  # noqa: E402
+from poot.dialects import make_context  # noqa: E402
+from poot.dialects.quant import BY_NAME  # noqa: E402
+from poot.graph.builder import Graph  # noqa: E402
+
+#: f32 accumulation in another order than the oracle's
+RTOL = 1e-4
+ATOL = 1e-5
+
+#: where each format keeps its f16 scale fields (byte offsets in a block)
+_F16_FIELDS = {"q4_0": (0,), "q4_1": (0, 2), "q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
+_DENSE = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
+
+
+def _weight(fmt: str, N: int, K: int, rng):
+    """(MLIR type, value, rhs chain text) of a random [N, K] weight of ``fmt``."""
+    if fmt in _DENSE:
+        w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(_DENSE[fmt])
+        t = f"tensor<{N}x{K}x{fmt}>"
+        return t, w, None
+    q = BY_NAME[fmt]
+    nblk = N * K // q.block_elems
+    raw = rng.integers(0, 256, (nblk, q.block_bytes), dtype=np.uint8)
+    for off in _F16_FIELDS[fmt]:
+        scale = rng.uniform(0.002, 0.02, nblk).astype(np.float16)
+        raw[:, off:off + 2] = scale.view(np.uint8).reshape(nblk, 2)
+    return f"!poot.packed<#poot.{fmt}, array<i64: {N}, {K}>>", raw.reshape(-1), None
+
+
+def gemv_region(fmt: str, M: int, N: int, K: int, epilogue: str = "none", seed: int = 0,
+                layout: str = "nk"):
+    """A graph ``@region`` calling one dispatch function ``x [1, M, K] -> [1, M, N]`` (a
+    matmul against a ``fmt`` weight, spelled as the tracer does, then ``epilogue``: ``none``,
+    ``residual`` (+ an argument) or ``silu_up`` (silu(y) * an argument)), and its inputs."""
+    rng = np.random.default_rng(seed)
+    wt, wv, _ = _weight(fmt, N if layout == "nk" else K, K if layout == "nk" else N, rng)
+    x = rng.standard_normal((1, M, K)).astype(np.float32)
+    args = [("x", f"tensor<1x{M}x{K}xf32>", x), ("w", wt, wv)]
+    y = f"tensor<{M}x{N}xf32>"
+    o = f"tensor<1x{M}x{N}xf32>"
+    body = [f'%x2 = "poot.reshape"(%x) : (tensor<1x{M}x{K}xf32>) -> tensor<{M}x{K}xf32>']
+    rhs = "%wt"
+    if fmt in _DENSE:
+        wf = f"tensor<{N}x{K}xf32>" if layout == "nk" else f"tensor<{K}x{N}xf32>"
+        src = "%w"
+        if fmt != "f32":
+            body.append(f'%wc = "poot.cast"(%w) : ({wt}) -> {wf}')
+            src = "%wc"
+        if layout == "nk":
+            body.append(f'%wt = "poot.transpose"({src}) {{perm = array<i64: 1, 0>}} : '
+                        f'({wf}) -> tensor<{K}x{N}xf32>')
+        else:
+            rhs = src
+    else:
+        body.append(f'%wd = "poot.dequantize"(%w) : ({wt}) -> tensor<{N}x{K}xf32>')
+        body.append(f'%wt = "poot.transpose"(%wd) {{perm = array<i64: 1, 0>}} : '
+                    f'(tensor<{N}x{K}xf32>) -> tensor<{K}x{N}xf32>')
+    body.append(f'%y = "poot.matmul"(%x2, {rhs}) {{acc = f32}} : (tensor<{M}x{K}xf32>, '
+                f'tensor<{K}x{N}xf32>) -> {y}')
+    body.append(f'%y3 = "poot.reshape"(%y) : ({y}) -> {o}')
+    if epilogue == "none":
+        ret = "%y3"
+    elif epilogue == "residual":
+        args.append(("r", o, rng.standard_normal((1, M, N)).astype(np.float32)))
+        body.append(f'%out = "poot.binary"(%r, %y3) {{fn = "add"}} : ({o}, {o}) -> {o}')
+        ret = "%out"
+    elif epilogue == "silu_up":
+        args.append(("up", y, rng.standard_normal((M, N)).astype(np.float32)))
+        body += [
+            '%one = "poot.constant"() {value = dense<1.0> : tensor<f32>} : () -> tensor<f32>',
+            f'%ones = "poot.broadcast"(%one) {{dims = array<i64>}} : (tensor<f32>) -> {o}',
+            f'%n = "poot.unary"(%y3) {{fn = "neg"}} : ({o}) -> {o}',
+            f'%e = "poot.unary"(%n) {{fn = "exp"}} : ({o}) -> {o}',
+            f'%d = "poot.binary"(%e, %ones) {{fn = "add"}} : ({o}, {o}) -> {o}',
+            f'%s = "poot.binary"(%ones, %d) {{fn = "div"}} : ({o}, {o}) -> {o}',
+            f'%g = "poot.binary"(%y3, %s) {{fn = "mul"}} : ({o}, {o}) -> {o}',
+            f'%u3 = "poot.reshape"(%up) : ({y}) -> {o}',
+            f'%out = "poot.binary"(%g, %u3) {{fn = "mul"}} : ({o}, {o}) -> {o}']
+        ret = "%out"
+    else:
+        raise ValueError(epilogue)
+    sig = ", ".join(f"%{n}: {t}" for n, t, _ in args)
+    types = ", ".join(t for _, t, _ in args)
+    names = ", ".join(f"%a{i}" for i in range(len(args)))
+    wrap_args = ", ".join(f'%a{i}: {t} {{poot.name = "a{i}"}}' for i, (_, t, _) in
+                          enumerate(args))
+    text = (f'func.func @region({wrap_args}) -> ({o} {{poot.name = "r0"}}) {{\n'
+            f"  %r = func.call @gemv_dispatch({names}) : ({types}) -> ({o})\n"
+            f"  return %r : {o}\n}}\n"
+            f"func.func private @gemv_dispatch({sig}) -> {o} attributes "
+            f'{{poot.dispatch = {{kind = "matmul", ops = {len(body)} : i64}}}} {{\n  '
+            + "\n  ".join(body) + f"\n  return {ret} : {o}\n}}\n")
+    with make_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+    g = Graph.from_module(module)
+    return g, {f"a{i}": v for i, (_, _, v) in enumerate(args)}
+
+
+def _dispatch_fn(g: Graph):
+    return next(o.operation for o in g.module.body.operations
+                if o.operation.name == "func.func" and
+                ir.StringAttr(o.operation.attributes["sym_name"]).value == "gemv_dispatch")
+
+
+def _caps(sg=32, cores=132, features=("sm_90",)):
+    from poot.compiler.target import Capabilities
+
+    return Capabilities(subgroup_size=sg, cores=cores, features=frozenset(features))
+
+
+# ---- matching (no device) -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "f16", "q4_0", "q4_1", "q8_0", "q4_k", "q6_k"])
+def test_decode_regions_are_taken(fmt):
+    from poot.backends.gpu.strategies.matmul import gemv
+
+    g, _ = gemv_region(fmt, 2, 192, 512, "silu_up")
+    fn = _dispatch_fn(g)
+    with fn.context, ir.Location.unknown():
+        s = gemv(fn, _caps())
+    assert s is not None
+    (L,) = s.launches
+    assert L.block == (8 * 32, 1, 1) or L.block[0] % 32 == 0
+    assert L.grid[0] * L.block[0] // 32 >= 192
+    assert ("out", 0) in L.args and len(L.args) == 4      # x, w, up, out
+
+
+def test_prefill_and_unknown_subgroup_are_refused():
+    from poot.backends.gpu.strategies.matmul import MAX_M, gemv
+
+    g, _ = gemv_region("q4_1", MAX_M + 1, 64, 64)
+    fn = _dispatch_fn(g)
+    with fn.context, ir.Location.unknown():
+        assert gemv(fn, _caps()) is None
+    g, _ = gemv_region("q4_1", 1, 64, 64)
+    fn = _dispatch_fn(g)
+    with fn.context, ir.Location.unknown():
+        assert gemv(fn, _caps(sg=None)) is None
+        assert gemv(fn, _caps()) is not None
+
+
+def test_unsupported_epilogue_is_refused():
+    """A transpose after the matmul reorders elements: not an elementwise epilogue."""
+    from poot.backends.gpu.strategies.matmul import gemv
+
+    head = ('func.func @d(%x: tensor<2x64xf32>, %w: tensor<64x64xf32>) -> {rt} {{\n'
+            '  %t = "poot.transpose"(%w) {{perm = array<i64: 1, 0>}} : (tensor<64x64xf32>) -> '
+            'tensor<64x64xf32>\n'
+            '  %y = "poot.matmul"(%x, %t) {{acc = f32}} : (tensor<2x64xf32>, tensor<64x64xf32>)'
+            ' -> tensor<2x64xf32>\n')
+    tail = ('  %z = "poot.transpose"(%y) {perm = array<i64: 1, 0>} : (tensor<2x64xf32>) -> '
+            'tensor<64x2xf32>\n  return %z : tensor<64x2xf32>\n}')
+    with make_context(), ir.Location.unknown():
+        bad = ir.Module.parse(head.format(rt="tensor<64x2xf32>") + tail)
+        assert gemv(bad.body.operations[0].operation, _caps()) is None
+        good = ir.Module.parse(head.format(rt="tensor<2x64xf32>") +
+                               "  return %y : tensor<2x64xf32>\n}")
+        assert gemv(good.body.operations[0].operation, _caps()) is not None
+
+
+# ---- PTX (no device) ---------------------------------------------------------------------------
+
+def _ptx(fmt, M=1, N=192, K=576, epilogue="none"):
+    from poot.backends.cuda.codegen import ptx_text
+    from poot.backends.gpu.plan import plan_program
+
+    g, _ = gemv_region(fmt, M, N, K, epilogue)
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), _caps())
+    assert plan.strategies == {"gemv": 1}
+    return ptx_text(plan.module)
+
+
+@pytest.mark.parametrize("fmt,v4", [("bf16", True), ("f32", True), ("f16", True),
+                                    ("q4_k", True), ("q4_1", False), ("q8_0", False),
+                                    ("q4_0", False), ("q6_k", False)])
+def test_ptx_assembles_with_vector_loads(fmt, v4):
+    """x rows are read 16 bytes at a time; so are weights whose units are 16-byte aligned
+    (dense rows, Q4_K super-blocks): then no scalar global load is left."""
+    import re
+
+    from poot.backends.cuda.codegen import ptxas_check
+
+    K = 1536 if fmt in ("q4_k", "q6_k") else 576
+    ptx = _ptx(fmt, 2, 192, K)
+    loads = re.findall(r"ld\.global(?:\.nc)?\.(\w+)", ptx)
+    assert "v4" in loads
+    assert ("b32" not in loads) == v4, loads
+    assert "shfl.sync.bfly" in ptx
+    ptxas_check(ptx)
+
+
+# ---- Vulkan vs the oracle -----------------------------------------------------------------------
+
+def _run(vk_device, vk_target, g, inputs):
+    from poot.backends.gpu.plan import plan_program
+    from poot.backends.vulkan.codegen import codegen_vulkan
+    from test_vulkan_kernels import run_artifact
+
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), vk_target.caps)
+    assert plan.strategies == {"gemv": 1}, plan.strategies
+    return run_artifact(vk_device, codegen_vulkan(g, vk_target), inputs)["r0"]
+
+
+def _cases():
+    out = []
+    for fmt in ("f32", "bf16", "f16", "q4_0", "q4_1", "q8_0", "q4_k", "q6_k"):
+        ks = (256, 1536) if fmt in ("q4_k", "q6_k") else (64, 576, 1536)
+        if fmt in ("q4_k", "q6_k"):
+            ks = ks + (4096,)
+        for K in ks:
+            for N in (1, 192, 576, 1000):
+                for M in (1, 2):
+                    out.append((fmt, K, N, M))
+    return out
+
+
+_EPI = ("none", "residual", "silu_up")
+
+
+@pytest.mark.parametrize("fmt,K,N,M", _cases())
+def test_gemv_matches_oracle(vk_device, vk_target, fmt, K, N, M):
+    epilogue = _EPI[(K + N + M) % 3]       # every epilogue over every format, spread out
+    g, inputs = gemv_region(fmt, M, N, K, epilogue, seed=K * 7 + N + M)
+    want = oracle.evaluate(g, inputs)["r0"]
+    got = _run(vk_device, vk_target, g, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max(),
+                               err_msg=f"{fmt} K={K} N={N} M={M} {epilogue}")
+
+
+@pytest.mark.parametrize("epilogue", _EPI)
+@pytest.mark.parametrize("fmt", ["q4_1", "bf16"])
+def test_each_epilogue(vk_device, vk_target, fmt, epilogue):
+    g, inputs = gemv_region(fmt, 2, 192, 576, epilogue, seed=3)
+    want = oracle.evaluate(g, inputs)["r0"]
+    got = _run(vk_device, vk_target, g, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max())
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "f16"])
+def test_dense_kn_weight(vk_device, vk_target, fmt):
+    g, inputs = gemv_region(fmt, 2, 100, 96, "residual", seed=5, layout="kn")
+    want = oracle.evaluate(g, inputs)["r0"]
+    got = _run(vk_device, vk_target, g, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max())
