@@ -136,8 +136,24 @@ def _add_error_word(gfunc: ir.Operation, ordinal: int) -> int:
     i32 = ir.IntegerType.get_signless(32)
     err_t = ir.MemRefType.get([2], i32)
     block = gfunc.regions[0].blocks[0]
-    err = block.add_argument(err_t, gfunc.location)
     ft = ir.FunctionType(ir.TypeAttr(gfunc.attributes["function_type"]).value)
+    # workgroup attributions (block arguments after the function's own, which
+    # convert-gpu-to-spirv does not accept) become workgroup-space memref.allocs, which it
+    # lowers to Workgroup variables
+    n_in = len(ft.inputs)
+    n_wg = ir.IntegerAttr(gfunc.attributes["workgroup_attributions"]).value \
+        if "workgroup_attributions" in gfunc.attributes else 0
+    for _ in range(n_wg):
+        old = block.arguments[n_in]
+        t = ir.MemRefType(old.type)
+        wg = ir.MemRefType.get(t.shape, t.element_type,
+                               memory_space=ir.Attribute.parse("#spirv.storage_class<Workgroup>"))
+        with ir.InsertionPoint.at_block_begin(block), gfunc.location:
+            old.replace_all_uses_with(memref.AllocOp(wg, [], []).result)
+        block.erase_argument(n_in)
+    if n_wg:
+        del gfunc.attributes["workgroup_attributions"]
+    err = block.add_argument(err_t, gfunc.location)
     gfunc.attributes["function_type"] = ir.TypeAttr.get(
         ir.FunctionType.get(list(ft.inputs) + [err_t], list(ft.results)))
     if "arg_attrs" in gfunc.attributes:

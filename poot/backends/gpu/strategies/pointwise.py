@@ -1,0 +1,131 @@
+"""Strategy ``pointwise``: a region of elementwise-class ops becomes ONE kernel.
+
+Elementwise class: views (reshape, transpose, broadcast, strided slice, concat), sources
+(iota, constant), unary/binary/ternary/compare/select/cast, gather and dequantize: every
+result element is a function of a few operand elements at computable coordinates
+(:mod:`poot.backends.gpu.strategies._scalar`), so nothing is materialized in between.
+
+Mapping: one thread per *work item* of the largest result. A work item is ``vec`` consecutive
+elements along the innermost dimension (``vec`` = 4 when the result is large and its innermost
+dimension divides by 4, else 1: the row-dependent part of the computation, e.g. a broadcast
+scale, is then computed once for four elements). Results are grouped by shape; each group is
+evaluated under its own bounds guard at its own coordinates, so a region with results of
+different shapes (the RoPE cos/sin tables: ``[1,1,H,D]`` and ``[1,1,KVH,D]``) is still one
+launch, and results of one shape share their common subexpressions.
+
+Regions with a reduction, matmul, attention or scatter are refused (``None``).
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+
+from poot.backends.gpu.kernels import Launch, block_size
+from poot.backends.gpu.strategies import Synthesized, register
+from poot.backends.gpu.strategies._scalar import (
+    KernelEmitter,
+    ScalarEmitter,
+    ScalarUnsupported,
+    buffer_type,
+    gpu_kernel,
+    gpu_module,
+    poot_type,
+)
+from poot.dialects.types import TensorType
+
+#: ops whose elements the scalar emitter computes (views, sources, elementwise, indexing)
+ELEMENTWISE_CLASS = frozenset(
+    f"poot.{n}" for n in ("reshape", "transpose", "broadcast", "slice", "concat", "iota",
+                          "constant", "unary", "binary", "ternary", "compare", "select",
+                          "cast", "gather", "dequantize"))
+
+#: elements per thread for large results (innermost dim divisible by it)
+VEC = 4
+#: a result at least this large is written VEC elements per thread
+VEC_MIN = 1 << 14
+
+
+def body_ops(fn: ir.Operation) -> list[ir.Operation]:
+    """The ops of a dispatch function's body, without its ``func.return``."""
+    return [o.operation for o in fn.regions[0].blocks[0].operations
+            if o.operation.name != "func.return"]
+
+
+def results(fn: ir.Operation) -> list[ir.Value]:
+    """The values a dispatch function returns (its ``("out", j)`` slots, in order)."""
+    ret = list(fn.regions[0].blocks[0].operations)[-1].operation
+    return list(ret.operands)
+
+
+def work_items(t: TensorType, vec: int) -> int:
+    return t.numel // vec
+
+
+def vec_for(t: TensorType) -> int:
+    return VEC if t.numel >= VEC_MIN and t.shape and t.shape[-1] % VEC == 0 else 1
+
+
+def synthesize_pointwise(fn: ir.Operation, caps, name: str = "pointwise"):
+    """The one-kernel form of an elementwise-class region, or None (see the module doc)."""
+    if any(o.name not in ELEMENTWISE_CLASS for o in body_ops(fn)):
+        return None
+    outs = results(fn)
+    if not outs:
+        return None
+    types = [poot_type(v) for v in outs]
+    if any(not isinstance(t, TensorType) for t in types):
+        return None
+    big = max(types, key=lambda t: t.numel)
+    vec = vec_for(big)
+    n = work_items(big, vec)
+    if n == 0:
+        return None
+    em = KernelEmitter()
+    se = ScalarEmitter(fn, em)
+    out_names = [f"%out{j}" for j in range(len(outs))]
+    em.line("%tid = gpu.thread_id x")
+    em.line("%bid = gpu.block_id x")
+    t = block_size(n, caps)
+    groups: dict[tuple, list[int]] = {}
+    for j, ty in enumerate(types):
+        groups.setdefault(ty.shape, []).append(j)
+    try:
+        lin = se.iadd(se.imul("%bid", t), "%tid")
+        for shape, js in groups.items():
+            ty = types[js[0]]
+            v = vec if shape == big.shape else 1
+            items = ty.numel // v
+            if items == 0:
+                continue
+            guard = se.op(f"arith.cmpi ult, {se.ix(lin)}, {se.ix(items)} : index")
+            em.line(f"scf.if {guard} {{")
+            em.depth += 1
+            with se.scope():
+                base = se.delinearize(lin, shape[:-1] + (shape[-1] // v,)) if shape else []
+                for u in range(v):
+                    idx = list(base)
+                    if shape:
+                        idx[-1] = se.iadd(se.imul(base[-1], v), u)
+                    for j in js:
+                        x = se.value(outs[j], idx)
+                        se.store(x, out_names[j], types[j], idx)
+            em.depth -= 1
+            em.line("}")
+    except ScalarUnsupported:
+        return None
+    params = se.buffer_params() + [(o, buffer_type(ty)) for o, ty in zip(out_names, types)]
+    text = gpu_module(name, [gpu_kernel("k", params, em.text())])
+    nargs = len(se.args)
+    slots = [("arg", i) for i in range(nargs)] + \
+        [("const", k) for k in range(len(se.consts))] + [("out", j) for j in range(len(outs))]
+    grid = (n + t - 1) // t
+    launch = Launch("kernel", slots, name, "k", (grid, 1, 1), (t, 1, 1), strategy=name)
+    return Synthesized(text, [launch], consts=list(se.consts))
+
+
+@register("pointwise")
+def pointwise(fn: ir.Operation, caps):
+    return synthesize_pointwise(fn, caps)
+
+
+__all__ = ["ELEMENTWISE_CLASS", "body_ops", "results", "synthesize_pointwise"]

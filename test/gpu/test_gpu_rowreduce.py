@@ -1,0 +1,169 @@
+"""The ``rowreduce`` GPU strategy: RMSNorm, softmax and LayerNorm regions (one or two
+last-axis reductions, elementwise consumers) compiled alone to ONE kernel, run on a real Vulkan
+device (lavapipe in CI) against the numpy oracle over a grid of row counts, row lengths and
+dtypes; the same kernels assembled by ptxas; regions it must refuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_gpu_pointwise import _caps, check, ptx_of, rand, region, strategies_of, vk  # noqa: F401
+
+
+def rmsnorm(rows: tuple, k: int, dt: str = "f32"):
+    """The traced RMSNorm body (as SmolLM2's): x * rsqrt(sum(x*x)/K + eps) * w."""
+    r = "x".join(map(str, rows))
+    n = len(rows)
+    X, R, R1 = f"tensor<{r}x{k}x{dt}>", f"tensor<{r}x{dt}>", f"tensor<{r}x1x{dt}>"
+    dims = ", ".join(str(i) for i in range(n + 1))
+    body = f"""
+  %0 = "poot.constant"() {{value = dense<{float(k):e}> : {R1}}} : () -> {R1}
+  %1 = "poot.constant"() {{value = dense<9.99999974E-6> : {R1}}} : () -> {R1}
+  %2 = "poot.binary"(%arg0, %arg0) {{fn = "mul"}} : ({X}, {X}) -> {X}
+  %3 = "poot.reduce"(%2) {{axes = array<i64: {n}>, fn = "sum"}} : ({X}) -> {R}
+  %4 = "poot.reshape"(%3) : ({R}) -> {R1}
+  %5 = "poot.binary"(%4, %0) {{fn = "div"}} : ({R1}, {R1}) -> {R1}
+  %6 = "poot.binary"(%5, %1) {{fn = "add"}} : ({R1}, {R1}) -> {R1}
+  %7 = "poot.unary"(%6) {{fn = "rsqrt"}} : ({R1}) -> {R1}
+  %8 = "poot.broadcast"(%7) {{dims = array<i64: {dims}>}} : ({R1}) -> {X}
+  %9 = "poot.binary"(%arg0, %8) {{fn = "mul"}} : ({X}, {X}) -> {X}
+  %10 = "poot.broadcast"(%arg1) {{dims = array<i64: {n}>}} : (tensor<{k}x{dt}>) -> {X}
+  %11 = "poot.binary"(%9, %10) {{fn = "mul"}} : ({X}, {X}) -> {X}
+  return %11 : {X}"""
+    return region([X, f"tensor<{k}x{dt}>"], [X], body)
+
+
+TOL = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.6e-2}
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("rows,k", [((1, 1), 576), ((1, 3), 64), ((37,), 100), ((2, 5), 7),
+                                    ((1,), 3000), ((9,), 1)])
+def test_rmsnorm(vk, rows, k, dt):
+    g = rmsnorm(rows, k, dt)
+    rng = np.random.default_rng(k)
+    check(vk, g, {"a0": rand(rng, rows + (k,), dt), "a1": rand(rng, (k,), dt)},
+          rtol=TOL[dt], atol=TOL[dt], strategy="rowreduce")
+
+
+@pytest.mark.parametrize("rows,k", [((4,), 256), ((3, 7), 33), ((1,), 4096)])
+def test_softmax_two_dependent_reductions(vk, rows, k):
+    """softmax: the sum's input reads the max of the same row; two results (the
+    probabilities, row-shaped, and the row sums, row-scalar)."""
+    r = "x".join(map(str, rows))
+    n = len(rows)
+    X, R, R1 = f"tensor<{r}x{k}xf32>", f"tensor<{r}xf32>", f"tensor<{r}x1xf32>"
+    dims = ", ".join(str(i) for i in range(n + 1))
+    body = f"""
+  %0 = "poot.reduce"(%arg0) {{axes = array<i64: {n}>, fn = "max"}} : ({X}) -> {R}
+  %1 = "poot.reshape"(%0) : ({R}) -> {R1}
+  %2 = "poot.broadcast"(%1) {{dims = array<i64: {dims}>}} : ({R1}) -> {X}
+  %3 = "poot.binary"(%arg0, %2) {{fn = "sub"}} : ({X}, {X}) -> {X}
+  %4 = "poot.unary"(%3) {{fn = "exp"}} : ({X}) -> {X}
+  %5 = "poot.reduce"(%4) {{axes = array<i64: {n}>, fn = "sum"}} : ({X}) -> {R}
+  %6 = "poot.reshape"(%5) : ({R}) -> {R1}
+  %7 = "poot.broadcast"(%6) {{dims = array<i64: {dims}>}} : ({R1}) -> {X}
+  %8 = "poot.binary"(%4, %7) {{fn = "div"}} : ({X}, {X}) -> {X}
+  return %8, %5 : {X}, {R}"""
+    g = region([X], [X, R], body)
+    rng = np.random.default_rng(2)
+    check(vk, g, {"a0": rand(rng, rows + (k,), "f32", -8, 8)}, rtol=2e-5, atol=1e-6,
+          strategy="rowreduce")
+
+
+@pytest.mark.parametrize("rows,k", [((6,), 320), ((2, 2), 31)])
+def test_layernorm(vk, rows, k):
+    """LayerNorm: mean, then the mean of squared deviations (a reduction over a value that
+    depends on the first), normalize, scale and shift by broadcast weights."""
+    r = "x".join(map(str, rows))
+    n = len(rows)
+    X, R, R1 = f"tensor<{r}x{k}xf32>", f"tensor<{r}xf32>", f"tensor<{r}x1xf32>"
+    W = f"tensor<{k}xf32>"
+    dims = ", ".join(str(i) for i in range(n + 1))
+    body = f"""
+  %k = "poot.constant"() {{value = dense<{float(k):e}> : {R1}}} : () -> {R1}
+  %eps = "poot.constant"() {{value = dense<1.0e-5> : {R1}}} : () -> {R1}
+  %0 = "poot.reduce"(%arg0) {{axes = array<i64: {n}>, fn = "sum"}} : ({X}) -> {R}
+  %1 = "poot.reshape"(%0) : ({R}) -> {R1}
+  %2 = "poot.binary"(%1, %k) {{fn = "div"}} : ({R1}, {R1}) -> {R1}
+  %3 = "poot.broadcast"(%2) {{dims = array<i64: {dims}>}} : ({R1}) -> {X}
+  %4 = "poot.binary"(%arg0, %3) {{fn = "sub"}} : ({X}, {X}) -> {X}
+  %5 = "poot.binary"(%4, %4) {{fn = "mul"}} : ({X}, {X}) -> {X}
+  %6 = "poot.reduce"(%5) {{axes = array<i64: {n}>, fn = "sum"}} : ({X}) -> {R}
+  %7 = "poot.reshape"(%6) : ({R}) -> {R1}
+  %8 = "poot.binary"(%7, %k) {{fn = "div"}} : ({R1}, {R1}) -> {R1}
+  %9 = "poot.binary"(%8, %eps) {{fn = "add"}} : ({R1}, {R1}) -> {R1}
+  %10 = "poot.unary"(%9) {{fn = "rsqrt"}} : ({R1}) -> {R1}
+  %11 = "poot.broadcast"(%10) {{dims = array<i64: {dims}>}} : ({R1}) -> {X}
+  %12 = "poot.binary"(%4, %11) {{fn = "mul"}} : ({X}, {X}) -> {X}
+  %13 = "poot.broadcast"(%arg1) {{dims = array<i64: {n}>}} : ({W}) -> {X}
+  %14 = "poot.broadcast"(%arg2) {{dims = array<i64: {n}>}} : ({W}) -> {X}
+  %15 = "poot.ternary"(%12, %13, %14) {{fn = "fma"}} : ({X}, {X}, {X}) -> {X}
+  return %15 : {X}"""
+    g = region([X, W, W], [X], body)
+    rng = np.random.default_rng(4)
+    check(vk, g, {"a0": rand(rng, rows + (k,), "f32", 1, 3), "a1": rand(rng, (k,), "f32"),
+                  "a2": rand(rng, (k,), "f32")}, rtol=5e-5, atol=5e-5, strategy="rowreduce")
+
+
+@pytest.mark.parametrize("fn", ["sum", "max", "min"])
+def test_int_reductions_row_scalar_outputs(vk, fn):
+    body = f"""
+  %0 = "poot.reduce"(%arg0) {{axes = array<i64: 1>, fn = "{fn}"}} : (tensor<5x77xi32>) -> tensor<5xi32>
+  %1 = "poot.reshape"(%0) : (tensor<5xi32>) -> tensor<5x1xi32>
+  return %1 : tensor<5x1xi32>"""
+    g = region(["tensor<5x77xi32>"], ["tensor<5x1xi32>"], body)
+    rng = np.random.default_rng(1)
+    check(vk, g, {"a0": rand(rng, (5, 77), "i32")}, strategy="rowreduce")
+
+
+def _dispatch(g):
+    return next(o.operation for o in g.module.body.operations
+                if str(o.operation.attributes["sym_name"]) == '"d"')
+
+
+def test_refuses_other_rows_and_other_axes():
+    """A reduction result read at another row (a transpose of the row sums), a reduction over
+    a leading axis, and two reductions of different shapes stay with other strategies."""
+    from poot.backends.gpu.strategies.rowreduce import synthesize_rowreduce
+
+    other_row = """
+  %0 = "poot.reduce"(%arg0) {axes = array<i64: 2>, fn = "sum"} : (tensor<2x3x8xf32>) -> tensor<2x3xf32>
+  %1 = "poot.transpose"(%0) {perm = array<i64: 1, 0>} : (tensor<2x3xf32>) -> tensor<3x2xf32>
+  %2 = "poot.reshape"(%1) : (tensor<3x2xf32>) -> tensor<2x3x1xf32>
+  %3 = "poot.broadcast"(%2) {dims = array<i64: 0, 1, 2>} : (tensor<2x3x1xf32>) -> tensor<2x3x8xf32>
+  %4 = "poot.binary"(%arg0, %3) {fn = "mul"} : (tensor<2x3x8xf32>, tensor<2x3x8xf32>) -> tensor<2x3x8xf32>
+  return %4 : tensor<2x3x8xf32>"""
+    lead_axis = """
+  %0 = "poot.reduce"(%arg0) {axes = array<i64: 0>, fn = "sum"} : (tensor<2x3x8xf32>) -> tensor<3x8xf32>
+  return %0 : tensor<3x8xf32>"""
+    for body, res in ((other_row, "tensor<2x3x8xf32>"), (lead_axis, "tensor<3x8xf32>")):
+        g = region(["tensor<2x3x8xf32>"], [res], body)
+        with g.module.context:
+            assert synthesize_rowreduce(_dispatch(g), _caps(32)) is None
+    g = rmsnorm((2,), 16)
+    with g.module.context:
+        assert synthesize_rowreduce(_dispatch(g), _caps(32)) is not None
+
+
+@pytest.mark.parametrize("sg", [32, None])
+def test_ptx_assembles(sg):
+    """Shuffles + workgroup memory (subgroup size known) and the workgroup-memory tree (not
+    known) both lower through NVVM to PTX that ptxas accepts."""
+    g = rmsnorm((3,), 2048, "bf16")
+    assert strategies_of(g, _caps(sg)) == {"rowreduce": 1}
+    ptx = ptx_of(g, _caps(sg))
+    assert ("shfl.sync.bfly" in ptx) == (sg is not None) and "bar.sync" in ptx
+
+
+def test_workgroup_tree_without_subgroup_size(vk):
+    """A device that reports no subgroup size gets the workgroup-memory tree (no shuffles)."""
+    from poot.backends.vulkan.codegen import vulkan_target
+
+    dev, target = vk
+    blind = (dev, vulkan_target({**dev.capabilities(), "subgroup_size": None}))
+    assert blind[1].caps.subgroup_size is None
+    g = rmsnorm((5,), 300)
+    rng = np.random.default_rng(8)
+    check(blind, g, {"a0": rand(rng, (5, 300), "f32"), "a1": rand(rng, (300,), "f32")},
+          rtol=2e-5, atol=2e-5, strategy="rowreduce")
