@@ -52,8 +52,8 @@ def target_for(backend: str) -> Target:
         from poot.executor import open_device
 
         return vulkan_target(open_device("vulkan").capabilities())
-    if backend == "cuda":
-        from poot.backends.cuda.codegen import cuda_target
+    if backend == "cuda":  # no MLIR needed: a machine running cached programs has none
+        from poot.backends.cuda.artifact import cuda_target
 
         return cuda_target()
     return Target(backend, Capabilities())
@@ -89,8 +89,18 @@ class ModelHandle:
              compile_options: CompileOptions | None = None, cache_dir: str | None = None,
              use_cache: bool = True, progress: Callable[[str], None] | None = None,
              compile_fn: Callable[[Any], Any] | None = None, device: Any = None,
-             warm_up: bool = True) -> "ModelHandle":
+             warm_up: bool = True, random_weights: str | None = None,
+             seed: int = 0) -> "ModelHandle":
         """Load a checkpoint (``None``: the bundled SmolLM2) for ``backend``.
+
+        ``random_weights`` (``"bf16"``/``"f16"``/``"f32"``): ``path`` is a HF ``config.json``
+        and the weights are random-init of its shapes in that dtype
+        (:mod:`poot.models.random_init`, pool ``seed``); there is no tokenizer.
+
+        Steps are compiled through the compile cache's step index: a step compiled before
+        (here, or on another machine whose cache directory was carried) is loaded without
+        tracing, so nothing imports MLIR (:mod:`poot.executor.cache`); a miss where MLIR is
+        missing raises :class:`~poot.executor.cache.CacheMiss` saying what differs.
 
         ``kv_capacity`` is the context (prompt + generated tokens) per sequence; ``None`` is
         ``DEFAULT_KV_CAPACITY`` capped at the model's trained context
@@ -105,7 +115,6 @@ class ModelHandle:
 
         from poot.executor import Engine, device_for
         from poot.executor.cache import CompileCache
-        from poot.models import load_model
 
         say = progress or (lambda msg: None)
         t0 = time.perf_counter()
@@ -119,19 +128,12 @@ class ModelHandle:
             # A missing runtime package or device fails here, before minutes of compiling.
             device = device_for(target)
         say(f"loading {path.name}")
-        model, weights = load_model(path)
-        model_context = _trained_context(path)
+        model, weights, model_context, tokenizer = _open_model(path, random_weights, seed)
         kv_capacity = check_kv_capacity(model, kv_capacity, model_context)
-        tokenizer = _tokenizer(path)
         cache = None
-        if compile_fn is None:
-            cache = CompileCache(cache_dir, enabled=use_cache)
-            options = compile_options or DEFAULT_COMPILE_OPTIONS
-            compile_fn = lambda g: cache.compile(g, target, options)  # noqa: E731
         holder: dict[str, Any] = {}
 
-        def compile_and_bind(graph):
-            program = compile_fn(graph)
+        def bind(program):
             if "engine" not in holder:   # the device after the first compile: refusals first
                 eng = Engine(device if device is not None else device_for(target))
                 say("uploading weights")
@@ -140,10 +142,16 @@ class ModelHandle:
                 runner.engine = eng
             return program
 
-        runner = StepRunner(model, weights, None, compile_and_bind, kv_capacity,
+        compile_step = None
+        if compile_fn is None:
+            cache = CompileCache(cache_dir, enabled=use_cache)
+            options = compile_options or DEFAULT_COMPILE_OPTIONS
+            compile_step = lambda spec, trace: bind(  # noqa: E731
+                compile_cached(cache, model, weights.types, spec, trace, target, options))
+        runner = StepRunner(model, weights, None, lambda g: bind(compile_fn(g)), kv_capacity,
                             min(prefill_chunk, kv_capacity),
                             on_compile=lambda what: say(f"compiling {what}"),
-                            model_context=model_context)
+                            model_context=model_context, compile_step=compile_step)
         handle = cls(path, backend, model, weights, tokenizer, runner, compile_cache=cache)
         if warm_up:
             runner.warm_up()
@@ -165,6 +173,93 @@ class ModelHandle:
 
             return encode_chat(self.tokenizer, prompt)
         return [int(i) for i in prompt]
+
+
+def _open_model(path: Path, random_weights: str | None, seed: int):
+    """(model, weights, trained context, tokenizer) of a checkpoint, or of a config with
+    random weights (no tokenizer)."""
+    if random_weights is not None:
+        from poot.models.random_init import load_random_model
+
+        model, weights = load_random_model(path, random_weights, seed)
+        return model, weights, getattr(_random_config(path), "max_position_embeddings", None), \
+            None
+    from poot.models import load_model
+
+    model, weights = load_model(path)
+    return model, weights, _trained_context(path), _tokenizer(path)
+
+
+def _random_config(path: Path):
+    from poot.load.config import _read_json, config_from_hf
+
+    p = path / "config.json" if path.is_dir() else path
+    return config_from_hf(_read_json(str(p)), str(p))
+
+
+def compile_cached(cache, model, weight_types, spec, trace, target, options):
+    """The program of step ``spec`` through ``cache``'s step index (a hit neither traces nor
+    imports MLIR; a miss calls ``trace()`` and compiles)."""
+    from poot.executor.cache import step_describe, step_key
+
+    describe = step_describe(model, weight_types, spec, target, options)
+    return cache.compile_step(step_key(model, weight_types, spec, target, options), describe,
+                              trace, target, options)
+
+
+def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *,
+                  kv_capacity: int | None = None, prefill_chunk: int | None = None,
+                  samplers: Sequence[Any] | None = None, cache_dir: str | None = None,
+                  compile_options: CompileOptions | None = None,
+                  random_weights: str | None = None, seed: int = 0,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Fill the compile cache with the steps ``ModelHandle.load(path, backend, ...)`` and
+    generation use (the prefill chunk and one decode step per sampler spec; default: the
+    greedy one), without opening a device: what ``poot compile`` runs before the cache is
+    carried to a machine without MLIR. Returns ``{"cache_dir", "kv_capacity", "steps":
+    {name: {"step_key", "program", "seconds", "hit"}}}``."""
+    import time
+
+    from poot.driver.runner import GREEDY, entry_name
+    from poot.executor.cache import CompileCache, step_key
+
+    say = progress or (lambda msg: None)
+    path = Path(path) if path is not None else default_model_path()
+    prefill_chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else \
+        _positive("prefill_chunk", prefill_chunk)
+    if kv_capacity is not None:
+        _positive("kv_capacity", kv_capacity)
+    target = target_for(backend) if backend != "vulkan" else None
+    if target is None:
+        raise InvalidRequest("backend", backend, "the vulkan target comes from the device; "
+                             "compile it where it runs")
+    model, weights, ctx, _ = _open_model(path, random_weights, seed)
+    kv_capacity = check_kv_capacity(model, kv_capacity, ctx)
+    cache = CompileCache(cache_dir)
+    if not cache.enabled:
+        raise InvalidRequest("cache_dir", str(cache.dir), "the compile cache is not writable")
+    options = compile_options or DEFAULT_COMPILE_OPTIONS
+    runner = StepRunner(model, weights, None, None, kv_capacity, min(prefill_chunk, kv_capacity))
+    specs = [runner.prefill_spec()] + [runner.decode_spec(s) for s in (samplers or [GREEDY])]
+    out: dict[str, Any] = {"cache_dir": str(cache.dir), "backend": backend,
+                           "kv_capacity": kv_capacity, "steps": {}}
+    for spec in specs:
+        name = entry_name(spec)
+        say(f"compiling {name}")
+        t0 = time.perf_counter()
+        hits = cache.hits
+        prog = compile_cached(cache, model, weights.types, spec,
+                              lambda spec=spec: model.trace(spec, weights.types), target,
+                              options)
+        out["steps"][name] = {"step_key": step_key(model, weights.types, spec, target, options),
+                              "program": getattr(prog, "cache_key", None),
+                              "seconds": round(time.perf_counter() - t0, 2),
+                              "hit": cache.hits > hits}
+        if out["steps"][name]["program"] is None:
+            raise InvalidRequest("backend", backend, f"{name}: the compiled program was not "
+                                 f"written to the cache (this backend's programs are not "
+                                 f"cached)")
+    return out
 
 
 def _positive(name: str, v) -> int:
@@ -257,4 +352,4 @@ class Driver:
 
 
 __all__ = ["BACKENDS", "ContextOverflow", "Driver", "Finished", "ModelHandle", "ModelNotFound",
-           "SamplingParams", "TokenEvent", "target_for"]
+           "SamplingParams", "TokenEvent", "compile_cached", "compile_steps", "target_for"]

@@ -1,8 +1,19 @@
 """gpt-fast-style decode baseline: a hand-written Llama (random-init weights), a static KV
-cache, the decode step under torch.compile(mode="reduce-overhead") (CUDA graphs), greedy argmax
-on the GPU, batch 1. Prints/writes decode tok/s per (shape, dtype).
+cache, the decode step under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), greedy
+argmax on the GPU, batch 1. ``poot bench --baseline gpt-fast`` calls :func:`run_baseline` in
+its own process after poot; run alone it measures named shapes:
 
-    python3 bench/gpu_run/baseline_torch.py OUT.json [smollm2:bf16 smollm2:f32 llama1b:bf16 ...]
+    python3 bench/gpu_run/baseline_torch.py OUT.json [smollm2:bf16 llama1b:bf16 llama8b:bf16]
+
+Protocol (the same as ``poot bench``): the prompt (``prompt_tokens`` synthetic ids) is fed
+through the decode step one token at a time (not timed: gpt-fast's prefill is a separate
+compile that poot's decode numbers do not include either), then ``new_tokens`` greedy steps
+are timed, the token fed back on the device; ``runs`` timed runs, the best reported.
+
+Bytes per token: the weights one step reads (every matrix; the embedding table once when it
+is the tied head, one row when not) + the K/V of the mean context of the timed steps in the
+cache dtype: ``layers * 2 * ctx * kv_heads * head_dim * itemsize``. Roofline fraction: bytes
+per token * tokens/s / 4.26e12 (the H200's measured copy bandwidth).
 """
 from __future__ import annotations
 
@@ -10,105 +21,168 @@ import json
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+ROOFLINE_BPS = 4.26e12
 
-DEV = "cuda"
-
-SHAPES = {  # dim, layers, heads, kv_heads, ffn, vocab, rope_base
-    "smollm2": (576, 30, 9, 3, 1536, 49152, 100000.0),
-    "llama1b": (2048, 16, 32, 8, 8192, 128256, 500000.0),
-    "llama8b": (4096, 32, 32, 8, 14336, 128256, 500000.0),
+SHAPES = {  # hidden, layers, heads, kv_heads, ffn, vocab, rope_theta, tied
+    "smollm2": dict(hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536, vocab=49152,
+                    rope_theta=100000.0, tied=True),
+    "llama1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab=128256,
+                    rope_theta=500000.0, tied=True),
+    "llama8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256,
+                    rope_theta=500000.0, tied=False),
 }
 
 
-class Model(torch.nn.Module):
-    def __init__(self, dim, layers, heads, kvh, ffn, vocab, base, cap, dtype):
-        super().__init__()
-        self.h, self.kvh, self.hd = heads, kvh, dim // heads
-        hd = self.hd
-        g = lambda *s: torch.nn.Parameter(torch.randn(*s, dtype=dtype) * 0.02,  # noqa: E731
+def _model(shape: dict, cap: int, dtype):
+    import torch
+    import torch.nn.functional as F
+
+    dev = "cuda"
+
+    class Model(torch.nn.Module):
+        def __init__(self, hidden, layers, heads, kv_heads, ffn, vocab, rope_theta, tied,
+                     head_dim=None):
+            super().__init__()
+            hd = head_dim or hidden // heads
+            self.h, self.kvh, self.hd = heads, kv_heads, hd
+
+            def g(*s):  # N(0, 1/fan_in): activations stay O(1) (poot's random init too)
+                return torch.nn.Parameter(torch.randn(*s, dtype=dtype) / s[-1] ** 0.5,
                                           requires_grad=False)
-        self.emb = g(vocab, dim)
-        self.wqkv = torch.nn.ParameterList([g((heads + 2 * kvh) * hd, dim) for _ in range(layers)])
-        self.wo = torch.nn.ParameterList([g(dim, heads * hd) for _ in range(layers)])
-        self.w13 = torch.nn.ParameterList([g(2 * ffn, dim) for _ in range(layers)])
-        self.w2 = torch.nn.ParameterList([g(dim, ffn) for _ in range(layers)])
-        self.n1 = [torch.ones(dim, dtype=dtype, device=DEV) for _ in range(layers)]
-        self.n2 = [torch.ones(dim, dtype=dtype, device=DEV) for _ in range(layers)]
-        self.nf = torch.ones(dim, dtype=dtype, device=DEV)
-        self.kc = torch.zeros(layers, 1, kvh, cap, hd, dtype=dtype, device=DEV)
-        self.vc = torch.zeros(layers, 1, kvh, cap, hd, dtype=dtype, device=DEV)
-        inv = 1.0 / (base ** (torch.arange(0, hd, 2, device=DEV).float() / hd))
-        f = torch.outer(torch.arange(cap, device=DEV).float(), inv)
-        self.cos, self.sin = f.cos().to(dtype), f.sin().to(dtype)
-        self.cap, self.ffn, self.layers = cap, ffn, layers
+            self.emb = g(vocab, hidden)
+            self.head = self.emb if tied else g(vocab, hidden)
+            self.tied = tied
+            self.wqkv = torch.nn.ParameterList([g((heads + 2 * kv_heads) * hd, hidden)
+                                                for _ in range(layers)])
+            self.wo = torch.nn.ParameterList([g(hidden, heads * hd) for _ in range(layers)])
+            self.w13 = torch.nn.ParameterList([g(2 * ffn, hidden) for _ in range(layers)])
+            self.w2 = torch.nn.ParameterList([g(hidden, ffn) for _ in range(layers)])
+            self.n1 = [torch.ones(hidden, dtype=dtype, device=dev) for _ in range(layers)]
+            self.n2 = [torch.ones(hidden, dtype=dtype, device=dev) for _ in range(layers)]
+            self.nf = torch.ones(hidden, dtype=dtype, device=dev)
+            self.kc = torch.zeros(layers, 1, kv_heads, cap, hd, dtype=dtype, device=dev)
+            self.vc = torch.zeros(layers, 1, kv_heads, cap, hd, dtype=dtype, device=dev)
+            inv = 1.0 / (rope_theta ** (torch.arange(0, hd, 2, device=dev).float() / hd))
+            f = torch.outer(torch.arange(cap, device=dev).float(), inv)
+            self.cos, self.sin = f.cos().to(dtype), f.sin().to(dtype)
+            self.cap, self.ffn, self.layers = cap, ffn, layers
 
-    def rope(self, x, pos):
-        c, s = self.cos[pos].view(1, 1, 1, -1), self.sin[pos].view(1, 1, 1, -1)
-        x1, x2 = x[..., : self.hd // 2], x[..., self.hd // 2:]
-        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+        def rope(self, x, pos):
+            c, s = self.cos[pos].view(1, 1, 1, -1), self.sin[pos].view(1, 1, 1, -1)
+            x1, x2 = x[..., : self.hd // 2], x[..., self.hd // 2:]
+            return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
 
-    def forward(self, tok, pos):  # tok [1,1] int64, pos [1] int64
-        x = self.emb[tok]                                       # [1,1,dim]
-        mask = (torch.arange(self.cap, device=DEV) <= pos).view(1, 1, 1, -1)
-        for i in range(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), self.n1[i], 1e-5)
-            qkv = F.linear(h, self.wqkv[i])
-            q, k, v = qkv.split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd], -1)
-            q = self.rope(q.view(1, 1, self.h, self.hd), pos).transpose(1, 2)
-            k = self.rope(k.view(1, 1, self.kvh, self.hd), pos).transpose(1, 2)
-            v = v.view(1, 1, self.kvh, self.hd).transpose(1, 2)
-            self.kc[i].index_copy_(2, pos, k)
-            self.vc[i].index_copy_(2, pos, v)
-            o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], attn_mask=mask,
-                                               enable_gqa=True)
-            x = x + F.linear(o.transpose(1, 2).reshape(1, 1, -1), self.wo[i])
-            h = F.rms_norm(x, (x.shape[-1],), self.n2[i], 1e-5)
-            a, b = F.linear(h, self.w13[i]).split([self.ffn, self.ffn], -1)
-            x = x + F.linear(F.silu(a) * b, self.w2[i])
-        x = F.rms_norm(x, (x.shape[-1],), self.nf, 1e-5)
-        return torch.argmax(F.linear(x, self.emb), -1)        # tied head, greedy on device
+        def forward(self, tok, pos):  # tok [1,1] int64, pos [1] int64
+            x = self.emb[tok]                                       # [1,1,dim]
+            mask = (torch.arange(self.cap, device=dev) <= pos).view(1, 1, 1, -1)
+            for i in range(self.layers):
+                h = F.rms_norm(x, (x.shape[-1],), self.n1[i], 1e-5)
+                qkv = F.linear(h, self.wqkv[i])
+                q, k, v = qkv.split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd],
+                                    -1)
+                q = self.rope(q.view(1, 1, self.h, self.hd), pos).transpose(1, 2)
+                k = self.rope(k.view(1, 1, self.kvh, self.hd), pos).transpose(1, 2)
+                v = v.view(1, 1, self.kvh, self.hd).transpose(1, 2)
+                self.kc[i].index_copy_(2, pos, k)
+                self.vc[i].index_copy_(2, pos, v)
+                o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], attn_mask=mask,
+                                                   enable_gqa=True)
+                x = x + F.linear(o.transpose(1, 2).reshape(1, 1, -1), self.wo[i])
+                h = F.rms_norm(x, (x.shape[-1],), self.n2[i], 1e-5)
+                a, b = F.linear(h, self.w13[i]).split([self.ffn, self.ffn], -1)
+                x = x + F.linear(F.silu(a) * b, self.w2[i])
+            x = F.rms_norm(x, (x.shape[-1],), self.nf, 1e-5)
+            return torch.argmax(F.linear(x, self.head), -1)     # greedy on device
+
+    with torch.device(dev):
+        return Model(**shape)
 
 
-def bench(name, dtype_s, cap=256, n=200):
-    dtype = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}[dtype_s]
+def _kernels_per_step(step, tok, pos) -> int | None:
+    """CUDA kernels one replayed step launches (torch.profiler over one step); None when the
+    profiler reports none (kernels inside a CUDA graph are not always traced)."""
+    import torch
+
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            step(tok, pos)
+            torch.cuda.synchronize()
+        n = sum(1 for e in prof.events()
+                if str(getattr(e, "device_type", "")).endswith("CUDA")
+                and not e.name.startswith(("Memcpy", "Memset", "cudaGraph")))
+        return n or None
+    except Exception:  # noqa: BLE001  (a profiler that cannot run here: report none)
+        return None
+
+
+def run_baseline(shape: dict, dtype: str = "bf16", prompt_tokens: int = 32,
+                 new_tokens: int = 128, kv_capacity: int = 512, runs: int = 3) -> dict:
+    """Measure the baseline on ``shape`` (keys of :data:`SHAPES` entries; ``head_dim``
+    optional). Returns decode tok/s, us/token, kernels per step, bytes per token, roofline
+    fraction, compile seconds (see the module docstring)."""
+    import torch
+
+    dt = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}[dtype]
+    if prompt_tokens + new_tokens > kv_capacity:
+        raise ValueError(f"{prompt_tokens} + {new_tokens} tokens exceed the KV capacity "
+                         f"{kv_capacity}")
     torch.manual_seed(0)
-    with torch.device(DEV):
-        m = Model(*SHAPES[name], cap=cap, dtype=dtype)
+    shape = dict(shape)
+    m = _model(shape, kv_capacity, dt)
     step = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
-    tok = torch.zeros(1, 1, dtype=torch.long, device=DEV)
+    pos = [torch.tensor([p], device="cuda") for p in range(kv_capacity)]
     t0 = time.perf_counter()
     with torch.no_grad():
+        tok = torch.zeros(1, 1, dtype=torch.long, device="cuda")
         for p in range(3):                                     # compile + graph capture
-            tok = step(tok, torch.tensor([p], device=DEV)).view(1, 1).clone()
-        torch.cuda.synchronize()
-        compile_s = time.perf_counter() - t0
-        pos = [torch.tensor([p % cap], device=DEV) for p in range(n)]
-        t = time.perf_counter()
-        for p in range(n):
             tok = step(tok, pos[p]).view(1, 1).clone()
         torch.cuda.synchronize()
-        dt = time.perf_counter() - t
-        tok.item()
-    nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
-    r = {"shape": name, "dtype": dtype_s, "kv_capacity": cap, "steps": n,
-         "tok_per_s": round(n / dt, 1), "ms_per_tok": round(1e3 * dt / n, 3),
-         "weight_MB": round(nbytes / 1e6, 1), "GB_per_s": round(nbytes * n / dt / 1e9, 1),
-         "compile_s": round(compile_s, 1)}
-    print(json.dumps(r), flush=True)
-    return r
+        compile_s = time.perf_counter() - t0
+        best = None
+        for _ in range(runs):
+            m.kc.zero_()
+            m.vc.zero_()
+            tok = torch.full((1, 1), 17, dtype=torch.long, device="cuda")
+            for p in range(prompt_tokens):                      # the prompt, untimed
+                tok = step(tok, pos[p]).view(1, 1).clone()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for p in range(prompt_tokens, prompt_tokens + new_tokens):
+                tok = step(tok, pos[p]).view(1, 1).clone()
+            torch.cuda.synchronize()
+            dt_s = time.perf_counter() - t
+            best = dt_s if best is None else min(best, dt_s)
+        kernels = _kernels_per_step(step, tok, pos[prompt_tokens])
+    hd = shape.get("head_dim") or shape["hidden"] // shape["heads"]
+    item = torch.tensor([], dtype=dt).element_size()
+    weights = sum(p.numel() * p.element_size() for p in m.parameters())  # head counted once
+    if not shape["tied"]:
+        weights -= m.emb.numel() * item - shape["hidden"] * item         # one embedding row
+    ctx = prompt_tokens + new_tokens / 2
+    kv = shape["layers"] * 2 * ctx * shape["kv_heads"] * hd * item
+    tps = new_tokens / best
+    return {"impl": "gpt-fast-style torch.compile(reduce-overhead)", "torch": torch.__version__,
+            "dtype": dtype, "kv_capacity": kv_capacity, "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens, "decode_tokens_per_s": tps, "us_per_token": 1e6 / tps,
+            "dispatches_per_token": kernels, "weight_bytes": int(weights),
+            "kv_bytes_read": int(kv), "bytes_per_token": int(weights + kv),
+            "roofline_fraction": (weights + kv) * tps / ROOFLINE_BPS,
+            "compile_s": compile_s}
 
 
 if __name__ == "__main__":
+    import torch
+
     out = sys.argv[1]
-    todo = sys.argv[2:] or ["smollm2:bf16", "smollm2:f32"]
+    todo = sys.argv[2:] or ["smollm2:bf16"]
     res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "runs": []}
     for spec in todo:
         name, dt = spec.split(":")
         try:
-            res["runs"].append(bench(name, dt))
+            r = run_baseline(SHAPES[name], dt)
+            res["runs"].append({"shape": name, **r})
         except Exception as e:  # noqa: BLE001
-            res["runs"].append({"shape": name, "dtype": dt, "error": f"{type(e).__name__}: {e}"[:800]})
-            print(res["runs"][-1], flush=True)
+            res["runs"].append({"shape": name, "dtype": dt,
+                                "error": f"{type(e).__name__}: {e}"[:800]})
+        print(json.dumps(res["runs"][-1]), flush=True)
         json.dump(res, open(out, "w"), indent=1)

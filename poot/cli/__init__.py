@@ -14,7 +14,7 @@ import sys
 from poot.errors import PootError
 
 # Subcommand modules, in --help order. Each defines register(subparsers).
-_SUBCOMMANDS = ("generate", "bench", "inspect", "tokenize", "devcheck")
+_SUBCOMMANDS = ("generate", "bench", "compile", "inspect", "tokenize", "devcheck")
 
 
 class InputError(PootError):

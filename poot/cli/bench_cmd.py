@@ -1,20 +1,50 @@
 """``poot bench``: greedy decode speed and time to first token, as JSON.
 
-    poot bench [--model MODEL] [--backend B] [--prompt-tokens N] [--tokens N] [--runs R]
+    poot bench [--model MODEL | --config CONFIG.json --random-weights [--dtype bf16]]
+               [--backend B] [--prompt-tokens N] [--tokens N] [--runs R]
+               [--baseline gpt-fast] [--profile] [--out FILE]
 
 Runs R greedy requests of N new tokens (EOS ignored) on a synthetic prompt of
-``--prompt-tokens`` ids (or ``--prompt`` text) after one warm-up request, and prints
-``{"model", "backend", "prompt_tokens", "generated_tokens", "ttft_s", "decode_tokens_per_s",
-"load_s", "compile_s", "runs": [...]}`` (the best run's numbers at the top level;
-``compile_s`` maps entry names such as ``"prefill"`` and ``"decode"`` to seconds).
+``--prompt-tokens`` ids (or ``--prompt`` text) after one warm-up request, through the same
+driver as ``poot generate`` (prefill steps, then one decode step per token with the on-device
+sampler; only the token id is read back). Prints one JSON object: the best run's numbers at
+the top level (``model``, ``backend``, ``prompt_tokens``, ``generated_tokens``, ``ttft_s``,
+``decode_tokens_per_s``, ``kv_capacity``, ``load_s``, ``compile_s`` (entry name ->
+seconds), ``runs``) and, under ``poot``, the comparable measures:
+
+* ``decode_tokens_per_s`` / ``us_per_token``: the driver's decode loop (host work included);
+  ``replay_us_per_step``: the decode step's recording replayed back to back (device time);
+* ``dispatches_per_token``: dispatch regions of the decode step, and for CUDA the graph's
+  ``graph_kernel_nodes`` / ``graph_copy_nodes``;
+* ``bytes_per_token``: the weights one decode step reads (every weight; an embedding table
+  that is not also the output head counts one row) + the K/V of the mean context of the
+  timed tokens (``layers * 2 * ctx * kv_heads * head_dim * 4``: poot's caches are f32);
+  ``roofline_fraction``: bytes_per_token * tokens/s / 4.26e12 (the H200's copy bandwidth).
+
+``--baseline gpt-fast`` then runs ``bench/gpu_run/baseline_torch.py`` (a gpt-fast-style
+torch model: static KV cache, ``torch.compile(mode="reduce-overhead")``, random-init weights
+of the same shapes in ``--baseline-dtype``) in the same process with the same prompt and token
+counts; its measures go under ``baseline`` and ``ratio`` holds poot / baseline. ``--profile``
+adds ``poot.profile``: GPU time per dispatch kind of one decode step (CUDA only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import time
 
-from poot.cli.generate_cmd import add_model_args, check_options, load_handle
+from poot.cli.compile_cmd import add_source_args, model_source
+from poot.cli.generate_cmd import add_model_args, check_options
+from poot.errors import PootError
+
+ROOFLINE_BPS = 4.26e12
+BASELINES = ("gpt-fast",)
+
+
+class BenchError(PootError):
+    """A benchmark part that cannot run here (say what and why, never a silent skip)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Print greedy decode speed and time to first "
                               "token as one JSON object.")
     add_model_args(p)
+    add_source_args(p)
     p.add_argument("--prompt", default=None, help="prompt text (default: synthetic ids)")
     p.add_argument("--prompt-tokens", type=int, default=32, metavar="N",
                    help="length of the synthetic prompt when no --prompt (default: 32)")
@@ -29,7 +60,144 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="new tokens per run, EOS ignored (default: 64)")
     p.add_argument("--runs", type=int, default=3, metavar="R",
                    help="timed runs after one warm-up; the best is reported (default: 3)")
+    p.add_argument("--replay", type=int, default=100, metavar="N",
+                   help="decode-step replays timed back to back for replay_us_per_step; 0 = "
+                        "skip (default: 100)")
+    p.add_argument("--baseline", choices=BASELINES, default=None,
+                   help="also run this baseline on the same shapes in the same process "
+                        "(default: none)")
+    p.add_argument("--baseline-dtype", choices=("bf16", "f16", "f32"), default=None,
+                   help="dtype of the baseline's random weights (default: --dtype with "
+                        "--random-weights, else bf16)")
+    p.add_argument("--profile", action="store_true",
+                   help="add GPU time per dispatch kind of one decode step (cuda)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="also write the JSON object to FILE (default: stdout only)")
     p.set_defaults(func=run)
+
+
+def _load(args):
+    from poot.api import ModelHandle
+
+    path, random_dtype = model_source(args)
+    return ModelHandle.load(path, backend=args.backend, kv_capacity=args.kv_capacity,
+                            prefill_chunk=args.prefill_chunk, use_cache=not args.no_cache,
+                            random_weights=random_dtype, seed=args.seed)
+
+
+def decode_entry(handle):
+    """The greedy decode entry of the handle's engine (compiled by the runs)."""
+    from poot.driver.runner import GREEDY
+
+    return handle.runner.decode_entry(GREEDY)
+
+
+def weight_bytes_read(handle, program) -> int:
+    """Bytes of the weights one decode step reads: every param of the step; an embedding
+    table that is not also the head (an ``lm_head`` param is bound) counts one row."""
+    types = handle.weights.types
+    total = 0
+    for b in getattr(program, "storage", ()):
+        if b.role != "param":
+            continue
+        n = int(b.nbytes)
+        if b.name == "tok_embed" and "lm_head" in types:
+            n //= max(1, int(types[b.name].shape[0]))
+        total += n
+    return total
+
+
+def kv_bytes_read(handle, ctx: float, itemsize: int = 4) -> int:
+    d = handle.model.dims()
+    return int(d.n_layers * 2 * ctx * d.n_kv_heads * d.head_dim * itemsize)
+
+
+def replay_us(handle, n: int) -> float | None:
+    """Mean microseconds of one decode step replayed ``n`` times back to back (no host
+    work between launches), or None when the device has no recording yet."""
+    eng = handle.runner.engine
+    entry = decode_entry(handle)
+    recs = list(entry.recordings.values())
+    if not recs or n <= 0:
+        return None
+    dev = eng.device
+    dev.replay(recs[0])
+    dev.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dev.replay(recs[0])
+    dev.synchronize()
+    return 1e6 * (time.perf_counter() - t0) / n
+
+
+def profile(handle) -> dict:
+    if handle.backend != "cuda":
+        raise BenchError(f"--profile needs the cuda backend (profiling times CUDA events), "
+                         f"not {handle.backend}")
+    from poot.backends.cuda.runtime import profile_kernel
+
+    eng = handle.runner.engine
+    entry = decode_entry(handle)
+    return profile_kernel(eng.device, entry.kernel, eng._bindings(entry))
+
+
+def poot_measures(handle, best: dict, replay_n: int) -> dict:
+    """The poot half of the comparison (see the module docstring)."""
+    entry = decode_entry(handle)
+    prog = entry.program
+    tps = best["decode_tokens_per_s"] or 0.0
+    ctx = best["prompt_tokens"] + best["generated_tokens"] / 2
+    w, kv = weight_bytes_read(handle, prog), kv_bytes_read(handle, ctx)
+    out = {"decode_tokens_per_s": tps, "us_per_token": 1e6 / tps if tps else None,
+           "replay_us_per_step": replay_us(handle, replay_n),
+           "dispatches_per_token": sum(getattr(prog, "dispatches", {}).values()) or None,
+           "dispatch_kinds": dict(getattr(prog, "dispatches", {})),
+           "weight_bytes": w, "kv_bytes_read": kv, "bytes_per_token": w + kv,
+           "roofline_fraction": (w + kv) * tps / ROOFLINE_BPS,
+           "from_cache": bool(getattr(prog, "from_cache", False))}
+    plan = getattr(getattr(prog, "executable", None), "plan", None)
+    if plan is not None and "launches" in plan:
+        from poot.backends.cuda.artifact import kernel_nodes
+
+        nodes = kernel_nodes(plan)
+        out["graph_kernel_nodes"], out["graph_copy_nodes"] = nodes["kernels"], nodes["copies"]
+        out["dispatches_per_token"] = nodes["kernels"]
+    if out["replay_us_per_step"]:
+        out["replay_roofline_fraction"] = (w + kv) / (out["replay_us_per_step"] * 1e-6) \
+            / ROOFLINE_BPS
+    return out
+
+
+def load_baseline():
+    """``run_baseline`` of ``bench/gpu_run/baseline_torch.py`` in this source checkout."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(root, "bench", "gpu_run", "baseline_torch.py")
+    if not os.path.isfile(path):
+        raise BenchError(f"--baseline gpt-fast runs {path}, which is not here (it ships with "
+                         f"the source checkout, not the wheel)")
+    if importlib.util.find_spec("torch") is None:
+        raise BenchError("--baseline gpt-fast needs torch (with CUDA)")
+    spec = importlib.util.spec_from_file_location("poot_baseline_torch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.run_baseline
+
+
+def baseline_shape(handle) -> dict:
+    """The baseline's shape dict from the loaded model (dims, RoPE base, tied head)."""
+    d = handle.model.dims()
+    o = handle.model.options() if hasattr(handle.model, "options") else handle.model.config
+    return {"hidden": d.hidden, "layers": d.n_layers, "heads": d.n_heads,
+            "kv_heads": d.n_kv_heads, "head_dim": d.head_dim, "ffn": d.intermediate,
+            "vocab": d.vocab, "rope_theta": float(getattr(handle.model.config, "rope_theta",
+                                                          10000.0)),
+            "tied": bool(o.tie_word_embeddings)}
+
+
+RATIO_KEYS = ("decode_tokens_per_s", "us_per_token", "dispatches_per_token", "bytes_per_token",
+              "roofline_fraction")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     from poot.driver.params import SamplingParams
 
     check_options(args, "tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk")
-    handle = load_handle(args)
+    handle = _load(args)
     if args.prompt is not None:
         prompt = handle.encode(args.prompt)
     else:
@@ -54,5 +222,24 @@ def run(args: argparse.Namespace) -> int:
            "decode_tokens_per_s": best["decode_tokens_per_s"],
            "kv_capacity": handle.runner.kv_capacity,
            "load_s": handle.load_s, "compile_s": handle.runner.compile_s, "runs": runs}
-    print(json.dumps(out))
+    if args.random_weights:
+        out["random_weights"] = args.dtype
+    out["poot"] = poot_measures(handle, best, args.replay)
+    if args.profile:
+        out["poot"]["profile"] = profile(handle)
+    if args.baseline:
+        run_baseline = load_baseline()
+        dtype = args.baseline_dtype or (args.dtype if args.random_weights else "bf16")
+        base = run_baseline(baseline_shape(handle), dtype, prompt_tokens=len(prompt),
+                            new_tokens=args.tokens, kv_capacity=handle.runner.kv_capacity,
+                            runs=args.runs)
+        out["baseline"] = {"name": args.baseline, **base}
+        out["ratio"] = {k: (out["poot"][k] / base[k]
+                            if out["poot"].get(k) and base.get(k) else None)
+                        for k in RATIO_KEYS}
+    text = json.dumps(out)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
     return 0

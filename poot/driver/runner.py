@@ -81,6 +81,9 @@ class StepRunner:
     _entries: dict[Any, Entry] = field(default_factory=dict)
     on_compile: Callable[[str], None] | None = None
     model_context: int | None = None   # the model's trained context (max kv_capacity)
+    #: ``(spec, trace) -> Program`` replacing ``compile(trace())``: lets a compile cache find
+    #: a step's program without tracing (``trace`` is called only on a miss).
+    compile_step: Callable[[StepSpec, Callable[[], Any]], Any] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -93,20 +96,26 @@ class StepRunner:
             if self.on_compile:
                 self.on_compile(label)
             t0 = time.perf_counter()
-            graph = self.model.trace(spec, self.weights.types)
-            program = self.compile(graph)
+            trace = lambda: self.model.trace(spec, self.weights.types)  # noqa: E731
+            program = self.compile_step(spec, trace) if self.compile_step else \
+                self.compile(trace())
             e = self._entries[key] = self.engine.add_entry(program, carry=carry)
             self.compile_s[label] = time.perf_counter() - t0
         return e
 
+    def prefill_spec(self) -> StepSpec:
+        return StepSpec.prefill(min(self.prefill_chunk, self.kv_capacity),
+                                kv_capacity=self.kv_capacity, outputs="hidden")
+
+    def decode_spec(self, spec: SamplerSpec) -> StepSpec:
+        return StepSpec.decode(kv_capacity=self.kv_capacity, sampler=spec)
+
     def prefill_entry(self) -> Entry:
-        t = min(self.prefill_chunk, self.kv_capacity)
-        return self._entry(("prefill", t), StepSpec.prefill(
-            t, kv_capacity=self.kv_capacity, outputs="hidden"))
+        spec = self.prefill_spec()
+        return self._entry(("prefill", spec.tokens), spec)
 
     def decode_entry(self, spec: SamplerSpec) -> Entry:
-        return self._entry(("decode", spec), StepSpec.decode(
-            kv_capacity=self.kv_capacity, sampler=spec), carry=HISTORY_CARRY)
+        return self._entry(("decode", spec), self.decode_spec(spec), carry=HISTORY_CARRY)
 
     def prefill(self, ids, start: int = 0, slot: int = 0) -> int:
         """Write the K/V of ``ids`` at positions ``start..`` of ``slot``; returns the number
@@ -133,5 +142,9 @@ class StepRunner:
         """Compile the entries a request of ``spec`` needs (greedy by default)."""
         if prefill:
             self.prefill_entry()
-        self.decode_entry(spec or SamplerSpec(penalties=False, logit_bias=False, top_k=False,
-                                              top_p=False, min_p=False))
+        self.decode_entry(spec or GREEDY)
+
+
+#: The sampler of a greedy request with no penalties, bias or filters (what ``warm_up``
+#: compiles and ``poot bench`` runs).
+GREEDY = SamplerSpec(penalties=False, logit_bias=False, top_k=False, top_p=False, min_p=False)

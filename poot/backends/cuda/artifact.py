@@ -71,4 +71,26 @@ class CudaArtifact:
                 "ptx_bytes": len(self.ptx)}
 
 
-__all__ = ["CudaArtifact", "FORMAT"]
+def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):
+    """The sm_90 compile target (f32/f16/bf16 storage, f32 compute, every packed format),
+    built without MLIR: a machine that only runs cached programs computes its compile-cache
+    keys with it. Must equal :func:`poot.backends.cuda.codegen.cuda_target` (a test checks
+    that their keys agree)."""
+    from poot.compiler.target import Capabilities, Target
+    from poot.dialects.quant import BY_NAME
+
+    return Target("cuda", Capabilities(packed_formats=frozenset(BY_NAME), cores=cores,
+                                       subgroup_size=subgroup_size,
+                                       max_shared_bytes=max_shared_bytes,
+                                       features=frozenset({"sm_90"})))
+
+
+def kernel_nodes(plan: dict) -> dict[str, int]:
+    """Graph nodes one step launches: ``kernels`` (kernel launches) and ``copies``
+    (device-to-device copies) of the plan."""
+    L = plan["launches"]
+    return {"kernels": sum(1 for x in L if x["op"] == "kernel"),
+            "copies": sum(1 for x in L if x["op"] == "copy")}
+
+
+__all__ = ["CudaArtifact", "FORMAT", "cuda_target", "kernel_nodes"]

@@ -121,6 +121,13 @@ class Arg:
     buffer: int      # plan buffer id
 
 
+def kernel_args(plan: dict) -> list[Arg]:
+    """A loaded step's arguments: inputs, params (weights), outputs, in the plan's order."""
+    return ([Arg("input", x["name"], buf_type(x), x["buffer"]) for x in plan["inputs"]]
+            + [Arg("param", x["name"], buf_type(x), x["buffer"]) for x in plan["params"]]
+            + [Arg("output", x["name"], buf_type(x), x["buffer"]) for x in plan["outputs"]])
+
+
 @dataclass
 class CudaKernel:
     """A loaded artifact: ``args`` (inputs, params, outputs), the module and functions, the
@@ -176,6 +183,12 @@ class CudaDevice:
         return DevBuf(self._alloc_bytes(n), n, dt, shape)
 
     def upload(self, buffer: DevBuf, array) -> None:
+        """Write ``array`` into ``buffer``. A random-init weight (duck-typed
+        :class:`poot.models.random_init.RandomArray`: ``chunks()``/``scaled_pool()``) is
+        filled on the device from its pool: the host never builds the whole tensor."""
+        if hasattr(array, "chunks") and hasattr(array, "scaled_pool"):
+            self._fill_random(buffer, array)
+            return
         a = np.asarray(array)
         if a.dtype.itemsize == 2 and buffer.dtype == np.uint16:
             a = a.view(np.uint16)
@@ -186,6 +199,32 @@ class CudaDevice:
             raise CudaError(f"cannot write {a.nbytes} bytes into a buffer of {buffer.nbytes}")
         cu = driver()
         _check(cu.cuMemcpyHtoD(buffer.ptr, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+
+    def _fill_random(self, buffer: DevBuf, r) -> None:
+        """``buffer`` = ``np.asarray(r)``, built on the device: norm scales (``scale`` 0) by a
+        memset of the bit pattern of 1; matrices by one device-to-device copy per chunk from
+        the scaled pool, uploaded once per (seed, scale, dtype) and kept."""
+        cu = driver()
+        if r.nbytes != buffer.nbytes:
+            raise CudaError(f"cannot write {r.nbytes} bytes into a buffer of {buffer.nbytes}")
+        item = r.dtype.itemsize
+        if r.scale == 0.0:
+            one = np.ones(1, r.dtype).view({2: np.uint16, 4: np.uint32}[item])[0]
+            fill = cu.cuMemsetD16 if item == 2 else cu.cuMemsetD32
+            _check(fill(buffer.ptr, int(one), r.size), "cuMemset")
+            return
+        pools = self.__dict__.setdefault("_pools", {})
+        key = (r.seed, r.scale, r.dtype.str)
+        if key not in pools:
+            host = np.ascontiguousarray(r.scaled_pool())
+            buf = DevBuf(self._alloc_bytes(host.nbytes), host.nbytes, host.dtype, host.shape)
+            _check(cu.cuMemcpyHtoD(buf.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+            pools[key] = buf
+        src = pools[key].ptr
+        for first, start, n in r.chunks():
+            _check(cu.cuMemcpyDtoDAsync(buffer.ptr + first * item, src + start * item,
+                                        n * item, self.stream), "cuMemcpyDtoDAsync")
+        self.synchronize()
 
     def upload_async(self, buffer: DevBuf, array: np.ndarray) -> None:
         """Queue a host-to-device write on the stream (``array`` must stay alive until the
@@ -221,9 +260,7 @@ class CudaDevice:
         fns = [_check(cu.cuModuleGetFunction(mod, k.encode()), f"cuModuleGetFunction {k}")
                for k in art.plan["kernels"]]
         plan = art.plan
-        args = ([Arg("input", x["name"], buf_type(x), x["buffer"]) for x in plan["inputs"]]
-                + [Arg("param", x["name"], buf_type(x), x["buffer"]) for x in plan["params"]]
-                + [Arg("output", x["name"], buf_type(x), x["buffer"]) for x in plan["outputs"]])
+        args = kernel_args(plan)
         private = {}
         import base64
 
@@ -308,25 +345,51 @@ class CudaDevice:
 
 
 def profile_dispatches(runner: "StepRunner") -> dict[str, float]:
-    """GPU milliseconds per dispatch kind for one step, each dispatch's launches bracketed by
-    CUDA events (eager launches; the current buffer contents are used)."""
+    """GPU milliseconds per dispatch kind for one step of a :class:`StepRunner`
+    (:func:`profile_kernel`'s ``by_kind`` milliseconds)."""
+    prof = profile_kernel(runner.device, runner.kernel, runner.bindings, repeats=1)
+    return {k: v["ms"] for k, v in prof["by_kind"].items()}
+
+
+def profile_kernel(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBuf],
+                   repeats: int = 3, top: int = 12) -> dict:
+    """Where one step's GPU time goes: each dispatch's launches run eagerly (no graph),
+    bracketed by CUDA events, ``repeats`` times (the minimum per dispatch is kept; the
+    buffers' current contents are used and rewritten as a step would).
+
+    Returns ``{"total_ms", "by_kind": {kind: {"ms", "dispatches", "launches"}},
+    "top": [{"callee", "kind", "ms", "launches"}, ...] (the ``top`` slowest dispatches),
+    "events_overhead_note"}``. Eager launches include each launch's own overhead, which a
+    graph replay partly hides, so the total exceeds the replayed step time.
+    """
     cu = driver()
-    dev = runner.device
-    plan = runner.kernel.artifact.plan
-    ptrs, _ = dev._pointers(runner.kernel, runner.bindings)
+    plan = kernel.artifact.plan
+    ptrs, _ = dev._pointers(kernel, bindings)
     ev0 = _check(cu.cuEventCreate(0), "cuEventCreate")
     ev1 = _check(cu.cuEventCreate(0), "cuEventCreate")
-    out: dict[str, float] = {}
-    for d in plan["dispatches"]:
-        keep: list = []
-        _check(cu.cuEventRecord(ev0, dev.stream), "cuEventRecord")
-        dev._enqueue(runner.kernel, ptrs, [], keep,
-                     plan["launches"][d["first"]:d["first"] + d["count"]])
-        _check(cu.cuEventRecord(ev1, dev.stream), "cuEventRecord")
-        _check(cu.cuEventSynchronize(ev1), "cuEventSynchronize")
-        ms = _check(cu.cuEventElapsedTime(ev0, ev1), "cuEventElapsedTime")
-        out[d["kind"]] = out.get(d["kind"], 0.0) + float(ms)
-    return out
+    best = [float("inf")] * len(plan["dispatches"])
+    for _ in range(max(1, repeats)):
+        for i, d in enumerate(plan["dispatches"]):
+            keep: list = []
+            _check(cu.cuEventRecord(ev0, dev.stream), "cuEventRecord")
+            dev._enqueue(kernel, ptrs, [], keep,
+                         plan["launches"][d["first"]:d["first"] + d["count"]])
+            _check(cu.cuEventRecord(ev1, dev.stream), "cuEventRecord")
+            _check(cu.cuEventSynchronize(ev1), "cuEventSynchronize")
+            best[i] = min(best[i], float(_check(cu.cuEventElapsedTime(ev0, ev1),
+                                                "cuEventElapsedTime")))
+    by_kind: dict[str, dict] = {}
+    for d, ms in zip(plan["dispatches"], best):
+        k = by_kind.setdefault(d["kind"], {"ms": 0.0, "dispatches": 0, "launches": 0})
+        k["ms"] += ms
+        k["dispatches"] += 1
+        k["launches"] += d["count"]
+    order = sorted(range(len(best)), key=lambda i: -best[i])[:top]
+    return {"total_ms": sum(best), "by_kind": by_kind,
+            "top": [{"callee": plan["dispatches"][i]["callee"],
+                     "kind": plan["dispatches"][i]["kind"], "ms": best[i],
+                     "launches": plan["dispatches"][i]["count"]} for i in order],
+            "note": "eager launches, one CUDA event pair per dispatch, min over repeats"}
 
 
 class StepRunner:
@@ -399,4 +462,5 @@ class StepRunner:
 
 
 __all__ = ["BufType", "CudaDevice", "CudaError", "CudaKernel", "CudaRecording", "DevBuf",
-           "StepRunner", "device_available"]
+           "StepRunner", "device_available", "kernel_args", "profile_dispatches",
+           "profile_kernel"]

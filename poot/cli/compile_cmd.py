@@ -1,0 +1,100 @@
+"""``poot compile``: fill the compile cache for a model, backend and KV capacity.
+
+    poot compile [--model MODEL | --config CONFIG.json --random-weights [--dtype bf16]]
+                 [--backend cuda] [--kv-capacity N] [--prefill-chunk N]
+                 [--temperature T --top-p P --top-k K] [--cache-dir DIR]
+
+Compiles the steps that ``poot generate`` / ``poot bench`` with the same model, backend and
+``--kv-capacity`` run (the prefill chunk and the greedy decode step; with sampling options
+also the decode step of such a request) into the compile cache (``--cache-dir``, else
+``$POOT_CACHE_DIR``, else ``~/.cache/poot``), with an index that finds each program without
+tracing. A machine without MLIR (the GPU machine) runs them from a copy of that directory:
+``POOT_CACHE_DIR=<copy> poot bench --backend cuda ...``. Opens no device. Prints one JSON
+object (step keys, program keys, seconds, cache size in bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from poot.cli import plain
+
+
+def add_source_args(p: argparse.ArgumentParser) -> None:
+    """``--config``/``--random-weights``/``--dtype``/``--seed``: random-init weights of a HF
+    config's shapes instead of a checkpoint (shared by compile and bench)."""
+    p.add_argument("--config", default=None, metavar="CONFIG",
+                   help="a HF config.json (file or folder): with --random-weights, the model "
+                        "shapes to use instead of --model")
+    p.add_argument("--random-weights", action="store_true",
+                   help="random-init weights of --config's shapes (no checkpoint, no "
+                        "tokenizer)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "f16", "f32"),
+                   help="dtype of the random weights (default: bf16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+
+
+def model_source(args) -> tuple[str | None, str | None]:
+    """(path, random_weights dtype or None) from --model / --config --random-weights."""
+    from poot.driver.params import InvalidRequest
+
+    if args.random_weights:
+        if not args.config:
+            raise InvalidRequest("--random-weights", True, "needs --config CONFIG.json")
+        if args.model:
+            raise InvalidRequest("--model", args.model, "give --model or --config "
+                                 "--random-weights, not both")
+        return args.config, args.dtype
+    if args.config:
+        raise InvalidRequest("--config", args.config, "is used with --random-weights")
+    return args.model, None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from poot.cli.generate_cmd import add_model_args
+
+    p = subparsers.add_parser("compile", help="fill the compile cache (to carry to a machine "
+                              "without MLIR)", description=plain(__doc__),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    add_source_args(p)
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="the compile cache to fill (default: $POOT_CACHE_DIR or "
+                        "~/.cache/poot)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="also compile the decode step of a request with these sampling "
+                        "options (default: greedy only)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--top-k", type=int, default=0, metavar="K")
+    p.set_defaults(func=run)
+
+
+def cache_bytes(folder: str) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def run(args: argparse.Namespace) -> int:
+    from poot.api import compile_steps
+    from poot.cli.generate_cmd import check_options
+    from poot.driver.params import SamplingParams
+    from poot.driver.runner import GREEDY, sampler_spec
+
+    check_options(args, "kv_capacity", "prefill_chunk")
+    path, random_dtype = model_source(args)
+    samplers = [GREEDY]
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    if sampler_spec(params) != GREEDY:
+        samplers.append(sampler_spec(params))
+    out = compile_steps(path, args.backend, kv_capacity=args.kv_capacity,
+                        prefill_chunk=args.prefill_chunk, samplers=samplers,
+                        cache_dir=args.cache_dir, random_weights=random_dtype, seed=args.seed,
+                        progress=lambda m: print(f"poot: {m}", file=sys.stderr))
+    out["cache_bytes"] = cache_bytes(out["cache_dir"])
+    print(json.dumps(out))
+    return 0

@@ -1,0 +1,164 @@
+"""Random-init weights of a config's shapes, for benchmarks: no checkpoint file needed.
+
+    loaded = load_random_model("bench/shapes/llama-3.2-1b.json", dtype="bf16")
+    model, weights = loaded            # weights.types as a checkpoint of that config would have
+
+The family, its config and its weight binding are the ones a real checkpoint gets
+(``family.from_config`` + ``model.bind``), over a store of :class:`RandomArray` tensors named
+as the HF checkpoint names them. So the traced step, and its compile-cache key, are the ones a
+real checkpoint of the same shapes and dtype gets.
+
+Shapes follow the HF ``nn.Linear`` layout ``[out_features, in_features]`` of the shared
+decoder roles (:func:`poot.models.components.decoder_weight_names`, ``dense_ffn_names``): an
+embedding / head ``[vocab, hidden]``, q ``[heads*head_dim, hidden]``, k/v
+``[kv_heads*head_dim, hidden]``, o ``[hidden, heads*head_dim]``, gate/up
+``[intermediate, hidden]``, down ``[hidden, intermediate]``, fused qkv / gate_up stacked on
+the rows, norms ``[hidden]`` (q/k norms ``[head_dim]``). Optional roles (biases) are left
+out; a role with no rule here (MoE experts) is refused with :class:`ModelError`.
+
+Values: matrices N(0, 1/fan_in) (``fan_in`` = the last dimension: each projection keeps unit
+variance, so activations stay O(1) through the layers and finite in bf16); 1-D weights
+(norm scales) are 1. A :class:`RandomArray` is not materialized up front: it is a recipe of
+chunks copied from one shared pool of normal samples (seeded), so a device can fill its
+buffer from the pool without the host ever holding the whole tensor (16 GB for an 8B model),
+and ``np.asarray`` gives the same values on the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+from poot.models.base import REGISTRY, LoadedModel, ModelError
+
+#: Elements of the shared pool of N(0, 1) samples (f32; 64 MiB) and of one copied chunk.
+POOL_ELEMS = 1 << 24
+CHUNK_ELEMS = 1 << 20
+
+_POOLS: dict[int, np.ndarray] = {}
+
+
+def pool(seed: int) -> np.ndarray:
+    """The f32 [POOL_ELEMS] N(0, 1) pool of ``seed`` (made once per process)."""
+    p = _POOLS.get(seed)
+    if p is None:
+        p = _POOLS[seed] = np.random.default_rng(seed).standard_normal(
+            POOL_ELEMS, dtype=np.float32)
+    return p
+
+
+class RandomArray:
+    """A weight tensor described, not stored: ``shape``/``dtype`` (numpy), ``scale`` (the
+    std; 0 means every element is 1: a norm scale), the pool ``seed`` and a ``salt`` (its
+    name) that picks where its chunks start in the pool.
+
+    Element ``k`` of chunk ``c`` (``CHUNK_ELEMS`` elements each, the last one shorter) is
+    ``scale * pool[start(c) + k]``, ``start(c)`` a hash of (salt, c) in
+    ``[0, POOL_ELEMS - CHUNK_ELEMS]``. :meth:`chunks` lists them; ``np.asarray`` builds it.
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, scale: float, seed: int = 0,
+                 salt: str = ""):
+        self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+        self.scale, self.seed, self.salt = float(scale), int(seed), salt
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def chunks(self):
+        """(first element, pool offset, elements) of each chunk, in order."""
+        n = self.size
+        for c, first in enumerate(range(0, n, CHUNK_ELEMS)):
+            h = hashlib.blake2b(f"{self.salt}/{c}".encode(), digest_size=8).digest()
+            start = int.from_bytes(h, "little") % (POOL_ELEMS - CHUNK_ELEMS + 1)
+            yield first, start, min(CHUNK_ELEMS, n - first)
+
+    def scaled_pool(self) -> np.ndarray:
+        """The pool times ``scale`` in this array's dtype (what chunks are copied from)."""
+        return (pool(self.seed) * np.float32(self.scale)).astype(self.dtype)
+
+    def __array__(self, dtype=None, copy=None):
+        if self.scale == 0.0:
+            out = np.ones(self.shape, self.dtype)
+        else:
+            src, flat = self.scaled_pool(), np.empty(self.size, self.dtype)
+            for first, start, n in self.chunks():
+                flat[first:first + n] = src[start:start + n]
+            out = flat.reshape(self.shape)
+        return out if dtype is None else out.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"RandomArray({list(self.shape)}, {self.dtype}, std={self.scale:g})"
+
+
+def role_shape(role: str, o: Any) -> tuple[int, ...]:
+    """The HF shape of a shared-decoder ``role`` (``{i}`` already expanded) for decoder
+    options ``o`` (:class:`~poot.models.components.DecoderOptions`); ModelError if none."""
+    h, d = o.hidden_size, o.head_dim
+    q, kv, ffn = o.num_heads * d, o.num_kv_heads * d, o.intermediate_size
+    leaf = role.split(".", 2)[-1] if role.startswith("blk.") else role
+    shapes = {"tok_embed": (o.vocab_size, h), "lm_head": (o.vocab_size, h), "out_norm": (h,),
+              "attn_norm": (h,), "ffn_norm": (h,), "post_attn_norm": (h,),
+              "post_ffn_norm": (h,), "attn.q": (q, h), "attn.k": (kv, h), "attn.v": (kv, h),
+              "attn.o": (h, q), "attn.qkv": (q + 2 * kv, h), "attn.q_norm": (d,),
+              "attn.k_norm": (d,), "ffn.gate": (ffn, h), "ffn.up": (ffn, h),
+              "ffn.down": (h, ffn), "ffn.gate_up": (2 * ffn, h)}
+    if leaf not in shapes:
+        raise ModelError(f"random weights: no shape rule for role {role!r} (random init "
+                         f"covers the dense decoder roles)")
+    return shapes[leaf]
+
+
+_DTYPES = {"bf16": "bf16", "f16": "f16", "f32": "f32"}
+
+
+def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int = 0
+                      ) -> LoadedModel:
+    """The family of the HF ``config.json`` (a file, or a folder holding one) with random
+    weights of ``dtype`` (``bf16``/``f16``/``f32``) bound as a checkpoint would bind them.
+    Raises :class:`ModelError` (unsupported dtype, a role without a shape rule) or
+    :class:`~poot.load.errors.LoadError` (a bad config)."""
+    from poot.load.config import _read_json, config_from_hf
+    from poot.load.store import DType, StoredTensor
+
+    import poot.models  # noqa: F401  (registers the families)
+
+    if dtype not in _DTYPES:
+        raise ModelError(f"random weights: dtype must be one of {', '.join(_DTYPES)}, got "
+                         f"{dtype!r}")
+    path = os.fspath(config)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    cfg = config_from_hf(_read_json(path), path)
+    family = REGISTRY.lookup(cfg.architecture)
+    model = family.from_config(cfg, None)
+    o = model.options()
+    st = DType(_DTYPES[dtype])
+    store: dict[str, StoredTensor] = {}
+    for role_t, where in model.weight_table().items():
+        if where.optional or where.hf is None:
+            continue
+        for i in (range(o.num_layers) if "{i}" in role_t else [None]):
+            role = role_t.format(i=i) if i is not None else role_t
+            name = where.hf.format(i=i) if i is not None else where.hf
+            shape = role_shape(role, o)
+            scale = 0.0 if len(shape) == 1 else 1.0 / float(np.sqrt(shape[-1]))
+            data = RandomArray(shape, st.numpy, scale, seed, salt=name)
+            store[name] = StoredTensor(name, shape, st, None, data, f"random:{seed}")
+    return LoadedModel(model, model.bind(store), store)
+
+
+__all__ = ["CHUNK_ELEMS", "POOL_ELEMS", "RandomArray", "load_random_model", "pool",
+           "role_shape"]
