@@ -214,8 +214,8 @@ def test_ptx_assembles_with_vector_loads(fmt, v4):
 
     K = 1536 if fmt in ("q4_k", "q6_k") else 576
     ptx = _ptx(fmt, 2, 192, K)
-    loads = re.findall(r"ld\.global(?:\.nc)?\.(\w+)", ptx)
-    assert "v4" in loads
+    loads = re.findall(r"ld\.global\.nc\.(\w+)", ptx)        # read-only path
+    assert "v4" in loads and not re.findall(r"ld\.global\.(?!nc)", ptx)
     assert ("b32" not in loads) == v4, loads
     assert "shfl.sync.bfly" in ptx
     ptxas_check(ptx)

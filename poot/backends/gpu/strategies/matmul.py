@@ -25,8 +25,9 @@ and stores them. Packed bytes are read as 32-bit words; blocks that are only 2-b
 Summation order differs from the oracle's (per-lane partial sums, a scaled sum per block:
 ``d * sum(q * x) + m * sum(x)``), so results agree to f32 rounding, not bitwise.
 
-Vector (128-bit) loads are emitted only for targets whose features name ``sm_90`` (CUDA);
-SPIR-V targets get the same kernel with 32-bit scalar loads.
+Vector (128-bit) loads, and read-only ``noalias`` pointers for ``x`` and the weight (PTX
+``ld.global.nc``), are emitted only for targets whose features name ``sm_90`` (CUDA); SPIR-V
+targets get the same kernel with 32-bit scalar loads.
 """
 
 from __future__ import annotations
@@ -331,28 +332,29 @@ class _Kernel:
         return e.band(e.shr(w, s), 0xFF)
 
     # -- dot products of one unit: returns per-m partial sums
+    def _chains(self, terms: list[tuple[str, str | None]]) -> str:
+        """``sum a * b`` (``b`` None: ``sum a``) in up to 4 interleaved chains, so a lane has
+        independent FMAs in flight, then a pairwise combine."""
+        e = self.e
+        chains: list[str] = []
+        for i, (a, b) in enumerate(terms):
+            if i < 4:
+                chains.append(a if b is None else e.fmul(a, b))
+            else:
+                c = chains[i % 4]
+                chains[i % 4] = e.fadd(c, a) if b is None else e.fma(a, b, c)
+        while len(chains) > 1:
+            chains = [e.fadd(chains[i], chains[i + 1]) if i + 1 < len(chains) else chains[i]
+                      for i in range(0, len(chains), 2)]
+        return chains[0]
+
     def dot(self, qs: list[str], u_x0: str) -> list[str]:
         """``sum_l qs[l] * x[m, u_x0 + l]`` per m (``qs`` f32 weights or decoded values)."""
-        e = self.e
-        out = []
-        for m in range(self.m.M):
-            xv = self.xs(m, u_x0, len(qs))
-            s = e.fmul(qs[0], xv[0])
-            for q, xx in zip(qs[1:], xv[1:]):
-                s = e.fma(q, xx, s)
-            out.append(s)
-        return out
+        return [self._chains(list(zip(qs, self.xs(m, u_x0, len(qs)))))
+                for m in range(self.m.M)]
 
     def xsum(self, x0: str, n: int) -> list[str]:
-        e = self.e
-        out = []
-        for m in range(self.m.M):
-            xv = self.xs(m, x0, n)
-            s = xv[0]
-            for xx in xv[1:]:
-                s = e.fadd(s, xx)
-            out.append(s)
-        return out
+        return [self._chains([(x, None) for x in self.xs(m, x0, n)]) for m in range(self.m.M)]
 
     def unit(self, n: str, u: str) -> list[str]:
         """Per-m contribution of unit ``u`` of column ``n`` (see :meth:`units`)."""
@@ -508,14 +510,8 @@ class _Kernel:
         lo_s, hi_s = [], []
         for mm in range(self.m.M):
             xv = self.xs(mm, x0, 32)
-            a = e.fmul(q[0], xv[0])
-            for k in range(1, 16):
-                a = e.fma(q[k], xv[k], a)
-            b = e.fmul(q[16], xv[16])
-            for k in range(17, 32):
-                b = e.fma(q[k], xv[k], b)
-            lo_s.append(a)
-            hi_s.append(b)
+            lo_s.append(self._chains(list(zip(q[:16], xv[:16]))))
+            hi_s.append(self._chains(list(zip(q[16:], xv[16:]))))
         return [e.fmul(d, e.fma(sca, a, e.fmul(scb, b))) for a, b in zip(lo_s, hi_s)]
 
     # -- the kernel
@@ -574,7 +570,11 @@ class _Kernel:
                 se.store(se.value(m.out, idx), "%o", m.out_t, idx)
         e.raw("}")
         e.raw("}")
-        params = [(self.x, self.xtype), (self.w, self.wtype)]
+        # x and the weight are only read, and no buffer of the kernel overlaps them (the plan
+        # gives each value its own buffer): on CUDA that lets loads take the read-only path
+        # (ld.global.nc)
+        ro = " {llvm.noalias, llvm.readonly}" if self.vec else ""
+        params = [(self.x, self.xtype + ro), (self.w, self.wtype + ro)]
         slots = [("arg", m.x_arg), ("arg", m.weight.arg)]
         for i, a in enumerate(fn.regions[0].blocks[0].arguments):
             if f"%e{i}" in se.seen:
