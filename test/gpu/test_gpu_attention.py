@@ -151,8 +151,9 @@ HEAD_DIMS = [(64, 64), (128, 96), (256, 100), (80, 256)]
 
 @pytest.mark.parametrize("G,S,mask,softcap", CASES)
 def test_attention_region_matches_oracle_on_vulkan(vk_device, G, S, mask, softcap):
-    """Each region, planned for a 1-core and a 1000-core target of the device (one chunk of
-    keys vs many), runs on the device and equals the oracle at 1e-5 (rel and abs)."""
+    """Each region, planned for targets of the device with 1, 16 and 1000 cores (one chunk
+    of keys or many; one lane per key or a dot product split over several), runs on the
+    device and equals the oracle at 1e-5 (rel and abs)."""
     from poot.backends.gpu.strategies.attention import match_attention, plan_attention
     from poot.backends.vulkan.codegen import codegen_vulkan
 
@@ -167,19 +168,33 @@ def test_attention_region_matches_oracle_on_vulkan(vk_device, G, S, mask, softca
     assert np.isfinite(want).all()
     if mask == "i1":
         assert not want[1, :, 0].any()           # the row that sees no key: zeros
-    splits = set()
-    for cores in (1, 1000):
+    plans = []
+    for cores in (1, 16, 1000):
         target = _vk_target(vk_device, cores)
         plan = plan_attention(match_attention(_callee(g)), target.caps)
         assert plan is not None
-        splits.add(plan.NS)
+        plans.append(plan)
         art = codegen_vulkan(g, target)
         assert len(art.steps) == (1 if plan.NS == 1 else 2)
         got = _run(vk_device, art, x)["r0"]
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
-                                   err_msg=f"{shape} cores={cores} plan={plan}")
-    if S > vk_device.capabilities()["subgroup_size"]:
-        assert len(splits) == 2 and max(splits) > 1
+                                   err_msg=f"{shape} cores={cores} {plan}")
+    PLANS.extend(plans)
+
+
+#: the plans the device test ran (checked for coverage below)
+PLANS: list = []
+
+
+def test_device_plans_covered_every_kernel_shape(vk_device):
+    """The device cases above ran one and several chunks, several key batches per chunk,
+    and one lane per key as well as dot products split over lanes."""
+    if len(PLANS) < 3 * len(CASES):
+        pytest.skip("runs after the device cases (run the whole module)")
+    assert {p.NS == 1 for p in PLANS} == {True, False}
+    assert any(p.C > p.KL for p in PLANS)
+    dls = {p.DL for p in PLANS}
+    assert 1 in dls and len(dls) >= 3, dls
 
 
 # ---- CUDA (PTX) ---------------------------------------------------------------------------------

@@ -300,21 +300,40 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """``sg`` lanes per split block; ``R`` rows per block, ``RG`` row groups; ``C`` keys per
-    chunk, ``NS`` chunks (splits); ``CT`` threads per combine block."""
+    """``sg`` lanes per split block, ``DL`` lanes per key (``KL = sg // DL`` keys at a time);
+    ``R`` rows per block, ``RG`` row groups; ``C`` keys per chunk, ``NS`` chunks (splits);
+    ``CT`` threads per combine block."""
 
     sg: int
+    DL: int
     R: int
     RG: int
     C: int
     NS: int
     CT: int
 
+    @property
+    def KL(self) -> int:
+        return self.sg // self.DL
+
+
+def _pow2_floor(n: int) -> int:
+    p = 1
+    while 2 * p <= n:
+        p *= 2
+    return p
+
 
 def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
-    """Block shapes for ``reg`` on a target of ``caps``: enough split blocks to give each
-    core :data:`BLOCKS_PER_CORE` of them, chunks of whole subgroups of keys (at most 256
-    keys unless that would need more than :data:`MAX_GRID` splits)."""
+    """Block shapes for ``reg`` on a target of ``caps`` (None: not plannable here).
+
+    Aim: :data:`BLOCKS_PER_CORE` split blocks per core, each as short a serial chain as
+    that allows. Rows: all rows of a batch index per block up to the register budget
+    (:data:`MAX_ROWS`, :data:`MAX_ACC_PER_LANE`). Lanes per key ``DL``: the fewest (a power
+    of two dividing ``D``, at most ``D / 8`` and the subgroup) with which one-batch chunks
+    would give enough blocks, so few rows (decode) split each dot product over lanes and
+    many rows (prefill) give each lane its own key. Chunk ``C``: whole batches of ``KL``
+    keys, as many chunks as the block budget asks."""
     sg = getattr(caps, "subgroup_size", None)
     if not sg or sg & (sg - 1) or sg > 128:
         return None                          # butterflies need a known power-of-two width
@@ -322,17 +341,24 @@ def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
     rmax = max(1, min(MAX_ROWS, MAX_ACC_PER_LANE // ndv))
     RG = -(-reg.M // rmax)
     R = -(-reg.M // RG)
-    want = max(1, BLOCKS_PER_CORE * max(1, int(getattr(caps, "cores", 1) or 1)))
-    ns = max(1, -(-want // (reg.B * RG)))
+    want = BLOCKS_PER_CORE * max(1, int(getattr(caps, "cores", 1) or 1))
+    groups = reg.B * RG
+    dl_max = _pow2_floor(max(1, min(sg, reg.D // 8)))
+    while reg.D % dl_max:
+        dl_max //= 2
+    DL = 1
+    while DL < dl_max and groups * -(-reg.S * DL // sg) < want:
+        DL *= 2
+    KL = sg // DL
+    ns = max(1, -(-want // groups))
     C = -(-reg.S // ns)
-    C = max(sg, -(-C // sg) * sg)
-    C = max(C, min(256, -(-reg.S // MAX_GRID)))
+    C = max(KL, -(-C // KL) * KL)
     NS = -(-reg.S // C)
     CT = max(sg, min(256, 4 * sg))
     if RG > MAX_GRID or reg.B > MAX_GRID or NS > MAX_GRID or \
             -(-reg.B * reg.M * reg.Dv // CT) > MAX_GRID:
         return None
-    return AttentionPlan(sg, R, RG, C, NS, CT)
+    return AttentionPlan(sg, DL, R, RG, C, NS, CT)
 
 
 # ---- text emission -------------------------------------------------------------------------------
@@ -430,18 +456,17 @@ def _bstrides(view: View, full) -> tuple[int, ...]:
 
 def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     """The gpu.module text and launches of ``reg`` under ``plan`` (see the module doc)."""
-    sg, R, C, NS = plan.sg, plan.R, plan.C, plan.NS
-    nb = len(reg.batch)
-    nr = len(reg.rows)
+    sg, DL, KL, R, C, NS = plan.sg, plan.DL, plan.KL, plan.R, plan.C, plan.NS
+    nb, nr = len(reg.batch), len(reg.rows)
     S, D, Dv, M = reg.S, reg.D, reg.Dv, reg.M
     NR = reg.B * M
     ndv = -(-Dv // sg)
     et = reg.arg_types[reg.q.arg][0]
+    F = "f32"
 
     # kernel parameters: each argument once, then the output or the scratch
-    used = [reg.q.arg, reg.k.arg, reg.v.arg] + ([reg.mask.arg] if reg.mask else [])
-    params = []
-    for a in used:
+    params: list[int] = []
+    for a in [reg.q.arg, reg.k.arg, reg.v.arg] + ([reg.mask.arg] if reg.mask else []):
         if a not in params:
             params.append(a)
 
@@ -453,28 +478,48 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     out_t = f"memref<{NR * Dv}xf32>"
     scr_n = NR * NS * (Dv + 2)
     scr_t = f"memref<{scr_n}xf32>"
-    ml_base = NR * NS * Dv
+    ml_base = NR * NS * Dv                  # (m, l) pairs after the accumulators
 
     def load_f(b: _Body, a: int, idx: str) -> str:
         x = b(f"memref.load {pname[a]}[{idx}] : {ptype(a)}")
-        return x if et == "f32" else b(f"arith.extf {x} : {et} to f32")
+        return x if et == F else b(f"arith.extf {x} : {et} to f32")
 
     def denom_div(b: _Body, acc: str, ll: str) -> str:
+        # i1: p = e / max(sum, 1) (zeros for a row that sees no key); bias: 0 when all -inf
         if reg.mask_kind == "i1":
-            den = b(f"arith.maximumf {ll}, {b.c(1.0, 'f32')} : f32")
+            den = b(f"arith.maximumf {ll}, {b.c(1.0, F)} : f32")
             return b(f"arith.divf {acc}, {den} : f32")
         q = b(f"arith.divf {acc}, {ll} : f32")
-        pos = b(f"arith.cmpf ogt, {ll}, {b.c(0.0, 'f32')} : f32")
-        return b(f"arith.select {pos}, {q}, {b.c(0.0, 'f32')} : f32")
+        pos = b(f"arith.cmpf ogt, {ll}, {b.c(0.0, F)} : f32")
+        return b(f"arith.select {pos}, {q}, {b.c(0.0, F)} : f32")
 
-    def butterfly(b: _Body, x: str, op: str) -> str:
-        off = sg // 2
-        while off:
+    def butterfly(b: _Body, x: str, op: str, lo: int, hi: int) -> str:
+        off = lo
+        while off < hi:
             s = b.fresh()
-            b.raw(f"{s}, {s}_ok = gpu.shuffle xor {x}, {b.c(off, 'i32')}, {b.c(sg, 'i32')} : f32")
+            b.raw(f"{s}, {s}_ok = gpu.shuffle xor {x}, {b.c(off, 'i32')}, "
+                  f"{b.c(sg, 'i32')} : f32")
             x = b(f"arith.{op} {x}, {s} : f32")
-            off //= 2
+            off *= 2
         return x
+
+    def rescale_w(b: _Body, m: str, mn: str) -> str:
+        # exp(m - mn), exactly 1 where m == mn (also -inf == -inf: no NaN)
+        same = b(f"arith.cmpf oeq, {m}, {mn} : f32")
+        ex = b(f"math.exp {b(f'arith.subf {m}, {mn} : f32')} : f32")
+        return b(f"arith.select {same}, {b.c(1.0, F)}, {ex} : f32")
+
+    def for_(b: _Body, iv: str, lo: str, hi: str, step: str, init: list[str]):
+        res = b.fresh()
+        its = [f"{res}_i{j}" for j in range(len(init))]
+        b.raw(f"{res}:{len(init)} = scf.for {iv} = {lo} to {hi} step {step} iter_args("
+              + ", ".join(f"{c} = {i}" for c, i in zip(its, init)) + ") -> ("
+              + ", ".join([F] * len(init)) + ") {")
+        return res, its
+
+    def yield_(b: _Body, vals: list[str]) -> None:
+        b.raw("scf.yield " + ", ".join(vals) + " : " + ", ".join([F] * len(vals)))
+        b.raw("}")
 
     # ---- split kernel
     b = _Body()
@@ -482,6 +527,8 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     split = b("gpu.block_id x")
     rg = b("gpu.block_id y")
     bi = b("gpu.block_id z")
+    dd = b(f"arith.remui {lane}, {b.c(DL)} : index") if DL > 1 else b.c(0)
+    kk = b(f"arith.divui {lane}, {b.c(DL)} : index") if DL > 1 else lane
     q, k, v, mk = reg.q, reg.k, reg.v, reg.mask
     full = tuple(q.shape[:-1]) + (S,)
     mst = _bstrides(mk, full) if mk else None
@@ -499,49 +546,46 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         rows.append(r)
         qrow.append(b.add(qb, offs[0]))
         mrow.append(b.add(mb, offs[1]) if mk else None)
+    # this lane's head-dim elements: d = (j * DL + dd) * V + u, j < J, u < V
+    V = next(x for x in (4, 2, 1) if D % (DL * x) == 0)
+    J = D // (DL * V)
+    JU = max(1, min(J, 16 // V))
+    while J % JU:
+        JU -= 1
+    qlane = [b.add(qrow[j], b.mul(b.mul(dd, V), q.strides[-1])) for j in range(R)]
     s_begin = b.mul(split, C)
     s_end = b(f"arith.minui {b.add(s_begin, b.c(C))}, {b.c(S)} : index")
-    ninf = b.c(float("-inf"), "f32")
-    zero = b.c(0.0, "f32")
-    # carried: m[R], l[R], acc[R][ndv]
-    init = [ninf] * R + [zero] * R + [zero] * (R * ndv)
-    nc = len(init)
-    loop = b.fresh()
-    carried = [f"%it{j}" for j in range(nc)]
-    b.raw(f"{loop}:{nc} = scf.for %s0 = {s_begin} to {s_end} step {b.c(sg)} iter_args("
-          + ", ".join(f"{c} = {i}" for c, i in zip(carried, init)) + ") -> ("
-          + ", ".join(["f32"] * nc) + ") {")
-    m_in, l_in = carried[:R], carried[R:2 * R]
-    acc_in = [carried[2 * R + j * ndv:2 * R + (j + 1) * ndv] for j in range(R)]
-    s = b.add("%s0", lane)
+    ninf, zero = b.c(float("-inf"), F), b.c(0.0, F)
+    loop, its = for_(b, "%s0", s_begin, s_end, b.c(KL),
+                     [ninf] * R + [zero] * R + [zero] * (R * ndv))
+    m_in, l_in = its[:R], its[R:2 * R]
+    acc_in = [its[2 * R + j * ndv:2 * R + (j + 1) * ndv] for j in range(R)]
+    s = b.add("%s0", kk)
     valid = b(f"arith.cmpi ult, {s}, {s_end} : index")
     sc = b(f"arith.minui {s}, {b.c(S - 1)} : index")
-    koff = b.add(kb, b.mul(sc, k.strides[-2]))
-    # scores: dot over D, unrolled by U
-    U = next(u for u in (4, 2, 1) if D % u == 0)
-    dl = b.fresh()
-    dots = [f"%dot{j}" for j in range(R)]
-    b.raw(f"{dl}:{R} = scf.for %d = {b.c(0)} to {b.c(D)} step {b.c(U)} iter_args("
-          + ", ".join(f"{d} = {zero}" for d in dots) + ") -> (" + ", ".join(["f32"] * R) + ") {")
+    klane = b.add(b.add(kb, b.mul(sc, k.strides[-2])), b.mul(b.mul(dd, V), k.strides[-1]))
+    # scores: each lane's share of the dot, then a butterfly over the key's DL lanes
+    dl_, dots = for_(b, "%j0", b.c(0), b.c(J), b.c(JU), [zero] * R)
     cur = list(dots)
-    for u in range(U):
-        du = b.add("%d", b.c(u))
-        kv = load_f(b, k.arg, b.add(koff, b.mul(du, k.strides[-1])))
-        for j in range(R):
-            qv = load_f(b, q.arg, b.add(qrow[j], b.mul(du, q.strides[-1])))
-            pr = b(f"arith.mulf {qv}, {kv} : f32")
-            cur[j] = b(f"arith.addf {cur[j]}, {pr} : f32")
-    b.raw("scf.yield " + ", ".join(cur) + " : " + ", ".join(["f32"] * R))
-    b.raw("}")
+    for ju in range(JU):
+        jd = b.mul(b.add("%j0", b.c(ju)), DL * V)       # element offset of round j
+        for u in range(V):
+            du = b.add(jd, b.c(u))
+            kv = load_f(b, k.arg, b.add(klane, b.mul(du, k.strides[-1])))
+            for j in range(R):
+                qv = load_f(b, q.arg, b.add(qlane[j], b.mul(du, q.strides[-1])))
+                pr = b(f"arith.mulf {qv}, {kv} : f32")
+                cur[j] = b(f"arith.addf {cur[j]}, {pr} : f32")
+    yield_(b, cur)
     m_out, l_out, e_lane, corr = [], [], [], []
     for j in range(R):
-        x = f"{dl}#{j}"
+        x = butterfly(b, f"{dl_}#{j}", "addf", 1, DL)
         if reg.scale != 1.0:
-            x = b(f"arith.mulf {x}, {b.c(reg.scale, 'f32')} : f32")
+            x = b(f"arith.mulf {x}, {b.c(reg.scale, F)} : f32")
         if reg.softcap:
-            y = b(f"arith.mulf {x}, {b.c(1.0 / reg.softcap, 'f32')} : f32")
+            y = b(f"arith.mulf {x}, {b.c(1.0 / reg.softcap, F)} : f32")
             y = b(f"math.tanh {y} : f32")
-            x = b(f"arith.mulf {y}, {b.c(reg.softcap, 'f32')} : f32")
+            x = b(f"arith.mulf {y}, {b.c(reg.softcap, F)} : f32")
         if reg.mask_kind == "i1":
             if mk is not None:
                 mv = b(f"memref.load {pname[mk.arg]}[{b.add(mrow[j], b.mul(sc, mst[-1]))}] "
@@ -549,7 +593,7 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
                 vis = b(f"arith.cmpi {'eq' if reg.negate else 'ne'}, {mv}, {b.c(0, 'i8')} : i8")
             else:
                 vis = b.c(bool(reg.mask_const), "i1")
-            xm = b(f"arith.select {vis}, {x}, {b.c(MASKED_SCORE, 'f32')} : f32")
+            xm = b(f"arith.select {vis}, {x}, {b.c(MASKED_SCORE, F)} : f32")
             keep = vis
         else:
             if mk is not None:
@@ -557,86 +601,72 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
                          f": {ptype(mk.arg)}")
                 xm = b(f"arith.addf {x}, {bias} : f32")
             elif reg.mask_const:
-                xm = b(f"arith.addf {x}, {b.c(reg.mask_const, 'f32')} : f32")
+                xm = b(f"arith.addf {x}, {b.c(reg.mask_const, F)} : f32")
             else:
                 xm = x
             keep = b(f"arith.cmpf ogt, {xm}, {ninf} : f32")
         xm = b(f"arith.select {valid}, {xm}, {ninf} : f32")
         keep = b(f"arith.andi {keep}, {valid} : i1")
-        bm = butterfly(b, xm, "maximumf")
-        mn = b(f"arith.maximumf {m_in[j]}, {bm} : f32")
-        same = b(f"arith.cmpf oeq, {m_in[j]}, {mn} : f32")
-        dm = b(f"arith.subf {m_in[j]}, {mn} : f32")
-        ex = b(f"math.exp {dm} : f32")
-        cr = b(f"arith.select {same}, {b.c(1.0, 'f32')}, {ex} : f32")
-        dx = b(f"arith.subf {xm}, {mn} : f32")
-        e = b(f"math.exp {dx} : f32")
+        # batch max and sum over the KL keys (lanes of one key hold the same value)
+        mn = b(f"arith.maximumf {m_in[j]}, {butterfly(b, xm, 'maximumf', DL, sg)} : f32")
+        cr = rescale_w(b, m_in[j], mn)
+        e = b(f"math.exp {b(f'arith.subf {xm}, {mn} : f32')} : f32")
         e = b(f"arith.select {keep}, {e}, {zero} : f32")
-        es = butterfly(b, e, "addf")
-        lc = b(f"arith.mulf {l_in[j]}, {cr} : f32")
+        es = butterfly(b, e, "addf", DL, sg)
         m_out.append(mn)
-        l_out.append(b(f"arith.addf {lc}, {es} : f32"))
+        l_out.append(b(f"arith.addf {b(f'arith.mulf {l_in[j]}, {cr} : f32')}, {es} : f32"))
         e_lane.append(e)
         corr.append(cr)
-    # acc = acc * corr + sum_t p_t v[s0 + t]
-    acc0 = [[b(f"arith.mulf {acc_in[j][i]}, {corr[j]} : f32") for i in range(ndv)]
-            for j in range(R)]
-    flat0 = [a for row in acc0 for a in row]
-    tl = b.fresh()
-    tc = [f"%ta{i}" for i in range(len(flat0))]
-    nvalid = b(f"arith.subi {s_end}, %s0 : index")
-    nvalid = b(f"arith.minui {nvalid}, {b.c(sg)} : index")
-    b.raw(f"{tl}:{len(tc)} = scf.for %t = {b.c(0)} to {nvalid} step {b.c(1)} iter_args("
-          + ", ".join(f"{c} = {i}" for c, i in zip(tc, flat0)) + ") -> ("
-          + ", ".join(["f32"] * len(tc)) + ") {")
-    st_ = b.add("%s0", "%t")
-    voff = b.add(vb, b.mul(st_, v.strides[-2]))
-    vv = []
-    for i in range(ndv):
-        dv = b.add(lane, b.c(i * sg))
-        if (i + 1) * sg > Dv:
-            dv = b(f"arith.minui {dv}, {b.c(Dv - 1)} : index")
-        vv.append(load_f(b, v.arg, b.add(voff, b.mul(dv, v.strides[-1]))))
-    t32 = b("arith.index_cast %t : index to i32")
-    nxt = []
-    for j in range(R):
-        p = b.fresh()
-        b.raw(f"{p}, {p}_ok = gpu.shuffle idx {e_lane[j]}, {t32}, {b.c(sg, 'i32')} : f32")
+    # acc = acc * corr + sum_t p_t v[s0 + t] (p_t from the lanes of key t; lanes over dv)
+    flat0 = [b(f"arith.mulf {acc_in[j][i]}, {corr[j]} : f32") for j in range(R)
+             for i in range(ndv)]
+    TU = min(KL, 8)
+    tl, ta = for_(b, "%t0", b.c(0), b.c(KL), b.c(TU), flat0)
+    acc = list(ta)
+    for tu in range(TU):
+        t = b.add("%t0", b.c(tu))
+        st_ = b(f"arith.minui {b.add('%s0', t)}, {b.c(S - 1)} : index")
+        voff = b.add(vb, b.mul(st_, v.strides[-2]))
+        vv = []
         for i in range(ndv):
-            pv = b(f"arith.mulf {p}, {vv[i]} : f32")
-            nxt.append(b(f"arith.addf {tc[j * ndv + i]}, {pv} : f32"))
-    b.raw("scf.yield " + ", ".join(nxt) + " : " + ", ".join(["f32"] * len(nxt)))
-    b.raw("}")
-    outs = m_out + l_out + [f"{tl}#{i}" for i in range(len(tc))]
-    b.raw("scf.yield " + ", ".join(outs) + " : " + ", ".join(["f32"] * nc))
-    b.raw("}")
+            dv = b.add(lane, b.c(i * sg))
+            if (i + 1) * sg > Dv:
+                dv = b(f"arith.minui {dv}, {b.c(Dv - 1)} : index")
+            vv.append(load_f(b, v.arg, b.add(voff, b.mul(dv, v.strides[-1]))))
+        src = b(f"arith.index_cast {b.mul(t, DL)} : index to i32")
+        for j in range(R):
+            p = b.fresh()
+            b.raw(f"{p}, {p}_ok = gpu.shuffle idx {e_lane[j]}, {src}, {b.c(sg, 'i32')} : f32")
+            for i in range(ndv):
+                pv = b(f"arith.mulf {p}, {vv[i]} : f32")
+                acc[j * ndv + i] = b(f"arith.addf {acc[j * ndv + i]}, {pv} : f32")
+    yield_(b, acc)
+    yield_(b, m_out + l_out + [f"{tl}#{i}" for i in range(len(ta))])
     # write the chunk: scratch (m, l, acc) or, with one chunk, the output
     rowbase = b.mul(bi, M)
-    dst = "%out" if NS == 1 else "%scr"
-    dst_t = out_t if NS == 1 else scr_t
+    dst, dst_t = ("%out", out_t) if NS == 1 else ("%scr", scr_t)
     is0 = b(f"arith.cmpi eq, {lane}, {b.c(0)} : index")
     for j in range(R):
         inr = b(f"arith.cmpi ult, {rows[j]}, {b.c(M)} : index")
         b.raw(f"scf.if {inr} {{")
         grow = b.add(rowbase, rows[j])
         slot = grow if NS == 1 else b.add(b.mul(grow, NS), split)
-        mres, lres = f"{loop}#{j}", f"{loop}#{R + j}"
+        lres = f"{loop}#{R + j}"
         for i in range(ndv):
             dv = b.add(lane, b.c(i * sg))
             a = f"{loop}#{2 * R + j * ndv + i}"
             val = denom_div(b, a, lres) if NS == 1 else a
-            idx = b.add(b.mul(slot, Dv), dv)
+            store = f"memref.store {val}, {dst}[{b.add(b.mul(slot, Dv), dv)}] : {dst_t}"
             if (i + 1) * sg > Dv:
-                ok = b(f"arith.cmpi ult, {dv}, {b.c(Dv)} : index")
-                b.raw(f"scf.if {ok} {{")
-                b.raw(f"memref.store {val}, {dst}[{idx}] : {dst_t}")
+                b.raw(f"scf.if {b(f'arith.cmpi ult, {dv}, {b.c(Dv)} : index')} {{")
+                b.raw(store)
                 b.raw("}")
             else:
-                b.raw(f"memref.store {val}, {dst}[{idx}] : {dst_t}")
+                b.raw(store)
         if NS > 1:
             b.raw(f"scf.if {is0} {{")
             mi = b.add(b.c(ml_base), b.mul(slot, 2))
-            b.raw(f"memref.store {mres}, %scr[{mi}] : {scr_t}")
+            b.raw(f"memref.store {loop}#{j}, %scr[{mi}] : {scr_t}")
             b.raw(f"memref.store {lres}, %scr[{b.add(mi, b.c(1))}] : {scr_t}")
             b.raw("}")
         b.raw("}")
@@ -651,7 +681,8 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
                        strategy="flash_decode")]
     scratch = []
     if NS > 1:
-        # ---- combine kernel: one thread per output element
+        # ---- combine kernel: one thread per output element, an online merge of the
+        # chunks, U at a time (their loads issued together)
         c = _Body()
         tid = c("gpu.thread_id x")
         blk = c("gpu.block_id x")
@@ -661,32 +692,39 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         row = c(f"arith.divui {itc}, {c.c(Dv)} : index")
         dv = c(f"arith.remui {itc}, {c.c(Dv)} : index")
         slot0 = c.mul(row, NS)
-        ninf = c.c(float("-inf"), "f32")
-        l1 = c.fresh()
-        c.raw(f"{l1} = scf.for %w = {c.c(0)} to {c.c(NS)} step {c.c(1)} "
-              f"iter_args(%mx = {ninf}) -> (f32) {{")
-        mi = c.add(c.c(ml_base), c.mul(c.add(slot0, "%w"), 2))
-        mc = c(f"memref.load %scr[{mi}] : {scr_t}")
-        c.raw(f"scf.yield {c(f'arith.maximumf %mx, {mc} : f32')} : f32")
-        c.raw("}")
-        l2 = c.fresh()
-        z = c.c(0.0, "f32")
-        c.raw(f"{l2}:2 = scf.for %w = {c.c(0)} to {c.c(NS)} step {c.c(1)} "
-              f"iter_args(%L = {z}, %O = {z}) -> (f32, f32) {{")
-        sl = c.add(slot0, "%w")
-        mi = c.add(c.c(ml_base), c.mul(sl, 2))
-        mc = c(f"memref.load %scr[{mi}] : {scr_t}")
-        lc = c(f"memref.load %scr[{c.add(mi, c.c(1))}] : {scr_t}")
-        ac = c(f"memref.load %scr[{c.add(c.mul(sl, Dv), dv)}] : {scr_t}")
-        same = c(f"arith.cmpf oeq, {mc}, {l1} : f32")
-        dm = c(f"arith.subf {mc}, {l1} : f32")
-        ex = c(f"math.exp {dm} : f32")
-        w = c(f"arith.select {same}, {c.c(1.0, 'f32')}, {ex} : f32")
-        L = c(f"arith.addf %L, {c(f'arith.mulf {w}, {lc} : f32')} : f32")
-        O = c(f"arith.addf %O, {c(f'arith.mulf {w}, {ac} : f32')} : f32")
-        c.raw(f"scf.yield {L}, {O} : f32, f32")
-        c.raw("}")
-        res = denom_div(c, f"{l2}#1", f"{l2}#0")
+        U = min(NS, 8)
+        ninf, z = c.c(float("-inf"), F), c.c(0.0, F)
+        cl, (Mi, Li, Oi) = for_(c, "%w0", c.c(0), c.c(NS), c.c(U), [ninf, z, z])
+        ms, ls, accs, oks = [], [], [], []
+        for u in range(U):
+            w = c.add("%w0", c.c(u))
+            okw = None
+            if NS % U:
+                okw = c(f"arith.cmpi ult, {w}, {c.c(NS)} : index")
+                w = c(f"arith.minui {w}, {c.c(NS - 1)} : index")
+            sl = c.add(slot0, w)
+            mi = c.add(c.c(ml_base), c.mul(sl, 2))
+            mu = c(f"memref.load %scr[{mi}] : {scr_t}")
+            ls.append(c(f"memref.load %scr[{c.add(mi, c.c(1))}] : {scr_t}"))
+            accs.append(c(f"memref.load %scr[{c.add(c.mul(sl, Dv), dv)}] : {scr_t}"))
+            if okw is not None:
+                mu = c(f"arith.select {okw}, {mu}, {ninf} : f32")
+            ms.append(mu)
+            oks.append(okw)
+        mn = Mi
+        for mu in ms:
+            mn = c(f"arith.maximumf {mn}, {mu} : f32")
+        cr = rescale_w(c, Mi, mn)
+        L = c(f"arith.mulf {Li}, {cr} : f32")
+        O = c(f"arith.mulf {Oi}, {cr} : f32")
+        for mu, lu, au, okw in zip(ms, ls, accs, oks):
+            w = rescale_w(c, mu, mn)
+            if okw is not None:
+                w = c(f"arith.select {okw}, {w}, {z} : f32")
+            L = c(f"arith.addf {L}, {c(f'arith.mulf {w}, {lu} : f32')} : f32")
+            O = c(f"arith.addf {O}, {c(f'arith.mulf {w}, {au} : f32')} : f32")
+        yield_(c, [mn, L, O])
+        res = denom_div(c, f"{cl}#2", f"{cl}#1")
         c.raw(f"scf.if {ok} {{")
         c.raw(f"memref.store {res}, %out[{itc}] : {out_t}")
         c.raw("}")
