@@ -29,12 +29,13 @@ def _t(shape, dt="f32") -> str:
     return f"tensor<{'x'.join(str(s) for s in shape)}x{dt}>"
 
 
-def attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap, scale=None) -> Graph:
+def attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap, scale=None, dt="f32") -> Graph:
     """``@region`` calling a dispatch whose root is ``poot.attention``, spelled like the
     flash-attention rewrite leaves it: q ``[B, T, H, D]`` reshaped to ``[B, T, Hkv, G, D]`` and
     transposed to ``[B, Hkv, G, T, D]``; k/v ``[B, S, Hkv, D]`` transposed to
     ``[B, Hkv, S, D]``; mask ``i1 [B, T, S]`` reshaped, or ``f32 [T, S]`` broadcast, to
-    ``[B|1, 1, 1, T, S]``; the result reshaped to ``[B, Hkv * G, T, Dv]``."""
+    ``[B|1, 1, 1, T, S]``; the result reshaped to ``[B, Hkv * G, T, Dv]``. ``dt``: the
+    q/k/v dtype."""
     H = Hkv * G
     scale = 1.0 / np.sqrt(D) if scale is None else scale
     qa, ka, va = (B, T, H, D), (B, S, Hkv, D), (B, S, Hkv, Dv)
@@ -48,14 +49,14 @@ def attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap, scale=None) -> Graph
         ma, mt, m5 = (T, S), "f32", (1, 1, 1, T, S)
         mop = (f'%m = "poot.broadcast"(%arg3) {{dims = array<i64: 3, 4>}} : '
                f'({_t(ma, mt)}) -> {_t(m5, mt)}')
-    ins = [_t(qa), _t(ka), _t(va), _t(ma, mt)]
+    ins = [_t(qa, dt), _t(ka, dt), _t(va, dt), _t(ma, mt)]
     body = f"""
-  %q5 = "poot.reshape"(%arg0) : ({_t(qa)}) -> {_t(q5)}
-  %q = "poot.transpose"(%q5) {{perm = array<i64: 0, 2, 3, 1, 4>}} : ({_t(q5)}) -> {_t(q)}
-  %k = "poot.transpose"(%arg1) {{perm = array<i64: 0, 2, 1, 3>}} : ({_t(ka)}) -> {_t(k)}
-  %v = "poot.transpose"(%arg2) {{perm = array<i64: 0, 2, 1, 3>}} : ({_t(va)}) -> {_t(v)}
+  %q5 = "poot.reshape"(%arg0) : ({_t(qa, dt)}) -> {_t(q5, dt)}
+  %q = "poot.transpose"(%q5) {{perm = array<i64: 0, 2, 3, 1, 4>}} : ({_t(q5, dt)}) -> {_t(q, dt)}
+  %k = "poot.transpose"(%arg1) {{perm = array<i64: 0, 2, 1, 3>}} : ({_t(ka, dt)}) -> {_t(k, dt)}
+  %v = "poot.transpose"(%arg2) {{perm = array<i64: 0, 2, 1, 3>}} : ({_t(va, dt)}) -> {_t(v, dt)}
   {mop}
-  %a = "poot.attention"(%q, %k, %v, %m) {{scale = {float(scale)!r} : f64, softcap = {float(softcap)!r} : f64}} : ({_t(q)}, {_t(k)}, {_t(v)}, {_t(m5, mt)}) -> {_t(res)}
+  %a = "poot.attention"(%q, %k, %v, %m) {{scale = {float(scale)!r} : f64, softcap = {float(softcap)!r} : f64}} : ({_t(q, dt)}, {_t(k, dt)}, {_t(v, dt)}, {_t(m5, mt)}) -> {_t(res)}
   %r = "poot.reshape"(%a) : ({_t(res)}) -> {_t(out)}
   return %r : {_t(out)}"""
     args = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(ins))
@@ -72,7 +73,7 @@ func.func private @attn({args}) -> {_t(out)} attributes {{poot.dispatch = {{kind
     return Graph.from_module(module)
 
 
-def region_inputs(B, T, Hkv, G, S, D, Dv, mask, softcap, seed=0) -> dict:
+def region_inputs(B, T, Hkv, G, S, D, Dv, mask, softcap, seed=0, dt="f32") -> dict:
     """Random q/k/v and a mask with causal structure (query t sits at key ``S - T + t``).
     i1: random holes, and row (b=B-1, t=0) sees no key at all (zeros). f32: -inf past the
     position and, for even t, over the first half of the keys (whole chunks of -inf), finite
@@ -83,6 +84,8 @@ def region_inputs(B, T, Hkv, G, S, D, Dv, mask, softcap, seed=0) -> dict:
     x = {"a0": (qs * rng.standard_normal((B, T, H, D))).astype(np.float32),
          "a1": rng.standard_normal((B, S, Hkv, D)).astype(np.float32),
          "a2": rng.standard_normal((B, S, Hkv, Dv)).astype(np.float32)}
+    np_dt = {"f32": np.float32, "f16": np.float16}[dt]
+    x.update({n: x[n].astype(np_dt) for n in ("a0", "a1", "a2")})
     pos = S - T + np.arange(T)
     causal = np.arange(S)[None, :] <= pos[:, None]                     # [T, S]
     if mask == "i1":
@@ -182,6 +185,21 @@ def test_attention_region_matches_oracle_on_vulkan(vk_device, G, S, mask, softca
     PLANS.extend(plans)
 
 
+def test_f16_attention_region_on_vulkan(vk_device):
+    """f16 q/k/v (read as f16, computed in f32) match the oracle."""
+    if "storageBuffer16BitAccess" not in vk_device.capabilities().get("features", ()):
+        pytest.skip("the device has no 16-bit storage")
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    shape = dict(B=1, T=3, Hkv=2, G=2, S=40, D=64, Dv=64, mask="i1", softcap=0.0, dt="f16")
+    g = attention_region(**shape)
+    x = region_inputs(**shape)
+    want = oracle.evaluate(g, x)["r0"]
+    for cores in (1, 1000):
+        got = _run(vk_device, codegen_vulkan(g, _vk_target(vk_device, cores)), x)["r0"]
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"cores={cores}")
+
+
 #: the plans the device test ran (checked for coverage below)
 PLANS: list = []
 
@@ -199,18 +217,19 @@ def test_device_plans_covered_every_kernel_shape(vk_device):
 
 # ---- CUDA (PTX) ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("G,T,S,D,Dv,mask,softcap", [
-    (3, 1, 256, 64, 64, "i1", 0.0),        # SmolLM2-like decode
-    (1, 5, 7, 128, 96, "f32", 30.0),
-    (4, 16, 4096, 256, 256, "i1", 50.0),   # long prefill, 256-wide heads
+@pytest.mark.parametrize("G,T,S,D,Dv,mask,softcap,dt", [
+    (3, 1, 256, 64, 64, "i1", 0.0, "f32"),        # SmolLM2-like decode
+    (1, 5, 7, 128, 96, "f32", 30.0, "f16"),
+    (4, 16, 4096, 256, 256, "i1", 50.0, "f32"),   # long prefill, 256-wide heads
 ])
-def test_attention_region_ptx_assembles(G, T, S, D, Dv, mask, softcap):
+def test_attention_region_ptx_assembles(G, T, S, D, Dv, mask, softcap, dt):
     """For the CUDA target the region becomes the strategy's kernels (split + combine when
     the key axis is split), the PTX uses warp shuffles and ptxas assembles it."""
     from poot.backends.cuda.codegen import cuda_target, ptx_text, ptxas_check
     from poot.backends.gpu.plan import plan_program
 
-    g = attention_region(B=1, T=T, Hkv=2, G=G, S=S, D=D, Dv=Dv, mask=mask, softcap=softcap)
+    g = attention_region(B=1, T=T, Hkv=2, G=G, S=S, D=D, Dv=Dv, mask=mask, softcap=softcap,
+                         dt=dt)
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), cuda_target().caps)
     kernels = [L for L in plan.launches if L["op"] == "kernel"]
     assert plan.strategies == {"flash_decode": len(kernels)}

@@ -20,21 +20,26 @@ express (NumPy's no-copy reshape rule) or any other op makes the region fall bac
 generic mapping (``None``).
 
 The kernels (:func:`emit`; one block = one subgroup, so no workgroup memory and no barriers:
-every reduction is a ``gpu.shuffle`` butterfly):
+every reduction is a ``gpu.shuffle`` butterfly. Workgroup memory has no spelling that both
+lowerings take here: ``convert-gpu-to-spirv`` aborts on ``gpu.func`` workgroup attributions
+and the NVVM path turns a workgroup ``memref.alloc`` into ``malloc``):
 
-1. *split*, grid ``(splits, row groups, batch)``, block ``(subgroup,)``: a block serves
-   ``R`` query rows of one batch index (for GQA decode all the query heads of a kv head, so
-   K and V are read once for them) over one chunk of ``C`` keys. It walks the chunk ``sg``
-   keys at a time: lane ``j`` takes key ``s0 + j`` and computes its ``R`` scores (dot over
-   ``D`` in f32; q rows are read as uniform loads), then scale, soft cap and mask as the op
-   says; a butterfly gives the batch max, the running max/sum are rescaled (online softmax,
-   Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"), and the
-   accumulators ``acc[r, dv]`` (lanes over ``dv``) take ``sum_j p_j v[s0 + j, dv]`` with
-   ``p_j`` broadcast from lane ``j`` (``gpu.shuffle idx``). It writes ``(m, l, acc)`` of the
-   chunk to a scratch buffer, or the output directly when there is one chunk.
+1. *split*, grid ``(splits, row groups, batch)``, block ``(sg,)``: a block serves ``R``
+   query rows of one batch index (for GQA decode all the query heads of a kv head, so K and
+   V are read once for them) over one chunk of ``C`` keys. Its lanes form ``KL`` keys x
+   ``DL`` lanes per key (:func:`plan_attention` picks ``DL``); it walks the chunk ``KL`` keys
+   at a time: each lane takes its share of the ``R`` dot products of its key (f32; q rows
+   are uniform loads), a butterfly over the key's lanes completes them, then scale, soft cap
+   and mask as the op says; a butterfly over the keys gives the batch max, the running
+   max/sum are rescaled (online softmax, Milakov & Gimelshein 2018, "Online normalizer
+   calculation for softmax"), and the accumulators ``acc[r, dv]`` (lanes over ``dv``) take
+   ``sum_t p_t v[s0 + t, dv]`` with ``p_t`` broadcast from key ``t``'s lanes (``gpu.shuffle
+   idx``). It writes ``(m, l, acc)`` of the chunk to a scratch buffer, or the output
+   directly when there is one chunk.
 2. *combine* (Flash-Decoding, Dao et al. 2023, "Flash-Decoding for long-context
-   inference"), one thread per output element: ``M = max_c m_c``, ``w_c = exp(m_c - M)``,
-   ``out = sum_c w_c acc_c / sum_c w_c l_c``.
+   inference"), one thread per output element, merging the chunks (several at a time so
+   their loads issue together) by the same online rule: ``M = max_c m_c``,
+   ``w_c = exp(m_c - M)``, ``out = sum_c w_c acc_c / sum_c w_c l_c``.
 
 Masking edge cases, exactly as the op: with an ``i1`` mask a masked score is -1e30 and its
 weight exactly 0, the denominator is ``max(l, 1)``, so a row with no visible key gives zeros;
@@ -692,7 +697,7 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         row = c(f"arith.divui {itc}, {c.c(Dv)} : index")
         dv = c(f"arith.remui {itc}, {c.c(Dv)} : index")
         slot0 = c.mul(row, NS)
-        U = min(NS, 8)
+        U = min(NS, 16)
         ninf, z = c.c(float("-inf"), F), c.c(0.0, F)
         cl, (Mi, Li, Oi) = for_(c, "%w0", c.c(0), c.c(NS), c.c(U), [ninf, z, z])
         ms, ls, accs, oks = [], [], [], []
