@@ -31,15 +31,16 @@ def _t(shape, dt="f32") -> str:
 
 def attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap, scale=None, dt="f32") -> Graph:
     """``@region`` calling a dispatch whose root is ``poot.attention``, spelled like the
-    flash-attention rewrite leaves it: q ``[B, T, H, D]`` reshaped to ``[B, T, Hkv, G, D]`` and
-    transposed to ``[B, Hkv, G, T, D]``; k/v ``[B, S, Hkv, D]`` transposed to
+    flash-attention rewrite leaves it: q ``[B, T, H, D]`` reshaped to ``[B, T, Hkv, G, D]``,
+    transposed to ``[B, Hkv, G, T, D]`` and reshaped through ``[B, Hkv, G*T, D]`` (a reshape
+    that alone has no strided form) back to it; k/v ``[B, S, Hkv, D]`` transposed to
     ``[B, Hkv, S, D]``; mask ``i1 [B, T, S]`` reshaped, or ``f32 [T, S]`` broadcast, to
     ``[B|1, 1, 1, T, S]``; the result reshaped to ``[B, Hkv * G, T, Dv]``. ``dt``: the
     q/k/v dtype."""
     H = Hkv * G
     scale = 1.0 / np.sqrt(D) if scale is None else scale
     qa, ka, va = (B, T, H, D), (B, S, Hkv, D), (B, S, Hkv, Dv)
-    q5, q = (B, T, Hkv, G, D), (B, Hkv, G, T, D)
+    q5, q, q4 = (B, T, Hkv, G, D), (B, Hkv, G, T, D), (B, Hkv, G * T, D)
     k, v = (B, Hkv, S, D), (B, Hkv, S, Dv)
     res, out = (B, Hkv, G, T, Dv), (B, Hkv * G, T, Dv)
     if mask == "i1":
@@ -52,7 +53,9 @@ def attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap, scale=None, dt="f32"
     ins = [_t(qa, dt), _t(ka, dt), _t(va, dt), _t(ma, mt)]
     body = f"""
   %q5 = "poot.reshape"(%arg0) : ({_t(qa, dt)}) -> {_t(q5, dt)}
-  %q = "poot.transpose"(%q5) {{perm = array<i64: 0, 2, 3, 1, 4>}} : ({_t(q5, dt)}) -> {_t(q, dt)}
+  %qt = "poot.transpose"(%q5) {{perm = array<i64: 0, 2, 3, 1, 4>}} : ({_t(q5, dt)}) -> {_t(q, dt)}
+  %q4 = "poot.reshape"(%qt) : ({_t(q, dt)}) -> {_t(q4, dt)}
+  %q = "poot.reshape"(%q4) : ({_t(q4, dt)}) -> {_t(q, dt)}
   %k = "poot.transpose"(%arg1) {{perm = array<i64: 0, 2, 1, 3>}} : ({_t(ka, dt)}) -> {_t(k, dt)}
   %v = "poot.transpose"(%arg2) {{perm = array<i64: 0, 2, 1, 3>}} : ({_t(va, dt)}) -> {_t(v, dt)}
   {mop}
@@ -281,6 +284,30 @@ def test_views_resolve_to_strided_maps():
     assert reg.k.strides == (10 * 16, 8, 16, 1) and reg.v.strides == (10 * 12, 6, 12, 1)
     assert reg.mask.arg == 3 and reg.mask.strides == (0, 0, 0, 10, 1)
     assert (reg.S, reg.D, reg.Dv, reg.mask_kind) == (10, 8, 6, "f32")
+
+
+def test_view_without_strided_form_is_refused():
+    """q reshaped from a transposed view into a shape no strides express (the merged rows are
+    not contiguous) makes the strategy refuse the region."""
+    from poot.backends.gpu.strategies.attention import match_attention, resolve_view
+
+    t = _t
+    a, tq, q = (1, 3, 4, 8), (1, 4, 3, 8), (1, 2, 6, 8)
+    text = f"""
+func.func private @attn(%x: {t(a)}, %k: {t((1, 2, 5, 8))}, %v: {t((1, 2, 5, 8))}, %m: {t((1, 1, 1, 5), "i1")}) -> {t(q)} {{
+  %tq = "poot.transpose"(%x) {{perm = array<i64: 0, 2, 1, 3>}} : ({t(a)}) -> {t(tq)}
+  %q = "poot.reshape"(%tq) : ({t(tq)}) -> {t(q)}
+  %a = "poot.attention"(%q, %k, %v, %m) {{scale = 1.0 : f64, softcap = 0.0 : f64}} : ({t(q)}, {t((1, 2, 5, 8))}, {t((1, 2, 5, 8))}, {t((1, 1, 1, 5), "i1")}) -> {t(q)}
+  return %a : {t(q)}
+}}"""
+    with make_context(), ir.Location.unknown():
+        m = ir.Module.parse(text)
+        fn = next(o.operation for o in m.body.operations)
+        body = [o.operation for o in fn.regions[0].blocks[0].operations]
+        args = list(fn.regions[0].blocks[0].arguments)
+        assert resolve_view(body[0].results[0], args).strides == (96, 8, 32, 1)
+        assert resolve_view(body[1].results[0], args) is None
+        assert match_attention(fn) is None
 
 
 def test_other_regions_are_refused():

@@ -157,7 +157,11 @@ def resolve_view(v: ir.Value, fn_args) -> View | None:
     if not isinstance(t, TensorType):
         return None
     shape, strides, off = tuple(t.shape), _row_major(t.shape), 0
-    for op in reversed(chain):
+    chain.reverse()
+    for i, op in enumerate(chain):
+        if op.name == "poot.reshape" and i + 1 < len(chain) and \
+                chain[i + 1].name == "poot.reshape":
+            continue          # reshapes compose: only the last one's shape matters
         rshape = tuple(type_from_mlir(op.results[0].type).shape)
         if op.name == "poot.reshape":
             st = reshape_strides(shape, strides, rshape)
@@ -170,8 +174,8 @@ def resolve_view(v: ir.Value, fn_args) -> View | None:
         elif op.name == "poot.broadcast":
             dims = list(ir.DenseI64ArrayAttr(op.attributes["dims"]))
             st = [0] * len(rshape)
-            for i, d in enumerate(dims):
-                st[d] = strides[i] if shape[i] == rshape[d] else 0
+            for j, d in enumerate(dims):
+                st[d] = strides[j] if shape[j] == rshape[d] else 0
             strides = tuple(st)
         else:  # slice
             start = list(ir.DenseI64ArrayAttr(op.attributes["start"]))
