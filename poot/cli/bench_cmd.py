@@ -14,8 +14,9 @@ seconds), ``runs``) and, under ``poot``, the comparable measures:
 
 * ``decode_tokens_per_s`` / ``us_per_token``: the driver's decode loop (host work included);
   ``replay_us_per_step``: the decode step's recording replayed back to back (device time);
-* ``dispatches_per_token``: dispatch regions of the decode step, and for CUDA the graph's
-  ``graph_kernel_nodes`` / ``graph_copy_nodes``;
+* ``dispatches_per_token``: dispatch regions of the decode step; for CUDA the kernel nodes of
+  its graph (``graph_kernel_nodes``, with ``graph_copy_nodes`` and ``graph_nodes_recorded``:
+  every node of the recorded graph, copies of carried state included);
 * ``bytes_per_token``: the weights one decode step reads (every weight; an embedding table
   that is not also the output head counts one row) + the K/V of the mean context of the
   timed tokens (``layers * 2 * ctx * kv_heads * head_dim * 4``: poot's caches are f32);
@@ -162,6 +163,9 @@ def poot_measures(handle, best: dict, replay_n: int) -> dict:
         nodes = kernel_nodes(plan)
         out["graph_kernel_nodes"], out["graph_copy_nodes"] = nodes["kernels"], nodes["copies"]
         out["dispatches_per_token"] = nodes["kernels"]
+        recs = list(entry.recordings.values())
+        if recs and hasattr(recs[0], "nodes"):   # + copies of ping-ponged carried state
+            out["graph_nodes_recorded"] = recs[0].nodes
     if out["replay_us_per_step"]:
         out["replay_roofline_fraction"] = (w + kv) / (out["replay_us_per_step"] * 1e-6) \
             / ROOFLINE_BPS
