@@ -7,6 +7,10 @@ kernels), and assigns a device buffer to every value: step inputs, weights (by n
 one buffer per intermediate value, per-dispatch scratch and constants (shared by the calls of
 one distinct dispatch, which run one after another).
 
+Before that, :func:`poot.backends.gpu.merge.fold_regions` folds cheap producer regions (RoPE,
+masks, norms) into their consumers wherever the consumer's strategy still synthesizes the
+merged body (the step function is rewritten in place).
+
 In-place state: an output that ``Program.storage`` says aliases an input (a KV cache written
 by a scatter) reuses that input's buffer when the input's only use is the producing call;
 otherwise the output gets its own buffer and the plan ends with a copy back.
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from mlir import ir
 
 from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError, build_dispatch
+from poot.backends.gpu.merge import body_key, fold_regions
 from poot.backends.gpu.strategies import synthesize
 from poot.dialects.lowering.function import lower_function
 from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
@@ -78,12 +83,15 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
     """Plan ``program`` (a :class:`~poot.compiler.Program`) for a GPU target of ``caps``
     (``strategy``: see :func:`~poot.backends.gpu.kernels.build_dispatch`)."""
     g = program.graph
+    kctx = ir.Context()
+    kctx.allow_unregistered_dialects = True
+    folded = {}
+    if strategy != "naive":
+        folded = fold_regions(g, lambda fn: synthesize(fn, caps, kctx))
     funcs = {_fn_name(o.operation): o.operation for o in g.module.body.operations
              if o.operation.name == "func.func"}
     step = g.func
     block = step.regions[0].blocks[0]
-    kctx = ir.Context()
-    kctx.allow_unregistered_dialects = True
     with kctx, ir.Location.unknown():
         kmodule = ir.Module.create()
         kmodule.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
@@ -132,10 +140,10 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
         callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
         fn = funcs[callee]
         # identical bodies (the layers) share kernels: key on the poot-level body
-        body = str(fn).replace(f"@{callee}(", "@dispatch(")
-        key = hashlib.sha1(body.encode()).hexdigest()[:16]
+        key = body_key(fn)
         if key not in compiled:
-            dk = synthesize(fn, caps, kctx) if strategy != "naive" else None
+            dk = folded.get(key) or (synthesize(fn, caps, kctx) if strategy != "naive"
+                                     else None)
             if dk is None:
                 with g.context, ir.Location.unknown():
                     text = lower_function(fn)

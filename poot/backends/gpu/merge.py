@@ -1,0 +1,194 @@
+"""Region folding for GPU plans: a dispatch region without an anchor (elementwise ops, views,
+row reductions: RoPE tables, RoPE, masks, norms) is folded into the regions that consume it
+when every consumer, so merged, is still one synthesized kernel sequence.
+
+Why: on a GPU a decode step is latency-bound; each region is at least one kernel launch
+(~2-3 us in a CUDA graph even when tiny), while recomputing a cheap producer inside its
+consumer costs next to nothing (a RoPE rotation inside the KV write, a mask inside attention).
+Whether a fold is taken is decided by the strategies themselves (:func:`~poot.backends.gpu.
+strategies.synthesize` on the merged body): a consumer that cannot evaluate the producer's
+values per element refuses, and then nothing is folded for that producer (it stays one region
+for all its consumers, so nothing is computed twice by accident of order).
+
+The step function is rewritten in place: each folded consumer call now calls a new private
+function ``<consumer>_f<n>`` whose arguments are the consumer's other operands followed by the
+producer's operands, and whose body is the producer's body followed by the consumer's; the
+producer's call goes. The semantics of the step are unchanged (the oracle runs it as before).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable
+
+from mlir import ir
+
+from poot.passes.analysis import DISPATCH_ATTR
+from poot.passes.dce import dce
+from poot.passes.ir_utils import clone_into
+
+#: region kinds that hold no anchor (matmul, gather, scatter, attention): cheap to recompute
+FOLDABLE = frozenset({"elementwise", "rope", "reduction"})
+
+
+def _name(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def _kind(fn: ir.Operation) -> str:
+    if DISPATCH_ATTR not in fn.attributes:
+        return "?"
+    d = ir.DictAttr(fn.attributes[DISPATCH_ATTR])
+    return ir.StringAttr(d["kind"]).value if "kind" in d else "?"
+
+
+def body_key(fn: ir.Operation) -> str:
+    """A key equal for dispatch functions with the same body (names aside)."""
+    text = str(fn).replace(f"@{_name(fn)}(", "@dispatch(")
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _result_of(v: ir.Value, calls: list):
+    """(i, k) when ``v`` is result k of ``calls[i]``, else None."""
+    if isinstance(v.owner, ir.Block):
+        return None
+    o = v.owner.operation if hasattr(v.owner, "operation") else v.owner
+    for i, c in enumerate(calls):
+        if o == c:
+            return i, ir.OpResult(v).result_number
+    return None
+
+
+def _merged(prod_call, prod_fn, cons_call, cons_fn, name: str, module_body) -> tuple:
+    """A new function: ``prod_fn``'s body feeding ``cons_fn``'s (see the module doc); returns
+    (function op, call operands)."""
+    produced = {r: k for k, r in enumerate(prod_call.results)}
+    operands = [v for v in cons_call.operands if v not in produced]
+    for v in prod_call.operands:
+        if v not in operands:
+            operands.append(v)
+    cons_type = ir.FunctionType(ir.TypeAttr(cons_fn.attributes["function_type"]).value)
+    with cons_fn.context, cons_fn.location:
+        ftype = ir.FunctionType.get([v.type for v in operands], list(cons_type.results))
+        fn = ir.Operation.create(
+            "func.func", regions=1,
+            attributes={"sym_name": ir.StringAttr.get(name),
+                        "function_type": ir.TypeAttr.get(ftype),
+                        "sym_visibility": ir.StringAttr.get("private"),
+                        DISPATCH_ATTR: cons_fn.attributes[DISPATCH_ATTR]},
+            ip=ir.InsertionPoint(module_body))
+        entry = fn.regions[0].blocks.append(*[v.type for v in operands])
+        outer = dict(zip(operands, entry.arguments))
+        ip = ir.InsertionPoint(entry)
+        pblock = prod_fn.regions[0].blocks[0]
+        mapping = {a: outer[v] for a, v in zip(pblock.arguments, prod_call.operands)}
+        for o in pblock.operations:
+            o = o.operation
+            if o.name == "func.return":
+                pret = [mapping[v] for v in o.operands]
+                break
+            clone_into(o, mapping, ip)
+        cblock = cons_fn.regions[0].blocks[0]
+        mapping = {a: (pret[produced[v]] if v in produced else outer[v])
+                   for a, v in zip(cblock.arguments, cons_call.operands)}
+        for o in cblock.operations:
+            o = o.operation
+            if o.name == "func.return":
+                ir.Operation.create("func.return", operands=[mapping[v] for v in o.operands],
+                                    ip=ip)
+                break
+            clone_into(o, mapping, ip)
+    dce(fn)
+    return fn, operands
+
+
+def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter) -> bool:
+    """Fold the first foldable producer call of ``block`` into all its consumers; False when
+    there is none left."""
+    for call in [o.operation for o in block.operations]:
+        if call.name != "func.call":
+            continue
+        pname = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+        pfn = funcs[pname]
+        if pname in refused or _kind(pfn) not in FOLDABLE:
+            continue
+        consumers = []
+        for r in call.results:
+            for u in r.uses:
+                o = u.owner.operation if hasattr(u.owner, "operation") else u.owner
+                if o not in consumers:
+                    consumers.append(o)
+        if not consumers or any(u.name != "func.call" for u in consumers):
+            refused.add(pname)
+            continue
+        new = []
+        for c in consumers:
+            cfn = funcs[ir.FlatSymbolRefAttr(c.attributes["callee"]).value]
+            counter[0] += 1
+            fn, operands = _merged(call, pfn, c, cfn, f"{_name(cfn)}_f{counter[0]}",
+                                   scratch)
+            key = body_key(fn)
+            if key not in made:
+                made[key] = accept(fn)
+            if made[key] is None:
+                break
+            new.append((c, fn, operands))
+        if len(new) != len(consumers):
+            refused.add(pname)       # candidates stay in the scratch module, unused
+            continue
+        # a consumer may feed another: replace them in step order, and find those operands
+        # before any call is replaced
+        pos = {o.operation: i for i, o in enumerate(block.operations)}
+        new.sort(key=lambda t: pos[t[0]])
+        cons = [c for c, _, _ in new]
+        refs = [[_result_of(v, cons) for v in operands] for _, _, operands in new]
+        replaced: list = []
+        for (c, fn, operands), ref in zip(new, refs):
+            fn.detach_from_parent()
+            ir.InsertionPoint(module_body).insert(fn)
+            funcs[_name(fn)] = fn
+            ops_ = [replaced[r[0]][r[1]] if r else v for v, r in zip(operands, ref)]
+            with c.context, c.location:
+                nc = ir.Operation.create(
+                    "func.call", results=[r.type for r in c.results], operands=ops_,
+                    attributes={"callee": ir.FlatSymbolRefAttr.get(_name(fn))},
+                    ip=ir.InsertionPoint(c))
+            for r, n in zip(c.results, nc.results):
+                r.replace_all_uses_with(n)
+            replaced.append(list(nc.results))
+            c.erase()
+        call.erase()
+        return True
+    return False
+
+
+def fold_regions(g, accept: Callable[[ir.Operation], object | None]) -> dict[str, object]:
+    """Fold producer regions of the step function of graph ``g`` into their consumers (see
+    the module doc). ``accept(fn)`` synthesizes a candidate merged function (None: refused).
+    Returns what ``accept`` produced per body key of every merged function kept, so the plan
+    does not synthesize them again."""
+    module_body = g.module.body
+    funcs = {_name(o.operation): o.operation for o in module_body.operations
+             if o.operation.name == "func.func"}
+    block = g.func.regions[0].blocks[0]
+    made: dict[str, object] = {}
+    refused: set[str] = set()
+    counter = [0]
+    # Candidates are built in a scratch module kept alive with the graph: erasing a function
+    # whose ops Python still references can crash the MLIR bindings, so nothing is erased.
+    with g.module.context, ir.Location.unknown():
+        scratch = ir.Module.create()
+    g._fold_scratch = scratch
+    while _fold_one(block, funcs, module_body, scratch.body, accept, made, refused, counter):
+        pass
+    # functions no call uses any more leave the step's module
+    called = {ir.FlatSymbolRefAttr(o.operation.attributes["callee"]).value
+              for o in block.operations if o.operation.name == "func.call"}
+    for name, fn in list(funcs.items()):
+        if name not in called and fn != g.func and DISPATCH_ATTR in fn.attributes:
+            fn.detach_from_parent()
+            ir.InsertionPoint(scratch.body).insert(fn)
+    return {k: v for k, v in made.items() if v is not None}
+
+
+__all__ = ["FOLDABLE", "body_key", "fold_regions"]
