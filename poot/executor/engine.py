@@ -26,7 +26,10 @@ place, or a copy ordered before the last read, would silently corrupt the cache)
 state is **ping-ponged**: two buffers per state, the step reads one and writes the other, and
 the roles swap after each step. An entry therefore has at most one recording per parity (two in
 practice), each recorded once. ``Engine(device, alias_carried=True)`` binds input and output to
-one buffer for devices whose programs are proven safe in place; the test
+one buffer for devices whose programs are proven safe in place; a device may also say, per
+loaded program, which outputs it writes over their input's own buffer
+(``device.in_place_outputs(kernel) -> set of output names``: the CUDA plan's in-place KV
+writes), and those states are bound to one buffer too (no copy per step). The test
 ``test/executor/test_engine.py::test_kv_carried_vs_oracle`` catches corruption either way.
 """
 
@@ -77,6 +80,8 @@ class Entry:
         outputs: non-carried output name -> its buffer.
         recordings: state parity -> the device recording (built on first use).
         steps: steps run on this entry.
+        in_place: carried inputs whose output the program writes over the input's own
+            buffer (the device says so: :meth:`Engine.add_entry`); bound to one buffer.
     """
 
     id: int
@@ -87,6 +92,7 @@ class Entry:
     outputs: dict[str, Any]
     recordings: dict[tuple, Any] = field(default_factory=dict)
     steps: int = 0
+    in_place: frozenset = frozenset()    # carried inputs this program updates in place
 
     @property
     def input_names(self) -> list[str]:
@@ -132,6 +138,13 @@ class Engine(Generic[D]):
         carried = {b.name: b.aliases for b in getattr(program, "storage", ())
                    if b.role == "output" and b.aliases}
         carried.update(carry or {})
+        # a device whose loaded program provably updates some state in place says which
+        # (CUDA: the plan writes the KV scatter into the input's buffer); binding those apart
+        # would cost a whole copy of the state per step
+        said = getattr(self.device, "in_place_outputs", None)
+        written_in_place = set(said(kernel)) if said is not None else set()
+        in_place = frozenset(inp for out, inp in carried.items()
+                             if self.alias_carried or out in written_in_place)
         args = {(a.role, a.name): a for a in kernel.args}
         for out, inp in carried.items():
             if ("output", out) not in args or ("input", inp) not in args:
@@ -141,12 +154,14 @@ class Engine(Generic[D]):
             if t_in != t_out:
                 raise ExecutorError(f"carry {out} -> {inp}: types differ ({t_out} vs {t_in})")
             st = self._state.get(inp)
+            n = 1 if inp in in_place else 2
             if st is None:
-                n = 1 if self.alias_carried else 2
                 self._state[inp] = _State(t_in, [self.device.alloc(t_in) for _ in range(n)])
             elif st.type != t_in:
                 raise ExecutorError(f"carried '{inp}' is {st.type} in another entry, "
                                     f"{t_in} here")
+            elif len(st.buffers) < n:       # another entry updates it in place: add a twin
+                st.buffers.append(self.device.alloc(t_in))
         carried_inputs = set(carried.values())
         share = dict(share or {})
         slots, outputs = {}, {}
@@ -161,7 +176,8 @@ class Engine(Generic[D]):
                 raise ExecutorError(f"weight '{a.name}' is not loaded (load_weights first)")
             elif a.role == "output" and a.name not in carried:
                 outputs[a.name] = self.device.alloc(a.type)
-        entry = Entry(next(self._ids), program, kernel, dict(carried), slots, outputs)
+        entry = Entry(next(self._ids), program, kernel, dict(carried), slots, outputs,
+                      in_place=in_place)
         self.entries.append(entry)
         return entry
 
@@ -202,7 +218,8 @@ class Engine(Generic[D]):
             elif a.role == "param":
                 out.append(self._weights[a.name])
             elif a.name in entry.carry:
-                out.append(self._state[entry.carry[a.name]].next)
+                st = self._state[entry.carry[a.name]]
+                out.append(st.current if entry.carry[a.name] in entry.in_place else st.next)
             else:
                 out.append(entry.outputs[a.name])
         return out
@@ -222,8 +239,9 @@ class Engine(Generic[D]):
         self.device.replay(rec)
         entry.steps += 1
         for inp in entry.carry.values():
-            st = self._state[inp]
-            st.cur = (st.cur + 1) % len(st.buffers)
+            if inp not in entry.in_place:
+                st = self._state[inp]
+                st.cur = (st.cur + 1) % len(st.buffers)
         names = entry.outputs if read is None else read
         self.device.synchronize()
         return {n: self.device.download(entry.outputs[n]) for n in names}

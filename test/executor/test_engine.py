@@ -135,3 +135,29 @@ def test_compile_cache_round_trip(program, tmp_path):
     other = CompileCache(tmp_path)
     other.compile(cache_step(), host_cpu(), CompileOptions(fuse=False, opt_level=1))
     assert other.misses == 1       # options are part of the key
+
+
+class _SaysInPlace(CpuDevice):
+    """A CPU device that claims the program writes ``cache`` over its input (as the CUDA
+    plan does for KV scatters): the engine must then bind one buffer and never flip it."""
+
+    def in_place_outputs(self, kernel):
+        return {"cache"}
+
+
+def test_state_the_device_writes_in_place_has_one_buffer(program):
+    eng = Engine(_SaysInPlace())
+    w = np.random.default_rng(0).standard_normal((WIDTH, WIDTH)).astype(np.float32)
+    eng.load_weights({"w": w}, program.graph.params)
+    entry = eng.add_entry(program)
+    assert entry.in_place == {"cache"} and len(eng._state["cache"].buffers) == 1
+    b = eng._bindings(entry)
+    names = [(a.role, a.name) for a in entry.kernel.args]
+    assert b[names.index(("input", "cache"))] is b[names.index(("output", "cache"))]
+    for i in range(3):
+        eng.step(entry, {"x": np.ones((1, WIDTH), np.float32), "idx": np.array([[i]])})
+    assert eng.device.records == 1            # one parity: recorded once, replayed after
+    # an entry of a program the device does not vouch for gets a second buffer (ping-pong)
+    eng2 = Engine(CpuDevice())
+    eng2.load_weights({"w": w}, program.graph.params)
+    assert not eng2.add_entry(program).in_place and len(eng2._state["cache"].buffers) == 2

@@ -276,6 +276,11 @@ class CudaDevice:
                 private[b["id"]] = buf
         return CudaKernel(args, art, mod, fns, private, time.perf_counter() - t0)
 
+    def in_place_outputs(self, kernel: CudaKernel) -> set[str]:
+        """Outputs the program writes over their aliased input's own buffer (the plan's
+        ``in_place``): bound to that input's buffer they cost no copy (see the Engine)."""
+        return {o["name"] for o in kernel.artifact.plan["outputs"] if o.get("in_place")}
+
     def _pointers(self, kernel: CudaKernel, bindings: Sequence[DevBuf]):
         if len(bindings) != len(kernel.args):
             raise CudaError(f"{len(bindings)} buffers bound to {len(kernel.args)} arguments")
