@@ -64,9 +64,10 @@ class _Weight:
 
 @dataclass
 class GemvMatch:
-    """A matched decode GEMV region: ``out[l] = epilogue(sum_k x[m, k] * w[k, n])`` at
-    row-major flat index ``l = m * N + n`` of ``out`` (of poot type ``out_t``); ``x_arg`` and
-    ``weight`` name function arguments."""
+    """A matched decode GEMV region: ``outs[j][l] = epilogue_j(sum_k x[m, k] * w[k, n])`` at
+    row-major flat index ``l = m * N + n`` of every result ``outs[j]`` (of poot type
+    ``out_ts[j]``; e.g. the logits and the sampler's ``logits - logits`` finiteness probe);
+    ``x_arg`` and ``weight`` name function arguments."""
 
     M: int
     N: int
@@ -74,8 +75,8 @@ class GemvMatch:
     x_arg: int
     weight: _Weight
     root: ir.Value
-    out: ir.Value
-    out_t: TensorType
+    outs: list
+    out_ts: list
 
 
 def _op(v: ir.Value):
@@ -143,7 +144,7 @@ def match(fn: ir.Operation) -> GemvMatch | None:
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
     mms = [o for o in ops if o.name == "poot.matmul"]
-    if len(mms) != 1 or ops[-1].name != "func.return" or len(ops[-1].operands) != 1:
+    if len(mms) != 1 or ops[-1].name != "func.return" or not len(ops[-1].operands):
         return None
     mm = mms[0]
     lt, rt, yt = (_ttype(v) for v in (mm.operands[0], mm.operands[1], mm.results[0]))
@@ -161,11 +162,11 @@ def match(fn: ir.Operation) -> GemvMatch | None:
     w = _match_weight(mm.operands[1], N, K)
     if w is None or w.arg == xa:
         return None
-    out = ops[-1].operands[0]
-    ot = _ttype(out)
-    if not isinstance(ot, TensorType) or ot.numel != M * N:
+    outs = list(ops[-1].operands)
+    ots = [_ttype(o) for o in outs]
+    if any(not isinstance(ot, TensorType) or ot.numel != M * N for ot in ots):
         return None
-    m = GemvMatch(M, N, K, xa, w, mm.results[0], out, ot)
+    m = GemvMatch(M, N, K, xa, w, mm.results[0], outs, ots)
     return m if _elementwise_epilogue(fn, m) else None
 
 
@@ -186,7 +187,8 @@ def _elementwise_epilogue(fn: ir.Operation, m: GemvMatch) -> bool:
                 return None
             se = ScalarEmitter(fn, KernelEmitter(), provide=provide)
             try:
-                se.value(m.out, se.delinearize(row * m.N + n, m.out_t.shape))
+                for out, ot in zip(m.outs, m.out_ts):
+                    se.value(out, se.delinearize(row * m.N + n, ot.shape))
             except ScalarUnsupported:
                 return False
     return True
@@ -566,8 +568,9 @@ class _Kernel:
         for i in range(M):
             row_now[0] = i
             with se.scope():
-                idx = se.delinearize(se.iadd(i * m.N, n), m.out_t.shape)
-                se.store(se.value(m.out, idx), "%o", m.out_t, idx)
+                for j, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
+                    idx = se.delinearize(se.iadd(i * m.N, n), ot.shape)
+                    se.store(se.value(out, idx), f"%o{j}", ot, idx)
         e.raw("}")
         e.raw("}")
         # x and the weight are only read, and no buffer of the kernel overlaps them (the plan
@@ -583,8 +586,9 @@ class _Kernel:
         for k, (name, c) in enumerate(zip(se.const_names, se.consts)):
             params.append((name, c[0]))
             slots.append(("const", k))
-        params.append(("%o", buffer_type(m.out_t)))
-        slots.append(("out", 0))
+        for j, ot in enumerate(m.out_ts):
+            params.append((f"%o{j}", buffer_type(ot)))
+            slots.append(("out", j))
         t = self.warps * sg
         sig = ", ".join(f"{a}: {b}" for a, b in params)
         text = (f"gpu.module @poot_gemv {{\n"
