@@ -542,10 +542,18 @@ class _Kernel:
         res = e.name()
         zero = e.c(0.0, "f32")
         f32s = ", ".join(["f32"] * M)
-        e.raw(f"{res}:{M} = scf.for %u = {lane} to {e.c(self.units())} step {e.c(sg)} "
+        units = self.units()
+        # U units per lane per iteration: their loads are independent, so U 16-byte loads
+        # are in flight per lane (one per iteration left each lane waiting on one load);
+        # only where every lane runs the same whole number of iterations
+        U = next(u for u in (4, 2, 1) if units % (sg * u) == 0 or u == 1)
+        e.raw(f"{res}:{M} = scf.for %u = {lane} to {e.c(units)} step {e.c(sg * U)} "
               f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> ({f32s}) {{")
-        parts = self.unit(n, "%u")
-        new = [e.fadd(a, p) for a, p in zip(accs, parts)]
+        new = list(accs)
+        for i in range(U):
+            ui = "%u" if i == 0 else e.add("%u", e.c(i * sg))
+            parts = self.unit(n, ui)
+            new = [e.fadd(a, p) for a, p in zip(new, parts)]
         e.raw(f"scf.yield {', '.join(new)} : {f32s}")
         e.raw("}")
         width = e.c(sg, "i32")
