@@ -369,12 +369,18 @@ def test_layernorm_gemv_matches_oracle(vk_device, vk_target, fmt, M):
                                       ("q4_k", "rmsnorm"), ("q8_0", "layernorm")])
 def test_ptx_assembles_with_norm(fmt, norm):
     """A folded norm: the row reductions are warp shuffles, and the norm's inputs are read
-    through the read-only path like x."""
+    through the read-only path like x, 16 bytes at a time in the main loop."""
     import re
 
     from poot.backends.cuda.codegen import ptxas_check
 
+    def scalar_loads(ptx):
+        return len(re.findall(r"ld\.global\.nc\.(?!v4)", ptx))
+
     ptx = _ptx(fmt, 2, 192, 1536, "residual", norm=norm)
+    plain = _ptx(fmt, 2, 192, 1536, "residual")
+    # beyond the plain-x kernel's, only one scalar load per row reduction (its lane loop)
+    assert scalar_loads(ptx) - scalar_loads(plain) == 2 * (1 if norm == "rmsnorm" else 2)
     assert not re.findall(r"ld\.global\.(?!nc)", ptx[:ptx.index("shfl")])
     assert ptx.count("shfl.sync.bfly") == 2 * 5 * (1 if norm == "rmsnorm" else 2) + 2 * 5
     ptxas_check(ptx)

@@ -319,6 +319,9 @@ class _Kernel:
         self.xtype = f"memref<{m.M * m.K}xf32>"
         self.wwords = (m.weight.nbytes + 3) // 4
         self.wtype = f"memref<{self.wwords}xi32>"
+        #: k coordinate names of an expression x's elements -> (base, i): k = base + i, base a
+        #: multiple of 4 (see :meth:`vec_arg`)
+        self.kvec: dict[str, tuple[str, int]] = {}
 
     # -- loads
     def word(self, idx: str) -> str:
@@ -368,7 +371,10 @@ class _Kernel:
         K = self.m.K
         if self.m.x_arg is None:        # an expression (a folded norm): the scalar emitter
             se = self.se
-            return [se.value(self.m.x, (m, se.iadd(base, i))) for i in range(n)]
+            ks = [se.iadd(base, i) for i in range(n)]
+            if self.vec and n % 4 == 0:
+                self.kvec.update((k, (base, i)) for i, k in enumerate(ks))
+            return [se.value(self.m.x, (m, k)) for k in ks]
         start = e.add(base, e.c(m * K)) if m else base
         if self.vec and n % 4 == 0:
             out = []
@@ -381,6 +387,24 @@ class _Kernel:
             return out
         return [e.op(f"memref.load {self.x}[{e.add(start, e.c(i)) if i else start}] : "
                      f"{self.xtype}") for i in range(n)]
+
+    def vec_arg(self, v: ir.Value, idx: tuple) -> str | None:
+        """An f32 argument's element read by an expression x at ``idx`` whose last coordinate
+        is ``base + i`` (:attr:`kvec`), as lane ``i % 4`` of one 16-byte load (each lane's
+        elements of x are consecutive, and so are the norm's inputs along k); None (a scalar
+        load) for anything else."""
+        if not idx or not isinstance(idx[-1], str) or idx[-1] not in self.kvec:
+            return None
+        t = _ttype(v)
+        if not isinstance(t, TensorType) or t.dtype is not DType.F32 or t.shape[-1] % 4:
+            return None
+        se = self.se
+        base, i = self.kvec[idx[-1]]
+        at = ", ".join(se.ix(c) for c in idx[:-1] + (se.iadd(base, i - i % 4),))
+        mt = buffer_type(t)
+        vec = se.op(f"vector.load {se._arg(v)}[{at}] {{alignment = 16 : i64}} : {mt}, "
+                    "vector<4xf32>")
+        return se.op(f"vector.extract {vec}[{i % 4}] : f32 from vector<4xf32>")
 
     @staticmethod
     def byte(V: list[str], k: int, e: _Emit, signed: bool = False) -> str:
@@ -635,6 +659,8 @@ class _Kernel:
                 if got is None:
                     raise ScalarUnsupported("a row reduction the prologue did not compute")
                 return got
+            if isinstance(v.owner, ir.Block):
+                return self.vec_arg(v, tuple(idx))
             return None
 
         se = self.se = _ArgsSeen(fn, e.k, [f"%e{i}" for i in range(nargs)], provide=provide)
