@@ -3,7 +3,9 @@
 #   python bench/gpu_run/issue7_build.py        -> .i7a/ .i7b/  (ignored folders; see README)
 #
 #   call 1, carry [".i7a"]:   bash bench/gpu_run/issue7.sh stage
-#   call 2, carry [".i7b"]:   bash bench/gpu_run/issue7.sh
+#   call 2, carry [".i7c"]:   bash bench/gpu_run/issue7.sh stage
+#   call 3, carry [".i7b"]:   bash bench/gpu_run/issue7.sh
+# (one carry is at most 64 MiB including the tracked tree, ~11 MB: the 98 MB GGUF takes two)
 #
 # Call 1 copies the first part of the SmolLM2 GGUF to /tmp/i7 (a carried path does not survive
 # into the next call; /tmp does while the machine stays held). Call 2 writes into $OUT:
@@ -23,15 +25,21 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/i7out}"
 mkdir -p "$OUT/logs" /tmp/i7
 
-if [ "${1:-}" = "stage" ]; then
-    [ -f .i7a/smollm2.part0 ] || { echo "issue7: .i7a/smollm2.part0 is not here: carry .i7a" >&2; exit 2; }
-    cp .i7a/smollm2.part0 /tmp/i7/ && ls -la /tmp/i7 && nvidia-smi -L
+if [ "${1:-}" = "stage" ]; then     # calls 1 and 2: one GGUF part each (.i7a, then .i7c)
+    n=0
+    for p in .i7a/smollm2.part0 .i7c/smollm2.part1; do
+        [ -f "$p" ] && cp "$p" /tmp/i7/ && n=$((n + 1))
+    done
+    [ $n -gt 0 ] || { echo "issue7: no GGUF part here: carry .i7a (call 1) or .i7c (call 2)" >&2; exit 2; }
+    ls -la /tmp/i7 && nvidia-smi -L
     exit $?
 fi
 
 B=.i7b
 [ -f "$B/manifest.json" ] || { echo "issue7: $B/manifest.json is not here: carry .i7b (built by bench/gpu_run/issue7_build.py)" >&2; exit 2; }
-[ -f /tmp/i7/smollm2.part0 ] || { echo "issue7: /tmp/i7/smollm2.part0 is missing: run 'issue7.sh stage' with .i7a carried first, on the same held machine" >&2; exit 2; }
+for p in part0 part1; do
+    [ -f /tmp/i7/smollm2.$p ] || { echo "issue7: /tmp/i7/smollm2.$p is missing: run 'issue7.sh stage' with .i7a, then with .i7c carried first, on the same held machine" >&2; exit 2; }
+done
 
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # the carried cache, copied to a writable place (a hit writes nothing, but a stale entry may
@@ -77,7 +85,7 @@ print(json.dumps(info))
 sys.exit(0 if info["cuda_device"][0] else 1)
 EOF
 
-step assemble 60 bash -c "cat /tmp/i7/smollm2.part0 $B/smollm2.part1 > /tmp/i7/smollm2.gguf && \
+step assemble 60 bash -c "cat /tmp/i7/smollm2.part0 /tmp/i7/smollm2.part1 > /tmp/i7/smollm2.gguf && \
   $PY -c \"import hashlib,json,sys; m=json.load(open('$B/manifest.json'))['smollm2']; \
 h=hashlib.sha256(open('/tmp/i7/smollm2.gguf','rb').read()).hexdigest(); \
 print(h); sys.exit(0 if h==m['sha256'] else 'issue7: the reassembled GGUF does not match its sha256 (parts from different builds?)')\""

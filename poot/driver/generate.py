@@ -176,9 +176,11 @@ def _loop(runner, ids, params, tokenizer, slot):
     pos_buf = np.zeros((1, 1), np.int32)
     while True:
         tok_buf[0, 0], pos_buf[0, 0] = tok, pos
-        u[0] = uniforms.next()
-        out = engine.step(decode, {"tokens": tok_buf, "positions": pos_buf,
-                                   sampling.INPUTS["uniform"]: u}, read=read)
+        step_in = {"tokens": tok_buf, "positions": pos_buf}
+        if spec.stochastic:                  # a greedy entry has no uniform input
+            u[0] = uniforms.next()
+            step_in[sampling.INPUTS["uniform"]] = u
+        out = engine.step(decode, step_in, read=read)
         new = int(out[sampling.OUTPUTS["token"]][0])
         if t_first is None:
             t_first = time.perf_counter()

@@ -44,7 +44,8 @@ def sampler_spec(params) -> SamplerSpec:
         top_k=not greedy and params.top_k > 0,
         top_p=not greedy and params.top_p < 1.0,
         min_p=not greedy and params.min_p > 0.0,
-        logprobs=params.logprobs)
+        logprobs=params.logprobs,
+        stochastic=not greedy)
 
 
 def entry_name(spec: StepSpec) -> str:
@@ -53,8 +54,9 @@ def entry_name(spec: StepSpec) -> str:
     s = spec.sampler
     if s is None:
         return spec.kind
-    feats = [f for f in ("penalties", "logit_bias", "top_k", "top_p", "min_p")
-             if getattr(s, f)] + (["logprobs"] if s.logprobs is not None else [])
+    feats = (["sample"] if s.stochastic else []) + \
+        [f for f in ("penalties", "logit_bias", "top_k", "top_p", "min_p") if getattr(s, f)] + \
+        (["logprobs"] if s.logprobs is not None else [])
     return "+".join([spec.kind, *feats])
 
 
@@ -147,4 +149,5 @@ class StepRunner:
 
 #: The sampler of a greedy request with no penalties, bias or filters (what ``warm_up``
 #: compiles and ``poot bench`` runs).
-GREEDY = SamplerSpec(penalties=False, logit_bias=False, top_k=False, top_p=False, min_p=False)
+GREEDY = SamplerSpec(penalties=False, logit_bias=False, top_k=False, top_p=False, min_p=False,
+                     stochastic=False)

@@ -123,6 +123,9 @@ class SamplerSpec:
             and output exist either way: the history is always updated).
         logit_bias: add the ``logit_bias`` [B, V] input.
         top_k / top_p / min_p: the filters.
+        stochastic: draw from the temperature distribution (the ``temperature`` and
+            ``uniform`` inputs, the filters); off, every row is greedy (argmax only: a
+            greedy request traces no distribution, no inverse-CDF search over the vocabulary).
         logprobs: ``None``: no log-prob outputs; ``n >= 0``: the chosen token's log-prob and
             the top-``n`` log-probs with their ids.
     """
@@ -133,6 +136,7 @@ class SamplerSpec:
     top_p: bool = True
     min_p: bool = True
     logprobs: int | None = None
+    stochastic: bool = True
 
     def __post_init__(self):
         if self.logprobs is not None and (not isinstance(self.logprobs, int)
@@ -142,12 +146,13 @@ class SamplerSpec:
                                f"{self.logprobs!r}")
 
     def input_roles(self) -> list[str]:
-        roles = ["temperature"]
+        roles = ["temperature"] if self.stochastic else []
         roles += [r for r, on in (("top_k", self.top_k), ("top_p", self.top_p),
-                                  ("min_p", self.min_p)) if on]
+                                  ("min_p", self.min_p)) if on and self.stochastic]
         if self.penalties:
             roles += ["repetition_penalty", "presence_penalty", "frequency_penalty"]
-        roles.append("uniform")
+        if self.stochastic:
+            roles.append("uniform")
         if self.logit_bias:
             roles.append("logit_bias")
         roles.append("token_counts")
@@ -158,9 +163,9 @@ class SamplerSpec:
 class SamplingInputs:
     """Handles of the sampling step inputs (``None`` for a feature that is not traced)."""
 
-    temperature: Tensor
-    uniform: Tensor
     token_counts: Tensor
+    temperature: Tensor | None = None
+    uniform: Tensor | None = None
     top_k: Tensor | None = None
     top_p: Tensor | None = None
     min_p: Tensor | None = None
@@ -438,7 +443,9 @@ def sample(b: Builder, logits: Tensor, si: SamplingInputs, spec: SamplerSpec | N
     k = _K(b)
     with b.scope("sample"):
         # spec switches a feature off by leaving its input out of `si`
-        on = {"top_k": spec.top_k, "top_p": spec.top_p, "min_p": spec.min_p,
+        on = {"top_k": spec.top_k and spec.stochastic, "top_p": spec.top_p and spec.stochastic,
+              "min_p": spec.min_p and spec.stochastic, "temperature": spec.stochastic,
+              "uniform": spec.stochastic,
               "logit_bias": spec.logit_bias, "repetition_penalty": spec.penalties,
               "presence_penalty": spec.penalties, "frequency_penalty": spec.penalties}
         si = SamplingInputs(**{r: (getattr(si, r) if on.get(r, True) else None)
@@ -447,10 +454,12 @@ def sample(b: Builder, logits: Tensor, si: SamplingInputs, spec: SamplerSpec | N
         nonfinite = b.reduce("max", bad, 1)
         x = process_logits(b, logits, si)
         greedy = argmax(b, x, k)
-        d = distribution(b, x, si, k)
-        w = b.select(d.keep, d.p, k.full(d.p.shape, 0.0))
-        drawn = inverse_cdf(b, w, si.uniform, k)
-        token = b.select(b.compare("lt", si.temperature, k(GREEDY_EPS)), greedy, drawn)
+        token = greedy
+        if spec.stochastic:
+            d = distribution(b, x, si, k)
+            w = b.select(d.keep, d.p, k.full(d.p.shape, 0.0))
+            drawn = inverse_cdf(b, w, si.uniform, k)
+            token = b.select(b.compare("lt", si.temperature, k(GREEDY_EPS)), greedy, drawn)
         onehot = b.compare("eq", k.iota((batch, vocab)), _col(b, token))
         history = si.token_counts + b.cast(onehot, DType.I32)
         res = SampleResult(token, history, nonfinite)

@@ -106,7 +106,7 @@ def _norm(kind: str, M: int, K: int, rng) -> tuple[list, list[str]]:
 
 
 def gemv_region(fmt: str, M: int, N: int, K: int, epilogue: str = "none", seed: int = 0,
-                layout: str = "nk", norm: str | None = None):
+                layout: str = "nk", norm: str | None = None, probe: bool = False):
     """A graph ``@region`` calling one dispatch function ``x [1, M, K] -> [1, M, N]`` (a
     matmul against a ``fmt`` weight, spelled as the tracer does, then ``epilogue``: ``none``,
     ``residual`` (+ an argument) or ``silu_up`` (silu(y) * an argument)), and its inputs;
@@ -166,17 +166,25 @@ def gemv_region(fmt: str, M: int, N: int, K: int, epilogue: str = "none", seed: 
         ret = "%out"
     else:
         raise ValueError(epilogue)
+    rets, rtypes = [ret], [o]
+    if probe:     # two more results, as an LM head feeding the sampler has: y and y - y
+        body.append(f'%dd = "poot.binary"(%y, %y) {{fn = "sub"}} : ({y}, {y}) -> {y}')
+        rets, rtypes = [ret, "%y", "%dd"], [o, y, y]
     sig = ", ".join(f"%{n}: {t}" for n, t, _ in args)
     types = ", ".join(t for _, t, _ in args)
     names = ", ".join(f"%a{i}" for i in range(len(args)))
     wrap_args = ", ".join(f'%a{i}: {t} {{poot.name = "a{i}"}}' for i, (_, t, _) in
                           enumerate(args))
-    text = (f'func.func @region({wrap_args}) -> ({o} {{poot.name = "r0"}}) {{\n'
-            f"  %r = func.call @gemv_dispatch({names}) : ({types}) -> ({o})\n"
-            f"  return %r : {o}\n}}\n"
-            f"func.func private @gemv_dispatch({sig}) -> {o} attributes "
+    rt = ", ".join(rtypes)
+    named = ", ".join(f'{t} {{poot.name = "r{j}"}}' for j, t in enumerate(rtypes))
+    res = "%r" if len(rets) == 1 else f"%r:{len(rets)}"
+    back = "%r" if len(rets) == 1 else ", ".join(f"%r#{j}" for j in range(len(rets)))
+    text = (f'func.func @region({wrap_args}) -> ({named}) {{\n'
+            f"  {res} = func.call @gemv_dispatch({names}) : ({types}) -> ({rt})\n"
+            f"  return {back} : {rt}\n}}\n"
+            f"func.func private @gemv_dispatch({sig}) -> ({rt}) attributes "
             f'{{poot.dispatch = {{kind = "matmul", ops = {len(body)} : i64}}}} {{\n  '
-            + "\n  ".join(body) + f"\n  return {ret} : {o}\n}}\n")
+            + "\n  ".join(body) + f"\n  return {', '.join(rets)} : {rt}\n}}\n")
     with make_context(), ir.Location.unknown():
         module = ir.Module.parse(text)
     g = Graph.from_module(module)
@@ -278,14 +286,15 @@ def test_ptx_assembles_with_vector_loads(fmt, v4):
 
 # ---- Vulkan vs the oracle -----------------------------------------------------------------------
 
-def _run(vk_device, vk_target, g, inputs):
+def _run(vk_device, vk_target, g, inputs, name="r0"):
     from poot.backends.gpu.plan import plan_program
     from poot.backends.vulkan.codegen import codegen_vulkan
     from test_vulkan_kernels import run_artifact
 
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), vk_target.caps)
     assert plan.strategies == {"gemv": 1}, plan.strategies
-    return run_artifact(vk_device, codegen_vulkan(g, vk_target), inputs)["r0"]
+    got = run_artifact(vk_device, codegen_vulkan(g, vk_target), inputs)
+    return got if name is None else got[name]
 
 
 def _cases():
@@ -321,6 +330,19 @@ def test_each_epilogue(vk_device, vk_target, fmt, epilogue):
     want = oracle.evaluate(g, inputs)["r0"]
     got = _run(vk_device, vk_target, g, inputs)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max())
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "bf16"])
+def test_several_results_of_one_matmul(vk_device, vk_target, fmt):
+    """An LM head feeding the sampler: the epilogue's result, the raw result and y - y, all
+    written by the one kernel."""
+    g, inputs = gemv_region(fmt, 1, 1000, 576, "residual", seed=9, probe=True)
+    want = oracle.evaluate(g, inputs)
+    got = _run(vk_device, vk_target, g, inputs, name=None)
+    for k in ("r0", "r1", "r2"):
+        w = want[k]
+        np.testing.assert_allclose(np.asarray(got[k]).reshape(w.shape), w, rtol=RTOL,
+                                   atol=ATOL * max(np.abs(w).max(), 1.0), err_msg=k)
 
 
 @pytest.mark.parametrize("fmt", ["f32", "bf16", "f16"])

@@ -117,6 +117,27 @@ def test_int_reductions_row_scalar_outputs(vk, fn):
     check(vk, g, {"a0": rand(rng, (5, 77), "i32")}, strategy="rowreduce")
 
 
+@pytest.mark.parametrize("fn", ["max", "min"])
+@pytest.mark.parametrize("k", [7, 5000])
+def test_bool_any_all_of_a_compare(vk, fn, k):
+    """any (max) / all (min) of a boolean row, as the sampler's non-finite check reduces one:
+    a row with no true, one with a single true on the last element, one all true.
+    (The check itself, ``x - x != 0``, is not used here: lavapipe folds ``x - x`` to 0.)"""
+    X, B = f"tensor<3x{k}xf32>", f"tensor<3x{k}xi1>"
+    body = f"""
+  %h = "poot.constant"() {{value = dense<0.5> : {X}}} : () -> {X}
+  %1 = "poot.compare"(%arg0, %h) {{pred = "gt"}} : ({X}, {X}) -> {B}
+  %2 = "poot.reduce"(%1) {{axes = array<i64: 1>, fn = "{fn}"}} : ({B}) -> tensor<3xi1>
+  return %2 : tensor<3xi1>"""
+    g = region([X], ["tensor<3xi1>"], body)
+    x = np.zeros((3, k), np.float32)
+    x[1, k - 1] = 1.0
+    x[2, :] = 1.0
+    got = check(vk, g, {"a0": x}, strategy="rowreduce")
+    want = [False, True, True] if fn == "max" else [False, False, True]
+    np.testing.assert_array_equal(np.asarray(got["r0"]).astype(bool), want)
+
+
 def _dispatch(g):
     return next(o.operation for o in g.module.body.operations
                 if str(o.operation.attributes["sym_name"]) == '"d"')

@@ -287,6 +287,28 @@ def test_feature_flags_drop_inputs():
     assert cost["values"] == cost["ops"] + 3  # + the three sampling inputs
 
 
+def test_greedy_only_spec_traces_argmax_alone():
+    """``stochastic=False``: no temperature/uniform inputs, no distribution; the token is the
+    argmax of the processed logits (bias and penalties still apply), lowest id on ties."""
+    B, V = 3, 64
+    spec = S.SamplerSpec(top_k=False, top_p=False, min_p=False, stochastic=False)
+    g = graph(B, V, spec)
+    names = [n for n, _ in g.inputs]
+    assert N["temperature"] not in names and N["uniform"] not in names
+    assert N["logit_bias"] in names and N["repetition_penalty"] in names
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=(B, V)).astype(F32)
+    logits[2, 7] = logits[2, 40] = logits[2].max() + 1.0          # a tie: id 7 wins
+    bias = np.zeros((B, V), F32)
+    bias[1, 3] = 100.0
+    out, inp = run(g, logits, logit_bias=bias, temperature=[0.0] * B)
+    assert out[S.OUTPUTS["token"]].tolist() == [int(np.argmax(logits[0])), 3, 7]
+    for i, (idx, *_rest) in enumerate(ref_batch(logits, inp)):   # the full sampler agrees
+        assert out[S.OUTPUTS["token"]][i] == idx
+    assert g.op_count() < graph(B, V, S.SamplerSpec(top_k=False, top_p=False, min_p=False)
+                                ).op_count() / 2
+
+
 def test_bad_shapes_are_builder_errors():
     b = Builder(LIMITS)
     lg = b.input("logits", TensorType((2, 8), DType.F32))

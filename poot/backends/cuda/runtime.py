@@ -151,6 +151,24 @@ class CudaRecording:
     nodes: int = 0
 
 
+def _check_block_sizes(plan: dict, fns: list) -> None:
+    """Refuse a program one of whose launches asks for more threads per block than its
+    kernel can run with (registers): named here rather than as a bare
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES at graph instantiation."""
+    cu = driver()
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+    most = {}
+    for L in plan["launches"]:
+        if L["op"] == "kernel":
+            k = L["kernel"]
+            if k not in most:
+                most[k] = _check(cu.cuFuncGetAttribute(attr, fns[k]), "cuFuncGetAttribute")
+            b = L["block"][0] * L["block"][1] * L["block"][2]
+            if b > most[k]:
+                raise CudaError(f"kernel {plan['kernels'][k]} is launched with {b} threads "
+                                f"per block but can run at most {most[k]}")
+
+
 class CudaDevice:
     """One CUDA device (the first by default) with one stream."""
 
@@ -259,6 +277,7 @@ class CudaDevice:
             self._modules[key] = mod
         fns = [_check(cu.cuModuleGetFunction(mod, k.encode()), f"cuModuleGetFunction {k}")
                for k in art.plan["kernels"]]
+        _check_block_sizes(art.plan, fns)
         plan = art.plan
         args = kernel_args(plan)
         private = {}

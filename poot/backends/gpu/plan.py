@@ -222,8 +222,33 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
         if o["aliases"]:
             ib = next(x["buffer"] for x in inputs if x["name"] == o["aliases"])
             o["in_place"] = ib == o["buffer"]
+    _pin_block_sizes(kmodule, kernels, launches)
     return GpuPlan(g.name, kmodule, kernels, buffers, launches, dispatches, inputs, params,
                    outputs, strategies)
+
+
+def _pin_block_sizes(kmodule: ir.Module, kernels: list[str], launches: list[dict]) -> None:
+    """Tell each kernel the block size it is launched with (``known_block_size``): the NVVM
+    lowering turns it into ``.reqntid``, so ptxas keeps the registers per thread within what
+    a block of that size may use (a 1024-thread block over 64 registers per thread cannot
+    launch: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES), and index arithmetic knows its bounds."""
+    block = {}
+    for L in launches:
+        if L["op"] == "kernel":
+            if block.setdefault(L["kernel"], tuple(L["block"])) != tuple(L["block"]):
+                raise GpuCodegenError(f"kernel {kernels[L['kernel']]} is launched with two "
+                                      "block sizes")
+    with kmodule.context:
+        for gm in kmodule.body.operations:
+            if gm.operation.name != "gpu.module":
+                continue
+            for f in gm.operation.regions[0].blocks[0].operations:
+                f = f.operation
+                if f.name == "gpu.func":
+                    k = kernels.index(_fn_name(f))
+                    if k in block:
+                        f.attributes["known_block_size"] = ir.DenseI32ArrayAttr.get(
+                            list(block[k]))
 
 
 def _merge_kernels(dk: DispatchKernels, kmodule: ir.Module, kernels: list[str], key: str

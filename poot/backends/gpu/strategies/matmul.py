@@ -78,11 +78,13 @@ class _Weight:
 
 @dataclass
 class GemvMatch:
-    """A matched decode GEMV region: ``out[l] = epilogue(sum_k x[m, k] * w[k, n])`` at
-    row-major flat index ``l = m * N + n`` of ``out`` (of poot type ``out_t``); ``x`` is the
-    matmul's [M, K] f32 LHS, ``x_arg`` the function argument it views (None: ``x`` is an
-    expression, whose row reductions are ``prologue``: ``(poot.reduce op, coordinates of its
-    result)`` in dependency order); ``weight`` names a function argument."""
+    """A matched decode GEMV region: ``outs[j][l] = epilogue_j(sum_k x[m, k] * w[k, n])`` at
+    row-major flat index ``l = m * N + n`` of every result ``outs[j]`` (of poot type
+    ``out_ts[j]``; e.g. the logits and the sampler's ``logits - logits`` finiteness probe);
+    ``x`` is the matmul's [M, K] f32 LHS, ``x_arg`` the function argument it views (None:
+    ``x`` is an expression, whose row reductions are ``prologue``: ``(poot.reduce op,
+    coordinates of its result)`` in dependency order); ``weight`` names a function
+    argument."""
 
     M: int
     N: int
@@ -91,8 +93,8 @@ class GemvMatch:
     x_arg: int | None
     weight: _Weight
     root: ir.Value
-    out: ir.Value
-    out_t: TensorType
+    outs: list
+    out_ts: list
     prologue: list = field(default_factory=list)
 
 
@@ -161,7 +163,7 @@ def match(fn: ir.Operation) -> GemvMatch | None:
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
     mms = [o for o in ops if o.name == "poot.matmul"]
-    if len(mms) != 1 or ops[-1].name != "func.return" or len(ops[-1].operands) != 1:
+    if len(mms) != 1 or ops[-1].name != "func.return" or not len(ops[-1].operands):
         return None
     mm = mms[0]
     lt, rt, yt = (_ttype(v) for v in (mm.operands[0], mm.operands[1], mm.results[0]))
@@ -179,11 +181,11 @@ def match(fn: ir.Operation) -> GemvMatch | None:
     w = _match_weight(mm.operands[1], N, K)
     if w is None or w.arg == xa:
         return None
-    out = ops[-1].operands[0]
-    ot = _ttype(out)
-    if not isinstance(ot, TensorType) or ot.numel != M * N:
+    outs = list(ops[-1].operands)
+    ots = [_ttype(o) for o in outs]
+    if any(not isinstance(ot, TensorType) or ot.numel != M * N for ot in ots):
         return None
-    m = GemvMatch(M, N, K, mm.operands[0], xa, w, mm.results[0], out, ot)
+    m = GemvMatch(M, N, K, mm.operands[0], xa, w, mm.results[0], outs, ots)
     if xa is None:
         pro = _prologue(fn, m)
         if pro is None:
@@ -244,7 +246,8 @@ def _elementwise_epilogue(fn: ir.Operation, m: GemvMatch) -> bool:
                 return None
             se = ScalarEmitter(fn, KernelEmitter(), provide=provide)
             try:
-                se.value(m.out, se.delinearize(row * m.N + n, m.out_t.shape))
+                for out, ot in zip(m.outs, m.out_ts):
+                    se.value(out, se.delinearize(row * m.N + n, ot.shape))
             except ScalarUnsupported:
                 return False
     return True
@@ -617,11 +620,19 @@ class _Kernel:
         res = e.name()
         zero = e.c(0.0, "f32")
         f32s = ", ".join(["f32"] * M)
-        e.raw(f"{res}:{M} = scf.for %u = {lane} to {e.c(self.units())} step {e.c(sg)} "
+        units = self.units()
+        # U units per lane per iteration: their loads are independent, so U 16-byte loads
+        # are in flight per lane (one per iteration left each lane waiting on one load);
+        # only where every lane runs the same whole number of iterations
+        U = next(u for u in (4, 2, 1) if units % (sg * u) == 0 or u == 1)
+        e.raw(f"{res}:{M} = scf.for %u = {lane} to {e.c(units)} step {e.c(sg * U)} "
               f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> ({f32s}) {{")
-        with self.se.scope():
-            parts = self.unit(n, "%u")
-        new = [e.fadd(a, p) for a, p in zip(accs, parts)]
+        new = list(accs)
+        for i in range(U):
+            ui = "%u" if i == 0 else e.add("%u", e.c(i * sg))
+            with self.se.scope():
+                parts = self.unit(n, ui)
+            new = [e.fadd(a, p) for a, p in zip(new, parts)]
         e.raw(f"scf.yield {', '.join(new)} : {f32s}")
         e.raw("}")
         width = e.c(sg, "i32")
@@ -685,8 +696,9 @@ class _Kernel:
             for i in range(M):
                 row_now[0] = i
                 with se.scope():
-                    idx = se.delinearize(se.iadd(i * m.N, n), m.out_t.shape)
-                    se.store(se.value(m.out, idx), "%o", m.out_t, idx)
+                    for j, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
+                        idx = se.delinearize(se.iadd(i * m.N, n), ot.shape)
+                        se.store(se.value(out, idx), f"%o{j}", ot, idx)
             e.raw("}")
         e.raw("}")
         # x (or the arguments of an expression x) and the weight are only read, and no buffer
@@ -706,8 +718,9 @@ class _Kernel:
         for k, (name, c) in enumerate(zip(se.const_names, se.consts)):
             params.append((name, c[0]))
             slots.append(("const", k))
-        params.append(("%o", buffer_type(m.out_t)))
-        slots.append(("out", 0))
+        for j, ot in enumerate(m.out_ts):
+            params.append((f"%o{j}", buffer_type(ot)))
+            slots.append(("out", j))
         t = self.warps * sg
         sig = ", ".join(f"{a}: {b}" for a, b in params)
         text = (f"gpu.module @poot_gemv {{\n"

@@ -5,7 +5,8 @@ followed by elementwise consumers (RMSNorm ``x * rsqrt(mean(x^2) + eps) * w``, s
 Matches: every op is a ``poot.reduce`` or of the elementwise class
 (:data:`~poot.backends.gpu.strategies.pointwise.ELEMENTWISE_CLASS`); every reduce has the same
 operand shape ``[*rows, K]``, reduces the last axis only, with ``sum``/``max``/``min`` on f32,
-f16, bf16 (f32 accumulation, the result rounded once, as the linalg lowering does) or i32; every
+f16, bf16 (f32 accumulation, the result rounded once, as the linalg lowering does) or i32, or
+``max``/``min`` (any/all) on i1, folded as i32 0/1; every
 result of the region is either *row-shaped* (``[*rows', K]`` with ``prod(rows') = prod(rows)``)
 or *row-scalar* (``prod(rows)`` elements); and a reduction result is only ever read at its own
 row (checked while emitting: the consumer's coordinates must be the row's own coordinate
@@ -177,11 +178,13 @@ def synthesize_rowreduce(fn: ir.Operation, caps, name: str = "rowreduce"):
 
 def reduce_kind(r: ir.Operation) -> str | None:
     """``fn`` (``sum``/``max``/``min``) of a ``poot.reduce`` over its operand's last axis only,
-    on a dtype the row kernels accumulate (f32/f16/bf16 in f32, i32); None for any other."""
+    on a dtype the row kernels accumulate (f32/f16/bf16 in f32, i32; ``max``/``min`` of i1 as
+    i32 0/1); None for any other."""
     a = read_attrs(lookup(r.name), r)
     x = poot_type(r.operands[0])
+    boolean = x.dtype is DType.I1 and a["fn"] in ("max", "min")        # any / all
     if not isinstance(x, TensorType) or x.rank < 1 or list(a["axes"]) != [x.rank - 1] or \
-            not (x.dtype.is_float or x.dtype is DType.I32):
+            not (x.dtype.is_float or x.dtype is DType.I32 or boolean):
         return None
     return a["fn"]
 
@@ -196,24 +199,45 @@ def row_total(se: ScalarEmitter, r: ir.Operation, rowc, lane, tr: int, sg: int |
     f16/bf16 result is accumulated in f32 and rounded once, as the linalg lowering does."""
     kind = reduce_kind(r)
     d = poot_type(r.operands[0]).dtype
-    t = compute_type(d)
+    # booleans reduce as i32 0/1 (max = any, min = all): shuffles move words
+    t = "i32" if d is DType.I1 else compute_type(d)
     k = poot_type(r.operands[0]).shape[-1]
-    acc = _row_loop(se, r.operands[0], rowc, lane, k, tr, kind, t)
+    acc = _row_loop(se, r.operands[0], rowc, lane, k, tr, kind, t, widen=d is DType.I1)
     total = _block_combine(se, acc, kind, t, lane, tr, sg, p, workgroup)
+    if d is DType.I1:
+        return se.op(f"arith.trunci {total} : i32 to i1")
     return se.round_to(total, d) if d in HALF else total
 
 
 def _row_loop(se: ScalarEmitter, x: ir.Value, rowc, lane, k: int, tr: int, kind: str,
-              t: str) -> str:
-    """This thread's fold of ``x[*rowc, lane::tr]`` (compute type ``t``)."""
+              t: str, widen: bool = False) -> str:
+    """This thread's fold of ``x[*rowc, lane::tr]`` (compute type ``t``; ``widen``: i1
+    elements folded as i32 0/1)."""
     em = se.em
     acc, c, a = em.fresh("acc"), em.fresh("col"), em.fresh("a")
-    init = _identity(em, kind, t)
-    em.line(f"{acc} = scf.for {c} = {se.ix(lane)} to {se.ix(k)} step {se.ix(tr)} "
-            f"iter_args({a} = {init}) -> ({t}) {{")
+    init = em.const(int(kind == "min"), t) if widen else _identity(em, kind, t)
+    ragged = k % tr != 0
+    if ragged:
+        # every lane runs ceil(k / tr) iterations (a lane past the row's end would otherwise
+        # run a zero-trip loop, whose result lavapipe's SPIR-V path got wrong); the column is
+        # clamped in range and a lane past the end folds the identity instead
+        em.line(f"{acc} = scf.for {c} = {se.ix(0)} to {se.ix(-(-k // tr))} step {se.ix(1)} "
+                f"iter_args({a} = {init}) -> ({t}) {{")
+    else:
+        em.line(f"{acc} = scf.for {c} = {se.ix(lane)} to {se.ix(k)} step {se.ix(tr)} "
+                f"iter_args({a} = {init}) -> ({t}) {{")
     em.depth += 1
     with se.scope():
-        v = se.value(x, list(rowc) + [c])
+        col = c
+        if ragged:
+            col = se.iadd(se.imul(c, tr), lane)
+            inside = se.op(f"arith.cmpi ult, {se.ix(col)}, {se.ix(k)} : index")
+            col = se.op(f"arith.minui {se.ix(col)}, {se.ix(k - 1)} : index")
+        v = se.value(x, list(rowc) + [col])
+        if widen:
+            v = em.op(f"arith.extui {v} : i1 to i32")
+        if ragged:
+            v = em.op(f"arith.select {inside}, {v}, {init} : {t}")
         em.line(f"scf.yield {_combine(em, kind, t, a, v)} : {t}")
     em.depth -= 1
     em.line("}")
