@@ -1,5 +1,6 @@
 """SPIR-V kernels of the tiny Llama steps on a real Vulkan device vs the CPU oracle: every
-dispatch region of a step on its own (the values the step feeds it), then whole steps."""
+dispatch region of a step on its own (the values the step feeds it; regions as the GPU plan
+folds them), then whole steps."""
 
 from __future__ import annotations
 
@@ -69,7 +70,9 @@ def test_every_region_matches_oracle(vk_device, vk_target, models, name, step):
             np.testing.assert_allclose(got[k], want, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{r.name} ({r.kind}) {k}")
         kinds.add(r.kind)
-    assert kinds >= KINDS - ({"scatter"} if step == "none" else set()), kinds
+    # cheap producers (RoPE tables, RoPE, the mask, KV-write indices) are folded into their
+    # consumers (scatter, attention): the anchors remain
+    assert KINDS >= kinds >= {"gather", "reduction", "matmul", "scatter", "attention"}, kinds
 
 
 @pytest.mark.parametrize("name", ["llama", "llama_gguf_q4_1"])
