@@ -1,5 +1,6 @@
 """SPIR-V kernels of the tiny Llama steps on a real Vulkan device vs the CPU oracle: every
-dispatch region of a step on its own (the values the step feeds it), then whole steps."""
+dispatch region of a step on its own (the values the step feeds it; regions as the GPU plan
+folds them), then whole steps."""
 
 from __future__ import annotations
 
@@ -73,7 +74,11 @@ def test_every_region_matches_oracle(vk_device, vk_target, models, name, step, T
             np.testing.assert_allclose(got[k], want, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{r.name} ({r.kind}) {k}")
         kinds.add(r.kind)
-    assert kinds >= KINDS - ({"reduction"} if T <= MAX_M else set()), kinds
+    # cheap producers (RoPE tables, RoPE, the mask, KV-write indices) are folded into their
+    # consumers (scatter, attention), and the norms into the GEMVs while a step has at most
+    # MAX_M rows: the anchors remain
+    anchors = {"gather", "matmul", "scatter", "attention"}
+    assert KINDS >= kinds >= anchors | ({"reduction"} if T > MAX_M else set()), kinds
     if T <= MAX_M:
         assert "reduction" not in kinds, kinds
 
