@@ -406,3 +406,21 @@ def test_ptx_assembles_with_norm(fmt, norm):
     assert not re.findall(r"ld\.global\.(?!nc)", ptx[:ptx.index("shfl")])
     assert ptx.count("shfl.sync.bfly") == 2 * 5 * (1 if norm == "rmsnorm" else 2) + 2 * 5
     ptxas_check(ptx)
+
+
+def test_norm_is_folded_only_into_small_gemvs():
+    """The cost rule (PROLOGUE_MAX_EXTRA_BYTES): every warp recomputes a folded norm, so a
+    GEMV whose N * K * 8 bytes of extra reads pass the limit refuses it (the norm keeps its
+    own launch) while the same norm over a small GEMV is taken."""
+    from poot.backends.gpu.strategies.matmul import PROLOGUE_MAX_EXTRA_BYTES, gemv
+
+    small, _ = gemv_region("bf16", 1, 192, 576, norm="rmsnorm")
+    n_big = PROLOGUE_MAX_EXTRA_BYTES // (576 * 8) + 32
+    big, _ = gemv_region("bf16", 1, n_big, 576, norm="rmsnorm")
+    plain, _ = gemv_region("bf16", 1, n_big, 576)
+    with small.context:
+        assert gemv(_dispatch_fn(small), _caps()) is not None
+    with big.context:
+        assert gemv(_dispatch_fn(big), _caps()) is None
+    with plain.context:
+        assert gemv(_dispatch_fn(plain), _caps()) is not None

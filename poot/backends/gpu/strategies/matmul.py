@@ -98,6 +98,15 @@ class GemvMatch:
     prologue: list = field(default_factory=list)
 
 
+#: A folded norm is recomputed by every warp (one per output column): its row reductions and
+#: the expression x read about 2 x K more f32 values per column (~8K bytes) from L1/L2. Folding
+#: saves one launch (~3 us in a CUDA graph, the time an H200's L2 moves ~30 MB in), so a norm
+#: is folded into a GEMV only while those extra reads, N * K * 8 bytes, stay under this: the
+#: latency-bound small projections of small models, not an LM head or the bandwidth-bound
+#: projections of large models.
+PROLOGUE_MAX_EXTRA_BYTES = 32 << 20
+
+
 def _op(v: ir.Value):
     o = v.owner
     if isinstance(o, ir.Block):
@@ -761,6 +770,8 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     m = match(fn)
     if m is None:
         return None
+    if m.prologue and m.N * m.K * 8 > PROLOGUE_MAX_EXTRA_BYTES:
+        return None                 # cost rule: see PROLOGUE_MAX_EXTRA_BYTES
     vec = "sm_90" in (getattr(caps, "features", None) or ())
     warps = _warps(m.N, caps)
     try:
