@@ -34,14 +34,16 @@ def test_every_dispatch_kind_generates_kernels(monkeypatch):
     assert set(prog.dispatches) == KINDS
     assert len(plan["dispatches"]) == prog.dispatch_count
     assert set(_kernels_per_dispatch(plan)) == KINDS
-    # with the strategies: cheap producers (RoPE tables, the K RoPE, the KV write indices) are
-    # folded into their consumers, every remaining region still has kernels
+    # with the strategies: cheap producers (RoPE tables, the K RoPE, the KV write indices, the
+    # norms in front of the GEMVs) are folded into their consumers, every remaining region
+    # still has kernels
     monkeypatch.delenv("POOT_GPU_STRATEGIES")
     prog, _ = tiny_program()
     art = tiny_artifact()
     plan = art.plan
     seen = _kernels_per_dispatch(plan)
-    assert set(seen) <= KINDS and {"matmul", "attention", "scatter", "reduction"} <= set(seen)
+    assert set(seen) <= KINDS and {"matmul", "attention", "scatter"} <= set(seen)
+    assert "reduction" not in seen
     assert len(plan["dispatches"]) < prog.dispatch_count
     for name in plan["kernels"]:
         assert f".entry {name}(" in art.ptx

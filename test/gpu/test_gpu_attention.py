@@ -104,6 +104,94 @@ def region_inputs(B, T, Hkv, G, S, D, Dv, mask, softcap, seed=0, dt="f32") -> di
     return x
 
 
+def rope_attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap=0.0) -> Graph:
+    """``@region`` calling ONE dispatch that computes what folded regions leave in front of
+    the attention: RoPE of q from the positions (cos/sin of ``positions * inv_freq``, a
+    non-splat constant; strided slices, products, a concat of unit-axis reshapes) and the
+    causal mask ``iota(S) <= position`` (``i1``, or ``f32`` as ``select(vis, 0, -inf)``),
+    with k/v ``[B, S, Hkv, D]`` KV caches transposed to ``[B, Hkv, S, D]``. Arguments: q
+    ``[B, T, H, D]``, positions ``[B, T]`` i32, k, v; result ``[B, H, T, Dv]``."""
+    H, h = Hkv * G, D // 2
+    freqs = ", ".join(f"{1.0 / 10000 ** (2 * i / D):.8e}" for i in range(h))
+    qa, ha, h5, two = (B, T, H, D), (B, T, H, h), (B, T, H, h, 1), (B, T, H, h, 2)
+    q5, q = (B, T, Hkv, G, D), (B, Hkv, G, T, D)
+    ka, va, k, v = (B, S, Hkv, D), (B, S, Hkv, Dv), (B, Hkv, S, D), (B, Hkv, S, Dv)
+    m5, res, out = (B, 1, 1, T, S), (B, Hkv, G, T, Dv), (B, H, T, Dv)
+    t = _t
+    body = f"""
+  %f = "poot.constant"() {{value = dense<[{freqs}]> : {t((h,))}}} : () -> {t((h,))}
+  %pf = "poot.cast"(%arg1) : ({t((B, T), "i32")}) -> {t((B, T))}
+  %pr = "poot.reshape"(%pf) : ({t((B, T))}) -> {t((B, T, 1, 1))}
+  %pb = "poot.broadcast"(%pr) {{dims = array<i64: 0, 1, 2, 3>}} : ({t((B, T, 1, 1))}) -> {t(ha)}
+  %fb = "poot.broadcast"(%f) {{dims = array<i64: 3>}} : ({t((h,))}) -> {t(ha)}
+  %ang = "poot.binary"(%pb, %fb) {{fn = "mul"}} : ({t(ha)}, {t(ha)}) -> {t(ha)}
+  %cos = "poot.unary"(%ang) {{fn = "cos"}} : ({t(ha)}) -> {t(ha)}
+  %sin = "poot.unary"(%ang) {{fn = "sin"}} : ({t(ha)}) -> {t(ha)}
+  %x0 = "poot.slice"(%arg0) {{limit = array<i64: {B}, {T}, {H}, {D}>, start = array<i64: 0, 0, 0, 0>, stride = array<i64: 1, 1, 1, 2>}} : ({t(qa)}) -> {t(ha)}
+  %x1 = "poot.slice"(%arg0) {{limit = array<i64: {B}, {T}, {H}, {D}>, start = array<i64: 0, 0, 0, 1>, stride = array<i64: 1, 1, 1, 2>}} : ({t(qa)}) -> {t(ha)}
+  %a = "poot.binary"(%x0, %cos) {{fn = "mul"}} : ({t(ha)}, {t(ha)}) -> {t(ha)}
+  %b = "poot.binary"(%x1, %sin) {{fn = "mul"}} : ({t(ha)}, {t(ha)}) -> {t(ha)}
+  %r0 = "poot.binary"(%a, %b) {{fn = "sub"}} : ({t(ha)}, {t(ha)}) -> {t(ha)}
+  %c = "poot.binary"(%x1, %cos) {{fn = "mul"}} : ({t(ha)}, {t(ha)}) -> {t(ha)}
+  %d = "poot.binary"(%x0, %sin) {{fn = "mul"}} : ({t(ha)}, {t(ha)}) -> {t(ha)}
+  %r1 = "poot.binary"(%c, %d) {{fn = "add"}} : ({t(ha)}, {t(ha)}) -> {t(ha)}
+  %e0 = "poot.reshape"(%r0) : ({t(ha)}) -> {t(h5)}
+  %e1 = "poot.reshape"(%r1) : ({t(ha)}) -> {t(h5)}
+  %cc = "poot.concat"(%e0, %e1) {{axis = 4 : i64}} : ({t(h5)}, {t(h5)}) -> {t(two)}
+  %qr = "poot.reshape"(%cc) : ({t(two)}) -> {t(qa)}
+  %q5 = "poot.reshape"(%qr) : ({t(qa)}) -> {t(q5)}
+  %q = "poot.transpose"(%q5) {{perm = array<i64: 0, 2, 3, 1, 4>}} : ({t(q5)}) -> {t(q)}
+  %k = "poot.transpose"(%arg2) {{perm = array<i64: 0, 2, 1, 3>}} : ({t(ka)}) -> {t(k)}
+  %v = "poot.transpose"(%arg3) {{perm = array<i64: 0, 2, 1, 3>}} : ({t(va)}) -> {t(v)}
+  %io = "poot.iota"() {{axis = 1 : i64}} : () -> {t((1, S), "i32")}
+  %ir = "poot.reshape"(%io) : ({t((1, S), "i32")}) -> {t((1, 1, 1, 1, S), "i32")}
+  %ib = "poot.broadcast"(%ir) {{dims = array<i64: 0, 1, 2, 3, 4>}} : ({t((1, 1, 1, 1, S), "i32")}) -> {t(m5, "i32")}
+  %pp = "poot.reshape"(%arg1) : ({t((B, T), "i32")}) -> {t((B, 1, 1, T, 1), "i32")}
+  %pq = "poot.broadcast"(%pp) {{dims = array<i64: 0, 1, 2, 3, 4>}} : ({t((B, 1, 1, T, 1), "i32")}) -> {t(m5, "i32")}
+  %vis = "poot.compare"(%ib, %pq) {{pred = "le"}} : ({t(m5, "i32")}, {t(m5, "i32")}) -> {t(m5, "i1")}"""
+    if mask == "i1":
+        mt, mv = "i1", "%vis"
+    else:
+        mt, mv = "f32", "%bias"
+        body += f"""
+  %z = "poot.constant"() {{value = dense<0.0> : {t(m5)}}} : () -> {t(m5)}
+  %ni = "poot.constant"() {{value = dense<0xFF800000> : {t(m5)}}} : () -> {t(m5)}
+  %bias = "poot.select"(%vis, %z, %ni) : ({t(m5, "i1")}, {t(m5)}, {t(m5)}) -> {t(m5)}"""
+    body += f"""
+  %at = "poot.attention"(%q, %k, %v, {mv}) {{scale = {float(1.0 / np.sqrt(D))!r} : f64, softcap = {float(softcap)!r} : f64}} : ({t(q)}, {t(k)}, {t(v)}, {t(m5, mt)}) -> {t(res)}
+  %r = "poot.reshape"(%at) : ({t(res)}) -> {t(out)}
+  return %r : {t(out)}"""
+    ins = [t(qa), t((B, T), "i32"), t(ka), t(va)]
+    args = ", ".join(f"%arg{i}: {x}" for i, x in enumerate(ins))
+    rargs = ", ".join(f'%a{i}: {x} {{poot.name = "a{i}"}}' for i, x in enumerate(ins))
+    text = f"""
+func.func @region({rargs}) -> ({t(out)} {{poot.name = "r0"}}) {{
+  %r = func.call @attn(%a0, %a1, %a2, %a3) : ({", ".join(ins)}) -> {t(out)}
+  return %r : {t(out)}
+}}
+func.func private @attn({args}) -> {t(out)} attributes {{poot.dispatch = {{kind = "attention", ops = 40 : i64}}}} {{{body}
+}}"""
+    with make_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+    return Graph.from_module(module)
+
+
+def rope_inputs(B, T, Hkv, G, S, D, Dv, mask, seed=0) -> dict:
+    """Random q/k/v; positions: batch 0 ends at the last key, the others earlier (decode: a
+    position < S - 1, so keys past it are masked). With an i1 mask and ``T == 1`` the last
+    batch sits at position -1: it sees no key (zeros)."""
+    rng = np.random.default_rng(seed)
+    H = Hkv * G
+    x = {"a0": rng.standard_normal((B, T, H, D)).astype(np.float32),
+         "a2": rng.standard_normal((B, S, Hkv, D)).astype(np.float32),
+         "a3": rng.standard_normal((B, S, Hkv, Dv)).astype(np.float32)}
+    ends = [S - 1] + [int(rng.integers(T - 1, S - 1)) if S > T else S - 1 for _ in range(B - 1)]
+    if mask == "i1" and T == 1 and B > 1:
+        ends[-1] = -1
+    x["a1"] = np.array([[e - T + 1 + t for t in range(T)] for e in ends], np.int32)
+    return x
+
+
 # ---- Vulkan -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -203,6 +291,185 @@ def test_f16_attention_region_on_vulkan(vk_device):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"cores={cores}")
 
 
+ROPE_CASES = [(G, T, S, mask) for G, Hkv in ((3, 2), (1, 3)) for T, S in ((1, 7), (1, 300),
+                                                                           (4, 64), (5, 300))
+              for mask in ("i1", "f32")]
+
+
+@pytest.mark.parametrize("G,T,S,mask", ROPE_CASES)
+def test_rope_and_mask_computed_in_region_on_vulkan(vk_device, G, T, S, mask):
+    """A region whose q is RoPE'd from the positions and whose causal mask is computed from
+    them (what folding rope_q and the mask region into attention leaves) takes the strategy
+    (q staged per block, the mask evaluated per row and key; i1: key batches no row sees
+    skipped) and equals the oracle at 1e-5 for one and many chunks, decode and prefill."""
+    from poot.backends.gpu.strategies.attention import match_attention, plan_attention
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    i = ROPE_CASES.index((G, T, S, mask))
+    D, Dv = HEAD_DIMS[i % len(HEAD_DIMS)]
+    shape = dict(B=2, T=T, Hkv=2 if G == 3 else 3, G=G, S=S, D=D, Dv=Dv, mask=mask)
+    g = rope_attention_region(**shape, softcap=30.0 if i % 3 == 0 else 0.0)
+    x = rope_inputs(**shape, seed=i)
+    want = oracle.evaluate(g, x)["r0"]
+    assert np.isfinite(want).all()
+    if mask == "i1" and T == 1:
+        assert not want[1].any()                 # position -1: sees no key, zeros
+    reg = match_attention(_callee(g))
+    assert reg is not None and reg.q is None and reg.mask is None and reg.mask_const is None
+    nss = set()
+    for cores in (1, 16, 1000):
+        target = _vk_target(vk_device, cores)
+        plan = plan_attention(reg, target.caps)
+        assert plan is not None
+        nss.add(plan.NS)
+        art = codegen_vulkan(g, target)
+        assert len(art.steps) == (1 if plan.NS == 1 else 2)
+        got = _run(vk_device, art, x)["r0"]
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
+                                   err_msg=f"{shape} cores={cores} {plan}")
+    assert 1 in nss and (S < 64 or len(nss) > 1)
+
+
+def _strided_refusal_region(k_view: bool):
+    """q ``[1, 2, 6, 8]`` reshaped from a transposed argument (no strided form: the merged
+    rows are not contiguous); with ``k_view`` k is reshaped the same way (refused)."""
+    t = _t
+    a, tq, q = (1, 3, 4, 8), (1, 4, 3, 8), (1, 2, 6, 8)
+    kt = (1, 2, 5, 8)
+    if k_view:
+        kv = f"""
+  %tk = "poot.transpose"(%kx) {{perm = array<i64: 0, 2, 1, 3>}} : ({t(kt)}) -> {t((1, 5, 2, 8))}
+  %k = "poot.reshape"(%tk) : ({t((1, 5, 2, 8))}) -> {t(kt)}"""
+        kx = t(kt)
+    else:
+        kv, kx = "", t(kt)
+    kref = "%k" if k_view else "%kx"
+    return f"""
+func.func @region(%a0: {t(a)} {{poot.name = "a0"}}, %a1: {kx} {{poot.name = "a1"}}, %a2: {t(kt)} {{poot.name = "a2"}}, %a3: {t((1, 1, 1, 5), "i1")} {{poot.name = "a3"}}) -> ({t(q)} {{poot.name = "r0"}}) {{
+  %r = func.call @attn(%a0, %a1, %a2, %a3) : ({t(a)}, {kx}, {t(kt)}, {t((1, 1, 1, 5), "i1")}) -> {t(q)}
+  return %r : {t(q)}
+}}
+func.func private @attn(%x: {t(a)}, %kx: {kx}, %v: {t(kt)}, %m: {t((1, 1, 1, 5), "i1")}) -> {t(q)} attributes {{poot.dispatch = {{kind = "attention", ops = 3 : i64}}}} {{{kv}
+  %tq = "poot.transpose"(%x) {{perm = array<i64: 0, 2, 1, 3>}} : ({t(a)}) -> {t(tq)}
+  %q = "poot.reshape"(%tq) : ({t(tq)}) -> {t(q)}
+  %a = "poot.attention"(%q, {kref}, %v, %m) {{scale = 1.0 : f64, softcap = 0.0 : f64}} : ({t(q)}, {t(kt)}, {t(kt)}, {t((1, 1, 1, 5), "i1")}) -> {t(q)}
+  return %a : {t(q)}
+}}"""
+
+
+def test_non_strided_q_is_computed_on_vulkan(vk_device):
+    """A q view with no strided form is taken as a computed q (staged per block) with the
+    mask still a view of its argument, and matches the oracle."""
+    from poot.backends.gpu.strategies.attention import match_attention
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    with make_context(), ir.Location.unknown():
+        g = Graph.from_module(ir.Module.parse(_strided_refusal_region(False)))
+    reg = match_attention(_callee(g))
+    assert reg.q is None and reg.mask is not None
+    rng = np.random.default_rng(3)
+    x = {"a0": rng.standard_normal((1, 3, 4, 8)).astype(np.float32),
+         "a1": rng.standard_normal((1, 2, 5, 8)).astype(np.float32),
+         "a2": rng.standard_normal((1, 2, 5, 8)).astype(np.float32),
+         "a3": np.array([[[[1, 0, 1, 1, 0]]]], bool)}
+    want = oracle.evaluate(g, x)["r0"]
+    for cores in (1, 1000):
+        art = codegen_vulkan(g, _vk_target(vk_device, cores))
+        np.testing.assert_allclose(_run(vk_device, art, x)["r0"], want, rtol=RTOL, atol=ATOL)
+
+
+def smollm2_region() -> Graph:
+    """The SmolLM2-135M decode step's regions around one layer's attention, as the step
+    holds them before folding (cap 256): the RoPE tables of the 9 query heads from the
+    position, RoPE of q, the causal mask ``iota <= position``, attention over the
+    ``[1, 256, 3, 64]`` KV caches (GQA 9/3). Arguments: q ``[1, 1, 9, 64]``, positions
+    ``[1, 1]``, k and v caches; result ``[1, 3, 3, 1, 64]``."""
+    freqs = ", ".join(f"{1.0 / 100000 ** (2 * i / 64):.8e}" for i in range(32))
+    t = _t
+    kv, qa, half = t((1, 256, 3, 64)), t((1, 1, 9, 64)), t((1, 1, 9, 32))
+    h5, two, q4 = t((1, 1, 9, 32, 1)), t((1, 1, 9, 32, 2)), t((1, 3, 3, 64))
+    q5, m3, m5 = t((1, 3, 3, 1, 64)), t((1, 1, 256), "i1"), t((1, 1, 1, 1, 256), "i1")
+    kt, pos = t((1, 3, 256, 64)), t((1, 1), "i32")
+    text = f"""
+func.func @region(%a0: {qa} {{poot.name = "a0"}}, %a1: {pos} {{poot.name = "a1"}}, %a2: {kv} {{poot.name = "a2"}}, %a3: {kv} {{poot.name = "a3"}}) -> ({q5} {{poot.name = "r0"}}) {{
+  %t:2 = func.call @tables(%a1) : ({pos}) -> ({half}, {half})
+  %q = func.call @rope(%a0, %t#0, %t#1) : ({qa}, {half}, {half}) -> {q4}
+  %m = func.call @mask(%a1) : ({pos}) -> {m3}
+  %r = func.call @attn(%a2, %q, %a3, %m) : ({kv}, {q4}, {kv}, {m3}) -> {q5}
+  return %r : {q5}
+}}
+func.func private @tables(%arg0: {pos}) -> ({half}, {half}) attributes {{poot.dispatch = {{kind = "elementwise", ops = 14 : i64}}}} {{
+  %0 = "poot.constant"() {{value = dense<[[[{freqs}]]]> : tensor<1x1x32xf32>}} : () -> tensor<1x1x32xf32>
+  %1 = "poot.cast"(%arg0) : ({pos}) -> tensor<1x1xf32>
+  %2 = "poot.reshape"(%1) : (tensor<1x1xf32>) -> tensor<1x1x1xf32>
+  %3 = "poot.broadcast"(%2) {{dims = array<i64: 0, 1, 2>}} : (tensor<1x1x1xf32>) -> tensor<1x1x32xf32>
+  %4 = "poot.binary"(%3, %0) {{fn = "mul"}} : (tensor<1x1x32xf32>, tensor<1x1x32xf32>) -> tensor<1x1x32xf32>
+  %5 = "poot.unary"(%4) {{fn = "cos"}} : (tensor<1x1x32xf32>) -> tensor<1x1x32xf32>
+  %6 = "poot.unary"(%4) {{fn = "sin"}} : (tensor<1x1x32xf32>) -> tensor<1x1x32xf32>
+  %9 = "poot.reshape"(%5) : (tensor<1x1x32xf32>) -> tensor<1x1x1x32xf32>
+  %10 = "poot.broadcast"(%9) {{dims = array<i64: 0, 1, 2, 3>}} : (tensor<1x1x1x32xf32>) -> {half}
+  %11 = "poot.reshape"(%6) : (tensor<1x1x32xf32>) -> tensor<1x1x1x32xf32>
+  %12 = "poot.broadcast"(%11) {{dims = array<i64: 0, 1, 2, 3>}} : (tensor<1x1x1x32xf32>) -> {half}
+  return %10, %12 : {half}, {half}
+}}
+func.func private @rope(%arg0: {qa}, %arg1: {half}, %arg2: {half}) -> {q4} attributes {{poot.dispatch = {{kind = "rope", ops = 12 : i64}}}} {{
+  %0 = "poot.slice"(%arg0) {{limit = array<i64: 1, 1, 9, 64>, start = array<i64: 0, 0, 0, 0>, stride = array<i64: 1, 1, 1, 2>}} : ({qa}) -> {half}
+  %1 = "poot.slice"(%arg0) {{limit = array<i64: 1, 1, 9, 64>, start = array<i64: 0, 0, 0, 1>, stride = array<i64: 1, 1, 1, 2>}} : ({qa}) -> {half}
+  %2 = "poot.binary"(%0, %arg1) {{fn = "mul"}} : ({half}, {half}) -> {half}
+  %3 = "poot.binary"(%1, %arg2) {{fn = "mul"}} : ({half}, {half}) -> {half}
+  %4 = "poot.binary"(%2, %3) {{fn = "sub"}} : ({half}, {half}) -> {half}
+  %5 = "poot.reshape"(%4) : ({half}) -> {h5}
+  %6 = "poot.binary"(%1, %arg1) {{fn = "mul"}} : ({half}, {half}) -> {half}
+  %7 = "poot.binary"(%0, %arg2) {{fn = "mul"}} : ({half}, {half}) -> {half}
+  %8 = "poot.binary"(%6, %7) {{fn = "add"}} : ({half}, {half}) -> {half}
+  %9 = "poot.reshape"(%8) : ({half}) -> {h5}
+  %10 = "poot.concat"(%5, %9) {{axis = 4 : i64}} : ({h5}, {h5}) -> {two}
+  %11 = "poot.reshape"(%10) : ({two}) -> {q4}
+  return %11 : {q4}
+}}
+func.func private @mask(%arg0: {pos}) -> {m3} attributes {{poot.dispatch = {{kind = "elementwise", ops = 3 : i64}}}} {{
+  %0 = "poot.iota"() {{axis = 1 : i64}} : () -> tensor<1x256xi32>
+  %1 = "poot.reshape"(%0) : (tensor<1x256xi32>) -> tensor<1x1x256xi32>
+  %2 = "poot.reshape"(%arg0) : ({pos}) -> tensor<1x1x1xi32>
+  %3 = "poot.broadcast"(%2) {{dims = array<i64: 0, 1, 2>}} : (tensor<1x1x1xi32>) -> tensor<1x1x256xi32>
+  %4 = "poot.compare"(%1, %3) {{pred = "le"}} : (tensor<1x1x256xi32>, tensor<1x1x256xi32>) -> {m3}
+  return %4 : {m3}
+}}
+func.func private @attn(%arg0: {kv}, %arg1: {q4}, %arg2: {kv}, %arg3: {m3}) -> {q5} attributes {{poot.dispatch = {{kind = "attention", ops = 5 : i64}}}} {{
+  %0 = "poot.transpose"(%arg0) {{perm = array<i64: 0, 2, 1, 3>}} : ({kv}) -> {kt}
+  %1 = "poot.reshape"(%arg1) : ({q4}) -> {q5}
+  %2 = "poot.transpose"(%arg2) {{perm = array<i64: 0, 2, 1, 3>}} : ({kv}) -> {kt}
+  %3 = "poot.reshape"(%arg3) : ({m3}) -> {m5}
+  %4 = "poot.attention"(%1, %2, %0, %3) {{scale = 1.250000e-01 : f64, softcap = 0.000000e+00 : f64}} : ({q5}, {kt}, {kt}, {m5}) -> {q5}
+  return %4 : {q5}
+}}"""
+    with make_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+    return Graph.from_module(module)
+
+
+def test_smollm2_layer_folds_into_attention_on_vulkan(vk_device):
+    """The SmolLM2-shaped regions fold into the attention region (RoPE tables, RoPE of q
+    and the mask cost no launch of their own) and the one attention region matches the
+    oracle for positions at the start, middle and end of the cache."""
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    g = smollm2_region()
+    rng = np.random.default_rng(7)
+    x = {"a0": rng.standard_normal((1, 1, 9, 64)).astype(np.float32),
+         "a2": rng.standard_normal((1, 256, 3, 64)).astype(np.float32),
+         "a3": rng.standard_normal((1, 256, 3, 64)).astype(np.float32)}
+    for cores in (1, 1000):
+        target = _vk_target(vk_device, cores)
+        art = codegen_vulkan(g, target)
+        assert 1 <= len(art.steps) <= 2                # split (+ combine): nothing else
+        for p in (0, 100, 255):
+            x["a1"] = np.array([[p]], np.int32)
+            want = oracle.evaluate(g, x)["r0"]
+            np.testing.assert_allclose(_run(vk_device, art, x)["r0"], want, rtol=RTOL,
+                                       atol=ATOL, err_msg=f"cores={cores} position={p}")
+
+
 #: the plans the device test ran (checked for coverage below)
 PLANS: list = []
 
@@ -242,6 +509,38 @@ def test_attention_region_ptx_assembles(G, T, S, D, Dv, mask, softcap, dt):
     ptx = ptx_text(plan.module)
     assert "shfl.sync.bfly" in ptx and "shfl.sync.idx" in ptx
     if ptxas_check(ptx) is None:
+        pytest.skip("ptxas is not installed (PTX generated, not assembled)")
+
+
+@pytest.mark.parametrize("G,T,S,D,mask", [(3, 1, 256, 64, "i1"), (4, 16, 4096, 128, "f32")])
+def test_rope_attention_region_ptx_assembles(G, T, S, D, mask):
+    """A region with q RoPE'd and the mask computed in it becomes the strategy's kernels only
+    (q staged in shared memory, a const buffer for the frequencies) and ptxas assembles it."""
+    from poot.backends.cuda.codegen import cuda_target, ptx_text, ptxas_check
+    from poot.backends.gpu.plan import plan_program
+
+    g = rope_attention_region(B=1, T=T, Hkv=2, G=G, S=S, D=D, Dv=D, mask=mask)
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), cuda_target().caps)
+    kernels = [L for L in plan.launches if L["op"] == "kernel"]
+    assert plan.strategies == {"flash_decode": len(kernels)} and len(kernels) <= 2
+    ptx = ptx_text(plan.module)
+    assert ".shared" in ptx and "bar.sync" in ptx
+    if ptxas_check(ptx) is None:
+        pytest.skip("ptxas is not installed (PTX generated, not assembled)")
+
+
+def test_smollm2_layer_plan_is_attention_only():
+    """For CUDA the SmolLM2-shaped regions fold into the attention region: the plan is the
+    split and combine kernels of the strategy (no RoPE, table or mask launch); ptxas
+    assembles it."""
+    from poot.backends.cuda.codegen import cuda_target, ptx_text, ptxas_check
+    from poot.backends.gpu.plan import plan_program
+
+    plan = plan_program(SimpleNamespace(graph=smollm2_region(), storage=[]),
+                        cuda_target().caps)
+    kernels = [L for L in plan.launches if L["op"] == "kernel"]
+    assert plan.strategies == {"flash_decode": 2} and len(kernels) == 2
+    if ptxas_check(ptx_text(plan.module)) is None:
         pytest.skip("ptxas is not installed (PTX generated, not assembled)")
 
 
@@ -286,45 +585,63 @@ def test_views_resolve_to_strided_maps():
     assert (reg.S, reg.D, reg.Dv, reg.mask_kind) == (10, 8, 6, "f32")
 
 
-def test_view_without_strided_form_is_refused():
-    """q reshaped from a transposed view into a shape no strides express (the merged rows are
-    not contiguous) makes the strategy refuse the region."""
+def test_view_without_strided_form_is_refused_for_k():
+    """A view with no strided form resolves to None; for q that is a computed q (staged),
+    for k (a KV cache: read in place, never recomputed) the strategy refuses the region."""
     from poot.backends.gpu.strategies.attention import match_attention, resolve_view
 
-    t = _t
-    a, tq, q = (1, 3, 4, 8), (1, 4, 3, 8), (1, 2, 6, 8)
-    text = f"""
-func.func private @attn(%x: {t(a)}, %k: {t((1, 2, 5, 8))}, %v: {t((1, 2, 5, 8))}, %m: {t((1, 1, 1, 5), "i1")}) -> {t(q)} {{
-  %tq = "poot.transpose"(%x) {{perm = array<i64: 0, 2, 1, 3>}} : ({t(a)}) -> {t(tq)}
-  %q = "poot.reshape"(%tq) : ({t(tq)}) -> {t(q)}
-  %a = "poot.attention"(%q, %k, %v, %m) {{scale = 1.0 : f64, softcap = 0.0 : f64}} : ({t(q)}, {t((1, 2, 5, 8))}, {t((1, 2, 5, 8))}, {t((1, 1, 1, 5), "i1")}) -> {t(q)}
-  return %a : {t(q)}
-}}"""
-    with make_context(), ir.Location.unknown():
-        m = ir.Module.parse(text)
-        fn = next(o.operation for o in m.body.operations)
-        body = [o.operation for o in fn.regions[0].blocks[0].operations]
-        args = list(fn.regions[0].blocks[0].arguments)
-        assert resolve_view(body[0].results[0], args).strides == (96, 8, 32, 1)
-        assert resolve_view(body[1].results[0], args) is None
-        assert match_attention(fn) is None
+    for k_view in (False, True):
+        with make_context(), ir.Location.unknown():
+            m = ir.Module.parse(_strided_refusal_region(k_view))
+            fn = _callee(Graph.from_module(m))
+            body = [o.operation for o in fn.regions[0].blocks[0].operations]
+            args = list(fn.regions[0].blocks[0].arguments)
+            tq = next(o for o in body if o.name == "poot.transpose" and o.operands[0] == args[0])
+            assert resolve_view(tq.results[0], args).strides == (96, 8, 32, 1)
+            reg = match_attention(fn)
+            if k_view:
+                assert reg is None
+            else:
+                assert reg is not None and reg.q is None and reg.k.arg == 1
 
 
 def test_other_regions_are_refused():
-    """A region with other work around the attention (here the mask computed inside it) is
-    left to the generic mapping."""
-    from poot.backends.gpu.strategies.attention import flash_decode
+    """A mask computed in the region is taken; other work is left to the generic mapping:
+    k computed (not a view of a KV cache), q through a reduction (not elementwise-class), an
+    op that feeds nothing the attention reads."""
     from poot.backends.cuda.codegen import cuda_target
+    from poot.backends.gpu.strategies.attention import flash_decode
 
     t = _t
-    text = f"""
-func.func private @attn(%q: {t((1, 2, 1, 8))}, %k: {t((1, 2, 5, 8))}, %v: {t((1, 2, 5, 8))}, %m: {t((1, 1, 1, 5))}) -> {t((1, 2, 1, 8))} {{
-  %z = "poot.constant"() {{value = dense<0.0> : {t((1, 1, 1, 5))}}} : () -> {t((1, 1, 1, 5))}
-  %vis = "poot.compare"(%m, %z) {{pred = "gt"}} : ({t((1, 1, 1, 5))}, {t((1, 1, 1, 5))}) -> {t((1, 1, 1, 5), "i1")}
-  %a = "poot.attention"(%q, %k, %v, %vis) {{scale = 1.0 : f64, softcap = 0.0 : f64}} : ({t((1, 2, 1, 8))}, {t((1, 2, 5, 8))}, {t((1, 2, 5, 8))}, {t((1, 1, 1, 5), "i1")}) -> {t((1, 2, 1, 8))}
-  return %a : {t((1, 2, 1, 8))}
+    q, kv, m = t((1, 2, 1, 8)), t((1, 2, 5, 8)), t((1, 1, 1, 5))
+    head = f"func.func private @attn(%q: {q}, %k: {kv}, %v: {kv}, %m: {m}) -> {q} {{"
+    tail = f"""
+  %a = "poot.attention"(%q2, %k2, %v, %vis) {{scale = 1.0 : f64, softcap = 0.0 : f64}} : ({q}, {kv}, {kv}, {t((1, 1, 1, 5), "i1")}) -> {q}
+  return %a : {q}
 }}"""
-    with make_context(), ir.Location.unknown():
-        m = ir.Module.parse(text)
-        fn = next(o.operation for o in m.body.operations)
-        assert flash_decode(fn, cuda_target().caps) is None
+    mask = f"""
+  %z = "poot.constant"() {{value = dense<0.0> : {m}}} : () -> {m}
+  %vis = "poot.compare"(%m, %z) {{pred = "gt"}} : ({m}, {m}) -> {t((1, 1, 1, 5), "i1")}"""
+    same = f"""
+  %q2 = "poot.reshape"(%q) : ({q}) -> {q}
+  %k2 = "poot.reshape"(%k) : ({kv}) -> {kv}"""
+    bodies = {
+        "mask computed": same,
+        "k computed": f"""
+  %q2 = "poot.reshape"(%q) : ({q}) -> {q}
+  %k2 = "poot.binary"(%k, %k) {{fn = "add"}} : ({kv}, {kv}) -> {kv}""",
+        "q reduced": f"""
+  %s = "poot.reduce"(%q) {{axes = array<i64: 3>, fn = "sum"}} : ({q}) -> {t((1, 2, 1))}
+  %s2 = "poot.reshape"(%s) : ({t((1, 2, 1))}) -> {t((1, 2, 1, 1))}
+  %s3 = "poot.broadcast"(%s2) {{dims = array<i64: 0, 1, 2, 3>}} : ({t((1, 2, 1, 1))}) -> {q}
+  %q2 = "poot.binary"(%q, %s3) {{fn = "sub"}} : ({q}, {q}) -> {q}
+  %k2 = "poot.reshape"(%k) : ({kv}) -> {kv}""",
+        "dead op": same + f"""
+  %dead = "poot.binary"(%v, %v) {{fn = "mul"}} : ({kv}, {kv}) -> {kv}""",
+    }
+    for name, body in bodies.items():
+        with make_context(), ir.Location.unknown():
+            mod = ir.Module.parse(head + mask + body + tail)
+            fn = next(o.operation for o in mod.body.operations)
+            got = flash_decode(fn, cuda_target().caps)
+        assert (got is not None) == (name == "mask computed"), name

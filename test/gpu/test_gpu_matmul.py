@@ -59,18 +59,73 @@ def _weight(fmt: str, N: int, K: int, rng):
     return f"!poot.packed<#poot.{fmt}, array<i64: {N}, {K}>>", raw.reshape(-1), None
 
 
+def _norm(kind: str, M: int, K: int, rng) -> tuple[list, list[str]]:
+    """(extra arguments, body) of a norm of ``%x`` [1, M, K] into ``%xn``, spelled as the
+    tracer's RMSNorm / LayerNorm (as :func:`~poot.backends.gpu.merge.fold_regions` leaves it
+    in front of a matmul)."""
+    t, t1, tr = f"tensor<1x{M}x{K}xf32>", f"tensor<1x{M}x1xf32>", f"tensor<1x{M}xf32>"
+    g = (1 + 0.1 * rng.standard_normal(K)).astype(np.float32)
+    args = [("ng", f"tensor<{K}xf32>", g)]
+    body = [f'%cK = "poot.constant"() {{value = dense<{float(K)}> : {t1}}} : () -> {t1}',
+            f'%eps = "poot.constant"() {{value = dense<1.0e-05> : {t1}}} : () -> {t1}',
+            f'%gb = "poot.broadcast"(%ng) {{dims = array<i64: 2>}} : (tensor<{K}xf32>) -> {t}']
+
+    def mean(src, name):
+        return [f'%{name}s = "poot.reduce"({src}) {{axes = array<i64: 2>, fn = "sum"}} : '
+                f'({t}) -> {tr}',
+                f'%{name}r = "poot.reshape"(%{name}s) : ({tr}) -> {t1}',
+                f'%{name} = "poot.binary"(%{name}r, %cK) {{fn = "div"}} : ({t1}, {t1}) -> {t1}']
+
+    if kind == "rmsnorm":
+        src = "%x"
+        body += [f'%sq = "poot.binary"(%x, %x) {{fn = "mul"}} : ({t}, {t}) -> {t}']
+        body += mean("%sq", "ms")
+        var = "%ms"
+    elif kind == "layernorm":
+        b = (0.1 * rng.standard_normal(K)).astype(np.float32)
+        args.append(("nb", f"tensor<{K}xf32>", b))
+        body += mean("%x", "mu")
+        body += [f'%mub = "poot.broadcast"(%mu) {{dims = array<i64: 0, 1, 2>}} : ({t1}) -> {t}',
+                 f'%dx = "poot.binary"(%x, %mub) {{fn = "sub"}} : ({t}, {t}) -> {t}',
+                 f'%d2 = "poot.binary"(%dx, %dx) {{fn = "mul"}} : ({t}, {t}) -> {t}']
+        body += mean("%d2", "va")
+        src, var = "%dx", "%va"
+    else:
+        raise ValueError(kind)
+    body += [f'%ve = "poot.binary"({var}, %eps) {{fn = "add"}} : ({t1}, {t1}) -> {t1}',
+             f'%rs = "poot.unary"(%ve) {{fn = "rsqrt"}} : ({t1}) -> {t1}',
+             f'%rsb = "poot.broadcast"(%rs) {{dims = array<i64: 0, 1, 2>}} : ({t1}) -> {t}',
+             f'%xr = "poot.binary"({src}, %rsb) {{fn = "mul"}} : ({t}, {t}) -> {t}',
+             f'%xn{"" if kind == "rmsnorm" else "0"} = "poot.binary"(%xr, %gb) '
+             f'{{fn = "mul"}} : ({t}, {t}) -> {t}']
+    if kind == "layernorm":
+        body += [f'%bb = "poot.broadcast"(%nb) {{dims = array<i64: 2>}} : (tensor<{K}xf32>) '
+                 f'-> {t}',
+                 f'%xn = "poot.binary"(%xn0, %bb) {{fn = "add"}} : ({t}, {t}) -> {t}']
+    return args, body
+
+
 def gemv_region(fmt: str, M: int, N: int, K: int, epilogue: str = "none", seed: int = 0,
-                layout: str = "nk", probe: bool = False):
+                layout: str = "nk", norm: str | None = None, probe: bool = False):
     """A graph ``@region`` calling one dispatch function ``x [1, M, K] -> [1, M, N]`` (a
     matmul against a ``fmt`` weight, spelled as the tracer does, then ``epilogue``: ``none``,
-    ``residual`` (+ an argument) or ``silu_up`` (silu(y) * an argument)), and its inputs."""
+    ``residual`` (+ an argument) or ``silu_up`` (silu(y) * an argument)), and its inputs;
+    ``norm`` (``rmsnorm``/``layernorm``): x goes through that norm first (:func:`_norm`)."""
     rng = np.random.default_rng(seed)
     wt, wv, _ = _weight(fmt, N if layout == "nk" else K, K if layout == "nk" else N, rng)
     x = rng.standard_normal((1, M, K)).astype(np.float32)
     args = [("x", f"tensor<1x{M}x{K}xf32>", x), ("w", wt, wv)]
     y = f"tensor<{M}x{N}xf32>"
     o = f"tensor<1x{M}x{N}xf32>"
-    body = [f'%x2 = "poot.reshape"(%x) : (tensor<1x{M}x{K}xf32>) -> tensor<{M}x{K}xf32>']
+    body = []
+    xin = "%x"
+    if norm is not None:
+        a, b = _norm(norm, M, K, rng)
+        args += a
+        body += b
+        xin = "%xn"
+    body.append(f'%x2 = "poot.reshape"({xin}) : (tensor<1x{M}x{K}xf32>) -> '
+                f'tensor<{M}x{K}xf32>')
     rhs = "%wt"
     if fmt in _DENSE:
         wf = f"tensor<{N}x{K}xf32>" if layout == "nk" else f"tensor<{K}x{N}xf32>"
@@ -200,11 +255,11 @@ def test_unsupported_epilogue_is_refused():
 
 # ---- PTX (no device) ---------------------------------------------------------------------------
 
-def _ptx(fmt, M=1, N=192, K=576, epilogue="none"):
+def _ptx(fmt, M=1, N=192, K=576, epilogue="none", norm=None):
     from poot.backends.cuda.codegen import ptx_text
     from poot.backends.gpu.plan import plan_program
 
-    g, _ = gemv_region(fmt, M, N, K, epilogue)
+    g, _ = gemv_region(fmt, M, N, K, epilogue, norm=norm)
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), _caps())
     assert plan.strategies == {"gemv": 1}
     return ptx_text(plan.module)
@@ -296,3 +351,76 @@ def test_dense_kn_weight(vk_device, vk_target, fmt):
     want = oracle.evaluate(g, inputs)["r0"]
     got = _run(vk_device, vk_target, g, inputs)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max())
+
+
+# ---- a folded norm in front of the GEMV -----------------------------------------------------
+
+def _norm_cases():
+    out = []
+    for fmt in ("f32", "bf16", "q4_1", "q8_0", "q4_k"):
+        for K in ((256, 1536) if fmt == "q4_k" else (64, 576, 1536)):
+            for M in (1, 2):
+                for epilogue in ("none", "silu_up" if K == 576 else "residual"):
+                    out.append((fmt, K, M, epilogue))
+    return out
+
+
+@pytest.mark.parametrize("fmt,K,M,epilogue", _norm_cases())
+def test_rmsnorm_gemv_matches_oracle(vk_device, vk_target, fmt, K, M, epilogue):
+    """x = RMSNorm(h) (the norm region folded into the GEMV's): every warp reduces its rows
+    itself, then evaluates x's elements in the main loop."""
+    N = 100 if K == 64 else 192            # 100: a partial last block of warps
+    g, inputs = gemv_region(fmt, M, N, K, epilogue, seed=K + M + N, norm="rmsnorm")
+    want = oracle.evaluate(g, inputs)["r0"]
+    got = _run(vk_device, vk_target, g, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max(),
+                               err_msg=f"{fmt} K={K} M={M} {epilogue}")
+
+
+@pytest.mark.parametrize("fmt,M", [("q4_1", 1), ("bf16", 2), ("q8_0", 2)])
+def test_layernorm_gemv_matches_oracle(vk_device, vk_target, fmt, M):
+    """LayerNorm: the variance's operand reads the mean of the same row (two reductions per
+    row, in dependency order)."""
+    g, inputs = gemv_region(fmt, M, 192, 576, "residual", seed=11, norm="layernorm")
+    want = oracle.evaluate(g, inputs)["r0"]
+    got = _run(vk_device, vk_target, g, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max())
+
+
+@pytest.mark.parametrize("fmt,norm", [("q4_1", "rmsnorm"), ("bf16", "rmsnorm"),
+                                      ("q4_k", "rmsnorm"), ("q8_0", "layernorm")])
+def test_ptx_assembles_with_norm(fmt, norm):
+    """A folded norm: the row reductions are warp shuffles, and the norm's inputs are read
+    through the read-only path like x, 16 bytes at a time in the main loop."""
+    import re
+
+    from poot.backends.cuda.codegen import ptxas_check
+
+    def scalar_loads(ptx):
+        return len(re.findall(r"ld\.global\.nc\.(?!v4)", ptx))
+
+    ptx = _ptx(fmt, 2, 192, 1536, "residual", norm=norm)
+    plain = _ptx(fmt, 2, 192, 1536, "residual")
+    # beyond the plain-x kernel's, only one scalar load per row reduction (its lane loop)
+    assert scalar_loads(ptx) - scalar_loads(plain) == 2 * (1 if norm == "rmsnorm" else 2)
+    assert not re.findall(r"ld\.global\.(?!nc)", ptx[:ptx.index("shfl")])
+    assert ptx.count("shfl.sync.bfly") == 2 * 5 * (1 if norm == "rmsnorm" else 2) + 2 * 5
+    ptxas_check(ptx)
+
+
+def test_norm_is_folded_only_into_small_gemvs():
+    """The cost rule (PROLOGUE_MAX_EXTRA_BYTES): every warp recomputes a folded norm, so a
+    GEMV whose N * K * 8 bytes of extra reads pass the limit refuses it (the norm keeps its
+    own launch) while the same norm over a small GEMV is taken."""
+    from poot.backends.gpu.strategies.matmul import PROLOGUE_MAX_EXTRA_BYTES, gemv
+
+    small, _ = gemv_region("bf16", 1, 192, 576, norm="rmsnorm")
+    n_big = PROLOGUE_MAX_EXTRA_BYTES // (576 * 8) + 32
+    big, _ = gemv_region("bf16", 1, n_big, 576, norm="rmsnorm")
+    plain, _ = gemv_region("bf16", 1, n_big, 576)
+    with small.context:
+        assert gemv(_dispatch_fn(small), _caps()) is not None
+    with big.context:
+        assert gemv(_dispatch_fn(big), _caps()) is None
+    with plain.context:
+        assert gemv(_dispatch_fn(plain), _caps()) is not None

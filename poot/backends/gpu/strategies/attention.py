@@ -5,34 +5,41 @@ every key), synthesized from the shapes and the target's subgroup size and core 
 What it takes (:func:`match_attention`): a dispatch function whose root is ``poot.attention``
 (semantics: :class:`poot.dialects.ops.attention.Attention`) with
 
-* q ``[batch..., rows..., D]``, k ``[batch..., S, D]``, v ``[batch..., S, Dv]`` (f32 or f16;
-  ``nb = rank(k) - 2`` batch dims; GQA groups are rows dims of q) and the mask
-  (``i1`` visibility or ``f32`` additive bias, broadcastable to ``[batch..., rows..., S]``)
-  each reached from a function argument through ``poot.reshape`` / ``poot.transpose`` /
-  ``poot.broadcast`` / ``poot.slice`` views only (the mask may also be a splat
-  ``poot.constant``, or ``poot.unary not`` of such a view);
+* k ``[batch..., S, D]`` and v ``[batch..., S, Dv]`` (the KV caches; f32 or f16, ``nb =
+  rank(k) - 2`` batch dims) each reached from a function argument through ``poot.reshape``
+  / ``poot.transpose`` / ``poot.broadcast`` / ``poot.slice`` views only, read in place;
+* q ``[batch..., rows..., D]`` (its dtype; GQA groups are rows dims of q) such a view, or
+  else *any* elementwise-class expression of the arguments (:data:`~poot.backends.gpu.
+  strategies.pointwise.ELEMENTWISE_CLASS`: e.g. RoPE folded in by
+  :func:`~poot.backends.gpu.merge.fold_regions`, its cos/sin computed from the positions);
+* the mask (``i1`` visibility or ``f32`` additive bias, broadcastable to
+  ``[batch..., rows..., S]``) such a view, a splat ``poot.constant``, ``poot.unary not`` of
+  a view, or else any elementwise-class expression (a causal mask ``iota <= position``);
 * its result reaching the function's only result through ``poot.reshape`` only (so the
-  output is row-major ``[batch, rows, Dv]``).
+  output is row-major ``[batch, rows, Dv]``), and no other op in the function.
 
-Each operand's view chain is resolved to a strided index map (:class:`View`: logical
-coordinates -> element offset in the argument buffer); a reshape that no strided map can
-express (NumPy's no-copy reshape rule) or any other op makes the region fall back to the
-generic mapping (``None``).
+Each view chain is resolved to a strided index map (:class:`View`: logical coordinates ->
+element offset in the argument buffer; NumPy's no-copy reshape rule); a computed q or mask
+is evaluated per element by :class:`~poot.backends.gpu.strategies._scalar.ScalarEmitter`. A
+k or v that is not a strided view, or an expression the scalar emitter does not cover,
+makes the region fall back (``None``).
 
-The kernels (:func:`emit`; one block = one subgroup, so no workgroup memory and no barriers:
-every reduction is a ``gpu.shuffle`` butterfly. Workgroup memory has no spelling that both
-lowerings take here: ``convert-gpu-to-spirv`` aborts on ``gpu.func`` workgroup attributions
-and the NVVM path turns a workgroup ``memref.alloc`` into ``malloc``):
+The kernels (:func:`emit`; one block = one subgroup: every reduction is a ``gpu.shuffle``
+butterfly):
 
 1. *split*, grid ``(splits, row groups, batch)``, block ``(sg,)``: a block serves ``R``
    query rows of one batch index (for GQA decode all the query heads of a kv head, so K and
-   V are read once for them) over one chunk of ``C`` keys. Its lanes form ``KL`` keys x
-   ``DL`` lanes per key (:func:`plan_attention` picks ``DL``); it walks the chunk ``KL`` keys
-   at a time: each lane takes its share of the ``R`` dot products of its key (f32; q rows
-   are uniform loads), a butterfly over the key's lanes completes them, then scale, soft cap
-   and mask as the op says; a butterfly over the keys gives the batch max, the running
-   max/sum are rescaled (online softmax, Milakov & Gimelshein 2018, "Online normalizer
-   calculation for softmax"), and the accumulators ``acc[r, dv]`` (lanes over ``dv``) take
+   V are read once for them) over one chunk of ``C`` keys. A computed q is evaluated once
+   per block into workgroup memory (``R x D`` f32, then a barrier). Its lanes form ``KL``
+   keys x ``DL`` lanes per key (:func:`plan_attention` picks ``DL``); it walks the chunk
+   ``KL`` keys at a time: the mask of each lane's key per row (loaded, or computed), then
+   with a non-constant ``i1`` mask a subgroup vote skips a key batch that no row sees
+   (exact: its keys have weight 0 and leave the running state as it is, see below); each
+   lane takes its share of the ``R`` dot products of its key (f32; q rows are uniform
+   loads), a butterfly over the key's lanes completes them, then scale, soft cap and mask
+   as the op says; a butterfly over the keys gives the batch max, the running max/sum are
+   rescaled (online softmax, Milakov & Gimelshein 2018, "Online normalizer calculation for
+   softmax"), and the accumulators ``acc[r, dv]`` (lanes over ``dv``) take
    ``sum_t p_t v[s0 + t, dv]`` with ``p_t`` broadcast from key ``t``'s lanes (``gpu.shuffle
    idx``). It writes ``(m, l, acc)`` of the chunk to a scratch buffer, or the output
    directly when there is one chunk.
@@ -44,10 +51,17 @@ and the NVVM path turns a workgroup ``memref.alloc`` into ``malloc``):
 Masking edge cases, exactly as the op: with an ``i1`` mask a masked score is -1e30 and its
 weight exactly 0, the denominator is ``max(l, 1)``, so a row with no visible key gives zeros;
 with an additive bias a ``-inf`` score has weight 0 without ``exp(-inf - -inf)`` (a chunk or
-a whole row of ``-inf`` gives zeros, never NaN).
+a whole row of ``-inf`` gives zeros, never NaN). A skipped key batch leaves ``(m, l, acc)``
+unchanged where computing it would give ``m = max(m, -1e30)`` with the same ``l`` and
+``acc`` (weights 0): the two differ only while ``l = 0, acc = 0`` (``m = -inf`` vs
+``-1e30``), where any later rescale multiplies zeros, and a chunk that stays empty has
+weight ``exp(-inf - M) = 0`` or ``1`` (all chunks empty) on zeros in the combine. So the
+results are the same for finite values and scores above the -1e30 sentinel (but the sign
+of a zero), and a skipped batch's V rows are not even read (no ``0 * inf``).
 
-Buffers: q/k/v/mask are read through flat memrefs of their arguments (``memref<N x f32|f16>``,
-``memref<N x i8>`` for i1); the scratch holds ``acc[B*M, splits, Dv]`` then
+Buffers: every argument read is a flat memref (``memref<N x storage>``: f32, f16, i8 for i1,
+i16 words for bf16; a packed weight as its bytes), a constant the scalar emitter cannot inline
+a constant buffer (``("const", k)``); the scratch holds ``acc[B*M, splits, Dv]`` then
 ``(m, l)[B*M, splits]`` (f32).
 """
 
@@ -60,6 +74,13 @@ from mlir import ir
 
 from poot.backends.gpu.kernels import Launch
 from poot.backends.gpu.strategies import Synthesized, register
+from poot.backends.gpu.strategies._scalar import (
+    KernelEmitter,
+    ScalarEmitter,
+    ScalarUnsupported,
+    buffer_type,
+    storage_elem,
+)
 from poot.dialects.types import DType, TensorType, type_from_mlir
 
 #: the score a masked key takes with an i1 mask (poot.dialects.ops.attention.MASKED_SCORE)
@@ -194,9 +215,15 @@ class AttentionRegion:
     v ``[batch..., S, Dv]``), the mask (``mask_kind`` ``"i1"``/``"f32"``; ``mask`` a view of
     the mask at its own (broadcastable) shape, or None with ``mask_const`` its splat value),
     ``negate`` (an i1 mask used through ``not``), the op's attributes, and ``arg_types``
-    (element type per function argument)."""
+    (element type per function argument).
 
-    q: View
+    Computed operands: ``q`` None and ``q_value`` the attention's q operand when q is an
+    elementwise-class expression of the arguments (a RoPE'd q), evaluated per element by the
+    scalar emitter; likewise ``mask`` None, ``mask_const`` None and ``mask_value`` the mask
+    operand (e.g. a causal mask compared from positions). ``fn`` is the dispatch function
+    (what the scalar emitter reads)."""
+
+    q: View | None
     k: View
     v: View
     mask: View | None
@@ -211,6 +238,10 @@ class AttentionRegion:
     scale: float
     softcap: float
     arg_types: tuple[tuple[str, int], ...]   # (element type, numel) per argument
+    fn: ir.Operation
+    q_value: ir.Value | None = None
+    mask_value: ir.Value | None = None
+    mask_shape: tuple[int, ...] = ()
 
     @property
     def B(self) -> int:
@@ -228,9 +259,26 @@ def _prod(xs) -> int:
     return n
 
 
+def _slice_ops(vals) -> set:
+    """The ops of ``vals``' backward slice inside the function (arguments excluded)."""
+    seen: set = set()
+    todo = list(vals)
+    while todo:
+        o = _owner(todo.pop())
+        if o is None or o in seen:
+            continue
+        seen.add(o)
+        todo.extend(o.operands)
+    return seen
+
+
 def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     """The attention region of dispatch ``fn`` (poot level), or None when ``fn`` is anything
     else (see the module doc for what is taken)."""
+    # imported here: importing the pointwise module at the top would register its strategy
+    # before this one
+    from poot.backends.gpu.strategies.pointwise import ELEMENTWISE_CLASS
+
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
     atts = [o for o in ops if o.name == "poot.attention"]
@@ -246,33 +294,29 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
             return None
         chain.add(o)
         r = o.operands[0]
-    # every other op is on an operand's chain (views, and the mask's not/constant), all
-    # checked below: any other work in the region is not ours
-    for x in att.operands:
-        o = _owner(x)
-        while o is not None:
-            chain.add(o)
-            o = _owner(o.operands[0]) if len(o.operands) == 1 else None
-    if any(o not in chain for o in ops):
-        return None
     args = list(block.arguments)
     arg_types = []
     for a in args:
         t = type_from_mlir(a.type)
         arg_types.append((t.dtype.value, _prod(t.shape)) if isinstance(t, TensorType)
                          else ("", 0))
-    q, k, v = (resolve_view(att.operands[i], args) for i in range(3))
-    if q is None or k is None or v is None:
+    # k and v: strided views of arguments (the KV caches: read in place, never recomputed)
+    k, v = (resolve_view(att.operands[i], args) for i in (1, 2))
+    if k is None or v is None:
         return None
+    # q: a strided view, else any elementwise-class expression (staged once per block)
+    q = resolve_view(att.operands[0], args)
+    q_value = None if q is not None else att.operands[0]
     qt, kt, vt, mt = (type_from_mlir(x.type) for x in att.operands)
     if qt.dtype not in (DType.F32, DType.F16) or kt.dtype != qt.dtype or vt.dtype != qt.dtype:
         return None
     nb = len(kt.shape) - 2
     batch, rows = tuple(kt.shape[:nb]), tuple(qt.shape[nb:-1])
     S, D, Dv = kt.shape[-2], kt.shape[-1], vt.shape[-1]
-    if S < 1 or D < 1 or Dv < 1 or not rows:
+    if S < 1 or D < 1 or Dv < 1 or not rows or len(mt.shape) != len(qt.shape):
         return None
-    # the mask: a view, a splat constant, or not(view) for i1
+    # the mask: a view, a splat constant, or not(view) for i1; else any elementwise-class
+    # expression (evaluated per row and key)
     mval, negate = att.operands[3], False
     mo = _owner(mval)
     if mo is not None and mo.name == "poot.unary" and \
@@ -281,13 +325,11 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     kind = {DType.I1: "i1", DType.F32: "f32"}.get(mt.dtype)
     if kind is None:
         return None
-    mview, mconst = None, None
+    mview, mconst, mask_value = None, None, None
     mo = _owner(mval)
-    if mo is not None and mo.name == "poot.constant":
-        attr = ir.DenseElementsAttr(mo.attributes["value"])
-        if not attr.is_splat:
-            return None
-        sv = attr.get_splat_value()
+    if mo is not None and mo.name == "poot.constant" and \
+            ir.DenseElementsAttr(mo.attributes["value"]).is_splat:
+        sv = ir.DenseElementsAttr(mo.attributes["value"]).get_splat_value()
         mconst = bool(ir.IntegerAttr(sv).value) if kind == "i1" else \
             float(ir.FloatAttr(sv).value)
         if negate:
@@ -296,13 +338,20 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     else:
         mview = resolve_view(mval, args)
         if mview is None:
-            return None
-        if len(mview.shape) != len(qt.shape):
-            return None
+            mask_value, negate = att.operands[3], False
+    # every op of the region is accounted for: the result's reshapes, k/v views, and q and
+    # the mask (views, or elementwise-class expressions the scalar emitter computes)
+    known = chain | _slice_ops(att.operands)
+    if any(o not in known for o in ops):
+        return None
+    computed = [x for x in (q_value, mask_value) if x is not None]
+    if any(o.name not in ELEMENTWISE_CLASS for o in _slice_ops(computed)):
+        return None
     scale = float(ir.FloatAttr(att.attributes["scale"]).value)
     softcap = float(ir.FloatAttr(att.attributes["softcap"]).value)
     return AttentionRegion(q, k, v, mview, kind, mconst, negate, batch, rows, S, D, Dv,
-                           scale, softcap, tuple(arg_types))
+                           scale, softcap, tuple(arg_types), fn, q_value, mask_value,
+                           tuple(mt.shape))
 
 
 # ---- planning ------------------------------------------------------------------------------------
@@ -338,7 +387,8 @@ def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
 
     Aim: :data:`BLOCKS_PER_CORE` split blocks per core, each as short a serial chain as
     that allows. Rows: all rows of a batch index per block up to the register budget
-    (:data:`MAX_ROWS`, :data:`MAX_ACC_PER_LANE`). Lanes per key ``DL``: the fewest (a power
+    (:data:`MAX_ROWS`, :data:`MAX_ACC_PER_LANE`; a computed q's staging buffer within the
+    workgroup memory). Lanes per key ``DL``: the fewest (a power
     of two dividing ``D``, at most ``D / 8`` and the subgroup) with which one-batch chunks
     would give enough blocks, so few rows (decode) split each dot product over lanes and
     many rows (prefill) give each lane its own key. Chunk ``C``: whole batches of ``KL``
@@ -348,6 +398,12 @@ def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
         return None                          # butterflies need a known power-of-two width
     ndv = -(-reg.Dv // sg)
     rmax = max(1, min(MAX_ROWS, MAX_ACC_PER_LANE // ndv))
+    if reg.q is None:
+        # a computed q is staged in workgroup memory: R rows x D f32 (16 KiB: Vulkan's
+        # guaranteed minimum when the target does not say)
+        rmax = min(rmax, (getattr(caps, "max_shared_bytes", 0) or 16384) // (4 * reg.D))
+        if rmax < 1:
+            return None
     RG = -(-reg.M // rmax)
     R = -(-reg.M // RG)
     want = BLOCKS_PER_CORE * max(1, int(getattr(caps, "cores", 1) or 1))
@@ -463,6 +519,50 @@ def _bstrides(view: View, full) -> tuple[int, ...]:
     return tuple(0 if n == 1 and f != 1 else s for n, f, s in zip(view.shape, full, view.strides))
 
 
+class _Names(KernelEmitter):
+    """The scalar emitter's text builder inside an attention kernel: its SSA names carry a
+    prefix of their own (``%x_...``) so they never collide with :class:`_Body`'s, and its lines
+    go into the kernel body's list (set by the caller)."""
+
+    def fresh(self, hint: str = "v") -> str:
+        self.count += 1
+        return f"%x_{hint}{self.count}"
+
+
+class _FlatArgs(ScalarEmitter):
+    """:class:`ScalarEmitter` reading the dispatch's arguments through the attention kernels'
+    flat buffers (``memref<N x storage>`` per argument, row-major; a packed weight as its
+    bytes) and recording which arguments it reads (``on_use(index)``)."""
+
+    def __init__(self, fn, em, names, types, on_use):
+        super().__init__(fn, em, names)
+        self.flat = dict(zip(names, types))
+        self.on_use = on_use
+
+    def _arg(self, v: ir.Value) -> str:
+        name = super()._arg(v)
+        self.on_use(self.arg_names.index(name))
+        return name
+
+    def load(self, buf, t, idx):
+        if buf not in self.flat:
+            return super().load(buf, t, idx)
+        lin = self.ix(self.linearize(idx, t.shape))
+        key = ("load", buf, lin)
+        got = self._get(key)
+        if got is None:
+            x = self.em.op(f"memref.load {buf}[{lin}] : {self.flat[buf]}")
+            got = self._put(key, self.from_storage(x, t.dtype))
+        return got
+
+
+def _flat_type(t) -> str:
+    """The flat kernel buffer type of an argument of poot type ``t``."""
+    if isinstance(t, TensorType):
+        return f"memref<{max(1, t.numel)}x{storage_elem(t.dtype)}>"
+    return buffer_type(t)
+
+
 def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     """The gpu.module text and launches of ``reg`` under ``plan`` (see the module doc)."""
     sg, DL, KL, R, C, NS = plan.sg, plan.DL, plan.KL, plan.R, plan.C, plan.NS
@@ -470,27 +570,28 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     S, D, Dv, M = reg.S, reg.D, reg.Dv, reg.M
     NR = reg.B * M
     ndv = -(-Dv // sg)
-    et = reg.arg_types[reg.q.arg][0]
     F = "f32"
 
-    # kernel parameters: each argument once, then the output or the scratch
-    params: list[int] = []
-    for a in [reg.q.arg, reg.k.arg, reg.v.arg] + ([reg.mask.arg] if reg.mask else []):
-        if a not in params:
-            params.append(a)
+    # kernel parameters: the arguments read (each once, in argument order), the constant
+    # buffers of computed operands, then the output or the scratch
+    ftypes = [type_from_mlir(a.type) for a in reg.fn.regions[0].blocks[0].arguments]
+    used: set[int] = set()
+
+    def pname(a: int) -> str:
+        used.add(a)
+        return f"%a{a}"
 
     def ptype(a: int) -> str:
-        t, n = reg.arg_types[a]
-        return f"memref<{n}x{'i8' if t == 'i1' else t}>"
+        return _flat_type(ftypes[a])
 
-    pname = {a: f"%a{a}" for a in params}
     out_t = f"memref<{NR * Dv}xf32>"
     scr_n = NR * NS * (Dv + 2)
     scr_t = f"memref<{scr_n}xf32>"
     ml_base = NR * NS * Dv                  # (m, l) pairs after the accumulators
 
     def load_f(b: _Body, a: int, idx: str) -> str:
-        x = b(f"memref.load {pname[a]}[{idx}] : {ptype(a)}")
+        x = b(f"memref.load {pname(a)}[{idx}] : {ptype(a)}")
+        et = reg.arg_types[a][0]
         return x if et == F else b(f"arith.extf {x} : {et} to f32")
 
     def denom_div(b: _Body, acc: str, ll: str) -> str:
@@ -502,13 +603,13 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         pos = b(f"arith.cmpf ogt, {ll}, {b.c(0.0, F)} : f32")
         return b(f"arith.select {pos}, {q}, {b.c(0.0, F)} : f32")
 
-    def butterfly(b: _Body, x: str, op: str, lo: int, hi: int) -> str:
+    def butterfly(b: _Body, x: str, op: str, lo: int, hi: int, ty: str = F) -> str:
         off = lo
         while off < hi:
             s = b.fresh()
             b.raw(f"{s}, {s}_ok = gpu.shuffle xor {x}, {b.c(off, 'i32')}, "
-                  f"{b.c(sg, 'i32')} : f32")
-            x = b(f"arith.{op} {x}, {s} : f32")
+                  f"{b.c(sg, 'i32')} : {ty}")
+            x = b(f"arith.{op} {x}, {s} : {ty}")
             off *= 2
         return x
 
@@ -532,6 +633,10 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
 
     # ---- split kernel
     b = _Body()
+    em = _Names()
+    em.lines = b.lines                     # one body: _Body's ops and the scalar emitter's
+    se = _FlatArgs(reg.fn, em, [f"%a{i}" for i in range(len(ftypes))],
+                   [_flat_type(t) for t in ftypes], used.add)
     lane = b("gpu.thread_id x")
     split = b("gpu.block_id x")
     rg = b("gpu.block_id y")
@@ -539,15 +644,19 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     dd = b(f"arith.remui {lane}, {b.c(DL)} : index") if DL > 1 else b.c(0)
     kk = b(f"arith.divui {lane}, {b.c(DL)} : index") if DL > 1 else lane
     q, k, v, mk = reg.q, reg.k, reg.v, reg.mask
-    full = tuple(q.shape[:-1]) + (S,)
+    mcomp = reg.mask_value is not None
+    full = tuple(reg.batch + reg.rows) + (S,)
     mst = _bstrides(mk, full) if mk else None
-    bvecs = [q.strides[:nb], k.strides[:nb], v.strides[:nb]] + ([mst[:nb]] if mk else [])
+    qst = q.strides if q else (0,) * (nb + nr + 1)
+    bvecs = [qst[:nb], k.strides[:nb], v.strides[:nb]] + ([mst[:nb]] if mk else [])
     boffs = _offsets(b, bi, _merge_dims(reg.batch, bvecs), len(bvecs))
-    qb, kb, vb = (b.add(o, b.c(x.offset)) for o, x in zip(boffs[:3], (q, k, v)))
+    qb, kb, vb = (b.add(o, b.c(x.offset if x else 0)) for o, x in zip(boffs[:3], (q, k, v)))
     mb = b.add(boffs[3], b.c(mk.offset)) if mk else None
-    rvecs = [q.strides[nb:nb + nr]] + ([mst[nb:nb + nr]] if mk else [])
+    rvecs = [qst[nb:nb + nr]] + ([mst[nb:nb + nr]] if mk else [])
     rdims = _merge_dims(reg.rows, rvecs)
-    rows, qrow, mrow = [], [], []
+    # coordinates for the scalar emitter (computed q / mask): batch, and each row's
+    bco = se.delinearize(bi, reg.batch)
+    rows, qrow, mrow, rco = [], [], [], []
     for j in range(R):
         r = b.add(b.mul(rg, R), b.c(j))
         rc = b(f"arith.minui {r}, {b.c(M - 1)} : index")
@@ -555,23 +664,80 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         rows.append(r)
         qrow.append(b.add(qb, offs[0]))
         mrow.append(b.add(mb, offs[1]) if mk else None)
+        rco.append(se.delinearize(rc, reg.rows) if mcomp else None)
+    workgroup = []
+    if q is None:
+        # a computed q (RoPE'd, ...): each block evaluates its R rows once into workgroup
+        # memory (the block is one subgroup: the barrier is cheap)
+        qs_t = f"memref<{R * D}xf32, #gpu.address_space<workgroup>>"
+        workgroup.append(("%qs", qs_t))
+        b.raw(f"scf.for %qi = {lane} to {b.c(R * D)} step {b.c(sg)} {{")
+        with se.scope():
+            jq = b(f"arith.divui %qi, {b.c(D)} : index")
+            rq = b(f"arith.minui {b.add(b.mul(rg, R), jq)}, {b.c(M - 1)} : index")
+            dq = b(f"arith.remui %qi, {b.c(D)} : index") if D > 1 else 0
+            x = se.value(reg.q_value, list(bco) + se.delinearize(rq, reg.rows) + [dq])
+            b.raw(f"memref.store {x}, %qs[%qi] : {qs_t}")
+        b.raw("}")
+        b.raw("gpu.barrier")
     # this lane's head-dim elements: d = (j * DL + dd) * V + u, j < J, u < V
     V = next(x for x in (4, 2, 1) if D % (DL * x) == 0)
     J = D // (DL * V)
     JU = max(1, min(J, 16 // V))
     while J % JU:
         JU -= 1
-    qlane = [b.add(qrow[j], b.mul(b.mul(dd, V), q.strides[-1])) for j in range(R)]
+    if q is not None:
+        qlane = [b.add(qrow[j], b.mul(b.mul(dd, V), q.strides[-1])) for j in range(R)]
+    else:
+        qlane = [b.add(b.c(j * D), b.mul(dd, V)) for j in range(R)]
     s_begin = b.mul(split, C)
     s_end = b(f"arith.minui {b.add(s_begin, b.c(C))}, {b.c(S)} : index")
     ninf, zero = b.c(float("-inf"), F), b.c(0.0, F)
-    loop, its = for_(b, "%s0", s_begin, s_end, b.c(KL),
-                     [ninf] * R + [zero] * R + [zero] * (R * ndv))
+    state0 = [ninf] * R + [zero] * R + [zero] * (R * ndv)
+    loop, its = for_(b, "%s0", s_begin, s_end, b.c(KL), state0)
     m_in, l_in = its[:R], its[R:2 * R]
     acc_in = [its[2 * R + j * ndv:2 * R + (j + 1) * ndv] for j in range(R)]
     s = b.add("%s0", kk)
     valid = b(f"arith.cmpi ult, {s}, {s_end} : index")
     sc = b(f"arith.minui {s}, {b.c(S - 1)} : index")
+    scope = se.scope()              # what the scalar emitter computes per key stays inside
+    scope.__enter__()
+    # the mask of this lane's key, per row: i1 visibility, or the f32 bias (None: none)
+    vis, bias = [], []
+    for j in range(R):
+        if mcomp:
+            ms = reg.mask_shape
+            idx = [0 if ms[i] == 1 else bco[i] for i in range(nb)] + \
+                [0 if ms[nb + i] == 1 else rco[j][i] for i in range(nr)] + \
+                [0 if ms[-1] == 1 else sc]
+            mv = se.value(reg.mask_value, idx)
+        elif mk is not None:
+            mv = b(f"memref.load {pname(mk.arg)}[{b.add(mrow[j], b.mul(sc, mst[-1]))}] "
+                   f": {ptype(mk.arg)}")
+            if reg.mask_kind == "i1":
+                mv = b(f"arith.cmpi {'eq' if reg.negate else 'ne'}, {mv}, {b.c(0, 'i8')} : i8")
+        elif reg.mask_kind == "i1":
+            mv = b.c(bool(reg.mask_const), "i1")
+        else:
+            mv = b.c(reg.mask_const, F) if reg.mask_const else None
+        if reg.mask_kind == "i1":
+            vis.append(b(f"arith.andi {mv}, {valid} : i1"))
+        else:
+            bias.append(mv)
+    # with an i1 mask the key batch is skipped when no row of the block sees any of its keys
+    # (a subgroup vote): its keys would take weight exactly 0 and leave (m, l, acc) as they
+    # are, but for m = -inf instead of -1e30 while l = acc = 0 (see the module doc)
+    skip = reg.mask_kind == "i1" and reg.mask_const is None
+    if skip:
+        seen = vis[0]
+        for x in vis[1:]:
+            seen = b(f"arith.ori {seen}, {x} : i1")
+        seen = b(f"arith.extui {seen} : i1 to i32")
+        seen = butterfly(b, seen, "ori", 1, sg, "i32")
+        seen = b(f"arith.cmpi ne, {seen}, {b.c(0, 'i32')} : i32")
+        state = m_in + l_in + [a for row in acc_in for a in row]
+        taken = b.fresh()
+        b.raw(f"{taken}:{len(state)} = scf.if {seen} -> ({', '.join([F] * len(state))}) {{")
     klane = b.add(b.add(kb, b.mul(sc, k.strides[-2])), b.mul(b.mul(dd, V), k.strides[-1]))
     # scores: each lane's share of the dot, then a butterfly over the key's DL lanes
     dl_, dots = for_(b, "%j0", b.c(0), b.c(J), b.c(JU), [zero] * R)
@@ -582,7 +748,10 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
             du = b.add(jd, b.c(u))
             kv = load_f(b, k.arg, b.add(klane, b.mul(du, k.strides[-1])))
             for j in range(R):
-                qv = load_f(b, q.arg, b.add(qlane[j], b.mul(du, q.strides[-1])))
+                if q is not None:
+                    qv = load_f(b, q.arg, b.add(qlane[j], b.mul(du, q.strides[-1])))
+                else:
+                    qv = b(f"memref.load %qs[{b.add(qlane[j], du)}] : {qs_t}")
                 pr = b(f"arith.mulf {qv}, {kv} : f32")
                 cur[j] = b(f"arith.addf {cur[j]}, {pr} : f32")
     yield_(b, cur)
@@ -596,26 +765,13 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
             y = b(f"math.tanh {y} : f32")
             x = b(f"arith.mulf {y}, {b.c(reg.softcap, F)} : f32")
         if reg.mask_kind == "i1":
-            if mk is not None:
-                mv = b(f"memref.load {pname[mk.arg]}[{b.add(mrow[j], b.mul(sc, mst[-1]))}] "
-                       f": {ptype(mk.arg)}")
-                vis = b(f"arith.cmpi {'eq' if reg.negate else 'ne'}, {mv}, {b.c(0, 'i8')} : i8")
-            else:
-                vis = b.c(bool(reg.mask_const), "i1")
-            xm = b(f"arith.select {vis}, {x}, {b.c(MASKED_SCORE, F)} : f32")
-            keep = vis
+            xm = b(f"arith.select {vis[j]}, {x}, {b.c(MASKED_SCORE, F)} : f32")
+            keep = vis[j]
         else:
-            if mk is not None:
-                bias = b(f"memref.load {pname[mk.arg]}[{b.add(mrow[j], b.mul(sc, mst[-1]))}] "
-                         f": {ptype(mk.arg)}")
-                xm = b(f"arith.addf {x}, {bias} : f32")
-            elif reg.mask_const:
-                xm = b(f"arith.addf {x}, {b.c(reg.mask_const, F)} : f32")
-            else:
-                xm = x
+            xm = b(f"arith.addf {x}, {bias[j]} : f32") if bias[j] is not None else x
             keep = b(f"arith.cmpf ogt, {xm}, {ninf} : f32")
+            keep = b(f"arith.andi {keep}, {valid} : i1")
         xm = b(f"arith.select {valid}, {xm}, {ninf} : f32")
-        keep = b(f"arith.andi {keep}, {valid} : i1")
         # batch max and sum over the KL keys (lanes of one key hold the same value)
         mn = b(f"arith.maximumf {m_in[j]}, {butterfly(b, xm, 'maximumf', DL, sg)} : f32")
         cr = rescale_w(b, m_in[j], mn)
@@ -650,7 +806,14 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
                 pv = b(f"arith.mulf {p}, {vv[i]} : f32")
                 acc[j * ndv + i] = b(f"arith.addf {acc[j * ndv + i]}, {pv} : f32")
     yield_(b, acc)
-    yield_(b, m_out + l_out + [f"{tl}#{i}" for i in range(len(ta))])
+    new_state = m_out + l_out + [f"{tl}#{i}" for i in range(len(ta))]
+    if skip:
+        b.raw("scf.yield " + ", ".join(new_state) + " : " + ", ".join([F] * len(state)))
+        b.raw("} else {")
+        yield_(b, state)
+        new_state = [f"{taken}#{i}" for i in range(len(state))]
+    scope.__exit__(None, None, None)
+    yield_(b, new_state)
     # write the chunk: scratch (m, l, acc) or, with one chunk, the output
     rowbase = b.mul(bi, M)
     dst, dst_t = ("%out", out_t) if NS == 1 else ("%scr", scr_t)
@@ -680,11 +843,16 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
             b.raw("}")
         b.raw("}")
     b.raw("gpu.return")
-    sig = ", ".join(f"{pname[a]}: {ptype(a)}" for a in params)
+    params = sorted(used)
+    consts = list(se.consts)
+    sig = ", ".join([f"%a{a}: {ptype(a)}" for a in params] +
+                    [f"{n}: {c[0]}" for n, c in zip(se.const_names, consts)])
     sig += f", %out: {out_t}" if NS == 1 else f", %scr: {scr_t}"
+    wg = f" workgroup({', '.join(f'{n}: {t}' for n, t in workgroup)})" if workgroup else ""
+    body = "\n".join(b.head + em.prologue + b.lines)
     text = ("gpu.module @attention {\n"
-            f"gpu.func @split({sig}) kernel {{\n{b.text()}\n}}\n")
-    slots = [("arg", a) for a in params]
+            f"gpu.func @split({sig}){wg} kernel {{\n{body}\n}}\n")
+    slots = [("arg", a) for a in params] + [("const", i) for i in range(len(consts))]
     launches = [Launch("kernel", slots + ([("out", 0)] if NS == 1 else [("scratch", 0)]),
                        "attention", "split", (NS, plan.RG, reg.B), (sg, 1, 1),
                        strategy="flash_decode")]
@@ -746,7 +914,7 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
                                strategy="flash_decode"))
         scratch.append((scr_t, scr_n * 4))
     text += "}\n"
-    return Synthesized(text, launches, scratch)
+    return Synthesized(text, launches, scratch, consts)
 
 
 @register("flash_decode")
@@ -758,7 +926,10 @@ def flash_decode(fn: ir.Operation, caps) -> Synthesized | None:
     plan = plan_attention(reg, caps)
     if plan is None:
         return None
-    return emit(reg, plan)
+    try:
+        return emit(reg, plan)
+    except ScalarUnsupported:
+        return None           # a computed q or mask the scalar emitter does not cover
 
 
 __all__ = ["AttentionPlan", "AttentionRegion", "View", "emit", "flash_decode",

@@ -4,6 +4,7 @@ weight, with its elementwise epilogue fused.
 Matched region (poot level, static shapes)::
 
     x   = reshape*(arg f32, M*K elements)                          # M <= MAX_M (decode)
+        | expr(args, reduce_k(expr(args)), ...)                     # a folded norm (below)
     w   = transpose(dequantize(arg packed [N, K]))                 # Q4_0 Q4_1 Q8_0 Q4_K Q6_K
         | transpose(cast?(arg [N, K] f32|bf16|f16))                # dense, read as stored
         | cast?(arg [K, N] f32|bf16|f16)
@@ -22,6 +23,18 @@ elements of each of the M rows of ``x`` and accumulates in f32 (M accumulators);
 and stores them. Packed bytes are read as 32-bit words; blocks that are only 2-byte aligned
 (18, 34, 210 bytes) are realigned with a funnel shift chosen by the block's address.
 
+x may also be an elementwise expression (:mod:`._scalar`) of arguments and of last-axis row
+reductions (``poot.reduce``, each read at a row fixed by the row of x: RMSNorm
+``h * rsqrt(mean_k(h^2) + eps) * w``, LayerNorm's mean and variance), as
+:func:`~poot.backends.gpu.merge.fold_regions` leaves it when it folds a norm region into its
+consumer GEMVs. Then each warp first computes the reductions its M rows read itself (lanes
+strided over the row, a shuffle-xor butterfly: :func:`~.rowreduce.row_total`), in an order
+where a reduction comes after those its operand reads (LayerNorm's variance reads its mean);
+the main loop evaluates x's elements from their arguments with the scalar emitter, the reduced
+values supplied by its ``provide`` hook. The rows are tiny (L1/L2 resident), so recomputing them
+in every warp costs less than the norm's own launch (a few us in a decode step). A plain ``x``
+argument keeps the vector loads below.
+
 Summation order differs from the oracle's (per-lane partial sums, a scaled sum per block:
 ``d * sum(q * x) + m * sum(x)``), so results agree to f32 rounding, not bitwise.
 
@@ -32,7 +45,7 @@ targets get the same kernel with 32-bit scalar loads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mlir import ir
 
@@ -40,6 +53,7 @@ from poot.backends.gpu.kernels import Launch
 from poot.backends.gpu.strategies import Synthesized, register
 from poot.backends.gpu.strategies._scalar import (KernelEmitter, ScalarEmitter,
                                                   ScalarUnsupported, buffer_type)
+from poot.backends.gpu.strategies.rowreduce import reduce_kind, row_total
 from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
 
 #: largest M (rows of x: batch x new tokens) taken; larger M (prefill) stays generic
@@ -67,16 +81,30 @@ class GemvMatch:
     """A matched decode GEMV region: ``outs[j][l] = epilogue_j(sum_k x[m, k] * w[k, n])`` at
     row-major flat index ``l = m * N + n`` of every result ``outs[j]`` (of poot type
     ``out_ts[j]``; e.g. the logits and the sampler's ``logits - logits`` finiteness probe);
-    ``x_arg`` and ``weight`` name function arguments."""
+    ``x`` is the matmul's [M, K] f32 LHS, ``x_arg`` the function argument it views (None:
+    ``x`` is an expression, whose row reductions are ``prologue``: ``(poot.reduce op,
+    coordinates of its result)`` in dependency order); ``weight`` names a function
+    argument."""
 
     M: int
     N: int
     K: int
-    x_arg: int
+    x: ir.Value
+    x_arg: int | None
     weight: _Weight
     root: ir.Value
     outs: list
     out_ts: list
+    prologue: list = field(default_factory=list)
+
+
+#: A folded norm is recomputed by every warp (one per output column): its row reductions and
+#: the expression x read about 2 x K more f32 values per column (~8K bytes) from L1/L2. Folding
+#: saves one launch (~3 us in a CUDA graph, the time an H200's L2 moves ~30 MB in), so a norm
+#: is folded into a GEMV only while those extra reads, N * K * 8 bytes, stay under this: the
+#: latency-bound small projections of small models, not an LM head or the bandwidth-bound
+#: projections of large models.
+PROLOGUE_MAX_EXTRA_BYTES = 32 << 20
 
 
 def _op(v: ir.Value):
@@ -157,7 +185,7 @@ def match(fn: ir.Operation) -> GemvMatch | None:
         return None
     x = _strip(mm.operands[0], ("poot.reshape",))
     xa, xt = _arg_no(x), _ttype(x)
-    if xa is None or not isinstance(xt, TensorType) or xt.dtype is not DType.F32:
+    if xa is not None and (not isinstance(xt, TensorType) or xt.dtype is not DType.F32):
         return None
     w = _match_weight(mm.operands[1], N, K)
     if w is None or w.arg == xa:
@@ -166,8 +194,48 @@ def match(fn: ir.Operation) -> GemvMatch | None:
     ots = [_ttype(o) for o in outs]
     if any(not isinstance(ot, TensorType) or ot.numel != M * N for ot in ots):
         return None
-    m = GemvMatch(M, N, K, xa, w, mm.results[0], outs, ots)
+    m = GemvMatch(M, N, K, mm.operands[0], xa, w, mm.results[0], outs, ots)
+    if xa is None:
+        pro = _prologue(fn, m)
+        if pro is None:
+            return None
+        m.prologue = pro
     return m if _elementwise_epilogue(fn, m) else None
+
+
+def _prologue(fn: ir.Operation, m: GemvMatch) -> list | None:
+    """The row reductions the expression ``x`` reads (see :class:`GemvMatch`), found by
+    emitting (and throwing away) x's elements ``(row, k)`` for every row at a symbolic ``k``:
+    the row of each reduction read must fold to integers (a read at another coordinate of k
+    would be another row per element), and so must the rows its own operand reads. None when
+    x is not that (an op outside the elementwise class, a reduction :func:`~.rowreduce.
+    reduce_kind` refuses, ...)."""
+    order: list = []
+    busy: set = set()
+    se = ScalarEmitter(fn, KernelEmitter())
+
+    def provide(v, idx):
+        o = _op(v)
+        if o is None or o.name != "poot.reduce":
+            return None
+        if reduce_kind(o) is None or not all(isinstance(c, int) for c in idx):
+            raise ScalarUnsupported("not a row reduction read at a known row")
+        key = (v, tuple(idx))
+        if key not in busy:
+            busy.add(key)
+            with se.scope():
+                se.value(o.operands[0], list(idx) + [f"%c{len(busy)}"])
+            order.append((o, tuple(idx)))
+        return "%r"
+
+    se.provide = provide
+    try:
+        for row in range(m.M):
+            with se.scope():
+                se.value(m.x, (row, "%k"))
+    except ScalarUnsupported:
+        return None
+    return order
 
 
 def _elementwise_epilogue(fn: ir.Operation, m: GemvMatch) -> bool:
@@ -263,6 +331,9 @@ class _Kernel:
         self.xtype = f"memref<{m.M * m.K}xf32>"
         self.wwords = (m.weight.nbytes + 3) // 4
         self.wtype = f"memref<{self.wwords}xi32>"
+        #: k coordinate names of an expression x's elements -> (base, i): k = base + i, base a
+        #: multiple of 4 (see :meth:`vec_arg`)
+        self.kvec: dict[str, tuple[str, int]] = {}
 
     # -- loads
     def word(self, idx: str) -> str:
@@ -310,6 +381,12 @@ class _Kernel:
         """``x[m, base:base+n]`` as f32 scalars (``base`` a multiple of 4 when vectorized)."""
         e = self.e
         K = self.m.K
+        if self.m.x_arg is None:        # an expression (a folded norm): the scalar emitter
+            se = self.se
+            ks = [se.iadd(base, i) for i in range(n)]
+            if self.vec and n % 4 == 0:
+                self.kvec.update((k, (base, i)) for i, k in enumerate(ks))
+            return [se.value(self.m.x, (m, k)) for k in ks]
         start = e.add(base, e.c(m * K)) if m else base
         if self.vec and n % 4 == 0:
             out = []
@@ -322,6 +399,24 @@ class _Kernel:
             return out
         return [e.op(f"memref.load {self.x}[{e.add(start, e.c(i)) if i else start}] : "
                      f"{self.xtype}") for i in range(n)]
+
+    def vec_arg(self, v: ir.Value, idx: tuple) -> str | None:
+        """An f32 argument's element read by an expression x at ``idx`` whose last coordinate
+        is ``base + i`` (:attr:`kvec`), as lane ``i % 4`` of one 16-byte load (each lane's
+        elements of x are consecutive, and so are the norm's inputs along k); None (a scalar
+        load) for anything else."""
+        if not idx or not isinstance(idx[-1], str) or idx[-1] not in self.kvec:
+            return None
+        t = _ttype(v)
+        if not isinstance(t, TensorType) or t.dtype is not DType.F32 or t.shape[-1] % 4:
+            return None
+        se = self.se
+        base, i = self.kvec[idx[-1]]
+        at = ", ".join(se.ix(c) for c in idx[:-1] + (se.iadd(base, i - i % 4),))
+        mt = buffer_type(t)
+        vec = se.op(f"vector.load {se._arg(v)}[{at}] {{alignment = 16 : i64}} : {mt}, "
+                    "vector<4xf32>")
+        return se.op(f"vector.extract {vec}[{i % 4}] : f32 from vector<4xf32>")
 
     @staticmethod
     def byte(V: list[str], k: int, e: _Emit, signed: bool = False) -> str:
@@ -526,18 +621,10 @@ class _Kernel:
             return m.K
         return m.K // 32
 
-    def kernel(self, fn: ir.Operation) -> tuple[str, list[tuple[str, int]], list]:
-        """(gpu.module text, launch argument slots, constant buffers) of the kernel."""
-        m, e, sg = self.m, self.e, self.sg
-        M = m.M
-        tid = e.op("gpu.thread_id x")
-        bid = e.op("gpu.block_id x")
-        warp = e.op(f"arith.divui {tid}, {e.c(sg)} : index")
-        lane = e.op(f"arith.remui {tid}, {e.c(sg)} : index")
-        n = e.add(e.mul(bid, e.c(self.warps)), warp)
-        # a whole warp is in or out: the shuffles below run in uniform control flow
-        inb = e.op(f"arith.cmpi ult, {n}, {e.c(m.N)} : index")
-        e.raw(f"scf.if {inb} {{")
+    def dot_rows(self, n: str, lane: str) -> list[str]:
+        """``sum_k x[m, k] * w[k, n]`` per row m, in every lane of the warp: the lane-strided
+        loop over units, then a shuffle-xor butterfly."""
+        e, sg, M = self.e, self.sg, self.m.M
         accs = [e.name() for _ in range(M)]
         res = e.name()
         zero = e.c(0.0, "f32")
@@ -552,7 +639,8 @@ class _Kernel:
         new = list(accs)
         for i in range(U):
             ui = "%u" if i == 0 else e.add("%u", e.c(i * sg))
-            parts = self.unit(n, ui)
+            with self.se.scope():
+                parts = self.unit(n, ui)
             new = [e.fadd(a, p) for a, p in zip(new, parts)]
         e.raw(f"scf.yield {', '.join(new)} : {f32s}")
         e.raw("}")
@@ -567,29 +655,74 @@ class _Kernel:
                 v = e.fadd(v, f"{sh}#0")
                 off //= 2
             sums.append(v)
-        is0 = e.op(f"arith.cmpi eq, {lane}, {e.c(0)} : index")
-        e.raw(f"scf.if {is0} {{")
-        # the epilogue: output element (row, n) from the row's sum
-        row_now = [0]
-        se = _ArgsSeen(fn, e.k, [f"%e{i}" for i in range(len(fn.regions[0].blocks[0].arguments))],
-                       provide=lambda v, idx: sums[row_now[0]] if v == m.root else None)
-        for i in range(M):
-            row_now[0] = i
-            with se.scope():
-                for j, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
-                    idx = se.delinearize(se.iadd(i * m.N, n), ot.shape)
-                    se.store(se.value(out, idx), f"%o{j}", ot, idx)
+        return sums
+
+    def kernel(self, fn: ir.Operation) -> tuple[str, list[tuple[str, int]], list]:
+        """(gpu.module text, launch argument slots, constant buffers) of the kernel."""
+        m, e, sg = self.m, self.e, self.sg
+        M = m.M
+        nargs = len(fn.regions[0].blocks[0].arguments)
+        # one scalar emitter for the expression x and the epilogue: the hook supplies the
+        # row reductions of x (computed before the main loop) and the GEMV's sums
+        sums: list[str] = []
+        row_now: list = [None]
+        reduced: dict = {}
+
+        def provide(v, idx):
+            if v == m.root:
+                if row_now[0] is None:
+                    raise ScalarUnsupported("the matmul result read outside the epilogue")
+                return sums[row_now[0]]
+            o = _op(v)
+            if o is not None and o.name == "poot.reduce":
+                got = reduced.get((v, tuple(idx)))
+                if got is None:
+                    raise ScalarUnsupported("a row reduction the prologue did not compute")
+                return got
+            if isinstance(v.owner, ir.Block):
+                return self.vec_arg(v, tuple(idx))
+            return None
+
+        se = self.se = _ArgsSeen(fn, e.k, [f"%e{i}" for i in range(nargs)], provide=provide)
+        tid = e.op("gpu.thread_id x")
+        bid = e.op("gpu.block_id x")
+        warp = e.op(f"arith.divui {tid}, {e.c(sg)} : index")
+        lane = e.op(f"arith.remui {tid}, {e.c(sg)} : index")
+        n = e.add(e.mul(bid, e.c(self.warps)), warp)
+        # a whole warp is in or out: the shuffles below run in uniform control flow
+        inb = e.op(f"arith.cmpi ult, {n}, {e.c(m.N)} : index")
+        e.raw(f"scf.if {inb} {{")
+        with se.scope():         # what the warp computes dominates nothing after the scf.if
+            for r, row in m.prologue:
+                wg: list = []
+                reduced[(r.results[0], row)] = row_total(se, r, list(row), lane, sg, sg, 0, wg)
+                assert not wg                # one subgroup per row: shuffles only
+            sums += self.dot_rows(n, lane)
+            is0 = e.op(f"arith.cmpi eq, {lane}, {e.c(0)} : index")
+            e.raw(f"scf.if {is0} {{")
+            # the epilogue: output element (row, n) from the row's sum
+            x_reads = set(se.seen)
+            for i in range(M):
+                row_now[0] = i
+                with se.scope():
+                    for j, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
+                        idx = se.delinearize(se.iadd(i * m.N, n), ot.shape)
+                        se.store(se.value(out, idx), f"%o{j}", ot, idx)
+            e.raw("}")
         e.raw("}")
-        e.raw("}")
-        # x and the weight are only read, and no buffer of the kernel overlaps them (the plan
-        # gives each value its own buffer): on CUDA that lets loads take the read-only path
-        # (ld.global.nc)
+        # x (or the arguments of an expression x) and the weight are only read, and no buffer
+        # of the kernel overlaps them (the plan gives each value its own buffer): on CUDA that
+        # lets loads take the read-only path (ld.global.nc)
         ro = " {llvm.noalias, llvm.readonly}" if self.vec else ""
-        params = [(self.x, self.xtype + ro), (self.w, self.wtype + ro)]
-        slots = [("arg", m.x_arg), ("arg", m.weight.arg)]
+        params = [(self.w, self.wtype + ro)]
+        slots = [("arg", m.weight.arg)]
+        if m.x_arg is not None:
+            params.insert(0, (self.x, self.xtype + ro))
+            slots.insert(0, ("arg", m.x_arg))
         for i, a in enumerate(fn.regions[0].blocks[0].arguments):
             if f"%e{i}" in se.seen:
-                params.append((f"%e{i}", buffer_type(_ttype(a))))
+                params.append((f"%e{i}", buffer_type(_ttype(a)) +
+                               (ro if f"%e{i}" in x_reads else "")))
                 slots.append(("arg", i))
         for k, (name, c) in enumerate(zip(se.const_names, se.consts)):
             params.append((name, c[0]))
@@ -607,7 +740,7 @@ class _Kernel:
 
 
 class _ArgsSeen(ScalarEmitter):
-    """A scalar emitter that records which argument buffers the epilogue reads."""
+    """A scalar emitter that records which argument buffers it reads."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -637,6 +770,8 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     m = match(fn)
     if m is None:
         return None
+    if m.prologue and m.N * m.K * 8 > PROLOGUE_MAX_EXTRA_BYTES:
+        return None                 # cost rule: see PROLOGUE_MAX_EXTRA_BYTES
     vec = "sm_90" in (getattr(caps, "features", None) or ())
     warps = _warps(m.N, caps)
     try:

@@ -85,15 +85,9 @@ def synthesize_rowreduce(fn: ir.Operation, caps, name: str = "rowreduce"):
     shape = x0.shape
     k, rows_shape = shape[-1], shape[:-1]
     n_rows = _prod(rows_shape)
-    kinds = []
-    for r in reduces:
-        a = read_attrs(lookup(r.name), r)
-        x = poot_type(r.operands[0])
-        boolean = x.dtype is DType.I1 and a["fn"] in ("max", "min")    # any / all
-        if x.shape != shape or list(a["axes"]) != [x.rank - 1] or \
-                not (x.dtype.is_float or x.dtype is DType.I32 or boolean):
-            return None
-        kinds.append(a["fn"])
+    if any(poot_type(r.operands[0]).shape != shape or reduce_kind(r) is None
+           for r in reduces):
+        return None
     outs = results(fn)
     types = [poot_type(v) for v in outs]
     row_outs, scalar_outs = [], []
@@ -144,18 +138,8 @@ def synthesize_rowreduce(fn: ir.Operation, caps, name: str = "rowreduce"):
             em.depth += 1
         with se.scope():
             rowc[:] = se.delinearize(row, rows_shape)
-            for p, (r, kind) in enumerate(zip(reduces, kinds)):
-                d = poot_type(r.operands[0]).dtype
-                # booleans reduce as i32 0/1 (max = any, min = all): shuffles move words
-                t = "i32" if d is DType.I1 else compute_type(d)
-                acc = _row_loop(se, r.operands[0], rowc, lane, k, tr, kind, t,
-                                widen=d is DType.I1)
-                total = _block_combine(se, acc, kind, t, lane, tr, sg, p, workgroup)
-                if d in HALF:
-                    total = se.round_to(total, d)
-                elif d is DType.I1:
-                    total = se.op(f"arith.trunci {total} : i32 to i1")
-                provided[r.results[0]] = total
+            for p, r in enumerate(reduces):
+                provided[r.results[0]] = row_total(se, r, rowc, lane, tr, sg, p, workgroup)
                 pending.discard(r.results[0])
             if row_outs:
                 orows = {j: se.delinearize(row, types[j].shape[:-1]) for j in row_outs}
@@ -190,6 +174,39 @@ def synthesize_rowreduce(fn: ir.Operation, caps, name: str = "rowreduce"):
     grid = (n_rows + rb - 1) // rb
     launch = Launch("kernel", slots, name, "k", (grid, 1, 1), (rb * tr, 1, 1), strategy=name)
     return Synthesized(text, [launch], consts=list(se.consts))
+
+
+def reduce_kind(r: ir.Operation) -> str | None:
+    """``fn`` (``sum``/``max``/``min``) of a ``poot.reduce`` over its operand's last axis only,
+    on a dtype the row kernels accumulate (f32/f16/bf16 in f32, i32; ``max``/``min`` of i1 as
+    i32 0/1); None for any other."""
+    a = read_attrs(lookup(r.name), r)
+    x = poot_type(r.operands[0])
+    boolean = x.dtype is DType.I1 and a["fn"] in ("max", "min")        # any / all
+    if not isinstance(x, TensorType) or x.rank < 1 or list(a["axes"]) != [x.rank - 1] or \
+            not (x.dtype.is_float or x.dtype is DType.I32 or boolean):
+        return None
+    return a["fn"]
+
+
+def row_total(se: ScalarEmitter, r: ir.Operation, rowc, lane, tr: int, sg: int | None,
+              p: int, workgroup: list) -> str:
+    """Element ``rowc`` of ``poot.reduce`` ``r`` (:func:`reduce_kind` not None), held by
+    every one of the ``tr`` threads that share the row (``lane`` = 0..tr-1; ``tr`` a multiple
+    of ``sg``, or 1 without a subgroup size): each folds operand elements ``lane::tr`` of the
+    row (evaluated by ``se``), then :func:`_block_combine` (``p`` numbers the reduction's
+    workgroup buffer, appended to ``workgroup`` when the row spans several subgroups); a
+    f16/bf16 result is accumulated in f32 and rounded once, as the linalg lowering does."""
+    kind = reduce_kind(r)
+    d = poot_type(r.operands[0]).dtype
+    # booleans reduce as i32 0/1 (max = any, min = all): shuffles move words
+    t = "i32" if d is DType.I1 else compute_type(d)
+    k = poot_type(r.operands[0]).shape[-1]
+    acc = _row_loop(se, r.operands[0], rowc, lane, k, tr, kind, t, widen=d is DType.I1)
+    total = _block_combine(se, acc, kind, t, lane, tr, sg, p, workgroup)
+    if d is DType.I1:
+        return se.op(f"arith.trunci {total} : i32 to i1")
+    return se.round_to(total, d) if d in HALF else total
 
 
 def _row_loop(se: ScalarEmitter, x: ir.Value, rowc, lane, k: int, tr: int, kind: str,
@@ -282,4 +299,4 @@ def rowreduce(fn: ir.Operation, caps):
     return synthesize_rowreduce(fn, caps)
 
 
-__all__ = ["row_threads", "synthesize_rowreduce"]
+__all__ = ["reduce_kind", "row_threads", "row_total", "synthesize_rowreduce"]
