@@ -69,11 +69,12 @@ def smollm2_devcheck(gguf: str, out: str, cap: int, steps: int) -> dict:
                                     weights.types), cuda_target())
     vocab = model.dims().vocab
     ids = [1, 504, 2365, 6354, 28, 1234]
+    sampler = {"temperature": np.zeros(1, np.float32), "uniform": np.full(1, 0.5, np.float32),
+               "token_counts": history_row(vocab)[None, :]}
+    roles = GREEDY.input_roles()          # the greedy entry declares no temperature/uniform
     seq = [{"tokens": np.array([[ids[p % len(ids)]]], np.int32),
             "positions": np.array([[p]], np.int32), "slots": np.array([0], np.int32),
-            INPUTS["temperature"]: np.zeros(1, np.float32),
-            INPUTS["uniform"]: np.full(1, 0.5, np.float32),
-            INPUTS["token_counts"]: history_row(vocab)[None, :]} for p in range(steps)]
+            **{INPUTS[r]: v for r, v in sampler.items() if r in roles}} for p in range(steps)]
     write_check_bundle(out, prog, prog.executable, weights.arrays, seq, with_weights=False)
     fx = os.path.join(out, "fixtures.npz")    # mostly zero KV caches: 52 MB -> ~3 MB
     with np.load(fx) as z:
