@@ -77,19 +77,6 @@ def test_decode_with_sampler_plans_for_cuda(spec):
     ptxas_check(art.ptx)       # raises with ptxas's message; None (no check) without ptxas
 
 
-@pytest.fixture(scope="module")
-def vk():
-    try:
-        from poot.backends.vulkan.codegen import vulkan_target
-        from poot.backends.vulkan.runtime import VulkanDevice, VulkanError
-    except ImportError as e:
-        pytest.skip(f"vulkan package not installed ({e})")
-    try:
-        dev = VulkanDevice()
-    except VulkanError as e:
-        pytest.skip(f"no usable Vulkan device: {e}")
-    yield dev, vulkan_target(dev.capabilities())
-    dev.close()
 
 
 @pytest.mark.parametrize("spec", [GREEDY, FULL], ids=["greedy", "full"])

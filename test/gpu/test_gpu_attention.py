@@ -5,8 +5,6 @@ additive masks, soft cap) run on a Vulkan device (lavapipe in CI) and match the 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,8 +15,6 @@ from poot import oracle
 from poot.dialects import make_context
 from poot.graph.builder import Graph
 
-os.environ.setdefault("MESA_SHADER_CACHE_DIR", tempfile.mkdtemp(prefix="poot-mesa-cache-"))
-os.environ.setdefault("LP_NUM_THREADS", "2")
 
 RTOL = ATOL = 1e-5
 
@@ -194,18 +190,6 @@ def rope_inputs(B, T, Hkv, G, S, D, Dv, mask, seed=0) -> dict:
 
 # ---- Vulkan -------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def vk_device():
-    try:
-        from poot.backends.vulkan.runtime import VulkanDevice, VulkanError
-    except ImportError as e:
-        pytest.skip(f"vulkan package not installed ({e})")
-    try:
-        dev = VulkanDevice()
-    except VulkanError as e:
-        pytest.skip(f"no usable Vulkan device: {e}")
-    yield dev
-    dev.close()
 
 
 def _vk_target(dev, cores):

@@ -17,18 +17,6 @@ from mlir import ir
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vulkan"))
 
 
-def _vk_fixtures():
-    """The Vulkan tests' device fixtures (test/vulkan/conftest.py), under another name."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "vulkan" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_vk_conftest", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.vk_device, mod.vk_target
-
-
-vk_device, vk_target = _vk_fixtures()
 
 from poot import oracle  # noqa: E402
 from poot.dialects import make_context  # noqa: E402

@@ -7,16 +7,12 @@ The helpers here (``region``, ``run_region``, ``plan_of``, ``ptx_of``) are share
 
 from __future__ import annotations
 
-import os
-import tempfile
 from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-os.environ.setdefault("MESA_SHADER_CACHE_DIR", tempfile.mkdtemp(prefix="poot-mesa-cache-"))
-os.environ.setdefault("LP_NUM_THREADS", "2")
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -76,19 +72,6 @@ def ptx_of(g, caps=None) -> str:
     return ptx
 
 
-@pytest.fixture(scope="module")
-def vk():
-    try:
-        from poot.backends.vulkan.codegen import vulkan_target
-        from poot.backends.vulkan.runtime import VulkanDevice, VulkanError
-    except ImportError as e:
-        pytest.skip(f"vulkan package not installed ({e})")
-    try:
-        dev = VulkanDevice()
-    except VulkanError as e:
-        pytest.skip(f"no usable Vulkan device: {e}")
-    yield dev, vulkan_target(dev.capabilities())
-    dev.close()
 
 
 def run_region(vk, g, inputs: dict) -> tuple[dict, dict]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_gpu_pointwise import _caps, check, ptx_of, rand, region, strategies_of, vk  # noqa: F401
+from test_gpu_pointwise import _caps, check, ptx_of, rand, region, strategies_of
 
 
 def rmsnorm(rows: tuple, k: int, dt: str = "f32"):

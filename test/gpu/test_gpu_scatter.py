@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_gpu_pointwise import check, ptx_of, rand, region, vk  # noqa: F401 - vk: fixture
+from test_gpu_pointwise import check, ptx_of, rand, region
 
 
 
@@ -27,7 +27,7 @@ def _kv_region(dt: str, cap: int, heads: int, d: int, rows: int, scale: bool):
 
 @pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("scale", [False, True])
-def test_scatter_rows_repeats_and_out_of_range(vk, dt, scale):  # noqa: F811
+def test_scatter_rows_repeats_and_out_of_range(vk, dt, scale):
     g = _kv_region(dt, 8, 3, 16, 5, scale)
     rng = np.random.default_rng(3)
     idx = np.array([[0, 2], [1, 7], [0, 2], [2, 1], [1, -1]], np.int32)  # repeat, 2 dropped
@@ -35,7 +35,7 @@ def test_scatter_rows_repeats_and_out_of_range(vk, dt, scale):  # noqa: F811
     check(vk, g, ins, rtol=0, atol=0, strategy="scatter", launches=1)
 
 
-def test_scatter_prefill_rows(vk):  # noqa: F811
+def test_scatter_prefill_rows(vk):
     """A prefill's T rows at consecutive positions of one slot."""
     g = _kv_region("f32", 64, 2, 8, 40, False)
     rng = np.random.default_rng(4)
