@@ -125,18 +125,16 @@ def rand(rng, shape, dt, lo=-2.0, hi=2.0):
     return rng.uniform(lo, hi, size=shape).astype(NP[dt])
 
 
-# ---- tests -----------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("shape", [(1, 1, 3, 64), (2, 5, 4, 8), (3, 1, 1, 6)])
-def test_rope_region(vk, dt, shape):
-    """RoPE: strided slices, products, a concat of two unit-axis reshapes, a reshape back."""
+def rope_body(shape, dt: str, out: str) -> str:
+    """The body of a RoPE dispatch (interleaved pairs) over ``%arg0`` of ``shape`` [a, b, h, d]
+    in ``dt`` with the cos/sin tables ``%arg1``/``%arg2`` [a, b, h, d/2], ending in a
+    ``return`` of type ``out``: strided slices, products, a concat of two unit-axis reshapes,
+    a reshape back (as the tracer spells it)."""
     a, b, h, d = shape
     x, half = f"tensor<{a}x{b}x{h}x{d}x{dt}>", f"tensor<{a}x{b}x{h}x{d // 2}x{dt}>"
     h5 = f"tensor<{a}x{b}x{h}x{d // 2}x1x{dt}>"
     two = f"tensor<{a}x{b}x{h}x{d // 2}x2x{dt}>"
-    out = f"tensor<{a}x{b * h}x{d}x{dt}>"
-    body = f"""
+    return f"""
   %0 = "poot.slice"(%arg0) {{limit = array<i64: {a}, {b}, {h}, {d}>, start = array<i64: 0, 0, 0, 0>, stride = array<i64: 1, 1, 1, 2>}} : ({x}) -> {half}
   %1 = "poot.slice"(%arg0) {{limit = array<i64: {a}, {b}, {h}, {d}>, start = array<i64: 0, 0, 0, 1>, stride = array<i64: 1, 1, 1, 2>}} : ({x}) -> {half}
   %2 = "poot.binary"(%0, %arg1) {{fn = "mul"}} : ({half}, {half}) -> {half}
@@ -150,6 +148,18 @@ def test_rope_region(vk, dt, shape):
   %10 = "poot.concat"(%5, %9) {{axis = 4 : i64}} : ({h5}, {h5}) -> {two}
   %11 = "poot.reshape"(%10) : ({two}) -> {out}
   return %11 : {out}"""
+
+
+# ---- tests -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("shape", [(1, 1, 3, 64), (2, 5, 4, 8), (3, 1, 1, 6)])
+def test_rope_region(vk, dt, shape):
+    """RoPE: strided slices, products, a concat of two unit-axis reshapes, a reshape back."""
+    a, b, h, d = shape
+    x, half = f"tensor<{a}x{b}x{h}x{d}x{dt}>", f"tensor<{a}x{b}x{h}x{d // 2}x{dt}>"
+    out = f"tensor<{a}x{b * h}x{d}x{dt}>"
+    body = rope_body(shape, dt, out)
     g = region([x, half, half], [out], body)
     rng = np.random.default_rng(0)
     ins = {"a0": rand(rng, shape, dt), "a1": rand(rng, (a, b, h, d // 2), dt),
