@@ -26,7 +26,7 @@ Rules:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Iterator, Sequence
 
 import numpy as np

@@ -22,7 +22,6 @@ stable slot buffers before each graph launch, only the named outputs read back.
 
 from __future__ import annotations
 
-import ctypes
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence

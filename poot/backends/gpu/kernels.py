@@ -701,7 +701,7 @@ def build_dispatch(text: str, caps, context: ir.Context | None = None,
                 mark = len(copies)
                 copies[mark] = (s, d, memref_nbytes(op.operands[0].type))
                 with ir.InsertionPoint(op):
-                    m = ir.Operation.create("poot.copy_mark", attributes={
+                    ir.Operation.create("poot.copy_mark", attributes={
                         "id": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), mark)})
                 op.erase()
             else:
@@ -753,7 +753,6 @@ def build_dispatch(text: str, caps, context: ir.Context | None = None,
                 mod_name, kname = kref.value[0], kref.value[1]
                 ops = list(op.operands)
                 # operands: [asyncDeps..., gridXYZ, blockXYZ, (clusterXYZ), dynSmem?, args...]
-                nk = len(ops)
                 sizes = [_const_index(v) for v in ops[:6]]
                 kargs = ops[6:]
                 if "operandSegmentSizes" in op.attributes:

@@ -22,7 +22,6 @@ for a target lowering) and whose JSON-able fields are everything a runtime needs
 from __future__ import annotations
 
 import base64
-import hashlib
 from dataclasses import dataclass, field
 
 from mlir import ir
