@@ -35,7 +35,8 @@ def _name(op: ir.Operation) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value
 
 
-def _kind(fn: ir.Operation) -> str:
+def dispatch_kind(fn: ir.Operation) -> str:
+    """The ``kind`` of a dispatch function's ``poot.dispatch`` attribute (``?`` if none)."""
     if DISPATCH_ATTR not in fn.attributes:
         return "?"
     d = ir.DictAttr(fn.attributes[DISPATCH_ATTR])
@@ -110,7 +111,7 @@ def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter
             continue
         pname = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
         pfn = funcs[pname]
-        if pname in refused or _kind(pfn) not in FOLDABLE:
+        if pname in refused or dispatch_kind(pfn) not in FOLDABLE:
             continue
         consumers = []
         for r in call.results:
@@ -191,4 +192,4 @@ def fold_regions(g, accept: Callable[[ir.Operation], object | None]) -> dict[str
     return {k: v for k, v in made.items() if v is not None}
 
 
-__all__ = ["FOLDABLE", "body_key", "fold_regions"]
+__all__ = ["FOLDABLE", "body_key", "dispatch_kind", "fold_regions"]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from mlir import ir
 
 from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError, build_dispatch
-from poot.backends.gpu.merge import body_key, fold_regions
+from poot.backends.gpu.merge import body_key, dispatch_kind, fold_regions
 from poot.backends.gpu.strategies import synthesize
 from poot.dialects.lowering.function import lower_function
 from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
@@ -190,11 +190,7 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
                                  "grid": list(L.grid), "block": list(L.block),
                                  "args": [buf(s) for s in L.args], "strategy": L.strategy})
                 strategies[L.strategy] = strategies.get(L.strategy, 0) + 1
-        kind = "?"
-        if "poot.dispatch" in fn.attributes:
-            d = ir.DictAttr(fn.attributes["poot.dispatch"])
-            kind = ir.StringAttr(d["kind"]).value if "kind" in d else "?"
-        dispatches.append({"callee": callee, "kind": kind, "key": key, "args": arg_bufs,
+        dispatches.append({"callee": callee, "kind": dispatch_kind(fn), "key": key, "args": arg_bufs,
                            "outs": out_bufs, "first": first, "count": len(launches) - first})
     # outputs: name them; copies where a returned value's buffer is not its own
     seen_out: set[int] = set()
