@@ -101,18 +101,26 @@ step greedy_smollm2 90 $PY bench/gpu_run/smollm2_check.py greedy "$GGUF" "$B/ref
     "$OUT/smollm2_greedy.json" --kv-capacity "$SMOL_CAP"
 
 # The benches: poot (programs from the cache), then the gpt-fast-style baseline in the same
-# process. Token counts shrink with the model so the whole fits the device time.
+# process (I7_BASELINE=none leaves it out: a profiling run). Token counts shrink with the model
+# so the whole fits the device time.
+BASE="--baseline ${I7_BASELINE:-gpt-fast}"
+[ "${I7_BASELINE:-}" = "none" ] && BASE=""
 step bench_smollm2 120 $PY -m poot.cli bench --backend cuda --model "$GGUF" \
     --kv-capacity "$SMOL_CAP" --prompt-tokens 32 --tokens 128 --runs 3 \
-    --baseline gpt-fast --profile --out "$OUT/bench_smollm2.json"
+    $BASE --profile --out "$OUT/bench_smollm2.json"
 step bench_llama1b 120 $PY -m poot.cli bench --backend cuda \
     --config bench/shapes/llama-3.2-1b.json --random-weights --dtype bf16 \
     --kv-capacity "$LLAMA_CAP" --prompt-tokens 32 --tokens 64 --runs 2 \
-    --baseline gpt-fast --profile --out "$OUT/bench_llama1b.json"
+    $BASE --profile --out "$OUT/bench_llama1b.json"
 step bench_llama8b 150 $PY -m poot.cli bench --backend cuda \
     --config bench/shapes/llama-3-8b.json --random-weights --dtype bf16 \
     --kv-capacity "$LLAMA_CAP" --prompt-tokens 32 --tokens 32 --runs 1 \
-    --baseline gpt-fast --profile --out "$OUT/bench_llama8b.json"
+    $BASE --profile --out "$OUT/bench_llama8b.json"
+
+# The decode-GEMV tuning sweep, when its artifacts are carried (bench/gpu_run/gemv_sweep.py)
+if [ -f .sweep/index.json ]; then
+    step gemv_sweep 150 $PY bench/gpu_run/gemv_sweep.py --run .sweep --out "$OUT/gemv_sweep.json"
+fi
 
 FAILED_LIST="${FAILED[*]:-}"
 $PY - "$OUT" "$B/manifest.json" "$FAILED_LIST" "$(( $(date +%s) - T0 ))" <<'EOF'

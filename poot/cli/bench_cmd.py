@@ -139,7 +139,30 @@ def profile(handle) -> dict:
 
     eng = handle.runner.engine
     entry = decode_entry(handle)
-    return profile_kernel(eng.device, entry.kernel, eng._bindings(entry))
+    return profile_kernel(eng.device, entry.kernel, eng._bindings(entry), top=48)
+
+
+def replay_us_without_pdl(handle, n: int) -> float | None:
+    """:func:`replay_us` of the decode step recorded again with programmatic dependent launch
+    off (a device that has the switch, a plan that uses it), to show what PDL saves; None
+    otherwise."""
+    eng = handle.runner.engine
+    entry = decode_entry(handle)
+    dev = eng.device
+    if not getattr(dev, "pdl", False) or not entry.kernel.artifact.plan.get("pdl") or n <= 0:
+        return None
+    dev.pdl = False
+    try:
+        rec = dev.record(entry.kernel, eng._bindings(entry))
+    finally:
+        dev.pdl = True
+    dev.replay(rec)
+    dev.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dev.replay(rec)
+    dev.synchronize()
+    return 1e6 * (time.perf_counter() - t0) / n
 
 
 def poot_measures(handle, best: dict, replay_n: int) -> dict:
@@ -151,6 +174,7 @@ def poot_measures(handle, best: dict, replay_n: int) -> dict:
     w, kv = weight_bytes_read(handle, prog), kv_bytes_read(handle, ctx)
     out = {"decode_tokens_per_s": tps, "us_per_token": 1e6 / tps if tps else None,
            "replay_us_per_step": replay_us(handle, replay_n),
+           "replay_us_per_step_no_pdl": replay_us_without_pdl(handle, replay_n),
            "dispatches_per_token": sum(getattr(prog, "dispatches", {}).values()) or None,
            "dispatch_kinds": dict(getattr(prog, "dispatches", {})),
            "weight_bytes": w, "kv_bytes_read": kv, "bytes_per_token": w + kv,

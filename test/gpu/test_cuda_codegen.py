@@ -158,3 +158,25 @@ def test_compile_entry_keeps_kv_in_place():
     art = tiny_artifact()  # compile(traced step, cuda_target()).executable
     kv = {o["name"]: o for o in art.plan["outputs"] if o["name"].startswith("kv.")}
     assert len(kv) == 4 and all(o["aliases"] == n and o["in_place"] for n, o in kv.items())
+
+
+def test_every_kernel_opens_with_grid_dependency_control():
+    """Programmatic dependent launch: each kernel's first instructions are
+    ``griddepcontrol.wait`` (nothing is read before the predecessor grid completed) and then
+    ``griddepcontrol.launch_dependents``; the plan says ``pdl`` so the runtime launches the
+    kernels with programmatic stream serialization."""
+    import re
+
+    art = tiny_artifact()
+    assert art.plan["pdl"] is True
+    bodies = re.split(r"\.entry ", art.ptx)[1:]
+    assert len(bodies) == len(art.plan["kernels"])
+    for body in bodies:
+        insts = [ln.strip() for ln in body.split("{", 1)[1].splitlines()
+                 if ln.strip() and not ln.strip().startswith((".", "//", "{", "}", "$"))]
+        # parameter loads and address conversions may come first; no global memory access
+        first_mem = next(i for i, s in enumerate(insts)
+                         if s.startswith(("ld.global", "st.global", "atom.")))
+        wait = insts.index("griddepcontrol.wait;")
+        trig = insts.index("griddepcontrol.launch_dependents;")
+        assert wait < trig < first_mem, insts[:first_mem + 1]

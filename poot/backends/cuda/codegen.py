@@ -91,18 +91,60 @@ def ptxas_check(ptx: str, arch: str = "sm_90") -> str | None:
     return exe
 
 
+def add_grid_dependency_control(module: ir.Module) -> int:
+    """Open every kernel of ``module`` with ``griddepcontrol.wait`` then
+    ``griddepcontrol.launch_dependents`` (PTX ISA 8.0, sm_90: programmatic dependent launch);
+    returns the number of kernels changed.
+
+    Why: a decode step is a chain of small kernels, and each one's launch (block scheduling,
+    parameter setup) otherwise starts only when the previous one has finished. Launched with
+    programmatic stream serialization (the runtime does, when the plan says ``pdl``), a
+    kernel's blocks become resident while its predecessor runs its last blocks, and wait at
+    the top until the predecessor has completed and its writes are visible. The wait comes
+    first, so nothing is read early, and the trigger comes after it, so a kernel's own
+    dependents launch only once every earlier grid in the chain has completed: at most two
+    grids are resident at a time, and memory ordering is the same as serial launches. A
+    kernel launched without the attribute (or on an older GPU) treats both as no-ops."""
+    wait = ir.Attribute.parse("#nvvm<grid_dep_action wait>", module.context)
+    trigger = ir.Attribute.parse("#nvvm<grid_dep_action launch_dependents>", module.context)
+    n = 0
+    with module.context, ir.Location.unknown():
+        for gm in module.body.operations:
+            if gm.operation.name != "gpu.module":
+                continue
+            for f in gm.operation.regions[0].blocks[0].operations:
+                f = f.operation
+                if f.name != "gpu.func" or "gpu.kernel" not in f.attributes:
+                    continue
+                block = f.regions[0].blocks[0]
+                first = block.operations[0] if len(block.operations) else None
+                ip = ir.InsertionPoint(first) if first is not None else \
+                    ir.InsertionPoint(block)
+                for kind in (wait, trigger):
+                    ir.Operation.create("nvvm.griddepcontrol", attributes={"kind": kind},
+                                        ip=ip)
+                n += 1
+    return n
+
+
 def compile_program(program, chip: str = "sm_90", strategy: str = "auto") -> CudaArtifact:
-    """Kernels + launch plan of a compiled :class:`~poot.compiler.Program` as an artifact."""
+    """Kernels + launch plan of a compiled :class:`~poot.compiler.Program` as an artifact.
+    On sm_90 every kernel takes part in programmatic dependent launch
+    (:func:`add_grid_dependency_control`; the plan's ``pdl`` tells the runtime)."""
     caps = program.target.caps
     t0 = time.perf_counter()
     plan = plan_program(program, caps, strategy)
+    pdl = int(chip.split("_")[1].rstrip("a")) >= 90 and \
+        os.environ.get("POOT_CUDA_PDL", "1") != "0"
+    if pdl:
+        add_grid_dependency_control(plan.module)
     t1 = time.perf_counter()
     ptx = ptx_text(plan.module, chip)
     t2 = time.perf_counter()
     p = {"entry": plan.entry, "target": {"arch": chip, "subgroup_size": caps.subgroup_size or 32},
          "kernels": plan.kernels, "buffers": plan.buffers, "launches": plan.launches,
          "dispatches": plan.dispatches, "inputs": plan.inputs, "params": plan.params,
-         "outputs": plan.outputs}
+         "outputs": plan.outputs, "pdl": pdl}
     meta = {"strategy": strategy, "plan_s": round(t1 - t0, 3), "ptx_s": round(t2 - t1, 3),
             "strategies": plan.strategies, "dispatch_kinds": dict(program.dispatches)}
     return CudaArtifact(p, ptx, meta)

@@ -22,6 +22,7 @@ stable slot buffers before each graph launch, only the named outputs read back.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -183,6 +184,10 @@ class CudaDevice:
         self.device_name = _check(cu.cuDeviceGetName(128, self.dev),
                                   "cuDeviceGetName").split(b"\0")[0].decode()
         self._modules: dict[int, Any] = {}
+        #: launch a ``pdl`` plan's kernels with programmatic stream serialization (see
+        #: :func:`poot.backends.cuda.codegen.add_grid_dependency_control`); POOT_CUDA_PDL=0
+        #: turns it off (the kernels' griddepcontrol then does nothing)
+        self.pdl = os.environ.get("POOT_CUDA_PDL", "1") != "0"
         self.records = 0
         self.replays = 0
         self.allocated = 0
@@ -321,22 +326,51 @@ class CudaDevice:
         for src, dst, nb in pre:
             _check(cu.cuMemcpyDtoDAsync(dst, src, nb, self.stream), "cuMemcpyDtoDAsync")
             n += 1
+        pdl = self.pdl and kernel.artifact.plan.get("pdl", False)
+        prev_kernel = False          # programmatic edges only between two kernels
         for L in (kernel.artifact.plan["launches"] if launches is None else launches):
             if L["op"] == "copy":
                 _check(cu.cuMemcpyDtoDAsync(ptrs[L["dst"]], ptrs[L["src"]], L["nbytes"],
                                             self.stream), "cuMemcpyDtoDAsync")
+                prev_kernel = False
             else:
                 vals = np.array([ptrs[b] for b in L["args"]], dtype=np.uint64)
                 params = np.array([vals.ctypes.data + 8 * i for i in range(len(vals))],
                                   dtype=np.uint64)
                 keep += [vals, params]
-                g, b = L["grid"], L["block"]
-                _check(cu.cuLaunchKernel(kernel.functions[L["kernel"]], g[0], g[1], g[2],
-                                         b[0], b[1], b[2], 0, self.stream,
-                                         params.ctypes.data if len(vals) else 0, 0),
-                       f"cuLaunchKernel {kernel.artifact.plan['kernels'][L['kernel']]}")
+                f = kernel.functions[L["kernel"]]
+                what = f"cuLaunchKernel {kernel.artifact.plan['kernels'][L['kernel']]}"
+                if pdl and prev_kernel:
+                    self._launch_programmatic(f, L, params if len(vals) else None, keep, what)
+                else:
+                    g, b = L["grid"], L["block"]
+                    _check(cu.cuLaunchKernel(f, g[0], g[1], g[2], b[0], b[1], b[2], 0,
+                                             self.stream,
+                                             params.ctypes.data if len(vals) else 0, 0), what)
+                prev_kernel = True
             n += 1
         return n
+
+    def _launch_programmatic(self, f, L: dict, params, keep: list, what: str) -> None:
+        """``cuLaunchKernelEx`` with programmatic stream serialization: the kernel may launch
+        before the previous kernel on the stream has finished (it waits for it in its first
+        instruction, ``griddepcontrol.wait``); stream capture turns this into a programmatic
+        edge of the CUDA graph."""
+        cu = driver()
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg = cu.CUlaunchConfig()
+        g, b = L["grid"], L["block"]
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
+        cfg.sharedMemBytes = 0
+        cfg.hStream = self.stream
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        keep += [attr, cfg]
+        _check(cu.cuLaunchKernelEx(cfg, f, params.ctypes.data if params is not None else 0,
+                                   0), what)
 
     def record(self, kernel: CudaKernel, bindings: Sequence[DevBuf]) -> CudaRecording:
         """Capture the whole step over ``bindings`` into one CUDA graph (once)."""
@@ -375,44 +409,73 @@ def profile_dispatches(runner: "StepRunner") -> dict[str, float]:
 
 
 def profile_kernel(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBuf],
-                   repeats: int = 3, top: int = 12) -> dict:
-    """Where one step's GPU time goes: each dispatch's launches run eagerly (no graph),
-    bracketed by CUDA events, ``repeats`` times (the minimum per dispatch is kept; the
-    buffers' current contents are used and rewritten as a step would).
+                   repeats: int = 3, top: int = 16) -> dict:
+    """Where one step's GPU time goes, measured as a graph replay sees it: the dispatches of
+    one body (the layers' copies of one dispatch region share a ``key``) are captured, in
+    step order and repeated to at least 16 launches, into a CUDA graph of their own, which is
+    replayed ``repeats`` times (the minimum is kept); a dispatch's time is the graph's time
+    over its launches. Each copy reads its own layer's weights, as the step does (a body
+    that occurs once, like the LM head, re-reads its weight: L2 may hold a small one). The
+    buffers' current contents are used and rewritten as a step would.
 
     Returns ``{"total_ms", "by_kind": {kind: {"ms", "dispatches", "launches"}},
-    "top": [{"callee", "kind", "ms", "launches"}, ...] (the ``top`` slowest dispatches),
-    "events_overhead_note"}``. Eager launches include each launch's own overhead, which a
-    graph replay partly hides, so the total exceeds the replayed step time.
+    "top": [{"callee", "kind", "copies", "us", "weight_bytes", "GBps", "launches":
+    [[grid, block], ...]}, ...]`` (the ``top`` bodies by total time) and a ``note``.
     """
     cu = driver()
     plan = kernel.artifact.plan
     ptrs, _ = dev._pointers(kernel, bindings)
+    nbytes = {b["id"]: b["nbytes"] for b in plan["buffers"]}
+    role = {b["id"]: b["role"] for b in plan["buffers"]}
+    groups: dict[str, list[dict]] = {}
+    for d in plan["dispatches"]:
+        groups.setdefault(d.get("key", d["callee"]), []).append(d)
     ev0 = _check(cu.cuEventCreate(0), "cuEventCreate")
     ev1 = _check(cu.cuEventCreate(0), "cuEventCreate")
-    best = [float("inf")] * len(plan["dispatches"])
-    for _ in range(max(1, repeats)):
-        for i, d in enumerate(plan["dispatches"]):
-            keep: list = []
+    rows = []
+    for key, ds in groups.items():
+        rep = -(-16 // len(ds))
+        keep: list = []
+        _check(cu.cuStreamBeginCapture(
+            dev.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "cuStreamBeginCapture")
+        try:
+            for _ in range(rep):
+                for d in ds:
+                    dev._enqueue(kernel, ptrs, [], keep,
+                                 plan["launches"][d["first"]:d["first"] + d["count"]])
+        finally:
+            graph = _check(cu.cuStreamEndCapture(dev.stream), "cuStreamEndCapture")
+        gexec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        best = float("inf")
+        for _ in range(max(1, repeats) + 1):          # the first replay warms up
             _check(cu.cuEventRecord(ev0, dev.stream), "cuEventRecord")
-            dev._enqueue(kernel, ptrs, [], keep,
-                         plan["launches"][d["first"]:d["first"] + d["count"]])
+            _check(cu.cuGraphLaunch(gexec, dev.stream), "cuGraphLaunch")
             _check(cu.cuEventRecord(ev1, dev.stream), "cuEventRecord")
             _check(cu.cuEventSynchronize(ev1), "cuEventSynchronize")
-            best[i] = min(best[i], float(_check(cu.cuEventElapsedTime(ev0, ev1),
-                                                "cuEventElapsedTime")))
+            best = min(best, float(_check(cu.cuEventElapsedTime(ev0, ev1),
+                                          "cuEventElapsedTime")))
+        _check(cu.cuGraphExecDestroy(gexec), "cuGraphExecDestroy")
+        _check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+        us = best * 1e3 / (rep * len(ds))
+        d0 = ds[0]
+        wbytes = sum(nbytes[b] for b in set(d0["args"]) if role.get(b) == "param")
+        rows.append({"callee": d0["callee"], "kind": d0["kind"], "copies": len(ds),
+                     "us": round(us, 2), "weight_bytes": wbytes,
+                     "GBps": round(wbytes / (us * 1e-6) / 1e9, 1) if wbytes else None,
+                     "launches": [[L.get("grid"), L.get("block")] for L in
+                                  plan["launches"][d0["first"]:d0["first"] + d0["count"]]]})
     by_kind: dict[str, dict] = {}
-    for d, ms in zip(plan["dispatches"], best):
-        k = by_kind.setdefault(d["kind"], {"ms": 0.0, "dispatches": 0, "launches": 0})
-        k["ms"] += ms
-        k["dispatches"] += 1
-        k["launches"] += d["count"]
-    order = sorted(range(len(best)), key=lambda i: -best[i])[:top]
-    return {"total_ms": sum(best), "by_kind": by_kind,
-            "top": [{"callee": plan["dispatches"][i]["callee"],
-                     "kind": plan["dispatches"][i]["kind"], "ms": best[i],
-                     "launches": plan["dispatches"][i]["count"]} for i in order],
-            "note": "eager launches, one CUDA event pair per dispatch, min over repeats"}
+    for r, ds in zip(rows, groups.values()):
+        k = by_kind.setdefault(r["kind"], {"ms": 0.0, "dispatches": 0, "launches": 0})
+        k["ms"] += r["us"] * r["copies"] / 1e3
+        k["dispatches"] += r["copies"]
+        k["launches"] += sum(d["count"] for d in ds)
+    rows.sort(key=lambda r: -r["us"] * r["copies"])
+    return {"total_ms": sum(k["ms"] for k in by_kind.values()), "by_kind": by_kind,
+            "top": rows[:top],
+            "note": "per dispatch body: its copies captured into a CUDA graph of their own, "
+                    "replayed back to back (min over repeats); graph time / launches"}
 
 
 class StepRunner:

@@ -323,8 +323,8 @@ class _Emit:
 class _Kernel:
     """Emits the GEMV kernel of a :class:`GemvMatch` (see the module doc)."""
 
-    def __init__(self, m: GemvMatch, sg: int, warps: int, vec: bool):
-        self.m, self.sg, self.warps, self.vec = m, sg, warps, vec
+    def __init__(self, m: GemvMatch, sg: int, warps: int, vec: bool, unroll: int = 4):
+        self.m, self.sg, self.warps, self.vec, self.unroll = m, sg, warps, vec, unroll
         self.e = _Emit()
         self.x = "%x"
         self.w = "%w"
@@ -633,7 +633,8 @@ class _Kernel:
         # U units per lane per iteration: their loads are independent, so U 16-byte loads
         # are in flight per lane (one per iteration left each lane waiting on one load);
         # only where every lane runs the same whole number of iterations
-        U = next(u for u in (4, 2, 1) if units % (sg * u) == 0 or u == 1)
+        U = next(u for u in (8, 4, 2, 1)
+                 if u <= self.unroll and (units % (sg * u) == 0 or u == 1))
         e.raw(f"{res}:{M} = scf.for %u = {lane} to {e.c(units)} step {e.c(sg * U)} "
               f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> ({f32s}) {{")
         new = list(accs)
@@ -761,6 +762,10 @@ def _warps(N: int, caps) -> int:
     return 1
 
 
+#: tuning knobs (None: the rules above); set by the GEMV sweep benchmark, not by planning
+TUNING: dict[str, int | None] = {"warps": None, "unroll": None}
+
+
 @register("gemv")
 def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     """Decode GEMV regions (see the module doc); None for anything else."""
@@ -773,9 +778,9 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     if m.prologue and m.N * m.K * 8 > PROLOGUE_MAX_EXTRA_BYTES:
         return None                 # cost rule: see PROLOGUE_MAX_EXTRA_BYTES
     vec = "sm_90" in (getattr(caps, "features", None) or ())
-    warps = _warps(m.N, caps)
+    warps = TUNING["warps"] or _warps(m.N, caps)
     try:
-        text, slots, consts = _Kernel(m, sg, warps, vec).kernel(fn)
+        text, slots, consts = _Kernel(m, sg, warps, vec, TUNING["unroll"] or 4).kernel(fn)
     except ScalarUnsupported:
         return None
     grid = (-(-m.N // warps), 1, 1)

@@ -1,0 +1,181 @@
+"""Decode-GEMV tuning sweep: the ``gemv`` strategy's kernel over weight shapes x tuning knobs
+(warps per block, 16-byte units in flight per lane), timed on a CUDA device from a CUDA graph
+of back-to-back launches, next to ``torch.nn.functional.linear`` on the same shapes.
+
+    python bench/gpu_run/gemv_sweep.py --build DIR      # here (MLIR): one artifact a variant
+    python bench/gpu_run/gemv_sweep.py --run DIR        # the GPU machine (no MLIR): JSON
+
+Each timed graph cycles through enough copies of the weight that they do not fit in L2
+(a decode step reads every weight once), so the numbers are DRAM streaming rates. Prints one
+JSON object: per shape and variant, microseconds per launch and GB/s of weight bytes, and
+torch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+#: (name, fmt, M, N, K): the decode projections of the Llama-3-8B / 3.2-1B / SmolLM2 shapes
+SHAPES = [("8b.qo", "bf16", 1, 4096, 4096), ("8b.kv", "bf16", 1, 1024, 4096),
+          ("8b.gate", "bf16", 1, 14336, 4096), ("8b.down", "bf16", 1, 4096, 14336),
+          ("8b.head", "bf16", 1, 128256, 4096),
+          ("1b.qo", "bf16", 1, 2048, 2048), ("1b.kv", "bf16", 1, 512, 2048),
+          ("1b.gate", "bf16", 1, 8192, 2048), ("1b.down", "bf16", 1, 2048, 8192),
+          ("smol.q", "q4_1", 1, 576, 576), ("smol.gate", "q4_1", 1, 1536, 576),
+          ("smol.down", "q4_1", 1, 576, 1536)]
+VARIANTS = [(None, None), (4, 4), (8, 4), (4, 8), (8, 8), (2, 8), (16, 4)]
+L2_BYTES = 256 << 20          # weight copies per graph: at least this many bytes in rotation
+
+
+def build(out: str) -> None:
+    sys.path.insert(0, os.path.join(ROOT, "test", "gpu"))
+    from types import SimpleNamespace
+
+    from poot.backends.cuda.codegen import compile_program, cuda_target
+    from poot.backends.gpu.strategies import matmul
+    from test_gpu_matmul import gemv_region  # type: ignore
+
+    target = cuda_target()
+    index = []
+    for name, fmt, M, N, K in SHAPES:
+        g, _ = gemv_region(fmt, M, N, K)
+        for warps, unroll in VARIANTS:
+            matmul.TUNING.update(warps=warps, unroll=unroll)
+            art = compile_program(SimpleNamespace(graph=g, storage=[], target=target,
+                                                  dispatches={}))
+            vname = f"{name}.w{warps or 'auto'}.u{unroll or 'auto'}"
+            art.save(os.path.join(out, vname))
+            L = art.plan["launches"][0]
+            index.append({"variant": vname, "shape": name, "fmt": fmt, "M": M, "N": N, "K": K,
+                          "warps": warps, "unroll": unroll, "grid": L["grid"],
+                          "block": L["block"]})
+    matmul.TUNING.update(warps=None, unroll=None)
+    with open(os.path.join(out, "index.json"), "w") as f:
+        json.dump(index, f, indent=1)
+    print(f"{len(index)} variants in {out}")
+
+
+def _time_graph(cu, dev, enqueue, reps: int = 5) -> float:
+    """Seconds of one replay of the graph ``enqueue`` captures (min over ``reps``)."""
+    from poot.backends.cuda.runtime import _check
+
+    _check(cu.cuStreamBeginCapture(dev.stream,
+                                   cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+           "cuStreamBeginCapture")
+    try:
+        enqueue()
+    finally:
+        graph = _check(cu.cuStreamEndCapture(dev.stream), "cuStreamEndCapture")
+    gexec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    ev0 = _check(cu.cuEventCreate(0), "cuEventCreate")
+    ev1 = _check(cu.cuEventCreate(0), "cuEventCreate")
+    best = float("inf")
+    for _ in range(reps + 1):
+        _check(cu.cuEventRecord(ev0, dev.stream), "cuEventRecord")
+        _check(cu.cuGraphLaunch(gexec, dev.stream), "cuGraphLaunch")
+        _check(cu.cuEventRecord(ev1, dev.stream), "cuEventRecord")
+        _check(cu.cuEventSynchronize(ev1), "cuEventSynchronize")
+        best = min(best, _check(cu.cuEventElapsedTime(ev0, ev1), "cuEventElapsedTime") / 1e3)
+    return best
+
+
+def run(folder: str) -> dict:
+    from poot.backends.cuda.artifact import CudaArtifact
+    from poot.backends.cuda.runtime import CudaDevice, _check, driver
+
+    cu = driver()
+    dev = CudaDevice()
+    with open(os.path.join(folder, "index.json")) as f:
+        index = json.load(f)
+    results = []
+    for v in index:
+        art = CudaArtifact.load(os.path.join(folder, v["variant"]))
+        k = dev.load(art)
+        bufs = [dev.alloc(a.type) for a in k.args]
+        ptrs, _ = dev._pointers(k, bufs)
+        wbuf = next(a.buffer for a in k.args if a.role == "param")
+        wbytes = next(a.type.nbytes for a in k.args if a.role == "param")
+        copies = max(1, min(64, -(-L2_BYTES // wbytes)))
+        wptrs = [dev._alloc_bytes(wbytes) for _ in range(copies)]
+        launches = max(copies, 16)
+
+        def enqueue():
+            keep: list = []
+            for i in range(launches):
+                ptrs[wbuf] = wptrs[i % copies]
+                dev._enqueue(k, ptrs, [], keep)
+        s = _time_graph(cu, dev, enqueue)
+        us = s / launches * 1e6
+        results.append({**v, "us": round(us, 2), "GBps": round(wbytes / (us * 1e-6) / 1e9, 1),
+                        "copies": copies})
+        print(json.dumps(results[-1]), file=sys.stderr)
+        for p in wptrs:
+            _check(cu.cuMemFree(p), "cuMemFree")
+        for b in bufs:
+            _check(cu.cuMemFree(b.ptr), "cuMemFree")
+    torch_res = []
+    try:
+        import torch
+
+        for name, fmt, M, N, K in SHAPES:
+            if fmt != "bf16":
+                continue
+            nb = N * K * 2
+            copies = max(1, min(64, -(-L2_BYTES // nb)))
+            ws = [torch.empty(N, K, dtype=torch.bfloat16, device="cuda").normal_()
+                  for _ in range(copies)]
+            x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+            launches = max(copies, 16)
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                for w in ws:
+                    torch.nn.functional.linear(x, w)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for i in range(launches):
+                    torch.nn.functional.linear(x, ws[i % copies])
+            best = float("inf")
+            for _ in range(6):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                torch.cuda.synchronize()
+                best = min(best, e0.elapsed_time(e1) / 1e3)
+            us = best / launches * 1e6
+            torch_res.append({"shape": name, "us": round(us, 2),
+                              "GBps": round(nb / (us * 1e-6) / 1e9, 1)})
+            del ws
+            torch.cuda.empty_cache()
+    except Exception as e:  # noqa: BLE001
+        torch_res.append({"error": f"{type(e).__name__}: {e}"})
+    return {"device": dev.device_name, "poot": results, "torch_linear": torch_res}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", metavar="DIR")
+    ap.add_argument("--run", metavar="DIR")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    if a.build:
+        build(a.build)
+    if a.run:
+        res = run(a.run)
+        text = json.dumps(res, indent=1)
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write(text)
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
