@@ -29,7 +29,10 @@ SHAPES = [("8b.qo", "bf16", 1, 4096, 4096), ("8b.kv", "bf16", 1, 1024, 4096),
           ("1b.gate", "bf16", 1, 8192, 2048), ("1b.down", "bf16", 1, 2048, 8192),
           ("smol.q", "q4_1", 1, 576, 576), ("smol.gate", "q4_1", 1, 1536, 576),
           ("smol.down", "q4_1", 1, 576, 1536)]
-VARIANTS = [(None, None), (4, 4), (8, 4), (4, 8), (8, 8), (2, 8), (16, 4)]
+#: (warps per block, units in flight per lane, warps per column (split-K)); None: the rule
+VARIANTS = [(None, None, None), (4, 4, None), (8, 4, None), (4, 8, None), (8, 8, None),
+            (2, 8, None), (16, 4, None), (8, 4, 2), (8, 4, 4), (8, 2, 4), (16, 4, 4),
+            (16, 2, 8), (4, 4, 4)]
 L2_BYTES = 256 << 20          # weight copies per graph: at least this many bytes in rotation
 
 
@@ -45,17 +48,18 @@ def build(out: str) -> None:
     index = []
     for name, fmt, M, N, K in SHAPES:
         g, _ = gemv_region(fmt, M, N, K)
-        for warps, unroll in VARIANTS:
-            matmul.TUNING.update(warps=warps, unroll=unroll)
+        for warps, unroll, ksplit in VARIANTS:
+            matmul.TUNING.update(warps=warps, unroll=unroll, ksplit=ksplit)
             art = compile_program(SimpleNamespace(graph=g, storage=[], target=target,
                                                   dispatches={}))
-            vname = f"{name}.w{warps or 'auto'}.u{unroll or 'auto'}"
+            vname = f"{name}.w{warps or 'auto'}.u{unroll or 'auto'}.k{ksplit or 1}"
             art.save(os.path.join(out, vname))
             L = art.plan["launches"][0]
             index.append({"variant": vname, "shape": name, "fmt": fmt, "M": M, "N": N, "K": K,
-                          "warps": warps, "unroll": unroll, "grid": L["grid"],
+                          "warps": warps, "unroll": unroll, "ksplit": ksplit,
+                          "grid": L["grid"],
                           "block": L["block"]})
-    matmul.TUNING.update(warps=None, unroll=None)
+    matmul.TUNING.update(warps=None, unroll=None, ksplit=None)
     with open(os.path.join(out, "index.json"), "w") as f:
         json.dump(index, f, indent=1)
     print(f"{len(index)} variants in {out}")
@@ -99,8 +103,9 @@ def run(folder: str) -> dict:
         k = dev.load(art)
         bufs = [dev.alloc(a.type) for a in k.args]
         ptrs, _ = dev._pointers(k, bufs)
-        wbuf = next(a.buffer for a in k.args if a.role == "param")
-        wbytes = next(a.type.nbytes for a in k.args if a.role == "param")
+        # the region's second argument is the weight (gemv_region: x, w, ...)
+        wbuf = next(a.buffer for a in k.args if a.name == "a1")
+        wbytes = next(a.type.nbytes for a in k.args if a.name == "a1")
         copies = max(1, min(64, -(-L2_BYTES // wbytes)))
         wptrs = [dev._alloc_bytes(wbytes) for _ in range(copies)]
         launches = max(copies, 16)

@@ -323,8 +323,11 @@ class _Emit:
 class _Kernel:
     """Emits the GEMV kernel of a :class:`GemvMatch` (see the module doc)."""
 
-    def __init__(self, m: GemvMatch, sg: int, warps: int, vec: bool, unroll: int = 4):
+    def __init__(self, m: GemvMatch, sg: int, warps: int, vec: bool, unroll: int = 4,
+                 ksplit: int = 1):
         self.m, self.sg, self.warps, self.vec, self.unroll = m, sg, warps, vec, unroll
+        #: warps per column (split-K inside a block): ``warps // ksplit`` columns per block
+        self.ksplit = ksplit
         self.e = _Emit()
         self.x = "%x"
         self.w = "%w"
@@ -621,21 +624,26 @@ class _Kernel:
             return m.K
         return m.K // 32
 
-    def dot_rows(self, n: str, lane: str) -> list[str]:
+    def dot_rows(self, n: str, lane: str, part: str | None = None) -> list[str]:
         """``sum_k x[m, k] * w[k, n]`` per row m, in every lane of the warp: the lane-strided
-        loop over units, then a shuffle-xor butterfly."""
+        loop over units, then a shuffle-xor butterfly. ``part`` (split-K): only the units of
+        slice ``part`` of :attr:`ksplit` equal slices."""
         e, sg, M = self.e, self.sg, self.m.M
         accs = [e.name() for _ in range(M)]
         res = e.name()
         zero = e.c(0.0, "f32")
         f32s = ", ".join(["f32"] * M)
-        units = self.units()
+        units = self.units() // self.ksplit
         # U units per lane per iteration: their loads are independent, so U 16-byte loads
         # are in flight per lane (one per iteration left each lane waiting on one load);
         # only where every lane runs the same whole number of iterations
         U = next(u for u in (8, 4, 2, 1)
                  if u <= self.unroll and (units % (sg * u) == 0 or u == 1))
-        e.raw(f"{res}:{M} = scf.for %u = {lane} to {e.c(units)} step {e.c(sg * U)} "
+        lo, hi = lane, e.c(units)
+        if part is not None:
+            base = e.mul(part, e.c(units))
+            lo, hi = e.add(base, lane), e.add(base, e.c(units))
+        e.raw(f"{res}:{M} = scf.for %u = {lo} to {hi} step {e.c(sg * U)} "
               f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> ({f32s}) {{")
         new = list(accs)
         for i in range(U):
@@ -689,28 +697,65 @@ class _Kernel:
         bid = e.op("gpu.block_id x")
         warp = e.op(f"arith.divui {tid}, {e.c(sg)} : index")
         lane = e.op(f"arith.remui {tid}, {e.c(sg)} : index")
-        n = e.add(e.mul(bid, e.c(self.warps)), warp)
+        S = self.ksplit
+        cols = self.warps // S
+        col, part = warp, None
+        if S > 1:                # warp = part * cols + col
+            col = e.op(f"arith.remui {warp}, {e.c(cols)} : index")
+            part = e.op(f"arith.divui {warp}, {e.c(cols)} : index")
+        n = e.add(e.mul(bid, e.c(cols)), col)
         # a whole warp is in or out: the shuffles below run in uniform control flow
         inb = e.op(f"arith.cmpi ult, {n}, {e.c(m.N)} : index")
-        e.raw(f"scf.if {inb} {{")
-        with se.scope():         # what the warp computes dominates nothing after the scf.if
-            for r, row in m.prologue:
-                wg: list = []
-                reduced[(r.results[0], row)] = row_total(se, r, list(row), lane, sg, sg, 0, wg)
-                assert not wg                # one subgroup per row: shuffles only
-            sums += self.dot_rows(n, lane)
-            is0 = e.op(f"arith.cmpi eq, {lane}, {e.c(0)} : index")
-            e.raw(f"scf.if {is0} {{")
-            # the epilogue: output element (row, n) from the row's sum
-            x_reads = set(se.seen)
+        is0 = e.op(f"arith.cmpi eq, {lane}, {e.c(0)} : index")
+        wg_mem: list[tuple[str, str]] = []
+        x_reads: set[str] = set()
+
+        def epilogue():
+            # output element (row, n) from the row's sum, in lane 0
+            x_reads.update(se.seen)
             for i in range(M):
                 row_now[0] = i
                 with se.scope():
                     for j, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
                         idx = se.delinearize(se.iadd(i * m.N, n), ot.shape)
                         se.store(se.value(out, idx), f"%o{j}", ot, idx)
+
+        smt = f"memref<{S * cols * M}xf32, #gpu.address_space<workgroup>>"
+        e.raw(f"scf.if {inb} {{")
+        with se.scope():         # what the warp computes dominates nothing after the scf.if
+            for r, row in m.prologue:
+                wg: list = []
+                reduced[(r.results[0], row)] = row_total(se, r, list(row), lane, sg, sg, 0, wg)
+                assert not wg                # one subgroup per row: shuffles only
+            sums += self.dot_rows(n, lane, part)
+            e.raw(f"scf.if {is0} {{")
+            if S == 1:
+                epilogue()
+            else:
+                # split-K: each warp's partial sums go to workgroup memory [part, col, row]
+                at = e.mul(e.add(e.mul(part, e.c(cols)), col), e.c(M))
+                for i in range(M):
+                    e.raw(f"memref.store {sums[i]}, %ksum[{e.add(at, e.c(i))}] : {smt}")
             e.raw("}")
         e.raw("}")
+        if S > 1:
+            # every thread reaches the barrier; then lane 0 of part 0 adds a column's S parts
+            wg_mem.append(("%ksum", smt))
+            e.raw("gpu.barrier")
+            p0 = e.op(f"arith.cmpi eq, {part}, {e.c(0)} : index")
+            first = e.op(f"arith.andi {e.op(f'arith.andi {inb}, {p0} : i1')}, {is0} : i1")
+            e.raw(f"scf.if {first} {{")
+            sums.clear()
+            for i in range(M):
+                tot = None
+                for q in range(S):
+                    at = e.add(e.mul(e.add(e.c(q * cols), col), e.c(M)), e.c(i))
+                    v = e.op(f"memref.load %ksum[{at}] : {smt}")
+                    tot = v if tot is None else e.fadd(tot, v)
+                sums.append(tot)
+            with se.scope():
+                epilogue()
+            e.raw("}")
         # x (or the arguments of an expression x) and the weight are only read, and no buffer
         # of the kernel overlaps them (the plan gives each value its own buffer): on CUDA that
         # lets loads take the read-only path (ld.global.nc)
@@ -733,8 +778,9 @@ class _Kernel:
             slots.append(("out", j))
         t = self.warps * sg
         sig = ", ".join(f"{a}: {b}" for a, b in params)
+        wgt = f" workgroup({', '.join(f'{a}: {b}' for a, b in wg_mem)})" if wg_mem else ""
         text = (f"gpu.module @poot_gemv {{\n"
-                f"  gpu.func @gemv({sig}) kernel attributes "
+                f"  gpu.func @gemv({sig}){wgt} kernel attributes "
                 f"{{known_block_size = array<i32: {t}, 1, 1>}} {{\n{e.k.text()}\n"
                 f"    gpu.return\n  }}\n}}\n")
         return text, slots, se.consts
@@ -762,8 +808,32 @@ def _warps(N: int, caps) -> int:
     return 1
 
 
+#: split-K aims for at least this many warps per compute unit over the whole GEMV
+SPLIT_WARPS_PER_CORE = 32
+#: at most this many warps share one column
+MAX_KSPLIT = 8
+
+
+def ksplit_for(N: int, units: int, sg: int, caps) -> int:
+    """Warps per output column (split-K inside a block, a power of two): the fewest that give
+    the GEMV :data:`SPLIT_WARPS_PER_CORE` warps per compute unit, while each warp keeps at
+    least two lane rounds of 16-byte units (``units`` per column) and slices stay whole lane
+    rounds. Why: one warp per column leaves a narrow projection with few warps per SM and
+    few bytes in flight; measured on an H200 (bf16, graph-replayed), Llama-3-8B's k/v
+    projection (N = 1024, K = 4096) went from 6.8 to 3.7-3.9 us with 4-8 warps per column,
+    its down projection (N = 4096, K = 14336) from 34.1 to 29.0 us with 2, the 1B shape's
+    q/o (N = K = 2048) from 4.7 to 3.5 us with 4; wide projections (N = 8192+) gain nothing
+    (``bench/gpu_run/gemv_sweep.py``)."""
+    cores = max(1, int(getattr(caps, "cores", 1) or 1))
+    ks = 1
+    while ks < MAX_KSPLIT and N * ks < SPLIT_WARPS_PER_CORE * cores and \
+            units % (2 * ks * sg) == 0 and units // (2 * ks) >= 2 * sg:
+        ks *= 2
+    return ks
+
+
 #: tuning knobs (None: the rules above); set by the GEMV sweep benchmark, not by planning
-TUNING: dict[str, int | None] = {"warps": None, "unroll": None}
+TUNING: dict[str, int | None] = {"warps": None, "unroll": None, "ksplit": None}
 
 
 @register("gemv")
@@ -775,17 +845,24 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     m = match(fn)
     if m is None:
         return None
-    if m.prologue and m.N * m.K * 8 > PROLOGUE_MAX_EXTRA_BYTES:
-        return None                 # cost rule: see PROLOGUE_MAX_EXTRA_BYTES
     vec = "sm_90" in (getattr(caps, "features", None) or ())
-    warps = TUNING["warps"] or _warps(m.N, caps)
+    kern = _Kernel(m, sg, 1, vec, TUNING["unroll"] or 4)
+    ksplit = TUNING["ksplit"] or ksplit_for(m.N, kern.units(), sg, caps)
+    if m.prologue and (m.N * m.K * 8 > PROLOGUE_MAX_EXTRA_BYTES or ksplit > 1):
+        # cost rules: see PROLOGUE_MAX_EXTRA_BYTES; and a GEMV that wants split-K is
+        # bandwidth-starved, so a per-warp norm would cost more than the norm's own launch
+        return None
+    warps = TUNING["warps"] or (8 if ksplit > 1 else _warps(m.N, caps))
+    if warps % ksplit or kern.units() % (ksplit * sg):
+        ksplit = 1                   # slices of whole lane rounds only
+    kern.warps, kern.ksplit = warps, ksplit
     try:
-        text, slots, consts = _Kernel(m, sg, warps, vec, TUNING["unroll"] or 4).kernel(fn)
+        text, slots, consts = kern.kernel(fn)
     except ScalarUnsupported:
         return None
-    grid = (-(-m.N // warps), 1, 1)
+    grid = (-(-m.N // (warps // ksplit)), 1, 1)
     return Synthesized(text, [Launch("kernel", slots, "poot_gemv", "gemv", grid,
                                      (warps * sg, 1, 1))], consts=consts)
 
 
-__all__ = ["GemvMatch", "MAX_M", "PACKED", "gemv", "match"]
+__all__ = ["GemvMatch", "MAX_M", "PACKED", "gemv", "ksplit_for", "match"]
