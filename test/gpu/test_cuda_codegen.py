@@ -89,8 +89,9 @@ def test_strategies():
 
 
 def test_attention_is_flash_decoding_and_generic_mapping_remains(monkeypatch):
-    """Each attention region (KV capacity 256) is the flash-decoding strategy's split kernel
-    (one warp per block, the key axis in several chunks) then its combine kernel; with
+    """Each attention region (KV capacity 256: a short chain a subgroup) is the
+    flash-decoding strategy's one kernel (a block of 16 warps per kv head walking the keys
+    interleaved, merged through shared memory; no combine launch); with
     ``POOT_GPU_STRATEGIES=generic`` the generic mapping still makes the online-softmax loop
     one cooperative block."""
     from poot.backends.cuda.codegen import compile_program
@@ -102,8 +103,9 @@ def test_attention_is_flash_decoding_and_generic_mapping_remains(monkeypatch):
     for d in att:
         ks = [L for L in plan["launches"][d["first"]:d["first"] + d["count"]]
               if L["op"] == "kernel"]
-        assert [L["strategy"] for L in ks] == ["flash_decode", "flash_decode"]
-        assert ks[0]["block"] == [32, 1, 1] and ks[0]["grid"][0] > 1
+        assert [L["strategy"] for L in ks] == ["flash_decode"]
+        assert ks[0]["block"] == [512, 1, 1] and ks[0]["grid"][0] == 1
+    assert ".maxntid 512, 1, 1" in art.ptx and "bar.sync" in art.ptx
     assert "shfl.sync.idx" in art.ptx
     monkeypatch.setenv("POOT_GPU_STRATEGIES", "generic")
     generic = compile_program(tiny_program(capacity=256)[0])

@@ -262,6 +262,143 @@ def test_attention_region_matches_oracle_on_vulkan(vk_device, G, S, mask, softca
     PLANS.extend(plans)
 
 
+#: single-kernel decode cases: (Hkv, G, S, D, Dv, mask, softcap). GQA and MHA, i1 (random
+#: holes, a batch that sees no key) and additive (-inf over half the keys) masks, a soft cap,
+#: Dv not a multiple of the subgroup, S not a multiple of W * KL
+SINGLE_CASES = [(2, 3, 300, 64, 64, "i1", 0.0), (2, 4, 250, 128, 100, "f32", 30.0),
+                (3, 1, 1000, 64, 64, "f32", 0.0), (2, 3, 77, 256, 96, "i1", 50.0)]
+
+
+@pytest.mark.parametrize("Hkv,G,S,D,Dv,mask,softcap", SINGLE_CASES)
+def test_single_kernel_decode_on_vulkan(vk_device, Hkv, G, S, D, Dv, mask, softcap):
+    """Decode (one query per batch index) on a 1000-core target: the split plan would need
+    several chunks, the planner takes ONE launch instead (NS = 1, W > 1 subgroups a block,
+    no scratch, no combine) and the result equals the oracle at 1e-5, the row that sees no
+    key included (zeros)."""
+    from poot.backends.gpu.strategies.attention import match_attention, plan_attention
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    shape = dict(B=2, T=1, Hkv=Hkv, G=G, S=S, D=D, Dv=Dv, mask=mask, softcap=softcap)
+    g = attention_region(**shape)
+    x = region_inputs(**shape, seed=S)
+    want = oracle.evaluate(g, x)["r0"]
+    assert np.isfinite(want).all()
+    if mask == "i1":
+        assert not want[1].any() and want[0].any()
+    target = _vk_target(vk_device, 1000)
+    plan = plan_attention(match_attention(_callee(g)), target.caps)
+    assert plan.NS == 1 and plan.W > 1 and plan.C >= S, plan
+    assert S % (plan.W * plan.KL), plan                  # a ragged last round of batches
+    art = codegen_vulkan(g, target)
+    assert len(art.steps) == 1
+    got = _run(vk_device, art, x)["r0"]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{shape} {plan}")
+
+
+def test_single_kernel_all_minus_inf_bias_gives_zeros_on_vulkan(vk_device):
+    """An additive bias of -inf everywhere (every subgroup's state stays m = -inf, l = 0):
+    the W-subgroup merge gives zeros, never NaN (the op itself is NaN there: no oracle)."""
+    from poot.backends.gpu.strategies.attention import match_attention, plan_attention
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    shape = dict(B=1, T=1, Hkv=2, G=3, S=200, D=64, Dv=64, mask="f32", softcap=0.0)
+    g = attention_region(**shape)
+    x = region_inputs(**shape)
+    x["a3"] = np.full_like(x["a3"], -np.inf)
+    target = _vk_target(vk_device, 1000)
+    plan = plan_attention(match_attention(_callee(g)), target.caps)
+    assert plan.NS == 1 and plan.W > 1
+    got = _run(vk_device, codegen_vulkan(g, target), x)["r0"]
+    assert np.isfinite(got).all() and not got.any()
+
+
+@pytest.mark.parametrize("T,G,S,D,mask", [(1, 3, 1100, 64, "i1"), (1, 3, 1100, 64, "f32"),
+                                         (6, 3, 200, 32, "i1"), (6, 3, 200, 32, "f32")])
+def test_long_context_and_prefill_still_split_on_vulkan(vk_device, T, G, S, D, mask):
+    """Past SINGLE_MAX_KEYS keys a subgroup (decode over 1100 keys: at most 16 subgroups)
+    and for prefill blocks of more than SINGLE_MAX_ROWS rows (6 queries x 3 heads) the plan
+    keeps split + combine over the GPU (one subgroup a block, as before), and matches the
+    oracle."""
+    from poot.backends.gpu.strategies.attention import (SINGLE_MAX_KEYS, SINGLE_MAX_ROWS,
+                                                        match_attention, plan_attention)
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    shape = dict(B=1, T=T, Hkv=2, G=G, S=S, D=D, Dv=D, mask=mask, softcap=0.0)
+    g = attention_region(**shape)
+    x = region_inputs(**shape, seed=5)
+    want = oracle.evaluate(g, x)["r0"]
+    target = _vk_target(vk_device, 1000)
+    plan = plan_attention(match_attention(_callee(g)), target.caps)
+    assert plan.NS > 1 and plan.W == 1, plan
+    assert S > 16 * SINGLE_MAX_KEYS or plan.R > SINGLE_MAX_ROWS
+    art = codegen_vulkan(g, target)
+    assert len(art.steps) == 2
+    np.testing.assert_allclose(_run(vk_device, art, x)["r0"], want, rtol=RTOL, atol=ATOL)
+    PLANS.append(plan)
+
+
+#: forced plans (the planner only emits W > 1 with NS = 1): (S, DL, C, NS, W, mask). A
+#: subgroup past the last batch of its chunk (the guarded loop, no zero-trip scf.for), W > 1
+#: blocks writing merged chunks to the scratch for the combine kernel
+FORCED = [(20, 1, 24, 1, 4, "i1"), (20, 1, 24, 1, 4, "f32"), (50, 2, 20, 3, 4, "i1"),
+          (50, 2, 20, 3, 2, "f32"), (37, 8, 37, 1, 8, "i1")]
+
+
+@pytest.mark.parametrize("S,DL,C,NS,W,mask", FORCED)
+def test_forced_subgroup_plans_on_vulkan(vk_device, monkeypatch, S, DL, C, NS, W, mask):
+    """Every (W, NS) the emitter takes, planned by hand: subgroups with no key batch in
+    their chunk (guarded), several chunks of W-subgroup blocks (merged in the block, then
+    by the combine kernel), all equal to the oracle."""
+    from poot.backends.gpu.strategies import attention as A
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    shape = dict(B=2, T=1, Hkv=2, G=3, S=S, D=64, Dv=64, mask=mask, softcap=0.0)
+    g = attention_region(**shape)
+    x = region_inputs(**shape, seed=S + W)
+    want = oracle.evaluate(g, x)["r0"]
+    target = _vk_target(vk_device, 4)
+    sg = target.caps.subgroup_size
+    plan = A.AttentionPlan(sg, DL, 3, 1, C, NS, max(sg, min(256, 4 * sg)), W)
+    assert -(-S // C) == NS
+    guarded = (W - 1) * plan.KL >= S - (NS - 1) * C
+    assert guarded == ((S, W) in ((20, 4), (50, 4)))
+    monkeypatch.setattr(A, "plan_attention", lambda reg, caps: plan)
+    art = codegen_vulkan(g, target)
+    assert len(art.steps) == (1 if NS == 1 else 2)
+    got = _run(vk_device, art, x)["r0"]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{plan}")
+
+
+def test_plan_rule_boundaries():
+    """The single-kernel rule on the CUDA target (warps of 32, 132 SMs): D = 64 decode is
+    one launch up to 1024 keys (64 a warp over 16 warps), split past it; a prefill block of
+    16 rows keeps the split plan; a single plan's shared memory and threads stay within the
+    target."""
+    from poot.backends.cuda.codegen import cuda_target
+    from poot.backends.gpu.strategies.attention import (MAX_BLOCK_THREADS, SINGLE_MAX_KEYS,
+                                                        match_attention, plan_attention)
+
+    caps = cuda_target().caps
+
+    def plan(**kw):
+        kw = dict(dict(B=1, T=1, Hkv=8, G=4, D=64, Dv=64, mask="i1", softcap=0.0), **kw)
+        g = attention_region(**kw)            # held: the function lives in its module
+        return plan_attention(match_attention(_callee(g)), caps)
+
+    for S in (64, 256, 512, 1024):
+        p = plan(S=S)
+        assert p.NS == 1 and p.W > 1 and p.TB <= MAX_BLOCK_THREADS, (S, p)
+        assert -(-(-(-S // p.KL)) // p.W) * p.KL <= SINGLE_MAX_KEYS
+        assert 4 * p.W * p.R * (64 + 2) <= caps.max_shared_bytes
+    for S in (1056, 4096, 32768):
+        p = plan(S=S)
+        assert p.NS > 1 and p.W == 1, (S, p)
+    p = plan(S=512, T=4)                      # 16 rows a block: prefill-shaped
+    assert p.R == 16 and p.NS > 1 and p.W == 1
+    p = plan(S=256, D=256, Dv=256, G=8)       # 8 rows x 256: W bounded by shared memory
+    assert p.NS == 1 and p.W == 4 and 4 * p.W * p.R * (256 + 2) <= caps.max_shared_bytes
+
+
 def test_f16_attention_region_on_vulkan(vk_device):
     """f16 q/k/v (read as f16, computed in f32) match the oracle."""
     if "storageBuffer16BitAccess" not in vk_device.capabilities().get("features", ()):
@@ -287,8 +424,11 @@ def test_rope_and_mask_computed_in_region_on_vulkan(vk_device, G, T, S, mask):
     """A region whose q is RoPE'd from the positions and whose causal mask is computed from
     them (what folding rope_q and the mask region into attention leaves) takes the strategy
     (q staged per block, the mask evaluated per row and key; i1: key batches no row sees
-    skipped) and equals the oracle at 1e-5 for one and many chunks, decode and prefill."""
-    from poot.backends.gpu.strategies.attention import match_attention, plan_attention
+    skipped) and equals the oracle at 1e-5 for one and many chunks, decode and prefill. On
+    the 1000-core target a block of at most SINGLE_MAX_ROWS rows is the single kernel (q
+    staged by all W subgroups' threads), more rows keep split + combine."""
+    from poot.backends.gpu.strategies.attention import (SINGLE_MAX_ROWS, match_attention,
+                                                        plan_attention)
     from poot.backends.vulkan.codegen import codegen_vulkan
 
     i = ROPE_CASES.index((G, T, S, mask))
@@ -308,12 +448,17 @@ def test_rope_and_mask_computed_in_region_on_vulkan(vk_device, G, T, S, mask):
         plan = plan_attention(reg, target.caps)
         assert plan is not None
         nss.add(plan.NS)
+        if cores == 1000 and S >= 64:
+            single = plan.R <= SINGLE_MAX_ROWS
+            assert (plan.NS == 1 and plan.W > 1) == single, plan
+            assert single or (plan.NS > 1 and plan.W == 1), plan
         art = codegen_vulkan(g, target)
         assert len(art.steps) == (1 if plan.NS == 1 else 2)
         got = _run(vk_device, art, x)["r0"]
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
                                    err_msg=f"{shape} cores={cores} {plan}")
-    assert 1 in nss and (S < 64 or len(nss) > 1)
+        PLANS.append(plan)
+    assert 1 in nss
 
 
 def _strided_refusal_region(k_view: bool):
@@ -424,8 +569,9 @@ func.func private @attn(%arg0: {kv}, %arg1: {q4}, %arg2: {kv}, %arg3: {m3}) -> {
 
 def test_smollm2_layer_folds_into_attention_on_vulkan(vk_device):
     """The SmolLM2-shaped regions fold into the attention region (RoPE tables, RoPE of q
-    and the mask cost no launch of their own) and the one attention region matches the
-    oracle for positions at the start, middle and end of the cache."""
+    and the mask cost no launch of their own), the attention region is one launch (256
+    keys: the single-kernel plan) and matches the oracle for positions at the start, middle
+    and end of the cache (most batches past the position skipped)."""
     from poot.backends.vulkan.codegen import codegen_vulkan
 
     g = smollm2_region()
@@ -436,7 +582,7 @@ def test_smollm2_layer_folds_into_attention_on_vulkan(vk_device):
     for cores in (1, 1000):
         target = _vk_target(vk_device, cores)
         art = codegen_vulkan(g, target)
-        assert 1 <= len(art.steps) <= 2                # split (+ combine): nothing else
+        assert len(art.steps) == 1                     # the one attention kernel: nothing else
         for p in (0, 100, 255):
             x["a1"] = np.array([[p]], np.int32)
             want = oracle.evaluate(g, x)["r0"]
@@ -450,25 +596,49 @@ PLANS: list = []
 
 def test_device_plans_covered_every_kernel_shape(vk_device):
     """The device cases above ran one and several chunks, several key batches per chunk,
-    and one lane per key as well as dot products split over lanes."""
-    if len(PLANS) < 3 * len(CASES):
+    one lane per key as well as dot products split over lanes, and single-kernel blocks of
+    one and of several subgroups (the split ones: long context and prefill, below)."""
+    if len(PLANS) < 3 * (len(CASES) + len(ROPE_CASES)) + 4:
         pytest.skip("runs after the device cases (run the whole module)")
     assert {p.NS == 1 for p in PLANS} == {True, False}
     assert any(p.C > p.KL for p in PLANS)
+    ws = {p.W for p in PLANS if p.NS == 1}
+    assert 1 in ws and max(ws) >= 8, ws
     dls = {p.DL for p in PLANS}
     assert 1 in dls and len(dls) >= 3, dls
 
 
 # ---- CUDA (PTX) ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("G,T,S,D,Dv,mask,softcap,dt", [
-    (3, 1, 256, 64, 64, "i1", 0.0, "f32"),        # SmolLM2-like decode
-    (1, 5, 7, 128, 96, "f32", 30.0, "f16"),
-    (4, 16, 4096, 256, 256, "i1", 50.0, "f32"),   # long prefill, 256-wide heads
+def _ptxas_spills(ptx: str) -> list[str] | None:
+    """ptxas -v's spill lines that report spilled bytes (None: no ptxas here)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    exe = shutil.which("ptxas")
+    if exe is None:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        src = f"{d}/k.ptx"
+        with open(src, "w") as f:
+            f.write(ptx)
+        r = subprocess.run([exe, "-arch=sm_90", "-v", src, "-o", f"{d}/k.cubin"],
+                           capture_output=True, text=True, check=True)
+    return [ln for ln in r.stderr.splitlines()
+            if "spill" in ln and not ln.strip().startswith("0 bytes stack frame, 0 bytes spill")]
+
+
+@pytest.mark.parametrize("G,T,S,D,Dv,mask,softcap,dt,blocks", [
+    (3, 1, 256, 64, 64, "i1", 0.0, "f32", [512]),            # SmolLM2-like decode: one kernel
+    (1, 5, 7, 128, 96, "f32", 30.0, "f16", [64]),            # 7 keys: two warps
+    (4, 16, 4096, 256, 256, "i1", 50.0, "f32", [32, 128]),   # long prefill: split + combine
+    (4, 1, 4096, 128, 128, "i1", 0.0, "f32", [32, 128]),     # long-context decode: split
 ])
-def test_attention_region_ptx_assembles(G, T, S, D, Dv, mask, softcap, dt):
-    """For the CUDA target the region becomes the strategy's kernels (split + combine when
-    the key axis is split), the PTX uses warp shuffles and ptxas assembles it."""
+def test_attention_region_ptx_assembles(G, T, S, D, Dv, mask, softcap, dt, blocks):
+    """For the CUDA target the region becomes the strategy's kernels (one kernel of several
+    warps for a short decode, split + combine when the key axis is split), the PTX uses warp
+    shuffles and ptxas assembles it."""
     from poot.backends.cuda.codegen import cuda_target, ptx_text, ptxas_check
     from poot.backends.gpu.plan import plan_program
 
@@ -477,11 +647,12 @@ def test_attention_region_ptx_assembles(G, T, S, D, Dv, mask, softcap, dt):
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), cuda_target().caps)
     kernels = [L for L in plan.launches if L["op"] == "kernel"]
     assert plan.strategies == {"flash_decode": len(kernels)}
-    assert all(L["block"][0] == 32 for L in kernels[:1])
-    if S >= 256:
-        assert len(kernels) == 2 and kernels[0]["grid"][0] > 1
+    assert [L["block"][0] for L in kernels] == blocks
+    if len(kernels) == 2:
+        assert kernels[0]["grid"][0] > 1
     ptx = ptx_text(plan.module)
     assert "shfl.sync.bfly" in ptx and "shfl.sync.idx" in ptx
+    assert ("bar.sync" in ptx) == (blocks[0] > 32)      # the W-subgroup merge
     if ptxas_check(ptx) is None:
         pytest.skip("ptxas is not installed (PTX generated, not assembled)")
 
@@ -504,18 +675,57 @@ def test_rope_attention_region_ptx_assembles(G, T, S, D, mask):
 
 
 def test_smollm2_layer_plan_is_attention_only():
-    """For CUDA the SmolLM2-shaped regions fold into the attention region: the plan is the
-    split and combine kernels of the strategy (no RoPE, table or mask launch); ptxas
-    assembles it."""
+    """For CUDA the SmolLM2-shaped regions fold into the attention region and the plan is
+    ONE kernel of the strategy (no RoPE, table, mask or combine launch): a block of 16 warps
+    per kv head (3 x 3 GQA rows, 256 keys: 16 a warp); ptxas assembles it without spills."""
     from poot.backends.cuda.codegen import cuda_target, ptx_text, ptxas_check
     from poot.backends.gpu.plan import plan_program
 
     plan = plan_program(SimpleNamespace(graph=smollm2_region(), storage=[]),
                         cuda_target().caps)
     kernels = [L for L in plan.launches if L["op"] == "kernel"]
-    assert plan.strategies == {"flash_decode": 2} and len(kernels) == 2
-    if ptxas_check(ptx_text(plan.module)) is None:
+    assert plan.strategies == {"flash_decode": 1} and len(kernels) == 1
+    assert kernels[0]["grid"] == [1, 1, 3] and kernels[0]["block"] == [512, 1, 1]
+    assert all(b["role"] != "scratch" for b in plan.buffers)
+    ptx = ptx_text(plan.module)
+    assert ".maxntid 512, 1, 1" in ptx and "bar.sync" in ptx
+    if ptxas_check(ptx) is None:
         pytest.skip("ptxas is not installed (PTX generated, not assembled)")
+    assert _ptxas_spills(ptx) == []
+
+
+#: (Hkv, G, S, D): Llama-3.2-1B, Llama-3-8B decode at capacity 512, then long contexts
+LLAMA_SHAPES = [(8, 4, 512, 64, 1), (8, 4, 512, 128, 1), (8, 4, 4096, 64, 2),
+                (8, 4, 4096, 128, 2)]
+
+
+@pytest.mark.parametrize("Hkv,G,S,D,launches", LLAMA_SHAPES)
+def test_llama_decode_attention_plans_and_ptx(Hkv, G, S, D, launches):
+    """Llama-3.2-1B- and Llama-3-8B-shaped decode regions (RoPE'd q and the causal mask
+    computed in the region, GQA 32/8): capacity 512 is one kernel (16 warps a kv head, 32
+    keys a warp), 4096 still splits over the GPU (split + combine). ptxas assembles the
+    kernels without spilling."""
+    from poot.backends.cuda.codegen import cuda_target, ptx_text, ptxas_check
+    from poot.backends.gpu.plan import plan_program
+    from poot.backends.gpu.strategies.attention import (SINGLE_MAX_KEYS, match_attention,
+                                                        plan_attention)
+
+    g = rope_attention_region(B=1, T=1, Hkv=Hkv, G=G, S=S, D=D, Dv=D, mask="i1")
+    caps = cuda_target().caps
+    p = plan_attention(match_attention(_callee(g)), caps)
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
+    kernels = [L for L in plan.launches if L["op"] == "kernel"]
+    assert len(kernels) == launches and (p.NS == 1) == (launches == 1)
+    if launches == 1:
+        assert p.W == 16 and kernels[0]["block"] == [512, 1, 1]
+        assert kernels[0]["grid"] == [1, 1, Hkv]
+        assert -(-(-(-S // p.KL)) // p.W) * p.KL <= SINGLE_MAX_KEYS
+    else:
+        assert p.W == 1 and kernels[0]["grid"][0] == p.NS > 1
+    ptx = ptx_text(plan.module)
+    if ptxas_check(ptx) is None:
+        pytest.skip("ptxas is not installed (PTX generated, not assembled)")
+    assert _ptxas_spills(ptx) == []
 
 
 # ---- views and refusals --------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Flash-decoding for a ``poot.attention`` dispatch region: a *split* kernel over chunks of
 the key axis and a *combine* kernel that merges the chunks (one kernel when one chunk covers
-every key), synthesized from the shapes and the target's subgroup size and core count.
+every key: short decode contexts take blocks of several subgroups so that one launch does it
+all), synthesized from the shapes and the target's subgroup size and core count.
 
 What it takes (:func:`match_attention`): a dispatch function whose root is ``poot.attention``
 (semantics: :class:`poot.dialects.ops.attention.Attention`) with
@@ -24,15 +25,22 @@ is evaluated per element by :class:`~poot.backends.gpu.strategies._scalar.Scalar
 k or v that is not a strided view, or an expression the scalar emitter does not cover,
 makes the region fall back (``None``).
 
-The kernels (:func:`emit`; one block = one subgroup: every reduction is a ``gpu.shuffle``
+The kernels (:func:`emit`; within a subgroup every reduction is a ``gpu.shuffle``
 butterfly):
 
-1. *split*, grid ``(splits, row groups, batch)``, block ``(sg,)``: a block serves ``R``
+1. *split*, grid ``(splits, row groups, batch)``, block ``(W * sg,)``: a block serves ``R``
    query rows of one batch index (for GQA decode all the query heads of a kv head, so K and
    V are read once for them) over one chunk of ``C`` keys. A computed q is evaluated once
-   per block into workgroup memory (``R x D`` f32, then a barrier). Its lanes form ``KL``
-   keys x ``DL`` lanes per key (:func:`plan_attention` picks ``DL``); it walks the chunk
-   ``KL`` keys at a time: the mask of each lane's key per row (loaded, or computed), then
+   per block into workgroup memory (``R x D`` f32, by all the block's threads, then a
+   barrier). Each of its ``W`` subgroups (:func:`plan_attention` picks ``W``: 1 for split
+   chunks, up to :data:`MAX_SUBGROUPS` for the one-launch plan) walks the chunk's key
+   batches ``w, w + W, ...`` (interleaved: with a causal mask the visible keys spread
+   evenly; a subgroup that may get no batch is guarded by an ``scf.if``, never a zero-trip
+   loop) with the online softmax below, then the subgroups merge their ``(m, l, acc)``
+   through workgroup memory after a barrier, each thread of the block merging the ``W``
+   states of some outputs by the combine rule (2.). A subgroup's lanes form ``KL``
+   keys x ``DL`` lanes per key (:func:`plan_attention` picks ``DL``); it walks ``KL`` keys
+   at a time: the mask of each lane's key per row (loaded, or computed), then
    with a non-constant ``i1`` mask a subgroup vote skips a key batch that no row sees
    (exact: its keys have weight 0 and leave the running state as it is, see below); each
    lane takes its share of the ``R`` dot products of its key (f32; q rows are uniform
@@ -42,7 +50,7 @@ butterfly):
    softmax"), and the accumulators ``acc[r, dv]`` (lanes over ``dv``) take
    ``sum_t p_t v[s0 + t, dv]`` with ``p_t`` broadcast from key ``t``'s lanes (``gpu.shuffle
    idx``). It writes ``(m, l, acc)`` of the chunk to a scratch buffer, or the output
-   directly when there is one chunk.
+   directly when there is one chunk (no combine launch, no scratch).
 2. *combine* (Flash-Decoding, Dao et al. 2023, "Flash-Decoding for long-context
    inference"), one thread per output element, merging the chunks (several at a time so
    their loads issue together) by the same online rule: ``M = max_c m_c``,
@@ -55,14 +63,16 @@ a whole row of ``-inf`` gives zeros, never NaN). A skipped key batch leaves ``(m
 unchanged where computing it would give ``m = max(m, -1e30)`` with the same ``l`` and
 ``acc`` (weights 0): the two differ only while ``l = 0, acc = 0`` (``m = -inf`` vs
 ``-1e30``), where any later rescale multiplies zeros, and a chunk that stays empty has
-weight ``exp(-inf - M) = 0`` or ``1`` (all chunks empty) on zeros in the combine. So the
-results are the same for finite values and scores above the -1e30 sentinel (but the sign
-of a zero), and a skipped batch's V rows are not even read (no ``0 * inf``).
+weight ``exp(-inf - M) = 0`` or ``1`` (all chunks empty) on zeros in the combine (and
+likewise a subgroup's state in the in-block merge). So the results are the same for finite
+values and scores above the -1e30 sentinel (but the sign of a zero), and a skipped batch's
+V rows are not even read (no ``0 * inf``).
 
 Buffers: every argument read is a flat memref (``memref<N x storage>``: f32, f16, i8 for i1,
 i16 words for bf16; a packed weight as its bytes), a constant the scalar emitter cannot inline
 a constant buffer (``("const", k)``); the scratch holds ``acc[B*M, splits, Dv]`` then
-``(m, l)[B*M, splits]`` (f32).
+``(m, l)[B*M, splits]`` (f32); the in-block merge's workgroup buffer ``acc[W, R, Dv]`` then
+``(m, l)[W, R]``.
 """
 
 from __future__ import annotations
@@ -93,6 +103,16 @@ MAX_ROWS = 16
 BLOCKS_PER_CORE = 4
 #: grid dimensions this strategy emits at most (Vulkan's guaranteed minimum)
 MAX_GRID = 65535
+#: subgroups one block of the single-kernel path holds at most
+MAX_SUBGROUPS = 16
+#: threads per block at most (256 when a lane holds more than MAX_ACC_PER_LANE / 2
+#: accumulators: CUDA then keeps up to 255 registers per thread)
+MAX_BLOCK_THREADS = 512
+#: keys one subgroup walks at most (at the full capacity S) for the single-kernel path; past
+#: it the key axis is split over blocks and a combine launch merges them (see plan_attention)
+SINGLE_MAX_KEYS = 64
+#: query rows per block at most for the single-kernel path (decode: the q heads of a kv head)
+SINGLE_MAX_ROWS = 8
 
 
 # ---- views -> strided index maps ---------------------------------------------------------------
@@ -358,9 +378,11 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """``sg`` lanes per split block, ``DL`` lanes per key (``KL = sg // DL`` keys at a time);
+    """``sg`` lanes per subgroup, ``DL`` lanes per key (``KL = sg // DL`` keys at a time);
     ``R`` rows per block, ``RG`` row groups; ``C`` keys per chunk, ``NS`` chunks (splits);
-    ``CT`` threads per combine block."""
+    ``CT`` threads per combine block; ``W`` subgroups per split block (``TB = W * sg``
+    threads), which walk the chunk's key batches interleaved and merge their states through
+    workgroup memory."""
 
     sg: int
     DL: int
@@ -369,10 +391,15 @@ class AttentionPlan:
     C: int
     NS: int
     CT: int
+    W: int = 1
 
     @property
     def KL(self) -> int:
         return self.sg // self.DL
+
+    @property
+    def TB(self) -> int:
+        return self.W * self.sg
 
 
 def _pow2_floor(n: int) -> int:
@@ -382,17 +409,97 @@ def _pow2_floor(n: int) -> int:
     return p
 
 
+def _unroll(D: int, DL: int) -> tuple[int, int, int]:
+    """How the split kernel walks a key's ``D`` elements over its ``DL`` lanes: ``V``
+    consecutive elements per step, ``J`` steps, ``JU`` of them unrolled (their loads issue
+    together)."""
+    V = next(x for x in (4, 2, 1) if D % (DL * x) == 0)
+    J = D // (DL * V)
+    JU = max(1, min(J, 16 // V))
+    while J % JU:
+        JU -= 1
+    return V, J, JU
+
+
+def batch_rounds(D: int, sg: int, DL: int) -> int:
+    """Dependent memory round trips of one key batch in the split kernel: the unrolled rounds
+    of K loads (``J / JU``) then the rounds of V loads (``KL / TU``, ``TU = min(KL, 8)``)."""
+    _, J, JU = _unroll(D, DL)
+    KL = sg // DL
+    return J // JU + -(-KL // min(KL, 8))
+
+
+def _single_plan(reg: AttentionRegion, caps, sg: int, R: int, RG: int, dl_max: int,
+                 CT: int) -> AttentionPlan | None:
+    """The one-launch plan (``NS = 1``, ``W`` subgroups per block), or None when a subgroup
+    would walk more than :data:`SINGLE_MAX_KEYS` keys (or nothing fits)."""
+    ndv = -(-reg.Dv // sg)
+    threads = MAX_BLOCK_THREADS if R * ndv <= MAX_ACC_PER_LANE // 2 else MAX_BLOCK_THREADS // 2
+    wmax = _pow2_floor(max(1, min(MAX_SUBGROUPS, threads // sg)))
+    # workgroup memory: the staged q (R x D) and W partial states (R x (Dv + 2)) per block
+    shared = getattr(caps, "max_shared_bytes", 0) or 16384
+    qbytes = 4 * R * reg.D if reg.q is None else 0
+    while wmax > 1 and qbytes + 4 * wmax * R * (reg.Dv + 2) > shared:
+        wmax //= 2
+    best = None
+    DL = 1
+    while DL <= dl_max:
+        if reg.D % DL == 0:
+            KL = sg // DL
+            nb = -(-reg.S // KL)                  # key batches at capacity
+            W = 1
+            while W <= wmax:
+                per = -(-nb // W)                 # batches of the busiest subgroup
+                key = (per * batch_rounds(reg.D, sg, DL), W, -DL)
+                if best is None or key < best[0]:
+                    best = (key, W, DL, per * KL)
+                W *= 2
+        DL *= 2
+    if best is None or best[3] > SINGLE_MAX_KEYS:
+        return None
+    _, W, DL, _ = best
+    KL = sg // DL
+    C = -(-reg.S // KL) * KL
+    return AttentionPlan(sg, DL, R, RG, C, 1, CT, W)
+
+
 def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
     """Block shapes for ``reg`` on a target of ``caps`` (None: not plannable here).
 
-    Aim: :data:`BLOCKS_PER_CORE` split blocks per core, each as short a serial chain as
-    that allows. Rows: all rows of a batch index per block up to the register budget
+    Rows: all rows of a batch index per block up to the register budget
     (:data:`MAX_ROWS`, :data:`MAX_ACC_PER_LANE`; a computed q's staging buffer within the
-    workgroup memory). Lanes per key ``DL``: the fewest (a power
-    of two dividing ``D``, at most ``D / 8`` and the subgroup) with which one-batch chunks
-    would give enough blocks, so few rows (decode) split each dot product over lanes and
-    many rows (prefill) give each lane its own key. Chunk ``C``: whole batches of ``KL``
-    keys, as many chunks as the block budget asks."""
+    workgroup memory).
+
+    *Split* plan (one subgroup per block): aim for :data:`BLOCKS_PER_CORE` split blocks per
+    core, each as short a serial chain as that allows. Lanes per key ``DL``: the fewest (a
+    power of two dividing ``D``, at most ``D / 8`` and the subgroup) with which one-batch
+    chunks would give enough blocks, so few rows (decode) split each dot product over lanes
+    and many rows (prefill) give each lane its own key. Chunk ``C``: whole batches of ``KL``
+    keys, as many chunks as the block budget asks; a combine launch merges them.
+
+    *Single-kernel* plan, taken where the split plan needs more than one chunk: ``NS = 1``,
+    ``W`` subgroups per block (at most :data:`MAX_SUBGROUPS` and :data:`MAX_BLOCK_THREADS`
+    threads, their partial states within the workgroup memory) walking the key batches
+    interleaved, merged in the block; no combine launch, no scratch. Among the ``(W, DL)``
+    that fit, the one whose busiest subgroup has the fewest dependent memory round trips
+    (:func:`batch_rounds` times its batches), ties to fewer subgroups then more lanes per
+    key. It is taken when that subgroup walks at most :data:`SINGLE_MAX_KEYS` keys at the
+    capacity ``S``, for blocks of at most :data:`SINGLE_MAX_ROWS` rows.
+
+    Why: a decode step is launch-latency bound (a CUDA-graph node costs ~2.5-3.6 us on an
+    H200; a global round trip with its shuffles ~0.3-0.5 us), and the split plan's chain is
+    already one or two key batches, so one launch wins while a subgroup's chain costs about
+    what the extra launch and the combine's loads cost: 64 keys are 16 (D = 64) to 24
+    (D = 128) round trips at full capacity, half that at an average position. SmolLM2-135M
+    (S = 256), Llama-3.2-1B and Llama-3-8B (S = 512: 32 keys a subgroup with W = 16) take
+    it. The plan is static (``S`` is the cache capacity), but with a causal mask the key
+    batches past the position are skipped, so the chain follows the visible keys, and
+    interleaving the batches over the subgroups keeps them evenly loaded then. Longer
+    contexts (S = 4096: 256 keys a subgroup) keep the split over the whole GPU, and so do
+    regions whose row groups already give one chunk and prefill-shaped blocks of more than
+    :data:`SINGLE_MAX_ROWS` rows (the same kernels as before: their per-batch shuffles grow
+    with the rows, which the round-trip count does not model). The bound is a model's, to
+    be calibrated on the device (``bench/gpu_run/attn_bench.py``)."""
     sg = getattr(caps, "subgroup_size", None)
     if not sg or sg & (sg - 1) or sg > 128:
         return None                          # butterflies need a known power-of-two width
@@ -423,6 +530,10 @@ def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
     if RG > MAX_GRID or reg.B > MAX_GRID or NS > MAX_GRID or \
             -(-reg.B * reg.M * reg.Dv // CT) > MAX_GRID:
         return None
+    if NS > 1 and R <= SINGLE_MAX_ROWS:
+        single = _single_plan(reg, caps, sg, R, RG, dl_max, CT)
+        if single is not None:
+            return single
     return AttentionPlan(sg, DL, R, RG, C, NS, CT)
 
 
@@ -566,6 +677,7 @@ def _flat_type(t) -> str:
 def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     """The gpu.module text and launches of ``reg`` under ``plan`` (see the module doc)."""
     sg, DL, KL, R, C, NS = plan.sg, plan.DL, plan.KL, plan.R, plan.C, plan.NS
+    W, TB = plan.W, plan.TB
     nb, nr = len(reg.batch), len(reg.rows)
     S, D, Dv, M = reg.S, reg.D, reg.Dv, reg.M
     NR = reg.B * M
@@ -637,7 +749,10 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     em.lines = b.lines                     # one body: _Body's ops and the scalar emitter's
     se = _FlatArgs(reg.fn, em, [f"%a{i}" for i in range(len(ftypes))],
                    [_flat_type(t) for t in ftypes], used.add)
-    lane = b("gpu.thread_id x")
+    tid = b("gpu.thread_id x")
+    # subgroup sgi of the block, lane within it (subgroups are consecutive thread ids)
+    lane = b(f"arith.remui {tid}, {b.c(sg)} : index") if W > 1 else tid
+    sgi = b(f"arith.divui {tid}, {b.c(sg)} : index") if W > 1 else b.c(0)
     split = b("gpu.block_id x")
     rg = b("gpu.block_id y")
     bi = b("gpu.block_id z")
@@ -668,10 +783,10 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     workgroup = []
     if q is None:
         # a computed q (RoPE'd, ...): each block evaluates its R rows once into workgroup
-        # memory (the block is one subgroup: the barrier is cheap)
+        # memory, its threads together, then a barrier
         qs_t = f"memref<{R * D}xf32, #gpu.address_space<workgroup>>"
         workgroup.append(("%qs", qs_t))
-        b.raw(f"scf.for %qi = {lane} to {b.c(R * D)} step {b.c(sg)} {{")
+        b.raw(f"scf.for %qi = {tid} to {b.c(R * D)} step {b.c(TB)} {{")
         with se.scope():
             jq = b(f"arith.divui %qi, {b.c(D)} : index")
             rq = b(f"arith.minui {b.add(b.mul(rg, R), jq)}, {b.c(M - 1)} : index")
@@ -681,11 +796,7 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         b.raw("}")
         b.raw("gpu.barrier")
     # this lane's head-dim elements: d = (j * DL + dd) * V + u, j < J, u < V
-    V = next(x for x in (4, 2, 1) if D % (DL * x) == 0)
-    J = D // (DL * V)
-    JU = max(1, min(J, 16 // V))
-    while J % JU:
-        JU -= 1
+    V, J, JU = _unroll(D, DL)
     if q is not None:
         qlane = [b.add(qrow[j], b.mul(b.mul(dd, V), q.strides[-1])) for j in range(R)]
     else:
@@ -694,7 +805,17 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     s_end = b(f"arith.minui {b.add(s_begin, b.c(C))}, {b.c(S)} : index")
     ninf, zero = b.c(float("-inf"), F), b.c(0.0, F)
     state0 = [ninf] * R + [zero] * R + [zero] * (R * ndv)
-    loop, its = for_(b, "%s0", s_begin, s_end, b.c(KL), state0)
+    # subgroup sgi walks the chunk's key batches sgi, sgi + W, ...; a subgroup that may get
+    # none (a chunk shorter than W batches) is guarded: never a zero-trip loop with iter_args
+    # (lavapipe's SPIR-V path got those wrong)
+    s_lo = b.add(s_begin, b.mul(sgi, KL))
+    last = S - (NS - 1) * C                  # the shortest chunk: the last
+    guard = W > 1 and (W - 1) * KL >= last
+    if guard:
+        any_ = b(f"arith.cmpi ult, {s_lo}, {s_end} : index")
+        gres = b.fresh()
+        b.raw(f"{gres}:{len(state0)} = scf.if {any_} -> ({', '.join([F] * len(state0))}) {{")
+    loop, its = for_(b, "%s0", s_lo, s_end, b.c(W * KL), state0)
     m_in, l_in = its[:R], its[R:2 * R]
     acc_in = [its[2 * R + j * ndv:2 * R + (j + 1) * ndv] for j in range(R)]
     s = b.add("%s0", kk)
@@ -814,33 +935,99 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         new_state = [f"{taken}#{i}" for i in range(len(state))]
     scope.__exit__(None, None, None)
     yield_(b, new_state)
+    fin = [f"{loop}#{i}" for i in range(len(state0))]
+    if guard:
+        b.raw("scf.yield " + ", ".join(fin) + " : " + ", ".join([F] * len(fin)))
+        b.raw("} else {")
+        yield_(b, state0)
+        fin = [f"{gres}#{i}" for i in range(len(state0))]
     # write the chunk: scratch (m, l, acc) or, with one chunk, the output
     rowbase = b.mul(bi, M)
     dst, dst_t = ("%out", out_t) if NS == 1 else ("%scr", scr_t)
     is0 = b(f"arith.cmpi eq, {lane}, {b.c(0)} : index")
-    for j in range(R):
-        inr = b(f"arith.cmpi ult, {rows[j]}, {b.c(M)} : index")
-        b.raw(f"scf.if {inr} {{")
-        grow = b.add(rowbase, rows[j])
-        slot = grow if NS == 1 else b.add(b.mul(grow, NS), split)
-        lres = f"{loop}#{R + j}"
-        for i in range(ndv):
-            dv = b.add(lane, b.c(i * sg))
-            a = f"{loop}#{2 * R + j * ndv + i}"
-            val = denom_div(b, a, lres) if NS == 1 else a
-            store = f"memref.store {val}, {dst}[{b.add(b.mul(slot, Dv), dv)}] : {dst_t}"
-            if (i + 1) * sg > Dv:
-                b.raw(f"scf.if {b(f'arith.cmpi ult, {dv}, {b.c(Dv)} : index')} {{")
-                b.raw(store)
+    if W == 1:
+        for j in range(R):
+            inr = b(f"arith.cmpi ult, {rows[j]}, {b.c(M)} : index")
+            b.raw(f"scf.if {inr} {{")
+            grow = b.add(rowbase, rows[j])
+            slot = grow if NS == 1 else b.add(b.mul(grow, NS), split)
+            lres = fin[R + j]
+            for i in range(ndv):
+                dv = b.add(lane, b.c(i * sg))
+                a = fin[2 * R + j * ndv + i]
+                val = denom_div(b, a, lres) if NS == 1 else a
+                store = f"memref.store {val}, {dst}[{b.add(b.mul(slot, Dv), dv)}] : {dst_t}"
+                if (i + 1) * sg > Dv:
+                    b.raw(f"scf.if {b(f'arith.cmpi ult, {dv}, {b.c(Dv)} : index')} {{")
+                    b.raw(store)
+                    b.raw("}")
+                else:
+                    b.raw(store)
+            if NS > 1:
+                b.raw(f"scf.if {is0} {{")
+                mi = b.add(b.c(ml_base), b.mul(slot, 2))
+                b.raw(f"memref.store {fin[j]}, %scr[{mi}] : {scr_t}")
+                b.raw(f"memref.store {lres}, %scr[{b.add(mi, b.c(1))}] : {scr_t}")
                 b.raw("}")
-            else:
-                b.raw(store)
-        if NS > 1:
-            b.raw(f"scf.if {is0} {{")
-            mi = b.add(b.c(ml_base), b.mul(slot, 2))
-            b.raw(f"memref.store {loop}#{j}, %scr[{mi}] : {scr_t}")
-            b.raw(f"memref.store {lres}, %scr[{b.add(mi, b.c(1))}] : {scr_t}")
             b.raw("}")
+    else:
+        # W subgroups: each puts its (m, l, acc) in workgroup memory (acc[w, j, dv], then
+        # (m, l)[w, j]); after a barrier the block's threads take the R x Dv outputs, each
+        # merging the W partial states by the combine kernel's rule
+        red_t = f"memref<{W * R * (Dv + 2)}xf32, #gpu.address_space<workgroup>>"
+        workgroup.append(("%red", red_t))
+        wml = W * R * Dv
+        for j in range(R):
+            base = b.mul(b.add(b.mul(sgi, R), b.c(j)), Dv)
+            for i in range(ndv):
+                dv = b.add(lane, b.c(i * sg))
+                store = (f"memref.store {fin[2 * R + j * ndv + i]}, %red[{b.add(base, dv)}] "
+                         f": {red_t}")
+                if (i + 1) * sg > Dv:
+                    b.raw(f"scf.if {b(f'arith.cmpi ult, {dv}, {b.c(Dv)} : index')} {{")
+                    b.raw(store)
+                    b.raw("}")
+                else:
+                    b.raw(store)
+        b.raw(f"scf.if {is0} {{")
+        for j in range(R):
+            mi = b.add(b.c(wml), b.mul(b.add(b.mul(sgi, R), b.c(j)), 2))
+            b.raw(f"memref.store {fin[j]}, %red[{mi}] : {red_t}")
+            b.raw(f"memref.store {fin[R + j]}, %red[{b.add(mi, b.c(1))}] : {red_t}")
+        b.raw("}")
+        b.raw("gpu.barrier")
+        # no iter_args: a zero-trip loop (threads past R x Dv) is fine
+        b.raw(f"scf.for %e = {tid} to {b.c(R * Dv)} step {b.c(TB)} {{")
+        je = b(f"arith.divui %e, {b.c(Dv)} : index")
+        de = b(f"arith.remui %e, {b.c(Dv)} : index")
+        re = b.add(b.mul(rg, R), je)
+        b.raw(f"scf.if {b(f'arith.cmpi ult, {re}, {b.c(M)} : index')} {{")
+        ms, ls, os_ = [], [], []
+        for w in range(W):
+            sl = b.add(b.c(w * R), je)
+            mi = b.add(b.c(wml), b.mul(sl, 2))
+            ms.append(b(f"memref.load %red[{mi}] : {red_t}"))
+            ls.append(b(f"memref.load %red[{b.add(mi, b.c(1))}] : {red_t}"))
+            os_.append(b(f"memref.load %red[{b.add(b.mul(sl, Dv), de)}] : {red_t}"))
+        mx = ms[0]
+        for mu in ms[1:]:
+            mx = b(f"arith.maximumf {mx}, {mu} : f32")
+        L, O = zero, zero
+        for mu, lu, ou in zip(ms, ls, os_):
+            wt = rescale_w(b, mu, mx)
+            L = b(f"arith.addf {L}, {b(f'arith.mulf {wt}, {lu} : f32')} : f32")
+            O = b(f"arith.addf {O}, {b(f'arith.mulf {wt}, {ou} : f32')} : f32")
+        grow = b.add(rowbase, re)
+        slot = grow if NS == 1 else b.add(b.mul(grow, NS), split)
+        val = denom_div(b, O, L) if NS == 1 else O
+        b.raw(f"memref.store {val}, {dst}[{b.add(b.mul(slot, Dv), de)}] : {dst_t}")
+        if NS > 1:
+            b.raw(f"scf.if {b(f'arith.cmpi eq, {de}, {b.c(0)} : index')} {{")
+            mi = b.add(b.c(ml_base), b.mul(slot, 2))
+            b.raw(f"memref.store {mx}, %scr[{mi}] : {scr_t}")
+            b.raw(f"memref.store {L}, %scr[{b.add(mi, b.c(1))}] : {scr_t}")
+            b.raw("}")
+        b.raw("}")
         b.raw("}")
     b.raw("gpu.return")
     params = sorted(used)
@@ -854,7 +1041,7 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
             f"gpu.func @split({sig}){wg} kernel {{\n{body}\n}}\n")
     slots = [("arg", a) for a in params] + [("const", i) for i in range(len(consts))]
     launches = [Launch("kernel", slots + ([("out", 0)] if NS == 1 else [("scratch", 0)]),
-                       "attention", "split", (NS, plan.RG, reg.B), (sg, 1, 1),
+                       "attention", "split", (NS, plan.RG, reg.B), (TB, 1, 1),
                        strategy="flash_decode")]
     scratch = []
     if NS > 1:
