@@ -80,8 +80,9 @@ def test_strategies():
     naive = tiny_artifact(strategy="naive")
     auto = tiny_artifact(strategy="auto")
     assert "warp_rows" not in naive.meta["strategies"]
-    # the GEMVs and norms reduce across lanes: generic warp rows or the gemv/rowreduce strategies
-    warped = ("warp_rows", "gemv", "rowreduce")
+    # the GEMVs and norms reduce across lanes: generic warp rows or the gemv/rowreduce strategies,
+    # sibling GEMVs (q/k/v) fused into one launch by the horizontal strategy
+    warped = ("warp_rows", "gemv", "rowreduce", "horizontal")
     assert sum(auto.meta["strategies"].get(s, 0) for s in warped) >= 10
     assert "shfl.sync.bfly" in auto.ptx and "shfl.sync" not in naive.ptx
     warp = [L for L in auto.plan["launches"] if L.get("strategy") in warped]
