@@ -159,3 +159,37 @@ def test_compile_entry_keeps_kv_in_place():
     art = tiny_artifact()  # compile(traced step, cuda_target()).executable
     kv = {o["name"]: o for o in art.plan["outputs"] if o["name"].startswith("kv.")}
     assert len(kv) == 4 and all(o["aliases"] == n and o["in_place"] for n, o in kv.items())
+
+
+def test_smollm2_decode_fuses_sibling_launches(monkeypatch):
+    """SmolLM2-135M's decode plan for CUDA: horizontal fusion makes each layer's q/k/v GEMVs
+    one launch and its K/V cache writes one launch (3 fewer launches per layer, 30 layers),
+    the KV caches stay written in place, and the number of distinct kernels does not grow
+    (identical layers share the fused kernels)."""
+    from poot.backends.cuda.codegen import cuda_target
+    from poot.compiler.compile import compile as compile_step
+    from poot.driver.runner import GREEDY
+    from poot.load.bundled import smollm2_gguf
+    from poot.models import StepSpec, load_model
+
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("the SmolLM2 GGUF is not bundled")
+    model, weights = load_model(str(path))
+    plans = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("POOT_GPU_HORIZONTAL", flag)
+        g = model.trace(StepSpec.decode(kv_capacity=256, sampler=GREEDY), weights.types)
+        plans[flag] = compile_step(g, cuda_target()).executable
+    layers = sum(1 for n, _ in g.inputs if n.startswith("kv.")) // 2
+
+    def kernels(art):
+        return [L for L in art.plan["launches"] if L["op"] == "kernel"]
+    fused, plain = kernels(plans["1"]), kernels(plans["0"])
+    assert layers == 30
+    assert len(fused) <= len(plain) - 3 * layers, (len(fused), len(plain))
+    assert len(plans["1"].plan["kernels"]) <= len(plans["0"].plan["kernels"])
+    assert sum(L["strategy"] == "horizontal" for L in fused) >= 2 * layers
+    assert all(o["in_place"] for o in plans["1"].plan["outputs"] if o["aliases"])
+    for name in plans["1"].plan["kernels"]:
+        assert f".entry {name}(" in plans["1"].ptx

@@ -208,9 +208,9 @@ def split_members(fn: ir.Operation, where: ir.Block) -> list | None:
             attrs = {"sym_name": ir.StringAttr.get(f"{_name(fn)}_m{i}"),
                      "function_type": ir.TypeAttr.get(ftype),
                      "sym_visibility": ir.StringAttr.get("private")}
-            if ir.DictAttr(md) and "kind" in ir.DictAttr(md) and \
-                    ir.StringAttr(ir.DictAttr(md)["kind"]).value != "?":
-                attrs[DISPATCH_ATTR] = md
+            kind = ir.DictAttr(md)["kind"] if "kind" in ir.DictAttr(md) else None
+            if kind is not None and ir.StringAttr(kind).value != "?":
+                attrs[DISPATCH_ATTR] = md         # "?": the member had no attribute
             mfn = ir.Operation.create("func.func", regions=1, attributes=attrs,
                                       ip=ir.InsertionPoint(where))
             entry = mfn.regions[0].blocks.append(*[block.arguments[k].type for k in args])
