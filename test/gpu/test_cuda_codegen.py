@@ -80,8 +80,9 @@ def test_strategies():
     naive = tiny_artifact(strategy="naive")
     auto = tiny_artifact(strategy="auto")
     assert "warp_rows" not in naive.meta["strategies"]
-    # the GEMVs and norms reduce across lanes: generic warp rows or the gemv/rowreduce strategies
-    warped = ("warp_rows", "gemv", "rowreduce")
+    # the GEMVs and norms reduce across lanes: generic warp rows or the gemv/rowreduce strategies,
+    # sibling GEMVs (q/k/v) fused into one launch by the horizontal strategy
+    warped = ("warp_rows", "gemv", "rowreduce", "horizontal")
     assert sum(auto.meta["strategies"].get(s, 0) for s in warped) >= 10
     assert "shfl.sync.bfly" in auto.ptx and "shfl.sync" not in naive.ptx
     warp = [L for L in auto.plan["launches"] if L.get("strategy") in warped]
@@ -182,3 +183,37 @@ def test_every_kernel_opens_with_grid_dependency_control():
         wait = insts.index("griddepcontrol.wait;")
         trig = insts.index("griddepcontrol.launch_dependents;")
         assert wait < trig < first_mem, insts[:first_mem + 1]
+
+
+def test_smollm2_decode_fuses_sibling_launches(monkeypatch):
+    """SmolLM2-135M's decode plan for CUDA: horizontal fusion makes each layer's q/k/v GEMVs
+    one launch and its K/V cache writes one launch (3 fewer launches per layer, 30 layers),
+    the KV caches stay written in place, and the number of distinct kernels does not grow
+    (identical layers share the fused kernels)."""
+    from poot.backends.cuda.codegen import cuda_target
+    from poot.compiler.compile import compile as compile_step
+    from poot.driver.runner import GREEDY
+    from poot.load.bundled import smollm2_gguf
+    from poot.models import StepSpec, load_model
+
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("the SmolLM2 GGUF is not bundled")
+    model, weights = load_model(str(path))
+    plans = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("POOT_GPU_HORIZONTAL", flag)
+        g = model.trace(StepSpec.decode(kv_capacity=256, sampler=GREEDY), weights.types)
+        plans[flag] = compile_step(g, cuda_target()).executable
+    layers = sum(1 for n, _ in g.inputs if n.startswith("kv.")) // 2
+
+    def kernels(art):
+        return [L for L in art.plan["launches"] if L["op"] == "kernel"]
+    fused, plain = kernels(plans["1"]), kernels(plans["0"])
+    assert layers == 30
+    assert len(fused) <= len(plain) - 3 * layers, (len(fused), len(plain))
+    assert len(plans["1"].plan["kernels"]) <= len(plans["0"].plan["kernels"])
+    assert sum(L["strategy"] == "horizontal" for L in fused) >= 2 * layers
+    assert all(o["in_place"] for o in plans["1"].plan["outputs"] if o["aliases"])
+    for name in plans["1"].plan["kernels"]:
+        assert f".entry {name}(" in plans["1"].ptx

@@ -9,7 +9,10 @@ one distinct dispatch, which run one after another).
 
 Before that, :func:`poot.backends.gpu.merge.fold_regions` folds cheap producer regions (RoPE,
 masks, norms) into their consumers wherever the consumer's strategy still synthesizes the
-merged body (the step function is rewritten in place).
+merged body (the step function is rewritten in place); then
+:func:`poot.backends.gpu.horizontal.fuse_siblings` merges independent single-launch sibling
+calls (the q/k/v GEMVs, the K/V cache writes) into one call whose dispatch is ONE kernel
+launch (``POOT_GPU_HORIZONTAL=0`` turns that off).
 
 In-place state: an output that ``Program.storage`` says aliases an input (a KV cache written
 by a scatter) reuses that input's buffer when the input's only use is the producing call;
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from mlir import ir
 
 from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError, build_dispatch
+from poot.backends.gpu.horizontal import fuse_siblings
 from poot.backends.gpu.merge import body_key, dispatch_kind, fold_regions
 from poot.backends.gpu.strategies import synthesize
 from poot.dialects.lowering.function import lower_function
@@ -84,9 +88,16 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
     g = program.graph
     kctx = ir.Context()
     kctx.allow_unregistered_dialects = True
-    folded = {}
+    known: dict = {}          # body key -> synthesized kernels (None: no strategy takes it)
     if strategy != "naive":
-        folded = fold_regions(g, lambda fn: synthesize(fn, caps, kctx))
+        known.update(fold_regions(g, lambda fn: synthesize(fn, caps, kctx)))
+
+        def kernels_of(fn):
+            key = body_key(fn)
+            if key not in known:
+                known[key] = synthesize(fn, caps, kctx)
+            return known[key]
+        fuse_siblings(g, kernels_of)
     funcs = {_fn_name(o.operation): o.operation for o in g.module.body.operations
              if o.operation.name == "func.func"}
     step = g.func
@@ -141,8 +152,8 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
         # identical bodies (the layers) share kernels: key on the poot-level body
         key = body_key(fn)
         if key not in compiled:
-            dk = folded.get(key) or (synthesize(fn, caps, kctx) if strategy != "naive"
-                                     else None)
+            dk = known[key] if key in known else (synthesize(fn, caps, kctx)
+                                                   if strategy != "naive" else None)
             if dk is None:
                 with g.context, ir.Location.unknown():
                     text = lower_function(fn)

@@ -47,10 +47,14 @@ Strategy = Callable[[ir.Operation, object], "Synthesized | None"]
 _STRATEGIES: list[tuple[str, Strategy]] = []
 
 
-def register(name: str):
-    """Decorator: add a strategy (tried in registration order)."""
+def register(name: str, first: bool = False):
+    """Decorator: add a strategy (tried in registration order; ``first``: before all others,
+    for a strategy that recognises its functions by an attribute others must not see)."""
     def deco(fn: Strategy) -> Strategy:
-        _STRATEGIES.append((name, fn))
+        if first:
+            _STRATEGIES.insert(0, (name, fn))
+        else:
+            _STRATEGIES.append((name, fn))
         return fn
     return deco
 
