@@ -63,10 +63,10 @@ def case_greedy_and_logprobs(h, prompt):
     same_run(h, prompt, greedy(5, logprobs=3))
 
 
-def case_seeded_sampling(h, prompt):
-    for seed in (7, 8):
-        a, _ = same_run(h, prompt, sampled(seed=seed))
-        assert a.stats.generated_tokens == 6
+def case_seeded_sampling(h, prompt, seeds=(7, 8), n=6):
+    for seed in seeds:
+        a, _ = same_run(h, prompt, sampled(n, seed=seed))
+        assert a.stats.generated_tokens == n
 
 
 def case_max_tokens_one(h, prompt):
@@ -114,13 +114,14 @@ def case_penalties(h, fresh, prompt, other):
     case_stop_token_then_next_request(h, fresh, prompt, other, greedy(8, **PENALIZED))
 
 
-def case_back_to_back(h, fresh, prompt, other):
+def case_back_to_back(h, fresh, prompt, other, second=None):
     """Two pipelined requests back to back equal each on an untouched engine."""
+    second = second or sampled(5, seed=11)
     a = run(h, prompt, greedy(6), True)
-    b = run(h, other, sampled(5, seed=11), True)
+    b = run(h, other, second, True)
     f = fresh()
     assert a.token_ids == run(f, prompt, greedy(6), False).token_ids
-    assert b.token_ids == run(f, other, sampled(5, seed=11), False).token_ids
+    assert b.token_ids == run(f, other, second, False).token_ids
 
 
 def case_abandoned_stream(h, fresh, prompt, other):
