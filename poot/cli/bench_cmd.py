@@ -2,18 +2,26 @@
 
     poot bench [--model MODEL | --config CONFIG.json --random-weights [--dtype bf16]]
                [--backend B] [--prompt-tokens N] [--tokens N] [--runs R]
-               [--baseline gpt-fast] [--profile] [--out FILE]
+               [--pipeline auto|on|off] [--baseline gpt-fast] [--profile] [--out FILE]
 
 Runs R greedy requests of N new tokens (EOS ignored) on a synthetic prompt of
 ``--prompt-tokens`` ids (or ``--prompt`` text) after one warm-up request, through the same
 driver as ``poot generate`` (prefill steps, then one decode step per token with the on-device
-sampler; only the token id is read back). Prints one JSON object: the best run's numbers at
-the top level (``model``, ``backend``, ``prompt_tokens``, ``generated_tokens``, ``ttft_s``,
-``decode_tokens_per_s``, ``kv_capacity``, ``load_s``, ``compile_s`` (entry name ->
+sampler; only the token id is read back). The decode loop is pipelined where the device
+overlaps host and device work (CUDA: step n+1 is issued before token n is read, the token fed
+back on the device; see :mod:`poot.driver.generate`); ``--pipeline on|off`` forces it either
+way (``POOT_PIPELINE`` is the same switch for every command). Prints one JSON object: the best
+run's numbers at the top level (``model``, ``backend``, ``prompt_tokens``,
+``generated_tokens``, ``ttft_s``, ``decode_tokens_per_s``, ``pipelined`` (whether the timed
+decode loop was pipelined), ``kv_capacity``, ``load_s``, ``compile_s`` (entry name ->
 seconds), ``runs``) and, under ``poot``, the comparable measures:
 
-* ``decode_tokens_per_s`` / ``us_per_token``: the driver's decode loop (host work included);
-  ``replay_us_per_step``: the decode step's recording replayed back to back (device time);
+* ``decode_tokens_per_s`` / ``us_per_token``: the driver's decode loop (host work included:
+  what a caller sees per token; with ``pipelined`` the host work of token n overlaps step
+  n+1, so it approaches the step time); ``pipelined`` as above;
+  ``replay_us_per_step``: the decode step's recording replayed back to back (device time; the
+  recording includes the on-device token feedback copy); ``host_us_per_token``:
+  ``us_per_token - replay_us_per_step``, what the loop adds on top of the device;
 * ``dispatches_per_token``: dispatch regions of the decode step; for CUDA the kernel nodes of
   its graph (``graph_kernel_nodes``, with ``graph_copy_nodes`` and ``graph_nodes_recorded``:
   every node of the recorded graph, copies of carried state included);
@@ -64,6 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--replay", type=int, default=100, metavar="N",
                    help="decode-step replays timed back to back for replay_us_per_step; 0 = "
                         "skip (default: 100)")
+    p.add_argument("--pipeline", choices=("auto", "on", "off"), default="auto",
+                   help="pipeline the decode loop: auto = where the device overlaps host and "
+                        "device work, else POOT_PIPELINE if set (default: auto)")
     p.add_argument("--baseline", choices=BASELINES, default=None,
                    help="also run this baseline on the same shapes in the same process "
                         "(default: none)")
@@ -173,6 +184,7 @@ def poot_measures(handle, best: dict, replay_n: int) -> dict:
     ctx = best["prompt_tokens"] + best["generated_tokens"] / 2
     w, kv = weight_bytes_read(handle, prog), kv_bytes_read(handle, ctx)
     out = {"decode_tokens_per_s": tps, "us_per_token": 1e6 / tps if tps else None,
+           "pipelined": bool(best.get("pipelined")),
            "replay_us_per_step": replay_us(handle, replay_n),
            "replay_us_per_step_no_pdl": replay_us_without_pdl(handle, replay_n),
            "dispatches_per_token": sum(getattr(prog, "dispatches", {}).values()) or None,
@@ -190,6 +202,8 @@ def poot_measures(handle, best: dict, replay_n: int) -> dict:
         recs = list(entry.recordings.values())
         if recs and hasattr(recs[0], "nodes"):   # + copies of ping-ponged carried state
             out["graph_nodes_recorded"] = recs[0].nodes
+    if out["replay_us_per_step"] and out["us_per_token"]:
+        out["host_us_per_token"] = out["us_per_token"] - out["replay_us_per_step"]
     if out["replay_us_per_step"]:
         out["replay_roofline_fraction"] = (w + kv) / (out["replay_us_per_step"] * 1e-6) \
             / ROOFLINE_BPS
@@ -234,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_options(args, "tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk")
     handle = _load(args)
+    handle.runner.pipeline = {"auto": None, "on": True, "off": False}[args.pipeline]
     if args.prompt is not None:
         prompt = handle.encode(args.prompt)
     else:
@@ -248,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
            "prompt_tokens": best["prompt_tokens"], "generated_tokens": best["generated_tokens"],
            "ttft_s": min(r["ttft_s"] for r in runs),
            "decode_tokens_per_s": best["decode_tokens_per_s"],
+           "pipelined": bool(best.get("pipelined")),
            "kv_capacity": handle.runner.kv_capacity,
            "load_s": handle.load_s, "compile_s": handle.runner.compile_s, "runs": runs}
     if args.random_weights:

@@ -15,6 +15,10 @@ compiled lazily, once per shape:
 
 Carried state: the caches ``kv.{i}.k/v`` (aliases declared by ``Program.storage``) and the
 token history ``sampling.token_counts`` (carried explicitly), shared by both entries.
+
+Feedback: a decode entry copies its sampled token (``sampling.token`` i32 [B]) into its own
+``tokens`` input (i32 [B, 1]) on the device at the end of every step (:data:`TOKEN_FEEDBACK`),
+so the next decode step needs no host upload of the token (what lets the driver pipeline).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from poot.graph.sampling import SamplerSpec
 from poot.models import StepSpec
 
 HISTORY_CARRY = {sampling.OUTPUTS["history"]: sampling.INPUTS["token_counts"]}
+#: The decode step's sampled token, copied on the device into its next token input.
+TOKEN_FEEDBACK = {sampling.OUTPUTS["token"]: "tokens"}
 
 
 def sampler_spec(params) -> SamplerSpec:
@@ -71,6 +77,9 @@ class StepRunner:
         compile_s: seconds spent compiling (or fetching from the compile cache) per entry,
             keyed by :func:`entry_name` (``"prefill"``, ``"decode"``, ...).
         model_context: the model's trained context when known (how far kv_capacity may go).
+        pipeline: whether the driver issues decode step n+1 before reading step n's token
+            (:func:`poot.driver.generate.pipelining`): None = ``POOT_PIPELINE`` if set, else
+            where the device overlaps host and device work (CUDA); True/False force it.
     """
 
     model: Any
@@ -86,12 +95,13 @@ class StepRunner:
     #: ``(spec, trace) -> Program`` replacing ``compile(trace())``: lets a compile cache find
     #: a step's program without tracing (``trace`` is called only on a miss).
     compile_step: Callable[[StepSpec, Callable[[], Any]], Any] | None = None
+    pipeline: bool | None = None
 
     @property
     def vocab_size(self) -> int:
         return self.model.dims().vocab
 
-    def _entry(self, key, spec: StepSpec, carry=None) -> Entry:
+    def _entry(self, key, spec: StepSpec, carry=None, feedback=None) -> Entry:
         e = self._entries.get(key)
         if e is None:
             label = entry_name(spec)
@@ -101,7 +111,8 @@ class StepRunner:
             trace = lambda: self.model.trace(spec, self.weights.types)  # noqa: E731
             program = self.compile_step(spec, trace) if self.compile_step else \
                 self.compile(trace())
-            e = self._entries[key] = self.engine.add_entry(program, carry=carry)
+            e = self._entries[key] = self.engine.add_entry(program, carry=carry,
+                                                           feedback=feedback)
             self.compile_s[label] = time.perf_counter() - t0
         return e
 
@@ -117,7 +128,8 @@ class StepRunner:
         return self._entry(("prefill", spec.tokens), spec)
 
     def decode_entry(self, spec: SamplerSpec) -> Entry:
-        return self._entry(("decode", spec), self.decode_spec(spec), carry=HISTORY_CARRY)
+        return self._entry(("decode", spec), self.decode_spec(spec), carry=HISTORY_CARRY,
+                           feedback=TOKEN_FEEDBACK)
 
     def prefill(self, ids, start: int = 0, slot: int = 0) -> int:
         """Write the K/V of ``ids`` at positions ``start..`` of ``slot``; returns the number

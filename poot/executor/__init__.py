@@ -6,8 +6,8 @@ inputs)``: the first step on an entry records, later steps replay (see
 """
 
 from poot.executor.cpu import CpuDevice, DeviceError
-from poot.executor.device import Device, Kernel, KernelArg
-from poot.executor.engine import Engine, Entry, ExecutorError
+from poot.executor.device import Device, Kernel, KernelArg, Readback, Ready
+from poot.executor.engine import Engine, Entry, ExecutorError, Submitted
 
 
 _OPEN: dict[str, Device] = {}
@@ -65,4 +65,4 @@ def device_for(target) -> Device:
 
 
 __all__ = ["CpuDevice", "Device", "DeviceError", "Engine", "Entry", "ExecutorError", "Kernel",
-           "KernelArg", "device_for", "open_device"]
+           "KernelArg", "Readback", "Ready", "Submitted", "device_for", "open_device"]

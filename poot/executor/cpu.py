@@ -10,6 +10,11 @@ descriptors point at the arrays' memory, the host rewrites a slot buffer in plac
 
 The recording keeps every bound array, the descriptors and the ExecutionEngine alive (a
 descriptor does not keep its array alive, and the function pointer dies with its engine).
+
+Recorded copies (``record(..., copies=[(src, dst)])``, e.g. the sampled token fed back into the
+token input) are ``np.copyto`` after the call, over views built once. The device is synchronous:
+``upload_async`` is :meth:`CpuDevice.upload`, ``download_async`` a finished copy, and
+``overlaps`` is False (issuing ahead gains nothing here).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import numpy as np
 
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
-from poot.executor.device import KernelArg
+from poot.executor.device import KernelArg, Ready
 
 
 class DeviceError(PootError):
@@ -85,12 +90,14 @@ class CpuRecording:
     kernel: CpuKernel
     packed: Any
     keep: list = field(default_factory=list)
+    copies: list = field(default_factory=list)   # (src view, dst) copied after the call
 
 
 class CpuDevice:
     """The host CPU as an executor device (synchronous)."""
 
     name = "cpu"
+    overlaps = False
 
     def __init__(self):
         self.records = 0    # recordings built (argument arrays constructed)
@@ -115,6 +122,12 @@ class CpuDevice:
     def download(self, buffer: np.ndarray) -> np.ndarray:
         return buffer.copy()
 
+    def upload_async(self, buffer: np.ndarray, array) -> None:
+        self.upload(buffer, array)
+
+    def download_async(self, buffer: np.ndarray) -> Ready:
+        return Ready(buffer.copy())
+
     def synchronize(self) -> None:
         pass
 
@@ -129,7 +142,8 @@ class CpuDevice:
                 + [KernelArg("output", n, t) for n, t in exe.outputs])
         return CpuKernel(args, fn, exe.engine, program)
 
-    def record(self, kernel: CpuKernel, bindings: Sequence[np.ndarray]) -> CpuRecording:
+    def record(self, kernel: CpuKernel, bindings: Sequence[np.ndarray],
+               copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> CpuRecording:
         if len(bindings) != len(kernel.args):
             raise DeviceError(f"{len(bindings)} buffers bound to {len(kernel.args)} arguments")
         for a, buf in zip(kernel.args, bindings):
@@ -142,12 +156,29 @@ class CpuDevice:
         packed = (ctypes.c_void_p * len(ptrs))(
             *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs])
         self.records += 1
-        return CpuRecording(kernel, packed, [list(bindings), descs, ptrs, kernel.engine])
+        return CpuRecording(kernel, packed, [list(bindings), descs, ptrs, kernel.engine],
+                            copy_views(copies))
 
     def replay(self, recording: CpuRecording) -> None:
         recording.kernel.fn(recording.packed)
+        for src, dst in recording.copies:
+            np.copyto(dst, src)
         self.replays += 1
 
 
-__all__ = ["CpuDevice", "CpuKernel", "CpuRecording", "DeviceError", "descriptor",
+def copy_views(copies) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(src, dst)`` host buffers as ``(src viewed with dst's shape and dtype, dst)``, checked
+    once: whole buffers of equal byte size (a recorded device-to-device copy)."""
+    out = []
+    for src, dst in copies:
+        if not (isinstance(src, np.ndarray) and isinstance(dst, np.ndarray)):
+            raise DeviceError("a recorded copy needs two device buffers")
+        if src.nbytes != dst.nbytes or not src.flags.c_contiguous:
+            raise DeviceError(f"cannot copy a {list(src.shape)} x {src.dtype} buffer into "
+                              f"a {list(dst.shape)} x {dst.dtype} one")
+        out.append((src.view(dst.dtype).reshape(dst.shape), dst))
+    return out
+
+
+__all__ = ["CpuDevice", "CpuKernel", "CpuRecording", "DeviceError", "copy_views", "descriptor",
            "host_dtype", "host_shape"]

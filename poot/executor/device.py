@@ -3,6 +3,13 @@
 A device is thin: it owns buffers, moves bytes, loads a compiled program as a kernel, records a
 kernel's launch over a fixed list of buffers, replays a recording, and reads buffers back. It
 knows nothing about models, KV caches or sampling; the engine decides what is bound where.
+
+Queued work (pipelining, :meth:`poot.executor.engine.Engine.submit`): a device runs its work in
+one queue, in the order it was issued. :meth:`Device.upload_async` and
+:meth:`Device.download_async` are queued like a replay, so "write the inputs, replay, read the
+outputs" can be issued for step n+1 before the host waits for step n. A synchronous device
+(CPU) just does them at once; :attr:`Device.overlaps` says whether issuing ahead can overlap
+host work with device work at all (the driver pipelines by default only where it does).
 """
 
 from __future__ import annotations
@@ -36,6 +43,35 @@ class Kernel(Protocol):
 
 
 @runtime_checkable
+class Readback(Protocol):
+    """A queued read of a buffer (:meth:`Device.download_async`): the buffer's value at the
+    point in the queue where the read was issued."""
+
+    def wait(self) -> np.ndarray:
+        """Wait for the read and return a host copy (once; the readback is spent after)."""
+        ...
+
+    def release(self) -> None:
+        """Give the read up without waiting (its value is not needed)."""
+        ...
+
+
+class Ready:
+    """A :class:`Readback` whose value is already on the host (synchronous devices)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: np.ndarray):
+        self.value = value
+
+    def wait(self) -> np.ndarray:
+        return self.value
+
+    def release(self) -> None:
+        self.value = None
+
+
+@runtime_checkable
 class Device(Protocol):
     """What a backend provides to the engine.
 
@@ -46,6 +82,9 @@ class Device(Protocol):
     """
 
     name: str
+    #: True when :meth:`replay` (and the async transfers) return before the device finished,
+    #: so issuing step n+1 before reading step n's result overlaps host and device work.
+    overlaps: bool
 
     def alloc(self, type_: PootType) -> Any:
         """A zero-filled buffer of ``type_`` (packed weights: their stored bytes)."""
@@ -63,8 +102,24 @@ class Device(Protocol):
         """Load a compiled :class:`~poot.compiler.Program` for this device."""
         ...
 
-    def record(self, kernel: Kernel, bindings: Sequence[Any]) -> Any:
-        """Record one launch of ``kernel`` with ``bindings[i]`` bound to ``kernel.args[i]``."""
+    def upload_async(self, buffer: Any, array: np.ndarray) -> None:
+        """Queue a write of ``array`` into ``buffer``: it lands after the work issued before
+        and before the work issued after. The device takes its own copy of ``array`` (into
+        staging memory it keeps alive until the queue has read it), so the caller may reuse
+        ``array`` at once. A synchronous device writes at once (:meth:`upload`)."""
+        ...
+
+    def download_async(self, buffer: Any) -> Readback:
+        """Queue a read of ``buffer`` after the work issued so far; ``wait()`` returns its value
+        as of that point even if later queued work rewrites the buffer."""
+        ...
+
+    def record(self, kernel: Kernel, bindings: Sequence[Any],
+               copies: Sequence[tuple[Any, Any]] = ()) -> Any:
+        """Record one launch of ``kernel`` with ``bindings[i]`` bound to ``kernel.args[i]``,
+        followed by the device-to-device ``copies`` ``(src, dst)`` in order (whole buffers of
+        equal byte size; e.g. the sampled token fed back into the next step's token input).
+        Every replay runs them after the kernel."""
         ...
 
     def replay(self, recording: Any) -> None:

@@ -31,6 +31,20 @@ loaded program, which outputs it writes over their input's own buffer
 (``device.in_place_outputs(kernel) -> set of output names``: the CUDA plan's in-place KV
 writes), and those states are bound to one buffer too (no copy per step). The test
 ``test/executor/test_engine.py::test_kv_carried_vs_oracle`` catches corruption either way.
+
+Feedback (``add_entry(feedback={"sampling.token": "tokens"})``): an output copied on the device
+into one of the entry's own per-step input slots at the end of every step (the copy is part of
+the recording: a CUDA graph memcpy node, a recorded Vulkan copy, an ``np.copyto`` on the CPU).
+The decode step's sampled token becomes the next step's token input with no host upload. An
+input written by the host (``step``/``submit`` inputs, ``write_inputs``) overrides it.
+
+Pipelining: :meth:`Engine.submit` issues a step (queued input writes, the replay, queued reads
+of the requested outputs) and returns at once; :meth:`Engine.collect` waits for that step's
+reads. A driver issues step n+1 before collecting step n, so the device runs step n+1 while the
+host handles token n. Every write and read is queued on the device in issue order, and the
+device keeps its own copy of queued input arrays (``Device.upload_async``), so a host array is
+never read after the caller reuses it. :attr:`Engine.overlaps` says whether the device gains
+from it (on a synchronous device ``submit`` is ``step`` with the reads already done).
 """
 
 from __future__ import annotations
@@ -93,10 +107,21 @@ class Entry:
     recordings: dict[tuple, Any] = field(default_factory=dict)
     steps: int = 0
     in_place: frozenset = frozenset()    # carried inputs this program updates in place
+    feedback: dict[str, str] = field(default_factory=dict)   # output -> its input slot
 
     @property
     def input_names(self) -> list[str]:
         return [a.name for a in self.kernel.args if a.role == "input"]
+
+
+@dataclass
+class Submitted:
+    """A step issued by :meth:`Engine.submit`: its entry and the queued reads of its outputs
+    (collect with :meth:`Engine.collect`, or give up with :meth:`Engine.discard`)."""
+
+    entry: Entry
+    reads: dict[str, Any]
+    done: bool = False
 
 
 class Engine(Generic[D]):
@@ -127,12 +152,16 @@ class Engine(Generic[D]):
 
     # ---- entries -----------------------------------------------------------------------
     def add_entry(self, program, carry: Mapping[str, str] | None = None,
-                  share: Mapping[str, tuple[Entry, str]] | None = None) -> Entry:
+                  share: Mapping[str, tuple[Entry, str]] | None = None,
+                  feedback: Mapping[str, str] | None = None) -> Entry:
         """Load ``program`` and allocate its stable buffers.
 
         ``carry`` (output -> input) adds carried values to the aliases ``program.storage``
         declares. ``share`` binds an input to another entry's output buffer
         (``{"logits": (prefill_entry, "logits")}``): no host round trip between entries.
+        ``feedback`` (output -> per-step input of this entry, same element type and count,
+        e.g. ``{"sampling.token": "tokens"}``): the output is copied on the device into the
+        input's slot at the end of every step (recorded with the step).
         """
         kernel = self.device.load(program)
         carried = {b.name: b.aliases for b in getattr(program, "storage", ())
@@ -176,8 +205,19 @@ class Engine(Generic[D]):
                 raise ExecutorError(f"weight '{a.name}' is not loaded (load_weights first)")
             elif a.role == "output" and a.name not in carried:
                 outputs[a.name] = self.device.alloc(a.type)
+        feedback = dict(feedback or {})
+        for out, inp in feedback.items():
+            if out not in outputs:
+                raise ExecutorError(f"feedback {out} -> {inp}: '{out}' is not a per-step "
+                                    "output of the program")
+            if inp not in slots or inp in share:
+                raise ExecutorError(f"feedback {out} -> {inp}: '{inp}' is not a per-step "
+                                    "input slot of this entry")
+            t_out, t_in = args[("output", out)].type, args[("input", inp)].type
+            if t_out.dtype != t_in.dtype or _count(t_out) != _count(t_in):
+                raise ExecutorError(f"feedback {out} -> {inp}: {t_out} does not fit {t_in}")
         entry = Entry(next(self._ids), program, kernel, dict(carried), slots, outputs,
-                      in_place=in_place)
+                      in_place=in_place, feedback=feedback)
         self.entries.append(entry)
         return entry
 
@@ -224,6 +264,31 @@ class Engine(Generic[D]):
                 out.append(entry.outputs[a.name])
         return out
 
+    def _launch(self, entry: Entry) -> None:
+        """Record (first time for this parity) or replay the step; advance carried state."""
+        key = self._parity(entry)
+        rec = entry.recordings.get(key)
+        if rec is None:
+            copies = [(entry.outputs[o], entry.slots[i]) for o, i in entry.feedback.items()]
+            bindings = self._bindings(entry)
+            rec = entry.recordings[key] = (
+                self.device.record(entry.kernel, bindings, copies=copies) if copies
+                else self.device.record(entry.kernel, bindings))
+        self.device.replay(rec)
+        entry.steps += 1
+        for inp in entry.carry.values():
+            if inp not in entry.in_place:
+                st = self._state[inp]
+                st.cur = (st.cur + 1) % len(st.buffers)
+
+    def _names(self, entry: Entry, read: Iterable[str] | None) -> list[str]:
+        names = list(entry.outputs if read is None else read)
+        for n in names:
+            if n not in entry.outputs:
+                raise ExecutorError(f"the entry has no per-step output '{n}' "
+                                    f"(outputs: {', '.join(entry.outputs)})")
+        return names
+
     def step(self, entry: Entry, inputs: Mapping[str, np.ndarray] | None = None,
              read: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """Write ``inputs`` into the entry's slot buffers, record (first time) or replay the
@@ -231,24 +296,55 @@ class Engine(Generic[D]):
         (default: every non-carried output)."""
         if inputs:
             self.write_inputs(entry, inputs)
-        key = self._parity(entry)
-        rec = entry.recordings.get(key)
-        if rec is None:
-            rec = entry.recordings[key] = self.device.record(entry.kernel,
-                                                             self._bindings(entry))
-        self.device.replay(rec)
-        entry.steps += 1
-        for inp in entry.carry.values():
-            if inp not in entry.in_place:
-                st = self._state[inp]
-                st.cur = (st.cur + 1) % len(st.buffers)
-        names = entry.outputs if read is None else read
+        names = self._names(entry, read)
+        self._launch(entry)
         self.device.synchronize()
         return {n: self.device.download(entry.outputs[n]) for n in names}
+
+    # ---- pipelining --------------------------------------------------------------------
+    @property
+    def overlaps(self) -> bool:
+        """Whether issuing a step before collecting the previous one overlaps host and device
+        work on this engine's device (``Device.overlaps``)."""
+        return bool(getattr(self.device, "overlaps", False))
+
+    def submit(self, entry: Entry, inputs: Mapping[str, np.ndarray] | None = None,
+               read: Iterable[str] | None = None) -> Submitted:
+        """Issue one step without waiting: queue ``inputs`` into the slot buffers (the device
+        copies the arrays at once: the caller may reuse them), record or replay, advance the
+        carried state, and queue reads of the outputs in ``read`` (default: every non-carried
+        output). Steps run in issue order; :meth:`collect` returns the reads."""
+        names = self._names(entry, read)
+        for name, value in (inputs or {}).items():
+            buf = entry.slots.get(name)
+            if buf is None:
+                self.write_inputs(entry, {name: value})     # raises the right error
+            self.device.upload_async(buf, value)
+        self._launch(entry)
+        return Submitted(entry, {n: self.device.download_async(entry.outputs[n])
+                                 for n in names})
+
+    def collect(self, submitted: Submitted) -> dict[str, np.ndarray]:
+        """Wait for a submitted step's reads; host copies by output name."""
+        if submitted.done:
+            raise ExecutorError("this step was already collected or discarded")
+        submitted.done = True
+        return {n: r.wait() for n, r in submitted.reads.items()}
+
+    def discard(self, submitted: Submitted) -> None:
+        """Give up a submitted step's reads (the step itself still runs, in order)."""
+        if not submitted.done:
+            submitted.done = True
+            for r in submitted.reads.values():
+                r.release()
 
     def output(self, entry: Entry, name: str) -> np.ndarray:
         """A host copy of the entry's output ``name`` from its last step."""
         return self.device.download(entry.outputs[name])
 
 
-__all__ = ["Engine", "Entry", "ExecutorError"]
+def _count(t) -> int:
+    return int(np.prod(getattr(t, "shape", ()), dtype=np.int64))
+
+
+__all__ = ["Engine", "Entry", "ExecutorError", "Submitted"]

@@ -101,6 +101,7 @@ def test_cli_generate_json_and_bench(handles, cache_dir, capsys, monkeypatch):
     from poot.cli import main
 
     monkeypatch.setenv("POOT_CACHE_DIR", str(cache_dir))
+    monkeypatch.delenv("POOT_PIPELINE", raising=False)
     model = str(fixture_path("llama_gguf_q4_1"))
     rc = main(["generate", "--model", model, "--prompt", "hello world", "--max-tokens", "4",
                "--ignore-eos", "--kv-capacity", "48", "--prefill-chunk", "5", "--json"])
@@ -113,6 +114,13 @@ def test_cli_generate_json_and_bench(handles, cache_dir, capsys, monkeypatch):
     assert rc == 0 and b["backend"] == "cpu" and b["generated_tokens"] == 4
     assert b["decode_tokens_per_s"] > 0 and b["ttft_s"] > 0
     assert set(b["compile_s"]) == {"prefill", "decode"}     # short names, no reprs
+    assert b["pipelined"] is False and b["poot"]["pipelined"] is False   # CPU: sequential
+    rc = main(["bench", "--model", model, "--tokens", "4", "--runs", "1", "--prompt-tokens",
+               "7", "--kv-capacity", "48", "--prefill-chunk", "5", "--pipeline", "on",
+               "--replay", "2"])
+    b = json.loads(capsys.readouterr().out)
+    assert rc == 0 and b["pipelined"] is True and b["generated_tokens"] == 4
+    assert b["poot"]["replay_us_per_step"] > 0 and "host_us_per_token" in b["poot"]
     rc = main(["generate", "--model", model, "--prompt", "x " * 60, "--max-tokens", "4",
                "--kv-capacity", "48", "--prefill-chunk", "5"])
     assert rc == 2 and "exceeds the context capacity" in capsys.readouterr().err

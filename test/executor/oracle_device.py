@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from poot.compiler.planning import plan_storage
-from poot.executor.cpu import host_dtype, host_shape
-from poot.executor.device import KernelArg
+from poot.executor.cpu import copy_views, host_dtype, host_shape
+from poot.executor.device import KernelArg, Ready
 from poot.oracle import evaluate
 
 
@@ -34,6 +34,7 @@ class OracleKernel:
 
 class OracleDevice:
     name = "oracle"
+    overlaps = False
 
     def __init__(self):
         self.records = 0
@@ -48,6 +49,12 @@ class OracleDevice:
     def download(self, buf):
         return buf.copy()
 
+    def upload_async(self, buf, a):
+        self.upload(buf, a)
+
+    def download_async(self, buf):
+        return Ready(buf.copy())
+
     def synchronize(self):
         pass
 
@@ -58,16 +65,18 @@ class OracleDevice:
                 + [KernelArg("output", n, t) for n, t in g.outputs])
         return OracleKernel(args, g)
 
-    def record(self, kernel, bindings):
+    def record(self, kernel, bindings, copies=()):
         self.records += 1
-        return (kernel, list(bindings))
+        return (kernel, list(bindings), copy_views(copies))
 
     def replay(self, rec):
-        kernel, bufs = rec
+        kernel, bufs, copies = rec
         inputs, params, outs = {}, {}, {}
         for a, b in zip(kernel.args, bufs):
             {"input": inputs, "param": params, "output": outs}[a.role][a.name] = b
         res = evaluate(kernel.graph, {k: v.copy() for k, v in inputs.items()}, params)
         for k, buf in outs.items():
             np.copyto(buf, np.asarray(res[k]).reshape(buf.shape), casting="unsafe")
+        for src, dst in copies:
+            np.copyto(dst, src)
         self.replays += 1

@@ -161,3 +161,46 @@ def test_state_the_device_writes_in_place_has_one_buffer(program):
     eng2 = Engine(CpuDevice())
     eng2.load_weights({"w": w}, program.graph.params)
     assert not eng2.add_entry(program).in_place and len(eng2._state["cache"].buffers) == 2
+
+
+# ---- feedback and queued stepping ----------------------------------------------------------------
+def test_feedback_copies_an_output_into_an_input_slot(program):
+    eng = Engine(CpuDevice())
+    w = np.eye(WIDTH, dtype=np.float32)
+    eng.load_weights({"w": w}, program.graph.params)
+    e = eng.add_entry(program, feedback={"y": "x"})      # y f32 [W] -> x f32 [1, W]
+    x = np.arange(WIDTH, dtype=np.float32)[None, :] + 1
+    y0 = eng.step(e, {"x": x, "idx": np.array([[0]])})["y"]
+    np.testing.assert_array_equal(eng.device.download(e.slots["x"])[0], y0)
+    y1 = eng.step(e, {"idx": np.array([[1]])})["y"]      # x is now y0: row 1 = y0 @ I
+    np.testing.assert_array_equal(y1, x[0] + y0)
+
+
+@pytest.mark.parametrize("feedback, why", [
+    ({"nope": "x"}, "not a per-step output"),
+    ({"y": "cache"}, "not a per-step input slot"),
+    ({"y": "idx"}, "does not fit"),
+])
+def test_feedback_refusals(program, feedback, why):
+    eng = Engine(CpuDevice())
+    eng.load_weights({"w": np.eye(WIDTH, dtype=np.float32)}, program.graph.params)
+    with pytest.raises(ExecutorError, match=why):
+        eng.add_entry(program, feedback=feedback)
+
+
+def test_submit_collect_equals_step(program):
+    a, ea, _ = _engine(program)
+    b, eb, _ = _engine(program)
+    x = np.ones((1, WIDTH), np.float32)
+    idx = np.zeros((1, 1), np.int32)
+    subs = []
+    for i in range(5):
+        idx[0, 0] = i                                    # reused at once: the device copied it
+        want = a.step(ea, {"x": x * i, "idx": idx})
+        subs.append((want, b.submit(eb, {"x": x * i, "idx": idx})))
+    for want, s in subs:
+        np.testing.assert_array_equal(b.collect(s)["y"], want["y"])
+    with pytest.raises(ExecutorError, match="already collected"):
+        b.collect(subs[0][1])
+    with pytest.raises(ExecutorError, match="no per-step output"):
+        b.submit(eb, read=["cache"])

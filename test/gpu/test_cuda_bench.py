@@ -155,6 +155,7 @@ def test_bench_cli_on_cuda(tmp_path, monkeypatch, capsys):
     from poot.cli import main
 
     monkeypatch.setenv("POOT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("POOT_PIPELINE", raising=False)
     rc = main(["bench", "--backend", "cuda", "--model", str(fixture_path("llama_gguf_q4_1")),
                "--kv-capacity", "48", "--tokens", "8", "--runs", "1", "--prompt-tokens", "7",
                "--profile"])
@@ -162,4 +163,5 @@ def test_bench_cli_on_cuda(tmp_path, monkeypatch, capsys):
     p = out["poot"]
     assert rc == 0 and p["decode_tokens_per_s"] > 0 and p["graph_kernel_nodes"] > 0
     assert p["replay_us_per_step"] > 0 and p["bytes_per_token"] > 0
+    assert out["pipelined"] is True and p["pipelined"] is True     # CUDA overlaps: pipelined
     assert set(p["profile"]["by_kind"]) >= {"matmul", "attention"}

@@ -15,6 +15,17 @@ over an input (the KV caches) works both ways: bound to the input's own buffer (
 updated in place; bound to another buffer (ping-pong) the graph starts with a copy of the input
 into it.
 
+Pipelining (the executor's queued transfers): everything runs on the device's one stream, in
+issue order. :meth:`CudaDevice.upload_async` copies the array into a ring of page-locked host
+slots (``cuMemHostAlloc``) and queues ``cuMemcpyHtoDAsync`` from there plus an event; a slot is
+rewritten by the host only after its event says the stream has read it.
+:meth:`CudaDevice.download_async` queues ``cuMemcpyDtoHAsync`` into a free page-locked slot plus
+an event and returns a :class:`CudaReadback` whose ``wait()`` syncs that event only (the
+stream may already run the next step). ``record(..., copies=[(src, dst)])`` captures
+device-to-device copies after the step (graph memcpy nodes: the sampled token fed back into the
+next step's token input). The synchronous :meth:`CudaDevice.upload` waits for the stream first,
+so a host write never lands under queued work that still reads the buffer.
+
 :class:`StepRunner` is the self-contained form used by the device check and the benchmarks:
 every buffer allocated by the runner, carried state in place, per-step inputs written into
 stable slot buffers before each graph launch, only the named outputs read back.
@@ -22,6 +33,7 @@ stable slot buffers before each graph launch, only the named outputs read back.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from dataclasses import dataclass, field
@@ -113,6 +125,60 @@ class DevBuf:
     shape: tuple
 
 
+class _Pinned:
+    """One page-locked host allocation (``cuMemHostAlloc``), its uint8 view and an event
+    recorded after the last queued copy that uses it."""
+
+    def __init__(self, nbytes: int):
+        cu = driver()
+        self.nbytes = max(4096, (int(nbytes) + 4095) // 4096 * 4096)
+        self.ptr = int(_check(cu.cuMemHostAlloc(self.nbytes, 0), "cuMemHostAlloc"))
+        self.view = np.ctypeslib.as_array((ctypes.c_uint8 * self.nbytes).from_address(self.ptr))
+        self.event = _check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING),
+                            "cuEventCreate")
+        self.queued = False
+
+    def record(self, stream) -> None:
+        _check(driver().cuEventRecord(self.event, stream), "cuEventRecord")
+        self.queued = True
+
+    def wait(self) -> None:
+        """Wait until the stream passed this slot's last queued copy."""
+        if self.queued:
+            _check(driver().cuEventSynchronize(self.event), "cuEventSynchronize")
+            self.queued = False
+
+    def free(self) -> None:
+        self.wait()
+        cu = driver()
+        _check(cu.cuMemFreeHost(self.ptr), "cuMemFreeHost")
+        _check(cu.cuEventDestroy(self.event), "cuEventDestroy")
+        self.view = None
+
+
+class CudaReadback:
+    """A queued device-to-host copy into a page-locked slot (the executor's ``Readback``):
+    ``wait()`` syncs the slot's event and returns a host copy; ``release()`` gives the slot back
+    without waiting (a later read queued into it lands after this one)."""
+
+    def __init__(self, device: "CudaDevice", slot: _Pinned, dtype, shape, nbytes: int):
+        self.device, self.slot = device, slot
+        self.dtype, self.shape, self.nbytes = dtype, shape, nbytes
+
+    def wait(self) -> np.ndarray:
+        if self.slot is None:
+            raise CudaError("this readback was already waited for or released")
+        self.slot.wait()
+        out = self.slot.view[:self.nbytes].view(self.dtype).reshape(self.shape).copy()
+        self.release()
+        return out
+
+    def release(self) -> None:
+        if self.slot is not None:
+            self.device._read_free.append(self.slot)
+            self.slot = None
+
+
 @dataclass
 class Arg:
     role: str
@@ -173,6 +239,8 @@ class CudaDevice:
     """One CUDA device (the first by default) with one stream."""
 
     name = "cuda"
+    overlaps = True          # replays and queued copies return before the stream ran them
+    STAGING_SLOTS = 8        # page-locked slots in the upload ring
 
     def __init__(self, ordinal: int = 0):
         cu = driver()
@@ -191,6 +259,9 @@ class CudaDevice:
         self.records = 0
         self.replays = 0
         self.allocated = 0
+        self._stage: list[_Pinned | None] = [None] * self.STAGING_SLOTS   # upload ring
+        self._stage_next = 0
+        self._read_free: list[_Pinned] = []                              # download slots
 
     # ---- buffers -----------------------------------------------------------------------
     def _alloc_bytes(self, nbytes: int) -> int:
@@ -208,9 +279,18 @@ class CudaDevice:
         """Write ``array`` into ``buffer``. A random-init weight (duck-typed
         :class:`poot.models.random_init.RandomArray`: ``chunks()``/``scaled_pool()``) is
         filled on the device from its pool: the host never builds the whole tensor."""
+        cu = driver()
+        # queued work (a pipelined step still running) may read or write the buffer
+        _check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         if hasattr(array, "chunks") and hasattr(array, "scaled_pool"):
             self._fill_random(buffer, array)
             return
+        a = self._host_array(buffer, array)
+        _check(cu.cuMemcpyHtoD(buffer.ptr, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+
+    @staticmethod
+    def _host_array(buffer: DevBuf, array) -> np.ndarray:
+        """``array`` as contiguous host bytes of ``buffer``'s dtype and size."""
         a = np.asarray(array)
         if a.dtype.itemsize == 2 and buffer.dtype == np.uint16:
             a = a.view(np.uint16)
@@ -219,8 +299,7 @@ class CudaDevice:
         a = np.ascontiguousarray(a.astype(buffer.dtype, copy=False))
         if a.nbytes != buffer.nbytes:
             raise CudaError(f"cannot write {a.nbytes} bytes into a buffer of {buffer.nbytes}")
-        cu = driver()
-        _check(cu.cuMemcpyHtoD(buffer.ptr, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+        return a
 
     def _fill_random(self, buffer: DevBuf, r) -> None:
         """``buffer`` = ``np.asarray(r)``, built on the device: norm scales (``scale`` 0) by a
@@ -248,12 +327,38 @@ class CudaDevice:
                                         n * item, self.stream), "cuMemcpyDtoDAsync")
         self.synchronize()
 
-    def upload_async(self, buffer: DevBuf, array: np.ndarray) -> None:
-        """Queue a host-to-device write on the stream (``array`` must stay alive until the
-        stream reaches it; pass contiguous arrays of the buffer's dtype)."""
-        cu = driver()
-        _check(cu.cuMemcpyHtoDAsync(buffer.ptr, array.ctypes.data, buffer.nbytes,
-                                    self.stream), "cuMemcpyHtoDAsync")
+    def upload_async(self, buffer: DevBuf, array) -> None:
+        """Queue a host-to-device write on the stream. ``array`` is copied at once into the
+        next page-locked slot of the upload ring (waiting, if ever, only until the stream
+        has read that slot's previous contents), so the caller may reuse it immediately."""
+        a = self._host_array(buffer, array)
+        i = self._stage_next
+        self._stage_next = (i + 1) % len(self._stage)
+        slot = self._stage[i]
+        if slot is None or slot.nbytes < a.nbytes:
+            if slot is not None:
+                slot.free()
+            slot = self._stage[i] = _Pinned(a.nbytes)
+        slot.wait()                 # the stream has copied what the slot held before
+        slot.view[:a.nbytes] = a.reshape(-1).view(np.uint8)
+        _check(driver().cuMemcpyHtoDAsync(buffer.ptr, slot.ptr, a.nbytes, self.stream),
+               "cuMemcpyHtoDAsync")
+        slot.record(self.stream)
+
+    def download_async(self, buffer: DevBuf) -> CudaReadback:
+        """Queue a device-to-host copy of ``buffer`` (into a page-locked slot) after the work
+        issued so far; the returned readback's ``wait()`` waits for that copy only."""
+        slot = None
+        for j, s in enumerate(self._read_free):
+            if s.nbytes >= buffer.nbytes:
+                slot = self._read_free.pop(j)
+                break
+        if slot is None:
+            slot = _Pinned(buffer.nbytes)
+        _check(driver().cuMemcpyDtoHAsync(slot.ptr, buffer.ptr, buffer.nbytes, self.stream),
+               "cuMemcpyDtoHAsync")
+        slot.record(self.stream)
+        return CudaReadback(self, slot, buffer.dtype, buffer.shape, buffer.nbytes)
 
     def download(self, buffer: DevBuf) -> np.ndarray:
         cu = driver()
@@ -320,7 +425,7 @@ class CudaDevice:
         return ptrs, pre
 
     def _enqueue(self, kernel: CudaKernel, ptrs: dict, pre, keep: list,
-                 launches=None) -> int:
+                 launches=None, post=()) -> int:
         cu = driver()
         n = 0
         for src, dst, nb in pre:
@@ -349,6 +454,9 @@ class CudaDevice:
                                              params.ctypes.data if len(vals) else 0, 0), what)
                 prev_kernel = True
             n += 1
+        for src, dst, nb in post:
+            _check(cu.cuMemcpyDtoDAsync(dst, src, nb, self.stream), "cuMemcpyDtoDAsync")
+            n += 1
         return n
 
     def _launch_programmatic(self, f, L: dict, params, keep: list, what: str) -> None:
@@ -372,16 +480,24 @@ class CudaDevice:
         _check(cu.cuLaunchKernelEx(cfg, f, params.ctypes.data if params is not None else 0,
                                    0), what)
 
-    def record(self, kernel: CudaKernel, bindings: Sequence[DevBuf]) -> CudaRecording:
-        """Capture the whole step over ``bindings`` into one CUDA graph (once)."""
+    def record(self, kernel: CudaKernel, bindings: Sequence[DevBuf],
+               copies: Sequence[tuple[DevBuf, DevBuf]] = ()) -> CudaRecording:
+        """Capture the whole step over ``bindings`` into one CUDA graph (once), ending with
+        the device-to-device ``copies`` ``(src, dst)`` (equal byte sizes: memcpy nodes)."""
         cu = driver()
         ptrs, pre = self._pointers(kernel, bindings)
+        post = []
+        for src, dst in copies:
+            if not (isinstance(src, DevBuf) and isinstance(dst, DevBuf)) \
+                    or src.nbytes != dst.nbytes:
+                raise CudaError("a recorded copy needs two device buffers of equal size")
+            post.append((src.ptr, dst.ptr, src.nbytes))
         keep: list = []
         _check(cu.cuStreamBeginCapture(
             self.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
             "cuStreamBeginCapture")
         try:
-            n = self._enqueue(kernel, ptrs, pre, keep)
+            n = self._enqueue(kernel, ptrs, pre, keep, post=post)
         finally:
             graph = _check(cu.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
         gexec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
@@ -498,19 +614,15 @@ class StepRunner:
         self.bindings = [self.bufs[a.buffer] for a in self.kernel.args]
         self.recording = None
         self.graph_s = 0.0
-        self._staged: dict[str, np.ndarray] = {}
 
     def buffer(self, role: str, name: str) -> DevBuf:
         return self.bufs[self.by_name[(role, name)].buffer]
 
     def write(self, inputs: dict[str, np.ndarray]) -> None:
-        """Queue per-step inputs into their slot buffers (async, ahead of the graph)."""
+        """Queue per-step inputs into their slot buffers (async, ahead of the graph; the
+        device stages each array in page-locked memory, so it may be reused at once)."""
         for name, value in inputs.items():
-            b = self.buffer("input", name)
-            a = np.ascontiguousarray(np.asarray(value).astype(b.dtype, copy=False)
-                                     .reshape(b.shape))
-            self._staged[name] = a           # alive until the stream has copied it
-            self.device.upload_async(b, a)
+            self.device.upload_async(self.buffer("input", name), value)
 
     def step(self, inputs: dict[str, np.ndarray] | None = None,
              read: Sequence[str] = ("logits",)) -> dict[str, np.ndarray]:
@@ -547,6 +659,7 @@ class StepRunner:
         return [self.device.download(view(bid)) for bid in d["outs"]]
 
 
-__all__ = ["BufType", "CudaDevice", "CudaError", "CudaKernel", "CudaRecording", "DevBuf",
+__all__ = ["BufType", "CudaDevice", "CudaError", "CudaKernel", "CudaReadback", "CudaRecording",
+           "DevBuf",
            "StepRunner", "device_available", "kernel_args", "profile_dispatches",
            "profile_kernel"]

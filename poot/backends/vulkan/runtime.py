@@ -29,6 +29,11 @@ Semantics (the seeds' "Raw Vulkan" contract):
   of at least ``staging_threshold`` bytes are device-local and uploads/downloads go through a
   staging buffer, smaller ones (slot buffers, sampled tokens) stay host-visible
   (``unified_memory=False`` forces that split on any device).
+* **recorded copies**: ``record(kernel, buffers, copies=[(src, dst)])`` appends whole-buffer
+  copies after the last dispatch (e.g. the sampled token into the next step's token input).
+* **one submission in flight**: :meth:`replay`, uploads and downloads wait for the pending
+  submission first, so ``upload_async``/``download_async`` are the synchronous ones and
+  ``overlaps`` is False (pipelined stepping runs, in effect, sequentially here).
 * **live memory**: :meth:`memory_budget` reads ``VK_EXT_memory_budget`` when the device has it
   (enabled at open), else returns None.
 """
@@ -106,6 +111,21 @@ def host_layout(t) -> tuple[np.dtype, tuple, int]:
     return np.dtype(_NP[t.dtype.value]), tuple(t.shape), int(t.nbytes)
 
 
+class _Ready:
+    """A finished readback (the executor's ``Readback`` shape, without its import)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: np.ndarray):
+        self.value = value
+
+    def wait(self) -> np.ndarray:
+        return self.value
+
+    def release(self) -> None:
+        self.value = None
+
+
 @dataclass(frozen=True)
 class VkKernelArg:
     """A loaded kernel's argument (the executor's KernelArg shape, without its import)."""
@@ -154,6 +174,7 @@ class VulkanDevice:
     """The executor Device for Vulkan (see the module doc)."""
 
     name = "vulkan"
+    overlaps = False
 
     def __init__(self, fence_timeout_s: float = DEFAULT_FENCE_TIMEOUT_S,
                  device: int | str | None = None, features_of=None,
@@ -492,6 +513,14 @@ class VulkanDevice:
             raw = st.host[:buffer.nbytes]
         return raw.view(buffer.dtype).reshape(buffer.shape).copy()
 
+    def upload_async(self, buffer: VkBuffer, array) -> None:
+        """:meth:`upload` (it waits for the pending submission: one in flight)."""
+        self.upload(buffer, array)
+
+    def download_async(self, buffer: VkBuffer):
+        """The buffer's value now (after the pending submission), as a finished readback."""
+        return _Ready(self.download(buffer))
+
     # ---- programs ----------------------------------------------------------------------------
     def load(self, program) -> VkLoadedKernel:
         """Load a compiled step: a Program whose ``executable`` is a VulkanArtifact, an
@@ -561,8 +590,10 @@ class VulkanDevice:
         dst = vk.VK_PIPELINE_STAGE_HOST_BIT if host else src
         vk.vkCmdPipelineBarrier(cb, src, dst, 0, 1, [mb], 0, None, 0, None)
 
-    def record(self, kernel: VkLoadedKernel, bindings: Sequence[VkBuffer]) -> VkRecording:
-        """Descriptor sets for every dispatch and one command buffer for the whole step."""
+    def record(self, kernel: VkLoadedKernel, bindings: Sequence[VkBuffer],
+               copies: Sequence[tuple[VkBuffer, VkBuffer]] = ()) -> VkRecording:
+        """Descriptor sets for every dispatch and one command buffer for the whole step,
+        ending with the whole-buffer ``copies`` ``(src, dst)`` (equal byte sizes)."""
         self._check()
         vk, ffi = self.vk, self.ffi
         art = kernel.artifact
@@ -571,6 +602,10 @@ class VulkanDevice:
         for a, b in zip(kernel.args, bindings):
             if not isinstance(b, VkBuffer) or b.nbytes != a.type.nbytes:
                 raise VulkanError(f"{a.role} '{a.name}' needs a {a.type.nbytes}-byte buffer")
+        for src, dst in copies:
+            if not (isinstance(src, VkBuffer) and isinstance(dst, VkBuffer)) \
+                    or src.nbytes != dst.nbytes:
+                raise VulkanError("a recorded copy needs two device buffers of equal size")
         n_in, n_par = len(art.inputs), len(art.params)
 
         def buf(i) -> VkBuffer:
@@ -632,6 +667,11 @@ class VulkanDevice:
                     srcOffset=0, dstOffset=0, size=min(src.size, dst.size, s.nbytes + 3
                                                        - (s.nbytes + 3) % 4))])
             self._barrier(cb)
+        for src, dst in copies:
+            vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer, 1, [vk.VkBufferCopy(
+                srcOffset=0, dstOffset=0, size=min(src.size, dst.size))])
+        if copies:
+            self._barrier(cb)
         self._barrier(cb, host=True)
         vk.vkEndCommandBuffer(cb)
         cbs = ffi.new("VkCommandBuffer[1]", [cb])
@@ -639,7 +679,7 @@ class VulkanDevice:
         si.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
         si.commandBufferCount = 1
         si.pCommandBuffers = cbs
-        rec = VkRecording(kernel, cb, pool, si, [cbs, sets, list(bindings)])
+        rec = VkRecording(kernel, cb, pool, si, [cbs, sets, list(bindings), list(copies)])
         self._recordings.append(rec)
         self.records += 1
         return rec
