@@ -68,6 +68,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
 from mlir import ir
 
 from poot.backends.gpu.kernels import Launch
@@ -90,6 +91,9 @@ FAST_PACKED = ("q4_0", "q4_1", "q8_0")
 
 #: tests: emulate mma.sync from workgroup memory (see the module doc)
 EMULATE_MMA = False
+#: benchmarks: a ``(BM, BN)`` to use instead of :func:`choose_tiling`'s (bench/gpu_run/
+#: gemm_check.py times the variants on the device)
+FORCE_TILING: tuple[int, int] | None = None
 
 _WG = "#gpu.address_space<workgroup>"
 
@@ -176,17 +180,37 @@ class Tiling:
         return 2 * (self.BM + self.BN) * LDS * 2
 
 
+#: warps (rows x columns of the block tile) per BM
+WARPS = {16: (1, 4), 32: (1, 4), 64: (2, 2), 128: (4, 2)}
+
+
 def choose_tiling(M: int, N: int, cores: int, max_shared: int = 48 * 1024) -> Tiling:
     """BM: the smallest of 16/32/64/128 holding M (128 beyond); BN: the largest of 128/64/32
     whose grid still has a block per compute unit (32 when none does) and whose tiles fit in
     ``max_shared`` bytes. Warps: 1 x 4 for BM <= 32, 2 x 2 for 64, 4 x 2 for 128 (warp tiles
     16-32 rows x 8-64 columns)."""
     BM = next((b for b in (16, 32, 64) if M <= b), 128)
-    WM, WN = {16: (1, 4), 32: (1, 4), 64: (2, 2), 128: (4, 2)}[BM]
+    WM, WN = WARPS[BM]
     mb = -(-M // BM)
     BN = next((b for b in (128, 64) if -(-N // b) * mb >= cores and
                Tiling(BM, b, WM, WN).smem_bytes <= max_shared), 32)
     return Tiling(BM, BN, WM, WN)
+
+
+def error_bound(x: np.ndarray, w: np.ndarray, mma: str) -> np.ndarray:
+    """The module doc's bound on ``|y - y_oracle|`` per element of ``y = x @ w.T`` (x [M, K]
+    f32, w [N, K] the weight's values as the oracle decodes them; ``mma``: ``"bf16"`` for
+    bf16 weights (read exactly, x rounded to bf16), ``"f16"`` for f16 (exact) or ``"f16q"``
+    for packed weights (decoded values rounded to f16 too)."""
+    x = np.abs(np.asarray(x, np.float64).reshape(-1, w.shape[1]))
+    a = np.abs(np.asarray(w, np.float64))
+    K = a.shape[1]
+    u_x = 2.0 ** -8 if mma == "bf16" else 2.0 ** -11
+    u_w = 2.0 ** -11 if mma == "f16q" else 0.0
+    bound = (u_x + u_w + K * 2.0 ** -23) * (x @ a.T)
+    if mma != "bf16":             # f16 subnormals: absolute error up to 2^-25 per rounding
+        bound += 2.0 ** -25 * (x.sum(1)[:, None] + a.sum(1)[None, :])
+    return bound + 1e-30
 
 
 # ---- the kernel -------------------------------------------------------------------------------
@@ -739,6 +763,9 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
         return None                 # f32 weights, [K, N] weights: the generic mapping
     shared = getattr(caps, "max_shared_bytes", 0) or 0
     t = choose_tiling(m.M, m.N, max(1, int(getattr(caps, "cores", 1) or 1)), shared)
+    if FORCE_TILING is not None:
+        BM, BN = FORCE_TILING
+        t = Tiling(BM, BN, *WARPS[BM])
     if t.smem_bytes > shared:
         return None
     try:
@@ -750,5 +777,5 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
                                      (t.T, 1, 1))], consts=consts)
 
 
-__all__ = ["BK", "EMULATE_MMA", "LDS", "Tiling", "a_fragment", "a_ldmatrix_row", "b_fragment",
+__all__ = ["BK", "EMULATE_MMA", "FORCE_TILING", "WARPS", "error_bound", "LDS", "Tiling", "a_fragment", "a_ldmatrix_row", "b_fragment",
            "b_ldmatrix_row", "c_fragment", "choose_tiling", "gemm", "has_mma"]
