@@ -151,8 +151,13 @@ def build_timing(folder: Path, fmt, M, N, K, caps, bn: int | None) -> dict:
 
     with make_context(), ir.Location.unknown():
         g = Graph.from_module(ir.Module.parse(_region_text(fmt, M, N, K)))
-    own = G.choose_tiling(M, N, caps.cores, caps.max_shared_bytes)
-    tile = (own.BM, own.BN if bn is None else bn)
+    packed = fmt not in ("bf16", "f16")
+    own = G.choose_tiling(M, N, K, caps.cores, caps.max_shared_bytes, packed)
+    if bn is None:
+        tile = (own.BM, own.BN, own.BK)
+    else:
+        t = G.with_bk(G.Tiling(own.BM, bn, *G.WARPS[own.BM]), K, caps.max_shared_bytes, packed)
+        tile = (t.BM, t.BN, t.BK)
     old = G.FORCE_TILING
     try:
         G.FORCE_TILING = tile
@@ -160,7 +165,7 @@ def build_timing(folder: Path, fmt, M, N, K, caps, bn: int | None) -> dict:
     finally:
         G.FORCE_TILING = old
     art.save(str(folder))
-    return {"fmt": fmt, "M": M, "N": N, "K": K, "tile_bm_bn": list(tile),
+    return {"fmt": fmt, "M": M, "N": N, "K": K, "tile_bm_bn_bk": list(tile),
             "strategy_own_tile": bn is None, "strategies": art.meta["strategies"],
             "launch": [(L["grid"], L["block"]) for L in art.plan["launches"]
                        if L["op"] == "kernel"]}

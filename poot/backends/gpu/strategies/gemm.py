@@ -19,30 +19,35 @@ Types: bf16 weights -> ``mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32`` with x ro
 f16 and packed weights -> ``...f32.f16.f16.f32`` with x rounded to f16 and each weight
 decoded in f32 (ggml's formulas, as the oracle) then rounded to f16. Accumulation is f32.
 
-Tiling: a block computes a ``BM x BN`` tile of y (BM = 16/32/64/128 by M; BN = 128/64/32,
-the largest that still gives every compute unit a block), ``T`` = 128 threads (256 for BM
-128) in ``WM x WN`` warps, each warp a ``BM/WM x BN/WN`` sub-tile of ``mt x nt`` mma tiles
-(16 x 8). K advances ``BK`` = 32 at a time through workgroup memory, double-buffered with a
-register prefetch: each thread issues the global loads of tile ``kt+1``, runs the mma's of
-tile ``kt`` from the other buffer, then converts / decodes the loaded values to 16-bit and
-stores them (one ``gpu.barrier`` per K step). Workgroup tiles are ``[rows][BK + 8]`` 16-bit
+Tiling (:func:`choose_tiling`): a block computes a ``BM x BN`` tile of y (BM = 16/32/64/128
+by M; BN = 128/64/32, the largest that still gives every compute unit a block), ``T`` = 128
+threads (256 for BM 128) in ``WM x WN`` warps, each warp a ``BM/WM x BN/WN`` sub-tile of
+``mt x nt`` mma tiles (16 x 8). K advances ``BK`` (128/64/32: the largest whose two buffers
+fit in workgroup memory; for packed weights also dividing K) at a time through workgroup
+memory, double-buffered with a register prefetch: each thread issues the global loads of
+step ``kt+1``, runs the mma's of step ``kt`` from the other buffer, then converts / decodes
+the loaded values to 16-bit and stores them (one ``gpu.barrier`` per K step; a wide BK keeps
+many loads in flight per thread: prefill grids have few blocks per compute unit, and the
+weight has to stream at memory speed). Workgroup tiles are ``[rows][BK + 8]`` 16-bit
 words, k contiguous: x rows as A (``[m][k]``, row-major) and weight rows as B (``[n][k]``,
 i.e. the column-major B that ``.row.col`` wants, so a weight is never transposed); the 8
-words of padding make every 8-row phase of ``ldmatrix`` hit 32 distinct banks. Fragments
+words of padding make every 8-row phase of ``ldmatrix`` hit distinct banks. Fragments
 are read with ``ldmatrix.x4`` (``nvgpu.ldmatrix``) and multiplied with ``nvvm.mma.sync``
 (``nvgpu.mma.sync`` has no bf16 form in MLIR 22).
 
 Staging units: x and dense weights in *chunks* of 8 consecutive k (two 16-byte loads of x
-f32, one 16-byte load of weight words; one 16-byte workgroup store); Q4_0/Q4_1/Q8_0 in
-half-blocks (one 32-element block per row and K step: the scale and 8 or 16 quant bytes per
-thread, decoded into two chunks); Q4_K/Q6_K element by element with the oracle's own decoder
-(:data:`poot.dialects.lowering.packed.DECODERS` via :mod:`._scalar`, byte loads; correct,
-not fast). Ragged edges: rows of x past M and weight rows past N are read clamped (their
-results are never stored: every output element is guarded); a K tail (K % 32, dense only)
-reads clamped addresses and stores zeros.
+f32, rounded in pairs by ``cvt.rn.{bf16,f16}x2.f32``; one 16-byte load of weight words; one
+16-byte workgroup store); Q4_0/Q4_1/Q8_0 in half-blocks (the scale and 8 or 16 quant bytes of
+one 32-element block per thread, decoded in f32 into two chunks); Q4_K/Q6_K element by
+element with the oracle's own decoder (:data:`poot.dialects.lowering.packed.DECODERS` via
+:mod:`._scalar`, byte loads; correct, not fast). Ragged edges: rows of x past M and weight
+rows past N are read clamped (their results are never stored: every output element is
+guarded); a K tail (K % BK, dense only) reads clamped addresses and stores zeros; K % 8 != 0
+(dense) stages element by element with scalar loads.
 
-Fragment layouts: PTX ISA, "Warp-level matrix fragments for mma.m16n8k16 with floating point
-type" (section 9.7.14.5.8 of PTX ISA 8.x) and ``ldmatrix`` (9.7.14.5.15); the lane maps are
+Fragment layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"
+(warp-level matrix multiply-accumulate, ``mma``) and "Warp-level matrix load instruction:
+ldmatrix" (section numbers move between ISA versions); the lane maps are
 :func:`a_fragment`, :func:`b_fragment`, :func:`c_fragment`, :func:`a_ldmatrix_row`,
 :func:`b_ldmatrix_row`, checked against numpy matmul by an emulation in the tests.
 
@@ -53,9 +58,12 @@ mma type, so per output element::
 
 with u = 2^-8 (bf16) or 2^-11 (f16) for x, u_w = 0 for bf16/f16 weights (read exactly),
 2^-11 for packed weights (decoded values rounded to f16); K * 2^-23 covers f32 summation in
-another order (and the tensor cores' internal accumulation). For random data that is about
-4e-3 (bf16) and 5e-4 (f16) of max |y|. f16 overflows above 65504: activations larger than
-that become inf (as in llama.cpp's f16 GEMM path).
+another order (and the tensor cores' internal accumulation); ``error_bound`` computes it and
+the tests hold every element to it. It is a worst case (all rounding errors aligned): for
+random data it is ~1e-2 (bf16) / ~2e-3 to 1e-2 (f16, packed) of max |y|, while the errors
+seen (lavapipe, emulated mma) are ~sqrt(K) smaller: ~2e-3 (bf16), ~2e-4 to 3e-4 (f16,
+packed) of max |y|. f16 overflows above 65504: activations larger than that become inf (as
+in llama.cpp's f16 GEMM path).
 
 ``EMULATE_MMA`` (tests only): the same kernel -- tiling, staging, decode, double buffering,
 epilogue -- with each mma replaced by the 16-term dot products of the lane's own fragment
@@ -78,11 +86,12 @@ from poot.backends.gpu.strategies.matmul import (MAX_M, GemvMatch, _ArgsSeen, _a
                                                  _op, _strip, _ttype, match)
 from poot.dialects.types import DType
 
-#: K step (elements) staged through workgroup memory per iteration: two m16n8k16 k-steps, and
-#: exactly one Q4_0/Q4_1/Q8_0 block (one 32-element sub-block of a K-quant super-block)
-BK = 32
-#: row stride of the workgroup tiles, 16-bit words (80 bytes: 16-byte aligned rows)
-LDS = BK + 8
+#: K steps (elements per iteration, staged through workgroup memory) tried, largest first:
+#: multiples of 32 (whole Q4_0/Q4_1/Q8_0 blocks, K-quant sub-blocks) and of 16 (mma k)
+BKS = (128, 64, 32)
+#: padding of the workgroup rows, 16-bit words: rows of BK + 8 words are 16-byte aligned
+#: (ldmatrix) and their 8-row phases hit distinct banks
+PAD = 8
 WARP = 32
 
 #: packed formats with a dedicated half-block decoder; others the match takes (Q4_K, Q6_K)
@@ -91,9 +100,9 @@ FAST_PACKED = ("q4_0", "q4_1", "q8_0")
 
 #: tests: emulate mma.sync from workgroup memory (see the module doc)
 EMULATE_MMA = False
-#: benchmarks: a ``(BM, BN)`` to use instead of :func:`choose_tiling`'s (bench/gpu_run/
+#: benchmarks: a ``(BM, BN, BK)`` to use instead of :func:`choose_tiling`'s (bench/gpu_run/
 #: gemm_check.py times the variants on the device)
-FORCE_TILING: tuple[int, int] | None = None
+FORCE_TILING: tuple[int, int, int] | None = None
 
 _WG = "#gpu.address_space<workgroup>"
 
@@ -148,12 +157,19 @@ def has_mma(caps) -> bool:
 
 @dataclass(frozen=True)
 class Tiling:
-    """Block tile ``BM x BN`` of y, ``WM x WN`` warps each owning ``mt x nt`` mma tiles."""
+    """Block tile ``BM x BN`` of y, ``WM x WN`` warps each owning ``mt x nt`` mma tiles, K
+    advancing ``BK`` at a time."""
 
     BM: int
     BN: int
     WM: int
     WN: int
+    BK: int = 32
+
+    @property
+    def LDS(self) -> int:
+        """Row stride of the workgroup tiles (16-bit words)."""
+        return self.BK + PAD
 
     @property
     def T(self) -> int:
@@ -177,24 +193,37 @@ class Tiling:
 
     @property
     def smem_bytes(self) -> int:
-        return 2 * (self.BM + self.BN) * LDS * 2
+        return 2 * (self.BM + self.BN) * self.LDS * 2
 
 
 #: warps (rows x columns of the block tile) per BM
 WARPS = {16: (1, 4), 32: (1, 4), 64: (2, 2), 128: (4, 2)}
 
 
-def choose_tiling(M: int, N: int, cores: int, max_shared: int = 48 * 1024) -> Tiling:
+def choose_tiling(M: int, N: int, K: int, cores: int, max_shared: int = 48 * 1024,
+                  packed: bool = False) -> Tiling:
     """BM: the smallest of 16/32/64/128 holding M (128 beyond); BN: the largest of 128/64/32
     whose grid still has a block per compute unit (32 when none does) and whose tiles fit in
-    ``max_shared`` bytes. Warps: 1 x 4 for BM <= 32, 2 x 2 for 64, 4 x 2 for 128 (warp tiles
-    16-32 rows x 8-64 columns)."""
+    ``max_shared`` bytes; BK: the largest of :data:`BKS` that fits (and divides K for a
+    packed weight): more bytes in flight per thread while the mma's run, which the few
+    blocks of a prefill grid need to stream the weight. Warps: 1 x 4 for BM <= 32, 2 x 2
+    for 64, 4 x 2 for 128 (warp tiles 16-32 rows x 8-64 columns)."""
     BM = next((b for b in (16, 32, 64) if M <= b), 128)
     WM, WN = WARPS[BM]
     mb = -(-M // BM)
     BN = next((b for b in (128, 64) if -(-N // b) * mb >= cores and
                Tiling(BM, b, WM, WN).smem_bytes <= max_shared), 32)
-    return Tiling(BM, BN, WM, WN)
+    return with_bk(Tiling(BM, BN, WM, WN), K, max_shared, packed)
+
+
+def with_bk(t: Tiling, K: int, max_shared: int, packed: bool) -> Tiling:
+    """``t`` with the largest K step of :data:`BKS` that fits (see :func:`choose_tiling`)."""
+    for bk in BKS:
+        c = Tiling(t.BM, t.BN, t.WM, t.WN, bk)
+        if c.smem_bytes <= max_shared and (not packed or K % bk == 0) and \
+                (bk == 32 or bk <= K):
+            return c
+    return Tiling(t.BM, t.BN, t.WM, t.WN, 32)
 
 
 def error_bound(x: np.ndarray, w: np.ndarray, mma: str) -> np.ndarray:
@@ -236,10 +265,11 @@ class _GemmKernel:
             self.wtype = f"memref<{w.nbytes // 2}xi16>"
         else:
             self.wtype = f"memref<{w.nbytes}xi8>"
-        self.sa_t = f"memref<2x{t.BM}x{LDS}xi16, {_WG}>"
-        self.sb_t = f"memref<2x{t.BN}x{LDS}xi16, {_WG}>"
-        self.KT = -(-m.K // BK)
-        self.ktail = m.K % BK != 0                  # dense only (packed K is whole blocks)
+        self.BK = t.BK
+        self.sa_t = f"memref<2x{t.BM}x{t.LDS}xi16, {_WG}>"
+        self.sb_t = f"memref<2x{t.BN}x{t.LDS}xi16, {_WG}>"
+        self.KT = -(-m.K // t.BK)
+        self.ktail = m.K % t.BK != 0                # dense only (packed: K % BK == 0)
         self.k8 = m.K % 8 == 0                      # chunks are whole (16-byte aligned)
 
     # -- small helpers
@@ -325,6 +355,33 @@ class _GemmKernel:
         for i, h in enumerate(halves):
             self.e.raw(f"memref.store {h}, {smem}[{buf}, {row}, {self.add(colx, i)}] : {st}")
 
+    def store_f32_chunk(self, buf: str, smem: str, st: str, row: str, col, vals: list[str],
+                        valid: str | None = None):
+        """8 f32 values rounded to the mma input type into ``smem[buf, row, col:col+8]``
+        (zeros where ``valid`` is false). On CUDA pairs round with one ``cvt.rn.bf16x2.f32``
+        / ``cvt.rn.f16x2.f32`` each (``nvvm.convert.f32x2.to.*``; round to nearest even, as
+        :meth:`half_bits`) and the chunk is one 16-byte store."""
+        if not self.vec:
+            zero = self.c(0, "i16")
+            hs = [self.half_bits(x) for x in vals]
+            if valid is not None:
+                hs = [self.op(f"arith.select {valid}, {h}, {zero} : i16") for h in hs]
+            self.store_chunk(buf, smem, st, row, col, hs)
+            return
+        ty = "bf16" if self.bf16 else "f16"
+        words = []
+        for lo, hi in zip(vals[0::2], vals[1::2]):
+            p = self.op(f"nvvm.convert.f32x2.to.{ty}x2 {hi}, {lo} "
+                        f"{{rnd = #nvvm.fp_rnd_mode<rn>}} : vector<2x{ty}>")
+            w = self.op(f"vector.bitcast {p} : vector<2x{ty}> to vector<1xi32>")
+            words.append(self.op(f"vector.extract {w}[0] : i32 from vector<1xi32>"))
+        v4 = self.op(f"vector.from_elements {', '.join(words)} : vector<4xi32>")
+        v = self.op(f"vector.bitcast {v4} : vector<4xi32> to vector<8xi16>")
+        if valid is not None:
+            zv = self.op("arith.constant dense<0> : vector<8xi16>")
+            v = self.op(f"arith.select {valid}, {v}, {zv} : vector<8xi16>")
+        self.store_vec(buf, smem, st, row, col, v)
+
     def store_vec(self, buf, smem, st, row, col, vec: str):
         colx = col if isinstance(col, str) else self.c(col)
         self.e.raw(f"vector.store {vec}, {smem}[{buf}, {row}, {colx}] "
@@ -343,34 +400,41 @@ class _GemmKernel:
             out.append(j)
         return out
 
+    def split(self, j: str, n: int) -> tuple[str, str]:
+        """``(j // n, j % n)`` for a power of two ``n``."""
+        sh = n.bit_length() - 1
+        return (self.op(f"arith.shrui {j}, {self.c(sh)} : index"),
+                self.op(f"arith.andi {j}, {self.c(n - 1)} : index"))
+
     def prepare(self):
-        """Per-job base indices (outside the K loop)."""
-        m, t = self.m, self.t
+        """Per-job base indices (outside the K loop): chunks of 8 k of x rows (and dense
+        weight rows), half-blocks of packed weight rows."""
+        m, t, cpr = self.m, self.t, self.BK // 8        # chunks per row
         self.a_jobs = []
-        for j in self.jobs(t.BM * 4):
-            row = self.op(f"arith.shrui {j}, {self.c(2)} : index")
-            kc8 = self.mul(self.op(f"arith.andi {j}, {self.c(3)} : index"), 8)
+        for j in self.jobs(t.BM * cpr):
+            row, kc = self.split(j, cpr)
             mg = self.minu(self.add(self.m0, row), m.M - 1)
-            self.a_jobs.append((row, kc8, self.mul(mg, m.K)))
+            self.a_jobs.append((row, self.mul(kc, 8), self.mul(mg, m.K)))
         self.b_jobs = []
         if self.kind in FAST_PACKED:
             per = {"q4_0": 9, "q4_1": 5, "q8_0": 17}[self.kind]      # words per block
-            for j in self.jobs(t.BN * 2):
-                nl = self.op(f"arith.shrui {j}, {self.c(1)} : index")
-                h = self.op(f"arith.andi {j}, {self.c(1)} : index")
+            hpr = self.BK // 16                                      # half-blocks per row
+            for j in self.jobs(t.BN * hpr):
+                nl, r = self.split(j, hpr)
+                b, h = self.split(r, 2)
                 ng = self.minu(self.add(self.n0, nl), m.N - 1)
-                self.b_jobs.append((nl, h, self.mul(self.mul(ng, m.K // BK), per)))
+                base = self.mul(self.add(self.mul(ng, m.K // 32), b), per)
+                self.b_jobs.append((nl, h, self.mul(b, 32), base))
         else:
-            for j in self.jobs(t.BN * 4):
-                nl = self.op(f"arith.shrui {j}, {self.c(2)} : index")
-                kc8 = self.mul(self.op(f"arith.andi {j}, {self.c(3)} : index"), 8)
+            for j in self.jobs(t.BN * cpr):
+                nl, kc = self.split(j, cpr)
                 ng = self.minu(self.add(self.n0, nl), m.N - 1)
-                self.b_jobs.append((nl, kc8, ng))
+                self.b_jobs.append((nl, self.mul(kc, 8), ng))
 
     def k_at(self, kt: str, kc8: str, e: int = 0):
         """(valid i1 or None, clamped k) of element ``e`` of a chunk at ``kt * BK + kc8``."""
         m = self.m
-        k = self.add(self.add(self.mul(kt, BK), kc8), e)
+        k = self.add(self.add(self.mul(kt, self.BK), kc8), e)
         if not self.ktail:
             return None, k
         valid = self.op(f"arith.cmpi ult, {k}, {self.c(m.K)} : index")
@@ -411,9 +475,9 @@ class _GemmKernel:
                         els.append((valid, self.load_w(self.add(base, k), 1)[0]))
                     raw["b"].append(els)
             elif self.kind in FAST_PACKED:
-                nl, h, base = job
+                nl, h, _, base = job
                 per = {"q4_0": 9, "q4_1": 5, "q8_0": 17}[self.kind]
-                blk = self.add(base, self.mul(kt, per))
+                blk = self.add(base, self.mul(kt, per * (self.BK // 32)))
                 if self.kind == "q4_0":      # d | qs[16]: this half's 8 bytes at 2 + 8h
                     q0 = self.add(self.add(blk, 1), self.mul(h, 4))
                     raw["b"].append(self.load_w(blk, 1) + self.load_w(q0, 4))
@@ -431,19 +495,15 @@ class _GemmKernel:
         """Convert / decode the loaded values of K step ``kt`` into workgroup buffer ``buf``."""
         e = self.e
         zero = self.c(0, "i16")
+        fzero = self.c(0.0, "f32")
         for (row, kc8, _), r in zip(self.a_jobs, raw["a"]):
             if self.k8:
                 valid, vals = r
-                hs = [self.half_bits(x) for x in self.f32x8(vals)]
-                if valid is not None:
-                    hs = [self.op(f"arith.select {valid}, {h}, {zero} : i16") for h in hs]
+                self.store_f32_chunk(buf, "%sa", self.sa_t, row, kc8, self.f32x8(vals), valid)
             else:
-                hs = []
-                for valid, x in r:
-                    h = self.half_bits(x)
-                    hs.append(h if valid is None else
-                              self.op(f"arith.select {valid}, {h}, {zero} : i16"))
-            self.store_chunk(buf, "%sa", self.sa_t, row, kc8, hs)
+                xs = [x if valid is None else self.op(f"arith.select {valid}, {x}, {fzero} : f32")
+                      for valid, x in r]
+                self.store_f32_chunk(buf, "%sa", self.sa_t, row, kc8, xs)
         for job, r in zip(self.b_jobs, raw["b"]):
             if self.kind == "dense":
                 nl, kc8, _ = job
@@ -462,24 +522,24 @@ class _GemmKernel:
                           self.op(f"arith.select {valid}, {h}, {zero} : i16") for valid, h in r]
                 self.store_chunk(buf, "%sb", self.sb_t, nl, kc8, hs)
             elif self.kind in FAST_PACKED:
-                nl, h, _ = job
-                getattr(self, "_st_" + self.kind)(r, nl, h, buf)
+                nl, h, kb, _ = job
+                getattr(self, "_st_" + self.kind)(r, nl, (h, kb), buf)
             else:
                 nl, kc8, ng = job
-                hs = []
                 with self.wse.scope():
-                    for i in range(8):
-                        k = self.add(self.add(self.mul(kt, BK), kc8), i)
-                        hs.append(self.half_bits(self.wse.value(self.deq, (ng, k))))
-                self.store_chunk(buf, "%sb", self.sb_t, nl, kc8, hs)
+                    vals = [self.wse.value(self.deq, (ng, self.add(self.add(
+                        self.mul(kt, self.BK), kc8), i))) for i in range(8)]
+                    self.store_f32_chunk(buf, "%sb", self.sb_t, nl, kc8, vals)
         del e
 
-    def _two_chunks(self, lo: list[str], hi: list[str], nl, h, buf, step: int):
-        """Store decoded f32 values ``lo`` at k = 8h and ``hi`` at k = 8h + ``step``."""
-        k0 = self.mul(h, 8) if step == 16 else self.mul(h, 16)
-        self.store_chunk(buf, "%sb", self.sb_t, nl, k0, [self.half_bits(x) for x in lo])
-        self.store_chunk(buf, "%sb", self.sb_t, nl, self.add(k0, step),
-                         [self.half_bits(x) for x in hi])
+    def _two_chunks(self, lo: list[str], hi: list[str], nl, hkb, buf, step: int):
+        """Store decoded f32 values ``lo`` at k = kb + 8h (``step`` 16: Q4 halves) or kb + 16h
+        (``step`` 8: Q8_0), ``hi`` ``step`` further; ``hkb`` = (h, kb: the block's first k in
+        the tile)."""
+        h, kb = hkb
+        k0 = self.add(kb, self.mul(h, 8) if step == 16 else self.mul(h, 16))
+        self.store_f32_chunk(buf, "%sb", self.sb_t, nl, k0, lo)
+        self.store_f32_chunk(buf, "%sb", self.sb_t, nl, self.add(k0, step), hi)
 
     def _st_q4_0(self, r, nl, h, buf):
         # ggml: x[j] = (qs[j] & 15) - 8, x[j + 16] = (qs[j] >> 4) - 8, times d
@@ -521,10 +581,11 @@ class _GemmKernel:
 
     # -- mma
     def fragments_and_mma(self, cur: str, accs: list) -> list:
-        """One K step (BK = 2 x 16) of the warp's ``mt x nt`` tiles from buffer ``cur``;
-        ``accs[i][j]`` = 4 f32 names (:func:`c_fragment` order); returns the new ones."""
+        """One K step (BK / 16 mma k-steps) of the warp's ``mt x nt`` tiles from buffer
+        ``cur``; ``accs[i][j]`` = 4 f32 names (:func:`c_fragment` order); returns the new
+        ones."""
         t = self.t
-        for ks in range(BK // 16):
+        for ks in range(self.BK // 16):
             if self.emulate:
                 accs = self._emulated(cur, ks, accs)
                 continue
@@ -717,8 +778,10 @@ class _GemmKernel:
         if self.kind == "generic" and self.wse.consts:
             raise ScalarUnsupported("constant buffers in the weight decode")
         sig = ", ".join(f"{a}: {b}" for a, b in params)
+        # 16-byte aligned tiles (ldmatrix rows, 16-byte stores): the default is the element's
         text = (f"gpu.module @poot_gemm {{\n"
-                f"  gpu.func @gemm({sig}) workgroup(%sa: {self.sa_t}, %sb: {self.sb_t}) "
+                f"  gpu.func @gemm({sig}) workgroup(%sa: {self.sa_t} {{llvm.align = 16 : i64}}, "
+                f"%sb: {self.sb_t} {{llvm.align = 16 : i64}}) "
                 f"kernel attributes {{known_block_size = array<i32: {t.T}, 1, 1>}} {{\n"
                 f"{e.k.text()}\n    gpu.return\n  }}\n}}\n")
         return text, slots, consts
@@ -762,10 +825,14 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     if w.layout == "kn" or (w.layout == "nk" and w.dtype not in (DType.BF16, DType.F16)):
         return None                 # f32 weights, [K, N] weights: the generic mapping
     shared = getattr(caps, "max_shared_bytes", 0) or 0
-    t = choose_tiling(m.M, m.N, max(1, int(getattr(caps, "cores", 1) or 1)), shared)
+    packed = w.layout == "packed"
+    t = choose_tiling(m.M, m.N, m.K, max(1, int(getattr(caps, "cores", 1) or 1)), shared,
+                      packed)
     if FORCE_TILING is not None:
-        BM, BN = FORCE_TILING
-        t = Tiling(BM, BN, *WARPS[BM])
+        BM, BN, BK = FORCE_TILING
+        t = Tiling(BM, BN, *WARPS[BM], BK)
+        if packed and m.K % BK:
+            return None
     if t.smem_bytes > shared:
         return None
     try:
@@ -777,5 +844,6 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
                                      (t.T, 1, 1))], consts=consts)
 
 
-__all__ = ["BK", "EMULATE_MMA", "FORCE_TILING", "WARPS", "error_bound", "LDS", "Tiling", "a_fragment", "a_ldmatrix_row", "b_fragment",
-           "b_ldmatrix_row", "c_fragment", "choose_tiling", "gemm", "has_mma"]
+__all__ = ["BKS", "EMULATE_MMA", "FORCE_TILING", "PAD", "WARPS", "Tiling", "a_fragment",
+           "a_ldmatrix_row", "b_fragment", "b_ldmatrix_row", "c_fragment", "choose_tiling",
+           "error_bound", "gemm", "has_mma", "with_bk"]
