@@ -15,12 +15,15 @@ here (MLIR), checked and timed on the GPU machine (no MLIR there).
   bound stated in the strategy's docstring, :func:`~poot.backends.gpu.strategies.gemm.
   error_bound`, times the epilogue's slope). A case passes when every ``|got - want| <=
   bound``.
-* ``timing/<name>/``: PTX of the bf16 (and Q4_0) 4096x4096 and 14336x4096 GEMMs at 32 and
-  128 tokens, with the tile the strategy picks and forced variants (BN 32/64/128); the
-  check fills the inputs with random values on the host (nothing large travels) and times
-  ``REPS`` launches per CUDA graph with CUDA events, min over rounds; torch.matmul (bf16,
-  x already bf16) on the same shapes gives the ratio. Weights up to 117 MB: the 4096x4096
-  ones fit the H200's 50 MB L2, so those numbers are L2-warm (the same holds for torch).
+* ``timing/<name>/``: PTX of the bf16 and Q4_0 GEMMs N x K = 4096x4096 and 14336x4096 at
+  M = 32 and 128 tokens (x f32 [M, K], y f32 [M, N]), with the tile the strategy picks
+  (``strategy_own_tile``) and every other BN x BK of the same BM that fits (names end in
+  ``_BMxBNxBK``); the check fills the inputs with random values on the host (nothing large
+  travels) and times 20 launches per CUDA graph x 10 graph replays between CUDA events, min
+  of 3; torch.matmul (bf16 x bf16, x already bf16) on the same shapes gives the ratio.
+  Weights up to 117 MB: the 4096x4096 ones fit the H200's 50 MB L2, so those numbers are
+  L2-warm (the same holds for torch). ``summary`` lists per shape the strategy's tile and the
+  fastest one.
 * ``prefill/``: the tiny Llama Q4_1 fixture's 32-token prefill step, planned for CUDA (its
   matmuls through the GEMM), with the oracle's per-dispatch and whole-step results (the
   device check of :mod:`poot.backends.cuda.devcheck`, run at the f16-input tolerance
@@ -63,7 +66,6 @@ CASES = [
 
 #: timing GEMMs: (format, M, N, K)
 TIMING = [(f, M, N, 4096) for f in ("bf16", "q4_0") for N in (4096, 14336) for M in (32, 128)]
-TILE_VARIANTS = (32, 64, 128)          # forced BN on top of the strategy's own choice
 
 #: devcheck tolerance for the prefill bundle (relative to max(1, max|want|)): f16 inputs
 PREFILL_TOL = 5e-3
@@ -140,9 +142,25 @@ def build_case(folder: Path, fmt, M, N, K, epilogue, caps, seed=0) -> dict:
             "strategies": art.meta["strategies"]}
 
 
-def build_timing(folder: Path, fmt, M, N, K, caps, bn: int | None) -> dict:
-    """PTX only: the weight and x are random on the device. ``bn``: force that BN (the BM
-    the strategy picks), None: the strategy's own tile."""
+def tiles(fmt, M, N, K, caps) -> list[tuple[int, int, int]]:
+    """(BM, BN, BK) to time: the strategy's own first, then every BN x BK of the same BM
+    that fits in workgroup memory (and, packed, divides K)."""
+    from poot.backends.gpu.strategies import gemm as G
+
+    packed = fmt not in ("bf16", "f16")
+    own = G.choose_tiling(M, N, K, caps.cores, caps.max_shared_bytes, packed)
+    out = [(own.BM, own.BN, own.BK)]
+    for bn in (32, 64, 128):
+        for bk in G.BKS:
+            t = G.Tiling(own.BM, bn, *G.WARPS[own.BM], bk)
+            if t.smem_bytes <= caps.max_shared_bytes and not (packed and K % bk) and \
+                    (t.BM, t.BN, t.BK) not in out:
+                out.append((t.BM, t.BN, t.BK))
+    return out
+
+
+def build_timing(folder: Path, fmt, M, N, K, caps, tile) -> dict:
+    """PTX only: the weight and x are random on the device. ``tile``: (BM, BN, BK)."""
     from mlir import ir
 
     from poot.backends.gpu.strategies import gemm as G
@@ -151,22 +169,15 @@ def build_timing(folder: Path, fmt, M, N, K, caps, bn: int | None) -> dict:
 
     with make_context(), ir.Location.unknown():
         g = Graph.from_module(ir.Module.parse(_region_text(fmt, M, N, K)))
-    packed = fmt not in ("bf16", "f16")
-    own = G.choose_tiling(M, N, K, caps.cores, caps.max_shared_bytes, packed)
-    if bn is None:
-        tile = (own.BM, own.BN, own.BK)
-    else:
-        t = G.with_bk(G.Tiling(own.BM, bn, *G.WARPS[own.BM]), K, caps.max_shared_bytes, packed)
-        tile = (t.BM, t.BN, t.BK)
     old = G.FORCE_TILING
     try:
-        G.FORCE_TILING = tile
+        G.FORCE_TILING = tuple(tile)
         art = _region_artifact(g, caps)
     finally:
         G.FORCE_TILING = old
     art.save(str(folder))
     return {"fmt": fmt, "M": M, "N": N, "K": K, "tile_bm_bn_bk": list(tile),
-            "strategy_own_tile": bn is None, "strategies": art.meta["strategies"],
+            "strategies": art.meta["strategies"],
             "launch": [(L["grid"], L["block"]) for L in art.plan["launches"]
                        if L["op"] == "kernel"]}
 
@@ -233,9 +244,10 @@ def build(out: str) -> dict:
                              f"{man['cases'][name]['strategies']}")
         print(f"case {name}: built", flush=True)
     for fmt, M, N, K in TIMING:
-        for bn in (None,) + TILE_VARIANTS:
-            name = f"{fmt}_{M}x{N}x{K}" + ("" if bn is None else f"_bn{bn}")
-            man["timing"][name] = build_timing(d / "timing" / name, fmt, M, N, K, caps, bn)
+        for i, tile in enumerate(tiles(fmt, M, N, K, caps)):
+            name = f"{fmt}_{M}x{N}x{K}_" + "x".join(map(str, tile))
+            man["timing"][name] = build_timing(d / "timing" / name, fmt, M, N, K, caps, tile)
+            man["timing"][name]["strategy_own_tile"] = i == 0
             print(f"timing {name}: built", flush=True)
     man["prefill"] = build_prefill(d / "prefill")
     man["build_s"] = round(time.perf_counter() - t0, 1)
@@ -360,17 +372,24 @@ def _torch_time(M, N, K, reps: int, rounds: int) -> float | None:
     return best
 
 
+_INPUTS: dict = {}
+
+
 def check_timing(dev, folder: Path, spec: dict, reps=20, rounds=10) -> dict:
     rt, CudaArtifact = _rt()
     art = CudaArtifact.load(str(folder))
     runner = rt.StepRunner(dev, art, {})
-    runner.step(_random_inputs(art.plan, spec["fmt"]), read=["r0"])
+    key = (spec["fmt"], spec["M"], spec["N"], spec["K"])
+    if key not in _INPUTS:
+        _INPUTS.clear()
+        _INPUTS[key] = _random_inputs(art.plan, spec["fmt"])
+    runner.step(_INPUTS[key], read=["r0"])
     got = runner.step(None, read=["r0"])["r0"]
     s = _time_graph(dev, runner, reps, rounds)
     flops = 2.0 * spec["M"] * spec["N"] * spec["K"]
     out = {"us": round(s * 1e6, 2), "tflops": round(flops / s / 1e12, 2),
-           "finite": bool(np.isfinite(got).all()), "launch": spec.get("launch"),
-           "strategies": art.meta.get("strategies")}
+           "finite": bool(np.isfinite(got).all()), "tile_bm_bn_bk": spec.get("tile_bm_bn_bk"),
+           "strategy_own_tile": spec.get("strategy_own_tile"), "launch": spec.get("launch")}
     return out
 
 
@@ -432,7 +451,28 @@ def check(folder: str, only_correctness: bool = False) -> dict:
         except Exception as e:  # noqa: BLE001
             rep["timing"][name] = {"error": f"{type(e).__name__}: {e}"}
         print(name, json.dumps(rep["timing"][name]), flush=True)
+    rep["summary"] = summarize(man, rep)
+    print(json.dumps({"summary": rep["summary"]}, indent=1), flush=True)
     return rep
+
+
+def summarize(man: dict, rep: dict) -> dict:
+    """Per timed shape: the strategy's own tile and the fastest tile (us, TFLOP/s, vs torch)."""
+    out: dict = {}
+    for name, spec in man["timing"].items():
+        r = rep["timing"].get(name, {})
+        if "us" not in r:
+            continue
+        key = f"{spec['fmt']} M={spec['M']} N={spec['N']} K={spec['K']}"
+        e = out.setdefault(key, {"torch_bf16_us": r.get("torch_bf16_us"),
+                                 "torch_bf16_tflops": r.get("torch_bf16_tflops")})
+        brief = {"tile_bm_bn_bk": spec["tile_bm_bn_bk"], "us": r["us"], "tflops": r["tflops"],
+                 "speed_vs_torch": r.get("speed_vs_torch")}
+        if spec.get("strategy_own_tile"):
+            e["own"] = brief
+        if "best" not in e or r["us"] < e["best"]["us"]:
+            e["best"] = brief
+    return out
 
 
 def main(argv=None) -> int:
