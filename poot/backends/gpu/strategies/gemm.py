@@ -83,7 +83,7 @@ from poot.backends.gpu.kernels import Launch
 from poot.backends.gpu.strategies import Synthesized, register
 from poot.backends.gpu.strategies._scalar import ScalarEmitter, ScalarUnsupported, buffer_type
 from poot.backends.gpu.strategies.matmul import (MAX_M, GemvMatch, _ArgsSeen, _arg_no, _Emit,
-                                                 _op, _strip, _ttype, match)
+                                                 _op, _ttype, match)
 from poot.dialects.types import DType
 
 #: K steps (elements per iteration, staged through workgroup memory) tried, largest first:
@@ -414,7 +414,8 @@ class _GemmKernel:
         for j in self.jobs(t.BM * cpr):
             row, kc = self.split(j, cpr)
             mg = self.minu(self.add(self.m0, row), m.M - 1)
-            self.a_jobs.append((row, self.mul(kc, 8), self.mul(mg, m.K)))
+            self.a_jobs.append((row, self.mul(kc, 8),
+                                mg if m.x_arg is None else self.mul(mg, m.K)))
         self.b_jobs = []
         if self.kind in FAST_PACKED:
             per = {"q4_0": 9, "q4_1": 5, "q8_0": 17}[self.kind]      # words per block
@@ -431,21 +432,30 @@ class _GemmKernel:
                 ng = self.minu(self.add(self.n0, nl), m.N - 1)
                 self.b_jobs.append((nl, self.mul(kc, 8), ng))
 
-    def k_at(self, kt: str, kc8: str, e: int = 0):
-        """(valid i1 or None, clamped k) of element ``e`` of a chunk at ``kt * BK + kc8``."""
+    def k_at(self, kt: str, kc8: str, e: int = 0, exact: bool = False):
+        """(valid i1 or None, clamped k) of element ``e`` of a chunk at ``kt * BK + kc8``
+        (clamped to the last chunk, or with ``exact`` or K % 8, to the last element)."""
         m = self.m
         k = self.add(self.add(self.mul(kt, self.BK), kc8), e)
         if not self.ktail:
             return None, k
         valid = self.op(f"arith.cmpi ult, {k}, {self.c(m.K)} : index")
-        return valid, self.minu(k, m.K - (8 if self.k8 else 1))
+        return valid, self.minu(k, m.K - (8 if self.k8 and not exact else 1))
 
     def load_stage(self, kt: str) -> dict:
         """Issue the global loads of K step ``kt``: raw values, converted later."""
         m = self.m
         raw: dict = {"a": [], "b": []}
         for row, kc8, base in self.a_jobs:
-            if self.k8:
+            if self.m.x_arg is None:            # an expression: its loads, element by element
+                xs = []
+                for e in range(8):
+                    valid, k = self.k_at(kt, kc8, e, exact=True)
+                    v = self.se.value(self.m.x, (base, k))
+                    xs.append(v if valid is None else
+                              self.op(f"arith.select {valid}, {v}, {self.c(0.0, 'f32')} : f32"))
+                raw["a"].append(xs)
+            elif self.k8:
                 valid, k = self.k_at(kt, kc8)
                 raw["a"].append((valid, self.load_f32x8(self.add(base, k))))
             else:
@@ -497,7 +507,9 @@ class _GemmKernel:
         zero = self.c(0, "i16")
         fzero = self.c(0.0, "f32")
         for (row, kc8, _), r in zip(self.a_jobs, raw["a"]):
-            if self.k8:
+            if self.m.x_arg is None:
+                self.store_f32_chunk(buf, "%sa", self.sa_t, row, kc8, r)
+            elif self.k8:
                 valid, vals = r
                 self.store_f32_chunk(buf, "%sa", self.sa_t, row, kc8, self.f32x8(vals), valid)
             else:
@@ -672,7 +684,7 @@ class _GemmKernel:
                 return cur_acc[0]
             return None
 
-        se = _ArgsSeen(fn, e.k, [f"%e{i}" for i in range(nargs)], provide=provide)
+        se = self.se = _ArgsSeen(fn, e.k, [f"%e{i}" for i in range(nargs)], provide=provide)
         if self.kind == "generic":
             self.deq = next(o.results[0] for o in (x.operation for x in
                             fn.regions[0].blocks[0].operations)
@@ -735,7 +747,7 @@ class _GemmKernel:
             e.raw(f"scf.yield {', '.join(flat)} : {f32s}")
         e.raw("}")
         # the epilogue: accumulator q of tile (i, j) is y[row, col] (c_fragment)
-        x_reads: set = set()
+        x_reads = set(se.seen)                      # the arguments an expression x reads
         k = 0
         for i in range(t.mt):
             for j in range(t.nt):
@@ -761,8 +773,11 @@ class _GemmKernel:
                     k += 1
         cur_acc[0] = None
         ro = " {llvm.noalias, llvm.readonly}" if not self.emulate else ""
-        params = [("%x", self.xtype + ro), ("%w", self.wtype + ro)]
-        slots = [("arg", m.x_arg), ("arg", m.weight.arg)]
+        params = [("%w", self.wtype + ro)]
+        slots = [("arg", m.weight.arg)]
+        if m.x_arg is not None:
+            params.insert(0, ("%x", self.xtype + ro))
+            slots.insert(0, ("arg", m.x_arg))
         for i, a in enumerate(fn.regions[0].blocks[0].arguments):
             if f"%e{i}" in se.seen:
                 params.append((f"%e{i}", buffer_type(_ttype(a)) +
@@ -798,9 +813,10 @@ def _coords(se: ScalarEmitter, shape, M: int, N: int, row: str, col: str) -> lis
     return se.delinearize(se.iadd(se.imul(row, N), col), shape)
 
 
-def _x_is_argument(fn: ir.Operation) -> bool:
-    """Cheap pre-check: one matmul whose LHS (through reshapes) is an argument with M >
-    MAX_M (the full match also evaluates a folded norm, which this strategy refuses)."""
+def _x_without_reductions(fn: ir.Operation) -> bool:
+    """Cheap pre-check: one matmul with M > MAX_M whose LHS reads no ``poot.reduce`` (a norm
+    folded in front, which this strategy refuses; the full match would first evaluate it for
+    every row)."""
     mms = [o.operation for o in fn.regions[0].blocks[0].operations
            if o.operation.name == "poot.matmul"]
     if len(mms) != 1:
@@ -808,18 +824,26 @@ def _x_is_argument(fn: ir.Operation) -> bool:
     t = _ttype(mms[0].operands[0])
     if t is None or getattr(t, "rank", 0) != 2 or t.shape[0] <= MAX_M:
         return False
-    x = _strip(mms[0].operands[0], ("poot.reshape",))
-    return _op(x) is None
+    todo, seen = [mms[0].operands[0]], set()
+    while todo:
+        o = _op(todo.pop())
+        if o is None or o in seen:
+            continue
+        seen.add(o)
+        if o.name == "poot.reduce":
+            return False
+        todo.extend(o.operands)
+    return True
 
 
 @register("gemm")
 def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     """Prefill GEMM regions (see the module doc); None for anything else."""
     emulate = EMULATE_MMA and not has_mma(caps)
-    if not (has_mma(caps) or emulate) or not _x_is_argument(fn):
+    if not (has_mma(caps) or emulate) or not _x_without_reductions(fn):
         return None
     m = match(fn, max_m=None)
-    if m is None or m.M <= MAX_M or m.x_arg is None:
+    if m is None or m.M <= MAX_M or m.prologue:
         return None
     w = m.weight
     if w.layout == "kn" or (w.layout == "nk" and w.dtype not in (DType.BF16, DType.F16)):
