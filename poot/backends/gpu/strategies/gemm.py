@@ -3,17 +3,19 @@ with M > :data:`~.matmul.MAX_M` rows (prompt tokens) against a weight, its eleme
 epilogue fused. The regions are those the decode GEMV takes (:func:`.matmul.match`, here
 without its M limit), restricted to::
 
-    x   = reshape*(arg f32 [M, K])                               # an argument (no folded norm)
+    x   = reshape*(arg f32 [M, K])                               # an argument
+        | expr(args)            # elementwise / views of arguments, no row reductions (e.g.
+                                # the attention output's transpose in front of o_proj)
     w   = transpose(dequantize(arg packed [N, K]))                # Q4_0 Q4_1 Q8_0 Q4_K Q6_K
         | transpose(cast?(arg [N, K] bf16|f16))                   # dense, read as stored
     y   = matmul(x, w) {acc = f32}                                # [M, N], M > MAX_M
     out = epilogue(y, args...)  # elementwise on the M*N elements, as the GEMV fuses it
 
 Refused (None; the region keeps the generic linalg->GPU mapping): f32 weights, a dense
-weight stored [K, N], an expression x (a norm folded in front: the folding then keeps the
-norm as its own region), an epilogue that is not elementwise in y, and every target without
-``mma.sync`` m16n8k16: the decision is :func:`has_mma` on ``caps.features`` (an ``sm_XY``
-feature with XY >= 80, subgroup size 32); SPIR-V (Vulkan) targets have none.
+weight stored [K, N], an x that reads a row reduction (a norm folded in front: the folding
+then keeps the norm as its own region), an epilogue that is not elementwise in y, and every
+target without ``mma.sync`` m16n8k16: the decision is :func:`has_mma` on ``caps.features``
+(an ``sm_XY`` feature with XY >= 80, subgroup size 32); SPIR-V (Vulkan) targets have none.
 
 Types: bf16 weights -> ``mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32`` with x rounded to bf16;
 f16 and packed weights -> ``...f32.f16.f16.f32`` with x rounded to f16 and each weight
@@ -36,7 +38,8 @@ are read with ``ldmatrix.x4`` (``nvgpu.ldmatrix``) and multiplied with ``nvvm.mm
 (``nvgpu.mma.sync`` has no bf16 form in MLIR 22).
 
 Staging units: x and dense weights in *chunks* of 8 consecutive k (two 16-byte loads of x
-f32, rounded in pairs by ``cvt.rn.{bf16,f16}x2.f32``; one 16-byte load of weight words; one
+f32, or an expression x's 8 elements from :mod:`._scalar` (scalar loads), rounded in pairs by
+``cvt.rn.{bf16,f16}x2.f32``; one 16-byte load of weight words; one
 16-byte workgroup store); Q4_0/Q4_1/Q8_0 in half-blocks (the scale and 8 or 16 quant bytes of
 one 32-element block per thread, decoded in f32 into two chunks); Q4_K/Q6_K element by
 element with the oracle's own decoder (:data:`poot.dialects.lowering.packed.DECODERS` via
