@@ -247,11 +247,11 @@ def _bound(fmt, M, N, K, epilogue, inputs):
 
 #: (format, M, N, K, epilogue, forced (BM, BN, BK) or None: the strategy's own for lavapipe's
 #: 32 KiB of workgroup memory, BK 32)
-_EMU_CASES = [("bf16", 32, 64, 64, "none", None), ("bf16", 77, 100, 100, "residual", None),
-              ("bf16", 19, 40, 36, "silu_up", None), ("f16", 9, 72, 40, "residual", None),
-              ("f16", 130, 200, 96, "none", None), ("q4_0", 33, 100, 576, "silu_up", None),
-              ("q4_1", 40, 64, 256, "residual", None), ("q8_0", 100, 72, 128, "none", None),
-              ("q4_k", 20, 48, 512, "none", None), ("q6_k", 17, 40, 256, "residual", None),
+_EMU_CASES = [("bf16", 77, 100, 100, "residual", None),       # BM 128, 8 warps, all ragged
+              ("bf16", 19, 40, 36, "silu_up", None),          # K % 8: scalar staging
+              ("f16", 9, 72, 40, "residual", None), ("q4_0", 33, 100, 576, "silu_up", None),
+              ("q8_0", 100, 72, 128, "none", None), ("q4_k", 20, 48, 512, "none", None),
+              ("q6_k", 17, 40, 256, "residual", None),
               # K steps of 64 and 128: tails, several blocks per row and K step
               ("bf16", 40, 70, 200, "residual", (64, 32, 64)),
               ("f16", 12, 40, 300, "none", (16, 32, 128)),
