@@ -53,7 +53,9 @@ def nvvm_pipeline(chip: str = "sm_90", features: str = "+ptx80", opt: int = 3) -
         f"nvvm-attach-target{{chip={chip} features={features} O={opt}{link}}},"
         "lower-affine,arith-expand{include-bf16=true},convert-arith-to-llvm,"
         "convert-index-to-llvm{index-bitwidth=64},canonicalize,cse,"
-        "gpu.module(convert-gpu-to-nvvm{index-bitwidth=64 use-bare-ptr-memref-call-conv=true},"
+        # nvgpu (ldmatrix, of the tensor-core GEMM) first: convert-gpu-to-nvvm leaves it
+        "gpu.module(convert-nvgpu-to-nvvm,"
+        "convert-gpu-to-nvvm{index-bitwidth=64 use-bare-ptr-memref-call-conv=true},"
         "canonicalize,cse,reconcile-unrealized-casts),"
         "reconcile-unrealized-casts,gpu-module-to-binary{format=isa})"
     )

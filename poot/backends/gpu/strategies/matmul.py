@@ -167,8 +167,10 @@ def _match_weight(v: ir.Value, N: int, K: int) -> _Weight | None:
     return _Weight(a, layout, dtype=t.dtype, nbytes=t.nbytes)
 
 
-def match(fn: ir.Operation) -> GemvMatch | None:
-    """The region's GEMV, or None when ``fn`` is not exactly one (see the module doc)."""
+def match(fn: ir.Operation, max_m: int | None = MAX_M) -> GemvMatch | None:
+    """The region's GEMV, or None when ``fn`` is not exactly one (see the module doc).
+    ``max_m``: the largest M taken (None: any M; the prefill GEMM strategy of
+    :mod:`.gemm` matches the same regions for M > ``MAX_M``)."""
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
     mms = [o for o in ops if o.name == "poot.matmul"]
@@ -181,7 +183,7 @@ def match(fn: ir.Operation) -> GemvMatch | None:
         return None
     M, K = lt.shape
     N = rt.shape[1]
-    if M > MAX_M:
+    if max_m is not None and M > max_m:
         return None
     x = _strip(mm.operands[0], ("poot.reshape",))
     xa, xt = _arg_no(x), _ttype(x)
@@ -245,7 +247,10 @@ def _elementwise_epilogue(fn: ir.Operation, m: GemvMatch) -> bool:
     a broadcast of the result) or a data-dependent read of the result shows as another
     coordinate."""
     ns = sorted({0, 1, 2, m.N // 3, m.N // 2, m.N - 2, m.N - 1} & set(range(m.N)))
-    for row in range(m.M):
+    # every row of a decode GEMV; sample rows of a prefill GEMM (M up to thousands) as columns
+    rows = range(m.M) if m.M <= MAX_M else \
+        sorted({0, 1, 2, m.M // 3, m.M // 2, m.M - 2, m.M - 1} & set(range(m.M)))
+    for row in rows:
         for n in ns:
             def provide(v, idx, want=(row, n)):
                 if v == m.root:
