@@ -111,6 +111,13 @@ MAX_BLOCK_THREADS = 512
 #: keys one subgroup walks at most (at the full capacity S) for the single-kernel path; past
 #: it the key axis is split over blocks and a combine launch merges them (see plan_attention)
 SINGLE_MAX_KEYS = 64
+#: key elements (keys x head dim) the busiest subgroup of the single-kernel path may walk at
+#: the full capacity S. Measured on an H200 (graph-replayed, bench/gpu_run/attn_bench.py):
+#: with D = 128 (Llama-3-8B, 8 blocks) one launch beat split + combine at S = 512 (32 keys a
+#: warp: 5.2-20.7 us over positions 0-511 against a flat 15-16 us) but lost at S = 1024 (64
+#: keys: up to 37 us against 17.8); with D = 64, 64 keys a warp (S = 1024) still won on
+#: average over the positions
+SINGLE_MAX_KEY_ELEMS = 64 * 64
 #: query rows per block at most for the single-kernel path (decode: the q heads of a kv head)
 SINGLE_MAX_ROWS = 8
 
@@ -432,7 +439,8 @@ def batch_rounds(D: int, sg: int, DL: int) -> int:
 def _single_plan(reg: AttentionRegion, caps, sg: int, R: int, RG: int, dl_max: int,
                  CT: int) -> AttentionPlan | None:
     """The one-launch plan (``NS = 1``, ``W`` subgroups per block), or None when a subgroup
-    would walk more than :data:`SINGLE_MAX_KEYS` keys (or nothing fits)."""
+    would walk more than :data:`SINGLE_MAX_KEYS` keys or :data:`SINGLE_MAX_KEY_ELEMS` key
+    elements (or nothing fits)."""
     ndv = -(-reg.Dv // sg)
     threads = MAX_BLOCK_THREADS if R * ndv <= MAX_ACC_PER_LANE // 2 else MAX_BLOCK_THREADS // 2
     wmax = _pow2_floor(max(1, min(MAX_SUBGROUPS, threads // sg)))
@@ -455,7 +463,7 @@ def _single_plan(reg: AttentionRegion, caps, sg: int, R: int, RG: int, dl_max: i
                     best = (key, W, DL, per * KL)
                 W *= 2
         DL *= 2
-    if best is None or best[3] > SINGLE_MAX_KEYS:
+    if best is None or best[3] > SINGLE_MAX_KEYS or best[3] * reg.D > SINGLE_MAX_KEY_ELEMS:
         return None
     _, W, DL, _ = best
     KL = sg // DL
