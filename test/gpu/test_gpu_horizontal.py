@@ -153,10 +153,13 @@ def many_cores(vk):
 @pytest.mark.parametrize("Ns,dts", [([1200, 192], ["f32", "f32"]),
                                     ([1200, 576, 192], ["f32", "bf16", "f32"]),
                                     ([17, 576, 100], ["f16", "bf16", "f32"])])
-def test_sibling_gemvs_are_one_launch(vk, Ns, dts):
+def test_sibling_gemvs_are_one_launch(vk, Ns, dts, monkeypatch):
     """Different N: different block sizes (warps per block); the smaller ones run as virtual
-    blocks of the largest; one launch whose grid is the sum of the members' shares."""
-    from poot.backends.gpu.strategies import synthesize
+    blocks of the largest; one launch whose grid is the sum of the members' shares. (One
+    warp per column: split-K GEMVs all take 8-warp blocks.)"""
+    from poot.backends.gpu.strategies import matmul, synthesize
+
+    monkeypatch.setitem(matmul.TUNING, "ksplit", 1)
 
     vk = many_cores(vk)
     g, ins = _gemv_step(576, Ns, dts)

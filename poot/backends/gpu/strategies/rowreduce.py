@@ -142,16 +142,9 @@ def synthesize_rowreduce(fn: ir.Operation, caps, name: str = "rowreduce"):
                 provided[r.results[0]] = row_total(se, r, rowc, lane, tr, sg, p, workgroup)
                 pending.discard(r.results[0])
             if row_outs:
-                orows = {j: se.delinearize(row, types[j].shape[:-1]) for j in row_outs}
-                c = em.fresh("col")
-                em.line(f"scf.for {c} = {se.ix(lane)} to {se.ix(k)} step {se.ix(tr)} {{")
-                em.depth += 1
-                with se.scope():
-                    for j in row_outs:
-                        idx = orows[j] + [c]
-                        se.store(se.value(outs[j], idx), out_names[j], types[j], idx)
-                em.depth -= 1
-                em.line("}")
+                _row_outputs(se, em, outs, types, out_names, row_outs,
+                             {j: se.delinearize(row, types[j].shape[:-1]) for j in row_outs},
+                             lane, k, tr)
             if scalar_outs:
                 first = se.op(f"arith.cmpi eq, {se.ix(lane)}, {se.ix(0)} : index")
                 em.line(f"scf.if {first} {{")
@@ -174,6 +167,48 @@ def synthesize_rowreduce(fn: ir.Operation, caps, name: str = "rowreduce"):
     grid = (n_rows + rb - 1) // rb
     launch = Launch("kernel", slots, name, "k", (grid, 1, 1), (rb * tr, 1, 1), strategy=name)
     return Synthesized(text, [launch], consts=list(se.consts))
+
+
+def _row_outputs(se: ScalarEmitter, em: KernelEmitter, outs, types, out_names, row_outs,
+                 orows: dict, lane, k: int, tr: int) -> None:
+    """Store the row outputs ``row_outs`` (elementwise over the row's ``k`` columns, each
+    thread columns ``lane::tr``): ``V`` (at most :data:`ROW_CHAINS`) columns an iteration, all
+    their values computed before any is stored. Why: an output written in place over an
+    input it reads (a sampler's token-history row) cannot have its loads moved past its
+    stores by the compiler, so one column at a time each iteration waits on its own load
+    (a 128k-column history update by 1024 threads took most of a 40 us argmax kernel). Each
+    output column reads its inputs at its own column only, so loading V columns first is
+    the order the threads of the block already race in."""
+    rounds = -(-k // tr)
+    V = next(v for v in (ROW_CHAINS, 4, 2, 1) if v <= max(1, rounds // 2))
+    iters = -(-rounds // V)
+    ragged = iters * V * tr != k
+    c = em.fresh("it")
+    em.line(f"scf.for {c} = {se.ix(0)} to {se.ix(iters)} step {se.ix(1)} {{")
+    em.depth += 1
+    with se.scope():
+        vals = []
+        for v in range(V):
+            col = se.iadd(se.iadd(se.imul(c, V * tr), v * tr), lane)
+            inside = None
+            if ragged:
+                inside = se.op(f"arith.cmpi ult, {se.ix(col)}, {se.ix(k)} : index")
+                col = se.op(f"arith.minui {se.ix(col)}, {se.ix(k - 1)} : index")
+            with se.scope():
+                got = [(j, orows[j] + [col], se.value(outs[j], orows[j] + [col]))
+                       for j in row_outs]
+            vals.append((inside, got))
+        for inside, got in vals:
+            if inside is not None:
+                em.line(f"scf.if {inside} {{")
+                em.depth += 1
+            for j, idx, val in got:
+                se.store(val, out_names[j], types[j], idx)
+            if inside is not None:
+                em.depth -= 1
+                em.line("}")
+    em.depth -= 1
+    em.line("}")
 
 
 def reduce_kind(r: ir.Operation) -> str | None:
