@@ -73,8 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="decode-step replays timed back to back for replay_us_per_step; 0 = "
                         "skip (default: 100)")
     p.add_argument("--pipeline", choices=("auto", "on", "off"), default="auto",
-                   help="pipeline the decode loop: auto = where the device overlaps host and "
-                        "device work, else POOT_PIPELINE if set (default: auto)")
+                   help="pipeline the decode loop: auto = POOT_PIPELINE if set, else where "
+                        "the device overlaps host and device work (default: auto)")
     p.add_argument("--baseline", choices=BASELINES, default=None,
                    help="also run this baseline on the same shapes in the same process "
                         "(default: none)")
@@ -162,18 +162,23 @@ def replay_us_without_pdl(handle, n: int) -> float | None:
     dev = eng.device
     if not getattr(dev, "pdl", False) or not entry.kernel.artifact.plan.get("pdl") or n <= 0:
         return None
+    # the same graph as the entry's own recording (its feedback copies too), PDL off
+    copies = [(entry.outputs[o], entry.slots[i]) for o, i in entry.feedback.items()]
     dev.pdl = False
     try:
-        rec = dev.record(entry.kernel, eng._bindings(entry))
+        rec = dev.record(entry.kernel, eng._bindings(entry), copies=copies)
     finally:
         dev.pdl = True
-    dev.replay(rec)
-    dev.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
+    try:
         dev.replay(rec)
-    dev.synchronize()
-    return 1e6 * (time.perf_counter() - t0) / n
+        dev.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            dev.replay(rec)
+        dev.synchronize()
+        return 1e6 * (time.perf_counter() - t0) / n
+    finally:
+        dev.release(rec)
 
 
 def poot_measures(handle, best: dict, replay_n: int) -> dict:

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from poot.dialects.types import DType, PackedType, PootType, TensorType
+from poot.dialects.types import DType, PackedType, PootType
 from poot.errors import PootError
 from poot.executor.device import KernelArg, Ready
 

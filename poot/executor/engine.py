@@ -238,11 +238,15 @@ class Engine(Generic[D]):
         for name, value in inputs.items():
             buf = entry.slots.get(name)
             if buf is None:
-                if name in self._state and name in entry.carry.values():
-                    raise ExecutorError(f"'{name}' is carried state; use write_state")
-                raise ExecutorError(f"the entry has no per-step input '{name}' "
-                                    f"(inputs: {', '.join(entry.slots)})")
+                raise self._no_slot(entry, name)
             self.device.upload(buf, value)
+
+    def _no_slot(self, entry: Entry, name: str) -> ExecutorError:
+        """The error for writing ``name``, which is not one of ``entry``'s slot inputs."""
+        if name in self._state and name in entry.carry.values():
+            return ExecutorError(f"'{name}' is carried state; use write_state")
+        return ExecutorError(f"the entry has no per-step input '{name}' "
+                             f"(inputs: {', '.join(entry.slots)})")
 
     # ---- stepping ----------------------------------------------------------------------
     def _parity(self, entry: Entry) -> tuple:
@@ -318,7 +322,7 @@ class Engine(Generic[D]):
         for name, value in (inputs or {}).items():
             buf = entry.slots.get(name)
             if buf is None:
-                self.write_inputs(entry, {name: value})     # raises the right error
+                raise self._no_slot(entry, name)
             self.device.upload_async(buf, value)
         self._launch(entry)
         return Submitted(entry, {n: self.device.download_async(entry.outputs[n])

@@ -93,6 +93,15 @@ def ptxas_check(ptx: str, arch: str = "sm_90") -> str | None:
     return exe
 
 
+def sm_version(chip: str) -> int:
+    """The compute capability number of ``sm_XY[a|f]`` (``sm_90a`` -> 90, ``sm_120f`` -> 120);
+    0 for a name of another form."""
+    import re
+
+    m = re.fullmatch(r"sm_(\d+)[a-z]?", chip)
+    return int(m.group(1)) if m else 0
+
+
 def add_grid_dependency_control(module: ir.Module) -> int:
     """Open every kernel of ``module`` with ``griddepcontrol.wait`` then
     ``griddepcontrol.launch_dependents`` (PTX ISA 8.0, sm_90: programmatic dependent launch);
@@ -136,8 +145,7 @@ def compile_program(program, chip: str = "sm_90", strategy: str = "auto") -> Cud
     caps = program.target.caps
     t0 = time.perf_counter()
     plan = plan_program(program, caps, strategy)
-    pdl = int(chip.split("_")[1].rstrip("a")) >= 90 and \
-        os.environ.get("POOT_CUDA_PDL", "1") != "0"
+    pdl = sm_version(chip) >= 90 and os.environ.get("POOT_CUDA_PDL", "1") != "0"
     if pdl:
         add_grid_dependency_control(plan.module)
     t1 = time.perf_counter()

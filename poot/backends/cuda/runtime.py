@@ -512,6 +512,12 @@ class CudaDevice:
         self.synchronize()
         return n
 
+    def release(self, recording: CudaRecording) -> None:
+        """Destroy a recording's CUDA graph (it must not be replayed afterwards)."""
+        cu = driver()
+        _check(cu.cuGraphExecDestroy(recording.exec), "cuGraphExecDestroy")
+        _check(cu.cuGraphDestroy(recording.graph), "cuGraphDestroy")
+
     def replay(self, recording: CudaRecording) -> None:
         _check(driver().cuGraphLaunch(recording.exec, self.stream), "cuGraphLaunch")
         self.replays += 1
@@ -526,9 +532,11 @@ def profile_dispatches(runner: "StepRunner") -> dict[str, float]:
 
 def profile_kernel(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBuf],
                    repeats: int = 3, top: int = 16) -> dict:
-    """Where one step's GPU time goes, measured as a graph replay sees it: the dispatches of
-    one body (the layers' copies of one dispatch region share a ``key``) are captured, in
-    step order and repeated to at least 16 launches, into a CUDA graph of their own, which is
+    """Where one step's GPU time goes, measured as a graph replay sees it (but for the
+    overlap PDL gives between two different dispatches: each capture starts its own chain):
+    the dispatches of one body (the layers' copies of one dispatch region share a ``key``)
+    are captured, in step order and repeated to at least 16 launches, into a CUDA graph of
+    their own, which is
     replayed ``repeats`` times (the minimum is kept); a dispatch's time is the graph's time
     over its launches. Each copy reads its own layer's weights, as the step does (a body
     that occurs once, like the LM head, re-reads its weight: L2 may hold a small one). The

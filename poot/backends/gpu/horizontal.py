@@ -83,6 +83,9 @@ _REAL_BLOCK_ONLY = {"gpu.subgroup_id", "gpu.num_subgroups", "gpu.barrier"}
 #: index ops that stay valid anywhere (a virtual block is whole subgroups)
 _ANYWHERE = {"gpu.lane_id", "gpu.subgroup_size", "gpu.shuffle", "gpu.subgroup_reduce",
              "gpu.return"}
+#: of those, the ops whose lanes must not straddle two virtual blocks (a known subgroup width
+#: dividing the virtual block size guarantees it)
+_SUBGROUP_OPS = {"gpu.shuffle", "gpu.subgroup_reduce"}
 
 # Functions built here (merged candidates, members split back out) live in scratch modules
 # that are never erased: erasing a function whose ops Python still references can crash the
@@ -284,7 +287,8 @@ def _shape(members: list[_Member], caps) -> int | None:
     """Block size of the fused kernel, after setting each member's ratio, blocks and offset;
     None when a member cannot share it (see the module doc's cost rule)."""
     B = max(m.bs for m in members)
-    sg = getattr(caps, "subgroup_size", None) or 1
+    known_sg = getattr(caps, "subgroup_size", None)
+    sg = known_sg or 1
     off, shared = 0, 0
     for m in members:
         names = {o.name for o in _ops_under(m.func)}
@@ -296,6 +300,12 @@ def _shape(members: list[_Member], caps) -> int | None:
         m.ratio = B // m.bs
         if m.ratio > 1 and (m.bs % sg or m.wg_types or gpu_ops & _REAL_BLOCK_ONLY):
             return None                   # only whole-subgroup, barrier-free virtual blocks
+        if m.ratio > 1 and (any(n.startswith(("nvgpu.", "nvvm.", "rocdl.", "spirv."))
+                                for n in names) or
+                            (known_sg is None and gpu_ops & _SUBGROUP_OPS)):
+            # target collectives (ldmatrix, mma) and subgroup ops of an unknown width may
+            # span what would be two virtual blocks
+            return None
         n = m.grid[0] * m.grid[1] * m.grid[2]
         m.blocks, m.offset = -(-n // m.ratio), off
         off += m.blocks

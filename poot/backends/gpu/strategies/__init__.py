@@ -45,6 +45,7 @@ class Synthesized:
 
 Strategy = Callable[[ir.Operation, object], "Synthesized | None"]
 _STRATEGIES: list[tuple[str, Strategy]] = []
+_LOADED = False
 
 
 def register(name: str, first: bool = False):
@@ -60,10 +61,14 @@ def register(name: str, first: bool = False):
 
 
 def _load() -> None:
-    # strategy modules register themselves on import
+    # strategy modules register themselves on import. Keyed on a flag, not on an empty
+    # list: a caller that imported one strategy module first (a test importing matmul) must
+    # still get every other one (the horizontal fusion strategy among them)
+    global _LOADED
     import importlib
     import pkgutil
 
+    _LOADED = True
     for m in pkgutil.iter_modules(__path__):
         if not m.name.startswith("_"):
             importlib.import_module(f"{__name__}.{m.name}")
@@ -76,7 +81,7 @@ def synthesize(fn: ir.Operation, caps, kctx: ir.Context) -> DispatchKernels | No
     if only == "generic":
         return None
     allowed = set(only.split(",")) if only else None
-    if not _STRATEGIES:
+    if not _LOADED:
         _load()
     for name, strat in _STRATEGIES:
         if allowed is not None and name not in allowed:

@@ -113,7 +113,7 @@ MAX_BLOCK_THREADS = 512
 SINGLE_MAX_KEYS = 64
 #: key elements (keys x head dim) the busiest subgroup of the single-kernel path may walk at
 #: the full capacity S. Measured on an H200 (graph-replayed, bench/gpu_run/attn_bench.py):
-#: with D = 128 (Llama-3-8B, 8 blocks) one launch beat split + combine at S = 512 (32 keys a
+#: with D = 128 (8 kv heads: 8 blocks) one launch beat split + combine at S = 512 (32 keys a
 #: warp: 5.2-20.7 us over positions 0-511 against a flat 15-16 us) but lost at S = 1024 (64
 #: keys: up to 37 us against 17.8); with D = 64, 64 keys a warp (S = 1024) still won on
 #: average over the positions
@@ -498,9 +498,9 @@ def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
     H200; a global round trip with its shuffles ~0.3-0.5 us), and the split plan's chain is
     already one or two key batches, so one launch wins while a subgroup's chain costs about
     what the extra launch and the combine's loads cost: 64 keys are 16 (D = 64) to 24
-    (D = 128) round trips at full capacity, half that at an average position. SmolLM2-135M
-    (S = 256), Llama-3.2-1B and Llama-3-8B (S = 512: 32 keys a subgroup with W = 16) take
-    it. The plan is static (``S`` is the cache capacity), but with a causal mask the key
+    (D = 128) round trips at full capacity, half that at an average position; measured,
+    D = 128 needs the tighter :data:`SINGLE_MAX_KEY_ELEMS` (32 keys). Decode with
+    S = 256-512 and 8 kv heads or fewer (32 keys a subgroup with W = 16) takes it. The plan is static (``S`` is the cache capacity), but with a causal mask the key
     batches past the position are skipped, so the chain follows the visible keys, and
     interleaving the batches over the subgroups keeps them evenly loaded then. Longer
     contexts (S = 4096: 256 keys a subgroup) keep the split over the whole GPU, and so do

@@ -824,11 +824,10 @@ def ksplit_for(N: int, units: int, sg: int, caps) -> int:
     the GEMV :data:`SPLIT_WARPS_PER_CORE` warps per compute unit, while each warp keeps at
     least two lane rounds of 16-byte units (``units`` per column) and slices stay whole lane
     rounds. Why: one warp per column leaves a narrow projection with few warps per SM and
-    few bytes in flight; measured on an H200 (bf16, graph-replayed), Llama-3-8B's k/v
-    projection (N = 1024, K = 4096) went from 6.8 to 3.7-3.9 us with 4-8 warps per column,
-    its down projection (N = 4096, K = 14336) from 34.1 to 29.0 us with 2, the 1B shape's
-    q/o (N = K = 2048) from 4.7 to 3.5 us with 4; wide projections (N = 8192+) gain nothing
-    (``bench/gpu_run/gemv_sweep.py``)."""
+    few bytes in flight; measured on an H200 (bf16 weights, graph-replayed,
+    ``bench/gpu_run/gemv_sweep.py``): N x K = 1024 x 4096 went from 6.8 to 3.7-3.9 us with
+    4-8 warps per column, 4096 x 14336 from 34.1 to 29.0 us with 2, 2048 x 2048 from 4.7 to
+    3.5 us with 4; wide projections (N = 8192 and more) gain nothing."""
     cores = max(1, int(getattr(caps, "cores", 1) or 1))
     ks = 1
     while ks < MAX_KSPLIT and N * ks < SPLIT_WARPS_PER_CORE * cores and \
@@ -853,13 +852,13 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     vec = "sm_90" in (getattr(caps, "features", None) or ())
     kern = _Kernel(m, sg, 1, vec, TUNING["unroll"] or 4)
     ksplit = TUNING["ksplit"] or ksplit_for(m.N, kern.units(), sg, caps)
+    warps = TUNING["warps"] or (8 if ksplit > 1 else _warps(m.N, caps))
+    if warps % ksplit or kern.units() % (ksplit * sg):
+        ksplit = 1                   # slices of whole lane rounds only
     if m.prologue and (m.N * m.K * 8 > PROLOGUE_MAX_EXTRA_BYTES or ksplit > 1):
         # cost rules: see PROLOGUE_MAX_EXTRA_BYTES; and a GEMV that wants split-K is
         # bandwidth-starved, so a per-warp norm would cost more than the norm's own launch
         return None
-    warps = TUNING["warps"] or (8 if ksplit > 1 else _warps(m.N, caps))
-    if warps % ksplit or kern.units() % (ksplit * sg):
-        ksplit = 1                   # slices of whole lane rounds only
     kern.warps, kern.ksplit = warps, ksplit
     try:
         text, slots, consts = kern.kernel(fn)

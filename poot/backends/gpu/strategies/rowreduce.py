@@ -176,9 +176,11 @@ def _row_outputs(se: ScalarEmitter, em: KernelEmitter, outs, types, out_names, r
     their values computed before any is stored. Why: an output written in place over an
     input it reads (a sampler's token-history row) cannot have its loads moved past its
     stores by the compiler, so one column at a time each iteration waits on its own load
-    (a 128k-column history update by 1024 threads took most of a 40 us argmax kernel). Each
-    output column reads its inputs at its own column only, so loading V columns first is
-    the order the threads of the block already race in."""
+    (a 128k-column history update by 1024 threads took most of a 40 us argmax kernel).
+    Assumes, as the block's threads already do (they run these columns concurrently), that
+    an output written in place reads its input at its own column only: an in-place output
+    that read other columns of its input (a shifted row) would race either way; the plan
+    does not check that today."""
     rounds = -(-k // tr)
     V = next(v for v in (ROW_CHAINS, 4, 2, 1) if v <= max(1, rounds // 2))
     iters = -(-rounds // V)
