@@ -1,7 +1,11 @@
 """The pipelined decode loop on Vulkan (lavapipe in CI): the sampled token is fed back by a copy
 recorded in the step's command buffer; pipelined == sequential token for token, and a stop in
 the middle leaves the next request equal to one on an untouched engine (test/driver's
-pipeline_cases.py)."""
+pipeline_cases.py).
+
+Seeded stochastic sampling is compared on the CPU only (test/driver/test_pipeline_cpu.py): the
+stochastic decode entry takes about 8 minutes to compile for lavapipe, and what pipelining
+changes for it (the order of the host's uniform draws) is device-neutral driver code."""
 
 from __future__ import annotations
 
@@ -44,10 +48,6 @@ def test_vulkan_greedy_and_feedback(h, prompt):
     pc.case_greedy_and_logprobs(h, prompt)
     pc.case_max_tokens_one(h, prompt)
     pc.case_feedback_lands_in_token_input(h, prompt)
-
-
-def test_vulkan_seeded_sampling(h, prompt):
-    pc.case_seeded_sampling(h, prompt, seeds=(7,), n=3)    # the sampler is slow on lavapipe
 
 
 def test_vulkan_stop_mid_stream_then_next_request(h, load, prompt):
