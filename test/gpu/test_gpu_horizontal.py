@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from mlir import ir
 from test_gpu_pointwise import rand
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -25,8 +26,6 @@ def step(args: list[str], calls: list[tuple], rets: list[str]):
     ``(operands, body, result types, kind)``; an operand is ``"a<i>"`` (a step argument) or
     ``"c<k>.<j>"`` (result j of call k); ``body`` uses ``%arg<i>`` and ends with its
     ``return``. ``rets``: the step's results (operand names)."""
-    from mlir import ir
-
     from poot.dialects import make_context
     from poot.graph.builder import Graph
 
@@ -165,7 +164,6 @@ def test_sibling_gemvs_are_one_launch(vk, Ns, dts, monkeypatch):
     g, ins = _gemv_step(576, Ns, dts)
     caps = vk[1].caps
     # each member alone: its launch shape (before any fusion)
-    import mlir.ir as ir
     kctx = ir.Context()
     kctx.allow_unregistered_dialects = True
     fns = [o.operation for o in g.module.body.operations
