@@ -48,6 +48,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from poot.errors import PootError
+from poot.executor.device import Ready
 
 if __package__:
     from poot.backends.vulkan.artifact import ERROR_NAMES, BufferSpec, VulkanArtifact
@@ -109,21 +110,6 @@ def host_layout(t) -> tuple[np.dtype, tuple, int]:
     if hasattr(t, "format"):                 # PackedType
         return np.dtype(np.uint8), (int(t.nbytes),), int(t.nbytes)
     return np.dtype(_NP[t.dtype.value]), tuple(t.shape), int(t.nbytes)
-
-
-class _Ready:
-    """A finished readback (the executor's ``Readback`` shape, without its import)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: np.ndarray):
-        self.value = value
-
-    def wait(self) -> np.ndarray:
-        return self.value
-
-    def release(self) -> None:
-        self.value = None
 
 
 @dataclass(frozen=True)
@@ -519,7 +505,7 @@ class VulkanDevice:
 
     def download_async(self, buffer: VkBuffer):
         """The buffer's value now (after the pending submission), as a finished readback."""
-        return _Ready(self.download(buffer))
+        return Ready(self.download(buffer))
 
     # ---- programs ----------------------------------------------------------------------------
     def load(self, program) -> VkLoadedKernel:

@@ -84,9 +84,9 @@ from mlir import ir
 
 from poot.backends.gpu.kernels import Launch
 from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import ScalarEmitter, ScalarUnsupported, buffer_type
+from poot.backends.gpu.strategies._scalar import ScalarEmitter, ScalarUnsupported
 from poot.backends.gpu.strategies.matmul import (MAX_M, GemvMatch, _ArgsSeen, _arg_no, _Emit,
-                                                 _op, _ttype, match)
+                                                 _op, _ttype, kernel_params, match)
 from poot.dialects.types import DType
 
 #: K steps (elements per iteration, staged through workgroup memory) tried, largest first:
@@ -776,22 +776,8 @@ class _GemmKernel:
                     k += 1
         cur_acc[0] = None
         ro = " {llvm.noalias, llvm.readonly}" if not self.emulate else ""
-        params = [("%w", self.wtype + ro)]
-        slots = [("arg", m.weight.arg)]
-        if m.x_arg is not None:
-            params.insert(0, ("%x", self.xtype + ro))
-            slots.insert(0, ("arg", m.x_arg))
-        for i, a in enumerate(fn.regions[0].blocks[0].arguments):
-            if f"%e{i}" in se.seen:
-                params.append((f"%e{i}", buffer_type(_ttype(a)) +
-                               (ro if f"%e{i}" in x_reads else "")))
-                slots.append(("arg", i))
-        for kk, (name, cst) in enumerate(zip(se.const_names, se.consts)):
-            params.append((name, cst[0]))
-            slots.append(("const", kk))
-        for jj, ot in enumerate(m.out_ts):
-            params.append((f"%o{jj}", buffer_type(ot)))
-            slots.append(("out", jj))
+        params, slots = kernel_params(fn, m, se, x_reads, ro, ("%x", self.xtype),
+                                      ("%w", self.wtype))
         consts = list(se.consts)
         if self.kind == "generic" and self.wse.consts:
             raise ScalarUnsupported("constant buffers in the weight decode")

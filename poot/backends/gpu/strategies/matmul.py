@@ -765,22 +765,8 @@ class _Kernel:
         # of the kernel overlaps them (the plan gives each value its own buffer): on CUDA that
         # lets loads take the read-only path (ld.global.nc)
         ro = " {llvm.noalias, llvm.readonly}" if self.vec else ""
-        params = [(self.w, self.wtype + ro)]
-        slots = [("arg", m.weight.arg)]
-        if m.x_arg is not None:
-            params.insert(0, (self.x, self.xtype + ro))
-            slots.insert(0, ("arg", m.x_arg))
-        for i, a in enumerate(fn.regions[0].blocks[0].arguments):
-            if f"%e{i}" in se.seen:
-                params.append((f"%e{i}", buffer_type(_ttype(a)) +
-                               (ro if f"%e{i}" in x_reads else "")))
-                slots.append(("arg", i))
-        for k, (name, c) in enumerate(zip(se.const_names, se.consts)):
-            params.append((name, c[0]))
-            slots.append(("const", k))
-        for j, ot in enumerate(m.out_ts):
-            params.append((f"%o{j}", buffer_type(ot)))
-            slots.append(("out", j))
+        params, slots = kernel_params(fn, m, se, x_reads, ro, (self.x, self.xtype),
+                                      (self.w, self.wtype))
         t = self.warps * sg
         sig = ", ".join(f"{a}: {b}" for a, b in params)
         wgt = f" workgroup({', '.join(f'{a}: {b}' for a, b in wg_mem)})" if wg_mem else ""
@@ -789,6 +775,32 @@ class _Kernel:
                 f"{{known_block_size = array<i32: {t}, 1, 1>}} {{\n{e.k.text()}\n"
                 f"    gpu.return\n  }}\n}}\n")
         return text, slots, se.consts
+
+
+def kernel_params(fn: ir.Operation, m: GemvMatch, se: "_ArgsSeen", x_reads: set[str],
+                  ro: str, x: tuple[str, str], w: tuple[str, str]
+                  ) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
+    """(kernel parameters as (SSA name, memref type), launch slots) of a matmul kernel: x
+    (when an argument) and the weight ``w`` (``(name, type)``), the arguments the scalar
+    emitter ``se`` read (``ro``, the read-only attributes, on x's own reads ``x_reads``), its
+    constant buffers, then the results ``%o{j}`` (shared by the GEMV and GEMM kernels)."""
+    params = [(w[0], w[1] + ro)]
+    slots = [("arg", m.weight.arg)]
+    if m.x_arg is not None:
+        params.insert(0, (x[0], x[1] + ro))
+        slots.insert(0, ("arg", m.x_arg))
+    for i, a in enumerate(fn.regions[0].blocks[0].arguments):
+        if f"%e{i}" in se.seen:
+            params.append((f"%e{i}", buffer_type(_ttype(a)) +
+                           (ro if f"%e{i}" in x_reads else "")))
+            slots.append(("arg", i))
+    for k, (name, c) in enumerate(zip(se.const_names, se.consts)):
+        params.append((name, c[0]))
+        slots.append(("const", k))
+    for j, ot in enumerate(m.out_ts):
+        params.append((f"%o{j}", buffer_type(ot)))
+        slots.append(("out", j))
+    return params, slots
 
 
 class _ArgsSeen(ScalarEmitter):
@@ -869,4 +881,4 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
                                      (warps * sg, 1, 1))], consts=consts)
 
 
-__all__ = ["GemvMatch", "MAX_M", "PACKED", "gemv", "ksplit_for", "match"]
+__all__ = ["GemvMatch", "MAX_M", "PACKED", "gemv", "kernel_params", "ksplit_for", "match"]
