@@ -158,6 +158,11 @@ def gemv_region(fmt: str, M: int, N: int, K: int, epilogue: str = "none", seed: 
     if probe:     # two more results, as an LM head feeding the sampler has: y and y - y
         body.append(f'%dd = "poot.binary"(%y, %y) {{fn = "sub"}} : ({y}, {y}) -> {y}')
         rets, rtypes = [ret, "%y", "%dd"], [o, y, y]
+    return _region_graph(args, body, rets, rtypes)
+
+
+def _region_graph(args, body, rets, rtypes, kind="matmul"):
+    """(graph ``@region`` calling one dispatch ``@gemv_dispatch`` of ``body``, its inputs)."""
     sig = ", ".join(f"%{n}: {t}" for n, t, _ in args)
     types = ", ".join(t for _, t, _ in args)
     names = ", ".join(f"%a{i}" for i in range(len(args)))
@@ -171,12 +176,66 @@ def gemv_region(fmt: str, M: int, N: int, K: int, epilogue: str = "none", seed: 
             f"  {res} = func.call @gemv_dispatch({names}) : ({types}) -> ({rt})\n"
             f"  return {back} : {rt}\n}}\n"
             f"func.func private @gemv_dispatch({sig}) -> ({rt}) attributes "
-            f'{{poot.dispatch = {{kind = "matmul", ops = {len(body)} : i64}}}} {{\n  '
+            f'{{poot.dispatch = {{kind = "{kind}", ops = {len(body)} : i64}}}} {{\n  '
             + "\n  ".join(body) + f"\n  return {', '.join(rets)} : {rt}\n}}\n")
     with make_context(), ir.Location.unknown():
         module = ir.Module.parse(text)
     g = Graph.from_module(module)
     return g, {f"a{i}": v for i, (_, _, v) in enumerate(args)}
+
+
+def _rhs(fmt: str, w: str, wt: str, N: int, K: int, body: list) -> str:
+    """Append the tracer's spelling of ``w`` [N, K] (of MLIR type ``wt``) as a [K, N] f32
+    matmul operand to ``body``; returns its SSA name."""
+    if fmt in _DENSE:
+        src = w
+        if fmt != "f32":
+            body.append(f'{w}c = "poot.cast"({w}) : ({wt}) -> tensor<{N}x{K}xf32>')
+            src = f"{w}c"
+    else:
+        body.append(f'{w}d = "poot.dequantize"({w}) : ({wt}) -> tensor<{N}x{K}xf32>')
+        src = f"{w}d"
+    body.append(f'{w}t = "poot.transpose"({src}) {{perm = array<i64: 1, 0>}} : '
+                f'(tensor<{N}x{K}xf32>) -> tensor<{K}x{N}xf32>')
+    return f"{w}t"
+
+
+def swiglu_region(fmt: str, M: int, N: int, K: int, norm: str | None = None, seed: int = 0,
+                  fmt_up: str | None = None, second_x: bool = False):
+    """A dispatch computing ``silu(x @ Wg) * (x @ Wu)`` (x [1, M, K], optionally normed
+    first), two matmuls of one x, as :func:`~poot.backends.gpu.merge.fold_regions` leaves a
+    gate region folded into the up projection's; (graph, inputs) as :func:`gemv_region`."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, M, K)).astype(np.float32)
+    args = [("x", f"tensor<1x{M}x{K}xf32>", x)]
+    body: list = []
+    xin = "%x"
+    if norm is not None:
+        a, b = _norm(norm, M, K, rng)
+        args += a
+        body += b
+        xin = "%xn"
+    body.append(f'%x2 = "poot.reshape"({xin}) : (tensor<1x{M}x{K}xf32>) -> '
+                f'tensor<{M}x{K}xf32>')
+    y, o = f"tensor<{M}x{N}xf32>", f"tensor<1x{M}x{N}xf32>"
+    if second_x:          # (a test of refusal: the up projection reads another x)
+        args.append(("x1", f"tensor<{M}x{K}xf32>", x[0]))
+    for name, f in (("wg", fmt), ("wu", fmt_up or fmt)):
+        wt, wv, _ = _weight(f, N, K, rng)
+        args.append((name, wt, wv))
+        rhs = _rhs(f, f"%{name}", wt, N, K, body)
+        lhs = "%x1" if second_x and name == "wu" else "%x2"
+        body += [f'%y{name} = "poot.matmul"({lhs}, {rhs}) {{acc = f32}} : '
+                 f'(tensor<{M}x{K}xf32>, tensor<{K}x{N}xf32>) -> {y}',
+                 f'%z{name} = "poot.reshape"(%y{name}) : ({y}) -> {o}']
+    body += [f'%n = "poot.unary"(%zwg) {{fn = "neg"}} : ({o}) -> {o}',
+             f'%e = "poot.unary"(%n) {{fn = "exp"}} : ({o}) -> {o}',
+             '%one = "poot.constant"() {value = dense<1.0> : tensor<f32>} : () -> tensor<f32>',
+             f'%ones = "poot.broadcast"(%one) {{dims = array<i64>}} : (tensor<f32>) -> {o}',
+             f'%d = "poot.binary"(%e, %ones) {{fn = "add"}} : ({o}, {o}) -> {o}',
+             f'%g = "poot.binary"(%zwg, %d) {{fn = "div"}} : ({o}, {o}) -> {o}',
+             f'%out = "poot.binary"(%g, %zwu) {{fn = "mul"}} : ({o}, {o}) -> {o}']
+    return _region_graph(args, body, ["%out"], [o])
 
 
 def _dispatch_fn(g: Graph):
@@ -203,8 +262,11 @@ def test_decode_regions_are_taken(fmt):
         s = gemv(fn, _caps())
     assert s is not None
     (L,) = s.launches
-    assert L.block == (8 * 32, 1, 1) or L.block[0] % 32 == 0
-    assert L.grid[0] * L.block[0] // 32 >= 192
+    assert L.block[0] % 32 == 0
+    # a short row (K = 512 in 32-element blocks: 16 units) shares a warp between columns
+    units = 512 * (4 if fmt == "f32" else 2) // 16 if fmt in ("f32", "bf16", "f16") else 16
+    lanes = 32 if units >= 32 else 8
+    assert L.grid[0] * L.block[0] // lanes >= 192
     assert ("out", 0) in L.args and len(L.args) == 4      # x, w, up, out
 
 
@@ -461,3 +523,127 @@ def test_split_k_rule_and_norm_refusal():
     g, _ = gemv_region("bf16", 1, 512, 2048, "none")
     syn = gemv(_dispatch_fn(g), caps)
     assert syn is not None and syn.launches[0].grid == (512 // 2, 1, 1)   # 4 warps a column
+
+
+# ---- two matmuls of one x (the SwiGLU gate and up projections) -----------------------------
+
+@pytest.mark.parametrize("fmt,K,N,M,norm", [("q4_1", 576, 1536, 1, "rmsnorm"),
+                                            ("bf16", 576, 200, 2, None),
+                                            ("q4_k", 256, 100, 1, "rmsnorm"),
+                                            ("q8_0", 1536, 96, 2, None),
+                                            ("f16", 2048, 64, 1, None)])
+def test_swiglu_gemv_matches_oracle(vk_device, vk_target, fmt, K, N, M, norm):
+    """One kernel computes both matmuls of x (gate and up columns side by side, x's elements
+    read once per unit for both) and the SwiGLU epilogue; with a folded norm, short rows
+    (several columns a warp), split-K (the narrow f16 case) and a ragged N."""
+    from poot.backends.gpu.strategies.matmul import gemv
+
+    g, inputs = swiglu_region(fmt, M, N, K, norm=norm, seed=K + N + M)
+    with g.context:
+        syn = gemv(_dispatch_fn(g), vk_target.caps)
+    assert syn is not None and len(syn.launches) == 1
+    assert sum(a == ("arg", i) for a in syn.launches[0].args for i in (len(inputs) - 2,
+                                                                       len(inputs) - 1)) == 2
+    want = oracle.evaluate(g, inputs)["r0"]
+    got = _run(vk_device, vk_target, g, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max(),
+                               err_msg=f"{fmt} K={K} N={N} M={M} {norm}")
+
+
+def test_matmuls_of_different_x_or_formats_are_refused():
+    """Only matmuls of the same x, with weights of one storage format, share a kernel."""
+    from poot.backends.gpu.strategies.matmul import gemv
+
+    for kw, ok in (({}, True), ({"fmt_up": "q8_0"}, False), ({"second_x": True}, False)):
+        g, _ = swiglu_region("q4_1", 1, 64, 256, **kw)
+        with g.context:
+            assert (gemv(_dispatch_fn(g), _caps()) is not None) == ok, kw
+
+
+def _swiglu_step(fmt: str, M: int, N: int, K: int, seed: int = 0):
+    """A step of three regions as the fusion pass outlines a SwiGLU MLP's first half: an
+    RMSNorm region, the gate projection's region, and the up projection's region whose
+    epilogue reads the gate's result (silu(gate) * up)."""
+    rng = np.random.default_rng(seed)
+    X, Y, O = f"tensor<1x{M}x{K}xf32>", f"tensor<{M}x{N}xf32>", f"tensor<1x{M}x{N}xf32>"
+    nargs, nbody = _norm("rmsnorm", M, K, rng)
+    wg_t, wg, _ = _weight(fmt, N, K, rng)
+    wu_t, wu, _ = _weight(fmt, N, K, rng)
+    G = nargs[0][1]
+
+    def mm(w, wt, extra=()):
+        body = [f'%x2 = "poot.reshape"(%x) : ({X}) -> tensor<{M}x{K}xf32>']
+        rhs = _rhs(fmt, w, wt, N, K, body)
+        body += [f'%y = "poot.matmul"(%x2, {rhs}) {{acc = f32}} : (tensor<{M}x{K}xf32>, '
+                 f'tensor<{K}x{N}xf32>) -> {Y}', f'%y3 = "poot.reshape"(%y) : ({Y}) -> {O}']
+        return body + list(extra)
+
+    silu_up = [f'%n = "poot.unary"(%gate) {{fn = "neg"}} : ({O}) -> {O}',
+               f'%e = "poot.unary"(%n) {{fn = "exp"}} : ({O}) -> {O}',
+               '%one = "poot.constant"() {value = dense<1.0> : tensor<f32>} : () -> '
+               'tensor<f32>',
+               f'%ones = "poot.broadcast"(%one) {{dims = array<i64>}} : (tensor<f32>) -> {O}',
+               f'%d = "poot.binary"(%e, %ones) {{fn = "add"}} : ({O}, {O}) -> {O}',
+               f'%s = "poot.binary"(%gate, %d) {{fn = "div"}} : ({O}, {O}) -> {O}',
+               f'%out = "poot.binary"(%s, %y3) {{fn = "mul"}} : ({O}, {O}) -> {O}']
+
+    def fn(name, kind, sig, rt, body, ret):
+        return (f"func.func private @{name}({sig}) -> {rt} attributes "
+                f'{{poot.dispatch = {{kind = "{kind}", ops = {len(body)} : i64}}}} {{\n  '
+                + "\n  ".join(body) + f"\n  return {ret} : {rt}\n}}\n")
+
+    text = (f'func.func @region(%a0: {X} {{poot.name = "a0"}}, %a1: {G} {{poot.name = "a1"}}, '
+            f'%a2: {wg_t} {{poot.name = "a2"}}, %a3: {wu_t} {{poot.name = "a3"}}) -> '
+            f'({O} {{poot.name = "r0"}}) {{\n'
+            f"  %xn = func.call @norm(%a0, %a1) : ({X}, {G}) -> {X}\n"
+            f"  %g = func.call @gate(%xn, %a2) : ({X}, {wg_t}) -> {O}\n"
+            f"  %r = func.call @up(%xn, %a3, %g) : ({X}, {wu_t}, {O}) -> {O}\n"
+            f"  return %r : {O}\n}}\n"
+            + fn("norm", "reduction", f"%x: {X}, %ng: {G}", X, nbody, "%xn")
+            + fn("gate", "matmul", f"%x: {X}, %wg: {wg_t}", O, mm("%wg", wg_t), "%y3")
+            + fn("up", "matmul", f"%x: {X}, %wu: {wu_t}, %gate: {O}", O,
+                 mm("%wu", wu_t, silu_up), "%out"))
+    with make_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+    x = rng.standard_normal((1, M, K)).astype(np.float32)
+    return Graph.from_module(module), {"a0": x, "a1": nargs[0][2], "a2": wg, "a3": wu}
+
+
+@pytest.mark.parametrize("fmt,K,N", [("q4_1", 576, 1536), ("bf16", 256, 96)])
+def test_gate_region_folds_into_up_projection(vk_device, vk_target, fmt, K, N):
+    """Planning folds the norm into both projections, then the gate's matmul region into the
+    up projection's (one x after CSE): the three regions run as ONE GEMV kernel, and the
+    step still matches the oracle."""
+    from poot.backends.gpu.plan import plan_program
+    from poot.backends.vulkan.codegen import codegen_vulkan
+    from test_vulkan_kernels import run_artifact
+
+    g, inputs = _swiglu_step(fmt, 1, N, K, seed=N)
+    want = oracle.evaluate(g, inputs)["r0"]
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), vk_target.caps)
+    assert plan.strategies == {"gemv": 1}, plan.strategies
+    g2, _ = _swiglu_step(fmt, 1, N, K, seed=N)
+    got = run_artifact(vk_device, codegen_vulkan(g2, vk_target), inputs)["r0"]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max())
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "bf16"])
+def test_ptx_assembles_for_swiglu_and_short_rows(fmt):
+    """The two-weight kernel of a SwiGLU step (norm folded) and a short-row LM head (several
+    columns a warp: a 3-step butterfly) lower to PTX that ptxas assembles."""
+    import re
+
+    from poot.backends.cuda.codegen import ptx_text, ptxas_check
+    from poot.backends.gpu.plan import plan_program
+
+    g, _ = _swiglu_step(fmt, 1, 1536, 576)
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), _caps())
+    assert plan.strategies == {"gemv": 1}
+    ptxas_check(ptx_text(plan.module))
+    g, _ = gemv_region("q8_0", 1, 4099, 576, probe=True)
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), _caps())
+    ptx = ptx_text(plan.module)
+    # 18 units a column: 8 lanes of 3 units, 4 columns a warp (offsets 4, 2, 1)
+    assert sorted(set(re.findall(r"shfl\.sync\.bfly\.b32\s+\S+, \S+, (\d+)", ptx))) == \
+        ["1", "2", "4"], re.findall(r"shfl\.sync\.bfly[^\n]*", ptx)[:4]
+    ptxas_check(ptx)

@@ -1,6 +1,9 @@
 """Region folding for GPU plans: a dispatch region without an anchor (elementwise ops, views,
-row reductions: RoPE tables, RoPE, masks, norms) is folded into the regions that consume it
-when every consumer, so merged, is still one synthesized kernel sequence.
+row reductions: RoPE tables, RoPE, masks, norms), or a matmul region, is folded into the
+regions that consume it when every consumer, so merged, is still one synthesized kernel
+sequence. (A matmul folded into a matmul of the same x is the SwiGLU gate: one GEMV kernel then
+computes the gate and up columns side by side, see :mod:`.strategies.matmul`; a consumer
+that cannot compute a matmul per element refuses, so other matmuls stay their own regions.)
 
 Why: on a GPU a decode step is latency-bound; each region is at least one kernel launch
 (~2-3 us in a CUDA graph even when tiny), while recomputing a cheap producer inside its
@@ -12,8 +15,10 @@ for all its consumers, so nothing is computed twice by accident of order).
 
 The step function is rewritten in place: each folded consumer call now calls a new private
 function ``<consumer>_f<n>`` whose arguments are the consumer's other operands followed by the
-producer's operands, and whose body is the producer's body followed by the consumer's; the
-producer's call goes. The semantics of the step are unchanged (the oracle runs it as before).
+producer's operands, and whose body is the producer's body followed by the consumer's, with
+common subexpressions merged (``poot-cse``: a norm folded into both halves of a SwiGLU is
+computed once, so both matmuls read one x); the producer's call goes. The semantics of the
+step are unchanged (the oracle runs it as before).
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ from typing import Callable
 from mlir import ir
 
 from poot.passes.analysis import DISPATCH_ATTR
+from poot.passes.cse import cse
 from poot.passes.dce import dce
 from poot.passes.ir_utils import clone_into
 
-#: region kinds that hold no anchor (matmul, gather, scatter, attention): cheap to recompute
-FOLDABLE = frozenset({"elementwise", "rope", "reduction"})
+#: region kinds folded into their consumers: those that hold no anchor (gather, scatter,
+#: attention), cheap to recompute, and matmuls (taken only where a consumer's strategy
+#: computes the matmul per output element, as a GEMV sharing its x does)
+FOLDABLE = frozenset({"elementwise", "rope", "reduction", "matmul"})
 
 
 def _name(op: ir.Operation) -> str:
@@ -99,6 +107,7 @@ def _merged(prod_call, prod_fn, cons_call, cons_fn, name: str, module_body) -> t
                                     ip=ip)
                 break
             clone_into(o, mapping, ip)
+    cse(fn)
     dce(fn)
     return fn, operands
 
@@ -119,8 +128,9 @@ def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter
                 o = u.owner.operation if hasattr(u.owner, "operation") else u.owner
                 if o not in consumers:
                     consumers.append(o)
-        if not consumers or any(u.name != "func.call" for u in consumers):
-            refused.add(pname)
+        if not consumers or any(u.name != "func.call" for u in consumers) or \
+                (dispatch_kind(pfn) == "matmul" and len(consumers) > 1):
+            refused.add(pname)       # (a matmul is never computed twice)
             continue
         new = []
         for c in consumers:

@@ -777,7 +777,7 @@ class _GemmKernel:
         cur_acc[0] = None
         ro = " {llvm.noalias, llvm.readonly}" if not self.emulate else ""
         params, slots = kernel_params(fn, m, se, x_reads, ro, ("%x", self.xtype),
-                                      ("%w", self.wtype))
+                                      [("%w", self.wtype)])
         consts = list(se.consts)
         if self.kind == "generic" and self.wse.consts:
             raise ScalarUnsupported("constant buffers in the weight decode")

@@ -83,19 +83,32 @@ class GemvMatch:
     ``out_ts[j]``; e.g. the logits and the sampler's ``logits - logits`` finiteness probe);
     ``x`` is the matmul's [M, K] f32 LHS, ``x_arg`` the function argument it views (None:
     ``x`` is an expression, whose row reductions are ``prologue``: ``(poot.reduce op,
-    coordinates of its result)`` in dependency order); ``weight`` names a function
-    argument."""
+    coordinates of its result)`` in dependency order). ``weights[i]`` (a function argument)
+    is the RHS of the matmul whose result is ``roots[i]``: a region may hold several matmuls
+    of the same x (all [M, K] x [K, N], weights of one storage format), whose results the
+    epilogue combines elementwise (the SwiGLU ``silu(x @ Wg) * (x @ Wu)`` once the gate's
+    region is folded into the up projection's)."""
 
     M: int
     N: int
     K: int
     x: ir.Value
     x_arg: int | None
-    weight: _Weight
-    root: ir.Value
+    weights: list
+    roots: list
     outs: list
     out_ts: list
     prologue: list = field(default_factory=list)
+
+    @property
+    def weight(self) -> _Weight:
+        """The (first) weight: the only one of a region with one matmul."""
+        return self.weights[0]
+
+    @property
+    def root(self) -> ir.Value:
+        """The (first) matmul result."""
+        return self.roots[0]
 
 
 #: A folded norm is recomputed by every warp (one per output column): its row reductions and
@@ -167,36 +180,45 @@ def _match_weight(v: ir.Value, N: int, K: int) -> _Weight | None:
     return _Weight(a, layout, dtype=t.dtype, nbytes=t.nbytes)
 
 
-def match(fn: ir.Operation, max_m: int | None = MAX_M) -> GemvMatch | None:
+def match(fn: ir.Operation, max_m: int | None = MAX_M,
+          max_matmuls: int = 1) -> GemvMatch | None:
     """The region's GEMV, or None when ``fn`` is not exactly one (see the module doc).
     ``max_m``: the largest M taken (None: any M; the prefill GEMM strategy of
-    :mod:`.gemm` matches the same regions for M > ``MAX_M``)."""
+    :mod:`.gemm` matches the same regions for M > ``MAX_M``); ``max_matmuls``: the most
+    matmuls of the same x taken (see :class:`GemvMatch`)."""
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
     mms = [o for o in ops if o.name == "poot.matmul"]
-    if len(mms) != 1 or ops[-1].name != "func.return" or not len(ops[-1].operands):
+    if not mms or len(mms) > max_matmuls or ops[-1].name != "func.return" or \
+            not len(ops[-1].operands):
         return None
-    mm = mms[0]
-    lt, rt, yt = (_ttype(v) for v in (mm.operands[0], mm.operands[1], mm.results[0]))
-    if not all(isinstance(t, TensorType) for t in (lt, rt, yt)) or lt.rank != 2 or \
-            lt.dtype is not DType.F32 or yt.dtype is not DType.F32:
+    shapes = set()
+    for mm in mms:
+        lt, rt, yt = (_ttype(v) for v in (mm.operands[0], mm.operands[1], mm.results[0]))
+        if not all(isinstance(t, TensorType) for t in (lt, rt, yt)) or lt.rank != 2 or \
+                lt.dtype is not DType.F32 or yt.dtype is not DType.F32 or \
+                mm.operands[0] != mms[0].operands[0]:
+            return None
+        shapes.add((lt.shape[0], lt.shape[1], rt.shape[1]))
+    if len(shapes) != 1:
         return None
-    M, K = lt.shape
-    N = rt.shape[1]
+    M, K, N = shapes.pop()
     if max_m is not None and M > max_m:
         return None
-    x = _strip(mm.operands[0], ("poot.reshape",))
+    x = _strip(mms[0].operands[0], ("poot.reshape",))
     xa, xt = _arg_no(x), _ttype(x)
     if xa is not None and (not isinstance(xt, TensorType) or xt.dtype is not DType.F32):
         return None
-    w = _match_weight(mm.operands[1], N, K)
-    if w is None or w.arg == xa:
-        return None
+    ws = [_match_weight(mm.operands[1], N, K) for mm in mms]
+    if any(w is None or w.arg == xa for w in ws) or len({w.arg for w in ws}) != len(ws) or \
+            len({(w.layout, w.fmt, w.dtype) for w in ws}) != 1:
+        return None                  # one storage format: one unit loop decodes them all
     outs = list(ops[-1].operands)
     ots = [_ttype(o) for o in outs]
     if any(not isinstance(ot, TensorType) or ot.numel != M * N for ot in ots):
         return None
-    m = GemvMatch(M, N, K, mm.operands[0], xa, w, mm.results[0], outs, ots)
+    m = GemvMatch(M, N, K, mms[0].operands[0], xa, ws, [mm.results[0] for mm in mms],
+                  outs, ots)
     if xa is None:
         pro = _prologue(fn, m)
         if pro is None:
@@ -253,10 +275,10 @@ def _elementwise_epilogue(fn: ir.Operation, m: GemvMatch) -> bool:
     for row in rows:
         for n in ns:
             def provide(v, idx, want=(row, n)):
-                if v == m.root:
+                if v in m.roots:
                     if tuple(idx) != want:
                         raise ScalarUnsupported("the epilogue reorders the matmul result")
-                    return "%acc"
+                    return f"%acc{m.roots.index(v)}"
                 return None
             se = ScalarEmitter(fn, KernelEmitter(), provide=provide)
             try:
@@ -333,9 +355,16 @@ class _Kernel:
         self.m, self.sg, self.warps, self.vec, self.unroll = m, sg, warps, vec, unroll
         #: warps per column (split-K inside a block): ``warps // ksplit`` columns per block
         self.ksplit = ksplit
+        #: lanes per column (a power of two dividing ``sg``): ``sg // lanes`` columns a warp
+        self.lanes = sg
         self.e = _Emit()
         self.x = "%x"
-        self.w = "%w"
+        #: one parameter per weight (same storage format and shape); :attr:`w` is the one the
+        #: loads read while a unit of it is emitted
+        self.wnames = [f"%w{j}" for j in range(len(m.weights))]
+        self.w = self.wnames[0]
+        #: x's elements (and sums) of the unit being emitted, shared by the weights' dots
+        self.xmemo: dict | None = None
         self.xtype = f"memref<{m.M * m.K}xf32>"
         self.wwords = (m.weight.nbytes + 3) // 4
         self.wtype = f"memref<{self.wwords}xi32>"
@@ -386,7 +415,16 @@ class _Kernel:
         return out
 
     def xs(self, m: int, base: str, n: int) -> list[str]:
-        """``x[m, base:base+n]`` as f32 scalars (``base`` a multiple of 4 when vectorized)."""
+        """``x[m, base:base+n]`` as f32 scalars (``base`` a multiple of 4 when vectorized),
+        emitted once per unit (:attr:`xmemo`) however many weights read them."""
+        if self.xmemo is None:
+            return self._xs(m, base, n)
+        key = ("x", m, base, n)
+        if key not in self.xmemo:
+            self.xmemo[key] = self._xs(m, base, n)
+        return self.xmemo[key]
+
+    def _xs(self, m: int, base: str, n: int) -> list[str]:
         e = self.e
         K = self.m.K
         if self.m.x_arg is None:        # an expression (a folded norm): the scalar emitter
@@ -459,7 +497,13 @@ class _Kernel:
                 for m in range(self.m.M)]
 
     def xsum(self, x0: str, n: int) -> list[str]:
-        return [self._chains([(x, None) for x in self.xs(m, x0, n)]) for m in range(self.m.M)]
+        key = ("sum", x0, n)
+        if self.xmemo is not None and key in self.xmemo:
+            return self.xmemo[key]
+        got = [self._chains([(x, None) for x in self.xs(m, x0, n)]) for m in range(self.m.M)]
+        if self.xmemo is not None:
+            self.xmemo[key] = got
+        return got
 
     def unit(self, n: str, u: str) -> list[str]:
         """Per-m contribution of unit ``u`` of column ``n`` (see :meth:`units`)."""
@@ -629,64 +673,93 @@ class _Kernel:
             return m.K
         return m.K // 32
 
-    def dot_rows(self, n: str, lane: str, part: str | None = None) -> list[str]:
-        """``sum_k x[m, k] * w[k, n]`` per row m, in every lane of the warp: the lane-strided
-        loop over units, then a shuffle-xor butterfly. ``part`` (split-K): only the units of
-        slice ``part`` of :attr:`ksplit` equal slices."""
-        e, sg, M = self.e, self.sg, self.m.M
-        accs = [e.name() for _ in range(M)]
-        res = e.name()
-        zero = e.c(0.0, "f32")
-        f32s = ", ".join(["f32"] * M)
+    def dot_rows(self, n: str, lane: str, part: str | None = None) -> list[list[str]]:
+        """``sum_k x[m, k] * w[k, n]`` per weight and row m (``[weight][m]``), in every one
+        of the :attr:`lanes` lanes of column ``n``: the lane-strided walk over units, then a
+        shuffle-xor butterfly within the lane group. ``part`` (split-K): only the units of
+        slice ``part`` of :attr:`ksplit` equal slices.
+
+        A lane with at most :attr:`unroll` units runs them straight-line, a unit past the
+        end clamped in range and its contribution dropped: all its loads are in flight at
+        once (a loop whose trip count differs between lanes waits on each load in turn, and
+        is not unrolled). More units run in a loop of ``U`` units an iteration where the
+        lanes divide them evenly."""
+        e, L, M, J = self.e, self.lanes, self.m.M, len(self.wnames)
         units = self.units() // self.ksplit
-        # U units per lane per iteration: their loads are independent, so U 16-byte loads
-        # are in flight per lane (one per iteration left each lane waiting on one load);
-        # only where every lane runs the same whole number of iterations
-        U = next(u for u in (8, 4, 2, 1)
-                 if u <= self.unroll and (units % (sg * u) == 0 or u == 1))
-        lo, hi = lane, e.c(units)
-        if part is not None:
-            base = e.mul(part, e.c(units))
-            lo, hi = e.add(base, lane), e.add(base, e.c(units))
-        e.raw(f"{res}:{M} = scf.for %u = {lo} to {hi} step {e.c(sg * U)} "
-              f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> ({f32s}) {{")
-        new = list(accs)
-        for i in range(U):
-            ui = "%u" if i == 0 else e.add("%u", e.c(i * sg))
+        base = e.mul(part, e.c(units)) if part is not None else None
+        rounds = -(-units // L)
+        zero = e.c(0.0, "f32")
+
+        def step(ui: str, acc: list[str], valid: str | None = None) -> list[str]:
+            # one unit of every weight, x's elements emitted once for all of them
             with self.se.scope():
-                parts = self.unit(n, ui)
-            new = [e.fadd(a, p) for a, p in zip(new, parts)]
-        e.raw(f"scf.yield {', '.join(new)} : {f32s}")
-        e.raw("}")
-        width = e.c(sg, "i32")
+                self.xmemo = {}
+                for j, wname in enumerate(self.wnames):
+                    self.w = wname
+                    parts = self.unit(n, ui)
+                    if valid is not None:
+                        parts = [e.op(f"arith.select {valid}, {p}, {zero} : f32")
+                                 for p in parts]
+                    acc[j * M:(j + 1) * M] = [p if a is None else e.fadd(a, p) for a, p in
+                                              zip(acc[j * M:(j + 1) * M], parts)]
+                self.xmemo = None
+            return acc
+
+        if rounds <= self.unroll:
+            acc: list = [None] * (M * J)
+            for r in range(rounds):
+                u = e.add(lane, e.c(r * L)) if r else lane
+                valid = None
+                if (r + 1) * L > units:              # lanes past the end: clamped, dropped
+                    valid = e.op(f"arith.cmpi ult, {u}, {e.c(units)} : index")
+                    u = e.op(f"arith.minui {u}, {e.c(units - 1)} : index")
+                acc = step(e.add(base, u) if base else u, acc, valid)
+            vals = acc
+        else:
+            accs = [e.name() for _ in range(M * J)]
+            res = e.name()
+            f32s = ", ".join(["f32"] * (M * J))
+            U = next(u for u in (8, 4, 2, 1)
+                     if u <= self.unroll and (units % (L * u) == 0 or u == 1))
+            lo, hi = lane, e.c(units)
+            if base:
+                lo, hi = e.add(base, lane), e.add(base, e.c(units))
+            e.raw(f"{res}:{M * J} = scf.for %u = {lo} to {hi} step {e.c(L * U)} "
+                  f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> ({f32s}) {{")
+            new = list(accs)
+            for i in range(U):
+                new = step("%u" if i == 0 else e.add("%u", e.c(i * L)), new)
+            e.raw(f"scf.yield {', '.join(new)} : {f32s}")
+            e.raw("}")
+            vals = [f"{res}#{i}" for i in range(M * J)]
+        width = e.c(self.sg, "i32")
         sums = []
-        for i in range(M):
-            v = f"{res}#{i}"
-            off = sg // 2
+        for v in vals:
+            off = L // 2
             while off:
                 sh = e.name()
                 e.raw(f"{sh}:2 = gpu.shuffle xor {v}, {e.c(off, 'i32')}, {width} : f32")
                 v = e.fadd(v, f"{sh}#0")
                 off //= 2
             sums.append(v)
-        return sums
+        return [sums[j * M:(j + 1) * M] for j in range(J)]
 
     def kernel(self, fn: ir.Operation) -> tuple[str, list[tuple[str, int]], list]:
         """(gpu.module text, launch argument slots, constant buffers) of the kernel."""
-        m, e, sg = self.m, self.e, self.sg
-        M = m.M
+        m, e, sg, L = self.m, self.e, self.sg, self.lanes
+        M, J = m.M, len(m.weights)
         nargs = len(fn.regions[0].blocks[0].arguments)
         # one scalar emitter for the expression x and the epilogue: the hook supplies the
         # row reductions of x (computed before the main loop) and the GEMV's sums
-        sums: list[str] = []
+        sums: list[list[str]] = []
         row_now: list = [None]
         reduced: dict = {}
 
         def provide(v, idx):
-            if v == m.root:
+            if v in m.roots:
                 if row_now[0] is None:
                     raise ScalarUnsupported("the matmul result read outside the epilogue")
-                return sums[row_now[0]]
+                return sums[m.roots.index(v)][row_now[0]]
             o = _op(v)
             if o is not None and o.name == "poot.reduce":
                 got = reduced.get((v, tuple(idx)))
@@ -701,22 +774,31 @@ class _Kernel:
         tid = e.op("gpu.thread_id x")
         bid = e.op("gpu.block_id x")
         warp = e.op(f"arith.divui {tid}, {e.c(sg)} : index")
-        lane = e.op(f"arith.remui {tid}, {e.c(sg)} : index")
+        wlane = e.op(f"arith.remui {tid}, {e.c(sg)} : index")
+        # a warp holds sg / L columns of L lanes each: group g = wlane / L, lane = wlane % L
+        cpw = sg // L
+        lane, grp = wlane, None
+        if cpw > 1:
+            lane = e.op(f"arith.remui {wlane}, {e.c(L)} : index")
+            grp = e.op(f"arith.divui {wlane}, {e.c(L)} : index")
         S = self.ksplit
-        cols = self.warps // S
-        col, part = warp, None
-        if S > 1:                # warp = part * cols + col
-            col = e.op(f"arith.remui {warp}, {e.c(cols)} : index")
-            part = e.op(f"arith.divui {warp}, {e.c(cols)} : index")
-        n = e.add(e.mul(bid, e.c(cols)), col)
-        # a whole warp is in or out: the shuffles below run in uniform control flow
-        inb = e.op(f"arith.cmpi ult, {n}, {e.c(m.N)} : index")
+        wcols = self.warps // S              # warps of one K slice
+        cols = wcols * cpw                   # columns per block
+        wcol, part = warp, None
+        if S > 1:                # warp = part * wcols + wcol
+            wcol = e.op(f"arith.remui {warp}, {e.c(wcols)} : index")
+            part = e.op(f"arith.divui {warp}, {e.c(wcols)} : index")
+        col = e.add(e.mul(wcol, e.c(cpw)), grp) if grp else wcol
+        n_raw = e.add(e.mul(bid, e.c(cols)), col)
+        inb = e.op(f"arith.cmpi ult, {n_raw}, {e.c(m.N)} : index")
+        # shuffles need whole warps: a column past N computes column N - 1 and stores nothing
+        n = e.op(f"arith.minui {n_raw}, {e.c(m.N - 1)} : index") if m.N % cols else n_raw
         is0 = e.op(f"arith.cmpi eq, {lane}, {e.c(0)} : index")
         wg_mem: list[tuple[str, str]] = []
         x_reads: set[str] = set()
 
         def epilogue():
-            # output element (row, n) from the row's sum, in lane 0
+            # output element (row, n) from the row's sums, in lane 0
             x_reads.update(se.seen)
             for i in range(M):
                 row_now[0] = i
@@ -725,24 +807,26 @@ class _Kernel:
                         idx = se.delinearize(se.iadd(i * m.N, n), ot.shape)
                         se.store(se.value(out, idx), f"%o{j}", ot, idx)
 
-        smt = f"memref<{S * cols * M}xf32, #gpu.address_space<workgroup>>"
-        e.raw(f"scf.if {inb} {{")
-        with se.scope():         # what the warp computes dominates nothing after the scf.if
+        smt = f"memref<{S * cols * M * J}xf32, #gpu.address_space<workgroup>>"
+        with se.scope():         # what the warp computes dominates nothing after it
             for r, row in m.prologue:
                 wg: list = []
-                reduced[(r.results[0], row)] = row_total(se, r, list(row), lane, sg, sg, 0, wg)
+                # the whole warp computes its row's reduction (every column group reads it)
+                reduced[(r.results[0], row)] = row_total(se, r, list(row), wlane, sg, sg, 0,
+                                                         wg)
                 assert not wg                # one subgroup per row: shuffles only
             sums += self.dot_rows(n, lane, part)
-            e.raw(f"scf.if {is0} {{")
             if S == 1:
+                e.raw(f"scf.if {e.op(f'arith.andi {inb}, {is0} : i1')} {{")
                 epilogue()
             else:
-                # split-K: each warp's partial sums go to workgroup memory [part, col, row]
-                at = e.mul(e.add(e.mul(part, e.c(cols)), col), e.c(M))
-                for i in range(M):
-                    e.raw(f"memref.store {sums[i]}, %ksum[{e.add(at, e.c(i))}] : {smt}")
+                # split-K: each group's partial sums go to workgroup memory [part, col, j, m]
+                at = e.mul(e.add(e.mul(part, e.c(cols)), col), e.c(M * J))
+                e.raw(f"scf.if {is0} {{")
+                flat = [v for per in sums for v in per]
+                for i, v in enumerate(flat):
+                    e.raw(f"memref.store {v}, %ksum[{e.add(at, e.c(i))}] : {smt}")
             e.raw("}")
-        e.raw("}")
         if S > 1:
             # every thread reaches the barrier; then lane 0 of part 0 adds a column's S parts
             wg_mem.append(("%ksum", smt))
@@ -751,13 +835,17 @@ class _Kernel:
             first = e.op(f"arith.andi {e.op(f'arith.andi {inb}, {p0} : i1')}, {is0} : i1")
             e.raw(f"scf.if {first} {{")
             sums.clear()
-            for i in range(M):
-                tot = None
-                for q in range(S):
-                    at = e.add(e.mul(e.add(e.c(q * cols), col), e.c(M)), e.c(i))
-                    v = e.op(f"memref.load %ksum[{at}] : {smt}")
-                    tot = v if tot is None else e.fadd(tot, v)
-                sums.append(tot)
+            for j in range(J):
+                per = []
+                for i in range(M):
+                    tot = None
+                    for q in range(S):
+                        at = e.add(e.mul(e.add(e.c(q * cols), col), e.c(M * J)),
+                                   e.c(j * M + i))
+                        v = e.op(f"memref.load %ksum[{at}] : {smt}")
+                        tot = v if tot is None else e.fadd(tot, v)
+                    per.append(tot)
+                sums.append(per)
             with se.scope():
                 epilogue()
             e.raw("}")
@@ -766,7 +854,7 @@ class _Kernel:
         # lets loads take the read-only path (ld.global.nc)
         ro = " {llvm.noalias, llvm.readonly}" if self.vec else ""
         params, slots = kernel_params(fn, m, se, x_reads, ro, (self.x, self.xtype),
-                                      (self.w, self.wtype))
+                                      [(w, self.wtype) for w in self.wnames])
         t = self.warps * sg
         sig = ", ".join(f"{a}: {b}" for a, b in params)
         wgt = f" workgroup({', '.join(f'{a}: {b}' for a, b in wg_mem)})" if wg_mem else ""
@@ -778,14 +866,15 @@ class _Kernel:
 
 
 def kernel_params(fn: ir.Operation, m: GemvMatch, se: "_ArgsSeen", x_reads: set[str],
-                  ro: str, x: tuple[str, str], w: tuple[str, str]
+                  ro: str, x: tuple[str, str], ws: list[tuple[str, str]]
                   ) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
     """(kernel parameters as (SSA name, memref type), launch slots) of a matmul kernel: x
-    (when an argument) and the weight ``w`` (``(name, type)``), the arguments the scalar
-    emitter ``se`` read (``ro``, the read-only attributes, on x's own reads ``x_reads``), its
-    constant buffers, then the results ``%o{j}`` (shared by the GEMV and GEMM kernels)."""
-    params = [(w[0], w[1] + ro)]
-    slots = [("arg", m.weight.arg)]
+    (when an argument) and the weights ``ws`` (``(name, type)`` per ``m.weights``), the
+    arguments the scalar emitter ``se`` read (``ro``, the read-only attributes, on x's own
+    reads ``x_reads``), its constant buffers, then the results ``%o{j}`` (shared by the GEMV
+    and GEMM kernels)."""
+    params = [(name, t + ro) for name, t in ws]
+    slots = [("arg", w.arg) for w in m.weights]
     if m.x_arg is not None:
         params.insert(0, (x[0], x[1] + ro))
         slots.insert(0, ("arg", m.x_arg))
@@ -817,12 +906,33 @@ class _ArgsSeen(ScalarEmitter):
 
 
 def _warps(N: int, caps) -> int:
-    """Warps (columns) per block: as many as keep every compute unit busy, 1..8."""
+    """Warps per block for ``N`` warp-columns: as many as keep every compute unit busy,
+    1..8."""
     cores = max(1, int(getattr(caps, "cores", 1) or 1))
     for w in (8, 4, 2):
         if -(-N // w) >= cores:
             return w
     return 1
+
+
+#: a column gets fewer lanes than a warp when it has fewer units than lanes, so that each
+#: lane keeps about this many units (all in flight at once, :meth:`_Kernel.dot_rows`)
+UNITS_PER_LANE = 3
+
+
+def lanes_for(units: int, sg: int) -> int:
+    """Lanes per output column (a power of two, at most ``sg``): all ``sg`` when the column
+    has at least ``sg`` units, else the fewest that leave each lane :data:`UNITS_PER_LANE`
+    units or fewer. Why: a warp per column of a short row (K = 576 in 4-bit blocks is 18
+    units) leaves most lanes idle and a wide GEMV with more warps than the device holds at
+    once (an LM head of 49152 columns: 6 waves of warps on an H200); several columns per
+    warp keep the lanes busy and the waves few."""
+    if units >= sg:
+        return sg
+    lanes = 1
+    while lanes < sg and -(-units // lanes) > UNITS_PER_LANE:
+        lanes *= 2
+    return lanes
 
 
 #: split-K aims for at least this many warps per compute unit over the whole GEMV
@@ -848,8 +958,11 @@ def ksplit_for(N: int, units: int, sg: int, caps) -> int:
     return ks
 
 
+#: most matmuls of one x a GEMV kernel computes together (see :class:`GemvMatch`)
+MAX_MATMULS = 4
 #: tuning knobs (None: the rules above); set by the GEMV sweep benchmark, not by planning
-TUNING: dict[str, int | None] = {"warps": None, "unroll": None, "ksplit": None}
+TUNING: dict[str, int | None] = {"warps": None, "unroll": None, "ksplit": None,
+                                 "lanes": None}
 
 
 @register("gemv")
@@ -858,27 +971,33 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     sg = getattr(caps, "subgroup_size", None)
     if not sg:
         return None                 # shuffles need the device's real subgroup width
-    m = match(fn)
-    if m is None:
-        return None
+    m = match(fn, max_matmuls=MAX_MATMULS)
+    if m is None or m.M * len(m.weights) > 2 * MAX_M:
+        return None                 # accumulators per lane: registers
     vec = "sm_90" in (getattr(caps, "features", None) or ())
     kern = _Kernel(m, sg, 1, vec, TUNING["unroll"] or 4)
     ksplit = TUNING["ksplit"] or ksplit_for(m.N, kern.units(), sg, caps)
-    warps = TUNING["warps"] or (8 if ksplit > 1 else _warps(m.N, caps))
-    if warps % ksplit or kern.units() % (ksplit * sg):
+    if kern.units() % (ksplit * sg):
         ksplit = 1                   # slices of whole lane rounds only
+    lanes = TUNING["lanes"] or lanes_for(kern.units() // ksplit, sg)
+    if lanes > sg or sg % lanes:
+        return None
+    warps = TUNING["warps"] or (8 if ksplit > 1 else _warps(-(-m.N // (sg // lanes)), caps))
+    if warps % ksplit:
+        ksplit = 1
     if m.prologue and (m.N * m.K * 8 > PROLOGUE_MAX_EXTRA_BYTES or ksplit > 1):
         # cost rules: see PROLOGUE_MAX_EXTRA_BYTES; and a GEMV that wants split-K is
         # bandwidth-starved, so a per-warp norm would cost more than the norm's own launch
         return None
-    kern.warps, kern.ksplit = warps, ksplit
+    kern.warps, kern.ksplit, kern.lanes = warps, ksplit, lanes
     try:
         text, slots, consts = kern.kernel(fn)
     except ScalarUnsupported:
         return None
-    grid = (-(-m.N // (warps // ksplit)), 1, 1)
+    grid = (-(-m.N // (warps // ksplit * (sg // lanes))), 1, 1)
     return Synthesized(text, [Launch("kernel", slots, "poot_gemv", "gemv", grid,
                                      (warps * sg, 1, 1))], consts=consts)
 
 
-__all__ = ["GemvMatch", "MAX_M", "PACKED", "gemv", "kernel_params", "ksplit_for", "match"]
+__all__ = ["GemvMatch", "MAX_M", "PACKED", "gemv", "kernel_params", "ksplit_for", "lanes_for",
+           "match"]
