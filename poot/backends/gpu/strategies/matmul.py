@@ -99,6 +99,8 @@ class GemvMatch:
     outs: list
     out_ts: list
     prologue: list = field(default_factory=list)
+    #: x = k-factors * row factors (see :func:`_defer`): (k factors, row factors) or None
+    deferred: tuple | None = None
 
     @property
     def weight(self) -> _Weight:
@@ -224,6 +226,7 @@ def match(fn: ir.Operation, max_m: int | None = MAX_M,
         if pro is None:
             return None
         m.prologue = pro
+        m.deferred = _defer(fn, m)
     return m if _elementwise_epilogue(fn, m) else None
 
 
@@ -260,6 +263,88 @@ def _prologue(fn: ir.Operation, m: GemvMatch) -> list | None:
     except ScalarUnsupported:
         return None
     return order
+
+
+def _mul_factors(v: ir.Value, M: int, K: int) -> list[ir.Value]:
+    """The factors of ``v`` (M * K elements, last axis K) through ``poot.binary mul`` and
+    row-preserving reshapes (M * K elements, last axis K): each factor's element at row-major
+    flat index ``m * K + k`` multiplies into ``v``'s."""
+    t, o = _ttype(v), _op(v)
+    if not isinstance(t, TensorType) or t.numel != M * K or not t.rank or t.shape[-1] != K \
+            or o is None:
+        return [v]
+    if o.name == "poot.reshape":
+        return _mul_factors(o.operands[0], M, K)
+    if o.name == "poot.binary" and ir.StringAttr(o.attributes["fn"]).value == "mul":
+        return _mul_factors(o.operands[0], M, K) + _mul_factors(o.operands[1], M, K)
+    return [v]
+
+
+def factor_at(se: ScalarEmitter, f: ir.Value, row: int, k) -> str:
+    """Coordinates of element ``(row, k)`` of x in the factor ``f`` (:func:`_mul_factors`:
+    last axis k, the rows laid out row-major over the others)."""
+    return se.delinearize(row, _ttype(f).shape[:-1]) + [k]
+
+
+def _defer(fn: ir.Operation, m: GemvMatch) -> tuple | None:
+    """``(k factors, row factors)`` when an expression x (a folded norm) is a product whose
+    factors either read no row reduction (``h``, the norm's weight) or read only reductions
+    and are constant along k (RMSNorm's ``rsqrt(mean(h^2) + eps)``), and every reduction is
+    a single-pass f32 ``sum`` whose operand reads no other reduction; else None.
+
+    Then ``sum_k x[m, k] w[k, n] = s[m] * sum_k a[m, k] w[k, n]`` with ``a`` the product of
+    the k factors and ``s`` the row factors' (a per-row scale commutes with the dot), and the
+    sums the row factors read accumulate in the same pass over k as the dot: no reduction
+    pass before the main loop, so the norm folds into any GEMV (split-K ones included) at
+    the cost of reading its weight next to h. LayerNorm (its variance reads the mean) is
+    refused here and keeps the per-warp prologue."""
+    if not m.prologue:
+        return None
+    for r, _ in m.prologue:
+        if reduce_kind(r) != "sum" or _ttype(r.operands[0]).dtype is not DType.F32:
+            return None
+    kf, rf = [], []
+    for f in _mul_factors(m.x, m.M, m.K):
+        ft = _ttype(f)
+        if not isinstance(ft, TensorType) or ft.dtype is not DType.F32:
+            return None
+        reads = []
+        probe = "%kprobe"
+
+        def provide(v, idx, reads=reads):
+            o = _op(v)
+            if o is not None and o.name == "poot.reduce":
+                reads.append(v)
+                return "%r"
+            return None
+        em = KernelEmitter()
+        se = ScalarEmitter(fn, em, provide=provide)
+        try:
+            for row in range(m.M):
+                with se.scope():
+                    se.value(f, factor_at(se, f, row, probe))
+        except ScalarUnsupported:
+            return None
+        if not reads:
+            kf.append(f)
+        elif probe not in em.text():
+            rf.append(f)
+        else:
+            return None               # reads a reduction and varies along k
+    if not rf:
+        return None
+    for r, row in m.prologue:          # each reduction's operand: no reduction read
+        def refuse(v, idx):
+            o = _op(v)
+            if o is not None and o.name == "poot.reduce":
+                raise ScalarUnsupported("a reduction reads another")
+            return None
+        try:
+            ScalarEmitter(fn, KernelEmitter(), provide=refuse).value(
+                r.operands[0], list(row) + ["%kprobe"])
+        except ScalarUnsupported:
+            return None
+    return kf, rf
 
 
 def _elementwise_epilogue(fn: ir.Operation, m: GemvMatch) -> bool:
@@ -432,6 +517,15 @@ class _Kernel:
             ks = [se.iadd(base, i) for i in range(n)]
             if self.vec and n % 4 == 0:
                 self.kvec.update((k, (base, i)) for i, k in enumerate(ks))
+            if self.m.deferred:            # the k factors only: the row scale comes last
+                out = []
+                for k in ks:
+                    fs = [se.value(f, factor_at(se, f, m, k)) for f in self.m.deferred[0]]
+                    v = fs[0]
+                    for f in fs[1:]:
+                        v = se.op(f"arith.mulf {v}, {f} : f32")
+                    out.append(v)
+                return out
             return [se.value(self.m.x, (m, k)) for k in ks]
         start = e.add(base, e.c(m * K)) if m else base
         if self.vec and n % 4 == 0:
@@ -677,7 +771,8 @@ class _Kernel:
         """``sum_k x[m, k] * w[k, n]`` per weight and row m (``[weight][m]``), in every one
         of the :attr:`lanes` lanes of column ``n``: the lane-strided walk over units, then a
         shuffle-xor butterfly within the lane group. ``part`` (split-K): only the units of
-        slice ``part`` of :attr:`ksplit` equal slices.
+        slice ``part`` of :attr:`ksplit` equal slices. A deferred norm (``m.deferred``)
+        adds one more list: the partial sums of the prologue's reductions over the same k.
 
         A lane with at most :attr:`unroll` units runs them straight-line, a unit past the
         end clamped in range and its contribution dropped: all its loads are in flight at
@@ -685,6 +780,9 @@ class _Kernel:
         is not unrolled). More units run in a loop of ``U`` units an iteration where the
         lanes divide them evenly."""
         e, L, M, J = self.e, self.lanes, self.m.M, len(self.wnames)
+        red = self.m.prologue if self.m.deferred else []
+        R = len(red)
+        epu = self.m.K // self.units()          # k elements per unit
         units = self.units() // self.ksplit
         base = e.mul(part, e.c(units)) if part is not None else None
         rounds = -(-units // L)
@@ -702,11 +800,17 @@ class _Kernel:
                                  for p in parts]
                     acc[j * M:(j + 1) * M] = [p if a is None else e.fadd(a, p) for a, p in
                                               zip(acc[j * M:(j + 1) * M], parts)]
+                for t, (r, row) in enumerate(red):
+                    p = self.reduce_part(r, row, ui, epu)
+                    if valid is not None:
+                        p = e.op(f"arith.select {valid}, {p}, {zero} : f32")
+                    a = acc[M * J + t]
+                    acc[M * J + t] = p if a is None else e.fadd(a, p)
                 self.xmemo = None
             return acc
 
         if rounds <= self.unroll:
-            acc: list = [None] * (M * J)
+            acc: list = [None] * (M * J + R)
             for r in range(rounds):
                 u = e.add(lane, e.c(r * L)) if r else lane
                 valid = None
@@ -716,22 +820,22 @@ class _Kernel:
                 acc = step(e.add(base, u) if base else u, acc, valid)
             vals = acc
         else:
-            accs = [e.name() for _ in range(M * J)]
+            accs = [e.name() for _ in range(M * J + R)]
             res = e.name()
-            f32s = ", ".join(["f32"] * (M * J))
+            f32s = ", ".join(["f32"] * (M * J + R))
             U = next(u for u in (8, 4, 2, 1)
                      if u <= self.unroll and (units % (L * u) == 0 or u == 1))
             lo, hi = lane, e.c(units)
             if base:
                 lo, hi = e.add(base, lane), e.add(base, e.c(units))
-            e.raw(f"{res}:{M * J} = scf.for %u = {lo} to {hi} step {e.c(L * U)} "
+            e.raw(f"{res}:{M * J + R} = scf.for %u = {lo} to {hi} step {e.c(L * U)} "
                   f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> ({f32s}) {{")
             new = list(accs)
             for i in range(U):
                 new = step("%u" if i == 0 else e.add("%u", e.c(i * L)), new)
             e.raw(f"scf.yield {', '.join(new)} : {f32s}")
             e.raw("}")
-            vals = [f"{res}#{i}" for i in range(M * J)]
+            vals = [f"{res}#{i}" for i in range(M * J + R)]
         width = e.c(self.sg, "i32")
         sums = []
         for v in vals:
@@ -742,7 +846,18 @@ class _Kernel:
                 v = e.fadd(v, f"{sh}#0")
                 off //= 2
             sums.append(v)
-        return [sums[j * M:(j + 1) * M] for j in range(J)]
+        return [sums[j * M:(j + 1) * M] for j in range(J)] + ([sums[M * J:]] if R else [])
+
+    def reduce_part(self, r, row: tuple, u: str, epu: int) -> str:
+        """Unit ``u``'s share of the sum ``r`` (a deferred norm's reduction at ``row``): its
+        operand over the unit's ``epu`` elements of k (the same elements the unit's dot
+        reads, so x's inputs are loaded once)."""
+        se = self.se
+        kb = se.imul(u, epu)
+        ks = [se.iadd(kb, i) for i in range(epu)]
+        if self.vec and epu % 4 == 0:
+            self.kvec.update((k, (kb, i)) for i, k in enumerate(ks))
+        return self._chains([(se.value(r.operands[0], list(row) + [k]), None) for k in ks])
 
     def kernel(self, fn: ir.Operation) -> tuple[str, list[tuple[str, int]], list]:
         """(gpu.module text, launch argument slots, constant buffers) of the kernel."""
@@ -797,9 +912,23 @@ class _Kernel:
         wg_mem: list[tuple[str, str]] = []
         x_reads: set[str] = set()
 
-        def epilogue():
-            # output element (row, n) from the row's sums, in lane 0
+        deferred = m.deferred is not None
+        V = M * J + (len(m.prologue) if deferred else 0)      # totals per column
+
+        def epilogue(flat: list[str]):
+            # output element (row, n) from the column's totals, in lane 0; a deferred norm's
+            # row scale (its reductions' totals now known) multiplies the dots first
             x_reads.update(se.seen)
+            sums[:] = [flat[j * M:(j + 1) * M] for j in range(J)]
+            if deferred:
+                for (r, row), tot in zip(m.prologue, flat[M * J:]):
+                    reduced[(r.results[0], row)] = tot
+                for i in range(M):
+                    with se.scope():
+                        sc = [se.value(f, factor_at(se, f, i, 0)) for f in m.deferred[1]]
+                    for f in sc:
+                        for j in range(J):
+                            sums[j][i] = e.fmul(sums[j][i], f)
             for i in range(M):
                 row_now[0] = i
                 with se.scope():
@@ -807,23 +936,23 @@ class _Kernel:
                         idx = se.delinearize(se.iadd(i * m.N, n), ot.shape)
                         se.store(se.value(out, idx), f"%o{j}", ot, idx)
 
-        smt = f"memref<{S * cols * M * J}xf32, #gpu.address_space<workgroup>>"
+        smt = f"memref<{S * cols * V}xf32, #gpu.address_space<workgroup>>"
         with se.scope():         # what the warp computes dominates nothing after it
-            for r, row in m.prologue:
-                wg: list = []
-                # the whole warp computes its row's reduction (every column group reads it)
-                reduced[(r.results[0], row)] = row_total(se, r, list(row), wlane, sg, sg, 0,
-                                                         wg)
-                assert not wg                # one subgroup per row: shuffles only
-            sums += self.dot_rows(n, lane, part)
+            if not deferred:
+                for r, row in m.prologue:
+                    wg: list = []
+                    # the whole warp computes its row's reduction (every column group reads it)
+                    reduced[(r.results[0], row)] = row_total(se, r, list(row), wlane, sg, sg,
+                                                             0, wg)
+                    assert not wg                # one subgroup per row: shuffles only
+            flat = [v for per in self.dot_rows(n, lane, part) for v in per]
             if S == 1:
                 e.raw(f"scf.if {e.op(f'arith.andi {inb}, {is0} : i1')} {{")
-                epilogue()
+                epilogue(flat)
             else:
-                # split-K: each group's partial sums go to workgroup memory [part, col, j, m]
-                at = e.mul(e.add(e.mul(part, e.c(cols)), col), e.c(M * J))
+                # split-K: each group's partial totals go to workgroup memory [part, col, v]
+                at = e.mul(e.add(e.mul(part, e.c(cols)), col), e.c(V))
                 e.raw(f"scf.if {is0} {{")
-                flat = [v for per in sums for v in per]
                 for i, v in enumerate(flat):
                     e.raw(f"memref.store {v}, %ksum[{e.add(at, e.c(i))}] : {smt}")
             e.raw("}")
@@ -834,20 +963,16 @@ class _Kernel:
             p0 = e.op(f"arith.cmpi eq, {part}, {e.c(0)} : index")
             first = e.op(f"arith.andi {e.op(f'arith.andi {inb}, {p0} : i1')}, {is0} : i1")
             e.raw(f"scf.if {first} {{")
-            sums.clear()
-            for j in range(J):
-                per = []
-                for i in range(M):
-                    tot = None
-                    for q in range(S):
-                        at = e.add(e.mul(e.add(e.c(q * cols), col), e.c(M * J)),
-                                   e.c(j * M + i))
-                        v = e.op(f"memref.load %ksum[{at}] : {smt}")
-                        tot = v if tot is None else e.fadd(tot, v)
-                    per.append(tot)
-                sums.append(per)
+            flat = []
+            for i in range(V):
+                tot = None
+                for q in range(S):
+                    at = e.add(e.mul(e.add(e.c(q * cols), col), e.c(V)), e.c(i))
+                    v = e.op(f"memref.load %ksum[{at}] : {smt}")
+                    tot = v if tot is None else e.fadd(tot, v)
+                flat.append(tot)
             with se.scope():
-                epilogue()
+                epilogue(flat)
             e.raw("}")
         # x (or the arguments of an expression x) and the weight are only read, and no buffer
         # of the kernel overlaps them (the plan gives each value its own buffer): on CUDA that
@@ -985,7 +1110,8 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     warps = TUNING["warps"] or (8 if ksplit > 1 else _warps(-(-m.N // (sg // lanes)), caps))
     if warps % ksplit:
         ksplit = 1
-    if m.prologue and (m.N * m.K * 8 > PROLOGUE_MAX_EXTRA_BYTES or ksplit > 1):
+    if m.prologue and not m.deferred and \
+            (m.N * m.K * 8 > PROLOGUE_MAX_EXTRA_BYTES or ksplit > 1):
         # cost rules: see PROLOGUE_MAX_EXTRA_BYTES; and a GEMV that wants split-K is
         # bandwidth-starved, so a per-warp norm would cost more than the norm's own launch
         return None
