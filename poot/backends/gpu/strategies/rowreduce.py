@@ -25,6 +25,28 @@ device that did not report one) the combine is a workgroup-memory tree instead. 
 same threads write every row-shaped result at ``lane, lane + TR, ...`` and lane 0 the
 row-scalar ones. Reference: the classic CUDA block reduction (Harris, "Optimizing Parallel
 Reduction in CUDA") with warp shuffles (NVIDIA, "Faster Parallel Reductions on Kepler").
+
+Long rows (:func:`split_count`): one block per row leaves the target's other cores idle when
+there are few rows, and a long row is then a latency-bound stream through one core (the greedy
+sampler's argmax over a 128256-wide vocabulary, one row: 28.6 us on an H200 in one block;
+49152 wide: 10 us). When rows are at least :data:`SPLIT_MIN_K` long (below that a block
+streams its row in a few us, about what an extra launch costs) and ``S = min(MAX_SPLIT,
+cores // rows, K // SPLIT_MIN_SLICE)`` is at least 2, each row is cut into ``S`` slices of
+``W`` columns (a multiple of :data:`SLICE_ALIGN`; the last may be short) and the region
+becomes several launches. Reductions are grouped by *level* (0 when a reduction's operand
+reads no other reduction, else one past the levels it reads: an argmax's ``max`` and a
+non-finite ``any`` share level 0, its ``min`` over ``select(x == max, iota, K)`` is level 1).
+Launch ``l`` (grid ``rows * S``, block ``(row, slice)``) first folds, in every thread, the
+``S`` partials of every reduction of a lower level from scratch in slice order (so every
+block of every launch holds the same bits, identical to the one-kernel total for max/min/
+any/all; a sum is reassociated), then folds its slice of each level-``l`` reduction with the
+same loop and block combine as above, and thread 0 writes the partials to scratch
+(``[rows * S]`` of the accumulation type: f32, or i32 for i32 and booleans). The last launch
+folds every total the same way and writes the outputs: row-shaped ones over the slices (grid
+``rows * S``), row-scalar ones by thread 0 of the row's first block (a grid of one block a
+row when there are no row-shaped outputs). A region whose split form cannot be emitted falls
+back to the one kernel. ``POOT_GPU_ROWSPLIT=0`` turns the split off (to compare). A split
+dispatch is several launches, so horizontal fusion does not take it.
 """
 
 from __future__ import annotations
@@ -231,10 +253,10 @@ def _row_outputs(se: ScalarEmitter, em: KernelEmitter, outs, types, out_names, r
                  orows: dict, lane, k: int, tr: int, base=None, span: int = 0) -> None:
     """Store the row outputs ``row_outs`` (elementwise over the row's ``k`` columns, each
     thread columns ``lane::tr``; with ``base``, only the slice of ``span`` columns from
-    column ``base``, see :func:`_slice_end`): ``V`` (at most :data:`ROW_CHAINS`) columns an iteration, all
-    their values computed before any is stored. Why: an output written in place over an
-    input it reads (a sampler's token-history row) cannot have its loads moved past its
-    stores by the compiler, so one column at a time each iteration waits on its own load
+    column ``base``, see :func:`_slice_end`): ``V`` (at most :data:`ROW_CHAINS`) columns an
+    iteration, all their values computed before any is stored. Why: an output written in
+    place over an input it reads (a sampler's token-history row) cannot have its loads moved
+    past its stores by the compiler, so one column at a time each iteration waits on its load
     (a 128k-column history update by 1024 threads took most of a 40 us argmax kernel).
     Assumes, as the block's threads already do (they run these columns concurrently), that
     an output written in place reads its input at its own column only: an in-place output
@@ -325,8 +347,8 @@ def _row_loop(se: ScalarEmitter, x: ir.Value, rowc, lane, k: int, tr: int, kind:
               t: str, widen: bool = False, base=None, span: int = 0) -> str:
     """This thread's fold of ``x[*rowc, lane::tr]`` (compute type ``t``; ``widen``: i1
     elements folded as i32 0/1; with ``base``, of the slice of ``span`` columns from column
-    ``base`` only, see :func:`_slice_end`), in ``V`` (at most :data:`ROW_CHAINS`) independent chains of
-    consecutive lane rounds folded together at the end: the loads of one iteration do not
+    ``base`` only, see :func:`_slice_end`), in ``V`` (at most :data:`ROW_CHAINS`) independent
+    chains of consecutive lane rounds folded together at the end: the loads of one iteration do not
     wait on each other. (For max/min the result is the same in any order; a sum is
     reassociated, as any parallel reduction is.)"""
     em = se.em
