@@ -295,6 +295,17 @@ def test_split_bool_any_all(vk_wide, fn):
     np.testing.assert_array_equal(np.asarray(got["r0"]).astype(bool), want)
 
 
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+def test_split_rmsnorm_one_long_row(vk_wide, dt):
+    """One reduction (a bf16 sum accumulated in f32 partials, rounded once after the fold),
+    row-shaped output: two launches."""
+    k = 40000
+    g = rmsnorm((1,), k, dt)
+    rng = np.random.default_rng(9)
+    check(vk_wide, g, {"a0": rand(rng, (1, k), dt), "a1": rand(rng, (k,), dt)},
+          rtol=TOL[dt], atol=TOL[dt], strategy="rowreduce", launches=2)
+
+
 def test_split_rule_and_switch(monkeypatch):
     """Few long rows split (slices from the cores, capped, thousands of columns each); many
     rows, short rows, or ``POOT_GPU_ROWSPLIT=0`` keep one kernel."""
@@ -321,5 +332,14 @@ def test_split_argmax_ptx():
     assert [L.grid[0] for L in s.launches] == [31, 31, 31]
     assert [L.block[0] for L in s.launches] == [1024, 1024, 1024]
     assert strategies_of(g, _caps(32)) == {"rowreduce": 3}
+    # several launches: horizontal fusion must not take it as a member
+    from mlir import ir
+
+    from poot.backends.gpu.horizontal import single_launch
+    from poot.backends.gpu.strategies import synthesize
+
+    kc = ir.Context()
+    kc.allow_unregistered_dialects = True
+    assert not single_launch(synthesize(_dispatch(g), _caps(32), kc))
     ptx = ptx_of(g, _caps(32))
     assert "shfl.sync.bfly" in ptx and "bar.sync" in ptx
