@@ -253,9 +253,17 @@ def test_split_argmax_first_index_of_ties(vk_wide, k):
                                   [False, True])
 
 
-def test_split_softmax_sum_and_row_outputs(vk_wide):
+@pytest.mark.parametrize("blind", [False, True])
+def test_split_softmax_sum_and_row_outputs(vk_wide, blind):
     """max, then sum(exp(x - max)) reading it (one launch each), then the probabilities
-    (row-shaped, split across the blocks) and the sums; ragged K, one row."""
+    (row-shaped, split across the blocks) and the sums; ragged K, one row. ``blind``: no
+    subgroup size known (the block combine is the workgroup-memory tree)."""
+    from poot.backends.vulkan.codegen import vulkan_target
+
+    if blind:
+        dev, target = vk_wide
+        caps = {**dev.capabilities(), "compute_units": 64, "subgroup_size": None}
+        vk_wide = (dev, vulkan_target(caps))
     k = 100003
     X, R, R1 = f"tensor<1x{k}xf32>", "tensor<1xf32>", "tensor<1x1xf32>"
     body = f"""
