@@ -565,6 +565,7 @@ def _synthesize_split(fn: ir.Operation, m: _Region, caps, name: str, S: int):
         return None
     tr = row_threads(w, sg)
     levels = _levels(m.reduces)
+    # partials are f32 or i32: 4 bytes each
     scratch = [(_scratch_type(m, q, S), m.n_rows * S * 4) for q in range(len(m.reduces))]
     scr_params = [(f"%scr{q}", t) for q, (t, _) in enumerate(scratch)]
     scr_slots = [("scratch", q) for q in range(len(scratch))]
