@@ -29,8 +29,9 @@ Reduction in CUDA") with warp shuffles (NVIDIA, "Faster Parallel Reductions on K
 Long rows (:func:`split_count`): one block per row leaves the target's other cores idle when
 there are few rows, and a long row is then a latency-bound stream through one core (the greedy
 sampler's argmax over a 128256-wide vocabulary, one row: 28.6 us on an H200 in one block;
-49152 wide: 10 us). When rows are at least :data:`SPLIT_MIN_K` long (below that a block
-streams its row in a few us, about what an extra launch costs) and ``S = min(MAX_SPLIT,
+49152 wide: 10 us). When rows are at least :data:`SPLIT_MIN_K` long (below that the split's
+two or three launches of ~2.5 us each, and the horizontal fusion with a sibling reduction a
+split dispatch gives up, cost about what the one block saves) and ``S = min(MAX_SPLIT,
 cores // rows, K // SPLIT_MIN_SLICE)`` is at least 2, each row is cut into ``S`` slices of
 ``W`` columns (a multiple of :data:`SLICE_ALIGN`; the last may be short) and the region
 becomes several launches. Reductions are grouped by *level* (0 when a reduction's operand
@@ -80,7 +81,7 @@ MULTI_ROW_BLOCK = 256
 #: fewest elements per thread before a row gets more threads
 MIN_PER_THREAD = 4
 #: shortest row split across blocks (see the module doc: ``Long rows``)
-SPLIT_MIN_K = 32768
+SPLIT_MIN_K = 65536
 #: fewest columns of one slice
 SPLIT_MIN_SLICE = 4096
 #: most slices (blocks) per row
