@@ -190,3 +190,165 @@ def test_workgroup_tree_without_subgroup_size(vk):
     rng = np.random.default_rng(8)
     check(blind, g, {"a0": rand(rng, (5, 300), "f32"), "a1": rand(rng, (300,), "f32")},
           rtol=2e-5, atol=2e-5, strategy="rowreduce")
+
+
+# ---- long rows split across blocks --------------------------------------------------------------
+
+@pytest.fixture
+def vk_wide(vk):
+    """The Vulkan device compiled for as if it had 64 compute units (lavapipe reports none,
+    so its target says 1 core and the split never fires on it)."""
+    from poot.backends.vulkan.codegen import vulkan_target
+
+    dev, _ = vk
+    target = vulkan_target({**dev.capabilities(), "compute_units": 64})
+    assert target.caps.cores == 64
+    return dev, target
+
+
+def argmax_region(r: int, k: int):
+    """The greedy sampler's shape: the first index of the row maximum (``min`` over
+    ``select(x == max, iota, K)``, clamped to ``K - 1``), an ``any(x > 1e30)`` probe, and a
+    row-shaped history update ``select(iota == token, 1, hist)``."""
+    X, R, R1 = f"tensor<{r}x{k}xf32>", f"tensor<{r}xf32>", f"tensor<{r}x1xf32>"
+    I, IR, IR1 = f"tensor<{r}x{k}xi32>", f"tensor<{r}xi32>", f"tensor<{r}x1xi32>"
+    B, BR = f"tensor<{r}x{k}xi1>", f"tensor<{r}xi1>"
+    body = f"""
+  %n = "poot.constant"() {{value = dense<{k}> : {I}}} : () -> {I}
+  %last = "poot.constant"() {{value = dense<{k - 1}> : {IR}}} : () -> {IR}
+  %one = "poot.constant"() {{value = dense<1> : {I}}} : () -> {I}
+  %big = "poot.constant"() {{value = dense<1.0e30> : {X}}} : () -> {X}
+  %0 = "poot.reduce"(%arg0) {{axes = array<i64: 1>, fn = "max"}} : ({X}) -> {R}
+  %1 = "poot.reshape"(%0) : ({R}) -> {R1}
+  %2 = "poot.broadcast"(%1) {{dims = array<i64: 0, 1>}} : ({R1}) -> {X}
+  %3 = "poot.compare"(%arg0, %2) {{pred = "eq"}} : ({X}, {X}) -> {B}
+  %4 = "poot.iota"() {{axis = 1 : i64}} : () -> {I}
+  %5 = "poot.select"(%3, %4, %n) : ({B}, {I}, {I}) -> {I}
+  %6 = "poot.reduce"(%5) {{axes = array<i64: 1>, fn = "min"}} : ({I}) -> {IR}
+  %7 = "poot.binary"(%6, %last) {{fn = "min"}} : ({IR}, {IR}) -> {IR}
+  %8 = "poot.compare"(%arg0, %big) {{pred = "gt"}} : ({X}, {X}) -> {B}
+  %9 = "poot.reduce"(%8) {{axes = array<i64: 1>, fn = "max"}} : ({B}) -> {BR}
+  %10 = "poot.reshape"(%7) : ({IR}) -> {IR1}
+  %11 = "poot.broadcast"(%10) {{dims = array<i64: 0, 1>}} : ({IR1}) -> {I}
+  %12 = "poot.compare"(%4, %11) {{pred = "eq"}} : ({I}, {I}) -> {B}
+  %13 = "poot.select"(%12, %one, %arg1) : ({B}, {I}, {I}) -> {I}
+  return %7, %9, %13 : {IR}, {BR}, {I}"""
+    return region([X, I], [IR, BR, I], body)
+
+
+@pytest.mark.parametrize("k", [128256, 100003])
+def test_split_argmax_first_index_of_ties(vk_wide, k):
+    """Ties at the maximum in different slices (the first wins: past the first slice in row
+    0, in it in row 1), a row whose maximum also trips the ``any`` probe; max, any (one launch), min
+    (a second), outputs (a third: the token, the probe, the history row)."""
+    rng = np.random.default_rng(k)
+    x = rng.uniform(-2, 2, size=(2, k)).astype(np.float32)
+    x[0, [50000, 90000, k - 1]] = 3.5
+    x[1, [k - 7, 61000, 900]] = 2e31             # the first in the first slice
+    hist = rng.integers(0, 2, size=(2, k)).astype(np.int32)
+    got = check(vk_wide, argmax_region(2, k), {"a0": x, "a1": hist}, strategy="rowreduce",
+                launches=3)
+    np.testing.assert_array_equal(np.asarray(got["r0"]).reshape(-1), [50000, 900])
+    np.testing.assert_array_equal(np.asarray(got["r1"]).reshape(-1).astype(bool),
+                                  [False, True])
+
+
+@pytest.mark.parametrize("blind", [False, True])
+def test_split_softmax_sum_and_row_outputs(vk_wide, blind):
+    """max, then sum(exp(x - max)) reading it (one launch each), then the probabilities
+    (row-shaped, split across the blocks) and the sums; ragged K, one row. ``blind``: no
+    subgroup size known (the block combine is the workgroup-memory tree)."""
+    from poot.backends.vulkan.codegen import vulkan_target
+
+    if blind:
+        dev, target = vk_wide
+        caps = {**dev.capabilities(), "compute_units": 64, "subgroup_size": None}
+        vk_wide = (dev, vulkan_target(caps))
+    k = 100003
+    X, R, R1 = f"tensor<1x{k}xf32>", "tensor<1xf32>", "tensor<1x1xf32>"
+    body = f"""
+  %0 = "poot.reduce"(%arg0) {{axes = array<i64: 1>, fn = "max"}} : ({X}) -> {R}
+  %1 = "poot.reshape"(%0) : ({R}) -> {R1}
+  %2 = "poot.broadcast"(%1) {{dims = array<i64: 0, 1>}} : ({R1}) -> {X}
+  %3 = "poot.binary"(%arg0, %2) {{fn = "sub"}} : ({X}, {X}) -> {X}
+  %4 = "poot.unary"(%3) {{fn = "exp"}} : ({X}) -> {X}
+  %5 = "poot.reduce"(%4) {{axes = array<i64: 1>, fn = "sum"}} : ({X}) -> {R}
+  %6 = "poot.reshape"(%5) : ({R}) -> {R1}
+  %7 = "poot.broadcast"(%6) {{dims = array<i64: 0, 1>}} : ({R1}) -> {X}
+  %8 = "poot.binary"(%4, %7) {{fn = "div"}} : ({X}, {X}) -> {X}
+  return %8, %5 : {X}, {R}"""
+    g = region([X], [X, R], body)
+    rng = np.random.default_rng(3)
+    check(vk_wide, g, {"a0": rand(rng, (1, k), "f32", -8, 8)}, rtol=2e-5, atol=1e-10,
+          strategy="rowreduce", launches=3)
+
+
+@pytest.mark.parametrize("fn", ["max", "min"])
+def test_split_bool_any_all(vk_wide, fn):
+    """any / all of a long boolean row (i32 0/1 partials): no true, a single true on the
+    last element, all true."""
+    k = 120000
+    X, B = f"tensor<3x{k}xf32>", f"tensor<3x{k}xi1>"
+    body = f"""
+  %h = "poot.constant"() {{value = dense<0.5> : {X}}} : () -> {X}
+  %1 = "poot.compare"(%arg0, %h) {{pred = "gt"}} : ({X}, {X}) -> {B}
+  %2 = "poot.reduce"(%1) {{axes = array<i64: 1>, fn = "{fn}"}} : ({B}) -> tensor<3xi1>
+  return %2 : tensor<3xi1>"""
+    g = region([X], ["tensor<3xi1>"], body)
+    x = np.zeros((3, k), np.float32)
+    x[1, k - 1] = 1.0
+    x[2, :] = 1.0
+    got = check(vk_wide, g, {"a0": x}, strategy="rowreduce", launches=2)
+    want = [False, True, True] if fn == "max" else [False, False, True]
+    np.testing.assert_array_equal(np.asarray(got["r0"]).astype(bool), want)
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+def test_split_rmsnorm_one_long_row(vk_wide, dt):
+    """One reduction (a bf16 sum accumulated in f32 partials, rounded once after the fold),
+    row-shaped output: two launches."""
+    k = 70000
+    g = rmsnorm((1,), k, dt)
+    rng = np.random.default_rng(9)
+    check(vk_wide, g, {"a0": rand(rng, (1, k), dt), "a1": rand(rng, (k,), dt)},
+          rtol=TOL[dt], atol=TOL[dt], strategy="rowreduce", launches=2)
+
+
+def test_split_rule_and_switch(monkeypatch):
+    """Few long rows split (slices from the cores, capped, thousands of columns each); many
+    rows, short rows, or ``POOT_GPU_ROWSPLIT=0`` keep one kernel."""
+    from poot.backends.gpu.strategies.rowreduce import MAX_SPLIT, split_count
+
+    assert split_count(1, 128256, 132) == min(MAX_SPLIT, 128256 // 4096)
+    assert split_count(2, 49152, 132) == 1         # one block: about as fast (module doc)
+    assert split_count(2, 65536, 132) == 16
+    assert split_count(1, 128256, 1) == 1          # one core: nothing to spread over
+    assert split_count(100, 128256, 132) == 1      # rows already fill the cores
+    assert split_count(1, 4096, 132) == 1          # one block streams it quickly
+    monkeypatch.setenv("POOT_GPU_ROWSPLIT", "0")
+    assert split_count(1, 128256, 132) == 1
+    assert strategies_of(argmax_region(1, 128256), _caps(32)) == {"rowreduce": 1}
+
+
+def test_split_argmax_ptx():
+    """The split argmax for an H200-like target (subgroup 32, 132 SMs): three launches,
+    31 blocks a row, lowered through NVVM to PTX (assembled by ptxas where installed)."""
+    from poot.backends.gpu.strategies.rowreduce import synthesize_rowreduce
+
+    g = argmax_region(1, 128256)
+    with g.module.context:
+        s = synthesize_rowreduce(_dispatch(g), _caps(32))
+    assert [L.grid[0] for L in s.launches] == [31, 31, 31]
+    assert [L.block[0] for L in s.launches] == [1024, 1024, 1024]
+    assert strategies_of(g, _caps(32)) == {"rowreduce": 3}
+    # several launches: horizontal fusion must not take it as a member
+    from mlir import ir
+
+    from poot.backends.gpu.horizontal import single_launch
+    from poot.backends.gpu.strategies import synthesize
+
+    kc = ir.Context()
+    kc.allow_unregistered_dialects = True
+    assert not single_launch(synthesize(_dispatch(g), _caps(32), kc))
+    ptx = ptx_of(g, _caps(32))
+    assert "shfl.sync.bfly" in ptx and "bar.sync" in ptx

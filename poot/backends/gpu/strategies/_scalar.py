@@ -186,6 +186,12 @@ class ScalarEmitter:
         self._const_ids: dict = {}
         self._scopes: list[dict] = [{}]
 
+    def share_consts(self, other: "ScalarEmitter") -> None:
+        """Register constant buffers in ``other``'s list (several kernels of one dispatch,
+        each with its own emitter, then share the ``("const", k)`` slots)."""
+        self.consts, self.const_names, self._const_ids = \
+            other.consts, other.const_names, other._const_ids
+
     # ---- scopes / memo -------------------------------------------------------------------
     @contextlib.contextmanager
     def scope(self):
