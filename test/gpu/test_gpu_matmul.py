@@ -263,10 +263,7 @@ def test_decode_regions_are_taken(fmt):
     assert s is not None
     (L,) = s.launches
     assert L.block[0] % 32 == 0
-    # a short row (K = 512 in 32-element blocks: 16 units) shares a warp between columns
-    units = 512 * (4 if fmt == "f32" else 2) // 16 if fmt in ("f32", "bf16", "f16") else 16
-    lanes = 32 if units >= 32 else 8
-    assert L.grid[0] * L.block[0] // lanes >= 192
+    assert L.grid[0] * L.block[0] // 32 >= 192
     assert ("out", 0) in L.args and len(L.args) == 4      # x, w, up, out
 
 
@@ -646,10 +643,13 @@ def test_gate_region_folds_into_up_projection(vk_device, vk_target, fmt, K, N):
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "bf16"])
-def test_ptx_assembles_for_swiglu_and_short_rows(fmt):
-    """The two-weight kernel of a SwiGLU step (norm folded) and a short-row LM head (several
-    columns a warp: a 3-step butterfly) lower to PTX that ptxas assembles."""
+def test_ptx_assembles_for_swiglu_and_short_rows(fmt, monkeypatch):
+    """The two-weight kernel of a SwiGLU step (norm folded) and a short-row LM head with
+    several columns a warp (the ``lanes`` knob: a 3-step butterfly) lower to PTX that ptxas
+    assembles."""
     import re
+
+    from poot.backends.gpu.strategies import matmul
 
     from poot.backends.cuda.codegen import ptx_text, ptxas_check
     from poot.backends.gpu.plan import plan_program
@@ -658,6 +658,7 @@ def test_ptx_assembles_for_swiglu_and_short_rows(fmt):
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), _caps())
     assert plan.strategies == {"gemv": 1}
     ptxas_check(ptx_text(plan.module))
+    monkeypatch.setitem(matmul.TUNING, "lanes", 8)
     g, _ = gemv_region("q8_0", 1, 4099, 576, probe=True)
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), _caps())
     ptx = ptx_text(plan.module)
@@ -665,3 +666,34 @@ def test_ptx_assembles_for_swiglu_and_short_rows(fmt):
     assert sorted(set(re.findall(r"shfl\.sync\.bfly\.b32\s+\S+, \S+, (\d+)", ptx))) == \
         ["1", "2", "4"], re.findall(r"shfl\.sync\.bfly[^\n]*", ptx)[:4]
     ptxas_check(ptx)
+
+
+@pytest.mark.parametrize("lanes,fmt,K,N,M,kind", [(8, "q4_1", 576, 1000, 1, "residual"),
+                                                  (4, "q8_0", 576, 33, 2, "rmsnorm"),
+                                                  (1, "bf16", 64, 100, 1, "none"),
+                                                  (8, "q4_1", 576, 200, 1, "swiglu")])
+def test_several_columns_a_warp_match_oracle(vk_device, vk_target, monkeypatch, lanes, fmt, K,
+                                             N, M, kind):
+    """The ``lanes`` knob: ``32 / lanes`` columns share a warp (lane groups, a shorter
+    butterfly, units past the row's end clamped and dropped, the columns past N computed and
+    not stored): same results as the oracle."""
+    from poot.backends.gpu.strategies import matmul
+
+    sg = vk_target.caps.subgroup_size
+    if lanes > sg:
+        pytest.skip(f"this Vulkan device's subgroups have {sg} lanes, fewer than {lanes}")
+    monkeypatch.setitem(matmul.TUNING, "lanes", lanes)
+    if kind == "swiglu":
+        g, inputs = swiglu_region(fmt, M, N, K, norm="rmsnorm", seed=N)
+    elif kind == "rmsnorm":
+        g, inputs = gemv_region(fmt, M, N, K, "silu_up", seed=N, norm="rmsnorm")
+    else:
+        g, inputs = gemv_region(fmt, M, N, K, kind, seed=N)
+    with g.context:
+        syn = matmul.gemv(_dispatch_fn(g), vk_target.caps)
+    L = syn.launches[0]
+    assert L.grid[0] * L.block[0] // lanes >= N > (L.grid[0] - 1) * L.block[0] // lanes
+    want = oracle.evaluate(g, inputs)["r0"]
+    got = _run(vk_device, vk_target, g, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max(),
+                               err_msg=f"lanes={lanes} {fmt} K={K} N={N} M={M} {kind}")

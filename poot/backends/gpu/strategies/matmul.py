@@ -1040,26 +1040,6 @@ def _warps(N: int, caps) -> int:
     return 1
 
 
-#: a column gets fewer lanes than a warp when it has fewer units than lanes, so that each
-#: lane keeps about this many units (all in flight at once, :meth:`_Kernel.dot_rows`)
-UNITS_PER_LANE = 3
-
-
-def lanes_for(units: int, sg: int) -> int:
-    """Lanes per output column (a power of two, at most ``sg``): all ``sg`` when the column
-    has at least ``sg`` units, else the fewest that leave each lane :data:`UNITS_PER_LANE`
-    units or fewer. Why: a warp per column of a short row (K = 576 in 4-bit blocks is 18
-    units) leaves most lanes idle and a wide GEMV with more warps than the device holds at
-    once (an LM head of 49152 columns: 6 waves of warps on an H200); several columns per
-    warp keep the lanes busy and the waves few."""
-    if units >= sg:
-        return sg
-    lanes = 1
-    while lanes < sg and -(-units // lanes) > UNITS_PER_LANE:
-        lanes *= 2
-    return lanes
-
-
 #: split-K aims for at least this many warps per compute unit over the whole GEMV
 SPLIT_WARPS_PER_CORE = 32
 #: at most this many warps share one column
@@ -1104,7 +1084,11 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     ksplit = TUNING["ksplit"] or ksplit_for(m.N, kern.units(), sg, caps)
     if kern.units() % (ksplit * sg):
         ksplit = 1                   # slices of whole lane rounds only
-    lanes = TUNING["lanes"] or lanes_for(kern.units() // ksplit, sg)
+    # lanes per column: a whole warp by default. Several columns a warp (8 lanes each for the
+    # 18 units of a K = 576 4-bit row) measured no faster on an H200 for a 49152-column LM head
+    # (34.6 vs 35.6 us) and slower for 576-column projections (2.7 vs 2.2 us, one-warp
+    # blocks); the knob stays for the sweep (bench/gpu_run/raw/session12)
+    lanes = TUNING["lanes"] or sg
     if lanes > sg or sg % lanes:
         return None
     warps = TUNING["warps"] or (8 if ksplit > 1 else _warps(-(-m.N // (sg // lanes)), caps))
@@ -1125,5 +1109,4 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
                                      (warps * sg, 1, 1))], consts=consts)
 
 
-__all__ = ["GemvMatch", "MAX_M", "PACKED", "gemv", "kernel_params", "ksplit_for", "lanes_for",
-           "match"]
+__all__ = ["GemvMatch", "MAX_M", "PACKED", "gemv", "kernel_params", "ksplit_for", "match"]
