@@ -1094,9 +1094,12 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     warps = TUNING["warps"] or (8 if ksplit > 1 else _warps(-(-m.N // (sg // lanes)), caps))
     if warps % ksplit:
         ksplit = 1
-    if m.prologue and not m.deferred and \
-            (m.N * m.K * 8 > PROLOGUE_MAX_EXTRA_BYTES or ksplit > 1):
-        # cost rules: see PROLOGUE_MAX_EXTRA_BYTES; and a GEMV that wants split-K is
+    if m.prologue and (m.N * m.K * len(m.weights) * 8 > PROLOGUE_MAX_EXTRA_BYTES or
+                       (ksplit > 1 and not m.deferred)):
+        # cost rules: see PROLOGUE_MAX_EXTRA_BYTES (a deferred norm too: reading the norm's
+        # weight next to h and accumulating h^2 made bandwidth-bound GEMVs issue-bound on an
+        # H200: Llama-3.2-1B's LM head 124 -> 218 us, its q/k/v 6.4 + 1.7 -> 8.5 us, while
+        # SmolLM2's K = 576 projections gained); and a GEMV that wants split-K is
         # bandwidth-starved, so a per-warp norm would cost more than the norm's own launch
         return None
     kern.warps, kern.ksplit, kern.lanes = warps, ksplit, lanes
