@@ -697,3 +697,61 @@ def test_several_columns_a_warp_match_oracle(vk_device, vk_target, monkeypatch, 
     got = _run(vk_device, vk_target, g, inputs)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max(),
                                err_msg=f"lanes={lanes} {fmt} K={K} N={N} M={M} {kind}")
+
+
+def test_weights_are_prefetched_before_the_grid_dependency_wait(monkeypatch):
+    """sm_90: a GEMV warms L2 with its block's weight rows, then waits on its predecessor
+    grid; the PDL pass keeps that wait and puts the trigger right after it, and x (the
+    predecessor's result) is read only after the wait. ``POOT_GPU_PREFETCH=0``: no prefetch,
+    the wait at the top as for any kernel."""
+    import re
+
+    from poot.backends.cuda.codegen import add_grid_dependency_control, ptx_text, ptxas_check
+    from poot.backends.gpu.plan import plan_program
+    from poot.backends.gpu.strategies import matmul
+
+    def ptx_of():
+        g, _ = gemv_region("q4_1", 1, 1000, 576, "residual")
+        plan = plan_program(SimpleNamespace(graph=g, storage=[]), _caps())
+        assert add_grid_dependency_control(plan.module) == 1
+        return ptx_text(plan.module)
+
+    ptx = ptx_of()
+    ptxas_check(ptx)
+    body = ptx[ptx.index(".entry"):]
+    wait, trig = body.index("griddepcontrol.wait"), body.index("griddepcontrol.launch_dependents")
+    assert body.count("griddepcontrol.wait") == 1 and body.count("launch_dependents") == 1
+    assert 0 < body.index("prefetch.global.L2") < wait < trig
+    # every load comes after the wait (the weights are only prefetched before it)
+    assert not re.findall(r"ld\.global", body[:wait])
+    monkeypatch.setattr(matmul, "PREFETCH", False)
+    ptx = ptx_of()
+    body = ptx[ptx.index(".entry"):]
+    assert "prefetch.global" not in body
+    assert body.index("griddepcontrol.wait") < body.index("launch_dependents") < \
+        body.index("ld.global")
+
+
+def test_dependency_wait_of_a_member_branch_does_not_count():
+    """A wait inside a branch (a horizontally fused member's) leaves the other members
+    unordered: the PDL pass puts a wait at the kernel's top as well."""
+    from mlir import ir as _ir
+
+    from poot.backends.cuda.codegen import add_grid_dependency_control
+
+    text = """gpu.module @m {
+  gpu.func @k(%o: memref<4xf32>, %c: i1) kernel {
+    scf.if %c {
+      nvvm.griddepcontrol wait
+    }
+    gpu.return
+  }
+}"""
+    ctx = _ir.Context()
+    ctx.allow_unregistered_dialects = True
+    with ctx:
+        m = _ir.Module.parse(text)
+        add_grid_dependency_control(m)
+        f = m.body.operations[0].regions[0].blocks[0].operations[0]
+        top = [o.operation.name for o in f.regions[0].blocks[0].operations]
+    assert top[:2] == ["nvvm.griddepcontrol", "nvvm.griddepcontrol"], top

@@ -115,7 +115,12 @@ def add_grid_dependency_control(module: ir.Module) -> int:
     first, so nothing is read early, and the trigger comes after it, so a kernel's own
     dependents launch only once every earlier grid in the chain has completed: at most two
     grids are resident at a time, and memory ordering is the same as serial launches. A
-    kernel launched without the attribute (or on an older GPU) treats both as no-ops."""
+    kernel launched without the attribute (or on an older GPU) treats both as no-ops.
+
+    A kernel that already waits at the top level of its body (a strategy read only the
+    step's constants before it: the GEMV's weight prefetch) keeps its wait, and the trigger
+    goes right after it. A wait nested in a branch (a horizontally fused member's) does not
+    count: the other members would not wait, so the kernel gets its wait at the top."""
     wait = ir.Attribute.parse("#nvvm<grid_dep_action wait>", module.context)
     trigger = ir.Attribute.parse("#nvvm<grid_dep_action launch_dependents>", module.context)
     n = 0
@@ -128,10 +133,19 @@ def add_grid_dependency_control(module: ir.Module) -> int:
                 if f.name != "gpu.func" or "gpu.kernel" not in f.attributes:
                     continue
                 block = f.regions[0].blocks[0]
-                first = block.operations[0] if len(block.operations) else None
-                ip = ir.InsertionPoint(first) if first is not None else \
-                    ir.InsertionPoint(block)
-                for kind in (wait, trigger):
+                ops = [o.operation for o in block.operations]
+                # a kernel that placed its own wait at its top level (after reading only
+                # constants: a GEMV prefetching its weights) triggers right after it
+                own = next((i for i, o in enumerate(ops) if o.name == "nvvm.griddepcontrol"
+                            and o.attributes["kind"] == wait), None)
+                if own is not None:
+                    ip = ir.InsertionPoint(ops[own + 1]) if own + 1 < len(ops) else \
+                        ir.InsertionPoint(block)
+                    kinds = (trigger,)
+                else:
+                    ip = ir.InsertionPoint(ops[0]) if ops else ir.InsertionPoint(block)
+                    kinds = (wait, trigger)
+                for kind in kinds:
                     ir.Operation.create("nvvm.griddepcontrol", attributes={"kind": kind},
                                         ip=ip)
                 n += 1

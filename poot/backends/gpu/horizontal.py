@@ -86,6 +86,9 @@ _ANYWHERE = {"gpu.lane_id", "gpu.subgroup_size", "gpu.shuffle", "gpu.subgroup_re
 #: of those, the ops whose lanes must not straddle two virtual blocks (a known subgroup width
 #: dividing the virtual block size guarantees it)
 _SUBGROUP_OPS = {"gpu.shuffle", "gpu.subgroup_reduce"}
+#: target ops of one thread each (no collective): fine in a virtual block (a GEMV's wait on
+#: its predecessor grid, placed after its weight prefetch)
+_PER_THREAD = {"nvvm.griddepcontrol"}
 
 # Functions built here (merged candidates, members split back out) live in scratch modules
 # that are never erased: erasing a function whose ops Python still references can crash the
@@ -301,7 +304,7 @@ def _shape(members: list[_Member], caps) -> int | None:
         if m.ratio > 1 and (m.bs % sg or m.wg_types or gpu_ops & _REAL_BLOCK_ONLY):
             return None                   # only whole-subgroup, barrier-free virtual blocks
         if m.ratio > 1 and (any(n.startswith(("nvgpu.", "nvvm.", "rocdl.", "spirv."))
-                                for n in names) or
+                                and n not in _PER_THREAD for n in names) or
                             (known_sg is None and gpu_ops & _SUBGROUP_OPS)):
             # target collectives (ldmatrix, mma) and subgroup ops of an unknown width may
             # span what would be two virtual blocks

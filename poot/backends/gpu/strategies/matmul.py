@@ -45,6 +45,7 @@ targets get the same kernel with 32-bit scalar loads.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from mlir import ir
@@ -442,6 +443,9 @@ class _Kernel:
         self.ksplit = ksplit
         #: lanes per column (a power of two dividing ``sg``): ``sg // lanes`` columns a warp
         self.lanes = sg
+        #: prefetch the weights before waiting on the predecessor grid (sm_90 targets:
+        #: :meth:`prefetch_weights`)
+        self.prefetch = vec and PREFETCH
         self.e = _Emit()
         self.x = "%x"
         #: one parameter per weight (same storage format and shape); :attr:`w` is the one the
@@ -859,6 +863,44 @@ class _Kernel:
             self.kvec.update((k, (kb, i)) for i, k in enumerate(ks))
         return self._chains([(se.value(r.operands[0], list(row) + [k]), None) for k in ks])
 
+    #: bytes of one L2 line a prefetch warms
+    LINE = 128
+    #: prefetch rounds per thread at most (the slab's head beyond: read as usual)
+    PREFETCH_ROUNDS = 4
+
+    def prefetch_weights(self, tid: str, bid: str, cols: int) -> None:
+        """Warm L2 with this block's weight slab, then wait for the grids this one depends on
+        (``griddepcontrol.wait``, sm_90; a no-op unless launched as a programmatic dependent,
+        see :func:`~poot.backends.cuda.codegen.add_grid_dependency_control`).
+
+        Why: the weights are the step's constants, written by no kernel, so they may be read
+        before the wait; launched as a dependent, this kernel's blocks are resident while its
+        predecessor still runs, and its weights' DRAM latency overlaps that instead of
+        following it (a small decode GEMV is a DRAM round trip or two). The columns of a
+        block are consecutive rows of a [N, K] weight: one contiguous slab, one
+        ``prefetch.global.L2`` per 128-byte line, spread over the block's threads. x (the
+        predecessor's result) is read only after the wait."""
+        e, m = self.e, self.m
+        if m.weight.layout != "kn":
+            row = m.weight.nbytes // m.N          # bytes of one column's weights
+            span = cols * row
+            T = self.warps * self.sg
+            rounds = min(self.PREFETCH_ROUNDS, -(-span // (self.LINE * T)))
+            start = e.mul(bid, e.c(span))
+            for wname in self.wnames:
+                base = e.op(f"memref.extract_aligned_pointer_as_index {wname} : "
+                            f"{self.wtype} -> index")
+                for r in range(rounds):
+                    off = e.add(start, e.mul(e.add(tid, e.c(r * T)), e.c(self.LINE)))
+                    inside = e.op(f"arith.cmpi ult, {off}, "
+                                  f"{e.c(min(m.weight.nbytes, 1 << 62))} : index")
+                    e.raw(f"scf.if {inside} {{")
+                    a = e.op(f"arith.index_cast {e.add(base, off)} : index to i64")
+                    e.raw(f'llvm.inline_asm has_side_effects "prefetch.global.L2 [$0];", '
+                          f'"l" {a} : (i64) -> ()')
+                    e.raw("}")
+        e.raw("nvvm.griddepcontrol wait")
+
     def kernel(self, fn: ir.Operation) -> tuple[str, list[tuple[str, int]], list]:
         """(gpu.module text, launch argument slots, constant buffers) of the kernel."""
         m, e, sg, L = self.m, self.e, self.sg, self.lanes
@@ -904,6 +946,8 @@ class _Kernel:
             wcol = e.op(f"arith.remui {warp}, {e.c(wcols)} : index")
             part = e.op(f"arith.divui {warp}, {e.c(wcols)} : index")
         col = e.add(e.mul(wcol, e.c(cpw)), grp) if grp else wcol
+        if self.prefetch:
+            self.prefetch_weights(tid, bid, cols)
         n_raw = e.add(e.mul(bid, e.c(cols)), col)
         inb = e.op(f"arith.cmpi ult, {n_raw}, {e.c(m.N)} : index")
         # shuffles need whole warps: a column past N computes column N - 1 and stores nothing
@@ -1063,6 +1107,9 @@ def ksplit_for(N: int, units: int, sg: int, caps) -> int:
     return ks
 
 
+#: weights prefetched before the grid-dependency wait on sm_90 targets
+#: (:meth:`_Kernel.prefetch_weights`); ``POOT_GPU_PREFETCH=0`` turns it off (to compare)
+PREFETCH = os.environ.get("POOT_GPU_PREFETCH", "1") != "0"
 #: most matmuls of one x a GEMV kernel computes together (see :class:`GemvMatch`)
 MAX_MATMULS = 4
 #: tuning knobs (None: the rules above); set by the GEMV sweep benchmark, not by planning
