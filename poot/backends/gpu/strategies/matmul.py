@@ -117,10 +117,11 @@ class GemvMatch:
 #: A folded norm is recomputed by every warp (one per output column): its row reductions and
 #: the expression x read about 2 x K more f32 values per column (~8K bytes) from L1/L2. Folding
 #: saves one launch (~3 us in a CUDA graph, the time an H200's L2 moves ~30 MB in), so a norm
-#: is folded into a GEMV only while those extra reads, N * K * 8 bytes, stay under this: the
-#: latency-bound small projections of small models, not an LM head or the bandwidth-bound
-#: projections of large models.
-PROLOGUE_MAX_EXTRA_BYTES = 32 << 20
+#: is folded into a GEMV only while those extra reads, N * K * 8 bytes (per weight), stay
+#: under this: the latency-bound small projections of small models, not an LM head or the
+#: bandwidth-bound projections of large models (measured: Llama-3.2-1B's q, 2048 x 2048, lost
+#: with the norm folded, 6.4 + 1.7 -> 8.5 us; SmolLM2's K = 576 projections gained).
+PROLOGUE_MAX_EXTRA_BYTES = 16 << 20
 
 
 def _op(v: ir.Value):
@@ -865,36 +866,44 @@ class _Kernel:
 
     #: bytes of one L2 line a prefetch warms
     LINE = 128
-    #: prefetch rounds per thread at most (the slab's head beyond: read as usual)
-    PREFETCH_ROUNDS = 4
 
-    def prefetch_weights(self, tid: str, bid: str, cols: int) -> None:
-        """Warm L2 with this block's weight slab, then wait for the grids this one depends on
-        (``griddepcontrol.wait``, sm_90; a no-op unless launched as a programmatic dependent,
-        see :func:`~poot.backends.cuda.codegen.add_grid_dependency_control`).
+    def prefetch_weights(self, n: str, lane: str, part: str | None) -> None:
+        """Warm L2 with the weight bytes this lane group's first pass of the unit loop reads,
+        then wait for the grids this kernel depends on (``griddepcontrol.wait``, sm_90; a
+        no-op unless launched as a programmatic dependent, see :func:`~poot.backends.cuda.
+        codegen.add_grid_dependency_control`).
 
         Why: the weights are the step's constants, written by no kernel, so they may be read
         before the wait; launched as a dependent, this kernel's blocks are resident while its
-        predecessor still runs, and its weights' DRAM latency overlaps that instead of
-        following it (a small decode GEMV is a DRAM round trip or two). The columns of a
-        block are consecutive rows of a [N, K] weight: one contiguous slab, one
-        ``prefetch.global.L2`` per 128-byte line, spread over the block's threads. x (the
+        predecessor still runs, and the DRAM latency of their first loads overlaps that
+        instead of following it (a small decode GEMV is a DRAM round trip or two). Only the
+        first pass (each lane's first ``U`` units, a few KB per column): prefetching whole
+        slabs of a bandwidth-bound GEMV overflowed L2 on an H200 (Llama-3-8B's down
+        projection 29 -> 47 us), while the rest of a column streams behind the first pass
+        anyway. Column ``n``'s weights are row ``n`` of a [N, K] weight (bytes
+        ``[n * row, (n + 1) * row)``), its K slice ``part`` a contiguous part of that; one
+        ``prefetch.global.L2`` per 128-byte line, over the group's lanes. x (the
         predecessor's result) is read only after the wait."""
-        e, m = self.e, self.m
+        e, m, L = self.e, self.m, self.lanes
         if m.weight.layout != "kn":
-            row = m.weight.nbytes // m.N          # bytes of one column's weights
-            span = cols * row
-            T = self.warps * self.sg
-            rounds = min(self.PREFETCH_ROUNDS, -(-span // (self.LINE * T)))
-            start = e.mul(bid, e.c(span))
+            row = m.weight.nbytes // m.N                  # bytes of one column's weights
+            units = self.units()
+            per_part = row // self.ksplit
+            first = min(per_part, -(-row * self.unroll * L // units))
+            lines = -(-first // self.LINE) + 1            # + 1: the window's misalignment
+            start = e.mul(n, e.c(row))
+            if part is not None:
+                start = e.add(start, e.mul(part, e.c(per_part)))
+            head = e.op(f"arith.andi {start}, {e.c(-self.LINE)} : index")
             for wname in self.wnames:
                 base = e.op(f"memref.extract_aligned_pointer_as_index {wname} : "
                             f"{self.wtype} -> index")
-                for r in range(rounds):
-                    off = e.add(start, e.mul(e.add(tid, e.c(r * T)), e.c(self.LINE)))
-                    inside = e.op(f"arith.cmpi ult, {off}, "
-                                  f"{e.c(min(m.weight.nbytes, 1 << 62))} : index")
-                    e.raw(f"scf.if {inside} {{")
+                for r in range(-(-lines // L)):
+                    i = e.add(lane, e.c(r * L)) if r else lane
+                    off = e.add(head, e.mul(i, e.c(self.LINE)))
+                    lim = e.op(f"arith.minui {e.add(start, e.c(first))}, "
+                               f"{e.c(m.weight.nbytes)} : index")
+                    e.raw(f"scf.if {e.op(f'arith.cmpi ult, {off}, {lim} : index')} {{")
                     a = e.op(f"arith.index_cast {e.add(base, off)} : index to i64")
                     e.raw(f'llvm.inline_asm has_side_effects "prefetch.global.L2 [$0];", '
                           f'"l" {a} : (i64) -> ()')
@@ -946,12 +955,12 @@ class _Kernel:
             wcol = e.op(f"arith.remui {warp}, {e.c(wcols)} : index")
             part = e.op(f"arith.divui {warp}, {e.c(wcols)} : index")
         col = e.add(e.mul(wcol, e.c(cpw)), grp) if grp else wcol
-        if self.prefetch:
-            self.prefetch_weights(tid, bid, cols)
         n_raw = e.add(e.mul(bid, e.c(cols)), col)
         inb = e.op(f"arith.cmpi ult, {n_raw}, {e.c(m.N)} : index")
         # shuffles need whole warps: a column past N computes column N - 1 and stores nothing
         n = e.op(f"arith.minui {n_raw}, {e.c(m.N - 1)} : index") if m.N % cols else n_raw
+        if self.prefetch:
+            self.prefetch_weights(n, lane, part)
         is0 = e.op(f"arith.cmpi eq, {lane}, {e.c(0)} : index")
         wg_mem: list[tuple[str, str]] = []
         x_reads: set[str] = set()
