@@ -755,3 +755,17 @@ def test_dependency_wait_of_a_member_branch_does_not_count():
         f = m.body.operations[0].regions[0].blocks[0].operations[0]
         top = [o.operation.name for o in f.regions[0].blocks[0].operations]
     assert top[:2] == ["nvvm.griddepcontrol", "nvvm.griddepcontrol"], top
+
+
+def test_only_small_gemvs_prefetch():
+    """The prefetch cost rule (PREFETCH_MAX_BYTES): a bandwidth-bound GEMV does not
+    prefetch (its wait stays at the top, added by the PDL pass)."""
+    from poot.backends.gpu.strategies.matmul import PREFETCH_MAX_BYTES, gemv
+
+    big_n = PREFETCH_MAX_BYTES // (576 * 2) + 64
+    for N, want in ((1000, True), (big_n, False)):
+        g, _ = gemv_region("bf16", 1, N, 576)
+        with g.context:
+            syn = gemv(_dispatch_fn(g), _caps())
+        assert ("prefetch.global.L2" in syn.text) == want, N
+        assert ("griddepcontrol" in syn.text) == want, N

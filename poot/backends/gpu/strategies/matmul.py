@@ -446,7 +446,8 @@ class _Kernel:
         self.lanes = sg
         #: prefetch the weights before waiting on the predecessor grid (sm_90 targets:
         #: :meth:`prefetch_weights`)
-        self.prefetch = vec and PREFETCH
+        self.prefetch = vec and PREFETCH and \
+            sum(w.nbytes for w in m.weights) <= PREFETCH_MAX_BYTES
         self.e = _Emit()
         self.x = "%x"
         #: one parameter per weight (same storage format and shape); :attr:`w` is the one the
@@ -1119,6 +1120,12 @@ def ksplit_for(N: int, units: int, sg: int, caps) -> int:
 #: weights prefetched before the grid-dependency wait on sm_90 targets
 #: (:meth:`_Kernel.prefetch_weights`); ``POOT_GPU_PREFETCH=0`` turns it off (to compare)
 PREFETCH = os.environ.get("POOT_GPU_PREFETCH", "1") != "0"
+#: ... for GEMVs whose weights are at most this many bytes. Measured on an H200 (graph
+#: replay, raw/session12/run4): the latency-bound GEMVs gain (SmolLM2's step 681 -> 655 us,
+#: Llama-3.2-1B's q/k/v 6.4 -> 6.2 us) while the bandwidth-bound ones lose, their prefetches
+#: taking bandwidth from the predecessor still streaming (1B gate/up 18.8 -> 20.5 us, down
+#: 10.4 -> 11.5 us).
+PREFETCH_MAX_BYTES = 16 << 20
 #: most matmuls of one x a GEMV kernel computes together (see :class:`GemvMatch`)
 MAX_MATMULS = 4
 #: tuning knobs (None: the rules above); set by the GEMV sweep benchmark, not by planning
