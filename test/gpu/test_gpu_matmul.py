@@ -542,21 +542,35 @@ def test_split_k_rule_and_norm_refusal():
 
 # ---- two matmuls of one x (the SwiGLU gate and up projections) -----------------------------
 
-@pytest.mark.parametrize("fmt,K,N,M,norm", [("q4_1", 576, 1536, 1, "rmsnorm"),
-                                            ("bf16", 576, 200, 2, None),
-                                            ("q4_k", 256, 100, 1, "rmsnorm"),
-                                            ("q8_0", 1536, 96, 2, None),
-                                            ("f16", 2048, 64, 1, None)])
-def test_swiglu_gemv_matches_oracle(vk_device, vk_target, fmt, K, N, M, norm):
+@pytest.mark.parametrize("fmt,K,N,M,norm,knob", [("q4_1", 576, 1536, 1, "rmsnorm", "lanes"),
+                                                 ("bf16", 576, 200, 2, None, None),
+                                                 ("q4_k", 256, 100, 1, "rmsnorm", None),
+                                                 ("q8_0", 1536, 96, 2, None, "lanes"),
+                                                 ("f16", 2048, 64, 1, None, "ksplit"),
+                                                 ("bf16", 2048, 40, 1, "rmsnorm", "ksplit")])
+def test_swiglu_gemv_matches_oracle(vk_device, vk_target, monkeypatch, fmt, K, N, M, norm,
+                                    knob):
     """One kernel computes both matmuls of x (gate and up columns side by side, x's elements
-    read once per unit for both) and the SwiGLU epilogue; with a folded norm, short rows
-    (several columns a warp), split-K (the narrow f16 case) and a ragged N."""
-    from poot.backends.gpu.strategies.matmul import gemv
+    read once per unit for both) and the SwiGLU epilogue; with a deferred norm, two columns a
+    subgroup (``lanes``), split-K over 4 warps a column (``ksplit``) and a ragged N."""
+    from poot.backends.gpu.strategies import matmul
 
+    sg = vk_target.caps.subgroup_size
+    per_block = None
+    if knob == "lanes":
+        monkeypatch.setitem(matmul.TUNING, "lanes", sg // 2)
+        monkeypatch.setitem(matmul.TUNING, "warps", 4)
+        per_block = 4 * 2                     # 4 subgroups of 2 columns
+    elif knob == "ksplit":
+        monkeypatch.setitem(matmul.TUNING, "warps", 8)
+        monkeypatch.setitem(matmul.TUNING, "ksplit", 4)
+        per_block = 2                         # 2 columns x 4 parts
     g, inputs = swiglu_region(fmt, M, N, K, norm=norm, seed=K + N + M)
     with g.context:
-        syn = gemv(_dispatch_fn(g), vk_target.caps)
+        syn = matmul.gemv(_dispatch_fn(g), vk_target.caps)
     assert syn is not None and len(syn.launches) == 1
+    if per_block:
+        assert syn.launches[0].grid == (-(-N // per_block), 1, 1), syn.launches[0].grid
     assert sum(a == ("arg", i) for a in syn.launches[0].args for i in (len(inputs) - 2,
                                                                        len(inputs) - 1)) == 2
     want = oracle.evaluate(g, inputs)["r0"]
@@ -769,3 +783,72 @@ def test_only_small_gemvs_prefetch():
             syn = gemv(_dispatch_fn(g), _caps())
         assert ("prefetch.global.L2" in syn.text) == want, N
         assert ("griddepcontrol" in syn.text) == want, N
+
+
+def test_norm_over_part_of_the_row_is_not_deferred(vk_device, vk_target):
+    """A sum over only part of x's row (here its first half) is not the dot's k range: the
+    norm is not deferred (the per-warp prologue computes it), and the result still matches
+    the oracle."""
+    from poot.backends.gpu.strategies.matmul import match
+
+    M, N, K = 1, 96, 256
+    g, inputs = gemv_region("bf16", M, N, K, "none", seed=2, norm="rmsnorm")
+    t, h = f"tensor<1x{M}x{K}xf32>", f"tensor<1x{M}x{K // 2}xf32>"
+    src = str(g.module).split("\n")
+    i = next(j for j, ln in enumerate(src) if '"poot.reduce"' in ln)
+    ln = src[i]
+    operand = ln.split('"poot.reduce"(')[1].split(")")[0]
+    src[i:i] = [f'    %half = "poot.slice"({operand}) {{limit = array<i64: 1, {M}, {K // 2}>, '
+                f'start = array<i64: 0, 0, 0>, stride = array<i64: 1, 1, 1>}} : ({t}) -> {h}']
+    src[i + 1] = ln.replace(f'"poot.reduce"({operand})', '"poot.reduce"(%half)') \
+        .replace(f"({t}) -> tensor<1x{M}xf32>", f"({h}) -> tensor<1x{M}xf32>")
+    with make_context(), ir.Location.unknown():
+        g2 = Graph.from_module(ir.Module.parse("\n".join(src)))
+    with g2.context:
+        m = match(_dispatch_fn(g2))
+    assert m is not None and m.prologue and m.deferred is None
+    want = oracle.evaluate(g2, inputs)["r0"]
+    got = _run(vk_device, vk_target, g2, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max())
+
+
+def test_matmul_folded_into_an_elementwise_region_is_not_duplicated(vk_target):
+    """y = x @ W feeds one elementwise region whose result two regions read: the matmul
+    folds into that region (one GEMV with its epilogue), and the merged region, holding a
+    matmul, is not folded again into both readers (W would stream twice)."""
+    from poot.backends.gpu.plan import plan_program
+
+    K, N = 256, 64
+    X, Y = f"tensor<1x{K}xf32>", f"tensor<1x{N}xf32>"
+    W = f"tensor<{N}x{K}xf32>"
+
+    def fn(name, kind, sig, body, ret):
+        return (f"func.func private @{name}({sig}) -> {Y} attributes "
+                f'{{poot.dispatch = {{kind = "{kind}", ops = {len(body)} : i64}}}} {{\n  '
+                + "\n  ".join(body) + f"\n  return {ret} : {Y}\n}}\n")
+
+    mm = [f'%t = "poot.transpose"(%w) {{perm = array<i64: 1, 0>}} : ({W}) -> '
+          f'tensor<{K}x{N}xf32>',
+          f'%y = "poot.matmul"(%x, %t) {{acc = f32}} : ({X}, tensor<{K}x{N}xf32>) -> {Y}']
+    text = (f'func.func @region(%a0: {X} {{poot.name = "a0"}}, %a1: {W} {{poot.name = "a1"}})'
+            f' -> ({Y} {{poot.name = "r0"}}, {Y} {{poot.name = "r1"}}) {{\n'
+            f"  %y = func.call @mm(%a0, %a1) : ({X}, {W}) -> {Y}\n"
+            f"  %e = func.call @th(%y) : ({Y}) -> {Y}\n"
+            f"  %r0 = func.call @ex(%e) : ({Y}) -> {Y}\n"
+            f"  %r1 = func.call @ng(%e) : ({Y}) -> {Y}\n"
+            f"  return %r0, %r1 : {Y}, {Y}\n}}\n"
+            + fn("mm", "matmul", f"%x: {X}, %w: {W}", mm, "%y")
+            + fn("th", "elementwise", f"%v: {Y}",
+                 [f'%o = "poot.unary"(%v) {{fn = "tanh"}} : ({Y}) -> {Y}'], "%o")
+            + fn("ex", "elementwise", f"%v: {Y}",
+                 [f'%o = "poot.unary"(%v) {{fn = "exp"}} : ({Y}) -> {Y}'], "%o")
+            + fn("ng", "elementwise", f"%v: {Y}",
+                 [f'%o = "poot.unary"(%v) {{fn = "neg"}} : ({Y}) -> {Y}'], "%o"))
+    with make_context(), ir.Location.unknown():
+        g = Graph.from_module(ir.Module.parse(text))
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), vk_target.caps)
+    matmuls = sum(str(o).count('"poot.matmul"') + str(o).count("poot.matmul ")
+                  for o in g.module.body.operations
+                  if o.operation.name == "func.func" and o.operation != g.func)
+    assert matmuls == 1, plan.strategies
+    assert plan.strategies.get("gemv") == 1, plan.strategies

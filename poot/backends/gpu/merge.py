@@ -57,6 +57,12 @@ def body_key(fn: ir.Operation) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
+def _has_matmul(fn: ir.Operation) -> bool:
+    """Whether ``fn``'s body holds a ``poot.matmul`` (a merged function keeps its consumer's
+    kind, so a matmul folded into an elementwise region is found by its body, not its kind)."""
+    return any(o.operation.name == "poot.matmul" for o in fn.regions[0].blocks[0].operations)
+
+
 def _result_of(v: ir.Value, calls: list):
     """(i, k) when ``v`` is result k of ``calls[i]``, else None."""
     if isinstance(v.owner, ir.Block):
@@ -129,7 +135,7 @@ def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter
                 if o not in consumers:
                     consumers.append(o)
         if not consumers or any(u.name != "func.call" for u in consumers) or \
-                (dispatch_kind(pfn) == "matmul" and len(consumers) > 1):
+                (len(consumers) > 1 and _has_matmul(pfn)):
             refused.add(pname)       # (a matmul is never computed twice)
             continue
         new = []

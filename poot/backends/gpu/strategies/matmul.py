@@ -303,8 +303,9 @@ def _defer(fn: ir.Operation, m: GemvMatch) -> tuple | None:
     if not m.prologue:
         return None
     for r, _ in m.prologue:
-        if reduce_kind(r) != "sum" or _ttype(r.operands[0]).dtype is not DType.F32:
-            return None
+        rt = _ttype(r.operands[0])
+        if reduce_kind(r) != "sum" or rt.dtype is not DType.F32 or rt.shape[-1] != m.K:
+            return None              # (its sum accumulates over the dot's own k elements)
     kf, rf = [], []
     for f in _mul_factors(m.x, m.M, m.K):
         ft = _ttype(f)
@@ -510,7 +511,9 @@ class _Kernel:
         emitted once per unit (:attr:`xmemo`) however many weights read them."""
         if self.xmemo is None:
             return self._xs(m, base, n)
-        key = ("x", m, base, n)
+        # within one unit every read is of the unit's own elements (each weight's decoder
+        # names its base afresh): keyed by row and length only
+        key = ("x", m, n)
         if key not in self.xmemo:
             self.xmemo[key] = self._xs(m, base, n)
         return self.xmemo[key]
@@ -523,6 +526,8 @@ class _Kernel:
             ks = [se.iadd(base, i) for i in range(n)]
             if self.vec and n % 4 == 0:
                 self.kvec.update((k, (base, i)) for i, k in enumerate(ks))
+            if self.xmemo is not None:
+                self.xmemo.setdefault(("ks", n), ks)
             if self.m.deferred:            # the k factors only: the row scale comes last
                 out = []
                 for k in ks:
@@ -597,7 +602,7 @@ class _Kernel:
                 for m in range(self.m.M)]
 
     def xsum(self, x0: str, n: int) -> list[str]:
-        key = ("sum", x0, n)
+        key = ("sum", n)
         if self.xmemo is not None and key in self.xmemo:
             return self.xmemo[key]
         got = [self._chains([(x, None) for x in self.xs(m, x0, n)]) for m in range(self.m.M)]
@@ -859,10 +864,12 @@ class _Kernel:
         operand over the unit's ``epu`` elements of k (the same elements the unit's dot
         reads, so x's inputs are loaded once)."""
         se = self.se
-        kb = se.imul(u, epu)
-        ks = [se.iadd(kb, i) for i in range(epu)]
-        if self.vec and epu % 4 == 0:
-            self.kvec.update((k, (kb, i)) for i, k in enumerate(ks))
+        ks = (self.xmemo or {}).get(("ks", epu))   # the k names the unit's x reads used
+        if ks is None:
+            kb = se.imul(u, epu)
+            ks = [se.iadd(kb, i) for i in range(epu)]
+            if self.vec and epu % 4 == 0:
+                self.kvec.update((k, (kb, i)) for i, k in enumerate(ks))
         return self._chains([(se.value(r.operands[0], list(row) + [k]), None) for k in ks])
 
     #: bytes of one L2 line a prefetch warms

@@ -407,8 +407,12 @@ def _column(se: ScalarEmitter, rel, k: int, ragged: bool, base=None, end=None):
             return col, None
         inside = se.op(f"arith.cmpi ult, {se.ix(col)}, {se.ix(k)} : index")
     else:
+        # clamped into its own slice: the next slice's columns may be written in place by
+        # another block of the same launch (a sampler's token-history row)
         col = se.iadd(base, rel)
         inside = se.op(f"arith.cmpi ult, {se.ix(col)}, {end} : index")
+        last = se.op(f"arith.subi {end}, {se.ix(1)} : index")
+        return se.op(f"arith.minui {se.ix(col)}, {last} : index"), inside
     col = se.op(f"arith.minui {se.ix(col)}, {se.ix(k - 1)} : index")
     return col, inside
 
