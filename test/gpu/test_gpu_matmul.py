@@ -93,6 +93,23 @@ def _norm(kind: str, M: int, K: int, rng) -> tuple[list, list[str]]:
     return args, body
 
 
+def _lhs(x: np.ndarray, norm: str | None, rng) -> tuple[list, list[str]]:
+    """(arguments, body) of the matmul LHS ``%x2`` [M, K] from the argument x [1, M, K],
+    through ``norm`` (:func:`_norm`) when given."""
+    _, M, K = x.shape
+    args = [("x", f"tensor<1x{M}x{K}xf32>", x)]
+    body: list = []
+    xin = "%x"
+    if norm is not None:
+        a, b = _norm(norm, M, K, rng)
+        args += a
+        body += b
+        xin = "%xn"
+    body.append(f'%x2 = "poot.reshape"({xin}) : (tensor<1x{M}x{K}xf32>) -> '
+                f'tensor<{M}x{K}xf32>')
+    return args, body
+
+
 def gemv_region(fmt: str, M: int, N: int, K: int, epilogue: str = "none", seed: int = 0,
                 layout: str = "nk", norm: str | None = None, probe: bool = False):
     """A graph ``@region`` calling one dispatch function ``x [1, M, K] -> [1, M, N]`` (a
@@ -102,18 +119,10 @@ def gemv_region(fmt: str, M: int, N: int, K: int, epilogue: str = "none", seed: 
     rng = np.random.default_rng(seed)
     wt, wv, _ = _weight(fmt, N if layout == "nk" else K, K if layout == "nk" else N, rng)
     x = rng.standard_normal((1, M, K)).astype(np.float32)
-    args = [("x", f"tensor<1x{M}x{K}xf32>", x), ("w", wt, wv)]
+    args, body = _lhs(x, norm, rng)
+    args.insert(1, ("w", wt, wv))
     y = f"tensor<{M}x{N}xf32>"
     o = f"tensor<1x{M}x{N}xf32>"
-    body = []
-    xin = "%x"
-    if norm is not None:
-        a, b = _norm(norm, M, K, rng)
-        args += a
-        body += b
-        xin = "%xn"
-    body.append(f'%x2 = "poot.reshape"({xin}) : (tensor<1x{M}x{K}xf32>) -> '
-                f'tensor<{M}x{K}xf32>')
     rhs = "%wt"
     if fmt in _DENSE:
         wf = f"tensor<{N}x{K}xf32>" if layout == "nk" else f"tensor<{K}x{N}xf32>"
@@ -207,16 +216,7 @@ def swiglu_region(fmt: str, M: int, N: int, K: int, norm: str | None = None, see
     gate region folded into the up projection's; (graph, inputs) as :func:`gemv_region`."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((1, M, K)).astype(np.float32)
-    args = [("x", f"tensor<1x{M}x{K}xf32>", x)]
-    body: list = []
-    xin = "%x"
-    if norm is not None:
-        a, b = _norm(norm, M, K, rng)
-        args += a
-        body += b
-        xin = "%xn"
-    body.append(f'%x2 = "poot.reshape"({xin}) : (tensor<1x{M}x{K}xf32>) -> '
-                f'tensor<{M}x{K}xf32>')
+    args, body = _lhs(x, norm, rng)
     y, o = f"tensor<{M}x{N}xf32>", f"tensor<1x{M}x{N}xf32>"
     if second_x:          # (a test of refusal: the up projection reads another x)
         args.append(("x1", f"tensor<{M}x{K}xf32>", x[0]))

@@ -119,12 +119,9 @@ def test_int_reductions_row_scalar_outputs(vk, fn, r, k):
     check(vk, g, {"a0": rand(rng, (r, k), "i32")}, strategy="rowreduce")
 
 
-@pytest.mark.parametrize("fn", ["max", "min"])
-@pytest.mark.parametrize("k", [7, 5000])
-def test_bool_any_all_of_a_compare(vk, fn, k):
-    """any (max) / all (min) of a boolean row, as the sampler's non-finite check reduces one:
-    a row with no true, one with a single true on the last element, one all true.
-    (The check itself, ``x - x != 0``, is not used here: lavapipe folds ``x - x`` to 0.)"""
+def _any_all(vk, fn: str, k: int, **check_kw) -> None:
+    """any (max) / all (min) of 3 boolean rows of ``k``: no true, a single true on the last
+    element, all true."""
     X, B = f"tensor<3x{k}xf32>", f"tensor<3x{k}xi1>"
     body = f"""
   %h = "poot.constant"() {{value = dense<0.5> : {X}}} : () -> {X}
@@ -135,9 +132,17 @@ def test_bool_any_all_of_a_compare(vk, fn, k):
     x = np.zeros((3, k), np.float32)
     x[1, k - 1] = 1.0
     x[2, :] = 1.0
-    got = check(vk, g, {"a0": x}, strategy="rowreduce")
+    got = check(vk, g, {"a0": x}, strategy="rowreduce", **check_kw)
     want = [False, True, True] if fn == "max" else [False, False, True]
     np.testing.assert_array_equal(np.asarray(got["r0"]).astype(bool), want)
+
+
+@pytest.mark.parametrize("fn", ["max", "min"])
+@pytest.mark.parametrize("k", [7, 5000])
+def test_bool_any_all_of_a_compare(vk, fn, k):
+    """any (max) / all (min) of a boolean row, as the sampler's non-finite check reduces one.
+    (The check itself, ``x - x != 0``, is not used here: lavapipe folds ``x - x`` to 0.)"""
+    _any_all(vk, fn, k)
 
 
 def _dispatch(g):
@@ -285,22 +290,8 @@ def test_split_softmax_sum_and_row_outputs(vk_wide, blind):
 
 @pytest.mark.parametrize("fn", ["max", "min"])
 def test_split_bool_any_all(vk_wide, fn):
-    """any / all of a long boolean row (i32 0/1 partials): no true, a single true on the
-    last element, all true."""
-    k = 120000
-    X, B = f"tensor<3x{k}xf32>", f"tensor<3x{k}xi1>"
-    body = f"""
-  %h = "poot.constant"() {{value = dense<0.5> : {X}}} : () -> {X}
-  %1 = "poot.compare"(%arg0, %h) {{pred = "gt"}} : ({X}, {X}) -> {B}
-  %2 = "poot.reduce"(%1) {{axes = array<i64: 1>, fn = "{fn}"}} : ({B}) -> tensor<3xi1>
-  return %2 : tensor<3xi1>"""
-    g = region([X], ["tensor<3xi1>"], body)
-    x = np.zeros((3, k), np.float32)
-    x[1, k - 1] = 1.0
-    x[2, :] = 1.0
-    got = check(vk_wide, g, {"a0": x}, strategy="rowreduce", launches=2)
-    want = [False, True, True] if fn == "max" else [False, False, True]
-    np.testing.assert_array_equal(np.asarray(got["r0"]).astype(bool), want)
+    """any / all of a long boolean row (i32 0/1 partials), split across blocks."""
+    _any_all(vk_wide, fn, 120000, launches=2)
 
 
 @pytest.mark.parametrize("dt", ["f32", "bf16"])

@@ -99,6 +99,21 @@ def _prod(s) -> int:
     return n
 
 
+def _row_provider(provided: dict, pending, rowc: list):
+    """The scalar emitter's hook for a row kernel: a reduction's value from ``provided`` (its
+    total, read at the row ``rowc`` only: the coordinates are checked when emitted); a
+    ``pending`` one (not computed yet) refuses; anything else is computed as usual."""
+    def provide(v, idx):
+        if v in provided:
+            if tuple(idx) != tuple(rowc):
+                raise ScalarUnsupported("a reduction result read at another row")
+            return provided[v]
+        if v in pending:
+            raise ScalarUnsupported("a reduction result read before it is computed")
+        return None
+    return provide
+
+
 def row_threads(k: int, sg: int | None) -> int:
     """Threads per row: the subgroup size (1 without one) doubled while each thread keeps at
     least :data:`MIN_PER_THREAD` elements, at most :data:`MAX_ROW_THREADS`."""
@@ -189,17 +204,7 @@ def _synthesize_one(fn: ir.Operation, m: _Region, caps, name: str):
     provided: dict = {}
     pending = {r.results[0] for r in reduces}
     rowc: list = []
-
-    def provide(v, idx):
-        if v in provided:
-            if tuple(idx) != tuple(rowc):
-                raise ScalarUnsupported("a reduction result read at another row")
-            return provided[v]
-        if v in pending:
-            raise ScalarUnsupported("a reduction result read before it is computed")
-        return None
-
-    se.provide = provide
+    se.provide = _row_provider(provided, pending, rowc)
     em.line("%tid = gpu.thread_id x")
     em.line("%bid = gpu.block_id x")
     try:
@@ -526,18 +531,8 @@ class _SplitKernel:
         self.workgroup: list[tuple[str, str]] = []
         provided = {m.reduces[q].results[0]: _fold_partials(se, m, q, self.row, S)
                     for q in known}
-        every = {r.results[0] for r in m.reduces}
-
-        def provide(v, idx):
-            if v in provided:
-                if tuple(idx) != tuple(self.rowc):
-                    raise ScalarUnsupported("a reduction result read at another row")
-                return provided[v]
-            if v in every:
-                raise ScalarUnsupported("a reduction result read before it is computed")
-            return None
-
-        se.provide = provide
+        # every reduction not yet provided is pending (it is read by a later launch)
+        se.provide = _row_provider(provided, {r.results[0] for r in m.reduces}, self.rowc)
 
 
 def _scratch_type(m: _Region, q: int, S: int) -> str:
