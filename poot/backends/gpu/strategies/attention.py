@@ -682,6 +682,17 @@ def _flat_type(t) -> str:
     return buffer_type(t)
 
 
+def _lane_store(b: _Body, store: str, dv: str, Dv: int, ragged: bool) -> None:
+    """Emit ``store`` of output column ``dv`` (a lane's share of ``Dv``), guarded by
+    ``dv < Dv`` when the lane's last round may run past the row (``ragged``)."""
+    if ragged:
+        b.raw(f"scf.if {b(f'arith.cmpi ult, {dv}, {b.c(Dv)} : index')} {{")
+        b.raw(store)
+        b.raw("}")
+    else:
+        b.raw(store)
+
+
 def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     """The gpu.module text and launches of ``reg`` under ``plan`` (see the module doc)."""
     sg, DL, KL, R, C, NS = plan.sg, plan.DL, plan.KL, plan.R, plan.C, plan.NS
@@ -964,13 +975,8 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
                 dv = b.add(lane, b.c(i * sg))
                 a = fin[2 * R + j * ndv + i]
                 val = denom_div(b, a, lres) if NS == 1 else a
-                store = f"memref.store {val}, {dst}[{b.add(b.mul(slot, Dv), dv)}] : {dst_t}"
-                if (i + 1) * sg > Dv:
-                    b.raw(f"scf.if {b(f'arith.cmpi ult, {dv}, {b.c(Dv)} : index')} {{")
-                    b.raw(store)
-                    b.raw("}")
-                else:
-                    b.raw(store)
+                _lane_store(b, f"memref.store {val}, {dst}[{b.add(b.mul(slot, Dv), dv)}] : "
+                            f"{dst_t}", dv, Dv, (i + 1) * sg > Dv)
             if NS > 1:
                 b.raw(f"scf.if {is0} {{")
                 mi = b.add(b.c(ml_base), b.mul(slot, 2))
@@ -989,14 +995,8 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
             base = b.mul(b.add(b.mul(sgi, R), b.c(j)), Dv)
             for i in range(ndv):
                 dv = b.add(lane, b.c(i * sg))
-                store = (f"memref.store {fin[2 * R + j * ndv + i]}, %red[{b.add(base, dv)}] "
-                         f": {red_t}")
-                if (i + 1) * sg > Dv:
-                    b.raw(f"scf.if {b(f'arith.cmpi ult, {dv}, {b.c(Dv)} : index')} {{")
-                    b.raw(store)
-                    b.raw("}")
-                else:
-                    b.raw(store)
+                _lane_store(b, f"memref.store {fin[2 * R + j * ndv + i]}, "
+                            f"%red[{b.add(base, dv)}] : {red_t}", dv, Dv, (i + 1) * sg > Dv)
         b.raw(f"scf.if {is0} {{")
         for j in range(R):
             mi = b.add(b.c(wml), b.mul(b.add(b.mul(sgi, R), b.c(j)), 2))

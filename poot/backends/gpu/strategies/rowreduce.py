@@ -268,12 +268,7 @@ def _row_outputs(se: ScalarEmitter, em: KernelEmitter, outs, types, out_names, r
     an output written in place reads its input at its own column only: an in-place output
     that read other columns of its input (a shifted row) would race either way; the plan
     does not check that today."""
-    n = k if base is None else span
-    rounds = -(-n // tr)
-    V = next(v for v in (ROW_CHAINS, 4, 2, 1) if v <= max(1, rounds // 2))
-    iters = -(-rounds // V)
-    ragged = iters * V * tr != k
-    end = None if base is None else _slice_end(se, base, span, k)
+    V, iters, ragged, end = _row_rounds(se, k, tr, base, span)
     c = em.fresh("it")
     em.line(f"scf.for {c} = {se.ix(0)} to {se.ix(iters)} step {se.ix(1)} {{")
     em.depth += 1
@@ -360,12 +355,7 @@ def _row_loop(se: ScalarEmitter, x: ir.Value, rowc, lane, k: int, tr: int, kind:
     em = se.em
     acc, c = em.fresh("acc"), em.fresh("col")
     init = em.const(int(kind == "min"), t) if widen else _identity(em, kind, t)
-    n = k if base is None else span
-    rounds = -(-n // tr)
-    V = next(v for v in (ROW_CHAINS, 4, 2, 1) if v <= max(1, rounds // 2))
-    iters = -(-rounds // V)
-    ragged = iters * V * tr != k
-    end = None if base is None else _slice_end(se, base, span, k)
+    V, iters, ragged, end = _row_rounds(se, k, tr, base, span)
     # every lane runs the same whole number of iterations (a lane past the row's end would
     # otherwise run a zero-trip loop, whose result lavapipe's SPIR-V path got wrong); a column
     # past the end is clamped in range and folds the identity instead
@@ -393,6 +383,19 @@ def _row_loop(se: ScalarEmitter, x: ir.Value, rowc, lane, k: int, tr: int, kind:
         parts = [_combine(em, kind, t, parts[i], parts[i + 1]) if i + 1 < len(parts)
                  else parts[i] for i in range(0, len(parts), 2)]
     return parts[0]
+
+
+def _row_rounds(se: ScalarEmitter, k: int, tr: int, base, span):
+    """``(V, iters, ragged, end)`` of a walk by ``tr`` threads over a row of ``k`` columns
+    (or, with ``base``, its slice of ``span`` columns): ``V`` (at most :data:`ROW_CHAINS`)
+    lane rounds an iteration, ``iters`` iterations, whether the last round runs past the
+    row's end, and the slice's end (:func:`_slice_end`; None for a whole row)."""
+    n = k if base is None else span
+    rounds = -(-n // tr)
+    V = next(v for v in (ROW_CHAINS, 4, 2, 1) if v <= max(1, rounds // 2))
+    iters = -(-rounds // V)
+    end = None if base is None else _slice_end(se, base, span, k)
+    return V, iters, iters * V * tr != k, end
 
 
 def _slice_end(se: ScalarEmitter, base, span: int, k: int) -> str:
