@@ -1,6 +1,7 @@
 """Decode-GEMV tuning sweep: the ``gemv`` strategy's kernel over weight shapes x tuning knobs
-(warps per block, 16-byte units in flight per lane), timed on a CUDA device from a CUDA graph
-of back-to-back launches, next to ``torch.nn.functional.linear`` on the same shapes.
+(warps per block, 16-byte units in flight per lane, lanes per block of a packed weight),
+timed on a CUDA device from a CUDA graph of back-to-back launches, next to
+``torch.nn.functional.linear`` on the same shapes.
 
     python bench/gpu_run/gemv_sweep.py --build DIR      # here (MLIR): one artifact a variant
     python bench/gpu_run/gemv_sweep.py --run DIR        # the GPU machine (no MLIR): JSON
@@ -28,15 +29,18 @@ SHAPES = [("8b.qo", "bf16", 1, 4096, 4096), ("8b.kv", "bf16", 1, 1024, 4096),
           ("1b.qo", "bf16", 1, 2048, 2048), ("1b.kv", "bf16", 1, 512, 2048),
           ("1b.gate", "bf16", 1, 8192, 2048), ("1b.down", "bf16", 1, 2048, 8192),
           ("smol.q", "q4_1", 1, 576, 576), ("smol.gate", "q4_1", 1, 1536, 576),
-          ("smol.down", "q4_1", 1, 576, 1536)]
+          ("smol.down", "q4_1", 1, 576, 1536), ("smol.head", "q8_0", 1, 49152, 576)]
 #: (warps per block, units in flight per lane, warps per column (split-K)); None: the rule
 VARIANTS = [(None, None, None), (4, 4, None), (8, 4, None), (4, 8, None), (8, 8, None),
             (2, 8, None), (16, 4, None), (8, 4, 2), (8, 4, 4), (8, 2, 4), (16, 4, 4),
             (16, 2, 8), (4, 4, 4)]
+#: lanes per 32-weight block of a packed weight (the ``parts`` knob), swept with the rule's
+#: other knobs for the packed shapes
+PARTS = [1, 2]
 L2_BYTES = 256 << 20          # weight copies per graph: at least this many bytes in rotation
 
 
-def build(out: str) -> None:
+def build(out: str, only: str | None = None) -> None:
     sys.path.insert(0, os.path.join(ROOT, "test", "gpu"))
     from types import SimpleNamespace
 
@@ -47,19 +51,25 @@ def build(out: str) -> None:
     target = cuda_target()
     index = []
     for name, fmt, M, N, K in SHAPES:
+        if only and not name.startswith(only):
+            continue
         g, _ = gemv_region(fmt, M, N, K)
-        for warps, unroll, ksplit in VARIANTS:
-            matmul.TUNING.update(warps=warps, unroll=unroll, ksplit=ksplit)
+        variants = [v + (None,) for v in VARIANTS]
+        if fmt in matmul.PART_FORMATS:
+            variants += [(None, None, None, p) for p in PARTS]
+        for warps, unroll, ksplit, parts in variants:
+            matmul.TUNING.update(warps=warps, unroll=unroll, ksplit=ksplit, parts=parts)
             art = compile_program(SimpleNamespace(graph=g, storage=[], target=target,
                                                   dispatches={}))
-            vname = f"{name}.w{warps or 'auto'}.u{unroll or 'auto'}.k{ksplit or 1}"
+            vname = f"{name}.w{warps or 'auto'}.u{unroll or 'auto'}.k{ksplit or 1}" + \
+                (f".p{parts}" if parts else "")
             art.save(os.path.join(out, vname))
             L = art.plan["launches"][0]
             index.append({"variant": vname, "shape": name, "fmt": fmt, "M": M, "N": N, "K": K,
-                          "warps": warps, "unroll": unroll, "ksplit": ksplit,
+                          "warps": warps, "unroll": unroll, "ksplit": ksplit, "parts": parts,
                           "grid": L["grid"],
                           "block": L["block"]})
-    matmul.TUNING.update(warps=None, unroll=None, ksplit=None)
+    matmul.TUNING.update(warps=None, unroll=None, ksplit=None, parts=None)
     with open(os.path.join(out, "index.json"), "w") as f:
         json.dump(index, f, indent=1)
     print(f"{len(index)} variants in {out}")
@@ -169,9 +179,10 @@ def main() -> int:
     ap.add_argument("--build", metavar="DIR")
     ap.add_argument("--run", metavar="DIR")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default=None, help="build only the shapes named with this prefix")
     a = ap.parse_args()
     if a.build:
-        build(a.build)
+        build(a.build, a.only)
     if a.run:
         res = run(a.run)
         text = json.dumps(res, indent=1)

@@ -676,7 +676,7 @@ def test_ptx_assembles_for_swiglu_and_short_rows(fmt, monkeypatch):
     g, _ = gemv_region("q8_0", 1, 4099, 576, probe=True)
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), _caps())
     ptx = ptx_text(plan.module)
-    # 18 units a column: 8 lanes of 3 units, 4 columns a warp (offsets 4, 2, 1)
+    # 72 quarter-block units a column: 8 lanes of 9 units, 4 columns a warp (offsets 4, 2, 1)
     assert sorted(set(re.findall(r"shfl\.sync\.bfly\.b32\s+\S+, \S+, (\d+)", ptx))) == \
         ["1", "2", "4"], re.findall(r"shfl\.sync\.bfly[^\n]*", ptx)[:4]
     ptxas_check(ptx)
@@ -711,6 +711,39 @@ def test_several_columns_a_warp_match_oracle(vk_device, vk_target, monkeypatch, 
     got = _run(vk_device, vk_target, g, inputs)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max(),
                                err_msg=f"lanes={lanes} {fmt} K={K} N={N} M={M} {kind}")
+
+
+@pytest.mark.parametrize("parts,fmt,K,N,M,kind", [(1, "q4_0", 576, 70, 1, "none"),
+                                                  (2, "q4_0", 96, 33, 2, "residual"),
+                                                  (4, "q4_0", 1536, 40, 1, "none"),
+                                                  (1, "q4_1", 576, 70, 2, "rmsnorm"),
+                                                  (2, "q4_1", 576, 50, 1, "swiglu"),
+                                                  (4, "q4_1", 64, 200, 3, "residual"),
+                                                  (1, "q8_0", 96, 40, 1, "residual"),
+                                                  (2, "q8_0", 576, 33, 1, "rmsnorm"),
+                                                  (4, "q8_0", 576, 300, 2, "none")])
+def test_block_parts_match_oracle(vk_device, vk_target, monkeypatch, parts, fmt, K, N, M,
+                                  kind):
+    """The ``parts`` knob: ``parts`` lanes share a Q4_0/Q4_1/Q8_0 block (units of ``32 /
+    parts`` weights: the low or high nibbles of part of a 4-bit block's bytes, a slice of a
+    Q8_0 block's), with a folded norm (deferred: its sums over the same units) and SwiGLU:
+    same results as the oracle; the unit count follows."""
+    from poot.backends.gpu.strategies import matmul
+
+    monkeypatch.setitem(matmul.TUNING, "parts", parts)
+    if kind == "swiglu":
+        g, inputs = swiglu_region(fmt, M, N, K, norm="rmsnorm", seed=N)
+    elif kind == "rmsnorm":
+        g, inputs = gemv_region(fmt, M, N, K, "silu_up", seed=N, norm="rmsnorm")
+    else:
+        g, inputs = gemv_region(fmt, M, N, K, kind, seed=N)
+    with g.context:
+        m = matmul.match(_dispatch_fn(g), max_matmuls=matmul.MAX_MATMULS)
+        assert matmul._Kernel(m, 8, 1, False).units() == K // 32 * parts
+    want = oracle.evaluate(g, inputs)["r0"]
+    got = _run(vk_device, vk_target, g, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max(),
+                               err_msg=f"parts={parts} {fmt} K={K} N={N} M={M} {kind}")
 
 
 def test_weights_are_prefetched_before_the_grid_dependency_wait(monkeypatch):

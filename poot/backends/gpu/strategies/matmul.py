@@ -14,10 +14,10 @@ Matched region (poot level, static shapes)::
 
 Kernel (after llama.cpp's ``mul_mat_vec`` / ``mul_mat_vec_q`` CUDA kernels): output column ``n``
 is one subgroup (warp); ``W`` warps per block. The K axis is cut into *units* spread over the
-lanes (lane-strided, so neighbouring lanes read neighbouring memory): 32 weights for packed
-formats (one Q4_0/Q4_1/Q8_0 block, one 32-element sub-block of a Q4_K/Q6_K super-block), 16
-bytes for dense weights (one ``ld.global.v4`` on CUDA). Each lane decodes its unit in registers
-(the ggml block layouts of :mod:`poot.dialects.quant_ref`), multiplies it with the matching
+lanes (lane-strided, so neighbouring lanes read neighbouring memory): 8 weights for Q4_0/Q4_1/Q8_0
+(a quarter block: :data:`BLOCK_PARTS`), 32 for Q4_K/Q6_K (one 32-element sub-block of a
+super-block), 16 bytes for dense weights (one ``ld.global.v4`` on CUDA). Each lane decodes
+its unit in registers (the ggml block layouts of :mod:`poot.dialects.quant_ref`), multiplies it with the matching
 elements of each of the M rows of ``x`` and accumulates in f32 (M accumulators); a
 ``gpu.shuffle xor`` butterfly sums the lanes and lane 0 applies the epilogue to the M results
 and stores them. Packed bytes are read as 32-bit words; blocks that are only 2-byte aligned
@@ -65,6 +65,15 @@ PACKED = {"q4_0": (18, 32), "q4_1": (20, 32), "q8_0": (34, 32), "q4_k": (144, 25
           "q6_k": (210, 256)}
 
 _DENSE = (DType.F32, DType.BF16, DType.F16)
+
+#: packed formats whose 32-weight blocks :data:`BLOCK_PARTS` lanes share (:meth:`_Kernel.parts`)
+PART_FORMATS = ("q4_0", "q4_1", "q8_0")
+#: lanes sharing one block of :data:`PART_FORMATS` (a unit of 8 weights). Why: a lane reading a
+#: whole block reads its 32 x values (128 bytes) as eight 16-byte loads, and the warp's lanes,
+#: 128 bytes apart, touch 32 cache lines per load, so the L1 (about one line a cycle) limits
+#: the GEMV, not DRAM: SmolLM2's Q8_0 LM head (49152 x 576) streamed 0.8 TB/s. With quarter
+#: blocks, neighbouring lanes read neighbouring 32-byte pieces of x (8 lines a load).
+BLOCK_PARTS = 4
 
 # ---- matching --------------------------------------------------------------------------------
 
@@ -652,37 +661,68 @@ class _Kernel:
         e = self.e
         return e.mul(e.add(e.mul(n, e.c(per_row)), u), e.c(bb))
 
+    def parts(self) -> int:
+        """Lanes sharing one 32-weight block (units of ``32 / parts`` weights): :data:`BLOCK_PARTS`
+        for :data:`PART_FORMATS`, else 1."""
+        w = self.m.weight
+        if w.layout != "packed" or w.fmt not in PART_FORMATS:
+            return 1
+        return TUNING["parts"] or BLOCK_PARTS
+
+    def _part(self, n: str, u: str, bb: int) -> tuple[str, str, int, str]:
+        """(byte offset of the block, part index, weights per part ``E``, first x element) of
+        unit ``u`` of row ``n``: part ``u % parts`` of ``bb``-byte block ``u // parts``."""
+        e, P = self.e, self.parts()
+        blk = e.op(f"arith.divui {u}, {e.c(P)} : index") if P > 1 else u
+        p = e.op(f"arith.remui {u}, {e.c(P)} : index") if P > 1 else e.c(0)
+        return self._blk(n, blk, self.m.K // 32, bb), p, 32 // P, e.mul(u, e.c(32 // P))
+
+    def _q4(self, qs: str, p: str, E: int, words) -> list[str]:
+        """The ``E`` 4-bit values of part ``p`` of a Q4_0/Q4_1 block whose 16 quant bytes start
+        at ``qs`` (elements ``i`` and ``i + 16`` are byte ``i``'s low and high nibbles):
+        ``words(at, n)`` loads ``n`` words from byte offset ``at``."""
+        e = self.e
+        if E == 32:
+            return self._nibbles(words(qs, 4))
+        # part p's elements p*E.. are the low (first half) or high nibbles of E bytes
+        first = e.mul(p, e.c(E))
+        at = e.add(qs, e.op(f"arith.remui {first}, {e.c(16)} : index"))
+        hi = e.op(f"arith.index_cast {e.op(f'arith.divui {first}, {e.c(16)} : index')} : "
+                  "index to i32")
+        return self._nibbles(words(at, E // 4),
+                             e.op(f"arith.muli {hi}, {e.c(4, 'i32')} : i32"))
+
     def _q4_1(self, n, u):
-        e, K = self.e, self.m.K
-        B = self._blk(n, u, K // 32, 20)
-        V = self.words(e.op(f"arith.shrui {B}, {e.c(2)} : index"), 5)
-        d, mn = e.half(V[0], False), e.half(V[0], True)
-        x0 = e.mul(u, e.c(32))
-        q = self._nibbles(V[1:5])
-        s, sx = self.dot(q, x0), self.xsum(x0, 32)
+        e = self.e
+        B, p, E, x0 = self._part(n, u, 20)
+        w0 = e.op(f"arith.shrui {B}, {e.c(2)} : index")
+        V0 = self.word(w0)
+        d, mn = e.half(V0, False), e.half(V0, True)
+        q = self._q4(e.add(B, e.c(4)), p, E, lambda at, k: self.words(
+            e.op(f"arith.shrui {at}, {e.c(2)} : index"), k))
+        s, sx = self.dot(q, x0), self.xsum(x0, E)
         return [e.fma(d, a, e.fmul(mn, b)) for a, b in zip(s, sx)]
 
     def _q4_0(self, n, u):
-        e, K = self.e, self.m.K
-        V = self.words16(self._blk(n, u, K // 32, 18), 18)
-        d = e.half(V[0], False)
-        qs = [self.byte(V, 2 + k, e) for k in range(16)]
-        q = [e.u2f(e.band(b, 15)) for b in qs] + [e.u2f(e.shr(b, 4)) for b in qs]
-        x0 = e.mul(u, e.c(32))
-        s, sx = self.dot(q, x0), self.xsum(x0, 32)
+        e = self.e
+        B, p, E, x0 = self._part(n, u, 18)
+        d = e.half(self.words16(B, 2)[0], False)
+        q = self._q4(e.add(B, e.c(2)), p, E, lambda at, k: self.words16(at, 4 * k))
+        s, sx = self.dot(q, x0), self.xsum(x0, E)
         # (q - 8) * d summed: d * (sum q x - 8 sum x)
         return [e.fmul(d, e.fma(e.c(-8.0, "f32"), b, a)) for a, b in zip(s, sx)]
 
     def _q8_0(self, n, u):
-        e, K = self.e, self.m.K
-        V = self.words16(self._blk(n, u, K // 32, 34), 34)
-        d = e.half(V[0], False)
-        q = [e.s2f(self.byte(V, 2 + k, e, signed=True)) for k in range(32)]
-        return [e.fmul(d, a) for a in self.dot(q, e.mul(u, e.c(32)))]
+        e = self.e
+        B, p, E, x0 = self._part(n, u, 34)
+        d = e.half(self.words16(B, 2)[0], False)
+        V = self.words16(e.add(B, e.add(e.c(2), e.mul(p, e.c(E)))), E)
+        q = [e.s2f(self.byte(V, k, e, signed=True)) for k in range(E)]
+        return [e.fmul(d, a) for a in self.dot(q, x0)]
 
     def _nibbles(self, W: list[str], shift: str | None = None) -> list[str]:
         """32 4-bit values of 16 bytes (4 words): low nibbles, then high nibbles; with
-        ``shift`` (i32 SSA 0 or 4): 32 bytes (8 words), one nibble each."""
+        ``shift`` (i32 SSA 0 or 4): one nibble of each byte of ``W``."""
         e = self.e
         if shift is None:
             lo = [e.u2f(e.band(e.shr(w, 8 * t), 15)) for w in W for t in range(4)]
@@ -776,7 +816,7 @@ class _Kernel:
             return m.K * w.dtype.itemsize // per
         if w.layout == "kn":
             return m.K
-        return m.K // 32
+        return m.K // 32 * self.parts()
 
     def dot_rows(self, n: str, lane: str, part: str | None = None) -> list[list[str]]:
         """``sum_k x[m, k] * w[k, n]`` per weight and row m (``[weight][m]``), in every one
@@ -1137,7 +1177,7 @@ PREFETCH_MAX_BYTES = 16 << 20
 MAX_MATMULS = 4
 #: tuning knobs (None: the rules above); set by the GEMV sweep benchmark, not by planning
 TUNING: dict[str, int | None] = {"warps": None, "unroll": None, "ksplit": None,
-                                 "lanes": None}
+                                 "lanes": None, "parts": None}
 
 
 @register("gemv")
