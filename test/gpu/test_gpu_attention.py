@@ -637,7 +637,7 @@ def _ptxas_spills(ptx: str) -> list[str] | None:
 
 @pytest.mark.parametrize("G,T,S,D,Dv,mask,softcap,dt,blocks", [
     (3, 1, 256, 64, 64, "i1", 0.0, "f32", [512]),            # SmolLM2-like decode: one kernel
-    (1, 5, 7, 128, 96, "f32", 30.0, "f16", [128]),   # 7 keys: 4 warps of 2-key batches
+    (1, 5, 7, 128, 96, "f32", 30.0, "f16", [64]),            # 7 keys: two warps
     (4, 16, 4096, 256, 256, "i1", 50.0, "f32", [32, 128]),   # long prefill: split + combine
     (4, 1, 4096, 128, 128, "i1", 0.0, "f32", [32, 128]),     # long-context decode: split
 ])

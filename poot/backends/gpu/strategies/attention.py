@@ -77,7 +77,6 @@ a constant buffer (``("const", k)``); the scratch holds ``acc[B*M, splits, Dv]``
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 
@@ -121,14 +120,6 @@ SINGLE_MAX_KEYS = 64
 SINGLE_MAX_KEY_ELEMS = 64 * 64
 #: query rows per block at most for the single-kernel path (decode: the q heads of a kv head)
 SINGLE_MAX_ROWS = 8
-#: V values a lane preloads for a key batch plus its accumulators, at most (:func:`preload_v`):
-#: the V rows do not depend on the softmax, so their loads can be in flight with K's instead
-#: of after the batch's score, max and sum shuffles (one L2 round trip less per batch). More
-#: (Llama-3-8B's D = 128: 16 V values and 16 accumulators) spilled registers in 512-thread
-#: blocks (128 registers a thread)
-PRELOAD_V_MAX = 24
-#: set to ``0`` to load V after the scores (to compare)
-PRELOAD_ENV = "POOT_GPU_ATTN_PRELOAD"
 
 
 # ---- views -> strided index maps ---------------------------------------------------------------
@@ -437,21 +428,11 @@ def _unroll(D: int, DL: int) -> tuple[int, int, int]:
     return V, J, JU
 
 
-def preload_v(KL: int, ndv: int, R: int) -> bool:
-    """Whether a key batch loads its ``KL`` V rows (``ndv`` values a lane each, ``R`` rows
-    of ``ndv`` accumulators) before its scores, next to the K loads (:data:`PRELOAD_V_MAX`;
-    ``POOT_GPU_ATTN_PRELOAD=0``: never)."""
-    return (KL + R) * ndv <= PRELOAD_V_MAX and os.environ.get(PRELOAD_ENV, "1") != "0"
-
-
-def batch_rounds(D: int, sg: int, DL: int, Dv: int, R: int) -> int:
+def batch_rounds(D: int, sg: int, DL: int) -> int:
     """Dependent memory round trips of one key batch in the split kernel: the unrolled rounds
-    of K loads (``J / JU``) then the rounds of V loads (``KL / TU``, ``TU = min(KL, 8)``),
-    none when the V rows are preloaded with K (:func:`preload_v`)."""
+    of K loads (``J / JU``) then the rounds of V loads (``KL / TU``, ``TU = min(KL, 8)``)."""
     _, J, JU = _unroll(D, DL)
     KL = sg // DL
-    if preload_v(KL, -(-Dv // sg), R):
-        return J // JU
     return J // JU + -(-KL // min(KL, 8))
 
 
@@ -477,7 +458,7 @@ def _single_plan(reg: AttentionRegion, caps, sg: int, R: int, RG: int, dl_max: i
             W = 1
             while W <= wmax:
                 per = -(-nb // W)                 # batches of the busiest subgroup
-                key = (per * batch_rounds(reg.D, sg, DL, reg.Dv, R), W, -DL)
+                key = (per * batch_rounds(reg.D, sg, DL), W, -DL)
                 if best is None or key < best[0]:
                     best = (key, W, DL, per * KL)
                 W *= 2
@@ -897,19 +878,6 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         state = m_in + l_in + [a for row in acc_in for a in row]
         taken = b.fresh()
         b.raw(f"{taken}:{len(state)} = scf.if {seen} -> ({', '.join([F] * len(state))}) {{")
-    def v_row(t) -> list[str]:
-        # this lane's V values (lanes over dv) of key t of the batch
-        st_ = b(f"arith.minui {b.add('%s0', t)}, {b.c(S - 1)} : index")
-        voff = b.add(vb, b.mul(st_, v.strides[-2]))
-        vv = []
-        for i in range(ndv):
-            dv = b.add(lane, b.c(i * sg))
-            if (i + 1) * sg > Dv:
-                dv = b(f"arith.minui {dv}, {b.c(Dv - 1)} : index")
-            vv.append(load_f(b, v.arg, b.add(voff, b.mul(dv, v.strides[-1]))))
-        return vv
-    # V rows first (preload): their loads are in flight while K's are and the scores computed
-    vpre = [v_row(b.c(t)) for t in range(KL)] if preload_v(KL, ndv, R) else None
     klane = b.add(b.add(kb, b.mul(sc, k.strides[-2])), b.mul(b.mul(dd, V), k.strides[-1]))
     # scores: each lane's share of the dot, then a butterfly over the key's DL lanes
     dl_, dots = for_(b, "%j0", b.c(0), b.c(J), b.c(JU), [zero] * R)
@@ -957,8 +925,19 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     # acc = acc * corr + sum_t p_t v[s0 + t] (p_t from the lanes of key t; lanes over dv)
     flat0 = [b(f"arith.mulf {acc_in[j][i]}, {corr[j]} : f32") for j in range(R)
              for i in range(ndv)]
-
-    def accumulate(acc: list[str], t, vv: list[str]) -> None:
+    TU = min(KL, 8)
+    tl, ta = for_(b, "%t0", b.c(0), b.c(KL), b.c(TU), flat0)
+    acc = list(ta)
+    for tu in range(TU):
+        t = b.add("%t0", b.c(tu))
+        st_ = b(f"arith.minui {b.add('%s0', t)}, {b.c(S - 1)} : index")
+        voff = b.add(vb, b.mul(st_, v.strides[-2]))
+        vv = []
+        for i in range(ndv):
+            dv = b.add(lane, b.c(i * sg))
+            if (i + 1) * sg > Dv:
+                dv = b(f"arith.minui {dv}, {b.c(Dv - 1)} : index")
+            vv.append(load_f(b, v.arg, b.add(voff, b.mul(dv, v.strides[-1]))))
         src = b(f"arith.index_cast {b.mul(t, DL)} : index to i32")
         for j in range(R):
             p = b.fresh()
@@ -966,21 +945,8 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
             for i in range(ndv):
                 pv = b(f"arith.mulf {p}, {vv[i]} : f32")
                 acc[j * ndv + i] = b(f"arith.addf {acc[j * ndv + i]}, {pv} : f32")
-    if vpre is not None:
-        acc = list(flat0)
-        for t in range(KL):
-            accumulate(acc, b.c(t), vpre[t])
-        new_acc = acc
-    else:
-        TU = min(KL, 8)
-        tl, ta = for_(b, "%t0", b.c(0), b.c(KL), b.c(TU), flat0)
-        acc = list(ta)
-        for tu in range(TU):
-            t = b.add("%t0", b.c(tu))
-            accumulate(acc, t, v_row(t))
-        yield_(b, acc)
-        new_acc = [f"{tl}#{i}" for i in range(len(ta))]
-    new_state = m_out + l_out + new_acc
+    yield_(b, acc)
+    new_state = m_out + l_out + [f"{tl}#{i}" for i in range(len(ta))]
     if skip:
         b.raw("scf.yield " + ", ".join(new_state) + " : " + ", ".join([F] * len(state)))
         b.raw("} else {")
