@@ -779,43 +779,75 @@ def test_weights_are_prefetched_before_the_grid_dependency_wait(monkeypatch):
         body.index("ld.global")
 
 
-def test_dependency_wait_of_a_member_branch_does_not_count():
-    """A wait inside a branch (a horizontally fused member's) leaves the other members
-    unordered: the PDL pass puts a wait at the kernel's top as well."""
+def _pdl_ops(text: str) -> list:
+    """The kernel of ``text`` after the PDL pass: [(block path, op names)] of its body and of
+    each top-level ``scf.if``'s blocks."""
     from mlir import ir as _ir
 
     from poot.backends.cuda.codegen import add_grid_dependency_control
 
-    text = """gpu.module @m {
-  gpu.func @k(%o: memref<4xf32>, %c: i1) kernel {
-    scf.if %c {
-      nvvm.griddepcontrol wait
-    }
-    gpu.return
-  }
-}"""
     ctx = _ir.Context()
     ctx.allow_unregistered_dialects = True
     with ctx:
         m = _ir.Module.parse(text)
         add_grid_dependency_control(m)
         f = m.body.operations[0].regions[0].blocks[0].operations[0]
-        top = [o.operation.name for o in f.regions[0].blocks[0].operations]
-    assert top[:2] == ["nvvm.griddepcontrol", "nvvm.griddepcontrol"], top
+        top = [o.operation for o in f.regions[0].blocks[0].operations]
+        out = [("top", [o.name for o in top])]
+        for i, o in enumerate(o for o in top if o.name == "scf.if"):
+            for r, region in enumerate(o.regions):
+                for blk in region.blocks:
+                    out.append((f"if{i}.{r}", [x.operation.name for x in blk.operations]))
+    return out
 
 
-def test_only_small_gemvs_prefetch():
-    """The prefetch cost rule (PREFETCH_MAX_BYTES): a bandwidth-bound GEMV does not
-    prefetch (its wait stays at the top, added by the PDL pass)."""
-    from poot.backends.gpu.strategies.matmul import PREFETCH_MAX_BYTES, gemv
+def test_member_branches_wait_in_place():
+    """A horizontally fused kernel (index arithmetic and one branch per member at its top
+    level) waits in each branch: a member's own wait after its prefetch is kept and
+    triggers right after; a branch without one waits first; nothing waits at the top. A
+    kernel that touches memory outside its branches gets its wait at the top."""
+    W = "nvvm.griddepcontrol"
+    branches = """gpu.module @m {
+  gpu.func @k(%o: memref<4xf32>, %c: i1, %d: i1) kernel {
+    %i = gpu.block_id x
+    scf.if %c {
+      %p = arith.constant 0 : index
+      nvvm.griddepcontrol wait
+      %v = memref.load %o[%p] : memref<4xf32>
+    }
+    scf.if %d {
+      %f = arith.constant 1.0 : f32
+      memref.store %f, %o[%i] : memref<4xf32>
+    }
+    gpu.return
+  }
+}"""
+    got = dict(_pdl_ops(branches))
+    assert W not in got["top"], got
+    assert got["if0.0"][:4] == ["arith.constant", W, W, "memref.load"], got
+    assert got["if1.0"][:3] == [W, W, "arith.constant"], got
+    flat = branches.replace("    gpu.return", "    %g = arith.constant 2.0 : f32\n"
+                            "    memref.store %g, %o[%i] : memref<4xf32>\n    gpu.return")
+    got = dict(_pdl_ops(flat))
+    assert got["top"][:2] == [W, W], got
+    assert got["if1.0"][0] != W, got
 
-    big_n = PREFETCH_MAX_BYTES // (576 * 2) + 64
-    for N, want in ((1000, True), (big_n, False)):
-        g, _ = gemv_region("bf16", 1, N, 576)
+
+def test_large_gemvs_prefetch_a_window(monkeypatch):
+    """The prefetch cost rule: a GEMV past PREFETCH_MAX_BYTES of weights prefetches only
+    PREFETCH_WINDOW bytes of each column (the window's end bounds its prefetch loop), a
+    small one its whole first pass; both wait after the prefetch, not at the top."""
+    from poot.backends.gpu.strategies import matmul
+
+    monkeypatch.setattr(matmul, "PREFETCH_WINDOW", 384)     # a constant found nowhere else
+    big_n = matmul.PREFETCH_MAX_BYTES // (2048 * 2) + 64
+    for N, windowed in ((1000, False), (big_n, True)):
+        g, _ = gemv_region("bf16", 1, N, 2048)
         with g.context:
-            syn = gemv(_dispatch_fn(g), _caps())
-        assert ("prefetch.global.L2" in syn.text) == want, N
-        assert ("griddepcontrol" in syn.text) == want, N
+            syn = matmul.gemv(_dispatch_fn(g), _caps())
+        assert "prefetch.global.L2" in syn.text and "griddepcontrol wait" in syn.text, N
+        assert syn.text.index("prefetch.global.L2") < syn.text.index("griddepcontrol wait")
+        assert ("arith.constant 384 : index" in syn.text) == windowed, N
 
 
 def test_norm_over_part_of_the_row_is_not_deferred(vk_device, vk_target):

@@ -102,6 +102,34 @@ def sm_version(chip: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+#: top-level ops of a kernel that touch no memory (index arithmetic): a kernel whose top level
+#: is only these and ``scf.if`` branches can wait inside each branch instead of at its top
+_NO_MEMORY_TOP = ("gpu.block_id", "gpu.thread_id", "gpu.grid_dim", "gpu.block_dim",
+                  "gpu.lane_id", "gpu.subgroup_id", "gpu.return", "scf.if")
+
+
+def _wait_at(ops: list, wait) -> int | None:
+    """Index of the first ``griddepcontrol.wait`` among ``ops`` (one block's), or None."""
+    return next((i for i, o in enumerate(ops) if o.name == "nvvm.griddepcontrol"
+                 and o.attributes["kind"] == wait), None)
+
+
+def _open_block(block, wait, trigger) -> None:
+    """Make ``block`` wait before any memory access and trigger right after: keep a wait it
+    already has at its top level (after a prefetch of constants), else add one first."""
+    ops = [o.operation for o in block.operations]
+    own = _wait_at(ops, wait)
+    if own is not None:
+        ip = ir.InsertionPoint(ops[own + 1]) if own + 1 < len(ops) else \
+            ir.InsertionPoint(block)
+        kinds = (trigger,)
+    else:
+        ip = ir.InsertionPoint(ops[0]) if ops else ir.InsertionPoint(block)
+        kinds = (wait, trigger)
+    for kind in kinds:
+        ir.Operation.create("nvvm.griddepcontrol", attributes={"kind": kind}, ip=ip)
+
+
 def add_grid_dependency_control(module: ir.Module) -> int:
     """Open every kernel of ``module`` with ``griddepcontrol.wait`` then
     ``griddepcontrol.launch_dependents`` (PTX ISA 8.0, sm_90: programmatic dependent launch);
@@ -119,8 +147,11 @@ def add_grid_dependency_control(module: ir.Module) -> int:
 
     A kernel that already waits at the top level of its body (a strategy read only the
     step's constants before it: the GEMV's weight prefetch) keeps its wait, and the trigger
-    goes right after it. A wait nested in a branch (a horizontally fused member's) does not
-    count: the other members would not wait, so the kernel gets its wait at the top."""
+    goes right after it. A kernel whose top level is only index arithmetic and ``scf.if``
+    branches (a horizontally fused kernel: one branch per member) waits in each branch
+    instead, keeping a member's own wait (so a fused GEMV's prefetch still precedes it) and
+    adding one first to a branch without; its threads touch memory only inside a branch.
+    Any other kernel gets its wait at the top, even with waits nested in it."""
     wait = ir.Attribute.parse("#nvvm<grid_dep_action wait>", module.context)
     trigger = ir.Attribute.parse("#nvvm<grid_dep_action launch_dependents>", module.context)
     n = 0
@@ -134,20 +165,17 @@ def add_grid_dependency_control(module: ir.Module) -> int:
                     continue
                 block = f.regions[0].blocks[0]
                 ops = [o.operation for o in block.operations]
-                # a kernel that placed its own wait at its top level (after reading only
-                # constants: a GEMV prefetching its weights) triggers right after it
-                own = next((i for i, o in enumerate(ops) if o.name == "nvvm.griddepcontrol"
-                            and o.attributes["kind"] == wait), None)
-                if own is not None:
-                    ip = ir.InsertionPoint(ops[own + 1]) if own + 1 < len(ops) else \
-                        ir.InsertionPoint(block)
-                    kinds = (trigger,)
+                branchy = _wait_at(ops, wait) is None and \
+                    any(o.name == "scf.if" for o in ops) and \
+                    all(o.name.startswith("arith.") or o.name in _NO_MEMORY_TOP for o in ops)
+                if branchy:
+                    for o in ops:
+                        if o.name == "scf.if":
+                            for region in o.regions:
+                                for blk in region.blocks:
+                                    _open_block(blk, wait, trigger)
                 else:
-                    ip = ir.InsertionPoint(ops[0]) if ops else ir.InsertionPoint(block)
-                    kinds = (wait, trigger)
-                for kind in kinds:
-                    ir.Operation.create("nvvm.griddepcontrol", attributes={"kind": kind},
-                                        ip=ip)
+                    _open_block(block, wait, trigger)
                 n += 1
     return n
 
