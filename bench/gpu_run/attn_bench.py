@@ -12,9 +12,10 @@ Run there (cuda-bindings, numpy; no MLIR), carry ``.gpuattn``::
 
 Each case is the attention region of one decode layer as the folded step holds it (RoPE of q
 and the causal mask ``iota <= position`` computed in the region, f32 KV caches; see
-``rope_attention_region`` in test/gpu/test_gpu_attention.py), compiled twice: ``auto`` (what
-:func:`~poot.backends.gpu.strategies.attention.plan_attention` picks) and ``split`` (the
-single-kernel plan disabled: split + combine). ``run`` checks every variant against the
+``rope_attention_region`` in test/gpu/test_gpu_attention.py), compiled three times: ``auto`` (what
+:func:`~poot.backends.gpu.strategies.attention.plan_attention` picks), ``split`` (the
+single-kernel plan disabled: split + combine) and ``w32`` (the single-kernel plan with blocks of
+up to 32 subgroups). ``run`` checks every variant against the
 oracle's outputs computed here (same seeded inputs; 1e-4), then times a CUDA graph of
 ``LAYERS`` back-to-back copies of the region (a decode step's attention launches, their
 graph-node overheads included) per position, and reports microseconds per layer.
@@ -70,14 +71,17 @@ def build(folder: str) -> None:
         g = rope_attention_region(B=1, T=1, Hkv=Hkv, G=G, S=S, D=D, Dv=D, mask="i1")
         want = {str(p): oracle.evaluate(g, inputs(Hkv, G, S, D, p))["r0"].tolist()
                 for p in positions(S)}
-        for variant in ("auto", "split"):
-            single = A._single_plan
+        for variant in ("auto", "split", "w32"):
+            single, limits = A._single_plan, (A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS)
             if variant == "split":
                 A._single_plan = lambda *a, **k: None
+            if variant == "w32":             # blocks of up to 32 subgroups (1024 threads)
+                A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS = 32, 1024
             try:
                 plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
             finally:
                 A._single_plan = single
+                A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS = limits
             p = {"entry": plan.entry, "target": {"arch": "sm_90", "subgroup_size": 32},
                  "kernels": plan.kernels, "buffers": plan.buffers, "launches": plan.launches,
                  "dispatches": plan.dispatches, "inputs": plan.inputs, "params": plan.params,

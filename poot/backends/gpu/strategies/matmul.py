@@ -456,11 +456,8 @@ class _Kernel:
         self.lanes = sg
         #: prefetch the weights before waiting on the predecessor grid (sm_90 targets:
         #: :meth:`prefetch_weights`)
-        self.prefetch = vec and PREFETCH
-        #: bytes of a column's (K slice's) weights prefetched at most: the first pass, or
-        #: just :data:`PREFETCH_WINDOW` for GEMVs past :data:`PREFETCH_MAX_BYTES`
-        self.prefetch_cap = None if sum(w.nbytes for w in m.weights) <= PREFETCH_MAX_BYTES \
-            else PREFETCH_WINDOW
+        self.prefetch = vec and PREFETCH and \
+            sum(w.nbytes for w in m.weights) <= PREFETCH_MAX_BYTES
         self.e = _Emit()
         self.x = "%x"
         #: one parameter per weight (same storage format and shape); :attr:`w` is the one the
@@ -928,8 +925,7 @@ class _Kernel:
         before the wait; launched as a dependent, this kernel's blocks are resident while its
         predecessor still runs, and the DRAM latency of their first loads overlaps that
         instead of following it (a small decode GEMV is a DRAM round trip or two). Only the
-        first pass (each lane's first ``U`` units, a few KB per column; past
-        :data:`PREFETCH_MAX_BYTES` of weights, :data:`PREFETCH_WINDOW` bytes): prefetching whole
+        first pass (each lane's first ``U`` units, a few KB per column): prefetching whole
         slabs of a bandwidth-bound GEMV overflowed L2 on an H200 (Llama-3-8B's down
         projection 29 -> 47 us), while the rest of a column streams behind the first pass
         anyway. Column ``n``'s weights are row ``n`` of a [N, K] weight (bytes
@@ -941,8 +937,7 @@ class _Kernel:
             row = m.weight.nbytes // m.N                  # bytes of one column's weights
             units = self.units()
             per_part = row // self.ksplit
-            first = min(per_part, -(-row * self.unroll * L // units),
-                        self.prefetch_cap or per_part)
+            first = min(per_part, -(-row * self.unroll * L // units))
             lines = -(-first // self.LINE) + 1            # + 1: the window's misalignment
             start = e.mul(n, e.c(row))
             if part is not None:
@@ -1172,15 +1167,15 @@ def ksplit_for(N: int, units: int, sg: int, caps) -> int:
 #: weights prefetched before the grid-dependency wait on sm_90 targets
 #: (:meth:`_Kernel.prefetch_weights`); ``POOT_GPU_PREFETCH=0`` turns it off (to compare)
 PREFETCH = os.environ.get("POOT_GPU_PREFETCH", "1") != "0"
-#: ... their whole first pass for GEMVs whose weights are at most this many bytes. Measured on
-#: an H200 (graph replay, raw/session12/run4): the latency-bound GEMVs gain (SmolLM2's step
-#: 681 -> 655 us, Llama-3.2-1B's q/k/v 6.4 -> 6.2 us) while the bandwidth-bound ones lose,
-#: their prefetches taking bandwidth from the predecessor still streaming (1B gate/up 18.8 ->
-#: 20.5 us, down 10.4 -> 11.5 us).
+#: ... for GEMVs whose weights are at most this many bytes. Measured on an H200 (graph
+#: replay, raw/session12/run4): the latency-bound GEMVs gain (SmolLM2's step 681 -> 655 us,
+#: Llama-3.2-1B's q/k/v 6.4 -> 6.2 us) while the bandwidth-bound ones lose, their prefetches
+#: taking bandwidth from the predecessor still streaming (1B gate/up 18.8 -> 20.5 us, down
+#: 10.4 -> 11.5 us). Prefetching only a 512-byte window of each column of the larger ones
+#: (one load a lane) did not gain either: with it (and fused GEMVs' prefetch kept, which
+#: SmolLM2 gained from: 526.6 -> 522.4 us) the 1B step went 905.4 -> 908.2 us (same-GPU A/B,
+#: raw/session13/ab_pdl_window).
 PREFETCH_MAX_BYTES = 16 << 20
-#: ... and only this many bytes of each column (K slice) for larger GEMVs: one 16-byte load
-#: per lane of a warp, the first DRAM round trip, hidden behind the predecessor (a norm)
-PREFETCH_WINDOW = 512
 #: most matmuls of one x a GEMV kernel computes together (see :class:`GemvMatch`)
 MAX_MATMULS = 4
 #: tuning knobs (None: the rules above); set by the GEMV sweep benchmark, not by planning
