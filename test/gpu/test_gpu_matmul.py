@@ -682,6 +682,16 @@ def test_ptx_assembles_for_swiglu_and_short_rows(fmt, monkeypatch):
     ptxas_check(ptx)
 
 
+def _knob_region(kind: str, fmt: str, M: int, N: int, K: int):
+    """A GEMV region for the knob tests: ``swiglu`` (a folded RMSNorm feeding gate and up),
+    ``rmsnorm`` (a folded RMSNorm, SiLU-times-argument epilogue) or an epilogue name."""
+    if kind == "swiglu":
+        return swiglu_region(fmt, M, N, K, norm="rmsnorm", seed=N)
+    if kind == "rmsnorm":
+        return gemv_region(fmt, M, N, K, "silu_up", seed=N, norm="rmsnorm")
+    return gemv_region(fmt, M, N, K, kind, seed=N)
+
+
 @pytest.mark.parametrize("lanes,fmt,K,N,M,kind", [(8, "q4_1", 576, 1000, 1, "residual"),
                                                   (4, "q8_0", 576, 33, 2, "rmsnorm"),
                                                   (1, "bf16", 64, 100, 1, "none"),
@@ -697,12 +707,7 @@ def test_several_columns_a_warp_match_oracle(vk_device, vk_target, monkeypatch, 
     if lanes > sg:
         pytest.skip(f"this Vulkan device's subgroups have {sg} lanes, fewer than {lanes}")
     monkeypatch.setitem(matmul.TUNING, "lanes", lanes)
-    if kind == "swiglu":
-        g, inputs = swiglu_region(fmt, M, N, K, norm="rmsnorm", seed=N)
-    elif kind == "rmsnorm":
-        g, inputs = gemv_region(fmt, M, N, K, "silu_up", seed=N, norm="rmsnorm")
-    else:
-        g, inputs = gemv_region(fmt, M, N, K, kind, seed=N)
+    g, inputs = _knob_region(kind, fmt, M, N, K)
     with g.context:
         syn = matmul.gemv(_dispatch_fn(g), vk_target.caps)
     L = syn.launches[0]
@@ -731,12 +736,7 @@ def test_block_parts_match_oracle(vk_device, vk_target, monkeypatch, parts, fmt,
     from poot.backends.gpu.strategies import matmul
 
     monkeypatch.setitem(matmul.TUNING, "parts", parts)
-    if kind == "swiglu":
-        g, inputs = swiglu_region(fmt, M, N, K, norm="rmsnorm", seed=N)
-    elif kind == "rmsnorm":
-        g, inputs = gemv_region(fmt, M, N, K, "silu_up", seed=N, norm="rmsnorm")
-    else:
-        g, inputs = gemv_region(fmt, M, N, K, kind, seed=N)
+    g, inputs = _knob_region(kind, fmt, M, N, K)
     with g.context:
         m = matmul.match(_dispatch_fn(g), max_matmuls=matmul.MAX_MATMULS)
         assert matmul._Kernel(m, 8, 1, False).units() == K // 32 * parts
