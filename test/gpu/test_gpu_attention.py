@@ -369,6 +369,95 @@ def test_forced_subgroup_plans_on_vulkan(vk_device, monkeypatch, S, DL, C, NS, W
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{plan}")
 
 
+def kv_write_attention_region(B, Hkv, G, S, D) -> Graph:
+    """``@region`` calling ONE dispatch as :func:`~poot.backends.gpu.merge.fold_regions`
+    leaves a decode layer's KV writes folded into its attention: ``k2/v2 = scatter(cache,
+    [slot, position], 2 * new)`` per sequence, attention of q ``[B, Hkv, G, 1, D]`` over k2/v2
+    (transposed to ``[B, Hkv, S, D]``) under the causal mask ``iota(S) <= position``; returns
+    the attention, k2 and v2. Arguments: q, positions ``[B, 1]`` i32, the k/v caches ``[B, S,
+    Hkv, D]``, the new k/v rows ``[B, Hkv, D]``, slots ``[B]`` i32."""
+    t = _t
+    q, ka, k, nw = (B, Hkv, G, 1, D), (B, S, Hkv, D), (B, Hkv, S, D), (B, Hkv, D)
+    m5, ix = (B, 1, 1, 1, S), (B, 2)
+    body = f"""
+  %sl = "poot.reshape"(%arg6) : ({t((B,), "i32")}) -> {t((B, 1), "i32")}
+  %idx = "poot.concat"(%sl, %arg1) {{axis = 1 : i64}} : ({t((B, 1), "i32")}, {t((B, 1), "i32")}) -> {t(ix, "i32")}
+  %two = "poot.constant"() {{value = dense<2.0> : {t(nw)}}} : () -> {t(nw)}
+  %ku = "poot.binary"(%arg4, %two) {{fn = "mul"}} : ({t(nw)}, {t(nw)}) -> {t(nw)}
+  %vu = "poot.binary"(%arg5, %two) {{fn = "mul"}} : ({t(nw)}, {t(nw)}) -> {t(nw)}
+  %k2 = "poot.scatter"(%arg2, %idx, %ku) : ({t(ka)}, {t(ix, "i32")}, {t(nw)}) -> {t(ka)}
+  %v2 = "poot.scatter"(%arg3, %idx, %vu) : ({t(ka)}, {t(ix, "i32")}, {t(nw)}) -> {t(ka)}
+  %k = "poot.transpose"(%k2) {{perm = array<i64: 0, 2, 1, 3>}} : ({t(ka)}) -> {t(k)}
+  %v = "poot.transpose"(%v2) {{perm = array<i64: 0, 2, 1, 3>}} : ({t(ka)}) -> {t(k)}
+  %io = "poot.iota"() {{axis = 1 : i64}} : () -> {t((1, S), "i32")}
+  %ir = "poot.reshape"(%io) : ({t((1, S), "i32")}) -> {t((1, 1, 1, 1, S), "i32")}
+  %ib = "poot.broadcast"(%ir) {{dims = array<i64: 0, 1, 2, 3, 4>}} : ({t((1, 1, 1, 1, S), "i32")}) -> {t(m5, "i32")}
+  %pp = "poot.reshape"(%arg1) : ({t((B, 1), "i32")}) -> {t((B, 1, 1, 1, 1), "i32")}
+  %pq = "poot.broadcast"(%pp) {{dims = array<i64: 0, 1, 2, 3, 4>}} : ({t((B, 1, 1, 1, 1), "i32")}) -> {t(m5, "i32")}
+  %vis = "poot.compare"(%ib, %pq) {{pred = "le"}} : ({t(m5, "i32")}, {t(m5, "i32")}) -> {t(m5, "i1")}
+  %at = "poot.attention"(%arg0, %k, %v, %vis) {{scale = {float(1.0 / np.sqrt(D))!r} : f64, softcap = 0.0 : f64}} : ({t(q)}, {t(k)}, {t(k)}, {t(m5, "i1")}) -> {t(q)}
+  return %at, %k2, %v2 : {t(q)}, {t(ka)}, {t(ka)}"""
+    ins = [t(q), t((B, 1), "i32"), t(ka), t(ka), t(nw), t(nw), t((B,), "i32")]
+    outs = [t(q), t(ka), t(ka)]
+    args = ", ".join(f"%arg{i}: {x}" for i, x in enumerate(ins))
+    rargs = ", ".join(f'%a{i}: {x} {{poot.name = "a{i}"}}' for i, x in enumerate(ins))
+    rres = ", ".join(f'{x} {{poot.name = "r{i}"}}' for i, x in enumerate(outs))
+    text = f"""
+func.func @region({rargs}) -> ({rres}) {{
+  %r:3 = func.call @attn({", ".join(f"%a{i}" for i in range(len(ins)))}) : ({", ".join(ins)}) -> ({", ".join(outs)})
+  return %r#0, %r#1, %r#2 : {", ".join(outs)}
+}}
+func.func private @attn({args}) -> ({", ".join(outs)}) attributes {{poot.dispatch = {{kind = "attention", ops = 17 : i64}}}} {{{body}
+}}"""
+    with make_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+    return Graph.from_module(module)
+
+
+#: (slots, positions, split): two sequences written; a row out of range (slot 7 of 2) dropped;
+#: two rows at one address (the later wins); the split + combine plan
+KV_WRITES = [((0, 1), (5, 30), False), ((0, 7), (9, 2), False), ((1, 1), (3, 3), False),
+             ((1, 0), (31, 17), True)]
+
+
+@pytest.mark.parametrize("slots,positions,split", KV_WRITES)
+def test_folded_kv_writes_on_vulkan(vk_device, monkeypatch, slots, positions, split):
+    """A decode attention whose region also writes the KV caches (the writes folded into it):
+    one kernel launch after the caches' copies, the updated caches and the attention (which
+    reads the written rows, staged in each block) equal to the oracle."""
+    from poot.backends.gpu.strategies import attention as A
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    B, Hkv, G, S, D = 2, 2, 3, 32, 64
+    g = kv_write_attention_region(B, Hkv, G, S, D)
+    rng = np.random.default_rng(len(slots) + positions[0])
+    x = {"a0": rng.standard_normal((B, Hkv, G, 1, D)).astype(np.float32),
+         "a1": np.asarray(positions, np.int32).reshape(B, 1),
+         "a2": rng.standard_normal((B, S, Hkv, D)).astype(np.float32),
+         "a3": rng.standard_normal((B, S, Hkv, D)).astype(np.float32),
+         "a4": rng.standard_normal((B, Hkv, D)).astype(np.float32),
+         "a5": rng.standard_normal((B, Hkv, D)).astype(np.float32),
+         "a6": np.asarray(slots, np.int32)}
+    want = oracle.evaluate(g, x)
+    reg = A.match_attention(_callee(g))
+    assert reg is not None and len(reg.writes) == 2 and {reg.k_write, reg.v_write} == {0, 1}
+    if split:
+        monkeypatch.setattr(A, "_single_plan", lambda *a, **k: None)
+    art = codegen_vulkan(g, _vk_target(vk_device, 4))
+    kernels = [s for s in art.steps if s.op == "dispatch"]
+    assert len(kernels) == (2 if split else 1), art.steps
+    got = _run(vk_device, art, x)
+    for name in ("r0", "r1", "r2"):
+        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+    # without the stores the caches come back as copied, and the attention is unchanged: it
+    # reads the written rows from each block's staged updates, never from memory another
+    # block may not have written yet
+    monkeypatch.setattr(A, "_store_written", lambda *a: None)
+    got = _run(vk_device, codegen_vulkan(g, _vk_target(vk_device, 4)), x)
+    np.testing.assert_allclose(got["r0"], want["r0"], rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(got["r1"], x["a2"])
+
+
 def test_plan_rule_boundaries():
     """The single-kernel rule on the CUDA target (warps of 32, 132 SMs): D = 64 decode is
     one launch up to 1024 keys (64 a warp over 16 warps), split past it; a prefill block of
