@@ -35,15 +35,15 @@ def test_every_dispatch_kind_generates_kernels(monkeypatch):
     assert len(plan["dispatches"]) == prog.dispatch_count
     assert set(_kernels_per_dispatch(plan)) == KINDS
     # with the strategies: cheap producers (RoPE tables, the K RoPE, the KV write indices, the
-    # norms in front of the GEMVs) are folded into their consumers and the KV writes into the
-    # attention that reads them; every remaining region still has kernels
+    # norms in front of the GEMVs) are folded into their consumers, every remaining region
+    # still has kernels
     monkeypatch.delenv("POOT_GPU_STRATEGIES")
     prog, _ = tiny_program()
     art = tiny_artifact()
     plan = art.plan
     seen = _kernels_per_dispatch(plan)
-    assert set(seen) <= KINDS and {"matmul", "attention"} <= set(seen)
-    assert "reduction" not in seen and "scatter" not in seen
+    assert set(seen) <= KINDS and {"matmul", "attention", "scatter"} <= set(seen)
+    assert "reduction" not in seen
     assert len(plan["dispatches"]) < prog.dispatch_count
     for name in plan["kernels"]:
         assert f".entry {name}(" in art.ptx
@@ -81,10 +81,9 @@ def test_strategies():
     auto = tiny_artifact(strategy="auto")
     assert "warp_rows" not in naive.meta["strategies"]
     # the GEMVs and norms reduce across lanes: generic warp rows or the gemv/rowreduce strategies,
-    # sibling GEMVs (q/k/v) fused into one launch by the horizontal strategy (two layers: 7
-    # GEMV launches and 2 fused q/k/v ones)
+    # sibling GEMVs (q/k/v) fused into one launch by the horizontal strategy
     warped = ("warp_rows", "gemv", "rowreduce", "horizontal")
-    assert sum(auto.meta["strategies"].get(s, 0) for s in warped) >= 9
+    assert sum(auto.meta["strategies"].get(s, 0) for s in warped) >= 10
     assert "shfl.sync.bfly" in auto.ptx and "shfl.sync" not in naive.ptx
     warp = [L for L in auto.plan["launches"] if L.get("strategy") in warped]
     assert all(L["block"][0] % 32 == 0 for L in warp)
@@ -188,9 +187,8 @@ def test_every_kernel_opens_with_grid_dependency_control():
 
 def test_smollm2_decode_fuses_sibling_launches(monkeypatch):
     """SmolLM2-135M's decode plan for CUDA: horizontal fusion makes each layer's q/k/v GEMVs
-    one launch (2 fewer launches per layer, 30 layers), the K/V cache writes are folded into
-    the attention launch that reads them (no scatter launch is left), the KV caches stay
-    written in place (no copy launch), and the number of distinct kernels does not grow
+    one launch and its K/V cache writes one launch (3 fewer launches per layer, 30 layers),
+    the KV caches stay written in place, and the number of distinct kernels does not grow
     (identical layers share the fused kernels)."""
     from poot.backends.cuda.codegen import cuda_target
     from poot.compiler.compile import compile as compile_step
@@ -213,12 +211,9 @@ def test_smollm2_decode_fuses_sibling_launches(monkeypatch):
         return [L for L in art.plan["launches"] if L["op"] == "kernel"]
     fused, plain = kernels(plans["1"]), kernels(plans["0"])
     assert layers == 30
-    assert len(fused) <= len(plain) - 2 * layers, (len(fused), len(plain))
+    assert len(fused) <= len(plain) - 3 * layers, (len(fused), len(plain))
     assert len(plans["1"].plan["kernels"]) <= len(plans["0"].plan["kernels"])
-    assert sum(L["strategy"] == "horizontal" for L in fused) >= layers
-    assert sum(L["strategy"] == "flash_decode" for L in fused) == layers
-    assert not any(L["strategy"] == "scatter" for L in fused)
-    assert not any(L["op"] == "copy" for L in plans["1"].plan["launches"])
+    assert sum(L["strategy"] == "horizontal" for L in fused) >= 2 * layers
     assert all(o["in_place"] for o in plans["1"].plan["outputs"] if o["aliases"])
     for name in plans["1"].plan["kernels"]:
         assert f".entry {name}(" in plans["1"].ptx

@@ -303,9 +303,8 @@ def test_fused_kernel_lowers_to_ptx():
 @pytest.mark.parametrize("name", ["llama", "llama_gguf_q4_1"])
 def test_tiny_decode_step_launches_fewer_kernels(vk, monkeypatch, name):
     """The tiny Llama decode step (tolerance 1e-4 vs the oracle, f32 accumulation) on Vulkan:
-    with horizontal fusion its q/k/v GEMVs are one launch per layer (its K/V writes are in the
-    attention launch either way), and logits and caches still match; the number of distinct
-    kernels does not grow."""
+    with horizontal fusion its q/k/v GEMVs and its K/V writes are one launch each per layer,
+    and logits and caches still match; the number of distinct kernels does not grow."""
     from model_steps import fixture_path
 
     from poot import oracle
@@ -325,7 +324,7 @@ def test_tiny_decode_step_launches_fewer_kernels(vk, monkeypatch, name):
         return sum(1 for s in p.executable.steps if s.op == "dispatch")
     layers = sum(1 for n, _ in g.inputs if n.startswith("kv.")) // 2     # a K and a V cache
     assert layers >= 1
-    assert launches(fused) <= launches(plain) - 2 * layers, (launches(fused), launches(plain))
+    assert launches(fused) <= launches(plain) - 3 * layers, (launches(fused), launches(plain))
     assert len(fused.executable.kernels) <= len(plain.executable.kernels)
     rng = np.random.default_rng(2)
     inputs = {"tokens": np.asarray([[5]], np.int32), "positions": np.asarray([[3]], np.int32),

@@ -56,7 +56,6 @@ def test_every_region_matches_oracle(vk_device, vk_target, models, name, step, T
     values the whole step feeds it; together the regions cover every kernel kind. Up to
     ``MAX_M`` tokens the norms are folded into the GEMVs (no reduction region is left); a
     longer prefill keeps them."""
-    from poot.backends.gpu.strategies.attention import MAX_WRITE_ROWS
     from poot.backends.gpu.strategies.matmul import MAX_M
     from poot.backends.vulkan.codegen import codegen_vulkan, compile_vulkan
 
@@ -76,15 +75,12 @@ def test_every_region_matches_oracle(vk_device, vk_target, models, name, step, T
                                        err_msg=f"{r.name} ({r.kind}) {k}")
         kinds.add(r.kind)
     # cheap producers (RoPE tables, RoPE, the mask, KV-write indices) are folded into their
-    # consumers (scatter, attention), the norms into the GEMVs while a step has at most
-    # MAX_M rows, and the KV writes into the attention while they have at most
-    # MAX_WRITE_ROWS rows: the anchors remain
-    anchors = {"gather", "matmul", "attention"} | ({"scatter"} if T > MAX_WRITE_ROWS else set())
+    # consumers (scatter, attention), and the norms into the GEMVs while a step has at most
+    # MAX_M rows: the anchors remain
+    anchors = {"gather", "matmul", "scatter", "attention"}
     assert KINDS >= kinds >= anchors | ({"reduction"} if T > MAX_M else set()), kinds
     if T <= MAX_M:
         assert "reduction" not in kinds, kinds
-    if T <= MAX_WRITE_ROWS:
-        assert "scatter" not in kinds, kinds
 
 
 @pytest.mark.parametrize("name", ["llama", "llama_gguf_q4_1"])

@@ -19,12 +19,6 @@ producer's operands, and whose body is the producer's body followed by the consu
 common subexpressions merged (``poot-cse``: a norm folded into both halves of a SwiGLU is
 computed once, so both matmuls read one x); the producer's call goes. The semantics of the
 step are unchanged (the oracle runs it as before).
-
-A state write (a ``scatter`` region: a KV-cache row written at the step's position) is folded
-the other way round (:func:`_fold_keeping`): into the one region that reads the written state
-(the attention), whose new function ``<consumer>_w<n>`` also returns the written state, so the
-step's results read it from there. The write is one launch less a layer; the attention
-strategy computes the written rows itself and reads them without waiting for the stores.
 """
 
 from __future__ import annotations
@@ -43,10 +37,6 @@ from poot.passes.ir_utils import clone_into
 #: attention), cheap to recompute, and matmuls (taken only where a consumer's strategy
 #: computes the matmul per output element, as a GEMV sharing its x does)
 FOLDABLE = frozenset({"elementwise", "rope", "reduction", "matmul"})
-#: region kinds folded into the one region that reads their result while that result stays a
-#: step result: a KV-cache write into the attention that reads the cache (see
-#: :func:`_fold_keeping`; the attention strategy computes the written row itself)
-FOLDED_KEEPING = frozenset({"scatter"})
 
 
 def _name(op: ir.Operation) -> str:
@@ -84,20 +74,17 @@ def _result_of(v: ir.Value, calls: list):
     return None
 
 
-def _merged(prod_call, prod_fn, cons_call, cons_fn, name: str, module_body,
-            keep: bool = False) -> tuple:
+def _merged(prod_call, prod_fn, cons_call, cons_fn, name: str, module_body) -> tuple:
     """A new function: ``prod_fn``'s body feeding ``cons_fn``'s (see the module doc); returns
-    (function op, call operands). ``keep``: the producer's results are the function's results
-    too, after the consumer's (a state write folded into its reader)."""
+    (function op, call operands)."""
     produced = {r: k for k, r in enumerate(prod_call.results)}
     operands = [v for v in cons_call.operands if v not in produced]
     for v in prod_call.operands:
         if v not in operands:
             operands.append(v)
     cons_type = ir.FunctionType(ir.TypeAttr(cons_fn.attributes["function_type"]).value)
-    results = list(cons_type.results) + ([r.type for r in prod_call.results] if keep else [])
     with cons_fn.context, cons_fn.location:
-        ftype = ir.FunctionType.get([v.type for v in operands], results)
+        ftype = ir.FunctionType.get([v.type for v in operands], list(cons_type.results))
         fn = ir.Operation.create(
             "func.func", regions=1,
             attributes={"sym_name": ir.StringAttr.get(name),
@@ -122,55 +109,13 @@ def _merged(prod_call, prod_fn, cons_call, cons_fn, name: str, module_body,
         for o in cblock.operations:
             o = o.operation
             if o.name == "func.return":
-                ir.Operation.create("func.return", operands=[mapping[v] for v in o.operands]
-                                    + (pret if keep else []), ip=ip)
+                ir.Operation.create("func.return", operands=[mapping[v] for v in o.operands],
+                                    ip=ip)
                 break
             clone_into(o, mapping, ip)
     cse(fn)
     dce(fn)
     return fn, operands
-
-
-def _fold_keeping(call, pfn, block, funcs, module_body, scratch, accept, made,
-                  counter) -> bool:
-    """Fold the state write ``call`` (a KV-cache scatter) into the one call that reads it,
-    the merged function returning the written state too (its other uses, the step's results,
-    then read it from there); False when it is read by more than one call, by anything but
-    calls and the step's return, or the reader's strategy refuses the merged body."""
-    readers, other = [], []
-    for r in call.results:
-        for u in r.uses:
-            o = u.owner.operation if hasattr(u.owner, "operation") else u.owner
-            (readers if o.name == "func.call" else other).append(o)
-    readers = list(dict.fromkeys(readers))
-    if len(readers) != 1 or any(o.name != "func.return" for o in other):
-        return False
-    c = readers[0]
-    cfn = funcs[ir.FlatSymbolRefAttr(c.attributes["callee"]).value]
-    counter[0] += 1
-    fn, operands = _merged(call, pfn, c, cfn, f"{_name(cfn)}_w{counter[0]}", scratch,
-                           keep=True)
-    key = body_key(fn)
-    if key not in made:
-        made[key] = accept(fn)
-    if made[key] is None:
-        return False
-    fn.detach_from_parent()
-    ir.InsertionPoint(module_body).insert(fn)
-    funcs[_name(fn)] = fn
-    with c.context, c.location:
-        nc = ir.Operation.create(
-            "func.call", results=[r.type for r in c.results] + [r.type for r in call.results],
-            operands=operands, attributes={"callee": ir.FlatSymbolRefAttr.get(_name(fn))},
-            ip=ir.InsertionPoint(c))
-    n = len(c.results)
-    for r, new in zip(c.results, list(nc.results)[:n]):
-        r.replace_all_uses_with(new)
-    for r, new in zip(call.results, list(nc.results)[n:]):
-        r.replace_all_uses_with(new)
-    c.erase()
-    call.erase()
-    return True
 
 
 def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter) -> bool:
@@ -181,15 +126,7 @@ def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter
             continue
         pname = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
         pfn = funcs[pname]
-        if pname in refused:
-            continue
-        if dispatch_kind(pfn) in FOLDED_KEEPING:
-            if _fold_keeping(call, pfn, block, funcs, module_body, scratch, accept, made,
-                             counter):
-                return True
-            refused.add(pname)
-            continue
-        if dispatch_kind(pfn) not in FOLDABLE:
+        if pname in refused or dispatch_kind(pfn) not in FOLDABLE:
             continue
         consumers = []
         for r in call.results:
@@ -271,4 +208,4 @@ def fold_regions(g, accept: Callable[[ir.Operation], object | None]) -> dict[str
     return {k: v for k, v in made.items() if v is not None}
 
 
-__all__ = ["FOLDABLE", "FOLDED_KEEPING", "body_key", "dispatch_kind", "fold_regions"]
+__all__ = ["FOLDABLE", "body_key", "dispatch_kind", "fold_regions"]

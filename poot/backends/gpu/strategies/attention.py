@@ -16,17 +16,8 @@ What it takes (:func:`match_attention`): a dispatch function whose root is ``poo
 * the mask (``i1`` visibility or ``f32`` additive bias, broadcastable to
   ``[batch..., rows..., S]``) such a view, a splat ``poot.constant``, ``poot.unary not`` of
   a view, or else any elementwise-class expression (a causal mask ``iota <= position``);
-* its result reaching the function's first result through ``poot.reshape`` only (so the
-  output is row-major ``[batch, rows, Dv]``), and no other op in the function;
-* any further results folded state writes (:class:`KVWrite`): ``poot.scatter`` of at most
-  :data:`MAX_WRITE_ROWS` rows into an f32 argument that k or v reads (a decode layer's KV-cache
-  writes, folded in by :func:`~poot.backends.gpu.merge.fold_regions`). Every block evaluates
-  the written rows into workgroup memory (with a computed q, before the same barrier), the
-  first block also stores them into the results (copies of the caches, or the caches
-  themselves when updated in place), and a k/v element whose offset a written row covers
-  takes the staged value (the later row winning, a row out of range dropped: the scatter's
-  semantics) instead of the stored one. So no block reads another's stores, and no ordering
-  beyond the workgroup's is needed.
+* its result reaching the function's only result through ``poot.reshape`` only (so the
+  output is row-major ``[batch, rows, Dv]``), and no other op in the function.
 
 Each view chain is resolved to a strided index map (:class:`View`: logical coordinates ->
 element offset in the argument buffer; NumPy's no-copy reshape rule); a computed q or mask
@@ -196,19 +187,12 @@ def _owner(v: ir.Value):
     return None if isinstance(o, ir.Block) else o.operation
 
 
-def resolve_view(v: ir.Value, fn_args, through=()) -> View | None:
-    """The strided map of ``v`` onto a function argument through view ops, or None.
-    ``through``: ``poot.scatter`` ops to see through to their destination (an argument: a
-    written state read at the same element offsets)."""
+def resolve_view(v: ir.Value, fn_args) -> View | None:
+    """The strided map of ``v`` onto a function argument through view ops, or None."""
     chain = []
     while True:
         op = _owner(v)
         if op is None:
-            break
-        if op in through:
-            v = op.operands[0]
-            if _owner(v) is not None:
-                return None
             break
         if op.name not in ("poot.reshape", "poot.transpose", "poot.broadcast", "poot.slice"):
             return None
@@ -253,29 +237,6 @@ def resolve_view(v: ir.Value, fn_args, through=()) -> View | None:
 # ---- the region ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class KVWrite:
-    """A state write folded into the region (:func:`~poot.backends.gpu.merge._fold_keeping`):
-    function result ``out`` is ``poot.scatter(arg dest, indices [N, r], updates [N, ...])``
-    (semantics: :class:`poot.dialects.ops.indexing.Scatter`), f32, and k or v reads it. The
-    kernel computes the updates itself: every block stages them in workgroup memory, the
-    first block also stores them into the result, and a k/v element read at a written
-    offset takes the staged value (so no block waits for another's stores)."""
-
-    out: int
-    dest: int
-    indices: ir.Value
-    updates: ir.Value
-    N: int
-    r: int
-    shape: tuple[int, ...]
-
-    @property
-    def SN(self) -> int:
-        """Elements of one written slice (``shape[r:]``)."""
-        return _prod(self.shape[self.r:])
-
-
-@dataclass(frozen=True)
 class AttentionRegion:
     """A matched region: operand views (q ``[batch..., rows..., D]``, k ``[batch..., S, D]``,
     v ``[batch..., S, Dv]``), the mask (``mask_kind`` ``"i1"``/``"f32"``; ``mask`` a view of
@@ -308,15 +269,6 @@ class AttentionRegion:
     q_value: ir.Value | None = None
     mask_value: ir.Value | None = None
     mask_shape: tuple[int, ...] = ()
-    #: folded state writes (:class:`KVWrite`); ``k_write``/``v_write``: the one k/v reads
-    writes: tuple = ()
-    k_write: int | None = None
-    v_write: int | None = None
-
-    @property
-    def stage_bytes(self) -> int:
-        """Workgroup memory of the staged updates of :attr:`writes`."""
-        return sum(4 * w.N * w.SN for w in self.writes)
 
     @property
     def B(self) -> int:
@@ -357,12 +309,10 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
     atts = [o for o in ops if o.name == "poot.attention"]
-    if len(atts) != 1 or not ops or ops[-1].name != "func.return" or not ops[-1].operands:
+    if len(atts) != 1 or not ops or ops[-1].name != "func.return" or len(ops[-1].operands) != 1:
         return None
     att = atts[0]
-    args = list(block.arguments)
-    # the first result is the attention's, through reshapes only; any others are folded
-    # state writes (KVWrite)
+    # the result reaches the return through reshapes only
     chain = {att, ops[-1]}
     r = ops[-1].operands[0]
     while r != att.results[0]:
@@ -371,27 +321,16 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
             return None
         chain.add(o)
         r = o.operands[0]
-    writes = []
-    for j, wv in enumerate(list(ops[-1].operands)[1:], start=1):
-        w = _kv_write(wv, j, args)
-        if w is None:
-            return None
-        writes.append(w)
+    args = list(block.arguments)
     arg_types = []
     for a in args:
         t = type_from_mlir(a.type)
         arg_types.append((t.dtype.value, _prod(t.shape)) if isinstance(t, TensorType)
                          else ("", 0))
-    # k and v: strided views of arguments (the KV caches: read in place, never recomputed),
-    # or of a folded write's destination (the written state)
-    wops = {_owner(ops[-1].operands[w.out]): i for i, w in enumerate(writes)}
-    k, v = (resolve_view(att.operands[i], args, tuple(wops)) for i in (1, 2))
+    # k and v: strided views of arguments (the KV caches: read in place, never recomputed)
+    k, v = (resolve_view(att.operands[i], args) for i in (1, 2))
     if k is None or v is None:
         return None
-    kw, vw = (next((wops[o] for o in _slice_ops([att.operands[i]]) if o in wops), None)
-              for i in (1, 2))
-    if {i for i in (kw, vw) if i is not None} != set(range(len(writes))):
-        return None                  # every write is what k or v reads
     # q: a strided view, else any elementwise-class expression (staged once per block)
     q = resolve_view(att.operands[0], args)
     q_value = None if q is not None else att.operands[0]
@@ -432,36 +371,14 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     known = chain | _slice_ops(att.operands)
     if any(o not in known for o in ops):
         return None
-    computed = [x for x in (q_value, mask_value) if x is not None] + \
-        [x for w in writes for x in (w.indices, w.updates)]
+    computed = [x for x in (q_value, mask_value) if x is not None]
     if any(o.name not in ELEMENTWISE_CLASS for o in _slice_ops(computed)):
         return None
     scale = float(ir.FloatAttr(att.attributes["scale"]).value)
     softcap = float(ir.FloatAttr(att.attributes["softcap"]).value)
     return AttentionRegion(q, k, v, mview, kind, mconst, negate, batch, rows, S, D, Dv,
                            scale, softcap, tuple(arg_types), fn, q_value, mask_value,
-                           tuple(mt.shape), tuple(writes), kw, vw)
-
-
-#: rows of a folded write at most (decode: one per sequence; a prefill chunk's many rows keep
-#: their own scatter launch)
-MAX_WRITE_ROWS = 4
-
-
-def _kv_write(v: ir.Value, out: int, args) -> KVWrite | None:
-    """The :class:`KVWrite` of function result ``out`` (value ``v``), or None when it is not a
-    ``poot.scatter`` of at most :data:`MAX_WRITE_ROWS` rows into an f32 argument."""
-    op = _owner(v)
-    if op is None or op.name != "poot.scatter":
-        return None
-    dest, indices, updates = op.operands
-    dt, it = type_from_mlir(dest.type), type_from_mlir(indices.type)
-    if _owner(dest) is not None or not isinstance(dt, TensorType) or \
-            dt.dtype is not DType.F32 or not isinstance(it, TensorType) or it.rank != 2 or \
-            it.shape[0] > MAX_WRITE_ROWS or it.shape[1] > dt.rank:
-        return None
-    return KVWrite(out, args.index(dest), indices, updates, it.shape[0], it.shape[1],
-                   tuple(dt.shape))
+                           tuple(mt.shape))
 
 
 # ---- planning ------------------------------------------------------------------------------------
@@ -530,7 +447,6 @@ def _single_plan(reg: AttentionRegion, caps, sg: int, R: int, RG: int, dl_max: i
     # workgroup memory: the staged q (R x D) and W partial states (R x (Dv + 2)) per block
     shared = getattr(caps, "max_shared_bytes", 0) or 16384
     qbytes = 4 * R * reg.D if reg.q is None else 0
-    qbytes += reg.stage_bytes
     while wmax > 1 and qbytes + 4 * wmax * R * (reg.Dv + 2) > shared:
         wmax //= 2
     best = None
@@ -597,13 +513,10 @@ def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
         return None                          # butterflies need a known power-of-two width
     ndv = -(-reg.Dv // sg)
     rmax = max(1, min(MAX_ROWS, MAX_ACC_PER_LANE // ndv))
-    # workgroup memory (16 KiB: Vulkan's guaranteed minimum when the target does not say)
-    # holds the staged updates of folded writes and a computed q (R rows x D f32)
-    shared = (getattr(caps, "max_shared_bytes", 0) or 16384) - reg.stage_bytes
-    if shared < 0:
-        return None
     if reg.q is None:
-        rmax = min(rmax, shared // (4 * reg.D))
+        # a computed q is staged in workgroup memory: R rows x D f32 (16 KiB: Vulkan's
+        # guaranteed minimum when the target does not say)
+        rmax = min(rmax, (getattr(caps, "max_shared_bytes", 0) or 16384) // (4 * reg.D))
         if rmax < 1:
             return None
     RG = -(-reg.M // rmax)
@@ -887,26 +800,6 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         mrow.append(b.add(mb, offs[1]) if mk else None)
         rco.append(se.delinearize(rc, reg.rows) if mcomp else None)
     workgroup = []
-    targets = _stage_writes(reg, b, se, workgroup, tid, TB, (split, rg, bi))
-    if reg.writes and q is not None:
-        b.raw("gpu.barrier")                 # (a computed q's staging ends with one)
-
-    def load_kv(which: str, idx: str) -> str:
-        # element idx of k or v's buffer: a folded write's staged update where a row of it
-        # lands there (the later row winning), else the written state as stored
-        view, wi = (k, reg.k_write) if which == "k" else (v, reg.v_write)
-        if wi is None:
-            return load_f(b, view.arg, idx)
-        w = reg.writes[wi]
-        val = b(f"memref.load %w{wi}[{idx}] : {_flat_type(ftypes[w.dest])}")
-        for n, (ok, base) in enumerate(targets[wi]):
-            d = b(f"arith.subi {idx}, {base} : index")
-            hit = b(f"arith.andi {ok}, {b(f'arith.cmpi ult, {d}, {b.c(w.SN)} : index')} : i1")
-            e = b.add(b(f"arith.minui {d}, {b.c(w.SN - 1)} : index"), b.c(n * w.SN))
-            st = b(f"memref.load %us{wi}[{e}] : memref<{w.N * w.SN}xf32, "
-                   "#gpu.address_space<workgroup>>")
-            val = b(f"arith.select {hit}, {st}, {val} : f32")
-        return val
     if q is None:
         # a computed q (RoPE'd, ...): each block evaluates its R rows once into workgroup
         # memory, its threads together, then a barrier
@@ -993,7 +886,7 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         jd = b.mul(b.add("%j0", b.c(ju)), DL * V)       # element offset of round j
         for u in range(V):
             du = b.add(jd, b.c(u))
-            kv = load_kv("k", b.add(klane, b.mul(du, k.strides[-1])))
+            kv = load_f(b, k.arg, b.add(klane, b.mul(du, k.strides[-1])))
             for j in range(R):
                 if q is not None:
                     qv = load_f(b, q.arg, b.add(qlane[j], b.mul(du, q.strides[-1])))
@@ -1044,7 +937,7 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
             dv = b.add(lane, b.c(i * sg))
             if (i + 1) * sg > Dv:
                 dv = b(f"arith.minui {dv}, {b.c(Dv - 1)} : index")
-            vv.append(load_kv("v", b.add(voff, b.mul(dv, v.strides[-1]))))
+            vv.append(load_f(b, v.arg, b.add(voff, b.mul(dv, v.strides[-1]))))
         src = b(f"arith.index_cast {b.mul(t, DL)} : index to i32")
         for j in range(R):
             p = b.fresh()
@@ -1150,20 +1043,14 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     sig = ", ".join([f"%a{a}: {ptype(a)}" for a in params] +
                     [f"{n}: {c[0]}" for n, c in zip(se.const_names, consts)])
     sig += f", %out: {out_t}" if NS == 1 else f", %scr: {scr_t}"
-    sig += "".join(f", %w{j}: {_flat_type(ftypes[w.dest])}" for j, w in enumerate(reg.writes))
     wg = f" workgroup({', '.join(f'{n}: {t}' for n, t in workgroup)})" if workgroup else ""
     body = "\n".join(b.head + em.prologue + b.lines)
     text = ("gpu.module @attention {\n"
             f"gpu.func @split({sig}){wg} kernel {{\n{body}\n}}\n")
     slots = [("arg", a) for a in params] + [("const", i) for i in range(len(consts))]
-    # a folded write's result starts as a copy of its destination (dropped by the plan when
-    # the state is updated in place), then the kernel stores the written rows into it
-    launches = [Launch("copy", [("arg", w.dest), ("out", w.out)],
-                       nbytes=4 * _prod(w.shape)) for w in reg.writes]
-    launches.append(Launch("kernel", slots + ([("out", 0)] if NS == 1 else [("scratch", 0)])
-                           + [("out", w.out) for w in reg.writes],
-                           "attention", "split", (NS, plan.RG, reg.B), (TB, 1, 1),
-                           strategy="flash_decode"))
+    launches = [Launch("kernel", slots + ([("out", 0)] if NS == 1 else [("scratch", 0)]),
+                       "attention", "split", (NS, plan.RG, reg.B), (TB, 1, 1),
+                       strategy="flash_decode")]
     scratch = []
     if NS > 1:
         # ---- combine kernel: one thread per output element, an online merge of the
@@ -1223,56 +1110,6 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         scratch.append((scr_t, scr_n * 4))
     text += "}\n"
     return Synthesized(text, launches, scratch, consts)
-
-
-def _stage_writes(reg: AttentionRegion, b: "_Body", se, workgroup: list, tid: str, TB: int,
-                  bids: tuple) -> list:
-    """Emit the folded writes' staging (:class:`KVWrite`): the block's threads evaluate the
-    updates into workgroup memory ``%us{j}`` (``[N * SN]`` f32; the caller's barrier follows)
-    and the first block's also store them into the result ``%w{j}`` where their row is in
-    range. Returns, per write, ``(in range: i1, flat offset of the row's slice: index)`` per
-    row, computed by every thread at the top level."""
-    out = []
-    first = None
-    for j, w in enumerate(reg.writes):
-        ity = type_from_mlir(w.indices.type).dtype.value
-
-        def target(n) -> tuple[str, str]:
-            ok, coords = None, []
-            for jj in range(w.r):
-                c = se.value(w.indices, [n, jj])
-                lo = b(f"arith.cmpi sge, {c}, {b.c(0, ity)} : {ity}")
-                hi = b(f"arith.cmpi slt, {c}, {b.c(w.shape[jj], ity)} : {ity}")
-                both = b(f"arith.andi {lo}, {hi} : i1")
-                ok = both if ok is None else b(f"arith.andi {ok}, {both} : i1")
-                coords.append(b(f"arith.index_cast {c} : {ity} to index"))
-            return ok, se.ix(se.imul(se.linearize(coords, w.shape[:w.r]), w.SN))
-        out.append([target(n) for n in range(w.N)])
-        if first is None:
-            first = b(f"arith.cmpi eq, {b.add(b.add(bids[0], bids[1]), bids[2])}, "
-                      f"{b.c(0)} : index")
-        us_t = f"memref<{w.N * w.SN}xf32, #gpu.address_space<workgroup>>"
-        workgroup.append((f"%us{j}", us_t))
-        b.raw(f"scf.for %wi{j} = {tid} to {b.c(w.N * w.SN)} step {b.c(TB)} {{")
-        with se.scope():
-            n = b(f"arith.divui %wi{j}, {b.c(w.SN)} : index")
-            e = b(f"arith.remui %wi{j}, {b.c(w.SN)} : index")
-            x = se.value(w.updates, [n] + se.delinearize(e, w.shape[w.r:]))
-            b.raw(f"memref.store {x}, %us{j}[%wi{j}] : {us_t}")
-            ok, base = target(n)
-            _store_written(b, b(f"arith.andi {first}, {ok} : i1"), x, f"%w{j}",
-                           b.add(base, e), _prod(w.shape))
-        b.raw("}")
-    return out
-
-
-def _store_written(b: "_Body", cond: str, x: str, buf: str, at: str, numel: int) -> None:
-    """Store staged update ``x`` at element ``at`` of result ``buf`` (``numel`` f32) where
-    ``cond`` (the first block, the row in range). The attention never reads these stores
-    back: its blocks take the staged values (a test drops the stores to show that)."""
-    b.raw(f"scf.if {cond} {{")
-    b.raw(f"memref.store {x}, {buf}[{at}] : memref<{max(1, numel)}xf32>")
-    b.raw("}")
 
 
 @register("flash_decode")
