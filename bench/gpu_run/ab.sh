@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Same-machine A/B of two source trees on the GPU machine: `poot bench` of the SmolLM2 Q4_1
 # step and the Llama-3.2-1B shape, each tree running its own compiled programs (its own
-# .i7b/cache, built there by bench/gpu_run/issue7_build.py), alternating A, B, A, B, ...
+# .i7b/cache, built there by bench/gpu_run/issue7_build.py), alternating A B, B A, A B, ...
 # Why: two H200s (or one H200 across calls) differ by several percent on a latency-bound step,
 # more than a code change may move it; alternating in one call on one GPU isolates the change.
 #
@@ -17,6 +17,7 @@ set -u
 cd "$(dirname "$0")/../.."
 A=${1:?usage: ab.sh A_TREE (a source tree with its own .i7b/cache)}
 OUT="${OUT:-/tmp/about}"
+case "$OUT" in /*) ;; *) OUT="$(pwd)/$OUT" ;; esac     # the benches run from each tree
 ROUNDS=${AB_ROUNDS:-3}
 PY=python3
 mkdir -p "$OUT"
@@ -36,19 +37,20 @@ ROOT=$(pwd)
 bench() {  # bench VARIANT TREE ROUND: both models with that tree's sources and cache
     local v=$1 tree=$2 r=$3
     rm -rf "/tmp/ab_cache_$v" && cp -r "$tree/.i7b/cache" "/tmp/ab_cache_$v"
-    (cd "$tree" && export PYTHONPATH=. POOT_CACHE_DIR="/tmp/ab_cache_$v" &&
-     timeout 120 $PY -m poot.cli bench --backend cuda --model "$GGUF" \
+    (cd "$tree" || exit 2
+     export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} POOT_CACHE_DIR="/tmp/ab_cache_$v"
+     timeout --kill-after=10 120 $PY -m poot.cli bench --backend cuda --model "$GGUF" \
         --kv-capacity "$SMOL_CAP" --prompt-tokens 32 --tokens 128 --runs 3 \
-        --out "$OUT/${v}_smollm2_$r.json" > "$OUT/${v}_smollm2_$r.log" 2>&1;
-     timeout 120 $PY -m poot.cli bench --backend cuda \
+        --out "$OUT/${v}_smollm2_$r.json" > "$OUT/${v}_smollm2_$r.log" 2>&1
+     timeout --kill-after=10 120 $PY -m poot.cli bench --backend cuda \
         --config "$ROOT/bench/shapes/llama-3.2-1b.json" --random-weights --dtype bf16 \
         --kv-capacity "$LLAMA_CAP" --prompt-tokens 32 --tokens 64 --runs 2 \
         --out "$OUT/${v}_llama1b_$r.json" > "$OUT/${v}_llama1b_$r.log" 2>&1)
 }
 
-for r in $(seq "$ROUNDS"); do
-    bench A "$A" "$r"
-    bench B . "$r"
+for r in $(seq "$ROUNDS"); do      # A B, B A, A B, ...: neither always runs first
+    if [ $((r % 2)) -eq 1 ]; then bench A "$A" "$r"; bench B . "$r"
+    else bench B . "$r"; bench A "$A" "$r"; fi
 done
 
 $PY - "$OUT" "$ROUNDS" <<'EOF'
