@@ -14,13 +14,13 @@ Matched region (poot level, static shapes)::
 
 Kernel (after llama.cpp's ``mul_mat_vec`` / ``mul_mat_vec_q`` CUDA kernels): output column ``n``
 is one subgroup (warp); ``W`` warps per block. The K axis is cut into *units* spread over the
-lanes (lane-strided, so neighbouring lanes read neighbouring memory): 8 weights for Q4_0/Q4_1/Q8_0
-(a quarter block: :data:`BLOCK_PARTS`), 32 for Q4_K/Q6_K (one 32-element sub-block of a
-super-block), 16 bytes for dense weights (one ``ld.global.v4`` on CUDA). Each lane decodes
-its unit in registers (the ggml block layouts of :mod:`poot.dialects.quant_ref`), multiplies it with the matching
-elements of each of the M rows of ``x`` and accumulates in f32 (M accumulators); a
-``gpu.shuffle xor`` butterfly sums the lanes and lane 0 applies the epilogue to the M results
-and stores them. Packed bytes are read as 32-bit words; blocks that are only 2-byte aligned
+lanes (lane-strided, so neighbouring lanes read neighbouring memory): 8 weights for
+Q4_0/Q4_1/Q8_0 (a quarter block: :data:`BLOCK_PARTS`), 32 for Q4_K/Q6_K (one 32-element
+sub-block of a super-block), 16 bytes for dense weights (one ``ld.global.v4`` on CUDA). Each
+lane decodes its unit in registers (the ggml block layouts of :mod:`poot.dialects.quant_ref`),
+multiplies it with the matching elements of each of the M rows of ``x`` and accumulates in
+f32 (M accumulators); a ``gpu.shuffle xor`` butterfly sums the lanes and lane 0 applies the
+epilogue to the M results and stores them. Packed bytes are read as 32-bit words; blocks that are only 2-byte aligned
 (18, 34, 210 bytes) are realigned with a funnel shift chosen by the block's address.
 
 x may also be an elementwise expression (:mod:`._scalar`) of arguments and of last-axis row
@@ -662,8 +662,8 @@ class _Kernel:
         return e.mul(e.add(e.mul(n, e.c(per_row)), u), e.c(bb))
 
     def parts(self) -> int:
-        """Lanes sharing one 32-weight block (units of ``32 / parts`` weights): :data:`BLOCK_PARTS`
-        for :data:`PART_FORMATS`, else 1."""
+        """Lanes sharing one 32-weight block (units of ``32 / parts`` weights):
+        :data:`BLOCK_PARTS` for :data:`PART_FORMATS`, else 1."""
         w = self.m.weight
         if w.layout != "packed" or w.fmt not in PART_FORMATS:
             return 1
