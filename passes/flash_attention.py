@@ -43,6 +43,21 @@ key axis or the batch dims), or the operands are not f32.
 
 The op's oracle computes the same f32 operations in the composition's order, so the rewritten
 graph equals the original to matmul summation-order rounding.
+
+**Paged KV.** When the attention's keys and values are, through views only, a gather of KV
+block pools by a block table, the op becomes ``poot.paged_attention``
+(:class:`~poot.dialects.ops.attention.PagedAttention`), which reads the pools in place:
+
+* ``k`` (``[B, H, S, D]``, the attention's batch dims ``[B, H]``) is reached from
+  ``poot.gather(k_pool, table, axis = 0)`` (``k_pool [NB, bs, H, D]``, integer
+  ``table [B, W]``, result ``[B, W, bs, H, D]``) through ``poot.reshape``, ``poot.transpose``
+  and float-to-float ``poot.cast`` only, and those views put element ``(b, h, j, d)`` at
+  gather coordinate ``(b, j // bs, j % bs, h, d)``: key j is block ``table[b, j // bs]``,
+  offset ``j % bs`` (decided by following which gather axes each dim is made of, not by the
+  ops' spelling); ``v`` likewise, through the *same* table with a pool of the same
+  ``[NB, bs, H]``.
+* Anything else (another order of the key axis, a table that differs between k and v, an
+  integer cast) keeps ``poot.attention`` over the gathered tensors.
 """
 
 from __future__ import annotations
@@ -369,6 +384,98 @@ def _matmuls(fn: ir.Operation) -> list[ir.Operation]:
     return out
 
 
+# ---- paged KV: attention over a gather through a block table ------------------------------------
+
+def _kv_gather(v: ir.Value):
+    """(gather op, dims) when ``v`` is views of ``poot.gather(pool [NB, bs, H, D], table [B, W],
+    axis 0)``: ``dims[i]`` lists, major to minor, the gather-result axes (0: B, 1: W, 2: bs,
+    3: H, 4: D; size-1 axes left out) that make up dim i of ``v``. NoMatch otherwise."""
+    chain, cur = [], v
+    while True:
+        p = defining_op(cur)
+        need(p is not None, "keys come from an argument, not a gather")
+        if p.name == "poot.gather":
+            break
+        if p.name == "poot.cast":
+            need(dtype_of(p.operands[0]).is_float and dtype_of(cur).is_float,
+                 "a cast between keys and the gather is not float to float")
+        else:
+            need(p.name in ("poot.reshape", "poot.transpose"),
+                 f"{p.name} between the keys and the gather")
+        chain.append(p)
+        cur = p.operands[0]
+    g = p
+    need(int(ir.IntegerAttr(g.attributes["axis"]).value) == 0,
+         "gather is not over the pool's block axis")
+    pool, table = g.operands
+    need(len(shape_of(pool)) == 4 and len(shape_of(table)) == 2 and dtype_of(table).is_int,
+         "gather is not of a [NB, bs, H, D] pool by a [B, W] table")
+    sizes = shape_of(g.results[0])                       # [B, W, bs, H, D]
+    dims = [(a,) if sizes[a] != 1 else () for a in range(5)]
+    for op in reversed(chain):
+        if op.name == "poot.transpose":
+            dims = [dims[i] for i in i64s(op, "perm")]
+        elif op.name == "poot.reshape":
+            factors = [a for d in dims for a in d]
+            out, k = [], 0
+            for n in shape_of(op.results[0]):
+                grp, prod = [], 1
+                while prod < n and k < len(factors):
+                    grp.append(factors[k])
+                    prod *= sizes[factors[k]]
+                    k += 1
+                need(prod == n, "a reshape splits a block-pool axis")
+                out.append(tuple(grp))
+            need(k == len(factors), "a reshape drops pool axes")
+            dims = out
+    return g, dims
+
+
+def _paged_operands(att: ir.Operation):
+    """(k_pool, v_pool, table) when ``att`` (a ``poot.attention`` with batch dims [B, H])
+    reads its k and v through one block table (see the module doc); NoMatch otherwise."""
+    q, k, v, _ = att.operands
+    need(len(shape_of(k)) == 4, "attention is not over [B, H, S, D] keys")
+    kg, kd = _kv_gather(k)
+    vg, vd = _kv_gather(v)
+    need(same_value(kg.operands[1], vg.operands[1]), "k and v use different block tables")
+    kp, vp = kg.operands[0], vg.operands[0]
+    need(shape_of(kp)[:3] == shape_of(vp)[:3] and dtype_of(kp) == dtype_of(vp),
+         "k and v pools differ in [NB, bs, H] or dtype")
+    sizes = shape_of(kg.results[0])
+    want = [(0,), (3,), (1, 2), (4,)]
+    want = [tuple(a for a in d if sizes[a] != 1) for d in want]
+    need(kd == want and vd == want, "the views do not make key j block table[b, j // bs], "
+         "offset j % bs")
+    return kp, vp, kg.operands[1]
+
+
+def page_attention(fn: ir.Operation) -> int:
+    """Turn each ``poot.attention`` under ``fn`` whose keys and values are a gather through a
+    block table into ``poot.paged_attention`` (module doc); returns how many."""
+    n = 0
+    for block in fn.regions[0].blocks:
+        for op in list(block.operations):
+            att = op.operation
+            if att.name != "poot.attention":
+                continue
+            try:
+                kp, vp, table = _paged_operands(att)
+            except NoMatch:
+                continue
+            q, _, _, mask = att.operands
+            with att.context, att.location:
+                new = _create("poot.paged_attention", [q, kp, vp, table, mask],
+                              type_from_mlir(att.results[0].type), ir.InsertionPoint(att),
+                              {"scale": att.attributes["scale"],
+                               "softcap": att.attributes["softcap"]})
+            att.results[0].replace_all_uses_with(new)
+            n += 1
+    if n:
+        dce(fn)
+    return n
+
+
 def flash_attention(module, trace: list | None = None) -> int:
     """Rewrite every attention composition under ``module``; returns how many were rewritten.
     ``trace`` (a list), when given, receives one ``(matmul location, reason)`` per candidate
@@ -394,10 +501,12 @@ def flash_attention(module, trace: list | None = None) -> int:
                 if trace is not None:
                     trace.extend(failures)
                 break
+        page_attention(fn)
     return total
 
 
 @register_pass("poot-flash-attention",
-               "rewrite softmax(softcap(Q K^T scale) + mask) V compositions into poot.attention")
+               "rewrite softmax(softcap(Q K^T scale) + mask) V compositions into poot.attention "
+               "(poot.paged_attention when K/V are read through a block table)")
 def run(module: ir.Operation) -> None:
     flash_attention(module)

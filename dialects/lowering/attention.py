@@ -19,6 +19,17 @@ visible key has ``l = 0`` and ``acc = 0``, so it yields zeros, as the op's defin
 
 Agreement with the oracle: the op's result within 1e-5 relative (f32; the summation order over
 keys differs from the oracle's one-shot softmax and BLAS matmuls).
+
+``poot.paged_attention`` (:class:`~poot.dialects.ops.attention.PagedAttention`) runs the same
+block update with the KV blocks as the key blocks: a loop over the sequences (``scf.forall``,
+threads, when the strategy has cores and there is more than one sequence), and per sequence
+an ``scf.for`` over its block-table entries, each iteration reading block ``table[b, w]`` of
+the pools in place (``[bs, H, D]``, no gathered copy). With an ``i1`` mask the loop visits
+only the blocks from the first to the last visible key of the sequence (found by one pass
+over its mask row: a block with no visible key leaves ``(m, l, acc)`` as they are), so decode
+cost follows the sequence's length, not the table's width; inside a visited block a masked
+key's value is selected away (``p == 0``: nothing is added, whatever a reused block holds
+there), as the op's definition says.
 """
 
 from __future__ import annotations
@@ -37,6 +48,12 @@ def _fill(em: Emitter, t: TensorType, value: float) -> str:
     return em.op(f"linalg.fill ins({c} : f32) outs({em.empty(t)} : {tt(t)}) -> {tt(t)}", "f")
 
 
+def _keep_maps(r: int, m: TensorType, full: tuple[int, ...]) -> str:
+    """The indexing map reading mask ``m`` (broadcastable to ``full``) over ``r`` loop dims."""
+    return affine_map(r, ["0" if m.shape[i] == 1 and full[i] != 1 else f"d{i}"
+                          for i in range(r)])
+
+
 def _slice_keys(em: Emitter, x: str, t: TensorType, axis: int, off: str, n: int):
     """``x`` restricted to ``n`` entries from ``off`` on ``axis`` (no-op for the whole axis)."""
     if n == t.shape[axis]:
@@ -51,165 +68,343 @@ def _slice_keys(em: Emitter, x: str, t: TensorType, axis: int, off: str, n: int)
                  "s"), rt
 
 
+def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb: str,
+                  kbt: TensorType, k_axes: tuple[int, int, int] | None, vb: str,
+                  vbt: TensorType, v_axes: tuple[int, int, int] | None, mb: str,
+                  mbt: TensorType, n: int, scale: float, softcap: float, visible: bool, state,
+                  inplace: bool, guard: bool = False):
+    """One online-softmax step over a block of ``n`` keys (module doc); returns the new
+    ``(m, l, acc)``.
+
+    ``q``: ``[batch..., rows..., D]``; the scores' loop dims are ``rows`` (batch and row dims,
+    r - 1 of them) then the key j. ``kb``/``vb``: the block's keys and values. With
+    ``k_axes``/``v_axes`` None they are ``[batch..., n, D]`` (the dense op's layout);
+    otherwise a rank-3 block with one batch dim whose axes are given as (axis of the batch
+    dim, axis of the key j, axis of D): the paged pools' ``[bs, H, D]`` is ``(1, 0, 2)``.
+    ``mb``: the mask block, broadcastable to ``rows + (n,)``. ``guard`` (paged: a masked key
+    of a reused block may hold anything): a ``-inf`` bias gives ``-inf`` whatever the score,
+    and nothing is added where ``p == 0``.
+    """
+    m, lsum, acc = state
+    r = len(rows) + 1                # loop dims of a score block: rows..., key
+    dv = vbt.shape[-1] if v_axes is None else vbt.shape[v_axes[2]]
+    row_t = TensorType(rows, DType.F32)
+    acc_t = TensorType(rows + (dv,), DType.F32)
+    drop_last = affine_map(r, [f"d{i}" for i in range(r - 1)])
+    idr = identity_map(r - 1)
+    nb = kbt.rank - 2 if k_axes is None else 1
+
+    def ext(x: str, d: DType) -> str:
+        return em.ext(x, d)
+
+    def update(t: TensorType, old: str, ins, fn):
+        """``fn(ins, old)`` per element. In the loop it writes into ``old`` (one-shot
+        bufferization wants yields equivalent to the iter_args); after the loop it reads
+        ``old`` as an input into a fresh tensor: linalg-fuse-elementwise-ops fuses a
+        read-modify-write of an out into a consumer with more loops and then applies it
+        once per extra iteration (seen with MLIR 22)."""
+        if inplace:
+            return em.generic(t, ins, fn, init=old, reads_out=True)
+        return em.generic(t, [(old, t, identity_map(t.rank))] + list(ins),
+                          lambda a, _o: fn(a[1:], a[0]))
+
+    def kv_map(axes, key: str, inner: str) -> str:
+        """Indexing map of a k/v block over loop dims ``(rows..., key, inner)``."""
+        if axes is None:                       # [batch..., n, inner]
+            return affine_map(r + 1, [f"d{i}" for i in range(nb)] + [key, inner])
+        out = [""] * 3
+        out[axes[0]], out[axes[1]], out[axes[2]] = "d0", key, inner
+        return affine_map(r + 1, out)
+
+    sb_t = TensorType(rows + (n,), DType.F32)
+    # scores: x[rows.., j] = sum_d q[rows.., d] * k[.., j, d]   (loop dims: rows.., j, d)
+    qmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r}"])
+    kmap = kv_map(k_axes, f"d{r - 1}", f"d{r}")
+
+    def dot(a, o):
+        prod = em.op(f"arith.mulf {ext(a[0], qt.dtype)}, {ext(a[1], kbt.dtype)} : f32")
+        return em.op(f"arith.addf {o}, {prod} : f32")
+
+    sc = em.generic(sb_t, [(q, qt, qmap), (kb, kbt, kmap)], dot,
+                    iterators=["parallel"] * r + ["reduction"],
+                    out_map=affine_map(r + 1, [f"d{i}" for i in range(r)]),
+                    init=_fill(em, sb_t, 0.0), loop_rank=r + 1, reads_out=True)
+    mmap = _keep_maps(r, mbt, rows + (n,))
+
+    def scores(a, _o):
+        x = a[0]
+        if scale != 1.0:
+            x = em.op(f"arith.mulf {x}, {em.const(scale, 'f32')} : f32")
+        if softcap:
+            x = em.op(f"arith.mulf {x}, {em.const(1.0 / softcap, 'f32')} : f32")
+            x = em.op(f"math.tanh {x} : f32")
+            x = em.op(f"arith.mulf {x}, {em.const(softcap, 'f32')} : f32")
+        if visible:
+            return em.op(f"arith.select {a[1]}, {x}, "
+                         f"{em.const(float(MASKED_SCORE), 'f32')} : f32")
+        y = em.op(f"arith.addf {x}, {a[1]} : f32")
+        if guard:
+            ninf = em.const(float("-inf"), "f32")
+            dead = em.op(f"arith.cmpf oeq, {a[1]}, {ninf} : f32")
+            y = em.op(f"arith.select {dead}, {ninf}, {y} : f32")
+        return y
+
+    x = em.generic(sb_t, [(sc, sb_t, identity_map(r)), (mb, mbt, mmap)], scores)
+    bmax = em.generic(row_t, [(x, sb_t, identity_map(r))],
+                      lambda a, o: em.op(f"arith.maximumf {o}, {a[0]} : f32"),
+                      iterators=["parallel"] * (r - 1) + ["reduction"], out_map=drop_last,
+                      init=_fill(em, row_t, float("-inf")), loop_rank=r, reads_out=True)
+    # Carried values are rewritten in place (the final op of each writes into its loop
+    # argument: one-shot bufferization wants yields equivalent to the iter_args), so
+    # everything reading the old m is computed first.
+    max2 = lambda a: em.op(f"arith.maximumf {a[0]}, {a[1]} : f32")  # noqa: E731
+    m_new = em.pointwise(row_t, [(m, row_t), (bmax, row_t)], max2)
+
+    def alpha_fn(a):
+        mn = max2(a)
+        same = em.op(f"arith.cmpf oeq, {a[0]}, {mn} : f32")
+        d = em.op(f"arith.subf {a[0]}, {mn} : f32")
+        e = em.op(f"math.exp {d} : f32")
+        return em.op(f"arith.select {same}, {em.const(1.0, 'f32')}, {e} : f32")
+
+    alpha = em.pointwise(row_t, [(m, row_t), (bmax, row_t)], alpha_fn)
+
+    def prob(a, _o):
+        ninf = em.const(float("-inf"), "f32")
+        d = em.op(f"arith.subf {a[0]}, {a[1]} : f32")
+        e = em.op(f"math.exp {d} : f32")
+        dead = em.op(f"arith.cmpf oeq, {a[1]}, {ninf} : f32")
+        e = em.op(f"arith.select {dead}, {em.const(0.0, 'f32')}, {e} : f32")
+        if visible:
+            e = em.op(f"arith.select {a[2]}, {e}, {em.const(0.0, 'f32')} : f32")
+        return e
+
+    ins = [(x, sb_t, identity_map(r)), (m_new, row_t, drop_last)]
+    if visible:
+        ins.append((mb, mbt, mmap))
+    p = em.generic(sb_t, ins, prob)
+    psum = em.generic(row_t, [(p, sb_t, identity_map(r))],
+                      lambda a, o: em.op(f"arith.addf {o}, {a[0]} : f32"),
+                      iterators=["parallel"] * (r - 1) + ["reduction"], out_map=drop_last,
+                      init=_fill(em, row_t, 0.0), loop_rank=r, reads_out=True)
+
+    # m is written last: every read of the old m (alpha, p) precedes it.
+    m_out = update(row_t, m, [(bmax, row_t, idr)], lambda a, o: max2([o, a[0]]))
+
+    def lsum_fn(a, o):
+        t = em.op(f"arith.mulf {o}, {a[0]} : f32")
+        return em.op(f"arith.addf {t}, {a[1]} : f32")
+
+    l_new = update(row_t, lsum, [(alpha, row_t, idr), (psum, row_t, idr)], lsum_fn)
+    scaled = update(acc_t, acc, [(alpha, row_t, drop_last)],
+                    lambda a, o: em.op(f"arith.mulf {o}, {a[0]} : f32"))
+    # acc[rows.., e] += sum_j p[rows.., j] * v[.., j, e]   (loop dims: rows.., e, j)
+    pmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r}"])
+    vmap = kv_map(v_axes, f"d{r}", f"d{r - 1}")
+
+    def pv(a, o):
+        prod = em.op(f"arith.mulf {a[0]}, {ext(a[1], vbt.dtype)} : f32")
+        if guard:
+            zero = em.const(0.0, "f32")
+            live = em.op(f"arith.cmpf une, {a[0]}, {zero} : f32")
+            prod = em.op(f"arith.select {live}, {prod}, {zero} : f32")
+        return em.op(f"arith.addf {o}, {prod} : f32")
+
+    acc_new = em.generic(acc_t, [(p, sb_t, pmap), (vb, vbt, vmap)], pv,
+                         iterators=["parallel"] * r + ["reduction"],
+                         out_map=affine_map(r + 1, [f"d{i}" for i in range(r)]),
+                         init=scaled, loop_rank=r + 1, reads_out=True)
+    return m_out, l_new, acc_new
+
+
+def _finish(em: Emitter, rows: tuple[int, ...], dv: int, acc: str, lsum: str,
+            visible: bool) -> str:
+    """``acc / l`` (additive bias) or ``acc / max(l, 1)`` (i1 mask)."""
+    r = len(rows) + 1
+    acc_t = TensorType(rows + (dv,), DType.F32)
+
+    def fn(a, _o):
+        den = a[1]
+        if visible:
+            den = em.op(f"arith.maximumf {den}, {em.const(1.0, 'f32')} : f32")
+        return em.op(f"arith.divf {a[0]}, {den} : f32")
+
+    return em.generic(acc_t, [(acc, acc_t, identity_map(r)),
+                              (lsum, TensorType(rows, DType.F32),
+                               affine_map(r, [f"d{i}" for i in range(r - 1)]))], fn)
+
+
+def _loop(em: Emitter, lo: str, hi: str, state, types: list[TensorType], body,
+          step: str | None = None):
+    """``scf.for iv = lo to hi`` carrying ``state`` (``body(iv, state) -> new state``)."""
+    loop, iv = em.fresh("loop"), em.fresh("iv")
+    names = [em.fresh("s") for _ in state]
+    ts = ", ".join(tt(t) for t in types)
+    step = step or em.const(1, "index")
+    em.line(f"{loop}:{len(state)} = scf.for {iv} = {lo} to {hi} step {step} iter_args("
+            f"{', '.join(f'{n} = {s}' for n, s in zip(names, state))}) -> ({ts}) {{")
+    em.depth += 1
+    new = body(iv, names)
+    em.line(f"scf.yield {', '.join(new)} : {ts}")
+    em.depth -= 1
+    em.line("}")
+    return [f"{loop}#{i}" for i in range(len(state))]
+
+
 @rule("attention")
 def lower_attention(em: Emitter, op: OpInfo) -> str:
     q, k, v, mask = op.args
     qt, kt, vt, mt = op.types
     scale, softcap = float(op.attrs["scale"]), float(op.attrs["softcap"])
     visible = mt.dtype is DType.I1
-    r = qt.rank                      # loop dims of a score block: batch..., rows..., key
     nb = kt.rank - 2
     s_len, dv = kt.shape[-2], vt.shape[-1]
     rows = qt.shape[:-1]             # batch + rows
     row_t = TensorType(rows, DType.F32)
     acc_t = TensorType(rows + (dv,), DType.F32)
-    drop_last = affine_map(r, [f"d{i}" for i in range(r - 1)])
-    full = rows + (s_len,)
+    r = qt.rank
 
-    def ext(x: str, d: DType) -> str:
-        return em.ext(x, d)
-
-    idr = identity_map(r - 1)
-
-    def block(off: str, n: int, m: str, lsum: str, acc: str, inplace: bool):
-        def update(t: TensorType, old: str, ins, fn):
-            """``fn(ins, old)`` per element. In the loop it writes into ``old`` (one-shot
-            bufferization wants yields equivalent to the iter_args); after the loop it reads
-            ``old`` as an input into a fresh tensor: linalg-fuse-elementwise-ops fuses a
-            read-modify-write of an out into a consumer with more loops and then applies it
-            once per extra iteration (seen with MLIR 22)."""
-            if inplace:
-                return em.generic(t, ins, fn, init=old, reads_out=True)
-            return em.generic(t, [(old, t, identity_map(t.rank))] + list(ins),
-                              lambda a, _o: fn(a[1:], a[0]))
+    def block(off: str, n: int, state, inplace: bool):
         kb, kbt = _slice_keys(em, k, kt, nb, off, n)
         vb, vbt = _slice_keys(em, v, vt, nb, off, n)
         mb, mbt = mask, mt
         if mt.shape[-1] != 1 or s_len == 1:
             mb, mbt = _slice_keys(em, mask, mt, r - 1, off, n)
-        sb_t = TensorType(rows + (n,), DType.F32)
-        # scores: x[b.., r.., j] = sum_d q[b.., r.., d] * k[b.., j, d]
-        qmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r}"])
-        kmap = affine_map(r + 1, [f"d{i}" for i in range(nb)] + [f"d{r - 1}", f"d{r}"])
+        return _online_block(em, q, qt, rows, kb, kbt, None, vb, vbt, None, mb, mbt, n,
+                             scale, softcap, visible, state, inplace)
 
-        def dot(a, o):
-            prod = em.op(f"arith.mulf {ext(a[0], qt.dtype)}, {ext(a[1], kt.dtype)} : f32")
-            return em.op(f"arith.addf {o}, {prod} : f32")
-
-        sc = em.generic(sb_t, [(q, qt, qmap), (kb, kbt, kmap)], dot,
-                        iterators=["parallel"] * r + ["reduction"],
-                        out_map=affine_map(r + 1, [f"d{i}" for i in range(r)]),
-                        init=_fill(em, sb_t, 0.0), loop_rank=r + 1, reads_out=True)
-        mexprs = ["0" if mbt.shape[i] == 1 and full[i] != 1 else f"d{i}" for i in range(r)]
-        mmap = affine_map(r, mexprs)
-
-        def scores(a, _o):
-            x = a[0]
-            if scale != 1.0:
-                x = em.op(f"arith.mulf {x}, {em.const(scale, 'f32')} : f32")
-            if softcap:
-                x = em.op(f"arith.mulf {x}, {em.const(1.0 / softcap, 'f32')} : f32")
-                x = em.op(f"math.tanh {x} : f32")
-                x = em.op(f"arith.mulf {x}, {em.const(softcap, 'f32')} : f32")
-            if visible:
-                return em.op(f"arith.select {a[1]}, {x}, "
-                             f"{em.const(float(MASKED_SCORE), 'f32')} : f32")
-            return em.op(f"arith.addf {x}, {a[1]} : f32")
-
-        x = em.generic(sb_t, [(sc, sb_t, identity_map(r)), (mb, mbt, mmap)], scores)
-        bmax = em.generic(row_t, [(x, sb_t, identity_map(r))],
-                          lambda a, o: em.op(f"arith.maximumf {o}, {a[0]} : f32"),
-                          iterators=["parallel"] * (r - 1) + ["reduction"], out_map=drop_last,
-                          init=_fill(em, row_t, float("-inf")), loop_rank=r, reads_out=True)
-        # Carried values are rewritten in place (the final op of each writes into its loop
-        # argument: one-shot bufferization wants yields equivalent to the iter_args), so
-        # everything reading the old m is computed first.
-        max2 = lambda a: em.op(f"arith.maximumf {a[0]}, {a[1]} : f32")  # noqa: E731
-        m_new = em.pointwise(row_t, [(m, row_t), (bmax, row_t)], max2)
-
-        def alpha_fn(a):
-            mn = max2(a)
-            same = em.op(f"arith.cmpf oeq, {a[0]}, {mn} : f32")
-            d = em.op(f"arith.subf {a[0]}, {mn} : f32")
-            e = em.op(f"math.exp {d} : f32")
-            return em.op(f"arith.select {same}, {em.const(1.0, 'f32')}, {e} : f32")
-
-        alpha = em.pointwise(row_t, [(m, row_t), (bmax, row_t)], alpha_fn)
-
-        def prob(a, _o):
-            ninf = em.const(float("-inf"), "f32")
-            d = em.op(f"arith.subf {a[0]}, {a[1]} : f32")
-            e = em.op(f"math.exp {d} : f32")
-            dead = em.op(f"arith.cmpf oeq, {a[1]}, {ninf} : f32")
-            e = em.op(f"arith.select {dead}, {em.const(0.0, 'f32')}, {e} : f32")
-            if visible:
-                e = em.op(f"arith.select {a[2]}, {e}, {em.const(0.0, 'f32')} : f32")
-            return e
-
-        ins = [(x, sb_t, identity_map(r)), (m_new, row_t, drop_last)]
-        if visible:
-            ins.append((mb, mbt, mmap))
-        p = em.generic(sb_t, ins, prob)
-        psum = em.generic(row_t, [(p, sb_t, identity_map(r))],
-                          lambda a, o: em.op(f"arith.addf {o}, {a[0]} : f32"),
-                          iterators=["parallel"] * (r - 1) + ["reduction"], out_map=drop_last,
-                          init=_fill(em, row_t, 0.0), loop_rank=r, reads_out=True)
-
-        # m is written last: every read of the old m (alpha, p) precedes it.
-        m_out = update(row_t, m, [(bmax, row_t, idr)], lambda a, o: max2([o, a[0]]))
-
-        def lsum_fn(a, o):
-            t = em.op(f"arith.mulf {o}, {a[0]} : f32")
-            return em.op(f"arith.addf {t}, {a[1]} : f32")
-
-        l_new = update(row_t, lsum, [(alpha, row_t, idr), (psum, row_t, idr)], lsum_fn)
-        scaled = update(acc_t, acc, [(alpha, row_t, drop_last)],
-                        lambda a, o: em.op(f"arith.mulf {o}, {a[0]} : f32"))
-        # acc[b.., r.., e] += sum_j p[b.., r.., j] * v[b.., j, e]   (loop dims: ..., e, j)
-        pmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r}"])
-        vmap = affine_map(r + 1, [f"d{i}" for i in range(nb)] + [f"d{r}", f"d{r - 1}"])
-
-        def pv(a, o):
-            prod = em.op(f"arith.mulf {a[0]}, {ext(a[1], vt.dtype)} : f32")
-            return em.op(f"arith.addf {o}, {prod} : f32")
-
-        acc_new = em.generic(acc_t, [(p, sb_t, pmap), (vb, vbt, vmap)], pv,
-                             iterators=["parallel"] * r + ["reduction"],
-                             out_map=affine_map(r + 1, [f"d{i}" for i in range(r)]),
-                             init=scaled, loop_rank=r + 1, reads_out=True)
-        m_new = m_out
-        return m_new, l_new, acc_new
-
-    m = _fill(em, row_t, float("-inf"))
-    lsum = _fill(em, row_t, 0.0)
-    acc = _fill(em, acc_t, 0.0)
+    state = [_fill(em, row_t, float("-inf")), _fill(em, row_t, 0.0), _fill(em, acc_t, 0.0)]
     bk = BLOCK_KEYS
     n_full, tail = divmod(s_len, bk)
     if s_len <= bk:
         n_full, tail = 0, s_len
     if n_full:
         c0, cend, cstep = (em.const(v_, "index") for v_ in (0, n_full * bk, bk))
-        loop, iv = em.fresh("loop"), em.fresh("iv")
-        mi, li, ai = em.fresh("m"), em.fresh("l"), em.fresh("acc")
-        em.line(f"{loop}:3 = scf.for {iv} = {c0} to {cend} step {cstep} iter_args({mi} = {m}, "
-                f"{li} = {lsum}, {ai} = {acc}) -> ({tt(row_t)}, {tt(row_t)}, {tt(acc_t)}) {{")
-        em.depth += 1
-        m2, l2, a2 = block(iv, bk, mi, li, ai, True)
-        em.line(f"scf.yield {m2}, {l2}, {a2} : {tt(row_t)}, {tt(row_t)}, {tt(acc_t)}")
-        em.depth -= 1
-        em.line("}")
-        m, lsum, acc = f"{loop}#0", f"{loop}#1", f"{loop}#2"
+        state = _loop(em, c0, cend, state, [row_t, row_t, acc_t],
+                      lambda iv, st: block(iv, bk, st, True), step=cstep)
     if tail:
-        off = em.const(n_full * bk, "index")
-        m, lsum, acc = block(off, tail, m, lsum, acc, False)
-
-    def finish(a, _o):
-        den = a[1]
-        if visible:
-            den = em.op(f"arith.maximumf {den}, {em.const(1.0, 'f32')} : f32")
-        return em.op(f"arith.divf {a[0]}, {den} : f32")
-
-    out = em.generic(acc_t, [(acc, acc_t, identity_map(r)), (lsum, row_t, drop_last)], finish)
+        state = block(em.const(n_full * bk, "index"), tail, state, False)
     if op.result.shape != acc_t.shape or op.result.dtype is not DType.F32:
         op.refuse(f"result type {op.result} is not {acc_t}")
-    return out
+    return _finish(em, rows, dv, state[2], state[1], visible)
+
+
+def _visible_range(em: Emitter, mb: str, mbt: TensorType) -> tuple[str, str]:
+    """(first, last) visible key index (index values) of a sequence's mask ``mb`` (i1 stored
+    as i8, key axis last); ``(S, -1)`` when no key is visible."""
+    r = mbt.rank
+    s = mbt.shape[-1]
+    i32 = "i32"
+    red = ["reduction"] * r
+    scalar = TensorType((), DType.I32)
+    out_map = f"affine_map<({', '.join(f'd{i}' for i in range(r))}) -> ()>"
+
+    def pick(fn: str, init: int):
+        def body(a, o):
+            j = em.op(f"linalg.index {r - 1} : index")
+            ji = em.op(f"arith.index_cast {j} : index to {i32}")
+            cand = em.op(f"arith.select {a[0]}, {ji}, {em.const(init, i32)} : {i32}")
+            return em.op(f"arith.{fn} {o}, {cand} : {i32}")
+        init_t = em.op(f"linalg.fill ins({em.const(init, i32)} : {i32}) outs("
+                       f"{em.empty(scalar)} : {tt(scalar)}) -> {tt(scalar)}", "f")
+        res = em.generic(scalar, [(mb, mbt, identity_map(r))], body, iterators=red,
+                         out_map=out_map, init=init_t, loop_rank=r, reads_out=True)
+        x = em.op(f"tensor.extract {res}[] : {tt(scalar)}")
+        return em.op(f"arith.index_cast {x} : {i32} to index")
+
+    return pick("minsi", s), pick("maxsi", -1)
+
+
+@rule("paged_attention")
+def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
+    q, kp, vp, table, mask = op.args
+    qt, kpt, vpt, tbt, mt = op.types
+    scale, softcap = float(op.attrs["scale"]), float(op.attrs["softcap"])
+    visible = mt.dtype is DType.I1
+    nblocks, bs, h, d = kpt.shape
+    dv = vpt.shape[-1]
+    bsz, w = tbt.shape
+    s_len = w * bs
+    rows = qt.shape[1:-1]            # [H, rows...] of one sequence
+    qbt = TensorType(qt.shape[1:], qt.dtype)
+    row_t = TensorType(rows, DType.F32)
+    acc_t = TensorType(rows + (dv,), DType.F32)
+    out_t = TensorType(qt.shape[:-1] + (dv,), DType.F32)
+    if op.result != out_t:
+        op.refuse(f"result type {op.result} is not {out_t}")
+    kbt = TensorType((bs, h, d), kpt.dtype)
+    vbt = TensorType((bs, h, dv), vpt.dtype)
+    mbt = TensorType(mt.shape[1:], mt.dtype)      # one sequence's mask
+    per_key = mt.shape[-1] != 1
+    c0, c1 = em.const(0, "index"), em.const(1, "index")
+
+    def one_row(b: str) -> str:
+        zeros = ", ".join(["0"] * (qt.rank - 1))
+        qb = em.op(f"tensor.extract_slice {q}[{b}, {zeros}] [1, "
+                   f"{', '.join(str(x) for x in qbt.shape)}] [{', '.join(['1'] * qt.rank)}] "
+                   f": {tt(qt)} to {tt(qbt)}")
+        mrow = b if mt.shape[0] != 1 else c0
+        mb = em.op(f"tensor.extract_slice {mask}[{mrow}, {zeros}] [1, "
+                   f"{', '.join(str(x) for x in mbt.shape)}] [{', '.join(['1'] * mt.rank)}] "
+                   f": {tt(mt)} to {tt(mbt)}")
+        if visible and per_key:
+            first, last = _visible_range(em, mb, mbt)
+            cbs = em.const(bs, "index")
+            w_lo = em.op(f"arith.divui {first}, {cbs} : index")
+            # (last + bs) / bs: last = -1 (nothing visible) gives 0 blocks
+            w_hi = em.op(f"arith.divui {em.op(f'arith.addi {last}, {cbs} : index')}, "
+                         f"{cbs} : index")
+        else:
+            w_lo, w_hi = c0, em.const(w, "index")
+
+        def block(wv: str, st):
+            ti = em.op(f"tensor.extract {table}[{b}, {wv}] : {tt(tbt)}")
+            if tbt.dtype.value != "i64":
+                ti = em.op(f"arith.extsi {ti} : {tbt.dtype.value} to i64")
+            lo, hi = em.const(0, "i64"), em.const(nblocks - 1, "i64")
+            ti = em.op(f"arith.minsi {em.op(f'arith.maxsi {ti}, {lo} : i64')}, {hi} : i64")
+            blk = em.op(f"arith.index_cast {ti} : i64 to index")
+            kb = em.op(f"tensor.extract_slice {kp}[{blk}, 0, 0, 0] [1, {bs}, {h}, {d}] "
+                       f"[1, 1, 1, 1] : {tt(kpt)} to {tt(kbt)}")
+            vb = em.op(f"tensor.extract_slice {vp}[{blk}, 0, 0, 0] [1, {bs}, {h}, {dv}] "
+                       f"[1, 1, 1, 1] : {tt(vpt)} to {tt(vbt)}")
+            mk, mkt = mb, mbt
+            if per_key:
+                off = em.op(f"arith.muli {wv}, {em.const(bs, 'index')} : index")
+                mk, mkt = _slice_keys(em, mb, mbt, mbt.rank - 1, off, bs)
+            # kb [bs, H, D]: batch dim h is axis 1, key j axis 0, D axis 2
+            return list(_online_block(em, qb, qbt, rows, kb, kbt, (1, 0, 2), vb, vbt,
+                                      (1, 0, 2), mk, mkt, bs, scale, softcap, visible,
+                                      st, True, guard=True))
+
+        state = [_fill(em, row_t, float("-inf")), _fill(em, row_t, 0.0),
+                 _fill(em, acc_t, 0.0)]
+        state = _loop(em, w_lo, w_hi, state, [row_t, row_t, acc_t], block)
+        return _finish(em, rows, dv, state[2], state[1], visible)
+
+    init = em.empty(out_t)
+    sizes = ", ".join(["1"] + [str(x) for x in acc_t.shape])
+    ones = ", ".join(["1"] * out_t.rank)
+    zeros = ", ".join(["0"] * acc_t.rank)
+    strategy = op.strategy
+    res, o, b = em.fresh("pa"), em.fresh("o"), em.fresh("b")
+    if strategy is not None and strategy.cores > 1 and bsz > 1:
+        em.line(f"{res} = scf.forall ({b}) in ({bsz}) shared_outs({o} = {init}) -> "
+                f"({tt(out_t)}) {{")
+        em.depth += 1
+        row = one_row(b)
+        em.line("scf.forall.in_parallel {")
+        em.line(f"  tensor.parallel_insert_slice {row} into {o}[{b}, {zeros}] [{sizes}] "
+                f"[{ones}] : {tt(acc_t)} into {tt(out_t)}")
+        em.line("}")
+    else:
+        em.line(f"{res} = scf.for {b} = {c0} to {em.const(bsz, 'index')} step {c1} "
+                f"iter_args({o} = {init}) -> ({tt(out_t)}) {{")
+        em.depth += 1
+        row = one_row(b)
+        ins = em.op(f"tensor.insert_slice {row} into {o}[{b}, {zeros}] [{sizes}] [{ones}] : "
+                    f"{tt(acc_t)} into {tt(out_t)}")
+        em.line(f"scf.yield {ins} : {tt(out_t)}")
+    em.depth -= 1
+    em.line("}")
+    return res

@@ -125,3 +125,132 @@ class Attention(OpDef):
                 p = e / np.sum(e.astype(np.float64), axis=-1, keepdims=True).astype(f32)
         out = np.matmul(p.astype(f32).reshape(batch + (m, s)), v.astype(f32))
         return out.reshape(result.shape).astype(np.float32)
+
+
+def _visible_products(p: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``sum_s p[..., r, s] v[..., s, e]`` where a zero weight contributes nothing even when
+    its value is not finite (``p [..., R, S]``, ``v [..., S, E]``, f32)."""
+    if np.isfinite(v).all():
+        return np.matmul(p, v)
+    safe = np.where(np.isfinite(v), v, np.float32(0))
+    out = np.matmul(p, safe)
+    # a positive weight on a non-finite value keeps IEEE semantics (inf/NaN propagate)
+    bad = ~np.isfinite(v)
+    hit = np.matmul((p > 0).astype(np.float32), bad.astype(np.float32)) > 0
+    if hit.any():
+        full = np.einsum("...rs,...se->...rse", p, v).sum(axis=-2)
+        out = np.where(hit, full, out)
+    return out.astype(np.float32)
+
+
+@register
+class PagedAttention(OpDef):
+    """Attention over a paged KV cache: :class:`Attention` whose keys and values are read
+    through a block table from block pools, never gathered into a tensor.
+
+    Operands (``B`` sequences, ``H`` KV heads, ``W`` table entries, ``bs`` positions a block):
+
+    * ``q``: ``[B, H, rows..., D]`` float (GQA: the query heads of KV head h are rows);
+    * ``k_pool``: ``[NB, bs, H, D]``, ``v_pool``: ``[NB, bs, H, Dv]``, float (f32, f16, bf16:
+      the KV cache's storage dtype), one dtype;
+    * ``block_table``: integer ``[B, W]``; key ``j`` of sequence ``b`` is
+      ``pool[block_table[b, j // bs], j % bs, h]`` (table entries clamped into ``[0, NB)``),
+      so the key axis has ``S = W * bs`` entries and key j is position j;
+    * ``mask``: rank of ``q``, broadcastable to ``[B, H, rows..., S]``, ``i1`` (visible) or
+      ``f32`` (additive bias) exactly as :class:`Attention`.
+
+    Attributes and numerics: as :class:`Attention` on ``k[b, h, j] = k_pool[table[b, j // bs],
+    j % bs, h]`` (likewise v) computed in f32, with one refinement: a masked key (``i1``
+    false, or a ``-inf`` bias) contributes nothing even when its stored key or value is not
+    finite (its score is the mask's, never ``NaN``, and ``0 * inf`` is not added). A block
+    freed by one sequence and reused by another may hold anything past the new sequence's
+    positions; masked keys never leak into the output. The composition the flash-attention
+    rewrite replaces (gather through the table, then attention) gives the same result
+    whenever masked keys hold finite values.
+    Result: f32 ``[B, H, rows..., Dv]``.
+
+    Why an op: as for :class:`Attention` (no materialized scores), and in addition no
+    ``[B, S, H, D]`` copy of each sequence's keys is made: the lowerings read the pools in
+    place through the table (vLLM's PagedAttention, Kwon et al. 2023, "Efficient Memory
+    Management for Large Language Model Serving with PagedAttention").
+    """
+
+    name = "paged_attention"
+    operands = ("q", "k_pool", "v_pool", "block_table", "mask")
+    attrs = {"scale": Attr("f64", doc="score scale"),
+             "softcap": Attr("f64", doc="tanh soft cap; 0 = none")}
+    summary = "attention reading K/V through a block table from paged pools (pass-introduced)"
+
+    @classmethod
+    def check(cls, operands, attrs, result):
+        cls.check_attrs(attrs)
+        if len(operands) != 5:
+            cls.fail(f"expects 5 operands (q, k_pool, v_pool, block_table, mask), got "
+                     f"{len(operands)}")
+        q, kp, vp, bt, m = (cls.tensor(t, n) for t, n in zip(operands, cls.operands))
+        if kp.rank != 4 or vp.rank != 4:
+            cls.fail(f"pools must be [NB, bs, H, D], got k_pool {kp}, v_pool {vp}")
+        nb, bs, h, d = kp.shape
+        if vp.shape[:3] != (nb, bs, h):
+            cls.fail(f"v_pool {vp} must share k_pool's [NB, bs, H] = {[nb, bs, h]}")
+        if not kp.dtype.is_float or vp.dtype != kp.dtype:
+            cls.fail(f"pools need one float dtype, got {kp.dtype}, {vp.dtype}")
+        if bt.rank != 2 or not bt.dtype.is_int:
+            cls.fail(f"block_table must be an integer [B, W], got {bt}")
+        bsz, w = bt.shape
+        if q.rank < 4 or q.shape[:2] != (bsz, h) or q.shape[-1] != d:
+            cls.fail(f"q must be [B, H, rows..., D] = [{bsz}, {h}, ..., {d}], got {q}")
+        if not q.dtype.is_float:
+            cls.fail(f"q must be float, got {q.dtype}")
+        full = q.shape[:-1] + (w * bs,)
+        if m.rank != q.rank or any(a not in (1, b) for a, b in zip(m.shape, full)):
+            cls.fail(f"mask {m} does not broadcast to the scores {list(full)}")
+        if m.dtype not in (DType.I1, DType.F32):
+            cls.fail(f"mask must be i1 (visible) or f32 (additive bias), got {m.dtype}")
+        if not np.isfinite(attrs["scale"]):
+            cls.fail(f"scale must be finite, got {attrs['scale']}")
+        if not (attrs["softcap"] >= 0 and np.isfinite(attrs["softcap"])):
+            cls.fail(f"softcap must be >= 0 (0 = none), got {attrs['softcap']}")
+        return cls.same_result(TensorType(q.shape[:-1] + (vp.shape[-1],), DType.F32), result)
+
+    @staticmethod
+    def gather_keys(pool: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """``[B, H, W * bs, D]`` f32: the keys (or values) of each sequence in position
+        order, read through ``table`` (clamped) from ``pool [NB, bs, H, D]``."""
+        nb, bs, h, d = pool.shape
+        bsz, w = table.shape
+        g = np.take(pool, np.clip(table, 0, nb - 1), axis=0)       # [B, W, bs, H, D]
+        return np.ascontiguousarray(
+            g.reshape(bsz, w * bs, h, d).transpose(0, 2, 1, 3)).astype(np.float32)
+
+    @classmethod
+    def evaluate(cls, args, attrs, result):
+        q, kp, vp, table, mask = args
+        k = cls.gather_keys(kp, table)
+        v = cls.gather_keys(vp, table)
+        bsz, h = k.shape[:2]
+        rows = q.shape[2:-1]
+        m, s = _prod(rows), k.shape[-2]
+        f32 = np.float32
+        qf = q.astype(f32).reshape(bsz, h, m, q.shape[-1])
+        with np.errstate(all="ignore"):
+            x = np.matmul(qf, np.swapaxes(k, -1, -2)).reshape((bsz, h) + rows + (s,))
+            if attrs["scale"] != 1.0:
+                x = x * f32(attrs["scale"])
+            c = attrs["softcap"]
+            if c:
+                x = np.tanh(x * f32(1.0 / c)) * f32(c)
+            mask = np.broadcast_to(mask, x.shape)
+            if mask.dtype == np.bool_:
+                xm = np.where(mask, x, MASKED_SCORE).astype(f32)
+                e = np.exp(xm - xm.max(axis=-1, keepdims=True))
+                e = np.where(mask, e, f32(0)).astype(f32)
+                den = np.sum(e.astype(np.float64), axis=-1, keepdims=True).astype(f32)
+                p = e / np.maximum(den, f32(1))
+            else:
+                bias = mask.astype(f32)
+                y = np.where(bias == -np.inf, f32(-np.inf), x + bias).astype(f32)
+                e = np.exp(y - y.max(axis=-1, keepdims=True))
+                p = e / np.sum(e.astype(np.float64), axis=-1, keepdims=True).astype(f32)
+            out = _visible_products(p.astype(f32).reshape(bsz, h, m, s), v)
+        return out.reshape(result.shape).astype(np.float32)

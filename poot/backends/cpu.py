@@ -19,6 +19,15 @@ else one thread) -> linalg to loops -> LLVM (toolchain.md, "CPU JIT"; dispatch f
 Calling convention of the compiled ``_mlir_ciface_<name>``: one memref descriptor per step
 input (graph order), per weight (``poot.params`` order) and per output (graph order). Arrays
 travel as raw words: bf16 and f16 as uint16, i1 as one byte, packed weights as uint8.
+
+**State updated in place** (``in_place``: output -> input, the aliases planning found: a KV
+pool written by a scatter). Those inputs are made writable for bufferization and those
+outputs are dropped from the entry's results once bufferized, so the scatter writes into the
+caller's buffer (one-shot bufferization keeps it in place across the dispatch calls, whose
+results equal to an argument are dropped too) and the function has no out-parameter for them:
+no copy of the pool is made per step. Dropping checks that each such result *is* its
+argument's buffer (else a :class:`CpuRunError`: the update would be lost). :meth:`CpuProgram.run` copies such inputs first, so a caller's arrays
+are never modified; an executor binds one buffer for both (:mod:`poot.executor.cpu`).
 """
 
 from __future__ import annotations
@@ -37,16 +46,18 @@ from mlir.dialects import arith as arith_d
 from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 
-from poot.backends.pipelines import BUFFERIZE_TO_OUT_PARAMS, FUSE
+from poot.backends.pipelines import BUFFERIZE_KEEP_IN_PLACE, FUSE, RESULTS_TO_OUT_PARAMS
 from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.executor.cpu import descriptor as _descriptor
 from poot.graph.builder import Graph
 
-# Bufferize (shared with the GPU backend), then free buffers by ownership.
-BUFFERIZE = (
-    BUFFERIZE_TO_OUT_PARAMS + ","
+# Bufferize keeping state updated in place (pipelines.BUFFERIZE_KEEP_IN_PLACE; the entry's
+# in-place results are then dropped by drop_in_place_results), make the other results
+# out-parameters, then free buffers by ownership.
+OUT_PARAMS = (
+    RESULTS_TO_OUT_PARAMS + ","
     "buffer-deallocation-pipeline,"
     "convert-bufferization-to-memref"
 )
@@ -171,9 +182,11 @@ class CpuProgram:
     """A compiled graph: call :meth:`run`. Keeps the engine (and so its code) alive.
 
     Attributes:
-        name: the entry function; inputs/outputs: (name, type) in call order; params: weight
-        names and types in argument order; compile_s: seconds spent lowering and compiling;
-        lowered: the linalg-level IR text (before bufferization), for inspection.
+        name: the entry function; inputs/outputs: (name, type) in call order (``outputs``:
+        the out-parameters, without the in-place ones); params: weight names and types in
+        argument order; in_place: output name -> the input it updates in place (no
+        out-parameter); compile_s: seconds spent lowering and compiling; lowered: the
+        linalg-level IR text (before bufferization), for inspection.
     """
 
     name: str
@@ -184,6 +197,7 @@ class CpuProgram:
     compile_s: float = 0.0
     lowered: str = ""
     _fn: object = field(default=None, repr=False)
+    in_place: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         tune_malloc()  # also for programs built from cached code
@@ -192,15 +206,22 @@ class CpuProgram:
             params: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run the step on ``inputs`` (by name) and ``params`` (weight name -> array; packed
         weights as their stored uint8 bytes; bf16/f16 as their numpy dtype or as uint16
-        words). Returns fresh output arrays by name (bf16 as ``ml_dtypes.bfloat16``)."""
+        words). Returns fresh output arrays by name (bf16 as ``ml_dtypes.bfloat16``); the
+        in-place outputs are updated copies of their inputs (the caller's arrays are not
+        written)."""
         params = params or {}
         keep: list[np.ndarray] = []
+        updated = {i: o for o, i in self.in_place.items()}
+        copies: dict[str, np.ndarray] = {}
         for what, items, src in (("input", self.inputs, inputs),
                                  ("weight", self.params, params)):
             for name, t in items:
                 if name not in src:
                     raise CpuRunError(f"{what} '{name}' ({_spell(t)}) is not bound")
-                keep.append(_bind(f"{what} '{name}'", src[name], t))
+                a = _bind(f"{what} '{name}'", src[name], t)
+                if what == "input" and name in updated:
+                    a = copies[updated[name]] = a.copy()
+                keep.append(a)
         outs = [np.empty(t.shape, dtype=t.dtype.numpy) for _, t in self.outputs]
         keep += outs
         descs = [_descriptor(a) for a in keep]
@@ -209,7 +230,11 @@ class CpuProgram:
             *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs])
         self._fn(packed)
         del descs, ptrs, packed
-        return {n: a for (n, _), a in zip(self.outputs, outs)}
+        res = {n: a for (n, _), a in zip(self.outputs, outs)}
+        for n, a in copies.items():
+            t = dict(self.inputs)[self.in_place[n]]
+            res[n] = a.view(t.dtype.numpy) if a.dtype != t.dtype.numpy else a
+        return res
 
 
 def _spell(t: PootType) -> str:
@@ -234,19 +259,54 @@ def _bind(what: str, value, t: PootType) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def _prepare_abi(fn: ir.Operation) -> None:
-    """Mark every argument read-only for bufferization and ask for the C interface."""
+def _prepare_abi(fn: ir.Operation, writable: frozenset[int] = frozenset()) -> None:
+    """Mark every argument read-only for bufferization (but those in ``writable``: state the
+    step updates in place) and ask for the C interface."""
     n = len(fn.regions[0].blocks[0].arguments)
     old = list(ir.ArrayAttr(fn.attributes["arg_attrs"])) if "arg_attrs" in fn.attributes \
         else [ir.DictAttr.get({})] * n
     new = []
-    for d in old:
+    for i, d in enumerate(old):
         d = ir.DictAttr(d)
         entries = {d[i].name: d[i].attr for i in range(len(d))}
-        entries["bufferization.writable"] = ir.BoolAttr.get(False)
+        entries["bufferization.writable"] = ir.BoolAttr.get(i in writable)
         new.append(ir.DictAttr.get(entries))
     fn.attributes["arg_attrs"] = ir.ArrayAttr.get(new)
     fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+
+
+def drop_in_place_results(module: ir.Module, entry: str, results: dict[int, int],
+                          names: dict[int, str]) -> None:
+    """After one-shot bufferization: remove the entry's results ``results`` (result index ->
+    the argument index it must be) from its return and type, checking each returns that
+    argument's own buffer (through ``memref.cast``). Raises :class:`CpuRunError` naming the
+    state (``names``: result index -> name) when bufferization wrote it into another buffer:
+    the caller would never see the update."""
+    if not results:
+        return
+    fn = next(op.operation for op in module.body.operations
+              if op.operation.name == "func.func"
+              and ir.StringAttr(op.operation.attributes["sym_name"]).value == entry)
+    block = fn.regions[0].blocks[0]
+    ret = list(block.operations)[-1].operation
+    for ri, ai in results.items():
+        v = ret.operands[ri]
+        while not isinstance(v.owner, ir.Block) and v.owner.operation.name == "memref.cast":
+            v = v.owner.operation.operands[0]
+        if v != block.arguments[ai]:
+            raise CpuRunError(f"bufferization did not update '{names[ri]}' in place (its "
+                              f"result is another buffer)")
+    keep = [v for i, v in enumerate(ret.operands) if i not in results]
+    with ir.InsertionPoint(ret), ret.location:
+        ir.Operation.create("func.return", operands=keep)
+    ret.erase()
+    ft = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+    res = [t for i, t in enumerate(ft.results) if i not in results]
+    fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ft.inputs, res))
+    if "res_attrs" in fn.attributes:
+        ra = [a for i, a in enumerate(ir.ArrayAttr(fn.attributes["res_attrs"]))
+              if i not in results]
+        fn.attributes["res_attrs"] = ir.ArrayAttr.get(ra)
 
 
 def _i1_to_i8(t: ir.Type) -> ir.Type | None:
@@ -392,13 +452,21 @@ def _keep_calls(module: ir.Module, kernels: set[str], glue: set[str]) -> None:
 
 
 def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
-                    threads: int = 1) -> ExecutionEngine:
+                    threads: int = 1, entry: str | None = None,
+                    in_place: dict[int, int] | None = None,
+                    in_place_names: dict[int, str] | None = None) -> ExecutionEngine:
     """Bufferize a linalg-on-tensors module, lower it to LLVM and JIT it (``threads`` > 1:
-    parallel loops through OpenMP, when :func:`openmp_lib` finds the runtime)."""
+    parallel loops through OpenMP, when :func:`openmp_lib` finds the runtime).
+    ``in_place`` (result index -> argument index of function ``entry``): results updated in
+    place, dropped after bufferization (:func:`drop_in_place_results`)."""
     libs = list(runtime_libs())
     omp = openmp_lib() if threads > 1 else None
     with module.context:
-        stages = ([FUSE] if fuse else []) + [BUFFERIZE, PARALLEL]
+        first = ([FUSE] if fuse else []) + [BUFFERIZE_KEEP_IN_PLACE]
+        PassManager.parse(f"builtin.module({','.join(first)})").run(module.operation)
+        if entry is not None:
+            drop_in_place_results(module, entry, in_place or {}, in_place_names or {})
+        stages = [OUT_PARAMS, PARALLEL]
         if omp:
             stages.append(OPENMP.format(threads=threads))
             libs.append(omp)
@@ -417,14 +485,17 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
 
 
 def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
-                target=None, strategy: Strategy | None = None) -> CpuProgram:
+                target=None, strategy: Strategy | None = None,
+                in_place: dict[str, str] | None = None) -> CpuProgram:
     """Compile ``graph`` (a builder's Graph, or a module holding one poot function and the
     dispatch functions it calls) for the host CPU (``fuse``: elementwise fusion on linalg, see
     :data:`FUSE`). ``strategy`` (default: :func:`strategy_for` ``target``, the host when None)
     picks the matmul kernels and the thread count; ``Strategy(gemv=False)`` is the portable
-    linalg lowering on one thread.
+    linalg lowering on one thread. ``in_place`` (output name -> input name, e.g. the aliases
+    of :func:`poot.compiler.planning.plan_storage`): state updated in place (module doc).
 
-    Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering.
+    Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering,
+    :class:`CpuRunError` when an in-place update could not be kept in place.
     """
     t0 = time.perf_counter()
     tune_malloc()
@@ -435,15 +506,27 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     lowered = str(module)
     names = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes["poot.params"])]
     params = [(n, graph.params[n]) for n in names]
+    in_place = dict(in_place or {})
+    in_names = [n for n, _ in graph.inputs]
+    out_names = [n for n, _ in graph.outputs]
+    for o, i in in_place.items():
+        if o not in out_names or i not in in_names or \
+                dict(graph.outputs)[o] != dict(graph.inputs)[i]:
+            raise CpuRunError(f"in-place output '{o}' -> input '{i}': no such output/input "
+                              f"of one type")
+    results = {out_names.index(o): in_names.index(i) for o, i in in_place.items()}
     with module.context:
-        _prepare_abi(fn)
-        engine = compile_lowered(module, opt_level, fuse, threads=strategy.cores)
-    prog = CpuProgram(graph.name, list(graph.inputs), params, list(graph.outputs), engine,
-                      lowered=lowered)
+        _prepare_abi(fn, frozenset(results.values()))
+        engine = compile_lowered(module, opt_level, fuse, threads=strategy.cores,
+                                 entry=graph.name, in_place=results,
+                                 in_place_names={out_names.index(o): o for o in in_place})
+    prog = CpuProgram(graph.name, list(graph.inputs), params,
+                      [(n, t) for n, t in graph.outputs if n not in in_place], engine,
+                      lowered=lowered, in_place=in_place)
     prog._fn = engine.lookup(graph.name)
     prog.compile_s = time.perf_counter() - t0
     return prog
 
 
-__all__ = ["CpuProgram", "CpuRunError", "compile_cpu", "compile_lowered", "cpu_threads",
+__all__ = ["CpuProgram", "CpuRunError", "compile_cpu", "drop_in_place_results", "compile_lowered", "cpu_threads",
            "lower_graph", "openmp_lib", "runtime_libs", "strategy_for", "widen_i1_memrefs"]

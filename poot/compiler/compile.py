@@ -171,7 +171,9 @@ def _codegen(program: Program, options: CompileOptions):
         if backend == "cpu":
             from poot.backends.cpu import compile_cpu
 
-            return compile_cpu(program.graph, opt_level=options.opt_level)
+            in_place = {b.name: b.aliases for b in program.storage
+                        if b.role == "output" and b.aliases}
+            return compile_cpu(program.graph, opt_level=options.opt_level, in_place=in_place)
         if backend == "cuda":
             from poot.backends.cuda.codegen import compile_program
 

@@ -200,7 +200,7 @@ def _load_libs(libs) -> None:
 
 
 def cpu_program_from_object(so_path: str, name: str, inputs, params, outputs,
-                            shared_libs=()):
+                            shared_libs=(), in_place=None):
     """A ``CpuProgram`` calling the step function of a linked shared object."""
     from poot.backends.cpu import CpuProgram
 
@@ -209,7 +209,8 @@ def cpu_program_from_object(so_path: str, name: str, inputs, params, outputs,
     lib = ctypes.CDLL(str(so_path))
     sym = getattr(lib, f"_mlir__mlir_ciface_{name}")
     fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ctypes.cast(sym, ctypes.c_void_p).value)
-    prog = CpuProgram(name, list(inputs), list(params), list(outputs), engine=lib)
+    prog = CpuProgram(name, list(inputs), list(params), list(outputs), engine=lib,
+                      in_place=dict(in_place or {}))
     prog._fn = fn
     prog.compile_s = time.perf_counter() - t0
     return prog
@@ -241,7 +242,7 @@ def link_object(engine, so_path: Path) -> bool:
 
 
 def cpu_program_from_llvm(text: str, name: str, inputs, params, outputs, opt_level: int = 2,
-                          shared_libs=None):
+                          shared_libs=None, in_place=None):
     """A ``CpuProgram`` from LLVM-dialect module text (the JIT runs; nothing else), linked
     against ``shared_libs`` (default: the MLIR runner utils; an OpenMP-parallel program needs
     the OpenMP runtime it was compiled with)."""
@@ -258,7 +259,8 @@ def cpu_program_from_llvm(text: str, name: str, inputs, params, outputs, opt_lev
     if missing:
         raise FileNotFoundError(f"shared libraries of a cached program are gone: {missing}")
     engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=libs)
-    prog = CpuProgram(name, list(inputs), list(params), list(outputs), engine)
+    prog = CpuProgram(name, list(inputs), list(params), list(outputs), engine,
+                      in_place=dict(in_place or {}))
     prog._fn = engine.lookup(name)
     prog.compile_s = time.perf_counter() - t0
     prog._ctx = ctx  # keep the context alive with the engine
@@ -419,12 +421,14 @@ class CompileCache:
                 try:
                     exe = cpu_program_from_object(so, entry["name"], entry["inputs"],
                                                   entry["params"], entry["outputs"],
-                                                  entry.get("libs") or ())
+                                                  entry.get("libs") or (),
+                                                  entry.get("in_place"))
                 except (OSError, AttributeError):
                     exe = None
             exe = exe or cpu_program_from_llvm(entry["llvm"], entry["name"], entry["inputs"],
                                                entry["params"], entry["outputs"],
-                                               entry["opt_level"], entry.get("libs"))
+                                               entry["opt_level"], entry.get("libs"),
+                                               entry.get("in_place"))
         except Exception:  # noqa: BLE001  (a stale entry: recompile and overwrite)
             return None
         return CachedProgram(exe, entry["storage"], target, entry["dispatches"],
@@ -487,6 +491,7 @@ class CompileCache:
         if text is not None:
             entry = {"llvm": text, "name": exe.name, "inputs": exe.inputs,
                      "params": exe.params, "outputs": exe.outputs,
+                     "in_place": dict(getattr(exe, "in_place", {}) or {}),
                      "opt_level": options.opt_level, "libs": libs,
                      "storage": program.storage,
                      "dispatches": dict(program.dispatches)}

@@ -11,6 +11,11 @@ descriptors point at the arrays' memory, the host rewrites a slot buffer in plac
 The recording keeps every bound array, the descriptors and the ExecutionEngine alive (a
 descriptor does not keep its array alive, and the function pointer dies with its engine).
 
+State a program updates in place (``CpuProgram.in_place``: a KV pool written by a scatter)
+has no out-parameter: its output is listed among the kernel's args (so the engine carries it)
+but bound to nothing in the call; :meth:`CpuDevice.in_place_outputs` tells the engine to
+bind the input and the output to one buffer, which the call writes.
+
 Recorded copies (``record(..., copies=[(src, dst)])``, e.g. the sampled token fed back into the
 token input) are ``np.copyto`` after the call, over views built once. The device is synchronous:
 ``upload_async`` is :meth:`CpuDevice.upload`, ``download_async`` a finished copy, and
@@ -75,12 +80,14 @@ def descriptor(arr: np.ndarray):
 
 @dataclass
 class CpuKernel:
-    """A loaded CPU program: ``args`` in call order, the function pointer and its engine."""
+    """A loaded CPU program: ``args`` (call order, then the in-place outputs, which the call
+    does not take), the function pointer and its engine."""
 
     args: list[KernelArg]
     fn: Any
     engine: Any
     program: Any = None
+    in_place: dict = field(default_factory=dict)    # output -> input updated in place
 
 
 @dataclass
@@ -137,10 +144,17 @@ class CpuDevice:
         fn = getattr(exe, "_fn", None)
         if fn is None or not hasattr(exe, "inputs"):
             raise DeviceError(f"{type(exe).__name__} is not a compiled CPU program")
+        in_place = dict(getattr(exe, "in_place", None) or {})
+        types = dict(exe.inputs)
         args = ([KernelArg("input", n, t) for n, t in exe.inputs]
                 + [KernelArg("param", n, t) for n, t in exe.params]
-                + [KernelArg("output", n, t) for n, t in exe.outputs])
-        return CpuKernel(args, fn, exe.engine, program)
+                + [KernelArg("output", n, t) for n, t in exe.outputs]
+                + [KernelArg("output", o, types[i]) for o, i in in_place.items()])
+        return CpuKernel(args, fn, exe.engine, program, in_place)
+
+    def in_place_outputs(self, kernel: CpuKernel) -> set[str]:
+        """Outputs the program writes over their input's own buffer (no out-parameter)."""
+        return set(kernel.in_place)
 
     def record(self, kernel: CpuKernel, bindings: Sequence[np.ndarray],
                copies: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> CpuRecording:
@@ -151,7 +165,8 @@ class CpuDevice:
                     or buf.shape != host_shape(a.type) or buf.dtype != host_dtype(a.type):
                 raise DeviceError(f"{a.role} '{a.name}' needs a contiguous "
                                   f"{list(host_shape(a.type))} x {host_dtype(a.type)} buffer")
-        descs = [descriptor(b) for b in bindings]
+        descs = [descriptor(b) for a, b in zip(kernel.args, bindings)
+                 if not (a.role == "output" and a.name in kernel.in_place)]
         ptrs = [ctypes.pointer(d) for d in descs]
         packed = (ctypes.c_void_p * len(ptrs))(
             *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs])

@@ -18,19 +18,14 @@ input, i.e. the KV caches); ``add_entry(carry=...)`` adds more (``{"sampling.tok
 "sampling.token_counts"}``). Carried state lives in the engine, keyed by the input name, and is
 shared by every entry that carries it (the prefill and the decode entries see one cache).
 
-Aliasing decision (CPU): the compiled CPU code (:mod:`poot.backends.cpu`) marks every argument
-read-only and writes each result into its out-parameter with a copy. Binding one buffer as both
-the cache input and the cache output is only safe if every read of the input happens before that
-copy, which the bufferization does not promise (a later optimization that writes results in
-place, or a copy ordered before the last read, would silently corrupt the cache). So carried
-state is **ping-ponged**: two buffers per state, the step reads one and writes the other, and
-the roles swap after each step. An entry therefore has at most one recording per parity (two in
-practice), each recorded once. ``Engine(device, alias_carried=True)`` binds input and output to
-one buffer for devices whose programs are proven safe in place; a device may also say, per
-loaded program, which outputs it writes over their input's own buffer
-(``device.in_place_outputs(kernel) -> set of output names``: the CUDA plan's in-place KV
-writes), and those states are bound to one buffer too (no copy per step). The test
-``test/executor/test_engine.py::test_kv_carried_vs_oracle`` catches corruption either way.
+In-place state: a device says, per loaded program, which outputs it writes over their input's
+own buffer (``device.in_place_outputs(kernel) -> set of output names``: the CPU program's
+in-place KV writes, which its compile checks bufferization kept in place; the CUDA plan's), and
+those states are bound to one buffer (no copy per step, one recording). Any other carried
+state is **ping-ponged**: two buffers, the step reads one and writes the other, and the roles
+swap after each step (at most one recording per parity). ``Engine(device,
+alias_carried=True)`` binds every carried input and output to one buffer. The test
+``test/executor/test_engine.py::test_kv_carried_vs_reference`` catches corruption either way.
 
 Feedback (``add_entry(feedback={"sampling.token": "tokens"})``): an output copied on the device
 into one of the entry's own per-step input slots at the end of every step (the copy is part of

@@ -7,7 +7,7 @@ step graph. Importing this package registers every family.
 
 from poot.models.base import (REGISTRY, LoadedModel, Model, ModelError, Registry, StepDims,
                               StepSpec, UnknownArchitecture, WeightBinding, WeightName,
-                              load_model, trace_limits)
+                              contiguous_inputs, default_kv_dtype, load_model, trace_limits)
 from poot.models import llama  # noqa: F401  (registers the Llama family)
 from poot.models import qwen  # noqa: F401  (Qwen2, Qwen3)
 from poot.models import gemma  # noqa: F401  (Gemma, Gemma2)
@@ -15,4 +15,5 @@ from poot.models import phi3  # noqa: F401  (Phi3)
 from poot.models import moe  # noqa: F401  (Mixtral, Qwen3-MoE)
 
 __all__ = ["REGISTRY", "LoadedModel", "Model", "ModelError", "Registry", "StepDims", "StepSpec",
-           "UnknownArchitecture", "WeightBinding", "WeightName", "load_model", "trace_limits"]
+           "UnknownArchitecture", "WeightBinding", "WeightName", "contiguous_inputs",
+           "default_kv_dtype", "load_model", "trace_limits"]

@@ -12,18 +12,31 @@ one:
 * its **registration**: the architecture names it answers to (HF ``architectures[0]`` such
   as ``LlamaForCausalLM``, GGUF ``general.architecture`` such as ``llama``).
 
-The step interface every family traces (see :class:`StepSpec`)::
+The step interface every family traces (see :class:`StepSpec`): the KV cache is **paged**
+(vLLM's PagedAttention layout; docs/serving.md)::
 
-    inputs   tokens    i32 [B, T]              token ids
-             positions i32 [B, T]              absolute position of each token (= KV index)
-             slots     i32 [B]                 KV slot of each sequence
-             kv.{i}.k  f32 [n_slots, C, Hkv, D] layer i's key cache (and kv.{i}.v, values)
-    outputs  logits    f32 [B, T, V]           (or hidden f32 [B, T, hidden])
-             kv.{i}.k, kv.{i}.v                the caches with this step's K/V written at
-                                               (slot, position); a runtime aliases them in place
+    inputs   tokens       i32 [B, T]           token ids
+             positions    i32 [B, T]           absolute position of each token
+             block_table  i32 [B, W]           the KV blocks of each sequence, in position
+                                               order: position p lives in block
+                                               block_table[b, p // bs] at offset p % bs
+             slot_mapping i32 [B*T]            where this step's K/V rows go: flat slot
+                                               block * bs + offset (row-major (b, t)); a slot
+                                               outside [0, NB*bs) writes nothing (padding)
+             kv.{i}.k     kv [NB, bs, Hkv, D]  layer i's key block pool (and kv.{i}.v), in the
+                                               KV dtype (f32, f16 or bf16)
+    outputs  logits       f32 [B, T, V]        (or hidden f32 [B, T, hidden])
+             kv.{i}.k, kv.{i}.v                the pools with this step's K/V written at
+                                               slot_mapping; a runtime updates them in place
 
-Attention reads each sequence's slot (gather on axis 0) and masks keys by position (key index
-= position, causal), so the decode graph (T = 1) has one shape for every position.
+Attention gathers each sequence's blocks through its table (key j of the gathered
+``[W * bs]`` axis is position j) and masks keys by position (causal, optional sliding
+window), so a decode graph (T = 1) has one shape for every position, every block placement
+and every batch composition. The flash-attention rewrite turns that composition into one
+``poot.paged_attention`` that reads the pools in place.
+
+A contiguous per-sequence cache is the special case ``block_size = kv_capacity`` (one block a
+sequence, ``W = 1``): :func:`contiguous_inputs` builds those inputs from per-sequence slots.
 """
 
 from __future__ import annotations
@@ -57,6 +70,10 @@ class UnknownArchitecture(ModelError):
 
 # --- step specs --------------------------------------------------------------------------------
 
+#: KV storage dtypes a step may declare.
+KV_DTYPES = (DType.F32, DType.F16, DType.BF16)
+
+
 @dataclass(frozen=True)
 class StepSpec:
     """The shape of one traced step.
@@ -65,21 +82,35 @@ class StepSpec:
         kind: ``"prefill"`` (T tokens per sequence, T >= 1) or ``"decode"`` (T = 1).
         batch: sequences per step, B >= 1.
         tokens: tokens per sequence, T (1 for decode).
-        kv_capacity: cache positions per slot, C; positions must lie in ``[0, C)``.
-        kv_slots: number of cache slots (sequences the cache holds), >= 1.
+        kv_capacity: positions one sequence may hold, ``W * block_size`` (its block table has
+            ``W = kv_capacity / block_size`` entries); positions lie in ``[0, kv_capacity)``.
+        kv_slots: sequences the pool holds at full capacity when ``num_blocks`` is not given
+            (``num_blocks = kv_slots * W``), >= 1.
         outputs: ``"logits"`` (f32 [B, T, V]) or ``"hidden"`` (final-normed f32 [B, T, H]).
         sampler: a :class:`~poot.graph.sampling.SamplerSpec` to append the on-device sampling
             suffix to a decode step's logits (inputs ``sampling.*``, outputs
-            ``sampling.token`` i32 [B], ``sampling.token_counts_out`` ...), or ``None``.
+            ``sampling.token`` i32 [B], ``sampling.token_counts_out`` ...), or ``None``. The
+            serving engine runs sampling as its own program instead
+            (:mod:`poot.engine.runner`).
+        block_size: positions per KV block, bs (None: ``kv_capacity``, one block a sequence);
+            must divide ``kv_capacity``.
+        num_blocks: blocks in each layer's pool, NB (None: ``kv_slots * W``).
+        kv_dtype: the pools' storage dtype (f32, f16 or bf16); None: the model's default
+            (:func:`default_kv_dtype`).
+
+    Raises :class:`ModelError` on a field out of its domain.
     """
 
     kind: StepKind
     batch: int
     tokens: int
     kv_capacity: int
-    kv_slots: int
+    kv_slots: int = 1
     outputs: StepOutputs = "logits"
     sampler: Any = None
+    block_size: int | None = None
+    num_blocks: int | None = None
+    kv_dtype: DType | None = None
 
     def __post_init__(self):
         if self.kind not in ("prefill", "decode"):
@@ -89,8 +120,18 @@ class StepSpec:
                              f"{self.outputs!r}")
         for k in ("batch", "tokens", "kv_capacity", "kv_slots"):
             v = getattr(self, k)
-            if not isinstance(v, int) or v <= 0:
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ModelError(f"StepSpec.{k} must be a positive int, got {v!r}")
+        for k in ("block_size", "num_blocks"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ModelError(f"StepSpec.{k} must be a positive int or None, got {v!r}")
+        if self.kv_capacity % self.bs:
+            raise ModelError(f"StepSpec.block_size {self.bs} does not divide kv_capacity "
+                             f"{self.kv_capacity}")
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
+            raise ModelError(f"StepSpec.kv_dtype must be one of "
+                             f"{', '.join(d.value for d in KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.kind == "decode" and self.tokens != 1:
             raise ModelError(f"a decode step has T = 1, got tokens={self.tokens}")
         if self.tokens > self.kv_capacity:
@@ -102,13 +143,18 @@ class StepSpec:
 
     @staticmethod
     def prefill(tokens: int, *, batch: int = 1, kv_capacity: int, kv_slots: int = 1,
-                outputs: StepOutputs = "logits") -> "StepSpec":
-        return StepSpec("prefill", batch, tokens, kv_capacity, kv_slots, outputs)
+                outputs: StepOutputs = "logits", block_size: int | None = None,
+                num_blocks: int | None = None, kv_dtype: DType | None = None) -> "StepSpec":
+        return StepSpec("prefill", batch, tokens, kv_capacity, kv_slots, outputs, None,
+                        block_size, num_blocks, kv_dtype)
 
     @staticmethod
     def decode(*, batch: int = 1, kv_capacity: int, kv_slots: int = 1,
-               outputs: StepOutputs = "logits", sampler: Any = None) -> "StepSpec":
-        return StepSpec("decode", batch, 1, kv_capacity, kv_slots, outputs, sampler)
+               outputs: StepOutputs = "logits", sampler: Any = None,
+               block_size: int | None = None, num_blocks: int | None = None,
+               kv_dtype: DType | None = None) -> "StepSpec":
+        return StepSpec("decode", batch, 1, kv_capacity, kv_slots, outputs, sampler,
+                        block_size, num_blocks, kv_dtype)
 
     def limits(self, dims: "StepDims") -> TraceLimits:
         """The :class:`TraceLimits` of this step for a model of ``dims``
@@ -116,19 +162,73 @@ class StepSpec:
         return trace_limits(self, dims)
 
     @property
+    def bs(self) -> int:
+        """Positions per KV block."""
+        return self.block_size or self.kv_capacity
+
+    @property
+    def table_width(self) -> int:
+        """W: block-table entries per sequence (``kv_capacity / bs``)."""
+        return self.kv_capacity // self.bs
+
+    @property
+    def n_blocks(self) -> int:
+        """NB: blocks per pool."""
+        return self.num_blocks or self.kv_slots * self.table_width
+
+    @property
     def n_tokens(self) -> int:
         """B * T: token rows the step computes."""
         return self.batch * self.tokens
 
     def input_types(self) -> dict[str, TensorType]:
-        """The non-cache step inputs: tokens/positions i32 [B, T], slots i32 [B]."""
+        """The non-cache step inputs: tokens/positions i32 [B, T], block_table i32 [B, W],
+        slot_mapping i32 [B*T]."""
         bt = (self.batch, self.tokens)
         return {"tokens": TensorType(bt, DType.I32), "positions": TensorType(bt, DType.I32),
-                "slots": TensorType((self.batch,), DType.I32)}
+                "block_table": TensorType((self.batch, self.table_width), DType.I32),
+                "slot_mapping": TensorType((self.n_tokens,), DType.I32)}
 
-    def cache_type(self, n_kv_heads: int, head_dim: int) -> TensorType:
-        """One layer's K (or V) cache: f32 [n_slots, C, Hkv, D]."""
-        return TensorType((self.kv_slots, self.kv_capacity, n_kv_heads, head_dim), DType.F32)
+    def cache_type(self, n_kv_heads: int, head_dim: int,
+                   default_dtype: DType = DType.F32) -> TensorType:
+        """One layer's K (or V) block pool: kv [NB, bs, Hkv, D] (``kv_dtype``, else
+        ``default_dtype``)."""
+        return TensorType((self.n_blocks, self.bs, n_kv_heads, head_dim),
+                          self.kv_dtype or default_dtype)
+
+
+def contiguous_inputs(kv_capacity: int, tokens, positions, slots) -> dict[str, np.ndarray]:
+    """Step inputs for a contiguous cache (a step with ``block_size = kv_capacity``: sequence
+    slot s owns block s): ``tokens``/``positions`` [B, T], ``slots`` [B] -> ``tokens``,
+    ``positions``, ``block_table`` (``[[s]]``) and ``slot_mapping``
+    (``s * kv_capacity + position``; a position outside ``[0, kv_capacity)`` becomes -1, a
+    padding row that writes nothing)."""
+    tokens = np.asarray(tokens, np.int32)
+    positions = np.asarray(positions, np.int32).reshape(tokens.shape)
+    slots = np.asarray(slots, np.int32).reshape(tokens.shape[0])
+    c = int(kv_capacity)
+    ok = (positions >= 0) & (positions < c)
+    slot_mapping = np.where(ok, slots[:, None] * c + positions, -1).astype(np.int32)
+    return {"tokens": tokens, "positions": positions, "block_table": slots[:, None].copy(),
+            "slot_mapping": slot_mapping.reshape(-1)}
+
+
+def default_kv_dtype(weight_types: Mapping[str, PootType]) -> DType:
+    """The KV dtype a model's weights suggest: the dtype most of its dense float weights
+    have (bf16 / f16 / f32); f16 when most weights are packed (a GGUF quantized checkpoint,
+    llama.cpp's default KV type)."""
+    counts: dict[DType, int] = {}
+    for t in weight_types.values():
+        if isinstance(t, PackedType):
+            key = DType.F16
+        elif isinstance(t, TensorType) and t.dtype in KV_DTYPES and t.rank >= 2:
+            key = t.dtype
+        else:
+            continue
+        counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return DType.F32
+    return max(counts, key=lambda d: (counts[d], d is DType.F32))
 
 
 @dataclass(frozen=True)
@@ -163,7 +263,7 @@ def trace_limits(spec: StepSpec, dims: StepDims) -> TraceLimits:
     qkv = (d.n_heads + 2 * d.n_kv_heads) * d.head_dim
     per_layer = (n * (16 * d.hidden + 8 * d.intermediate + 8 * qkv)
                  + 12 * spec.batch * d.n_heads * spec.tokens * spec.kv_capacity
-                 + 4 * spec.kv_slots * spec.kv_capacity * d.n_kv_heads * d.head_dim
+                 + 4 * spec.n_blocks * spec.bs * d.n_kv_heads * d.head_dim
                  + 6 * spec.batch * spec.kv_capacity * d.n_heads * d.head_dim)
     elems = (2 * d.n_weight_elems + d.n_layers * per_layer
              + n * (4 * d.vocab + 8 * d.hidden) + 8 * d.head_dim * n)

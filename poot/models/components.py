@@ -1,9 +1,10 @@
-"""Family-neutral pieces of a step trace: step inputs, the per-layer KV cache, the output head.
+"""Family-neutral pieces of a step trace: step inputs, the paged KV cache, the output head.
 
 Every family's tracer uses these, so the step interface described in :mod:`poot.models.base`
-is spelled once: the caches are step inputs and outputs of type f32 [n_slots, C, Hkv, D]; a
-step scatters its K/V at (slot, position) and attention reads the batch's slots back with a
-gather on axis 0, keys masked by position (key index = position).
+is spelled once: each layer's K and V block pools ``[NB, bs, Hkv, D]`` are step inputs and
+outputs; a step scatters its K/V rows at ``slot_mapping`` (flat slot ``block * bs + offset``)
+and attention gathers each sequence's blocks through its ``block_table`` (key j of the
+gathered axis is position j), keys masked by position.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from poot.dialects.types import DType, PootType
 from poot.graph import ops
 from poot.graph.builder import Builder, Graph, Tensor
 from poot.models.base import (ModelError, StepDims, StepSpec, WeightBinding, WeightName,
-                              WeightTable, bind_weights)
+                              WeightTable, bind_weights, default_kv_dtype)
 
 
 @dataclass
@@ -26,73 +27,85 @@ class StepInputs:
     """The traced step inputs.
 
     Attributes:
-        tokens: i32 [B, T]. positions: i32 [B, T]. slots: i32 [B].
-        kv_index: i32 [B*T, 2] rows ``(slot[b], positions[b, t])``: where this step's K/V go.
-        caches: per layer ``(k, v)``, each f32 [n_slots, C, Hkv, D].
+        tokens: i32 [B, T]. positions: i32 [B, T]. block_table: i32 [B, W].
+        kv_index: i32 [B*T, 2] rows ``(slot // bs, slot % bs)`` of ``slot_mapping``: where
+            this step's K/V rows go in a pool (a negative slot gives an offset out of range:
+            the row is dropped).
+        caches: per layer ``(k, v)``, each kv [NB, bs, Hkv, D].
     """
 
     tokens: Tensor
     positions: Tensor
-    slots: Tensor
+    block_table: Tensor
     kv_index: Tensor
     caches: list[tuple[Tensor, Tensor]]
 
 
 def step_inputs(b: Builder, spec: StepSpec, n_layers: int, n_kv_heads: int,
-                head_dim: int) -> StepInputs:
-    """Declare ``tokens``, ``positions``, ``slots`` then ``kv.{i}.k``/``kv.{i}.v`` for each
-    layer, in that argument order, and build the cache write index."""
+                head_dim: int, kv_dtype: DType = DType.F32) -> StepInputs:
+    """Declare ``tokens``, ``positions``, ``block_table``, ``slot_mapping`` then
+    ``kv.{i}.k``/``kv.{i}.v`` for each layer (pools of ``spec.kv_dtype``, else
+    ``kv_dtype``), in that argument order, and build the pool write index."""
     t = {name: b.input(name, ty) for name, ty in spec.input_types().items()}
-    ctype = spec.cache_type(n_kv_heads, head_dim)
+    ctype = spec.cache_type(n_kv_heads, head_dim, kv_dtype)
     caches = [(b.input(f"kv.{i}.k", ctype), b.input(f"kv.{i}.v", ctype))
               for i in range(n_layers)]
     with b.scope("kv_index"):
-        index = kv_write_index(b, t["slots"], t["positions"])
-    return StepInputs(t["tokens"], t["positions"], t["slots"], index, caches)
+        index = kv_write_index(b, t["slot_mapping"], spec.bs)
+    return StepInputs(t["tokens"], t["positions"], t["block_table"], index, caches)
 
 
-def kv_write_index(b: Builder, slots: Tensor, positions: Tensor) -> Tensor:
-    """i32 [B*T, 2] scatter coordinates ``(slots[b], positions[b, t])`` in row-major (b, t)
-    order, from slots i32 [B] and positions i32 [B, T]."""
-    bsz, t = positions.shape
-    slot_bt = b.broadcast_to(slots, (bsz, t), dims=(0,))
-    col = lambda x: b.reshape(x, (bsz * t, 1))  # noqa: E731
-    return b.concat([col(slot_bt), col(positions)], axis=1)
+def kv_write_index(b: Builder, slot_mapping: Tensor, block_size: int) -> Tensor:
+    """i32 [N, 2] pool coordinates ``(slot / bs, slot - (slot / bs) * bs)`` of flat slots
+    i32 [N] (C division, truncating: a slot of -1 gives ``(0, -1)``, out of range)."""
+    (n,) = slot_mapping.shape
+    bs = b.scalar(block_size, DType.I32)
+    blk = slot_mapping / bs
+    off = slot_mapping - blk * bs
+    col = lambda x: b.reshape(x, (n, 1))  # noqa: E731
+    return b.concat([col(blk), col(off)], axis=1)
 
 
-def cached_kv(b: Builder, cache: Tensor, new: Tensor, kv_index: Tensor, slots: Tensor
+def cached_kv(b: Builder, pool: Tensor, new: Tensor, kv_index: Tensor, block_table: Tensor
               ) -> tuple[Tensor, Tensor]:
-    """Write ``new`` f32 [B, T, Hkv, D] into ``cache`` f32 [n_slots, C, Hkv, D] at
-    ``kv_index`` and read the batch's slots back.
+    """Write ``new`` f32 [B, T, Hkv, D] into ``pool`` kv [NB, bs, Hkv, D] at ``kv_index``
+    (rounded to the pool's dtype) and gather each sequence's blocks back.
 
-    Returns ``(updated_cache, keys)``: the updated cache (same type as ``cache``; a step
-    output) and f32 [B, C, Hkv, D], row c holding position c of sequence b's slot. Positions
-    outside ``[0, C)`` are dropped by the scatter.
+    Returns ``(updated_pool, keys)``: the updated pool (same type as ``pool``; a step output)
+    and f32 [B, W * bs, Hkv, D], row j holding position j of sequence b (block
+    ``block_table[b, j // bs]``, offset ``j % bs``). Rows at an out-of-range coordinate are
+    dropped by the scatter.
     """
     bsz, t, hkv, d = new.shape
-    rows = b.reshape(ops.as_f32(b, new), (bsz * t, hkv, d))
-    updated = b.scatter(cache, kv_index, rows)
-    return updated, b.gather(updated, slots, axis=0)
+    nb, bs = pool.shape[:2]
+    w = block_table.shape[1]
+    rows = b.reshape(new, (bsz * t, hkv, d))
+    if rows.dtype is not pool.dtype:
+        rows = b.cast(rows, pool.dtype)
+    updated = b.scatter(pool, kv_index, rows)
+    keys = b.reshape(b.gather(updated, block_table, axis=0), (bsz, w * bs, hkv, d))
+    return updated, ops.as_f32(b, keys)
 
 
 def cached_attention(b: Builder, q: Tensor, k: Tensor, v: Tensor, cache: tuple[Tensor, Tensor],
                      inputs: StepInputs, *, sliding_window: int | None = None,
                      softcap: float | None = None, scale: float | None = None
                      ) -> tuple[Tensor, Tensor, Tensor]:
-    """Attention of this step's queries over its slot's cache, after writing this step's keys.
+    """Attention of this step's queries over each sequence's blocks, after writing this
+    step's keys and values.
 
     Args:
         q: f32 [B, T, Hq, D]; k, v: f32 [B, T, Hkv, D] (already rotated).
-        cache: the layer's ``(k_cache, v_cache)`` f32 [n_slots, C, Hkv, D].
+        cache: the layer's ``(k_pool, v_pool)`` kv [NB, bs, Hkv, D].
     Returns:
-        ``(out, k_cache', v_cache')``: out f32 [B, T, Hq, D]; the updated caches. Key c is
-        position c (causal by position, optional sliding window).
+        ``(out, k_pool', v_pool')``: out f32 [B, T, Hq, D]; the updated pools. Key j is
+        position j (causal by position, optional sliding window).
     """
-    k_cache, k_all = cached_kv(b, cache[0], k, inputs.kv_index, inputs.slots)
-    v_cache, v_all = cached_kv(b, cache[1], v, inputs.kv_index, inputs.slots)
+    k_pool, k_all = cached_kv(b, cache[0], k, inputs.kv_index, inputs.block_table)
+    v_pool, v_all = cached_kv(b, cache[1], v, inputs.kv_index, inputs.block_table)
     out = ops.attention(b, q, k_all, v_all, q_pos=inputs.positions, causal=True,
                         sliding_window=sliding_window, softcap=softcap, scale=scale)
-    return out, k_cache, v_cache
+    return out, k_pool, v_pool
 
 
 def param(b: Builder, types: dict[str, PootType], role: str) -> Tensor:
@@ -311,7 +324,8 @@ def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, 
     """The step graph (interface in :mod:`poot.models.base`) of the decoder ``o``."""
     b = Builder(spec.limits(decoder_dims(o)), name=f"{name}_{spec.kind}")
     types = dict(weight_types)
-    inp = step_inputs(b, spec, o.num_layers, o.num_kv_heads, o.head_dim)
+    inp = step_inputs(b, spec, o.num_layers, o.num_kv_heads, o.head_dim,
+                      default_kv_dtype(weight_types))
     with b.scope("embed"):
         x = ops.embedding(b, param(b, types, "tok_embed"), inp.tokens)
         if o.embed_scale is not None:

@@ -1,4 +1,5 @@
-"""Engine record-then-replay on the CPU device, slot buffers, carried state (ping-pong)."""
+"""Engine record-then-replay on the CPU device, slot buffers, carried state (updated in
+place)."""
 
 from __future__ import annotations
 
@@ -32,18 +33,21 @@ def test_storage_declares_the_cache_alias(program):
     assert [(b.name, b.aliases) for b in program.storage if b.aliases] == [("cache", "cache")]
 
 
-def test_record_once_per_parity_then_replay(program):
+def test_record_once_then_replay_state_in_place(program):
+    """The CPU program updates the cache in place (no out-parameter for it): one buffer for
+    the carried state, one recording, replays from the second step on."""
     eng, entry, _ = _engine(program)
     dev = eng.device
+    assert entry.in_place == {"cache"} and len(eng._state["cache"].buffers) == 1
+    assert program.executable.in_place == {"cache": "cache"}
+    assert [n for n, _ in program.executable.outputs] == ["y"]
     x = np.ones((1, WIDTH), np.float32)
     eng.step(entry, {"x": x, "idx": np.array([[0]])})
     assert (dev.records, dev.replays) == (1, 1)
-    eng.step(entry, {"idx": np.array([[1]])})
-    assert (dev.records, dev.replays) == (2, 2)          # the other ping-pong parity
     for i in range(6):
         eng.step(entry, {"idx": np.array([[i % ROWS]])})
-    assert (dev.records, dev.replays) == (2, 8)          # only replays from here on
-    assert len(entry.recordings) == 2
+    assert (dev.records, dev.replays) == (1, 7)          # only replays from here on
+    assert len(entry.recordings) == 1
 
 
 def test_no_state_no_second_recording():
@@ -79,7 +83,7 @@ def _w(eng):
     return eng._weights["w"]
 
 
-@pytest.mark.parametrize("alias", [False], ids=["ping-pong"])
+@pytest.mark.parametrize("alias", [False], ids=["in-place"])
 def test_kv_carried_vs_reference(program, alias):
     """Carried cache across steps equals a numpy replay (out-of-range rows dropped); catches
     a cache read after being overwritten (aliasing) or a lost update (wrong parity)."""
@@ -157,10 +161,19 @@ def test_state_the_device_writes_in_place_has_one_buffer(program):
     for i in range(3):
         eng.step(entry, {"x": np.ones((1, WIDTH), np.float32), "idx": np.array([[i]])})
     assert eng.device.records == 1            # one parity: recorded once, replayed after
-    # an entry of a program the device does not vouch for gets a second buffer (ping-pong)
+    # state a program returns as an out-parameter (compiled without in-place updates) gets a
+    # second buffer (ping-pong), and the result is the same
+    from poot.backends.cpu import compile_cpu
+
+    plain = compile_cpu(cache_step(), fuse=False)
+    assert not plain.in_place and ("cache" in dict(plain.outputs))
     eng2 = Engine(CpuDevice())
     eng2.load_weights({"w": w}, program.graph.params)
-    assert not eng2.add_entry(program).in_place and len(eng2._state["cache"].buffers) == 2
+    e2 = eng2.add_entry(plain, carry={"cache": "cache"})
+    assert not e2.in_place and len(eng2._state["cache"].buffers) == 2
+    for i in range(3):
+        eng2.step(e2, {"x": np.ones((1, WIDTH), np.float32), "idx": np.array([[i]])})
+    np.testing.assert_array_equal(eng2.read_state("cache"), eng.read_state("cache"))
 
 
 # ---- feedback and queued stepping ----------------------------------------------------------------

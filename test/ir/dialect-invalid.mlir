@@ -956,3 +956,51 @@ func.func @attention_result(%q: tensor<2x4x8xbf16>, %k: tensor<2x6x8xbf16>, %v: 
   %0 = "poot.attention"(%q, %k, %v, %m) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<2x4x8xbf16>, tensor<2x6x8xbf16>, tensor<2x6x3xbf16>, tensor<1x4x6xi1>) -> tensor<2x4x3xbf16>
   return
 }
+
+// -----
+
+func.func @paged_attention_pool_dtypes(%q: tensor<1x2x3x8xf32>, %kp: tensor<4x16x2x8xf16>, %vp: tensor<4x16x2x8xf32>, %bt: tensor<1x2xi32>, %m: tensor<1x1x3x32xi1>) {
+  // expected-error @+1 {{'poot.paged_attention' op pools need one float dtype, got f16, f32}}
+  %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<1x2x3x8xf32>, tensor<4x16x2x8xf16>, tensor<4x16x2x8xf32>, tensor<1x2xi32>, tensor<1x1x3x32xi1>) -> tensor<1x2x3x8xf32>
+  return
+}
+
+// -----
+
+func.func @paged_attention_heads(%q: tensor<1x3x3x8xf32>, %kp: tensor<4x16x2x8xf32>, %vp: tensor<4x16x2x8xf32>, %bt: tensor<1x2xi32>, %m: tensor<1x1x3x32xi1>) {
+  // expected-error @+1 {{'poot.paged_attention' op q must be [B, H, rows..., D] = [1, 2, ..., 8], got tensor<1x3x3x8xf32>}}
+  %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<1x3x3x8xf32>, tensor<4x16x2x8xf32>, tensor<4x16x2x8xf32>, tensor<1x2xi32>, tensor<1x1x3x32xi1>) -> tensor<1x3x3x8xf32>
+  return
+}
+
+// -----
+
+func.func @paged_attention_mask_keys(%q: tensor<1x2x3x8xf32>, %kp: tensor<4x16x2x8xf32>, %vp: tensor<4x16x2x8xf32>, %bt: tensor<1x2xi32>, %m: tensor<1x1x3x16xi1>) {
+  // expected-error @+1 {{'poot.paged_attention' op mask tensor<1x1x3x16xi1> does not broadcast to the scores [1, 2, 3, 32]}}
+  %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<1x2x3x8xf32>, tensor<4x16x2x8xf32>, tensor<4x16x2x8xf32>, tensor<1x2xi32>, tensor<1x1x3x16xi1>) -> tensor<1x2x3x8xf32>
+  return
+}
+
+// -----
+
+func.func @paged_attention_table(%q: tensor<1x2x3x8xf32>, %kp: tensor<4x16x2x8xf32>, %vp: tensor<4x16x2x8xf32>, %bt: tensor<1x2xf32>, %m: tensor<1x1x3x32xi1>) {
+  // expected-error @+1 {{'poot.paged_attention' op block_table must be an integer [B, W], got tensor<1x2xf32>}}
+  %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<1x2x3x8xf32>, tensor<4x16x2x8xf32>, tensor<4x16x2x8xf32>, tensor<1x2xf32>, tensor<1x1x3x32xi1>) -> tensor<1x2x3x8xf32>
+  return
+}
+
+// -----
+
+func.func @paged_attention_missing_scale(%q: tensor<1x2x3x8xf32>, %kp: tensor<4x16x2x8xf32>, %vp: tensor<4x16x2x8xf32>, %bt: tensor<1x2xi32>, %m: tensor<1x1x3x32xi1>) {
+  // expected-error @+1 {{'poot.paged_attention' op attribute "scale" is expected but not provided}}
+  %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m) {softcap = 0.0 : f64} : (tensor<1x2x3x8xf32>, tensor<4x16x2x8xf32>, tensor<4x16x2x8xf32>, tensor<1x2xi32>, tensor<1x1x3x32xi1>) -> tensor<1x2x3x8xf32>
+  return
+}
+
+// -----
+
+func.func @paged_attention_missing_softcap(%q: tensor<1x2x3x8xf32>, %kp: tensor<4x16x2x8xf32>, %vp: tensor<4x16x2x8xf32>, %bt: tensor<1x2xi32>, %m: tensor<1x1x3x32xi1>) {
+  // expected-error @+1 {{'poot.paged_attention' op attribute "softcap" is expected but not provided}}
+  %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m) {scale = 1.0 : f64} : (tensor<1x2x3x8xf32>, tensor<4x16x2x8xf32>, tensor<4x16x2x8xf32>, tensor<1x2xi32>, tensor<1x1x3x32xi1>) -> tensor<1x2x3x8xf32>
+  return
+}

@@ -669,3 +669,17 @@ func.func @attention(%q: tensor<2x4x8xf32>, %k: tensor<2x6x8xf32>, %v: tensor<2x
   %1 = "poot.attention"(%qb, %kb, %vb, %bias) {scale = 5.000000e-01 : f64, softcap = 5.000000e+01 : f64} : (tensor<1x2x2x5x4xbf16>, tensor<1x2x7x4xbf16>, tensor<1x2x7x4xbf16>, tensor<1x1x1x1x7xf32>) -> tensor<1x2x2x5x4xf32>
   return %0 : tensor<2x4x3xf32>
 }
+
+// -----
+
+// poot.paged_attention (pass-introduced): keys/values read through a [B, W] block table from
+// [NB, bs, H, D] pools; f16 pools with an i1 mask, and f32 pools with a bias and a soft cap.
+// CHECK-LABEL: func.func @paged_attention(
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.paged_attention"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {scale = 1.250000e-01 : f64, softcap = 0.000000e+00 : f64} : (tensor<2x3x4x1x16xf32>, tensor<10x4x3x16xf16>, tensor<10x4x3x16xf16>, tensor<2x5xi32>, tensor<2x1x1x1x20xi1>) -> tensor<2x3x4x1x16xf32>
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.paged_attention"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {scale = 5.000000e-01 : f64, softcap = 3.000000e+01 : f64} : (tensor<1x2x3x8xf32>, tensor<4x16x2x8xf32>, tensor<4x16x2x4xf32>, tensor<1x2xi32>, tensor<1x1x3x32xf32>) -> tensor<1x2x3x4xf32>
+// CHECK-NEXT: return
+func.func @paged_attention(%q: tensor<2x3x4x1x16xf32>, %kp: tensor<10x4x3x16xf16>, %vp: tensor<10x4x3x16xf16>, %bt: tensor<2x5xi32>, %m: tensor<2x1x1x1x20xi1>, %q2: tensor<1x2x3x8xf32>, %kp2: tensor<4x16x2x8xf32>, %vp2: tensor<4x16x2x4xf32>, %bt2: tensor<1x2xi32>, %bias: tensor<1x1x3x32xf32>) -> tensor<2x3x4x1x16xf32> {
+  %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m) {scale = 0.125 : f64, softcap = 0.0 : f64} : (tensor<2x3x4x1x16xf32>, tensor<10x4x3x16xf16>, tensor<10x4x3x16xf16>, tensor<2x5xi32>, tensor<2x1x1x1x20xi1>) -> tensor<2x3x4x1x16xf32>
+  %1 = "poot.paged_attention"(%q2, %kp2, %vp2, %bt2, %bias) {scale = 0.5 : f64, softcap = 30.0 : f64} : (tensor<1x2x3x8xf32>, tensor<4x16x2x8xf32>, tensor<4x16x2x4xf32>, tensor<1x2xi32>, tensor<1x1x3x32xf32>) -> tensor<1x2x3x4xf32>
+  return %0 : tensor<2x3x4x1x16xf32>
+}

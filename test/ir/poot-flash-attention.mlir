@@ -194,3 +194,123 @@ func.func @scores_escape(%arg0: tensor<1x1x4x4xf32> {poot.name = "q"}, %arg1: te
   %20 = "poot.matmul"(%19, %arg2) {acc = f32} : (tensor<1x1x4x4xf32>, tensor<1x1x4x4xf32>) -> tensor<1x1x4x4xf32>
   return %20, %4 : tensor<1x1x4x4xf32>, tensor<1x1x4x4xf32>
 }
+
+// -----
+
+// Paged KV: keys and values gathered from f16 block pools through one block table (the
+// traced spelling: gather [B, W, bs, H, D], reshape to [B, W * bs, H, D], cast to f32): the
+// fused op reads the pools in place; no gather, cast or transpose of the keys remains.
+// CHECK-LABEL: func.func @paged_gqa(
+// CHECK: %[[A:.+]] = "poot.paged_attention"(%{{.+}}, %arg1, %arg2, %arg3, %{{.+}}) {scale = 5.000000e-01 : f64, softcap = 0.000000e+00 : f64} : (tensor<1x1x2x2x4xf32>, tensor<6x4x1x4xf16>, tensor<6x4x1x4xf16>, tensor<1x2xi32>, tensor<1x1x1x2x8xi1>) -> tensor<1x1x2x2x4xf32>
+// CHECK-NOT: "poot.gather"
+// CHECK-NOT: "poot.attention"
+// CHECK: return
+func.func @paged_gqa(%arg0: tensor<1x2x2x4xf32> {poot.name = "q"}, %arg1: tensor<6x4x1x4xf16> {poot.name = "k_pool"}, %arg2: tensor<6x4x1x4xf16> {poot.name = "v_pool"}, %arg3: tensor<1x2xi32> {poot.name = "block_table"}, %arg4: tensor<1x2xi32> {poot.name = "positions"}) -> (tensor<1x2x2x4xf32> {poot.name = "out"}) {
+  %0 = "poot.gather"(%arg1, %arg3) {axis = 0 : i64} : (tensor<6x4x1x4xf16>, tensor<1x2xi32>) -> tensor<1x2x4x1x4xf16>
+  %1 = "poot.reshape"(%0) : (tensor<1x2x4x1x4xf16>) -> tensor<1x8x1x4xf16>
+  %2 = "poot.cast"(%1) : (tensor<1x8x1x4xf16>) -> tensor<1x8x1x4xf32>
+  %3 = "poot.gather"(%arg2, %arg3) {axis = 0 : i64} : (tensor<6x4x1x4xf16>, tensor<1x2xi32>) -> tensor<1x2x4x1x4xf16>
+  %4 = "poot.reshape"(%3) : (tensor<1x2x4x1x4xf16>) -> tensor<1x8x1x4xf16>
+  %5 = "poot.cast"(%4) : (tensor<1x8x1x4xf16>) -> tensor<1x8x1x4xf32>
+  %6 = "poot.reshape"(%arg0) : (tensor<1x2x2x4xf32>) -> tensor<1x2x1x2x4xf32>
+  %7 = "poot.transpose"(%6) {perm = array<i64: 0, 2, 3, 1, 4>} : (tensor<1x2x1x2x4xf32>) -> tensor<1x1x2x2x4xf32>
+  %8 = "poot.reshape"(%7) : (tensor<1x1x2x2x4xf32>) -> tensor<1x1x4x4xf32>
+  %9 = "poot.transpose"(%2) {perm = array<i64: 0, 2, 3, 1>} : (tensor<1x8x1x4xf32>) -> tensor<1x1x4x8xf32>
+  %10 = "poot.matmul"(%8, %9) {acc = f32} : (tensor<1x1x4x4xf32>, tensor<1x1x4x8xf32>) -> tensor<1x1x4x8xf32>
+  %11 = "poot.constant"() {value = dense<5.000000e-01> : tensor<f32>} : () -> tensor<f32>
+  %12 = "poot.broadcast"(%11) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x4x8xf32>
+  %13 = "poot.binary"(%10, %12) {fn = "mul"} : (tensor<1x1x4x8xf32>, tensor<1x1x4x8xf32>) -> tensor<1x1x4x8xf32>
+  %14 = "poot.reshape"(%13) : (tensor<1x1x4x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %15 = "poot.iota"() {axis = 1 : i64} : () -> tensor<1x8xi32>
+  %16 = "poot.reshape"(%arg4) : (tensor<1x2xi32>) -> tensor<1x2x1xi32>
+  %17 = "poot.reshape"(%15) : (tensor<1x8xi32>) -> tensor<1x1x8xi32>
+  %18 = "poot.broadcast"(%17) {dims = array<i64: 0, 1, 2>} : (tensor<1x1x8xi32>) -> tensor<1x2x8xi32>
+  %19 = "poot.broadcast"(%16) {dims = array<i64: 0, 1, 2>} : (tensor<1x2x1xi32>) -> tensor<1x2x8xi32>
+  %20 = "poot.compare"(%18, %19) {pred = "le"} : (tensor<1x2x8xi32>, tensor<1x2x8xi32>) -> tensor<1x2x8xi1>
+  %21 = "poot.reshape"(%20) : (tensor<1x2x8xi1>) -> tensor<1x1x1x2x8xi1>
+  %22 = "poot.broadcast"(%21) {dims = array<i64: 0, 1, 2, 3, 4>} : (tensor<1x1x1x2x8xi1>) -> tensor<1x1x2x2x8xi1>
+  %23 = "poot.constant"() {value = dense<-1.000000e+30> : tensor<f32>} : () -> tensor<f32>
+  %24 = "poot.broadcast"(%23) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x2x2x8xf32>
+  %25 = "poot.select"(%22, %14, %24) : (tensor<1x1x2x2x8xi1>, tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %26 = "poot.reduce"(%25) {axes = array<i64: 4>, fn = "max"} : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2xf32>
+  %27 = "poot.reshape"(%26) : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2x1xf32>
+  %28 = "poot.broadcast"(%27) {dims = array<i64: 0, 1, 2, 3, 4>} : (tensor<1x1x2x2x1xf32>) -> tensor<1x1x2x2x8xf32>
+  %29 = "poot.binary"(%25, %28) {fn = "sub"} : (tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %30 = "poot.unary"(%29) {fn = "exp"} : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %31 = "poot.constant"() {value = dense<0.000000e+00> : tensor<f32>} : () -> tensor<f32>
+  %32 = "poot.broadcast"(%31) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x2x2x8xf32>
+  %33 = "poot.select"(%22, %30, %32) : (tensor<1x1x2x2x8xi1>, tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %34 = "poot.reduce"(%33) {axes = array<i64: 4>, fn = "sum"} : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2xf32>
+  %35 = "poot.reshape"(%34) : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2x1xf32>
+  %36 = "poot.constant"() {value = dense<1.000000e+00> : tensor<f32>} : () -> tensor<f32>
+  %37 = "poot.broadcast"(%36) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x2x2x1xf32>
+  %38 = "poot.binary"(%35, %37) {fn = "max"} : (tensor<1x1x2x2x1xf32>, tensor<1x1x2x2x1xf32>) -> tensor<1x1x2x2x1xf32>
+  %39 = "poot.broadcast"(%38) {dims = array<i64: 0, 1, 2, 3, 4>} : (tensor<1x1x2x2x1xf32>) -> tensor<1x1x2x2x8xf32>
+  %40 = "poot.binary"(%33, %39) {fn = "div"} : (tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %41 = "poot.reshape"(%40) : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x4x8xf32>
+  %42 = "poot.transpose"(%5) {perm = array<i64: 0, 2, 1, 3>} : (tensor<1x8x1x4xf32>) -> tensor<1x1x8x4xf32>
+  %43 = "poot.matmul"(%41, %42) {acc = f32} : (tensor<1x1x4x8xf32>, tensor<1x1x8x4xf32>) -> tensor<1x1x4x4xf32>
+  %44 = "poot.reshape"(%43) : (tensor<1x1x4x4xf32>) -> tensor<1x1x2x2x4xf32>
+  %45 = "poot.transpose"(%44) {perm = array<i64: 0, 3, 1, 2, 4>} : (tensor<1x1x2x2x4xf32>) -> tensor<1x2x1x2x4xf32>
+  %46 = "poot.reshape"(%45) : (tensor<1x2x1x2x4xf32>) -> tensor<1x2x2x4xf32>
+  return %46 : tensor<1x2x2x4xf32>
+}
+
+// -----
+
+// Values through another table than the keys: not one paged read, poot.attention over the
+// gathered tensors stays.
+// CHECK-LABEL: func.func @two_tables(
+// CHECK: "poot.gather"
+// CHECK: "poot.attention"
+// CHECK-NOT: "poot.paged_attention"
+func.func @two_tables(%arg0: tensor<1x2x2x4xf32> {poot.name = "q"}, %arg1: tensor<6x4x1x4xf16> {poot.name = "k_pool"}, %arg2: tensor<6x4x1x4xf16> {poot.name = "v_pool"}, %arg3: tensor<1x2xi32> {poot.name = "block_table"}, %arg4: tensor<1x2xi32> {poot.name = "positions"}, %arg5: tensor<1x2xi32> {poot.name = "other_table"}) -> (tensor<1x2x2x4xf32> {poot.name = "out"}) {
+  %0 = "poot.gather"(%arg1, %arg3) {axis = 0 : i64} : (tensor<6x4x1x4xf16>, tensor<1x2xi32>) -> tensor<1x2x4x1x4xf16>
+  %1 = "poot.reshape"(%0) : (tensor<1x2x4x1x4xf16>) -> tensor<1x8x1x4xf16>
+  %2 = "poot.cast"(%1) : (tensor<1x8x1x4xf16>) -> tensor<1x8x1x4xf32>
+  %3 = "poot.gather"(%arg2, %arg5) {axis = 0 : i64} : (tensor<6x4x1x4xf16>, tensor<1x2xi32>) -> tensor<1x2x4x1x4xf16>
+  %4 = "poot.reshape"(%3) : (tensor<1x2x4x1x4xf16>) -> tensor<1x8x1x4xf16>
+  %5 = "poot.cast"(%4) : (tensor<1x8x1x4xf16>) -> tensor<1x8x1x4xf32>
+  %6 = "poot.reshape"(%arg0) : (tensor<1x2x2x4xf32>) -> tensor<1x2x1x2x4xf32>
+  %7 = "poot.transpose"(%6) {perm = array<i64: 0, 2, 3, 1, 4>} : (tensor<1x2x1x2x4xf32>) -> tensor<1x1x2x2x4xf32>
+  %8 = "poot.reshape"(%7) : (tensor<1x1x2x2x4xf32>) -> tensor<1x1x4x4xf32>
+  %9 = "poot.transpose"(%2) {perm = array<i64: 0, 2, 3, 1>} : (tensor<1x8x1x4xf32>) -> tensor<1x1x4x8xf32>
+  %10 = "poot.matmul"(%8, %9) {acc = f32} : (tensor<1x1x4x4xf32>, tensor<1x1x4x8xf32>) -> tensor<1x1x4x8xf32>
+  %11 = "poot.constant"() {value = dense<5.000000e-01> : tensor<f32>} : () -> tensor<f32>
+  %12 = "poot.broadcast"(%11) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x4x8xf32>
+  %13 = "poot.binary"(%10, %12) {fn = "mul"} : (tensor<1x1x4x8xf32>, tensor<1x1x4x8xf32>) -> tensor<1x1x4x8xf32>
+  %14 = "poot.reshape"(%13) : (tensor<1x1x4x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %15 = "poot.iota"() {axis = 1 : i64} : () -> tensor<1x8xi32>
+  %16 = "poot.reshape"(%arg4) : (tensor<1x2xi32>) -> tensor<1x2x1xi32>
+  %17 = "poot.reshape"(%15) : (tensor<1x8xi32>) -> tensor<1x1x8xi32>
+  %18 = "poot.broadcast"(%17) {dims = array<i64: 0, 1, 2>} : (tensor<1x1x8xi32>) -> tensor<1x2x8xi32>
+  %19 = "poot.broadcast"(%16) {dims = array<i64: 0, 1, 2>} : (tensor<1x2x1xi32>) -> tensor<1x2x8xi32>
+  %20 = "poot.compare"(%18, %19) {pred = "le"} : (tensor<1x2x8xi32>, tensor<1x2x8xi32>) -> tensor<1x2x8xi1>
+  %21 = "poot.reshape"(%20) : (tensor<1x2x8xi1>) -> tensor<1x1x1x2x8xi1>
+  %22 = "poot.broadcast"(%21) {dims = array<i64: 0, 1, 2, 3, 4>} : (tensor<1x1x1x2x8xi1>) -> tensor<1x1x2x2x8xi1>
+  %23 = "poot.constant"() {value = dense<-1.000000e+30> : tensor<f32>} : () -> tensor<f32>
+  %24 = "poot.broadcast"(%23) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x2x2x8xf32>
+  %25 = "poot.select"(%22, %14, %24) : (tensor<1x1x2x2x8xi1>, tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %26 = "poot.reduce"(%25) {axes = array<i64: 4>, fn = "max"} : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2xf32>
+  %27 = "poot.reshape"(%26) : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2x1xf32>
+  %28 = "poot.broadcast"(%27) {dims = array<i64: 0, 1, 2, 3, 4>} : (tensor<1x1x2x2x1xf32>) -> tensor<1x1x2x2x8xf32>
+  %29 = "poot.binary"(%25, %28) {fn = "sub"} : (tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %30 = "poot.unary"(%29) {fn = "exp"} : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %31 = "poot.constant"() {value = dense<0.000000e+00> : tensor<f32>} : () -> tensor<f32>
+  %32 = "poot.broadcast"(%31) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x2x2x8xf32>
+  %33 = "poot.select"(%22, %30, %32) : (tensor<1x1x2x2x8xi1>, tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %34 = "poot.reduce"(%33) {axes = array<i64: 4>, fn = "sum"} : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2xf32>
+  %35 = "poot.reshape"(%34) : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2x1xf32>
+  %36 = "poot.constant"() {value = dense<1.000000e+00> : tensor<f32>} : () -> tensor<f32>
+  %37 = "poot.broadcast"(%36) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x2x2x1xf32>
+  %38 = "poot.binary"(%35, %37) {fn = "max"} : (tensor<1x1x2x2x1xf32>, tensor<1x1x2x2x1xf32>) -> tensor<1x1x2x2x1xf32>
+  %39 = "poot.broadcast"(%38) {dims = array<i64: 0, 1, 2, 3, 4>} : (tensor<1x1x2x2x1xf32>) -> tensor<1x1x2x2x8xf32>
+  %40 = "poot.binary"(%33, %39) {fn = "div"} : (tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %41 = "poot.reshape"(%40) : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x4x8xf32>
+  %42 = "poot.transpose"(%5) {perm = array<i64: 0, 2, 1, 3>} : (tensor<1x8x1x4xf32>) -> tensor<1x1x8x4xf32>
+  %43 = "poot.matmul"(%41, %42) {acc = f32} : (tensor<1x1x4x8xf32>, tensor<1x1x8x4xf32>) -> tensor<1x1x4x4xf32>
+  %44 = "poot.reshape"(%43) : (tensor<1x1x4x4xf32>) -> tensor<1x1x2x2x4xf32>
+  %45 = "poot.transpose"(%44) {perm = array<i64: 0, 3, 1, 2, 4>} : (tensor<1x1x2x2x4xf32>) -> tensor<1x2x1x2x4xf32>
+  %46 = "poot.reshape"(%45) : (tensor<1x2x1x2x4xf32>) -> tensor<1x2x2x4xf32>
+  return %46 : tensor<1x2x2x4xf32>
+}

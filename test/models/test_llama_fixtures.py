@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from poot.dialects.types import PackedType
+from poot.dialects.types import DType, PackedType
 from poot.models import load_model
 from poot.models.llama import Llama
 from model_steps import fixture_path, prefill_then_decode, reference
@@ -14,14 +14,17 @@ from model_steps import fixture_path, prefill_then_decode, reference
 HF_FIXTURES = ["llama", "llama_llama3rope_tied", "mistral_swa4"]
 TOL_HF = 1e-4     # f32 vs f32 (HF eager attention)
 TOL_GGUF = 1e-3   # same math on dequantized weights; HF ran on the dequantized values
+# a GGUF checkpoint's default KV dtype is f16 (llama.cpp's): K/V rounded to f16 move these
+# logits by up to ~8e-3
+TOL_GGUF_F16_KV = 2e-2
 
 
-def _check(name: str, model, weights, tol: float):
+def _check(name: str, model, weights, tol: float, kv_dtype=DType.F32):
     ref = reference(name)
     ids = ref["prompt_ids"]
-    prefill, _ = prefill_then_decode(model, weights, ids, n_prefill=12)
+    prefill, _ = prefill_then_decode(model, weights, ids, n_prefill=12, kv_dtype=kv_dtype)
     err_prefill = np.abs(prefill - ref["prefill_logits"]).max()
-    _, decode = prefill_then_decode(model, weights, ids, n_prefill=8)
+    _, decode = prefill_then_decode(model, weights, ids, n_prefill=8, kv_dtype=kv_dtype)
     err_decode = np.abs(decode - ref["decode_logits"]).max()
     print(f"{name}: prefill max abs diff {err_prefill:.3g}, decode {err_decode:.3g}")
     assert err_prefill <= tol, f"{name} prefill logits off by {err_prefill}"
@@ -57,6 +60,18 @@ def test_gguf_q4_1_matches_transformers(gguf_qk):
     _check("llama_gguf_q4_1", model, weights, TOL_GGUF)
 
 
+def test_gguf_default_kv_dtype_is_f16_within_tolerance():
+    """A quantized GGUF checkpoint keeps its KV pools in f16 by default (llama.cpp's KV
+    type): the pools are declared f16 and the logits stay within TOL_GGUF_F16_KV of HF."""
+    from poot.models import StepSpec, default_kv_dtype
+
+    model, weights = load_model(fixture_path("llama_gguf_q4_1"))
+    assert default_kv_dtype(weights.types) is DType.F16
+    g = model.trace(StepSpec.decode(kv_capacity=16), weights.types)
+    assert dict(g.inputs)["kv.0.k"].dtype is DType.F16
+    _check("llama_gguf_q4_1", model, weights, TOL_GGUF_F16_KV, kv_dtype=None)
+
+
 def test_gguf_rope_spellings_agree():
     """The two GGUF Q/K treatments give the same logits (they differ only by a per-head
     channel permutation shared by Q and K)."""
@@ -68,7 +83,8 @@ def test_gguf_rope_spellings_agree():
     for mode in ("interleaved", "unpermute"):
         store = open_weights(path)
         model = Llama.from_config(load_config(path), store, gguf_qk=mode)
-        logits.append(prefill_then_decode(model, model.bind(store), ids, n_prefill=12)[0])
+        logits.append(prefill_then_decode(model, model.bind(store), ids, n_prefill=12,
+                                          kv_dtype=DType.F32)[0])
     assert np.abs(logits[0] - logits[1]).max() <= 1e-5
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from poot.load.bundled import smollm2_gguf
+from poot.dialects.types import DType
 from poot.models import StepSpec, load_model
 from model_steps import empty_caches, run_step
 
@@ -43,7 +44,8 @@ def test_smollm2_first_step_logits(smollm2, ref_json):
     ids = json.loads(ref_json.read_text())["prompt_ids"]
     want = np.load(ref_json.with_name(ref_json.stem + ".first_step_logits.npy"))
     t0 = time.perf_counter()
-    g = model.trace(StepSpec.prefill(len(ids), kv_capacity=len(ids)), weights.types)
+    g = model.trace(StepSpec.prefill(len(ids), kv_capacity=len(ids), kv_dtype=DType.F32),
+                    weights.types)
     out, _ = run_step(g, weights, [ids], [list(range(len(ids)))], [0], empty_caches(g))
     got = out["logits"][0, -1]
     err = np.abs(got - want).max()

@@ -8,6 +8,7 @@ import pytest
 from poot.dialects.types import DType, TensorType
 from poot.models import (REGISTRY, ModelError, Registry, StepSpec, UnknownArchitecture,
                          load_model)
+from poot.oracle import evaluate
 from model_steps import empty_caches, fixture_path, prefill_then_decode, reference, run_step
 
 
@@ -18,14 +19,15 @@ def llama():
 
 def test_step_signature(llama):
     model, weights = llama
-    spec = StepSpec.prefill(5, batch=2, kv_capacity=16, kv_slots=3)
+    spec = StepSpec.prefill(5, batch=2, kv_capacity=16, kv_slots=3, block_size=4)
     g = model.trace(spec, weights.types)
     inputs = dict(g.inputs)
-    assert list(inputs)[:3] == ["tokens", "positions", "slots"]
+    assert list(inputs)[:4] == ["tokens", "positions", "block_table", "slot_mapping"]
     assert inputs["tokens"] == TensorType((2, 5), DType.I32)
     assert inputs["positions"] == TensorType((2, 5), DType.I32)
-    assert inputs["slots"] == TensorType((2,), DType.I32)
-    cache = TensorType((3, 16, 2, 16), DType.F32)  # [n_slots, C, Hkv, D]
+    assert inputs["block_table"] == TensorType((2, 4), DType.I32)      # [B, W = 16 / 4]
+    assert inputs["slot_mapping"] == TensorType((10,), DType.I32)      # [B * T]
+    cache = TensorType((12, 4, 2, 16), DType.F32)  # [NB = 3 * W, bs, Hkv, D]
     outputs = dict(g.outputs)
     assert outputs["logits"] == TensorType((2, 5, 256), DType.F32)
     for i in range(2):
@@ -147,3 +149,51 @@ def test_batch_of_two_matches_each_alone(llama):
     b_alone, _ = prefill_then_decode(model, weights, seq_b[:8], n_prefill=8, capacity=C,
                                      n_slots=slots)
     assert np.abs(chunk["logits"][1] - b_alone[4:8]).max() <= 1e-5
+
+
+def _paged_feed(spec, tokens, positions, tables):
+    """Inputs of a paged step: tokens/positions [B, T], each sequence's block list; the slot
+    of position p is ``table[p // bs] * bs + p % bs`` (negative positions: padding, -1)."""
+    bs, w = spec.bs, spec.table_width
+    bt = np.zeros((spec.batch, w), np.int32)
+    for i, t in enumerate(tables):
+        bt[i, :len(t)] = t
+    pos = np.asarray(positions, np.int32)
+    slots = np.where(pos >= 0, np.take_along_axis(bt, np.maximum(pos, 0) // bs, 1) * bs
+                     + np.maximum(pos, 0) % bs, -1)
+    return {"tokens": np.asarray(tokens, np.int32), "positions": np.maximum(pos, 0),
+            "block_table": bt, "slot_mapping": slots.reshape(-1).astype(np.int32)}
+
+
+def test_paged_blocks_anywhere_match_contiguous(llama):
+    """Two sequences whose 4-position blocks are scattered over the pool in reverse and
+    interleaved order (and a padding row that writes nothing) give the logits each gets
+    alone in a contiguous cache: attention reads through the block table, nothing else."""
+    model, weights = llama
+    ids = [int(i) for i in reference("llama")["prompt_ids"]]
+    seq_a, seq_b = ids[:9], ids[2:12]                 # lengths 9 and 10
+    bs, C = 4, 16
+    tables = [[7, 2, 5], [1, 6, 3]]                   # 3 blocks each, no order
+    pre = model.trace(StepSpec.prefill(6, batch=2, kv_capacity=C, block_size=bs,
+                                       num_blocks=8), weights.types)
+    dec = model.trace(StepSpec.decode(batch=2, kv_capacity=C, block_size=bs, num_blocks=8),
+                      weights.types)
+    alone = []
+    for seq in (seq_a, seq_b):
+        _, want = prefill_then_decode(model, weights, seq, n_prefill=len(seq) - 1, capacity=C)
+        alone.append(want[0])
+    caches = empty_caches(pre)
+    pspec = StepSpec.prefill(6, batch=2, kv_capacity=C, block_size=bs, num_blocks=8)
+    # chunk 1: a 0..5, b 0..5; chunk 2: a 6..7 (+4 padding rows), b 6..8 (+3)
+    for toks, pos in (([seq_a[:6], seq_b[:6]], [range(6), range(6)]),
+                      ([seq_a[6:8] + [0] * 4, seq_b[6:9] + [0] * 3],
+                       [[6, 7, -1, -1, -1, -1], [6, 7, 8, -1, -1, -1]])):
+        out = evaluate(pre, {**_paged_feed(pspec, toks, pos, tables), **caches}, weights)
+        caches = {k: v for k, v in out.items() if k.startswith("kv.")}
+    # block 0 and 4 were never written (padding rows wrote nothing)
+    assert not caches["kv.0.k"][[0, 4]].any()
+    dspec = StepSpec.decode(batch=2, kv_capacity=C, block_size=bs, num_blocks=8)
+    out = evaluate(dec, {**_paged_feed(dspec, [[seq_a[8]], [seq_b[9]]], [[8], [9]], tables),
+                         **caches}, weights)
+    for i in range(2):
+        assert np.abs(out["logits"][i, 0] - alone[i]).max() <= 1e-5

@@ -148,8 +148,10 @@ def test_traced_steps(fixture, layout, step, pre):
     ins = {"tokens": rng.integers(0, 64, (1, spec.tokens)).astype(np.int32),
            "positions": (np.arange(spec.tokens)[None] + (0 if step == "prefill" else 7)
                          ).astype(np.int32),
-           "slots": np.zeros(1, np.int32),
-           **{n: rng.standard_normal(t.shape).astype(np.float32)
+           "block_table": np.zeros((1, 1), np.int32),
+           "slot_mapping": (np.arange(spec.tokens) + (0 if step == "prefill" else 7)
+                            ).astype(np.int32),
+           **{n: rng.standard_normal(t.shape).astype(t.dtype.numpy)
               for n, t in g.inputs if n.startswith("kv.")}}
     ref = oracle.evaluate(g, ins, weights)
     pipeline = f"builtin.module({pre}poot-rope-fusion,poot-verify)"
@@ -167,8 +169,9 @@ def test_full_pipeline_keeps_rope_and_attention():
     g = model.trace(StepSpec.prefill(8, kv_capacity=16), weights.types)
     rng = np.random.default_rng(3)
     ins = {"tokens": rng.integers(0, 64, (1, 8)).astype(np.int32),
-           "positions": np.arange(8)[None].astype(np.int32), "slots": np.zeros(1, np.int32),
-           **{n: np.zeros(t.shape, np.float32) for n, t in g.inputs if n.startswith("kv.")}}
+           "positions": np.arange(8)[None].astype(np.int32),
+           "block_table": np.zeros((1, 1), np.int32), "slot_mapping": np.arange(8, dtype=np.int32),
+           **{n: np.zeros(t.shape, t.dtype.numpy) for n, t in g.inputs if n.startswith("kv.")}}
     ref = oracle.evaluate(g, ins, weights)
     build_pass_manager("builtin.module(poot-canonicalize,poot-cse,poot-rope-fusion,"
                        "poot-flash-attention,poot-fuse-dispatch,poot-verify)",
