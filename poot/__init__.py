@@ -8,6 +8,15 @@ compositions), ``poot.load`` (safetensors/GGUF), ``poot.text`` (tokenizers, chat
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    """``poot.LLM``: the offline batched API (:class:`poot.api.LLM`), imported on first use."""
+    if name == "LLM":
+        from poot.api import LLM
+
+        return LLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 # In a source checkout dialects/ and passes/ sit beside poot/ (the design's fixed layout) and
 # install as poot.dialects / poot.passes. When this package is imported from the checkout
 # itself (cwd on sys.path shadows the installed mapping), make the same names resolve.

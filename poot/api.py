@@ -1,4 +1,4 @@
-"""The Python API: load a model for a backend, then generate.
+"""The Python API: load a model for a backend, then generate (one request, or many batched).
 
     handle = ModelHandle.load()                     # the bundled SmolLM2 GGUF, CPU backend
     driver = Driver(handle)
@@ -6,10 +6,16 @@
         ...                                          # TokenEvent(token_id, text) ..., Finished
     result = driver.complete(messages, params)       # the Finished event only
 
-``ModelHandle.load`` traces and compiles the decode step (with the greedy sampling suffix)
-and the prefill step up front, so an unsupported backend fails at load with the compiler's
-typed :class:`~poot.compiler.Refusal` (no code generator / a missing capability), never in
-the executor. Compiled programs are cached on disk (:mod:`poot.executor.cache`).
+    llm = LLM(backend="cpu")                         # vLLM-style offline batching
+    outs = llm.generate(["Hi!", "Count to 5"], SamplingParams(temperature=0, max_tokens=32))
+
+``ModelHandle.load`` opens the checkpoint, sizes the paged KV pool, and traces and compiles the
+prefill step, the batch-1 decode step and its greedy sampler up front (other decode buckets
+and samplers compile when first needed), so an unsupported backend fails at load with the
+compiler's typed :class:`~poot.compiler.Refusal` (no code generator / a missing capability),
+never in the executor. Compiled programs are cached on disk (:mod:`poot.executor.cache`).
+Every client (``Driver``, ``LLM``, the CLI) runs through the handle's one
+:class:`~poot.engine.LLMEngine`.
 """
 
 from __future__ import annotations
@@ -22,15 +28,17 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from poot.compiler import Capabilities, CompileOptions, Target, host_cpu
 from poot.driver.generate import ContextOverflow, Finished, TokenEvent, generate
 from poot.driver.params import InvalidRequest, SamplingParams
-from poot.driver.runner import StepRunner
+from poot.engine import EngineConfig, KVConfig, LLMEngine, ModelRunner
 from poot.errors import PootError
 
 BACKENDS = ("cpu", "vulkan", "cuda", "rocm")
-# The step shape is fixed at compile time and the CPU step still copies the whole KV cache
-# each token, so decode cost grows with capacity: 512 keeps SmolLM2 near 21 tok/s on 2 cores
-# (1024: ~13); --kv-capacity raises it up to the model's trained context.
+#: Context positions per sequence by default (prompt + generated), capped at the model's
+#: trained context; --kv-capacity raises it.
 DEFAULT_KV_CAPACITY = 512
 DEFAULT_PREFILL_CHUNK = 32
+#: Sequences decoding at once by default (the largest decode bucket) on the CPU and on GPUs.
+DEFAULT_MAX_BATCH = {"cpu": 8}
+DEFAULT_MAX_BATCH_GPU = 64
 #: Options the API compiles with (the full pipeline: dispatch fusion, RoPE and
 #: flash-attention rewrites).
 DEFAULT_COMPILE_OPTIONS = CompileOptions()
@@ -71,50 +79,67 @@ def default_model_path() -> Path:
 
 @dataclass
 class ModelHandle:
-    """A loaded model: family, weights, tokenizer (None for id-only checkpoints), and the
-    :class:`~poot.driver.runner.StepRunner` (engine and compiled entries)."""
+    """A loaded model: family, weights, tokenizer (None for id-only checkpoints), its
+    :class:`~poot.engine.ModelRunner` (device, KV pool, compiled entries) and the
+    :class:`~poot.engine.LLMEngine` every client runs through."""
 
     path: Path
     backend: str
     model: Any
     weights: Any
     tokenizer: Any
-    runner: StepRunner
+    runner: ModelRunner
+    engine: LLMEngine
     load_s: float = 0.0
     compile_cache: Any = None
+    model_context: int | None = None
+
+    @property
+    def kv_capacity(self) -> int:
+        """Context positions per sequence (prompt + generated tokens)."""
+        return self.runner.kv.max_model_len
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "cpu", *,
              kv_capacity: int | None = None, prefill_chunk: int | None = None,
+             max_batch: int | None = None, kv_blocks: int | None = None,
+             kv_dtype: str | None = None, prefix_caching: bool = True,
              compile_options: CompileOptions | None = None, cache_dir: str | None = None,
              use_cache: bool = True, progress: Callable[[str], None] | None = None,
              compile_fn: Callable[[Any], Any] | None = None, device: Any = None,
              warm_up: bool = True, random_weights: str | None = None,
-             seed: int = 0) -> "ModelHandle":
+             seed: int = 0, engine_config: EngineConfig | None = None) -> "ModelHandle":
         """Load a checkpoint (``None``: the bundled SmolLM2) for ``backend``.
 
         ``random_weights`` (``"bf16"``/``"f16"``/``"f32"``): ``path`` is a HF ``config.json``
         and the weights are random-init of its shapes in that dtype
         (:mod:`poot.models.random_init`, pool ``seed``); there is no tokenizer.
 
+        The KV pool: ``kv_capacity`` is the context (prompt + generated tokens) per sequence;
+        ``None`` is ``DEFAULT_KV_CAPACITY`` capped at the model's trained context
+        (``max_position_embeddings``), an explicit value must be >= 1 and at most that
+        context. It is rounded up to whole blocks of the target's block size
+        (:func:`poot.compiler.planning.kv_block_size`). ``max_batch``: sequences decoding at
+        once (default 8 on the CPU, 64 on GPUs). ``kv_blocks``: blocks in the pool (default:
+        every sequence of a full batch at full context; fewer makes the engine preempt under
+        load); ``kv_dtype`` (``"f32"``/``"f16"``/``"bf16"``; default the model's). The pool must
+        fit in the available memory. Every such check raises :class:`InvalidRequest` naming
+        the option before anything is allocated or compiled. ``prefill_chunk`` (``None``:
+        ``DEFAULT_PREFILL_CHUNK``) must be >= 1.
+
         Steps are compiled through the compile cache's step index: a step compiled before
         (here, or on another machine whose cache directory was carried) is loaded without
         tracing, so nothing imports MLIR (:mod:`poot.executor.cache`); a miss where MLIR is
         missing raises :class:`~poot.executor.cache.CacheMiss` saying what differs.
-
-        ``kv_capacity`` is the context (prompt + generated tokens) per sequence; ``None`` is
-        ``DEFAULT_KV_CAPACITY`` capped at the model's trained context
-        (``max_position_embeddings``). An explicit value must be >= 1 and at most the trained
-        context (a larger one is refused, not silently capped), and the KV cache it implies
-        must fit in the available memory; otherwise :class:`InvalidRequest` naming
-        ``kv_capacity`` is raised before anything is allocated or compiled. ``prefill_chunk``
-        (``None``: ``DEFAULT_PREFILL_CHUNK``) must be >= 1. ``progress(msg)`` is called before each loading/compiling
-        stage. ``compile_fn``/``device`` replace the compile and the executor device (tests).
+        ``progress(msg)`` is called before each loading/compiling stage.
+        ``compile_fn``/``device`` replace the compile and the executor device (tests).
         """
         import time
 
-        from poot.executor import Engine, device_for
+        from poot.compiler.planning import kv_block_size
+        from poot.executor import device_for
         from poot.executor.cache import CompileCache
+        from poot.models import default_kv_dtype
 
         say = progress or (lambda msg: None)
         t0 = time.perf_counter()
@@ -122,6 +147,11 @@ class ModelHandle:
             _positive("kv_capacity", kv_capacity)
         prefill_chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else \
             _positive("prefill_chunk", prefill_chunk)
+        if max_batch is not None:
+            _positive("max_batch", max_batch)
+        if kv_blocks is not None:
+            _positive("kv_blocks", kv_blocks)
+        kv_dt = _kv_dtype(kv_dtype)
         path = Path(path) if path is not None else default_model_path()
         target = target_for(backend)
         if device is None and backend in ("cpu", "vulkan", "cuda"):
@@ -130,29 +160,32 @@ class ModelHandle:
         say(f"loading {path.name}")
         model, weights, model_context, tokenizer = _open_model(path, random_weights, seed)
         kv_capacity = check_kv_capacity(model, kv_capacity, model_context)
+        bs = kv_block_size(target)
+        max_len = -(-kv_capacity // bs) * bs
+        if max_batch is None:
+            max_batch = DEFAULT_MAX_BATCH.get(backend, DEFAULT_MAX_BATCH_GPU)
+        blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * (max_len // bs) + 1
+        kv = KVConfig(block_size=bs, num_blocks=blocks, max_model_len=max_len,
+                      kv_dtype=kv_dt or default_kv_dtype(weights.types))
+        check_kv_memory(model, kv)
         cache = None
-        holder: dict[str, Any] = {}
-
-        def bind(program):
-            if "engine" not in holder:   # the device after the first compile: refusals first
-                eng = Engine(device if device is not None else device_for(target))
-                say("uploading weights")
-                eng.load_weights(weights.arrays, weights.types)
-                holder["engine"] = eng
-                runner.engine = eng
-            return program
-
-        compile_step = None
         if compile_fn is None:
             cache = CompileCache(cache_dir, enabled=use_cache)
             options = compile_options or DEFAULT_COMPILE_OPTIONS
-            compile_step = lambda spec, trace: bind(  # noqa: E731
-                compile_cached(cache, model, weights.types, spec, trace, target, options))
-        runner = StepRunner(model, weights, None, lambda g: bind(compile_fn(g)), kv_capacity,
-                            min(prefill_chunk, kv_capacity),
-                            on_compile=lambda what: say(f"compiling {what}"),
-                            model_context=model_context, compile_step=compile_step)
-        handle = cls(path, backend, model, weights, tokenizer, runner, compile_cache=cache)
+
+            def compile_step(key_model, types, spec, trace):
+                return compile_cached(cache, key_model, types, spec, trace, target, options)
+        else:
+            def compile_step(key_model, types, spec, trace):
+                return compile_fn(trace())
+        say("uploading weights")
+        runner = ModelRunner(model, weights, device if device is not None else
+                             device_for(target), compile_step, kv, max_batch, prefill_chunk,
+                             on_compile=lambda what: say(f"compiling {what}"))
+        cfg = engine_config or EngineConfig(max_batch=max_batch, prefix_caching=prefix_caching)
+        engine = LLMEngine(runner, tokenizer, cfg, model_context=model_context)
+        handle = cls(path, backend, model, weights, tokenizer, runner, engine,
+                     compile_cache=cache, model_context=model_context)
         if warm_up:
             runner.warm_up()
         handle.load_s = time.perf_counter() - t0
@@ -209,19 +242,25 @@ def compile_cached(cache, model, weight_types, spec, trace, target, options):
 
 def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *,
                   kv_capacity: int | None = None, prefill_chunk: int | None = None,
+                  max_batch: int = 1, batches: Sequence[int] | None = None,
+                  kv_blocks: int | None = None, kv_dtype: str | None = None,
                   samplers: Sequence[Any] | None = None, cache_dir: str | None = None,
                   compile_options: CompileOptions | None = None,
                   random_weights: str | None = None, seed: int = 0,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fill the compile cache with the steps ``ModelHandle.load(path, backend, ...)`` and
-    generation use (the prefill chunk and one decode step per sampler spec; default: the
-    greedy one), without opening a device: what ``poot compile`` runs before the cache is
-    carried to a machine without MLIR. Returns ``{"cache_dir", "kv_capacity", "steps":
-    {name: {"step_key", "program", "seconds", "hit"}}}``."""
+    generation use, without opening a device: the prefill chunk, the decode step of each
+    batch of ``batches`` (default: every bucket up to ``max_batch``) and its samplers (default:
+    the greedy one). What ``poot compile`` runs before the cache is carried to a machine
+    without MLIR. Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
+    {"step_key", "program", "seconds", "hit"}}}``."""
     import time
 
-    from poot.driver.runner import GREEDY, entry_name
+    from poot.compiler.planning import kv_block_size
+    from poot.engine.runner import SamplerProgram, decode_buckets
     from poot.executor.cache import CompileCache, step_key
+    from poot.graph.sampling import GREEDY, SamplerStep, trace_sampler
+    from poot.models import StepSpec, default_kv_dtype
 
     say = progress or (lambda msg: None)
     path = Path(path) if path is not None else default_model_path()
@@ -229,29 +268,44 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
         _positive("prefill_chunk", prefill_chunk)
     if kv_capacity is not None:
         _positive("kv_capacity", kv_capacity)
+    _positive("max_batch", max_batch)
     target = target_for(backend) if backend != "vulkan" else None
     if target is None:
         raise InvalidRequest("backend", backend, "the vulkan target comes from the device; "
                              "compile it where it runs")
     model, weights, ctx, _ = _open_model(path, random_weights, seed)
     kv_capacity = check_kv_capacity(model, kv_capacity, ctx)
+    bs = kv_block_size(target)
+    max_len = -(-kv_capacity // bs) * bs
+    blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * (max_len // bs) + 1
+    kv_dt = _kv_dtype(kv_dtype) or default_kv_dtype(weights.types)
     cache = CompileCache(cache_dir)
     if not cache.enabled:
         raise InvalidRequest("cache_dir", str(cache.dir), "the compile cache is not writable")
     options = compile_options or DEFAULT_COMPILE_OPTIONS
-    runner = StepRunner(model, weights, None, None, kv_capacity, min(prefill_chunk, kv_capacity))
-    specs = [runner.prefill_spec()] + [runner.decode_spec(s) for s in (samplers or [GREEDY])]
+    kw = dict(kv_capacity=max_len, block_size=bs, num_blocks=blocks, kv_dtype=kv_dt)
+    vocab = model.dims().vocab
+    jobs = [(f"prefill[{min(prefill_chunk, max_len)}]", model, weights.types,
+             StepSpec.prefill(min(prefill_chunk, max_len), outputs="hidden", **kw))]
+    for b in (batches or decode_buckets(max_batch)):
+        jobs.append((f"decode[B={b}]", model, weights.types, StepSpec.decode(batch=b, **kw)))
+        for sp in (samplers or [GREEDY]):
+            st = SamplerStep(b, vocab, max_batch + 1, sp)
+            jobs.append((f"sampler[B={b}]{'' if sp == GREEDY else '+' + str(len(jobs))}",
+                         SamplerProgram(st), {}, st))
     out: dict[str, Any] = {"cache_dir": str(cache.dir), "backend": backend,
-                           "kv_capacity": kv_capacity, "steps": {}}
-    for spec in specs:
-        name = entry_name(spec)
+                           "kv_capacity": max_len, "block_size": bs, "kv_blocks": blocks - 1,
+                           "steps": {}}
+    for name, key_model, types, spec in jobs:
         say(f"compiling {name}")
         t0 = time.perf_counter()
         hits = cache.hits
-        prog = compile_cached(cache, model, weights.types, spec,
-                              lambda spec=spec: model.trace(spec, weights.types), target,
-                              options)
-        out["steps"][name] = {"step_key": step_key(model, weights.types, spec, target, options),
+        if isinstance(key_model, SamplerProgram):
+            trace = (lambda st=spec: trace_sampler(st))
+        else:
+            trace = (lambda spec=spec: model.trace(spec, weights.types))
+        prog = compile_cached(cache, key_model, types, spec, trace, target, options)
+        out["steps"][name] = {"step_key": step_key(key_model, types, spec, target, options),
                               "program": getattr(prog, "cache_key", None),
                               "seconds": round(time.perf_counter() - t0, 2),
                               "hit": cache.hits > hits}
@@ -260,6 +314,20 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                                  f"written to the cache (this backend's programs are not "
                                  f"cached)")
     return out
+
+
+def _kv_dtype(name: str | None):
+    """The KV dtype named ``name`` (``f32``/``f16``/``bf16``), None for the model's default."""
+    from poot.dialects.types import DType
+    from poot.models.base import KV_DTYPES
+
+    if name is None:
+        return None
+    for d in KV_DTYPES:
+        if d.value == name:
+            return d
+    raise InvalidRequest("kv_dtype", name, f"must be one of "
+                         f"{', '.join(d.value for d in KV_DTYPES)}")
 
 
 def _positive(name: str, v) -> int:
@@ -286,11 +354,23 @@ def available_memory() -> int | None:
         return None
 
 
-def kv_cache_bytes(model, kv_capacity: int, slots: int = 1) -> int:
-    """Bytes of the f32 K and V caches of every layer, twice (a step's result beside its
-    input): layers x 2 x slots x capacity x kv_heads x head_dim x 4 x 2."""
+def kv_cache_bytes(model, kv_capacity: int, slots: int = 1, itemsize: int = 4) -> int:
+    """Bytes of the K and V caches of every layer for ``slots`` sequences of ``kv_capacity``
+    positions: layers x 2 x slots x capacity x kv_heads x head_dim x itemsize."""
     d = model.dims()
-    return d.n_layers * 2 * slots * kv_capacity * d.n_kv_heads * d.head_dim * 4 * 2
+    return d.n_layers * 2 * slots * kv_capacity * d.n_kv_heads * d.head_dim * itemsize
+
+
+def check_kv_memory(model, kv: KVConfig) -> None:
+    """Refuse (:class:`InvalidRequest` naming ``kv_blocks``) a KV pool larger than the memory
+    available."""
+    d = model.dims()
+    need, avail = kv.bytes(d.n_layers, d.n_kv_heads, d.head_dim), available_memory()
+    if avail is not None and need > avail:
+        raise InvalidRequest("kv_blocks", kv.num_blocks - 1, f"the KV pool would need "
+                             f"{need / 2**30:.1f} GiB, more than the {avail / 2**30:.1f} GiB "
+                             f"of memory available (lower --max-batch, --kv-blocks or "
+                             f"--kv-capacity)")
 
 
 def _trained_context(path: Path) -> int | None:
@@ -310,7 +390,7 @@ def check_kv_capacity(model, kv_capacity: int | None, ctx: int | None,
     elif ctx and kv_capacity > ctx:
         raise InvalidRequest("kv_capacity", kv_capacity, f"more than the model's context of "
                              f"{ctx} tokens (max_position_embeddings)")
-    need, avail = kv_cache_bytes(model, kv_capacity, slots), available_memory()
+    need, avail = kv_cache_bytes(model, kv_capacity, slots, 2), available_memory()
     if avail is not None and need > avail:
         raise InvalidRequest("kv_capacity", kv_capacity, f"the KV cache would need "
                              f"{need / 2**30:.1f} GiB, more than the {avail / 2**30:.1f} GiB "
@@ -329,7 +409,8 @@ def _tokenizer(path: Path):
 
 
 class Driver:
-    """Generation over a :class:`ModelHandle` (one sequence at a time, slot 0)."""
+    """Generation over a :class:`ModelHandle`: one request at a time through its engine
+    (other requests added to the same engine are batched with it)."""
 
     def __init__(self, handle: ModelHandle):
         self.handle = handle
@@ -341,7 +422,7 @@ class Driver:
         Raises :class:`ContextOverflow` / :class:`InvalidRequest` before running a step."""
         params = params or SamplingParams()
         ids = self.handle.encode(prompt)
-        return generate(self.handle.runner, ids, params, self.handle.tokenizer)
+        return generate(self.handle.engine, ids, params)
 
     def complete(self, prompt, params: SamplingParams | None = None) -> Finished:
         """Run to the end; the :class:`Finished` event."""
@@ -351,5 +432,86 @@ class Driver:
         return last
 
 
-__all__ = ["BACKENDS", "ContextOverflow", "Driver", "Finished", "ModelHandle", "ModelNotFound",
-           "SamplingParams", "TokenEvent", "compile_cached", "compile_steps", "target_for"]
+@dataclass
+class CompletionOutput:
+    """One prompt's result from :meth:`LLM.generate`: the prompt's ids, the generated ids
+    (a stop token excluded), the text, the finish reason (``stop``/``length``), the stop
+    string or token id that ended it, per-token log-probs when asked, and its stats."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stop: str | int | None
+    logprobs: list | None
+    stats: Any
+
+
+class LLM:
+    """vLLM-style offline batching: every prompt is added to the engine at once and the
+    engine runs them batched (continuous batching, prefix caching, preemption).
+
+    ``LLM(model=None, backend="cpu", **load_options)``: ``model`` a checkpoint path (None: the
+    bundled SmolLM2); ``load_options`` as :meth:`ModelHandle.load` (``max_batch``,
+    ``kv_capacity``, ``kv_blocks``, ...). ``LLM(handle=...)`` wraps a loaded handle.
+    """
+
+    def __init__(self, model: str | os.PathLike | None = None, backend: str = "cpu", *,
+                 handle: ModelHandle | None = None, **load_options: Any):
+        self.handle = handle or ModelHandle.load(model, backend, **load_options)
+
+    @property
+    def engine(self) -> LLMEngine:
+        return self.handle.engine
+
+    def generate(self, prompts: Sequence[Any] | Any,
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 on_output: Callable[[int, Any], None] | None = None
+                 ) -> list[CompletionOutput]:
+        """One :class:`CompletionOutput` per prompt, in order. ``prompts``: texts, chat
+        message lists or token-id lists (one prompt alone is accepted too); ``params``: one
+        :class:`SamplingParams` for all, or one per prompt. ``on_output(index, output)`` is
+        called with every :class:`~poot.engine.RequestOutput` as it is produced (streaming).
+        Every prompt is checked before any runs (a bad one raises, naming its index)."""
+        if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)) or \
+                (prompts and isinstance(prompts[0], Mapping)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            plist = [params or SamplingParams()] * len(prompts)
+        else:
+            plist = list(params)
+            if len(plist) != len(prompts):
+                raise InvalidRequest("params", len(plist), f"one SamplingParams per prompt "
+                                     f"({len(prompts)}) or one for all")
+        eng = self.engine
+        encoded = []
+        for i, (p, sp) in enumerate(zip(prompts, plist)):
+            try:
+                encoded.append(eng.check_request(self.handle.encode(p), sp))
+            except InvalidRequest as e:
+                raise InvalidRequest(f"prompts[{i}].{e.field}", e.value, e.reason) from None
+        ids = [eng.add_request(x, sp) for x, sp in zip(encoded, plist)]
+        index = {rid: i for i, rid in enumerate(ids)}
+        results: dict[int, CompletionOutput] = {}
+        lps: dict[int, list] = {i: [] for i in range(len(ids))}
+        while len(results) < len(ids):
+            for out in eng.step():
+                i = index.get(out.request_id)
+                if i is None:
+                    continue
+                if out.logprobs:
+                    lps[i] += out.logprobs
+                if on_output is not None:
+                    on_output(i, out)
+                if out.finished:
+                    results[i] = CompletionOutput(encoded[i], list(out.output_ids or []),
+                                                  out.output_text or "", out.finish_reason,
+                                                  out.stop, lps[i] if plist[i].logprobs
+                                                  is not None else None, out.stats)
+        return [results[i] for i in range(len(ids))]
+
+
+__all__ = ["BACKENDS", "CompletionOutput", "ContextOverflow", "Driver", "Finished", "LLM",
+           "ModelHandle", "ModelNotFound", "SamplingParams", "TokenEvent", "compile_cached",
+           "compile_steps", "target_for"]

@@ -75,6 +75,14 @@ def check_module(module: ir.Operation, target: Target) -> None:
         raise refusal[0]
 
 
+def kv_block_size(target: Target) -> int:
+    """Positions per paged-KV block for ``target``: a GPU's subgroup width (a subgroup reads a
+    block's keys with no partial batch), at least 16 (vLLM's default); 32 on the CPU, where
+    each block is one step of the attention kernel's loop (fewer, longer blocks amortize it)."""
+    sg = target.caps.subgroup_size
+    return max(16, sg) if sg else 32
+
+
 @dataclass(frozen=True)
 class Buffer:
     """One buffer of a step: a role (input/param/output), a name, its type and byte size;

@@ -126,6 +126,13 @@ class CpuDevice:
                               f"{list(buffer.shape)}")
         np.copyto(buffer, a.reshape(buffer.shape), casting="same_kind")
 
+    def upload_rows(self, buffer: np.ndarray, start: int, array) -> None:
+        """Write ``array`` over rows ``start..`` (first axis) of ``buffer`` in place."""
+        a = np.asarray(array)
+        if a.dtype != buffer.dtype and buffer.dtype == np.uint16 and a.dtype.itemsize == 2:
+            a = a.view(np.uint16)
+        buffer[start:start + a.shape[0]] = a
+
     def download(self, buffer: np.ndarray) -> np.ndarray:
         return buffer.copy()
 

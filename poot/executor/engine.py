@@ -102,7 +102,9 @@ class Entry:
     recordings: dict[tuple, Any] = field(default_factory=dict)
     steps: int = 0
     in_place: frozenset = frozenset()    # carried inputs this program updates in place
-    feedback: dict[str, str] = field(default_factory=dict)   # output -> its input slot
+    # output -> the input slot it is copied into: a name (this entry) or (entry, name)
+    feedback: dict[str, Any] = field(default_factory=dict)
+    feedback_buffers: dict[str, Any] = field(default_factory=dict)   # output -> that slot
 
     @property
     def input_names(self) -> list[str]:
@@ -154,9 +156,10 @@ class Engine(Generic[D]):
         ``carry`` (output -> input) adds carried values to the aliases ``program.storage``
         declares. ``share`` binds an input to another entry's output buffer
         (``{"logits": (prefill_entry, "logits")}``): no host round trip between entries.
-        ``feedback`` (output -> per-step input of this entry, same element type and count,
-        e.g. ``{"sampling.token": "tokens"}``): the output is copied on the device into the
-        input's slot at the end of every step (recorded with the step).
+        ``feedback`` (output -> per-step input of this entry, or ``(other entry, input)``; same
+        element type and count, e.g. ``{"sampling.token": (decode_entry, "tokens")}``): the
+        output is copied on the device into that input's slot at the end of every step
+        (recorded with the step).
         """
         kernel = self.device.load(program)
         carried = {b.name: b.aliases for b in getattr(program, "storage", ())
@@ -201,18 +204,30 @@ class Engine(Generic[D]):
             elif a.role == "output" and a.name not in carried:
                 outputs[a.name] = self.device.alloc(a.type)
         feedback = dict(feedback or {})
-        for out, inp in feedback.items():
+        targets: dict[str, Any] = {}
+        for out, dest in feedback.items():
+            other, inp = dest if isinstance(dest, tuple) else (None, dest)
             if out not in outputs:
                 raise ExecutorError(f"feedback {out} -> {inp}: '{out}' is not a per-step "
                                     "output of the program")
-            if inp not in slots or inp in share:
-                raise ExecutorError(f"feedback {out} -> {inp}: '{inp}' is not a per-step "
-                                    "input slot of this entry")
-            t_out, t_in = args[("output", out)].type, args[("input", inp)].type
+            if other is None:
+                if inp not in slots or inp in share:
+                    raise ExecutorError(f"feedback {out} -> {inp}: '{inp}' is not a per-step "
+                                        "input slot of this entry")
+                t_in, targets[out] = args[("input", inp)].type, slots[inp]
+            else:
+                if inp not in other.slots:
+                    raise ExecutorError(f"feedback {out} -> {inp}: '{inp}' is not a per-step "
+                                        "input slot of the target entry")
+                t_in = next(a.type for a in other.kernel.args
+                            if a.role == "input" and a.name == inp)
+                targets[out] = other.slots[inp]
+            t_out = args[("output", out)].type
             if t_out.dtype != t_in.dtype or _count(t_out) != _count(t_in):
                 raise ExecutorError(f"feedback {out} -> {inp}: {t_out} does not fit {t_in}")
         entry = Entry(next(self._ids), program, kernel, dict(carried), slots, outputs,
                       in_place=in_place, feedback=feedback)
+        entry.feedback_buffers = targets
         self.entries.append(entry)
         return entry
 
@@ -227,6 +242,26 @@ class Engine(Generic[D]):
     def write_state(self, name: str, array: np.ndarray) -> None:
         """Overwrite the current value of carried ``name`` (e.g. a slot's token history)."""
         self.device.upload(self._state[name].current, array)
+
+    def write_state_row(self, name: str, index: int, array: np.ndarray) -> None:
+        """Overwrite row ``index`` (first axis) of carried ``name`` (e.g. one sequence's row
+        of the token-history pool), after the queued work finished. Uses the device's
+        ``upload_rows(buffer, start, array)`` when it has one, else a read-modify-write of the
+        whole buffer."""
+        st = self._state[name]
+        self.device.synchronize()
+        a = np.asarray(array)
+        if not 0 <= index < st.type.shape[0] or a.shape != tuple(st.type.shape[1:]):
+            raise ExecutorError(f"cannot write a {list(a.shape)} row at {index} of carried "
+                                f"'{name}' {st.type}")
+        rows = getattr(self.device, "upload_rows", None)
+        if rows is not None:
+            rows(st.current, index, a[None])
+            return
+        full = self.device.download(st.current)
+        full = full.reshape(tuple(st.type.shape)) if full.ndim == 1 else full
+        full[index] = a
+        self.device.upload(st.current, full)
 
     def write_inputs(self, entry: Entry, inputs: Mapping[str, np.ndarray]) -> None:
         """Rewrite slot buffers in place (what :meth:`step` does with its ``inputs``)."""
@@ -268,7 +303,7 @@ class Engine(Generic[D]):
         key = self._parity(entry)
         rec = entry.recordings.get(key)
         if rec is None:
-            copies = [(entry.outputs[o], entry.slots[i]) for o, i in entry.feedback.items()]
+            copies = [(entry.outputs[o], entry.feedback_buffers[o]) for o in entry.feedback]
             bindings = self._bindings(entry)
             rec = entry.recordings[key] = (
                 self.device.record(entry.kernel, bindings, copies=copies) if copies

@@ -77,7 +77,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from poot.dialects.types import DType, TensorType
-from poot.graph.builder import Builder, BuilderError, Tensor
+from poot.graph.builder import Builder, BuilderError, Graph, Tensor
 
 GREEDY_EPS = 1e-5
 """A row with ``temperature < GREEDY_EPS`` is sampled greedily (vLLM's ``_SAMPLING_EPS``)."""
@@ -157,6 +157,11 @@ class SamplerSpec:
             roles.append("logit_bias")
         roles.append("token_counts")
         return roles
+
+
+#: The sampler of greedy requests with no penalties, bias, filters or log-probs.
+GREEDY = SamplerSpec(penalties=False, logit_bias=False, top_k=False, top_p=False, min_p=False,
+                     stochastic=False)
 
 
 @dataclass
@@ -485,3 +490,89 @@ def trace_cost(batch: int, vocab: int, spec: SamplerSpec | None = None) -> dict[
     now = (b._values, b._ops, b._literal, b._owned)
     return {k: n - o for k, n, o in zip(("values", "ops", "literal_bytes", "owned_bytes"),
                                         now, base)}
+
+
+# ---- the sampler as its own step program (the serving engine's) ----------------------------
+
+#: Inputs of the sampler program beyond :data:`INPUTS`: the decode step's logits and, with
+#: penalties, the batch rows' places in the token-history pool.
+LOGITS = "logits"
+HISTORY_ROWS = "sampling.history_rows"
+#: Log-prob widths a sampler program is traced for (a request asking for n top log-probs runs
+#: in the smallest width >= n; the rest is cut on the host).
+LOGPROB_WIDTHS = (0, 5, 20)
+
+
+@dataclass(frozen=True)
+class SamplerStep:
+    """The shape of a standalone sampler program (:func:`trace_sampler`).
+
+    Attributes:
+        batch: rows B (the decode bucket it follows).
+        vocab: V.
+        history_slots: rows of the token-history pool (one per sequence the engine may run,
+            plus a scratch row for idle batch rows); used when ``spec.penalties``.
+        spec: the :class:`SamplerSpec` (the union of the features of the batch's requests).
+    """
+
+    batch: int
+    vocab: int
+    history_slots: int
+    spec: SamplerSpec
+
+    def __post_init__(self):
+        for k in ("batch", "vocab", "history_slots"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise BuilderError(f"SamplerStep.{k} must be a positive int, got {v!r}")
+
+
+def trace_sampler(step: SamplerStep) -> Graph:
+    """The sampling suffix as a program of its own, run after a decode step of the same
+    bucket (it reads that step's ``logits`` buffer on the device).
+
+    Inputs: ``logits`` f32 [B, 1, V]; the per-row parameters ``step.spec`` declares
+    (:data:`INPUTS`: [B] each, ``sampling.logit_bias`` [B, V]); with penalties, the
+    token-history pool ``sampling.token_counts`` i32 [S, V] and ``sampling.history_rows`` i32
+    [B] (the pool row of each batch row; idle rows may all name one scratch row).
+    Outputs: :data:`OUTPUTS` ``token`` i32 [B], ``nonfinite`` i1 [B], the log-prob outputs
+    when ``spec.logprobs`` is set, and with penalties ``token_counts_out``: the pool with each
+    batch row's history row counting its chosen token once more (a scatter into the pool
+    input: updated in place). Row b's token depends on row b's inputs only, so a request
+    samples the same tokens in any batch.
+    """
+    from poot.graph.builder import TraceLimits
+
+    s = step
+    spec = s.spec
+    cost = trace_cost(s.batch, s.vocab, spec)
+    # the suffix's own cost, plus the history gather/scatter and the logits view (a margin
+    # of 2x on what it measures)
+    b = Builder(TraceLimits(max_values=2 * cost["values"] + 1024,
+                            max_ops=2 * cost["ops"] + 1024,
+                            max_literal_bytes=2 * cost["literal_bytes"] + 4096,
+                            max_owned_bytes=2 * cost["owned_bytes"]
+                            + 64 * s.batch * s.vocab + 16 * s.history_slots * s.vocab),
+                name="sampler")
+    logits = b.input(LOGITS, TensorType((s.batch, 1, s.vocab), DType.F32))
+    roles = [r for r in spec.input_roles() if r != "token_counts"]
+    handles = {r: b.input(INPUTS[r], input_type(r, s.batch, s.vocab)) for r in roles}
+    pool = rows = None
+    if spec.penalties:
+        pool = b.input(INPUTS["token_counts"],
+                       TensorType((s.history_slots, s.vocab), DType.I32))
+        rows = b.input(HISTORY_ROWS, TensorType((s.batch,), DType.I32))
+        counts = b.gather(pool, rows, axis=0)
+    else:
+        counts = b.broadcast_to(b.scalar(0, DType.I32), (s.batch, s.vocab))
+    si = SamplingInputs(token_counts=counts, **handles)
+    res = sample(b, b.reshape(logits, (s.batch, s.vocab)), si, spec)
+    out = {OUTPUTS["token"]: res.token, OUTPUTS["nonfinite"]: res.nonfinite}
+    if res.logprob is not None:
+        out[OUTPUTS["logprob"]] = res.logprob
+    if res.top_logprobs is not None and res.top_logprobs.shape[1] > 0:
+        out[OUTPUTS["top_logprobs"]] = res.top_logprobs
+        out[OUTPUTS["top_ids"]] = res.top_ids
+    if spec.penalties:
+        out[OUTPUTS["history"]] = b.scatter(pool, b.reshape(rows, (s.batch, 1)), res.history)
+    return b.finish(out)

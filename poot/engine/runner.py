@@ -1,0 +1,394 @@
+"""The model's compiled steps over one paged KV pool: what the engine loop runs.
+
+:class:`ModelRunner` owns the executor :class:`~poot.executor.Engine` of one loaded model and
+its entries, each compiled once (through the compile cache) the first time it is needed:
+
+* **prefill**: ``StepSpec.prefill(T, batch=1, outputs="hidden")``, one chunk of T prompt
+  tokens of one sequence (padding rows write nothing: slot -1). No LM head runs: the last
+  prompt token goes through decode, so every sampled token comes from the decode path.
+* **decode** per batch bucket B (:func:`decode_buckets`): ``StepSpec.decode(batch=B)``, one
+  token per sequence, logits ``[B, 1, V]`` left on the device. Rows past the running
+  sequences are idle: null block table, slot -1 (they write nothing), outputs ignored.
+* **sampler** per (B, :class:`~poot.graph.sampling.SamplerSpec`)
+  (:func:`poot.graph.sampling.trace_sampler`): reads the decode entry's ``logits`` buffer in
+  place (no host round trip), samples every row with its own parameters, and copies the
+  sampled tokens into the decode entry's ``tokens`` input on the device (so a next step over
+  the same rows needs no token upload). The spec is the union of the batch's features, so
+  one model program per bucket serves every sampling setting; the sampler programs are small
+  (a greedy one compiles in well under a second).
+
+Carried state, shared by every entry: the KV pools ``kv.{i}.k/v`` (updated in place where
+the backend does so) and, with penalties, the token-history pool
+``sampling.token_counts [history_slots, V]`` (one row per running sequence plus a scratch row
+for idle batch rows).
+
+Inputs are written only when they change (a row's block table changes when it gains a
+block; its tokens only when the batch changes, otherwise they are fed back on the device).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from poot.dialects.types import DType
+from poot.engine.blocks import NULL_BLOCK
+from poot.executor import Engine, Entry, Submitted
+from poot.graph import sampling
+from poot.graph.sampling import GREEDY, SamplerSpec, SamplerStep
+from poot.models import StepSpec
+
+#: The decode entry's sampled-token output copied into its token input.
+TOKEN = sampling.OUTPUTS["token"]
+
+
+def decode_buckets(max_batch: int) -> tuple[int, ...]:
+    """Decode batch sizes: powers of two below ``max_batch``, then ``max_batch``."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return tuple(out + [max_batch])
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """The paged KV pool.
+
+    Attributes:
+        block_size: positions per block (bs).
+        num_blocks: blocks per pool, the null block included.
+        max_model_len: positions one sequence may hold (``W * bs``; its block table has
+            ``W`` entries): the context limit, prompt plus generated tokens.
+        kv_dtype: the pools' storage dtype.
+    """
+
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    kv_dtype: DType
+
+    @property
+    def table_width(self) -> int:
+        return self.max_model_len // self.block_size
+
+    def bytes(self, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+        """Bytes of all K and V pools."""
+        return (2 * n_layers * self.num_blocks * self.block_size * n_kv_heads * head_dim
+                * self.kv_dtype.itemsize)
+
+
+@dataclass
+class DecodeRow:
+    """One running sequence's row of a decode step.
+
+    Attributes:
+        token: the token fed at ``position`` (None: the previous step's sampled token for
+            this row, already copied into the input on the device).
+        position: its position (its K/V go to slot ``block_table[position // bs] * bs +
+            position % bs``).
+        block_table: the sequence's blocks in position order.
+        params: its :class:`~poot.driver.params.SamplingParams`; uniform: this step's u.
+        history_row: its row of the token-history pool.
+        key: identifies the request (rows whose keys are unchanged keep their parameters).
+    """
+
+    token: int | None
+    position: int
+    block_table: Sequence[int]
+    params: Any
+    uniform: float
+    history_row: int
+    key: Any
+
+
+@dataclass
+class DecodeHandle:
+    """A decode + sample issued by :meth:`ModelRunner.submit_decode`."""
+
+    submitted: Submitted
+    rows: int
+    spec: SamplerSpec
+    read: list[str]
+
+
+@dataclass
+class _EntryState:
+    """The host copy of what was last written into an entry's inputs (write-if-changed)."""
+
+    last: dict[str, Any] = field(default_factory=dict)
+
+
+def sampler_spec_for(params_list: Sequence[Any]) -> SamplerSpec:
+    """The smallest :class:`SamplerSpec` serving every request of ``params_list`` (their
+    features' union; log-prob width rounded up to :data:`~poot.graph.sampling.LOGPROB_WIDTHS`)."""
+    pen = bias = top_k = top_p = min_p = stoch = False
+    lp = None
+    for p in params_list:
+        greedy = p.greedy
+        pen |= (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
+                or p.frequency_penalty != 0.0)
+        bias |= bool(p.logit_bias)
+        stoch |= not greedy
+        top_k |= not greedy and p.top_k > 0
+        top_p |= not greedy and p.top_p < 1.0
+        min_p |= not greedy and p.min_p > 0.0
+        if p.logprobs is not None:
+            w = next(x for x in sampling.LOGPROB_WIDTHS if x >= p.logprobs)
+            lp = w if lp is None else max(lp, w)
+    return SamplerSpec(penalties=pen, logit_bias=bias, top_k=top_k, top_p=top_p, min_p=min_p,
+                       logprobs=lp, stochastic=stoch)
+
+
+class SamplerProgram:
+    """What :func:`poot.executor.cache.step_key` keys a sampler program by: ``config`` is its
+    :class:`~poot.graph.sampling.SamplerStep` (no model, no weights)."""
+
+    family = "sampler"
+
+    def __init__(self, step: SamplerStep):
+        self.config = step
+
+
+class ModelRunner:
+    """The steps of one model on one device over one paged KV pool (module doc).
+
+    Args:
+        model, weights: the family instance and its :class:`~poot.models.WeightBinding`.
+        device: the executor device.
+        compile_step: ``(key_model, weight_types, spec, trace) -> Program``: compiles (or
+            finds in the compile cache) the program of ``trace()``; ``key_model``/``spec``
+            identify it without tracing.
+        kv: the pool; max_batch: the largest decode bucket; prefill_chunk: tokens per
+            prefill step (clamped to ``kv.max_model_len``).
+        on_compile: called with an entry's name before it is compiled or loaded.
+    """
+
+    def __init__(self, model, weights, device, compile_step: Callable, kv: KVConfig,
+                 max_batch: int, prefill_chunk: int,
+                 on_compile: Callable[[str], None] | None = None):
+        self.model, self.weights, self.kv = model, weights, kv
+        self.compile_step = compile_step
+        self.buckets = decode_buckets(max_batch)
+        self.max_batch = max_batch
+        self.prefill_chunk = max(1, min(prefill_chunk, kv.max_model_len))
+        self.vocab = model.dims().vocab
+        #: rows of the token-history pool: one per running sequence, plus a scratch row
+        self.history_slots = max_batch + 1
+        self.on_compile = on_compile
+        self.engine = Engine(device)
+        self.engine.load_weights(weights.arrays, weights.types)
+        self.compile_s: dict[str, float] = {}
+        self._entries: dict[Any, Entry] = {}
+        self._written: dict[int, _EntryState] = {}
+        self.prefill_steps = 0
+        self.decode_steps = 0
+
+    # ---- entries ------------------------------------------------------------------------
+    def _spec(self, kind: str, batch: int = 1) -> StepSpec:
+        kv = self.kv
+        kw = dict(kv_capacity=kv.max_model_len, block_size=kv.block_size,
+                  num_blocks=kv.num_blocks, kv_dtype=kv.kv_dtype)
+        if kind == "prefill":
+            return StepSpec.prefill(self.prefill_chunk, batch=1, outputs="hidden", **kw)
+        return StepSpec.decode(batch=batch, **kw)
+
+    def _compile(self, name: str, key_model, types, spec, trace):
+        if self.on_compile:
+            self.on_compile(name)
+        t0 = time.perf_counter()
+        prog = self.compile_step(key_model, types, spec, trace)
+        self.compile_s[name] = time.perf_counter() - t0
+        return prog
+
+    def prefill_entry(self) -> Entry:
+        e = self._entries.get("prefill")
+        if e is None:
+            spec = self._spec("prefill")
+            prog = self._compile(f"prefill[{spec.tokens}]", self.model, self.weights.types,
+                                 spec, lambda: self.model.trace(spec, self.weights.types))
+            e = self._entries["prefill"] = self.engine.add_entry(prog)
+        return e
+
+    def decode_entry(self, batch: int) -> Entry:
+        key = ("decode", batch)
+        e = self._entries.get(key)
+        if e is None:
+            spec = self._spec("decode", batch)
+            prog = self._compile(f"decode[B={batch}]", self.model, self.weights.types, spec,
+                                 lambda: self.model.trace(spec, self.weights.types))
+            e = self._entries[key] = self.engine.add_entry(prog)
+        return e
+
+    def sampler_entry(self, batch: int, spec: SamplerSpec) -> Entry:
+        key = ("sampler", batch, spec)
+        e = self._entries.get(key)
+        if e is None:
+            dec = self.decode_entry(batch)
+            step = SamplerStep(batch, self.vocab, self.history_slots, spec)
+            prog = self._compile(f"sampler[B={batch}]", SamplerProgram(step), {}, step,
+                                 lambda: sampling.trace_sampler(step))
+            e = self._entries[key] = self.engine.add_entry(
+                prog, share={sampling.LOGITS: (dec, "logits")},
+                feedback={TOKEN: (dec, "tokens")})
+        return e
+
+    def bucket(self, n: int) -> int:
+        """The smallest decode bucket holding ``n`` rows."""
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"{n} rows exceed the largest decode bucket {self.buckets[-1]}")
+
+    def warm_up(self, batches: Sequence[int] = (1,), specs: Sequence[SamplerSpec] = ()) -> None:
+        """Compile (or load) the prefill entry, the decode entries of ``batches`` and their
+        greedy sampler plus ``specs``."""
+        self.prefill_entry()
+        for b in batches:
+            self.sampler_entry(b, GREEDY)
+            for s in specs:
+                self.sampler_entry(b, s)
+
+    # ---- inputs -------------------------------------------------------------------------
+    def _write(self, entry: Entry, values: dict[str, np.ndarray], force: set[str] = frozenset()
+               ) -> dict[str, np.ndarray]:
+        """The entries of ``values`` that differ from what was last written into ``entry``
+        (and those in ``force``); remembers them."""
+        st = self._written.setdefault(entry.id, _EntryState())
+        out = {}
+        for k, v in values.items():
+            old = st.last.get(k)
+            if k in force or old is None or old.shape != v.shape or not np.array_equal(old, v):
+                out[k] = v
+                st.last[k] = v.copy()
+        return out
+
+    def table_row(self, blocks: Sequence[int]) -> np.ndarray:
+        """i32 [W]: ``blocks`` then the null block."""
+        w = self.kv.table_width
+        if len(blocks) > w:
+            raise ValueError(f"{len(blocks)} blocks exceed the table width {w}")
+        row = np.full(w, NULL_BLOCK, np.int32)
+        row[:len(blocks)] = blocks
+        return row
+
+    def slot(self, blocks: Sequence[int], position: int) -> int:
+        bs = self.kv.block_size
+        return int(blocks[position // bs]) * bs + position % bs
+
+    # ---- prefill ------------------------------------------------------------------------
+    def prefill(self, blocks: Sequence[int], token_ids: Sequence[int], start: int) -> int:
+        """Write the K/V of ``token_ids`` at positions ``start..`` of the sequence holding
+        ``blocks`` (issued in order on the device; returns the steps issued)."""
+        ids = list(token_ids)
+        if not ids:
+            return 0
+        entry = self.prefill_entry()
+        t = self.prefill_chunk
+        table = self.table_row(blocks)[None, :]
+        steps = 0
+        for off in range(0, len(ids), t):
+            chunk = ids[off:off + t]
+            n = len(chunk)
+            tokens = np.zeros((1, t), np.int32)
+            positions = np.zeros((1, t), np.int32)
+            slots = np.full(t, -1, np.int32)             # padding rows write nothing
+            tokens[0, :n] = chunk
+            pos = np.arange(start + off, start + off + n)
+            positions[0, :n] = pos
+            slots[:n] = [self.slot(blocks, int(p)) for p in pos]
+            ins = self._write(entry, {"tokens": tokens, "positions": positions,
+                                      "block_table": table, "slot_mapping": slots})
+            self.engine.submit(entry, ins, read=())
+            steps += 1
+        self.prefill_steps += steps
+        return steps
+
+    # ---- decode -------------------------------------------------------------------------
+    def submit_decode(self, rows: Sequence[DecodeRow], spec: SamplerSpec) -> DecodeHandle:
+        """Issue one decode step over ``rows`` (padded to their bucket) and its sampler (spec
+        ``spec``; it must cover every row's parameters): returns at once where the device
+        queues work; :meth:`collect` waits for the sampled tokens."""
+        n = len(rows)
+        bsz = self.bucket(n)
+        dec = self.decode_entry(bsz)
+        smp = self.sampler_entry(bsz, spec)
+        w = self.kv.table_width
+        positions = np.zeros((bsz, 1), np.int32)
+        table = np.full((bsz, w), NULL_BLOCK, np.int32)
+        slots = np.full(bsz, -1, np.int32)
+        for i, r in enumerate(rows):
+            positions[i, 0] = r.position
+            table[i] = self.table_row(r.block_table)
+            slots[i] = self.slot(r.block_table, r.position)
+        values = {"positions": positions, "block_table": table, "slot_mapping": slots}
+        if any(r.token is not None for r in rows) or \
+                self._written.get(dec.id, _EntryState()).last.get("rowkeys") != \
+                [r.key for r in rows]:
+            if any(r.token is None for r in rows):
+                raise ValueError("a row without a token in a batch whose rows changed")
+            tokens = np.zeros((bsz, 1), np.int32)
+            tokens[:n, 0] = [r.token for r in rows]
+            values["tokens"] = tokens
+        dins = self._write(dec, values, force={"tokens"} if "tokens" in values else set())
+        self._written[dec.id].last["rowkeys"] = [r.key for r in rows]
+        sins = self._sampler_inputs(smp, rows, bsz, spec)
+        self.engine.submit(dec, dins, read=())
+        read = [TOKEN]
+        if spec.logprobs is not None:
+            read.append(sampling.OUTPUTS["logprob"])
+            if spec.logprobs > 0:
+                read += [sampling.OUTPUTS["top_logprobs"], sampling.OUTPUTS["top_ids"]]
+        sub = self.engine.submit(smp, sins, read=read)
+        self.decode_steps += 1
+        return DecodeHandle(sub, n, spec, read)
+
+    def _sampler_inputs(self, entry: Entry, rows: Sequence[DecodeRow], bsz: int,
+                        spec: SamplerSpec) -> dict[str, np.ndarray]:
+        st = self._written.setdefault(entry.id, _EntryState())
+        keys = [r.key for r in rows]
+        out: dict[str, np.ndarray] = {}
+        if st.last.get("rowkeys") != keys:
+            from poot.driver.params import SamplingParams
+
+            batch = [r.params for r in rows] + [None] * (bsz - len(rows))
+            packed = SamplingParams.pack(batch, self.vocab, spec=spec)
+            packed.pop(sampling.INPUTS["uniform"], None)
+            out.update(packed)
+            st.last["rowkeys"] = keys
+        if spec.stochastic:
+            u = np.zeros(bsz, np.float32)
+            u[:len(rows)] = [r.uniform for r in rows]
+            out[sampling.INPUTS["uniform"]] = u
+        if spec.penalties:
+            hr = np.full(bsz, self.history_slots - 1, np.int32)     # idle rows: scratch
+            hr[:len(rows)] = [r.history_row for r in rows]
+            out.update(self._write(entry, {sampling.HISTORY_ROWS: hr}))
+        return out
+
+    def collect(self, handle: DecodeHandle) -> dict[str, np.ndarray]:
+        """Wait for a decode step's sampled tokens (and log-probs): arrays of its rows."""
+        out = self.engine.collect(handle.submitted)
+        return {k: v[:handle.rows] for k, v in out.items()}
+
+    def reset_history(self, row: int, token_ids: Sequence[int] = ()) -> None:
+        """Start token-history row ``row`` counting ``token_ids`` (a new sequence: none; a
+        resumed one: its generated tokens). No-op until a penalties sampler exists."""
+        name = sampling.INPUTS["token_counts"]
+        if name not in self.engine.state_names():
+            return
+        from poot.driver.params import history_row
+
+        self.engine.write_state_row(name, row, history_row(self.vocab, token_ids))
+
+    def synchronize(self) -> None:
+        self.engine.device.synchronize()
+
+
+__all__ = ["DecodeHandle", "DecodeRow", "GREEDY", "KVConfig", "ModelRunner", "SamplerProgram",
+           "decode_buckets", "sampler_spec_for"]

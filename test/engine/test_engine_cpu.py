@@ -1,0 +1,189 @@
+"""The serving engine on the CPU backend with the tiny fixtures: continuous batching, paged KV,
+prefix caching and preemption, each checked against the request run alone (greedy tokens
+identical; seeded samples identical)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+from engine_cases import alone, prompts, staggered  # noqa: E402
+from model_steps import fixture_path  # noqa: E402
+from poot.api import LLM, ModelHandle  # noqa: E402
+from poot.driver.params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.engine import ContextOverflow, KVCapacityExceeded  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def _load(name="llama", **kw):
+    opts = dict(kv_capacity=64, max_batch=32, prefill_chunk=16)
+    opts.update(kw)
+    return ModelHandle.load(fixture_path(name), **opts)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return _load()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2", "mixtral"])
+def test_32_staggered_prompts_equal_alone(name, request):
+    """32 different prompts arriving one step apart (batches grow and shrink through every
+    bucket up to 32) each produce exactly the tokens they produce alone."""
+    h = request.getfixturevalue("llama") if name == "llama" else _load(name)
+    eng = h.engine
+    ps = prompts(h.runner.vocab, 32, seed=1, lo=3, hi=24)
+    params = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True)
+              for n in np.random.default_rng(2).integers(16, 40, len(ps))]
+    want = [alone(eng, p, sp) for p, sp in zip(ps, params)]
+    got = staggered(eng, list(zip(ps, params)), every=1)
+    assert eng.stats().max_decode_batch >= 16          # it did batch
+    for rid, w in zip(got["ids"], want):
+        assert got["final"][rid].output_ids == w, rid
+    assert eng.blocks.stats().used == 0                # every block released
+    eng.blocks.check()
+
+
+def test_prefix_cache_on_off_identical(llama):
+    """A workload sharing a 40-token system prompt (one request first, then 7 together):
+    with the prefix cache the shared blocks are reused (hit rate > 0, fewer prefill steps)
+    and every request's tokens are those without it."""
+    h_off = _load(prefix_caching=False)
+    rng = np.random.default_rng(5)
+    system = rng.integers(3, 256, 40).tolist()
+    users = [system + rng.integers(3, 256, int(n)).tolist() for n in rng.integers(2, 12, 8)]
+    out = {}
+    for tag, h in (("on", llama), ("off", h_off)):
+        before = h.engine.stats()
+        res = LLM(handle=h).generate(users[:1], GREEDY) + \
+            LLM(handle=h).generate(users[1:], GREEDY)
+        after = h.engine.stats()
+        out[tag] = ([r.token_ids for r in res], after.prefill_steps - before.prefill_steps,
+                    [r.stats.cached_tokens for r in res])
+    assert out["on"][0] == out["off"][0]
+    assert out["on"][1] < out["off"][1]
+    # the full blocks of the 40 shared tokens come from the cache
+    bs = llama.runner.kv.block_size
+    assert max(out["on"][2]) >= (40 // bs) * bs > 0 and max(out["off"][2]) == 0
+    assert llama.engine.stats().prefix_cache_hit_rate > 0
+
+
+def test_preemption_completes_every_request():
+    """A pool of 4 blocks (two sequences at full length) serving 8 concurrent requests that
+    each grow to 60 positions: sequences are preempted and recomputed, and every request
+    still gets its alone tokens; a request needing more than the pool is refused."""
+    h = _load(kv_blocks=4, max_batch=8)
+    eng = h.engine
+    ps = prompts(h.runner.vocab, 8, seed=7, lo=20, hi=30)
+    sp = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    want = [alone(eng, p, sp) for p in ps]
+    res = LLM(handle=h).generate(ps, sp)
+    assert [r.token_ids for r in res] == want
+    assert eng.stats().preemptions > 0
+    assert sum(r.stats.preemptions for r in res) == eng.stats().preemptions
+    with pytest.raises(ContextOverflow, match="exceeds the context capacity of 64 tokens"):
+        eng.add_request(ps[0], SamplingParams(max_tokens=60))
+
+
+def test_request_larger_than_the_pool_is_refused():
+    """A pool of one block: a request whose prompt + max_tokens need two is refused at once
+    with the typed error naming both numbers; one that fits runs."""
+    h = _load(kv_blocks=1, max_batch=1)
+    bs = h.runner.kv.block_size
+    with pytest.raises(KVCapacityExceeded, match=rf"needs 2 KV blocks \({bs + 2} tokens.*"
+                                                 rf"holds 1 blocks \({bs} tokens\)"):
+        h.engine.add_request([5] * 10, SamplingParams(max_tokens=bs - 8))
+    r = LLM(handle=h).generate([[5] * 10], SamplingParams(temperature=0, max_tokens=bs - 9))
+    assert len(r[0].token_ids) == bs - 9
+
+
+def test_mixed_sampling_settings_one_batch(llama):
+    """Greedy rows beside sampled rows (top-k/top-p/min-p, penalties, bias, log-probs) in one
+    batch: greedy rows get their alone tokens, seeded rows their alone samples."""
+    eng = llama.engine
+    ps = prompts(llama.runner.vocab, 6, seed=11)
+    sps = [GREEDY,
+           SamplingParams(temperature=0.9, top_k=20, seed=3, max_tokens=12, ignore_eos=True),
+           SamplingParams(temperature=0.7, top_p=0.8, min_p=0.05, seed=4, max_tokens=12,
+                          ignore_eos=True),
+           SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5,
+                          presence_penalty=0.2, max_tokens=12, ignore_eos=True),
+           SamplingParams(temperature=1.0, logit_bias={5: 5.0, 9: -100}, seed=5, max_tokens=12,
+                          ignore_eos=True),
+           SamplingParams(temperature=0.0, logprobs=3, max_tokens=12, ignore_eos=True)]
+    want = [alone(eng, p, sp) for p, sp in zip(ps, sps)]
+    res = LLM(handle=llama).generate(ps, sps)
+    assert [r.token_ids for r in res] == want
+    lp = res[5].logprobs
+    assert len(lp) == 12 and all(len(t.top) == 3 for t in lp)
+    assert all(t.top[0][0] == t.token_id for t in lp)        # greedy: the top-1 is chosen
+    assert all(t.logprob <= 0 for t in lp)
+
+
+def test_abort_frees_blocks_and_others_continue(llama):
+    eng = llama.engine
+    ps = prompts(llama.runner.vocab, 3, seed=13, hi=20)
+    want = alone(eng, ps[1], GREEDY)
+    a = eng.add_request(ps[0], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    b = eng.add_request(ps[1], GREEDY)
+    finals = {}
+    for i in range(200):
+        if i == 3:
+            eng.abort(a)
+        for out in eng.step():
+            if out.finished:
+                finals[out.request_id] = out
+        if not eng.has_unfinished():
+            break
+    assert finals[a].finish_reason == "abort"
+    assert finals[b].output_ids == want
+    assert eng.blocks.stats().used == 0
+
+
+def test_submission_from_threads_with_background_loop(llama):
+    """Requests added from 6 threads while the loop runs on its own thread: every stream is
+    complete and equals its alone tokens."""
+    eng = llama.engine
+    ps = prompts(llama.runner.vocab, 6, seed=17)
+    want = [alone(eng, p, GREEDY) for p in ps]
+    got = [None] * len(ps)
+    eng.start()
+    try:
+        def client(i):
+            rid = eng.add_request(ps[i], GREEDY, stream=True)
+            toks = []
+            for out in eng.stream(rid, timeout=120):
+                toks += out.token_ids
+            got[i] = toks
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(ps))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+    finally:
+        eng.shutdown(10)
+    assert got == want
+
+
+def test_request_errors_are_typed(llama):
+    eng = llama.engine
+    with pytest.raises(InvalidRequest, match="out of the vocabulary"):
+        eng.add_request([1, 100000], GREEDY)
+    with pytest.raises(InvalidRequest, match="no tokens"):
+        eng.add_request([], GREEDY)
+    with pytest.raises(InvalidRequest, match=r"prompts\[1\]\.prompt"):
+        LLM(handle=llama).generate([[1, 2], [1, -5]], GREEDY)
+    assert not eng.has_unfinished()
+
+
+def test_stop_strings_need_a_tokenizer(llama):
+    with pytest.raises(InvalidRequest, match="stop strings need a tokenizer"):
+        llama.engine.add_request([1, 2, 3], SamplingParams(stop=["x"]))
