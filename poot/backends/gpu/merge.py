@@ -179,6 +179,101 @@ def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter
     return False
 
 
+def _with_reshape(call: ir.Operation, callee: ir.Operation, reshape: ir.Operation, name: str,
+                  module_body) -> tuple:
+    """A new private function ``name`` computing ``callee`` with ``reshape`` applied inside:
+    it takes ``reshape``'s operand where ``call`` passed its result (once, however many
+    arguments received it). Returns (function, call operands: ``call``'s with that
+    substitution)."""
+    src, res = reshape.operands[0], reshape.results[0]
+    operands = []
+    for v in call.operands:
+        w = src if v == res else v
+        if w not in operands:
+            operands.append(w)
+    ftype = ir.FunctionType(ir.TypeAttr(callee.attributes["function_type"]).value)
+    with callee.context, callee.location:
+        fn_type = ir.FunctionType.get([v.type for v in operands], list(ftype.results))
+        fn = ir.Operation.create(
+            "func.func", regions=1,
+            attributes={"sym_name": ir.StringAttr.get(name),
+                        "function_type": ir.TypeAttr.get(fn_type),
+                        "sym_visibility": ir.StringAttr.get("private"),
+                        DISPATCH_ATTR: callee.attributes[DISPATCH_ATTR]},
+            ip=ir.InsertionPoint(module_body))
+        entry = fn.regions[0].blocks.append(*[v.type for v in operands])
+        outer = dict(zip(operands, entry.arguments))
+        ip = ir.InsertionPoint(entry)
+        clone_into(reshape, outer, ip)          # outer[res] = the reshape inside
+        cblock = callee.regions[0].blocks[0]
+        mapping = {a: outer[v] for a, v in zip(cblock.arguments, call.operands)}
+        for o in cblock.operations:
+            o = o.operation
+            if o.name == "func.return":
+                ir.Operation.create("func.return", operands=[mapping[v] for v in o.operands],
+                                    ip=ip)
+                break
+            clone_into(o, mapping, ip)
+    return fn, operands
+
+
+def sink_reshapes(g) -> int:
+    """Move each ``poot.reshape`` left in the step function (between dispatch regions: a view,
+    no kernel of its own) into the dispatch functions that consume it, so every region sees
+    its operands' views as the fusion pass would have put them (a q reshaped for attention,
+    a mask's views). A reshape with a user other than a call (a step output, another op)
+    stays; the plan aliases its buffer. Returns how many reshapes were moved."""
+    module_body = g.module.body
+    funcs = {_name(o.operation): o.operation for o in module_body.operations
+             if o.operation.name == "func.func"}
+    block = g.func.regions[0].blocks[0]
+    moved, counter = 0, 0
+    with g.module.context, ir.Location.unknown():
+        scratch = ir.Module.create()
+    g._sink_scratch = scratch
+    changed = True
+    while changed:
+        changed = False
+        for op in reversed([o.operation for o in block.operations]):
+            if op.name != "poot.reshape":
+                continue
+            users = []
+            for u in op.results[0].uses:
+                o = u.owner.operation if hasattr(u.owner, "operation") else u.owner
+                if o not in users:
+                    users.append(o)
+            if not users or any(u.name != "func.call" or DISPATCH_ATTR not in funcs[
+                    ir.FlatSymbolRefAttr(u.attributes["callee"]).value].attributes
+                    for u in users):
+                continue
+            for c in users:
+                cfn = funcs[ir.FlatSymbolRefAttr(c.attributes["callee"]).value]
+                counter += 1
+                fn, operands = _with_reshape(c, cfn, op, f"{_name(cfn)}_v{counter}",
+                                             module_body)
+                funcs[_name(fn)] = fn
+                with c.context, c.location:
+                    nc = ir.Operation.create(
+                        "func.call", results=[r.type for r in c.results], operands=operands,
+                        attributes={"callee": ir.FlatSymbolRefAttr.get(_name(fn))},
+                        ip=ir.InsertionPoint(c))
+                for r, n in zip(c.results, nc.results):
+                    r.replace_all_uses_with(n)
+                c.erase()
+            op.erase()
+            moved += 1
+            changed = True
+            break
+    if moved:
+        called = {ir.FlatSymbolRefAttr(o.operation.attributes["callee"]).value
+                  for o in block.operations if o.operation.name == "func.call"}
+        for name, fn in list(funcs.items()):
+            if name not in called and fn != g.func and DISPATCH_ATTR in fn.attributes:
+                fn.detach_from_parent()
+                ir.InsertionPoint(scratch.body).insert(fn)
+    return moved
+
+
 def fold_regions(g, accept: Callable[[ir.Operation], object | None]) -> dict[str, object]:
     """Fold producer regions of the step function of graph ``g`` into their consumers (see
     the module doc). ``accept(fn)`` synthesizes a candidate merged function (None: refused).
@@ -208,4 +303,4 @@ def fold_regions(g, accept: Callable[[ir.Operation], object | None]) -> dict[str
     return {k: v for k, v in made.items() if v is not None}
 
 
-__all__ = ["FOLDABLE", "body_key", "dispatch_kind", "fold_regions"]
+__all__ = ["FOLDABLE", "body_key", "dispatch_kind", "fold_regions", "sink_reshapes"]

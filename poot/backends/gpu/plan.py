@@ -7,7 +7,9 @@ kernels), and assigns a device buffer to every value: step inputs, weights (by n
 one buffer per intermediate value, per-dispatch scratch and constants (shared by the calls of
 one distinct dispatch, which run one after another).
 
-Before that, :func:`poot.backends.gpu.merge.fold_regions` folds cheap producer regions (RoPE,
+Before that, :func:`poot.backends.gpu.merge.sink_reshapes` moves the reshapes left between
+regions into the regions that consume them (a reshape no region consumes aliases its operand's
+buffer), :func:`poot.backends.gpu.merge.fold_regions` folds cheap producer regions (RoPE,
 masks, norms) into their consumers wherever the consumer's strategy still synthesizes the
 merged body (the step function is rewritten in place); then
 :func:`poot.backends.gpu.horizontal.fuse_siblings` merges independent single-launch sibling
@@ -31,7 +33,7 @@ from mlir import ir
 
 from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError, build_dispatch
 from poot.backends.gpu.horizontal import fuse_siblings
-from poot.backends.gpu.merge import body_key, dispatch_kind, fold_regions
+from poot.backends.gpu.merge import body_key, dispatch_kind, fold_regions, sink_reshapes
 from poot.backends.gpu.strategies import synthesize
 from poot.dialects.lowering.function import lower_function
 from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
@@ -89,6 +91,7 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
     kctx = ir.Context()
     kctx.allow_unregistered_dialects = True
     known: dict = {}          # body key -> synthesized kernels (None: no strategy takes it)
+    sink_reshapes(g)
     if strategy != "naive":
         known.update(fold_regions(g, lambda fn: synthesize(fn, caps, kctx)))
 
@@ -144,6 +147,11 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
             continue
         if op.name == "func.return":
             break
+        if op.name == "poot.reshape":
+            # a view left between regions (one no region consumes): its operand's buffer,
+            # row-major, the same bytes
+            value_buf[op.results[0]] = value_buf[op.operands[0]]
+            continue
         if op.name != "func.call":
             raise GpuCodegenError(f"the step function holds '{op.name}' outside any dispatch "
                                   "region")
