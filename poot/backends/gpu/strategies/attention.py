@@ -1,4 +1,5 @@
-"""Flash-decoding for a ``poot.attention`` dispatch region: a *split* kernel over chunks of
+"""Flash-decoding for a ``poot.attention`` or ``poot.paged_attention`` dispatch region: a
+*split* kernel over chunks of
 the key axis and a *combine* kernel that merges the chunks (one kernel when one chunk covers
 every key: short decode contexts take blocks of several subgroups so that one launch does it
 all), synthesized from the shapes and the target's subgroup size and core count.
@@ -18,6 +19,16 @@ What it takes (:func:`match_attention`): a dispatch function whose root is ``poo
   a view, or else any elementwise-class expression (a causal mask ``iota <= position``);
 * its result reaching the function's only result through ``poot.reshape`` only (so the
   output is row-major ``[batch, rows, Dv]``), and no other op in the function.
+
+or whose root is ``poot.paged_attention`` (:class:`poot.dialects.ops.attention.PagedAttention`:
+q ``[B, H, rows..., D]``, the batch is ``(B, H)``) with the block pools ``[NB, bs, H, D]``
+(f32, f16 or bf16, read in their dtype) and the block table ``[B, TW]`` (i32/i64) strided
+views of arguments, q and the mask as above. Key ``j`` of sequence ``b`` (``S = TW * bs``
+keys, key j is position j) is pool row ``(clamp(table[b, j // bs], 0, NB - 1), j % bs)``:
+each block first stages the table entries of its chunk's KV blocks, clamped, in workgroup
+memory (at most :data:`TABLE_MAX_ENTRIES`; a longer chunk splits), with the computed q's
+loads under one barrier; a lane's key address is then ``entry * stride(NB) + (j % bs) *
+stride(bs)`` (the pools are read in place, never gathered).
 
 Each view chain is resolved to a strided index map (:class:`View`: logical coordinates ->
 element offset in the argument buffer; NumPy's no-copy reshape rule); a computed q or mask
@@ -68,11 +79,24 @@ likewise a subgroup's state in the in-block merge). So the results are the same 
 values and scores above the -1e30 sentinel (but the sign of a zero), and a skipped batch's
 V rows are not even read (no ``0 * inf``).
 
+The paged op's refinement (a masked key contributes nothing even if a reused block holds
+inf/NaN there): a ``-inf`` bias gives the score ``-inf`` whatever ``q . k`` is (never
+``inf - inf``), an i1-masked score is the sentinel whatever it is; one subgroup vote per key
+batch (an i32 of two bits ORed over the lanes) says whether any (row, key) of the batch is
+alive (else the batch is skipped, for either mask kind: exact as above) and whether any is
+dead (masked, or past the chunk). A batch with a dead one accumulates ``p * select(p > 0, v,
+0)`` per row (a zero weight adds nothing, as the oracle's ``_visible_products``); a full
+batch keeps the plain products. Difference from the oracle: only a *visible* key holding a
+non-finite value whose weight underflows to exactly 0 (the oracle drops it, the plain
+product gives NaN); the sequence's own keys are finite in any real step. Keys past the
+sequence's last visible key are skipped by the vote (decode cost follows the length, not
+the table width), their K/V rows never read.
+
 Buffers: every argument read is a flat memref (``memref<N x storage>``: f32, f16, i8 for i1,
 i16 words for bf16; a packed weight as its bytes), a constant the scalar emitter cannot inline
 a constant buffer (``("const", k)``); the scratch holds ``acc[B*M, splits, Dv]`` then
 ``(m, l)[B*M, splits]`` (f32); the in-block merge's workgroup buffer ``acc[W, R, Dv]`` then
-``(m, l)[W, R]``.
+``(m, l)[W, R]``; a paged block's staged table entries ``i32[NT]`` (:func:`table_entries`).
 """
 
 from __future__ import annotations
@@ -120,6 +144,9 @@ SINGLE_MAX_KEYS = 64
 SINGLE_MAX_KEY_ELEMS = 64 * 64
 #: query rows per block at most for the single-kernel path (decode: the q heads of a kv head)
 SINGLE_MAX_ROWS = 8
+#: block-table entries a paged block stages in workgroup memory at most (4 KiB): a chunk
+#: spans at most this many KV blocks (longer chunks split)
+TABLE_MAX_ENTRIES = 1024
 
 
 # ---- views -> strided index maps ---------------------------------------------------------------
@@ -237,6 +264,20 @@ def resolve_view(v: ir.Value, fn_args) -> View | None:
 # ---- the region ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class PagedKV:
+    """How a ``poot.paged_attention`` region reads its keys: ``table`` the block table's view
+    (``[B, TW]``, integer ``table_dtype``), ``NB`` blocks of ``bs`` positions per pool. Key
+    ``j`` of sequence ``b`` is pool row ``(clamp(table[b, j // bs], 0, NB - 1), j % bs)``;
+    the region's ``k``/``v`` views are then the pools ``[NB, bs, H, D]``."""
+
+    table: View
+    table_dtype: str
+    NB: int
+    bs: int
+    TW: int
+
+
+@dataclass(frozen=True)
 class AttentionRegion:
     """A matched region: operand views (q ``[batch..., rows..., D]``, k ``[batch..., S, D]``,
     v ``[batch..., S, Dv]``), the mask (``mask_kind`` ``"i1"``/``"f32"``; ``mask`` a view of
@@ -269,6 +310,7 @@ class AttentionRegion:
     q_value: ir.Value | None = None
     mask_value: ir.Value | None = None
     mask_shape: tuple[int, ...] = ()
+    paged: "PagedKV | None" = None
 
     @property
     def B(self) -> int:
@@ -308,10 +350,11 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
 
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
-    atts = [o for o in ops if o.name == "poot.attention"]
+    atts = [o for o in ops if o.name in ("poot.attention", "poot.paged_attention")]
     if len(atts) != 1 or not ops or ops[-1].name != "func.return" or len(ops[-1].operands) != 1:
         return None
     att = atts[0]
+    paged = att.name == "poot.paged_attention"
     # the result reaches the return through reshapes only
     chain = {att, ops[-1]}
     r = ops[-1].operands[0]
@@ -327,24 +370,42 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
         t = type_from_mlir(a.type)
         arg_types.append((t.dtype.value, _prod(t.shape)) if isinstance(t, TensorType)
                          else ("", 0))
-    # k and v: strided views of arguments (the KV caches: read in place, never recomputed)
+    # k and v: strided views of arguments (the KV caches or block pools: read in place,
+    # never recomputed)
     k, v = (resolve_view(att.operands[i], args) for i in (1, 2))
     if k is None or v is None:
         return None
     # q: a strided view, else any elementwise-class expression (staged once per block)
     q = resolve_view(att.operands[0], args)
     q_value = None if q is not None else att.operands[0]
-    qt, kt, vt, mt = (type_from_mlir(x.type) for x in att.operands)
-    if qt.dtype not in (DType.F32, DType.F16) or kt.dtype != qt.dtype or vt.dtype != qt.dtype:
-        return None
-    nb = len(kt.shape) - 2
-    batch, rows = tuple(kt.shape[:nb]), tuple(qt.shape[nb:-1])
-    S, D, Dv = kt.shape[-2], kt.shape[-1], vt.shape[-1]
+    qt, kt, vt = (type_from_mlir(x.type) for x in att.operands[:3])
+    mt = type_from_mlir(att.operands[-1].type)
+    pkv = None
+    if paged:
+        # q [B, H, rows..., D]; pools [NB, bs, H, D] of one float dtype; table [B, TW]
+        tt_ = type_from_mlir(att.operands[3].type)
+        table = resolve_view(att.operands[3], args)
+        floats = (DType.F32, DType.F16, DType.BF16)
+        if table is None or tt_.dtype not in (DType.I32, DType.I64) or \
+                qt.dtype not in floats or kt.dtype not in floats or vt.dtype != kt.dtype:
+            return None
+        NB, bs, H = kt.shape[:3]
+        B_, TW = tt_.shape
+        batch, rows = (B_, H), tuple(qt.shape[2:-1])
+        S, D, Dv = TW * bs, kt.shape[-1], vt.shape[-1]
+        pkv = PagedKV(table, tt_.dtype.value, NB, bs, TW)
+    else:
+        if qt.dtype not in (DType.F32, DType.F16) or kt.dtype != qt.dtype or \
+                vt.dtype != qt.dtype:
+            return None
+        nb = len(kt.shape) - 2
+        batch, rows = tuple(kt.shape[:nb]), tuple(qt.shape[nb:-1])
+        S, D, Dv = kt.shape[-2], kt.shape[-1], vt.shape[-1]
     if S < 1 or D < 1 or Dv < 1 or not rows or len(mt.shape) != len(qt.shape):
         return None
     # the mask: a view, a splat constant, or not(view) for i1; else any elementwise-class
     # expression (evaluated per row and key)
-    mval, negate = att.operands[3], False
+    mval, negate = att.operands[-1], False
     mo = _owner(mval)
     if mo is not None and mo.name == "poot.unary" and \
             ir.StringAttr(mo.attributes["fn"]).value == "not":
@@ -365,9 +426,10 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     else:
         mview = resolve_view(mval, args)
         if mview is None:
-            mask_value, negate = att.operands[3], False
-    # every op of the region is accounted for: the result's reshapes, k/v views, and q and
-    # the mask (views, or elementwise-class expressions the scalar emitter computes)
+            mask_value, negate = att.operands[-1], False
+    # every op of the region is accounted for: the result's reshapes, k/v (and table) views,
+    # and q and the mask (views, or elementwise-class expressions the scalar emitter
+    # computes)
     known = chain | _slice_ops(att.operands)
     if any(o not in known for o in ops):
         return None
@@ -378,7 +440,7 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     softcap = float(ir.FloatAttr(att.attributes["softcap"]).value)
     return AttentionRegion(q, k, v, mview, kind, mconst, negate, batch, rows, S, D, Dv,
                            scale, softcap, tuple(arg_types), fn, q_value, mask_value,
-                           tuple(mt.shape))
+                           tuple(mt.shape), pkv)
 
 
 # ---- planning ------------------------------------------------------------------------------------
@@ -436,6 +498,16 @@ def batch_rounds(D: int, sg: int, DL: int) -> int:
     return J // JU + -(-KL // min(KL, 8))
 
 
+def table_entries(reg: AttentionRegion, C: int) -> int:
+    """Block-table entries a block of a paged region stages for a chunk of ``C`` keys (the
+    KV blocks a chunk ``[s, s + C)`` can touch; 0 for a dense region)."""
+    pg = reg.paged
+    if pg is None:
+        return 0
+    n = C // pg.bs if C % pg.bs == 0 else (C + pg.bs - 2) // pg.bs + 1
+    return max(1, min(pg.TW, n))
+
+
 def _single_plan(reg: AttentionRegion, caps, sg: int, R: int, RG: int, dl_max: int,
                  CT: int) -> AttentionPlan | None:
     """The one-launch plan (``NS = 1``, ``W`` subgroups per block), or None when a subgroup
@@ -447,8 +519,14 @@ def _single_plan(reg: AttentionRegion, caps, sg: int, R: int, RG: int, dl_max: i
     # workgroup memory: the staged q (R x D) and W partial states (R x (Dv + 2)) per block
     shared = getattr(caps, "max_shared_bytes", 0) or 16384
     qbytes = 4 * R * reg.D if reg.q is None else 0
-    while wmax > 1 and qbytes + 4 * wmax * R * (reg.Dv + 2) > shared:
+    # a paged region stages its whole table row (one chunk: every key)
+    tbytes = 4 * table_entries(reg, reg.S)
+    if tbytes > 4 * TABLE_MAX_ENTRIES:
+        return None
+    while wmax > 1 and qbytes + tbytes + 4 * wmax * R * (reg.Dv + 2) > shared:
         wmax //= 2
+    if qbytes + tbytes + 4 * wmax * R * (reg.Dv + 2) > shared:
+        return None
     best = None
     DL = 1
     while DL <= dl_max:
@@ -513,12 +591,16 @@ def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
         return None                          # butterflies need a known power-of-two width
     ndv = -(-reg.Dv // sg)
     rmax = max(1, min(MAX_ROWS, MAX_ACC_PER_LANE // ndv))
+    shared = getattr(caps, "max_shared_bytes", 0) or 16384   # Vulkan's guaranteed minimum
+    # a paged region stages a chunk's block-table entries (at most TABLE_MAX_ENTRIES)
+    tbytes = 4 * min(reg.paged.TW, TABLE_MAX_ENTRIES) if reg.paged else 0
     if reg.q is None:
-        # a computed q is staged in workgroup memory: R rows x D f32 (16 KiB: Vulkan's
-        # guaranteed minimum when the target does not say)
-        rmax = min(rmax, (getattr(caps, "max_shared_bytes", 0) or 16384) // (4 * reg.D))
+        # a computed q is staged in workgroup memory: R rows x D f32
+        rmax = min(rmax, (shared - tbytes) // (4 * reg.D))
         if rmax < 1:
             return None
+    elif tbytes > shared:
+        return None
     RG = -(-reg.M // rmax)
     R = -(-reg.M // RG)
     want = BLOCKS_PER_CORE * max(1, int(getattr(caps, "cores", 1) or 1))
@@ -533,6 +615,8 @@ def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
     ns = max(1, -(-want // groups))
     C = -(-reg.S // ns)
     C = max(KL, -(-C // KL) * KL)
+    while table_entries(reg, C) > TABLE_MAX_ENTRIES:
+        C = max(KL, (C // 2) // KL * KL)        # a chunk spans at most that many KV blocks
     NS = -(-reg.S // C)
     CT = max(sg, min(256, 4 * sg))
     if RG > MAX_GRID or reg.B > MAX_GRID or NS > MAX_GRID or \
@@ -581,7 +665,7 @@ class _Body:
         if key not in self.consts:
             name = f"%c{len(self.consts)}"
             self.consts[key] = name
-            self.head.append(f"{name} = arith.constant {lit} : {ty}")
+            self.head.append(f"{name} = arith.constant {lit}" + ("" if ty == "i1" else f" : {ty}"))
         return self.consts[key]
 
     # index arithmetic with constant folding of the trivial cases
@@ -721,8 +805,13 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     ml_base = NR * NS * Dv                  # (m, l) pairs after the accumulators
 
     def load_f(b: _Body, a: int, idx: str) -> str:
+        # a float element in f32: f16 extended, bf16 (i16 words) shifted into f32's high half
         x = b(f"memref.load {pname(a)}[{idx}] : {ptype(a)}")
         et = reg.arg_types[a][0]
+        if et == "bf16":
+            w = b(f"arith.extui {x} : i16 to i32")
+            w = b(f"arith.shli {w}, {b.c(16, 'i32')} : i32")
+            return b(f"arith.bitcast {w} : i32 to f32")
         return x if et == F else b(f"arith.extf {x} : {et} to f32")
 
     def denom_div(b: _Body, acc: str, ll: str) -> str:
@@ -777,15 +866,22 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     bi = b("gpu.block_id z")
     dd = b(f"arith.remui {lane}, {b.c(DL)} : index") if DL > 1 else b.c(0)
     kk = b(f"arith.divui {lane}, {b.c(DL)} : index") if DL > 1 else lane
-    q, k, v, mk = reg.q, reg.k, reg.v, reg.mask
+    q, k, v, mk, pg = reg.q, reg.k, reg.v, reg.mask, reg.paged
     mcomp = reg.mask_value is not None
     full = tuple(reg.batch + reg.rows) + (S,)
     mst = _bstrides(mk, full) if mk else None
     qst = q.strides if q else (0,) * (nb + nr + 1)
-    bvecs = [qst[:nb], k.strides[:nb], v.strides[:nb]] + ([mst[:nb]] if mk else [])
+    if pg is None:
+        kbst, vbst = k.strides[:nb], v.strides[:nb]
+    else:
+        # pools [NB, bs, H, D]: the batch (b, h) moves by h only; b picks the table row
+        kbst, vbst = (0, k.strides[2]), (0, v.strides[2])
+    bvecs = [qst[:nb], kbst, vbst] + ([mst[:nb]] if mk else []) + \
+        ([(pg.table.strides[0], 0)] if pg else [])
     boffs = _offsets(b, bi, _merge_dims(reg.batch, bvecs), len(bvecs))
     qb, kb, vb = (b.add(o, b.c(x.offset if x else 0)) for o, x in zip(boffs[:3], (q, k, v)))
     mb = b.add(boffs[3], b.c(mk.offset)) if mk else None
+    tb = b.add(boffs[-1], b.c(pg.table.offset)) if pg else None
     rvecs = [qst[nb:nb + nr]] + ([mst[nb:nb + nr]] if mk else [])
     rdims = _merge_dims(reg.rows, rvecs)
     # coordinates for the scalar emitter (computed q / mask): batch, and each row's
@@ -800,6 +896,8 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         mrow.append(b.add(mb, offs[1]) if mk else None)
         rco.append(se.delinearize(rc, reg.rows) if mcomp else None)
     workgroup = []
+    s_begin = b.mul(split, C)
+    s_end = b(f"arith.minui {b.add(s_begin, b.c(C))}, {b.c(S)} : index")
     if q is None:
         # a computed q (RoPE'd, ...): each block evaluates its R rows once into workgroup
         # memory, its threads together, then a barrier
@@ -813,6 +911,35 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
             x = se.value(reg.q_value, list(bco) + se.delinearize(rq, reg.rows) + [dq])
             b.raw(f"memref.store {x}, %qs[%qi] : {qs_t}")
         b.raw("}")
+    if pg is not None:
+        # paged: the table entries of the chunk's KV blocks (from w0 = s_begin / bs), clamped
+        # into [0, NB) once, staged in workgroup memory (with q's loads, one barrier)
+        NT = table_entries(reg, C)
+        tbl_t = f"memref<{NT}xi32, #gpu.address_space<workgroup>>"
+        workgroup.append(("%tbl", tbl_t))
+        w0 = b(f"arith.divui {s_begin}, {b.c(pg.bs)} : index") if NS > 1 else b.c(0)
+        ti = b.fresh()
+        b.raw(f"scf.for {ti} = {tid} to {b.c(NT)} step {b.c(TB)} {{")
+        wt = b(f"arith.minui {b.add(w0, ti)}, {b.c(pg.TW - 1)} : index")
+        e = b(f"memref.load {pname(pg.table.arg)}[{b.add(tb, b.mul(wt, pg.table.strides[1]))}]"
+              f" : {ptype(pg.table.arg)}")
+        it = pg.table_dtype
+        e = b(f"arith.maxsi {e}, {b.c(0, it)} : {it}")
+        e = b(f"arith.minsi {e}, {b.c(pg.NB - 1, it)} : {it}")
+        if it != "i32":
+            e = b(f"arith.trunci {e} : {it} to i32")
+        b.raw(f"memref.store {e}, %tbl[{ti}] : {tbl_t}")
+        b.raw("}")
+        s_last = b(f"arith.subi {s_end}, {b.c(1)} : index")
+
+        def key_offsets(sk: str, views) -> list[str]:
+            """Element offsets of key ``sk`` (in this chunk) in each pool view: its block
+            ``tbl[sk / bs - w0]``, its row ``sk % bs``."""
+            wi = b(f"arith.subi {b(f'arith.divui {sk}, {b.c(pg.bs)} : index')}, {w0} : index")
+            blk = b(f"arith.index_cast {b(f'memref.load %tbl[{wi}] : {tbl_t}')} : i32 to index")
+            row = b(f"arith.remui {sk}, {b.c(pg.bs)} : index") if pg.bs > 1 else b.c(0)
+            return [b.add(b.mul(blk, x.strides[0]), b.mul(row, x.strides[1])) for x in views]
+    if workgroup:
         b.raw("gpu.barrier")
     # this lane's head-dim elements: d = (j * DL + dd) * V + u, j < J, u < V
     V, J, JU = _unroll(D, DL)
@@ -820,8 +947,6 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         qlane = [b.add(qrow[j], b.mul(b.mul(dd, V), q.strides[-1])) for j in range(R)]
     else:
         qlane = [b.add(b.c(j * D), b.mul(dd, V)) for j in range(R)]
-    s_begin = b.mul(split, C)
-    s_end = b(f"arith.minui {b.add(s_begin, b.c(C))}, {b.c(S)} : index")
     ninf, zero = b.c(float("-inf"), F), b.c(0.0, F)
     state0 = [ninf] * R + [zero] * R + [zero] * (R * ndv)
     # subgroup sgi walks the chunk's key batches sgi, sgi + W, ...; a subgroup that may get
@@ -867,18 +992,50 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     # with an i1 mask the key batch is skipped when no row of the block sees any of its keys
     # (a subgroup vote): its keys would take weight exactly 0 and leave (m, l, acc) as they
     # are, but for m = -inf instead of -1e30 while l = acc = 0 (see the module doc)
-    skip = reg.mask_kind == "i1" and reg.mask_const is None
-    if skip:
+    refine = pg is not None
+    skip = refine or (reg.mask_kind == "i1" and reg.mask_const is None)
+    partial = None
+    if refine:
+        # paged (the op's refinement: a masked key contributes nothing, whatever a reused
+        # block holds): one vote gives both whether any (row, key) of the batch is alive
+        # (bit 0: else the batch is skipped, for either mask kind) and whether any is dead
+        # (bit 1: a partial batch, whose V rows are selected by weight, see below)
+        if reg.mask_kind == "i1":
+            alive = vis
+        else:
+            alive = [valid if x is None else
+                     b(f"arith.andi {valid}, {b(f'arith.cmpf one, {x}, {ninf} : f32')} : i1")
+                     for x in bias]
+        anyl, deadl = alive[0], None
+        for x in alive[1:]:
+            anyl = b(f"arith.ori {anyl}, {x} : i1")
+        for x in alive:
+            nx = b(f"arith.xori {x}, {b.c(True, 'i1')} : i1")
+            deadl = nx if deadl is None else b(f"arith.ori {deadl}, {nx} : i1")
+        i32 = "i32"
+        w_any = b(f"arith.extui {anyl} : i1 to {i32}")
+        w_dead = b(f"arith.shli {b(f'arith.extui {deadl} : i1 to {i32}')}, {b.c(1, i32)} : {i32}")
+        word = butterfly(b, b(f"arith.ori {w_any}, {w_dead} : {i32}"), "ori", 1, sg, i32)
+        seen = b(f"arith.andi {word}, {b.c(1, i32)} : {i32}")
+        seen = b(f"arith.cmpi ne, {seen}, {b.c(0, i32)} : {i32}")
+        partial = b(f"arith.andi {word}, {b.c(2, i32)} : {i32}")
+        partial = b(f"arith.cmpi ne, {partial}, {b.c(0, i32)} : {i32}")
+    elif skip:
         seen = vis[0]
         for x in vis[1:]:
             seen = b(f"arith.ori {seen}, {x} : i1")
         seen = b(f"arith.extui {seen} : i1 to i32")
         seen = butterfly(b, seen, "ori", 1, sg, "i32")
         seen = b(f"arith.cmpi ne, {seen}, {b.c(0, 'i32')} : i32")
+    if skip:
         state = m_in + l_in + [a for row in acc_in for a in row]
         taken = b.fresh()
         b.raw(f"{taken}:{len(state)} = scf.if {seen} -> ({', '.join([F] * len(state))}) {{")
-    klane = b.add(b.add(kb, b.mul(sc, k.strides[-2])), b.mul(b.mul(dd, V), k.strides[-1]))
+    if pg is None:
+        kkey = b.mul(sc, k.strides[-2])
+    else:   # a lane past the chunk reads the chunk's last key (its block is staged)
+        kkey = key_offsets(b(f"arith.minui {s}, {s_last} : index"), [k])[0]
+    klane = b.add(b.add(kb, kkey), b.mul(b.mul(dd, V), k.strides[-1]))
     # scores: each lane's share of the dot, then a butterfly over the key's DL lanes
     dl_, dots = for_(b, "%j0", b.c(0), b.c(J), b.c(JU), [zero] * R)
     cur = list(dots)
@@ -909,6 +1066,10 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
             keep = vis[j]
         else:
             xm = b(f"arith.addf {x}, {bias[j]} : f32") if bias[j] is not None else x
+            if refine and bias[j] is not None:
+                # a -inf bias masks the key whatever its score (inf - inf is no NaN here)
+                dead = b(f"arith.cmpf oeq, {bias[j]}, {ninf} : f32")
+                xm = b(f"arith.select {dead}, {ninf}, {xm} : f32")
             keep = b(f"arith.cmpf ogt, {xm}, {ninf} : f32")
             keep = b(f"arith.andi {keep}, {valid} : i1")
         xm = b(f"arith.select {valid}, {xm}, {ninf} : f32")
@@ -926,27 +1087,53 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     flat0 = [b(f"arith.mulf {acc_in[j][i]}, {corr[j]} : f32") for j in range(R)
              for i in range(ndv)]
     TU = min(KL, 8)
-    tl, ta = for_(b, "%t0", b.c(0), b.c(KL), b.c(TU), flat0)
-    acc = list(ta)
-    for tu in range(TU):
-        t = b.add("%t0", b.c(tu))
-        st_ = b(f"arith.minui {b.add('%s0', t)}, {b.c(S - 1)} : index")
-        voff = b.add(vb, b.mul(st_, v.strides[-2]))
-        vv = []
-        for i in range(ndv):
-            dv = b.add(lane, b.c(i * sg))
-            if (i + 1) * sg > Dv:
-                dv = b(f"arith.minui {dv}, {b.c(Dv - 1)} : index")
-            vv.append(load_f(b, v.arg, b.add(voff, b.mul(dv, v.strides[-1]))))
-        src = b(f"arith.index_cast {b.mul(t, DL)} : index to i32")
-        for j in range(R):
-            p = b.fresh()
-            b.raw(f"{p}, {p}_ok = gpu.shuffle idx {e_lane[j]}, {src}, {b.c(sg, 'i32')} : f32")
+
+    def v_loop(safe: bool) -> list[str]:
+        """The accumulation over the batch's KL keys; ``safe``: each row's product is
+        taken only where its weight is positive (a masked key's value may be inf/NaN)."""
+        tv = b.fresh()
+        tl, ta = for_(b, tv, b.c(0), b.c(KL), b.c(TU), flat0)
+        acc = list(ta)
+        for tu in range(TU):
+            t = b.add(tv, b.c(tu))
+            if pg is None:
+                st_ = b(f"arith.minui {b.add('%s0', t)}, {b.c(S - 1)} : index")
+                voff = b.add(vb, b.mul(st_, v.strides[-2]))
+            else:
+                st_ = b(f"arith.minui {b.add('%s0', t)}, {s_last} : index")
+                voff = b.add(vb, key_offsets(st_, [v])[0])
+            vv = []
             for i in range(ndv):
-                pv = b(f"arith.mulf {p}, {vv[i]} : f32")
-                acc[j * ndv + i] = b(f"arith.addf {acc[j * ndv + i]}, {pv} : f32")
-    yield_(b, acc)
-    new_state = m_out + l_out + [f"{tl}#{i}" for i in range(len(ta))]
+                dv = b.add(lane, b.c(i * sg))
+                if (i + 1) * sg > Dv:
+                    dv = b(f"arith.minui {dv}, {b.c(Dv - 1)} : index")
+                vv.append(load_f(b, v.arg, b.add(voff, b.mul(dv, v.strides[-1]))))
+            src = b(f"arith.index_cast {b.mul(t, DL)} : index to i32")
+            for j in range(R):
+                p = b.fresh()
+                b.raw(f"{p}, {p}_ok = gpu.shuffle idx {e_lane[j]}, {src}, "
+                      f"{b.c(sg, 'i32')} : f32")
+                live = b(f"arith.cmpf ogt, {p}, {zero} : f32") if safe else None
+                for i in range(ndv):
+                    x = b(f"arith.select {live}, {vv[i]}, {zero} : f32") if safe else vv[i]
+                    pv = b(f"arith.mulf {p}, {x} : f32")
+                    acc[j * ndv + i] = b(f"arith.addf {acc[j * ndv + i]}, {pv} : f32")
+        yield_(b, acc)
+        return [f"{tl}#{i}" for i in range(len(ta))]
+
+    if partial is not None:
+        # a batch with a dead (row, key) takes the weighted select; a full one the plain
+        # products (its keys are the sequence's own: finite)
+        vres = b.fresh()
+        b.raw(f"{vres}:{len(flat0)} = scf.if {partial} -> ({', '.join([F] * len(flat0))}) {{")
+        got = v_loop(True)
+        b.raw("scf.yield " + ", ".join(got) + " : " + ", ".join([F] * len(got)))
+        b.raw("} else {")
+        yield_(b, v_loop(False))
+        accs = [f"{vres}#{i}" for i in range(len(flat0))]
+    else:
+        accs = v_loop(False)
+    new_state = m_out + l_out + accs
     if skip:
         b.raw("scf.yield " + ", ".join(new_state) + " : " + ", ".join([F] * len(state)))
         b.raw("} else {")
@@ -1127,5 +1314,6 @@ def flash_decode(fn: ir.Operation, caps) -> Synthesized | None:
         return None           # a computed q or mask the scalar emitter does not cover
 
 
-__all__ = ["AttentionPlan", "AttentionRegion", "View", "emit", "flash_decode",
-           "match_attention", "plan_attention", "reshape_strides", "resolve_view"]
+__all__ = ["AttentionPlan", "AttentionRegion", "PagedKV", "View", "emit", "flash_decode",
+           "match_attention", "plan_attention", "reshape_strides", "resolve_view",
+           "table_entries"]
