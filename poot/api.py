@@ -118,8 +118,8 @@ class ModelHandle:
         The KV pool: ``kv_capacity`` is the context (prompt + generated tokens) per sequence;
         ``None`` is ``DEFAULT_KV_CAPACITY`` capped at the model's trained context
         (``max_position_embeddings``), an explicit value must be >= 1 and at most that
-        context. It is rounded up to whole blocks of the target's block size
-        (:func:`poot.compiler.planning.kv_block_size`). ``max_batch``: sequences decoding at
+        context; a sequence's block table covers it in whole blocks of the target's block
+        size (:func:`poot.compiler.planning.kv_block_size`). ``max_batch``: sequences decoding at
         once (default 8 on the CPU, 64 on GPUs). ``kv_blocks``: blocks in the pool (default:
         every sequence of a full batch at full context; fewer makes the engine preempt under
         load); ``kv_dtype`` (``"f32"``/``"f16"``/``"bf16"``; default the model's). The pool must
@@ -154,6 +154,10 @@ class ModelHandle:
         kv_dt = _kv_dtype(kv_dtype)
         path = Path(path) if path is not None else default_model_path()
         target = target_for(backend)
+        if compile_fn is None:
+            from poot.compiler.compile import check_codegen
+
+            check_codegen(target)          # before minutes of tracing and compiling
         if device is None and backend in ("cpu", "vulkan", "cuda"):
             # A missing runtime package or device fails here, before minutes of compiling.
             device = device_for(target)
@@ -161,11 +165,11 @@ class ModelHandle:
         model, weights, model_context, tokenizer = _open_model(path, random_weights, seed)
         kv_capacity = check_kv_capacity(model, kv_capacity, model_context)
         bs = kv_block_size(target)
-        max_len = -(-kv_capacity // bs) * bs
+        width = -(-kv_capacity // bs)
         if max_batch is None:
             max_batch = DEFAULT_MAX_BATCH.get(backend, DEFAULT_MAX_BATCH_GPU)
-        blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * (max_len // bs) + 1
-        kv = KVConfig(block_size=bs, num_blocks=blocks, max_model_len=max_len,
+        blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * width + 1
+        kv = KVConfig(block_size=bs, num_blocks=blocks, max_model_len=kv_capacity,
                       kv_dtype=kv_dt or default_kv_dtype(weights.types))
         check_kv_memory(model, kv)
         cache = None
@@ -257,10 +261,10 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     import time
 
     from poot.compiler.planning import kv_block_size
-    from poot.engine.runner import SamplerProgram, decode_buckets
+    from poot.engine.runner import SamplerProgram, decode_buckets, step_spec
     from poot.executor.cache import CompileCache, step_key
     from poot.graph.sampling import GREEDY, SamplerStep, trace_sampler
-    from poot.models import StepSpec, default_kv_dtype
+    from poot.models import default_kv_dtype
 
     say = progress or (lambda msg: None)
     path = Path(path) if path is not None else default_model_path()
@@ -276,25 +280,25 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     model, weights, ctx, _ = _open_model(path, random_weights, seed)
     kv_capacity = check_kv_capacity(model, kv_capacity, ctx)
     bs = kv_block_size(target)
-    max_len = -(-kv_capacity // bs) * bs
-    blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * (max_len // bs) + 1
-    kv_dt = _kv_dtype(kv_dtype) or default_kv_dtype(weights.types)
+    width = -(-kv_capacity // bs)
+    blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * width + 1
+    kv = KVConfig(block_size=bs, num_blocks=blocks, max_model_len=kv_capacity,
+                  kv_dtype=_kv_dtype(kv_dtype) or default_kv_dtype(weights.types))
     cache = CompileCache(cache_dir)
     if not cache.enabled:
         raise InvalidRequest("cache_dir", str(cache.dir), "the compile cache is not writable")
     options = compile_options or DEFAULT_COMPILE_OPTIONS
-    kw = dict(kv_capacity=max_len, block_size=bs, num_blocks=blocks, kv_dtype=kv_dt)
     vocab = model.dims().vocab
-    jobs = [(f"prefill[{min(prefill_chunk, max_len)}]", model, weights.types,
-             StepSpec.prefill(min(prefill_chunk, max_len), outputs="hidden", **kw))]
+    pre = step_spec(kv, "prefill", prefill_chunk=prefill_chunk)
+    jobs = [(f"prefill[{pre.tokens}]", model, weights.types, pre)]
     for b in (batches or decode_buckets(max_batch)):
-        jobs.append((f"decode[B={b}]", model, weights.types, StepSpec.decode(batch=b, **kw)))
+        jobs.append((f"decode[B={b}]", model, weights.types, step_spec(kv, "decode", b)))
         for sp in (samplers or [GREEDY]):
             st = SamplerStep(b, vocab, max_batch + 1, sp)
             jobs.append((f"sampler[B={b}]{'' if sp == GREEDY else '+' + str(len(jobs))}",
                          SamplerProgram(st), {}, st))
     out: dict[str, Any] = {"cache_dir": str(cache.dir), "backend": backend,
-                           "kv_capacity": max_len, "block_size": bs, "kv_blocks": blocks - 1,
+                           "kv_capacity": kv_capacity, "block_size": bs, "kv_blocks": blocks - 1,
                            "steps": {}}
     for name, key_model, types, spec in jobs:
         say(f"compiling {name}")

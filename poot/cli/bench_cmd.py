@@ -3,6 +3,21 @@
     poot bench [--model MODEL | --config CONFIG.json --random-weights [--dtype bf16]]
                [--backend B] [--prompt-tokens N] [--tokens N] [--runs R]
                [--pipeline auto|on|off] [--baseline gpt-fast] [--profile] [--out FILE]
+    poot bench --batch 1,8,32 [--num-prompts 64] [--tokens 128] [--sequential] ...
+    poot bench --shared-prefix 256 [--num-prompts 8] ...
+
+``--batch``: throughput of the serving engine (:func:`run_batch`): for each batch size B,
+``max(B, --num-prompts)`` prompts (``--prompt-tokens`` ids each, all different) of
+``--tokens`` new tokens submitted at once to an engine running at most B sequences;
+``decode_tokens_per_s`` is the steady-state rate of the decode steps that ran a full batch
+(B tokens a step; the host work included), ``e2e_tokens_per_s`` all generated tokens over the
+whole wall time (prefill included); ``--sequential`` also runs every prompt alone, one after
+another, and reports each B's ``ratio_vs_sequential`` (of ``e2e_tokens_per_s``).
+``--baseline gpt-fast`` adds the batched baseline at each B on GPUs.
+
+``--shared-prefix N``: the prefix cache (:func:`run_prefix`): ``--num-prompts`` requests that
+share an N-token system prompt, one at a time; reports the time to first token of the first
+(uncached) request and of the later (cached) ones, their ratio, and the hit rate.
 
 Runs R greedy requests of N new tokens (EOS ignored) on a synthetic prompt of
 ``--prompt-tokens`` ids (or ``--prompt`` text) after one warm-up request, through the same
@@ -85,23 +100,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="add GPU time per dispatch kind of one decode step (cuda)")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="also write the JSON object to FILE (default: stdout only)")
+    p.add_argument("--batch", default=None, metavar="B,B,...",
+                   help="throughput of the batching engine at these batch sizes (see above)")
+    p.add_argument("--num-prompts", type=int, default=64, metavar="N",
+                   help="prompts of a --batch or --shared-prefix run (default: 64)")
+    p.add_argument("--sequential", action="store_true",
+                   help="with --batch: also run the prompts one after another (the ratio)")
+    p.add_argument("--shared-prefix", type=int, default=None, metavar="N",
+                   help="time to first token with and without the prefix cache, N shared "
+                        "prompt tokens")
     p.set_defaults(func=run)
 
 
-def _load(args):
+def _load(args, max_batch=None):
     from poot.api import ModelHandle
 
     path, random_dtype = model_source(args)
     return ModelHandle.load(path, backend=args.backend, kv_capacity=args.kv_capacity,
                             prefill_chunk=args.prefill_chunk, use_cache=not args.no_cache,
-                            random_weights=random_dtype, seed=args.seed)
+                            max_batch=max_batch or args.max_batch, kv_blocks=args.kv_blocks,
+                            kv_dtype=args.kv_dtype, random_weights=random_dtype,
+                            seed=args.seed)
 
 
-def decode_entry(handle):
-    """The greedy decode entry of the handle's engine (compiled by the runs)."""
-    from poot.driver.runner import GREEDY
-
-    return handle.runner.decode_entry(GREEDY)
+def decode_entry(handle, batch: int = 1):
+    """The decode entry of ``batch`` rows (compiled by the runs)."""
+    return handle.runner.decode_entry(batch)
 
 
 def weight_bytes_read(handle, program) -> int:
@@ -119,9 +143,11 @@ def weight_bytes_read(handle, program) -> int:
     return total
 
 
-def kv_bytes_read(handle, ctx: float, itemsize: int = 4) -> int:
+def kv_bytes_read(handle, ctx: float, itemsize: int | None = None) -> int:
+    """Bytes of K/V one sequence's attention reads at context ``ctx`` (the pool's dtype)."""
     d = handle.model.dims()
-    return int(d.n_layers * 2 * ctx * d.n_kv_heads * d.head_dim * itemsize)
+    item = itemsize or handle.runner.kv.kv_dtype.itemsize
+    return int(d.n_layers * 2 * ctx * d.n_kv_heads * d.head_dim * item)
 
 
 def replay_us(handle, n: int) -> float | None:
@@ -162,8 +188,8 @@ def replay_us_without_pdl(handle, n: int) -> float | None:
     dev = eng.device
     if not getattr(dev, "pdl", False) or not entry.kernel.artifact.plan.get("pdl") or n <= 0:
         return None
-    # the same graph as the entry's own recording (its feedback copies too), PDL off
-    copies = [(entry.outputs[o], entry.slots[i]) for o, i in entry.feedback.items()]
+    # the same graph as the entry's own recording, PDL off
+    copies = [(entry.outputs[o], entry.feedback_buffers[o]) for o in entry.feedback]
     dev.pdl = False
     try:
         rec = dev.record(entry.kernel, eng._bindings(entry), copies=copies)
@@ -247,17 +273,132 @@ RATIO_KEYS = ("decode_tokens_per_s", "us_per_token", "dispatches_per_token", "by
               "roofline_fraction")
 
 
+def _pipeline(handle, args) -> None:
+    if args.pipeline != "auto":
+        handle.engine.pipelined = args.pipeline == "on"
+
+
+def synthetic_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """``n`` different prompts of ``length`` ids (a fixed pattern per prompt index)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, length).tolist() for _ in range(n)]
+
+
+def steady_rate(log, batch: int) -> tuple[float | None, int]:
+    """Tokens/s of the longest run of consecutive decode steps that each ran ``batch`` rows
+    (``log``: (time read, rows) per step), and how many steps it spans."""
+    best, run_start = (None, 0), None
+    items = list(log)
+    for i, (_, rows) in enumerate(items + [(None, -1)]):
+        if rows == batch and run_start is None:
+            run_start = i
+        elif rows != batch and run_start is not None:
+            n = i - run_start
+            if n >= 2:
+                dt = items[i - 1][0] - items[run_start][0]
+                rate = batch * (n - 1) / dt if dt > 0 else None
+                if rate and n > best[1]:
+                    best = (rate, n)
+            run_start = None
+    return best
+
+
+def run_batch(handle, args, batches: list[int]) -> dict:
+    """The ``--batch`` measurements (module doc)."""
+    from poot.driver.params import SamplingParams
+    from poot.engine import EngineConfig, LLMEngine
+
+    vocab = handle.runner.vocab
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    out: dict = {"num_prompts": args.num_prompts, "prompt_tokens": args.prompt_tokens,
+                 "new_tokens": args.tokens, "batches": {}}
+    pipe = None if args.pipeline == "auto" else args.pipeline == "on"
+    # compile every bucket up to the largest B before timing, and run each once
+    from poot.graph.sampling import GREEDY
+
+    buckets = [x for x in handle.runner.buckets if x <= handle.runner.bucket(max(batches))]
+    handle.runner.warm_up(batches=buckets, specs=[GREEDY])
+    warm = LLMEngine(handle.runner, handle.tokenizer, EngineConfig(max_batch=max(batches),
+                                                                   prefix_caching=False))
+    for p in synthetic_prompts(vocab, max(batches), args.prompt_tokens, seed=99):
+        warm.add_request(p, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    warm.run_until_done()
+    for b in batches:
+        n = max(b, args.num_prompts)
+        prompts = synthetic_prompts(vocab, n, args.prompt_tokens, seed=b)
+        eng = LLMEngine(handle.runner, handle.tokenizer,
+                        EngineConfig(max_batch=b, prefix_caching=False, pipeline=pipe))
+        t0 = time.perf_counter()
+        for p in prompts:
+            eng.add_request(p, params)
+        outs = [o for o in eng.run_until_done() if o.finished]
+        wall = time.perf_counter() - t0
+        total = sum(o.stats.generated_tokens for o in outs)
+        rate, steps = steady_rate(eng.decode_log, b)
+        ttft = sorted(o.stats.ttft_s for o in outs)
+        out["batches"][str(b)] = {
+            "requests": n, "generated_tokens": total, "wall_s": wall,
+            "e2e_tokens_per_s": total / wall, "decode_tokens_per_s": rate,
+            "steady_steps": steps, "pipelined": eng.pipelined,
+            "ttft_p50_s": ttft[len(ttft) // 2], "ttft_max_s": ttft[-1],
+            "decode_steps": len(eng.decode_log)}
+    if args.sequential:
+        prompts = synthetic_prompts(vocab, args.num_prompts, args.prompt_tokens, seed=7)
+        eng = LLMEngine(handle.runner, handle.tokenizer,
+                        EngineConfig(max_batch=1, prefix_caching=False, pipeline=pipe))
+        t0 = time.perf_counter()
+        total = 0
+        for p in prompts:
+            done = [o for o in eng.generate(p, params) if o.finished][-1]
+            total += done.stats.generated_tokens
+        wall = time.perf_counter() - t0
+        seq = {"requests": len(prompts), "generated_tokens": total, "wall_s": wall,
+               "e2e_tokens_per_s": total / wall}
+        out["sequential"] = seq
+        for r in out["batches"].values():
+            r["ratio_vs_sequential"] = r["e2e_tokens_per_s"] / seq["e2e_tokens_per_s"]
+    return out
+
+
+def run_prefix(handle, args) -> dict:
+    """The ``--shared-prefix`` measurement (module doc)."""
+    import statistics
+
+    from poot.driver.params import SamplingParams
+
+    vocab = handle.runner.vocab
+    system = synthetic_prompts(vocab, 1, args.shared_prefix, seed=5)[0]
+    users = synthetic_prompts(vocab, max(2, args.num_prompts), 8, seed=6)
+    params = SamplingParams(temperature=0.0, max_tokens=min(args.tokens, 8), ignore_eos=True)
+    eng = handle.engine
+    ttft = []
+    for u in users:
+        done = [o for o in eng.generate(system + u, params) if o.finished][-1]
+        ttft.append((done.stats.ttft_s, done.stats.cached_tokens))
+    st = eng.stats()
+    cached = [t for t, c in ttft[1:]]
+    return {"shared_prefix_tokens": args.shared_prefix, "requests": len(users),
+            "ttft_uncached_s": ttft[0][0], "ttft_cached_median_s": statistics.median(cached),
+            "ttft_ratio": ttft[0][0] / statistics.median(cached),
+            "cached_tokens": [c for _, c in ttft], "hit_rate": st.prefix_cache_hit_rate}
+
+
 def run(args: argparse.Namespace) -> int:
     from poot.api import Driver
     from poot.driver.params import SamplingParams
 
-    check_options(args, "tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk")
-    handle = _load(args)
-    handle.runner.pipeline = {"auto": None, "on": True, "off": False}[args.pipeline]
+    check_options(args, "tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk",
+                  "num_prompts", "max_batch", "kv_blocks")
+    if args.batch is not None or args.shared_prefix is not None:
+        return run_serving(args)
+    handle = _load(args, max_batch=args.max_batch or 1)
+    _pipeline(handle, args)
     if args.prompt is not None:
         prompt = handle.encode(args.prompt)
     else:
-        vocab = handle.runner.vocab_size
+        vocab = handle.runner.vocab
         prompt = [(17 + 31 * i) % vocab for i in range(args.prompt_tokens)]
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     drv = Driver(handle)
@@ -269,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
            "ttft_s": min(r["ttft_s"] for r in runs),
            "decode_tokens_per_s": best["decode_tokens_per_s"],
            "pipelined": bool(best.get("pipelined")),
-           "kv_capacity": handle.runner.kv_capacity,
+           "kv_capacity": handle.kv_capacity, "kv_dtype": handle.runner.kv.kv_dtype.value,
            "load_s": handle.load_s, "compile_s": handle.runner.compile_s, "runs": runs}
     if args.random_weights:
         out["random_weights"] = args.dtype
@@ -280,12 +421,58 @@ def run(args: argparse.Namespace) -> int:
         run_baseline = load_baseline()
         dtype = args.baseline_dtype or (args.dtype if args.random_weights else "bf16")
         base = run_baseline(baseline_shape(handle), dtype, prompt_tokens=len(prompt),
-                            new_tokens=args.tokens, kv_capacity=handle.runner.kv_capacity,
+                            new_tokens=args.tokens, kv_capacity=handle.kv_capacity,
                             runs=args.runs)
         out["baseline"] = {"name": args.baseline, **base}
         out["ratio"] = {k: (out["poot"][k] / base[k]
                             if out["poot"].get(k) and base.get(k) else None)
                         for k in RATIO_KEYS}
+    text = json.dumps(out)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+def _parse_batches(text: str) -> list[int]:
+    from poot.driver.params import InvalidRequest
+
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise InvalidRequest("--batch", text, "must be comma-separated integers") from None
+    if not out or any(b < 1 for b in out):
+        raise InvalidRequest("--batch", text, "batch sizes must be >= 1")
+    return out
+
+
+def run_serving(args: argparse.Namespace) -> int:
+    """``--batch`` and ``--shared-prefix``: the serving engine's measurements as JSON."""
+    batches = _parse_batches(args.batch) if args.batch is not None else []
+    handle = _load(args, max_batch=max(batches + [args.max_batch or 1]))
+    _pipeline(handle, args)
+    out = {"model": str(handle.path), "backend": handle.backend,
+           "kv_capacity": handle.kv_capacity, "kv_dtype": handle.runner.kv.kv_dtype.value,
+           "block_size": handle.runner.kv.block_size, "load_s": handle.load_s}
+    if batches:
+        out["throughput"] = run_batch(handle, args, batches)
+        if args.baseline:
+            run_baseline = load_baseline()
+            dtype = args.baseline_dtype or (args.dtype if args.random_weights else "bf16")
+            base = {}
+            for b in batches:
+                base[str(b)] = run_baseline(baseline_shape(handle), dtype,
+                                            prompt_tokens=args.prompt_tokens,
+                                            new_tokens=args.tokens,
+                                            kv_capacity=handle.kv_capacity, runs=args.runs,
+                                            batch=b)
+            out["baseline"] = {"name": args.baseline, "batches": base}
+            out["ratio"] = {b: (out["throughput"]["batches"][b]["decode_tokens_per_s"] or 0)
+                            / base[b]["decode_tokens_per_s"] for b in base}
+    if args.shared_prefix is not None:
+        out["prefix_cache"] = run_prefix(handle, args)
+    out["compile_s"] = handle.runner.compile_s
     text = json.dumps(out)
     if args.out:
         with open(args.out, "w") as f:

@@ -2,11 +2,13 @@
 
     poot compile [--model MODEL | --config CONFIG.json --random-weights [--dtype bf16]]
                  [--backend cuda] [--kv-capacity N] [--prefill-chunk N]
-                 [--temperature T --top-p P --top-k K] [--cache-dir DIR]
+                 [--max-batch N] [--batch B ...] [--temperature T --top-p P --top-k K]
+                 [--cache-dir DIR]
 
-Compiles the steps that ``poot generate`` / ``poot bench`` with the same model, backend and
-``--kv-capacity`` run (the prefill chunk and the greedy decode step; with sampling options
-also the decode step of such a request) into the compile cache (``--cache-dir``, else
+Compiles the steps that ``poot generate`` / ``poot bench`` with the same model, backend,
+``--kv-capacity``, ``--max-batch`` and ``--kv-blocks`` run (the prefill chunk, the decode step
+of every batch bucket up to ``--max-batch`` (or of the ``--batch`` sizes given) and its greedy
+sampler; with sampling options also the sampler of such requests) into the compile cache (``--cache-dir``, else
 ``$POOT_CACHE_DIR``, else ``~/.cache/poot``), with an index that finds each program without
 tracing. A machine without MLIR (the GPU machine) runs them from a copy of that directory:
 ``POOT_CACHE_DIR=<copy> poot bench --backend cuda ...``. Opens no device. Prints one JSON
@@ -69,6 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "options (default: greedy only)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P")
     p.add_argument("--top-k", type=int, default=0, metavar="K")
+    p.add_argument("--batch", type=int, action="append", default=None, metavar="B",
+                   help="compile the decode step of batch B only (repeatable; default: every "
+                        "bucket up to --max-batch)")
     p.set_defaults(func=run)
 
 
@@ -80,20 +85,25 @@ def cache_bytes(folder: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from poot.api import compile_steps
+    from poot.api import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_GPU, compile_steps
     from poot.cli.generate_cmd import check_options
     from poot.driver.params import SamplingParams
-    from poot.driver.runner import GREEDY, sampler_spec
+    from poot.engine import sampler_spec_for
+    from poot.graph.sampling import GREEDY
 
-    check_options(args, "kv_capacity", "prefill_chunk")
+    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks")
     path, random_dtype = model_source(args)
     samplers = [GREEDY]
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-    if sampler_spec(params) != GREEDY:
-        samplers.append(sampler_spec(params))
+    if sampler_spec_for([params]) != GREEDY:
+        samplers.append(sampler_spec_for([params]))
+    max_batch = args.max_batch or max(args.batch or [
+        DEFAULT_MAX_BATCH.get(args.backend, DEFAULT_MAX_BATCH_GPU)])
     out = compile_steps(path, args.backend, kv_capacity=args.kv_capacity,
-                        prefill_chunk=args.prefill_chunk, samplers=samplers,
-                        cache_dir=args.cache_dir, random_weights=random_dtype, seed=args.seed,
+                        prefill_chunk=args.prefill_chunk, max_batch=max_batch,
+                        batches=args.batch, kv_blocks=args.kv_blocks, kv_dtype=args.kv_dtype,
+                        samplers=samplers, cache_dir=args.cache_dir,
+                        random_weights=random_dtype, seed=args.seed,
                         progress=lambda m: print(f"poot: {m}", file=sys.stderr))
     out["cache_bytes"] = cache_bytes(out["cache_dir"])
     print(json.dumps(out))

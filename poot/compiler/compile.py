@@ -128,6 +128,7 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None)
     :class:`CompileError` when a pass fails.
     """
     options = options or CompileOptions()
+    check_codegen(target)
     load_all_passes()
     n = _op_count(graph.module)
     if n > options.limits.max_graph_ops:
@@ -159,6 +160,18 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None)
     program.executable = _codegen(program, options)
     seconds["codegen"] = time.perf_counter() - t0
     return program
+
+
+#: Backends with a code generator in this build.
+CODEGEN_BACKENDS = ("cpu", "cuda", "vulkan")
+
+
+def check_codegen(target: Target) -> None:
+    """Raise the :class:`Refusal` of a target whose backend has no code generator in this
+    build (before anything is traced or compiled)."""
+    if target.backend not in CODEGEN_BACKENDS:
+        raise Refusal("builtin.module", f"a code generator for backend '{target.backend}' "
+                      f"in this build")
 
 
 def _codegen(program: Program, options: CompileOptions):

@@ -299,6 +299,8 @@ class LLMEngine:
         self.generated_tokens = 0
         self.preemptions = 0
         self.max_decode_batch = 0
+        #: (time read, rows) of every decode step collected (benchmarks derive step rates)
+        self.decode_log: deque[tuple[float, int]] = deque(maxlen=1 << 16)
         self._inflight = None            # (handle, seqs) of a decode step not yet collected
         pipe = self.config.pipeline
         if pipe is None:
@@ -586,6 +588,7 @@ class LLMEngine:
         handle, seqs = inflight
         out = self.runner.collect(handle)
         now = time.perf_counter()
+        self.decode_log.append((now, len(seqs)))
         events = []
         tok = out[sampling.OUTPUTS["token"]]
         lp = out.get(sampling.OUTPUTS["logprob"])

@@ -63,8 +63,8 @@ class KVConfig:
     Attributes:
         block_size: positions per block (bs).
         num_blocks: blocks per pool, the null block included.
-        max_model_len: positions one sequence may hold (``W * bs``; its block table has
-            ``W`` entries): the context limit, prompt plus generated tokens.
+        max_model_len: positions one sequence may hold: the context limit, prompt plus
+            generated tokens (its block table has ``W = ceil(max_model_len / bs)`` entries).
         kv_dtype: the pools' storage dtype.
     """
 
@@ -75,7 +75,7 @@ class KVConfig:
 
     @property
     def table_width(self) -> int:
-        return self.max_model_len // self.block_size
+        return -(-self.max_model_len // self.block_size)
 
     def bytes(self, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
         """Bytes of all K and V pools."""
@@ -145,6 +145,18 @@ def sampler_spec_for(params_list: Sequence[Any]) -> SamplerSpec:
                        logprobs=lp, stochastic=stoch)
 
 
+def step_spec(kv: KVConfig, kind: str, batch: int = 1, prefill_chunk: int = 32) -> StepSpec:
+    """The StepSpec a :class:`ModelRunner` over ``kv`` compiles: the prefill chunk
+    (``min(prefill_chunk, max_model_len)`` tokens of one sequence, hidden output) or the
+    decode step of ``batch`` rows."""
+    kw = dict(kv_capacity=kv.table_width * kv.block_size, block_size=kv.block_size,
+              num_blocks=kv.num_blocks, kv_dtype=kv.kv_dtype)
+    if kind == "prefill":
+        return StepSpec.prefill(max(1, min(prefill_chunk, kv.max_model_len)), batch=1,
+                                outputs="hidden", **kw)
+    return StepSpec.decode(batch=batch, **kw)
+
+
 class SamplerProgram:
     """What :func:`poot.executor.cache.step_key` keys a sampler program by: ``config`` is its
     :class:`~poot.graph.sampling.SamplerStep` (no model, no weights)."""
@@ -190,13 +202,10 @@ class ModelRunner:
         self.decode_steps = 0
 
     # ---- entries ------------------------------------------------------------------------
-    def _spec(self, kind: str, batch: int = 1) -> StepSpec:
-        kv = self.kv
-        kw = dict(kv_capacity=kv.max_model_len, block_size=kv.block_size,
-                  num_blocks=kv.num_blocks, kv_dtype=kv.kv_dtype)
-        if kind == "prefill":
-            return StepSpec.prefill(self.prefill_chunk, batch=1, outputs="hidden", **kw)
-        return StepSpec.decode(batch=batch, **kw)
+    def step_spec(self, kind: str, batch: int = 1) -> StepSpec:
+        """The StepSpec of the prefill entry (``kind="prefill"``) or of the decode entry of
+        ``batch`` rows."""
+        return step_spec(self.kv, kind, batch, self.prefill_chunk)
 
     def _compile(self, name: str, key_model, types, spec, trace):
         if self.on_compile:
@@ -209,7 +218,7 @@ class ModelRunner:
     def prefill_entry(self) -> Entry:
         e = self._entries.get("prefill")
         if e is None:
-            spec = self._spec("prefill")
+            spec = self.step_spec("prefill")
             prog = self._compile(f"prefill[{spec.tokens}]", self.model, self.weights.types,
                                  spec, lambda: self.model.trace(spec, self.weights.types))
             e = self._entries["prefill"] = self.engine.add_entry(prog)
@@ -219,7 +228,7 @@ class ModelRunner:
         key = ("decode", batch)
         e = self._entries.get(key)
         if e is None:
-            spec = self._spec("decode", batch)
+            spec = self.step_spec("decode", batch)
             prog = self._compile(f"decode[B={batch}]", self.model, self.weights.types, spec,
                                  lambda: self.model.trace(spec, self.weights.types))
             e = self._entries[key] = self.engine.add_entry(prog)
@@ -391,4 +400,4 @@ class ModelRunner:
 
 
 __all__ = ["DecodeHandle", "DecodeRow", "GREEDY", "KVConfig", "ModelRunner", "SamplerProgram",
-           "decode_buckets", "sampler_spec_for"]
+           "decode_buckets", "sampler_spec_for", "step_spec"]

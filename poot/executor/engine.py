@@ -3,7 +3,8 @@
     engine = Engine(CpuDevice())
     engine.load_weights(weights.arrays, weights.types)    # once per model
     entry = engine.add_entry(program)                       # once per step shape
-    out = engine.step(entry, {"tokens": ..., "positions": ..., "slots": ...}, read=["logits"])
+    out = engine.step(entry, {"tokens": ..., "positions": ..., "block_table": ...,
+                              "slot_mapping": ...}, read=["logits"])
 
 Buffers are stable: each entry owns one *slot buffer* per per-step input and one buffer per
 output; weights are uploaded once and shared by every entry. :meth:`Engine.step` writes the

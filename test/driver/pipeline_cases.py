@@ -1,10 +1,11 @@
-"""Pipelined vs sequential decode loops, device-neutral (the CPU and Vulkan tests run these).
+"""Pipelined vs sequential engine loops, device-neutral (the CPU, Vulkan and CUDA tests run
+these).
 
 Each case takes a loaded :class:`~poot.api.ModelHandle` (``h``) and, where a run must be
 compared with one on an untouched engine, a ``fresh()`` that loads another handle of the same
-model. ``pipeline=True`` forces the pipelined loop (issue step n+1 before reading token n) even
-where the device does not overlap; ``False`` is the sequential loop (host writes of token and
-position, then wait, per step)."""
+model. ``pipeline=True`` forces the pipelined loop (decode step n+1 issued before step n's
+tokens are read, tokens fed back on the device) even where the device does not overlap;
+``False`` is the sequential loop (issue, read, then the next step)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import dataclasses
 from poot.api import Driver
 from poot.driver.generate import Finished, generate
 from poot.driver.params import SamplingParams
-from poot.driver.runner import sampler_spec
 
 
 def greedy(n=8, **kw) -> SamplingParams:
@@ -29,7 +29,14 @@ PENALIZED = dict(frequency_penalty=1.5, presence_penalty=0.5, repetition_penalty
 
 
 def events(h, prompt, params, pipeline: bool):
-    return list(generate(h.runner, list(prompt), params, h.tokenizer, pipeline=pipeline))
+    """One request's events on ``h``'s engine run with the loop ``pipeline`` says (the engine
+    is idle between requests, so its mode may change)."""
+    eng = h.engine
+    old, eng.pipelined = eng.pipelined, pipeline
+    try:
+        return list(generate(eng, list(prompt), params))
+    finally:
+        eng.pipelined = old
 
 
 def run(h, prompt, params, pipeline: bool) -> Finished:
@@ -38,8 +45,9 @@ def run(h, prompt, params, pipeline: bool) -> Finished:
     return done
 
 
-def decode_steps(h, params) -> int:
-    return h.runner.decode_entry(sampler_spec(params)).steps
+def decode_steps(h, params=None) -> int:
+    """Decode steps issued on ``h`` so far."""
+    return h.runner.decode_steps
 
 
 def same_run(h, prompt, params) -> tuple[Finished, Finished]:
@@ -127,9 +135,15 @@ def case_back_to_back(h, fresh, prompt, other, second=None):
 def case_abandoned_stream(h, fresh, prompt, other):
     """A consumer that stops reading mid-stream leaves a step in flight; the next request
     still equals a fresh run."""
-    gen = generate(h.runner, list(prompt), greedy(8), h.tokenizer, pipeline=True)
-    next(gen), next(gen)
-    gen.close()
+    eng = h.engine
+    old, eng.pipelined = eng.pipelined, True
+    try:
+        gen = generate(eng, list(prompt), greedy(8))
+        next(gen), next(gen)
+        gen.close()
+    finally:
+        eng.pipelined = old
+    assert not eng.has_unfinished() and eng.blocks.stats().used == 0
     b = run(h, other, greedy(6), True)
     assert b.token_ids == run(fresh(), other, greedy(6), False).token_ids
 
@@ -139,6 +153,6 @@ def case_feedback_lands_in_token_input(h, prompt):
     device-to-device copy), for the sequential loop as well."""
     p = greedy(3)
     done = Driver(h).complete(list(prompt), p)
-    entry = h.runner.decode_entry(sampler_spec(p))
+    entry = h.runner.decode_entry(1)
     dev = h.runner.engine.device
     assert int(dev.download(entry.slots["tokens"]).reshape(-1)[0]) == done.token_ids[-1]

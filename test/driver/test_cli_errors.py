@@ -201,19 +201,6 @@ def test_help_is_plain_text(cmd, capsys):
             assert "default:" in line[:line.index("\n  -")], opt
 
 
-def test_entry_names_are_short():
-    from poot.driver.runner import entry_name
-    from poot.graph.sampling import SamplerSpec
-    from poot.models import StepSpec
-
-    greedy = SamplerSpec(penalties=False, logit_bias=False, top_k=False, top_p=False,
-                         min_p=False, stochastic=False)
-    assert entry_name(StepSpec.prefill(5, kv_capacity=8, outputs="hidden")) == "prefill"
-    assert entry_name(StepSpec.decode(kv_capacity=8, sampler=greedy)) == "decode"
-    hot = SamplerSpec(penalties=False, logit_bias=False, top_p=False, min_p=False)
-    assert entry_name(StepSpec.decode(kv_capacity=8, sampler=hot)) == "decode+sample+top_k"
-
-
 # --- 8. an unusable compile cache directory is reported once, not silently ignored ----------
 
 def test_unusable_cache_dir_warns_once(tmp_path, capsys):

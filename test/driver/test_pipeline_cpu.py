@@ -16,7 +16,7 @@ import pipeline_cases as pc  # noqa: E402
 from model_steps import fixture_path, reference  # noqa: E402
 
 from poot.api import ModelHandle  # noqa: E402
-from poot.driver.generate import pipelining  # noqa: E402
+from poot.engine import EngineConfig, LLMEngine  # noqa: E402
 
 NAME = "llama_gguf_q4_1"        # has a tokenizer: stop strings and text too
 OTHER = [2, 40, 9, 77, 5]
@@ -26,7 +26,7 @@ OTHER = [2, 40, 9, 77, 5]
 def load(tmp_path_factory):
     cache = tmp_path_factory.mktemp("poot-cache")
     return lambda: ModelHandle.load(fixture_path(NAME), kv_capacity=32, prefill_chunk=5,
-                                    cache_dir=cache)
+                                    max_batch=1, cache_dir=cache)
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +40,15 @@ def prompt():
 
 
 def test_cpu_does_not_pipeline_by_default(h, monkeypatch):
+    def mode(**kw):
+        return LLMEngine(h.runner, h.tokenizer, EngineConfig(max_batch=1, **kw)).pipelined
+
     monkeypatch.delenv("POOT_PIPELINE", raising=False)
-    assert not h.runner.engine.overlaps and not pipelining(h.runner)
+    assert not h.runner.engine.overlaps and not mode() and not h.engine.pipelined
     monkeypatch.setenv("POOT_PIPELINE", "1")
-    assert pipelining(h.runner)
+    assert mode()
     monkeypatch.setenv("POOT_PIPELINE", "0")
-    assert not pipelining(h.runner) and pipelining(h.runner, True)
+    assert not mode() and mode(pipeline=True)
 
 
 def test_greedy_and_logprobs(h, prompt):

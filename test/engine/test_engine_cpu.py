@@ -187,3 +187,34 @@ def test_request_errors_are_typed(llama):
 def test_stop_strings_need_a_tokenizer(llama):
     with pytest.raises(InvalidRequest, match="stop strings need a tokenizer"):
         llama.engine.add_request([1, 2, 3], SamplingParams(stop=["x"]))
+
+
+def test_pipelined_loop_equals_alone():
+    """The pipelined loop (decode step n+1 issued before step n's tokens are read, the
+    sampled tokens fed back on the device; forced on here, the CPU device being synchronous)
+    gives every request its alone tokens, with stops by length and by a stop token id landing
+    on a step that already ran ahead, and seeded sampled rows beside greedy ones."""
+    from poot.engine import EngineConfig
+
+    h = _load(engine_config=EngineConfig(max_batch=32, pipeline=True))
+    eng = h.engine
+    assert eng.pipelined
+    ps = prompts(h.runner.vocab, 12, seed=23, hi=24)
+    sps = []
+    for i in range(len(ps)):
+        if i % 3 == 0:
+            sps.append(SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=10 + i,
+                                      ignore_eos=True))
+        else:
+            sps.append(SamplingParams(temperature=0.0, max_tokens=6 + 2 * i, ignore_eos=True))
+    want = [alone(eng, p, sp) for p, sp in zip(ps, sps)]
+    # a stop token id taken from a greedy result ends that request mid-stream
+    stop_at = want[1][3]
+    sps[1] = SamplingParams(temperature=0.0, max_tokens=sps[1].max_tokens,
+                            stop_token_ids=[stop_at], ignore_eos=True)
+    want[1] = want[1][:want[1].index(stop_at)]
+    got = staggered(eng, list(zip(ps, sps)), every=1)
+    for rid, w in zip(got["ids"], want):
+        assert got["final"][rid].output_ids == w, rid
+    assert got["final"][got["ids"][1]].finish_reason == "stop"
+    assert eng.blocks.stats().used == 0

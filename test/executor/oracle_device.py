@@ -26,6 +26,14 @@ def oracle_compile(graph) -> OracleProgram:
                                              graph.params))
 
 
+def _logical(buf, t):
+    """A host buffer viewed as its graph dtype (f16/bf16 are stored as uint16 words)."""
+    dt = getattr(t, "dtype", None)
+    if dt is not None and buf.dtype == np.uint16 and dt.numpy != np.uint16:
+        return buf.view(dt.numpy)
+    return buf
+
+
 @dataclass
 class OracleKernel:
     args: list
@@ -44,7 +52,10 @@ class OracleDevice:
         return np.zeros(host_shape(t), host_dtype(t))
 
     def upload(self, buf, a):
-        np.copyto(buf, np.asarray(a).reshape(buf.shape), casting="same_kind")
+        a = np.asarray(a)
+        if buf.dtype == np.uint16 and a.dtype.itemsize == 2 and a.dtype != np.uint16:
+            a = a.view(np.uint16)              # f16/bf16 as their words
+        np.copyto(buf, a.reshape(buf.shape), casting="same_kind")
 
     def download(self, buf):
         return buf.copy()
@@ -73,6 +84,8 @@ class OracleDevice:
         kernel, bufs, copies = rec
         inputs, params, outs = {}, {}, {}
         for a, b in zip(kernel.args, bufs):
+            if a.role != "param":
+                b = _logical(b, a.type)
             {"input": inputs, "param": params, "output": outs}[a.role][a.name] = b
         res = evaluate(kernel.graph, {k: v.copy() for k, v in inputs.items()}, params)
         for k, buf in outs.items():

@@ -43,16 +43,16 @@ HIT = textwrap.dedent("""
             return SimpleNamespace(args=kernel_args(art.plan))
 
     from poot.api import ModelHandle, compile_cached
-    from poot.driver.runner import GREEDY
     from poot.executor.cache import step_key
     path, cache, cap = sys.argv[1], sys.argv[2], int(sys.argv[3])
     dev = Device()
     try:
-        h = ModelHandle.load(path, "cuda", kv_capacity=cap, cache_dir=cache, device=dev)
+        h = ModelHandle.load(path, "cuda", kv_capacity=cap, cache_dir=cache, device=dev,
+                             max_batch=1)
     except Exception as e:
         print(json.dumps({"error": type(e).__name__, "message": str(e)}))
         sys.exit(3)
-    spec = h.runner.decode_spec(GREEDY)
+    spec = h.runner.step_spec("decode", 1)
     from poot.api import target_for, DEFAULT_COMPILE_OPTIONS
     key = step_key(h.model, h.weights.types, spec, target_for("cuda"), DEFAULT_COMPILE_OPTIONS)
     try:
@@ -63,7 +63,8 @@ HIT = textwrap.dedent("""
     print(json.dumps({
         "loaded": [type(a).__name__ for a in dev.loaded],
         "entries": [a.plan["entry"] for a in dev.loaded],
-        "decode_outputs": [o["name"] for o in dev.loaded[-1].plan["outputs"]],
+        "decode_outputs": [o["name"] for o in dev.loaded[1].plan["outputs"]],
+        "sampler_outputs": [o["name"] for o in dev.loaded[2].plan["outputs"]],
         "hits": h.compile_cache.hits, "decode_key": key, "mlir_importable": importable,
         "mlir_modules": sorted(m for m in sys.modules
                                if m.startswith("mlir.") and sys.modules[m] is not None)}))
@@ -94,14 +95,15 @@ def filled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cache")
     cache = tmp / "cache"
     r = _run(["-m", "poot.cli", "compile", "--model", str(GGUF), "--backend", "cuda",
-              "--kv-capacity", "16", "--cache-dir", str(cache)], tmp, seed="1")
+              "--kv-capacity", "16", "--max-batch", "1", "--cache-dir", str(cache)], tmp,
+             seed="1")
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp, cache, json.loads(r.stdout)
 
 
 def test_compile_fills_index(filled):
     _, cache, out = filled
-    assert set(out["steps"]) == {"prefill", "decode"}
+    assert set(out["steps"]) == {"prefill[16]", "decode[B=1]", "sampler[B=1]"}
     for s in out["steps"].values():
         assert (cache / "index" / f"{s['step_key']}.json").is_file()
         assert (cache / "programs" / f"{s['program']}.pkl").is_file()
@@ -117,9 +119,10 @@ def test_hit_without_mlir_loads_programs(filled):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     got = json.loads(r.stdout)
     assert not got["mlir_importable"] and got["mlir_modules"] == []
-    assert got["loaded"] == ["CudaArtifact", "CudaArtifact"] and got["hits"] == 2
-    assert got["decode_key"] == out["steps"]["decode"]["step_key"]
-    assert "sampling.token" in got["decode_outputs"]        # the sampler suffix is in the step
+    assert got["loaded"] == ["CudaArtifact"] * 3 and got["hits"] == 3
+    assert got["decode_key"] == out["steps"]["decode[B=1]"]["step_key"]
+    assert "logits" in got["decode_outputs"]              # the decode step leaves its logits
+    assert "sampling.token" in got["sampler_outputs"]     # to the sampler program
 
 
 def test_miss_without_mlir_says_what_differs(filled):
@@ -130,15 +133,15 @@ def test_miss_without_mlir_says_what_differs(filled):
     assert r.returncode == 3, r.stderr[-3000:]
     got = json.loads(r.stdout)
     assert got["error"] == "CacheMiss"
-    assert "MLIR is not importable" in got["message"] and "kv_capacity=24" in got["message"]
+    # the closest entry differs in the step: a prefill chunk of 24 (capacity 24) vs 16
+    assert "MLIR is not importable" in got["message"] and "tokens=24" in got["message"]
 
 
 def test_step_key_changes_with_the_step_and_the_sources():
     from poot.backends.cuda.artifact import cuda_target
     from poot.compiler import CompileOptions
-    from poot.driver.runner import GREEDY
     from poot.executor import cache as C
-    from poot.graph.sampling import SamplerSpec
+    from poot.graph.sampling import GREEDY, SamplerSpec
     from poot.models import StepSpec, load_model
 
     model, weights = load_model(GGUF)
