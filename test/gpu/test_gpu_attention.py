@@ -1,12 +1,15 @@
 """The flash-decoding attention strategy (:mod:`poot.backends.gpu.strategies.attention`):
-``poot.attention`` dispatch regions built directly (GQA and MHA, decode and prefill, i1 and
-additive masks, soft cap) run on a Vulkan device (lavapipe in CI) and match the CPU oracle at
-1e-5; the same regions become PTX that ptxas assembles; the view resolution and the refusals."""
+``poot.attention`` and ``poot.paged_attention`` dispatch regions built directly (GQA and MHA,
+decode and prefill, i1 and additive masks, soft cap; paged: f32/f16/bf16 pools read through a
+scattered table whose stale rows hold inf/NaN, sliding windows) run on a Vulkan device
+(lavapipe in CI) and match the CPU oracle at 1e-5; the same regions become PTX that ptxas
+assembles; the view resolution and the refusals."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import ml_dtypes
 import numpy as np
 import pytest
 from mlir import ir
@@ -102,13 +105,19 @@ def region_inputs(B, T, Hkv, G, S, D, Dv, mask, softcap, seed=0, dt="f32") -> di
     return x
 
 
-def rope_attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap=0.0) -> Graph:
+def rope_attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap=0.0, paged=None,
+                          window=None) -> Graph:
     """``@region`` calling ONE dispatch that computes what folded regions leave in front of
     the attention: RoPE of q from the positions (cos/sin of ``positions * inv_freq``, a
     non-splat constant; strided slices, products, a concat of unit-axis reshapes) and the
-    causal mask ``iota(S) <= position`` (``i1``, or ``f32`` as ``select(vis, 0, -inf)``),
-    with k/v ``[B, S, Hkv, D]`` KV caches transposed to ``[B, Hkv, S, D]``. Arguments: q
-    ``[B, T, H, D]``, positions ``[B, T]`` i32, k, v; result ``[B, H, T, Dv]``."""
+    causal mask ``iota(S) <= position`` (and ``position - iota(S) < window`` with a
+    ``window``; ``i1``, or ``f32`` as ``select(vis, 0, -inf)``), with k/v ``[B, S, Hkv, D]``
+    KV caches transposed to ``[B, Hkv, S, D]``. Arguments: q ``[B, T, H, D]``, positions
+    ``[B, T]`` i32, k, v; result ``[B, H, T, Dv]``.
+
+    ``paged`` (``(NB, bs, kv dtype)``, with ``S = TW * bs``): ``poot.paged_attention`` over
+    block pools ``[NB, bs, Hkv, D]`` instead, the block table ``[B, TW]`` i32 a fifth
+    argument (what the step's paged attention region is after folding)."""
     H, h = Hkv * G, D // 2
     freqs = ", ".join(f"{1.0 / 10000 ** (2 * i / D):.8e}" for i in range(h))
     qa, ha, h5, two = (B, T, H, D), (B, T, H, h), (B, T, H, h, 1), (B, T, H, h, 2)
@@ -116,6 +125,11 @@ def rope_attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap=0.0) -> Graph:
     ka, va, k, v = (B, S, Hkv, D), (B, S, Hkv, Dv), (B, Hkv, S, D), (B, Hkv, S, Dv)
     m5, res, out = (B, 1, 1, T, S), (B, Hkv, G, T, Dv), (B, H, T, Dv)
     t = _t
+    if paged:
+        NB, bs, kdt = paged
+        ka, va = t((NB, bs, Hkv, D), kdt), t((NB, bs, Hkv, Dv), kdt)
+    else:
+        ka, va = t(ka), t(va)
     body = f"""
   %f = "poot.constant"() {{value = dense<[{freqs}]> : {t((h,))}}} : () -> {t((h,))}
   %pf = "poot.cast"(%arg1) : ({t((B, T), "i32")}) -> {t((B, T))}
@@ -139,32 +153,48 @@ def rope_attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap=0.0) -> Graph:
   %qr = "poot.reshape"(%cc) : ({t(two)}) -> {t(qa)}
   %q5 = "poot.reshape"(%qr) : ({t(qa)}) -> {t(q5)}
   %q = "poot.transpose"(%q5) {{perm = array<i64: 0, 2, 3, 1, 4>}} : ({t(q5)}) -> {t(q)}
-  %k = "poot.transpose"(%arg2) {{perm = array<i64: 0, 2, 1, 3>}} : ({t(ka)}) -> {t(k)}
-  %v = "poot.transpose"(%arg3) {{perm = array<i64: 0, 2, 1, 3>}} : ({t(va)}) -> {t(v)}
   %io = "poot.iota"() {{axis = 1 : i64}} : () -> {t((1, S), "i32")}
   %ir = "poot.reshape"(%io) : ({t((1, S), "i32")}) -> {t((1, 1, 1, 1, S), "i32")}
   %ib = "poot.broadcast"(%ir) {{dims = array<i64: 0, 1, 2, 3, 4>}} : ({t((1, 1, 1, 1, S), "i32")}) -> {t(m5, "i32")}
   %pp = "poot.reshape"(%arg1) : ({t((B, T), "i32")}) -> {t((B, 1, 1, T, 1), "i32")}
   %pq = "poot.broadcast"(%pp) {{dims = array<i64: 0, 1, 2, 3, 4>}} : ({t((B, 1, 1, T, 1), "i32")}) -> {t(m5, "i32")}
   %vis = "poot.compare"(%ib, %pq) {{pred = "le"}} : ({t(m5, "i32")}, {t(m5, "i32")}) -> {t(m5, "i1")}"""
+    vis = "%vis"
+    if window:
+        body += f"""
+  %wc = "poot.constant"() {{value = dense<{int(window)}> : {t(m5, "i32")}}} : () -> {t(m5, "i32")}
+  %dp = "poot.binary"(%pq, %ib) {{fn = "sub"}} : ({t(m5, "i32")}, {t(m5, "i32")}) -> {t(m5, "i32")}
+  %in = "poot.compare"(%dp, %wc) {{pred = "lt"}} : ({t(m5, "i32")}, {t(m5, "i32")}) -> {t(m5, "i1")}
+  %visw = "poot.binary"(%vis, %in) {{fn = "and"}} : ({t(m5, "i1")}, {t(m5, "i1")}) -> {t(m5, "i1")}"""
+        vis = "%visw"
     if mask == "i1":
-        mt, mv = "i1", "%vis"
+        mt, mv = "i1", vis
     else:
         mt, mv = "f32", "%bias"
         body += f"""
   %z = "poot.constant"() {{value = dense<0.0> : {t(m5)}}} : () -> {t(m5)}
   %ni = "poot.constant"() {{value = dense<0xFF800000> : {t(m5)}}} : () -> {t(m5)}
-  %bias = "poot.select"(%vis, %z, %ni) : ({t(m5, "i1")}, {t(m5)}, {t(m5)}) -> {t(m5)}"""
+  %bias = "poot.select"({vis}, %z, %ni) : ({t(m5, "i1")}, {t(m5)}, {t(m5)}) -> {t(m5)}"""
+    attrs = f"{{scale = {float(1.0 / np.sqrt(D))!r} : f64, softcap = {float(softcap)!r} : f64}}"
+    if paged:
+        tb = t((B, S // paged[1]), "i32")
+        body += f"""
+  %at = "poot.paged_attention"(%q, %arg2, %arg3, %arg4, {mv}) {attrs} : ({t(q)}, {ka}, {va}, {tb}, {t(m5, mt)}) -> {t(res)}"""
+    else:
+        body += f"""
+  %k = "poot.transpose"(%arg2) {{perm = array<i64: 0, 2, 1, 3>}} : ({ka}) -> {t(k)}
+  %v = "poot.transpose"(%arg3) {{perm = array<i64: 0, 2, 1, 3>}} : ({va}) -> {t(v)}
+  %at = "poot.attention"(%q, %k, %v, {mv}) {attrs} : ({t(q)}, {t(k)}, {t(v)}, {t(m5, mt)}) -> {t(res)}"""
     body += f"""
-  %at = "poot.attention"(%q, %k, %v, {mv}) {{scale = {float(1.0 / np.sqrt(D))!r} : f64, softcap = {float(softcap)!r} : f64}} : ({t(q)}, {t(k)}, {t(v)}, {t(m5, mt)}) -> {t(res)}
   %r = "poot.reshape"(%at) : ({t(res)}) -> {t(out)}
   return %r : {t(out)}"""
-    ins = [t(qa), t((B, T), "i32"), t(ka), t(va)]
+    ins = [t(qa), t((B, T), "i32"), ka, va] + ([tb] if paged else [])
     args = ", ".join(f"%arg{i}: {x}" for i, x in enumerate(ins))
     rargs = ", ".join(f'%a{i}: {x} {{poot.name = "a{i}"}}' for i, x in enumerate(ins))
+    names = ", ".join(f"%a{i}" for i in range(len(ins)))
     text = f"""
 func.func @region({rargs}) -> ({t(out)} {{poot.name = "r0"}}) {{
-  %r = func.call @attn(%a0, %a1, %a2, %a3) : ({", ".join(ins)}) -> {t(out)}
+  %r = func.call @attn({names}) : ({", ".join(ins)}) -> {t(out)}
   return %r : {t(out)}
 }}
 func.func private @attn({args}) -> {t(out)} attributes {{poot.dispatch = {{kind = "attention", ops = 40 : i64}}}} {{{body}
@@ -614,6 +644,248 @@ def test_device_plans_covered_every_kernel_shape(vk_device):
     assert 1 in dls and len(dls) >= 3, dls
 
 
+# ---- paged attention (poot.paged_attention) ----------------------------------------------------
+
+def paged_region(B, T, Hkv, G, NB, bs, TW, D, Dv, mask, kv="f16", softcap=0.0) -> Graph:
+    """``@region`` calling a dispatch whose root is ``poot.paged_attention`` as a paged step
+    holds it: q ``[B, T, H, D]`` reshaped to ``[B, T, Hkv, G, D]`` and transposed to
+    ``[B, Hkv, G, T, D]``; the block pools ``[NB, bs, Hkv, D|Dv]`` (``kv`` dtype) and the
+    table ``[B, TW]`` i32 read as they are; the mask ``[B, T, S]`` (``i1``, or an ``f32``
+    bias) reshaped to ``[B, 1, 1, T, S]`` (``S = TW * bs``); the result
+    ``[B, Hkv, G, T, Dv]`` reshaped to ``[B, H, T, Dv]``. Arguments: q, k pool, v pool,
+    table, mask."""
+    H, S = Hkv * G, TW * bs
+    qa, q5, q = (B, T, H, D), (B, T, Hkv, G, D), (B, Hkv, G, T, D)
+    kp, vp, tb = _t((NB, bs, Hkv, D), kv), _t((NB, bs, Hkv, Dv), kv), _t((B, TW), "i32")
+    ma, m5 = (B, T, S), (B, 1, 1, T, S)
+    mt = "i1" if mask == "i1" else "f32"
+    res, out = (B, Hkv, G, T, Dv), (B, H, T, Dv)
+    ins = [_t(qa), kp, vp, tb, _t(ma, mt)]
+    body = f"""
+  %q5 = "poot.reshape"(%arg0) : ({_t(qa)}) -> {_t(q5)}
+  %q = "poot.transpose"(%q5) {{perm = array<i64: 0, 2, 3, 1, 4>}} : ({_t(q5)}) -> {_t(q)}
+  %m = "poot.reshape"(%arg4) : ({_t(ma, mt)}) -> {_t(m5, mt)}
+  %a = "poot.paged_attention"(%q, %arg1, %arg2, %arg3, %m) {{scale = {float(1.0 / np.sqrt(D))!r} : f64, softcap = {float(softcap)!r} : f64}} : ({_t(q)}, {kp}, {vp}, {tb}, {_t(m5, mt)}) -> {_t(res)}
+  %r = "poot.reshape"(%a) : ({_t(res)}) -> {_t(out)}
+  return %r : {_t(out)}"""
+    args = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(ins))
+    rargs = ", ".join(f'%a{i}: {t} {{poot.name = "a{i}"}}' for i, t in enumerate(ins))
+    text = f"""
+func.func @region({rargs}) -> ({_t(out)} {{poot.name = "r0"}}) {{
+  %r = func.call @attn(%a0, %a1, %a2, %a3, %a4) : ({", ".join(ins)}) -> {_t(out)}
+  return %r : {_t(out)}
+}}
+func.func private @attn({args}) -> {_t(out)} attributes {{poot.dispatch = {{kind = "paged_attention", ops = 5 : i64}}}} {{{body}
+}}"""
+    with make_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+    return Graph.from_module(module)
+
+
+def paged_inputs(B, T, Hkv, G, NB, bs, TW, D, Dv, mask, kv="f16", ends=(), window=None,
+                 holes=False, seed=0) -> dict:
+    """A paged cache as a serving engine leaves it. Sequence b's queries sit at positions
+    ``ends[b] - T + 1 .. ends[b]`` (``ends[b] = -1``: a decode row that sees no key); key j
+    is visible to the query at p when ``j <= p`` (and ``p - j < window``; ``holes``: 20% of
+    the other keys masked too); an ``f32`` mask is a random bias there and ``-inf``
+    elsewhere. The table: distinct random blocks per sequence, the first block shared by
+    sequences 0 and 1 (a common prefix), the entries past a sequence's last block -1, NB + 3
+    (clamped into the pool) or a block of another sequence. Every pool row no query sees
+    holds ``inf`` keys and ``NaN``/``inf`` values (what a freed, reused block may hold).
+    Returns q, k, v (pools in ``kv``), table, mask ``[B, T, S]``, pos ``[B, T]``."""
+    rng = np.random.default_rng(seed)
+    H, S = Hkv * G, TW * bs
+    pos = np.array([[e - T + 1 + t for t in range(T)] for e in ends], np.int32)
+    blocks = rng.permutation(NB)
+    table = np.zeros((B, TW), np.int32)
+    used = 0
+    for b in range(B):
+        n = max(0, int(pos[b].max()) // bs + 1)
+        for w in range(TW):
+            if w < n and b == 1 and w == 0 and B > 1:
+                table[b, w] = table[0, 0]                     # a shared prefix block
+            elif w < n:
+                table[b, w], used = blocks[used % NB], used + 1
+            else:
+                table[b, w] = (-1, NB + 3, int(rng.integers(NB)))[w % 3]
+    j = np.arange(S)
+    vis = j[None, None] <= pos[..., None]                                # [B, T, S]
+    if window:
+        vis &= pos[..., None] - j[None, None] < window
+    if holes:
+        vis &= (rng.random(vis.shape) < 0.8) | (j[None, None] == pos[..., None])
+    seen = np.zeros((NB, bs), bool)
+    for b, t, jj in zip(*np.nonzero(vis)):
+        seen[min(max(table[b, jj // bs], 0), NB - 1), jj % bs] = True
+    k = rng.standard_normal((NB, bs, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((NB, bs, Hkv, Dv)).astype(np.float32)
+    k[~seen] = np.inf
+    v[~seen] = np.nan
+    v[~seen & (np.arange(bs)[None] % 2 == 0)] = np.inf
+    if mask == "i1":
+        m = vis
+    else:
+        m = np.where(vis, 0.5 * rng.standard_normal(vis.shape), -np.inf).astype(np.float32)
+    dt = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[kv]
+    return {"q": rng.standard_normal((B, T, H, D)).astype(np.float32), "k": k.astype(dt),
+            "v": v.astype(dt), "table": table, "mask": m, "pos": pos}
+
+
+#: (B, T, Hkv, G, NB, bs, TW, D, Dv, mask, kv, softcap, window, holes, ends): decode (GQA,
+#: MHA; a row that sees no key; a shared prefix block) and prefill (a sliding window, random
+#: holes), f32/f16/bf16 pools, i1 and bias masks, a soft cap, Dv not a multiple of the
+#: subgroup, and a long decode (1152 keys: split + combine on a big target)
+PAGED_CASES = [
+    (3, 1, 2, 3, 20, 4, 8, 32, 32, "i1", "f16", 0.0, None, False, (13, 1, -1)),
+    (2, 1, 2, 4, 24, 8, 10, 64, 48, "f32", "bf16", 30.0, None, False, (70, 9)),
+    (2, 4, 1, 2, 16, 4, 8, 16, 16, "i1", "f32", 0.0, 5, True, (20, 3)),
+    (1, 3, 3, 1, 12, 16, 6, 32, 32, "f32", "f16", 0.0, None, False, (60,)),
+    (1, 1, 2, 2, 80, 16, 72, 32, 32, "i1", "bf16", 0.0, None, False, (1100,)),
+]
+#: the plans the paged device tests ran
+PAGED_PLANS: list = []
+
+
+def _paged_shape(case):
+    names = ("B", "T", "Hkv", "G", "NB", "bs", "TW", "D", "Dv", "mask", "kv")
+    return dict(zip(names, case[:11]))
+
+
+@pytest.mark.parametrize("case", PAGED_CASES, ids=lambda c: f"{c[1]}x{c[6] * c[5]}-{c[9]}-{c[10]}")
+def test_paged_attention_matches_oracle_on_vulkan(vk_device, case):
+    """``poot.paged_attention`` regions (keys read through a scattered table with a shared
+    block and out-of-range entries, pools poisoned with inf/NaN wherever no query looks),
+    planned for targets of 1, 16 and 1000 cores, run on the device and equal the oracle at
+    1e-5: the poison never leaks (a masked key contributes nothing), a row that sees no key
+    gives zeros, and the long context splits into chunks on the big target."""
+    from poot.backends.gpu.strategies.attention import match_attention, plan_attention
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    shape = _paged_shape(case)
+    softcap, window, holes, ends = case[11:]
+    g = paged_region(**shape, softcap=softcap)
+    x = paged_inputs(**shape, ends=ends, window=window, holes=holes,
+                     seed=PAGED_CASES.index(case))
+    feed = {f"a{i}": x[n] for i, n in enumerate(("q", "k", "v", "table", "mask"))}
+    assert not np.isfinite(x["k"].astype(np.float32)).all()
+    want = oracle.evaluate(g, feed)["r0"]
+    assert np.isfinite(want).all()
+    for b, e in enumerate(ends):
+        assert (e >= 0) == bool(want[b].any())             # no visible key: zeros
+    reg = match_attention(_callee(g))
+    assert reg.paged is not None and reg.paged.bs == shape["bs"]
+    for cores in (1, 16, 1000):
+        target = _vk_target(vk_device, cores)
+        plan = plan_attention(reg, target.caps)
+        art = codegen_vulkan(g, target)
+        assert len(art.steps) == (1 if plan.NS == 1 else 2)
+        got = _run(vk_device, art, feed)["r0"]
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
+                                   err_msg=f"{shape} cores={cores} {plan}")
+        PAGED_PLANS.append(plan)
+    if shape["TW"] * shape["bs"] > 1024:
+        assert plan.NS > 1                                 # long context: split + combine
+
+
+#: forced plans (bs, TW, batches per chunk, W, DL, mask): chunks that start inside a KV
+#: block (their staged table starts mid-table), several chunks of W-subgroup blocks, a
+#: subgroup with no batch (guarded), dot products split over 2 and 8 lanes
+PAGED_FORCED = [(4, 12, 5, 2, 2, "i1"), (3, 7, 9, 1, 8, "f32"), (8, 5, 5, 4, 1, "i1"),
+                (5, 9, 2, 4, 1, "f32")]
+
+
+@pytest.mark.parametrize("bs,TW,nbat,W,DL,mask", PAGED_FORCED)
+def test_paged_forced_plans_on_vulkan(vk_device, monkeypatch, bs, TW, nbat, W, DL, mask):
+    """Every chunking the paged emitter takes, planned by hand (decode, GQA 2 x 3, f16
+    pools, poisoned stale rows), equals the oracle."""
+    from poot.backends.gpu.strategies import attention as A
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    shape = dict(B=2, T=1, Hkv=2, G=3, NB=2 * TW + 1, bs=bs, TW=TW, D=64, Dv=64, mask=mask)
+    S = bs * TW
+    g = paged_region(**shape)
+    x = paged_inputs(**shape, ends=(S - 2, S // 3), seed=S + W)
+    feed = {f"a{i}": x[n] for i, n in enumerate(("q", "k", "v", "table", "mask"))}
+    want = oracle.evaluate(g, feed)["r0"]
+    target = _vk_target(vk_device, 4)
+    sg = target.caps.subgroup_size
+    C = nbat * (sg // DL)
+    plan = A.AttentionPlan(sg, DL, 3, 1, C, -(-S // C), max(sg, min(256, 4 * sg)), W)
+    monkeypatch.setattr(A, "plan_attention", lambda reg, caps: plan)
+    art = codegen_vulkan(g, target)
+    assert len(art.steps) == (1 if plan.NS == 1 else 2)
+    np.testing.assert_allclose(_run(vk_device, art, feed)["r0"], want, rtol=RTOL, atol=ATOL,
+                               err_msg=f"{plan}")
+    PAGED_PLANS.append(plan)
+
+
+#: (B, T, Hkv, G, NB, bs, TW, D, mask, kv, window, ends) of the folded form
+PAGED_ROPE_CASES = [(2, 1, 2, 3, 20, 4, 8, 32, "i1", "f16", None, (19, 6)),
+                    (2, 1, 2, 3, 20, 4, 8, 32, "f32", "bf16", 4, (19, 6)),
+                    (2, 3, 1, 2, 16, 8, 6, 16, "i1", "f32", 5, (40, 2))]
+
+
+@pytest.mark.parametrize("case", PAGED_ROPE_CASES)
+def test_paged_rope_and_mask_computed_in_region_on_vulkan(vk_device, case):
+    """The paged attention region as folding leaves it (q RoPE'd from the positions, the
+    causal mask, with a sliding window, computed from them; i1 or a select-made bias) takes
+    the strategy (q and the table staged per block, the mask evaluated per row and key) and
+    equals the oracle for one chunk and several, decode and prefill."""
+    from poot.backends.gpu.strategies.attention import match_attention, plan_attention
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    B, T, Hkv, G, NB, bs, TW, D, mask, kv, window, ends = case
+    g = rope_attention_region(B, T, Hkv, G, TW * bs, D, D, mask, paged=(NB, bs, kv),
+                              window=window)
+    x = paged_inputs(B, T, Hkv, G, NB, bs, TW, D, D, mask, kv, ends=ends, window=window,
+                     seed=PAGED_ROPE_CASES.index(case))
+    feed = {"a0": x["q"], "a1": x["pos"], "a2": x["k"], "a3": x["v"], "a4": x["table"]}
+    want = oracle.evaluate(g, feed)["r0"]
+    assert np.isfinite(want).all()
+    reg = match_attention(_callee(g))
+    assert reg.paged is not None and reg.q is None and reg.mask_value is not None
+    nss = set()
+    for cores in (1, 1000):
+        target = _vk_target(vk_device, cores)
+        nss.add(plan_attention(reg, target.caps).NS)
+        got = _run(vk_device, codegen_vulkan(g, target), feed)["r0"]
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"cores={cores}")
+
+
+def test_paged_device_plans_covered_every_kernel_shape(vk_device):
+    """The paged device cases ran one and several chunks, one and several subgroups a
+    block, one lane a key and dot products split over lanes."""
+    if len(PAGED_PLANS) < 3 * len(PAGED_CASES) + len(PAGED_FORCED):
+        pytest.skip("runs after the paged device cases (run the whole module)")
+    assert {p.NS == 1 for p in PAGED_PLANS} == {True, False}
+    assert {p.W > 1 for p in PAGED_PLANS} == {True, False}
+    assert {p.DL > 1 for p in PAGED_PLANS} == {True, False}
+
+
+def test_paged_plans_follow_the_dense_ones():
+    """On the CUDA target a paged region plans exactly as the dense region of the same
+    shape (decode at 512 keys: one launch of 16 warps; 4096 keys: split), so the table costs
+    no tuning; a table of 4096 one-position blocks keeps each chunk within
+    TABLE_MAX_ENTRIES staged entries."""
+    from poot.backends.cuda.codegen import cuda_target
+    from poot.backends.gpu.strategies.attention import (TABLE_MAX_ENTRIES, match_attention,
+                                                        plan_attention, table_entries)
+
+    caps = cuda_target().caps
+    for S, bs in ((512, 16), (4096, 16), (256, 256)):
+        g = paged_region(B=1, T=1, Hkv=8, G=4, NB=S // bs + 1, bs=bs, TW=S // bs, D=128,
+                         Dv=128, mask="i1", kv="bf16")
+        d = attention_region(B=1, T=1, Hkv=8, G=4, S=S, D=128, Dv=128, mask="i1",
+                             softcap=0.0)
+        pr, dr = match_attention(_callee(g)), match_attention(_callee(d))
+        assert plan_attention(pr, caps) == plan_attention(dr, caps), S
+    g = paged_region(B=1, T=1, Hkv=2, G=2, NB=4097, bs=1, TW=4096, D=64, Dv=64, mask="i1",
+                     kv="f16")
+    reg = match_attention(_callee(g))
+    plan = plan_attention(reg, cuda_target(cores=1).caps)
+    assert plan.NS > 1 and table_entries(reg, plan.C) <= TABLE_MAX_ENTRIES
+
+
 # ---- CUDA (PTX) ---------------------------------------------------------------------------------
 
 def _ptxas_spills(ptx: str) -> list[str] | None:
@@ -835,3 +1107,29 @@ def test_other_regions_are_refused():
             fn = next(o.operation for o in mod.body.operations)
             got = flash_decode(fn, cuda_target().caps)
         assert (got is not None) == (name == "mask computed"), name
+
+
+@pytest.mark.parametrize("S,bs,kv,mask,launches", [(512, 16, "bf16", "i1", 1),
+                                                   (4096, 16, "f16", "f32", 2)])
+def test_paged_attention_region_ptx_assembles(S, bs, kv, mask, launches):
+    """Llama-3-8B-shaped paged decode regions as folding leaves them (GQA 32/8, D = 128,
+    q RoPE'd and the causal mask computed in the region; bf16 or f16 pools) become the
+    strategy's kernels for CUDA only: one launch of 16 warps a kv head at 512 keys, split +
+    combine at 4096. The table is staged in shared memory, the pools are read as 16-bit
+    words, and ptxas assembles the kernels without spilling."""
+    from poot.backends.cuda.codegen import cuda_target, ptx_text, ptxas_check
+    from poot.backends.gpu.plan import plan_program
+
+    g = rope_attention_region(B=1, T=1, Hkv=8, G=4, S=S, D=128, Dv=128, mask=mask,
+                              paged=(S // bs + 8, bs, kv))
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), cuda_target().caps)
+    kernels = [L for L in plan.launches if L["op"] == "kernel"]
+    assert plan.strategies == {"flash_decode": launches} and len(kernels) == launches
+    if launches == 1:
+        assert kernels[0]["block"] == [512, 1, 1] and kernels[0]["grid"] == [1, 1, 8]
+    ptx = ptx_text(plan.module)
+    assert "ld.shared.b32" in ptx and "bar.sync" in ptx and "ld.global.b16" in ptx
+    assert "shfl.sync.bfly" in ptx and "shfl.sync.idx" in ptx
+    if ptxas_check(ptx) is None:
+        pytest.skip("ptxas is not installed (PTX generated, not assembled)")
+    assert _ptxas_spills(ptx) == []
