@@ -1,7 +1,9 @@
 """gpt-fast-style decode baseline: a hand-written Llama (random-init weights), a static KV
 cache, the decode step under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), greedy
-argmax on the GPU, batch 1. ``poot bench --baseline gpt-fast`` calls :func:`run_baseline` in
-its own process after poot; run alone it measures named shapes:
+argmax on the GPU, batch ``batch`` (B sequences decoding in lockstep at the same position, one
+static [B, kv_heads, capacity, head_dim] cache per layer; tokens/s counts all B rows).
+``poot bench --baseline gpt-fast`` calls :func:`run_baseline` in its own process after poot;
+run alone it measures named shapes:
 
     python3 bench/gpu_run/baseline_torch.py OUT.json [smollm2:bf16 llama1b:bf16 llama8b:bf16]
 
@@ -33,7 +35,7 @@ SHAPES = {  # hidden, layers, heads, kv_heads, ffn, vocab, rope_theta, tied
 }
 
 
-def _model(shape: dict, cap: int, dtype):
+def _model(shape: dict, cap: int, dtype, batch: int = 1):
     import torch
     import torch.nn.functional as F
 
@@ -60,8 +62,9 @@ def _model(shape: dict, cap: int, dtype):
             self.n1 = [torch.ones(hidden, dtype=dtype, device=dev) for _ in range(layers)]
             self.n2 = [torch.ones(hidden, dtype=dtype, device=dev) for _ in range(layers)]
             self.nf = torch.ones(hidden, dtype=dtype, device=dev)
-            self.kc = torch.zeros(layers, 1, kv_heads, cap, hd, dtype=dtype, device=dev)
-            self.vc = torch.zeros(layers, 1, kv_heads, cap, hd, dtype=dtype, device=dev)
+            self.kc = torch.zeros(layers, batch, kv_heads, cap, hd, dtype=dtype, device=dev)
+            self.vc = torch.zeros(layers, batch, kv_heads, cap, hd, dtype=dtype, device=dev)
+            self.b = batch
             inv = 1.0 / (rope_theta ** (torch.arange(0, hd, 2, device=dev).float() / hd))
             f = torch.outer(torch.arange(cap, device=dev).float(), inv)
             self.cos, self.sin = f.cos().to(dtype), f.sin().to(dtype)
@@ -72,22 +75,23 @@ def _model(shape: dict, cap: int, dtype):
             x1, x2 = x[..., : self.hd // 2], x[..., self.hd // 2:]
             return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
 
-        def forward(self, tok, pos):  # tok [1,1] int64, pos [1] int64
-            x = self.emb[tok]                                       # [1,1,dim]
+        def forward(self, tok, pos):  # tok [B,1] int64, pos [1] int64
+            b = self.b
+            x = self.emb[tok]                                       # [B,1,dim]
             mask = (torch.arange(self.cap, device=dev) <= pos).view(1, 1, 1, -1)
             for i in range(self.layers):
                 h = F.rms_norm(x, (x.shape[-1],), self.n1[i], 1e-5)
                 qkv = F.linear(h, self.wqkv[i])
                 q, k, v = qkv.split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd],
                                     -1)
-                q = self.rope(q.view(1, 1, self.h, self.hd), pos).transpose(1, 2)
-                k = self.rope(k.view(1, 1, self.kvh, self.hd), pos).transpose(1, 2)
-                v = v.view(1, 1, self.kvh, self.hd).transpose(1, 2)
+                q = self.rope(q.view(b, 1, self.h, self.hd), pos).transpose(1, 2)
+                k = self.rope(k.view(b, 1, self.kvh, self.hd), pos).transpose(1, 2)
+                v = v.view(b, 1, self.kvh, self.hd).transpose(1, 2)
                 self.kc[i].index_copy_(2, pos, k)
                 self.vc[i].index_copy_(2, pos, v)
                 o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], attn_mask=mask,
                                                    enable_gqa=True)
-                x = x + F.linear(o.transpose(1, 2).reshape(1, 1, -1), self.wo[i])
+                x = x + F.linear(o.transpose(1, 2).reshape(b, 1, -1), self.wo[i])
                 h = F.rms_norm(x, (x.shape[-1],), self.n2[i], 1e-5)
                 a, b = F.linear(h, self.w13[i]).split([self.ffn, self.ffn], -1)
                 x = x + F.linear(F.silu(a) * b, self.w2[i])
@@ -116,10 +120,12 @@ def _kernels_per_step(step, tok, pos) -> int | None:
 
 
 def run_baseline(shape: dict, dtype: str = "bf16", prompt_tokens: int = 32,
-                 new_tokens: int = 128, kv_capacity: int = 512, runs: int = 3) -> dict:
+                 new_tokens: int = 128, kv_capacity: int = 512, runs: int = 3,
+                 batch: int = 1) -> dict:
     """Measure the baseline on ``shape`` (keys of :data:`SHAPES` entries; ``head_dim``
-    optional). Returns decode tok/s, us/token, kernels per step, bytes per token, roofline
-    fraction, compile seconds (see the module docstring)."""
+    optional) at ``batch`` sequences. Returns decode tok/s (all rows), us per step, kernels
+    per step, bytes per step, roofline fraction, compile seconds (see the module
+    docstring)."""
     import torch
 
     dt = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}[dtype]
@@ -128,27 +134,27 @@ def run_baseline(shape: dict, dtype: str = "bf16", prompt_tokens: int = 32,
                          f"{kv_capacity}")
     torch.manual_seed(0)
     shape = dict(shape)
-    m = _model(shape, kv_capacity, dt)
+    m = _model(shape, kv_capacity, dt, batch)
     step = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
     pos = [torch.tensor([p], device="cuda") for p in range(kv_capacity)]
     t0 = time.perf_counter()
     with torch.no_grad():
-        tok = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+        tok = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
         for p in range(3):                                     # compile + graph capture
-            tok = step(tok, pos[p]).view(1, 1).clone()
+            tok = step(tok, pos[p]).view(batch, 1).clone()
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
         best = None
         for _ in range(runs):
             m.kc.zero_()
             m.vc.zero_()
-            tok = torch.full((1, 1), 17, dtype=torch.long, device="cuda")
+            tok = (torch.arange(batch, device="cuda") % 97 + 17).view(batch, 1)
             for p in range(prompt_tokens):                      # the prompt, untimed
-                tok = step(tok, pos[p]).view(1, 1).clone()
+                tok = step(tok, pos[p]).view(batch, 1).clone()
             torch.cuda.synchronize()
             t = time.perf_counter()
             for p in range(prompt_tokens, prompt_tokens + new_tokens):
-                tok = step(tok, pos[p]).view(1, 1).clone()
+                tok = step(tok, pos[p]).view(batch, 1).clone()
             torch.cuda.synchronize()
             dt_s = time.perf_counter() - t
             best = dt_s if best is None else min(best, dt_s)
@@ -159,14 +165,15 @@ def run_baseline(shape: dict, dtype: str = "bf16", prompt_tokens: int = 32,
     if not shape["tied"]:
         weights -= m.emb.numel() * item - shape["hidden"] * item         # one embedding row
     ctx = prompt_tokens + new_tokens / 2
-    kv = shape["layers"] * 2 * ctx * shape["kv_heads"] * hd * item
-    tps = new_tokens / best
+    kv = shape["layers"] * 2 * ctx * shape["kv_heads"] * hd * item * batch
+    tps = batch * new_tokens / best
     return {"impl": "gpt-fast-style torch.compile(reduce-overhead)", "torch": torch.__version__,
             "dtype": dtype, "kv_capacity": kv_capacity, "prompt_tokens": prompt_tokens,
-            "new_tokens": new_tokens, "decode_tokens_per_s": tps, "us_per_token": 1e6 / tps,
+            "batch": batch, "new_tokens": new_tokens, "decode_tokens_per_s": tps,
+            "us_per_token": 1e6 * batch / tps, "us_per_step": 1e6 * best / new_tokens,
             "dispatches_per_token": kernels, "weight_bytes": int(weights),
             "kv_bytes_read": int(kv), "bytes_per_token": int(weights + kv),
-            "roofline_fraction": (weights + kv) * tps / ROOFLINE_BPS,
+            "roofline_fraction": (weights + kv) * tps / batch / ROOFLINE_BPS,
             "compile_s": compile_s}
 
 
@@ -176,10 +183,10 @@ if __name__ == "__main__":
     out = sys.argv[1]
     todo = sys.argv[2:] or ["smollm2:bf16"]
     res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "runs": []}
-    for spec in todo:
-        name, dt = spec.split(":")
+    for spec in todo:                       # shape:dtype[:batch]
+        name, dt, *b = spec.split(":")
         try:
-            r = run_baseline(SHAPES[name], dt)
+            r = run_baseline(SHAPES[name], dt, batch=int(b[0]) if b else 1)
             res["runs"].append({"shape": name, **r})
         except Exception as e:  # noqa: BLE001
             res["runs"].append({"shape": name, "dtype": dt,
