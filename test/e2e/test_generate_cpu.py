@@ -133,3 +133,35 @@ def test_backend_without_codegen_is_a_typed_refusal():
 
     with pytest.raises(Refusal):
         ModelHandle.load(fixture_path("llama"), backend="rocm", kv_capacity=16, use_cache=False)
+
+
+def test_cli_prompts_file_runs_batched(handles, cache_dir, capsys, monkeypatch, tmp_path):
+    """``poot generate --prompts-file``: plain lines and JSON lines with per-prompt
+    parameters run batched; one JSON result a prompt, each equal to the prompt run alone;
+    a bad line is a one-line error naming the line, before anything runs."""
+    from poot.cli import main
+
+    monkeypatch.setenv("POOT_CACHE_DIR", str(cache_dir))
+    model = str(fixture_path("llama_gguf_q4_1"))
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("hello world\n"
+                 '{"prompt": "the cat", "max_tokens": 3}\n'
+                 "\n"
+                 '{"prompt": [5, 6, 7, 8], "temperature": 0.9, "seed": 3}\n')
+    common = ["--model", model, "--kv-capacity", "48", "--prefill-chunk", "5",
+              "--max-tokens", "5", "--ignore-eos", "--max-batch", "4"]
+    rc = main(["generate", "--prompts-file", str(f), *common])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert rc == 0 and sorted(x["index"] for x in lines) == [0, 1, 2]
+    by = {x["index"]: x for x in lines}
+    assert [len(by[i]["token_ids"]) for i in range(3)] == [5, 3, 5]
+    h = handles["llama_gguf_q4_1"]
+    alone = Driver(h).complete("hello world", _greedy(5))
+    assert by[0]["token_ids"] == alone.token_ids and by[0]["text"] == alone.text
+    seeded = SamplingParams(temperature=0.9, seed=3, max_tokens=5, ignore_eos=True)
+    assert by[2]["token_ids"] == Driver(h).complete([5, 6, 7, 8], seeded).token_ids
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('hi\n{"prompt": "x", "top_p": 7}\n')
+    rc = main(["generate", "--prompts-file", str(bad), *common])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{bad}:2: top_p" in err and "Traceback" not in err
