@@ -93,6 +93,8 @@ class SamplingParams:
             top ``n`` alternatives.
         ignore_eos: keep generating past the tokenizer's EOS / end-of-turn ids
             (``stop_token_ids`` still stop).
+        detokenize: produce text (False: token ids only, as vLLM's ``detokenize``; stop
+            strings then cannot be used).
     """
 
     temperature: float = 1.0
@@ -109,6 +111,7 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
     logprobs: int | None = None
     ignore_eos: bool = False
+    detokenize: bool = True
 
     def __post_init__(self):
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen)
@@ -159,6 +162,10 @@ class SamplingParams:
             put("logprobs", _int("logprobs", self.logprobs, 0, MAX_LOGPROBS))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequest("ignore_eos", self.ignore_eos, "must be a boolean")
+        if not isinstance(self.detokenize, bool):
+            raise InvalidRequest("detokenize", self.detokenize, "must be a boolean")
+        if self.stop and not self.detokenize:
+            raise InvalidRequest("stop", list(self.stop), "stop strings need detokenize=True")
 
     # ---- construction and checks -------------------------------------------------------------
     @classmethod

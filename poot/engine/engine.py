@@ -59,10 +59,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from poot.driver.params import InvalidRequest, SamplingParams
 from poot.driver.stops import StopMatcher
 from poot.engine.blocks import BlockManager, block_keys
-from poot.engine.runner import DecodeRow, ModelRunner, sampler_spec_for
+from poot.engine.runner import DecodeBatch, ModelRunner, sampler_spec_for
 from poot.errors import PootError
 from poot.graph import sampling
 
@@ -170,7 +172,7 @@ class RequestStats:
         return asdict(self)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """What one :meth:`LLMEngine.step` produced for one request.
 
@@ -199,6 +201,7 @@ class RequestOutput:
     stats: RequestStats | None = None
     error: str | None = None
     flushed: str = ""
+    _seq: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -239,6 +242,7 @@ class _Seq:
         self.tokens = list(prompt)           # prompt + generated (the last is fed next)
         self.output_ids: list[int] = []
         self.blocks: list[int] = []
+        self.table = None                    # i32 [W]: blocks, then the null block
         self.n_computed = 0                  # positions whose K/V are in the blocks
         self.keys: list[bytes] = []          # chain keys of the full blocks computed
         self.status = "waiting"
@@ -248,7 +252,7 @@ class _Seq:
         if tokenizer is not None and not params.ignore_eos:
             self.stop_ids |= set(tokenizer.stop_ids)
         self.decoder = StreamDecoder(tokenizer, skip_special_tokens=True, context=prompt) \
-            if tokenizer is not None else None
+            if tokenizer is not None and params.detokenize else None
         self.matcher = StopMatcher(params.stop)
         self.sink = sink
         self.stats = RequestStats(prompt_tokens=len(prompt))
@@ -302,6 +306,7 @@ class LLMEngine:
         #: (time read, rows) of every decode step collected (benchmarks derive step rates)
         self.decode_log: deque[tuple[float, int]] = deque(maxlen=1 << 16)
         self._inflight = None            # (handle, seqs) of a decode step not yet collected
+        self._spec_cache: tuple = ((), None)   # (rows' ids, their SamplerSpec)
         pipe = self.config.pipeline
         if pipe is None:
             import os
@@ -465,6 +470,7 @@ class LLMEngine:
                 bm.hit_blocks -= len(hit)
                 break
             seq.blocks = hit + bm.allocate(need)
+            seq.table = self.runner.table_row(seq.blocks)
             seq.keys = keys[:len(hit)]
             seq.n_computed = len(hit) * bs
             if seq.t_admitted is None:
@@ -514,22 +520,24 @@ class LLMEngine:
         """Give every sequence of ``seqs`` a block for its next position, preempting the
         most recently admitted sequences when blocks run out; returns those still running."""
         bm = self.blocks
-        for seq in list(seqs):
-            if seq not in self.running:
-                continue
+        for seq in seqs:
+            if seq.status not in ("running", "prefill"):
+                continue                                  # preempted meanwhile
             while bm.blocks_for(position_of(seq) + 1) > len(seq.blocks):
                 if bm.num_free() > 0:
-                    seq.blocks += bm.allocate(1)
+                    b = bm.allocate(1)[0]
+                    seq.table[len(seq.blocks)] = b
+                    seq.blocks.append(b)
                     continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is seq:
                     break
-        return [s for s in seqs if s in self.running]
+        return [s for s in seqs if s.status in ("running", "prefill")]
 
     def _preempt(self, seq: _Seq) -> None:
         self.blocks.release(seq.blocks)
-        seq.blocks, seq.keys, seq.n_computed = [], [], 0
+        seq.blocks, seq.keys, seq.n_computed, seq.table = [], [], 0, None
         self._free_rows.append(seq.history_row)
         seq.history_row = None
         seq.status = "waiting"
@@ -538,16 +546,17 @@ class LLMEngine:
         self.running.remove(seq)
         self.waiting.appendleft(seq)
 
-    def _decode_rows(self, seqs: list[_Seq], chained: bool) -> list[DecodeRow]:
-        rows = []
-        for seq in seqs:
-            p = seq.params
-            pos = len(seq.tokens) - 1 + (1 if chained else 0)
-            rows.append(DecodeRow(token=None if chained else seq.tokens[-1], position=pos,
-                                  block_table=seq.blocks, params=p,
-                                  uniform=float(seq.uniforms.next()) if not p.greedy else 0.0,
-                                  history_row=seq.history_row, key=seq.id))
-        return rows
+    def _decode_batch(self, seqs: list[_Seq], chained: bool) -> DecodeBatch:
+        n = len(seqs)
+        shift = 1 if chained else 0
+        pos = np.fromiter((len(s.tokens) - 1 + shift for s in seqs), np.int32, n)
+        tokens = None if chained else np.fromiter((s.tokens[-1] for s in seqs), np.int32, n)
+        uniforms = np.fromiter((0.0 if s.params.greedy else s.uniforms.next() for s in seqs),
+                               np.float32, n)
+        return DecodeBatch(tokens, pos, np.stack([s.table for s in seqs]),
+                           [s.params for s in seqs], uniforms,
+                           np.fromiter((s.history_row for s in seqs), np.int32, n),
+                           tuple(s.id for s in seqs))
 
     def _issue_decode(self, chained: bool):
         if chained:
@@ -558,8 +567,11 @@ class LLMEngine:
             seqs = self._grow(seqs, lambda s: len(s.tokens) - 1)
         if not seqs:
             return None
-        spec = sampler_spec_for([s.params for s in seqs])
-        handle = self.runner.submit_decode(self._decode_rows(seqs, chained), spec)
+        key = tuple(s.id for s in seqs)
+        if self._spec_cache[0] != key:
+            self._spec_cache = (key, sampler_spec_for([s.params for s in seqs]))
+        handle = self.runner.submit_decode(self._decode_batch(seqs, chained),
+                                           self._spec_cache[1])
         self.max_decode_batch = max(self.max_decode_batch, len(seqs))
         return handle, seqs
 
@@ -595,7 +607,7 @@ class LLMEngine:
         top_v = out.get(sampling.OUTPUTS["top_logprobs"])
         top_i = out.get(sampling.OUTPUTS["top_ids"])
         for i, seq in enumerate(seqs):
-            if seq.status != "running" or seq not in self.running:
+            if seq.status != "running":
                 continue                  # finished or preempted meanwhile: a wasted row
             seq.n_computed = len(seq.tokens)
             if seq.aborted:

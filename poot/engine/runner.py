@@ -84,27 +84,29 @@ class KVConfig:
 
 
 @dataclass
-class DecodeRow:
-    """One running sequence's row of a decode step.
+class DecodeBatch:
+    """The running sequences of one decode step, as columns (row i = one sequence).
 
     Attributes:
-        token: the token fed at ``position`` (None: the previous step's sampled token for
-            this row, already copied into the input on the device).
-        position: its position (its K/V go to slot ``block_table[position // bs] * bs +
-            position % bs``).
-        block_table: the sequence's blocks in position order.
-        params: its :class:`~poot.driver.params.SamplingParams`; uniform: this step's u.
-        history_row: its row of the token-history pool.
-        key: identifies the request (rows whose keys are unchanged keep their parameters).
+        tokens: i32 [n], the token fed at each row's position; None: the previous step's
+            sampled tokens, already copied into the token input on the device (the rows are
+            the previous step's, in the same order).
+        positions: i32 [n]; each row's K/V go to slot ``table[pos // bs] * bs + pos % bs``.
+        tables: i32 [n, W], each row's block table (:meth:`ModelRunner.table_row`).
+        params: each row's :class:`~poot.driver.params.SamplingParams`.
+        uniforms: f32 [n], this step's u per row (0 for greedy rows).
+        history_rows: i32 [n], each row's row of the token-history pool.
+        keys: identifies the rows' requests: rows whose keys are unchanged keep the
+            parameters already written.
     """
 
-    token: int | None
-    position: int
-    block_table: Sequence[int]
-    params: Any
-    uniform: float
-    history_row: int
-    key: Any
+    tokens: np.ndarray | None
+    positions: np.ndarray
+    tables: np.ndarray
+    params: Sequence[Any]
+    uniforms: np.ndarray
+    history_rows: np.ndarray
+    keys: tuple
 
 
 @dataclass
@@ -319,34 +321,33 @@ class ModelRunner:
         return steps
 
     # ---- decode -------------------------------------------------------------------------
-    def submit_decode(self, rows: Sequence[DecodeRow], spec: SamplerSpec) -> DecodeHandle:
-        """Issue one decode step over ``rows`` (padded to their bucket) and its sampler (spec
+    def submit_decode(self, batch: DecodeBatch, spec: SamplerSpec) -> DecodeHandle:
+        """Issue one decode step over ``batch`` (padded to its bucket) and its sampler (spec
         ``spec``; it must cover every row's parameters): returns at once where the device
         queues work; :meth:`collect` waits for the sampled tokens."""
-        n = len(rows)
+        n = len(batch.positions)
         bsz = self.bucket(n)
         dec = self.decode_entry(bsz)
         smp = self.sampler_entry(bsz, spec)
-        w = self.kv.table_width
+        w, bs = self.kv.table_width, self.kv.block_size
         positions = np.zeros((bsz, 1), np.int32)
         table = np.full((bsz, w), NULL_BLOCK, np.int32)
         slots = np.full(bsz, -1, np.int32)
-        for i, r in enumerate(rows):
-            positions[i, 0] = r.position
-            table[i] = self.table_row(r.block_table)
-            slots[i] = self.slot(r.block_table, r.position)
+        pos = batch.positions
+        positions[:n, 0] = pos
+        table[:n] = batch.tables
+        slots[:n] = table[np.arange(n), pos // bs] * bs + pos % bs
         values = {"positions": positions, "block_table": table, "slot_mapping": slots}
-        if any(r.token is not None for r in rows) or \
-                self._written.get(dec.id, _EntryState()).last.get("rowkeys") != \
-                [r.key for r in rows]:
-            if any(r.token is None for r in rows):
-                raise ValueError("a row without a token in a batch whose rows changed")
+        st = self._written.setdefault(dec.id, _EntryState())
+        if batch.tokens is not None:
             tokens = np.zeros((bsz, 1), np.int32)
-            tokens[:n, 0] = [r.token for r in rows]
+            tokens[:n, 0] = batch.tokens
             values["tokens"] = tokens
+        elif st.last.get("rowkeys") != batch.keys:
+            raise ValueError("a batch without tokens whose rows are not the previous step's")
         dins = self._write(dec, values, force={"tokens"} if "tokens" in values else set())
-        self._written[dec.id].last["rowkeys"] = [r.key for r in rows]
-        sins = self._sampler_inputs(smp, rows, bsz, spec)
+        st.last["rowkeys"] = batch.keys
+        sins = self._sampler_inputs(smp, batch, bsz, spec)
         self.engine.submit(dec, dins, read=())
         read = [TOKEN]
         if spec.logprobs is not None:
@@ -357,26 +358,26 @@ class ModelRunner:
         self.decode_steps += 1
         return DecodeHandle(sub, n, spec, read)
 
-    def _sampler_inputs(self, entry: Entry, rows: Sequence[DecodeRow], bsz: int,
+    def _sampler_inputs(self, entry: Entry, batch: DecodeBatch, bsz: int,
                         spec: SamplerSpec) -> dict[str, np.ndarray]:
         st = self._written.setdefault(entry.id, _EntryState())
-        keys = [r.key for r in rows]
+        n = len(batch.positions)
         out: dict[str, np.ndarray] = {}
-        if st.last.get("rowkeys") != keys:
+        if st.last.get("rowkeys") != batch.keys:
             from poot.driver.params import SamplingParams
 
-            batch = [r.params for r in rows] + [None] * (bsz - len(rows))
-            packed = SamplingParams.pack(batch, self.vocab, spec=spec)
+            rows = list(batch.params) + [None] * (bsz - n)
+            packed = SamplingParams.pack(rows, self.vocab, spec=spec)
             packed.pop(sampling.INPUTS["uniform"], None)
             out.update(packed)
-            st.last["rowkeys"] = keys
+            st.last["rowkeys"] = batch.keys
         if spec.stochastic:
             u = np.zeros(bsz, np.float32)
-            u[:len(rows)] = [r.uniform for r in rows]
+            u[:n] = batch.uniforms
             out[sampling.INPUTS["uniform"]] = u
         if spec.penalties:
             hr = np.full(bsz, self.history_slots - 1, np.int32)     # idle rows: scratch
-            hr[:len(rows)] = [r.history_row for r in rows]
+            hr[:n] = batch.history_rows
             out.update(self._write(entry, {sampling.HISTORY_ROWS: hr}))
         return out
 
@@ -399,5 +400,5 @@ class ModelRunner:
         self.engine.device.synchronize()
 
 
-__all__ = ["DecodeHandle", "DecodeRow", "GREEDY", "KVConfig", "ModelRunner", "SamplerProgram",
+__all__ = ["DecodeBatch", "DecodeHandle", "GREEDY", "KVConfig", "ModelRunner", "SamplerProgram",
            "decode_buckets", "sampler_spec_for", "step_spec"]
