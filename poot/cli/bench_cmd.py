@@ -11,7 +11,8 @@
 ``--tokens`` new tokens submitted at once to an engine running at most B sequences;
 ``decode_tokens_per_s`` is the steady-state rate of the decode steps that ran a full batch
 (B tokens a step; the host work included), ``e2e_tokens_per_s`` all generated tokens over the
-whole wall time (prefill included); ``--sequential`` also runs every prompt alone, one after
+whole wall time (prefill included, 8 prefill chunks an iteration); token ids only, no
+detokenization (as the baseline); ``--sequential`` also runs every prompt alone, one after
 another, and reports each B's ``ratio_vs_sequential`` (of ``e2e_tokens_per_s``).
 ``--baseline gpt-fast`` adds the batched baseline at each B on GPUs.
 
@@ -311,9 +312,12 @@ def run_batch(handle, args, batches: list[int]) -> dict:
     from poot.engine import EngineConfig, LLMEngine
 
     vocab = handle.runner.vocab
-    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    # token ids only (no detokenization), as the gpt-fast baseline
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True,
+                            detokenize=False)
+    budget = 8 * handle.runner.prefill_chunk
     out: dict = {"num_prompts": args.num_prompts, "prompt_tokens": args.prompt_tokens,
-                 "new_tokens": args.tokens, "batches": {}}
+                 "new_tokens": args.tokens, "max_prefill_tokens": budget, "batches": {}}
     pipe = None if args.pipeline == "auto" else args.pipeline == "on"
     # compile every bucket up to the largest B before timing, and run each once
     from poot.graph.sampling import GREEDY
@@ -329,7 +333,8 @@ def run_batch(handle, args, batches: list[int]) -> dict:
         n = max(b, args.num_prompts)
         prompts = synthetic_prompts(vocab, n, args.prompt_tokens, seed=b)
         eng = LLMEngine(handle.runner, handle.tokenizer,
-                        EngineConfig(max_batch=b, prefix_caching=False, pipeline=pipe))
+                        EngineConfig(max_batch=b, prefix_caching=False, pipeline=pipe,
+                                     max_prefill_tokens=budget))
         t0 = time.perf_counter()
         for p in prompts:
             eng.add_request(p, params)
