@@ -7,10 +7,12 @@ all), synthesized from the shapes and the target's subgroup size and core count.
 What it takes (:func:`match_attention`): a dispatch function whose root is ``poot.attention``
 (semantics: :class:`poot.dialects.ops.attention.Attention`) with
 
-* k ``[batch..., S, D]`` and v ``[batch..., S, Dv]`` (the KV caches; f32 or f16, ``nb =
-  rank(k) - 2`` batch dims) each reached from a function argument through ``poot.reshape``
-  / ``poot.transpose`` / ``poot.broadcast`` / ``poot.slice`` views only, read in place;
-* q ``[batch..., rows..., D]`` (its dtype; GQA groups are rows dims of q) such a view, or
+* k ``[batch..., S, D]`` and v ``[batch..., S, Dv]`` (the KV caches; ``nb = rank(k) - 2``
+  batch dims) each reached from an f32, f16 or bf16 function argument through
+  ``poot.reshape`` / ``poot.transpose`` / ``poot.broadcast`` / ``poot.slice`` views and
+  casts widening to f32 only, read in place in the argument's dtype (a one-block paged
+  cache, whose gather canonicalization removed, is such a view of the pool);
+* q ``[batch..., rows..., D]`` (any float dtype; GQA groups are rows dims of q) such a view, or
   else *any* elementwise-class expression of the arguments (:data:`~poot.backends.gpu.
   strategies.pointwise.ELEMENTWISE_CLASS`: e.g. RoPE folded in by
   :func:`~poot.backends.gpu.merge.fold_regions`, its cos/sin computed from the positions);
@@ -214,13 +216,27 @@ def _owner(v: ir.Value):
     return None if isinstance(o, ir.Block) else o.operation
 
 
-def resolve_view(v: ir.Value, fn_args) -> View | None:
-    """The strided map of ``v`` onto a function argument through view ops, or None."""
+def _widening(op: ir.Operation) -> bool:
+    """Whether ``op`` is a ``poot.cast`` from f16/bf16/f32 to f32 (exact: reading the source
+    and extending it in the kernel is the cast)."""
+    if op.name != "poot.cast":
+        return False
+    src, dst = (type_from_mlir(x.type).dtype for x in (op.operands[0], op.results[0]))
+    return dst is DType.F32 and src in (DType.F32, DType.F16, DType.BF16)
+
+
+def resolve_view(v: ir.Value, fn_args, widen: bool = False) -> View | None:
+    """The strided map of ``v`` onto a function argument through view ops, or None.
+    ``widen``: also through casts to f32 of a float argument (:func:`_widening`; the kernel
+    reads the argument in its own dtype and extends it)."""
     chain = []
     while True:
         op = _owner(v)
         if op is None:
             break
+        if widen and _widening(op):
+            v = op.operands[0]              # same shape: the strides do not change
+            continue
         if op.name not in ("poot.reshape", "poot.transpose", "poot.broadcast", "poot.slice"):
             return None
         chain.append(op)
@@ -370,9 +386,9 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
         t = type_from_mlir(a.type)
         arg_types.append((t.dtype.value, _prod(t.shape)) if isinstance(t, TensorType)
                          else ("", 0))
-    # k and v: strided views of arguments (the KV caches or block pools: read in place,
-    # never recomputed)
-    k, v = (resolve_view(att.operands[i], args) for i in (1, 2))
+    # k and v: strided views of arguments (the KV caches or block pools: read in place in
+    # their dtype, never recomputed; a cast widening a cache to f32 is the load's extension)
+    k, v = (resolve_view(att.operands[i], args, widen=True) for i in (1, 2))
     if k is None or v is None:
         return None
     # q: a strided view, else any elementwise-class expression (staged once per block)
@@ -395,8 +411,9 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
         S, D, Dv = TW * bs, kt.shape[-1], vt.shape[-1]
         pkv = PagedKV(table, tt_.dtype.value, NB, bs, TW)
     else:
-        if qt.dtype not in (DType.F32, DType.F16) or kt.dtype != qt.dtype or \
-                vt.dtype != qt.dtype:
+        floats = (DType.F32, DType.F16, DType.BF16)
+        if any(t.dtype not in floats for t in (qt, kt, vt)) or \
+                any(arg_types[x.arg][0] not in ("f32", "f16", "bf16") for x in (k, v)):
             return None
         nb = len(kt.shape) - 2
         batch, rows = tuple(kt.shape[:nb]), tuple(qt.shape[nb:-1])
