@@ -81,7 +81,9 @@ def make_fixtures(program, artifact, weights: Mapping[str, np.ndarray],
     for k, step_inputs in enumerate(steps):
         ins = dict(step_inputs)
         for n, v in state.items():
-            ins[n] = v.astype(types[n].dtype.numpy) if v.dtype != np.uint16 else v
+            # f16/bf16 state is held as the device holds it (16-bit words)
+            ins[n] = v.view(types[n].dtype.numpy) if v.dtype == np.uint16 else \
+                v.astype(types[n].dtype.numpy)
         outs, calls = oracle_step(program, weights, ins, record=(k == 0))
         for n, v in step_inputs.items():
             fx[f"s{k}.in.{n}"] = np.asarray(v)

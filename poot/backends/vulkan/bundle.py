@@ -21,7 +21,7 @@ def write_bundle(out: str, fixture_dir: str, subgroup_size: int, shared: int, st
                  kv_capacity: int = 16) -> Path:
     from poot import oracle
     from poot.backends.vulkan.codegen import DEFAULT_FEATURES, compile_vulkan, vulkan_target
-    from poot.models import StepSpec, load_model
+    from poot.models import StepSpec, contiguous_inputs, load_model
 
     model, weights = load_model(Path(fixture_dir))
     g = model.trace(StepSpec.decode(kv_capacity=kv_capacity, kv_slots=1), weights.types)
@@ -40,8 +40,7 @@ def write_bundle(out: str, fixture_dir: str, subgroup_size: int, shared: int, st
     rng = np.random.default_rng(0)
     vocab = prog.executable.outputs[0][1].shape[-1]
     for k in range(steps):
-        ins = {"tokens": np.asarray([[int(rng.integers(vocab))]], np.int32),
-               "positions": np.asarray([[k]], np.int32), "slots": np.asarray([0], np.int32)}
+        ins = contiguous_inputs(kv_capacity, [[int(rng.integers(vocab))]], [[k]], [0])
         want = oracle.evaluate(g, {**ins, **caches}, weights)
         for n, v in ins.items():
             fx[f"s{k}.in.{n}"] = v
