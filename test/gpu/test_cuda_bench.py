@@ -20,9 +20,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "vulkan"))
 
-from model_steps import fixture_path, reference  # noqa: E402
+from model_steps import fixture_path, reference, step_feed  # noqa: E402
 
-from poot.driver.runner import GREEDY  # noqa: E402
+from poot.graph.sampling import GREEDY  # noqa: E402
 from poot.graph.sampling import SamplerSpec  # noqa: E402
 
 FULL = SamplerSpec(logprobs=2)        # penalties, bias, top-k, top-p, min-p, log-probs
@@ -47,11 +47,10 @@ def _sampling_inputs(spec: SamplerSpec, vocab: int) -> dict[str, np.ndarray]:
 
 def _step_inputs(graph, spec):
     rng = np.random.default_rng(1)
-    out = {"tokens": np.array([[5]], np.int32), "positions": np.array([[7]], np.int32),
-           "slots": np.array([0], np.int32)}
+    out = step_feed(graph, [[5]], [[7]], [0])
     for n, t in graph.inputs:
         if n.startswith("kv."):
-            out[n] = (0.5 * rng.standard_normal(t.shape)).astype(np.float32)
+            out[n] = (0.5 * rng.standard_normal(t.shape)).astype(t.dtype.numpy)
     out.update(_sampling_inputs(spec, 256))
     return out
 

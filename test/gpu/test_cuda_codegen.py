@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from _build import tiny_artifact, tiny_program
+from model_steps import step_feed
 
 KINDS = {"elementwise", "gather", "reduction", "matmul", "rope", "scatter", "attention"}
 
@@ -144,8 +145,7 @@ def test_fixtures_follow_the_step(tmp_path):
 
     prog, weights = tiny_program()
     art = tiny_artifact()
-    steps = [{"tokens": np.array([[5 + k]], np.int32), "positions": np.array([[k]], np.int32),
-              "slots": np.array([0], np.int32)} for k in range(2)]
+    steps = [step_feed(prog.graph, [[5 + k]], [[k]], [0]) for k in range(2)]
     write_check_bundle(str(tmp_path), prog, art, weights.arrays, steps)
     fx = np.load(tmp_path / "fixtures.npz")
     last = len(art.plan["dispatches"]) - 1
@@ -192,7 +192,7 @@ def test_smollm2_decode_fuses_sibling_launches(monkeypatch):
     (identical layers share the fused kernels)."""
     from poot.backends.cuda.codegen import cuda_target
     from poot.compiler.compile import compile as compile_step
-    from poot.driver.runner import GREEDY
+    from poot.graph.sampling import GREEDY
     from poot.load.bundled import smollm2_gguf
     from poot.models import StepSpec, load_model
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from _build import tiny_artifact, tiny_program
+from model_steps import step_feed
 
 
 def _device():
@@ -24,8 +25,7 @@ def test_tiny_decode_matches_oracle_on_device(tmp_path, strategy):
     from poot.backends.cuda.fixtures import write_check_bundle
 
     prog, weights = tiny_program()
-    steps = [{"tokens": np.array([[3 + k]], np.int32), "positions": np.array([[k]], np.int32),
-              "slots": np.array([0], np.int32)} for k in range(3)]
+    steps = [step_feed(prog.graph, [[3 + k]], [[k]], [0]) for k in range(3)]
     write_check_bundle(str(tmp_path), prog, tiny_artifact(strategy=strategy), weights.arrays,
                        steps)
     report = run_check(str(tmp_path))
@@ -38,8 +38,7 @@ def test_missing_fixture_fails(tmp_path):
     from poot.backends.cuda.fixtures import write_check_bundle
 
     prog, weights = tiny_program()
-    steps = [{"tokens": np.array([[3]], np.int32), "positions": np.array([[0]], np.int32),
-              "slots": np.array([0], np.int32)}]
+    steps = [step_feed(prog.graph, [[3]], [[0]], [0])]
     write_check_bundle(str(tmp_path), prog, tiny_artifact(), weights.arrays, steps)
     fx = dict(np.load(tmp_path / "fixtures.npz"))
     del fx["d3.o0"]

@@ -367,7 +367,7 @@ def test_emulated_tiny_prefill_step_matches_oracle(vk_device, vk_target, monkeyp
     from poot.backends.vulkan.codegen import compile_vulkan
     from poot.executor import Engine
     from poot.models import StepSpec, load_model
-    from model_steps import empty_caches
+    from model_steps import empty_caches, step_feed
 
     monkeypatch.setattr(G, "EMULATE_MMA", True)
     made = []
@@ -383,9 +383,7 @@ def test_emulated_tiny_prefill_step_matches_oracle(vk_device, vk_target, monkeyp
     eng.load_weights(weights.arrays, weights.types)
     entry = eng.add_entry(prog)
     rng = np.random.default_rng(0)
-    inputs = {"tokens": rng.integers(3, 250, (1, T)).astype(np.int32),
-              "positions": np.arange(T, dtype=np.int32)[None],
-              "slots": np.asarray([0], np.int32)}
+    inputs = step_feed(pre, rng.integers(3, 250, (1, T)), np.arange(T)[None], [0])
     got = eng.step(entry, inputs)["logits"]
     want = oracle.evaluate(pre, {**inputs, **empty_caches(pre)}, weights)["logits"]
     err = np.abs(np.asarray(got, np.float64) - want).max()

@@ -305,7 +305,7 @@ def test_tiny_decode_step_launches_fewer_kernels(vk, monkeypatch, name):
     """The tiny Llama decode step (tolerance 1e-4 vs the oracle, f32 accumulation) on Vulkan:
     with horizontal fusion its q/k/v GEMVs and its K/V writes are one launch each per layer,
     and logits and caches still match; the number of distinct kernels does not grow."""
-    from model_steps import fixture_path
+    from model_steps import fixture_path, step_feed
 
     from poot import oracle
     from poot.backends.vulkan.codegen import compile_vulkan
@@ -327,11 +327,10 @@ def test_tiny_decode_step_launches_fewer_kernels(vk, monkeypatch, name):
     assert launches(fused) <= launches(plain) - 3 * layers, (launches(fused), launches(plain))
     assert len(fused.executable.kernels) <= len(plain.executable.kernels)
     rng = np.random.default_rng(2)
-    inputs = {"tokens": np.asarray([[5]], np.int32), "positions": np.asarray([[3]], np.int32),
-              "slots": np.asarray([0], np.int32)}
+    inputs = step_feed(g, [[5]], [[3]], [0])
     for n, t in g.inputs:
         if n.startswith("kv."):
-            inputs[n] = (0.5 * rng.standard_normal(t.shape)).astype(np.float32)
+            inputs[n] = (0.5 * rng.standard_normal(t.shape)).astype(t.dtype.numpy)
     eng = Engine(dev)
     eng.load_weights(weights.arrays, weights.types)
     entry = eng.add_entry(fused)
@@ -343,4 +342,7 @@ def test_tiny_decode_step_launches_fewer_kernels(vk, monkeypatch, name):
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-4, atol=1e-4)
     for k, v in want.items():
         if k.startswith("kv."):
-            np.testing.assert_allclose(eng.read_state(k), v, rtol=1e-4, atol=1e-4, err_msg=k)
+            got_k = eng.read_state(k)            # f16/bf16 state: the device's 16-bit words
+            got_k = got_k.view(v.dtype) if got_k.dtype == np.uint16 else got_k
+            np.testing.assert_allclose(got_k.astype(np.float32), v.astype(np.float32),
+                                       rtol=1e-4, atol=1e-4, err_msg=k)
