@@ -31,7 +31,7 @@ def build(name: str, out: str, steps: int, capacity: int = 16, path: str | None 
     from poot.backends.cuda.codegen import compile_program, cuda_target, ptxas_check
     from poot.backends.cuda.fixtures import write_check_bundle
     from poot.compiler.compile import compile as compile_step
-    from poot.models import StepSpec, load_model
+    from poot.models import StepSpec, contiguous_inputs, load_model
 
     model, weights = load_model(path or fixture_path(name))
     g = model.trace(StepSpec.decode(kv_capacity=capacity), weights.types)
@@ -42,8 +42,7 @@ def build(name: str, out: str, steps: int, capacity: int = 16, path: str | None 
     ptxas = ptxas_check(art.ptx)
     ids = [int(i) for i in np.load(os.path.join(FIXTURES, name, "reference.npz"))["prompt_ids"]] \
         if path is None else [1, 2, 3, 4, 5, 6, 7, 8]
-    seq = [{"tokens": np.array([[ids[p % len(ids)]]], np.int32),
-            "positions": np.array([[p]], np.int32), "slots": np.array([0], np.int32)}
+    seq = [contiguous_inputs(capacity, [[ids[p % len(ids)]]], [[p]], [0])
            for p in range(steps)]
     folder = os.path.join(out, label or name)
     t1 = time.perf_counter()

@@ -211,7 +211,7 @@ def build_prefill(folder: Path) -> dict:
     from poot.backends.cuda.codegen import cuda_target
     from poot.backends.cuda.fixtures import write_check_bundle
     from poot.compiler.compile import compile as compile_step
-    from poot.models import StepSpec, load_model
+    from poot.models import StepSpec, contiguous_inputs, load_model
 
     fx = ROOT / "test" / "fixtures" / "tiny" / "llama_gguf_q4_1"
     model, weights = load_model(str(fx))
@@ -219,9 +219,8 @@ def build_prefill(folder: Path) -> dict:
                     weights.types)
     prog = compile_step(g, cuda_target())
     rng = np.random.default_rng(0)
-    step = {"tokens": rng.integers(3, 250, (1, PREFILL_TOKENS)).astype(np.int32),
-            "positions": np.arange(PREFILL_TOKENS, dtype=np.int32)[None],
-            "slots": np.array([0], np.int32)}
+    step = contiguous_inputs(64, rng.integers(3, 250, (1, PREFILL_TOKENS)),
+                             np.arange(PREFILL_TOKENS)[None], [0])
     write_check_bundle(str(folder), prog, prog.executable, weights.arrays, [step])
     return {"fixture": "llama_gguf_q4_1", "tokens": PREFILL_TOKENS,
             "strategies": prog.executable.meta.get("strategies")}

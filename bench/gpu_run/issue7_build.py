@@ -59,9 +59,9 @@ def smollm2_devcheck(gguf: str, out: str, cap: int, steps: int) -> dict:
     from poot.backends.cuda.fixtures import write_check_bundle
     from poot.compiler.compile import compile as compile_step
     from poot.driver.params import history_row
-    from poot.driver.runner import GREEDY
+    from poot.graph.sampling import GREEDY
     from poot.graph.sampling import INPUTS
-    from poot.models import StepSpec, load_model
+    from poot.models import StepSpec, contiguous_inputs, load_model
 
     model, weights = load_model(gguf)
     t0 = time.perf_counter()
@@ -72,8 +72,7 @@ def smollm2_devcheck(gguf: str, out: str, cap: int, steps: int) -> dict:
     sampler = {"temperature": np.zeros(1, np.float32), "uniform": np.full(1, 0.5, np.float32),
                "token_counts": history_row(vocab)[None, :]}
     roles = GREEDY.input_roles()          # the greedy entry declares no temperature/uniform
-    seq = [{"tokens": np.array([[ids[p % len(ids)]]], np.int32),
-            "positions": np.array([[p]], np.int32), "slots": np.array([0], np.int32),
+    seq = [{**contiguous_inputs(cap, [[ids[p % len(ids)]]], [[p]], [0]),
             **{INPUTS[r]: v for r, v in sampler.items() if r in roles}} for p in range(steps)]
     write_check_bundle(out, prog, prog.executable, weights.arrays, seq, with_weights=False)
     fx = os.path.join(out, "fixtures.npz")    # mostly zero KV caches: 52 MB -> ~3 MB

@@ -40,9 +40,12 @@ def main() -> int:
     cap = next(iter(kv.values())).shape[1]
 
     def step(tok, pos):
+        # one block per sequence (block 0): slot = position (-1: outside the cache, dropped)
         return runner.step({"tokens": np.array([[tok]], np.int32),
                             "positions": np.array([[pos]], np.int32),
-                            "slots": np.array([0], np.int32)})["logits"].reshape(-1)
+                            "block_table": np.zeros((1, 1), np.int32),
+                            "slot_mapping": np.array([pos if 0 <= pos < cap else -1],
+                                                     np.int32)})["logits"].reshape(-1)
 
     report = {"device": dev.device_name, "kv_capacity": cap, "load_s": round(load_s, 2),
               "sampling": "host argmax of read-back logits (sampler not in the CUDA artifact)",

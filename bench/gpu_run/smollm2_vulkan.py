@@ -60,7 +60,9 @@ def main() -> int:
     def run(tok, pos, read=True):
         dev.upload(slots["tokens"], np.array([[tok]], np.int32))
         dev.upload(slots["positions"], np.array([[pos]], np.int32))
-        dev.upload(slots["slots"], np.array([0], np.int32))
+        # one block per sequence (block 0): slot = position
+        dev.upload(slots["block_table"], np.zeros((1, 1), np.int32))
+        dev.upload(slots["slot_mapping"], np.array([pos], np.int32))
         key = tuple(cur.values())
         if key not in recs:
             recs[key] = dev.record(kernel, bindings())
