@@ -1,7 +1,8 @@
 """The ``scatter`` GPU strategy: a scatter region becomes a copy of the destination plus ONE
 kernel writing the addressed slices, run on a real Vulkan device (lavapipe in CI) against the
 numpy oracle: repeated addresses (the later row wins), out-of-range rows (dropped), updates
-computed from the arguments, f32/f16/bf16 storage; the PTX assembles with ``ptxas``."""
+computed from the arguments, f32/f16/bf16 storage, a paged step's write into a block pool
+(block and offset computed from flat slots in the kernel); the PTX assembles with ``ptxas``."""
 
 from __future__ import annotations
 
@@ -46,4 +47,50 @@ def test_scatter_prefill_rows(vk):
 
 def test_scatter_ptx_assembles():
     ptx = ptx_of(_kv_region("bf16", 256, 3, 64, 1, True))
+    assert ".entry" in ptx
+
+
+def _paged_write_region(dt: str, nb: int, bs: int, heads: int, d: int, n: int):
+    """A paged step's K/V write as folding leaves it: the pool ``[nb, bs, heads, d]`` (dt),
+    the flat slots ``[n]`` i32 turned into ``(slot / bs, slot - slot / bs * bs)`` in the region
+    (C division: -1 gives an offset of -1), the f32 rows ``[n, heads * d]`` reshaped and cast
+    to the pool's dtype."""
+    pool, rows = f"tensor<{nb}x{bs}x{heads}x{d}x{dt}>", f"tensor<{n}x{heads * d}xf32>"
+    v, col = f"tensor<{n}xi32>", f"tensor<{n}x1xi32>"
+    r3, c3 = f"tensor<{n}x{heads}x{d}xf32>", f"tensor<{n}x{heads}x{d}x{dt}>"
+    body = f"""
+  %bs = "poot.constant"() {{value = dense<{bs}> : {v}}} : () -> {v}
+  %blk = "poot.binary"(%arg1, %bs) {{fn = "div"}} : ({v}, {v}) -> {v}
+  %m = "poot.binary"(%blk, %bs) {{fn = "mul"}} : ({v}, {v}) -> {v}
+  %off = "poot.binary"(%arg1, %m) {{fn = "sub"}} : ({v}, {v}) -> {v}
+  %b2 = "poot.reshape"(%blk) : ({v}) -> {col}
+  %o2 = "poot.reshape"(%off) : ({v}) -> {col}
+  %idx = "poot.concat"(%b2, %o2) {{axis = 1 : i64}} : ({col}, {col}) -> tensor<{n}x2xi32>
+  %r = "poot.reshape"(%arg2) : ({rows}) -> {r3}
+  %c = "poot.cast"(%r) : ({r3}) -> {c3}
+  %0 = "poot.scatter"(%arg0, %idx, %c) : ({pool}, tensor<{n}x2xi32>, {c3}) -> {pool}
+  return %0 : {pool}"""
+    return region([pool, v, rows], [pool], body)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
+def test_paged_kv_write(vk, dt):
+    """A batch's rows written into a block pool at flat slots (block = slot / bs, offset =
+    slot % bs, computed in the kernel from the step's slot_mapping) in the pool's dtype
+    (rounded as the oracle's cast): padding rows (slot -1) and slots past the pool are
+    dropped, a repeated slot takes the later row, every other pool row stays; exact."""
+    nb, bs = 6, 4
+    g = _paged_write_region(dt, nb, bs, 2, 16, 7)
+    rng = np.random.default_rng(5)
+    slots = np.array([5, -1, 3 * bs + 2, nb * bs + 1, 5, 0, 2 * bs + 3], np.int32)
+    ins = {"a0": rand(rng, (nb, bs, 2, 16), dt), "a1": slots,
+           "a2": rand(rng, (7, 32), "f32")}
+    got = check(vk, g, ins, rtol=0, atol=0, strategy="scatter", launches=1)["r0"]
+    if dt == "f32":
+        changed = (got.reshape(nb * bs, -1) != ins["a0"].reshape(nb * bs, -1)).any(axis=1)
+        assert sorted(np.nonzero(changed)[0]) == [0, 5, 11, 14]   # -1 and 25 dropped
+
+
+def test_paged_kv_write_ptx_assembles():
+    ptx = ptx_of(_paged_write_region("bf16", 64, 16, 8, 128, 4))
     assert ".entry" in ptx
