@@ -1,6 +1,7 @@
 """CUDA code generation without a GPU: every dispatch kind of the tiny Llama decode step
 becomes PTX kernels (assembled by ptxas when one is installed), the launch plan is
-consistent, the artifact round-trips, and the runtime imports no MLIR."""
+consistent (a paged step's pools updated in place, its attention the flash-decoding kernel),
+the artifact round-trips, and the runtime imports no MLIR."""
 
 from __future__ import annotations
 
@@ -217,3 +218,38 @@ def test_smollm2_decode_fuses_sibling_launches(monkeypatch):
     assert all(o["in_place"] for o in plans["1"].plan["outputs"] if o["aliases"])
     for name in plans["1"].plan["kernels"]:
         assert f".entry {name}(" in plans["1"].ptx
+
+
+def test_paged_decode_step_plan():
+    """The tiny Q4_1 Llama's paged decode step for CUDA (4 sequences, 16-position f16 blocks
+    in a 24-block pool): each layer's ``poot.paged_attention`` region is the flash-decoding
+    strategy's one kernel over the (sequence, kv head) grid, RoPE and the causal mask folded
+    into it; each layer's K/V writes are one horizontal launch and no copy (the pools are
+    updated in place: every carried output is its input's buffer); ptxas assembles the
+    PTX."""
+    from poot.backends.cuda.codegen import cuda_target, ptxas_check
+    from poot.compiler.compile import compile as compile_step
+    from poot.models import StepSpec, load_model
+    from model_steps import fixture_path
+
+    model, weights = load_model(fixture_path("llama_gguf_q4_1"))
+    g = model.trace(StepSpec.decode(batch=4, kv_capacity=64, block_size=16, num_blocks=24),
+                    weights.types)
+    prog = compile_step(g, cuda_target())
+    plan = prog.executable.plan
+    assert dict(g.inputs)["kv.0.k"].shape == (24, 16, 2, 16)
+    kinds = [d["kind"] for d in plan["dispatches"]]
+    assert kinds.count("paged_attention") == 2 and "rope" not in kinds
+    assert "elementwise" not in kinds
+    for d in plan["dispatches"]:
+        ls = plan["launches"][d["first"]:d["first"] + d["count"]]
+        if d["kind"] == "paged_attention":
+            assert [L["strategy"] for L in ls] == ["flash_decode"]
+            assert ls[0]["grid"][2] == 4 * 2                    # sequences x kv heads
+        if d["kind"] == "scatter":
+            assert [L["op"] for L in ls] == ["kernel"] and ls[0]["strategy"] == "horizontal"
+    kv = [o for o in plan["outputs"] if o["aliases"]]
+    assert len(kv) == 4 and all(o["in_place"] and o["poot"] == "f16" for o in kv)
+    assert not any(L["op"] == "copy" for L in plan["launches"])
+    if ptxas_check(prog.executable.ptx) is None:
+        pytest.skip("ptxas is not installed (PTX generated, not assembled)")
