@@ -852,6 +852,40 @@ def test_paged_rope_and_mask_computed_in_region_on_vulkan(vk_device, case):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"cores={cores}")
 
 
+def test_paged_walk_bounds_follow_the_mask_on_vulkan(vk_device):
+    """A one-subgroup chunk first finds the first and last key any row sees, then walks the
+    batches between: with a sliding window of 5 over 40 keys (batches of the subgroup's
+    keys), for every position of one sequence (the other elsewhere), the first and the last
+    visible key landing on every offset of a batch, the result equals the oracle."""
+    from poot.backends.gpu.strategies.attention import emit, match_attention, plan_attention
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    shape = dict(B=2, T=1, Hkv=2, G=2, NB=24, bs=4, TW=10, D=16, Dv=16, mask="i1",
+                 kv="f16")
+    g = paged_region(**shape)
+    target = _vk_target(vk_device, 1)
+    reg = match_attention(_callee(g))
+    plan = plan_attention(reg, target.caps)
+    assert plan.W == 1 and plan.NS == 1 and plan.C >= 3 * plan.KL, plan
+    with g.module.context:
+        assert "arith.maxsi" in emit(reg, plan).text        # the bounds' butterfly
+    k = vk_device.load(codegen_vulkan(g, target))
+    for p in range(40):
+        x = paged_inputs(**shape, ends=(p, (7 * p + 3) % 40), window=5, seed=p)
+        feed = {f"a{i}": x[n] for i, n in enumerate(("q", "k", "v", "table", "mask"))}
+        want = oracle.evaluate(g, feed)["r0"]
+        bufs = []
+        for a in k.args:
+            buf = vk_device.alloc(a.type)
+            if a.role == "input":
+                vk_device.upload(buf, feed[a.name])
+            bufs.append(buf)
+        vk_device.replay(vk_device.record(k, bufs))
+        vk_device.synchronize()
+        got = next(vk_device.download(b) for a, b in zip(k.args, bufs) if a.role == "output")
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"position {p}")
+
+
 def test_paged_device_plans_covered_every_kernel_shape(vk_device):
     """The paged device cases ran one and several chunks, one and several subgroups a
     block, one lane a key and dot products split over lanes."""

@@ -91,8 +91,12 @@ dead (masked, or past the chunk). A batch with a dead one accumulates ``p * sele
 batch keeps the plain products. Difference from the oracle: only a *visible* key holding a
 non-finite value whose weight underflows to exactly 0 (the oracle drops it, the plain
 product gives NaN); the sequence's own keys are finite in any real step. Keys past the
-sequence's last visible key are skipped by the vote (decode cost follows the length, not
-the table width), their K/V rows never read.
+sequence's last visible key are skipped by the vote, their K/V rows never read; and where a
+block is one subgroup walking a chunk of three batches or more (the split plans: long
+tables, large batches), the subgroup first evaluates the mask over the chunk, each lane
+over keys ``lane, lane + sg, ...`` with no dependent chain, and walks only the batches from
+the first to the last key any row sees (the others would all be skipped: same result), so
+decode cost follows the sequence's length (and a sliding window's), not the table width.
 
 Buffers: every argument read is a flat memref (``memref<N x storage>``: f32, f16, i8 for i1,
 i16 words for bf16; a packed weight as its bytes), a constant the scalar emitter cannot inline
@@ -966,17 +970,86 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         qlane = [b.add(b.c(j * D), b.mul(dd, V)) for j in range(R)]
     ninf, zero = b.c(float("-inf"), F), b.c(0.0, F)
     state0 = [ninf] * R + [zero] * R + [zero] * (R * ndv)
+
+    def mask_of(j: int, sc: str) -> str | None:
+        """Row j's mask at key ``sc``: i1 visibility, or the f32 bias (None: none)."""
+        if mcomp:
+            ms = reg.mask_shape
+            idx = [0 if ms[i] == 1 else bco[i] for i in range(nb)] + \
+                [0 if ms[nb + i] == 1 else rco[j][i] for i in range(nr)] + \
+                [0 if ms[-1] == 1 else sc]
+            return se.value(reg.mask_value, idx)
+        if mk is not None:
+            mv = b(f"memref.load {pname(mk.arg)}[{b.add(mrow[j], b.mul(sc, mst[-1]))}] "
+                   f": {ptype(mk.arg)}")
+            if reg.mask_kind == "i1":
+                mv = b(f"arith.cmpi {'eq' if reg.negate else 'ne'}, {mv}, {b.c(0, 'i8')} : i8")
+            return mv
+        if reg.mask_kind == "i1":
+            return b.c(bool(reg.mask_const), "i1")
+        return b.c(reg.mask_const, F) if reg.mask_const else None
+
+    def alive_of(mv: str | None, valid: str) -> str:
+        """Whether a (row, key) may weigh: visible (i1) or a bias above -inf, and in the
+        chunk (``valid``)."""
+        if reg.mask_kind == "i1":
+            return b(f"arith.andi {mv}, {valid} : i1")
+        if mv is None:
+            return valid
+        return b(f"arith.andi {valid}, {b(f'arith.cmpf one, {mv}, {ninf} : f32')} : i1")
+
     # subgroup sgi walks the chunk's key batches sgi, sgi + W, ...; a subgroup that may get
     # none (a chunk shorter than W batches) is guarded: never a zero-trip loop with iter_args
     # (lavapipe's SPIR-V path got those wrong)
     s_lo = b.add(s_begin, b.mul(sgi, KL))
+    s_hi = s_end
     last = S - (NS - 1) * C                  # the shortest chunk: the last
     guard = W > 1 and (W - 1) * KL >= last
+    masked = reg.mask_value is not None or reg.mask is not None
+    if pg is not None and W == 1 and masked and C >= 3 * KL:
+        # paged, one subgroup walking a chunk of several batches: first find the chunk's
+        # first and last key any row sees (each lane over keys lane, lane + sg, ...:
+        # independent mask evaluations, no vote chain) and walk the batches between only,
+        # so a short sequence in a wide table costs its length (the batches left out would
+        # all be skipped by the vote below: the result is the same)
+        i32 = "i32"
+        big = b.c(2 ** 31 - 1, i32)
+        fv, pv = b.fresh(), b.fresh()
+        b.raw(f"{fv}:2 = scf.for {pv} = {b.c(0)} to {b.c(-(-C // sg))} step {b.c(1)} "
+              f"iter_args({fv}_lo = {big}, {fv}_hi = {b.c(-1, i32)}) -> ({i32}, {i32}) {{")
+        with se.scope():
+            key = b.add(b.add(s_begin, b.mul(pv, sg)), lane)
+            kvalid = b(f"arith.cmpi ult, {key}, {s_end} : index")
+            ksc = b(f"arith.minui {key}, {b.c(S - 1)} : index")
+            seen_k = None
+            for j in range(R):
+                a_ = alive_of(mask_of(j, ksc), kvalid)
+                seen_k = a_ if seen_k is None else b(f"arith.ori {seen_k}, {a_} : i1")
+            k32 = b(f"arith.index_cast {key} : index to {i32}")
+            lo_ = b(f"arith.select {seen_k}, {k32}, {big} : {i32}")
+            hi_ = b(f"arith.select {seen_k}, {k32}, {b.c(-1, i32)} : {i32}")
+            lo_ = b(f"arith.minsi {fv}_lo, {lo_} : {i32}")
+            hi_ = b(f"arith.maxsi {fv}_hi, {hi_} : {i32}")
+            b.raw(f"scf.yield {lo_}, {hi_} : {i32}, {i32}")
+        b.raw("}")
+        lo_ = butterfly(b, f"{fv}#0", "minsi", 1, sg, i32)
+        hi_ = butterfly(b, f"{fv}#1", "maxsi", 1, sg, i32)
+        # [first batch start, last seen + 1): the batch grid from s_lo, clipped to the chunk
+        first = b(f"arith.index_cast {b(f'arith.minsi {lo_}, {b.c(S, i32)} : {i32}')} : "
+                  f"{i32} to index")
+        first = b(f"arith.maxui {first}, {s_lo} : index")
+        off = b(f"arith.divui {b(f'arith.subi {first}, {s_lo} : index')}, "
+                f"{b.c(W * KL)} : index")
+        s_lo = b.add(s_lo, b.mul(off, W * KL))
+        s_hi = b(f"arith.index_cast {b(f'arith.addi {hi_}, {b.c(1, i32)} : {i32}')} : "
+                 f"{i32} to index")
+        s_hi = b(f"arith.minui {s_hi}, {s_end} : index")
+        guard = True                 # the walk may be empty: never a zero-trip scf.for
     if guard:
-        any_ = b(f"arith.cmpi ult, {s_lo}, {s_end} : index")
+        any_ = b(f"arith.cmpi ult, {s_lo}, {s_hi} : index")
         gres = b.fresh()
         b.raw(f"{gres}:{len(state0)} = scf.if {any_} -> ({', '.join([F] * len(state0))}) {{")
-    loop, its = for_(b, "%s0", s_lo, s_end, b.c(W * KL), state0)
+    loop, its = for_(b, "%s0", s_lo, s_hi, b.c(W * KL), state0)
     m_in, l_in = its[:R], its[R:2 * R]
     acc_in = [its[2 * R + j * ndv:2 * R + (j + 1) * ndv] for j in range(R)]
     s = b.add("%s0", kk)
@@ -987,21 +1060,7 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     # the mask of this lane's key, per row: i1 visibility, or the f32 bias (None: none)
     vis, bias = [], []
     for j in range(R):
-        if mcomp:
-            ms = reg.mask_shape
-            idx = [0 if ms[i] == 1 else bco[i] for i in range(nb)] + \
-                [0 if ms[nb + i] == 1 else rco[j][i] for i in range(nr)] + \
-                [0 if ms[-1] == 1 else sc]
-            mv = se.value(reg.mask_value, idx)
-        elif mk is not None:
-            mv = b(f"memref.load {pname(mk.arg)}[{b.add(mrow[j], b.mul(sc, mst[-1]))}] "
-                   f": {ptype(mk.arg)}")
-            if reg.mask_kind == "i1":
-                mv = b(f"arith.cmpi {'eq' if reg.negate else 'ne'}, {mv}, {b.c(0, 'i8')} : i8")
-        elif reg.mask_kind == "i1":
-            mv = b.c(bool(reg.mask_const), "i1")
-        else:
-            mv = b.c(reg.mask_const, F) if reg.mask_const else None
+        mv = mask_of(j, sc)
         if reg.mask_kind == "i1":
             vis.append(b(f"arith.andi {mv}, {valid} : i1"))
         else:
@@ -1017,12 +1076,7 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         # block holds): one vote gives both whether any (row, key) of the batch is alive
         # (bit 0: else the batch is skipped, for either mask kind) and whether any is dead
         # (bit 1: a partial batch, whose V rows are selected by weight, see below)
-        if reg.mask_kind == "i1":
-            alive = vis
-        else:
-            alive = [valid if x is None else
-                     b(f"arith.andi {valid}, {b(f'arith.cmpf one, {x}, {ninf} : f32')} : i1")
-                     for x in bias]
+        alive = vis if reg.mask_kind == "i1" else [alive_of(x, valid) for x in bias]
         anyl, deadl = alive[0], None
         for x in alive[1:]:
             anyl = b(f"arith.ori {anyl}, {x} : i1")
