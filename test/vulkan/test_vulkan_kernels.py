@@ -101,9 +101,9 @@ def test_every_region_matches_oracle(vk_device, vk_target, models, name, step, T
 
 @pytest.mark.parametrize("name", ["llama", "llama_gguf_q4_1"])
 def test_prefill_then_decode_steps_match_oracle(vk_device, vk_target, models, name):
-    """Whole steps through the executor Engine (record once per state parity, replay):
-    a prefill then three decode steps with the KV caches (one f32 block a sequence; f16/bf16
-    pools: test_paged_step_matches_oracle) carried on the device."""
+    """Whole steps through the executor Engine (record once, replay): a prefill then three
+    decode steps with the KV caches (one f32 block a sequence; f16/bf16 pools:
+    test_paged_step_matches_oracle) carried on the device, written in place."""
     from poot.backends.vulkan.codegen import compile_vulkan
     from poot.dialects.types import DType
     from poot.executor import Engine
@@ -135,8 +135,10 @@ def test_prefill_then_decode_steps_match_oracle(vk_device, vk_target, models, na
             np.testing.assert_allclose(_words(eng.read_state(k), v).astype(np.float32),
                                        np.asarray(v, np.float32), rtol=RTOL, atol=ATOL,
                                        err_msg=k)
-    # record once per state parity, then replay
-    assert len(e_dec.recordings) == 2 and e_dec.steps == 3
+    # the KV caches are written over their own buffers (one buffer each, no copy): record
+    # once, then replay
+    assert e_dec.in_place == {n for n, _ in dec.inputs if n.startswith("kv.")}
+    assert len(e_dec.recordings) == 1 and e_dec.steps == 3
     assert all(r.submits >= 1 for r in e_dec.recordings.values())
 
 
@@ -154,8 +156,9 @@ PAGED_STEPS = [("llama", "decode", "f16"), ("llama", "prefill", "bf16"),
 def test_paged_step_matches_oracle(vk_device, vk_target, name, step, kv):
     """A whole paged step (two sequences in 4-position blocks scattered over a 20-block pool;
     ``StepSpec`` with ``block_size``/``num_blocks``; the fixture's default KV dtype where
-    None) compiled for the device: the K/V writes land in the pools in place of the slots
-    (in the pools' dtype), attention reads through the block table, and the logits equal
+    None) compiled for the device: the K/V writes land in the pools' slots, over the input
+    pools' own buffers (in the pools' dtype; bound apart, as here, the outputs are copies),
+    attention reads through the block table, and the logits equal
     the oracle's on a clean cache even though every pool row no query sees holds inf/NaN
     (a reused block): 1e-4 with f32 pools, 1e-3 with f16/bf16 ones (a K/V row may round to
     a neighbouring half-precision value); the written pool rows equal the oracle's to 1e-4
@@ -173,6 +176,8 @@ def test_paged_step_matches_oracle(vk_device, vk_target, name, step, kv):
     prog = compile_vulkan(g, vk_target)
     kinds = {d["kind"] for d in prog.executable.dispatches}
     assert "paged_attention" in kinds and "scatter" in kinds, kinds
+    pools = {n for n, _ in g.inputs if n.startswith("kv.")}
+    assert prog.executable.in_place == {n: n for n in pools}     # written over the inputs
     rng = np.random.default_rng(PAGED_STEPS.index((name, step, kv)))
     table = np.stack([rng.permutation(NB)[:C // bs] for _ in range(B)]).astype(np.int32)
     pos = np.array([[13 - T + 1 + t for t in range(T)], [6 - T + 1 + t for t in range(T)]],

@@ -17,7 +17,13 @@ Plan semantics:
   binding i < n-1 is ``args[i]`` of the dispatching step, binding n-1 the error word.
 * ``steps``: in order, ``{"op": "dispatch", "kernel", "args": [buffer...], "groups": [x,y,z]}``
   or ``{"op": "copy", "src", "dst", "nbytes"}``; every step is followed by a full
-  compute/transfer memory barrier.
+  compute/transfer memory barrier. A copy whose source and destination are bound to one
+  device buffer is no copy (the runtime records nothing for it).
+* ``in_place``: output name -> input name for state the kernels write over the input's own
+  buffer (a KV pool updated by a scatter): the plan ends with a copy of the input into the
+  output, so binding the two to one buffer (what the engine does: no copy, one buffer) and
+  binding them apart (a ping-ponging caller: the input is updated, then copied) both give
+  the output.
 * the error word: two u32, word 0 the error code (:data:`ERR_GATHER_INDEX`...), word 1 the
   kernel index + 1 (``kernels[i]`` and ``kernel_users[i]``, the dispatch functions that use
   it, name it); zero means no fault.
@@ -101,6 +107,7 @@ class VulkanArtifact:
     params: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
     aliases: dict = field(default_factory=dict)    # output name -> input name (KV writes)
+    in_place: dict = field(default_factory=dict)   # output name -> input it is written over
     buffers: list = field(default_factory=list)
     kernels: list = field(default_factory=list)    # [VulkanKernel]
     steps: list = field(default_factory=list)      # [Step]
@@ -120,7 +127,8 @@ class VulkanArtifact:
             "inputs": [[n, s.to_json()] for n, s in self.inputs],
             "params": [[n, s.to_json()] for n, s in self.params],
             "outputs": [[n, s.to_json()] for n, s in self.outputs],
-            "aliases": dict(self.aliases), "buffers": list(self.buffers),
+            "aliases": dict(self.aliases), "in_place": dict(self.in_place),
+            "buffers": list(self.buffers),
             "kernels": [{"name": k.name, "entry": k.entry, "spirv": f"k{i}.spv",
                          "workgroup": list(k.workgroup), "bindings": k.bindings}
                         for i, k in enumerate(self.kernels)],
@@ -147,7 +155,8 @@ class VulkanArtifact:
             inputs=[(n, BufferSpec.from_json(s)) for n, s in plan["inputs"]],
             params=[(n, BufferSpec.from_json(s)) for n, s in plan["params"]],
             outputs=[(n, BufferSpec.from_json(s)) for n, s in plan["outputs"]],
-            aliases=dict(plan.get("aliases", {})), buffers=list(plan["buffers"]),
+            aliases=dict(plan.get("aliases", {})), in_place=dict(plan.get("in_place", {})),
+            buffers=list(plan["buffers"]),
             kernels=[VulkanKernel(k["name"], k["entry"], spirv[i], list(k["workgroup"]),
                                   int(k["bindings"])) for i, k in enumerate(plan["kernels"])],
             steps=[Step.from_json(s) for s in plan["steps"]],

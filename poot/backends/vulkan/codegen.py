@@ -301,14 +301,18 @@ def _sym(op: ir.Operation) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value
 
 
-def codegen_vulkan(g, target, validate: bool = True) -> VulkanArtifact:
+def codegen_vulkan(g, target, validate: bool = True, storage=()) -> VulkanArtifact:
     """The backend code generator: an optimized, dispatch-fused graph (what
     ``poot.compiler.compile._codegen`` receives) -> :class:`VulkanArtifact`.
 
     The step plan and the kernels come from the shared :func:`poot.backends.gpu.plan.
     plan_program` (identical dispatch bodies, e.g. the layers, are compiled once); each kernel
-    is split into its own gpu.module and lowered to SPIR-V here. The plan is planned without
-    in-place aliases: every output has its own buffer (the executor ping-pongs carried state).
+    is split into its own gpu.module and lowered to SPIR-V here. ``storage`` (the program's
+    planned buffers, :attr:`~poot.compiler.compile.Program.storage`): an output aliasing an
+    input (a KV pool written by a scatter) is written over the input's own buffer where the
+    plan can (``artifact.in_place``; the plan ends with a copy into the output, no copy at
+    all when the two are bound to one buffer); without it every output has its own buffer
+    (the executor ping-pongs carried state).
     """
     from types import SimpleNamespace
 
@@ -316,7 +320,7 @@ def codegen_vulkan(g, target, validate: bool = True) -> VulkanArtifact:
 
     caps = target.caps
     features = caps.features or DEFAULT_FEATURES
-    plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
+    plan = plan_program(SimpleNamespace(graph=g, storage=list(storage)), caps)
     kmod = plan.module
     users: dict[int, list[str]] = {}
     for d in plan.dispatches:
@@ -364,11 +368,17 @@ def codegen_vulkan(g, target, validate: bool = True) -> VulkanArtifact:
 
     art = VulkanArtifact(name=g.name)
     ids = {}
+    written_over = []          # (input's art buffer, output's art buffer) of in-place state
     for role, items in (("input", plan.inputs), ("param", plan.params),
                         ("output", plan.outputs)):
         for i, d in enumerate(items):
             getattr(art, role + "s").append((d["name"], spec(d)))
-            ids[d["buffer"]] = len(art.buffers)
+            if role == "output" and d.get("in_place"):
+                # the kernels write the input's buffer; the output is a copy of it at the end
+                written_over.append((ids[d["buffer"]], len(art.buffers), d["nbytes"]))
+                art.in_place[d["name"]] = d["aliases"]
+            else:
+                ids[d["buffer"]] = len(art.buffers)
             art.buffers.append({"kind": role, "name": d["name"], "index": i,
                                 "nbytes": d["nbytes"]})
     for b in plan.buffers:
@@ -401,6 +411,8 @@ def codegen_vulkan(g, target, validate: bool = True) -> VulkanArtifact:
             art.steps.append(Step("dispatch", kernel=L["kernel"],
                                   args=[ids[a] for a in L["args"]], groups=list(L["grid"]),
                                   dispatch=ordinal.get(id(L), -1)))
+    for src, dst, nbytes in written_over:
+        art.steps.append(Step("copy", src=src, dst=dst, nbytes=int(nbytes)))
     art.dispatches = [{"name": d["callee"], "kind": d["kind"]} for d in plan.dispatches]
     art.kernel_users = [users.get(i, []) for i in range(len(plan.kernels))]
     art.checks = {plan.kernels[k]: n for k, n in n_checks.items() if n}
@@ -462,7 +474,7 @@ def compile_vulkan(graph, target=None, options=None):
 def compile_program(program) -> VulkanArtifact:
     """``poot.compiler.compile._codegen``'s entry for ``vulkan`` (same shape as CUDA's):
     the fused Program (graph, target, storage planned before fusion) -> VulkanArtifact."""
-    art = codegen_vulkan(program.graph, program.target)
+    art = codegen_vulkan(program.graph, program.target, storage=program.storage)
     art.aliases = {b.name: b.aliases for b in program.storage
                    if b.role == "output" and b.aliases}
     return art

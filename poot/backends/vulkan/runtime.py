@@ -508,6 +508,11 @@ class VulkanDevice:
         return Ready(self.download(buffer))
 
     # ---- programs ----------------------------------------------------------------------------
+    def in_place_outputs(self, kernel: VkLoadedKernel) -> set[str]:
+        """Outputs the program writes over their aliased input's own buffer (the artifact's
+        ``in_place``): bound to that input's buffer they cost no copy (see the Engine)."""
+        return set(kernel.artifact.in_place)
+
     def load(self, program) -> VkLoadedKernel:
         """Load a compiled step: a Program whose ``executable`` is a VulkanArtifact, an
         artifact, or an artifact directory."""
@@ -649,6 +654,8 @@ class VulkanDevice:
                 vk.vkCmdDispatch(cb, *[int(g) for g in s.groups])
             else:
                 src, dst = buf(s.src), buf(s.dst)
+                if src is dst:
+                    continue            # state written in place, bound to one buffer
                 vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer, 1, [vk.VkBufferCopy(
                     srcOffset=0, dstOffset=0, size=min(src.size, dst.size, s.nbytes + 3
                                                        - (s.nbytes + 3) % 4))])
