@@ -152,8 +152,8 @@ PAGED_STEPS = [("llama", "decode", "f16"), ("llama", "prefill", "bf16"),
                ("qwen3_moe", "decode", "f16")]
 
 
-@pytest.mark.parametrize("name,step,kv", PAGED_STEPS)
-def test_paged_step_matches_oracle(vk_device, vk_target, name, step, kv):
+@pytest.mark.parametrize("name,step,kv", PAGED_STEPS + [("llama", "generic", "f16")])
+def test_paged_step_matches_oracle(vk_device, vk_target, monkeypatch, name, step, kv):
     """A whole paged step (two sequences in 4-position blocks scattered over a 20-block pool;
     ``StepSpec`` with ``block_size``/``num_blocks``; the fixture's default KV dtype where
     None) compiled for the device: the K/V writes land in the pools' slots, over the input
@@ -162,10 +162,16 @@ def test_paged_step_matches_oracle(vk_device, vk_target, name, step, kv):
     the oracle's on a clean cache even though every pool row no query sees holds inf/NaN
     (a reused block): 1e-4 with f32 pools, 1e-3 with f16/bf16 ones (a K/V row may round to
     a neighbouring half-precision value); the written pool rows equal the oracle's to 1e-4
-    (f32) or one rounding of their dtype, the stale rows kept as they were."""
+    (f32) or one rounding of their dtype, the stale rows kept as they were.
+    ``generic``: a decode step with every strategy off (``POOT_GPU_STRATEGIES=generic``):
+    the generic mapping of the paged attention (its CPU lowering's loops, whose index maps
+    fold into rounding divisions the SPIR-V lowering expands) gives the same."""
     from poot.backends.vulkan.codegen import compile_vulkan
     from poot.dialects.types import DType
 
+    if step == "generic":
+        monkeypatch.setenv("POOT_GPU_STRATEGIES", "generic")
+        step = "decode"
     model, weights = load_model(fixture_path(name))
     B, bs, NB, C = 2, 4, 20, 32
     T = 1 if step == "decode" else 5
@@ -178,7 +184,7 @@ def test_paged_step_matches_oracle(vk_device, vk_target, name, step, kv):
     assert "paged_attention" in kinds and "scatter" in kinds, kinds
     pools = {n for n, _ in g.inputs if n.startswith("kv.")}
     assert prog.executable.in_place == {n: n for n in pools}     # written over the inputs
-    rng = np.random.default_rng(PAGED_STEPS.index((name, step, kv)))
+    rng = np.random.default_rng(len(name) + T)
     table = np.stack([rng.permutation(NB)[:C // bs] for _ in range(B)]).astype(np.int32)
     pos = np.array([[13 - T + 1 + t for t in range(T)], [6 - T + 1 + t for t in range(T)]],
                    np.int32)

@@ -232,8 +232,23 @@ def _spirv_binaries(module: ir.Module, caps, checks_for, blocks: dict
         PassManager.parse(
             "builtin.module(gpu.module(scf-parallel-for-to-nested-fors,lower-affine,"
             "arith-int-range-narrowing{int-bitwidths-supported=32},"
-            "canonicalize,cse),"
-            "gpu.module(convert-math-to-spirv),"
+            "canonicalize,cse))").run(module.operation)
+        # rounding divisions (the generic mapping's index maps may fold into
+        # arith.floordivsi) have no SPIR-V lowering: expanded where present (only there:
+        # arith-expand also rewrites maximumf/minimumf)
+        rounding = []
+
+        def find_rounding(op):
+            if op.operation.name in ("arith.floordivsi", "arith.ceildivsi", "arith.ceildivui"):
+                rounding.append(op)
+                return ir.WalkResult.INTERRUPT
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(find_rounding)
+        if rounding:
+            PassManager.parse("builtin.module(gpu.module(arith-expand))").run(module.operation)
+        PassManager.parse(
+            "builtin.module(gpu.module(convert-math-to-spirv),"
             "convert-gpu-to-spirv{use-64bit-index=false})").run(module.operation)
         # for Shader targets the spirv.module lands beside its gpu.module: move it inside
         body = module.body
