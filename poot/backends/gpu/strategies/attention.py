@@ -401,11 +401,11 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     qt, kt, vt = (type_from_mlir(x.type) for x in att.operands[:3])
     mt = type_from_mlir(att.operands[-1].type)
     pkv = None
+    floats = (DType.F32, DType.F16, DType.BF16)
     if paged:
         # q [B, H, rows..., D]; pools [NB, bs, H, D] of one float dtype; table [B, TW]
         tt_ = type_from_mlir(att.operands[3].type)
         table = resolve_view(att.operands[3], args)
-        floats = (DType.F32, DType.F16, DType.BF16)
         if table is None or tt_.dtype not in (DType.I32, DType.I64) or \
                 qt.dtype not in floats or kt.dtype not in floats or vt.dtype != kt.dtype:
             return None
@@ -415,7 +415,6 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
         S, D, Dv = TW * bs, kt.shape[-1], vt.shape[-1]
         pkv = PagedKV(table, tt_.dtype.value, NB, bs, TW)
     else:
-        floats = (DType.F32, DType.F16, DType.BF16)
         if any(t.dtype not in floats for t in (qt, kt, vt)) or \
                 any(arg_types[x.arg][0] not in ("f32", "f16", "bf16") for x in (k, v)):
             return None
