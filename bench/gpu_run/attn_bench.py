@@ -19,6 +19,12 @@ up to 32 subgroups). ``run`` checks every variant against the
 oracle's outputs computed here (same seeded inputs; 1e-4), then times a CUDA graph of
 ``LAYERS`` back-to-back copies of the region (a decode step's attention launches, their
 graph-node overheads included) per position, and reports microseconds per layer.
+
+Paged cases (``PAGED``: ``poot.paged_attention`` as a paged step's folded region holds it, f16
+block pools of 32 positions, every sequence's blocks scattered over the pool) are compiled once
+(``auto``) and timed the same way, every sequence at the position: the same shapes as the dense
+cases (what the block table costs) and a batch of 16 sequences in a 2048-key table (what a
+serving decode step's attention costs while the sequences are short).
 """
 
 from __future__ import annotations
@@ -37,6 +43,11 @@ sys.path.insert(0, ROOT)
 CASES = {"smollm2_s256": (3, 3, 256, 64), "llama1b_s512": (8, 4, 512, 64),
          "llama8b_s512": (8, 4, 512, 128), "llama1b_s1024": (8, 4, 1024, 64),
          "llama8b_s1024": (8, 4, 1024, 128), "llama8b_s4096": (8, 4, 4096, 128)}
+#: name -> (B, Hkv, G, S, D) of paged regions (f16 pools, PAGED_BS positions a block)
+PAGED = {"smollm2_s256_paged": (1, 3, 3, 256, 64), "llama8b_s512_paged": (1, 8, 4, 512, 128),
+         "llama8b_s4096_paged": (1, 8, 4, 4096, 128),
+         "llama1b_b16_s2048_paged": (16, 8, 4, 2048, 64)}
+PAGED_BS = 32
 LAYERS = 30
 REPLAYS = 200
 
@@ -51,6 +62,30 @@ def inputs(Hkv, G, S, D, pos, seed=0) -> dict:
             "a1": np.array([[pos]], np.int32),
             "a2": rng.standard_normal((1, S, Hkv, D)).astype(np.float32),
             "a3": rng.standard_normal((1, S, Hkv, D)).astype(np.float32)}
+
+
+def paged_inputs(B, Hkv, G, S, D, pos, seed=0) -> dict:
+    """q, positions (every sequence at ``pos``), f16 pools of ``B * S / PAGED_BS + 1`` blocks
+    (as uint16 words) and a table of each sequence's blocks, scattered over the pool."""
+    rng = np.random.default_rng(seed)
+    W = S // PAGED_BS
+    NB = B * W + 1
+    pool = (NB, PAGED_BS, Hkv, D)
+    return {"a0": rng.standard_normal((B, 1, Hkv * G, D)).astype(np.float32),
+            "a1": np.full((B, 1), pos, np.int32),
+            "a2": rng.standard_normal(pool).astype(np.float16).view(np.uint16),
+            "a3": rng.standard_normal(pool).astype(np.float16).view(np.uint16),
+            "a4": rng.permutation(NB)[:B * W].reshape(B, W).astype(np.int32)}
+
+
+def case_inputs(case: str, pos: int) -> dict:
+    if case in PAGED:
+        return paged_inputs(*PAGED[case], pos)
+    return inputs(*CASES[case], pos)
+
+
+def case_positions(case: str) -> list[int]:
+    return positions((PAGED[case] if case in PAGED else CASES[case])[-2])
 
 
 def build(folder: str) -> None:
@@ -93,6 +128,27 @@ def build(folder: str) -> None:
             print(name, variant, ks, flush=True)
         with open(os.path.join(folder, f"{name}_want.json"), "w") as f:
             json.dump(want, f)
+    for name, (B, Hkv, G, S, D) in PAGED.items():
+        NB = B * (S // PAGED_BS) + 1
+        g = rope_attention_region(B=B, T=1, Hkv=Hkv, G=G, S=S, D=D, Dv=D, mask="i1",
+                                  paged=(NB, PAGED_BS, "f16"))
+        want = {}
+        for p in positions(S):
+            x = paged_inputs(B, Hkv, G, S, D, p)
+            x["a2"], x["a3"] = x["a2"].view(np.float16), x["a3"].view(np.float16)
+            want[str(p)] = oracle.evaluate(g, x)["r0"].tolist()
+        plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
+        p = {"entry": plan.entry, "target": {"arch": "sm_90", "subgroup_size": 32},
+             "kernels": plan.kernels, "buffers": plan.buffers, "launches": plan.launches,
+             "dispatches": plan.dispatches, "inputs": plan.inputs, "params": plan.params,
+             "outputs": plan.outputs}
+        ks = [(L["grid"], L["block"]) for L in plan.launches if L["op"] == "kernel"]
+        CudaArtifact(p, ptx_text(plan.module), {"launches": ks}).save(
+            os.path.join(folder, f"{name}_auto"))
+        manifest[f"{name}_auto"] = {"case": name, "variant": "auto", "launches": ks}
+        print(name, "auto", ks, flush=True)
+        with open(os.path.join(folder, f"{name}_want.json"), "w") as f:
+            json.dump(want, f)
     with open(os.path.join(folder, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
 
@@ -109,15 +165,14 @@ def run(folder: str, out: str) -> None:
     ev1 = _check(cu.cuEventCreate(0), "cuEventCreate")
     results = {}
     for key, m in manifest.items():
-        Hkv, G, S, D = CASES[m["case"]]
         with open(os.path.join(folder, f"{m['case']}_want.json")) as f:
             want = json.load(f)
         k = dev.load(CudaArtifact.load(os.path.join(folder, key)))
         bufs = [dev.alloc(a.type) for a in k.args]
         ptrs, _ = dev._pointers(k, bufs)
         row = {"launches": m["launches"], "us_per_layer": {}, "max_err": 0.0}
-        for pos in positions(S):
-            x = inputs(Hkv, G, S, D, pos)
+        for pos in case_positions(m["case"]):
+            x = case_inputs(m["case"], pos)
             for a, b in zip(k.args, bufs):
                 if a.role == "input":
                     dev.upload(b, x[a.name])
