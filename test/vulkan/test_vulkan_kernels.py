@@ -181,7 +181,8 @@ def test_paged_step_matches_oracle(vk_device, vk_target, monkeypatch, name, step
     g = model.trace(spec, weights.types)
     prog = compile_vulkan(g, vk_target)
     kinds = {d["kind"] for d in prog.executable.dispatches}
-    assert "paged_attention" in kinds and "scatter" in kinds, kinds
+    assert kinds & {"attention", "paged_attention"} and "scatter" in kinds, kinds
+    assert '"poot.paged_attention"' in str(prog.graph.module)
     pools = {n for n, _ in g.inputs if n.startswith("kv.")}
     assert prog.executable.in_place == {n: n for n in pools}     # written over the inputs
     rng = np.random.default_rng(len(name) + T)
