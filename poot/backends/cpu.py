@@ -42,6 +42,7 @@ from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.executor.cpu import descriptor as _descriptor
+from poot.executor.cpu import warn_no_openmp
 from poot.graph.builder import Graph
 
 # Bufferize (shared with the GPU backend), then free buffers by ownership.
@@ -79,27 +80,19 @@ TO_LLVM = (
 
 @functools.cache
 def openmp_lib() -> str | None:
-    """LLVM's OpenMP runtime (Debian ``libomp5``: ``libomp.so.5``), which the OpenMP dialect's
-    lowering calls (``__kmpc_*``; GNU libgomp lacks them), or None: kernels then run on one
-    thread. ``POOT_CPU_OPENMP=0`` turns threads off."""
-    if os.environ.get("POOT_CPU_OPENMP", "1") == "0":
-        return None
-    import ctypes.util
+    """LLVM's OpenMP runtime (:func:`~poot.compiler.target.openmp_runtime`), loaded
+    ``RTLD_GLOBAL`` for the JIT, or None: kernels then run on one thread.
+    ``POOT_CPU_OPENMP=0`` turns threads off."""
+    from poot.compiler.target import openmp_runtime
 
-    names = [os.path.join(d, n) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64",
-                                          "/usr/lib", "/usr/local/lib")
-             for n in ("libomp.so.5", "libomp.so")]
-    found = ctypes.util.find_library("omp")
-    names += [found] if found and os.path.isabs(found) else []
-    for name in names:
-        if not os.path.exists(name):
-            continue
-        try:
-            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-        except OSError:
-            continue
-        return name
-    return None
+    name = openmp_runtime()
+    if name is None:
+        return None
+    try:
+        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
+    return name
 
 
 @functools.cache
@@ -120,17 +113,22 @@ def tune_malloc() -> bool:
 
 def cpu_threads(target=None) -> int:
     """Threads the kernels run on: the target's cores (``POOT_CPU_THREADS`` overrides), 1
-    without an OpenMP runtime."""
-    if openmp_lib() is None:
-        return 1
+    without an OpenMP runtime (then :func:`~poot.executor.cpu.warn_no_openmp` says so once,
+    when there is more than one core to use)."""
     env = os.environ.get("POOT_CPU_THREADS")
     if env:
-        return max(1, int(env))
-    if target is None:
-        from poot.compiler.target import host_cpu
+        wanted = max(1, int(env))
+    else:
+        if target is None:
+            from poot.compiler.target import host_cpu
 
-        target = host_cpu()
-    return max(1, target.caps.cores)
+            target = host_cpu()
+        wanted = max(1, target.caps.cores)
+    if openmp_lib() is None:
+        if wanted > 1:
+            warn_no_openmp(wanted)
+        return 1
+    return wanted
 
 
 def strategy_for(target=None, threads: int | None = None) -> Strategy:
