@@ -390,12 +390,15 @@ def _keep_calls(module: ir.Module, kernels: set[str], glue: set[str]) -> None:
 
 
 def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
-                    threads: int = 1) -> ExecutionEngine:
+                    threads: int = 1, progress=None) -> ExecutionEngine:
     """Bufferize a linalg-on-tensors module, lower it to LLVM and JIT it (``threads`` > 1:
-    parallel loops through OpenMP, when :func:`openmp_lib` finds the runtime)."""
+    parallel loops through OpenMP, when :func:`openmp_lib` finds the runtime).
+    ``progress(stage)`` is called as each of bufferize / lower to LLVM / LLVM JIT starts."""
+    say = progress or (lambda stage: None)
     libs = list(runtime_libs())
     omp = openmp_lib() if threads > 1 else None
     with module.context:
+        say("bufferize")
         stages = ([FUSE] if fuse else []) + [BUFFERIZE, PARALLEL]
         if omp:
             stages.append(OPENMP.format(threads=threads))
@@ -409,39 +412,57 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
                    if "poot.dispatch" in f.attributes}
         glue = {ir.StringAttr(f.attributes["sym_name"]).value for f in funcs
                 if "poot.dispatch" not in f.attributes and _calls_only(f, kernels)}
+        say("lower to LLVM")
         PassManager.parse(f"builtin.module({TO_LLVM})").run(module.operation)
         _keep_calls(module, kernels, glue)
+        say("LLVM JIT")
         return ExecutionEngine(module, opt_level=opt_level, shared_libs=libs)
 
 
 def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
-                target=None, strategy: Strategy | None = None) -> CpuProgram:
+                target=None, strategy: Strategy | None = None, progress=None) -> CpuProgram:
     """Compile ``graph`` (a builder's Graph, or a module holding one poot function and the
     dispatch functions it calls) for the host CPU (``fuse``: elementwise fusion on linalg, see
     :data:`FUSE`). ``strategy`` (default: :func:`strategy_for` ``target``, the host when None)
     picks the matmul kernels and the thread count; ``Strategy(gemv=False)`` is the portable
     linalg lowering on one thread.
 
+    ``progress``: a :class:`~poot.progress.Tracker` (or ``progress(stage)``), told as each
+    stage starts: lower to linalg, bufferize, lower to LLVM, LLVM JIT (the JIT is one opaque
+    stage, most of the time).
+
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering.
     """
     t0 = time.perf_counter()
     tune_malloc()
+    if progress is not None and hasattr(progress, "add"):
+        progress.add(4)
+    say = progress or (lambda stage: None)
     if isinstance(graph, ir.Module):
         graph = Graph.from_module(graph)
     strategy = strategy_for(target) if strategy is None else strategy
+    say("lower to linalg")
     module, fn = lower_graph(graph, strategy)
     lowered = str(module)
     names = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes["poot.params"])]
     params = [(n, graph.params[n]) for n in names]
     with module.context:
         _prepare_abi(fn)
-        engine = compile_lowered(module, opt_level, fuse, threads=strategy.cores)
+        engine = compile_lowered(module, opt_level, fuse, threads=strategy.cores,
+                                 progress=say)
     prog = CpuProgram(graph.name, list(graph.inputs), params, list(graph.outputs), engine,
                       lowered=lowered)
-    prog._fn = engine.lookup(graph.name)
+    prog._fn = engine.lookup(graph.name)      # LLVM compiles the module here (the JIT stage)
     prog.compile_s = time.perf_counter() - t0
     return prog
 
 
-__all__ = ["CpuProgram", "CpuRunError", "compile_cpu", "compile_lowered", "cpu_threads",
+def codegen(program, options, progress=None) -> CpuProgram:
+    """``poot.compiler.compile``'s code generator for ``cpu``: the fused program's graph
+    compiled for the host at ``options.opt_level`` (see :func:`compile_cpu`)."""
+    return compile_cpu(program.graph, opt_level=options.opt_level, progress=progress)
+
+
+__all__ = ["CpuProgram", "CpuRunError", "codegen", "compile_cpu", "compile_lowered",
+           "cpu_threads", "warn_no_openmp",
            "lower_graph", "openmp_lib", "runtime_libs", "strategy_for", "widen_i1_memrefs"]
