@@ -42,9 +42,14 @@ class ModelNotFound(PootError):
 
 def target_for(backend: str) -> Target:
     """The compile target of ``backend``: the measured host for ``cpu``; for a GPU backend a
-    target whose code generation planning decides (a build without it refuses)."""
+    target whose code generation planning decides. A backend this build has no code
+    generator for (``rocm``) is refused here, before anything is opened, traced or compiled
+    (:class:`~poot.compiler.compile.NoCodeGenerator`)."""
+    from poot.compiler.compile import require_code_generator
+
     if backend not in BACKENDS:
         raise InvalidRequest("backend", backend, f"must be one of {', '.join(BACKENDS)}")
+    require_code_generator(Target(backend, Capabilities()))
     if backend == "cpu":
         return host_cpu()
     if backend == "vulkan":  # capabilities (subgroup size, 16-bit storage) from the device
@@ -90,7 +95,8 @@ class ModelHandle:
              use_cache: bool = True, progress: Callable[[str], None] | None = None,
              compile_fn: Callable[[Any], Any] | None = None, device: Any = None,
              warm_up: bool = True, random_weights: str | None = None,
-             seed: int = 0) -> "ModelHandle":
+             seed: int = 0, before_compile: Callable[["ModelHandle"], None] | None = None
+             ) -> "ModelHandle":
         """Load a checkpoint (``None``: the bundled SmolLM2) for ``backend``.
 
         ``random_weights`` (``"bf16"``/``"f16"``/``"f32"``): ``path`` is a HF ``config.json``
@@ -108,15 +114,22 @@ class ModelHandle:
         context (a larger one is refused, not silently capped), and the KV cache it implies
         must fit in the available memory; otherwise :class:`InvalidRequest` naming
         ``kv_capacity`` is raised before anything is allocated or compiled. ``prefill_chunk``
-        (``None``: ``DEFAULT_PREFILL_CHUNK``) must be >= 1. ``progress(msg)`` is called before each loading/compiling
-        stage. ``compile_fn``/``device`` replace the compile and the executor device (tests).
+        (``None``: ``DEFAULT_PREFILL_CHUNK``) must be >= 1. ``progress``: a
+        :mod:`poot.progress` callback ``(stage, done, total)``, told of each loading phase
+        and of each step's compile stages (a one-argument ``progress(msg)`` sees the phases
+        only). ``before_compile(handle)`` runs once the model, tokenizer and KV capacity are
+        known and before any step is traced or compiled (the CLI checks its request there:
+        :meth:`check_request`). ``compile_fn``/``device`` replace the compile and the
+        executor device (tests).
         """
         import time
 
         from poot.executor import Engine, device_for
         from poot.executor.cache import CompileCache
+        from poot.progress import as_callback
 
-        say = progress or (lambda msg: None)
+        report = as_callback(progress)
+        say = lambda msg: report(msg, 0, 0)  # noqa: E731  (a phase)
         t0 = time.perf_counter()
         if kv_capacity is not None:
             _positive("kv_capacity", kv_capacity)
@@ -147,12 +160,15 @@ class ModelHandle:
             cache = CompileCache(cache_dir, enabled=use_cache)
             options = compile_options or DEFAULT_COMPILE_OPTIONS
             compile_step = lambda spec, trace: bind(  # noqa: E731
-                compile_cached(cache, model, weights.types, spec, trace, target, options))
+                compile_cached(cache, model, weights.types, spec, trace, target, options,
+                               progress=report))
         runner = StepRunner(model, weights, None, lambda g: bind(compile_fn(g)), kv_capacity,
                             min(prefill_chunk, kv_capacity),
-                            on_compile=lambda what: say(f"compiling {what}"),
+                            on_compile=lambda what: say(f"{what} step"),
                             model_context=model_context, compile_step=compile_step)
         handle = cls(path, backend, model, weights, tokenizer, runner, compile_cache=cache)
+        if before_compile is not None:
+            before_compile(handle)
         if warm_up:
             runner.warm_up()
         handle.load_s = time.perf_counter() - t0
@@ -173,6 +189,29 @@ class ModelHandle:
 
             return encode_chat(self.tokenizer, prompt)
         return [int(i) for i in prompt]
+
+    @property
+    def kv_capacity(self) -> int:
+        """Context positions per sequence (prompt + generated tokens)."""
+        return self.runner.kv_capacity
+
+    def check_request(self, prompt, params: SamplingParams) -> list[int]:
+        """Every check of a request that needs no compiled step -- the prompt encodes (chat
+        template included), ``params`` fit the vocabulary, stop strings have a tokenizer, and
+        prompt + ``max_tokens`` fit :attr:`kv_capacity` -- raising
+        :class:`~poot.driver.params.InvalidRequest` / :class:`ContextOverflow`. Returns the
+        prompt's token ids."""
+        from poot.driver.generate import check_context
+
+        ids = self.encode(prompt)
+        if not ids:
+            raise InvalidRequest("prompt", "", "the prompt has no tokens")
+        params.check(self.model.dims().vocab)
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequest("stop", params.stop, "stop strings need a tokenizer")
+        check_context(len(ids), params.max_tokens, self.kv_capacity,
+                      getattr(self.runner, "model_context", None))
+        return ids
 
 
 def _open_model(path: Path, random_weights: str | None, seed: int):
@@ -197,14 +236,16 @@ def _random_config(path: Path):
     return config_from_hf(_read_json(str(p)), str(p))
 
 
-def compile_cached(cache, model, weight_types, spec, trace, target, options):
+def compile_cached(cache, model, weight_types, spec, trace, target, options, progress=None):
     """The program of step ``spec`` through ``cache``'s step index (a hit neither traces nor
-    imports MLIR; a miss calls ``trace()`` and compiles)."""
+    imports MLIR; a miss calls ``trace()`` and compiles). ``progress``: a
+    :mod:`poot.progress` callback, counting this step's units from zero."""
     from poot.executor.cache import step_describe, step_key
+    from poot.progress import Tracker
 
     describe = step_describe(model, weight_types, spec, target, options)
     return cache.compile_step(step_key(model, weight_types, spec, target, options), describe,
-                              trace, target, options)
+                              trace, target, options, progress=Tracker(progress))
 
 
 def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *,
@@ -223,7 +264,10 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     from poot.driver.runner import GREEDY, entry_name
     from poot.executor.cache import CompileCache, step_key
 
-    say = progress or (lambda msg: None)
+    from poot.progress import as_callback
+
+    report = as_callback(progress)
+    say = lambda msg: report(msg, 0, 0)  # noqa: E731  (a phase)
     path = Path(path) if path is not None else default_model_path()
     prefill_chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else \
         _positive("prefill_chunk", prefill_chunk)
@@ -245,12 +289,12 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                            "kv_capacity": kv_capacity, "steps": {}}
     for spec in specs:
         name = entry_name(spec)
-        say(f"compiling {name}")
+        say(f"{name} step")
         t0 = time.perf_counter()
         hits = cache.hits
         prog = compile_cached(cache, model, weights.types, spec,
                               lambda spec=spec: model.trace(spec, weights.types), target,
-                              options)
+                              options, progress=report)
         out["steps"][name] = {"step_key": step_key(model, weights.types, spec, target, options),
                               "program": getattr(prog, "cache_key", None),
                               "seconds": round(time.perf_counter() - t0, 2),

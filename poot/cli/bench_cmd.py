@@ -1,7 +1,7 @@
 """``poot bench``: greedy decode speed and time to first token, as JSON.
 
     poot bench [--model MODEL | --config CONFIG.json --random-weights [--dtype bf16]]
-               [--backend B] [--prompt-tokens N] [--tokens N] [--runs R]
+               [--backend B] [--prompt-tokens N] [--max-tokens N] [--runs R]
                [--pipeline auto|on|off] [--baseline gpt-fast] [--profile] [--out FILE]
 
 Runs R greedy requests of N new tokens (EOS ignored) on a synthetic prompt of
@@ -65,8 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", default=None, help="prompt text (default: synthetic ids)")
     p.add_argument("--prompt-tokens", type=int, default=32, metavar="N",
                    help="length of the synthetic prompt when no --prompt (default: 32)")
-    p.add_argument("--tokens", type=int, default=64, metavar="N",
-                   help="new tokens per run, EOS ignored (default: 64)")
+    p.add_argument("--max-tokens", "--tokens", dest="max_tokens", type=int, default=64,
+                   metavar="N", help="new tokens per run, EOS ignored (default: 64; --tokens "
+                                     "is the same option)")
     p.add_argument("--runs", type=int, default=3, metavar="R",
                    help="timed runs after one warm-up; the best is reported (default: 3)")
     p.add_argument("--replay", type=int, default=100, metavar="N",
@@ -88,13 +89,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def synthetic_prompt(n: int, vocab: int) -> list[int]:
+    """``n`` prompt ids spread over the vocabulary (the same for every backend and run)."""
+    return [(17 + 31 * i) % vocab for i in range(n)]
+
+
 def _load(args):
-    from poot.api import ModelHandle
+    """The handle (progress on stderr), its request checked against the context before
+    anything is compiled."""
+    from poot.cli.generate_cmd import load_handle
+    from poot.driver.params import SamplingParams
 
     path, random_dtype = model_source(args)
-    return ModelHandle.load(path, backend=args.backend, kv_capacity=args.kv_capacity,
-                            prefill_chunk=args.prefill_chunk, use_cache=not args.no_cache,
-                            random_weights=random_dtype, seed=args.seed)
+
+    def check(h):
+        prompt = args.prompt if args.prompt is not None else \
+            synthetic_prompt(args.prompt_tokens, h.model.dims().vocab)
+        h.check_request(prompt, SamplingParams(temperature=0.0, max_tokens=args.max_tokens,
+                                               ignore_eos=True))
+
+    return load_handle(args, before_compile=check, path=path, random_weights=random_dtype,
+                       seed=args.seed)
 
 
 def decode_entry(handle):
@@ -251,15 +266,14 @@ def run(args: argparse.Namespace) -> int:
     from poot.api import Driver
     from poot.driver.params import SamplingParams
 
-    check_options(args, "tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk")
+    check_options(args, "max_tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk")
     handle = _load(args)
     handle.runner.pipeline = {"auto": None, "on": True, "off": False}[args.pipeline]
     if args.prompt is not None:
         prompt = handle.encode(args.prompt)
     else:
-        vocab = handle.runner.vocab_size
-        prompt = [(17 + 31 * i) % vocab for i in range(args.prompt_tokens)]
-    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+        prompt = synthetic_prompt(args.prompt_tokens, handle.runner.vocab_size)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     drv = Driver(handle)
     drv.complete(prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     runs = [drv.complete(prompt, params).stats.to_dict() for _ in range(args.runs)]
@@ -280,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
         run_baseline = load_baseline()
         dtype = args.baseline_dtype or (args.dtype if args.random_weights else "bf16")
         base = run_baseline(baseline_shape(handle), dtype, prompt_tokens=len(prompt),
-                            new_tokens=args.tokens, kv_capacity=handle.runner.kv_capacity,
+                            new_tokens=args.max_tokens, kv_capacity=handle.runner.kv_capacity,
                             runs=args.runs)
         out["baseline"] = {"name": args.baseline, **base}
         out["ratio"] = {k: (out["poot"][k] / base[k]

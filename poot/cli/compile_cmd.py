@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 from poot.cli import plain
 
@@ -82,6 +81,7 @@ def cache_bytes(folder: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from poot.api import compile_steps
     from poot.cli.generate_cmd import check_options
+    from poot.cli.progress import Reporter
     from poot.driver.params import SamplingParams
     from poot.driver.runner import GREEDY, sampler_spec
 
@@ -91,10 +91,11 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if sampler_spec(params) != GREEDY:
         samplers.append(sampler_spec(params))
-    out = compile_steps(path, args.backend, kv_capacity=args.kv_capacity,
-                        prefill_chunk=args.prefill_chunk, samplers=samplers,
-                        cache_dir=args.cache_dir, random_weights=random_dtype, seed=args.seed,
-                        progress=lambda m: print(f"poot: {m}", file=sys.stderr))
+    with Reporter(quiet=args.quiet) as report:
+        out = compile_steps(path, args.backend, kv_capacity=args.kv_capacity,
+                            prefill_chunk=args.prefill_chunk, samplers=samplers,
+                            cache_dir=args.cache_dir, random_weights=random_dtype,
+                            seed=args.seed, progress=report)
     out["cache_bytes"] = cache_bytes(out["cache_dir"])
     print(json.dumps(out))
     return 0

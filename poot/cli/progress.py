@@ -1,0 +1,149 @@
+"""Progress on stderr for the commands that load and compile (:mod:`poot.progress` events).
+
+* On a terminal: a tqdm bar per phase -- a step's compile counts its units (passes,
+  dispatch regions, kernels, LLVM JIT, ...) with the unit running now, the elapsed time and
+  an ETA; the bar's clock ticks while a long unit (the LLVM JIT) runs. A finished phase
+  leaves one line (``poot: decode step: 15 stages in 18.3 s``).
+* Not a terminal (a log, CI): one plain line per stage as it ends, with its time
+  (``poot: decode step: LLVM JIT 9.1 s``), and one per phase.
+* ``quiet``: nothing.
+
+Warnings and errors are not progress: they are printed whatever this says.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TextIO
+
+
+class Reporter:
+    """A :mod:`poot.progress` callback writing to ``stream`` (see the module docstring).
+    ``tty``: force the terminal form on or off (default: ``stream.isatty()``). Call
+    :meth:`close` when the work is over (also the context-manager exit)."""
+
+    def __init__(self, stream: TextIO | None = None, quiet: bool = False,
+                 tty: bool | None = None, refresh_s: float = 0.5):
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+        self.tty = (self.stream.isatty() if hasattr(self.stream, "isatty") else False) \
+            if tty is None else tty
+        self.refresh_s = refresh_s
+        self.phase: str | None = None
+        self.phase_t0 = 0.0
+        self.stage: str | None = None
+        self.stage_t0 = 0.0
+        self.stage_units = 0
+        self.units = 0                   # units started in this phase
+        self.bar = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    # ---- events --------------------------------------------------------------------------
+    def __call__(self, stage: str, done: int = 0, total: int = 0) -> None:
+        if self.quiet:
+            return
+        with self._lock:
+            now = time.perf_counter()
+            if total == 0:
+                self._end_phase(now)
+                self.phase, self.phase_t0, self.units = stage, now, 0
+                if self.tty:
+                    self._open_bar(stage, None)
+                return
+            if self.phase is None:
+                self.phase, self.phase_t0, self.units = "compiling", now, 0
+            self.units += 1
+            if stage != self.stage:
+                self._end_stage(now)
+                self.stage, self.stage_t0, self.stage_units = stage, now, 0
+            self.stage_units += 1
+            if self.tty:
+                if self.bar is None or self.bar.total is None:
+                    self._open_bar(self.phase, total)
+                self.bar.total = total
+                self.bar.n = done
+                self.bar.set_postfix_str(stage, refresh=False)
+                self.bar.refresh()
+
+    def close(self, failed: bool = False) -> None:
+        """End the current phase (its last line; none when ``failed``: the error that
+        follows says what happened) and stop the clock."""
+        if self.quiet:
+            return
+        with self._lock:
+            if failed:
+                if self.bar is not None:
+                    self.bar.close()
+                    self.bar = None
+                self.phase = self.stage = None
+            else:
+                self._end_phase(time.perf_counter())
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=2)
+            self._ticker = None
+
+    def __enter__(self) -> "Reporter":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)
+
+    # ---- output --------------------------------------------------------------------------
+    def _line(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def _end_stage(self, now: float) -> None:
+        if self.stage is None:
+            return
+        if not self.tty:
+            many = f" ({self.stage_units} units)" if self.stage_units > 1 else ""
+            self._line(f"poot: {self.phase}: {self.stage}{many} {now - self.stage_t0:.1f} s")
+        self.stage = None
+
+    def _end_phase(self, now: float) -> None:
+        if self.phase is None:
+            return
+        self._end_stage(now)
+        took = now - self.phase_t0
+        what = f"{self.units} stages in " if self.units > 1 else ""
+        if self.bar is not None:
+            if self.bar.total:
+                self.bar.n = self.bar.total
+            self.bar.close()
+            self.bar = None
+        if self.tty or self.units != 1:
+            self._line(f"poot: {self.phase}: {what}{took:.1f} s")
+        self.phase = None
+
+    def _open_bar(self, desc: str, total: int | None) -> None:
+        from tqdm import tqdm
+
+        if self.bar is not None:
+            self.bar.close()
+        fmt = ("{desc}: {n_fmt}/{total_fmt} {bar:20} [{elapsed}<{remaining}] {postfix}"
+               if total else "{desc} [{elapsed}]")
+        self.bar = tqdm(total=total, desc=f"poot: {desc}", file=self.stream, leave=False,
+                        bar_format=fmt, dynamic_ncols=True, mininterval=0)
+        if self._ticker is None:
+            self._stop.clear()
+            self._ticker = threading.Thread(target=self._tick, name="poot-progress",
+                                            daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        """Redraw the bar twice a second so its clock moves while one unit runs long."""
+        while not self._stop.wait(self.refresh_s):
+            with self._lock:
+                if self.bar is not None:
+                    self.bar.refresh()
+
+
+__all__ = ["Reporter"]
