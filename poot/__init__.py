@@ -21,8 +21,15 @@ if _os.path.isfile(_os.path.join(_root, "dialects", "opdef.py")) and _root not i
 # ``mlir.dialects.<dialect namespace>``; a failed import is not remembered, so each wrap of a
 # ``poot.*`` op retried (and failed) a full import search: about 40% of a cold SmolLM2 compile
 # (60 s -> 38 s on 2 cores). An empty module under that name ends the search (the op keeps
-# the generic OpView, as before). Nothing is imported here: MLIR may not be installed.
+# the generic OpView, as before). Nothing is imported here (a machine that runs cached
+# programs may have no MLIR: then nothing is registered).
+import importlib.util as _util
 import sys as _sys
 import types as _types
 
-_sys.modules.setdefault("mlir.dialects.poot", _types.ModuleType("mlir.dialects.poot"))
+try:
+    _have_mlir = _util.find_spec("mlir") is not None
+except (ImportError, ValueError):
+    _have_mlir = False
+if _have_mlir:
+    _sys.modules.setdefault("mlir.dialects.poot", _types.ModuleType("mlir.dialects.poot"))
