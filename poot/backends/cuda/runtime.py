@@ -97,7 +97,7 @@ def device_available() -> tuple[bool, str]:
     except Exception as e:  # noqa: BLE001
         return False, f"no CUDA device (cuda.bindings not importable: {e})"
     if nvidia_driver() is None:
-        return False, f"no CUDA device ({NO_DRIVER})"
+        return False, NO_DRIVER
     try:
         _check(cu.cuInit(0), "cuInit")
         n = _check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
