@@ -68,6 +68,7 @@ def test_readme_has_the_commands_it_should():
     cmds = shell_commands()
     assert any(c.startswith("poot generate --chat") for c in cmds), cmds
     assert any(c.startswith("poot bench --max-tokens") for c in cmds), cmds
+    assert any(c.startswith("poot chat") for c in cmds), cmds
     assert any(c.startswith("poot-opt ") for c in cmds), cmds
     assert len(blocks("python")) >= 2
 
@@ -123,9 +124,15 @@ def _cuda_missing() -> str | None:
     return None if nvidia_driver() else "NVIDIA driver"
 
 
+#: what ``poot chat`` reads in this test: one turn, then the command that ends it
+CHAT_INPUT = "hello\n/exit\n"
+
+
 def _run(argv: list[str], d: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "POOT_CACHE_DIR": str(d / "cache"), "PYTHONPATH": str(ROOT)}
-    return subprocess.run(argv, capture_output=True, text=True, cwd=d, env=env, timeout=900)
+    chat = len(argv) > 1 and argv[1] == "chat"
+    return subprocess.run(argv, capture_output=True, text=True, cwd=d, env=env, timeout=900,
+                          input=CHAT_INPUT if chat else "")
 
 
 def _commands():
@@ -158,6 +165,8 @@ def test_readme_command_runs(cmd, workdir):
         json.loads(r.stdout)
     if argv[:2] == ["poot", "bench"]:
         assert json.loads(r.stdout)["generated_tokens"] > 0
+    if argv[:2] == ["poot", "chat"]:
+        assert "generated tokens" in r.stderr and r.stdout.strip(), r.stderr
 
 
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
