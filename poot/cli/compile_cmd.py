@@ -81,7 +81,7 @@ def cache_bytes(folder: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from poot.api import compile_steps
     from poot.cli.generate_cmd import check_options
-    from poot.cli.progress import Reporter
+    from poot.cli.progress import Reporter, history_file
     from poot.driver.params import SamplingParams
     from poot.driver.runner import GREEDY, sampler_spec
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if sampler_spec(params) != GREEDY:
         samplers.append(sampler_spec(params))
-    with Reporter(quiet=args.quiet) as report:
+    with Reporter(quiet=args.quiet, history=history_file(args.cache_dir)) as report:
         out = compile_steps(path, args.backend, kv_capacity=args.kv_capacity,
                             prefill_chunk=args.prefill_chunk, samplers=samplers,
                             cache_dir=args.cache_dir, random_weights=random_dtype,

@@ -103,11 +103,11 @@ def load_handle(args, before_compile=None, **kw):
     ``--quiet`` silences it). ``before_compile(handle)`` checks the request before any step
     is compiled; ``kw`` goes to ``ModelHandle.load``."""
     from poot.api import ModelHandle
-    from poot.cli.progress import Reporter
+    from poot.cli.progress import Reporter, history_file
 
     check_options(args, "kv_capacity", "prefill_chunk")
     kw.setdefault("path", args.model)
-    with Reporter(quiet=getattr(args, "quiet", False)) as report:
+    with Reporter(quiet=getattr(args, "quiet", False), history=history_file()) as report:
         return ModelHandle.load(
             kw.pop("path"), backend=args.backend,
             kv_capacity=args.kv_capacity, prefill_chunk=args.prefill_chunk,

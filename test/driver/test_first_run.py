@@ -309,6 +309,38 @@ def test_terminal_clock_ticks_during_a_long_unit():
     rep.close()
 
 
+def test_estimate_comes_from_a_remembered_phase(tmp_path, monkeypatch):
+    """Counting units predicts badly (the LLVM JIT is most of a CPU step's compile); the
+    estimate scales a remembered phase with the same stages by how long the finished ones
+    took here, and the stage times outlive the process (history file)."""
+    import poot.cli.progress as P
+
+    clock = [0.0]
+    monkeypatch.setattr(P.time, "perf_counter", lambda: clock[0])
+    history = tmp_path / "progress.json"
+    rep = P.Reporter(io.StringIO(), tty=False, history=history)
+    rep("prefill step", 0, 0)
+    for i, (stage, secs) in enumerate([("pass a", 1.0), ("pass b", 1.0), ("LLVM JIT", 8.0)]):
+        rep(stage, i, 3)
+        clock[0] += secs
+    assert rep.estimate_left(clock[0]) is None           # nothing remembered yet
+    rep("decode step", 0, 0)                              # prefill's times are remembered
+    rep("pass a", 0, 3)
+    clock[0] += 2.0                                       # twice as slow as the prefill's
+    rep("pass b", 1, 3)
+    assert rep.estimate_left(clock[0]) == pytest.approx(20.0 - 2.0)
+    clock[0] += 2.0
+    rep("LLVM JIT", 2, 3)
+    clock[0] += 10.0
+    assert rep.estimate_left(clock[0]) == pytest.approx(20.0 - 14.0)
+    rep.close()
+    later = P.Reporter(io.StringIO(), tty=False, history=history)
+    assert later.history[0] == pytest.approx({"pass a": 2.0, "pass b": 2.0, "LLVM JIT": 10.0})
+    later("compiling", 0, 0)
+    later("other stage", 0, 2)                            # no remembered phase has it
+    assert later.estimate_left(clock[0]) is None
+
+
 def test_one_argument_progress_callbacks_see_phases_only():
     from poot.progress import Tracker, as_callback
 
