@@ -75,14 +75,18 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-@functools.cache
 def openmp_runtime() -> str | None:
     """The path of LLVM's OpenMP runtime (Debian ``libomp5``: ``libomp.so.5``), which the CPU
     kernels' parallel loops call (``__kmpc_*``; GNU libgomp lacks them), or None (then they
-    run on one thread). ``POOT_CPU_OPENMP=0`` says None. Looks for the file only: loads
-    nothing and needs no MLIR."""
+    run on one thread). ``POOT_CPU_OPENMP=0`` says None. Looks for the file only (once per
+    process): loads nothing and needs no MLIR."""
     if os.environ.get("POOT_CPU_OPENMP", "1") == "0":
         return None
+    return _find_openmp()
+
+
+@functools.cache
+def _find_openmp() -> str | None:
     import ctypes.util
 
     names = [os.path.join(d, n) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64",

@@ -86,7 +86,9 @@ _WARNED: set[str] = set()   # warnings already given on stderr (once per directo
 FORMAT = 4
 #: first bytes of every entry file (then a JSON line with the payload's size and sha256)
 MAGIC = b"poot-cache-entry\n"
-INDEX_FORMAT = 1
+#: 2: the program entries an index entry names are sealed (FORMAT 4); index entries of
+#: earlier formats are not looked up (a plain miss, not a damaged entry)
+INDEX_FORMAT = 2
 #: Backends whose code generation goes through the shared GPU plan (``poot/backends/gpu``).
 GPU_BACKENDS = ("cuda", "vulkan", "rocm")
 
