@@ -8,7 +8,8 @@
   so counting them predicts badly. Each finished phase's time per stage is remembered (in
   memory, and in ``history``, a small JSON file, for later runs); a phase whose stages match
   a remembered one is estimated from it, scaled by how long its finished stages took here
-  (``[00:04<~00:15]``). Without such a phase (the very first compile), tqdm's own rate.
+  (``[00:04<~00:15]``). The very first CPU compile is estimated from :data:`PRIOR` (measured
+  here); a phase that matches nothing shows tqdm's own rate.
 * Not a terminal (a log, CI): one plain line per stage as it ends, with its time
   (``poot: decode step: LLVM JIT 9.1 s``), and one per phase.
 * ``quiet``: nothing.
@@ -27,6 +28,15 @@ from typing import TextIO
 
 #: remembered phases kept in the history file
 HISTORY_PHASES = 8
+#: what the very first compile is estimated from: the seconds per stage of a cold CPU step of
+#: SmolLM2-135M measured on 2 cores (only the proportions matter: the estimate is scaled by
+#: how long the finished stages took). Used after every remembered phase.
+PRIOR = [{"tracing": 0.1, "pass poot-canonicalize": 0.4, "pass poot-cse": 0.1,
+          "pass poot-dce": 0.1, "pass poot-rope-fusion": 0.4,
+          "pass poot-flash-attention": 0.7, "pass poot-legalize": 0.1, "planning": 0.1,
+          "pass poot-fuse-dispatch": 0.4, "lower to linalg": 0.2, "bufferize": 0.2,
+          "lower to LLVM": 0.2, "LLVM JIT": 14.9, "linking": 0.02,
+          "writing the compile cache": 0.02}]
 
 
 class Reporter:
@@ -153,7 +163,7 @@ class Reporter:
         stage seen so far (see the module docstring), or None."""
         seen = set(self.times) | ({self.stage} if self.stage else set())
         done_here = sum(self.times.values())
-        for past in self.history:
+        for past in self.history + PRIOR:
             if not seen <= set(past):
                 continue
             done_then = sum(past[s] for s in self.times)
