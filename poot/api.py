@@ -191,10 +191,9 @@ class ModelHandle:
         else:
             def compile_step(key_model, types, spec, trace):
                 return compile_fn(trace())
-        say("uploading weights")
         runner = ModelRunner(model, weights, device if device is not None else
                              device_for(target), compile_step, kv, max_batch, prefill_chunk,
-                             on_compile=lambda what: say(f"{what} step"))
+                             on_compile=lambda what: say(f"{what} step"), upload=False)
         cfg = engine_config or EngineConfig(max_batch=max_batch, prefix_caching=prefix_caching)
         engine = LLMEngine(runner, tokenizer, cfg, model_context=model_context)
         handle = cls(path, backend, model, weights, tokenizer, runner, engine,

@@ -129,11 +129,12 @@ def load_handle(args, before_compile=None, **kw):
 
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks")
     kw.setdefault("path", args.model)
+    for k in ("max_batch", "kv_blocks", "kv_dtype"):
+        kw.setdefault(k, getattr(args, k, None))
     with Reporter(quiet=getattr(args, "quiet", False), history=history_file()) as report:
         return ModelHandle.load(
             kw.pop("path"), backend=args.backend,
             kv_capacity=args.kv_capacity, prefill_chunk=args.prefill_chunk,
-            max_batch=args.max_batch, kv_blocks=args.kv_blocks, kv_dtype=args.kv_dtype,
             use_cache=not args.no_cache, progress=report, before_compile=before_compile,
             **kw)
 

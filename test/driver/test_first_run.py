@@ -241,17 +241,20 @@ def test_generate_progress_lines_when_not_a_terminal(cache_env):
     rc, _, err = poot(*argv, env=cache_env)
     assert rc == 0, err
     lines = err.splitlines()
-    stage = re.compile(r"^poot: (prefill|decode) step: (.+) \d+\.\d s$")
+    stage = re.compile(r"^poot: (prefill\[4\]|decode\[B=1\]|sampler\[B=1\]) step: (.+) "
+                       r"\d+\.\d s$")
     stages = [m.group(2) for m in map(stage.match, lines) if m]
     for want in ("tracing", "pass poot-cse", "planning", "LLVM JIT",
                  "writing the compile cache"):
         assert want in stages, err
-    assert any(re.match(r"^poot: decode step: \d+ stages in \d+\.\d s$", ln) for ln in lines)
+    assert any(re.match(r"^poot: decode\[B=1\] step: \d+ stages in \d+\.\d s$", ln)
+               for ln in lines)
     assert any(re.match(r"^poot: loading model\.gguf: \d+\.\d s$", ln) for ln in lines)
     rc, _, err = poot(*argv, env=cache_env)
     assert rc == 0, err
     hits = [ln for ln in err.splitlines() if "loaded from the compile cache" in ln]
-    assert len(hits) == 2 and "tracing" not in err, err
+    # the prefill step, the batch-1 decode step and its greedy sampler
+    assert len(hits) == 3 and "tracing" not in err, err
 
 
 def test_quiet_prints_nothing_on_stderr(cache_env):

@@ -76,7 +76,7 @@ def test_readme_has_the_commands_it_should():
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A folder with the model, a config of the tiny shapes with a 1024-position context,
-    ``in.mlir`` and ``bad.mlir`` (README's names), and a compile cache."""
+    ``in.mlir``, ``bad.mlir`` and ``prompts.jsonl`` (README's names), and a compile cache."""
     d = tmp_path_factory.mktemp("readme")
     model = chat_gguf(d, context=1024)
     cfg = json.loads((ROOT / "test/fixtures/tiny/llama/config.json").read_text())
@@ -92,6 +92,10 @@ def workdir(tmp_path_factory):
         'tensor<4xf32>\n'
         '  return %2 : tensor<4xf32>\n}\n')
     shutil.copy(ROOT / "test/ir/dialect-invalid.mlir", d / "bad.mlir")
+    (d / "prompts.jsonl").write_text('Once upon a time\n'
+                                     '{"prompt": "The sky is", "max_tokens": 4}\n'
+                                     '{"messages": [{"role": "user", "content": "Hi"}], '
+                                     '"temperature": 0.7, "seed": 1}\n')
     return d, model
 
 
@@ -164,7 +168,16 @@ def test_readme_command_runs(cmd, workdir):
     if argv[:2] == ["poot", "generate"] and "--json" in argv:
         json.loads(r.stdout)
     if argv[:2] == ["poot", "bench"]:
-        assert json.loads(r.stdout)["generated_tokens"] > 0
+        b = json.loads(r.stdout)
+        if "--batch" in argv:
+            assert all(x["generated_tokens"] > 0
+                       for x in b["throughput"]["batches"].values()), b
+        elif "--shared-prefix" in argv:
+            assert b["prefix_cache"]["hit_rate"] > 0, b
+        else:
+            assert b["generated_tokens"] > 0, b
+    if "--prompts-file" in argv:
+        assert [json.loads(x)["index"] for x in r.stdout.splitlines()], r.stdout
     if argv[:2] == ["poot", "chat"]:
         assert "generated tokens" in r.stderr and r.stdout.strip(), r.stderr
 
@@ -174,6 +187,7 @@ def test_readme_python_block_runs(index, workdir):
     d, model = workdir
     code = blocks("python")[index].replace("ModelHandle.load()",
                                            f"ModelHandle.load({str(model)!r})")
+    code = code.replace("poot.LLM(", f"poot.LLM({str(model)!r}, ")
     r = _run([sys.executable, "-c", code], d)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip()
