@@ -10,7 +10,7 @@
 ``max(B, --num-prompts)`` prompts (``--prompt-tokens`` ids each, all different) of
 ``--max-tokens`` new tokens submitted at once to an engine running at most B sequences;
 ``decode_tokens_per_s`` is the steady-state rate of the decode steps that ran a full batch
-(B tokens a step; the host work included), ``e2e_tokens_per_s`` all generated tokens over the
+with no prefill between them (B tokens a step; the host work included), ``e2e_tokens_per_s`` all generated tokens over the
 whole wall time (prefill included, 8 prefill chunks an iteration); token ids only, no
 detokenization (as the baseline); ``--sequential`` also runs every prompt alone, one after
 another, and reports each B's ``ratio_vs_sequential`` (of ``e2e_tokens_per_s``).
@@ -301,22 +301,17 @@ def synthetic_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[li
 
 
 def steady_rate(log, batch: int) -> tuple[float | None, int]:
-    """Tokens/s of the longest run of consecutive decode steps that each ran ``batch`` rows
-    (``log``: (time read, rows) per step), and how many steps it spans."""
-    best, run_start = (None, 0), None
+    """Tokens/s of the decode steps that ran ``batch`` rows with no prefill between them:
+    ``log`` holds (time read, rows, prefill steps so far) per decode step; every interval
+    between two consecutive such steps counts ``batch`` tokens. Returns (rate, intervals)."""
+    tokens, secs, n = 0, 0.0, 0
     items = list(log)
-    for i, (_, rows) in enumerate(items + [(None, -1)]):
-        if rows == batch and run_start is None:
-            run_start = i
-        elif rows != batch and run_start is not None:
-            n = i - run_start
-            if n >= 2:
-                dt = items[i - 1][0] - items[run_start][0]
-                rate = batch * (n - 1) / dt if dt > 0 else None
-                if rate and n > best[1]:
-                    best = (rate, n)
-            run_start = None
-    return best
+    for (t0, r0, p0), (t1, r1, p1) in zip(items, items[1:]):
+        if r0 == r1 == batch and p0 == p1 and t1 > t0:
+            tokens += batch
+            secs += t1 - t0
+            n += 1
+    return (tokens / secs if secs > 0 else None), n
 
 
 def run_batch(handle, args, batches: list[int]) -> dict:
@@ -359,7 +354,7 @@ def run_batch(handle, args, batches: list[int]) -> dict:
         out["batches"][str(b)] = {
             "requests": n, "generated_tokens": total, "wall_s": wall,
             "e2e_tokens_per_s": total / wall, "decode_tokens_per_s": rate,
-            "steady_steps": steps, "pipelined": eng.pipelined,
+            "steady_intervals": steps, "pipelined": eng.pipelined,
             "ttft_p50_s": ttft[len(ttft) // 2], "ttft_max_s": ttft[-1],
             "decode_steps": len(eng.decode_log)}
     if args.sequential:
