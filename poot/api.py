@@ -50,9 +50,14 @@ class ModelNotFound(PootError):
 
 def target_for(backend: str) -> Target:
     """The compile target of ``backend``: the measured host for ``cpu``; for a GPU backend a
-    target whose code generation planning decides (a build without it refuses)."""
+    target whose code generation planning decides. A backend this build has no code
+    generator for (``rocm``) is refused here, before anything is opened, traced or compiled
+    (:class:`~poot.compiler.compile.NoCodeGenerator`)."""
+    from poot.compiler.compile import require_code_generator
+
     if backend not in BACKENDS:
         raise InvalidRequest("backend", backend, f"must be one of {', '.join(BACKENDS)}")
+    require_code_generator(Target(backend, Capabilities()))
     if backend == "cpu":
         return host_cpu()
     if backend == "vulkan":  # capabilities (subgroup size, 16-bit storage) from the device
@@ -108,7 +113,8 @@ class ModelHandle:
              use_cache: bool = True, progress: Callable[[str], None] | None = None,
              compile_fn: Callable[[Any], Any] | None = None, device: Any = None,
              warm_up: bool = True, random_weights: str | None = None,
-             seed: int = 0, engine_config: EngineConfig | None = None) -> "ModelHandle":
+             seed: int = 0, engine_config: EngineConfig | None = None,
+             before_compile: Callable[["ModelHandle"], None] | None = None) -> "ModelHandle":
         """Load a checkpoint (``None``: the bundled SmolLM2) for ``backend``.
 
         ``random_weights`` (``"bf16"``/``"f16"``/``"f32"``): ``path`` is a HF ``config.json``
@@ -131,8 +137,12 @@ class ModelHandle:
         (here, or on another machine whose cache directory was carried) is loaded without
         tracing, so nothing imports MLIR (:mod:`poot.executor.cache`); a miss where MLIR is
         missing raises :class:`~poot.executor.cache.CacheMiss` saying what differs.
-        ``progress(msg)`` is called before each loading/compiling stage.
-        ``compile_fn``/``device`` replace the compile and the executor device (tests).
+        ``progress``: a :mod:`poot.progress` callback ``(stage, done, total)``, told of each
+        loading phase and of each step's compile stages (a one-argument ``progress(msg)`` sees
+        the phases only). ``before_compile(handle)`` runs once the model, tokenizer and KV
+        pool are known and before any step is traced or compiled (the CLI checks its request
+        there: :meth:`check_request`). ``compile_fn``/``device`` replace the compile and the
+        executor device (tests).
         """
         import time
 
@@ -140,8 +150,10 @@ class ModelHandle:
         from poot.executor import device_for
         from poot.executor.cache import CompileCache
         from poot.models import default_kv_dtype
+        from poot.progress import as_callback
 
-        say = progress or (lambda msg: None)
+        report = as_callback(progress)
+        say = lambda msg: report(msg, 0, 0)  # noqa: E731  (a phase)
         t0 = time.perf_counter()
         if kv_capacity is not None:
             _positive("kv_capacity", kv_capacity)
@@ -153,11 +165,7 @@ class ModelHandle:
             _positive("kv_blocks", kv_blocks)
         kv_dt = _kv_dtype(kv_dtype)
         path = Path(path) if path is not None else default_model_path()
-        target = target_for(backend)
-        if compile_fn is None:
-            from poot.compiler.compile import check_codegen
-
-            check_codegen(target)          # before minutes of tracing and compiling
+        target = target_for(backend)     # a backend without a code generator: refused here
         if device is None and backend in ("cpu", "vulkan", "cuda"):
             # A missing runtime package or device fails here, before minutes of compiling.
             device = device_for(target)
@@ -178,18 +186,20 @@ class ModelHandle:
             options = compile_options or DEFAULT_COMPILE_OPTIONS
 
             def compile_step(key_model, types, spec, trace):
-                return compile_cached(cache, key_model, types, spec, trace, target, options)
+                return compile_cached(cache, key_model, types, spec, trace, target, options,
+                                      progress=report)
         else:
             def compile_step(key_model, types, spec, trace):
                 return compile_fn(trace())
-        say("uploading weights")
         runner = ModelRunner(model, weights, device if device is not None else
                              device_for(target), compile_step, kv, max_batch, prefill_chunk,
-                             on_compile=lambda what: say(f"compiling {what}"))
+                             on_compile=lambda what: say(f"{what} step"), upload=False)
         cfg = engine_config or EngineConfig(max_batch=max_batch, prefix_caching=prefix_caching)
         engine = LLMEngine(runner, tokenizer, cfg, model_context=model_context)
         handle = cls(path, backend, model, weights, tokenizer, runner, engine,
                      compile_cache=cache, model_context=model_context)
+        if before_compile is not None:
+            before_compile(handle)
         if warm_up:
             runner.warm_up()
         handle.load_s = time.perf_counter() - t0
@@ -210,6 +220,15 @@ class ModelHandle:
 
             return encode_chat(self.tokenizer, prompt)
         return [int(i) for i in prompt]
+
+    def check_request(self, prompt, params: SamplingParams) -> list[int]:
+        """Every check of a request that needs no compiled step -- the prompt encodes (chat
+        template included), ``params`` fit the vocabulary, stop strings have a tokenizer,
+        prompt + ``max_tokens`` fit :attr:`kv_capacity` and the KV pool
+        (:meth:`~poot.engine.LLMEngine.check_request`) -- raising
+        :class:`~poot.driver.params.InvalidRequest`, :class:`ContextOverflow` or
+        :class:`~poot.engine.KVCapacityExceeded`. Returns the prompt's token ids."""
+        return self.engine.check_request(self.encode(prompt), params)
 
 
 def _open_model(path: Path, random_weights: str | None, seed: int):
@@ -234,14 +253,16 @@ def _random_config(path: Path):
     return config_from_hf(_read_json(str(p)), str(p))
 
 
-def compile_cached(cache, model, weight_types, spec, trace, target, options):
+def compile_cached(cache, model, weight_types, spec, trace, target, options, progress=None):
     """The program of step ``spec`` through ``cache``'s step index (a hit neither traces nor
-    imports MLIR; a miss calls ``trace()`` and compiles)."""
+    imports MLIR; a miss calls ``trace()`` and compiles). ``progress``: a
+    :mod:`poot.progress` callback, counting this step's units from zero."""
     from poot.executor.cache import step_describe, step_key
+    from poot.progress import Tracker
 
     describe = step_describe(model, weight_types, spec, target, options)
     return cache.compile_step(step_key(model, weight_types, spec, target, options), describe,
-                              trace, target, options)
+                              trace, target, options, progress=Tracker(progress))
 
 
 def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *,
@@ -265,8 +286,10 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     from poot.executor.cache import CompileCache, step_key
     from poot.graph.sampling import GREEDY, SamplerStep, trace_sampler
     from poot.models import default_kv_dtype
+    from poot.progress import as_callback
 
-    say = progress or (lambda msg: None)
+    report = as_callback(progress)
+    say = lambda msg: report(msg, 0, 0)  # noqa: E731  (a phase)
     path = Path(path) if path is not None else default_model_path()
     prefill_chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else \
         _positive("prefill_chunk", prefill_chunk)
@@ -301,14 +324,15 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                            "kv_capacity": kv_capacity, "block_size": bs, "kv_blocks": blocks - 1,
                            "steps": {}}
     for name, key_model, types, spec in jobs:
-        say(f"compiling {name}")
+        say(f"{name} step")
         t0 = time.perf_counter()
         hits = cache.hits
         if isinstance(key_model, SamplerProgram):
             trace = (lambda st=spec: trace_sampler(st))
         else:
             trace = (lambda spec=spec: model.trace(spec, weights.types))
-        prog = compile_cached(cache, key_model, types, spec, trace, target, options)
+        prog = compile_cached(cache, key_model, types, spec, trace, target, options,
+                              progress=report)
         out["steps"][name] = {"step_key": step_key(key_model, types, spec, target, options),
                               "program": getattr(prog, "cache_key", None),
                               "seconds": round(time.perf_counter() - t0, 2),

@@ -62,11 +62,11 @@ sys.exit(0 if h==m['sha256'] else 'issue15: the reassembled GGUF does not match'
         --max-batch "$MB"
     step bench_smollm2 400 $PY -m poot.cli bench --backend cuda --model /tmp/i15/smollm2.gguf \
         --kv-capacity "$CAP" --max-batch "$MB" --batch "$BATCHES" --num-prompts 64 \
-        --tokens 128 --prompt-tokens 32 --runs 1 $BASE --out "$OUT/bench_smollm2.json"
+        --max-tokens 128 --prompt-tokens 32 --runs 1 $BASE --out "$OUT/bench_smollm2.json"
 elif [ "${1:-}" = "llama1b" ]; then
     step bench_llama1b 500 $PY -m poot.cli bench --backend cuda --config bench/shapes/llama-3.2-1b.json \
         --random-weights --dtype bf16 --kv-capacity "$CAP" --max-batch "$MB" \
-        --batch "$BATCHES" --num-prompts 64 --tokens 128 --prompt-tokens 32 --runs 1 $BASE \
+        --batch "$BATCHES" --num-prompts 64 --max-tokens 128 --prompt-tokens 32 --runs 1 $BASE \
         --out "$OUT/bench_llama1b.json"
 else
     echo "usage: issue15.sh stage|smollm2|llama1b" >&2; exit 2

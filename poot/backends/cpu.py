@@ -51,6 +51,7 @@ from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.executor.cpu import descriptor as _descriptor
+from poot.executor.cpu import warn_no_openmp
 from poot.graph.builder import Graph
 
 # Bufferize keeping state updated in place (pipelines.BUFFERIZE_KEEP_IN_PLACE; the entry's
@@ -90,27 +91,19 @@ TO_LLVM = (
 
 @functools.cache
 def openmp_lib() -> str | None:
-    """LLVM's OpenMP runtime (Debian ``libomp5``: ``libomp.so.5``), which the OpenMP dialect's
-    lowering calls (``__kmpc_*``; GNU libgomp lacks them), or None: kernels then run on one
-    thread. ``POOT_CPU_OPENMP=0`` turns threads off."""
-    if os.environ.get("POOT_CPU_OPENMP", "1") == "0":
-        return None
-    import ctypes.util
+    """LLVM's OpenMP runtime (:func:`~poot.compiler.target.openmp_runtime`), loaded
+    ``RTLD_GLOBAL`` for the JIT, or None: kernels then run on one thread.
+    ``POOT_CPU_OPENMP=0`` turns threads off."""
+    from poot.compiler.target import openmp_runtime
 
-    names = [os.path.join(d, n) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64",
-                                          "/usr/lib", "/usr/local/lib")
-             for n in ("libomp.so.5", "libomp.so")]
-    found = ctypes.util.find_library("omp")
-    names += [found] if found and os.path.isabs(found) else []
-    for name in names:
-        if not os.path.exists(name):
-            continue
-        try:
-            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-        except OSError:
-            continue
-        return name
-    return None
+    name = openmp_runtime()
+    if name is None:
+        return None
+    try:
+        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
+    return name
 
 
 @functools.cache
@@ -131,17 +124,22 @@ def tune_malloc() -> bool:
 
 def cpu_threads(target=None) -> int:
     """Threads the kernels run on: the target's cores (``POOT_CPU_THREADS`` overrides), 1
-    without an OpenMP runtime."""
-    if openmp_lib() is None:
-        return 1
+    without an OpenMP runtime (then :func:`~poot.executor.cpu.warn_no_openmp` says so once,
+    when there is more than one core to use)."""
     env = os.environ.get("POOT_CPU_THREADS")
     if env:
-        return max(1, int(env))
-    if target is None:
-        from poot.compiler.target import host_cpu
+        wanted = max(1, int(env))
+    else:
+        if target is None:
+            from poot.compiler.target import host_cpu
 
-        target = host_cpu()
-    return max(1, target.caps.cores)
+            target = host_cpu()
+        wanted = max(1, target.caps.cores)
+    if openmp_lib() is None:
+        if wanted > 1:
+            warn_no_openmp(wanted)
+        return 1
+    return wanted
 
 
 def strategy_for(target=None, threads: int | None = None) -> Strategy:
@@ -452,16 +450,19 @@ def _keep_calls(module: ir.Module, kernels: set[str], glue: set[str]) -> None:
 
 
 def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
-                    threads: int = 1, entry: str | None = None,
+                    threads: int = 1, progress=None, entry: str | None = None,
                     in_place: dict[int, int] | None = None,
                     in_place_names: dict[int, str] | None = None) -> ExecutionEngine:
     """Bufferize a linalg-on-tensors module, lower it to LLVM and JIT it (``threads`` > 1:
     parallel loops through OpenMP, when :func:`openmp_lib` finds the runtime).
+    ``progress(stage)`` is called as each of bufferize / lower to LLVM / LLVM JIT starts.
     ``in_place`` (result index -> argument index of function ``entry``): results updated in
     place, dropped after bufferization (:func:`drop_in_place_results`)."""
+    say = progress or (lambda stage: None)
     libs = list(runtime_libs())
     omp = openmp_lib() if threads > 1 else None
     with module.context:
+        say("bufferize")
         first = ([FUSE] if fuse else []) + [BUFFERIZE_KEEP_IN_PLACE]
         PassManager.parse(f"builtin.module({','.join(first)})").run(module.operation)
         if entry is not None:
@@ -479,14 +480,16 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
                    if "poot.dispatch" in f.attributes}
         glue = {ir.StringAttr(f.attributes["sym_name"]).value for f in funcs
                 if "poot.dispatch" not in f.attributes and _calls_only(f, kernels)}
+        say("lower to LLVM")
         PassManager.parse(f"builtin.module({TO_LLVM})").run(module.operation)
         _keep_calls(module, kernels, glue)
+        say("LLVM JIT")
         return ExecutionEngine(module, opt_level=opt_level, shared_libs=libs)
 
 
 def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
                 target=None, strategy: Strategy | None = None,
-                in_place: dict[str, str] | None = None) -> CpuProgram:
+                in_place: dict[str, str] | None = None, progress=None) -> CpuProgram:
     """Compile ``graph`` (a builder's Graph, or a module holding one poot function and the
     dispatch functions it calls) for the host CPU (``fuse``: elementwise fusion on linalg, see
     :data:`FUSE`). ``strategy`` (default: :func:`strategy_for` ``target``, the host when None)
@@ -494,14 +497,22 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     linalg lowering on one thread. ``in_place`` (output name -> input name, e.g. the aliases
     of :func:`poot.compiler.planning.plan_storage`): state updated in place (module doc).
 
+    ``progress``: a :class:`~poot.progress.Tracker` (or ``progress(stage)``), told as each
+    stage starts: lower to linalg, bufferize, lower to LLVM, LLVM JIT (the JIT is one opaque
+    stage, most of the time).
+
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering,
     :class:`CpuRunError` when an in-place update could not be kept in place.
     """
     t0 = time.perf_counter()
     tune_malloc()
+    if progress is not None and hasattr(progress, "add"):
+        progress.add(4)
+    say = progress or (lambda stage: None)
     if isinstance(graph, ir.Module):
         graph = Graph.from_module(graph)
     strategy = strategy_for(target) if strategy is None else strategy
+    say("lower to linalg")
     module, fn = lower_graph(graph, strategy)
     lowered = str(module)
     names = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes["poot.params"])]
@@ -518,15 +529,25 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     with module.context:
         _prepare_abi(fn, frozenset(results.values()))
         engine = compile_lowered(module, opt_level, fuse, threads=strategy.cores,
-                                 entry=graph.name, in_place=results,
+                                 progress=say, entry=graph.name, in_place=results,
                                  in_place_names={out_names.index(o): o for o in in_place})
     prog = CpuProgram(graph.name, list(graph.inputs), params,
                       [(n, t) for n, t in graph.outputs if n not in in_place], engine,
                       lowered=lowered, in_place=in_place)
-    prog._fn = engine.lookup(graph.name)
+    prog._fn = engine.lookup(graph.name)      # LLVM compiles the module here (the JIT stage)
     prog.compile_s = time.perf_counter() - t0
     return prog
 
 
-__all__ = ["CpuProgram", "CpuRunError", "compile_cpu", "drop_in_place_results", "compile_lowered", "cpu_threads",
+def codegen(program, options, progress=None) -> CpuProgram:
+    """``poot.compiler.compile``'s code generator for ``cpu``: the fused program's graph
+    compiled for the host at ``options.opt_level`` (see :func:`compile_cpu`), the state that
+    planning found aliased (KV pools written by a scatter) updated in place."""
+    in_place = {b.name: b.aliases for b in program.storage if b.role == "output" and b.aliases}
+    return compile_cpu(program.graph, opt_level=options.opt_level, in_place=in_place,
+                       progress=progress)
+
+
+__all__ = ["CpuProgram", "CpuRunError", "codegen", "compile_cpu", "compile_lowered",
+           "cpu_threads", "drop_in_place_results", "warn_no_openmp",
            "lower_graph", "openmp_lib", "runtime_libs", "strategy_for", "widen_i1_memrefs"]

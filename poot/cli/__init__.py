@@ -14,7 +14,7 @@ import sys
 from poot.errors import PootError
 
 # Subcommand modules, in --help order. Each defines register(subparsers).
-_SUBCOMMANDS = ("generate", "bench", "compile", "inspect", "tokenize", "devcheck")
+_SUBCOMMANDS = ("generate", "chat", "bench", "compile", "inspect", "tokenize", "devcheck")
 
 
 class InputError(PootError):
@@ -50,7 +50,10 @@ def plain(doc: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import poot
+
     parser = argparse.ArgumentParser(prog="poot", description="poot: an LLM inference compiler")
+    parser.add_argument("--version", action="version", version=f"poot {poot.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _SUBCOMMANDS:
         importlib.import_module(f"poot.cli.{name}_cmd").register(sub)

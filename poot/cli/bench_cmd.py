@@ -1,16 +1,16 @@
 """``poot bench``: greedy decode speed and time to first token, as JSON.
 
     poot bench [--model MODEL | --config CONFIG.json --random-weights [--dtype bf16]]
-               [--backend B] [--prompt-tokens N] [--tokens N] [--runs R]
+               [--backend B] [--prompt-tokens N] [--max-tokens N] [--runs R]
                [--pipeline auto|on|off] [--baseline gpt-fast] [--profile] [--out FILE]
-    poot bench --batch 1,8,32 [--num-prompts 64] [--tokens 128] [--sequential] ...
+    poot bench --batch 1,8,32 [--num-prompts 64] [--max-tokens 128] [--sequential] ...
     poot bench --shared-prefix 256 [--num-prompts 8] ...
 
 ``--batch``: throughput of the serving engine (:func:`run_batch`): for each batch size B,
 ``max(B, --num-prompts)`` prompts (``--prompt-tokens`` ids each, all different) of
-``--tokens`` new tokens submitted at once to an engine running at most B sequences;
+``--max-tokens`` new tokens submitted at once to an engine running at most B sequences;
 ``decode_tokens_per_s`` is the steady-state rate of the decode steps that ran a full batch
-(B tokens a step; the host work included), ``e2e_tokens_per_s`` all generated tokens over the
+with no prefill between them (B tokens a step; the host work included), ``e2e_tokens_per_s`` all generated tokens over the
 whole wall time (prefill included, 8 prefill chunks an iteration); token ids only, no
 detokenization (as the baseline); ``--sequential`` also runs every prompt alone, one after
 another, and reports each B's ``ratio_vs_sequential`` (of ``e2e_tokens_per_s``).
@@ -81,8 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", default=None, help="prompt text (default: synthetic ids)")
     p.add_argument("--prompt-tokens", type=int, default=32, metavar="N",
                    help="length of the synthetic prompt when no --prompt (default: 32)")
-    p.add_argument("--tokens", type=int, default=64, metavar="N",
-                   help="new tokens per run, EOS ignored (default: 64)")
+    p.add_argument("--max-tokens", "--tokens", dest="max_tokens", type=int, default=64,
+                   metavar="N", help="new tokens per run, EOS ignored (default: 64; --tokens "
+                                     "is the same option)")
     p.add_argument("--runs", type=int, default=3, metavar="R",
                    help="timed runs after one warm-up; the best is reported (default: 3)")
     p.add_argument("--replay", type=int, default=100, metavar="N",
@@ -113,15 +114,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def synthetic_prompt(n: int, vocab: int) -> list[int]:
+    """``n`` prompt ids spread over the vocabulary (the same for every backend and run)."""
+    return [(17 + 31 * i) % vocab for i in range(n)]
+
+
 def _load(args, max_batch=None):
-    from poot.api import ModelHandle
+    """The handle (progress on stderr), its request checked against the context before
+    anything is compiled."""
+    from poot.cli.generate_cmd import load_handle
+    from poot.driver.params import SamplingParams
 
     path, random_dtype = model_source(args)
-    return ModelHandle.load(path, backend=args.backend, kv_capacity=args.kv_capacity,
-                            prefill_chunk=args.prefill_chunk, use_cache=not args.no_cache,
-                            max_batch=max_batch or args.max_batch, kv_blocks=args.kv_blocks,
-                            kv_dtype=args.kv_dtype, random_weights=random_dtype,
-                            seed=args.seed)
+
+    def check(h):
+        prompt = args.prompt if args.prompt is not None else \
+            synthetic_prompt(args.prompt_tokens, h.model.dims().vocab)
+        h.check_request(prompt, SamplingParams(temperature=0.0, max_tokens=args.max_tokens,
+                                               ignore_eos=True))
+
+    return load_handle(args, before_compile=check, path=path, random_weights=random_dtype,
+                       seed=args.seed, max_batch=max_batch or args.max_batch)
 
 
 def decode_entry(handle, batch: int = 1):
@@ -288,22 +301,17 @@ def synthetic_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[li
 
 
 def steady_rate(log, batch: int) -> tuple[float | None, int]:
-    """Tokens/s of the longest run of consecutive decode steps that each ran ``batch`` rows
-    (``log``: (time read, rows) per step), and how many steps it spans."""
-    best, run_start = (None, 0), None
+    """Tokens/s of the decode steps that ran ``batch`` rows with no prefill between them:
+    ``log`` holds (time read, rows, prefill steps so far) per decode step; every interval
+    between two consecutive such steps counts ``batch`` tokens. Returns (rate, intervals)."""
+    tokens, secs, n = 0, 0.0, 0
     items = list(log)
-    for i, (_, rows) in enumerate(items + [(None, -1)]):
-        if rows == batch and run_start is None:
-            run_start = i
-        elif rows != batch and run_start is not None:
-            n = i - run_start
-            if n >= 2:
-                dt = items[i - 1][0] - items[run_start][0]
-                rate = batch * (n - 1) / dt if dt > 0 else None
-                if rate and n > best[1]:
-                    best = (rate, n)
-            run_start = None
-    return best
+    for (t0, r0, p0), (t1, r1, p1) in zip(items, items[1:]):
+        if r0 == r1 == batch and p0 == p1 and t1 > t0:
+            tokens += batch
+            secs += t1 - t0
+            n += 1
+    return (tokens / secs if secs > 0 else None), n
 
 
 def run_batch(handle, args, batches: list[int]) -> dict:
@@ -313,11 +321,11 @@ def run_batch(handle, args, batches: list[int]) -> dict:
 
     vocab = handle.runner.vocab
     # token ids only (no detokenization), as the gpt-fast baseline
-    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True,
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True,
                             detokenize=False)
     budget = 8 * handle.runner.prefill_chunk
     out: dict = {"num_prompts": args.num_prompts, "prompt_tokens": args.prompt_tokens,
-                 "new_tokens": args.tokens, "max_prefill_tokens": budget, "batches": {}}
+                 "new_tokens": args.max_tokens, "max_prefill_tokens": budget, "batches": {}}
     pipe = None if args.pipeline == "auto" else args.pipeline == "on"
     # compile every bucket up to the largest B before timing, and run each once
     from poot.graph.sampling import GREEDY
@@ -346,7 +354,7 @@ def run_batch(handle, args, batches: list[int]) -> dict:
         out["batches"][str(b)] = {
             "requests": n, "generated_tokens": total, "wall_s": wall,
             "e2e_tokens_per_s": total / wall, "decode_tokens_per_s": rate,
-            "steady_steps": steps, "pipelined": eng.pipelined,
+            "steady_intervals": steps, "pipelined": eng.pipelined,
             "ttft_p50_s": ttft[len(ttft) // 2], "ttft_max_s": ttft[-1],
             "decode_steps": len(eng.decode_log)}
     if args.sequential:
@@ -376,7 +384,8 @@ def run_prefix(handle, args) -> dict:
     vocab = handle.runner.vocab
     system = synthetic_prompts(vocab, 1, args.shared_prefix, seed=5)[0]
     users = synthetic_prompts(vocab, max(2, args.num_prompts), 8, seed=6)
-    params = SamplingParams(temperature=0.0, max_tokens=min(args.tokens, 8), ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=min(args.max_tokens, 8),
+                            ignore_eos=True)
     eng = handle.engine
     ttft = []
     for u in users:
@@ -394,7 +403,7 @@ def run(args: argparse.Namespace) -> int:
     from poot.api import Driver
     from poot.driver.params import SamplingParams
 
-    check_options(args, "tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk",
+    check_options(args, "max_tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk",
                   "num_prompts", "max_batch", "kv_blocks")
     if args.batch is not None or args.shared_prefix is not None:
         return run_serving(args)
@@ -403,9 +412,8 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is not None:
         prompt = handle.encode(args.prompt)
     else:
-        vocab = handle.runner.vocab
-        prompt = [(17 + 31 * i) % vocab for i in range(args.prompt_tokens)]
-    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+        prompt = synthetic_prompt(args.prompt_tokens, handle.runner.vocab)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     drv = Driver(handle)
     drv.complete(prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     runs = [drv.complete(prompt, params).stats.to_dict() for _ in range(args.runs)]
@@ -426,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
         run_baseline = load_baseline()
         dtype = args.baseline_dtype or (args.dtype if args.random_weights else "bf16")
         base = run_baseline(baseline_shape(handle), dtype, prompt_tokens=len(prompt),
-                            new_tokens=args.tokens, kv_capacity=handle.kv_capacity,
+                            new_tokens=args.max_tokens, kv_capacity=handle.kv_capacity,
                             runs=args.runs)
         out["baseline"] = {"name": args.baseline, **base}
         out["ratio"] = {k: (out["poot"][k] / base[k]
@@ -469,7 +477,7 @@ def run_serving(args: argparse.Namespace) -> int:
             for b in batches:
                 base[str(b)] = run_baseline(baseline_shape(handle), dtype,
                                             prompt_tokens=args.prompt_tokens,
-                                            new_tokens=args.tokens,
+                                            new_tokens=args.max_tokens,
                                             kv_capacity=handle.kv_capacity, runs=args.runs,
                                             batch=b)
             out["baseline"] = {"name": args.baseline, "batches": base}

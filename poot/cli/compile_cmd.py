@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 from poot.cli import plain
 
@@ -87,6 +86,7 @@ def cache_bytes(folder: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from poot.api import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_GPU, compile_steps
     from poot.cli.generate_cmd import check_options
+    from poot.cli.progress import Reporter, history_file
     from poot.driver.params import SamplingParams
     from poot.engine import sampler_spec_for
     from poot.graph.sampling import GREEDY
@@ -99,12 +99,13 @@ def run(args: argparse.Namespace) -> int:
         samplers.append(sampler_spec_for([params]))
     max_batch = args.max_batch or max(args.batch or [
         DEFAULT_MAX_BATCH.get(args.backend, DEFAULT_MAX_BATCH_GPU)])
-    out = compile_steps(path, args.backend, kv_capacity=args.kv_capacity,
-                        prefill_chunk=args.prefill_chunk, max_batch=max_batch,
-                        batches=args.batch, kv_blocks=args.kv_blocks, kv_dtype=args.kv_dtype,
-                        samplers=samplers, cache_dir=args.cache_dir,
-                        random_weights=random_dtype, seed=args.seed,
-                        progress=lambda m: print(f"poot: {m}", file=sys.stderr))
+    with Reporter(quiet=args.quiet, history=history_file(args.cache_dir)) as report:
+        out = compile_steps(path, args.backend, kv_capacity=args.kv_capacity,
+                            prefill_chunk=args.prefill_chunk, max_batch=max_batch,
+                            batches=args.batch, kv_blocks=args.kv_blocks,
+                            kv_dtype=args.kv_dtype, samplers=samplers,
+                            cache_dir=args.cache_dir, random_weights=random_dtype,
+                            seed=args.seed, progress=report)
     out["cache_bytes"] = cache_bytes(out["cache_dir"])
     print(json.dumps(out))
     return 0

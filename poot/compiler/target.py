@@ -7,6 +7,7 @@ cores and ISA flags); a target that lacks something is described by a smaller
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field, replace
 
@@ -74,8 +75,33 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def openmp_runtime() -> str | None:
+    """The path of LLVM's OpenMP runtime (Debian ``libomp5``: ``libomp.so.5``), which the CPU
+    kernels' parallel loops call (``__kmpc_*``; GNU libgomp lacks them), or None (then they
+    run on one thread). ``POOT_CPU_OPENMP=0`` says None. Looks for the file only (once per
+    process): loads nothing and needs no MLIR."""
+    if os.environ.get("POOT_CPU_OPENMP", "1") == "0":
+        return None
+    return _find_openmp()
+
+
+@functools.cache
+def _find_openmp() -> str | None:
+    import ctypes.util
+
+    names = [os.path.join(d, n) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64",
+                                          "/usr/lib", "/usr/local/lib")
+             for n in ("libomp.so.5", "libomp.so")]
+    found = ctypes.util.find_library("omp")
+    names += [found] if found and os.path.isabs(found) else []
+    return next((n for n in names if os.path.exists(n)), None)
+
+
 def host_cpu() -> Target:
-    """The host CPU as measured here: cores available to this process and its SIMD width."""
+    """The host CPU as measured here: cores available to this process (``POOT_CPU_THREADS``
+    overrides), its SIMD width and ISA features, and ``openmp`` among the features when the
+    OpenMP runtime is installed (kernels compiled with and without it differ, so their
+    compile-cache keys do too)."""
     from poot.dialects.lowering.packed import DECODERS  # what the CPU kernels can decode
 
     flags = _cpu_flags()
@@ -85,5 +111,9 @@ def host_cpu() -> Target:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
+    env = os.environ.get("POOT_CPU_THREADS")
+    if env and env.strip().isdigit() and int(env) >= 1:
+        cores = int(env)
+    features = flags & wanted | ({"openmp"} if openmp_runtime() else set())
     return Target("cpu", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
-                                      vector_bits=bits, features=frozenset(flags & wanted)))
+                                      vector_bits=bits, features=frozenset(features)))

@@ -303,8 +303,9 @@ class LLMEngine:
         self.generated_tokens = 0
         self.preemptions = 0
         self.max_decode_batch = 0
-        #: (time read, rows) of every decode step collected (benchmarks derive step rates)
-        self.decode_log: deque[tuple[float, int]] = deque(maxlen=1 << 16)
+        #: (time read, rows, prefill steps issued so far) of every decode step collected
+        #: (benchmarks derive step rates from the intervals with no prefill in between)
+        self.decode_log: deque[tuple[float, int, int]] = deque(maxlen=1 << 16)
         self._inflight = None            # (handle, seqs) of a decode step not yet collected
         self._spec_cache: tuple = ((), None)   # (rows' ids, their SamplerSpec)
         pipe = self.config.pipeline
@@ -600,7 +601,7 @@ class LLMEngine:
         handle, seqs = inflight
         out = self.runner.collect(handle)
         now = time.perf_counter()
-        self.decode_log.append((now, len(seqs)))
+        self.decode_log.append((now, len(seqs), self.runner.prefill_steps))
         events = []
         tok = out[sampling.OUTPUTS["token"]]
         lp = out.get(sampling.OUTPUTS["logprob"])

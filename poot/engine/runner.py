@@ -181,11 +181,13 @@ class ModelRunner:
         kv: the pool; max_batch: the largest decode bucket; prefill_chunk: tokens per
             prefill step (clamped to ``kv.max_model_len``).
         on_compile: called with an entry's name before it is compiled or loaded.
+        upload: upload the weights now (False: at :meth:`upload_weights`, or before the first
+            entry is added).
     """
 
     def __init__(self, model, weights, device, compile_step: Callable, kv: KVConfig,
                  max_batch: int, prefill_chunk: int,
-                 on_compile: Callable[[str], None] | None = None):
+                 on_compile: Callable[[str], None] | None = None, upload: bool = True):
         self.model, self.weights, self.kv = model, weights, kv
         self.compile_step = compile_step
         self.buckets = decode_buckets(max_batch)
@@ -196,12 +198,20 @@ class ModelRunner:
         self.history_slots = max_batch + 1
         self.on_compile = on_compile
         self.engine = Engine(device)
-        self.engine.load_weights(weights.arrays, weights.types)
+        self._uploaded = False
+        if upload:
+            self.upload_weights()
         self.compile_s: dict[str, float] = {}
         self._entries: dict[Any, Entry] = {}
         self._written: dict[int, _EntryState] = {}
         self.prefill_steps = 0
         self.decode_steps = 0
+
+    def upload_weights(self) -> None:
+        """Upload every weight to the device (once)."""
+        if not self._uploaded:
+            self.engine.load_weights(self.weights.arrays, self.weights.types)
+            self._uploaded = True
 
     # ---- entries ------------------------------------------------------------------------
     def step_spec(self, kind: str, batch: int = 1) -> StepSpec:
@@ -215,6 +225,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         prog = self.compile_step(key_model, types, spec, trace)
         self.compile_s[name] = time.perf_counter() - t0
+        self.upload_weights()              # after the first compile: refusals come first
         return prog
 
     def prefill_entry(self) -> Entry:

@@ -17,8 +17,10 @@ def open_device(backend: str) -> Device:
     """The process's device for ``backend`` (opened once): the host CPU, the first Vulkan
     physical device (a discrete GPU first), or CUDA device 0.
 
-    A missing runtime package (``cuda-python`` / ``vulkan``), a missing loader or no device
-    raises :class:`DeviceError` saying what to install or that no device answered."""
+    A missing runtime package (``cuda-python`` / ``vulkan``), a missing driver or loader
+    (``libcuda.so.1``, ``libvulkan.so.1``, no Vulkan ICD) or no device raises
+    :class:`DeviceError`, one line saying what is missing and what to install; it is probed
+    before anything is compiled."""
     if backend not in _OPEN:
         if backend == "cpu":
             _OPEN[backend] = CpuDevice()
@@ -51,12 +53,17 @@ def _open_cuda() -> Device:
     except ImportError:
         raise DeviceError("the cuda backend needs cuda-python: pip install 'poot[cuda]'") \
             from None
-    from poot.backends.cuda.runtime import CudaDevice, CudaError
+    from poot.backends.cuda.runtime import NO_DRIVER, CudaDevice, CudaError, nvidia_driver
 
+    if nvidia_driver() is None:        # cuda-python would raise deep inside cuInit
+        raise DeviceError(NO_DRIVER)
     try:
         return CudaDevice()
     except CudaError as e:
         raise DeviceError(f"no CUDA device: {e}") from None
+    except Exception as e:  # noqa: BLE001  (cuda-python's own loader errors, ...)
+        why = (str(e).strip().splitlines() or [""])[0]
+        raise DeviceError(f"no CUDA device: {type(e).__name__}: {why}") from None
 
 
 def device_for(target) -> Device:

@@ -10,11 +10,10 @@ Entry (CPU), pickled with the program's interface (inputs, params, outputs, stor
 dispatch counts, the shared libraries it links against):
 
 * the **machine code**: the JIT's object file (``ExecutionEngine.dump_to_object_file``)
-  linked into ``<key>.so`` with the system linker (``ld -shared``). A hit loads it with
-  ``ctypes`` (runtime libraries preloaded ``RTLD_GLOBAL``) and calls the packed
-  ``_mlir__mlir_ciface_<name>`` wrapper: no MLIR, no LLVM. Measured on SmolLM2 (unfused
-  steps) the LLVM JIT is ~85-150 s of a ~110-200 s step compile, so this is what makes the
-  second run start fast.
+  linked into ``<key>.<sha256 prefix>.so`` with the system linker (``ld -shared``). A hit
+  loads it with ``ctypes`` (runtime libraries preloaded ``RTLD_GLOBAL``) and calls the packed
+  ``_mlir__mlir_ciface_<name>`` wrapper: no MLIR, no LLVM. The LLVM JIT is most of a cold
+  step compile, so this is what makes the second run start fast.
 * the **LLVM-dialect module text**, the fallback when no linker is found or the ``.so`` does
   not load: :func:`cpu_program_from_llvm` re-creates the ``ExecutionEngine`` from it (LLVM's
   JIT runs again; the poot passes, the linalg lowering and the MLIR pipeline do not).
@@ -24,9 +23,22 @@ otherwise the miss-path compile captures the module handed to the ``ExecutionEng
 scoped wrapper around ``poot.backends.cpu.ExecutionEngine``, restored afterwards). A backend
 with neither is compiled every time (cache entries are only written when text was captured).
 
-Entry (CUDA): the :class:`~poot.backends.cuda.artifact.CudaArtifact` (launch plan + PTX)
-with the program's storage and dispatch counts, pickled (``<key>.pkl``, ~0.5 MB for a 30-layer
-step). Loading it imports no MLIR.
+Entry (GPU backends): the executable when it is a plain artifact that imports no MLIR --
+CUDA's :class:`~poot.backends.cuda.artifact.CudaArtifact` (launch plan + PTX), Vulkan's
+:class:`~poot.backends.vulkan.artifact.VulkanArtifact` (plan + SPIR-V) -- with the program's
+storage and dispatch counts, pickled (~0.5 MB for a 30-layer CUDA step).
+
+**Integrity.** Every entry file is written to a temporary name and ``os.replace``-d into
+place (a reader sees the old file or the whole new one). It starts with :data:`MAGIC` and a
+JSON line holding the payload's size and sha256, checked before the payload is unpickled; the
+``.so`` an entry names is checked against the size and sha256 recorded at write before
+``ctypes`` maps it (a truncated shared object would otherwise crash the process with
+SIGBUS). A damaged entry is discarded with one warning (``poot: warning: compile cache entry
+... is damaged (...); discarded, compiling again``) and compiled again; it is never loaded.
+Shared objects are named by their hash, so a file another process has loaded is never
+rewritten. Processes sharing one cache take an exclusive ``flock`` on ``locks/<key>.lock``
+while compiling a missing step or program: the second one waits and then loads what the
+first wrote, instead of compiling it too.
 
 **The step index** (``index/<step key>.json`` -> program key): finding a program without
 tracing. Tracing builds MLIR, so a machine without MLIR cannot compute the graph key above.
@@ -41,8 +53,9 @@ graph key and records the index entry. An index entry also stores what its key w
 (``poot compile``) and carry the cache directory.
 
 Location: ``$POOT_CACHE_DIR``, else ``~/.cache/poot``; ``enabled=False`` turns it off. A
-directory that cannot be created or written turns it off with one warning on stderr
-(``poot: warning: compile cache disabled: ...``).
+directory that exists but cannot be written is used read-only (programs compiled before are
+loaded, new ones are not saved; one warning says so); one that cannot be created turns the
+cache off with one warning (``poot: warning: compile cache disabled: cannot create ...``).
 """
 
 from __future__ import annotations
@@ -50,6 +63,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import enum
+import fcntl
 import functools
 import hashlib
 import json
@@ -59,16 +73,22 @@ import shutil
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from poot.errors import PootError
 
-_LOCK = threading.Lock()
-_WARNED: set[str] = set()   # cache directories already reported unusable on stderr
-FORMAT = 3
-INDEX_FORMAT = 1
+_LOCK = threading.Lock()        # the CPU backend's ExecutionEngine is swapped while capturing
+_WARN_LOCK = threading.Lock()
+_WARNED: set[str] = set()   # warnings already given on stderr (once per directory / entry)
+FORMAT = 4
+#: first bytes of every entry file (then a JSON line with the payload's size and sha256)
+MAGIC = b"poot-cache-entry\n"
+#: 2: the program entries an index entry names are sealed (FORMAT 4); index entries of
+#: earlier formats are not looked up (a plain miss, not a damaged entry)
+INDEX_FORMAT = 2
 #: Backends whose code generation goes through the shared GPU plan (``poot/backends/gpu``).
 GPU_BACKENDS = ("cuda", "vulkan", "rocm")
 
@@ -291,67 +311,206 @@ class _Capture:
         self._cpu.ExecutionEngine = self._orig
 
 
+class DamagedEntry(Exception):
+    """A cache file that fails its check (internal: the entry is discarded and recompiled)."""
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and
+    ``os.replace``: a reader sees the old file or the whole new one, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+def seal(payload: bytes) -> bytes:
+    """An entry file: :data:`MAGIC`, a JSON line with the payload's size and sha256, the
+    payload."""
+    head = json.dumps({"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()})
+    return MAGIC + head.encode() + b"\n" + payload
+
+
+def unseal(data: bytes) -> bytes:
+    """The payload of an entry file written by :func:`seal`; :class:`DamagedEntry` saying
+    what is wrong when the file is not one, is truncated or its bytes changed."""
+    if not data.startswith(MAGIC):
+        raise DamagedEntry("not a poot cache entry" if data else "empty file")
+    nl = data.find(b"\n", len(MAGIC))
+    try:
+        head = json.loads(data[len(MAGIC):nl])
+        size, digest = int(head["size"]), str(head["sha256"])
+    except (ValueError, KeyError, TypeError):
+        raise DamagedEntry("unreadable header") from None
+    payload = data[nl + 1:]
+    if len(payload) != size:
+        raise DamagedEntry(f"truncated: {len(payload)} of {size} bytes")
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise DamagedEntry("sha256 mismatch")
+    return payload
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """(size in bytes, sha256 hex) of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+            n += len(block)
+    return n, h.hexdigest()
+
+
+def _warn(message: str, once: str) -> None:
+    """``poot: warning: <message>`` on stderr, once per ``once`` key per process."""
+    import sys
+
+    with _WARN_LOCK:
+        if once in _WARNED:
+            return
+        _WARNED.add(once)
+    print(f"poot: warning: {message}", file=sys.stderr)
+
+
 class CompileCache:
-    """``compile(graph, target, options)`` through the on-disk cache."""
+    """``compile(graph, target, options)`` through the on-disk cache (see the module doc).
+
+    Attributes: dir; use (lookups on: also in a directory this process cannot write);
+    enabled (writes on); hits, misses (counts of this instance); damaged (entries found
+    damaged and discarded).
+    """
 
     def __init__(self, directory: str | os.PathLike | None = None, enabled: bool = True):
         self.dir = Path(directory) if directory else default_dir()
-        self.use = enabled          # lookups: also in a directory this process cannot write
-        self.enabled = enabled      # writes
+        self.use = enabled
+        self.enabled = enabled
         self.hits = 0
         self.misses = 0
-        if enabled:
-            try:
-                (self.dir / "programs").mkdir(parents=True, exist_ok=True)
-                if not os.access(self.dir / "programs", os.W_OK | os.X_OK):
-                    raise PermissionError(13, "not writable")
-            except OSError as e:
-                self._disable(e)
+        self.damaged = 0
+        if not enabled:
+            return
+        try:
+            (self.dir / "programs").mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            if (self.dir / "programs").is_dir():      # there, but this process cannot add to it
+                self._read_only(e)
+            else:
+                self._unusable(e)
+            return
+        if not os.access(self.dir / "programs", os.W_OK | os.X_OK):
+            self._read_only(PermissionError(13, "not writable"))
+
+    def _read_only(self, e: OSError) -> None:
+        """Reads stay on, writes go off; said once per directory."""
+        self.enabled = False
+        _warn(f"compile cache {self.dir} is read-only ({e.strerror or e}): programs compiled "
+              f"before are loaded from it, new ones are not saved", f"ro:{self.dir}")
+
+    def _unusable(self, e: OSError) -> None:
+        """The directory cannot be created: the cache is off; said once per directory."""
+        self.enabled = self.use = False
+        _warn(f"compile cache disabled: cannot create {self.dir} ({e.strerror or e}); every "
+              f"run compiles from scratch (set POOT_CACHE_DIR to a writable directory)",
+              f"off:{self.dir}")
 
     def _disable(self, e: OSError) -> None:
-        """Turn the cache off for this instance and say so once per directory on stderr (an
-        unusable ``POOT_CACHE_DIR`` must not silently cost a full compile every run)."""
-        import sys
-
+        """A write failed: stop writing (reads go on), say so once per directory."""
         self.enabled = False
-        where = str(self.dir)
-        if where not in _WARNED:
-            _WARNED.add(where)
-            why = e.strerror or str(e)
-            print(f"poot: warning: compile cache disabled: cannot use {where}: {why}",
-                  file=sys.stderr)
+        _warn(f"compile cache {self.dir}: cannot write ({e.strerror or e}); new programs are "
+              f"not saved", f"wr:{self.dir}")
 
     def path(self, key: str) -> Path:
+        """The entry file of program ``key``."""
         return self.dir / "programs" / f"{key}.pkl"
+
+    def _discard(self, path: Path, why: str, stat=None) -> None:
+        """A damaged entry: one warning, and the files go (when writable; ``stat``: only if
+        ``path`` is still the file that was read, not one another process wrote since)."""
+        self.damaged += 1
+        _warn(f"compile cache entry {path.stem[:16]} ({path.parent}) is damaged ({why}); "
+              f"discarded, compiling again", f"bad:{path}")
+        if not self.enabled:
+            return
+        try:
+            now = os.stat(path)
+            if stat is None or (now.st_ino, now.st_mtime_ns) == (stat.st_ino,
+                                                                  stat.st_mtime_ns):
+                path.unlink()
+        except OSError:
+            pass
+
+    @contextmanager
+    def _locked(self, name: str, progress=None):
+        """Hold ``locks/<name>.lock`` (``flock``, exclusive) within the block, so processes
+        sharing the cache compile a program once: the second waits, then finds it. Without
+        a writable cache there is no lock (nothing is written to race on)."""
+        fd = None
+        if self.enabled:
+            try:
+                (self.dir / "locks").mkdir(exist_ok=True)
+                fd = os.open(self.dir / "locks" / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:
+                fd = None
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if progress is not None:
+                        progress("waiting for another process compiling it")
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     # ---- the step index -----------------------------------------------------------------
     def index_path(self, skey: str) -> Path:
         return self.dir / "index" / f"{skey}.json"
 
     def lookup(self, skey: str, target) -> "CachedProgram | None":
-        """The program recorded under step key ``skey``, or None. Imports no MLIR for a CUDA
+        """The program recorded under step key ``skey``, or None. Imports no MLIR for a GPU
         entry (a CPU entry loads its linked ``.so`` with ctypes; the LLVM-text fallback needs
-        MLIR). A stale or unreadable entry is a miss."""
+        MLIR). An absent entry is a miss; a damaged one is discarded (one warning) and a
+        miss."""
         if not self.use:
             return None
+        path, st = self.index_path(skey), None
         try:
-            with open(self.index_path(skey)) as f:
+            st = os.stat(path)
+            with open(path) as f:
                 rec = json.load(f)
-            prog = self._load(rec["program"], target)
-        except (OSError, ValueError, KeyError):
+            gkey = rec["program"]
+        except FileNotFoundError:
             return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self._discard(path, f"unreadable index entry: {type(e).__name__}", st)
+            return None
+        prog = self._load(gkey, target)
         if prog is not None:
             self.hits += 1
         return prog
 
     def compile_step(self, skey: str, describe: dict, trace: Callable[[], Any], target,
-                     options):
+                     options, progress=None):
         """The program of one step: the index entry ``skey`` when there is one (no trace),
         else ``trace()`` compiled through :meth:`compile` and recorded under ``skey``.
         ``describe`` (:func:`step_describe`) is stored beside it to explain later misses.
-        Where MLIR cannot be imported a miss raises :class:`CacheMiss`."""
+        Where MLIR cannot be imported a miss raises :class:`CacheMiss`. ``progress``: a
+        :mod:`poot.progress` callback or Tracker (units: cache lookup, tracing, the
+        compile's passes and code generation, linking, writing)."""
+        from poot.progress import Tracker
+
+        track = Tracker.of(progress)
         hit = self.lookup(skey, target)
         if hit is not None:
+            track("loaded from the compile cache")
             return hit
         import importlib.util
 
@@ -361,17 +520,22 @@ class CompileCache:
             have_mlir = False
         if not have_mlir:
             raise CacheMiss(self.explain_miss(skey, describe))
-        program = self.compile(trace(), target, options)
-        gkey = getattr(program, "cache_key", None)
-        if gkey is not None and self.enabled:
-            try:
-                self.index_path(skey).parent.mkdir(parents=True, exist_ok=True)
-                tmp = self.index_path(skey).with_suffix(f".tmp{os.getpid()}")
-                with open(tmp, "w") as f:
-                    json.dump({"program": gkey, "describe": describe}, f, indent=1)
-                os.replace(tmp, self.index_path(skey))
-            except OSError as e:
-                self._disable(e)
+        with self._locked(f"step-{skey}", track):
+            hit = self.lookup(skey, target)       # compiled by another process meanwhile
+            if hit is not None:
+                track("loaded from the compile cache")
+                return hit
+            track.add(1)
+            track("tracing")
+            program = self.compile(trace(), target, options, progress=track)
+            gkey = getattr(program, "cache_key", None)
+            if gkey is not None and self.enabled:
+                try:
+                    self.index_path(skey).parent.mkdir(parents=True, exist_ok=True)
+                    _atomic_write(self.index_path(skey), json.dumps(
+                        {"program": gkey, "describe": describe}, indent=1).encode())
+                except OSError as e:
+                    self._disable(e)
         return program
 
     def explain_miss(self, skey: str, describe: dict) -> str:
@@ -382,7 +546,7 @@ class CompileCache:
         for f in sorted(where.glob("*.json")) if where.is_dir() else []:
             try:
                 d = json.load(open(f)).get("describe", {})
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError):
                 continue
             diff = [k for k in describe if d.get(k) != describe[k]]
             if best is None or len(diff) < len(best[0]):
@@ -398,30 +562,63 @@ class CompileCache:
                           for k in diff)
         return head + f" (closest entry differs in {parts})"
 
-    def _load(self, gkey: str, target):
-        """The program entry ``gkey`` (CUDA or CPU), or None when it is absent or stale."""
-        path = self.path(gkey)
-        if not path.is_file():
+    # ---- entries ------------------------------------------------------------------------
+    def _read_entry(self, gkey: str) -> dict | None:
+        """The verified entry dict of program ``gkey``: None when absent or damaged (then
+        discarded). Every file it names (a linked ``.so``) is checked against the size and
+        sha256 recorded when it was written, before anything loads it."""
+        path, st = self.path(gkey), None
+        try:
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self._discard(path, f"unreadable: {e.strerror or e}")
             return None
         try:
-            with open(path, "rb") as f:
-                entry = pickle.load(f)
-        except Exception:  # noqa: BLE001  (a stale or unreadable entry)
+            entry = pickle.loads(unseal(data))
+            if not isinstance(entry, dict):
+                raise DamagedEntry("not an entry")
+            for name, (size, digest) in entry.get("files", {}).items():
+                side = path.parent / name
+                what = f"its {name.rsplit('.', 1)[-1]} file"
+                try:
+                    got = file_digest(side)
+                except OSError as e:
+                    raise DamagedEntry(f"{what}: {e.strerror or e}") from None
+                if got[0] != size:
+                    raise DamagedEntry(f"{what}: {got[0]} bytes, {size} recorded")
+                if got[1] != digest:
+                    raise DamagedEntry(f"{what}: sha256 mismatch")
+        except DamagedEntry as e:
+            self._discard(path, str(e), st)
             return None
-        if entry.get("backend") == "cuda":
+        except Exception as e:  # noqa: BLE001  (an entry of classes that changed since)
+            self._discard(path, f"unreadable: {type(e).__name__}", st)
+            return None
+        return entry
+
+    def _load(self, gkey: str, target):
+        """The program entry ``gkey``, or None when it is absent, damaged or stale."""
+        entry = self._read_entry(gkey)
+        if entry is None:
+            return None
+        if entry.get("kind") == "artifact":
             return CachedProgram(entry["artifact"], entry["storage"], target,
                                  entry["dispatches"], cache_key=gkey)
-        return self._load_cpu(path, entry, target)
+        return self._load_cpu(self.path(gkey), entry, target)
 
     def _load_cpu(self, path: Path, entry: dict, target):
         try:
-            so = path.with_suffix(".so")
             exe = None
-            if entry.get("object") and so.is_file():
+            so = entry.get("object")
+            if so:
                 try:
-                    exe = cpu_program_from_object(so, entry["name"], entry["inputs"],
-                                                  entry["params"], entry["outputs"],
-                                                  entry.get("libs") or (),
+                    exe = cpu_program_from_object(path.parent / so, entry["name"],
+                                                  entry["inputs"], entry["params"],
+                                                  entry["outputs"], entry.get("libs") or (),
                                                   entry.get("in_place"))
                 except (OSError, AttributeError):
                     exe = None
@@ -429,84 +626,96 @@ class CompileCache:
                                                entry["params"], entry["outputs"],
                                                entry["opt_level"], entry.get("libs"),
                                                entry.get("in_place"))
-        except Exception:  # noqa: BLE001  (a stale entry: recompile and overwrite)
+        except Exception:  # noqa: BLE001  (stale: e.g. its runtime libraries are gone)
             return None
         return CachedProgram(exe, entry["storage"], target, entry["dispatches"],
                              cache_key=path.stem)
 
-    def _write(self, path: Path, entry: dict) -> None:
+    def _write_entry(self, key: str, entry: dict, progress) -> bool:
+        """Write ``entry`` (files it names are in place already) atomically; False when the
+        write failed (the cache then stops writing)."""
+        progress("writing the compile cache")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            with open(tmp, "wb") as f:
-                pickle.dump(entry, f)
-            os.replace(tmp, path)
+            _atomic_write(self.path(key), seal(pickle.dumps(entry)))
+            return True
         except OSError as e:
             self._disable(e)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            pass
+        return False
 
-    def _compile_cuda(self, graph, target, options):
-        from poot.compiler import compile
-
-        key = cache_key(graph.text(), target, options)
-        hit = self._load(key, target) if self.use else None
-        if hit is not None:
-            self.hits += 1
-            return hit
-        self.misses += 1
-        program = compile(graph, target, options)
-        if self.enabled:
-            self._write(self.path(key), {"backend": "cuda", "artifact": program.executable,
-                                         "storage": program.storage,
-                                         "dispatches": dict(program.dispatches)})
-            if self.enabled:          # written (a failed write turned the cache off)
-                program.cache_key = key
-        return program
-
-    # ---- graph-keyed compile --------------------------------------------------------------
-    def compile(self, graph, target, options):
-        """``compile(graph, target, options)`` through the cache (CPU and CUDA programs are
-        cached; other backends compile every time). A program written to or read from the
-        cache carries its key as ``cache_key``."""
-        from poot.compiler import compile
-
-        if self.enabled and target.backend == "cuda":
-            return self._compile_cuda(graph, target, options)
-        if not self.enabled or target.backend != "cpu":
-            return compile(graph, target, options)
-        key = cache_key(graph.text(), target, options)
-        path = self.path(key)
-        if path.is_file():
-            hit = self._load(key, target)
-            if hit is not None:
-                self.hits += 1
-                return hit
-        self.misses += 1
-        with _LOCK:
-            with _Capture() as cap:
-                program = compile(graph, target, options)
+    def _cpu_entry(self, key: str, program, cap, options, progress) -> dict | None:
+        """The entry of a JIT-compiled CPU program: its LLVM-dialect text and the object
+        code linked into ``<key>.<sha256 prefix>.so`` (content-named: a file another process
+        loaded is never rewritten in place), recorded with size and sha256."""
         exe = program.executable
         text, libs = getattr(exe, "llvm_text", None), getattr(exe, "shared_libs", None)
         if text is None and len(cap.texts) == 1:
             text, libs = cap.texts[0], cap.libs[0]
-        if text is not None:
-            entry = {"llvm": text, "name": exe.name, "inputs": exe.inputs,
-                     "params": exe.params, "outputs": exe.outputs,
-                     "in_place": dict(getattr(exe, "in_place", {}) or {}),
-                     "opt_level": options.opt_level, "libs": libs,
-                     "storage": program.storage,
-                     "dispatches": dict(program.dispatches)}
+        if text is None:
+            return None
+        entry = {"kind": "cpu", "llvm": text, "name": exe.name, "inputs": exe.inputs,
+                 "params": exe.params, "outputs": exe.outputs,
+                 "in_place": dict(getattr(exe, "in_place", {}) or {}),
+                 "opt_level": options.opt_level, "libs": libs, "storage": program.storage,
+                 "dispatches": dict(program.dispatches), "files": {}}
+        progress("linking")
+        tmp = self.dir / "programs" / f".{key}.{os.getpid()}.{threading.get_ident()}.so"
+        try:
+            if link_object(exe.engine, tmp):
+                size, digest = file_digest(tmp)
+                name = f"{key}.{digest[:16]}.so"
+                os.replace(tmp, self.dir / "programs" / name)
+                entry["object"] = name
+                entry["files"][name] = (size, digest)
+        except OSError as e:
+            self._disable(e)
+            return None
+        finally:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                entry["object"] = link_object(exe.engine, path.with_suffix(".so"))
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                with open(tmp, "wb") as f:
-                    pickle.dump(entry, f)
-                os.replace(tmp, path)
-                program.cache_key = key
-            except OSError as e:
-                self._disable(e)
-            except (pickle.PicklingError, TypeError, AttributeError):
+                tmp.unlink()
+            except OSError:
                 pass
+        return entry
+
+    # ---- graph-keyed compile --------------------------------------------------------------
+    def compile(self, graph, target, options, progress=None):
+        """``compile(graph, target, options)`` through the cache. CPU programs are kept as
+        their linked machine code (and LLVM text); a program whose executable is a plain
+        artifact (CUDA's PTX + plan, Vulkan's SPIR-V + plan) is kept as that artifact. A
+        program written to or read from the cache carries its key as ``cache_key``."""
+        from poot.compiler import compile
+        from poot.progress import Tracker
+
+        track = Tracker.of(progress)
+        if not self.use:
+            return compile(graph, target, options, progress=track)
+        key = cache_key(graph.text(), target, options)
+        hit = self._load(key, target)
+        if hit is not None:
+            self.hits += 1
+            return hit
+        with self._locked(f"program-{key}", track):
+            hit = self._load(key, target)
+            if hit is not None:
+                self.hits += 1
+                return hit
+            self.misses += 1
+            with _LOCK:
+                with _Capture() as cap:
+                    program = compile(graph, target, options, progress=track)
+            if not self.enabled:
+                return program
+            exe = program.executable
+            if hasattr(exe, "engine"):              # JIT-compiled host code
+                track.add(2)
+                entry = self._cpu_entry(key, program, cap, options, track)
+            else:                                   # a portable artifact (no MLIR objects)
+                track.add(1)
+                entry = {"kind": "artifact", "artifact": exe, "storage": program.storage,
+                         "dispatches": dict(program.dispatches)}
+            if entry is not None and self.enabled and self._write_entry(key, entry, track):
+                program.cache_key = key
         return program
 
 

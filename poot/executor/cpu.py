@@ -100,8 +100,28 @@ class CpuRecording:
     copies: list = field(default_factory=list)   # (src view, dst) copied after the call
 
 
+_WARNED_OPENMP: list[int] = []
+
+
+def warn_no_openmp(cores: int) -> None:
+    """Say once per process, on stderr, that the CPU kernels run on one of ``cores`` cores
+    because LLVM's OpenMP runtime is missing, and how to install it (nothing when
+    ``POOT_CPU_OPENMP=0`` asked for one thread)."""
+    import os
+    import sys
+
+    if _WARNED_OPENMP or os.environ.get("POOT_CPU_OPENMP", "1") == "0":
+        return
+    _WARNED_OPENMP.append(cores)
+    print(f"poot: warning: LLVM's OpenMP runtime (libomp.so.5) is not installed: the CPU "
+          f"kernels run on 1 of {cores} cores (install it: apt-get install libomp5)",
+          file=sys.stderr)
+
+
 class CpuDevice:
-    """The host CPU as an executor device (synchronous)."""
+    """The host CPU as an executor device (synchronous). Opening it warns once when the
+    OpenMP runtime is missing and more than one core could run the kernels
+    (:func:`warn_no_openmp`)."""
 
     name = "cpu"
     overlaps = False
@@ -109,6 +129,12 @@ class CpuDevice:
     def __init__(self):
         self.records = 0    # recordings built (argument arrays constructed)
         self.replays = 0    # calls made through a recording
+        from poot.compiler.target import host_cpu, openmp_runtime
+
+        if openmp_runtime() is None:
+            cores = host_cpu().caps.cores
+            if cores > 1:
+                warn_no_openmp(cores)
 
     # ---- buffers -----------------------------------------------------------------------
     def alloc(self, type_: PootType) -> np.ndarray:

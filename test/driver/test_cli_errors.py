@@ -74,7 +74,8 @@ def test_open_device_missing_runtime_is_device_error(monkeypatch):
     (["generate", "--prompt", "hi", "--max-tokens", "0"], ["--max-tokens=0"]),
     (["bench", "--runs", "0"], ["--runs=0"]),
     (["bench", "--runs", "-1"], ["--runs=-1"]),
-    (["bench", "--tokens", "0"], ["--tokens=0"]),
+    (["bench", "--tokens", "0"], ["--max-tokens=0"]),       # --tokens: the old spelling
+    (["bench", "--max-tokens", "0"], ["--max-tokens=0"]),
 ])
 def test_bad_sizes_are_refused(argv, needles):
     rc, _, err = poot(*argv, "--model", LLAMA, "--no-cache")
@@ -196,7 +197,7 @@ def test_help_is_plain_text(cmd, capsys):
             line = opts[opts.index(opt + " "):]
             assert "default:" in line[:line.index("\n  -")], opt
     if cmd == "bench":
-        for opt in ("--tokens", "--runs", "--prompt-tokens"):
+        for opt in ("--max-tokens", "--runs", "--prompt-tokens"):
             line = opts[opts.index(opt + " "):]
             assert "default:" in line[:line.index("\n  -")], opt
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+pytest.importorskip("mlir.ir", reason="the MLIR wheels (xtc-mlir-python-bindings) are not "
+                    "installed here: this module compiles kernels")
 from test_gpu_pointwise import _caps, check, ptx_of, rand, region, strategies_of
 
 

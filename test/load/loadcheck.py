@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 import tracemalloc
 
 import pytest
@@ -19,21 +18,18 @@ def _bytes_under(path: str) -> int:
 
 def expect_load_error(fn, path: str, field: str, problem: str = "") -> LoadError:
     """``fn(path)`` must raise LoadError whose field contains ``field`` (and problem contains
-    ``problem``), naming the file, within 1 s, with peak traced memory below the size of the
-    file (or of the folder's files)."""
+    ``problem``), naming the file, with peak traced memory below the size of the file (or of
+    the folder's files): nothing the header claims is allocated. (How fast it fails is a
+    benchmark's business, not a test's.)"""
     path = os.fspath(path)
     size = _bytes_under(path)
-    t0 = time.perf_counter()
     with pytest.raises(LoadError) as ei:
         fn(path)
-    elapsed = time.perf_counter() - t0
     err = ei.value
     assert field in err.field, f"field {err.field!r} does not name {field!r}: {err}"
     assert problem in err.problem, f"problem {err.problem!r} lacks {problem!r}"
     assert err.file.startswith(path) or os.path.basename(path) in err.file, err.file
     assert str(err).startswith(err.file) and "\n" not in str(err)
-    assert elapsed < 1.0, f"took {elapsed:.3f} s"
-    # Memory is measured in a second run so tracing does not skew the timing.
     tracemalloc.start()
     try:
         with pytest.raises(LoadError):

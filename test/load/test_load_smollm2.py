@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import time
 import tracemalloc
 
 import gguf
@@ -77,17 +76,13 @@ def test_open_is_zero_copy(store):
     assert all(t.is_mapped for t in store.values())
 
 
-def test_open_is_fast_and_small():
-    t0 = time.perf_counter()
-    open_weights(PATH)
-    elapsed = time.perf_counter() - t0
+def test_open_is_small():
     tracemalloc.start()
     open_weights(PATH)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     # Only metadata (49k tokens, 49k merges as str) is materialized: well under 1/5 the file.
     assert peak < os.path.getsize(PATH) / 5, peak
-    assert elapsed < 2.0, elapsed
 
 
 def test_real_q4_1_and_q8_0_dequant_vs_gguf(store, reader):

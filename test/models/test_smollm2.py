@@ -15,7 +15,8 @@ from poot.dialects.types import DType
 from poot.models import StepSpec, load_model
 from model_steps import empty_caches, run_step
 
-REF = Path("/work/shared/reference/smollm2")
+# the shared folder sits beside the checkout (../shared from the repository root)
+REF = Path(__file__).resolve().parents[3] / "shared" / "reference" / "smollm2"
 PROMPTS = sorted(p for p in REF.glob("[0-9][0-9]_*.json")) if REF.is_dir() else []
 TOL = 1e-3
 

@@ -180,17 +180,24 @@ def add_grid_dependency_control(module: ir.Module) -> int:
     return n
 
 
-def compile_program(program, chip: str = "sm_90", strategy: str = "auto") -> CudaArtifact:
+def compile_program(program, chip: str = "sm_90", strategy: str = "auto",
+                    progress=None) -> CudaArtifact:
     """Kernels + launch plan of a compiled :class:`~poot.compiler.Program` as an artifact.
     On sm_90 every kernel takes part in programmatic dependent launch
-    (:func:`add_grid_dependency_control`; the plan's ``pdl`` tells the runtime)."""
+    (:func:`add_grid_dependency_control`; the plan's ``pdl`` tells the runtime).
+    ``progress``: a :class:`~poot.progress.Tracker` (per dispatch region, then PTX)."""
+    from poot.progress import Tracker
+
+    track = Tracker.of(progress)
     caps = program.target.caps
     t0 = time.perf_counter()
-    plan = plan_program(program, caps, strategy)
+    plan = plan_program(program, caps, strategy, progress=track)
     pdl = sm_version(chip) >= 90 and os.environ.get("POOT_CUDA_PDL", "1") != "0"
     if pdl:
         add_grid_dependency_control(plan.module)
     t1 = time.perf_counter()
+    track.add(1)
+    track("NVVM to PTX")
     ptx = ptx_text(plan.module, chip)
     t2 = time.perf_counter()
     p = {"entry": plan.entry, "target": {"arch": chip, "subgroup_size": caps.subgroup_size or 32},
@@ -200,6 +207,11 @@ def compile_program(program, chip: str = "sm_90", strategy: str = "auto") -> Cud
     meta = {"strategy": strategy, "plan_s": round(t1 - t0, 3), "ptx_s": round(t2 - t1, 3),
             "strategies": plan.strategies, "dispatch_kinds": dict(program.dispatches)}
     return CudaArtifact(p, ptx, meta)
+
+
+def codegen(program, options=None, progress=None) -> CudaArtifact:
+    """``poot.compiler.compile``'s code generator for ``cuda`` (:func:`compile_program`)."""
+    return compile_program(program, progress=progress)
 
 
 def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):
@@ -213,5 +225,5 @@ def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, core
                                        features=frozenset({"sm_90"})))
 
 
-__all__ = ["CudaCodegenError", "compile_program", "cuda_target",
+__all__ = ["CudaCodegenError", "codegen", "compile_program", "cuda_target",
            "nvvm_pipeline", "ptx_text", "ptxas_check"]

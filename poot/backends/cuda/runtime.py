@@ -73,12 +73,31 @@ def _check(res, what: str):
     return res[1] if len(res) == 2 else res[1:]
 
 
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's CUDA library (``libcuda.so.1``) when the dynamic loader finds it
+    (it ships with the GPU driver, not with cuda-python), else None. Loading it is all this
+    does: nothing is initialized."""
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            ctypes.CDLL(name)
+            return name
+        except OSError:
+            continue
+    return None
+
+
+NO_DRIVER = ("the NVIDIA driver is not installed here: its CUDA library libcuda.so.1 was not "
+             "found (the cuda backend needs an NVIDIA GPU and its driver)")
+
+
 def device_available() -> tuple[bool, str]:
     """(True, name) when cuda.bindings imports and a CUDA device answers, else (False, why)."""
     try:
         cu = driver()
     except Exception as e:  # noqa: BLE001
         return False, f"no CUDA device (cuda.bindings not importable: {e})"
+    if nvidia_driver() is None:
+        return False, NO_DRIVER
     try:
         _check(cu.cuInit(0), "cuInit")
         n = _check(cu.cuDeviceGetCount(), "cuDeviceGetCount")

@@ -84,10 +84,18 @@ def _fn_name(op) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value
 
 
-def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
+def plan_program(program, caps, strategy: str = "auto", progress=None) -> GpuPlan:
     """Plan ``program`` (a :class:`~poot.compiler.Program`) for a GPU target of ``caps``
-    (``strategy``: see :func:`~poot.backends.gpu.kernels.build_dispatch`)."""
+    (``strategy``: see :func:`~poot.backends.gpu.kernels.build_dispatch`). ``progress``: a
+    :class:`~poot.progress.Tracker`, told once per dispatch region of the step (identical
+    regions, e.g. the layers, are built once: the later ones are quick)."""
+    from poot.progress import Tracker
+
+    track = Tracker.of(progress)
     g = program.graph
+    track.add(1 + sum(1 for o in g.func.regions[0].blocks[0].operations
+                      if o.operation.name == "func.call"))
+    track("GPU kernel synthesis")
     kctx = ir.Context()
     kctx.allow_unregistered_dialects = True
     known: dict = {}          # body key -> synthesized kernels (None: no strategy takes it)
@@ -155,6 +163,7 @@ def plan_program(program, caps, strategy: str = "auto") -> GpuPlan:
         if op.name != "func.call":
             raise GpuCodegenError(f"the step function holds '{op.name}' outside any dispatch "
                                   "region")
+        track("GPU kernels per dispatch region")
         callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
         fn = funcs[callee]
         # identical bodies (the layers) share kernels: key on the poot-level body

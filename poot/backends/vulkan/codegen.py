@@ -316,7 +316,8 @@ def _sym(op: ir.Operation) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value
 
 
-def codegen_vulkan(g, target, validate: bool = True, storage=()) -> VulkanArtifact:
+def codegen_vulkan(g, target, validate: bool = True, storage=(), progress=None
+                   ) -> VulkanArtifact:
     """The backend code generator: an optimized, dispatch-fused graph (what
     ``poot.compiler.compile._codegen`` receives) -> :class:`VulkanArtifact`.
 
@@ -327,15 +328,19 @@ def codegen_vulkan(g, target, validate: bool = True, storage=()) -> VulkanArtifa
     input (a KV pool written by a scatter) is written over the input's own buffer where the
     plan can (``artifact.in_place``; the plan ends with a copy into the output, no copy at
     all when the two are bound to one buffer); without it every output has its own buffer
-    (the executor ping-pongs carried state).
+    (the executor ping-pongs carried state). ``progress``: a
+    :class:`~poot.progress.Tracker` (per dispatch region, the SPIR-V lowering, then
+    spirv-val per kernel).
     """
     from types import SimpleNamespace
 
     from poot.backends.gpu.plan import plan_program
+    from poot.progress import Tracker
 
+    track = Tracker.of(progress)
     caps = target.caps
     features = caps.features or DEFAULT_FEATURES
-    plan = plan_program(SimpleNamespace(graph=g, storage=list(storage)), caps)
+    plan = plan_program(SimpleNamespace(graph=g, storage=list(storage)), caps, progress=track)
     kmod = plan.module
     users: dict[int, list[str]] = {}
     for d in plan.dispatches:
@@ -373,6 +378,9 @@ def codegen_vulkan(g, target, validate: bool = True, storage=()) -> VulkanArtifa
         k = index[_sym(f)]
         n_checks[k] = _add_error_word(f, k)
 
+    validating = validate and shutil.which("spirv-val") is not None
+    track.add(1 + (len(plan.kernels) if validating else 0))
+    track("SPIR-V lowering")
     bins = _spirv_binaries(kmod, caps, checks_for, blocks)
 
     def spec(d) -> BufferSpec:
@@ -409,7 +417,8 @@ def codegen_vulkan(g, target, validate: bool = True, storage=()) -> VulkanArtifa
         art.buffers.append(entry)
     for i, name in enumerate(plan.kernels):
         spv, entry = bins[name]
-        if validate:
+        if validating:
+            track("spirv-val")
             spirv_val(spv, f"kernel {name} ({', '.join(users.get(i, []))})")
         nargs = next(len(L["args"]) for L in plan.launches
                      if L["op"] == "kernel" and L["kernel"] == i)
@@ -486,15 +495,21 @@ def compile_vulkan(graph, target=None, options=None):
     return program
 
 
-def compile_program(program) -> VulkanArtifact:
+def codegen(program, options=None, progress=None) -> VulkanArtifact:
+    """``poot.compiler.compile``'s code generator for ``vulkan`` (:func:`compile_program`)."""
+    return compile_program(program, progress)
+
+
+def compile_program(program, progress=None) -> VulkanArtifact:
     """``poot.compiler.compile._codegen``'s entry for ``vulkan`` (same shape as CUDA's):
     the fused Program (graph, target, storage planned before fusion) -> VulkanArtifact."""
-    art = codegen_vulkan(program.graph, program.target, storage=program.storage)
+    art = codegen_vulkan(program.graph, program.target, storage=program.storage,
+                         progress=progress)
     art.aliases = {b.name: b.aliases for b in program.storage
                    if b.role == "output" and b.aliases}
     return art
 
 
-__all__ = ["SpirvCodegenError", "codegen_vulkan", "compile_program", "compile_vulkan",
+__all__ = ["SpirvCodegenError", "codegen", "codegen_vulkan", "compile_program", "compile_vulkan",
            "spirv_val",
            "vulkan_target"]

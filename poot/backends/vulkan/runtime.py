@@ -87,11 +87,19 @@ class KernelFault(VulkanError):
         super().__init__(f"kernel fault: {what}" + (f" in {dispatch}" if dispatch else ""))
 
 
+#: what to install when the Vulkan loader or every driver (ICD) is missing
+INSTALL_HINT = "Debian/Ubuntu: apt-get install libvulkan1 mesa-vulkan-drivers"
+
+
 def _vk():
     try:
         import vulkan as vk
-    except (ImportError, OSError) as e:   # the package needs libvulkan.so.1 at import
-        raise VulkanUnavailable(f"the Vulkan loader is not available: {e}") from None
+    except OSError:                       # the package opens libvulkan.so.1 at import
+        raise VulkanUnavailable(f"the Vulkan loader (libvulkan.so.1) is not installed "
+                                f"({INSTALL_HINT})") from None
+    except ImportError as e:
+        raise VulkanUnavailable(f"the 'vulkan' package does not import ({e}): pip install "
+                                f"'poot[vulkan]'") from None
     return vk
 
 
@@ -187,11 +195,15 @@ class VulkanDevice:
             self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, pApplicationInfo=app), None)
             pds = vk.vkEnumeratePhysicalDevices(self.instance)
+        except vk.VkErrorIncompatibleDriver:
+            raise VulkanUnavailable(f"the Vulkan loader found no driver (ICD) to create an "
+                                    f"instance with (VkErrorIncompatibleDriver; "
+                                    f"{INSTALL_HINT}, or set VK_DRIVER_FILES)") from None
         except vk.VkError as e:
             raise VulkanUnavailable(f"cannot create a Vulkan instance: {type(e).__name__}") \
                 from None
         if not pds:
-            raise VulkanUnavailable("no Vulkan physical device")
+            raise VulkanUnavailable(f"no Vulkan physical device ({INSTALL_HINT})")
         self.physical = self._select(pds, device)
         self.properties = vk.vkGetPhysicalDeviceProperties(self.physical)
         self.device_name = self.ffi.string(self.properties.deviceName).decode() \

@@ -1,0 +1,144 @@
+"""``poot chat``: an interactive conversation over the model's chat template.
+
+    poot chat [--model MODEL] [--backend B] [--kv-capacity N] [--system TEXT]
+              [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--quiet]
+
+Each line read from stdin is one user message; the whole conversation (system message, every
+user message and reply so far) goes through the checkpoint's chat template and the reply
+streams to stdout. Commands: ``/reset`` starts a new conversation (the system message
+stays), ``/exit`` (or end of input, Ctrl-D) quits; Ctrl-C during a reply drops that turn.
+On a terminal a ``>>>`` prompt is shown; each reply's token counts go to stderr (``--quiet``:
+none). A conversation that outgrows the context (``--kv-capacity``) is said so, and the
+turn is dropped: ``/reset`` and go on.
+
+Built on the public API only: :class:`~poot.api.ModelHandle` and
+:meth:`~poot.api.Driver.generate` (``TokenEvent`` ... then ``Finished``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from poot.cli import check_utf8, plain
+from poot.errors import PootError
+
+COMMANDS = "/reset clears the conversation, /exit (or Ctrl-D) quits"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from poot.cli.generate_cmd import add_model_args
+
+    p = subparsers.add_parser("chat", help="chat with a model interactively (multi-turn)",
+                              description=plain(__doc__),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--system", default=None, metavar="TEXT",
+                   help="a system message opening every conversation (default: none)")
+    p.add_argument("--max-tokens", type=int, default=256, metavar="N",
+                   help="at most N tokens per reply, less when the context is nearly full "
+                        "(default: 256)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature; 0 = greedy (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="nucleus sampling; 1 = off (default: 1.0)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="keep the K most likely tokens; 0 = off (default: 0)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="random seed for sampling (default: a fresh seed)")
+    p.set_defaults(func=run)
+
+
+def _opening(system: str | None) -> list[dict]:
+    return [{"role": "system", "content": system}] if system else []
+
+
+def _read_line(interactive: bool) -> str | None:
+    """The next line of input (without its newline), or None at the end of input."""
+    if interactive:
+        try:
+            return input(">>> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return None
+    line = sys.stdin.readline()
+    return None if line == "" else line.rstrip("\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    from poot.api import Driver, Finished
+    from poot.cli.generate_cmd import check_options, load_handle
+    from poot.driver.generate import ContextOverflow
+    from poot.driver.params import SamplingParams
+
+    check_options(args, "max_tokens", "kv_capacity", "prefill_chunk")
+    if args.system is not None:
+        check_utf8(args.system, "--system")
+
+    def params(max_tokens: int) -> SamplingParams:
+        return SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, seed=args.seed, max_tokens=max_tokens)
+
+    params(args.max_tokens)                     # option errors before anything is loaded
+    opening = _opening(args.system)
+    # the model needs a tokenizer and a chat template: checked before anything compiles
+    probe = opening + [{"role": "user", "content": "hi"}]
+    handle = load_handle(args, before_compile=lambda h: h.check_request(probe, params(1)))
+    driver = Driver(handle)
+    interactive = sys.stdin.isatty()
+    say = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
+    if interactive:
+        say(f"poot chat: {handle.path.name} on {handle.backend}; {COMMANDS}")
+    messages = list(opening)
+    while True:
+        line = _read_line(interactive)
+        if line is None:
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("/"):
+            if text in ("/exit", "/quit"):
+                return 0
+            if text == "/reset":
+                messages = list(opening)
+                say("(new conversation)")
+            else:
+                say(f"unknown command {text.split()[0]} ({COMMANDS})")
+            continue
+        check_utf8(line, "the input")
+        messages.append({"role": "user", "content": line})
+        try:
+            used = len(handle.encode(messages))
+            room = handle.kv_capacity - used
+            if room < 1:
+                raise ContextOverflow(used, 1, handle.kv_capacity)
+            events = driver.generate(messages, params(min(args.max_tokens, room)))
+            done = None
+            try:
+                for ev in events:
+                    if isinstance(ev, Finished):
+                        done = ev
+                    elif ev.text:
+                        sys.stdout.write(ev.text)
+                        sys.stdout.flush()
+            except KeyboardInterrupt:
+                getattr(events, "close", lambda: None)()
+                sys.stdout.write("\n")
+                say("(reply interrupted: turn dropped)")
+                messages.pop()
+                continue
+            sys.stdout.write(done.final_text + "\n")
+            sys.stdout.flush()
+            messages.append({"role": "assistant", "content": done.text})
+            s = done.stats
+            say(f"[{s.prompt_tokens} prompt + {s.generated_tokens} generated tokens, "
+                f"{s.finish_reason}]")
+        except ContextOverflow:
+            messages.pop()
+            print(f"poot: the conversation no longer fits the context of "
+                  f"{handle.kv_capacity} tokens: /reset to start a new one (or run with a "
+                  f"larger --kv-capacity)", file=sys.stderr)
+        except PootError as e:                  # this turn cannot run; the chat goes on
+            messages.pop()
+            print(f"poot: error: {e}", file=sys.stderr)
