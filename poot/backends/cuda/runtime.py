@@ -307,6 +307,22 @@ class CudaDevice:
         a = self._host_array(buffer, array)
         _check(cu.cuMemcpyHtoD(buffer.ptr, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
 
+    def upload_rows(self, buffer: DevBuf, start: int, array) -> None:
+        """Write ``array`` over rows ``start..`` (first axis) of ``buffer`` (after the queued
+        work finished): one sequence's row of carried state, without the rest."""
+        cu = driver()
+        _check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        a = np.asarray(array)
+        if a.dtype.itemsize == 2 and buffer.dtype == np.uint16:
+            a = a.view(np.uint16)
+        a = np.ascontiguousarray(a.astype(buffer.dtype, copy=False))
+        row = int(np.prod(buffer.shape[1:], dtype=np.int64)) * buffer.dtype.itemsize
+        if a.nbytes % row or start < 0 or start * row + a.nbytes > buffer.nbytes:
+            raise CudaError(f"cannot write {list(a.shape)} at row {start} of a buffer of "
+                            f"{list(buffer.shape)}")
+        _check(cu.cuMemcpyHtoD(buffer.ptr + start * row, a.ctypes.data, a.nbytes),
+               "cuMemcpyHtoD")
+
     @staticmethod
     def _host_array(buffer: DevBuf, array) -> np.ndarray:
         """``array`` as contiguous host bytes of ``buffer``'s dtype and size."""

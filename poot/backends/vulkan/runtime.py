@@ -497,6 +497,31 @@ class VulkanDevice:
         self._one_shot(lambda cb: self.vk.vkCmdCopyBuffer(cb, st.buffer, buffer.buffer, 1,
                                                           [region]))
 
+    def upload_rows(self, buffer: VkBuffer, start: int, array) -> None:
+        """Write ``array`` over rows ``start..`` (first axis) of ``buffer`` (after the pending
+        submission): one sequence's row of carried state, without the rest."""
+        self._check()
+        a = np.asarray(array)
+        if a.dtype != buffer.dtype and buffer.dtype == np.uint16 and a.dtype.itemsize == 2:
+            a = a.view(np.uint16)
+        raw = np.ascontiguousarray(a.astype(buffer.dtype, copy=False)).reshape(-1).view(
+            np.uint8)
+        row = int(np.prod(buffer.shape[1:], dtype=np.int64)) * buffer.dtype.itemsize
+        off = start * row
+        if raw.size % row or start < 0 or off + raw.size > buffer.nbytes:
+            raise VulkanError(f"cannot write {list(a.shape)} at row {start} of a buffer of "
+                              f"{list(buffer.shape)}")
+        if self._pending is not None:
+            self.synchronize()
+        if buffer.host is not None:
+            buffer.host[off:off + raw.size] = raw
+            return
+        st = self._staging_for(raw.size)
+        st.host[:raw.size] = raw
+        region = self.vk.VkBufferCopy(srcOffset=0, dstOffset=off, size=raw.size)
+        self._one_shot(lambda cb: self.vk.vkCmdCopyBuffer(cb, st.buffer, buffer.buffer, 1,
+                                                          [region]))
+
     def download(self, buffer: VkBuffer) -> np.ndarray:
         self._check()
         if self._pending is not None:
