@@ -8,7 +8,8 @@ folders carried in consecutive calls (each under the 64 MiB a call carries):
 ``.i15b/``: ``cache/``, the compile cache with every program the serving engine runs for
 SmolLM2 (the GGUF) and the Llama-3.2-1B shape (random bf16 weights) at KV capacity ``--cap``
 and up to ``--max-batch`` sequences: the prefill chunk, the decode step of every batch bucket
-and its greedy sampler; ``ref/``: the reference tokens; ``manifest.json``.
+and its greedy sampler (SmolLM2 also the samplers of ``engine_check.py``'s requests);
+``ref/``: the reference tokens; ``manifest.json``.
 
 The cache keys hash poot's sources: run ``issue15.sh`` on this same working tree.
 """
@@ -64,12 +65,21 @@ def main() -> int:
     del data
     cache = os.path.join(dirs["b"], "cache")
     say = lambda m: print(f"issue15_build: {m}", file=sys.stderr, flush=True)  # noqa: E731
-    for name, path, rw in (("smollm2", gguf, None),
-                           ("llama1b", os.path.join(ROOT, SHAPE_1B), "bf16")):
+    from poot.driver.params import SamplingParams
+    from poot.engine import sampler_spec_for
+    from poot.graph.sampling import GREEDY
+
+    # engine_check.py's requests: greedy and seeded top-p, each with top-2 log-probs
+    greedy_lp = sampler_spec_for([SamplingParams(temperature=0, logprobs=2)])
+    mixed_lp = sampler_spec_for([SamplingParams(temperature=0.8, top_p=0.95, logprobs=2)])
+    for name, path, rw, samplers in (
+            ("smollm2", gguf, None, [GREEDY, greedy_lp, mixed_lp]),
+            ("llama1b", os.path.join(ROOT, SHAPE_1B), "bf16", [GREEDY])):
         say(f"compiling {name}")
         t0 = time.perf_counter()
         r = compile_steps(path, "cuda", kv_capacity=a.cap, max_batch=a.max_batch,
-                          cache_dir=cache, random_weights=rw, progress=say)
+                          cache_dir=cache, random_weights=rw, samplers=samplers,
+                          progress=lambda m, *_: say(m))
         man["compile"][name] = {"seconds": round(time.perf_counter() - t0, 1),
                                 "steps": {k: v["seconds"] for k, v in r["steps"].items()},
                                 "block_size": r["block_size"], "kv_blocks": r["kv_blocks"]}
