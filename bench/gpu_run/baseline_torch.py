@@ -76,7 +76,7 @@ def _model(shape: dict, cap: int, dtype, batch: int = 1):
             return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
 
         def forward(self, tok, pos):  # tok [B,1] int64, pos [1] int64
-            b = self.b
+            nb = self.b
             x = self.emb[tok]                                       # [B,1,dim]
             mask = (torch.arange(self.cap, device=dev) <= pos).view(1, 1, 1, -1)
             for i in range(self.layers):
@@ -84,14 +84,14 @@ def _model(shape: dict, cap: int, dtype, batch: int = 1):
                 qkv = F.linear(h, self.wqkv[i])
                 q, k, v = qkv.split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd],
                                     -1)
-                q = self.rope(q.view(b, 1, self.h, self.hd), pos).transpose(1, 2)
-                k = self.rope(k.view(b, 1, self.kvh, self.hd), pos).transpose(1, 2)
-                v = v.view(b, 1, self.kvh, self.hd).transpose(1, 2)
+                q = self.rope(q.view(nb, 1, self.h, self.hd), pos).transpose(1, 2)
+                k = self.rope(k.view(nb, 1, self.kvh, self.hd), pos).transpose(1, 2)
+                v = v.view(nb, 1, self.kvh, self.hd).transpose(1, 2)
                 self.kc[i].index_copy_(2, pos, k)
                 self.vc[i].index_copy_(2, pos, v)
                 o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], attn_mask=mask,
                                                    enable_gqa=True)
-                x = x + F.linear(o.transpose(1, 2).reshape(b, 1, -1), self.wo[i])
+                x = x + F.linear(o.transpose(1, 2).reshape(nb, 1, -1), self.wo[i])
                 h = F.rms_norm(x, (x.shape[-1],), self.n2[i], 1e-5)
                 a, b = F.linear(h, self.w13[i]).split([self.ffn, self.ffn], -1)
                 x = x + F.linear(F.silu(a) * b, self.w2[i])

@@ -48,13 +48,19 @@ def main() -> int:
     ap.add_argument("--kv-capacity", type=int, default=512)
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--engine-max-batch", type=int, default=None,
+                    help="schedule at most this many sequences (the programs of --max-batch)")
     a = ap.parse_args()
 
     from poot.api import ModelHandle
     from poot.driver.params import SamplingParams
 
     t0 = time.perf_counter()
-    h = ModelHandle.load(a.model, a.backend, kv_capacity=a.kv_capacity, max_batch=a.max_batch)
+    from poot.engine import EngineConfig
+
+    cfg = EngineConfig(max_batch=a.engine_max_batch or a.max_batch)
+    h = ModelHandle.load(a.model, a.backend, kv_capacity=a.kv_capacity, max_batch=a.max_batch,
+                         engine_config=cfg)
     res: dict = {"backend": a.backend, "load_s": round(time.perf_counter() - t0, 2),
                  "kv": {"block_size": h.runner.kv.block_size, "blocks": h.runner.kv.num_blocks,
                         "dtype": h.runner.kv.kv_dtype.value}}
