@@ -27,6 +27,34 @@ def _prod(xs) -> int:
     return n
 
 
+def _probabilities(x: np.ndarray, mask: np.ndarray, attrs, neg_inf_bias_masks: bool = False
+                   ) -> np.ndarray:
+    """The attention weights of scores ``x`` f32 ``[..., S]`` (:class:`Attention`'s rule):
+    scaled, soft-capped, then the ``i1`` visible mask (masked scores -1e30, masked weights 0,
+    denominator ``max(sum, 1)``) or the f32 additive bias (plain softmax); with
+    ``neg_inf_bias_masks`` a ``-inf`` bias gives ``-inf`` whatever the score (the paged op's
+    refinement). Max and sum are reduced in f64 and rounded to f32, as ``poot.reduce``."""
+    f32 = np.float32
+    if attrs["scale"] != 1.0:
+        x = x * f32(attrs["scale"])
+    c = attrs["softcap"]
+    if c:
+        x = np.tanh(x * f32(1.0 / c)) * f32(c)
+    mask = np.broadcast_to(mask, x.shape)
+    if mask.dtype == np.bool_:
+        xm = np.where(mask, x, MASKED_SCORE).astype(f32)
+        e = np.exp(xm - xm.max(axis=-1, keepdims=True))
+        e = np.where(mask, e, f32(0)).astype(f32)
+        den = np.sum(e.astype(np.float64), axis=-1, keepdims=True).astype(f32)
+        return e / np.maximum(den, f32(1))
+    bias = mask.astype(f32)
+    y = x + bias
+    if neg_inf_bias_masks:
+        y = np.where(bias == -np.inf, f32(-np.inf), y).astype(f32)
+    e = np.exp(y - y.max(axis=-1, keepdims=True))
+    return e / np.sum(e.astype(np.float64), axis=-1, keepdims=True).astype(f32)
+
+
 @register
 class Attention(OpDef):
     """``out[b.., r.., :] = sum_s p[b.., r.., s] * v[b.., s, :]`` with ``p`` a softmax over the
@@ -107,22 +135,7 @@ class Attention(OpDef):
         qf = q.astype(f32).reshape(batch + (m, d))
         x = np.matmul(qf, np.swapaxes(k.astype(f32), -1, -2)).reshape(batch + rows + (s,))
         with np.errstate(all="ignore"):
-            if attrs["scale"] != 1.0:
-                x = x * f32(attrs["scale"])
-            c = attrs["softcap"]
-            if c:
-                x = np.tanh(x * f32(1.0 / c)) * f32(c)
-            mask = np.broadcast_to(mask, x.shape)
-            if mask.dtype == np.bool_:
-                xm = np.where(mask, x, MASKED_SCORE).astype(f32)
-                e = np.exp(xm - xm.max(axis=-1, keepdims=True))
-                e = np.where(mask, e, f32(0)).astype(f32)
-                den = np.sum(e.astype(np.float64), axis=-1, keepdims=True).astype(f32)
-                p = e / np.maximum(den, f32(1))
-            else:
-                y = x + mask.astype(f32)
-                e = np.exp(y - y.max(axis=-1, keepdims=True))
-                p = e / np.sum(e.astype(np.float64), axis=-1, keepdims=True).astype(f32)
+            p = _probabilities(x, mask, attrs)
         out = np.matmul(p.astype(f32).reshape(batch + (m, s)), v.astype(f32))
         return out.reshape(result.shape).astype(np.float32)
 
@@ -235,22 +248,6 @@ class PagedAttention(OpDef):
         qf = q.astype(f32).reshape(bsz, h, m, q.shape[-1])
         with np.errstate(all="ignore"):
             x = np.matmul(qf, np.swapaxes(k, -1, -2)).reshape((bsz, h) + rows + (s,))
-            if attrs["scale"] != 1.0:
-                x = x * f32(attrs["scale"])
-            c = attrs["softcap"]
-            if c:
-                x = np.tanh(x * f32(1.0 / c)) * f32(c)
-            mask = np.broadcast_to(mask, x.shape)
-            if mask.dtype == np.bool_:
-                xm = np.where(mask, x, MASKED_SCORE).astype(f32)
-                e = np.exp(xm - xm.max(axis=-1, keepdims=True))
-                e = np.where(mask, e, f32(0)).astype(f32)
-                den = np.sum(e.astype(np.float64), axis=-1, keepdims=True).astype(f32)
-                p = e / np.maximum(den, f32(1))
-            else:
-                bias = mask.astype(f32)
-                y = np.where(bias == -np.inf, f32(-np.inf), x + bias).astype(f32)
-                e = np.exp(y - y.max(axis=-1, keepdims=True))
-                p = e / np.sum(e.astype(np.float64), axis=-1, keepdims=True).astype(f32)
+            p = _probabilities(x, mask, attrs, neg_inf_bias_masks=True)
             out = _visible_products(p.astype(f32).reshape(bsz, h, m, s), v)
         return out.reshape(result.shape).astype(np.float32)
