@@ -346,7 +346,6 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
 
 def _kv_dtype(name: str | None):
     """The KV dtype named ``name`` (``f32``/``f16``/``bf16``), None for the model's default."""
-    from poot.dialects.types import DType
     from poot.models.base import KV_DTYPES
 
     if name is None:

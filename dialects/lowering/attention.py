@@ -324,7 +324,6 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
     nblocks, bs, h, d = kpt.shape
     dv = vpt.shape[-1]
     bsz, w = tbt.shape
-    s_len = w * bs
     rows = qt.shape[1:-1]            # [H, rows...] of one sequence
     qbt = TensorType(qt.shape[1:], qt.dtype)
     row_t = TensorType(rows, DType.F32)
