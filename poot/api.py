@@ -114,7 +114,8 @@ class ModelHandle:
              compile_fn: Callable[[Any], Any] | None = None, device: Any = None,
              warm_up: bool = True, random_weights: str | None = None,
              seed: int = 0, engine_config: EngineConfig | None = None,
-             before_compile: Callable[["ModelHandle"], None] | None = None) -> "ModelHandle":
+             before_compile: Callable[["ModelHandle"], None] | None = None,
+             warm_samplers: Sequence[Any] = ()) -> "ModelHandle":
         """Load a checkpoint (``None``: the bundled SmolLM2) for ``backend``.
 
         ``random_weights`` (``"bf16"``/``"f16"``/``"f32"``): ``path`` is a HF ``config.json``
@@ -141,7 +142,9 @@ class ModelHandle:
         loading phase and of each step's compile stages (a one-argument ``progress(msg)`` sees
         the phases only). ``before_compile(handle)`` runs once the model, tokenizer and KV
         pool are known and before any step is traced or compiled (the CLI checks its request
-        there: :meth:`check_request`). ``compile_fn``/``device`` replace the compile and the
+        there: :meth:`check_request`). ``warm_samplers``: sampler specs to load besides the
+        greedy one (the CLI adds :data:`~poot.graph.sampling.FULL`, which serves any request
+        without log-probs: a later run with other sampling options compiles nothing). ``compile_fn``/``device`` replace the compile and the
         executor device (tests).
         """
         import time
@@ -188,12 +191,20 @@ class ModelHandle:
             def compile_step(key_model, types, spec, trace):
                 return compile_cached(cache, key_model, types, spec, trace, target, options,
                                       progress=report)
+
+            def find_step(key_model, types, spec):
+                from poot.executor.cache import step_key
+
+                return cache.lookup(step_key(key_model, types, spec, target, options), target)
         else:
+            find_step = None
+
             def compile_step(key_model, types, spec, trace):
                 return compile_fn(trace())
         runner = ModelRunner(model, weights, device if device is not None else
                              device_for(target), compile_step, kv, max_batch, prefill_chunk,
-                             on_compile=lambda what: say(f"{what} step"), upload=False)
+                             on_compile=lambda what: say(f"{what} step"), upload=False,
+                             find_step=find_step)
         cfg = engine_config or EngineConfig(max_batch=max_batch, prefix_caching=prefix_caching)
         engine = LLMEngine(runner, tokenizer, cfg, model_context=model_context)
         handle = cls(path, backend, model, weights, tokenizer, runner, engine,
@@ -201,7 +212,7 @@ class ModelHandle:
         if before_compile is not None:
             before_compile(handle)
         if warm_up:
-            runner.warm_up()
+            runner.warm_up(specs=warm_samplers)
         handle.load_s = time.perf_counter() - t0
         return handle
 
@@ -276,15 +287,16 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     """Fill the compile cache with the steps ``ModelHandle.load(path, backend, ...)`` and
     generation use, without opening a device: the prefill chunk, the decode step of each
     batch of ``batches`` (default: every bucket up to ``max_batch``) and its samplers (default:
-    the greedy one). What ``poot compile`` runs before the cache is carried to a machine
+    the greedy one; batch 1 also :data:`~poot.graph.sampling.FULL`, what the CLI warms up).
+    What ``poot compile`` runs before the cache is carried to a machine
     without MLIR. Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
     {"step_key", "program", "seconds", "hit"}}}``."""
     import time
 
     from poot.compiler.planning import kv_block_size
-    from poot.engine.runner import SamplerProgram, decode_buckets, step_spec
+    from poot.engine.runner import SamplerProgram, decode_buckets, spec_tag, step_spec
     from poot.executor.cache import CompileCache, step_key
-    from poot.graph.sampling import GREEDY, SamplerStep, trace_sampler
+    from poot.graph.sampling import FULL, GREEDY, SamplerStep, trace_sampler
     from poot.models import default_kv_dtype
     from poot.progress import as_callback
 
@@ -316,10 +328,9 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     jobs = [(f"prefill[{pre.tokens}]", model, weights.types, pre)]
     for b in (batches or decode_buckets(max_batch)):
         jobs.append((f"decode[B={b}]", model, weights.types, step_spec(kv, "decode", b)))
-        for sp in (samplers or [GREEDY]):
+        for sp in list(dict.fromkeys(list(samplers or [GREEDY]) + ([FULL] if b == 1 else []))):
             st = SamplerStep(b, vocab, max_batch + 1, sp)
-            jobs.append((f"sampler[B={b}]{'' if sp == GREEDY else '+' + str(len(jobs))}",
-                         SamplerProgram(st), {}, st))
+            jobs.append((f"sampler[B={b}{spec_tag(sp)}]", SamplerProgram(st), {}, st))
     out: dict[str, Any] = {"cache_dir": str(cache.dir), "backend": backend,
                            "kv_capacity": kv_capacity, "block_size": bs, "kv_blocks": blocks - 1,
                            "steps": {}}

@@ -128,9 +128,14 @@ def load_handle(args, before_compile=None, **kw):
     from poot.cli.progress import Reporter, history_file
 
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks")
+    from poot.graph.sampling import FULL
+
     kw.setdefault("path", args.model)
     for k in ("max_batch", "kv_blocks", "kv_dtype"):
         kw.setdefault(k, getattr(args, k, None))
+    # the sampler of any options but log-probs, so that a later run with other sampling
+    # options finds every program in the compile cache
+    kw.setdefault("warm_samplers", (FULL,))
     with Reporter(quiet=getattr(args, "quiet", False), history=history_file()) as report:
         return ModelHandle.load(
             kw.pop("path"), backend=args.backend,

@@ -15,7 +15,12 @@ its entries, each compiled once (through the compile cache) the first time it is
   sampled tokens into the decode entry's ``tokens`` input on the device (so a next step over
   the same rows needs no token upload). The spec is the union of the batch's features, so
   one model program per bucket serves every sampling setting; the sampler programs are small
-  (a greedy one compiles in well under a second).
+  (a greedy one compiles in well under a second). Which program runs
+  (:meth:`ModelRunner.sampler_for`): the exact spec's when it is loaded or in the compile
+  cache, else a loaded program that covers it (:func:`~poot.graph.sampling.covers`: the
+  same tokens, a few more passes over the logits), else the exact one compiled. Warming up
+  the :data:`~poot.graph.sampling.FULL` sampler of batch 1 (the CLI does) lets a request with
+  any sampling options (but log-probs) start without compiling.
 
 Carried state, shared by every entry: the KV pools ``kv.{i}.k/v`` (updated in place where
 the backend does so) and, with penalties, the token-history pool
@@ -38,7 +43,7 @@ from poot.dialects.types import DType
 from poot.engine.blocks import NULL_BLOCK
 from poot.executor import Engine, Entry, Submitted
 from poot.graph import sampling
-from poot.graph.sampling import GREEDY, SamplerSpec, SamplerStep
+from poot.graph.sampling import GREEDY, SamplerSpec, SamplerStep, covers
 from poot.models import StepSpec
 
 #: The decode entry's sampled-token output copied into its token input.
@@ -147,6 +152,17 @@ def sampler_spec_for(params_list: Sequence[Any]) -> SamplerSpec:
                        logprobs=lp, stochastic=stoch)
 
 
+def spec_tag(spec: SamplerSpec) -> str:
+    """A short name of a sampler spec's features (``""`` for the greedy one), for entry
+    names: ``":sample+pen+bias+topk+topp+minp+lp5"``."""
+    feats = [name for name, on in (("sample", spec.stochastic), ("pen", spec.penalties),
+                                   ("bias", spec.logit_bias), ("topk", spec.top_k),
+                                   ("topp", spec.top_p), ("minp", spec.min_p)) if on]
+    if spec.logprobs is not None:
+        feats.append(f"lp{spec.logprobs}")
+    return ":" + "+".join(feats) if feats else ""
+
+
 def step_spec(kv: KVConfig, kind: str, batch: int = 1, prefill_chunk: int = 32) -> StepSpec:
     """The StepSpec a :class:`ModelRunner` over ``kv`` compiles: the prefill chunk
     (``min(prefill_chunk, max_model_len)`` tokens of one sequence, hidden output) or the
@@ -178,6 +194,8 @@ class ModelRunner:
         compile_step: ``(key_model, weight_types, spec, trace) -> Program``: compiles (or
             finds in the compile cache) the program of ``trace()``; ``key_model``/``spec``
             identify it without tracing.
+        find_step: ``(key_model, weight_types, spec) -> Program | None``: the program when
+            the compile cache has it, without compiling (None: not known).
         kv: the pool; max_batch: the largest decode bucket; prefill_chunk: tokens per
             prefill step (clamped to ``kv.max_model_len``).
         on_compile: called with an entry's name before it is compiled or loaded.
@@ -187,9 +205,11 @@ class ModelRunner:
 
     def __init__(self, model, weights, device, compile_step: Callable, kv: KVConfig,
                  max_batch: int, prefill_chunk: int,
-                 on_compile: Callable[[str], None] | None = None, upload: bool = True):
+                 on_compile: Callable[[str], None] | None = None, upload: bool = True,
+                 find_step: Callable | None = None):
         self.model, self.weights, self.kv = model, weights, kv
         self.compile_step = compile_step
+        self.find_step = find_step
         self.buckets = decode_buckets(max_batch)
         self.max_batch = max_batch
         self.prefill_chunk = max(1, min(prefill_chunk, kv.max_model_len))
@@ -247,18 +267,41 @@ class ModelRunner:
             e = self._entries[key] = self.engine.add_entry(prog)
         return e
 
-    def sampler_entry(self, batch: int, spec: SamplerSpec) -> Entry:
+    def sampler_entry(self, batch: int, spec: SamplerSpec, program=None) -> Entry:
+        """The sampler entry of exactly ``spec`` for the decode bucket ``batch`` (compiled,
+        or found in the compile cache, on first use; ``program``: already found)."""
         key = ("sampler", batch, spec)
         e = self._entries.get(key)
         if e is None:
             dec = self.decode_entry(batch)
             step = SamplerStep(batch, self.vocab, self.history_slots, spec)
-            prog = self._compile(f"sampler[B={batch}]", SamplerProgram(step), {}, step,
-                                 lambda: sampling.trace_sampler(step))
+            prog = program or self._compile(f"sampler[B={batch}{spec_tag(spec)}]",
+                                            SamplerProgram(step), {}, step,
+                                            lambda: sampling.trace_sampler(step))
             e = self._entries[key] = self.engine.add_entry(
                 prog, share={sampling.LOGITS: (dec, "logits")},
                 feedback={TOKEN: (dec, "tokens")})
         return e
+
+    def sampler_for(self, batch: int, spec: SamplerSpec) -> tuple[Entry, SamplerSpec]:
+        """The sampler entry a step of bucket ``batch`` whose rows need ``spec`` runs, and
+        the spec it was traced for (module doc: exact if loaded or cached, else a loaded one
+        that covers it, else compiled)."""
+        if ("sampler", batch, spec) in self._entries:
+            return self._entries[("sampler", batch, spec)], spec
+        if self.find_step is not None:
+            step = SamplerStep(batch, self.vocab, self.history_slots, spec)
+            prog = self.find_step(SamplerProgram(step), {}, step)
+            if prog is not None:
+                return self.sampler_entry(batch, spec, prog), spec
+        loaded = [k[2] for k in self._entries if k[0] == "sampler" and k[1] == batch
+                  and covers(k[2], spec)]
+        if loaded:     # the one with the fewest features (cheapest per step)
+            best = min(loaded, key=lambda s: sum(map(bool, (s.penalties, s.logit_bias,
+                                                            s.top_k, s.top_p, s.min_p,
+                                                            s.logprobs is not None))))
+            return self._entries[("sampler", batch, best)], best
+        return self.sampler_entry(batch, spec), spec
 
     def bucket(self, n: int) -> int:
         """The smallest decode bucket holding ``n`` rows."""
@@ -267,13 +310,13 @@ class ModelRunner:
                 return b
         raise ValueError(f"{n} rows exceed the largest decode bucket {self.buckets[-1]}")
 
-    def warm_up(self, batches: Sequence[int] = (1,), specs: Sequence[SamplerSpec] = ()) -> None:
+    def warm_up(self, batches: Sequence[int] = (1,), specs: Sequence[SamplerSpec] = ()
+                ) -> None:
         """Compile (or load) the prefill entry, the decode entries of ``batches`` and their
-        greedy sampler plus ``specs``."""
+        greedy sampler plus ``specs`` (e.g. :data:`~poot.graph.sampling.FULL`)."""
         self.prefill_entry()
         for b in batches:
-            self.sampler_entry(b, GREEDY)
-            for s in specs:
+            for s in [GREEDY, *specs]:
                 self.sampler_entry(b, s)
 
     # ---- inputs -------------------------------------------------------------------------
@@ -339,7 +382,7 @@ class ModelRunner:
         n = len(batch.positions)
         bsz = self.bucket(n)
         dec = self.decode_entry(bsz)
-        smp = self.sampler_entry(bsz, spec)
+        smp, spec = self.sampler_for(bsz, spec)
         w, bs = self.kv.table_width, self.kv.block_size
         positions = np.zeros((bsz, 1), np.int32)
         table = np.full((bsz, w), NULL_BLOCK, np.int32)

@@ -162,6 +162,20 @@ class SamplerSpec:
 #: The sampler of greedy requests with no penalties, bias, filters or log-probs.
 GREEDY = SamplerSpec(penalties=False, logit_bias=False, top_k=False, top_p=False, min_p=False,
                      stochastic=False)
+#: Every feature but log-probs: serves any request without log-probs (a feature a row does not
+#: use is neutral: top_k 0, top_p 1, min_p 0, penalties 1/0/0, bias 0).
+FULL = SamplerSpec(penalties=True, logit_bias=True, top_k=True, top_p=True, min_p=True,
+                   logprobs=None, stochastic=True)
+
+
+def covers(a: SamplerSpec, b: SamplerSpec) -> bool:
+    """Whether a sampler traced for ``a`` serves every request ``b`` serves, with the same
+    tokens: every feature of ``b`` is in ``a`` (a feature a row does not use is neutral), and
+    ``a`` has at least ``b``'s log-prob width."""
+    feats = ("penalties", "logit_bias", "top_k", "top_p", "min_p", "stochastic")
+    if any(getattr(b, f) and not getattr(a, f) for f in feats):
+        return False
+    return b.logprobs is None or (a.logprobs is not None and a.logprobs >= b.logprobs)
 
 
 @dataclass

@@ -114,7 +114,9 @@ def test_cli_generate_json_and_bench(handles, cache_dir, capsys, monkeypatch):
     b = json.loads(capsys.readouterr().out)
     assert rc == 0 and b["backend"] == "cpu" and b["generated_tokens"] == 4
     assert b["decode_tokens_per_s"] > 0 and b["ttft_s"] > 0
-    assert set(b["compile_s"]) == {"prefill[5]", "decode[B=1]", "sampler[B=1]"}  # no reprs
+    # short names, no reprs; the CLI warms the sampler serving any options up too
+    assert set(b["compile_s"]) == {"prefill[5]", "decode[B=1]", "sampler[B=1]",
+                                   "sampler[B=1:sample+pen+bias+topk+topp+minp]"}
     assert b["pipelined"] is False and b["poot"]["pipelined"] is False   # CPU: sequential
     rc = main(["bench", "--model", model, "--tokens", "4", "--runs", "1", "--prompt-tokens",
                "7", "--kv-capacity", "48", "--prefill-chunk", "5", "--pipeline", "on",

@@ -218,3 +218,27 @@ def test_pipelined_loop_equals_alone():
         assert got["final"][rid].output_ids == w, rid
     assert got["final"][got["ids"][1]].finish_reason == "stop"
     assert eng.blocks.stats().used == 0
+
+
+def test_a_loaded_superset_sampler_serves_without_compiling(tmp_path):
+    """With the FULL sampler of batch 1 loaded (what the CLI warms up), single requests using
+    any sampling options but log-probs run without compiling a sampler, and get the tokens
+    the exact sampler program gives (a feature a row does not use is neutral)."""
+    from poot.graph.sampling import FULL
+
+    kw = dict(kv_capacity=64, max_batch=4, prefill_chunk=16)
+    full = ModelHandle.load(fixture_path("llama"), cache_dir=tmp_path / "a",
+                            warm_samplers=(FULL,), **kw)
+    exact = ModelHandle.load(fixture_path("llama"), cache_dir=tmp_path / "b", **kw)
+    ps = prompts(full.runner.vocab, 3, seed=41, hi=20)
+    sps = [SamplingParams(temperature=0.9, top_p=0.8, seed=5, max_tokens=8, ignore_eos=True),
+           SamplingParams(temperature=0.0, presence_penalty=0.5, max_tokens=8,
+                          ignore_eos=True),
+           SamplingParams(temperature=0.7, top_k=9, min_p=0.1, seed=6, max_tokens=8,
+                          ignore_eos=True)]
+    before = set(full.runner.compile_s)
+    got = [LLM(handle=full).generate([p], sp)[0].token_ids for p, sp in zip(ps, sps)]
+    assert set(full.runner.compile_s) == before               # nothing compiled
+    want = [LLM(handle=exact).generate([p], sp)[0].token_ids for p, sp in zip(ps, sps)]
+    assert len(exact.runner.compile_s) == 3 + len(sps)        # each exact sampler compiled
+    assert got == want

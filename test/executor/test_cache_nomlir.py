@@ -103,7 +103,9 @@ def filled(tmp_path_factory):
 
 def test_compile_fills_index(filled):
     _, cache, out = filled
-    assert set(out["steps"]) == {"prefill[16]", "decode[B=1]", "sampler[B=1]"}
+    # the greedy sampler, and batch 1's sampler serving any options (what the CLI warms up)
+    assert set(out["steps"]) == {"prefill[16]", "decode[B=1]", "sampler[B=1]",
+                                 "sampler[B=1:sample+pen+bias+topk+topp+minp]"}
     for s in out["steps"].values():
         assert (cache / "index" / f"{s['step_key']}.json").is_file()
         assert (cache / "programs" / f"{s['program']}.pkl").is_file()
