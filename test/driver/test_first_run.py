@@ -28,6 +28,13 @@ NO_COMPILE = ("import poot.executor.cache as _c, os as _os\n"
               "_c.CompileCache.compile_step = _no\n_c.CompileCache.compile = _no\n")
 
 
+# ends the process if a compile-cache lookup misses (a hit loads as usual)
+NO_CACHE_MISS = ("import poot.executor.cache as _c, os as _os\n"
+                 "def _no(*a, **k):\n"
+                 "    print('poot-test: reached a compile', flush=True); _os._exit(99)\n"
+                 "_c.CompileCache.compile = _no\n")
+
+
 @pytest.fixture
 def cache_env(tmp_path):
     return {**os.environ, "POOT_CACHE_DIR": str(tmp_path / "cache")}
@@ -462,3 +469,18 @@ def test_chat_ends_cleanly_at_end_of_input_and_survives_a_full_context(tmp_path,
     assert "Traceback" not in err
     assert "no longer fits the context of 32 tokens" in err and "/reset" in err
     assert len(re.findall(r"generated tokens", err)) == 2     # the turns before and after
+
+
+def test_other_sampling_options_compile_nothing(cache_env):
+    """Item 8: a second run with other sampling options (temperature, top-p, top-k, min-p,
+    penalties, seed) finds every program in the compile cache: nothing is traced or compiled
+    (it used to compile a whole new decode step, 55-76 s on SmolLM2)."""
+    base = ["generate", "--model", GGUF, "--prompt", "hi", "--max-tokens", "3",
+            "--kv-capacity", "16", "--prefill-chunk", "4"]
+    rc, _, err = poot(*base, env=cache_env)
+    assert rc == 0, err
+    for opts in (["--temperature", "0.8", "--top-p", "0.9", "--seed", "1"],
+                 ["--temperature", "0.7", "--top-k", "5"]):
+        rc, out, err = poot(*base, *opts, prelude=NO_CACHE_MISS, env=cache_env)
+        assert rc == 0 and "reached a compile" not in out, (out, err)
+        assert "tracing" not in err, err
