@@ -10,11 +10,20 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    """``poot.LLM``: the offline batched API (:class:`poot.api.LLM`), imported on first use."""
+    """``poot.LLM`` (the offline batched API, :class:`poot.api.LLM`), ``poot.SamplingParams``
+    and ``poot.Guide`` (a guided-decoding constraint), imported on first use."""
     if name == "LLM":
         from poot.api import LLM
 
         return LLM
+    if name == "SamplingParams":
+        from poot.driver.params import SamplingParams
+
+        return SamplingParams
+    if name == "Guide":
+        from poot.driver.guided import Guide
+
+        return Guide
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # In a source checkout dialects/ and passes/ sit beside poot/ (the design's fixed layout) and

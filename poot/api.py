@@ -528,7 +528,7 @@ class LLM:
             try:
                 encoded.append(eng.check_request(self.handle.encode(p), sp))
             except InvalidRequest as e:
-                raise InvalidRequest(f"prompts[{i}].{e.field}", e.value, e.reason) from None
+                raise type(e)(f"prompts[{i}].{e.field}", e.value, e.reason) from None
         ids = [eng.add_request(x, sp) for x, sp in zip(encoded, plist)]
         index = {rid: i for i, rid in enumerate(ids)}
         results: dict[int, CompletionOutput] = {}

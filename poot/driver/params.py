@@ -95,6 +95,10 @@ class SamplingParams:
             (``stop_token_ids`` still stop).
         detokenize: produce text (False: token ids only, as vLLM's ``detokenize``; stop
             strings then cannot be used).
+        guided: a :class:`~poot.driver.guided.Guide` (a JSON schema, any JSON object, a
+            regular expression or a grammar the output must match; a mapping
+            ``{"kind": ..., "spec": ...}`` is converted), or None. The request ends when the
+            constraint is complete and the model emits EOS (so not with ``ignore_eos``).
     """
 
     temperature: float = 1.0
@@ -112,6 +116,7 @@ class SamplingParams:
     logprobs: int | None = None
     ignore_eos: bool = False
     detokenize: bool = True
+    guided: Any = None
 
     def __post_init__(self):
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen)
@@ -166,6 +171,22 @@ class SamplingParams:
             raise InvalidRequest("detokenize", self.detokenize, "must be a boolean")
         if self.stop and not self.detokenize:
             raise InvalidRequest("stop", list(self.stop), "stop strings need detokenize=True")
+        if self.guided is not None:
+            from poot.driver.guided import Guide
+
+            g = self.guided
+            if isinstance(g, Mapping):
+                unknown = set(g) - {"kind", "spec"}
+                if unknown or "kind" not in g:
+                    raise InvalidRequest("guided", dict(g), "must be a Guide or a mapping with "
+                                         "'kind' and, but for json_object, 'spec'")
+                g = Guide(g["kind"], g.get("spec"))
+            if not isinstance(g, Guide):
+                raise InvalidRequest("guided", g, "must be a poot.Guide")
+            put("guided", g)
+            if self.ignore_eos:
+                raise InvalidRequest("ignore_eos", True, "a constrained (guided) request ends "
+                                     "at EOS when its constraint is complete")
 
     # ---- construction and checks -------------------------------------------------------------
     @classmethod
@@ -214,7 +235,9 @@ class SamplingParams:
 
         ``None`` is an empty slot: greedy, no bias. The per-slot parameters and the logit bias
         are written when a request enters its slot; ``uniforms`` (one stream per slot) draws
-        this step's ``u`` and is the only per-step part (without it ``u`` is 0). The token
+        this step's ``u`` and is the only per-step part (without it ``u`` is 0); a guided
+        spec's ``allowed_tokens`` mask is packed allowing every token (the engine writes each
+        constrained row's mask every step). The token
         history (``token_counts``) is device-resident and is not packed here
         (:func:`history_row` makes a row to start a slot with).
         """
@@ -232,6 +255,8 @@ class SamplingParams:
                     if len(uniforms) != B:
                         raise ValueError(f"{len(uniforms)} uniform streams for {B} slots")
                     a[:] = [0.0 if s is None else s.next() for s in uniforms]
+            elif role == "allowed_tokens":
+                a[:] = (1 << 16) - 1            # every token allowed (poot.driver.guided)
             elif role == "logit_bias":
                 for i, p in enumerate(batch):
                     if p is not None:

@@ -29,8 +29,13 @@ owns the device and every mutable structure (docs/serving.md).
    tokens appended to its prompt, to be recomputed (prefix cache hits included) when blocks
    free up. One decode step runs all of them in the smallest compiled batch bucket, then the
    sampler with the union of their sampling features; each row samples with its own
-   parameters, seed stream and history.
-5. *Outputs*: per sequence, the new token is checked against the stop token ids, detokenized
+   parameters, seed stream and history. A batch with guided requests (JSON schema, regex,
+   grammar: :mod:`poot.driver.guided`) issues the forward pass first, computes each guided
+   row's allowed-token mask on the host while it runs, then issues the sampler with the
+   masks (unconstrained rows allow every token).
+5. *Outputs*: per sequence, a guided request's matcher consumes the new token (its next
+   mask allows EOS only where the constraint is complete), the token is checked against the
+   stop token ids, detokenized
    incrementally, held back while it may begin a stop string, and emitted with its
    log-probs; a stop token, a stop string or ``max_tokens`` finishes it; full blocks are
    registered in the prefix cache; a finished sequence releases its blocks.
@@ -139,8 +144,9 @@ class EngineConfig:
 
 @dataclass
 class TokenLogprob:
-    """A generated token's log-prob (of the raw model distribution) and the top ``n``
-    alternatives ``[(id, logprob), ...]`` when asked."""
+    """A generated token's log-prob (of the raw model distribution; a guided request's after
+    its mask) and the top ``n`` alternatives ``[(id, logprob), ...]`` when asked (a guided
+    request lists only allowed tokens: fewer than ``n`` where fewer are allowed)."""
 
     token_id: int
     logprob: float
@@ -152,7 +158,9 @@ class RequestStats:
     """Final numbers of one request (seconds). ``generated_tokens`` counts every sampled
     token (a stop token included); ``cached_tokens``: prompt tokens whose K/V came from the
     prefix cache; ``ttft_s``: arrival to first sampled token; ``decode_tokens_per_s`` over
-    the tokens after the first (None for fewer than two)."""
+    the tokens after the first (None for fewer than two); ``guided_masks`` /
+    ``guided_mask_s``: allowed-token masks a guided request computed on the host, and their
+    seconds."""
 
     prompt_tokens: int = 0
     generated_tokens: int = 0
@@ -165,6 +173,8 @@ class RequestStats:
     preemptions: int = 0
     finish_reason: str = ""
     pipelined: bool = False
+    guided_masks: int = 0
+    guided_mask_s: float = 0.0
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -208,7 +218,8 @@ class RequestOutput:
 class EngineStats:
     """A snapshot: sequences running (admitted), waiting; KV blocks used (referenced),
     cached-free (evictable), free, total; prefix-cache hit rate (blocks hit / blocks looked
-    up); steps run and tokens produced so far; preemptions."""
+    up); steps run and tokens produced so far; preemptions; guided-decoding masks computed
+    on the host and their seconds."""
 
     running: int
     waiting: int
@@ -223,6 +234,8 @@ class EngineStats:
     generated_tokens: int
     preemptions: int
     max_decode_batch: int
+    guided_masks: int = 0
+    guided_mask_s: float = 0.0
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -255,6 +268,7 @@ class _Seq:
             if tokenizer is not None and params.detokenize else None
         self.matcher = StopMatcher(params.stop)
         self.sink = sink
+        self.guide = None                    # TokenMatcher of a guided request
         self.stats = RequestStats(prompt_tokens=len(prompt))
         self.t_arrival = arrival
         self.t_admitted: float | None = None
@@ -308,6 +322,10 @@ class LLMEngine:
         self.decode_log: deque[tuple[float, int, int]] = deque(maxlen=1 << 16)
         self._inflight = None            # (handle, seqs) of a decode step not yet collected
         self._spec_cache: tuple = ((), None)   # (rows' ids, their SamplerSpec)
+        self._guided = None                    # GuidedCompiler, made on first use
+        self._masks: np.ndarray | None = None  # i32 [max_batch, mask words]
+        self.guided_masks = 0
+        self.guided_mask_s = 0.0
         pipe = self.config.pipeline
         if pipe is None:
             import os
@@ -321,9 +339,15 @@ class LLMEngine:
     def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         """Validate a request without queueing it (every check that needs no step): token
         ids in the vocabulary, parameters against it, stop strings need a tokenizer, prompt +
-        max_tokens within the context, and within the whole KV pool. Returns the ids as
-        ints. Raises :class:`InvalidRequest`, :class:`ContextOverflow` or
+        max_tokens within the context, and within the whole KV pool, a guided request's
+        constraint compiles against the tokenizer. Returns the ids as ints. Raises
+        :class:`InvalidRequest` (:class:`~poot.driver.guided.GuidedDecodingError` for a
+        constraint that is malformed or unsupported), :class:`ContextOverflow` or
         :class:`KVCapacityExceeded`."""
+        return self._validate(prompt_ids, params)[0]
+
+    def _validate(self, prompt_ids: Sequence[int], params: SamplingParams):
+        """(ids, the guided request's TokenMatcher or None): :meth:`check_request`."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequest("params", type(params).__name__, "must be SamplingParams")
         try:
@@ -348,7 +372,21 @@ class LLMEngine:
         need = self.blocks.blocks_for(total - 1)
         if need > self.blocks.usable:
             raise KVCapacityExceeded(total, need, self.blocks.usable, self.blocks.block_size)
-        return ids
+        return ids, (self._matcher(params.guided) if params.guided is not None else None)
+
+    def _matcher(self, guide):
+        """A fresh TokenMatcher of ``guide`` (its grammar compiled against the tokenizer)."""
+        from poot.driver.guided import GuidedCompiler, GuidedDecodingError
+
+        if self.tokenizer is None:
+            raise GuidedDecodingError("guided", guide.kind, "guided decoding needs the "
+                                      "model's tokenizer (this engine has none)")
+        with self._lock:
+            if self._guided is None:
+                self._guided = GuidedCompiler(self.tokenizer, self.vocab,
+                                              self.tokenizer.stop_ids)
+            compiler = self._guided
+        return compiler.matcher(guide)
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, stream: bool = False) -> str:
@@ -356,7 +394,7 @@ class LLMEngine:
         queue :meth:`stream` reads (for clients on other threads). Raises what
         :meth:`check_request` raises, and :class:`EngineError` for a duplicate id."""
         params = params or SamplingParams()
-        ids = self.check_request(prompt_ids, params)
+        ids, matcher = self._validate(prompt_ids, params)
         with self._lock:
             if self.fault is not None:
                 raise EngineError(f"the engine stopped after a fault: {self.fault}")
@@ -366,6 +404,7 @@ class LLMEngine:
             self._known.add(rid)
             seq = _Seq(rid, ids, params, self.tokenizer, time.perf_counter(),
                        queue.Queue() if stream else None)
+            seq.guide = matcher
             self._adds.append(seq)
             self._wake.notify_all()
         return rid
@@ -412,6 +451,7 @@ class LLMEngine:
                 if self._can_chain():
                     nxt = self._issue_decode(chained=True)
                     events += self._finish_decode()
+                    self._issue_sampler(nxt)
                     self._inflight = nxt
                     return self._deliver(events)
                 events += self._finish_decode()
@@ -419,6 +459,7 @@ class LLMEngine:
             self._prefill()
             if any(s.status == "running" for s in self.running):
                 self._inflight = self._issue_decode(chained=False)
+                self._issue_sampler(self._inflight)
                 if not self.pipelined:
                     events += self._finish_decode()
         except Exception as e:  # noqa: BLE001  (an engine fault: fail the requests it touched)
@@ -571,10 +612,38 @@ class LLMEngine:
         key = tuple(s.id for s in seqs)
         if self._spec_cache[0] != key:
             self._spec_cache = (key, sampler_spec_for([s.params for s in seqs]))
-        handle = self.runner.submit_decode(self._decode_batch(seqs, chained),
-                                           self._spec_cache[1])
+        batch = self._decode_batch(seqs, chained)
+        if self._spec_cache[1].guided:     # the sampler waits for the rows' masks
+            handle = self.runner.submit_model(batch, self._spec_cache[1])
+        else:
+            handle = self.runner.submit_decode(batch, self._spec_cache[1])
         self.max_decode_batch = max(self.max_decode_batch, len(seqs))
         return handle, seqs
+
+    def _issue_sampler(self, inflight) -> None:
+        """Issue the sampler of a guided step whose forward pass is running: each guided
+        row's allowed tokens are computed now, on the host, from its matcher (which has
+        consumed every token accepted so far); other rows (unconstrained, or finished since
+        the step was issued: their token is discarded) allow every token."""
+        if inflight is None or inflight[0].submitted is not None:
+            return
+        handle, seqs = inflight
+        from poot.driver.guided import ALL_ALLOWED
+
+        words = sampling.mask_words(self.vocab)
+        if self._masks is None or self._masks.shape[0] < len(seqs):
+            self._masks = np.empty((self.runner.max_batch, words), np.int32)
+        masks = self._masks[:len(seqs)]
+        t0 = time.perf_counter()
+        for i, seq in enumerate(seqs):
+            if seq.guide is not None and seq.status == "running":
+                seq.guide.fill_mask(masks[i])
+            else:
+                masks[i] = ALL_ALLOWED
+        dt = time.perf_counter() - t0
+        self.guided_masks += sum(1 for s in seqs if s.guide is not None)
+        self.guided_mask_s += dt
+        self.runner.submit_sampler(handle, masks)
 
     def _can_chain(self) -> bool:
         """Whether the next decode step can be issued before the in-flight one is read: the
@@ -617,8 +686,9 @@ class LLMEngine:
             logprob = None
             if seq.params.logprobs is not None and lp is not None:
                 n = seq.params.logprobs
-                top = [(int(a), float(b)) for a, b in zip(top_i[i][:n], top_v[i][:n])] \
-                    if n and top_i is not None else ([] if n == 0 else None)
+                top = [(int(a), float(b)) for a, b in zip(top_i[i][:n], top_v[i][:n])
+                       if b != -np.inf] if n and top_i is not None else \
+                    ([] if n == 0 else None)
                 logprob = TokenLogprob(int(tok[i]), float(lp[i]), top)
             events.append(self._accept(seq, int(tok[i]), logprob, now))
         self.generated_tokens += len(seqs)
@@ -629,6 +699,10 @@ class LLMEngine:
         seq.generated += 1
         if seq.t_first is None:
             seq.t_first = now
+        if seq.guide is not None and not seq.guide.consume(token):
+            # the mask allowed only what the matcher accepts: an engine fault, not the user's
+            return self._finish(seq, "error", error=f"guided decoding: the constraint rejected "
+                                f"sampled token {token}: {seq.guide.error}")
         if token in seq.stop_ids:
             return self._finish(seq, "stop", stop=token)
         seq.tokens.append(token)
@@ -671,6 +745,8 @@ class LLMEngine:
         seq.status = "finished"
         st = seq.stats
         st.generated_tokens, st.finish_reason = seq.generated, reason
+        if seq.guide is not None:
+            st.guided_masks, st.guided_mask_s = seq.guide.masks, seq.guide.mask_s
         st.total_s = now - seq.t_arrival
         st.pipelined = self.pipelined
         if seq.t_first is not None:
@@ -729,7 +805,8 @@ class LLMEngine:
                            prefill_steps=self.runner.prefill_steps,
                            generated_tokens=self.generated_tokens,
                            preemptions=self.preemptions,
-                           max_decode_batch=self.max_decode_batch)
+                           max_decode_batch=self.max_decode_batch,
+                           guided_masks=self.guided_masks, guided_mask_s=self.guided_mask_s)
 
     # ---- background loop ------------------------------------------------------------------
     def start(self) -> None:

@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from poot.dialects.types import DType
+from poot.driver.guided import ALL_ALLOWED
 from poot.engine.blocks import NULL_BLOCK
 from poot.executor import Engine, Entry, Submitted
 from poot.graph import sampling
@@ -116,12 +117,17 @@ class DecodeBatch:
 
 @dataclass
 class DecodeHandle:
-    """A decode + sample issued by :meth:`ModelRunner.submit_decode`."""
+    """A decode + sample issued by :meth:`ModelRunner.submit_decode`, or a decode whose
+    sampler is still to be issued (:meth:`ModelRunner.submit_model`: ``submitted`` is None
+    until :meth:`ModelRunner.submit_sampler`)."""
 
-    submitted: Submitted
+    submitted: Submitted | None
     rows: int
     spec: SamplerSpec
     read: list[str]
+    bucket: int = 0
+    sampler: Entry | None = None
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -134,9 +140,10 @@ class _EntryState:
 def sampler_spec_for(params_list: Sequence[Any]) -> SamplerSpec:
     """The smallest :class:`SamplerSpec` serving every request of ``params_list`` (their
     features' union; log-prob width rounded up to :data:`~poot.graph.sampling.LOGPROB_WIDTHS`)."""
-    pen = bias = top_k = top_p = min_p = stoch = False
+    pen = bias = top_k = top_p = min_p = stoch = guided = False
     lp = None
     for p in params_list:
+        guided |= getattr(p, "guided", None) is not None
         greedy = p.greedy
         pen |= (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
                 or p.frequency_penalty != 0.0)
@@ -149,15 +156,16 @@ def sampler_spec_for(params_list: Sequence[Any]) -> SamplerSpec:
             w = next(x for x in sampling.LOGPROB_WIDTHS if x >= p.logprobs)
             lp = w if lp is None else max(lp, w)
     return SamplerSpec(penalties=pen, logit_bias=bias, top_k=top_k, top_p=top_p, min_p=min_p,
-                       logprobs=lp, stochastic=stoch)
+                       logprobs=lp, stochastic=stoch, guided=guided)
 
 
 def spec_tag(spec: SamplerSpec) -> str:
     """A short name of a sampler spec's features (``""`` for the greedy one), for entry
-    names: ``":sample+pen+bias+topk+topp+minp+lp5"``."""
+    names: ``":sample+pen+bias+topk+topp+minp+guided+lp5"``."""
     feats = [name for name, on in (("sample", spec.stochastic), ("pen", spec.penalties),
                                    ("bias", spec.logit_bias), ("topk", spec.top_k),
-                                   ("topp", spec.top_p), ("minp", spec.min_p)) if on]
+                                   ("topp", spec.top_p), ("minp", spec.min_p),
+                                   ("guided", spec.guided)) if on]
     if spec.logprobs is not None:
         feats.append(f"lp{spec.logprobs}")
     return ":" + "+".join(feats) if feats else ""
@@ -299,6 +307,7 @@ class ModelRunner:
         if loaded:     # the one with the fewest features (cheapest per step)
             best = min(loaded, key=lambda s: sum(map(bool, (s.penalties, s.logit_bias,
                                                             s.top_k, s.top_p, s.min_p,
+                                                            s.guided,
                                                             s.logprobs is not None))))
             return self._entries[("sampler", batch, best)], best
         return self.sampler_entry(batch, spec), spec
@@ -375,10 +384,17 @@ class ModelRunner:
         return steps
 
     # ---- decode -------------------------------------------------------------------------
-    def submit_decode(self, batch: DecodeBatch, spec: SamplerSpec) -> DecodeHandle:
+    def submit_decode(self, batch: DecodeBatch, spec: SamplerSpec,
+                      masks: np.ndarray | None = None) -> DecodeHandle:
         """Issue one decode step over ``batch`` (padded to its bucket) and its sampler (spec
         ``spec``; it must cover every row's parameters): returns at once where the device
-        queues work; :meth:`collect` waits for the sampled tokens."""
+        queues work; :meth:`collect` waits for the sampled tokens. ``masks``: the rows'
+        allowed-token masks when ``spec.guided`` (:meth:`submit_sampler`)."""
+        return self.submit_sampler(self.submit_model(batch, spec), masks)
+
+    def submit_model(self, batch: DecodeBatch, spec: SamplerSpec) -> DecodeHandle:
+        """Issue the decode step's forward pass alone; its sampler follows with
+        :meth:`submit_sampler` (a guided batch computes its masks on the host meanwhile)."""
         n = len(batch.positions)
         bsz = self.bucket(n)
         dec = self.decode_entry(bsz)
@@ -408,9 +424,26 @@ class ModelRunner:
             read.append(sampling.OUTPUTS["logprob"])
             if spec.logprobs > 0:
                 read += [sampling.OUTPUTS["top_logprobs"], sampling.OUTPUTS["top_ids"]]
-        sub = self.engine.submit(smp, sins, read=read)
         self.decode_steps += 1
-        return DecodeHandle(sub, n, spec, read)
+        return DecodeHandle(None, n, spec, read, bsz, smp, sins)
+
+    def submit_sampler(self, handle: DecodeHandle, masks: np.ndarray | None = None
+                       ) -> DecodeHandle:
+        """Issue the sampler of a step :meth:`submit_model` issued. ``masks``: i32 [n,
+        mask_words(V)], row i's allowed tokens (:mod:`poot.driver.guided`), used when the
+        sampler is a guided one; None (or idle rows): every token allowed."""
+        if handle.submitted is not None:
+            raise ValueError("the step's sampler was already issued")
+        sins = handle.inputs
+        if handle.spec.guided:
+            full = np.full((handle.bucket, sampling.mask_words(self.vocab)), ALL_ALLOWED,
+                           np.int32)
+            if masks is not None:
+                full[:handle.rows] = masks
+            sins[sampling.INPUTS["allowed_tokens"]] = full
+        handle.submitted = self.engine.submit(handle.sampler, sins, read=handle.read)
+        handle.inputs = {}
+        return handle
 
     def _sampler_inputs(self, entry: Entry, batch: DecodeBatch, bsz: int,
                         spec: SamplerSpec) -> dict[str, np.ndarray]:
@@ -422,7 +455,8 @@ class ModelRunner:
 
             rows = list(batch.params) + [None] * (bsz - n)
             packed = SamplingParams.pack(rows, self.vocab, spec=spec)
-            packed.pop(sampling.INPUTS["uniform"], None)
+            packed.pop(sampling.INPUTS["uniform"], None)          # per step, below
+            packed.pop(sampling.INPUTS["allowed_tokens"], None)   # per step: submit_sampler
             out.update(packed)
             st.last["rowkeys"] = batch.keys
         if spec.stochastic:

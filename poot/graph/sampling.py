@@ -13,6 +13,9 @@ composition of primitive ops; there is no sampling primitive and no sort.
 
 The pipeline (vLLM v1 order, OpenAI semantics for the penalties):
 
+0. guided decoding (:attr:`SamplerSpec.guided`): ``logits = allowed ? logits : -inf`` from the
+   packed ``allowed_tokens`` bitmask, so every rule below (and the log-probs) sees only the
+   tokens the row's constraint allows; an unconstrained row's mask allows every token.
 1. ``x = logits + logit_bias``                               (f32 [B, V], host-packed per slot)
 2. penalties from the device-resident history ``counts`` (i32 [B, V]):
    repetition (HF/CTRL): where ``count > 0``: ``x > 0 ? x / r : x * r``;
@@ -64,7 +67,8 @@ needs no PRNG state or integer bit ops on the device (the dialect has no xor/shi
 one f32 per sequence per step across the bus.
 
 Log-probs (a trace-time choice, :attr:`SamplerSpec.logprobs`): the log-softmax of the raw
-model logits (before bias/penalties/temperature, as vLLM's default "raw" log-probs), the chosen
+model logits (before bias/penalties/temperature, as vLLM's default "raw" log-probs; after the
+guided mask: a disallowed token's log-prob is -inf), the chosen
 token's log-prob, and the top-n values/ids found by ``n`` iterated max passes (lowest id first
 at ties).
 """
@@ -94,6 +98,7 @@ INPUTS = {
     "uniform": "sampling.uniform",
     "logit_bias": "sampling.logit_bias",
     "token_counts": "sampling.token_counts",
+    "allowed_tokens": "sampling.allowed_tokens",
 }
 
 #: Output names used by :meth:`SampleResult.outputs`.
@@ -108,6 +113,15 @@ OUTPUTS = {
 
 _I32 = {"top_k"}
 _BV = {"logit_bias": DType.F32, "token_counts": DType.I32}
+
+#: Bits of a word of the ``allowed_tokens`` mask: 16, so a word is never negative and unpacks
+#: with integer division alone (the dialect has no bitwise ops).
+MASK_BITS = 16
+
+
+def mask_words(vocab: int) -> int:
+    """Words of one row of the ``allowed_tokens`` mask: ``ceil(vocab / 16)``."""
+    return -(-vocab // MASK_BITS)
 
 STAGE1_STEPS = 8    # ceil(log2(151)): binade index 0..150
 STAGE2_STEPS = 23   # f32 mantissa bits: ulps in one binade = 2^23
@@ -128,6 +142,10 @@ class SamplerSpec:
             greedy request traces no distribution, no inverse-CDF search over the vocabulary).
         logprobs: ``None``: no log-prob outputs; ``n >= 0``: the chosen token's log-prob and
             the top-``n`` log-probs with their ids.
+        guided: the ``allowed_tokens`` input, a packed bitmask i32 [B, ceil(V / 16)] (token
+            ``t`` allowed when bit ``t % 16`` of word ``t // 16`` is set): every disallowed
+            logit is -inf before any other rule, log-probs included (guided decoding,
+            :mod:`poot.driver.guided`). A row with every bit set is unconstrained.
     """
 
     penalties: bool = True
@@ -137,6 +155,7 @@ class SamplerSpec:
     min_p: bool = True
     logprobs: int | None = None
     stochastic: bool = True
+    guided: bool = False
 
     def __post_init__(self):
         if self.logprobs is not None and (not isinstance(self.logprobs, int)
@@ -156,14 +175,16 @@ class SamplerSpec:
         if self.logit_bias:
             roles.append("logit_bias")
         roles.append("token_counts")
+        if self.guided:
+            roles.append("allowed_tokens")
         return roles
 
 
 #: The sampler of greedy requests with no penalties, bias, filters or log-probs.
 GREEDY = SamplerSpec(penalties=False, logit_bias=False, top_k=False, top_p=False, min_p=False,
                      stochastic=False)
-#: Every feature but log-probs: serves any request without log-probs (a feature a row does not
-#: use is neutral: top_k 0, top_p 1, min_p 0, penalties 1/0/0, bias 0).
+#: Every feature but log-probs and guided decoding: serves any request without them (a feature
+#: a row does not use is neutral: top_k 0, top_p 1, min_p 0, penalties 1/0/0, bias 0).
 FULL = SamplerSpec(penalties=True, logit_bias=True, top_k=True, top_p=True, min_p=True,
                    logprobs=None, stochastic=True)
 
@@ -172,7 +193,7 @@ def covers(a: SamplerSpec, b: SamplerSpec) -> bool:
     """Whether a sampler traced for ``a`` serves every request ``b`` serves, with the same
     tokens: every feature of ``b`` is in ``a`` (a feature a row does not use is neutral), and
     ``a`` has at least ``b``'s log-prob width."""
-    feats = ("penalties", "logit_bias", "top_k", "top_p", "min_p", "stochastic")
+    feats = ("penalties", "logit_bias", "top_k", "top_p", "min_p", "stochastic", "guided")
     if any(getattr(b, f) and not getattr(a, f) for f in feats):
         return False
     return b.logprobs is None or (a.logprobs is not None and a.logprobs >= b.logprobs)
@@ -192,10 +213,13 @@ class SamplingInputs:
     presence_penalty: Tensor | None = None
     frequency_penalty: Tensor | None = None
     logit_bias: Tensor | None = None
+    allowed_tokens: Tensor | None = None
 
 
 def input_type(role: str, batch: int, vocab: int) -> TensorType:
     """The type of the step input playing ``role`` (a key of :data:`INPUTS`)."""
+    if role == "allowed_tokens":
+        return TensorType((batch, mask_words(vocab)), DType.I32)
     if role in _BV:
         return TensorType((batch, vocab), _BV[role])
     return TensorType((batch,), DType.I32 if role in _I32 else DType.F32)
@@ -292,6 +316,29 @@ def _check(logits: Tensor, si: SamplingInputs) -> tuple[int, int]:
         if t.type != want:
             raise BuilderError(f"sample: input {role} must be {want}, got {t.type}")
     return batch, vocab
+
+
+def allowed(b: Builder, words: Tensor, vocab: int, k: _K | None = None) -> Tensor:
+    """i1 [B, V]: the tokens a packed ``allowed_tokens`` mask (i32 [B, ceil(V / 16)], 16 bits
+    a word, each word in [0, 2^16)) allows: bit ``j`` of word ``w`` is
+    ``(w / 2^j) - 2 * (w / 2^(j+1))`` in integer division."""
+    k = k or _K(b)
+    batch, nw = words.shape
+    pow2 = b.broadcast_to(b.constant(np.array([1 << j for j in range(MASK_BITS)], np.int32)),
+                          (batch, nw, MASK_BITS))
+    q = b.broadcast_to(b.reshape(words, (batch, nw, 1)), (batch, nw, MASK_BITS)) / pow2
+    bits = q - (q / k(2, DType.I32)) * k(2, DType.I32)
+    bits = b.reshape(bits, (batch, nw * MASK_BITS))
+    if nw * MASK_BITS != vocab:
+        bits = b.slice_axis(bits, 1, 0, vocab)
+    return b.compare("ne", bits, k(0, DType.I32))
+
+
+def apply_mask(b: Builder, logits: Tensor, words: Tensor, k: _K | None = None) -> Tensor:
+    """``logits`` with every token the mask ``words`` does not allow set to -inf."""
+    k = k or _K(b)
+    return b.select(allowed(b, words, logits.shape[1], k), logits,
+                    k.full(logits.shape, -math.inf))
 
 
 def process_logits(b: Builder, logits: Tensor, si: SamplingInputs) -> Tensor:
@@ -466,11 +513,14 @@ def sample(b: Builder, logits: Tensor, si: SamplingInputs, spec: SamplerSpec | N
               "min_p": spec.min_p and spec.stochastic, "temperature": spec.stochastic,
               "uniform": spec.stochastic,
               "logit_bias": spec.logit_bias, "repetition_penalty": spec.penalties,
-              "presence_penalty": spec.penalties, "frequency_penalty": spec.penalties}
+              "presence_penalty": spec.penalties, "frequency_penalty": spec.penalties,
+              "allowed_tokens": spec.guided}
         si = SamplingInputs(**{r: (getattr(si, r) if on.get(r, True) else None)
                                for r in INPUTS})
         bad = b.compare("ne", logits - logits, k(0.0))       # NaN or +-inf
         nonfinite = b.reduce("max", bad, 1)
+        if spec.guided:
+            logits = apply_mask(b, logits, si.allowed_tokens, k)
         x = process_logits(b, logits, si)
         greedy = argmax(b, x, k)
         token = greedy

@@ -86,7 +86,8 @@ def defaults(B, V):
             N["repetition_penalty"]: np.ones(B, F32), N["presence_penalty"]: np.zeros(B, F32),
             N["frequency_penalty"]: np.zeros(B, F32), N["uniform"]: np.full(B, 0.5, F32),
             N["logit_bias"]: np.zeros((B, V), F32),
-            N["token_counts"]: np.zeros((B, V), np.int32)}
+            N["token_counts"]: np.zeros((B, V), np.int32),
+            N["allowed_tokens"]: np.full((B, S.mask_words(V)), 0xFFFF, np.int32)}
 
 
 def run(g, logits, **kw):
@@ -317,3 +318,90 @@ def test_bad_shapes_are_builder_errors():
         S.sample(b, lg, si)
     with pytest.raises(BuilderError):
         S.SamplerSpec(logprobs=-1)
+
+
+# ---- guided decoding: the allowed-tokens mask --------------------------------------------------
+def pack_mask(allow: np.ndarray) -> np.ndarray:
+    """bool [B, V] -> i32 [B, ceil(V/16)], 16 bits a word, bit t % 16 of word t // 16 (the
+    layout written independently of poot: numpy's packbits, little bit order)."""
+    B, V = allow.shape
+    W = S.mask_words(V)
+    pad = np.zeros((B, W * 16), bool)
+    pad[:, :V] = allow
+    return np.packbits(pad, axis=1, bitorder="little").view("<u2").astype(np.int32)
+
+
+@pytest.mark.parametrize("V", [16, 1000, 1003])
+def test_mask_unpacks_bit_for_bit(V):
+    B = 3
+    rng = np.random.default_rng(V)
+    allow = rng.random((B, V)) < 0.3
+    allow[1] = True
+    allow[2] = False
+    allow[2, [0, V - 1]] = True
+    b = Builder(LIMITS)
+    words = b.input("w", TensorType((B, S.mask_words(V)), DType.I32))
+    g = b.finish({"allowed": S.allowed(b, words, V)})
+    got = evaluate(g, {"w": pack_mask(allow)})["allowed"]
+    np.testing.assert_array_equal(got, allow)
+
+
+def test_guided_rows_sample_from_the_masked_distribution():
+    """Every rule (bias, penalties, greedy, filters, inverse CDF) sees the masked logits: the
+    sort-based reference on logits with disallowed ids at -inf picks the same token, always an
+    allowed one; a row whose mask allows everything samples what the unguided sampler does."""
+    B, V = 4, 1000
+    spec = S.SamplerSpec(guided=True)
+    g, plain = graph(B, V, spec), graph(B, V)
+    rng = np.random.default_rng(21)
+    checked = 0
+    for it in range(30):
+        logits = (rng.normal(size=(B, V)) * 3).astype(F32)
+        allow = rng.random((B, V)) < [[0.5], [0.02], [0.002], [1.0]]
+        allow[np.arange(B), rng.integers(0, V, B)] = True
+        allow[1, int(np.argmax(logits[1]))] = False        # the unmasked argmax is not allowed
+        params = random_params(rng, B, V)
+        params["logit_bias"][0, ~allow[0]] = 100.0         # bias cannot unmask
+        out, inp = run(g, logits, allowed_tokens=pack_mask(allow), **params)
+        tok = out[S.OUTPUTS["token"]]
+        assert allow[np.arange(B), tok].all(), it
+        masked = np.where(allow, logits, -np.inf).astype(F32)
+        for i, (idx, keep, p, tie) in enumerate(ref_batch(masked, inp)):
+            if keep is not None and tie and p[keep].min() > 0:
+                continue
+            assert tok[i] == idx, (it, i)
+            checked += 1
+        free, _ = run(plain, logits, **params)
+        assert free[S.OUTPUTS["token"]][3] == tok[3]
+    assert checked >= 110
+
+
+def test_guided_logprobs_see_the_mask():
+    B, V = 2, 300
+    spec = S.SamplerSpec(guided=True, logprobs=5)
+    g = graph(B, V, spec)
+    rng = np.random.default_rng(8)
+    logits = rng.normal(size=(B, V)).astype(F32)
+    allow = np.zeros((B, V), bool)
+    allow[0, [3, 50, 299]] = True
+    allow[1] = True
+    out, _ = run(g, logits, allowed_tokens=pack_mask(allow), temperature=[0.0, 0.0])
+    x = np.where(allow[0], logits[0].astype(np.float64), -np.inf)
+    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
+    assert out[S.OUTPUTS["token"]][0] == int(np.argmax(x))
+    np.testing.assert_allclose(out[S.OUTPUTS["top_logprobs"]][0, :3],
+                               np.sort(lp[allow[0]])[::-1], atol=1e-5)
+    assert set(out[S.OUTPUTS["top_ids"]][0, :3].tolist()) == {3, 50, 299}
+    assert np.isneginf(out[S.OUTPUTS["top_logprobs"]][0, 3:]).all()
+    np.testing.assert_allclose(out[S.OUTPUTS["logprob"]][0], lp.max(), atol=1e-5)
+    assert not out[S.OUTPUTS["nonfinite"]].any()       # the flag is about the raw logits
+
+
+def test_guided_spec_declares_the_mask_and_covers():
+    assert "allowed_tokens" in S.SamplerSpec(guided=True).input_roles()
+    assert "allowed_tokens" not in S.FULL.input_roles()
+    assert S.input_type("allowed_tokens", 4, 49152).shape == (4, 3072)
+    assert S.input_type("allowed_tokens", 1, 1003).shape == (1, 63)
+    g = S.SamplerSpec(guided=True)
+    assert S.covers(g, S.SamplerSpec()) and S.covers(g, S.GREEDY)
+    assert not S.covers(S.FULL, S.SamplerSpec(stochastic=False, guided=True))
