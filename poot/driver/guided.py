@@ -51,7 +51,17 @@ JSON_DEFAULTS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,24}", "lenient": F
 
 class GuidedDecodingError(InvalidRequest):
     """A constraint that cannot be honored: malformed (bad JSON schema, regex or grammar) or
-    using a feature llguidance does not support; ``reason`` names it."""
+    using a feature llguidance does not support; ``reason`` names it (one line)."""
+
+    def __init__(self, field: str, value, reason: str):
+        super().__init__(field, value, _one_line(reason))
+
+
+def _one_line(text: str) -> str:
+    """llguidance's multi-line parse messages (source excerpts, caret markers) as one line."""
+    lines = [ln.strip() for ln in str(text).splitlines()]
+    keep = [ln for ln in lines if ln and not set(ln) <= set("^|~ 0123456789")]
+    return "; ".join(keep)
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,7 @@ class Guide:
             if not isinstance(spec, (Mapping, bool)):
                 raise GuidedDecodingError("json_schema", str(spec)[:60],
                                           "must be a JSON object (or true/false)")
-            text = json.dumps(spec, sort_keys=True)
+            text = json.dumps(spec)   # key order kept: llguidance emits properties in it
             object.__setattr__(self, "spec", json.loads(text))
         elif not isinstance(spec, str) or not spec:
             raise GuidedDecodingError(self.kind, spec, "must be a non-empty string")
@@ -146,6 +156,8 @@ class GuidedCompiler:
         self.stop_ids = sorted(int(i) for i in stop_ids) or \
             ([tokenizer.eos_id] if tokenizer.eos_id is not None else [])
         self._lt = None
+        self._executor = None     # llguidance's thread pool, for several masks at once
+        self._bits = None         # u32 [rows, words] scratch of the parallel masks
 
     def _ll_tokenizer(self):
         if self._lt is None:
@@ -175,6 +187,33 @@ class GuidedCompiler:
             raise GuidedDecodingError(guide.kind, _short(guide.spec or "{}"),
                                       m.get_error().strip())
         return TokenMatcher(m, self.vocab, lt.vocab_size)
+
+    def fill_masks(self, matchers: "list[TokenMatcher]", out: np.ndarray) -> None:
+        """Row i of ``out`` (i32 [len(matchers), mask_words(vocab)]) gets the tokens
+        ``matchers[i]`` allows next: one matcher on this thread, several in parallel on
+        llguidance's thread pool (``LLExecutor``: 80% of the host's cores, up to 32)."""
+        if len(matchers) == 1:
+            matchers[0].fill_mask(out[0])
+            return
+        import llguidance as L
+
+        t0 = time.perf_counter()
+        if self._executor is None:
+            self._executor = L.LLExecutor()
+        words32 = matchers[0]._bits.size
+        if self._bits is None or self._bits.shape[0] < len(matchers) or \
+                self._bits.shape[1] != words32:
+            self._bits = np.zeros((max(len(matchers), 8), words32), np.uint32)
+        bits = self._bits
+        self._executor.unsafe_compute_mask_ptr([(m.m, i) for i, m in enumerate(matchers)],
+                                               bits.ctypes.data, words32 * 4, bits.shape[0])
+        n = out.shape[1]
+        out[:, 0::2] = bits[:len(matchers), :(n + 1) // 2] & 0xFFFF
+        out[:, 1::2] = bits[:len(matchers), :n // 2] >> 16
+        share = (time.perf_counter() - t0) / len(matchers)
+        for m in matchers:
+            m.mask_s += share
+            m.masks += 1
 
 
 #: A device mask word that allows all of its 16 tokens.

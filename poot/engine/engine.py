@@ -635,13 +635,14 @@ class LLMEngine:
             self._masks = np.empty((self.runner.max_batch, words), np.int32)
         masks = self._masks[:len(seqs)]
         t0 = time.perf_counter()
-        for i, seq in enumerate(seqs):
-            if seq.guide is not None and seq.status == "running":
-                seq.guide.fill_mask(masks[i])
-            else:
-                masks[i] = ALL_ALLOWED
+        rows = [i for i, s in enumerate(seqs) if s.guide is not None and s.status == "running"]
+        masks[:] = ALL_ALLOWED
+        if rows:
+            block = np.empty((len(rows), words), np.int32)
+            self._guided.fill_masks([seqs[i].guide for i in rows], block)
+            masks[rows] = block
         dt = time.perf_counter() - t0
-        self.guided_masks += sum(1 for s in seqs if s.guide is not None)
+        self.guided_masks += len(rows)
         self.guided_mask_s += dt
         self.runner.submit_sampler(handle, masks)
 
