@@ -79,9 +79,11 @@ def test_pack_batch():
     streams = [a.uniforms(), None, UniformStream(1)]
     arrs = SamplingParams.pack(batch, V, streams)
     N = S.INPUTS
-    assert set(arrs) == {N[r] for r in N if r != "token_counts"}
+    assert set(arrs) == {N[r] for r in N if r not in ("token_counts", "allowed_tokens")}
+    guided = SamplingParams.pack(batch, V, spec=S.SamplerSpec(guided=True))
+    np.testing.assert_array_equal(guided[N["allowed_tokens"]], np.full((3, 2), 0xFFFF))
     for role in N:
-        if role == "token_counts":
+        if role in ("token_counts", "allowed_tokens"):
             continue
         t = S.input_type(role, 3, V)
         assert arrs[N[role]].shape == t.shape and arrs[N[role]].dtype == t.dtype.numpy

@@ -76,7 +76,8 @@ def test_readme_has_the_commands_it_should():
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A folder with the model, a config of the tiny shapes with a 1024-position context,
-    ``in.mlir``, ``bad.mlir`` and ``prompts.jsonl`` (README's names), and a compile cache."""
+    ``in.mlir``, ``bad.mlir``, ``prompts.jsonl``, ``person.json`` and ``sum.lark`` (README's
+    names), and a compile cache."""
     d = tmp_path_factory.mktemp("readme")
     model = chat_gguf(d, context=1024)
     cfg = json.loads((ROOT / "test/fixtures/tiny/llama/config.json").read_text())
@@ -96,6 +97,12 @@ def workdir(tmp_path_factory):
                                      '{"prompt": "The sky is", "max_tokens": 4}\n'
                                      '{"messages": [{"role": "user", "content": "Hi"}], '
                                      '"temperature": 0.7, "seed": 1}\n')
+    (d / "person.json").write_text(json.dumps(
+        {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                          "age": {"type": "integer", "minimum": 0,
+                                                  "maximum": 120}},
+         "required": ["name", "age"], "additionalProperties": False}))
+    (d / "sum.lark").write_text('start: num " + " num\nnum: /[0-9]{1,3}/\n')
     return d, model
 
 
