@@ -351,10 +351,14 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, stream: bool = False) -> str:
+                    request_id: str | None = None, stream: bool = False,
+                    sink: Any = None) -> str:
         """Queue a request (thread-safe); returns its id. ``stream``: its outputs also go to a
-        queue :meth:`stream` reads (for clients on other threads). Raises what
-        :meth:`check_request` raises, and :class:`EngineError` for a duplicate id."""
+        queue :meth:`stream` reads (for clients on other threads). ``sink``: instead of that
+        queue, any object with ``put(RequestOutput)``, called on the engine thread with each
+        output (it must not block or raise: the HTTP server bridges outputs into its event
+        loop this way). Raises what :meth:`check_request` raises, and :class:`EngineError`
+        for a duplicate id."""
         params = params or SamplingParams()
         ids = self.check_request(prompt_ids, params)
         with self._lock:
@@ -364,8 +368,9 @@ class LLMEngine:
             if rid in self._known:
                 raise EngineError(f"request id {rid!r} is already in use")
             self._known.add(rid)
-            seq = _Seq(rid, ids, params, self.tokenizer, time.perf_counter(),
-                       queue.Queue() if stream else None)
+            if sink is None and stream:
+                sink = queue.Queue()
+            seq = _Seq(rid, ids, params, self.tokenizer, time.perf_counter(), sink)
             self._adds.append(seq)
             self._wake.notify_all()
         return rid
