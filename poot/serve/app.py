@@ -18,11 +18,10 @@ import hmac
 import logging
 import threading
 import time
-from typing import Annotated, Any, Callable, Union
+from typing import Any, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import Discriminator, Tag
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -34,8 +33,7 @@ from poot.serve.errors import APIError, bad_request, unavailable
 from poot.serve.mapping import chat_plan, check_model, completion_plan, encode_chat
 from poot.serve.metrics import CONTENT_TYPE, Metrics
 from poot.serve.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                 ErrorResponse, TokenizeChatRequest,
-                                 TokenizeCompletionRequest)
+                                 ErrorResponse, TokenizeBody, TokenizeChatRequest)
 from poot.serve.responses import (SSE_DONE, ChoiceState, CompletionLogprobs, TokenText,
                                   chat_logprobs, new_id, sse, usage)
 
@@ -308,13 +306,6 @@ def build_app(config: ServeConfig | None = None, handle=None,
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     # ---- tokenizer routes --------------------------------------------------------------------
-    TokenizeBody = Annotated[Union[Annotated[TokenizeCompletionRequest,
-                                             Tag("TokenizeCompletionRequest")],
-                                   Annotated[TokenizeChatRequest, Tag("TokenizeChatRequest")]],
-                             Discriminator(lambda v: "TokenizeChatRequest"
-                                           if isinstance(v, dict) and "messages" in v
-                                           else "TokenizeCompletionRequest")]
-
     @app.post("/tokenize", dependencies=authed, responses=_ERRORS)
     async def tokenize(body: TokenizeBody):
         """Token ids of a ``prompt`` or of chat ``messages`` (through the chat template)."""

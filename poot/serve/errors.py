@@ -71,8 +71,9 @@ def unavailable(message: str, retry_after: int = 1, code: str = "unavailable") -
 # pydantic puts the member of a union it tried into the location ("stop", "list[str]"): not
 # a field
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|bytes|none|list\[.*\]|dict\[.*\]|"
-                       r"[a-z-]+\[.*\]|function-.*|json-or-python.*|literal\[.*\]|"
-                       r"[A-Z][A-Za-z]*)$")
+                       r"[a-z-]+\[.*\]|function-.*|json-or-python.*|literal\[.*\])$")
+# ... or a model's name (a tagged union's member): no field is spelled in CamelCase
+_MODEL_TAG = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 
 
 def field_path(loc: tuple[Any, ...] | list[Any]) -> str | None:
@@ -85,7 +86,7 @@ def field_path(loc: tuple[Any, ...] | list[Any]) -> str | None:
     for p in parts:
         if isinstance(p, int):
             out += f"[{p}]"
-        elif isinstance(p, str) and _TYPE_TAG.match(p) and out:
+        elif isinstance(p, str) and (_MODEL_TAG.match(p) or (_TYPE_TAG.match(p) and out)):
             continue
         else:
             out += f".{p}" if out else str(p)

@@ -16,9 +16,10 @@ declared so that they can be refused with a clear message until guided decoding 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Body
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 MAX_TOP_LOGPROBS = 20
 #: most stop strings a request may give (OpenAI allows 4; vLLM any number)
@@ -151,6 +152,18 @@ class TokenizeChatRequest(_Strict):
     chat_template_kwargs: dict[str, Any] | None = Field(None, max_length=32)
 
 
+def _tokenize_kind(v: Any) -> str:
+    return "TokenizeChatRequest" if isinstance(v, dict) and "messages" in v else \
+        "TokenizeCompletionRequest"
+
+
+#: ``POST /tokenize``'s body: chat ``messages`` or a ``prompt``
+TokenizeBody = Annotated[Union[Annotated[TokenizeCompletionRequest,
+                                         Tag("TokenizeCompletionRequest")],
+                               Annotated[TokenizeChatRequest, Tag("TokenizeChatRequest")]],
+                         Discriminator(_tokenize_kind), Body()]
+
+
 class DetokenizeRequest(_Strict):
     """``POST /detokenize``."""
 
@@ -175,5 +188,5 @@ class ErrorResponse(BaseModel):
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "DetokenizeRequest",
            "ErrorInfo", "ErrorResponse", "MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS",
-           "ResponseFormat", "StreamOptions", "TextPart", "TokenizeChatRequest",
+           "ResponseFormat", "StreamOptions", "TextPart", "TokenizeBody", "TokenizeChatRequest",
            "TokenizeCompletionRequest"]
