@@ -403,8 +403,10 @@ class _Run:
             for ids, src in zip(plan.prompts, [p] if isinstance(p, str) or
                                 (p and isinstance(p[0], int)) else p):
                 self.prompt_texts.append(src if isinstance(src, str) else
-                                         (tt.tok.decode(ids) if tt.tok is not None else ""))
-        self.clp = [CompletionLogprobs(tt) for _ in self.states] if not chat else []
+                                         (tt.tok.decode(ids, skip_special_tokens=True)
+                                          if tt.tok is not None else ""))
+        self.clp = [CompletionLogprobs(tt, plan.prompts[i // n]) for i in
+                    range(plan.choices)] if not chat else []
         self.ttft_seen: set[int] = set()
         self.finished = False
 
@@ -482,7 +484,7 @@ class _Run:
                 lp = None
                 if self.want_logprobs:
                     clp = self.clp[st.index]
-                    lp = clp.prompt(self.plan.prompts[p]) if self.echo else None
+                    lp = clp.prompt() if self.echo else None
                     lp = CompletionLogprobs.merge(lp, clp.generated(st.logprobs))
                 choices.append({"index": st.index, "text": text, "logprobs": lp,
                                 "finish_reason": st.finish_reason})
@@ -519,7 +521,7 @@ class _Run:
                                        "logprobs": None, "finish_reason": None})
                 elif self.echo:
                     p = st.index // self.plan.n
-                    lp = self.clp[st.index].prompt(self.plan.prompts[p]) \
+                    lp = self.clp[st.index].prompt() \
                         if self.want_logprobs else None
                     yield self._chunk({"index": st.index, "text": self.prompt_texts[p],
                                        "logprobs": lp, "finish_reason": None})

@@ -158,39 +158,52 @@ def _lp(x: float) -> float:
 
 
 class CompletionLogprobs:
-    """OpenAI completions ``logprobs`` built up chunk by chunk (``text_offset`` continues
-    across chunks)."""
+    """OpenAI completions ``logprobs`` of one choice, built up chunk by chunk.
+    ``text_offset`` is each token's character offset in the choice's text (the echoed prompt
+    first, when echoed), found by decoding incrementally as the engine does, so a token that
+    is part of a multi-byte character points where that character starts."""
 
-    def __init__(self, tt: TokenText, offset: int = 0):
-        self.tt, self.offset = tt, offset
+    def __init__(self, tt: TokenText, prompt_ids: list[int]):
+        self.tt, self.prompt_ids = tt, list(prompt_ids)
+        self.offset = 0
+        self._gen = None
 
-    def prompt(self, ids: list[int]) -> dict[str, Any]:
-        """Echoed prompt tokens: their texts and offsets; log-probs null (the engine does not
-        compute prompt log-probs)."""
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    def _decoder(self, context, skip: bool):
+        from poot.text.stream import StreamDecoder
+
+        return StreamDecoder(self.tt.tok, skip_special_tokens=skip, context=context) \
+            if self.tt.tok is not None else None
+
+    def _entries(self, ids: list[int], dec) -> tuple[list[str], list[int]]:
+        tokens, offsets = [], []
         for i in ids:
-            t = self.tt.text(i)
-            out["tokens"].append(t)
-            out["token_logprobs"].append(None)
-            out["top_logprobs"].append(None)
-            out["text_offset"].append(self.offset)
-            self.offset += len(t)
-        return out
+            tokens.append(self.tt.text(i))
+            offsets.append(self.offset)
+            if dec is not None:
+                self.offset += len(dec.push(i))
+        return tokens, offsets
+
+    def prompt(self) -> dict[str, Any]:
+        """The echoed prompt's tokens with their texts and offsets; log-probs null (the
+        engine does not compute prompt log-probs)."""
+        tokens, offsets = self._entries(self.prompt_ids, self._decoder((), True))
+        n = len(tokens)
+        return {"tokens": tokens, "token_logprobs": [None] * n, "top_logprobs": [None] * n,
+                "text_offset": offsets}
 
     def generated(self, entries: list[Any]) -> dict[str, Any]:
         """Generated tokens' entries."""
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        if self._gen is None:
+            self._gen = self._decoder(self.prompt_ids, True)
+        tokens, offsets = self._entries([e.token_id for e in entries], self._gen)
+        top_list = []
         for e in entries:
-            t = self.tt.text(e.token_id)
-            out["tokens"].append(t)
-            out["token_logprobs"].append(_lp(e.logprob))
             top: dict[str, float] = {}
             for i, lp in (e.top or []):
                 top.setdefault(self.tt.text(i), _lp(lp))
-            out["top_logprobs"].append(top)
-            out["text_offset"].append(self.offset)
-            self.offset += len(t)
-        return out
+            top_list.append(top)
+        return {"tokens": tokens, "token_logprobs": [_lp(e.logprob) for e in entries],
+                "top_logprobs": top_list, "text_offset": offsets}
 
     @staticmethod
     def merge(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
