@@ -18,6 +18,7 @@ import hmac
 import logging
 import threading
 import time
+import uuid
 from typing import Any, Callable
 
 from fastapi import Depends, FastAPI, Request
@@ -62,6 +63,9 @@ class ServerState:
         self.active = 0                       # HTTP requests in progress (limited routes)
         self.metrics = Metrics(lambda: self)
         self.created = int(time.time())
+        #: names this server process in the ``x-poot-replica`` response header (which
+        #: replica behind a load balancer answered)
+        self.replica_id = uuid.uuid4().hex[:12]
 
     @property
     def status(self) -> str:
@@ -132,6 +136,8 @@ class FrontDoor:
         async def send_(msg):
             if msg["type"] == "http.response.start":
                 status[0] = msg["status"]
+                msg = {**msg, "headers": [*msg.get("headers", ()),
+                                          (b"x-poot-replica", state.replica_id.encode())]}
             await send(msg)
 
         limited = path not in _UNLIMITED
