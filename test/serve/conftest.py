@@ -65,14 +65,15 @@ def server(tiny):
 class Gate:
     """Pauses the engine loop between steps, deterministically: while closed, the engine
     thread waits before its next step (its commands -- adds, aborts -- queue up meanwhile).
-    ``close_after_token``: close itself after a step that produced a token."""
+    ``close_after_token``: close itself after a step that produced a token; ``close_if``: a
+    predicate of a step's outputs that closes it (once) when true."""
 
     def __init__(self, engine):
         self.engine = engine
         self.open_ = threading.Event()
         self.open_.set()
         self.close_after_token = False
-        self.steps_after_open = 0
+        self.close_if = None
         self._orig = engine.step
 
         def step():
@@ -80,6 +81,9 @@ class Gate:
             outs = self._orig()
             if self.close_after_token and any(o.token_ids for o in outs):
                 self.close_after_token = False
+                self.open_.clear()
+            if self.close_if is not None and self.close_if(outs):
+                self.close_if = None
                 self.open_.clear()
             return outs
 
