@@ -13,7 +13,6 @@ generated tokens, cached tokens, time to first token, total time, finish reason)
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 import threading
