@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from poot.serve import errors
 from poot.serve.config import ServeConfig
 from poot.serve.engine_client import (AsyncEngine, ClientGone, EngineFault, QueueFull,
-                                      RequestTimeout)
+                                      RequestTimeout, TooManySequences)
 from poot.serve.errors import APIError, bad_request, unavailable
 from poot.serve.mapping import chat_plan, check_model, completion_plan, encode_chat
 from poot.serve.metrics import CONTENT_TYPE, Metrics
@@ -128,7 +128,7 @@ class FrontDoor:
             return await self.app(scope, receive, send)
         state, cfg = self.state, self.state.config
         path = scope.get("path", "")
-        info: dict[str, Any] = {"t0": time.monotonic()}
+        info: dict[str, Any] = {"t0": time.monotonic(), "id": f"req-{uuid.uuid4().hex[:12]}"}
         scope["poot.log"] = info
         status = [0]
 
@@ -197,7 +197,7 @@ def _log_request(scope, status: int, info: dict[str, Any]) -> None:
     if not log.isEnabledFor(level):
         return
     total = time.monotonic() - info["t0"]
-    parts = [info.get("id", "-"), scope.get("method", ""), path,
+    parts = [info["id"], scope.get("method", ""), path,
              str(status) if status else "disconnected"]
     if "prompt" in info:
         parts.append(f"prompt={info['prompt']} generated={info.get('generated', 0)} "
@@ -371,6 +371,8 @@ def build_app(config: ServeConfig | None = None, handle=None,
                               info["t0"] + config.request_timeout_s,
                               disconnected=None if body.stream else request.is_disconnected,
                               poll_s=config.poll_s)
+        except TooManySequences as e:
+            raise bad_request("n", str(e)) from None
         except QueueFull as e:
             raise APIError(429, f"the server's queue is full: {e}; retry shortly",
                            errors.RATE_LIMIT, None, "queue_full",
@@ -380,12 +382,28 @@ def build_app(config: ServeConfig | None = None, handle=None,
                               f"unhealthy", config.retry_after_s, "engine_unhealthy") from None
         run = _Run(state, body, plan, rid, chat, info)
         if body.stream:
-            return StreamingResponse(run.stream(gen), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"})
+            return _SSEResponse(run.stream(gen), on_close=lambda: run.closed(gen),
+                                media_type="text/event-stream",
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await run.complete(gen)
 
     return app
+
+
+class _SSEResponse(StreamingResponse):
+    """A streaming response that runs ``on_close`` however it ends -- also when the client
+    went away before the first chunk, so the body generator never started (and its own
+    ``finally`` never runs)."""
+
+    def __init__(self, content, on_close: Callable[[], None], **kw):
+        super().__init__(content, **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 class _Run:
@@ -496,6 +514,13 @@ class _Run:
         return {"id": self.rid, "object": "chat.completion" if self.chat else
                 "text_completion", "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": choices, "usage": self._usage()}
+
+    def closed(self, gen) -> None:
+        """The stream's response ended (any way): abort what still runs."""
+        if not self.finished:
+            self.state.metrics.aborted.inc(len(gen.unfinished))
+            self._finish("disconnected")
+        gen.close()
 
     # ---- streaming ---------------------------------------------------------------------------
     def _chunk(self, choice: dict[str, Any]) -> str:

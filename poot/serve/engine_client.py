@@ -27,6 +27,11 @@ class QueueFull(Exception):
     """More sequences are waiting than the server's queue allows (429)."""
 
 
+class TooManySequences(Exception):
+    """A request needs more sequences than the server can ever hold at once (a 400: it
+    would never be served)."""
+
+
 class EngineFault(Exception):
     """The engine stopped after a fault (its requests failed; 500, and the server reports
     itself unhealthy)."""
@@ -120,6 +125,9 @@ class Generation:
         owner, total = self.owner, len(self.params)
         if owner.fault is not None:
             raise EngineFault(owner.fault)
+        if total > owner.capacity:
+            raise TooManySequences(f"the request needs {total} sequences (n x prompts) and "
+                                   f"this server holds at most {owner.capacity} at once")
         if owner.inflight + total > owner.capacity:
             raise QueueFull(f"{owner.inflight} sequences are running or waiting; this "
                             f"request needs {total} and the server takes {owner.capacity}")
@@ -191,4 +199,4 @@ class Generation:
 
 
 __all__ = ["AsyncEngine", "ClientGone", "EngineFault", "Generation", "QueueFull",
-           "RequestTimeout"]
+           "RequestTimeout", "TooManySequences"]

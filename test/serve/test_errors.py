@@ -321,3 +321,12 @@ def test_engine_fault_500_then_unhealthy(tiny_path, cache_dir):
         assert err["code"] == "engine_unhealthy"
         assert httpx.post(srv.url + "/tokenize", json={"prompt": "hi"}).status_code == 200
         assert "poot_engine_healthy 0.0" in httpx.get(srv.url + "/metrics").text
+
+
+def test_n_beyond_what_the_server_holds_is_400(tiny):
+    """A request needing more sequences than running + queue can ever hold is a 400 (a 429
+    would promise a retry that can never succeed)."""
+    with running(tiny, ServeConfig(served_model_name="tiny", max_queue=0)) as srv:
+        err = check_error(httpx.post(srv.url + CHAT, json=chat(n=9, max_tokens=2)), 400, "n")
+        assert "at most 8" in err["message"]
+        assert httpx.post(srv.url + CHAT, json=chat(n=8, max_tokens=2)).status_code == 200
