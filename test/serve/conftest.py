@@ -20,9 +20,7 @@ sys.path.insert(0, str(HERE.parent / "driver"))
 
 from chat_fixture import chat_gguf  # noqa: E402
 
-#: the tiny fixture's context (its trained context); max batch of the shared handle
-TINY_CONTEXT = 128
-TINY_BATCH = 8
+from server_util import load_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -34,17 +32,6 @@ def tiny_path(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> str:
     return os.environ.get("POOT_CACHE_DIR") or str(tmp_path_factory.mktemp("poot-cache"))
-
-
-def load_tiny(path: Path, cache_dir: str, **kw):
-    """A ModelHandle of the tiny chat fixture (CPU) with the samplers the tests use."""
-    from poot.api import ModelHandle
-    from poot.graph.sampling import FULL
-
-    opts = dict(kv_capacity=TINY_CONTEXT, max_batch=TINY_BATCH, prefill_chunk=16,
-                cache_dir=cache_dir, warm_samplers=(FULL,))
-    opts.update(kw)
-    return ModelHandle.load(path, **opts)
 
 
 @pytest.fixture(scope="session")

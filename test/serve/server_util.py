@@ -6,9 +6,25 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 from poot.serve import ServeConfig, build_app
 from poot.serve.server import bind, make_server
+
+#: the tiny fixture's context (its trained context); max batch of the shared handle
+TINY_CONTEXT = 128
+TINY_BATCH = 8
+
+
+def load_tiny(path: Path, cache_dir: str, **kw):
+    """A ModelHandle of the tiny chat fixture (CPU) with the samplers the tests use."""
+    from poot.api import ModelHandle
+    from poot.graph.sampling import FULL
+
+    opts = dict(kv_capacity=TINY_CONTEXT, max_batch=TINY_BATCH, prefill_chunk=16,
+                cache_dir=cache_dir, warm_samplers=(FULL,))
+    opts.update(kw)
+    return ModelHandle.load(path, **opts)
 
 
 class ServerThread:

@@ -47,7 +47,7 @@ def test_port_in_use(capsys, tiny_path):
 
 
 def test_kv_memory_sizes_the_pool(tiny_path, cache_dir):
-    from conftest import load_tiny
+    from server_util import load_tiny
 
     h = load_tiny(tiny_path, cache_dir, max_batch=2)
     per_block = h.runner.kv.bytes(*_dims(h)) // h.runner.kv.num_blocks

@@ -11,7 +11,7 @@ import time
 import httpx
 from openai.types.chat import ChatCompletionChunk
 
-from conftest import TINY_BATCH
+from server_util import TINY_BATCH
 from sse import parse_sse
 
 N = 32

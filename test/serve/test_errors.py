@@ -303,7 +303,7 @@ def test_engine_fault_500_then_unhealthy(tiny_path, cache_dir):
     """A step that raises fails the requests it touched with 500 (OpenAI's shape, no
     traceback); the server then reports itself unhealthy and refuses generation with 503,
     while the tokenizer routes keep working."""
-    from conftest import load_tiny
+    from server_util import load_tiny
 
     h = load_tiny(tiny_path, cache_dir, max_batch=2)
 

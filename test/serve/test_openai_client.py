@@ -12,7 +12,7 @@ import json
 import openai
 import pytest
 
-from conftest import TINY_CONTEXT
+from server_util import TINY_CONTEXT
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
 GREEDY = dict(temperature=0, max_tokens=24, extra_body={"ignore_eos": True})

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import TINY_CONTEXT
+from server_util import TINY_CONTEXT
 from proc_util import ServeProcess
 
 pytest.importorskip("ray.serve", reason="needs the ray extra (pip install -e \".[ray]\")")
