@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import signal
 import sys
@@ -58,8 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on "
                    "(default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' (default: open)")
+    p.add_argument("--api-key", default=os.environ.get("POOT_API_KEY"), metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' (default: $POOT_API_KEY, else "
+                        "open)")
     p.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="the model name clients send (default: the model file's name)")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
