@@ -115,7 +115,8 @@ class ModelHandle:
              warm_up: bool = True, random_weights: str | None = None,
              seed: int = 0, engine_config: EngineConfig | None = None,
              before_compile: Callable[["ModelHandle"], None] | None = None,
-             warm_samplers: Sequence[Any] = ()) -> "ModelHandle":
+             warm_samplers: Sequence[Any] = (), kv_memory: int | None = None
+             ) -> "ModelHandle":
         """Load a checkpoint (``None``: the bundled SmolLM2) for ``backend``.
 
         ``random_weights`` (``"bf16"``/``"f16"``/``"f32"``): ``path`` is a HF ``config.json``
@@ -129,7 +130,8 @@ class ModelHandle:
         size (:func:`poot.compiler.planning.kv_block_size`). ``max_batch``: sequences decoding at
         once (default 8 on the CPU, 64 on GPUs). ``kv_blocks``: blocks in the pool (default:
         every sequence of a full batch at full context; fewer makes the engine preempt under
-        load); ``kv_dtype`` (``"f32"``/``"f16"``/``"bf16"``; default the model's). The pool must
+        load); ``kv_memory``: instead of ``kv_blocks``, the pool's size in bytes (as many
+        blocks as fit); ``kv_dtype`` (``"f32"``/``"f16"``/``"bf16"``; default the model's). The pool must
         fit in the available memory. Every such check raises :class:`InvalidRequest` naming
         the option before anything is allocated or compiled. ``prefill_chunk`` (``None``:
         ``DEFAULT_PREFILL_CHUNK``) must be >= 1.
@@ -166,6 +168,11 @@ class ModelHandle:
             _positive("max_batch", max_batch)
         if kv_blocks is not None:
             _positive("kv_blocks", kv_blocks)
+        if kv_memory is not None:
+            _positive("kv_memory", kv_memory)
+            if kv_blocks is not None:
+                raise InvalidRequest("kv_memory", kv_memory, "give kv_blocks or kv_memory, "
+                                     "not both")
         kv_dt = _kv_dtype(kv_dtype)
         path = Path(path) if path is not None else default_model_path()
         target = target_for(backend)     # a backend without a code generator: refused here
@@ -182,6 +189,14 @@ class ModelHandle:
         blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * width + 1
         kv = KVConfig(block_size=bs, num_blocks=blocks, max_model_len=kv_capacity,
                       kv_dtype=kv_dt or default_kv_dtype(weights.types))
+        if kv_memory is not None:   # as many blocks as fit in kv_memory bytes
+            d = model.dims()
+            per_block = kv.bytes(d.n_layers, d.n_kv_heads, d.head_dim) // kv.num_blocks
+            if kv_memory < 2 * per_block:       # one usable block and the null block
+                raise InvalidRequest("kv_memory", kv_memory, f"less than two KV blocks "
+                                     f"({per_block} bytes each)")
+            kv = KVConfig(block_size=bs, num_blocks=kv_memory // per_block,
+                          max_model_len=kv_capacity, kv_dtype=kv.kv_dtype)
         check_kv_memory(model, kv)
         cache = None
         if compile_fn is None:

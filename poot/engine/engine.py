@@ -389,10 +389,14 @@ class LLMEngine:
         return compiler.matcher(guide)
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, stream: bool = False) -> str:
+                    request_id: str | None = None, stream: bool = False,
+                    sink: Any = None) -> str:
         """Queue a request (thread-safe); returns its id. ``stream``: its outputs also go to a
-        queue :meth:`stream` reads (for clients on other threads). Raises what
-        :meth:`check_request` raises, and :class:`EngineError` for a duplicate id."""
+        queue :meth:`stream` reads (for clients on other threads). ``sink``: instead of that
+        queue, any object with ``put(RequestOutput)``, called on the engine thread with each
+        output (it must not block or raise: the HTTP server bridges outputs into its event
+        loop this way). Raises what :meth:`check_request` raises, and :class:`EngineError`
+        for a duplicate id."""
         params = params or SamplingParams()
         ids, matcher = self._validate(prompt_ids, params)
         with self._lock:
@@ -402,8 +406,9 @@ class LLMEngine:
             if rid in self._known:
                 raise EngineError(f"request id {rid!r} is already in use")
             self._known.add(rid)
-            seq = _Seq(rid, ids, params, self.tokenizer, time.perf_counter(),
-                       queue.Queue() if stream else None)
+            if sink is None and stream:
+                sink = queue.Queue()
+            seq = _Seq(rid, ids, params, self.tokenizer, time.perf_counter(), sink)
             seq.guide = matcher
             self._adds.append(seq)
             self._wake.notify_all()

@@ -1,0 +1,229 @@
+"""``poot serve``: an OpenAI-compatible HTTP server on the batching engine.
+
+    poot serve [--model M] [--backend B] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+               [--served-model-name NAME] [--max-batch N] [--kv-blocks N | --kv-memory BYTES]
+               [--max-queue N] [--max-model-len N] [limits...]
+    poot serve --ray --replicas N [...]         # N engine replicas behind one Ray Serve ingress
+
+The server listens at once: ``GET /health`` answers 503 ``loading`` while the model loads and
+its steps compile (progress on stderr), then 200 ``ready``, and a line says it is ready.
+Every decode bucket and the samplers (greedy, full, with log-probs) are compiled before that,
+so no request waits on a compile (``--no-warm-up``: compile on first use instead). One log
+line per request goes to stderr. SIGTERM or Ctrl-C drains: no new connections, running
+requests finish within ``--drain-timeout`` seconds or are aborted, exit status 0.
+
+Needs the ``serve`` extra (``pip install -e ".[serve]"``); ``--ray`` the ``ray`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+
+from poot.cli.generate_cmd import add_model_args, check_options
+from poot.driver.params import InvalidRequest
+from poot.errors import PootError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.I)
+
+
+class MissingExtra(PootError):
+    """A package of an optional extra is not installed."""
+
+
+def parse_bytes(text: str) -> int:
+    """A size as bytes: ``"2GiB"``, ``"512M"``, ``"1048576"`` (``k``/``m``/``g``/``t`` are
+    powers of 1024, with or without ``iB``; a bare number is bytes)."""
+    m = _SIZE.match(text or "")
+    if not m:
+        raise InvalidRequest("--kv-memory", text, "must be a size such as 2GiB, 512MiB or "
+                             "a number of bytes")
+    scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
+    return int(float(m.group(1)) * scale)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                              description="An OpenAI-compatible server (chat completions, "
+                              "completions, models, tokenize, health, metrics) on the "
+                              "batching engine.")
+    add_model_args(p)
+    p.add_argument("--max-model-len", dest="kv_capacity", type=int, metavar="N",
+                   help="the context per sequence (same as --kv-capacity)")
+    p.add_argument("--kv-memory", metavar="BYTES",
+                   help="the KV pool's size (2GiB, 512MiB, ...), instead of --kv-blocks")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on "
+                   "(default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free)")
+    p.add_argument("--api-key", default=os.environ.get("POOT_API_KEY"), metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' (default: $POOT_API_KEY, else "
+                        "open)")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model name clients send (default: the model file's name)")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="sequences that may wait beyond the running batch; then 429 "
+                        "(default: 256)")
+    p.add_argument("--max-concurrent", type=int, default=512, metavar="N",
+                   help="HTTP requests in progress at once; then 503 (default: 512)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N",
+                   help="largest request body; then 413 (default: 1 MiB)")
+    p.add_argument("--max-n", type=int, default=16, metavar="N",
+                   help="most choices (n x prompts) per request (default: 16)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
+                   help="longest prompt (default: the context)")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="a request's time limit, queueing included (default: 600)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM, how long running requests may finish (default: 30)")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="compile decode buckets and samplers on first use, not at start")
+    p.add_argument("--log-level", default="info",
+                   choices=("debug", "info", "warning", "error"),
+                   help="server log level (default: info: one line per request)")
+    p.add_argument("--ray", action="store_true",
+                   help="deploy --replicas engine replicas with Ray Serve behind one ingress")
+    p.add_argument("--replicas", type=int, default=1, metavar="N",
+                   help="with --ray: engine replicas (default: 1)")
+    p.set_defaults(func=run)
+
+
+def _config(args):
+    from pathlib import Path
+
+    from poot.serve.config import ServeConfig
+
+    name = args.served_model_name
+    if name is None:
+        name = Path(args.model).stem if args.model else "SmolLM2-135M-Instruct"
+    return ServeConfig(served_model_name=name, api_key=args.api_key,
+                       max_body_bytes=args.max_body_bytes,
+                       max_prompt_tokens=args.max_prompt_tokens, max_n=args.max_n,
+                       max_queue=args.max_queue, max_concurrent=args.max_concurrent,
+                       request_timeout_s=args.request_timeout,
+                       drain_timeout_s=args.drain_timeout)
+
+
+def load_options(args) -> dict:
+    """``ModelHandle.load`` keyword arguments from the command line."""
+    kv_memory = parse_bytes(args.kv_memory) if args.kv_memory is not None else None
+    if kv_memory is not None and args.kv_blocks is not None:
+        raise InvalidRequest("--kv-memory", args.kv_memory, "give --kv-blocks or "
+                             "--kv-memory, not both")
+    return dict(path=args.model, backend=args.backend, kv_capacity=args.kv_capacity,
+                prefill_chunk=args.prefill_chunk, max_batch=args.max_batch,
+                kv_blocks=args.kv_blocks, kv_memory=kv_memory, kv_dtype=args.kv_dtype,
+                use_cache=not args.no_cache)
+
+
+def load_and_warm(options: dict, warm_up: bool = True, progress=None):
+    """Load the model (``ModelHandle.load(**options)``) and, with ``warm_up``, compile (or
+    load from the compile cache) every decode bucket with the greedy, full and log-prob
+    samplers, so that no request waits on a compile."""
+    from dataclasses import replace
+
+    from poot.api import ModelHandle
+    from poot.engine.runner import decode_buckets
+    from poot.graph.sampling import FULL, LOGPROB_WIDTHS
+
+    specs = (FULL, replace(FULL, logprobs=max(LOGPROB_WIDTHS)))
+    opts = dict(options)
+    handle = ModelHandle.load(opts.pop("path"), progress=progress, warm_samplers=specs, **opts)
+    if warm_up:
+        handle.runner.warm_up(batches=decode_buckets(handle.runner.max_batch), specs=specs)
+    return handle
+
+
+def _require_serve_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise MissingExtra(f"poot serve needs the 'serve' extra ({e.name} is missing): "
+                           f"pip install -e \".[serve]\"") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks",
+                  "max_concurrent", "max_body_bytes", "max_n", "max_prompt_tokens",
+                  "replicas")
+    if args.max_queue < 0:
+        raise InvalidRequest("--max-queue", args.max_queue, "must be >= 0")
+    if not 0 <= args.port <= 65535:
+        raise InvalidRequest("--port", args.port, "must be in [0, 65535]")
+    _require_serve_extra()
+    config = _config(args)
+    options = load_options(args)
+    if args.model is None:
+        from poot.api import default_model_path
+
+        options["path"] = default_model_path()      # ModelNotFound before listening
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s poot serve: %(message)s", stream=sys.stderr)
+    if args.ray:
+        from poot.serve.ray import serve_with_ray
+
+        return serve_with_ray(options, config, args.host, args.port, args.replicas,
+                              warm_up=not args.no_warm_up)
+    return _serve(args, config, options)
+
+
+def _serve(args, config, options) -> int:
+    from poot.cli.progress import Reporter, history_file
+    from poot.serve import build_app
+    from poot.serve.server import bind, make_server
+
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        raise InvalidRequest("--port", args.port, f"cannot listen on {args.host}:{args.port} "
+                             f"({e.strerror})") from None
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    reporter = Reporter(quiet=args.quiet, history=history_file())
+    failed: list[BaseException] = []
+    log = logging.getLogger("poot.serve")
+
+    def loader():
+        try:
+            return load_and_warm(options, warm_up=not args.no_warm_up, progress=reporter)
+        finally:
+            reporter.close()
+
+    def on_loaded(state):
+        h = state.handle
+        st = h.engine.stats()
+        log.info("ready: serving %s as '%s' on %s (backend %s, max batch %d, context %d, "
+                 "%d KV blocks of %d; loaded in %.1f s)", h.path.name, config.served_model_name,
+                 url, h.backend, h.runner.max_batch, h.kv_capacity, st.kv_blocks_total,
+                 h.engine.blocks.block_size, h.load_s)
+
+    def on_load_error(e):
+        failed.append(e)
+        server.should_exit = True
+
+    app = build_app(config, loader=loader, on_loaded=on_loaded, on_load_error=on_load_error)
+    server = make_server(app, drain_timeout_s=config.drain_timeout_s,
+                         log_level="warning" if args.log_level in ("info", "debug")
+                         else args.log_level)
+    log.info("listening on %s; loading the model (GET /health says 'loading' until ready)",
+             url)
+    # uvicorn re-raises the signal that stopped it once it has drained, with the handler
+    # that was installed before it started: make that a no-op so a drained SIGTERM exits 0
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sock.close()
+    if failed:
+        e = failed[0]
+        if isinstance(e, PootError):
+            raise e
+        raise PootError(f"loading the model failed: {type(e).__name__}: {e}")
+    log.info("stopped")
+    return 0

@@ -1,0 +1,612 @@
+"""The OpenAI-compatible HTTP application (FastAPI on Starlette).
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (and
+``/v1/models/{model}``), ``GET /health`` (200 ready; 503 loading, failed, unhealthy),
+``GET /metrics`` (Prometheus), ``POST /tokenize``, ``POST /detokenize``.
+
+The event loop never waits on the engine: checking a request (tokenizing, the chat template)
+runs in a worker thread, and outputs arrive through :mod:`poot.serve.engine_client`. The
+front door (:class:`FrontDoor`, pure ASGI) bounds concurrent requests (503) and body size
+(413), and writes one log line per request when its response ends (id, status, prompt and
+generated tokens, cached tokens, time to first token, total time, finish reason).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from poot.serve import errors
+from poot.serve.config import ServeConfig
+from poot.serve.engine_client import (AsyncEngine, ClientGone, EngineFault, QueueFull,
+                                      RequestTimeout, TooManySequences)
+from poot.serve.errors import APIError, bad_request, unavailable
+from poot.serve.mapping import chat_plan, check_model, completion_plan, encode_chat
+from poot.serve.metrics import CONTENT_TYPE, Metrics
+from poot.serve.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                 ErrorResponse, TokenizeBody, TokenizeChatRequest)
+from poot.serve.responses import (SSE_DONE, ChoiceState, CompletionLogprobs, TokenText,
+                                  chat_logprobs, new_id, sse, usage)
+
+log = logging.getLogger("poot.serve")
+
+#: routes whose metrics keep their path as the label (others count as "other")
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+           "/tokenize", "/detokenize")
+#: routes that neither count toward nor are refused by the concurrency limit
+_UNLIMITED = ("/health", "/metrics")
+_ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 429, 500, 503, 504)}
+
+
+class ServerState:
+    """What the routes share: the config, the loaded model (None while loading), its
+    :class:`AsyncEngine`, the metrics, and the status (``loading``, ``ready``, ``failed``,
+    ``draining``; ``unhealthy`` once the engine stopped after a fault)."""
+
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.handle = None
+        self.aengine: AsyncEngine | None = None
+        self.tokens: TokenText | None = None
+        self._status = "loading"
+        self.error: str | None = None
+        self.active = 0                       # HTTP requests in progress (limited routes)
+        self.metrics = Metrics(lambda: self)
+        self.created = int(time.time())
+        #: names this server process in the ``x-poot-replica`` response header (which
+        #: replica behind a load balancer answered)
+        self.replica_id = uuid.uuid4().hex[:12]
+
+    @property
+    def status(self) -> str:
+        """``loading``, ``ready``, ``failed``, ``draining`` or ``unhealthy``."""
+        if self._status == "ready" and self.aengine is not None and self.aengine.fault:
+            return "unhealthy"
+        return self._status
+
+    def attach(self, handle) -> None:
+        """Serve ``handle`` (a loaded :class:`~poot.api.ModelHandle`): start its engine loop
+        and become ready."""
+        self.handle = handle
+        self.tokens = TokenText(handle.tokenizer)
+        self.aengine = AsyncEngine(handle.engine, self.config.max_queue)
+        self.aengine.start()
+        self._status = "ready"
+
+    def fail(self, message: str) -> None:
+        """Loading failed: every route but ``/health`` answers 503 with ``message``."""
+        self.error, self._status = message, "failed"
+
+    def drain(self) -> None:
+        """Refuse new generation requests (shutting down)."""
+        if self._status == "ready":
+            self._status = "draining"
+
+    def require_model(self) -> Any:
+        """The handle, or 503 while loading / after a failed load."""
+        if self._status == "loading":
+            raise unavailable("the model is loading; retry shortly",
+                              self.config.retry_after_s, "model_loading")
+        if self._status == "failed":
+            raise unavailable(f"the model failed to load: {self.error}",
+                              self.config.retry_after_s, "model_failed")
+        return self.handle
+
+    def require_engine(self) -> AsyncEngine:
+        """The engine, or 503 while loading, draining or unhealthy."""
+        self.require_model()
+        status = self.status
+        if status == "draining":
+            raise unavailable("the server is shutting down", self.config.retry_after_s,
+                              "shutting_down")
+        if status == "unhealthy":
+            raise unavailable(f"the engine stopped after a fault ({self.aengine.fault}); "
+                              f"the server is unhealthy", self.config.retry_after_s,
+                              "engine_unhealthy")
+        return self.aengine
+
+
+class FrontDoor:
+    """ASGI middleware: the concurrency limit (503 + ``Retry-After``), the body-size limit
+    (413, from ``Content-Length`` or while the body streams in), the request counter and
+    the one log line per request."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        state, cfg = self.state, self.state.config
+        path = scope.get("path", "")
+        info: dict[str, Any] = {"t0": time.monotonic(), "id": f"req-{uuid.uuid4().hex[:12]}"}
+        scope["poot.log"] = info
+        status = [0]
+
+        async def send_(msg):
+            if msg["type"] == "http.response.start":
+                status[0] = msg["status"]
+                msg = {**msg, "headers": [*msg.get("headers", ()),
+                                          (b"x-poot-replica", state.replica_id.encode())]}
+            await send(msg)
+
+        limited = path not in _UNLIMITED
+        try:
+            if limited and state.active >= cfg.max_concurrent:
+                await unavailable(f"too many requests in progress ({state.active}); retry "
+                                  f"shortly", cfg.retry_after_s, "server_busy"
+                                  ).response()(scope, receive, send_)
+                return
+            length = _content_length(scope)
+            if length is not None and length > cfg.max_body_bytes:
+                await _too_large(length, cfg.max_body_bytes).response()(scope, receive, send_)
+                return
+            seen = [0]
+
+            async def receive_():
+                msg = await receive()
+                if msg["type"] == "http.request":
+                    seen[0] += len(msg.get("body", b""))
+                    if seen[0] > cfg.max_body_bytes:
+                        raise StarletteHTTPException(413, _too_large(seen[0],
+                                                                     cfg.max_body_bytes).message)
+                return msg
+
+            if limited:
+                state.active += 1
+            try:
+                await self.app(scope, receive_, send_)
+            finally:
+                if limited:
+                    state.active -= 1
+        finally:
+            route = path if path in _ROUTES else ("/v1/models" if path.startswith(
+                "/v1/models/") else "other")
+            state.metrics.requests.labels(route, str(status[0] or 499)).inc()
+            _log_request(scope, status[0], info)
+
+
+def _content_length(scope) -> int | None:
+    for k, v in scope.get("headers", ()):
+        if k == b"content-length":
+            try:
+                return int(v)
+            except ValueError:
+                return None
+    return None
+
+
+def _too_large(n: int, limit: int) -> APIError:
+    return APIError(413, f"the request body is {n} bytes or more, more than this server's "
+                    f"limit of {limit} bytes", errors.INVALID_REQUEST, None,
+                    "request_too_large")
+
+
+def _log_request(scope, status: int, info: dict[str, Any]) -> None:
+    path = scope.get("path", "")
+    level = logging.DEBUG if path in _UNLIMITED else logging.INFO
+    if not log.isEnabledFor(level):
+        return
+    total = time.monotonic() - info["t0"]
+    parts = [info["id"], scope.get("method", ""), path,
+             str(status) if status else "disconnected"]
+    if "prompt" in info:
+        parts.append(f"prompt={info['prompt']} generated={info.get('generated', 0)} "
+                     f"cached={info.get('cached', 0)}")
+    if info.get("ttft") is not None:
+        parts.append(f"ttft={info['ttft']:.3f}s")
+    parts.append(f"time={total:.3f}s")
+    if info.get("finish"):
+        parts.append(f"finish={info['finish']}")
+    if info.get("error"):
+        parts.append(f"error={info['error']}")
+    log.log(level, " ".join(parts))
+
+
+def build_app(config: ServeConfig | None = None, handle=None,
+              loader: Callable[[], Any] | None = None,
+              on_loaded: Callable[[ServerState], None] | None = None,
+              on_load_error: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """The FastAPI application.
+
+    ``handle``: a loaded :class:`~poot.api.ModelHandle` to serve (ready at once);
+    ``loader``: instead, a function returning one, run on a thread at startup while
+    ``/health`` says ``loading`` (``on_loaded(state)`` / ``on_load_error(exc)`` are called
+    when it ends). At shutdown the engine loop is stopped and unfinished requests aborted.
+    The :class:`ServerState` is ``app.state.poot``.
+    """
+    from contextlib import asynccontextmanager
+
+    config = config or ServeConfig()
+    state = ServerState(config)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if handle is not None:
+            state.attach(handle)
+        elif loader is not None:
+            def load():
+                try:
+                    h = loader()
+                except BaseException as e:  # noqa: BLE001  (reported; /health says failed)
+                    state.fail(f"{type(e).__name__}: {e}" if not isinstance(e, SystemExit)
+                               else "interrupted")
+                    if on_load_error is not None:
+                        on_load_error(e)
+                    return
+                state.attach(h)
+                if on_loaded is not None:
+                    on_loaded(state)
+
+            threading.Thread(target=load, name="poot-load", daemon=True).start()
+        yield
+        state.drain()
+        if state.aengine is not None:
+            state.aengine.engine.shutdown(timeout=30)
+
+    app = FastAPI(title="poot", version=_version(), lifespan=lifespan,
+                  description="An OpenAI-compatible server on poot's batching engine.")
+    app.state.poot = state
+    errors.install(app)
+    app.add_middleware(FrontDoor, state=state)
+
+    async def auth(request: Request) -> None:
+        if config.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                key.strip().encode(), config.api_key.encode()):
+            raise APIError(401, "Incorrect API key provided" if header else
+                           "Missing API key: send 'Authorization: Bearer <key>'",
+                           errors.INVALID_REQUEST, None, "invalid_api_key")
+
+    authed = [Depends(auth)]
+
+    # ---- model listing, health, metrics ------------------------------------------------------
+    def model_card() -> dict[str, Any]:
+        card = {"id": config.served_model_name, "object": "model", "created": state.created,
+                "owned_by": "poot"}
+        if state.handle is not None:
+            card["max_model_len"] = state.handle.kv_capacity
+        return card
+
+    @app.get("/v1/models", dependencies=authed, responses=_ERRORS)
+    async def list_models():
+        """The served model."""
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model}", dependencies=authed, responses=_ERRORS)
+    async def get_model(model: str):
+        """One model (404 unless it is the served one)."""
+        check_model(model, config)
+        return model_card()
+
+    @app.get("/health")
+    async def health():
+        """200 ``{"status": "ready"}`` when serving; 503 while loading, after a failed load,
+        while draining, or when the engine stopped after a fault (``unhealthy``)."""
+        status = state.status
+        body: dict[str, Any] = {"status": status}
+        if status == "failed":
+            body["error"] = state.error
+        elif status == "unhealthy":
+            body["error"] = state.aengine.fault
+        return JSONResponse(body, status_code=200 if status == "ready" else 503,
+                            headers=None if status == "ready" else
+                            {"Retry-After": str(config.retry_after_s)})
+
+    @app.get("/metrics", dependencies=authed)
+    async def metrics():
+        """Prometheus metrics (module :mod:`poot.serve.metrics`)."""
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    # ---- tokenizer routes --------------------------------------------------------------------
+    @app.post("/tokenize", dependencies=authed, responses=_ERRORS)
+    async def tokenize(body: TokenizeBody):
+        """Token ids of a ``prompt`` or of chat ``messages`` (through the chat template)."""
+        h = state.require_model()
+        check_model(body.model, config, required=False)
+        if h.tokenizer is None:
+            raise bad_request("prompt", "this model has no tokenizer")
+
+        def run():
+            if isinstance(body, TokenizeChatRequest):
+                return encode_chat(h, body.messages, body.add_generation_prompt,
+                                   body.chat_template_kwargs)
+            from poot.text.tokenizer import TokenizerError
+
+            try:
+                return h.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            except TokenizerError as e:
+                raise bad_request("prompt", str(e)) from None
+
+        ids = await run_in_threadpool(run)
+        return {"count": len(ids), "max_model_len": h.kv_capacity, "tokens": ids}
+
+    @app.post("/detokenize", dependencies=authed, responses=_ERRORS)
+    async def detokenize(body: DetokenizeRequest):
+        """The text of token ids."""
+        h = state.require_model()
+        check_model(body.model, config, required=False)
+        if h.tokenizer is None:
+            raise bad_request("tokens", "this model has no tokenizer")
+        vocab = h.tokenizer.vocab_size
+        bad = [i for i in body.tokens if not 0 <= i < vocab]
+        if bad:
+            raise bad_request("tokens", f"token id {bad[0]} is outside the vocabulary "
+                              f"[0, {vocab})")
+        return {"prompt": await run_in_threadpool(h.tokenizer.decode, body.tokens)}
+
+    # ---- generation --------------------------------------------------------------------------
+    @app.post("/v1/chat/completions", dependencies=authed, responses=_ERRORS)
+    async def chat_completions(request: Request, body: ChatCompletionRequest):
+        """OpenAI chat completions (streaming with ``stream: true``)."""
+        return await _generate(request, body, chat=True)
+
+    @app.post("/v1/completions", dependencies=authed, responses=_ERRORS)
+    async def completions(request: Request, body: CompletionRequest):
+        """OpenAI (legacy) completions (streaming with ``stream: true``)."""
+        return await _generate(request, body, chat=False)
+
+    async def _generate(request: Request, body, chat: bool):
+        info = request.scope.setdefault("poot.log", {"t0": time.monotonic()})
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        info["id"] = rid
+        h = state.require_model()
+        aeng = state.require_engine()
+        plan = await run_in_threadpool(chat_plan if chat else completion_plan, h, body, config)
+        info["prompt"] = sum(len(p) for p in plan.prompts)
+        try:
+            gen = aeng.submit(rid, plan.prompts, plan.params, plan.n,
+                              info["t0"] + config.request_timeout_s,
+                              disconnected=None if body.stream else request.is_disconnected,
+                              poll_s=config.poll_s)
+        except TooManySequences as e:
+            raise bad_request("n", str(e)) from None
+        except QueueFull as e:
+            raise APIError(429, f"the server's queue is full: {e}; retry shortly",
+                           errors.RATE_LIMIT, None, "queue_full",
+                           {"Retry-After": str(config.retry_after_s)}) from None
+        except EngineFault as e:
+            raise unavailable(f"the engine stopped after a fault ({e}); the server is "
+                              f"unhealthy", config.retry_after_s, "engine_unhealthy") from None
+        run = _Run(state, body, plan, rid, chat, info)
+        if body.stream:
+            return _SSEResponse(run.stream(gen), on_close=lambda: run.closed(gen),
+                                media_type="text/event-stream",
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await run.complete(gen)
+
+    return app
+
+
+class _SSEResponse(StreamingResponse):
+    """A streaming response that runs ``on_close`` however it ends -- also when the client
+    went away before the first chunk, so the body generator never started (and its own
+    ``finally`` never runs)."""
+
+    def __init__(self, content, on_close: Callable[[], None], **kw):
+        super().__init__(content, **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+class _Run:
+    """One generation request's response: the choice states, metrics and log fields."""
+
+    def __init__(self, state: ServerState, body, plan, rid: str, chat: bool, info: dict):
+        self.state, self.body, self.plan, self.rid = state, body, plan, rid
+        self.chat, self.info = chat, info
+        self.model = state.config.served_model_name
+        self.created = int(time.time())
+        n = plan.n
+        self.states = [ChoiceState(i, len(plan.prompts[i // n])) for i in range(plan.choices)]
+        self.want_logprobs = plan.params[0].logprobs is not None
+        tt = state.tokens
+        self.tt = tt
+        self.echo = (not chat) and body.echo
+        self.prompt_texts: list[str] = []
+        if self.echo:
+            p = body.prompt
+            for ids, src in zip(plan.prompts, [p] if isinstance(p, str) or
+                                (p and isinstance(p[0], int)) else p):
+                self.prompt_texts.append(src if isinstance(src, str) else
+                                         (tt.tok.decode(ids, skip_special_tokens=True)
+                                          if tt.tok is not None else ""))
+        self.clp = [CompletionLogprobs(tt, plan.prompts[i // n]) for i in
+                    range(plan.choices)] if not chat else []
+        self.ttft_seen: set[int] = set()
+        self.finished = False
+
+    # ---- shared bookkeeping ------------------------------------------------------------------
+    def _feed(self, i: int, ev):
+        st = self.states[i]
+        text, released, gaps = st.feed(ev)
+        m = self.state.metrics
+        if st.t_first is not None and i not in self.ttft_seen:
+            self.ttft_seen.add(i)
+            m.ttft.observe(st.t_first - self.info["t0"])
+        for g in gaps:
+            m.itl.observe(g)
+        return st, text, released
+
+    def _finish(self, status: str | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        m = self.state.metrics
+        gen = sum(s.completion_tokens or len(s.token_ids) for s in self.states)
+        m.prompt_tokens.inc(self.info.get("prompt", 0))
+        m.generation_tokens.inc(gen)
+        m.e2e.observe(time.monotonic() - self.info["t0"])
+        self.info["generated"] = gen
+        self.info["cached"] = usage(self.states, [len(p) for p in self.plan.prompts])[
+            "prompt_tokens_details"]["cached_tokens"]
+        firsts = [s.t_first for s in self.states if s.t_first is not None]
+        if firsts:
+            self.info["ttft"] = min(firsts) - self.info["t0"]
+        reasons = sorted({s.finish_reason for s in self.states if s.finish_reason})
+        self.info["finish"] = status or ",".join(reasons) or None
+
+    def _usage(self) -> dict[str, Any]:
+        return usage(self.states, [len(p) for p in self.plan.prompts])
+
+    def _error(self, e: BaseException) -> APIError:
+        if isinstance(e, RequestTimeout):
+            return APIError(504, f"the request ran past this server's limit of "
+                            f"{self.state.config.request_timeout_s:g} s and was aborted",
+                            errors.TIMEOUT, None, "request_timeout")
+        return APIError(500, f"the engine failed while running this request ({e})",
+                        errors.SERVER, None, "engine_error")
+
+    # ---- non-streaming -----------------------------------------------------------------------
+    async def complete(self, gen):
+        """Run to the end; the response JSON."""
+        try:
+            async for i, ev in gen.events():
+                self._feed(i, ev)
+        except (RequestTimeout, EngineFault) as e:
+            self._finish("timeout" if isinstance(e, RequestTimeout) else "error")
+            self.info["error"] = type(e).__name__
+            self.state.metrics.aborted.inc(len(gen.unfinished))
+            raise self._error(e) from None
+        except ClientGone:
+            self.state.metrics.aborted.inc(len(gen.unfinished))
+            self._finish("disconnected")
+            return Response(status_code=499)
+        finally:
+            gen.close()
+        self._finish()
+        choices = []
+        for st in self.states:
+            if self.chat:
+                choices.append({
+                    "index": st.index,
+                    "message": {"role": "assistant", "content": st.text, "refusal": None},
+                    "logprobs": chat_logprobs(st.logprobs, self.tt)
+                    if self.want_logprobs else None,
+                    "finish_reason": st.finish_reason})
+            else:
+                p = st.index // self.plan.n
+                text = (self.prompt_texts[p] if self.echo else "") + st.text
+                lp = None
+                if self.want_logprobs:
+                    clp = self.clp[st.index]
+                    lp = clp.prompt() if self.echo else None
+                    lp = CompletionLogprobs.merge(lp, clp.generated(st.logprobs))
+                choices.append({"index": st.index, "text": text, "logprobs": lp,
+                                "finish_reason": st.finish_reason})
+        return {"id": self.rid, "object": "chat.completion" if self.chat else
+                "text_completion", "created": self.created, "model": self.model,
+                "system_fingerprint": None, "choices": choices, "usage": self._usage()}
+
+    def closed(self, gen) -> None:
+        """The stream's response ended (any way): abort what still runs."""
+        if not self.finished:
+            self.state.metrics.aborted.inc(len(gen.unfinished))
+            self._finish("disconnected")
+        gen.close()
+
+    # ---- streaming ---------------------------------------------------------------------------
+    def _chunk(self, choice: dict[str, Any]) -> str:
+        obj = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else
+               "text_completion", "created": self.created, "model": self.model,
+               "system_fingerprint": None, "choices": [choice]}
+        opts = self.body.stream_options
+        if opts is not None and opts.include_usage:
+            obj["usage"] = None
+            if opts.continuous_usage_stats:
+                obj["usage"] = self._running_usage()
+        return sse(obj)
+
+    def _running_usage(self) -> dict[str, Any]:
+        prompt = sum(len(p) for p in self.plan.prompts)
+        gen = sum(len(s.token_ids) for s in self.states)
+        return {"prompt_tokens": prompt, "completion_tokens": gen, "total_tokens": prompt + gen}
+
+    async def stream(self, gen):
+        """The SSE body: chunks, the usage chunk when asked, ``data: [DONE]``. A client that
+        goes away cancels this generator: its sequences are aborted (``gen.close``)."""
+        done = False
+        try:
+            for st in self.states:
+                if self.chat:
+                    yield self._chunk({"index": st.index,
+                                       "delta": {"role": "assistant", "content": ""},
+                                       "logprobs": None, "finish_reason": None})
+                elif self.echo:
+                    p = st.index // self.plan.n
+                    lp = self.clp[st.index].prompt() \
+                        if self.want_logprobs else None
+                    yield self._chunk({"index": st.index, "text": self.prompt_texts[p],
+                                       "logprobs": lp, "finish_reason": None})
+            try:
+                async for i, ev in gen.events():
+                    st, text, released = self._feed(i, ev)
+                    if text or released:
+                        if self.chat:
+                            yield self._chunk({
+                                "index": i, "delta": {"content": text},
+                                "logprobs": chat_logprobs(released, self.tt)
+                                if self.want_logprobs else None, "finish_reason": None})
+                        else:
+                            yield self._chunk({
+                                "index": i, "text": text,
+                                "logprobs": self.clp[i].generated(released)
+                                if self.want_logprobs else None, "finish_reason": None})
+                    if ev.finished:
+                        if self.chat:
+                            yield self._chunk({"index": i, "delta": {}, "logprobs": None,
+                                               "finish_reason": st.finish_reason})
+                        else:
+                            yield self._chunk({"index": i, "text": "", "logprobs": None,
+                                               "finish_reason": st.finish_reason})
+            except (RequestTimeout, EngineFault) as e:
+                self.state.metrics.aborted.inc(len(gen.unfinished))
+                self._finish("timeout" if isinstance(e, RequestTimeout) else "error")
+                self.info["error"] = type(e).__name__
+                yield sse(self._error(e).body())
+                yield SSE_DONE
+                done = True
+                return
+            self._finish()
+            opts = self.body.stream_options
+            if opts is not None and opts.include_usage:
+                yield sse({"id": self.rid, "object": "chat.completion.chunk" if self.chat
+                           else "text_completion", "created": self.created,
+                           "model": self.model, "system_fingerprint": None, "choices": [],
+                           "usage": self._usage()})
+            yield SSE_DONE
+            done = True
+        finally:
+            if not done:                       # the client went away (or the server stops)
+                self.state.metrics.aborted.inc(len(gen.unfinished))
+                self._finish("disconnected")
+            gen.close()
+
+
+def _version() -> str:
+    try:
+        import poot
+
+        return poot.__version__
+    except (ImportError, AttributeError):
+        return "0"
+
+
+__all__ = ["FrontDoor", "ServerState", "build_app"]

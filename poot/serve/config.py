@@ -1,0 +1,69 @@
+"""The server's settings and limits (every one bounded, every one configurable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What ``poot serve`` serves and the limits it enforces.
+
+    Attributes:
+        served_model_name: the ``model`` clients must name (``/v1/models`` lists it).
+        api_key: when set, every ``/v1`` route, ``/tokenize``, ``/detokenize`` and
+            ``/metrics`` need ``Authorization: Bearer <key>`` (401 otherwise); ``/health``
+            stays open.
+        max_body_bytes: request bodies larger than this get 413.
+        max_prompt_tokens: prompts longer than this get 400 (None: the context only).
+        max_n: the largest ``n`` (choices per prompt) and number of prompts per request.
+        max_queue: sequences that may wait for a place in the engine's batch beyond the
+            ``max_batch`` running ones; a request that would exceed it gets 429 with
+            ``Retry-After``.
+        max_concurrent: HTTP requests in progress at once (streams included); past it 503
+            with ``Retry-After``.
+        request_timeout_s: wall time a generation request may take (queueing included);
+            past it the request is aborted (504, or an error event in a stream).
+        retry_after_s: the ``Retry-After`` given with 429 and 503.
+        drain_timeout_s: on SIGTERM, how long running requests may take to finish before
+            they are aborted.
+        poll_s: how often a waiting request checks that its client is still connected and
+            the engine still runs.
+    """
+
+    served_model_name: str = "poot"
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int | None = None
+    max_n: int = 16
+    max_queue: int = 256
+    max_concurrent: int = 512
+    request_timeout_s: float = 600.0
+    retry_after_s: int = 1
+    drain_timeout_s: float = 30.0
+    poll_s: float = 0.5
+
+    def __post_init__(self):
+        from poot.driver.params import InvalidRequest
+
+        for name in ("max_body_bytes", "max_n", "max_concurrent", "retry_after_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidRequest(name, v, "must be an integer >= 1")
+        if isinstance(self.max_queue, bool) or not isinstance(self.max_queue, int) or \
+                self.max_queue < 0:
+            raise InvalidRequest("max_queue", self.max_queue, "must be an integer >= 0")
+        if self.max_prompt_tokens is not None and (not isinstance(self.max_prompt_tokens, int)
+                                                   or self.max_prompt_tokens < 1):
+            raise InvalidRequest("max_prompt_tokens", self.max_prompt_tokens,
+                                 "must be an integer >= 1")
+        for name in ("request_timeout_s", "drain_timeout_s", "poll_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise InvalidRequest(name, v, "must be a number > 0")
+        if not isinstance(self.served_model_name, str) or not self.served_model_name:
+            raise InvalidRequest("served_model_name", self.served_model_name,
+                                 "must be a non-empty string")
+
+
+__all__ = ["ServeConfig"]

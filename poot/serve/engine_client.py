@@ -1,0 +1,202 @@
+"""The bridge between the asyncio front end and the engine thread.
+
+The engine (:class:`~poot.engine.LLMEngine`) runs its loop on one background thread; the
+front end only adds and aborts requests (both thread-safe and quick) and reads outputs. Each
+request's outputs are handed to the event loop by the engine thread through
+``loop.call_soon_threadsafe`` into an ``asyncio.Queue`` (the engine's ``sink`` hook), so the
+event loop never waits on a step and no thread is parked per request.
+
+``n`` > 1: the choices of a prompt share its KV blocks through the prefix cache. The first
+choice is added alone; when its first output arrives its prompt has been prefilled and every
+full block of the prompt is registered in the cache, and only then are the other ``n - 1``
+added: they take those blocks (reference-counted, not copied) and each recomputes only the
+prompt's last, partial block. A prompt shorter than one block (nothing to share), or an
+engine without prefix caching, adds every choice at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+
+from poot.driver.params import SamplingParams
+
+
+class QueueFull(Exception):
+    """More sequences are waiting than the server's queue allows (429)."""
+
+
+class TooManySequences(Exception):
+    """A request needs more sequences than the server can ever hold at once (a 400: it
+    would never be served)."""
+
+
+class EngineFault(Exception):
+    """The engine stopped after a fault (its requests failed; 500, and the server reports
+    itself unhealthy)."""
+
+
+class RequestTimeout(Exception):
+    """The request ran past the server's request time limit (it was aborted)."""
+
+
+class ClientGone(Exception):
+    """The client disconnected (the request was aborted)."""
+
+
+class _Sink:
+    """Receives one request's outputs on the engine thread and queues them on the loop."""
+
+    __slots__ = ("loop", "queue", "index")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int):
+        self.loop, self.queue, self.index = loop, queue, index
+
+    def put(self, ev: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.index, ev))
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+class AsyncEngine:
+    """An :class:`~poot.engine.LLMEngine` (its loop running on its thread) as seen from the
+    event loop: :meth:`generate` adds a request's sequences and yields their outputs.
+
+    Args:
+        engine: the engine; :meth:`start` starts its loop.
+        max_queue: sequences allowed to wait beyond the engine's ``max_batch`` running ones
+            (past that :meth:`generate` raises :class:`QueueFull`).
+    """
+
+    def __init__(self, engine, max_queue: int):
+        self.engine = engine
+        self.capacity = engine.config.max_batch + max_queue
+        self.inflight = 0                 # sequences added (or about to be) and unfinished
+        self.aborts = 0                   # sequences aborted by the front end
+
+    def start(self) -> None:
+        """Start the engine loop on its thread."""
+        self.engine.start()
+
+    @property
+    def fault(self) -> str | None:
+        """Why the engine stopped (a step raised), or None while it runs."""
+        f = self.engine.fault
+        return None if f is None else f"{type(f).__name__}: {f}"
+
+    def _shareable(self, ids: Sequence[int]) -> bool:
+        bm = self.engine.blocks
+        return bool(bm.prefix_caching) and (len(ids) - 1) // bm.block_size >= 1
+
+    def submit(self, request_id: str, prompts: Sequence[Sequence[int]],
+               params: Sequence[SamplingParams], n: int, deadline: float,
+               disconnected: Callable[[], Awaitable[bool]] | None = None,
+               poll_s: float = 0.5) -> "Generation":
+        """Add a request's sequences now: ``params[p * n + j]`` on ``prompts[p]`` for every
+        prompt ``p`` and choice ``j`` (call on the event loop). Raises :class:`QueueFull`
+        (nothing added) when the queue cannot take them and :class:`EngineFault` when the
+        engine stopped; returns the :class:`Generation` to read (and close)."""
+        gen = Generation(self, request_id, prompts, params, n, deadline, disconnected, poll_s)
+        gen._start()
+        return gen
+
+
+class Generation:
+    """One request's sequences in the engine (made by :meth:`AsyncEngine.submit`).
+    :meth:`events` yields ``(choice index, RequestOutput)`` until every choice finished;
+    :meth:`close` (idempotent; call it in a ``finally``) aborts the unfinished ones and
+    gives their places in the queue back."""
+
+    def __init__(self, owner: AsyncEngine, request_id: str, prompts, params, n: int,
+                 deadline: float, disconnected, poll_s: float):
+        self.owner, self.request_id = owner, request_id
+        self.prompts, self.params, self.n = prompts, params, n
+        self.deadline, self.disconnected, self.poll_s = deadline, disconnected, poll_s
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.rids: dict[int, str] = {}
+        self.unfinished: set[int] = set()
+        self.deferred: dict[int, list[int]] = {}     # first choice of a prompt -> the rest
+        self.reserved = 0
+
+    def _start(self) -> None:
+        owner, total = self.owner, len(self.params)
+        if owner.fault is not None:
+            raise EngineFault(owner.fault)
+        if total > owner.capacity:
+            raise TooManySequences(f"the request needs {total} sequences (n x prompts) and "
+                                   f"this server holds at most {owner.capacity} at once")
+        if owner.inflight + total > owner.capacity:
+            raise QueueFull(f"{owner.inflight} sequences are running or waiting; this "
+                            f"request needs {total} and the server takes {owner.capacity}")
+        owner.inflight += total
+        self.reserved = total
+        try:
+            for p, ids in enumerate(self.prompts):
+                first = p * self.n
+                self._add(first)
+                rest = list(range(first + 1, first + self.n))
+                if rest and owner._shareable(ids):
+                    self.deferred[first] = rest
+                else:
+                    for i in rest:
+                        self._add(i)
+        except BaseException:
+            self.close()
+            if owner.fault is not None:
+                raise EngineFault(owner.fault) from None
+            raise
+
+    def _add(self, i: int) -> None:
+        rid = f"{self.request_id}-{i}"
+        self.owner.engine.add_request(self.prompts[i // self.n], self.params[i], rid,
+                                      sink=_Sink(self.loop, self.queue, i))
+        self.rids[i] = rid
+        self.unfinished.add(i)
+
+    async def events(self) -> AsyncIterator[tuple[int, Any]]:
+        """``(choice index, RequestOutput)`` as the engine produces them, until every choice
+        finished. Raises :class:`RequestTimeout` past the deadline (``time.monotonic()``),
+        :class:`ClientGone` when ``disconnected()`` says so (checked every ``poll_s`` while
+        waiting), :class:`EngineFault` when the engine failed."""
+        owner = self.owner
+        while self.unfinished or self.deferred:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise RequestTimeout()
+            try:
+                i, ev = await asyncio.wait_for(self.queue.get(), min(left, self.poll_s))
+            except asyncio.TimeoutError:
+                if owner.fault is not None:
+                    raise EngineFault(owner.fault) from None
+                if self.disconnected is not None and await self.disconnected():
+                    raise ClientGone() from None
+                continue
+            if i in self.deferred:
+                for j in self.deferred.pop(i):
+                    try:
+                        self._add(j)
+                    except Exception:  # noqa: BLE001  (the engine stopped meanwhile)
+                        raise EngineFault(owner.fault or "the engine refused a request") \
+                            from None
+            if ev.finished:
+                self.unfinished.discard(i)
+                if ev.finish_reason == "error":
+                    raise EngineFault(ev.error or owner.fault or "engine error")
+            yield i, ev
+
+    def close(self) -> None:
+        """Abort the choices still running and release the request's place."""
+        for i in sorted(self.unfinished):
+            self.owner.engine.abort(self.rids[i])
+            self.owner.aborts += 1
+        self.unfinished.clear()
+        self.deferred.clear()
+        self.owner.inflight -= self.reserved
+        self.reserved = 0
+
+
+__all__ = ["AsyncEngine", "ClientGone", "EngineFault", "Generation", "QueueFull",
+           "RequestTimeout", "TooManySequences"]

@@ -1,0 +1,290 @@
+"""OpenAI requests -> prompt token ids and :class:`~poot.driver.params.SamplingParams`.
+
+Everything a request needs checked before it reaches the engine happens here, each failure a
+400 naming the field: the model name (404), parameters this server does not implement
+(``response_format`` other than text, ``guided_*``, ``tools``, ``suffix``, ``best_of`` other
+than ``n``), the chat template, token ids, ``n`` and the number of prompts, the prompt length,
+prompt + ``max_tokens`` against the context (both numbers in the message), and every
+sampling range (:class:`SamplingParams` and the engine's own check).
+
+:func:`extra_params` is the one place a future :class:`SamplingParams` field derived from
+the request (a guided-decoding constraint from ``response_format`` / ``guided_*``) is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from poot.driver.params import InvalidRequest, SamplingParams
+from poot.serve.config import ServeConfig
+from poot.serve.errors import APIError, NOT_FOUND, bad_request
+from poot.serve.protocol import (MAX_STOP_STRINGS, ChatCompletionRequest, ChatMessage,
+                                 CompletionRequest)
+
+_SEED_MOD = 2 ** 64
+_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+           "guided_decoding_backend", "guided_whitespace_pattern")
+_RESERVED_TEMPLATE_VARS = {"messages", "tools", "documents", "add_generation_prompt",
+                           "special_tokens", "template"}
+
+
+@dataclass
+class Plan:
+    """A checked generation request: per prompt its token ids, per choice its parameters
+    (``params[p * n + j]`` is choice ``j`` of prompt ``p``)."""
+
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    n: int
+
+    @property
+    def choices(self) -> int:
+        """Sequences the request runs."""
+        return len(self.params)
+
+
+def check_model(name: str | None, config: ServeConfig, required: bool = True) -> None:
+    """404 unless ``name`` is the served model (None is accepted where not required)."""
+    if name is None and not required:
+        return
+    if name != config.served_model_name:
+        raise APIError(404, f"The model `{name}` does not exist (this server serves "
+                       f"`{config.served_model_name}`)", NOT_FOUND, "model",
+                       "model_not_found")
+
+
+def extra_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """Request fields that map to :class:`SamplingParams` fields beyond the plain sampling
+    ones. Structured output (``response_format`` other than text, vLLM's ``guided_*``) is
+    refused here until guided decoding lands; it will become a constraint passed on from
+    this one place."""
+    rf = req.response_format
+    if rf is not None and rf.type != "text":
+        raise bad_request("response_format", f"response_format of type '{rf.type}' needs "
+                          f"guided decoding, which this server does not have yet; only "
+                          f"{{\"type\": \"text\"}} is accepted", "unsupported_parameter")
+    for name in _GUIDED:
+        if getattr(req, name) is not None:
+            raise bad_request(name, f"'{name}' needs guided decoding, which this server does "
+                              f"not have yet", "unsupported_parameter")
+    return {}
+
+
+def _unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
+    if req.tools:
+        raise bad_request("tools", "tool calling is not supported by this server",
+                          "unsupported_parameter")
+    if req.tool_choice not in (None, "none"):
+        raise bad_request("tool_choice", "tool calling is not supported by this server "
+                          "(only \"none\")", "unsupported_parameter")
+    if isinstance(req, CompletionRequest):
+        if req.suffix:
+            raise bad_request("suffix", "suffix (insertion) is not supported by this server",
+                              "unsupported_parameter")
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request("best_of", f"best_of must equal n ({req.n}) on this server: "
+                              f"it returns every sample it generates",
+                              "unsupported_parameter")
+
+
+def _stops(req) -> list[str]:
+    stop = req.stop
+    if stop is None:
+        return []
+    stop = [stop] if isinstance(stop, str) else list(stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad_request("stop", f"at most {MAX_STOP_STRINGS} stop strings")
+    for s in stop:
+        if not s:
+            raise bad_request("stop", "stop strings must not be empty")
+    return stop
+
+
+def _base_params(req, logprobs: int | None) -> dict[str, Any]:
+    """The :class:`SamplingParams` fields of a request (OpenAI's defaults where absent)."""
+    kw: dict[str, Any] = dict(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=0 if req.top_k is None or req.top_k < 0 else req.top_k,
+        min_p=0.0 if req.min_p is None else req.min_p,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=dict(req.logit_bias or {}),
+        stop=_stops(req),
+        stop_token_ids=list(req.stop_token_ids or []),
+        logprobs=logprobs,
+        ignore_eos=req.ignore_eos,
+    )
+    kw.update(extra_params(req))
+    return kw
+
+
+def _params(kw: dict[str, Any], seed: int | None, max_tokens: int, n: int,
+            rename: dict[str, str]) -> list[SamplingParams]:
+    """``n`` parameter sets; choice ``j`` of a seeded request draws from ``seed + j`` (so the
+    samples differ and each is reproducible)."""
+    out = []
+    for j in range(n):
+        s = None if seed is None else (seed + j) % _SEED_MOD
+        try:
+            out.append(SamplingParams(seed=s, max_tokens=max_tokens, **kw))
+        except InvalidRequest as e:
+            raise bad_request(rename.get(e.field, e.field), f"invalid value for "
+                              f"'{rename.get(e.field, e.field)}' ({e.value!r}): {e.reason}") \
+                from None
+    return out
+
+
+def _context_error(prompt: int, max_tokens: int, capacity: int, param: str,
+                   what: str) -> APIError:
+    return bad_request(param, f"This model's maximum context length is {capacity} tokens. "
+                       f"However, you requested {prompt + max_tokens} tokens ({prompt} in "
+                       f"the {what}, {max_tokens} in the completion). Please reduce the "
+                       f"length of the {what} or the completion.", "context_length_exceeded")
+
+
+def _check_prompt_len(ids: list[int], config: ServeConfig, capacity: int, param: str,
+                      what: str) -> None:
+    if not ids:
+        raise bad_request(param, f"the {what} has no tokens")
+    limit = config.max_prompt_tokens
+    if limit is not None and len(ids) > limit:
+        raise bad_request(param, f"the {what} is {len(ids)} tokens, more than this server's "
+                          f"limit of {limit} prompt tokens", "prompt_too_long")
+    if len(ids) >= capacity:
+        raise _context_error(len(ids), 1, capacity, param, what)
+
+
+def _engine_check(engine, ids: list[int], params: SamplingParams, param_prompt: str,
+                  what: str, rename: dict[str, str], max_param: str) -> None:
+    """The engine's own check (vocabulary, context, KV pool) as 400s."""
+    from poot.engine import ContextOverflow, KVCapacityExceeded
+
+    try:
+        engine.check_request(ids, params)
+    except ContextOverflow as e:
+        raise _context_error(e.prompt_tokens, e.max_tokens, e.capacity, max_param, what) \
+            from None
+    except KVCapacityExceeded as e:
+        raise bad_request(max_param, f"the request needs {e.needed_blocks} KV blocks "
+                          f"({e.tokens} tokens: prompt + max_tokens) but the KV pool holds "
+                          f"{e.pool_blocks}; lower {max_param}", "kv_capacity_exceeded") \
+            from None
+    except InvalidRequest as e:
+        field = param_prompt if e.field == "prompt" else rename.get(e.field, e.field)
+        raise bad_request(field, f"invalid value for '{field}' ({e.value!r}): {e.reason}") \
+            from None
+
+
+def _check_n(n: int, prompts: int, config: ServeConfig) -> None:
+    if n > config.max_n:
+        raise bad_request("n", f"n is {n}; this server allows at most {config.max_n}")
+    if prompts > config.max_n:
+        raise bad_request("prompt", f"{prompts} prompts; this server allows at most "
+                          f"{config.max_n} in one request")
+    if n * prompts > config.max_n:
+        raise bad_request("n", f"{prompts} prompts x n={n} = {n * prompts} sequences; this "
+                          f"server allows at most {config.max_n} in one request")
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template sees them (content parts joined into one string)."""
+    out = []
+    for m in messages:
+        d = m.model_dump(exclude_none=True)
+        d["content"] = m.text()
+        out.append(d)
+    return out
+
+
+def encode_chat(handle, messages: list[ChatMessage], add_generation_prompt: bool,
+                template_kwargs: dict[str, Any] | None) -> list[int]:
+    """Prompt ids of chat ``messages`` through the model's chat template (400 naming
+    ``messages`` when there is no template or it refuses them)."""
+    from poot.text.chat import ChatTemplateError, encode_chat as _encode
+
+    if handle.tokenizer is None:
+        raise bad_request("messages", "this model has no tokenizer: use /v1/completions with "
+                          "token ids")
+    kwargs = dict(template_kwargs or {})
+    bad = sorted(set(kwargs) & _RESERVED_TEMPLATE_VARS)
+    if bad:
+        raise bad_request("chat_template_kwargs", f"'{bad[0]}' is set by the server")
+    try:
+        return _encode(handle.tokenizer, chat_messages(messages),
+                       add_generation_prompt=add_generation_prompt, **kwargs)
+    except ChatTemplateError as e:
+        raise bad_request("messages", str(e), "chat_template_error") from None
+    except (TypeError, ValueError) as e:  # a template variable of the wrong kind
+        raise bad_request("messages", f"the chat template cannot render these messages: {e}",
+                          "chat_template_error") from None
+
+
+def chat_plan(handle, req: ChatCompletionRequest, config: ServeConfig) -> Plan:
+    """Check a chat request and make its :class:`Plan` (runs the chat template: call it
+    off the event loop)."""
+    check_model(req.model, config)
+    _unsupported(req)
+    _check_n(req.n, 1, config)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs", "top_logprobs needs logprobs set to true")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    kw = _base_params(req, logprobs)
+    ids = encode_chat(handle, req.messages, req.add_generation_prompt, req.chat_template_kwargs)
+    capacity = handle.kv_capacity
+    _check_prompt_len(ids, config, capacity, "messages", "messages")
+    explicit = req.max_completion_tokens if req.max_completion_tokens is not None \
+        else req.max_tokens
+    max_param = "max_completion_tokens" if req.max_completion_tokens is not None \
+        else "max_tokens"
+    max_tokens = explicit if explicit is not None else capacity - len(ids)
+    rename = {"logprobs": "top_logprobs", "max_tokens": max_param}
+    params = _params(kw, req.seed, max_tokens, req.n, rename)
+    _engine_check(handle.engine, ids, params[0], "messages", "messages", rename, max_param)
+    return Plan([ids], params, req.n)
+
+
+def completion_plan(handle, req: CompletionRequest, config: ServeConfig) -> Plan:
+    """Check a completions request and make its :class:`Plan` (tokenizes: call it off the
+    event loop)."""
+    check_model(req.model, config)
+    _unsupported(req)
+    p = req.prompt
+    if isinstance(p, str):
+        texts: list[Any] = [p]
+    elif not p:
+        raise bad_request("prompt", "the prompt list is empty")
+    elif isinstance(p[0], int):
+        texts = [p]
+    else:
+        texts = list(p)
+    _check_n(req.n, len(texts), config)
+    kw = _base_params(req, req.logprobs)
+    prompts = []
+    for i, t in enumerate(texts):
+        param = "prompt" if len(texts) == 1 else f"prompt[{i}]"
+        if isinstance(t, str):
+            if handle.tokenizer is None:
+                raise bad_request(param, "this model has no tokenizer: send token ids")
+            from poot.text.tokenizer import TokenizerError
+
+            try:
+                ids = handle.tokenizer.encode(t)
+            except TokenizerError as e:
+                raise bad_request(param, str(e)) from None
+        else:
+            ids = list(t)
+        _check_prompt_len(ids, config, handle.kv_capacity, param, "prompt")
+        prompts.append(ids)
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens
+    params = _params(kw, req.seed, max_tokens, req.n, {})
+    for i, ids in enumerate(prompts):
+        param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        _engine_check(handle.engine, ids, params[0], param, "prompt", {}, "max_tokens")
+    return Plan(prompts, [sp for _ in prompts for sp in params], req.n)
+
+
+__all__ = ["Plan", "chat_messages", "chat_plan", "check_model", "completion_plan",
+           "encode_chat", "extra_params"]
