@@ -121,15 +121,16 @@ def load_options(args) -> dict:
 
 def load_and_warm(options: dict, warm_up: bool = True, progress=None):
     """Load the model (``ModelHandle.load(**options)``) and, with ``warm_up``, compile (or
-    load from the compile cache) every decode bucket with the greedy, full and log-prob
-    samplers, so that no request waits on a compile."""
+    load from the compile cache) every decode bucket with the greedy and full samplers and
+    the full one with log-probs and guided decoding's mask (which serves any request), so
+    that no request waits on a compile."""
     from dataclasses import replace
 
     from poot.api import ModelHandle
     from poot.engine.runner import decode_buckets
     from poot.graph.sampling import FULL, LOGPROB_WIDTHS
 
-    specs = (FULL, replace(FULL, logprobs=max(LOGPROB_WIDTHS)))
+    specs = (FULL, replace(FULL, logprobs=max(LOGPROB_WIDTHS), guided=True))
     opts = dict(options)
     handle = ModelHandle.load(opts.pop("path"), progress=progress, warm_samplers=specs, **opts)
     if warm_up:

@@ -2,17 +2,18 @@
 
 Everything a request needs checked before it reaches the engine happens here, each failure a
 400 naming the field: the model name (404), parameters this server does not implement
-(``response_format`` other than text, ``guided_*``, ``tools``, ``suffix``, ``best_of`` other
-than ``n``), the chat template, token ids, ``n`` and the number of prompts, the prompt length,
+(``tools``, ``suffix``, ``best_of`` other than ``n``), the guided-decoding constraint
+(``response_format``, ``guided_*``: malformed, conflicting, or one llguidance cannot honor),
+the chat template, token ids, ``n`` and the number of prompts, the prompt length,
 prompt + ``max_tokens`` against the context (both numbers in the message), and every
 sampling range (:class:`SamplingParams` and the engine's own check).
 
-:func:`extra_params` is the one place a future :class:`SamplingParams` field derived from
-the request (a guided-decoding constraint from ``response_format`` / ``guided_*``) is made.
+:func:`guided_from` is the one place the request's guided-decoding constraint is made.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +24,14 @@ from poot.serve.protocol import (MAX_STOP_STRINGS, ChatCompletionRequest, ChatMe
                                  CompletionRequest)
 
 _SEED_MOD = 2 ** 64
-_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-           "guided_decoding_backend", "guided_whitespace_pattern")
+#: vLLM's constraint fields (at most one per request, or ``response_format``)
+_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+#: ``guided_decoding_backend`` values accepted: every one means "honor the constraint", which
+#: this server does with llguidance (the output's constraint is the same whichever is named)
+_GUIDED_BACKENDS = {"auto", "guidance", "llguidance", "xgrammar", "outlines",
+                    "lm-format-enforcer"}
+_MAX_CHOICES = 4096
+_REGEX_META = set("\\.+*?()|[]{}^$#&-~")
 _RESERVED_TEMPLATE_VARS = {"messages", "tools", "documents", "add_generation_prompt",
                            "special_tokens", "template"}
 
@@ -54,21 +61,121 @@ def check_model(name: str | None, config: ServeConfig, required: bool = True) ->
                        "model_not_found")
 
 
-def extra_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    """Request fields that map to :class:`SamplingParams` fields beyond the plain sampling
-    ones. Structured output (``response_format`` other than text, vLLM's ``guided_*``) is
-    refused here until guided decoding lands; it will become a constraint passed on from
-    this one place."""
+def _choice_regex(choices: list[str]) -> str:
+    """A regex (Rust syntax, llguidance's) matching exactly one of ``choices``: meta
+    characters escaped, control characters as ``\\x{..}``."""
+    def esc(c: str) -> str:
+        if c in _REGEX_META:
+            return "\\" + c
+        return c if c.isprintable() else f"\\x{{{ord(c):x}}}"
+
+    return "(" + "|".join("".join(esc(c) for c in choice) for choice in choices) + ")"
+
+
+def _json_guide(field: str, schema: Any, whitespace: str | None):
+    """A JSON-schema guide of ``schema`` (a JSON object or its text); ``whitespace``: vLLM's
+    ``guided_whitespace_pattern``, llguidance's ``whitespace_pattern`` option."""
+    from poot.driver.guided import Guide
+
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise bad_request(field, f"'{field}' is not valid JSON ({e.msg} at {e.pos})") \
+                from None
+    if not isinstance(schema, dict):
+        raise bad_request(field, f"'{field}' must be a JSON schema (an object)")
+    if whitespace is not None:
+        if not isinstance(schema.get("x-guidance", {}), dict):
+            raise bad_request(field, "the schema's 'x-guidance' must be an object")
+        schema = dict(schema)
+        schema["x-guidance"] = {**schema.get("x-guidance", {}),
+                                "whitespace_pattern": whitespace}
+    return Guide("json_schema", schema)
+
+
+def guided_from(req: ChatCompletionRequest | CompletionRequest):
+    """The request's guided-decoding constraint and the field that carried it: ``(Guide,
+    field)``, or ``(None, None)``. OpenAI's ``response_format`` (``json_object``;
+    ``json_schema`` with ``json_schema.schema``) or one of vLLM's ``guided_json`` (a schema,
+    or its JSON text), ``guided_regex``, ``guided_choice`` (a list of strings: the output is
+    exactly one of them) and ``guided_grammar`` (Lark, or GBNF when it uses ``::=``).
+    ``guided_whitespace_pattern`` bounds the whitespace of a JSON constraint. Every malformed
+    or conflicting field is a 400 naming it; a constraint that parses but that llguidance
+    cannot honor is refused later (:func:`_engine_check`), also naming the field."""
+    from poot.driver.guided import Guide, GuidedDecodingError
+
+    found: list[tuple[str, Any]] = []
     rf = req.response_format
     if rf is not None and rf.type != "text":
-        raise bad_request("response_format", f"response_format of type '{rf.type}' needs "
-                          f"guided decoding, which this server does not have yet; only "
-                          f"{{\"type\": \"text\"}} is accepted", "unsupported_parameter")
-    for name in _GUIDED:
+        found.append(("response_format", rf))
+    for name in _GUIDED_FIELDS:
         if getattr(req, name) is not None:
-            raise bad_request(name, f"'{name}' needs guided decoding, which this server does "
-                              f"not have yet", "unsupported_parameter")
-    return {}
+            found.append((name, getattr(req, name)))
+    backend = req.guided_decoding_backend
+    if backend is not None and (not isinstance(backend, str)
+                                or backend not in _GUIDED_BACKENDS):
+        raise bad_request("guided_decoding_backend", f"unknown guided decoding backend "
+                          f"{str(backend)[:40]!r}: this server constrains with llguidance "
+                          f"(accepted: {', '.join(sorted(_GUIDED_BACKENDS))})")
+    ws = req.guided_whitespace_pattern
+    if ws is not None and not isinstance(ws, str):
+        raise bad_request("guided_whitespace_pattern", "must be a string (a regex)")
+    if not found:
+        if ws is not None:
+            raise bad_request("guided_whitespace_pattern", "needs a JSON constraint "
+                              "(response_format or guided_json)")
+        return None, None
+    if len(found) > 1:
+        raise bad_request(found[1][0], f"one constraint per request: '{found[0][0]}' and "
+                          f"'{found[1][0]}' both given")
+    field, value = found[0]
+    if ws is not None and field not in ("response_format", "guided_json"):
+        raise bad_request("guided_whitespace_pattern", f"applies to JSON constraints, not "
+                          f"'{field}'")
+    try:
+        if field == "response_format":
+            if value.type == "json_object":
+                return _json_guide(field, {"type": "object"}, ws), field
+            js = value.json_schema
+            if js is None or "schema" not in js:
+                raise bad_request("response_format.json_schema", "a json_schema response "
+                                  "format needs json_schema.schema (the JSON schema)")
+            return _json_guide("response_format.json_schema.schema", js["schema"], ws), \
+                "response_format.json_schema.schema"
+        if field == "guided_json":
+            return _json_guide(field, value, ws), field
+        if field == "guided_choice":
+            if not isinstance(value, list) or not value or \
+                    not all(isinstance(c, str) and c for c in value):
+                raise bad_request(field, "'guided_choice' must be a non-empty list of "
+                                  "non-empty strings")
+            if len(value) > _MAX_CHOICES:
+                raise bad_request(field, f"{len(value)} choices; at most {_MAX_CHOICES}")
+            return Guide.regex(_choice_regex(value)), field
+        if not isinstance(value, str) or not value:
+            raise bad_request(field, f"'{field}' must be a non-empty string")
+        return (Guide.regex(value) if field == "guided_regex" else Guide.grammar(value)), field
+    except GuidedDecodingError as e:
+        raise bad_request(field, f"invalid '{field}': {e.reason}", "invalid_guided_decoding") \
+            from None
+
+
+def extra_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """Request fields that map to :class:`SamplingParams` fields beyond the plain sampling
+    ones: the guided-decoding constraint (:func:`guided_from`)."""
+    guide, _ = guided_from(req)
+    return {} if guide is None else {"guided": guide}
+
+
+def _guided_rename(req) -> dict[str, str]:
+    """Error field names of a guided request's constraint -> the request field carrying it."""
+    _, field = guided_from(req)
+    if field is None:
+        return {}
+    from poot.driver.guided import KINDS
+
+    return {k: field for k in (*KINDS, "guided")}
 
 
 def _unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
@@ -240,7 +347,7 @@ def chat_plan(handle, req: ChatCompletionRequest, config: ServeConfig) -> Plan:
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None \
         else "max_tokens"
     max_tokens = explicit if explicit is not None else capacity - len(ids)
-    rename = {"logprobs": "top_logprobs", "max_tokens": max_param}
+    rename = {"logprobs": "top_logprobs", "max_tokens": max_param, **_guided_rename(req)}
     params = _params(kw, req.seed, max_tokens, req.n, rename)
     _engine_check(handle.engine, ids, params[0], "messages", "messages", rename, max_param)
     return Plan([ids], params, req.n)
@@ -279,10 +386,11 @@ def completion_plan(handle, req: CompletionRequest, config: ServeConfig) -> Plan
         _check_prompt_len(ids, config, handle.kv_capacity, param, "prompt")
         prompts.append(ids)
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
-    params = _params(kw, req.seed, max_tokens, req.n, {})
+    rename = _guided_rename(req)
+    params = _params(kw, req.seed, max_tokens, req.n, rename)
     for i, ids in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-        _engine_check(handle.engine, ids, params[0], param, "prompt", {}, "max_tokens")
+        _engine_check(handle.engine, ids, params[0], param, "prompt", rename, "max_tokens")
     return Plan(prompts, [sp for _ in prompts for sp in params], req.n)
 
 

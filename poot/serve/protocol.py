@@ -10,8 +10,10 @@ when the request is mapped to :class:`~poot.driver.params.SamplingParams`
 
 Fields beyond OpenAI's are vLLM's "extra body" parameters: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos`` (and, for chat,
-``add_generation_prompt`` and ``chat_template_kwargs``). vLLM's ``guided_*`` fields are
-declared so that they can be refused with a clear message until guided decoding exists.
+``add_generation_prompt`` and ``chat_template_kwargs``). Structured output: OpenAI's
+``response_format`` and vLLM's ``guided_json``, ``guided_regex``, ``guided_choice``,
+``guided_grammar``, ``guided_whitespace_pattern`` and ``guided_decoding_backend`` (typed
+``Any`` here; :func:`poot.serve.mapping.guided_from` checks them and names the field).
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ class StreamOptions(_Strict):
 
 
 class ResponseFormat(_Strict):
-    """``response_format``: only ``{"type": "text"}`` is served until guided decoding
-    exists; the others are refused with a 400 naming the field."""
+    """``response_format``: ``{"type": "text"}`` (no constraint), ``{"type": "json_object"}``
+    (any JSON object) or ``{"type": "json_schema", "json_schema": {"name": ..., "schema":
+    {...}, "strict": ...}}`` (output valid against the schema; always enforced)."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
@@ -72,7 +75,7 @@ class _SamplingRequest(_Strict):
     repetition_penalty: float | None = Field(None, gt=0.0)
     stop_token_ids: list[int] | None = Field(None, max_length=64)
     ignore_eos: bool = False
-    # structured output: refused until guided decoding exists (issue 17)
+    # structured output (poot.serve.mapping.guided_from)
     response_format: ResponseFormat | None = None
     guided_json: Any = None
     guided_regex: Any = None

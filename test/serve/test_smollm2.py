@@ -105,3 +105,34 @@ def test_stops_on_im_end_and_endoftext(smol_server, smol):
     assert len(tokens) == r.usage.completion_tokens - 1      # the stop token is not output
     assert not any(t in ("<|im_end|>", "<|endoftext|>") for t in tokens)
     assert "<|im_end|>" not in ch.message.content and "<|endoftext|>" not in ch.message.content
+
+
+def test_response_format_json_schema_equals_poot_generate(smol_server, tmp_path):
+    """A schema-constrained chat request (greedy) returns JSON valid against the schema,
+    and the same text as ``poot generate --json-schema``."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from poot.cli import main
+
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "country": {"type": "string", "maxLength": 20},
+        "population_millions": {"type": "number", "minimum": 0, "maximum": 40}},
+        "required": ["city", "country", "population_millions"],
+        "additionalProperties": False}
+    path = tmp_path / "city.json"
+    path.write_text(json.dumps(schema))
+    prompt = "Describe the capital of France as JSON."
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["generate", "--chat", "--prompt", prompt, "--max-tokens", "64",
+                     "--kv-capacity", "256", "--json-schema", str(path), "--json",
+                     "--quiet"]) == 0
+    cli = json.loads(out.getvalue())
+    r = _client(smol_server).chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": prompt}], temperature=0,
+        max_tokens=64, response_format={"type": "json_schema", "json_schema": {
+            "name": "city", "schema": schema, "strict": True}})
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(text), schema)
+    assert text == cli["text"]
