@@ -4,7 +4,10 @@
     python bench/serve_load.py --url http://127.0.0.1:8000 --clients 16 --seconds 30
 
 Each client sends streaming chat completions one after another (prompts from a fixed list,
-``--max-tokens`` each, greedy by default) until M seconds have passed; requests still
+``--max-tokens`` each, greedy by default) until M seconds have passed (``--token-prompts N``:
+streaming completions of N random token ids each instead, ``ignore_eos`` so every reply has
+``--max-tokens`` tokens, timed by the ``token_ids`` of each chunk: for a model served with
+``--random-weights``, which has no tokenizer); requests still
 running then finish (each has a time limit). Only loopback addresses are accepted: this
 drives a server on this machine, nothing else. Prints one JSON object:
 
@@ -20,6 +23,7 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import random
 import re
 import socket
 import sys
@@ -66,14 +70,15 @@ def percentiles(xs: list[float]) -> dict[str, float | None]:
             "mean": round(sum(s) / len(s), 5)}
 
 
-async def one_request(client: httpx.AsyncClient, body: dict, timeout: float) -> dict:
-    """One streaming request: TTFT, the gaps between content chunks, completion tokens."""
+async def one_request(client: httpx.AsyncClient, body: dict, timeout: float,
+                      route: str = "/v1/chat/completions") -> dict:
+    """One streaming request: TTFT, the gaps between content chunks (chunks that carry
+    ``token_ids``, when the request asked for them), completion tokens."""
     t0 = time.perf_counter()
     first = last = None
     gaps: list[float] = []
     tokens = 0
-    async with client.stream("POST", "/v1/chat/completions", json=body,
-                             timeout=timeout) as r:
+    async with client.stream("POST", route, json=body, timeout=timeout) as r:
         if r.status_code != 200:
             await r.aread()
             raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
@@ -91,7 +96,7 @@ async def one_request(client: httpx.AsyncClient, body: dict, timeout: float) -> 
             if ev.get("usage"):
                 tokens = ev["usage"]["completion_tokens"]
             for ch in ev.get("choices", []):
-                if ch.get("delta", {}).get("content"):
+                if ch.get("delta", {}).get("content") or ch.get("token_ids"):
                     now = time.perf_counter()
                     if first is None:
                         first = now
@@ -108,11 +113,18 @@ async def client_loop(i: int, client: httpx.AsyncClient, args, stop_at: float, o
     while time.perf_counter() < stop_at:
         body = {"model": args.model, "stream": True, "max_tokens": args.max_tokens,
                 "temperature": args.temperature,
-                "stream_options": {"include_usage": True},
-                "messages": [{"role": "user", "content": PROMPTS[n % len(PROMPTS)]}]}
+                "stream_options": {"include_usage": True}}
+        if args.token_prompts:
+            route = "/v1/completions"
+            rng = random.Random(n)
+            body.update(prompt=[rng.randrange(1, 1000) for _ in range(args.token_prompts)],
+                        ignore_eos=True, return_token_ids=True)
+        else:
+            route = "/v1/chat/completions"
+            body["messages"] = [{"role": "user", "content": PROMPTS[n % len(PROMPTS)]}]
         n += args.clients
         try:
-            res = await one_request(client, body, args.request_timeout)
+            res = await one_request(client, body, args.request_timeout, route)
         except Exception as e:  # noqa: BLE001  (counted and reported)
             out["errors"].append(f"{type(e).__name__}: {e}"[:300])
             continue
@@ -148,6 +160,7 @@ async def run(args) -> dict:
         wall = time.perf_counter() - t0
     return {"clients": args.clients, "seconds": args.seconds, "wall_s": round(wall, 2),
             "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "token_prompts": args.token_prompts or None,
             "model": args.model, "requests": out["requests"],
             "requests_per_s": round(out["requests"] / wall, 3),
             "output_tokens": out["tokens"],
@@ -167,11 +180,16 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="default: the server's (GET /v1/models)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--request-timeout", type=float, default=300.0)
+    p.add_argument("--token-prompts", type=int, default=0, metavar="N",
+                   help="completions of N random token ids (ids 1-999) with ignore_eos, "
+                        "instead of chat prompts (a server with --random-weights)")
     p.add_argument("--server-metrics", action="store_true",
                    help="add the server's decode steps and batch figures for the run")
     args = p.parse_args(argv)
     if not 1 <= args.clients <= 1024 or not 0 < args.seconds <= 3600:
         raise SystemExit("serve_load: --clients in [1, 1024], --seconds in (0, 3600]")
+    if not 0 <= args.token_prompts <= 4096:
+        raise SystemExit("serve_load: --token-prompts in [0, 4096]")
     loopback_only(args.url)
     before = server_metrics(args.url, {"authorization": f"Bearer {args.api_key}"}
                             if args.api_key else {}) if args.server_metrics else None

@@ -79,6 +79,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a request's time limit, queueing included (default: 600)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, how long running requests may finish (default: 30)")
+    p.add_argument("--random-weights", default=None, choices=("bf16", "f16", "f32"),
+                   metavar="DTYPE", help="benchmarking (vLLM's --load-format dummy): --model "
+                   "is a HF config.json, its weights random in DTYPE (bf16, f16, f32); no "
+                   "tokenizer, so clients send token ids to /v1/completions")
     p.add_argument("--no-warm-up", action="store_true",
                    help="compile decode buckets and samplers on first use, not at start")
     p.add_argument("--log-level", default="info",
@@ -116,7 +120,7 @@ def load_options(args) -> dict:
     return dict(path=args.model, backend=args.backend, kv_capacity=args.kv_capacity,
                 prefill_chunk=args.prefill_chunk, max_batch=args.max_batch,
                 kv_blocks=args.kv_blocks, kv_memory=kv_memory, kv_dtype=args.kv_dtype,
-                use_cache=not args.no_cache)
+                use_cache=not args.no_cache, random_weights=args.random_weights)
 
 
 def load_and_warm(options: dict, warm_up: bool = True, progress=None):
@@ -156,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest("--max-queue", args.max_queue, "must be >= 0")
     if not 0 <= args.port <= 65535:
         raise InvalidRequest("--port", args.port, "must be in [0, 65535]")
+    if args.random_weights and args.model is None:
+        raise InvalidRequest("--random-weights", args.random_weights, "needs --model "
+                             "CONFIG.json (the HF config whose shapes get random weights)")
     _require_serve_extra()
     config = _config(args)
     options = load_options(args)

@@ -432,6 +432,22 @@ class _Run:
                     range(plan.choices)] if not chat else []
         self.ttft_seen: set[int] = set()
         self.finished = False
+        # vLLM's return_token_ids: prompt and generated ids beside the text
+        self.ids = bool(body.return_token_ids)
+        self.ids_sent: set[int] = set()
+
+    def _prompt_ids(self, i: int) -> list[int]:
+        return self.plan.prompts[i // self.plan.n]
+
+    def _with_ids(self, choice: dict[str, Any], i: int, ids: list[int]) -> dict[str, Any]:
+        """``choice`` with its ``token_ids`` (and, on a choice's first chunk of a completion,
+        ``prompt_token_ids``) when the request asked for them."""
+        if self.ids:
+            choice["token_ids"] = list(ids)
+            if not self.chat and i not in self.ids_sent:
+                self.ids_sent.add(i)
+                choice["prompt_token_ids"] = self._prompt_ids(i)
+        return choice
 
     # ---- shared bookkeeping ------------------------------------------------------------------
     def _feed(self, i: int, ev):
@@ -495,12 +511,12 @@ class _Run:
         choices = []
         for st in self.states:
             if self.chat:
-                choices.append({
+                choices.append(self._with_ids({
                     "index": st.index,
                     "message": {"role": "assistant", "content": st.text, "refusal": None},
                     "logprobs": chat_logprobs(st.logprobs, self.tt)
                     if self.want_logprobs else None,
-                    "finish_reason": st.finish_reason})
+                    "finish_reason": st.finish_reason}, st.index, st.token_ids))
             else:
                 p = st.index // self.plan.n
                 text = (self.prompt_texts[p] if self.echo else "") + st.text
@@ -509,11 +525,15 @@ class _Run:
                     clp = self.clp[st.index]
                     lp = clp.prompt() if self.echo else None
                     lp = CompletionLogprobs.merge(lp, clp.generated(st.logprobs))
-                choices.append({"index": st.index, "text": text, "logprobs": lp,
-                                "finish_reason": st.finish_reason})
-        return {"id": self.rid, "object": "chat.completion" if self.chat else
-                "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": choices, "usage": self._usage()}
+                choices.append(self._with_ids({"index": st.index, "text": text, "logprobs": lp,
+                                               "finish_reason": st.finish_reason},
+                                              st.index, st.token_ids))
+        out = {"id": self.rid, "object": "chat.completion" if self.chat else
+               "text_completion", "created": self.created, "model": self.model,
+               "system_fingerprint": None, "choices": choices, "usage": self._usage()}
+        if self.ids and self.chat:
+            out["prompt_token_ids"] = self._prompt_ids(0)
+        return out
 
     def closed(self, gen) -> None:
         """The stream's response ended (any way): abort what still runs."""
@@ -523,10 +543,10 @@ class _Run:
         gen.close()
 
     # ---- streaming ---------------------------------------------------------------------------
-    def _chunk(self, choice: dict[str, Any]) -> str:
+    def _chunk(self, choice: dict[str, Any], top: dict[str, Any] | None = None) -> str:
         obj = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else
                "text_completion", "created": self.created, "model": self.model,
-               "system_fingerprint": None, "choices": [choice]}
+               "system_fingerprint": None, "choices": [choice], **(top or {})}
         opts = self.body.stream_options
         if opts is not None and opts.include_usage:
             obj["usage"] = None
@@ -548,34 +568,42 @@ class _Run:
                 if self.chat:
                     yield self._chunk({"index": st.index,
                                        "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None})
+                                       "logprobs": None, "finish_reason": None},
+                                      {"prompt_token_ids": self._prompt_ids(st.index)}
+                                      if self.ids else None)
                 elif self.echo:
                     p = st.index // self.plan.n
                     lp = self.clp[st.index].prompt() \
                         if self.want_logprobs else None
-                    yield self._chunk({"index": st.index, "text": self.prompt_texts[p],
-                                       "logprobs": lp, "finish_reason": None})
+                    yield self._chunk(self._with_ids(
+                        {"index": st.index, "text": self.prompt_texts[p], "logprobs": lp,
+                         "finish_reason": None}, st.index, []))
             try:
                 async for i, ev in gen.events():
                     st, text, released = self._feed(i, ev)
-                    if text or released:
+                    new_ids = ev.token_ids if self.ids else []
+                    if text or released or new_ids:
                         if self.chat:
-                            yield self._chunk({
+                            yield self._chunk(self._with_ids({
                                 "index": i, "delta": {"content": text},
                                 "logprobs": chat_logprobs(released, self.tt)
-                                if self.want_logprobs else None, "finish_reason": None})
+                                if self.want_logprobs else None, "finish_reason": None},
+                                i, new_ids))
                         else:
-                            yield self._chunk({
+                            yield self._chunk(self._with_ids({
                                 "index": i, "text": text,
                                 "logprobs": self.clp[i].generated(released)
-                                if self.want_logprobs else None, "finish_reason": None})
+                                if self.want_logprobs else None, "finish_reason": None},
+                                i, new_ids))
                     if ev.finished:
                         if self.chat:
-                            yield self._chunk({"index": i, "delta": {}, "logprobs": None,
-                                               "finish_reason": st.finish_reason})
+                            yield self._chunk(self._with_ids(
+                                {"index": i, "delta": {}, "logprobs": None,
+                                 "finish_reason": st.finish_reason}, i, []))
                         else:
-                            yield self._chunk({"index": i, "text": "", "logprobs": None,
-                                               "finish_reason": st.finish_reason})
+                            yield self._chunk(self._with_ids(
+                                {"index": i, "text": "", "logprobs": None,
+                                 "finish_reason": st.finish_reason}, i, []))
             except (RequestTimeout, EngineFault) as e:
                 self.state.metrics.aborted.inc(len(gen.unfinished))
                 self._finish("timeout" if isinstance(e, RequestTimeout) else "error")

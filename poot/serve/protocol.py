@@ -9,7 +9,7 @@ when the request is mapped to :class:`~poot.driver.params.SamplingParams`
 (:mod:`poot.serve.mapping`).
 
 Fields beyond OpenAI's are vLLM's "extra body" parameters: ``top_k``, ``min_p``,
-``repetition_penalty``, ``stop_token_ids``, ``ignore_eos`` (and, for chat,
+``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``return_token_ids`` (and, for chat,
 ``add_generation_prompt`` and ``chat_template_kwargs``). Structured output: OpenAI's
 ``response_format`` and vLLM's ``guided_json``, ``guided_regex``, ``guided_choice``,
 ``guided_grammar``, ``guided_whitespace_pattern`` and ``guided_decoding_backend`` (typed
@@ -75,6 +75,9 @@ class _SamplingRequest(_Strict):
     repetition_penalty: float | None = Field(None, gt=0.0)
     stop_token_ids: list[int] | None = Field(None, max_length=64)
     ignore_eos: bool = False
+    #: vLLM's: every choice (and streamed chunk) also carries its ``token_ids``, and the
+    #: response (chat) or each choice's first chunk (completions) the ``prompt_token_ids``
+    return_token_ids: bool = False
     # structured output (poot.serve.mapping.guided_from)
     response_format: ResponseFormat | None = None
     guided_json: Any = None
