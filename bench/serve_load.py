@@ -117,7 +117,8 @@ async def client_loop(i: int, client: httpx.AsyncClient, args, stop_at: float, o
         if args.token_prompts:
             route = "/v1/completions"
             rng = random.Random(n)
-            body.update(prompt=[rng.randrange(1, 1000) for _ in range(args.token_prompts)],
+            body.update(prompt=[rng.randrange(1, args.token_id_max + 1)
+                                for _ in range(args.token_prompts)],
                         ignore_eos=True, return_token_ids=True)
         else:
             route = "/v1/chat/completions"
@@ -181,8 +182,10 @@ def main(argv=None) -> int:
     p.add_argument("--api-key", default=None)
     p.add_argument("--request-timeout", type=float, default=300.0)
     p.add_argument("--token-prompts", type=int, default=0, metavar="N",
-                   help="completions of N random token ids (ids 1-999) with ignore_eos, "
-                        "instead of chat prompts (a server with --random-weights)")
+                   help="completions of N random token ids with ignore_eos, instead of "
+                        "chat prompts (a server with --random-weights)")
+    p.add_argument("--token-id-max", type=int, default=999, metavar="ID",
+                   help="with --token-prompts: ids drawn from 1..ID (default: 999)")
     p.add_argument("--server-metrics", action="store_true",
                    help="add the server's decode steps and batch figures for the run")
     args = p.parse_args(argv)

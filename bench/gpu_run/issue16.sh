@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Issue 16 (poot serve) on the GPU machine: bench/serve_load.py against `poot serve --backend
+# cuda` at K = 1, 16, 64 concurrent streaming clients, SmolLM2 (chat prompts) and the
+# Llama-3.2-1B shape (random bf16 weights, 32-token id prompts). Built here first by
+#   python bench/gpu_run/issue15_build.py  (only its .i15a/.i15c: the GGUF halves)
+#   python bench/gpu_run/issue16_build.py  -> .i16b/
+#
+#   call 1, carry [".i15a"]:  bash bench/gpu_run/issue15.sh stage
+#   call 2, carry [".i15c"]:  bash bench/gpu_run/issue15.sh stage
+#   call 3, carry [".i16b"]:  bash bench/gpu_run/issue16.sh
+#
+# Out: serve_{smollm2,llama1b}_k{1,16,64}.json (serve_load's JSON with --server-metrics),
+# logs/ (the servers' stderr: one line per request). Loopback only.
+set -u
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/i16out}"
+mkdir -p "$OUT/logs"
+B=.i16b
+[ -f "$B/manifest.json" ] || { echo "issue16: carry .i16b" >&2; exit 2; }
+if [ ! -f /tmp/i15/smollm2.gguf ]; then
+    cat /tmp/i15/smollm2.part0 /tmp/i15/smollm2.part1 > /tmp/i15/smollm2.gguf || exit 2
+fi
+PY=python3
+$PY -m pip install -q --no-index --no-deps --target /tmp/i16site $B/wheels/*.whl 2>&1 | tail -2
+export PYTHONPATH=.:/tmp/i16site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+[ -d /tmp/i16cache ] || cp -r "$B/cache" /tmp/i16cache
+export POOT_CACHE_DIR=/tmp/i16cache
+SECONDS_EACH="${I16_SECONDS:-20}"
+PORT=8765
+FAILED=()
+
+serve_and_load() {  # NAME LOADARGS -- SERVEARGS...
+    local name=$1 load=$2; shift 2
+    local t=$(date +%s)
+    $PY -m poot.cli serve --backend cuda --port $PORT --max-batch 64 --kv-capacity 512 \
+        --no-warm-up --served-model-name "$name" "$@" > "$OUT/logs/server_$name.log" 2>&1 &
+    local pid=$!
+    if ! $PY - <<PYEOF
+import time, urllib.request, sys
+t = time.time()
+while time.time() - t < 300:
+    try:
+        if urllib.request.urlopen("http://127.0.0.1:$PORT/health", timeout=5).status == 200:
+            print("ready after %.1f s" % (time.time() - t)); sys.exit(0)
+    except Exception:
+        pass
+    time.sleep(1)
+sys.exit(1)
+PYEOF
+    then
+        tail -n 20 "$OUT/logs/server_$name.log" >&2; kill -9 $pid; FAILED+=("$name:start"); return
+    fi
+    # a short pass at K = 64 first: every bucket's step loaded from the cache (discarded)
+    timeout 120 $PY bench/serve_load.py --url http://127.0.0.1:$PORT -k 64 -m 4 $load \
+        > "$OUT/logs/warm_$name.json" 2>&1
+    for k in 1 16 64; do
+        timeout 200 $PY bench/serve_load.py --url http://127.0.0.1:$PORT -k $k \
+            -m "$SECONDS_EACH" --server-metrics $load > "$OUT/serve_${name}_k$k.json" \
+            2> "$OUT/logs/load_${name}_k$k.err" || FAILED+=("$name:k$k")
+        $PY -c "import json; r = json.load(open('$OUT/serve_${name}_k$k.json')); \
+print('$name K=$k', r['requests_per_s'], 'req/s', r['output_tokens_per_s'], 'tok/s', \
+'ttft p50', r['ttft_s']['p50'], 'itl p50', r['itl_s']['p50'], 'errors', r['errors'], \
+r.get('server'))" >&2 || true
+    done
+    kill -TERM $pid; wait $pid; echo "   $name: server exit $? after $(( $(date +%s) - t ))s" >&2
+    tail -n 3 "$OUT/logs/server_$name.log" >&2
+}
+
+serve_and_load smollm2 "--max-tokens 64" --model /tmp/i15/smollm2.gguf
+serve_and_load llama1b "--max-tokens 64 --token-prompts 32" \
+    --model bench/shapes/llama-3.2-1b.json --random-weights bf16
+echo "issue16: done; failed: ${FAILED[*]:-none}" >&2
+[ ${#FAILED[@]} -eq 0 ]
