@@ -23,6 +23,8 @@ fi
 PY=python3
 $PY -m pip install -q --no-index --no-deps --target /tmp/i16site $B/wheels/*.whl 2>&1 | tail -2
 export PYTHONPATH=.:/tmp/i16site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+$PY -c "import fastapi, uvicorn, prometheus_client, httpx" || { echo "issue16: the serve \
+wheels do not import" >&2; exit 2; }
 [ -d /tmp/i16cache ] || cp -r "$B/cache" /tmp/i16cache
 export POOT_CACHE_DIR=/tmp/i16cache
 SECONDS_EACH="${I16_SECONDS:-20}"
@@ -36,9 +38,12 @@ serve_and_load() {  # NAME LOADARGS -- SERVEARGS...
         --no-warm-up --served-model-name "$name" "$@" > "$OUT/logs/server_$name.log" 2>&1 &
     local pid=$!
     if ! $PY - <<PYEOF
-import time, urllib.request, sys
+import os, time, urllib.request, sys
 t = time.time()
-while time.time() - t < 300:
+while time.time() - t < 240:
+    if not os.path.exists("/proc/$pid") or \
+            open("/proc/$pid/stat").read().split()[2] == "Z":
+        print("the server exited"); sys.exit(1)
     try:
         if urllib.request.urlopen("http://127.0.0.1:$PORT/health", timeout=5).status == 200:
             print("ready after %.1f s" % (time.time() - t)); sys.exit(0)

@@ -6,7 +6,7 @@
 --kv-capacity 512 --no-warm-up`` runs for greedy requests: SmolLM2 (the GGUF) and the
 Llama-3.2-1B shape (random bf16 weights; ``--random-weights``), each with its prefill chunk
 and the decode step and greedy sampler of every batch bucket up to 64. ``.i16b/wheels``: the
-``serve`` extra and httpx for Python 3.12 (the GPU machine reaches no package index). The
+``serve`` extra and httpx with every dependency, for Python 3.12 (the GPU machine reaches no package index). The
 GGUF goes over in ``.i15a``/``.i15c`` (``issue15_build.py``), staged by ``issue15.sh stage``.
 The cache keys hash poot's sources: run on this same working tree.
 """
@@ -26,9 +26,9 @@ sys.path.insert(0, ROOT)
 
 CAP, MAX_BATCH = 512, 64
 SHAPE_1B = "bench/shapes/llama-3.2-1b.json"
-WHEELS = ["fastapi", "starlette", "pydantic", "pydantic-core", "uvicorn", "h11", "click",
-          "anyio", "sniffio", "idna", "prometheus-client", "httpx", "httpcore", "certifi",
-          "annotated-types", "typing-extensions", "typing-inspection"]
+#: with their dependencies, resolved by pip for the machine's Python (3.12)
+WHEELS = ["fastapi>=0.110", "uvicorn>=0.29", "pydantic>=2.6", "prometheus-client>=0.20",
+          "httpx>=0.27"]
 
 
 def main() -> int:
@@ -41,8 +41,7 @@ def main() -> int:
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(os.path.join(out, "wheels"))
     say = lambda m: print(f"issue16_build: {m}", file=sys.stderr, flush=True)  # noqa: E731
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                    "--only-binary=:all:", "--python-version", "312", "--platform",
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "312", "--platform",
                     "manylinux2014_x86_64", "-d", os.path.join(out, "wheels")] + WHEELS,
                    check=True)
     man: dict = {"source_hash_cuda": step_source_hash("cuda"), "cap": CAP,
