@@ -136,7 +136,8 @@ def load_and_warm(options: dict, warm_up: bool = True, progress=None):
 
     specs = (FULL, replace(FULL, logprobs=max(LOGPROB_WIDTHS), guided=True))
     opts = dict(options)
-    handle = ModelHandle.load(opts.pop("path"), progress=progress, warm_samplers=specs, **opts)
+    handle = ModelHandle.load(opts.pop("path"), progress=progress,
+                              warm_samplers=specs if warm_up else (), **opts)
     if warm_up:
         handle.runner.warm_up(batches=decode_buckets(handle.runner.max_batch), specs=specs)
     return handle
