@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import threading
 from collections import deque
 
 
@@ -29,6 +30,8 @@ class CUfunction_attribute(enum.IntEnum):  # noqa: N801
 
 
 OK = 0
+#: what the driver answers a thread with no current context
+INVALID_CONTEXT = 201
 
 
 class _Event:
@@ -56,6 +59,7 @@ class FakeDriver:
     CUfunction_attribute = CUfunction_attribute
 
     def __init__(self):
+        self._current = threading.local()     # like the driver: a current context per thread
         self.mem: dict[int, ctypes.Array] = {}
         self.streams: list[_Stream] = []
         self.host_allocs = 0
@@ -72,7 +76,12 @@ class FakeDriver:
     def cuDeviceGet(self, i): return (OK, i)                                # noqa: E704,N802
     def cuDeviceGetCount(self): return (OK, 1)                              # noqa: E704,N802
     def cuDevicePrimaryCtxRetain(self, d): return (OK, object())            # noqa: E704,N802
-    def cuCtxSetCurrent(self, c): return (OK,)                              # noqa: E704,N802
+    def cuCtxSetCurrent(self, c):                                                   # noqa: N802
+        self._current.ctx = c
+        return (OK,)
+
+    def _no_context(self) -> bool:
+        return getattr(self._current, "ctx", None) is None
     def cuDeviceGetName(self, n, d): return (OK, b"fake\0")                 # noqa: E704,N802
     def cuGetErrorName(self, e): return (OK, b"CUDA_ERROR_FAKE")            # noqa: E704,N802
 
@@ -82,9 +91,14 @@ class FakeDriver:
         return (OK, s)
 
     # ---- memory ------------------------------------------------------------------------------
-    def cuMemAlloc(self, n): return (OK, self._alloc(n))                    # noqa: E704,N802
+    def cuMemAlloc(self, n):                                                        # noqa: N802
+        if self._no_context():
+            return (INVALID_CONTEXT, None)
+        return (OK, self._alloc(n))
 
     def cuMemHostAlloc(self, n, flags):                                             # noqa: N802
+        if self._no_context():
+            return (INVALID_CONTEXT, None)
         self.host_allocs += 1
         return (OK, self._alloc(n))
 
@@ -105,6 +119,8 @@ class FakeDriver:
         return (OK,)
 
     def _copy_async(self, dst, src, n, stream):
+        if self._no_context():
+            return (INVALID_CONTEXT,)
         self.async_copies += 1
         dst, src = int(dst), int(src)
         stream.put(lambda: ctypes.memmove(dst, src, n))
@@ -114,6 +130,8 @@ class FakeDriver:
 
     # ---- streams, events ---------------------------------------------------------------------
     def cuStreamSynchronize(self, s):                                               # noqa: N802
+        if self._no_context():
+            return (INVALID_CONTEXT,)
         s.run_until()
         return (OK,)
 

@@ -56,6 +56,31 @@ def test_feedback_copy_is_recorded_in_the_graph(cuda):
     assert int(cuda.download(e.slots["tokens"])[0, 0]) == 4
 
 
+def test_a_device_made_on_one_thread_runs_steps_on_another(cuda):
+    """The server loads the model on a loader thread and steps it on the engine thread: the
+    device's context must be current there too (it was not: CUDA_ERROR_INVALID_CONTEXT at the
+    first page-locked upload of the engine thread)."""
+    import threading
+
+    eng, e = _engine(cuda)
+    eng.write_inputs(e, {"tokens": np.array([[-1]], np.int32)})
+    seen, errors = [], []
+
+    def run():
+        try:
+            for p in range(3):
+                out = eng.step(e, {"positions": np.array([[p]], np.int32)})
+                seen.append(int(out["sampling.token"][0]))
+        except Exception as exc:  # noqa: BLE001  (reported below)
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(60)
+    assert not errors, errors
+    assert seen == [0, 1, 2]
+
+
 def test_pipelined_submits_reuse_one_host_array(cuda):
     """Twenty steps issued before any is collected, every position written from the same host
     array (the device stages each write: 8 page-locked slots reused in turn); each readback
@@ -93,6 +118,7 @@ def test_unstaged_async_upload_would_be_caught():
     """The fake stream is lazy: a copy queued from host memory that is rewritten before the
     stream runs reads the new value (what staging in page-locked slots prevents)."""
     drv = FakeDriver()
+    drv.cuCtxSetCurrent(object())
     (_, s), (_, dst) = drv.cuStreamCreate(0), drv.cuMemAlloc(4)
     host = np.array([1], np.int32)
     drv.cuMemcpyHtoDAsync(dst, host.ctypes.data, 4, s)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -47,15 +48,24 @@ class CudaError(RuntimeError):
 
 
 _cu = None
+#: the context of the :class:`CudaDevice` made last (its device's primary context)
+_ctx = None
+_thread = threading.local()
 
 
 def driver():
-    """``cuda.bindings.driver`` (imported on first use; ImportError when absent)."""
+    """``cuda.bindings.driver`` (imported on first use; ImportError when absent), with the
+    device's context current on the calling thread: the driver's current context is per
+    thread, and a device made on one thread (a server's loader) is used on another (its
+    engine thread), where every call would otherwise fail with CUDA_ERROR_INVALID_CONTEXT."""
     global _cu
     if _cu is None:
         from cuda.bindings import driver as cu  # noqa: PLC0415
 
         _cu = cu
+    if _ctx is not None and getattr(_thread, "ctx", None) is not _ctx:
+        _thread.ctx = _ctx
+        _check(_cu.cuCtxSetCurrent(_ctx), "cuCtxSetCurrent")
     return _cu
 
 
@@ -266,7 +276,9 @@ class CudaDevice:
         _check(cu.cuInit(0), "cuInit")
         self.dev = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
         self.ctx = _check(cu.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
-        _check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        global _ctx
+        _ctx = self.ctx
+        cu = driver()                     # makes it current on this thread
         self.stream = _check(cu.cuStreamCreate(0), "cuStreamCreate")
         self.device_name = _check(cu.cuDeviceGetName(128, self.dev),
                                   "cuDeviceGetName").split(b"\0")[0].decode()
