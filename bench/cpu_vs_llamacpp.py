@@ -176,7 +176,10 @@ def run_llama_bench(exe: Path, model: Path, threads: int, reps: int) -> dict:
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", str(PROMPT_TOKENS),
            "-n", str(NEW_TOKENS), "-r", str(reps), "-o", "json"]
     log("running " + " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"llama-bench took over 30 minutes on {model} (cores busy?)") from None
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.splitlines()[-15:])
         raise BenchError(f"llama-bench failed (exit {proc.returncode}) on {model}:\n{tail}")
