@@ -559,9 +559,39 @@ class _Run:
         gen = sum(len(s.token_ids) for s in self.states)
         return {"prompt_tokens": prompt, "completion_tokens": gen, "total_tokens": prompt + gen}
 
+    def _event_chunks(self, i: int, ev) -> list[str]:
+        """The SSE chunks of one engine output of choice ``i``: its text (and log-probs, token
+        ids) when any is released, and the finish chunk when it finished."""
+        st, text, released = self._feed(i, ev)
+        new_ids = ev.token_ids if self.ids else []
+        out = []
+        if text or released or new_ids:
+            if self.chat:
+                out.append(self._chunk(self._with_ids({
+                    "index": i, "delta": {"content": text},
+                    "logprobs": chat_logprobs(released, self.tt)
+                    if self.want_logprobs else None, "finish_reason": None}, i, new_ids)))
+            else:
+                out.append(self._chunk(self._with_ids({
+                    "index": i, "text": text,
+                    "logprobs": self.clp[i].generated(released)
+                    if self.want_logprobs else None, "finish_reason": None}, i, new_ids)))
+        if ev.finished:
+            if self.chat:
+                out.append(self._chunk(self._with_ids(
+                    {"index": i, "delta": {}, "logprobs": None,
+                     "finish_reason": st.finish_reason}, i, [])))
+            else:
+                out.append(self._chunk(self._with_ids(
+                    {"index": i, "text": "", "logprobs": None,
+                     "finish_reason": st.finish_reason}, i, [])))
+        return out
+
     async def stream(self, gen):
-        """The SSE body: chunks, the usage chunk when asked, ``data: [DONE]``. A client that
-        goes away cancels this generator: its sequences are aborted (``gen.close``)."""
+        """The SSE body: chunks, the usage chunk when asked, ``data: [DONE]``. Chunks of
+        outputs already queued are written together (one send when the front end has fallen
+        behind the engine, instead of one per token). A client that goes away cancels this
+        generator: its sequences are aborted (``gen.close``)."""
         done = False
         try:
             for st in self.states:
@@ -578,40 +608,22 @@ class _Run:
                     yield self._chunk(self._with_ids(
                         {"index": st.index, "text": self.prompt_texts[p], "logprobs": lp,
                          "finish_reason": None}, st.index, []))
+            out: list[str] = []         # chunks not yet written (see Generation.ready)
             try:
                 async for i, ev in gen.events():
-                    st, text, released = self._feed(i, ev)
-                    new_ids = ev.token_ids if self.ids else []
-                    if text or released or new_ids:
-                        if self.chat:
-                            yield self._chunk(self._with_ids({
-                                "index": i, "delta": {"content": text},
-                                "logprobs": chat_logprobs(released, self.tt)
-                                if self.want_logprobs else None, "finish_reason": None},
-                                i, new_ids))
-                        else:
-                            yield self._chunk(self._with_ids({
-                                "index": i, "text": text,
-                                "logprobs": self.clp[i].generated(released)
-                                if self.want_logprobs else None, "finish_reason": None},
-                                i, new_ids))
-                    if ev.finished:
-                        if self.chat:
-                            yield self._chunk(self._with_ids(
-                                {"index": i, "delta": {}, "logprobs": None,
-                                 "finish_reason": st.finish_reason}, i, []))
-                        else:
-                            yield self._chunk(self._with_ids(
-                                {"index": i, "text": "", "logprobs": None,
-                                 "finish_reason": st.finish_reason}, i, []))
+                    out += self._event_chunks(i, ev)
+                    if out and not gen.ready():
+                        yield "".join(out)
+                        out.clear()
             except (RequestTimeout, EngineFault) as e:
                 self.state.metrics.aborted.inc(len(gen.unfinished))
                 self._finish("timeout" if isinstance(e, RequestTimeout) else "error")
                 self.info["error"] = type(e).__name__
-                yield sse(self._error(e).body())
-                yield SSE_DONE
+                yield "".join(out) + sse(self._error(e).body()) + SSE_DONE
                 done = True
                 return
+            if out:
+                yield "".join(out)
             self._finish()
             opts = self.body.stream_options
             if opts is not None and opts.include_usage:

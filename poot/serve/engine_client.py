@@ -167,7 +167,10 @@ class Generation:
             if left <= 0:
                 raise RequestTimeout()
             try:
-                i, ev = await asyncio.wait_for(self.queue.get(), min(left, self.poll_s))
+                if not self.queue.empty():   # no timer for an output that is already here
+                    i, ev = self.queue.get_nowait()
+                else:
+                    i, ev = await asyncio.wait_for(self.queue.get(), min(left, self.poll_s))
             except asyncio.TimeoutError:
                 if owner.fault is not None:
                     raise EngineFault(owner.fault) from None
@@ -186,6 +189,10 @@ class Generation:
                 if ev.finish_reason == "error":
                     raise EngineFault(ev.error or owner.fault or "engine error")
             yield i, ev
+
+    def ready(self) -> bool:
+        """Whether :meth:`events` has an output to yield without waiting."""
+        return not self.queue.empty()
 
     def close(self) -> None:
         """Abort the choices still running and release the request's place."""
