@@ -7,10 +7,11 @@
 
 The server listens at once: ``GET /health`` answers 503 ``loading`` while the model loads and
 its steps compile (progress on stderr), then 200 ``ready``, and a line says it is ready.
-Every decode bucket and the samplers (greedy, full, with log-probs) are compiled before that,
-so no request waits on a compile (``--no-warm-up``: compile on first use instead). One log
-line per request goes to stderr. SIGTERM or Ctrl-C drains: no new connections, running
-requests finish within ``--drain-timeout`` seconds or are aborted, exit status 0.
+Every decode bucket and the samplers (greedy; full; full with log-probs and the guided mask)
+are compiled before that, so no request waits on a compile (``--no-warm-up``: compile on
+first use instead). One log line per request goes to stderr. SIGTERM or Ctrl-C drains: no
+new connections, running requests finish within ``--drain-timeout`` seconds or are aborted,
+exit status 0.
 
 Needs the ``serve`` extra (``pip install -e ".[serve]"``); ``--ray`` the ``ray`` extra.
 """
