@@ -102,7 +102,15 @@ class Guide:
             raise GuidedDecodingError(self.kind, spec, "must be a non-empty string")
         else:
             text = spec
-        if len(text.encode()) > MAX_GUIDE_BYTES:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise GuidedDecodingError(self.kind, _short(text.encode("utf-8", "replace")
+                                                        .decode()),
+                                      f"is not valid Unicode: a lone surrogate "
+                                      f"U+{ord(text[e.start]):04X} at character {e.start}") \
+                from None
+        if size > MAX_GUIDE_BYTES:
             raise GuidedDecodingError(self.kind, f"{len(text)} characters",
                                       f"exceeds {MAX_GUIDE_BYTES} bytes")
 
@@ -139,6 +147,13 @@ class Guide:
             return L.grammar_from(fmt, self.spec)
         except Exception as e:  # noqa: BLE001  (llguidance's parse errors: a user's grammar)
             raise GuidedDecodingError(self.kind, _short(self.spec), str(e).strip()) from None
+
+
+def first_line(message: str, limit: int = 200) -> str:
+    """The first line of an llguidance error (the rest is its parser's state dump), at most
+    ``limit`` characters."""
+    line = str(message).strip().split("\n", 1)[0].strip()
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def _short(spec) -> str:
@@ -185,8 +200,17 @@ class GuidedCompiler:
         m = L.LLMatcher(lt, grammar, log_level=0)
         if m.is_error():
             raise GuidedDecodingError(guide.kind, _short(guide.spec or "{}"),
-                                      m.get_error().strip())
-        return TokenMatcher(m, self.vocab, lt.vocab_size)
+                                      first_line(m.get_error()))
+        # the first mask, computed here once: a constraint that allows no output at all (an
+        # empty regex class, say) fails now, at admission, not after it is queued
+        tm = TokenMatcher(m, self.vocab, lt.vocab_size)
+        tm.fill_mask(np.empty(mask_words(self.vocab), np.int32))
+        tm.mask_s, tm.masks = 0.0, 0
+        if m.is_error():
+            raise GuidedDecodingError(guide.kind, _short(guide.spec or "{}"),
+                                      f"allows no output (llguidance: "
+                                      f"{first_line(m.get_error())})")
+        return tm
 
     def fill_masks(self, matchers: "list[TokenMatcher]", out: np.ndarray) -> None:
         """Row i of ``out`` (i32 [len(matchers), mask_words(vocab)]) gets the tokens
@@ -256,7 +280,8 @@ class TokenMatcher:
 
     @property
     def error(self) -> str | None:
-        return self.m.get_error() if self.m.is_error() else None
+        """Why the matcher stopped (the first line of llguidance's error), or None."""
+        return first_line(self.m.get_error()) if self.m.is_error() else None
 
 
 __all__ = ["ALL_ALLOWED", "Guide", "GuidedCompiler", "GuidedDecodingError", "MASK_BITS",

@@ -179,6 +179,9 @@ def _guided_rename(req) -> dict[str, str]:
 
 
 def _unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options", "stream_options is only allowed when stream is "
+                          "true")
     if req.tools:
         raise bad_request("tools", "tool calling is not supported by this server",
                           "unsupported_parameter")

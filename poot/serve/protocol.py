@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Union
 
 from fastapi import Body
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 MAX_TOP_LOGPROBS = 20
 #: most stop strings a request may give (OpenAI allows 4; vLLM any number)
@@ -30,6 +30,19 @@ MAX_STOP_STRINGS = 16
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """An explicit ``null`` for an optional field means its default, as OpenAI's API
+        (and vLLM) read it: ``"n": null`` is ``n = 1``, ``"stream": null`` no streaming."""
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            drop = [k for k, v in data.items() if v is None and k in fields
+                    and not fields[k].is_required() and fields[k].default is not None]
+            if drop:
+                data = {k: v for k, v in data.items() if k not in drop}
+        return data
 
 
 class StreamOptions(_Strict):

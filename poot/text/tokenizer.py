@@ -194,10 +194,17 @@ def check_utf8(text: str, what: str = "text") -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        at = len(text[:e.start].encode("utf-8", "surrogateescape"))
-        bad = text[e.start].encode("utf-8", "surrogateescape")
-        detail = f" (0x{bad[0]:02x})" if len(bad) == 1 else ""
-        raise TokenizerError(f"{what} is not valid UTF-8 at byte {at}{detail}") from None
+        ch = ord(text[e.start])
+        try:
+            at = len(text[:e.start].encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:        # an earlier surrogate that is no smuggled byte
+            at = None
+        if 0xDC80 <= ch <= 0xDCFF and at is not None:      # a byte smuggled in
+            raise TokenizerError(f"{what} is not valid UTF-8 at byte {at} "
+                                 f"(0x{ch - 0xDC00:02x})") from None
+        # a lone UTF-16 surrogate (a JSON "\udXXX" escape without its pair)
+        raise TokenizerError(f"{what} is not valid Unicode: a lone surrogate U+{ch:04X} at "
+                             f"character {e.start}") from None
 
 
 # --- entry point -----------------------------------------------------------------------------

@@ -175,8 +175,11 @@ BAD = [
     (lambda: Guide.regex(""), "non-empty"),
     (lambda: Guide.json_schema({"type": "string", "description": "x" * (1 << 20)}),
      "exceeds"),
+    (lambda: Guide.regex("\ud83d"), "lone surrogate U\\+D83D"),
+    (lambda: Guide.grammar('start: "\udfff"'), "lone surrogate"),
 ]
 UNHONORED = [
+    (Guide.regex(r"[^\s\S]"), "allows no output"),
     (Guide.json_schema({"not": {"type": "string"}}), "not"),
     (Guide.json_schema({"type": "array", "uniqueItems": True}), "uniqueItems"),
     (Guide.json_schema({"if": {"type": "string"}, "then": {"minLength": 2}}), "if"),

@@ -91,6 +91,11 @@ BAD = [
     (CHAT, chat(stream="yes"), 400, "stream"),
     (CHAT, chat(stream_options={"include_usage": "yes"}), 400, "stream_options.include_usage"),
     (CHAT, chat(stream_options={"bogus": 1}), 400, "stream_options.bogus"),
+    (CHAT, chat(stream_options={"include_usage": True}), 400, "stream_options"),
+    # lone UTF-16 surrogates (a JSON "\udfff" escape without its pair): not text
+    (COMP, comp(prompt="\udfff abc"), 400, "prompt"),
+    (COMP, comp(prompt=["ok", "\ud83d"]), 400, "prompt[1]"),
+    ("/tokenize", {"prompt": "\udfff abc"}, 400, "prompt"),
     (CHAT, chat(response_format={"type": "yaml"}), 400, "response_format.type"),
     (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
     (CHAT, chat(tool_choice="required"), 400, "tool_choice"),
@@ -141,6 +146,19 @@ def test_bad_bodies(server, route, body, status, param):
 def test_bodies_that_are_not_json_objects(server, raw, ctype):
     r = httpx.post(server.url + CHAT, content=raw, headers={"content-type": ctype})
     check_error(r, 400)
+
+
+@pytest.mark.parametrize("route,body", [
+    (CHAT, chat(n=None, stream=None, ignore_eos=None, max_tokens=2, return_token_ids=None)),
+    (COMP, comp(echo=None, n=None, stream=None, max_tokens=2)),
+    ("/tokenize", {"prompt": "hi", "add_special_tokens": None}),
+])
+def test_null_means_the_default(server, route, body):
+    """OpenAI's clients send ``null`` for a parameter left unset: it is the default."""
+    r = httpx.post(server.url + route, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    if route != "/tokenize":
+        assert len(r.json()["choices"]) == 1
 
 
 def test_not_found_and_method(server):

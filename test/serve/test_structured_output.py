@@ -39,7 +39,9 @@ def _openai(server):
 
 
 def _post(server, route, body) -> httpx.Response:
-    return httpx.post(server.url + route, json=body, timeout=120)
+    # json.dumps escapes non-ASCII (lone surrogates included) as httpx's json= does not
+    return httpx.post(server.url + route, content=json.dumps(body), timeout=120,
+                      headers={"content-type": "application/json"})
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -177,6 +179,10 @@ BAD_GUIDED = [
      "guided_whitespace_pattern"),
     (CHAT, chat(response_format={"type": "json_object"}, ignore_eos=True), "ignore_eos"),
     (COMP, comp(guided_regex="(?<=a)b"), "guided_regex"),
+    (COMP, comp(guided_regex=r"[^\s\S]"), "guided_regex"),       # allows no output at all
+    (CHAT, chat(guided_regex="\ud83d"), "guided_regex"),           # a lone surrogate
+    (CHAT, chat(guided_grammar='start: "\ud83d"'), "guided_grammar"),
+    (CHAT, chat(guided_choice=["a", "\udfff"]), "guided_choice"),
     (COMP, comp(guided_json={"type": "string", "minLength": 3, "maxLength": 1}),
      "guided_json"),
 ]
