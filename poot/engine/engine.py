@@ -74,6 +74,10 @@ from poot.errors import PootError
 from poot.graph import sampling
 
 
+#: How a request's ``RequestOutput.error`` begins when its guided-decoding constraint failed
+#: while it ran (finish reason ``"error"``; the request's own failure, not the engine's).
+GUIDED_ERROR = "guided decoding: "
+
 class EngineError(PootError):
     """The engine cannot do what was asked (unknown request, engine stopped, a fault)."""
 
@@ -706,9 +710,11 @@ class LLMEngine:
         if seq.t_first is None:
             seq.t_first = now
         if seq.guide is not None and not seq.guide.consume(token):
-            # the mask allowed only what the matcher accepts: an engine fault, not the user's
-            return self._finish(seq, "error", error=f"guided decoding: the constraint rejected "
-                                f"sampled token {token}: {seq.guide.error}")
+            # the mask allowed only what the matcher accepts, so the constraint itself failed
+            # (llguidance's lexer or parser ran past a limit on this input: a{1000000})
+            return self._finish(seq, "error", error=f"{GUIDED_ERROR}the constraint failed "
+                                f"at generated token {seq.generated} (sampled {token}): "
+                                f"{seq.guide.error}")
         if token in seq.stop_ids:
             return self._finish(seq, "stop", stop=token)
         seq.tokens.append(token)

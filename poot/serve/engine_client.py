@@ -21,6 +21,7 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from poot.driver.params import SamplingParams
+from poot.engine.engine import GUIDED_ERROR
 
 
 class QueueFull(Exception):
@@ -35,6 +36,11 @@ class TooManySequences(Exception):
 class EngineFault(Exception):
     """The engine stopped after a fault (its requests failed; 500, and the server reports
     itself unhealthy)."""
+
+
+class ConstraintFailed(EngineFault):
+    """The request's guided-decoding constraint failed while it ran (llguidance ran past a
+    limit on it): the request's failure, a 400 naming its constraint field."""
 
 
 class RequestTimeout(Exception):
@@ -187,6 +193,8 @@ class Generation:
             if ev.finished:
                 self.unfinished.discard(i)
                 if ev.finish_reason == "error":
+                    if (ev.error or "").startswith(GUIDED_ERROR):
+                        raise ConstraintFailed(ev.error[len(GUIDED_ERROR):])
                     raise EngineFault(ev.error or owner.fault or "engine error")
             yield i, ev
 

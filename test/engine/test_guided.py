@@ -210,6 +210,25 @@ def test_unhonored_constraints_are_refused_at_add_request(handle, guide, feature
     assert not eng.has_unfinished() and handle.runner.compile_s == compiled
 
 
+def test_a_constraint_that_fails_while_running_ends_its_request_only(handle):
+    """``a{1000000}`` compiles and gives a first mask, then llguidance's lexer runs past its
+    limit at the first token: that request finishes with reason "error" and an error that
+    says so (GUIDED_ERROR, one line); a request beside it is untouched."""
+    from poot.engine.engine import GUIDED_ERROR
+
+    eng = handle.engine
+    plain = SamplingParams(temperature=0, max_tokens=6)
+    alone = [t for ev in eng.generate([5, 6, 7], plain) for t in ev.token_ids]
+    bad = eng.add_request([5, 6, 7], _guided(Guide.regex("a{1000000}"), max_tokens=6))
+    good = eng.add_request([5, 6, 7], plain)
+    events = eng.run_until_done()
+    last = {e.request_id: e for e in events if e.finished}
+    assert last[bad].finish_reason == "error"
+    assert last[bad].error.startswith(GUIDED_ERROR) and "\n" not in last[bad].error
+    assert [t for e in events if e.request_id == good for t in e.token_ids] == alone
+    assert eng.fault is None
+
+
 def test_guided_parameter_checks():
     with pytest.raises(InvalidRequest, match="ignore_eos"):
         SamplingParams(guided=Guide.json_object(), ignore_eos=True)

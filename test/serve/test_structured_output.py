@@ -201,3 +201,17 @@ def test_a_malformed_constraint_compiles_nothing_and_leaves_the_server_serving(s
     r = _post(server, CHAT, chat(max_tokens=4, guided_choice=["yes", "no"]))
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] in ("yes",
                                                                                       "no")
+
+
+def test_a_constraint_that_fails_while_it_runs_is_the_requests_400(server):
+    """``a{1000000}`` passes admission and its first mask, then llguidance's lexer runs past
+    its limit at the first token: a 400 naming the field (streamed: an error event), not an
+    engine fault; the server stays healthy."""
+    body = chat(max_tokens=8, guided_regex="a{1000000}")
+    err = check_error(_post(server, CHAT, body), 400, "guided_regex")
+    assert err["code"] == "guided_decoding_failed" and "\n" not in err["message"]
+    events = parse_sse(_post(server, CHAT, {**body, "stream": True}).text)
+    assert events[-1]["error"]["param"] == "guided_regex"
+    assert httpx.get(server.url + "/health").status_code == 200
+    r = _post(server, CHAT, chat(max_tokens=4, guided_choice=["yes", "no"]))
+    assert r.status_code == 200
