@@ -30,8 +30,7 @@ from poot.serve.config import ServeConfig
 from poot.serve.engine_client import (AsyncEngine, ClientGone, ConstraintFailed, EngineFault,
                                       QueueFull, RequestTimeout, TooManySequences)
 from poot.serve.errors import APIError, bad_request, unavailable
-from poot.serve.mapping import (chat_plan, check_model, completion_plan, encode_chat,
-                                guided_from)
+from poot.serve.mapping import chat_plan, check_model, completion_plan, encode_chat
 from poot.serve.metrics import CONTENT_TYPE, Metrics
 from poot.serve.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                  ErrorResponse, TokenizeBody, TokenizeChatRequest)
@@ -489,7 +488,7 @@ class _Run:
                             f"{self.state.config.request_timeout_s:g} s and was aborted",
                             errors.TIMEOUT, None, "request_timeout")
         if isinstance(e, ConstraintFailed):
-            _, field = guided_from(self.body)
+            field = self.plan.guided_field
             return APIError(400, f"invalid '{field}': {e}", errors.INVALID_REQUEST, field,
                             "guided_decoding_failed")
         return APIError(500, f"the engine failed while running this request ({e})",

@@ -44,6 +44,8 @@ class Plan:
     prompts: list[list[int]]
     params: list[SamplingParams]
     n: int
+    #: the request field that carried the guided-decoding constraint (None without one)
+    guided_field: str | None = None
 
     @property
     def choices(self) -> int:
@@ -161,16 +163,9 @@ def guided_from(req: ChatCompletionRequest | CompletionRequest):
             from None
 
 
-def extra_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    """Request fields that map to :class:`SamplingParams` fields beyond the plain sampling
-    ones: the guided-decoding constraint (:func:`guided_from`)."""
-    guide, _ = guided_from(req)
-    return {} if guide is None else {"guided": guide}
-
-
-def _guided_rename(req) -> dict[str, str]:
-    """Error field names of a guided request's constraint -> the request field carrying it."""
-    _, field = guided_from(req)
+def _guided_rename(field: str | None) -> dict[str, str]:
+    """Error field names of a guided request's constraint -> the request ``field`` carrying
+    it (none without a constraint)."""
     if field is None:
         return {}
     from poot.driver.guided import KINDS
@@ -211,8 +206,10 @@ def _stops(req) -> list[str]:
     return stop
 
 
-def _base_params(req, logprobs: int | None) -> dict[str, Any]:
-    """The :class:`SamplingParams` fields of a request (OpenAI's defaults where absent)."""
+def _base_params(req, logprobs: int | None) -> tuple[dict[str, Any], str | None]:
+    """The :class:`SamplingParams` fields of a request (OpenAI's defaults where absent), and
+    the request field that carried its guided-decoding constraint (:func:`guided_from`; None
+    without one)."""
     kw: dict[str, Any] = dict(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
@@ -227,8 +224,10 @@ def _base_params(req, logprobs: int | None) -> dict[str, Any]:
         logprobs=logprobs,
         ignore_eos=req.ignore_eos,
     )
-    kw.update(extra_params(req))
-    return kw
+    guide, field = guided_from(req)
+    if guide is not None:
+        kw["guided"] = guide
+    return kw, field
 
 
 def _params(kw: dict[str, Any], seed: int | None, max_tokens: int, n: int,
@@ -341,7 +340,7 @@ def chat_plan(handle, req: ChatCompletionRequest, config: ServeConfig) -> Plan:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs", "top_logprobs needs logprobs set to true")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    kw = _base_params(req, logprobs)
+    kw, guided_field = _base_params(req, logprobs)
     ids = encode_chat(handle, req.messages, req.add_generation_prompt, req.chat_template_kwargs)
     capacity = handle.kv_capacity
     _check_prompt_len(ids, config, capacity, "messages", "messages")
@@ -350,10 +349,11 @@ def chat_plan(handle, req: ChatCompletionRequest, config: ServeConfig) -> Plan:
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None \
         else "max_tokens"
     max_tokens = explicit if explicit is not None else capacity - len(ids)
-    rename = {"logprobs": "top_logprobs", "max_tokens": max_param, **_guided_rename(req)}
+    rename = {"logprobs": "top_logprobs", "max_tokens": max_param,
+              **_guided_rename(guided_field)}
     params = _params(kw, req.seed, max_tokens, req.n, rename)
     _engine_check(handle.engine, ids, params[0], "messages", "messages", rename, max_param)
-    return Plan([ids], params, req.n)
+    return Plan([ids], params, req.n, guided_field)
 
 
 def completion_plan(handle, req: CompletionRequest, config: ServeConfig) -> Plan:
@@ -371,7 +371,7 @@ def completion_plan(handle, req: CompletionRequest, config: ServeConfig) -> Plan
     else:
         texts = list(p)
     _check_n(req.n, len(texts), config)
-    kw = _base_params(req, req.logprobs)
+    kw, guided_field = _base_params(req, req.logprobs)
     prompts = []
     for i, t in enumerate(texts):
         param = "prompt" if len(texts) == 1 else f"prompt[{i}]"
@@ -389,13 +389,13 @@ def completion_plan(handle, req: CompletionRequest, config: ServeConfig) -> Plan
         _check_prompt_len(ids, config, handle.kv_capacity, param, "prompt")
         prompts.append(ids)
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
-    rename = _guided_rename(req)
+    rename = _guided_rename(guided_field)
     params = _params(kw, req.seed, max_tokens, req.n, rename)
     for i, ids in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         _engine_check(handle.engine, ids, params[0], param, "prompt", rename, "max_tokens")
-    return Plan(prompts, [sp for _ in prompts for sp in params], req.n)
+    return Plan(prompts, [sp for _ in prompts for sp in params], req.n, guided_field)
 
 
 __all__ = ["Plan", "chat_messages", "chat_plan", "check_model", "completion_plan",
-           "encode_chat", "extra_params"]
+           "encode_chat", "guided_from"]
