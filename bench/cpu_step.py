@@ -229,6 +229,7 @@ def per_kind(lowered: str, steps: int = 20) -> dict:
 
     from poot.backends import cpu
     from poot.dialects import make_context
+    from poot.dialects.lowering.gemv import INTRINSIC_PREFIX
 
     from mlir.passmanager import PassManager
 
@@ -244,6 +245,10 @@ def per_kind(lowered: str, steps: int = 20) -> dict:
             kind = re.search(r'kind = "(\w+)"', str(f.attributes["poot.dispatch"])).group(1)
             ft = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
             m = ir.Module.create()
+            for d in m0.body.operations:  # the intrinsic stand-ins the kernels call
+                if ir.StringAttr(d.operation.attributes["sym_name"]).value.startswith(
+                        INTRINSIC_PREFIX):
+                    d.operation.clone(ip=ir.InsertionPoint(m.body))
             g = f.clone(ip=ir.InsertionPoint(m.body))
             del g.attributes["sym_visibility"]
             cpu._prepare_abi(g)

@@ -21,9 +21,9 @@ Agreement with the oracle: the op's result within 1e-5 relative (f32; the summat
 keys differs from the oracle's one-shot softmax and BLAS matmuls).
 
 ``poot.paged_attention`` (:class:`~poot.dialects.ops.attention.PagedAttention`) runs the same
-block update with the KV blocks as the key blocks: a loop over the sequences (``scf.forall``,
-threads, when the strategy has cores and there is more than one sequence), and per sequence
-an ``scf.for`` over its block-table entries, each iteration reading block ``table[b, w]`` of
+block update with the KV blocks as the key blocks: a loop over the (sequence, KV head)
+pairs (``scf.forall``, threads, when the strategy has cores: decode of one sequence spreads
+its KV heads over them), and per pair an ``scf.for`` over its sequence's block-table entries, each iteration reading block ``table[b, w]`` of
 the pools in place (``[bs, H, D]``, no gathered copy). With an ``i1`` mask the loop visits
 only the blocks from the first to the last visible key of the sequence (found by one pass
 over its mask row: a block with no visible key leaves ``(m, l, acc)`` as they are), so decode
@@ -324,26 +324,33 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
     nblocks, bs, h, d = kpt.shape
     dv = vpt.shape[-1]
     bsz, w = tbt.shape
-    rows = qt.shape[1:-1]            # [H, rows...] of one sequence
-    qbt = TensorType(qt.shape[1:], qt.dtype)
-    row_t = TensorType(rows, DType.F32)
-    acc_t = TensorType(rows + (dv,), DType.F32)
     out_t = TensorType(qt.shape[:-1] + (dv,), DType.F32)
     if op.result != out_t:
         op.refuse(f"result type {op.result} is not {out_t}")
-    kbt = TensorType((bs, h, d), kpt.dtype)
-    vbt = TensorType((bs, h, dv), vpt.dtype)
-    mbt = TensorType(mt.shape[1:], mt.dtype)      # one sequence's mask
+    # One work item is one (sequence, KV head) pair: its query rows [1, rows...] (the heads
+    # of the group, the step's tokens) against that head of each visited block. Items are
+    # independent, so with threads they are an scf.forall (decode of one sequence still
+    # spreads its KV heads over the cores).
+    hs = 1                                         # KV heads per work item
+    qbt = TensorType((hs,) + qt.shape[2:], qt.dtype)
+    rows = qbt.shape[:-1]
+    row_t = TensorType(rows, DType.F32)
+    acc_t = TensorType(rows + (dv,), DType.F32)
+    kbt = TensorType((bs, hs, d), kpt.dtype)
+    vbt = TensorType((bs, hs, dv), vpt.dtype)
+    mask_heads = mt.shape[1] == h and h != 1       # a mask row per KV head
+    mbt = TensorType((1,) + mt.shape[2:], mt.dtype)
     per_key = mt.shape[-1] != 1
     c0, c1 = em.const(0, "index"), em.const(1, "index")
 
-    def one_row(b: str) -> str:
-        zeros = ", ".join(["0"] * (qt.rank - 1))
-        qb = em.op(f"tensor.extract_slice {q}[{b}, {zeros}] [1, "
+    def one_item(b: str, hh: str) -> str:
+        tail = ", ".join(["0"] * (qt.rank - 2))
+        qb = em.op(f"tensor.extract_slice {q}[{b}, {hh}, {tail}] [1, "
                    f"{', '.join(str(x) for x in qbt.shape)}] [{', '.join(['1'] * qt.rank)}] "
                    f": {tt(qt)} to {tt(qbt)}")
         mrow = b if mt.shape[0] != 1 else c0
-        mb = em.op(f"tensor.extract_slice {mask}[{mrow}, {zeros}] [1, "
+        moffs = ", ".join([mrow, hh if mask_heads else "0"] + ["0"] * (mt.rank - 2))
+        mb = em.op(f"tensor.extract_slice {mask}[{moffs}] [1, "
                    f"{', '.join(str(x) for x in mbt.shape)}] [{', '.join(['1'] * mt.rank)}] "
                    f": {tt(mt)} to {tt(mbt)}")
         if visible and per_key:
@@ -363,9 +370,9 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
             lo, hi = em.const(0, "i64"), em.const(nblocks - 1, "i64")
             ti = em.op(f"arith.minsi {em.op(f'arith.maxsi {ti}, {lo} : i64')}, {hi} : i64")
             blk = em.op(f"arith.index_cast {ti} : i64 to index")
-            kb = em.op(f"tensor.extract_slice {kp}[{blk}, 0, 0, 0] [1, {bs}, {h}, {d}] "
+            kb = em.op(f"tensor.extract_slice {kp}[{blk}, 0, {hh}, 0] [1, {bs}, {hs}, {d}] "
                        f"[1, 1, 1, 1] : {tt(kpt)} to {tt(kbt)}")
-            vb = em.op(f"tensor.extract_slice {vp}[{blk}, 0, 0, 0] [1, {bs}, {h}, {dv}] "
+            vb = em.op(f"tensor.extract_slice {vp}[{blk}, 0, {hh}, 0] [1, {bs}, {hs}, {dv}] "
                        f"[1, 1, 1, 1] : {tt(vpt)} to {tt(vbt)}")
             mk, mkt = mb, mbt
             if per_key:
@@ -384,26 +391,32 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
     init = em.empty(out_t)
     sizes = ", ".join(["1"] + [str(x) for x in acc_t.shape])
     ones = ", ".join(["1"] * out_t.rank)
-    zeros = ", ".join(["0"] * acc_t.rank)
+    tail = ", ".join(["0"] * (acc_t.rank - 1))
+    nh = h
     strategy = op.strategy
-    res, o, b = em.fresh("pa"), em.fresh("o"), em.fresh("b")
-    if strategy is not None and strategy.cores > 1 and bsz > 1:
-        em.line(f"{res} = scf.forall ({b}) in ({bsz}) shared_outs({o} = {init}) -> "
-                f"({tt(out_t)}) {{")
+    res, o, b, hh = em.fresh("pa"), em.fresh("o"), em.fresh("b"), em.fresh("hh")
+    if strategy is not None and strategy.cores > 1 and bsz * nh > 1:
+        em.line(f"{res} = scf.forall ({b}, {hh}) in ({bsz}, {nh}) shared_outs({o} = {init}) "
+                f"-> ({tt(out_t)}) {{")
         em.depth += 1
-        row = one_row(b)
+        item = one_item(b, hh if nh > 1 else c0)
         em.line("scf.forall.in_parallel {")
-        em.line(f"  tensor.parallel_insert_slice {row} into {o}[{b}, {zeros}] [{sizes}] "
+        em.line(f"  tensor.parallel_insert_slice {item} into {o}[{b}, {hh}, {tail}] [{sizes}] "
                 f"[{ones}] : {tt(acc_t)} into {tt(out_t)}")
         em.line("}")
-    else:
-        em.line(f"{res} = scf.for {b} = {c0} to {em.const(bsz, 'index')} step {c1} "
-                f"iter_args({o} = {init}) -> ({tt(out_t)}) {{")
-        em.depth += 1
-        row = one_row(b)
-        ins = em.op(f"tensor.insert_slice {row} into {o}[{b}, {zeros}] [{sizes}] [{ones}] : "
-                    f"{tt(acc_t)} into {tt(out_t)}")
-        em.line(f"scf.yield {ins} : {tt(out_t)}")
+        em.depth -= 1
+        em.line("}")
+        return res
+    em.line(f"{res} = scf.for {b} = {c0} to {em.const(bsz, 'index')} step {c1} "
+            f"iter_args({o} = {init}) -> ({tt(out_t)}) {{")
+    em.depth += 1
+    cur = o
+    for i in range(nh):
+        ci = em.const(i, "index")
+        item = one_item(b, ci)
+        cur = em.op(f"tensor.insert_slice {item} into {cur}[{b}, {ci}, {tail}] [{sizes}] "
+                    f"[{ones}] : {tt(acc_t)} into {tt(out_t)}")
+    em.line(f"scf.yield {cur} : {tt(out_t)}")
     em.depth -= 1
     em.line("}")
     return res

@@ -131,6 +131,15 @@ class _K:
         self.vw = 16
         self.vf = f"vector<{self.vw}xf32>"
         self.int8 = s.int8_dot and g.packed
+        # x rows x W rows per tile: the int8 kernel keeps an accumulator per pair, at most
+        # 8 pairs (16 registers with their scalar partners); decode (M = 1) takes n_tile W
+        # rows, prefill m_tile x rows times what is left. The f32 kernel: one W row.
+        self.mt = max(1, min(s.m_tile, g.m))
+        nt = 1
+        if self.int8:
+            want = s.n_tile if g.m == 1 else max(1, 8 // self.mt)
+            nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
+        self.nt = nt
         self._consts: dict = {}
 
     def c(self, v: int) -> str:
@@ -237,8 +246,6 @@ class _K:
     def tile(self, row: str, m0: str, rows: int, dest: str, dest_t: str, col: str) -> str:
         """Rows ``m0 .. m0 + rows`` of x against row ``row`` of W: inserts the ``rows`` sums
         into ``dest`` (type ``dest_t``) at ``[m0 + i, col]``; returns the new ``dest``."""
-        if self.int8:
-            return self.tile_int8(row, m0, rows, dest, dest_t, col)
         g, em, vf = self.g, self.em, self.vf
         nb = g.k // CHUNK
         self.tail = g.k % CHUNK
@@ -281,25 +288,31 @@ class _K:
             dest = em.op(f"tensor.insert {s} into {dest}[{xr}, {col}] : {dest_t}")
         return dest
 
-    def row(self, row: str, dest: str, dest_t: str, col: str) -> str:
-        """All rows of x against row ``row`` of W, in tiles of ``m_tile``."""
+    def rows(self, wrows: list[str], dest: str, dest_t: str, cols: list[str]) -> str:
+        """All rows of x against the W rows ``wrows`` (one, except on the int8 path), in
+        tiles of ``m_tile`` x rows; results go to ``dest[:, cols[j]]``."""
         em, g = self.em, self.g
-        mt = max(1, min(self.s.m_tile, g.m))
+        mt = self.mt
+
+        def tile(m0: str, rows: int, d: str) -> str:
+            if self.int8:
+                return self.tile_int8(wrows, m0, rows, d, dest_t, cols)
+            return self.tile(wrows[0], m0, rows, d, dest_t, cols[0])
+
         full, rest = divmod(g.m, mt)
         if full == 1:
-            dest = self.tile(row, self.c(0), mt, dest, dest_t, col)
+            dest = tile(self.c(0), mt, dest)
         elif full > 1:
             t, acc, res = em.fresh("t"), em.fresh("d"), em.fresh("ml")
             em.line(f"{res} = scf.for {t} = {self.c(0)} to {self.c(full)} step {self.c(1)} "
                     f"iter_args({acc} = {dest}) -> ({dest_t}) {{")
             em.depth += 1
-            m0 = self.mul(t, mt)
-            em.line(f"scf.yield {self.tile(row, m0, mt, acc, dest_t, col)} : {dest_t}")
+            em.line(f"scf.yield {tile(self.mul(t, mt), mt, acc)} : {dest_t}")
             em.depth -= 1
             em.line("}")
             dest = res
         if rest:
-            dest = self.tile(row, self.c(full * mt), rest, dest, dest_t, col)
+            dest = tile(self.c(full * mt), rest, dest)
         return dest
 
     # ---- int8 dot products (x quantized per 32-block, as llama.cpp) ----
@@ -364,99 +377,131 @@ class _K:
         INTRINSICS[fn] = (name, f"({ins}) -> {out}")
         return self.em.op(f"func.call @{fn}({', '.join(args)}) : ({ins}) -> {out}")
 
-    def tile_int8(self, row: str, m0: str, rows: int, dest: str, dest_t: str, col: str) -> str:
+    def _dot_i8(self, wu: str, xq: str) -> str:
+        """``sum(wu[4l:4l+4] * xq[4l:4l+4])`` per i32 lane ``l`` (vector<8xi32>): unsigned
+        weight bytes times signed x bytes; AVX-VNNI / AVX512-VNNI ``vpdpbusd`` in one
+        instruction, else AVX2 ``pmaddubsw`` (pairs to i16) and ``pmaddwd`` by ones (to i32).
+        The i16 pairs cannot saturate: weights are at most 15 (4-bit) or 127 (|q8|)."""
+        em, v32i8 = self.em, "vector<32xi8>"
+        if self.s.vnni:
+            zero = em.op("arith.constant dense<0> : vector<8xi32>", "cv")
+            return self._intr("llvm.x86.avx512.vpdpbusd.256", [zero, wu, xq],
+                              f"vector<8xi32>, {v32i8}, {v32i8}", "vector<8xi32>")
+        p16 = self._intr("llvm.x86.avx2.pmadd.ub.sw", [wu, xq], f"{v32i8}, {v32i8}",
+                         "vector<16xi16>")
+        return self._intr("llvm.x86.avx2.pmadd.wd", [p16, self.splat(1, "i16", 16)],
+                          "vector<16xi16>, vector<16xi16>", "vector<8xi32>")
+
+    def tile_int8(self, wrows: list[str], m0: str, rows: int, dest: str, dest_t: str,
+                  cols: list[str]) -> str:
+        """Rows ``m0 .. m0 + rows`` of the quantized x against the W rows ``wrows``: one K
+        loop whose body decodes each W row's block once and reads each x row's block once,
+        with an independent accumulator per (x row, W row) pair (the FMA chains overlap);
+        inserts the sums into ``dest`` at ``[m0 + i, cols[j]]``."""
         g, em = self.g, self.em
         fmt = g.wtype.format
         nb = g.k // CHUNK
         v8, v32i8 = "vector<8xf32>", "vector<32xi8>"
         row_bytes = nb * fmt.block_bytes
         xrows = [self.add(m0, i) for i in range(rows)]
+        pairs = [(i, j) for i in range(rows) for j in range(len(wrows))]
         zero_v = em.op(f"arith.constant dense<0.0> : {v8}", "cv")
         zero_s = em.const(0.0, "f32")
-        ones = self.splat(1, "i16", 16)
-        inits = [zero_v, zero_s] * rows
-        types = [v8, "f32"] * rows
+        inits = [zero_v, zero_s] * len(pairs)
+        types = [v8, "f32"] * len(pairs)
         b, res = em.fresh("b"), em.fresh("kl")
         its = [em.fresh("acc") for _ in inits]
         em.line(f"{res}:{len(its)} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
                 f"iter_args({', '.join(f'{a} = {z}' for a, z in zip(its, inits))}) -> "
                 f"({', '.join(types)}) {{")
         em.depth += 1
-        off = self.add(self.mul(row, row_bytes), self.mul(b, fmt.block_bytes))
         nsc = 2 if fmt.name == "q4_1" else 1
-        raw = self.read_bytes(off, 2 * nsc)
-        h = em.op(f"vector.bitcast {raw} : vector<{2 * nsc}xi8> to vector<{nsc}xf16>")
-        f = em.op(f"arith.extf {h} : vector<{nsc}xf16> to vector<{nsc}xf32>")
-        dw = em.op(f"vector.extract {f}[0] : f32 from vector<{nsc}xf32>")
-        mw = em.op(f"vector.extract {f}[1] : f32 from vector<{nsc}xf32>") if nsc == 2 else None
         idx = ", ".join(str(i) for i in range(32))
-        if fmt.name == "q8_0":
-            w = self.read_bytes(self.add(off, 2), 32)
-            wu = em.op(f"math.absi {w} : {v32i8}")
-        else:
+        boff = self.mul(b, fmt.block_bytes)
+        ws = []  # per W row: (d, m or None, unsigned bytes, signed bytes or None)
+        for wr in wrows:
+            off = self.add(self.mul(wr, row_bytes), boff)
+            raw = self.read_bytes(off, 2 * nsc)
+            h = em.op(f"vector.bitcast {raw} : vector<{2 * nsc}xi8> to vector<{nsc}xf16>")
+            f = em.op(f"arith.extf {h} : vector<{nsc}xf16> to vector<{nsc}xf32>")
+            dw = em.op(f"vector.extract {f}[0] : f32 from vector<{nsc}xf32>")
+            mw = em.op(f"vector.extract {f}[1] : f32 from vector<{nsc}xf32>") \
+                if nsc == 2 else None
+            if fmt.name == "q8_0":
+                w = self.read_bytes(self.add(off, 2), 32)
+                ws.append((dw, None, em.op(f"math.absi {w} : {v32i8}"), w))
+                continue
             q = self.read_bytes(self.add(off, 2 if fmt.name == "q4_0" else 4), 16)
             lo = em.op(f"arith.andi {q}, {self.splat(15, 'i8', 16)} : vector<16xi8>")
             hi = em.op(f"arith.shrui {q}, {self.splat(4, 'i8', 16)} : vector<16xi8>")
             wu = em.op(f"vector.shuffle {lo}, {hi} [{idx}] : vector<16xi8>, vector<16xi8>")
-        new = []
-        for i, xr in enumerate(xrows):
-            pad = em.const(0, "i8")
+            if mw is None:  # q4_0: (q - 8) * d, the -8 * d * sum(x) part on the scalar side
+                mw = em.op(f"arith.mulf {dw}, {em.const(-8.0, 'f32')} : f32")
+            ws.append((dw, mw, wu, None))
+        xs = []  # per x row: (int8 block, scale, scale * sum of the block)
+        pad = em.const(0, "i8")
+        for xr in xrows:
             xq = em.op(f"vector.transfer_read {self.xq}[{xr}, {self.mul(b, CHUNK)}], {pad} "
                        f"{{in_bounds = [true]}} : {self.tq}, {v32i8}")
-            if fmt.name == "q8_0":
-                xq = self._intr("llvm.x86.avx2.psign.b", [xq, w], f"{v32i8}, {v32i8}", v32i8)
-            p16 = self._intr("llvm.x86.avx2.pmadd.ub.sw", [wu, xq], f"{v32i8}, {v32i8}",
-                             "vector<16xi16>")
-            p32 = self._intr("llvm.x86.avx2.pmadd.wd", [p16, ones],
-                             "vector<16xi16>, vector<16xi16>", "vector<8xi32>")
-            fd = em.op(f"arith.sitofp {p32} : vector<8xi32> to {v8}")
             dx = em.op(f"tensor.extract {self.xd}[{xr}, {b}] : {self.tf}")
+            sx = None if fmt.name == "q8_0" else \
+                em.op(f"tensor.extract {self.xs}[{xr}, {b}] : {self.tf}")
+            xs.append((xq, dx, sx))
+        new = []
+        for p, (i, j) in enumerate(pairs):
+            dw, mw, wu, wsigned = ws[j]
+            xq, dx, sx = xs[i]
+            if wsigned is not None:  # q8_0: |w| * (x * sign(w))
+                xq = self._intr("llvm.x86.avx2.psign.b", [xq, wsigned], f"{v32i8}, {v32i8}",
+                                v32i8)
+            fd = em.op(f"arith.sitofp {self._dot_i8(wu, xq)} : vector<8xi32> to {v8}")
             sc = em.op(f"vector.broadcast {em.op(f'arith.mulf {dw}, {dx} : f32')} : f32 to {v8}")
-            new.append(em.op(f"math.fma {fd}, {sc}, {its[2 * i]} : {v8}"))
-            acc_s = its[2 * i + 1]
-            if fmt.name != "q8_0":
-                sx = em.op(f"tensor.extract {self.xs}[{xr}, {b}] : {self.tf}")
-                coef = mw if mw is not None else em.op(
-                    f"arith.mulf {dw}, {em.const(-8.0, 'f32')} : f32")
-                acc_s = em.op(f"math.fma {coef}, {sx}, {acc_s} : f32")
+            new.append(em.op(f"math.fma {fd}, {sc}, {its[2 * p]} : {v8}"))
+            acc_s = its[2 * p + 1]
+            if mw is not None:
+                acc_s = em.op(f"math.fma {mw}, {sx}, {acc_s} : f32")
             new.append(acc_s)
         em.line(f"scf.yield {', '.join(new)} : {', '.join(types)}")
         em.depth -= 1
         em.line("}")
-        for i, xr in enumerate(xrows):
-            r = em.op(f"vector.reduction <add>, {res}#{2 * i} : {v8} into f32")
-            r = em.op(f"arith.addf {r}, {res}#{2 * i + 1} : f32")
-            dest = em.op(f"tensor.insert {r} into {dest}[{xr}, {col}] : {dest_t}")
+        for p, (i, j) in enumerate(pairs):
+            r = em.op(f"vector.reduction <add>, {res}#{2 * p} : {v8} into f32")
+            r = em.op(f"arith.addf {r}, {res}#{2 * p + 1} : f32")
+            dest = em.op(f"tensor.insert {r} into {dest}[{xrows[i]}, {cols[j]}] : {dest_t}")
         return dest
 
     def emit(self) -> str:
         em, g = self.em, self.g
         if self.int8:
             self.quantize_x()
+        nt = self.nt
         out_t = f"tensor<{g.m}x{g.n}xf32>"
         init = em.op(f"tensor.empty() : {out_t}", "e")
         n, res = em.fresh("n"), em.fresh("gemv")
-        if self.s.cores > 1 and g.n > 1 and g.weight_bytes >= self.s.parallel_min_bytes:
-            o = em.fresh("o")
-            em.line(f"{res} = scf.forall ({n}) in ({g.n}) shared_outs({o} = {init}) -> "
+        o = em.fresh("o")
+        if self.s.cores > 1 and g.n > nt and g.weight_bytes >= self.s.parallel_min_bytes:
+            em.line(f"{res} = scf.forall ({n}) in ({g.n // nt}) shared_outs({o} = {init}) -> "
                     f"({out_t}) {{")
             em.depth += 1
-            col_t = f"tensor<{g.m}x1xf32>"
-            sl = em.op(f"tensor.extract_slice {o}[0, {n}] [{g.m}, 1] [1, 1] : {out_t} to "
+            base = self.mul(n, nt)
+            col_t = f"tensor<{g.m}x{nt}xf32>"
+            sl = em.op(f"tensor.extract_slice {o}[0, {base}] [{g.m}, {nt}] [1, 1] : {out_t} to "
                        f"{col_t}")
-            sl = self.row(n, sl, col_t, self.c(0))
+            sl = self.rows([self.add(base, j) for j in range(nt)], sl, col_t,
+                           [self.c(j) for j in range(nt)])
             em.line("scf.forall.in_parallel {")
-            em.line(f"  tensor.parallel_insert_slice {sl} into {o}[0, {n}] [{g.m}, 1] [1, 1] : "
-                    f"{col_t} into {out_t}")
+            em.line(f"  tensor.parallel_insert_slice {sl} into {o}[0, {base}] [{g.m}, {nt}] "
+                    f"[1, 1] : {col_t} into {out_t}")
             em.line("}")
             em.depth -= 1
             em.line("}")
         else:
-            o = em.fresh("o")
-            em.line(f"{res} = scf.for {n} = {self.c(0)} to {self.c(g.n)} step {self.c(1)} "
+            em.line(f"{res} = scf.for {n} = {self.c(0)} to {self.c(g.n // nt)} step {self.c(1)} "
                     f"iter_args({o} = {init}) -> ({out_t}) {{")
             em.depth += 1
-            em.line(f"scf.yield {self.row(n, o, out_t, n)} : {out_t}")
+            base = self.mul(n, nt)
+            wrows = [self.add(base, j) for j in range(nt)]
+            em.line(f"scf.yield {self.rows(wrows, o, out_t, wrows)} : {out_t}")
             em.depth -= 1
             em.line("}")
         return res

@@ -49,21 +49,28 @@ class Strategy:
             Q4_1 / Q8_0 block format read in place) as a row-streaming vector kernel.
         m_tile: rows of x computed together against one decoded row of W.
         parallel_min_bytes: a kernel whose weight is at least this big runs its rows as an
-            ``scf.forall`` (threads); smaller ones as a sequential loop. 1 MiB: on a 2-core
-            host shared with other work, a fork/join per layer GEMV (211 per SmolLM2 token)
-            cost more than it gained; the lm_head-sized ones pay.
+            ``scf.forall`` (threads); smaller ones as a sequential loop. 128 KiB: measured
+            on 2 cores (SmolLM2's 576 x 576 Q4_1 projections, 207 KB, run 2x faster on two
+            threads; its 192-row K/V ones, 69 KB, gain nothing from the fork/join).
         cores: threads the kernels may use (1: never ``scf.forall``).
         int8_dot: packed weights (Q4_0/Q4_1/Q8_0) are multiplied by x quantized to int8 per
             32-element block (llama.cpp's scheme; AVX2 ``pmaddubsw``/``pmaddwd``): about twice
             the throughput, at int8 precision for x (results differ from the f32 oracle by
-            ~1e-2 relative). Off by default.
+            ~1e-2 relative). Off here; :func:`poot.backends.cpu.strategy_for` turns it on for
+            ``CompileOptions(precision="fast")``, the default.
+        vnni: the int8 dot products use ``vpdpbusd`` (AVX-VNNI or AVX512-VNNI) instead of
+            AVX2's ``pmaddubsw`` + ``pmaddwd`` (same results: no i16 step can saturate).
+        n_tile: W rows one int8 decode (M = 1) tile computes together, each with its own
+            accumulator, so the FMA chains of different rows overlap.
     """
 
     gemv: bool = True
     m_tile: int = 2
-    parallel_min_bytes: int = 1 << 20
+    parallel_min_bytes: int = 128 << 10
     cores: int = 1
     int8_dot: bool = False
+    vnni: bool = False
+    n_tile: int = 4
 
 
 Rule = Callable[..., str]

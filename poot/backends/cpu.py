@@ -123,11 +123,12 @@ def tune_malloc() -> bool:
 
 
 def cpu_threads(target=None) -> int:
-    """Threads the kernels run on: the target's cores (``POOT_CPU_THREADS`` overrides), 1
+    """Threads the kernels run on: the target's cores (``POOT_CPU_THREADS``, else
+    ``OMP_NUM_THREADS``, overrides), 1
     without an OpenMP runtime (then :func:`~poot.executor.cpu.warn_no_openmp` says so once,
     when there is more than one core to use)."""
-    env = os.environ.get("POOT_CPU_THREADS")
-    if env:
+    env = os.environ.get("POOT_CPU_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    if env and env.strip().isdigit():
         wanted = max(1, int(env))
     else:
         if target is None:
@@ -142,19 +143,26 @@ def cpu_threads(target=None) -> int:
     return wanted
 
 
-def strategy_for(target=None, threads: int | None = None) -> Strategy:
+def strategy_for(target=None, threads: int | None = None,
+                 precision: str = "exact") -> Strategy:
     """The lowering strategy for a CPU target (host when None): row-streaming matmul kernels
     with 16-lane f32 accumulators; x rows per decoded weight row from the register file
-    (AVX-512's 32 registers hold 4 rows of accumulators, AVX2's 16 hold 2)."""
+    (AVX-512's 32 registers hold 4 rows of accumulators, AVX2's 16 hold 2).
+
+    ``precision`` (:attr:`~poot.compiler.CompileOptions.precision`): ``"fast"`` turns on the
+    int8 dot-product kernels for packed weights on a target with AVX2 (``vpdpbusd`` where it
+    has AVX-VNNI or AVX512-VNNI with VL); ``POOT_CPU_INT8=0/1`` overrides it (experiments)."""
     if target is None:
         from poot.compiler.target import host_cpu
 
         target = host_cpu()
     threads = cpu_threads(target) if threads is None else threads
-    # int8 dot products (x quantized per block, llama.cpp's precision) are opt-in:
-    # POOT_CPU_INT8=1, on a target with AVX2
-    int8 = os.environ.get("POOT_CPU_INT8", "0") == "1" and "avx2" in target.caps.features
-    return Strategy(gemv=True, int8_dot=int8,
+    env = os.environ.get("POOT_CPU_INT8")
+    int8 = (precision == "fast" if env is None else env == "1") and \
+        "avx2" in target.caps.features
+    f = target.caps.features
+    vnni = "avx_vnni" in f or {"avx512_vnni", "avx512vl"} <= f
+    return Strategy(gemv=True, int8_dot=int8, vnni=vnni,
                     m_tile=4 if target.caps.vector_bits >= 512 else 2,
                     cores=threads)
 
@@ -545,7 +553,7 @@ def codegen(program, options, progress=None) -> CpuProgram:
     planning found aliased (KV pools written by a scatter) updated in place."""
     in_place = {b.name: b.aliases for b in program.storage if b.role == "output" and b.aliases}
     return compile_cpu(program.graph, opt_level=options.opt_level, in_place=in_place,
-                       progress=progress)
+                       strategy=strategy_for(precision=options.precision), progress=progress)
 
 
 __all__ = ["CpuProgram", "CpuRunError", "codegen", "compile_cpu", "compile_lowered",

@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
     from poot.engine import sampler_spec_for
     from poot.graph.sampling import GREEDY
 
-    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks")
+    from poot.cli.generate_cmd import apply_threads, compile_options
+
+    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks", "threads")
+    apply_threads(args)
     path, random_dtype = model_source(args)
     samplers = [GREEDY]
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
@@ -105,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
                             batches=args.batch, kv_blocks=args.kv_blocks,
                             kv_dtype=args.kv_dtype, samplers=samplers,
                             cache_dir=args.cache_dir, random_weights=random_dtype,
-                            seed=args.seed, progress=report)
+                            seed=args.seed, compile_options=compile_options(args),
+                            progress=report)
     out["cache_bytes"] = cache_bytes(out["cache_dir"])
     print(json.dumps(out))
     return 0

@@ -37,6 +37,7 @@ the prompt's line number from 0).
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import re
 import sys
@@ -81,6 +82,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", default=None, choices=("f32", "f16", "bf16"),
                    help="KV cache storage dtype (default: the model's; f16 for a quantized "
                         "GGUF)")
+    p.add_argument("--precision", default="fast", choices=("fast", "exact"),
+                   help="fast (default): packed weights may multiply int8-quantized "
+                        "activations (llama.cpp's Q8 scheme, CPU); exact: f32 activations")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for the kernels (default: POOT_CPU_THREADS, "
+                        "OMP_NUM_THREADS, else every core this process may use)")
     p.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress or statistics on stderr (warnings and errors still)")
@@ -169,6 +176,21 @@ def check_options(args, *names: str) -> None:
             raise InvalidRequest("--" + name.replace("_", "-"), v, "must be >= 1")
 
 
+def compile_options(args):
+    """The :class:`~poot.compiler.CompileOptions` of ``--precision``."""
+    from poot.compiler import CompileOptions
+
+    return CompileOptions(precision=getattr(args, "precision", "fast") or "fast")
+
+
+def apply_threads(args) -> None:
+    """``--threads N``: the CPU kernels' thread count (``POOT_CPU_THREADS``, which the host
+    target reads; programs compiled for another count are other cache entries)."""
+    n = getattr(args, "threads", None)
+    if n is not None:
+        os.environ["POOT_CPU_THREADS"] = str(n)
+
+
 def load_handle(args, before_compile=None, **kw):
     """``ModelHandle.load`` for the command's ``--model/--backend/--kv-capacity/
     --prefill-chunk/--no-cache``, with progress on stderr (:class:`~poot.cli.progress.Reporter`;
@@ -177,8 +199,11 @@ def load_handle(args, before_compile=None, **kw):
     from poot.api import ModelHandle
     from poot.cli.progress import Reporter, history_file
 
-    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks")
+    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks", "threads")
     from poot.graph.sampling import FULL
+
+    apply_threads(args)
+    kw.setdefault("compile_options", compile_options(args))
 
     kw.setdefault("path", args.model)
     for k in ("max_batch", "kv_blocks", "kv_dtype"):

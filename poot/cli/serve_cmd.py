@@ -25,7 +25,7 @@ import re
 import signal
 import sys
 
-from poot.cli.generate_cmd import add_model_args, check_options
+from poot.cli.generate_cmd import add_model_args, apply_threads, check_options, compile_options
 from poot.driver.params import InvalidRequest
 from poot.errors import PootError
 
@@ -121,7 +121,8 @@ def load_options(args) -> dict:
     return dict(path=args.model, backend=args.backend, kv_capacity=args.kv_capacity,
                 prefill_chunk=args.prefill_chunk, max_batch=args.max_batch,
                 kv_blocks=args.kv_blocks, kv_memory=kv_memory, kv_dtype=args.kv_dtype,
-                use_cache=not args.no_cache, random_weights=args.random_weights)
+                use_cache=not args.no_cache, random_weights=args.random_weights,
+                compile_options=compile_options(args))
 
 
 def load_and_warm(options: dict, warm_up: bool = True, progress=None):
@@ -157,7 +158,8 @@ def _require_serve_extra() -> None:
 def run(args: argparse.Namespace) -> int:
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks",
                   "max_concurrent", "max_body_bytes", "max_n", "max_prompt_tokens",
-                  "replicas")
+                  "replicas", "threads")
+    apply_threads(args)
     if args.max_queue < 0:
         raise InvalidRequest("--max-queue", args.max_queue, "must be >= 0")
     if not 0 <= args.port <= 65535:

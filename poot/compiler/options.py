@@ -40,6 +40,12 @@ class CompileOptions:
         flash_attention: rewrite attention compositions into the fused attention op.
         opt_level: LLVM optimization level for host code.
         disable: pass arguments to leave out of the pipeline (for experiments and tests).
+        precision: ``"fast"`` (default) lets a backend multiply packed weights (Q4_0, Q4_1,
+            Q8_0) by activations quantized to int8 per 32-element block, llama.cpp's Q8
+            scheme (the CPU backend's int8 dot-product kernels); ``"exact"`` keeps
+            activations in f32, so results equal the oracle up to summation order. Backends
+            without such kernels compute the same either way. Tolerances: the tests in
+            ``test/cpu/test_precision.py``.
     """
 
     limits: CompileLimits = CompileLimits.STANDARD
@@ -47,3 +53,13 @@ class CompileOptions:
     flash_attention: bool = True
     opt_level: int = 2
     disable: frozenset[str] = field(default_factory=frozenset)
+    precision: str = "fast"
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"CompileOptions.precision must be one of {', '.join(PRECISIONS)}, "
+                             f"got {self.precision!r}")
+
+
+#: the values of :attr:`CompileOptions.precision`
+PRECISIONS = ("fast", "exact")

@@ -98,20 +98,21 @@ def _find_openmp() -> str | None:
 
 
 def host_cpu() -> Target:
-    """The host CPU as measured here: cores available to this process (``POOT_CPU_THREADS``
-    overrides), its SIMD width and ISA features, and ``openmp`` among the features when the
+    """The host CPU as measured here: cores available to this process (``POOT_CPU_THREADS``,
+    else ``OMP_NUM_THREADS``, overrides), its SIMD width and ISA features, and ``openmp`` among the features when the
     OpenMP runtime is installed (kernels compiled with and without it differ, so their
     compile-cache keys do too)."""
     from poot.dialects.lowering.packed import DECODERS  # what the CPU kernels can decode
 
     flags = _cpu_flags()
-    wanted = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx_vnni"}
+    wanted = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx_vnni"}
     bits = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    env = os.environ.get("POOT_CPU_THREADS")
+    env = os.environ.get("POOT_CPU_THREADS") or os.environ.get("OMP_NUM_THREADS")
     if env and env.strip().isdigit() and int(env) >= 1:
         cores = int(env)
     features = flags & wanted | ({"openmp"} if openmp_runtime() else set())

@@ -159,8 +159,8 @@ def test_gather_of_packed_table_decodes_rows():
 
 @pytest.mark.parametrize("name", ["llama", "llama_gguf_q4_1"])
 def test_fused_tiny_llama_steps(name):
-    """poot.compiler.compile (dispatch regions outlined into functions, func.call in the
-    entry) of a prefill step then a decode step of the tiny Llama fixtures: logits and caches
+    """poot.compiler.compile with ``precision="exact"`` (dispatch regions outlined into
+    functions, func.call in the entry) of a prefill step then a decode step of the tiny Llama fixtures: logits and caches
     match the oracle within 1e-4, caches carried from the compiled program's own outputs."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
     from model_steps import compiled_steps_match_oracle
@@ -169,7 +169,7 @@ def test_fused_tiny_llama_steps(name):
     from poot.compiler.target import host_cpu
 
     def compile_fused(g):
-        program = compile(g, host_cpu(), CompileOptions())
+        program = compile(g, host_cpu(), CompileOptions(precision="exact"))
         assert program.dispatches.get("matmul", 0) > 0
         assert "call @" in program.ir_text
         return program.executable
@@ -177,23 +177,40 @@ def test_fused_tiny_llama_steps(name):
     compiled_steps_match_oracle(name, compile_fused)
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
-@pytest.mark.parametrize("m", [1, 3])
-def test_int8_dot_products(fmt, m):
-    """Opt-in int8 dot products (x quantized per 32-block as llama.cpp does; AVX2 pmaddubsw /
-    pmaddwd, psign for Q8_0): within int8 precision of the oracle (2% of the largest |y|)."""
+def _host_has(*features) -> bool:
     from poot.compiler.target import host_cpu
 
-    if "avx2" not in host_cpu().caps.features:
-        pytest.skip("int8 dot products need AVX2")
-    rng = np.random.default_rng(11 + m)
+    return set(features) <= host_cpu().caps.features
+
+
+DOTS = [pytest.param(False, id="avx2"),
+        pytest.param(True, id="vnni", marks=pytest.mark.skipif(
+            not (_host_has("avx_vnni") or _host_has("avx512_vnni", "avx512vl")),
+            reason="this host has neither AVX-VNNI nor AVX512-VNNI with VL"))]
+
+
+@pytest.mark.skipif(not _host_has("avx2"), reason="int8 dot products need AVX2")
+@pytest.mark.parametrize("vnni", DOTS)
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("m,n", [(1, 37), (1, 40), (3, 36), (5, 38)],
+                         ids=["m1-n37", "m1-n40", "m3-n36", "m5-n38"])
+def test_int8_dot_products(fmt, m, n, vnni):
+    """int8 dot products (x quantized per 32-block as llama.cpp does; AVX2 pmaddubsw /
+    pmaddwd or VNNI vpdpbusd, psign for Q8_0), in W-row tiles of 4, 2 and 1 (n = 40, 36 / 38,
+    37) and x-row tiles with a remainder (m = 5): within int8 precision of the oracle (2% of
+    the largest |y|), and the two instruction choices give the same sums."""
+    rng = np.random.default_rng(11 + m + n)
     f = Quant[fmt.upper()].value
-    n, k = 37, 96
+    k = 96
     g = _gemv_graph(PackedType(f, (n, k)), m, k)
     prog = compile_cpu(g, strategy=Strategy(cores=2, m_tile=2, parallel_min_bytes=0,
-                                            int8_dot=True))
+                                            int8_dot=True, vnni=vnni))
     assert "llvm.x86.avx2.pmadd" not in prog.lowered  # stand-ins until after bufferization
+    assert ("vpdpbusd" in prog.lowered) == vnni
     x, w = rng.normal(size=(m, k)).astype(np.float32), _quantized(f, n, k, rng)
     got = prog.run({"x": x}, {"w": w})["y"]
     want = oracle.evaluate(g, {"x": x}, {"w": w})["y"]
     assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    if vnni:  # exact integer sums either way: bitwise equal results
+        other = compile_cpu(g, strategy=Strategy(cores=1, m_tile=2, int8_dot=True))
+        np.testing.assert_array_equal(other.run({"x": x}, {"w": w})["y"], got)
