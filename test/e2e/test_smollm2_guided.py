@@ -37,7 +37,9 @@ def test_schemas_validate_at_temperature_0_and_1(smollm2):
     for i, (q, schema) in enumerate(CASES):
         for t in (0.0, 1.0):
             prompts.append(_chat(q))
-            params.append(SamplingParams(temperature=t, seed=1000 + i, max_tokens=120,
+            # the schemas bound every string (maxLength) and array, but a greedy run may
+            # fill them with multi-token characters (emoji, up to 4 byte tokens each)
+            params.append(SamplingParams(temperature=t, seed=1000 + i, max_tokens=200,
                                          guided=Guide.json_schema(schema)))
     outs = LLM(handle=smollm2).generate(prompts, params)
     failures = []
