@@ -291,6 +291,79 @@ def requantized(model: Path, quant: str, dir_: Path) -> Path:
     return dest
 
 
+#: Llama-3.2-1B's shapes (its config.json): the random-weight model of ``--random-1b``
+LLAMA_1B = {"block_count": 16, "embedding_length": 2048, "feed_forward_length": 8192,
+            "attention.head_count": 32, "attention.head_count_kv": 8,
+            "rope.dimension_count": 64, "rope.freq_base": 500000.0,
+            "context_length": 131072, "attention.layer_norm_rms_epsilon": 1e-5}
+LLAMA_1B_VOCAB = 128256
+
+
+def random_1b_q4_0(tokenizer_model: Path, dir_: Path, seed: int = 0) -> Path:
+    """A GGUF of Llama-3.2-1B's shapes with random Q4_0 weights (random nibbles, f16 block
+    scales of 0.02 / 8; norms 1; tied embeddings, as Llama-3.2-1B), made once. The tokenizer
+    is ``tokenizer_model``'s (SmolLM2's BPE) padded with unused tokens to Llama-3.2's 128256
+    entries, so the embedding and lm_head have the 1B model's size; llama-bench and
+    ``poot bench --prompt-tokens`` feed token ids, so the text side does not matter."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    dest = dir_ / "models" / "llama-3.2-1b-shape.random.Q4_0.gguf"
+    if dest.exists():
+        return dest
+    log(f"writing {dest.name} (Llama-3.2-1B shapes, random Q4_0 weights)")
+    t0 = time.perf_counter()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    reader = GGUFReader(tokenizer_model)
+    writer = GGUFWriter(dest.with_suffix(".tmp"), "llama")
+    writer.add_name("llama-3.2-1b-shape-random")
+    writer.add_file_type(FILE_TYPES["q4_0"])
+    for k, v in LLAMA_1B.items():
+        vt = GGUFValueType.FLOAT32 if isinstance(v, float) else GGUFValueType.UINT32
+        writer.add_key_value(f"llama.{k}", v, vt)
+    writer.add_key_value("llama.vocab_size", LLAMA_1B_VOCAB, GGUFValueType.UINT32)
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        value, vtype = field.contents(), field.types[0]
+        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        if name == "tokenizer.ggml.tokens":
+            value = value + [f"<unused_{i}>" for i in range(LLAMA_1B_VOCAB - len(value))]
+        elif name == "tokenizer.ggml.token_type":
+            value = value + [5] * (LLAMA_1B_VOCAB - len(value))   # 5: unused
+        writer.add_key_value(name, value, vtype, sub_type=sub)
+    d, ff, heads, kv = (LLAMA_1B[k] for k in ("embedding_length", "feed_forward_length",
+                                              "attention.head_count",
+                                              "attention.head_count_kv"))
+    hd = d // heads
+    scale = np.frombuffer(np.float16(0.02 / 8).tobytes(), np.uint8)
+
+    def q4_0(rows: int, cols: int) -> np.ndarray:
+        blocks = rng.integers(0, 256, (rows * cols // 32, 18), dtype=np.uint8)
+        blocks[:, :2] = scale
+        return blocks.reshape(rows, cols // 32 * 18)
+
+    writer.add_tensor("token_embd.weight", q4_0(LLAMA_1B_VOCAB, d), raw_dtype=Q.Q4_0)
+    writer.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    for i in range(LLAMA_1B["block_count"]):
+        for name, (rows, cols) in (("attn_q", (d, d)), ("attn_k", (kv * hd, d)),
+                                   ("attn_v", (kv * hd, d)), ("attn_output", (d, d)),
+                                   ("ffn_gate", (ff, d)), ("ffn_up", (ff, d)),
+                                   ("ffn_down", (d, ff))):
+            writer.add_tensor(f"blk.{i}.{name}.weight", q4_0(rows, cols), raw_dtype=Q.Q4_0)
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    dest.with_suffix(".tmp").rename(dest)
+    log(f"wrote {dest} in {time.perf_counter() - t0:.0f} s")
+    return dest
+
+
 def model_quant(model: Path) -> str | None:
     from gguf import GGUFReader
 
@@ -375,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quants", default="",
                     help="also compare these storage types made from --model: q8_0, f16 "
                          "(comma-separated; the model's own type is --model itself)")
+    ap.add_argument("--random-1b", action="store_true",
+                    help="also compare the Llama-3.2-1B shape with random Q4_0 weights "
+                         "(a GGUF made once under --llamacpp-dir)")
     ap.add_argument("--runs", type=int, default=3, help="poot bench --runs (default: 3)")
     ap.add_argument("--reps", type=int, default=5, help="llama-bench -r (default: 5)")
     ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
@@ -399,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
         for q in quants:
             if q != models[0][0]:
                 models.append((q, requantized(model, q, args.llamacpp_dir.resolve())))
+        if args.random_1b:
+            models.append(("llama-3.2-1b-shape random q4_0",
+                           random_1b_q4_0(model, args.llamacpp_dir.resolve())))
         result = {"what": ("poot bench --backend cpu vs llama.cpp llama-bench, "
                            f"{PROMPT_TOKENS}-token prompt, {NEW_TOKENS} new tokens, batch 1, "
                            f"{args.threads} threads"),

@@ -15,14 +15,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from engine_cases import alone, prompts, staggered  # noqa: E402
 from model_steps import fixture_path  # noqa: E402
 from poot.api import LLM, ModelHandle  # noqa: E402
+from poot.compiler import CompileOptions  # noqa: E402
 from poot.driver.params import SamplingParams  # noqa: E402
+
+#: the CPU reference computes in f32 (precision "fast" would quantize its activations)
+EXACT = CompileOptions(precision="exact")
 
 
 @pytest.fixture(scope="module")
 def handles(vk_device, tmp_path_factory):
     cache = tmp_path_factory.mktemp("poot-cache")
     return {b: ModelHandle.load(fixture_path("llama"), backend=b, kv_capacity=64,
-                                max_batch=32, prefill_chunk=16, cache_dir=cache)
+                                max_batch=32, prefill_chunk=16, cache_dir=cache,
+                                compile_options=EXACT)
             for b in ("vulkan", "cpu")}
 
 
@@ -72,7 +77,8 @@ def test_guided_decoding_on_vulkan_matches_cpu(vk_device, tmp_path_factory):
     gguf = Path(fixture_path("llama")).parent / "llama_gguf_q4_1" / "model.gguf"
     cache = tmp_path_factory.mktemp("poot-cache-guided")
     hs = {b: ModelHandle.load(str(gguf), backend=b, kv_capacity=128, max_batch=8,
-                              prefill_chunk=16, cache_dir=cache) for b in ("vulkan", "cpu")}
+                              prefill_chunk=16, cache_dir=cache, compile_options=EXACT)
+          for b in ("vulkan", "cpu")}
     schemas = [
         {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
                                           "age": {"type": "integer", "minimum": 0,
