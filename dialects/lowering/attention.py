@@ -122,8 +122,9 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
     kmap = kv_map(k_axes, f"d{r - 1}", f"d{r}")
 
     def dot(a, o):
+        # reassoc: the D-loop reduction may be vectorized (LLVM's loop vectorizer needs it)
         prod = em.op(f"arith.mulf {ext(a[0], qt.dtype)}, {ext(a[1], kbt.dtype)} : f32")
-        return em.op(f"arith.addf {o}, {prod} : f32")
+        return em.op(f"arith.addf {o}, {prod} fastmath<reassoc> : f32")
 
     sc = em.generic(sb_t, [(q, qt, qmap), (kb, kbt, kmap)], dot,
                     iterators=["parallel"] * r + ["reduction"],
@@ -198,9 +199,10 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
     l_new = update(row_t, lsum, [(alpha, row_t, idr), (psum, row_t, idr)], lsum_fn)
     scaled = update(acc_t, acc, [(alpha, row_t, drop_last)],
                     lambda a, o: em.op(f"arith.mulf {o}, {a[0]} : f32"))
-    # acc[rows.., e] += sum_j p[rows.., j] * v[.., j, e]   (loop dims: rows.., e, j)
-    pmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r}"])
-    vmap = kv_map(v_axes, f"d{r}", f"d{r - 1}")
+    # acc[rows.., e] += sum_j p[rows.., j] * v[.., j, e]   (loop dims: rows.., j, e: the
+    # innermost loop walks e, contiguous in v and acc, with no reduction in it)
+    pmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r - 1}"])
+    vmap = kv_map(v_axes, f"d{r - 1}", f"d{r}")
 
     def pv(a, o):
         prod = em.op(f"arith.mulf {a[0]}, {ext(a[1], vbt.dtype)} : f32")
@@ -211,8 +213,9 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
         return em.op(f"arith.addf {o}, {prod} : f32")
 
     acc_new = em.generic(acc_t, [(p, sb_t, pmap), (vb, vbt, vmap)], pv,
-                         iterators=["parallel"] * r + ["reduction"],
-                         out_map=affine_map(r + 1, [f"d{i}" for i in range(r)]),
+                         iterators=["parallel"] * (r - 1) + ["reduction", "parallel"],
+                         out_map=affine_map(r + 1, [f"d{i}" for i in range(r - 1)]
+                                            + [f"d{r}"]),
                          init=scaled, loop_rank=r + 1, reads_out=True)
     return m_out, l_new, acc_new
 
