@@ -49,9 +49,9 @@ class Strategy:
             Q4_1 / Q8_0 block format read in place) as a row-streaming vector kernel.
         m_tile: rows of x computed together against one decoded row of W.
         parallel_min_bytes: a kernel whose weight is at least this big runs its rows as an
-            ``scf.forall`` (threads); smaller ones as a sequential loop. 128 KiB: measured
-            on 2 cores (SmolLM2's 576 x 576 Q4_1 projections, 207 KB, run 2x faster on two
-            threads; its 192-row K/V ones, 69 KB, gain nothing from the fork/join).
+            ``scf.forall`` (threads); smaller ones as a sequential loop. 64 KiB: measured
+            on 2 cores in SmolLM2's decode step (its 192-row K/V projections, 69 KB, on two
+            threads: 103 -> 113 tok/s; alone, with hot caches, they gained nothing).
         cores: threads the kernels may use (1: never ``scf.forall``).
         int8_dot: packed weights (Q4_0/Q4_1/Q8_0) are multiplied by x quantized to int8 per
             32-element block (llama.cpp's scheme; AVX2 ``pmaddubsw``/``pmaddwd``): about twice
@@ -66,7 +66,7 @@ class Strategy:
 
     gemv: bool = True
     m_tile: int = 2
-    parallel_min_bytes: int = 128 << 10
+    parallel_min_bytes: int = 64 << 10
     cores: int = 1
     int8_dot: bool = False
     vnni: bool = False
