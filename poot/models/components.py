@@ -31,14 +31,18 @@ class StepInputs:
         kv_index: i32 [B*T, 2] rows ``(slot // bs, slot % bs)`` of ``slot_mapping``: where
             this step's K/V rows go in a pool (a negative slot gives an offset out of range:
             the row is dropped).
-        caches: per layer ``(k, v)``, each kv [NB, bs, Hkv, D].
+        caches: per layer ``(k, v)``, each kv [NB, bs, Hkv, D]; None in a pooled step
+            (:mod:`poot.models.pooling`: no cache, attention over the step's own keys).
+        mask: i1 [B, T, T], the keys each query may see besides the causal mask (a pooled
+            step's padding mask), or None.
     """
 
     tokens: Tensor
     positions: Tensor
-    block_table: Tensor
-    kv_index: Tensor
-    caches: list[tuple[Tensor, Tensor]]
+    block_table: Tensor | None
+    kv_index: Tensor | None
+    caches: list[tuple[Tensor, Tensor]] | None
+    mask: Tensor | None = None
 
 
 def step_inputs(b: Builder, spec: StepSpec, n_layers: int, n_kv_heads: int,
@@ -326,6 +330,38 @@ def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, 
     types = dict(weight_types)
     inp = step_inputs(b, spec, o.num_layers, o.num_kv_heads, o.head_dim,
                       default_kv_dtype(weight_types))
+    h, caches = decoder_body(b, o, types, inp)
+    head = None
+    if spec.outputs == "logits":
+        head = param(b, types, "tok_embed" if o.tie_word_embeddings else "lm_head")
+    return finish_step(b, spec, h, head, caches, final_softcap=o.final_softcap)
+
+
+def trace_decoder_pooled(o: DecoderOptions, spec: Any, weight_types: Mapping[str, PootType],
+                         name: str) -> Graph:
+    """The pooled step (:class:`poot.models.pooling.PoolSpec`: no KV cache, rows
+    right-padded, the final-normed hidden states pooled) of the decoder ``o``. A decoder has
+    no classification head here: ``spec.outputs`` must be ``"embeddings"`` (ModelError)."""
+    from poot.models import pooling as P
+
+    if spec.outputs != "embeddings":
+        raise ModelError(f"{name}: a decoder's pooled step gives embeddings, not "
+                         f"{spec.outputs!r}")
+    b = Builder(P.pool_limits(spec, decoder_dims(o)), name=f"{name}_pooled")
+    types = dict(weight_types)
+    pin = P.pool_inputs(b, spec)
+    with b.scope("mask"):
+        mask = P.key_mask(b, pin.lengths, spec.tokens)
+    inp = StepInputs(pin.tokens, pin.positions, None, None, None, mask)
+    h, _ = decoder_body(b, o, types, inp)
+    return P.finish_pooled(b, spec, h, pin.lengths)
+
+
+def decoder_body(b: Builder, o: DecoderOptions, types: dict[str, PootType], inp: StepInputs
+                 ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+    """Embedding, every layer and the final norm of the decoder ``o`` over ``inp``:
+    (final-normed hidden f32 [B, T, H], the updated caches per layer; empty without
+    caches)."""
     with b.scope("embed"):
         x = ops.embedding(b, param(b, types, "tok_embed"), inp.tokens)
         if o.embed_scale is not None:
@@ -349,20 +385,19 @@ def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, 
                 if o.sandwich_norms:
                     f = norm(p + "post_ffn_norm", f)
             x = x + f
-        caches.append(kv)
+        if kv is not None:
+            caches.append(kv)
     with b.scope("out_norm"):
         h = norm("out_norm", x)
-    head = None
-    if spec.outputs == "logits":
-        head = param(b, types, "tok_embed" if o.tie_word_embeddings else "lm_head")
-    return finish_step(b, spec, h, head, caches, final_softcap=o.final_softcap)
+    return h, caches
 
 
 def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: int,
                       h: Tensor, rope: tuple[Tensor, Tensor], inp: StepInputs
                       ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Layer ``i``'s GQA self-attention of h f32 [B, T, H] over its cache -> (f32 [B, T, H],
-    updated (k, v) caches)."""
+    updated (k, v) caches); without caches (a pooled step) over the step's own keys ->
+    (f32 [B, T, H], None)."""
     bsz, t, _ = h.shape
     p, d = f"blk.{i}.attn.", o.head_dim
     nq, nkv = o.num_heads * d, o.num_kv_heads * d
@@ -382,11 +417,18 @@ def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType],
                         unit_offset=o.norm_unit_offset)
     q = ops.apply_rope(b, q, *rope, layout=o.rope_layout)
     k = ops.apply_rope(b, k, *rope, layout=o.rope_layout)
-    out, k_cache, v_cache = cached_attention(b, q, k, v, inp.caches[i], inp,
-                                             sliding_window=o.window(i),
-                                             softcap=o.attn_softcap, scale=o.attn_scale)
+    if inp.caches is None:      # a pooled step: the step's own keys, padding masked
+        out = ops.attention(b, q, k, v, q_pos=inp.positions, k_pos=inp.positions,
+                            causal=True, sliding_window=o.window(i), softcap=o.attn_softcap,
+                            scale=o.attn_scale, mask=inp.mask)
+        kv = None
+    else:
+        out, k_cache, v_cache = cached_attention(b, q, k, v, inp.caches[i], inp,
+                                                 sliding_window=o.window(i),
+                                                 softcap=o.attn_softcap, scale=o.attn_scale)
+        kv = (k_cache, v_cache)
     out = b.reshape(out, (bsz, t, nq))
-    return proj(b, types, p + "o", out), (k_cache, v_cache)
+    return proj(b, types, p + "o", out), kv
 
 
 def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: int,
@@ -450,6 +492,23 @@ class DecoderModel(abc.ABC):
 
     def trace(self, spec: StepSpec, weight_types: Mapping[str, PootType]) -> Graph:
         return trace_decoder(self.options(), spec, weight_types, self.family)
+
+    def trace_pooled(self, spec: Any, weight_types: Mapping[str, PootType]) -> Graph:
+        """The pooled embedding step (:func:`trace_decoder_pooled`)."""
+        return trace_decoder_pooled(self.options(), spec, weight_types, self.family)
+
+    def bind_headless(self, store: Mapping[str, Any]) -> WeightBinding:
+        """Bind every role a pooled step reads (no ``lm_head``) from ``store``, whose names
+        may lack the ``model.`` prefix (a checkpoint saved from the bare ``...Model``
+        class, as Qwen3-Embedding and gte-Qwen2 are). Raises ModelError naming a missing
+        tensor."""
+        o = self.options()
+        table = {r: w for r, w in self.weight_table().items() if r != "lm_head"}
+        if o.source == "hf" and "model.embed_tokens.weight" not in store \
+                and "embed_tokens.weight" in store:
+            table = {r: WeightName(w.hf.removeprefix("model.") if w.hf else w.hf, w.gguf,
+                                   w.optional) for r, w in table.items()}
+        return bind_weights(table, store, o.source, o.num_layers)
 
 
 def decoder_weight_names(o: DecoderOptions, attn_bias: bool = False) -> dict[str, WeightName]:
