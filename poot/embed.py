@@ -55,6 +55,8 @@ class PoolingModel:
             decided (a file, ``"argument"`` or ``"default"``).
         max_tokens: tokens one input may hold.
         num_labels: the classifier's outputs (``score`` task), else 0.
+        matryoshka: which truncated sizes the model was trained for: True (any, config
+            ``is_matryoshka``), a tuple (config ``matryoshka_dimensions``) or False.
     """
 
     path: Path
@@ -69,6 +71,7 @@ class PoolingModel:
     pooling_source: str
     max_tokens: int
     num_labels: int = 0
+    matryoshka: bool | tuple[int, ...] = False
     load_s: float = 0.0
 
     @property
@@ -169,8 +172,13 @@ class PoolingModel:
         runner = PoolingRunner(model, weights, device, compile_step, max_batch, limit,
                                pool, norm, "scores" if task == "score" else "embeddings",
                                on_compile=lambda what: report(f"{what} step", 0, 0))
+        extra = cfg.extra or {}
+        dims = extra.get("matryoshka_dimensions")
+        mrl: bool | tuple[int, ...] = bool(extra.get("is_matryoshka", False))
+        if isinstance(dims, list) and all(isinstance(d, int) for d in dims) and dims:
+            mrl = tuple(dims)
         pm = cls(path, backend, model, weights, _tokenizer(path), runner, task, pool, norm,
-                 source, limit, num_labels)
+                 source, limit, num_labels, mrl)
         if warm_up:
             runner.warm_up()
         pm.load_s = time.perf_counter() - t0

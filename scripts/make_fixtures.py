@@ -795,6 +795,8 @@ def make_pooled_fixture(name: str, out: Path) -> dict:
                         mask[i : i + 1, :n], mode, normalize) for i, n in enumerate(lengths)])
             info["alone_vs_padded_max_abs_diff"] = float(np.abs(alone - arrays["embeddings"]).max())
             model.config.architectures = ["Qwen3ForCausalLM" if name == "qwen3_embed" else "BertModel"]
+            if name == "bert_embed":     # lets the server tests truncate (``dimensions``)
+                model.config.is_matryoshka = True
             model.save_pretrained(d, safe_serialization=True)
             write_st_config(d, mode, normalize)
             if name == "bert_embed":

@@ -2,7 +2,11 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (and
 ``/v1/models/{model}``), ``GET /health`` (200 ready; 503 loading, failed, unhealthy),
-``GET /metrics`` (Prometheus), ``POST /tokenize``, ``POST /detokenize``.
+``GET /metrics`` (Prometheus), ``POST /tokenize``, ``POST /detokenize``; with an embedding
+model ``POST /v1/embeddings``, with a cross-encoder ``POST /v1/rerank`` (and ``/rerank``):
+a server serves either a generating model (a :class:`~poot.api.ModelHandle`) or a pooling
+one (a :class:`~poot.embed.PoolingModel`), and a route of the other kind is a 400 naming
+``model``.
 
 The event loop never waits on the engine: checking a request (tokenizing, the chat template)
 runs in a worker thread, and outputs arrive through :mod:`poot.serve.engine_client`. The
@@ -32,8 +36,12 @@ from poot.serve.engine_client import (AsyncEngine, ClientGone, ConstraintFailed,
 from poot.serve.errors import APIError, bad_request, unavailable
 from poot.serve.mapping import chat_plan, check_model, completion_plan, encode_chat
 from poot.serve.metrics import CONTENT_TYPE, Metrics
+from poot.embed import relevance
+from poot.serve.pooling import (check_dimensions, embedding_response, embedding_rows,
+                                rerank_pairs, rerank_response)
 from poot.serve.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                 ErrorResponse, TokenizeBody, TokenizeChatRequest)
+                                 EmbeddingRequest, ErrorResponse, RerankRequest, TokenizeBody,
+                                 TokenizeChatRequest)
 from poot.serve.responses import (SSE_DONE, ChoiceState, CompletionLogprobs, TokenText,
                                   chat_logprobs, new_id, sse, usage)
 
@@ -41,7 +49,7 @@ log = logging.getLogger("poot.serve")
 
 #: routes whose metrics keep their path as the label (others count as "other")
 _ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-           "/tokenize", "/detokenize")
+           "/tokenize", "/detokenize", "/v1/embeddings", "/v1/rerank", "/rerank")
 #: routes that neither count toward nor are refused by the concurrency limit
 _UNLIMITED = ("/health", "/metrics")
 _ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 429, 500, 503, 504)}
@@ -55,6 +63,8 @@ class ServerState:
     def __init__(self, config: ServeConfig):
         self.config = config
         self.handle = None
+        #: the served model when it is a :class:`~poot.embed.PoolingModel` (no engine loop)
+        self.pooler = None
         self.aengine: AsyncEngine | None = None
         self.tokens: TokenText | None = None
         self._status = "loading"
@@ -78,8 +88,11 @@ class ServerState:
         and become ready."""
         self.handle = handle
         self.tokens = TokenText(handle.tokenizer)
-        self.aengine = AsyncEngine(handle.engine, self.config.max_queue)
-        self.aengine.start()
+        if getattr(handle, "task", None) in ("embed", "score"):   # a PoolingModel
+            self.pooler = handle
+        else:
+            self.aengine = AsyncEngine(handle.engine, self.config.max_queue)
+            self.aengine.start()
         self._status = "ready"
 
     def fail(self, message: str) -> None:
@@ -101,9 +114,32 @@ class ServerState:
                               self.config.retry_after_s, "model_failed")
         return self.handle
 
-    def require_engine(self) -> AsyncEngine:
-        """The engine, or 503 while loading, draining or unhealthy."""
+    def require_pooler(self, task: str):
+        """The served :class:`~poot.embed.PoolingModel` for ``task`` (``embed``/``score``),
+        or 503 while loading or draining, or 400 naming ``model`` when the served model
+        does not do ``task``."""
         self.require_model()
+        if self.status == "draining":
+            raise unavailable("the server is shutting down", self.config.retry_after_s,
+                              "shutting_down")
+        what = {"embed": "embeddings", "score": "rerank"}
+        if self.pooler is None:
+            raise bad_request("model", f"this server's model generates text; it serves no "
+                              f"{what[task]} (start poot serve with an embedding model or "
+                              f"a cross-encoder)")
+        if self.pooler.task != task:
+            raise bad_request("model", f"this server's model serves {what[self.pooler.task]}"
+                              f", not {what[task]}")
+        return self.pooler
+
+    def require_engine(self) -> AsyncEngine:
+        """The engine, or 503 while loading, draining or unhealthy; 400 naming ``model``
+        when the served model is a pooling one (it does not generate)."""
+        self.require_model()
+        if self.pooler is not None:
+            raise bad_request("model", f"this server's model serves "
+                              f"{'embeddings' if self.pooler.task == 'embed' else 'rerank'}"
+                              f" (POST {'/v1/embeddings' if self.pooler.task == 'embed' else '/v1/rerank'}), not generation")
         status = self.status
         if status == "draining":
             raise unavailable("the server is shutting down", self.config.retry_after_s,
@@ -346,6 +382,37 @@ def build_app(config: ServeConfig | None = None, handle=None,
             raise bad_request("tokens", f"token id {bad[0]} is outside the vocabulary "
                               f"[0, {vocab})")
         return {"prompt": await run_in_threadpool(h.tokenizer.decode, body.tokens)}
+
+    # ---- embeddings and rerank (a pooling model) -----------------------------------------------
+    @app.post("/v1/embeddings", dependencies=authed, responses=_ERRORS)
+    async def embeddings(body: EmbeddingRequest):
+        """OpenAI embeddings: pooled hidden states of each input (module
+        :mod:`poot.serve.pooling`)."""
+        pm = state.require_pooler("embed")
+        check_model(body.model, config)
+        check_dimensions(pm, body.dimensions)
+        rows = await run_in_threadpool(embedding_rows, pm, body)
+        vecs = await run_in_threadpool(pm.embed_ids, rows)
+        return embedding_response(pm, body, rows, vecs, config.served_model_name)
+
+    async def _rerank(body: RerankRequest):
+        pm = state.require_pooler("score")
+        check_model(body.model, config, required=False)
+        texts, pairs = await run_in_threadpool(rerank_pairs, pm, body)
+        logits = await run_in_threadpool(pm.score_pairs, pairs)
+        return rerank_response(body, texts, pairs, relevance(logits),
+                               config.served_model_name)
+
+    @app.post("/v1/rerank", dependencies=authed, responses=_ERRORS)
+    async def rerank_v1(body: RerankRequest):
+        """Rerank ``documents`` by relevance to ``query`` with a cross-encoder (vLLM's and
+        Cohere's shape); results sorted best first."""
+        return await _rerank(body)
+
+    @app.post("/rerank", dependencies=authed, responses=_ERRORS)
+    async def rerank(body: RerankRequest):
+        """``/v1/rerank`` under vLLM's unversioned path."""
+        return await _rerank(body)
 
     # ---- generation --------------------------------------------------------------------------
     @app.post("/v1/chat/completions", dependencies=authed, responses=_ERRORS)
