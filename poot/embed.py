@@ -270,6 +270,31 @@ class PoolingModel:
         return relevance(logits)
 
 
+def pooled_task(path: str | os.PathLike) -> str | None:
+    """``"embed"`` or ``"score"`` when the checkpoint at ``path`` is served by pooled steps,
+    None for a generating model: a ``...ForSequenceClassification`` architecture scores; a
+    folder with sentence-transformers' ``modules.json``, an encoder-only family (BERT) or a
+    bare ``...Model`` architecture (a checkpoint with no LM head) embeds. Reads
+    ``config.json`` only (a GGUF file or an unreadable config: None)."""
+    from poot.load import load_config
+    from poot.models import REGISTRY
+
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    try:
+        arch = load_config(p).architecture
+    except PootError:
+        return None
+    if arch.endswith("ForSequenceClassification"):
+        return "score"
+    if (p / "modules.json").is_file() or arch.endswith("Model"):
+        return "embed"
+    if arch in REGISTRY and getattr(REGISTRY.lookup(arch), "encoder_only", False):
+        return "embed"
+    return None
+
+
 def relevance(logits: np.ndarray) -> np.ndarray:
     """f32 [n]: scores from classifier logits [n, L]: ``sigmoid`` of the one logit when
     L = 1, else the softmax probability of label L-1."""
@@ -280,4 +305,4 @@ def relevance(logits: np.ndarray) -> np.ndarray:
     return (e[:, -1] / e.sum(axis=1)).astype(np.float32)
 
 
-__all__ = ["DEFAULT_MAX_TOKENS", "PoolingModel", "WrongTask", "relevance"]
+__all__ = ["DEFAULT_MAX_TOKENS", "PoolingModel", "WrongTask", "pooled_task", "relevance"]

@@ -13,6 +13,12 @@ first use instead). One log line per request goes to stderr. SIGTERM or Ctrl-C d
 new connections, running requests finish within ``--drain-timeout`` seconds or are aborted,
 exit status 0.
 
+An embedding model (a folder with sentence-transformers' ``modules.json``, a BERT checkpoint,
+a bare ``...Model`` decoder) is served on ``POST /v1/embeddings`` and a cross-encoder
+(``...ForSequenceClassification``) on ``POST /v1/rerank`` instead of the generation routes
+(:func:`poot.embed.pooled_task` decides; ``--max-model-len`` is then the tokens one input
+may hold, ``--max-batch`` the inputs per step).
+
 Needs the ``serve`` extra (``pip install -e ".[serve]"``); ``--ray`` the ``ray`` extra.
 """
 
@@ -174,7 +180,14 @@ def run(args: argparse.Namespace) -> int:
         options["path"] = default_model_path()      # ModelNotFound before listening
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s poot serve: %(message)s", stream=sys.stderr)
+    from poot.embed import pooled_task
+
+    options["pooled"] = pooled_task(options["path"]) if not args.random_weights else None
+    if options["pooled"] and args.ray:
+        raise InvalidRequest("--ray", True, "an embedding model or cross-encoder is served "
+                             "by one process (no Ray replicas yet)")
     if args.ray:
+        options.pop("pooled")
         from poot.serve.ray import serve_with_ray
 
         return serve_with_ray(options, config, args.host, args.port, args.replicas,
@@ -198,14 +211,34 @@ def _serve(args, config, options) -> int:
     failed: list[BaseException] = []
     log = logging.getLogger("poot.serve")
 
+    pooled = options.pop("pooled", None)
+
     def loader():
         try:
+            if pooled:
+                from poot.embed import PoolingModel
+
+                pm = PoolingModel.load(options["path"], options["backend"],
+                                       max_batch=options["max_batch"],
+                                       max_tokens=options["kv_capacity"],
+                                       use_cache=options["use_cache"], progress=reporter,
+                                       warm_up=not args.no_warm_up)
+                if not args.no_warm_up:      # every bucket: no request waits on a compile
+                    pm.runner.warm_up(pm.runner.batch_buckets, pm.runner.tok_buckets)
+                return pm
             return load_and_warm(options, warm_up=not args.no_warm_up, progress=reporter)
         finally:
             reporter.close()
 
     def on_loaded(state):
         h = state.handle
+        if pooled:
+            log.info("ready: serving %s (%s) as '%s' on %s (backend %s, up to %d inputs a "
+                     "step of up to %d tokens; loaded in %.1f s)", h.path.name,
+                     "embeddings" if h.task == "embed" else "rerank",
+                     config.served_model_name, url, h.backend, h.runner.max_batch,
+                     h.max_tokens, h.load_s)
+            return
         st = h.engine.stats()
         log.info("ready: serving %s as '%s' on %s (backend %s, max batch %d, context %d, "
                  "%d KV blocks of %d; loaded in %.1f s)", h.path.name, config.served_model_name,
