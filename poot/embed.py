@@ -94,7 +94,8 @@ class PoolingModel:
              max_batch: int | None = None, max_tokens: int | None = None,
              cache_dir: str | None = None, use_cache: bool = True,
              compile_options: Any = None, progress: Callable | None = None,
-             device: Any = None, warm_up: bool = True) -> "PoolingModel":
+             device: Any = None, warm_up: bool = True,
+             score_tokens: Sequence[int | str] | None = None) -> "PoolingModel":
         """Load ``path`` (an HF folder) for pooled steps on ``backend``.
 
         ``pooling`` (``cls``/``mean``/``last``) and ``normalize`` override what the
@@ -144,7 +145,19 @@ class PoolingModel:
         if not hasattr(model, "trace_pooled"):
             raise ModelError(f"{family.family}: this family has no pooled step (embeddings)")
         weights = model.bind_headless(store)
+        tokenizer = _tokenizer(path)
+        extra = cfg.extra or {}
+        if score_tokens is None and isinstance(extra.get("classifier_from_token"), list):
+            score_tokens = tuple(extra["classifier_from_token"])
+        if score_tokens is not None:
+            if not hasattr(model, "bind_token_classifier"):
+                raise InvalidRequest("score_tokens", score_tokens, f"{family.family} has no "
+                                     f"LM head to score tokens with")
+            model.bind_token_classifier(store, weights,
+                                        _token_ids(score_tokens, tokenizer))
         num_labels = int(getattr(model.config, "num_labels", 0) or 0)
+        if "score" in weights.types:
+            num_labels = int(weights.types["score"].shape[0])
         task = "score" if num_labels else "embed"
         encoder = bool(getattr(model, "encoder_only", False))
         st = read_pooling_config(path)
@@ -172,12 +185,11 @@ class PoolingModel:
         runner = PoolingRunner(model, weights, device, compile_step, max_batch, limit,
                                pool, norm, "scores" if task == "score" else "embeddings",
                                on_compile=lambda what: report(f"{what} step", 0, 0))
-        extra = cfg.extra or {}
         dims = extra.get("matryoshka_dimensions")
         mrl: bool | tuple[int, ...] = bool(extra.get("is_matryoshka", False))
         if isinstance(dims, list) and all(isinstance(d, int) for d in dims) and dims:
             mrl = tuple(dims)
-        pm = cls(path, backend, model, weights, _tokenizer(path), runner, task, pool, norm,
+        pm = cls(path, backend, model, weights, tokenizer, runner, task, pool, norm,
                  source, limit, num_labels, mrl)
         if warm_up:
             runner.warm_up()
@@ -270,9 +282,25 @@ class PoolingModel:
         return relevance(logits)
 
 
+def _token_ids(tokens: Sequence[int | str], tokenizer) -> list[int]:
+    out = []
+    for t in tokens:
+        if isinstance(t, int) and not isinstance(t, bool):
+            out.append(t)
+            continue
+        tid = tokenizer.token_to_id(t) if tokenizer is not None and isinstance(t, str) \
+            else None
+        if tid is None:
+            raise InvalidRequest("score_tokens", t, "not a token id nor a token of the "
+                                 "checkpoint's tokenizer")
+        out.append(tid)
+    return out
+
+
 def pooled_task(path: str | os.PathLike) -> str | None:
     """``"embed"`` or ``"score"`` when the checkpoint at ``path`` is served by pooled steps,
-    None for a generating model: a ``...ForSequenceClassification`` architecture scores; a
+    None for a generating model: a ``...ForSequenceClassification`` architecture or a config
+    with ``classifier_from_token`` scores; a
     folder with sentence-transformers' ``modules.json``, an encoder-only family (BERT) or a
     bare ``...Model`` architecture (a checkpoint with no LM head) embeds. Reads
     ``config.json`` only (a GGUF file or an unreadable config: None)."""
@@ -283,10 +311,12 @@ def pooled_task(path: str | os.PathLike) -> str | None:
     if not p.is_dir():
         return None
     try:
-        arch = load_config(p).architecture
+        cfg = load_config(p)
     except PootError:
         return None
-    if arch.endswith("ForSequenceClassification"):
+    arch = cfg.architecture
+    if arch.endswith("ForSequenceClassification") or \
+            isinstance((cfg.extra or {}).get("classifier_from_token"), list):
         return "score"
     if (p / "modules.json").is_file() or arch.endswith("Model"):
         return "embed"

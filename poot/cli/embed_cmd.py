@@ -3,6 +3,7 @@
     poot embed --model MODEL [--backend B] [--pooling cls|mean|last] [--normalize | --no-normalize]
                [--max-batch N] [--max-tokens N] [--dimensions N] [--ids] (TEXT... | --input-file FILE)
     poot embed --model CROSS_ENCODER --query QUERY DOCUMENT...
+    poot embed --model DECODER --score-tokens no,yes --query QUERY DOCUMENT...   # yes/no reranker
 
 Prints one JSON object: ``{"model", "pooling", "normalize", "dim", "embeddings": [[...]],
 "usage": {"prompt_tokens"}}``, or with ``--query`` (a cross-encoder)
@@ -50,6 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ids", action="store_true", help="each input is token ids, not text")
     p.add_argument("--query", default=None, help="score each input against QUERY "
                    "(a cross-encoder)")
+    p.add_argument("--score-tokens", default=None, metavar="NO,YES",
+                   help="score with a decoder's LM head: sigmoid(logit(YES) - logit(NO)) of "
+                        "the last token (a Qwen3-Reranker-style yes/no reranker; token ids or "
+                        "token strings)")
     p.add_argument("--input-file", default=None, metavar="FILE",
                    help="one input a line ('-': stdin)")
     p.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
@@ -103,12 +108,19 @@ def run(args: argparse.Namespace) -> int:
     if args.query is not None:
         check_utf8(args.query, "--query")
     items = _inputs(args)
+    score_tokens = None
+    if args.score_tokens is not None:
+        parts = [x.strip() for x in args.score_tokens.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise InvalidRequest("--score-tokens", args.score_tokens, "must be NO,YES (two "
+                                 "tokens or token ids)")
+        score_tokens = [int(x) if x.isdigit() else x for x in parts]
     reporter = Reporter(quiet=args.quiet, history=history_file())
     try:
         pm = PoolingModel.load(args.model, args.backend, pooling=args.pooling,
                                normalize=args.normalize, max_batch=args.max_batch,
                                max_tokens=args.max_tokens, use_cache=not args.no_cache,
-                               progress=reporter)
+                               progress=reporter, score_tokens=score_tokens)
     finally:
         reporter.close()
     if args.query is not None:

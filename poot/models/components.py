@@ -340,21 +340,27 @@ def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, 
 def trace_decoder_pooled(o: DecoderOptions, spec: Any, weight_types: Mapping[str, PootType],
                          name: str) -> Graph:
     """The pooled step (:class:`poot.models.pooling.PoolSpec`: no KV cache, rows
-    right-padded, the final-normed hidden states pooled) of the decoder ``o``. A decoder has
-    no classification head here: ``spec.outputs`` must be ``"embeddings"`` (ModelError)."""
+    right-padded) of the decoder ``o``: ``embeddings``, the final-normed hidden states pooled;
+    or ``scores`` f32 [B, L], the role ``score`` [L, H] applied to each row's last token (HF
+    ``...ForSequenceClassification``; a yes/no reranker's head is made at bind:
+    :meth:`DecoderModel.bind_headless`). ModelError: scores without a ``score`` weight."""
     from poot.models import pooling as P
 
-    if spec.outputs != "embeddings":
-        raise ModelError(f"{name}: a decoder's pooled step gives embeddings, not "
-                         f"{spec.outputs!r}")
-    b = Builder(P.pool_limits(spec, decoder_dims(o)), name=f"{name}_pooled")
     types = dict(weight_types)
+    if spec.outputs == "scores" and "score" not in types:
+        raise ModelError(f"{name}: no classification head (a ...ForSequenceClassification "
+                         f"checkpoint's score.weight, or classifier tokens) for scores")
+    b = Builder(P.pool_limits(spec, decoder_dims(o)), name=f"{name}_pooled")
     pin = P.pool_inputs(b, spec)
     with b.scope("mask"):
         mask = P.key_mask(b, pin.lengths, spec.tokens)
     inp = StepInputs(pin.tokens, pin.positions, None, None, None, mask)
     h, _ = decoder_body(b, o, types, inp)
-    return P.finish_pooled(b, spec, h, pin.lengths)
+    if spec.outputs == "embeddings":
+        return P.finish_pooled(b, spec, h, pin.lengths)
+    with b.scope("score"):     # HF ...ForSequenceClassification: the last token's logits
+        last = P.pool(b, h, pin.lengths, "last", False)
+        return b.finish({"scores": ops.linear(b, last, param(b, types, "score"))})
 
 
 def decoder_body(b: Builder, o: DecoderOptions, types: dict[str, PootType], inp: StepInputs
@@ -508,7 +514,48 @@ class DecoderModel(abc.ABC):
                 and "embed_tokens.weight" in store:
             table = {r: WeightName(w.hf.removeprefix("model.") if w.hf else w.hf, w.gguf,
                                    w.optional) for r, w in table.items()}
-        return bind_weights(table, store, o.source, o.num_layers)
+        out = bind_weights(table, store, o.source, o.num_layers)
+        if o.source == "hf" and "score.weight" in store:   # ...ForSequenceClassification
+            out.add("score", store["score.weight"])
+        return out
+
+    def bind_token_classifier(self, store: Mapping[str, Any], weights: WeightBinding,
+                              tokens: Sequence[int]) -> None:
+        """Add role ``score`` f32 [1, H] to ``weights``: for ``tokens = (no, yes)``, the LM
+        head's row of ``yes`` minus that of ``no``, so ``sigmoid(score) = softmax(yes, no)``
+        of the last token (a Qwen3-Reranker-style yes/no reranker; vLLM's
+        ``classifier_from_token`` conversion). Raises ModelError for another number of
+        tokens, an id outside the vocabulary or a quantized head."""
+        o = self.options()
+        if len(tokens) != 2:
+            raise ModelError(f"{self.family}: classifier tokens must be two ids (no, yes), "
+                             f"got {list(tokens)}")
+        head = None
+        for role in ("lm_head", "tok_embed"):
+            name = self.weight_table().get(role)
+            n = name.stored(o.source) if name is not None else None
+            for cand in ((n, n.removeprefix("model.")) if n else ()):
+                if cand in store:
+                    head = store[cand]
+                    break
+            if head is not None:
+                break
+        if head is None:
+            raise ModelError(f"{self.family}: no LM head or embedding table to build the "
+                             f"yes/no classifier from")
+        if head.quant is not None:
+            raise ModelError(f"{self.family}: a quantized LM head cannot give classifier "
+                             f"rows")
+        rows = np.asarray(head.data, dtype=np.float32)
+        for t in tokens:
+            if not 0 <= int(t) < rows.shape[0]:
+                raise ModelError(f"{self.family}: classifier token id {t} is outside the "
+                                 f"vocabulary [0, {rows.shape[0]})")
+        w = (rows[int(tokens[1])] - rows[int(tokens[0])])[None, :].astype(np.float32)
+        from poot.dialects.types import TensorType
+
+        weights.arrays["score"], weights.types["score"] = w, TensorType(w.shape, DType.F32)
+        weights.stored["score"] = f"{head.name}[{tokens[1]}] - [{tokens[0]}]"
 
 
 def decoder_weight_names(o: DecoderOptions, attn_bias: bool = False) -> dict[str, WeightName]:

@@ -36,7 +36,8 @@ class Qwen2(C.DecoderModel):
 
     family: ClassVar[str] = "qwen2"
     architectures: ClassVar[tuple[str, ...]] = ("Qwen2ForCausalLM", "qwen2",
-                                                 "Qwen2Model")  # headless (gte-Qwen2)
+                                                 "Qwen2Model",  # headless (gte-Qwen2)
+                                                 "Qwen2ForSequenceClassification")
 
     @classmethod
     def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "Qwen2":
@@ -52,7 +53,8 @@ class Qwen3(C.DecoderModel):
 
     family: ClassVar[str] = "qwen3"
     architectures: ClassVar[tuple[str, ...]] = ("Qwen3ForCausalLM", "qwen3",
-                                                 "Qwen3Model")  # headless (embeddings)
+                                                 "Qwen3Model",  # headless (embeddings)
+                                                 "Qwen3ForSequenceClassification")
 
     @classmethod
     def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "Qwen3":

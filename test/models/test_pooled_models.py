@@ -146,3 +146,76 @@ def test_pooling_config_files(tmp_path):
         {"name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]))
     with pytest.raises(ModelError, match="Dense"):
         read_pooling_config(tmp_path)
+
+
+# --- decoder rerankers: yes/no tokens (Qwen3-Reranker style) and score.weight -------------------
+
+NO, YES = 31, 200
+PREFIXES = (5, 9, 12)
+
+
+def _yes_minus_no():
+    """HF's recorded logits of the qwen3 fixture: logit(yes) - logit(no) at each prefix's
+    last token (causal: prefill_logits[n - 1] is the last token of prompt[:n])."""
+    lg = reference("qwen3")["prefill_logits"]
+    return np.array([lg[n - 1, YES] - lg[n - 1, NO] for n in PREFIXES])
+
+
+def _prefix_pairs():
+    ids = [int(x) for x in reference("qwen3")["prompt_ids"]]
+    return [(ids[:n], [0] * n) for n in PREFIXES]
+
+
+def test_yes_no_reranker_scores_equal_hf_lm_logits(tmp_path_factory):
+    pm = PoolingModel.load(fixture_path("qwen3"), score_tokens=(NO, YES), max_batch=4,
+                           max_tokens=16, cache_dir=tmp_path_factory.mktemp("c"))
+    assert pm.task == "score" and pm.num_labels == 1
+    got = pm.score_pairs(_prefix_pairs())[:, 0]
+    assert np.abs(got - _yes_minus_no()).max() < TOL
+    want = 1 / (1 + np.exp(-_yes_minus_no()))       # = softmax over (no, yes) of p(yes)
+    assert np.abs(relevance(got[:, None]) - want).max() < TOL
+
+
+def _write_safetensors(path, tensors):
+    """The safetensors format: u64 header length, JSON header, raw little-endian data."""
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a, "<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(path, "wb") as f:
+        f.write(len(hb).to_bytes(8, "little") + hb + b"".join(blobs))
+
+
+def test_sequence_classification_decoder_uses_score_weight(tmp_path):
+    """A Qwen3ForSequenceClassification layout (score.weight [1, H], no lm_head): the score
+    row is lm_head[yes] - lm_head[no], so the same HF numbers are expected."""
+    from poot.load import open_weights
+
+    store = open_weights(fixture_path("qwen3"))
+    tensors = {n: np.asarray(store[n].data, np.float32) for n in store if n != "lm_head.weight"}
+    head = np.asarray(store["lm_head.weight"].data, np.float32)
+    tensors["score.weight"] = (head[YES] - head[NO])[None, :]
+    _write_safetensors(tmp_path / "model.safetensors", tensors)
+    cfg = json.loads((fixture_path("qwen3") / "config.json").read_text())
+    cfg["architectures"] = ["Qwen3ForSequenceClassification"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    from poot.embed import pooled_task
+
+    assert pooled_task(tmp_path) == "score"
+    pm = PoolingModel.load(tmp_path, max_batch=4, max_tokens=16, cache_dir=tmp_path / "c")
+    assert pm.task == "score"
+    assert np.abs(pm.score_pairs(_prefix_pairs())[:, 0] - _yes_minus_no()).max() < TOL
+
+
+def test_bad_score_tokens_are_typed():
+    with pytest.raises(ModelError, match="two ids"):
+        PoolingModel.load(fixture_path("qwen3"), score_tokens=(1, 2, 3), warm_up=False)
+    with pytest.raises(ModelError, match="outside the vocabulary"):
+        PoolingModel.load(fixture_path("qwen3"), score_tokens=(1, 999), warm_up=False)
+    with pytest.raises(InvalidRequest) as e:        # no tokenizer to look "yes" up in
+        PoolingModel.load(fixture_path("qwen3"), score_tokens=("no", "yes"), warm_up=False)
+    assert e.value.field == "score_tokens"
