@@ -148,7 +148,9 @@ GGUF_NAME = "llama_gguf_q4_1"
 GGUF_SOURCE = "llama"
 # pooled-step fixtures (embeddings, cross-encoder scores): made by make_pooled_fixture
 POOLED = ("qwen3_embed", "bert_embed", "bert_cross_encoder")
-ALL_NAMES = list(SPECS) + [GGUF_NAME] + list(POOLED)
+# PEFT LoRA adapters of the `llama` fixture: made by make_lora_fixture
+LORA_NAME = "llama_lora"
+ALL_NAMES = list(SPECS) + [GGUF_NAME] + list(POOLED) + [LORA_NAME]
 
 
 # ---------------------------------------------------------------------------------------
@@ -825,6 +827,76 @@ def make_pooled_fixture(name: str, out: Path) -> dict:
     return {"name": name, "bytes": size}
 
 
+# ---------------------------------------------------------------------------------------
+# LoRA adapters (PEFT format) of the `llama` fixture
+
+# name -> LoraConfig fields; B is random (PEFT's default init sets it to 0: no effect)
+LORA_ADAPTERS = {
+    "adapter_a": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    "adapter_b": dict(r=8, lora_alpha=16, use_rslora=True,
+                      target_modules=["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]),
+}
+LORA_SEED = 2
+
+
+def make_lora_fixture(out: Path) -> dict:
+    """Two PEFT adapters over test/fixtures/tiny/llama (read from `out`/llama), with HF + PEFT
+    prefill logits and greedy ids for each."""
+    import torch
+    import transformers
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    d = out / LORA_NAME
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    base_dir = out / "llama"
+    arrays, info = {}, {"base": "../llama", "adapters": {}}
+    gen = torch.Generator().manual_seed(LORA_SEED)
+    for name, kw in LORA_ADAPTERS.items():
+        base = transformers.LlamaForCausalLM.from_pretrained(base_dir, attn_implementation="eager",
+                                                            dtype=torch.float32).eval()
+        model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, **kw))
+        with torch.no_grad():
+            for pname, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+                if "lora_" in pname:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        model.eval()
+        model.save_pretrained(d / name)
+        (d / name / "README.md").unlink(missing_ok=True)        # PEFT's model card
+        acfg = json.loads((d / name / "adapter_config.json").read_text())
+        acfg["base_model_name_or_path"] = "../../llama"          # no machine path
+        (d / name / "adapter_config.json").write_text(json.dumps(acfg, indent=2, sort_keys=True) + "\n")
+        ref, _ = reference_for(model)
+        # reload (unmerged) from disk: the same logits; merged: within fp noise
+        re = PeftModel.from_pretrained(
+            transformers.LlamaForCausalLM.from_pretrained(base_dir, attn_implementation="eager",
+                                                          dtype=torch.float32), d / name).eval()
+        reload = float(np.abs(prefill_logits(re) - ref["prefill_logits"]).max())
+        merged = float(np.abs(prefill_logits(re.merge_and_unload()) - ref["prefill_logits"]).max())
+        base_ref = np.load(base_dir / "reference.npz")["prefill_logits"]
+        effect = float(np.abs(ref["prefill_logits"] - base_ref).max())
+        if reload != 0.0 or merged > 1e-4 or effect < 1e-2:
+            raise SystemExit(f"{name}: reload {reload} merged {merged} effect {effect}")
+        for k in ("prefill_logits", "greedy_ids", "greedy_margins"):
+            arrays[f"{name}.{k}"] = ref[k]
+        info["adapters"][name] = {**{k: v for k, v in kw.items()},
+                                  "reload_max_abs_diff": reload,
+                                  "merged_vs_unmerged_max_abs_diff": merged,
+                                  "max_abs_logit_change_vs_base": effect,
+                                  "greedy_ids": [int(x) for x in ref["greedy_ids"]],
+                                  "greedy_min_margin": float(ref["greedy_margins"].min())}
+    arrays["prompt_ids"] = np.asarray(PROMPT_IDS, np.int64)
+    np.savez(d / "reference.npz", **arrays)
+    doc = {"name": LORA_NAME, "description": "PEFT LoRA adapters of the llama fixture", **info,
+           "prompt_ids": PROMPT_IDS, "lora_init_seed": LORA_SEED, "lora_init_std": 0.2,
+           "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()},
+           "versions": {**versions(), "peft": __import__("peft").__version__},
+           "script": "scripts/make_fixtures.py"}
+    (d / "reference.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return {"name": LORA_NAME, "bytes": sum(p.stat().st_size for p in d.rglob("*") if p.is_file())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -851,6 +923,8 @@ def main(argv: list[str] | None = None) -> int:
             res = make_gguf_fixture(args.out)
         elif n in POOLED:
             res = make_pooled_fixture(n, args.out)
+        elif n == LORA_NAME:
+            res = make_lora_fixture(args.out)
         else:
             res = make_hf_fixture(n, args.out)
         results.append(res)

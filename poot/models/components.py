@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from poot.dialects.types import DType, PootType
+from poot.dialects.types import DType, PootType, TensorType
 from poot.graph import ops
 from poot.graph.builder import Builder, Graph, Tensor
 from poot.models.base import (ModelError, StepDims, StepSpec, WeightBinding, WeightName,
@@ -35,6 +35,8 @@ class StepInputs:
             (:mod:`poot.models.pooling`: no cache, attention over the step's own keys).
         mask: i1 [B, T, T], the keys each query may see besides the causal mask (a pooled
             step's padding mask), or None.
+        lora_index: i32 [B], each sequence's LoRA slot (:mod:`poot.models.lora`), or None
+            when the step carries no LoRA slots.
     """
 
     tokens: Tensor
@@ -43,6 +45,7 @@ class StepInputs:
     kv_index: Tensor | None
     caches: list[tuple[Tensor, Tensor]] | None
     mask: Tensor | None = None
+    lora_index: Tensor | None = None
 
 
 def step_inputs(b: Builder, spec: StepSpec, n_layers: int, n_kv_heads: int,
@@ -317,10 +320,27 @@ def decoder_dims(o: DecoderOptions) -> StepDims:
                     + o.hidden_size)
 
 
-def proj(b: Builder, types: dict[str, PootType], role: str, x: Tensor) -> Tensor:
-    """``linear(x, role)``, adding ``role_bias`` when it is bound."""
+def proj(b: Builder, types: dict[str, PootType], role: str, x: Tensor,
+         lora_index: Tensor | None = None) -> Tensor:
+    """``linear(x, role)``, adding ``role_bias`` when it is bound, and the per-sequence LoRA
+    term when ``lora_index`` is given and ``lora.{role}.a``/``.b`` are bound
+    (:func:`lora_delta`)."""
     bias = param(b, types, role + "_bias") if role + "_bias" in types else None
-    return ops.linear(b, x, param(b, types, role), bias)
+    y = ops.linear(b, x, param(b, types, role), bias)
+    if lora_index is not None and f"lora.{role}.a" in types:
+        y = y + lora_delta(b, types, role, x, lora_index)
+    return y
+
+
+def lora_delta(b: Builder, types: dict[str, PootType], role: str, x: Tensor,
+               lora_index: Tensor) -> Tensor:
+    """f32 [B, T, out]: ``(x A[s]^T) B[s]^T`` for x f32 [B, T, in], with each sequence's
+    slot ``s = lora_index[b]`` gathered from ``lora.{role}.a`` f32 [S, R, in] and
+    ``lora.{role}.b`` f32 [S, out, R] (:mod:`poot.models.lora`)."""
+    a_sel = b.gather(param(b, types, f"lora.{role}.a"), lora_index, axis=0)   # [B, R, in]
+    b_sel = b.gather(param(b, types, f"lora.{role}.b"), lora_index, axis=0)   # [B, out, R]
+    xa = b.matmul(ops.as_f32(b, x), b.transpose(a_sel, [0, 2, 1]))            # [B, T, R]
+    return b.matmul(xa, b.transpose(b_sel, [0, 2, 1]))                         # [B, T, out]
 
 
 def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, PootType],
@@ -330,6 +350,8 @@ def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, 
     types = dict(weight_types)
     inp = step_inputs(b, spec, o.num_layers, o.num_kv_heads, o.head_dim,
                       default_kv_dtype(weight_types))
+    if any(k.startswith("lora.") for k in types):     # LoRA slots bound: per-row slot input
+        inp.lora_index = b.input("lora_index", TensorType((spec.batch,), DType.I32))
     h, caches = decoder_body(b, o, types, inp)
     head = None
     if spec.outputs == "logits":
@@ -387,7 +409,7 @@ def decoder_body(b: Builder, o: DecoderOptions, types: dict[str, PootType], inp:
                     a = norm(p + "post_attn_norm", a)
             x = x + a
             with b.scope("ffn"):
-                f = decoder_ffn(b, o, types, i, norm(p + "ffn_norm", x))
+                f = decoder_ffn(b, o, types, i, norm(p + "ffn_norm", x), inp.lora_index)
                 if o.sandwich_norms:
                     f = norm(p + "post_ffn_norm", f)
             x = x + f
@@ -412,7 +434,7 @@ def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType],
         q, k, v = (b.slice_axis(qkv, 2, s, e) for s, e in
                    ((0, nq), (nq, nq + nkv), (nq + nkv, nq + 2 * nkv)))
     else:
-        q, k, v = (proj(b, types, p + r, h) for r in ("q", "k", "v"))
+        q, k, v = (proj(b, types, p + r, h, inp.lora_index) for r in ("q", "k", "v"))
     q = b.reshape(q, (bsz, t, o.num_heads, d))
     k = b.reshape(k, (bsz, t, o.num_kv_heads, d))
     v = b.reshape(v, (bsz, t, o.num_kv_heads, d))
@@ -434,13 +456,14 @@ def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType],
                                                  softcap=o.attn_softcap, scale=o.attn_scale)
         kv = (k_cache, v_cache)
     out = b.reshape(out, (bsz, t, nq))
-    return proj(b, types, p + "o", out), kv
+    return proj(b, types, p + "o", out, inp.lora_index), kv
 
 
 def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: int,
-                h: Tensor) -> Tensor:
+                h: Tensor, lora_index: Tensor | None = None) -> Tensor:
     """Layer ``i``'s FFN on h f32 [B, T, H]: gated MLP (separate or fused gate|up, optional
-    biases) or, on MoE layers, :func:`poot.graph.ops.moe` over the layer's experts."""
+    biases, LoRA terms when ``lora_index`` is given) or, on MoE layers,
+    :func:`poot.graph.ops.moe` over the layer's experts."""
     p = f"blk.{i}.ffn."
     if o.is_moe(i):
         m = o.moe
@@ -459,11 +482,14 @@ def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: in
         f = gu.shape[-1] // 2
         gate, up = b.slice_axis(gu, gu.rank - 1, 0, f), b.slice_axis(gu, gu.rank - 1, f, 2 * f)
         return proj(b, types, p + "down", ops.activation(b, gate, o.act) * up)
-    if not any(p + f"{r}_bias" in types for r in ("gate", "up", "down")):
+    lora = lora_index is not None and any(f"lora.{p}{r}.a" in types
+                                          for r in ("gate", "up", "down"))
+    if not lora and not any(p + f"{r}_bias" in types for r in ("gate", "up", "down")):
         return ops.mlp_glu(b, h, param(b, types, p + "gate"), param(b, types, p + "up"),
                            param(b, types, p + "down"), act=o.act)
-    act = ops.activation(b, proj(b, types, p + "gate", h), o.act) * proj(b, types, p + "up", h)
-    return proj(b, types, p + "down", act)
+    act = ops.activation(b, proj(b, types, p + "gate", h, lora_index), o.act) * \
+        proj(b, types, p + "up", h, lora_index)
+    return proj(b, types, p + "down", act, lora_index)
 
 
 class DecoderModel(abc.ABC):
