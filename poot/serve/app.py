@@ -4,6 +4,8 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/model
 ``/v1/models/{model}``), ``GET /health`` (200 ready; 503 loading, failed, unhealthy),
 ``GET /metrics`` (Prometheus), ``POST /tokenize``, ``POST /detokenize``; with an embedding
 model ``POST /v1/embeddings``, with a cross-encoder ``POST /v1/rerank`` (and ``/rerank``):
+with ``--allow-runtime-lora`` ``POST /v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter`` (``model`` may name a loaded adapter; ``/v1/models`` lists them);
 a server serves either a generating model (a :class:`~poot.api.ModelHandle`) or a pooling
 one (a :class:`~poot.embed.PoolingModel`), and a route of the other kind is a 400 naming
 ``model``.
@@ -37,11 +39,13 @@ from poot.serve.errors import APIError, bad_request, unavailable
 from poot.serve.mapping import chat_plan, check_model, completion_plan, encode_chat
 from poot.serve.metrics import CONTENT_TYPE, Metrics
 from poot.embed import relevance
+from poot.models.lora import LoraError
 from poot.serve.pooling import (check_dimensions, embedding_response, embedding_rows,
                                 rerank_pairs, rerank_response)
 from poot.serve.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                 EmbeddingRequest, ErrorResponse, RerankRequest, TokenizeBody,
-                                 TokenizeChatRequest)
+                                 EmbeddingRequest, ErrorResponse, LoadLoraRequest,
+                                 RerankRequest, TokenizeBody, TokenizeChatRequest,
+                                 UnloadLoraRequest)
 from poot.serve.responses import (SSE_DONE, ChoiceState, CompletionLogprobs, TokenText,
                                   chat_logprobs, new_id, sse, usage)
 
@@ -49,7 +53,8 @@ log = logging.getLogger("poot.serve")
 
 #: routes whose metrics keep their path as the label (others count as "other")
 _ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-           "/tokenize", "/detokenize", "/v1/embeddings", "/v1/rerank", "/rerank")
+           "/tokenize", "/detokenize", "/v1/embeddings", "/v1/rerank", "/rerank",
+           "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 #: routes that neither count toward nor are refused by the concurrency limit
 _UNLIMITED = ("/health", "/metrics")
 _ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 429, 500, 503, 504)}
@@ -309,23 +314,81 @@ def build_app(config: ServeConfig | None = None, handle=None,
     authed = [Depends(auth)]
 
     # ---- model listing, health, metrics ------------------------------------------------------
-    def model_card() -> dict[str, Any]:
-        card = {"id": config.served_model_name, "object": "model", "created": state.created,
-                "owned_by": "poot"}
+    def model_card(adapter: str | None = None) -> dict[str, Any]:
+        card = {"id": adapter or config.served_model_name, "object": "model",
+                "created": state.created, "owned_by": "poot"}
+        if adapter is not None:
+            card["parent"] = card["root"] = config.served_model_name
         if state.handle is not None:
             card["max_model_len"] = state.handle.kv_capacity
         return card
 
+    def adapters() -> dict[str, int]:
+        loras = getattr(state.handle, "loras", None)
+        return loras() if callable(loras) else {}
+
     @app.get("/v1/models", dependencies=authed, responses=_ERRORS)
     async def list_models():
-        """The served model."""
-        return {"object": "list", "data": [model_card()]}
+        """The served model, then its loaded LoRA adapters (``parent`` names the model)."""
+        return {"object": "list", "data": [model_card()] + [model_card(a)
+                                                             for a in sorted(adapters())]}
 
     @app.get("/v1/models/{model}", dependencies=authed, responses=_ERRORS)
     async def get_model(model: str):
-        """One model (404 unless it is the served one)."""
-        check_model(model, config)
-        return model_card()
+        """One model (404 unless it is the served one or a loaded adapter)."""
+        names = adapters()
+        check_model(model, config, adapters=names)
+        return model_card(model if model in names else None)
+
+    # ---- LoRA adapters -----------------------------------------------------------------------
+    def _lora_handle():
+        h = state.require_model()
+        if state.pooler is not None:
+            raise bad_request("lora_name", "this server's model serves embeddings or rerank; "
+                              "it takes no LoRA adapters")
+        if not config.runtime_lora:
+            raise APIError(403, "loading LoRA adapters at run time is off (start poot serve "
+                           "with --allow-runtime-lora)", errors.INVALID_REQUEST, None,
+                           "runtime_lora_disabled")
+        return h
+
+    def _lora_error(e: Exception) -> APIError:
+        from poot.models.lora import LoraError
+
+        field = getattr(e, "field", None)
+        if isinstance(e, LoraError) and field == "lora_name":
+            return bad_request("lora_name", str(e))
+        if isinstance(e, LoraError):        # a config field or a tensor of the folder
+            return bad_request("lora_path", str(e))
+        return bad_request(field or "lora_name", str(e))
+
+    @app.post("/v1/load_lora_adapter", dependencies=authed, responses=_ERRORS)
+    async def load_lora_adapter(body: LoadLoraRequest):
+        """Load a PEFT LoRA folder into a free adapter slot (vLLM's route); requests name it
+        in ``model``. Nothing is compiled; running requests are not disturbed."""
+        h = _lora_handle()
+        from poot.errors import PootError
+
+        try:
+            await run_in_threadpool(h.load_lora, body.lora_name, body.lora_path)
+        except PootError as e:
+            raise _lora_error(e) from None
+        return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.",
+                        media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter", dependencies=authed, responses=_ERRORS)
+    async def unload_lora_adapter(body: UnloadLoraRequest):
+        """Unload an adapter (vLLM's route): new requests naming it get 404; those running
+        finish with it, then its slot is freed."""
+        h = _lora_handle()
+        from poot.errors import PootError
+
+        try:
+            await run_in_threadpool(h.unload_lora, body.lora_name)
+        except PootError as e:
+            raise _lora_error(e) from None
+        return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.",
+                        media_type="text/plain")
 
     @app.get("/health")
     async def health():
@@ -437,7 +500,9 @@ def build_app(config: ServeConfig | None = None, handle=None,
             gen = aeng.submit(rid, plan.prompts, plan.params, plan.n,
                               info["t0"] + config.request_timeout_s,
                               disconnected=None if body.stream else request.is_disconnected,
-                              poll_s=config.poll_s)
+                              poll_s=config.poll_s, lora=plan.lora)
+        except LoraError as e:             # unloaded after the request was checked
+            raise APIError(404, str(e), errors.NOT_FOUND, "model", "model_not_found") from None
         except TooManySequences as e:
             raise bad_request("n", str(e)) from None
         except QueueFull as e:

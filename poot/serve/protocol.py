@@ -230,6 +230,20 @@ class RerankRequest(_Strict):
     return_documents: bool = True
 
 
+class LoadLoraRequest(_Strict):
+    """``POST /v1/load_lora_adapter`` (vLLM's shape): a PEFT folder on the server's disk."""
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+
+
+class UnloadLoraRequest(_Strict):
+    """``POST /v1/unload_lora_adapter`` (vLLM's shape)."""
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_int_id: int | None = None
+
+
 class ErrorInfo(BaseModel):
     """The ``error`` object of an error response."""
 
@@ -246,7 +260,7 @@ class ErrorResponse(BaseModel):
 
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "DetokenizeRequest",
-           "EmbeddingRequest", "MAX_EMBED_INPUTS", "MAX_RERANK_DOCUMENTS", "RerankDocument",
+           "EmbeddingRequest", "LoadLoraRequest", "UnloadLoraRequest", "MAX_EMBED_INPUTS", "MAX_RERANK_DOCUMENTS", "RerankDocument",
            "RerankRequest", "ErrorInfo", "ErrorResponse", "MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS",
            "ResponseFormat", "StreamOptions", "TextPart", "TokenizeBody", "TokenizeChatRequest",
            "TokenizeCompletionRequest"]
