@@ -5,6 +5,7 @@ adapter while its requests run loses none of them, and its slot is reused only a
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("poot-cache")
+    """CI's compile cache when set (shared with the other tests), else a temp one."""
+    return os.environ.get("POOT_CACHE_DIR") or tmp_path_factory.mktemp("poot-cache")
 
 
 def _load(cache, **kw):

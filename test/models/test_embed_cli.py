@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -23,7 +24,9 @@ def _run(argv):
 
 @pytest.fixture(autouse=True)
 def _cache(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("POOT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "embed-cli"))
+    """CI's compile cache when set (shared with the other tests), else a temp one."""
+    if not os.environ.get("POOT_CACHE_DIR"):
+        monkeypatch.setenv("POOT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "embed-cli"))
 
 
 def test_embed_texts_and_ids_equal_reference():

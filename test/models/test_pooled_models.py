@@ -6,6 +6,7 @@ BertForSequenceClassification logits (bert_cross_encoder)."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -24,8 +25,13 @@ def _rows(ref, key="input_ids"):
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("poot-cache")
+def cache(tmp_path_factory):
+    """The compile cache: CI's (POOT_CACHE_DIR, shared with the other tests), else a temp."""
+    return os.environ.get("POOT_CACHE_DIR") or str(tmp_path_factory.mktemp("poot-cache"))
+
+
+@pytest.fixture(scope="module")
+def models(cache):
     return {n: PoolingModel.load(fixture_path(n), max_batch=4, max_tokens=32, cache_dir=cache)
             for n in ("qwen3_embed", "bert_embed", "bert_cross_encoder")}
 
@@ -50,10 +56,10 @@ def test_rows_do_not_depend_on_their_batch(models):
     assert np.abs(alone - ref["embeddings"]).max() < TOL
 
 
-def test_flags_override_the_checkpoint_pooling(tmp_path_factory):
+def test_flags_override_the_checkpoint_pooling(cache):
     """normalize=False gives sentence-transformers' unnormalized pooling."""
     pm = PoolingModel.load(fixture_path("bert_embed"), normalize=False, max_batch=4,
-                           max_tokens=16, cache_dir=tmp_path_factory.mktemp("c"))
+                           max_tokens=16, cache_dir=cache)
     ref = reference("bert_embed")
     assert pm.pooling_source == "argument"
     assert np.abs(pm.embed_ids(_rows(ref)) - ref["embeddings_unnormalized"]).max() < TOL
@@ -166,9 +172,9 @@ def _prefix_pairs():
     return [(ids[:n], [0] * n) for n in PREFIXES]
 
 
-def test_yes_no_reranker_scores_equal_hf_lm_logits(tmp_path_factory):
+def test_yes_no_reranker_scores_equal_hf_lm_logits(cache):
     pm = PoolingModel.load(fixture_path("qwen3"), score_tokens=(NO, YES), max_batch=4,
-                           max_tokens=16, cache_dir=tmp_path_factory.mktemp("c"))
+                           max_tokens=16, cache_dir=cache)
     assert pm.task == "score" and pm.num_labels == 1
     got = pm.score_pairs(_prefix_pairs())[:, 0]
     assert np.abs(got - _yes_minus_no()).max() < TOL
@@ -206,7 +212,8 @@ def test_sequence_classification_decoder_uses_score_weight(tmp_path):
     from poot.embed import pooled_task
 
     assert pooled_task(tmp_path) == "score"
-    pm = PoolingModel.load(tmp_path, max_batch=4, max_tokens=16, cache_dir=tmp_path / "c")
+    pm = PoolingModel.load(tmp_path, max_batch=4, max_tokens=16,
+                           cache_dir=os.environ.get("POOT_CACHE_DIR") or tmp_path / "c")
     assert pm.task == "score"
     assert np.abs(pm.score_pairs(_prefix_pairs())[:, 0] - _yes_minus_no()).max() < TOL
 

@@ -3,6 +3,8 @@ the cross-encoder's scores equal the recorded sentence-transformers / HF referen
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -18,8 +20,9 @@ def _rows(ref, key="input_ids"):
 
 @pytest.mark.parametrize("name", ["qwen3_embed", "bert_embed", "bert_cross_encoder"])
 def test_pooled_outputs_equal_reference_on_vulkan(vk_device, tmp_path_factory, name):
+    cache = os.environ.get("POOT_CACHE_DIR") or tmp_path_factory.mktemp("poot-cache")
     pm = PoolingModel.load(fixture_path(name), backend="vulkan", max_batch=4, max_tokens=16,
-                           cache_dir=tmp_path_factory.mktemp("poot-cache"))
+                           cache_dir=cache)
     ref = reference(name)
     if pm.task == "embed":
         got, want = pm.embed_ids(_rows(ref)), ref["embeddings"]
