@@ -37,8 +37,9 @@ class WrongTask(PootError):
 
     def __init__(self, want: str, have: str):
         self.want, self.have = want, have
-        super().__init__(f"this model serves {have!r}, not {want!r} "
-                         f"({'a cross-encoder scores pairs: use rerank' if have == 'score' else 'it has no classification head: use embeddings'})")
+        hint = "a cross-encoder scores pairs: use rerank" if have == "score" else \
+            "it has no classification head: use embeddings"
+        super().__init__(f"this model serves {have!r}, not {want!r} ({hint})")
 
 
 @dataclass
@@ -82,11 +83,6 @@ class PoolingModel:
     @property
     def hidden_size(self) -> int:
         return self.model.dims().hidden
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.dims().vocab if self.task == "embed" else \
-            self.model.config.vocab_size
 
     @classmethod
     def load(cls, path: str | os.PathLike, backend: str = "cpu", *,
@@ -216,8 +212,7 @@ class PoolingModel:
         elif isinstance(item, (list, tuple)) and all(
                 isinstance(i, int) and not isinstance(i, bool) for i in item):
             ids = list(item)
-            vocab = self.model.config.vocab_size if hasattr(self.model.config, "vocab_size") \
-                else self.model.dims().vocab
+            vocab = getattr(self.model.config, "vocab_size", None) or self.model.dims().vocab
             bad = [i for i in ids if not 0 <= i < vocab]
             if bad:
                 raise InvalidRequest(field, bad[0], f"token id outside the vocabulary "

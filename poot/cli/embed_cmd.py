@@ -1,7 +1,8 @@
 """``poot embed``: embeddings of texts (or token ids), or cross-encoder scores, as JSON.
 
-    poot embed --model MODEL [--backend B] [--pooling cls|mean|last] [--normalize | --no-normalize]
-               [--max-batch N] [--max-tokens N] [--dimensions N] [--ids] (TEXT... | --input-file FILE)
+    poot embed --model MODEL [--backend B] [--pooling cls|mean|last]
+               [--normalize | --no-normalize] [--max-batch N] [--max-tokens N]
+               [--dimensions N] [--ids] (TEXT... | --input-file FILE)
     poot embed --model CROSS_ENCODER --query QUERY DOCUMENT...
     poot embed --model DECODER --score-tokens no,yes --query QUERY DOCUMENT...   # yes/no reranker
 

@@ -4,7 +4,7 @@ A decoder traced with LoRA slots (:func:`lora_types` bound beside its weights) d
 more step input, ``lora_index`` i32 [B] (each sequence's slot; slot 0 holds zeros: the base
 model), and adds to every targeted projection ``y = x W^T`` the low-rank term::
 
-    y += (x A[s]^T) B[s]^T          A: lora.{role}.a f32 [S, R, in]   B: lora.{role}.b f32 [S, out, R]
+    y += (x A[s]^T) B[s]^T     A: lora.{role}.a f32 [S, R, in]   B: lora.{role}.b f32 [S, out, R]
 
 with ``s = lora_index[b]`` for every token of sequence b (gathered per row, then two batched
 matmuls), so one batch mixes adapters and the base model. An adapter of rank r <= R fills the

@@ -142,9 +142,10 @@ class ServerState:
         when the served model is a pooling one (it does not generate)."""
         self.require_model()
         if self.pooler is not None:
-            raise bad_request("model", f"this server's model serves "
-                              f"{'embeddings' if self.pooler.task == 'embed' else 'rerank'}"
-                              f" (POST {'/v1/embeddings' if self.pooler.task == 'embed' else '/v1/rerank'}), not generation")
+            what, route = (("embeddings", "/v1/embeddings") if self.pooler.task == "embed"
+                           else ("rerank", "/v1/rerank"))
+            raise bad_request("model", f"this server's model serves {what} (POST {route}), "
+                              f"not generation")
         status = self.status
         if status == "draining":
             raise unavailable("the server is shutting down", self.config.retry_after_s,

@@ -260,7 +260,8 @@ class ErrorResponse(BaseModel):
 
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "DetokenizeRequest",
-           "EmbeddingRequest", "LoadLoraRequest", "UnloadLoraRequest", "MAX_EMBED_INPUTS", "MAX_RERANK_DOCUMENTS", "RerankDocument",
+           "EmbeddingRequest", "LoadLoraRequest", "UnloadLoraRequest", "MAX_EMBED_INPUTS",
+           "MAX_RERANK_DOCUMENTS", "RerankDocument",
            "RerankRequest", "ErrorInfo", "ErrorResponse", "MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS",
            "ResponseFormat", "StreamOptions", "TextPart", "TokenizeBody", "TokenizeChatRequest",
            "TokenizeCompletionRequest"]
