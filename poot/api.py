@@ -115,7 +115,9 @@ class ModelHandle:
              warm_up: bool = True, random_weights: str | None = None,
              seed: int = 0, engine_config: EngineConfig | None = None,
              before_compile: Callable[["ModelHandle"], None] | None = None,
-             warm_samplers: Sequence[Any] = (), kv_memory: int | None = None
+             warm_samplers: Sequence[Any] = (), kv_memory: int | None = None,
+             max_loras: int = 0, max_lora_rank: int = 16,
+             loras: Mapping[str, str | os.PathLike] | None = None
              ) -> "ModelHandle":
         """Load a checkpoint (``None``: the bundled SmolLM2) for ``backend``.
 
@@ -148,6 +150,11 @@ class ModelHandle:
         greedy one (the CLI adds :data:`~poot.graph.sampling.FULL`, which serves any request
         without log-probs: a later run with other sampling options compiles nothing). ``compile_fn``/``device`` replace the compile and the
         executor device (tests).
+
+        LoRA: ``max_loras`` >= 1 binds that many adapter slots of rank up to
+        ``max_lora_rank`` beside the weights (:mod:`poot.models.lora`; every step then takes
+        a per-sequence adapter index), and ``loras`` (name -> PEFT folder) are loaded into
+        them; :meth:`load_lora` / :meth:`unload_lora` change them later without compiling.
         """
         import time
 
@@ -181,6 +188,21 @@ class ModelHandle:
             device = device_for(target)
         say(f"loading {path.name}")
         model, weights, model_context, tokenizer = _open_model(path, random_weights, seed)
+        lora_table = None
+        if max_loras:
+            _positive("max_loras", max_loras)
+            _positive("max_lora_rank", max_lora_rank)
+            if not hasattr(model, "options"):
+                raise InvalidRequest("max_loras", max_loras, f"the {model.family} family has "
+                                     f"no LoRA support")
+            from poot.models import WeightBinding
+            from poot.models.lora import LoraSlots, LoraTable
+
+            lora_table = LoraTable(LoraSlots(max_loras, max_lora_rank), weights.types,
+                                   model.dims().n_layers)
+            weights = WeightBinding({**weights.arrays, **lora_table.arrays},
+                                    {**weights.types, **lora_table.types},
+                                    dict(weights.stored))
         kv_capacity = check_kv_capacity(model, kv_capacity, model_context)
         bs = kv_block_size(target)
         width = -(-kv_capacity // bs)
@@ -220,16 +242,52 @@ class ModelHandle:
                              device_for(target), compile_step, kv, max_batch, prefill_chunk,
                              on_compile=lambda what: say(f"{what} step"), upload=False,
                              find_step=find_step)
+        if lora_table is not None:
+            from poot.engine.lora import LoraManager
+
+            def upload(arrays, types):      # before the first compile: uploaded with the rest
+                if runner._uploaded:
+                    runner.engine.load_weights(arrays, types)
+
+            runner.lora = LoraManager(lora_table, upload)
         cfg = engine_config or EngineConfig(max_batch=max_batch, prefix_caching=prefix_caching)
         engine = LLMEngine(runner, tokenizer, cfg, model_context=model_context)
         handle = cls(path, backend, model, weights, tokenizer, runner, engine,
                      compile_cache=cache, model_context=model_context)
+        for name, folder in (loras or {}).items():
+            handle.load_lora(name, folder)
         if before_compile is not None:
             before_compile(handle)
         if warm_up:
             runner.warm_up(specs=warm_samplers)
         handle.load_s = time.perf_counter() - t0
         return handle
+
+    def load_lora(self, name: str, path: str | os.PathLike) -> int:
+        """Load the PEFT adapter at ``path`` into a free slot under ``name`` (between engine
+        steps; nothing is compiled); returns the slot. Raises :class:`InvalidRequest` when
+        the model has no slots, :class:`~poot.models.lora.LoraError` naming the field or
+        tensor (rank past ``max_lora_rank``, a target the base lacks, a shape mismatch, a
+        name in use, no free slot)."""
+        from poot.models.lora import read_peft_adapter
+
+        if self.runner.lora is None:
+            raise InvalidRequest("max_loras", 0, "load the model with max_loras >= 1 to "
+                                 "serve LoRA adapters")
+        adapter = read_peft_adapter(path, self.weights.types, name)
+        return self.engine.run_in_loop(lambda: self.runner.lora.load(name, adapter))
+
+    def unload_lora(self, name: str) -> None:
+        """Unload adapter ``name``: refused to new requests at once, its slot freed when its
+        running requests finish (they finish with it). Raises
+        :class:`~poot.models.lora.LoraError` for an unknown name."""
+        if self.runner.lora is None:
+            raise InvalidRequest("max_loras", 0, "this model has no LoRA slots")
+        self.engine.run_in_loop(lambda: self.runner.lora.unload(name))
+
+    def loras(self) -> dict[str, int]:
+        """Loaded adapter name -> slot (empty without slots)."""
+        return self.runner.lora.loaded() if self.runner.lora is not None else {}
 
     def encode(self, prompt: str | Sequence[Mapping[str, Any]] | Sequence[int]) -> list[int]:
         """Prompt ids: token ids as given, text encoded, messages through the chat template."""

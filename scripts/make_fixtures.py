@@ -146,7 +146,11 @@ SPECS: dict[str, tuple[str, str, dict, str]] = {
 }
 GGUF_NAME = "llama_gguf_q4_1"
 GGUF_SOURCE = "llama"
-ALL_NAMES = list(SPECS) + [GGUF_NAME]
+# pooled-step fixtures (embeddings, cross-encoder scores): made by make_pooled_fixture
+POOLED = ("qwen3_embed", "bert_embed", "bert_cross_encoder")
+# PEFT LoRA adapters of the `llama` fixture: made by make_lora_fixture
+LORA_NAME = "llama_lora"
+ALL_NAMES = list(SPECS) + [GGUF_NAME] + list(POOLED) + [LORA_NAME]
 
 
 # ---------------------------------------------------------------------------------------
@@ -599,6 +603,300 @@ def make_gguf_fixture(out: Path) -> dict:
 # ---------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------
+# pooled fixtures: embeddings and cross-encoder scores
+
+# Rows of different lengths, so padding and per-row pooling are exercised (pad id 0).
+POOL_IDS = [
+    [17, 42, 100, 7, 255, 3, 128, 64, 9, 200, 31, 5],
+    [11, 250, 6, 99, 4],
+    [23, 8, 140, 77, 13, 201, 66, 90, 18],
+]
+BERT_COMMON = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, max_position_embeddings=64, type_vocab_size=2,
+    initializer_range=0.2, layer_norm_eps=1e-12, hidden_act="gelu", pad_token_id=0,
+)
+BERT_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+BERT_WORDS = (
+    "the of and to in is a what which city capital france paris germany berlin italy rome "
+    "spain madrid cat dog cats dogs animal pet river mountain largest country europe language "
+    "spoken french german people live lives there here how many who when where why sun moon "
+    "star planet earth water fire tree forest sea ocean fish bird eat eats food good bad "
+    "big small old new red blue green color music song play plays game team sport ball run "
+    "runs fast slow book read reads write code program computer machine learning model "
+    "search query document answer question rank score"
+).split()
+# sentence-transformers texts for bert_embed (encoded by SentenceTransformer itself)
+EMBED_TEXTS = ["What is the capital of France?", "Paris is the capital of France.",
+               "The cat eats fish.", "zzz qqq"]
+RERANK_QUERY = "What is the capital of France?"
+RERANK_DOCS = ["Paris is the capital of France.", "Berlin is the capital of Germany.",
+               "The cat eats fish.", "France is a country in Europe where people speak French.",
+               "How many planets are there?"]
+
+
+def bert_vocab() -> list[str]:
+    """A 256-entry WordPiece vocab: specials, words, single characters and their ## forms."""
+    chars = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789") + list(".,?!'-")
+    vocab = BERT_SPECIAL + BERT_WORDS + chars + ["##" + c for c in chars[:26]]
+    seen, out = set(), []
+    for v in vocab:
+        if v not in seen:
+            seen.add(v)
+            out.append(v)
+    filler = 0
+    while len(out) < 256:
+        out.append(f"[unused{filler}]")
+        filler += 1
+    assert len(out) == 256, len(out)
+    return out
+
+
+def write_bert_tokenizer(d: Path) -> None:
+    """tokenizer.json (WordPiece, BERT normalizer and pre-tokenizer, [CLS] A [SEP] B [SEP]
+    with token types 0/1) plus the configs transformers' BertTokenizerFast loads."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate(bert_vocab())}
+    tk = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    tk.decoder = decoders.WordPiece(prefix="##")
+    from tokenizers import AddedToken
+    tk.add_special_tokens([AddedToken(t, special=True) for t in BERT_SPECIAL])
+    tk.save(str(d / "tokenizer.json"))
+    (d / "vocab.txt").write_text("\n".join(bert_vocab()) + "\n")
+    cfg = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 64,
+           "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+           "unk_token": "[UNK]", "mask_token": "[MASK]"}
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+
+
+def write_st_config(d: Path, mode: str, normalize: bool) -> None:
+    """modules.json + 1_Pooling/config.json (+ 2_Normalize) as SentenceTransformer.save."""
+    from sentence_transformers.models import Pooling
+
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+        (d / "2_Normalize").mkdir(exist_ok=True)
+    (d / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+    (d / "1_Pooling").mkdir(exist_ok=True)
+    Pooling(64, pooling_mode=mode).save(str(d / "1_Pooling"))
+    (d / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}) + "\n")
+
+
+def padded(rows: list[list[int]]):
+    import torch
+
+    n = max(map(len, rows))
+    ids = torch.zeros((len(rows), n), dtype=torch.long)
+    mask = torch.zeros((len(rows), n), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return ids, mask
+
+
+def st_pool(hidden, mask, mode: str, normalize: bool) -> np.ndarray:
+    """sentence-transformers' own Pooling (and Normalize) modules on HF hidden states."""
+    from sentence_transformers.models import Normalize, Pooling
+
+    feats = {"token_embeddings": hidden, "attention_mask": mask}
+    feats = Pooling(hidden.shape[-1], pooling_mode=mode)(feats)
+    if normalize:
+        feats = Normalize()(feats)
+    return feats["sentence_embedding"].detach().float().numpy().copy()
+
+
+def make_pooled_fixture(name: str, out: Path) -> dict:
+    import torch
+    import transformers
+
+    d = out / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    torch.manual_seed(INIT_SEED)
+    arrays: dict = {}
+    info: dict = {}
+    if name == "qwen3_embed":
+        # Qwen3-Embedding layout: the bare Qwen3Model's tensors (no "model." prefix, no
+        # lm_head), architectures still Qwen3ForCausalLM; last-token pooling + normalize
+        kw = dict(COMMON)
+        kw.update(use_sliding_window=False, tie_word_embeddings=False)
+        cfg = transformers.Qwen3Config(**kw)
+        cfg._attn_implementation = "eager"
+        model = transformers.Qwen3Model(cfg).to(torch.float32)
+        mode, normalize, rows = "lasttoken", True, [[1] + r[:-1] for r in POOL_IDS]
+        desc = "Qwen3Model (Qwen3-Embedding layout), last-token pooling, normalized"
+    elif name in ("bert_embed", "bert_cross_encoder"):
+        cls = "BertModel" if name == "bert_embed" else "BertForSequenceClassification"
+        cfg = transformers.BertConfig(**BERT_COMMON, num_labels=1)
+        cfg._attn_implementation = "eager"
+        model = getattr(transformers, cls)(cfg).to(torch.float32)
+        mode, normalize = "mean", True
+        rows = [[2] + r[:-2] + [3] for r in POOL_IDS]
+        desc = ("BertModel, mean pooling, normalized" if name == "bert_embed" else
+                "BertForSequenceClassification, 1 label (cross-encoder)")
+    else:
+        raise SystemExit(f"unknown pooled fixture {name}")
+    gen = torch.Generator().manual_seed(NOISE_SEED)
+    with torch.no_grad():
+        for pname, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * NOISE_STD)
+    model.eval()
+    ids, mask = padded(rows)
+    lengths = [len(r) for r in rows]
+    flat = np.zeros((len(rows), ids.shape[1]), np.int64)
+    flat[:, :] = ids.numpy()
+    arrays["input_ids"] = flat
+    arrays["lengths"] = np.asarray(lengths, np.int64)
+    with torch.no_grad():
+        if name == "bert_cross_encoder":
+            model.config.architectures = ["BertForSequenceClassification"]
+            model.save_pretrained(d, safe_serialization=True)
+            write_bert_tokenizer(d)
+            types = torch.zeros_like(ids)
+            for i, r in enumerate(rows):      # second segment: from the first [SEP] on
+                sep = r.index(3) if 3 in r[:-1] else len(r) // 2
+                types[i, sep + 1 : len(r)] = 1
+            arrays["token_type_ids"] = types.numpy().astype(np.int64)
+            logits = model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+            arrays["scores"] = logits.float().numpy().copy()
+            # the rerank texts, tokenized as pairs by transformers' tokenizer
+            tok = transformers.AutoTokenizer.from_pretrained(d)
+            enc = tok([RERANK_QUERY] * len(RERANK_DOCS), RERANK_DOCS, padding=True,
+                      return_tensors="pt")
+            rl = model(**enc).logits[:, 0]
+            arrays["rerank_logits"] = rl.float().numpy().copy()
+            arrays["rerank_scores"] = torch.sigmoid(rl).float().numpy().copy()
+            info["rerank_query"] = RERANK_QUERY
+            info["rerank_documents"] = RERANK_DOCS
+            info["rerank_pair_ids"] = [[int(x) for x, m in zip(row, mm) if m]
+                                       for row, mm in zip(enc["input_ids"].tolist(),
+                                                          enc["attention_mask"].tolist())]
+            re = transformers.BertForSequenceClassification.from_pretrained(d, attn_implementation="eager")
+            reload = float((re(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+                            - logits).abs().max())
+        else:
+            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            arrays["embeddings"] = st_pool(hidden, mask, mode, normalize)
+            unnorm = st_pool(hidden, mask, mode, False)
+            arrays["embeddings_unnormalized"] = unnorm
+            # each row alone (no padding) must pool to the same vector
+            alone = np.concatenate([
+                st_pool(model(input_ids=ids[i : i + 1, :n]).last_hidden_state,
+                        mask[i : i + 1, :n], mode, normalize) for i, n in enumerate(lengths)])
+            info["alone_vs_padded_max_abs_diff"] = float(np.abs(alone - arrays["embeddings"]).max())
+            model.config.architectures = ["Qwen3ForCausalLM" if name == "qwen3_embed" else "BertModel"]
+            if name == "bert_embed":     # lets the server tests truncate (``dimensions``)
+                model.config.is_matryoshka = True
+            model.save_pretrained(d, safe_serialization=True)
+            write_st_config(d, mode, normalize)
+            if name == "bert_embed":
+                write_bert_tokenizer(d)
+                from sentence_transformers import SentenceTransformer
+
+                st = SentenceTransformer(str(d), device="cpu")
+                arrays["text_embeddings"] = st.encode(EMBED_TEXTS, convert_to_numpy=True).astype(np.float32)
+                info["texts"] = EMBED_TEXTS
+                info["text_ids"] = [st.tokenizer(t)["input_ids"] for t in EMBED_TEXTS]
+            re = type(model).from_pretrained(d, attn_implementation="eager")
+            h2 = re(input_ids=ids, attention_mask=mask).last_hidden_state
+            reload = float(np.abs(st_pool(h2, mask, mode, normalize) - arrays["embeddings"]).max())
+    if reload != 0.0:
+        raise SystemExit(f"{name}: reload mismatch {reload}")
+    np.savez(d / "reference.npz", **arrays)
+    doc = {"name": name, "description": desc, "pooling": mode, "normalize": normalize,
+           "input_ids": rows, "lengths": lengths,
+           "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()},
+           "reload_max_abs_diff": reload, **info,
+           "seeds": {"torch.manual_seed(init)": INIT_SEED, "noise_generator": NOISE_SEED,
+                     "noise_std_1d_params": NOISE_STD},
+           "versions": versions(), "script": "scripts/make_fixtures.py"}
+    (d / "reference.json").write_text(json.dumps(doc, indent=1) + "\n")
+    size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+    return {"name": name, "bytes": size}
+
+
+# ---------------------------------------------------------------------------------------
+# LoRA adapters (PEFT format) of the `llama` fixture
+
+# name -> LoraConfig fields; B is random (PEFT's default init sets it to 0: no effect)
+LORA_ADAPTERS = {
+    "adapter_a": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    "adapter_b": dict(r=8, lora_alpha=16, use_rslora=True,
+                      target_modules=["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]),
+}
+LORA_SEED = 2
+
+
+def make_lora_fixture(out: Path) -> dict:
+    """Two PEFT adapters over test/fixtures/tiny/llama (read from `out`/llama), with HF + PEFT
+    prefill logits and greedy ids for each."""
+    import torch
+    import transformers
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    d = out / LORA_NAME
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    base_dir = out / "llama"
+    arrays, info = {}, {"base": "../llama", "adapters": {}}
+    gen = torch.Generator().manual_seed(LORA_SEED)
+    for name, kw in LORA_ADAPTERS.items():
+        base = transformers.LlamaForCausalLM.from_pretrained(base_dir, attn_implementation="eager",
+                                                            dtype=torch.float32).eval()
+        model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, **kw))
+        with torch.no_grad():
+            for pname, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+                if "lora_" in pname:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        model.eval()
+        model.save_pretrained(d / name)
+        (d / name / "README.md").unlink(missing_ok=True)        # PEFT's model card
+        acfg = json.loads((d / name / "adapter_config.json").read_text())
+        acfg["base_model_name_or_path"] = "../../llama"          # no machine path
+        (d / name / "adapter_config.json").write_text(json.dumps(acfg, indent=2, sort_keys=True) + "\n")
+        ref, _ = reference_for(model)
+        # reload (unmerged) from disk: the same logits; merged: within fp noise
+        re = PeftModel.from_pretrained(
+            transformers.LlamaForCausalLM.from_pretrained(base_dir, attn_implementation="eager",
+                                                          dtype=torch.float32), d / name).eval()
+        reload = float(np.abs(prefill_logits(re) - ref["prefill_logits"]).max())
+        merged = float(np.abs(prefill_logits(re.merge_and_unload()) - ref["prefill_logits"]).max())
+        base_ref = np.load(base_dir / "reference.npz")["prefill_logits"]
+        effect = float(np.abs(ref["prefill_logits"] - base_ref).max())
+        if reload != 0.0 or merged > 1e-4 or effect < 1e-2:
+            raise SystemExit(f"{name}: reload {reload} merged {merged} effect {effect}")
+        for k in ("prefill_logits", "greedy_ids", "greedy_margins"):
+            arrays[f"{name}.{k}"] = ref[k]
+        info["adapters"][name] = {**{k: v for k, v in kw.items()},
+                                  "reload_max_abs_diff": reload,
+                                  "merged_vs_unmerged_max_abs_diff": merged,
+                                  "max_abs_logit_change_vs_base": effect,
+                                  "greedy_ids": [int(x) for x in ref["greedy_ids"]],
+                                  "greedy_min_margin": float(ref["greedy_margins"].min())}
+    arrays["prompt_ids"] = np.asarray(PROMPT_IDS, np.int64)
+    np.savez(d / "reference.npz", **arrays)
+    doc = {"name": LORA_NAME, "description": "PEFT LoRA adapters of the llama fixture", **info,
+           "prompt_ids": PROMPT_IDS, "lora_init_seed": LORA_SEED, "lora_init_std": 0.2,
+           "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()},
+           "versions": {**versions(), "peft": __import__("peft").__version__},
+           "script": "scripts/make_fixtures.py"}
+    (d / "reference.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return {"name": LORA_NAME, "bytes": sum(p.stat().st_size for p in d.rglob("*") if p.is_file())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -609,6 +907,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in SPECS:
             print(f"{n:24s} {SPECS[n][0]:22s} {SPECS[n][3]}")
         print(f"{GGUF_NAME:24s} {'GGUF llama':22s} Q8_0/Q4_1 GGUF of `{GGUF_SOURCE}`")
+        for n in POOLED:
+            print(f"{n:24s} {'pooled':22s} embeddings / cross-encoder scores")
         return 0
 
     import torch
@@ -619,7 +919,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for n in names:
-        res = make_gguf_fixture(args.out) if n == GGUF_NAME else make_hf_fixture(n, args.out)
+        if n == GGUF_NAME:
+            res = make_gguf_fixture(args.out)
+        elif n in POOLED:
+            res = make_pooled_fixture(n, args.out)
+        elif n == LORA_NAME:
+            res = make_lora_fixture(args.out)
+        else:
+            res = make_hf_fixture(n, args.out)
         results.append(res)
         print(json.dumps(res), flush=True)
     big = [r for r in results if r["bytes"] > 600 * 1024]

@@ -14,8 +14,8 @@ import sys
 from poot.errors import PootError
 
 # Subcommand modules, in --help order. Each defines register(subparsers).
-_SUBCOMMANDS = ("generate", "chat", "serve", "bench", "compile", "inspect", "tokenize",
-                "devcheck")
+_SUBCOMMANDS = ("generate", "chat", "serve", "embed", "bench", "compile", "inspect",
+                "tokenize", "devcheck")
 
 
 class InputError(PootError):

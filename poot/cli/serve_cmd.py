@@ -4,6 +4,7 @@
                [--served-model-name NAME] [--max-batch N] [--kv-blocks N | --kv-memory BYTES]
                [--max-queue N] [--max-model-len N] [limits...]
     poot serve --ray --replicas N [...]         # N engine replicas behind one Ray Serve ingress
+    poot serve --lora NAME=PATH [--max-loras N] [--max-lora-rank R] [--allow-runtime-lora]
 
 The server listens at once: ``GET /health`` answers 503 ``loading`` while the model loads and
 its steps compile (progress on stderr), then 200 ``ready``, and a line says it is ready.
@@ -12,6 +13,12 @@ are compiled before that, so no request waits on a compile (``--no-warm-up``: co
 first use instead). One log line per request goes to stderr. SIGTERM or Ctrl-C drains: no
 new connections, running requests finish within ``--drain-timeout`` seconds or are aborted,
 exit status 0.
+
+An embedding model (a folder with sentence-transformers' ``modules.json``, a BERT checkpoint,
+a bare ``...Model`` decoder) is served on ``POST /v1/embeddings`` and a cross-encoder
+(``...ForSequenceClassification``) on ``POST /v1/rerank`` instead of the generation routes
+(:func:`poot.embed.pooled_task` decides; ``--max-model-len`` is then the tokens one input
+may hold, ``--max-batch`` the inputs per step).
 
 Needs the ``serve`` extra (``pip install -e ".[serve]"``); ``--ray`` the ``ray`` extra.
 """
@@ -89,6 +96,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"),
                    help="server log level (default: info: one line per request)")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="load the PEFT LoRA adapter at PATH as model NAME (repeatable)")
+    p.add_argument("--max-loras", type=int, default=None, metavar="N",
+                   help="adapter slots (default: the number of --lora, or 0: no LoRA)")
+    p.add_argument("--max-lora-rank", type=int, default=16, metavar="R",
+                   help="the largest adapter rank a slot holds (default: 16)")
+    p.add_argument("--allow-runtime-lora", action="store_true",
+                   help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
     p.add_argument("--ray", action="store_true",
                    help="deploy --replicas engine replicas with Ray Serve behind one ingress")
     p.add_argument("--replicas", type=int, default=1, metavar="N",
@@ -109,7 +124,8 @@ def _config(args):
                        max_prompt_tokens=args.max_prompt_tokens, max_n=args.max_n,
                        max_queue=args.max_queue, max_concurrent=args.max_concurrent,
                        request_timeout_s=args.request_timeout,
-                       drain_timeout_s=args.drain_timeout)
+                       drain_timeout_s=args.drain_timeout,
+                       runtime_lora=args.allow_runtime_lora)
 
 
 def load_options(args) -> dict:
@@ -118,11 +134,29 @@ def load_options(args) -> dict:
     if kv_memory is not None and args.kv_blocks is not None:
         raise InvalidRequest("--kv-memory", args.kv_memory, "give --kv-blocks or "
                              "--kv-memory, not both")
-    return dict(path=args.model, backend=args.backend, kv_capacity=args.kv_capacity,
+    loras = {}
+    for item in args.lora:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise InvalidRequest("--lora", item, "must be NAME=PATH (a PEFT adapter folder)")
+        if name in loras:
+            raise InvalidRequest("--lora", item, f"adapter name {name!r} given twice")
+        loras[name] = path
+    max_loras = args.max_loras if args.max_loras is not None else len(loras)
+    if max_loras < len(loras):
+        raise InvalidRequest("--max-loras", max_loras, f"fewer slots than the {len(loras)} "
+                             f"--lora adapters")
+    if args.allow_runtime_lora and max_loras < 1:
+        raise InvalidRequest("--allow-runtime-lora", True, "needs --max-loras N (adapter "
+                             "slots to load into)")
+    opts = dict(path=args.model, backend=args.backend, kv_capacity=args.kv_capacity,
                 prefill_chunk=args.prefill_chunk, max_batch=args.max_batch,
                 kv_blocks=args.kv_blocks, kv_memory=kv_memory, kv_dtype=args.kv_dtype,
                 use_cache=not args.no_cache, random_weights=args.random_weights,
                 compile_options=compile_options(args))
+    if max_loras:
+        opts.update(max_loras=max_loras, max_lora_rank=args.max_lora_rank, loras=loras)
+    return opts
 
 
 def load_and_warm(options: dict, warm_up: bool = True, progress=None):
@@ -158,8 +192,10 @@ def _require_serve_extra() -> None:
 def run(args: argparse.Namespace) -> int:
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks",
                   "max_concurrent", "max_body_bytes", "max_n", "max_prompt_tokens",
-                  "replicas", "threads")
+                  "replicas", "max_lora_rank", "threads")
     apply_threads(args)
+    if args.max_loras is not None and args.max_loras < 0:
+        raise InvalidRequest("--max-loras", args.max_loras, "must be >= 0")
     if args.max_queue < 0:
         raise InvalidRequest("--max-queue", args.max_queue, "must be >= 0")
     if not 0 <= args.port <= 65535:
@@ -176,7 +212,17 @@ def run(args: argparse.Namespace) -> int:
         options["path"] = default_model_path()      # ModelNotFound before listening
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s poot serve: %(message)s", stream=sys.stderr)
+    from poot.embed import pooled_task
+
+    options["pooled"] = pooled_task(options["path"]) if not args.random_weights else None
+    if options["pooled"] and options.get("max_loras"):
+        raise InvalidRequest("--lora", args.lora, "an embedding model or cross-encoder takes "
+                             "no LoRA adapters")
+    if options["pooled"] and args.ray:
+        raise InvalidRequest("--ray", True, "an embedding model or cross-encoder is served "
+                             "by one process (no Ray replicas yet)")
     if args.ray:
+        options.pop("pooled")
         from poot.serve.ray import serve_with_ray
 
         return serve_with_ray(options, config, args.host, args.port, args.replicas,
@@ -200,14 +246,34 @@ def _serve(args, config, options) -> int:
     failed: list[BaseException] = []
     log = logging.getLogger("poot.serve")
 
+    pooled = options.pop("pooled", None)
+
     def loader():
         try:
+            if pooled:
+                from poot.embed import PoolingModel
+
+                pm = PoolingModel.load(options["path"], options["backend"],
+                                       max_batch=options["max_batch"],
+                                       max_tokens=options["kv_capacity"],
+                                       use_cache=options["use_cache"], progress=reporter,
+                                       warm_up=not args.no_warm_up)
+                if not args.no_warm_up:      # every bucket: no request waits on a compile
+                    pm.runner.warm_up(pm.runner.batch_buckets, pm.runner.tok_buckets)
+                return pm
             return load_and_warm(options, warm_up=not args.no_warm_up, progress=reporter)
         finally:
             reporter.close()
 
     def on_loaded(state):
         h = state.handle
+        if pooled:
+            log.info("ready: serving %s (%s) as '%s' on %s (backend %s, up to %d inputs a "
+                     "step of up to %d tokens; loaded in %.1f s)", h.path.name,
+                     "embeddings" if h.task == "embed" else "rerank",
+                     config.served_model_name, url, h.backend, h.runner.max_batch,
+                     h.max_tokens, h.load_s)
+            return
         st = h.engine.stats()
         log.info("ready: serving %s as '%s' on %s (backend %s, max batch %d, context %d, "
                  "%d KV blocks of %d; loaded in %.1f s)", h.path.name, config.served_model_name,

@@ -273,6 +273,8 @@ class _Seq:
         self.matcher = StopMatcher(params.stop)
         self.sink = sink
         self.guide = None                    # TokenMatcher of a guided request
+        self.lora_slot = 0                   # LoRA slot (0: the base model)
+        self.lora_salt = ""                  # prefix-cache salt of its adapter
         self.stats = RequestStats(prompt_tokens=len(prompt))
         self.t_arrival = arrival
         self.t_admitted: float | None = None
@@ -312,6 +314,7 @@ class LLMEngine:
         self._lock = threading.Lock()
         self._adds: deque[_Seq] = deque()
         self._aborts: set[str] = set()
+        self._calls: list = []               # run_in_loop's functions, run between steps
         self._ids = itertools.count()
         self._known: set[str] = set()
         self._wake = threading.Condition(self._lock)
@@ -394,26 +397,40 @@ class LLMEngine:
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, stream: bool = False,
-                    sink: Any = None) -> str:
+                    sink: Any = None, lora: str | None = None) -> str:
         """Queue a request (thread-safe); returns its id. ``stream``: its outputs also go to a
         queue :meth:`stream` reads (for clients on other threads). ``sink``: instead of that
         queue, any object with ``put(RequestOutput)``, called on the engine thread with each
         output (it must not block or raise: the HTTP server bridges outputs into its event
-        loop this way). Raises what :meth:`check_request` raises, and :class:`EngineError`
-        for a duplicate id."""
+        loop this way). ``lora``: the name of a loaded LoRA adapter the request runs with
+        (None: the base model). Raises what :meth:`check_request` raises,
+        :class:`EngineError` for a duplicate id, and
+        :class:`~poot.models.lora.LoraError` (field ``model``) for an adapter that is not
+        loaded."""
         params = params or SamplingParams()
         ids, matcher = self._validate(prompt_ids, params)
+        slot, salt = 0, ""
+        if lora is not None:
+            if self.runner.lora is None:
+                from poot.models.lora import LoraError
+
+                raise LoraError("model", f"adapter {lora!r}: this engine has no LoRA slots "
+                                f"(--max-loras)")
+            slot, salt = self.runner.lora.acquire(lora)
         with self._lock:
-            if self.fault is not None:
-                raise EngineError(f"the engine stopped after a fault: {self.fault}")
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-            if rid in self._known:
+            if self.fault is not None or rid in self._known:
+                if slot:
+                    self.runner.lora.release(slot)
+                if self.fault is not None:
+                    raise EngineError(f"the engine stopped after a fault: {self.fault}")
                 raise EngineError(f"request id {rid!r} is already in use")
             self._known.add(rid)
             if sink is None and stream:
                 sink = queue.Queue()
             seq = _Seq(rid, ids, params, self.tokenizer, time.perf_counter(), sink)
             seq.guide = matcher
+            seq.lora_slot, seq.lora_salt = slot, salt
             self._adds.append(seq)
             self._wake.notify_all()
         return rid
@@ -493,6 +510,9 @@ class LLMEngine:
         with self._lock:
             adds, self._adds = self._adds, deque()
             aborts, self._aborts = self._aborts, set()
+            calls, self._calls = self._calls, []
+        for call in calls:
+            call()
         self.waiting.extend(adds)
         if not aborts:
             return
@@ -510,7 +530,8 @@ class LLMEngine:
         while self.waiting and len(self.running) < self.config.max_batch:
             seq = self.waiting[0]
             ids = seq.tokens
-            keys = block_keys(ids[:len(ids) - 1], bs) if bm.prefix_caching else []
+            keys = block_keys(ids[:len(ids) - 1], bs, seq.lora_salt) \
+                if bm.prefix_caching else []
             hit = bm.cached_prefix(keys)
             bm.take(hit)
             need = bm.blocks_for(len(ids)) - len(hit)
@@ -544,7 +565,8 @@ class LLMEngine:
             while seq.n_computed < end and budget > 0:
                 n = min(chunk, end - seq.n_computed)
                 seq.stats.prefill_steps += self.runner.prefill(
-                    seq.blocks, seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed)
+                    seq.blocks, seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed,
+                    seq.lora_slot)
                 seq.n_computed += n
                 budget -= chunk
                 self._register(seq)
@@ -561,7 +583,7 @@ class LLMEngine:
         full = seq.n_computed // bs
         if full > len(seq.keys):
             start = len(seq.keys)
-            seq.keys += block_keys(seq.tokens[start * bs:full * bs], bs,
+            seq.keys += block_keys(seq.tokens[start * bs:full * bs], bs, seq.lora_salt,
                                    parent=seq.keys[-1] if seq.keys else None)
             for i in range(start, full):
                 bm.register(seq.blocks[i], seq.keys[i])
@@ -607,7 +629,9 @@ class LLMEngine:
         return DecodeBatch(tokens, pos, np.stack([s.table for s in seqs]),
                            [s.params for s in seqs], uniforms,
                            np.fromiter((s.history_row for s in seqs), np.int32, n),
-                           tuple(s.id for s in seqs))
+                           tuple(s.id for s in seqs),
+                           np.fromiter((s.lora_slot for s in seqs), np.int32, n)
+                           if self.runner.lora is not None else None)
 
     def _issue_decode(self, chained: bool):
         if chained:
@@ -754,6 +778,8 @@ class LLMEngine:
         if seq.history_row is not None:
             self._free_rows.append(seq.history_row)
             seq.history_row = None
+        if seq.lora_slot and seq.status != "finished":
+            self.runner.lora.release(seq.lora_slot)
         seq.status = "finished"
         st = seq.stats
         st.generated_tokens, st.finish_reason = seq.generated, reason
@@ -820,6 +846,32 @@ class LLMEngine:
                            max_decode_batch=self.max_decode_batch,
                            guided_masks=self.guided_masks, guided_mask_s=self.guided_mask_s)
 
+    def run_in_loop(self, fn, timeout: float | None = 60.0):
+        """``fn()`` on the engine thread between steps (where the loop runs; here otherwise),
+        its result returned or its exception raised here: device writes (LoRA slots) never
+        race a step. Raises :class:`EngineError` if the loop does not get to it in
+        ``timeout`` seconds."""
+        if self._thread is None:
+            return fn()
+        done = threading.Event()
+        box: dict = {}
+
+        def call():
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # noqa: BLE001  (re-raised on the caller's thread)
+                box["error"] = e
+            done.set()
+
+        with self._lock:
+            self._calls.append(call)
+            self._wake.notify_all()
+        if not done.wait(timeout):
+            raise EngineError("the engine loop did not run the call in time")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
     # ---- background loop ------------------------------------------------------------------
     def start(self) -> None:
         """Run the loop on a background thread (clients use :meth:`add_request` with
@@ -834,7 +886,8 @@ class LLMEngine:
         while True:
             with self._lock:
                 while not self._stop and not (self._adds or self._aborts or self.waiting
-                                              or self.running or self._inflight):
+                                              or self.running or self._inflight
+                                              or self._calls):
                     self._wake.wait()
                 if self._stop:
                     return

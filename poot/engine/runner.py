@@ -104,6 +104,8 @@ class DecodeBatch:
         history_rows: i32 [n], each row's row of the token-history pool.
         keys: identifies the rows' requests: rows whose keys are unchanged keep the
             parameters already written.
+        lora_slots: i32 [n], each row's LoRA slot (0: the base model); None: all 0. Written
+            only when the model carries LoRA slots (:mod:`poot.engine.lora`).
     """
 
     tokens: np.ndarray | None
@@ -113,6 +115,7 @@ class DecodeBatch:
     uniforms: np.ndarray
     history_rows: np.ndarray
     keys: tuple
+    lora_slots: np.ndarray | None = None
 
 
 @dataclass
@@ -234,6 +237,8 @@ class ModelRunner:
         self._written: dict[int, _EntryState] = {}
         self.prefill_steps = 0
         self.decode_steps = 0
+        #: the :class:`~poot.engine.lora.LoraManager` when the weights carry LoRA slots
+        self.lora = None
 
     def upload_weights(self) -> None:
         """Upload every weight to the device (once)."""
@@ -356,9 +361,11 @@ class ModelRunner:
         return int(blocks[position // bs]) * bs + position % bs
 
     # ---- prefill ------------------------------------------------------------------------
-    def prefill(self, blocks: Sequence[int], token_ids: Sequence[int], start: int) -> int:
+    def prefill(self, blocks: Sequence[int], token_ids: Sequence[int], start: int,
+                lora_slot: int = 0) -> int:
         """Write the K/V of ``token_ids`` at positions ``start..`` of the sequence holding
-        ``blocks`` (issued in order on the device; returns the steps issued)."""
+        ``blocks`` (issued in order on the device; returns the steps issued), under LoRA slot
+        ``lora_slot`` when the model carries slots."""
         ids = list(token_ids)
         if not ids:
             return 0
@@ -376,8 +383,11 @@ class ModelRunner:
             pos = np.arange(start + off, start + off + n)
             positions[0, :n] = pos
             slots[:n] = [self.slot(blocks, int(p)) for p in pos]
-            ins = self._write(entry, {"tokens": tokens, "positions": positions,
-                                      "block_table": table, "slot_mapping": slots})
+            values = {"tokens": tokens, "positions": positions, "block_table": table,
+                      "slot_mapping": slots}
+            if "lora_index" in entry.input_names:
+                values["lora_index"] = np.array([lora_slot], np.int32)
+            ins = self._write(entry, values)
             self.engine.submit(entry, ins, read=())
             steps += 1
         self.prefill_steps += steps
@@ -408,6 +418,10 @@ class ModelRunner:
         table[:n] = batch.tables
         slots[:n] = table[np.arange(n), pos // bs] * bs + pos % bs
         values = {"positions": positions, "block_table": table, "slot_mapping": slots}
+        if "lora_index" in dec.input_names:
+            from poot.engine.lora import slot_column
+
+            values["lora_index"] = slot_column(batch.lora_slots, n, bsz)
         st = self._written.setdefault(dec.id, _EntryState())
         if batch.tokens is not None:
             tokens = np.zeros((bsz, 1), np.int32)

@@ -13,6 +13,7 @@ from poot.models import qwen  # noqa: F401  (Qwen2, Qwen3)
 from poot.models import gemma  # noqa: F401  (Gemma, Gemma2)
 from poot.models import phi3  # noqa: F401  (Phi3)
 from poot.models import moe  # noqa: F401  (Mixtral, Qwen3-MoE)
+from poot.models import bert  # noqa: F401  (BERT encoders: embeddings, cross-encoders)
 
 __all__ = ["REGISTRY", "LoadedModel", "Model", "ModelError", "Registry", "StepDims", "StepSpec",
            "UnknownArchitecture", "WeightBinding", "WeightName", "contiguous_inputs",

@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from poot.dialects.types import DType, PootType
+from poot.dialects.types import DType, PootType, TensorType
 from poot.graph import ops
 from poot.graph.builder import Builder, Graph, Tensor
 from poot.models.base import (ModelError, StepDims, StepSpec, WeightBinding, WeightName,
@@ -31,14 +31,21 @@ class StepInputs:
         kv_index: i32 [B*T, 2] rows ``(slot // bs, slot % bs)`` of ``slot_mapping``: where
             this step's K/V rows go in a pool (a negative slot gives an offset out of range:
             the row is dropped).
-        caches: per layer ``(k, v)``, each kv [NB, bs, Hkv, D].
+        caches: per layer ``(k, v)``, each kv [NB, bs, Hkv, D]; None in a pooled step
+            (:mod:`poot.models.pooling`: no cache, attention over the step's own keys).
+        mask: i1 [B, T, T], the keys each query may see besides the causal mask (a pooled
+            step's padding mask), or None.
+        lora_index: i32 [B], each sequence's LoRA slot (:mod:`poot.models.lora`), or None
+            when the step carries no LoRA slots.
     """
 
     tokens: Tensor
     positions: Tensor
-    block_table: Tensor
-    kv_index: Tensor
-    caches: list[tuple[Tensor, Tensor]]
+    block_table: Tensor | None
+    kv_index: Tensor | None
+    caches: list[tuple[Tensor, Tensor]] | None
+    mask: Tensor | None = None
+    lora_index: Tensor | None = None
 
 
 def step_inputs(b: Builder, spec: StepSpec, n_layers: int, n_kv_heads: int,
@@ -313,10 +320,27 @@ def decoder_dims(o: DecoderOptions) -> StepDims:
                     + o.hidden_size)
 
 
-def proj(b: Builder, types: dict[str, PootType], role: str, x: Tensor) -> Tensor:
-    """``linear(x, role)``, adding ``role_bias`` when it is bound."""
+def proj(b: Builder, types: dict[str, PootType], role: str, x: Tensor,
+         lora_index: Tensor | None = None) -> Tensor:
+    """``linear(x, role)``, adding ``role_bias`` when it is bound, and the per-sequence LoRA
+    term when ``lora_index`` is given and ``lora.{role}.a``/``.b`` are bound
+    (:func:`lora_delta`)."""
     bias = param(b, types, role + "_bias") if role + "_bias" in types else None
-    return ops.linear(b, x, param(b, types, role), bias)
+    y = ops.linear(b, x, param(b, types, role), bias)
+    if lora_index is not None and f"lora.{role}.a" in types:
+        y = y + lora_delta(b, types, role, x, lora_index)
+    return y
+
+
+def lora_delta(b: Builder, types: dict[str, PootType], role: str, x: Tensor,
+               lora_index: Tensor) -> Tensor:
+    """f32 [B, T, out]: ``(x A[s]^T) B[s]^T`` for x f32 [B, T, in], with each sequence's
+    slot ``s = lora_index[b]`` gathered from ``lora.{role}.a`` f32 [S, R, in] and
+    ``lora.{role}.b`` f32 [S, out, R] (:mod:`poot.models.lora`)."""
+    a_sel = b.gather(param(b, types, f"lora.{role}.a"), lora_index, axis=0)   # [B, R, in]
+    b_sel = b.gather(param(b, types, f"lora.{role}.b"), lora_index, axis=0)   # [B, out, R]
+    xa = b.matmul(ops.as_f32(b, x), b.transpose(a_sel, [0, 2, 1]))            # [B, T, R]
+    return b.matmul(xa, b.transpose(b_sel, [0, 2, 1]))                         # [B, T, out]
 
 
 def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, PootType],
@@ -326,6 +350,46 @@ def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, 
     types = dict(weight_types)
     inp = step_inputs(b, spec, o.num_layers, o.num_kv_heads, o.head_dim,
                       default_kv_dtype(weight_types))
+    if any(k.startswith("lora.") for k in types):     # LoRA slots bound: per-row slot input
+        inp.lora_index = b.input("lora_index", TensorType((spec.batch,), DType.I32))
+    h, caches = decoder_body(b, o, types, inp)
+    head = None
+    if spec.outputs == "logits":
+        head = param(b, types, "tok_embed" if o.tie_word_embeddings else "lm_head")
+    return finish_step(b, spec, h, head, caches, final_softcap=o.final_softcap)
+
+
+def trace_decoder_pooled(o: DecoderOptions, spec: Any, weight_types: Mapping[str, PootType],
+                         name: str) -> Graph:
+    """The pooled step (:class:`poot.models.pooling.PoolSpec`: no KV cache, rows
+    right-padded) of the decoder ``o``: ``embeddings``, the final-normed hidden states pooled;
+    or ``scores`` f32 [B, L], the role ``score`` [L, H] applied to each row's last token (HF
+    ``...ForSequenceClassification``; a yes/no reranker's head is made at bind:
+    :meth:`DecoderModel.bind_headless`). ModelError: scores without a ``score`` weight."""
+    from poot.models import pooling as P
+
+    types = dict(weight_types)
+    if spec.outputs == "scores" and "score" not in types:
+        raise ModelError(f"{name}: no classification head (a ...ForSequenceClassification "
+                         f"checkpoint's score.weight, or classifier tokens) for scores")
+    b = Builder(P.pool_limits(spec, decoder_dims(o)), name=f"{name}_pooled")
+    pin = P.pool_inputs(b, spec)
+    with b.scope("mask"):
+        mask = P.key_mask(b, pin.lengths, spec.tokens)
+    inp = StepInputs(pin.tokens, pin.positions, None, None, None, mask)
+    h, _ = decoder_body(b, o, types, inp)
+    if spec.outputs == "embeddings":
+        return P.finish_pooled(b, spec, h, pin.lengths)
+    with b.scope("score"):     # HF ...ForSequenceClassification: the last token's logits
+        last = P.pool(b, h, pin.lengths, "last", False)
+        return b.finish({"scores": ops.linear(b, last, param(b, types, "score"))})
+
+
+def decoder_body(b: Builder, o: DecoderOptions, types: dict[str, PootType], inp: StepInputs
+                 ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+    """Embedding, every layer and the final norm of the decoder ``o`` over ``inp``:
+    (final-normed hidden f32 [B, T, H], the updated caches per layer; empty without
+    caches)."""
     with b.scope("embed"):
         x = ops.embedding(b, param(b, types, "tok_embed"), inp.tokens)
         if o.embed_scale is not None:
@@ -345,24 +409,23 @@ def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, 
                     a = norm(p + "post_attn_norm", a)
             x = x + a
             with b.scope("ffn"):
-                f = decoder_ffn(b, o, types, i, norm(p + "ffn_norm", x))
+                f = decoder_ffn(b, o, types, i, norm(p + "ffn_norm", x), inp.lora_index)
                 if o.sandwich_norms:
                     f = norm(p + "post_ffn_norm", f)
             x = x + f
-        caches.append(kv)
+        if kv is not None:
+            caches.append(kv)
     with b.scope("out_norm"):
         h = norm("out_norm", x)
-    head = None
-    if spec.outputs == "logits":
-        head = param(b, types, "tok_embed" if o.tie_word_embeddings else "lm_head")
-    return finish_step(b, spec, h, head, caches, final_softcap=o.final_softcap)
+    return h, caches
 
 
 def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: int,
                       h: Tensor, rope: tuple[Tensor, Tensor], inp: StepInputs
                       ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Layer ``i``'s GQA self-attention of h f32 [B, T, H] over its cache -> (f32 [B, T, H],
-    updated (k, v) caches)."""
+    updated (k, v) caches); without caches (a pooled step) over the step's own keys ->
+    (f32 [B, T, H], None)."""
     bsz, t, _ = h.shape
     p, d = f"blk.{i}.attn.", o.head_dim
     nq, nkv = o.num_heads * d, o.num_kv_heads * d
@@ -371,7 +434,7 @@ def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType],
         q, k, v = (b.slice_axis(qkv, 2, s, e) for s, e in
                    ((0, nq), (nq, nq + nkv), (nq + nkv, nq + 2 * nkv)))
     else:
-        q, k, v = (proj(b, types, p + r, h) for r in ("q", "k", "v"))
+        q, k, v = (proj(b, types, p + r, h, inp.lora_index) for r in ("q", "k", "v"))
     q = b.reshape(q, (bsz, t, o.num_heads, d))
     k = b.reshape(k, (bsz, t, o.num_kv_heads, d))
     v = b.reshape(v, (bsz, t, o.num_kv_heads, d))
@@ -382,17 +445,25 @@ def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType],
                         unit_offset=o.norm_unit_offset)
     q = ops.apply_rope(b, q, *rope, layout=o.rope_layout)
     k = ops.apply_rope(b, k, *rope, layout=o.rope_layout)
-    out, k_cache, v_cache = cached_attention(b, q, k, v, inp.caches[i], inp,
-                                             sliding_window=o.window(i),
-                                             softcap=o.attn_softcap, scale=o.attn_scale)
+    if inp.caches is None:      # a pooled step: the step's own keys, padding masked
+        out = ops.attention(b, q, k, v, q_pos=inp.positions, k_pos=inp.positions,
+                            causal=True, sliding_window=o.window(i), softcap=o.attn_softcap,
+                            scale=o.attn_scale, mask=inp.mask)
+        kv = None
+    else:
+        out, k_cache, v_cache = cached_attention(b, q, k, v, inp.caches[i], inp,
+                                                 sliding_window=o.window(i),
+                                                 softcap=o.attn_softcap, scale=o.attn_scale)
+        kv = (k_cache, v_cache)
     out = b.reshape(out, (bsz, t, nq))
-    return proj(b, types, p + "o", out), (k_cache, v_cache)
+    return proj(b, types, p + "o", out, inp.lora_index), kv
 
 
 def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: int,
-                h: Tensor) -> Tensor:
+                h: Tensor, lora_index: Tensor | None = None) -> Tensor:
     """Layer ``i``'s FFN on h f32 [B, T, H]: gated MLP (separate or fused gate|up, optional
-    biases) or, on MoE layers, :func:`poot.graph.ops.moe` over the layer's experts."""
+    biases, LoRA terms when ``lora_index`` is given) or, on MoE layers,
+    :func:`poot.graph.ops.moe` over the layer's experts."""
     p = f"blk.{i}.ffn."
     if o.is_moe(i):
         m = o.moe
@@ -411,11 +482,14 @@ def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: in
         f = gu.shape[-1] // 2
         gate, up = b.slice_axis(gu, gu.rank - 1, 0, f), b.slice_axis(gu, gu.rank - 1, f, 2 * f)
         return proj(b, types, p + "down", ops.activation(b, gate, o.act) * up)
-    if not any(p + f"{r}_bias" in types for r in ("gate", "up", "down")):
+    lora = lora_index is not None and any(f"lora.{p}{r}.a" in types
+                                          for r in ("gate", "up", "down"))
+    if not lora and not any(p + f"{r}_bias" in types for r in ("gate", "up", "down")):
         return ops.mlp_glu(b, h, param(b, types, p + "gate"), param(b, types, p + "up"),
                            param(b, types, p + "down"), act=o.act)
-    act = ops.activation(b, proj(b, types, p + "gate", h), o.act) * proj(b, types, p + "up", h)
-    return proj(b, types, p + "down", act)
+    act = ops.activation(b, proj(b, types, p + "gate", h, lora_index), o.act) * \
+        proj(b, types, p + "up", h, lora_index)
+    return proj(b, types, p + "down", act, lora_index)
 
 
 class DecoderModel(abc.ABC):
@@ -450,6 +524,64 @@ class DecoderModel(abc.ABC):
 
     def trace(self, spec: StepSpec, weight_types: Mapping[str, PootType]) -> Graph:
         return trace_decoder(self.options(), spec, weight_types, self.family)
+
+    def trace_pooled(self, spec: Any, weight_types: Mapping[str, PootType]) -> Graph:
+        """The pooled embedding step (:func:`trace_decoder_pooled`)."""
+        return trace_decoder_pooled(self.options(), spec, weight_types, self.family)
+
+    def bind_headless(self, store: Mapping[str, Any]) -> WeightBinding:
+        """Bind every role a pooled step reads (no ``lm_head``) from ``store``, whose names
+        may lack the ``model.`` prefix (a checkpoint saved from the bare ``...Model``
+        class, as Qwen3-Embedding and gte-Qwen2 are). Raises ModelError naming a missing
+        tensor."""
+        o = self.options()
+        table = {r: w for r, w in self.weight_table().items() if r != "lm_head"}
+        if o.source == "hf" and "model.embed_tokens.weight" not in store \
+                and "embed_tokens.weight" in store:
+            table = {r: WeightName(w.hf.removeprefix("model.") if w.hf else w.hf, w.gguf,
+                                   w.optional) for r, w in table.items()}
+        out = bind_weights(table, store, o.source, o.num_layers)
+        if o.source == "hf" and "score.weight" in store:   # ...ForSequenceClassification
+            out.add("score", store["score.weight"])
+        return out
+
+    def bind_token_classifier(self, store: Mapping[str, Any], weights: WeightBinding,
+                              tokens: Sequence[int]) -> None:
+        """Add role ``score`` f32 [1, H] to ``weights``: for ``tokens = (no, yes)``, the LM
+        head's row of ``yes`` minus that of ``no``, so ``sigmoid(score) = softmax(yes, no)``
+        of the last token (a Qwen3-Reranker-style yes/no reranker; vLLM's
+        ``classifier_from_token`` conversion). Raises ModelError for another number of
+        tokens, an id outside the vocabulary or a quantized head."""
+        o = self.options()
+        if len(tokens) != 2:
+            raise ModelError(f"{self.family}: classifier tokens must be two ids (no, yes), "
+                             f"got {list(tokens)}")
+        head = None
+        for role in ("lm_head", "tok_embed"):
+            name = self.weight_table().get(role)
+            n = name.stored(o.source) if name is not None else None
+            for cand in ((n, n.removeprefix("model.")) if n else ()):
+                if cand in store:
+                    head = store[cand]
+                    break
+            if head is not None:
+                break
+        if head is None:
+            raise ModelError(f"{self.family}: no LM head or embedding table to build the "
+                             f"yes/no classifier from")
+        if head.quant is not None:
+            raise ModelError(f"{self.family}: a quantized LM head cannot give classifier "
+                             f"rows")
+        rows = np.asarray(head.data, dtype=np.float32)
+        for t in tokens:
+            if not 0 <= int(t) < rows.shape[0]:
+                raise ModelError(f"{self.family}: classifier token id {t} is outside the "
+                                 f"vocabulary [0, {rows.shape[0]})")
+        w = (rows[int(tokens[1])] - rows[int(tokens[0])])[None, :].astype(np.float32)
+        from poot.dialects.types import TensorType
+
+        weights.arrays["score"], weights.types["score"] = w, TensorType(w.shape, DType.F32)
+        weights.stored["score"] = f"{head.name}[{tokens[1]}] - [{tokens[0]}]"
 
 
 def decoder_weight_names(o: DecoderOptions, attn_bias: bool = False) -> dict[str, WeightName]:

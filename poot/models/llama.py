@@ -152,7 +152,8 @@ class Llama(C.DecoderModel):
 
     family: ClassVar[str] = "llama"
     architectures: ClassVar[tuple[str, ...]] = ("LlamaForCausalLM", "MistralForCausalLM",
-                                                 "llama")
+                                                 "llama", "LlamaModel", "MistralModel",
+                                                 "LlamaForSequenceClassification")
 
     config: LlamaConfig
 

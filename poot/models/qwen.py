@@ -35,7 +35,9 @@ class Qwen2(C.DecoderModel):
     """Qwen2 / Qwen2.5 (dense): Llama with q/k/v biases."""
 
     family: ClassVar[str] = "qwen2"
-    architectures: ClassVar[tuple[str, ...]] = ("Qwen2ForCausalLM", "qwen2")
+    architectures: ClassVar[tuple[str, ...]] = ("Qwen2ForCausalLM", "qwen2",
+                                                 "Qwen2Model",  # headless (gte-Qwen2)
+                                                 "Qwen2ForSequenceClassification")
 
     @classmethod
     def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "Qwen2":
@@ -50,7 +52,9 @@ class Qwen3(C.DecoderModel):
     """Qwen3 (dense): per-head q/k RMSNorm before RoPE; optional attention biases."""
 
     family: ClassVar[str] = "qwen3"
-    architectures: ClassVar[tuple[str, ...]] = ("Qwen3ForCausalLM", "qwen3")
+    architectures: ClassVar[tuple[str, ...]] = ("Qwen3ForCausalLM", "qwen3",
+                                                 "Qwen3Model",  # headless (embeddings)
+                                                 "Qwen3ForSequenceClassification")
 
     @classmethod
     def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "Qwen3":

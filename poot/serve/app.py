@@ -2,7 +2,13 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (and
 ``/v1/models/{model}``), ``GET /health`` (200 ready; 503 loading, failed, unhealthy),
-``GET /metrics`` (Prometheus), ``POST /tokenize``, ``POST /detokenize``.
+``GET /metrics`` (Prometheus), ``POST /tokenize``, ``POST /detokenize``; with an embedding
+model ``POST /v1/embeddings``, with a cross-encoder ``POST /v1/rerank`` (and ``/rerank``):
+with ``--allow-runtime-lora`` ``POST /v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter`` (``model`` may name a loaded adapter; ``/v1/models`` lists them);
+a server serves either a generating model (a :class:`~poot.api.ModelHandle`) or a pooling
+one (a :class:`~poot.embed.PoolingModel`), and a route of the other kind is a 400 naming
+``model``.
 
 The event loop never waits on the engine: checking a request (tokenizing, the chat template)
 runs in a worker thread, and outputs arrive through :mod:`poot.serve.engine_client`. The
@@ -32,8 +38,14 @@ from poot.serve.engine_client import (AsyncEngine, ClientGone, ConstraintFailed,
 from poot.serve.errors import APIError, bad_request, unavailable
 from poot.serve.mapping import chat_plan, check_model, completion_plan, encode_chat
 from poot.serve.metrics import CONTENT_TYPE, Metrics
+from poot.embed import relevance
+from poot.models.lora import LoraError
+from poot.serve.pooling import (check_dimensions, embedding_response, embedding_rows,
+                                rerank_pairs, rerank_response)
 from poot.serve.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                 ErrorResponse, TokenizeBody, TokenizeChatRequest)
+                                 EmbeddingRequest, ErrorResponse, LoadLoraRequest,
+                                 RerankRequest, TokenizeBody, TokenizeChatRequest,
+                                 UnloadLoraRequest)
 from poot.serve.responses import (SSE_DONE, ChoiceState, CompletionLogprobs, TokenText,
                                   chat_logprobs, new_id, sse, usage)
 
@@ -41,7 +53,8 @@ log = logging.getLogger("poot.serve")
 
 #: routes whose metrics keep their path as the label (others count as "other")
 _ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-           "/tokenize", "/detokenize")
+           "/tokenize", "/detokenize", "/v1/embeddings", "/v1/rerank", "/rerank",
+           "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 #: routes that neither count toward nor are refused by the concurrency limit
 _UNLIMITED = ("/health", "/metrics")
 _ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 429, 500, 503, 504)}
@@ -55,6 +68,8 @@ class ServerState:
     def __init__(self, config: ServeConfig):
         self.config = config
         self.handle = None
+        #: the served model when it is a :class:`~poot.embed.PoolingModel` (no engine loop)
+        self.pooler = None
         self.aengine: AsyncEngine | None = None
         self.tokens: TokenText | None = None
         self._status = "loading"
@@ -78,8 +93,11 @@ class ServerState:
         and become ready."""
         self.handle = handle
         self.tokens = TokenText(handle.tokenizer)
-        self.aengine = AsyncEngine(handle.engine, self.config.max_queue)
-        self.aengine.start()
+        if getattr(handle, "task", None) in ("embed", "score"):   # a PoolingModel
+            self.pooler = handle
+        else:
+            self.aengine = AsyncEngine(handle.engine, self.config.max_queue)
+            self.aengine.start()
         self._status = "ready"
 
     def fail(self, message: str) -> None:
@@ -101,9 +119,33 @@ class ServerState:
                               self.config.retry_after_s, "model_failed")
         return self.handle
 
-    def require_engine(self) -> AsyncEngine:
-        """The engine, or 503 while loading, draining or unhealthy."""
+    def require_pooler(self, task: str):
+        """The served :class:`~poot.embed.PoolingModel` for ``task`` (``embed``/``score``),
+        or 503 while loading or draining, or 400 naming ``model`` when the served model
+        does not do ``task``."""
         self.require_model()
+        if self.status == "draining":
+            raise unavailable("the server is shutting down", self.config.retry_after_s,
+                              "shutting_down")
+        what = {"embed": "embeddings", "score": "rerank"}
+        if self.pooler is None:
+            raise bad_request("model", f"this server's model generates text; it serves no "
+                              f"{what[task]} (start poot serve with an embedding model or "
+                              f"a cross-encoder)")
+        if self.pooler.task != task:
+            raise bad_request("model", f"this server's model serves {what[self.pooler.task]}"
+                              f", not {what[task]}")
+        return self.pooler
+
+    def require_engine(self) -> AsyncEngine:
+        """The engine, or 503 while loading, draining or unhealthy; 400 naming ``model``
+        when the served model is a pooling one (it does not generate)."""
+        self.require_model()
+        if self.pooler is not None:
+            what, route = (("embeddings", "/v1/embeddings") if self.pooler.task == "embed"
+                           else ("rerank", "/v1/rerank"))
+            raise bad_request("model", f"this server's model serves {what} (POST {route}), "
+                              f"not generation")
         status = self.status
         if status == "draining":
             raise unavailable("the server is shutting down", self.config.retry_after_s,
@@ -273,23 +315,81 @@ def build_app(config: ServeConfig | None = None, handle=None,
     authed = [Depends(auth)]
 
     # ---- model listing, health, metrics ------------------------------------------------------
-    def model_card() -> dict[str, Any]:
-        card = {"id": config.served_model_name, "object": "model", "created": state.created,
-                "owned_by": "poot"}
+    def model_card(adapter: str | None = None) -> dict[str, Any]:
+        card = {"id": adapter or config.served_model_name, "object": "model",
+                "created": state.created, "owned_by": "poot"}
+        if adapter is not None:
+            card["parent"] = card["root"] = config.served_model_name
         if state.handle is not None:
             card["max_model_len"] = state.handle.kv_capacity
         return card
 
+    def adapters() -> dict[str, int]:
+        loras = getattr(state.handle, "loras", None)
+        return loras() if callable(loras) else {}
+
     @app.get("/v1/models", dependencies=authed, responses=_ERRORS)
     async def list_models():
-        """The served model."""
-        return {"object": "list", "data": [model_card()]}
+        """The served model, then its loaded LoRA adapters (``parent`` names the model)."""
+        return {"object": "list", "data": [model_card()] + [model_card(a)
+                                                             for a in sorted(adapters())]}
 
     @app.get("/v1/models/{model}", dependencies=authed, responses=_ERRORS)
     async def get_model(model: str):
-        """One model (404 unless it is the served one)."""
-        check_model(model, config)
-        return model_card()
+        """One model (404 unless it is the served one or a loaded adapter)."""
+        names = adapters()
+        check_model(model, config, adapters=names)
+        return model_card(model if model in names else None)
+
+    # ---- LoRA adapters -----------------------------------------------------------------------
+    def _lora_handle():
+        h = state.require_model()
+        if state.pooler is not None:
+            raise bad_request("lora_name", "this server's model serves embeddings or rerank; "
+                              "it takes no LoRA adapters")
+        if not config.runtime_lora:
+            raise APIError(403, "loading LoRA adapters at run time is off (start poot serve "
+                           "with --allow-runtime-lora)", errors.INVALID_REQUEST, None,
+                           "runtime_lora_disabled")
+        return h
+
+    def _lora_error(e: Exception) -> APIError:
+        from poot.models.lora import LoraError
+
+        field = getattr(e, "field", None)
+        if isinstance(e, LoraError) and field == "lora_name":
+            return bad_request("lora_name", str(e))
+        if isinstance(e, LoraError):        # a config field or a tensor of the folder
+            return bad_request("lora_path", str(e))
+        return bad_request(field or "lora_name", str(e))
+
+    @app.post("/v1/load_lora_adapter", dependencies=authed, responses=_ERRORS)
+    async def load_lora_adapter(body: LoadLoraRequest):
+        """Load a PEFT LoRA folder into a free adapter slot (vLLM's route); requests name it
+        in ``model``. Nothing is compiled; running requests are not disturbed."""
+        h = _lora_handle()
+        from poot.errors import PootError
+
+        try:
+            await run_in_threadpool(h.load_lora, body.lora_name, body.lora_path)
+        except PootError as e:
+            raise _lora_error(e) from None
+        return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.",
+                        media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter", dependencies=authed, responses=_ERRORS)
+    async def unload_lora_adapter(body: UnloadLoraRequest):
+        """Unload an adapter (vLLM's route): new requests naming it get 404; those running
+        finish with it, then its slot is freed."""
+        h = _lora_handle()
+        from poot.errors import PootError
+
+        try:
+            await run_in_threadpool(h.unload_lora, body.lora_name)
+        except PootError as e:
+            raise _lora_error(e) from None
+        return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.",
+                        media_type="text/plain")
 
     @app.get("/health")
     async def health():
@@ -347,6 +447,37 @@ def build_app(config: ServeConfig | None = None, handle=None,
                               f"[0, {vocab})")
         return {"prompt": await run_in_threadpool(h.tokenizer.decode, body.tokens)}
 
+    # ---- embeddings and rerank (a pooling model) -----------------------------------------------
+    @app.post("/v1/embeddings", dependencies=authed, responses=_ERRORS)
+    async def embeddings(body: EmbeddingRequest):
+        """OpenAI embeddings: pooled hidden states of each input (module
+        :mod:`poot.serve.pooling`)."""
+        pm = state.require_pooler("embed")
+        check_model(body.model, config)
+        check_dimensions(pm, body.dimensions)
+        rows = await run_in_threadpool(embedding_rows, pm, body)
+        vecs = await run_in_threadpool(pm.embed_ids, rows)
+        return embedding_response(pm, body, rows, vecs, config.served_model_name)
+
+    async def _rerank(body: RerankRequest):
+        pm = state.require_pooler("score")
+        check_model(body.model, config, required=False)
+        texts, pairs = await run_in_threadpool(rerank_pairs, pm, body)
+        logits = await run_in_threadpool(pm.score_pairs, pairs)
+        return rerank_response(body, texts, pairs, relevance(logits),
+                               config.served_model_name)
+
+    @app.post("/v1/rerank", dependencies=authed, responses=_ERRORS)
+    async def rerank_v1(body: RerankRequest):
+        """Rerank ``documents`` by relevance to ``query`` with a cross-encoder (vLLM's and
+        Cohere's shape); results sorted best first."""
+        return await _rerank(body)
+
+    @app.post("/rerank", dependencies=authed, responses=_ERRORS)
+    async def rerank(body: RerankRequest):
+        """``/v1/rerank`` under vLLM's unversioned path."""
+        return await _rerank(body)
+
     # ---- generation --------------------------------------------------------------------------
     @app.post("/v1/chat/completions", dependencies=authed, responses=_ERRORS)
     async def chat_completions(request: Request, body: ChatCompletionRequest):
@@ -370,7 +501,9 @@ def build_app(config: ServeConfig | None = None, handle=None,
             gen = aeng.submit(rid, plan.prompts, plan.params, plan.n,
                               info["t0"] + config.request_timeout_s,
                               disconnected=None if body.stream else request.is_disconnected,
-                              poll_s=config.poll_s)
+                              poll_s=config.poll_s, lora=plan.lora)
+        except LoraError as e:             # unloaded after the request was checked
+            raise APIError(404, str(e), errors.NOT_FOUND, "model", "model_not_found") from None
         except TooManySequences as e:
             raise bad_request("n", str(e)) from None
         except QueueFull as e:

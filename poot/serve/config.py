@@ -29,6 +29,9 @@ class ServeConfig:
             they are aborted.
         poll_s: how often a waiting request checks that its client is still connected and
             the engine still runs.
+        runtime_lora: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` are
+            allowed (they read adapter folders on the server's disk, so they are off unless
+            asked for, as vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``).
     """
 
     served_model_name: str = "poot"
@@ -42,6 +45,7 @@ class ServeConfig:
     retry_after_s: int = 1
     drain_timeout_s: float = 30.0
     poll_s: float = 0.5
+    runtime_lora: bool = False
 
     def __post_init__(self):
         from poot.driver.params import InvalidRequest

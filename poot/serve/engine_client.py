@@ -99,12 +99,15 @@ class AsyncEngine:
     def submit(self, request_id: str, prompts: Sequence[Sequence[int]],
                params: Sequence[SamplingParams], n: int, deadline: float,
                disconnected: Callable[[], Awaitable[bool]] | None = None,
-               poll_s: float = 0.5) -> "Generation":
+               poll_s: float = 0.5, lora: str | None = None) -> "Generation":
         """Add a request's sequences now: ``params[p * n + j]`` on ``prompts[p]`` for every
         prompt ``p`` and choice ``j`` (call on the event loop). Raises :class:`QueueFull`
         (nothing added) when the queue cannot take them and :class:`EngineFault` when the
-        engine stopped; returns the :class:`Generation` to read (and close)."""
+        engine stopped; returns the :class:`Generation` to read (and close). ``lora``: the
+        LoRA adapter every sequence runs with (a :class:`~poot.models.lora.LoraError` when
+        it was unloaded meanwhile)."""
         gen = Generation(self, request_id, prompts, params, n, deadline, disconnected, poll_s)
+        gen.lora = lora
         gen._start()
         return gen
 
@@ -126,6 +129,7 @@ class Generation:
         self.unfinished: set[int] = set()
         self.deferred: dict[int, list[int]] = {}     # first choice of a prompt -> the rest
         self.reserved = 0
+        self.lora: str | None = None
 
     def _start(self) -> None:
         owner, total = self.owner, len(self.params)
@@ -158,7 +162,7 @@ class Generation:
     def _add(self, i: int) -> None:
         rid = f"{self.request_id}-{i}"
         self.owner.engine.add_request(self.prompts[i // self.n], self.params[i], rid,
-                                      sink=_Sink(self.loop, self.queue, i))
+                                      sink=_Sink(self.loop, self.queue, i), lora=self.lora)
         self.rids[i] = rid
         self.unfinished.add(i)
 

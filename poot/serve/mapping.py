@@ -46,6 +46,8 @@ class Plan:
     n: int
     #: the request field that carried the guided-decoding constraint (None without one)
     guided_field: str | None = None
+    #: the LoRA adapter ``model`` named (None: the base model)
+    lora: str | None = None
 
     @property
     def choices(self) -> int:
@@ -53,11 +55,13 @@ class Plan:
         return len(self.params)
 
 
-def check_model(name: str | None, config: ServeConfig, required: bool = True) -> None:
-    """404 unless ``name`` is the served model (None is accepted where not required)."""
+def check_model(name: str | None, config: ServeConfig, required: bool = True,
+                adapters=()) -> None:
+    """404 unless ``name`` is the served model or one of the loaded LoRA ``adapters`` (None
+    is accepted where not required)."""
     if name is None and not required:
         return
-    if name != config.served_model_name:
+    if name != config.served_model_name and name not in adapters:
         raise APIError(404, f"The model `{name}` does not exist (this server serves "
                        f"`{config.served_model_name}`)", NOT_FOUND, "model",
                        "model_not_found")
@@ -333,8 +337,9 @@ def encode_chat(handle, messages: list[ChatMessage], add_generation_prompt: bool
 
 def chat_plan(handle, req: ChatCompletionRequest, config: ServeConfig) -> Plan:
     """Check a chat request and make its :class:`Plan` (runs the chat template: call it
-    off the event loop)."""
-    check_model(req.model, config)
+    off the event loop). ``model`` may name a loaded LoRA adapter."""
+    adapters = _adapters(handle)
+    check_model(req.model, config, adapters=adapters)
     _unsupported(req)
     _check_n(req.n, 1, config)
     if req.top_logprobs is not None and not req.logprobs:
@@ -353,13 +358,15 @@ def chat_plan(handle, req: ChatCompletionRequest, config: ServeConfig) -> Plan:
               **_guided_rename(guided_field)}
     params = _params(kw, req.seed, max_tokens, req.n, rename)
     _engine_check(handle.engine, ids, params[0], "messages", "messages", rename, max_param)
-    return Plan([ids], params, req.n, guided_field)
+    return Plan([ids], params, req.n, guided_field,
+                req.model if req.model in adapters else None)
 
 
 def completion_plan(handle, req: CompletionRequest, config: ServeConfig) -> Plan:
     """Check a completions request and make its :class:`Plan` (tokenizes: call it off the
-    event loop)."""
-    check_model(req.model, config)
+    event loop). ``model`` may name a loaded LoRA adapter."""
+    adapters = _adapters(handle)
+    check_model(req.model, config, adapters=adapters)
     _unsupported(req)
     p = req.prompt
     if isinstance(p, str):
@@ -394,7 +401,13 @@ def completion_plan(handle, req: CompletionRequest, config: ServeConfig) -> Plan
     for i, ids in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         _engine_check(handle.engine, ids, params[0], param, "prompt", rename, "max_tokens")
-    return Plan(prompts, [sp for _ in prompts for sp in params], req.n, guided_field)
+    return Plan(prompts, [sp for _ in prompts for sp in params], req.n, guided_field,
+                req.model if req.model in adapters else None)
+
+
+def _adapters(handle) -> dict[str, int]:
+    loras = getattr(handle, "loras", None)
+    return loras() if callable(loras) else {}
 
 
 __all__ = ["Plan", "chat_messages", "chat_plan", "check_model", "completion_plan",

@@ -190,6 +190,60 @@ class DetokenizeRequest(_Strict):
     tokens: list[int]
 
 
+#: most inputs one ``/v1/embeddings`` request may give (OpenAI's limit) and most documents
+#: one rerank request may give
+MAX_EMBED_INPUTS = 2048
+MAX_RERANK_DOCUMENTS = 1024
+
+
+class EmbeddingRequest(_Strict):
+    """``POST /v1/embeddings`` (OpenAI's shape): ``input`` is a string, a list of strings, a
+    list of token ids or a list of token-id lists (at most :data:`MAX_EMBED_INPUTS`);
+    ``encoding_format`` ``float`` (lists of numbers) or ``base64`` (little-endian f32 bytes);
+    ``dimensions`` keeps the first N values (re-normalized when the model normalizes), only
+    for a model whose config says it was trained for that (``is_matryoshka`` /
+    ``matryoshka_dimensions``, vLLM's rule)."""
+
+    model: str = Field(max_length=256)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = Field(None, max_length=256)
+
+
+class RerankDocument(_Strict):
+    """A document given as an object (Cohere's ``{"text": ...}``)."""
+
+    text: str
+
+
+class RerankRequest(_Strict):
+    """``POST /v1/rerank`` and ``/rerank`` (vLLM's and Cohere's shape): ``query``, the
+    ``documents`` (strings or ``{"text"}`` objects, at most :data:`MAX_RERANK_DOCUMENTS`),
+    ``top_n`` (the best N results; default all) and ``return_documents`` (echo each
+    result's document; default true, as vLLM)."""
+
+    model: str | None = Field(None, max_length=256)
+    query: str
+    documents: list[str | RerankDocument] = Field(min_length=1)
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool = True
+
+
+class LoadLoraRequest(_Strict):
+    """``POST /v1/load_lora_adapter`` (vLLM's shape): a PEFT folder on the server's disk."""
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+
+
+class UnloadLoraRequest(_Strict):
+    """``POST /v1/unload_lora_adapter`` (vLLM's shape)."""
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_int_id: int | None = None
+
+
 class ErrorInfo(BaseModel):
     """The ``error`` object of an error response."""
 
@@ -206,6 +260,8 @@ class ErrorResponse(BaseModel):
 
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "DetokenizeRequest",
-           "ErrorInfo", "ErrorResponse", "MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS",
+           "EmbeddingRequest", "LoadLoraRequest", "UnloadLoraRequest", "MAX_EMBED_INPUTS",
+           "MAX_RERANK_DOCUMENTS", "RerankDocument",
+           "RerankRequest", "ErrorInfo", "ErrorResponse", "MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS",
            "ResponseFormat", "StreamOptions", "TextPart", "TokenizeBody", "TokenizeChatRequest",
            "TokenizeCompletionRequest"]

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 22 (embeddings, rerank) on the GPU machine. Built here first by
+#   python bench/gpu_run/issue22_build.py   -> .cache/i22b (the CUDA compile cache)
+# then one call, carry [".cache/i22b"]:  bash bench/gpu_run/issue22.sh
+#
+# Out: pooled_cuda.json (max abs diff of the tiny pooled fixtures' embeddings / scores vs
+# their recorded sentence-transformers / HF references, on CUDA) and embed_1b.json
+# (bench/embed_bench.py: 256 inputs of 128 tokens, batch 32, Llama-3.2-1B shape, bf16).
+set -u
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/i22out}"
+mkdir -p "$OUT"
+[ -d .cache/i22b ] || { echo "issue22: carry .cache/i22b" >&2; exit 2; }
+export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR="$PWD/.cache/i22b"
+python3 - > "$OUT/pooled_cuda.json" <<'PYEOF'
+import json
+import numpy as np
+from poot.embed import PoolingModel
+
+res = {}
+for name in ("qwen3_embed", "bert_embed", "bert_cross_encoder"):
+    pm = PoolingModel.load(f"test/fixtures/tiny/{name}", "cuda", max_batch=4, max_tokens=16)
+    ref = np.load(f"test/fixtures/tiny/{name}/reference.npz")
+    rows = [[int(x) for x in r[:n]] for r, n in zip(ref["input_ids"], ref["lengths"])]
+    if pm.task == "embed":
+        got, want = pm.embed_ids(rows), ref["embeddings"]
+    else:
+        tt = [[int(x) for x in r[:n]] for r, n in zip(ref["token_type_ids"], ref["lengths"])]
+        got, want = pm.score_pairs(list(zip(rows, tt))), ref["scores"]
+    res[name] = {"max_abs_diff": float(np.abs(got - want).max()), "shape": list(got.shape)}
+print(json.dumps(res))
+PYEOF
+cat "$OUT/pooled_cuda.json"
+python3 bench/embed_bench.py --config bench/shapes/llama-3.2-1b.json --random-weights bf16 \
+    --backend cuda --inputs 256 --tokens 128 --max-batch 32 | tee "$OUT/embed_1b.json"

@@ -1,0 +1,244 @@
+"""LoRA adapters (PEFT format) in fixed device slots, applied per sequence inside the step.
+
+A decoder traced with LoRA slots (:func:`lora_types` bound beside its weights) declares one
+more step input, ``lora_index`` i32 [B] (each sequence's slot; slot 0 holds zeros: the base
+model), and adds to every targeted projection ``y = x W^T`` the low-rank term::
+
+    y += (x A[s]^T) B[s]^T     A: lora.{role}.a f32 [S, R, in]   B: lora.{role}.b f32 [S, out, R]
+
+with ``s = lora_index[b]`` for every token of sequence b (gathered per row, then two batched
+matmuls), so one batch mixes adapters and the base model. An adapter of rank r <= R fills the
+first r rows of A and columns of B (the rest stay zero) and its scaling is folded into B:
+``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``), PEFT's ``scaling``. Loading
+or unloading an adapter rewrites its slot's arrays only (``Engine.load_weights`` replaces a
+weight in place): nothing is recompiled.
+
+PEFT's format (``peft`` ``save_pretrained``): ``adapter_config.json`` (``peft_type: LORA``,
+``r``, ``lora_alpha``, ``use_rslora``, ``target_modules``, ...) and
+``adapter_model.safetensors`` with ``base_model.model.model.layers.{i}.{self_attn|mlp}.
+{q,k,v,o,gate,up,down}_proj.lora_{A,B}.weight`` (A [r, in], B [out, r]).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from poot.dialects.types import DType, PootType, TensorType
+from poot.models.base import ModelError
+
+#: PEFT module name -> the decoder role suffix it adapts
+PEFT_TARGETS = {"q_proj": "attn.q", "k_proj": "attn.k", "v_proj": "attn.v", "o_proj": "attn.o",
+                "gate_proj": "ffn.gate", "up_proj": "ffn.up", "down_proj": "ffn.down"}
+_TENSOR = re.compile(r"^base_model\.model\.(?:model\.)?layers\.(\d+)\.(?:self_attn|mlp)\."
+                     r"(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+
+
+class LoraError(ModelError):
+    """An adapter that cannot be loaded; ``field`` names the config field or the tensor."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"LoRA adapter: {field}: {message}")
+
+
+@dataclass(frozen=True)
+class LoraSlots:
+    """The fixed device slots a step is traced with.
+
+    Attributes:
+        max_loras: adapters held at once (slots 1..max_loras; slot 0 is the base model).
+        max_rank: R, the largest rank a slot holds.
+        targets: role suffixes (``attn.q`` ... ``ffn.down``) that carry LoRA terms.
+    """
+
+    max_loras: int
+    max_rank: int
+    targets: tuple[str, ...] = tuple(PEFT_TARGETS.values())
+
+    def __post_init__(self):
+        for k in ("max_loras", "max_rank"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ModelError(f"LoraSlots.{k} must be a positive int, got {v!r}")
+        bad = [t for t in self.targets if t not in PEFT_TARGETS.values()]
+        if bad:
+            raise ModelError(f"LoraSlots.targets: unknown role {bad[0]!r} (known: "
+                             f"{', '.join(PEFT_TARGETS.values())})")
+
+    @property
+    def n_slots(self) -> int:
+        return self.max_loras + 1
+
+
+@dataclass
+class LoraAdapter:
+    """One adapter read from a PEFT folder: ``weights[role] = (A f32 [r, in], B f32 [out,
+    r])`` per adapted projection role (``blk.{i}.attn.q``), ``scale`` PEFT's scaling."""
+
+    name: str
+    rank: int
+    alpha: float
+    rslora: bool
+    scale: float
+    weights: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+def _config(folder: Path) -> dict:
+    f = folder / "adapter_config.json"
+    try:
+        cfg = json.loads(f.read_text())
+    except OSError as e:
+        raise LoraError("adapter_config.json", f"cannot read {f} ({e.strerror})") from None
+    except ValueError as e:
+        raise LoraError("adapter_config.json", f"not JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise LoraError("adapter_config.json", "must be a JSON object")
+    return cfg
+
+
+def read_peft_adapter(path: str | Path, base_types: Mapping[str, PootType],
+                      name: str | None = None) -> LoraAdapter:
+    """Read and check a PEFT LoRA folder against the base model's weight types.
+
+    Raises :class:`LoraError` naming the field or tensor: a ``peft_type`` other than LORA;
+    DoRA, biases, ``modules_to_save``, per-module rank/alpha patterns, ``fan_in_fan_out``; a
+    target module poot has no role for, or one the base lacks (a fused qkv family); a
+    tensor of unexpected name or shape; an A without its B.
+    """
+    from poot.load import open_weights
+
+    folder = Path(path)
+    cfg = _config(folder)
+    if cfg.get("peft_type", "LORA") != "LORA":
+        raise LoraError("peft_type", f"{cfg.get('peft_type')!r} is not LORA")
+    r = cfg.get("r")
+    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+        raise LoraError("r", f"must be a positive integer, got {r!r}")
+    alpha = cfg.get("lora_alpha", r)
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise LoraError("lora_alpha", f"must be a number, got {alpha!r}")
+    for key, ok in (("use_dora", lambda v: not v), ("fan_in_fan_out", lambda v: not v),
+                    ("bias", lambda v: v in (None, "none")),
+                    ("modules_to_save", lambda v: not v), ("rank_pattern", lambda v: not v),
+                    ("alpha_pattern", lambda v: not v), ("lora_bias", lambda v: not v)):
+        if not ok(cfg.get(key)):
+            raise LoraError(key, f"{cfg.get(key)!r} is not supported")
+    targets = cfg.get("target_modules")
+    if isinstance(targets, str):
+        targets = [targets]
+    if not isinstance(targets, list) or not targets:
+        raise LoraError("target_modules", f"must be a list of module names, got {targets!r}")
+    for t in targets:
+        if t not in PEFT_TARGETS:
+            raise LoraError("target_modules", f"{t!r} is not a projection poot adapts "
+                            f"(known: {', '.join(PEFT_TARGETS)})")
+    rslora = bool(cfg.get("use_rslora", False))
+    scale = float(alpha) / (math.sqrt(r) if rslora else r)
+    try:
+        store = open_weights(folder / "adapter_model.safetensors")
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001  (a LoadError names the file)
+        raise LoraError("adapter_model.safetensors", str(e)) from None
+    pairs: dict[str, dict[str, np.ndarray]] = {}
+    for tname in store:
+        m = _TENSOR.match(tname)
+        if m is None or m.group(2) not in PEFT_TARGETS:
+            raise LoraError(tname, "not a LoRA tensor of a projection poot adapts")
+        layer, module, ab = int(m.group(1)), m.group(2), m.group(3)
+        if module not in targets:
+            raise LoraError(tname, f"{module} is not in target_modules")
+        role = f"blk.{layer}.{PEFT_TARGETS[module]}"
+        base = base_types.get(role)
+        if base is None:
+            raise LoraError(tname, f"the base model has no separate {module} in layer "
+                            f"{layer} (role {role})")
+        out_f, in_f = base.shape
+        want = (r, in_f) if ab == "A" else (out_f, r)
+        t = store[tname]
+        if tuple(t.shape) != want:
+            raise LoraError(tname, f"shape {list(t.shape)}, expected {list(want)} (r={r}, "
+                            f"base {role} is [{out_f}, {in_f}])")
+        pairs.setdefault(role, {})[ab] = np.asarray(t.data, dtype=np.float32)
+    if not pairs:
+        raise LoraError("adapter_model.safetensors", "holds no LoRA tensors")
+    out = LoraAdapter(name or folder.name, r, float(alpha), rslora, scale)
+    for role, ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise LoraError(role, "lora_A and lora_B must both be present")
+        out.weights[role] = (ab["A"], ab["B"])
+    return out
+
+
+def lora_types(slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int
+               ) -> dict[str, TensorType]:
+    """The slot params: ``lora.{role}.a`` f32 [S, R, in] and ``lora.{role}.b`` f32
+    [S, out, R] for every targeted role the base has (S = max_loras + 1)."""
+    out = {}
+    s, r = slots.n_slots, slots.max_rank
+    for i in range(n_layers):
+        for t in slots.targets:
+            base = base_types.get(f"blk.{i}.{t}")
+            if base is None:
+                continue
+            out_f, in_f = base.shape
+            out[f"lora.blk.{i}.{t}.a"] = TensorType((s, r, in_f), DType.F32)
+            out[f"lora.blk.{i}.{t}.b"] = TensorType((s, out_f, r), DType.F32)
+    return out
+
+
+class LoraTable:
+    """The host copy of every slot's arrays (bound as weights; a changed array is uploaded
+    again with ``Engine.load_weights``). Slot 0 is always zero (the base model)."""
+
+    def __init__(self, slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int):
+        self.slots = slots
+        self.types = lora_types(slots, base_types, n_layers)
+        self.arrays = {n: np.zeros(t.shape, np.float32) for n, t in self.types.items()}
+        self.loaded: dict[int, str] = {}
+
+    def load(self, slot: int, adapter: LoraAdapter) -> list[str]:
+        """Write ``adapter`` into ``slot`` (1..max_loras); returns the param names changed.
+        Raises :class:`LoraError`: a slot out of range, rank past the slot size (naming the
+        adapter's first A tensor role), a role the slots do not target."""
+        if not 1 <= slot <= self.slots.max_loras:
+            raise LoraError("slot", f"{slot} is outside 1..{self.slots.max_loras}")
+        if adapter.rank > self.slots.max_rank:
+            first = next(iter(adapter.weights))
+            raise LoraError(f"{first}.lora_A", f"rank {adapter.rank} exceeds the slots' "
+                            f"max rank {self.slots.max_rank}")
+        for role in adapter.weights:
+            if f"lora.{role}.a" not in self.types:
+                raise LoraError(role, "not among the projections the slots adapt "
+                                f"({', '.join(self.slots.targets)})")
+        changed = self.unload(slot)
+        r = adapter.rank
+        for role, (a, b) in adapter.weights.items():
+            self.arrays[f"lora.{role}.a"][slot, :r, :] = a
+            self.arrays[f"lora.{role}.b"][slot, :, :r] = b * np.float32(adapter.scale)
+            changed += [f"lora.{role}.a", f"lora.{role}.b"]
+        self.loaded[slot] = adapter.name
+        return sorted(set(changed))
+
+    def unload(self, slot: int) -> list[str]:
+        """Zero ``slot``; returns the param names changed (none if it was empty)."""
+        if slot not in self.loaded:
+            return []
+        changed = []
+        for n, arr in self.arrays.items():
+            if arr[slot].any():
+                arr[slot] = 0.0
+                changed.append(n)
+        del self.loaded[slot]
+        return changed
+
+
+__all__ = ["LoraAdapter", "LoraError", "LoraSlots", "LoraTable", "PEFT_TARGETS",
+           "lora_types", "read_peft_adapter"]
