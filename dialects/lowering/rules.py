@@ -49,9 +49,10 @@ class Strategy:
             Q4_1 / Q8_0 block format read in place) as a row-streaming vector kernel.
         m_tile: rows of x computed together against one decoded row of W.
         parallel_min_bytes: a kernel whose weight is at least this big runs its rows as an
-            ``scf.forall`` (threads); smaller ones as a sequential loop. 64 KiB: measured
-            on 2 cores in SmolLM2's decode step (its 192-row K/V projections, 69 KB, on two
-            threads: 103 -> 113 tok/s; alone, with hot caches, they gained nothing).
+            ``scf.forall`` (threads); smaller ones as a sequential loop. 64 KiB, so that
+            SmolLM2's 192-row K/V projections (69 KB) use both cores: in the decode step
+            they otherwise run while the other core waits; alone, with hot caches, the
+            fork/join neither gains nor loses at that size.
         cores: threads the kernels may use (1: never ``scf.forall``).
         int8_dot: packed weights (Q4_0/Q4_1/Q8_0) are multiplied by x quantized to int8 per
             32-element block (llama.cpp's scheme; AVX2 ``pmaddubsw``/``pmaddwd``): about twice

@@ -185,7 +185,8 @@ class CpuDevice:
         """A zeroed host buffer for ``type_``. Buffers of :data:`ARENA_MIN_BYTES` and up come
         from :class:`HugePageArena` chunks (weights and KV pools are streamed every step:
         on 2 MiB pages the hardware prefetchers are not stopped at every 4 KiB boundary and
-        the TLB covers them; measured 2x decode speed for SmolLM2 on 2 cores)."""
+        the TLB covers them: SmolLM2 Q4_1 decode measured 1.22x faster on 2 cores, 1.32x on
+        one)."""
         shape, dtype = host_shape(type_), host_dtype(type_)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes < ARENA_MIN_BYTES:
