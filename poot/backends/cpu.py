@@ -127,9 +127,11 @@ def cpu_threads(target=None) -> int:
     ``OMP_NUM_THREADS``, overrides), 1
     without an OpenMP runtime (then :func:`~poot.executor.cpu.warn_no_openmp` says so once,
     when there is more than one core to use)."""
-    env = os.environ.get("POOT_CPU_THREADS") or os.environ.get("OMP_NUM_THREADS")
-    if env and env.strip().isdigit():
-        wanted = max(1, int(env))
+    from poot.compiler.target import requested_threads
+
+    asked = requested_threads()
+    if asked is not None:
+        wanted = asked
     else:
         if target is None:
             from poot.compiler.target import host_cpu

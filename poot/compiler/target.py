@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from poot.dialects.types import DType
+from poot.errors import PootError
 
 ALL_DTYPES = frozenset(DType)
 
@@ -97,6 +98,27 @@ def _find_openmp() -> str | None:
     return next((n for n in names if os.path.exists(n)), None)
 
 
+class InvalidThreads(PootError):
+    """``POOT_CPU_THREADS`` or ``OMP_NUM_THREADS`` is set to something other than a positive
+    integer (the OpenMP runtime itself would abort on it)."""
+
+
+def requested_threads() -> int | None:
+    """Threads asked for by the environment: ``POOT_CPU_THREADS``, else ``OMP_NUM_THREADS``
+    (its first nesting level, ``"4,2"`` -> 4); None when neither is set. Raises
+    :class:`InvalidThreads` naming the variable when its value is not a positive integer."""
+    for var in ("POOT_CPU_THREADS", "OMP_NUM_THREADS"):
+        raw = os.environ.get(var)
+        if raw is None or not raw.strip():
+            continue
+        first = raw.split(",")[0].strip()
+        if not first.isdigit() or int(first) < 1:
+            raise InvalidThreads(f"{var}={raw!r}: the CPU kernels' thread count must be a "
+                                 f"positive integer")
+        return int(first)
+    return None
+
+
 def host_cpu() -> Target:
     """The host CPU as measured here: cores available to this process (``POOT_CPU_THREADS``,
     else ``OMP_NUM_THREADS``, overrides), its SIMD width and ISA features, and ``openmp`` among the features when the
@@ -112,9 +134,7 @@ def host_cpu() -> Target:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    env = os.environ.get("POOT_CPU_THREADS") or os.environ.get("OMP_NUM_THREADS")
-    if env and env.strip().isdigit() and int(env) >= 1:
-        cores = int(env)
+    cores = requested_threads() or cores
     features = flags & wanted | ({"openmp"} if openmp_runtime() else set())
     return Target("cpu", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
                                       vector_bits=bits, features=frozenset(features)))

@@ -214,3 +214,29 @@ def test_int8_dot_products(fmt, m, n, vnni):
     if vnni:  # exact integer sums either way: bitwise equal results
         other = compile_cpu(g, strategy=Strategy(cores=1, m_tile=2, int8_dot=True))
         np.testing.assert_array_equal(other.run({"x": x}, {"w": w})["y"], got)
+
+
+# ---- thread count from the environment --------------------------------------------------------
+
+@pytest.mark.parametrize("var", ["POOT_CPU_THREADS", "OMP_NUM_THREADS"])
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
+def test_bad_thread_count_is_a_typed_error(monkeypatch, var, value):
+    """A thread count the OpenMP runtime would abort on is refused first, naming the
+    variable (host_cpu() runs before anything is compiled or loaded)."""
+    from poot.compiler.target import InvalidThreads, host_cpu
+
+    monkeypatch.delenv("POOT_CPU_THREADS", raising=False)
+    monkeypatch.setenv(var, value)
+    with pytest.raises(InvalidThreads, match=var):
+        host_cpu()
+
+
+def test_thread_count_precedence(monkeypatch):
+    """POOT_CPU_THREADS wins over OMP_NUM_THREADS, whose first nesting level counts."""
+    from poot.compiler.target import host_cpu
+
+    monkeypatch.delenv("POOT_CPU_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3,2")
+    assert host_cpu().caps.cores == 3
+    monkeypatch.setenv("POOT_CPU_THREADS", "5")
+    assert host_cpu().caps.cores == 5
