@@ -1,6 +1,6 @@
 """Compile time, cold and warm: where a model's steps spend their seconds before the first token.
 
-    python bench/compile_time.py                       # SmolLM2 CPU cold + warm, tiny fixtures, CUDA-to-PTX
+    python bench/compile_time.py          # SmolLM2 CPU cold + warm, tiny fixtures, CUDA to PTX
     python bench/compile_time.py --only smollm2-cpu --only tiny
     python bench/compile_time.py --out bench/compile_time_results.json --label after
 

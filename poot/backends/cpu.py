@@ -1,5 +1,5 @@
-"""The CPU backend: a poot graph compiled for the host through MLIR and run by the
-ExecutionEngine.
+"""The CPU backend: a poot graph compiled for the host through MLIR and LLVM, run as a
+shared object loaded with ``ctypes``.
 
     prog = compile_cpu(graph)                      # lowering refusals raise LoweringRefusal
     outs = prog.run({"x": x}, {"w": w, "wq": packed_uint8_bytes})
@@ -14,7 +14,11 @@ every argument of the entry read-only, so inputs are never written) -> results b
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
 ``scf.parallel`` -> OpenMP when LLVM's ``libomp.so.5`` is installed (Debian ``libomp5``;
 else one thread) -> linalg to loops -> LLVM (toolchain.md, "CPU JIT"; dispatch functions stay
-``noinline``) -> ``ExecutionEngine`` with ``libmlir_c_runner_utils`` (and libomp).
+``noinline``) -> machine code ahead of time (:func:`compile_native`: the functions in
+cost-balanced groups, one ``opt | llc`` process pair per core, linked by ``ld -shared``),
+loaded after ``libmlir_c_runner_utils`` (and libomp). Without LLVM's tools or the linker
+(or with ``POOT_CPU_CODEGEN=jit``) the in-process ``ExecutionEngine`` JIT compiles instead.
+Each distinct kernel is compiled once per step: the layers call the same dispatch functions.
 
 Calling convention of the compiled ``_mlir_ciface_<name>``: one memref descriptor per step
 input (graph order), per weight (``poot.params`` order) and per output (graph order). Arrays
@@ -26,8 +30,9 @@ outputs are dropped from the entry's results once bufferized, so the scatter wri
 caller's buffer (one-shot bufferization keeps it in place across the dispatch calls, whose
 results equal to an argument are dropped too) and the function has no out-parameter for them:
 no copy of the pool is made per step. Dropping checks that each such result *is* its
-argument's buffer (else a :class:`CpuRunError`: the update would be lost). :meth:`CpuProgram.run` copies such inputs first, so a caller's arrays
-are never modified; an executor binds one buffer for both (:mod:`poot.executor.cpu`).
+argument's buffer (else a :class:`CpuRunError`: the update would be lost).
+:meth:`CpuProgram.run` copies such inputs first, so a caller's arrays are never modified; an
+executor binds one buffer for both (:mod:`poot.executor.cpu`).
 """
 
 from __future__ import annotations
@@ -676,8 +681,8 @@ def compile_native(module: ir.Module, opt_level: int = 2, shared_libs=(), jobs: 
     (``RTLD_GLOBAL``: the MLIR runner utils, libomp). Every function with a C interface gets
     the ExecutionEngine's packed wrapper (:func:`packed_wrapper`).
 
-    ``progress(stage)`` is told ``LLVM IR`` (translation), ``LLVM optimize + codegen`` and
-    ``linking``. Raises :class:`NativeCodegenError` with the tool's message when a tool
+    ``progress(stage)`` is told ``LLVM IR`` (translation), ``LLVM codegen`` (opt and llc)
+    and ``linking``. Raises :class:`NativeCodegenError` with the tool's message when a tool
     fails."""
     from mlir.dialects import llvm as llvm_d
 
@@ -698,7 +703,7 @@ def compile_native(module: ir.Module, opt_level: int = 2, shared_libs=(), jobs: 
                 if name.startswith("_mlir_ciface_"):
                     text += packed_wrapper(text, name[len("_mlir_ciface_"):])
             texts.append(text)
-    say("LLVM optimize + codegen")
+    say("LLVM codegen")
     flags = [f"-O{opt_level}", f"-mtriple={tools['triple']}", "-mcpu=native"]
     d = tempfile.mkdtemp(prefix="poot-cpu-")      # lives as long as the loaded object
     try:
@@ -802,8 +807,8 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     of :func:`poot.compiler.planning.plan_storage`): state updated in place (module doc).
 
     ``progress``: a :class:`~poot.progress.Tracker` (or ``progress(stage)``), told as each
-    stage starts: lower to linalg, bufferize, lower to LLVM, LLVM JIT (the JIT is one opaque
-    stage, most of the time).
+    stage starts: lower to linalg, bufferize, lower to LLVM, then LLVM IR, LLVM codegen and
+    linking (:func:`compile_native`) or, without LLVM's tools, the LLVM JIT.
 
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering,
     :class:`CpuRunError` when an in-place update could not be kept in place.
@@ -811,7 +816,9 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     t0 = time.perf_counter()
     tune_malloc()
     if progress is not None and hasattr(progress, "add"):
-        progress.add(4)
+        # lower to linalg, bufferize, lower to LLVM, then LLVM IR, LLVM codegen, linking
+        # (ahead of time) or the LLVM JIT
+        progress.add(6 if native_tools() is not None else 4)
     say = progress or (lambda stage: None)
     if isinstance(graph, ir.Module):
         graph = Graph.from_module(graph)

@@ -22,10 +22,11 @@ dispatch counts, the shared libraries it links against):
   and the MLIR pipeline do not). An ahead-of-time entry whose ``.so`` does not load is
   compiled again.
 
-How the text of a JIT-compiled program is obtained: if the backend's program exposes ``llvm_text`` it is used;
-otherwise the miss-path compile captures the module handed to the ``ExecutionEngine`` (a
-scoped wrapper around ``poot.backends.cpu.ExecutionEngine``, restored afterwards). A backend
-with neither is compiled every time (cache entries are only written when text was captured).
+How the text of a JIT-compiled program is obtained: if the backend's program exposes
+``llvm_text`` it is used; otherwise the miss-path compile captures the module handed to the
+``ExecutionEngine`` (a scoped wrapper around ``poot.backends.cpu.ExecutionEngine``, restored
+afterwards). A backend with neither is compiled every time (cache entries are only written
+when text was captured).
 
 Entry (GPU backends): the executable when it is a plain artifact that imports no MLIR --
 CUDA's :class:`~poot.backends.cuda.artifact.CudaArtifact` (launch plan + PTX), Vulkan's
