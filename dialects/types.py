@@ -8,6 +8,7 @@ or a packed block-quantized weight (``!poot.packed<#poot.q4_1, array<i64: rows, 
 from __future__ import annotations
 
 import enum
+import weakref
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -152,8 +153,25 @@ class PackedType:
 PootType = TensorType | PackedType
 
 
+#: per MLIR context, type -> poot type: reading a type is 10 us, and the passes read the same
+#: few hundred types hundreds of thousands of times (types are uniqued in their context, so
+#: the MLIR type itself is the key; a context's entries go with it)
+_READ: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def type_from_mlir(t: ir.Type) -> PootType:
     """Read a poot type from its MLIR form; raises TypeError for anything else."""
+    ctx = t.context
+    seen = _READ.get(ctx)
+    if seen is None:
+        seen = _READ[ctx] = {}
+    got = seen.get(t)
+    if got is None:
+        got = seen[t] = _read_type(t)
+    return got
+
+
+def _read_type(t: ir.Type) -> PootType:
     if isinstance(t, ir.RankedTensorType):
         rt = t
         if not rt.has_static_shape:

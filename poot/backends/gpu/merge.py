@@ -37,6 +37,11 @@ from poot.passes.ir_utils import clone_into
 #: attention), cheap to recompute, and matmuls (taken only where a consumer's strategy
 #: computes the matmul per output element, as a GEMV sharing its x does)
 FOLDABLE = frozenset({"elementwise", "rope", "reduction", "matmul"})
+#: the largest merged function a fold may make, in poot ops (as ``poot-fuse-dispatch``'s
+#: largest region): folding a chain of reductions into each next one (a sampler's top-p over
+#: a 49k vocabulary) otherwise grows kernels of 700 ops that recompute the chain per row
+#: loop, and kernel synthesis and PTX generation take tens of seconds on them
+FOLD_MAX_OPS = 256
 
 
 def _name(op: ir.Operation) -> str:
@@ -118,6 +123,18 @@ def _merged(prod_call, prod_fn, cons_call, cons_fn, name: str, module_body) -> t
     return fn, operands
 
 
+def _poot_ops(fn: ir.Operation) -> int:
+    """The number of poot ops in ``fn``."""
+    n = [0]
+
+    def visit(op):
+        n[0] += op.operation.name.startswith("poot.")
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    return n[0]
+
+
 def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter) -> bool:
     """Fold the first foldable producer call of ``block`` into all its consumers; False when
     there is none left."""
@@ -144,6 +161,8 @@ def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter
             counter[0] += 1
             fn, operands = _merged(call, pfn, c, cfn, f"{_name(cfn)}_f{counter[0]}",
                                    scratch)
+            if _poot_ops(fn) > FOLD_MAX_OPS:
+                break
             key = body_key(fn)
             if key not in made:
                 made[key] = accept(fn)
