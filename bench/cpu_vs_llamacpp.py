@@ -244,6 +244,18 @@ def run_poot(model: Path, threads: int, kv: int, runs: int) -> dict:
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}
 
 
+def _written(writer, dest: Path, t0: float) -> Path:
+    """Write the GGUF ``writer`` holds to ``dest``'s ``.tmp`` name, then move it into place
+    (a half-written file never has the final name)."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    dest.with_suffix(".tmp").rename(dest)
+    log(f"wrote {dest} in {time.perf_counter() - t0:.0f} s")
+    return dest
+
+
 def requantized(model: Path, quant: str, dir_: Path) -> Path:
     """``model`` with every quantized tensor stored as ``quant`` (q8_0 or f16), made once."""
     import numpy as np
@@ -282,13 +294,7 @@ def requantized(model: Path, quant: str, dir_: Path) -> Path:
         tensors.append((t.name, data, t.tensor_type if t.tensor_type == Q.F32 else target))
     for name, data, qtype in tensors:
         writer.add_tensor(name, data, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    dest.with_suffix(".tmp").rename(dest)
-    log(f"wrote {dest} in {time.perf_counter() - t0:.0f} s")
-    return dest
+    return _written(writer, dest, t0)
 
 
 #: Llama-3.2-1B's shapes (its config.json): the random-weight model of ``--random-1b``
@@ -355,13 +361,7 @@ def random_1b_q4_0(tokenizer_model: Path, dir_: Path, seed: int = 0) -> Path:
             writer.add_tensor(f"blk.{i}.{name}.weight", q4_0(rows, cols), raw_dtype=Q.Q4_0)
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    dest.with_suffix(".tmp").rename(dest)
-    log(f"wrote {dest} in {time.perf_counter() - t0:.0f} s")
-    return dest
+    return _written(writer, dest, t0)
 
 
 def model_quant(model: Path) -> str | None:
