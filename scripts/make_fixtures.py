@@ -194,6 +194,20 @@ def make_config(name: str):
     return cfg
 
 
+def perturb_vectors(model) -> None:
+    """Add N(0, NOISE_STD) noise (seed NOISE_SEED, parameters in name order) to every 1-D
+    parameter (norm weights, biases), so that HF's init of ones and zeros does not hide a
+    mix-up of them; then switch the model to eval mode."""
+    import torch
+
+    gen = torch.Generator().manual_seed(NOISE_SEED)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * NOISE_STD)
+    model.eval()
+
+
 def build_model(name: str, cfg=None):
     import torch
     import transformers
@@ -202,12 +216,7 @@ def build_model(name: str, cfg=None):
     cfg = cfg if cfg is not None else make_config(name)
     torch.manual_seed(INIT_SEED)
     model = getattr(transformers, arch)(cfg).to(torch.float32)
-    gen = torch.Generator().manual_seed(NOISE_SEED)
-    with torch.no_grad():
-        for pname, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            if p.dim() == 1:
-                p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * NOISE_STD)
-    model.eval()
+    perturb_vectors(model)
     return model
 
 
@@ -747,12 +756,7 @@ def make_pooled_fixture(name: str, out: Path) -> dict:
                 "BertForSequenceClassification, 1 label (cross-encoder)")
     else:
         raise SystemExit(f"unknown pooled fixture {name}")
-    gen = torch.Generator().manual_seed(NOISE_SEED)
-    with torch.no_grad():
-        for pname, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            if p.dim() == 1:
-                p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * NOISE_STD)
-    model.eval()
+    perturb_vectors(model)
     ids, mask = padded(rows)
     lengths = [len(r) for r in rows]
     flat = np.zeros((len(rows), ids.shape[1]), np.int64)

@@ -28,24 +28,24 @@ def _meta(name):
     return json.loads((FIXTURES / name / "reference.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def embed_server(cache_dir):
+def _pooled_server(fixture: str, served: str, cache_dir):
+    """A server running the pooled fixture ``fixture`` under the model name ``served``."""
     from poot.embed import PoolingModel
 
-    pm = PoolingModel.load(fixture_path("bert_embed"), max_batch=4, max_tokens=32,
+    pm = PoolingModel.load(fixture_path(fixture), max_batch=4, max_tokens=32,
                            cache_dir=cache_dir)
-    with running(pm, ServeConfig(served_model_name="emb")) as srv:
+    with running(pm, ServeConfig(served_model_name=served)) as srv:
         yield srv
+
+
+@pytest.fixture(scope="module")
+def embed_server(cache_dir):
+    yield from _pooled_server("bert_embed", "emb", cache_dir)
 
 
 @pytest.fixture(scope="module")
 def rerank_server(cache_dir):
-    from poot.embed import PoolingModel
-
-    pm = PoolingModel.load(fixture_path("bert_cross_encoder"), max_batch=4, max_tokens=32,
-                           cache_dir=cache_dir)
-    with running(pm, ServeConfig(served_model_name="ce")) as srv:
-        yield srv
+    yield from _pooled_server("bert_cross_encoder", "ce", cache_dir)
 
 
 def _client(srv):
