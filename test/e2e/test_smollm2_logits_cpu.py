@@ -37,14 +37,22 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(scope="module")
+def smollm2_model():
+    """(model, weights) of the bundled GGUF, opened once for every step compiled here."""
+    from poot.models import load_model
+
+    return load_model(str(smollm2_gguf()))
+
+
 @pytest.fixture(scope="module", params=["exact", "fast"])
-def steps(request):
+def steps(request, smollm2_model):
     from poot.compiler import CompileOptions, compile, host_cpu
-    from poot.models import StepSpec, load_model
+    from poot.models import StepSpec
 
     from poot.dialects.types import DType
 
-    model, weights = load_model(str(smollm2_gguf()))
+    model, weights = smollm2_model
     kw = dict(kv_capacity=CAPACITY, kv_dtype=DType.F32)
     opts = CompileOptions(precision=request.param)
     pre = compile(model.trace(StepSpec.prefill(CHUNK, outputs="hidden", **kw),
@@ -92,14 +100,14 @@ TOP5_TOL = {"exact": 1e-3, "fast": FAST_TOL}
 
 
 @pytest.fixture(scope="module")
-def forced(steps):
+def forced(steps, smollm2_model):
     """A prefill step with logits for every position (teacher forcing), same precision."""
     from poot.compiler import CompileOptions, compile, host_cpu
     from poot.dialects.types import DType
-    from poot.models import StepSpec, load_model
+    from poot.models import StepSpec
 
     precision = steps[3]
-    model, weights = load_model(str(smollm2_gguf()))
+    model, weights = smollm2_model
     spec = StepSpec.prefill(CHUNK, outputs="logits", kv_capacity=CAPACITY, kv_dtype=DType.F32)
     prog = compile(model.trace(spec, weights.types), host_cpu(),
                    CompileOptions(precision=precision))
