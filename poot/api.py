@@ -188,21 +188,7 @@ class ModelHandle:
             device = device_for(target)
         say(f"loading {path.name}")
         model, weights, model_context, tokenizer = _open_model(path, random_weights, seed)
-        lora_table = None
-        if max_loras:
-            _positive("max_loras", max_loras)
-            _positive("max_lora_rank", max_lora_rank)
-            if not hasattr(model, "options"):
-                raise InvalidRequest("max_loras", max_loras, f"the {model.family} family has "
-                                     f"no LoRA support")
-            from poot.models import WeightBinding
-            from poot.models.lora import LoraSlots, LoraTable
-
-            lora_table = LoraTable(LoraSlots(max_loras, max_lora_rank), weights.types,
-                                   model.dims().n_layers)
-            weights = WeightBinding({**weights.arrays, **lora_table.arrays},
-                                    {**weights.types, **lora_table.types},
-                                    dict(weights.stored))
+        weights, lora_table = _bind_lora_slots(model, weights, max_loras, max_lora_rank)
         kv_capacity = check_kv_capacity(model, kv_capacity, model_context)
         bs = kv_block_size(target)
         width = -(-kv_capacity // bs)
@@ -337,6 +323,27 @@ def _random_config(path: Path):
     return config_from_hf(_read_json(str(p)), str(p))
 
 
+def _bind_lora_slots(model, weights, max_loras: int, max_lora_rank: int):
+    """``(weights, table)``: the weights with ``max_loras`` LoRA slots of rank
+    ``max_lora_rank`` bound beside them (:class:`~poot.models.lora.LoraTable`), or the
+    weights unchanged and None when ``max_loras`` is 0. Raises :class:`InvalidRequest` for a
+    non-positive count or rank, or a family without LoRA support."""
+    if not max_loras:
+        return weights, None
+    _positive("max_loras", max_loras)
+    _positive("max_lora_rank", max_lora_rank)
+    if not hasattr(model, "options"):
+        raise InvalidRequest("max_loras", max_loras, f"the {model.family} family has "
+                             f"no LoRA support")
+    from poot.models import WeightBinding
+    from poot.models.lora import LoraSlots, LoraTable
+
+    table = LoraTable(LoraSlots(max_loras, max_lora_rank), weights.types,
+                      model.dims().n_layers)
+    return WeightBinding({**weights.arrays, **table.arrays}, {**weights.types, **table.types},
+                         dict(weights.stored)), table
+
+
 def compile_cached(cache, model, weight_types, spec, trace, target, options, progress=None):
     """The program of step ``spec`` through ``cache``'s step index (a hit neither traces nor
     imports MLIR; a miss calls ``trace()`` and compiles). ``progress``: a
@@ -356,11 +363,13 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                   samplers: Sequence[Any] | None = None, cache_dir: str | None = None,
                   compile_options: CompileOptions | None = None,
                   random_weights: str | None = None, seed: int = 0,
+                  max_loras: int = 0, max_lora_rank: int = 16,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fill the compile cache with the steps ``ModelHandle.load(path, backend, ...)`` and
     generation use, without opening a device: the prefill chunk, the decode step of each
     batch of ``batches`` (default: every bucket up to ``max_batch``) and its samplers (default:
-    the greedy one; batch 1 also :data:`~poot.graph.sampling.FULL`, what the CLI warms up).
+    the greedy one; batch 1 also :data:`~poot.graph.sampling.FULL`, what the CLI warms up);
+    ``max_loras``/``max_lora_rank``: the LoRA slots the handle binds (the steps differ).
     What ``poot compile`` runs before the cache is carried to a machine
     without MLIR. Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
     {"step_key", "program", "seconds", "hit"}}}``."""
@@ -386,6 +395,7 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
         raise InvalidRequest("backend", backend, "the vulkan target comes from the device; "
                              "compile it where it runs")
     model, weights, ctx, _ = _open_model(path, random_weights, seed)
+    weights, _ = _bind_lora_slots(model, weights, max_loras, max_lora_rank)
     kv_capacity = check_kv_capacity(model, kv_capacity, ctx)
     bs = kv_block_size(target)
     width = -(-kv_capacity // bs)

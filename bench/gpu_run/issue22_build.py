@@ -5,7 +5,10 @@
 The CUDA compile cache of the pooled steps: the three tiny pooled fixtures at batch 4 x 16
 tokens (what ``PoolingModel.load(..., max_batch=4, max_tokens=16)`` warms up) and the
 Llama-3.2-1B shape with random bf16 weights at batch 32 x 128 tokens, last-token pooling
-(what ``bench/embed_bench.py --config bench/shapes/llama-3.2-1b.json --backend cuda`` runs).
+(what ``bench/embed_bench.py --config bench/shapes/llama-3.2-1b.json --backend cuda`` runs);
+the LoRA steps of ``lora_check.py`` (the tiny llama fixture with two slots of rank 8, its
+greedy and log-prob samplers) and of ``bench/lora_bench.py`` on the 1B shape (KV 256, up to
+32 sequences, without slots and with one slot of rank 16).
 The cache keys hash poot's sources: run on this same working tree.
 """
 
@@ -18,6 +21,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench", "gpu_run"))
 
 
 def main() -> int:
@@ -55,6 +59,23 @@ def main() -> int:
     spec = runner.spec(32, 128)
     compile_step(model, weights.types, spec, lambda: model.trace_pooled(spec, weights.types))
     out["llama1b_B32_T128"] = round(time.perf_counter() - t0, 1)
+
+    from lora_check import FIX, LOAD, params
+    from poot.api import compile_steps
+    from poot.engine.runner import sampler_spec_for
+    from poot.graph.sampling import GREEDY
+
+    cache_dir = os.path.join(ROOT, ".cache", "i22b")
+    t0 = time.perf_counter()
+    compile_steps(os.path.join(FIX, "llama"), "cuda", cache_dir=cache_dir,
+                  samplers=[GREEDY, sampler_spec_for([params()])], **LOAD)
+    out["lora_check"] = round(time.perf_counter() - t0, 1)
+    for slots in (0, 1):
+        t0 = time.perf_counter()
+        compile_steps(os.path.join(ROOT, "bench/shapes/llama-3.2-1b.json"), "cuda",
+                      cache_dir=cache_dir, random_weights="bf16", kv_capacity=256,
+                      max_batch=32, max_loras=slots, max_lora_rank=16)
+        out[f"lora_bench_1b_slots{slots}"] = round(time.perf_counter() - t0, 1)
     print(json.dumps({"compile_s": out}))
     return 0
 

@@ -20,6 +20,7 @@ from poot.graph import ops
 from poot.graph.builder import Builder, Graph, Tensor
 from poot.models.base import (ModelError, StepDims, StepSpec, WeightBinding, WeightName,
                               WeightTable, bind_weights, default_kv_dtype)
+from poot.models.lora import COLUMN_SLOT
 
 
 @dataclass
@@ -35,8 +36,9 @@ class StepInputs:
             (:mod:`poot.models.pooling`: no cache, attention over the step's own keys).
         mask: i1 [B, T, T], the keys each query may see besides the causal mask (a pooled
             step's padding mask), or None.
-        lora_index: i32 [B], each sequence's LoRA slot (:mod:`poot.models.lora`), or None
-            when the step carries no LoRA slots.
+        lora_mask: f32 [B, 1, L*R], which slot columns of the LoRA terms each sequence
+            uses (:func:`lora_row_mask` of the step input ``lora_index``), or None when the
+            step carries no LoRA slots.
     """
 
     tokens: Tensor
@@ -45,7 +47,7 @@ class StepInputs:
     kv_index: Tensor | None
     caches: list[tuple[Tensor, Tensor]] | None
     mask: Tensor | None = None
-    lora_index: Tensor | None = None
+    lora_mask: Tensor | None = None
 
 
 def step_inputs(b: Builder, spec: StepSpec, n_layers: int, n_kv_heads: int,
@@ -321,26 +323,38 @@ def decoder_dims(o: DecoderOptions) -> StepDims:
 
 
 def proj(b: Builder, types: dict[str, PootType], role: str, x: Tensor,
-         lora_index: Tensor | None = None) -> Tensor:
+         lora_mask: Tensor | None = None) -> Tensor:
     """``linear(x, role)``, adding ``role_bias`` when it is bound, and the per-sequence LoRA
-    term when ``lora_index`` is given and ``lora.{role}.a``/``.b`` are bound
+    term when ``lora_mask`` is given and ``lora.{role}.a``/``.b`` are bound
     (:func:`lora_delta`)."""
     bias = param(b, types, role + "_bias") if role + "_bias" in types else None
     y = ops.linear(b, x, param(b, types, role), bias)
-    if lora_index is not None and f"lora.{role}.a" in types:
-        y = y + lora_delta(b, types, role, x, lora_index)
+    if lora_mask is not None and f"lora.{role}.a" in types:
+        y = y + lora_delta(b, types, role, x, lora_mask)
     return y
 
 
+def lora_row_mask(b: Builder, types: dict[str, PootType], lora_index: Tensor) -> Tensor:
+    """f32 [B, 1, L*R]: 1 where stacked rank ``j`` of the LoRA terms belongs to sequence b's
+    slot (``lora.column_slot[j] == lora_index[b]``), else 0; slot 0 (the base model) matches
+    no column (:mod:`poot.models.lora`)."""
+    col = param(b, types, COLUMN_SLOT)                                            # [L*R]
+    bsz, lr = lora_index.shape[0], col.shape[0]
+    hit = b.compare("eq", b.reshape(col, (1, lr)), b.reshape(lora_index, (bsz, 1)))
+    return b.reshape(b.cast(hit, DType.F32), (bsz, 1, lr))
+
+
 def lora_delta(b: Builder, types: dict[str, PootType], role: str, x: Tensor,
-               lora_index: Tensor) -> Tensor:
-    """f32 [B, T, out]: ``(x A[s]^T) B[s]^T`` for x f32 [B, T, in], with each sequence's
-    slot ``s = lora_index[b]`` gathered from ``lora.{role}.a`` f32 [S, R, in] and
-    ``lora.{role}.b`` f32 [S, out, R] (:mod:`poot.models.lora`)."""
-    a_sel = b.gather(param(b, types, f"lora.{role}.a"), lora_index, axis=0)   # [B, R, in]
-    b_sel = b.gather(param(b, types, f"lora.{role}.b"), lora_index, axis=0)   # [B, out, R]
-    xa = b.matmul(ops.as_f32(b, x), b.transpose(a_sel, [0, 2, 1]))            # [B, T, R]
-    return b.matmul(xa, b.transpose(b_sel, [0, 2, 1]))                         # [B, T, out]
+               lora_mask: Tensor) -> Tensor:
+    """f32 [B, T, out]: ``((x A^T) * mask) B^T`` for x [B, T, in], every slot's ranks
+    stacked in ``lora.{role}.a`` f32 [L*R, in] and ``lora.{role}.b`` f32 [out, L*R], and
+    ``lora_mask`` f32 [B, 1, L*R] (:func:`lora_row_mask`) keeping each sequence's own slot.
+    Two plain projections: no per-row gather of adapter weights, and the same GEMV/GEMM
+    kernels (and sibling fusion) as the base projections; the cost is L times one adapter's
+    FLOPs and bytes (:mod:`poot.models.lora`)."""
+    xa = ops.linear(b, ops.as_f32(b, x), param(b, types, f"lora.{role}.a"))
+    return ops.linear(b, xa * b.broadcast_to(lora_mask, xa.shape),
+                      param(b, types, f"lora.{role}.b"))
 
 
 def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, PootType],
@@ -350,8 +364,9 @@ def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, 
     types = dict(weight_types)
     inp = step_inputs(b, spec, o.num_layers, o.num_kv_heads, o.head_dim,
                       default_kv_dtype(weight_types))
-    if any(k.startswith("lora.") for k in types):     # LoRA slots bound: per-row slot input
-        inp.lora_index = b.input("lora_index", TensorType((spec.batch,), DType.I32))
+    if COLUMN_SLOT in types:                           # LoRA slots bound: per-row slot input
+        inp.lora_mask = lora_row_mask(
+            b, types, b.input("lora_index", TensorType((spec.batch,), DType.I32)))
     h, caches = decoder_body(b, o, types, inp)
     head = None
     if spec.outputs == "logits":
@@ -409,7 +424,7 @@ def decoder_body(b: Builder, o: DecoderOptions, types: dict[str, PootType], inp:
                     a = norm(p + "post_attn_norm", a)
             x = x + a
             with b.scope("ffn"):
-                f = decoder_ffn(b, o, types, i, norm(p + "ffn_norm", x), inp.lora_index)
+                f = decoder_ffn(b, o, types, i, norm(p + "ffn_norm", x), inp.lora_mask)
                 if o.sandwich_norms:
                     f = norm(p + "post_ffn_norm", f)
             x = x + f
@@ -434,7 +449,7 @@ def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType],
         q, k, v = (b.slice_axis(qkv, 2, s, e) for s, e in
                    ((0, nq), (nq, nq + nkv), (nq + nkv, nq + 2 * nkv)))
     else:
-        q, k, v = (proj(b, types, p + r, h, inp.lora_index) for r in ("q", "k", "v"))
+        q, k, v = (proj(b, types, p + r, h, inp.lora_mask) for r in ("q", "k", "v"))
     q = b.reshape(q, (bsz, t, o.num_heads, d))
     k = b.reshape(k, (bsz, t, o.num_kv_heads, d))
     v = b.reshape(v, (bsz, t, o.num_kv_heads, d))
@@ -456,13 +471,13 @@ def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType],
                                                  softcap=o.attn_softcap, scale=o.attn_scale)
         kv = (k_cache, v_cache)
     out = b.reshape(out, (bsz, t, nq))
-    return proj(b, types, p + "o", out, inp.lora_index), kv
+    return proj(b, types, p + "o", out, inp.lora_mask), kv
 
 
 def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: int,
-                h: Tensor, lora_index: Tensor | None = None) -> Tensor:
+                h: Tensor, lora_mask: Tensor | None = None) -> Tensor:
     """Layer ``i``'s FFN on h f32 [B, T, H]: gated MLP (separate or fused gate|up, optional
-    biases, LoRA terms when ``lora_index`` is given) or, on MoE layers,
+    biases, LoRA terms when ``lora_mask`` is given) or, on MoE layers,
     :func:`poot.graph.ops.moe` over the layer's experts."""
     p = f"blk.{i}.ffn."
     if o.is_moe(i):
@@ -482,14 +497,14 @@ def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: in
         f = gu.shape[-1] // 2
         gate, up = b.slice_axis(gu, gu.rank - 1, 0, f), b.slice_axis(gu, gu.rank - 1, f, 2 * f)
         return proj(b, types, p + "down", ops.activation(b, gate, o.act) * up)
-    lora = lora_index is not None and any(f"lora.{p}{r}.a" in types
+    lora = lora_mask is not None and any(f"lora.{p}{r}.a" in types
                                           for r in ("gate", "up", "down"))
     if not lora and not any(p + f"{r}_bias" in types for r in ("gate", "up", "down")):
         return ops.mlp_glu(b, h, param(b, types, p + "gate"), param(b, types, p + "up"),
                            param(b, types, p + "down"), act=o.act)
-    act = ops.activation(b, proj(b, types, p + "gate", h, lora_index), o.act) * \
-        proj(b, types, p + "up", h, lora_index)
-    return proj(b, types, p + "down", act, lora_index)
+    act = ops.activation(b, proj(b, types, p + "gate", h, lora_mask), o.act) * \
+        proj(b, types, p + "up", h, lora_mask)
+    return proj(b, types, p + "down", act, lora_mask)
 
 
 class DecoderModel(abc.ABC):

@@ -1,17 +1,26 @@
 """LoRA adapters (PEFT format) in fixed device slots, applied per sequence inside the step.
 
 A decoder traced with LoRA slots (:func:`lora_types` bound beside its weights) declares one
-more step input, ``lora_index`` i32 [B] (each sequence's slot; slot 0 holds zeros: the base
-model), and adds to every targeted projection ``y = x W^T`` the low-rank term::
+more step input, ``lora_index`` i32 [B] (each sequence's slot: 1..L an adapter, 0 the base
+model), and adds to every targeted projection ``y = x W^T`` the low-rank term of every slot
+at once, masked to each sequence's own::
 
-    y += (x A[s]^T) B[s]^T     A: lora.{role}.a f32 [S, R, in]   B: lora.{role}.b f32 [S, out, R]
+    y += ((x A^T) * mask[b]) B^T      A: lora.{role}.a f32 [L*R, in]   B: lora.{role}.b f32 [out, L*R]
 
-with ``s = lora_index[b]`` for every token of sequence b (gathered per row, then two batched
-matmuls), so one batch mixes adapters and the base model. An adapter of rank r <= R fills the
-first r rows of A and columns of B (the rest stay zero) and its scaling is folded into B:
-``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``), PEFT's ``scaling``. Loading
-or unloading an adapter rewrites its slot's arrays only (``Engine.load_weights`` replaces a
-weight in place): nothing is recompiled.
+with slot s's ranks at rows/columns ``(s-1)*R .. s*R`` and ``mask[b, j] = (lora.column_slot[j]
+== lora_index[b])``, ``lora.column_slot`` i32 [L*R] = ``j // R + 1`` bound beside them
+(:func:`poot.models.components.lora_row_mask`). Both terms are plain projections (the GEMV/GEMM kernels and the sibling
+fusion of the base projections apply; no per-row gather of adapter weights), so one batch
+mixes adapters and the base model at L times one adapter's FLOPs and bytes: size
+``max_loras`` to the adapters served at once. An adapter of rank r <= R fills the first r
+rows of its slot's A and columns of its B (the rest stay zero) and its scaling is folded
+into B: ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``), PEFT's
+``scaling``. Loading or unloading an adapter rewrites its slot's arrays only
+(``Engine.load_weights`` replaces a weight in place): nothing is recompiled.
+
+This is the dense form of multi-LoRA batching; S-LoRA / Punica (Chen et al., 2023, "Punica:
+Multi-Tenant LoRA Serving") gather each row's adapter instead, which reads less when many
+adapters are resident but needs an indexed-weight matmul kernel.
 
 PEFT's format (``peft`` ``save_pretrained``): ``adapter_config.json`` (``peft_type: LORA``,
 ``r``, ``lora_alpha``, ``use_rslora``, ``target_modules``, ...) and
@@ -40,6 +49,10 @@ _TENSOR = re.compile(r"^base_model\.model\.(?:model\.)?layers\.(\d+)\.(?:self_at
                      r"(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
+#: the param naming each stacked rank's slot (i32 [L*R], ``j // R + 1``)
+COLUMN_SLOT = "lora.column_slot"
+
+
 class LoraError(ModelError):
     """An adapter that cannot be loaded; ``field`` names the config field or the tensor."""
 
@@ -53,7 +66,8 @@ class LoraSlots:
     """The fixed device slots a step is traced with.
 
     Attributes:
-        max_loras: adapters held at once (slots 1..max_loras; slot 0 is the base model).
+        max_loras: L, adapters held at once (slots 1..L; slot 0 is the base model, which
+            holds no arrays).
         max_rank: R, the largest rank a slot holds.
         targets: role suffixes (``attn.q`` ... ``ffn.down``) that carry LoRA terms.
     """
@@ -71,10 +85,6 @@ class LoraSlots:
         if bad:
             raise ModelError(f"LoraSlots.targets: unknown role {bad[0]!r} (known: "
                              f"{', '.join(PEFT_TARGETS.values())})")
-
-    @property
-    def n_slots(self) -> int:
-        return self.max_loras + 1
 
 
 @dataclass
@@ -179,29 +189,34 @@ def read_peft_adapter(path: str | Path, base_types: Mapping[str, PootType],
 
 def lora_types(slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int
                ) -> dict[str, TensorType]:
-    """The slot params: ``lora.{role}.a`` f32 [S, R, in] and ``lora.{role}.b`` f32
-    [S, out, R] for every targeted role the base has (S = max_loras + 1)."""
-    out = {}
-    s, r = slots.n_slots, slots.max_rank
+    """The slot params: ``lora.{role}.a`` f32 [L*R, in] and ``lora.{role}.b`` f32
+    [out, L*R] for every targeted role the base has (L = max_loras, R = max_rank), and
+    ``lora.column_slot`` i32 [L*R], the slot each stacked rank belongs to."""
+    lr = slots.max_loras * slots.max_rank
+    out = {COLUMN_SLOT: TensorType((lr,), DType.I32)}
     for i in range(n_layers):
         for t in slots.targets:
             base = base_types.get(f"blk.{i}.{t}")
             if base is None:
                 continue
             out_f, in_f = base.shape
-            out[f"lora.blk.{i}.{t}.a"] = TensorType((s, r, in_f), DType.F32)
-            out[f"lora.blk.{i}.{t}.b"] = TensorType((s, out_f, r), DType.F32)
+            out[f"lora.blk.{i}.{t}.a"] = TensorType((lr, in_f), DType.F32)
+            out[f"lora.blk.{i}.{t}.b"] = TensorType((out_f, lr), DType.F32)
     return out
 
 
 class LoraTable:
     """The host copy of every slot's arrays (bound as weights; a changed array is uploaded
-    again with ``Engine.load_weights``). Slot 0 is always zero (the base model)."""
+    again with ``Engine.load_weights``). Slot s (1..L) holds rows / columns ``(s-1)*R ..
+    (s-1)*R + r`` of the stacked arrays; slot 0, the base model, holds none."""
 
     def __init__(self, slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int):
         self.slots = slots
         self.types = lora_types(slots, base_types, n_layers)
-        self.arrays = {n: np.zeros(t.shape, np.float32) for n, t in self.types.items()}
+        self.arrays = {n: np.zeros(t.shape, np.float32) for n, t in self.types.items()
+                       if n != COLUMN_SLOT}
+        self.arrays[COLUMN_SLOT] = np.repeat(np.arange(1, slots.max_loras + 1, dtype=np.int32),
+                                             slots.max_rank)
         self.loaded: dict[int, str] = {}
 
     def load(self, slot: int, adapter: LoraAdapter) -> list[str]:
@@ -219,26 +234,34 @@ class LoraTable:
                 raise LoraError(role, "not among the projections the slots adapt "
                                 f"({', '.join(self.slots.targets)})")
         changed = self.unload(slot)
-        r = adapter.rank
+        lo, hi = self._columns(slot, adapter.rank)
         for role, (a, b) in adapter.weights.items():
-            self.arrays[f"lora.{role}.a"][slot, :r, :] = a
-            self.arrays[f"lora.{role}.b"][slot, :, :r] = b * np.float32(adapter.scale)
+            self.arrays[f"lora.{role}.a"][lo:hi, :] = a
+            self.arrays[f"lora.{role}.b"][:, lo:hi] = b * np.float32(adapter.scale)
             changed += [f"lora.{role}.a", f"lora.{role}.b"]
         self.loaded[slot] = adapter.name
         return sorted(set(changed))
+
+    def _columns(self, slot: int, rank: int) -> tuple[int, int]:
+        lo = (slot - 1) * self.slots.max_rank
+        return lo, lo + rank
 
     def unload(self, slot: int) -> list[str]:
         """Zero ``slot``; returns the param names changed (none if it was empty)."""
         if slot not in self.loaded:
             return []
         changed = []
+        lo, hi = self._columns(slot, self.slots.max_rank)
         for n, arr in self.arrays.items():
-            if arr[slot].any():
-                arr[slot] = 0.0
+            if n == COLUMN_SLOT:
+                continue
+            part = arr[lo:hi] if n.endswith(".a") else arr[:, lo:hi]
+            if part.any():
+                part[...] = 0.0
                 changed.append(n)
         del self.loaded[slot]
         return changed
 
 
-__all__ = ["LoraAdapter", "LoraError", "LoraSlots", "LoraTable", "PEFT_TARGETS",
+__all__ = ["COLUMN_SLOT", "LoraAdapter", "LoraError", "LoraSlots", "LoraTable", "PEFT_TARGETS",
            "lora_types", "read_peft_adapter"]

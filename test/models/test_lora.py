@@ -14,7 +14,7 @@ import pytest
 from model_steps import FIXTURES, fixture_path, reference
 from poot.models import WeightBinding, contiguous_inputs, load_model
 from poot.models.base import StepSpec
-from poot.models.lora import LoraError, LoraSlots, LoraTable, read_peft_adapter
+from poot.models.lora import COLUMN_SLOT, LoraError, LoraSlots, LoraTable, read_peft_adapter
 
 LORA = FIXTURES / "llama_lora"
 ADAPTERS = ("adapter_a", "adapter_b")
@@ -111,7 +111,8 @@ def test_slots_reload_without_recompiling(base, compiled):
     assert np.abs(out["logits"][2]).max() > 0            # slot 2 empty: the base again
     assert np.abs(out["logits"][2] - _want("base")[0]).max() < TOL
     t.unload(1)
-    assert not any(a.any() for a in t.arrays.values())
+    assert not any(a.any() for n, a in t.arrays.items() if n != COLUMN_SLOT)
+    assert list(t.arrays[COLUMN_SLOT]) == [1] * 8 + [2] * 8      # slot of each stacked rank
 
 
 def _copy(tmp_path, name="adapter_a"):
