@@ -17,7 +17,8 @@ chosen backend like the generation steps; no KV cache is allocated.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -30,6 +31,7 @@ from poot.errors import PootError
 DEFAULT_MAX_TOKENS = 512
 #: Rows per pooled step by default.
 DEFAULT_POOL_BATCH = 8
+_QUEUE_LOCK = threading.Lock()
 
 
 class WrongTask(PootError):
@@ -74,6 +76,20 @@ class PoolingModel:
     num_labels: int = 0
     matryoshka: bool | tuple[int, ...] = False
     load_s: float = 0.0
+    _queue: Any = field(default=None, repr=False, compare=False)
+
+    def queue(self, max_pending_rows: int | None = None):
+        """The model's :class:`~poot.engine.pooling.PoolQueue` (its scheduler thread),
+        started on first use or again after it was closed; ``max_pending_rows``, when
+        given, becomes its bound. Every pooled call of this model goes through it."""
+        from poot.engine.pooling import PoolQueue
+
+        with _QUEUE_LOCK:
+            if self._queue is None or self._queue.closed:
+                self._queue = PoolQueue(self.runner)
+            if max_pending_rows is not None:
+                self._queue.max_pending_rows = max_pending_rows
+            return self._queue
 
     @property
     def kv_capacity(self) -> int:
@@ -233,7 +249,7 @@ class PoolingModel:
         :meth:`encode_input`). Raises :class:`WrongTask` on a cross-encoder."""
         if self.task != "embed":
             raise WrongTask("embed", self.task)
-        return self.runner.run(rows)
+        return self.queue().run(rows)
 
     def embed(self, inputs: Sequence[Any]) -> np.ndarray:
         """f32 [n, H]: embeddings of strings or token-id lists (:meth:`encode_input`)."""
@@ -266,7 +282,7 @@ class PoolingModel:
         Raises :class:`WrongTask` unless this is a cross-encoder."""
         if self.task != "score":
             raise WrongTask("score", self.task)
-        return self.runner.run([p[0] for p in pairs], [p[1] for p in pairs])
+        return self.queue().run([p[0] for p in pairs], [p[1] for p in pairs])
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         """f32 [n]: relevance of each document to ``query``: ``sigmoid(logit)`` for a

@@ -75,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="sequences that may wait beyond the running batch; then 429 "
                         "(default: 256)")
+    p.add_argument("--max-pooled-rows", type=int, default=4096, metavar="N",
+                   help="embedding inputs / rerank documents that may wait for a pooled "
+                        "step; then 503 (default: 4096)")
     p.add_argument("--max-concurrent", type=int, default=512, metavar="N",
                    help="HTTP requests in progress at once; then 503 (default: 512)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N",
@@ -123,6 +126,7 @@ def _config(args):
                        max_body_bytes=args.max_body_bytes,
                        max_prompt_tokens=args.max_prompt_tokens, max_n=args.max_n,
                        max_queue=args.max_queue, max_concurrent=args.max_concurrent,
+                       max_pooled_rows=args.max_pooled_rows,
                        request_timeout_s=args.request_timeout,
                        drain_timeout_s=args.drain_timeout,
                        runtime_lora=args.allow_runtime_lora)
@@ -163,15 +167,26 @@ def load_and_warm(options: dict, warm_up: bool = True, progress=None):
     """Load the model (``ModelHandle.load(**options)``) and, with ``warm_up``, compile (or
     load from the compile cache) every decode bucket with the greedy and full samplers and
     the full one with log-probs and guided decoding's mask (which serves any request), so
-    that no request waits on a compile."""
+    that no request waits on a compile. With ``options["pooled"]`` set (``embed`` /
+    ``score``, :func:`poot.embed.pooled_task`): a :class:`~poot.embed.PoolingModel`
+    instead, warmed for every batch and token bucket."""
     from dataclasses import replace
 
     from poot.api import ModelHandle
     from poot.engine.runner import decode_buckets
     from poot.graph.sampling import FULL, LOGPROB_WIDTHS
 
-    specs = (FULL, replace(FULL, logprobs=max(LOGPROB_WIDTHS), guided=True))
     opts = dict(options)
+    if opts.pop("pooled", None):
+        from poot.embed import PoolingModel
+
+        pm = PoolingModel.load(opts["path"], opts["backend"], max_batch=opts["max_batch"],
+                               max_tokens=opts["kv_capacity"], use_cache=opts["use_cache"],
+                               progress=progress, warm_up=warm_up)
+        if warm_up:                  # every bucket: no request waits on a compile
+            pm.runner.warm_up(pm.runner.batch_buckets, pm.runner.tok_buckets)
+        return pm
+    specs = (FULL, replace(FULL, logprobs=max(LOGPROB_WIDTHS), guided=True))
     handle = ModelHandle.load(opts.pop("path"), progress=progress,
                               warm_samplers=specs if warm_up else (), **opts)
     if warm_up:
@@ -191,8 +206,8 @@ def _require_serve_extra() -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks",
-                  "max_concurrent", "max_body_bytes", "max_n", "max_prompt_tokens",
-                  "replicas", "max_lora_rank", "threads")
+                  "max_concurrent", "max_body_bytes", "max_n", "max_pooled_rows",
+                  "max_prompt_tokens", "replicas", "max_lora_rank", "threads")
     apply_threads(args)
     if args.max_loras is not None and args.max_loras < 0:
         raise InvalidRequest("--max-loras", args.max_loras, "must be >= 0")
@@ -218,11 +233,7 @@ def run(args: argparse.Namespace) -> int:
     if options["pooled"] and options.get("max_loras"):
         raise InvalidRequest("--lora", args.lora, "an embedding model or cross-encoder takes "
                              "no LoRA adapters")
-    if options["pooled"] and args.ray:
-        raise InvalidRequest("--ray", True, "an embedding model or cross-encoder is served "
-                             "by one process (no Ray replicas yet)")
     if args.ray:
-        options.pop("pooled")
         from poot.serve.ray import serve_with_ray
 
         return serve_with_ray(options, config, args.host, args.port, args.replicas,
@@ -246,21 +257,10 @@ def _serve(args, config, options) -> int:
     failed: list[BaseException] = []
     log = logging.getLogger("poot.serve")
 
-    pooled = options.pop("pooled", None)
+    pooled = options.get("pooled")
 
     def loader():
         try:
-            if pooled:
-                from poot.embed import PoolingModel
-
-                pm = PoolingModel.load(options["path"], options["backend"],
-                                       max_batch=options["max_batch"],
-                                       max_tokens=options["kv_capacity"],
-                                       use_cache=options["use_cache"], progress=reporter,
-                                       warm_up=not args.no_warm_up)
-                if not args.no_warm_up:      # every bucket: no request waits on a compile
-                    pm.runner.warm_up(pm.runner.batch_buckets, pm.runner.tok_buckets)
-                return pm
             return load_and_warm(options, warm_up=not args.no_warm_up, progress=reporter)
         finally:
             reporter.close()

@@ -19,6 +19,7 @@ generated tokens, cached tokens, time to first token, total time, finish reason)
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import threading
@@ -39,6 +40,7 @@ from poot.serve.errors import APIError, bad_request, unavailable
 from poot.serve.mapping import chat_plan, check_model, completion_plan, encode_chat
 from poot.serve.metrics import CONTENT_TYPE, Metrics
 from poot.embed import relevance
+from poot.engine.pooling import PoolQueueFull
 from poot.models.lora import LoraError
 from poot.serve.pooling import (check_dimensions, embedding_response, embedding_rows,
                                 rerank_pairs, rerank_response)
@@ -70,6 +72,8 @@ class ServerState:
         self.handle = None
         #: the served model when it is a :class:`~poot.embed.PoolingModel` (no engine loop)
         self.pooler = None
+        #: its :class:`~poot.engine.pooling.PoolQueue` (the requests' shared steps)
+        self.pool = None
         self.aengine: AsyncEngine | None = None
         self.tokens: TokenText | None = None
         self._status = "loading"
@@ -95,6 +99,7 @@ class ServerState:
         self.tokens = TokenText(handle.tokenizer)
         if getattr(handle, "task", None) in ("embed", "score"):   # a PoolingModel
             self.pooler = handle
+            self.pool = handle.queue(self.config.max_pooled_rows)
         else:
             self.aengine = AsyncEngine(handle.engine, self.config.max_queue)
             self.aengine.start()
@@ -294,6 +299,8 @@ def build_app(config: ServeConfig | None = None, handle=None,
         state.drain()
         if state.aengine is not None:
             state.aengine.engine.shutdown(timeout=30)
+        if state.pool is not None:
+            state.pool.close()
 
     app = FastAPI(title="poot", version=_version(), lifespan=lifespan,
                   description="An OpenAI-compatible server on poot's batching engine.")
@@ -448,35 +455,58 @@ def build_app(config: ServeConfig | None = None, handle=None,
         return {"prompt": await run_in_threadpool(h.tokenizer.decode, body.tokens)}
 
     # ---- embeddings and rerank (a pooling model) -----------------------------------------------
+    async def _pooled(request: Request, rows, types=None):
+        """Queue ``rows`` on the model's :class:`~poot.engine.pooling.PoolQueue` and await
+        their outputs (f32 [n, H]); None once the client disconnected (its rows not yet run
+        are dropped). 503 ``queue_full`` past ``max_pooled_rows``."""
+        try:
+            fut = state.pool.submit(rows, types)
+        except PoolQueueFull as e:
+            raise unavailable(f"the server's queue is full: {e}; retry shortly",
+                              config.retry_after_s, "queue_full") from None
+        done = asyncio.wrap_future(fut)
+        try:
+            while not done.done():
+                await asyncio.wait({done}, timeout=config.poll_s)
+                if not done.done() and await request.is_disconnected():
+                    return None
+            return done.result()
+        finally:
+            fut.cancel()
+
     @app.post("/v1/embeddings", dependencies=authed, responses=_ERRORS)
-    async def embeddings(body: EmbeddingRequest):
+    async def embeddings(request: Request, body: EmbeddingRequest):
         """OpenAI embeddings: pooled hidden states of each input (module
-        :mod:`poot.serve.pooling`)."""
+        :mod:`poot.serve.pooling`); the inputs share steps with other requests'."""
         pm = state.require_pooler("embed")
         check_model(body.model, config)
         check_dimensions(pm, body.dimensions)
         rows = await run_in_threadpool(embedding_rows, pm, body)
-        vecs = await run_in_threadpool(pm.embed_ids, rows)
+        vecs = await _pooled(request, rows)
+        if vecs is None:
+            return Response(status_code=499)
         return embedding_response(pm, body, rows, vecs, config.served_model_name)
 
-    async def _rerank(body: RerankRequest):
-        pm = state.require_pooler("score")
+    async def _rerank(request: Request, body: RerankRequest):
+        state.require_pooler("score")
         check_model(body.model, config, required=False)
-        texts, pairs = await run_in_threadpool(rerank_pairs, pm, body)
-        logits = await run_in_threadpool(pm.score_pairs, pairs)
+        texts, pairs = await run_in_threadpool(rerank_pairs, state.pooler, body)
+        logits = await _pooled(request, [p[0] for p in pairs], [p[1] for p in pairs])
+        if logits is None:
+            return Response(status_code=499)
         return rerank_response(body, texts, pairs, relevance(logits),
                                config.served_model_name)
 
     @app.post("/v1/rerank", dependencies=authed, responses=_ERRORS)
-    async def rerank_v1(body: RerankRequest):
+    async def rerank_v1(request: Request, body: RerankRequest):
         """Rerank ``documents`` by relevance to ``query`` with a cross-encoder (vLLM's and
         Cohere's shape); results sorted best first."""
-        return await _rerank(body)
+        return await _rerank(request, body)
 
     @app.post("/rerank", dependencies=authed, responses=_ERRORS)
-    async def rerank(body: RerankRequest):
+    async def rerank(request: Request, body: RerankRequest):
         """``/v1/rerank`` under vLLM's unversioned path."""
-        return await _rerank(body)
+        return await _rerank(request, body)
 
     # ---- generation --------------------------------------------------------------------------
     @app.post("/v1/chat/completions", dependencies=authed, responses=_ERRORS)

@@ -20,6 +20,9 @@ class ServeConfig:
         max_queue: sequences that may wait for a place in the engine's batch beyond the
             ``max_batch`` running ones; a request that would exceed it gets 429 with
             ``Retry-After``.
+        max_pooled_rows: inputs (embeddings) or documents (rerank) that may wait for a
+            pooled step; a request that would exceed it gets 503 ``queue_full`` with
+            ``Retry-After`` (one request is always admitted when none wait).
         max_concurrent: HTTP requests in progress at once (streams included); past it 503
             with ``Retry-After``.
         request_timeout_s: wall time a generation request may take (queueing included);
@@ -40,6 +43,7 @@ class ServeConfig:
     max_prompt_tokens: int | None = None
     max_n: int = 16
     max_queue: int = 256
+    max_pooled_rows: int = 4096
     max_concurrent: int = 512
     request_timeout_s: float = 600.0
     retry_after_s: int = 1
@@ -50,7 +54,8 @@ class ServeConfig:
     def __post_init__(self):
         from poot.driver.params import InvalidRequest
 
-        for name in ("max_body_bytes", "max_n", "max_concurrent", "retry_after_s"):
+        for name in ("max_body_bytes", "max_n", "max_concurrent", "retry_after_s",
+                     "max_pooled_rows"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidRequest(name, v, "must be an integer >= 1")

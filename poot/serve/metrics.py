@@ -5,7 +5,10 @@ time to first token, inter-token latency and request time (histograms), sequence
 Read from the engine when scraped: sequences running and waiting (the queue), KV blocks used,
 cached, free and total, the prefix-cache hit rate, decode steps, tokens generated, the
 largest decode batch so far and preemptions -- generated tokens / decode steps above 1 and a
-largest batch above 1 is the engine batching.
+largest batch above 1 is the engine batching. With a pooling model (embeddings, rerank),
+read from its :class:`~poot.engine.pooling.PoolQueue` instead: requests, rows run, rows
+dropped (client gone), pooled steps, rows waiting, and a histogram of the rows each step ran
+(rows / steps above a request's size is requests sharing steps).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                   HistogramMetricFamily)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -34,6 +38,8 @@ class _EngineCollector:
 
     def collect(self):
         state = self.source()
+        if state is not None and state.pool is not None:
+            yield from _pooled(state.pool)
         if state is None or state.aengine is None:
             return
         st = state.aengine.engine.stats()
@@ -68,6 +74,28 @@ class _EngineCollector:
         }
         for name, (doc, v) in counters.items():
             yield CounterMetricFamily(name, doc, value=float(v))
+
+
+def _pooled(q):
+    """The metrics of a :class:`~poot.engine.pooling.PoolQueue` ``q``."""
+    yield GaugeMetricFamily("poot_pooled_rows_waiting", "inputs/documents waiting for a "
+                            "pooled step", value=float(q.pending_rows))
+    for name, doc, v in (("poot_pooled_requests", "embeddings/rerank requests queued",
+                          q.requests),
+                         ("poot_pooled_rows", "inputs/documents run in pooled steps", q.rows),
+                         ("poot_pooled_rows_dropped", "inputs/documents dropped unrun "
+                          "(client gone)", q.dropped),
+                         ("poot_pooled_steps", "pooled steps run", q.steps)):
+        yield CounterMetricFamily(name, doc, value=float(v))
+    fill, buckets, acc = list(q.fill), [], 0
+    for k, n in enumerate(fill):
+        acc += n
+        if k and (k & (k - 1) == 0 or k == len(fill) - 1):    # powers of two, max_batch
+            buckets.append((str(float(k)), acc))
+    buckets.append(("+Inf", acc))
+    yield HistogramMetricFamily("poot_pooled_step_rows", "rows per pooled step",
+                                buckets=buckets,
+                                sum_value=float(sum(k * n for k, n in enumerate(fill))))
 
 
 class Metrics:

@@ -48,7 +48,9 @@ def _ray():
 
 
 class PootReplica:
-    """One engine replica (the deployment's class): loads the model, then serves
+    """One engine replica (the deployment's class): loads the model (a
+    :class:`~poot.embed.PoolingModel` when ``options["pooled"]`` says ``embed``/``score``,
+    see :func:`poot.cli.serve_cmd.load_and_warm`), then serves
     :func:`poot.serve.app.build_app` for it."""
 
     def __init__(self, options: dict[str, Any], config: ServeConfig, warm_up: bool = True):
@@ -63,7 +65,13 @@ class PootReplica:
         return build_app(self.config, handle=self.handle)
 
     def check_health(self) -> None:
-        """Ray Serve's health check: fails once the engine stopped after a fault."""
+        """Ray Serve's health check: fails once the engine stopped after a fault (a pooling
+        model: once its queue's thread died)."""
+        pool = getattr(self.handle, "_queue", None)
+        if getattr(self.handle, "task", None) in ("embed", "score"):
+            if pool is not None and not pool.closed and not pool.thread.is_alive():
+                raise RuntimeError("the pooled queue's thread stopped")
+            return
         fault = self.handle.engine.fault
         if fault is not None:
             raise RuntimeError(f"the engine stopped after a fault: {fault}")
@@ -73,7 +81,8 @@ def deployment(options: dict[str, Any], config: ServeConfig, replicas: int = 1,
                warm_up: bool = True, num_cpus: float = 1.0,
                max_ongoing_requests: int | None = None):
     """A Ray Serve application of ``replicas`` :class:`PootReplica` copies loading
-    ``ModelHandle.load(**options)`` (``options["path"]``: the model). ``num_cpus``: CPUs
+    ``ModelHandle.load(**options)`` (``options["path"]``: the model; ``options["pooled"]``:
+    ``embed``/``score`` for an embedding model or cross-encoder). ``num_cpus``: CPUs
     Ray reserves per replica; ``max_ongoing_requests``: requests a replica takes at once
     (default: its batch plus its queue)."""
     _, serve = _ray()

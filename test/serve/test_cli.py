@@ -29,6 +29,7 @@ def test_parse_bytes():
     (["--max-queue", "-1"], "--max-queue"),
     (["--port", "70000"], "--port"),
     (["--max-n", "0"], "--max-n"),
+    (["--max-pooled-rows", "0"], "--max-pooled-rows"),
 ])
 def test_option_errors(argv, says, capsys, tiny_path):
     assert main(["serve", "--model", str(tiny_path), *argv]) == 2
