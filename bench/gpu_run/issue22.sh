@@ -3,7 +3,10 @@
 #   python bench/gpu_run/issue22_build.py   -> .cache/i22b (the CUDA compile cache)
 # then one call, carry [".cache/i22b"]:  bash bench/gpu_run/issue22.sh
 #
-# Out: pooled_cuda.json (max abs diff of the tiny pooled fixtures' embeddings / scores vs
+# Out: lora_check.json (lora_check.py: a batch of the base model and two adapters vs HF +
+# PEFT's tokens and log-probs, unload under traffic, on CUDA), lora_1b.json
+# (bench/lora_bench.py: decode tok/s with one rank-16 adapter vs none, B = 1 and 32, 1B
+# shape, bf16), pooled_cuda.json (max abs diff of the tiny pooled fixtures' embeddings / scores vs
 # their recorded sentence-transformers / HF references, on CUDA) and embed_1b.json
 # (bench/embed_bench.py: 256 inputs of 128 tokens, batch 32, Llama-3.2-1B shape, bf16).
 set -u
@@ -12,6 +15,12 @@ OUT="${OUT:-/tmp/i22out}"
 mkdir -p "$OUT"
 [ -d .cache/i22b ] || { echo "issue22: carry .cache/i22b" >&2; exit 2; }
 export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR="$PWD/.cache/i22b"
+timeout 240 python3 bench/gpu_run/lora_check.py "$OUT/lora_check.json" --backend cuda \
+    > "$OUT/lora_check.log" 2>&1; echo "lora_check: exit $?"; tail -c 1500 "$OUT/lora_check.log"
+timeout 300 python3 bench/lora_bench.py --config bench/shapes/llama-3.2-1b.json \
+    --random-weights bf16 --backend cuda --batches 1,32 --rank 16 --kv-capacity 256 \
+    > "$OUT/lora_1b.json" 2> "$OUT/lora_1b.log"; echo "lora_bench: exit $?"
+cat "$OUT/lora_1b.json"; tail -c 600 "$OUT/lora_1b.log"
 python3 - > "$OUT/pooled_cuda.json" <<'PYEOF'
 import json
 import numpy as np

@@ -168,7 +168,7 @@ class PoolingRunner:
 
 class PoolQueueFull(PootError):
     """A request would take the rows waiting in a :class:`PoolQueue` past its bound (the
-    server answers 503 ``queue_full``)."""
+    server answers 429 ``queue_full``)."""
 
 
 class _Request:

@@ -222,6 +222,13 @@ class FrontDoor:
             _log_request(scope, status[0], info)
 
 
+def queue_full(e: Exception, config: ServeConfig) -> APIError:
+    """429 ``queue_full`` (OpenAI's rate-limit shape, with ``Retry-After``): the generation
+    engine's or the pooled queue's bound was reached."""
+    return APIError(429, f"the server's queue is full: {e}; retry shortly", errors.RATE_LIMIT,
+                    None, "queue_full", {"Retry-After": str(config.retry_after_s)})
+
+
 def _content_length(scope) -> int | None:
     for k, v in scope.get("headers", ()):
         if k == b"content-length":
@@ -458,12 +465,11 @@ def build_app(config: ServeConfig | None = None, handle=None,
     async def _pooled(request: Request, rows, types=None):
         """Queue ``rows`` on the model's :class:`~poot.engine.pooling.PoolQueue` and await
         their outputs (f32 [n, H]); None once the client disconnected (its rows not yet run
-        are dropped). 503 ``queue_full`` past ``max_pooled_rows``."""
+        are dropped). 429 ``queue_full`` past ``max_pooled_rows``, as generation's queue."""
         try:
             fut = state.pool.submit(rows, types)
         except PoolQueueFull as e:
-            raise unavailable(f"the server's queue is full: {e}; retry shortly",
-                              config.retry_after_s, "queue_full") from None
+            raise queue_full(e, config) from None
         done = asyncio.wrap_future(fut)
         try:
             while not done.done():
@@ -537,9 +543,7 @@ def build_app(config: ServeConfig | None = None, handle=None,
         except TooManySequences as e:
             raise bad_request("n", str(e)) from None
         except QueueFull as e:
-            raise APIError(429, f"the server's queue is full: {e}; retry shortly",
-                           errors.RATE_LIMIT, None, "queue_full",
-                           {"Retry-After": str(config.retry_after_s)}) from None
+            raise queue_full(e, config) from None
         except EngineFault as e:
             raise unavailable(f"the engine stopped after a fault ({e}); the server is "
                               f"unhealthy", config.retry_after_s, "engine_unhealthy") from None

@@ -21,7 +21,7 @@ class ServeConfig:
             ``max_batch`` running ones; a request that would exceed it gets 429 with
             ``Retry-After``.
         max_pooled_rows: inputs (embeddings) or documents (rerank) that may wait for a
-            pooled step; a request that would exceed it gets 503 ``queue_full`` with
+            pooled step; a request that would exceed it gets 429 ``queue_full`` with
             ``Retry-After`` (one request is always admitted when none wait).
         max_concurrent: HTTP requests in progress at once (streams included); past it 503
             with ``Retry-After``.

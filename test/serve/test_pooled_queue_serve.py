@@ -1,5 +1,5 @@
 """``/v1/embeddings`` and ``/v1/rerank`` through the pooled queue: concurrent requests share
-steps and each gets what it gets alone (and the fixture's reference); a full queue is a 503
+steps and each gets what it gets alone (and the fixture's reference); a full queue is a 429 (as generation's)
 ``queue_full``; a disconnected client's rows are dropped; the pooled metrics; a Ray Serve
 replica (built without starting Ray) serves an embedding model. The queue is
 paused while requests arrive, so which rows share a step does not depend on timing."""
@@ -118,7 +118,7 @@ def test_concurrent_rerank_equals_hf(ce):
             assert abs(score - want[docs.index(text)]) < TOL
 
 
-def test_full_queue_is_a_503(emb):
+def test_full_queue_is_a_429(emb):
     q = emb.state.pool
     q.max_pending_rows = 4
     try:
@@ -131,9 +131,9 @@ def test_full_queue_is_a_503(emb):
                            json={"model": "emb", "input": [[3, 4], [5, 6]]})
             q.pause(False)
             assert first.result().shape[0] == 3
-        assert r.status_code == 503, r.text
+        assert r.status_code == 429, r.text
         assert r.json()["error"]["code"] == "queue_full"
-        assert r.json()["error"]["type"] == "service_unavailable"
+        assert r.json()["error"]["type"] == "rate_limit_error"
         assert r.headers["retry-after"] == "1"
     finally:
         q.max_pending_rows = emb.state.config.max_pooled_rows
