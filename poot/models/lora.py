@@ -5,11 +5,13 @@ more step input, ``lora_index`` i32 [B] (each sequence's slot: 1..L an adapter, 
 model), and adds to every targeted projection ``y = x W^T`` the low-rank term of every slot
 at once, masked to each sequence's own::
 
-    y += ((x A^T) * mask[b]) B^T      A: lora.{role}.a f32 [L*R, in]   B: lora.{role}.b f32 [out, L*R]
+    y += ((x A^T) * mask[b]) B^T      A: lora.{role}.a [L*R, in]   B: lora.{role}.b [out, L*R]
 
 with slot s's ranks at rows/columns ``(s-1)*R .. s*R`` and ``mask[b, j] = (lora.column_slot[j]
 == lora_index[b])``, ``lora.column_slot`` i32 [L*R] = ``j // R + 1`` bound beside them
-(:func:`poot.models.components.lora_row_mask`). Both terms are plain projections (the GEMV/GEMM kernels and the sibling
+(:func:`poot.models.components.lora_row_mask`). A and B are stored f32, or bf16/f16 where the
+base projections are (:func:`lora_dtype`). Both terms are plain projections (the GEMV/GEMM
+kernels and the sibling
 fusion of the base projections apply; no per-row gather of adapter weights), so one batch
 mixes adapters and the base model at L times one adapter's FLOPs and bytes: size
 ``max_loras`` to the adapters served at once. An adapter of rank r <= R fills the first r
@@ -187,12 +189,22 @@ def read_peft_adapter(path: str | Path, base_types: Mapping[str, PootType],
     return out
 
 
+def lora_dtype(base_types: Mapping[str, PootType], targets) -> DType:
+    """The slots' storage dtype: the base projections' when they are dense bf16 or f16 (the
+    model's compute precision on GPUs, as vLLM keeps adapters; bf16/f16 weights also take
+    the tensor-core GEMM at batch sizes past the GEMV's), else f32 (f32 and packed bases)."""
+    dts = {t.dtype for n, t in base_types.items()
+           if isinstance(t, TensorType) and any(n.endswith("." + r) for r in targets)}
+    return dts.pop() if len(dts) == 1 and dts <= {DType.BF16, DType.F16} else DType.F32
+
+
 def lora_types(slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int
                ) -> dict[str, TensorType]:
-    """The slot params: ``lora.{role}.a`` f32 [L*R, in] and ``lora.{role}.b`` f32
-    [out, L*R] for every targeted role the base has (L = max_loras, R = max_rank), and
-    ``lora.column_slot`` i32 [L*R], the slot each stacked rank belongs to."""
+    """The slot params: ``lora.{role}.a`` [L*R, in] and ``lora.{role}.b`` [out, L*R] of
+    :func:`lora_dtype` for every targeted role the base has (L = max_loras, R =
+    max_rank), and ``lora.column_slot`` i32 [L*R], the slot each stacked rank belongs to."""
     lr = slots.max_loras * slots.max_rank
+    dt = lora_dtype(base_types, slots.targets)
     out = {COLUMN_SLOT: TensorType((lr,), DType.I32)}
     for i in range(n_layers):
         for t in slots.targets:
@@ -200,8 +212,8 @@ def lora_types(slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: i
             if base is None:
                 continue
             out_f, in_f = base.shape
-            out[f"lora.blk.{i}.{t}.a"] = TensorType((lr, in_f), DType.F32)
-            out[f"lora.blk.{i}.{t}.b"] = TensorType((out_f, lr), DType.F32)
+            out[f"lora.blk.{i}.{t}.a"] = TensorType((lr, in_f), dt)
+            out[f"lora.blk.{i}.{t}.b"] = TensorType((out_f, lr), dt)
     return out
 
 
@@ -213,7 +225,7 @@ class LoraTable:
     def __init__(self, slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int):
         self.slots = slots
         self.types = lora_types(slots, base_types, n_layers)
-        self.arrays = {n: np.zeros(t.shape, np.float32) for n, t in self.types.items()
+        self.arrays = {n: np.zeros(t.shape, t.dtype.numpy) for n, t in self.types.items()
                        if n != COLUMN_SLOT}
         self.arrays[COLUMN_SLOT] = np.repeat(np.arange(1, slots.max_loras + 1, dtype=np.int32),
                                              slots.max_rank)
@@ -237,7 +249,7 @@ class LoraTable:
         lo, hi = self._columns(slot, adapter.rank)
         for role, (a, b) in adapter.weights.items():
             self.arrays[f"lora.{role}.a"][lo:hi, :] = a
-            self.arrays[f"lora.{role}.b"][:, lo:hi] = b * np.float32(adapter.scale)
+            self.arrays[f"lora.{role}.b"][:, lo:hi] = b * np.float32(adapter.scale)  # rounds
             changed += [f"lora.{role}.a", f"lora.{role}.b"]
         self.loaded[slot] = adapter.name
         return sorted(set(changed))
@@ -264,4 +276,4 @@ class LoraTable:
 
 
 __all__ = ["COLUMN_SLOT", "LoraAdapter", "LoraError", "LoraSlots", "LoraTable", "PEFT_TARGETS",
-           "lora_types", "read_peft_adapter"]
+           "lora_dtype", "lora_types", "read_peft_adapter"]
