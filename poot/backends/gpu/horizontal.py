@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 from mlir import ir
 
-from poot.backends.gpu.kernels import DispatchKernels, Launch, memref_nbytes
+from poot.backends.gpu.kernels import WG_ALIGN, DispatchKernels, Launch, memref_nbytes
 from poot.backends.gpu.merge import dispatch_kind
 from poot.passes.analysis import DISPATCH_ATTR
 from poot.passes.ir_utils import clone_into
@@ -335,7 +335,8 @@ def _param_text(f: ir.Operation, j: int) -> tuple[str, str]:
 def _scaffold(members: list[_Member], B: int, params: list, wg: list) -> str:
     """The fused kernel's text with one marker op per member (see the module doc)."""
     sig = ", ".join(f"%p{i}: {t}{' ' + a if a else ''}" for i, (_, t, a) in enumerate(params))
-    wgs = f" workgroup({', '.join(f'%w{i}: {t}' for i, t in enumerate(wg))})" if wg else ""
+    wgs = f" workgroup({', '.join(f'%w{i}: {t} {WG_ALIGN}' for i, t in enumerate(wg))})" \
+        if wg else ""
     lines = ["%bid = gpu.block_id x", "%tid = gpu.thread_id x",
              "%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index"]
     for i, m in enumerate(members):

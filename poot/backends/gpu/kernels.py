@@ -42,6 +42,14 @@ from poot.errors import PootError
 
 # Bufferize (shared with the CPU backend), then hoist the buffers out of loops (no
 # deallocation pass).
+#: the attribute every workgroup attribution carries: 16-byte alignment. LLVM's NVPTX
+#: load/store vectorizer merges neighbouring f32 stores into ``st.shared.v4`` (16 bytes) where
+#: the index arithmetic allows, but an attribution is only aligned to its element (4 bytes) and
+#: packed after the previous one: the flash-decode merge buffer landed at an offset of 8 mod 16
+#: and the store faulted (CUDA_ERROR_MISALIGNED_ADDRESS, compute-sanitizer "Invalid __shared__
+#: write of size 16 bytes ... misaligned").
+WG_ALIGN = "{llvm.align = 16 : i64}"
+
 BUFFERIZE = (
     BUFFERIZE_TO_OUT_PARAMS + ","
     "func.func(buffer-hoisting,buffer-loop-hoisting),"

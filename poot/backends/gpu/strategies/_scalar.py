@@ -66,7 +66,7 @@ import ml_dtypes
 import numpy as np
 from mlir import ir
 
-from poot.backends.gpu.kernels import GpuCodegenError
+from poot.backends.gpu.kernels import WG_ALIGN, GpuCodegenError
 from poot.dialects.lowering.elementwise import (
     _CMP_BOOL,
     _CMP_FLOAT,
@@ -142,7 +142,8 @@ def gpu_kernel(name: str, params: Sequence[tuple[str, str]], body: str,
     workgroup-memory attributions ``workgroup`` ((ssa name, memref type in address space
     workgroup)); ``body`` is the kernel's ops (without the final ``gpu.return``)."""
     sig = ", ".join(f"{n}: {t}" for n, t in params)
-    wg = f" workgroup({', '.join(f'{n}: {t}' for n, t in workgroup)})" if workgroup else ""
+    wg = f" workgroup({', '.join(f'{n}: {t} {WG_ALIGN}' for n, t in workgroup)})" \
+        if workgroup else ""
     return f"  gpu.func @{name}({sig}){wg} kernel {{\n{body}\n    gpu.return\n  }}"
 
 

@@ -112,7 +112,7 @@ from dataclasses import dataclass
 
 from mlir import ir
 
-from poot.backends.gpu.kernels import Launch
+from poot.backends.gpu.kernels import WG_ALIGN, Launch
 from poot.backends.gpu.strategies import Synthesized, register
 from poot.backends.gpu.strategies._scalar import (
     KernelEmitter,
@@ -1300,7 +1300,8 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     sig = ", ".join([f"%a{a}: {ptype(a)}" for a in params] +
                     [f"{n}: {c[0]}" for n, c in zip(se.const_names, consts)])
     sig += f", %out: {out_t}" if NS == 1 else f", %scr: {scr_t}"
-    wg = f" workgroup({', '.join(f'{n}: {t}' for n, t in workgroup)})" if workgroup else ""
+    wg = f" workgroup({', '.join(f'{n}: {t} {WG_ALIGN}' for n, t in workgroup)})" \
+        if workgroup else ""
     body = "\n".join(b.head + em.prologue + b.lines)
     text = ("gpu.module @attention {\n"
             f"gpu.func @split({sig}){wg} kernel {{\n{body}\n}}\n")

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 from mlir import ir
 
-from poot.backends.gpu.kernels import Launch
+from poot.backends.gpu.kernels import WG_ALIGN, Launch
 from poot.backends.gpu.strategies import Synthesized, register
 from poot.backends.gpu.strategies._scalar import (KernelEmitter, ScalarEmitter,
                                                   ScalarUnsupported, buffer_type)
@@ -1083,7 +1083,8 @@ class _Kernel:
                                       [(w, self.wtype) for w in self.wnames])
         t = self.warps * sg
         sig = ", ".join(f"{a}: {b}" for a, b in params)
-        wgt = f" workgroup({', '.join(f'{a}: {b}' for a, b in wg_mem)})" if wg_mem else ""
+        wgt = f" workgroup({', '.join(f'{a}: {b} {WG_ALIGN}' for a, b in wg_mem)})" \
+            if wg_mem else ""
         text = (f"gpu.module @poot_gemv {{\n"
                 f"  gpu.func @gemv({sig}){wgt} kernel attributes "
                 f"{{known_block_size = array<i32: {t}, 1, 1>}} {{\n{e.k.text()}\n"
