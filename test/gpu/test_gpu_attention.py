@@ -402,6 +402,30 @@ def test_forced_subgroup_plans_on_vulkan(vk_device, monkeypatch, S, DL, C, NS, W
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{plan}")
 
 
+def test_combine_past_the_grid_limit_uses_a_2d_grid_on_vulkan(vk_device, monkeypatch):
+    """A combine launch of more than MAX_GRID blocks (a pooled step of 32 x 128 tokens on
+    the 1B shape needs 65536) runs as a 2-D grid of rows of MAX_GRID blocks, its last row
+    guarded: with MAX_GRID forced to 2, the 12 x 64 outputs take a 2 x 2 grid (one block
+    past the end) and still equal the oracle."""
+    from poot.backends.gpu.strategies import attention as A
+    from poot.backends.vulkan.codegen import codegen_vulkan
+
+    shape = dict(B=2, T=1, Hkv=2, G=3, S=50, D=64, Dv=64, mask="f32", softcap=0.0)
+    g = attention_region(**shape)
+    x = region_inputs(**shape, seed=11)
+    want = oracle.evaluate(g, x)["r0"]
+    target = _vk_target(vk_device, 4)
+    sg = target.caps.subgroup_size
+    plan = A.AttentionPlan(sg, 2, 3, 1, 20, 3, max(sg, min(256, 4 * sg)), 2)
+    monkeypatch.setattr(A, "plan_attention", lambda reg, caps: plan)
+    monkeypatch.setattr(A, "MAX_GRID", 2)
+    art = codegen_vulkan(g, target)
+    nblk = -(-2 * 2 * 3 * 64 // plan.CT)
+    assert nblk > 2 and list(art.steps[1].groups[:2]) == [2, -(-nblk // 2)], art.steps[1]
+    got = _run(vk_device, art, x)["r0"]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
 def test_plan_rule_boundaries():
     """The single-kernel rule on the CUDA target (warps of 32, 132 SMs): D = 64 decode is
     one launch up to 1024 keys (64 a warp over 16 warps), split past it; a prefill block of

@@ -640,7 +640,7 @@ def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
     NS = -(-reg.S // C)
     CT = max(sg, min(256, 4 * sg))
     if RG > MAX_GRID or reg.B > MAX_GRID or NS > MAX_GRID or \
-            -(-reg.B * reg.M * reg.Dv // CT) > MAX_GRID:
+            -(-reg.B * reg.M * reg.Dv // CT) > MAX_GRID * MAX_GRID:
         return None
     if NS > 1 and R <= SINGLE_MAX_ROWS:
         single = _single_plan(reg, caps, sg, R, RG, dl_max, CT)
@@ -1316,6 +1316,10 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         c = _Body()
         tid = c("gpu.thread_id x")
         blk = c("gpu.block_id x")
+        nblk = -(-NR * Dv // plan.CT)
+        gx = min(nblk, MAX_GRID)            # past MAX_GRID blocks: a 2-D grid of rows of gx
+        if nblk > gx:
+            blk = c.add(blk, c.mul(c("gpu.block_id y"), gx))
         item = c.add(c.mul(blk, plan.CT), tid)
         ok = c(f"arith.cmpi ult, {item}, {c.c(NR * Dv)} : index")
         itc = c(f"arith.minui {item}, {c.c(NR * Dv - 1)} : index")
@@ -1361,9 +1365,8 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
         c.raw("gpu.return")
         text += (f"gpu.func @combine(%scr: {scr_t}, %out: {out_t}) kernel {{\n"
                  f"{c.text()}\n}}\n")
-        nblk = -(-NR * Dv // plan.CT)
         launches.append(Launch("kernel", [("scratch", 0), ("out", 0)], "attention",
-                               "combine", (nblk, 1, 1), (plan.CT, 1, 1),
+                               "combine", (gx, -(-nblk // gx), 1), (plan.CT, 1, 1),
                                strategy="flash_decode"))
         scratch.append((scr_t, scr_n * 4))
     text += "}\n"
