@@ -326,12 +326,26 @@ def proj(b: Builder, types: dict[str, PootType], role: str, x: Tensor,
          lora_mask: Tensor | None = None) -> Tensor:
     """``linear(x, role)``, adding ``role_bias`` when it is bound, and the per-sequence LoRA
     term when ``lora_mask`` is given and ``lora.{role}.a``/``.b`` are bound
-    (:func:`lora_delta`)."""
-    bias = param(b, types, role + "_bias") if role + "_bias" in types else None
-    y = ops.linear(b, x, param(b, types, role), bias)
-    if lora_mask is not None and f"lora.{role}.a" in types:
-        y = y + lora_delta(b, types, role, x, lora_mask)
-    return y
+    (:func:`lora_shrink`, :func:`lora_expand`)."""
+    return projs(b, types, [role], x, lora_mask)[0]
+
+
+def projs(b: Builder, types: dict[str, PootType], roles: Sequence[str], x: Tensor,
+          lora_mask: Tensor | None = None) -> list[Tensor]:
+    """:func:`proj` of each of ``roles`` on the same x, traced in three waves: every base
+    projection, then every LoRA shrink ``x A^T``, then every masked expand added to its base.
+    Each wave's projections read nothing the wave computes, so sibling fusion can run a
+    wave as one launch (the q/k/v or gate/up GEMVs and their shrinks)."""
+    out = []
+    for role in roles:
+        bias = param(b, types, role + "_bias") if role + "_bias" in types else None
+        out.append(ops.linear(b, x, param(b, types, role), bias))
+    lora = [i for i, r in enumerate(roles)
+            if lora_mask is not None and f"lora.{r}.a" in types]
+    shrunk = {i: lora_shrink(b, types, roles[i], x) for i in lora}
+    for i in lora:
+        out[i] = lora_expand(b, types, roles[i], shrunk[i], lora_mask) + out[i]
+    return out
 
 
 def lora_row_mask(b: Builder, types: dict[str, PootType], lora_index: Tensor) -> Tensor:
@@ -344,15 +358,21 @@ def lora_row_mask(b: Builder, types: dict[str, PootType], lora_index: Tensor) ->
     return b.reshape(b.cast(hit, DType.F32), (bsz, 1, lr))
 
 
-def lora_delta(b: Builder, types: dict[str, PootType], role: str, x: Tensor,
-               lora_mask: Tensor) -> Tensor:
-    """f32 [B, T, out]: ``((x A^T) * mask) B^T`` for x [B, T, in], every slot's ranks
-    stacked in ``lora.{role}.a`` f32 [L*R, in] and ``lora.{role}.b`` f32 [out, L*R], and
-    ``lora_mask`` f32 [B, 1, L*R] (:func:`lora_row_mask`) keeping each sequence's own slot.
-    Two plain projections: no per-row gather of adapter weights, and the same GEMV/GEMM
-    kernels (and sibling fusion) as the base projections; the cost is L times one adapter's
-    FLOPs and bytes (:mod:`poot.models.lora`)."""
-    xa = ops.linear(b, ops.as_f32(b, x), param(b, types, f"lora.{role}.a"))
+def lora_shrink(b: Builder, types: dict[str, PootType], role: str, x: Tensor) -> Tensor:
+    """f32 [B, T, L*R]: ``x A^T`` for x [B, T, in], every slot's ranks stacked in
+    ``lora.{role}.a`` [L*R, in] (:mod:`poot.models.lora`)."""
+    return ops.linear(b, ops.as_f32(b, x), param(b, types, f"lora.{role}.a"))
+
+
+def lora_expand(b: Builder, types: dict[str, PootType], role: str, xa: Tensor,
+                lora_mask: Tensor) -> Tensor:
+    """f32 [B, T, out]: ``(xa * mask) B^T`` for the shrunk xa f32 [B, T, L*R],
+    ``lora.{role}.b`` [out, L*R] and ``lora_mask`` f32 [B, 1, L*R] (:func:`lora_row_mask`)
+    keeping each sequence's own slot.
+
+    With :func:`lora_shrink`, two plain projections: no per-row gather of adapter weights,
+    and the same GEMV/GEMM kernels (and sibling fusion) as the base projections; the cost is
+    L times one adapter's FLOPs and bytes (:mod:`poot.models.lora`)."""
     return ops.linear(b, xa * b.broadcast_to(lora_mask, xa.shape),
                       param(b, types, f"lora.{role}.b"))
 
@@ -449,7 +469,7 @@ def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType],
         q, k, v = (b.slice_axis(qkv, 2, s, e) for s, e in
                    ((0, nq), (nq, nq + nkv), (nq + nkv, nq + 2 * nkv)))
     else:
-        q, k, v = (proj(b, types, p + r, h, inp.lora_mask) for r in ("q", "k", "v"))
+        q, k, v = projs(b, types, [p + r for r in ("q", "k", "v")], h, inp.lora_mask)
     q = b.reshape(q, (bsz, t, o.num_heads, d))
     k = b.reshape(k, (bsz, t, o.num_kv_heads, d))
     v = b.reshape(v, (bsz, t, o.num_kv_heads, d))
@@ -502,9 +522,8 @@ def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: in
     if not lora and not any(p + f"{r}_bias" in types for r in ("gate", "up", "down")):
         return ops.mlp_glu(b, h, param(b, types, p + "gate"), param(b, types, p + "up"),
                            param(b, types, p + "down"), act=o.act)
-    act = ops.activation(b, proj(b, types, p + "gate", h, lora_mask), o.act) * \
-        proj(b, types, p + "up", h, lora_mask)
-    return proj(b, types, p + "down", act, lora_mask)
+    gate, up = projs(b, types, [p + "gate", p + "up"], h, lora_mask)
+    return proj(b, types, p + "down", ops.activation(b, gate, o.act) * up, lora_mask)
 
 
 class DecoderModel(abc.ABC):
