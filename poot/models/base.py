@@ -239,6 +239,9 @@ class StepDims:
         n_layers, hidden, intermediate, vocab, n_heads, n_kv_heads, head_dim: model shape.
         n_weight_elems: logical elements of all weights (each may be dequantized to f32 once).
         ops_per_layer: a bound on the ops one layer traces (the family's own estimate).
+        token_elems_per_layer: f32 elements one token's activations hold in one layer beyond
+            the decoder estimate of :func:`trace_limits` (a family whose layers keep more:
+            LayerNorm's centred copies, GELU through erf).
     """
 
     n_layers: int
@@ -250,6 +253,7 @@ class StepDims:
     head_dim: int
     n_weight_elems: int
     ops_per_layer: int = 400
+    token_elems_per_layer: int = 0
 
 
 def trace_limits(spec: StepSpec, dims: StepDims) -> TraceLimits:
@@ -261,7 +265,7 @@ def trace_limits(spec: StepSpec, dims: StepDims) -> TraceLimits:
     """
     n, d = spec.n_tokens, dims
     qkv = (d.n_heads + 2 * d.n_kv_heads) * d.head_dim
-    per_layer = (n * (16 * d.hidden + 8 * d.intermediate + 8 * qkv)
+    per_layer = (n * (16 * d.hidden + 8 * d.intermediate + 8 * qkv + d.token_elems_per_layer)
                  + 12 * spec.batch * d.n_heads * spec.tokens * spec.kv_capacity
                  + 4 * spec.n_blocks * spec.bs * d.n_kv_heads * d.head_dim
                  + 6 * spec.batch * spec.kv_capacity * d.n_heads * d.head_dim)

@@ -130,6 +130,18 @@ def test_bert_refuses_generation_and_bad_specs():
         PoolSpec(1, 8, pooling="max")
 
 
+@pytest.mark.parametrize("name", ["bert_embed", "bert_cross_encoder", "qwen3_embed"])
+def test_pooled_steps_trace_within_their_limits_at_large_batches(name):
+    """The trace limits bound every pooled step a server may compile: 64 rows of the
+    smallest and of the largest token bucket (BERT's layers hold more activations than the
+    decoder estimate; 16 rows of 16 tokens once raised BuilderLimitExceeded)."""
+    pm = PoolingModel.load(fixture_path(name), warm_up=False)
+    outputs = "scores" if name == "bert_cross_encoder" else "embeddings"
+    for tokens in (16, 64):
+        g = pm.model.trace_pooled(PoolSpec(64, tokens, "mean", True, outputs), pm.weights.types)
+        assert outputs in dict(g.outputs)
+
+
 def test_pooling_config_files(tmp_path):
     assert read_pooling_config(tmp_path) is None
     (tmp_path / "modules.json").write_text(json.dumps([
