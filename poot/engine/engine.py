@@ -317,6 +317,9 @@ class LLMEngine:
         self._calls: list = []               # run_in_loop's functions, run between steps
         self._ids = itertools.count()
         self._known: set[str] = set()
+        #: streamed requests (``stream=True``) until :meth:`stream` takes them: a request
+        #: that finishes before its client calls :meth:`stream` keeps its outputs queued
+        self._streams: dict[str, _Seq] = {}
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -429,6 +432,8 @@ class LLMEngine:
             if sink is None and stream:
                 sink = queue.Queue()
             seq = _Seq(rid, ids, params, self.tokenizer, time.perf_counter(), sink)
+            if stream:
+                self._streams[rid] = seq
             seq.guide = matcher
             seq.lora_slot, seq.lora_salt = slot, salt
             self._adds.append(seq)
@@ -444,10 +449,14 @@ class LLMEngine:
 
     def stream(self, request_id: str, timeout: float | None = None) -> Iterator[RequestOutput]:
         """The outputs of a request added with ``stream=True``, until it finishes (for a
-        client on another thread while :meth:`start` runs the loop)."""
-        seq = self._find(request_id)
+        client on another thread while :meth:`start` runs the loop); a request that already
+        finished yields its queued outputs. Each request's stream is read once: raises
+        :class:`EngineError` for an id not added with ``stream=True`` or already read."""
+        with self._lock:
+            seq = self._streams.pop(request_id, None)
         if seq is None or seq.sink is None:
-            raise EngineError(f"request {request_id!r} was not added with stream=True")
+            raise EngineError(f"request {request_id!r} was not added with stream=True "
+                              f"(or its stream was already read)")
         while True:
             out = seq.sink.get(timeout=timeout)
             yield out

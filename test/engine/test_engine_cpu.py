@@ -17,6 +17,7 @@ from engine_cases import alone, prompts, staggered  # noqa: E402
 from model_steps import fixture_path  # noqa: E402
 from poot.api import LLM, ModelHandle  # noqa: E402
 from poot.driver.params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.engine.engine import EngineError  # noqa: E402
 from poot.engine import ContextOverflow, KVCapacityExceeded  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -171,6 +172,20 @@ def test_submission_from_threads_with_background_loop(llama):
     finally:
         eng.shutdown(10)
     assert got == want
+
+
+def test_stream_of_a_request_that_already_finished(llama):
+    """A streamed request that finishes before its client calls stream() (a fast engine
+    thread) still yields all its outputs, once; a second read is a typed error."""
+    eng = llama.engine
+    p = prompts(llama.runner.vocab, 1, seed=23)[0]
+    want = alone(eng, p, GREEDY)
+    rid = eng.add_request(p, GREEDY, stream=True)
+    eng.run_until_done()                                 # finished, nobody streaming yet
+    outs = list(eng.stream(rid, timeout=10))
+    assert outs[-1].finished and [t for o in outs for t in o.token_ids] == want
+    with pytest.raises(EngineError, match="already read"):
+        list(eng.stream(rid, timeout=10))
 
 
 def test_request_errors_are_typed(llama):
