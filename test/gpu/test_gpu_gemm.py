@@ -34,6 +34,17 @@ from poot import oracle  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _gemm_takes_narrow_matmuls(monkeypatch):
+    """These tests exercise the GEMM kernel's tiles on small ragged shapes (N < 64, M <= 32)
+    that production routes to the GEMV (:func:`~poot.backends.gpu.strategies.matmul.
+    gemv_rows`; the same tiles serve those N at M > 32): the narrow-matmul rule is off here.
+    The routing itself is test_gpu_matmul.py's test_narrow_matmuls_past_max_m_are_gemvs."""
+    from poot.backends.gpu.strategies import matmul
+
+    monkeypatch.setattr(matmul, "SMALL_N", 0)
+
+
 def _cuda_caps(**kw):
     from dataclasses import replace
 

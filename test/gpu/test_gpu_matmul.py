@@ -270,9 +270,9 @@ def test_decode_regions_are_taken(fmt):
 
 
 def test_prefill_and_unknown_subgroup_are_refused():
-    from poot.backends.gpu.strategies.matmul import MAX_M, gemv
+    from poot.backends.gpu.strategies.matmul import MAX_M, SMALL_N, gemv
 
-    g, _ = gemv_region("q4_1", MAX_M + 1, 64, 64)
+    g, _ = gemv_region("q4_1", MAX_M + 1, SMALL_N + 1, 64)
     fn = _dispatch_fn(g)
     with fn.context, ir.Location.unknown():
         assert gemv(fn, _caps()) is None
@@ -281,6 +281,27 @@ def test_prefill_and_unknown_subgroup_are_refused():
     with fn.context, ir.Location.unknown():
         assert gemv(fn, _caps(sg=None)) is None
         assert gemv(fn, _caps()) is not None
+
+
+@pytest.mark.parametrize("fmt,K,N,M", [("bf16", 256, 16, 32), ("f32", 576, 48, 24),
+                                       ("q8_0", 256, 64, 16)])
+def test_narrow_matmuls_past_max_m_are_gemvs_on_vulkan(vk_device, vk_target, fmt, K, N, M):
+    """N <= SMALL_N columns at M <= SMALL_N_MAX_M rows (a rank-16 LoRA shrink at batch 32, an
+    MoE router) take the GEMV (a warp a column) instead of a one-block tensor-core GEMM, and
+    equal the oracle; one more row or column is the GEMM's again."""
+    from poot.backends.gpu.strategies.gemm import gemm
+    from poot.backends.gpu.strategies.matmul import SMALL_N, SMALL_N_MAX_M, gemv, gemv_rows
+
+    assert gemv_rows(M, N) and not gemv_rows(SMALL_N_MAX_M + 1, N) and \
+        not gemv_rows(M, SMALL_N + 1)
+    g, inputs = gemv_region(fmt, M, N, K, "residual", seed=K + N + M)
+    fn = _dispatch_fn(g)
+    with fn.context, ir.Location.unknown():
+        assert gemm(fn, _caps()) is None
+        assert gemv(fn, _caps()) is not None
+    want = oracle.evaluate(g, inputs)["r0"]
+    got = _run(vk_device, vk_target, g, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max())
 
 
 def test_unsupported_epilogue_is_refused():

@@ -86,7 +86,7 @@ from poot.backends.gpu.kernels import Launch
 from poot.backends.gpu.strategies import Synthesized, register
 from poot.backends.gpu.strategies._scalar import ScalarEmitter, ScalarUnsupported
 from poot.backends.gpu.strategies.matmul import (MAX_M, GemvMatch, _ArgsSeen, _arg_no, _Emit,
-                                                 _op, _ttype, kernel_params, match)
+                                                 _op, _ttype, gemv_rows, kernel_params, match)
 from poot.dialects.types import DType
 
 #: K steps (elements per iteration, staged through workgroup memory) tried, largest first:
@@ -832,8 +832,8 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     if not (has_mma(caps) or emulate) or not _x_without_reductions(fn):
         return None
     m = match(fn, max_m=None)
-    if m is None or m.M <= MAX_M or m.prologue:
-        return None
+    if m is None or gemv_rows(m.M, m.N) or m.prologue:
+        return None                 # decode and narrow matmuls: the GEMV's
     w = m.weight
     if w.layout == "kn" or (w.layout == "nk" and w.dtype not in (DType.BF16, DType.F16)):
         return None                 # f32 weights, [K, N] weights: the generic mapping

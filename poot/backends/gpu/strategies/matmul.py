@@ -59,6 +59,17 @@ from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
 
 #: largest M (rows of x: batch x new tokens) taken; larger M (prefill) stays generic
 MAX_M = 8
+#: ... except for narrow matmuls: N <= SMALL_N output columns with M <= SMALL_N_MAX_M rows
+#: are GEMVs too (:func:`gemv_rows`). The tensor-core GEMM tiles N by 32-128 columns, so a
+#: rank-16 LoRA shrink at batch 32 ([32, 2048] x [2048, 16]) or an MoE router ran as ONE
+#: block walking all of K; as a GEMV each column is a warp and the M rows are accumulators.
+SMALL_N, SMALL_N_MAX_M = 64, 32
+
+
+def gemv_rows(M: int, N: int) -> bool:
+    """Whether an [M, K] x [K, N] matmul region is the GEMV's (else the GEMM's): M <=
+    :data:`MAX_M`, or a narrow one (N <= :data:`SMALL_N`, M <= :data:`SMALL_N_MAX_M`)."""
+    return M <= MAX_M or (N <= SMALL_N and M <= SMALL_N_MAX_M)
 
 #: packed formats this kernel decodes, by IR name -> (block bytes, elements per block)
 PACKED = {"q4_0": (18, 32), "q4_1": (20, 32), "q8_0": (34, 32), "q4_k": (144, 256),
@@ -216,7 +227,7 @@ def match(fn: ir.Operation, max_m: int | None = MAX_M,
     if len(shapes) != 1:
         return None
     M, K, N = shapes.pop()
-    if max_m is not None and M > max_m:
+    if max_m is not None and M > max_m and not (max_m == MAX_M and gemv_rows(M, N)):
         return None
     x = _strip(mms[0].operands[0], ("poot.reshape",))
     xa, xt = _arg_no(x), _ttype(x)
@@ -1191,7 +1202,8 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     if not sg:
         return None                 # shuffles need the device's real subgroup width
     m = match(fn, max_matmuls=MAX_MATMULS)
-    if m is None or m.M * len(m.weights) > 2 * MAX_M:
+    if m is None or m.M * len(m.weights) > max(2 * MAX_M, SMALL_N_MAX_M if m.N <= SMALL_N
+                                               else 0):
         return None                 # accumulators per lane: registers
     vec = "sm_90" in (getattr(caps, "features", None) or ())
     kern = _Kernel(m, sg, 1, vec, TUNING["unroll"] or 4)
@@ -1226,4 +1238,5 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
                                      (warps * sg, 1, 1))], consts=consts)
 
 
-__all__ = ["GemvMatch", "MAX_M", "PACKED", "gemv", "kernel_params", "ksplit_for", "match"]
+__all__ = ["GemvMatch", "MAX_M", "PACKED", "SMALL_N", "SMALL_N_MAX_M", "gemv", "gemv_rows",
+           "kernel_params", "ksplit_for", "match"]
