@@ -18,8 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 from model_steps import FIXTURES, fixture_path, reference  # noqa: E402
-from poot.serve import ServeConfig  # noqa: E402
-from server_util import running  # noqa: E402
+from server_util import pooled_server  # noqa: E402
 
 TOL = 1e-4
 
@@ -28,24 +27,14 @@ def _meta(name):
     return json.loads((FIXTURES / name / "reference.json").read_text())
 
 
-def _pooled_server(fixture: str, served: str, cache_dir):
-    """A server running the pooled fixture ``fixture`` under the model name ``served``."""
-    from poot.embed import PoolingModel
-
-    pm = PoolingModel.load(fixture_path(fixture), max_batch=4, max_tokens=32,
-                           cache_dir=cache_dir)
-    with running(pm, ServeConfig(served_model_name=served)) as srv:
-        yield srv
-
-
 @pytest.fixture(scope="module")
 def embed_server(cache_dir):
-    yield from _pooled_server("bert_embed", "emb", cache_dir)
+    yield from pooled_server(fixture_path("bert_embed"), "emb", cache_dir)
 
 
 @pytest.fixture(scope="module")
 def rerank_server(cache_dir):
-    yield from _pooled_server("bert_cross_encoder", "ce", cache_dir)
+    yield from pooled_server(fixture_path("bert_cross_encoder"), "ce", cache_dir)
 
 
 def _client(srv):

@@ -21,28 +21,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 from model_steps import FIXTURES, fixture_path, reference  # noqa: E402
 from poot.serve import ServeConfig  # noqa: E402
-from server_util import running  # noqa: E402
+from server_util import pooled_server  # noqa: E402
 
 TOL = 1e-4
 
 
-def _server(fixture, served, cache_dir):
-    from poot.embed import PoolingModel
-
-    pm = PoolingModel.load(fixture_path(fixture), max_batch=8, max_tokens=32,
-                           cache_dir=cache_dir)
-    with running(pm, ServeConfig(served_model_name=served)) as srv:
-        yield srv
-
-
 @pytest.fixture(scope="module")
 def emb(cache_dir):
-    yield from _server("bert_embed", "emb", cache_dir)
+    yield from pooled_server(fixture_path("bert_embed"), "emb", cache_dir, max_batch=8)
 
 
 @pytest.fixture(scope="module")
 def ce(cache_dir):
-    yield from _server("bert_cross_encoder", "ce", cache_dir)
+    yield from pooled_server(fixture_path("bert_cross_encoder"), "ce", cache_dir, max_batch=8)
 
 
 def _embed(srv, rows):
