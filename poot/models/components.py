@@ -306,17 +306,23 @@ def layer_windows(cfg: Any, default_sliding: Callable[[int], bool] | None = None
 
 
 def decoder_dims(o: DecoderOptions) -> StepDims:
-    """:class:`StepDims` for a decoder (MoE experts counted as dense work)."""
+    """:class:`StepDims` for a decoder. MoE experts are counted as the graph computes them:
+    every expert on every token (``E * (4 * f + 2 * h)`` activations a token), and HF's
+    per-expert weights stacked in the graph (a reshape and a concat of each: two more copies
+    of every expert weight)."""
     qkv_o = o.hidden_size * o.head_dim * (2 * o.num_heads + 2 * o.num_kv_heads)
     ffn = 3 * o.hidden_size * o.intermediate_size
+    moe_tokens = 0
     if o.moe is not None:
-        ffn = max(ffn, o.moe.num_experts * (3 * o.hidden_size * o.moe.expert_ffn
-                                            + o.hidden_size))
+        e, f, h = o.moe.num_experts, o.moe.expert_ffn, o.hidden_size
+        ffn = max(ffn, 5 * e * (3 * h * f) + e * h)
+        moe_tokens = e * (4 * f + 2 * h) + 4 * e
     head = 0 if o.tie_word_embeddings else o.vocab_size * o.hidden_size
     ffn_width = max(o.intermediate_size, o.moe.num_experts * o.moe.expert_ffn if o.moe else 0)
     ops_per_layer = 320 + (40 * o.moe.num_experts + 24 * o.moe.top_k if o.moe else 0)
     return StepDims(o.num_layers, o.hidden_size, ffn_width, o.vocab_size, o.num_heads,
                     o.num_kv_heads, o.head_dim, ops_per_layer=ops_per_layer,
+                    token_elems_per_layer=moe_tokens,
                     n_weight_elems=o.vocab_size * o.hidden_size + head
                     + o.num_layers * (qkv_o + ffn + 6 * o.hidden_size + 2 * o.head_dim)
                     + o.hidden_size)

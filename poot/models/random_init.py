@@ -104,8 +104,9 @@ class RandomArray:
 
 
 def role_shape(role: str, o: Any) -> tuple[int, ...]:
-    """The HF shape of a shared-decoder ``role`` (``{i}`` already expanded) for decoder
-    options ``o`` (:class:`~poot.models.components.DecoderOptions`); ModelError if none."""
+    """The HF shape of a shared-decoder ``role`` (``{i}`` already expanded; MoE routers and
+    per-expert projections ``ffn.exp.{e}.{gate,up,down}`` included) for decoder options ``o``
+    (:class:`~poot.models.components.DecoderOptions`); ModelError if none."""
     h, d = o.hidden_size, o.head_dim
     q, kv, ffn = o.num_heads * d, o.num_kv_heads * d, o.intermediate_size
     leaf = role.split(".", 2)[-1] if role.startswith("blk.") else role
@@ -115,9 +116,16 @@ def role_shape(role: str, o: Any) -> tuple[int, ...]:
               "attn.o": (h, q), "attn.qkv": (q + 2 * kv, h), "attn.q_norm": (d,),
               "attn.k_norm": (d,), "ffn.gate": (ffn, h), "ffn.up": (ffn, h),
               "ffn.down": (h, ffn), "ffn.gate_up": (2 * ffn, h)}
+    moe = getattr(o, "moe", None)
+    if moe is not None:                       # MoE layers: the router and each expert
+        shapes["ffn.router"] = (moe.num_experts, h)
+        part = leaf.split(".")
+        if len(part) == 4 and part[:2] == ["ffn", "exp"] and part[3] in ("gate", "up", "down"):
+            f = moe.expert_ffn
+            return (h, f) if part[3] == "down" else (f, h)
     if leaf not in shapes:
         raise ModelError(f"random weights: no shape rule for role {role!r} (random init "
-                         f"covers the dense decoder roles)")
+                         f"covers the decoder and MoE roles)")
     return shapes[leaf]
 
 
