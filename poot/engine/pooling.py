@@ -300,8 +300,13 @@ class PoolQueue:
                                        [None if r.types is None else r.types[i]
                                         for r, i in picked])
             except Exception as e:  # noqa: BLE001  (fails the requests of this step)
-                for r, _ in picked:
-                    r.waiting = []
+                failed = {id(r): r for r, _ in picked}.values()
+                with self.cond:          # their rows still waiting are dropped with them
+                    for r in failed:
+                        self.pending_rows -= len(r.waiting)
+                        r.waiting = []
+                    self.pending = deque(r for r in self.pending if r.waiting)
+                for r in failed:
                     _settle(r.future, exc=e)
                 continue
             with self.cond:

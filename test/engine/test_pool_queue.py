@@ -83,6 +83,27 @@ def test_a_cancelled_requests_rows_are_dropped(queue):
     assert gone.cancelled() and queue.dropped == 2 and queue.rows == 2 and queue.steps == 1
 
 
+def test_a_failed_step_fails_its_requests_and_the_queue_goes_on(pm, queue, monkeypatch):
+    """A step that raises fails every request with rows in it, also one whose other rows
+    still wait (they are dropped with it); later requests run."""
+    real, calls = pm.runner.step, []
+
+    def step(rows, types=None):
+        calls.append(len(rows))
+        if len(calls) == 1:
+            raise RuntimeError("device fault")
+        return real(rows, types)
+
+    monkeypatch.setattr(pm.runner, "step", step)
+    queue.pause()
+    big = queue.submit([[7, 8, i + 1] for i in range(12)])          # 8 rows now, 4 later
+    queue.pause(False)
+    with pytest.raises(RuntimeError, match="device fault"):
+        big.result(60)
+    assert queue.submit([[1, 2]]).result(60).shape[0] == 1
+    assert calls == [8, 1] and queue.pending_rows == 0
+
+
 def test_the_bound_refuses_past_it(pm):
     q = PoolQueue(pm.runner, max_pending_rows=4)
     try:
