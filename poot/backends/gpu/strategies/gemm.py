@@ -831,7 +831,7 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     emulate = EMULATE_MMA and not has_mma(caps)
     if not (has_mma(caps) or emulate) or not _x_without_reductions(fn):
         return None
-    m = match(fn, max_m=None)
+    m = match(fn, gemv_only=False)
     if m is None or gemv_rows(m.M, m.N) or m.prologue:
         return None                 # decode and narrow matmuls: the GEMV's
     w = m.weight

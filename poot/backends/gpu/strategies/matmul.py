@@ -204,12 +204,12 @@ def _match_weight(v: ir.Value, N: int, K: int) -> _Weight | None:
     return _Weight(a, layout, dtype=t.dtype, nbytes=t.nbytes)
 
 
-def match(fn: ir.Operation, max_m: int | None = MAX_M,
+def match(fn: ir.Operation, gemv_only: bool = True,
           max_matmuls: int = 1) -> GemvMatch | None:
     """The region's GEMV, or None when ``fn`` is not exactly one (see the module doc).
-    ``max_m``: the largest M taken (None: any M; the prefill GEMM strategy of
-    :mod:`.gemm` matches the same regions for M > ``MAX_M``); ``max_matmuls``: the most
-    matmuls of the same x taken (see :class:`GemvMatch`)."""
+    ``gemv_only``: only shapes :func:`gemv_rows` gives the GEMV (False: any M; the GEMM
+    strategy of :mod:`.gemm` matches the same regions for the other shapes);
+    ``max_matmuls``: the most matmuls of the same x taken (see :class:`GemvMatch`)."""
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
     mms = [o for o in ops if o.name == "poot.matmul"]
@@ -227,7 +227,7 @@ def match(fn: ir.Operation, max_m: int | None = MAX_M,
     if len(shapes) != 1:
         return None
     M, K, N = shapes.pop()
-    if max_m is not None and M > max_m and not (max_m == MAX_M and gemv_rows(M, N)):
+    if gemv_only and not gemv_rows(M, N):
         return None
     x = _strip(mms[0].operands[0], ("poot.reshape",))
     xa, xt = _arg_no(x), _ttype(x)
