@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: 256)")
     p.add_argument("--max-pooled-rows", type=int, default=4096, metavar="N",
                    help="embedding inputs / rerank documents that may wait for a pooled "
-                        "step; then 503 (default: 4096)")
+                        "step; then 429 (default: 4096)")
     p.add_argument("--max-concurrent", type=int, default=512, metavar="N",
                    help="HTTP requests in progress at once; then 503 (default: 512)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N",

@@ -307,9 +307,10 @@ def layer_windows(cfg: Any, default_sliding: Callable[[int], bool] | None = None
 
 def decoder_dims(o: DecoderOptions) -> StepDims:
     """:class:`StepDims` for a decoder. MoE experts are counted as the graph computes them:
-    every expert on every token (``E * (4 * f + 2 * h)`` activations a token), and HF's
-    per-expert weights stacked in the graph (a reshape and a concat of each: two more copies
-    of every expert weight)."""
+    every expert on every token (``E * (4 * f + 2 * h)`` activations a token), and every
+    expert weight five times (the param, and the reshape, concat, transpose and cast results
+    of stacking HF's per-expert tensors in the graph). Traced MoE steps measured at most 0.55
+    of the resulting bound (test/models/test_trace_limits.py's sweep)."""
     qkv_o = o.hidden_size * o.head_dim * (2 * o.num_heads + 2 * o.num_kv_heads)
     ffn = 3 * o.hidden_size * o.intermediate_size
     moe_tokens = 0
@@ -349,7 +350,7 @@ def projs(b: Builder, types: dict[str, PootType], roles: Sequence[str], x: Tenso
     lora = [i for i, r in enumerate(roles)
             if lora_mask is not None and f"lora.{r}.a" in types]
     shrunk = {i: lora_shrink(b, types, roles[i], x) for i in lora}
-    for i in lora:
+    for i in lora:           # expand first: the add fuses into the expand, not the base
         out[i] = lora_expand(b, types, roles[i], shrunk[i], lora_mask) + out[i]
     return out
 

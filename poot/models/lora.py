@@ -11,12 +11,11 @@ with slot s's ranks at rows/columns ``(s-1)*R .. s*R`` and ``mask[b, j] = (lora.
 == lora_index[b])``, ``lora.column_slot`` i32 [L*R] = ``j // R + 1`` bound beside them
 (:func:`poot.models.components.lora_row_mask`). A and B are stored f32, or bf16/f16 where the
 base projections are (:func:`lora_dtype`). Both terms are plain projections (the GEMV/GEMM
-kernels and the sibling
-fusion of the base projections apply; no per-row gather of adapter weights), so one batch
-mixes adapters and the base model at L times one adapter's FLOPs and bytes: size
-``max_loras`` to the adapters served at once. An adapter of rank r <= R fills the first r
-rows of its slot's A and columns of its B (the rest stay zero) and its scaling is folded
-into B: ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``), PEFT's
+kernels and the sibling fusion of the base projections apply; no per-row gather of adapter
+weights), so one batch mixes adapters and the base model at L times one adapter's FLOPs
+and bytes: size ``max_loras`` to the adapters served at once. An adapter of rank r <= R
+fills the first r rows of its slot's A and columns of its B (the rest stay zero) and its
+scaling is folded into B: ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``), PEFT's
 ``scaling``. Loading or unloading an adapter rewrites its slot's arrays only
 (``Engine.load_weights`` replaces a weight in place): nothing is recompiled.
 
