@@ -16,9 +16,10 @@ here (MLIR), checked and timed on the GPU machine (no MLIR there).
   error_bound`, times the epilogue's slope). A case passes when every ``|got - want| <=
   bound``.
 * ``timing/<name>/``: PTX of the bf16 and Q4_0 GEMMs N x K = 4096x4096 and 14336x4096 at
-  M = 32 and 128 tokens (x f32 [M, K], y f32 [M, N]), with the tile the strategy picks
-  (``strategy_own_tile``) and every other BN x BK of the same BM that fits (names end in
-  ``_BMxBNxBK``); the check fills the inputs with random values on the host (nothing large
+  M = 32 and 128 tokens and of the Llama-3.2-1B projections at M = 32 (x f32 [M, K], y f32
+  [M, N]), with the tile and split-K the strategy picks (``strategy_own_tile``), that tile
+  with each split of :data:`SPLITS`, and every other BN x BK of the same BM that fits (names
+  end in ``_BMxBNxBKxSPLIT``); the check fills the inputs with random values on the host (nothing large
   travels) and times 20 launches per CUDA graph x 10 graph replays between CUDA events, min
   of 3; torch.matmul (bf16 x bf16, x already bf16) on the same shapes gives the ratio.
   Weights up to 117 MB: the 4096x4096 ones fit the H200's 50 MB L2, so those numbers are
@@ -62,10 +63,17 @@ CASES = [
     ("q8_0", 200, 333, 576, "none"),
     ("q4_k", 32, 512, 1536, "residual"),
     ("q6_k", 64, 300, 512, "none"),
+    ("bf16", 32, 1024, 4096, "residual"),     # split-K: slices + the reduction's epilogue
+    ("q4_1", 32, 512, 4096, "silu_up"),
 ]
 
-#: timing GEMMs: (format, M, N, K)
-TIMING = [(f, M, N, 4096) for f in ("bf16", "q4_0") for N in (4096, 14336) for M in (32, 128)]
+#: timing GEMMs: (format, M, N, K); then the Llama-3.2-1B projections at M = 32 (a batch-32
+#: decode step, a 32-token prefill chunk): q/o, k/v, gate/up, down
+TIMING = [(f, M, N, 4096) for f in ("bf16", "q4_0") for N in (4096, 14336) for M in (32, 128)] \
+    + [("bf16", 32, N, K) for N, K in ((2048, 2048), (512, 2048), (8192, 2048), (2048, 8192))] \
+    + [("bf16", 32, N, K) for N, K in ((16, 2048), (48, 2048), (16, 8192))]   # LoRA shrinks
+#: split-K slice counts timed with every tile (besides the strategy's own choice)
+SPLITS = (1, 2, 4, 8, 16)
 
 #: devcheck tolerance for the prefill bundle (relative to max(1, max|want|)): f16 inputs
 PREFILL_TOL = 5e-3
@@ -142,25 +150,28 @@ def build_case(folder: Path, fmt, M, N, K, epilogue, caps, seed=0) -> dict:
             "strategies": art.meta["strategies"]}
 
 
-def tiles(fmt, M, N, K, caps) -> list[tuple[int, int, int]]:
-    """(BM, BN, BK) to time: the strategy's own first, then every BN x BK of the same BM
-    that fits in workgroup memory (and, packed, divides K)."""
+def tiles(fmt, M, N, K, caps) -> list[tuple[int, int, int, int]]:
+    """(BM, BN, BK, split-K slices) to time: the strategy's own first, its tile with each
+    slice count of :data:`SPLITS`, then every other BN x BK of the same BM that fits in
+    workgroup memory (and, packed, divides K) with the slices :func:`choose_split` gives it."""
     from poot.backends.gpu.strategies import gemm as G
 
     packed = fmt not in ("bf16", "f16")
     own = G.choose_tiling(M, N, K, caps.cores, caps.max_shared_bytes, packed)
-    out = [(own.BM, own.BN, own.BK)]
+    out = [(own.BM, own.BN, own.BK, G.choose_split(own, M, N, K, caps.cores))]
     for bn in (32, 64, 128):
         for bk in G.BKS:
             t = G.Tiling(own.BM, bn, *G.WARPS[own.BM], bk)
-            if t.smem_bytes <= caps.max_shared_bytes and not (packed and K % bk) and \
-                    (t.BM, t.BN, t.BK) not in out:
-                out.append((t.BM, t.BN, t.BK))
+            if t.smem_bytes > caps.max_shared_bytes or (packed and K % bk):
+                continue
+            for s in sorted({*SPLITS, G.choose_split(t, M, N, K, caps.cores)}):
+                if s <= -(-K // bk) and (t.BM, t.BN, t.BK, s) not in out:
+                    out.append((t.BM, t.BN, t.BK, s))
     return out
 
 
 def build_timing(folder: Path, fmt, M, N, K, caps, tile) -> dict:
-    """PTX only: the weight and x are random on the device. ``tile``: (BM, BN, BK)."""
+    """PTX only: the weight and x are random on the device. ``tile``: (BM, BN, BK, split)."""
     from mlir import ir
 
     from poot.backends.gpu.strategies import gemm as G
@@ -169,14 +180,16 @@ def build_timing(folder: Path, fmt, M, N, K, caps, tile) -> dict:
 
     with make_context(), ir.Location.unknown():
         g = Graph.from_module(ir.Module.parse(_region_text(fmt, M, N, K)))
-    old = G.FORCE_TILING
-    try:
-        G.FORCE_TILING = tuple(tile)
+    from poot.backends.gpu.strategies import matmul
+
+    old = G.FORCE_TILING, G.FORCE_SPLIT, matmul.SMALL_N
+    try:                                  # narrow shapes too (production: the GEMV's)
+        G.FORCE_TILING, G.FORCE_SPLIT, matmul.SMALL_N = tuple(tile[:3]), tile[3], 0
         art = _region_artifact(g, caps)
     finally:
-        G.FORCE_TILING = old
+        G.FORCE_TILING, G.FORCE_SPLIT, matmul.SMALL_N = old
     art.save(str(folder))
-    return {"fmt": fmt, "M": M, "N": N, "K": K, "tile_bm_bn_bk": list(tile),
+    return {"fmt": fmt, "M": M, "N": N, "K": K, "tile_bm_bn_bk_split": list(tile),
             "strategies": art.meta["strategies"],
             "launch": [(L["grid"], L["block"]) for L in art.plan["launches"]
                        if L["op"] == "kernel"]}
@@ -238,7 +251,7 @@ def build(out: str) -> dict:
     for i, (fmt, M, N, K, epi) in enumerate(CASES):
         name = f"{fmt}_{M}x{N}x{K}_{epi}"
         man["cases"][name] = build_case(d / "cases" / name, fmt, M, N, K, epi, caps, seed=i)
-        if man["cases"][name]["strategies"] != {"gemm": 1}:
+        if set(man["cases"][name]["strategies"]) != {"gemm"}:
             raise SystemExit(f"{name}: the plan did not take the GEMM: "
                              f"{man['cases'][name]['strategies']}")
         print(f"case {name}: built", flush=True)
@@ -386,8 +399,11 @@ def check_timing(dev, folder: Path, spec: dict, reps=20, rounds=10) -> dict:
     got = runner.step(None, read=["r0"])["r0"]
     s = _time_graph(dev, runner, reps, rounds)
     flops = 2.0 * spec["M"] * spec["N"] * spec["K"]
+    wbytes = spec["N"] * spec["K"] * {"bf16": 2, "f16": 2, "q4_0": 18 / 32}.get(spec["fmt"], 0)
     out = {"us": round(s * 1e6, 2), "tflops": round(flops / s / 1e12, 2),
-           "finite": bool(np.isfinite(got).all()), "tile_bm_bn_bk": spec.get("tile_bm_bn_bk"),
+           "GBps": round(wbytes / s / 1e9, 1),       # the weight's bytes over the time
+           "finite": bool(np.isfinite(got).all()),
+           "tile_bm_bn_bk_split": spec.get("tile_bm_bn_bk_split"),
            "strategy_own_tile": spec.get("strategy_own_tile"), "launch": spec.get("launch")}
     return out
 
@@ -465,7 +481,8 @@ def summarize(man: dict, rep: dict) -> dict:
         key = f"{spec['fmt']} M={spec['M']} N={spec['N']} K={spec['K']}"
         e = out.setdefault(key, {"torch_bf16_us": r.get("torch_bf16_us"),
                                  "torch_bf16_tflops": r.get("torch_bf16_tflops")})
-        brief = {"tile_bm_bn_bk": spec["tile_bm_bn_bk"], "us": r["us"], "tflops": r["tflops"],
+        brief = {"tile_bm_bn_bk_split": spec["tile_bm_bn_bk_split"], "us": r["us"],
+                 "tflops": r["tflops"], "GBps": r.get("GBps"),
                  "speed_vs_torch": r.get("speed_vs_torch")}
         if spec.get("strategy_own_tile"):
             e["own"] = brief

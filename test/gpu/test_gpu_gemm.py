@@ -34,17 +34,6 @@ from poot import oracle  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _gemm_takes_narrow_matmuls(monkeypatch):
-    """These tests exercise the GEMM kernel's tiles on small ragged shapes (N < 64, M <= 32)
-    that production routes to the GEMV (:func:`~poot.backends.gpu.strategies.matmul.
-    gemv_rows`; the same tiles serve those N at M > 32): the narrow-matmul rule is off here.
-    The routing itself is test_gpu_matmul.py's test_narrow_matmuls_past_max_m_are_gemvs."""
-    from poot.backends.gpu.strategies import matmul
-
-    monkeypatch.setattr(matmul, "SMALL_N", 0)
-
-
 def _cuda_caps(**kw):
     from dataclasses import replace
 
@@ -183,7 +172,7 @@ def test_gemv_keeps_decode_and_gemm_takes_prefill(M, want):
 
     g, _ = gemv_region("q4_1", M, 128, 256, "residual")
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), _cuda_caps())
-    assert plan.strategies == {want: 1}
+    assert set(plan.strategies) == {want}          # (a split-K GEMM is two launches)
 
 
 @pytest.mark.parametrize("fmt,layout,norm", [("f32", "nk", None), ("bf16", "kn", None),
@@ -198,16 +187,39 @@ def test_tiling():
     from poot.backends.gpu.strategies.gemm import choose_tiling
 
     t = choose_tiling(32, 4096, 4096, 132)
-    assert (t.BM, t.T) == (32, 128) and t.BN in (32, 64, 128) and t.BK == 128
-    t = choose_tiling(128, 14336, 4096, 132)            # 112 blocks of 128: 224 of 64
-    assert (t.BM, t.BN, t.T) == (128, 64, 256) and t.smem_bytes <= 48 * 1024
-    t = choose_tiling(256, 16384, 4096, 132)
-    assert (t.BM, t.BN) == (128, 128) and t.smem_bytes <= 48 * 1024
+    assert (t.BM, t.BN, t.BK, t.T) == (32, 64, 64, 128) and t.smem_bytes <= 48 * 1024
+    assert (choose_tiling(32, 16, 2048, 132).BN, choose_tiling(32, 16, 2048, 132).BK) == \
+        (32, 128)                                         # narrow: one 32-column tile
+    assert choose_tiling(32, 128256, 2048, 132).BN == 128   # wide (an LM head): x re-read less
+    t = choose_tiling(128, 14336, 4096, 132)
+    assert (t.BM, t.BN, t.BK, t.T) == (128, 128, 32, 256) and t.smem_bytes <= 48 * 1024
     assert choose_tiling(1000, 64, 64, 1).BM == 128
-    t = choose_tiling(128, 1000, 512, 1, 32 * 1024)
-    assert t.smem_bytes <= 32 * 1024
+    t = choose_tiling(128, 1000, 512, 1, 32 * 1024)       # lavapipe: BN halved to fit
+    assert t.smem_bytes <= 32 * 1024 and t.BN == 64
     assert choose_tiling(32, 4096, 576, 132, packed=True).BK == 64      # 576 = 9 x 64
     assert choose_tiling(32, 4096, 36, 132).BK == 32                    # no wider than K
+
+
+def test_split_k():
+    """Split-K only when the tile grid has fewer than SPLIT_BLOCKS_PER_CORE blocks per unit;
+    slices of at least SPLIT_MIN_STEPS K steps, at most MAX_SPLIT, none empty."""
+    from poot.backends.gpu.strategies.gemm import (MAX_SPLIT, SPLIT_BLOCKS_PER_CORE,
+                                                   SPLIT_MIN_STEPS, choose_split,
+                                                   choose_tiling)
+
+    for M, N, K in ((32, 2048, 8192), (32, 8192, 2048), (32, 16, 2048), (32, 512, 2048)):
+        t = choose_tiling(M, N, K, 132)                   # batch-32 decode projections
+        blocks = -(-N // t.BN)
+        s = choose_split(t, M, N, K, 132)
+        KT = -(-K // t.BK)
+        kts = -(-KT // s)
+        assert 2 <= s <= MAX_SPLIT and kts >= SPLIT_MIN_STEPS and (s - 1) * kts < KT
+        assert blocks * s >= min(SPLIT_BLOCKS_PER_CORE * 132, blocks * MAX_SPLIT,
+                                 blocks * (KT // SPLIT_MIN_STEPS)) * 0.5
+    big = choose_tiling(2048, 8192, 4096, 132)              # 1024 blocks of 128 x 128
+    assert choose_split(big, 2048, 8192, 4096, 132) == 1
+    t = choose_tiling(32, 2048, 96, 132)                    # K too short to slice
+    assert choose_split(t, 32, 2048, 96, 132) == 1
 
 
 # ---- PTX (no device) ---------------------------------------------------------------------------
@@ -225,8 +237,11 @@ def test_ptx_has_tensor_core_mma(fmt, M, N, K):
 
     g, _ = gemv_region(fmt, M, N, K, "residual")
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), _cuda_caps())
-    assert plan.strategies == {"gemm": 1}
+    kernels = [L for L in plan.launches if L["op"] == "kernel"]
+    assert plan.strategies == {"gemm": len(kernels)}
     ptx = ptx_text(plan.module)
+    if len(kernels) == 2:                  # split-K (a short grid): slices, then the reduction
+        assert kernels[0]["grid"][2] > 1 and ptx.count(".entry ") == 2
     ty = "bf16" if fmt == "bf16" else "f16"
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32" in ptx
     assert "ldmatrix.sync.aligned.m8n8.x" in ptx and "bar.sync" in ptx
@@ -288,7 +303,55 @@ def test_emulated_kernel_matches_oracle(vk, monkeypatch, fmt, M, N, K, epilogue,
     monkeypatch.setattr(G, "FORCE_TILING", tile)
     g, inputs = gemv_region(fmt, M, N, K, epilogue, seed=M + N + K)
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), target.caps)
-    assert plan.strategies == {"gemm": 1}
+    assert set(plan.strategies) == {"gemm"}         # (split-K: two launches)
+    want = oracle.evaluate(g, inputs)["r0"].reshape(M, N)
+    got = run_artifact(dev, codegen_vulkan(g, target), inputs)["r0"].reshape(M, N)
+    err = np.abs(got.astype(np.float64) - want)
+    bound = _bound(fmt, M, N, K, epilogue, inputs) + 1e-6 * np.abs(want)
+    assert np.isfinite(got).all()
+    assert (err <= bound).all(), f"worst err/bound {(err / bound).max():.3g}"
+
+
+#: (format, M, N, K, epilogue, forced tile, forced split): uneven slices, a K tail in the last
+#: slice, packed decode per slice, an epilogue reading an argument in the reduction kernel
+_SPLIT_CASES = [("bf16", 40, 70, 520, "residual", (32, 32, 64), 3),
+                ("q4_0", 20, 40, 512, "silu_up", (32, 32, 64), 4),
+                ("f16", 12, 40, 300, "none", (16, 32, 128), 2),
+                ("q8_0", 50, 40, 256, "residual", (64, 32, 32), 3)]
+
+
+@pytest.mark.parametrize("fmt,want", [("bf16", "gemm"), ("q8_0", "gemm"), ("f32", "gemv")])
+def test_narrow_matmuls_past_max_m_take_the_split_gemm(fmt, want):
+    """A rank-16 LoRA shrink at batch 32 ([32, 2048] x [2048, 16]) on a tensor-core target: the
+    GEMM, K in slices (the GEMV would re-read all of x for each column); f32 weights, which
+    the GEMM refuses, stay the GEMV's."""
+    from poot.backends.gpu.plan import plan_program
+
+    g, _ = gemv_region(fmt, 32, 16, 2048, "residual")
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), _cuda_caps())
+    assert set(plan.strategies) == {want}
+    if want == "gemm":
+        assert [L["grid"][2] > 1 for L in plan.launches if L["op"] == "kernel"] == [True, False]
+
+
+@pytest.mark.parametrize("fmt,M,N,K,epilogue,tile,split", _SPLIT_CASES)
+def test_emulated_split_k_matches_oracle(vk, monkeypatch, fmt, M, N, K, epilogue, tile,
+                                         split):
+    """Split-K (slices of K on grid z, partials summed by a second kernel that applies the
+    epilogue) on lavapipe: two launches, within the same bound of the f32 oracle."""
+    from poot.backends.gpu.plan import plan_program
+    from poot.backends.gpu.strategies import gemm as G
+    from poot.backends.vulkan.codegen import codegen_vulkan
+    from test_vulkan_kernels import run_artifact
+
+    dev, target = vk
+    monkeypatch.setattr(G, "EMULATE_MMA", True)
+    monkeypatch.setattr(G, "FORCE_TILING", tile)
+    monkeypatch.setattr(G, "FORCE_SPLIT", split)
+    g, inputs = gemv_region(fmt, M, N, K, epilogue, seed=M + N + K)
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), target.caps)
+    kernels = [L for L in plan.launches if L["op"] == "kernel"]
+    assert [L["grid"][2] for L in kernels] == [split, 1]
     want = oracle.evaluate(g, inputs)["r0"].reshape(M, N)
     got = run_artifact(dev, codegen_vulkan(g, target), inputs)["r0"].reshape(M, N)
     err = np.abs(got.astype(np.float64) - want)
@@ -359,7 +422,7 @@ def test_emulated_expression_x_matches_oracle(vk, monkeypatch, tile):
     H, T, D, N = 4, 40, 16, 96
     g, inputs, x = _attn_out_region(H, T, D, N, seed=2)
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), target.caps)
-    assert plan.strategies == {"gemm": 1}
+    assert set(plan.strategies) == {"gemm"}         # (split-K: two launches)
     want = oracle.evaluate(g, inputs)["r0"].reshape(T, N)
     got = run_artifact(dev, codegen_vulkan(g, target), inputs)["r0"].reshape(T, N)
     bound = _bound("q4_1", T, N, H * D, "residual", {"a0": x, "a1": inputs["a1"]}) \

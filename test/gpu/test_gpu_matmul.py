@@ -287,8 +287,8 @@ def test_prefill_and_unknown_subgroup_are_refused():
                                        ("q8_0", 256, 64, 16)])
 def test_narrow_matmuls_past_max_m_are_gemvs_on_vulkan(vk_device, vk_target, fmt, K, N, M):
     """N <= SMALL_N columns at M <= SMALL_N_MAX_M rows (a rank-16 LoRA shrink at batch 32, an
-    MoE router) take the GEMV (a warp a column) instead of a one-block tensor-core GEMM, and
-    equal the oracle; one more row or column is the GEMM's again."""
+    MoE router) on a target without tensor cores (the GEMM refuses) take the GEMV (a warp a
+    column) and equal the oracle; one more row or column is past the GEMV's shapes."""
     from poot.backends.gpu.strategies.gemm import gemm
     from poot.backends.gpu.strategies.matmul import SMALL_N, SMALL_N_MAX_M, gemv, gemv_rows
 

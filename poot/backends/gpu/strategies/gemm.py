@@ -84,9 +84,10 @@ from mlir import ir
 
 from poot.backends.gpu.kernels import Launch
 from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import ScalarEmitter, ScalarUnsupported
+from poot.backends.gpu.strategies._scalar import (ScalarEmitter, ScalarUnsupported,
+                                                  buffer_type)
 from poot.backends.gpu.strategies.matmul import (MAX_M, GemvMatch, _ArgsSeen, _arg_no, _Emit,
-                                                 _op, _ttype, gemv_rows, kernel_params, match)
+                                                 _op, _ttype, kernel_params, match)
 from poot.dialects.types import DType
 
 #: K steps (elements per iteration, staged through workgroup memory) tried, largest first:
@@ -106,6 +107,13 @@ EMULATE_MMA = False
 #: benchmarks: a ``(BM, BN, BK)`` to use instead of :func:`choose_tiling`'s (bench/gpu_run/
 #: gemm_check.py times the variants on the device)
 FORCE_TILING: tuple[int, int, int] | None = None
+#: split-K (:func:`choose_split`): blocks per compute unit it aims for, fewest K steps per
+#: slice, most slices
+SPLIT_BLOCKS_PER_CORE, SPLIT_MIN_STEPS, MAX_SPLIT = 2, 2, 16
+#: benchmarks and tests: a split-K slice count to use instead of :func:`choose_split`'s
+FORCE_SPLIT: int | None = None
+#: threads per block of the split-K reduction kernel
+REDUCE_T = 256
 
 _WG = "#gpu.address_space<workgroup>"
 
@@ -205,17 +213,23 @@ WARPS = {16: (1, 4), 32: (1, 4), 64: (2, 2), 128: (4, 2)}
 
 def choose_tiling(M: int, N: int, K: int, cores: int, max_shared: int = 48 * 1024,
                   packed: bool = False) -> Tiling:
-    """BM: the smallest of 16/32/64/128 holding M (128 beyond); BN: the largest of 128/64/32
-    whose grid still has a block per compute unit (32 when none does) and whose tiles fit in
-    ``max_shared`` bytes; BK: the largest of :data:`BKS` that fits (and divides K for a
-    packed weight): more bytes in flight per thread while the mma's run, which the few
-    blocks of a prefill grid need to stream the weight. Warps: 1 x 4 for BM <= 32, 2 x 2
-    for 64, 4 x 2 for 128 (warp tiles 16-32 rows x 8-64 columns)."""
+    """BM: the smallest of 16/32/64/128 holding M (128 beyond); BN: 32 for a narrow weight
+    (N <= 32), else 128 where 128-column tiles give half the compute units a block (or BM >
+    32), else 64, halved until the tiles fit in ``max_shared`` bytes; BK: the largest of :data:`BKS` that fits (and divides K for a packed
+    weight): more bytes in flight per thread while the mma's run. Warps: 1 x 4 for BM <= 32,
+    2 x 2 for 64, 4 x 2 for 128 (warp tiles 16-32 rows x 8-64 columns). The grid's size is
+    split-K's business (:func:`choose_split`), not the tile's. Measured on an H200 (bf16, M =
+    32, every BN x BK x split; ``bench/gpu_run/gemm_check.py``, raw/issue22/gemm_sweep.json):
+    64 x 64 tiles with split-K were fastest or within 10% of it on the Llama-3.2-1B and -8B
+    projections, 32 x 128 on the narrow ones; 128 x 32 at BM 128; but wide weights want
+    128 columns (x is re-read by every column tile: the 128256-column LM head at M = 32 went
+    147 -> 190 us with 64)."""
     BM = next((b for b in (16, 32, 64) if M <= b), 128)
     WM, WN = WARPS[BM]
-    mb = -(-M // BM)
-    BN = next((b for b in (128, 64) if -(-N // b) * mb >= cores and
-               Tiling(BM, b, WM, WN).smem_bytes <= max_shared), 32)
+    BN = 32 if N <= 32 else 128 if BM > 32 or 2 * -(-N // 128) * -(-M // BM) >= cores \
+        else 64
+    while BN > 32 and Tiling(BM, BN, WM, WN).smem_bytes > max_shared:
+        BN //= 2
     return with_bk(Tiling(BM, BN, WM, WN), K, max_shared, packed)
 
 
@@ -227,6 +241,26 @@ def with_bk(t: Tiling, K: int, max_shared: int, packed: bool) -> Tiling:
                 (bk == 32 or bk <= K):
             return c
     return Tiling(t.BM, t.BN, t.WM, t.WN, 32)
+
+
+def choose_split(t: Tiling, M: int, N: int, K: int, cores: int) -> int:
+    """Split-K slices S for tiling ``t``: enough for :data:`SPLIT_BLOCKS_PER_CORE` blocks per
+    compute unit, at most :data:`MAX_SPLIT` and at least :data:`SPLIT_MIN_STEPS` K steps each
+    (1 when the tile grid alone has the blocks). Why: at M <= 64 (a batched decode step, a
+    32-token prefill chunk) a 2048-column weight is 32-64 tiles, each block walking all of K
+    alone: a Llama-3.2-1B down projection (2048 x 8192 bf16) read at 0.8 TB/s on an H200
+    (132 units), 1.9 TB/s in 8 slices; a rank-16 LoRA shrink (16 x 2048) took 11.7 us as one
+    block, 3.2 in 16 slices. More than two blocks per unit measured slower on the wide ones
+    (the partials' traffic; raw/issue22/gemm_sweep.json). Slices of K multiply the blocks
+    streaming the weight;
+    :meth:`_GemmKernel.reduce_kernel` then sums the S partials of each element and applies
+    the epilogue. The count is rounded so that no slice is empty."""
+    blocks = -(-N // t.BN) * -(-M // t.BM)
+    KT = -(-K // t.BK)
+    s = min(MAX_SPLIT, -(-SPLIT_BLOCKS_PER_CORE * cores // blocks), KT // SPLIT_MIN_STEPS)
+    if s < 2:
+        return 1
+    return -(-KT // -(-KT // s))
 
 
 def error_bound(x: np.ndarray, w: np.ndarray, mma: str) -> np.ndarray:
@@ -251,8 +285,9 @@ class _GemmKernel:
     """Emits the GEMM kernel of a :class:`~.matmul.GemvMatch` (M > MAX_M) for tiling ``t``
     (see the module doc)."""
 
-    def __init__(self, m: GemvMatch, t: Tiling, emulate: bool, fn: ir.Operation):
-        self.m, self.t, self.emulate, self.fn = m, t, emulate, fn
+    def __init__(self, m: GemvMatch, t: Tiling, emulate: bool, fn: ir.Operation,
+                 split: int = 1):
+        self.m, self.t, self.emulate, self.fn, self.S = m, t, emulate, fn, split
         self.e = _Emit()
         w = m.weight
         self.bf16 = w.layout == "nk" and w.dtype is DType.BF16
@@ -272,6 +307,8 @@ class _GemmKernel:
         self.sa_t = f"memref<2x{t.BM}x{t.LDS}xi16, {_WG}>"
         self.sb_t = f"memref<2x{t.BN}x{t.LDS}xi16, {_WG}>"
         self.KT = -(-m.K // t.BK)
+        self.KTS = -(-self.KT // split)             # K steps per split-K slice
+        self.part_t = f"memref<{split * m.M * m.N}xf32>"
         self.ktail = m.K % t.BK != 0                # dense only (packed: K % BK == 0)
         self.k8 = m.K % 8 == 0                      # chunks are whole (16-byte aligned)
 
@@ -725,21 +762,29 @@ class _GemmKernel:
         t2 = self.mul(tq, 2)
         self.em_cols = [self.add(self.add(wcol, j * 8), t2) for j in range(t.nt)]
         self.prepare()
-        # stage K step 0, then the loop
-        c0 = self.c(0)
-        self.store_stage(self.load_stage(c0), c0, c0)
+        # this block's K steps [first, end): all of them, or slice block_id.z of S
+        if self.S > 1:
+            bz = e.op("gpu.block_id z")
+            first = self.mul(bz, self.KTS)
+            end = self.minu(self.add(first, self.KTS), self.KT)
+            last = self.op(f"arith.subi {end}, {self.c(1)} : index")
+        else:
+            first, end, last = self.c(0), self.c(self.KT), self.c(self.KT - 1)
+        # stage the first K step, then the loop
+        self.store_stage(self.load_stage(first), first,
+                         e.op(f"arith.andi {first}, {self.c(1)} : index"))
         e.raw("gpu.barrier")
         zero = self.c(0.0, "f32")
         na = t.mt * t.nt * 4
         names = [e.name() for _ in range(na)]
         res = e.name()
         f32s = ", ".join(["f32"] * na)
-        e.raw(f"{res}:{na} = scf.for %kt = {c0} to {self.c(self.KT)} step {self.c(1)} "
+        e.raw(f"{res}:{na} = scf.for %kt = {first} to {end} step {self.c(1)} "
               f"iter_args({', '.join(f'{n} = {zero}' for n in names)}) -> ({f32s}) {{")
         with se.scope():
             cur = e.op(f"arith.andi %kt, {self.c(1)} : index")
             nxt = e.op(f"arith.xori {cur}, {self.c(1)} : index")
-            kn = self.minu(self.add("%kt", 1), self.KT - 1)
+            kn = self.op(f"arith.minui {self.add('%kt', 1)}, {last} : index")
             raw = self.load_stage(kn)
             it = iter(names)
             accs = [[[next(it) for _ in range(4)] for _ in range(t.nt)] for _ in range(t.mt)]
@@ -749,8 +794,10 @@ class _GemmKernel:
             flat = [a for row in accs for col in row for a in col]
             e.raw(f"scf.yield {', '.join(flat)} : {f32s}")
         e.raw("}")
-        # the epilogue: accumulator q of tile (i, j) is y[row, col] (c_fragment)
+        # the epilogue: accumulator q of tile (i, j) is y[row, col] (c_fragment); split-K
+        # slices store it as partial [z, row, col] instead (the reduction kernel's input)
         x_reads = set(se.seen)                      # the arguments an expression x reads
+        part0 = self.mul(bz, m.M * m.N) if self.S > 1 else None
         k = 0
         for i in range(t.mt):
             for j in range(t.nt):
@@ -767,10 +814,14 @@ class _GemmKernel:
                     if conds:
                         e.raw(f"scf.if {conds[0]} {{")
                     cur_acc[0] = f"{res}#{k}"
-                    with se.scope():
-                        for jj, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
-                            idx = _coords(se, ot.shape, m.M, m.N, row, col)
-                            se.store(se.value(out, idx), f"%o{jj}", ot, idx)
+                    if part0 is not None:
+                        at = self.add(part0, self.add(self.mul(row, m.N), col))
+                        e.raw(f"memref.store {res}#{k}, %part[{at}] : {self.part_t}")
+                    else:
+                        with se.scope():
+                            for jj, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
+                                idx = _coords(se, ot.shape, m.M, m.N, row, col)
+                                se.store(se.value(out, idx), f"%o{jj}", ot, idx)
                     if conds:
                         e.raw("}")
                     k += 1
@@ -781,14 +832,65 @@ class _GemmKernel:
         consts = list(se.consts)
         if self.kind == "generic" and self.wse.consts:
             raise ScalarUnsupported("constant buffers in the weight decode")
+        reduce = ""
+        if self.S > 1:                              # the partials instead of the results
+            n_out = len(m.outs)
+            params, slots = params[:-n_out] + [("%part", self.part_t)], \
+                slots[:-n_out] + [("scratch", 0)]
+            reduce, rslots, rconsts = self.reduce_kernel(len(consts))
+            slots, consts = [slots, rslots], consts + rconsts
         sig = ", ".join(f"{a}: {b}" for a, b in params)
         # 16-byte aligned tiles (ldmatrix rows, 16-byte stores): the default is the element's
         text = (f"gpu.module @poot_gemm {{\n"
                 f"  gpu.func @gemm({sig}) workgroup(%sa: {self.sa_t} {{llvm.align = 16 : i64}}, "
                 f"%sb: {self.sb_t} {{llvm.align = 16 : i64}}) "
                 f"kernel attributes {{known_block_size = array<i32: {t.T}, 1, 1>}} {{\n"
-                f"{e.k.text()}\n    gpu.return\n  }}\n}}\n")
+                f"{e.k.text()}\n    gpu.return\n  }}\n{reduce}}}\n")
         return text, slots, consts
+
+    def reduce_kernel(self, const0: int) -> tuple[str, list, list]:
+        """The split-K reduction (``gpu.func @gemm_reduce``, :data:`REDUCE_T` threads a block,
+        one thread per element of y): ``y[row, col] = sum_z partial[z, row, col]`` in slice
+        order, then the region's epilogue, as the one-pass kernel stores it. Returns (its
+        text, launch slots, constant buffers; theirs numbered from ``const0``)."""
+        m, fn, e = self.m, self.fn, _Emit()
+        y: list = [None]
+        se = _ArgsSeen(fn, e.k, [f"%e{i}" for i in range(len(fn.regions[0].blocks[0]
+                                                               .arguments))],
+                       provide=lambda v, idx: y[0] if v == m.root else None)
+        tid = e.op("gpu.thread_id x")
+        at = e.add(e.mul(e.op("gpu.block_id x"), e.c(REDUCE_T)), tid)
+        MN = m.M * m.N
+        e.raw(f"scf.if {e.op(f'arith.cmpi ult, {at}, {e.c(MN)} : index')} {{")
+        acc = e.op(f"memref.load %part[{at}] : {self.part_t}")
+        for z in range(1, self.S):
+            acc = e.fadd(acc, e.op(f"memref.load %part[{e.add(at, e.c(z * MN))}] : "
+                                   f"{self.part_t}"))
+        row = e.op(f"arith.divui {at}, {e.c(m.N)} : index")
+        col = e.op(f"arith.remui {at}, {e.c(m.N)} : index")
+        y[0] = acc
+        with se.scope():
+            for jj, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
+                idx = _coords(se, ot.shape, m.M, m.N, row, col)
+                se.store(se.value(out, idx), f"%o{jj}", ot, idx)
+        e.raw("}")
+        ro = " {llvm.noalias, llvm.readonly}" if not self.emulate else ""
+        params, slots = [("%part", self.part_t + ro)], [("scratch", 0)]
+        for i, a in enumerate(fn.regions[0].blocks[0].arguments):
+            if f"%e{i}" in se.seen:
+                params.append((f"%e{i}", buffer_type(_ttype(a))))
+                slots.append(("arg", i))
+        for k, (name, c) in enumerate(zip(se.const_names, se.consts)):
+            params.append((name, c[0]))
+            slots.append(("const", const0 + k))
+        for j, ot in enumerate(m.out_ts):
+            params.append((f"%o{j}", buffer_type(ot)))
+            slots.append(("out", j))
+        sig = ", ".join(f"{a}: {b}" for a, b in params)
+        text = (f"  gpu.func @gemm_reduce({sig}) kernel attributes "
+                f"{{known_block_size = array<i32: {REDUCE_T}, 1, 1>}} {{\n"
+                f"{e.k.text()}\n    gpu.return\n  }}\n")
+        return text, slots, list(se.consts)
 
 
 def _coords(se: ScalarEmitter, shape, M: int, N: int, row: str, col: str) -> list:
@@ -832,8 +934,8 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     if not (has_mma(caps) or emulate) or not _x_without_reductions(fn):
         return None
     m = match(fn, gemv_only=False)
-    if m is None or gemv_rows(m.M, m.N) or m.prologue:
-        return None                 # decode and narrow matmuls: the GEMV's
+    if m is None or m.M <= MAX_M or m.prologue:
+        return None                 # decode matmuls: the GEMV's (narrow ones are ours: split-K)
     w = m.weight
     if w.layout == "kn" or (w.layout == "nk" and w.dtype not in (DType.BF16, DType.F16)):
         return None                 # f32 weights, [K, N] weights: the generic mapping
@@ -848,15 +950,26 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
             return None
     if t.smem_bytes > shared:
         return None
+    cores = max(1, int(getattr(caps, "cores", 1) or 1))
+    KT = -(-m.K // t.BK)
+    split = min(FORCE_SPLIT or choose_split(t, m.M, m.N, m.K, cores), KT)
+    split = -(-KT // -(-KT // split))               # every slice gets K steps
     try:
-        text, slots, consts = _GemmKernel(m, t, emulate, fn).kernel()
+        text, slots, consts = _GemmKernel(m, t, emulate, fn, split).kernel()
     except ScalarUnsupported:
         return None
-    grid = (-(-m.N // t.BN), -(-m.M // t.BM), 1)
-    return Synthesized(text, [Launch("kernel", slots, "poot_gemm", "gemm", grid,
-                                     (t.T, 1, 1))], consts=consts)
+    grid = (-(-m.N // t.BN), -(-m.M // t.BM), split)
+    if split == 1:
+        return Synthesized(text, [Launch("kernel", slots, "poot_gemm", "gemm", grid,
+                                         (t.T, 1, 1))], consts=consts)
+    return Synthesized(
+        text, [Launch("kernel", slots[0], "poot_gemm", "gemm", grid, (t.T, 1, 1)),
+               Launch("kernel", slots[1], "poot_gemm", "gemm_reduce",
+                      (-(-m.M * m.N // REDUCE_T), 1, 1), (REDUCE_T, 1, 1))],
+        scratch=[(f"memref<{split * m.M * m.N}xf32>", split * m.M * m.N * 4)], consts=consts)
 
 
-__all__ = ["BKS", "EMULATE_MMA", "FORCE_TILING", "PAD", "WARPS", "Tiling", "a_fragment",
-           "a_ldmatrix_row", "b_fragment", "b_ldmatrix_row", "c_fragment", "choose_tiling",
+__all__ = ["BKS", "EMULATE_MMA", "FORCE_SPLIT", "FORCE_TILING", "MAX_SPLIT", "PAD",
+           "REDUCE_T", "SPLIT_BLOCKS_PER_CORE", "SPLIT_MIN_STEPS", "WARPS", "Tiling", "a_fragment", "a_ldmatrix_row",
+           "b_fragment", "b_ldmatrix_row", "c_fragment", "choose_split", "choose_tiling",
            "error_bound", "gemm", "has_mma", "with_bk"]

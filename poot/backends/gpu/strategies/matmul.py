@@ -59,16 +59,17 @@ from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
 
 #: largest M (rows of x: batch x new tokens) taken; larger M (prefill) stays generic
 MAX_M = 8
-#: ... except for narrow matmuls: N <= SMALL_N output columns with M <= SMALL_N_MAX_M rows
-#: are GEMVs too (:func:`gemv_rows`). The tensor-core GEMM tiles N by 32-128 columns, so a
-#: rank-16 LoRA shrink at batch 32 ([32, 2048] x [2048, 16]) or an MoE router ran as ONE
-#: block walking all of K; as a GEMV each column is a warp and the M rows are accumulators.
+#: ... and narrow matmuls: N <= SMALL_N output columns with M <= SMALL_N_MAX_M rows (a rank-16
+#: LoRA shrink at batch 32, an MoE router) where the tensor-core GEMM (tried first) refuses
+#: them: f32 weights, a folded norm, targets without mma. The GEMM takes the others: its
+#: split-K spreads their K over blocks, while the GEMV's warp a column re-reads all of x per
+#: column (a 16 x 8192 bf16 shrink at M = 32: 16 us as a GEMV on an H200, 5.3 as the GEMM).
 SMALL_N, SMALL_N_MAX_M = 64, 32
 
 
 def gemv_rows(M: int, N: int) -> bool:
-    """Whether an [M, K] x [K, N] matmul region is the GEMV's (else the GEMM's): M <=
-    :data:`MAX_M`, or a narrow one (N <= :data:`SMALL_N`, M <= :data:`SMALL_N_MAX_M`)."""
+    """Whether the GEMV takes an [M, K] x [K, N] matmul region: M <= :data:`MAX_M`, or a
+    narrow one (N <= :data:`SMALL_N`, M <= :data:`SMALL_N_MAX_M`) that the GEMM refused."""
     return M <= MAX_M or (N <= SMALL_N and M <= SMALL_N_MAX_M)
 
 #: packed formats this kernel decodes, by IR name -> (block bytes, elements per block)
@@ -1159,19 +1160,21 @@ SPLIT_WARPS_PER_CORE = 32
 MAX_KSPLIT = 8
 
 
-def ksplit_for(N: int, units: int, sg: int, caps) -> int:
+def ksplit_for(N: int, units: int, sg: int, caps, rows: int = 1) -> int:
     """Warps per output column (split-K inside a block, a power of two): the fewest that give
     the GEMV :data:`SPLIT_WARPS_PER_CORE` warps per compute unit, while each warp keeps at
-    least two lane rounds of 16-byte units (``units`` per column) and slices stay whole lane
-    rounds. Why: one warp per column leaves a narrow projection with few warps per SM and
+    least two lane rounds of 16-byte units (``units`` per column; one round when x has more
+    than :data:`MAX_M` ``rows``: a narrow matmul's unit is then ``rows`` times the work) and
+    slices stay whole lane rounds. Why: one warp per column leaves a narrow projection with few warps per SM and
     few bytes in flight; measured on an H200 (bf16 weights, graph-replayed,
     ``bench/gpu_run/gemv_sweep.py``): N x K = 1024 x 4096 went from 6.8 to 3.7-3.9 us with
     4-8 warps per column, 4096 x 14336 from 34.1 to 29.0 us with 2, 2048 x 2048 from 4.7 to
     3.5 us with 4; wide projections (N = 8192 and more) gain nothing."""
     cores = max(1, int(getattr(caps, "cores", 1) or 1))
+    r = 1 if rows > MAX_M else 2                       # lane rounds a warp keeps
     ks = 1
     while ks < MAX_KSPLIT and N * ks < SPLIT_WARPS_PER_CORE * cores and \
-            units % (2 * ks * sg) == 0 and units // (2 * ks) >= 2 * sg:
+            units % (2 * ks * sg) == 0 and units // (2 * ks) >= r * sg:
         ks *= 2
     return ks
 
@@ -1205,9 +1208,13 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     if m is None or m.M * len(m.weights) > max(2 * MAX_M, SMALL_N_MAX_M if m.N <= SMALL_N
                                                else 0):
         return None                 # accumulators per lane: registers
+    if m.M > MAX_M:                 # a narrow matmul: the GEMM's where it takes it (SMALL_N)
+        from poot.backends.gpu.strategies.gemm import gemm   # (it imports this module)
+        if gemm(fn, caps) is not None:
+            return None
     vec = "sm_90" in (getattr(caps, "features", None) or ())
     kern = _Kernel(m, sg, 1, vec, TUNING["unroll"] or 4)
-    ksplit = TUNING["ksplit"] or ksplit_for(m.N, kern.units(), sg, caps)
+    ksplit = TUNING["ksplit"] or ksplit_for(m.N, kern.units(), sg, caps, m.M)
     if kern.units() % (ksplit * sg):
         ksplit = 1                   # slices of whole lane rounds only
     # lanes per column: a whole warp by default. Several columns a warp (8 lanes each for the
