@@ -8,11 +8,15 @@ row ``n`` of ``indices [N, r]`` addresses the slice ``dest[idx[n, 0], ..., idx[n
 (shape ``dest.shape[r:]``) that receives ``updates[n]``; rows with a coordinate out of range are
 dropped; when rows repeat an address the later row wins.
 
-Mapping: one thread per element ``e`` of a slice; each thread walks the rows ``n = 0..N-1`` in
-order and stores ``updates[n, e]`` where row ``n`` is in range, so a repeated address ends with
-the later row's value (the same thread writes that element for every row) and no two threads
-ever write the same element. ``indices`` and ``updates`` may be any elementwise-class
-expression of the arguments (:mod:`~poot.backends.gpu.strategies._scalar`).
+Mapping: one thread per (row ``n``, element ``e`` of a slice): grid y is the row, grid x the
+slice's elements. Thread (n, e) stores ``updates[n, e]`` when row ``n`` is in range and no
+later row ``m > n`` addresses the same slice (it compares the later rows' coordinates first:
+integer work on a few cached indices), so a repeated address ends with the later row's value
+and no two threads ever write the same element. Rows are independent otherwise: a batch of
+B decode rows, or a prefill chunk, writes its K/V in one wave instead of one thread walking
+every row in turn (which made a batch-32 decode step's K/V write of the Llama-3.2-1B shape,
+RoPE included, 19 us a layer on an H200). ``indices`` and ``updates`` may be any
+elementwise-class expression of the arguments (:mod:`~poot.backends.gpu.strategies._scalar`).
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ def scatter(fn: ir.Operation, caps):
     ity = it.dtype.value
     em.line("%tid = gpu.thread_id x")
     em.line("%bid = gpu.block_id x")
+    em.line("%n = gpu.block_id y")
     try:
         lin = se.iadd(se.imul("%bid", t), "%tid")
         guard = se.op(f"arith.cmpi ult, {se.ix(lin)}, {se.ix(elems)} : index")
@@ -83,25 +88,38 @@ def scatter(fn: ir.Operation, caps):
         em.depth += 1
         with se.scope():
             e_idx = se.delinearize(lin, slice_shape) if slice_shape else []
-            em.line(f"scf.for %n = {se.ix(0)} to {se.ix(n_rows)} step {se.ix(1)} {{")
+            ok, cs, coords = None, [], []
+            for j in range(r):
+                c = se.value(indices, ["%n", j])
+                lo = se.op(f"arith.cmpi sge, {c}, {em.const(0, ity)} : {ity}")
+                hi = se.op(f"arith.cmpi slt, {c}, {em.const(dt.shape[j], ity)} : {ity}")
+                both = se.op(f"arith.andi {lo}, {hi} : i1")
+                ok = both if ok is None else se.op(f"arith.andi {ok}, {both} : i1")
+                cs.append(c)
+                coords.append(se.op(f"arith.index_cast {c} : {ity} to index"))
+            # a later row at the same address wins: this row then writes nothing
+            false = em.const(0, "i1")
+            later = se.op(f"arith.addi %n, {se.ix(1)} : index")
+            em.line(f"%later_dup = scf.for %m = {later} to {se.ix(n_rows)} step {se.ix(1)} "
+                    f"iter_args(%dup = {false}) -> (i1) {{")
             em.depth += 1
             with se.scope():
-                ok, coords = None, []
+                same = None
                 for j in range(r):
-                    c = se.value(indices, ["%n", j])
-                    lo = se.op(f"arith.cmpi sge, {c}, {em.const(0, ity)} : {ity}")
-                    hi = se.op(f"arith.cmpi slt, {c}, {em.const(dt.shape[j], ity)} : {ity}")
-                    both = se.op(f"arith.andi {lo}, {hi} : i1")
-                    ok = both if ok is None else se.op(f"arith.andi {ok}, {both} : i1")
-                    coords.append(se.op(f"arith.index_cast {c} : {ity} to index"))
-                em.line(f"scf.if {ok} {{")
-                em.depth += 1
-                with se.scope():
-                    x = se.value(updates, ["%n"] + list(e_idx))
-                    at = se.linearize(coords + list(e_idx), dt.shape)
-                    se.store(x, "%out0", flat, [at])
-                em.depth -= 1
-                em.line("}")
+                    eq = se.op(f"arith.cmpi eq, {se.value(indices, ['%m', j])}, {cs[j]} : "
+                               f"{ity}")
+                    same = eq if same is None else se.op(f"arith.andi {same}, {eq} : i1")
+                em.line(f"%dup_next = arith.ori %dup, {same} : i1")
+                em.line("scf.yield %dup_next : i1")
+            em.depth -= 1
+            em.line("}")
+            keep = se.op(f"arith.xori %later_dup, {em.const(1, 'i1')} : i1")
+            em.line(f"scf.if {se.op(f'arith.andi {ok}, {keep} : i1')} {{")
+            em.depth += 1
+            with se.scope():
+                x = se.value(updates, ["%n"] + list(e_idx))
+                at = se.linearize(coords + list(e_idx), dt.shape)
+                se.store(x, "%out0", flat, [at])
             em.depth -= 1
             em.line("}")
         em.depth -= 1
@@ -113,8 +131,8 @@ def scatter(fn: ir.Operation, caps):
     slots = [("arg", i) for i in range(len(se.args))] + \
         [("const", k) for k in range(len(se.consts))] + [("out", 0)]
     copy = Launch("copy", [("arg", d_arg), ("out", 0)], nbytes=dt.nbytes)
-    kern = Launch("kernel", slots, "scatter", "k", ((elems + t - 1) // t, 1, 1), (t, 1, 1),
-                  strategy="scatter")
+    kern = Launch("kernel", slots, "scatter", "k", ((elems + t - 1) // t, n_rows, 1),
+                  (t, 1, 1), strategy="scatter")
     return Synthesized(text, [copy, kern], consts=list(se.consts))
 
 
