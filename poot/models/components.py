@@ -20,7 +20,7 @@ from poot.graph import ops
 from poot.graph.builder import Builder, Graph, Tensor
 from poot.models.base import (ModelError, StepDims, StepSpec, WeightBinding, WeightName,
                               WeightTable, bind_weights, default_kv_dtype)
-from poot.models.lora import COLUMN_SLOT
+from poot.models.lora import COLUMN_SLOT, shrink_param
 
 
 @dataclass
@@ -332,7 +332,7 @@ def decoder_dims(o: DecoderOptions) -> StepDims:
 def proj(b: Builder, types: dict[str, PootType], role: str, x: Tensor,
          lora_mask: Tensor | None = None) -> Tensor:
     """``linear(x, role)``, adding ``role_bias`` when it is bound, and the per-sequence LoRA
-    term when ``lora_mask`` is given and ``lora.{role}.a``/``.b`` are bound
+    term when ``lora_mask`` is given and ``role``'s slots are bound
     (:func:`lora_shrink`, :func:`lora_expand`)."""
     return projs(b, types, [role], x, lora_mask)[0]
 
@@ -340,18 +340,19 @@ def proj(b: Builder, types: dict[str, PootType], role: str, x: Tensor,
 def projs(b: Builder, types: dict[str, PootType], roles: Sequence[str], x: Tensor,
           lora_mask: Tensor | None = None) -> list[Tensor]:
     """:func:`proj` of each of ``roles`` on the same x, traced in three waves: every base
-    projection, then every LoRA shrink ``x A^T``, then every masked expand added to its base.
-    Each wave's projections read nothing the wave computes, so sibling fusion can run a
-    wave as one launch (the q/k/v or gate/up GEMVs and their shrinks)."""
+    projection, then every LoRA shrink ``x A^T`` (one for the roles whose A's are stacked
+    together: :func:`poot.models.lora.shrink_param`), then every masked expand added to its
+    base. Each wave's projections read nothing the wave computes, so sibling fusion can run a
+    wave as one launch (the q/k/v or gate/up GEMVs and their shrink)."""
     out = []
     for role in roles:
         bias = param(b, types, role + "_bias") if role + "_bias" in types else None
         out.append(ops.linear(b, x, param(b, types, role), bias))
     lora = [i for i, r in enumerate(roles)
-            if lora_mask is not None and f"lora.{r}.a" in types]
-    shrunk = {i: lora_shrink(b, types, roles[i], x) for i in lora}
-    for i in lora:           # expand first: the add fuses into the expand, not the base
-        out[i] = lora_expand(b, types, roles[i], shrunk[i], lora_mask) + out[i]
+            if lora_mask is not None and f"lora.{r}.b" in types]
+    shrunk = lora_shrink(b, types, [roles[i] for i in lora], x)
+    for i, xa in zip(lora, shrunk):   # expand first: the add fuses into it, not the base
+        out[i] = lora_expand(b, types, roles[i], xa, lora_mask) + out[i]
     return out
 
 
@@ -365,10 +366,25 @@ def lora_row_mask(b: Builder, types: dict[str, PootType], lora_index: Tensor) ->
     return b.reshape(b.cast(hit, DType.F32), (bsz, 1, lr))
 
 
-def lora_shrink(b: Builder, types: dict[str, PootType], role: str, x: Tensor) -> Tensor:
-    """f32 [B, T, L*R]: ``x A^T`` for x [B, T, in], every slot's ranks stacked in
-    ``lora.{role}.a`` [L*R, in] (:mod:`poot.models.lora`)."""
-    return ops.linear(b, ops.as_f32(b, x), param(b, types, f"lora.{role}.a"))
+def lora_shrink(b: Builder, types: dict[str, PootType], roles: Sequence[str], x: Tensor
+                ) -> list[Tensor]:
+    """f32 [B, T, L*R] per role of ``roles`` (all read x [B, T, in]): ``x A^T``, every slot's
+    ranks stacked in A [L*R, in]. A stacked param whose roles are all here
+    (:func:`poot.models.lora.shrink_param`) is one matmul sliced per role; a role met alone
+    reads its rows of the stack."""
+    xf, out, whole = ops.as_f32(b, x), [], {}
+    for role in roles:
+        name, row0, lr = shrink_param(role, types)
+        members = [r for r in roles if shrink_param(r, types)[0] == name]
+        if len(members) * lr == types[name].shape[0]:
+            if name not in whole:
+                whole[name] = ops.linear(b, xf, param(b, types, name))
+            t = whole[name]
+            out.append(b.slice_axis(t, t.rank - 1, row0, row0 + lr))
+        else:
+            a = param(b, types, name)
+            out.append(ops.linear(b, xf, b.slice_axis(a, 0, row0, row0 + lr)))
+    return out
 
 
 def lora_expand(b: Builder, types: dict[str, PootType], role: str, xa: Tensor,
@@ -524,7 +540,7 @@ def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: in
         f = gu.shape[-1] // 2
         gate, up = b.slice_axis(gu, gu.rank - 1, 0, f), b.slice_axis(gu, gu.rank - 1, f, 2 * f)
         return proj(b, types, p + "down", ops.activation(b, gate, o.act) * up)
-    lora = lora_mask is not None and any(f"lora.{p}{r}.a" in types
+    lora = lora_mask is not None and any(f"lora.{p}{r}.b" in types
                                           for r in ("gate", "up", "down"))
     if not lora and not any(p + f"{r}_bias" in types for r in ("gate", "up", "down")):
         return ops.mlp_glu(b, h, param(b, types, p + "gate"), param(b, types, p + "up"),

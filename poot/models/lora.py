@@ -5,11 +5,14 @@ more step input, ``lora_index`` i32 [B] (each sequence's slot: 1..L an adapter, 
 model), and adds to every targeted projection ``y = x W^T`` the low-rank term of every slot
 at once, masked to each sequence's own::
 
-    y += ((x A^T) * mask[b]) B^T      A: lora.{role}.a [L*R, in]   B: lora.{role}.b [out, L*R]
+    y += ((x A^T) * mask[b]) B^T      A: [L*R, in] (of lora.{group}.a)   B: lora.{role}.b [out, L*R]
 
 with slot s's ranks at rows/columns ``(s-1)*R .. s*R`` and ``mask[b, j] = (lora.column_slot[j]
 == lora_index[b])``, ``lora.column_slot`` i32 [L*R] = ``j // R + 1`` bound beside them
-(:func:`poot.models.components.lora_row_mask`). A and B are stored f32, or bf16/f16 where the
+(:func:`poot.models.components.lora_row_mask`). The A's of targets a decoder projects from one
+input (:data:`SHRINK_GROUPS`: q/k/v, gate/up) are stacked in one param ``lora.blk.{i}.{t1}+
+{t2}+...a`` [n*L*R, in], target k's at rows ``k*L*R ..``, so one shrink serves the group
+(:func:`shrink_param`). A and B are stored f32, or bf16/f16 where the
 base projections are (:func:`lora_dtype`). Both terms are plain projections (the GEMV/GEMM
 kernels and the sibling fusion of the base projections apply; no per-row gather of adapter
 weights), so one batch mixes adapters and the base model at L times one adapter's FLOPs
@@ -52,6 +55,23 @@ _TENSOR = re.compile(r"^base_model\.model\.(?:model\.)?layers\.(\d+)\.(?:self_at
 
 #: the param naming each stacked rank's slot (i32 [L*R], ``j // R + 1``)
 COLUMN_SLOT = "lora.column_slot"
+#: targets a decoder projects from one input (:func:`poot.models.components.projs` traces
+#: them together): their A's share one stacked param, so one shrink ``x A^T`` (one narrow
+#: matmul, a launch on a GPU) serves the group
+SHRINK_GROUPS = (("attn.q", "attn.k", "attn.v"), ("ffn.gate", "ffn.up"))
+
+
+def shrink_param(role: str, types: Mapping[str, PootType]) -> tuple[str, int, int] | None:
+    """Where ``role``'s (``blk.{i}.{target}``) stacked A lives: (param name, first row, rows
+    = L*R) of the group's ``lora.blk.{i}.{t1}+{t2}+...a`` (the group's bound targets, those
+    with a ``lora.{role}.b``), or None when ``role`` has no LoRA slots bound."""
+    if f"lora.{role}.b" not in types:
+        return None
+    prefix, target = role.rsplit(".", 2)[0] + ".", ".".join(role.rsplit(".", 2)[1:])
+    group = next((g for g in SHRINK_GROUPS if target in g), (target,))
+    bound = [t for t in group if f"lora.{prefix}{t}.b" in types]
+    lr = types[f"lora.{role}.b"].shape[1]
+    return f"lora.{prefix}{'+'.join(bound)}.a", bound.index(target) * lr, lr
 
 
 class LoraError(ModelError):
@@ -199,20 +219,23 @@ def lora_dtype(base_types: Mapping[str, PootType], targets) -> DType:
 
 def lora_types(slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int
                ) -> dict[str, TensorType]:
-    """The slot params: ``lora.{role}.a`` [L*R, in] and ``lora.{role}.b`` [out, L*R] of
-    :func:`lora_dtype` for every targeted role the base has (L = max_loras, R =
-    max_rank), and ``lora.column_slot`` i32 [L*R], the slot each stacked rank belongs to."""
+    """The slot params of :func:`lora_dtype` for every targeted role the base has (L =
+    max_loras, R = max_rank): ``lora.{role}.b`` [out, L*R], the A's stacked by
+    :data:`SHRINK_GROUPS` (``lora.blk.{i}.{t1}+...a`` [n*L*R, in], :func:`shrink_param`),
+    and ``lora.column_slot`` i32 [L*R], the slot each stacked rank belongs to."""
     lr = slots.max_loras * slots.max_rank
     dt = lora_dtype(base_types, slots.targets)
-    out = {COLUMN_SLOT: TensorType((lr,), DType.I32)}
+    out: dict[str, TensorType] = {COLUMN_SLOT: TensorType((lr,), DType.I32)}
     for i in range(n_layers):
         for t in slots.targets:
             base = base_types.get(f"blk.{i}.{t}")
-            if base is None:
-                continue
-            out_f, in_f = base.shape
-            out[f"lora.blk.{i}.{t}.a"] = TensorType((lr, in_f), dt)
-            out[f"lora.blk.{i}.{t}.b"] = TensorType((out_f, lr), dt)
+            if base is not None:
+                out[f"lora.blk.{i}.{t}.b"] = TensorType((base.shape[0], lr), dt)
+        for t in slots.targets:
+            where = shrink_param(f"blk.{i}.{t}", out)
+            if where is not None and where[0] not in out:
+                n = len(where[0].split("+"))
+                out[where[0]] = TensorType((n * lr, base_types[f"blk.{i}.{t}"].shape[1]), dt)
     return out
 
 
@@ -241,15 +264,16 @@ class LoraTable:
             raise LoraError(f"{first}.lora_A", f"rank {adapter.rank} exceeds the slots' "
                             f"max rank {self.slots.max_rank}")
         for role in adapter.weights:
-            if f"lora.{role}.a" not in self.types:
+            if f"lora.{role}.b" not in self.types:
                 raise LoraError(role, "not among the projections the slots adapt "
                                 f"({', '.join(self.slots.targets)})")
         changed = self.unload(slot)
         lo, hi = self._columns(slot, adapter.rank)
         for role, (a, b) in adapter.weights.items():
-            self.arrays[f"lora.{role}.a"][lo:hi, :] = a
+            name, row0, _ = shrink_param(role, self.types)
+            self.arrays[name][row0 + lo:row0 + hi, :] = a
             self.arrays[f"lora.{role}.b"][:, lo:hi] = b * np.float32(adapter.scale)  # rounds
-            changed += [f"lora.{role}.a", f"lora.{role}.b"]
+            changed += [name, f"lora.{role}.b"]
         self.loaded[slot] = adapter.name
         return sorted(set(changed))
 
@@ -263,16 +287,19 @@ class LoraTable:
             return []
         changed = []
         lo, hi = self._columns(slot, self.slots.max_rank)
+        lr = self.slots.max_loras * self.slots.max_rank
         for n, arr in self.arrays.items():
             if n == COLUMN_SLOT:
                 continue
-            part = arr[lo:hi] if n.endswith(".a") else arr[:, lo:hi]
-            if part.any():
-                part[...] = 0.0
+            parts = [arr[k + lo:k + hi] for k in range(0, arr.shape[0], lr)] \
+                if n.endswith(".a") else [arr[:, lo:hi]]
+            if any(p.any() for p in parts):
+                for p in parts:
+                    p[...] = 0.0
                 changed.append(n)
         del self.loaded[slot]
         return changed
 
 
-__all__ = ["COLUMN_SLOT", "LoraAdapter", "LoraError", "LoraSlots", "LoraTable", "PEFT_TARGETS",
-           "lora_dtype", "lora_types", "read_peft_adapter"]
+__all__ = ["COLUMN_SLOT", "SHRINK_GROUPS", "LoraAdapter", "LoraError", "LoraSlots", "LoraTable",
+           "PEFT_TARGETS", "lora_dtype", "lora_types", "read_peft_adapter", "shrink_param"]
