@@ -30,6 +30,11 @@ SHAPES = [("8b.qo", "bf16", 1, 4096, 4096), ("8b.kv", "bf16", 1, 1024, 4096),
           ("1b.gate", "bf16", 1, 8192, 2048), ("1b.down", "bf16", 1, 2048, 8192),
           ("smol.q", "q4_1", 1, 576, 576), ("smol.gate", "q4_1", 1, 1536, 576),
           ("smol.down", "q4_1", 1, 576, 1536), ("smol.head", "q8_0", 1, 49152, 576)]
+#: ``--small-m``: the 1B projections and LM head at a few rows (a batch of 2-8 decode rows),
+#: each as the GEMV (the strategy's own below MAX_M) and as the split-K GEMM (MAX_M lowered)
+SMALL_M = [(f"1b.{n}.m{M}", "bf16", M, N, K) for M in (2, 4, 8)
+           for n, N, K in (("qo", 2048, 2048), ("gate", 8192, 2048), ("down", 2048, 8192),
+                           ("head", 128256, 2048))]
 #: (warps per block, units in flight per lane, warps per column (split-K)); None: the rule
 VARIANTS = [(None, None, None), (4, 4, None), (8, 4, None), (4, 8, None), (8, 8, None),
             (2, 8, None), (16, 4, None), (8, 4, 2), (8, 4, 4), (8, 2, 4), (16, 4, 4),
@@ -38,6 +43,39 @@ VARIANTS = [(None, None, None), (4, 4, None), (8, 4, None), (4, 8, None), (8, 8,
 #: other knobs for the packed shapes
 PARTS = [1, 2]
 L2_BYTES = 256 << 20          # weight copies per graph: at least this many bytes in rotation
+
+
+def build_small_m(out: str) -> None:
+    """The :data:`SMALL_M` shapes, each with the rule's GEMV and with the GEMM (``.gemm``)."""
+    sys.path.insert(0, os.path.join(ROOT, "test", "gpu"))
+    from types import SimpleNamespace
+
+    from poot.backends.cuda.codegen import compile_program, cuda_target
+    from poot.backends.gpu.strategies import gemm, matmul
+    from test_gpu_matmul import gemv_region  # type: ignore
+
+    target = cuda_target()
+    index = []
+    for name, fmt, M, N, K in SMALL_M:
+        g, _ = gemv_region(fmt, M, N, K)
+        for kind in ("gemv", "gemm"):
+            old = matmul.MAX_M, gemm.MAX_M
+            if kind == "gemm":
+                matmul.MAX_M = gemm.MAX_M = 1
+            try:
+                art = compile_program(SimpleNamespace(graph=g, storage=[], target=target,
+                                                      dispatches={}))
+            finally:
+                matmul.MAX_M, gemm.MAX_M = old
+            vname = f"{name}.{kind}"
+            art.save(os.path.join(out, vname))
+            index.append({"variant": vname, "shape": name, "fmt": fmt, "M": M, "N": N, "K": K,
+                          "strategies": art.meta.get("strategies"),
+                          "grid": [L["grid"] for L in art.plan["launches"] if L["op"] == "kernel"],
+                          "block": art.plan["launches"][-1]["block"]})
+    with open(os.path.join(out, "index.json"), "w") as f:
+        json.dump(index, f, indent=1)
+    print(f"{len(index)} variants in {out}")
 
 
 def build(out: str, only: str | None = None) -> None:
@@ -180,9 +218,11 @@ def main() -> int:
     ap.add_argument("--run", metavar="DIR")
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default=None, help="build only the shapes named with this prefix")
+    ap.add_argument("--small-m", action="store_true",
+                    help="build the SMALL_M shapes as the GEMV and as the GEMM instead")
     a = ap.parse_args()
     if a.build:
-        build(a.build, a.only)
+        (build_small_m(a.build) if a.small_m else build(a.build, a.only))
     if a.run:
         res = run(a.run)
         text = json.dumps(res, indent=1)

@@ -320,6 +320,26 @@ _SPLIT_CASES = [("bf16", 40, 70, 520, "residual", (32, 32, 64), 3),
                 ("q8_0", 50, 40, 256, "residual", (64, 32, 32), 3)]
 
 
+@pytest.mark.parametrize("fmt,M,norm,want", [("bf16", 2, None, "gemv"), ("bf16", 4, None, "gemm"),
+                                             ("f16", 8, None, "gemm"), ("q4_1", 8, None, "gemv"),
+                                             ("bf16", 4, "rmsnorm", None)])
+def test_decode_rows_of_dense_16bit_weights_take_the_gemm(fmt, M, norm, want):
+    """From GEMM_FROM_M rows a dense bf16/f16 matmul is the split-K GEMM's on a tensor-core
+    target (measured faster than the GEMV from 2 rows); packed weights keep the GEMV up to
+    MAX_M; a folded norm in front is refused by both (the fold is then not taken)."""
+    from poot.backends.gpu.strategies.matmul import GEMM_FROM_M, gemv
+
+    assert GEMM_FROM_M == 3
+    g, _ = gemv_region(fmt, M, 256, 512, "residual", norm=norm)
+    fn = _dispatch_fn(g)
+    with fn.context, ir.Location.unknown():
+        from poot.backends.gpu.strategies.gemm import gemm
+
+        got = "gemm" if gemm(fn, _cuda_caps()) is not None else \
+            "gemv" if gemv(fn, _cuda_caps()) is not None else None
+    assert got == want
+
+
 @pytest.mark.parametrize("fmt,want", [("bf16", "gemm"), ("q8_0", "gemm"), ("f32", "gemv")])
 def test_narrow_matmuls_past_max_m_take_the_split_gemm(fmt, want):
     """A rank-16 LoRA shrink at batch 32 ([32, 2048] x [2048, 16]) on a tensor-core target: the

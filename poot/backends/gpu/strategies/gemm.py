@@ -1,14 +1,16 @@
-"""Prefill GEMM on tensor cores: one kernel for a dispatch region rooted at a ``poot.matmul``
-with M > :data:`~.matmul.MAX_M` rows (prompt tokens) against a weight, its elementwise
-epilogue fused. The regions are those the decode GEMV takes (:func:`.matmul.match`, here
-without its M limit), restricted to::
+"""GEMM on tensor cores: one kernel (two with split-K) for a dispatch region rooted at a
+``poot.matmul`` with M > :data:`~.matmul.MAX_M` rows (prompt tokens, batched decode), or from
+:data:`~.matmul.GEMM_FROM_M` rows with a dense bf16/f16 weight (small decode batches; the
+GEMV defers, :func:`.matmul.gemm_defers`), against a weight, its elementwise epilogue fused.
+The regions are those the decode GEMV takes (:func:`.matmul.match`, here without its M
+limit), restricted to::
 
     x   = reshape*(arg f32 [M, K])                               # an argument
         | expr(args)            # elementwise / views of arguments, no row reductions (e.g.
                                 # the attention output's transpose in front of o_proj)
     w   = transpose(dequantize(arg packed [N, K]))                # Q4_0 Q4_1 Q8_0 Q4_K Q6_K
         | transpose(cast?(arg [N, K] bf16|f16))                   # dense, read as stored
-    y   = matmul(x, w) {acc = f32}                                # [M, N], M > MAX_M
+    y   = matmul(x, w) {acc = f32}                                # [M, N]
     out = epilogue(y, args...)  # elementwise on the M*N elements, as the GEMV fuses it
 
 Refused (None; the region keeps the generic linalg->GPU mapping): f32 weights, a dense
@@ -22,7 +24,7 @@ f16 and packed weights -> ``...f32.f16.f16.f32`` with x rounded to f16 and each 
 decoded in f32 (ggml's formulas, as the oracle) then rounded to f16. Accumulation is f32.
 
 Tiling (:func:`choose_tiling`): a block computes a ``BM x BN`` tile of y (BM = 16/32/64/128
-by M; BN = 128/64/32, the largest that still gives every compute unit a block), ``T`` = 128
+by M; BN = 32 narrow, 64 or 128 by width), ``T`` = 128
 threads (256 for BM 128) in ``WM x WN`` warps, each warp a ``BM/WM x BN/WN`` sub-tile of
 ``mt x nt`` mma tiles (16 x 8). K advances ``BK`` (128/64/32: the largest whose two buffers
 fit in workgroup memory; for packed weights also dividing K) at a time through workgroup
@@ -36,6 +38,13 @@ i.e. the column-major B that ``.row.col`` wants, so a weight is never transposed
 words of padding make every 8-row phase of ``ldmatrix`` hit distinct banks. Fragments
 are read with ``ldmatrix.x4`` (``nvgpu.ldmatrix``) and multiplied with ``nvvm.mma.sync``
 (``nvgpu.mma.sync`` has no bf16 form in MLIR 22).
+
+Split-K (:func:`choose_split`): when the tile grid gives the compute units fewer than
+:data:`SPLIT_BLOCKS_PER_CORE` blocks each (decode-sized M, narrow or short weights), grid z
+cuts K into S slices of whole K steps; slice z stores its f32 accumulators as partial
+``[z, row, col]`` of a scratch buffer instead of running the epilogue, and a second kernel
+(:meth:`_GemmKernel.reduce_kernel`, one thread per element of y) sums the S partials in slice
+order and applies the epilogue. No atomics: results do not depend on block scheduling.
 
 Staging units: x and dense weights in *chunks* of 8 consecutive k (two 16-byte loads of x
 f32, or an expression x's 8 elements from :mod:`._scalar` (scalar loads), rounded in pairs by
@@ -86,8 +95,9 @@ from poot.backends.gpu.kernels import Launch
 from poot.backends.gpu.strategies import Synthesized, register
 from poot.backends.gpu.strategies._scalar import (ScalarEmitter, ScalarUnsupported,
                                                   buffer_type)
-from poot.backends.gpu.strategies.matmul import (MAX_M, GemvMatch, _ArgsSeen, _arg_no, _Emit,
-                                                 _op, _ttype, kernel_params, match)
+from poot.backends.gpu.strategies.matmul import (GEMM_FROM_M, MAX_M, GemvMatch, _ArgsSeen,
+                                                 _arg_no, _Emit, _op, _ttype, kernel_params,
+                                                 match)
 from poot.dialects.types import DType
 
 #: K steps (elements per iteration, staged through workgroup memory) tried, largest first:
@@ -282,7 +292,7 @@ def error_bound(x: np.ndarray, w: np.ndarray, mma: str) -> np.ndarray:
 # ---- the kernel -------------------------------------------------------------------------------
 
 class _GemmKernel:
-    """Emits the GEMM kernel of a :class:`~.matmul.GemvMatch` (M > MAX_M) for tiling ``t``
+    """Emits the GEMM kernel of a :class:`~.matmul.GemvMatch` for tiling ``t``
     (see the module doc)."""
 
     def __init__(self, m: GemvMatch, t: Tiling, emulate: bool, fn: ir.Operation,
@@ -905,15 +915,15 @@ def _coords(se: ScalarEmitter, shape, M: int, N: int, row: str, col: str) -> lis
 
 
 def _x_without_reductions(fn: ir.Operation) -> bool:
-    """Cheap pre-check: one matmul with M > MAX_M whose LHS reads no ``poot.reduce`` (a norm
-    folded in front, which this strategy refuses; the full match would first evaluate it for
-    every row)."""
+    """Cheap pre-check: one matmul of GEMM_FROM_M rows or more whose LHS reads no
+    ``poot.reduce`` (a norm folded in front, which this strategy refuses; the full match would
+    first evaluate it for every row)."""
     mms = [o.operation for o in fn.regions[0].blocks[0].operations
            if o.operation.name == "poot.matmul"]
     if len(mms) != 1:
         return False
     t = _ttype(mms[0].operands[0])
-    if t is None or getattr(t, "rank", 0) != 2 or t.shape[0] <= MAX_M:
+    if t is None or getattr(t, "rank", 0) != 2 or t.shape[0] < GEMM_FROM_M:
         return False
     todo, seen = [mms[0].operands[0]], set()
     while todo:
@@ -934,9 +944,12 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     if not (has_mma(caps) or emulate) or not _x_without_reductions(fn):
         return None
     m = match(fn, gemv_only=False)
-    if m is None or m.M <= MAX_M or m.prologue:
-        return None                 # decode matmuls: the GEMV's (narrow ones are ours: split-K)
+    if m is None or m.prologue:
+        return None
     w = m.weight
+    if m.M <= MAX_M and not (m.M >= GEMM_FROM_M and w.layout == "nk" and
+                             w.dtype in (DType.BF16, DType.F16)):
+        return None                 # decode rows: the GEMV's (matmul.GEMM_FROM_M)
     if w.layout == "kn" or (w.layout == "nk" and w.dtype not in (DType.BF16, DType.F16)):
         return None                 # f32 weights, [K, N] weights: the generic mapping
     shared = getattr(caps, "max_shared_bytes", 0) or 0

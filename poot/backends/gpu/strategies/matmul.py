@@ -65,6 +65,13 @@ MAX_M = 8
 #: split-K spreads their K over blocks, while the GEMV's warp a column re-reads all of x per
 #: column (a 16 x 8192 bf16 shrink at M = 32: 16 us as a GEMV on an H200, 5.3 as the GEMM).
 SMALL_N, SMALL_N_MAX_M = 64, 32
+#: ... and dense 16-bit weights from GEMM_FROM_M rows up: the GEMM's where it takes them
+#: (:func:`gemm_defers`). Measured on an H200 (weights streamed from DRAM, Llama-3.2-1B
+#: projections and LM head, raw/issue22/small_m.json): at M = 2 the split-K GEMM was
+#: already 3-13% faster than this kernel, at M = 4 1.3-2x, at M = 8 2-3.7x (the GEMV's M
+#: accumulators a lane and re-reads of x per column). Below it the GEMV keeps what the GEMM
+#: lacks: a folded norm, several matmuls of one x in one launch.
+GEMM_FROM_M = 3
 
 
 def gemv_rows(M: int, N: int) -> bool:
@@ -1198,6 +1205,25 @@ TUNING: dict[str, int | None] = {"warps": None, "unroll": None, "ksplit": None,
                                  "lanes": None, "parts": None}
 
 
+def gemm_defers(fn: ir.Operation, m: GemvMatch, caps) -> bool:
+    """Whether the GEMV leaves region ``fn`` (matched as ``m``) to the tensor-core GEMM: a
+    narrow one past :data:`MAX_M` rows, or one of dense bf16/f16 weights from
+    :data:`GEMM_FROM_M` rows, where the GEMM takes it (its strategy decides: a target with
+    mma, one matmul, no folded norm). The dense 16-bit regions only region folding makes (a
+    norm folded in front, the gate and up matmuls of one x) are refused outright on an mma
+    target: the fold is then not taken, the norm stays its own region and the GEMM takes
+    each matmul."""
+    from poot.backends.gpu.strategies import gemm as G   # (it imports this module)
+
+    dense16 = all(w.layout == "nk" and w.dtype in (DType.BF16, DType.F16) for w in m.weights)
+    if not (m.M > MAX_M or (dense16 and m.M >= GEMM_FROM_M)) or \
+            not (G.has_mma(caps) or G.EMULATE_MMA):
+        return False
+    if dense16 and (m.prologue or len(m.weights) > 1):
+        return True
+    return G.gemm(fn, caps) is not None
+
+
 @register("gemv")
 def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     """Decode GEMV regions (see the module doc); None for anything else."""
@@ -1208,10 +1234,8 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     if m is None or m.M * len(m.weights) > max(2 * MAX_M, SMALL_N_MAX_M if m.N <= SMALL_N
                                                else 0):
         return None                 # accumulators per lane: registers
-    if m.M > MAX_M:                 # a narrow matmul: the GEMM's where it takes it (SMALL_N)
-        from poot.backends.gpu.strategies.gemm import gemm   # (it imports this module)
-        if gemm(fn, caps) is not None:
-            return None
+    if gemm_defers(fn, m, caps):
+        return None
     vec = "sm_90" in (getattr(caps, "features", None) or ())
     kern = _Kernel(m, sg, 1, vec, TUNING["unroll"] or 4)
     ksplit = TUNING["ksplit"] or ksplit_for(m.N, kern.units(), sg, caps, m.M)
@@ -1245,5 +1269,6 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
                                      (warps * sg, 1, 1))], consts=consts)
 
 
-__all__ = ["GemvMatch", "MAX_M", "PACKED", "SMALL_N", "SMALL_N_MAX_M", "gemv", "gemv_rows",
+__all__ = ["GEMM_FROM_M", "GemvMatch", "MAX_M", "PACKED", "SMALL_N", "SMALL_N_MAX_M", "gemm_defers",
+           "gemv", "gemv_rows",
            "kernel_params", "ksplit_for", "match"]
