@@ -289,14 +289,26 @@ _EMU_CASES = [("bf16", 77, 100, 100, "residual", None),       # BM 128, 8 warps,
               ("q6_k", 9, 40, 512, "none", (16, 32, 128))]
 
 
+def _within_bound(dev, target, g, inputs, fmt, M, N, K, epilogue):
+    """Run region ``g`` on the Vulkan device; every element within the strategy's bound of
+    the f32 oracle."""
+    from poot.backends.vulkan.codegen import codegen_vulkan
+    from test_vulkan_kernels import run_artifact
+
+    want = oracle.evaluate(g, inputs)["r0"].reshape(M, N)
+    got = run_artifact(dev, codegen_vulkan(g, target), inputs)["r0"].reshape(M, N)
+    err = np.abs(got.astype(np.float64) - want)
+    bound = _bound(fmt, M, N, K, epilogue, inputs) + 1e-6 * np.abs(want)
+    assert np.isfinite(got).all()
+    assert (err <= bound).all(), f"worst err/bound {(err / bound).max():.3g}"
+
+
 @pytest.mark.parametrize("fmt,M,N,K,epilogue,tile", _EMU_CASES)
 def test_emulated_kernel_matches_oracle(vk, monkeypatch, fmt, M, N, K, epilogue, tile):
     """Every part of the kernel but the two tensor-core instructions, on lavapipe: within
     the stated bound of the f32 oracle."""
     from poot.backends.gpu.plan import plan_program
     from poot.backends.gpu.strategies import gemm as G
-    from poot.backends.vulkan.codegen import codegen_vulkan
-    from test_vulkan_kernels import run_artifact
 
     dev, target = vk
     monkeypatch.setattr(G, "EMULATE_MMA", True)
@@ -304,12 +316,7 @@ def test_emulated_kernel_matches_oracle(vk, monkeypatch, fmt, M, N, K, epilogue,
     g, inputs = gemv_region(fmt, M, N, K, epilogue, seed=M + N + K)
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), target.caps)
     assert set(plan.strategies) == {"gemm"}         # (split-K: two launches)
-    want = oracle.evaluate(g, inputs)["r0"].reshape(M, N)
-    got = run_artifact(dev, codegen_vulkan(g, target), inputs)["r0"].reshape(M, N)
-    err = np.abs(got.astype(np.float64) - want)
-    bound = _bound(fmt, M, N, K, epilogue, inputs) + 1e-6 * np.abs(want)
-    assert np.isfinite(got).all()
-    assert (err <= bound).all(), f"worst err/bound {(err / bound).max():.3g}"
+    _within_bound(dev, target, g, inputs, fmt, M, N, K, epilogue)
 
 
 #: (format, M, N, K, epilogue, forced tile, forced split): uneven slices, a K tail in the last
@@ -361,8 +368,6 @@ def test_emulated_split_k_matches_oracle(vk, monkeypatch, fmt, M, N, K, epilogue
     epilogue) on lavapipe: two launches, within the same bound of the f32 oracle."""
     from poot.backends.gpu.plan import plan_program
     from poot.backends.gpu.strategies import gemm as G
-    from poot.backends.vulkan.codegen import codegen_vulkan
-    from test_vulkan_kernels import run_artifact
 
     dev, target = vk
     monkeypatch.setattr(G, "EMULATE_MMA", True)
@@ -372,12 +377,7 @@ def test_emulated_split_k_matches_oracle(vk, monkeypatch, fmt, M, N, K, epilogue
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), target.caps)
     kernels = [L for L in plan.launches if L["op"] == "kernel"]
     assert [L["grid"][2] for L in kernels] == [split, 1]
-    want = oracle.evaluate(g, inputs)["r0"].reshape(M, N)
-    got = run_artifact(dev, codegen_vulkan(g, target), inputs)["r0"].reshape(M, N)
-    err = np.abs(got.astype(np.float64) - want)
-    bound = _bound(fmt, M, N, K, epilogue, inputs) + 1e-6 * np.abs(want)
-    assert np.isfinite(got).all()
-    assert (err <= bound).all(), f"worst err/bound {(err / bound).max():.3g}"
+    _within_bound(dev, target, g, inputs, fmt, M, N, K, epilogue)
 
 
 def _attn_out_region(H, T, D, N, seed=0):
