@@ -200,7 +200,7 @@ def test_tiling():
     assert choose_tiling(32, 4096, 36, 132).BK == 32                    # no wider than K
 
 
-def test_split_k():
+def test_split_k(monkeypatch):
     """Split-K only when the tile grid has fewer than SPLIT_BLOCKS_PER_CORE blocks per unit;
     slices of at least SPLIT_MIN_STEPS K steps, at most MAX_SPLIT, none empty."""
     from poot.backends.gpu.strategies.gemm import (MAX_SPLIT, SPLIT_BLOCKS_PER_CORE,
@@ -220,6 +220,11 @@ def test_split_k():
     assert choose_split(big, 2048, 8192, 4096, 132) == 1
     t = choose_tiling(32, 2048, 96, 132)                    # K too short to slice
     assert choose_split(t, 32, 2048, 96, 132) == 1
+    from poot.backends.gpu.strategies import gemm as G
+
+    t = choose_tiling(32, 2048, 8192, 132)                  # partials capped: fewer slices
+    monkeypatch.setattr(G, "MAX_SPLIT_SCRATCH", 3 * 32 * 2048 * 4)
+    assert choose_split(t, 32, 2048, 8192, 132) == 3
 
 
 # ---- PTX (no device) ---------------------------------------------------------------------------

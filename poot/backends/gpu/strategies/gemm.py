@@ -120,6 +120,9 @@ FORCE_TILING: tuple[int, int, int] | None = None
 #: split-K (:func:`choose_split`): blocks per compute unit it aims for, fewest K steps per
 #: slice, most slices
 SPLIT_BLOCKS_PER_CORE, SPLIT_MIN_STEPS, MAX_SPLIT = 2, 2, 16
+#: the most bytes of partials a split-K GEMM keeps (S x M x N f32, one scratch buffer per
+#: dispatch body): a long prefill chunk gets fewer slices rather than a large buffer
+MAX_SPLIT_SCRATCH = 32 << 20
 #: benchmarks and tests: a split-K slice count to use instead of :func:`choose_split`'s
 FORCE_SPLIT: int | None = None
 #: threads per block of the split-K reduction kernel
@@ -264,10 +267,12 @@ def choose_split(t: Tiling, M: int, N: int, K: int, cores: int) -> int:
     (the partials' traffic; raw/issue22/gemm_sweep.json). Slices of K multiply the blocks
     streaming the weight;
     :meth:`_GemmKernel.reduce_kernel` then sums the S partials of each element and applies
-    the epilogue. The count is rounded so that no slice is empty."""
+    the epilogue. The count is rounded so that no slice is empty, and capped so that the
+    partials fit in :data:`MAX_SPLIT_SCRATCH` bytes."""
     blocks = -(-N // t.BN) * -(-M // t.BM)
     KT = -(-K // t.BK)
-    s = min(MAX_SPLIT, -(-SPLIT_BLOCKS_PER_CORE * cores // blocks), KT // SPLIT_MIN_STEPS)
+    s = min(MAX_SPLIT, -(-SPLIT_BLOCKS_PER_CORE * cores // blocks), KT // SPLIT_MIN_STEPS,
+            MAX_SPLIT_SCRATCH // (4 * M * N))
     if s < 2:
         return 1
     return -(-KT // -(-KT // s))
@@ -982,7 +987,7 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
         scratch=[(f"memref<{split * m.M * m.N}xf32>", split * m.M * m.N * 4)], consts=consts)
 
 
-__all__ = ["BKS", "EMULATE_MMA", "FORCE_SPLIT", "FORCE_TILING", "MAX_SPLIT", "PAD",
-           "REDUCE_T", "SPLIT_BLOCKS_PER_CORE", "SPLIT_MIN_STEPS", "WARPS", "Tiling", "a_fragment", "a_ldmatrix_row",
-           "b_fragment", "b_ldmatrix_row", "c_fragment", "choose_split", "choose_tiling",
-           "error_bound", "gemm", "has_mma", "with_bk"]
+__all__ = ["BKS", "EMULATE_MMA", "FORCE_SPLIT", "FORCE_TILING", "MAX_SPLIT", "MAX_SPLIT_SCRATCH",
+           "PAD", "REDUCE_T", "SPLIT_BLOCKS_PER_CORE", "SPLIT_MIN_STEPS", "WARPS", "Tiling",
+           "a_fragment", "a_ldmatrix_row", "b_fragment", "b_ldmatrix_row", "c_fragment",
+           "choose_split", "choose_tiling", "error_bound", "gemm", "has_mma", "with_bk"]
