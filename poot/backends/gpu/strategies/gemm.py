@@ -93,11 +93,10 @@ from mlir import ir
 
 from poot.backends.gpu.kernels import Launch
 from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import (ScalarEmitter, ScalarUnsupported,
-                                                  buffer_type)
-from poot.backends.gpu.strategies.matmul import (GEMM_FROM_M, MAX_M, GemvMatch, _ArgsSeen,
-                                                 _arg_no, _Emit, _op, _ttype, kernel_params,
-                                                 match)
+from poot.backends.gpu.strategies._scalar import ScalarEmitter, ScalarUnsupported
+from poot.backends.gpu.strategies.matmul import (GEMM_FROM_M, GemvMatch, _ArgsSeen, _arg_no,
+                                                 _Emit, _op, _ttype, gemm_rows, kernel_params,
+                                                 match, region_params)
 from poot.dialects.types import DType
 
 #: K steps (elements per iteration, staged through workgroup memory) tried, largest first:
@@ -228,8 +227,9 @@ def choose_tiling(M: int, N: int, K: int, cores: int, max_shared: int = 48 * 102
                   packed: bool = False) -> Tiling:
     """BM: the smallest of 16/32/64/128 holding M (128 beyond); BN: 32 for a narrow weight
     (N <= 32), else 128 where 128-column tiles give half the compute units a block (or BM >
-    32), else 64, halved until the tiles fit in ``max_shared`` bytes; BK: the largest of :data:`BKS` that fits (and divides K for a packed
-    weight): more bytes in flight per thread while the mma's run. Warps: 1 x 4 for BM <= 32,
+    32), else 64, halved until the tiles fit in ``max_shared`` bytes; BK: the largest of
+    :data:`BKS` that fits (and divides K for a packed weight): more bytes in flight per
+    thread while the mma's run. Warps: 1 x 4 for BM <= 32,
     2 x 2 for 64, 4 x 2 for 128 (warp tiles 16-32 rows x 8-64 columns). The grid's size is
     split-K's business (:func:`choose_split`), not the tile's. Measured on an H200 (bf16, M =
     32, every BN x BK x split; ``bench/gpu_run/gemm_check.py``, raw/issue22/gemm_sweep.json):
@@ -265,16 +265,19 @@ def choose_split(t: Tiling, M: int, N: int, K: int, cores: int) -> int:
     (132 units), 1.9 TB/s in 8 slices; a rank-16 LoRA shrink (16 x 2048) took 11.7 us as one
     block, 3.2 in 16 slices. More than two blocks per unit measured slower on the wide ones
     (the partials' traffic; raw/issue22/gemm_sweep.json). Slices of K multiply the blocks
-    streaming the weight;
-    :meth:`_GemmKernel.reduce_kernel` then sums the S partials of each element and applies
-    the epilogue. The count is rounded so that no slice is empty, and capped so that the
+    streaming the weight; :meth:`_GemmKernel.reduce_kernel` then sums the S partials of each
+    element and applies the epilogue. The count is rounded so that no slice is empty, and capped so that the
     partials fit in :data:`MAX_SPLIT_SCRATCH` bytes."""
     blocks = -(-N // t.BN) * -(-M // t.BM)
     KT = -(-K // t.BK)
     s = min(MAX_SPLIT, -(-SPLIT_BLOCKS_PER_CORE * cores // blocks), KT // SPLIT_MIN_STEPS,
             MAX_SPLIT_SCRATCH // (4 * M * N))
-    if s < 2:
-        return 1
+    return _whole_slices(KT, s) if s >= 2 else 1
+
+
+def _whole_slices(KT: int, s: int) -> int:
+    """``s`` slices of ``KT`` K steps, lowered so that every slice gets steps."""
+    s = min(s, KT)
     return -(-KT // -(-KT // s))
 
 
@@ -727,7 +730,9 @@ class _GemmKernel:
         return out
 
     # -- the kernel
-    def kernel(self):
+    def kernel(self) -> tuple[str, list[list], list]:
+        """(gpu.module text, launch slots per kernel: the GEMM's, then the split-K
+        reduction's when S > 1, constant buffers)."""
         m, t, e, fn = self.m, self.t, self.e, self.fn
         nargs = len(fn.regions[0].blocks[0].arguments)
         cur_acc = [None]
@@ -853,7 +858,7 @@ class _GemmKernel:
             params, slots = params[:-n_out] + [("%part", self.part_t)], \
                 slots[:-n_out] + [("scratch", 0)]
             reduce, rslots, rconsts = self.reduce_kernel(len(consts))
-            slots, consts = [slots, rslots], consts + rconsts
+            consts += rconsts
         sig = ", ".join(f"{a}: {b}" for a, b in params)
         # 16-byte aligned tiles (ldmatrix rows, 16-byte stores): the default is the element's
         text = (f"gpu.module @poot_gemm {{\n"
@@ -861,7 +866,7 @@ class _GemmKernel:
                 f"%sb: {self.sb_t} {{llvm.align = 16 : i64}}) "
                 f"kernel attributes {{known_block_size = array<i32: {t.T}, 1, 1>}} {{\n"
                 f"{e.k.text()}\n    gpu.return\n  }}\n{reduce}}}\n")
-        return text, slots, consts
+        return text, [slots] + ([rslots] if reduce else []), consts
 
     def reduce_kernel(self, const0: int) -> tuple[str, list, list]:
         """The split-K reduction (``gpu.func @gemm_reduce``, :data:`REDUCE_T` threads a block,
@@ -890,17 +895,8 @@ class _GemmKernel:
                 se.store(se.value(out, idx), f"%o{jj}", ot, idx)
         e.raw("}")
         ro = " {llvm.noalias, llvm.readonly}" if not self.emulate else ""
-        params, slots = [("%part", self.part_t + ro)], [("scratch", 0)]
-        for i, a in enumerate(fn.regions[0].blocks[0].arguments):
-            if f"%e{i}" in se.seen:
-                params.append((f"%e{i}", buffer_type(_ttype(a))))
-                slots.append(("arg", i))
-        for k, (name, c) in enumerate(zip(se.const_names, se.consts)):
-            params.append((name, c[0]))
-            slots.append(("const", const0 + k))
-        for j, ot in enumerate(m.out_ts):
-            params.append((f"%o{j}", buffer_type(ot)))
-            slots.append(("out", j))
+        params, slots = region_params(fn, m, se, const0=const0)
+        params, slots = [("%part", self.part_t + ro)] + params, [("scratch", 0)] + slots
         sig = ", ".join(f"{a}: {b}" for a, b in params)
         text = (f"  gpu.func @gemm_reduce({sig}) kernel attributes "
                 f"{{known_block_size = array<i32: {REDUCE_T}, 1, 1>}} {{\n"
@@ -951,10 +947,9 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     m = match(fn, gemv_only=False)
     if m is None or m.prologue:
         return None
-    w = m.weight
-    if m.M <= MAX_M and not (m.M >= GEMM_FROM_M and w.layout == "nk" and
-                             w.dtype in (DType.BF16, DType.F16)):
+    if not gemm_rows(m):
         return None                 # decode rows: the GEMV's (matmul.GEMM_FROM_M)
+    w = m.weight
     if w.layout == "kn" or (w.layout == "nk" and w.dtype not in (DType.BF16, DType.F16)):
         return None                 # f32 weights, [K, N] weights: the generic mapping
     shared = getattr(caps, "max_shared_bytes", 0) or 0
@@ -969,22 +964,20 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     if t.smem_bytes > shared:
         return None
     cores = max(1, int(getattr(caps, "cores", 1) or 1))
-    KT = -(-m.K // t.BK)
-    split = min(FORCE_SPLIT or choose_split(t, m.M, m.N, m.K, cores), KT)
-    split = -(-KT // -(-KT // split))               # every slice gets K steps
+    split = _whole_slices(-(-m.K // t.BK),
+                          FORCE_SPLIT or choose_split(t, m.M, m.N, m.K, cores))
     try:
         text, slots, consts = _GemmKernel(m, t, emulate, fn, split).kernel()
     except ScalarUnsupported:
         return None
-    grid = (-(-m.N // t.BN), -(-m.M // t.BM), split)
+    launches = [Launch("kernel", slots[0], "poot_gemm", "gemm",
+                       (-(-m.N // t.BN), -(-m.M // t.BM), split), (t.T, 1, 1))]
     if split == 1:
-        return Synthesized(text, [Launch("kernel", slots, "poot_gemm", "gemm", grid,
-                                         (t.T, 1, 1))], consts=consts)
-    return Synthesized(
-        text, [Launch("kernel", slots[0], "poot_gemm", "gemm", grid, (t.T, 1, 1)),
-               Launch("kernel", slots[1], "poot_gemm", "gemm_reduce",
-                      (-(-m.M * m.N // REDUCE_T), 1, 1), (REDUCE_T, 1, 1))],
-        scratch=[(f"memref<{split * m.M * m.N}xf32>", split * m.M * m.N * 4)], consts=consts)
+        return Synthesized(text, launches, consts=consts)
+    launches.append(Launch("kernel", slots[1], "poot_gemm", "gemm_reduce",
+                           (-(-m.M * m.N // REDUCE_T), 1, 1), (REDUCE_T, 1, 1)))
+    return Synthesized(text, launches, consts=consts,
+                       scratch=[(f"memref<{split * m.M * m.N}xf32>", split * m.M * m.N * 4)])
 
 
 __all__ = ["BKS", "EMULATE_MMA", "FORCE_SPLIT", "FORCE_TILING", "MAX_SPLIT", "MAX_SPLIT_SCRATCH",

@@ -1124,6 +1124,17 @@ def kernel_params(fn: ir.Operation, m: GemvMatch, se: "_ArgsSeen", x_reads: set[
     if m.x_arg is not None:
         params.insert(0, (x[0], x[1] + ro))
         slots.insert(0, ("arg", m.x_arg))
+    more, more_slots = region_params(fn, m, se, x_reads, ro)
+    return params + more, slots + more_slots
+
+
+def region_params(fn: ir.Operation, m: GemvMatch, se: "_ArgsSeen",
+                  x_reads: frozenset[str] | set[str] = frozenset(), ro: str = "",
+                  const0: int = 0) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
+    """(parameters, launch slots) for what the scalar emitter ``se`` read: the arguments
+    (``ro`` on those in ``x_reads``), its constant buffers (slots numbered from ``const0``),
+    then the results ``%o{j}`` (:func:`kernel_params`; the split-K reduction's own)."""
+    params, slots = [], []
     for i, a in enumerate(fn.regions[0].blocks[0].arguments):
         if f"%e{i}" in se.seen:
             params.append((f"%e{i}", buffer_type(_ttype(a)) +
@@ -1131,7 +1142,7 @@ def kernel_params(fn: ir.Operation, m: GemvMatch, se: "_ArgsSeen", x_reads: set[
             slots.append(("arg", i))
     for k, (name, c) in enumerate(zip(se.const_names, se.consts)):
         params.append((name, c[0]))
-        slots.append(("const", k))
+        slots.append(("const", const0 + k))
     for j, ot in enumerate(m.out_ts):
         params.append((f"%o{j}", buffer_type(ot)))
         slots.append(("out", j))
@@ -1172,8 +1183,8 @@ def ksplit_for(N: int, units: int, sg: int, caps, rows: int = 1) -> int:
     the GEMV :data:`SPLIT_WARPS_PER_CORE` warps per compute unit, while each warp keeps at
     least two lane rounds of 16-byte units (``units`` per column; one round when x has more
     than :data:`MAX_M` ``rows``: a narrow matmul's unit is then ``rows`` times the work) and
-    slices stay whole lane rounds. Why: one warp per column leaves a narrow projection with few warps per SM and
-    few bytes in flight; measured on an H200 (bf16 weights, graph-replayed,
+    slices stay whole lane rounds. Why: one warp per column leaves a narrow projection with
+    few warps per SM and few bytes in flight; measured on an H200 (bf16 weights, graph-replayed,
     ``bench/gpu_run/gemv_sweep.py``): N x K = 1024 x 4096 went from 6.8 to 3.7-3.9 us with
     4-8 warps per column, 4096 x 14336 from 34.1 to 29.0 us with 2, 2048 x 2048 from 4.7 to
     3.5 us with 4; wide projections (N = 8192 and more) gain nothing."""
@@ -1205,6 +1216,17 @@ TUNING: dict[str, int | None] = {"warps": None, "unroll": None, "ksplit": None,
                                  "lanes": None, "parts": None}
 
 
+def dense16(m: GemvMatch) -> bool:
+    """Whether every weight of ``m`` is dense bf16/f16 stored [N, K]."""
+    return all(w.layout == "nk" and w.dtype in (DType.BF16, DType.F16) for w in m.weights)
+
+
+def gemm_rows(m: GemvMatch) -> bool:
+    """Whether ``m``'s rows are the tensor-core GEMM's (where it takes the region): past
+    :data:`MAX_M`, or from :data:`GEMM_FROM_M` with dense 16-bit weights."""
+    return m.M > MAX_M or (m.M >= GEMM_FROM_M and dense16(m))
+
+
 def gemm_defers(fn: ir.Operation, m: GemvMatch, caps) -> bool:
     """Whether the GEMV leaves region ``fn`` (matched as ``m``) to the tensor-core GEMM: a
     narrow one past :data:`MAX_M` rows, or one of dense bf16/f16 weights from
@@ -1215,11 +1237,9 @@ def gemm_defers(fn: ir.Operation, m: GemvMatch, caps) -> bool:
     each matmul."""
     from poot.backends.gpu.strategies import gemm as G   # (it imports this module)
 
-    dense16 = all(w.layout == "nk" and w.dtype in (DType.BF16, DType.F16) for w in m.weights)
-    if not (m.M > MAX_M or (dense16 and m.M >= GEMM_FROM_M)) or \
-            not (G.has_mma(caps) or G.EMULATE_MMA):
+    if not gemm_rows(m) or not (G.has_mma(caps) or G.EMULATE_MMA):
         return False
-    if dense16 and (m.prologue or len(m.weights) > 1):
+    if dense16(m) and (m.prologue or len(m.weights) > 1):
         return True
     return G.gemm(fn, caps) is not None
 
@@ -1269,6 +1289,6 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
                                      (warps * sg, 1, 1))], consts=consts)
 
 
-__all__ = ["GEMM_FROM_M", "GemvMatch", "MAX_M", "PACKED", "SMALL_N", "SMALL_N_MAX_M", "gemm_defers",
-           "gemv", "gemv_rows",
-           "kernel_params", "ksplit_for", "match"]
+__all__ = ["GEMM_FROM_M", "GemvMatch", "MAX_M", "PACKED", "SMALL_N", "SMALL_N_MAX_M", "dense16",
+           "gemm_defers", "gemm_rows", "gemv", "gemv_rows", "kernel_params", "ksplit_for",
+           "match", "region_params"]
