@@ -10,6 +10,7 @@ gathered axis is position j), keys masked by position.
 from __future__ import annotations
 
 import abc
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
@@ -373,10 +374,10 @@ def lora_shrink(b: Builder, types: dict[str, PootType], roles: Sequence[str], x:
     (:func:`poot.models.lora.shrink_param`) is one matmul sliced per role; a role met alone
     reads its rows of the stack."""
     xf, out, whole = ops.as_f32(b, x), [], {}
-    for role in roles:
-        name, row0, lr = shrink_param(role, types)
-        members = [r for r in roles if shrink_param(r, types)[0] == name]
-        if len(members) * lr == types[name].shape[0]:
+    where = [shrink_param(r, types) for r in roles]
+    here = Counter(name for name, _, _ in where)            # roles here per stacked param
+    for name, row0, lr in where:
+        if here[name] * lr == types[name].shape[0]:
             if name not in whole:
                 whole[name] = ops.linear(b, xf, param(b, types, name))
             t = whole[name]

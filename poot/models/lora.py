@@ -67,7 +67,8 @@ def shrink_param(role: str, types: Mapping[str, PootType]) -> tuple[str, int, in
     with a ``lora.{role}.b``), or None when ``role`` has no LoRA slots bound."""
     if f"lora.{role}.b" not in types:
         return None
-    prefix, target = role.rsplit(".", 2)[0] + ".", ".".join(role.rsplit(".", 2)[1:])
+    layer, kind, name = role.rsplit(".", 2)
+    prefix, target = layer + ".", f"{kind}.{name}"
     group = next((g for g in SHRINK_GROUPS if target in g), (target,))
     bound = [t for t in group if f"lora.{prefix}{t}.b" in types]
     lr = types[f"lora.{role}.b"].shape[1]
