@@ -9,6 +9,7 @@ test_gpu_matmul); scatters are exact; the whole decode step 1e-4 (as test/vulkan
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -280,6 +281,83 @@ def test_pure_chain_keeps_every_launch(vk):
              ["c1.0"])
     plan = plan_of(g, vk[1].caps)
     assert [L["strategy"] for L in kernel_launches(plan)] == ["gemv", "gemv"]
+
+
+# ---- multi-launch members: split-K GEMMs --------------------------------------------------------
+
+def _gemm_step(M: int, K: int, Ns: list[int], seed: int = 0):
+    """Independent ``x W_i^T`` of one x [M, K] (``a0``) and bf16 weights [N_i, K], each its
+    own matmul region (the tensor-core GEMM's, from M > 8 rows), and their inputs."""
+    args = [f"tensor<{M}x{K}xf32>"] + [f"tensor<{N}x{K}xbf16>" for N in Ns]
+    calls = []
+    for i, N in enumerate(Ns):
+        body = "\n".join([
+            f'  %wc = "poot.cast"(%arg1) : (tensor<{N}x{K}xbf16>) -> tensor<{N}x{K}xf32>',
+            f'  %wt = "poot.transpose"(%wc) {{perm = array<i64: 1, 0>}} : '
+            f'(tensor<{N}x{K}xf32>) -> tensor<{K}x{N}xf32>',
+            f'  %y = "poot.matmul"(%arg0, %wt) {{acc = f32}} : (tensor<{M}x{K}xf32>, '
+            f'tensor<{K}x{N}xf32>) -> tensor<{M}x{N}xf32>',
+            f"  return %y : tensor<{M}x{N}xf32>"])
+        calls.append((["a0", f"a{i + 1}"], body, [f"tensor<{M}x{N}xf32>"], "matmul"))
+    rng = np.random.default_rng(seed)
+    ins = {"a0": rand(rng, (M, K), "f32")}
+    for i, N in enumerate(Ns):
+        ins[f"a{i + 1}"] = rand(rng, (N, K), "bf16", -0.2, 0.2)
+    return step(args, calls, [f"c{i}.0" for i in range(len(Ns))]), ins
+
+
+def test_sibling_split_k_gemms_are_two_launches(vk, monkeypatch):
+    """Two split-K GEMMs of one x (each a partial-products kernel then a reduction): one
+    launch per phase, the partial products side by side, then both reductions; on lavapipe
+    (each mma emulated from workgroup memory, tiles of one shape sharing it) every element
+    within the GEMM's stated error bound of the f32 oracle."""
+    from poot.backends.gpu.strategies import gemm as G
+
+    monkeypatch.setattr(G, "EMULATE_MMA", True)
+    monkeypatch.setattr(G, "FORCE_TILING", (32, 32, 64))
+    monkeypatch.setattr(G, "FORCE_SPLIT", 3)
+    M, K, Ns = 40, 512, [72, 40]
+    g, ins = _gemm_step(M, K, Ns)
+    plan = plan_of(g, vk[1].caps)
+    launches = kernel_launches(plan)
+    assert [L["strategy"] for L in launches] == ["horizontal", "horizontal"]
+    # partial products: ceil(N / 32) x ceil(M / 32) tiles x 3 slices per member
+    assert launches[0]["grid"][0] == sum(-(-N // 32) * 2 * 3 for N in Ns)
+    g, ins = _gemm_step(M, K, Ns)
+    from poot import oracle
+
+    want = oracle.evaluate(g, ins)
+    got = run(vk, g, ins)
+    for i, N in enumerate(Ns):
+        bound = G.error_bound(ins["a0"], np.asarray(ins[f"a{i + 1}"]).astype(np.float32),
+                              "bf16") + 1e-6 * np.abs(want[f"r{i}"])
+        err = np.abs(np.asarray(got[f"r{i}"]).reshape(M, N) - want[f"r{i}"])
+        assert (err <= bound).all(), f"r{i}: worst err/bound {(err / bound).max():.3g}"
+
+
+def test_gemm_tiles_of_different_shapes_share_one_buffer():
+    """Batch-32 decode: a [2048 -> 512] projection (64-wide tiles) beside a rank-16 LoRA
+    shrink (32-wide tiles, K steps of 128): their tiles together pass 48 KiB, so on a target
+    whose lowering takes views of workgroup memory each member's tiles are ``memref.view``s
+    of one buffer as large as the larger member's (the fused kernel lowers to PTX, with
+    one shared array no larger than 48 KiB); without that feature they stay two dispatches."""
+    from dataclasses import replace
+
+    from poot.backends.cuda.codegen import cuda_target, ptx_text, ptxas_check
+    from poot.backends.gpu.horizontal import WORKGROUP_VIEW
+
+    caps = cuda_target().caps
+    assert WORKGROUP_VIEW in caps.features
+    plan = plan_of(_gemm_step(32, 2048, [512, 16])[0], caps)
+    assert [L["strategy"] for L in kernel_launches(plan)] == ["horizontal", "horizontal"]
+    assert "memref.view" in str(plan.module)
+    ptx = ptx_text(plan.module)
+    shared = [int(n) for n in re.findall(r"\.shared \.align \d+ \.b8 \S+\[(\d+)\]", ptx)]
+    assert shared and max(shared) <= 48 * 1024 and "mma.sync" in ptx
+    ptxas_check(ptx)
+    plain = replace(caps, features=caps.features - {WORKGROUP_VIEW})
+    plan = plan_of(_gemm_step(32, 2048, [512, 16])[0], plain)
+    assert [L["strategy"] for L in kernel_launches(plan)] == ["gemm"] * 4
 
 
 # ---- PTX -------------------------------------------------------------------------------------

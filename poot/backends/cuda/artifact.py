@@ -82,7 +82,7 @@ def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, core
     return Target("cuda", Capabilities(packed_formats=frozenset(BY_NAME), cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,
-                                       features=frozenset({"sm_90"})))
+                                       features=frozenset({"sm_90", "workgroup_view"})))
 
 
 def kernel_nodes(plan: dict) -> dict[str, int]:

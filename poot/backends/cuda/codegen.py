@@ -222,7 +222,7 @@ def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, core
     return Target("cuda", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,
-                                       features=frozenset({"sm_90"})))
+                                       features=frozenset({"sm_90", "workgroup_view"})))
 
 
 __all__ = ["CudaCodegenError", "codegen", "compile_program", "cuda_target",

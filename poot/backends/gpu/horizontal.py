@@ -3,8 +3,10 @@
 Why: a decode step is latency-bound. Each dispatch is at least one launch (~3-4 us in a CUDA
 graph even when tiny), and a transformer layer has several dispatches that read the same
 input but not each other's results (the q/k/v GEMVs, the gate/up GEMVs, the K and V cache
-writes). Concatenating their grids into one kernel saves a launch per extra member while
-every block still does exactly the work it did before.
+writes, a LoRA shrink beside its base projections). Concatenating their grids into one
+kernel saves a launch per extra member while every block still does exactly the work it did
+before. Members of several kernels (a split-K GEMM: partial products, then their reduction)
+fuse phase by phase: every member's first kernel in one launch, then every member's second.
 
 Two halves, so that a merged dispatch is an ordinary dispatch function everywhere:
 
@@ -12,20 +14,22 @@ Two halves, so that a merged dispatch is an ordinary dispatch function everywher
    after :func:`~poot.backends.gpu.merge.fold_regions`) groups calls of the step function
    that are mutually independent (none consumes another member's result, directly or through
    a call in between: a call that reads a member's result closes the group before it) and
-   each synthesize to exactly one kernel launch (leading copies of an argument into a result,
-   the scatter strategy's form, are allowed). A group becomes one call of a new function
+   each synthesize to kernel launches only (:func:`kernel_launches`; leading copies of an
+   argument into a result, the scatter strategy's form, are allowed). A group becomes one call of a new function
    (:func:`merged_function`) whose body is all members' bodies and whose results are all
    members' results: a valid poot function, so the oracle and the device check evaluate it
    as before. It is placed where the group's last member was: the calls it passes over read
    no member result, so members only ever move later, past calls they do not feed. A call
-   joins a group only when the merged function still synthesizes to one kernel (the strategy
-   below decides); else the group closes and a new one starts with that call.
+   joins a group only when the merged function still synthesizes to one kernel per phase
+   (the strategy below decides); else the group closes and a new one starts with that call.
 2. The ``horizontal`` strategy (:func:`horizontal_kernels`, registered first in
    :mod:`poot.backends.gpu.strategies`) recognises a merged function by its ``poot.dispatch``
    attribute (``members``: each member's own dispatch attribute; ``member_results``: how many
    results each member has), splits the body back into the members' functions (the backward
-   slice of each member's results), synthesizes each with the other strategies and builds the
-   fused kernel (:func:`fuse_kernels`). So a merged function met alone (a region test, a
+   slice of each member's results), synthesizes each with the other strategies and builds one
+   fused kernel per phase (:func:`fuse_kernels`): phase p holds every member's p-th kernel,
+   so a member's kernels keep their order and nothing in a phase reads what another member
+   of it writes. So a merged function met alone (a region test, a
    device check) gets the same kernel, and identical layers share it (it is body-keyed like
    any dispatch).
 
@@ -39,8 +43,11 @@ member with a smaller block size ``B_s`` runs as *virtual blocks*: each real blo
 B, to be a multiple of the subgroup size (subgroup operations then see whole subgroups of one
 virtual block), and a body without barriers or workgroup memory (they are per real block);
 otherwise the member is not merged. Every branch condition is uniform per (virtual) block, so
-barriers and shuffles stay in uniform control flow. Workgroup attributions stay separate (one
-per member attribution; their sum must fit the target's shared memory).
+barriers and shuffles stay in uniform control flow. Workgroup memory is shared between members
+(a real block runs exactly one member): attributions of one type are reused, and on targets
+whose lowering takes ``memref.view`` of workgroup memory (:data:`WORKGROUP_VIEW`) the
+members' tiles of different shapes are views of one buffer (:func:`_pool_workgroup`); what
+is left must fit the target's shared memory.
 
 It is built at the MLIR level: a small *scaffold* (the signature, the block-id arithmetic,
 one ``scf.if`` per member holding a marker op whose operands are that member's block ids,
@@ -50,9 +57,9 @@ parameters and workgroup attributions replaced by the fused kernel's, its ``gpu.
 ``gpu.thread_id`` / ``gpu.grid_dim`` / ``gpu.block_dim`` by the marker's operands, its
 ``gpu.return`` dropped (the branch's ``scf.yield`` ends it). No member IR goes through text.
 
-Cost rule: merging saves a launch per extra member and never adds work except the branch on
-the block id; it is refused when a member is not single-launch, when block sizes do not
-divide (above), when a member uses an index op other than those replaced (``gpu.global_id``,
+Cost rule: merging saves a launch per extra member (per phase) and never adds work except
+the branch on the block id; it is refused when a member's launches are not kernels only, when
+block sizes do not divide (above), when a member uses an index op other than those replaced (``gpu.global_id``,
 ``gpu.subgroup_id`` in a virtual block, ...), when the concatenated grid exceeds 65535
 blocks (the smallest ``maxComputeWorkGroupCount[0]`` Vulkan guarantees), or when the fused
 kernel does not verify. ``POOT_GPU_HORIZONTAL=0`` turns it off (to compare).
@@ -74,6 +81,10 @@ from poot.passes.ir_utils import clone_into
 MAX_GRID_X = 65535
 #: set to 0 to plan without horizontal fusion
 ENV = "POOT_GPU_HORIZONTAL"
+#: the target feature saying its lowering takes ``memref.view`` of workgroup memory (NVVM
+#: does; the SPIR-V conversion does not), so members' tiles of different shapes may share
+#: one buffer (:func:`_pool_workgroup`)
+WORKGROUP_VIEW = "workgroup_view"
 
 _MODULE, _KERNEL = "poot_horizontal", "horizontal"
 #: index ops replaced per member (by the marker's operands)
@@ -123,13 +134,28 @@ def _ops_under(op: ir.Operation) -> list[ir.Operation]:
 
 # ---- the poot level: a merged function and its members --------------------------------------
 
+def kernel_launches(dk: DispatchKernels | None) -> list[Launch] | None:
+    """The kernel launches of ``dk`` (its *phases*, in order) when it is copies of an
+    argument into a result (a scatter's destination, dropped by the plan when updated in
+    place) followed by kernels only; None otherwise."""
+    if dk is None:
+        return None
+    i = 0
+    while i < len(dk.launches) and dk.launches[i].kind == "copy":
+        L = dk.launches[i]
+        if L.args[0][0] != "arg" or L.args[1][0] != "out":
+            return None
+        i += 1
+    rest = dk.launches[i:]
+    if not rest or any(L.kind != "kernel" for L in rest):
+        return None
+    return rest
+
+
 def single_launch(dk: DispatchKernels | None) -> bool:
     """True when ``dk`` is one kernel launch, preceded only by copies of an argument into a
-    result (a scatter's destination, dropped by the plan when updated in place)."""
-    if dk is None or not dk.launches or dk.launches[-1].kind != "kernel":
-        return False
-    return all(L.kind == "copy" and L.args[0][0] == "arg" and L.args[1][0] == "out"
-               for L in dk.launches[:-1])
+    result (:func:`kernel_launches` of length 1)."""
+    return len(kernel_launches(dk) or ()) == 1
 
 
 def merged_function(calls: list, funcs: dict, name: str, where: ir.Block):
@@ -247,25 +273,27 @@ class _Member:
     blocks: int = 0             # real blocks it takes
     offset: int = 0             # its first real block
     param_ix: list | None = None   # the fused kernel's parameter of each of its parameters
-    wg_ix: list | None = None      # the fused kernel's attribution of each of its own
+    wg_src: list | None = None     # per attribution of its own: the fused kernel's
+    #                                (``%w<k>``), or (byte offset, type) of a view into %w0
 
 
 def _find_kernel(dk: DispatchKernels, L: Launch) -> ir.Operation | None:
-    """The ``gpu.func`` launch ``L`` names, when its ``gpu.module`` holds nothing else."""
+    """The ``gpu.func`` launch ``L`` names, when its ``gpu.module`` holds only kernels (a
+    split-K GEMM's two share one; nothing a kernel might call)."""
     for gm in dk.module.body.operations:
         gm = gm.operation
         if gm.name != "gpu.module" or _name(gm) != L.module:
             continue
         inner = [o.operation for o in gm.regions[0].blocks[0].operations]
-        if len(inner) == 1 and inner[0].name == "gpu.func" and _name(inner[0]) == L.kernel:
-            return inner[0]
+        if all(o.name == "gpu.func" and "gpu.kernel" in o.attributes for o in inner):
+            return next((o for o in inner if _name(o) == L.kernel), None)
     return None
 
 
-def _member(dk: DispatchKernels, slot_of) -> _Member | None:
-    """The member kernel of a single-launch ``dk`` whose slots map through ``slot_of``; None
-    when its kernel is not one block-structured ``gpu.func`` with a 1-D block."""
-    L = dk.launches[-1]
+def _member(dk: DispatchKernels, L: Launch, slot_of) -> _Member | None:
+    """The member kernel of ``dk``'s kernel launch ``L``, its slots mapped through
+    ``slot_of``; None when its kernel is not one block-structured ``gpu.func`` with a 1-D
+    block."""
     f = _find_kernel(dk, L)
     if f is None or L.block[1] != 1 or L.block[2] != 1:
         return None
@@ -292,7 +320,7 @@ def _shape(members: list[_Member], caps) -> int | None:
     B = max(m.bs for m in members)
     known_sg = getattr(caps, "subgroup_size", None)
     sg = known_sg or 1
-    off, shared = 0, 0
+    off = 0
     for m in members:
         names = {o.name for o in _ops_under(m.func)}
         gpu_ops = {n for n in names if n.startswith("gpu.")}
@@ -312,13 +340,48 @@ def _shape(members: list[_Member], caps) -> int | None:
         n = m.grid[0] * m.grid[1] * m.grid[2]
         m.blocks, m.offset = -(-n // m.ratio), off
         off += m.blocks
-        shared += sum(memref_nbytes(ir.Type.parse(t, m.func.context)) for t in m.wg_types)
     if off > MAX_GRID_X:
         return None
-    limit = getattr(caps, "max_shared_bytes", 0) or 0
-    if limit and shared > limit:
-        return None
     return B
+
+
+def _pool_workgroup(members: list[_Member], caps, kc: ir.Context) -> list[str] | None:
+    """The fused kernel's workgroup attributions, setting each member's ``wg_src`` (what
+    stands for each of its own attributions); None when they do not fit ``caps``' shared
+    memory. Members share memory because a real block runs exactly one member (a member
+    with workgroup memory never runs as virtual blocks: :func:`_shape`): a member takes an
+    attribution of its own type that it does not already use, else a new one (two GEMM
+    tiles of one shape cost one tile's memory). When that does not fit and the target
+    reinterprets workgroup memory (feature :data:`WORKGROUP_VIEW`), every member's
+    attributions are ``memref.view``s into one byte buffer as large as the largest
+    member's (GEMM tiles of different shapes)."""
+    def nbytes(t):
+        return memref_nbytes(ir.Type.parse(t, kc))
+    limit = getattr(caps, "max_shared_bytes", 0) or 0
+    pool: list[str] = []
+    for m in members:
+        m.wg_src = []
+        for t in m.wg_types:
+            k = next((i for i, u in enumerate(pool) if u == t and
+                      f"%w{i}" not in m.wg_src), None)
+            if k is None:
+                k = len(pool)
+                pool.append(t)
+            m.wg_src.append(f"%w{k}")
+    if not limit or sum(nbytes(t) for t in pool) <= limit:
+        return pool
+    if WORKGROUP_VIEW not in (getattr(caps, "features", None) or ()):
+        return None
+    size = 0
+    for m in members:
+        m.wg_src, off = [], 0
+        for t in m.wg_types:
+            m.wg_src.append((off, t))
+            off += -(-nbytes(t) // 16) * 16          # 16-byte aligned, as WG_ALIGN
+        size = max(size, off)
+    if size > limit:
+        return None
+    return [f"memref<{size}xi8, #gpu.address_space<workgroup>>"]
 
 
 def _param_text(f: ir.Operation, j: int) -> tuple[str, str]:
@@ -332,7 +395,7 @@ def _param_text(f: ir.Operation, j: int) -> tuple[str, str]:
     return t, a
 
 
-def _scaffold(members: list[_Member], B: int, params: list, wg: list) -> str:
+def _scaffold(members: list[_Member], B: int, params: list, wg: list, module: str) -> str:
     """The fused kernel's text with one marker op per member (see the module doc)."""
     sig = ", ".join(f"%p{i}: {t}{' ' + a if a else ''}" for i, (_, t, a) in enumerate(params))
     wgs = f" workgroup({', '.join(f'%w{i}: {t} {WG_ALIGN}' for i, t in enumerate(wg))})" \
@@ -371,11 +434,20 @@ def _scaffold(members: list[_Member], B: int, params: list, wg: list) -> str:
                       f"%bz{i} = arith.divui %byz{i}, {gy} : index"]
             bx, by, bz = f"%bx{i}", f"%by{i}", f"%bz{i}"
         ids = [bx, by, bz, vt, gx, gy, gz, bs, "%c0", "%c1"]
+        types = ["index"] * len(ids)
+        for j, src in enumerate(m.wg_src):
+            if isinstance(src, tuple):       # a view into the one byte buffer
+                off, t = src
+                lines += [f"%o{i}_{j} = arith.constant {off} : index",
+                          f"%v{i}_{j} = memref.view %w0[%o{i}_{j}][] : {wg[0]} to {t}"]
+                src = f"%v{i}_{j}"
+            ids.append(src)
+            types.append(m.wg_types[j])
         lines.append(f'"hfuse.member"({", ".join(ids)}) {{member = {i} : i64}} : '
-                     f'({", ".join(["index"] * len(ids))}) -> ()')
+                     f'({", ".join(types)}) -> ()')
         lines += ["}"] * closes
     body = "\n    ".join(lines)
-    return (f"gpu.module @{_MODULE} {{\n  gpu.func @{_KERNEL}({sig}){wgs} kernel attributes "
+    return (f"gpu.module @{module} {{\n  gpu.func @{_KERNEL}({sig}){wgs} kernel attributes "
             f"{{known_block_size = array<i32: {B}, 1, 1>}} {{\n    {body}\n    gpu.return\n"
             f"  }}\n}}\n")
 
@@ -384,10 +456,11 @@ def _dim(op: ir.Operation) -> int:
     return "xyz".index(str(op.attributes["dimension"]).rstrip(">")[-1])
 
 
-def _move_body(m: _Member, marker: ir.Operation, params: list[ir.Value],
-               wg: list[ir.Value]) -> None:
-    """Move member ``m``'s body in front of its ``marker`` (see the module doc)."""
-    bx, by, bz, vt, gx, gy, gz, bs, c0, c1 = marker.operands
+def _move_body(m: _Member, marker: ir.Operation, params: list[ir.Value]) -> None:
+    """Move member ``m``'s body in front of its ``marker`` (see the module doc; the marker's
+    operands after the ids are the member's workgroup memory)."""
+    bx, by, bz, vt, gx, gy, gz, bs, c0, c1 = list(marker.operands)[:10]
+    wg = list(marker.operands)[10:]
     entry = m.func.regions[0].blocks[0]
     for a, v in zip(entry.arguments, params + wg):
         a.replace_all_uses_with(v)
@@ -409,10 +482,14 @@ def _move_body(m: _Member, marker: ir.Operation, params: list[ir.Value],
 
 
 def fuse_kernels(parts: list[tuple[DispatchKernels, dict]], caps, kc: ir.Context):
-    """The fused dispatch of single-launch dispatches ``parts`` (``(kernels, {member slot:
-    fused slot} for its arg and out slots)``, kernels parsed in ``kc``): (gpu.module text,
-    launches, scratch, consts), or None when they cannot share one kernel."""
-    members, copies, scratch, consts = [], [], [], []
+    """The fused dispatch of dispatches ``parts`` (``(kernels, {member slot: fused slot} for
+    its arg and out slots)``, kernels parsed in ``kc``), each copies then kernel launches
+    (:func:`kernel_launches`): their copies, then one fused kernel per *phase* p holding every
+    member's p-th kernel (a split-K GEMM's partial products beside another's, then their
+    reductions side by side: a member's kernels stay in order, and nothing in a phase reads
+    what another member writes). Returns (gpu.module text, launches, scratch, consts), or
+    None when a phase's kernels cannot share one kernel."""
+    copies, scratch, consts, per = [], [], [], []
     for dk, slot_map in parts:
         s0, c0 = len(scratch), len(consts)
 
@@ -420,20 +497,37 @@ def fuse_kernels(parts: list[tuple[DispatchKernels, dict]], caps, kc: ir.Context
             k, i = s
             return {"scratch": ("scratch", s0 + i), "const": ("const", c0 + i)}.get(k) or \
                 slot_map[s]
-        m = _member(dk, slot_of)
-        if m is None:
+        ks = kernel_launches(dk)
+        if ks is None:
             return None
-        members.append(m)
+        per.append((dk, ks, slot_of))
         copies += [Launch("copy", [slot_of(a) for a in L.args], nbytes=L.nbytes)
-                   for L in dk.launches[:-1]]
+                   for L in dk.launches[:len(dk.launches) - len(ks)]]
         scratch += dk.scratch
         consts += dk.consts
+    texts, kernels = [], []
+    for p in range(max(len(ks) for _, ks, _ in per)):
+        members = [_member(dk, ks[p], slot_of) for dk, ks, slot_of in per if p < len(ks)]
+        if any(m is None for m in members):
+            return None
+        got = _fuse_phase(members, caps, kc, f"{_MODULE}_{p}" if p else _MODULE)
+        if got is None:
+            return None
+        texts.append(got[0])
+        kernels.append(got[1])
+    return "\n".join(texts), copies + kernels, scratch, consts
+
+
+def _fuse_phase(members: list[_Member], caps, kc: ir.Context, module: str):
+    """One fused kernel (gpu.module ``module``) of ``members``: (text, launch), or None."""
     B = _shape(members, caps)
     if B is None:
         return None
+    wg = _pool_workgroup(members, caps, kc)
+    if wg is None:
+        return None
     params: list = []                     # (slot, type, attributes)
     index: dict = {}
-    wg: list[str] = []
     for m in members:
         m.param_ix = []
         for j, s in enumerate(m.slots):
@@ -442,28 +536,24 @@ def fuse_kernels(parts: list[tuple[DispatchKernels, dict]], caps, kc: ir.Context
                 index[key] = len(params)
                 params.append(key)
             m.param_ix.append(index[key])
-        m.wg_ix = list(range(len(wg), len(wg) + len(m.wg_types)))
-        wg += m.wg_types
     with kc, ir.Location.unknown():
-        module = ir.Module.parse(_scaffold(members, B, [(s, t, a) for s, t, a in params], wg))
-        gm = module.body.operations[0].operation
+        mod = ir.Module.parse(_scaffold(members, B, params, wg, module))
+        gm = mod.body.operations[0].operation
         f = gm.regions[0].blocks[0].operations[0].operation
         args = list(f.regions[0].blocks[0].arguments)
         markers = {ir.IntegerAttr(o.attributes["member"]).value: o
                    for o in _ops_under(f) if o.name == "hfuse.member"}
         for i, m in enumerate(members):
-            _move_body(m, markers[i], [args[k] for k in m.param_ix],
-                       [args[len(params) + k] for k in m.wg_ix])
+            _move_body(m, markers[i], [args[k] for k in m.param_ix])
             markers[i].erase()
         try:
-            module.operation.verify()
+            mod.operation.verify()
         except ir.MLIRError:
             return None
         text = str(gm)
     total = sum(m.blocks for m in members)
-    kernel = Launch("kernel", [s for s, _, _ in params], _MODULE, _KERNEL, (total, 1, 1),
-                    (B, 1, 1), strategy="horizontal")
-    return text, copies + [kernel], scratch, consts
+    return text, Launch("kernel", [s for s, _, _ in params], module, _KERNEL, (total, 1, 1),
+                        (B, 1, 1), strategy="horizontal")
 
 
 def horizontal_kernels(fn: ir.Operation, caps):
@@ -483,7 +573,7 @@ def horizontal_kernels(fn: ir.Operation, caps):
     todo = []
     for mfn, args, first in parts:
         dk = synthesize(mfn, caps, kc)
-        if not single_launch(dk):
+        if kernel_launches(dk) is None:
             return None
         slot_map = {("arg", k): ("arg", a) for k, a in enumerate(args)}
         slot_map.update({("out", j): ("out", first + j) for j in range(len(dk.out_types))})
@@ -499,7 +589,7 @@ def horizontal_kernels(fn: ir.Operation, caps):
 
 def _copy_sources(call: ir.Operation, dk: DispatchKernels) -> list:
     """The operands a call's leading copies read (a state written in place by its kernel)."""
-    return [call.operands[L.args[0][1]] for L in dk.launches[:-1]]
+    return [call.operands[L.args[0][1]] for L in dk.launches if L.kind == "copy"]
 
 
 def fuse_siblings(g, kernels_of) -> int:
@@ -531,7 +621,7 @@ def fuse_siblings(g, kernels_of) -> int:
         if any(v in state["produced"] for v in op.operands):
             flush()                      # it reads a member's result: the group ends here
         dk = kernels_of(funcs[_callee(op)])
-        if not single_launch(dk):
+        if kernel_launches(dk) is None:
             continue                     # stays; the group's members may move past it
         mine = _copy_sources(op, dk)
         if state["calls"] and (any(v in state["reads"] for v in mine) or
@@ -542,8 +632,8 @@ def fuse_siblings(g, kernels_of) -> int:
             state["n"] += 1
             fn = merged_function(state["calls"] + [op], funcs,
                                  f"{_callee(state['calls'][0])}_h{state['n']}", scratch.body)
-            got = kernels_of(fn[0])
-            if not single_launch(got) or got.launches[-1].strategy != "horizontal":
+            got = kernel_launches(kernels_of(fn[0]))
+            if got is None or any(L.strategy != "horizontal" for L in got):
                 flush()                  # they cannot share one kernel: start a new group
                 fn = None
         state["calls"].append(op)
@@ -585,4 +675,5 @@ def _replace(calls: list, built: tuple, module_body: ir.Block, funcs: dict) -> N
 
 
 __all__ = ["ENV", "MAX_GRID_X", "enabled", "fuse_kernels", "fuse_siblings",
-           "horizontal_kernels", "merged_function", "single_launch", "split_members"]
+           "horizontal_kernels", "kernel_launches", "merged_function", "single_launch",
+           "split_members"]
