@@ -314,6 +314,76 @@ def test_refuses_reductions_and_matmul():
         assert synthesize_pointwise(fn, _caps(32)) is None
 
 
+# ---- small contractions (LoRA expands) ---------------------------------------------------------
+
+def lora_swiglu(M: int, N: int, R: int):
+    """The LoRA terms of a SwiGLU as the tracer leaves them once the up projection's expand is
+    folded into the gate's: ``silu(g + (xa_g * mask) B_g^T) * (u + (xa_u * mask) B_u^T)``,
+    g/u [M, N] the base projections, xa [M, R] the shrunk inputs, mask [M, 1, R] per row, B
+    bf16 [N, R]: two contractions of R terms per element."""
+    X, Y, W = f"tensor<{M}x{R}xf32>", f"tensor<{M}x{N}xf32>", f"tensor<{N}x{R}xbf16>"
+    body = [f'  %m = "poot.reshape"(%arg4) : (tensor<{M}x1x{R}xf32>) -> {X}']
+    for i, (xa, b) in enumerate((("%arg0", "%arg2"), ("%arg1", "%arg3"))):
+        body += [f'  %x{i} = "poot.binary"({xa}, %m) {{fn = "mul"}} : ({X}, {X}) -> {X}',
+                 f'  %c{i} = "poot.cast"({b}) : ({W}) -> tensor<{N}x{R}xf32>',
+                 f'  %t{i} = "poot.transpose"(%c{i}) {{perm = array<i64: 1, 0>}} : '
+                 f'(tensor<{N}x{R}xf32>) -> tensor<{R}x{N}xf32>',
+                 f'  %e{i} = "poot.matmul"(%x{i}, %t{i}) {{acc = f32}} : ({X}, '
+                 f'tensor<{R}x{N}xf32>) -> {Y}']
+    body += [f'  %g = "poot.binary"(%e0, %arg5) {{fn = "add"}} : ({Y}, {Y}) -> {Y}',
+             f'  %u = "poot.binary"(%e1, %arg6) {{fn = "add"}} : ({Y}, {Y}) -> {Y}',
+             f'  %n = "poot.unary"(%g) {{fn = "neg"}} : ({Y}) -> {Y}',        # silu
+             f'  %x = "poot.unary"(%n) {{fn = "exp"}} : ({Y}) -> {Y}',
+             f'  %one = "poot.constant"() {{value = dense<1.0> : {Y}}} : () -> {Y}',
+             f'  %d = "poot.binary"(%x, %one) {{fn = "add"}} : ({Y}, {Y}) -> {Y}',
+             f'  %s = "poot.binary"(%g, %d) {{fn = "div"}} : ({Y}, {Y}) -> {Y}',
+             f'  %o = "poot.binary"(%s, %u) {{fn = "mul"}} : ({Y}, {Y}) -> {Y}',
+             f"  return %o : {Y}"]
+    args = [X, X, W, W, f"tensor<{M}x1x{R}xf32>", Y, Y]
+    rng = np.random.default_rng(M * N + R)
+    mask = (rng.integers(0, 2, size=(M, 1, R))).astype(np.float32)
+    ins = {"a0": rand(rng, (M, R), "f32"), "a1": rand(rng, (M, R), "f32"),
+           "a2": rand(rng, (N, R), "bf16", -0.5, 0.5), "a3": rand(rng, (N, R), "bf16", -0.5, 0.5),
+           "a4": mask, "a5": rand(rng, (M, N), "f32"), "a6": rand(rng, (M, N), "f32")}
+    return region(args, [Y], "\n".join(body)), ins
+
+
+@pytest.mark.parametrize("M,N,R", [(1, 300, 16), (5, 2048, 64), (3, 520, 128)])
+def test_lora_expands_of_a_swiglu_are_one_pointwise_kernel(vk, M, N, R):
+    """Two small contractions (R <= SCALAR_MAX_K terms) and the SwiGLU around them: one
+    thread per element computes both sums (k ascending, f32); the oracle sums in BLAS order,
+    so f32 rounding apart (rtol 1e-5 over sums of 16 to 128 terms of magnitude ~1)."""
+    g, ins = lora_swiglu(M, N, R)
+    check(vk, g, ins, rtol=1e-5, atol=1e-5)
+
+
+def test_small_contraction_limits():
+    """A contraction past SCALAR_MAX_K terms, one that is not a low-rank expansion (K more
+    than N / LOW_RANK: a toy model's square projection), or one inside another's operand (its
+    cost would multiply) is not computed per element: the pointwise strategy refuses."""
+    from poot.backends.gpu.strategies._scalar import LOW_RANK, SCALAR_MAX_K
+    from poot.backends.gpu.strategies.pointwise import synthesize_pointwise
+
+    def refused(g):
+        fn = next(o.operation for o in g.module.body.operations
+                  if "sym_name" in o.operation.attributes and
+                  str(o.operation.attributes["sym_name"]) == '"d"')
+        with g.module.context:
+            return synthesize_pointwise(fn, _caps(32)) is None
+
+    K = SCALAR_MAX_K
+    assert not refused(lora_swiglu(2, LOW_RANK * K, K)[0])
+    assert refused(lora_swiglu(2, LOW_RANK * (K + 1), K + 1)[0])
+    assert not refused(lora_swiglu(2, LOW_RANK * 16, 16)[0])
+    assert refused(lora_swiglu(2, LOW_RANK * 16 - 1, 16)[0])
+    A, B1, B2 = "tensor<1x8xf32>", "tensor<8x32xf32>", "tensor<32x128xf32>"
+    nested = f"""
+  %0 = "poot.matmul"(%arg0, %arg1) {{acc = f32}} : ({A}, {B1}) -> tensor<1x32xf32>
+  %1 = "poot.matmul"(%0, %arg2) {{acc = f32}} : (tensor<1x32xf32>, {B2}) -> tensor<1x128xf32>
+  return %1 : tensor<1x128xf32>"""
+    assert refused(region([A, B1, B2], ["tensor<1x128xf32>"], nested))
+
+
 def test_ptx_assembles():
     """The same kernels lower through NVVM to PTX that ptxas accepts (when installed)."""
     body = """

@@ -38,6 +38,31 @@ def rmsnorm(rows: tuple, k: int, dt: str = "f32"):
 TOL = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.6e-2}
 
 
+@pytest.mark.parametrize("rows,k,r", [(1, 64, 16), (5, 300, 64), (32, 2048, 16)])
+def test_rmsnorm_of_a_residual_with_a_lora_term(vk, rows, k, r):
+    """RMSNorm of ``h + xa B^T`` (a LoRA expand, r terms, folded in front of the norm): the
+    contraction is computed per element wherever the row is read (f32, k ascending)."""
+    X, XA, W = f"tensor<{rows}x{k}xf32>", f"tensor<{rows}x{r}xf32>", f"tensor<{k}x{r}xf32>"
+    body = f"""
+  %t = "poot.transpose"(%arg2) {{perm = array<i64: 1, 0>}} : ({W}) -> tensor<{r}x{k}xf32>
+  %e = "poot.matmul"(%arg1, %t) {{acc = f32}} : ({XA}, tensor<{r}x{k}xf32>) -> {X}
+  %h = "poot.binary"(%arg0, %e) {{fn = "add"}} : ({X}, {X}) -> {X}
+  %0 = "poot.constant"() {{value = dense<{float(k):e}> : tensor<{rows}x1xf32>}} : () -> tensor<{rows}x1xf32>
+  %2 = "poot.binary"(%h, %h) {{fn = "mul"}} : ({X}, {X}) -> {X}
+  %3 = "poot.reduce"(%2) {{axes = array<i64: 1>, fn = "sum"}} : ({X}) -> tensor<{rows}xf32>
+  %4 = "poot.reshape"(%3) : (tensor<{rows}xf32>) -> tensor<{rows}x1xf32>
+  %5 = "poot.binary"(%4, %0) {{fn = "div"}} : (tensor<{rows}x1xf32>, tensor<{rows}x1xf32>) -> tensor<{rows}x1xf32>
+  %7 = "poot.unary"(%5) {{fn = "rsqrt"}} : (tensor<{rows}x1xf32>) -> tensor<{rows}x1xf32>
+  %8 = "poot.broadcast"(%7) {{dims = array<i64: 0, 1>}} : (tensor<{rows}x1xf32>) -> {X}
+  %9 = "poot.binary"(%h, %8) {{fn = "mul"}} : ({X}, {X}) -> {X}
+  return %9, %h : {X}, {X}"""
+    g = region([X, XA, W], [X, X], body)
+    rng = np.random.default_rng(k + r)
+    check(vk, g, {"a0": rand(rng, (rows, k), "f32"), "a1": rand(rng, (rows, r), "f32"),
+                  "a2": rand(rng, (k, r), "f32", -0.5, 0.5)},
+          rtol=2e-5, atol=2e-5, strategy="rowreduce")
+
+
 @pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("rows,k", [((1, 1), 576), ((1, 3), 64), ((37,), 100), ((2, 5), 7),
                                     ((1,), 3000), ((9,), 1)])

@@ -48,11 +48,19 @@ _STRATEGIES: list[tuple[str, Strategy]] = []
 _LOADED = False
 
 
-def register(name: str, first: bool = False):
+_FALLBACKS: list[tuple[str, Strategy]] = []
+
+
+def register(name: str, first: bool = False, fallback: bool = False):
     """Decorator: add a strategy (tried in registration order; ``first``: before all others,
-    for a strategy that recognises its functions by an attribute others must not see)."""
+    for a strategy that recognises its functions by an attribute others must not see;
+    ``fallback``: after all others, for one that takes any region of a broad class, so a
+    specialised strategy matching the same region wins: ``pointwise`` computes small
+    contractions per element, but a projection the GEMV or GEMM matches stays theirs)."""
     def deco(fn: Strategy) -> Strategy:
-        if first:
+        if fallback:
+            _FALLBACKS.append((name, fn))
+        elif first:
             _STRATEGIES.insert(0, (name, fn))
         else:
             _STRATEGIES.append((name, fn))
@@ -83,7 +91,7 @@ def synthesize(fn: ir.Operation, caps, kctx: ir.Context) -> DispatchKernels | No
     allowed = set(only.split(",")) if only else None
     if not _LOADED:
         _load()
-    for name, strat in _STRATEGIES:
+    for name, strat in _STRATEGIES + _FALLBACKS:
         if allowed is not None and name not in allowed:
             continue
         with fn.context, ir.Location.unknown():

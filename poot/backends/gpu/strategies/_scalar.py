@@ -42,9 +42,15 @@ API summary:
   returns is used as that element (in the compute type) instead of computing it: e.g. the
   accumulated result of a GEMV for its epilogue, or a row's reduced value. It may raise
   :class:`ScalarUnsupported` to refuse (e.g. an index it cannot serve).
-* Anything outside the elementwise class (reductions, matmul, attention, scatter without a
-  hook, a packed value not read through ``poot.dequantize``, a format without a decoder)
-  raises :class:`ScalarUnsupported`: a strategy catches it and returns ``None``.
+* A *small contraction* (:func:`small_contraction`: a float ``poot.matmul`` whose K is at
+  most :data:`SCALAR_MAX_K` and a quarter of N, e.g. a LoRA expand over the stacked ranks of
+  its slots) is
+  computed per element as an ``scf.for`` over k accumulating ``lhs[..., m, k] * rhs[..., k,
+  n]`` in f32 (k ascending; the operands' elements computed inside the loop's scope).
+* Anything else outside the elementwise class (reductions, larger matmuls, attention,
+  scatter without a hook, a packed value not read through ``poot.dequantize``, a format
+  without a decoder) raises :class:`ScalarUnsupported`: a strategy catches it and returns
+  ``None``.
 
 Semantics follow each op's definition in :mod:`poot.dialects.ops` and its linalg lowering in
 :mod:`poot.dialects.lowering` element by element: elementwise bodies are the lowering's own
@@ -87,6 +93,29 @@ Provide = Callable[[ir.Value, tuple], "str | None"]
 
 class ScalarUnsupported(GpuCodegenError):
     """An op or value the scalar emitter does not compute (the strategy refuses the region)."""
+
+
+#: the largest contraction length a ``poot.matmul`` may have to be computed per element
+#: (:func:`small_contraction`): K multiply-adds and K reads of each operand per element, as
+#: cheap as a few elementwise ops for LoRA's stacked ranks (slots x rank: 16 to 64 in
+#: practice); a projection's K (hundreds to thousands) stays a GEMV/GEMM's
+SCALAR_MAX_K = 128
+#: ... and only a low-rank expansion, K at most 1/LOW_RANK of the output width N (a LoRA
+#: expand: slots x rank << out). A square or narrowing product (a toy model's 64 x 64
+#: projection) keeps its own region: the GEMV/GEMM reads its weight once for all rows
+LOW_RANK = 4
+
+
+def small_contraction(op: ir.Operation) -> bool:
+    """Whether ``op`` is a float ``poot.matmul`` [..., M, K] x [..., K, N] with K <=
+    :data:`SCALAR_MAX_K` and LOW_RANK * K <= N, which the scalar emitter computes per
+    element."""
+    if op.name != "poot.matmul":
+        return False
+    t = type_from_mlir(op.operands[0].type)
+    r = type_from_mlir(op.results[0].type)
+    return isinstance(t, TensorType) and isinstance(r, TensorType) and t.dtype.is_float \
+        and t.shape[-1] <= SCALAR_MAX_K and LOW_RANK * t.shape[-1] <= r.shape[-1]
 
 
 # ---- types -----------------------------------------------------------------------------------
@@ -186,6 +215,7 @@ class ScalarEmitter:
         self.const_names: list[str] = []
         self._const_ids: dict = {}
         self._scopes: list[dict] = [{}]
+        self._in_contraction = False
 
     def share_consts(self, other: "ScalarEmitter") -> None:
         """Register constant buffers in ``other``'s list (several kernels of one dispatch,
@@ -413,10 +443,41 @@ class ScalarEmitter:
         opdef = lookup(op.name)
         if opdef is None:
             raise ScalarUnsupported(f"{op.name} is not a poot op")
+        if op.name == "poot.matmul":
+            return self._contraction(op, idx)
         rule = getattr(self, f"_v_{opdef.name}", None)
         if rule is None:
             raise ScalarUnsupported(f"{op.name} is not elementwise-class")
         return rule(op, read_attrs(opdef, op), poot_type(op.results[0]), idx)
+
+    def _contraction(self, op: ir.Operation, idx: tuple) -> str:
+        """Element ``idx`` of a small contraction (see the module doc): ``sum_k lhs[...,
+        m, k] * rhs[..., k, n]`` in f32, k ascending, rounded to the result's dtype."""
+        if not small_contraction(op):
+            raise ScalarUnsupported(f"a matmul with K > {SCALAR_MAX_K} or K > N / {LOW_RANK} "
+                                    f"(or not float) is not computed per element")
+        if self._in_contraction:
+            raise ScalarUnsupported("a contraction inside a contraction's operand (its cost "
+                                    "would multiply)")
+        lhs, rhs = op.operands
+        K = poot_type(lhs).shape[-1]
+        em = self.em
+        k, acc, dot = em.fresh("k"), em.fresh("acc"), em.fresh("dot")
+        em.line(f"{dot} = scf.for {k} = {self.ix(0)} to {self.ix(K)} step {self.ix(1)} "
+                f"iter_args({acc} = {em.const(0.0, 'f32')}) -> (f32) {{")
+        em.depth += 1
+        self._in_contraction = True
+        try:
+            with self.scope():
+                a = self.value(lhs, idx[:-1] + (k,))
+                b = self.value(rhs, idx[:-2] + (k, idx[-1]))
+                p = em.op(f"arith.mulf {a}, {b} : f32")
+                em.line(f"scf.yield {em.op(f'arith.addf {acc}, {p} : f32')} : f32")
+        finally:
+            self._in_contraction = False
+        em.depth -= 1
+        em.line("}")
+        return self.round_to(dot, poot_type(op.results[0]).dtype)
 
     # views: index arithmetic only
     def _v_reshape(self, op, attrs, r, idx):
@@ -599,5 +660,6 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, ml_dtypes.bfloat16).view(np.uint16)
 
 
-__all__ = ["KernelEmitter", "ScalarEmitter", "ScalarUnsupported", "buffer_type", "const_bytes",
-           "gpu_kernel", "gpu_module", "poot_type", "storage_elem"]
+__all__ = ["SCALAR_MAX_K", "KernelEmitter", "ScalarEmitter", "ScalarUnsupported", "buffer_type",
+           "const_bytes", "gpu_kernel", "gpu_module", "poot_type", "small_contraction",
+           "storage_elem"]

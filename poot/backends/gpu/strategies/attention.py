@@ -14,8 +14,10 @@ What it takes (:func:`match_attention`): a dispatch function whose root is ``poo
   cache, whose gather canonicalization removed, is such a view of the pool);
 * q ``[batch..., rows..., D]`` (any float dtype; GQA groups are rows dims of q) such a view, or
   else *any* elementwise-class expression of the arguments (:data:`~poot.backends.gpu.
-  strategies.pointwise.ELEMENTWISE_CLASS`: e.g. RoPE folded in by
-  :func:`~poot.backends.gpu.merge.fold_regions`, its cos/sin computed from the positions);
+  strategies.pointwise.ELEMENTWISE_CLASS`, or a small contraction: :func:`~poot.backends.
+  gpu.strategies.pointwise.per_element`): e.g. RoPE folded in by
+  :func:`~poot.backends.gpu.merge.fold_regions`, its cos/sin computed from the positions,
+  and a LoRA expand added to q);
 * the mask (``i1`` visibility or ``f32`` additive bias, broadcastable to
   ``[batch..., rows..., S]``) such a view, a splat ``poot.constant``, ``poot.unary not`` of
   a view, or else any elementwise-class expression (a causal mask ``iota <= position``);
@@ -366,7 +368,7 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     else (see the module doc for what is taken)."""
     # imported here: importing the pointwise module at the top would register its strategy
     # before this one
-    from poot.backends.gpu.strategies.pointwise import ELEMENTWISE_CLASS
+    from poot.backends.gpu.strategies.pointwise import per_element
 
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
@@ -454,7 +456,7 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     if any(o not in known for o in ops):
         return None
     computed = [x for x in (q_value, mask_value) if x is not None]
-    if any(o.name not in ELEMENTWISE_CLASS for o in _slice_ops(computed)):
+    if not all(per_element(o) for o in _slice_ops(computed)):
         return None
     scale = float(ir.FloatAttr(att.attributes["scale"]).value)
     softcap = float(ir.FloatAttr(att.attributes["softcap"]).value)

@@ -3,7 +3,10 @@
 Elementwise class: views (reshape, transpose, broadcast, strided slice, concat), sources
 (iota, constant), unary/binary/ternary/compare/select/cast, gather and dequantize: every
 result element is a function of a few operand elements at computable coordinates
-(:mod:`poot.backends.gpu.strategies._scalar`), so nothing is materialized in between.
+(:mod:`poot.backends.gpu.strategies._scalar`), so nothing is materialized in between. Small
+contractions (:func:`~._scalar.small_contraction`: a matmul over at most
+:data:`~._scalar.SCALAR_MAX_K` terms, a LoRA expand) are computed per element too
+(:func:`per_element`), so the LoRA terms of the SwiGLU's gate and up are one kernel with it.
 
 Mapping: one thread per *work item* of the largest result. A work item is ``vec`` consecutive
 elements along the innermost dimension (``vec`` = 4 when the result is large and its innermost
@@ -13,7 +16,7 @@ evaluated under its own bounds guard at its own coordinates, so a region with re
 different shapes (the RoPE cos/sin tables: ``[1,1,H,D]`` and ``[1,1,KVH,D]``) is still one
 launch, and results of one shape share their common subexpressions.
 
-Regions with a reduction, matmul, attention or scatter are refused (``None``).
+Regions with a reduction, a larger matmul, attention or scatter are refused (``None``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from poot.backends.gpu.strategies._scalar import (
     gpu_kernel,
     gpu_module,
     poot_type,
+    small_contraction,
 )
 from poot.dialects.types import TensorType
 
@@ -38,6 +42,12 @@ ELEMENTWISE_CLASS = frozenset(
     f"poot.{n}" for n in ("reshape", "transpose", "broadcast", "slice", "concat", "iota",
                           "constant", "unary", "binary", "ternary", "compare", "select",
                           "cast", "gather", "dequantize"))
+
+def per_element(op: ir.Operation) -> bool:
+    """Whether the scalar emitter computes ``op``'s elements one at a time: the elementwise
+    class, or a small contraction."""
+    return op.name in ELEMENTWISE_CLASS or small_contraction(op)
+
 
 #: elements per thread for large results (innermost dim divisible by it)
 VEC = 4
@@ -67,7 +77,7 @@ def vec_for(t: TensorType) -> int:
 
 def synthesize_pointwise(fn: ir.Operation, caps, name: str = "pointwise"):
     """The one-kernel form of an elementwise-class region, or None (see the module doc)."""
-    if any(o.name not in ELEMENTWISE_CLASS for o in body_ops(fn)):
+    if not all(per_element(o) for o in body_ops(fn)):
         return None
     outs = results(fn)
     if not outs:
@@ -123,9 +133,9 @@ def synthesize_pointwise(fn: ir.Operation, caps, name: str = "pointwise"):
     return Synthesized(text, [launch], consts=list(se.consts))
 
 
-@register("pointwise")
+@register("pointwise", fallback=True)
 def pointwise(fn: ir.Operation, caps):
     return synthesize_pointwise(fn, caps)
 
 
-__all__ = ["ELEMENTWISE_CLASS", "body_ops", "results", "synthesize_pointwise"]
+__all__ = ["ELEMENTWISE_CLASS", "body_ops", "per_element", "results", "synthesize_pointwise"]

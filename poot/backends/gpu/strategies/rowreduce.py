@@ -2,8 +2,8 @@
 followed by elementwise consumers (RMSNorm ``x * rsqrt(mean(x^2) + eps) * w``, softmax
 ``exp(x - max) / sum``, LayerNorm's mean and variance), becomes ONE kernel.
 
-Matches: every op is a ``poot.reduce`` or of the elementwise class
-(:data:`~poot.backends.gpu.strategies.pointwise.ELEMENTWISE_CLASS`); every reduce has the same
+Matches: every op is a ``poot.reduce`` or computed per element
+(:func:`~poot.backends.gpu.strategies.pointwise.per_element`); every reduce has the same
 operand shape ``[*rows, K]``, reduces the last axis only, with ``sum``/``max``/``min`` on f32,
 f16, bf16 (f32 accumulation, the result rounded once, as the linalg lowering does) or i32, or
 ``max``/``min`` (any/all) on i1, folded as i32 0/1; every
@@ -68,7 +68,7 @@ from poot.backends.gpu.strategies._scalar import (
     gpu_module,
     poot_type,
 )
-from poot.backends.gpu.strategies.pointwise import ELEMENTWISE_CLASS, body_ops, results
+from poot.backends.gpu.strategies.pointwise import body_ops, per_element, results
 from poot.dialects.lowering.emit import HALF, compute_type
 from poot.dialects.lowering.reduce import _combine, _identity
 from poot.dialects.opdef import lookup, read_attrs
@@ -144,8 +144,7 @@ def _match(fn: ir.Operation) -> _Region | None:
     """The region ``fn`` as :class:`_Region`, or None (see the module doc's Matches)."""
     ops = body_ops(fn)
     reduces = [o for o in ops if o.name == "poot.reduce"]
-    if not reduces or any(o.name != "poot.reduce" and o.name not in ELEMENTWISE_CLASS
-                          for o in ops):
+    if not reduces or any(o.name != "poot.reduce" and not per_element(o) for o in ops):
         return None
     x0 = poot_type(reduces[0].operands[0])
     if not isinstance(x0, TensorType) or x0.rank < 1:
