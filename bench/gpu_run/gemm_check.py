@@ -67,6 +67,12 @@ CASES = [
     ("q4_1", 32, 512, 4096, "silu_up"),
 ]
 
+#: sibling cases: split-K GEMMs of one x [M, K] (bf16 weights of widths Ns), fused phase by
+#: phase into one launch each (poot/backends/gpu/horizontal.py): the 1B shape's q/k/v with
+#: its LoRA shrink (tiles of two shapes: views of one workgroup buffer), and gate/up (one
+#: tile shape, shared; at K = 1024 to keep the case small)
+SIBLINGS = [(32, 2048, (2048, 512, 512, 48)), (32, 1024, (4096, 4096, 32))]
+
 #: timing GEMMs: (format, M, N, K); then the Llama-3.2-1B projections at M = 32 (a batch-32
 #: decode step, a 32-token prefill chunk): q/o, k/v, gate/up, down
 TIMING = [(f, M, N, 4096) for f in ("bf16", "q4_0") for N in (4096, 14336) for M in (32, 128)] \
@@ -148,6 +154,32 @@ def build_case(folder: Path, fmt, M, N, K, epilogue, caps, seed=0) -> dict:
     np.savez(folder / "expected.npz", want=want, bound=bound.astype(np.float32))
     return {"fmt": fmt, "M": M, "N": N, "K": K, "epilogue": epilogue,
             "strategies": art.meta["strategies"]}
+
+
+def build_sibling_case(folder: Path, M, K, Ns, caps, seed=0) -> dict:
+    """A :data:`SIBLINGS` case: the merged step of the sibling GEMMs (built by the same
+    planning as a decode step's), each result with its own bound."""
+    sys.path.insert(0, str(ROOT / "test" / "gpu"))
+    from test_gpu_horizontal import _gemm_step
+
+    from poot import oracle
+
+    g, inputs = _gemm_step(M, K, list(Ns), seed=seed)
+    art = _region_artifact(g, caps)
+    launches = [L["strategy"] for L in art.plan["launches"] if L["op"] == "kernel"]
+    if launches != ["horizontal", "horizontal"]:
+        raise SystemExit(f"siblings {Ns}: not fused phase by phase: {launches}")
+    want = oracle.evaluate(g, inputs)
+    exp = {}
+    for i, N in enumerate(Ns):
+        w = np.asarray(want[f"r{i}"], np.float32)
+        b = case_bound("bf16", M, N, K, "none", {"a0": inputs["a0"], "a1": inputs[f"a{i + 1}"]})
+        exp[f"want_r{i}"], exp[f"bound_r{i}"] = w, (b.reshape(w.shape) +
+                                                   1e-6 * np.abs(w)).astype(np.float32)
+    art.save(str(folder))
+    np.savez(folder / "inputs.npz", **{k: _host(v) for k, v in inputs.items()})
+    np.savez(folder / "expected.npz", **exp)
+    return {"fmt": "bf16", "M": M, "K": K, "Ns": list(Ns), "strategies": art.meta["strategies"]}
 
 
 def tiles(fmt, M, N, K, caps) -> list[tuple[int, int, int, int]]:
@@ -255,6 +287,10 @@ def build(out: str) -> dict:
             raise SystemExit(f"{name}: the plan did not take the GEMM: "
                              f"{man['cases'][name]['strategies']}")
         print(f"case {name}: built", flush=True)
+    for i, (M, K, Ns) in enumerate(SIBLINGS):
+        name = f"siblings_{M}x{K}_" + "_".join(map(str, Ns))
+        man["cases"][name] = build_sibling_case(d / "cases" / name, M, K, Ns, caps, seed=i)
+        print(f"case {name}: built", flush=True)
     for fmt, M, N, K in TIMING:
         for i, tile in enumerate(tiles(fmt, M, N, K, caps)):
             name = f"{fmt}_{M}x{N}x{K}_" + "x".join(map(str, tile))
@@ -285,16 +321,24 @@ def check_case(dev, folder: Path) -> dict:
     art = CudaArtifact.load(str(folder))
     inputs = dict(np.load(folder / "inputs.npz"))
     exp = np.load(folder / "expected.npz")
-    want, bound = exp["want"], exp["bound"]
+    # one result "r0" (want, bound) or several (want_r<i>, bound_r<i>: sibling cases)
+    names = ["r0"] if "want" in exp else [k[5:] for k in exp.files if k.startswith("want_")]
     runner = rt.StepRunner(dev, art, {})
-    got = runner.step(inputs, read=["r0"])["r0"].reshape(want.shape).astype(np.float64)
-    err = np.abs(got - want)
-    finite = bool(np.isfinite(got).all())
-    return {"ok": finite and bool((err <= bound).all()),
-            "max_abs_err": float(err.max()),
-            "max_err_over_max_want": float(err.max() / max(np.abs(want).max(), 1e-30)),
-            "max_err_over_bound": float((err / bound).max()),
-            "strategies": art.meta.get("strategies")}
+    out = runner.step(inputs, read=names)
+    rep: dict = {"ok": True, "max_abs_err": 0.0, "max_err_over_max_want": 0.0,
+                 "max_err_over_bound": 0.0}
+    for n in names:
+        want, bound = (exp["want"], exp["bound"]) if "want" in exp else \
+            (exp[f"want_{n}"], exp[f"bound_{n}"])
+        got = out[n].reshape(want.shape).astype(np.float64)
+        err = np.abs(got - want)
+        rep["ok"] = rep["ok"] and bool(np.isfinite(got).all()) and bool((err <= bound).all())
+        rep["max_abs_err"] = max(rep["max_abs_err"], float(err.max()))
+        rep["max_err_over_max_want"] = max(rep["max_err_over_max_want"], float(
+            err.max() / max(np.abs(want).max(), 1e-30)))
+        rep["max_err_over_bound"] = max(rep["max_err_over_bound"], float((err / bound).max()))
+    rep["strategies"] = art.meta.get("strategies")
+    return rep
 
 
 def _random_inputs(plan: dict, fmt: str, seed: int = 0) -> dict:
