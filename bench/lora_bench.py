@@ -10,6 +10,9 @@ rank ``--rank`` holding a random adapter on q/k/v/o and gate/up/down. For each b
 B requests of a 16-token prompt each generate ``--tokens`` tokens (greedy, EOS ignored) all
 at once; tok/s is the generated tokens over the wall time of the whole run (prefill
 included), the best of ``--repeats`` runs after one warm-up. ``ratio`` = with / without.
+On a GPU, ``replay`` gives each handle's decode step (the batch's bucket) and prefill chunk
+as the device runs them: a recorded step replayed back to back, in ms (the rest of a run's
+time is the engine's host work and the prefill chunks of each request).
 """
 
 from __future__ import annotations
@@ -63,6 +66,23 @@ def tok_per_s(handle, batch: int, tokens: int, repeats: int, lora: str | None) -
     return best
 
 
+def replay_ms(handle, entry, n: int = 50) -> float | None:
+    """Milliseconds of one replay of ``entry``'s recorded step (the first recording), ``n``
+    back to back with no host work between them: the device's time per step, apart from
+    the engine's host work (None when nothing is recorded)."""
+    recs = list(entry.recordings.values())
+    if not recs:
+        return None
+    dev = handle.runner.engine.device
+    dev.replay(recs[0])
+    dev.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dev.replay(recs[0])
+    dev.synchronize()
+    return round(1e3 * (time.perf_counter() - t0) / n, 4)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -97,6 +117,13 @@ def main(argv=None) -> int:
         out["batches"][str(b)] = {"tok_per_s_no_lora": round(none, 1),
                                   "tok_per_s_one_adapter": round(one, 1),
                                   "ratio": round(one / none, 3)}
+        if args.backend != "cpu":        # recorded steps: device time per step, host apart
+            r = {}
+            for name, h in (("no_lora", plain), ("one_adapter", with_lora)):
+                bsz = h.runner.bucket(b)
+                r[f"decode_ms_{name}"] = replay_ms(h, h.runner.decode_entry(bsz))
+                r[f"prefill_ms_{name}"] = replay_ms(h, h.runner.prefill_entry())
+            out["batches"][str(b)]["replay"] = r
     print(json.dumps(out))
     return 0
 

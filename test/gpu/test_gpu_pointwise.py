@@ -348,7 +348,7 @@ def lora_swiglu(M: int, N: int, R: int):
     return region(args, [Y], "\n".join(body)), ins
 
 
-@pytest.mark.parametrize("M,N,R", [(1, 300, 16), (5, 2048, 64), (3, 520, 128)])
+@pytest.mark.parametrize("M,N,R", [(1, 300, 16), (2, 100, 21), (5, 2048, 64), (3, 520, 128)])
 def test_lora_expands_of_a_swiglu_are_one_pointwise_kernel(vk, M, N, R):
     """Two small contractions (R <= SCALAR_MAX_K terms) and the SwiGLU around them: one
     thread per element computes both sums (k ascending, f32); the oracle sums in BLAS order,
