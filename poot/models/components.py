@@ -10,6 +10,7 @@ gathered axis is position j), keys masked by position.
 from __future__ import annotations
 
 import abc
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
@@ -390,15 +391,17 @@ def lora_shrink(b: Builder, types: dict[str, PootType], roles: Sequence[str], x:
 
 def lora_expand(b: Builder, types: dict[str, PootType], role: str, xa: Tensor,
                 lora_mask: Tensor) -> Tensor:
-    """f32 [B, T, out]: ``(xa * mask) B^T`` for the shrunk xa f32 [B, T, L*R],
-    ``lora.{role}.b`` [out, L*R] and ``lora_mask`` f32 [B, 1, L*R] (:func:`lora_row_mask`)
-    keeping each sequence's own slot.
+    """f32 [B, T, out]: ``(xa * mask) B`` for the shrunk xa f32 [B, T, L*R],
+    ``lora.{role}.b`` [L*R, out] (rank-major) and ``lora_mask`` f32 [B, 1, L*R]
+    (:func:`lora_row_mask`) keeping each sequence's own slot.
 
-    With :func:`lora_shrink`, two plain projections: no per-row gather of adapter weights,
-    and the same GEMV/GEMM kernels (and sibling fusion) as the base projections; the cost is
-    L times one adapter's FLOPs and bytes (:mod:`poot.models.lora`)."""
-    return ops.linear(b, xa * b.broadcast_to(lora_mask, xa.shape),
-                      param(b, types, f"lora.{role}.b"))
+    With :func:`lora_shrink`, two plain matmuls: no per-row gather of adapter weights; the
+    cost is L times one adapter's FLOPs and bytes (:mod:`poot.models.lora`)."""
+    w = ops.as_f32(b, param(b, types, f"lora.{role}.b"))                       # [L*R, out]
+    x = xa * b.broadcast_to(lora_mask, xa.shape)
+    lead = x.shape[:-1]
+    y = b.matmul(b.reshape(x, (math.prod(lead), x.shape[-1])), w)
+    return b.reshape(y, lead + (w.shape[1],))
 
 
 def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, PootType],

@@ -5,19 +5,23 @@ more step input, ``lora_index`` i32 [B] (each sequence's slot: 1..L an adapter, 
 model), and adds to every targeted projection ``y = x W^T`` the low-rank term of every slot
 at once, masked to each sequence's own::
 
-    y += ((x A^T) * mask[b]) B^T      A: [L*R, in] (of lora.{group}.a)   B: lora.{role}.b [out, L*R]
+    y += ((x A^T) * mask[b]) B        A: [L*R, in] (of lora.{group}.a)   B: lora.{role}.b [L*R, out]
 
-with slot s's ranks at rows/columns ``(s-1)*R .. s*R`` and ``mask[b, j] = (lora.column_slot[j]
+with slot s's ranks at rows ``(s-1)*R .. s*R`` of both and ``mask[b, j] = (lora.column_slot[j]
 == lora_index[b])``, ``lora.column_slot`` i32 [L*R] = ``j // R + 1`` bound beside them
 (:func:`poot.models.components.lora_row_mask`). The A's of targets a decoder projects from one
 input (:data:`SHRINK_GROUPS`: q/k/v, gate/up) are stacked in one param ``lora.blk.{i}.{t1}+
 {t2}+...a`` [n*L*R, in], target k's at rows ``k*L*R ..``, so one shrink serves the group
-(:func:`shrink_param`). A and B are stored f32, or bf16/f16 where the
+(:func:`shrink_param`). B is stored rank-major ([L*R, out], PEFT's ``lora_B`` transposed):
+a sequence's expand term at output ``n`` reads column ``n`` of B, so neighbouring outputs
+(neighbouring threads of a kernel that computes the expand per element, where it is folded
+into its consumer: :func:`~poot.backends.gpu.strategies._scalar.small_contraction`) read
+neighbouring memory at each rank. A and B are stored f32, or bf16/f16 where the
 base projections are (:func:`lora_dtype`). Both terms are plain projections (the GEMV/GEMM
 kernels and the sibling fusion of the base projections apply; no per-row gather of adapter
 weights), so one batch mixes adapters and the base model at L times one adapter's FLOPs
 and bytes: size ``max_loras`` to the adapters served at once. An adapter of rank r <= R
-fills the first r rows of its slot's A and columns of its B (the rest stay zero) and its
+fills the first r rows of its slot's A and B (the rest stay zero) and its
 scaling is folded into B: ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``), PEFT's
 ``scaling``. Loading or unloading an adapter rewrites its slot's arrays only
 (``Engine.load_weights`` replaces a weight in place): nothing is recompiled.
@@ -71,7 +75,7 @@ def shrink_param(role: str, types: Mapping[str, PootType]) -> tuple[str, int, in
     prefix, target = layer + ".", f"{kind}.{name}"
     group = next((g for g in SHRINK_GROUPS if target in g), (target,))
     bound = [t for t in group if f"lora.{prefix}{t}.b" in types]
-    lr = types[f"lora.{role}.b"].shape[1]
+    lr = types[f"lora.{role}.b"].shape[0]
     return f"lora.{prefix}{'+'.join(bound)}.a", bound.index(target) * lr, lr
 
 
@@ -221,7 +225,7 @@ def lora_dtype(base_types: Mapping[str, PootType], targets) -> DType:
 def lora_types(slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int
                ) -> dict[str, TensorType]:
     """The slot params of :func:`lora_dtype` for every targeted role the base has (L =
-    max_loras, R = max_rank): ``lora.{role}.b`` [out, L*R], the A's stacked by
+    max_loras, R = max_rank): ``lora.{role}.b`` [L*R, out], the A's stacked by
     :data:`SHRINK_GROUPS` (``lora.blk.{i}.{t1}+...a`` [n*L*R, in], :func:`shrink_param`),
     and ``lora.column_slot`` i32 [L*R], the slot each stacked rank belongs to."""
     lr = slots.max_loras * slots.max_rank
@@ -231,7 +235,7 @@ def lora_types(slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: i
         for t in slots.targets:
             base = base_types.get(f"blk.{i}.{t}")
             if base is not None:
-                out[f"lora.blk.{i}.{t}.b"] = TensorType((base.shape[0], lr), dt)
+                out[f"lora.blk.{i}.{t}.b"] = TensorType((lr, base.shape[0]), dt)
         for t in slots.targets:
             where = shrink_param(f"blk.{i}.{t}", out)
             if where is not None and where[0] not in out:
@@ -242,8 +246,8 @@ def lora_types(slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: i
 
 class LoraTable:
     """The host copy of every slot's arrays (bound as weights; a changed array is uploaded
-    again with ``Engine.load_weights``). Slot s (1..L) holds rows / columns ``(s-1)*R ..
-    (s-1)*R + r`` of the stacked arrays; slot 0, the base model, holds none."""
+    again with ``Engine.load_weights``). Slot s (1..L) holds rows ``(s-1)*R .. (s-1)*R + r``
+    of the stacked arrays; slot 0, the base model, holds none."""
 
     def __init__(self, slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int):
         self.slots = slots
@@ -273,7 +277,7 @@ class LoraTable:
         for role, (a, b) in adapter.weights.items():
             name, row0, _ = shrink_param(role, self.types)
             self.arrays[name][row0 + lo:row0 + hi, :] = a
-            self.arrays[f"lora.{role}.b"][:, lo:hi] = b * np.float32(adapter.scale)  # rounds
+            self.arrays[f"lora.{role}.b"][lo:hi, :] = (b * np.float32(adapter.scale)).T  # rounds
             changed += [name, f"lora.{role}.b"]
         self.loaded[slot] = adapter.name
         return sorted(set(changed))
@@ -292,8 +296,7 @@ class LoraTable:
         for n, arr in self.arrays.items():
             if n == COLUMN_SLOT:
                 continue
-            parts = [arr[k + lo:k + hi] for k in range(0, arr.shape[0], lr)] \
-                if n.endswith(".a") else [arr[:, lo:hi]]
+            parts = [arr[k + lo:k + hi] for k in range(0, arr.shape[0], lr)]
             if any(p.any() for p in parts):
                 for p in parts:
                     p[...] = 0.0
