@@ -68,19 +68,6 @@ def _has_matmul(fn: ir.Operation) -> bool:
     return any(o.operation.name == "poot.matmul" for o in fn.regions[0].blocks[0].operations)
 
 
-def _cheap_twice(fn: ir.Operation) -> bool:
-    """Whether ``fn`` may be folded into several consumers, each computing it again: it holds
-    no matmul, or exactly one and that a small contraction (:func:`~poot.backends.gpu.
-    strategies._scalar.small_contraction`: a LoRA expand, K multiply-adds per element). Not
-    two: a region that already took a folded contraction (a residual stream's next add)
-    stays one region for its consumers, so recomputation never chains from layer to layer."""
-    from poot.backends.gpu.strategies._scalar import small_contraction
-
-    mms = [o.operation for o in fn.regions[0].blocks[0].operations
-           if o.operation.name == "poot.matmul"]
-    return not mms or (len(mms) == 1 and small_contraction(mms[0]))
-
-
 def _result_of(v: ir.Value, calls: list):
     """(i, k) when ``v`` is result k of ``calls[i]``, else None."""
     if isinstance(v.owner, ir.Block):
@@ -165,9 +152,9 @@ def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter
                 if o not in consumers:
                     consumers.append(o)
         if not consumers or any(u.name != "func.call" for u in consumers) or \
-                (len(consumers) > 1 and not _cheap_twice(pfn)):
-            refused.add(pname)       # (a matmul is never computed twice, but for one small
-            continue                 # contraction)
+                (len(consumers) > 1 and _has_matmul(pfn)):
+            refused.add(pname)       # (a matmul is never computed twice)
+            continue
         new = []
         for c in consumers:
             cfn = funcs[ir.FlatSymbolRefAttr(c.attributes["callee"]).value]
