@@ -66,23 +66,6 @@ def tok_per_s(handle, batch: int, tokens: int, repeats: int, lora: str | None) -
     return best
 
 
-def replay_ms(handle, entry, n: int = 50) -> float | None:
-    """Milliseconds of one replay of ``entry``'s recorded step (the first recording), ``n``
-    back to back with no host work between them: the device's time per step, apart from
-    the engine's host work (None when nothing is recorded)."""
-    recs = list(entry.recordings.values())
-    if not recs:
-        return None
-    dev = handle.runner.engine.device
-    dev.replay(recs[0])
-    dev.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        dev.replay(recs[0])
-    dev.synchronize()
-    return round(1e3 * (time.perf_counter() - t0) / n, 4)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -118,11 +101,15 @@ def main(argv=None) -> int:
                                   "tok_per_s_one_adapter": round(one, 1),
                                   "ratio": round(one / none, 3)}
         if args.backend != "cpu":        # recorded steps: device time per step, host apart
+            from poot.cli.bench_cmd import replay_entry_us
+
+            def ms(h, entry):
+                us = replay_entry_us(h, entry, 50)
+                return None if us is None else round(us / 1e3, 4)
             r = {}
             for name, h in (("no_lora", plain), ("one_adapter", with_lora)):
-                bsz = h.runner.bucket(b)
-                r[f"decode_ms_{name}"] = replay_ms(h, h.runner.decode_entry(bsz))
-                r[f"prefill_ms_{name}"] = replay_ms(h, h.runner.prefill_entry())
+                r[f"decode_ms_{name}"] = ms(h, h.runner.decode_entry(h.runner.bucket(b)))
+                r[f"prefill_ms_{name}"] = ms(h, h.runner.prefill_entry())
             out["batches"][str(b)]["replay"] = r
     print(json.dumps(out))
     return 0

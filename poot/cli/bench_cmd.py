@@ -167,12 +167,17 @@ def kv_bytes_read(handle, ctx: float, itemsize: int | None = None) -> int:
 def replay_us(handle, n: int) -> float | None:
     """Mean microseconds of one decode step replayed ``n`` times back to back (no host
     work between launches), or None when the device has no recording yet."""
-    eng = handle.runner.engine
-    entry = decode_entry(handle)
+    return replay_entry_us(handle, decode_entry(handle), n)
+
+
+def replay_entry_us(handle, entry, n: int) -> float | None:
+    """Mean microseconds of one replay of ``entry``'s (first) recorded step, ``n`` back to
+    back with no host work between them: the device's time per step, apart from the engine's
+    host work; None when the entry has no recording yet."""
     recs = list(entry.recordings.values())
     if not recs or n <= 0:
         return None
-    dev = eng.device
+    dev = handle.runner.engine.device
     dev.replay(recs[0])
     dev.synchronize()
     t0 = time.perf_counter()
