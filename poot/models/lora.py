@@ -17,8 +17,8 @@ a sequence's expand term at output ``n`` reads column ``n`` of B, so neighbourin
 (neighbouring threads of a kernel that computes the expand per element, where it is folded
 into its consumer: :func:`~poot.backends.gpu.strategies._scalar.small_contraction`) read
 neighbouring memory at each rank. A and B are stored f32, or bf16/f16 where the
-base projections are (:func:`lora_dtype`). Both terms are plain projections (the GEMV/GEMM
-kernels and the sibling fusion of the base projections apply; no per-row gather of adapter
+base projections are (:func:`lora_dtype`). Both terms are plain matmuls (the shrink a
+projection beside its base ones, the expand a low-rank matmul; no per-row gather of adapter
 weights), so one batch mixes adapters and the base model at L times one adapter's FLOPs
 and bytes: size ``max_loras`` to the adapters served at once. An adapter of rank r <= R
 fills the first r rows of its slot's A and B (the rest stay zero) and its
@@ -273,7 +273,7 @@ class LoraTable:
                 raise LoraError(role, "not among the projections the slots adapt "
                                 f"({', '.join(self.slots.targets)})")
         changed = self.unload(slot)
-        lo, hi = self._columns(slot, adapter.rank)
+        lo, hi = self._rows(slot, adapter.rank)
         for role, (a, b) in adapter.weights.items():
             name, row0, _ = shrink_param(role, self.types)
             self.arrays[name][row0 + lo:row0 + hi, :] = a
@@ -282,7 +282,7 @@ class LoraTable:
         self.loaded[slot] = adapter.name
         return sorted(set(changed))
 
-    def _columns(self, slot: int, rank: int) -> tuple[int, int]:
+    def _rows(self, slot: int, rank: int) -> tuple[int, int]:
         lo = (slot - 1) * self.slots.max_rank
         return lo, lo + rank
 
@@ -291,7 +291,7 @@ class LoraTable:
         if slot not in self.loaded:
             return []
         changed = []
-        lo, hi = self._columns(slot, self.slots.max_rank)
+        lo, hi = self._rows(slot, self.slots.max_rank)
         lr = self.slots.max_loras * self.slots.max_rank
         for n, arr in self.arrays.items():
             if n == COLUMN_SLOT:
