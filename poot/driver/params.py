@@ -77,7 +77,9 @@ class SamplingParams:
 
     Attributes:
         temperature: >= 0; below ``GREEDY_EPS`` (1e-5) the request is greedy.
-        top_k: keep the k most likely tokens; ``<= 0`` is off.
+        top_k: keep the k most likely tokens; ``<= 0`` is off, and a k of the vocabulary's
+            size or more keeps every token (it is packed as the vocabulary size, so any
+            integer is served).
         top_p: nucleus mass in (0, 1]; 1 is off.
         min_p: keep tokens with ``p >= min_p * max(p)``, in [0, 1]; 0 is off.
         repetition_penalty: > 0 (HF/CTRL; 1 is off), for tokens in the history.
@@ -263,6 +265,8 @@ class SamplingParams:
                         p.check(V)
                         for tid, v in p.logit_bias.items():
                             a[i, tid] = v
+            elif role == "top_k":       # k >= V keeps every token: V fits the i32 input
+                a[:] = [min((empty if p is None else p).top_k, V) for p in batch]
             else:
                 a[:] = [(empty if p is None else p)._row(role) for p in batch]
             out[INPUTS[role]] = a

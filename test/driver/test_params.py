@@ -134,3 +134,30 @@ def test_packed_batch_drives_the_sampling_graph():
     out = evaluate(g, {"logits": logits, **arrs})
     assert out[S.OUTPUTS["token"]].tolist() == [4, 11]
     assert out[S.OUTPUTS["history"]][1, 2] == 1 and out[S.OUTPUTS["history"]][1, 11] == 1
+
+
+def test_a_top_k_past_the_vocabulary_keeps_every_token():
+    """Any integer top_k is served: k >= V is packed as V (the i32 input holds it) and samples
+    exactly what top_k off does (a 2^55 k once stopped the server with an OverflowError)."""
+    from poot.dialects.types import DType, TensorType
+    from poot.graph.builder import Builder, TraceLimits
+    from poot.oracle import evaluate
+
+    V = 16
+    huge = SamplingParams(temperature=1.0, top_k=48430703812763952, seed=3)
+    off = SamplingParams(temperature=1.0, top_k=0, seed=3)
+    assert SamplingParams.pack([huge], V)[S.INPUTS["top_k"]].tolist() == [V]
+    b = Builder(TraceLimits(max_values=1 << 14, max_ops=1 << 14, max_literal_bytes=1 << 14,
+                            max_owned_bytes=1 << 28))
+    lg = b.input("logits", TensorType((1, V), DType.F32))
+    g = b.finish(S.sample(b, lg, S.declare_inputs(b, 1, V)).outputs())
+    logits = np.linspace(-1.0, 1.0, V, dtype=np.float32)[None]
+    tokens = {}
+    for name, p in (("huge", huge), ("off", off)):
+        stream, got = p.uniforms(), []
+        for _ in range(8):
+            arrs = SamplingParams.pack([p], V, [stream])
+            arrs[S.INPUTS["token_counts"]] = history_row(V)[None]
+            got.append(int(evaluate(g, {"logits": logits, **arrs})[S.OUTPUTS["token"]][0]))
+        tokens[name] = got
+    assert tokens["huge"] == tokens["off"] and len(set(tokens["off"])) > 1

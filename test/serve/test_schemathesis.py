@@ -6,6 +6,8 @@ so that valid requests stay cheap (the tiny model's context is 128 tokens)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis", reason="needs schemathesis (the test "
@@ -17,7 +19,8 @@ from hypothesis.errors import Unsatisfiable  # noqa: E402
 from poot.serve import ServeConfig  # noqa: E402
 from server_util import running  # noqa: E402
 
-EXAMPLES = 60
+#: examples per route and mode; POOT_FUZZ_EXAMPLES raises it for a longer hunt
+EXAMPLES = int(os.environ.get("POOT_FUZZ_EXAMPLES", "60"))
 
 
 def _openai_shape(response, case) -> None:
