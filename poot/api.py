@@ -25,20 +25,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from poot.compiler import Capabilities, CompileOptions, Target, host_cpu
+from poot.backends.registry import BACKENDS as _REGISTERED
+from poot.compiler import Capabilities, CompileOptions, Target
 from poot.driver.generate import ContextOverflow, Finished, TokenEvent, generate
 from poot.driver.params import InvalidRequest, SamplingParams
 from poot.engine import EngineConfig, KVConfig, LLMEngine, ModelRunner
 from poot.errors import PootError
 
-BACKENDS = ("cpu", "vulkan", "cuda", "rocm")
+#: the backends this build knows (:mod:`poot.backends.registry`)
+BACKENDS = tuple(_REGISTERED)
 #: Context positions per sequence by default (prompt + generated), capped at the model's
 #: trained context; --kv-capacity raises it.
 DEFAULT_KV_CAPACITY = 512
 DEFAULT_PREFILL_CHUNK = 32
-#: Sequences decoding at once by default (the largest decode bucket) on the CPU and on GPUs.
-DEFAULT_MAX_BATCH = {"cpu": 8}
-DEFAULT_MAX_BATCH_GPU = 64
+#: Sequences decoding at once by default (the largest decode bucket), per backend.
+DEFAULT_MAX_BATCH = {b.name: b.default_max_batch for b in _REGISTERED.values()}
 #: Options the API compiles with (the full pipeline: dispatch fusion, RoPE and
 #: flash-attention rewrites).
 DEFAULT_COMPILE_OPTIONS = CompileOptions()
@@ -53,23 +54,20 @@ def target_for(backend: str) -> Target:
     target whose code generation planning decides. A backend this build has no code
     generator for (``rocm``) is refused here, before anything is opened, traced or compiled
     (:class:`~poot.compiler.compile.NoCodeGenerator`)."""
+    from poot.backends.registry import hook
     from poot.compiler.compile import require_code_generator
 
     if backend not in BACKENDS:
         raise InvalidRequest("backend", backend, f"must be one of {', '.join(BACKENDS)}")
     require_code_generator(Target(backend, Capabilities()))
-    if backend == "cpu":
-        return host_cpu()
-    if backend == "vulkan":  # capabilities (subgroup size, 16-bit storage) from the device
-        from poot.backends.vulkan.codegen import vulkan_target
+    reg = _REGISTERED[backend]
+    if reg.target is None:
+        return Target(backend, Capabilities())
+    if reg.target_from_device:  # capabilities (subgroup size, storage, limits) of the device
         from poot.executor import open_device
 
-        return vulkan_target(open_device("vulkan").capabilities())
-    if backend == "cuda":  # no MLIR needed: a machine running cached programs has none
-        from poot.backends.cuda.artifact import cuda_target
-
-        return cuda_target()
-    return Target(backend, Capabilities())
+        return hook(reg.target)(open_device(backend))
+    return hook(reg.target)()
 
 
 def default_model_path() -> Path:
@@ -183,7 +181,7 @@ class ModelHandle:
         kv_dt = _kv_dtype(kv_dtype)
         path = Path(path) if path is not None else default_model_path()
         target = target_for(backend)     # a backend without a code generator: refused here
-        if device is None and backend in ("cpu", "vulkan", "cuda"):
+        if device is None and _REGISTERED[backend].open_device is not None:
             # A missing runtime package or device fails here, before minutes of compiling.
             device = device_for(target)
         say(f"loading {path.name}")
@@ -193,7 +191,7 @@ class ModelHandle:
         bs = kv_block_size(target)
         width = -(-kv_capacity // bs)
         if max_batch is None:
-            max_batch = DEFAULT_MAX_BATCH.get(backend, DEFAULT_MAX_BATCH_GPU)
+            max_batch = DEFAULT_MAX_BATCH[backend]
         blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * width + 1
         kv = KVConfig(block_size=bs, num_blocks=blocks, max_model_len=kv_capacity,
                       kv_dtype=kv_dt or default_kv_dtype(weights.types))
@@ -390,10 +388,10 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     if kv_capacity is not None:
         _positive("kv_capacity", kv_capacity)
     _positive("max_batch", max_batch)
-    target = target_for(backend) if backend != "vulkan" else None
-    if target is None:
-        raise InvalidRequest("backend", backend, "the vulkan target comes from the device; "
-                             "compile it where it runs")
+    if backend in BACKENDS and _REGISTERED[backend].target_from_device:
+        raise InvalidRequest("backend", backend, f"the {backend} target comes from the "
+                             "device; compile it where it runs")
+    target = target_for(backend)
     model, weights, ctx, _ = _open_model(path, random_weights, seed)
     weights, _ = _bind_lora_slots(model, weights, max_loras, max_lora_rank)
     kv_capacity = check_kv_capacity(model, kv_capacity, ctx)

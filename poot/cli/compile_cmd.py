@@ -84,7 +84,7 @@ def cache_bytes(folder: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from poot.api import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_GPU, compile_steps
+    from poot.api import DEFAULT_MAX_BATCH, compile_steps
     from poot.cli.generate_cmd import check_options
     from poot.cli.progress import Reporter, history_file
     from poot.driver.params import SamplingParams
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if sampler_spec_for([params]) != GREEDY:
         samplers.append(sampler_spec_for([params]))
     max_batch = args.max_batch or max(args.batch or [
-        DEFAULT_MAX_BATCH.get(args.backend, DEFAULT_MAX_BATCH_GPU)])
+        DEFAULT_MAX_BATCH[args.backend]])
     with Reporter(quiet=args.quiet, history=history_file(args.cache_dir)) as report:
         out = compile_steps(path, args.backend, kv_capacity=args.kv_capacity,
                             prefill_chunk=args.prefill_chunk, max_batch=max_batch,

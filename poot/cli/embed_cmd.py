@@ -21,6 +21,7 @@ import json
 import re
 import sys
 
+from poot.backends.registry import BACKENDS
 from poot.cli import check_utf8, read_stdin_text
 from poot.driver.params import InvalidRequest
 
@@ -33,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "cross-encoder.")
     p.add_argument("--model", required=True, help="an HF folder (BERT / decoder embedding "
                    "model, or a BertForSequenceClassification cross-encoder)")
-    p.add_argument("--backend", default="cpu", choices=("cpu", "vulkan", "cuda", "rocm"),
+    p.add_argument("--backend", default="cpu", choices=tuple(BACKENDS),
                    help="where to run (default: cpu)")
     p.add_argument("--pooling", default=None, choices=("cls", "mean", "last"),
                    help="override the checkpoint's pooling (default: its 1_Pooling/config.json,"

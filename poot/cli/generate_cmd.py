@@ -42,6 +42,7 @@ import json
 import re
 import sys
 
+from poot.backends.registry import BACKENDS
 from poot.cli import check_utf8, read_stdin_text
 
 _ESCAPE = re.compile(r"\\(?:([\\ntr0'\"])|x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})"
@@ -66,7 +67,7 @@ def unescape(text: str) -> str:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="a .gguf file or HF folder (default: the bundled SmolLM2)")
-    p.add_argument("--backend", default="cpu", choices=("cpu", "vulkan", "cuda", "rocm"),
+    p.add_argument("--backend", default="cpu", choices=tuple(BACKENDS),
                    help="where to run (default: cpu)")
     p.add_argument("--kv-capacity", type=int, default=None, metavar="N",
                    help="context positions per sequence (prompt + generated tokens), at most "

@@ -177,16 +177,6 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None,
     return program
 
 
-#: The code generator of each backend this build has: ``module:function`` taking
-#: ``(program, options, progress)``. A backend not here (``rocm``) is refused by
-#: :func:`require_code_generator` before anything is traced or compiled.
-CODE_GENERATORS = {
-    "cpu": "poot.backends.cpu:codegen",
-    "cuda": "poot.backends.cuda.codegen:codegen",
-    "vulkan": "poot.backends.vulkan.codegen:codegen",
-}
-
-
 class NoCodeGenerator(Refusal):
     """This build has no code generator for the target's backend (refused before tracing
     or compiling anything)."""
@@ -194,7 +184,7 @@ class NoCodeGenerator(Refusal):
     def __init__(self, backend: str):
         Refusal.__init__(self, "builtin.module",
                          f"a code generator for backend '{backend}' in this build")
-        built = ", ".join(sorted(CODE_GENERATORS))
+        built = ", ".join(sorted(_code_generators()))
         self.args = (f"this build has no code generator for backend '{backend}' (it has: "
                      f"{built}); nothing was compiled",)
         self.backend = backend
@@ -203,8 +193,18 @@ class NoCodeGenerator(Refusal):
 def require_code_generator(target: Target) -> None:
     """Raise :class:`NoCodeGenerator` unless this build can generate code for ``target``'s
     backend. Needs no MLIR and compiles nothing: callers check it before tracing."""
-    if target.backend not in CODE_GENERATORS:
+    if target.backend not in _code_generators():
         raise NoCodeGenerator(target.backend)
+
+
+def _code_generators() -> dict[str, str]:
+    """The code generator of each backend this build has (:mod:`poot.backends.registry`):
+    ``module:function`` taking ``(program, options, progress)``. A backend without one
+    (``rocm``) is refused by :func:`require_code_generator` before anything is traced or
+    compiled."""
+    from poot.backends.registry import BACKENDS
+
+    return {b.name: b.codegen for b in BACKENDS.values() if b.codegen}
 
 
 def _codegen(program: Program, options: CompileOptions, progress=None):
@@ -217,7 +217,7 @@ def _codegen(program: Program, options: CompileOptions, progress=None):
 
     backend = program.target.backend
     require_code_generator(program.target)
-    module, name = CODE_GENERATORS[backend].split(":")
+    module, name = _code_generators()[backend].split(":")
     codegen = getattr(importlib.import_module(module), name)
     try:
         return codegen(program, options, progress)

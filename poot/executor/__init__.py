@@ -14,56 +14,22 @@ _OPEN: dict[str, Device] = {}
 
 
 def open_device(backend: str) -> Device:
-    """The process's device for ``backend`` (opened once): the host CPU, the first Vulkan
-    physical device (a discrete GPU first), or CUDA device 0.
+    """The process's device for ``backend`` (opened once, through its
+    :mod:`poot.backends.registry` hook): the host CPU, the first Vulkan physical device or
+    wgpu adapter (a discrete GPU first), or CUDA device 0.
 
-    A missing runtime package (``cuda-python`` / ``vulkan``), a missing driver or loader
-    (``libcuda.so.1``, ``libvulkan.so.1``, no Vulkan ICD) or no device raises
+    A missing runtime package (``cuda-python`` / ``vulkan`` / ``wgpu``), a missing driver or
+    loader (``libcuda.so.1``, ``libvulkan.so.1``, no Vulkan ICD) or no device raises
     :class:`DeviceError`, one line saying what is missing and what to install; it is probed
     before anything is compiled."""
+    from poot.backends.registry import BACKENDS, hook
+
     if backend not in _OPEN:
-        if backend == "cpu":
-            _OPEN[backend] = CpuDevice()
-        elif backend == "vulkan":
-            _OPEN[backend] = _open_vulkan()
-        elif backend == "cuda":
-            _OPEN[backend] = _open_cuda()
-        else:
+        reg = BACKENDS.get(backend)
+        if reg is None or reg.open_device is None:
             raise DeviceError(f"no executor device for backend '{backend}' in this build")
+        _OPEN[backend] = hook(reg.open_device)()
     return _OPEN[backend]
-
-
-def _open_vulkan() -> Device:
-    import importlib.util
-
-    if importlib.util.find_spec("vulkan") is None:
-        raise DeviceError("the vulkan backend needs the 'vulkan' package: "
-                          "pip install 'poot[vulkan]'")
-    from poot.backends.vulkan.runtime import VulkanDevice, VulkanError
-
-    try:
-        return VulkanDevice()
-    except VulkanError as e:
-        raise DeviceError(f"no usable Vulkan device: {e}") from None
-
-
-def _open_cuda() -> Device:
-    try:
-        from cuda.bindings import driver  # noqa: F401
-    except ImportError:
-        raise DeviceError("the cuda backend needs cuda-python: pip install 'poot[cuda]'") \
-            from None
-    from poot.backends.cuda.runtime import NO_DRIVER, CudaDevice, CudaError, nvidia_driver
-
-    if nvidia_driver() is None:        # cuda-python would raise deep inside cuInit
-        raise DeviceError(NO_DRIVER)
-    try:
-        return CudaDevice()
-    except CudaError as e:
-        raise DeviceError(f"no CUDA device: {e}") from None
-    except Exception as e:  # noqa: BLE001  (cuda-python's own loader errors, ...)
-        why = (str(e).strip().splitlines() or [""])[0]
-        raise DeviceError(f"no CUDA device: {type(e).__name__}: {why}") from None
 
 
 def device_for(target) -> Device:

@@ -94,8 +94,6 @@ MAGIC = b"poot-cache-entry\n"
 #: 2: the program entries an index entry names are sealed (FORMAT 4); index entries of
 #: earlier formats are not looked up (a plain miss, not a damaged entry)
 INDEX_FORMAT = 2
-#: Backends whose code generation goes through the shared GPU plan (``poot/backends/gpu``).
-GPU_BACKENDS = ("cuda", "vulkan", "rocm")
 
 
 class CacheMiss(PootError):
@@ -107,10 +105,16 @@ class CacheMiss(PootError):
 def compiler_source_hash(backend: str = "cpu") -> str:
     """sha256 over the compiler's source files (paths and contents): ``poot/compiler``,
     ``dialects/``, ``passes/`` and the backend's own code generator (``poot/backends/<b>.py``
-    or ``poot/backends/<b>/``, and ``poot/backends/gpu`` for the GPU backends; other backends'
-    files do not invalidate it)."""
+    or ``poot/backends/<b>/``, ``poot/backends/gpu`` for the backends on the shared GPU plan,
+    and the folders its registration's ``sources`` names; other backends' files do not
+    invalidate it)."""
+    from poot.backends.registry import BACKENDS
+
+    reg = BACKENDS.get(backend)
+    shared = reg is not None and reg.shared_gpu
     subs = ("compiler", "dialects", "passes", f"backends/{backend}") + \
-        (("backends/gpu",) if backend in GPU_BACKENDS else ())
+        (("backends/gpu",) if shared else ())
+    subs += reg.sources if reg is not None else ()
     return _source_hash(subs, (f"backends/{backend}.py", "backends/__init__.py"))
 
 

@@ -285,3 +285,8 @@ def copy_views(copies) -> list[tuple[np.ndarray, np.ndarray]]:
 
 __all__ = ["CpuDevice", "CpuKernel", "CpuRecording", "DeviceError", "copy_views", "descriptor",
            "host_dtype", "host_shape"]
+
+
+def open_device() -> "CpuDevice":
+    """The host CPU's device (the registry's ``open_device`` hook of ``cpu``)."""
+    return CpuDevice()

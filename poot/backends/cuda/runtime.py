@@ -718,3 +718,24 @@ __all__ = ["BufType", "CudaDevice", "CudaError", "CudaKernel", "CudaReadback", "
            "DevBuf",
            "StepRunner", "device_available", "kernel_args", "profile_dispatches",
            "profile_kernel"]
+
+
+def open_device() -> "CudaDevice":
+    """The registry's ``open_device`` hook of ``cuda``: CUDA device 0; a missing driver,
+    ``cuda-python`` or device is a :class:`~poot.executor.cpu.DeviceError`."""
+    from poot.executor.cpu import DeviceError
+
+    try:
+        from cuda.bindings import driver  # noqa: F401,F811  (is cuda-python installed?)
+    except ImportError:
+        raise DeviceError("the cuda backend needs cuda-python: pip install 'poot[cuda]'") \
+            from None
+    if nvidia_driver() is None:        # cuda-python would raise deep inside cuInit
+        raise DeviceError(NO_DRIVER)
+    try:
+        return CudaDevice()
+    except CudaError as e:
+        raise DeviceError(f"no CUDA device: {e}") from None
+    except Exception as e:  # noqa: BLE001  (cuda-python's own loader errors, ...)
+        why = (str(e).strip().splitlines() or [""])[0]
+        raise DeviceError(f"no CUDA device: {type(e).__name__}: {why}") from None

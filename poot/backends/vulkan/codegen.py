@@ -85,6 +85,12 @@ def vulkan_target(device_caps: dict | None = None):
         max_shared_bytes=int(caps.get("max_shared_bytes", 32768)), features=feats))
 
 
+def target(device):
+    """The registry's ``target`` hook: :func:`vulkan_target` of an opened
+    :class:`~poot.backends.vulkan.runtime.VulkanDevice`."""
+    return vulkan_target(device.capabilities())
+
+
 def _spirv_caps(features) -> tuple[str, str]:
     caps = ["Shader"]
     exts = ["SPV_KHR_storage_buffer_storage_class"]

@@ -811,3 +811,19 @@ def available() -> str | None:
 __all__ = ["DEFAULT_FENCE_TIMEOUT_S", "DeviceLost", "KernelFault", "RobustnessUnavailable",
            "VkBuffer", "VkKernelArg", "VkLoadedKernel", "VkRecording", "VulkanDevice",
            "VulkanError", "VulkanUnavailable", "available", "host_layout"]
+
+
+def open_device() -> "VulkanDevice":
+    """The registry's ``open_device`` hook of ``vulkan``: the best Vulkan device; a missing
+    ``vulkan`` package, loader or device is a :class:`~poot.executor.cpu.DeviceError`."""
+    import importlib.util
+
+    from poot.executor.cpu import DeviceError
+
+    if importlib.util.find_spec("vulkan") is None:
+        raise DeviceError("the vulkan backend needs the 'vulkan' package: "
+                          "pip install 'poot[vulkan]'")
+    try:
+        return VulkanDevice()
+    except VulkanError as e:
+        raise DeviceError(f"no usable Vulkan device: {e}") from None
