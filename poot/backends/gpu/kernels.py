@@ -284,7 +284,8 @@ def _warp_rows(par: ir.Operation, caps) -> bool:
     split across the lanes (lane-strided, so neighbouring lanes read neighbouring elements),
     partial results are combined with ``gpu.shuffle xor`` butterflies, and lane 0 merges the
     row's result into the output. Several rows per block. Returns False if ``par`` is not a
-    row reduction."""
+    row reduction or the target's subgroup size is unknown (a SPIR-V device that reports
+    none, or a range of them)."""
     from mlir.dialects import gpu as gpu_d
 
     m = _row_reduction(par)
@@ -296,9 +297,9 @@ def _warp_rows(par: ir.Operation, caps) -> bool:
     for c in counts:
         n *= c
     k = _const_index(loop.operands[1])
-    sg = getattr(caps, "subgroup_size", None) or 32
-    if k < 2 * sg:
-        return False
+    sg = getattr(caps, "subgroup_size", None)
+    if not sg or k < 2 * sg:
+        return False                # shuffles need the device's real subgroup width
     rows = max(1, min(256 // sg, n))
     t = rows * sg
     nb = (n + rows - 1) // rows

@@ -60,10 +60,12 @@ class SpirvCodegenError(PootError):
 
 # ---- targets ---------------------------------------------------------------------------------
 
-def vulkan_target(device_caps: dict | None = None):
+def vulkan_target(device_caps: dict | None = None, backend: str = "vulkan"):
     """The compile :class:`~poot.compiler.target.Target` of a Vulkan device, from the runtime's
     :meth:`~poot.backends.vulkan.runtime.VulkanDevice.capabilities` dict (features, subgroup
-    size, shared memory). Without one: lavapipe-like defaults, subgroup size unknown (None)."""
+    size, shared memory). Without one: lavapipe-like defaults, subgroup size unknown (None).
+    ``backend``: the target's backend name (``wgpu`` compiles the same SPIR-V for its
+    adapter's features)."""
     from poot.compiler.target import Capabilities, Target
     from poot.dialects.lowering.packed import DECODERS
     from poot.dialects.types import DType
@@ -78,11 +80,13 @@ def vulkan_target(device_caps: dict | None = None):
     compute = {DType.F32, DType.I32, DType.I8, DType.I1}
     if "shaderInt64" in feats:
         compute.add(DType.I64)
-    return Target("vulkan", Capabilities(
+    return Target(backend, Capabilities(
         storage_dtypes=frozenset(storage), compute_dtypes=frozenset(compute),
         packed_formats=frozenset(DECODERS), cores=int(caps.get("compute_units", 1)),
         vector_bits=128, subgroup_size=caps.get("subgroup_size"),
-        max_shared_bytes=int(caps.get("max_shared_bytes", 32768)), features=feats))
+        max_shared_bytes=int(caps.get("max_shared_bytes", 32768)), features=feats,
+        max_buffer_bytes=caps.get("max_buffer_bytes"),
+        max_kernel_buffers=caps.get("max_kernel_buffers")))
 
 
 def target(device):
@@ -239,6 +243,11 @@ def _spirv_binaries(module: ir.Module, caps, checks_for, blocks: dict
             "builtin.module(gpu.module(scf-parallel-for-to-nested-fors,lower-affine,"
             "arith-int-range-narrowing{int-bitwidths-supported=32},"
             "canonicalize,cse))").run(module.operation)
+        feats = caps.features or DEFAULT_FEATURES
+        if "shaderFloat16" not in feats:
+            half_to_float(module)
+        if "shaderInt8" not in feats:
+            zero_extend_bytes(module)
         # rounding divisions (the generic mapping's index maps may fold into
         # arith.floordivsi) have no SPIR-V lowering: expanded where present (only there:
         # arith-expand also rewrites maximumf/minimumf)
@@ -283,6 +292,8 @@ def _spirv_binaries(module: ir.Module, caps, checks_for, blocks: dict
                     "_end") else gblock.append(o)
             else:
                 gblock.append(o)
+        finite_constants(module)
+        signed_operands(module)
         PassManager.parse("builtin.module(gpu.module(spirv.module(spirv-lower-abi-attrs,"
                           "spirv-update-vce)),gpu-module-to-binary{format=bin})"
                           ).run(module.operation)
@@ -297,6 +308,201 @@ def _spirv_binaries(module: ir.Module, caps, checks_for, blocks: dict
             objs = list(ir.ArrayAttr(o.attributes["objects"]))
             out[name] = (bytes(gpu.ObjectAttr(objs[0]).object), entries.get(name, name))
         return out
+
+
+def finite_constants(module: ir.Module) -> int:
+    """Legalize non-finite float constants (the ``-inf`` a max reduction starts from, a NaN)
+    of the ``spirv.module``s in ``module``: each becomes its integer bit pattern and a
+    ``spirv.Bitcast``, the same value computed at run time. Front ends that translate SPIR-V
+    into a shading language without infinities (naga, wgpu's: WGSL has no non-finite literal)
+    reject the constant; drivers fold the bitcast. Scalars and splats of f16/f32; returns the
+    number of constants rewritten."""
+    import numpy as np
+
+    bad = []
+
+    def visit(op):
+        op = op.operation
+        if op.name == "spirv.Constant":
+            a = op.attributes["value"]
+            if isinstance(a, ir.FloatAttr):
+                if not np.isfinite(a.value):
+                    bad.append(op)
+            elif isinstance(a, ir.DenseFPElementsAttr):
+                if a.is_splat and not np.isfinite(a.get_splat_value().value):
+                    bad.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op in bad:
+        t = op.results[0].type
+        shaped = isinstance(t, ir.ShapedType)
+        width = (t.element_type if shaped else t).width
+        a = op.attributes["value"]
+        v = (a.get_splat_value() if shaped else a).value
+        bits = int(np.array([v], {16: np.float16, 32: np.float32, 64: np.float64}[width])
+                   .view({16: np.int16, 32: np.int32, 64: np.int64}[width])[0])
+        it = ir.IntegerType.get_signless(width)
+        with ir.InsertionPoint(op), op.location:
+            if shaped:
+                vt = ir.VectorType.get(t.shape, it)
+                attr = ir.DenseElementsAttr.get_splat(vt, ir.IntegerAttr.get(it, bits))
+                ct = vt
+            else:
+                attr, ct = ir.IntegerAttr.get(it, bits), it
+            c = ir.Operation.create("spirv.Constant", results=[ct], attributes={"value": attr})
+            cast = ir.Operation.create("spirv.Bitcast", results=[t], operands=[c.result])
+        op.results[0].replace_all_uses_with(cast.result)
+        op.erase()
+    return len(bad)
+
+
+def zero_extend_bytes(module: ir.Module) -> int:
+    """For a target without 8-bit integers (no ``Int8``): MLIR's SPIR-V conversion holds an
+    i8 in a 32-bit integer, sign-extended, and lowers ``arith.extui``/``arith.uitofp`` of
+    it without masking, so a byte >= 0x80 read as unsigned (a packed weight's scale byte, a
+    4-bit pair) keeps the sign bits. Each becomes the sign extension (which that
+    representation gets right) masked to its low 8 bits. Returns the number of ops
+    rewritten."""
+    todo = []
+
+    def visit(op):
+        op = op.operation
+        if op.name in ("arith.extui", "arith.uitofp") and \
+                isinstance(op.operands[0].type, ir.IntegerType) and \
+                op.operands[0].type.width == 8:
+            todo.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    i32 = ir.IntegerType.get_signless(32)
+    for op in todo:
+        dst = op.results[0].type
+        wide = dst if op.name == "arith.extui" else i32
+        with ir.InsertionPoint(op), op.location:
+            x = arith.ExtSIOp(wide, op.operands[0]).result
+            x = arith.AndIOp(x, arith.ConstantOp(wide, 0xFF).result).result
+            if op.name == "arith.uitofp":
+                x = arith.UIToFPOp(dst, x).result
+        op.results[0].replace_all_uses_with(x)
+        op.erase()
+    return len(todo)
+
+
+def half_to_float(module: ir.Module) -> int:
+    """For a target without 16-bit floats (no ``Float16``): rewrite each f16 -> f32 widening
+    of 16 bits (``arith.extf (arith.bitcast %h : i16 to f16)``, how packed weights' scales
+    and f16 words are read) into 32-bit integer arithmetic on the bits: MLIR's SPIR-V
+    conversion would otherwise widen the f16 to an f32 *type* and bitcast 16 bits as 32.
+    Exact for every f16 (IEEE 754 binary16 -> binary32: normals rebias the exponent by
+    112, subnormals are ``m * 2^-24``, inf/NaN keep their payload). Returns the number of
+    conversions rewritten."""
+    todo = []
+
+    def visit(op):
+        op = op.operation
+        if op.name == "arith.extf" and isinstance(op.operands[0].type, ir.F16Type):
+            src = op.operands[0].owner
+            if not isinstance(src, ir.Block) and src.operation.name == "arith.bitcast":
+                todo.append((op, src.operation))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    i32, f32 = ir.IntegerType.get_signless(32), ir.F32Type.get()
+    for ext, cast in todo:
+        with ir.InsertionPoint(ext), ext.location:
+            c = lambda v: arith.ConstantOp(i32, v).result  # noqa: E731
+            h = arith.ExtUIOp(i32, cast.operands[0]).result
+            sign = arith.ShLIOp(arith.AndIOp(h, c(0x8000)).result, c(16)).result
+            e = arith.AndIOp(arith.ShRUIOp(h, c(10)).result, c(0x1F)).result
+            m = arith.AndIOp(h, c(0x3FF)).result
+            mant = arith.ShLIOp(m, c(13)).result
+            normal = arith.OrIOp(arith.ShLIOp(arith.AddIOp(e, c(112)).result, c(23)).result,
+                                 mant).result
+            special = arith.OrIOp(c(0x7F800000), mant).result
+            is_max = arith.CmpIOp(arith.CmpIPredicate.eq, e, c(31)).result
+            bits = arith.OrIOp(sign, arith.SelectOp(is_max, special, normal).result).result
+            value = arith.BitcastOp(f32, bits).result
+            tiny = arith.MulFOp(arith.UIToFPOp(f32, m).result,
+                                arith.ConstantOp(f32, 2.0 ** -24).result).result
+            neg = arith.CmpIOp(arith.CmpIPredicate.ne, sign, c(0)).result
+            tiny = arith.SelectOp(neg, arith.NegFOp(tiny).result, tiny).result
+            is_sub = arith.CmpIOp(arith.CmpIPredicate.eq, e, c(0)).result
+            out = arith.SelectOp(is_sub, tiny, value).result
+        ext.results[0].replace_all_uses_with(out)
+        ext.erase()
+        if not list(cast.results[0].uses):
+            cast.erase()
+    return len(todo)
+
+
+#: SPIR-V ops whose integer semantics are signed, with the operand positions that are read
+#: as signed (a shift's amount is not)
+_SIGNED_OPS = {
+    "spirv.ShiftRightArithmetic": (0,), "spirv.SDiv": (0, 1), "spirv.SRem": (0, 1),
+    "spirv.SMod": (0, 1), "spirv.SNegate": (0,), "spirv.SLessThan": (0, 1),
+    "spirv.SLessThanEqual": (0, 1), "spirv.SGreaterThan": (0, 1),
+    "spirv.SGreaterThanEqual": (0, 1), "spirv.ConvertSToF": (0,), "spirv.SConvert": (0,),
+    "spirv.GL.SMax": (0, 1), "spirv.GL.SMin": (0, 1), "spirv.GL.SAbs": (0,),
+    "spirv.GL.SSign": (0,), "spirv.GL.SClamp": (0, 1, 2), "spirv.GL.FindSMsb": (0,),
+}
+
+
+def _signed(t: ir.Type) -> ir.Type | None:
+    """``t`` (an integer or a vector of them) with signed integers; None if not an integer
+    type or already signed."""
+    if isinstance(t, ir.VectorType):
+        e = _signed(t.element_type)
+        return None if e is None else ir.VectorType.get(t.shape, e)
+    if isinstance(t, ir.IntegerType) and not t.is_signed and t.width > 1:
+        return ir.IntegerType.get_signed(t.width)
+    return None
+
+
+def signed_operands(module: ir.Module) -> int:
+    """Give every signed-semantics integer op (:data:`_SIGNED_OPS`) of the ``spirv.module``s
+    in ``module`` signed operand and result types, through ``spirv.Bitcast``s from and back
+    to the signless types MLIR emits. The same program for a Vulkan driver (SPIR-V's
+    signedness lives in the opcode); but naga, wgpu's SPIR-V front end, reads signedness from
+    the *type* for some ops (an ``OpShiftRightArithmetic`` or ``SMax`` of an unsigned-typed
+    value comes out logical / unsigned), so this makes the two agree. Returns the number of
+    ops rewritten."""
+    todo = []
+
+    def visit(op):
+        op = op.operation
+        if op.name in _SIGNED_OPS:
+            todo.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    n = 0
+    for op in todo:
+        positions = _SIGNED_OPS[op.name]
+        if not any(_signed(op.operands[i].type) is not None for i in positions):
+            continue
+        with ir.InsertionPoint(op), op.location:
+            operands = []
+            for i, v in enumerate(op.operands):
+                st = _signed(v.type) if i in positions else None
+                operands.append(v if st is None else ir.Operation.create(
+                    "spirv.Bitcast", results=[st], operands=[v]).result)
+            res_types, back = [], []
+            for r in op.results:
+                # an integer result of the op's own signed arithmetic (not a bool, not f32)
+                st = _signed(r.type) if op.name not in ("spirv.ConvertSToF",) else None
+                res_types.append(st or r.type)
+                back.append(st is not None)
+            attrs = {a.name: a.attr for a in op.attributes}
+            new = ir.Operation.create(op.name, results=res_types, operands=operands,
+                                      attributes=attrs)
+        with ir.InsertionPoint.after(new), op.location:
+            for r, nr, b in zip(op.results, new.results, back):
+                r.replace_all_uses_with(ir.Operation.create(
+                    "spirv.Bitcast", results=[r.type], operands=[nr]).result if b else nr)
+        op.erase()
+        n += 1
+    return n
 
 
 def spirv_val(binary: bytes, what: str = "kernel") -> None:
