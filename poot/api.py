@@ -194,7 +194,8 @@ class ModelHandle:
             max_batch = DEFAULT_MAX_BATCH[backend]
         blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * width + 1
         kv = KVConfig(block_size=bs, num_blocks=blocks, max_model_len=kv_capacity,
-                      kv_dtype=kv_dt or default_kv_dtype(weights.types))
+                      kv_dtype=kv_dt or default_kv_dtype(weights.types,
+                                                           target.caps.storage_dtypes))
         if kv_memory is not None:   # as many blocks as fit in kv_memory bytes
             d = model.dims()
             per_block = kv.bytes(d.n_layers, d.n_kv_heads, d.head_dim) // kv.num_blocks
@@ -399,7 +400,8 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     width = -(-kv_capacity // bs)
     blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * width + 1
     kv = KVConfig(block_size=bs, num_blocks=blocks, max_model_len=kv_capacity,
-                  kv_dtype=_kv_dtype(kv_dtype) or default_kv_dtype(weights.types))
+                  kv_dtype=_kv_dtype(kv_dtype) or default_kv_dtype(weights.types,
+                                                                   target.caps.storage_dtypes))
     cache = CompileCache(cache_dir)
     if not cache.enabled:
         raise InvalidRequest("cache_dir", str(cache.dir), "the compile cache is not writable")

@@ -47,6 +47,9 @@ def check_op(op: ir.Operation, target: Target) -> None:
     for t in _types(op):
         if isinstance(t, TensorType) and t.dtype not in caps.storage_dtypes:
             raise Refusal(op.name, f"{t.dtype} storage", loc)
+        if caps.max_buffer_bytes is not None and t.nbytes > caps.max_buffer_bytes:
+            raise Refusal(op.name, f"buffers of {t.nbytes} bytes (its largest binds "
+                          f"{caps.max_buffer_bytes})", loc)
         if isinstance(t, PackedType) and op.name == "poot.dequantize" and \
                 t.format.name not in caps.packed_formats:
             raise Refusal(op.name, f"in-kernel decoding of packed format {t.format.name}", loc)

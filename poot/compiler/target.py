@@ -31,6 +31,10 @@ class Capabilities:
         subgroup_size: threads per subgroup/warp (GPU), or None on the CPU.
         max_shared_bytes: on-chip shared memory per workgroup (GPU), 0 on the CPU.
         features: ISA features the codegen may use (e.g. ``avx2``, ``fma``, ``f16c``).
+        max_buffer_bytes: the largest buffer a kernel may bind (a WebGPU adapter's
+            ``max-storage-buffer-binding-size``), None for no limit.
+        max_kernel_buffers: the most buffers one kernel may bind as its arguments, None for
+            no limit (horizontal fusion stops short of it; a region past it is refused).
     """
 
     storage_dtypes: frozenset[DType] = ALL_DTYPES
@@ -42,6 +46,8 @@ class Capabilities:
     subgroup_size: int | None = None
     max_shared_bytes: int = 0
     features: frozenset[str] = field(default_factory=frozenset)
+    max_buffer_bytes: int | None = None
+    max_kernel_buffers: int | None = None
 
     def without_dtype(self, dtype: DType) -> "Capabilities":
         """These capabilities less one dtype (storage and compute); for tests and planning."""
@@ -62,7 +68,9 @@ class Target:
         return (f"{self.backend};st={sorted(d.value for d in c.storage_dtypes)};"
                 f"co={sorted(d.value for d in c.compute_dtypes)};pk={sorted(c.packed_formats)};"
                 f"cores={c.cores};vb={c.vector_bits};sg={c.subgroup_size};"
-                f"sh={c.max_shared_bytes};f={sorted(c.features)}")
+                f"sh={c.max_shared_bytes};f={sorted(c.features)}"
+                + (f";mb={c.max_buffer_bytes}" if c.max_buffer_bytes is not None else "")
+                + (f";mk={c.max_kernel_buffers}" if c.max_kernel_buffers is not None else ""))
 
 
 def _cpu_flags() -> frozenset[str]:

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Mapping, Protocol, runtime_checkable
+from typing import (Any, Callable, ClassVar, Collection, Literal, Mapping, Protocol,
+                    runtime_checkable)
 
 import numpy as np
 
@@ -213,10 +214,12 @@ def contiguous_inputs(kv_capacity: int, tokens, positions, slots) -> dict[str, n
             "slot_mapping": slot_mapping.reshape(-1)}
 
 
-def default_kv_dtype(weight_types: Mapping[str, PootType]) -> DType:
+def default_kv_dtype(weight_types: Mapping[str, PootType],
+                     storage: Collection[DType] | None = None) -> DType:
     """The KV dtype a model's weights suggest: the dtype most of its dense float weights
     have (bf16 / f16 / f32); f16 when most weights are packed (a GGUF quantized checkpoint,
-    llama.cpp's default KV type)."""
+    llama.cpp's default KV type). ``storage``: the dtypes the target's buffers may hold (its
+    capabilities); a suggestion outside them falls back to f32."""
     counts: dict[DType, int] = {}
     for t in weight_types.values():
         if isinstance(t, PackedType):
@@ -228,7 +231,8 @@ def default_kv_dtype(weight_types: Mapping[str, PootType]) -> DType:
         counts[key] = counts.get(key, 0) + 1
     if not counts:
         return DType.F32
-    return max(counts, key=lambda d: (counts[d], d is DType.F32))
+    best = max(counts, key=lambda d: (counts[d], d is DType.F32))
+    return best if storage is None or best in storage else DType.F32
 
 
 @dataclass(frozen=True)

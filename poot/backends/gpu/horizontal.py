@@ -536,6 +536,9 @@ def _fuse_phase(members: list[_Member], caps, kc: ir.Context, module: str):
                 index[key] = len(params)
                 params.append(key)
             m.param_ix.append(index[key])
+    most = getattr(caps, "max_kernel_buffers", None)
+    if most is not None and len(params) > most:
+        return None                       # past the target's bindings: a new group
     with kc, ir.Location.unknown():
         mod = ir.Module.parse(_scaffold(members, B, params, wg, module))
         gm = mod.body.operations[0].operation

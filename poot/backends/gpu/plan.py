@@ -214,6 +214,11 @@ def plan_program(program, caps, strategy: str = "auto", progress=None) -> GpuPla
                     launches.append({"op": "copy", "src": buf(L.args[0]),
                                      "dst": buf(L.args[1]), "nbytes": L.nbytes})
             else:
+                most = getattr(caps, "max_kernel_buffers", None)
+                if most is not None and len(L.args) > most:
+                    from poot.compiler.planning import Refusal
+                    raise Refusal(callee, f"kernels binding {len(L.args)} buffers (its kernels "
+                                  f"bind at most {most})", str(fn.location))
                 launches.append({"op": "kernel", "kernel": info["kernels"][(L.module, L.kernel)],
                                  "grid": list(L.grid), "block": list(L.block),
                                  "args": [buf(s) for s in L.args], "strategy": L.strategy})
