@@ -1,0 +1,531 @@
+"""The wgpu device: the executor's Device protocol on PyPI ``wgpu`` (wgpu-native in its wheel).
+
+The portable GPU path: any adapter wgpu opens (Vulkan first, then Metal, D3D12, GL), no vendor
+SDK. It runs the same compiled program as raw Vulkan -- a
+:class:`~poot.backends.vulkan.artifact.VulkanArtifact`, SPIR-V per kernel plus the step plan,
+with the same binding ABI -- compiled for the adapter's features
+(:func:`poot.backends.wgpu.target.target`). Imports no MLIR.
+
+    dev = WgpuDevice()                            # discrete > integrated > cpu adapter
+    kernel = dev.load(program_or_artifact)        # shader modules + pipelines, once
+    rec = dev.record(kernel, buffers)             # bind groups, once
+    dev.replay(rec); dev.synchronize()            # re-encoded from the cached list, submitted
+
+Semantics (the seeds' wgpu contract):
+
+* **SPIR-V in, translated by naga**: each kernel's SPIR-V goes through wgpu's shader front
+  end (naga) and out to the adapter's native language; what naga rejects is legalized in the
+  kernel generator (non-finite constants; 8-bit storage emulated on 32-bit words because the
+  target never declares it), so a kernel that still fails is a :class:`WgpuError` naming it.
+* **cached encoding, re-encoded per step**: WebGPU command buffers are single-use, so
+  :meth:`record` builds everything that can be built once -- one bind group per dispatch
+  (binding i = storage buffer i, the last one the error word), the pipelines of
+  :meth:`load` -- and keeps the step as a flat list of (pipeline, bind group, groups) and
+  copies; :meth:`replay` encodes that list into one compute pass per run of dispatches (a
+  copy ends a pass) and submits. wgpu orders the dispatches of a pass (each is its own usage
+  scope) as the plan's barriers do.
+* **submissions split by the device's limits**: at most ``dispatches_per_submit``
+  dispatches per command buffer (default: the whole step); a dispatch whose workgroup count
+  exceeds ``max-compute-workgroups-per-dimension``, a kernel binding more storage buffers than
+  ``max-storage-buffers-per-shader-stage`` and a buffer larger than
+  ``max-storage-buffer-binding-size`` are refused at :meth:`load` / :meth:`alloc`
+  (:class:`WgpuLimitExceeded`, naming the limit and the value) before anything runs.
+* **error word**: one 8-byte buffer bound last to every kernel (the Vulkan ABI); each replay
+  copies it into a mappable buffer, and :meth:`synchronize` maps it and raises
+  :class:`~poot.backends.vulkan.runtime.KernelFault` on a nonzero code (then clears it).
+* **one submission in flight**: uploads and downloads wait for it, ``overlaps`` is False.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from poot.backends.vulkan.artifact import ERROR_NAMES, VulkanArtifact  # noqa: F401
+from poot.backends.vulkan.runtime import KernelFault, host_layout
+from poot.errors import PootError
+from poot.executor.device import Ready
+
+
+class WgpuError(PootError):
+    """A wgpu runtime failure (no adapter, a shader naga rejects, a failed submission)."""
+
+
+class WgpuLimitExceeded(WgpuError):
+    """A program or buffer past one of the adapter's limits (``limit``, ``value``,
+    ``allowed``, and ``what`` names the kernel or buffer)."""
+
+    def __init__(self, limit: str, value: int, allowed: int, what: str):
+        super().__init__(f"{what} needs {limit} = {value}; this adapter allows {allowed}")
+        self.limit, self.value, self.allowed, self.what = limit, value, allowed, what
+
+
+#: adapter types by preference
+_PREFERENCE = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3, "Unknown": 4}
+#: wgpu backends by preference (SPIR-V is closest to Vulkan's own)
+_BACKEND_PREFERENCE = {"Vulkan": 0, "Metal": 1, "D3D12": 2, "OpenGL": 3}
+#: the optional features poot asks for when the adapter has them
+WANTED_FEATURES = ("shader-int64", "shader-i16", "shader-f16", "subgroup")
+#: limits raised to the adapter's own (the WebGPU defaults are far below a GPU's)
+RAISED_LIMITS = ("max-storage-buffers-per-shader-stage", "max-storage-buffer-binding-size",
+                 "max-buffer-size", "max-compute-workgroup-storage-size",
+                 "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
+                 "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
+                 "max-compute-workgroups-per-dimension", "max-bindings-per-bind-group")
+
+
+def _wgpu():
+    try:
+        import wgpu
+    except ImportError as e:
+        raise WgpuError(f"the 'wgpu' package does not import ({e}): pip install "
+                        f"'poot[wgpu]'") from None
+    return wgpu
+
+
+@dataclass(frozen=True)
+class WgpuKernelArg:
+    """A loaded kernel's argument (the executor's KernelArg shape, without its import)."""
+
+    role: str
+    name: str
+    type: Any
+
+
+@dataclass(eq=False)
+class WgpuBuffer:
+    buffer: Any
+    nbytes: int           # logical bytes
+    size: int             # allocated bytes (>= 4, multiple of 4)
+    dtype: np.dtype
+    shape: tuple
+
+
+@dataclass(eq=False)
+class WgpuLoadedKernel:
+    """A loaded program: ``args`` (inputs, params, outputs), its pipelines and temps."""
+
+    args: list
+    artifact: VulkanArtifact
+    pipelines: list
+    layouts: list
+    temps: dict = field(default_factory=dict)    # plan buffer id -> WgpuBuffer
+    program: Any = None
+
+
+@dataclass(eq=False)
+class WgpuRecording:
+    """A step ready to encode: ``ops`` is ``("dispatch", pipeline, bind group, groups)`` or
+    ``("copy", src, dst, nbytes)`` in plan order."""
+
+    kernel: WgpuLoadedKernel
+    ops: list
+    keep: list = field(default_factory=list)
+    submits: int = 0
+
+
+def _pick(adapters):
+    def rank(a):
+        info = a.info
+        return (_BACKEND_PREFERENCE.get(info.get("backend_type"), 9),
+                _PREFERENCE.get(info.get("adapter_type"), 9))
+    return min(adapters, key=rank) if adapters else None
+
+
+class WgpuDevice:
+    """The executor Device for wgpu (see the module doc).
+
+    Args:
+        adapter_index: pick this adapter of ``wgpu.gpu.enumerate_adapters_sync()`` instead
+            of the preferred one (``POOT_WGPU_ADAPTER`` sets it too).
+        dispatches_per_submit: most dispatches per command buffer (None: the whole step).
+
+    Raises:
+        WgpuError: no ``wgpu`` package or no adapter.
+    """
+
+    name = "wgpu"
+    overlaps = False
+
+    def __init__(self, adapter_index: int | None = None,
+                 dispatches_per_submit: int | None = None):
+        wgpu = self.wgpu = _wgpu()
+        try:
+            adapters = wgpu.gpu.enumerate_adapters_sync()
+        except Exception as e:  # noqa: BLE001  (wgpu-native's own loader errors)
+            raise WgpuError(f"wgpu found no adapter: {type(e).__name__}: {e}") from None
+        env = os.environ.get("POOT_WGPU_ADAPTER")
+        if adapter_index is None and env is not None and env.strip():
+            adapter_index = int(env)
+        if adapter_index is not None:
+            if not 0 <= adapter_index < len(adapters):
+                raise WgpuError(f"adapter {adapter_index} does not exist ({len(adapters)} "
+                                f"adapters)")
+            adapter = adapters[adapter_index]
+        else:
+            adapter = _pick(adapters)
+        if adapter is None:
+            raise WgpuError("wgpu found no adapter (no Vulkan/Metal/D3D12/GL driver)")
+        self.adapter = adapter
+        self.info = dict(adapter.info)
+        feats = set(adapter.features)
+        self.features = sorted(f for f in WANTED_FEATURES if f in feats)
+        alim = dict(adapter.limits)
+        want = {k: alim[k] for k in RAISED_LIMITS if k in alim}
+        self.device = adapter.request_device_sync(required_features=self.features,
+                                                  required_limits=want)
+        self.limits = dict(self.device.limits)
+        self.queue = self.device.queue
+        if dispatches_per_submit is not None and dispatches_per_submit < 1:
+            raise WgpuError("dispatches_per_submit must be at least 1")
+        self.dispatches_per_submit = dispatches_per_submit
+        usage = wgpu.BufferUsage
+        self._storage_usage = usage.STORAGE | usage.COPY_SRC | usage.COPY_DST
+        self._err = self._make_buffer(8, np.uint32, (2,))
+        self._err_read = self.device.create_buffer(size=8, usage=usage.MAP_READ
+                                                   | usage.COPY_DST)
+        self._pending: WgpuRecording | None = None
+        self.replays = self.records = self.submits = 0
+        self.subgroup_size = self._probe_subgroup_size() if "subgroup" in self.features \
+            else None
+
+    def _probe_subgroup_size(self) -> int | None:
+        """The subgroup size compute pipelines actually run with: a probe kernel writes the
+        ``subgroup_size`` builtin at three workgroup sizes; one value seen everywhere is the
+        size (the adapter only reports a min..max range), else None (then the target uses
+        no subgroup operations)."""
+        wgpu = self.wgpu
+        seen = set()
+        for wg in (32, 64, 256):
+            src = (f"@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n"
+                   f"@compute @workgroup_size({wg})\n"
+                   f"fn main(@builtin(local_invocation_index) i: u32, "
+                   f"@builtin(subgroup_size) s: u32) {{ out[i] = s; }}\n")
+            try:
+                mod = self.device.create_shader_module(code=src)
+                pipe = self.device.create_compute_pipeline(
+                    layout="auto", compute={"module": mod, "entry_point": "main"})
+                buf = self.device.create_buffer(size=4 * wg, usage=self._storage_usage)
+                group = self.device.create_bind_group(
+                    layout=pipe.get_bind_group_layout(0),
+                    entries=[{"binding": 0, "resource": {"buffer": buf}}])
+                enc = self.device.create_command_encoder()
+                cpass = enc.begin_compute_pass()
+                cpass.set_pipeline(pipe)
+                cpass.set_bind_group(0, group)
+                cpass.dispatch_workgroups(1)
+                cpass.end()
+                self.queue.submit([enc.finish()])
+                seen |= set(np.frombuffer(self.queue.read_buffer(buf), np.uint32).tolist())
+            except Exception:  # noqa: BLE001  (no subgroup builtin here: no size)
+                return None
+        return int(seen.pop()) if len(seen) == 1 else None
+
+    # ---- what the compiler needs -------------------------------------------------------------
+    def capabilities(self) -> dict:
+        """The adapter as :func:`poot.backends.wgpu.target.target` reads it: wgpu feature
+        names, subgroup sizes (min, max), limits."""
+        info = self.info
+        sg_min = info.get("subgroup_min_size", info.get("stackgroup_min_size"))
+        sg_max = info.get("subgroup_max_size", info.get("stackgroup_max_size"))
+        return {"name": info.get("device", ""), "adapter_type": info.get("adapter_type"),
+                "backend_type": info.get("backend_type"), "features": list(self.features),
+                "subgroup_min_size": sg_min, "subgroup_max_size": sg_max,
+                "subgroup_size": self.subgroup_size,
+                "limits": {k: int(v) for k, v in self.limits.items()
+                           if isinstance(v, int)}}
+
+    def memory_budget(self) -> None:
+        """wgpu reports no memory budget."""
+        return None
+
+    # ---- buffers -----------------------------------------------------------------------------
+    def _make_buffer(self, nbytes: int, dtype, shape, what: str = "a buffer") -> WgpuBuffer:
+        size = max(4, (int(nbytes) + 3) // 4 * 4)
+        cap = int(self.limits.get("max-storage-buffer-binding-size", size))
+        if size > cap:
+            raise WgpuLimitExceeded("max-storage-buffer-binding-size", size, cap, what)
+        buf = self.device.create_buffer(size=size, usage=self._storage_usage)
+        return WgpuBuffer(buf, int(nbytes), size, np.dtype(dtype), tuple(shape))
+
+    def alloc(self, type_) -> WgpuBuffer:
+        """A zero-filled buffer of ``type_`` (BufferSpec or poot type; WebGPU zero-fills)."""
+        dtype, shape, nbytes = host_layout(type_)
+        return self._make_buffer(nbytes, dtype, shape, what=f"a {list(shape)} buffer")
+
+    def _raw(self, buffer: WgpuBuffer, array) -> np.ndarray:
+        a = np.asarray(array)
+        if a.dtype != buffer.dtype:
+            if buffer.dtype == np.uint16 and a.dtype.itemsize == 2:
+                a = a.view(np.uint16)
+            elif not np.can_cast(a.dtype, buffer.dtype, "same_kind"):
+                raise WgpuError(f"cannot write {a.dtype} data into a {buffer.dtype} buffer")
+            a = a.astype(buffer.dtype)
+        return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+    def _write(self, buffer: WgpuBuffer, offset: int, raw: np.ndarray) -> None:
+        if self._pending is not None:       # the GPU may still read it
+            self.synchronize()
+        n = raw.size
+        if offset % 4:
+            raise WgpuError(f"a write at byte {offset} is not 4-byte aligned")
+        if n % 4:                           # WebGPU writes whole words: keep the tail's bytes
+            tail = self._read(buffer, offset + n - n % 4, 4)
+            raw = np.concatenate([raw, tail[n % 4:]])
+        self.queue.write_buffer(buffer.buffer, offset, raw)
+
+    def _read(self, buffer: WgpuBuffer, offset: int, size: int) -> np.ndarray:
+        return np.frombuffer(self.queue.read_buffer(buffer.buffer, offset, size), np.uint8)
+
+    def upload(self, buffer: WgpuBuffer, array) -> None:
+        raw = self._raw(buffer, array)
+        if raw.size != buffer.nbytes:
+            raise WgpuError(f"cannot write {list(np.shape(array))} into a buffer of "
+                            f"{list(buffer.shape)}")
+        self._write(buffer, 0, raw)
+
+    def upload_rows(self, buffer: WgpuBuffer, start: int, array) -> None:
+        """Write ``array`` over rows ``start..`` (first axis) of ``buffer``."""
+        raw = self._raw(buffer, array)
+        row = int(np.prod(buffer.shape[1:], dtype=np.int64)) * buffer.dtype.itemsize
+        off = start * row
+        if raw.size % row or start < 0 or off + raw.size > buffer.nbytes:
+            raise WgpuError(f"cannot write {list(np.shape(array))} at row {start} of a buffer "
+                            f"of {list(buffer.shape)}")
+        self._write(buffer, off, raw)
+
+    def download(self, buffer: WgpuBuffer) -> np.ndarray:
+        if self._pending is not None:
+            self.synchronize()
+        raw = self._read(buffer, 0, buffer.size)[:buffer.nbytes]
+        return raw.view(buffer.dtype).reshape(buffer.shape).copy()
+
+    def upload_async(self, buffer: WgpuBuffer, array) -> None:
+        """:meth:`upload` (it waits for the pending submission: one in flight)."""
+        self.upload(buffer, array)
+
+    def download_async(self, buffer: WgpuBuffer):
+        """The buffer's value now (after the pending submission), as a finished readback."""
+        return Ready(self.download(buffer))
+
+    # ---- programs ----------------------------------------------------------------------------
+    def in_place_outputs(self, kernel: WgpuLoadedKernel) -> set[str]:
+        """Outputs the program writes over their aliased input's own buffer."""
+        return set(kernel.artifact.in_place)
+
+    def load(self, program) -> WgpuLoadedKernel:
+        """Load a compiled step: a Program whose ``executable`` is a VulkanArtifact, an
+        artifact, or an artifact directory. Raises :class:`WgpuLimitExceeded` for a kernel
+        past the adapter's limits and :class:`WgpuError` for one naga rejects."""
+        wgpu = self.wgpu
+        art = getattr(program, "executable", program)
+        if isinstance(art, (str, os.PathLike)):
+            art = VulkanArtifact.load(Path(art))
+        if not isinstance(art, VulkanArtifact):
+            raise WgpuError(f"{type(art).__name__} is not a compiled SPIR-V program")
+        lim = self.limits
+        max_bind = int(lim.get("max-storage-buffers-per-shader-stage", 8))
+        max_groups = int(lim.get("max-compute-workgroups-per-dimension", 65535))
+        max_inv = int(lim.get("max-compute-invocations-per-workgroup", 256))
+        for k in art.kernels:
+            if k.bindings > max_bind:
+                raise WgpuLimitExceeded("max-storage-buffers-per-shader-stage", k.bindings,
+                                        max_bind, f"kernel {k.name}")
+            inv = int(np.prod(k.workgroup))
+            if inv > max_inv:
+                raise WgpuLimitExceeded("max-compute-invocations-per-workgroup", inv, max_inv,
+                                        f"kernel {k.name}")
+        for s in art.steps:
+            if s.op == "dispatch" and max(int(g) for g in s.groups) > max_groups:
+                raise WgpuLimitExceeded("max-compute-workgroups-per-dimension",
+                                        max(int(g) for g in s.groups), max_groups,
+                                        f"a dispatch of kernel {art.kernels[s.kernel].name}")
+        args = ([WgpuKernelArg("input", n, s) for n, s in art.inputs]
+                + [WgpuKernelArg("param", n, s) for n, s in art.params]
+                + [WgpuKernelArg("output", n, s) for n, s in art.outputs])
+        pipelines, layouts = [], []
+        for k in art.kernels:
+            try:
+                mod = self.device.create_shader_module(label=k.name, code=k.spirv)
+            except Exception as e:  # noqa: BLE001  (naga's validation error)
+                why = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+                raise WgpuError(f"wgpu rejected kernel {k.name}: {why[:600]}") from None
+            bgl = self.device.create_bind_group_layout(entries=[
+                {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+                 "buffer": {"type": wgpu.BufferBindingType.storage}}
+                for i in range(k.bindings)])
+            pl = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
+            pipelines.append(self.device.create_compute_pipeline(
+                label=k.name, layout=pl, compute={"module": mod, "entry_point": k.entry}))
+            layouts.append(bgl)
+        temps = {}
+        for i, b in enumerate(art.buffers):
+            if b["kind"] in ("temp", "const"):
+                n = int(b["nbytes"])
+                temps[i] = self._make_buffer(n, np.uint8, (n,), what=f"temp buffer {i}")
+                if b["kind"] == "const":
+                    data = np.frombuffer(bytes.fromhex(b["data"]), np.uint8)
+                    t = temps[i]
+                    t.nbytes, t.shape = data.size, (data.size,)
+                    self.upload(t, data)
+        return WgpuLoadedKernel(args, art, pipelines, layouts, temps, program)
+
+    def record(self, kernel: WgpuLoadedKernel, bindings: Sequence[WgpuBuffer],
+               copies: Sequence[tuple[WgpuBuffer, WgpuBuffer]] = ()) -> WgpuRecording:
+        """Bind groups for every dispatch, once; the step's encoding as a flat list ending
+        with the whole-buffer ``copies`` ``(src, dst)`` (equal byte sizes)."""
+        art = kernel.artifact
+        if len(bindings) != len(kernel.args):
+            raise WgpuError(f"{len(bindings)} buffers bound to {len(kernel.args)} arguments")
+        for a, b in zip(kernel.args, bindings):
+            if not isinstance(b, WgpuBuffer) or b.nbytes != a.type.nbytes:
+                raise WgpuError(f"{a.role} '{a.name}' needs a {a.type.nbytes}-byte buffer")
+        for src, dst in copies:
+            if not (isinstance(src, WgpuBuffer) and isinstance(dst, WgpuBuffer)) \
+                    or src.nbytes != dst.nbytes:
+                raise WgpuError("a recorded copy needs two device buffers of equal size")
+        n_in, n_par = len(art.inputs), len(art.params)
+
+        def buf(i) -> WgpuBuffer:
+            d = art.buffers[i]
+            k = d["kind"]
+            if k == "input":
+                return bindings[d["index"]]
+            if k == "param":
+                return bindings[n_in + d["index"]]
+            if k == "output":
+                return bindings[n_in + n_par + d["index"]]
+            return kernel.temps[i]
+
+        ops = []
+        for s in art.steps:
+            if s.op == "dispatch":
+                kern = art.kernels[s.kernel]
+                bufs = [buf(i) for i in s.args] + [self._err]
+                if len(bufs) != kern.bindings:
+                    raise WgpuError(f"kernel {kern.name}: plan binds {len(bufs)} buffers to "
+                                    f"{kern.bindings} bindings")
+                group = self.device.create_bind_group(layout=kernel.layouts[s.kernel], entries=[
+                    {"binding": j, "resource": {"buffer": b.buffer, "offset": 0,
+                                                "size": b.size}}
+                    for j, b in enumerate(bufs)])
+                ops.append(("dispatch", kernel.pipelines[s.kernel], group,
+                            tuple(int(g) for g in s.groups)))
+            else:
+                src, dst = buf(s.src), buf(s.dst)
+                if src is dst:
+                    continue            # state written in place, bound to one buffer
+                n = min(src.size, dst.size, s.nbytes + 3 - (s.nbytes + 3) % 4)
+                ops.append(("copy", src.buffer, dst.buffer, n))
+        for src, dst in copies:
+            ops.append(("copy", src.buffer, dst.buffer, min(src.size, dst.size)))
+        self.records += 1
+        return WgpuRecording(kernel, ops, [list(bindings), list(copies)])
+
+    # ---- running -----------------------------------------------------------------------------
+    def _encode(self, ops) -> list:
+        """Command buffers for ``ops``: one compute pass per run of dispatches, at most
+        ``dispatches_per_submit`` dispatches per command buffer."""
+        out, enc, cpass, n = [], None, None, 0
+        cap = self.dispatches_per_submit
+        for op in ops:
+            if op[0] == "dispatch" and cap is not None and n >= cap:
+                if cpass is not None:
+                    cpass.end()
+                out.append(enc.finish())
+                enc, cpass, n = None, None, 0
+            if enc is None:
+                enc = self.device.create_command_encoder()
+            if op[0] == "dispatch":
+                if cpass is None:
+                    cpass = enc.begin_compute_pass()
+                _, pipe, group, (x, y, z) = op
+                cpass.set_pipeline(pipe)
+                cpass.set_bind_group(0, group)
+                cpass.dispatch_workgroups(x, y, z)
+                n += 1
+            else:
+                if cpass is not None:
+                    cpass.end()
+                    cpass = None
+                enc.copy_buffer_to_buffer(op[1], 0, op[2], 0, op[3])
+        if enc is None:
+            enc = self.device.create_command_encoder()
+        if cpass is not None:
+            cpass.end()
+        enc.copy_buffer_to_buffer(self._err.buffer, 0, self._err_read, 0, 8)
+        out.append(enc.finish())
+        return out
+
+    def replay(self, recording: WgpuRecording) -> None:
+        """Encode the recorded step again (pipelines and bind groups reused) and submit it."""
+        if self._pending is not None:
+            self.synchronize()
+        try:
+            cbs = self._encode(recording.ops)
+            for cb in cbs:
+                self.queue.submit([cb])
+        except Exception as e:  # noqa: BLE001  (wgpu-native's validation errors)
+            raise WgpuError(f"submitting the step failed: {type(e).__name__}: {e}") from None
+        self.submits += len(cbs)
+        self._pending = recording
+        recording.submits += 1
+        self.replays += 1
+
+    def synchronize(self) -> None:
+        """Wait for the submitted step; raise :class:`KernelFault` if a kernel check set the
+        error word."""
+        rec, self._pending = self._pending, None
+        if rec is None:
+            return
+        self._err_read.map_sync(self.wgpu.MapMode.READ)
+        try:
+            err = np.frombuffer(self._err_read.read_mapped(), np.uint32).copy()
+        finally:
+            self._err_read.unmap()
+        if err[0]:
+            code, k = int(err[0]), int(err[1])
+            self.queue.write_buffer(self._err.buffer, 0, np.zeros(2, np.uint32))
+            art = rec.kernel.artifact
+            name = None
+            if 0 < k <= len(art.kernels):
+                users = art.kernel_users[k - 1] if k <= len(art.kernel_users) else []
+                name = art.kernels[k - 1].name + (f" ({', '.join(users)})" if users else "")
+            raise KernelFault(code, name)
+
+    def close(self) -> None:
+        """Release the device (wgpu frees the rest when the objects are collected)."""
+        self._pending = None
+        try:
+            self.device.destroy()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_device() -> WgpuDevice:
+    """The registry's ``open_device`` hook of ``wgpu``: the preferred adapter; a missing
+    ``wgpu`` package or no adapter is a :class:`~poot.executor.cpu.DeviceError`."""
+    import importlib.util
+
+    from poot.executor.cpu import DeviceError
+
+    if importlib.util.find_spec("wgpu") is None:
+        raise DeviceError("the wgpu backend needs the 'wgpu' package: pip install 'poot[wgpu]'")
+    try:
+        return WgpuDevice()
+    except WgpuError as e:
+        raise DeviceError(f"no usable wgpu adapter: {e}") from None
+
+
+__all__ = ["WgpuBuffer", "WgpuDevice", "WgpuError", "WgpuKernelArg", "WgpuLimitExceeded",
+           "WgpuLoadedKernel", "WgpuRecording", "open_device"]

