@@ -23,9 +23,13 @@ sys.path.insert(0, str(HERE.parent / "models"))     # model_steps.py: fixtures a
 
 
 def _open():
+    import importlib.util
+
+    if importlib.util.find_spec("wgpu") is None:
+        return None, "wgpu package not installed; pip install 'poot[wgpu]'"
     try:
-        import wgpu  # noqa: F401
-    except ImportError as e:
+        import wgpu  # noqa: F401  (wgpu-native loads here)
+    except (ImportError, OSError) as e:
         return None, f"wgpu package not installed ({e}); pip install 'poot[wgpu]'"
     from poot.backends.wgpu.runtime import WgpuDevice, WgpuError
 

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from poot.backends.vulkan.artifact import ERROR_NAMES, VulkanArtifact  # noqa: F401
+from poot.backends.vulkan.artifact import VulkanArtifact
 from poot.backends.vulkan.runtime import KernelFault, host_layout
 from poot.errors import PootError
 from poot.executor.device import Ready
@@ -198,7 +198,6 @@ class WgpuDevice:
         ``subgroup_size`` builtin at three workgroup sizes; one value seen everywhere is the
         size (the adapter only reports a min..max range), else None (then the target uses
         no subgroup operations)."""
-        wgpu = self.wgpu
         seen = set()
         for wg in (32, 64, 256):
             src = (f"@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n"
