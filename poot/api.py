@@ -49,7 +49,18 @@ class ModelNotFound(PootError):
     """No model path was given and no bundled checkpoint is installed."""
 
 
-def target_for(backend: str) -> Target:
+class _CapsOnly:
+    """A device known only by its ``capabilities()`` (read elsewhere): what a target hook
+    reads to compile for it here."""
+
+    def __init__(self, caps: Mapping[str, Any]):
+        self._caps = dict(caps)
+
+    def capabilities(self) -> dict:
+        return dict(self._caps)
+
+
+def target_for(backend: str, device_caps: Mapping[str, Any] | None = None) -> Target:
     """The compile target of ``backend``: the measured host for ``cpu``; for a GPU backend a
     target whose code generation planning decides. A backend this build has no code
     generator for (``rocm``) is refused here, before anything is opened, traced or compiled
@@ -64,6 +75,8 @@ def target_for(backend: str) -> Target:
     if reg.target is None:
         return Target(backend, Capabilities())
     if reg.target_from_device:  # capabilities (subgroup size, storage, limits) of the device
+        if device_caps is not None:
+            return hook(reg.target)(_CapsOnly(device_caps))
         from poot.executor import open_device
 
         return hook(reg.target)(open_device(backend))
@@ -363,14 +376,17 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                   compile_options: CompileOptions | None = None,
                   random_weights: str | None = None, seed: int = 0,
                   max_loras: int = 0, max_lora_rank: int = 16,
+                  device_caps: Mapping[str, Any] | None = None,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fill the compile cache with the steps ``ModelHandle.load(path, backend, ...)`` and
     generation use, without opening a device: the prefill chunk, the decode step of each
     batch of ``batches`` (default: every bucket up to ``max_batch``) and its samplers (default:
     the greedy one; batch 1 also :data:`~poot.graph.sampling.FULL`, what the CLI warms up);
     ``max_loras``/``max_lora_rank``: the LoRA slots the handle binds (the steps differ).
-    What ``poot compile`` runs before the cache is carried to a machine
-    without MLIR. Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
+    ``device_caps``: for a backend whose target comes from its device (Vulkan, wgpu), that
+    device's ``capabilities()`` as read where it runs (``poot devices --json``); without it
+    such a backend is refused here. What ``poot compile`` runs before the cache is carried to
+    a machine without MLIR. Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
     {"step_key", "program", "seconds", "hit"}}}``."""
     import time
 
@@ -390,9 +406,13 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
         _positive("kv_capacity", kv_capacity)
     _positive("max_batch", max_batch)
     if backend in BACKENDS and _REGISTERED[backend].target_from_device:
-        raise InvalidRequest("backend", backend, f"the {backend} target comes from the "
-                             "device; compile it where it runs")
-    target = target_for(backend)
+        if device_caps is None:
+            raise InvalidRequest("backend", backend, f"the {backend} target comes from the "
+                                 "device: give its capabilities (poot devices --json, run "
+                                 "where it is) or compile where it runs")
+        target = target_for(backend, device_caps)
+    else:
+        target = target_for(backend)
     model, weights, ctx, _ = _open_model(path, random_weights, seed)
     weights, _ = _bind_lora_slots(model, weights, max_loras, max_lora_rank)
     kv_capacity = check_kv_capacity(model, kv_capacity, ctx)

@@ -49,7 +49,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("cpu", "poot.backends.cpu:codegen", "poot.executor.cpu:open_device",
             "poot.compiler.target:host_cpu", default_max_batch=8),
     Backend("vulkan", "poot.backends.vulkan.codegen:codegen",
-            "poot.backends.vulkan.runtime:open_device", "poot.backends.vulkan.codegen:target",
+            "poot.backends.vulkan.runtime:open_device", "poot.backends.vulkan.target:target",
             target_from_device=True, shared_gpu=True),
     Backend("wgpu", "poot.backends.wgpu.codegen:codegen",
             "poot.backends.wgpu.runtime:open_device", "poot.backends.wgpu.target:target",

@@ -3,7 +3,7 @@
     poot compile [--model MODEL | --config CONFIG.json --random-weights [--dtype bf16]]
                  [--backend cuda] [--kv-capacity N] [--prefill-chunk N]
                  [--max-batch N] [--batch B ...] [--temperature T --top-p P --top-k K]
-                 [--cache-dir DIR]
+                 [--cache-dir DIR] [--device-caps CAPS.json]
 
 Compiles the steps that ``poot generate`` / ``poot bench`` with the same model, backend,
 ``--kv-capacity``, ``--max-batch`` and ``--kv-blocks`` run (the prefill chunk, the decode step
@@ -11,7 +11,9 @@ of every batch bucket up to ``--max-batch`` (or of the ``--batch`` sizes given) 
 sampler; with sampling options also the sampler of such requests) into the compile cache (``--cache-dir``, else
 ``$POOT_CACHE_DIR``, else ``~/.cache/poot``), with an index that finds each program without
 tracing. A machine without MLIR (the GPU machine) runs them from a copy of that directory:
-``POOT_CACHE_DIR=<copy> poot bench --backend cuda ...``. Opens no device. Prints one JSON
+``POOT_CACHE_DIR=<copy> poot bench --backend cuda ...``. Opens no device: a Vulkan or wgpu
+target comes from the device's capabilities, read there by ``poot devices --json`` and given
+here as ``--device-caps``. Prints one JSON
 object (step keys, program keys, seconds, cache size in bytes).
 """
 
@@ -33,8 +35,10 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-weights", action="store_true",
                    help="random-init weights of --config's shapes (no checkpoint, no "
                         "tokenizer)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "f16", "f32"),
-                   help="dtype of the random weights (default: bf16)")
+    p.add_argument("--dtype", default="bf16",
+                   choices=("bf16", "f16", "f32", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"),
+                   help="dtype of the random weights (default: bf16; a GGUF block format packs "
+                        "the matrices)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
 
 
@@ -70,10 +74,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "options (default: greedy only)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P")
     p.add_argument("--top-k", type=int, default=0, metavar="K")
+    p.add_argument("--device-caps", default=None, metavar="FILE",
+                   help="for --backend vulkan/wgpu: the JSON capabilities of the device the "
+                        "programs will run on ('poot devices --json' there)")
     p.add_argument("--batch", type=int, action="append", default=None, metavar="B",
                    help="compile the decode step of batch B only (repeatable; default: every "
                         "bucket up to --max-batch)")
     p.set_defaults(func=run)
+
+
+def read_device_caps(path: str | None, backend: str) -> dict | None:
+    """The capabilities in ``path`` (``poot devices --json`` output: either one device's
+    capabilities or ``{backend: capabilities}``), or None; a file that is missing, not JSON
+    or lacks the backend is an :class:`InvalidRequest` naming it."""
+    from poot.driver.params import InvalidRequest
+
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InvalidRequest("--device-caps", path, f"cannot be read as JSON ({e})") from None
+    if isinstance(data, dict) and isinstance(data.get(backend), dict):
+        data = data[backend]
+    if not isinstance(data, dict) or "features" not in data:
+        raise InvalidRequest("--device-caps", path, f"holds no {backend} device capabilities "
+                             f"(a 'features' list)")
+    return data
 
 
 def cache_bytes(folder: str) -> int:
@@ -96,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks", "threads")
     apply_threads(args)
     path, random_dtype = model_source(args)
+    device_caps = read_device_caps(args.device_caps, args.backend)
     samplers = [GREEDY]
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if sampler_spec_for([params]) != GREEDY:
@@ -109,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                             kv_dtype=args.kv_dtype, samplers=samplers,
                             cache_dir=args.cache_dir, random_weights=random_dtype,
                             seed=args.seed, compile_options=compile_options(args),
-                            progress=report)
+                            device_caps=device_caps, progress=report)
     out["cache_bytes"] = cache_bytes(out["cache_dir"])
     print(json.dumps(out))
     return 0

@@ -130,12 +130,32 @@ def role_shape(role: str, o: Any) -> tuple[int, ...]:
 
 
 _DTYPES = {"bf16": "bf16", "f16": "f16", "f32": "f32"}
+#: GGUF block formats random weights may be packed in: each matrix's random floats quantized
+#: by the ``gguf`` package (llama.cpp's reference quantizer); vectors (norms) stay f32
+PACKED = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+
+
+def _quantized(name: str, data: "RandomArray", fmt: str, source: str):
+    """The StoredTensor of ``data`` quantized to ``fmt`` (rows of whole blocks)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from poot.dialects.quant import BY_NAME
+    from poot.load.store import StoredTensor
+
+    q = BY_NAME[fmt]
+    if data.shape[-1] % q.block_elems:
+        raise ModelError(f"random weights: {name} has {data.shape[-1]} columns, not a whole "
+                         f"number of {fmt} blocks ({q.block_elems})")
+    packed = quantize(np.asarray(data, np.float32), GGMLQuantizationType[fmt.upper()])
+    return StoredTensor(name, data.shape, None, q, packed, source)
 
 
 def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int = 0
                       ) -> LoadedModel:
     """The family of the HF ``config.json`` (a file, or a folder holding one) with random
-    weights of ``dtype`` (``bf16``/``f16``/``f32``) bound as a checkpoint would bind them.
+    weights of ``dtype`` (``bf16``/``f16``/``f32``, or a GGUF block format of :data:`PACKED`
+    for the matrices, vectors then f32) bound as a checkpoint would bind them.
     Raises :class:`ModelError` (unsupported dtype, a role without a shape rule) or
     :class:`~poot.load.errors.LoadError` (a bad config)."""
     from poot.load.config import _read_json, config_from_hf
@@ -143,9 +163,9 @@ def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int 
 
     import poot.models  # noqa: F401  (registers the families)
 
-    if dtype not in _DTYPES:
-        raise ModelError(f"random weights: dtype must be one of {', '.join(_DTYPES)}, got "
-                         f"{dtype!r}")
+    if dtype not in _DTYPES and dtype not in PACKED:
+        raise ModelError(f"random weights: dtype must be one of "
+                         f"{', '.join((*_DTYPES, *PACKED))}, got {dtype!r}")
     path = os.fspath(config)
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
@@ -153,7 +173,7 @@ def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int 
     family = REGISTRY.lookup(cfg.architecture)
     model = family.from_config(cfg, None)
     o = model.options()
-    st = DType(_DTYPES[dtype])
+    st = DType(_DTYPES.get(dtype, "f32"))
     store: dict[str, StoredTensor] = {}
     for role_t, where in model.weight_table().items():
         if where.optional or where.hf is None:
@@ -164,7 +184,10 @@ def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int 
             shape = role_shape(role, o)
             scale = 0.0 if len(shape) == 1 else 1.0 / float(np.sqrt(shape[-1]))
             data = RandomArray(shape, st.numpy, scale, seed, salt=name)
-            store[name] = StoredTensor(name, shape, st, None, data, f"random:{seed}")
+            if dtype in PACKED and len(shape) == 2:
+                store[name] = _quantized(name, data, dtype, f"random:{seed}")
+            else:
+                store[name] = StoredTensor(name, shape, st, None, data, f"random:{seed}")
     return LoadedModel(model, model.bind(store), store)
 
 

@@ -175,3 +175,22 @@ def test_target_follows_the_adapter(wg_device, wg_target):
     unknown = wgpu_target({**caps, "subgroup_size": None, "subgroup_min_size": 4,
                            "subgroup_max_size": 128})
     assert unknown.caps.subgroup_size is None and "subgroupShuffle" not in unknown.caps.features
+
+
+def test_compiled_elsewhere_from_the_device_capabilities(wg_device, tmp_path):
+    """``compile_steps(device_caps=...)`` (``poot compile --device-caps``, for a device read
+    elsewhere by ``poot devices --json``) fills the cache with exactly the programs a handle
+    on that device looks up: loading then compiles nothing. Without the capabilities the
+    compile is refused, naming what to give."""
+    from model_steps import fixture_path
+
+    from poot.api import ModelHandle, compile_steps
+    from poot.driver.params import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="poot devices --json"):
+        compile_steps(fixture_path("llama"), "wgpu", kv_capacity=32, cache_dir=str(tmp_path))
+    compile_steps(fixture_path("llama"), "wgpu", kv_capacity=32, max_batch=1,
+                  cache_dir=str(tmp_path), device_caps=wg_device.capabilities())
+    h = ModelHandle.load(fixture_path("llama"), backend="wgpu", kv_capacity=32, max_batch=1,
+                         cache_dir=tmp_path)
+    assert h.compile_cache.misses == 0 and h.compile_cache.hits >= 3

@@ -51,7 +51,7 @@ def wgpu_target(caps: dict | None = None):
     """The :class:`~poot.compiler.target.Target` of a wgpu adapter, from
     :meth:`~poot.backends.wgpu.runtime.WgpuDevice.capabilities` (module doc). Without one: the
     WebGPU baseline (no optional feature, 16 KiB shared memory)."""
-    from poot.backends.vulkan.codegen import vulkan_target
+    from poot.backends.vulkan.target import vulkan_target
 
     caps = dict(caps or {})
     limits = caps.get("limits", {})

@@ -1,0 +1,54 @@
+"""Random weights packed in GGUF block formats (``--random-weights --dtype q4_1``): matrices
+quantized by the ``gguf`` package's reference quantizer, vectors f32; decoding the blocks
+gives back the random floats within the format's own error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from poot.dialects.types import DType, PackedType, TensorType
+
+CONFIG = Path(__file__).resolve().parents[2] / "bench" / "shapes" / "smollm2-135m.json"
+
+
+def _tiny_config(tmp_path):
+    import json
+
+    cfg = json.loads(CONFIG.read_text())
+    cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=256,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+@pytest.mark.parametrize("fmt,tol", [("q4_1", 0.09), ("q8_0", 0.006)])
+def test_matrices_packed_vectors_f32(tmp_path, fmt, tol):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from poot.models.random_init import load_random_model
+
+    dense_model, dense = load_random_model(_tiny_config(tmp_path), "f32", seed=3)
+    model, weights = load_random_model(_tiny_config(tmp_path), fmt, seed=3)
+    assert weights.types.keys() == dense.types.keys()
+    for name, t in weights.types.items():
+        if len(dense.types[name].shape) == 1:
+            assert t == TensorType(dense.types[name].shape, DType.F32), name
+            continue
+        assert isinstance(t, PackedType) and t.format.name == fmt, name
+        got = dequantize(np.asarray(weights[name]), GGMLQuantizationType[fmt.upper()])
+        want = np.asarray(dense[name], np.float32).reshape(got.shape)
+        scale = np.abs(want).max()
+        assert np.abs(got - want).max() <= tol * scale, name
+
+
+def test_unknown_format_is_refused(tmp_path):
+    from poot.models.base import ModelError
+    from poot.models.random_init import load_random_model
+
+    with pytest.raises(ModelError, match="q4_1"):
+        load_random_model(_tiny_config(tmp_path), "q3_k")
