@@ -37,6 +37,9 @@ def run(args) -> int:
         except DeviceError as e:
             why[name] = str(e)
             continue
+        except ImportError as e:     # a runtime that needs what this machine lacks
+            why[name] = f"{type(e).__name__}: {e}"
+            continue
         caps = getattr(dev, "capabilities", None)
         found[name] = caps() if callable(caps) else {"name": getattr(dev, "name", name)}
     if args.json:
