@@ -242,8 +242,12 @@ def poot_measures(handle, best: dict, replay_n: int) -> dict:
            "weight_bytes": w, "kv_bytes_read": kv, "bytes_per_token": w + kv,
            "roofline_fraction": (w + kv) * tps / ROOFLINE_BPS,
            "from_cache": bool(getattr(prog, "from_cache", False))}
-    plan = getattr(getattr(prog, "executable", None), "plan", None)
-    if plan is not None and "launches" in plan:
+    art = getattr(prog, "executable", None)
+    plan = getattr(art, "plan", None)
+    steps = getattr(art, "steps", None)
+    if isinstance(steps, list):       # a SPIR-V plan (Vulkan, wgpu): its kernel launches
+        out["dispatches_per_token"] = sum(1 for s in steps if s.op == "dispatch")
+    if isinstance(plan, dict) and "launches" in plan:
         from poot.backends.cuda.artifact import kernel_nodes
 
         nodes = kernel_nodes(plan)
