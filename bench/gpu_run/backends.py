@@ -4,7 +4,7 @@ weights, from a compile cache built elsewhere (``poot compile --device-caps``), 
 wgpu, the host time of re-encoding one decode step. Prints and writes one JSON object with
 the ratios to CUDA.
 
-    python3 bench/gpu_run/backends.py OUT.json CACHE_DIR [--tokens 128]
+    python3 bench/gpu_run/backends.py OUT.json CACHE_DIR [--tokens 128] [--only SUBSTRING]
 
 Runs on the GPU machine (no MLIR there); see bench/gpu_run/README.md for the build here.
 """
@@ -65,8 +65,11 @@ def wgpu_encode_us(config: str, dtype: str, cache: str, n: int = 50) -> dict:
 def main() -> int:
     out, cache = sys.argv[1], sys.argv[2]
     tokens = int(sys.argv[sys.argv.index("--tokens") + 1]) if "--tokens" in sys.argv else 128
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     report: dict = {"runs": []}
     for config, dtype, backends in RUNS:
+        if only and only not in f"{config}:{dtype}":
+            continue
         row = {"config": config, "dtype": dtype}
         for b in backends:
             row[b] = bench(b, config, dtype, cache, tokens)

@@ -23,7 +23,10 @@ Semantics (the seeds' wgpu contract):
   :meth:`load` -- and keeps the step as a flat list of (pipeline, bind group, groups) and
   copies; :meth:`replay` encodes that list into one compute pass per run of dispatches (a
   copy ends a pass) and submits. wgpu orders the dispatches of a pass (each is its own usage
-  scope) as the plan's barriers do.
+  scope) as the plan's barriers do. The per-dispatch calls go straight to wgpu-native's C
+  functions with the handles taken at record time (wgpu-py's wrappers cost about 12 us a
+  dispatch on the H200's host, half a SmolLM2 step), a pipeline set only when it changes;
+  where wgpu-py's internals differ, its public calls are used instead.
 * **submissions split by the device's limits**: at most ``dispatches_per_submit``
   dispatches per command buffer (default: the whole step); a dispatch whose workgroup count
   exceeds ``max-compute-workgroups-per-dimension``, a kernel binding more storage buffers than
@@ -119,8 +122,9 @@ class WgpuLoadedKernel:
 
 @dataclass(eq=False)
 class WgpuRecording:
-    """A step ready to encode: ``ops`` is ``("dispatch", pipeline, bind group, groups)`` or
-    ``("copy", src, dst, nbytes)`` in plan order."""
+    """A step ready to encode: ``ops`` is ``("dispatch", pipeline, bind group, groups,
+    pipeline handle, bind group handle)`` (the handles wgpu-native's, or None) or ``("copy",
+    src, dst, nbytes)`` in plan order."""
 
     kernel: WgpuLoadedKernel
     ops: list
@@ -412,8 +416,9 @@ class WgpuDevice:
                     {"binding": j, "resource": {"buffer": b.buffer, "offset": 0,
                                                 "size": b.size}}
                     for j, b in enumerate(bufs)])
-                ops.append(("dispatch", kernel.pipelines[s.kernel], group,
-                            tuple(int(g) for g in s.groups)))
+                pipe = kernel.pipelines[s.kernel]
+                ops.append(("dispatch", pipe, group, tuple(int(g) for g in s.groups),
+                            getattr(pipe, "_internal", None), getattr(group, "_internal", None)))
             else:
                 src, dst = buf(s.src), buf(s.dst)
                 if src is dst:
@@ -426,11 +431,28 @@ class WgpuDevice:
         return WgpuRecording(kernel, ops, [list(bindings), list(copies)])
 
     # ---- running -----------------------------------------------------------------------------
+    def _native(self):
+        """wgpu-native's raw compute-pass functions and cffi's NULL, or None where wgpu-py
+        does not expose them (then :meth:`_encode` uses the public calls)."""
+        if not hasattr(self, "_native_fns"):
+            try:
+                from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+                self._native_fns = (lib.wgpuComputePassEncoderSetPipeline,
+                                    lib.wgpuComputePassEncoderSetBindGroup,
+                                    lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+            except (ImportError, AttributeError):
+                self._native_fns = None
+        return self._native_fns
+
     def _encode(self, ops) -> list:
         """Command buffers for ``ops``: one compute pass per run of dispatches, at most
         ``dispatches_per_submit`` dispatches per command buffer."""
         out, enc, cpass, n = [], None, None, 0
         cap = self.dispatches_per_submit
+        native = self._native()
+        if native is not None:
+            set_pipe, set_group, dispatch, null = native
         for op in ops:
             if op[0] == "dispatch" and cap is not None and n >= cap:
                 if cpass is not None:
@@ -442,10 +464,18 @@ class WgpuDevice:
             if op[0] == "dispatch":
                 if cpass is None:
                     cpass = enc.begin_compute_pass()
-                _, pipe, group, (x, y, z) = op
-                cpass.set_pipeline(pipe)
-                cpass.set_bind_group(0, group)
-                cpass.dispatch_workgroups(x, y, z)
+                    handle, last = getattr(cpass, "_internal", None), None
+                _, pipe, group, (x, y, z), ph, gh = op
+                if native is not None and handle is not None and gh is not None:
+                    if ph != last:
+                        set_pipe(handle, ph)
+                        last = ph
+                    set_group(handle, 0, gh, 0, null)
+                    dispatch(handle, x, y, z)
+                else:
+                    cpass.set_pipeline(pipe)
+                    cpass.set_bind_group(0, group)
+                    cpass.dispatch_workgroups(x, y, z)
                 n += 1
             else:
                 if cpass is not None:
