@@ -4,7 +4,7 @@ weights, from a compile cache built elsewhere (``poot compile --device-caps``), 
 wgpu, the host time of re-encoding one decode step. Prints and writes one JSON object with
 the ratios to CUDA.
 
-    python3 bench/gpu_run/backends.py OUT.json CACHE_DIR [--tokens 128] [--only SUBSTRING]
+    python3 bench/gpu_run/backends.py OUT.json CACHE_DIR [--tokens 128] [--only SUBSTRING] [--backends cuda,wgpu]
 
 Runs on the GPU machine (no MLIR there); see bench/gpu_run/README.md for the build here.
 """
@@ -71,6 +71,9 @@ def main() -> int:
         if only and only not in f"{config}:{dtype}":
             continue
         row = {"config": config, "dtype": dtype}
+        if "--backends" in sys.argv:
+            keep = sys.argv[sys.argv.index("--backends") + 1].split(",")
+            backends = tuple(b for b in backends if b in keep)
         for b in backends:
             row[b] = bench(b, config, dtype, cache, tokens)
             print(b, config, dtype, {k: row[b].get(k) for k in
