@@ -254,3 +254,30 @@ def test_default_model_is_the_bundled_smollm2(argv):
         assert "SmolLM2" in out
     else:
         assert out.split() and all(t.isdigit() for t in out.split())
+
+
+# --- device capabilities for compiling elsewhere ---------------------------------------------
+
+def test_devices_prints_capabilities_as_json():
+    import json
+
+    rc, out, err = poot("devices", "--backend", "cpu", "--json")
+    assert rc == 0, err
+    assert set(json.loads(out)) == {"cpu"}
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "cannot be read"), ("{not json", "cannot be read"),
+    ('{"cuda": {}}', "no wgpu device capabilities")])
+def test_compile_device_caps_file_errors(tmp_path, content, needle):
+    f = tmp_path / "caps.json"
+    if content is not None:
+        f.write_text(content)
+    rc, _, err = poot("compile", "--backend", "wgpu", "--device-caps", f, "--model", LLAMA,
+                      "--cache-dir", tmp_path / "c")
+    user_error(rc, err, "--device-caps", needle)
+
+
+def test_compile_for_a_device_target_needs_its_capabilities(tmp_path):
+    rc, _, err = poot("compile", "--backend", "vulkan", "--model", LLAMA, "--cache-dir", tmp_path)
+    user_error(rc, err, "backend", "poot devices --json")
