@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from model_steps import fixture_path, step_feed
 from regions import split_regions
+from test_vulkan_kernels import run_artifact
 
 from poot import oracle
 from poot.dialects.types import DType
@@ -15,22 +16,6 @@ from poot.models import StepSpec, load_model
 
 #: f32 compute and accumulation on both sides
 ATOL = RTOL = 1e-4
-
-
-def run_artifact(dev, art, inputs, params=None):
-    """Load, bind fresh buffers, record once, replay once; outputs by name."""
-    k = dev.load(art)
-    bufs = []
-    for a in k.args:
-        b = dev.alloc(a.type)
-        if a.role == "input":
-            dev.upload(b, inputs[a.name])
-        elif a.role == "param":
-            dev.upload(b, params[a.name])
-        bufs.append(b)
-    dev.replay(dev.record(k, bufs))
-    dev.synchronize()
-    return {a.name: dev.download(b) for a, b in zip(k.args, bufs) if a.role == "output"}
 
 
 @pytest.mark.parametrize("name,step,T", [("llama", "decode", 1), ("llama", "prefill", 12),

@@ -9,46 +9,11 @@ import copy
 
 import numpy as np
 import pytest
+from test_vulkan_runtime import _bind, _cache_step, _embed, _out   # the Vulkan tests' graphs
 
 from poot import oracle
 from poot.dialects.types import DType, TensorType
-from poot.graph.builder import Builder, TraceLimits
-
-LIMITS = TraceLimits(max_values=64, max_ops=64, max_literal_bytes=1 << 16,
-                     max_owned_bytes=1 << 30)
-
-
-def _cache_step(rows=8, width=4):
-    """y = column sums of cache with row idx set to x @ w; cache carried."""
-    b = Builder(LIMITS, name="cache_step")
-    x = b.input("x", TensorType((1, width), DType.F32))
-    idx = b.input("idx", TensorType((1, 1), DType.I32))
-    cache = b.input("cache", TensorType((rows, width), DType.F32))
-    w = b.param("w", TensorType((width, width), DType.F32))
-    new = b.scatter(cache, idx, b.matmul(x, w))
-    return b.finish({"y": b.reduce("sum", new, 0), "cache": new})
-
-
-def _embed(vocab=16, dim=8):
-    b = Builder(LIMITS, name="embed")
-    tok = b.input("tokens", TensorType((1, 2), DType.I32))
-    table = b.param("table", TensorType((vocab, dim), DType.F32))
-    return b.finish({"h": b.unary("neg", b.gather(table, tok))})
-
-
-def _bind(dev, kernel, values):
-    bufs = []
-    for a in kernel.args:
-        buf = dev.alloc(a.type)
-        if a.name in values and a.role != "output":
-            dev.upload(buf, values[a.name])
-        bufs.append(buf)
-    return bufs
-
-
-def _out(dev, kernel, bufs, name):
-    return next(dev.download(b) for a, b in zip(kernel.args, bufs)
-                if a.role == "output" and a.name == name)
+from poot.graph.builder import Builder
 
 
 @pytest.mark.parametrize("per_submit", [None, 1])
@@ -141,6 +106,8 @@ def test_limits_are_refused_by_name(wg_device, wg_target):
     from poot.backends.vulkan.codegen import compile_vulkan
     from poot.backends.wgpu.runtime import WgpuLimitExceeded
     from poot.compiler.planning import Refusal
+
+    from test_vulkan_runtime import LIMITS
 
     big = wg_target.caps.max_buffer_bytes // 4 + 1
     b = Builder(LIMITS, name="big")

@@ -121,6 +121,35 @@ class VulkanArtifact:
     def dispatch_count(self) -> int:
         return sum(1 for s in self.steps if s.op == "dispatch")
 
+    def arguments(self) -> list[tuple[str, str, BufferSpec]]:
+        """The step's arguments in binding order: ``(role, name, spec)`` for the inputs,
+        params, then outputs."""
+        return ([("input", n, sp) for n, sp in self.inputs]
+                + [("param", n, sp) for n, sp in self.params]
+                + [("output", n, sp) for n, sp in self.outputs])
+
+    def buffer_of(self, i: int, bindings: list, temps: dict):
+        """The runtime buffer of plan buffer ``i``: one of ``bindings`` (the step's
+        arguments, in :meth:`arguments` order) for an input/param/output, else ``temps[i]``
+        (a temp or const buffer the runtime made at load)."""
+        d = self.buffers[i]
+        k = d["kind"]
+        if k == "input":
+            return bindings[d["index"]]
+        if k == "param":
+            return bindings[len(self.inputs) + d["index"]]
+        if k == "output":
+            return bindings[len(self.inputs) + len(self.params) + d["index"]]
+        return temps[i]
+
+    def faulting_kernel(self, word1: int) -> str | None:
+        """The kernel an error word's second word names (kernel index + 1), with the
+        dispatch functions that use it; None for 0 or an index past the kernels."""
+        if not 0 < word1 <= len(self.kernels):
+            return None
+        users = self.kernel_users[word1 - 1] if word1 <= len(self.kernel_users) else []
+        return self.kernels[word1 - 1].name + (f" ({', '.join(users)})" if users else "")
+
     def plan(self) -> dict:
         return {
             "format": FORMAT, "name": self.name,

@@ -560,9 +560,7 @@ class VulkanDevice:
             art = VulkanArtifact.load(Path(art))
         if not isinstance(art, VulkanArtifact):
             raise VulkanError(f"{type(art).__name__} is not a compiled Vulkan program")
-        args = ([VkKernelArg("input", n, s) for n, s in art.inputs]
-                + [VkKernelArg("param", n, s) for n, s in art.params]
-                + [VkKernelArg("output", n, s) for n, s in art.outputs])
+        args = [VkKernelArg(*a) for a in art.arguments()]
         pipelines, set_layouts, layouts, modules = [], [], [], []
         for k in art.kernels:
             code = k.spirv
@@ -634,18 +632,8 @@ class VulkanDevice:
             if not (isinstance(src, VkBuffer) and isinstance(dst, VkBuffer)) \
                     or src.nbytes != dst.nbytes:
                 raise VulkanError("a recorded copy needs two device buffers of equal size")
-        n_in, n_par = len(art.inputs), len(art.params)
-
         def buf(i) -> VkBuffer:
-            d = art.buffers[i]
-            k = d["kind"]
-            if k == "input":
-                return bindings[d["index"]]
-            if k == "param":
-                return bindings[n_in + d["index"]]
-            if k == "output":
-                return bindings[n_in + n_par + d["index"]]
-            return kernel.temps[i]
+            return art.buffer_of(i, bindings, kernel.temps)
 
         disp = [s for s in art.steps if s.op == "dispatch"]
         n_desc = sum(art.kernels[s.kernel].bindings for s in disp)
@@ -758,12 +746,7 @@ class VulkanDevice:
         if err[0]:
             code, k = int(err[0]), int(err[1])
             err[:] = 0
-            art = rec.kernel.artifact
-            name = None
-            if 0 < k <= len(art.kernels):
-                users = art.kernel_users[k - 1] if k <= len(art.kernel_users) else []
-                name = art.kernels[k - 1].name + (f" ({', '.join(users)})" if users else "")
-            raise KernelFault(code, name)
+            raise KernelFault(code, rec.kernel.artifact.faulting_kernel(k))
 
     def close(self) -> None:
         """Destroy everything (a poisoned device leaks instead: pending work may still run)."""

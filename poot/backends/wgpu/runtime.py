@@ -347,9 +347,7 @@ class WgpuDevice:
                 raise WgpuLimitExceeded("max-compute-workgroups-per-dimension",
                                         max(int(g) for g in s.groups), max_groups,
                                         f"a dispatch of kernel {art.kernels[s.kernel].name}")
-        args = ([WgpuKernelArg("input", n, s) for n, s in art.inputs]
-                + [WgpuKernelArg("param", n, s) for n, s in art.params]
-                + [WgpuKernelArg("output", n, s) for n, s in art.outputs])
+        args = [WgpuKernelArg(*a) for a in art.arguments()]
         pipelines, layouts = [], []
         for k in art.kernels:
             try:
@@ -391,18 +389,8 @@ class WgpuDevice:
             if not (isinstance(src, WgpuBuffer) and isinstance(dst, WgpuBuffer)) \
                     or src.nbytes != dst.nbytes:
                 raise WgpuError("a recorded copy needs two device buffers of equal size")
-        n_in, n_par = len(art.inputs), len(art.params)
-
         def buf(i) -> WgpuBuffer:
-            d = art.buffers[i]
-            k = d["kind"]
-            if k == "input":
-                return bindings[d["index"]]
-            if k == "param":
-                return bindings[n_in + d["index"]]
-            if k == "output":
-                return bindings[n_in + n_par + d["index"]]
-            return kernel.temps[i]
+            return art.buffer_of(i, bindings, kernel.temps)
 
         ops = []
         for s in art.steps:
@@ -519,12 +507,7 @@ class WgpuDevice:
         if err[0]:
             code, k = int(err[0]), int(err[1])
             self.queue.write_buffer(self._err.buffer, 0, np.zeros(2, np.uint32))
-            art = rec.kernel.artifact
-            name = None
-            if 0 < k <= len(art.kernels):
-                users = art.kernel_users[k - 1] if k <= len(art.kernel_users) else []
-                name = art.kernels[k - 1].name + (f" ({', '.join(users)})" if users else "")
-            raise KernelFault(code, name)
+            raise KernelFault(code, rec.kernel.artifact.faulting_kernel(k))
 
     def close(self) -> None:
         """Release the device (wgpu frees the rest when the objects are collected)."""
