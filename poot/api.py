@@ -61,10 +61,12 @@ class _CapsOnly:
 
 
 def target_for(backend: str, device_caps: Mapping[str, Any] | None = None) -> Target:
-    """The compile target of ``backend``: the measured host for ``cpu``; for a GPU backend a
-    target whose code generation planning decides. A backend this build has no code
-    generator for (``rocm``) is refused here, before anything is opened, traced or compiled
-    (:class:`~poot.compiler.compile.NoCodeGenerator`)."""
+    """The compile target of ``backend`` (its :mod:`poot.backends.registry` hook): the
+    measured host for ``cpu``, CUDA's fixed sm_90 target, and for Vulkan and wgpu the
+    target of the device's capabilities -- ``device_caps`` when given (read on another
+    machine by ``poot devices --json``), else those of the device opened here. A backend
+    this build has no code generator for (``rocm``) is refused here, before anything is
+    opened, traced or compiled (:class:`~poot.compiler.compile.NoCodeGenerator`)."""
     from poot.backends.registry import hook
     from poot.compiler.compile import require_code_generator
 

@@ -89,8 +89,14 @@ def read_device_caps(path: str | None, backend: str) -> dict | None:
     or lacks the backend is an :class:`InvalidRequest` naming it."""
     from poot.driver.params import InvalidRequest
 
+    from poot.backends.registry import BACKENDS
+
     if path is None:
         return None
+    if not BACKENDS[backend].target_from_device:
+        devs = ", ".join(b.name for b in BACKENDS.values() if b.target_from_device)
+        raise InvalidRequest("--device-caps", path, f"is for the backends whose target comes "
+                             f"from their device ({devs}); {backend}'s does not")
     try:
         with open(path) as f:
             data = json.load(f)

@@ -278,6 +278,14 @@ def test_compile_device_caps_file_errors(tmp_path, content, needle):
     user_error(rc, err, "--device-caps", needle)
 
 
+def test_device_caps_with_a_fixed_target_backend(tmp_path):
+    f = tmp_path / "caps.json"
+    f.write_text('{"features": []}')
+    rc, _, err = poot("compile", "--backend", "cpu", "--device-caps", f, "--model", LLAMA,
+                      "--cache-dir", tmp_path / "c")
+    user_error(rc, err, "--device-caps", "cpu's does not")
+
+
 def test_compile_for_a_device_target_needs_its_capabilities(tmp_path):
     rc, _, err = poot("compile", "--backend", "vulkan", "--model", LLAMA, "--cache-dir", tmp_path)
     user_error(rc, err, "backend", "poot devices --json")
