@@ -120,6 +120,20 @@ def host_layout(t) -> tuple[np.dtype, tuple, int]:
     return np.dtype(_NP[t.dtype.value]), tuple(t.shape), int(t.nbytes)
 
 
+def buffer_bytes(array, dtype: np.dtype, error: type[Exception]) -> np.ndarray:
+    """``array``'s bytes (uint8, flat) as a buffer of host ``dtype`` holds them: 16-bit
+    floats (f16, bf16) by their bits, other dtypes cast within their kind; ``error`` (the
+    runtime's own class) for a cast across kinds (floats into an int buffer)."""
+    a = np.asarray(array)
+    if a.dtype != dtype:
+        if dtype == np.uint16 and a.dtype.itemsize == 2:
+            a = a.view(np.uint16)
+        elif not np.can_cast(a.dtype, dtype, "same_kind"):
+            raise error(f"cannot write {a.dtype} data into a {dtype} buffer")
+        a = a.astype(dtype)
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
 @dataclass(frozen=True)
 class VkKernelArg:
     """A loaded kernel's argument (the executor's KernelArg shape, without its import)."""
@@ -475,17 +489,10 @@ class VulkanDevice:
 
     def upload(self, buffer: VkBuffer, array) -> None:
         self._check()
-        a = np.asarray(array)
-        if a.dtype != buffer.dtype:
-            if buffer.dtype == np.uint16 and a.dtype.itemsize == 2:
-                a = a.view(np.uint16)
-            elif not np.can_cast(a.dtype, buffer.dtype, "same_kind"):
-                raise VulkanError(f"cannot write {a.dtype} data into a {buffer.dtype} buffer")
-            a = a.astype(buffer.dtype)
-        if a.size * buffer.dtype.itemsize != buffer.nbytes:
-            raise VulkanError(f"cannot write {list(a.shape)} into a buffer of "
+        raw = buffer_bytes(array, buffer.dtype, VulkanError)
+        if raw.size != buffer.nbytes:
+            raise VulkanError(f"cannot write {list(np.shape(array))} into a buffer of "
                               f"{list(buffer.shape)}")
-        raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         if self._pending is not None:       # the GPU may still read it
             self.synchronize()
         if buffer.host is not None:
@@ -793,7 +800,7 @@ def available() -> str | None:
 
 __all__ = ["DEFAULT_FENCE_TIMEOUT_S", "DeviceLost", "KernelFault", "RobustnessUnavailable",
            "VkBuffer", "VkKernelArg", "VkLoadedKernel", "VkRecording", "VulkanDevice",
-           "VulkanError", "VulkanUnavailable", "available", "host_layout"]
+           "VulkanError", "VulkanUnavailable", "available", "buffer_bytes", "host_layout"]
 
 
 def open_device() -> "VulkanDevice":

@@ -49,7 +49,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from poot.backends.vulkan.artifact import VulkanArtifact
-from poot.backends.vulkan.runtime import KernelFault, host_layout
+from poot.backends.vulkan.runtime import KernelFault, buffer_bytes, host_layout
 from poot.errors import PootError
 from poot.executor.device import Ready
 
@@ -260,16 +260,6 @@ class WgpuDevice:
         dtype, shape, nbytes = host_layout(type_)
         return self._make_buffer(nbytes, dtype, shape, what=f"a {list(shape)} buffer")
 
-    def _raw(self, buffer: WgpuBuffer, array) -> np.ndarray:
-        a = np.asarray(array)
-        if a.dtype != buffer.dtype:
-            if buffer.dtype == np.uint16 and a.dtype.itemsize == 2:
-                a = a.view(np.uint16)
-            elif not np.can_cast(a.dtype, buffer.dtype, "same_kind"):
-                raise WgpuError(f"cannot write {a.dtype} data into a {buffer.dtype} buffer")
-            a = a.astype(buffer.dtype)
-        return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-
     def _write(self, buffer: WgpuBuffer, offset: int, raw: np.ndarray) -> None:
         if self._pending is not None:       # the GPU may still read it
             self.synchronize()
@@ -285,7 +275,7 @@ class WgpuDevice:
         return np.frombuffer(self.queue.read_buffer(buffer.buffer, offset, size), np.uint8)
 
     def upload(self, buffer: WgpuBuffer, array) -> None:
-        raw = self._raw(buffer, array)
+        raw = buffer_bytes(array, buffer.dtype, WgpuError)
         if raw.size != buffer.nbytes:
             raise WgpuError(f"cannot write {list(np.shape(array))} into a buffer of "
                             f"{list(buffer.shape)}")
@@ -293,7 +283,7 @@ class WgpuDevice:
 
     def upload_rows(self, buffer: WgpuBuffer, start: int, array) -> None:
         """Write ``array`` over rows ``start..`` (first axis) of ``buffer``."""
-        raw = self._raw(buffer, array)
+        raw = buffer_bytes(array, buffer.dtype, WgpuError)
         row = int(np.prod(buffer.shape[1:], dtype=np.int64)) * buffer.dtype.itemsize
         off = start * row
         if raw.size % row or start < 0 or off + raw.size > buffer.nbytes:
