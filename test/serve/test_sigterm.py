@@ -71,11 +71,14 @@ def test_sigterm_drains_running_request_and_exits_0():
 
 
 def test_sigterm_aborts_at_the_drain_deadline():
-    p = ServeProcess(*ARGS, "--drain-timeout", "1")
+    """The request asks for 900 tokens (KV 1024): several seconds of decoding even on a fast
+    host, so the 1 s deadline cuts it (with 200 tokens it once finished inside the deadline
+    on an idle machine)."""
+    p = ServeProcess(*ARGS, "--kv-capacity", "1024", "--drain-timeout", "1")
     try:
         url = p.wait_for(r"listening on (http://\S+);", 60).group(1)
         p.wait_for(r"ready: serving", 300)
-        t, first, out = _stream_in_background(url, 200)
+        t, first, out = _stream_in_background(url, 900)
         assert first.wait(120) and out["chunks"] >= 1
         code = p.terminate(120)
         t.join(120)
