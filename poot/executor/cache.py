@@ -101,13 +101,18 @@ class CacheMiss(PootError):
     message says which part of the step key differs from the entries in the cache."""
 
 
+#: files of a backend's folder that run compiled programs and never make them (not hashed)
+RUNTIME_FILES = frozenset({"runtime.py"})
+
+
 @functools.cache
 def compiler_source_hash(backend: str = "cpu") -> str:
     """sha256 over the compiler's source files (paths and contents): ``poot/compiler``,
     ``dialects/``, ``passes/`` and the backend's own code generator (``poot/backends/<b>.py``
     or ``poot/backends/<b>/``, ``poot/backends/gpu`` for the backends on the shared GPU plan,
     and the folders its registration's ``sources`` names; other backends' files do not
-    invalidate it)."""
+    invalidate it). A backend's ``runtime.py`` is left out: a runtime loads and runs what was
+    compiled and no code generator imports it, so editing one keeps every cached program."""
     from poot.backends.registry import BACKENDS
 
     reg = BACKENDS.get(backend)
@@ -134,7 +139,7 @@ def _source_hash(subs, singles, salt: str = "") -> str:
             if (base / sub).is_dir():
                 files |= {f for f in (base / sub).rglob("*")
                           if f.suffix in (".py", ".mlir", ".irdl")
-                          and "__pycache__" not in f.parts}
+                          and "__pycache__" not in f.parts and f.name not in RUNTIME_FILES}
         for f in singles:
             if (base / f).is_file():
                 files.add(base / f)

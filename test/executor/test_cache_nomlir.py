@@ -193,3 +193,20 @@ def test_random_array_values():
     ones = np.asarray(RandomArray((7,), np.float32, 0.0))
     np.testing.assert_array_equal(ones, np.ones(7, np.float32))
     assert not np.array_equal(x, np.asarray(RandomArray(a.shape, np.float32, 0.5, 3, "v")))
+
+
+def test_a_runtime_edit_keeps_the_source_hash_and_a_codegen_edit_changes_it(tmp_path,
+                                                                          monkeypatch):
+    import poot
+    from poot.executor import cache as C
+
+    folder = tmp_path / "backends" / "vulkan"
+    folder.mkdir(parents=True)
+    (folder / "codegen.py").write_text("X = 1\n")
+    (folder / "runtime.py").write_text("Y = 1\n")
+    monkeypatch.setattr(poot, "__path__", [str(tmp_path)])
+    before = C._source_hash(("backends/vulkan",), ())
+    (folder / "runtime.py").write_text("Y = 2  # a faster replay\n")
+    assert C._source_hash(("backends/vulkan",), ()) == before
+    (folder / "codegen.py").write_text("X = 2\n")
+    assert C._source_hash(("backends/vulkan",), ()) != before
