@@ -1,10 +1,10 @@
 """CUDA, raw Vulkan and wgpu side by side on one GPU: ``poot bench`` (batch-1 decode tok/s,
-time to first token, replay-only step time) of each backend on the same shapes and random
-weights, from a compile cache built elsewhere (``poot compile --device-caps``), plus, for
+time to first token, replay-only step time, and GPU time per dispatch kind where the device
+times dispatches) of each backend on the same shapes and random weights, from a compile cache built elsewhere (``poot compile --device-caps``), plus, for
 wgpu, the host time of re-encoding one decode step. Prints and writes one JSON object with
 the ratios to CUDA.
 
-    python3 bench/gpu_run/backends.py OUT.json CACHE_DIR [--tokens 128] [--only SUBSTRING] [--backends cuda,wgpu]
+    python3 bench/gpu_run/backends.py OUT.json CACHE_DIR [--tokens 128] [--only SUBSTRING] [--backends cuda,wgpu] [--no-profile]
 
 Runs on the GPU machine (no MLIR there); see bench/gpu_run/README.md for the build here.
 """
@@ -23,11 +23,17 @@ RUNS = [("bench/shapes/smollm2-135m.json", "q4_1", ("cuda", "vulkan", "wgpu")),
         ("bench/shapes/llama-3.2-1b.json", "f32", ("cuda", "wgpu"))]
 
 
+#: backends whose devices time their dispatches (``poot bench --profile``)
+PROFILED = ("cuda", "vulkan")
+
+
 def bench(backend: str, config: str, dtype: str, cache: str, tokens: int) -> dict:
     out = f"/tmp/bench-{backend}-{os.path.basename(config)}-{dtype}.json"
     cmd = [sys.executable, "-m", "poot.cli", "bench", "--backend", backend, "--config", config,
            "--random-weights", "--dtype", dtype, "--kv-capacity", "256", "--max-batch", "1",
            "--max-tokens", str(tokens), "--runs", "2", "--replay", "50", "--out", out]
+    if backend in PROFILED and "--no-profile" not in sys.argv:
+        cmd.append("--profile")
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
                                                                   "POOT_CACHE_DIR": cache})
@@ -77,8 +83,12 @@ def main() -> int:
         for b in backends:
             row[b] = bench(b, config, dtype, cache, tokens)
             print(b, config, dtype, {k: row[b].get(k) for k in
-                                     ("decode_tokens_per_s", "ttft_s", "replay_us_per_step", "error")},
-                  flush=True)
+                                     ("decode_tokens_per_s", "ttft_s", "replay_us_per_step",
+                                      "pipelined", "error")}, flush=True)
+            prof = row[b].get("poot", {}).get("profile")
+            if prof:
+                print("  profile ms", {k: v["ms"] for k, v in prof["by_kind"].items()},
+                      "total", prof["total_ms"], flush=True)
         ref = row.get("cuda", {}).get("decode_tokens_per_s")
         for b in backends:
             v = row[b].get("decode_tokens_per_s")

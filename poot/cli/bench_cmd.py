@@ -50,7 +50,8 @@ seconds), ``runs``) and, under ``poot``, the comparable measures:
 torch model: static KV cache, ``torch.compile(mode="reduce-overhead")``, random-init weights
 of the same shapes in ``--baseline-dtype``) in the same process with the same prompt and token
 counts; its measures go under ``baseline`` and ``ratio`` holds poot / baseline. ``--profile``
-adds ``poot.profile``: GPU time per dispatch kind of one decode step (CUDA only).
+adds ``poot.profile``: GPU time per dispatch kind of one decode step (devices that
+time dispatches: CUDA, Vulkan).
 """
 
 from __future__ import annotations
@@ -188,14 +189,13 @@ def replay_entry_us(handle, entry, n: int) -> float | None:
 
 
 def profile(handle) -> dict:
-    if handle.backend != "cuda":
-        raise BenchError(f"--profile needs the cuda backend (profiling times CUDA events), "
-                         f"not {handle.backend}")
-    from poot.backends.cuda.runtime import profile_kernel
-
     eng = handle.runner.engine
+    prof = getattr(eng.device, "profile_kernel", None)
+    if prof is None:
+        raise BenchError(f"--profile needs a device that times its dispatches (CUDA events, "
+                         f"Vulkan timestamps); the {handle.backend} device does not")
     entry = decode_entry(handle)
-    return profile_kernel(eng.device, entry.kernel, eng._bindings(entry), top=48)
+    return prof(entry.kernel, eng._bindings(entry), top=48)
 
 
 def replay_us_without_pdl(handle, n: int) -> float | None:

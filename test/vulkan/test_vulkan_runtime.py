@@ -97,6 +97,132 @@ def test_record_once_resubmit_verbatim(vk_device, vk_target):
     assert rec.command_buffer == cb
 
 
+def queued_steps_case(dev, target, readback_type):
+    """Five steps issued before any is read: inputs queued with ``upload_async``, the carried
+    cache fed back by a recorded copy, each step's output queued with ``download_async`` (a
+    ``readback_type``). Every readback equals the oracle's step, and a write larger than a
+    command buffer inlines still lands in queue order. Returns the device's state for
+    device-specific checks."""
+    from poot.backends.vulkan.codegen import compile_vulkan
+    from poot.backends.vulkan.runtime import MAX_INLINE_UPLOAD
+
+    vk_device, vk_target = dev, target
+    assert vk_device.overlaps
+    g = _cache_step()
+    k = vk_device.load(compile_vulkan(g, vk_target))
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    cache = np.zeros((8, 4), np.float32)
+    bufs = _bind(vk_device, k, {"w": w, "cache": cache})
+    by = {(a.role, a.name): b for a, b in zip(k.args, bufs)}
+    rec = vk_device.record(k, bufs, copies=[(by["output", "cache"], by["input", "cache"])])
+    wants, reads = [], []
+    for i in range(5):
+        x = rng.standard_normal((1, 4)).astype(np.float32)
+        idx = np.array([[i]], np.int32)
+        want = oracle.evaluate(g, {"x": x, "idx": idx, "cache": cache}, {"w": w})
+        wants.append(want["y"])
+        cache = want["cache"]
+        vk_device.upload_async(by["input", "x"], x)
+        vk_device.upload_async(by["input", "idx"], idx)
+        x[:] = 0                                   # its bytes were taken at the call
+        vk_device.replay(rec)
+        reads.append(vk_device.download_async(by["output", "y"]))
+    assert all(isinstance(r, readback_type) for r in reads[1:])
+    reads[1].release()
+    for j, r in enumerate(reads):
+        if j != 1:
+            np.testing.assert_allclose(r.wait(), wants[j], atol=1e-5)
+    with pytest.raises(Exception, match="already waited"):
+        reads[0].wait()
+    vk_device.synchronize()
+    np.testing.assert_allclose(_out(vk_device, k, bufs, "cache"), cache, atol=1e-5)
+
+    big = vk_device.load(compile_vulkan(_big_matmul(k=512, n=64), vk_target))
+    x0 = rng.standard_normal((64, 512)).astype(np.float32)
+    wb = rng.standard_normal((512, 64)).astype(np.float32)
+    assert x0.nbytes > MAX_INLINE_UPLOAD
+    bbufs = _bind(vk_device, big, {"x": np.zeros_like(x0), "w": wb})
+    brec = vk_device.record(big, bbufs)
+    vk_device.replay(brec)                         # x = 0: y = 0
+    first = vk_device.download_async(bbufs[2])
+    vk_device.upload_async(bbufs[0], x0)           # too big to inline: waits, then writes
+    vk_device.replay(brec)
+    second = vk_device.download_async(bbufs[2])
+    np.testing.assert_array_equal(first.wait(), 0)
+    np.testing.assert_allclose(second.wait(), x0 @ wb, rtol=1e-4, atol=1e-3)
+
+
+def queued_fault_case(vk_device, vk_target):
+    """A gather out of range in the second of three queued steps: waiting for its readback
+    raises KernelFault naming the dispatch; the third step's readback is right and the device
+    stays usable."""
+    from poot.backends.vulkan.codegen import compile_vulkan
+    from poot.backends.vulkan.runtime import KernelFault
+
+    g = _embed()
+    k = vk_device.load(compile_vulkan(g, vk_target))
+    table = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
+    bufs = _bind(vk_device, k, {"table": table, "tokens": np.array([[3, 4]], np.int32)})
+    rec = vk_device.record(k, bufs)
+    vk_device.replay(rec)                          # something in flight: the next are queued
+    vk_device.upload_async(bufs[0], np.array([[3, 99]], np.int32))
+    vk_device.replay(rec)
+    bad = vk_device.download_async(bufs[2])
+    vk_device.upload_async(bufs[0], np.array([[2, 5]], np.int32))
+    vk_device.replay(rec)
+    good = vk_device.download_async(bufs[2])
+    with pytest.raises(KernelFault, match="gather index out of range") as ei:
+        bad.wait()
+    assert ei.value.dispatch and "dispatch" in ei.value.dispatch
+    np.testing.assert_array_equal(good.wait()[0], -table[[2, 5]])
+    assert getattr(vk_device, "poisoned", None) is None
+
+
+def test_queued_steps_in_flight_equal_sequential(vk_device, vk_target):
+    """:func:`queued_steps_case` on Vulkan: inline uploads in the transfer command buffer,
+    readback slots reused (the released one too, once its submission ran)."""
+    from poot.backends.vulkan.runtime import VkReadback
+
+    queued_steps_case(vk_device, vk_target, VkReadback)
+    assert len(vk_device._read_free) >= 4
+
+
+def test_a_fault_in_a_queued_step_surfaces_at_its_readback(vk_device, vk_target):
+    queued_fault_case(vk_device, vk_target)
+
+
+def test_profile_times_every_dispatch_by_kind(vk_device, vk_target):
+    """Timestamps after each dispatch: every dispatch of the step is counted once under its
+    dispatch region's kind, the per-dispatch minima add up to no more than the step's span,
+    and the step still computes what it should (the profile replays it)."""
+    from poot.backends.vulkan.codegen import compile_vulkan
+
+    g = _cache_step()
+    k = vk_device.load(compile_vulkan(g, vk_target))
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    x = rng.standard_normal((1, 4)).astype(np.float32)
+    cache = np.zeros((8, 4), np.float32)
+    bufs = _bind(vk_device, k, {"w": w, "x": x, "idx": np.array([[3]], np.int32),
+                                "cache": cache})
+    try:
+        prof = vk_device.profile_kernel(k, bufs, repeats=2)
+    except Exception as e:  # noqa: BLE001
+        if "writes no timestamps" in str(e):
+            pytest.skip(str(e))
+        raise
+    art = k.artifact
+    kinds = {d["kind"] for d in art.dispatches}
+    assert set(prof["by_kind"]) - {"copy"} <= kinds and "matmul" in str(kinds)
+    assert sum(v["dispatches"] for v in prof["by_kind"].values()) == art.dispatch_count
+    assert sum(r["copies"] for r in prof["top"]) == art.dispatch_count
+    assert 0 < prof["total_ms"] <= prof["step_ms"] * 1.001 + 1e-4
+    want = oracle.evaluate(g, {"x": x, "idx": np.array([[3]], np.int32), "cache": cache},
+                           {"w": w})
+    np.testing.assert_allclose(_out(vk_device, k, bufs, "y"), want["y"], atol=1e-5)
+
+
 def test_refuses_device_without_robust_buffer_access():
     from poot.backends.vulkan.runtime import RobustnessUnavailable, VulkanDevice, VulkanError
 

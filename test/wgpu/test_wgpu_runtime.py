@@ -9,7 +9,8 @@ import copy
 
 import numpy as np
 import pytest
-from test_vulkan_runtime import _bind, _cache_step, _embed, _out   # the Vulkan tests' graphs
+from test_vulkan_runtime import (_bind, _cache_step, _embed, _out,  # the Vulkan tests' cases
+                                 queued_fault_case, queued_steps_case)
 
 from poot import oracle
 from poot.dialects.types import DType, TensorType
@@ -55,6 +56,18 @@ def test_record_once_replay_follows_rewritten_inputs(wg_device, wg_target, per_s
     assert [op[2] for op in rec.ops if op[0] == "dispatch"] == groups   # the same objects
     n = len(groups)
     assert wg_device.submits - submits == 4 * (1 if per_submit is None else max(n, 1))
+
+
+def test_queued_steps_in_flight_equal_sequential(wg_device, wg_target):
+    """Steps issued before any is read (``queue.write_buffer`` uploads, mapped readbacks)
+    equal the oracle's, in order (the Vulkan tests' case)."""
+    from poot.backends.wgpu.runtime import WgpuReadback
+
+    queued_steps_case(wg_device, wg_target, WgpuReadback)
+
+
+def test_a_fault_in_a_queued_step_surfaces_at_its_readback(wg_device, wg_target):
+    queued_fault_case(wg_device, wg_target)
 
 
 @pytest.mark.parametrize("dtype,shape", [(np.int8, (3,)), (np.bool_, (5,)), (np.float32, (7,)),

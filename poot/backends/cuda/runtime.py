@@ -569,6 +569,11 @@ class CudaDevice:
         _check(driver().cuGraphLaunch(recording.exec, self.stream), "cuGraphLaunch")
         self.replays += 1
 
+    def profile_kernel(self, kernel: CudaKernel, bindings: Sequence[DevBuf], repeats: int = 3,
+                       top: int = 16) -> dict:
+        """:func:`profile_kernel` on this device (the executor's optional profiling hook)."""
+        return profile_kernel(self, kernel, bindings, repeats=repeats, top=top)
+
 
 def profile_dispatches(runner: "StepRunner") -> dict[str, float]:
     """GPU milliseconds per dispatch kind for one step of a :class:`StepRunner`

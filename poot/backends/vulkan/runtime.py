@@ -17,13 +17,14 @@ Semantics (the seeds' "Raw Vulkan" contract):
   and records one primary command buffer (dispatches, a full memory barrier after each, a
   final barrier to the host); :meth:`replay` is one ``vkQueueSubmit`` of that command buffer
   through ``vk.lib`` with a prebuilt ``VkSubmitInfo`` (no per-token Python wrappers).
-* **bounded waits, poisoning**: :meth:`synchronize` waits on the fence at most
+* **bounded waits, poisoning**: :meth:`synchronize` waits on each submission's fence at most
   ``fence_timeout_s`` (600 s by default). A timed-out wait or a failed submission poisons the
   device: it raises :class:`DeviceLost`, leaks whatever the pending work may still reference
   (nothing is destroyed), and every later call raises :class:`DeviceLost` again.
 * **error word**: one 8-byte host-visible buffer is bound to every pipeline as its last
   binding; kernel checks write a code (word 0) and the kernel index + 1 (word 1).
-  :meth:`synchronize` reads it after the fence and raises :class:`KernelFault` (then clears it).
+  every wait reads it after a fence and raises :class:`KernelFault` (then clears it), so a
+  fault in a pipelined step surfaces at the next readback or :meth:`synchronize`.
 * **memory**: one allocation per buffer. If the device has a large host-visible device-local
   heap (UMA, lavapipe, resizable BAR) every buffer lives there, mapped once; otherwise buffers
   of at least ``staging_threshold`` bytes are device-local and uploads/downloads go through a
@@ -31,9 +32,16 @@ Semantics (the seeds' "Raw Vulkan" contract):
   (``unified_memory=False`` forces that split on any device).
 * **recorded copies**: ``record(kernel, buffers, copies=[(src, dst)])`` appends whole-buffer
   copies after the last dispatch (e.g. the sampled token into the next step's token input).
-* **one submission in flight**: :meth:`replay`, uploads and downloads wait for the pending
-  submission first, so ``upload_async``/``download_async`` are the synchronous ones and
-  ``overlaps`` is False (pipelined stepping runs, in effect, sequentially here).
+* **queued work, several submissions in flight** (``overlaps`` is True): :meth:`replay`
+  submits and returns, each submission with a fence of its own. :meth:`upload_async` writes
+  its bytes into a transfer command buffer (``vkCmdUpdateBuffer``: copied at once, at most
+  64 KiB, which every per-step input of a decode step is) and :meth:`download_async` copies
+  the buffer into a host-visible readback slot there; that command buffer goes out in front
+  of the next replay (in the same ``vkQueueSubmit``) or alone when a readback is waited for
+  first, so "write the inputs, replay, read the outputs" of step n+1 is issued while step n
+  runs, in queue order. The plain :meth:`upload`, :meth:`download` and larger async writes
+  wait for every submission first. Queue order plus the barriers that end each recording
+  (and each transfer command buffer) order every submission after the ones before it.
 * **live memory**: :meth:`memory_budget` reads ``VK_EXT_memory_budget`` when the device has it
   (enabled at open), else returns None.
 """
@@ -41,6 +49,7 @@ Semantics (the seeds' "Raw Vulkan" contract):
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -56,6 +65,10 @@ else:                     # loaded as a file beside artifact.py (check.py on a m
     from artifact import ERROR_NAMES, BufferSpec, VulkanArtifact  # type: ignore  # noqa
 
 DEFAULT_FENCE_TIMEOUT_S = 600.0
+#: the largest write ``vkCmdUpdateBuffer`` takes (bytes); larger async uploads wait instead
+MAX_INLINE_UPLOAD = 65536
+#: submissions in flight before :meth:`VulkanDevice.replay` waits for the oldest
+MAX_IN_FLIGHT = 64
 
 
 class VulkanError(PootError):
@@ -176,13 +189,64 @@ class VkRecording:
     submit: Any           # prebuilt VkSubmitInfo*
     keep: list = field(default_factory=list)
     submits: int = 0
+    query_pool: Any = None    # timestamps after each step (``record(timestamps=True)``)
+
+
+@dataclass(eq=False)
+class _Transfer:
+    """Transfer commands queued between replays: one command buffer of inline uploads and
+    copies into readback slots, submitted in front of the next replay (or alone)."""
+
+    cb: Any
+    touched: set = field(default_factory=set)   # id() of the buffers it writes or reads
+    seq: int | None = None                      # the submission it went out with
+
+
+@dataclass(eq=False)
+class _Submission:
+    seq: int
+    fence: Any
+    fence_arr: Any
+    recording: VkRecording | None
+    transfer: _Transfer | None
+    keep: tuple = ()                            # cffi structs alive until the fence
+
+
+class VkReadback:
+    """A queued read of a device buffer into a host-visible slot (the executor's
+    ``Readback``): :meth:`wait` waits for the submission that carries the copy (submitting
+    it first if it is still queued) and returns a host copy; :meth:`release` gives the slot
+    back once that submission has run."""
+
+    def __init__(self, device: "VulkanDevice", transfer: _Transfer, slot: VkBuffer, dtype,
+                 shape, nbytes: int):
+        self.device, self.transfer, self.slot = device, transfer, slot
+        self.dtype, self.shape, self.nbytes = dtype, shape, nbytes
+
+    def wait(self) -> np.ndarray:
+        if self.slot is None:
+            raise VulkanError("this readback was already waited for or released")
+        dev, slot = self.device, self.slot
+        dev._check()
+        if self.transfer.seq is None:
+            dev._submit(None)
+        dev._wait_through(self.transfer.seq)
+        out = slot.host[:self.nbytes].view(self.dtype).reshape(self.shape).copy()
+        self.slot = None
+        dev._read_free.append(slot)
+        return out
+
+    def release(self) -> None:
+        if self.slot is not None:
+            self.device._read_spent.append((self.transfer, self.slot))
+            self.slot = None
 
 
 class VulkanDevice:
     """The executor Device for Vulkan (see the module doc)."""
 
     name = "vulkan"
-    overlaps = False
+    overlaps = True           # replays and queued transfers return before the GPU ran them
 
     def __init__(self, fence_timeout_s: float = DEFAULT_FENCE_TIMEOUT_S,
                  device: int | str | None = None, features_of=None,
@@ -194,7 +258,14 @@ class VulkanDevice:
         self.staging_threshold = int(staging_threshold)
         self._force_unified = unified_memory
         self._poisoned: str | None = None
-        self._pending: VkRecording | None = None
+        self._inflight: deque[_Submission] = deque()
+        self._seq = 0                      # submissions made so far
+        self._xfer: _Transfer | None = None
+        self._free_fences: list = []
+        self._free_xfer: list = []         # reset transfer command buffers
+        self._read_free: list[VkBuffer] = []
+        self._read_spent: list[tuple[_Transfer, VkBuffer]] = []   # released, maybe in use
+        self._last_recording: VkRecording | None = None
         self._closed = False
         self.records = 0
         self.replays = 0
@@ -468,8 +539,8 @@ class VulkanDevice:
         """Record ``fill(cb)``, submit, wait (bounded): uploads/downloads of device-local
         buffers and fills."""
         vk = self.vk
-        if self._pending is not None:
-            self.synchronize()
+        if not self._idle():
+            self._drain()
         cb = vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.cmd_pool,
             level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
@@ -493,8 +564,8 @@ class VulkanDevice:
         if raw.size != buffer.nbytes:
             raise VulkanError(f"cannot write {list(np.shape(array))} into a buffer of "
                               f"{list(buffer.shape)}")
-        if self._pending is not None:       # the GPU may still read it
-            self.synchronize()
+        if not self._idle():                # the GPU may still read it
+            self._drain()
         if buffer.host is not None:
             buffer.host[:buffer.nbytes] = raw
             return
@@ -518,8 +589,8 @@ class VulkanDevice:
         if raw.size % row or start < 0 or off + raw.size > buffer.nbytes:
             raise VulkanError(f"cannot write {list(a.shape)} at row {start} of a buffer of "
                               f"{list(buffer.shape)}")
-        if self._pending is not None:
-            self.synchronize()
+        if not self._idle():
+            self._drain()
         if buffer.host is not None:
             buffer.host[off:off + raw.size] = raw
             return
@@ -531,8 +602,8 @@ class VulkanDevice:
 
     def download(self, buffer: VkBuffer) -> np.ndarray:
         self._check()
-        if self._pending is not None:
-            self.synchronize()
+        if not self._idle():
+            self._drain()
         if buffer.host is not None:
             raw = buffer.host[:buffer.nbytes]
         else:
@@ -544,12 +615,39 @@ class VulkanDevice:
         return raw.view(buffer.dtype).reshape(buffer.shape).copy()
 
     def upload_async(self, buffer: VkBuffer, array) -> None:
-        """:meth:`upload` (it waits for the pending submission: one in flight)."""
-        self.upload(buffer, array)
+        """Queue a write of ``array`` into ``buffer`` after the work issued so far (its bytes
+        are copied at once: the caller may reuse it). With nothing in flight, or past
+        :data:`MAX_INLINE_UPLOAD` bytes, it is :meth:`upload`."""
+        self._check()
+        if self._idle():
+            return self.upload(buffer, array)
+        raw = buffer_bytes(array, buffer.dtype, VulkanError)
+        if raw.size != buffer.nbytes:
+            raise VulkanError(f"cannot write {list(np.shape(array))} into a buffer of "
+                              f"{list(buffer.shape)}")
+        n = (raw.size + 3) // 4 * 4
+        if n > MAX_INLINE_UPLOAD or n > buffer.size:
+            return self.upload(buffer, array)
+        if n != raw.size:
+            raw = np.concatenate([raw, np.zeros(n - raw.size, np.uint8)])
+        t = self._transfer(buffer)
+        self.lib.vkCmdUpdateBuffer(t.cb, buffer.buffer, 0, n, self.ffi.from_buffer(raw))
 
     def download_async(self, buffer: VkBuffer):
-        """The buffer's value now (after the pending submission), as a finished readback."""
-        return Ready(self.download(buffer))
+        """Queue a read of ``buffer`` after the work issued so far: a :class:`VkReadback`
+        (a finished one when nothing is in flight)."""
+        self._check()
+        if self._idle():
+            return Ready(self.download(buffer))
+        slot = next((b for b in self._read_free if b.size >= buffer.size), None)
+        if slot is None:
+            slot = self._make_buffer(max(buffer.size, 256), np.uint8, (buffer.size,), host=True)
+        else:
+            self._read_free.remove(slot)
+        t = self._transfer(buffer, slot)
+        self.vk.vkCmdCopyBuffer(t.cb, buffer.buffer, slot.buffer, 1, [self.vk.VkBufferCopy(
+            srcOffset=0, dstOffset=0, size=buffer.size)])
+        return VkReadback(self, t, slot, buffer.dtype, buffer.shape, buffer.nbytes)
 
     # ---- programs ----------------------------------------------------------------------------
     def in_place_outputs(self, kernel: VkLoadedKernel) -> set[str]:
@@ -624,9 +722,12 @@ class VulkanDevice:
         vk.vkCmdPipelineBarrier(cb, src, dst, 0, 1, [mb], 0, None, 0, None)
 
     def record(self, kernel: VkLoadedKernel, bindings: Sequence[VkBuffer],
-               copies: Sequence[tuple[VkBuffer, VkBuffer]] = ()) -> VkRecording:
+               copies: Sequence[tuple[VkBuffer, VkBuffer]] = (),
+               timestamps: bool = False) -> VkRecording:
         """Descriptor sets for every dispatch and one command buffer for the whole step,
-        ending with the whole-buffer ``copies`` ``(src, dst)`` (equal byte sizes)."""
+        ending with the whole-buffer ``copies`` ``(src, dst)`` (equal byte sizes).
+        ``timestamps``: also write a timestamp query before the first step and after each
+        step's barrier (``recording.query_pool``, read by :meth:`profile_kernel`)."""
         self._check()
         vk, ffi = self.vk, self.ffi
         art = kernel.artifact
@@ -675,8 +776,15 @@ class VulkanDevice:
             level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
         vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo(
             sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, flags=0))
+        queries = None
+        if timestamps:
+            queries = vk.vkCreateQueryPool(self.device, vk.VkQueryPoolCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=len(art.steps) + 1), None)
+            vk.vkCmdResetQueryPool(cb, queries, 0, len(art.steps) + 1)
+            vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, 0)
         it = iter(sets)
-        for s in art.steps:
+        for i, s in enumerate(art.steps):
             if s.op == "dispatch":
                 vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
                                      kernel.pipelines[s.kernel])
@@ -686,12 +794,16 @@ class VulkanDevice:
                 vk.vkCmdDispatch(cb, *[int(g) for g in s.groups])
             else:
                 src, dst = buf(s.src), buf(s.dst)
-                if src is dst:
-                    continue            # state written in place, bound to one buffer
-                vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer, 1, [vk.VkBufferCopy(
-                    srcOffset=0, dstOffset=0, size=min(src.size, dst.size, s.nbytes + 3
-                                                       - (s.nbytes + 3) % 4))])
+                if src is not dst:      # else state written in place, bound to one buffer
+                    vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer, 1, [vk.VkBufferCopy(
+                        srcOffset=0, dstOffset=0, size=min(src.size, dst.size, s.nbytes + 3
+                                                           - (s.nbytes + 3) % 4))])
+                elif queries is None:
+                    continue
             self._barrier(cb)
+            if queries is not None:
+                vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries,
+                                       i + 1)
         for src, dst in copies:
             vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer, 1, [vk.VkBufferCopy(
                 srcOffset=0, dstOffset=0, size=min(src.size, dst.size))])
@@ -704,56 +816,211 @@ class VulkanDevice:
         si.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
         si.commandBufferCount = 1
         si.pCommandBuffers = cbs
-        rec = VkRecording(kernel, cb, pool, si, [cbs, sets, list(bindings), list(copies)])
+        rec = VkRecording(kernel, cb, pool, si, [cbs, sets, list(bindings), list(copies)],
+                          query_pool=queries)
         self._recordings.append(rec)
         self.records += 1
         return rec
 
     # ---- running -----------------------------------------------------------------------------
     def replay(self, recording: VkRecording) -> None:
-        """Resubmit the recorded command buffer (one ``vkQueueSubmit``, no re-recording)."""
+        """Resubmit the recorded command buffer (one ``vkQueueSubmit``, no re-recording),
+        behind the queued transfers, and return without waiting."""
         self._check()
-        if self._pending is not None:
-            self.synchronize()
-        r = self.lib.vkQueueSubmit(self.queue, 1, recording.submit, self.fence)
-        if r != self.vk.VK_SUCCESS:
-            self._poison(f"vkQueueSubmit failed with VkResult {r}")
-        self._pending = recording
+        if len(self._inflight) >= MAX_IN_FLIGHT:
+            self._wait_through(self._inflight[0].seq)
+        self._submit(recording)
         recording.submits += 1
         self.replays += 1
+
+    def profile_kernel(self, kernel: VkLoadedKernel, bindings: Sequence[VkBuffer],
+                       repeats: int = 3, top: int = 16) -> dict:
+        """Where one step's GPU time goes, as a replay sees it: the step is recorded with a
+        timestamp after each dispatch's barrier (the barrier every step of the plan ends
+        with), replayed ``repeats`` + 1 times (the first warms up), and each dispatch's time
+        is the gap to the timestamp before it (its own run plus draining the barrier; the
+        minimum over the replays). The buffers' current contents are used and rewritten as a
+        step would.
+
+        Returns ``{"total_ms", "by_kind": {kind: {"ms", "dispatches", "launches"}}, "top":
+        [{"callee", "kind", "copies", "us", "weight_bytes", "GBps", "launches": [groups,
+        ...]}, ...]`` (the ``top`` kernels by total time, ``us`` per copy), ``step_ms`` (first
+        to last timestamp) and a ``note`` -- the shape of the CUDA runtime's profile.
+
+        Raises:
+            VulkanError: the queue family writes no timestamps.
+        """
+        self._check()
+        vk, ffi = self.vk, self.ffi
+        qprops = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
+        if not qprops[self.queue_family].timestampValidBits:
+            raise VulkanError(f"'{self.device_name}' writes no timestamps on its compute "
+                              f"queue: no per-dispatch profile")
+        period_ns = float(self.properties.limits.timestampPeriod)
+        art = kernel.artifact
+        rec = self.record(kernel, bindings, timestamps=True)
+        n = len(art.steps) + 1
+        data = ffi.new("uint64_t[]", n)
+        best, step_ms = None, float("inf")
+        for _ in range(max(1, repeats) + 1):
+            self.replay(rec)
+            self.synchronize()
+            r = self.lib.vkGetQueryPoolResults(
+                self.device, rec.query_pool, 0, n, 8 * n, data, 8,
+                vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+            if r != vk.VK_SUCCESS:
+                raise VulkanError(f"vkGetQueryPoolResults failed with VkResult {r}")
+            t = np.frombuffer(ffi.buffer(data, 8 * n), np.uint64).astype(np.float64)
+            us = np.diff(t) * period_ns / 1e3
+            best = us if best is None else np.minimum(best, us)
+            step_ms = min(step_ms, float(t[-1] - t[0]) * period_ns / 1e6)
+        nbytes = {i: int(b["nbytes"]) for i, b in enumerate(art.buffers)}
+        params = {i for i, b in enumerate(art.buffers) if b["kind"] == "param"}
+        rows: dict = {}
+        by_kind: dict[str, dict] = {}
+        for s, us in zip(art.steps, best):
+            kind = art.dispatches[s.dispatch]["kind"] if 0 <= s.dispatch < len(art.dispatches) \
+                else "copy"
+            k = by_kind.setdefault(kind, {"ms": 0.0, "dispatches": 0, "launches": 0})
+            k["ms"] += float(us) / 1e3
+            k["launches"] += 1
+            if s.op != "dispatch":
+                continue
+            k["dispatches"] += 1
+            row = rows.setdefault(s.kernel, {
+                "callee": art.dispatches[s.dispatch]["name"] if s.dispatch >= 0 else "",
+                "kernel": art.kernels[s.kernel].name, "kind": kind, "copies": 0, "us": 0.0,
+                "weight_bytes": sum(nbytes[b] for b in set(s.args) if b in params),
+                "launches": [list(s.groups)]})
+            row["copies"] += 1
+            row["us"] += float(us)
+        out = []
+        for row in rows.values():
+            row["us"] = round(row["us"] / row["copies"], 2)
+            w = row["weight_bytes"]
+            row["GBps"] = round(w / (row["us"] * 1e-6) / 1e9, 1) if w and row["us"] else None
+            out.append(row)
+        out.sort(key=lambda r: -r["us"] * r["copies"])
+        for k in by_kind.values():
+            k["ms"] = round(k["ms"], 4)
+        return {"total_ms": round(sum(k["ms"] for k in by_kind.values()), 4),
+                "step_ms": round(step_ms, 4), "by_kind": by_kind, "top": out[:top],
+                "note": "timestamps after each dispatch's barrier in one recorded step "
+                        "(min over replays): a dispatch's time includes draining its barrier"}
+
+    # ---- the queue ---------------------------------------------------------------------------
+    def _idle(self) -> bool:
+        return not self._inflight and self._xfer is None
+
+    def _transfer(self, *buffers: VkBuffer) -> _Transfer:
+        """The open transfer command buffer, begun on first use; a barrier goes in first
+        when it already touched one of ``buffers`` (transfers are unordered without one)."""
+        vk = self.vk
+        t = self._xfer
+        if t is None:
+            if self._free_xfer:
+                cb = self._free_xfer.pop()
+            else:
+                cb = vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                    commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                    commandBufferCount=1))[0]
+            vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+            t = self._xfer = _Transfer(cb)
+        ids = {id(b) for b in buffers}
+        if ids & t.touched:
+            self._barrier(t.cb)
+        t.touched |= ids
+        return t
+
+    def _submit(self, recording: VkRecording | None) -> None:
+        """One ``vkQueueSubmit``: the open transfer command buffer (ended with a barrier to
+        the shader, transfer and host reads) then ``recording``'s, under a fence of its own."""
+        ffi, vk = self.ffi, self.vk
+        t, self._xfer = self._xfer, None
+        cbs = []
+        if t is not None:
+            self._barrier(t.cb)
+            self._barrier(t.cb, host=True)
+            vk.vkEndCommandBuffer(t.cb)
+            cbs.append(t.cb)
+        if recording is not None:
+            cbs.append(recording.command_buffer)
+        arr = ffi.new("VkCommandBuffer[]", cbs)
+        si = ffi.new("VkSubmitInfo*")
+        si.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
+        si.commandBufferCount = len(cbs)
+        si.pCommandBuffers = arr
+        fence = self._free_fences.pop() if self._free_fences else vk.vkCreateFence(
+            self.device, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO),
+            None)
+        fence_arr = ffi.new("VkFence[1]", [fence])
+        r = self.lib.vkQueueSubmit(self.queue, 1, si, fence)
+        if r != vk.VK_SUCCESS:
+            self._poison(f"vkQueueSubmit failed with VkResult {r}")
+        self._seq += 1
+        if t is not None:
+            t.seq = self._seq
+        if recording is not None:
+            self._last_recording = recording
+        self._inflight.append(_Submission(self._seq, fence, fence_arr, recording, t,
+                                          (arr, si)))
+
+    def _wait_through(self, seq: int) -> None:
+        """Wait (bounded) for every submission up to ``seq``, recycling their fences,
+        transfer command buffers and released readback slots; raise :class:`KernelFault`
+        when a kernel check set the error word."""
+        while self._inflight and self._inflight[0].seq <= seq:
+            s = self._inflight[0]
+            self._wait(s.fence_arr)
+            self._inflight.popleft()
+            self._free_fences.append(s.fence)
+            if s.transfer is not None:
+                self.lib.vkResetCommandBuffer(s.transfer.cb, 0)
+                self._free_xfer.append(s.transfer.cb)
+            self._raise_fault(s.recording or self._last_recording)
+        if self._read_spent:
+            done = self._inflight[0].seq if self._inflight else self._seq + 1
+            ran = [(t, b) for t, b in self._read_spent if t.seq is not None and t.seq < done]
+            self._read_free += [b for _, b in ran]
+            self._read_spent = [e for e in self._read_spent if e not in ran]
+
+    def _drain(self) -> None:
+        """Submit the queued transfers and wait for every submission."""
+        if self._xfer is not None:
+            self._submit(None)
+        self._wait_through(self._seq)
+
+    def _raise_fault(self, recording: VkRecording | None) -> None:
+        err = self._err.host.view(np.uint32)
+        if err[0]:
+            code, k = int(err[0]), int(err[1])
+            err[:] = 0
+            raise KernelFault(code, recording.kernel.artifact.faulting_kernel(k)
+                              if recording is not None else None)
 
     def _submit_and_wait(self, si) -> None:
         r = self.lib.vkQueueSubmit(self.queue, 1, si, self.fence)
         if r != self.vk.VK_SUCCESS:
             self._poison(f"vkQueueSubmit failed with VkResult {r}")
-        self._wait()
+        self._wait(self._fence_arr)
 
-    def _wait(self) -> None:
+    def _wait(self, fence_arr) -> None:
         timeout = int(max(0.0, self.fence_timeout_s) * 1e9)
-        r = self.lib.vkWaitForFences(self.device, 1, self._fence_arr, 1, timeout)
+        r = self.lib.vkWaitForFences(self.device, 1, fence_arr, 1, timeout)
         if r == self.vk.VK_TIMEOUT:
             self._poison(f"fence wait timed out after {self.fence_timeout_s:g} s")
         if r != self.vk.VK_SUCCESS:
             self._poison(f"vkWaitForFences failed with VkResult {r}")
-        self.lib.vkResetFences(self.device, 1, self._fence_arr)
+        self.lib.vkResetFences(self.device, 1, fence_arr)
 
     def synchronize(self) -> None:
-        """Wait (bounded) for the submitted step; raise :class:`KernelFault` if a kernel check
-        set the error word."""
+        """Wait (bounded) for everything submitted and queued; raise :class:`KernelFault` if
+        a kernel check set the error word."""
         self._check()
-        rec, self._pending = self._pending, None
-        if rec is None:
-            return
-        try:
-            self._wait()
-        except DeviceLost:
-            self._pending = rec
-            raise
-        err = self._err.host.view(np.uint32)
-        if err[0]:
-            code, k = int(err[0]), int(err[1])
-            err[:] = 0
-            raise KernelFault(code, rec.kernel.artifact.faulting_kernel(k))
+        self._drain()
 
     def close(self) -> None:
         """Destroy everything (a poisoned device leaks instead: pending work may still run)."""
@@ -767,6 +1034,8 @@ class VulkanDevice:
         for r in self._recordings:
             if r.pool is not None:
                 vk.vkDestroyDescriptorPool(self.device, r.pool, None)
+            if r.query_pool is not None:
+                vk.vkDestroyQueryPool(self.device, r.query_pool, None)
         for k in self._kernels:
             for p, pl, sl, m in zip(k.pipelines, k.pipeline_layouts, k.set_layouts, k.modules):
                 vk.vkDestroyPipeline(self.device, p, None)
@@ -778,6 +1047,8 @@ class VulkanDevice:
             vk.vkDestroyBuffer(self.device, b.buffer, None)
             vk.vkFreeMemory(self.device, b.memory, None)
         vk.vkDestroyFence(self.device, self.fence, None)
+        for f in self._free_fences + [s.fence for s in self._inflight]:
+            vk.vkDestroyFence(self.device, f, None)
         vk.vkDestroyCommandPool(self.device, self.cmd_pool, None)
         vk.vkDestroyDevice(self.device, None)
         vk.vkDestroyInstance(self.instance, None)

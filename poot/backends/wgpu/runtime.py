@@ -33,10 +33,15 @@ Semantics (the seeds' wgpu contract):
   ``max-storage-buffers-per-shader-stage`` and a buffer larger than
   ``max-storage-buffer-binding-size`` are refused at :meth:`load` / :meth:`alloc`
   (:class:`WgpuLimitExceeded`, naming the limit and the value) before anything runs.
-* **error word**: one 8-byte buffer bound last to every kernel (the Vulkan ABI); each replay
-  copies it into a mappable buffer, and :meth:`synchronize` maps it and raises
-  :class:`~poot.backends.vulkan.runtime.KernelFault` on a nonzero code (then clears it).
-* **one submission in flight**: uploads and downloads wait for it, ``overlaps`` is False.
+* **error word**: one 8-byte buffer bound last to every kernel (the Vulkan ABI); every queued
+  read copies it beside the data it reads, and :meth:`synchronize` copies it alone; a
+  nonzero code raises :class:`~poot.backends.vulkan.runtime.KernelFault` (then it is
+  cleared), so a fault in a pipelined step surfaces at the next readback.
+* **queued work** (``overlaps`` is True): WebGPU's queue orders ``writeBuffer`` and
+  submissions, so :meth:`upload_async` is ``queue.write_buffer`` (the bytes are taken at the
+  call) and :meth:`replay` submits without waiting; :meth:`download_async` submits a copy
+  into a mappable buffer, mapped when the readback is waited for. Step n+1 is encoded and
+  issued while step n runs.
 """
 
 from __future__ import annotations
@@ -132,6 +137,35 @@ class WgpuRecording:
     submits: int = 0
 
 
+class WgpuReadback:
+    """A queued read (the executor's ``Readback``): a mappable buffer holding the read
+    buffer's bytes and then the error word, mapped by :meth:`wait`."""
+
+    def __init__(self, device: "WgpuDevice", mappable, buffer: WgpuBuffer,
+                 recording: WgpuRecording, issued: int):
+        self.device, self.mappable, self.buffer, self.recording = \
+            device, mappable, buffer, recording
+        self.issued = issued
+
+    def wait(self) -> np.ndarray:
+        if self.mappable is None:
+            raise WgpuError("this readback was already waited for or released")
+        dev, m, b = self.device, self.mappable, self.buffer
+        self.mappable = None
+        m.map_sync(dev.wgpu.MapMode.READ)
+        try:
+            raw = np.frombuffer(m.read_mapped(0, b.size + 8), np.uint8).copy()
+        finally:
+            m.unmap()
+        dev._map_free.append(m)
+        dev._raise_fault(raw[b.size:b.size + 8].view(np.uint32), self.recording, self.issued)
+        return raw[:b.nbytes].view(b.dtype).reshape(b.shape).copy()
+
+    def release(self) -> None:
+        """Drop the read (its mappable buffer is freed with it, once wgpu has run it)."""
+        self.mappable = None
+
+
 def _pick(adapters):
     def rank(a):
         info = a.info
@@ -153,7 +187,7 @@ class WgpuDevice:
     """
 
     name = "wgpu"
-    overlaps = False
+    overlaps = True           # replays and queued writes and reads return before they ran
 
     def __init__(self, adapter_index: int | None = None,
                  dispatches_per_submit: int | None = None):
@@ -192,7 +226,9 @@ class WgpuDevice:
         self._err = self._make_buffer(8, np.uint32, (2,))
         self._err_read = self.device.create_buffer(size=8, usage=usage.MAP_READ
                                                    | usage.COPY_DST)
-        self._pending: WgpuRecording | None = None
+        self._pending: WgpuRecording | None = None    # replayed since the last error check
+        self._map_free: list = []                      # mappable readback buffers
+        self._fault: tuple = (-1, None)                # (submissions, (code, kernel)) raised
         self.replays = self.records = self.submits = 0
         self.subgroup_size = self._probe_subgroup_size() if "subgroup" in self.features \
             else None
@@ -261,8 +297,8 @@ class WgpuDevice:
         return self._make_buffer(nbytes, dtype, shape, what=f"a {list(shape)} buffer")
 
     def _write(self, buffer: WgpuBuffer, offset: int, raw: np.ndarray) -> None:
-        if self._pending is not None:       # the GPU may still read it
-            self.synchronize()
+        """``queue.write_buffer``: ordered after every submission so far and before the next
+        one, so no wait is needed."""
         n = raw.size
         if offset % 4:
             raise WgpuError(f"a write at byte {offset} is not 4-byte aligned")
@@ -298,12 +334,30 @@ class WgpuDevice:
         return raw.view(buffer.dtype).reshape(buffer.shape).copy()
 
     def upload_async(self, buffer: WgpuBuffer, array) -> None:
-        """:meth:`upload` (it waits for the pending submission: one in flight)."""
+        """:meth:`upload`: already queued (``queue.write_buffer`` takes the bytes at once and
+        runs in queue order)."""
         self.upload(buffer, array)
 
     def download_async(self, buffer: WgpuBuffer):
-        """The buffer's value now (after the pending submission), as a finished readback."""
-        return Ready(self.download(buffer))
+        """Queue a read of ``buffer`` (and of the error word) after the work issued so far:
+        a :class:`WgpuReadback` (a finished one when nothing was replayed since the last
+        error check)."""
+        if self._pending is None:
+            return Ready(self.download(buffer))
+        usage = self.wgpu.BufferUsage
+        need = buffer.size + 8
+        m = next((b for b in self._map_free if b.size >= need), None)
+        if m is None:
+            m = self.device.create_buffer(size=max(need, 256),
+                                          usage=usage.MAP_READ | usage.COPY_DST)
+        else:
+            self._map_free.remove(m)
+        enc = self.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(buffer.buffer, 0, m, 0, buffer.size)
+        enc.copy_buffer_to_buffer(self._err.buffer, 0, m, buffer.size, 8)
+        self.queue.submit([enc.finish()])
+        self.submits += 1
+        return WgpuReadback(self, m, buffer, self._pending, self.submits)
 
     # ---- programs ----------------------------------------------------------------------------
     def in_place_outputs(self, kernel: WgpuLoadedKernel) -> set[str]:
@@ -464,14 +518,12 @@ class WgpuDevice:
             enc = self.device.create_command_encoder()
         if cpass is not None:
             cpass.end()
-        enc.copy_buffer_to_buffer(self._err.buffer, 0, self._err_read, 0, 8)
         out.append(enc.finish())
         return out
 
     def replay(self, recording: WgpuRecording) -> None:
-        """Encode the recorded step again (pipelines and bind groups reused) and submit it."""
-        if self._pending is not None:
-            self.synchronize()
+        """Encode the recorded step again (pipelines and bind groups reused) and submit it,
+        without waiting."""
         try:
             cbs = self._encode(recording.ops)
             for cb in cbs:
@@ -489,15 +541,28 @@ class WgpuDevice:
         rec, self._pending = self._pending, None
         if rec is None:
             return
+        enc = self.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(self._err.buffer, 0, self._err_read, 0, 8)
+        self.queue.submit([enc.finish()])
         self._err_read.map_sync(self.wgpu.MapMode.READ)
         try:
             err = np.frombuffer(self._err_read.read_mapped(), np.uint32).copy()
         finally:
             self._err_read.unmap()
+        self._raise_fault(err, rec)
+
+    def _raise_fault(self, err: np.ndarray, rec: WgpuRecording | None,
+                     issued: int | None = None) -> None:
+        """Raise the fault ``err`` holds, once: a readback issued (``issued``: submissions
+        then) before the word was cleared carries the same fault again and stays quiet."""
         if err[0]:
             code, k = int(err[0]), int(err[1])
+            if issued is not None and issued <= self._fault[0] and (code, k) == self._fault[1]:
+                return
+            self._fault = (self.submits, (code, k))
             self.queue.write_buffer(self._err.buffer, 0, np.zeros(2, np.uint32))
-            raise KernelFault(code, rec.kernel.artifact.faulting_kernel(k))
+            raise KernelFault(code, rec.kernel.artifact.faulting_kernel(k)
+                              if rec is not None else None)
 
     def close(self) -> None:
         """Release the device (wgpu frees the rest when the objects are collected)."""
