@@ -16,8 +16,9 @@ Plan semantics:
 * ``kernels[k]``: ``{"name", "entry", "spirv": file, "workgroup": [x, y, z], "bindings": n}``;
   binding i < n-1 is ``args[i]`` of the dispatching step, binding n-1 the error word.
 * ``steps``: in order, ``{"op": "dispatch", "kernel", "args": [buffer...], "groups": [x,y,z]}``
-  or ``{"op": "copy", "src", "dst", "nbytes"}``; every step is followed by a full
-  compute/transfer memory barrier. A copy whose source and destination are bound to one
+  or ``{"op": "copy", "src", "dst", "nbytes"}``; each step sees every earlier step's writes
+  (a runtime orders them with barriers or usage scopes; no step runs beside another that
+  touches one of its buffers, params and consts aside). A copy whose source and destination are bound to one
   device buffer is no copy (the runtime records nothing for it).
 * ``in_place``: output name -> input name for state the kernels write over the input's own
   buffer (a KV pool updated by a scatter): the plan ends with a copy of the input into the

@@ -14,8 +14,10 @@ Semantics (the seeds' "Raw Vulkan" contract):
 * **robustBufferAccess is required**: SPIR-V has no trap, so an out-of-bounds access must stay
   harmless; a device without it is refused at open (:class:`RobustnessUnavailable`).
 * **record once, resubmit verbatim**: :meth:`record` writes one descriptor set per dispatch
-  and records one primary command buffer (dispatches, a full memory barrier after each, a
-  final barrier to the host); :meth:`replay` is one ``vkQueueSubmit`` of that command buffer
+  and records one primary command buffer: the dispatches, with a memory barrier in front of
+  a step only where it touches a buffer (other than weights and constant tables, which are
+  only read) that a step since the last barrier touched -- compute to compute between two
+  dispatches -- then a full barrier and one to the host; :meth:`replay` is one ``vkQueueSubmit`` of that command buffer
   through ``vk.lib`` with a prebuilt ``VkSubmitInfo`` (no per-token Python wrappers).
 * **bounded waits, poisoning**: :meth:`synchronize` waits on each submission's fence at most
   ``fence_timeout_s`` (600 s by default). A timed-out wait or a failed submission poisons the
@@ -190,6 +192,7 @@ class VkRecording:
     keep: list = field(default_factory=list)
     submits: int = 0
     query_pool: Any = None    # timestamps after each step (``record(timestamps=True)``)
+    barriers: int = 0         # barriers between the plan's steps (hazards only)
 
 
 @dataclass(eq=False)
@@ -709,8 +712,19 @@ class VulkanDevice:
         self._kernels.append(k)
         return k
 
-    def _barrier(self, cb, host: bool = False):
+    def _barrier(self, cb, host: bool = False, shaders_only: bool = False):
+        """A memory barrier: shader and transfer writes before it made visible to shader and
+        transfer access after it (``host``: to host reads; ``shaders_only``: between two
+        dispatches, compute stage to compute stage)."""
         vk = self.vk
+        if shaders_only:
+            mb = vk.VkMemoryBarrier(
+                sType=vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+            stage = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+            vk.vkCmdPipelineBarrier(cb, stage, stage, 0, 1, [mb], 0, None, 0, None)
+            return
         mb = vk.VkMemoryBarrier(
             sType=vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
             srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
@@ -784,7 +798,27 @@ class VulkanDevice:
             vk.vkCmdResetQueryPool(cb, queries, 0, len(art.steps) + 1)
             vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, 0)
         it = iter(sets)
+        # a barrier goes in front of a step only when it touches a buffer the steps since the
+        # last barrier touched (weights and constant tables are only read: never a hazard);
+        # between two dispatches it is compute to compute. With timestamps every step ends
+        # with one, so each dispatch is timed alone.
+        fixed = {i for i, b in enumerate(art.buffers) if b["kind"] in ("param", "const")}
+        touched: set[int] = set()
+        ops: set[str] = set()
+        barriers = 0
         for i, s in enumerate(art.steps):
+            if s.op == "copy" and buf(s.src) is buf(s.dst) and queries is None:
+                continue                # state written in place, bound to one buffer
+            if s.op == "dispatch":
+                ids = {id(buf(a)) for a in s.args if a not in fixed}
+            else:
+                ids = {id(buf(s.src)), id(buf(s.dst))}
+            if ids & touched and queries is None:
+                self._barrier(cb, shaders_only=ops == {"dispatch"} and s.op == "dispatch")
+                barriers += 1
+                touched, ops = set(), set()
+            touched |= ids
+            ops.add(s.op)
             if s.op == "dispatch":
                 vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
                                      kernel.pipelines[s.kernel])
@@ -794,21 +828,20 @@ class VulkanDevice:
                 vk.vkCmdDispatch(cb, *[int(g) for g in s.groups])
             else:
                 src, dst = buf(s.src), buf(s.dst)
-                if src is not dst:      # else state written in place, bound to one buffer
+                if src is not dst:
                     vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer, 1, [vk.VkBufferCopy(
                         srcOffset=0, dstOffset=0, size=min(src.size, dst.size, s.nbytes + 3
                                                            - (s.nbytes + 3) % 4))])
-                elif queries is None:
-                    continue
-            self._barrier(cb)
             if queries is not None:
+                self._barrier(cb)
                 vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries,
                                        i + 1)
+        if copies:
+            self._barrier(cb)
         for src, dst in copies:
             vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer, 1, [vk.VkBufferCopy(
                 srcOffset=0, dstOffset=0, size=min(src.size, dst.size))])
-        if copies:
-            self._barrier(cb)
+        self._barrier(cb)                  # orders the next submission after this one
         self._barrier(cb, host=True)
         vk.vkEndCommandBuffer(cb)
         cbs = ffi.new("VkCommandBuffer[1]", [cb])
@@ -817,7 +850,7 @@ class VulkanDevice:
         si.commandBufferCount = 1
         si.pCommandBuffers = cbs
         rec = VkRecording(kernel, cb, pool, si, [cbs, sets, list(bindings), list(copies)],
-                          query_pool=queries)
+                          query_pool=queries, barriers=barriers)
         self._recordings.append(rec)
         self.records += 1
         return rec
