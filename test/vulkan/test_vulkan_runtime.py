@@ -192,6 +192,28 @@ def test_a_fault_in_a_queued_step_surfaces_at_its_readback(vk_device, vk_target)
     queued_fault_case(vk_device, vk_target)
 
 
+def test_a_readback_goes_out_before_the_next_step(vk_device, vk_target):
+    """Step n's read is submitted before step n+1 is (in its own submission), so waiting
+    for step n's token never waits for step n+1: what lets the pipelined loop overlap."""
+    from poot.backends.vulkan.codegen import compile_vulkan
+
+    g = _embed()
+    k = vk_device.load(compile_vulkan(g, vk_target))
+    table = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
+    bufs = _bind(vk_device, k, {"table": table, "tokens": np.array([[1, 2]], np.int32)})
+    rec = vk_device.record(k, bufs)
+    vk_device.replay(rec)
+    first = vk_device.download_async(bufs[2])
+    vk_device.upload_async(bufs[0], np.array([[4, 5]], np.int32))
+    vk_device.replay(rec)
+    second = vk_device.download_async(bufs[2])
+    steps = [s.seq for s in vk_device._inflight if s.recording is rec]
+    assert first.transfer.seq is not None and first.transfer.seq < steps[-1]
+    np.testing.assert_array_equal(first.wait()[0], -table[[1, 2]])
+    assert steps[-1] in [s.seq for s in vk_device._inflight]   # step n+1 was not waited for
+    np.testing.assert_array_equal(second.wait()[0], -table[[4, 5]])
+
+
 def test_profile_times_every_dispatch_by_kind(vk_device, vk_target):
     """Timestamps after each dispatch: every dispatch of the step is counted once under its
     dispatch region's kind, the per-dispatch minima add up to no more than the step's span,

@@ -203,6 +203,7 @@ class _Transfer:
     cb: Any
     touched: set = field(default_factory=set)   # id() of the buffers it writes or reads
     seq: int | None = None                      # the submission it went out with
+    reads: int = 0                              # readback copies in it
 
 
 @dataclass(eq=False)
@@ -633,6 +634,7 @@ class VulkanDevice:
             return self.upload(buffer, array)
         if n != raw.size:
             raw = np.concatenate([raw, np.zeros(n - raw.size, np.uint8)])
+        self._flush_reads()
         t = self._transfer(buffer)
         self.lib.vkCmdUpdateBuffer(t.cb, buffer.buffer, 0, n, self.ffi.from_buffer(raw))
 
@@ -648,6 +650,7 @@ class VulkanDevice:
         else:
             self._read_free.remove(slot)
         t = self._transfer(buffer, slot)
+        t.reads += 1
         self.vk.vkCmdCopyBuffer(t.cb, buffer.buffer, slot.buffer, 1, [self.vk.VkBufferCopy(
             srcOffset=0, dstOffset=0, size=buffer.size)])
         return VkReadback(self, t, slot, buffer.dtype, buffer.shape, buffer.nbytes)
@@ -862,6 +865,7 @@ class VulkanDevice:
         self._check()
         if len(self._inflight) >= MAX_IN_FLIGHT:
             self._wait_through(self._inflight[0].seq)
+        self._flush_reads()
         self._submit(recording)
         recording.submits += 1
         self.replays += 1
@@ -967,6 +971,13 @@ class VulkanDevice:
             self._barrier(t.cb)
         t.touched |= ids
         return t
+
+    def _flush_reads(self) -> None:
+        """Submit the open transfer command buffer alone when it holds readback copies and
+        something else is about to be queued: a read of step n must not wait for step n+1
+        (the pipelined loop issues step n+1 before it waits for step n's token)."""
+        if self._xfer is not None and self._xfer.reads:
+            self._submit(None)
 
     def _submit(self, recording: VkRecording | None) -> None:
         """One ``vkQueueSubmit``: the open transfer command buffer (ended with a barrier to
