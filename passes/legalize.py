@@ -7,6 +7,13 @@ widened, the op runs in f32, and the result is narrowed back to its declared dty
 inside the consuming kernel, so no widened copy is stored.
 
 Option ``compute``: comma-separated dtypes the target computes in (default the CPU set).
+
+Option ``storage``: comma-separated dtypes the target stores (empty: not checked). A 16-bit
+float dtype outside it, where f32 is inside, is *stored* as f32: every value of that dtype
+(function arguments, op results, constants) becomes f32, so the graph computes and stores in
+f32 and casts to the 16-bit dtype keep no rounding; the rule is
+:func:`poot.compiler.planning.storage_type`, which the executor also allocates weights by
+(a bf16 checkpoint on a wgpu adapter is uploaded as f32).
 """
 
 from __future__ import annotations
@@ -38,13 +45,78 @@ def _widen(op: ir.Operation) -> None:
     op.results[0].replace_all_uses_with(out)
 
 
-@register_pass("poot-legalize", "compute unsupported float dtypes in f32 between casts",
-               {"compute": (str, "f32,i64,i32,i8,i1", "dtypes the target computes in")})
-def run(module: ir.Operation, compute: str = "f32,i64,i32,i8,i1") -> None:
+#: float dtypes the ``storage`` option widens to f32 (planning.WIDENED_STORAGE; no MLIR-free
+#: import cycle: planning imports this module)
+WIDENED = (DType.F16, DType.BF16)
+
+
+def _dtypes(text: str, what: str) -> set[DType]:
     try:
-        allowed = {DType(x.strip()) for x in compute.split(",") if x.strip()}
+        return {DType(x.strip()) for x in text.split(",") if x.strip()}
     except ValueError as e:
-        raise PassFailure(f"poot-legalize: bad compute dtype list '{compute}': {e}") from None
+        raise PassFailure(f"poot-legalize: bad {what} dtype list '{text}': {e}") from None
+
+
+def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
+    """Store every f16/bf16 value the target cannot store as f32 (module doc); returns the
+    number of values widened."""
+    narrow = {d for d in WIDENED if d not in storage} if DType.F32 in storage else set()
+    if not narrow:
+        return 0
+    from poot.dialects.opdef import dense_from_mlir, dense_to_mlir
+
+    def wide(t: ir.Type) -> ir.Type | None:
+        try:
+            pt = type_from_mlir(t)
+        except TypeError:
+            return None
+        if isinstance(pt, TensorType) and pt.dtype in narrow:
+            return pt.with_dtype(DType.F32).mlir()
+        return None
+
+    n = 0
+    funcs: list[ir.Operation] = []
+
+    def visit(op):
+        nonlocal n
+        op = op.operation
+        if op.name == "func.func":
+            funcs.append(op)
+        if op.name == "poot.constant":
+            t = wide(op.results[0].type)
+            if t is not None:
+                value = dense_from_mlir(op.attributes["value"]).astype("float32")
+                op.attributes["value"] = dense_to_mlir(value)
+        for r in op.results:
+            t = wide(r.type)
+            if t is not None:
+                r.set_type(t)
+                n += 1
+        for region in op.regions:
+            for block in region.blocks:
+                for a in block.arguments:
+                    t = wide(a.type)
+                    if t is not None:
+                        a.set_type(t)
+                        n += 1
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    for f in funcs:
+        ft = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
+        f.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            [wide(t) or t for t in ft.inputs], [wide(t) or t for t in ft.results]))
+    return n
+
+
+@register_pass("poot-legalize", "compute unsupported float dtypes in f32 between casts; "
+               "store 16-bit floats a target cannot store in f32",
+               {"compute": (str, "f32,i64,i32,i8,i1", "dtypes the target computes in"),
+                "storage": (str, "", "dtypes the target stores (empty: unchecked)")})
+def run(module: ir.Operation, compute: str = "f32,i64,i32,i8,i1", storage: str = "") -> None:
+    allowed = _dtypes(compute, "compute")
+    if storage:
+        widen_storage(module, _dtypes(storage, "storage"))
     todo: list[ir.Operation] = []
 
     def visit(op):

@@ -20,6 +20,7 @@ Every client (``Driver``, ``LLM``, the CLI) runs through the handle's one
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from poot.backends.registry import BACKENDS as _REGISTERED
 from poot.compiler import Capabilities, CompileOptions, Target
+from poot.compiler.planning import storage_type
 from poot.driver.generate import ContextOverflow, Finished, TokenEvent, generate
 from poot.driver.params import InvalidRequest, SamplingParams
 from poot.engine import EngineConfig, KVConfig, LLMEngine, ModelRunner
@@ -241,7 +243,8 @@ class ModelHandle:
         runner = ModelRunner(model, weights, device if device is not None else
                              device_for(target), compile_step, kv, max_batch, prefill_chunk,
                              on_compile=lambda what: say(f"{what} step"), upload=False,
-                             find_step=find_step)
+                             find_step=find_step,
+                             storage_type=functools.partial(storage_type, caps=target.caps))
         if lora_table is not None:
             from poot.engine.lora import LoraManager
 

@@ -16,6 +16,7 @@ chosen backend like the generation steps; no KV cache is allocated.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from poot.compiler.planning import storage_type
 from poot.driver.params import InvalidRequest
 from poot.errors import PootError
 
@@ -196,7 +198,8 @@ class PoolingModel:
 
         runner = PoolingRunner(model, weights, device, compile_step, max_batch, limit,
                                pool, norm, "scores" if task == "score" else "embeddings",
-                               on_compile=lambda what: report(f"{what} step", 0, 0))
+                               on_compile=lambda what: report(f"{what} step", 0, 0),
+                               storage_type=functools.partial(storage_type, caps=target.caps))
         dims = extra.get("matryoshka_dimensions")
         mrl: bool | tuple[int, ...] = bool(extra.get("is_matryoshka", False))
         if isinstance(dims, list) and all(isinstance(d, int) for d in dims) and dims:

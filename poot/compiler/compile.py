@@ -4,7 +4,8 @@ Every model and every backend takes this path:
 
 1. optimization on the poot dialect: ``poot-canonicalize``, ``poot-cse``, ``poot-dce``, the
    flash-attention rewrite and RoPE fusion (when registered);
-2. legalization for the target (``poot-legalize``: f32 compute for dtypes it lacks);
+2. legalization for the target (``poot-legalize``: f32 compute for dtypes it lacks, f32
+   storage for 16-bit floats it cannot store);
 3. planning: every op is checked against the target's capabilities (a typed
    :class:`~poot.compiler.planning.Refusal` names the op and what is missing) and the step's
    storage is planned (in-place KV writes become aliases);
@@ -24,7 +25,7 @@ from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
 
 from poot.compiler.options import CompileOptions
-from poot.compiler.planning import Buffer, Refusal, check_module, plan_storage
+from poot.compiler.planning import Buffer, Refusal, check_module, plan_storage, storage_type
 from poot.compiler.target import Target
 from poot.errors import LimitExceeded, PootError
 from poot.graph.builder import Graph
@@ -151,9 +152,15 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None,
             track(f"pass {name}")
             _run_pass(name, g.module, {}, options, seconds)
         compute = ",".join(sorted(d.value for d in target.caps.compute_dtypes))
+        stored = ",".join(sorted(d.value for d in target.caps.storage_dtypes))
         if "poot-legalize" not in options.disable:
             track("pass poot-legalize")
-            _run_pass("poot-legalize", g.module, {"compute": compute}, options, seconds)
+            _run_pass("poot-legalize", g.module, {"compute": compute, "storage": stored},
+                      options, seconds)
+            caps = target.caps          # the interface follows the widened storage
+            g.inputs = [(n, storage_type(t, caps)) for n, t in g.inputs]
+            g.outputs = [(n, storage_type(t, caps)) for n, t in g.outputs]
+            g.params = {n: storage_type(t, caps) for n, t in g.params.items()}
         track("planning")
         check_module(g.module.operation, target)
         storage = plan_storage(g.func, g.inputs, g.outputs, g.params)

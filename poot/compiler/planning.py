@@ -13,7 +13,7 @@ from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
 
 from poot.compiler.target import Target
-from poot.dialects.types import PackedType, TensorType, type_from_mlir
+from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
 from poot.errors import PootError
 from poot.passes.legalize import COMPUTE_OPS
 
@@ -38,6 +38,23 @@ def _types(op: ir.Operation):
             yield type_from_mlir(v.type)
         except TypeError:
             continue
+
+
+#: float dtypes stored as f32 on a target that cannot store them but stores f32
+WIDENED_STORAGE = frozenset({DType.F16, DType.BF16})
+
+
+def storage_type(t, caps):
+    """The type a value of type ``t`` is stored in on a target with capabilities ``caps``:
+    ``t`` itself, or -- for an f16/bf16 tensor on a target without that storage but with f32
+    storage (a wgpu adapter: naga has no 16-bit types) -- the same shape in f32, so a bf16
+    checkpoint runs there at twice the bytes instead of being refused. ``poot-legalize``
+    (option ``storage``) widens the graph by this rule and the executor allocates weights by
+    it, so the two always agree. Packed and non-tensor types are returned unchanged."""
+    if isinstance(t, TensorType) and t.dtype in WIDENED_STORAGE and \
+            t.dtype not in caps.storage_dtypes and DType.F32 in caps.storage_dtypes:
+        return t.with_dtype(DType.F32)
+    return t
 
 
 def check_op(op: ir.Operation, target: Target) -> None:

@@ -58,11 +58,14 @@ class PoolingRunner:
         max_batch: rows per step at most. max_tokens: tokens per row at most.
         pooling, normalize, outputs: the :class:`PoolSpec` fields every entry uses.
         on_compile: called with an entry's name before it is compiled or loaded.
+        storage_type: the executor engine's weight storage rule (the target's
+            :func:`~poot.compiler.planning.storage_type`; None: the weights' own types).
     """
 
     def __init__(self, model, weights, device, compile_step: Callable, max_batch: int,
                  max_tokens: int, pooling: str, normalize: bool, outputs: str = "embeddings",
-                 on_compile: Callable[[str], None] | None = None):
+                 on_compile: Callable[[str], None] | None = None,
+                 storage_type: Callable | None = None):
         self.model, self.weights = model, weights
         self.compile_step = compile_step
         self.batch_buckets = decode_buckets(max_batch)
@@ -70,7 +73,7 @@ class PoolingRunner:
         self.max_batch, self.max_tokens = max_batch, max_tokens
         self.pooling, self.normalize, self.outputs = pooling, normalize, outputs
         self.on_compile = on_compile
-        self.engine = Engine(device)
+        self.engine = Engine(device, storage_type=storage_type)
         self._uploaded = False
         self._entries: dict[tuple[int, int], object] = {}
         self._lock = threading.Lock()

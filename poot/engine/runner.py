@@ -212,12 +212,14 @@ class ModelRunner:
         on_compile: called with an entry's name before it is compiled or loaded.
         upload: upload the weights now (False: at :meth:`upload_weights`, or before the first
             entry is added).
+        storage_type: the executor engine's weight storage rule (the target's
+            :func:`~poot.compiler.planning.storage_type`; None: the weights' own types).
     """
 
     def __init__(self, model, weights, device, compile_step: Callable, kv: KVConfig,
                  max_batch: int, prefill_chunk: int,
                  on_compile: Callable[[str], None] | None = None, upload: bool = True,
-                 find_step: Callable | None = None):
+                 find_step: Callable | None = None, storage_type: Callable | None = None):
         self.model, self.weights, self.kv = model, weights, kv
         self.compile_step = compile_step
         self.find_step = find_step
@@ -228,7 +230,7 @@ class ModelRunner:
         #: rows of the token-history pool: one per running sequence, plus a scratch row
         self.history_slots = max_batch + 1
         self.on_compile = on_compile
-        self.engine = Engine(device)
+        self.engine = Engine(device, storage_type=storage_type)
         self._uploaded = False
         if upload:
             self.upload_weights()

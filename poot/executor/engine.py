@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Generic, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
 import numpy as np
 
@@ -123,11 +123,18 @@ class Submitted:
 
 
 class Engine(Generic[D]):
-    """Runs compiled step programs on one device with record-then-replay."""
+    """Runs compiled step programs on one device with record-then-replay.
 
-    def __init__(self, device: D, alias_carried: bool = False):
+    ``storage_type``: maps a weight's type to the type the target stores it in (the
+    compiler's :func:`~poot.compiler.planning.storage_type` for the programs' target: a bf16
+    weight on a target without 16-bit storage is allocated as f32 and converted on upload);
+    None keeps every type."""
+
+    def __init__(self, device: D, alias_carried: bool = False,
+                 storage_type: Callable[[PootType], PootType] | None = None):
         self.device = device
         self.alias_carried = alias_carried
+        self.storage_type = storage_type or (lambda t: t)
         self._weights: dict[str, Any] = {}
         self._weight_types: dict[str, PootType] = {}
         self._state: dict[str, _State] = {}
@@ -137,13 +144,15 @@ class Engine(Generic[D]):
     # ---- weights -----------------------------------------------------------------------
     def load_weights(self, arrays: Mapping[str, np.ndarray],
                      types: Mapping[str, PootType]) -> None:
-        """Upload every weight once (``arrays[name]`` of ``types[name]``); entries bind them
-        by name. Weights already loaded under a name are replaced in place."""
+        """Upload every weight once (``arrays[name]`` of ``types[name]``, stored as
+        ``storage_type`` says); entries bind them by name. Weights already loaded under a name
+        are replaced in place."""
         for name, t in types.items():
             if name not in arrays:
                 raise ExecutorError(f"weight '{name}' has a type but no array")
             buf = self._weights.get(name)
             if buf is None:
+                t = self.storage_type(t)
                 buf = self.device.alloc(t)
                 self._weights[name], self._weight_types[name] = buf, t
             self.device.upload(buf, arrays[name])

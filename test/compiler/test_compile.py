@@ -26,13 +26,38 @@ def _half_linear(dtype):
 
 
 def test_refusal_names_op_and_missing_dtype():
+    """A 16-bit float is widened where f32 can be stored (next test); without f32 storage
+    either, there is nothing to widen to and planning refuses, naming the op and dtype."""
     g = _half_linear(DType.F16)
-    no_f16 = Target("cpu", host_cpu().caps.without_dtype(DType.F16))
+    caps = host_cpu().caps.without_dtype(DType.F16)
+    no_float = Target("cpu", replace(caps, storage_dtypes=caps.storage_dtypes - {DType.F32}))
     with pytest.raises(Refusal) as e:
-        compile(g, no_f16, CompileOptions(fuse=False))
-    assert e.value.capability == "f16 storage"
+        compile(g, no_float, CompileOptions(fuse=False))
+    assert e.value.capability in ("f16 storage", "f32 storage")
     assert e.value.op.startswith("poot.")
-    assert "f16 storage" in str(e.value) and e.value.op in str(e.value)
+    assert e.value.capability in str(e.value) and e.value.op in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [DType.F16, DType.BF16])
+def test_half_storage_is_widened_to_f32_where_the_target_has_none(dtype):
+    """poot-legalize's storage rule (planning.storage_type): on a target that stores f32 but
+    not ``dtype``, every value of ``dtype`` is stored as f32 -- the weight's planned storage
+    and every type in the module -- so the half-precision casts keep no rounding: the step
+    equals numpy's f32 computation on the same (16-bit-valued) weights."""
+    from poot.compiler.planning import storage_type
+
+    g = _half_linear(dtype)
+    t = Target("cpu", host_cpu().caps.without_dtype(dtype))
+    prog = compile(g, t, CompileOptions(fuse=False))
+    assert {b.name: b.type for b in prog.storage}["w"] == TensorType((8, 32), DType.F32)
+    assert storage_type(TensorType((8, 32), dtype), t.caps) == TensorType((8, 32), DType.F32)
+    assert storage_type(TensorType((8, 32), dtype), host_cpu().caps).dtype == dtype
+    assert f"x{dtype.value}" not in prog.ir_text
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 32)).astype(np.float32) * 0.5
+    w = rng.standard_normal((8, 32)).astype(dtype.numpy).astype(np.float32)
+    out = prog.run({"x": x}, {"w": w})["y"]
+    np.testing.assert_allclose(out, np.exp(x) @ w.T, rtol=1e-5, atol=1e-5)
 
 
 def test_refusal_for_packed_format_without_decoder():

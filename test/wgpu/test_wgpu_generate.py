@@ -43,6 +43,27 @@ def test_greedy_tokens_equal_cpu(wg_device, tmp_path, name):
     assert tokens["wgpu"] == tokens["cpu"]
 
 
+def test_bf16_weights_run_stored_as_f32(wg_device, tmp_path):
+    """A bf16 checkpoint on wgpu (no 16-bit storage): the weights are uploaded as f32 and
+    greedy generation equals the CPU's on the same bf16 weights (stored as bf16 there)."""
+    from poot.api import Driver, ModelHandle
+    from poot.compiler import CompileOptions
+    from poot.dialects.types import DType
+    from poot.driver.params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    tokens, stored = {}, {}
+    for backend in ("cpu", "wgpu"):
+        handle = ModelHandle.load(fixture_path("llama"), backend=backend, kv_capacity=32,
+                                  max_batch=2, random_weights="bf16", seed=3,
+                                  compile_options=CompileOptions(precision="exact"),
+                                  cache_dir=tmp_path / backend)
+        tokens[backend] = Driver(handle).complete([1, 2, 3, 4, 5], params).token_ids
+        stored[backend] = {t.dtype for t in handle.runner.engine._weight_types.values()}
+    assert stored == {"cpu": {DType.BF16}, "wgpu": {DType.F32}}
+    assert tokens["wgpu"] == tokens["cpu"]
+
+
 @pytest.fixture(scope="module")
 def smollm2_wgpu(tmp_path_factory):
     if smollm2_gguf() is None:

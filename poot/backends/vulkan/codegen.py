@@ -37,7 +37,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import replace
 
 from mlir import ir
@@ -624,47 +623,15 @@ def _nbytes(t: ir.Type) -> int:
 
 
 def compile_vulkan(graph, target=None, options=None):
-    """Compile a traced step for Vulkan: the compiler's front half (optimization, legalization
-    for the target's compute dtypes, planning, dispatch fusion) then :func:`codegen_vulkan`.
+    """Compile a traced step for a SPIR-V target (:func:`vulkan_target` by default): the one
+    compiler entry, :func:`poot.compiler.compile.compile`, with dispatch fusion on (one
+    dispatch region = one kernel sequence). Returns its
+    :class:`~poot.compiler.compile.Program`, whose ``executable`` is the
+    :class:`VulkanArtifact`."""
+    from poot.compiler.compile import CompileOptions, compile
 
-    Returns a :class:`~poot.compiler.compile.Program` whose ``executable`` is the
-    :class:`VulkanArtifact`. (Once ``poot.compiler.compile._codegen`` routes ``vulkan`` to
-    :func:`compile_program`, ``poot.compiler.compile(graph, target, CompileOptions(fuse=True))``
-    is the entry and this wrapper goes.)
-    """
-    from poot.compiler.compile import (CompileOptions, Program, _clone, _optimization_pipeline,
-                                       _run_pass)
-    from poot.compiler.planning import check_module, plan_storage
-    from poot.passes.analysis import dispatch_count, dispatch_report
-    from poot.passes.registry import load_all_passes
-
-    target = target or vulkan_target()
     options = options or CompileOptions()
-    if not options.fuse:
-        options = replace(options, fuse=True)   # one dispatch region = one kernel sequence
-    load_all_passes()
-    g = _clone(graph)
-    seconds: dict[str, float] = {}
-    with g.context, ir.Location.unknown():
-        for name in _optimization_pipeline(options):
-            _run_pass(name, g.module, {}, options, seconds)
-        compute = ",".join(sorted(d.value for d in target.caps.compute_dtypes))
-        _run_pass("poot-legalize", g.module, {"compute": compute}, options, seconds)
-        check_module(g.module.operation, target)
-        storage = plan_storage(g.func, g.inputs, g.outputs, g.params)
-        before = dispatch_count(g.module.operation)
-        _run_pass("poot-fuse-dispatch", g.module,
-                  {"max-region-ops": min(256, options.limits.max_kernel_ops)}, options, seconds)
-        report = dispatch_report(g.module.operation)
-        text = str(g.module)
-    program = Program(g, target, text, report, before, storage,
-                      {"matmul_accumulation": "f32", "reduction_accumulation": "f32",
-                       "tolerance_vs_oracle": {"f32": 1e-4, "f16": 1e-2, "bf16": 2e-2}},
-                      seconds)
-    t0 = time.perf_counter()
-    program.executable = compile_program(program)
-    seconds["codegen"] = time.perf_counter() - t0
-    return program
+    return compile(graph, target or vulkan_target(), replace(options, fuse=True))
 
 
 def codegen(program, options=None, progress=None) -> VulkanArtifact:

@@ -7,9 +7,10 @@ rest (they already do for a Vulkan device lacking the feature):
 * 8-bit storage never (naga has no ``StorageBuffer8BitAccess``): packed bytes are read as
   32-bit words; no ``Int8`` arithmetic either.
 * no 16-bit storage or 16-bit integers (naga has no 16-bit integer type, and MLIR's SPIR-V
-  conversion emulates 16-bit storage through them): f16/bf16 buffers are refused by
-  planning, the KV cache defaults to f32 (:func:`poot.models.default_kv_dtype`), packed
-  weights decode their f16 scales from 32-bit words; compute is f32.
+  conversion emulates 16-bit storage through them): f16/bf16 tensors are stored as f32
+  (:func:`poot.compiler.planning.storage_type`: a bf16 checkpoint is uploaded as f32, at
+  twice the bytes), the KV cache defaults to f32 (:func:`poot.models.default_kv_dtype`),
+  packed weights decode their f16 scales from 32-bit words; compute is f32.
 * ``Int64`` with ``shader-int64``.
 * subgroup operations only with ``subgroup`` *and* a known subgroup size: the generator's
   shuffles are legal at one width only, and adapters report a range, so the device probes
