@@ -101,11 +101,12 @@ def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
                         n += 1
         return ir.WalkResult.ADVANCE
 
-    module.walk(visit)
-    for f in funcs:
-        ft = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
-        f.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-            [wide(t) or t for t in ft.inputs], [wide(t) or t for t in ft.results]))
+    with module.context, ir.Location.unknown():
+        module.walk(visit)
+        for f in funcs:
+            ft = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
+            f.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+                [wide(t) or t for t in ft.inputs], [wide(t) or t for t in ft.results]))
     return n
 
 

@@ -1,7 +1,9 @@
 // poot-legalize: arithmetic in a dtype the target cannot compute in runs in f32 between casts;
-// storage keeps the declared dtype.
+// storage keeps the declared dtype -- unless the target cannot store it either (option
+// storage): then f16/bf16 values are stored, and so computed, as f32 (prefix STORE).
 // RUN: poot-opt %s --split-input-file -p 'builtin.module(poot-legalize{compute=f32,i64,i32,i8,i1},poot-verify)' | FileCheck %s
 // RUN: poot-opt %s --split-input-file -p 'builtin.module(poot-legalize{compute=f32,f16,bf16,i64,i32,i8,i1})' | FileCheck %s --check-prefix=NATIVE
+// RUN: poot-opt %s --split-input-file -p 'builtin.module(poot-legalize{compute=f32,i64,i32,i8,i1 storage=f32,i64,i32,i8,i1},poot-verify)' | FileCheck %s --check-prefix=STORE
 
 // CHECK-LABEL: func.func @half_exp
 // CHECK: %[[W:.*]] = "poot.cast"(%arg0) : (tensor<4xf16>) -> tensor<4xf32>
@@ -50,4 +52,22 @@ func.func @legal(%a: tensor<4xf32>, %b: tensor<4xi32>) -> (tensor<4xf32>, tensor
   %0 = "poot.binary"(%a, %a) {fn = "add"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
   %1 = "poot.binary"(%b, %b) {fn = "mul"} : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi32>
   return %0, %1 : tensor<4xf32>, tensor<4xi32>
+}
+
+// -----
+
+// A target that stores f32 but no 16-bit float: arguments, weights, constants and results of
+// f16/bf16 become f32 (the function type too), so no cast is left to insert.
+// STORE-LABEL: func.func @stored_wide(%arg0: tensor<4xf32>) -> (tensor<4xf32>, tensor<2xf32>)
+// STORE: "poot.param"() {name = "w"} : () -> tensor<4xf32>
+// STORE: "poot.constant"() {value = dense<[1.500000e+00, -2.000000e+00]> : tensor<2xf32>}
+// STORE-NOT: poot.cast
+// STORE: "poot.binary"(%arg0, %{{.*}}) {fn = "add"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+// CHECK-LABEL: func.func @stored_wide(%arg0: tensor<4xbf16>)
+// CHECK: "poot.param"() {name = "w"} : () -> tensor<4xbf16>
+func.func @stored_wide(%a: tensor<4xbf16>) -> (tensor<4xbf16>, tensor<2xf16>) {
+  %w = "poot.param"() {name = "w"} : () -> tensor<4xbf16>
+  %c = "poot.constant"() {value = dense<[1.5, -2.0]> : tensor<2xf16>} : () -> tensor<2xf16>
+  %0 = "poot.binary"(%a, %w) {fn = "add"} : (tensor<4xbf16>, tensor<4xbf16>) -> tensor<4xbf16>
+  return %0, %c : tensor<4xbf16>, tensor<2xf16>
 }
