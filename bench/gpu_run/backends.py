@@ -1,8 +1,7 @@
 """CUDA, raw Vulkan and wgpu side by side on one GPU: ``poot bench`` (batch-1 decode tok/s,
 time to first token, replay-only step time, and GPU time per dispatch kind where the device
-times dispatches) of each backend on the same shapes and random weights, from a compile
-cache built elsewhere (``poot compile --device-caps``), plus, for wgpu, the host time of
-re-encoding one decode step on 1, 2 and 4 threads. Prints and writes one JSON object with
+times dispatches) of each backend on the same shapes and random weights, from a compile cache built elsewhere (``poot compile --device-caps``), plus, for
+wgpu, the host time of re-encoding one decode step. Prints and writes one JSON object with
 the ratios to CUDA.
 
     python3 bench/gpu_run/backends.py OUT.json CACHE_DIR [--tokens 128] [--only SUBSTRING] [--backends cuda,wgpu] [--no-profile]
@@ -48,8 +47,8 @@ def bench(backend: str, config: str, dtype: str, cache: str, tokens: int) -> dic
 
 
 def wgpu_encode_us(config: str, dtype: str, cache: str, n: int = 50) -> dict:
-    """Host microseconds to re-encode one decode step on wgpu (the command buffers alone, no
-    submit), on 1, 2 and 4 encode threads."""
+    """Host microseconds to re-encode and submit one decode step on wgpu, apart from the GPU:
+    ``encode`` builds the command buffers alone; ``replay`` adds submit + wait."""
     os.environ["POOT_CACHE_DIR"] = cache
     from poot.api import Driver, ModelHandle
     from poot.cli.bench_cmd import decode_entry
@@ -60,20 +59,13 @@ def wgpu_encode_us(config: str, dtype: str, cache: str, n: int = 50) -> dict:
     Driver(h).complete([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     dev = h.runner.engine.device
     rec = next(iter(decode_entry(h).recordings.values()))
-    dispatches = sum(1 for op in rec.ops if op[0] == "dispatch")
-    out = {"dispatches": dispatches, "encode_threads": dev.encode_threads}
-    default = dev.encode_threads
-    for threads in (1, 2, 4):
-        dev.encode_threads = threads
+    t0 = time.perf_counter()
+    for _ in range(n):
         dev._encode(rec.ops)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            dev._encode(rec.ops)
-        enc = (time.perf_counter() - t0) / n * 1e6
-        out[f"encode_us_{threads}_threads"] = round(enc, 1)
-    dev.encode_threads = default
-    out["encode_us_per_dispatch_1_thread"] = round(out["encode_us_1_threads"] / dispatches, 2)
-    return out
+    enc = (time.perf_counter() - t0) / n * 1e6
+    dispatches = sum(1 for op in rec.ops if op[0] == "dispatch")
+    return {"encode_us": round(enc, 1), "dispatches": dispatches,
+            "encode_us_per_dispatch": round(enc / max(dispatches, 1), 2)}
 
 
 def main() -> int:

@@ -58,33 +58,6 @@ def test_record_once_replay_follows_rewritten_inputs(wg_device, wg_target, per_s
     assert wg_device.submits - submits == 4 * (1 if per_submit is None else max(n, 1))
 
 
-def test_a_step_encoded_on_several_threads_generates_the_same_tokens(wg_device, tmp_path,
-                                                                    monkeypatch):
-    """The step cut into one command buffer per encode thread (forced here: the tiny step has
-    fewer dispatches than the threshold), encoded concurrently and submitted together:
-    greedy tokens equal the one-thread encoding's, and the step really was cut."""
-    import poot.backends.wgpu.runtime as rt
-    from poot.api import Driver, ModelHandle
-    from poot.driver.params import SamplingParams
-    from model_steps import fixture_path
-
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    handle = ModelHandle.load(fixture_path("llama"), backend="wgpu", kv_capacity=32,
-                              max_batch=1, cache_dir=tmp_path, device=wg_device)
-    old = wg_device.encode_threads
-    try:
-        wg_device.encode_threads = 1
-        one = Driver(handle).complete([1, 2, 3, 4, 5], params).token_ids
-        monkeypatch.setattr(rt, "MIN_DISPATCHES_PER_THREAD", 1)
-        wg_device.encode_threads = 3
-        rec = next(iter(handle.runner.decode_entry(1).recordings.values()))
-        assert len(wg_device._chunks(rec.ops)) == 3
-        three = Driver(handle).complete([1, 2, 3, 4, 5], params).token_ids
-    finally:
-        wg_device.encode_threads = old
-    assert three == one
-
-
 def test_queued_steps_in_flight_equal_sequential(wg_device, wg_target):
     """Steps issued before any is read (``queue.write_buffer`` uploads, mapped readbacks)
     equal the oracle's, in order (the Vulkan tests' case)."""

@@ -26,10 +26,7 @@ Semantics (the seeds' wgpu contract):
   scope) as the plan's barriers do. The per-dispatch calls go straight to wgpu-native's C
   functions with the handles taken at record time (wgpu-py's wrappers cost about 12 us a
   dispatch on the H200's host, half a SmolLM2 step), a pipeline set only when it changes;
-  where wgpu-py's internals differ, its public calls are used instead. A step of at least
-  ``2 * MIN_DISPATCHES_PER_THREAD`` dispatches is cut into ``encode_threads`` command
-  buffers encoded on as many threads (wgpu-native's calls release the GIL), submitted
-  together: the host encode is what bounds a pipelined wgpu decode on a fast GPU.
+  where wgpu-py's internals differ, its public calls are used instead.
 * **submissions split by the device's limits**: at most ``dispatches_per_submit``
   dispatches per command buffer (default: the whole step); a dispatch whose workgroup count
   exceeds ``max-compute-workgroups-per-dimension``, a kernel binding more storage buffers than
@@ -75,8 +72,6 @@ class WgpuLimitExceeded(WgpuError):
         self.limit, self.value, self.allowed, self.what = limit, value, allowed, what
 
 
-#: fewest dispatches a step gives each encode thread (smaller steps are encoded on one)
-MIN_DISPATCHES_PER_THREAD = 32
 #: adapter types by preference
 _PREFERENCE = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3, "Unknown": 4}
 #: wgpu backends by preference (SPIR-V is closest to Vulkan's own)
@@ -185,11 +180,7 @@ class WgpuDevice:
     Args:
         adapter_index: pick this adapter of ``wgpu.gpu.enumerate_adapters_sync()`` instead
             of the preferred one (``POOT_WGPU_ADAPTER`` sets it too).
-        dispatches_per_submit: most dispatches per command buffer, each submitted alone
-            (None: the step in one submission).
-        encode_threads: threads that encode a step's command buffers
-            (``POOT_WGPU_ENCODE_THREADS``; default a quarter of the cores, at least 1, at
-            most 4).
+        dispatches_per_submit: most dispatches per command buffer (None: the whole step).
 
     Raises:
         WgpuError: no ``wgpu`` package or no adapter.
@@ -199,7 +190,7 @@ class WgpuDevice:
     overlaps = True           # replays and queued writes and reads return before they ran
 
     def __init__(self, adapter_index: int | None = None,
-                 dispatches_per_submit: int | None = None, encode_threads: int | None = None):
+                 dispatches_per_submit: int | None = None):
         wgpu = self.wgpu = _wgpu()
         try:
             adapters = wgpu.gpu.enumerate_adapters_sync()
@@ -230,14 +221,6 @@ class WgpuDevice:
         if dispatches_per_submit is not None and dispatches_per_submit < 1:
             raise WgpuError("dispatches_per_submit must be at least 1")
         self.dispatches_per_submit = dispatches_per_submit
-        env = os.environ.get("POOT_WGPU_ENCODE_THREADS", "").strip()
-        if encode_threads is None and env:
-            if not env.isdigit() or int(env) < 1:
-                raise WgpuError(f"POOT_WGPU_ENCODE_THREADS must be a positive integer, not "
-                                f"{env!r}")
-            encode_threads = int(env)
-        self.encode_threads = encode_threads or max(1, min(4, (os.cpu_count() or 1) // 4))
-        self._pool = None
         usage = wgpu.BufferUsage
         self._storage_usage = usage.STORAGE | usage.COPY_SRC | usage.COPY_DST
         self._err = self._make_buffer(8, np.uint32, (2,))
@@ -494,47 +477,22 @@ class WgpuDevice:
                 self._native_fns = None
         return self._native_fns
 
-    def _chunks(self, ops) -> list[list]:
-        """``ops`` cut into command buffers: at most ``dispatches_per_submit`` dispatches
-        each when set, else ``encode_threads`` runs of about equal dispatch counts (one when
-        the step is small)."""
-        n = sum(1 for op in ops if op[0] == "dispatch")
-        cap = self.dispatches_per_submit
-        if cap is None and self.encode_threads > 1 and n >= 2 * MIN_DISPATCHES_PER_THREAD:
-            cap = -(-n // self.encode_threads)
-        if cap is None:
-            return [ops]
-        out, cur, k = [], [], 0
-        for op in ops:
-            if op[0] == "dispatch" and k >= cap:
-                out.append(cur)
-                cur, k = [], 0
-            cur.append(op)
-            k += op[0] == "dispatch"
-        out.append(cur)
-        return out
-
     def _encode(self, ops) -> list:
-        """Command buffers for ``ops`` (:meth:`_chunks`), encoded on ``encode_threads``
-        threads when there are several: wgpu encoders are independent and wgpu-native's
-        calls run without the GIL, so a step's host encode time divides between them."""
-        chunks = self._chunks(ops)
-        if len(chunks) > 1 and self.encode_threads > 1:
-            if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._pool = ThreadPoolExecutor(self.encode_threads,
-                                                thread_name_prefix="poot-wgpu-encode")
-            return list(self._pool.map(self._encode_one, chunks))
-        return [self._encode_one(c) for c in chunks]
-
-    def _encode_one(self, ops):
-        """One command buffer: one compute pass per run of dispatches, copies between."""
-        enc, cpass = self.device.create_command_encoder(), None
+        """Command buffers for ``ops``: one compute pass per run of dispatches, at most
+        ``dispatches_per_submit`` dispatches per command buffer."""
+        out, enc, cpass, n = [], None, None, 0
+        cap = self.dispatches_per_submit
         native = self._native()
         if native is not None:
             set_pipe, set_group, dispatch, null = native
         for op in ops:
+            if op[0] == "dispatch" and cap is not None and n >= cap:
+                if cpass is not None:
+                    cpass.end()
+                out.append(enc.finish())
+                enc, cpass, n = None, None, 0
+            if enc is None:
+                enc = self.device.create_command_encoder()
             if op[0] == "dispatch":
                 if cpass is None:
                     cpass = enc.begin_compute_pass()
@@ -550,28 +508,29 @@ class WgpuDevice:
                     cpass.set_pipeline(pipe)
                     cpass.set_bind_group(0, group)
                     cpass.dispatch_workgroups(x, y, z)
+                n += 1
             else:
                 if cpass is not None:
                     cpass.end()
                     cpass = None
                 enc.copy_buffer_to_buffer(op[1], 0, op[2], 0, op[3])
+        if enc is None:
+            enc = self.device.create_command_encoder()
         if cpass is not None:
             cpass.end()
-        return enc.finish()
+        out.append(enc.finish())
+        return out
 
     def replay(self, recording: WgpuRecording) -> None:
         """Encode the recorded step again (pipelines and bind groups reused) and submit it,
         without waiting."""
         try:
             cbs = self._encode(recording.ops)
-            if self.dispatches_per_submit is None:
-                self.queue.submit(cbs)
-            else:
-                for cb in cbs:
-                    self.queue.submit([cb])
+            for cb in cbs:
+                self.queue.submit([cb])
         except Exception as e:  # noqa: BLE001  (wgpu-native's validation errors)
             raise WgpuError(f"submitting the step failed: {type(e).__name__}: {e}") from None
-        self.submits += 1 if self.dispatches_per_submit is None else len(cbs)
+        self.submits += len(cbs)
         self._pending = recording
         recording.submits += 1
         self.replays += 1
@@ -608,8 +567,6 @@ class WgpuDevice:
     def close(self) -> None:
         """Release the device (wgpu frees the rest when the objects are collected)."""
         self._pending = None
-        if self._pool is not None:
-            self._pool.shutdown()
         try:
             self.device.destroy()
         except Exception:  # noqa: BLE001
