@@ -64,17 +64,35 @@ def _out(dev, kernel, bufs, name):
                 if a.role == "output" and a.name == name)
 
 
-def test_record_once_resubmit_verbatim(vk_device, vk_target):
-    """One recording (one command buffer, descriptor sets written once) replayed with new
-    slot contents each time: no re-recording, results follow the rewritten inputs."""
+def cache_step_bound(dev, target, seed: int):
+    """:func:`_cache_step` compiled for ``target``, loaded on ``dev`` and bound to fresh
+    buffers: ``(graph, kernel, w, cache, buffers, rng)`` (w random, the cache zero)."""
     from poot.backends.vulkan.codegen import compile_vulkan
 
     g = _cache_step()
-    k = vk_device.load(compile_vulkan(g, vk_target))
-    rng = np.random.default_rng(0)
+    k = dev.load(compile_vulkan(g, target))
+    rng = np.random.default_rng(seed)
     w = rng.standard_normal((4, 4)).astype(np.float32)
     cache = np.zeros((8, 4), np.float32)
-    bufs = _bind(vk_device, k, {"w": w, "cache": cache})
+    return g, k, w, cache, _bind(dev, k, {"w": w, "cache": cache}), rng
+
+
+def embed_recorded(dev, target, tokens):
+    """:func:`_embed` compiled for ``target``, loaded on ``dev``, bound (the token ids
+    ``tokens`` written) and recorded: ``(kernel, table, buffers, recording)``; buffers are
+    [tokens, table, h]."""
+    from poot.backends.vulkan.codegen import compile_vulkan
+
+    k = dev.load(compile_vulkan(_embed(), target))
+    table = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
+    bufs = _bind(dev, k, {"table": table, "tokens": np.array([tokens], np.int32)})
+    return k, table, bufs, dev.record(k, bufs)
+
+
+def test_record_once_resubmit_verbatim(vk_device, vk_target):
+    """One recording (one command buffer, descriptor sets written once) replayed with new
+    slot contents each time: no re-recording, results follow the rewritten inputs."""
+    g, k, w, cache, bufs, rng = cache_step_bound(vk_device, vk_target, 0)
     records = vk_device.records
     rec = vk_device.record(k, bufs)
     cb = rec.command_buffer
@@ -108,12 +126,7 @@ def queued_steps_case(dev, target, readback_type):
 
     vk_device, vk_target = dev, target
     assert vk_device.overlaps
-    g = _cache_step()
-    k = vk_device.load(compile_vulkan(g, vk_target))
-    rng = np.random.default_rng(1)
-    w = rng.standard_normal((4, 4)).astype(np.float32)
-    cache = np.zeros((8, 4), np.float32)
-    bufs = _bind(vk_device, k, {"w": w, "cache": cache})
+    g, k, w, cache, bufs, rng = cache_step_bound(vk_device, vk_target, 1)
     by = {(a.role, a.name): b for a, b in zip(k.args, bufs)}
     rec = vk_device.record(k, bufs, copies=[(by["output", "cache"], by["input", "cache"])])
     wants, reads = [], []
@@ -157,14 +170,9 @@ def queued_fault_case(vk_device, vk_target):
     """A gather out of range in the second of three queued steps: waiting for its readback
     raises KernelFault naming the dispatch; the third step's readback is right and the device
     stays usable."""
-    from poot.backends.vulkan.codegen import compile_vulkan
     from poot.backends.vulkan.runtime import KernelFault
 
-    g = _embed()
-    k = vk_device.load(compile_vulkan(g, vk_target))
-    table = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
-    bufs = _bind(vk_device, k, {"table": table, "tokens": np.array([[3, 4]], np.int32)})
-    rec = vk_device.record(k, bufs)
+    k, table, bufs, rec = embed_recorded(vk_device, vk_target, [3, 4])
     vk_device.replay(rec)                          # something in flight: the next are queued
     vk_device.upload_async(bufs[0], np.array([[3, 99]], np.int32))
     vk_device.replay(rec)
@@ -195,13 +203,7 @@ def test_a_fault_in_a_queued_step_surfaces_at_its_readback(vk_device, vk_target)
 def test_a_readback_goes_out_before_the_next_step(vk_device, vk_target):
     """Step n's read is submitted before step n+1 is (in its own submission), so waiting
     for step n's token never waits for step n+1: what lets the pipelined loop overlap."""
-    from poot.backends.vulkan.codegen import compile_vulkan
-
-    g = _embed()
-    k = vk_device.load(compile_vulkan(g, vk_target))
-    table = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
-    bufs = _bind(vk_device, k, {"table": table, "tokens": np.array([[1, 2]], np.int32)})
-    rec = vk_device.record(k, bufs)
+    k, table, bufs, rec = embed_recorded(vk_device, vk_target, [1, 2])
     vk_device.replay(rec)
     first = vk_device.download_async(bufs[2])
     vk_device.upload_async(bufs[0], np.array([[4, 5]], np.int32))

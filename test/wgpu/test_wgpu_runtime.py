@@ -9,8 +9,8 @@ import copy
 
 import numpy as np
 import pytest
-from test_vulkan_runtime import (_bind, _cache_step, _embed, _out,  # the Vulkan tests' cases
-                                 queued_fault_case, queued_steps_case)
+from test_vulkan_runtime import (_embed, _out, cache_step_bound,  # the Vulkan tests' cases
+                                 embed_recorded, queued_fault_case, queued_steps_case)
 
 from poot import oracle
 from poot.dialects.types import DType, TensorType
@@ -21,14 +21,7 @@ from poot.graph.builder import Builder
 def test_record_once_replay_follows_rewritten_inputs(wg_device, wg_target, per_submit):
     """One recording (bind groups made once) replayed with new inputs each time: results follow
     them, with the whole step in one command buffer or one dispatch per command buffer."""
-    from poot.backends.vulkan.codegen import compile_vulkan
-
-    g = _cache_step()
-    k = wg_device.load(compile_vulkan(g, wg_target))
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((4, 4)).astype(np.float32)
-    cache = np.zeros((8, 4), np.float32)
-    bufs = _bind(wg_device, k, {"w": w, "cache": cache})
+    g, k, w, cache, bufs, rng = cache_step_bound(wg_device, wg_target, 0)
     records, submits = wg_device.records, wg_device.submits
     rec = wg_device.record(k, bufs)
     groups = [op[2] for op in rec.ops if op[0] == "dispatch"]
@@ -94,14 +87,9 @@ def test_transfers_round_trip_any_size(wg_device, dtype, shape):
 def test_gather_out_of_range_sets_error_word(wg_device, wg_target):
     """A token id outside the table: the gather's check sets the error word, synchronize
     raises KernelFault naming the dispatch; the word is cleared and the device stays usable."""
-    from poot.backends.vulkan.codegen import compile_vulkan
     from poot.backends.vulkan.runtime import KernelFault
 
-    g = _embed()
-    k = wg_device.load(compile_vulkan(g, wg_target))
-    table = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
-    bufs = _bind(wg_device, k, {"table": table, "tokens": np.array([[3, 99]], np.int32)})
-    rec = wg_device.record(k, bufs)
+    k, table, bufs, rec = embed_recorded(wg_device, wg_target, [3, 99])
     wg_device.replay(rec)
     with pytest.raises(KernelFault, match="gather index out of range") as ei:
         wg_device.synchronize()
