@@ -59,6 +59,23 @@ def test_queued_steps_in_flight_equal_sequential(wg_device, wg_target):
     queued_steps_case(wg_device, wg_target, WgpuReadback)
 
 
+def test_a_token_is_one_submission(wg_device, wg_target):
+    """Write the inputs, replay, queue the read: the replay's command buffers and the read's
+    copy go out in one ``queue.submit`` per step (each costs wgpu-native host time), and each
+    read still sees its own step."""
+    k, table, bufs, rec = embed_recorded(wg_device, wg_target, [1, 2])
+    wg_device.replay(rec)
+    wg_device.synchronize()
+    reads, before = [], wg_device.submits
+    for toks in ([3, 4], [5, 6], [7, 8]):
+        wg_device.upload_async(bufs[0], np.array([toks], np.int32))
+        wg_device.replay(rec)
+        reads.append((toks, wg_device.download_async(bufs[2])))
+    assert wg_device.submits - before == 3
+    for toks, r in reads:
+        np.testing.assert_array_equal(r.wait()[0], -table[toks])
+
+
 def test_a_fault_in_a_queued_step_surfaces_at_its_readback(wg_device, wg_target):
     queued_fault_case(wg_device, wg_target)
 

@@ -39,9 +39,11 @@ Semantics (the seeds' wgpu contract):
   cleared), so a fault in a pipelined step surfaces at the next readback.
 * **queued work** (``overlaps`` is True): WebGPU's queue orders ``writeBuffer`` and
   submissions, so :meth:`upload_async` is ``queue.write_buffer`` (the bytes are taken at the
-  call) and :meth:`replay` submits without waiting; :meth:`download_async` submits a copy
-  into a mappable buffer, mapped when the readback is waited for. Step n+1 is encoded and
-  issued while step n runs.
+  call; the replays queued before it are submitted first) and :meth:`replay` encodes
+  without waiting; :meth:`download_async` adds a copy into a mappable buffer, mapped when
+  the readback is waited for, and submits everything queued in one ``queue.submit`` (each
+  costs wgpu-native tens of microseconds of host time). Step n+1 is encoded and issued
+  while step n runs.
 """
 
 from __future__ import annotations
@@ -228,6 +230,7 @@ class WgpuDevice:
                                                    | usage.COPY_DST)
         self._pending: WgpuRecording | None = None    # replayed since the last error check
         self._map_free: list = []                      # mappable readback buffers
+        self._unsubmitted: list = []                   # replayed command buffers, queued
         self._fault: tuple = (-1, None)                # (submissions, (code, kernel)) raised
         self.replays = self.records = self.submits = 0
         self.subgroup_size = self._probe_subgroup_size() if "subgroup" in self.features \
@@ -302,12 +305,14 @@ class WgpuDevice:
         n = raw.size
         if offset % 4:
             raise WgpuError(f"a write at byte {offset} is not 4-byte aligned")
+        self._flush()                       # the replays issued before it read the old bytes
         if n % 4:                           # WebGPU writes whole words: keep the tail's bytes
             tail = self._read(buffer, offset + n - n % 4, 4)
             raw = np.concatenate([raw, tail[n % 4:]])
         self.queue.write_buffer(buffer.buffer, offset, raw)
 
     def _read(self, buffer: WgpuBuffer, offset: int, size: int) -> np.ndarray:
+        self._flush()
         return np.frombuffer(self.queue.read_buffer(buffer.buffer, offset, size), np.uint8)
 
     def upload(self, buffer: WgpuBuffer, array) -> None:
@@ -355,8 +360,8 @@ class WgpuDevice:
         enc = self.device.create_command_encoder()
         enc.copy_buffer_to_buffer(buffer.buffer, 0, m, 0, buffer.size)
         enc.copy_buffer_to_buffer(self._err.buffer, 0, m, buffer.size, 8)
-        self.queue.submit([enc.finish()])
-        self.submits += 1
+        self._unsubmitted.append(enc.finish())
+        self._flush()
         return WgpuReadback(self, m, buffer, self._pending, self.submits)
 
     # ---- programs ----------------------------------------------------------------------------
@@ -522,22 +527,40 @@ class WgpuDevice:
         return out
 
     def replay(self, recording: WgpuRecording) -> None:
-        """Encode the recorded step again (pipelines and bind groups reused) and submit it,
-        without waiting."""
+        """Encode the recorded step again (pipelines and bind groups reused) and queue it,
+        without waiting: its command buffers go out with the next read, write or wait (one
+        ``queue.submit`` for a token's decode step, sampler and readback), or each alone when
+        ``dispatches_per_submit`` is set."""
         try:
             cbs = self._encode(recording.ops)
-            for cb in cbs:
-                self.queue.submit([cb])
         except Exception as e:  # noqa: BLE001  (wgpu-native's validation errors)
-            raise WgpuError(f"submitting the step failed: {type(e).__name__}: {e}") from None
-        self.submits += len(cbs)
+            raise WgpuError(f"encoding the step failed: {type(e).__name__}: {e}") from None
+        if self.dispatches_per_submit is None:
+            self._unsubmitted += cbs
+        else:
+            self._flush()
+            for cb in cbs:
+                self._unsubmitted.append(cb)
+                self._flush()
         self._pending = recording
         recording.submits += 1
         self.replays += 1
 
+    def _flush(self) -> None:
+        """Submit the queued command buffers (one ``queue.submit``)."""
+        if not self._unsubmitted:
+            return
+        cbs, self._unsubmitted = self._unsubmitted, []
+        try:
+            self.queue.submit(cbs)
+        except Exception as e:  # noqa: BLE001  (wgpu-native's validation errors)
+            raise WgpuError(f"submitting the step failed: {type(e).__name__}: {e}") from None
+        self.submits += 1
+
     def synchronize(self) -> None:
         """Wait for the submitted step; raise :class:`KernelFault` if a kernel check set the
         error word."""
+        self._flush()
         rec, self._pending = self._pending, None
         if rec is None:
             return
@@ -566,7 +589,7 @@ class WgpuDevice:
 
     def close(self) -> None:
         """Release the device (wgpu frees the rest when the objects are collected)."""
-        self._pending = None
+        self._pending, self._unsubmitted = None, []
         try:
             self.device.destroy()
         except Exception:  # noqa: BLE001
