@@ -45,9 +45,19 @@ def _widen(op: ir.Operation) -> None:
     op.results[0].replace_all_uses_with(out)
 
 
-#: float dtypes the ``storage`` option widens to f32 (planning.WIDENED_STORAGE; no MLIR-free
-#: import cycle: planning imports this module)
-WIDENED = (DType.F16, DType.BF16)
+#: float dtypes stored as f32 on a target that cannot store them but stores f32
+WIDENED = frozenset({DType.F16, DType.BF16})
+
+
+def stored_type(t, storage):
+    """The type a value of poot type ``t`` is stored in on a target that stores the dtypes
+    ``storage``: ``t`` itself, or for an f16/bf16 tensor the target cannot store while it
+    stores f32, the same shape in f32. The one rule behind the ``storage`` option and
+    :func:`poot.compiler.planning.storage_type`; packed and non-tensor types are kept."""
+    if isinstance(t, TensorType) and t.dtype in WIDENED and t.dtype not in storage and \
+            DType.F32 in storage:
+        return t.with_dtype(DType.F32)
+    return t
 
 
 def _dtypes(text: str, what: str) -> set[DType]:
@@ -60,9 +70,8 @@ def _dtypes(text: str, what: str) -> set[DType]:
 def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
     """Store every f16/bf16 value the target cannot store as f32 (module doc); returns the
     number of values widened."""
-    narrow = {d for d in WIDENED if d not in storage} if DType.F32 in storage else set()
-    if not narrow:
-        return 0
+    if all(stored_type(TensorType((1,), d), storage).dtype == d for d in WIDENED):
+        return 0                            # this target widens nothing: no walk
     from poot.dialects.opdef import dense_from_mlir, dense_to_mlir
 
     def wide(t: ir.Type) -> ir.Type | None:
@@ -70,9 +79,8 @@ def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
             pt = type_from_mlir(t)
         except TypeError:
             return None
-        if isinstance(pt, TensorType) and pt.dtype in narrow:
-            return pt.with_dtype(DType.F32).mlir()
-        return None
+        st = stored_type(pt, storage)
+        return st.mlir() if st is not pt else None
 
     n = 0
     funcs: list[ir.Operation] = []

@@ -13,9 +13,9 @@ from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
 
 from poot.compiler.target import Target
-from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
+from poot.dialects.types import PackedType, TensorType, type_from_mlir
 from poot.errors import PootError
-from poot.passes.legalize import COMPUTE_OPS
+from poot.passes.legalize import COMPUTE_OPS, stored_type
 
 
 class Refusal(PootError):
@@ -40,21 +40,14 @@ def _types(op: ir.Operation):
             continue
 
 
-#: float dtypes stored as f32 on a target that cannot store them but stores f32
-WIDENED_STORAGE = frozenset({DType.F16, DType.BF16})
-
-
 def storage_type(t, caps):
     """The type a value of type ``t`` is stored in on a target with capabilities ``caps``:
     ``t`` itself, or -- for an f16/bf16 tensor on a target without that storage but with f32
     storage (a wgpu adapter: naga has no 16-bit types) -- the same shape in f32, so a bf16
-    checkpoint runs there at twice the bytes instead of being refused. ``poot-legalize``
-    (option ``storage``) widens the graph by this rule and the executor allocates weights by
-    it, so the two always agree. Packed and non-tensor types are returned unchanged."""
-    if isinstance(t, TensorType) and t.dtype in WIDENED_STORAGE and \
-            t.dtype not in caps.storage_dtypes and DType.F32 in caps.storage_dtypes:
-        return t.with_dtype(DType.F32)
-    return t
+    checkpoint runs there at twice the bytes instead of being refused. The rule is
+    ``poot-legalize``'s (:func:`poot.passes.legalize.stored_type`, which widens the graph by
+    it); the executor allocates weights by it, so the two always agree."""
+    return stored_type(t, caps.storage_dtypes)
 
 
 def check_op(op: ir.Operation, target: Target) -> None:
