@@ -76,6 +76,48 @@ def test_a_token_is_one_submission(wg_device, wg_target):
         np.testing.assert_array_equal(r.wait()[0], -table[toks])
 
 
+def test_waiting_for_a_read_submits_the_next_step_first(wg_device, wg_target):
+    """The pipelined decode loop: step n is read, step n+1 is already replayed (queued, not
+    submitted). Waiting for step n's read first submits step n+1, so the GPU has it while the
+    host waits, and then waits only for the read's own submission (its index): step n's read
+    sees step n's result, not step n+1's."""
+    k, table, bufs, rec = embed_recorded(wg_device, wg_target, [1, 2])
+    wg_device.replay(rec)
+    wg_device.synchronize()
+    wg_device.upload_async(bufs[0], np.array([[3, 4]], np.int32))
+    wg_device.replay(rec)
+    first = wg_device.download_async(bufs[2])
+    if first.index is None:
+        pytest.skip("this wgpu build does not expose wgpuQueueSubmitForIndex")
+    wg_device.upload_async(bufs[0], np.array([[5, 6]], np.int32))
+    wg_device.replay(rec)                     # step n+1: queued behind the read
+    assert wg_device._unsubmitted, "a replay is queued until the next read, write or wait"
+    submits, full = wg_device.submits, wg_device._native().full_polls
+    np.testing.assert_array_equal(first.wait()[0], -table[[3, 4]])
+    assert not wg_device._unsubmitted and wg_device.submits == submits + 1
+    assert wg_device._native().full_polls == full    # resolved by its own submission's poll
+    np.testing.assert_array_equal(wg_device.download_async(bufs[2]).wait()[0], -table[[5, 6]])
+
+
+def test_a_dropped_read_frees_its_buffer_for_the_next(wg_device, wg_target):
+    """A read released unwaited (a finished request's last token) keeps its map request;
+    once that has resolved, the next read reuses the buffer and reads its own step."""
+    k, table, bufs, rec = embed_recorded(wg_device, wg_target, [1, 2])
+    wg_device.replay(rec)
+    dropped = wg_device.download_async(bufs[2])
+    if dropped.mapping is None:
+        pytest.skip("this wgpu build does not expose wgpu-native's map functions")
+    buf = dropped.mappable
+    dropped.release()
+    wg_device.synchronize()                   # every submission has run: the map resolved
+    wg_device._map_free = [b for b in wg_device._map_free if b is not buf]
+    wg_device.upload_async(bufs[0], np.array([[7, 8]], np.int32))
+    wg_device.replay(rec)
+    again = wg_device.download_async(bufs[2])   # reaps the dropped read first
+    assert not wg_device._released and (again.mappable is buf or buf in wg_device._map_free)
+    np.testing.assert_array_equal(again.wait()[0], -table[[7, 8]])
+
+
 def test_a_fault_in_a_queued_step_surfaces_at_its_readback(wg_device, wg_target):
     queued_fault_case(wg_device, wg_target)
 

@@ -40,10 +40,12 @@ Semantics (the seeds' wgpu contract):
 * **queued work** (``overlaps`` is True): WebGPU's queue orders ``writeBuffer`` and
   submissions, so :meth:`upload_async` is ``queue.write_buffer`` (the bytes are taken at the
   call; the replays queued before it are submitted first) and :meth:`replay` encodes
-  without waiting; :meth:`download_async` adds a copy into a mappable buffer, mapped when
-  the readback is waited for, and submits everything queued in one ``queue.submit`` (each
-  costs wgpu-native tens of microseconds of host time). Step n+1 is encoded and issued
-  while step n runs.
+  without waiting; :meth:`download_async` adds a copy into a mappable buffer, submits
+  everything queued in one ``queue.submit`` (each costs wgpu-native tens of microseconds of
+  host time) and requests the buffer's map. Waiting for a read first submits what was queued
+  behind it, then polls the device until the read's own submission has run (by its index:
+  wgpu-py's ``map_sync`` would wait for the latest one). So step n+1 is encoded and on the
+  GPU while the host waits for step n's token.
 """
 
 from __future__ import annotations
@@ -141,31 +143,130 @@ class WgpuRecording:
 
 class WgpuReadback:
     """A queued read (the executor's ``Readback``): a mappable buffer holding the read
-    buffer's bytes and then the error word, mapped by :meth:`wait`."""
+    buffer's bytes and then the error word.
+
+    With wgpu-native's C functions (:class:`_Native`) the map is requested as soon as the copy
+    is submitted and :meth:`wait` polls the device until *that* submission has run: wgpu-py's
+    ``map_sync`` polls until the latest submission is done, so reading step n's token would
+    also wait for step n+1, which the pipelined decode loop has queued by then. Without them,
+    ``map_sync``."""
 
     def __init__(self, device: "WgpuDevice", mappable, buffer: WgpuBuffer,
-                 recording: WgpuRecording, issued: int):
+                 recording: WgpuRecording, issued: int, index: int | None = None,
+                 mapping: "_Mapping | None" = None):
         self.device, self.mappable, self.buffer, self.recording = \
             device, mappable, buffer, recording
         self.issued = issued
+        self.index = index            # wgpu-native's submission index of the copy, or None
+        self.mapping = mapping        # the map requested at submission (native), or None
 
     def wait(self) -> np.ndarray:
         if self.mappable is None:
             raise WgpuError("this readback was already waited for or released")
         dev, m, b = self.device, self.mappable, self.buffer
         self.mappable = None
-        m.map_sync(dev.wgpu.MapMode.READ)
-        try:
-            raw = np.frombuffer(m.read_mapped(0, b.size + 8), np.uint8).copy()
-        finally:
-            m.unmap()
+        dev._flush()                  # what was queued behind the read runs while we wait
+        if self.mapping is not None:
+            raw = dev._native().read_mapped(dev.device, self.mapping, self.index)
+        else:
+            m.map_sync(dev.wgpu.MapMode.READ)
+            try:
+                raw = np.frombuffer(m.read_mapped(0, b.size + 8), np.uint8).copy()
+            finally:
+                m.unmap()
         dev._map_free.append(m)
         dev._raise_fault(raw[b.size:b.size + 8].view(np.uint32), self.recording, self.issued)
         return raw[:b.nbytes].view(b.dtype).reshape(b.shape).copy()
 
     def release(self) -> None:
-        """Drop the read (its mappable buffer is freed with it, once wgpu has run it)."""
+        """Drop the read: its mappable buffer is reused once its map has resolved (a native
+        map request) or freed with it."""
+        if self.mappable is not None and self.mapping is not None:
+            self.device._released.append((self.mappable, self.mapping))
         self.mappable = None
+
+
+@dataclass
+class _Mapping:
+    """A map request of ``size`` bytes: ``status`` is set by wgpu-native's callback (kept
+    alive here until it has run)."""
+
+    size: int
+    buffer: Any = None
+    callback: Any = None
+    status: int | None = None
+
+
+class _Native:
+    """wgpu-native's C functions that wgpu-py wraps at a cost or not at all: the compute
+    pass calls of :meth:`WgpuDevice._encode` (``pass_fns``), submission with an index
+    (``wgpuQueueSubmitForIndex``), a device poll that waits for one submission, and buffer
+    maps with a callback of our own (no poll thread)."""
+
+    def __init__(self, ffi, lib):
+        self.ffi, self.lib = ffi, lib
+        self.full_polls = 0       # reads whose own submission's poll left the map pending
+        self.pass_fns = (lib.wgpuComputePassEncoderSetPipeline,
+                         lib.wgpuComputePassEncoderSetBindGroup,
+                         lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+
+    @classmethod
+    def find(cls) -> "_Native | None":
+        try:
+            from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+            for name in ("wgpuComputePassEncoderSetPipeline", "wgpuQueueSubmitForIndex",
+                         "wgpuDevicePoll", "wgpuBufferMapAsync",
+                         "wgpuBufferGetConstMappedRange", "wgpuBufferUnmap"):
+                getattr(lib, name)
+            return cls(ffi, lib)
+        except (ImportError, AttributeError):
+            return None
+
+    def submit(self, queue, cbs) -> int:
+        """``queue.submit(cbs)``; returns the submission's index."""
+        ids = self.ffi.new("WGPUCommandBuffer[]", [cb._internal for cb in cbs])
+        return int(self.lib.wgpuQueueSubmitForIndex(queue._internal, len(cbs), ids))
+
+    def request_map(self, buffer, size: int) -> _Mapping:
+        """Ask for ``buffer``'s first ``size`` bytes mapped for reading once the GPU is done
+        with it (its copy is submitted)."""
+        ffi, lib = self.ffi, self.lib
+        mapping = _Mapping(size)
+
+        def done(status, _message, _u1, _u2):
+            mapping.status = int(status)
+
+        mapping.callback = ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, "
+                                        "void *)", done)
+        info = ffi.new("WGPUBufferMapCallbackInfo *")
+        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        info.callback = mapping.callback
+        mapping.buffer = buffer
+        lib.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, size, info[0])
+        return mapping
+
+    def poll(self, device, index: int | None) -> None:
+        """Block until submission ``index`` (None: every submission) has run, and run the
+        callbacks of what finished."""
+        idx = self.ffi.NULL if index is None else self.ffi.new("WGPUSubmissionIndex *", index)
+        self.lib.wgpuDevicePoll(device._internal, True, idx)
+
+    def read_mapped(self, device, mapping: _Mapping, index: int | None) -> np.ndarray:
+        """The mapped bytes (copied), after waiting for submission ``index``; unmaps."""
+        if mapping.status is None:
+            self.poll(device, index)
+        if mapping.status is None:       # not resolved by that submission: wait for all
+            self.full_polls += 1
+            self.poll(device, None)
+        if mapping.status != self.lib.WGPUMapAsyncStatus_Success:
+            raise WgpuError(f"mapping a readback buffer failed (status {mapping.status})")
+        lib, buf = self.lib, mapping.buffer
+        ptr = lib.wgpuBufferGetConstMappedRange(buf._internal, 0, mapping.size)
+        raw = np.frombuffer(self.ffi.buffer(ptr, mapping.size), np.uint8).copy()
+        lib.wgpuBufferUnmap(buf._internal)
+        mapping.callback = None
+        return raw
 
 
 def _pick(adapters):
@@ -231,6 +332,8 @@ class WgpuDevice:
         self._pending: WgpuRecording | None = None    # replayed since the last error check
         self._map_free: list = []                      # mappable readback buffers
         self._unsubmitted: list = []                   # replayed command buffers, queued
+        self._last_index: int | None = None            # submission index of the last submit
+        self._released: list = []                      # (mappable, _Mapping) of dropped reads
         self._fault: tuple = (-1, None)                # (submissions, (code, kernel)) raised
         self.replays = self.records = self.submits = 0
         self.subgroup_size = self._probe_subgroup_size() if "subgroup" in self.features \
@@ -351,6 +454,7 @@ class WgpuDevice:
             return Ready(self.download(buffer))
         usage = self.wgpu.BufferUsage
         need = buffer.size + 8
+        self._reap_released()
         m = next((b for b in self._map_free if b.size >= need), None)
         if m is None:
             m = self.device.create_buffer(size=max(need, 256),
@@ -362,7 +466,23 @@ class WgpuDevice:
         enc.copy_buffer_to_buffer(self._err.buffer, 0, m, buffer.size, 8)
         self._unsubmitted.append(enc.finish())
         self._flush()
-        return WgpuReadback(self, m, buffer, self._pending, self.submits)
+        native = self._native()
+        mapping = native.request_map(m, need) if native is not None else None
+        return WgpuReadback(self, m, buffer, self._pending, self.submits, self._last_index,
+                            mapping)
+
+    def _reap_released(self) -> None:
+        """Unmap the buffers of dropped reads whose maps have resolved; they are free again."""
+        keep = []
+        for m, mapping in self._released:
+            if mapping.status is None:
+                keep.append((m, mapping))
+                continue
+            if mapping.status == self._native().lib.WGPUMapAsyncStatus_Success:
+                self._native().lib.wgpuBufferUnmap(m._internal)
+                self._map_free.append(m)
+            mapping.callback = None
+        self._released = keep
 
     # ---- programs ----------------------------------------------------------------------------
     def in_place_outputs(self, kernel: WgpuLoadedKernel) -> set[str]:
@@ -469,17 +589,11 @@ class WgpuDevice:
 
     # ---- running -----------------------------------------------------------------------------
     def _native(self):
-        """wgpu-native's raw compute-pass functions and cffi's NULL, or None where wgpu-py
-        does not expose them (then :meth:`_encode` uses the public calls)."""
+        """wgpu-native's raw C functions (:class:`_Native`), or None where wgpu-py does not
+        expose them (then the public calls are used: :meth:`_encode`, :meth:`_flush`,
+        :class:`WgpuReadback`)."""
         if not hasattr(self, "_native_fns"):
-            try:
-                from wgpu.backends.wgpu_native._ffi import ffi, lib
-
-                self._native_fns = (lib.wgpuComputePassEncoderSetPipeline,
-                                    lib.wgpuComputePassEncoderSetBindGroup,
-                                    lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
-            except (ImportError, AttributeError):
-                self._native_fns = None
+            self._native_fns = _Native.find()
         return self._native_fns
 
     def _encode(self, ops) -> list:
@@ -489,7 +603,7 @@ class WgpuDevice:
         cap = self.dispatches_per_submit
         native = self._native()
         if native is not None:
-            set_pipe, set_group, dispatch, null = native
+            set_pipe, set_group, dispatch, null = native.pass_fns
         for op in ops:
             if op[0] == "dispatch" and cap is not None and n >= cap:
                 if cpass is not None:
@@ -551,8 +665,13 @@ class WgpuDevice:
         if not self._unsubmitted:
             return
         cbs, self._unsubmitted = self._unsubmitted, []
+        native = self._native()
         try:
-            self.queue.submit(cbs)
+            if native is not None:
+                self._last_index = native.submit(self.queue, cbs)
+            else:
+                self.queue.submit(cbs)
+                self._last_index = None
         except Exception as e:  # noqa: BLE001  (wgpu-native's validation errors)
             raise WgpuError(f"submitting the step failed: {type(e).__name__}: {e}") from None
         self.submits += 1
