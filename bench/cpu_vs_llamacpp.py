@@ -26,7 +26,7 @@ checkout (``PYTHONPATH`` is set to it), with ``poot``'s compile cache as usual
 (``POOT_CACHE_DIR``).
 
 llama-bench is built once from the llama.cpp that the llama-cpp-python 0.3.36 sdist vendors
-(``pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36``: PyPI is the only
+(``pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36``: PyPI is the only
 network this needs), configured ``-DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release
 -DLLAMA_CURL=OFF`` with AMX turned off (``-mno-amx-*``: see ``NO_AMX``) and built ``--target llama-bench -j2``, under ``--llamacpp-dir`` (default
 ``.llamacpp/`` in this checkout, git-ignored); later runs reuse the binary. It needs cmake
@@ -130,8 +130,11 @@ def llama_bench(dir_: Path, rebuild: bool = False) -> tuple[Path, dict]:
     if not sdists:
         sdist_dir.mkdir(exist_ok=True)
         log(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON} sdist from PyPI")
+        # --no-binary for this package only: with :all: pip builds the sdist's build
+        # dependencies (cmake among them) from source just to read its metadata
         run_step("pip download", [sys.executable, "-m", "pip", "download", "--no-deps",
-                                  "--no-binary", ":all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+                                  "--no-binary", "llama-cpp-python",
+                                  f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
                                   "-d", str(sdist_dir)], dir_ / "pip_download.log")
         sdists = sorted(sdist_dir.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"))
         if not sdists:

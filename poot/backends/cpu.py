@@ -63,6 +63,7 @@ from poot.errors import PootError
 from poot.executor.cpu import descriptor as _descriptor
 from poot.executor.cpu import warn_no_openmp
 from poot.graph.builder import Graph
+from poot.passes.expand_exp import expand_exp
 
 # Bufferize keeping state updated in place (pipelines.BUFFERIZE_KEEP_IN_PLACE; the entry's
 # in-place results are then dropped by drop_in_place_results), make the other results
@@ -835,6 +836,8 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     strategy = strategy_for(target) if strategy is None else strategy
     say("lower to linalg")
     module, fn = lower_graph(graph, strategy)
+    with module.context:
+        expand_exp(module)              # libm's expf neither vectorizes nor is cheap
     lowered = str(module)
     names = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes["poot.params"])]
     params = [(n, graph.params[n]) for n in names]
