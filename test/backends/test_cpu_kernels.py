@@ -194,17 +194,19 @@ DOTS = [pytest.param(False, id="avx2"),
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
 @pytest.mark.parametrize("m,n", [(1, 37), (1, 40), (3, 36), (5, 38)],
                          ids=["m1-n37", "m1-n40", "m3-n36", "m5-n38"])
-def test_int8_dot_products(fmt, m, n, vnni):
+@pytest.mark.parametrize("n_tile", [1, 4])
+def test_int8_dot_products(fmt, m, n, vnni, n_tile):
     """int8 dot products (x quantized per 32-block as llama.cpp does; AVX2 pmaddubsw /
-    pmaddwd or VNNI vpdpbusd, psign for Q8_0), in W-row tiles of 4, 2 and 1 (n = 40, 36 / 38,
-    37) and x-row tiles with a remainder (m = 5): within int8 precision of the oracle (2% of
-    the largest |y|), and the two instruction choices give the same sums."""
+    pmaddwd or VNNI vpdpbusd, psign for Q8_0), in decode W-row tiles of 1 (the default) or 4,
+    2 and 1 (n_tile 4: n = 40, 36 / 38, 37) and x-row tiles with a remainder (m = 5): within
+    int8 precision of the oracle (2% of the largest |y|), and the two instruction choices
+    give the same sums."""
     rng = np.random.default_rng(11 + m + n)
     f = Quant[fmt.upper()].value
     k = 96
     g = _gemv_graph(PackedType(f, (n, k)), m, k)
     prog = compile_cpu(g, strategy=Strategy(cores=2, m_tile=2, parallel_min_bytes=0,
-                                            int8_dot=True, vnni=vnni))
+                                            int8_dot=True, vnni=vnni, n_tile=n_tile))
     assert "llvm.x86.avx2.pmadd" not in prog.lowered  # stand-ins until after bufferization
     assert ("vpdpbusd" in prog.lowered) == vnni
     x, w = rng.normal(size=(m, k)).astype(np.float32), _quantized(f, n, k, rng)
@@ -212,7 +214,8 @@ def test_int8_dot_products(fmt, m, n, vnni):
     want = oracle.evaluate(g, {"x": x}, {"w": w})["y"]
     assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
     if vnni:  # exact integer sums either way: bitwise equal results
-        other = compile_cpu(g, strategy=Strategy(cores=1, m_tile=2, int8_dot=True))
+        other = compile_cpu(g, strategy=Strategy(cores=1, m_tile=2, int8_dot=True,
+                                                 n_tile=n_tile))
         np.testing.assert_array_equal(other.run({"x": x}, {"w": w})["y"], got)
 
 
