@@ -92,6 +92,9 @@ def _run_child(model: str | None, backend: str, cache_dir: str) -> dict:
                        env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        if "ModelError" in last or "LoadError" in last:
+            return {"skipped": last}     # an encoder (no generation steps), an adapter folder
         raise SystemExit(f"compile of {model or 'SmolLM2'} ({backend}) failed:\n"
                          f"{r.stderr[-3000:]}")
     res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -118,8 +121,8 @@ def measure(only: set[str]) -> dict:
             path = fx / "model.gguf" if (fx / "model.gguf").exists() else fx
             with tempfile.TemporaryDirectory(prefix="poot-compile-bench-") as d:
                 r = _run_child(str(path), "cpu", d)
-            out["tiny_cpu_cold"][fx.name] = {k: r[k] for k in
-                                             ("total_s", "import_s", "process_s", "stages")}
+            out["tiny_cpu_cold"][fx.name] = r if "skipped" in r else \
+                {k: r[k] for k in ("total_s", "import_s", "process_s", "stages")}
     return out
 
 

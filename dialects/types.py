@@ -8,10 +8,10 @@ or a packed block-quantized weight (``!poot.packed<#poot.q4_1, array<i64: rows, 
 from __future__ import annotations
 
 import enum
+import functools
 import weakref
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
@@ -49,7 +49,7 @@ class DType(enum.Enum):
     @property
     def numpy(self) -> np.dtype:
         """The numpy dtype the CPU oracle stores this dtype in (bf16 via ml_dtypes)."""
-        return _NUMPY[self]
+        return _NUMPY[self] if self is not DType.BF16 else bfloat16()
 
     def mlir(self) -> ir.Type:
         return ir.Type.parse(self.value)
@@ -67,16 +67,27 @@ class DType(enum.Enum):
         for k, v in _NUMPY.items():
             if v == dt:
                 return k
+        if dt.name == "bfloat16" and dt == bfloat16():
+            return DType.BF16
         raise TypeError(f"numpy dtype {dt} has no poot dtype")
 
     def __str__(self) -> str:
         return self.value
 
 
-_NUMPY = {
+@functools.cache
+def bfloat16() -> np.dtype:
+    """``ml_dtypes.bfloat16``, imported on first use: the import costs about 0.6 s (its
+    extension registers every cast and ufunc), which a CPU run of a quantized or f16
+    checkpoint never needs."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+_NUMPY = {   # BF16: bfloat16()
     DType.F32: np.dtype(np.float32),
     DType.F16: np.dtype(np.float16),
-    DType.BF16: np.dtype(ml_dtypes.bfloat16),
     DType.I64: np.dtype(np.int64),
     DType.I32: np.dtype(np.int32),
     DType.I8: np.dtype(np.int8),

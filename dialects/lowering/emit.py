@@ -10,22 +10,22 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-import ml_dtypes
 import numpy as np
 
-from poot.dialects.types import DType, TensorType
+from poot.dialects.types import DType, TensorType, bfloat16
 
 HALF = (DType.F16, DType.BF16)
 
 
 _FLOAT_BITS = {"f64": (np.float64, np.uint64), "f32": (np.float32, np.uint32),
-               "f16": (np.float16, np.uint16), "bf16": (ml_dtypes.bfloat16, np.uint16)}
+               "f16": (np.float16, np.uint16), "bf16": (None, np.uint16)}   # bf16: bfloat16()
 
 
 def float_hex(value, type_: str) -> str:
     """A float literal as its exact bit pattern (``0x3F800000``), which MLIR parses for any
     float type, NaN and infinities included."""
     ft, it = _FLOAT_BITS[type_]
+    ft = bfloat16() if ft is None else ft
     bits = int(np.array(value, dtype=np.float64).astype(ft).reshape(1).view(it)[0])
     return f"0x{bits:0{2 * np.dtype(it).itemsize}X}"
 

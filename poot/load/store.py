@@ -16,7 +16,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from poot.dialects.quant import QuantFormat
@@ -43,25 +42,34 @@ class DType(str, enum.Enum):
 
     @property
     def numpy(self) -> np.dtype:
-        """The little-endian numpy dtype of one stored element (BF16/F8 via ml_dtypes)."""
-        return _NUMPY[self]
+        """The little-endian numpy dtype of one stored element (BF16/F8 via ml_dtypes,
+        imported on first use)."""
+        dt = _NUMPY.get(self)
+        if dt is None:
+            import ml_dtypes
+
+            dt = _NUMPY[self] = np.dtype({DType.BF16: ml_dtypes.bfloat16,
+                                          DType.F8_E4M3: ml_dtypes.float8_e4m3fn,
+                                          DType.F8_E5M2: ml_dtypes.float8_e5m2}[self])
+        return dt
 
     @property
     def itemsize(self) -> int:
-        return _NUMPY[self].itemsize
+        return _ITEMSIZE[self]
 
     def __str__(self) -> str:
         return self.value
 
 
-_NUMPY: dict[DType, np.dtype] = {
+_NUMPY: dict[DType, np.dtype] = {   # BF16 and F8 added on first use (DType.numpy)
     DType.F64: np.dtype("<f8"), DType.F32: np.dtype("<f4"), DType.F16: np.dtype("<f2"),
-    DType.BF16: np.dtype(ml_dtypes.bfloat16), DType.F8_E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
-    DType.F8_E5M2: np.dtype(ml_dtypes.float8_e5m2), DType.I64: np.dtype("<i8"),
+    DType.I64: np.dtype("<i8"),
     DType.I32: np.dtype("<i4"), DType.I16: np.dtype("<i2"), DType.I8: np.dtype("i1"),
     DType.U64: np.dtype("<u8"), DType.U32: np.dtype("<u4"), DType.U16: np.dtype("<u2"),
     DType.U8: np.dtype("u1"), DType.BOOL: np.dtype("?"),
 }
+_ITEMSIZE: dict[DType, int] = {**{k: v.itemsize for k, v in _NUMPY.items()},
+                               DType.BF16: 2, DType.F8_E4M3: 1, DType.F8_E5M2: 1}
 
 
 @dataclass(frozen=True, eq=False)
