@@ -188,11 +188,11 @@ class WgpuReadback:
 
 @dataclass
 class _Mapping:
-    """A map request of ``size`` bytes: ``status`` is set by wgpu-native's callback (kept
-    alive here until it has run)."""
+    """A map request of ``buffer``'s first ``size`` bytes: ``status`` is set by
+    wgpu-native's callback (kept alive here until it has run)."""
 
     size: int
-    buffer: Any = None
+    buffer: Any
     callback: Any = None
     status: int | None = None
 
@@ -232,7 +232,7 @@ class _Native:
         """Ask for ``buffer``'s first ``size`` bytes mapped for reading once the GPU is done
         with it (its copy is submitted)."""
         ffi, lib = self.ffi, self.lib
-        mapping = _Mapping(size)
+        mapping = _Mapping(size, buffer)
 
         def done(status, _message, _u1, _u2):
             mapping.status = int(status)
@@ -242,7 +242,6 @@ class _Native:
         info = ffi.new("WGPUBufferMapCallbackInfo *")
         info.mode = lib.WGPUCallbackMode_AllowProcessEvents
         info.callback = mapping.callback
-        mapping.buffer = buffer
         lib.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, size, info[0])
         return mapping
 
@@ -478,8 +477,9 @@ class WgpuDevice:
             if mapping.status is None:
                 keep.append((m, mapping))
                 continue
-            if mapping.status == self._native().lib.WGPUMapAsyncStatus_Success:
-                self._native().lib.wgpuBufferUnmap(m._internal)
+            lib = self._native().lib
+            if mapping.status == lib.WGPUMapAsyncStatus_Success:
+                lib.wgpuBufferUnmap(m._internal)
                 self._map_free.append(m)
             mapping.callback = None
         self._released = keep
