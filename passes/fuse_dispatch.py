@@ -96,12 +96,41 @@ class _Partition:
         self.census = {o: (int(o.name not in KNOWN), int(o.name == "poot.reduce"),
                            (o,) if o.name in ANCHORS else ()) for o in self.compute}
         self._users: dict = {}      # op -> its users (the IR does not change while merging)
+        self._outside: dict = {}    # region root -> users of its members outside it
+        self._keys: dict = {}       # op -> its operands as (defining op, result number)
+        self._shapes: dict = {}     # op -> (operand shapes, result shape)
 
     def users(self, o) -> list:
         """:func:`~poot.passes.analysis.users` of ``o``, computed once per op."""
         got = self._users.get(o)
         if got is None:
             got = self._users[o] = users(o)
+        return got
+
+    def operand_keys(self, o) -> tuple:
+        """``o``'s operands as hashable ``(defining op, result number)`` (block arguments:
+        ``(None, id)``), computed once per op: the walks below hash these, not MLIR values."""
+        got = self._keys.get(o)
+        if got is None:
+            got = self._keys[o] = tuple(
+                (v.owner.operation, v.result_number) if isinstance(v, ir.OpResult)
+                else (None, id(v)) for v in o.operands)
+        return got
+
+    def shapes(self, o) -> tuple:
+        """``(operand shapes, first result's shape)`` of ``o``, computed once per op."""
+        got = self._shapes.get(o)
+        if got is None:
+            got = self._shapes[o] = (tuple(_shape(v) for v in o.operands),
+                                     _shape(o.results[0]) if len(o.results) else ())
+        return got
+
+    def outside_users(self, root) -> set:
+        """The users of region ``root``'s members that are not members (kept per region as
+        regions merge: the cycle check walks region boundaries, not members)."""
+        got = self._outside.get(root)
+        if got is None:
+            got = self._outside[root] = {u for u in self.users(root) if u is not root}
         return got
 
     # ---- union-find ----
@@ -131,37 +160,37 @@ class _Partition:
         return "elementwise"
 
     def _reduction(self, members, reduces) -> str | None:
-        s = _shape(reduces[0].operands[0])
+        s = self.shapes(reduces[0])[0][0]
         axes = tuple(ir.DenseI64ArrayAttr(reduces[0].attributes["axes"]))
         for r in reduces[1:]:
-            if _shape(r.operands[0]) != s or \
+            if self.shapes(r)[0][0] != s or \
                     tuple(ir.DenseI64ArrayAttr(r.attributes["axes"])) != axes:
                 return None
         kept = tuple(i for i in range(len(s)) if i not in axes)
         row = tuple(s[i] for i in kept)
         keep = tuple(1 if i in axes else d for i, d in enumerate(s))
-        level: dict = {}
+        level: dict = {}            # (op, result number) -> "row" | "full"
         for o in members:
-            deps = {level[v] for v in o.operands if v in level}
+            deps = {level[k] for k in self.operand_keys(o) if k in level}
             if o.name == "poot.reduce":
                 if deps and deps != {"full"}:
                     return None
-                level[o.results[0]] = "row"
+                level[(o, 0)] = "row"
                 continue
             if not deps:
                 continue  # prologue / independent operand of the epilogue
             if len(deps) != 1:
                 return None
             dep = deps.pop()
-            out = _shape(o.results[0])
+            ins, out = self.shapes(o)
             if o.name in ELEMENTWISE:
-                level[o.results[0]] = dep
+                level[(o, 0)] = dep
             elif o.name == "poot.reshape" and dep == "row" and out in (row, keep):
-                level[o.results[0]] = "row"
+                level[(o, 0)] = "row"
             elif o.name == "poot.broadcast" and dep == "row" and out == s and (
-                    (_shape(o.operands[0]) == row and _dims(o) == kept) or
-                    (_shape(o.operands[0]) == keep and _dims(o) == tuple(range(len(s))))):
-                level[o.results[0]] = "full"
+                    (ins[0] == row and _dims(o) == kept) or
+                    (ins[0] == keep and _dims(o) == tuple(range(len(s))))):
+                level[(o, 0)] = "full"
             else:
                 return None  # a reduced value used at a different shape
         return "reduction"
@@ -198,33 +227,40 @@ class _Partition:
                 return None
         return kind
 
-    def creates_cycle(self, members: list) -> bool:
-        """Whether the region ``members`` would reach itself through outside ops or regions.
+    def creates_cycle(self, inside: set, start, last: int) -> bool:
+        """Whether a region of the ops ``inside`` (last block position ``last``) would reach
+        itself through outside ops or regions, searching from ``start`` (its members'
+        users).
 
         The search runs on the quotient graph (an outside region is one node: a path may enter
-        it at one member and leave from another), pruned by block position: nothing that
-        starts after the region's last op can reach it."""
-        inside = set(members)
-        last = max(self.pos[o] for o in members)
-        stack, seen = [], set()
-        for o in members:
-            stack.extend(u for u in self.users(o) if u not in inside)
+        it at one member and leave from another, so it goes on from that region's outside
+        users), pruned by block position: nothing that starts after the region's last op can
+        reach it."""
+        stack = [u for u in start if u not in inside]
+        seen = set()
         while stack:
             u = stack.pop()
             if u not in self.pos:
                 continue
-            node = self.find(u) if u in self.parent else u
-            if node in seen:
-                continue
-            seen.add(node)
-            group = self.members[node] if u in self.parent else [u]
-            if self.pos[group[0]] > last:
-                continue
-            for g in group:
-                for w in self.users(g):
-                    if w in inside:
-                        return True
-                    stack.append(w)
+            if u in self.parent:
+                node = self.find(u)
+                if node in seen:
+                    continue
+                seen.add(node)
+                if self.pos[self.members[node][0]] > last:
+                    continue
+                nxt = self.outside_users(node)
+            else:
+                if u in seen:
+                    continue
+                seen.add(u)
+                if self.pos[u] > last:
+                    continue
+                nxt = self.users(u)
+            for w in nxt:
+                if w in inside:
+                    return True
+                stack.append(w)
         return False
 
     def _kind_could_be(self, census, kinds) -> bool:
@@ -252,13 +288,17 @@ class _Partition:
             return False
         merged = sorted(self.members[ra] + self.members[rb], key=self.pos.__getitem__)
         kind = self.classify(merged)
-        if kind is None or (kinds is not None and kind not in kinds) or \
-                self.creates_cycle(merged):
+        if kind is None or (kinds is not None and kind not in kinds):
+            return False
+        inside = set(merged)
+        start = self.outside_users(ra) | self.outside_users(rb)
+        if self.creates_cycle(inside, start, self.pos[merged[-1]]):
             return False
         self.parent[rb] = ra
         self.members[ra] = merged
         self.census[ra] = census
-        del self.members[rb]
+        self._outside[ra] = {u for u in start if u not in inside}
+        del self.members[rb], self._outside[rb]
         return True
 
     def producers(self, o):
