@@ -7,12 +7,21 @@
 What it measures (each in a fresh Python process with a fresh, empty compile cache, so nothing
 compiled or imported before is reused):
 
-* ``smollm2-cpu``: ``poot compile --max-batch 1`` of the bundled SmolLM2-135M Q4_1 for the CPU:
-  the prefill step, the batch-1 decode step and its two samplers (greedy and the full one the
-  CLI warms up) -- what ``poot generate`` compiles before its first token. Then ``warm``: the
-  same in another fresh process on the filled cache (every step a cache hit: the load time).
-* ``smollm2-cuda``: the same steps for CUDA, to PTX (no GPU needed; no warm run).
-* ``tiny``: each fixture of ``test/fixtures/tiny`` (random-init 2-layer checkpoints), CPU.
+* ``smollm2-cpu``: ``poot.api.compile_steps`` (``poot compile --max-batch 1``) of the bundled
+  SmolLM2-135M Q4_1 for the CPU: the prefill step, the batch-1 decode step and its two
+  samplers (greedy and the full one the CLI warms up). Then ``warm``: the same in another
+  fresh process on the filled cache (every step a cache hit: the load time). Then ``ready``:
+  ``ModelHandle.load`` as ``poot generate`` calls it, on a fresh cache: ``ready_s`` is the
+  wait before the first token can be computed (prefill, decode, greedy sampler), ``all_s``
+  until the compile workers also finished the full sampler (:mod:`poot.executor.ahead`).
+* ``smollm2-cuda``: the compile_steps run for CUDA, to PTX (no GPU needed; no warm run).
+* ``tiny``: each generating fixture of ``test/fixtures/tiny`` (random-init 2-layer
+  checkpoints), CPU: the compile_steps run (``total_s``) and the ``ready_s``/``all_s`` run.
+
+Compile workers (``POOT_COMPILE_WORKERS``, default one on 2 cores) compile steps beside the
+measured process: the stage breakdown covers only what that process compiled itself (a step
+a worker took shows as a wait and a cache load). ``POOT_COMPILE_WORKERS=0`` gives the serial
+breakdown of every step.
 
 Per step, the seconds of every stage the compiler reports through :mod:`poot.progress`
 (tracing, each poot pass, planning, lowering to linalg, the MLIR pipeline stages,
@@ -84,11 +93,28 @@ def _child(model: str | None, backend: str, cache_dir: str) -> dict:
                                 for n, st in steps.items()}}
 
 
-def _run_child(model: str | None, backend: str, cache_dir: str) -> dict:
+def _child_ready(model: str | None, cache_dir: str) -> dict:
+    """Runs in the measured process: what ``poot generate`` waits for before its first
+    token (``ModelHandle.load`` with the CLI's warm samplers: ``ready_s``), then until the
+    compile workers finished the rest (``all_s``: the full sampler too)."""
+    t0 = time.perf_counter()
+    from poot.api import ModelHandle
+    from poot.graph.sampling import FULL
+    t_import = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    h = ModelHandle.load(model, "cpu", cache_dir=cache_dir, warm_samplers=(FULL,))
+    ready = time.perf_counter() - t1
+    h.finish_compiling()
+    return {"import_s": round(t_import, 3), "ready_s": round(ready, 3),
+            "all_s": round(time.perf_counter() - t1, 3),
+            "steps_ready": sorted(h.runner.compile_s)}
+
+
+def _run_child(model: str | None, backend: str, cache_dir: str, mode: str = "compile") -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                POOT_CACHE_DIR=cache_dir)
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, __file__, "--child", backend, model or ""],
+    r = subprocess.run([sys.executable, __file__, "--child", f"{mode}:{backend}", model or ""],
                        env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode:
@@ -112,6 +138,8 @@ def measure(only: set[str]) -> dict:
         with tempfile.TemporaryDirectory(prefix="poot-compile-bench-") as d:
             out["smollm2_cpu_cold"] = _run_child(None, "cpu", d)
             out["smollm2_cpu_warm"] = _run_child(None, "cpu", d)
+        with tempfile.TemporaryDirectory(prefix="poot-compile-bench-") as d:
+            out["smollm2_cpu_ready"] = _run_child(None, "cpu", d, mode="ready")
     if want("smollm2-cuda"):
         with tempfile.TemporaryDirectory(prefix="poot-compile-bench-") as d:
             out["smollm2_cuda_cold"] = _run_child(None, "cuda", d)
@@ -121,8 +149,13 @@ def measure(only: set[str]) -> dict:
             path = fx / "model.gguf" if (fx / "model.gguf").exists() else fx
             with tempfile.TemporaryDirectory(prefix="poot-compile-bench-") as d:
                 r = _run_child(str(path), "cpu", d)
-            out["tiny_cpu_cold"][fx.name] = r if "skipped" in r else \
-                {k: r[k] for k in ("total_s", "import_s", "process_s", "stages")}
+            if "skipped" not in r:
+                r = {k: r[k] for k in ("total_s", "import_s", "process_s", "stages")}
+                with tempfile.TemporaryDirectory(prefix="poot-compile-bench-") as d:
+                    ready = _run_child(str(path), "cpu", d, mode="ready")
+                r.update(ready_s=ready["ready_s"], all_s=ready["all_s"],
+                         ready_process_s=ready["process_s"])
+            out["tiny_cpu_cold"][fx.name] = r
     return out
 
 
@@ -135,8 +168,10 @@ def main(argv=None) -> None:
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        backend, model = args.child
-        print(json.dumps(_child(model or None, backend, os.environ["POOT_CACHE_DIR"])))
+        (mode, backend), model = args.child[0].split(":"), args.child[1]
+        cache = os.environ["POOT_CACHE_DIR"]
+        print(json.dumps(_child_ready(model or None, cache) if mode == "ready" else
+                         _child(model or None, backend, cache)))
         return
     res = measure(set(args.only))
     print(json.dumps(res, indent=1))

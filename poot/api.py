@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -113,6 +113,9 @@ class ModelHandle:
     load_s: float = 0.0
     compile_cache: Any = None
     model_context: int | None = None
+    #: a cold load's compile workers (:mod:`poot.executor.ahead`) and what they warm
+    _ahead: Any = field(default=None, init=False, repr=False)
+    _warm: tuple = field(default=((1,), ()), init=False, repr=False)
 
     @property
     def kv_capacity(self) -> int:
@@ -130,7 +133,8 @@ class ModelHandle:
              warm_up: bool = True, random_weights: str | None = None,
              seed: int = 0, engine_config: EngineConfig | None = None,
              before_compile: Callable[["ModelHandle"], None] | None = None,
-             warm_samplers: Sequence[Any] = (), kv_memory: int | None = None,
+             warm_samplers: Sequence[Any] = (), warm_batches: Sequence[int] = (1,),
+             kv_memory: int | None = None,
              max_loras: int = 0, max_lora_rank: int = 16,
              loras: Mapping[str, str | os.PathLike] | None = None
              ) -> "ModelHandle":
@@ -161,10 +165,18 @@ class ModelHandle:
         loading phase and of each step's compile stages (a one-argument ``progress(msg)`` sees
         the phases only). ``before_compile(handle)`` runs once the model, tokenizer and KV
         pool are known and before any step is traced or compiled (the CLI checks its request
-        there: :meth:`check_request`). ``warm_samplers``: sampler specs to load besides the
+        there: :meth:`check_request`). ``warm_batches``: the decode buckets loaded (those
+        that exist; default batch 1). ``warm_samplers``: sampler specs to load besides the
         greedy one (the CLI adds :data:`~poot.graph.sampling.FULL`, which serves any request
-        without log-probs: a later run with other sampling options compiles nothing). ``compile_fn``/``device`` replace the compile and the
-        executor device (tests).
+        without log-probs: a later run with other sampling options compiles nothing).
+        ``compile_fn``/``device`` replace the compile and the executor device (tests).
+
+        A cold load (steps missing from the cache) also compiles in worker processes
+        (:mod:`poot.executor.ahead`, ``POOT_COMPILE_WORKERS``): this call returns once the
+        prefill, decode and greedy sampler steps are loaded; a warm sampler a worker
+        compiles is loaded when a request first needs it (waiting for the worker if it is
+        not done) or by :meth:`finish_compiling`, and the process waits for the workers at
+        exit, so the cache holds every step afterwards.
 
         LoRA: ``max_loras`` >= 1 binds that many adapter slots of rank up to
         ``max_lora_rank`` beside the weights (:mod:`poot.models.lora`; every step then takes
@@ -262,9 +274,41 @@ class ModelHandle:
         if before_compile is not None:
             before_compile(handle)
         if warm_up:
-            runner.warm_up(specs=warm_samplers)
+            from poot.executor.ahead import start_ahead
+
+            # a cold load also compiles in worker processes: the steps the first token
+            # needs from the other end of the list, then the warm samplers, which this
+            # process then leaves to them (a request that needs one waits for it)
+            batches = [b for b in warm_batches if b in runner.buckets] or [1]
+            need = runner.warm_up_steps(batches)
+            extra = [s for s in runner.warm_up_steps(batches, warm_samplers) if s not in need]
+            ahead = start_ahead(cache, [s[1:] for s in need], target, options,
+                                later=[s[1:] for s in extra]) \
+                if cache is not None else None
+            if ahead is not None and ahead.procs:
+                runner.deferred = {(b, sp) for b in batches for sp in warm_samplers}
+            try:
+                runner.warm_up(batches, () if runner.deferred else warm_samplers)
+            except BaseException:
+                if ahead is not None:
+                    ahead.close(False)
+                raise
+            handle._ahead, handle._warm = ahead, (batches, tuple(warm_samplers))
         handle.load_s = time.perf_counter() - t0
         return handle
+
+    def finish_compiling(self) -> None:
+        """Load every warm sampler a cold load left to its compile workers
+        (:mod:`poot.executor.ahead`), compiling here those they have not started (from the
+        other end of their list), and wait for the workers: afterwards nothing compiles in
+        the background (a benchmark calls this before timing; the server before serving)."""
+        batches, specs = self._warm
+        for b in reversed(batches):
+            for sp in reversed(specs):
+                self.runner.sampler_entry(b, sp)
+        self.runner.deferred.clear()
+        if self._ahead is not None:
+            self._ahead.close(True)
 
     def load_lora(self, name: str, path: str | os.PathLike) -> int:
         """Load the PEFT adapter at ``path`` into a free slot under ``name`` (between engine
@@ -361,16 +405,18 @@ def _bind_lora_slots(model, weights, max_loras: int, max_lora_rank: int):
                          dict(weights.stored)), table
 
 
-def compile_cached(cache, model, weight_types, spec, trace, target, options, progress=None):
+def compile_cached(cache, model, weight_types, spec, trace, target, options, progress=None,
+                   wait: bool = True):
     """The program of step ``spec`` through ``cache``'s step index (a hit neither traces nor
     imports MLIR; a miss calls ``trace()`` and compiles). ``progress``: a
-    :mod:`poot.progress` callback, counting this step's units from zero."""
+    :mod:`poot.progress` callback, counting this step's units from zero. ``wait=False``:
+    None when another process is compiling the step (see :meth:`CompileCache.compile_step`)."""
     from poot.executor.cache import step_describe, step_key
     from poot.progress import Tracker
 
     describe = step_describe(model, weight_types, spec, target, options)
     return cache.compile_step(step_key(model, weight_types, spec, target, options), describe,
-                              trace, target, options, progress=Tracker(progress))
+                              trace, target, options, progress=Tracker(progress), wait=wait)
 
 
 def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *,
@@ -392,18 +438,17 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     device's ``capabilities()`` as read where it runs (``poot devices --json``); without it
     such a backend is refused here. What ``poot compile`` runs before the cache is carried to
     a machine without MLIR. Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
-    {"step_key", "program", "seconds", "hit"}}}``."""
-    import time
-
+    {"step_key", "program", "seconds", "hit"}}}`` (``hit``: found in the cache, compiled
+    before or by a :mod:`~poot.executor.ahead` worker meanwhile)."""
     from poot.compiler.planning import kv_block_size
     from poot.engine.runner import SamplerProgram, decode_buckets, spec_tag, step_spec
-    from poot.executor.cache import CompileCache, step_key
-    from poot.graph.sampling import FULL, GREEDY, SamplerStep, trace_sampler
+    from poot.executor.ahead import compile_ahead
+    from poot.executor.cache import CompileCache
+    from poot.graph.sampling import FULL, GREEDY, SamplerStep
     from poot.models import default_kv_dtype
     from poot.progress import as_callback
 
     report = as_callback(progress)
-    say = lambda msg: report(msg, 0, 0)  # noqa: E731  (a phase)
     path = Path(path) if path is not None else default_model_path()
     prefill_chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else \
         _positive("prefill_chunk", prefill_chunk)
@@ -442,25 +487,34 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     out: dict[str, Any] = {"cache_dir": str(cache.dir), "backend": backend,
                            "kv_capacity": kv_capacity, "block_size": bs, "kv_blocks": blocks - 1,
                            "steps": {}}
+    with compile_ahead(cache, [j[1:] for j in jobs], target, options):
+        _compile_jobs(cache, jobs, target, options, report, out)
+    return out
+
+
+def _compile_jobs(cache, jobs, target, options, report, out) -> None:
+    """``compile_steps``' loop: each job ``(name, key model, types, spec)`` compiled through
+    ``cache``, its key, program, seconds and whether it was a hit recorded in ``out``."""
+    import time
+
+    from poot.engine.runner import step_trace
+    from poot.executor.cache import step_key
+
     for name, key_model, types, spec in jobs:
-        say(f"{name} step")
+        report(f"{name} step", 0, 0)
         t0 = time.perf_counter()
         hits = cache.hits
-        if isinstance(key_model, SamplerProgram):
-            trace = (lambda st=spec: trace_sampler(st))
-        else:
-            trace = (lambda spec=spec: model.trace(spec, weights.types))
-        prog = compile_cached(cache, key_model, types, spec, trace, target, options,
+        prog = compile_cached(cache, key_model, types, spec,
+                              step_trace(key_model, types, spec), target, options,
                               progress=report)
         out["steps"][name] = {"step_key": step_key(key_model, types, spec, target, options),
                               "program": getattr(prog, "cache_key", None),
                               "seconds": round(time.perf_counter() - t0, 2),
                               "hit": cache.hits > hits}
         if out["steps"][name]["program"] is None:
-            raise InvalidRequest("backend", backend, f"{name}: the compiled program was not "
-                                 f"written to the cache (this backend's programs are not "
-                                 f"cached)")
-    return out
+            raise InvalidRequest("backend", out["backend"], f"{name}: the compiled program "
+                                 f"was not written to the cache (this backend's programs "
+                                 f"are not cached)")
 
 
 def _kv_dtype(name: str | None):

@@ -172,7 +172,7 @@ def load_and_warm(options: dict, warm_up: bool = True, progress=None):
     instead, warmed for every batch and token bucket."""
     from dataclasses import replace
 
-    from poot.api import ModelHandle
+    from poot.api import DEFAULT_MAX_BATCH, ModelHandle
     from poot.engine.runner import decode_buckets
     from poot.graph.sampling import FULL, LOGPROB_WIDTHS
 
@@ -187,10 +187,13 @@ def load_and_warm(options: dict, warm_up: bool = True, progress=None):
             pm.runner.warm_up(pm.runner.batch_buckets, pm.runner.tok_buckets)
         return pm
     specs = (FULL, replace(FULL, logprobs=max(LOGPROB_WIDTHS), guided=True))
+    buckets = decode_buckets(opts.get("max_batch") or DEFAULT_MAX_BATCH[opts["backend"]])
     handle = ModelHandle.load(opts.pop("path"), progress=progress,
-                              warm_samplers=specs if warm_up else (), **opts)
+                              warm_samplers=specs if warm_up else (),
+                              warm_batches=buckets if warm_up else (1,),
+                              **opts)
     if warm_up:
-        handle.runner.warm_up(batches=decode_buckets(handle.runner.max_batch), specs=specs)
+        handle.finish_compiling()
     return handle
 
 

@@ -162,6 +162,16 @@ def sampler_spec_for(params_list: Sequence[Any]) -> SamplerSpec:
                        logprobs=lp, stochastic=stoch, guided=guided)
 
 
+def step_trace(key_model, types, spec) -> Callable[[], Any]:
+    """The trace of a step as the compile cache keys it: ``key_model.trace(spec, types)``
+    for a model step, :func:`~poot.graph.sampling.trace_sampler` for a
+    :class:`SamplerProgram`'s (``spec``: its :class:`SamplerStep`). Not called here: a cache
+    hit never traces."""
+    if isinstance(key_model, SamplerProgram):
+        return lambda: sampling.trace_sampler(spec)
+    return lambda: key_model.trace(spec, types)
+
+
 def spec_tag(spec: SamplerSpec) -> str:
     """A short name of a sampler spec's features (``""`` for the greedy one), for entry
     names: ``":sample+pen+bias+topk+topp+minp+guided+lp5"``."""
@@ -241,6 +251,9 @@ class ModelRunner:
         self.decode_steps = 0
         #: the :class:`~poot.engine.lora.LoraManager` when the weights carry LoRA slots
         self.lora = None
+        #: (batch, spec) of warm samplers left to compile workers (:mod:`poot.executor.ahead`):
+        #: loaded (waited for) when a request first needs one
+        self.deferred: set[tuple[int, SamplerSpec]] = set()
 
     def upload_weights(self) -> None:
         """Upload every weight to the device (once)."""
@@ -301,7 +314,8 @@ class ModelRunner:
     def sampler_for(self, batch: int, spec: SamplerSpec) -> tuple[Entry, SamplerSpec]:
         """The sampler entry a step of bucket ``batch`` whose rows need ``spec`` runs, and
         the spec it was traced for (module doc: exact if loaded or cached, else a loaded one
-        that covers it, else compiled)."""
+        that covers it, else a warm one left to a compile worker (:attr:`deferred`, waited
+        for), else compiled)."""
         if ("sampler", batch, spec) in self._entries:
             return self._entries[("sampler", batch, spec)], spec
         if self.find_step is not None:
@@ -311,12 +325,16 @@ class ModelRunner:
                 return self.sampler_entry(batch, spec, prog), spec
         loaded = [k[2] for k in self._entries if k[0] == "sampler" and k[1] == batch
                   and covers(k[2], spec)]
+        cost = (lambda s: sum(map(bool, (s.penalties, s.logit_bias, s.top_k, s.top_p,
+                                         s.min_p, s.guided, s.logprobs is not None))))
         if loaded:     # the one with the fewest features (cheapest per step)
-            best = min(loaded, key=lambda s: sum(map(bool, (s.penalties, s.logit_bias,
-                                                            s.top_k, s.top_p, s.min_p,
-                                                            s.guided,
-                                                            s.logprobs is not None))))
+            best = min(loaded, key=cost)
             return self._entries[("sampler", batch, best)], best
+        deferred = [s for b, s in self.deferred if b == batch and covers(s, spec)]
+        if deferred:   # a warm sampler a compile worker has (or is compiling)
+            best = min(deferred, key=cost)
+            self.deferred.discard((batch, best))
+            return self.sampler_entry(batch, best), best
         return self.sampler_entry(batch, spec), spec
 
     def bucket(self, n: int) -> int:
@@ -329,11 +347,27 @@ class ModelRunner:
     def warm_up(self, batches: Sequence[int] = (1,), specs: Sequence[SamplerSpec] = ()
                 ) -> None:
         """Compile (or load) the prefill entry, the decode entries of ``batches`` and their
-        greedy sampler plus ``specs`` (e.g. :data:`~poot.graph.sampling.FULL`)."""
+        greedy sampler plus ``specs`` (e.g. :data:`~poot.graph.sampling.FULL`), in the
+        order of :meth:`warm_up_steps`."""
         self.prefill_entry()
         for b in batches:
             for s in [GREEDY, *specs]:
                 self.sampler_entry(b, s)
+
+    def warm_up_steps(self, batches: Sequence[int] = (1,), specs: Sequence[SamplerSpec] = ()
+                      ) -> list[tuple[str, Any, Any, Any]]:
+        """The steps :meth:`warm_up` compiles, in its order: ``(name, key model, weight
+        types, spec)`` as the compile cache keys them (what :mod:`poot.executor.ahead`'s
+        workers are given)."""
+        pre = self.step_spec("prefill")
+        out = [(f"prefill[{pre.tokens}]", self.model, self.weights.types, pre)]
+        for b in batches:
+            out.append((f"decode[B={b}]", self.model, self.weights.types,
+                        self.step_spec("decode", b)))
+            for s in dict.fromkeys([GREEDY, *specs]):
+                step = SamplerStep(b, self.vocab, self.history_slots, s)
+                out.append((f"sampler[B={b}{spec_tag(s)}]", SamplerProgram(step), {}, step))
+        return out
 
     # ---- inputs -------------------------------------------------------------------------
     def _write(self, entry: Entry, values: dict[str, np.ndarray], force: set[str] = frozenset()

@@ -461,10 +461,12 @@ class CompileCache:
             pass
 
     @contextmanager
-    def _locked(self, name: str, progress=None):
+    def _locked(self, name: str, progress=None, wait: bool = True):
         """Hold ``locks/<name>.lock`` (``flock``, exclusive) within the block, so processes
         sharing the cache compile a program once: the second waits, then finds it. Without
-        a writable cache there is no lock (nothing is written to race on)."""
+        a writable cache there is no lock (nothing is written to race on). The block gets
+        True when it holds the lock (or there is none); with ``wait=False``, False at once
+        when another process holds it."""
         fd = None
         if self.enabled:
             try:
@@ -473,14 +475,18 @@ class CompileCache:
             except OSError:
                 fd = None
         try:
+            held = True
             if fd is not None:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    if progress is not None:
-                        progress("waiting for another process compiling it")
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+                    if wait:
+                        if progress is not None:
+                            progress("waiting for another process compiling it")
+                        fcntl.flock(fd, fcntl.LOCK_EX)
+                    else:
+                        held = False
+            yield held
         finally:
             if fd is not None:
                 os.close(fd)
@@ -513,13 +519,15 @@ class CompileCache:
         return prog
 
     def compile_step(self, skey: str, describe: dict, trace: Callable[[], Any], target,
-                     options, progress=None):
+                     options, progress=None, wait: bool = True):
         """The program of one step: the index entry ``skey`` when there is one (no trace),
         else ``trace()`` compiled through :meth:`compile` and recorded under ``skey``.
         ``describe`` (:func:`step_describe`) is stored beside it to explain later misses.
         Where MLIR cannot be imported a miss raises :class:`CacheMiss`. ``progress``: a
         :mod:`poot.progress` callback or Tracker (units: cache lookup, tracing, the
-        compile's passes and code generation, linking, writing)."""
+        compile's passes and code generation, linking, writing). ``wait=False``: when
+        another process is compiling this step, return None at once instead of waiting for
+        it (what a :mod:`~poot.executor.ahead` worker does)."""
         from poot.progress import Tracker
 
         track = Tracker.of(progress)
@@ -535,7 +543,9 @@ class CompileCache:
             have_mlir = False
         if not have_mlir:
             raise CacheMiss(self.explain_miss(skey, describe))
-        with self._locked(f"step-{skey}", track):
+        with self._locked(f"step-{skey}", track, wait=wait) as held:
+            if not held:
+                return None
             hit = self.lookup(skey, target)       # compiled by another process meanwhile
             if hit is not None:
                 track("loaded from the compile cache")

@@ -245,6 +245,7 @@ def test_a_loaded_superset_sampler_serves_without_compiling(tmp_path):
     full = ModelHandle.load(fixture_path("llama"), cache_dir=tmp_path / "a",
                             warm_samplers=(FULL,), **kw)
     exact = ModelHandle.load(fixture_path("llama"), cache_dir=tmp_path / "b", **kw)
+    full.finish_compiling()          # FULL loaded (a cold load may leave it to a worker)
     ps = prompts(full.runner.vocab, 3, seed=41, hi=20)
     sps = [SamplingParams(temperature=0.9, top_p=0.8, seed=5, max_tokens=8, ignore_eos=True),
            SamplingParams(temperature=0.0, presence_penalty=0.5, max_tokens=8,
