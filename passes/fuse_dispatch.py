@@ -227,15 +227,20 @@ class _Partition:
                 return None
         return kind
 
-    def creates_cycle(self, inside: set, start, last: int) -> bool:
-        """Whether a region of the ops ``inside`` (last block position ``last``) would reach
-        itself through outside ops or regions, searching from ``start`` (its members'
-        users).
+    def creates_cycle(self, members, start=None, last: int | None = None) -> bool:
+        """Whether a region of the ops ``members`` would reach itself through outside ops or
+        regions, searching from ``start`` (its members' users, or a superset; computed when
+        None); ``last``: the members' last block position (computed when None).
 
         The search runs on the quotient graph (an outside region is one node: a path may enter
         it at one member and leave from another, so it goes on from that region's outside
         users), pruned by block position: nothing that starts after the region's last op can
         reach it."""
+        inside = members if isinstance(members, (set, frozenset)) else set(members)
+        if last is None:
+            last = max(self.pos[o] for o in inside)
+        if start is None:
+            start = [u for o in inside for u in self.users(o)]
         stack = [u for u in start if u not in inside]
         seen = set()
         while stack:

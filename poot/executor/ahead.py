@@ -99,7 +99,7 @@ class Ahead:
             except (OSError, ValueError):
                 tail = []
             log.close()
-            if ok and p.returncode:
+            if ok and p.returncode > 0:      # < 0: a signal (Ctrl-C reaches it too)
                 _warn(f"a compile worker exited with status {p.returncode}"
                       f"{': ' + tail[0] if tail else ''} (a step it left is compiled when "
                       f"needed)",
@@ -190,6 +190,9 @@ def run_worker(job: dict) -> list[bool]:
 
 def main() -> int:
     """``python -m poot.executor.ahead``: a worker reading its pickled job on stdin."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)   # Ctrl-C ends it quietly, no traceback
     run_worker(pickle.load(sys.stdin.buffer))
     return 0
 
