@@ -281,7 +281,9 @@ class ModelHandle:
             # process then leaves to them (a request that needs one waits for it)
             batches = [b for b in warm_batches if b in runner.buckets] or [1]
             need = runner.warm_up_steps(batches)
-            extra = [s for s in runner.warm_up_steps(batches, warm_samplers) if s not in need]
+            names = {s[0] for s in need}
+            extra = [s for s in runner.warm_up_steps(batches, warm_samplers)
+                     if s[0] not in names]
             ahead = start_ahead(cache, [s[1:] for s in need], target, options,
                                 later=[s[1:] for s in extra]) \
                 if cache is not None else None

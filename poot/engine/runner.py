@@ -327,12 +327,11 @@ class ModelRunner:
                   and covers(k[2], spec)]
         cost = (lambda s: sum(map(bool, (s.penalties, s.logit_bias, s.top_k, s.top_p,
                                          s.min_p, s.guided, s.logprobs is not None))))
-        if loaded:     # the one with the fewest features (cheapest per step)
-            best = min(loaded, key=cost)
-            return self._entries[("sampler", batch, best)], best
+        # the one with the fewest features (cheapest per step), loaded or a warm one left
+        # to a compile worker (which it has compiled or is compiling)
         deferred = [s for b, s in self.deferred if b == batch and covers(s, spec)]
-        if deferred:   # a warm sampler a compile worker has (or is compiling)
-            best = min(deferred, key=cost)
+        if loaded or deferred:
+            best = min(loaded + deferred, key=cost)
             self.deferred.discard((batch, best))
             return self.sampler_entry(batch, best), best
         return self.sampler_entry(batch, spec), spec

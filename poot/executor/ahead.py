@@ -136,13 +136,19 @@ def start_ahead(cache, steps: Sequence[Step], target, options,
                   if not cache.index_path(step_key(*s, target, options)).is_file()]
     procs, logs = [], []
     if len(misses) >= 2 and _mlir_importable():
-        payload = pickle.dumps({"cache_dir": str(cache.dir), "target": target,
-                                "options": options, "steps": misses})
-        for _ in range(min(n, len(misses) - 1)):
-            log = tempfile.TemporaryFile()
-            p = subprocess.Popen([sys.executable, "-m", "poot.executor.ahead"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                 stderr=log)
+        try:
+            payload = pickle.dumps({"cache_dir": str(cache.dir), "target": target,
+                                    "options": options, "steps": misses})
+        except (pickle.PicklingError, TypeError, AttributeError):
+            payload = None            # e.g. a model class defined in __main__: no workers
+        for _ in range(min(n, len(misses) - 1) if payload is not None else 0):
+            try:
+                log = tempfile.TemporaryFile()
+                p = subprocess.Popen([sys.executable, "-m", "poot.executor.ahead"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=log)
+            except OSError:
+                break                 # no worker: this process compiles every step
             try:
                 p.stdin.write(payload)
                 p.stdin.close()
