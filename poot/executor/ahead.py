@@ -53,15 +53,6 @@ def default_workers() -> int:
     return max(0, min(cores - 1, 2))
 
 
-def _mlir_importable() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("mlir") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 class Ahead:
     """The worker processes of one :func:`compile_ahead` (``procs``; empty when none were
     started) and the steps they were given (``steps``: the misses, in the workers' order)."""
@@ -127,7 +118,7 @@ def start_ahead(cache, steps: Sequence[Step], target, options,
     :class:`Ahead` (:meth:`Ahead.close`); one still open at exit is waited for then, so the
     cache holds every step when the process ends. The keys, the model and the target must
     pickle (they do: configs and dataclasses); the workers open no checkpoint."""
-    from poot.executor.cache import step_key
+    from poot.executor.cache import mlir_importable, step_key
 
     n = default_workers() if workers is None else workers
     misses = []
@@ -135,7 +126,7 @@ def start_ahead(cache, steps: Sequence[Step], target, options,
         misses = [s for s in [*list(steps)[::-1], *later]
                   if not cache.index_path(step_key(*s, target, options)).is_file()]
     procs, logs = [], []
-    if len(misses) >= 2 and _mlir_importable():
+    if len(misses) >= 2 and mlir_importable():
         try:
             payload = pickle.dumps({"cache_dir": str(cache.dir), "target": target,
                                     "options": options, "steps": misses})

@@ -382,6 +382,16 @@ def file_digest(path: Path) -> tuple[int, str]:
     return n, h.hexdigest()
 
 
+def mlir_importable() -> bool:
+    """Whether the MLIR Python package can be imported here (found, not imported)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("mlir") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _warn(message: str, once: str) -> None:
     """``poot: warning: <message>`` on stderr, once per ``once`` key per process."""
     import sys
@@ -535,13 +545,7 @@ class CompileCache:
         if hit is not None:
             track("loaded from the compile cache")
             return hit
-        import importlib.util
-
-        try:
-            have_mlir = importlib.util.find_spec("mlir") is not None
-        except (ImportError, ValueError):
-            have_mlir = False
-        if not have_mlir:
+        if not mlir_importable():
             raise CacheMiss(self.explain_miss(skey, describe))
         with self._locked(f"step-{skey}", track, wait=wait) as held:
             if not held:
