@@ -14,6 +14,9 @@ from poot.graph import sampling as S
     (dict(temperature=-0.1), "temperature", -0.1),
     (dict(temperature=float("nan")), "temperature", None),
     (dict(temperature="hot"), "temperature", "hot"),
+    (dict(temperature=1e39), "temperature", 1e39),       # past f32: it would pack as inf
+    (dict(repetition_penalty=-1e300), "repetition_penalty", -1e300),
+    (dict(repetition_penalty=1e300), "repetition_penalty", 1e300),
     (dict(top_p=0.0), "top_p", 0.0),
     (dict(top_p=1.01), "top_p", 1.01),
     (dict(min_p=-0.5), "min_p", -0.5),
