@@ -25,7 +25,7 @@ from poot.graph.sampling import GREEDY_EPS, INPUTS, SamplerSpec, input_type
 MAX_LOGPROBS = 20          # OpenAI's top_logprobs bound
 LOGIT_BIAS_RANGE = 100.0   # OpenAI: bias values in [-100, 100]
 #: the largest finite f32: every real sampling parameter reaches the sampling step as f32
-F32_MAX = 3.4028234663852886e38
+F32_MAX = float(np.finfo(np.float32).max)
 PENALTY_RANGE = 2.0        # OpenAI: presence/frequency penalties in [-2, 2]
 
 
@@ -48,9 +48,7 @@ def _real(name: str, v, lo: float | None = None, hi: float | None = None,
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise InvalidRequest(name, v, "must be a number")
     f = float(v)
-    if not math.isfinite(f):
-        raise InvalidRequest(name, v, "must be finite")
-    if abs(f) > F32_MAX:          # the sampler takes its parameters as f32
+    if not math.isfinite(f) or abs(f) > F32_MAX:    # the sampler takes its parameters as f32
         raise InvalidRequest(name, v, f"must be finite as a 32-bit float (|x| <= {F32_MAX:.4g})")
     if lo is not None and (f <= lo if lo_open else f < lo):
         rng = f"({lo}" if lo_open else f"[{lo}"
