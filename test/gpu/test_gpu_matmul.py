@@ -517,6 +517,24 @@ def test_norm_is_folded_only_into_small_gemvs():
         assert gemv(_dispatch_fn(plain), _caps()) is not None
 
 
+@pytest.mark.parametrize("features", [(), ("sm_90",)], ids=["spirv", "sm_90"])
+def test_norm_prologue_loops_are_bounded(features):
+    """PROLOGUE_MAX_LOOPS: a LayerNorm (two reductions a row, not deferred) folded into a
+    narrow GEMV (N <= SMALL_N, rows up to SMALL_N_MAX_M) is taken for a batch of MAX_M rows
+    (2 * MAX_M loops a warp) and refused for one row more, whatever the target: past it,
+    each warp would run a loop over K per row and reduction before its dot."""
+    from poot.backends.gpu.strategies.matmul import MAX_M, PROLOGUE_MAX_LOOPS, gemv, match
+
+    caps = _caps(features=features)
+    for M, taken in ((MAX_M, True), (MAX_M + 1, False), (32, False)):
+        g, _ = gemv_region("q4_1", M, 48, 256, norm="layernorm")
+        with g.context:
+            m = match(_dispatch_fn(g))
+            assert m is not None and m.deferred is None
+            assert (len(m.prologue) <= PROLOGUE_MAX_LOOPS) == taken, len(m.prologue)
+            assert (gemv(_dispatch_fn(g), caps) is not None) == taken, M
+
+
 @pytest.mark.parametrize("fmt,K,N,M,epilogue,norm", [
     ("bf16", 2048, 200, 1, "residual", None), ("q4_1", 4096, 96, 2, "silu_up", None),
     ("f16", 1024, 33, 1, "none", None), ("bf16", 2048, 200, 2, "residual", "rmsnorm"),

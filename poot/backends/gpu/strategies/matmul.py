@@ -150,6 +150,16 @@ class GemvMatch:
 #: bandwidth-bound projections of large models (measured: Llama-3.2-1B's q, 2048 x 2048, lost
 #: with the norm folded, 6.4 + 1.7 -> 8.5 us; SmolLM2's K = 576 projections gained).
 PROLOGUE_MAX_EXTRA_BYTES = 16 << 20
+#: A prologue that is not deferred (:func:`_defer` refused it: LayerNorm, or a norm of a sum
+#: that reads another norm, as Gemma 2's attention norm of the residual after its post-FFN
+#: norm) is a loop over K per row and reduction, emitted one after another in every warp
+#: before its dot. At most this many such loops (a batch of :data:`MAX_M` rows through two
+#: chained norms); past it the fold is refused and the norm stays its own region. Why: the
+#: narrow-matmul rows (up to :data:`SMALL_N_MAX_M`) made a 32-token prefill chunk of a tiny
+#: Gemma 2 fold 64 loops into each of its q/k/v GEMVs (192 in the fused kernel, 562 KB of
+#: SPIR-V that lavapipe's LLVM took 170 s to compile at first dispatch), each warp redoing 64
+#: passes over a row that the norm's own region computes once.
+PROLOGUE_MAX_LOOPS = 16
 
 
 def _op(v: ir.Value):
@@ -1272,12 +1282,14 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     if warps % ksplit:
         ksplit = 1
     if m.prologue and (m.N * m.K * len(m.weights) * 8 > PROLOGUE_MAX_EXTRA_BYTES or
-                       (ksplit > 1 and not m.deferred)):
+                       (not m.deferred and (ksplit > 1 or
+                                            len(m.prologue) > PROLOGUE_MAX_LOOPS))):
         # cost rules: see PROLOGUE_MAX_EXTRA_BYTES (a deferred norm too: reading the norm's
         # weight next to h and accumulating h^2 made bandwidth-bound GEMVs issue-bound on an
         # H200: Llama-3.2-1B's LM head 124 -> 218 us, its q/k/v 6.4 + 1.7 -> 8.5 us, while
         # SmolLM2's K = 576 projections gained); and a GEMV that wants split-K is
-        # bandwidth-starved, so a per-warp norm would cost more than the norm's own launch
+        # bandwidth-starved, so a per-warp norm would cost more than the norm's own launch;
+        # PROLOGUE_MAX_LOOPS bounds the loops a warp runs before its dot
         return None
     kern.warps, kern.ksplit, kern.lanes = warps, ksplit, lanes
     try:
