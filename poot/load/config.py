@@ -62,6 +62,9 @@ class ModelConfig:
         hidden_size, intermediate_size: model width and dense FFN width (0 for all-MoE GGUF).
         num_layers, num_heads, num_kv_heads, head_dim: transformer shape (elements).
         rope_theta: RoPE base frequency; rope_scaling: :class:`RopeScaling`.
+        sliding_rope_theta, sliding_rope_scaling: the RoPE of sliding-window layers where a
+            config gives it apart (HF ``rope_parameters["sliding_attention"]``, or the older
+            ``rope_local_base_freq``: Gemma 3), else None (every layer rotates alike).
         rms_norm_eps: RMSNorm epsilon.
         max_position_embeddings: trained context length (tokens).
         tie_word_embeddings: output projection shares the embedding table.
@@ -96,6 +99,8 @@ class ModelConfig:
     num_experts: int = 0
     experts_per_token: int = 0
     moe_intermediate_size: int | None = None
+    sliding_rope_theta: float | None = None
+    sliding_rope_scaling: RopeScaling | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False,
                                      repr=False)
 
@@ -231,6 +236,7 @@ def config_from_hf(raw: Mapping[str, Any], file: str = "config.json", *,
     heads = f.int("num_attention_heads", "n_head")
     num_experts = f.int("num_local_experts", "num_experts", "n_routed_experts", default=0)
     theta, scaling = _hf_rope(f)
+    local_theta, local_scaling = _hf_sliding_rope(f)
     tie = raw.get("tie_word_embeddings", f.get("tie_word_embeddings"))
     if tie is None:
         tie = tensor_names is not None and "lm_head.weight" not in tensor_names
@@ -257,8 +263,21 @@ def config_from_hf(raw: Mapping[str, Any], file: str = "config.json", *,
         num_experts=num_experts,
         experts_per_token=f.int("num_experts_per_tok", "num_experts_per_token", default=0),
         moe_intermediate_size=f.int("moe_intermediate_size", default=None),
+        sliding_rope_theta=local_theta, sliding_rope_scaling=local_scaling,
         extra=MappingProxyType(dict(raw)),
     )
+
+
+def _hf_sliding_rope(f: _Fields) -> tuple[float | None, RopeScaling | None]:
+    """The sliding-window layers' own RoPE: transformers 5 keys ``rope_parameters`` by layer
+    type; 4.x configs give only a base (``rope_local_base_freq``, unscaled)."""
+    params = f.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
+        sub = _Fields(params["sliding_attention"], f.file,
+                      f.prefix + "rope_parameters.sliding_attention.")
+        return sub.float("rope_theta", default=10000.0), _rope_scaling(sub)
+    base = f.float("rope_local_base_freq", default=None)
+    return (base, RopeScaling()) if base is not None else (None, None)
 
 
 def _hf_rope(f: _Fields) -> tuple[float, RopeScaling]:

@@ -190,7 +190,9 @@ class DecoderOptions:
         norm_eps, norm_unit_offset: RMSNorm epsilon; scale by ``(1 + w)`` (Gemma, HF).
         inv_freq: RoPE inverse frequencies (``R/2`` values; ``R < head_dim`` is partial
             rotary); rope_attention_scaling multiplies cos/sin (yarn); rope_layout as
-            :func:`poot.graph.ops.apply_rope`.
+            :func:`poot.graph.ops.apply_rope`. sliding_inv_freq,
+            sliding_rope_attention_scaling: the same for the sliding-window layers where
+            they rotate apart (Gemma 3's local base), else None (every layer uses inv_freq).
         embed_scale: multiplies the embeddings (Gemma: ``sqrt(hidden)``), or None.
         qk_norm: per-head RMSNorm of q and k before RoPE (Qwen3).
         fused_qkv, fused_gate_up: Phi-3 style stacked projections (rows q|k|v, gate|up).
@@ -226,6 +228,8 @@ class DecoderOptions:
     final_softcap: float | None = None
     layer_windows: tuple[int | None, ...] = ()
     moe: MoeOptions | None = None
+    sliding_inv_freq: tuple[float, ...] | None = None
+    sliding_rope_attention_scaling: float = 1.0
 
     def window(self, i: int) -> int | None:
         return self.layer_windows[i] if self.layer_windows else None
@@ -234,10 +238,11 @@ class DecoderOptions:
         return self.moe is not None and i not in self.moe.dense_layers
 
 
-def ops_rope_scaling(cfg: Any, family: str) -> ops.RopeScaling:
-    """The loader's :class:`~poot.load.config.RopeScaling` as :class:`ops.RopeScaling`;
-    kinds ops cannot compute (dynamic, longrope) raise ModelError naming ``family``."""
-    rs = cfg.rope_scaling
+def ops_rope_scaling(cfg: Any, family: str, rs: Any = None) -> ops.RopeScaling:
+    """The loader's :class:`~poot.load.config.RopeScaling` (``rs``, else the config's
+    ``rope_scaling``) as :class:`ops.RopeScaling`; kinds ops cannot compute (dynamic,
+    longrope) raise ModelError naming ``family``."""
+    rs = cfg.rope_scaling if rs is None else rs
     if rs.kind == "none":
         return ops.RopeScaling()
     if rs.kind not in ("linear", "llama3", "yarn"):
@@ -271,7 +276,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: ops.RopeScaling | None =
 
 def decoder_options(cfg: Any, family: str, **overrides: Any) -> DecoderOptions:
     """:class:`DecoderOptions` from a :class:`~poot.load.config.ModelConfig`: shape, eps,
-    RoPE (scaling and ``partial_rotary_factor``), tying and source; ``overrides`` set the
+    RoPE (scaling and ``partial_rotary_factor``; the sliding-window layers' own where the
+    config gives it), tying and source; ``overrides`` set the
     family's variations. Raises ModelError for heads that do not group."""
     if cfg.num_kv_heads <= 0 or cfg.num_heads % cfg.num_kv_heads:
         raise ModelError(f"{family}: {cfg.num_heads} heads do not group over "
@@ -288,6 +294,12 @@ def decoder_options(cfg: Any, family: str, **overrides: Any) -> DecoderOptions:
                 norm_eps=float(cfg.rms_norm_eps), inv_freq=tuple(float(x) for x in inv),
                 rope_attention_scaling=ops.rope_attention_scaling(scaling),
                 tie_word_embeddings=cfg.tie_word_embeddings, source=cfg.source)
+    local_theta = getattr(cfg, "sliding_rope_theta", None)
+    if local_theta is not None:
+        local = ops_rope_scaling(cfg, family, cfg.sliding_rope_scaling)
+        opts.update(sliding_inv_freq=tuple(float(x) for x in rope_inv_freq(
+                        cfg.head_dim, local_theta, local, rotary_dim=int(cfg.head_dim * partial))),
+                    sliding_rope_attention_scaling=ops.rope_attention_scaling(local))
     opts.update(overrides)
     return DecoderOptions(**opts)
 
@@ -459,6 +471,12 @@ def decoder_body(b: Builder, o: DecoderOptions, types: dict[str, PootType], inp:
     with b.scope("rope"):
         rope = ops.rope_cos_sin(b, inp.positions, np.asarray(o.inv_freq, np.float32),
                                 o.rope_attention_scaling)
+    local_rope = rope
+    if o.sliding_inv_freq is not None and any(o.window(i) for i in range(o.num_layers)):
+        with b.scope("rope_sliding"):
+            local_rope = ops.rope_cos_sin(b, inp.positions,
+                                          np.asarray(o.sliding_inv_freq, np.float32),
+                                          o.sliding_rope_attention_scaling)
     norm = lambda role, y: ops.rmsnorm(b, y, param(b, types, role), o.norm_eps,  # noqa: E731
                                        unit_offset=o.norm_unit_offset)
     caches = []
@@ -466,7 +484,8 @@ def decoder_body(b: Builder, o: DecoderOptions, types: dict[str, PootType], inp:
         p = f"blk.{i}."
         with b.scope(f"blk.{i}"):
             with b.scope("attn"):
-                a, kv = decoder_attention(b, o, types, i, norm(p + "attn_norm", x), rope, inp)
+                a, kv = decoder_attention(b, o, types, i, norm(p + "attn_norm", x),
+                                          local_rope if o.window(i) else rope, inp)
                 if o.sandwich_norms:
                     a = norm(p + "post_attn_norm", a)
             x = x + a

@@ -1,4 +1,4 @@
-"""The Gemma and Gemma 2 families.
+"""The Gemma, Gemma 2 and Gemma 3 (text) families.
 
 Pre-norm decoders traced by :func:`poot.models.components.trace_decoder`, differing from
 Llama in:
@@ -14,6 +14,13 @@ outputs (the FFN's pre-norm is ``pre_feedforward_layernorm``), attention scale
 ``query_pre_attn_scalar ** -0.5``, attention-logit soft-capping (``attn_logit_softcapping``)
 and final-logit soft-capping, and a sliding window on the ``sliding_attention`` layers of
 ``layer_types`` (the even layers when ``layer_types`` is absent, as HF 4.x did).
+
+**Gemma 3** (text; ``Gemma3ForCausalLM``) adds to Gemma 2: per-head q/k RMSNorm (``(1 + w)``)
+before RoPE, sliding-window ("local") layers rotating with their own base
+(``rope_parameters["sliding_attention"]``, or 4.x's ``rope_local_base_freq``) while the global
+layers take ``rope_theta`` and its scaling, five local layers to one global when
+``layer_types`` is absent (``sliding_window_pattern``, default 6), and soft-capping only where
+the config sets it (HF's default: none).
 
 GGUF: ``gemma`` only (llama.cpp names; untested: no GGUF fixture). Gemma 2 GGUF is not mapped:
 its metadata does not carry ``query_pre_attn_scalar``.
@@ -81,3 +88,32 @@ class Gemma2(C.DecoderModel):
         t["blk.{i}.ffn_norm"] = WeightName(hb + "pre_feedforward_layernorm.weight", None)
         t["blk.{i}.post_ffn_norm"] = WeightName(hb + "post_feedforward_layernorm.weight", None)
         return t
+
+
+@REGISTRY.register
+class Gemma3(Gemma2):
+    """Gemma 3 (text): Gemma 2's layers plus q/k norms, and local layers with their own RoPE
+    base, five to each global one by default."""
+
+    family: ClassVar[str] = "gemma3"
+    architectures: ClassVar[tuple[str, ...]] = ("Gemma3ForCausalLM",)
+
+    @classmethod
+    def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "Gemma3":
+        if cfg.source != "hf":
+            raise ModelError("gemma3: only HF checkpoints are mapped (GGUF metadata has no "
+                             "query_pre_attn_scalar or local RoPE base)")
+        extra = cfg.extra or {}
+        if extra.get("use_bidirectional_attention"):
+            raise ModelError("gemma3: use_bidirectional_attention (an embedding model's "
+                             "encoder attention) is not supported for causal generation")
+        scalar = extra.get("query_pre_attn_scalar")
+        scalar = float(scalar) if scalar is not None else float(cfg.head_dim)
+        pattern = extra.get("sliding_window_pattern", 6)
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise ModelError(f"gemma3: sliding_window_pattern must be a positive integer, "
+                             f"found {pattern!r}")
+        return cls(_gemma_options(
+            cfg, cls.family, sandwich_norms=True, qk_norm=True, attn_scale=scalar ** -0.5,
+            attn_softcap=cfg.attn_logit_softcap, final_softcap=cfg.final_logit_softcap,
+            layer_windows=C.layer_windows(cfg, default_sliding=lambda i: (i + 1) % pattern)))

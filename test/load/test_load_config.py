@@ -43,6 +43,29 @@ def test_hf_transformers5_rope_parameters_yarn():
     assert (c.rope_scaling.beta_fast, c.rope_scaling.beta_slow) == (32.0, 1.0)
 
 
+def test_hf_sliding_layers_rope_both_layouts():
+    """The sliding-window layers' own RoPE: transformers 5's per-layer-type
+    ``rope_parameters`` and 4.x's ``rope_local_base_freq`` (Gemma 3); a single-type config
+    has none."""
+    five = dict(LLAMA4, rope_scaling=None, rope_theta=None, rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}})
+    c = config_from_hf(five)
+    assert (c.rope_theta, c.rope_scaling.kind, c.rope_scaling.factor) == (1e6, "linear", 8.0)
+    assert (c.sliding_rope_theta, c.sliding_rope_scaling.kind) == (1e4, "none")
+    four = dict(LLAMA4, rope_theta=1e6, rope_local_base_freq=1e4,
+                rope_scaling={"rope_type": "linear", "factor": 8.0})
+    c = config_from_hf(four)
+    assert (c.rope_theta, c.rope_scaling.kind) == (1e6, "linear")
+    assert (c.sliding_rope_theta, c.sliding_rope_scaling.kind) == (1e4, "none")
+    assert config_from_hf(LLAMA4).sliding_rope_theta is None
+    bad = dict(five, rope_parameters={"sliding_attention": {"rope_theta": "big"},
+                                      "full_attention": {"rope_theta": 1e6}})
+    with pytest.raises(LoadError) as ei:
+        config_from_hf(bad, "config.json")
+    assert ei.value.field == "rope_parameters.sliding_attention.rope_theta"
+
+
 def test_hf_unknown_rope_type_names_field():
     raw = dict(LLAMA4, rope_scaling={"rope_type": "wobbly", "factor": 2.0})
     with pytest.raises(LoadError) as ei:

@@ -1,4 +1,4 @@
-"""The non-Llama families (Qwen2, Qwen3, Gemma, Gemma2, Phi3, Mixtral, Qwen3-MoE): their
+"""The non-Llama families (Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Mixtral, Qwen3-MoE): their
 traced step graphs, evaluated by the oracle, match HF transformers on the tiny fixtures (one
 12-token prefill; 4 cached decode steps after an 8-token prefill); registry lookups; a missing
 tensor is a typed error naming it."""
@@ -21,6 +21,7 @@ FAMILIES = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "gemma": ("GemmaForCausalLM", "gemma"),
     "gemma2": ("Gemma2ForCausalLM", "gemma2"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3"),
     "phi3": ("Phi3ForCausalLM", "phi3"),
     "mixtral": ("MixtralForCausalLM", "mixtral"),
     "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
@@ -79,6 +80,7 @@ MISSING = {
     "qwen3": "model.layers.1.self_attn.k_norm.weight",
     "gemma": "model.norm.weight",
     "gemma2": "model.layers.1.post_feedforward_layernorm.weight",
+    "gemma3": "model.layers.2.self_attn.q_norm.weight",
     "phi3": "model.layers.0.self_attn.qkv_proj.weight",
     "mixtral": "model.layers.1.block_sparse_moe.experts.3.w2.weight",
     "qwen3_moe": "model.layers.0.mlp.gate.weight",
@@ -122,6 +124,67 @@ def test_gemma2_settings_are_read():
     assert c.act == "gelu_pytorch_tanh"
 
 
+def test_gemma3_settings_are_read():
+    """Gemma 3's layer types, q/k norms and the local layers' own RoPE (base 1e4, unscaled)
+    next to the global layer's (base 1e6, linear factor 8), as the fixture's config says."""
+    model, weights = load_model(fixture_path("gemma3"))
+    c = model.config
+    assert c.layer_windows == (4, None, 4)
+    assert c.qk_norm and c.sandwich_norms and c.norm_unit_offset and c.embed_scale == 8.0
+    assert (c.attn_softcap, c.final_softcap) == (None, None)
+    assert c.attn_scale == pytest.approx(24 ** -0.5)
+    d = np.arange(0, 16, 2) / 16
+    np.testing.assert_allclose(c.sliding_inv_freq, 1e4 ** -d, rtol=1e-6)
+    np.testing.assert_allclose(c.inv_freq, 1e6 ** -d / 8, rtol=1e-6)
+    assert "blk.2.attn.k_norm" in weights.types
+
+
+@pytest.mark.parametrize("changes,layers", [
+    ({"layer_types": None, "sliding_window_pattern": 2}, (4, None, 4)),
+    ({"layer_types": None}, (4, 4, 4)),          # HF's default pattern: 6
+])
+def test_gemma3_default_layer_pattern(tmp_path, changes, layers):
+    """Without ``layer_types``, every ``sliding_window_pattern``-th layer is global (HF's
+    Gemma3TextConfig rule, pattern 6 by default)."""
+    import json
+
+    d = tmp_path / "g3"
+    shutil.copytree(fixture_path("gemma3"), d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    model, _ = load_model(d)
+    assert model.config.layer_windows == layers
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ({"layer_types": None, "sliding_window_pattern": 0}, "sliding_window_pattern"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "dynamic", "factor": 2.0,
+                                                "rope_theta": 1e4},
+                          "full_attention": {"rope_type": "default", "rope_theta": 1e6}}},
+     "dynamic"),
+])
+def test_gemma3_bad_settings_are_typed(tmp_path, changes, match):
+    import json
+
+    d = tmp_path / "g3"
+    shutil.copytree(fixture_path("gemma3"), d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match=match):
+        load_model(d)
+
+
 def test_gemma_is_tied():
     model, weights = load_model(fixture_path("gemma"))
     assert model.config.tie_word_embeddings and "lm_head" not in weights
@@ -160,7 +223,7 @@ def test_longrope_is_refused():
         Phi3.from_config(cfg)
 
 
-@pytest.mark.parametrize("name", ["gemma2", "mixtral"])
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "mixtral"])
 def test_cpu_backend_greedy_matches_reference(name, tmp_path):
     """The same pipeline as Llama: compile for the CPU backend, Engine, Driver; greedy ids
     equal HF's up to the first step whose top-2 margin is under 1e-3. (All seven fixtures

@@ -3,7 +3,8 @@ sweep of shapes (few wide experts, many narrow ones, many wide ones on a narrow 
 to top-4) trace every step the engine compiles (a 32-token prefill chunk, several rows of
 prefill, a batch-8 decode) without reaching a builder limit. Before the MoE terms were
 counted (every expert computed on every token, HF's per-expert weights stacked in the
-graph), a Mixtral of hidden 64 with 8 experts of width 256 exceeded ``owned_bytes``."""
+graph), a Mixtral of hidden 64 with 8 experts of width 256 exceeded ``owned_bytes``. Every
+dense family is swept the same way at a deep and a wide shape."""
 
 from __future__ import annotations
 
@@ -42,6 +43,31 @@ def _config(tmp_path, family, hidden, heads, kv, layers, experts, top_k, width):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(map(str, s)))
 def test_moe_steps_trace_within_their_limits(tmp_path, shape):
     loaded = load_random_model(_config(tmp_path, *shape), "f32")
+    for spec in STEPS:
+        g = loaded.model.trace(spec, loaded.weights.types)
+        assert "logits" in dict(g.outputs), spec
+
+
+#: dense families: (fixture, hidden, heads, kv heads, layers, ffn width, vocab): many layers,
+#: wide layers with a large vocabulary, and head counts that group unevenly wide
+DENSE = [(f, *s) for f in ("llama", "mistral_swa4", "qwen2", "qwen3", "gemma", "gemma2",
+                           "gemma3", "phi3")
+         for s in ((64, 4, 2, 12, 128, 256), (512, 8, 1, 2, 2048, 4096))]
+
+
+@pytest.mark.parametrize("shape", DENSE, ids=lambda s: "-".join(map(str, s)))
+def test_dense_steps_trace_within_their_limits(tmp_path, shape):
+    """Every dense family's steps trace within the limits its config gives, at a deep and a
+    wide shape (the limits scale with layers, width and vocabulary, not with a guess)."""
+    family, hidden, heads, kv, layers, ffn, vocab = shape
+    cfg = json.loads((FIXTURES / family / "config.json").read_text())
+    cfg.update(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv,
+               head_dim=hidden // heads, num_hidden_layers=layers, intermediate_size=ffn,
+               vocab_size=vocab)
+    cfg.pop("layer_types", None)     # the family's default pattern over the new depth
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    loaded = load_random_model(path, "f32")
     for spec in STEPS:
         g = loaded.model.trace(spec, loaded.weights.types)
         assert "logits" in dict(g.outputs), spec

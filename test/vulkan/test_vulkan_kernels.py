@@ -147,6 +147,7 @@ PAGED_STEPS = [("llama", "decode", "f16"), ("llama", "prefill", "bf16"),
                ("llama_gguf_q4_1", "decode", None), ("llama_llama3rope_tied", "prefill", "f32"),
                ("mistral_swa4", "decode", "bf16"), ("mistral_swa4", "prefill", "f16"),
                ("gemma", "prefill", "f16"), ("gemma2", "decode", "f32"),
+               ("gemma3", "prefill", "f16"),
                ("phi3", "decode", "bf16"), ("qwen2", "prefill", "f16"),
                ("qwen3", "decode", "f16"), ("mixtral", "prefill", "bf16"),
                ("qwen3_moe", "decode", "f16")]
