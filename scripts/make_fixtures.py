@@ -42,6 +42,7 @@ N_GREEDY = 8
 INIT_SEED = 0  # torch.manual_seed before Cls(config)
 NOISE_SEED = 1  # torch.Generator seed for the N(0, NOISE_STD) noise on 1-D params
 NOISE_STD = 0.1
+BIAS_SEED, BIAS_STD = 2, 0.1  # MoE routers' e_score_correction_bias (sigmoid scores: 0..1)
 RELOAD_DECODE_TOL = 1e-5  # reloaded cached-decode logits vs the built model's (prefill: exact)
 
 COMMON = dict(
@@ -152,6 +153,27 @@ SPECS: dict[str, tuple[str, str, dict, str]] = {
         dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
         "Mixtral MoE, 4 experts top-2 (softmax then top-k, renormalised), expert ffn 32",
     ),
+    "glm4_moe": (
+        "Glm4MoeForCausalLM",
+        "Glm4MoeConfig",
+        dict(
+            first_k_dense_replace=1,  # layer 0 dense (intermediate 128), layer 1 MoE
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            partial_rotary_factor=0.5,
+            attention_bias=True,
+            use_qk_norm=False,
+        ),
+        "GLM-4.5 MoE (DeepSeek-V3 routing): sigmoid scores, score-correction bias (random, "
+        "not HF's zeros), 8 experts in 4 groups, top-2 groups, top-2 experts, routed scaling "
+        "2.5, one shared expert, first layer dense, partial rotary 0.5, q/k/v biases",
+    ),
     "qwen3_moe": (
         "Qwen3MoeForCausalLM",
         "Qwen3MoeConfig",
@@ -240,6 +262,13 @@ def build_model(name: str, cfg=None):
     torch.manual_seed(INIT_SEED)
     model = getattr(transformers, arch)(cfg).to(torch.float32)
     perturb_vectors(model)
+    # routers' score-correction biases (DeepSeek-V3 style) are buffers HF initializes to
+    # zero: give them values that change which experts win, or the fixture cannot tell
+    gen = torch.Generator().manual_seed(BIAS_SEED)
+    with torch.no_grad():
+        for n, buf in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+            if n.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn(buf.shape, generator=gen, dtype=torch.float32) * BIAS_STD)
     return model
 
 
@@ -424,6 +453,22 @@ def make_hf_fixture(name: str, out: Path) -> dict:
         )
         ablations["global_rope_on_local_layers_prefill_max_abs_diff"] = float(
             np.abs(prefill_logits(one_rope) - arrays["prefill_logits"]).max()
+        )
+    if name == "glm4_moe":
+        state = {k: (v * 0 if k.endswith("e_score_correction_bias") else v)
+                 for k, v in model.state_dict().items()}
+        nobias = clone_with_config(model, name)
+        nobias.load_state_dict(state)
+        ablations["no_score_correction_bias_prefill_max_abs_diff"] = float(
+            np.abs(prefill_logits(nobias) - arrays["prefill_logits"]).max()
+        )
+        nogroups = clone_with_config(model, name, n_group=1, topk_group=1)
+        ablations["no_group_limit_prefill_max_abs_diff"] = float(
+            np.abs(prefill_logits(nogroups) - arrays["prefill_logits"]).max()
+        )
+        noscale = clone_with_config(model, name, routed_scaling_factor=1.0)
+        ablations["no_routed_scaling_prefill_max_abs_diff"] = float(
+            np.abs(prefill_logits(noscale) - arrays["prefill_logits"]).max()
         )
     if name == "llama_llama3rope_tied":
         plain = clone_with_config(model, name, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})

@@ -670,9 +670,11 @@ def topk_mask(b: Builder, scores: Tensor, k: int) -> Tensor:
 
 
 def topk_routing(b: Builder, logits: Tensor, k: int, normalize: bool, *,
-                 softmax_after_topk: bool = False, scoring: str = "softmax") -> Tensor:
+                 softmax_after_topk: bool = False, scoring: str = "softmax",
+                 bias: Tensor | None = None, groups: int = 1, topk_groups: int | None = None,
+                 group_score: str = "top2_sum", scale: float = 1.0) -> Tensor:
     """Dense routing weights f32 ``[N, E]`` from router logits ``[N, E]``: zero except at each
-    row's top-k experts (chosen by logit; ties -> lowest expert index).
+    row's top-k experts (ties -> lowest expert index).
 
     * ``scoring="softmax"``, default (Qwen-MoE, OLMoE, Mixtral): ``p = softmax(logits)`` over
       all E; weight ``p`` at the selected experts; with ``normalize`` (HF ``norm_topk_prob``)
@@ -682,26 +684,66 @@ def topk_routing(b: Builder, logits: Tensor, k: int, normalize: bool, *,
       ``normalize`` is moot.
     * ``scoring="sigmoid"``: ``p = sigmoid(logits)`` (renormalized over the selection when
       ``normalize``).
+
+    DeepSeek-style selection (HF ``DeepseekV3TopkRouter``, ``Glm4MoeTopkRouter``; DeepSeek-V2's
+    ``group_limited_greedy``): experts are chosen by ``p + bias`` (``bias``: f32 ``[E]``, the
+    score-correction bias; it never enters the weights); with ``groups`` > 1 the E experts
+    form ``groups`` equal consecutive groups, each scored by the sum of its two best choice
+    scores (``group_score="top2_sum"``, V3) or its best one (``"max"``, V2), and only the
+    ``topk_groups`` best groups stay eligible. Without a bias or groups the choice is by
+    logit (the same order). The weights are multiplied by ``scale``
+    (``routed_scaling_factor``) after any renormalization.
+    Raises OpError for a bias not ``[E]``, groups that do not divide E, or eligible groups
+    holding fewer than k experts.
     """
-    _float("topk_routing", "logits", logits)
+    fn = "topk_routing"
+    _float(fn, "logits", logits)
     if scoring not in ("softmax", "sigmoid"):
-        _fail("topk_routing", f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
-    if softmax_after_topk and scoring != "softmax":
-        _fail("topk_routing", "softmax_after_topk needs scoring='softmax'")
-    sel = topk_mask(b, logits, k)
+        _fail(fn, f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+    if softmax_after_topk and (scoring != "softmax" or bias is not None or groups != 1):
+        _fail(fn, "softmax_after_topk needs scoring='softmax' and no bias or groups")
+    n, e = logits.shape if logits.rank == 2 else (0, 0)
+    if bias is not None and bias.shape != (e,):
+        _fail(fn, f"bias must be [{e}], got {bias.type}")
+    if groups < 1 or (e and e % groups):
+        _fail(fn, f"groups={groups} must divide the {e} experts")
+    topk_groups = groups if topk_groups is None else topk_groups
+    if not 1 <= topk_groups <= groups or (groups > 1 and topk_groups * (e // groups) < k):
+        _fail(fn, f"topk_groups={topk_groups} of {groups} groups leave fewer than k={k} "
+                  f"eligible experts")
+    if group_score not in ("top2_sum", "max"):
+        _fail(fn, f"group_score must be 'top2_sum' or 'max', got {group_score!r}")
     lf = as_f32(b, logits)
     if softmax_after_topk:
-        return masked_softmax(b, lf, sel, -1)
+        w = masked_softmax(b, lf, topk_mask(b, logits, k), -1)
+        return w * float(scale) if scale != 1.0 else w
     p = softmax(b, lf, -1) if scoring == "softmax" else sigmoid(b, lf)
+    if bias is None and groups == 1:
+        sel = topk_mask(b, logits, k)
+    else:
+        key = p if bias is None else p + b.reshape(as_f32(b, bias), [1, e])
+        if groups > 1:
+            per = e // groups
+            kg = b.reshape(key, [n * groups, per])
+            if group_score == "max" or per == 1:
+                gs = b.reduce("max", kg, 1)
+            else:
+                gs = b.reduce("sum", b.select(topk_mask(b, kg, 2), kg, b.scalar(0.0)), 1)
+            keep = topk_mask(b, b.reshape(gs, [n, groups]), topk_groups)       # [N, G]
+            keep = b.reshape(b.broadcast_to(b.reshape(keep, [n, groups, 1]),
+                                            [n, groups, per]), [n, e])
+            key = b.select(keep, key, b.scalar(-np.inf))
+        sel = topk_mask(b, key, k)
     w = b.select(sel, p, b.scalar(0.0))
     if normalize:
         w = w / b.binary("max", b.reduce("sum", w, 1, keepdims=True), b.scalar(1e-20))
-    return w
+    return w * float(scale) if scale != 1.0 else w
 
 
 def moe(b: Builder, x: Tensor, router_w: Tensor, experts_gate: Tensor, experts_up: Tensor,
         experts_down: Tensor, k: int, normalize: bool, act: str = "silu", *,
-        softmax_after_topk: bool = False, scoring: str = "softmax") -> Tensor:
+        softmax_after_topk: bool = False, scoring: str = "softmax",
+        **selection: Any) -> Tensor:
     """Sparse MoE block with gated experts, evaluated densely.
 
     Args:
@@ -709,7 +751,9 @@ def moe(b: Builder, x: Tensor, router_w: Tensor, experts_gate: Tensor, experts_u
         router_w: ``[E, D]`` router (``logits = linear(x, router_w)``).
         experts_gate, experts_up: ``[E, F, D]`` stacked, dense or packed.
         experts_down: ``[E, D, F]`` stacked, dense or packed.
-        k, normalize, softmax_after_topk, scoring: as :func:`topk_routing`.
+        k, normalize, softmax_after_topk, scoring: as :func:`topk_routing`; ``selection``:
+            its DeepSeek-style keywords (``bias``, ``groups``, ``topk_groups``,
+            ``group_score``, ``scale``).
         act: as :func:`activation`.
     Returns:
         f32 ``[N, D]``: ``sum_e w[n, e] * down_e(act(gate_e(x_n)) * up_e(x_n))`` with ``w`` from
@@ -735,7 +779,8 @@ def moe(b: Builder, x: Tensor, router_w: Tensor, experts_gate: Tensor, experts_u
     n = int(np.prod(lead, dtype=np.int64))
     xf = b.reshape(as_f32(b, x), [n, d])
     w = topk_routing(b, linear(b, xf, router_w), k, normalize,
-                     softmax_after_topk=softmax_after_topk, scoring=scoring)  # [N, E]
+                     softmax_after_topk=softmax_after_topk, scoring=scoring,
+                     **selection)  # [N, E]
     xe = b.broadcast_to(xf, [e, n, d], dims=(1, 2))
     gate = b.matmul(xe, b.transpose(as_f32(b, experts_gate), [0, 2, 1]))  # [E, N, F]
     up = b.matmul(xe, b.transpose(as_f32(b, experts_up), [0, 2, 1]))

@@ -171,14 +171,27 @@ def sampling_suffix(b: Builder, spec: StepSpec, logits: Tensor) -> dict[str, Ten
 @dataclass(frozen=True)
 class MoeOptions:
     """Sparse MoE FFN: ``num_experts`` gated experts of width ``expert_ffn``, top ``top_k``
-    by softmax router score, renormalized over the selection when ``normalize``;
-    ``dense_layers`` keep a dense MLP (width ``intermediate_size``)."""
+    by router score (``scoring``: softmax or sigmoid), renormalized over the selection when
+    ``normalize``; ``dense_layers`` keep a dense MLP (width ``intermediate_size``).
+
+    DeepSeek-style routing (:func:`poot.graph.ops.topk_routing`): ``score_bias`` (the
+    router's ``router_bias`` weight, ``e_score_correction_bias``, picks but never weighs),
+    ``groups`` / ``topk_groups`` / ``group_score`` (group-limited choice), ``scale``
+    (``routed_scaling_factor``); ``shared_ffn``: the width of the shared experts' gated MLP
+    that every token also goes through (0: none)."""
 
     num_experts: int
     top_k: int
     normalize: bool
     expert_ffn: int
     dense_layers: tuple[int, ...] = ()
+    scoring: str = "softmax"
+    score_bias: bool = False
+    groups: int = 1
+    topk_groups: int | None = None
+    group_score: str = "top2_sum"
+    scale: float = 1.0
+    shared_ffn: int = 0
 
 
 @dataclass(frozen=True)
@@ -328,13 +341,17 @@ def decoder_dims(o: DecoderOptions) -> StepDims:
     qkv_o = o.hidden_size * o.head_dim * (2 * o.num_heads + 2 * o.num_kv_heads)
     ffn = 3 * o.hidden_size * o.intermediate_size
     moe_tokens = 0
-    if o.moe is not None:
-        e, f, h = o.moe.num_experts, o.moe.expert_ffn, o.hidden_size
-        ffn = max(ffn, 5 * e * (3 * h * f) + e * h)
-        moe_tokens = e * (4 * f + 2 * h) + 4 * e
+    m = o.moe
+    if m is not None:
+        e, f, h = m.num_experts, m.expert_ffn, o.hidden_size
+        ffn = max(ffn, 5 * e * (3 * h * f) + e * h + 3 * h * m.shared_ffn)
+        moe_tokens = e * (4 * f + 2 * h) + 4 * e + 4 * m.shared_ffn
     head = 0 if o.tie_word_embeddings else o.vocab_size * o.hidden_size
-    ffn_width = max(o.intermediate_size, o.moe.num_experts * o.moe.expert_ffn if o.moe else 0)
-    ops_per_layer = 320 + (40 * o.moe.num_experts + 24 * o.moe.top_k if o.moe else 0)
+    ffn_width = max(o.intermediate_size, m.num_experts * m.expert_ffn + m.shared_ffn if m else 0)
+    # routing: ~24 ops a top-k round (experts, then the two best of each group and the
+    # best groups when group-limited)
+    rounds = (m.top_k + (2 + (m.topk_groups or m.groups) if m.groups > 1 else 0)) if m else 0
+    ops_per_layer = 320 + (40 * m.num_experts + 24 * rounds + 60 if m else 0)
     return StepDims(o.num_layers, o.hidden_size, ffn_width, o.vocab_size, o.num_heads,
                     o.num_kv_heads, o.head_dim, ops_per_layer=ops_per_layer,
                     token_elems_per_layer=moe_tokens,
@@ -556,8 +573,15 @@ def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: in
                       for e in range(m.num_experts)]
                 return b.concat([b.reshape(w, (1,) + w.shape) for w in es], axis=0)
             gate, up, down = stack("gate"), stack("up"), stack("down")
-        return ops.moe(b, h, param(b, types, p + "router"), gate, up, down, m.top_k,
-                       m.normalize, act=o.act)
+        y = ops.moe(b, h, param(b, types, p + "router"), gate, up, down, m.top_k,
+                    m.normalize, act=o.act, scoring=m.scoring,
+                    bias=param(b, types, p + "router_bias") if m.score_bias else None,
+                    groups=m.groups, topk_groups=m.topk_groups, group_score=m.group_score,
+                    scale=m.scale)
+        if m.shared_ffn:
+            y = y + ops.mlp_glu(b, h, *(param(b, types, p + f"shexp.{r}")
+                                        for r in ("gate", "up", "down")), act=o.act)
+        return y
     if o.fused_gate_up:
         gu = proj(b, types, p + "gate_up", h)
         f = gu.shape[-1] // 2

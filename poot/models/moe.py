@@ -1,4 +1,4 @@
-"""Sparse mixture-of-experts families: Mixtral and Qwen3-MoE.
+"""Sparse mixture-of-experts families: Mixtral, Qwen3-MoE and GLM-4.5 (GLM-4-MoE).
 
 Pre-norm decoders traced by :func:`poot.models.components.trace_decoder` whose FFN is
 :func:`poot.graph.ops.moe`: router ``linear(x, gate)`` -> softmax over all experts -> top-k
@@ -15,6 +15,13 @@ SwiGLU experts (evaluated densely; a sparse lowering is the compiler's job).
   renormalizes qwen3moe); layers in ``mlp_only_layers`` or off ``decoder_sparse_step`` keep
   a dense MLP. GGUF stores the experts stacked (``ffn_{gate,up,down}_exps``); those names are
   mapped but untested (no GGUF fixture).
+* **GLM-4.5** (``Glm4MoeForCausalLM``): Llama-style GQA with q/k/v biases, partial rotary
+  (``partial_rotary_factor``), optional q/k norms (``use_qk_norm``); DeepSeek-V3 routing:
+  sigmoid scores, the ``e_score_correction_bias`` choosing (not weighing), ``n_group``
+  groups of which ``topk_group`` stay eligible (each scored by its two best), renormalized
+  when ``norm_topk_prob``, times ``routed_scaling_factor``; ``n_shared_experts`` shared
+  experts as one gated MLP of width ``n_shared_experts * moe_intermediate_size``; the first
+  ``first_k_dense_replace`` layers dense. GGUF ``glm4moe`` is not mapped (no fixture).
 
 HF checkpoints store one tensor per expert; the graph declares each and stacks them (the
 stored arrays are bound as they are, no stacked copy on the host).
@@ -113,3 +120,69 @@ class Qwen3Moe(C.DecoderModel):
                 **_moe_table(self.config, blk + "gate.weight",
                              {r: blk + f"experts.{{e}}.{r}_proj.weight"
                               for r in ("gate", "up", "down")})}
+
+
+def _positive_int(extra: Mapping[str, Any], key: str, default: int, family: str) -> int:
+    v = extra.get(key, default)
+    v = default if v is None else v
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ModelError(f"{family}: {key} must be a non-negative integer, found {v!r}")
+    return v
+
+
+@REGISTRY.register
+class Glm4Moe(C.DecoderModel):
+    """GLM-4.5: GQA with biases and partial rotary; DeepSeek-V3-routed experts plus a shared
+    expert; the first layers dense."""
+
+    family: ClassVar[str] = "glm4_moe"
+    architectures: ClassVar[tuple[str, ...]] = ("Glm4MoeForCausalLM",)
+
+    @classmethod
+    def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "Glm4Moe":
+        if cfg.source != "hf":
+            raise ModelError("glm4_moe: only HF checkpoints are mapped")
+        extra = cfg.extra or {}
+        _check_moe(cfg, cls.family, cfg.moe_intermediate_size)
+        groups = _positive_int(extra, "n_group", 1, cls.family) or 1
+        topk_groups = _positive_int(extra, "topk_group", groups, cls.family) or groups
+        if cfg.num_experts % groups or topk_groups > groups or \
+                topk_groups * (cfg.num_experts // groups) < cfg.experts_per_token:
+            raise ModelError(f"glm4_moe: n_group={groups} / topk_group={topk_groups} do not "
+                             f"leave {cfg.experts_per_token} of {cfg.num_experts} experts "
+                             f"eligible")
+        first_dense = _positive_int(extra, "first_k_dense_replace", 0, cls.family)
+        shared = _positive_int(extra, "n_shared_experts", 0, cls.family)
+        scale = extra.get("routed_scaling_factor", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise ModelError(f"glm4_moe: routed_scaling_factor must be a number, found "
+                             f"{scale!r}")
+        moe = C.MoeOptions(cfg.num_experts, cfg.experts_per_token,
+                           normalize=bool(extra.get("norm_topk_prob", True)),
+                           expert_ffn=cfg.moe_intermediate_size,
+                           dense_layers=tuple(range(min(first_dense, cfg.num_layers))),
+                           scoring="sigmoid", score_bias=True, groups=groups,
+                           topk_groups=topk_groups, scale=float(scale),
+                           shared_ffn=shared * cfg.moe_intermediate_size)
+        return cls(C.decoder_options(cfg, cls.family, moe=moe,
+                                     qk_norm=bool(extra.get("use_qk_norm", False)),
+                                     act=str(extra.get("hidden_act", "silu"))))
+
+    def weight_table(self) -> WeightTable:
+        o = self.config
+        blk = "model.layers.{i}.mlp."
+        t = {**C.decoder_weight_names(o, attn_bias=True),
+             **_moe_table(o, blk + "gate.weight",
+                          {r: blk + f"experts.{{e}}.{r}_proj.weight"
+                           for r in ("gate", "up", "down")})}
+        for i in range(o.num_layers):
+            if not o.is_moe(i):
+                continue
+            p = f"blk.{i}.ffn."
+            t[p + "router_bias"] = WeightName(
+                blk.format(i=i) + "gate.e_score_correction_bias", None)
+            if o.moe.shared_ffn:
+                for r in ("gate", "up", "down"):
+                    t[p + f"shexp.{r}"] = WeightName(
+                        blk.format(i=i) + f"shared_experts.{r}_proj.weight", None)
+        return t

@@ -104,8 +104,9 @@ class RandomArray:
 
 
 def role_shape(role: str, o: Any) -> tuple[int, ...]:
-    """The HF shape of a shared-decoder ``role`` (``{i}`` already expanded; MoE routers and
-    per-expert projections ``ffn.exp.{e}.{gate,up,down}`` included) for decoder options ``o``
+    """The HF shape of a shared-decoder ``role`` (``{i}`` already expanded; MoE routers, their
+    score-correction biases, shared experts ``ffn.shexp.*`` and per-expert projections
+    ``ffn.exp.{e}.{gate,up,down}`` included) for decoder options ``o``
     (:class:`~poot.models.components.DecoderOptions`); ModelError if none."""
     h, d = o.hidden_size, o.head_dim
     q, kv, ffn = o.num_heads * d, o.num_kv_heads * d, o.intermediate_size
@@ -119,6 +120,10 @@ def role_shape(role: str, o: Any) -> tuple[int, ...]:
     moe = getattr(o, "moe", None)
     if moe is not None:                       # MoE layers: the router and each expert
         shapes["ffn.router"] = (moe.num_experts, h)
+        shapes["ffn.router_bias"] = (moe.num_experts,)
+        sf = moe.shared_ffn
+        shapes.update({"ffn.shexp.gate": (sf, h), "ffn.shexp.up": (sf, h),
+                       "ffn.shexp.down": (h, sf)})
         part = leaf.split(".")
         if len(part) == 4 and part[:2] == ["ffn", "exp"] and part[3] in ("gate", "up", "down"):
             f = moe.expert_ffn

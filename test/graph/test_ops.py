@@ -587,6 +587,64 @@ def test_topk_routing_sigmoid():
     close(got, want / want.sum(1, keepdims=True))
 
 
+def deepseek_routing_ref(logits, bias, k, groups, topk_groups, normalize, scale, scoring,
+                         group_score):
+    """HF's DeepseekV3TopkRouter / Glm4MoeTopkRouter (``top2_sum``) and DeepSeek-V2's
+    group_limited_greedy (``max``), per row in float64: choose by score + bias within the
+    best groups; weigh by the unbiased score."""
+    l64 = logits.astype(np.float64)
+    if scoring == "sigmoid":
+        p = 1 / (1 + np.exp(-l64))
+    else:
+        p = np.exp(l64 - l64.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+    out = np.zeros_like(p)
+    n, e = p.shape
+    for r in range(n):
+        key = p[r] + (bias if bias is not None else 0.0)
+        g = key.reshape(groups, e // groups)
+        gs = np.sort(g, axis=1)[:, ::-1][:, :2].sum(1) if group_score == "top2_sum" \
+            else g.max(1)
+        keep = np.argsort(-gs, kind="stable")[:topk_groups]
+        masked = np.full(e, -np.inf)
+        for gi in keep:
+            masked[gi * (e // groups):(gi + 1) * (e // groups)] = key[gi * (e // groups):
+                                                                     (gi + 1) * (e // groups)]
+        sel = np.argsort(-masked, kind="stable")[:k]
+        w = p[r, sel]
+        if normalize:
+            w = w / (w.sum() + 1e-20)
+        out[r, sel] = w * scale
+    return out
+
+
+@pytest.mark.parametrize("scoring,groups,topk_groups,group_score,normalize,scale", [
+    ("sigmoid", 4, 2, "top2_sum", True, 2.5),     # DeepSeek-V3 / GLM-4.5
+    ("sigmoid", 1, 1, "top2_sum", False, 1.0),    # bias only
+    ("softmax", 4, 1, "max", False, 16.0),        # DeepSeek-V2 group_limited_greedy
+    ("sigmoid", 8, 3, "top2_sum", True, 1.0),     # groups of two experts
+])
+def test_topk_routing_deepseek_selection(scoring, groups, topk_groups, group_score, normalize,
+                                          scale):
+    """Group-limited top-k on bias-corrected scores (the bias picks, never weighs), then
+    renormalization and routed scaling, against a per-row float64 port of HF's routers."""
+    rng = np.random.default_rng(7)
+    logits = randn(6, 16, scale=2.0)
+    bias = (rng.standard_normal(16) * 0.5).astype(np.float32)
+    k = 4
+    got = run(lambda b, x, c: ops.topk_routing(
+        b, x, k, normalize, scoring=scoring, bias=c, groups=groups, topk_groups=topk_groups,
+        group_score=group_score, scale=scale), {"x": logits, "c": bias})
+    want = deepseek_routing_ref(logits, bias, k, groups, topk_groups, normalize, scale,
+                                scoring, group_score)
+    close(got, want)
+    assert ((got != 0).sum(1) == k).all()
+    # the bias changes the choice for this draw (else the test would not see it used)
+    plain = deepseek_routing_ref(logits, None, k, groups, topk_groups, normalize, scale,
+                                 scoring, group_score)
+    assert ((want != 0) != (plain != 0)).any()
+
+
 def moe_ref(x, router, wg, wu, wd, k, normalize):
     """Per-token loop over the selected experts only (HF Qwen2-MoE / Mixtral block)."""
     x64 = x.astype(np.float64)
@@ -654,6 +712,12 @@ def _t(b, name, shape, dtype=DType.F32):
      r"ops\.apply_rope: layout must be"),
     (lambda b: ops.topk_routing(b, _t(b, "l", (3, 4)), 5, True),
      r"ops\.topk_mask: k=5 must be in \[1, E=4\]"),
+    (lambda b: ops.topk_routing(b, _t(b, "l", (3, 8)), 3, True, groups=4, topk_groups=1),
+     r"ops\.topk_routing: topk_groups=1 of 4 groups leave fewer than k=3"),
+    (lambda b: ops.topk_routing(b, _t(b, "l", (3, 8)), 2, True, groups=3),
+     r"ops\.topk_routing: groups=3 must divide the 8 experts"),
+    (lambda b: ops.topk_routing(b, _t(b, "l", (3, 8)), 2, True, bias=_t(b, "c", (4,))),
+     r"ops\.topk_routing: bias must be \[8\]"),
     (lambda b: ops.mlp_glu(b, _t(b, "x", (2, 8)), _t(b, "g", (6, 8)), _t(b, "u", (6, 8)),
                            _t(b, "d", (6, 8))),
      r"ops\.mlp_glu: w_down must be \[D, F\]"),

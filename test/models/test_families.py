@@ -1,4 +1,5 @@
-"""The non-Llama families (Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Mixtral, Qwen3-MoE): their
+"""The non-Llama families (Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Mixtral, Qwen3-MoE,
+GLM-4.5): their
 traced step graphs, evaluated by the oracle, match HF transformers on the tiny fixtures (one
 12-token prefill; 4 cached decode steps after an 8-token prefill); registry lookups; a missing
 tensor is a typed error naming it."""
@@ -25,6 +26,7 @@ FAMILIES = {
     "phi3": ("Phi3ForCausalLM", "phi3"),
     "mixtral": ("MixtralForCausalLM", "mixtral"),
     "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    "glm4_moe": ("Glm4MoeForCausalLM", "glm4_moe"),
 }
 GGUF_NAMES = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "phi3": "phi3",
               "qwen3_moe": "qwen3moe"}
@@ -84,6 +86,7 @@ MISSING = {
     "phi3": "model.layers.0.self_attn.qkv_proj.weight",
     "mixtral": "model.layers.1.block_sparse_moe.experts.3.w2.weight",
     "qwen3_moe": "model.layers.0.mlp.gate.weight",
+    "glm4_moe": "model.layers.1.mlp.gate.e_score_correction_bias",
 }
 
 
@@ -185,6 +188,38 @@ def test_gemma3_bad_settings_are_typed(tmp_path, changes, match):
         load_model(d)
 
 
+def test_glm4_moe_settings_are_read():
+    """GLM-4.5's DeepSeek-V3 routing settings, shared expert and leading dense layer, as the
+    fixture's config says; the router bias and shared expert weights are bound."""
+    model, weights = load_model(fixture_path("glm4_moe"))
+    m = model.config.moe
+    assert (m.num_experts, m.top_k, m.groups, m.topk_groups) == (8, 2, 4, 2)
+    assert (m.scoring, m.score_bias, m.scale, m.normalize) == ("sigmoid", True, 2.5, True)
+    assert m.shared_ffn == 32 and m.dense_layers == (0,)
+    assert len(model.config.inv_freq) == 4          # partial rotary 0.5 of head_dim 16
+    assert {"blk.1.ffn.router_bias", "blk.1.ffn.shexp.down", "blk.0.ffn.gate",
+            "blk.0.attn.q_bias"} <= set(weights.types)
+    assert "blk.0.ffn.router" not in weights.types and "blk.0.attn.o_bias" not in weights.types
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"n_group": 3}, "n_group=3"),
+    ({"topk_group": 1, "num_experts_per_tok": 3}, "topk_group=1"),
+    ({"first_k_dense_replace": -1}, "first_k_dense_replace"),
+    ({"routed_scaling_factor": "x"}, "routed_scaling_factor"),
+])
+def test_glm4_moe_bad_routing_settings_are_typed(tmp_path, changes, match):
+    import json
+
+    d = tmp_path / "glm"
+    shutil.copytree(fixture_path("glm4_moe"), d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match=match):
+        load_model(d)
+
+
 def test_gemma_is_tied():
     model, weights = load_model(fixture_path("gemma"))
     assert model.config.tie_word_embeddings and "lm_head" not in weights
@@ -223,7 +258,7 @@ def test_longrope_is_refused():
         Phi3.from_config(cfg)
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gemma3", "mixtral"])
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "mixtral", "glm4_moe"])
 def test_cpu_backend_greedy_matches_reference(name, tmp_path):
     """The same pipeline as Llama: compile for the CPU backend, Engine, Driver; greedy ids
     equal HF's up to the first step whose top-2 margin is under 1e-3. (All seven fixtures

@@ -1,4 +1,5 @@
-"""Trace limits follow from the config: random-init MoE decoders (Mixtral, Qwen3-MoE) of a
+"""Trace limits follow from the config: random-init MoE decoders (Mixtral, Qwen3-MoE,
+GLM-4.5) of a
 sweep of shapes (few wide experts, many narrow ones, many wide ones on a narrow model, top-1
 to top-4) trace every step the engine compiles (a 32-token prefill chunk, several rows of
 prefill, a batch-8 decode) without reaching a builder limit. Before the MoE terms were
@@ -20,7 +21,8 @@ from poot.models.random_init import load_random_model
 SHAPES = [("mixtral", 96, 6, 2, 3, 4, 2, 160),          # the shape issue 20 reports
           ("mixtral", 64, 4, 2, 2, 8, 2, 256), ("mixtral", 32, 2, 1, 1, 16, 4, 512),
           ("mixtral", 128, 8, 8, 2, 2, 1, 32), ("qwen3_moe", 64, 4, 2, 2, 8, 2, 96),
-          ("qwen3_moe", 48, 3, 1, 2, 32, 8, 64)]
+          ("qwen3_moe", 48, 3, 1, 2, 32, 8, 64),
+          ("glm4_moe", 64, 4, 2, 3, 16, 4, 64), ("glm4_moe", 48, 3, 1, 2, 64, 8, 32)]
 
 STEPS = [StepSpec.prefill(32, batch=1, kv_capacity=256, kv_slots=1),
          StepSpec.prefill(16, batch=4, kv_capacity=64, kv_slots=4),
@@ -33,6 +35,9 @@ def _config(tmp_path, family, hidden, heads, kv, layers, experts, top_k, width):
                head_dim=16, num_hidden_layers=layers, num_experts_per_tok=top_k)
     if family == "mixtral":
         cfg.update(num_local_experts=experts, intermediate_size=width)
+    elif family == "glm4_moe":      # 4 groups, 2 eligible (DeepSeek-V3 style routing)
+        cfg.update(n_routed_experts=experts, moe_intermediate_size=width, n_group=4,
+                   topk_group=2)
     else:
         cfg.update(num_local_experts=experts, moe_intermediate_size=width)
     path = tmp_path / "config.json"
