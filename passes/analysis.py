@@ -8,7 +8,7 @@ Op classes (decided by op semantics, from the op's definition name only):
   ``cast``), ``broadcast``, the views (``reshape``, ``transpose``, ``slice``), ``concat`` and
   ``dequantize``: every output element is a function of input elements at computable indices.
 * reduction: ``reduce``; anchors: ``matmul``, ``gather``, ``scatter``, ``attention`` (the fused
-  op the flash-attention rewrite introduces).
+  op the flash-attention rewrite introduces), ``indexed_matmul`` (MoE experts read in place).
 * any other poot op is opaque: a kernel of its own, never merged with others.
 
 All poot ops are pure (value semantics on tensors): an op whose results are unused can be
@@ -34,7 +34,7 @@ VIEWS = frozenset({"poot.reshape", "poot.transpose", "poot.slice"})
 POINTWISE = ELEMENTWISE | VIEWS | frozenset({"poot.broadcast", "poot.concat",
                                              "poot.dequantize"})
 ANCHORS = {"poot.matmul": "matmul", "poot.gather": "gather", "poot.scatter": "scatter",
-           "poot.attention": "attention"}
+           "poot.attention": "attention", "poot.indexed_matmul": "indexed_matmul"}
 KNOWN = POINTWISE | SOURCES | frozenset(ANCHORS) | frozenset({"poot.reduce"})
 # ops that never need a kernel of their own when left outside a region
 NO_KERNEL = frozenset({"poot.param", "poot.packed_param", "poot.constant", "poot.reshape"})

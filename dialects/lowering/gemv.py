@@ -62,6 +62,10 @@ class Gemv:
     m: int
     k: int
     n: int
+    #: an index SSA name added to every W row (rows ``row_base .. row_base + n`` of a
+    #: weight holding ``total_rows``: one slab of :func:`emit_indexed`), or None
+    row_base: str | None = None
+    total_rows: int | None = None
 
     @property
     def packed(self) -> bool:
@@ -69,8 +73,9 @@ class Gemv:
 
     @property
     def weight_bytes(self) -> int:
+        """Bytes of W this kernel streams (one slab's, for a slab)."""
         if self.packed:
-            return self.wtype.nbytes
+            return self.wtype.nbytes * self.n // (self.total_rows or self.n)
         return self.n * self.k * self.wtype.dtype.itemsize
 
 
@@ -145,6 +150,11 @@ class _K:
     def c(self, v: int) -> str:
         return self.em.const(v, "index")
 
+    def wrow(self, row: str) -> str:
+        """The stored W row of kernel row ``row`` (offset by the slab's first row)."""
+        b = self.g.row_base
+        return row if b is None else self.idx(f"arith.addi {row}, {b}")
+
     def idx(self, expr: str) -> str:
         return self.em.op(expr + " : index")
 
@@ -195,7 +205,7 @@ class _K:
             return self.dense(row, self.mul(b, CHUNK), False)
         fmt = g.wtype.format
         row_bytes = g.k // fmt.block_elems * fmt.block_bytes
-        off = self.add(self.mul(row, row_bytes), self.mul(b, fmt.block_bytes))
+        off = self.add(self.mul(self.wrow(row), row_bytes), self.mul(b, fmt.block_bytes))
         v16i8 = "vector<16xi8>"
         if fmt.name == "q8_0":
             (d,) = self.scales(off, 1)
@@ -235,7 +245,8 @@ class _K:
                 out.append(None)
                 continue
             kk = self.add(k, h)
-            v = em.op(f"vector.transfer_read {g.w}[{row}, {kk}], {pad} {{in_bounds = [{ib}]}} : "
+            v = em.op(f"vector.transfer_read {g.w}[{self.wrow(row)}, {kk}], {pad} "
+                      f"{{in_bounds = [{ib}]}} : "
                       f"{tt(wt)}, vector<{self.vw}x{ty}>")
             if wt.dtype is not DType.F32:
                 v = em.op(f"arith.extf {v} : vector<{self.vw}x{ty}> to {vf}")
@@ -420,7 +431,7 @@ class _K:
         boff = self.mul(b, fmt.block_bytes)
         ws = []  # per W row: (d, m or None, unsigned bytes, signed bytes or None)
         for wr in wrows:
-            off = self.add(self.mul(wr, row_bytes), boff)
+            off = self.add(self.mul(self.wrow(wr), row_bytes), boff)
             raw = self.read_bytes(off, 2 * nsc)
             h = em.op(f"vector.bitcast {raw} : vector<{2 * nsc}xi8> to vector<{nsc}xf16>")
             f = em.op(f"arith.extf {h} : vector<{nsc}xf16> to vector<{nsc}xf32>")

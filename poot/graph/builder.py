@@ -361,6 +361,11 @@ class Builder:
             result = TensorType(a.shape[:-1] + b.shape[-1:], out_dtype)
         return self.op("matmul", [a, b], {"acc": acc}, result)
 
+    def indexed_matmul(self, x: Tensor, w: Tensor, idx: Tensor) -> Tensor:
+        """``poot.indexed_matmul``: row t of x [T, K] against slab ``idx[t]`` of w [E, O, K]
+        -> f32 [T, O] (only the selected slabs are read)."""
+        return self.op("indexed_matmul", [x, w, idx], {"acc": DType.F32})
+
     def gather(self, table: Tensor, indices: Tensor, axis: int = 0) -> Tensor:
         return self.op("gather", [table, indices], {"axis": axis})
 

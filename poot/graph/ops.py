@@ -643,10 +643,10 @@ def attention(b: Builder, q: Tensor, k: Tensor, v: Tensor, *, q_pos: Tensor,
 # ---------------------------------------------------------------------------------------------
 # mixture of experts
 # ---------------------------------------------------------------------------------------------
-def topk_mask(b: Builder, scores: Tensor, k: int) -> Tensor:
-    """i1 ``[N, E]``: True at the k largest entries of each row of ``scores`` ``[N, E]``.
-    Ties are broken toward the lowest index. Spelled as k rounds of argmax (reduce max,
-    compare, select over iota, reduce min)."""
+def _topk_rounds(b: Builder, scores: Tensor, k: int
+                 ) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
+    """The k rounds of :func:`topk_mask` (per round, the chosen index i32 ``[N, 1]`` and its
+    one-hot i1 ``[N, E]``) and the mask of all k."""
     _float("topk_mask", "scores", scores)
     if scores.rank != 2:
         _fail("topk_mask", f"scores must be [N, E], got {scores.type}")
@@ -657,16 +657,24 @@ def topk_mask(b: Builder, scores: Tensor, k: int) -> Tensor:
     idx = b.iota([n, e], 1, DType.I32)
     none = b.scalar(e, DType.I32)
     ninf = b.scalar(-np.inf)
-    remaining, selected = sf, None
+    remaining, selected, rounds = sf, None, []
     for _ in range(k):
         top = b.compare("eq", remaining, b.reduce("max", remaining, 1, keepdims=True))
         if selected is not None:
             top = b.binary("and", top, b.unary("not", selected))
         first = b.reduce("min", b.select(top, idx, none), 1, keepdims=True)
         hit = b.compare("eq", idx, first)
+        rounds.append((first, hit))
         selected = hit if selected is None else b.binary("or", selected, hit)
         remaining = b.select(hit, ninf, remaining)
-    return selected
+    return rounds, selected
+
+
+def topk_mask(b: Builder, scores: Tensor, k: int) -> Tensor:
+    """i1 ``[N, E]``: True at the k largest entries of each row of ``scores`` ``[N, E]``.
+    Ties are broken toward the lowest index. Spelled as k rounds of argmax (reduce max,
+    compare, select over iota, reduce min)."""
+    return _topk_rounds(b, scores, k)[1]
 
 
 def topk_routing(b: Builder, logits: Tensor, k: int, normalize: bool, *,
@@ -696,6 +704,16 @@ def topk_routing(b: Builder, logits: Tensor, k: int, normalize: bool, *,
     Raises OpError for a bias not ``[E]``, groups that do not divide E, or eligible groups
     holding fewer than k experts.
     """
+    topk_groups = _check_routing(logits, k, softmax_after_topk, scoring, bias, groups,
+                                 topk_groups, group_score)
+    return _route(b, logits, k, normalize, softmax_after_topk, scoring, bias, groups,
+                  topk_groups, group_score, scale)[0]
+
+
+def _check_routing(logits: Tensor, k: int, softmax_after_topk: bool, scoring: str,
+                   bias: Tensor | None, groups: int, topk_groups: int | None,
+                   group_score: str) -> int:
+    """:func:`topk_routing`'s argument checks; returns ``topk_groups`` resolved."""
     fn = "topk_routing"
     _float(fn, "logits", logits)
     if scoring not in ("softmax", "sigmoid"):
@@ -713,13 +731,27 @@ def topk_routing(b: Builder, logits: Tensor, k: int, normalize: bool, *,
                   f"eligible experts")
     if group_score not in ("top2_sum", "max"):
         _fail(fn, f"group_score must be 'top2_sum' or 'max', got {group_score!r}")
+    if logits.rank != 2:
+        _fail("topk_mask", f"scores must be [N, E], got {logits.type}")
+    if not 1 <= k <= e:
+        _fail("topk_mask", f"k={k} must be in [1, E={e}]")
+    return topk_groups
+
+
+def _route(b: Builder, logits: Tensor, k: int, normalize: bool, softmax_after_topk: bool,
+           scoring: str, bias: Tensor | None, groups: int, topk_groups: int,
+           group_score: str, scale: float) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+    """:func:`topk_routing`'s weights (arguments checked there) and its k selection rounds
+    (:func:`_topk_rounds`)."""
+    n, e = logits.shape
     lf = as_f32(b, logits)
     if softmax_after_topk:
-        w = masked_softmax(b, lf, topk_mask(b, logits, k), -1)
-        return w * float(scale) if scale != 1.0 else w
+        rounds, sel = _topk_rounds(b, logits, k)
+        w = masked_softmax(b, lf, sel, -1)
+        return (w * float(scale) if scale != 1.0 else w), rounds
     p = softmax(b, lf, -1) if scoring == "softmax" else sigmoid(b, lf)
     if bias is None and groups == 1:
-        sel = topk_mask(b, logits, k)
+        rounds, sel = _topk_rounds(b, logits, k)
     else:
         key = p if bias is None else p + b.reshape(as_f32(b, bias), [1, e])
         if groups > 1:
@@ -733,18 +765,35 @@ def topk_routing(b: Builder, logits: Tensor, k: int, normalize: bool, *,
             keep = b.reshape(b.broadcast_to(b.reshape(keep, [n, groups, 1]),
                                             [n, groups, per]), [n, e])
             key = b.select(keep, key, b.scalar(-np.inf))
-        sel = topk_mask(b, key, k)
+        rounds, sel = _topk_rounds(b, key, k)
     w = b.select(sel, p, b.scalar(0.0))
     if normalize:
         w = w / b.binary("max", b.reduce("sum", w, 1, keepdims=True), b.scalar(1e-20))
-    return w * float(scale) if scale != 1.0 else w
+    return (w * float(scale) if scale != 1.0 else w), rounds
+
+
+def _moe_sparse(b: Builder, xf: Tensor, w: Tensor, rounds: list[tuple[Tensor, Tensor]],
+                gate_w: Tensor, up_w: Tensor, down_w: Tensor, act: str) -> Tensor:
+    """``sum_j w[n, idx_j] * down[idx_j](act(gate[idx_j] x_n) * up[idx_j] x_n)`` over the k
+    selection rounds: the N * k (token, expert) rows through ``poot.indexed_matmul`` against
+    the stacked ``[E, F, D]`` / ``[E, D, F]`` experts -> f32 ``[N, D]``."""
+    n, d = xf.shape
+    k = len(rounds)
+    idx = b.reshape(b.concat([f for f, _ in rounds], axis=1), [n * k])      # [N*k] i32
+    wsel = b.concat([b.reduce("sum", b.select(hit, w, b.scalar(0.0)), 1, keepdims=True)
+                     for _, hit in rounds], axis=1)                          # [N, k]
+    xr = b.reshape(b.broadcast_to(b.reshape(xf, [n, 1, d]), [n, k, d]), [n * k, d])
+    h = activation(b, b.indexed_matmul(xr, gate_w, idx), act) * \
+        b.indexed_matmul(xr, up_w, idx)                                      # [N*k, F]
+    y = b.reshape(b.indexed_matmul(h, down_w, idx), [n, k, d])
+    return b.reduce("sum", y * b.reshape(wsel, [n, k, 1]), 1)
 
 
 def moe(b: Builder, x: Tensor, router_w: Tensor, experts_gate: Tensor, experts_up: Tensor,
         experts_down: Tensor, k: int, normalize: bool, act: str = "silu", *,
         softmax_after_topk: bool = False, scoring: str = "softmax",
-        **selection: Any) -> Tensor:
-    """Sparse MoE block with gated experts, evaluated densely.
+        sparse: bool | None = None, **selection: Any) -> Tensor:
+    """Sparse MoE block with gated experts.
 
     Args:
         x: ``[N, D]`` float tokens.
@@ -755,10 +804,16 @@ def moe(b: Builder, x: Tensor, router_w: Tensor, experts_gate: Tensor, experts_u
             its DeepSeek-style keywords (``bias``, ``groups``, ``topk_groups``,
             ``group_score``, ``scale``).
         act: as :func:`activation`.
+        sparse: how the experts are spelled. True: each token's k selected experts only,
+            through ``poot.indexed_matmul`` (the selected experts' weights are read where
+            they are stored, packed ones included; cost ~ N * k experts). False: every
+            expert on every token, weighted (zero for unselected ones; cost ~ E experts,
+            each as one matmul over the N tokens). None: sparse when ``N * k < E`` (decode
+            steps), where it reads fewer expert weights than the dense form.
     Returns:
         f32 ``[N, D]``: ``sum_e w[n, e] * down_e(act(gate_e(x_n)) * up_e(x_n))`` with ``w`` from
-        :func:`topk_routing`. Every expert is computed for every token and weighted (zero
-        for unselected experts); a sparse lowering is the compiler's job.
+        :func:`topk_routing` (both spellings compute this; they differ in f32 summation
+        order only).
     """
     fn = "moe"
     _float(fn, "x", x)
@@ -778,9 +833,21 @@ def moe(b: Builder, x: Tensor, router_w: Tensor, experts_gate: Tensor, experts_u
     lead = x.shape[:-1]
     n = int(np.prod(lead, dtype=np.int64))
     xf = b.reshape(as_f32(b, x), [n, d])
-    w = topk_routing(b, linear(b, xf, router_w), k, normalize,
-                     softmax_after_topk=softmax_after_topk, scoring=scoring,
-                     **selection)  # [N, E]
+    logits = linear(b, xf, router_w)
+    sel = dict(bias=None, groups=1, topk_groups=None, group_score="top2_sum", scale=1.0)
+    unknown = set(selection) - set(sel)
+    if unknown:
+        _fail(fn, f"unknown routing options {sorted(unknown)}")
+    sel.update(selection)
+    sel["topk_groups"] = _check_routing(logits, k, softmax_after_topk, scoring, sel["bias"],
+                                        sel["groups"], sel["topk_groups"], sel["group_score"])
+    w, rounds = _route(b, logits, k, normalize, softmax_after_topk, scoring, **sel)  # [N, E]
+    if sparse is None:
+        sparse = n * k < e
+    if sparse:
+        return b.reshape(_moe_sparse(b, xf, w, rounds, as_f32(b, experts_gate),
+                                     as_f32(b, experts_up), as_f32(b, experts_down), act),
+                         lead + (d,))
     xe = b.broadcast_to(xf, [e, n, d], dims=(1, 2))
     gate = b.matmul(xe, b.transpose(as_f32(b, experts_gate), [0, 2, 1]))  # [E, N, F]
     up = b.matmul(xe, b.transpose(as_f32(b, experts_up), [0, 2, 1]))

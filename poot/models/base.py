@@ -297,11 +297,15 @@ SOURCES = ("hf", "gguf")
 @dataclass(frozen=True)
 class WeightName:
     """Where one role is stored: its tensor name per checkpoint kind (None: not stored
-    there), and whether the role may be absent (optional biases, tied heads)."""
+    there), and whether the role may be absent (optional biases, tied heads). ``stack`` > 0:
+    the name holds ``{e}`` and the role is the ``stack`` tensors ``e = 0 .. stack-1``
+    stacked on a new leading axis at bind time (HF's per-expert MoE weights: one
+    ``[E, ...]`` weight a kernel can index in place)."""
 
     hf: str | None
     gguf: str | None
     optional: bool = False
+    stack: int = 0
 
     def stored(self, source: str) -> str | None:
         return self.hf if source == "hf" else self.gguf
@@ -340,6 +344,25 @@ class WeightBinding:
         array, type_ = stored_param(tensor)
         self.arrays[role], self.types[role], self.stored[role] = array, type_, tensor.name
 
+    def add_stacked(self, role: str, tensors: list, name: str) -> None:
+        """Bind ``role`` to ``tensors`` (same shape, dtype and format) stacked on a new
+        leading axis (``name``: their names' pattern, for messages): one host copy (packed blocks concatenated as stored, each tensor's
+        bytes being its rows in order). Raises ModelError naming a tensor that differs."""
+        parts = [stored_param(t) for t in tensors]
+        t0 = parts[0][1]
+        for t, (_, ty) in zip(tensors, parts):
+            if ty != t0:
+                raise ModelError(f"{t.name}: {ty} differs from {tensors[0].name}'s {t0}; "
+                                 f"the tensors of role {role!r} must match to be stacked")
+        if isinstance(t0, PackedType):
+            array = np.concatenate([np.asarray(a).reshape(-1) for a, _ in parts])
+            type_ = PackedType(t0.format, (len(parts),) + tuple(t0.shape))
+        else:
+            array = np.stack([np.asarray(a) for a, _ in parts])
+            type_ = TensorType((len(parts),) + tuple(t0.shape), t0.dtype)
+        self.arrays[role], self.types[role] = array, type_
+        self.stored[role] = name
+
 
 _ORACLE_DTYPES = {"f32": DType.F32, "f16": DType.F16, "bf16": DType.BF16}
 
@@ -368,12 +391,18 @@ def bind_weights(table: WeightTable, store: Mapping[str, Any], source: str, n_la
         layers = range(n_layers) if "{i}" in role_t else [None]
         for i in layers:
             role = role_t.format(i=i) if i is not None else role_t
-            name = name_t.format(i=i) if (name_t and i is not None) else name_t
-            if name is None or name not in store:
+            name = name_t.format(i=i, e="{e}") if (name_t and i is not None) else name_t
+            names = [name.format(e=e) for e in range(where.stack)] \
+                if where.stack and name is not None else [name]
+            missing = next((n for n in names if n is None or n not in store), False)
+            if missing is not False:
                 if where.optional:
                     continue
-                raise ModelError(f"checkpoint has no tensor {name!r} (role {role!r}, "
+                raise ModelError(f"checkpoint has no tensor {missing!r} (role {role!r}, "
                                  f"{source} naming)")
+            if where.stack:
+                out.add_stacked(role, [store[n] for n in names], name)
+                continue
             t = store[name]
             out.add(role, rename(role, t) if rename else t)
     return out

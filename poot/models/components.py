@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import abc
 import math
+import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -165,8 +166,9 @@ def sampling_suffix(b: Builder, spec: StepSpec, logits: Tensor) -> dict[str, Ten
 #   (optional), attn.q_norm / attn.k_norm (qk_norm), post_attn_norm (sandwich), ffn_norm,
 #   ffn.gate / ffn.up (or ffn.gate_up fused), ffn.down, ffn.{gate,up,down}_bias (optional),
 #   post_ffn_norm (sandwich);
-#   MoE layers: ffn.router [E, H] and per expert ffn.exp.{e}.gate/up/down, or stacked
-#   ffn.exps.gate/up [E, F, H] and ffn.exps.down [E, H, F].
+#   MoE layers: ffn.router [E, H] (ffn.router_bias [E]: a score-correction bias), stacked
+#   ffn.exps.gate/up [E, F, H] and ffn.exps.down [E, H, F] (HF's per-expert tensors stacked
+#   at bind), ffn.shexp.gate/up/down (shared experts).
 
 @dataclass(frozen=True)
 class MoeOptions:
@@ -178,7 +180,7 @@ class MoeOptions:
     router's ``router_bias`` weight, ``e_score_correction_bias``, picks but never weighs),
     ``groups`` / ``topk_groups`` / ``group_score`` (group-limited choice), ``scale``
     (``routed_scaling_factor``); ``shared_ffn``: the width of the shared experts' gated MLP
-    that every token also goes through (0: none)."""
+    that every token also goes through (0: none); ``spelling``: :func:`moe_spelling`."""
 
     num_experts: int
     top_k: int
@@ -192,6 +194,17 @@ class MoeOptions:
     group_score: str = "top2_sum"
     scale: float = 1.0
     shared_ffn: int = 0
+    spelling: str = field(default_factory=lambda: moe_spelling())
+
+
+def moe_spelling() -> str:
+    """How MoE blocks are traced (:func:`poot.graph.ops.moe`'s ``sparse``): ``auto`` (by
+    shape), or ``dense`` / ``sparse`` from ``POOT_MOE`` (to compare the two spellings; part
+    of the options, so of every compile-cache key). Raises ModelError for another value."""
+    v = os.environ.get("POOT_MOE", "auto") or "auto"
+    if v not in ("auto", "dense", "sparse"):
+        raise ModelError(f"POOT_MOE must be 'auto', 'dense' or 'sparse', got {v!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -565,19 +578,14 @@ def decoder_ffn(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: in
     p = f"blk.{i}.ffn."
     if o.is_moe(i):
         m = o.moe
-        if p + "exps.gate" in types:  # stacked [E, F, H] as stored
-            gate, up, down = (param(b, types, p + f"exps.{r}") for r in ("gate", "up", "down"))
-        else:  # per-expert tensors, stacked in the graph
-            def stack(r):
-                es = [ops.as_f32(b, param(b, types, p + f"exp.{e}.{r}"))
-                      for e in range(m.num_experts)]
-                return b.concat([b.reshape(w, (1,) + w.shape) for w in es], axis=0)
-            gate, up, down = stack("gate"), stack("up"), stack("down")
+        # stacked [E, F, H] / [E, H, F] (GGUF's as stored, HF's per-expert ones at bind)
+        gate, up, down = (param(b, types, p + f"exps.{r}") for r in ("gate", "up", "down"))
         y = ops.moe(b, h, param(b, types, p + "router"), gate, up, down, m.top_k,
                     m.normalize, act=o.act, scoring=m.scoring,
                     bias=param(b, types, p + "router_bias") if m.score_bias else None,
                     groups=m.groups, topk_groups=m.topk_groups, group_score=m.group_score,
-                    scale=m.scale)
+                    scale=m.scale, sparse={"auto": None, "dense": False,
+                                           "sparse": True}[m.spelling])
         if m.shared_ffn:
             y = y + ops.mlp_glu(b, h, *(param(b, types, p + f"shexp.{r}")
                                         for r in ("gate", "up", "down")), act=o.act)

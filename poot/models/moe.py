@@ -23,8 +23,9 @@ SwiGLU experts (evaluated densely; a sparse lowering is the compiler's job).
   experts as one gated MLP of width ``n_shared_experts * moe_intermediate_size``; the first
   ``first_k_dense_replace`` layers dense. GGUF ``glm4moe`` is not mapped (no fixture).
 
-HF checkpoints store one tensor per expert; the graph declares each and stacks them (the
-stored arrays are bound as they are, no stacked copy on the host).
+HF checkpoints store one tensor per expert; binding stacks them into one ``[E, ...]`` weight
+per layer and projection (one host copy), so the MoE block reads the selected experts in
+place (``poot.indexed_matmul``), as it reads GGUF's stacked ``ffn_*_exps``.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ def _moe_table(o: C.DecoderOptions, hf_router: str, hf_expert: dict[str, str],
         for r, name in hf_expert.items():
             if o.source == "gguf":
                 t[p + f"exps.{r}"] = WeightName(None, f"blk.{i}.ffn_{r}_exps.weight")
-            else:
-                for e in range(o.moe.num_experts):
-                    t[p + f"exp.{e}.{r}"] = WeightName(name.format(i=i, e=e), None)
+            else:       # one tensor per expert, stacked at bind time
+                t[p + f"exps.{r}"] = WeightName(name.format(i=i, e="{e}"), None,
+                                                stack=o.moe.num_experts)
     return t
 
 

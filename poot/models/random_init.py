@@ -105,8 +105,8 @@ class RandomArray:
 
 def role_shape(role: str, o: Any) -> tuple[int, ...]:
     """The HF shape of a shared-decoder ``role`` (``{i}`` already expanded; MoE routers, their
-    score-correction biases, shared experts ``ffn.shexp.*`` and per-expert projections
-    ``ffn.exp.{e}.{gate,up,down}`` included) for decoder options ``o``
+    score-correction biases, shared experts ``ffn.shexp.*`` and the stacked experts
+    ``ffn.exps.{gate,up,down}`` included) for decoder options ``o``
     (:class:`~poot.models.components.DecoderOptions`); ModelError if none."""
     h, d = o.hidden_size, o.head_dim
     q, kv, ffn = o.num_heads * d, o.num_kv_heads * d, o.intermediate_size
@@ -125,9 +125,9 @@ def role_shape(role: str, o: Any) -> tuple[int, ...]:
         shapes.update({"ffn.shexp.gate": (sf, h), "ffn.shexp.up": (sf, h),
                        "ffn.shexp.down": (h, sf)})
         part = leaf.split(".")
-        if len(part) == 4 and part[:2] == ["ffn", "exp"] and part[3] in ("gate", "up", "down"):
-            f = moe.expert_ffn
-            return (h, f) if part[3] == "down" else (f, h)
+        f = moe.expert_ffn
+        if len(part) == 3 and part[:2] == ["ffn", "exps"] and part[2] in ("gate", "up", "down"):
+            return (moe.num_experts,) + ((h, f) if part[2] == "down" else (f, h))
     if leaf not in shapes:
         raise ModelError(f"random weights: no shape rule for role {role!r} (random init "
                          f"covers the decoder and MoE roles)")
@@ -185,14 +185,18 @@ def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int 
             continue
         for i in (range(o.num_layers) if "{i}" in role_t else [None]):
             role = role_t.format(i=i) if i is not None else role_t
-            name = where.hf.format(i=i) if i is not None else where.hf
+            name = where.hf.format(i=i, e="{e}") if i is not None else where.hf
             shape = role_shape(role, o)
-            scale = 0.0 if len(shape) == 1 else 1.0 / float(np.sqrt(shape[-1]))
-            data = RandomArray(shape, st.numpy, scale, seed, salt=name)
-            if dtype in PACKED and len(shape) == 2:
-                store[name] = _quantized(name, data, dtype, f"random:{seed}")
-            else:
-                store[name] = StoredTensor(name, shape, st, None, data, f"random:{seed}")
+            # a stacked role is stored as its tensors (HF's per-expert ones), stacked by bind
+            names = [name.format(e=e) for e in range(where.stack)] if where.stack else [name]
+            shape = shape[1:] if where.stack else shape
+            for nm in names:
+                scale = 0.0 if len(shape) == 1 else 1.0 / float(np.sqrt(shape[-1]))
+                data = RandomArray(shape, st.numpy, scale, seed, salt=nm)
+                if dtype in PACKED and len(shape) == 2:
+                    store[nm] = _quantized(nm, data, dtype, f"random:{seed}")
+                else:
+                    store[nm] = StoredTensor(nm, shape, st, None, data, f"random:{seed}")
     return LoadedModel(model, model.bind(store), store)
 
 

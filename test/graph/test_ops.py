@@ -662,27 +662,57 @@ def moe_ref(x, router, wg, wu, wd, k, normalize):
     return out
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("normalize", [False, True])
-def test_moe_dense(normalize):
+def test_moe_dense_and_sparse(normalize, sparse):
+    """Both spellings of the MoE block (every expert weighted / the selected experts through
+    ``poot.indexed_matmul``) equal a per-token loop over the selected experts."""
     n, d, f, e, k = 5, 16, 12, 4, 2
     x, router = randn(n, d), randn(e, d)
     wg, wu, wd = randn(e, f, d, scale=0.3), randn(e, f, d, scale=0.3), randn(e, d, f, scale=0.3)
-    got = run(lambda b, x, r, g, u, dn: ops.moe(b, x, r, g, u, dn, k, normalize), {"x": x},
+    got = run(lambda b, x, r, g, u, dn: ops.moe(b, x, r, g, u, dn, k, normalize,
+                                                sparse=sparse), {"x": x},
               {"r": router, "g": wg, "u": wu, "dn": wd})
     close(got, moe_ref(x, router, wg, wu, wd, k, normalize), atol=1e-5)
 
 
-def test_moe_packed_experts():
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_moe_packed_experts(sparse):
     n, d, f, e, k = 3, 32, 64, 4, 2
     x, router = randn(n, d), randn(e, d)
     wg, wu, wd = randn(e, f, d, scale=0.3), randn(e, f, d, scale=0.3), randn(e, d, f, scale=0.3)
     raw = {nm: gguf_quantize(w, GQ.Q8_0) for nm, w in (("g", wg), ("u", wu), ("dn", wd))}
     deq = {nm: gguf_dequantize(r, GQ.Q8_0) for nm, r in raw.items()}
     fmt = Quant.Q8_0.value
-    got = run(lambda b, x, r, g, u, dn: ops.moe(b, x, r, g, u, dn, k, True), {"x": x},
-              {"r": router}, packed={"g": (fmt, wg.shape, raw["g"]), "u": (fmt, wu.shape, raw["u"]),
-                                     "dn": (fmt, wd.shape, raw["dn"])})
+    got = run(lambda b, x, r, g, u, dn: ops.moe(b, x, r, g, u, dn, k, True, sparse=sparse),
+              {"x": x}, {"r": router},
+              packed={"g": (fmt, wg.shape, raw["g"]), "u": (fmt, wu.shape, raw["u"]),
+                      "dn": (fmt, wd.shape, raw["dn"])})
     close(got, moe_ref(x, router, deq["g"], deq["u"], deq["dn"], k, True), atol=1e-5)
+
+
+def test_moe_spelling_follows_the_shape():
+    """Unspecified, the sparse spelling is taken where it reads fewer experts (N * k < E):
+    a decode row, not a prefill chunk."""
+    def count(n):
+        b = builder()
+        x = b.input("x", TensorType((n, 16), DType.F32))
+        ps = [b.param(nm, TensorType(sh, DType.F32)) for nm, sh in
+              (("r", (8, 16)), ("g", (8, 12, 16)), ("u", (8, 12, 16)), ("dn", (8, 16, 12)))]
+        ops.moe(b, x, *ps, 2, True)
+        return str(b.module).count("poot.indexed_matmul")
+    assert count(1) == 3 and count(3) == 3
+    assert count(4) == 0 and count(32) == 0
+
+
+def test_indexed_matmul_reads_the_selected_slab():
+    """``poot.indexed_matmul`` against a float64 loop; out-of-range indices clamp."""
+    x, w = randn(5, 8), randn(3, 4, 8)
+    idx = np.array([2, 0, 7, -1, 1], np.int32)
+    got = run(lambda b, x, i, w: b.indexed_matmul(x, w, i), {"x": x, "i": idx}, {"w": w})
+    want = np.stack([w[min(max(int(i), 0), 2)].astype(np.float64) @ x[t].astype(np.float64)
+                     for t, i in enumerate(idx)])
+    close(got, want)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -663,6 +663,46 @@ func.func @matmul_result(%a: tensor<4x8xi8>, %b: tensor<8x2xi8>) {
 
 // -----
 
+func.func @indexed_matmul_k(%x: tensor<6x8xf32>, %w: tensor<4x3x7xf32>, %i: tensor<6xi32>) {
+  // expected-error @+1 {{'poot.indexed_matmul' op contraction dims differ: x K=8, w K=7}}
+  %0 = "poot.indexed_matmul"(%x, %w, %i) {acc = f32} : (tensor<6x8xf32>, tensor<4x3x7xf32>, tensor<6xi32>) -> tensor<6x3xf32>
+  return
+}
+
+// -----
+
+func.func @indexed_matmul_rows(%x: tensor<6x8xf32>, %w: tensor<4x3x8xf32>, %i: tensor<5xi32>) {
+  // expected-error @+1 {{'poot.indexed_matmul' op idx has 5 rows, x has 6}}
+  %0 = "poot.indexed_matmul"(%x, %w, %i) {acc = f32} : (tensor<6x8xf32>, tensor<4x3x8xf32>, tensor<5xi32>) -> tensor<6x3xf32>
+  return
+}
+
+// -----
+
+func.func @indexed_matmul_float_idx(%x: tensor<6x8xf32>, %w: tensor<4x3x8xf32>, %i: tensor<6xf32>) {
+  // expected-error @+1 {{'poot.indexed_matmul' op idx must have an integer dtype, got f32}}
+  %0 = "poot.indexed_matmul"(%x, %w, %i) {acc = f32} : (tensor<6x8xf32>, tensor<4x3x8xf32>, tensor<6xf32>) -> tensor<6x3xf32>
+  return
+}
+
+// -----
+
+func.func @indexed_matmul_rank(%x: tensor<6x8xf32>, %w: tensor<3x8xf32>, %i: tensor<6xi32>) {
+  // expected-error @+1 {{'poot.indexed_matmul' op needs x [T, K], w [E, O, K] and idx [T]}}
+  %0 = "poot.indexed_matmul"(%x, %w, %i) {acc = f32} : (tensor<6x8xf32>, tensor<3x8xf32>, tensor<6xi32>) -> tensor<6x3xf32>
+  return
+}
+
+// -----
+
+func.func @indexed_matmul_missing_acc(%x: tensor<6x8xf32>, %w: tensor<4x3x8xf32>, %i: tensor<6xi32>) {
+  // expected-error @+1 {{'poot.indexed_matmul' op attribute "acc" is expected but not provided}}
+  %0 = "poot.indexed_matmul"(%x, %w, %i) : (tensor<6x8xf32>, tensor<4x3x8xf32>, tensor<6xi32>) -> tensor<6x3xf32>
+  return
+}
+
+// -----
+
 func.func @matmul_missing_acc(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>) {
   // expected-error @+1 {{'poot.matmul' op attribute "acc" is expected but not provided}}
   %0 = "poot.matmul"(%a, %b) : (tensor<4x8xf32>, tensor<8x2xf32>) -> tensor<4x2xf32>

@@ -634,6 +634,18 @@ func.func @matmul(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>, %c: tensor<3x4x8xbf1
 
 // -----
 
+// CHECK-LABEL: func.func @indexed_matmul(
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.indexed_matmul"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {acc = f32} : (tensor<6x8xf32>, tensor<4x3x8xf32>, tensor<6xi32>) -> tensor<6x3xf32>
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.indexed_matmul"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {acc = f32} : (tensor<6x8xf32>, tensor<4x3x8xbf16>, tensor<6xi64>) -> tensor<6x3xf32>
+// CHECK-NEXT: return
+func.func @indexed_matmul(%x: tensor<6x8xf32>, %w: tensor<4x3x8xf32>, %h: tensor<4x3x8xbf16>, %i: tensor<6xi32>, %j: tensor<6xi64>) -> tensor<6x3xf32> {
+  %0 = "poot.indexed_matmul"(%x, %w, %i) {acc = f32} : (tensor<6x8xf32>, tensor<4x3x8xf32>, tensor<6xi32>) -> tensor<6x3xf32>
+  %1 = "poot.indexed_matmul"(%x, %h, %j) {acc = f32} : (tensor<6x8xf32>, tensor<4x3x8xbf16>, tensor<6xi64>) -> tensor<6x3xf32>
+  return %1 : tensor<6x3xf32>
+}
+
+// -----
+
 // CHECK-LABEL: func.func @gather(
 // CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.gather"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {axis = 0 : i64} : (tensor<100x16xf32>, tensor<1x5xi64>) -> tensor<1x5x16xf32>
 // CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.gather"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {axis = 1 : i64} : (tensor<100x16xf32>, tensor<3xi32>) -> tensor<100x3xf32>

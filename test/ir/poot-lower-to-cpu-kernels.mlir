@@ -65,3 +65,31 @@ func.func @activations(%a: tensor<2x8xf32>, %b: tensor<8x3xf32>) -> tensor<2x3xf
   %y = "poot.matmul"(%a, %b) {acc = f32} : (tensor<2x8xf32>, tensor<8x3xf32>) -> tensor<2x3xf32>
   return %y : tensor<2x3xf32>
 }
+
+// -----
+
+// indexed_matmul (MoE experts read in place): a loop over the rows; each reads its index,
+// clamps it to the 4 slabs, and streams the slab's 40 rows of Q8_0 blocks through the row
+// kernel at byte offset (slab * 40 + row) * 68; no dequantized copy of the 4 x 40 x 64
+// weight.
+// CHECK-LABEL: func.func @indexed_q8_0(
+// CHECK-SAME: %[[X:.+]]: tensor<3x64xf32>, %[[I:.+]]: tensor<3xi32>, %[[W:.+]]: tensor<10880xi8> {poot.packed = "q8_0"
+// CHECK-NOT: tensor<4x40x64xf32>
+// CHECK: scf.for %[[T:arg[0-9]+]] = {{.*}} -> (tensor<3x40xf32>)
+// CHECK: tensor.extract %[[I]][%[[T]]] : tensor<3xi32>
+// CHECK: arith.maxsi
+// CHECK: arith.minsi
+// CHECK: tensor.extract_slice %[[X]][%[[T]], 0] [1, 64] [1, 1]
+// CHECK: scf.forall
+// CHECK: vector.transfer_read %[[W]]{{.*}} : tensor<10880xi8>, vector<16xi8>
+// CHECK: math.fma
+// CHECK: tensor.insert_slice {{.*}} into %{{.*}}[%[[T]], 0] [1, 40] [1, 1]
+// SERIAL-LABEL: func.func @indexed_q8_0(
+// SERIAL-NOT: scf.forall
+// SERIAL: math.fma
+func.func @indexed_q8_0(%x: tensor<3x64xf32>, %i: tensor<3xi32>) -> tensor<3x40xf32> {
+  %0 = "poot.packed_param"() {name = "w"} : () -> !poot.packed<#poot.q8_0, array<i64: 4, 40, 64>>
+  %1 = "poot.dequantize"(%0) : (!poot.packed<#poot.q8_0, array<i64: 4, 40, 64>>) -> tensor<4x40x64xf32>
+  %2 = "poot.indexed_matmul"(%x, %1, %i) {acc = f32} : (tensor<3x64xf32>, tensor<4x40x64xf32>, tensor<3xi32>) -> tensor<3x40xf32>
+  return %2 : tensor<3x40xf32>
+}

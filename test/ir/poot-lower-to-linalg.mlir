@@ -154,6 +154,25 @@ func.func @indexing(%t: tensor<6x4xf32>, %i: tensor<3xi32>, %d: tensor<5x4xf32>,
 
 // -----
 
+// CHECK-LABEL: func.func @indexed_matmul(
+// CHECK: linalg.fill
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction"]{{.*}} ins(%arg0, %arg1 : tensor<3x8xf32>, tensor<3xi32>)
+// CHECK: arith.maxsi
+// CHECK: arith.minsi
+// CHECK: tensor.extract %arg2[{{.*}}] : tensor<4x5x8xbf16>
+// CHECK: arith.extf {{.*}} : bf16 to f32
+// CHECK: arith.mulf
+// CHECK: arith.addf
+// CHECK-NOT: poot.
+// indexed_matmul, portable: one generic over (t, o, k) reading w[clamp(idx[t]), o, k].
+func.func @indexed_matmul(%x: tensor<3x8xf32>, %i: tensor<3xi32>, %w: tensor<4x5x8xbf16>) -> tensor<3x5xf32> {
+  %0 = "poot.indexed_matmul"(%x, %w, %i) {acc = f32} : (tensor<3x8xf32>, tensor<4x5x8xbf16>, tensor<3xi32>) -> tensor<3x5xf32>
+  return %0 : tensor<3x5xf32>
+}
+
+
+// -----
+
 // CHECK-LABEL: func.func @dequantize_q8_0(
 // CHECK-SAME: %arg1: tensor<136xi8> {poot.packed = "q8_0", poot.param = "wq"}
 // CHECK: arith.constant 34 : index

@@ -229,7 +229,10 @@ def test_moe_settings_and_per_expert_weights():
     mix, w = load_model(fixture_path("mixtral"))
     assert (mix.config.moe.num_experts, mix.config.moe.top_k, mix.config.moe.expert_ffn) == \
         (4, 2, 32)
-    assert w.stored["blk.1.ffn.exp.2.up"] == "model.layers.1.block_sparse_moe.experts.2.w3.weight"
+    # HF's per-expert tensors, stacked at bind time into one [E, F, H] weight per projection
+    assert w.stored["blk.1.ffn.exps.up"] == "model.layers.1.block_sparse_moe.experts.{e}.w3.weight"
+    assert w.types["blk.1.ffn.exps.up"].shape == (4, 32, 64)
+    assert w.types["blk.1.ffn.exps.down"].shape == (4, 64, 32)
     q, _ = load_model(fixture_path("qwen3_moe"))
     assert q.config.moe.normalize and q.config.qk_norm and q.config.moe.dense_layers == ()
 

@@ -150,7 +150,8 @@ PAGED_STEPS = [("llama", "decode", "f16"), ("llama", "prefill", "bf16"),
                ("gemma3", "prefill", "f16"),
                ("phi3", "decode", "bf16"), ("qwen2", "prefill", "f16"),
                ("qwen3", "decode", "f16"), ("mixtral", "prefill", "bf16"),
-               ("qwen3_moe", "decode", "f16"), ("glm4_moe", "prefill", "f16")]
+               ("qwen3_moe", "decode", "f16"), ("glm4_moe", "prefill", "f16"),
+               ("glm4_moe", "decode", "f32")]      # 2 rows x top-2 of 8: sparse experts
 
 
 @pytest.mark.parametrize("name,step,kv", PAGED_STEPS + [("llama", "generic", "f16")])
