@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 20 (families, MoE experts read in place) on the GPU machine. Built here first:
+#   bash bench/gpu_run/issue20.sh build      -> .cache/i20b (the CUDA compile cache)
+# then one call, carry [".cache/i20b"]:  bash bench/gpu_run/issue20.sh
+#
+# Out: fixtures_cuda.json (the gemma3, glm4_moe and mixtral fixtures' greedy tokens through
+# the engine on CUDA vs HF's recorded ones; their decode steps at B = 1 take the sparse MoE
+# spelling) and moe_bf16.json (bench/moe_bench.py: decode tok/s of a Mixtral-shaped model,
+# 8 experts top-2, bf16, experts read in place vs the dense all-experts graph).
+set -u
+cd "$(dirname "$0")/../.."
+FIXTURES="gemma3 glm4_moe mixtral"
+if [ "${1:-}" = build ]; then
+  export POOT_CACHE_DIR="$PWD/.cache/i20b"
+  for f in $FIXTURES; do
+    poot compile --model "test/fixtures/tiny/$f" --backend cuda --kv-capacity 32 \
+        --max-batch 1 --quiet > /dev/null || exit 1
+  done
+  for s in sparse dense; do
+    POOT_MOE=$s poot compile --config bench/shapes/mixtral-mini.json --random-weights \
+        --dtype bf16 --backend cuda --kv-capacity 128 --max-batch 1 --quiet > /dev/null || exit 1
+  done
+  du -sh .cache/i20b
+  exit 0
+fi
+OUT="${OUT:-/tmp/i20out}"
+mkdir -p "$OUT"
+[ -d .cache/i20b ] || { echo "issue20: carry .cache/i20b" >&2; exit 2; }
+export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR="$PWD/.cache/i20b"
+timeout 240 python3 - > "$OUT/fixtures_cuda.json" 2> "$OUT/fixtures_cuda.log" <<'PYEOF'
+import json
+import numpy as np
+from poot.api import Driver, ModelHandle
+from poot.driver.params import SamplingParams
+
+res = {}
+for name in ("gemma3", "glm4_moe", "mixtral"):
+    d = f"test/fixtures/tiny/{name}"
+    ref = np.load(f"{d}/reference.npz")
+    h = ModelHandle.load(d, backend="cuda", kv_capacity=32, max_batch=1)
+    done = Driver(h).complete([int(i) for i in ref["prompt_ids"]],
+                              SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    want = [int(t) for t in ref["greedy_ids"]]
+    res[name] = {"tokens": done.token_ids, "hf": want, "equal": done.token_ids == want}
+print(json.dumps(res))
+PYEOF
+echo "fixtures: exit $?"; cat "$OUT/fixtures_cuda.json"; tail -c 1500 "$OUT/fixtures_cuda.log"
+timeout 400 python3 bench/moe_bench.py --config bench/shapes/mixtral-mini.json --dtype bf16 \
+    --backend cuda --kv-capacity 128 --tokens 64 --no-logprobs \
+    > "$OUT/moe_bf16.json" 2> "$OUT/moe_bf16.log"; echo "moe_bench: exit $?"
+cat "$OUT/moe_bf16.json"; tail -c 1500 "$OUT/moe_bf16.log"
