@@ -40,6 +40,12 @@ def _act(cfg: Any) -> str:
     return str(extra.get("hidden_activation") or "gelu_pytorch_tanh")
 
 
+def _attn_scale(cfg: Any) -> float:
+    """``query_pre_attn_scalar ** -0.5`` (Gemma 2 and 3), the head dim's when unset."""
+    scalar = (cfg.extra or {}).get("query_pre_attn_scalar")
+    return (float(scalar) if scalar is not None else float(cfg.head_dim)) ** -0.5
+
+
 def _gemma_options(cfg: Any, family: str, **overrides: Any) -> C.DecoderOptions:
     return C.decoder_options(cfg, family, embed_scale=math.sqrt(cfg.hidden_size),
                              norm_unit_offset=cfg.source == "hf", act=_act(cfg), **overrides)
@@ -73,11 +79,8 @@ class Gemma2(C.DecoderModel):
         if cfg.source != "hf":
             raise ModelError("gemma2: only HF checkpoints are mapped (GGUF metadata has no "
                              "query_pre_attn_scalar)")
-        extra = cfg.extra or {}
-        scalar = extra.get("query_pre_attn_scalar")
-        scalar = float(scalar) if scalar is not None else float(cfg.head_dim)
         return cls(_gemma_options(
-            cfg, cls.family, sandwich_norms=True, attn_scale=scalar ** -0.5,
+            cfg, cls.family, sandwich_norms=True, attn_scale=_attn_scale(cfg),
             attn_softcap=cfg.attn_logit_softcap, final_softcap=cfg.final_logit_softcap,
             layer_windows=C.layer_windows(cfg, default_sliding=lambda i: i % 2 == 0)))
 
@@ -107,13 +110,11 @@ class Gemma3(Gemma2):
         if extra.get("use_bidirectional_attention"):
             raise ModelError("gemma3: use_bidirectional_attention (an embedding model's "
                              "encoder attention) is not supported for causal generation")
-        scalar = extra.get("query_pre_attn_scalar")
-        scalar = float(scalar) if scalar is not None else float(cfg.head_dim)
         pattern = extra.get("sliding_window_pattern", 6)
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             raise ModelError(f"gemma3: sliding_window_pattern must be a positive integer, "
                              f"found {pattern!r}")
         return cls(_gemma_options(
-            cfg, cls.family, sandwich_norms=True, qk_norm=True, attn_scale=scalar ** -0.5,
+            cfg, cls.family, sandwich_norms=True, qk_norm=True, attn_scale=_attn_scale(cfg),
             attn_softcap=cfg.attn_logit_softcap, final_softcap=cfg.final_logit_softcap,
             layer_windows=C.layer_windows(cfg, default_sliding=lambda i: (i + 1) % pattern)))

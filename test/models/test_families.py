@@ -127,6 +127,22 @@ def test_gemma2_settings_are_read():
     assert c.act == "gelu_pytorch_tanh"
 
 
+def _edited_copy(tmp_path, name: str, changes: dict):
+    """A copy of fixture ``name`` whose config.json has ``changes`` (None: key removed)."""
+    import json
+
+    d = tmp_path / name
+    shutil.copytree(fixture_path(name), d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
 def test_gemma3_settings_are_read():
     """Gemma 3's layer types, q/k norms and the local layers' own RoPE (base 1e4, unscaled)
     next to the global layer's (base 1e6, linear factor 8), as the fixture's config says."""
@@ -149,18 +165,7 @@ def test_gemma3_settings_are_read():
 def test_gemma3_default_layer_pattern(tmp_path, changes, layers):
     """Without ``layer_types``, every ``sliding_window_pattern``-th layer is global (HF's
     Gemma3TextConfig rule, pattern 6 by default)."""
-    import json
-
-    d = tmp_path / "g3"
-    shutil.copytree(fixture_path("gemma3"), d)
-    cfg = json.loads((d / "config.json").read_text())
-    for k, v in changes.items():
-        if v is None:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    (d / "config.json").write_text(json.dumps(cfg))
-    model, _ = load_model(d)
+    model, _ = load_model(_edited_copy(tmp_path, "gemma3", changes))
     assert model.config.layer_windows == layers
 
 
@@ -173,19 +178,8 @@ def test_gemma3_default_layer_pattern(tmp_path, changes, layers):
      "dynamic"),
 ])
 def test_gemma3_bad_settings_are_typed(tmp_path, changes, match):
-    import json
-
-    d = tmp_path / "g3"
-    shutil.copytree(fixture_path("gemma3"), d)
-    cfg = json.loads((d / "config.json").read_text())
-    for k, v in changes.items():
-        if v is None:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelError, match=match):
-        load_model(d)
+        load_model(_edited_copy(tmp_path, "gemma3", changes))
 
 
 def test_glm4_moe_settings_are_read():
@@ -209,15 +203,8 @@ def test_glm4_moe_settings_are_read():
     ({"routed_scaling_factor": "x"}, "routed_scaling_factor"),
 ])
 def test_glm4_moe_bad_routing_settings_are_typed(tmp_path, changes, match):
-    import json
-
-    d = tmp_path / "glm"
-    shutil.copytree(fixture_path("glm4_moe"), d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(changes)
-    (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelError, match=match):
-        load_model(d)
+        load_model(_edited_copy(tmp_path, "glm4_moe", changes))
 
 
 def test_gemma_is_tied():
