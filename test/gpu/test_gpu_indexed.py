@@ -73,18 +73,13 @@ def test_indexed_gemv_matches_oracle(vk_device, vk_target, fmt, epilogue, k):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("fmt,k", [("bf16", 64), ("q4_0", 64), ("bf16", 1024), ("f32", 1024)])
-def test_indexed_gemv_lowers_to_ptx(fmt, k):
+@pytest.mark.parametrize("fmt", ["bf16", "q4_0"])
+def test_indexed_gemv_lowers_to_ptx(fmt):
     """The same kernel through NVVM: PTX with the subgroup butterfly (5 shuffles at width
-    32) that ptxas assembles (when installed); where K allows the unrolled loop, a dense
-    weight is read with 16-byte loads (8 bf16 or 4 f32 elements)."""
-    import re
-
+    32) that ptxas assembles (when installed)."""
     from test_gpu_pointwise import _caps, plan_of, ptx_of
 
-    g, _ = _graph(fmt, True, k)
+    g, _ = _graph(fmt, True)
     assert plan_of(g, _caps(32)).strategies == {"indexed_gemv": 1}
     ptx = ptx_of(g, _caps(32))
     assert ptx.count("shfl.sync.bfly") == 5
-    wide = re.findall(r"ld\.global(?:\.nc)?\.v4\.(?:b32|u32|f32)", ptx)
-    assert len(wide) == (0 if k == 64 else 1 if fmt == "bf16" else 2), wide

@@ -12,8 +12,7 @@ Region::
 Mapping: one subgroup per output element ``(t, o)`` (grid ``(ceil(O / WARPS), T)``,
 :data:`WARPS` subgroups a block): the subgroup clamps ``idx[t]`` to the E slabs, its lanes
 walk k with the subgroup's stride (neighbouring lanes read neighbouring elements of the
-slab's row ``o``, :data:`UNROLL` neighbouring ones a lane: coalesced, with independent
-sums), a ``gpu.shuffle xor``
+slab's row ``o``: coalesced; :data:`UNROLL` independent sums a lane), a ``gpu.shuffle xor``
 butterfly sums them, and lane 0 applies
 the epilogue at ``(t, o)`` (:mod:`._scalar` computes every other value per element: a
 packed weight's element decoded from its block). The generic linalg mapping this replaces
@@ -44,9 +43,8 @@ from poot.dialects.types import TensorType
 
 #: subgroups (one output element each) per block
 WARPS = 8
-#: neighbouring k elements a lane reads per step (independent accumulators; 16 bytes of a
-#: 16-bit weight, which the backends may load as one vector), when K allows
-UNROLL = 8
+#: k elements a lane has in flight per step (independent accumulators), when K allows
+UNROLL = 4
 
 
 def _match(fn: ir.Operation):
@@ -77,41 +75,6 @@ def _match(fn: ir.Operation):
             except ScalarUnsupported:
                 return None
     return mm, outs, types
-
-
-def _dense_source(w_v: ir.Value):
-    """The dense f32/f16/bf16 function argument w is (or is a cast of), else None."""
-    v = w_v
-    o = v.owner
-    if not isinstance(o, ir.Block):
-        op = o.operation if hasattr(o, "operation") else o
-        if op.name != "poot.cast":
-            return None
-        v = op.operands[0]
-        if not isinstance(v.owner, ir.Block):
-            return None
-    t = poot_type(v)
-    return v if isinstance(t, TensorType) and t.dtype.value in ("f32", "f16", "bf16") else None
-
-
-def _vector_weights(se: ScalarEmitter, w_v: ir.Value, e: str, o: str, k: str, u: int
-                    ) -> list[str]:
-    """``w[e, o, k .. k+u-1]`` as f32 scalars from 16-byte vector loads of the dense
-    argument behind w (``k`` a multiple of ``u``, ``u`` 16-bit or 2 x 4 f32 elements)."""
-    src = _dense_source(w_v)
-    t = poot_type(src)
-    buf, mt = se._arg(src), buffer_type(t)
-    elem = {"f32": "f32", "f16": "f16", "bf16": "i16"}[t.dtype.value]
-    per = 4 if elem == "f32" else 8
-    out = []
-    for base in range(0, u, per):
-        kb = se.iadd(k, base)
-        vec = se.em.op(f"vector.load {buf}[{e}, {o}, {se.ix(kb)}] {{alignment = 16 : i64}} : "
-                       f"{mt}, vector<{per}x{elem}>")
-        for i in range(per):
-            x = se.em.op(f"vector.extract {vec}[{i}] : {elem} from vector<{per}x{elem}>")
-            out.append(se.from_storage(x, t.dtype))
-    return out
 
 
 @register("indexed_gemv")
@@ -150,24 +113,19 @@ def indexed_gemv(fn: ir.Operation, caps) -> Synthesized | None:
         hi = em.op(f"arith.minsi {lo}, {em.const(E - 1, 'i64')} : i64")
         e = em.op(f"arith.index_cast {hi} : i64 to index")
         u = UNROLL if K % (UNROLL * sg) == 0 else 1
-        # 16-byte loads of a dense weight where the target has them (as the GEMV's)
-        vec = u == UNROLL and "sm_90" in (getattr(caps, "features", None) or ()) and \
-            _dense_source(w_v) is not None
         k, part = em.fresh("k"), em.fresh("part")
         accs = [em.fresh("a") for _ in range(u)]
         zero = em.const(0.0, "f32")
-        start = se.imul(lane, u)
-        em.line(f"{part}:{u} = scf.for {k} = {se.ix(start)} to {se.ix(K)} step {se.ix(u * sg)} "
+        em.line(f"{part}:{u} = scf.for {k} = {lane} to {se.ix(K)} step {se.ix(u * sg)} "
                 f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> "
                 f"({', '.join(['f32'] * u)}) {{")
         em.depth += 1
         with se.scope():
             sums = []
-            ws = _vector_weights(se, w_v, e, o, k, u) if vec else None
             for j, a in enumerate(accs):        # u independent chains: loads in flight
-                kj = se.iadd(k, j)                # a lane's u neighbouring elements
+                kj = se.iadd(k, j * sg)
                 xv = se.value(x_v, ["%t", kj])
-                wv = ws[j] if ws else se.value(w_v, [e, o, kj])
+                wv = se.value(w_v, [e, o, kj])
                 sums.append(em.op(f"math.fma {xv}, {wv}, {a} : f32"))
             em.line(f"scf.yield {', '.join(sums)} : {', '.join(['f32'] * u)}")
         em.depth -= 1
