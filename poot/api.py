@@ -227,7 +227,7 @@ class ModelHandle:
                                                            target.caps.storage_dtypes))
         if kv_memory is not None:   # as many blocks as fit in kv_memory bytes
             d = model.dims()
-            per_block = kv.bytes(d.n_layers, d.n_kv_heads, d.head_dim) // kv.num_blocks
+            per_block = kv.bytes(d) // kv.num_blocks
             if kv_memory < 2 * per_block:       # one usable block and the null block
                 raise InvalidRequest("kv_memory", kv_memory, f"less than two KV blocks "
                                      f"({per_block} bytes each)")
@@ -557,17 +557,17 @@ def available_memory() -> int | None:
 
 
 def kv_cache_bytes(model, kv_capacity: int, slots: int = 1, itemsize: int = 4) -> int:
-    """Bytes of the K and V caches of every layer for ``slots`` sequences of ``kv_capacity``
-    positions: layers x 2 x slots x capacity x kv_heads x head_dim x itemsize."""
+    """Bytes of the KV caches of every layer for ``slots`` sequences of ``kv_capacity``
+    positions: layers x slots x capacity x ``kv_token_elems`` x itemsize."""
     d = model.dims()
-    return d.n_layers * 2 * slots * kv_capacity * d.n_kv_heads * d.head_dim * itemsize
+    return d.n_layers * slots * kv_capacity * d.kv_token_elems * itemsize
 
 
 def check_kv_memory(model, kv: KVConfig) -> None:
     """Refuse (:class:`InvalidRequest` naming ``kv_blocks``) a KV pool larger than the memory
     available."""
     d = model.dims()
-    need, avail = kv.bytes(d.n_layers, d.n_kv_heads, d.head_dim), available_memory()
+    need, avail = kv.bytes(d), available_memory()
     if avail is not None and need > avail:
         raise InvalidRequest("kv_blocks", kv.num_blocks - 1, f"the KV pool would need "
                              f"{need / 2**30:.1f} GiB, more than the {avail / 2**30:.1f} GiB "

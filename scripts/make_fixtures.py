@@ -174,6 +174,67 @@ SPECS: dict[str, tuple[str, str, dict, str]] = {
         "not HF's zeros), 8 experts in 4 groups, top-2 groups, top-2 experts, routed scaling "
         "2.5, one shared expert, first layer dense, partial rotary 0.5, q/k/v biases",
     ),
+    "deepseek_v3": (
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3Config",
+        dict(
+            num_key_value_heads=4,  # MLA: every head reads the one latent
+            q_lora_rank=48,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            head_dim=8,  # HF's rotary width: the rope part
+            v_head_dim=12,  # value heads narrower than the 24-wide query/key heads
+            rope_interleave=True,
+            # YaRN over the rope part, attention factor from mscale / mscale_all_dim and the
+            # softmax scale times mscale(mscale_all_dim)^2, as DeepSeek-V3's config has
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8},
+            intermediate_size=112,  # (not 128: keeps the folder under 600 KiB)
+            first_k_dense_replace=1,  # layer 0 dense (intermediate 112), layer 1 MoE
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        ),
+        "DeepSeek-V3 MLA: q LoRA 48, KV latent 32 (+ RMSNorm), decoupled rope key 8 shared by the "
+        "4 heads (interleaved, YaRN x4 with mscale 1 / mscale_all_dim 0.8), nope 16, value 12; "
+        "MoE: sigmoid scores, score-correction bias (random), 8 experts in 4 groups, top-2 groups, "
+        "top-2, routed scaling 2.5, one shared expert, layer 0 dense",
+    ),
+    "deepseek_v2_lite": (
+        "DeepseekV2ForCausalLM",
+        "DeepseekV2Config",
+        dict(
+            num_key_value_heads=4,
+            q_lora_rank=None,  # V2-Lite: plain q projection
+            intermediate_size=96,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            head_dim=8,  # HF's rotary width: the rope part
+            v_head_dim=12,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707},
+            first_k_dense_replace=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            topk_method="greedy",
+            moe_intermediate_size=32,
+            n_shared_experts=2,
+            routed_scaling_factor=1.0,
+            norm_topk_prob=False,
+        ),
+        "DeepSeek-V2-Lite MLA: plain q, KV latent 32 (+ RMSNorm), decoupled rope key 8 (complex "
+        "pairs, YaRN x4, mscale = mscale_all_dim = 0.707), nope 16, value 12; MoE: softmax "
+        "scores, greedy top-2 of 8, not renormalized, two shared experts, layer 0 dense",
+    ),
     "qwen3_moe": (
         "Qwen3MoeForCausalLM",
         "Qwen3MoeConfig",
@@ -469,6 +530,15 @@ def make_hf_fixture(name: str, out: Path) -> dict:
         noscale = clone_with_config(model, name, routed_scaling_factor=1.0)
         ablations["no_routed_scaling_prefill_max_abs_diff"] = float(
             np.abs(prefill_logits(noscale) - arrays["prefill_logits"]).max()
+        )
+    if name in ("deepseek_v3", "deepseek_v2_lite"):
+        plain = dict(model.config.rope_parameters, rope_type="default")
+        for k in ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+                  "mscale_all_dim"):
+            plain.pop(k, None)
+        norope = clone_with_config(model, name, rope_parameters=plain)
+        ablations["no_yarn_prefill_max_abs_diff"] = float(
+            np.abs(prefill_logits(norope) - arrays["prefill_logits"]).max()
         )
     if name == "llama_llama3rope_tied":
         plain = clone_with_config(model, name, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})

@@ -164,7 +164,7 @@ def kv_bytes_read(handle, ctx: float, itemsize: int | None = None) -> int:
     """Bytes of K/V one sequence's attention reads at context ``ctx`` (the pool's dtype)."""
     d = handle.model.dims()
     item = itemsize or handle.runner.kv.kv_dtype.itemsize
-    return int(d.n_layers * 2 * ctx * d.n_kv_heads * d.head_dim * item)
+    return int(d.n_layers * ctx * d.kv_token_elems * item)
 
 
 def replay_us(handle, n: int) -> float | None:

@@ -83,9 +83,11 @@ class KVConfig:
     def table_width(self) -> int:
         return -(-self.max_model_len // self.block_size)
 
-    def bytes(self, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
-        """Bytes of all K and V pools."""
-        return (2 * n_layers * self.num_blocks * self.block_size * n_kv_heads * head_dim
+    def bytes(self, dims: Any) -> int:
+        """Bytes of every layer's KV pools for a model of ``dims``
+        (:class:`~poot.models.StepDims`: layers x blocks x block size x
+        ``kv_token_elems`` x the dtype's size)."""
+        return (dims.n_layers * self.num_blocks * self.block_size * dims.kv_token_elems
                 * self.kv_dtype.itemsize)
 
 

@@ -246,6 +246,10 @@ class StepDims:
         token_elems_per_layer: f32 elements one token's activations hold in one layer beyond
             the decoder estimate of :func:`trace_limits` (a family whose layers keep more:
             LayerNorm's centred copies, GELU through erf).
+        kv_elems_per_token: KV-cache elements one position holds in one layer, all of the
+            layer's pools together; None: a K and a V of ``n_kv_heads * head_dim`` each
+            (:attr:`kv_token_elems`). Multi-head latent attention keeps
+            ``kv_lora_rank + qk_rope_head_dim``.
     """
 
     n_layers: int
@@ -258,6 +262,14 @@ class StepDims:
     n_weight_elems: int
     ops_per_layer: int = 400
     token_elems_per_layer: int = 0
+    kv_elems_per_token: int | None = None
+
+    @property
+    def kv_token_elems(self) -> int:
+        """KV-cache elements a position holds in one layer (every pool of the layer)."""
+        if self.kv_elems_per_token is not None:
+            return self.kv_elems_per_token
+        return 2 * self.n_kv_heads * self.head_dim
 
 
 def trace_limits(spec: StepSpec, dims: StepDims) -> TraceLimits:
@@ -271,7 +283,7 @@ def trace_limits(spec: StepSpec, dims: StepDims) -> TraceLimits:
     qkv = (d.n_heads + 2 * d.n_kv_heads) * d.head_dim
     per_layer = (n * (16 * d.hidden + 8 * d.intermediate + 8 * qkv + d.token_elems_per_layer)
                  + 12 * spec.batch * d.n_heads * spec.tokens * spec.kv_capacity
-                 + 4 * spec.n_blocks * spec.bs * d.n_kv_heads * d.head_dim
+                 + 2 * spec.n_blocks * spec.bs * d.kv_token_elems
                  + 6 * spec.batch * spec.kv_capacity * d.n_heads * d.head_dim)
     elems = (2 * d.n_weight_elems + d.n_layers * per_layer
              + n * (4 * d.vocab + 8 * d.hidden) + 8 * d.head_dim * n)

@@ -24,6 +24,7 @@ from poot.graph.builder import Builder, Graph, Tensor
 from poot.models.base import (ModelError, StepDims, StepSpec, WeightBinding, WeightName,
                               WeightTable, bind_weights, default_kv_dtype)
 from poot.models.lora import COLUMN_SLOT, shrink_param
+from poot.models.mla import MlaOptions, mla_attention
 
 
 @dataclass
@@ -35,8 +36,10 @@ class StepInputs:
         kv_index: i32 [B*T, 2] rows ``(slot // bs, slot % bs)`` of ``slot_mapping``: where
             this step's K/V rows go in a pool (a negative slot gives an offset out of range:
             the row is dropped).
-        caches: per layer ``(k, v)``, each kv [NB, bs, Hkv, D]; None in a pooled step
-            (:mod:`poot.models.pooling`: no cache, attention over the step's own keys).
+        caches: per layer its two pools (``(k, v)``, each kv [NB, bs, Hkv, D]; multi-head
+            latent attention's ``(latent, k_rope)``: :mod:`poot.models.mla`); None in a pooled
+            step (:mod:`poot.models.pooling`: no cache, attention over the step's own keys).
+        cache_names: the two pools' names in ``kv.{i}.<name>``.
         mask: i1 [B, T, T], the keys each query may see besides the causal mask (a pooled
             step's padding mask), or None.
         lora_mask: f32 [B, 1, L*R], which slot columns of the LoRA terms each sequence
@@ -51,20 +54,30 @@ class StepInputs:
     caches: list[tuple[Tensor, Tensor]] | None
     mask: Tensor | None = None
     lora_mask: Tensor | None = None
+    cache_names: tuple[str, str] = ("k", "v")
+
+
+#: A layer's two KV pools: (name, heads, head dim) each.
+KvPools = tuple[tuple[str, int, int], tuple[str, int, int]]
 
 
 def step_inputs(b: Builder, spec: StepSpec, n_layers: int, n_kv_heads: int,
-                head_dim: int, kv_dtype: DType = DType.F32) -> StepInputs:
-    """Declare ``tokens``, ``positions``, ``block_table``, ``slot_mapping`` then
-    ``kv.{i}.k``/``kv.{i}.v`` for each layer (pools of ``spec.kv_dtype``, else
-    ``kv_dtype``), in that argument order, and build the pool write index."""
+                head_dim: int, kv_dtype: DType = DType.F32,
+                pools: KvPools | None = None) -> StepInputs:
+    """Declare ``tokens``, ``positions``, ``block_table``, ``slot_mapping`` then each layer's
+    two pools ``kv.{i}.<name>`` (``pools``: (name, heads, dim) each, default
+    ``(("k", n_kv_heads, head_dim), ("v", n_kv_heads, head_dim))``; kv [NB, bs, heads, dim]
+    of ``spec.kv_dtype``, else ``kv_dtype``), in that argument order, and build the pool
+    write index."""
     t = {name: b.input(name, ty) for name, ty in spec.input_types().items()}
-    ctype = spec.cache_type(n_kv_heads, head_dim, kv_dtype)
-    caches = [(b.input(f"kv.{i}.k", ctype), b.input(f"kv.{i}.v", ctype))
+    pools = pools or (("k", n_kv_heads, head_dim), ("v", n_kv_heads, head_dim))
+    types = [spec.cache_type(h, d, kv_dtype) for _, h, d in pools]
+    caches = [tuple(b.input(f"kv.{i}.{name}", ty) for (name, _, _), ty in zip(pools, types))
               for i in range(n_layers)]
     with b.scope("kv_index"):
         index = kv_write_index(b, t["slot_mapping"], spec.bs)
-    return StepInputs(t["tokens"], t["positions"], t["block_table"], index, caches)
+    return StepInputs(t["tokens"], t["positions"], t["block_table"], index, caches,
+                      cache_names=(pools[0][0], pools[1][0]))
 
 
 def kv_write_index(b: Builder, slot_mapping: Tensor, block_size: int) -> Tensor:
@@ -126,9 +139,11 @@ def param(b: Builder, types: dict[str, PootType], role: str) -> Tensor:
 
 
 def finish_step(b: Builder, spec: StepSpec, hidden: Tensor, head: Tensor | None,
-                caches: list[tuple[Tensor, Tensor]], final_softcap: float | None = None):
+                caches: list[tuple[Tensor, Tensor]], final_softcap: float | None = None,
+                cache_names: tuple[str, str] = ("k", "v")):
     """Close the step: ``logits`` = ``linear(hidden, head)`` f32 [B, T, V] (optionally
-    soft-capped) or ``hidden`` f32 [B, T, H], then ``kv.{i}.k``/``kv.{i}.v`` per layer."""
+    soft-capped) or ``hidden`` f32 [B, T, H], then each layer's updated pools
+    ``kv.{i}.<cache_names[0]>``, ``kv.{i}.<cache_names[1]>``."""
     if spec.outputs == "logits":
         with b.scope("head"):
             out = ops.linear(b, hidden, head)
@@ -138,7 +153,7 @@ def finish_step(b: Builder, spec: StepSpec, hidden: Tensor, head: Tensor | None,
     else:
         outputs = {"hidden": b.cast(hidden, DType.F32)}
     for i, (k, v) in enumerate(caches):
-        outputs[f"kv.{i}.k"], outputs[f"kv.{i}.v"] = k, v
+        outputs[f"kv.{i}.{cache_names[0]}"], outputs[f"kv.{i}.{cache_names[1]}"] = k, v
     if spec.sampler is not None:
         outputs.update(sampling_suffix(b, spec, outputs["logits"]))
     return b.finish(outputs)
@@ -227,6 +242,9 @@ class DecoderOptions:
             :func:`poot.graph.ops.attention` / :func:`finish_step`.
         layer_windows: per layer sliding window or None (empty: no sliding window).
         moe: :class:`MoeOptions` or None (dense).
+        mla: :class:`~poot.models.mla.MlaOptions` (multi-head latent attention: every
+            layer's attention, and its KV pools, are MLA's; ``num_kv_heads`` and
+            ``head_dim`` are then unused) or None (GQA).
     """
 
     vocab_size: int
@@ -256,6 +274,7 @@ class DecoderOptions:
     moe: MoeOptions | None = None
     sliding_inv_freq: tuple[float, ...] | None = None
     sliding_rope_attention_scaling: float = 1.0
+    mla: MlaOptions | None = None
 
     def window(self, i: int) -> int | None:
         return self.layer_windows[i] if self.layer_windows else None
@@ -365,9 +384,17 @@ def decoder_dims(o: DecoderOptions) -> StepDims:
     # best groups when group-limited)
     rounds = (m.top_k + (2 + (m.topk_groups or m.groups) if m.groups > 1 else 0)) if m else 0
     ops_per_layer = 320 + (40 * m.num_experts + 24 * rounds + 60 if m else 0)
+    kv_heads, head_dim, kv_elems = o.num_kv_heads, o.head_dim, None
+    if o.mla is not None:   # one KV head of the absorbed width R + P; the pools hold R + P
+        a = o.mla
+        qkv_o = a.weight_elems(o.hidden_size, o.num_heads)
+        kv_heads, kv_elems = 1, a.kv_token_elems
+        head_dim = max(a.qk_head_dim, a.kv_token_elems)
+        moe_tokens += a.token_elems(o.num_heads)
+        ops_per_layer += 60
     return StepDims(o.num_layers, o.hidden_size, ffn_width, o.vocab_size, o.num_heads,
-                    o.num_kv_heads, o.head_dim, ops_per_layer=ops_per_layer,
-                    token_elems_per_layer=moe_tokens,
+                    kv_heads, head_dim, ops_per_layer=ops_per_layer,
+                    token_elems_per_layer=moe_tokens, kv_elems_per_token=kv_elems,
                     n_weight_elems=o.vocab_size * o.hidden_size + head
                     + o.num_layers * (qkv_o + ffn + 6 * o.hidden_size + 2 * o.head_dim)
                     + o.hidden_size)
@@ -452,7 +479,8 @@ def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, 
     b = Builder(spec.limits(decoder_dims(o)), name=f"{name}_{spec.kind}")
     types = dict(weight_types)
     inp = step_inputs(b, spec, o.num_layers, o.num_kv_heads, o.head_dim,
-                      default_kv_dtype(weight_types))
+                      default_kv_dtype(weight_types),
+                      pools=o.mla.pools() if o.mla is not None else None)
     if COLUMN_SLOT in types:                           # LoRA slots bound: per-row slot input
         inp.lora_mask = lora_row_mask(
             b, types, b.input("lora_index", TensorType((spec.batch,), DType.I32)))
@@ -460,7 +488,8 @@ def trace_decoder(o: DecoderOptions, spec: StepSpec, weight_types: Mapping[str, 
     head = None
     if spec.outputs == "logits":
         head = param(b, types, "tok_embed" if o.tie_word_embeddings else "lm_head")
-    return finish_step(b, spec, h, head, caches, final_softcap=o.final_softcap)
+    return finish_step(b, spec, h, head, caches, final_softcap=o.final_softcap,
+                       cache_names=inp.cache_names)
 
 
 def trace_decoder_pooled(o: DecoderOptions, spec: Any, weight_types: Mapping[str, PootType],
@@ -537,6 +566,8 @@ def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType],
     """Layer ``i``'s GQA self-attention of h f32 [B, T, H] over its cache -> (f32 [B, T, H],
     updated (k, v) caches); without caches (a pooled step) over the step's own keys ->
     (f32 [B, T, H], None)."""
+    if o.mla is not None:
+        return mla_attention(b, o, types, i, h, rope, inp)
     bsz, t, _ = h.shape
     p, d = f"blk.{i}.attn.", o.head_dim
     nq, nkv = o.num_heads * d, o.num_kv_heads * d

@@ -131,6 +131,64 @@ def _positive_int(extra: Mapping[str, Any], key: str, default: int, family: str)
     return v
 
 
+def deepseek_moe(cfg: Any, family: str, *, scoring: str, group_score: str, score_bias: bool,
+                 grouped: bool = True, normalize: bool | None = None,
+                 scale: float | None = None) -> C.MoeOptions:
+    """DeepSeek-style :class:`~poot.models.components.MoeOptions` from the config's
+    ``n_routed_experts``/``num_experts_per_tok``, ``n_group``/``topk_group`` (when
+    ``grouped``), ``first_k_dense_replace``, ``n_shared_experts``, ``norm_topk_prob``
+    (``normalize`` overrides) and ``routed_scaling_factor`` (``scale`` overrides). Raises
+    ModelError naming a value of the wrong type or groups that leave too few experts."""
+    extra = cfg.extra or {}
+    _check_moe(cfg, family, cfg.moe_intermediate_size)
+    groups = (_positive_int(extra, "n_group", 1, family) or 1) if grouped else 1
+    topk_groups = (_positive_int(extra, "topk_group", groups, family) or groups) \
+        if grouped else 1
+    if cfg.num_experts % groups or topk_groups > groups or \
+            topk_groups * (cfg.num_experts // groups) < cfg.experts_per_token:
+        raise ModelError(f"{family}: n_group={groups} / topk_group={topk_groups} do not "
+                         f"leave {cfg.experts_per_token} of {cfg.num_experts} experts "
+                         f"eligible")
+    first_dense = _positive_int(extra, "first_k_dense_replace", 0, family)
+    shared = _positive_int(extra, "n_shared_experts", 0, family)
+    if scale is None:
+        scale = extra.get("routed_scaling_factor", 1.0)
+        scale = 1.0 if scale is None else scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise ModelError(f"{family}: routed_scaling_factor must be a number, found "
+                             f"{scale!r}")
+    if normalize is None:
+        normalize = bool(extra.get("norm_topk_prob", True))
+    return C.MoeOptions(cfg.num_experts, cfg.experts_per_token, normalize=normalize,
+                        expert_ffn=cfg.moe_intermediate_size,
+                        dense_layers=tuple(range(min(first_dense, cfg.num_layers))),
+                        scoring=scoring, score_bias=score_bias, groups=groups,
+                        topk_groups=topk_groups, group_score=group_score, scale=float(scale),
+                        shared_ffn=shared * cfg.moe_intermediate_size)
+
+
+def deepseek_ffn_table(o: C.DecoderOptions) -> dict[str, WeightName]:
+    """FFN roles of a DeepSeek-style MoE decoder (HF ``model.layers.{i}.mlp.``): dense
+    layers' ``{gate,up,down}_proj``; MoE layers' router ``gate.weight``, its
+    ``gate.e_score_correction_bias`` when the routing has one, per-expert
+    ``experts.{e}.{gate,up,down}_proj`` and ``shared_experts.{gate,up,down}_proj``."""
+    blk = "model.layers.{i}.mlp."
+    t = _moe_table(o, blk + "gate.weight",
+                   {r: blk + f"experts.{{e}}.{r}_proj.weight" for r in ("gate", "up", "down")})
+    for i in range(o.num_layers):
+        if not o.is_moe(i):
+            continue
+        p = f"blk.{i}.ffn."
+        if o.moe.score_bias:
+            t[p + "router_bias"] = WeightName(
+                blk.format(i=i) + "gate.e_score_correction_bias", None)
+        if o.moe.shared_ffn:
+            for r in ("gate", "up", "down"):
+                t[p + f"shexp.{r}"] = WeightName(
+                    blk.format(i=i) + f"shared_experts.{r}_proj.weight", None)
+    return t
+
+
 @REGISTRY.register
 class Glm4Moe(C.DecoderModel):
     """GLM-4.5: GQA with biases and partial rotary; DeepSeek-V3-routed experts plus a shared
@@ -144,46 +202,12 @@ class Glm4Moe(C.DecoderModel):
         if cfg.source != "hf":
             raise ModelError("glm4_moe: only HF checkpoints are mapped")
         extra = cfg.extra or {}
-        _check_moe(cfg, cls.family, cfg.moe_intermediate_size)
-        groups = _positive_int(extra, "n_group", 1, cls.family) or 1
-        topk_groups = _positive_int(extra, "topk_group", groups, cls.family) or groups
-        if cfg.num_experts % groups or topk_groups > groups or \
-                topk_groups * (cfg.num_experts // groups) < cfg.experts_per_token:
-            raise ModelError(f"glm4_moe: n_group={groups} / topk_group={topk_groups} do not "
-                             f"leave {cfg.experts_per_token} of {cfg.num_experts} experts "
-                             f"eligible")
-        first_dense = _positive_int(extra, "first_k_dense_replace", 0, cls.family)
-        shared = _positive_int(extra, "n_shared_experts", 0, cls.family)
-        scale = extra.get("routed_scaling_factor", 1.0)
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise ModelError(f"glm4_moe: routed_scaling_factor must be a number, found "
-                             f"{scale!r}")
-        moe = C.MoeOptions(cfg.num_experts, cfg.experts_per_token,
-                           normalize=bool(extra.get("norm_topk_prob", True)),
-                           expert_ffn=cfg.moe_intermediate_size,
-                           dense_layers=tuple(range(min(first_dense, cfg.num_layers))),
-                           scoring="sigmoid", score_bias=True, groups=groups,
-                           topk_groups=topk_groups, scale=float(scale),
-                           shared_ffn=shared * cfg.moe_intermediate_size)
+        moe = deepseek_moe(cfg, cls.family, scoring="sigmoid", group_score="top2_sum",
+                           score_bias=True)
         return cls(C.decoder_options(cfg, cls.family, moe=moe,
                                      qk_norm=bool(extra.get("use_qk_norm", False)),
                                      act=str(extra.get("hidden_act", "silu"))))
 
     def weight_table(self) -> WeightTable:
-        o = self.config
-        blk = "model.layers.{i}.mlp."
-        t = {**C.decoder_weight_names(o, attn_bias=True),
-             **_moe_table(o, blk + "gate.weight",
-                          {r: blk + f"experts.{{e}}.{r}_proj.weight"
-                           for r in ("gate", "up", "down")})}
-        for i in range(o.num_layers):
-            if not o.is_moe(i):
-                continue
-            p = f"blk.{i}.ffn."
-            t[p + "router_bias"] = WeightName(
-                blk.format(i=i) + "gate.e_score_correction_bias", None)
-            if o.moe.shared_ffn:
-                for r in ("gate", "up", "down"):
-                    t[p + f"shexp.{r}"] = WeightName(
-                        blk.format(i=i) + f"shared_experts.{r}_proj.weight", None)
-        return t
+        return {**C.decoder_weight_names(self.config, attn_bias=True),
+                **deepseek_ffn_table(self.config)}

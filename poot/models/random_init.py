@@ -107,7 +107,8 @@ def role_shape(role: str, o: Any) -> tuple[int, ...]:
     """The HF shape of a shared-decoder ``role`` (``{i}`` already expanded; MoE routers, their
     score-correction biases, shared experts ``ffn.shexp.*`` and the stacked experts
     ``ffn.exps.{gate,up,down}`` included) for decoder options ``o``
-    (:class:`~poot.models.components.DecoderOptions`); ModelError if none."""
+    (:class:`~poot.models.components.DecoderOptions`; multi-head latent attention's
+    projections when ``o.mla``); ModelError if none."""
     h, d = o.hidden_size, o.head_dim
     q, kv, ffn = o.num_heads * d, o.num_kv_heads * d, o.intermediate_size
     leaf = role.split(".", 2)[-1] if role.startswith("blk.") else role
@@ -117,6 +118,14 @@ def role_shape(role: str, o: Any) -> tuple[int, ...]:
               "attn.o": (h, q), "attn.qkv": (q + 2 * kv, h), "attn.q_norm": (d,),
               "attn.k_norm": (d,), "ffn.gate": (ffn, h), "ffn.up": (ffn, h),
               "ffn.down": (h, ffn), "ffn.gate_up": (2 * ffn, h)}
+    mla = getattr(o, "mla", None)
+    if mla is not None:                       # multi-head latent attention's projections
+        nh, ql, r = o.num_heads, mla.q_lora_rank, mla.kv_lora_rank
+        shapes.update({"attn.q": (nh * mla.qk_head_dim, h), "attn.q_a": (ql, h),
+                       "attn.q_a_norm": (ql,), "attn.q_b": (nh * mla.qk_head_dim, ql),
+                       "attn.kv_a": (r + mla.qk_rope_head_dim, h), "attn.kv_a_norm": (r,),
+                       "attn.kv_b": (nh * (mla.qk_nope_head_dim + mla.v_head_dim), r),
+                       "attn.o": (h, nh * mla.v_head_dim)})
     moe = getattr(o, "moe", None)
     if moe is not None:                       # MoE layers: the router and each expert
         shapes["ffn.router"] = (moe.num_experts, h)

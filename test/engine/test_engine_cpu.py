@@ -34,7 +34,7 @@ def llama():
     return _load()
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2", "mixtral"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2", "mixtral", "deepseek_v3"])
 def test_32_staggered_prompts_equal_alone(name, request):
     """32 different prompts arriving one step apart (batches grow and shrink through every
     bucket up to 32) each produce exactly the tokens they produce alone."""

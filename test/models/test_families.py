@@ -1,5 +1,5 @@
 """The non-Llama families (Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Mixtral, Qwen3-MoE,
-GLM-4.5): their
+GLM-4.5, DeepSeek-V2, DeepSeek-V3): their
 traced step graphs, evaluated by the oracle, match HF transformers on the tiny fixtures (one
 12-token prefill; 4 cached decode steps after an 8-token prefill); registry lookups; a missing
 tensor is a typed error naming it."""
@@ -27,6 +27,8 @@ FAMILIES = {
     "mixtral": ("MixtralForCausalLM", "mixtral"),
     "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "glm4_moe": ("Glm4MoeForCausalLM", "glm4_moe"),
+    "deepseek_v3": ("DeepseekV3ForCausalLM", "deepseek_v3"),
+    "deepseek_v2_lite": ("DeepseekV2ForCausalLM", "deepseek_v2"),
 }
 GGUF_NAMES = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "phi3": "phi3",
               "qwen3_moe": "qwen3moe"}
@@ -87,6 +89,8 @@ MISSING = {
     "mixtral": "model.layers.1.block_sparse_moe.experts.3.w2.weight",
     "qwen3_moe": "model.layers.0.mlp.gate.weight",
     "glm4_moe": "model.layers.1.mlp.gate.e_score_correction_bias",
+    "deepseek_v3": "model.layers.1.self_attn.kv_a_layernorm.weight",
+    "deepseek_v2_lite": "model.layers.0.self_attn.q_proj.weight",
 }
 
 
@@ -248,7 +252,8 @@ def test_longrope_is_refused():
         Phi3.from_config(cfg)
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gemma3", "mixtral", "glm4_moe"])
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "mixtral", "glm4_moe", "deepseek_v3",
+                                  "deepseek_v2_lite"])
 def test_cpu_backend_greedy_matches_reference(name, tmp_path):
     """The same pipeline as Llama: compile for the CPU backend, Engine, Driver; greedy ids
     equal HF's up to the first step whose top-2 margin is under 1e-3. (All seven fixtures

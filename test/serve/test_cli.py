@@ -51,13 +51,8 @@ def test_kv_memory_sizes_the_pool(tiny_path, cache_dir):
     from server_util import load_tiny
 
     h = load_tiny(tiny_path, cache_dir, max_batch=2)
-    per_block = h.runner.kv.bytes(*_dims(h)) // h.runner.kv.num_blocks
+    per_block = h.runner.kv.bytes(h.model.dims()) // h.runner.kv.num_blocks
     m = load_tiny(tiny_path, cache_dir, max_batch=2, kv_memory=10 * per_block + 5)
     assert m.runner.kv.num_blocks == 10 and m.engine.stats().kv_blocks_total == 9
     with pytest.raises(InvalidRequest, match="kv_memory"):
         load_tiny(tiny_path, cache_dir, max_batch=2, kv_memory=per_block)
-
-
-def _dims(h):
-    d = h.model.dims()
-    return d.n_layers, d.n_kv_heads, d.head_dim

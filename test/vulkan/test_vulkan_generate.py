@@ -1,6 +1,6 @@
-"""End to end on Vulkan (lavapipe in CI): the public API compiles the tiny Llama and Gemma 3
-fixtures for the device's own target and generates; greedy tokens equal the CPU backend's and
-HF's."""
+"""End to end on Vulkan (lavapipe in CI): the public API compiles the tiny Llama, Gemma 3 and
+DeepSeek-V3 / V2-Lite (MLA, MoE) fixtures for the device's own target and generates; greedy
+tokens equal the CPU backend's and HF's."""
 
 from pathlib import Path
 
@@ -14,7 +14,7 @@ TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny"
 FIXTURE = TINY / "llama"
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3"])
+@pytest.mark.parametrize("name", ["llama", "gemma3", "deepseek_v3", "deepseek_v2_lite"])
 def test_greedy_generation_on_vulkan_equals_cpu_and_reference(vk_device, tmp_path, name):
     ref = np.load(TINY / name / "reference.npz")
     prompt = [int(i) for i in ref["prompt_ids"]]

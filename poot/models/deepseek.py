@@ -1,0 +1,165 @@
+"""The DeepSeek-V2 and DeepSeek-V3 families: multi-head latent attention and DeepSeek MoE.
+
+Pre-norm decoders traced by :func:`poot.models.components.trace_decoder` whose attention is
+MLA (:mod:`poot.models.mla`: q LoRA or a plain q, the KV latent and its RMSNorm, one rotated
+key shared by all heads, values narrower than keys; the cache holds the latent and the rope
+key) and whose FFN, past the first ``first_k_dense_replace`` dense layers, is a routed MoE
+(:func:`poot.graph.ops.moe`, experts read in place) plus ``n_shared_experts`` shared experts.
+
+* **DeepSeek-V2 / V2-Lite** (``DeepseekV2ForCausalLM``): softmax router scores;
+  ``topk_method`` ``greedy`` (top-k of all experts) or ``group_limited_greedy`` (``n_group``
+  groups, each scored by its best expert, ``topk_group`` of them eligible); as DeepSeek's
+  reference code, the selection is renormalized when ``norm_topk_prob`` (HF 5.x ignores the
+  flag; the released configs set it false) and otherwise multiplied by
+  ``routed_scaling_factor``. RoPE over complex pairs (the interleaved layout).
+* **DeepSeek-V3** (``DeepseekV3ForCausalLM``; also V3.1/R1 checkpoints): sigmoid scores,
+  the ``e_score_correction_bias`` choosing experts (``noaux_tc``), groups scored by their two
+  best, renormalized when ``norm_topk_prob``, times ``routed_scaling_factor``; RoPE pairs
+  interleaved (``rope_interleave``, default) or halves.
+
+Both: RoPE over ``qk_rope_head_dim`` channels with the config's scaling (YaRN: its attention
+factor from ``mscale`` / ``mscale_all_dim`` multiplies cos and sin) and the softmax scale
+``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times ``mscale(factor,
+mscale_all_dim) ** 2`` under YaRN (HF ``yarn_apply_mscale``).
+
+GGUF ``deepseek2``: not mapped (no GGUF fixture to check llama.cpp's layout against; newer
+converters also split ``kv_b`` into ``attn_k_b``/``attn_v_b``); loading one raises
+ModelError saying so. Multi-token-prediction layers (``num_nextn_predict_layers``) are not
+run: they serve speculative decoding, not the next-token logits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Mapping
+
+from poot.models import components as C
+from poot.models.base import REGISTRY, ModelError, WeightName, WeightTable
+from poot.models.mla import MlaOptions
+from poot.models.moe import deepseek_ffn_table, deepseek_moe
+
+
+def _dim(extra: Mapping[str, Any], key: str, family: str, *, zero_ok: bool = False) -> int:
+    v = extra.get(key)
+    if v is None and zero_ok:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < (0 if zero_ok else 1):
+        raise ModelError(f"{family}: config {key} must be a "
+                         f"{'non-negative' if zero_ok else 'positive'} integer, found {v!r}")
+    return v
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    """DeepSeek's ``yarn_get_mscale``: ``0.1 * mscale * ln(factor) + 1`` for factor > 1."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def mla_options(cfg: Any, family: str, rope_layout: str) -> tuple[MlaOptions, dict[str, Any]]:
+    """The :class:`MlaOptions` of a DeepSeek config, and the decoder options' RoPE overrides
+    (inverse frequencies over ``qk_rope_head_dim`` channels with the config's scaling).
+    Raises ModelError naming a missing or malformed MLA dimension."""
+    extra = cfg.extra or {}
+    q_rank = _dim(extra, "q_lora_rank", family, zero_ok=True)
+    r = _dim(extra, "kv_lora_rank", family)
+    dn = _dim(extra, "qk_nope_head_dim", family)
+    dr = _dim(extra, "qk_rope_head_dim", family)
+    dv = _dim(extra, "v_head_dim", family)
+    if dr % 2:
+        raise ModelError(f"{family}: qk_rope_head_dim must be even (RoPE rotates pairs), "
+                         f"found {dr}")
+    scaling = C.ops_rope_scaling(cfg, family)
+    scale = (dn + dr) ** -0.5
+    if scaling.kind != "none" and scaling.mscale_all_dim:
+        scale *= _yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
+    inv = C.rope_inv_freq(dr, cfg.rope_theta, scaling)
+    from poot.graph import ops
+
+    rope = dict(inv_freq=tuple(float(x) for x in inv),
+                rope_attention_scaling=ops.rope_attention_scaling(scaling))
+    return MlaOptions(q_rank, r, dn, dr, dv, float(scale), rope_layout), rope
+
+
+def _mla_weight_table(o: C.DecoderOptions) -> dict[str, WeightName]:
+    """Embedding, norms, head, and the MLA projections (HF ``self_attn.`` names; the
+    ``q_a``/``kv_a``/``o`` biases optional, as ``attention_bias``)."""
+    hb, a = "model.layers.{i}.", "model.layers.{i}.self_attn."
+    t = {r: w for r, w in C.decoder_weight_names(o).items()
+         if not any(r == f"blk.{{i}}.attn.{x}" for x in ("q", "k", "v"))}
+    roles = {"kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj"}
+    roles.update({"q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b": "q_b_proj"}
+                 if o.mla.q_lora_rank else {"q": "q_proj"})
+    for role, name in roles.items():
+        t[f"blk.{{i}}.attn.{role}"] = WeightName(a + f"{name}.weight", None)
+    for role, name in (("q_a", "q_a_proj"), ("kv_a", "kv_a_proj_with_mqa"), ("o", "o_proj")):
+        if role in roles or role == "o":
+            t[f"blk.{{i}}.attn.{role}_bias"] = WeightName(a + f"{name}.bias", None, True)
+    t["blk.{i}.attn_norm"] = WeightName(hb + "input_layernorm.weight", None)
+    return t
+
+
+class _DeepSeek(C.DecoderModel):
+    """Shared by V2 and V3: MLA attention, DeepSeek MoE (the routing is the subclass's)."""
+
+    @classmethod
+    def _routing(cls, cfg: Any) -> C.MoeOptions:
+        raise NotImplementedError
+
+    @classmethod
+    def _rope_layout(cls, cfg: Any) -> str:
+        return "interleaved"
+
+    @classmethod
+    def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "_DeepSeek":
+        if cfg.source != "hf":
+            raise ModelError(f"{cls.family}: only HF checkpoints are mapped (GGUF deepseek2 "
+                             f"is not: no fixture to check llama.cpp's tensor layout)")
+        mla, rope = mla_options(cfg, cls.family, cls._rope_layout(cfg))
+        extra = cfg.extra or {}
+        return cls(C.decoder_options(cfg, cls.family, moe=cls._routing(cfg), mla=mla,
+                                     num_kv_heads=cfg.num_heads, head_dim=mla.qk_head_dim,
+                                     act=str(extra.get("hidden_act", "silu")), **rope))
+
+    def weight_table(self) -> WeightTable:
+        return {**_mla_weight_table(self.config), **deepseek_ffn_table(self.config)}
+
+
+@REGISTRY.register
+class DeepseekV2(_DeepSeek):
+    """DeepSeek-V2 / V2-Lite: MLA; softmax-routed experts (greedy or group-limited)."""
+
+    family: ClassVar[str] = "deepseek_v2"
+    architectures: ClassVar[tuple[str, ...]] = ("DeepseekV2ForCausalLM",)
+
+    @classmethod
+    def _routing(cls, cfg: Any) -> C.MoeOptions:
+        extra = cfg.extra or {}
+        method = extra.get("topk_method") or "greedy"
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ModelError(f"{cls.family}: topk_method {method!r} is not supported "
+                             f"(supported: greedy, group_limited_greedy)")
+        normalize = bool(extra.get("norm_topk_prob", False)) and cfg.experts_per_token > 1
+        return deepseek_moe(cfg, cls.family, scoring="softmax", group_score="max",
+                            score_bias=False, grouped=method == "group_limited_greedy",
+                            normalize=normalize, scale=1.0 if normalize else None)
+
+
+@REGISTRY.register
+class DeepseekV3(_DeepSeek):
+    """DeepSeek-V3: MLA; sigmoid-routed experts with the score-correction bias, groups."""
+
+    family: ClassVar[str] = "deepseek_v3"
+    architectures: ClassVar[tuple[str, ...]] = ("DeepseekV3ForCausalLM",)
+
+    @classmethod
+    def _routing(cls, cfg: Any) -> C.MoeOptions:
+        extra = cfg.extra or {}
+        scoring = extra.get("scoring_func") or "sigmoid"
+        if scoring != "sigmoid":
+            raise ModelError(f"{cls.family}: scoring_func {scoring!r} is not supported "
+                             f"(DeepSeek-V3 routes by sigmoid)")
+        return deepseek_moe(cfg, cls.family, scoring="sigmoid", group_score="top2_sum",
+                            score_bias=True)
+
+    @classmethod
+    def _rope_layout(cls, cfg: Any) -> str:
+        return "interleaved" if (cfg.extra or {}).get("rope_interleave", True) else "half"
