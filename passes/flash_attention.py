@@ -387,9 +387,12 @@ def _matmuls(fn: ir.Operation) -> list[ir.Operation]:
 # ---- paged KV: attention over a gather through a block table ------------------------------------
 
 def _kv_gather(v: ir.Value):
-    """(gather op, dims) when ``v`` is views of ``poot.gather(pool [NB, bs, H, D], table [B, W],
-    axis 0)``: ``dims[i]`` lists, major to minor, the gather-result axes (0: B, 1: W, 2: bs,
-    3: H, 4: D; size-1 axes left out) that make up dim i of ``v``. NoMatch otherwise."""
+    """(gather op, dims, channels) when ``v`` is views of ``poot.gather(pool [NB, bs, H, D],
+    table [B, W], axis 0)``: ``dims[i]`` lists, major to minor, the gather-result axes (0: B,
+    1: W, 2: bs, 3: H, 4: D; size-1 axes left out) that make up dim i of ``v``; ``channels``
+    the ``(start, limit)`` of D that ``v`` reads (a unit-stride ``poot.slice`` of the D axis
+    alone may be among the views: values that are the leading channels of a pool of wider
+    keys, as multi-head latent attention's). NoMatch otherwise."""
     chain, cur = [], v
     while True:
         p = defining_op(cur)
@@ -400,7 +403,7 @@ def _kv_gather(v: ir.Value):
             need(dtype_of(p.operands[0]).is_float and dtype_of(cur).is_float,
                  "a cast between keys and the gather is not float to float")
         else:
-            need(p.name in ("poot.reshape", "poot.transpose"),
+            need(p.name in ("poot.reshape", "poot.transpose", "poot.slice"),
                  f"{p.name} between the keys and the gather")
         chain.append(p)
         cur = p.operands[0]
@@ -410,11 +413,21 @@ def _kv_gather(v: ir.Value):
     pool, table = g.operands
     need(len(shape_of(pool)) == 4 and len(shape_of(table)) == 2 and dtype_of(table).is_int,
          "gather is not of a [NB, bs, H, D] pool by a [B, W] table")
-    sizes = shape_of(g.results[0])                       # [B, W, bs, H, D]
+    sizes = list(shape_of(g.results[0]))                 # [B, W, bs, H, D]
     dims = [(a,) if sizes[a] != 1 else () for a in range(5)]
+    channels = (0, sizes[4])
     for op in reversed(chain):
         if op.name == "poot.transpose":
             dims = [dims[i] for i in i64s(op, "perm")]
+        elif op.name == "poot.slice":
+            full = shape_of(op.operands[0])
+            start, limit, stride = i64s(op, "start"), i64s(op, "limit"), i64s(op, "stride")
+            cut = [i for i, n in enumerate(full) if (start[i], limit[i]) != (0, n)]
+            need(all(s == 1 for s in stride) and len(cut) == 1 and dims[cut[0]] == (4,)
+                 and channels == (0, sizes[4]),
+                 "a slice of the keys other than one range of the pool's channels")
+            channels = (start[cut[0]], limit[cut[0]])
+            sizes[4] = limit[cut[0]] - start[cut[0]]
         elif op.name == "poot.reshape":
             factors = [a for d in dims for a in d]
             out, k = [], 0
@@ -428,16 +441,17 @@ def _kv_gather(v: ir.Value):
                 out.append(tuple(grp))
             need(k == len(factors), "a reshape drops pool axes")
             dims = out
-    return g, dims
+    return g, dims, channels
 
 
 def _paged_operands(att: ir.Operation):
     """(k_pool, v_pool, table) when ``att`` (a ``poot.attention`` with batch dims [B, H])
-    reads its k and v through one block table (see the module doc); NoMatch otherwise."""
+    reads its k and v through one block table (see the module doc); NoMatch otherwise. A pool
+    read through a channel range is that range: ``poot.slice`` ops made before ``att``."""
     q, k, v, _ = att.operands
     need(len(shape_of(k)) == 4, "attention is not over [B, H, S, D] keys")
-    kg, kd = _kv_gather(k)
-    vg, vd = _kv_gather(v)
+    kg, kd, kc = _kv_gather(k)
+    vg, vd, vc = _kv_gather(v)
     need(same_value(kg.operands[1], vg.operands[1]), "k and v use different block tables")
     kp, vp = kg.operands[0], vg.operands[0]
     need(shape_of(kp)[:3] == shape_of(vp)[:3] and dtype_of(kp) == dtype_of(vp),
@@ -447,7 +461,22 @@ def _paged_operands(att: ir.Operation):
     want = [tuple(a for a in d if sizes[a] != 1) for d in want]
     need(kd == want and vd == want, "the views do not make key j block table[b, j // bs], "
          "offset j % bs")
-    return kp, vp, kg.operands[1]
+    return _channels(kp, kc, att), _channels(vp, vc, att), kg.operands[1]
+
+
+def _channels(pool: ir.Value, channels: tuple[int, int], before: ir.Operation) -> ir.Value:
+    """``pool [NB, bs, H, D]`` itself, or its channels ``start:limit`` as a ``poot.slice``
+    made before ``before``."""
+    shape = shape_of(pool)
+    if channels == (0, shape[3]):
+        return pool
+    start, limit = channels
+    t = TensorType(tuple(shape[:3]) + (limit - start,), dtype_of(pool))
+    with before.context, before.location:
+        return _create("poot.slice", [pool], t, ir.InsertionPoint(before),
+                       {"start": attr_to_mlir("i64s", [0, 0, 0, start]),
+                        "limit": attr_to_mlir("i64s", list(shape[:3]) + [limit]),
+                        "stride": attr_to_mlir("i64s", [1, 1, 1, 1])})
 
 
 def page_attention(fn: ir.Operation) -> int:

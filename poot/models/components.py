@@ -36,10 +36,11 @@ class StepInputs:
         kv_index: i32 [B*T, 2] rows ``(slot // bs, slot % bs)`` of ``slot_mapping``: where
             this step's K/V rows go in a pool (a negative slot gives an offset out of range:
             the row is dropped).
-        caches: per layer its two pools (``(k, v)``, each kv [NB, bs, Hkv, D]; multi-head
-            latent attention's ``(latent, k_rope)``: :mod:`poot.models.mla`); None in a pooled
+        caches: per layer its pools (``(k, v)``, each kv [NB, bs, Hkv, D]; multi-head
+            latent attention's one ``(latent,)``: :mod:`poot.models.mla`); None in a pooled
             step (:mod:`poot.models.pooling`: no cache, attention over the step's own keys).
-        cache_names: the two pools' names in ``kv.{i}.<name>``.
+        cache_names: the pools' names in ``kv.{i}.<name>``, in the order of each layer's
+            tuple.
         mask: i1 [B, T, T], the keys each query may see besides the causal mask (a pooled
             step's padding mask), or None.
         lora_mask: f32 [B, 1, L*R], which slot columns of the LoRA terms each sequence
@@ -51,21 +52,21 @@ class StepInputs:
     positions: Tensor
     block_table: Tensor | None
     kv_index: Tensor | None
-    caches: list[tuple[Tensor, Tensor]] | None
+    caches: list[tuple[Tensor, ...]] | None
     mask: Tensor | None = None
     lora_mask: Tensor | None = None
-    cache_names: tuple[str, str] = ("k", "v")
+    cache_names: tuple[str, ...] = ("k", "v")
 
 
-#: A layer's two KV pools: (name, heads, head dim) each.
-KvPools = tuple[tuple[str, int, int], tuple[str, int, int]]
+#: A layer's KV pools: (name, heads, head dim) each.
+KvPools = tuple[tuple[str, int, int], ...]
 
 
 def step_inputs(b: Builder, spec: StepSpec, n_layers: int, n_kv_heads: int,
                 head_dim: int, kv_dtype: DType = DType.F32,
                 pools: KvPools | None = None) -> StepInputs:
     """Declare ``tokens``, ``positions``, ``block_table``, ``slot_mapping`` then each layer's
-    two pools ``kv.{i}.<name>`` (``pools``: (name, heads, dim) each, default
+    pools ``kv.{i}.<name>`` (``pools``: (name, heads, dim) each, default
     ``(("k", n_kv_heads, head_dim), ("v", n_kv_heads, head_dim))``; kv [NB, bs, heads, dim]
     of ``spec.kv_dtype``, else ``kv_dtype``), in that argument order, and build the pool
     write index."""
@@ -77,7 +78,7 @@ def step_inputs(b: Builder, spec: StepSpec, n_layers: int, n_kv_heads: int,
     with b.scope("kv_index"):
         index = kv_write_index(b, t["slot_mapping"], spec.bs)
     return StepInputs(t["tokens"], t["positions"], t["block_table"], index, caches,
-                      cache_names=(pools[0][0], pools[1][0]))
+                      cache_names=tuple(name for name, _, _ in pools))
 
 
 def kv_write_index(b: Builder, slot_mapping: Tensor, block_size: int) -> Tensor:
@@ -139,11 +140,11 @@ def param(b: Builder, types: dict[str, PootType], role: str) -> Tensor:
 
 
 def finish_step(b: Builder, spec: StepSpec, hidden: Tensor, head: Tensor | None,
-                caches: list[tuple[Tensor, Tensor]], final_softcap: float | None = None,
-                cache_names: tuple[str, str] = ("k", "v")):
+                caches: list[tuple[Tensor, ...]], final_softcap: float | None = None,
+                cache_names: tuple[str, ...] = ("k", "v")):
     """Close the step: ``logits`` = ``linear(hidden, head)`` f32 [B, T, V] (optionally
     soft-capped) or ``hidden`` f32 [B, T, H], then each layer's updated pools
-    ``kv.{i}.<cache_names[0]>``, ``kv.{i}.<cache_names[1]>``."""
+    ``kv.{i}.<cache_names[j]>`` (pool j of layer i)."""
     if spec.outputs == "logits":
         with b.scope("head"):
             out = ops.linear(b, hidden, head)
@@ -152,8 +153,9 @@ def finish_step(b: Builder, spec: StepSpec, hidden: Tensor, head: Tensor | None,
         outputs = {"logits": out}
     else:
         outputs = {"hidden": b.cast(hidden, DType.F32)}
-    for i, (k, v) in enumerate(caches):
-        outputs[f"kv.{i}.{cache_names[0]}"], outputs[f"kv.{i}.{cache_names[1]}"] = k, v
+    for i, pools in enumerate(caches):
+        for name, pool in zip(cache_names, pools, strict=True):
+            outputs[f"kv.{i}.{name}"] = pool
     if spec.sampler is not None:
         outputs.update(sampling_suffix(b, spec, outputs["logits"]))
     return b.finish(outputs)
@@ -519,7 +521,7 @@ def trace_decoder_pooled(o: DecoderOptions, spec: Any, weight_types: Mapping[str
 
 
 def decoder_body(b: Builder, o: DecoderOptions, types: dict[str, PootType], inp: StepInputs
-                 ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+                 ) -> tuple[Tensor, list[tuple[Tensor, ...]]]:
     """Embedding, every layer and the final norm of the decoder ``o`` over ``inp``:
     (final-normed hidden f32 [B, T, H], the updated caches per layer; empty without
     caches)."""
@@ -562,7 +564,7 @@ def decoder_body(b: Builder, o: DecoderOptions, types: dict[str, PootType], inp:
 
 def decoder_attention(b: Builder, o: DecoderOptions, types: dict[str, PootType], i: int,
                       h: Tensor, rope: tuple[Tensor, Tensor], inp: StepInputs
-                      ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+                      ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """Layer ``i``'s GQA self-attention of h f32 [B, T, H] over its cache -> (f32 [B, T, H],
     updated (k, v) caches); without caches (a pooled step) over the step's own keys ->
     (f32 [B, T, H], None)."""

@@ -11,18 +11,21 @@ Per token, with ``H`` heads, latent rank ``R`` (``kv_lora_rank``), no-position p
     k[h] = [W_UK[h] c, k_pe],  v[h] = W_UV[h] c            W_UK [H, Dn, R], W_UV [H, Dv, R]:
                                                             rows of kv_b [H * (Dn + Dv), R]
 
-The KV cache holds what a position needs and nothing expanded: each layer's two pools are
-``kv.{i}.latent`` [NB, bs, 1, R] (the normed ``c``) and ``kv.{i}.k_rope`` [NB, bs, 1, P]
-(the rotated ``k_pe``): ``R + P`` values a position a layer (:data:`POOLS`).
+The KV cache holds what a position needs and nothing expanded: each layer has one pool,
+``kv.{i}.latent`` [NB, bs, 1, R + P], a position's row being the normed ``c`` then the rotated
+``k_pe``: ``R + P`` values a position a layer (:data:`POOL`), written once and read as both the
+key (all ``R + P``) and the value (the first R).
 
 Attention runs in the weight-absorbed form (the paper's §2.1.3; vLLM/SGLang's MLA decode):
 ``q_nope[h] . W_UK[h] c = (W_UK[h]^T q_nope[h]) . c``, so the queries are absorbed into the
 latent space, ``q_lat[h] = q_nope[h] W_UK[h]`` [R], and attention is multi-query attention
-(one KV head for all H query heads) with key ``[c, k_pe]`` (width ``R + P``, split over the
-two pools) and value ``c`` (width R, narrower than the key); each head's latent output
-``o_lat[h]`` [R] leaves through ``W_UV[h]``: ``o[h] = W_UV[h] o_lat[h]`` [Dv]. That is
-:func:`poot.graph.ops.attention` with ``Hkv = 1``, ``D = R + P`` and ``Dv = R``, which the
-flash-attention rewrite fuses like any other attention. Prefill uses the same form (one
+(one KV head for all H query heads) with key ``[c, k_pe]`` (width ``R + P``: a split key, a
+latent part and a rope part shared by every head) and value ``c`` (width R, narrower than the
+key); each head's latent output ``o_lat[h]`` [R] leaves through ``W_UV[h]``:
+``o[h] = W_UV[h] o_lat[h]`` [Dv]. That is :func:`poot.graph.ops.attention` with ``Hkv = 1``,
+``D = R + P`` and, as values, the gathered keys' first R channels; the flash-attention rewrite
+turns it into ``poot.paged_attention`` reading the one pool in place, as keys and, through a
+slice of its channels, as values (no gathered copy). Prefill uses the same form (one
 spelling; it costs ``(R + P) / (Dn + P)`` times the score FLOPs of expanded heads).
 
 Equal to HF ``DeepseekV2Attention`` / ``DeepseekV3Attention`` (which expand K and V per
@@ -41,8 +44,8 @@ from poot.graph.builder import Builder, Tensor
 if TYPE_CHECKING:   # components imports this module's options; no import cycle at run time
     from poot.models.components import DecoderOptions, StepInputs
 
-#: A layer's pools (name, heads, width) for rank R and rope width P: see :meth:`MlaOptions.pools`.
-POOLS = ("latent", "k_rope")
+#: The name of a layer's one pool (``kv.{i}.latent``): see :meth:`MlaOptions.pools`.
+POOL = "latent"
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,10 @@ class MlaOptions:
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
-    def pools(self) -> tuple[tuple[str, int, int], tuple[str, int, int]]:
-        """The layer's KV pools (name, heads, width): the latent (1, R), the rope key (1, P)."""
-        return ((POOLS[0], 1, self.kv_lora_rank), (POOLS[1], 1, self.qk_rope_head_dim))
+    def pools(self) -> tuple[tuple[str, int, int]]:
+        """The layer's KV pools (name, heads, width): one, the latent and the rope key
+        (1, R + P)."""
+        return ((POOL, 1, self.kv_token_elems),)
 
     @property
     def kv_token_elems(self) -> int:
@@ -102,10 +106,10 @@ class MlaOptions:
 
 def mla_attention(b: Builder, o: "DecoderOptions", types: dict[str, PootType], i: int,
                   h: Tensor, rope: tuple[Tensor, Tensor], inp: "StepInputs"
-                  ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
-    """Layer ``i``'s MLA of h f32 [B, T, hidden] over its latent and rope-key pools ->
-    (f32 [B, T, hidden], the updated (latent, k_rope) pools); without caches (a pooled step)
-    over the step's own positions -> (f32 [B, T, hidden], None).
+                  ) -> tuple[Tensor, tuple[Tensor] | None]:
+    """Layer ``i``'s MLA of h f32 [B, T, hidden] over its latent pool -> (f32 [B, T, hidden],
+    the updated ``(latent,)`` pool); without caches (a pooled step) over the step's own
+    positions -> (f32 [B, T, hidden], None).
 
     Roles (``blk.{i}.attn.``): ``q`` or ``q_a``/``q_a_norm``/``q_b``; ``kv_a`` [R + P,
     hidden], ``kv_a_norm`` [R], ``kv_b`` [H * (Dn + Dv), R] (dense: its rows are split per
@@ -137,18 +141,16 @@ def mla_attention(b: Builder, o: "DecoderOptions", types: dict[str, PootType], i
         qn = b.transpose(b.reshape(q_nope, (n, nh, dn)), (1, 0, 2))          # [H, N, Dn]
         q_lat = b.transpose(b.matmul(qn, w_uk), (1, 0, 2))                   # [N, H, R]
         q_full = b.concat([b.reshape(q_lat, (bsz, t, nh, r)), q_pe], axis=3)
+    row = b.concat([latent, k_pe], axis=3)                                  # [B, T, 1, R + P]
     if inp.caches is None:      # a pooled step: the step's own keys, padding masked
-        keys, values, kv_out = b.concat([latent, k_pe], axis=3), latent, None
-        out = ops.attention(b, q_full, keys, values, q_pos=inp.positions, k_pos=inp.positions,
+        out = ops.attention(b, q_full, row, latent, q_pos=inp.positions, k_pos=inp.positions,
                             causal=True, scale=m.scale, mask=inp.mask)
+        kv_out = None
     else:
-        lat_pool, lat_all = cached_kv(b, inp.caches[i][0], latent, inp.kv_index,
-                                      inp.block_table)
-        rope_pool, rope_all = cached_kv(b, inp.caches[i][1], k_pe, inp.kv_index,
-                                        inp.block_table)
-        out = ops.attention(b, q_full, b.concat([lat_all, rope_all], axis=3), lat_all,
-                            q_pos=inp.positions, causal=True, scale=m.scale)
-        kv_out = (lat_pool, rope_pool)
+        pool, keys = cached_kv(b, inp.caches[i][0], row, inp.kv_index, inp.block_table)
+        out = ops.attention(b, q_full, keys, b.slice_axis(keys, 3, 0, r), q_pos=inp.positions,
+                            causal=True, scale=m.scale)
+        kv_out = (pool,)
     with b.scope("unabsorb"):                                                # out [B, T, H, R]
         o_lat = b.transpose(b.reshape(out, (n, nh, r)), (1, 0, 2))           # [H, N, R]
         heads = b.matmul(o_lat, b.transpose(w_uv, (0, 2, 1)))                # [H, N, Dv]

@@ -257,3 +257,32 @@ def test_paged_decode_step_plan():
     assert not any(L["op"] == "copy" for L in plan["launches"])
     if ptxas_check(prog.executable.ptx) is None:
         pytest.skip("ptxas is not installed (PTX generated, not assembled)")
+
+
+def test_mla_paged_decode_step_plan():
+    """DeepSeek-V3's MLA decode for CUDA (4 sequences, 16-position blocks): each layer's
+    ``poot.paged_attention`` reads the one latent pool as keys and its first
+    ``kv_lora_rank`` channels as values inside the flash-decoding kernel (grid: sequences x
+    the one KV head; no slice or copy of the pool), and the pool is updated in place."""
+    from poot.backends.cuda.codegen import cuda_target, ptxas_check
+    from poot.compiler.compile import compile as compile_step
+    from poot.models import StepSpec, load_model
+    from model_steps import fixture_path
+
+    model, weights = load_model(fixture_path("deepseek_v3"))
+    g = model.trace(StepSpec.decode(batch=4, kv_capacity=64, block_size=16, num_blocks=24),
+                    weights.types)
+    assert dict(g.inputs)["kv.0.latent"].shape == (24, 16, 1, 32 + 8)
+    prog = compile_step(g, cuda_target())
+    plan = prog.executable.plan
+    kinds = [d["kind"] for d in plan["dispatches"]]
+    assert kinds.count("paged_attention") == 2 and "slice" not in kinds
+    for d in plan["dispatches"]:
+        ls = plan["launches"][d["first"]:d["first"] + d["count"]]
+        if d["kind"] == "paged_attention":
+            assert [L["strategy"] for L in ls] == ["flash_decode"]
+            assert ls[0]["grid"][0] * ls[0]["grid"][1] * ls[0]["grid"][2] >= 4
+    kv = [o for o in plan["outputs"] if o["aliases"]]
+    assert len(kv) == 2 and all(o["in_place"] for o in kv)
+    if ptxas_check(prog.executable.ptx) is None:
+        pytest.skip("ptxas is not installed (PTX generated, not assembled)")

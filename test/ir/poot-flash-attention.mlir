@@ -258,6 +258,67 @@ func.func @paged_gqa(%arg0: tensor<1x2x2x4xf32> {poot.name = "q"}, %arg1: tensor
 
 // -----
 
+// Multi-head latent attention's spelling: one pool of [latent, rope key] rows read as the keys
+// (all 6 channels) and, through a slice of its first 4 channels, as the values: paged, the
+// values being that channel slice of the pool (a view the lowerings read in place).
+// CHECK-LABEL: func.func @paged_split_key(
+// CHECK: %[[V:.+]] = "poot.slice"(%arg1) {limit = array<i64: 6, 4, 1, 4>, start = array<i64: 0, 0, 0, 0>, stride = array<i64: 1, 1, 1, 1>} : (tensor<6x4x1x6xf16>) -> tensor<6x4x1x4xf16>
+// CHECK: "poot.paged_attention"(%{{.+}}, %arg1, %[[V]], %arg2, %{{.+}}) {{.*}} : (tensor<1x1x2x2x6xf32>, tensor<6x4x1x6xf16>, tensor<6x4x1x4xf16>, tensor<1x2xi32>, tensor<1x1x1x2x8xi1>) -> tensor<1x1x2x2x4xf32>
+// CHECK-NOT: "poot.gather"
+// CHECK-NOT: "poot.attention"
+// CHECK: return
+func.func @paged_split_key(%arg0: tensor<1x2x2x6xf32> {poot.name = "q"}, %arg1: tensor<6x4x1x6xf16> {poot.name = "kv_pool"}, %arg2: tensor<1x2xi32> {poot.name = "block_table"}, %arg3: tensor<1x2xi32> {poot.name = "positions"}) -> (tensor<1x2x2x4xf32> {poot.name = "out"}) {
+  %0 = "poot.gather"(%arg1, %arg2) {axis = 0 : i64} : (tensor<6x4x1x6xf16>, tensor<1x2xi32>) -> tensor<1x2x4x1x6xf16>
+  %1 = "poot.reshape"(%0) : (tensor<1x2x4x1x6xf16>) -> tensor<1x8x1x6xf16>
+  %2 = "poot.cast"(%1) : (tensor<1x8x1x6xf16>) -> tensor<1x8x1x6xf32>
+  %5 = "poot.slice"(%2) {start = array<i64: 0, 0, 0, 0>, limit = array<i64: 1, 8, 1, 4>, stride = array<i64: 1, 1, 1, 1>} : (tensor<1x8x1x6xf32>) -> tensor<1x8x1x4xf32>
+  %6 = "poot.reshape"(%arg0) : (tensor<1x2x2x6xf32>) -> tensor<1x2x1x2x6xf32>
+  %7 = "poot.transpose"(%6) {perm = array<i64: 0, 2, 3, 1, 4>} : (tensor<1x2x1x2x6xf32>) -> tensor<1x1x2x2x6xf32>
+  %8 = "poot.reshape"(%7) : (tensor<1x1x2x2x6xf32>) -> tensor<1x1x4x6xf32>
+  %9 = "poot.transpose"(%2) {perm = array<i64: 0, 2, 3, 1>} : (tensor<1x8x1x6xf32>) -> tensor<1x1x6x8xf32>
+  %10 = "poot.matmul"(%8, %9) {acc = f32} : (tensor<1x1x4x6xf32>, tensor<1x1x6x8xf32>) -> tensor<1x1x4x8xf32>
+  %11 = "poot.constant"() {value = dense<5.000000e-01> : tensor<f32>} : () -> tensor<f32>
+  %12 = "poot.broadcast"(%11) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x4x8xf32>
+  %13 = "poot.binary"(%10, %12) {fn = "mul"} : (tensor<1x1x4x8xf32>, tensor<1x1x4x8xf32>) -> tensor<1x1x4x8xf32>
+  %14 = "poot.reshape"(%13) : (tensor<1x1x4x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %15 = "poot.iota"() {axis = 1 : i64} : () -> tensor<1x8xi32>
+  %16 = "poot.reshape"(%arg3) : (tensor<1x2xi32>) -> tensor<1x2x1xi32>
+  %17 = "poot.reshape"(%15) : (tensor<1x8xi32>) -> tensor<1x1x8xi32>
+  %18 = "poot.broadcast"(%17) {dims = array<i64: 0, 1, 2>} : (tensor<1x1x8xi32>) -> tensor<1x2x8xi32>
+  %19 = "poot.broadcast"(%16) {dims = array<i64: 0, 1, 2>} : (tensor<1x2x1xi32>) -> tensor<1x2x8xi32>
+  %20 = "poot.compare"(%18, %19) {pred = "le"} : (tensor<1x2x8xi32>, tensor<1x2x8xi32>) -> tensor<1x2x8xi1>
+  %21 = "poot.reshape"(%20) : (tensor<1x2x8xi1>) -> tensor<1x1x1x2x8xi1>
+  %22 = "poot.broadcast"(%21) {dims = array<i64: 0, 1, 2, 3, 4>} : (tensor<1x1x1x2x8xi1>) -> tensor<1x1x2x2x8xi1>
+  %23 = "poot.constant"() {value = dense<-1.000000e+30> : tensor<f32>} : () -> tensor<f32>
+  %24 = "poot.broadcast"(%23) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x2x2x8xf32>
+  %25 = "poot.select"(%22, %14, %24) : (tensor<1x1x2x2x8xi1>, tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %26 = "poot.reduce"(%25) {axes = array<i64: 4>, fn = "max"} : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2xf32>
+  %27 = "poot.reshape"(%26) : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2x1xf32>
+  %28 = "poot.broadcast"(%27) {dims = array<i64: 0, 1, 2, 3, 4>} : (tensor<1x1x2x2x1xf32>) -> tensor<1x1x2x2x8xf32>
+  %29 = "poot.binary"(%25, %28) {fn = "sub"} : (tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %30 = "poot.unary"(%29) {fn = "exp"} : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %31 = "poot.constant"() {value = dense<0.000000e+00> : tensor<f32>} : () -> tensor<f32>
+  %32 = "poot.broadcast"(%31) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x2x2x8xf32>
+  %33 = "poot.select"(%22, %30, %32) : (tensor<1x1x2x2x8xi1>, tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %34 = "poot.reduce"(%33) {axes = array<i64: 4>, fn = "sum"} : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2xf32>
+  %35 = "poot.reshape"(%34) : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2x1xf32>
+  %36 = "poot.constant"() {value = dense<1.000000e+00> : tensor<f32>} : () -> tensor<f32>
+  %37 = "poot.broadcast"(%36) {dims = array<i64>} : (tensor<f32>) -> tensor<1x1x2x2x1xf32>
+  %38 = "poot.binary"(%35, %37) {fn = "max"} : (tensor<1x1x2x2x1xf32>, tensor<1x1x2x2x1xf32>) -> tensor<1x1x2x2x1xf32>
+  %39 = "poot.broadcast"(%38) {dims = array<i64: 0, 1, 2, 3, 4>} : (tensor<1x1x2x2x1xf32>) -> tensor<1x1x2x2x8xf32>
+  %40 = "poot.binary"(%33, %39) {fn = "div"} : (tensor<1x1x2x2x8xf32>, tensor<1x1x2x2x8xf32>) -> tensor<1x1x2x2x8xf32>
+  %41 = "poot.reshape"(%40) : (tensor<1x1x2x2x8xf32>) -> tensor<1x1x4x8xf32>
+  %42 = "poot.transpose"(%5) {perm = array<i64: 0, 2, 1, 3>} : (tensor<1x8x1x4xf32>) -> tensor<1x1x8x4xf32>
+  %43 = "poot.matmul"(%41, %42) {acc = f32} : (tensor<1x1x4x8xf32>, tensor<1x1x8x4xf32>) -> tensor<1x1x4x4xf32>
+  %44 = "poot.reshape"(%43) : (tensor<1x1x4x4xf32>) -> tensor<1x1x2x2x4xf32>
+  %45 = "poot.transpose"(%44) {perm = array<i64: 0, 3, 1, 2, 4>} : (tensor<1x1x2x2x4xf32>) -> tensor<1x2x1x2x4xf32>
+  %46 = "poot.reshape"(%45) : (tensor<1x2x1x2x4xf32>) -> tensor<1x2x2x4xf32>
+  return %46 : tensor<1x2x2x4xf32>
+}
+
+
+// -----
+
 // Values through another table than the keys: not one paged read, poot.attention over the
 // gathered tensors stays.
 // CHECK-LABEL: func.func @two_tables(

@@ -25,9 +25,10 @@ def _hf_config(name: str) -> dict:
 
 @pytest.mark.parametrize("name", MLA_FIXTURES)
 def test_kv_cache_holds_latent_and_rope_key(name, tmp_path):
-    """Each layer's pools hold ``kv_lora_rank + qk_rope_head_dim`` values a position (40
-    here), not the expanded per-head keys and values (H * (nope + rope) + H * v = 144): in
-    the traced step, in the runner's KV accounting and in the buffers the engine allocates."""
+    """Each layer's one pool holds ``kv_lora_rank + qk_rope_head_dim`` values a position (40
+    here: the latent, then the rope key), not the expanded per-head keys and values
+    (H * (nope + rope) + H * v = 144): in the traced step, in the runner's KV accounting and
+    in the buffers the engine allocates."""
     from poot.api import ModelHandle
 
     cfg = _hf_config(name)
@@ -41,13 +42,9 @@ def test_kv_cache_holds_latent_and_rope_key(name, tmp_path):
     g = model.trace(spec, weights.types)
     pools = {n: t for n, t in g.inputs if n.startswith("kv.")}
     layers = cfg["num_hidden_layers"]
-    assert sorted(pools) == sorted(f"kv.{i}.{p}" for i in range(layers)
-                                   for p in ("latent", "k_rope"))
+    assert sorted(pools) == sorted(f"kv.{i}.latent" for i in range(layers))
     for i in range(layers):
-        lat, rope = pools[f"kv.{i}.latent"], pools[f"kv.{i}.k_rope"]
-        assert lat.shape == (9, 4, 1, cfg["kv_lora_rank"])
-        assert rope.shape == (9, 4, 1, cfg["qk_rope_head_dim"])
-        assert lat.shape[-1] + rope.shape[-1] == per_pos
+        assert pools[f"kv.{i}.latent"].shape == (9, 4, 1, per_pos)
     assert {n for n, _ in g.outputs if n.startswith("kv.")} == set(pools)
     assert model.dims().kv_token_elems == per_pos
 
@@ -61,13 +58,16 @@ def test_kv_cache_holds_latent_and_rope_key(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", MLA_FIXTURES)
-def test_absorbed_attention_is_fused(name):
+def test_absorbed_attention_reads_the_pool_in_place(name):
     """Every layer's absorbed attention (one KV head of width R + P, values the latent)
-    becomes one fused attention op; the oracle agrees before and after."""
+    becomes one ``poot.paged_attention`` whose keys are the latent pool and whose values are
+    its first R channels (a slice of the pool, not a gathered copy); the oracle agrees
+    before and after."""
     from poot import oracle
     from poot.passes.flash_attention import flash_attention
 
     model, weights = load_model(fixture_path(name))
+    r = _hf_config(name)["kv_lora_rank"]
     for spec in (StepSpec.prefill(8, kv_capacity=16), StepSpec.decode(kv_capacity=16)):
         g = model.trace(spec, weights.types)
         feed = {"tokens": np.arange(3, 3 + spec.tokens, dtype=np.int32)[None],
@@ -77,6 +77,14 @@ def test_absorbed_attention_is_fused(name):
                 + (spec.kind == "decode"), **empty_caches(g)}
         ref = oracle.evaluate(g, feed, weights)
         assert flash_attention(g.module) == model.dims().n_layers
+        paged = [op for op in g.module.body.operations[0].regions[0].blocks[0].operations
+                 if op.operation.name == "poot.paged_attention"]
+        assert len(paged) == model.dims().n_layers
+        for op in paged:
+            k_pool, v_pool = (op.operands[i] for i in (1, 2))
+            assert k_pool.owner.name == "poot.scatter"      # the pool after this step's write
+            assert v_pool.owner.name == "poot.slice" and v_pool.owner.operands[0] == k_pool
+            assert list(v_pool.type.shape)[-1] == r
         got = oracle.evaluate(g, feed, weights)
         assert np.abs(got["logits"] - ref["logits"]).max() <= 1e-5
 

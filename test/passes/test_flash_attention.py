@@ -271,12 +271,13 @@ def _step_inputs(g, spec, rng):
             "block_table": table, "slot_mapping": slots.astype(np.int32), **caches}
 
 
-@pytest.mark.parametrize("fixture", ["llama", "mistral_swa4"])
+@pytest.mark.parametrize("fixture", ["llama", "mistral_swa4", "deepseek_v3"])
 @pytest.mark.parametrize("step", ["prefill", "decode"])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_traced_steps(fixture, step, paged):
     """The traced attention of every layer becomes one fused op (``poot.paged_attention``,
-    reading the pools through the table, over 4-position f16 blocks); the oracle agrees
+    reading the pools through the table, over 4-position f16 blocks; DeepSeek-V3's MLA reads
+    one latent pool as keys and, through a channel slice, as values); the oracle agrees
     before and after, and so does the CPU."""
     from poot.models import StepSpec, load_model
 
