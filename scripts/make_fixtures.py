@@ -15,6 +15,12 @@ dependencies. To run it, install (CPU torch only; do not pull a CUDA build):
 
     python scripts/make_fixtures.py [--out test/fixtures/tiny] [--only NAME ...] [--list]
 
+The `deepseek_v2_lite_gguf` fixture is converted by llama.cpp's own `convert_hf_to_gguf.py`
+code (an independent converter, so poot's GGUF mapping is checked against llama.cpp's
+layout): point LLAMA_CPP at a llama.cpp source tree, e.g. the one inside the
+llama-cpp-python 0.3.36 sdist (`pip download --no-deps --no-binary :all:
+llama-cpp-python==0.3.36`, unpack, `LLAMA_CPP=.../vendor/llama.cpp`).
+
 NAME is a fixture name (see --list), e.g. `llama`, `mistral_swa4`, `llama_gguf_q4_1`.
 Output is deterministic (fixed seeds, fixed prompt). Every fixture is reloaded from disk
 and must reproduce its prefill logits exactly (max abs diff 0; cached decode within 1e-5), and the GGUF is read back with
@@ -252,11 +258,14 @@ SPECS: dict[str, tuple[str, str, dict, str]] = {
 }
 GGUF_NAME = "llama_gguf_q4_1"
 GGUF_SOURCE = "llama"
+# GGUF made by llama.cpp's own converter (not this script's writer) from an HF fixture:
+# made by make_llamacpp_gguf_fixture; needs LLAMA_CPP (see the module doc)
+LLAMACPP_GGUF = {"deepseek_v2_lite_gguf": ("deepseek_v2_lite", "DeepseekV2Model", "DEEPSEEK2")}
 # pooled-step fixtures (embeddings, cross-encoder scores): made by make_pooled_fixture
 POOLED = ("qwen3_embed", "bert_embed", "bert_cross_encoder")
 # PEFT LoRA adapters of the `llama` fixture: made by make_lora_fixture
 LORA_NAME = "llama_lora"
-ALL_NAMES = list(SPECS) + [GGUF_NAME] + list(POOLED) + [LORA_NAME]
+ALL_NAMES = list(SPECS) + [GGUF_NAME] + list(POOLED) + [LORA_NAME] + list(LLAMACPP_GGUF)
 
 
 # ---------------------------------------------------------------------------------------
@@ -576,6 +585,64 @@ def make_hf_fixture(name: str, out: Path) -> dict:
     }
     save_reference(d, arrays, info, extra)
     return {"name": name, "bytes": dir_size(d), "logit_std": info["prefill_logit_std"], **ablations}
+
+
+# ---------------------------------------------------------------------------------------
+# GGUF by llama.cpp's converter
+
+
+def make_llamacpp_gguf_fixture(name: str, out: Path) -> dict:
+    """Convert HF fixture ``src`` (made first) to an F32 GGUF with llama.cpp's converter class
+    (its tensor names, splits and metadata; only the vocabulary is this script's: the
+    fixtures have no tokenizer, so the byte-level one of the llama GGUF fixture is written).
+    F32 keeps the weights exact, so the HF fixture's reference logits are this file's too."""
+    import os
+
+    import torch
+
+    src, cls_name, arch = LLAMACPP_GGUF[name]
+    root = Path(os.environ.get("LLAMA_CPP", ""))
+    if not (root / "conversion").is_dir():
+        raise SystemExit(f"{name}: set LLAMA_CPP to a llama.cpp source tree (with conversion/)")
+    src_tree = "/".join(root.resolve().parts[-3:])     # e.g. the sdist's vendor/llama.cpp
+    sys.path[:0] = [str(root), str(root / "gguf-py")]
+    import gguf
+    from conversion import deepseek as conv
+
+    base = getattr(conv, cls_name)
+
+    class Fixture(base):
+        model_arch = getattr(gguf.MODEL_ARCH, arch)
+
+        def set_vocab(self):
+            tokens, types, merges = byte_bpe_vocab()
+            w = self.gguf_writer
+            w.add_tokenizer_model("gpt2")
+            w.add_tokenizer_pre("default")
+            w.add_token_list(tokens)
+            w.add_token_types(types)
+            w.add_token_merges(merges)
+            w.add_bos_token_id(1)
+            w.add_eos_token_id(2)
+
+    d = out / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    with torch.inference_mode():
+        Fixture(out / src, gguf.LlamaFileType.ALL_F32, d / "model.gguf", eager=True).write()
+    reader = gguf.GGUFReader(str(d / "model.gguf"))
+    shutil.copy(out / src / "reference.npz", d / "reference.npz")
+    ref = json.loads((out / src / "reference.json").read_text())
+    ref.update(name=name, source_fixture=src,
+               description=f"`{src}` converted to an F32 GGUF by llama.cpp's {cls_name} "
+                           f"(convert_hf_to_gguf.py's code); reference arrays copied from `{src}`",
+               gguf_tensors={t.name: {"type": t.tensor_type.name, "shape": [int(x) for x in t.data.shape]}
+                             for t in reader.tensors},
+               llama_cpp=src_tree)
+    ref["versions"]["gguf_py"] = "llama.cpp " + src_tree
+    (d / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+    return {"name": name, "bytes": dir_size(d), "tensors": len(reader.tensors)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -1077,6 +1144,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         if n == GGUF_NAME:
             res = make_gguf_fixture(args.out)
+        elif n in LLAMACPP_GGUF:
+            res = make_llamacpp_gguf_fixture(n, args.out)
         elif n in POOLED:
             res = make_pooled_fixture(n, args.out)
         elif n == LORA_NAME:

@@ -22,15 +22,24 @@ factor from ``mscale`` / ``mscale_all_dim`` multiplies cos and sin) and the soft
 ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times ``mscale(factor,
 mscale_all_dim) ** 2`` under YaRN (HF ``yarn_apply_mscale``).
 
-GGUF ``deepseek2``: not mapped (no GGUF fixture to check llama.cpp's layout against; newer
-converters also split ``kv_b`` into ``attn_k_b``/``attn_v_b``); loading one raises
-ModelError saying so. Multi-token-prediction layers (``num_nextn_predict_layers``) are not
-run: they serve speculative decoding, not the next-token logits.
+GGUF ``deepseek2`` (llama.cpp's converter, V2 and V3 alike: :class:`DeepseekGguf`): the
+metadata gives the MLA widths (``kv_lora_rank``, ``key_length_mla`` = nope + rope,
+``value_length_mla``, ``rope.dimension_count``), the routing (``expert_gating_func``: 2 is
+sigmoid with ``exp_probs_b`` as the score-correction bias, 1 or absent softmax;
+``expert_group_count``/``expert_group_used_count``, ``expert_weights_norm``,
+``expert_weights_scale``, ``expert_shared_count``, ``leading_dense_block_count``) and YaRN's
+``mscale_all_dim`` as ``rope.scaling.yarn_log_multiplier / 0.1`` (``mscale`` taken equal to
+it, as llama.cpp does); ``kv_b`` comes split as ``attn_k_b`` [H, R, Dn] / ``attn_v_b``
+[H, Dv, R] (converters before mid-2025 wrote one ``attn_kv_b``: such files are refused,
+naming the missing ``attn_k_b``). Multi-token-prediction layers (``num_nextn_predict_layers``)
+are not run: they serve speculative decoding, not the next-token logits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from types import MappingProxyType
 from typing import Any, ClassVar, Mapping
 
 from poot.models import components as C
@@ -80,21 +89,70 @@ def mla_options(cfg: Any, family: str, rope_layout: str) -> tuple[MlaOptions, di
 
 
 def _mla_weight_table(o: C.DecoderOptions) -> dict[str, WeightName]:
-    """Embedding, norms, head, and the MLA projections (HF ``self_attn.`` names; the
-    ``q_a``/``kv_a``/``o`` biases optional, as ``attention_bias``)."""
-    hb, a = "model.layers.{i}.", "model.layers.{i}.self_attn."
+    """Embedding, norms, head, and the MLA projections (HF ``self_attn.`` names, the
+    ``q_a``/``kv_a``/``o`` biases optional as ``attention_bias``; GGUF ``attn_q``,
+    ``attn_q_a``/``attn_q_a_norm``/``attn_q_b``, ``attn_kv_a_mqa``, ``attn_kv_a_norm``,
+    ``attn_k_b``/``attn_v_b``, ``attn_output``)."""
+    a = "model.layers.{i}.self_attn."
     t = {r: w for r, w in C.decoder_weight_names(o).items()
          if not any(r == f"blk.{{i}}.attn.{x}" for x in ("q", "k", "v"))}
-    roles = {"kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj"}
-    roles.update({"q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b": "q_b_proj"}
-                 if o.mla.q_lora_rank else {"q": "q_proj"})
-    for role, name in roles.items():
-        t[f"blk.{{i}}.attn.{role}"] = WeightName(a + f"{name}.weight", None)
+    roles = {"kv_a": ("kv_a_proj_with_mqa", "attn_kv_a_mqa"),
+             "kv_a_norm": ("kv_a_layernorm", "attn_kv_a_norm")}
+    roles.update({"kv_b": ("kv_b_proj", None)} if o.source == "hf" else
+                 {"k_b": (None, "attn_k_b"), "v_b": (None, "attn_v_b")})
+    roles.update({"q_a": ("q_a_proj", "attn_q_a"), "q_a_norm": ("q_a_layernorm", "attn_q_a_norm"),
+                  "q_b": ("q_b_proj", "attn_q_b")} if o.mla.q_lora_rank
+                 else {"q": ("q_proj", "attn_q")})
+    for role, (hf, gg) in roles.items():
+        t[f"blk.{{i}}.attn.{role}"] = WeightName(hf and a + f"{hf}.weight",
+                                                 gg and f"blk.{{i}}.{gg}.weight")
     for role, name in (("q_a", "q_a_proj"), ("kv_a", "kv_a_proj_with_mqa"), ("o", "o_proj")):
         if role in roles or role == "o":
             t[f"blk.{{i}}.attn.{role}_bias"] = WeightName(a + f"{name}.bias", None, True)
-    t["blk.{i}.attn_norm"] = WeightName(hb + "input_layernorm.weight", None)
     return t
+
+
+def hf_view_of_gguf(cfg: Any, family: str) -> Any:
+    """The :class:`~poot.load.config.ModelConfig` of a GGUF ``deepseek2`` file with the HF
+    config keys this module reads (``kv_lora_rank`` ..., the routing's) in ``extra``, RoPE
+    scaling's ``mscale``/``mscale_all_dim`` from ``yarn_log_multiplier`` and the head count
+    for KV heads (llama.cpp writes 1: MLA as MQA). Raises ModelError naming a missing key."""
+    meta, k = cfg.extra or {}, cfg.architecture + "."
+
+    def get(key: str, default: Any = KeyError) -> Any:
+        v = meta.get(k + key, default)
+        if v is KeyError:
+            raise ModelError(f"{family}: GGUF metadata {k + key} is missing")
+        return v
+
+    rope = int(get("rope.dimension_count"))
+    gating = int(get("expert_gating_func", 1))           # llama.cpp: 1 softmax, 2 sigmoid
+    if gating not in (1, 2):
+        raise ModelError(f"{family}: GGUF {k}expert_gating_func {gating} is not supported "
+                         f"(1: softmax, 2: sigmoid)")
+    groups = int(get("expert_group_count", 1) or 1)
+    extra = dict(meta)
+    extra.update(
+        q_lora_rank=int(get("attention.q_lora_rank", 0)) or None,
+        kv_lora_rank=int(get("attention.kv_lora_rank")),
+        qk_rope_head_dim=rope, qk_nope_head_dim=int(get("attention.key_length_mla")) - rope,
+        v_head_dim=int(get("attention.value_length_mla")),
+        n_shared_experts=int(get("expert_shared_count", 0)),
+        first_k_dense_replace=int(get("leading_dense_block_count", 0)),
+        routed_scaling_factor=float(get("expert_weights_scale", 1.0)),
+        norm_topk_prob=bool(get("expert_weights_norm", False)),
+        n_group=groups, topk_group=int(get("expert_group_used_count", groups) or groups),
+        scoring_func="sigmoid" if gating == 2 else "softmax",
+        topk_method="noaux_tc" if gating == 2 else
+        ("group_limited_greedy" if groups > 1 else "greedy"),
+        hidden_act="silu")
+    rs = cfg.rope_scaling
+    log_mul = get("rope.scaling.yarn_log_multiplier", None)
+    if rs.kind == "yarn" and log_mul:
+        rs = dataclasses.replace(rs, mscale=float(log_mul) / 0.1,
+                                 mscale_all_dim=float(log_mul) / 0.1)
+    return dataclasses.replace(cfg, extra=MappingProxyType(extra), rope_scaling=rs,
+                               num_kv_heads=cfg.num_heads, head_dim=rope)
 
 
 class _DeepSeek(C.DecoderModel):
@@ -110,9 +168,8 @@ class _DeepSeek(C.DecoderModel):
 
     @classmethod
     def from_config(cls, cfg: Any, store: Mapping[str, Any] | None = None) -> "_DeepSeek":
-        if cfg.source != "hf":
-            raise ModelError(f"{cls.family}: only HF checkpoints are mapped (GGUF deepseek2 "
-                             f"is not: no fixture to check llama.cpp's tensor layout)")
+        if cfg.source == "gguf":
+            cfg = hf_view_of_gguf(cfg, cls.family)
         mla, rope = mla_options(cfg, cls.family, cls._rope_layout(cfg))
         extra = cfg.extra or {}
         return cls(C.decoder_options(cfg, cls.family, moe=cls._routing(cfg), mla=mla,
@@ -163,3 +220,17 @@ class DeepseekV3(_DeepSeek):
     @classmethod
     def _rope_layout(cls, cfg: Any) -> str:
         return "interleaved" if (cfg.extra or {}).get("rope_interleave", True) else "half"
+
+
+@REGISTRY.register
+class DeepseekGguf(_DeepSeek):
+    """GGUF ``deepseek2`` (DeepSeek-V2, V2-Lite, V3 as llama.cpp converts them): MLA; the
+    routing the metadata names (softmax as V2, sigmoid with the bias as V3)."""
+
+    family: ClassVar[str] = "deepseek2"
+    architectures: ClassVar[tuple[str, ...]] = ("deepseek2",)
+
+    @classmethod
+    def _routing(cls, cfg: Any) -> C.MoeOptions:
+        sigmoid = (cfg.extra or {}).get("scoring_func") == "sigmoid"
+        return (DeepseekV3 if sigmoid else DeepseekV2)._routing(cfg)

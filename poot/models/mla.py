@@ -112,8 +112,9 @@ def mla_attention(b: Builder, o: "DecoderOptions", types: dict[str, PootType], i
     positions -> (f32 [B, T, hidden], None).
 
     Roles (``blk.{i}.attn.``): ``q`` or ``q_a``/``q_a_norm``/``q_b``; ``kv_a`` [R + P,
-    hidden], ``kv_a_norm`` [R], ``kv_b`` [H * (Dn + Dv), R] (dense: its rows are split per
-    head), ``o`` [hidden, H * Dv]; ``_bias`` roles where bound."""
+    hidden], ``kv_a_norm`` [R], ``kv_b`` [H * (Dn + Dv), R] (HF; its rows split per head) or
+    ``k_b`` [H, R, Dn] and ``v_b`` [H, Dv, R] (llama.cpp's split, ``W_UK`` stored
+    transposed), ``o`` [hidden, H * Dv]; ``_bias`` roles where bound."""
     from poot.models.components import cached_kv, param, proj
 
     m = o.mla
@@ -136,8 +137,12 @@ def mla_attention(b: Builder, o: "DecoderOptions", types: dict[str, PootType], i
         k_pe = b.reshape(b.slice_axis(kv, 2, r, r + dr), (bsz, t, 1, dr))
         k_pe = ops.apply_rope(b, k_pe, *rope, layout=m.rope_layout)
     with b.scope("absorb"):
-        w = b.reshape(ops.as_f32(b, param(b, types, p + "kv_b")), (nh, dn + dv, r))
-        w_uk, w_uv = b.slice_axis(w, 1, 0, dn), b.slice_axis(w, 1, dn, dn + dv)
+        if p + "kv_b" in types:
+            w = b.reshape(ops.as_f32(b, param(b, types, p + "kv_b")), (nh, dn + dv, r))
+            w_uk, w_uv = b.slice_axis(w, 1, 0, dn), b.slice_axis(w, 1, dn, dn + dv)
+        else:
+            w_uk = b.transpose(ops.as_f32(b, param(b, types, p + "k_b")), (0, 2, 1))
+            w_uv = ops.as_f32(b, param(b, types, p + "v_b"))
         qn = b.transpose(b.reshape(q_nope, (n, nh, dn)), (1, 0, 2))          # [H, N, Dn]
         q_lat = b.transpose(b.matmul(qn, w_uk), (1, 0, 2))                   # [N, H, R]
         q_full = b.concat([b.reshape(q_lat, (bsz, t, nh, r)), q_pe], axis=3)

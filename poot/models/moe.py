@@ -171,7 +171,9 @@ def deepseek_ffn_table(o: C.DecoderOptions) -> dict[str, WeightName]:
     """FFN roles of a DeepSeek-style MoE decoder (HF ``model.layers.{i}.mlp.``): dense
     layers' ``{gate,up,down}_proj``; MoE layers' router ``gate.weight``, its
     ``gate.e_score_correction_bias`` when the routing has one, per-expert
-    ``experts.{e}.{gate,up,down}_proj`` and ``shared_experts.{gate,up,down}_proj``."""
+    ``experts.{e}.{gate,up,down}_proj`` and ``shared_experts.{gate,up,down}_proj``; GGUF
+    (llama.cpp's ``deepseek2``): ``ffn_gate_inp``, ``exp_probs_b.bias``, stacked
+    ``ffn_{r}_exps`` and ``ffn_{r}_shexp``."""
     blk = "model.layers.{i}.mlp."
     t = _moe_table(o, blk + "gate.weight",
                    {r: blk + f"experts.{{e}}.{r}_proj.weight" for r in ("gate", "up", "down")})
@@ -181,11 +183,12 @@ def deepseek_ffn_table(o: C.DecoderOptions) -> dict[str, WeightName]:
         p = f"blk.{i}.ffn."
         if o.moe.score_bias:
             t[p + "router_bias"] = WeightName(
-                blk.format(i=i) + "gate.e_score_correction_bias", None)
+                blk.format(i=i) + "gate.e_score_correction_bias", f"blk.{i}.exp_probs_b.bias")
         if o.moe.shared_ffn:
             for r in ("gate", "up", "down"):
                 t[p + f"shexp.{r}"] = WeightName(
-                    blk.format(i=i) + f"shared_experts.{r}_proj.weight", None)
+                    blk.format(i=i) + f"shared_experts.{r}_proj.weight",
+                    f"blk.{i}.ffn_{r}_shexp.weight")
     return t
 
 

@@ -29,6 +29,7 @@ FAMILIES = {
     "glm4_moe": ("Glm4MoeForCausalLM", "glm4_moe"),
     "deepseek_v3": ("DeepseekV3ForCausalLM", "deepseek_v3"),
     "deepseek_v2_lite": ("DeepseekV2ForCausalLM", "deepseek_v2"),
+    "deepseek_v2_lite_gguf": ("deepseek2", "deepseek2"),      # llama.cpp's conversion
 }
 GGUF_NAMES = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "phi3": "phi3",
               "qwen3_moe": "qwen3moe"}
@@ -253,7 +254,7 @@ def test_longrope_is_refused():
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3", "mixtral", "glm4_moe", "deepseek_v3",
-                                  "deepseek_v2_lite"])
+                                  "deepseek_v2_lite", "deepseek_v2_lite_gguf"])
 def test_cpu_backend_greedy_matches_reference(name, tmp_path):
     """The same pipeline as Llama: compile for the CPU backend, Engine, Driver; greedy ids
     equal HF's up to the first step whose top-2 margin is under 1e-3. (All seven fixtures
