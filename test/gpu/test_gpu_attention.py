@@ -1153,8 +1153,9 @@ def test_view_without_strided_form_is_refused_for_k():
 
 def test_other_regions_are_refused():
     """A mask computed in the region is taken; other work is left to the generic mapping:
-    k computed (not a view of a KV cache), q through a reduction (not elementwise-class), an
-    op that feeds nothing the attention reads."""
+    k computed (not a view of a KV cache), q through a reduction of 16 terms an element (past
+    the scalar emitter's SCALAR_MAX_REDUCE: not elementwise-class), an op that feeds nothing
+    the attention reads."""
     from poot.backends.cuda.codegen import cuda_target
     from poot.backends.gpu.strategies.attention import flash_decode
 
@@ -1177,9 +1178,9 @@ def test_other_regions_are_refused():
   %q2 = "poot.reshape"(%q) : ({q}) -> {q}
   %k2 = "poot.binary"(%k, %k) {{fn = "add"}} : ({kv}, {kv}) -> {kv}""",
         "q reduced": f"""
-  %s = "poot.reduce"(%q) {{axes = array<i64: 3>, fn = "sum"}} : ({q}) -> {t((1, 2, 1))}
-  %s2 = "poot.reshape"(%s) : ({t((1, 2, 1))}) -> {t((1, 2, 1, 1))}
-  %s3 = "poot.broadcast"(%s2) {{dims = array<i64: 0, 1, 2, 3>}} : ({t((1, 2, 1, 1))}) -> {q}
+  %s = "poot.reduce"(%q) {{axes = array<i64: 1, 3>, fn = "sum"}} : ({q}) -> {t((1, 1))}
+  %s2 = "poot.reshape"(%s) : ({t((1, 1))}) -> {t((1, 1, 1, 1))}
+  %s3 = "poot.broadcast"(%s2) {{dims = array<i64: 0, 1, 2, 3>}} : ({t((1, 1, 1, 1))}) -> {q}
   %q2 = "poot.binary"(%q, %s3) {{fn = "sub"}} : ({q}, {q}) -> {q}
   %k2 = "poot.reshape"(%k) : ({kv}) -> {kv}""",
         "dead op": same + f"""

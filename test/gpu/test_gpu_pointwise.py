@@ -300,18 +300,86 @@ def test_gather_large_vectorized_and_clamped(vk):
 
 
 def test_refuses_reductions_and_matmul():
-    """Regions outside the elementwise class are left to other strategies."""
+    """Regions outside the elementwise class are left to other strategies: a reduction of
+    more than SCALAR_MAX_REDUCE elements a result (a row reduction's)."""
+    from poot.backends.gpu.strategies._scalar import SCALAR_MAX_REDUCE
     from poot.backends.gpu.strategies.pointwise import synthesize_pointwise
 
-    body = """
-  %0 = "poot.reduce"(%arg0) {axes = array<i64: 1>, fn = "sum"} : (tensor<4x8xf32>) -> tensor<4xf32>
+    x = f"tensor<4x{SCALAR_MAX_REDUCE + 1}xf32>"
+    body = f"""
+  %0 = "poot.reduce"(%arg0) {{axes = array<i64: 1>, fn = "sum"}} : ({x}) -> tensor<4xf32>
   return %0 : tensor<4xf32>"""
-    g = region(["tensor<4x8xf32>"], ["tensor<4xf32>"], body)
+    g = region([x], ["tensor<4xf32>"], body)
     fn = next(o.operation for o in g.module.body.operations
               if "sym_name" in o.operation.attributes and
               str(o.operation.attributes["sym_name"]) == '"d"')
     with g.module.context:
         assert synthesize_pointwise(fn, _caps(32)) is None
+
+
+# ---- small reductions (a MoE layer's top-k sum) ------------------------------------------------
+
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+@pytest.mark.parametrize("k", [1, 2, 8])
+def test_moe_topk_sum_is_one_pointwise_kernel(vk, dt, k):
+    """A MoE layer's combine as the tracer spells it: ``residual + sum_j w[j] * y[j, :]``,
+    a sum over the middle axis of [1, k, D] (no row reduction): one thread per element folds
+    its k terms (j ascending, f32), one launch."""
+    D = 1000
+    Y, W, R = f"tensor<1x{k}x{D}x{dt}>", f"tensor<1x{k}x1xf32>", f"tensor<1x{D}xf32>"
+    body = f"""
+  %y = "poot.cast"(%arg0) : ({Y}) -> tensor<1x{k}x{D}xf32>
+  %w = "poot.broadcast"(%arg1) {{dims = array<i64: 0, 1, 2>}} : ({W}) -> tensor<1x{k}x{D}xf32>
+  %p = "poot.binary"(%y, %w) {{fn = "mul"}} : (tensor<1x{k}x{D}xf32>, tensor<1x{k}x{D}xf32>) -> tensor<1x{k}x{D}xf32>
+  %s = "poot.reduce"(%p) {{axes = array<i64: 1>, fn = "sum"}} : (tensor<1x{k}x{D}xf32>) -> {R}
+  %o = "poot.binary"(%arg2, %s) {{fn = "add"}} : ({R}, {R}) -> {R}
+  return %o : {R}"""
+    rng = np.random.default_rng(k)
+    g = region([Y, W, R], [R], body)
+    check(vk, g, {"a0": rand(rng, (1, k, D), dt), "a1": rand(rng, (1, k, 1), "f32"),
+                  "a2": rand(rng, (1, D), "f32")})
+
+
+@pytest.mark.parametrize("fn", ["max", "min", "sum"])
+def test_small_reduction_over_several_axes(vk, fn):
+    """i32 max/min/sum folding axes 0 and 2 of [2, 37, 3] (6 terms a result element, in
+    row-major order of the folded axes) exactly, and a bf16 result rounded once."""
+    X = "tensor<2x37x3xi32>"
+    body = f"""
+  %0 = "poot.reduce"(%arg0) {{axes = array<i64: 0, 2>, fn = "{fn}"}} : ({X}) -> tensor<37xi32>
+  %1 = "poot.reduce"(%arg1) {{axes = array<i64: 0, 2>, fn = "{fn}"}} : (tensor<2x37x3xbf16>) -> tensor<37xbf16>
+  return %0, %1 : tensor<37xi32>, tensor<37xbf16>"""
+    rng = np.random.default_rng(3)
+    g = region([X, "tensor<2x37x3xbf16>"], ["tensor<37xi32>", "tensor<37xbf16>"], body)
+    check(vk, g, {"a0": rand(rng, (2, 37, 3), "i32"), "a1": rand(rng, (2, 37, 3), "bf16")},
+          rtol=1e-2, atol=1e-2)
+
+
+def test_small_reduction_limits():
+    """A reduction inside a small reduction's operand (its cost would multiply), a boolean
+    one, and one past SCALAR_MAX_REDUCE terms are not computed per element."""
+    from poot.backends.gpu.strategies.pointwise import synthesize_pointwise
+
+    def refused(args, results, body):
+        g = region(args, results, body)
+        fn = next(o.operation for o in g.module.body.operations
+                  if "sym_name" in o.operation.attributes and
+                  str(o.operation.attributes["sym_name"]) == '"d"')
+        with g.module.context:
+            return synthesize_pointwise(fn, _caps(32)) is None
+
+    X = "tensor<4x2x2xf32>"
+    inner = f"""
+  %0 = "poot.reduce"(%arg0) {{axes = array<i64: 2>, fn = "sum"}} : ({X}) -> tensor<4x2xf32>"""
+    assert not refused([X], ["tensor<4x2xf32>"], inner + "\n  return %0 : tensor<4x2xf32>")
+    nested = inner + """
+  %1 = "poot.reduce"(%0) {axes = array<i64: 1>, fn = "max"} : (tensor<4x2xf32>) -> tensor<4xf32>
+  return %1 : tensor<4xf32>"""
+    assert refused([X], ["tensor<4xf32>"], nested)
+    boolean = """
+  %0 = "poot.reduce"(%arg0) {axes = array<i64: 1>, fn = "max"} : (tensor<4x2xi1>) -> tensor<4xi1>
+  return %0 : tensor<4xi1>"""
+    assert refused(["tensor<4x2xi1>"], ["tensor<4xi1>"], boolean)
 
 
 # ---- small contractions (LoRA expands) ---------------------------------------------------------

@@ -47,7 +47,11 @@ API summary:
   its slots) is
   computed per element, accumulating ``lhs[..., m, k] * rhs[..., k, n]`` in f32 (k
   ascending), :data:`CONTRACTION_UNROLL` terms at a time.
-* Anything else outside the elementwise class (reductions, larger matmuls, attention,
+* A *small reduction* (:func:`small_reduction`: a float or i32 ``poot.reduce`` folding at
+  most :data:`SCALAR_MAX_REDUCE` elements into each result element, over any axes, e.g. a
+  MoE layer's weighted sum over its top-k experts' rows) is computed per element, its
+  terms in row-major order of the reduced axes, floats in f32, rounded to the result's dtype.
+* Anything else outside the elementwise class (larger reductions, larger matmuls, attention,
   scatter without a hook, a packed value not read through ``poot.dequantize``, a format
   without a decoder) raises :class:`ScalarUnsupported`: a strategy catches it and returns
   ``None``.
@@ -106,6 +110,15 @@ SCALAR_MAX_K = 128
 LOW_RANK = 4
 #: terms of a small contraction written together (see ScalarEmitter._contraction)
 CONTRACTION_UNROLL = 8
+#: the most operand elements a ``poot.reduce`` may fold into one result element to be
+#: computed per element (:func:`small_reduction`): a MoE layer's sum over its top-k experts'
+#: rows (k is 2 to 8); a row reduction of a norm or a softmax (hundreds to thousands) stays
+#: the row kernels'. Why: a reduction over a middle axis is no row reduction, and the
+#: generic mapping gave the top-2 sum of a Mixtral-shaped layer 5 launches (single-thread
+#: ones among them) where one elementwise kernel does it
+SCALAR_MAX_REDUCE = 8
+
+_REDUCE_BINARY = {"sum": "add", "max": "max", "min": "min"}
 
 
 def small_contraction(op: ir.Operation) -> bool:
@@ -118,6 +131,21 @@ def small_contraction(op: ir.Operation) -> bool:
     r = type_from_mlir(op.results[0].type)
     return isinstance(t, TensorType) and isinstance(r, TensorType) and t.dtype.is_float \
         and t.shape[-1] <= SCALAR_MAX_K and LOW_RANK * t.shape[-1] <= r.shape[-1]
+
+
+def small_reduction(op: ir.Operation) -> bool:
+    """Whether ``op`` is a ``poot.reduce`` of a float or i32 tensor folding 1 to
+    :data:`SCALAR_MAX_REDUCE` elements into each result element, which the scalar emitter
+    computes per element."""
+    if op.name != "poot.reduce":
+        return False
+    t = type_from_mlir(op.operands[0].type)
+    a = read_attrs(lookup(op.name), op)
+    if not isinstance(t, TensorType) or not (t.dtype.is_float or t.dtype is DType.I32) or \
+            a["fn"] not in _REDUCE_BINARY:
+        return False
+    n = int(np.prod([t.shape[i] for i in a["axes"]], dtype=np.int64))
+    return 1 <= n <= SCALAR_MAX_REDUCE
 
 
 # ---- types -----------------------------------------------------------------------------------
@@ -218,6 +246,7 @@ class ScalarEmitter:
         self._const_ids: dict = {}
         self._scopes: list[dict] = [{}]
         self._in_contraction = False
+        self._in_reduction = False
 
     def share_consts(self, other: "ScalarEmitter") -> None:
         """Register constant buffers in ``other``'s list (several kernels of one dispatch,
@@ -628,6 +657,30 @@ class ScalarEmitter:
             c = self.em.op(f"arith.index_cast {i} : i64 to index")
         return self.value(table, idx[:ax] + (c,) + idx[ax + k:])
 
+    def _v_reduce(self, op, attrs, r, idx):
+        """Element ``idx`` of a small reduction (see the module doc)."""
+        if not small_reduction(op):
+            raise ScalarUnsupported(f"a reduction of more than {SCALAR_MAX_REDUCE} elements a "
+                                    "result (or not float / i32) is not computed per element")
+        if self._in_reduction:
+            raise ScalarUnsupported("a reduction inside a small reduction's operand (its cost "
+                                    "would multiply)")
+        x = op.operands[0]
+        xt = poot_type(x)
+        axes = list(attrs["axes"])
+        t, fn = compute_type(xt.dtype), _REDUCE_BINARY[attrs["fn"]]
+        self._in_reduction = True
+        try:
+            acc = None
+            for red in np.ndindex(*[xt.shape[a] for a in axes]):
+                kept, folded = iter(idx), iter(red)
+                at = [int(next(folded)) if i in axes else next(kept) for i in range(xt.rank)]
+                v = self.value(x, at)
+                acc = v if acc is None else _binary(self.em, fn, t, acc, v)
+        finally:
+            self._in_reduction = False
+        return self.round_to(acc, r.dtype) if r.dtype.is_float else acc
+
     def _v_dequantize(self, op, attrs, r, idx):
         packed = op.operands[0]
         if not isinstance(packed.owner, ir.Block):
@@ -682,4 +735,5 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
 
 __all__ = ["SCALAR_MAX_K", "KernelEmitter", "ScalarEmitter", "ScalarUnsupported", "buffer_type",
            "const_bytes", "gpu_kernel", "gpu_module", "poot_type", "small_contraction",
+           "small_reduction",
            "storage_elem"]

@@ -6,7 +6,10 @@ result element is a function of a few operand elements at computable coordinates
 (:mod:`poot.backends.gpu.strategies._scalar`), so nothing is materialized in between. Small
 contractions (:func:`~._scalar.small_contraction`: a matmul over at most
 :data:`~._scalar.SCALAR_MAX_K` terms, a LoRA expand) are computed per element too
-(:func:`per_element`), so the LoRA terms of the SwiGLU's gate and up are one kernel with it.
+(:func:`per_element`), so the LoRA terms of the SwiGLU's gate and up are one kernel with it;
+so are small reductions (:func:`~._scalar.small_reduction`: at most
+:data:`~._scalar.SCALAR_MAX_REDUCE` terms a result element, a MoE layer's weighted sum over
+its top-k experts' rows with the residual add).
 
 Mapping: one thread per *work item* of the largest result. A work item is ``vec`` consecutive
 elements along the innermost dimension (``vec`` = 4 when the result is large and its innermost
@@ -16,7 +19,8 @@ evaluated under its own bounds guard at its own coordinates, so a region with re
 different shapes (the RoPE cos/sin tables: ``[1,1,H,D]`` and ``[1,1,KVH,D]``) is still one
 launch, and results of one shape share their common subexpressions.
 
-Regions with a reduction, a larger matmul, attention or scatter are refused (``None``).
+Regions with a larger reduction, a larger matmul, attention or scatter are refused
+(``None``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from poot.backends.gpu.strategies._scalar import (
     gpu_module,
     poot_type,
     small_contraction,
+    small_reduction,
 )
 from poot.dialects.types import TensorType
 
@@ -45,8 +50,8 @@ ELEMENTWISE_CLASS = frozenset(
 
 def per_element(op: ir.Operation) -> bool:
     """Whether the scalar emitter computes ``op``'s elements one at a time: the elementwise
-    class, or a small contraction."""
-    return op.name in ELEMENTWISE_CLASS or small_contraction(op)
+    class, a small contraction or a small reduction."""
+    return op.name in ELEMENTWISE_CLASS or small_contraction(op) or small_reduction(op)
 
 
 #: elements per thread for large results (innermost dim divisible by it)
