@@ -3,17 +3,19 @@
 #   bash bench/gpu_run/issue20.sh build      -> .cache/i20b (the CUDA compile cache)
 # then one call, carry [".cache/i20b"]:  bash bench/gpu_run/issue20.sh
 #
-# Out: fixtures_cuda.json (the gemma3, glm4_moe and mixtral fixtures' greedy tokens through
-# the engine on CUDA vs HF's recorded ones; their decode steps at B = 1 take the sparse MoE
-# spelling) and moe_bf16.json (bench/moe_bench.py: decode tok/s of a Mixtral-shaped model,
+# Out: fixtures_cuda.json (the gemma3, glm4_moe, mixtral, deepseek_v3, deepseek_v2_lite and
+# deepseek_v2_lite_gguf fixtures' greedy tokens through the engine on CUDA vs HF's recorded
+# ones; their decode steps at B = 1 take the sparse MoE spelling) and moe_bf16.json (bench/moe_bench.py: decode tok/s of a Mixtral-shaped model,
 # 8 experts top-2, bf16, experts read in place vs the dense all-experts graph).
 set -u
 cd "$(dirname "$0")/../.."
-FIXTURES="gemma3 glm4_moe mixtral"
+FIXTURES="gemma3 glm4_moe mixtral deepseek_v3 deepseek_v2_lite deepseek_v2_lite_gguf"
+# the checkpoint of a fixture: its model.gguf when it has one, else the HF folder
+ckpt() { local d="test/fixtures/tiny/$1"; [ -f "$d/model.gguf" ] && echo "$d/model.gguf" || echo "$d"; }
 if [ "${1:-}" = build ]; then
   export POOT_CACHE_DIR="$PWD/.cache/i20b"
   for f in $FIXTURES; do
-    poot compile --model "test/fixtures/tiny/$f" --backend cuda --kv-capacity 32 \
+    poot compile --model "$(ckpt "$f")" --backend cuda --kv-capacity 32 \
         --max-batch 1 --quiet > /dev/null || exit 1
   done
   for s in sparse dense; do
@@ -27,17 +29,21 @@ OUT="${OUT:-/tmp/i20out}"
 mkdir -p "$OUT"
 [ -d .cache/i20b ] || { echo "issue20: carry .cache/i20b" >&2; exit 2; }
 export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR="$PWD/.cache/i20b"
-timeout 240 python3 - > "$OUT/fixtures_cuda.json" 2> "$OUT/fixtures_cuda.log" <<'PYEOF'
+FIXTURES="$FIXTURES" timeout 300 python3 - > "$OUT/fixtures_cuda.json" 2> "$OUT/fixtures_cuda.log" <<'PYEOF'
 import json
+import os
+from pathlib import Path
+
 import numpy as np
 from poot.api import Driver, ModelHandle
 from poot.driver.params import SamplingParams
 
 res = {}
-for name in ("gemma3", "glm4_moe", "mixtral"):
-    d = f"test/fixtures/tiny/{name}"
-    ref = np.load(f"{d}/reference.npz")
-    h = ModelHandle.load(d, backend="cuda", kv_capacity=32, max_batch=1)
+for name in os.environ["FIXTURES"].split():
+    d = Path(f"test/fixtures/tiny/{name}")
+    ref = np.load(d / "reference.npz")
+    ck = d / "model.gguf" if (d / "model.gguf").exists() else d
+    h = ModelHandle.load(str(ck), backend="cuda", kv_capacity=32, max_batch=1)
     done = Driver(h).complete([int(i) for i in ref["prompt_ids"]],
                               SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     want = [int(t) for t in ref["greedy_ids"]]

@@ -377,7 +377,9 @@ def _cases():
             for N in (1, 192, 576, 1000):
                 for M in (1, 2):
                     out.append((fmt, K, N, M))
-    return out
+    # K = 3584 (a MoE expert's down projection): 448 dense units (or 448 quarter blocks), the
+    # unit loop's last iteration not whole: a loop of 4 units then 2 straight-line rounds
+    return out + [("bf16", 3584, 1000, 1), ("f16", 3584, 576, 2), ("q4_0", 3584, 192, 2)]
 
 
 _EPI = ("none", "residual", "silu_up")

@@ -34,9 +34,11 @@ from poot.passes.dce import dce
 from poot.passes.ir_utils import clone_into
 
 #: region kinds folded into their consumers: those that hold no anchor (gather, scatter,
-#: attention), cheap to recompute, and matmuls (taken only where a consumer's strategy
-#: computes the matmul per output element, as a GEMV sharing its x does)
-FOLDABLE = frozenset({"elementwise", "rope", "reduction", "matmul"})
+#: attention), cheap to recompute, and matmuls, plain or indexed (taken only where a
+#: consumer's strategy computes the matmul per output element, as a GEMV sharing its x
+#: does: a MoE layer's gate experts beside its up experts)
+FOLDABLE = frozenset({"elementwise", "rope", "reduction", "matmul", "indexed_matmul"})
+MATMULS = ("poot.matmul", "poot.indexed_matmul")
 #: the largest merged function a fold may make, in poot ops (as ``poot-fuse-dispatch``'s
 #: largest region): folding a chain of reductions into each next one (a sampler's top-p over
 #: a 49k vocabulary) otherwise grows kernels of 700 ops that recompute the chain per row
@@ -63,9 +65,10 @@ def body_key(fn: ir.Operation) -> str:
 
 
 def _has_matmul(fn: ir.Operation) -> bool:
-    """Whether ``fn``'s body holds a ``poot.matmul`` (a merged function keeps its consumer's
-    kind, so a matmul folded into an elementwise region is found by its body, not its kind)."""
-    return any(o.operation.name == "poot.matmul" for o in fn.regions[0].blocks[0].operations)
+    """Whether ``fn``'s body holds a ``poot.matmul`` or ``poot.indexed_matmul`` (a merged
+    function keeps its consumer's kind, so a matmul folded into an elementwise region is found
+    by its body, not its kind)."""
+    return any(o.operation.name in MATMULS for o in fn.regions[0].blocks[0].operations)
 
 
 def _result_of(v: ir.Value, calls: list):

@@ -1,6 +1,9 @@
 """Strategy ``indexed_gemv``: a region rooted at ``poot.indexed_matmul`` (a MoE layer's
 selected experts, :func:`poot.graph.ops.moe`'s sparse spelling) as ONE kernel that reads
-only the selected slabs of the weight.
+only the selected slabs of the weight. The decode GEMV (:func:`.matmul.match_indexed`) takes
+such regions first, streaming each row's slab with its unit decoders and wide loads; this
+strategy takes what it refuses: packed formats it has no unit decoder for (Q5_0, Q5_1,
+Q5_K: the scalar emitter decodes every format), an x with a folded norm.
 
 Region::
 

@@ -35,6 +35,15 @@ values supplied by its ``provide`` hook. The rows are tiny (L1/L2 resident), so 
 in every warp costs less than the norm's own launch (a few us in a decode step). A plain ``x``
 argument keeps the vector loads below.
 
+Indexed regions (``poot.indexed_matmul``, a MoE layer's selected experts:
+:func:`match_indexed`): row m of x against slab ``idx[m]`` of [E, N, K] weights is a GEMV of
+its own, so each block computes one row (grid y = the rows, any number) for its columns, and
+its lanes stream row ``idx[m] * N + n`` of the weights viewed as [E * N, K] with the same unit
+decoders and wide loads: only the selected experts' bytes are read, at the plain GEMV's
+bandwidth. The gate and up experts of one x and one idx fold into one kernel as the plain
+SwiGLU's do. No weight prefetch there (the slab is known only after the wait: idx is the
+predecessor's result).
+
 Summation order differs from the oracle's (per-lane partial sums, a scaled sum per block:
 ``d * sum(q * x) + m * sum(x)``), so results agree to f32 rounding, not bitwise.
 
@@ -130,6 +139,10 @@ class GemvMatch:
     prologue: list = field(default_factory=list)
     #: x = k-factors * row factors (see :func:`_defer`): (k factors, row factors) or None
     deferred: tuple | None = None
+    #: an indexed region (``poot.indexed_matmul``: row m of x against slab ``idx[m]`` of
+    #: [E, N, K] weights): the [M] index tensor, else None; ``E`` slabs a weight
+    idx: ir.Value | None = None
+    E: int = 1
 
     @property
     def weight(self) -> _Weight:
@@ -222,36 +235,71 @@ def _match_weight(v: ir.Value, N: int, K: int) -> _Weight | None:
     return _Weight(a, layout, dtype=t.dtype, nbytes=t.nbytes)
 
 
-def match(fn: ir.Operation, gemv_only: bool = True,
-          max_matmuls: int = 1) -> GemvMatch | None:
+def _match_slabs(v: ir.Value, E: int, N: int, K: int) -> _Weight | None:
+    """The weight of an indexed matmul: E slabs [N, K] stored [E, N, K] (slab e's row n is row
+    ``e * N + n`` of an [E * N, K] weight), dense (widened by a cast) or packed (dequantized)."""
+    o = _op(v)
+    if _f32_cast(o):
+        v, o = o.operands[0], _op(o.operands[0])
+    if o is not None and o.name == "poot.dequantize":
+        a, t = _arg_no(o.operands[0]), _ttype(o.operands[0])
+        if a is None or not isinstance(t, PackedType) or t.format.name not in PACKED \
+                or tuple(t.shape) != (E, N, K) or K % PACKED[t.format.name][1]:
+            return None
+        return _Weight(a, "packed", fmt=t.format.name, nbytes=t.nbytes)
+    a, t = _arg_no(v), _ttype(v)
+    if a is None or not isinstance(t, TensorType) or t.dtype not in _DENSE or \
+            tuple(t.shape) != (E, N, K) or t.nbytes % 4:
+        return None
+    return _Weight(a, "nk", dtype=t.dtype, nbytes=t.nbytes)
+
+
+def match_indexed(fn: ir.Operation, max_matmuls: int = 1) -> GemvMatch | None:
+    """A region rooted at ``poot.indexed_matmul`` (a MoE layer's selected experts:
+    ``y[m, n] = sum_k x[m, k] * w[idx[m], n, k]``, up to ``max_matmuls`` of one x and one idx,
+    the SwiGLU gate folded into the up projection) as a GEMV whose every row ``m`` reads its
+    own slab: the kernel takes one row a block row (grid y), so each block streams one
+    expert's rows exactly as the plain GEMV streams a weight's, and only the selected slabs
+    are read. x is an argument or an elementwise expression (no folded norm); None otherwise."""
+    return match(fn, max_matmuls=max_matmuls, indexed=True)
+
+
+def match(fn: ir.Operation, gemv_only: bool = True, max_matmuls: int = 1,
+          indexed: bool = False) -> GemvMatch | None:
     """The region's GEMV, or None when ``fn`` is not exactly one (see the module doc).
     ``gemv_only``: only shapes :func:`gemv_rows` gives the GEMV (False: any M; the GEMM
     strategy of :mod:`.gemm` matches the same regions for the other shapes);
-    ``max_matmuls``: the most matmuls of the same x taken (see :class:`GemvMatch`)."""
+    ``max_matmuls``: the most matmuls of the same x taken (see :class:`GemvMatch`);
+    ``indexed``: match ``poot.indexed_matmul`` instead (:func:`match_indexed`)."""
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
-    mms = [o for o in ops if o.name == "poot.matmul"]
+    name, other = ("poot.indexed_matmul", "poot.matmul") if indexed else \
+        ("poot.matmul", "poot.indexed_matmul")
+    mms = [o for o in ops if o.name == name]
     if not mms or len(mms) > max_matmuls or ops[-1].name != "func.return" or \
-            not len(ops[-1].operands):
+            not len(ops[-1].operands) or any(o.name == other for o in ops):
         return None
     shapes = set()
     for mm in mms:
         lt, rt, yt = (_ttype(v) for v in (mm.operands[0], mm.operands[1], mm.results[0]))
         if not all(isinstance(t, TensorType) for t in (lt, rt, yt)) or lt.rank != 2 or \
                 lt.dtype is not DType.F32 or yt.dtype is not DType.F32 or \
-                mm.operands[0] != mms[0].operands[0]:
+                mm.operands[0] != mms[0].operands[0] or \
+                (indexed and (rt.rank != 3 or mm.operands[2] != mms[0].operands[2])):
             return None
-        shapes.add((lt.shape[0], lt.shape[1], rt.shape[1]))
+        shapes.add((lt.shape[0], lt.shape[1], rt.shape[-2] if indexed else rt.shape[1],
+                    rt.shape[0] if indexed else 1))
     if len(shapes) != 1:
         return None
-    M, K, N = shapes.pop()
-    if gemv_only and not gemv_rows(M, N):
+    M, K, N, E = shapes.pop()
+    if gemv_only and not indexed and not gemv_rows(M, N):
         return None
     x = _strip(mms[0].operands[0], ("poot.reshape",))
     xa, xt = _arg_no(x), _ttype(x)
     if xa is not None and (not isinstance(xt, TensorType) or xt.dtype is not DType.F32):
         return None
-    ws = [_match_weight(mm.operands[1], N, K) for mm in mms]
+    ws = [_match_slabs(mm.operands[1], E, N, K) if indexed else
+          _match_weight(mm.operands[1], N, K) for mm in mms]
     if any(w is None or w.arg == xa for w in ws) or len({w.arg for w in ws}) != len(ws) or \
             len({(w.layout, w.fmt, w.dtype) for w in ws}) != 1:
         return None                  # one storage format: one unit loop decodes them all
@@ -260,11 +308,11 @@ def match(fn: ir.Operation, gemv_only: bool = True,
     if any(not isinstance(ot, TensorType) or ot.numel != M * N for ot in ots):
         return None
     m = GemvMatch(M, N, K, mms[0].operands[0], xa, ws, [mm.results[0] for mm in mms],
-                  outs, ots)
+                  outs, ots, idx=mms[0].operands[2] if indexed else None, E=E)
     if xa is None:
         pro = _prologue(fn, m)
-        if pro is None:
-            return None
+        if pro is None or (pro and indexed):
+            return None              # (an indexed region's x: elementwise only)
         m.prologue = pro
         m.deferred = _defer(fn, m)
     return m if _elementwise_epilogue(fn, m) else None
@@ -485,8 +533,11 @@ class _Kernel:
         self.lanes = sg
         #: prefetch the weights before waiting on the predecessor grid (sm_90 targets:
         #: :meth:`prefetch_weights`)
-        self.prefetch = vec and PREFETCH and \
+        self.prefetch = vec and PREFETCH and m.idx is None and \
             sum(w.nbytes for w in m.weights) <= PREFETCH_MAX_BYTES
+        #: the rows of x this kernel's columns compute: every row (an int each), or, for an
+        #: indexed region, the block's own row (an index SSA name, set by :meth:`kernel`)
+        self.rows: list = list(range(m.M))
         self.e = _Emit()
         self.x = "%x"
         #: one parameter per weight (same storage format and shape); :attr:`w` is the one the
@@ -576,7 +627,10 @@ class _Kernel:
                     out.append(v)
                 return out
             return [se.value(self.m.x, (m, k)) for k in ks]
-        start = e.add(base, e.c(m * K)) if m else base
+        if isinstance(m, str):          # an indexed region's row: the block's
+            start = e.add(base, e.mul(m, e.c(K)))
+        else:
+            start = e.add(base, e.c(m * K)) if m else base
         if self.vec and n % 4 == 0:
             out = []
             for i in range(0, n, 4):
@@ -636,14 +690,13 @@ class _Kernel:
 
     def dot(self, qs: list[str], u_x0: str) -> list[str]:
         """``sum_l qs[l] * x[m, u_x0 + l]`` per m (``qs`` f32 weights or decoded values)."""
-        return [self._chains(list(zip(qs, self.xs(m, u_x0, len(qs)))))
-                for m in range(self.m.M)]
+        return [self._chains(list(zip(qs, self.xs(m, u_x0, len(qs))))) for m in self.rows]
 
     def xsum(self, x0: str, n: int) -> list[str]:
         key = ("sum", n)
         if self.xmemo is not None and key in self.xmemo:
             return self.xmemo[key]
-        got = [self._chains([(x, None) for x in self.xs(m, x0, n)]) for m in range(self.m.M)]
+        got = [self._chains([(x, None) for x in self.xs(m, x0, n)]) for m in self.rows]
         if self.xmemo is not None:
             self.xmemo[key] = got
         return got
@@ -831,7 +884,7 @@ class _Kernel:
                 q.append(e.s2f(e.op(f"arith.subi {v}, {e.c(32, 'i32')} : i32")))
         x0 = e.mul(u, e.c(32))
         lo_s, hi_s = [], []
-        for mm in range(self.m.M):
+        for mm in self.rows:
             xv = self.xs(mm, x0, 32)
             lo_s.append(self._chains(list(zip(q[:16], xv[:16]))))
             hi_s.append(self._chains(list(zip(q[16:], xv[16:]))))
@@ -857,9 +910,13 @@ class _Kernel:
         A lane with at most :attr:`unroll` units runs them straight-line, a unit past the
         end clamped in range and its contribution dropped: all its loads are in flight at
         once (a loop whose trip count differs between lanes waits on each load in turn, and
-        is not unrolled). More units run in a loop of ``U`` units an iteration where the
-        lanes divide them evenly."""
-        e, L, M, J = self.e, self.lanes, self.m.M, len(self.wnames)
+        is not unrolled). More units run in a loop of ``U`` units an iteration (the most up
+        to :attr:`unroll` that one iteration's lanes fill), and the units past its last whole
+        iteration straight-line as above. Why the tail: a loop that had to divide the units
+        evenly took one unit an iteration for a K of 3584 bf16 (448 units = 3.5 x 128), one
+        load in flight a lane, and streamed 2.1 TB/s on an H200 (a MoE expert's down
+        projection)."""
+        e, L, M, J = self.e, self.lanes, len(self.rows), len(self.wnames)
         red = self.m.prologue if self.m.deferred else []
         R = len(red)
         epu = self.m.K // self.units()          # k elements per unit
@@ -889,25 +946,28 @@ class _Kernel:
                 self.xmemo = None
             return acc
 
-        if rounds <= self.unroll:
-            acc: list = [None] * (M * J + R)
-            for r in range(rounds):
-                u = e.add(lane, e.c(r * L)) if r else lane
+        def straight(acc: list, first: int) -> list:
+            # units first + lane, first + lane + L, ... < units: one round each
+            for r in range(-(-(units - first) // L)):
+                u = e.add(lane, e.c(first + r * L)) if first + r * L else lane
                 valid = None
-                if (r + 1) * L > units:              # lanes past the end: clamped, dropped
+                if first + (r + 1) * L > units:      # lanes past the end: clamped, dropped
                     valid = e.op(f"arith.cmpi ult, {u}, {e.c(units)} : index")
                     u = e.op(f"arith.minui {u}, {e.c(units - 1)} : index")
                 acc = step(e.add(base, u) if base else u, acc, valid)
-            vals = acc
+            return acc
+
+        if rounds <= self.unroll:
+            vals = straight([None] * (M * J + R), 0)
         else:
             accs = [e.name() for _ in range(M * J + R)]
             res = e.name()
             f32s = ", ".join(["f32"] * (M * J + R))
-            U = next(u for u in (8, 4, 2, 1)
-                     if u <= self.unroll and (units % (L * u) == 0 or u == 1))
-            lo, hi = lane, e.c(units)
+            U = next(u for u in (8, 4, 2, 1) if u <= self.unroll and units >= L * u)
+            main = units // (L * U) * (L * U)      # the units of whole iterations
+            lo, hi = lane, e.c(main)
             if base:
-                lo, hi = e.add(base, lane), e.add(base, e.c(units))
+                lo, hi = e.add(base, lane), e.add(base, e.c(main))
             e.raw(f"{res}:{M * J + R} = scf.for %u = {lo} to {hi} step {e.c(L * U)} "
                   f"iter_args({', '.join(f'{a} = {zero}' for a in accs)}) -> ({f32s}) {{")
             new = list(accs)
@@ -915,7 +975,7 @@ class _Kernel:
                 new = step("%u" if i == 0 else e.add("%u", e.c(i * L)), new)
             e.raw(f"scf.yield {', '.join(new)} : {f32s}")
             e.raw("}")
-            vals = [f"{res}#{i}" for i in range(M * J + R)]
+            vals = straight([f"{res}#{i}" for i in range(M * J + R)], main)
         width = e.c(self.sg, "i32")
         sums = []
         for v in vals:
@@ -963,7 +1023,7 @@ class _Kernel:
         predecessor's result) is read only after the wait."""
         e, m, L = self.e, self.m, self.lanes
         if m.weight.layout != "kn":
-            row = m.weight.nbytes // m.N                  # bytes of one column's weights
+            row = m.weight.nbytes // (m.N * m.E)          # bytes of one column's weights
             units = self.units()
             per_part = row // self.ksplit
             first = min(per_part, -(-row * self.unroll * L // units))
@@ -990,7 +1050,7 @@ class _Kernel:
     def kernel(self, fn: ir.Operation) -> tuple[str, list[tuple[str, int]], list]:
         """(gpu.module text, launch argument slots, constant buffers) of the kernel."""
         m, e, sg, L = self.m, self.e, self.sg, self.lanes
-        M, J = m.M, len(m.weights)
+        M, J = len(self.rows), len(m.weights)
         nargs = len(fn.regions[0].blocks[0].arguments)
         # one scalar emitter for the expression x and the epilogue: the hook supplies the
         # row reductions of x (computed before the main loop) and the GEMV's sums
@@ -1036,8 +1096,23 @@ class _Kernel:
         inb = e.op(f"arith.cmpi ult, {n_raw}, {e.c(m.N)} : index")
         # shuffles need whole warps: a column past N computes column N - 1 and stores nothing
         n = e.op(f"arith.minui {n_raw}, {e.c(m.N - 1)} : index") if m.N % cols else n_raw
+        wn = n                   # the weight's row of column n
+        if m.idx is not None:
+            # an indexed region: block row t computes row t of x against slab idx[t]
+            # (clamped to the E slabs, as the oracle's gather clamps), row e * N + n
+            t = e.op("gpu.block_id y")
+            self.rows = [t]
+            M = 1
+            with se.scope():
+                raw = se.value(m.idx, [t])
+            it = _ttype(m.idx).dtype.value
+            i64 = raw if it == "i64" else e.op(f"arith.extsi {raw} : {it} to i64")
+            lo = e.op(f"arith.maxsi {i64}, {e.c(0, 'i64')} : i64")
+            hi = e.op(f"arith.minsi {lo}, {e.c(m.E - 1, 'i64')} : i64")
+            slab = e.op(f"arith.index_cast {hi} : i64 to index")
+            wn = e.add(e.mul(slab, e.c(m.N)), n)
         if self.prefetch:
-            self.prefetch_weights(n, lane, part)
+            self.prefetch_weights(wn, lane, part)
         is0 = e.op(f"arith.cmpi eq, {lane}, {e.c(0)} : index")
         wg_mem: list[tuple[str, str]] = []
         x_reads: set[str] = set()
@@ -1059,11 +1134,13 @@ class _Kernel:
                     for f in sc:
                         for j in range(J):
                             sums[j][i] = e.fmul(sums[j][i], f)
-            for i in range(M):
+            for i, row in enumerate(self.rows):
                 row_now[0] = i
                 with se.scope():
                     for j, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
-                        idx = se.delinearize(se.iadd(i * m.N, n), ot.shape)
+                        lin = se.iadd(se.imul(row, m.N), n) if isinstance(row, str) else \
+                            se.iadd(i * m.N, n)
+                        idx = se.delinearize(lin, ot.shape)
                         se.store(se.value(out, idx), f"%o{j}", ot, idx)
 
         smt = f"memref<{S * cols * V}xf32, #gpu.address_space<workgroup>>"
@@ -1075,7 +1152,7 @@ class _Kernel:
                     reduced[(r.results[0], row)] = row_total(se, r, list(row), wlane, sg, sg,
                                                              0, wg)
                     assert not wg                # one subgroup per row: shuffles only
-            flat = [v for per in self.dot_rows(n, lane, part) for v in per]
+            flat = [v for per in self.dot_rows(wn, lane, part) for v in per]
             if S == 1:
                 e.raw(f"scf.if {e.op(f'arith.andi {inb}, {is0} : i1')} {{")
                 epilogue(flat)
@@ -1260,15 +1337,18 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     sg = getattr(caps, "subgroup_size", None)
     if not sg:
         return None                 # shuffles need the device's real subgroup width
-    m = match(fn, max_matmuls=MAX_MATMULS)
-    if m is None or m.M * len(m.weights) > max(2 * MAX_M, SMALL_N_MAX_M if m.N <= SMALL_N
-                                               else 0):
+    m = match(fn, max_matmuls=MAX_MATMULS) or match_indexed(fn, max_matmuls=MAX_MATMULS)
+    if m is None:
+        return None
+    rows = 1 if m.idx is not None else m.M         # rows a block computes
+    if rows * len(m.weights) > max(2 * MAX_M, SMALL_N_MAX_M if m.N <= SMALL_N else 0):
         return None                 # accumulators per lane: registers
-    if gemm_defers(fn, m, caps):
+    if m.idx is None and gemm_defers(fn, m, caps):
         return None
     vec = "sm_90" in (getattr(caps, "features", None) or ())
     kern = _Kernel(m, sg, 1, vec, TUNING["unroll"] or 4)
-    ksplit = TUNING["ksplit"] or ksplit_for(m.N, kern.units(), sg, caps, m.M)
+    # (an indexed region's M rows are M GEMVs of N columns side by side: grid y)
+    ksplit = TUNING["ksplit"] or ksplit_for(m.N * (m.M // rows), kern.units(), sg, caps, rows)
     if kern.units() % (ksplit * sg):
         ksplit = 1                   # slices of whole lane rounds only
     # lanes per column: a whole warp by default. Several columns a warp (8 lanes each for the
@@ -1278,7 +1358,8 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     lanes = TUNING["lanes"] or sg
     if lanes > sg or sg % lanes:
         return None
-    warps = TUNING["warps"] or (8 if ksplit > 1 else _warps(-(-m.N // (sg // lanes)), caps))
+    warps = TUNING["warps"] or (8 if ksplit > 1 else
+                                _warps(-(-m.N * (m.M // rows) // (sg // lanes)), caps))
     if warps % ksplit:
         ksplit = 1
     if m.prologue and (m.N * m.K * len(m.weights) * 8 > PROLOGUE_MAX_EXTRA_BYTES or
@@ -1296,11 +1377,11 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
         text, slots, consts = kern.kernel(fn)
     except ScalarUnsupported:
         return None
-    grid = (-(-m.N // (warps // ksplit * (sg // lanes))), 1, 1)
+    grid = (-(-m.N // (warps // ksplit * (sg // lanes))), m.M // rows, 1)
     return Synthesized(text, [Launch("kernel", slots, "poot_gemv", "gemv", grid,
                                      (warps * sg, 1, 1))], consts=consts)
 
 
 __all__ = ["GEMM_FROM_M", "GemvMatch", "MAX_M", "PACKED", "SMALL_N", "SMALL_N_MAX_M", "dense16",
            "gemm_defers", "gemm_rows", "gemv", "gemv_rows", "kernel_params", "ksplit_for",
-           "match", "region_params"]
+           "match", "match_indexed", "region_params"]
