@@ -10,8 +10,13 @@ Two handles of the same random-weight model (``--dtype``: stored as that, packed
 kept packed): one traced with ``POOT_MOE=sparse``, one with ``POOT_MOE=dense``. One request
 of a 16-token prompt generates ``--tokens`` tokens greedily (EOS ignored); tok/s counts
 the generated tokens over the decode time (the first token's time, prefill, excluded), the
-best of ``--repeats`` runs after a warm-up. ``same_tokens``: both spellings chose the same
-tokens; ``max_logprob_diff``: the largest difference of the chosen tokens' log-probs.
+best of ``--repeats`` runs after a warm-up. ``step_us_*``: the device's time per decode step
+(its recording replayed ``--replays`` times back to back, no host work between:
+:func:`poot.cli.bench_cmd.replay_entry_us`; where the device records steps), and
+``step_ratio`` the dense step's over the sparse one's: the per-token ratio without the host
+loop's jitter, which on a GPU is tens of microseconds a token against steps of 0.2-0.4 ms.
+``same_tokens``: both spellings chose the same tokens; ``max_logprob_diff``: the largest
+difference of the chosen tokens' log-probs.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--kv-capacity", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--replays", type=int, default=200,
+                    help="replays of the recorded decode step timed for step_us_*")
     ap.add_argument("--no-logprobs", action="store_true",
                     help="no log-probs (a machine without MLIR runs only the samplers "
                          "poot compile built: the greedy one)")
@@ -70,9 +77,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from poot.api import ModelHandle
+    from poot.cli.bench_cmd import decode_entry, replay_entry_us
     from poot.compiler import CompileOptions
 
-    prompt = list(map(int, np.random.default_rng(1).integers(3, 1000, 16)))
+    cfg = Path(args.config)
+    vocab = json.loads((cfg / "config.json" if cfg.is_dir() else cfg).read_text())["vocab_size"]
+    prompt = list(map(int, np.random.default_rng(1).integers(3, min(1000, vocab), 16)))
     out = {"model": Path(args.config).stem, "backend": args.backend, "dtype": args.dtype,
            "precision": args.precision, "tokens": args.tokens}
     res = {}
@@ -85,10 +95,14 @@ def main(argv=None) -> int:
         load_s = time.perf_counter() - t0
         res[spelling] = run(h, prompt, args.tokens, args.repeats, not args.no_logprobs)
         out[f"tok_per_s_{spelling}"] = round(res[spelling][0], 2)
+        us = replay_entry_us(h, decode_entry(h), args.replays)
+        out[f"step_us_{spelling}"] = None if us is None else round(us, 2)
         out[f"load_s_{spelling}"] = round(load_s, 1)
         del h
     os.environ.pop("POOT_MOE")
     out["ratio"] = round(res["sparse"][0] / res["dense"][0], 3)
+    if out["step_us_sparse"] and out["step_us_dense"]:
+        out["step_ratio"] = round(out["step_us_dense"] / out["step_us_sparse"], 3)
     out["same_tokens"] = res["sparse"][1] == res["dense"][1]
     n = next((i for i, (a, b) in enumerate(zip(res["sparse"][1], res["dense"][1])) if a != b),
              len(res["sparse"][1]))

@@ -95,12 +95,25 @@ def _norm(kind: str, M: int, K: int, rng) -> tuple[list, list[str]]:
     return args, body
 
 
-def _lhs(x: np.ndarray, norm: str | None, rng) -> tuple[list, list[str]]:
+def _lhs(x: np.ndarray, norm: str | None, rng, combine: int = 0) -> tuple[list, list[str]]:
     """(arguments, body) of the matmul LHS ``%x2`` [M, K] from the argument x [1, M, K],
-    through ``norm`` (:func:`_norm`) when given."""
+    through ``norm`` (:func:`_norm`) when given. ``combine`` = k > 0: x is not an argument
+    but a MoE layer's output, ``x0 + sum_j w[j] * ys[j]`` over k rows (a reduction over the
+    leading axis, which the kernels compute per element)."""
     _, M, K = x.shape
-    args = [("x", f"tensor<1x{M}x{K}xf32>", x)]
+    t = f"tensor<1x{M}x{K}xf32>"
     body: list = []
+    if combine:
+        k = combine
+        ys, w = f"tensor<{k}x1x{M}x{K}xf32>", f"tensor<{k}x1x1x1xf32>"
+        args = [("x0", t, x), ("ys", ys, rng.standard_normal((k, 1, M, K)).astype(np.float32)),
+                ("cw", w, rng.uniform(0.1, 1.0, (k, 1, 1, 1)).astype(np.float32))]
+        body += [f'%cwb = "poot.broadcast"(%cw) {{dims = array<i64: 0, 1, 2, 3>}} : ({w}) -> {ys}',
+                 f'%yw = "poot.binary"(%ys, %cwb) {{fn = "mul"}} : ({ys}, {ys}) -> {ys}',
+                 f'%ysum = "poot.reduce"(%yw) {{axes = array<i64: 0>, fn = "sum"}} : ({ys}) -> {t}',
+                 f'%x = "poot.binary"(%x0, %ysum) {{fn = "add"}} : ({t}, {t}) -> {t}']
+    else:
+        args = [("x", t, x)]
     xin = "%x"
     if norm is not None:
         a, b = _norm(norm, M, K, rng)
@@ -113,15 +126,17 @@ def _lhs(x: np.ndarray, norm: str | None, rng) -> tuple[list, list[str]]:
 
 
 def gemv_region(fmt: str, M: int, N: int, K: int, epilogue: str = "none", seed: int = 0,
-                layout: str = "nk", norm: str | None = None, probe: bool = False):
+                layout: str = "nk", norm: str | None = None, probe: bool = False,
+                combine: int = 0):
     """A graph ``@region`` calling one dispatch function ``x [1, M, K] -> [1, M, N]`` (a
     matmul against a ``fmt`` weight, spelled as the tracer does, then ``epilogue``: ``none``,
     ``residual`` (+ an argument) or ``silu_up`` (silu(y) * an argument)), and its inputs;
-    ``norm`` (``rmsnorm``/``layernorm``): x goes through that norm first (:func:`_norm`)."""
+    ``norm`` (``rmsnorm``/``layernorm``): x goes through that norm first (:func:`_norm`);
+    ``combine``: x is a MoE combine of that many rows (:func:`_lhs`)."""
     rng = np.random.default_rng(seed)
     wt, wv, _ = _weight(fmt, N if layout == "nk" else K, K if layout == "nk" else N, rng)
     x = rng.standard_normal((1, M, K)).astype(np.float32)
-    args, body = _lhs(x, norm, rng)
+    args, body = _lhs(x, norm, rng, combine)
     args.insert(1, ("w", wt, wv))
     y = f"tensor<{M}x{N}xf32>"
     o = f"tensor<1x{M}x{N}xf32>"
@@ -447,6 +462,23 @@ def test_rmsnorm_gemv_matches_oracle(vk_device, vk_target, fmt, K, M, epilogue):
     got = _run(vk_device, vk_target, g, inputs)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max(),
                                err_msg=f"{fmt} K={K} M={M} {epilogue}")
+
+
+@pytest.mark.parametrize("norm", [None, "rmsnorm", "layernorm"])
+@pytest.mark.parametrize("fmt,k", [("bf16", 2), ("q4_1", 8)])
+def test_gemv_of_a_moe_combine_matches_oracle(vk_device, vk_target, fmt, k, norm):
+    """x = (a norm of) ``x0 + sum_j w[j] * ys[j]``, a MoE layer's top-k combine folded into the
+    next projection: the k-term sum over the leading axis is computed per element inside the
+    dot (and inside the norm's row reductions), one GEMV kernel."""
+    from poot.backends.gpu.plan import plan_program
+
+    g, inputs = gemv_region(fmt, 1, 192, 576, "residual", seed=k, norm=norm, combine=k)
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), vk_target.caps)
+    assert plan.strategies == {"gemv": 1}, plan.strategies
+    want = oracle.evaluate(g, inputs)["r0"]
+    got = _run(vk_device, vk_target, g, inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * np.abs(want).max(),
+                               err_msg=f"{fmt} k={k} {norm}")
 
 
 @pytest.mark.parametrize("fmt,M", [("q4_1", 1), ("bf16", 2), ("q8_0", 2)])

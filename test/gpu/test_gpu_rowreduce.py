@@ -63,6 +63,35 @@ def test_rmsnorm_of_a_residual_with_a_lora_term(vk, rows, k, r):
           rtol=2e-5, atol=2e-5, strategy="rowreduce")
 
 
+@pytest.mark.parametrize("rows,k,top", [(1, 64, 2), (3, 1024, 8)])
+def test_rmsnorm_of_a_moe_combine(vk, rows, k, top):
+    """RMSNorm of ``h = x0 + sum_j w[j] * ys[j]`` (a MoE layer's top-k combine folded in front
+    of the final norm): the sum over the leading axis is no row reduction, so it is computed
+    per element wherever h is read, and the row kernel reduces h^2 as before."""
+    X, Y, W = f"tensor<{rows}x{k}xf32>", f"tensor<{top}x{rows}x{k}xf32>", \
+        f"tensor<{top}x{rows}x1xf32>"
+    R1 = f"tensor<{rows}x1xf32>"
+    body = f"""
+  %wb = "poot.broadcast"(%arg2) {{dims = array<i64: 0, 1, 2>}} : ({W}) -> {Y}
+  %yw = "poot.binary"(%arg1, %wb) {{fn = "mul"}} : ({Y}, {Y}) -> {Y}
+  %ys = "poot.reduce"(%yw) {{axes = array<i64: 0>, fn = "sum"}} : ({Y}) -> {X}
+  %h = "poot.binary"(%arg0, %ys) {{fn = "add"}} : ({X}, {X}) -> {X}
+  %0 = "poot.constant"() {{value = dense<{float(k):e}> : {R1}}} : () -> {R1}
+  %2 = "poot.binary"(%h, %h) {{fn = "mul"}} : ({X}, {X}) -> {X}
+  %3 = "poot.reduce"(%2) {{axes = array<i64: 1>, fn = "sum"}} : ({X}) -> tensor<{rows}xf32>
+  %4 = "poot.reshape"(%3) : (tensor<{rows}xf32>) -> {R1}
+  %5 = "poot.binary"(%4, %0) {{fn = "div"}} : ({R1}, {R1}) -> {R1}
+  %7 = "poot.unary"(%5) {{fn = "rsqrt"}} : ({R1}) -> {R1}
+  %8 = "poot.broadcast"(%7) {{dims = array<i64: 0, 1>}} : ({R1}) -> {X}
+  %9 = "poot.binary"(%h, %8) {{fn = "mul"}} : ({X}, {X}) -> {X}
+  return %9, %h : {X}, {X}"""
+    g = region([X, Y, W], [X, X], body)
+    rng = np.random.default_rng(k + top)
+    check(vk, g, {"a0": rand(rng, (rows, k), "f32"), "a1": rand(rng, (top, rows, k), "f32"),
+                  "a2": rand(rng, (top, rows, 1), "f32", 0.0, 1.0)},
+          rtol=2e-5, atol=2e-5, strategy="rowreduce")
+
+
 @pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("rows,k", [((1, 1), 576), ((1, 3), 64), ((37,), 100), ((2, 5), 7),
                                     ((1,), 3000), ((9,), 1)])

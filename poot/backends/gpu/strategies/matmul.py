@@ -63,7 +63,7 @@ from poot.backends.gpu.kernels import WG_ALIGN, Launch
 from poot.backends.gpu.strategies import Synthesized, register
 from poot.backends.gpu.strategies._scalar import (KernelEmitter, ScalarEmitter,
                                                   ScalarUnsupported, buffer_type)
-from poot.backends.gpu.strategies.rowreduce import reduce_kind, row_total
+from poot.backends.gpu.strategies.rowreduce import per_element_reduction, reduce_kind, row_total
 from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
 
 #: largest M (rows of x: batch x new tokens) taken; larger M (prefill) stays generic
@@ -331,8 +331,8 @@ def _prologue(fn: ir.Operation, m: GemvMatch) -> list | None:
 
     def provide(v, idx):
         o = _op(v)
-        if o is None or o.name != "poot.reduce":
-            return None
+        if o is None or o.name != "poot.reduce" or per_element_reduction(o):
+            return None               # (a small reduction: the emitter computes it per element)
         if reduce_kind(o) is None or not all(isinstance(c, int) for c in idx):
             raise ScalarUnsupported("not a row reduction read at a known row")
         key = (v, tuple(idx))
@@ -402,7 +402,7 @@ def _defer(fn: ir.Operation, m: GemvMatch) -> tuple | None:
 
         def provide(v, idx, reads=reads):
             o = _op(v)
-            if o is not None and o.name == "poot.reduce":
+            if o is not None and o.name == "poot.reduce" and not per_element_reduction(o):
                 reads.append(v)
                 return "%r"
             return None
@@ -425,7 +425,7 @@ def _defer(fn: ir.Operation, m: GemvMatch) -> tuple | None:
     for r, row in m.prologue:          # each reduction's operand: no reduction read
         def refuse(v, idx):
             o = _op(v)
-            if o is not None and o.name == "poot.reduce":
+            if o is not None and o.name == "poot.reduce" and not per_element_reduction(o):
                 raise ScalarUnsupported("a reduction reads another")
             return None
         try:
@@ -1064,7 +1064,7 @@ class _Kernel:
                     raise ScalarUnsupported("the matmul result read outside the epilogue")
                 return sums[m.roots.index(v)][row_now[0]]
             o = _op(v)
-            if o is not None and o.name == "poot.reduce":
+            if o is not None and o.name == "poot.reduce" and not per_element_reduction(o):
                 got = reduced.get((v, tuple(idx)))
                 if got is None:
                     raise ScalarUnsupported("a row reduction the prologue did not compute")

@@ -67,6 +67,7 @@ from poot.backends.gpu.strategies._scalar import (
     gpu_kernel,
     gpu_module,
     poot_type,
+    small_reduction,
 )
 from poot.backends.gpu.strategies.pointwise import body_ops, per_element, results
 from poot.dialects.lowering.emit import HALF, compute_type
@@ -143,8 +144,9 @@ class _Region:
 def _match(fn: ir.Operation) -> _Region | None:
     """The region ``fn`` as :class:`_Region`, or None (see the module doc's Matches)."""
     ops = body_ops(fn)
-    reduces = [o for o in ops if o.name == "poot.reduce"]
-    if not reduces or any(o.name != "poot.reduce" and not per_element(o) for o in ops):
+    # (a reduction computed per element, as the MoE top-k sum feeding a norm, is no row's)
+    reduces = [o for o in ops if o.name == "poot.reduce" and not per_element_reduction(o)]
+    if not reduces or any(o not in reduces and not per_element(o) for o in ops):
         return None
     x0 = poot_type(reduces[0].operands[0])
     if not isinstance(x0, TensorType) or x0.rank < 1:
@@ -304,6 +306,14 @@ def reduce_kind(r: ir.Operation) -> str | None:
             not (x.dtype.is_float or x.dtype is DType.I32 or boolean):
         return None
     return a["fn"]
+
+
+def per_element_reduction(r: ir.Operation) -> bool:
+    """Whether ``poot.reduce`` ``r`` is no row reduction (:func:`reduce_kind` None) but small
+    enough for the scalar emitter to compute per element (:func:`~._scalar.small_reduction`:
+    a MoE layer's sum over its top-k rows). Strategies with a row-reduction hook leave such a
+    reduction to the emitter instead of refusing the region."""
+    return r.name == "poot.reduce" and reduce_kind(r) is None and small_reduction(r)
 
 
 def row_total(se: ScalarEmitter, r: ir.Operation, rowc, lane, tr: int, sg: int | None,
