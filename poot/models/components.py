@@ -661,8 +661,12 @@ class DecoderModel(abc.ABC):
              rename: Callable[[str, Any], Any] | None = None) -> WeightBinding:
         """Bind every role from ``store`` (packed stays packed; ``rename`` as
         :func:`~poot.models.base.bind_weights`). Raises ModelError naming a missing tensor."""
+        from poot.models.random_init import check_bound_shapes   # (it imports this module)
+
         o = self.options()
-        return bind_weights(self.weight_table(), store, o.source, o.num_layers, rename)
+        out = bind_weights(self.weight_table(), store, o.source, o.num_layers, rename)
+        check_bound_shapes(out, o, self.family)
+        return out
 
     def dims(self) -> StepDims:
         return decoder_dims(self.options())
@@ -685,7 +689,10 @@ class DecoderModel(abc.ABC):
                 and "embed_tokens.weight" in store:
             table = {r: WeightName(w.hf.removeprefix("model.") if w.hf else w.hf, w.gguf,
                                    w.optional) for r, w in table.items()}
+        from poot.models.random_init import check_bound_shapes
+
         out = bind_weights(table, store, o.source, o.num_layers)
+        check_bound_shapes(out, o, self.family)
         if o.source == "hf" and "score.weight" in store:   # ...ForSequenceClassification
             out.add("score", store["score.weight"])
         return out

@@ -13,8 +13,12 @@ decoder roles (:func:`poot.models.components.decoder_weight_names`, ``dense_ffn_
 embedding / head ``[vocab, hidden]``, q ``[heads*head_dim, hidden]``, k/v
 ``[kv_heads*head_dim, hidden]``, o ``[hidden, heads*head_dim]``, gate/up
 ``[intermediate, hidden]``, down ``[hidden, intermediate]``, fused qkv / gate_up stacked on
-the rows, norms ``[hidden]`` (q/k norms ``[head_dim]``). Optional roles (biases) are left
-out; a role with no rule here (MoE experts) is refused with :class:`ModelError`.
+the rows, norms ``[hidden]`` (q/k norms ``[head_dim]``); MoE routers, stacked experts
+``[E, ffn, hidden]`` and shared experts; multi-head latent attention's projections. Optional
+roles (biases) are left out; a role with no rule here is refused with :class:`ModelError`,
+and so are weights that would not fit in this machine's memory (checked before any is made).
+The same rules check a real checkpoint's tensors against its config at bind
+(:func:`check_bound_shapes`).
 
 Values: matrices N(0, 1/fan_in) (``fan_in`` = the last dimension: each projection keeps unit
 variance, so activations stay O(1) through the layers and finite in bf16); 1-D weights
@@ -143,6 +147,24 @@ def role_shape(role: str, o: Any) -> tuple[int, ...]:
     return shapes[leaf]
 
 
+def check_bound_shapes(binding: Any, o: Any, family: str) -> None:
+    """Check every bound role of ``binding`` that :func:`role_shape` has a rule for against
+    the shape the config implies (decoder options ``o``): a checkpoint whose tensors disagree
+    with its config (an edited ``kv_lora_rank``, a wrong head count) is refused here, before
+    tracing, instead of surfacing as a verifier error of some op deep in the step. Raises
+    :class:`ModelError` naming the tensor, its shape and the config's."""
+    for role, t in binding.types.items():
+        try:
+            want = role_shape(role, o)
+        except ModelError:
+            continue                              # (a role without a rule: not checked)
+        got = tuple(int(d) for d in t.shape)
+        if got != tuple(want):
+            raise ModelError(f"{family}: checkpoint tensor {binding.stored.get(role, role)!r} "
+                             f"has shape {list(got)}, but the config implies {list(want)} "
+                             f"(role {role!r}): the config and the weights disagree")
+
+
 _DTYPES = {"bf16": "bf16", "f16": "f16", "f32": "f32"}
 #: GGUF block formats random weights may be packed in: each matrix's random floats quantized
 #: by the ``gguf`` package (llama.cpp's reference quantizer); vectors (norms) stay f32
@@ -165,13 +187,48 @@ def _quantized(name: str, data: "RandomArray", fmt: str, source: str):
     return StoredTensor(name, data.shape, None, q, packed, source)
 
 
+#: bytes a weight element takes when packed, by GGUF block format (block bytes / 32)
+_PACKED_BYTES = {"q4_0": 18 / 32, "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32,
+                 "q8_0": 34 / 32}
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_fits(model: Any, o: Any, dtype: str, itemsize: int) -> None:
+    """Refuse, before anything is allocated, random weights that need more bytes than this
+    machine's memory (they are materialized on the host to be bound): a ModelError giving
+    both sizes."""
+    total = 0.0
+    for role_t, where in model.weight_table().items():
+        if where.optional or where.hf is None:
+            continue
+        layers = o.num_layers if "{i}" in role_t else 1
+        role = role_t.format(i=0) if "{i}" in role_t else role_t
+        shape = role_shape(role, o)
+        n = float(np.prod(shape, dtype=np.float64))
+        per = _PACKED_BYTES[dtype] if dtype in PACKED and len(shape) - bool(where.stack) == 2 \
+            else itemsize
+        total += layers * n * per
+    mem = _memory_bytes()
+    if mem is not None and total > mem:
+        raise ModelError(f"random weights: this config's {dtype} weights need "
+                         f"{total / 2**30:,.1f} GiB, more than this machine's "
+                         f"{mem / 2**30:,.1f} GiB of memory")
+
+
 def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int = 0
                       ) -> LoadedModel:
     """The family of the HF ``config.json`` (a file, or a folder holding one) with random
     weights of ``dtype`` (``bf16``/``f16``/``f32``, or a GGUF block format of :data:`PACKED`
     for the matrices, vectors then f32) bound as a checkpoint would bind them.
-    Raises :class:`ModelError` (unsupported dtype, a role without a shape rule) or
-    :class:`~poot.load.errors.LoadError` (a bad config)."""
+    Raises :class:`ModelError` (unsupported dtype, a role without a shape rule, weights larger
+    than this machine's memory) or :class:`~poot.load.errors.LoadError` (a bad config)."""
     from poot.load.config import _read_json, config_from_hf
     from poot.load.store import DType, StoredTensor
 
@@ -188,6 +245,7 @@ def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int 
     model = family.from_config(cfg, None)
     o = model.options()
     st = DType(_DTYPES.get(dtype, "f32"))
+    _check_fits(model, o, dtype, st.numpy.itemsize)
     store: dict[str, StoredTensor] = {}
     for role_t, where in model.weight_table().items():
         if where.optional or where.hf is None:
@@ -209,5 +267,5 @@ def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int 
     return LoadedModel(model, model.bind(store), store)
 
 
-__all__ = ["CHUNK_ELEMS", "POOL_ELEMS", "RandomArray", "load_random_model", "pool",
-           "role_shape"]
+__all__ = ["CHUNK_ELEMS", "POOL_ELEMS", "RandomArray", "check_bound_shapes",
+           "load_random_model", "pool", "role_shape"]

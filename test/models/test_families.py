@@ -101,6 +101,20 @@ def test_missing_tensor_is_a_typed_error_naming_it(name, tmp_path):
         load_model(_without(name, MISSING[name], tmp_path))
 
 
+@pytest.mark.parametrize("name", sorted(MISSING))
+@pytest.mark.parametrize("key,factor", [("hidden_size", 2), ("vocab_size", 10 ** 9)])
+def test_config_disagreeing_with_the_tensors_is_refused_at_bind(name, key, factor, tmp_path):
+    """A config.json edited so its sizes no longer match the tensors (twice the hidden size;
+    a vocabulary of 10^11 and more) is refused while binding, naming a tensor with its shape
+    and the config's, before anything is traced or allocated."""
+    import json
+
+    cfg = json.loads((fixture_path(name) / "config.json").read_text())
+    with pytest.raises(ModelError, match=r"checkpoint tensor '.+' has shape \[[\d, ]+\], but "
+                                         r"the config implies \[[\d, ]+\]"):
+        load_model(_edited_copy(tmp_path, name, {key: cfg[key] * factor}))
+
+
 def test_qwen2_binds_qkv_biases_not_o():
     _, weights = load_model(fixture_path("qwen2"))
     assert {"blk.0.attn.q_bias", "blk.0.attn.k_bias", "blk.0.attn.v_bias"} <= set(weights.types)

@@ -52,3 +52,26 @@ def test_unknown_format_is_refused(tmp_path):
 
     with pytest.raises(ModelError, match="q4_1"):
         load_random_model(_tiny_config(tmp_path), "q3_k")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "q4_0"])
+def test_weights_past_this_machines_memory_are_refused_before_allocating(tmp_path, dtype,
+                                                                         monkeypatch):
+    """A config whose random weights would not fit (here: a machine said to have 1 GiB, and
+    a 4096 x 65536-vocab model: 0.5 GiB of embeddings and 0.5 of head in bf16, 2 x 24
+    layers of 4096 x 4096 projections) is refused with the bytes needed, before a weight is
+    made (RandomArray is never built)."""
+    import json
+
+    from poot.models import random_init
+    from poot.models.base import ModelError
+
+    cfg = json.loads(_tiny_config(tmp_path).read_text())
+    cfg.update(hidden_size=4096, intermediate_size=14336, num_hidden_layers=24,
+               vocab_size=65536, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps(cfg))
+    monkeypatch.setattr(random_init, "_memory_bytes", lambda: 1 << 30)
+    monkeypatch.setattr(random_init, "RandomArray", None)      # any weight made would fail
+    with pytest.raises(ModelError, match=r"need [\d,.]+ GiB, more than this machine's 1\.0 GiB"):
+        random_init.load_random_model(p, dtype)
