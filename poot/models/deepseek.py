@@ -131,11 +131,16 @@ def hf_view_of_gguf(cfg: Any, family: str) -> Any:
         raise ModelError(f"{family}: GGUF {k}expert_gating_func {gating} is not supported "
                          f"(1: softmax, 2: sigmoid)")
     groups = int(get("expert_group_count", 1) or 1)
+    key_len = int(get("attention.key_length_mla"))
+    if key_len <= rope:
+        raise ModelError(f"{family}: GGUF {k}attention.key_length_mla ({key_len}) must exceed "
+                         f"{k}rope.dimension_count ({rope}): a key is its no-RoPE part then "
+                         f"its RoPE part")
     extra = dict(meta)
     extra.update(
         q_lora_rank=int(get("attention.q_lora_rank", 0)) or None,
         kv_lora_rank=int(get("attention.kv_lora_rank")),
-        qk_rope_head_dim=rope, qk_nope_head_dim=int(get("attention.key_length_mla")) - rope,
+        qk_rope_head_dim=rope, qk_nope_head_dim=key_len - rope,
         v_head_dim=int(get("attention.value_length_mla")),
         n_shared_experts=int(get("expert_shared_count", 0)),
         first_k_dense_replace=int(get("leading_dense_block_count", 0)),
@@ -229,6 +234,17 @@ class DeepseekGguf(_DeepSeek):
 
     family: ClassVar[str] = "deepseek2"
     architectures: ClassVar[tuple[str, ...]] = ("deepseek2",)
+
+    def bind(self, store: Mapping[str, Any], rename=None):
+        """As every decoder binds, after refusing the older ``deepseek2`` layout: one
+        ``attn_kv_b`` a layer where current llama.cpp converters write the absorbed form's
+        ``attn_k_b`` / ``attn_v_b`` (ModelError saying to reconvert)."""
+        if "blk.0.attn_kv_b.weight" in store and "blk.0.attn_k_b.weight" not in store:
+            raise ModelError(f"{self.family}: this GGUF holds each layer's combined "
+                             f"attn_kv_b (an older llama.cpp conversion); poot reads the "
+                             f"split attn_k_b / attn_v_b that current convert_hf_to_gguf.py "
+                             f"writes: reconvert the checkpoint")
+        return super().bind(store, rename)
 
     @classmethod
     def _routing(cls, cfg: Any) -> C.MoeOptions:

@@ -30,6 +30,8 @@ place (``poot.indexed_matmul``), as it reads GGUF's stacked ``ffn_*_exps``.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, ClassVar, Mapping
 
 from poot.models import components as C
@@ -131,6 +133,16 @@ def _positive_int(extra: Mapping[str, Any], key: str, default: int, family: str)
     return v
 
 
+def _group_count(extra: Mapping[str, Any], key: str, default: int, family: str) -> int:
+    """``extra[key]`` as a group count: absent or null is ``default``, else an integer >= 1."""
+    v = extra.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ModelError(f"{family}: {key} must be an integer >= 1, found {v!r}")
+    return v
+
+
 def deepseek_moe(cfg: Any, family: str, *, scoring: str, group_score: str, score_bias: bool,
                  grouped: bool = True, normalize: bool | None = None,
                  scale: float | None = None) -> C.MoeOptions:
@@ -141,22 +153,28 @@ def deepseek_moe(cfg: Any, family: str, *, scoring: str, group_score: str, score
     ModelError naming a value of the wrong type or groups that leave too few experts."""
     extra = cfg.extra or {}
     _check_moe(cfg, family, cfg.moe_intermediate_size)
-    groups = (_positive_int(extra, "n_group", 1, family) or 1) if grouped else 1
-    topk_groups = (_positive_int(extra, "topk_group", groups, family) or groups) \
-        if grouped else 1
-    if cfg.num_experts % groups or topk_groups > groups or \
-            topk_groups * (cfg.num_experts // groups) < cfg.experts_per_token:
-        raise ModelError(f"{family}: n_group={groups} / topk_group={topk_groups} do not "
-                         f"leave {cfg.experts_per_token} of {cfg.num_experts} experts "
-                         f"eligible")
+    groups = _group_count(extra, "n_group", 1, family) if grouped else 1
+    topk_groups = _group_count(extra, "topk_group", groups, family) if grouped else 1
+    if cfg.num_experts % groups:
+        raise ModelError(f"{family}: n_group={groups} must divide the {cfg.num_experts} "
+                         f"routed experts into equal groups")
+    if topk_groups > groups:
+        raise ModelError(f"{family}: topk_group={topk_groups} is more than the "
+                         f"n_group={groups} groups")
+    if topk_groups * (cfg.num_experts // groups) < cfg.experts_per_token:
+        raise ModelError(f"{family}: n_group={groups} / topk_group={topk_groups} leave "
+                         f"{topk_groups * (cfg.num_experts // groups)} of {cfg.num_experts} "
+                         f"experts eligible, fewer than the {cfg.experts_per_token} a token "
+                         f"chooses (num_experts_per_tok)")
     first_dense = _positive_int(extra, "first_k_dense_replace", 0, family)
     shared = _positive_int(extra, "n_shared_experts", 0, family)
     if scale is None:
         scale = extra.get("routed_scaling_factor", 1.0)
         scale = 1.0 if scale is None else scale
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise ModelError(f"{family}: routed_scaling_factor must be a number, found "
-                             f"{scale!r}")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
+                not math.isfinite(scale) or scale <= 0:
+            raise ModelError(f"{family}: routed_scaling_factor must be a positive finite "
+                             f"number, found {scale!r}")
     if normalize is None:
         normalize = bool(extra.get("norm_topk_prob", True))
     return C.MoeOptions(cfg.num_experts, cfg.experts_per_token, normalize=normalize,

@@ -150,9 +150,69 @@ def _edited(tmp_path, name: str, changes: dict):
     ("deepseek_v3", {"qk_rope_head_dim": 7}, "qk_rope_head_dim must be even"),
     ("deepseek_v3", {"v_head_dim": "12"}, "v_head_dim must be a positive integer"),
     ("deepseek_v3", {"scoring_func": "softmax"}, "scoring_func 'softmax'"),
-    ("deepseek_v3", {"num_experts_per_tok": 5}, "do not leave 5 of 8 experts"),
+    ("deepseek_v3", {"num_experts_per_tok": 5}, "leave 4 of 8 experts eligible, fewer than "
+                                                 "the 5"),
+    ("deepseek_v3", {"n_group": 0}, "n_group must be an integer >= 1, found 0"),
+    ("deepseek_v3", {"n_group": 3}, "n_group=3 must divide the 8 routed experts"),
+    ("deepseek_v3", {"topk_group": 5}, "topk_group=5 is more than the n_group=4 groups"),
+    ("deepseek_v3", {"routed_scaling_factor": float("nan")},
+     "routed_scaling_factor must be a positive finite number, found nan"),
+    ("deepseek_v3", {"routed_scaling_factor": -2.5}, "must be a positive finite number"),
+    # the config disagreeing with the tensors: refused at bind, naming the tensor
+    ("deepseek_v3", {"kv_lora_rank": 64}, r"kv_a_proj_with_mqa.weight' has shape \[40, 64\], "
+                                          r"but the config implies \[72, 64\]"),
+    ("deepseek_v3", {"num_attention_heads": 8}, r"o_proj.weight' has shape \[64, 48\]"),
+    ("deepseek_v3", {"vocab_size": 10 ** 12}, r"embed_tokens.weight' has shape \[256, 64\], "
+                                              r"but the config implies \[1000000000000, 64\]"),
+    ("deepseek_v2_lite", {"n_shared_experts": 3}, r"shared_experts.gate_proj.weight' has shape"),
     ("deepseek_v2_lite", {"topk_method": "noaux_tc"}, "topk_method 'noaux_tc'"),
 ])
 def test_bad_mla_settings_are_typed(tmp_path, name, changes, match):
     with pytest.raises(ModelError, match=match):
         load_model(_edited(tmp_path, name, changes))
+
+
+def _edited_gguf(tmp_path, edits: dict, rename: tuple[str, str] | None = None):
+    """A copy of the ``deepseek_v2_lite_gguf`` fixture with metadata ``edits`` (key -> new
+    value of the same type) and one tensor renamed, written by the ``gguf`` package."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    r = GGUFReader(str(FIXTURES / "deepseek_v2_lite_gguf" / "model.gguf"))
+    out = tmp_path / "edited.gguf"
+    w = GGUFWriter(str(out), "deepseek2")
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        t = f.types[0]
+        if f.name in edits:
+            w.add_key_value(f.name, edits[f.name], t)
+        elif t == GGUFValueType.ARRAY:
+            sub = f.types[-1]
+            val = [bytes(f.parts[i]).decode() if sub == GGUFValueType.STRING
+                   else f.parts[i].tolist()[0] for i in f.data]
+            w.add_key_value(f.name, val, t, sub_type=sub)
+        elif t == GGUFValueType.STRING:
+            w.add_key_value(f.name, bytes(f.parts[f.data[0]]).decode(), t)
+        else:
+            w.add_key_value(f.name, f.parts[f.data[0]].tolist()[0], t)
+    for t in r.tensors:
+        name = rename[1] if rename and t.name == rename[0] else t.name
+        w.add_tensor(name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+@pytest.mark.parametrize("edits,rename,match", [
+    ({"deepseek2.attention.key_length_mla": 8}, None,
+     r"deepseek2\.attention\.key_length_mla \(8\) must exceed deepseek2\.rope\.dimension_count"),
+    ({}, ("blk.0.attn_k_b.weight", "blk.0.attn_kv_b.weight"),
+     "combined attn_kv_b .* reconvert the checkpoint"),
+])
+def test_bad_deepseek2_gguf_is_typed(tmp_path, edits, rename, match):
+    """GGUF ``deepseek2`` files llama.cpp would not write, or wrote in its older layout: a
+    typed error naming the GGUF key or the layout, before tracing."""
+    with pytest.raises(ModelError, match=match):
+        load_model(_edited_gguf(tmp_path, edits, rename))
