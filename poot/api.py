@@ -343,7 +343,8 @@ class ModelHandle:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidRequest("prompt", prompt[:40], "this checkpoint has no "
-                                     "tokenizer; pass token ids")
+                                     "tokenizer; pass token ids (poot generate "
+                                     "--prompts-file with JSON lines {\"prompt\": [ids]})")
             return self.tokenizer.encode(prompt)
         prompt = list(prompt)
         if prompt and isinstance(prompt[0], Mapping):

@@ -103,7 +103,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt", help="the prompt text ('-' reads stdin)")
     src.add_argument("--prompts-file", metavar="FILE",
                      help="run every prompt of FILE batched (one a line, or JSON Lines with "
-                          "per-prompt parameters); results as JSON lines")
+                          "per-prompt parameters, e.g. {\"prompt\": [1, 17, 42]} for token "
+                          "ids: a checkpoint without a tokenizer takes only those); results "
+                          "as JSON lines")
     p.add_argument("--chat", action="store_true", help="use the chat template")
     p.add_argument("--max-tokens", type=int, default=128, metavar="N",
                    help="generate at most N tokens (default: 128)")
