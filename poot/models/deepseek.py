@@ -37,6 +37,7 @@ are not run: they serve speculative decoding, not the next-token logits.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from types import MappingProxyType
@@ -164,8 +165,9 @@ class _DeepSeek(C.DecoderModel):
     """Shared by V2 and V3: MLA attention, DeepSeek MoE (the routing is the subclass's)."""
 
     @classmethod
+    @abc.abstractmethod
     def _routing(cls, cfg: Any) -> C.MoeOptions:
-        raise NotImplementedError
+        """The MoE routing of ``cfg`` (each version's scoring and top-k method)."""
 
     @classmethod
     def _rope_layout(cls, cfg: Any) -> str:
