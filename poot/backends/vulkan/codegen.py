@@ -628,7 +628,7 @@ def compile_vulkan(graph, target=None, options=None):
     dispatch region = one kernel sequence). Returns its
     :class:`~poot.compiler.compile.Program`, whose ``executable`` is the
     :class:`VulkanArtifact`."""
-    from poot.compiler.compile import CompileOptions, compile
+    from poot.compiler import CompileOptions, compile
 
     options = options or CompileOptions()
     return compile(graph, target or vulkan_target(), replace(options, fuse=True))
