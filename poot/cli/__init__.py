@@ -15,7 +15,7 @@ from poot.errors import PootError
 
 # Subcommand modules, in --help order. Each defines register(subparsers).
 _SUBCOMMANDS = ("generate", "chat", "serve", "embed", "bench", "compile", "inspect",
-                "tokenize", "devices", "devcheck")
+                "tokenize", "devices", "devcheck", "matrix")
 
 
 class InputError(PootError):
