@@ -511,8 +511,8 @@ def load_model(path: str | os.PathLike, registry: Registry | None = None,
     architecture, build its config and bind its weights (packed tensors stay packed).
     ``options`` go to the family's ``from_config`` unchanged.
 
-    Raises :class:`UnknownArchitecture`, :class:`ModelError` or a
-    :class:`~poot.load.errors.LoadError`.
+    Raises :class:`UnknownArchitecture`, :class:`ModelError` (its message starts with
+    ``path``) or a :class:`~poot.load.errors.LoadError`.
     """
     from poot.load import load_config, open_weights
 
@@ -520,6 +520,12 @@ def load_model(path: str | os.PathLike, registry: Registry | None = None,
 
     store = open_weights(path)   # first: a missing path or a broken file is named precisely
     cfg = load_config(path)
-    family = (registry or REGISTRY).lookup(cfg.architecture)
-    model = family.from_config(cfg, store, **options)
-    return LoadedModel(model, model.bind(store), store)
+    try:
+        family = (registry or REGISTRY).lookup(cfg.architecture)
+        model = family.from_config(cfg, store, **options)
+        return LoadedModel(model, model.bind(store), store)
+    except ModelError as e:      # the same error, its message led by the checkpoint's path
+        where = os.fspath(path)
+        if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(where):
+            e.args = (f"{where}: {e.args[0]}",) + e.args[1:]
+        raise

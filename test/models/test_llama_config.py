@@ -67,8 +67,24 @@ def test_missing_tensor_is_named(tmp_path):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     safetensors_numpy.save_file(tensors, str(tmp_path / "model.safetensors"))
     shutil.copy(src / "config.json", tmp_path / "config.json")
-    with pytest.raises(ModelError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+    with pytest.raises(ModelError, match=r"model\.layers\.1\.mlp\.up_proj\.weight") as e:
         load_model(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path}: ")    # the checkpoint is named too
+
+
+def test_family_errors_name_the_checkpoint(tmp_path):
+    """A config the family refuses (heads that do not group over the KV heads) is reported
+    with the checkpoint's path, as a missing tensor is."""
+    import json
+
+    src = fixture_path("llama")
+    shutil.copy(src / "model.safetensors", tmp_path / "model.safetensors")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_attention_heads"] = 5
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="5 heads do not group over 2 KV heads") as e:
+        load_model(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path}: ")
 
 
 @pytest.mark.parametrize("spec", [StepSpec.decode(kv_capacity=4096),
