@@ -57,7 +57,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("cuda", "poot.backends.cuda.codegen:codegen",
             "poot.backends.cuda.runtime:open_device", "poot.backends.cuda.artifact:cuda_target",
             shared_gpu=True),
-    Backend("rocm", None, None, shared_gpu=True),
+    Backend("rocm", "poot.backends.rocm.codegen:codegen",
+            "poot.backends.rocm.runtime:open_device", "poot.backends.rocm.target:target",
+            target_from_device=True, shared_gpu=True),
 )}
 
 

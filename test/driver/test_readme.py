@@ -76,8 +76,8 @@ def test_readme_has_the_commands_it_should():
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A folder with the model, a config of the tiny shapes with a 1024-position context,
-    ``in.mlir``, ``bad.mlir``, ``prompts.jsonl``, ``person.json`` and ``sum.lark`` (README's
-    names), and a compile cache."""
+    ``in.mlir``, ``bad.mlir``, ``prompts.jsonl``, ``person.json``, ``sum.lark`` and
+    ``caps.json`` (README's names), and a compile cache."""
     d = tmp_path_factory.mktemp("readme")
     model = chat_gguf(d, context=1024)
     cfg = json.loads((ROOT / "test/fixtures/tiny/llama/config.json").read_text())
@@ -103,6 +103,7 @@ def workdir(tmp_path_factory):
                                                   "maximum": 120}},
          "required": ["name", "age"], "additionalProperties": False}))
     (d / "sum.lark").write_text('start: num " + " num\nnum: /[0-9]{1,3}/\n')
+    (d / "caps.json").write_text('{"rocm": {"arch": "gfx1100", "features": ["gfx1100"]}}')
     return d, model
 
 

@@ -129,10 +129,12 @@ def test_cli_generate_json_and_bench(handles, cache_dir, capsys, monkeypatch):
     assert rc == 2 and "exceeds the context capacity" in capsys.readouterr().err
 
 
-def test_backend_without_codegen_is_a_typed_refusal():
-    from poot.compiler import Refusal
+def test_backend_without_a_runtime_here_is_a_typed_error():
+    """ROCm compiles here but has no HSA runtime to run on: a DeviceError naming the
+    library, before anything is compiled."""
+    from poot.executor.cpu import DeviceError
 
-    with pytest.raises(Refusal):
+    with pytest.raises(DeviceError, match="libhsa-runtime64"):
         ModelHandle.load(fixture_path("llama"), backend="rocm", kv_capacity=16, use_cache=False)
 
 

