@@ -179,3 +179,20 @@ def test_unknown_arch_and_missing_linker_are_typed(monkeypatch):
             codegen.ld_lld()
     finally:
         codegen.ld_lld.cache_clear()
+
+
+def test_lit_tests_spell_the_codegen_pipeline():
+    """test/ir/rocdl-*.mlir run mlir-opt with the pipeline codegen runs, spelled out: they
+    must be the same pipeline (a change to one without the other fails here)."""
+    import re
+
+    from poot.backends.rocm.codegen import rocdl_pipeline
+
+    ir_dir = Path(__file__).resolve().parents[1] / "ir"
+    runs = []
+    for f in sorted(ir_dir.glob("rocdl-*.mlir")):
+        runs += re.findall(r'--pass-pipeline="([^"]+)"', f.read_text())
+    assert len(runs) >= 3
+    for p in runs:
+        arch = re.search(r"chip=(gfx\w+)", p).group(1)
+        assert p == rocdl_pipeline(arch)
