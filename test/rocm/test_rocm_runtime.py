@@ -429,3 +429,12 @@ def test_real_runtime_opens_a_gpu():
     v = np.arange(1024, dtype=np.float32)
     dev.upload(b, v)
     np.testing.assert_array_equal(dev.download(b), v)
+
+
+@pytest.mark.parametrize("bad", ["abc", "0", "-1", "inf"])
+def test_a_bad_wait_bound_is_refused_by_name(monkeypatch, bad):
+    """POOT_ROCM_TIMEOUT_S that is not a positive finite number of seconds is a typed error
+    naming it, not a ValueError from float() or a wait that never ends."""
+    monkeypatch.setenv("POOT_ROCM_TIMEOUT_S", bad)
+    with pytest.raises(RocmError, match="POOT_ROCM_TIMEOUT_S"):
+        make(timeout_s=None)

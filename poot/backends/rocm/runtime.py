@@ -203,8 +203,14 @@ class RocmDevice:
             raise RocmError("the ROCm runtime publishes AQL packets with plain aligned stores, "
                             "which are release stores only on x86-64 hosts")
         self.hsa = hsa if hsa is not None else Hsa()
-        self.timeout_s = float(timeout_s if timeout_s is not None
-                               else os.environ.get("POOT_ROCM_TIMEOUT_S", 60))
+        raw = timeout_s if timeout_s is not None else os.environ.get("POOT_ROCM_TIMEOUT_S", 60)
+        try:
+            self.timeout_s = float(raw)
+        except (TypeError, ValueError):
+            self.timeout_s = float("nan")
+        if not 0 < self.timeout_s < float("inf"):
+            raise RocmError(f"the wait bound (POOT_ROCM_TIMEOUT_S / timeout_s) must be a "
+                            f"positive number of seconds, got {raw!r}")
         ring = ring or os.environ.get("POOT_ROCM_RING", "system")
         if ring not in ("system", "device"):
             raise RocmError(f"queue ring placement must be 'system' or 'device', got {ring!r}")
