@@ -58,10 +58,22 @@ def _metadata(hsaco: bytes) -> tuple[dict, list]:
     return md, undefined
 
 
+#: the archs by wavefront size: one plan (one compile) serves both archs of a pair
+PAIRS = {"wave64": ("gfx90a", "gfx942"), "wave32": ("gfx1100", "gfx1151")}
+
+
 def check_artifact(art, arch: str) -> int:
-    """Assert the artifact's code object matches its plan; returns the kernel count."""
+    """Assert the artifact's code objects (``arch`` and the other arch of its wavefront size)
+    match its plan; returns the kernel count."""
+    pair = next(p for p in PAIRS.values() if arch in p)
+    assert sorted(art.code_objects) == sorted(pair)
+    assert art.plan["target"]["arch"] == arch
+    return min(_check_code_object(art, a) for a in pair)
+
+
+def _check_code_object(art, arch: str) -> int:
+    """Assert ``arch``'s code object matches the plan; returns its kernel count."""
     wave = ARCHS[arch][0]
-    assert set(art.code_objects) == {arch}
     md, undefined = _metadata(art.code_objects[arch])
     assert not undefined, undefined
     kernels = {k[".name"]: k for k in md["amdhsa.kernels"]}
@@ -100,7 +112,7 @@ def _families():
     return sorted(family_fixtures(FIXTURES).items())
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", [p[1] for p in PAIRS.values()])
 def test_every_tiny_family_step_compiles_to_an_hsaco(arch):
     from poot.models import StepSpec, load_model
     from poot.models.pooling import PoolSpec
@@ -119,7 +131,7 @@ def test_every_tiny_family_step_compiles_to_an_hsaco(arch):
     assert n > 100
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", [p[0] for p in PAIRS.values()])
 def test_smollm2_decode_step_compiles_to_an_hsaco(arch):
     from poot.load.bundled import smollm2_gguf
     from poot.models import StepSpec, load_model
@@ -140,9 +152,11 @@ def test_artifact_round_trips_through_files(tmp_path):
     lm = load_model(str(FIXTURES / "llama"))
     art = _compile(lm.model.trace(StepSpec.decode(kv_capacity=64), lm.weights.types),
                    "gfx90a")
+    assert sorted(art.code_objects) == ["gfx90a", "gfx942"]
     back = RocmArtifact.load(art.save(str(tmp_path / "p")))
     assert back.plan == art.plan and back.code_objects == art.code_objects
-    assert os.path.getsize(tmp_path / "p" / "gfx90a.hsaco") == len(art.code_objects["gfx90a"])
+    for a in ("gfx90a", "gfx942"):
+        assert os.path.getsize(tmp_path / "p" / f"{a}.hsaco") == len(art.code_objects[a])
     with pytest.raises(ValueError, match="not a poot-rocm-1 program"):
         (tmp_path / "p" / "plan.json").write_text('{"format": "poot-cuda-1"}')
         RocmArtifact.load(str(tmp_path / "p"))
@@ -164,6 +178,13 @@ def test_sin_and_cos_come_from_polys_own_device_library():
         link_device_library("declare float @__ocml_erf_f32(float)\n")
 
 
+class _Program:
+    """Only what compile_program reads before planning."""
+
+    def __init__(self, target):
+        self.target = target
+
+
 def test_unknown_arch_and_missing_linker_are_typed(monkeypatch):
     from poot.backends.rocm import codegen
     from poot.backends.rocm.target import UnknownArch, rocm_target
@@ -171,6 +192,9 @@ def test_unknown_arch_and_missing_linker_are_typed(monkeypatch):
     with pytest.raises(UnknownArch, match="gfx000.*gfx90a"):
         rocm_target("gfx000")
     assert rocm_target("gfx942:sramecc+:xnack-").caps.subgroup_size == 64
+    assert rocm_target("gfx1151").caps.subgroup_size == 32
+    with pytest.raises(codegen.RocmCodegenError, match="cannot share this plan"):
+        codegen.compile_program(_Program(rocm_target("gfx942")), archs=["gfx1100"])
     codegen.ld_lld.cache_clear()
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setattr(codegen.glob, "glob", lambda pattern: [])
@@ -196,3 +220,32 @@ def test_lit_tests_spell_the_codegen_pipeline():
     for p in runs:
         arch = re.search(r"chip=(gfx\w+)", p).group(1)
         assert p == rocdl_pipeline(arch)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_rocm_targets_never_choose_nvidia_only_strategies(arch):
+    """No ROCm target has mma.sync (the tensor-core GEMM) or the sm_90 features (vector
+    ``ld.global.nc`` loads, grid dependency control): planning takes the scalar/subgroup
+    strategies. MFMA/WMMA strategies are not built."""
+    from poot.backends.gpu.strategies.gemm import has_mma
+    from poot.backends.rocm.target import rocm_target
+
+    caps = rocm_target(arch).caps
+    assert not has_mma(caps)
+    assert not any(f.startswith("sm_") for f in caps.features)
+    assert caps.subgroup_size == ARCHS[arch][0] and caps.max_shared_bytes == 64 * 1024
+
+
+def test_registry_names_the_rocm_code_generator_and_device_target():
+    """The rocm registration: this code generator, the shared GPU plan, and a target read
+    from the device's capabilities (``poot devices --json``: its gfx arch)."""
+    from poot.api import target_for
+    from poot.backends.registry import backend, hook
+    from poot.backends.rocm.codegen import codegen
+
+    reg = backend("rocm")
+    assert hook(reg.codegen) is codegen and reg.shared_gpu and reg.target_from_device
+    assert reg.open_device == "poot.backends.rocm.runtime:open_device"
+    t = target_for("rocm", device_caps={"arch": "gfx1100", "features": ["gfx1100"]})
+    assert t.caps.features == {"gfx1100", "workgroup_view"} and t.caps.subgroup_size == 32
+    assert target_for("rocm", device_caps={}).caps.features == {"gfx942", "workgroup_view"}

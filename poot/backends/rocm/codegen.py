@@ -1,5 +1,6 @@
 """ROCm code generation: the shared GPU plan (:mod:`poot.backends.gpu.plan`) lowered through
-ROCDL to an AMDGCN code object (HSACO) for the target's arch, packaged as a
+ROCDL to AMDGCN code objects (HSACO) for the target's arch and the other arch of its
+wavefront size (:func:`same_wave_archs`: gfx90a + gfx942, gfx1100 + gfx1151), packaged as a
 :class:`~poot.backends.rocm.artifact.RocmArtifact`.
 
     artifact = codegen(program)          # what compile()'s _codegen calls (target: rocm_target)
@@ -246,15 +247,34 @@ def target_arch(caps) -> str:
     return archs[0]
 
 
-def compile_program(program, strategy: str = "auto", progress=None) -> RocmArtifact:
-    """Kernels + launch plan of a compiled :class:`~poot.compiler.Program` for its target's
-    arch, as a :class:`RocmArtifact` (module doc). ``progress``: a
-    :class:`~poot.progress.Tracker`. Raises :class:`RocmCodegenError`."""
+def same_wave_archs(arch: str) -> list[str]:
+    """The archs of :data:`~poot.backends.rocm.target.ARCHS` with ``arch``'s wavefront size
+    (gfx90a and gfx942: 64; gfx1100 and gfx1151: 32), sorted. The plan depends on the
+    wavefront size only (subgroup strategies), so one plan serves all of them."""
+    from poot.backends.rocm.target import ARCHS
+
+    return sorted(a for a, v in ARCHS.items() if v[0] == ARCHS[arch][0])
+
+
+def compile_program(program, strategy: str = "auto", progress=None,
+                    archs: list[str] | None = None) -> RocmArtifact:
+    """Kernels + launch plan of a compiled :class:`~poot.compiler.Program` as a
+    :class:`RocmArtifact` (module doc) with one HSACO per arch of ``archs`` (default:
+    :func:`same_wave_archs` of the target's arch: the plan is made once and lowered for each).
+    ``progress``: a :class:`~poot.progress.Tracker`. Raises :class:`RocmCodegenError`, also
+    for an arch whose wavefront size is not the target's (its plan would differ: compile
+    with ``rocm_target(arch)``)."""
+    from poot.backends.rocm.target import ARCHS
     from poot.progress import Tracker
 
     track = Tracker.of(progress)
     caps = program.target.caps
     arch = target_arch(caps)
+    archs = sorted(archs) if archs is not None else same_wave_archs(arch)
+    bad = [a for a in archs if a not in ARCHS or ARCHS[a][0] != caps.subgroup_size]
+    if bad or not archs:
+        raise RocmCodegenError(f"archs {bad or archs} cannot share this plan (wavefront "
+                               f"{caps.subgroup_size}: {', '.join(same_wave_archs(arch))})")
     _llvm(), ld_lld()            # the tools, before any work
     t0 = time.perf_counter()
     plan = plan_program(program, caps, strategy, progress=track)
@@ -265,9 +285,12 @@ def compile_program(program, strategy: str = "auto", progress=None) -> RocmArtif
             info[k]["block"] = list(L["block"])
     t1 = time.perf_counter()
     track.add(1)
-    track(f"ROCDL to {arch} code object")
-    llir = link_device_library(lower_to_llvm_ir(plan.module, arch))
-    hsaco = code_object(llir, arch)
+    text = str(plan.module)
+    hsaco = {}
+    for a in archs:
+        track(f"ROCDL to {a} code object")
+        module = ir.Module.parse(text, context=plan.module.context)
+        hsaco[a] = code_object(link_device_library(lower_to_llvm_ir(module, a)), a)
     t2 = time.perf_counter()
     p = {"entry": plan.entry, "target": {"arch": arch, "wavefront_size": caps.subgroup_size},
          "kernels": plan.kernels, "buffers": plan.buffers, "launches": plan.launches,
@@ -275,14 +298,15 @@ def compile_program(program, strategy: str = "auto", progress=None) -> RocmArtif
          "outputs": plan.outputs, "kernel_info": info}
     meta = {"strategy": strategy, "plan_s": round(t1 - t0, 3), "hsaco_s": round(t2 - t1, 3),
             "strategies": plan.strategies, "dispatch_kinds": dict(program.dispatches)}
-    return RocmArtifact(p, {arch: hsaco}, meta)
+    return RocmArtifact(p, hsaco, meta)
 
 
 def codegen(program, options=None, progress=None) -> RocmArtifact:
-    """``poot.compiler.compile``'s code generator for ``rocm`` (:func:`compile_program`)."""
+    """``poot.compiler.compile``'s code generator for ``rocm`` (:func:`compile_program`: the
+    target's arch and the other arch of its wavefront size)."""
     return compile_program(program, progress=progress)
 
 
 __all__ = ["RocmCodegenError", "code_object", "codegen", "compile_program", "kernel_info",
            "ld_lld", "link_device_library", "lower_to_llvm_ir", "rocdl_pipeline",
-           "target_arch"]
+           "same_wave_archs", "target_arch"]
