@@ -200,10 +200,8 @@ def compile_program(program, chip: str = "sm_90", strategy: str = "auto",
     track("NVVM to PTX")
     ptx = ptx_text(plan.module, chip)
     t2 = time.perf_counter()
-    p = {"entry": plan.entry, "target": {"arch": chip, "subgroup_size": caps.subgroup_size or 32},
-         "kernels": plan.kernels, "buffers": plan.buffers, "launches": plan.launches,
-         "dispatches": plan.dispatches, "inputs": plan.inputs, "params": plan.params,
-         "outputs": plan.outputs, "pdl": pdl}
+    p = {**plan.launch_plan(),
+         "target": {"arch": chip, "subgroup_size": caps.subgroup_size or 32}, "pdl": pdl}
     meta = {"strategy": strategy, "plan_s": round(t1 - t0, 3), "ptx_s": round(t2 - t1, 3),
             "strategies": plan.strategies, "dispatch_kinds": dict(program.dispatches)}
     return CudaArtifact(p, ptx, meta)

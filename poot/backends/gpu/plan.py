@@ -79,6 +79,14 @@ class GpuPlan:
     outputs: list[dict]
     strategies: dict[str, int] = field(default_factory=dict)
 
+    def launch_plan(self) -> dict:
+        """The fields every backend's serialized plan shares (``entry``, ``kernels``,
+        ``buffers``, ``launches``, ``dispatches``, ``inputs``, ``params``, ``outputs``): JSON
+        data a runtime reads without MLIR; a backend adds its ``target`` and own fields."""
+        return {"entry": self.entry, "kernels": self.kernels, "buffers": self.buffers,
+                "launches": self.launches, "dispatches": self.dispatches,
+                "inputs": self.inputs, "params": self.params, "outputs": self.outputs}
+
 
 def _fn_name(op) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value

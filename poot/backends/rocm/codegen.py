@@ -292,10 +292,8 @@ def compile_program(program, strategy: str = "auto", progress=None,
         module = ir.Module.parse(text, context=plan.module.context)
         hsaco[a] = code_object(link_device_library(lower_to_llvm_ir(module, a)), a)
     t2 = time.perf_counter()
-    p = {"entry": plan.entry, "target": {"arch": arch, "wavefront_size": caps.subgroup_size},
-         "kernels": plan.kernels, "buffers": plan.buffers, "launches": plan.launches,
-         "dispatches": plan.dispatches, "inputs": plan.inputs, "params": plan.params,
-         "outputs": plan.outputs, "kernel_info": info}
+    p = {**plan.launch_plan(),
+         "target": {"arch": arch, "wavefront_size": caps.subgroup_size}, "kernel_info": info}
     meta = {"strategy": strategy, "plan_s": round(t1 - t0, 3), "hsaco_s": round(t2 - t1, 3),
             "strategies": plan.strategies, "dispatch_kinds": dict(program.dispatches)}
     return RocmArtifact(p, hsaco, meta)
