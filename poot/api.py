@@ -136,7 +136,8 @@ class ModelHandle:
              warm_samplers: Sequence[Any] = (), warm_batches: Sequence[int] = (1,),
              kv_memory: int | None = None,
              max_loras: int = 0, max_lora_rank: int = 16,
-             loras: Mapping[str, str | os.PathLike] | None = None
+             loras: Mapping[str, str | os.PathLike] | None = None,
+             pipeline_parallel: int = 1
              ) -> "ModelHandle":
         """Load a checkpoint (``None``: the bundled SmolLM2) for ``backend``.
 
@@ -182,6 +183,16 @@ class ModelHandle:
         ``max_lora_rank`` beside the weights (:mod:`poot.models.lora`; every step then takes
         a per-sequence adapter index), and ``loras`` (name -> PEFT folder) are loaded into
         them; :meth:`load_lora` / :meth:`unload_lora` change them later without compiling.
+
+        ``pipeline_parallel`` N > 1: a layer pipeline over N devices of ``backend`` (device
+        ordinals 0..N-1 where the backend has them): every model step is cut into N stages
+        (:func:`poot.compiler.pipeline.partition`, refused with a
+        :class:`~poot.compiler.pipeline.PipelineRefusal` before anything compiles when it
+        cannot be), stage ``s`` compiled for and run on device ``s`` with its weights and KV
+        pools, boundary activations copied between devices
+        (:class:`~poot.executor.pipeline.PipelineDevice`); samplers run on the last device.
+        Stage programs go through the compile cache by graph; the step index and the
+        background compile workers are not used.
         """
         import time
 
@@ -210,6 +221,11 @@ class ModelHandle:
         kv_dt = _kv_dtype(kv_dtype)
         path = Path(path) if path is not None else default_model_path()
         target = target_for(backend)     # a backend without a code generator: refused here
+        pipeline_parallel = _positive("pipeline_parallel", pipeline_parallel)
+        if pipeline_parallel > 1 and device is None:
+            from poot.executor.pipeline import PipelineDevice, open_pipeline_devices
+
+            device = PipelineDevice(open_pipeline_devices(backend, pipeline_parallel))
         if device is None and _REGISTERED[backend].open_device is not None:
             # A missing runtime package or device fails here, before minutes of compiling.
             device = device_for(target)
@@ -235,7 +251,21 @@ class ModelHandle:
                           max_model_len=kv_capacity, kv_dtype=kv.kv_dtype)
         check_kv_memory(model, kv)
         cache = None
-        if compile_fn is None:
+        if compile_fn is None and pipeline_parallel > 1:
+            from poot.executor.pipeline import compile_pipeline
+
+            cache = CompileCache(cache_dir, enabled=use_cache)
+            options = compile_options or DEFAULT_COMPILE_OPTIONS
+
+            def compile_step(key_model, types, spec, trace):
+                if not types:                # a sampler: no weights to spread
+                    return compile_cached(cache, key_model, types, spec, trace, target,
+                                          options, progress=report)
+                return compile_pipeline(trace(), pipeline_parallel, lambda g: cache.compile(
+                    g, target, options, progress=report))
+
+            find_step = None
+        elif compile_fn is None:
             cache = CompileCache(cache_dir, enabled=use_cache)
             options = compile_options or DEFAULT_COMPILE_OPTIONS
 
@@ -247,6 +277,15 @@ class ModelHandle:
                 from poot.executor.cache import step_key
 
                 return cache.lookup(step_key(key_model, types, spec, target, options), target)
+        elif pipeline_parallel > 1:
+            from poot.executor.pipeline import compile_pipeline
+
+            find_step = None
+
+            def compile_step(key_model, types, spec, trace):
+                if not types:
+                    return compile_fn(trace())
+                return compile_pipeline(trace(), pipeline_parallel, compile_fn)
         else:
             find_step = None
 
@@ -286,7 +325,7 @@ class ModelHandle:
                      if s[0] not in names]
             ahead = start_ahead(cache, [s[1:] for s in need], target, options,
                                 later=[s[1:] for s in extra]) \
-                if cache is not None else None
+                if cache is not None and pipeline_parallel == 1 else None
             if ahead is not None and ahead.procs:
                 runner.deferred = {(b, sp) for b in batches for sp in warm_samplers}
             try:

@@ -89,6 +89,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads for the kernels (default: POOT_CPU_THREADS, "
                         "OMP_NUM_THREADS, else every core this process may use)")
+    p.add_argument("--pipeline-parallel", type=int, default=None, metavar="N",
+                   help="a layer pipeline over N devices of --backend (device ordinals "
+                        "0..N-1): each step cut into N stages, boundary activations copied "
+                        "between devices (default: 1, no pipeline)")
     p.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress or statistics on stderr (warnings and errors still)")
@@ -202,7 +206,8 @@ def load_handle(args, before_compile=None, **kw):
     from poot.api import ModelHandle
     from poot.cli.progress import Reporter, history_file
 
-    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks", "threads")
+    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks", "threads",
+                  "pipeline_parallel")
     from poot.graph.sampling import FULL
 
     apply_threads(args)
@@ -211,6 +216,7 @@ def load_handle(args, before_compile=None, **kw):
     kw.setdefault("path", args.model)
     for k in ("max_batch", "kv_blocks", "kv_dtype"):
         kw.setdefault(k, getattr(args, k, None))
+    kw.setdefault("pipeline_parallel", getattr(args, "pipeline_parallel", None) or 1)
     # the sampler of any options but log-probs, so that a later run with other sampling
     # options finds every program in the compile cache
     kw.setdefault("warm_samplers", (FULL,))

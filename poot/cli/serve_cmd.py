@@ -157,7 +157,8 @@ def load_options(args) -> dict:
                 prefill_chunk=args.prefill_chunk, max_batch=args.max_batch,
                 kv_blocks=args.kv_blocks, kv_memory=kv_memory, kv_dtype=args.kv_dtype,
                 use_cache=not args.no_cache, random_weights=args.random_weights,
-                compile_options=compile_options(args))
+                compile_options=compile_options(args),
+                pipeline_parallel=getattr(args, "pipeline_parallel", None) or 1)
     if max_loras:
         opts.update(max_loras=max_loras, max_lora_rank=args.max_lora_rank, loras=loras)
     return opts
@@ -210,7 +211,8 @@ def _require_serve_extra() -> None:
 def run(args: argparse.Namespace) -> int:
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks",
                   "max_concurrent", "max_body_bytes", "max_n", "max_pooled_rows",
-                  "max_prompt_tokens", "replicas", "max_lora_rank", "threads")
+                  "max_prompt_tokens", "replicas", "max_lora_rank", "threads",
+                  "pipeline_parallel")
     apply_threads(args)
     if args.max_loras is not None and args.max_loras < 0:
         raise InvalidRequest("--max-loras", args.max_loras, "must be >= 0")
@@ -236,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
     if options["pooled"] and options.get("max_loras"):
         raise InvalidRequest("--lora", args.lora, "an embedding model or cross-encoder takes "
                              "no LoRA adapters")
+    if options["pooled"] and options["pipeline_parallel"] > 1:
+        raise InvalidRequest("--pipeline-parallel", args.pipeline_parallel, "an embedding "
+                             "model or cross-encoder runs on one device")
     if args.ray:
         from poot.serve.ray import serve_with_ray
 

@@ -1,0 +1,344 @@
+"""Pipeline partition: one traced step cut into N stages that run on N devices in order.
+
+The seeds' layer pipeline (``seeds/backends.txt``: "a layer pipeline across devices, where each
+stage is captured into its own CUDA graph on its own device and the activations that cross a
+stage boundary are copied peer to peer"). This is the compiler half: it rewrites one step's
+``func.func`` into N stage functions, each an ordinary step graph that :func:`compile` takes
+for its own device; the executor half (:mod:`poot.executor.pipeline`) runs them and moves the
+boundary values.
+
+The cut fires on the graph's dataflow, not on names:
+
+* **weights** are the ``poot.param`` / ``poot.packed_param`` ops of rank >= 2 (matrices, packed
+  blocks). They never cross a boundary: each stage declares the weights its ops read (a tied
+  embedding read by the first and the last stage is bound on both devices).
+* **replicable** values are computed from step inputs, constants and rank <= 1 params only
+  (positions -> RoPE tables, block-table arithmetic, masks, norm scales, a LoRA slot mask):
+  cheap, so each stage that needs one computes its own copy instead of receiving it.
+* every other op is **staged**. Staged ops keep their trace order; a cut at position ``p``
+  puts staged ops ``[.., p)`` before it and ``[p, ..)`` after it, and its *crossing* is the
+  set of staged values defined before ``p`` and read after it. Only positions whose crossing
+  is as small as any (in bytes) are cut points: in a decoder that is the residual stream
+  between two blocks (or between a block's attention and its MLP), one ``[B, T, D]`` tensor.
+* among the cut points, cut ``k`` of ``N - 1`` is the one whose preceding weight bytes are
+  closest to ``k / N`` of the total (optionally a per-op cost replaces weight bytes: measured
+  kernel time).
+
+Each crossing value becomes an output of the stage that defines it and an input of every
+later stage that reads it, named ``pipeline.v{i}`` (``i``: the defining op's position in the
+traced function); the copy between them is point to point. Carried state (an input that is
+also an output under the same name: a KV pool) must be read and written by one stage only.
+
+Refused (:class:`PipelineRefusal`, before anything is compiled): fewer cut points than
+``N - 1``; carried state that two stages would read (a gather across stages); an op with
+regions (the partition runs on the primitive graph, before dispatch regions exist).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from poot.lazy import lazy_module
+ir = lazy_module("mlir.ir")
+func = lazy_module("mlir.dialects.func")
+
+from poot.compiler.planning import Refusal
+from poot.dialects.types import PackedType, type_from_mlir
+from poot.graph.builder import Graph, _name_attrs
+
+#: the name prefix of values that cross a stage boundary
+BOUNDARY_PREFIX = "pipeline.v"
+_WEIGHT_OPS = ("poot.param", "poot.packed_param")
+
+
+class PipelineRefusal(Refusal):
+    """A step the layer pipeline cannot run in ``stages`` stages; ``reason`` says why."""
+
+    def __init__(self, stages: int, reason: str, op: str = "pipeline"):
+        self.stages, self.reason = stages, reason
+        Refusal.__init__(self, op, reason)
+        self.args = (f"cannot split the step into {stages} pipeline stages: {reason}",)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A value copied between stages: ``name`` (``pipeline.v{i}``), its type, the stage that
+    defines it and the later stages that read it."""
+
+    name: str
+    type: object
+    src: int
+    dst: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.type.nbytes
+
+
+@dataclass
+class Stage:
+    """One stage: its step graph (inputs: the step inputs it reads, then the boundaries it
+    receives; outputs: the step outputs it defines, then the boundaries it sends), the
+    bytes of the weights it binds, and the names of those weights."""
+
+    index: int
+    graph: Graph
+    weight_bytes: int
+    weights: tuple[str, ...]
+    receives: tuple[str, ...] = ()
+    sends: tuple[str, ...] = ()
+
+
+@dataclass
+class Partition:
+    """A step cut into stages (see the module doc). ``graph``: the step as traced;
+    ``cuts``: the staged-op positions cut at; ``boundaries`` by name."""
+
+    graph: Graph
+    stages: list[Stage]
+    boundaries: dict[str, Boundary] = field(default_factory=dict)
+    cuts: tuple[int, ...] = ()
+
+    def describe(self) -> dict:
+        """Stage sizes for reports: weight bytes, op counts, bytes sent a step."""
+        return {"stages": [{"weight_bytes": s.weight_bytes, "ops": s.graph.op_count(),
+                            "weights": len(s.weights),
+                            "sends_bytes": sum(self.boundaries[b].nbytes for b in s.sends)}
+                           for s in self.stages]}
+
+
+def _weight_bytes(t) -> int:
+    return t.nbytes
+
+
+def _is_weight(op) -> bool:
+    if op.name not in _WEIGHT_OPS:
+        return False
+    t = type_from_mlir(op.results[0].type)
+    return isinstance(t, PackedType) or len(t.shape) >= 2
+
+
+def partition(graph: Graph, stages: int,
+              cost: Callable[[int, object], float] | None = None) -> Partition:
+    """Cut ``graph`` into ``stages`` stage graphs (module doc).
+
+    Args:
+        graph: a traced step (primitive poot ops, no regions).
+        stages: N >= 1. One stage returns the step unchanged as its only stage.
+        cost: ``(staged position, op) -> cost`` to balance by instead of the bytes of the
+            weights each staged op reads first (e.g. measured kernel microseconds).
+
+    Returns a :class:`Partition`; raises :class:`PipelineRefusal` (module doc).
+    """
+    if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
+        raise PipelineRefusal(stages, "the stage count must be a positive integer")
+    fn = graph.func
+    block = fn.regions[0].blocks[0]
+    ops = [op.operation for op in block.operations]
+    ret, ops = ops[-1], ops[:-1]
+    for op in ops:
+        if len(op.regions):
+            raise PipelineRefusal(stages, f"'{op.name}' has regions (partition the step "
+                                  "before dispatch regions are formed)", op.name)
+    if stages == 1:
+        names = tuple(sorted(graph.params))
+        return Partition(graph, [Stage(0, graph, sum(_weight_bytes(t) for t in
+                                                     graph.params.values()), names)])
+
+    # classify: weight / replicable / staged; values by identity (hashable ir.Value)
+    arg_index = {a: i for i, a in enumerate(block.arguments)}
+    def_of: dict = {}                       # value -> op position in ops
+    kind: list[str] = []
+    for i, op in enumerate(ops):
+        for r in op.results:
+            def_of[r] = i
+        if _is_weight(op):
+            kind.append("weight")
+        elif all(o in arg_index or kind[def_of[o]] == "replicable" for o in op.operands):
+            kind.append("replicable")
+        else:
+            kind.append("staged")
+    staged = [i for i, k in enumerate(kind) if k == "staged"]
+    pos = {i: p for p, i in enumerate(staged)}
+    if len(staged) < stages:
+        raise PipelineRefusal(stages, f"the step has only {len(staged)} staged ops")
+
+    # weight cost of each staged op (the weights its replicable/weight operands reach first)
+    seen_w: set[int] = set()
+
+    def reach(i: int, out: set[int], memo: set[int]) -> None:
+        for o in ops[i].operands:
+            j = def_of.get(o)
+            if j is None or j in memo or kind[j] == "staged":
+                continue
+            memo.add(j)
+            if kind[j] == "weight":
+                out.add(j)
+            reach(j, out, memo)
+
+    op_cost = []
+    for p, i in enumerate(staged):
+        if cost is not None:
+            op_cost.append(float(cost(p, ops[i])))
+            continue
+        ws: set[int] = set()
+        reach(i, ws, set())
+        new = ws - seen_w
+        seen_w |= new
+        op_cost.append(float(sum(_weight_bytes(type_from_mlir(ops[j].results[0].type))
+                                 for j in new)))
+    total = sum(op_cost)
+
+    # crossing bytes at each cut position p (1..S-1): staged values defined before p, read
+    # by a staged op at or after p
+    S = len(staged)
+    delta = [0] * (S + 1)
+    last_use: dict = {}
+    for p, i in enumerate(staged):
+        for o in ops[i].operands:
+            j = def_of.get(o)
+            if j is not None and kind[j] == "staged":
+                last_use[o] = max(last_use.get(o, -1), p)
+    for v, u in last_use.items():
+        d = pos[def_of[v]]
+        if u > d:
+            nb = type_from_mlir(v.type).nbytes
+            delta[d + 1] += nb
+            delta[u + 1] -= nb
+    crossing, run = [0] * (S + 1), 0
+    for p in range(S + 1):
+        run += delta[p]
+        crossing[p] = run
+    interior = range(1, S)
+    floor = min(crossing[p] for p in interior)
+    points = [p for p in interior if crossing[p] == floor]
+    if len(points) < stages - 1:
+        raise PipelineRefusal(stages, f"the step has {len(points)} places where only "
+                              f"{floor} bytes cross (it needs {stages - 1})")
+    prefix = [0.0]
+    for c in op_cost:
+        prefix.append(prefix[-1] + c)
+    cuts: list[int] = []
+    k0 = 0
+    for k in range(1, stages):
+        want = total * k / stages
+        # leave room for the cuts still to come
+        choices = points[k0:len(points) - (stages - 1 - k)]
+        best = min(range(len(choices)), key=lambda j: abs(prefix[choices[j]] - want))
+        cuts.append(choices[best])
+        k0 += best + 1
+    bounds = [0, *cuts, S]
+    stage_of = {i: s for s in range(stages) for i in staged[bounds[s]:bounds[s + 1]]}
+
+    # carried state read by two stages
+    out_names = {n for n, _ in graph.outputs}
+    for a, (name, _) in zip(block.arguments, graph.inputs):
+        if name not in out_names:
+            continue
+        readers = sorted({stage_of[i] for i in staged if any(o == a for o in ops[i].operands)})
+        if len(readers) > 1:
+            raise PipelineRefusal(stages, f"carried state '{name}' would be read by stages "
+                                  f"{readers} (a gather across stages)")
+
+    # boundaries: staged values read by a later stage
+    bnd: dict = {}
+    for i in staged:
+        s = stage_of[i]
+        for o in ops[i].operands:
+            j = def_of.get(o)
+            if j is not None and kind[j] == "staged" and stage_of[j] != s:
+                bnd.setdefault(o, set()).add(s)
+    boundaries = {}
+    for v, dst in bnd.items():
+        j = def_of[v]
+        name = f"{BOUNDARY_PREFIX}{j}"
+        boundaries[name] = Boundary(name, type_from_mlir(v.type), stage_of[j],
+                                    tuple(sorted(dst)))
+    vname = {v: f"{BOUNDARY_PREFIX}{def_of[v]}" for v in bnd}
+
+    out_vals = list(ret.operands)
+    result = []
+    for s in range(stages):
+        mine = [i for i in staged if stage_of[i] == s]
+        outs = [(n, v) for (n, _), v in zip(graph.outputs, out_vals)
+                if (def_of.get(v) is not None and kind[def_of[v]] == "staged"
+                    and stage_of[def_of[v]] == s)
+                or (s == stages - 1 and (v in arg_index or kind[def_of[v]] != "staged"))]
+        sends = [v for v in bnd if stage_of[def_of[v]] == s]
+        result.append(_stage_graph(graph, s, ops, kind, def_of, arg_index, mine, outs, sends,
+                                   vname, stage_of))
+    return Partition(graph, result, boundaries, tuple(staged[c] for c in cuts))
+
+
+def _stage_graph(graph: Graph, s: int, ops, kind, def_of, arg_index, mine: Sequence[int],
+                 outs, sends, vname, stage_of) -> Stage:
+    """Build stage ``s``'s function: its staged ops, the replicable ops and weights they
+    read (each stage its own copy), boundary values as extra inputs and outputs."""
+    need: set[int] = set(mine)
+    receives: list = []
+    args_used: set = set()
+
+    def close(v) -> None:
+        if v in arg_index:
+            args_used.add(v)
+            return
+        j = def_of[v]
+        if kind[j] == "staged" and stage_of[j] != s:
+            if v not in receives:
+                receives.append(v)
+            return
+        if j in need:
+            return
+        need.add(j)
+        for o in ops[j].operands:
+            close(o)
+
+    for i in list(mine):
+        for o in ops[i].operands:
+            close(o)
+    for _, v in outs:
+        close(v)
+    order = sorted(need)
+    in_args = [a for a in arg_index if a in args_used]
+    receives.sort(key=lambda v: def_of[v])
+    with graph.context, ir.Location.unknown():
+        module = ir.Module.create()
+        types = ([a.type for a in in_args] + [v.type for v in receives])
+        with ir.InsertionPoint(module.body):
+            fop = func.FuncOp(f"{graph.name}_stage{s}", ir.FunctionType.get(types, []))
+        blk = fop.add_entry_block()
+        vmap = dict(zip(in_args + receives, blk.arguments))
+        params, wbytes = {}, 0
+        with ir.InsertionPoint(blk):
+            for j in order:
+                op = ops[j]
+                new = ir.Operation.create(
+                    op.name, results=[r.type for r in op.results],
+                    operands=[vmap[o] for o in op.operands],
+                    attributes={k: op.attributes[k] for k in op.attributes}, loc=op.location)
+                for r, nr in zip(op.results, new.results):
+                    vmap[r] = nr
+                if op.name in _WEIGHT_OPS:
+                    pname = ir.StringAttr(op.attributes["name"]).value
+                    params[pname] = graph.params[pname]
+            results = [vmap[v] for _, v in outs] + [vmap[v] for v in sends]
+            func.ReturnOp(results)
+        in_names = [graph.inputs[arg_index[a]][0] for a in in_args] + \
+            [vname[v] for v in receives]
+        out_names = [n for n, _ in outs] + [vname[v] for v in sends]
+        f = fop.operation
+        f.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            types, [v.type for v in results]))
+        f.attributes["arg_attrs"] = _name_attrs(in_names)
+        f.attributes["res_attrs"] = _name_attrs(out_names)
+    g = Graph.from_module(module)
+    wbytes = sum(_weight_bytes(t) for t in params.values())
+    return Stage(s, g, wbytes, tuple(sorted(params)),
+                 tuple(vname[v] for v in receives), tuple(vname[v] for v in sends))
+
+
+__all__ = ["BOUNDARY_PREFIX", "Boundary", "Partition", "PipelineRefusal", "Stage", "partition"]

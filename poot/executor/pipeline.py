@@ -1,0 +1,406 @@
+"""The layer pipeline's coordinator: one executor :class:`~poot.executor.device.Device` over
+N devices, each running one stage of a :class:`PipelineProgram`.
+
+The engine (:class:`~poot.executor.engine.Engine`) and everything above it see one device
+with the step's own interface; :class:`PipelineDevice` places the work:
+
+* a :class:`PipelineProgram` (a step cut by :func:`poot.compiler.pipeline.partition`) runs
+  stage ``s`` on device ``s``; a plain program (a sampler: no weights) runs on the last
+  device, where the logits are.
+* an engine buffer is a :class:`PipelineBuffer`: one real buffer on each device whose stage
+  binds it, made when a recording first binds it there. A weight lives on the devices of the
+  stages that read it (its host array is held until then); a KV pool only on its layer's
+  device; a step input on every device that reads it.
+* coherence: each buffer knows which of its copies hold the current value. A stage's
+  outputs are current on its device only; before a stage runs, every input it reads that is
+  stale on its device is copied from a device where it is current (the sampled token fed
+  back into the first stage's token input). Boundary values (``pipeline.v*``) go from the
+  sender's buffer to the receiver's, both made once per loaded kernel.
+* ordering: a copy from device ``a`` to device ``b`` is queued on ``b`` after
+  ``b.wait_for(a.signal())``; before a stage writes on ``a`` again, ``a`` waits for the
+  devices that copied from it (no copy reads a buffer the next step already overwrites).
+  Devices without these operations (the CPU, or any synchronous device) copy through the
+  host: ``dst.upload(src.download())``.
+
+Replay issues each stage's own recording (a CUDA graph per stage on its device), the peer
+copies and the event waits; it creates no device objects. The CUDA device provides
+``signal``/``wait_for``/``copy_from`` (``cuEventRecord``, ``cuStreamWaitEvent``,
+``cuMemcpyPeerAsync``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from poot.errors import PootError
+from poot.executor.cpu import host_dtype, host_shape
+from poot.executor.device import KernelArg, Ready
+
+#: the name prefix of stage boundary values (:data:`poot.compiler.pipeline.BOUNDARY_PREFIX`)
+BOUNDARY_PREFIX = "pipeline.v"
+
+
+class PipelineError(PootError):
+    """A pipeline the devices cannot hold or run (stage count, memory, bindings)."""
+
+
+@dataclass
+class PipelineProgram:
+    """A step compiled as N stages (stage ``s`` runs on device ``s``).
+
+    Attributes:
+        stages: each stage's compiled program (``executable`` + ``storage``), in order.
+        storage: the step's buffers as one program's (stage storage merged, boundary values
+            left out): the engine reads the carried aliases from it.
+        boundaries: boundary name -> (sending stage, receiving stages).
+        weight_bytes: bytes of the weights each stage binds.
+    """
+
+    stages: list
+    storage: list
+    boundaries: dict[str, tuple[int, tuple[int, ...]]]
+    weight_bytes: list[int] = field(default_factory=list)
+
+    @property
+    def executable(self):
+        return self
+
+    @property
+    def dispatches(self) -> dict:
+        out: dict = {}
+        for p in self.stages:
+            for k, v in getattr(p, "dispatches", {}).items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+
+def compile_pipeline(graph, stages: int, compile_fn: Callable, cost=None) -> PipelineProgram:
+    """Partition ``graph`` into ``stages`` (:func:`poot.compiler.pipeline.partition`;
+    refusals before anything compiles) and compile each stage with ``compile_fn(graph)``."""
+    from poot.compiler.pipeline import partition
+
+    part = partition(graph, stages, cost)
+    programs = [compile_fn(s.graph) for s in part.stages]
+    storage, seen = [], set()
+    for p in programs:
+        for b in p.storage:
+            if b.name.startswith(BOUNDARY_PREFIX) or (b.role, b.name) in seen:
+                continue
+            seen.add((b.role, b.name))
+            storage.append(b)
+    return PipelineProgram(programs, storage,
+                           {n: (b.src, b.dst) for n, b in part.boundaries.items()},
+                           [s.weight_bytes for s in part.stages])
+
+
+class PipelineBuffer:
+    """An engine buffer of a :class:`PipelineDevice`: ``copies[d]`` the real buffer on device
+    ``d`` (made on first binding), ``valid`` the devices whose copy is current, ``host`` an
+    array written before any copy existed (a weight, until a stage binds it)."""
+
+    __slots__ = ("type", "copies", "valid", "host")
+
+    def __init__(self, type_):
+        self.type = type_
+        self.copies: dict[int, Any] = {}
+        self.valid: set[int] = set()
+        self.host = None
+
+
+@dataclass
+class _StageRun:
+    device: int
+    kernel: Any
+    args: list            # (role, name) of the stage kernel's args
+    receives: list        # (boundary name, sending device)
+    recording: Any = None
+
+
+@dataclass
+class PipelineKernel:
+    """A program loaded across the devices: ``args`` (the step's interface), one
+    :class:`_StageRun` per stage, the boundary buffers (name -> {device: buffer})."""
+
+    args: list[KernelArg]
+    stages: list[_StageRun]
+    boundary: dict[str, dict[int, Any]]
+    program: Any
+
+
+@dataclass
+class PipelineRecording:
+    kernel: PipelineKernel
+    stages: list                     # per stage: (device recording, inputs, outputs)
+    feedback: list                   # (src PipelineBuffer, dst PipelineBuffer, device)
+
+
+class PipelineDevice:
+    """N devices as one executor device (module doc). ``devices[s]`` runs stage ``s``."""
+
+    overlaps = False
+
+    def __init__(self, devices: Sequence[Any]):
+        if len(devices) < 1:
+            raise PipelineError("a pipeline needs at least one device")
+        self.devices = list(devices)
+        self.name = "pipeline[" + ",".join(getattr(d, "name", "?") for d in self.devices) + "]"
+        self.overlaps = any(getattr(d, "overlaps", False) for d in self.devices)
+        #: device -> devices that queued a copy reading from it since it last ran a stage
+        self._readers: dict[int, set[int]] = {i: set() for i in range(len(self.devices))}
+        self.peer_copies = 0
+
+    # ---- buffers -----------------------------------------------------------------------
+    def alloc(self, type_) -> PipelineBuffer:
+        return PipelineBuffer(type_)
+
+    def _on(self, buf: PipelineBuffer, d: int):
+        """``buf``'s copy on device ``d`` (made now, and written if the host holds its value
+        or it is current elsewhere)."""
+        c = buf.copies.get(d)
+        if c is not None:
+            return c
+        dev = self.devices[d]
+        c = buf.copies[d] = dev.alloc(buf.type)
+        if buf.host is not None:
+            dev.upload(c, buf.host)
+            buf.valid.add(d)
+            if all(t in buf.copies for t in range(len(self.devices))):
+                buf.host = None
+        elif not buf.valid:
+            buf.valid.add(d)                 # zero-filled everywhere: every copy is current
+        return c
+
+    def upload(self, buf: PipelineBuffer, array) -> None:
+        if not buf.copies:
+            buf.host = array
+            return
+        for d, c in buf.copies.items():
+            self.devices[d].upload(c, array)
+        buf.valid = set(buf.copies)
+        if buf.host is not None:
+            buf.host = array
+
+    def upload_async(self, buf: PipelineBuffer, array) -> None:
+        if not buf.copies:
+            buf.host = np.array(array, copy=True)
+            return
+        for d, c in buf.copies.items():
+            self.devices[d].upload_async(c, array)
+        buf.valid = set(buf.copies)
+        if buf.host is not None:
+            buf.host = np.array(array, copy=True)
+
+    def upload_rows(self, buf: PipelineBuffer, start: int, array) -> None:
+        """Write rows ``start..`` of ``buf`` on every device that holds it (current copies
+        first brought up to date from the device where it is current)."""
+        for d in list(buf.copies):
+            self._refresh(buf, d)
+        for d, c in buf.copies.items():
+            dev = self.devices[d]
+            rows = getattr(dev, "upload_rows", None)
+            if rows is not None:
+                rows(c, start, array)
+            else:
+                full = np.array(dev.download(c))
+                a = np.asarray(array)
+                full.reshape((-1,) + a.shape[1:])[start:start + a.shape[0]] = a
+                dev.upload(c, full)
+        if not buf.copies:                  # no stage bound it yet: keep the value on the host
+            h = self.download(buf).reshape(host_shape(buf.type))
+            a = np.asarray(array)
+            h[start:start + a.shape[0]] = a
+            buf.host = h
+
+    def _current(self, buf: PipelineBuffer) -> int | None:
+        return min(buf.valid) if buf.valid else None
+
+    def download(self, buf: PipelineBuffer) -> np.ndarray:
+        d = self._current(buf)
+        if d is None:
+            if buf.host is not None:
+                return np.array(buf.host)
+            return np.zeros(host_shape(buf.type), host_dtype(buf.type))
+        return self.devices[d].download(buf.copies[d])
+
+    def download_async(self, buf: PipelineBuffer):
+        d = self._current(buf)
+        if d is None:
+            return Ready(self.download(buf))
+        return self.devices[d].download_async(buf.copies[d])
+
+    def synchronize(self) -> None:
+        for dev in self.devices:
+            dev.synchronize()
+
+    # ---- copies between devices ---------------------------------------------------------
+    def _copy(self, src: int, a, dst: int, b) -> None:
+        """Queue ``a`` (on device ``src``) -> ``b`` (on device ``dst``), ordered after the
+        work queued on ``src``; ``src`` learns that ``dst`` reads from it."""
+        s, t = self.devices[src], self.devices[dst]
+        if hasattr(t, "copy_from") and hasattr(s, "signal"):
+            t.wait_for(s.signal())
+            t.copy_from(s, a, b)
+        else:
+            t.upload(b, s.download(a))
+        self._readers[src].add(dst)
+        self.peer_copies += 1
+
+    def _refresh(self, buf: PipelineBuffer, d: int) -> None:
+        """Make ``buf``'s copy on ``d`` current (copied from a device where it is)."""
+        if d in buf.valid:
+            return
+        src = self._current(buf)
+        if src is None:
+            buf.valid.add(d)
+            return
+        self._copy(src, buf.copies[src], d, buf.copies[d])
+        buf.valid.add(d)
+
+    def _before_writes(self, d: int) -> None:
+        """Device ``d`` is about to write: wait for the copies other devices read from it."""
+        dev = self.devices[d]
+        for r in self._readers[d]:
+            if hasattr(dev, "wait_for") and hasattr(self.devices[r], "signal"):
+                dev.wait_for(self.devices[r].signal())
+        self._readers[d].clear()
+
+    # ---- programs ----------------------------------------------------------------------
+    def load(self, program) -> PipelineKernel:
+        """Load a :class:`PipelineProgram` (stage ``s`` on device ``s``; as many stages as
+        devices, else :class:`PipelineError`) or a plain program (on the last device)."""
+        if isinstance(program, PipelineProgram):
+            if len(program.stages) != len(self.devices):
+                raise PipelineError(f"a program of {len(program.stages)} pipeline stages "
+                                    f"cannot run on {len(self.devices)} devices")
+            placed = list(enumerate(program.stages))
+            bnd = program.boundaries
+        else:
+            placed, bnd = [(len(self.devices) - 1, program)], {}
+        self._check_memory(placed, getattr(program, "weight_bytes", None))
+        stages, boundary = [], {}
+        args: dict[tuple[str, str], KernelArg] = {}
+        for d, prog in placed:
+            k = self.devices[d].load(prog)
+            names = []
+            for a in k.args:
+                names.append((a.role, a.name))
+                if a.name.startswith(BOUNDARY_PREFIX):
+                    src, _ = bnd[a.name]
+                    boundary.setdefault(a.name, {})[d] = self.devices[d].alloc(a.type)
+                    continue
+                key = (a.role, a.name)
+                if key not in args:
+                    args[key] = KernelArg(a.role, a.name, a.type)
+            receives = [(a.name, bnd[a.name][0]) for a in k.args
+                        if a.role == "input" and a.name.startswith(BOUNDARY_PREFIX)]
+            stages.append(_StageRun(d, k, names, receives))
+        order = {"input": 0, "param": 1, "output": 2}
+        kargs = sorted(args.values(), key=lambda a: order[a.role])
+        return PipelineKernel(kargs, stages, boundary, program)
+
+    def _check_memory(self, placed, weight_bytes) -> None:
+        """Refuse a stage whose weights alone exceed its device's free memory (devices that
+        report it: ``memory_info() -> (free, total)``)."""
+        if not weight_bytes:
+            return
+        for (d, _), need in zip(placed, weight_bytes):
+            info = getattr(self.devices[d], "memory_info", None)
+            if info is None:
+                continue
+            free, total = info()
+            if need > free:
+                raise PipelineError(f"pipeline stage {d} needs {need / 2**30:.1f} GiB of "
+                                    f"weights but device {d} has {free / 2**30:.1f} GiB free "
+                                    f"of {total / 2**30:.1f} GiB (use more stages)")
+
+    def in_place_outputs(self, kernel: PipelineKernel) -> set[str]:
+        out: set[str] = set()
+        for st in kernel.stages:
+            said = getattr(self.devices[st.device], "in_place_outputs", None)
+            if said is not None:
+                out |= {n for n in said(st.kernel) if not n.startswith(BOUNDARY_PREFIX)}
+        return out
+
+    def record(self, kernel: PipelineKernel, bindings: Sequence[PipelineBuffer],
+               copies: Sequence[tuple[PipelineBuffer, PipelineBuffer]] = ()):
+        """Record every stage over its device's copies of ``bindings`` (made now where
+        missing); ``copies`` (src, dst) run on the device of the stage that writes src."""
+        if len(bindings) != len(kernel.args):
+            raise PipelineError(f"{len(bindings)} buffers bound to {len(kernel.args)} "
+                                "arguments")
+        by = {(a.role, a.name): b for a, b in zip(kernel.args, bindings)}
+        runs, writer = [], {}
+        for st in kernel.stages:
+            d = st.device
+            inputs, outputs, binds = [], [], []
+            for role, name in st.args:
+                if name.startswith(BOUNDARY_PREFIX):
+                    binds.append(kernel.boundary[name][d])
+                    continue
+                buf = by[(role, name)]
+                binds.append(self._on(buf, d))
+                if role == "input":
+                    inputs.append(buf)
+                elif role == "output":
+                    outputs.append(buf)
+                    writer[id(buf)] = d
+            runs.append([st, binds, inputs, outputs, []])
+        feedback = []
+        for src, dst in copies:
+            d = writer.get(id(src))
+            if d is None:
+                raise PipelineError("a recorded copy's source is not written by the program")
+            run = next(r for r in runs if r[0].device == d)
+            run[4].append((src.copies[d], self._on(dst, d)))
+            feedback.append((dst, d))
+        stages = []
+        for st, binds, inputs, outputs, post in runs:
+            dev = self.devices[st.device]
+            rec = dev.record(st.kernel, binds, copies=post) if post else \
+                dev.record(st.kernel, binds)
+            stages.append((st, rec, inputs, outputs))
+        return PipelineRecording(kernel, stages, feedback)
+
+    def replay(self, rec: PipelineRecording) -> None:
+        """Run the stages in order: stale inputs and boundary values copied in, each stage's
+        recording replayed on its device, its outputs marked current there."""
+        kernel = rec.kernel
+        for st, drec, inputs, outputs in rec.stages:
+            d = st.device
+            for buf in inputs:
+                self._refresh(buf, d)
+            for name, src in st.receives:
+                b = kernel.boundary[name]
+                self._copy(src, b[src], d, b[d])
+            self._before_writes(d)
+            self.devices[d].replay(drec)
+            for buf in outputs:
+                buf.valid = {d}
+        for dst, d in rec.feedback:
+            dst.valid = {d}
+
+
+def open_pipeline_devices(backend: str, n: int) -> list:
+    """``n`` executor devices of ``backend`` for a pipeline: device ordinals 0..n-1 where the
+    backend's ``open_device`` hook takes an ``ordinal`` (CUDA), else ``n`` instances of its
+    device. Raises :class:`PipelineError` when ``n`` < 1."""
+    import inspect
+
+    from poot.backends.registry import BACKENDS, hook
+
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise PipelineError(f"pipeline_parallel must be a positive integer, got {n!r}")
+    reg = BACKENDS[backend]
+    if reg.open_device is None:
+        raise PipelineError(f"no executor device for backend '{backend}' in this build")
+    fn = hook(reg.open_device)
+    if "ordinal" in inspect.signature(fn).parameters:
+        return [fn(ordinal=i) for i in range(n)]
+    return [fn() for _ in range(n)]
+
+
+__all__ = ["PipelineBuffer", "PipelineDevice", "PipelineError", "PipelineKernel",
+           "PipelineProgram", "compile_pipeline", "open_pipeline_devices"]

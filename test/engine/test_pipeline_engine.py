@@ -1,0 +1,123 @@
+"""The layer pipeline through the serving engine on CPU devices (``pipeline_parallel``):
+every request's greedy tokens equal the one-device run's and the independent references
+(HF, HF + PEFT); each device holds only its stages' weights and KV pools; the sampled token
+and the boundary activations move between devices every step.
+
+The CPU devices copy through the host (they have no queue); the CUDA device's queued peer
+copies and event ordering are tested with the fake driver (test/gpu/test_cuda_peer.py) and
+on the GPU machine (bench/gpu_run/pipeline_check.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+from engine_cases import alone, prompts, staggered  # noqa: E402
+from model_steps import FIXTURES, fixture_path, reference  # noqa: E402
+from poot.api import ModelHandle  # noqa: E402
+from poot.compiler.pipeline import PipelineRefusal  # noqa: E402
+from poot.driver.params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.executor.pipeline import PipelineDevice  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """CI's compile cache when set (shared with the other tests), else a temp one."""
+    return os.environ.get("POOT_CACHE_DIR") or tmp_path_factory.mktemp("poot-cache")
+
+
+def _load(cache, name="llama", n=2, **kw):
+    opts = dict(kv_capacity=64, max_batch=8, prefill_chunk=8, cache_dir=cache,
+                pipeline_parallel=n)
+    opts.update(kw)
+    return ModelHandle.load(fixture_path(name), **opts)
+
+
+@pytest.mark.parametrize("name,n", [("llama", 2), ("llama", 3), ("mixtral", 2),
+                                    ("deepseek_v3", 2)])
+def test_staggered_batch_equals_one_device(cache, name, n):
+    """Eight prompts arriving two steps apart through an N-stage pipeline each get exactly
+    the tokens the one-device engine gives them alone."""
+    one = _load(cache, name, 1)
+    pipe = _load(cache, name, n)
+    assert isinstance(pipe.runner.engine.device, PipelineDevice)
+    ps = prompts(one.runner.vocab, 8, seed=3, lo=3, hi=20)
+    want = [alone(one.engine, p, GREEDY) for p in ps]
+    got = staggered(pipe.engine, [(p, GREEDY) for p in ps], every=2)
+    assert pipe.engine.stats().max_decode_batch >= 2
+    for rid, w in zip(got["ids"], want):
+        assert got["final"][rid].output_ids == w
+    dev = pipe.runner.engine.device
+    assert dev.peer_copies >= pipe.runner.decode_steps * (n - 1)
+
+
+def test_reference_tokens_through_two_stages(cache):
+    """The fixture's prompt generates HF's greedy tokens on a two-stage pipeline."""
+    h = _load(cache)
+    ref = reference("llama")
+    ids = [int(x) for x in ref["prompt_ids"]]
+    want = [int(x) for x in ref["greedy_ids"]]
+    out = alone(h.engine, ids, SamplingParams(temperature=0.0, max_tokens=len(want),
+                                              ignore_eos=True))
+    assert out == want
+
+
+def test_each_device_holds_its_stage(cache):
+    """Layer 0's weights and KV pools live on device 0 only, layer 1's on device 1 only;
+    the token embedding on the first device, the LM head on the last."""
+    h = _load(cache)
+    alone(h.engine, [5, 6, 7], GREEDY)
+    eng = h.runner.engine
+    where = {n: set(b.copies) for n, b in eng._weights.items()}
+    for n, devs in where.items():
+        if n.startswith("blk.0."):
+            assert devs == {0}, n
+        elif n.startswith("blk.1."):
+            assert devs == {1}, n
+    assert where["tok_embed"] == {0}
+    assert where["lm_head"] == where["out_norm"] == {1}
+    for n, st in eng._state.items():
+        if n.startswith("kv."):
+            layer = int(n.split(".")[1])
+            assert all(set(b.copies) == {layer} for b in st.buffers), n
+
+
+def test_adapters_through_two_stages_equal_hf_peft(cache):
+    """A batch of the base model and two PEFT adapters on a two-stage pipeline: each gets
+    the greedy tokens HF + PEFT recorded (LoRA slot weights live on their layer's
+    device)."""
+    lora = FIXTURES / "llama_lora"
+    h = _load(cache, max_batch=4, max_loras=2, max_lora_rank=8,
+              loras={"a": lora / "adapter_a", "b": lora / "adapter_b"})
+    eng = h.engine
+    ids = [int(x) for x in reference("llama")["prompt_ids"]]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    rids = {eng.add_request(ids, params, lora=lora_): name
+            for lora_, name in ((None, None), ("a", "adapter_a"), ("b", "adapter_b"))}
+    done = {o.request_id: o for o in eng.run_until_done() if o.finished}
+    for rid, name in rids.items():
+        want = list(reference("llama_lora")[f"{name}.greedy_ids"]) if name else \
+            list(reference("llama")["greedy_ids"])
+        assert list(done[rid].output_ids) == want, name
+
+
+def test_too_many_stages_refused_before_compiling(cache):
+    compiled = []
+    with pytest.raises(PipelineRefusal, match="into 64 pipeline stages"):
+        ModelHandle.load(fixture_path("llama"), kv_capacity=64, max_batch=1,
+                         prefill_chunk=8, pipeline_parallel=64,
+                         compile_fn=lambda g: compiled.append(g))
+    assert compiled == []
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "2"])
+def test_pipeline_parallel_must_be_positive_int(cache, bad):
+    with pytest.raises(InvalidRequest, match="pipeline_parallel"):
+        _load(cache, n=bad)
