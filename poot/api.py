@@ -191,8 +191,8 @@ class ModelHandle:
         cannot be), stage ``s`` compiled for and run on device ``s`` with its weights and KV
         pools, boundary activations copied between devices
         (:class:`~poot.executor.pipeline.PipelineDevice`); samplers run on the last device.
-        Stage programs go through the compile cache by graph; the step index and the
-        background compile workers are not used.
+        The step index records each step's stage programs (a carried cache loads them
+        without MLIR); the background compile workers are not used.
         """
         import time
 
@@ -252,17 +252,12 @@ class ModelHandle:
         check_kv_memory(model, kv)
         cache = None
         if compile_fn is None and pipeline_parallel > 1:
-            from poot.executor.pipeline import compile_pipeline
-
             cache = CompileCache(cache_dir, enabled=use_cache)
             options = compile_options or DEFAULT_COMPILE_OPTIONS
 
             def compile_step(key_model, types, spec, trace):
-                if not types:                # a sampler: no weights to spread
-                    return compile_cached(cache, key_model, types, spec, trace, target,
-                                          options, progress=report)
-                return compile_pipeline(trace(), pipeline_parallel, lambda g: cache.compile(
-                    g, target, options, progress=report))
+                return compile_cached(cache, key_model, types, spec, trace, target, options,
+                                      progress=report, pipeline=pipeline_parallel)
 
             find_step = None
         elif compile_fn is None:
@@ -448,15 +443,21 @@ def _bind_lora_slots(model, weights, max_loras: int, max_lora_rank: int):
 
 
 def compile_cached(cache, model, weight_types, spec, trace, target, options, progress=None,
-                   wait: bool = True):
+                   wait: bool = True, pipeline: int = 1):
     """The program of step ``spec`` through ``cache``'s step index (a hit neither traces nor
     imports MLIR; a miss calls ``trace()`` and compiles). ``progress``: a
     :mod:`poot.progress` callback, counting this step's units from zero. ``wait=False``:
-    None when another process is compiling the step (see :meth:`CompileCache.compile_step`)."""
+    None when another process is compiling the step (see :meth:`CompileCache.compile_step`).
+    ``pipeline`` N > 1: a step with weights is cut into N stages
+    (:meth:`CompileCache.compile_pipeline_step`); one without (a sampler) is not."""
     from poot.executor.cache import step_describe, step_key
     from poot.progress import Tracker
 
     describe = step_describe(model, weight_types, spec, target, options)
+    if pipeline > 1 and weight_types:
+        return cache.compile_pipeline_step(
+            step_key(model, weight_types, spec, target, options), describe, trace, target,
+            options, pipeline, progress=Tracker(progress))
     return cache.compile_step(step_key(model, weight_types, spec, target, options), describe,
                               trace, target, options, progress=Tracker(progress), wait=wait)
 
@@ -470,7 +471,8 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                   random_weights: str | None = None, seed: int = 0,
                   max_loras: int = 0, max_lora_rank: int = 16,
                   device_caps: Mapping[str, Any] | None = None,
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[str], None] | None = None,
+                  pipeline_parallel: int = 1) -> dict[str, Any]:
     """Fill the compile cache with the steps ``ModelHandle.load(path, backend, ...)`` and
     generation use, without opening a device: the prefill chunk, the decode step of each
     batch of ``batches`` (default: every bucket up to ``max_batch``) and its samplers (default:
@@ -479,7 +481,8 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     ``device_caps``: for a backend whose target comes from its device (Vulkan, wgpu), that
     device's ``capabilities()`` as read where it runs (``poot devices --json``); without it
     such a backend is refused here. What ``poot compile`` runs before the cache is carried to
-    a machine without MLIR. Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
+    a machine without MLIR. ``pipeline_parallel`` N > 1: the model steps as N pipeline
+    stages (what ``ModelHandle.load(..., pipeline_parallel=N)`` loads). Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
     {"step_key", "program", "seconds", "hit"}}}`` (``hit``: found in the cache, compiled
     before or by a :mod:`~poot.executor.ahead` worker meanwhile)."""
     from poot.compiler.planning import kv_block_size
@@ -497,6 +500,7 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     if kv_capacity is not None:
         _positive("kv_capacity", kv_capacity)
     _positive("max_batch", max_batch)
+    pipeline_parallel = _positive("pipeline_parallel", pipeline_parallel)
     if backend in BACKENDS and _REGISTERED[backend].target_from_device:
         if device_caps is None:
             raise InvalidRequest("backend", backend, f"the {backend} target comes from the "
@@ -529,12 +533,15 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     out: dict[str, Any] = {"cache_dir": str(cache.dir), "backend": backend,
                            "kv_capacity": kv_capacity, "block_size": bs, "kv_blocks": blocks - 1,
                            "steps": {}}
+    if pipeline_parallel > 1:         # the workers compile whole steps: not used
+        _compile_jobs(cache, jobs, target, options, report, out, pipeline_parallel)
+        return out
     with compile_ahead(cache, [j[1:] for j in jobs], target, options):
         _compile_jobs(cache, jobs, target, options, report, out)
     return out
 
 
-def _compile_jobs(cache, jobs, target, options, report, out) -> None:
+def _compile_jobs(cache, jobs, target, options, report, out, pipeline: int = 1) -> None:
     """``compile_steps``' loop: each job ``(name, key model, types, spec)`` compiled through
     ``cache``, its key, program, seconds and whether it was a hit recorded in ``out``."""
     import time
@@ -548,7 +555,7 @@ def _compile_jobs(cache, jobs, target, options, report, out) -> None:
         hits = cache.hits
         prog = compile_cached(cache, key_model, types, spec,
                               step_trace(key_model, types, spec), target, options,
-                              progress=report)
+                              progress=report, pipeline=pipeline)
         out["steps"][name] = {"step_key": step_key(key_model, types, spec, target, options),
                               "program": getattr(prog, "cache_key", None),
                               "seconds": round(time.perf_counter() - t0, 2),

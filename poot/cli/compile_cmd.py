@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
 
     from poot.cli.generate_cmd import apply_threads, compile_options
 
-    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks", "threads")
+    check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks", "threads",
+                  "pipeline_parallel")
     apply_threads(args)
     path, random_dtype = model_source(args)
     device_caps = read_device_caps(args.device_caps, args.backend)
@@ -144,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
                             kv_dtype=args.kv_dtype, samplers=samplers,
                             cache_dir=args.cache_dir, random_weights=random_dtype,
                             seed=args.seed, compile_options=compile_options(args),
-                            device_caps=device_caps, progress=report)
+                            device_caps=device_caps, progress=report,
+                            pipeline_parallel=args.pipeline_parallel or 1)
     out["cache_bytes"] = cache_bytes(out["cache_dir"])
     print(json.dumps(out))
     return 0

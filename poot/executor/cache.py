@@ -228,6 +228,20 @@ class CachedProgram:
         return self.executable.run(inputs, params or {})
 
 
+def rec_storage(programs) -> list:
+    """The step's buffers from its stage programs' (boundary values left out, each buffer
+    once): what :class:`~poot.executor.pipeline.PipelineProgram` keeps as ``storage``."""
+    from poot.executor.pipeline import BOUNDARY_PREFIX
+
+    out, seen = [], set()
+    for p in programs:
+        for b in p.storage:
+            if not b.name.startswith(BOUNDARY_PREFIX) and (b.role, b.name) not in seen:
+                seen.add((b.role, b.name))
+                out.append(b)
+    return out
+
+
 def _load_libs(libs) -> None:
     for lib in libs:
         ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
@@ -566,6 +580,68 @@ class CompileCache:
                 except OSError as e:
                     self._disable(e)
         return program
+
+    def compile_pipeline_step(self, skey: str, describe: dict, trace: Callable[[], Any],
+                              target, options, stages: int, progress=None):
+        """:meth:`compile_step` for a step cut into ``stages`` pipeline stages
+        (:func:`poot.executor.pipeline.compile_pipeline`): its index entry (under ``skey``
+        and the stage count) lists each stage's program key and the boundaries, so a carried
+        cache loads the whole pipeline without tracing or MLIR; each stage program is cached
+        by its graph like any other. A miss where MLIR is missing raises :class:`CacheMiss`."""
+        from poot.executor.pipeline import PipelineProgram, compile_pipeline
+        from poot.progress import Tracker
+
+        track = Tracker.of(progress)
+        pkey = _digest([skey, f"pipeline={stages}"])
+        describe = {**describe, "pipeline": stages}
+        rec = self._index_record(pkey)
+        if rec is not None and "pipeline" in rec:
+            progs = [self._load(k, target) for k in rec["pipeline"]]
+            if all(p is not None for p in progs):
+                self.hits += 1
+                track("loaded from the compile cache")
+                prog = PipelineProgram(progs, rec_storage(progs), {
+                    n: (int(src), tuple(dst)) for n, (src, dst) in rec["boundaries"].items()},
+                    list(rec["weight_bytes"]))
+                prog.cache_key = pkey
+                return prog
+        if not mlir_importable():
+            raise CacheMiss(self.explain_miss(pkey, describe))
+        track.add(1)
+        track("tracing")
+        prog = compile_pipeline(trace(), stages,
+                                lambda g: self.compile(g, target, options, progress=track))
+        keys = [getattr(p, "cache_key", None) for p in prog.stages]
+        if all(keys) and self.enabled:
+            try:
+                self.index_path(pkey).parent.mkdir(parents=True, exist_ok=True)
+                _atomic_write(self.index_path(pkey), json.dumps(
+                    {"pipeline": keys, "describe": describe,
+                     "boundaries": {n: [src, list(dst)] for n, (src, dst)
+                                    in prog.boundaries.items()},
+                     "weight_bytes": prog.weight_bytes}, indent=1).encode())
+                prog.cache_key = pkey
+            except OSError as e:
+                self._disable(e)
+        return prog
+
+    def _index_record(self, key: str) -> dict | None:
+        """The index entry ``key`` as a dict; None when absent or damaged (discarded)."""
+        if not self.use:
+            return None
+        path, st = self.index_path(key), None
+        try:
+            st = os.stat(path)
+            with open(path) as f:
+                rec = json.load(f)
+            if not isinstance(rec, dict):
+                raise TypeError("not an object")
+            return rec
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError) as e:
+            self._discard(path, f"unreadable index entry: {type(e).__name__}", st)
+            return None
 
     def explain_miss(self, skey: str, describe: dict) -> str:
         """Why step ``skey`` has no entry: the parts of its key that differ from the closest

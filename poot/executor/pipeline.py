@@ -63,6 +63,8 @@ class PipelineProgram:
     storage: list
     boundaries: dict[str, tuple[int, tuple[int, ...]]]
     weight_bytes: list[int] = field(default_factory=list)
+    #: the compile cache's index key of the whole pipeline (None: not cached)
+    cache_key: str | None = None
 
     @property
     def executable(self):
@@ -82,16 +84,11 @@ def compile_pipeline(graph, stages: int, compile_fn: Callable, cost=None) -> Pip
     refusals before anything compiles) and compile each stage with ``compile_fn(graph)``."""
     from poot.compiler.pipeline import partition
 
+    from poot.executor.cache import rec_storage
+
     part = partition(graph, stages, cost)
     programs = [compile_fn(s.graph) for s in part.stages]
-    storage, seen = [], set()
-    for p in programs:
-        for b in p.storage:
-            if b.name.startswith(BOUNDARY_PREFIX) or (b.role, b.name) in seen:
-                continue
-            seen.add((b.role, b.name))
-            storage.append(b)
-    return PipelineProgram(programs, storage,
+    return PipelineProgram(programs, rec_storage(programs),
                            {n: (b.src, b.dst) for n, b in part.boundaries.items()},
                            [s.weight_bytes for s in part.stages])
 

@@ -121,3 +121,69 @@ def test_too_many_stages_refused_before_compiling(cache):
 def test_pipeline_parallel_must_be_positive_int(cache, bad):
     with pytest.raises(InvalidRequest, match="pipeline_parallel"):
         _load(cache, n=bad)
+
+
+NO_MLIR_LOAD = """
+import json, sys
+sys.modules['mlir'] = None                        # this process cannot import MLIR
+from types import SimpleNamespace
+import numpy as np
+from poot.api import ModelHandle
+from poot.backends.cuda.runtime import _host_of, kernel_args
+from poot.executor.pipeline import PipelineDevice
+
+class Device:  # the executor's Device protocol, enough to load weights and programs
+    name = "cuda"
+    def __init__(self):
+        self.loaded = []
+    def alloc(self, t):
+        return np.zeros(_host_of(t)[2], np.uint8)
+    def upload(self, buf, array):
+        pass
+    def load(self, program):
+        self.loaded.append(program.executable.plan)
+        return SimpleNamespace(args=kernel_args(program.executable.plan))
+
+devs = [Device(), Device()]
+h = ModelHandle.load(sys.argv[1], "cuda", kv_capacity=64, max_batch=1, prefill_chunk=8,
+                     cache_dir=sys.argv[2], pipeline_parallel=2, device=PipelineDevice(devs))
+print(json.dumps({"loaded": [[sorted(x["name"] for x in p["inputs"] + p["outputs"])
+                              for p in d.loaded] for d in devs],
+                  "hits": h.compile_cache.hits,
+                  "mlir": sorted(m for m in sys.modules if m.startswith("mlir.")
+                                 and sys.modules[m] is not None)}))
+"""
+
+
+def test_carried_cache_loads_the_pipeline_without_mlir(tmp_path):
+    """``poot compile --backend cuda --pipeline-parallel 2`` here fills a cache from which a
+    process that cannot import MLIR (the GPU machine) loads both stages of the prefill and
+    decode steps, each on its own device (the sampler on the last), with the boundary
+    between them."""
+    import json
+    import subprocess
+
+    cache = tmp_path / "cache"
+    env = dict(os.environ, POOT_CACHE_DIR=str(cache))
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "poot.cli", "compile", "--model",
+                        str(fixture_path("llama")), "--backend", "cuda", "--kv-capacity", "64",
+                        "--max-batch", "1", "--prefill-chunk", "8", "--pipeline-parallel", "2",
+                        "--cache-dir", str(cache), "--quiet"],
+                       capture_output=True, text=True, env=env, cwd=root, timeout=900)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-c", NO_MLIR_LOAD, str(fixture_path("llama")),
+                        str(cache)], capture_output=True, text=True, env=env, cwd=root,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["mlir"] == [] and got["hits"] >= 3
+    first, last = got["loaded"]
+    # prefill and decode: stage 0 on device 0 sends one boundary that stage 1 receives
+    assert len(first) == 2 and len(last) >= 3        # + the sampler(s) on the last device
+    for names in first:
+        assert "kv.0.k" in names and "kv.1.k" not in names and "tokens" in names
+        assert sum(n.startswith("pipeline.v") for n in names) == 1
+    for names in last[:2]:
+        assert "kv.1.k" in names and "kv.0.k" not in names
+        assert sum(n.startswith("pipeline.v") for n in names) == 1
