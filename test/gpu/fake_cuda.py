@@ -6,7 +6,14 @@ for it (``cuStreamSynchronize``, ``cuEventSynchronize``), so a host array or a p
 rewritten before the stream read it shows up as a wrong value, as on a real device. The
 synchronous ``cuMemcpyHtoD``/``DtoH`` do *not* drain the stream (a per-thread default stream's
 semantics): the runtime must order them itself. Kernel launches are not emulated: plans whose
-launches are copies only."""
+launches are copies only.
+
+Several devices: ``devices`` GPUs (2 by default), each with a primary context, plus contexts
+made with ``cuCtxCreate``. The current context is per thread; a device allocation, stream or
+event belongs to the context current when it was made, and a call that uses one from another
+context than the current one fails (CUDA_ERROR_INVALID_CONTEXT), so work run in the wrong
+context shows. ``cuStreamWaitEvent`` queues a wait that runs the event's stream up to the
+record the wait saw; ``cuMemcpyPeerAsync`` checks each side's context."""
 
 from __future__ import annotations
 
@@ -30,18 +37,45 @@ class CUfunction_attribute(enum.IntEnum):  # noqa: N801
 
 
 OK = 0
-#: what the driver answers a thread with no current context
+INVALID_DEVICE = 101
+#: what the driver answers a thread with no current context (or a handle of another context)
 INVALID_CONTEXT = 201
+INVALID_HANDLE = 400
+PEER_ACCESS_ALREADY_ENABLED = 704
+ERROR_NAMES = {INVALID_DEVICE: "CUDA_ERROR_INVALID_DEVICE",
+               INVALID_CONTEXT: "CUDA_ERROR_INVALID_CONTEXT",
+               INVALID_HANDLE: "CUDA_ERROR_INVALID_HANDLE",
+               PEER_ACCESS_ALREADY_ENABLED: "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED"}
+
+
+class Context:
+    """A fake CUcontext: its device ordinal, primary or created; ``int()`` gives its handle."""
+
+    _next = 1
+
+    def __init__(self, ordinal: int, primary: bool):
+        self.ordinal, self.primary, self.destroyed = ordinal, primary, False
+        self.handle = Context._next
+        Context._next += 1
+
+    def __int__(self):
+        return self.handle
+
+    def __repr__(self):
+        return f"<ctx {self.handle} dev{self.ordinal}{' primary' if self.primary else ''}>"
 
 
 class _Event:
-    def __init__(self):
+    def __init__(self, ctx=None):
+        self.ctx = ctx
         self.recorded = 0
         self.done = 0
+        self.stream = None        # the stream of its last record
 
 
 class _Stream:
-    def __init__(self):
+    def __init__(self, ctx=None):
+        self.ctx = ctx
         self.queue: deque = deque()
         self.capture: list | None = None
 
@@ -58,12 +92,25 @@ class FakeDriver:
     CUstreamCaptureMode = CUstreamCaptureMode
     CUfunction_attribute = CUfunction_attribute
 
-    def __init__(self):
+    def __init__(self, devices: int = 2, peer_access: bool = True,
+                 total_memory: int = 1 << 30):
         self._current = threading.local()     # like the driver: a current context per thread
+        self.devices = devices
+        self.peer_access = peer_access        # what cuDeviceCanAccessPeer answers (2 GPUs)
+        self.total_memory = total_memory
         self.mem: dict[int, ctypes.Array] = {}
+        self.owner: dict[int, Context] = {}   # device allocation -> its context
         self.streams: list[_Stream] = []
+        self.events: list[_Event] = []
+        self.contexts: list[Context] = []
+        self._primary: dict[int, Context] = {}
+        self.primary_refs: dict[int, int] = {}
+        self.peer_enabled: set[tuple[int, int]] = set()   # (context, peer context) handles
         self.host_allocs = 0
         self.async_copies = 0
+        self.peer_copies = 0
+        self.set_current_calls = 0
+        self.waits: list[tuple[_Stream, _Event]] = []
 
     def _alloc(self, n):
         b = ctypes.create_string_buffer(int(n))
@@ -73,28 +120,123 @@ class FakeDriver:
 
     # ---- context, errors ---------------------------------------------------------------------
     def cuInit(self, flags): return (OK,)                                   # noqa: E704,N802
-    def cuDeviceGet(self, i): return (OK, i)                                # noqa: E704,N802
-    def cuDeviceGetCount(self): return (OK, 1)                              # noqa: E704,N802
-    def cuDevicePrimaryCtxRetain(self, d): return (OK, object())            # noqa: E704,N802
+
+    def cuDeviceGet(self, i):                                                       # noqa: N802
+        return (OK, i) if 0 <= i < self.devices else (INVALID_DEVICE, None)
+
+    def cuDeviceGetCount(self): return (OK, self.devices)                   # noqa: E704,N802
+
+    def cuDevicePrimaryCtxRetain(self, d):                                          # noqa: N802
+        if d not in self._primary:
+            self._primary[d] = Context(d, primary=True)
+            self.contexts.append(self._primary[d])
+        self.primary_refs[d] = self.primary_refs.get(d, 0) + 1
+        return (OK, self._primary[d])
+
+    def cuDevicePrimaryCtxRelease(self, d):                                         # noqa: N802
+        self.primary_refs[d] -= 1
+        return (OK,)
+
+    def cuCtxCreate(self, *args):                                                   # noqa: N802
+        """cuda-python 13's ``(params, flags, dev)``."""
+        if len(args) != 3:
+            raise TypeError(f"cuCtxCreate() takes exactly 3 positional arguments "
+                            f"({len(args)} given)")
+        dev = args[2]
+        if not 0 <= dev < self.devices:
+            return (INVALID_DEVICE, None)
+        c = Context(dev, primary=False)
+        self.contexts.append(c)
+        self._current.ctx = c                 # the new context is current on this thread
+        return (OK, c)
+
+    def cuCtxDestroy(self, c):                                                      # noqa: N802
+        c.destroyed = True
+        if self.current() is c:
+            self._current.ctx = None
+        return (OK,)
+
     def cuCtxSetCurrent(self, c):                                                   # noqa: N802
+        self.set_current_calls += 1
         self._current.ctx = c
         return (OK,)
 
+    def cuCtxGetCurrent(self): return (OK, self.current())                  # noqa: E704,N802
+
+    def current(self):
+        """The calling thread's current context (None when it has none)."""
+        return getattr(self._current, "ctx", None)
+
     def _no_context(self) -> bool:
-        return getattr(self._current, "ctx", None) is None
+        c = self.current()
+        return c is None or getattr(c, "destroyed", False)
+
+    def _foreign(self, *handles) -> bool:
+        """No current context, or a stream/event/device pointer of another context."""
+        if self._no_context():
+            return True
+        cur = self.current()
+        for h in handles:
+            ctx = h if isinstance(h, Context) else getattr(h, "ctx", None)
+            if isinstance(h, int):
+                ctx = self.owner_of(h)
+            if ctx is not None and ctx is not cur:
+                return True
+        return False
+
+    def owner_of(self, p):
+        """The context of the device allocation that holds address ``p`` (None: host memory
+        or unknown)."""
+        p = int(p)
+        for base, b in self.mem.items():
+            if base <= p < base + ctypes.sizeof(b):
+                return self.owner.get(base)
+        return None
+
     def cuDeviceGetName(self, n, d): return (OK, b"fake\0")                 # noqa: E704,N802
-    def cuGetErrorName(self, e): return (OK, b"CUDA_ERROR_FAKE")            # noqa: E704,N802
+
+    def cuGetErrorName(self, e):                                                    # noqa: N802
+        return (OK, ERROR_NAMES.get(int(e), "CUDA_ERROR_FAKE").encode())
+
+    def cuDeviceCanAccessPeer(self, d, peer):                                       # noqa: N802
+        return (OK, int(self.peer_access and d != peer))
+
+    def cuCtxEnablePeerAccess(self, peer, flags):                                   # noqa: N802
+        if self._no_context():
+            return (INVALID_CONTEXT,)
+        key = (int(self.current()), int(peer))
+        if key in self.peer_enabled:
+            return (PEER_ACCESS_ALREADY_ENABLED,)
+        self.peer_enabled.add(key)
+        return (OK,)
+
+    def cuMemGetInfo(self):                                                         # noqa: N802
+        if self._no_context():
+            return (INVALID_CONTEXT, None, None)
+        dev = self.current().ordinal
+        used = sum(ctypes.sizeof(self.mem[p]) for p, c in self.owner.items()
+                   if c.ordinal == dev and not c.destroyed)
+        return (OK, self.total_memory - used, self.total_memory)
 
     def cuStreamCreate(self, flags):                                                # noqa: N802
-        s = _Stream()
+        if self._no_context():
+            return (INVALID_CONTEXT, None)
+        s = _Stream(self.current())
         self.streams.append(s)
         return (OK, s)
+
+    def cuStreamDestroy(self, s):                                                   # noqa: N802
+        if s in self.streams:
+            self.streams.remove(s)
+        return (OK,)
 
     # ---- memory ------------------------------------------------------------------------------
     def cuMemAlloc(self, n):                                                        # noqa: N802
         if self._no_context():
             return (INVALID_CONTEXT, None)
-        return (OK, self._alloc(n))
+        p = self._alloc(n)
+        self.owner[p] = self.current()
+        return (OK, p)
 
     def cuMemHostAlloc(self, n, flags):                                             # noqa: N802
         if self._no_context():
@@ -107,21 +249,37 @@ class FakeDriver:
         return (OK,)
 
     def cuMemsetD8(self, p, v, n):                                                  # noqa: N802
+        if self._foreign(int(p)):
+            return (INVALID_CONTEXT,)
         ctypes.memset(int(p), v, n)
         return (OK,)
 
     def cuMemcpyHtoD(self, dst, src, n):                                            # noqa: N802
+        if self._foreign(int(dst)):
+            return (INVALID_CONTEXT,)
         ctypes.memmove(int(dst), int(src), n)
         return (OK,)
 
     def cuMemcpyDtoH(self, dst, src, n):                                            # noqa: N802
+        if self._foreign(int(src)):
+            return (INVALID_CONTEXT,)
         ctypes.memmove(int(dst), int(src), n)
         return (OK,)
 
     def _copy_async(self, dst, src, n, stream):
-        if self._no_context():
+        if self._foreign(stream, int(dst), int(src)):
             return (INVALID_CONTEXT,)
         self.async_copies += 1
+        dst, src = int(dst), int(src)
+        stream.put(lambda: ctypes.memmove(dst, src, n))
+        return (OK,)
+
+    def cuMemcpyPeerAsync(self, dst, dst_ctx, src, src_ctx, n, stream):            # noqa: N802
+        if self._foreign(stream):
+            return (INVALID_CONTEXT,)
+        if self.owner_of(dst) is not dst_ctx or self.owner_of(src) is not src_ctx:
+            return (INVALID_HANDLE,)
+        self.peer_copies += 1
         dst, src = int(dst), int(src)
         stream.put(lambda: ctypes.memmove(dst, src, n))
         return (OK,)
@@ -130,16 +288,25 @@ class FakeDriver:
 
     # ---- streams, events ---------------------------------------------------------------------
     def cuStreamSynchronize(self, s):                                               # noqa: N802
-        if self._no_context():
+        if self._foreign(s):
             return (INVALID_CONTEXT,)
         s.run_until()
         return (OK,)
 
-    def cuEventCreate(self, flags): return (OK, _Event())                   # noqa: E704,N802
+    def cuEventCreate(self, flags):                                                 # noqa: N802
+        if self._no_context():
+            return (INVALID_CONTEXT, None)
+        e = _Event(self.current())
+        self.events.append(e)
+        return (OK, e)
+
     def cuEventDestroy(self, e): return (OK,)                               # noqa: E704,N802
 
     def cuEventRecord(self, e, s):                                                  # noqa: N802
+        if self._foreign(s, e):
+            return (INVALID_CONTEXT,)
         e.recorded += 1
+        e.stream = s
         n = e.recorded
 
         def fire():
@@ -150,6 +317,17 @@ class FakeDriver:
     def cuEventSynchronize(self, e):                                                # noqa: N802
         for s in self.streams:
             s.run_until(lambda: e.done >= e.recorded)
+        return (OK,)
+
+    def cuStreamWaitEvent(self, s, e, flags):                                       # noqa: N802
+        """Work queued on ``s`` afterwards waits for ``e``'s record as of now (the event may
+        be of another context): running the wait runs the event's stream that far."""
+        if self._foreign(s):
+            return (INVALID_CONTEXT,)
+        self.waits.append((s, e))
+        n, src = e.recorded, e.stream
+        if src is not None and n:
+            s.put(lambda: src.run_until(lambda: e.done >= n))
         return (OK,)
 
     # ---- graphs, modules ---------------------------------------------------------------------
@@ -164,6 +342,8 @@ class FakeDriver:
     def cuGraphInstantiate(self, g, flags): return (OK, list(g))            # noqa: E704,N802
 
     def cuGraphLaunch(self, ex, s):                                                 # noqa: N802
+        if self._foreign(s):
+            return (INVALID_CONTEXT,)
         for op in ex:
             s.queue.append(op)
         return (OK,)

@@ -26,6 +26,17 @@ device-to-device copies after the step (graph memcpy nodes: the sampled token fe
 next step's token input). The synchronous :meth:`CudaDevice.upload` waits for the stream first,
 so a host write never lands under queued work that still reads the buffer.
 
+Several devices (a layer pipeline across GPUs): each :class:`CudaDevice` holds its own context
+(``CudaDevice(1)``; ``own_context=True`` creates a separate one, so two devices can share one
+GPU) and makes it current on the calling thread before every driver call (a thread-local
+remembers the current one: ``cuCtxSetCurrent`` only on a switch). Three queue operations
+connect them, none blocking the host: ``a.signal()`` records a's marker event after its queued
+work, ``b.wait_for(marker)`` makes b's later work wait for it on the GPU, and
+``b.copy_from(a, src, dst)`` queues a copy of a's buffer into b's (``cuMemcpyPeerAsync``
+between contexts). One event per device suffices: a wait takes the event's state when the
+wait is issued, so re-recording it afterwards does not disturb a wait already queued, and a
+replay loop creates nothing.
+
 :class:`StepRunner` is the self-contained form used by the device check and the benchmarks:
 every buffer allocated by the runner, carried state in place, per-step inputs written into
 stable slot buffers before each graph launch, only the named outputs read back.
@@ -48,25 +59,62 @@ class CudaError(RuntimeError):
 
 
 _cu = None
-#: the context of the :class:`CudaDevice` made last (its device's primary context)
+#: the context of the :class:`CudaDevice` made last: the default a thread that has none gets
 _ctx = None
+#: ``_thread.ctx``: the context this module last made current on the calling thread
 _thread = threading.local()
+#: CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+_PEER_ALREADY_ENABLED = 704
 
 
-def driver():
-    """``cuda.bindings.driver`` (imported on first use; ImportError when absent), with the
-    device's context current on the calling thread: the driver's current context is per
-    thread, and a device made on one thread (a server's loader) is used on another (its
-    engine thread), where every call would otherwise fail with CUDA_ERROR_INVALID_CONTEXT."""
+def _module():
+    """``cuda.bindings.driver``, imported on first use (ImportError when absent)."""
     global _cu
     if _cu is None:
         from cuda.bindings import driver as cu  # noqa: PLC0415
 
         _cu = cu
-    if _ctx is not None and getattr(_thread, "ctx", None) is not _ctx:
-        _thread.ctx = _ctx
-        _check(_cu.cuCtxSetCurrent(_ctx), "cuCtxSetCurrent")
     return _cu
+
+
+def driver():
+    """``cuda.bindings.driver`` (imported on first use; ImportError when absent). On a thread
+    that has no context of this module's yet, the context of the device made last is made
+    current: the driver's current context is per thread, and a device made on one thread (a
+    server's loader) is used on another (its engine thread), where a call would otherwise fail
+    with CUDA_ERROR_INVALID_CONTEXT. A context already current here is left alone: each
+    :class:`CudaDevice` makes its own current before it calls the driver."""
+    cu = _module()
+    if _ctx is not None and getattr(_thread, "ctx", None) is None:
+        _check(cu.cuCtxSetCurrent(_ctx), "cuCtxSetCurrent")
+        _thread.ctx = _ctx
+    return cu
+
+
+def _make_current(ctx) -> None:
+    """Make ``ctx`` current on the calling thread (``cuCtxSetCurrent`` only when this module
+    made another one current here last)."""
+    if getattr(_thread, "ctx", None) is not ctx:
+        _check(_module().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        _thread.ctx = ctx
+
+
+def _handle(h) -> int:
+    """A driver handle (context, ...) as an int, for comparing two wrappers of one handle."""
+    try:
+        return int(h)
+    except TypeError:
+        return id(h)
+
+
+def _create_context(cu, dev):
+    """``cuCtxCreate`` on ``dev`` (made current on the calling thread): cuda-python 13's
+    ``(params, flags, dev)`` or 12's ``(flags, dev)``."""
+    try:
+        res = cu.cuCtxCreate(None, 0, dev)
+    except TypeError:
+        res = cu.cuCtxCreate(0, dev)
+    return _check(res, "cuCtxCreate")
 
 
 def _check(res, what: str):
@@ -197,6 +245,7 @@ class CudaReadback:
     def wait(self) -> np.ndarray:
         if self.slot is None:
             raise CudaError("this readback was already waited for or released")
+        self.device._driver()       # its context, on whichever thread waits
         self.slot.wait()
         out = self.slot.view[:self.nbytes].view(self.dtype).reshape(self.shape).copy()
         self.release()
@@ -265,20 +314,30 @@ def _check_block_sizes(plan: dict, fns: list) -> None:
 
 
 class CudaDevice:
-    """One CUDA device (the first by default) with one stream."""
+    """One CUDA device (the first by default) with one stream, in its own context: the
+    device's primary context, or with ``own_context`` a context created for it alone (two such
+    devices on one GPU act as two devices: a pipeline's stages tested on one GPU)."""
 
     name = "cuda"
     overlaps = True          # replays and queued copies return before the stream ran them
     STAGING_SLOTS = 8        # page-locked slots in the upload ring
+    SIGNAL_EVENTS = 16       # marker events :meth:`signal` records in turn
 
-    def __init__(self, ordinal: int = 0):
-        cu = driver()
+    def __init__(self, ordinal: int = 0, own_context: bool = False):
+        cu = _module()
         _check(cu.cuInit(0), "cuInit")
+        self.ordinal = int(ordinal)
+        self.own_context = bool(own_context)
         self.dev = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
-        self.ctx = _check(cu.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
+        if own_context:
+            self.ctx = _create_context(cu, self.dev)
+            _thread.ctx = self.ctx        # cuCtxCreate made it current on this thread
+        else:
+            self.ctx = _check(cu.cuDevicePrimaryCtxRetain(self.dev),
+                              "cuDevicePrimaryCtxRetain")
         global _ctx
         _ctx = self.ctx
-        cu = driver()                     # makes it current on this thread
+        cu = self._driver()
         self.stream = _check(cu.cuStreamCreate(0), "cuStreamCreate")
         self.device_name = _check(cu.cuDeviceGetName(128, self.dev),
                                   "cuDeviceGetName").split(b"\0")[0].decode()
@@ -293,10 +352,22 @@ class CudaDevice:
         self._stage: list[_Pinned | None] = [None] * self.STAGING_SLOTS   # upload ring
         self._stage_next = 0
         self._read_free: list[_Pinned] = []                              # download slots
+        #: recorded in turn by :meth:`signal` (made once: replay loops make none)
+        self._signals = [_check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING),
+                                "cuEventCreate") for _ in range(self.SIGNAL_EVENTS)]
+        self._signal_next = 0
+        #: source contexts (handles) this context's peer access was settled for
+        self._peers: set[int] = set()
+
+    def _driver(self):
+        """The driver, with this device's context current on the calling thread (every
+        method calls this before the driver: several devices share a thread)."""
+        _make_current(self.ctx)
+        return _cu
 
     # ---- buffers -----------------------------------------------------------------------
     def _alloc_bytes(self, nbytes: int) -> int:
-        cu = driver()
+        cu = self._driver()
         ptr = _check(cu.cuMemAlloc(max(16, nbytes)), "cuMemAlloc")
         _check(cu.cuMemsetD8(ptr, 0, max(16, nbytes)), "cuMemsetD8")
         self.allocated += nbytes
@@ -310,7 +381,7 @@ class CudaDevice:
         """Write ``array`` into ``buffer``. A random-init weight (duck-typed
         :class:`poot.models.random_init.RandomArray`: ``chunks()``/``scaled_pool()``) is
         filled on the device from its pool: the host never builds the whole tensor."""
-        cu = driver()
+        cu = self._driver()
         # queued work (a pipelined step still running) may read or write the buffer
         _check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         if hasattr(array, "chunks") and hasattr(array, "scaled_pool"):
@@ -322,7 +393,7 @@ class CudaDevice:
     def upload_rows(self, buffer: DevBuf, start: int, array) -> None:
         """Write ``array`` over rows ``start..`` (first axis) of ``buffer`` (after the queued
         work finished): one sequence's row of carried state, without the rest."""
-        cu = driver()
+        cu = self._driver()
         _check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         a = np.asarray(array)
         if a.dtype.itemsize == 2 and buffer.dtype == np.uint16:
@@ -352,7 +423,7 @@ class CudaDevice:
         """``buffer`` = ``np.asarray(r)``, built on the device: norm scales (``scale`` 0) by a
         memset of the bit pattern of 1; matrices by one device-to-device copy per chunk from
         the scaled pool, uploaded once per (seed, scale, dtype) and kept."""
-        cu = driver()
+        cu = self._driver()
         if r.nbytes != buffer.nbytes:
             raise CudaError(f"cannot write {r.nbytes} bytes into a buffer of {buffer.nbytes}")
         item = r.dtype.itemsize
@@ -378,6 +449,7 @@ class CudaDevice:
         """Queue a host-to-device write on the stream. ``array`` is copied at once into the
         next page-locked slot of the upload ring (waiting, if ever, only until the stream
         has read that slot's previous contents), so the caller may reuse it immediately."""
+        cu = self._driver()         # the slots are made and freed in this context too
         a = self._host_array(buffer, array)
         i = self._stage_next
         self._stage_next = (i + 1) % len(self._stage)
@@ -388,13 +460,14 @@ class CudaDevice:
             slot = self._stage[i] = _Pinned(a.nbytes)
         slot.wait()                 # the stream has copied what the slot held before
         slot.view[:a.nbytes] = a.reshape(-1).view(np.uint8)
-        _check(driver().cuMemcpyHtoDAsync(buffer.ptr, slot.ptr, a.nbytes, self.stream),
+        _check(cu.cuMemcpyHtoDAsync(buffer.ptr, slot.ptr, a.nbytes, self.stream),
                "cuMemcpyHtoDAsync")
         slot.record(self.stream)
 
     def download_async(self, buffer: DevBuf) -> CudaReadback:
         """Queue a device-to-host copy of ``buffer`` (into a page-locked slot) after the work
         issued so far; the returned readback's ``wait()`` waits for that copy only."""
+        cu = self._driver()
         slot = None
         for j, s in enumerate(self._read_free):
             if s.nbytes >= buffer.nbytes:
@@ -402,20 +475,106 @@ class CudaDevice:
                 break
         if slot is None:
             slot = _Pinned(buffer.nbytes)
-        _check(driver().cuMemcpyDtoHAsync(slot.ptr, buffer.ptr, buffer.nbytes, self.stream),
+        _check(cu.cuMemcpyDtoHAsync(slot.ptr, buffer.ptr, buffer.nbytes, self.stream),
                "cuMemcpyDtoHAsync")
         slot.record(self.stream)
         return CudaReadback(self, slot, buffer.dtype, buffer.shape, buffer.nbytes)
 
     def download(self, buffer: DevBuf) -> np.ndarray:
-        cu = driver()
+        cu = self._driver()
         _check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         out = np.empty(buffer.shape, buffer.dtype)
         _check(cu.cuMemcpyDtoH(out.ctypes.data, buffer.ptr, buffer.nbytes), "cuMemcpyDtoH")
         return out
 
     def synchronize(self) -> None:
-        _check(driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        _check(self._driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    # ---- several devices ---------------------------------------------------------------
+    def signal(self):
+        """Record a marker event on this device's stream, after the work queued so far, and
+        return it (for another device's :meth:`wait_for`). The events are a ring of
+        :attr:`SIGNAL_EVENTS` made once and re-recorded in turn: a marker kept for a later
+        wait stays exact while fewer newer ones were recorded (the pipeline waits for the
+        copies read from a device before it writes again); past that its event was
+        re-recorded later on this stream, so a wait on it waits for more, never less (a
+        wait takes the event's state when the wait is issued)."""
+        cu = self._driver()
+        ev = self._signals[self._signal_next]
+        self._signal_next = (self._signal_next + 1) % len(self._signals)
+        _check(cu.cuEventRecord(ev, self.stream), "cuEventRecord")
+        return ev
+
+    def wait_for(self, marker) -> None:
+        """Work queued on this device from now on waits (on the GPU; the host does not) until
+        ``marker`` fired: an event from :meth:`signal`, of this or another device."""
+        cu = self._driver()
+        _check(cu.cuStreamWaitEvent(self.stream, marker, 0), "cuStreamWaitEvent")
+
+    def copy_from(self, src_device: "CudaDevice", src: DevBuf, dst: DevBuf) -> None:
+        """Queue on this device's stream a copy of the whole ``src`` (a buffer of
+        ``src_device``: this or another device, or another context on the same GPU) into
+        ``dst`` (a buffer of this device). The caller orders it after the producer's work:
+        ``self.wait_for(src_device.signal())`` first. CudaError when the byte sizes
+        differ. Peer access between two GPUs is enabled on their first copy where the
+        hardware allows it; otherwise the driver copies through the host."""
+        if src.nbytes != dst.nbytes:
+            raise CudaError(f"copy_from: source of {src.nbytes} bytes into a destination of "
+                            f"{dst.nbytes} bytes")
+        cu = self._driver()
+        if _handle(src_device.ctx) == _handle(self.ctx):
+            _check(cu.cuMemcpyDtoDAsync(dst.ptr, src.ptr, src.nbytes, self.stream),
+                   "cuMemcpyDtoDAsync")
+            return
+        self._enable_peer(src_device)
+        _check(cu.cuMemcpyPeerAsync(dst.ptr, self.ctx, src.ptr, src_device.ctx, src.nbytes,
+                                    self.stream), "cuMemcpyPeerAsync")
+
+    def _enable_peer(self, src_device: "CudaDevice") -> None:
+        """Once per source context: let this context read ``src_device``'s memory directly
+        (``cuCtxEnablePeerAccess``) when the two are different GPUs that can."""
+        key = _handle(src_device.ctx)
+        if key in self._peers:
+            return
+        cu = self._driver()
+        if src_device.ordinal != self.ordinal:
+            can = _check(cu.cuDeviceCanAccessPeer(self.dev, src_device.dev),
+                         "cuDeviceCanAccessPeer")
+            if can:
+                res = cu.cuCtxEnablePeerAccess(src_device.ctx, 0)
+                if int(res[0]) != _PEER_ALREADY_ENABLED:
+                    _check(res, "cuCtxEnablePeerAccess")
+        self._peers.add(key)
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of this device's GPU memory (``cuMemGetInfo``)."""
+        free, total = _check(self._driver().cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    def close(self) -> None:
+        """Give the device's resources back: its page-locked slots, signal event and stream,
+        and its context (a context of its own is destroyed, with every buffer in it; the
+        primary context is released). The device is not used afterwards; a second close
+        does nothing."""
+        if self.ctx is None:
+            return
+        cu = self._driver()
+        _check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        for slot in [s for s in self._stage if s is not None] + self._read_free:
+            slot.free()
+        self._stage, self._read_free = [None] * self.STAGING_SLOTS, []
+        for ev in self._signals:
+            _check(cu.cuEventDestroy(ev), "cuEventDestroy")
+        _check(cu.cuStreamDestroy(self.stream), "cuStreamDestroy")
+        global _ctx
+        if _ctx is self.ctx:
+            _ctx = None
+        _thread.ctx = None
+        if self.own_context:
+            _check(cu.cuCtxDestroy(self.ctx), "cuCtxDestroy")
+        else:
+            _check(cu.cuDevicePrimaryCtxRelease(self.dev), "cuDevicePrimaryCtxRelease")
+        self.ctx = None
 
     # ---- programs ----------------------------------------------------------------------
     def load(self, program) -> CudaKernel:
@@ -424,7 +583,7 @@ class CudaDevice:
         art = getattr(program, "executable", program)
         if not hasattr(art, "plan") or not hasattr(art, "ptx"):
             raise CudaError(f"{type(art).__name__} is not a compiled CUDA program")
-        cu = driver()
+        cu = self._driver()
         t0 = time.perf_counter()
         key = hash(art.ptx)
         mod = self._modules.get(key)
@@ -473,7 +632,7 @@ class CudaDevice:
 
     def _enqueue(self, kernel: CudaKernel, ptrs: dict, pre, keep: list,
                  launches=None, post=()) -> int:
-        cu = driver()
+        cu = self._driver()
         n = 0
         for src, dst, nb in pre:
             _check(cu.cuMemcpyDtoDAsync(dst, src, nb, self.stream), "cuMemcpyDtoDAsync")
@@ -511,7 +670,7 @@ class CudaDevice:
         before the previous kernel on the stream has finished (it waits for it in its first
         instruction, ``griddepcontrol.wait``); stream capture turns this into a programmatic
         edge of the CUDA graph."""
-        cu = driver()
+        cu = self._driver()
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attr.value.programmaticStreamSerializationAllowed = 1
@@ -531,7 +690,7 @@ class CudaDevice:
                copies: Sequence[tuple[DevBuf, DevBuf]] = ()) -> CudaRecording:
         """Capture the whole step over ``bindings`` into one CUDA graph (once), ending with
         the device-to-device ``copies`` ``(src, dst)`` (equal byte sizes: memcpy nodes)."""
-        cu = driver()
+        cu = self._driver()
         ptrs, pre = self._pointers(kernel, bindings)
         post = []
         for src, dst in copies:
@@ -561,12 +720,12 @@ class CudaDevice:
 
     def release(self, recording: CudaRecording) -> None:
         """Destroy a recording's CUDA graph (it must not be replayed afterwards)."""
-        cu = driver()
+        cu = self._driver()
         _check(cu.cuGraphExecDestroy(recording.exec), "cuGraphExecDestroy")
         _check(cu.cuGraphDestroy(recording.graph), "cuGraphDestroy")
 
     def replay(self, recording: CudaRecording) -> None:
-        _check(driver().cuGraphLaunch(recording.exec, self.stream), "cuGraphLaunch")
+        _check(self._driver().cuGraphLaunch(recording.exec, self.stream), "cuGraphLaunch")
         self.replays += 1
 
     def profile_kernel(self, kernel: CudaKernel, bindings: Sequence[DevBuf], repeats: int = 3,
@@ -598,7 +757,7 @@ def profile_kernel(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBu
     "top": [{"callee", "kind", "copies", "us", "weight_bytes", "GBps", "launches":
     [[grid, block], ...]}, ...]`` (the ``top`` bodies by total time) and a ``note``.
     """
-    cu = driver()
+    cu = dev._driver()
     plan = kernel.artifact.plan
     ptrs, _ = dev._pointers(kernel, bindings)
     nbytes = {b["id"]: b["nbytes"] for b in plan["buffers"]}
@@ -713,7 +872,8 @@ class StepRunner:
             if a.nbytes != buf.nbytes:
                 raise CudaError(f"dispatch {index}: argument of {a.nbytes} bytes for a "
                                 f"buffer of {buf.nbytes}")
-            _check(driver().cuMemcpyHtoD(buf.ptr, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+            _check(self.device._driver().cuMemcpyHtoD(buf.ptr, a.ctypes.data, a.nbytes),
+                   "cuMemcpyHtoD")
         self.device.run_eager(self.kernel, self.bindings,
                               plan["launches"][d["first"]:d["first"] + d["count"]])
         return [self.device.download(view(bid)) for bid in d["outs"]]
@@ -725,9 +885,10 @@ __all__ = ["BufType", "CudaDevice", "CudaError", "CudaKernel", "CudaReadback", "
            "profile_kernel"]
 
 
-def open_device() -> "CudaDevice":
-    """The registry's ``open_device`` hook of ``cuda``: CUDA device 0; a missing driver,
-    ``cuda-python`` or device is a :class:`~poot.executor.cpu.DeviceError`."""
+def open_device(ordinal: int = 0) -> "CudaDevice":
+    """The registry's ``open_device`` hook of ``cuda``: CUDA device ``ordinal`` (a layer
+    pipeline opens 0..N-1); a missing driver, ``cuda-python`` or device (an ordinal past the
+    devices present) is a :class:`~poot.executor.cpu.DeviceError`."""
     from poot.executor.cpu import DeviceError
 
     try:
@@ -738,9 +899,9 @@ def open_device() -> "CudaDevice":
     if nvidia_driver() is None:        # cuda-python would raise deep inside cuInit
         raise DeviceError(NO_DRIVER)
     try:
-        return CudaDevice()
+        return CudaDevice(ordinal)
     except CudaError as e:
-        raise DeviceError(f"no CUDA device: {e}") from None
+        raise DeviceError(f"no CUDA device {ordinal}: {e}") from None
     except Exception as e:  # noqa: BLE001  (cuda-python's own loader errors, ...)
         why = (str(e).strip().splitlines() or [""])[0]
         raise DeviceError(f"no CUDA device: {type(e).__name__}: {why}") from None
