@@ -137,6 +137,12 @@ class EngineConfig:
         pipeline: chain decode steps (None: where the device overlaps host work;
             ``POOT_PIPELINE=0`` turns it off).
         watermark_blocks: blocks admission leaves free for running sequences to grow into.
+        micro_batches: M > 1 splits a decode step of at least M sequences into M micro-batches
+            issued one after another before any is read, each on its own entries
+            (:meth:`~poot.engine.runner.ModelRunner.decode_entry` lanes), so the stages of
+            a layer pipeline work on different micro-batches at once (stage 0 on micro-batch
+            k while stage 1 runs k - 1); decode steps are then not chained. None: the
+            device's pipeline stage count (1 without a pipeline).
     """
 
     max_batch: int = 8
@@ -144,6 +150,7 @@ class EngineConfig:
     prefix_caching: bool = True
     pipeline: bool | None = None
     watermark_blocks: int = 1
+    micro_batches: int | None = None
 
 
 @dataclass
@@ -344,6 +351,14 @@ class LLMEngine:
             pipe = env not in ("0", "false", "off", "no") if env else \
                 bool(getattr(runner.engine, "overlaps", False))
         self.pipelined = bool(pipe)
+        mb = self.config.micro_batches
+        if mb is None:
+            mb = int(getattr(runner.engine.device, "stages", 1))
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+            raise EngineError(f"micro_batches must be an integer >= 1, got {mb!r}")
+        self.micro_batches = mb
+        #: decode steps issued as micro-batches
+        self.micro_batched_steps = 0
 
     # ---- submission (any thread) ----------------------------------------------------------
     def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
@@ -492,7 +507,10 @@ class LLMEngine:
                 events += self._finish_decode()
             self._admit()
             self._prefill()
-            if any(s.status == "running" for s in self.running):
+            running = [s for s in self.running if s.status == "running"]
+            if self.micro_batches > 1 and len(running) >= self.micro_batches:
+                events += self._micro_batched_decode(running)
+            elif running:
                 self._inflight = self._issue_decode(chained=False)
                 self._issue_sampler(self._inflight)
                 if not self.pipelined:
@@ -628,6 +646,30 @@ class LLMEngine:
         self.running.remove(seq)
         self.waiting.appendleft(seq)
 
+    def _micro_batched_decode(self, running: list[_Seq]) -> list[RequestOutput]:
+        """One decode step as :attr:`micro_batches` micro-batches (EngineConfig): every
+        micro-batch's forward pass and sampler issued (lane k on its own entries) before
+        the first is read, then each read in order."""
+        m = self.micro_batches
+        size = -(-len(running) // m)
+        inflight = []
+        for k in range(m):
+            group = running[k * size:(k + 1) * size]
+            if group:
+                inf = self._issue_decode(chained=False, seqs=group, lane=k)
+                self._issue_sampler(inf)
+                inflight.append(inf)
+        events: list[RequestOutput] = []
+        rows = 0
+        for inf in inflight:
+            if inf is not None:
+                events += self._finish_decode(inf, log=False)
+                rows += len(inf[1])
+        self.decode_log.append((time.perf_counter(), rows, self.runner.prefill_steps))
+        self.max_decode_batch = max(self.max_decode_batch, rows)
+        self.micro_batched_steps += 1
+        return events
+
     def _decode_batch(self, seqs: list[_Seq], chained: bool) -> DecodeBatch:
         n = len(seqs)
         shift = 1 if chained else 0
@@ -642,12 +684,13 @@ class LLMEngine:
                            np.fromiter((s.lora_slot for s in seqs), np.int32, n)
                            if self.runner.lora is not None else None)
 
-    def _issue_decode(self, chained: bool):
+    def _issue_decode(self, chained: bool, seqs: list[_Seq] | None = None, lane: int = 0):
         if chained:
             seqs = list(self._inflight[1])
             seqs = self._grow(seqs, lambda s: len(s.tokens))
         else:
-            seqs = [s for s in self.running if s.status == "running"]
+            if seqs is None:
+                seqs = [s for s in self.running if s.status == "running"]
             seqs = self._grow(seqs, lambda s: len(s.tokens) - 1)
         if not seqs:
             return None
@@ -656,9 +699,9 @@ class LLMEngine:
             self._spec_cache = (key, sampler_spec_for([s.params for s in seqs]))
         batch = self._decode_batch(seqs, chained)
         if self._spec_cache[1].guided:     # the sampler waits for the rows' masks
-            handle = self.runner.submit_model(batch, self._spec_cache[1])
+            handle = self.runner.submit_model(batch, self._spec_cache[1], lane)
         else:
-            handle = self.runner.submit_decode(batch, self._spec_cache[1])
+            handle = self.runner.submit_decode(batch, self._spec_cache[1], lane=lane)
         self.max_decode_batch = max(self.max_decode_batch, len(seqs))
         return handle, seqs
 
@@ -695,6 +738,8 @@ class LLMEngine:
         if not self.pipelined or self._inflight is None:
             return False
         seqs = self._inflight[1]
+        if self.micro_batches > 1 and len(seqs) >= self.micro_batches:
+            return False                  # the step runs as micro-batches instead
         if any(s.aborted or s.generated + 1 >= s.params.max_tokens for s in seqs):
             return False
         if any(s.status != "running" for s in self.running) or \
@@ -706,14 +751,18 @@ class LLMEngine:
                    if self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
         return need <= self.blocks.num_free()
 
-    def _finish_decode(self) -> list[RequestOutput]:
-        inflight, self._inflight = self._inflight, None
+    def _finish_decode(self, inflight=None, log: bool = True) -> list[RequestOutput]:
+        """Read a decode step (``inflight``: (handle, seqs); default the one in flight) and
+        accept its tokens; ``log``: record it in :attr:`decode_log`."""
+        if inflight is None:
+            inflight, self._inflight = self._inflight, None
         if inflight is None:
             return []
         handle, seqs = inflight
         out = self.runner.collect(handle)
         now = time.perf_counter()
-        self.decode_log.append((now, len(seqs), self.runner.prefill_steps))
+        if log:
+            self.decode_log.append((now, len(seqs), self.runner.prefill_steps))
         events = []
         tok = out[sampling.OUTPUTS["token"]]
         lp = out.get(sampling.OUTPUTS["logprob"])

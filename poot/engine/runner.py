@@ -287,9 +287,14 @@ class ModelRunner:
             e = self._entries["prefill"] = self.engine.add_entry(prog)
         return e
 
-    def decode_entry(self, batch: int) -> Entry:
-        key = ("decode", batch)
+    def decode_entry(self, batch: int, lane: int = 0) -> Entry:
+        """The decode entry of bucket ``batch``; ``lane`` k > 0: another entry of the same
+        program (own input slots, outputs and recordings) for micro-batch k, so micro-batches
+        in flight together never share a buffer."""
+        key = ("decode", batch) if lane == 0 else ("decode", batch, lane)
         e = self._entries.get(key)
+        if e is None and lane:
+            e = self._entries[key] = self.engine.add_entry(self.decode_entry(batch).program)
         if e is None:
             spec = self.step_spec("decode", batch)
             prog = self._compile(f"decode[B={batch}]", self.model, self.weights.types, spec,
@@ -313,11 +318,23 @@ class ModelRunner:
                 feedback={TOKEN: (dec, "tokens")})
         return e
 
-    def sampler_for(self, batch: int, spec: SamplerSpec) -> tuple[Entry, SamplerSpec]:
+    def sampler_for(self, batch: int, spec: SamplerSpec, lane: int = 0
+                    ) -> tuple[Entry, SamplerSpec]:
         """The sampler entry a step of bucket ``batch`` whose rows need ``spec`` runs, and
         the spec it was traced for (module doc: exact if loaded or cached, else a loaded one
         that covers it, else a warm one left to a compile worker (:attr:`deferred`, waited
-        for), else compiled)."""
+        for), else compiled). ``lane`` k > 0: micro-batch k's entry of the program lane 0
+        picks, reading and feeding back lane k's decode entry."""
+        if lane:
+            base, found = self.sampler_for(batch, spec)
+            key = ("sampler", batch, found, lane)
+            e = self._entries.get(key)
+            if e is None:
+                dec = self.decode_entry(batch, lane)
+                e = self._entries[key] = self.engine.add_entry(
+                    base.program, share={sampling.LOGITS: (dec, "logits")},
+                    feedback={TOKEN: (dec, "tokens")})
+            return e, found
         if ("sampler", batch, spec) in self._entries:
             return self._entries[("sampler", batch, spec)], spec
         if self.find_step is not None:
@@ -326,7 +343,7 @@ class ModelRunner:
             if prog is not None:
                 return self.sampler_entry(batch, spec, prog), spec
         loaded = [k[2] for k in self._entries if k[0] == "sampler" and k[1] == batch
-                  and covers(k[2], spec)]
+                  and len(k) == 3 and covers(k[2], spec)]
         cost = (lambda s: sum(map(bool, (s.penalties, s.logit_bias, s.top_k, s.top_p,
                                          s.min_p, s.guided, s.logprobs is not None))))
         # the one with the fewest features (cheapest per step), loaded or a warm one left
@@ -432,20 +449,22 @@ class ModelRunner:
 
     # ---- decode -------------------------------------------------------------------------
     def submit_decode(self, batch: DecodeBatch, spec: SamplerSpec,
-                      masks: np.ndarray | None = None) -> DecodeHandle:
+                      masks: np.ndarray | None = None, lane: int = 0) -> DecodeHandle:
         """Issue one decode step over ``batch`` (padded to its bucket) and its sampler (spec
         ``spec``; it must cover every row's parameters): returns at once where the device
         queues work; :meth:`collect` waits for the sampled tokens. ``masks``: the rows'
-        allowed-token masks when ``spec.guided`` (:meth:`submit_sampler`)."""
-        return self.submit_sampler(self.submit_model(batch, spec), masks)
+        allowed-token masks when ``spec.guided`` (:meth:`submit_sampler`). ``lane``: the
+        micro-batch (:meth:`decode_entry`)."""
+        return self.submit_sampler(self.submit_model(batch, spec, lane), masks)
 
-    def submit_model(self, batch: DecodeBatch, spec: SamplerSpec) -> DecodeHandle:
+    def submit_model(self, batch: DecodeBatch, spec: SamplerSpec, lane: int = 0
+                     ) -> DecodeHandle:
         """Issue the decode step's forward pass alone; its sampler follows with
         :meth:`submit_sampler` (a guided batch computes its masks on the host meanwhile)."""
         n = len(batch.positions)
         bsz = self.bucket(n)
-        dec = self.decode_entry(bsz)
-        smp, spec = self.sampler_for(bsz, spec)
+        dec = self.decode_entry(bsz, lane)
+        smp, spec = self.sampler_for(bsz, spec, lane)
         w, bs = self.kv.table_width, self.kv.block_size
         positions = np.zeros((bsz, 1), np.int32)
         table = np.full((bsz, w), NULL_BLOCK, np.int32)

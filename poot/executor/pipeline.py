@@ -17,8 +17,10 @@ with the step's own interface; :class:`PipelineDevice` places the work:
   back into the first stage's token input). Boundary values (``pipeline.v*``) go from the
   sender's buffer to the receiver's, both made once per loaded kernel.
 * ordering: a copy from device ``a`` to device ``b`` is queued on ``b`` after
-  ``b.wait_for(a.signal())``; before a stage writes on ``a`` again, ``a`` waits for the
-  devices that copied from it (no copy reads a buffer the next step already overwrites).
+  ``b.wait_for(a.signal())``, and ``b`` signals again right after it; before a stage writes
+  on ``a`` again, ``a`` waits for those markers (no copy reads a buffer the next step
+  already overwrites), and only for them: not for ``b``'s compute after the copy, so stage
+  0 runs micro-batch k + 1 while stage 1 runs micro-batch k.
   Devices without these operations (the CPU, or any synchronous device) copy through the
   host: ``dst.upload(src.download())``.
 
@@ -145,9 +147,15 @@ class PipelineDevice:
         self.devices = list(devices)
         self.name = "pipeline[" + ",".join(getattr(d, "name", "?") for d in self.devices) + "]"
         self.overlaps = any(getattr(d, "overlaps", False) for d in self.devices)
-        #: device -> devices that queued a copy reading from it since it last ran a stage
-        self._readers: dict[int, set[int]] = {i: set() for i in range(len(self.devices))}
+        #: device -> {reader device: the reader's marker right after its last copy from it}
+        #: for the copies queued since the device last ran a stage
+        self._readers: dict[int, dict[int, Any]] = {i: {} for i in range(len(self.devices))}
         self.peer_copies = 0
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages (devices): the serving engine's default micro-batch count."""
+        return len(self.devices)
 
     # ---- buffers -----------------------------------------------------------------------
     def alloc(self, type_) -> PipelineBuffer:
@@ -240,9 +248,9 @@ class PipelineDevice:
         if hasattr(t, "copy_from") and hasattr(s, "signal"):
             t.wait_for(s.signal())
             t.copy_from(s, a, b)
+            self._readers[src][dst] = t.signal()      # this copy done: src may write again
         else:
             t.upload(b, s.download(a))
-        self._readers[src].add(dst)
         self.peer_copies += 1
 
     def _refresh(self, buf: PipelineBuffer, d: int) -> None:
@@ -259,9 +267,8 @@ class PipelineDevice:
     def _before_writes(self, d: int) -> None:
         """Device ``d`` is about to write: wait for the copies other devices read from it."""
         dev = self.devices[d]
-        for r in self._readers[d]:
-            if hasattr(dev, "wait_for") and hasattr(self.devices[r], "signal"):
-                dev.wait_for(self.devices[r].signal())
+        for mark in self._readers[d].values():
+            dev.wait_for(mark)
         self._readers[d].clear()
 
     # ---- programs ----------------------------------------------------------------------

@@ -187,3 +187,50 @@ def test_carried_cache_loads_the_pipeline_without_mlir(tmp_path):
     for names in last[:2]:
         assert "kv.1.k" in names and "kv.0.k" not in names
         assert sum(n.startswith("pipeline.v") for n in names) == 1
+
+
+def test_micro_batched_steps_on_a_pipeline(cache):
+    """Six sequences on a two-stage pipeline decode as two micro-batches a step (both issued
+    before either is read) and each gets its tokens alone."""
+    one = _load(cache, n=1)
+    pipe = _load(cache)
+    assert pipe.engine.micro_batches == 2
+    ps = prompts(one.runner.vocab, 6, seed=9, lo=3, hi=12)
+    want = [alone(one.engine, p, GREEDY) for p in ps]
+    rids = [pipe.engine.add_request(p, GREEDY) for p in ps]
+    done = {o.request_id: o for o in pipe.engine.run_until_done() if o.finished}
+    assert [list(done[r].output_ids) for r in rids] == want
+    assert pipe.engine.micro_batched_steps >= GREEDY.max_tokens - 1
+    assert ("decode", 4, 1) in pipe.runner._entries        # lane 1's own decode entry
+
+
+@pytest.mark.parametrize("micro", [2, 3])
+def test_micro_batches_on_one_device_equal_alone(cache, micro):
+    """Micro-batching is the engine's, not the pipeline's: on one CPU device, requests with
+    seeded sampling, penalties and greedy rows mixed decode as ``micro`` micro-batches and
+    each gets exactly its tokens alone."""
+    from poot.engine import EngineConfig, LLMEngine
+
+    h = _load(cache, n=1)
+    ps = prompts(h.runner.vocab, 7, seed=13, lo=3, hi=16)
+    params = [SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True),
+              SamplingParams(temperature=0.9, top_k=20, seed=3, max_tokens=9,
+                             ignore_eos=True),
+              SamplingParams(temperature=0.7, top_p=0.8, repetition_penalty=1.3, seed=5,
+                             max_tokens=9, ignore_eos=True)]
+    items = [(p, params[i % 3]) for i, p in enumerate(ps)]
+    want = [alone(h.engine, p, sp) for p, sp in items]
+    eng = LLMEngine(h.runner, h.tokenizer, EngineConfig(max_batch=8, micro_batches=micro))
+    got = staggered(eng, items, every=1)
+    for rid, w in zip(got["ids"], want):
+        assert got["final"][rid].output_ids == w
+    assert eng.micro_batched_steps > 0
+
+
+def test_micro_batches_must_be_positive():
+    from poot.engine import EngineConfig, LLMEngine
+    from poot.engine.engine import EngineError
+
+    h = ModelHandle.load(fixture_path("llama"), kv_capacity=64, max_batch=2, prefill_chunk=8)
+    with pytest.raises(EngineError, match="micro_batches"):
+        LLMEngine(h.runner, h.tokenizer, EngineConfig(max_batch=2, micro_batches=0))

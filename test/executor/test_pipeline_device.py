@@ -54,9 +54,10 @@ class QueuedCpu(CpuDevice):
 
 
 def _load(devices, **kw):
-    return ModelHandle.load(fixture_path("llama"), kv_capacity=64, max_batch=2,
-                            prefill_chunk=8, pipeline_parallel=len(devices),
-                            device=PipelineDevice(devices), **kw)
+    opts = dict(kv_capacity=64, max_batch=2, prefill_chunk=8)
+    opts.update(kw)
+    return ModelHandle.load(fixture_path("llama"), pipeline_parallel=len(devices),
+                            device=PipelineDevice(devices), **opts)
 
 
 def test_copies_wait_for_their_source_and_writers_for_their_readers():
@@ -76,14 +77,21 @@ def test_copies_wait_for_their_source_and_writers_for_their_readers():
             dst, src = e[1], e[2]
             # the copy is queued right after its device waited for the source's latest mark
             assert log[i - 1] == ("wait", dst, last_signal[src]), log[i - 2:i + 1]
-    # device 0 replays again only after waiting for device 1 (which copied from it)
+    # device 0 replays again only after waiting for device 1's copy from it, and only for
+    # that copy: the marker it waits for is the one device 1 recorded right after the copy
+    # (not after device 1's own stage, which may still run: micro-batches overlap)
+    at = {(e[1], e[2]): i for i, e in enumerate(log) if e[0] == "signal"}
     replays0 = [i for i, e in enumerate(log) if e == ("replay", 0)]
+    waited = 0
     for a, b in zip(replays0, replays0[1:]):
         between = log[a:b]
         if ("copy", 1, 0) in between:
-            k = between.index(("copy", 1, 0))
-            assert any(e[0] == "wait" and e[1] == 0 and e[2][0] == 1
-                       for e in between[k:]), between
+            waits = [e for e in between if e[0] == "wait" and e[1] == 0 and e[2][0] == 1]
+            assert waits, between
+            for w in waits:
+                assert log[at[w[2]] - 1] == ("copy", 1, 0), log[at[w[2]] - 2:at[w[2]] + 1]
+                waited += 1
+    assert waited > 0
 
 
 def test_replay_copies_only_what_the_step_needs():
@@ -98,6 +106,32 @@ def test_replay_copies_only_what_the_step_needs():
     h.runner.engine.step(decode, read=["logits"])
     # two boundaries; the token input may have to come back from the last device
     assert 2 <= dev.peer_copies - before <= 3
+
+
+def test_micro_batches_overlap_the_stages():
+    """Four sequences as two micro-batches on two queued devices: stage 0 of micro-batch 1
+    is issued before stage 1 of micro-batch 0 and does not wait for it (only for the copy
+    out of its boundary buffer)."""
+    log: list = []
+    h = _load([QueuedCpu(0, log), QueuedCpu(1, log)], max_batch=4)
+    eng = h.engine
+    rids = [eng.add_request(p, GREEDY) for p in ([3, 4, 5], [6, 7], [8, 9, 10, 11], [12])]
+    while eng.micro_batched_steps == 0:
+        eng.step()
+    log.clear()
+    eng.step()                                  # one micro-batched decode step
+    assert eng.micro_batched_steps >= 2
+    replays = [e for e in log if e[0] == "replay"]
+    # lane 0: stage 0, stage 1 (+ its sampler), lane 1: stage 0 ... in issue order
+    first1 = log.index(("replay", 1))
+    second0 = [i for i, e in enumerate(log) if e == ("replay", 0)][1]
+    assert len(replays) >= 6
+    at = {(e[1], e[2]): i for i, e in enumerate(log) if e[0] == "signal"}
+    for e in log[first1:second0]:
+        if e[0] == "wait" and e[1] == 0:
+            assert log[at[e[2]] - 1] == ("copy", 1, 0)      # the copy, not stage 1's work
+    eng.run_until_done()
+    assert all(not eng.has_unfinished() for _ in rids)
 
 
 def test_stage_count_must_match_devices():
