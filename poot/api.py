@@ -251,13 +251,15 @@ class ModelHandle:
                           max_model_len=kv_capacity, kv_dtype=kv.kv_dtype)
         check_kv_memory(model, kv)
         cache = None
+        placement = _placement_of(model, weights.types, kv, pipeline_parallel)
         if compile_fn is None and pipeline_parallel > 1:
             cache = CompileCache(cache_dir, enabled=use_cache)
             options = compile_options or DEFAULT_COMPILE_OPTIONS
 
             def compile_step(key_model, types, spec, trace):
                 return compile_cached(cache, key_model, types, spec, trace, target, options,
-                                      progress=report, pipeline=pipeline_parallel)
+                                      progress=report, pipeline=pipeline_parallel,
+                                      placement=placement)
 
             find_step = None
         elif compile_fn is None:
@@ -280,7 +282,8 @@ class ModelHandle:
             def compile_step(key_model, types, spec, trace):
                 if not types:
                     return compile_fn(trace())
-                return compile_pipeline(trace(), pipeline_parallel, compile_fn)
+                return compile_pipeline(trace(), pipeline_parallel, compile_fn,
+                                        placement=placement())
         else:
             find_step = None
 
@@ -443,13 +446,14 @@ def _bind_lora_slots(model, weights, max_loras: int, max_lora_rank: int):
 
 
 def compile_cached(cache, model, weight_types, spec, trace, target, options, progress=None,
-                   wait: bool = True, pipeline: int = 1):
+                   wait: bool = True, pipeline: int = 1, placement=None):
     """The program of step ``spec`` through ``cache``'s step index (a hit neither traces nor
     imports MLIR; a miss calls ``trace()`` and compiles). ``progress``: a
     :mod:`poot.progress` callback, counting this step's units from zero. ``wait=False``:
     None when another process is compiling the step (see :meth:`CompileCache.compile_step`).
     ``pipeline`` N > 1: a step with weights is cut into N stages
-    (:meth:`CompileCache.compile_pipeline_step`); one without (a sampler) is not."""
+    (:meth:`CompileCache.compile_pipeline_step`; ``placement()``: the KV pools' stages,
+    :func:`_placement_of`); one without (a sampler) is not."""
     from poot.executor.cache import step_describe, step_key
     from poot.progress import Tracker
 
@@ -457,7 +461,7 @@ def compile_cached(cache, model, weight_types, spec, trace, target, options, pro
     if pipeline > 1 and weight_types:
         return cache.compile_pipeline_step(
             step_key(model, weight_types, spec, target, options), describe, trace, target,
-            options, pipeline, progress=Tracker(progress))
+            options, pipeline, progress=Tracker(progress), placement=placement)
     return cache.compile_step(step_key(model, weight_types, spec, target, options), describe,
                               trace, target, options, progress=Tracker(progress), wait=wait)
 
@@ -534,14 +538,35 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                            "kv_capacity": kv_capacity, "block_size": bs, "kv_blocks": blocks - 1,
                            "steps": {}}
     if pipeline_parallel > 1:         # the workers compile whole steps: not used
-        _compile_jobs(cache, jobs, target, options, report, out, pipeline_parallel)
+        _compile_jobs(cache, jobs, target, options, report, out, pipeline_parallel,
+                      _placement_of(model, weights.types, kv, pipeline_parallel))
         return out
     with compile_ahead(cache, [j[1:] for j in jobs], target, options):
         _compile_jobs(cache, jobs, target, options, report, out)
     return out
 
 
-def _compile_jobs(cache, jobs, target, options, report, out, pipeline: int = 1) -> None:
+def _placement_of(model, weight_types, kv, stages: int):
+    """``placement()``: the stage of every KV pool when the model's decode step of one row
+    is cut into ``stages`` (traced and partitioned on the first call, then kept): every
+    step of the model is cut to keep those (:func:`poot.compiler.pipeline.partition`)."""
+    from poot.engine.runner import step_spec
+
+    held: dict = {}
+
+    def placement() -> dict:
+        if "p" not in held:
+            from poot.compiler.pipeline import partition, state_placement
+
+            spec = step_spec(kv, "decode", 1)
+            held["p"] = state_placement(partition(model.trace(spec, weight_types), stages))
+        return held["p"]
+
+    return placement
+
+
+def _compile_jobs(cache, jobs, target, options, report, out, pipeline: int = 1,
+                  placement=None) -> None:
     """``compile_steps``' loop: each job ``(name, key model, types, spec)`` compiled through
     ``cache``, its key, program, seconds and whether it was a hit recorded in ``out``."""
     import time
@@ -555,7 +580,7 @@ def _compile_jobs(cache, jobs, target, options, report, out, pipeline: int = 1) 
         hits = cache.hits
         prog = compile_cached(cache, key_model, types, spec,
                               step_trace(key_model, types, spec), target, options,
-                              progress=report, pipeline=pipeline)
+                              progress=report, pipeline=pipeline, placement=placement)
         out["steps"][name] = {"step_key": step_key(key_model, types, spec, target, options),
                               "program": getattr(prog, "cache_key", None),
                               "seconds": round(time.perf_counter() - t0, 2),

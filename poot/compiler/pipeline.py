@@ -17,12 +17,14 @@ The cut fires on the graph's dataflow, not on names:
   cheap, so each stage that needs one computes its own copy instead of receiving it.
 * every other op is **staged**. Staged ops keep their trace order; a cut at position ``p``
   puts staged ops ``[.., p)`` before it and ``[p, ..)`` after it, and its *crossing* is the
-  set of staged values defined before ``p`` and read after it. Only positions whose crossing
-  is as small as any (in bytes) are cut points: in a decoder that is the residual stream
-  between two blocks (or between a block's attention and its MLP), one ``[B, T, D]`` tensor.
-* among the cut points, cut ``k`` of ``N - 1`` is the one whose preceding weight bytes are
-  closest to ``k / N`` of the total (optionally a per-op cost replaces weight bytes: measured
-  kernel time).
+  set of staged values defined before ``p`` and read after it. Cut points are the positions
+  where as few values cross as anywhere, of at most twice the fewest bytes: in a decoder the
+  residual stream between two blocks (or between a block's attention and its MLP), one
+  ``[B, T, D]`` tensor (f32, or the bf16 embedding before the first block).
+* among the cut points, cut ``k`` of ``N - 1`` is the one whose preceding cost is closest
+  to ``k / N`` of the total. An op's cost is the weight bytes it reads each step (a gather
+  reads the rows it gathers, so a tied embedding counts where the LM head reads it), or a
+  caller's per-op cost (measured kernel time).
 
 Each crossing value becomes an output of the stage that defines it and an input of every
 later stage that reads it, named ``pipeline.v{i}`` (``i``: the defining op's position in the
@@ -37,7 +39,7 @@ regions (the partition runs on the primitive graph, before dispatch regions exis
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
@@ -123,14 +125,20 @@ def _is_weight(op) -> bool:
 
 
 def partition(graph: Graph, stages: int,
-              cost: Callable[[int, object], float] | None = None) -> Partition:
+              cost: Callable[[int, object], float] | None = None,
+              placement: Mapping[str, int] | None = None) -> Partition:
     """Cut ``graph`` into ``stages`` stage graphs (module doc).
 
     Args:
         graph: a traced step (primitive poot ops, no regions).
         stages: N >= 1. One stage returns the step unchanged as its only stage.
         cost: ``(staged position, op) -> cost`` to balance by instead of the bytes of the
-            weights each staged op reads first (e.g. measured kernel microseconds).
+            weights each staged op reads (e.g. measured kernel microseconds).
+        placement: carried input name -> stage, from another step of the same model
+            (:func:`state_placement`): cut ``k`` then falls after every reader of a state
+            placed before stage ``k`` and before every reader of one placed at or after it,
+            so every step keeps each KV pool on one device (a prefill without the LM head
+            would otherwise balance differently from the decode step).
 
     Returns a :class:`Partition`; raises :class:`PipelineRefusal` (module doc).
     """
@@ -167,9 +175,8 @@ def partition(graph: Graph, stages: int,
     if len(staged) < stages:
         raise PipelineRefusal(stages, f"the step has only {len(staged)} staged ops")
 
-    # weight cost of each staged op (the weights its replicable/weight operands reach first)
-    seen_w: set[int] = set()
-
+    # cost of each staged op: the weight bytes it reads (the weights reached through its
+    # replicable / weight operands: a transpose, a dequantize); a gather reads its rows
     def reach(i: int, out: set[int], memo: set[int]) -> None:
         for o in ops[i].operands:
             j = def_of.get(o)
@@ -187,16 +194,18 @@ def partition(graph: Graph, stages: int,
             continue
         ws: set[int] = set()
         reach(i, ws, set())
-        new = ws - seen_w
-        seen_w |= new
-        op_cost.append(float(sum(_weight_bytes(type_from_mlir(ops[j].results[0].type))
-                                 for j in new)))
+        if ops[i].name == "poot.gather" and ws:
+            op_cost.append(float(type_from_mlir(ops[i].results[0].type).nbytes))
+        else:
+            op_cost.append(float(sum(_weight_bytes(type_from_mlir(ops[j].results[0].type))
+                                     for j in ws)))
     total = sum(op_cost)
 
-    # crossing bytes at each cut position p (1..S-1): staged values defined before p, read
-    # by a staged op at or after p
+    # what crosses each cut position p (1..S-1): staged values defined before p and read by
+    # a staged op at or after p (their count and bytes)
     S = len(staged)
     delta = [0] * (S + 1)
+    dcount = [0] * (S + 1)
     last_use: dict = {}
     for p, i in enumerate(staged):
         for o in ops[i].operands:
@@ -209,28 +218,59 @@ def partition(graph: Graph, stages: int,
             nb = type_from_mlir(v.type).nbytes
             delta[d + 1] += nb
             delta[u + 1] -= nb
-    crossing, run = [0] * (S + 1), 0
+            dcount[d + 1] += 1
+            dcount[u + 1] -= 1
+    crossing, count, run, runc = [0] * (S + 1), [0] * (S + 1), 0, 0
     for p in range(S + 1):
         run += delta[p]
-        crossing[p] = run
+        runc += dcount[p]
+        crossing[p], count[p] = run, runc
+    # cut points: as few values cross as anywhere, of at most twice the fewest bytes (the
+    # residual stream after any block, f32, as well as the bf16 embedding before the first)
     interior = range(1, S)
-    floor = min(crossing[p] for p in interior)
-    points = [p for p in interior if crossing[p] == floor]
+    fewest = min(count[p] for p in interior)
+    floor = min(crossing[p] for p in interior if count[p] == fewest)
+    points = [p for p in interior if count[p] == fewest and crossing[p] <= 2 * floor]
     if len(points) < stages - 1:
         raise PipelineRefusal(stages, f"the step has {len(points)} places where only "
-                              f"{floor} bytes cross (it needs {stages - 1})")
+                              f"{fewest} value(s) of at most {2 * floor} bytes cross (it "
+                              f"needs {stages - 1})")
     prefix = [0.0]
     for c in op_cost:
         prefix.append(prefix[-1] + c)
+    # the window each cut must fall in: after the readers of states placed before it,
+    # before the readers of states placed at or after it
+    lo, hi = [1] * stages, [S - 1] * stages
+    if placement:
+        readers: dict[str, list[int]] = {}
+        for a, (name, _) in zip(block.arguments, graph.inputs):
+            if name in placement:
+                readers[name] = [p for p, i in enumerate(staged)
+                                 if any(o == a for o in ops[i].operands)]
+        for name, where in readers.items():
+            st = placement[name]
+            if not 0 <= st < stages:
+                raise PipelineRefusal(stages, f"carried state '{name}' is placed on stage "
+                                      f"{st}")
+            for k in range(1, stages):
+                if where and st < k:
+                    lo[k] = max(lo[k], max(where) + 1)
+                elif where:
+                    hi[k] = min(hi[k], min(where))
     cuts: list[int] = []
-    k0 = 0
+    prev = 0
     for k in range(1, stages):
         want = total * k / stages
-        # leave room for the cuts still to come
-        choices = points[k0:len(points) - (stages - 1 - k)]
-        best = min(range(len(choices)), key=lambda j: abs(prefix[choices[j]] - want))
-        cuts.append(choices[best])
-        k0 += best + 1
+        # inside its window, after the previous cut, leaving room for the cuts to come
+        later = stages - 1 - k
+        choices = [p for p in points if max(lo[k], prev + 1) <= p <= hi[k]
+                   and sum(1 for q in points if q > p) >= later]
+        if not choices:
+            raise PipelineRefusal(stages, f"no cut point for stage {k} keeps every carried "
+                                  "state on the stage it has in the other steps")
+        best = min(choices, key=lambda p: abs(prefix[p] - want))
+        cuts.append(best)
+        prev = best
     bounds = [0, *cuts, S]
     stage_of = {i: s for s in range(stages) for i in staged[bounds[s]:bounds[s + 1]]}
 
@@ -341,4 +381,12 @@ def _stage_graph(graph: Graph, s: int, ops, kind, def_of, arg_index, mine: Seque
                  tuple(vname[v] for v in receives), tuple(vname[v] for v in sends))
 
 
-__all__ = ["BOUNDARY_PREFIX", "Boundary", "Partition", "PipelineRefusal", "Stage", "partition"]
+def state_placement(part: Partition) -> dict[str, int]:
+    """Carried input name (an input that is also an output: a KV pool) -> its stage in
+    ``part``: what :func:`partition` takes as ``placement`` for the model's other steps."""
+    out_names = {n for n, _ in part.graph.outputs}
+    return {n: s.index for s in part.stages for n, _ in s.graph.inputs if n in out_names}
+
+
+__all__ = ["BOUNDARY_PREFIX", "Boundary", "Partition", "PipelineRefusal", "Stage", "partition",
+           "state_placement"]

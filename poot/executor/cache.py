@@ -582,12 +582,15 @@ class CompileCache:
         return program
 
     def compile_pipeline_step(self, skey: str, describe: dict, trace: Callable[[], Any],
-                              target, options, stages: int, progress=None):
+                              target, options, stages: int, progress=None,
+                              placement: Callable[[], dict] | None = None):
         """:meth:`compile_step` for a step cut into ``stages`` pipeline stages
         (:func:`poot.executor.pipeline.compile_pipeline`): its index entry (under ``skey``
         and the stage count) lists each stage's program key and the boundaries, so a carried
         cache loads the whole pipeline without tracing or MLIR; each stage program is cached
-        by its graph like any other. A miss where MLIR is missing raises :class:`CacheMiss`."""
+        by its graph like any other. ``placement()``: the carried states' stages every step of
+        the model keeps (:func:`poot.compiler.pipeline.state_placement`), asked on a miss. A
+        miss where MLIR is missing raises :class:`CacheMiss`."""
         from poot.executor.pipeline import PipelineProgram, compile_pipeline
         from poot.progress import Tracker
 
@@ -610,7 +613,8 @@ class CompileCache:
         track.add(1)
         track("tracing")
         prog = compile_pipeline(trace(), stages,
-                                lambda g: self.compile(g, target, options, progress=track))
+                                lambda g: self.compile(g, target, options, progress=track),
+                                placement=placement() if placement is not None else None)
         keys = [getattr(p, "cache_key", None) for p in prog.stages]
         if all(keys) and self.enabled:
             try:

@@ -81,14 +81,16 @@ class PipelineProgram:
         return out
 
 
-def compile_pipeline(graph, stages: int, compile_fn: Callable, cost=None) -> PipelineProgram:
-    """Partition ``graph`` into ``stages`` (:func:`poot.compiler.pipeline.partition`;
-    refusals before anything compiles) and compile each stage with ``compile_fn(graph)``."""
+def compile_pipeline(graph, stages: int, compile_fn: Callable, cost=None,
+                     placement=None) -> PipelineProgram:
+    """Partition ``graph`` into ``stages`` (:func:`poot.compiler.pipeline.partition`, with
+    ``cost`` and the carried states' ``placement``; refusals before anything compiles) and
+    compile each stage with ``compile_fn(graph)``."""
     from poot.compiler.pipeline import partition
 
     from poot.executor.cache import rec_storage
 
-    part = partition(graph, stages, cost)
+    part = partition(graph, stages, cost, placement)
     programs = [compile_fn(s.graph) for s in part.stages]
     return PipelineProgram(programs, rec_storage(programs),
                            {n: (b.src, b.dst) for n, b in part.boundaries.items()},
@@ -214,7 +216,7 @@ class PipelineDevice:
                 full.reshape((-1,) + a.shape[1:])[start:start + a.shape[0]] = a
                 dev.upload(c, full)
         if not buf.copies:                  # no stage bound it yet: keep the value on the host
-            h = self.download(buf).reshape(host_shape(buf.type))
+            h = self.download(buf).reshape(_host_zeros(buf.type).shape)
             a = np.asarray(array)
             h[start:start + a.shape[0]] = a
             buf.host = h
@@ -227,7 +229,7 @@ class PipelineDevice:
         if d is None:
             if buf.host is not None:
                 return np.array(buf.host)
-            return np.zeros(host_shape(buf.type), host_dtype(buf.type))
+            return _host_zeros(buf.type)
         return self.devices[d].download(buf.copies[d])
 
     def download_async(self, buf: PipelineBuffer):
@@ -385,6 +387,14 @@ class PipelineDevice:
                 buf.valid = {d}
         for dst, d in rec.feedback:
             dst.valid = {d}
+
+
+def _host_zeros(t) -> np.ndarray:
+    """Zeros of a buffer type as the host sees it: a poot type (:func:`host_dtype`) or a
+    device's own buffer type (``dtype`` a numpy dtype name and ``shape``: CUDA's BufType)."""
+    if isinstance(getattr(t, "dtype", None), str):
+        return np.zeros(tuple(t.shape), np.dtype(t.dtype))
+    return np.zeros(host_shape(t), host_dtype(t))
 
 
 def open_pipeline_devices(backend: str, n: int) -> list:

@@ -165,3 +165,47 @@ def test_state_in_one_stage_splits():
     got = _run_stages(part, feed, W)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_bf16_shape_cut_in_the_residual_stream_and_balanced(n):
+    """SmolLM2's shape with bf16 weights (30 blocks, tied embedding): the bf16 embedding
+    before the first block is not the only cut point (the f32 residual stream between blocks
+    is one too), and the stages read about equal weight bytes a step (a gather reads rows:
+    the tied table counts where the LM head reads it)."""
+    from poot.models.random_init import load_random_model
+
+    root = Path(__file__).resolve().parents[2]
+    model, weights = load_random_model(root / "bench" / "shapes" / "smollm2-135m.json", "bf16")
+    graph = model.trace(StepSpec.decode(batch=1, kv_capacity=64, block_size=16, num_blocks=5),
+                        weights.types)
+    part = partition(graph, n)
+    for b in part.boundaries.values():
+        assert b.type.shape == (1, 1, 576) and b.type.dtype == DType.F32
+    table = weights.types["tok_embed"].nbytes if "tok_embed" in weights.types else 0
+    read = [s.weight_bytes - (table if i < n - 1 and "tok_embed" in s.weights else 0)
+            for i, s in enumerate(part.stages)]
+    assert max(read) <= 1.35 * (sum(read) / n), read
+    kv = [sum(1 for i, _ in s.graph.inputs if i.startswith("kv.")) for s in part.stages]
+    assert sum(kv) == 60 and min(kv) >= 2     # every stage holds a block (the last: + head)
+
+
+def test_placement_keeps_every_pool_where_the_decode_step_has_it():
+    """The prefill step (no LM head) cut with the decode step's pool placement puts every
+    KV pool on the same stage; cut alone it may balance differently. A placement no cut can
+    honour is refused."""
+    from poot.compiler.pipeline import state_placement
+
+    dec, _ = _step("llama", "decode")
+    pre, weights = _step("llama", "prefill")
+    for n in (2, 3):
+        place = state_placement(partition(dec, n))
+        part = partition(pre, n, placement=place)
+        assert state_placement(part) == place
+        feed = _feed(pre)
+        want = evaluate(pre, feed, {k: np.asarray(weights.arrays[k]) for k in pre.params})
+        got = _run_stages(part, feed, weights)
+        for out, _ in pre.outputs:
+            np.testing.assert_array_equal(got[out], want[out])
+    with pytest.raises(PipelineRefusal, match="keeps every carried state"):
+        partition(pre, 2, placement={"kv.0.k": 1, "kv.1.k": 0})

@@ -70,23 +70,21 @@ def test_reference_tokens_through_two_stages(cache):
 
 
 def test_each_device_holds_its_stage(cache):
-    """Layer 0's weights and KV pools live on device 0 only, layer 1's on device 1 only;
-    the token embedding on the first device, the LM head on the last."""
+    """Every KV pool lives on one device, the same for the prefill and the decode steps (the
+    prefill, which has no LM head, is cut where the decode step puts the pools); layer 0's
+    projections and the embedding on the first device, the LM head on the last."""
     h = _load(cache)
     alone(h.engine, [5, 6, 7], GREEDY)
     eng = h.runner.engine
     where = {n: set(b.copies) for n, b in eng._weights.items()}
+    assert where["tok_embed"] == {0} and where["lm_head"] == {1}
     for n, devs in where.items():
-        if n.startswith("blk.0."):
+        if n.startswith("blk.0.") and "norm" not in n:
             assert devs == {0}, n
-        elif n.startswith("blk.1."):
-            assert devs == {1}, n
-    assert where["tok_embed"] == {0}
-    assert where["lm_head"] == where["out_norm"] == {1}
     for n, st in eng._state.items():
         if n.startswith("kv."):
-            layer = int(n.split(".")[1])
-            assert all(set(b.copies) == {layer} for b in st.buffers), n
+            devs = set().union(*(set(b.copies) for b in st.buffers))
+            assert len(devs) == 1, (n, devs)
 
 
 def test_adapters_through_two_stages_equal_hf_peft(cache):
@@ -181,11 +179,12 @@ def test_carried_cache_loads_the_pipeline_without_mlir(tmp_path):
     first, last = got["loaded"]
     # prefill and decode: stage 0 on device 0 sends one boundary that stage 1 receives
     assert len(first) == 2 and len(last) >= 3        # + the sampler(s) on the last device
+    kv = lambda progs: {n for names in progs for n in names if n.startswith("kv.")}  # noqa
+    assert kv(first) and not kv(first) & kv(last)        # each pool on one device
     for names in first:
-        assert "kv.0.k" in names and "kv.1.k" not in names and "tokens" in names
+        assert "kv.0.k" in names and "tokens" in names
         assert sum(n.startswith("pipeline.v") for n in names) == 1
     for names in last[:2]:
-        assert "kv.1.k" in names and "kv.0.k" not in names
         assert sum(n.startswith("pipeline.v") for n in names) == 1
 
 

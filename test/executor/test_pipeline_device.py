@@ -168,3 +168,24 @@ def test_sampled_token_fed_back_to_the_first_stage():
     log.clear()
     assert alone(h.engine, [3, 1, 4, 1, 5], GREEDY) == want
     assert ("copy", 0, 1) in log
+
+
+def test_rows_written_before_any_stage_binds_the_buffer():
+    """A carried row written before any stage bound its buffer (a request's token history
+    at admission) is kept on the host and lands on the device that binds it; buffer types may
+    be a device's own (numpy dtype name + shape, CUDA's BufType) or poot types."""
+    from types import SimpleNamespace
+
+    from poot.dialects.types import DType, TensorType
+
+    dev = PipelineDevice([CpuDevice(), CpuDevice()])
+    for t in (SimpleNamespace(dtype="int32", shape=(3, 4), nbytes=48),
+              TensorType((3, 4), DType.I32)):
+        buf = dev.alloc(t)
+        dev.upload_rows(buf, 1, np.arange(4, dtype=np.int32)[None])
+        got = dev.download(buf)
+        assert got.dtype == np.int32 and got.shape == (3, 4)
+        np.testing.assert_array_equal(got[1], np.arange(4))
+        assert not got[0].any() and not got[2].any()
+    copy = dev._on(buf, 1)                      # bound on device 1: the held value lands
+    np.testing.assert_array_equal(copy[1], np.arange(4))
