@@ -402,13 +402,14 @@ class ModelHandle:
         return self.engine.check_request(self.encode(prompt), params)
 
 
-def _open_model(path: Path, random_weights: str | None, seed: int):
+def _open_model(path: Path, random_weights: str | None, seed: int, check_memory: bool = True):
     """(model, weights, trained context, tokenizer) of a checkpoint, or of a config with
-    random weights (no tokenizer)."""
+    random weights (no tokenizer; ``check_memory`` False: larger than this machine's memory
+    is allowed, for a compile, which reads no weight data)."""
     if random_weights is not None:
         from poot.models.random_init import load_random_model
 
-        model, weights = load_random_model(path, random_weights, seed)
+        model, weights = load_random_model(path, random_weights, seed, check_memory)
         return model, weights, getattr(_random_config(path), "max_position_embeddings", None), \
             None
     from poot.models import load_model
@@ -513,7 +514,7 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
         target = target_for(backend, device_caps)
     else:
         target = target_for(backend)
-    model, weights, ctx, _ = _open_model(path, random_weights, seed)
+    model, weights, ctx, _ = _open_model(path, random_weights, seed, check_memory=False)
     weights, _ = _bind_lora_slots(model, weights, max_loras, max_lora_rank)
     kv_capacity = check_kv_capacity(model, kv_capacity, ctx)
     bs = kv_block_size(target)

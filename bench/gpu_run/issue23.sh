@@ -23,6 +23,11 @@ if [ "${1:-}" = build ]; then
       echo "$s pp$pp: $(( $(date +%s) - t )) s" >&2
     done
   done
+  # the 2-GPU runs' model past one GPU (bench/gpu_run/issue23_multi.sh): stages only
+  t=$(date +%s)
+  poot compile --config bench/shapes/llama-3-70b.json $COMMON --pipeline-parallel 2 --quiet \
+      > /dev/null || exit 1
+  echo "llama-3-70b pp2: $(( $(date +%s) - t )) s" >&2
   du -sh .cache/i23b
   exit 0
 fi
@@ -45,7 +50,7 @@ step() {  # step NAME SECONDS CMD...
 for s in $SHAPES; do
   cfg="--config bench/shapes/$s.json $COMMON"
   step same_tokens_$s.json 300 $PY bench/gpu_run/pipeline_tokens.py bench/shapes/$s.json \
-      --backend cuda --stages 2 --kv-capacity 512 --max-batch 64 --max-tokens 64
+      --backend cuda --same-gpu --stages 2 --kv-capacity 512 --max-batch 64 --max-tokens 64
   head -c 300 "$OUT/same_tokens_$s.json"; echo
   for pp in 1 2 shared; do
     [ $pp = shared ] && { export POOT_PP_CONTEXTS=shared; pp=2; tag=shared; } || tag=pp$pp

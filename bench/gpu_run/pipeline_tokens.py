@@ -1,7 +1,7 @@
 """Greedy tokens of a random-init shape on one device and as an N-stage layer pipeline, in
-one process, compared; with ``--backend cuda`` the N stages are N CUDA contexts on GPU 0
-(the one-GPU machine standing in for N GPUs: stages, their CUDA graphs, the peer copies and
-event ordering are the multi-GPU path).
+one process, compared; with ``--backend cuda --same-gpu`` the N stages are N CUDA contexts
+on GPU 0 (the one-GPU machine standing in for N GPUs: stages, their CUDA graphs, the peer
+copies and event ordering are the multi-GPU path), else GPUs 0..N-1.
 
     python bench/gpu_run/pipeline_tokens.py bench/shapes/smollm2-135m.json --backend cuda \\
         --stages 2 [--kv-capacity 512 --max-batch 64 --max-tokens 64] > same.json
@@ -30,13 +30,15 @@ def main() -> int:
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--same-gpu", action="store_true",
+                    help="cuda: the stages as contexts on GPU 0 (else GPUs 0..N-1)")
     args = ap.parse_args()
     from poot.api import LLM, ModelHandle
     from poot.driver.params import SamplingParams
     from poot.executor.pipeline import PipelineDevice
 
     def devices(n):
-        if args.backend != "cuda":
+        if args.backend != "cuda" or not args.same_gpu:
             return None
         from poot.backends.cuda.runtime import CudaDevice
 

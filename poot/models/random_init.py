@@ -222,13 +222,14 @@ def _check_fits(model: Any, o: Any, dtype: str, itemsize: int) -> None:
                          f"{mem / 2**30:,.1f} GiB of memory")
 
 
-def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int = 0
-                      ) -> LoadedModel:
+def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int = 0,
+                      check_memory: bool = True) -> LoadedModel:
     """The family of the HF ``config.json`` (a file, or a folder holding one) with random
     weights of ``dtype`` (``bf16``/``f16``/``f32``, or a GGUF block format of :data:`PACKED`
     for the matrices, vectors then f32) bound as a checkpoint would bind them.
     Raises :class:`ModelError` (unsupported dtype, a role without a shape rule, weights larger
-    than this machine's memory) or :class:`~poot.load.errors.LoadError` (a bad config)."""
+    than this machine's memory unless ``check_memory`` is False: a compile that reads only
+    the weights' types) or :class:`~poot.load.errors.LoadError` (a bad config)."""
     from poot.load.config import _read_json, config_from_hf
     from poot.load.store import DType, StoredTensor
 
@@ -245,7 +246,8 @@ def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int 
     model = family.from_config(cfg, None)
     o = model.options()
     st = DType(_DTYPES.get(dtype, "f32"))
-    _check_fits(model, o, dtype, st.numpy.itemsize)
+    if check_memory:
+        _check_fits(model, o, dtype, st.numpy.itemsize)
     store: dict[str, StoredTensor] = {}
     for role_t, where in model.weight_table().items():
         if where.optional or where.hf is None:

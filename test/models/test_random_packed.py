@@ -75,3 +75,22 @@ def test_weights_past_this_machines_memory_are_refused_before_allocating(tmp_pat
     monkeypatch.setattr(random_init, "RandomArray", None)      # any weight made would fail
     with pytest.raises(ModelError, match=r"need [\d,.]+ GiB, more than this machine's 1\.0 GiB"):
         random_init.load_random_model(p, dtype)
+
+
+def test_types_only_past_memory_for_a_compile(tmp_path, monkeypatch):
+    """``check_memory=False`` (what ``poot compile`` uses: compiling reads the weights' types,
+    never their data) binds a config past this machine's memory: every weight typed, none
+    materialized."""
+    import json
+
+    from poot.models import random_init
+
+    cfg = json.loads(_tiny_config(tmp_path).read_text())
+    cfg.update(hidden_size=4096, intermediate_size=14336, num_hidden_layers=24,
+               vocab_size=65536, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps(cfg))
+    monkeypatch.setattr(random_init, "_memory_bytes", lambda: 1 << 30)
+    model, weights = random_init.load_random_model(p, "bf16", check_memory=False)
+    assert sum(t.nbytes for t in weights.types.values()) > 5 * (1 << 30)
+    assert weights.types["blk.23.ffn.down"].shape == (4096, 14336)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 23 on a machine with 2 GPUs (nvidia-h200-x2): what the one-GPU runs cannot show.
+# Built here first:  bash bench/gpu_run/issue23.sh build   -> .cache/i23b
+# then one call on nvidia-h200-x2, carry [".cache/i23b"]:  bash bench/gpu_run/issue23_multi.sh
+#
+# Out: same_tokens_{smollm2-135m,llama-3-8b}.json (one GPU vs stages on GPUs 0 and 1),
+# bench_llama-3-8b_pp{1,2}.json (B = 1 decode tok/s; target pp2 >= 0.9x pp1),
+# batch_llama-3-8b_pp{1,2}.json (--batch 64, two micro-batches; target pp2 >= 1.6x pp1),
+# gen_llama-3-70b_pp2.jsonl and bench_llama-3-70b_pp2.json (141 GB of bf16 weights, more
+# than one GPU holds: loads and generates on two; tok/s and roofline_fraction reported).
+set -u
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/i23multi}"
+mkdir -p "$OUT/logs"
+[ -d .cache/i23b ] || { echo "issue23: carry .cache/i23b" >&2; exit 2; }
+[ -d /tmp/i23cache ] || cp -r .cache/i23b /tmp/i23cache
+export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR=/tmp/i23cache
+export NCCL_NVLS_ENABLE=0      # nothing here uses NCCL or multicast; kept off regardless
+PY=python3
+nvidia-smi --query-gpu=index,name,memory.total --format=csv
+FAILED=()
+step() {  # step NAME SECONDS CMD...
+  local name=$1 limit=$2; shift 2
+  local t=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name" 2> "$OUT/logs/$name.log"
+  local rc=$?
+  tail -n 3 "$OUT/logs/$name.log" >&2
+  [ $rc -ne 0 ] && FAILED+=("$name:$rc")
+  echo "   $name: exit $rc in $(( $(date +%s) - t ))s" >&2
+}
+COMMON="--random-weights --dtype bf16 --backend cuda --kv-capacity 512 --max-batch 64"
+for s in smollm2-135m llama-3-8b; do
+  step same_tokens_$s.json 300 $PY bench/gpu_run/pipeline_tokens.py bench/shapes/$s.json \
+      --backend cuda --stages 2 --kv-capacity 512 --max-batch 64 --max-tokens 64
+  head -c 300 "$OUT/same_tokens_$s.json"; echo
+done
+for pp in 1 2; do
+  step bench_llama-3-8b_pp$pp.json 240 $PY -m poot.cli bench \
+      --config bench/shapes/llama-3-8b.json $COMMON --pipeline-parallel $pp \
+      --max-tokens 128 --runs 3 --quiet
+  step batch_llama-3-8b_pp$pp.json 300 $PY -m poot.cli bench \
+      --config bench/shapes/llama-3-8b.json $COMMON --pipeline-parallel $pp \
+      --batch 64 --num-prompts 128 --max-tokens 128 --quiet
+done
+step bench_llama-3-70b_pp2.json 400 $PY -m poot.cli bench \
+    --config bench/shapes/llama-3-70b.json $COMMON --pipeline-parallel 2 \
+    --max-tokens 64 --runs 2 --quiet
+echo "issue23: done; failed: ${FAILED[*]:-none}" >&2
+[ ${#FAILED[@]} -eq 0 ]
