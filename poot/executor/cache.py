@@ -524,20 +524,10 @@ class CompileCache:
         entry (a CPU entry loads its linked ``.so`` with ctypes; the LLVM-text fallback needs
         MLIR). An absent entry is a miss; a damaged one is discarded (one warning) and a
         miss."""
-        if not self.use:
+        rec = self._index_record(skey, "program")
+        if rec is None:
             return None
-        path, st = self.index_path(skey), None
-        try:
-            st = os.stat(path)
-            with open(path) as f:
-                rec = json.load(f)
-            gkey = rec["program"]
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            self._discard(path, f"unreadable index entry: {type(e).__name__}", st)
-            return None
-        prog = self._load(gkey, target)
+        prog = self._load(rec["program"], target)
         if prog is not None:
             self.hits += 1
         return prog
@@ -597,8 +587,8 @@ class CompileCache:
         track = Tracker.of(progress)
         pkey = _digest([skey, f"pipeline={stages}"])
         describe = {**describe, "pipeline": stages}
-        rec = self._index_record(pkey)
-        if rec is not None and "pipeline" in rec:
+        rec = self._index_record(pkey, "pipeline")
+        if rec is not None:
             progs = [self._load(k, target) for k in rec["pipeline"]]
             if all(p is not None for p in progs):
                 self.hits += 1
@@ -629,8 +619,9 @@ class CompileCache:
                 self._disable(e)
         return prog
 
-    def _index_record(self, key: str) -> dict | None:
-        """The index entry ``key`` as a dict; None when absent or damaged (discarded)."""
+    def _index_record(self, key: str, field: str) -> dict | None:
+        """The index entry ``key`` as a dict holding ``field``; None when absent or damaged
+        (then discarded: one warning)."""
         if not self.use:
             return None
         path, st = self.index_path(key), None
@@ -640,10 +631,12 @@ class CompileCache:
                 rec = json.load(f)
             if not isinstance(rec, dict):
                 raise TypeError("not an object")
+            if field not in rec:
+                raise KeyError(field)
             return rec
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:
             self._discard(path, f"unreadable index entry: {type(e).__name__}", st)
             return None
 

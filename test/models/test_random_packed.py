@@ -54,6 +54,18 @@ def test_unknown_format_is_refused(tmp_path):
         load_random_model(_tiny_config(tmp_path), "q3_k")
 
 
+def _big_config(tmp_path):
+    """A 4096 x 65536-vocab, 24-layer config (over 5 GiB of bf16 weights)."""
+    import json
+
+    cfg = json.loads(_tiny_config(tmp_path).read_text())
+    cfg.update(hidden_size=4096, intermediate_size=14336, num_hidden_layers=24,
+               vocab_size=65536, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "q4_0"])
 def test_weights_past_this_machines_memory_are_refused_before_allocating(tmp_path, dtype,
                                                                          monkeypatch):
@@ -61,16 +73,10 @@ def test_weights_past_this_machines_memory_are_refused_before_allocating(tmp_pat
     a 4096 x 65536-vocab model: 0.5 GiB of embeddings and 0.5 of head in bf16, 2 x 24
     layers of 4096 x 4096 projections) is refused with the bytes needed, before a weight is
     made (RandomArray is never built)."""
-    import json
-
     from poot.models import random_init
     from poot.models.base import ModelError
 
-    cfg = json.loads(_tiny_config(tmp_path).read_text())
-    cfg.update(hidden_size=4096, intermediate_size=14336, num_hidden_layers=24,
-               vocab_size=65536, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
-    p = tmp_path / "big.json"
-    p.write_text(json.dumps(cfg))
+    p = _big_config(tmp_path)
     monkeypatch.setattr(random_init, "_memory_bytes", lambda: 1 << 30)
     monkeypatch.setattr(random_init, "RandomArray", None)      # any weight made would fail
     with pytest.raises(ModelError, match=r"need [\d,.]+ GiB, more than this machine's 1\.0 GiB"):
@@ -81,15 +87,9 @@ def test_types_only_past_memory_for_a_compile(tmp_path, monkeypatch):
     """``check_memory=False`` (what ``poot compile`` uses: compiling reads the weights' types,
     never their data) binds a config past this machine's memory: every weight typed, none
     materialized."""
-    import json
-
     from poot.models import random_init
 
-    cfg = json.loads(_tiny_config(tmp_path).read_text())
-    cfg.update(hidden_size=4096, intermediate_size=14336, num_hidden_layers=24,
-               vocab_size=65536, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
-    p = tmp_path / "big.json"
-    p.write_text(json.dumps(cfg))
+    p = _big_config(tmp_path)
     monkeypatch.setattr(random_init, "_memory_bytes", lambda: 1 << 30)
     model, weights = random_init.load_random_model(p, "bf16", check_memory=False)
     assert sum(t.nbytes for t in weights.types.values()) > 5 * (1 << 30)
