@@ -400,7 +400,8 @@ def _host_zeros(t) -> np.ndarray:
 def open_pipeline_devices(backend: str, n: int) -> list:
     """``n`` executor devices of ``backend`` for a pipeline: device ordinals 0..n-1 where the
     backend's ``open_device`` hook takes an ``ordinal`` (CUDA), else ``n`` instances of its
-    device. Raises :class:`PipelineError` when ``n`` < 1."""
+    device. Raises :class:`PipelineError` when ``n`` < 1 or a device cannot be opened (fewer
+    GPUs than stages), naming which."""
     import inspect
 
     from poot.backends.registry import BACKENDS, hook
@@ -410,10 +411,18 @@ def open_pipeline_devices(backend: str, n: int) -> list:
     reg = BACKENDS[backend]
     if reg.open_device is None:
         raise PipelineError(f"no executor device for backend '{backend}' in this build")
+    from poot.executor.cpu import DeviceError
+
     fn = hook(reg.open_device)
-    if "ordinal" in inspect.signature(fn).parameters:
-        return [fn(ordinal=i) for i in range(n)]
-    return [fn() for _ in range(n)]
+    ordinals = "ordinal" in inspect.signature(fn).parameters
+    out = []
+    for i in range(n):
+        try:
+            out.append(fn(ordinal=i) if ordinals else fn())
+        except DeviceError as e:
+            raise PipelineError(f"a pipeline of {n} stages needs {n} {backend} devices; "
+                                f"device {i} cannot be opened ({e})") from None
+    return out
 
 
 __all__ = ["PipelineBuffer", "PipelineDevice", "PipelineError", "PipelineKernel",

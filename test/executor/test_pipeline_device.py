@@ -189,3 +189,23 @@ def test_rows_written_before_any_stage_binds_the_buffer():
         assert not got[0].any() and not got[2].any()
     copy = dev._on(buf, 1)                      # bound on device 1: the held value lands
     np.testing.assert_array_equal(copy[1], np.arange(4))
+
+
+def test_fewer_devices_than_stages_is_a_typed_error(monkeypatch):
+    """A backend with one device asked for two stages: a PipelineError naming the device
+    that cannot be opened and why, not the driver's error from deep inside."""
+    from poot.backends import registry
+    from poot.executor.cpu import DeviceError
+    from poot.executor.pipeline import open_pipeline_devices
+
+    def one_device(ordinal: int = 0):
+        if ordinal:
+            raise DeviceError(f"no CUDA device {ordinal}: cuDeviceGet: "
+                              "CUDA_ERROR_INVALID_DEVICE")
+        return CpuDevice()
+
+    monkeypatch.setattr(registry, "hook", lambda name: one_device)
+    with pytest.raises(PipelineError, match=r"2 stages needs 2 cuda devices; device 1 cannot "
+                                            r"be opened \(no CUDA device 1"):
+        open_pipeline_devices("cuda", 2)
+    assert len(open_pipeline_devices("cuda", 1)) == 1
