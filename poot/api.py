@@ -536,6 +536,7 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
             st = SamplerStep(b, vocab, max_batch + 1, sp)
             jobs.append((f"sampler[B={b}{spec_tag(sp)}]", SamplerProgram(st), {}, st))
     out: dict[str, Any] = {"cache_dir": str(cache.dir), "backend": backend,
+                           "pipeline_parallel": pipeline_parallel,
                            "kv_capacity": kv_capacity, "block_size": bs, "kv_blocks": blocks - 1,
                            "steps": {}}
     if pipeline_parallel > 1:         # the workers compile whole steps: not used

@@ -13,7 +13,9 @@
 with no prefill between them (B tokens a step; the host work included), ``e2e_tokens_per_s`` all generated tokens over the
 whole wall time (prefill included, 8 prefill chunks an iteration); token ids only, no
 detokenization (as the baseline); ``--sequential`` also runs every prompt alone, one after
-another, and reports each B's ``ratio_vs_sequential`` (of ``e2e_tokens_per_s``).
+another, and reports each B's ``ratio_vs_sequential`` (of ``e2e_tokens_per_s``). Each B also
+reports ``micro_batches`` (a layer pipeline splits a decode step into as many micro-batches
+as it has stages).
 ``--baseline gpt-fast`` adds the batched baseline at each B on GPUs.
 
 ``--shared-prefix N``: the prefix cache (:func:`run_prefix`): ``--num-prompts`` requests that
@@ -29,8 +31,10 @@ back on the device; see :mod:`poot.driver.generate`); ``--pipeline on|off`` forc
 way (``POOT_PIPELINE`` is the same switch for every command). Prints one JSON object: the best
 run's numbers at the top level (``model``, ``backend``, ``prompt_tokens``,
 ``generated_tokens``, ``ttft_s``, ``decode_tokens_per_s``, ``pipelined`` (whether the timed
-decode loop was pipelined), ``kv_capacity``, ``load_s``, ``compile_s`` (entry name ->
-seconds), ``runs``) and, under ``poot``, the comparable measures:
+decode loop was pipelined: step n + 1 issued before token n is read), ``pipeline_parallel``
+(the layer pipeline's stage count, ``--pipeline-parallel``; 1: one device), ``kv_capacity``,
+``load_s``, ``compile_s`` (entry name -> seconds), ``runs``) and, under ``poot``, the
+comparable measures:
 
 * ``decode_tokens_per_s`` / ``us_per_token``: the driver's decode loop (host work included:
   what a caller sees per token; with ``pipelined`` the host work of token n overlaps step
@@ -138,6 +142,11 @@ def _load(args, max_batch=None):
                          seed=args.seed, max_batch=max_batch or args.max_batch)
     handle.finish_compiling()        # nothing compiles in the background while timing
     return handle
+
+
+def _stages(handle) -> int:
+    """Pipeline stages the handle's device runs (1: one device)."""
+    return int(getattr(handle.runner.engine.device, "stages", 1))
 
 
 def decode_entry(handle, batch: int = 1):
@@ -366,6 +375,7 @@ def run_batch(handle, args, batches: list[int]) -> dict:
             "requests": n, "generated_tokens": total, "wall_s": wall,
             "e2e_tokens_per_s": total / wall, "decode_tokens_per_s": rate,
             "steady_intervals": steps, "pipelined": eng.pipelined,
+            "micro_batches": eng.micro_batches,
             "ttft_p50_s": ttft[len(ttft) // 2], "ttft_max_s": ttft[-1],
             "decode_steps": len(eng.decode_log)}
     if args.sequential:
@@ -434,6 +444,7 @@ def run(args: argparse.Namespace) -> int:
            "ttft_s": min(r["ttft_s"] for r in runs),
            "decode_tokens_per_s": best["decode_tokens_per_s"],
            "pipelined": bool(best.get("pipelined")),
+           "pipeline_parallel": _stages(handle),
            "kv_capacity": handle.kv_capacity, "kv_dtype": handle.runner.kv.kv_dtype.value,
            "load_s": handle.load_s, "compile_s": handle.runner.compile_s, "runs": runs}
     if args.random_weights:
@@ -477,6 +488,7 @@ def run_serving(args: argparse.Namespace) -> int:
     handle = _load(args, max_batch=max(batches + [args.max_batch or 1]))
     _pipeline(handle, args)
     out = {"model": str(handle.path), "backend": handle.backend,
+           "pipeline_parallel": _stages(handle),
            "kv_capacity": handle.kv_capacity, "kv_dtype": handle.runner.kv.kv_dtype.value,
            "block_size": handle.runner.kv.block_size, "load_s": handle.load_s}
     if batches:

@@ -172,8 +172,9 @@ def partition(graph: Graph, stages: int,
             kind.append("staged")
     staged = [i for i, k in enumerate(kind) if k == "staged"]
     pos = {i: p for p, i in enumerate(staged)}
-    if len(staged) < stages:
-        raise PipelineRefusal(stages, f"the step has only {len(staged)} staged ops")
+    if len(staged) < 2:
+        raise PipelineRefusal(stages, f"the {graph.name} step can be cut into at most 1 "
+                              "stage (it has no place to cut)")
 
     # cost of each staged op: the weight bytes it reads (the weights reached through its
     # replicable / weight operands: a transpose, a dequantize); a gather reads its rows
@@ -232,9 +233,10 @@ def partition(graph: Graph, stages: int,
     floor = min(crossing[p] for p in interior if count[p] == fewest)
     points = [p for p in interior if count[p] == fewest and crossing[p] <= 2 * floor]
     if len(points) < stages - 1:
-        raise PipelineRefusal(stages, f"the step has {len(points)} places where only "
-                              f"{fewest} value(s) of at most {2 * floor} bytes cross (it "
-                              f"needs {stages - 1})")
+        raise PipelineRefusal(stages, f"the {graph.name} step can be cut into at most "
+                              f"{len(points) + 1} stages (it has {len(points)} places where "
+                              f"only {fewest} value(s) of at most {2 * floor} bytes cross, "
+                              "such as the residual stream between two blocks)")
     prefix = [0.0]
     for c in op_cost:
         prefix.append(prefix[-1] + c)

@@ -125,9 +125,19 @@ def test_stage_count_must_be_a_positive_int(stages):
 
 
 def test_more_stages_than_cut_points_is_refused():
+    """The refusal names the step and the most stages it can be cut into, and that many
+    works while one more is refused."""
+    import re
+
     graph, _ = _step("llama", "decode")
-    with pytest.raises(PipelineRefusal, match=r"into 40 pipeline stages: .*places where only"):
+    with pytest.raises(PipelineRefusal, match=r"into 40 pipeline stages: the llama_decode step "
+                                              r"can be cut into at most \d+ stages") as e:
         partition(graph, 40)
+    most = int(re.search(r"at most (\d+) stages", str(e.value)).group(1))
+    assert 2 < most < 40
+    assert len(partition(graph, most).stages) == most
+    with pytest.raises(PipelineRefusal, match=f"at most {most} stages"):
+        partition(graph, most + 1)
 
 
 def _two_readers_of_state():

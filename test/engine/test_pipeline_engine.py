@@ -233,3 +233,20 @@ def test_micro_batches_must_be_positive():
     h = ModelHandle.load(fixture_path("llama"), kv_capacity=64, max_batch=2, prefill_chunk=8)
     with pytest.raises(EngineError, match="micro_batches"):
         LLMEngine(h.runner, h.tokenizer, EngineConfig(max_batch=2, micro_batches=0))
+
+
+def test_bench_reports_the_pipeline(capsys):
+    """``poot bench --pipeline-parallel 2 --batch 4`` says how it ran: two stages, two
+    micro-batches a decode step, every request finished."""
+    import json
+
+    from poot.cli import main
+
+    rc = main(["bench", "--model", str(fixture_path("llama")), "--pipeline-parallel", "2",
+               "--batch", "4", "--num-prompts", "8", "--max-tokens", "8", "--kv-capacity",
+               "64", "--quiet"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    b4 = out["throughput"]["batches"]["4"]
+    assert out["pipeline_parallel"] == 2 and b4["micro_batches"] == 2
+    assert b4["requests"] == 8 and b4["generated_tokens"] == 64
