@@ -112,7 +112,7 @@ def test_cuda_device_errors_of_any_kind_are_device_errors(monkeypatch):
     class Boom(Exception):
         pass
 
-    def device():
+    def device(ordinal=0):
         raise Boom("the driver library could not be loaded\nsecond line")
 
     monkeypatch.setitem(sys.modules, "cuda", __import__("types").ModuleType("cuda"))
