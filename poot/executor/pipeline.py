@@ -133,6 +133,10 @@ class PipelineKernel:
 
 @dataclass
 class PipelineRecording:
+    """A recorded pipeline launch: per stage (its run, the device's own recording, the
+    engine buffers it reads, those it writes), and the recorded copies' destinations with
+    the device they are written on."""
+
     kernel: PipelineKernel
     stages: list                     # per stage: (device recording, inputs, outputs)
     feedback: list                   # (src PipelineBuffer, dst PipelineBuffer, device)
@@ -161,6 +165,7 @@ class PipelineDevice:
 
     # ---- buffers -----------------------------------------------------------------------
     def alloc(self, type_) -> PipelineBuffer:
+        """A buffer of ``type_`` with no device copy yet (made where a stage binds it)."""
         return PipelineBuffer(type_)
 
     def _on(self, buf: PipelineBuffer, d: int):
@@ -181,6 +186,8 @@ class PipelineDevice:
         return c
 
     def upload(self, buf: PipelineBuffer, array) -> None:
+        """Write ``array`` into every device copy (all current after), or hold it on the
+        host until a stage binds the buffer (a weight: only its stages' devices get it)."""
         if not buf.copies:
             buf.host = array
             return
@@ -191,6 +198,7 @@ class PipelineDevice:
             buf.host = array
 
     def upload_async(self, buf: PipelineBuffer, array) -> None:
+        """:meth:`upload` queued on each device (the host copy taken now when none exists)."""
         if not buf.copies:
             buf.host = np.array(array, copy=True)
             return
@@ -225,6 +233,8 @@ class PipelineDevice:
         return min(buf.valid) if buf.valid else None
 
     def download(self, buf: PipelineBuffer) -> np.ndarray:
+        """A host copy from a device where ``buf`` is current (the held host value, or
+        zeros, when no device has it)."""
         d = self._current(buf)
         if d is None:
             if buf.host is not None:
@@ -233,12 +243,14 @@ class PipelineDevice:
         return self.devices[d].download(buf.copies[d])
 
     def download_async(self, buf: PipelineBuffer):
+        """A queued read on a device where ``buf`` is current."""
         d = self._current(buf)
         if d is None:
             return Ready(self.download(buf))
         return self.devices[d].download_async(buf.copies[d])
 
     def synchronize(self) -> None:
+        """Wait for every device's queued work."""
         for dev in self.devices:
             dev.synchronize()
 
@@ -323,6 +335,7 @@ class PipelineDevice:
                                     f"of {total / 2**30:.1f} GiB (use more stages)")
 
     def in_place_outputs(self, kernel: PipelineKernel) -> set[str]:
+        """The outputs some stage writes over its input's own buffer (its device says)."""
         out: set[str] = set()
         for st in kernel.stages:
             said = getattr(self.devices[st.device], "in_place_outputs", None)
