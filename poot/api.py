@@ -252,7 +252,7 @@ class ModelHandle:
         check_kv_memory(model, kv)
         cache = None
         placement = _placement_of(model, weights.types, kv, pipeline_parallel)
-        if compile_fn is None and pipeline_parallel > 1:
+        if compile_fn is None:
             cache = CompileCache(cache_dir, enabled=use_cache)
             options = compile_options or DEFAULT_COMPILE_OPTIONS
 
@@ -261,33 +261,19 @@ class ModelHandle:
                                       progress=report, pipeline=pipeline_parallel,
                                       placement=placement)
 
-            find_step = None
-        elif compile_fn is None:
-            cache = CompileCache(cache_dir, enabled=use_cache)
-            options = compile_options or DEFAULT_COMPILE_OPTIONS
-
-            def compile_step(key_model, types, spec, trace):
-                return compile_cached(cache, key_model, types, spec, trace, target, options,
-                                      progress=report)
-
             def find_step(key_model, types, spec):
                 from poot.executor.cache import step_key
 
                 return cache.lookup(step_key(key_model, types, spec, target, options), target)
-        elif pipeline_parallel > 1:
-            from poot.executor.pipeline import compile_pipeline
-
-            find_step = None
-
-            def compile_step(key_model, types, spec, trace):
-                if not types:
-                    return compile_fn(trace())
-                return compile_pipeline(trace(), pipeline_parallel, compile_fn,
-                                        placement=placement())
         else:
             find_step = None
 
             def compile_step(key_model, types, spec, trace):
+                if pipeline_parallel > 1 and types:     # a sampler (no weights): one device
+                    from poot.executor.pipeline import compile_pipeline
+
+                    return compile_pipeline(trace(), pipeline_parallel, compile_fn,
+                                            placement=placement())
                 return compile_fn(trace())
         runner = ModelRunner(model, weights, device if device is not None else
                              device_for(target), compile_step, kv, max_batch, prefill_chunk,

@@ -113,10 +113,6 @@ class Partition:
                            for s in self.stages]}
 
 
-def _weight_bytes(t) -> int:
-    return t.nbytes
-
-
 def _is_weight(op) -> bool:
     if op.name not in _WEIGHT_OPS:
         return False
@@ -154,8 +150,8 @@ def partition(graph: Graph, stages: int,
                                   "before dispatch regions are formed)", op.name)
     if stages == 1:
         names = tuple(sorted(graph.params))
-        return Partition(graph, [Stage(0, graph, sum(_weight_bytes(t) for t in
-                                                     graph.params.values()), names)])
+        return Partition(graph, [Stage(0, graph, sum(t.nbytes for t in graph.params.values()),
+                                       names)])
 
     # classify: weight / replicable / staged; values by identity (hashable ir.Value)
     arg_index = {a: i for i, a in enumerate(block.arguments)}
@@ -198,7 +194,7 @@ def partition(graph: Graph, stages: int,
         if ops[i].name == "poot.gather" and ws:
             op_cost.append(float(type_from_mlir(ops[i].results[0].type).nbytes))
         else:
-            op_cost.append(float(sum(_weight_bytes(type_from_mlir(ops[j].results[0].type))
+            op_cost.append(float(sum(type_from_mlir(ops[j].results[0].type).nbytes
                                      for j in ws)))
     total = sum(op_cost)
 
@@ -208,11 +204,17 @@ def partition(graph: Graph, stages: int,
     delta = [0] * (S + 1)
     dcount = [0] * (S + 1)
     last_use: dict = {}
+    #: step input name -> the staged positions reading it
+    readers: dict[str, list[int]] = {}
     for p, i in enumerate(staged):
         for o in ops[i].operands:
             j = def_of.get(o)
             if j is not None and kind[j] == "staged":
                 last_use[o] = max(last_use.get(o, -1), p)
+            elif o in arg_index:
+                where = readers.setdefault(graph.inputs[arg_index[o]][0], [])
+                if not where or where[-1] != p:
+                    where.append(p)
     for v, u in last_use.items():
         d = pos[def_of[v]]
         if u > d:
@@ -244,12 +246,9 @@ def partition(graph: Graph, stages: int,
     # before the readers of states placed at or after it
     lo, hi = [1] * stages, [S - 1] * stages
     if placement:
-        readers: dict[str, list[int]] = {}
-        for a, (name, _) in zip(block.arguments, graph.inputs):
-            if name in placement:
-                readers[name] = [p for p, i in enumerate(staged)
-                                 if any(o == a for o in ops[i].operands)]
         for name, where in readers.items():
+            if name not in placement:
+                continue
             st = placement[name]
             if not 0 <= st < stages:
                 raise PipelineRefusal(stages, f"carried state '{name}' is placed on stage "
@@ -278,13 +277,11 @@ def partition(graph: Graph, stages: int,
 
     # carried state read by two stages
     out_names = {n for n, _ in graph.outputs}
-    for a, (name, _) in zip(block.arguments, graph.inputs):
-        if name not in out_names:
-            continue
-        readers = sorted({stage_of[i] for i in staged if any(o == a for o in ops[i].operands)})
-        if len(readers) > 1:
+    for name, where in readers.items():
+        read_by = sorted({stage_of[staged[p]] for p in where})
+        if name in out_names and len(read_by) > 1:
             raise PipelineRefusal(stages, f"carried state '{name}' would be read by stages "
-                                  f"{readers} (a gather across stages)")
+                                  f"{read_by} (a gather across stages)")
 
     # boundaries: staged values read by a later stage
     bnd: dict = {}
@@ -354,7 +351,7 @@ def _stage_graph(graph: Graph, s: int, ops, kind, def_of, arg_index, mine: Seque
             fop = func.FuncOp(f"{graph.name}_stage{s}", ir.FunctionType.get(types, []))
         blk = fop.add_entry_block()
         vmap = dict(zip(in_args + receives, blk.arguments))
-        params, wbytes = {}, 0
+        params = {}
         with ir.InsertionPoint(blk):
             for j in order:
                 op = ops[j]
@@ -378,8 +375,7 @@ def _stage_graph(graph: Graph, s: int, ops, kind, def_of, arg_index, mine: Seque
         f.attributes["arg_attrs"] = _name_attrs(in_names)
         f.attributes["res_attrs"] = _name_attrs(out_names)
     g = Graph.from_module(module)
-    wbytes = sum(_weight_bytes(t) for t in params.values())
-    return Stage(s, g, wbytes, tuple(sorted(params)),
+    return Stage(s, g, sum(t.nbytes for t in params.values()), tuple(sorted(params)),
                  tuple(vname[v] for v in receives), tuple(vname[v] for v in sends))
 
 
