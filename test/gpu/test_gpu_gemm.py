@@ -316,7 +316,7 @@ def test_emulated_kernel_matches_oracle(vk, monkeypatch, fmt, M, N, K, epilogue,
     from poot.backends.gpu.strategies import gemm as G
 
     dev, target = vk
-    monkeypatch.setattr(G, "EMULATE_MMA", True)
+    monkeypatch.setattr(G, "EMULATE_MMA", G.MMA_SYNC)
     monkeypatch.setattr(G, "FORCE_TILING", tile)
     g, inputs = gemv_region(fmt, M, N, K, epilogue, seed=M + N + K)
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), target.caps)
@@ -375,7 +375,7 @@ def test_emulated_split_k_matches_oracle(vk, monkeypatch, fmt, M, N, K, epilogue
     from poot.backends.gpu.strategies import gemm as G
 
     dev, target = vk
-    monkeypatch.setattr(G, "EMULATE_MMA", True)
+    monkeypatch.setattr(G, "EMULATE_MMA", G.MMA_SYNC)
     monkeypatch.setattr(G, "FORCE_TILING", tile)
     monkeypatch.setattr(G, "FORCE_SPLIT", split)
     g, inputs = gemv_region(fmt, M, N, K, epilogue, seed=M + N + K)
@@ -442,7 +442,7 @@ def test_emulated_expression_x_matches_oracle(vk, monkeypatch, tile):
     from test_vulkan_kernels import run_artifact
 
     dev, target = vk
-    monkeypatch.setattr(G, "EMULATE_MMA", True)
+    monkeypatch.setattr(G, "EMULATE_MMA", G.MMA_SYNC)
     monkeypatch.setattr(G, "FORCE_TILING", tile)
     H, T, D, N = 4, 40, 16, 96
     g, inputs, x = _attn_out_region(H, T, D, N, seed=2)
@@ -470,7 +470,7 @@ def test_emulated_tiny_prefill_step_matches_oracle(vk_device, vk_target, monkeyp
     from poot.models import StepSpec, load_model
     from model_steps import empty_caches, step_feed
 
-    monkeypatch.setattr(G, "EMULATE_MMA", True)
+    monkeypatch.setattr(G, "EMULATE_MMA", G.MMA_SYNC)
     made = []
     kernel = G._GemmKernel.kernel
     monkeypatch.setattr(G._GemmKernel, "kernel", lambda self: made.append(self.m.K) or

@@ -313,7 +313,7 @@ def test_sibling_split_k_gemms_are_two_launches(vk, monkeypatch):
     within the GEMM's stated error bound of the f32 oracle."""
     from poot.backends.gpu.strategies import gemm as G
 
-    monkeypatch.setattr(G, "EMULATE_MMA", True)
+    monkeypatch.setattr(G, "EMULATE_MMA", G.MMA_SYNC)
     monkeypatch.setattr(G, "FORCE_TILING", (32, 32, 64))
     monkeypatch.setattr(G, "FORCE_SPLIT", 3)
     M, K, Ns = 40, 512, [72, 40]

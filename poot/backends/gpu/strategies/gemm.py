@@ -1,4 +1,4 @@
-"""GEMM on tensor cores: one kernel (two with split-K) for a dispatch region rooted at a
+"""GEMM on matrix instructions (NVIDIA tensor cores, AMD MFMA / WMMA): one kernel (two with split-K) for a dispatch region rooted at a
 ``poot.matmul`` with M > :data:`~.matmul.MAX_M` rows (prompt tokens, batched decode), or from
 :data:`~.matmul.GEMM_FROM_M` rows with a dense bf16/f16 weight (small decode batches; the
 GEMV defers, :func:`.matmul.gemm_defers`), against a weight, its elementwise epilogue fused.
@@ -16,12 +16,17 @@ limit), restricted to::
 Refused (None; the region keeps the generic linalg->GPU mapping): f32 weights, a dense
 weight stored [K, N], an x that reads a row reduction (a norm folded in front: the folding
 then keeps the norm as its own region), an epilogue that is not elementwise in y, and every
-target without ``mma.sync`` m16n8k16: the decision is :func:`has_mma` on ``caps.features``
-(an ``sm_XY`` feature with XY >= 80, subgroup size 32); SPIR-V (Vulkan) targets have none.
+target without a matrix instruction (:func:`matrix_op` on ``caps.features`` and the subgroup
+size): :data:`MMA_SYNC` (``mma.sync`` m16n8k16: an ``sm_XY`` feature with XY >= 80, 32
+lanes), :data:`MFMA_16X16X16` (``mfma``, 64 lanes: AMD CDNA, gfx90a / gfx942) or
+:data:`WMMA_16X16X16` (``wmma``, 32 lanes: AMD RDNA 3, gfx1100 / gfx1151); SPIR-V (Vulkan)
+targets have none.
 
 Types: bf16 weights -> ``mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32`` with x rounded to bf16;
 f16 and packed weights -> ``...f32.f16.f16.f32`` with x rounded to f16 and each weight
 decoded in f32 (ggml's formulas, as the oracle) then rounded to f16. Accumulation is f32.
+On AMD the same roundings feed ``v_mfma_f32_16x16x16_{bf16,f16}`` /
+``v_wmma_f32_16x16x16_{bf16,f16}``.
 
 Tiling (:func:`choose_tiling`): a block computes a ``BM x BN`` tile of y (BM = 16/32/64/128
 by M; BN = 32 narrow, 64 or 128 by width), ``T`` = 128
@@ -57,6 +62,13 @@ rows past N are read clamped (their results are never stored: every output eleme
 guarded); a K tail (K % BK, dense only) reads clamped addresses and stores zeros; K % 8 != 0
 (dense) stages element by element with scalar loads.
 
+AMD (:meth:`_GemmKernel._amd`): the same tiles, staging, decode, split-K and epilogue; tiles
+of 16 x 16, so a block's subgroups take at most BN / 16 columns (:func:`tiling`) and a block
+has WM x WN x 64 (MFMA) or x 32 (WMMA) threads. Each lane reads its operands from the
+workgroup tiles as one vector (row ``lane & 15``, k from ``((lane >> 4) * ka) % 16``: 4
+halves for MFMA, 16 for WMMA), no ``ldmatrix``; x is rounded with :meth:`_GemmKernel.
+half_bits` (no NVVM conversion). The accumulators are :meth:`MatrixOp.c_fragment`'s.
+
 Fragment layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"
 (warp-level matrix multiply-accumulate, ``mma``) and "Warp-level matrix load instruction:
 ldmatrix" (section numbers move between ISA versions); the lane maps are
@@ -77,16 +89,19 @@ seen (lavapipe, emulated mma) are ~sqrt(K) smaller: ~2e-3 (bf16), ~2e-4 to 3e-4 
 packed) of max |y|. f16 overflows above 65504: activations larger than that become inf (as
 in llama.cpp's f16 GEMM path).
 
-``EMULATE_MMA`` (tests only): the same kernel -- tiling, staging, decode, double buffering,
-epilogue -- with each mma replaced by the 16-term dot products of the lane's own fragment
-elements read from workgroup memory (scalar loads, no nvgpu/nvvm op), so the kernel runs and
-is checked against the oracle on a SPIR-V device (lavapipe) where there are no tensor cores.
+``EMULATE_MMA`` (tests only): a :class:`MatrixOp`; the same kernel -- tiling, staging, decode,
+double buffering, epilogue, that instruction's lane layout -- with each instruction replaced
+by the 16-term dot products of the lane's own accumulator elements read from workgroup
+memory (scalar loads, no nvgpu/nvvm/rocdl op), so the kernel runs and is checked against the
+oracle on a SPIR-V device (lavapipe) that has no matrix instruction. For AMD that is all that
+runs: no AMD GPU is on these machines (the operand loads are checked against AMD's tables and
+the assembly read for the instruction, never executed).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from mlir import ir
@@ -111,8 +126,9 @@ WARP = 32
 #: decode element by element
 FAST_PACKED = ("q4_0", "q4_1", "q8_0")
 
-#: tests: emulate mma.sync from workgroup memory (see the module doc)
-EMULATE_MMA = False
+#: tests: the :class:`MatrixOp` to emulate from workgroup memory on a target without one (see
+#: the module doc), e.g. ``MFMA_16X16X16`` on lavapipe
+EMULATE_MMA: "MatrixOp | None" = None
 #: benchmarks: a ``(BM, BN, BK)`` to use instead of :func:`choose_tiling`'s (bench/gpu_run/
 #: gemm_check.py times the variants on the device)
 FORCE_TILING: tuple[int, int, int] | None = None
@@ -168,6 +184,67 @@ def b_ldmatrix_row(lane: int) -> tuple[int, int]:
     return (lane & 7) + ((lane >> 4) << 3), ((lane >> 3) & 1) * 8
 
 
+# ---- matrix instructions ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MatrixOp:
+    """A subgroup-wide matrix multiply-accumulate ``D[16 x n] = A[16 x 16] B[16 x n] + C``
+    (16-bit inputs, f32 accumulators) and where its lanes keep their parts of C/D:
+    accumulator ``i`` of lane ``l`` is ``D[row, col]`` with ::
+
+        row = (l >> row_shift) * row_mul + row_off[i]
+        col = (l & col_mask) * col_mul + col_off[i]
+
+    ``wave``: lanes taking part; ``n``: tile columns; ``ka``: consecutive k of one A row (B
+    column) each lane holds (AMD: row ``l & 15``, k from ``((l >> 4) * ka) % 16``, loaded as
+    one vector from workgroup memory); 0 for NVIDIA's, whose fragments ``ldmatrix`` reads
+    (:func:`a_ldmatrix_row`)."""
+
+    name: str
+    wave: int
+    n: int
+    ka: int
+    row_shift: int
+    row_mul: int
+    row_off: tuple
+    col_mask: int
+    col_mul: int
+    col_off: tuple
+
+    @property
+    def accs(self) -> int:
+        """f32 accumulators per lane and tile."""
+        return len(self.row_off)
+
+    def c_fragment(self, lane: int, i: int) -> tuple[int, int]:
+        """(row, col) of accumulator ``i`` of ``lane``."""
+        return ((lane >> self.row_shift) * self.row_mul + self.row_off[i],
+                (lane & self.col_mask) * self.col_mul + self.col_off[i])
+
+    def ab_fragment(self, lane: int, i: int) -> tuple[int, int]:
+        """(row of A or column of B, k) of element ``i`` (< ``ka``) of ``lane``'s A or B
+        operand (AMD instructions)."""
+        return lane & 15, ((lane >> 4) * self.ka) % 16 + i
+
+
+#: NVIDIA ``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`` (sm_80+, warp of 32): C rows
+#: groupID (+8), columns 2 * threadID_in_group (+1) (PTX ISA, "Matrix Fragments for
+#: mma.m16n8k16 with floating point type")
+MMA_SYNC = MatrixOp("mma.sync.m16n8k16", 32, 8, 0, 2, 1, (0, 0, 8, 8), 3, 2, (0, 1, 0, 1))
+#: AMD CDNA ``v_mfma_f32_16x16x16_f16`` / ``v_mfma_f32_16x16x16_bf16`` (the ``_1k`` form;
+#: gfx90a, gfx942; wave64): A[m][k] in lane ``m + 16 * (k // 4)``, element ``k % 4``; B[k][n]
+#: in lane ``n + 16 * (k // 4)``; D[m][n] in lane ``n + 16 * (m // 4)``, element ``m % 4``
+#: (AMD's CDNA 3 ISA, "Matrix Arithmetic Instructions", and its Matrix Instruction Calculator)
+MFMA_16X16X16 = MatrixOp("mfma.f32.16x16x16", 64, 16, 4, 4, 4, (0, 1, 2, 3), 15, 1,
+                         (0, 0, 0, 0))
+#: AMD RDNA 3 ``v_wmma_f32_16x16x16_f16`` / ``_bf16`` (gfx11: gfx1100, gfx1151; wave32): lane
+#: ``l`` holds row ``l & 15`` of A (column of B), all 16 k (lanes 16-31 repeat 0-15); D[m][n]
+#: in lane ``n + 16 * (m % 2)``, element ``m // 2`` (AMD's RDNA 3 ISA, "Wave Matrix Multiply
+#: Accumulate", and GPUOpen's "How to accelerate AI applications on RDNA 3 using WMMA")
+WMMA_16X16X16 = MatrixOp("wmma.f32.16x16x16", 32, 16, 16, 4, 1, tuple(range(0, 16, 2)), 15,
+                         1, (0,) * 8)
+
+
 # ---- capability and tiling ------------------------------------------------------------------
 
 def has_mma(caps) -> bool:
@@ -178,16 +255,33 @@ def has_mma(caps) -> bool:
     return bool(sms) and max(sms) >= 80 and getattr(caps, "subgroup_size", None) == WARP
 
 
+def matrix_op(caps) -> MatrixOp | None:
+    """The matrix instruction the GEMM uses on a target, None where it has none:
+    :data:`MMA_SYNC` where :func:`has_mma`; :data:`MFMA_16X16X16` for an ``mfma`` feature
+    with 64-lane subgroups (AMD CDNA); :data:`WMMA_16X16X16` for a ``wmma`` feature with
+    32-lane subgroups (AMD RDNA 3)."""
+    if has_mma(caps):
+        return MMA_SYNC
+    feats = getattr(caps, "features", None) or ()
+    sub = getattr(caps, "subgroup_size", None)
+    if "mfma" in feats and sub == MFMA_16X16X16.wave:
+        return MFMA_16X16X16
+    if "wmma" in feats and sub == WMMA_16X16X16.wave:
+        return WMMA_16X16X16
+    return None
+
+
 @dataclass(frozen=True)
 class Tiling:
-    """Block tile ``BM x BN`` of y, ``WM x WN`` warps each owning ``mt x nt`` mma tiles, K
-    advancing ``BK`` at a time."""
+    """Block tile ``BM x BN`` of y, ``WM x WN`` subgroups (warps, wavefronts) each owning
+    ``mt x nt`` tiles of the matrix instruction ``op``, K advancing ``BK`` at a time."""
 
     BM: int
     BN: int
     WM: int
     WN: int
     BK: int = 32
+    op: MatrixOp = MMA_SYNC
 
     @property
     def LDS(self) -> int:
@@ -196,7 +290,7 @@ class Tiling:
 
     @property
     def T(self) -> int:
-        return self.WM * self.WN * WARP
+        return self.WM * self.WN * self.op.wave
 
     @property
     def WTM(self) -> int:
@@ -212,7 +306,7 @@ class Tiling:
 
     @property
     def nt(self) -> int:
-        return self.WTN // 8
+        return self.WTN // self.op.n
 
     @property
     def smem_bytes(self) -> int:
@@ -223,13 +317,20 @@ class Tiling:
 WARPS = {16: (1, 4), 32: (1, 4), 64: (2, 2), 128: (4, 2)}
 
 
+def tiling(BM: int, BN: int, BK: int = 32, op: MatrixOp = MMA_SYNC) -> Tiling:
+    """The ``BM x BN`` tile of :data:`WARPS`' subgroups, fewer columns of them where the
+    instruction's tiles are wider than a subgroup's share (16-column AMD tiles, BN 32)."""
+    WM, WN = WARPS[BM]
+    return Tiling(BM, BN, WM, min(WN, max(1, BN // op.n)), BK, op)
+
+
 def choose_tiling(M: int, N: int, K: int, cores: int, max_shared: int = 48 * 1024,
-                  packed: bool = False) -> Tiling:
+                  packed: bool = False, op: MatrixOp = MMA_SYNC) -> Tiling:
     """BM: the smallest of 16/32/64/128 holding M (128 beyond); BN: 32 for a narrow weight
     (N <= 32), else 128 where 128-column tiles give half the compute units a block (or BM >
     32), else 64, halved until the tiles fit in ``max_shared`` bytes; BK: the largest of
     :data:`BKS` that fits (and divides K for a packed weight): more bytes in flight per
-    thread while the mma's run. Warps: 1 x 4 for BM <= 32,
+    thread while the mma's run. Warps (:func:`tiling`): 1 x 4 for BM <= 32,
     2 x 2 for 64, 4 x 2 for 128 (warp tiles 16-32 rows x 8-64 columns). The grid's size is
     split-K's business (:func:`choose_split`), not the tile's. Measured on an H200 (bf16, M =
     32, every BN x BK x split; ``bench/gpu_run/gemm_check.py``, raw/issue22/gemm_sweep.json):
@@ -238,22 +339,21 @@ def choose_tiling(M: int, N: int, K: int, cores: int, max_shared: int = 48 * 102
     128 columns (x is re-read by every column tile: the 128256-column LM head at M = 32 went
     147 -> 190 us with 64)."""
     BM = next((b for b in (16, 32, 64) if M <= b), 128)
-    WM, WN = WARPS[BM]
     BN = 32 if N <= 32 else 128 if BM > 32 or 2 * -(-N // 128) * -(-M // BM) >= cores \
         else 64
-    while BN > 32 and Tiling(BM, BN, WM, WN).smem_bytes > max_shared:
+    while BN > 32 and tiling(BM, BN, op=op).smem_bytes > max_shared:
         BN //= 2
-    return with_bk(Tiling(BM, BN, WM, WN), K, max_shared, packed)
+    return with_bk(tiling(BM, BN, op=op), K, max_shared, packed)
 
 
 def with_bk(t: Tiling, K: int, max_shared: int, packed: bool) -> Tiling:
     """``t`` with the largest K step of :data:`BKS` that fits (see :func:`choose_tiling`)."""
     for bk in BKS:
-        c = Tiling(t.BM, t.BN, t.WM, t.WN, bk)
+        c = replace(t, BK=bk)
         if c.smem_bytes <= max_shared and (not packed or K % bk == 0) and \
                 (bk == 32 or bk <= K):
             return c
-    return Tiling(t.BM, t.BN, t.WM, t.WN, 32)
+    return replace(t, BK=32)
 
 
 def choose_split(t: Tiling, M: int, N: int, K: int, cores: int) -> int:
@@ -306,6 +406,7 @@ class _GemmKernel:
     def __init__(self, m: GemvMatch, t: Tiling, emulate: bool, fn: ir.Operation,
                  split: int = 1):
         self.m, self.t, self.emulate, self.fn, self.S = m, t, emulate, fn, split
+        self.nv = t.op is MMA_SYNC                  # ldmatrix + mma.sync, NVVM conversions
         self.e = _Emit()
         w = m.weight
         self.bf16 = w.layout == "nk" and w.dtype is DType.BF16
@@ -418,8 +519,9 @@ class _GemmKernel:
         """8 f32 values rounded to the mma input type into ``smem[buf, row, col:col+8]``
         (zeros where ``valid`` is false). On CUDA pairs round with one ``cvt.rn.bf16x2.f32``
         / ``cvt.rn.f16x2.f32`` each (``nvvm.convert.f32x2.to.*``; round to nearest even, as
-        :meth:`half_bits`) and the chunk is one 16-byte store."""
-        if not self.vec:
+        :meth:`half_bits`) and the chunk is one 16-byte store; elsewhere each rounds with
+        :meth:`half_bits`."""
+        if not self.vec or not self.nv:
             zero = self.c(0, "i16")
             hs = [self.half_bits(x) for x in vals]
             if valid is not None:
@@ -659,6 +761,9 @@ class _GemmKernel:
             if self.emulate:
                 accs = self._emulated(cur, ks, accs)
                 continue
+            if not self.nv:
+                accs = self._amd(cur, ks, accs)
+                continue
             A = []
             for i in range(t.mt):
                 col = self.add(self.a_col, ks * 16)
@@ -703,27 +808,64 @@ class _GemmKernel:
                     f"({opnd}, {opnd}, f32) -> {st}")
         return [self.op(f"llvm.extractvalue {d}[{i}] : {st}") for i in range(4)]
 
+    def _amd(self, cur: str, ks: int, accs: list) -> list:
+        """One mma k-step on AMD: each lane's A row and B column run (``ka`` consecutive k,
+        :meth:`MatrixOp.ab_fragment`) as one vector load of workgroup memory, then
+        ``v_mfma_f32_16x16x16_{f16,bf16}`` (4 accumulators) or
+        ``v_wmma_f32_16x16x16_{f16,bf16}`` (8)."""
+        t, op = self.t, self.t.op
+        ity = f"vector<{op.ka}xi16>"
+        fty = ity if self.bf16 else f"vector<{op.ka}xf16>"   # (the bf16 forms take i16)
+        col = self.add(self.ab_k, ks * 16)
+
+        def frag(smem, st, r):
+            v = self.op(f"vector.load {smem}[{cur}, {r}, {col}] "
+                        f"{{alignment = {min(16, 2 * op.ka)} : i64}} : {st}, {ity}")
+            return v if self.bf16 else self.op(f"vector.bitcast {v} : {ity} to {fty}")
+        A = [frag("%sa", self.sa_t, r) for r in self.ab_rows_a]
+        B = [frag("%sb", self.sb_t, r) for r in self.ab_rows_b]
+        n = op.accs
+        cty = f"vector<{n}xf32>"
+        if op is MFMA_16X16X16:
+            name = "mfma.f32.16x16x16bf16.1k" if self.bf16 else "mfma.f32.16x16x16f16"
+            z = self.c(0, "i32")                    # cbsz, abid, blgp: no broadcast
+            imm, itys = f", {z}, {z}, {z}", ", i32, i32, i32"
+        else:
+            name = "wmma.f32.16x16x16." + ("bf16" if self.bf16 else "f16")
+            imm, itys = "", ""
+        out = []
+        for i in range(t.mt):
+            out.append([])
+            for j in range(t.nt):
+                c = self.op(f"vector.from_elements {', '.join(accs[i][j])} : {cty}")
+                d = self.op(f"rocdl.{name} {A[i]}, {B[j]}, {c}{imm} : "
+                            f"({fty}, {fty}, {cty}{itys}) -> {cty}")
+                out[-1].append([self.op(f"vector.extract {d}[{q}] : f32 from {cty}")
+                                for q in range(n)])
+        return out
+
     def _emulated(self, cur: str, ks: int, accs: list) -> list:
-        """mma.sync by hand: the lane's accumulators (rows g, g + 8; columns 2t, 2t + 1 of
-        each tile) as 16-term dot products of workgroup-memory rows."""
-        t, e = self.t, self.e
+        """The matrix instruction by hand: each of the lane's accumulators (:meth:`MatrixOp.
+        c_fragment`: its rows and columns of each tile) plus a 16-term dot product of the
+        A row and the B column read from workgroup memory."""
+        t, e, op = self.t, self.e, self.t.op
 
         def row(smem, st, r):
             return [self.half_to_f32(self.op(
                 f"memref.load {smem}[{cur}, {r}, {self.c(ks * 16 + k)}] : {st}"))
                 for k in range(16)]
-        A = [[row("%sa", self.sa_t, self.add(self.em_rows[i], 8 * hh)) for hh in (0, 1)]
+        A = [{o: row("%sa", self.sa_t, self.add(self.em_rows[i], o)) for o in set(op.row_off)}
              for i in range(t.mt)]
-        B = [[row("%sb", self.sb_t, self.add(self.em_cols[j], hh)) for hh in (0, 1)]
+        B = [{o: row("%sb", self.sb_t, self.add(self.em_cols[j], o)) for o in set(op.col_off)}
              for j in range(t.nt)]
         out = []
         for i in range(t.mt):
             out.append([])
             for j in range(t.nt):
                 new = []
-                for q in range(4):
+                for q in range(op.accs):
                     acc = accs[i][j][q]
-                    for a, b in zip(A[i][q >> 1], B[j][q & 1]):
+                    for a, b in zip(A[i][op.row_off[q]], B[j][op.col_off[q]]):
                         acc = e.fma(a, b, acc)
                     new.append(acc)
                 out[-1].append(new)
@@ -756,31 +898,40 @@ class _GemmKernel:
         self.tid = e.op("gpu.thread_id x")
         bx = e.op("gpu.block_id x")
         by = e.op("gpu.block_id y")
-        warp = e.op(f"arith.divui {self.tid}, {self.c(WARP)} : index")
-        lane = e.op(f"arith.remui {self.tid}, {self.c(WARP)} : index")
+        op = t.op
+        warp = e.op(f"arith.divui {self.tid}, {self.c(op.wave)} : index")
+        lane = e.op(f"arith.remui {self.tid}, {self.c(op.wave)} : index")
         wm = e.op(f"arith.divui {warp}, {self.c(t.WN)} : index")
         wn = e.op(f"arith.remui {warp}, {self.c(t.WN)} : index")
         self.m0 = self.mul(by, t.BM)
         self.n0 = self.mul(bx, t.BN)
-        g = e.op(f"arith.shrui {lane}, {self.c(2)} : index")
-        tq = e.op(f"arith.andi {lane}, {self.c(3)} : index")
         wrow = self.mul(wm, t.WTM)                  # the warp's tile in the block
         wcol = self.mul(wn, t.WTN)
-        # ldmatrix row addresses (a_ldmatrix_row, b_ldmatrix_row) / emulated fragment rows
         lo4 = e.op(f"arith.andi {lane}, {self.c(15)} : index")
-        self.a_col = self.mul(e.op(f"arith.shrui {lane}, {self.c(4)} : index"), 8)
-        self.a_rows = [self.add(self.add(wrow, i * 16), lo4) for i in range(t.mt)]
-        bn = self.add(e.op(f"arith.andi {lane}, {self.c(7)} : index"),
-                      self.mul(e.op(f"arith.shrui {lane}, {self.c(4)} : index"), 8))
-        self.b_col = self.mul(e.op(f"arith.andi {e.op(f'arith.shrui {lane}, {self.c(3)} : index')}"
-                                   f", {self.c(1)} : index"), 8)
-        self.b_rows = [self.add(self.add(wcol, jj * 16), bn) for jj in range(t.nt // 2)]
-        if t.nt % 2:
-            self.b_rows.append(self.add(self.add(wcol, (t.nt - 1) * 8),
-                                        e.op(f"arith.andi {lane}, {self.c(7)} : index")))
-        self.em_rows = [self.add(self.add(wrow, i * 16), g) for i in range(t.mt)]
-        t2 = self.mul(tq, 2)
-        self.em_cols = [self.add(self.add(wcol, j * 8), t2) for j in range(t.nt)]
+        hi = e.op(f"arith.shrui {lane}, {self.c(4)} : index")
+        if self.nv and not self.emulate:
+            # ldmatrix row addresses (a_ldmatrix_row, b_ldmatrix_row)
+            self.a_col = self.mul(hi, 8)
+            self.a_rows = [self.add(self.add(wrow, i * 16), lo4) for i in range(t.mt)]
+            bn = self.add(e.op(f"arith.andi {lane}, {self.c(7)} : index"), self.mul(hi, 8))
+            self.b_col = self.mul(e.op(
+                f"arith.andi {e.op(f'arith.shrui {lane}, {self.c(3)} : index')}"
+                f", {self.c(1)} : index"), 8)
+            self.b_rows = [self.add(self.add(wcol, jj * 16), bn) for jj in range(t.nt // 2)]
+            if t.nt % 2:
+                self.b_rows.append(self.add(self.add(wcol, (t.nt - 1) * 8),
+                                            e.op(f"arith.andi {lane}, {self.c(7)} : index")))
+        elif not self.emulate:
+            # AMD operand runs (MatrixOp.ab_fragment): row / column lane & 15, k from
+            # ((lane >> 4) * ka) % 16
+            self.ab_k = self.mul(hi, op.ka) if op.ka < 16 else self.c(0)
+            self.ab_rows_a = [self.add(self.add(wrow, i * 16), lo4) for i in range(t.mt)]
+            self.ab_rows_b = [self.add(self.add(wcol, j * op.n), lo4) for j in range(t.nt)]
+        # the lane's accumulator rows and columns (MatrixOp.c_fragment), less row_off/col_off
+        rb = self.mul(e.op(f"arith.shrui {lane}, {self.c(op.row_shift)} : index"), op.row_mul)
+        cb = self.mul(e.op(f"arith.andi {lane}, {self.c(op.col_mask)} : index"), op.col_mul)
+        self.em_rows = [self.add(self.add(wrow, i * 16), rb) for i in range(t.mt)]
+        self.em_cols = [self.add(self.add(wcol, j * op.n), cb) for j in range(t.nt)]
         self.prepare()
         # this block's K steps [first, end): all of them, or slice block_id.z of S
         if self.S > 1:
@@ -795,7 +946,7 @@ class _GemmKernel:
                          e.op(f"arith.andi {first}, {self.c(1)} : index"))
         e.raw("gpu.barrier")
         zero = self.c(0.0, "f32")
-        na = t.mt * t.nt * 4
+        na = t.mt * t.nt * op.accs
         names = [e.name() for _ in range(na)]
         res = e.name()
         f32s = ", ".join(["f32"] * na)
@@ -807,23 +958,24 @@ class _GemmKernel:
             kn = self.op(f"arith.minui {self.add('%kt', 1)}, {last} : index")
             raw = self.load_stage(kn)
             it = iter(names)
-            accs = [[[next(it) for _ in range(4)] for _ in range(t.nt)] for _ in range(t.mt)]
+            accs = [[[next(it) for _ in range(op.accs)] for _ in range(t.nt)]
+                    for _ in range(t.mt)]
             accs = self.fragments_and_mma(cur, accs)
             self.store_stage(raw, kn, nxt)
             e.raw("gpu.barrier")
             flat = [a for row in accs for col in row for a in col]
             e.raw(f"scf.yield {', '.join(flat)} : {f32s}")
         e.raw("}")
-        # the epilogue: accumulator q of tile (i, j) is y[row, col] (c_fragment); split-K
+        # the epilogue: accumulator q of tile (i, j) is y[row, col] (op.c_fragment); split-K
         # slices store it as partial [z, row, col] instead (the reduction kernel's input)
         x_reads = set(se.seen)                      # the arguments an expression x reads
         part0 = self.mul(bz, m.M * m.N) if self.S > 1 else None
         k = 0
         for i in range(t.mt):
             for j in range(t.nt):
-                for q in range(4):
-                    row = self.add(self.add(self.m0, self.em_rows[i]), 8 * (q >> 1))
-                    col = self.add(self.add(self.n0, self.em_cols[j]), q & 1)
+                for q in range(op.accs):
+                    row = self.add(self.add(self.m0, self.em_rows[i]), op.row_off[q])
+                    col = self.add(self.add(self.n0, self.em_cols[j]), op.col_off[q])
                     conds = []
                     if m.M % t.BM:
                         conds.append(self.op(f"arith.cmpi ult, {row}, {self.c(m.M)} : index"))
@@ -941,8 +1093,10 @@ def _x_without_reductions(fn: ir.Operation) -> bool:
 @register("gemm")
 def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     """Prefill GEMM regions (see the module doc); None for anything else."""
-    emulate = EMULATE_MMA and not has_mma(caps)
-    if not (has_mma(caps) or emulate) or not _x_without_reductions(fn):
+    op = matrix_op(caps)
+    emulate = op is None and EMULATE_MMA is not None
+    op = EMULATE_MMA if emulate else op
+    if op is None or not _x_without_reductions(fn):
         return None
     m = match(fn, gemv_only=False)
     if m is None or m.prologue:
@@ -955,10 +1109,10 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     shared = getattr(caps, "max_shared_bytes", 0) or 0
     packed = w.layout == "packed"
     t = choose_tiling(m.M, m.N, m.K, max(1, int(getattr(caps, "cores", 1) or 1)), shared,
-                      packed)
+                      packed, op)
     if FORCE_TILING is not None:
         BM, BN, BK = FORCE_TILING
-        t = Tiling(BM, BN, *WARPS[BM], BK)
+        t = tiling(BM, BN, BK, op)
         if packed and m.K % BK:
             return None
     if t.smem_bytes > shared:
@@ -981,6 +1135,7 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
 
 
 __all__ = ["BKS", "EMULATE_MMA", "FORCE_SPLIT", "FORCE_TILING", "MAX_SPLIT", "MAX_SPLIT_SCRATCH",
-           "PAD", "REDUCE_T", "SPLIT_BLOCKS_PER_CORE", "SPLIT_MIN_STEPS", "WARPS", "Tiling",
-           "a_fragment", "a_ldmatrix_row", "b_fragment", "b_ldmatrix_row", "c_fragment",
-           "choose_split", "choose_tiling", "error_bound", "gemm", "has_mma", "with_bk"]
+           "MFMA_16X16X16", "MMA_SYNC", "PAD", "REDUCE_T", "SPLIT_BLOCKS_PER_CORE",
+           "SPLIT_MIN_STEPS", "WARPS", "WMMA_16X16X16", "MatrixOp", "Tiling", "a_fragment",
+           "a_ldmatrix_row", "b_fragment", "b_ldmatrix_row", "c_fragment", "choose_split",
+           "choose_tiling", "error_bound", "gemm", "has_mma", "matrix_op", "tiling", "with_bk"]

@@ -1324,7 +1324,7 @@ def gemm_defers(fn: ir.Operation, m: GemvMatch, caps) -> bool:
     each matmul."""
     from poot.backends.gpu.strategies import gemm as G   # (it imports this module)
 
-    if not gemm_rows(m) or not (G.has_mma(caps) or G.EMULATE_MMA):
+    if not gemm_rows(m) or (G.matrix_op(caps) is None and G.EMULATE_MMA is None):
         return False
     if dense16(m) and (m.prologue or len(m.weights) > 1):
         return True
