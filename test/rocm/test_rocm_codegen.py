@@ -224,9 +224,9 @@ def test_lit_tests_spell_the_codegen_pipeline():
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_rocm_targets_never_choose_nvidia_only_strategies(arch):
-    """No ROCm target has mma.sync (the tensor-core GEMM) or the sm_90 features (vector
-    ``ld.global.nc`` loads, grid dependency control): planning takes the scalar/subgroup
-    strategies. MFMA/WMMA strategies are not built."""
+    """No ROCm target has mma.sync or the sm_90 features (vector ``ld.global.nc`` loads,
+    grid dependency control); the prefill GEMM takes MFMA / WMMA instead
+    (test/gpu/test_gpu_gemm_matrix_ops.py)."""
     from poot.backends.gpu.strategies.gemm import has_mma
     from poot.backends.rocm.target import rocm_target
 
@@ -247,5 +247,7 @@ def test_registry_names_the_rocm_code_generator_and_device_target():
     assert hook(reg.codegen) is codegen and reg.shared_gpu and reg.target_from_device
     assert reg.open_device == "poot.backends.rocm.runtime:open_device"
     t = target_for("rocm", device_caps={"arch": "gfx1100", "features": ["gfx1100"]})
-    assert t.caps.features == {"gfx1100", "workgroup_view"} and t.caps.subgroup_size == 32
-    assert target_for("rocm", device_caps={}).caps.features == {"gfx942", "workgroup_view"}
+    assert t.caps.features == {"gfx1100", "workgroup_view", "wmma"} and \
+        t.caps.subgroup_size == 32
+    assert target_for("rocm", device_caps={}).caps.features == {"gfx942", "workgroup_view",
+                                                                 "mfma"}

@@ -25,9 +25,12 @@ serialize; see ``docs/toolchain.md``):
    shared ELF). Kernel ``K``'s descriptor is the symbol ``K.kd``.
 
 What planning gives the kernels: the target (:func:`~poot.backends.rocm.target.rocm_target`)
-names no NVIDIA feature, so no tensor-core GEMM (``mma.sync``) and no sm_90 vector loads are
-chosen; subgroup strategies use the arch's wavefront (64 on CDNA, 32 on RDNA). MFMA / WMMA
-strategies for the prefill GEMM are not built.
+names no NVIDIA feature (no ``mma.sync``, no sm_90 vector loads); subgroup strategies use the
+arch's wavefront (64 on CDNA, 32 on RDNA), and the prefill GEMM its matrix instruction
+(``v_mfma_f32_16x16x16_*`` on CDNA, ``v_wmma_f32_16x16x16_*`` on RDNA 3:
+:func:`poot.backends.gpu.strategies.gemm.matrix_op`), emitted as ``rocdl`` ops that become
+LLVM's ``llvm.amdgcn.mfma.*`` / ``llvm.amdgcn.wmma.*`` intrinsics. :func:`isa` gives the
+assembly of a module, to read which instructions a kernel uses.
 """
 
 from __future__ import annotations
@@ -158,9 +161,9 @@ def ld_lld() -> str:
                            "install lld-19, or set POOT_LD_LLD)")
 
 
-def code_object(llir: str, arch: str, opt: int = 3) -> bytes:
-    """The HSACO of LLVM IR text ``llir`` for ``arch``: optimized at ``opt``, emitted by
-    llvmlite, linked by ``ld.lld -shared``. Raises :class:`RocmCodegenError`."""
+def _optimized(llir: str, arch: str, opt: int):
+    """(target machine, module): LLVM IR text ``llir`` parsed for ``arch``, optimized at
+    ``opt``."""
     llb = _llvm()
     mod = llb.parse_assembly(llir)
     mod.triple = TRIPLE
@@ -170,6 +173,21 @@ def code_object(llir: str, arch: str, opt: int = 3) -> bytes:
         pto = llb.create_pipeline_tuning_options(speed_level=opt)
         pb = llb.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
+    return tm, mod
+
+
+def isa(llir: str, arch: str, opt: int = 3) -> str:
+    """The AMDGCN assembly of LLVM IR text ``llir`` for ``arch`` (what :func:`code_object`
+    assembles, from the same optimization), for reading which instructions a kernel uses:
+    e.g. ``v_mfma_f32_16x16x16_f16`` or ``v_wmma_f32_16x16x16_bf16`` in a prefill GEMM."""
+    tm, mod = _optimized(llir, arch, opt)
+    return tm.emit_assembly(mod)
+
+
+def code_object(llir: str, arch: str, opt: int = 3) -> bytes:
+    """The HSACO of LLVM IR text ``llir`` for ``arch``: optimized at ``opt``, emitted by
+    llvmlite, linked by ``ld.lld -shared``. Raises :class:`RocmCodegenError`."""
+    tm, mod = _optimized(llir, arch, opt)
     obj = tm.emit_object(mod)
     with tempfile.TemporaryDirectory() as d:
         src, dst = os.path.join(d, "k.o"), os.path.join(d, "k.hsaco")
@@ -305,6 +323,6 @@ def codegen(program, options=None, progress=None) -> RocmArtifact:
     return compile_program(program, progress=progress)
 
 
-__all__ = ["RocmCodegenError", "code_object", "codegen", "compile_program", "kernel_info",
+__all__ = ["RocmCodegenError", "code_object", "codegen", "compile_program", "isa", "kernel_info",
            "ld_lld", "link_device_library", "lower_to_llvm_ir", "rocdl_pipeline",
            "same_wave_archs", "target_arch"]

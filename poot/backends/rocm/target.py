@@ -16,6 +16,8 @@ ARCHS: dict[str, tuple[int, int, int]] = {
     "gfx1151": (32, 40, 64 * 1024),
 }
 DEFAULT_ARCH = "gfx942"
+#: the matrix-instruction feature of each wavefront size's archs (CDNA: MFMA; RDNA 3: WMMA)
+MATRIX = {64: "mfma", 32: "wmma"}
 
 
 class UnknownArch(PootError):
@@ -26,10 +28,13 @@ def rocm_target(arch: str = DEFAULT_ARCH):
     """The :class:`~poot.compiler.target.Target` of AMD GPU ``arch`` (a key of :data:`ARCHS`;
     a feature suffix such as ``gfx942:sramecc+:xnack-`` is dropped): f32/f16/bf16 storage,
     f32 compute, every packed format decoded in registers, the wavefront size as the subgroup
-    size, 64 KiB of LDS. Its features name the arch and ``workgroup_view`` (the LLVM lowering
-    takes views of workgroup memory). No NVIDIA feature is named, so planning never picks the
-    tensor-core (``mma.sync``) GEMM or the sm_90 vector loads: MFMA/WMMA strategies are not
-    built, and matmuls take the scalar and subgroup strategies.
+    size, 64 KiB of LDS. Its features name the arch, ``workgroup_view`` (the LLVM lowering
+    takes views of workgroup memory) and the arch's matrix instructions: ``mfma`` on CDNA
+    (gfx90a, gfx942: ``v_mfma_f32_16x16x16_{f16,bf16}``), ``wmma`` on RDNA 3 (gfx1100,
+    gfx1151: ``v_wmma_f32_16x16x16_{f16,bf16}``), which the prefill GEMM uses
+    (:func:`poot.backends.gpu.strategies.gemm.matrix_op`). Both archs of one wavefront size
+    have the same one, so one plan serves both. No NVIDIA feature is named: no ``mma.sync``,
+    no sm_90 vector loads.
 
     Raises :class:`UnknownArch` naming the known archs."""
     from poot.compiler.target import Capabilities, Target
@@ -41,7 +46,8 @@ def rocm_target(arch: str = DEFAULT_ARCH):
     wave, cus, lds = ARCHS[arch]
     return Target("rocm", Capabilities(packed_formats=frozenset(BY_NAME), cores=cus,
                                        subgroup_size=wave, max_shared_bytes=lds,
-                                       features=frozenset({arch, "workgroup_view"})))
+                                       features=frozenset({arch, "workgroup_view",
+                                                           MATRIX[wave]})))
 
 
 def target(device):
