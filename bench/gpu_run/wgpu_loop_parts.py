@@ -4,13 +4,17 @@ seconds inside ``WgpuDevice`` replay (encode), submit (``_flush``), readback wai
 poll) and the rest, plus how many reads fell back to waiting for every submission
 (``_Native.full_polls``). Issue 21: the same build measured 0.26-0.50x CUDA from run to run.
 
-    python3 bench/gpu_run/wgpu_loop_parts.py OUT.json CACHE_DIR [--runs 6]
+    python3 bench/gpu_run/wgpu_loop_parts.py OUT.json CACHE_DIR [--runs 6] [--gc on|freeze|off]
+
+``--gc``: Python's cyclic garbage collector left on (default), its objects from loading
+frozen (``gc.freeze()`` after the warm-up: collections then skip them), or disabled.
 
 Runs on the GPU machine from a compile cache built here (bench/gpu_run/README.md, issue 21).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -51,12 +55,19 @@ def main() -> int:
     drv.complete(list(range(1, 33)), SamplingParams(temperature=0, max_tokens=8,
                                                    ignore_eos=True))
     native = h.runner.engine.device._native()
+    mode = sys.argv[sys.argv.index("--gc") + 1] if "--gc" in sys.argv else "on"
+    if mode == "freeze":
+        gc.collect()
+        gc.freeze()
+    elif mode == "off":
+        gc.disable()
     report = {"runs": []}
     for i in range(runs):
         for d in (spent, counts):
             for k in d:
                 d[k] = 0
         full0 = native.full_polls if native else 0
+        gc0 = [g["collections"] for g in gc.get_stats()]
         t0 = time.perf_counter()
         res = drv.complete(list(range(1, 33)), params)
         wall = time.perf_counter() - t0
@@ -65,7 +76,8 @@ def main() -> int:
                "ttft_s": round(st.ttft_s, 4),
                "us_per_token": {k: round(v / 128 * 1e6, 1) for k, v in spent.items()},
                "calls": dict(counts),
-               "full_polls": (native.full_polls - full0) if native else None}
+               "full_polls": (native.full_polls - full0) if native else None,
+               "gc": mode, "collections": [g["collections"] - c for g, c in zip(gc.get_stats(), gc0)]}
         row["us_per_token"]["other"] = round(wall / 128 * 1e6 - spent["replay"] / 128 * 1e6
                                              - spent["wait"] / 128 * 1e6, 1)
         print(json.dumps(row), flush=True)
