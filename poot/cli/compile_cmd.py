@@ -3,12 +3,13 @@
     poot compile [--model MODEL | --config CONFIG.json --random-weights [--dtype bf16]]
                  [--backend cuda] [--kv-capacity N] [--prefill-chunk N]
                  [--max-batch N] [--batch B ...] [--temperature T --top-p P --top-k K]
-                 [--cache-dir DIR] [--device-caps CAPS.json]
+                 [--cache-dir DIR] [--device-caps CAPS.json] [--serve]
 
 Compiles the steps that ``poot generate`` / ``poot bench`` with the same model, backend,
 ``--kv-capacity``, ``--max-batch`` and ``--kv-blocks`` run (the prefill chunk, the decode step
 of every batch bucket up to ``--max-batch`` (or of the ``--batch`` sizes given) and its greedy
-sampler; with sampling options also the sampler of such requests) into the compile cache (``--cache-dir``, else
+sampler; with sampling options also the sampler of such requests; with ``--serve`` the samplers
+``poot serve`` warms) into the compile cache (``--cache-dir``, else
 ``$POOT_CACHE_DIR``, else ``~/.cache/poot``), with an index that finds each program without
 tracing. A machine without MLIR (the GPU machine) runs them from a copy of that directory:
 ``POOT_CACHE_DIR=<copy> poot bench --backend cuda ...``. Opens no device: a Vulkan or wgpu
@@ -80,6 +81,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, action="append", default=None, metavar="B",
                    help="compile the decode step of batch B only (repeatable; default: every "
                         "bucket up to --max-batch)")
+    p.add_argument("--serve", action="store_true",
+                   help="also compile the samplers 'poot serve' warms for every bucket (the "
+                        "full sampler, and with log-probs and guided decoding), so that "
+                        "'poot serve' with the same options starts from the cache")
     p.set_defaults(func=run)
 
 
@@ -136,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if sampler_spec_for([params]) != GREEDY:
         samplers.append(sampler_spec_for([params]))
+    if args.serve:
+        from poot.cli.serve_cmd import serve_samplers
+
+        samplers += list(serve_samplers())
     max_batch = args.max_batch or max(args.batch or [
         DEFAULT_MAX_BATCH[args.backend]])
     with Reporter(quiet=args.quiet, history=history_file(args.cache_dir)) as report:

@@ -164,6 +164,18 @@ def load_options(args) -> dict:
     return opts
 
 
+def serve_samplers() -> tuple:
+    """The sampler specs ``poot serve`` warms for every decode bucket: the full sampler
+    (temperature, top-k/p, min-p, penalties, logit bias: it also serves greedy rows) and the
+    same with the widest log-probs and guided decoding's token mask (any request). ``poot
+    compile --serve`` compiles these, so that a machine without MLIR serves from the cache."""
+    from dataclasses import replace
+
+    from poot.graph.sampling import FULL, LOGPROB_WIDTHS
+
+    return (FULL, replace(FULL, logprobs=max(LOGPROB_WIDTHS), guided=True))
+
+
 def load_and_warm(options: dict, warm_up: bool = True, progress=None):
     """Load the model (``ModelHandle.load(**options)``) and, with ``warm_up``, compile (or
     load from the compile cache) every decode bucket with the greedy and full samplers and
@@ -171,11 +183,8 @@ def load_and_warm(options: dict, warm_up: bool = True, progress=None):
     that no request waits on a compile. With ``options["pooled"]`` set (``embed`` /
     ``score``, :func:`poot.embed.pooled_task`): a :class:`~poot.embed.PoolingModel`
     instead, warmed for every batch and token bucket."""
-    from dataclasses import replace
-
     from poot.api import DEFAULT_MAX_BATCH, ModelHandle
     from poot.engine.runner import decode_buckets
-    from poot.graph.sampling import FULL, LOGPROB_WIDTHS
 
     opts = dict(options)
     if opts.pop("pooled", None):
@@ -187,7 +196,7 @@ def load_and_warm(options: dict, warm_up: bool = True, progress=None):
         if warm_up:                  # every bucket: no request waits on a compile
             pm.runner.warm_up(pm.runner.batch_buckets, pm.runner.tok_buckets)
         return pm
-    specs = (FULL, replace(FULL, logprobs=max(LOGPROB_WIDTHS), guided=True))
+    specs = serve_samplers()
     buckets = decode_buckets(opts.get("max_batch") or DEFAULT_MAX_BATCH[opts["backend"]])
     handle = ModelHandle.load(opts.pop("path"), progress=progress,
                               warm_samplers=specs if warm_up else (),
