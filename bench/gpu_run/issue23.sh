@@ -37,16 +37,7 @@ mkdir -p "$OUT/logs"
 [ -d /tmp/i23cache ] || cp -r .cache/i23b /tmp/i23cache
 export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR=/tmp/i23cache
 PY=python3
-FAILED=()
-step() {  # step NAME SECONDS CMD...
-  local name=$1 limit=$2; shift 2
-  local t=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name" 2> "$OUT/logs/$name.log"
-  local rc=$?
-  tail -n 3 "$OUT/logs/$name.log" >&2
-  [ $rc -ne 0 ] && FAILED+=("$name:$rc")
-  echo "   $name: exit $rc in $(( $(date +%s) - t ))s" >&2
-}
+. bench/gpu_run/step.sh
 for s in $SHAPES; do
   cfg="--config bench/shapes/$s.json $COMMON"
   step same_tokens_$s.json 300 $PY bench/gpu_run/pipeline_tokens.py bench/shapes/$s.json \

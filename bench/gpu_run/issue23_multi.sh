@@ -18,16 +18,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR=/tmp/i23cache
 export NCCL_NVLS_ENABLE=0      # nothing here uses NCCL or multicast; kept off regardless
 PY=python3
 nvidia-smi --query-gpu=index,name,memory.total --format=csv
-FAILED=()
-step() {  # step NAME SECONDS CMD...
-  local name=$1 limit=$2; shift 2
-  local t=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name" 2> "$OUT/logs/$name.log"
-  local rc=$?
-  tail -n 3 "$OUT/logs/$name.log" >&2
-  [ $rc -ne 0 ] && FAILED+=("$name:$rc")
-  echo "   $name: exit $rc in $(( $(date +%s) - t ))s" >&2
-}
+. bench/gpu_run/step.sh
 COMMON="--random-weights --dtype bf16 --backend cuda --kv-capacity 512 --max-batch 64"
 for s in smollm2-135m llama-3-8b; do
   step same_tokens_$s.json 300 $PY bench/gpu_run/pipeline_tokens.py bench/shapes/$s.json \
