@@ -155,12 +155,10 @@ ISA = {"gfx90a": ("v_mfma_f32_16x16x16f16", "v_mfma_f32_16x16x16bf16_1k"),
 
 
 def _rocm_tools():
-    from poot.backends.rocm.codegen import RocmCodegenError, _llvm, ld_lld
+    from poot.backends.rocm.codegen import tools_missing
 
-    try:
-        _llvm(), ld_lld()
-    except RocmCodegenError as e:
-        pytest.skip(f"ROCm code generation tools: {e}")
+    if tools_missing() is not None:
+        pytest.skip(f"ROCm code generation tools: {tools_missing()}")
 
 
 @pytest.mark.parametrize("arch", sorted(ISA))

@@ -25,18 +25,11 @@ elftools = pytest.importorskip("elftools", reason="pyelftools reads the code obj
 msgpack = pytest.importorskip("msgpack", reason="msgpack decodes AMDGPU metadata")
 
 
-def _tools_missing() -> str | None:
-    from poot.backends.rocm.codegen import RocmCodegenError, _llvm, ld_lld
+from poot.backends.rocm.codegen import tools_missing  # noqa: E402
 
-    try:
-        _llvm(), ld_lld()
-    except RocmCodegenError as e:
-        return str(e)
-    return None
-
-
-pytestmark = pytest.mark.skipif(_tools_missing() is not None,
-                                reason=f"ROCm code generation tools: {_tools_missing()}")
+_MISSING = tools_missing()
+pytestmark = pytest.mark.skipif(_MISSING is not None,
+                                reason=f"ROCm code generation tools: {_MISSING}")
 
 
 def _metadata(hsaco: bytes) -> tuple[dict, list]:

@@ -184,6 +184,16 @@ def isa(llir: str, arch: str, opt: int = 3) -> str:
     return tm.emit_assembly(mod)
 
 
+def tools_missing() -> str | None:
+    """Why ROCm code objects cannot be made here (llvmlite with the AMDGPU target, or
+    ``ld.lld``, missing: the message says what to install), or None when they can."""
+    try:
+        _llvm(), ld_lld()
+    except RocmCodegenError as e:
+        return str(e)
+    return None
+
+
 def code_object(llir: str, arch: str, opt: int = 3) -> bytes:
     """The HSACO of LLVM IR text ``llir`` for ``arch``: optimized at ``opt``, emitted by
     llvmlite, linked by ``ld.lld -shared``. Raises :class:`RocmCodegenError`."""
@@ -325,4 +335,4 @@ def codegen(program, options=None, progress=None) -> RocmArtifact:
 
 __all__ = ["RocmCodegenError", "code_object", "codegen", "compile_program", "isa", "kernel_info",
            "ld_lld", "link_device_library", "lower_to_llvm_ir", "rocdl_pipeline",
-           "same_wave_archs", "target_arch"]
+           "same_wave_archs", "target_arch", "tools_missing"]
