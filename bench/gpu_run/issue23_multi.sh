@@ -2,6 +2,7 @@
 # Issue 23 on a machine with 2 GPUs (nvidia-h200-x2): what the one-GPU runs cannot show.
 # Built here first:  bash bench/gpu_run/issue23.sh build   -> .cache/i23b
 # then one call on nvidia-h200-x2, carry [".cache/i23b"]:  bash bench/gpu_run/issue23_multi.sh
+# (or two calls, each within the 10-minute call limit: ... small, then ... big)
 #
 # Out: same_tokens_{smollm2-135m,llama-3-8b}.json (one GPU vs stages on GPUs 0 and 1),
 # bench_llama-3-8b_pp{1,2}.json (B = 1 decode tok/s; target pp2 >= 0.9x pp1),
@@ -20,6 +21,8 @@ PY=python3
 nvidia-smi --query-gpu=index,name,memory.total --format=csv
 . bench/gpu_run/step.sh
 COMMON="--random-weights --dtype bf16 --backend cuda --kv-capacity 512 --max-batch 64"
+PART="${1:-all}"
+if [ "$PART" != big ]; then
 for s in smollm2-135m llama-3-8b; do
   step same_tokens_$s.json 300 $PY bench/gpu_run/pipeline_tokens.py bench/shapes/$s.json \
       --backend cuda --stages 2 --kv-capacity 512 --max-batch 64 --max-tokens 64
@@ -33,6 +36,8 @@ for pp in 1 2; do
       --config bench/shapes/llama-3-8b.json $COMMON --pipeline-parallel $pp \
       --batch 64 --num-prompts 128 --max-tokens 128 --quiet
 done
+fi
+[ "$PART" != small ] && \
 step bench_llama-3-70b_pp2.json 400 $PY -m poot.cli bench \
     --config bench/shapes/llama-3-70b.json $COMMON --pipeline-parallel 2 \
     --max-tokens 64 --runs 2 --quiet
