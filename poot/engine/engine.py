@@ -141,8 +141,11 @@ class EngineConfig:
             issued one after another before any is read, each on its own entries
             (:meth:`~poot.engine.runner.ModelRunner.decode_entry` lanes), so the stages of
             a layer pipeline work on different micro-batches at once (stage 0 on micro-batch
-            k while stage 1 runs k - 1); decode steps are then not chained. None: the
-            device's pipeline stage count (1 without a pipeline).
+            k while stage 1 runs k - 1). Where the engine pipelines, the micro-batches
+            roll: each is issued again as soon as it is read, while the others are still
+            in flight, so the pipeline does not drain between decode steps (it drains to
+            admit, prefill, or when blocks run short). None: the device's pipeline stage
+            count (1 without a pipeline).
     """
 
     max_batch: int = 8
@@ -338,6 +341,7 @@ class LLMEngine:
         #: (benchmarks derive step rates from the intervals with no prefill in between)
         self.decode_log: deque[tuple[float, int, int]] = deque(maxlen=1 << 16)
         self._inflight = None            # (handle, seqs) of a decode step not yet collected
+        self._lanes: list | None = None  # micro-batches in flight: [(lane, (handle, seqs))]
         self._spec_cache: tuple = ((), None)   # (rows' ids, their SamplerSpec)
         self._guided = None                    # GuidedCompiler, made on first use
         self._masks: np.ndarray | None = None  # i32 [max_batch, mask words]
@@ -487,7 +491,8 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         with self._lock:
-            return bool(self._adds or self.waiting or self.running or self._inflight)
+            return bool(self._adds or self.waiting or self.running or self._inflight
+                        or self._lanes)
 
     # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -505,11 +510,18 @@ class LLMEngine:
                     self._inflight = nxt
                     return self._deliver(events)
                 events += self._finish_decode()
+            if self._lanes is not None:
+                if self._can_roll():
+                    events += self._roll_lanes()
+                    return self._deliver(events)
+                events += self._drain_lanes()
             self._admit()
             self._prefill()
             running = [s for s in self.running if s.status == "running"]
             if self.micro_batches > 1 and len(running) >= self.micro_batches:
-                events += self._micro_batched_decode(running)
+                self._issue_lanes(running)
+                if not self.pipelined:
+                    events += self._drain_lanes()
             elif running:
                 self._inflight = self._issue_decode(chained=False)
                 self._issue_sampler(self._inflight)
@@ -521,7 +533,7 @@ class LLMEngine:
                 events.append(self._finish(s, "error", error=f"{type(e).__name__}: {e}"))
             self.running.clear()
             self.waiting.clear()
-            self._inflight = None
+            self._inflight = self._lanes = None
             self._deliver(events)
             raise
         return self._deliver(events)
@@ -548,7 +560,7 @@ class LLMEngine:
             events.append(self._finish(seq, "abort"))
         for seq in [s for s in self.running if s.id in aborts]:
             seq.aborted = True
-            if self._inflight is None or seq not in self._inflight[1]:
+            if not self._in_flight(seq):
                 events.append(self._finish(seq, "abort"))
 
     # ---- admission and prefill ------------------------------------------------------------
@@ -646,28 +658,82 @@ class LLMEngine:
         self.running.remove(seq)
         self.waiting.appendleft(seq)
 
-    def _micro_batched_decode(self, running: list[_Seq]) -> list[RequestOutput]:
-        """One decode step as :attr:`micro_batches` micro-batches (EngineConfig): every
-        micro-batch's forward pass and sampler issued (lane k on its own entries) before
-        the first is read, then each read in order."""
+    def _in_flight(self, seq: _Seq) -> bool:
+        """Whether ``seq`` is a row of a decode step issued and not yet read."""
+        if self._inflight is not None and seq in self._inflight[1]:
+            return True
+        return any(seq in seqs for _, seqs in self._lanes or ())
+
+    def _issue_lanes(self, running: list[_Seq]) -> None:
+        """Issue one decode step as :attr:`micro_batches` micro-batches (EngineConfig):
+        every micro-batch's forward pass and sampler (lane k on its own entries), before any
+        is read; they stay in flight (:attr:`_lanes`) until :meth:`_roll_lanes` or
+        :meth:`_drain_lanes` reads them."""
         m = self.micro_batches
         size = -(-len(running) // m)
-        inflight = []
+        lanes = []
         for k in range(m):
             group = running[k * size:(k + 1) * size]
             if group:
                 inf = self._issue_decode(chained=False, seqs=group, lane=k)
-                self._issue_sampler(inf)
-                inflight.append(inf)
-        events: list[RequestOutput] = []
-        rows = 0
-        for inf in inflight:
-            if inf is not None:
-                events += self._finish_decode(inf, log=False)
-                rows += len(inf[1])
+                if inf is not None:
+                    self._issue_sampler(inf)
+                    lanes.append((k, inf))
+        self._lanes = lanes or None
+
+    def _read_lane(self, inf) -> list[RequestOutput]:
+        return self._finish_decode(inf, log=False)
+
+    def _log_lanes(self, rows: int) -> None:
         self.decode_log.append((time.perf_counter(), rows, self.runner.prefill_steps))
         self.max_decode_batch = max(self.max_decode_batch, rows)
         self.micro_batched_steps += 1
+
+    def _drain_lanes(self) -> list[RequestOutput]:
+        """Read every micro-batch in flight, in issue order; none is issued again."""
+        lanes, self._lanes = self._lanes or [], None
+        events: list[RequestOutput] = []
+        for _, inf in lanes:
+            events += self._read_lane(inf)
+        self._log_lanes(sum(len(inf[1]) for _, inf in lanes))
+        return events
+
+    def _can_roll(self) -> bool:
+        """Whether the micro-batches in flight can each be issued again as it is read: the
+        engine pipelines, nothing waits to be admitted or prefilled, no command is queued,
+        at least :attr:`micro_batches` rows, and free blocks for every row's next position
+        (so growing one micro-batch never preempts a row of another still in flight)."""
+        if not self.pipelined or not self._lanes:
+            return False
+        seqs = [s for _, (_, ss) in self._lanes for s in ss]
+        if len(seqs) < self.micro_batches or self._adds:
+            return False
+        if any(s.status != "running" for s in self.running):
+            return False
+        if self.waiting and len(self.running) < self.config.max_batch:
+            return False
+        need = sum(1 for s in seqs if s.status == "running"
+                   and self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
+        return need <= self.blocks.num_free()
+
+    def _roll_lanes(self) -> list[RequestOutput]:
+        """Read each micro-batch in issue order and issue its next step at once, while the
+        ones behind it are still in flight: stage 0 of a layer pipeline starts micro-batch
+        k's next step as soon as its token is back instead of after the whole step drained.
+        A micro-batch whose rows all finished is dropped."""
+        events: list[RequestOutput] = []
+        rows, lanes = 0, []
+        for k, inf in self._lanes:
+            events += self._read_lane(inf)
+            rows += len(inf[1])
+            group = [s for s in inf[1] if s.status == "running" and not s.aborted]
+            if group:
+                nxt = self._issue_decode(chained=False, seqs=group, lane=k)
+                if nxt is not None:
+                    self._issue_sampler(nxt)
+                    lanes.append((k, nxt))
+        self._lanes = lanes or None
+        self._log_lanes(rows)
         return events
 
     def _decode_batch(self, seqs: list[_Seq], chained: bool) -> DecodeBatch:
@@ -944,7 +1010,7 @@ class LLMEngine:
         while True:
             with self._lock:
                 while not self._stop and not (self._adds or self._aborts or self.waiting
-                                              or self.running or self._inflight
+                                              or self.running or self._inflight or self._lanes
                                               or self._calls):
                     self._wake.wait()
                 if self._stop:

@@ -170,6 +170,40 @@ def test_sampled_token_fed_back_to_the_first_stage():
     assert ("copy", 0, 1) in log
 
 
+def test_micro_batches_roll_without_draining_the_pipeline():
+    """With the engine pipelining on two stages, each micro-batch is issued again as soon as
+    it is read, before the micro-batch behind it is read (so stage 0 starts it while stage 1
+    still runs the other); rows that finish leave their micro-batch, and every request gets
+    its tokens alone."""
+    one = ModelHandle.load(fixture_path("llama"), kv_capacity=64, max_batch=4,
+                           prefill_chunk=8).engine
+    items = [([3, 4, 5], 9), ([6, 7], 4), ([8, 9, 10, 11], 9), ([12, 2], 6)]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in items]
+    want = [alone(one, p, sp) for (p, _), sp in zip(items, params)]
+    log: list = []
+    h = _load([OverlappingCpu(0, log), OverlappingCpu(1, log)], max_batch=4)
+    eng, runner = h.engine, h.runner
+    submit, collect = runner.submit_decode, runner.collect
+
+    def submit_logged(batch, spec, lane=0):
+        log.append(("issue", lane))
+        return submit(batch, spec, lane=lane)
+
+    def collect_logged(handle):
+        log.append(("read", handle))
+        return collect(handle)
+
+    runner.submit_decode, runner.collect = submit_logged, collect_logged
+    rids = [eng.add_request(p, sp) for (p, _), sp in zip(items, params)]
+    done = {o.request_id: o for o in eng.run_until_done() if o.finished}
+    assert [list(done[r].output_ids) for r in rids] == want
+    events = [e for e in log if e[0] in ("issue", "read")]
+    rolled = sum(1 for a, b, c in zip(events, events[1:], events[2:])
+                 if a[0] == "read" and b == ("issue", 0) and c[0] == "read"
+                 and c[1] is not a[1])
+    assert rolled >= 3, events          # lane 0 re-issued between two lanes' reads
+
+
 def test_rows_written_before_any_stage_binds_the_buffer():
     """A carried row written before any stage bound its buffer (a request's token history
     at admission) is kept on the host and lands on the device that binds it; buffer types may
