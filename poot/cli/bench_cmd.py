@@ -376,6 +376,8 @@ def run_batch(handle, args, batches: list[int]) -> dict:
             "e2e_tokens_per_s": total / wall, "decode_tokens_per_s": rate,
             "steady_intervals": steps, "pipelined": eng.pipelined,
             "micro_batches": eng.micro_batches,
+            "micro_batched_steps": eng.micro_batched_steps,
+            "chained_lane_steps": eng.chained_lane_steps,
             "ttft_p50_s": ttft[len(ttft) // 2], "ttft_max_s": ttft[-1],
             "decode_steps": len(eng.decode_log)}
     if args.sequential:

@@ -57,6 +57,7 @@ real tokens).
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 import time
@@ -342,15 +343,13 @@ class LLMEngine:
         self.decode_log: deque[tuple[float, int, int]] = deque(maxlen=1 << 16)
         self._inflight = None            # (handle, seqs) of a decode step not yet collected
         self._lanes: list | None = None  # micro-batches in flight: [(lane, (handle, seqs))]
-        self._spec_cache: tuple = ((), None)   # (rows' ids, their SamplerSpec)
+        self._spec_cache: dict = {}            # lane -> (rows' ids, their SamplerSpec)
         self._guided = None                    # GuidedCompiler, made on first use
         self._masks: np.ndarray | None = None  # i32 [max_batch, mask words]
         self.guided_masks = 0
         self.guided_mask_s = 0.0
         pipe = self.config.pipeline
         if pipe is None:
-            import os
-
             env = os.environ.get("POOT_PIPELINE", "").strip().lower()
             pipe = env not in ("0", "false", "off", "no") if env else \
                 bool(getattr(runner.engine, "overlaps", False))
@@ -363,6 +362,11 @@ class LLMEngine:
         self.micro_batches = mb
         #: decode steps issued as micro-batches
         self.micro_batched_steps = 0
+        #: micro-batch steps issued chained (before the lane's step in flight was read)
+        self.chained_lane_steps = 0
+        #: chain rolling micro-batches where they can be (``POOT_CHAIN_LANES=0``: re-issue
+        #: each only after reading it)
+        self.chain_lanes = os.environ.get("POOT_CHAIN_LANES", "1").strip() != "0"
 
     # ---- submission (any thread) ----------------------------------------------------------
     def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
@@ -716,16 +720,32 @@ class LLMEngine:
                    and self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
         return need <= self.blocks.num_free()
 
+    def _lane_can_chain(self, seqs: list[_Seq]) -> bool:
+        """Whether a micro-batch's next step can be issued before its step in flight is
+        read (its tokens fed on the device): no row aborted, none ends by length at the step
+        in flight (a stop token cannot be foreseen: its row's extra token is discarded)."""
+        return all(s.status == "running" and not s.aborted
+                   and s.generated + 1 < s.params.max_tokens for s in seqs)
+
     def _roll_lanes(self) -> list[RequestOutput]:
-        """Read each micro-batch in issue order and issue its next step at once, while the
-        ones behind it are still in flight: stage 0 of a layer pipeline starts micro-batch
-        k's next step as soon as its token is back instead of after the whole step drained.
-        A micro-batch whose rows all finished is dropped."""
+        """Take each micro-batch in issue order and issue its next step while the ones
+        behind it are still in flight: chained (issued before its step in flight is read, the
+        sampled tokens fed on the device, so stage 0 of a layer pipeline goes on without
+        waiting for the host) where :meth:`_lane_can_chain`, else right after reading it,
+        from the rows still running. A micro-batch whose rows all finished is dropped."""
         events: list[RequestOutput] = []
         rows, lanes = 0, []
         for k, inf in self._lanes:
-            events += self._read_lane(inf)
             rows += len(inf[1])
+            if self.chain_lanes and self._lane_can_chain(inf[1]):
+                nxt = self._issue_decode(chained=True, seqs=inf[1], lane=k)
+                events += self._read_lane(inf)
+                if nxt is not None:
+                    self._issue_sampler(nxt)      # guided: after the matchers took the tokens
+                    lanes.append((k, nxt))
+                    self.chained_lane_steps += 1
+                continue
+            events += self._read_lane(inf)
             group = [s for s in inf[1] if s.status == "running" and not s.aborted]
             if group:
                 nxt = self._issue_decode(chained=False, seqs=group, lane=k)
@@ -751,8 +771,13 @@ class LLMEngine:
                            if self.runner.lora is not None else None)
 
     def _issue_decode(self, chained: bool, seqs: list[_Seq] | None = None, lane: int = 0):
+        """Issue a decode step (forward pass, and the sampler unless it is guided:
+        :meth:`_issue_sampler`) over ``seqs`` (default: every running sequence) on
+        micro-batch ``lane``'s entries. ``chained``: the rows of the step in flight on that
+        lane (default :attr:`_inflight`'s), one position further, their tokens fed on the
+        device by that step's sampler. Returns (handle, rows) or None."""
         if chained:
-            seqs = list(self._inflight[1])
+            seqs = list(self._inflight[1] if seqs is None else seqs)
             seqs = self._grow(seqs, lambda s: len(s.tokens))
         else:
             if seqs is None:
@@ -761,13 +786,15 @@ class LLMEngine:
         if not seqs:
             return None
         key = tuple(s.id for s in seqs)
-        if self._spec_cache[0] != key:
-            self._spec_cache = (key, sampler_spec_for([s.params for s in seqs]))
+        cached = self._spec_cache.get(lane)
+        if cached is None or cached[0] != key:
+            cached = self._spec_cache[lane] = (key, sampler_spec_for([s.params for s in seqs]))
+        spec = cached[1]
         batch = self._decode_batch(seqs, chained)
-        if self._spec_cache[1].guided:     # the sampler waits for the rows' masks
-            handle = self.runner.submit_model(batch, self._spec_cache[1], lane)
+        if spec.guided:                    # the sampler waits for the rows' masks
+            handle = self.runner.submit_model(batch, spec, lane)
         else:
-            handle = self.runner.submit_decode(batch, self._spec_cache[1], lane=lane)
+            handle = self.runner.submit_decode(batch, spec, lane=lane)
         self.max_decode_batch = max(self.max_decode_batch, len(seqs))
         return handle, seqs
 

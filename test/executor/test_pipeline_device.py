@@ -170,19 +170,27 @@ def test_sampled_token_fed_back_to_the_first_stage():
     assert ("copy", 0, 1) in log
 
 
-def test_micro_batches_roll_without_draining_the_pipeline():
-    """With the engine pipelining on two stages, each micro-batch is issued again as soon as
-    it is read, before the micro-batch behind it is read (so stage 0 starts it while stage 1
-    still runs the other); rows that finish leave their micro-batch, and every request gets
-    its tokens alone."""
+@pytest.mark.parametrize("chain", [True, False])
+def test_micro_batches_roll_without_draining_the_pipeline(chain):
+    """With the engine pipelining on two stages, each micro-batch's next step is issued
+    before the micro-batch behind it is read (so stage 0 starts it while stage 1 still runs
+    the other): chained (before its own step is read, tokens fed on the device) or right
+    after reading it; rows that finish leave their micro-batch, and every request -- greedy,
+    seeded sampling, penalties -- gets its tokens alone."""
     one = ModelHandle.load(fixture_path("llama"), kv_capacity=64, max_batch=4,
                            prefill_chunk=8).engine
     items = [([3, 4, 5], 9), ([6, 7], 4), ([8, 9, 10, 11], 9), ([12, 2], 6)]
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in items]
+    params = [SamplingParams(temperature=0.0, max_tokens=items[0][1], ignore_eos=True),
+              SamplingParams(temperature=0.9, top_k=20, seed=3, max_tokens=items[1][1],
+                             ignore_eos=True),
+              SamplingParams(temperature=0.7, top_p=0.8, repetition_penalty=1.3, seed=5,
+                             max_tokens=items[2][1], ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=items[3][1], ignore_eos=True)]
     want = [alone(one, p, sp) for (p, _), sp in zip(items, params)]
     log: list = []
     h = _load([OverlappingCpu(0, log), OverlappingCpu(1, log)], max_batch=4)
     eng, runner = h.engine, h.runner
+    eng.chain_lanes = chain
     submit, collect = runner.submit_decode, runner.collect
 
     def submit_logged(batch, spec, lane=0):
@@ -202,6 +210,7 @@ def test_micro_batches_roll_without_draining_the_pipeline():
                  if a[0] == "read" and b == ("issue", 0) and c[0] == "read"
                  and c[1] is not a[1])
     assert rolled >= 3, events          # lane 0 re-issued between two lanes' reads
+    assert (eng.chained_lane_steps > 0) == chain
 
 
 def test_rows_written_before_any_stage_binds_the_buffer():
