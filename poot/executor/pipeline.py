@@ -100,15 +100,18 @@ def compile_pipeline(graph, stages: int, compile_fn: Callable, cost=None,
 class PipelineBuffer:
     """An engine buffer of a :class:`PipelineDevice`: ``copies[d]`` the real buffer on device
     ``d`` (made on first binding), ``valid`` the devices whose copy is current, ``host`` an
-    array written before any copy existed (a weight, until a stage binds it)."""
+    array written before any copy existed (a weight, until a stage binds it), ``written``
+    (device, marker) recorded right after the replay that last wrote it there (None: not
+    written by a replay, or the device has no markers)."""
 
-    __slots__ = ("type", "copies", "valid", "host")
+    __slots__ = ("type", "copies", "valid", "host", "written")
 
     def __init__(self, type_):
         self.type = type_
         self.copies: dict[int, Any] = {}
         self.valid: set[int] = set()
         self.host = None
+        self.written: tuple | None = None
 
 
 @dataclass
@@ -255,12 +258,13 @@ class PipelineDevice:
             dev.synchronize()
 
     # ---- copies between devices ---------------------------------------------------------
-    def _copy(self, src: int, a, dst: int, b) -> None:
+    def _copy(self, src: int, a, dst: int, b, after=None) -> None:
         """Queue ``a`` (on device ``src``) -> ``b`` (on device ``dst``), ordered after the
-        work queued on ``src``; ``src`` learns that ``dst`` reads from it."""
+        work queued on ``src`` (or only after the marker ``after`` of ``src``: the replay that
+        wrote ``a``); ``src`` learns that ``dst`` reads from it."""
         s, t = self.devices[src], self.devices[dst]
         if hasattr(t, "copy_from") and hasattr(s, "signal"):
-            t.wait_for(s.signal())
+            t.wait_for(after if after is not None else s.signal())
             t.copy_from(s, a, b)
             self._readers[src][dst] = t.signal()      # this copy done: src may write again
         else:
@@ -268,14 +272,17 @@ class PipelineDevice:
         self.peer_copies += 1
 
     def _refresh(self, buf: PipelineBuffer, d: int) -> None:
-        """Make ``buf``'s copy on ``d`` current (copied from a device where it is)."""
+        """Make ``buf``'s copy on ``d`` current (copied from a device where it is, after the
+        replay that wrote it there: not after work queued behind it, such as another
+        micro-batch's stage, which the copy does not need)."""
         if d in buf.valid:
             return
         src = self._current(buf)
         if src is None:
             buf.valid.add(d)
             return
-        self._copy(src, buf.copies[src], d, buf.copies[d])
+        after = buf.written[1] if buf.written is not None and buf.written[0] == src else None
+        self._copy(src, buf.copies[src], d, buf.copies[d], after)
         buf.valid.add(d)
 
     def _before_writes(self, d: int) -> None:
@@ -387,6 +394,7 @@ class PipelineDevice:
         """Run the stages in order: stale inputs and boundary values copied in, each stage's
         recording replayed on its device, its outputs marked current there."""
         kernel = rec.kernel
+        marks = {}
         for st, drec, inputs, outputs in rec.stages:
             d = st.device
             for buf in inputs:
@@ -395,11 +403,15 @@ class PipelineDevice:
                 b = kernel.boundary[name]
                 self._copy(src, b[src], d, b[d])
             self._before_writes(d)
-            self.devices[d].replay(drec)
+            dev = self.devices[d]
+            dev.replay(drec)
+            mark = marks[d] = dev.signal() if hasattr(dev, "signal") else None
             for buf in outputs:
                 buf.valid = {d}
+                buf.written = (d, mark) if mark is not None else None
         for dst, d in rec.feedback:
             dst.valid = {d}
+            dst.written = (d, marks[d]) if marks.get(d) is not None else None
 
 
 def _host_zeros(t) -> np.ndarray:

@@ -211,6 +211,19 @@ def test_micro_batches_roll_without_draining_the_pipeline(chain):
                  and c[1] is not a[1])
     assert rolled >= 3, events          # lane 0 re-issued between two lanes' reads
     assert (eng.chained_lane_steps > 0) == chain
+    if chain:
+        # a chained micro-batch's token comes back to stage 0 after its own sampler on the
+        # last device, not after the other micro-batch's stage queued there behind it
+        latest: dict = {}
+        earlier = 0
+        for i, e in enumerate(log):
+            if e[0] == "signal":
+                latest[e[1]] = (e[1], e[2])
+            if e[0] == "copy" and e[1:] == (0, 1):
+                wait = log[i - 1]
+                assert wait[:2] == ("wait", 0) and wait[2][0] == 1, log[i - 2:i + 1]
+                earlier += wait[2] != latest[1]
+        assert earlier > 0
 
 
 def test_rows_written_before_any_stage_binds_the_buffer():
