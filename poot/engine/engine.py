@@ -675,15 +675,19 @@ class LLMEngine:
         :meth:`_drain_lanes` reads them."""
         m = self.micro_batches
         size = -(-len(running) // m)
-        lanes = []
+        lanes: list = []
         for k in range(m):
-            group = running[k * size:(k + 1) * size]
-            if group:
-                inf = self._issue_decode(chained=False, seqs=group, lane=k)
-                if inf is not None:
-                    self._issue_sampler(inf)
-                    lanes.append((k, inf))
+            self._issue_lane(k, running[k * size:(k + 1) * size], lanes)
         self._lanes = lanes or None
+
+    def _issue_lane(self, k: int, group: list[_Seq], lanes: list) -> None:
+        """Issue micro-batch ``k``'s decode step and sampler over ``group`` (from the host's
+        tokens) and append ``(k, (handle, rows))`` to ``lanes``; nothing for no rows."""
+        if group:
+            inf = self._issue_decode(chained=False, seqs=group, lane=k)
+            if inf is not None:
+                self._issue_sampler(inf)
+                lanes.append((k, inf))
 
     def _read_lane(self, inf) -> list[RequestOutput]:
         return self._finish_decode(inf, log=False)
@@ -746,12 +750,8 @@ class LLMEngine:
                     self.chained_lane_steps += 1
                 continue
             events += self._read_lane(inf)
-            group = [s for s in inf[1] if s.status == "running" and not s.aborted]
-            if group:
-                nxt = self._issue_decode(chained=False, seqs=group, lane=k)
-                if nxt is not None:
-                    self._issue_sampler(nxt)
-                    lanes.append((k, nxt))
+            self._issue_lane(k, [s for s in inf[1] if s.status == "running" and not s.aborted],
+                             lanes)
         self._lanes = lanes or None
         self._log_lanes(rows)
         return events
