@@ -257,6 +257,37 @@ def test_ptx_has_tensor_core_mma(fmt, M, N, K):
     ptxas_check(ptx)
 
 
+@pytest.mark.parametrize("fmt,M,N,K,ring", [("bf16", 32, 1000, 576, True),
+                                             ("f16", 32, 576, 1536, True),
+                                             ("bf16", 77, 100, 100, False),   # K tail
+                                             ("q4_0", 32, 1000, 576, False)])  # packed
+def test_dense_16bit_weights_stream_through_a_cp_async_ring(fmt, M, N, K, ring):
+    """A dense bf16/f16 weight with K a multiple of the K step goes global -> workgroup
+    memory by ``cp.async`` (16 bytes, L1 bypassed) into a ring of ``stages`` (3-4) tiles
+    that fits the shared-memory budget, K steps kt + 1 .. kt + stages - 1 in flight while
+    step kt's mma's run; a K tail or a packed weight keeps the register-staged double
+    buffer."""
+    from poot.backends.cuda.codegen import ptx_text, ptxas_check
+    from poot.backends.gpu.plan import plan_program
+    from poot.backends.gpu.strategies.gemm import STAGES, choose_tiling, with_stages
+
+    caps = _cuda_caps()
+    g, _ = gemv_region(fmt, M, N, K, "residual")
+    plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
+    ptx = ptx_text(plan.module)
+    assert ("cp.async.cg.shared.global" in ptx) == ring
+    if ring:
+        t = with_stages(choose_tiling(M, N, K, caps.cores, caps.max_shared_bytes),
+                        caps.max_shared_bytes)
+        assert t.stages in STAGES and t.smem_bytes <= caps.max_shared_bytes
+        assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16;", ptx)
+        assert re.search(rf"cp\.async\.wait_group\s+{t.stages - 2};", ptx)
+        sizes = sorted(int(n) for n in re.findall(r"\.shared \.align 16 \.b8 [^[]+\[(\d+)\]",
+                                                   ptx))
+        assert t.stages * t.BN * t.LDS * 2 in sizes        # the weight ring, whole
+    ptxas_check(ptx)
+
+
 # ---- the whole kernel on a Vulkan device, mma emulated -----------------------------------------
 
 def _decoded(fmt, w, N, K):

@@ -37,7 +37,13 @@ memory, double-buffered with a register prefetch: each thread issues the global 
 step ``kt+1``, runs the mma's of step ``kt`` from the other buffer, then converts / decodes
 the loaded values to 16-bit and stores them (one ``gpu.barrier`` per K step; a wide BK keeps
 many loads in flight per thread: prefill grids have few blocks per compute unit, and the
-weight has to stream at memory speed). Workgroup tiles are ``[rows][BK + 8]`` 16-bit
+weight has to stream at memory speed). A dense bf16/f16 weight on NVIDIA with K a multiple
+of BK skips the registers: its tiles go global -> workgroup memory by ``cp.async`` (16
+bytes, ``.cg``: L1 bypassed) into a ring of ``stages`` buffers (:data:`STAGES`, the deepest
+that fits, :func:`with_stages`), steps kt + 1 .. kt + stages - 1 in flight while step kt's
+mma's run, ``cp.async.wait_group stages - 2`` before the step's barrier (H200, M = 32:
+the 14336 x 4096 projection 51.4 -> 43.5 us, 4096 x 4096 15.8 -> 14.7 us;
+``bench/gpu_run/README.md``, issue 23). Workgroup tiles are ``[rows][BK + 8]`` 16-bit
 words, k contiguous: x rows as A (``[m][k]``, row-major) and weight rows as B (``[n][k]``,
 i.e. the column-major B that ``.row.col`` wants, so a weight is never transposed); the 8
 words of padding make every 8-row phase of ``ldmatrix`` hit distinct banks. Fragments
@@ -114,6 +120,10 @@ from poot.backends.gpu.strategies.matmul import (GEMM_FROM_M, GemvMatch, _ArgsSe
                                                  match, region_params)
 from poot.dialects.types import DType
 
+#: weight ring depths tried, deepest first, where the weight tiles go to workgroup memory by
+#: ``cp.async`` (dense 16-bit weights on NVIDIA, K a multiple of BK): K steps kt + 1 ..
+#: kt + stages - 1 are in flight while step kt's mma's run
+STAGES = (4, 3)
 #: K steps (elements per iteration, staged through workgroup memory) tried, largest first:
 #: multiples of 32 (whole Q4_0/Q4_1/Q8_0 blocks, K-quant sub-blocks) and of 16 (mma k)
 BKS = (128, 64, 32)
@@ -282,6 +292,7 @@ class Tiling:
     WN: int
     BK: int = 32
     op: MatrixOp = MMA_SYNC
+    stages: int = 2          # weight tiles in flight through workgroup memory (a ring)
 
     @property
     def LDS(self) -> int:
@@ -310,7 +321,7 @@ class Tiling:
 
     @property
     def smem_bytes(self) -> int:
-        return 2 * (self.BM + self.BN) * self.LDS * 2
+        return (2 * self.BM + self.stages * self.BN) * self.LDS * 2
 
 
 #: warps (rows x columns of the block tile) per BM
@@ -354,6 +365,17 @@ def with_bk(t: Tiling, K: int, max_shared: int, packed: bool) -> Tiling:
                 (bk == 32 or bk <= K):
             return c
     return replace(t, BK=32)
+
+
+def with_stages(t: Tiling, max_shared: int) -> Tiling:
+    """``t`` with the deepest weight ring of :data:`STAGES` that fits in ``max_shared``
+    bytes (2: the register-staged double buffer). Only a dense 16-bit weight read with
+    ``cp.async`` uses more (:meth:`_GemmKernel.async_weights`)."""
+    for n in STAGES:
+        c = replace(t, stages=n)
+        if c.smem_bytes <= max_shared:
+            return c
+    return replace(t, stages=2)
 
 
 def choose_split(t: Tiling, M: int, N: int, K: int, cores: int) -> int:
@@ -423,13 +445,17 @@ class _GemmKernel:
         else:
             self.wtype = f"memref<{w.nbytes}xi8>"
         self.BK = t.BK
-        self.sa_t = f"memref<2x{t.BM}x{t.LDS}xi16, {_WG}>"
-        self.sb_t = f"memref<2x{t.BN}x{t.LDS}xi16, {_WG}>"
         self.KT = -(-m.K // t.BK)
         self.KTS = -(-self.KT // split)             # K steps per split-K slice
         self.part_t = f"memref<{split * m.M * m.N}xf32>"
         self.ktail = m.K % t.BK != 0                # dense only (packed: K % BK == 0)
         self.k8 = m.K % 8 == 0                      # chunks are whole (16-byte aligned)
+        #: the weight tiles go global -> workgroup memory by cp.async through a ring of
+        #: ``t.stages`` buffers (no registers, no conversion: dense 16-bit words)
+        self.async_w = self.nv and not emulate and self.kind == "dense" and self.k8 \
+            and not self.ktail and t.stages >= 3
+        self.sa_t = f"memref<2x{t.BM}x{t.LDS}xi16, {_WG}>"
+        self.sb_t = f"memref<{t.stages if self.async_w else 2}x{t.BN}x{t.LDS}xi16, {_WG}>"
 
     # -- small helpers
     def c(self, v, ty="index"):
@@ -625,7 +651,7 @@ class _GemmKernel:
                     els.append((valid, self.op(f"memref.load %x[{self.add(base, k)}] : "
                                                f"{self.xtype}")))
                 raw["a"].append(els)
-        for job in self.b_jobs:
+        for job in [] if self.async_w else self.b_jobs:
             if self.kind == "dense":
                 nl, kc8, ng = job
                 base = self.mul(ng, m.K)
@@ -660,6 +686,17 @@ class _GemmKernel:
             else:
                 raw["b"].append(None)        # generic: decoded at store time
         return raw
+
+    def copy_weights(self, kt: str, slot: str) -> str:
+        """Issue the ``cp.async`` copies of K step ``kt``'s weight tile into ring slot
+        ``slot`` of the workgroup buffer (16 bytes a job, L1 bypassed) as one group; returns
+        the group's token."""
+        toks = []
+        for nl, kc8, ng in self.b_jobs:
+            at = self.add(self.mul(ng, self.m.K), self.add(self.mul(kt, self.BK), kc8))
+            toks.append(self.op(f"nvgpu.device_async_copy %w[{at}], %sb[{slot}, {nl}, {kc8}], "
+                                f"8 {{bypassL1}} : {self.wtype} to {self.sb_t}"))
+        return self.op(f"nvgpu.device_async_create_group {', '.join(toks)}")
 
     def store_stage(self, raw: dict, kt: str, buf: str):
         """Convert / decode the loaded values of K step ``kt`` into workgroup buffer ``buf``."""
@@ -752,11 +789,12 @@ class _GemmKernel:
         self._two_chunks(vals[:8], vals[8:], nl, h, buf, 8)
 
     # -- mma
-    def fragments_and_mma(self, cur: str, accs: list) -> list:
+    def fragments_and_mma(self, cur: str, accs: list, bcur: str | None = None) -> list:
         """One K step (BK / 16 mma k-steps) of the warp's ``mt x nt`` tiles from buffer
-        ``cur``; ``accs[i][j]`` = 4 f32 names (:func:`c_fragment` order); returns the new
-        ones."""
+        ``cur`` (the weight's from ``bcur`` where it differs: the cp.async ring);
+        ``accs[i][j]`` = 4 f32 names (:func:`c_fragment` order); returns the new ones."""
         t = self.t
+        bcur = cur if bcur is None else bcur
         for ks in range(self.BK // 16):
             if self.emulate:
                 accs = self._emulated(cur, ks, accs)
@@ -774,13 +812,13 @@ class _GemmKernel:
             B: list = []
             col = self.add(self.b_col, ks * 16)
             for jj in range(t.nt // 2):
-                v = self.op(f"nvgpu.ldmatrix %sb[{cur}, {self.b_rows[jj]}, {col}] "
+                v = self.op(f"nvgpu.ldmatrix %sb[{bcur}, {self.b_rows[jj]}, {col}] "
                             f"{{numTiles = 4 : i32, transpose = false}} : {self.sb_t} -> "
                             "vector<4x2xi16>")
                 regs = [self.reg(v, q, 4) for q in range(4)]
                 B += [regs[:2], regs[2:]]
             if t.nt % 2:
-                v = self.op(f"nvgpu.ldmatrix %sb[{cur}, {self.b_rows[-1]}, {col}] "
+                v = self.op(f"nvgpu.ldmatrix %sb[{bcur}, {self.b_rows[-1]}, {col}] "
                             f"{{numTiles = 2 : i32, transpose = false}} : {self.sb_t} -> "
                             "vector<2x2xi16>")
                 B.append([self.reg(v, q, 2) for q in range(2)])
@@ -941,9 +979,18 @@ class _GemmKernel:
             last = self.op(f"arith.subi {end}, {self.c(1)} : index")
         else:
             first, end, last = self.c(0), self.c(self.KT), self.c(self.KT - 1)
-        # stage the first K step, then the loop
+        # stage the first K step (with cp.async: the first stages - 1 weight tiles in
+        # flight, the first one landed), then the loop
+        ring = t.stages
+        if self.async_w:
+            for q in range(ring - 1):
+                kq = self.op(f"arith.minui {self.add(first, q)}, {last} : index")
+                group = self.copy_weights(kq, self.op(
+                    f"arith.remui {self.add(first, q)}, {self.c(ring)} : index"))
         self.store_stage(self.load_stage(first), first,
                          e.op(f"arith.andi {first}, {self.c(1)} : index"))
+        if self.async_w:
+            e.raw(f"nvgpu.device_async_wait {group} {{numGroups = {ring - 2} : i32}}")
         e.raw("gpu.barrier")
         zero = self.c(0.0, "f32")
         na = t.mt * t.nt * op.accs
@@ -956,12 +1003,21 @@ class _GemmKernel:
             cur = e.op(f"arith.andi %kt, {self.c(1)} : index")
             nxt = e.op(f"arith.xori {cur}, {self.c(1)} : index")
             kn = self.op(f"arith.minui {self.add('%kt', 1)}, {last} : index")
+            bcur = None
+            if self.async_w:    # step kt + stages - 1 into the slot step kt - 1 freed
+                bcur = self.op(f"arith.remui %kt, {self.c(ring)} : index")
+                ahead = self.add("%kt", ring - 1)
+                group = self.copy_weights(
+                    self.op(f"arith.minui {ahead}, {last} : index"),
+                    self.op(f"arith.remui {ahead}, {self.c(ring)} : index"))
             raw = self.load_stage(kn)
             it = iter(names)
             accs = [[[next(it) for _ in range(op.accs)] for _ in range(t.nt)]
                     for _ in range(t.mt)]
-            accs = self.fragments_and_mma(cur, accs)
+            accs = self.fragments_and_mma(cur, accs, bcur)
             self.store_stage(raw, kn, nxt)
+            if self.async_w:    # step kt + 1's tile landed; the later ones may fly on
+                e.raw(f"nvgpu.device_async_wait {group} {{numGroups = {ring - 2} : i32}}")
             e.raw("gpu.barrier")
             flat = [a for row in accs for col in row for a in col]
             e.raw(f"scf.yield {', '.join(flat)} : {f32s}")
@@ -1117,6 +1173,8 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
             return None
     if t.smem_bytes > shared:
         return None
+    if op is MMA_SYNC and not emulate and w.layout == "nk" and m.K % t.BK == 0:
+        t = with_stages(t, shared)      # cp.async's weight ring (_GemmKernel.async_w)
     cores = max(1, int(getattr(caps, "cores", 1) or 1))
     split = _whole_slices(-(-m.K // t.BK),
                           FORCE_SPLIT or choose_split(t, m.M, m.N, m.K, cores))
@@ -1136,6 +1194,7 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
 
 __all__ = ["BKS", "EMULATE_MMA", "FORCE_SPLIT", "FORCE_TILING", "MAX_SPLIT", "MAX_SPLIT_SCRATCH",
            "MFMA_16X16X16", "MMA_SYNC", "PAD", "REDUCE_T", "SPLIT_BLOCKS_PER_CORE",
-           "SPLIT_MIN_STEPS", "WARPS", "WMMA_16X16X16", "MatrixOp", "Tiling", "a_fragment",
+           "SPLIT_MIN_STEPS", "STAGES", "WARPS", "WMMA_16X16X16", "MatrixOp", "Tiling", "a_fragment",
            "a_ldmatrix_row", "b_fragment", "b_ldmatrix_row", "c_fragment", "choose_split",
-           "choose_tiling", "error_bound", "gemm", "has_mma", "matrix_op", "tiling", "with_bk"]
+           "choose_tiling", "error_bound", "gemm", "has_mma", "matrix_op", "tiling", "with_bk",
+           "with_stages"]
