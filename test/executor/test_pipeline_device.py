@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
-from engine_cases import alone  # noqa: E402
+from engine_cases import alone, staggered  # noqa: E402
 from model_steps import fixture_path  # noqa: E402
 from poot.api import ModelHandle  # noqa: E402
 from poot.driver.params import SamplingParams  # noqa: E402
@@ -224,6 +224,38 @@ def test_micro_batches_roll_without_draining_the_pipeline(chain):
                 assert wait[:2] == ("wait", 0) and wait[2][0] == 1, log[i - 2:i + 1]
                 earlier += wait[2] != latest[1]
         assert earlier > 0
+
+
+def test_rolling_micro_batches_take_arrivals_and_aborts():
+    """Requests arriving while micro-batches roll (the pipeline drains to admit and prefill
+    them, then rolls again) and one aborted while its micro-batch is in flight: every other
+    request gets its tokens alone, the aborted one ends "abort", and every KV block is free
+    at the end."""
+    one = ModelHandle.load(fixture_path("llama"), kv_capacity=64, max_batch=4,
+                           prefill_chunk=8).engine
+    ps = [[3, 4, 5], [6, 7], [8, 9, 10, 11], [12, 2], [5, 5, 6]]
+    sp = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    want = [alone(one, p, sp) for p in ps]
+    log: list = []
+    h = _load([OverlappingCpu(0, log), OverlappingCpu(1, log)], max_batch=4)
+    eng = h.engine
+    free = eng.blocks.num_free()
+    got = staggered(eng, [(p, sp) for p in ps[:4]], every=3)
+    for rid, w in zip(got["ids"], want):
+        assert got["final"][rid].output_ids == w
+    rolls = eng.micro_batched_steps
+    assert rolls > 0 and eng.blocks.num_free() == free
+    keep = [eng.add_request(p, sp) for p in ps[:2]]
+    gone = eng.add_request(ps[4], sp)
+    done: dict = {}
+    while eng.micro_batched_steps < rolls + 3:
+        done.update({o.request_id: o for o in eng.step() if o.finished})
+    assert eng._lanes, "micro-batches in flight"
+    eng.abort(gone)
+    done.update({o.request_id: o for o in eng.run_until_done() if o.finished})
+    assert done[gone].finish_reason == "abort" and len(done[gone].output_ids) < 10
+    assert [done[r].output_ids for r in keep] == want[:2]
+    assert eng.blocks.num_free() == free and not eng._lanes
 
 
 def test_rows_written_before_any_stage_binds_the_buffer():
