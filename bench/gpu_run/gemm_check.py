@@ -1,8 +1,9 @@
 """The prefill GEMM strategy (poot/backends/gpu/strategies/gemm.py) on a CUDA device: built
 here (MLIR), checked and timed on the GPU machine (no MLIR there).
 
-    # here (repo root, MLIR installed): PTX + inputs + oracle outputs + error bounds (~10 MB)
-    PYTHONPATH=. python bench/gpu_run/gemm_check.py --build .gemm
+    # here (repo root, MLIR installed): PTX + inputs + oracle outputs + error bounds (~70 MB,
+    # over the device's 64 MiB carry: --formats bf16,f16,siblings keeps ~55 MB)
+    PYTHONPATH=. python bench/gpu_run/gemm_check.py --build .gemm [--formats F,...]
     # there (repo root; numpy + cuda-bindings, torch optional): run, compare, time -> JSON
     PYTHONPATH=. python3 bench/gpu_run/gemm_check.py --check .gemm --json $OUT/gemm.json
 
@@ -271,8 +272,14 @@ def build_prefill(folder: Path) -> dict:
             "strategies": prog.executable.meta.get("strategies")}
 
 
-def build(out: str) -> dict:
+def build(out: str, formats: set[str] | None = None) -> dict:
+    """Compile the cases and timing kernels into ``out`` (module doc); ``formats``: only the
+    correctness and timing cases of these weight formats (``"siblings"`` for the fused
+    sibling cases), e.g. to stay under a carry limit. Returns the manifest."""
     from poot.backends.cuda.codegen import cuda_target
+
+    def kept(fmt: str) -> bool:
+        return formats is None or fmt in formats
 
     caps = cuda_target().caps
     d = Path(out)
@@ -282,16 +289,18 @@ def build(out: str) -> dict:
     t0 = time.perf_counter()
     for i, (fmt, M, N, K, epi) in enumerate(CASES):
         name = f"{fmt}_{M}x{N}x{K}_{epi}"
+        if not kept(fmt):
+            continue
         man["cases"][name] = build_case(d / "cases" / name, fmt, M, N, K, epi, caps, seed=i)
         if set(man["cases"][name]["strategies"]) != {"gemm"}:
             raise SystemExit(f"{name}: the plan did not take the GEMM: "
                              f"{man['cases'][name]['strategies']}")
         print(f"case {name}: built", flush=True)
-    for i, (M, K, Ns) in enumerate(SIBLINGS):
+    for i, (M, K, Ns) in enumerate(SIBLINGS if kept("siblings") else []):
         name = f"siblings_{M}x{K}_" + "_".join(map(str, Ns))
         man["cases"][name] = build_sibling_case(d / "cases" / name, M, K, Ns, caps, seed=i)
         print(f"case {name}: built", flush=True)
-    for fmt, M, N, K in TIMING:
+    for fmt, M, N, K in (t for t in TIMING if kept(t[0])):
         for i, tile in enumerate(tiles(fmt, M, N, K, caps)):
             name = f"{fmt}_{M}x{N}x{K}_" + "x".join(map(str, tile))
             man["timing"][name] = build_timing(d / "timing" / name, fmt, M, N, K, caps, tile)
@@ -542,9 +551,11 @@ def main(argv=None) -> int:
     g.add_argument("--check", metavar="DIR", help="run on a CUDA device (no MLIR)")
     ap.add_argument("--json", help="write the check's report here")
     ap.add_argument("--no-timing", action="store_true", help="correctness only")
+    ap.add_argument("--formats", help="with --build: only these weight formats' cases, "
+                    "comma-separated (bf16,f16,q4_0,...,siblings)")
     a = ap.parse_args(argv)
     if a.build:
-        build(a.build)
+        build(a.build, set(a.formats.split(",")) if a.formats else None)
         return 0
     rep = check(a.check, a.no_timing)
     text = json.dumps(rep, indent=1, default=str)
