@@ -367,10 +367,17 @@ def with_bk(t: Tiling, K: int, max_shared: int, packed: bool) -> Tiling:
     return replace(t, BK=32)
 
 
+def cp_async_weights(op: MatrixOp, emulate: bool, m: GemvMatch, BK: int) -> bool:
+    """Whether the weight tiles can go global -> workgroup memory by ``cp.async`` (module
+    doc): NVIDIA's instruction (not emulated), a dense 16-bit weight (16-byte words, no
+    conversion), K a multiple of the K step (no tail to zero, whole 16-byte chunks)."""
+    return op is MMA_SYNC and not emulate and m.weight.layout == "nk" and m.K % BK == 0
+
+
 def with_stages(t: Tiling, max_shared: int) -> Tiling:
     """``t`` with the deepest weight ring of :data:`STAGES` that fits in ``max_shared``
-    bytes (2: the register-staged double buffer). Only a dense 16-bit weight read with
-    ``cp.async`` uses more (:meth:`_GemmKernel.async_weights`)."""
+    bytes (2: the register-staged double buffer). Only where :func:`cp_async_weights` does
+    the kernel use more."""
     for n in STAGES:
         c = replace(t, stages=n)
         if c.smem_bytes <= max_shared:
@@ -452,8 +459,7 @@ class _GemmKernel:
         self.k8 = m.K % 8 == 0                      # chunks are whole (16-byte aligned)
         #: the weight tiles go global -> workgroup memory by cp.async through a ring of
         #: ``t.stages`` buffers (no registers, no conversion: dense 16-bit words)
-        self.async_w = self.nv and not emulate and self.kind == "dense" and self.k8 \
-            and not self.ktail and t.stages >= 3
+        self.async_w = t.stages > 2 and cp_async_weights(t.op, emulate, m, t.BK)
         self.sa_t = f"memref<2x{t.BM}x{t.LDS}xi16, {_WG}>"
         self.sb_t = f"memref<{t.stages if self.async_w else 2}x{t.BN}x{t.LDS}xi16, {_WG}>"
 
@@ -945,8 +951,9 @@ class _GemmKernel:
         self.n0 = self.mul(bx, t.BN)
         wrow = self.mul(wm, t.WTM)                  # the warp's tile in the block
         wcol = self.mul(wn, t.WTN)
-        lo4 = e.op(f"arith.andi {lane}, {self.c(15)} : index")
-        hi = e.op(f"arith.shrui {lane}, {self.c(4)} : index")
+        if not self.emulate:        # operand addresses: ldmatrix rows, AMD operand runs
+            lo4 = e.op(f"arith.andi {lane}, {self.c(15)} : index")
+            hi = e.op(f"arith.shrui {lane}, {self.c(4)} : index")
         if self.nv and not self.emulate:
             # ldmatrix row addresses (a_ldmatrix_row, b_ldmatrix_row)
             self.a_col = self.mul(hi, 8)
@@ -1173,7 +1180,7 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
             return None
     if t.smem_bytes > shared:
         return None
-    if op is MMA_SYNC and not emulate and w.layout == "nk" and m.K % t.BK == 0:
+    if cp_async_weights(op, emulate, m, t.BK):
         t = with_stages(t, shared)      # cp.async's weight ring (_GemmKernel.async_w)
     cores = max(1, int(getattr(caps, "cores", 1) or 1))
     split = _whole_slices(-(-m.K // t.BK),
@@ -1194,7 +1201,7 @@ def gemm(fn: ir.Operation, caps) -> Synthesized | None:
 
 __all__ = ["BKS", "EMULATE_MMA", "FORCE_SPLIT", "FORCE_TILING", "MAX_SPLIT", "MAX_SPLIT_SCRATCH",
            "MFMA_16X16X16", "MMA_SYNC", "PAD", "REDUCE_T", "SPLIT_BLOCKS_PER_CORE",
-           "SPLIT_MIN_STEPS", "STAGES", "WARPS", "WMMA_16X16X16", "MatrixOp", "Tiling", "a_fragment",
-           "a_ldmatrix_row", "b_fragment", "b_ldmatrix_row", "c_fragment", "choose_split",
-           "choose_tiling", "error_bound", "gemm", "has_mma", "matrix_op", "tiling", "with_bk",
-           "with_stages"]
+           "SPLIT_MIN_STEPS", "STAGES", "WARPS", "WMMA_16X16X16", "MatrixOp", "Tiling",
+           "a_fragment", "a_ldmatrix_row", "b_fragment", "b_ldmatrix_row", "c_fragment",
+           "choose_split", "choose_tiling", "cp_async_weights", "error_bound", "gemm",
+           "has_mma", "matrix_op", "tiling", "with_bk", "with_stages"]
