@@ -706,16 +706,10 @@ class LLMEngine:
         self._log_lanes(sum(len(inf[1]) for _, inf in lanes))
         return events
 
-    def _can_roll(self) -> bool:
-        """Whether the micro-batches in flight can each be issued again as it is read: the
-        engine pipelines, nothing waits to be admitted or prefilled, no command is queued,
-        at least :attr:`micro_batches` rows, and free blocks for every row's next position
-        (so growing one micro-batch never preempts a row of another still in flight)."""
-        if not self.pipelined or not self._lanes:
-            return False
-        seqs = [s for _, (_, ss) in self._lanes for s in ss]
-        if len(seqs) < self.micro_batches or self._adds:
-            return False
+    def _room_ahead(self, seqs: list[_Seq]) -> bool:
+        """Whether decode steps over ``seqs`` may go on without the scheduler: no sequence
+        waits to be prefilled or admitted, and free blocks for every running row's next
+        position (so growing one step never preempts a row still in flight)."""
         if any(s.status != "running" for s in self.running):
             return False
         if self.waiting and len(self.running) < self.config.max_batch:
@@ -724,12 +718,29 @@ class LLMEngine:
                    and self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
         return need <= self.blocks.num_free()
 
+    @staticmethod
+    def _chainable(seqs: list[_Seq]) -> bool:
+        """Whether the step after the one in flight over ``seqs`` can be issued before that
+        one is read (tokens fed on the device): no row aborted, none ends by length at the
+        step in flight (a stop token cannot be foreseen: its row's extra token is
+        discarded)."""
+        return all(not s.aborted and s.generated + 1 < s.params.max_tokens for s in seqs)
+
+    def _can_roll(self) -> bool:
+        """Whether the micro-batches in flight can each be issued again as it is read: the
+        engine pipelines, no command is queued, at least :attr:`micro_batches` rows, and
+        :meth:`_room_ahead`."""
+        if not self.pipelined or not self._lanes:
+            return False
+        seqs = [s for _, (_, ss) in self._lanes for s in ss]
+        if len(seqs) < self.micro_batches or self._adds:
+            return False
+        return self._room_ahead(seqs)
+
     def _lane_can_chain(self, seqs: list[_Seq]) -> bool:
         """Whether a micro-batch's next step can be issued before its step in flight is
-        read (its tokens fed on the device): no row aborted, none ends by length at the step
-        in flight (a stop token cannot be foreseen: its row's extra token is discarded)."""
-        return all(s.status == "running" and not s.aborted
-                   and s.generated + 1 < s.params.max_tokens for s in seqs)
+        read: every row running and :meth:`_chainable`."""
+        return all(s.status == "running" for s in seqs) and self._chainable(seqs)
 
     def _roll_lanes(self) -> list[RequestOutput]:
         """Take each micro-batch in issue order and issue its next step while the ones
@@ -833,16 +844,9 @@ class LLMEngine:
         seqs = self._inflight[1]
         if self.micro_batches > 1 and len(seqs) >= self.micro_batches:
             return False                  # the step runs as micro-batches instead
-        if any(s.aborted or s.generated + 1 >= s.params.max_tokens for s in seqs):
+        if not self._chainable(seqs) or len(self.running) != len(seqs):
             return False
-        if any(s.status != "running" for s in self.running) or \
-                len(self.running) != len(seqs):
-            return False
-        if self.waiting and len(self.running) < self.config.max_batch:
-            return False
-        need = sum(1 for s in seqs
-                   if self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
-        return need <= self.blocks.num_free()
+        return self._room_ahead(seqs)
 
     def _finish_decode(self, inflight=None, log: bool = True) -> list[RequestOutput]:
         """Read a decode step (``inflight``: (handle, seqs); default the one in flight) and
