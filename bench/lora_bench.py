@@ -78,6 +78,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--kv-capacity", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--context-profile", metavar="FILE",
+                    help="CUDA: write each handle's decode step of each batch and its prefill "
+                         "chunk profiled in context (poot.backends.cuda.runtime."
+                         "profile_in_context) to FILE")
     args = ap.parse_args(argv)
 
     from poot.api import ModelHandle
@@ -94,6 +98,7 @@ def main(argv=None) -> int:
                   if not k.startswith("lora.")}
     adapter = random_adapter(base_types, with_lora.model.dims().n_layers, args.rank)
     with_lora.engine.run_in_loop(lambda: with_lora.runner.lora.load("bench", adapter))
+    profiles: dict = {}
     for b in batches:
         none = tok_per_s(plain, b, args.tokens, args.repeats, None)
         one = tok_per_s(with_lora, b, args.tokens, args.repeats, "bench")
@@ -111,6 +116,21 @@ def main(argv=None) -> int:
                 r[f"decode_ms_{name}"] = ms(h, h.runner.decode_entry(h.runner.bucket(b)))
                 r[f"prefill_ms_{name}"] = ms(h, h.runner.prefill_entry())
             out["batches"][str(b)]["replay"] = r
+            if args.context_profile:
+                from poot.backends.cuda.runtime import profile_in_context
+
+                for name, h in (("no_lora", plain), ("one_adapter", with_lora)):
+                    steps = [(str(b), h.runner.decode_entry(h.runner.bucket(b)))]
+                    if b == batches[0]:
+                        steps.append(("prefill", h.runner.prefill_entry()))
+                    for step, entry in steps:
+                        p = profiles[f"{step}/{name}"] = profile_in_context(
+                            h.runner.engine.device, entry.kernel,
+                            h.runner.engine._bindings(entry))
+                        print(f"context profile {step} {name}: {p['total_us']} us",
+                              file=sys.stderr)
+    if args.context_profile:
+        Path(args.context_profile).write_text(json.dumps(profiles))
     print(json.dumps(out))
     return 0
 

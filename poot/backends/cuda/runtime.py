@@ -813,6 +813,74 @@ def profile_kernel(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBu
                     "replayed back to back (min over repeats); graph time / launches"}
 
 
+def profile_in_context(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBuf],
+                       replays: int = 20, rounds: int = 3) -> dict:
+    """What each dispatch adds to the whole step as a graph replay runs it: the step's first
+    k dispatches (k = 0 .. all) are each captured into a CUDA graph of their own, launched as
+    the step's recording launches them (programmatic edges included), and replayed
+    ``replays`` times back to back; a prefix's time is the mean per replay, the minimum over
+    ``rounds`` rounds. Dispatch k's cost is prefix k+1's time minus prefix k's, in us: the
+    DRAM state, launch latency and overlap with its neighbours are those of the real step
+    (unlike :func:`profile_kernel`, which times a body alone). Differences of prefixes are
+    noisy to ~0.5 us a dispatch; sums over a body's copies (``by_key``) are steadier.
+
+    The prefixes rewrite the step's buffers as the step does (a decode step is idempotent
+    over its inputs; the KV write stores the same rows again).
+
+    Returns ``{"total_us", "dispatches": [{"i", "callee", "key", "kind", "us"}, ...],
+    "by_key": {key: {"callee", "kind", "copies", "us"}}}`` (``by_key`` summed over copies,
+    sorted by cost)."""
+    cu = dev._driver()
+    plan = kernel.artifact.plan
+    ptrs, pre = dev._pointers(kernel, bindings)
+    ds = plan["dispatches"]
+    ev0 = _check(cu.cuEventCreate(0), "cuEventCreate")
+    ev1 = _check(cu.cuEventCreate(0), "cuEventCreate")
+
+    def prefix_us(k: int) -> float:
+        end = ds[k - 1]["first"] + ds[k - 1]["count"] if k else 0
+        keep: list = []
+        _check(cu.cuStreamBeginCapture(
+            dev.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "cuStreamBeginCapture")
+        try:
+            dev._enqueue(kernel, ptrs, pre, keep, plan["launches"][:end])
+        finally:
+            graph = _check(cu.cuStreamEndCapture(dev.stream), "cuStreamEndCapture")
+        gexec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        best = float("inf")
+        try:
+            for _ in range(rounds + 1):                 # the first round warms up
+                _check(cu.cuEventRecord(ev0, dev.stream), "cuEventRecord")
+                for _ in range(replays):
+                    _check(cu.cuGraphLaunch(gexec, dev.stream), "cuGraphLaunch")
+                _check(cu.cuEventRecord(ev1, dev.stream), "cuEventRecord")
+                _check(cu.cuEventSynchronize(ev1), "cuEventSynchronize")
+                best = min(best, float(_check(cu.cuEventElapsedTime(ev0, ev1),
+                                              "cuEventElapsedTime")) * 1e3 / replays)
+        finally:
+            _check(cu.cuGraphExecDestroy(gexec), "cuGraphExecDestroy")
+            _check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+        return best
+
+    times = [prefix_us(k) for k in range(len(ds) + 1)]
+    rows, by_key = [], {}
+    for i, d in enumerate(ds):
+        us = times[i + 1] - times[i]
+        key = d.get("key", d["callee"])
+        rows.append({"i": i, "callee": d["callee"], "key": key, "kind": d["kind"],
+                     "us": round(us, 2)})
+        k = by_key.setdefault(key, {"callee": d["callee"], "kind": d["kind"], "copies": 0,
+                                    "us": 0.0})
+        k["copies"] += 1
+        k["us"] += us
+    for k in by_key.values():
+        k["us"] = round(k["us"], 2)
+    return {"total_us": round(times[-1], 2), "empty_us": round(times[0], 2),
+            "dispatches": rows,
+            "by_key": dict(sorted(by_key.items(), key=lambda kv: -kv[1]["us"]))}
+
+
 class StepRunner:
     """A loaded artifact with every buffer owned here: weights uploaded once, carried state
     in place, per-step inputs in stable slot buffers, the step as one CUDA graph."""
