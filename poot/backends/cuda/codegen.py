@@ -23,6 +23,7 @@ from mlir.dialects import gpu as gpu_d
 from mlir.passmanager import PassManager
 
 from poot.backends.cuda.artifact import CudaArtifact
+from poot.backends.cuda.hoist_constant_loads import hoist_constant_loads
 from poot.backends.gpu.plan import plan_program
 from poot.errors import PootError
 
@@ -180,6 +181,22 @@ def add_grid_dependency_control(module: ir.Module) -> int:
     return n
 
 
+def constant_args(plan) -> dict[str, set[int]]:
+    """Per kernel of ``plan`` (a :class:`~poot.backends.gpu.plan.GpuPlan`), the positions of
+    its arguments bound to a weight or a constant buffer in every launch: memory no kernel
+    of the step writes (what :func:`~poot.backends.cuda.hoist_constant_loads.
+    hoist_constant_loads` may read before the grid dependency wait)."""
+    role = [b["role"] for b in plan.buffers]
+    out: dict[str, set[int]] = {}
+    for L in plan.launches:
+        if L["op"] != "kernel":
+            continue
+        name = plan.kernels[L["kernel"]]
+        mine = {i for i, b in enumerate(L["args"]) if role[b] in ("param", "const")}
+        out[name] = out[name] & mine if name in out else mine
+    return out
+
+
 def compile_program(program, chip: str = "sm_90", strategy: str = "auto",
                     progress=None) -> CudaArtifact:
     """Kernels + launch plan of a compiled :class:`~poot.compiler.Program` as an artifact.
@@ -195,6 +212,7 @@ def compile_program(program, chip: str = "sm_90", strategy: str = "auto",
     pdl = sm_version(chip) >= 90 and os.environ.get("POOT_CUDA_PDL", "1") != "0"
     if pdl:
         add_grid_dependency_control(plan.module)
+        hoist_constant_loads(plan.module, constant_args(plan))
     t1 = time.perf_counter()
     track.add(1)
     track("NVVM to PTX")
