@@ -76,7 +76,15 @@ def work_items(t: TensorType, vec: int) -> int:
     return t.numel // vec
 
 
-def vec_for(t: TensorType) -> int:
+def vec_for(t: TensorType, contracts: bool = False) -> int:
+    """Elements a work item: :data:`VEC` for a large result whose innermost dimension divides
+    by it, else 1; 1 as well when the region holds a small contraction (``contracts``): each
+    element then costs K terms of its own, nothing is shared between neighbours, and four
+    elements a thread would run four contractions one after another in a quarter of the
+    threads (the 1B shape's batch-32 SwiGLU with its LoRA expands: 128 weight loads a
+    thread)."""
+    if contracts:
+        return 1
     return VEC if t.numel >= VEC_MIN and t.shape and t.shape[-1] % VEC == 0 else 1
 
 
@@ -91,7 +99,7 @@ def synthesize_pointwise(fn: ir.Operation, caps, name: str = "pointwise"):
     if any(not isinstance(t, TensorType) for t in types):
         return None
     big = max(types, key=lambda t: t.numel)
-    vec = vec_for(big)
+    vec = vec_for(big, any(small_contraction(o) for o in body_ops(fn)))
     n = work_items(big, vec)
     if n == 0:
         return None
