@@ -1218,3 +1218,33 @@ def test_paged_attention_region_ptx_assembles(S, bs, kv, mask, launches):
     if ptxas_check(ptx) is None:
         pytest.skip("ptxas is not installed (PTX generated, not assembled)")
     assert _ptxas_spills(ptx) == []
+
+
+def test_lora_q_expand_is_computed_outside_the_attention():
+    """The tiny Llama's decode step with a LoRA slot, planned for CUDA: the attention
+    dispatches read no LoRA weight (a small contraction in a computed q would be evaluated
+    by every block of the attention again: 8 chunks of the 1B shape's 32-token prefill, 27
+    -> 45 us a layer), while another dispatch of each layer reads its q expand's B."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from model_steps import fixture_path
+
+    from poot.api import _bind_lora_slots
+    from poot.backends.cuda.codegen import cuda_target
+    from poot.compiler.compile import compile as compile_step
+    from poot.models import StepSpec, load_model
+
+    model, weights = load_model(fixture_path("llama"))
+    weights, _ = _bind_lora_slots(model, weights, 1, 8)
+    g = model.trace(StepSpec.decode(kv_capacity=16), weights.types)
+    plan = compile_step(g, cuda_target()).executable.plan
+    name = {i: b.get("name", "") for i, b in enumerate(plan["buffers"])}
+    attn = [d for d in plan["dispatches"] if d["kind"] in ("attention", "paged_attention")]
+    assert attn
+    for d in attn:
+        assert not [name[a] for a in d["args"] if name[a].startswith("lora.")], d["callee"]
+    q_b = [d["callee"] for d in plan["dispatches"]
+           if any(name[a].endswith("attn.q.b") for a in d["args"])]
+    assert len(q_b) == model.dims().n_layers

@@ -1,5 +1,6 @@
-"""LoRA on Vulkan (lavapipe in CI): the shared GPU plan's LoRA terms (the q/k/v expands
-folded into the KV write and attention, the gate and up expands one per-element kernel,
+"""LoRA on Vulkan (lavapipe in CI): the shared GPU plan's LoRA terms (the k/v expands
+folded into the KV write, the q expand with its RoPE fused beside it, the gate and up
+expands one per-element kernel,
 split-K shrinks beside their base projections on tensor-core targets) give a batch of the base
 model and two PEFT adapters the greedy tokens HF + PEFT recorded for each
 (test/fixtures/tiny/llama_lora), at decode batches 3 and 6."""

@@ -17,7 +17,8 @@ What it takes (:func:`match_attention`): a dispatch function whose root is ``poo
   strategies.pointwise.ELEMENTWISE_CLASS`, or a small contraction: :func:`~poot.backends.
   gpu.strategies.pointwise.per_element`): e.g. RoPE folded in by
   :func:`~poot.backends.gpu.merge.fold_regions`, its cos/sin computed from the positions,
-  and a LoRA expand added to q);
+  and a LoRA expand added to q, the latter only where one chunk covers the keys: a split
+  plan's chunks each evaluate q again, and a small contraction's terms are not worth that);
 * the mask (``i1`` visibility or ``f32`` additive bias, broadcastable to
   ``[batch..., rows..., S]``) such a view, a splat ``poot.constant``, ``poot.unary not`` of
   a view, or else any elementwise-class expression (a causal mask ``iota <= position``);
@@ -121,6 +122,7 @@ from poot.backends.gpu.strategies._scalar import (
     ScalarEmitter,
     ScalarUnsupported,
     buffer_type,
+    small_contraction,
     storage_elem,
 )
 from poot.dialects.types import DType, TensorType, type_from_mlir
@@ -1383,6 +1385,12 @@ def flash_decode(fn: ir.Operation, caps) -> Synthesized | None:
         return None
     plan = plan_attention(reg, caps)
     if plan is None:
+        return None
+    if reg.q_value is not None and \
+            any(small_contraction(o) for o in _slice_ops([reg.q_value])):
+        # every chunk's blocks evaluate their q rows again: a folded LoRA expand (K terms
+        # an element) would be computed NS times over (the 1B shape's 32-token prefill
+        # chunk: 8 chunks, the attention 27 -> 45 us a layer); left to its own kernel
         return None
     try:
         return emit(reg, plan)
