@@ -24,6 +24,7 @@ from mlir.passmanager import PassManager
 
 from poot.backends.cuda.artifact import CudaArtifact
 from poot.backends.cuda.hoist_constant_loads import hoist_constant_loads
+from poot.backends.gpu.kernels import gpu_kernels
 from poot.backends.gpu.plan import plan_program
 from poot.errors import PootError
 
@@ -157,27 +158,21 @@ def add_grid_dependency_control(module: ir.Module) -> int:
     trigger = ir.Attribute.parse("#nvvm<grid_dep_action launch_dependents>", module.context)
     n = 0
     with module.context, ir.Location.unknown():
-        for gm in module.body.operations:
-            if gm.operation.name != "gpu.module":
-                continue
-            for f in gm.operation.regions[0].blocks[0].operations:
-                f = f.operation
-                if f.name != "gpu.func" or "gpu.kernel" not in f.attributes:
-                    continue
-                block = f.regions[0].blocks[0]
-                ops = [o.operation for o in block.operations]
-                branchy = _wait_at(ops, wait) is None and \
-                    any(o.name == "scf.if" for o in ops) and \
-                    all(o.name.startswith("arith.") or o.name in _NO_MEMORY_TOP for o in ops)
-                if branchy:
-                    for o in ops:
-                        if o.name == "scf.if":
-                            for region in o.regions:
-                                for blk in region.blocks:
-                                    _open_block(blk, wait, trigger)
-                else:
-                    _open_block(block, wait, trigger)
-                n += 1
+        for f in gpu_kernels(module):
+            block = f.regions[0].blocks[0]
+            ops = [o.operation for o in block.operations]
+            branchy = _wait_at(ops, wait) is None and \
+                any(o.name == "scf.if" for o in ops) and \
+                all(o.name.startswith("arith.") or o.name in _NO_MEMORY_TOP for o in ops)
+            if branchy:
+                for o in ops:
+                    if o.name == "scf.if":
+                        for region in o.regions:
+                            for blk in region.blocks:
+                                _open_block(blk, wait, trigger)
+            else:
+                _open_block(block, wait, trigger)
+            n += 1
     return n
 
 

@@ -24,6 +24,8 @@ from typing import Mapping
 
 from mlir import ir
 
+from poot.backends.gpu.kernels import gpu_kernels
+
 #: ops that compute an index from values available at the top of a kernel, with no memory
 #: access and no region
 _PURE = ("arith.", "gpu.thread_id", "gpu.block_id", "gpu.block_dim", "gpu.grid_dim",
@@ -80,17 +82,10 @@ def hoist_constant_loads(module: ir.Module, constant_args: Mapping[str, set[int]
     loads hoisted."""
     total = 0
     with module.context, ir.Location.unknown():
-        for gm in module.body.operations:
-            if gm.operation.name != "gpu.module":
-                continue
-            for f in gm.operation.regions[0].blocks[0].operations:
-                f = f.operation
-                if f.name != "gpu.func" or "gpu.kernel" not in f.attributes:
-                    continue
-                name = ir.StringAttr(f.attributes["sym_name"]).value
-                consts = constant_args.get(name)
-                if consts:
-                    total += _hoist_kernel(f.regions[0].blocks[0], consts, limit)
+        for f in gpu_kernels(module):
+            consts = constant_args.get(ir.StringAttr(f.attributes["sym_name"]).value)
+            if consts:
+                total += _hoist_kernel(f.regions[0].blocks[0], consts, limit)
     return total
 
 

@@ -98,6 +98,18 @@ class DispatchKernels:
 
 # ---- helpers ---------------------------------------------------------------------------------
 
+def gpu_kernels(module: ir.Module):
+    """The ``gpu.func`` kernels (``gpu.kernel`` attribute) of every ``gpu.module`` of a
+    planned ``module``, in order (the walk the backends' kernel passes share)."""
+    for gm in module.body.operations:
+        if gm.operation.name != "gpu.module":
+            continue
+        for f in gm.operation.regions[0].blocks[0].operations:
+            f = f.operation
+            if f.name == "gpu.func" and "gpu.kernel" in f.attributes:
+                yield f
+
+
 def memref_nbytes(t: ir.Type) -> int:
     m = ir.MemRefType(t)
     n = 1

@@ -49,6 +49,7 @@ from mlir import ir
 from mlir.dialects import llvm as llvm_d
 from mlir.passmanager import PassManager
 
+from poot.backends.gpu.kernels import gpu_kernels
 from poot.backends.gpu.plan import plan_program
 from poot.backends.rocm.artifact import RocmArtifact
 from poot.errors import PootError
@@ -217,27 +218,21 @@ def kernel_info(module: ir.Module) -> dict[str, dict]:
     ``lds_buffers`` (the bytes and count of its workgroup-memory attributions, which LLVM
     places in LDS, each aligned to 16 bytes)."""
     out = {}
-    for gm in module.body.operations:
-        if gm.operation.name != "gpu.module":
-            continue
-        for f in gm.operation.regions[0].blocks[0].operations:
-            f = f.operation
-            if f.name != "gpu.func" or "gpu.kernel" not in f.attributes:
-                continue
-            ftype = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
-            n_args = len(ftype.inputs)
-            n_wg = ir.IntegerAttr(f.attributes["workgroup_attributions"]).value \
-                if "workgroup_attributions" in f.attributes else 0
-            lds, bufs = 0, 0
-            for a in list(f.regions[0].blocks[0].arguments)[n_args:n_args + n_wg]:
-                bufs += 1
-                mt = ir.MemRefType(a.type)
-                et = mt.element_type
-                bits = int(re.fullmatch(r"[a-z]+(\d+)", str(et)).group(1))
-                lds += math.prod(mt.shape) * bits // 8
-            name = ir.StringAttr(f.attributes["sym_name"]).value
-            out[name] = {"args": n_args, "kernarg_bytes": 8 * n_args, "lds_bytes": lds,
-                         "lds_buffers": bufs}
+    for f in gpu_kernels(module):
+        ftype = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
+        n_args = len(ftype.inputs)
+        n_wg = ir.IntegerAttr(f.attributes["workgroup_attributions"]).value \
+            if "workgroup_attributions" in f.attributes else 0
+        lds, bufs = 0, 0
+        for a in list(f.regions[0].blocks[0].arguments)[n_args:n_args + n_wg]:
+            bufs += 1
+            mt = ir.MemRefType(a.type)
+            et = mt.element_type
+            bits = int(re.fullmatch(r"[a-z]+(\d+)", str(et)).group(1))
+            lds += math.prod(mt.shape) * bits // 8
+        name = ir.StringAttr(f.attributes["sym_name"]).value
+        out[name] = {"args": n_args, "kernarg_bytes": 8 * n_args, "lds_bytes": lds,
+                     "lds_buffers": bufs}
     return out
 
 
