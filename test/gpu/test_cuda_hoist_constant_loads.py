@@ -124,6 +124,12 @@ def test_single_trip_loop_loads_are_speculated_at_the_lower_bound():
     assert any("arith.minui %thread_id_x" in s for s in before)
     n, [(before, after)] = _hoisted(kernel(128), {"k": {0}})
     assert n == 0 and "memref.load %arg0" in "\n".join(after)
+    # a lower bound that may be negative (signed compare: tid - 32 can run twice)
+    neg = kernel(512).replace("scf.for %i = %tid", "%c32 = arith.constant 32 : index\n"
+                              "    %lb = arith.subi %tid, %c32 : index\n"
+                              "    scf.for %i = %lb")
+    n, [(before, after)] = _hoisted(neg, {"k": {0}})
+    assert n == 0 and "memref.load %arg0" in "\n".join(after)
 
 
 def test_fused_kernel_members_hoist_above_their_own_wait():

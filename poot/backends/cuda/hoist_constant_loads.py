@@ -10,12 +10,13 @@ the predecessor instead of following it. What this is for: the straight-line sma
 contractions of a LoRA expand (16 ranks of ``B[r, n]`` an element, read after the wait they
 were one more DRAM round trip on the critical path of every kernel holding one).
 
-A load inside an ``scf.if`` (a bounds check) or a loop of at most one trip is speculated: its indices are clamped to the
-memref's static shape (``arith.minui i, dim - 1``), so the hoisted load is always in bounds
-and its value is used only where the branch would have read it. Loads inside other loops
-stay where they are (their addresses change with the loop). At most ``limit`` loads are hoisted
-above one wait (each holds a register across it). Kernels without one top-level wait (the
-horizontally fused kernels waiting in each member's branch) are left alone.
+A load inside an ``scf.if`` (a bounds check) or a loop of at most one trip is speculated:
+its indices are clamped to the memref's static shape (``arith.minui i, dim - 1``), so the
+hoisted load is always in bounds and its value is used only where the branch would have read
+it. Loads inside other loops stay where they are (their addresses change with the loop). At
+most ``limit`` loads are hoisted above one wait (each holds a register across it). A
+horizontally fused kernel waits in each member's branch: each member's loads go above its
+own wait.
 """
 
 from __future__ import annotations
@@ -48,13 +49,35 @@ def _is_wait(op) -> bool:
 
 def _single_trip(op) -> bool:
     """An ``scf.for`` whose body runs at most once, with the induction variable equal to its
-    lower bound: a constant upper bound no larger than a constant step (the lower bound is
-    an index, so not negative). The strategies write such loops to spread a short stretch
-    over a block's threads (``for i = tid to 256 step 512``)."""
+    lower bound: a constant upper bound no larger than a constant step and a lower bound
+    that cannot be negative (the loop compares signed). The strategies write such loops to
+    spread a short stretch over a block's threads (``for i = tid to 256 step 512``)."""
     if op.name != "scf.for":
         return False
     ub, step = _constant(op.operands[1]), _constant(op.operands[2])
-    return ub is not None and step is not None and 0 < ub <= step
+    return ub is not None and step is not None and 0 < ub <= step and \
+        _non_negative(op.operands[0])
+
+
+#: index ops whose result is not negative when their operands are not
+_MONOTONE = ("arith.addi", "arith.muli", "arith.divui", "arith.remui", "arith.minui",
+             "arith.maxui")
+
+
+def _non_negative(v, depth: int = 8) -> bool:
+    """Whether index ``v`` is provably >= 0: a thread or block id or dimension, a
+    non-negative constant, or sums, products, unsigned quotients and min/max of those."""
+    if isinstance(v, ir.BlockArgument) or depth == 0:
+        return False
+    op = v.owner
+    op = op.operation if hasattr(op, "operation") else op
+    if op.name in ("gpu.thread_id", "gpu.block_id", "gpu.block_dim", "gpu.grid_dim",
+                   "gpu.lane_id"):
+        return True
+    if op.name == "arith.constant":
+        c = _constant(v)
+        return c is not None and c >= 0
+    return op.name in _MONOTONE and all(_non_negative(x, depth - 1) for x in op.operands)
 
 
 def _loads(block, out: list, trips: dict) -> None:
