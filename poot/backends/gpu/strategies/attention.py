@@ -1388,9 +1388,9 @@ def flash_decode(fn: ir.Operation, caps) -> Synthesized | None:
         return None
     if reg.q_value is not None and \
             any(small_contraction(o) for o in _slice_ops([reg.q_value])):
-        # every chunk's blocks evaluate their q rows again: a folded LoRA expand (K terms
-        # an element) would be computed NS times over (the 1B shape's 32-token prefill
-        # chunk: 8 chunks, the attention 27 -> 45 us a layer); left to its own kernel
+        # each block evaluates its q rows, and each chunk of a split plan again: a folded
+        # LoRA expand (K terms an element) cost more there (the 1B shape's 32-token prefill
+        # chunk: 8 chunks, the attention 27 -> 45 us a layer) than beside the KV write
         return None
     try:
         return emit(reg, plan)
