@@ -741,23 +741,58 @@ def profile_dispatches(runner: "StepRunner") -> dict[str, float]:
     return {k: v["ms"] for k, v in prof["by_kind"].items()}
 
 
+def _graph_us(dev: CudaDevice, kernel: CudaKernel, ptrs: dict, pre, chains: list[list],
+              replays: int, rounds: int) -> float:
+    """The launch lists ``chains`` (each enqueued on its own, so programmatic edges join
+    launches of one chain only; the copies ``pre`` first) captured into a CUDA graph of
+    their own and launched ``replays`` times back to back, ``rounds`` times after a warm-up
+    round: the least mean microseconds a replay (the profilers' one timing loop)."""
+    cu = dev._driver()
+    keep: list = []
+    _check(cu.cuStreamBeginCapture(
+        dev.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+        "cuStreamBeginCapture")
+    try:
+        for i, launches in enumerate(chains):
+            dev._enqueue(kernel, ptrs, [] if i else pre, keep, launches)
+    finally:
+        graph = _check(cu.cuStreamEndCapture(dev.stream), "cuStreamEndCapture")
+    gexec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    ev0 = _check(cu.cuEventCreate(0), "cuEventCreate")
+    ev1 = _check(cu.cuEventCreate(0), "cuEventCreate")
+    best = float("inf")
+    try:
+        for _ in range(rounds + 1):                 # the first round warms up
+            _check(cu.cuEventRecord(ev0, dev.stream), "cuEventRecord")
+            for _ in range(replays):
+                _check(cu.cuGraphLaunch(gexec, dev.stream), "cuGraphLaunch")
+            _check(cu.cuEventRecord(ev1, dev.stream), "cuEventRecord")
+            _check(cu.cuEventSynchronize(ev1), "cuEventSynchronize")
+            best = min(best, float(_check(cu.cuEventElapsedTime(ev0, ev1),
+                                          "cuEventElapsedTime")) * 1e3 / replays)
+    finally:
+        for ev in (ev0, ev1):
+            _check(cu.cuEventDestroy(ev), "cuEventDestroy")
+        _check(cu.cuGraphExecDestroy(gexec), "cuGraphExecDestroy")
+        _check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+    return best
+
+
 def profile_kernel(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBuf],
                    repeats: int = 3, top: int = 16) -> dict:
     """Where one step's GPU time goes, measured as a graph replay sees it (but for the
     overlap PDL gives between two different dispatches: each capture starts its own chain):
     the dispatches of one body (the layers' copies of one dispatch region share a ``key``)
     are captured, in step order and repeated to at least 16 launches, into a CUDA graph of
-    their own, which is
-    replayed ``repeats`` times (the minimum is kept); a dispatch's time is the graph's time
-    over its launches. Each copy reads its own layer's weights, as the step does (a body
-    that occurs once, like the LM head, re-reads its weight: L2 may hold a small one). The
-    buffers' current contents are used and rewritten as a step would.
+    their own, which is replayed ``repeats`` times (the minimum is kept); a dispatch's time
+    is the graph's time over its launches. Each copy reads its own layer's weights, as the
+    step does (a body that occurs once, like the LM head, re-reads its weight: L2 may hold a
+    small one). The buffers' current contents are used and rewritten as a step would.
 
     Returns ``{"total_ms", "by_kind": {kind: {"ms", "dispatches", "launches"}},
     "top": [{"callee", "kind", "copies", "us", "weight_bytes", "GBps", "launches":
     [[grid, block], ...]}, ...]`` (the ``top`` bodies by total time) and a ``note``.
     """
-    cu = dev._driver()
     plan = kernel.artifact.plan
     ptrs, _ = dev._pointers(kernel, bindings)
     nbytes = {b["id"]: b["nbytes"] for b in plan["buffers"]}
@@ -765,34 +800,12 @@ def profile_kernel(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBu
     groups: dict[str, list[dict]] = {}
     for d in plan["dispatches"]:
         groups.setdefault(d.get("key", d["callee"]), []).append(d)
-    ev0 = _check(cu.cuEventCreate(0), "cuEventCreate")
-    ev1 = _check(cu.cuEventCreate(0), "cuEventCreate")
     rows = []
     for key, ds in groups.items():
         rep = -(-16 // len(ds))
-        keep: list = []
-        _check(cu.cuStreamBeginCapture(
-            dev.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-            "cuStreamBeginCapture")
-        try:
-            for _ in range(rep):
-                for d in ds:
-                    dev._enqueue(kernel, ptrs, [], keep,
-                                 plan["launches"][d["first"]:d["first"] + d["count"]])
-        finally:
-            graph = _check(cu.cuStreamEndCapture(dev.stream), "cuStreamEndCapture")
-        gexec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-        best = float("inf")
-        for _ in range(max(1, repeats) + 1):          # the first replay warms up
-            _check(cu.cuEventRecord(ev0, dev.stream), "cuEventRecord")
-            _check(cu.cuGraphLaunch(gexec, dev.stream), "cuGraphLaunch")
-            _check(cu.cuEventRecord(ev1, dev.stream), "cuEventRecord")
-            _check(cu.cuEventSynchronize(ev1), "cuEventSynchronize")
-            best = min(best, float(_check(cu.cuEventElapsedTime(ev0, ev1),
-                                          "cuEventElapsedTime")))
-        _check(cu.cuGraphExecDestroy(gexec), "cuGraphExecDestroy")
-        _check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
-        us = best * 1e3 / (rep * len(ds))
+        chains = [plan["launches"][d["first"]:d["first"] + d["count"]]
+                  for _ in range(rep) for d in ds]
+        us = _graph_us(dev, kernel, ptrs, [], chains, 1, max(1, repeats)) / (rep * len(ds))
         d0 = ds[0]
         wbytes = sum(nbytes[b] for b in set(d0["args"]) if role.get(b) == "param")
         rows.append({"callee": d0["callee"], "kind": d0["kind"], "copies": len(ds),
@@ -827,43 +840,16 @@ def profile_in_context(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[D
     The prefixes rewrite the step's buffers as the step does (a decode step is idempotent
     over its inputs; the KV write stores the same rows again).
 
-    Returns ``{"total_us", "dispatches": [{"i", "callee", "key", "kind", "us"}, ...],
-    "by_key": {key: {"callee", "kind", "copies", "us"}}}`` (``by_key`` summed over copies,
-    sorted by cost)."""
-    cu = dev._driver()
+    Returns ``{"total_us", "empty_us", "dispatches": [{"i", "callee", "key", "kind", "us"},
+    ...], "by_key": {key: {"callee", "kind", "copies", "us"}}}`` (``empty_us``: the replay
+    of no dispatch, what launching a graph costs; ``by_key`` summed over copies, sorted by
+    cost)."""
     plan = kernel.artifact.plan
     ptrs, pre = dev._pointers(kernel, bindings)
     ds = plan["dispatches"]
-    ev0 = _check(cu.cuEventCreate(0), "cuEventCreate")
-    ev1 = _check(cu.cuEventCreate(0), "cuEventCreate")
-
-    def prefix_us(k: int) -> float:
-        end = ds[k - 1]["first"] + ds[k - 1]["count"] if k else 0
-        keep: list = []
-        _check(cu.cuStreamBeginCapture(
-            dev.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-            "cuStreamBeginCapture")
-        try:
-            dev._enqueue(kernel, ptrs, pre, keep, plan["launches"][:end])
-        finally:
-            graph = _check(cu.cuStreamEndCapture(dev.stream), "cuStreamEndCapture")
-        gexec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-        best = float("inf")
-        try:
-            for _ in range(rounds + 1):                 # the first round warms up
-                _check(cu.cuEventRecord(ev0, dev.stream), "cuEventRecord")
-                for _ in range(replays):
-                    _check(cu.cuGraphLaunch(gexec, dev.stream), "cuGraphLaunch")
-                _check(cu.cuEventRecord(ev1, dev.stream), "cuEventRecord")
-                _check(cu.cuEventSynchronize(ev1), "cuEventSynchronize")
-                best = min(best, float(_check(cu.cuEventElapsedTime(ev0, ev1),
-                                              "cuEventElapsedTime")) * 1e3 / replays)
-        finally:
-            _check(cu.cuGraphExecDestroy(gexec), "cuGraphExecDestroy")
-            _check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
-        return best
-
-    times = [prefix_us(k) for k in range(len(ds) + 1)]
+    ends = [0] + [d["first"] + d["count"] for d in ds]
+    times = [_graph_us(dev, kernel, ptrs, pre, [plan["launches"][:end]], replays, rounds)
+             for end in ends]
     rows, by_key = [], {}
     for i, d in enumerate(ds):
         us = times[i + 1] - times[i]
