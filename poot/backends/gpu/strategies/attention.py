@@ -14,11 +14,13 @@ What it takes (:func:`match_attention`): a dispatch function whose root is ``poo
   cache, whose gather canonicalization removed, is such a view of the pool);
 * q ``[batch..., rows..., D]`` (any float dtype; GQA groups are rows dims of q) such a view, or
   else *any* elementwise-class expression of the arguments (:data:`~poot.backends.gpu.
-  strategies.pointwise.ELEMENTWISE_CLASS`, or a small contraction: :func:`~poot.backends.
-  gpu.strategies.pointwise.per_element`): e.g. RoPE folded in by
-  :func:`~poot.backends.gpu.merge.fold_regions`, its cos/sin computed from the positions,
-  and a LoRA expand added to q, the latter only where one chunk covers the keys: a split
-  plan's chunks each evaluate q again, and a small contraction's terms are not worth that);
+  strategies.pointwise.ELEMENTWISE_CLASS`): e.g. RoPE folded in by
+  :func:`~poot.backends.gpu.merge.fold_regions`, its cos/sin computed from the positions.
+  The matcher takes small contractions too (:func:`~poot.backends.gpu.strategies.
+  pointwise.per_element`), but :func:`flash_decode` refuses a q holding one (a LoRA
+  expand): every block evaluates its q rows, a split plan's chunks each again, and K terms
+  an element are not worth that; the expand keeps a kernel of its own, fused beside the
+  KV write;
 * the mask (``i1`` visibility or ``f32`` additive bias, broadcastable to
   ``[batch..., rows..., S]``) such a view, a splat ``poot.constant``, ``poot.unary not`` of
   a view, or else any elementwise-class expression (a causal mask ``iota <= position``);
@@ -1383,14 +1385,14 @@ def flash_decode(fn: ir.Operation, caps) -> Synthesized | None:
     reg = match_attention(fn)
     if reg is None:
         return None
-    plan = plan_attention(reg, caps)
-    if plan is None:
-        return None
     if reg.q_value is not None and \
             any(small_contraction(o) for o in _slice_ops([reg.q_value])):
         # each block evaluates its q rows, and each chunk of a split plan again: a folded
         # LoRA expand (K terms an element) cost more there (the 1B shape's 32-token prefill
         # chunk: 8 chunks, the attention 27 -> 45 us a layer) than beside the KV write
+        return None
+    plan = plan_attention(reg, caps)
+    if plan is None:
         return None
     try:
         return emit(reg, plan)
