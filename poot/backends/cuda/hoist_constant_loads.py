@@ -151,9 +151,8 @@ def _hoist(entry, block, wait, outer: set, consts: set[int], limit: int) -> int:
 
     def avail(v):
         """``v`` or a copy of it computed above the wait; None when it needs memory."""
-        key = v
-        if key in memo:
-            return memo[key]
+        if v in memo:
+            return memo[v]
         res = None
         if isinstance(v, ir.BlockArgument):
             if v in trips:               # a single-trip loop's induction variable
@@ -174,7 +173,7 @@ def _hoist(entry, block, wait, outer: set, consts: set[int], limit: int) -> int:
                         new.operands[i] = x
                     res = new.results[list(op.results).index(v)] if len(op.results) > 1 \
                         else new.result
-        memo[key] = res
+        memo[v] = res
         return res
 
     loads: list = []
