@@ -13,7 +13,7 @@ SmolLM2 (KV ``--smol-cap``), the Llama-3.2-1B and Llama-3-8B shapes (``bench/sha
 random bf16 weights, KV ``--llama-cap``); ``devcheck/``: device-check bundles of the tiny
 fixtures (``llama``, ``llama_gguf_q4_1``: program, oracle fixtures, weights) and of the
 SmolLM2 decode step with its greedy sampler (program + fixtures, no weights: they come from
-the GGUF there); ``ref/``: the reference tokens (``shared/reference/smollm2/*.json``);
+the GGUF there); ``ref/``: the reference tokens (``test/reference/smollm2/*.json``);
 ``manifest.json``: what was built, with the source hash the cache keys depend on.
 
 The cache keys include a hash of poot's tracer/compiler sources: run ``issue7.sh`` on the
@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 # two carries of its own (.i7a, .i7c) and everything else a third (.i7b).
 CARRY_LIMIT = 52 << 20
 SPLIT = 49_000_000          # GGUF bytes in .i7a; the rest in .i7c
-REF = "/work/shared/reference/smollm2"
+REF = "test/reference/smollm2"
 SHAPES = {"llama-3.2-1b": "bench/shapes/llama-3.2-1b.json",
           "llama-3-8b": "bench/shapes/llama-3-8b.json"}
 

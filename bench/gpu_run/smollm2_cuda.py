@@ -1,5 +1,5 @@
 """SmolLM2-135M (real Q4_1 GGUF weights) greedy decode on the CUDA backend, against the
-reference tokens in shared/reference/smollm2 (or REF_DIR); then decode speed at KV capacity 256.
+reference tokens in test/reference/smollm2 (or REF_DIR); then decode speed at KV capacity 256.
 Runs on the GPU machine without MLIR:
 
     python3 bench/gpu_run/smollm2_cuda.py ART_DIR W_A.npz W_B.npz REF_DIR OUT.json

@@ -1,5 +1,5 @@
 """How SmolLM2 outputs are compared with HF transformers' reference
-(shared/reference/smollm2): the near-tie margins per compile precision."""
+(test/reference/smollm2): the near-tie margins per compile precision."""
 
 from __future__ import annotations
 

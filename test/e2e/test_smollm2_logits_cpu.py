@@ -1,6 +1,6 @@
 """SmolLM2's first-step logits from the COMPILED CPU step (the whole pipeline: passes, fused
 dispatch regions, packed Q4_1/Q8_0 kernels) equal HF transformers' reference ``.npy`` for
-every prompt in shared/reference/smollm2: within 1e-3 max abs with ``precision="exact"`` (f32
+every prompt in test/reference/smollm2: within 1e-3 max abs with ``precision="exact"`` (f32
 activations), and within :data:`FAST_TOL` with ``precision="fast"`` (the default: activations
 quantized to int8 per 32-block for the packed matmuls, as llama.cpp does; compared up to a
 common shift of the whole vector, which softmax ignores), with the same
@@ -24,7 +24,7 @@ from poot.load.bundled import smollm2_gguf
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from smollm2_ref import NEAR_TIE  # noqa: E402
 
-REF = Path(__file__).resolve().parents[3] / "shared" / "reference" / "smollm2"
+REF = Path(__file__).resolve().parents[1] / "reference" / "smollm2"
 CASES = sorted(REF.glob("[0-9][0-9]_*.json")) if REF.is_dir() else []
 CAPACITY, CHUNK = 128, 32
 #: max abs logit difference allowed with precision="fast" (int8 activations; the logits span

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct (Q4_1 GGUF): oracle first-step logits match the HF float32
-reference (shared/reference/smollm2) within 1e-3 max abs, one prefill graph per prompt."""
+reference (test/reference/smollm2) within 1e-3 max abs, one prefill graph per prompt."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from poot.models import StepSpec, load_model
 from model_steps import empty_caches, run_step
 
 # the shared folder sits beside the checkout (../shared from the repository root)
-REF = Path(__file__).resolve().parents[3] / "shared" / "reference" / "smollm2"
+REF = Path(__file__).resolve().parents[1] / "reference" / "smollm2"
 PROMPTS = sorted(p for p in REF.glob("[0-9][0-9]_*.json")) if REF.is_dir() else []
 TOL = 1e-3
 

@@ -21,7 +21,7 @@ def smollm2_path() -> Path:
 def refs() -> Path:
     ref = reference_dir()
     if ref is None:
-        pytest.skip("shared/reference/smollm2 is not present next to the checkout")
+        pytest.skip("test/reference/smollm2 is missing from the checkout")
     return ref
 
 

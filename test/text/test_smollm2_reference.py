@@ -1,4 +1,4 @@
-"""The SmolLM2 GGUF tokenizer against HF transformers' ids (shared/reference/smollm2).
+"""The SmolLM2 GGUF tokenizer against HF transformers' ids (test/reference/smollm2).
 
 Every string of tokenizer_roundtrip.json and every prompt of NN_*.json must encode to the
 reference ids exactly and decode back; a few go through the real ``poot tokenize`` CLI in a

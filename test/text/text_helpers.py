@@ -29,10 +29,9 @@ def smollm2_gguf() -> Path | None:
 
 
 def reference_dir() -> Path | None:
-    for base in (ROOT / "shared", ROOT.parent / "shared"):
-        if (base / "reference" / "smollm2" / "tokenizer_roundtrip.json").is_file():
-            return base / "reference" / "smollm2"
-    return None
+    """HF transformers' SmolLM2 outputs, committed in the repository (test/reference/smollm2)."""
+    ref = ROOT / "test" / "reference" / "smollm2"
+    return ref if (ref / "tokenizer_roundtrip.json").is_file() else None
 
 
 def load_json(path: Path) -> Any:

@@ -20,7 +20,7 @@ from smollm2_ref import agreeing_prefix  # noqa: E402
 #: weights, sliding windows, soft-capping, a fused qkv, MoE); every family's paged step is
 #: checked against the oracle in test_wgpu_kernels.py
 FIXTURES = ["llama_gguf_q4_1", "mistral_swa4", "gemma2", "phi3", "qwen3_moe"]
-REF = Path(__file__).resolve().parents[3] / "shared" / "reference" / "smollm2"
+REF = Path(__file__).resolve().parents[1] / "reference" / "smollm2"
 #: two of the reference prompts (the code prompt and the single-token one: every step above
 #: the exact near-tie margin)
 SMOLLM2_CASES = [REF / "02_code.json", REF / "07_single_token.json"]
