@@ -35,15 +35,26 @@ storage and dispatch counts, pickled (~0.5 MB for a 30-layer CUDA step).
 
 **Integrity.** Every entry file is written to a temporary name and ``os.replace``-d into
 place (a reader sees the old file or the whole new one). It starts with :data:`MAGIC` and a
-JSON line holding the payload's size and sha256, checked before the payload is unpickled; the
-``.so`` an entry names is checked against the size and sha256 recorded at write before
-``ctypes`` maps it (a truncated shared object would otherwise crash the process with
-SIGBUS). A damaged entry is discarded with one warning (``poot: warning: compile cache entry
-... is damaged (...); discarded, compiling again``) and compiled again; it is never loaded.
+JSON line holding the record kind (``program``; ``step`` or ``pipeline`` for index entries),
+the full key the file is the entry of, the payload's size and the sha256 over (kind, key,
+payload), all checked before the payload is read (:func:`unseal`). The ``.so`` an entry names
+must be named ``<that key>.<its sha256 prefix>.so`` and match the size and sha256 recorded in
+the sealed entry before ``ctypes`` maps it (a truncated shared object would otherwise crash
+the process with SIGBUS); CUDA/Vulkan/wgpu artifacts are pickled inside the entry. So one
+whole, valid file standing in for another -- an index or program entry copied or linked under
+another key's name, a half-synced folder, another entry's ``.so`` -- is never loaded as this
+key's. A damaged entry is discarded with one warning (``poot: warning: compile cache entry
+... is damaged (...); discarded, compiling again``; ``... is not the entry of its name (it
+holds the program entry of key ...)`` for another key's) and compiled again. Entries of
+FORMAT 4 and earlier carry no key: they are not looked up (the keys changed with
+:data:`FORMAT` / :data:`INDEX_FORMAT`), and one found under a current name is discarded.
 Shared objects are named by their hash, so a file another process has loaded is never
-rewritten. Processes sharing one cache take an exclusive ``flock`` on ``locks/<key>.lock``
-while compiling a missing step or program: the second one waits and then loads what the
-first wrote, instead of compiling it too.
+rewritten. Processes sharing one cache take an exclusive lock on ``locks/<key>.lock``
+while compiling a missing step or program (:mod:`poot.executor.cache_lock`): the second one
+waits and then loads what the first wrote, instead of compiling it too. The lock file records
+its holder (pid, host, since, what it compiles); a wait is bounded (``lock_timeout_s``,
+``$POOT_CACHE_LOCK_TIMEOUT``, default 900 s) and ends in :class:`CacheLockTimeout` naming
+the holder; a lock whose holder no longer runs on this host is broken with a warning.
 
 **The step index** (``index/<step key>.json`` -> program key): finding a program without
 tracing. Tracing builds MLIR, so a machine without MLIR cannot compute the graph key above.

@@ -253,7 +253,8 @@ def test_read_only_cache_still_loads(filled, monkeypatch, capsys):
     other = cache.compile(cache_step(), host_cpu(), CompileOptions(fuse=False, opt_level=1))
     assert cache.misses == 1 and getattr(other, "cache_key", None) is None
     assert sorted(p.name for p in (filled / "programs").iterdir()) == before
-    err = capsys.readouterr().err.splitlines()
+    # (the CPU backend may warn about its OpenMP runtime here too: not the cache's)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "compile cache" in ln]
     assert len(err) == 1, err
     assert "is read-only" in err[0] and "loaded from it" in err[0] and "not saved" in err[0]
     assert "disabled" not in err[0]
