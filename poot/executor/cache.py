@@ -532,7 +532,7 @@ class CompileCache:
         except OSError:
             pass
 
-    def _locked(self, name: str, what: str, progress=None, wait: bool = True):
+    def _locked(self, name: str, progress=None, wait: bool = True, what: str = "compiling"):
         """Hold ``locks/<name>.lock`` within the block (:func:`poot.executor.cache_lock.hold`:
         ``flock``, the holder recorded, a wait bounded by ``lock_timeout_s``, a lock whose
         holder is gone broken), so processes sharing the cache compile a program once: the
@@ -590,7 +590,7 @@ class CompileCache:
         if not mlir_importable():
             raise CacheMiss(self.explain_miss(skey, describe))
         what = f"compiling the step {str(describe.get('step', skey))[:160]}"
-        with self._locked(f"step-{skey}", what, track, wait=wait) as held:
+        with self._locked(f"step-{skey}", track, wait=wait, what=what) as held:
             if not held:
                 return None
             hit = self.lookup(skey, target)       # compiled by another process meanwhile
@@ -885,7 +885,8 @@ class CompileCache:
         if hit is not None:
             self.hits += 1
             return hit
-        with self._locked(f"program-{key}", f"compiling the graph {graph.name}", track):
+        with self._locked(f"program-{key}", track,
+                          what=f"compiling the graph {graph.name}"):
             hit = self._load(key, target)
             if hit is not None:
                 self.hits += 1

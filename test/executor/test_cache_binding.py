@@ -164,3 +164,21 @@ def test_shared_object_of_another_entry(two_steps, capsys, how):
     _put(so[KEY_A], so[KEY_B], how)
     warning = _load_b_again(cache_dir, capsys, recompiled=True)
     assert "sha256 mismatch" in warning or "bytes," in warning
+
+
+@pytest.mark.skipif(not shutil.which("ld"), reason="no system linker (ld): no shared object")
+def test_entry_naming_another_entrys_shared_object(two_steps, capsys):
+    """A sealed entry of program B that names program A's ``.so`` (with A's size and sha256,
+    so the file checks out): a content-named file must be named by the entry's own key."""
+    import pickle
+
+    from poot.executor.cache import seal, unseal
+
+    cache_dir, keys = two_steps
+    pa, pb = (cache_dir / "programs" / f"{keys[k]}.pkl" for k in (KEY_A, KEY_B))
+    ea = pickle.loads(unseal(pa.read_bytes(), "program", keys[KEY_A]))
+    eb = pickle.loads(unseal(pb.read_bytes(), "program", keys[KEY_B]))
+    eb["object"], eb["files"] = ea["object"], ea["files"]
+    pb.write_bytes(seal(pickle.dumps(eb), "program", keys[KEY_B]))
+    warning = _load_b_again(cache_dir, capsys, recompiled=True)
+    assert "is not named by this key and its sha256" in warning
