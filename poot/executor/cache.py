@@ -910,6 +910,7 @@ class CompileCache:
         return program
 
 
-__all__ = ["CacheLockTimeout", "CacheMiss", "CachedProgram", "CompileCache", "cache_key", "canonical",
+__all__ = ["CacheLockTimeout", "CacheMiss", "CachedProgram", "CompileCache", "cache_key",
+           "canonical",
            "compiler_source_hash", "step_describe", "step_key", "step_source_hash",
            "cpu_program_from_llvm", "cpu_program_from_object", "default_dir", "link_object"]

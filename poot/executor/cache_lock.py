@@ -54,14 +54,14 @@ class CacheLockTimeout(PootError):
         if holder:
             who = (f"pid {holder.get('pid')} on {holder.get('host')} since "
                    f"{holder.get('since')} ({holder.get('what')})")
-            end = f"end it (kill {holder.get('pid')} on {holder.get('host')})"
+            end = f"kill {holder.get('pid')} on {holder.get('host')}, or the process"
         else:
             who = "a process that left no record"
-            end = "end it"
+            end = "the process"
         super().__init__(
             f"compile cache lock {path} is still held after {waited_s:.1f} s by {who}: if it "
             f"is still compiling, wait for it or set {ENV} to more seconds; if it is stuck, "
-            f"{end}; if no process holds the lock, delete {path}")
+            f"end it ({end} `fuser {path}` lists there)")
 
 
 class InvalidLockTimeout(PootError):

@@ -182,3 +182,31 @@ def test_entry_naming_another_entrys_shared_object(two_steps, capsys):
     pb.write_bytes(seal(pickle.dumps(eb), "program", keys[KEY_B]))
     warning = _load_b_again(cache_dir, capsys, recompiled=True)
     assert "is not named by this key and its sha256" in warning
+
+
+def test_pipeline_index_entry_is_bound_to_its_key_and_kind(tmp_path, capsys, monkeypatch):
+    """A pipeline's index entry (its stage programs) under another pipeline's name, or under
+    a step's name, or a step's under a pipeline's name, is not read as that entry."""
+    import poot.executor.cache as C
+    from poot.executor.cache import seal
+
+    monkeypatch.setattr(C, "_WARNED", set())
+    cache = C.CompileCache(tmp_path)
+    (tmp_path / "index").mkdir()
+    rec = json.dumps({"pipeline": ["p" * 64, "q" * 64], "describe": {}, "boundaries": {},
+                      "weight_bytes": [1, 2]}).encode()
+    cache.index_path(KEY_A).write_bytes(seal(rec, "pipeline", KEY_A))
+    assert cache._index_record(KEY_A, "pipeline")["pipeline"] == ["p" * 64, "q" * 64]
+    for kind in ("pipeline", "step"):       # as another pipeline's, as a step's entry
+        shutil.copyfile(cache.index_path(KEY_A), cache.index_path(KEY_B))
+        monkeypatch.setattr(C, "_WARNED", set())
+        assert cache._index_record(KEY_B, kind) is None
+        err = capsys.readouterr().err
+        assert "is not the entry of its name" in err, err
+        assert f"pipeline entry of key {KEY_A[:16]}" in err, err
+        assert not cache.index_path(KEY_B).exists()
+    step = json.dumps({"program": "p" * 64, "describe": {}}).encode()
+    cache.index_path(KEY_B).write_bytes(seal(step, "step", KEY_B))
+    monkeypatch.setattr(C, "_WARNED", set())
+    assert cache._index_record(KEY_B, "pipeline") is None       # a step's, not a pipeline's
+    assert f"step entry of key {KEY_B[:16]}" in capsys.readouterr().err
