@@ -35,15 +35,26 @@ storage and dispatch counts, pickled (~0.5 MB for a 30-layer CUDA step).
 
 **Integrity.** Every entry file is written to a temporary name and ``os.replace``-d into
 place (a reader sees the old file or the whole new one). It starts with :data:`MAGIC` and a
-JSON line holding the payload's size and sha256, checked before the payload is unpickled; the
-``.so`` an entry names is checked against the size and sha256 recorded at write before
-``ctypes`` maps it (a truncated shared object would otherwise crash the process with
-SIGBUS). A damaged entry is discarded with one warning (``poot: warning: compile cache entry
-... is damaged (...); discarded, compiling again``) and compiled again; it is never loaded.
+JSON line holding the record kind (``program``; ``step`` or ``pipeline`` for index entries),
+the full key the file is the entry of, the payload's size and the sha256 over (kind, key,
+payload), all checked before the payload is read (:func:`unseal`). The ``.so`` an entry names
+must be named ``<that key>.<its sha256 prefix>.so`` and match the size and sha256 recorded in
+the sealed entry before ``ctypes`` maps it (a truncated shared object would otherwise crash
+the process with SIGBUS); CUDA/Vulkan/wgpu artifacts are pickled inside the entry. So one
+whole, valid file standing in for another -- an index or program entry copied or linked under
+another key's name, a half-synced folder, another entry's ``.so`` -- is never loaded as this
+key's. A damaged entry is discarded with one warning (``poot: warning: compile cache entry
+... is damaged (...); discarded, compiling again``; ``... is not the entry of its name (it
+holds the program entry of key ...)`` for another key's) and compiled again. Entries of
+FORMAT 4 and earlier carry no key: they are not looked up (the keys changed with
+:data:`FORMAT` / :data:`INDEX_FORMAT`), and one found under a current name is discarded.
 Shared objects are named by their hash, so a file another process has loaded is never
-rewritten. Processes sharing one cache take an exclusive ``flock`` on ``locks/<key>.lock``
-while compiling a missing step or program: the second one waits and then loads what the
-first wrote, instead of compiling it too.
+rewritten. Processes sharing one cache take an exclusive lock on ``locks/<key>.lock``
+while compiling a missing step or program (:mod:`poot.executor.cache_lock`): the second one
+waits and then loads what the first wrote, instead of compiling it too. The lock file records
+its holder (pid, host, since, what it compiles); a wait is bounded (``lock_timeout_s``,
+``$POOT_CACHE_LOCK_TIMEOUT``, default 900 s) and ends in :class:`CacheLockTimeout` naming
+the holder; a lock whose holder no longer runs on this host is broken with a warning.
 
 **The step index** (``index/<step key>.json`` -> program key): finding a program without
 tracing. Tracing builds MLIR, so a machine without MLIR cannot compute the graph key above.
@@ -68,7 +79,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import enum
-import fcntl
 import functools
 import hashlib
 import json
@@ -78,22 +88,25 @@ import shutil
 import subprocess
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from poot.errors import PootError
+from poot.executor.cache_lock import CacheLockTimeout, hold
+from poot.executor.cache_lock import lock_timeout_s as _lock_timeout
 
 _LOCK = threading.Lock()        # the CPU backend's ExecutionEngine is swapped while capturing
 _WARN_LOCK = threading.Lock()
 _WARNED: set[str] = set()   # warnings already given on stderr (once per directory / entry)
-FORMAT = 4
+#: 5: every entry file is bound to its key (record kind and full key sealed with it)
+FORMAT = 5
 #: first bytes of every entry file (then a JSON line with the payload's size and sha256)
 MAGIC = b"poot-cache-entry\n"
-#: 2: the program entries an index entry names are sealed (FORMAT 4); index entries of
+#: 3: index entries are sealed and bound to their step key (FORMAT 5); index entries of
 #: earlier formats are not looked up (a plain miss, not a damaged entry)
-INDEX_FORMAT = 2
+INDEX_FORMAT = 3
 
 
 class CacheMiss(PootError):
@@ -344,6 +357,11 @@ class DamagedEntry(Exception):
     """A cache file that fails its check (internal: the entry is discarded and recompiled)."""
 
 
+class ForeignEntry(DamagedEntry):
+    """A whole, valid cache entry found under the name of another key (internal: discarded
+    and recompiled like a damaged one)."""
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory and
     ``os.replace``: a reader sees the old file or the whole new one, never a part."""
@@ -359,16 +377,24 @@ def _atomic_write(path: Path, data: bytes) -> None:
             pass
 
 
-def seal(payload: bytes) -> bytes:
-    """An entry file: :data:`MAGIC`, a JSON line with the payload's size and sha256, the
-    payload."""
-    head = json.dumps({"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()})
+def _sealed_digest(record: str, key: str, payload: bytes) -> str:
+    """sha256 over the record kind, the key and the payload: the seal covers the binding."""
+    return hashlib.sha256(f"{record}\n{key}\n".encode() + payload).hexdigest()
+
+
+def seal(payload: bytes, record: str, key: str) -> bytes:
+    """An entry file: :data:`MAGIC`, a JSON line with the record kind (``"program"``,
+    ``"step"``, ``"pipeline"``), the full key it is the entry of, the payload's size and the
+    sha256 over (record, key, payload), then the payload."""
+    head = json.dumps({"record": record, "key": key, "size": len(payload),
+                       "sha256": _sealed_digest(record, key, payload)})
     return MAGIC + head.encode() + b"\n" + payload
 
 
-def unseal(data: bytes) -> bytes:
-    """The payload of an entry file written by :func:`seal`; :class:`DamagedEntry` saying
-    what is wrong when the file is not one, is truncated or its bytes changed."""
+def unseal_any(data: bytes) -> tuple[str, str, bytes]:
+    """(record kind, key, payload) of an entry file written by :func:`seal`, whichever key it
+    is the entry of; :class:`DamagedEntry` saying what is wrong when the file is not one
+    (also one of an older format, not bound to its key), is truncated or its bytes changed."""
     if not data.startswith(MAGIC):
         raise DamagedEntry("not a poot cache entry" if data else "empty file")
     nl = data.find(b"\n", len(MAGIC))
@@ -377,11 +403,25 @@ def unseal(data: bytes) -> bytes:
         size, digest = int(head["size"]), str(head["sha256"])
     except (ValueError, KeyError, TypeError):
         raise DamagedEntry("unreadable header") from None
+    record, key = head.get("record"), head.get("key")
+    if not isinstance(record, str) or not isinstance(key, str):
+        raise DamagedEntry("an entry of an older format, not bound to its key")
     payload = data[nl + 1:]
     if len(payload) != size:
         raise DamagedEntry(f"truncated: {len(payload)} of {size} bytes")
-    if hashlib.sha256(payload).hexdigest() != digest:
+    if _sealed_digest(record, key, payload) != digest:
         raise DamagedEntry("sha256 mismatch")
+    return record, key, payload
+
+
+def unseal(data: bytes, record: str, key: str) -> bytes:
+    """The payload of the ``record`` entry of ``key`` (see :func:`unseal_any`);
+    :class:`ForeignEntry` when the file is a whole entry of another key or kind (a file
+    copied, linked or synced under another entry's name)."""
+    got_record, got_key, payload = unseal_any(data)
+    if (got_record, got_key) != (record, key):
+        raise ForeignEntry(f"it holds the {got_record} entry of key {got_key[:16]}..., not "
+                           f"the {record} entry of {key[:16]}...")
     return payload
 
 
@@ -422,11 +462,17 @@ class CompileCache:
 
     Attributes: dir; use (lookups on: also in a directory this process cannot write);
     enabled (writes on); hits, misses (counts of this instance); damaged (entries found
-    damaged and discarded).
+    damaged, or bound to another key, and discarded); lock_timeout_s (seconds a compile
+    waits for another process compiling the same step before :class:`CacheLockTimeout`).
+    ``lock_timeout_s`` (option): else ``$POOT_CACHE_LOCK_TIMEOUT``, else 900; a value that is
+    not a positive number raises :class:`~poot.executor.cache_lock.InvalidLockTimeout`.
     """
 
-    def __init__(self, directory: str | os.PathLike | None = None, enabled: bool = True):
+    def __init__(self, directory: str | os.PathLike | None = None, enabled: bool = True,
+                 lock_timeout_s: float | None = None):
         self.dir = Path(directory) if directory else default_dir()
+        #: seconds to wait for a step another process compiles (``$POOT_CACHE_LOCK_TIMEOUT``)
+        self.lock_timeout_s = _lock_timeout(lock_timeout_s)
         self.use = enabled
         self.enabled = enabled
         self.hits = 0
@@ -468,11 +514,13 @@ class CompileCache:
         """The entry file of program ``key``."""
         return self.dir / "programs" / f"{key}.pkl"
 
-    def _discard(self, path: Path, why: str, stat=None) -> None:
-        """A damaged entry: one warning, and the files go (when writable; ``stat``: only if
-        ``path`` is still the file that was read, not one another process wrote since)."""
+    def _discard(self, path: Path, why: str, stat=None, foreign: bool = False) -> None:
+        """A damaged entry, or a ``foreign`` one (a whole entry of another key under this
+        key's name): one warning, and the files go (when writable; ``stat``: only if ``path``
+        is still the file that was read, not one another process wrote since)."""
         self.damaged += 1
-        _warn(f"compile cache entry {path.stem[:16]} ({path.parent}) is damaged ({why}); "
+        state = "is not the entry of its name" if foreign else "is damaged"
+        _warn(f"compile cache entry {path.stem[:16]} ({path.parent}) {state} ({why}); "
               f"discarded, compiling again", f"bad:{path}")
         if not self.enabled:
             return
@@ -484,36 +532,26 @@ class CompileCache:
         except OSError:
             pass
 
-    @contextmanager
-    def _locked(self, name: str, progress=None, wait: bool = True):
-        """Hold ``locks/<name>.lock`` (``flock``, exclusive) within the block, so processes
-        sharing the cache compile a program once: the second waits, then finds it. Without
-        a writable cache there is no lock (nothing is written to race on). The block gets
-        True when it holds the lock (or there is none); with ``wait=False``, False at once
-        when another process holds it."""
-        fd = None
-        if self.enabled:
-            try:
-                (self.dir / "locks").mkdir(exist_ok=True)
-                fd = os.open(self.dir / "locks" / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError:
-                fd = None
+    def _locked(self, name: str, progress=None, wait: bool = True, what: str = "compiling"):
+        """Hold ``locks/<name>.lock`` within the block (:func:`poot.executor.cache_lock.hold`:
+        ``flock``, the holder recorded, a wait bounded by ``lock_timeout_s``, a lock whose
+        holder is gone broken), so processes sharing the cache compile a program once: the
+        second waits, then finds it. Without a writable cache there is no lock (nothing is
+        written to race on). The block gets True when it holds the lock (or there is none);
+        with ``wait=False``, False at once when another process holds it. Raises
+        :class:`CacheLockTimeout`. ``what``: what the holder compiles, for the record."""
+        if not self.enabled:
+            return nullcontext(True)
         try:
-            held = True
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    if wait:
-                        if progress is not None:
-                            progress("waiting for another process compiling it")
-                        fcntl.flock(fd, fcntl.LOCK_EX)
-                    else:
-                        held = False
-            yield held
-        finally:
-            if fd is not None:
-                os.close(fd)
+            (self.dir / "locks").mkdir(exist_ok=True)
+        except OSError:
+            return nullcontext(True)
+        on_wait = None
+        if progress is not None:
+            def on_wait():
+                progress("waiting for another process compiling it")
+        return hold(self.dir / "locks" / f"{name}.lock", what, self.lock_timeout_s, wait,
+                    on_wait, _warn)
 
     # ---- the step index -----------------------------------------------------------------
     def index_path(self, skey: str) -> Path:
@@ -524,7 +562,7 @@ class CompileCache:
         entry (a CPU entry loads its linked ``.so`` with ctypes; the LLVM-text fallback needs
         MLIR). An absent entry is a miss; a damaged one is discarded (one warning) and a
         miss."""
-        rec = self._index_record(skey, "program")
+        rec = self._index_record(skey, "step")
         if rec is None:
             return None
         prog = self._load(rec["program"], target)
@@ -551,7 +589,8 @@ class CompileCache:
             return hit
         if not mlir_importable():
             raise CacheMiss(self.explain_miss(skey, describe))
-        with self._locked(f"step-{skey}", track, wait=wait) as held:
+        what = f"compiling the step {str(describe.get('step', skey))[:160]}"
+        with self._locked(f"step-{skey}", track, wait=wait, what=what) as held:
             if not held:
                 return None
             hit = self.lookup(skey, target)       # compiled by another process meanwhile
@@ -565,8 +604,9 @@ class CompileCache:
             if gkey is not None and self.enabled:
                 try:
                     self.index_path(skey).parent.mkdir(parents=True, exist_ok=True)
-                    _atomic_write(self.index_path(skey), json.dumps(
-                        {"program": gkey, "describe": describe}, indent=1).encode())
+                    _atomic_write(self.index_path(skey), seal(json.dumps(
+                        {"program": gkey, "describe": describe}, indent=1).encode(),
+                        "step", skey))
                 except OSError as e:
                     self._disable(e)
         return program
@@ -609,36 +649,48 @@ class CompileCache:
         if all(keys) and self.enabled:
             try:
                 self.index_path(pkey).parent.mkdir(parents=True, exist_ok=True)
-                _atomic_write(self.index_path(pkey), json.dumps(
+                _atomic_write(self.index_path(pkey), seal(json.dumps(
                     {"pipeline": keys, "describe": describe,
                      "boundaries": {n: [src, list(dst)] for n, (src, dst)
                                     in prog.boundaries.items()},
-                     "weight_bytes": prog.weight_bytes}, indent=1).encode())
+                     "weight_bytes": prog.weight_bytes}, indent=1).encode(),
+                    "pipeline", pkey))
                 prog.cache_key = pkey
             except OSError as e:
                 self._disable(e)
         return prog
 
-    def _index_record(self, key: str, field: str) -> dict | None:
-        """The index entry ``key`` as a dict holding ``field``; None when absent or damaged
-        (then discarded: one warning)."""
+    def _index_record(self, key: str, record: str) -> dict | None:
+        """The index entry ``key`` of kind ``record`` (``"step"``: names a program;
+        ``"pipeline"``: names stage programs) as a dict; None when absent, damaged or the
+        entry of another key (then discarded: one warning)."""
         if not self.use:
             return None
         path, st = self.index_path(key), None
         try:
             st = os.stat(path)
-            with open(path) as f:
-                rec = json.load(f)
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self._discard(path, f"unreadable: {e.strerror or e}")
+            return None
+        try:
+            rec = json.loads(unseal(data, record, key))
+            field = "program" if record == "step" else record
             if not isinstance(rec, dict):
                 raise TypeError("not an object")
             if field not in rec:
                 raise KeyError(field)
             return rec
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except ForeignEntry as e:
+            self._discard(path, str(e), st, foreign=True)
+        except DamagedEntry as e:
+            self._discard(path, str(e), st)
+        except (ValueError, KeyError, TypeError) as e:
             self._discard(path, f"unreadable index entry: {type(e).__name__}", st)
-            return None
+        return None
 
     def explain_miss(self, skey: str, describe: dict) -> str:
         """Why step ``skey`` has no entry: the parts of its key that differ from the closest
@@ -647,8 +699,8 @@ class CompileCache:
         best = None
         for f in sorted(where.glob("*.json")) if where.is_dir() else []:
             try:
-                d = json.load(open(f)).get("describe", {})
-            except (OSError, ValueError, AttributeError):
+                d = json.loads(unseal_any(f.read_bytes())[2]).get("describe", {})
+            except (OSError, ValueError, AttributeError, DamagedEntry):
                 continue
             diff = [k for k in describe if d.get(k) != describe[k]]
             if best is None or len(diff) < len(best[0]):
@@ -680,12 +732,18 @@ class CompileCache:
             self._discard(path, f"unreadable: {e.strerror or e}")
             return None
         try:
-            entry = pickle.loads(unseal(data))
+            entry = pickle.loads(unseal(data, "program", gkey))
             if not isinstance(entry, dict):
                 raise DamagedEntry("not an entry")
-            for name, (size, digest) in entry.get("files", {}).items():
+            files = entry.get("files", {})
+            if entry.get("object") not in (None, *files):
+                raise DamagedEntry("its so file is not recorded with it")
+            for name, (size, digest) in files.items():
                 side = path.parent / name
                 what = f"its {name.rsplit('.', 1)[-1]} file"
+                if name != f"{gkey}.{digest[:16]}.{name.rsplit('.', 1)[-1]}":
+                    raise ForeignEntry(f"{what} {name} is not named by this key and its "
+                                       f"sha256")
                 try:
                     got = file_digest(side)
                 except OSError as e:
@@ -694,6 +752,9 @@ class CompileCache:
                     raise DamagedEntry(f"{what}: {got[0]} bytes, {size} recorded")
                 if got[1] != digest:
                     raise DamagedEntry(f"{what}: sha256 mismatch")
+        except ForeignEntry as e:
+            self._discard(path, str(e), st, foreign=True)
+            return None
         except DamagedEntry as e:
             self._discard(path, str(e), st)
             return None
@@ -740,7 +801,7 @@ class CompileCache:
         write failed (the cache then stops writing)."""
         progress("writing the compile cache")
         try:
-            _atomic_write(self.path(key), seal(pickle.dumps(entry)))
+            _atomic_write(self.path(key), seal(pickle.dumps(entry), "program", key))
             return True
         except OSError as e:
             self._disable(e)
@@ -824,7 +885,8 @@ class CompileCache:
         if hit is not None:
             self.hits += 1
             return hit
-        with self._locked(f"program-{key}", track):
+        with self._locked(f"program-{key}", track,
+                          what=f"compiling the graph {graph.name}"):
             hit = self._load(key, target)
             if hit is not None:
                 self.hits += 1
@@ -848,6 +910,7 @@ class CompileCache:
         return program
 
 
-__all__ = ["CacheMiss", "CachedProgram", "CompileCache", "cache_key", "canonical",
+__all__ = ["CacheLockTimeout", "CacheMiss", "CachedProgram", "CompileCache", "cache_key",
+           "canonical",
            "compiler_source_hash", "step_describe", "step_key", "step_source_hash",
            "cpu_program_from_llvm", "cpu_program_from_object", "default_dir", "link_object"]

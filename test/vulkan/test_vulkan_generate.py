@@ -57,5 +57,5 @@ def test_vulkan_programs_come_from_the_compile_cache(vk_device, tmp_path):
     entries = list((tmp_path / "programs").glob("*.pkl"))
     assert len(entries) == 3 and not list((tmp_path / "programs").glob("*.so"))
     for e in entries:
-        entry = pickle.loads(unseal(e.read_bytes()))
+        entry = pickle.loads(unseal(e.read_bytes(), "program", e.stem))
         assert entry["kind"] == "artifact" and isinstance(entry["artifact"], VulkanArtifact)
