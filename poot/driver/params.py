@@ -27,6 +27,10 @@ LOGIT_BIAS_RANGE = 100.0   # OpenAI: bias values in [-100, 100]
 #: the largest finite f32: every real sampling parameter reaches the sampling step as f32
 F32_MAX = float(np.finfo(np.float32).max)
 PENALTY_RANGE = 2.0        # OpenAI: presence/frequency penalties in [-2, 2]
+#: repetition_penalty r in [2^-100, 2^100]: the sampler divides a seen token's positive logit
+#: by r and multiplies a negative one, which stays finite in f32 for any logit below 2^28 in
+#: magnitude; past the bounds a logit becomes inf and the distribution NaN
+REPETITION_PENALTY_RANGE = (2.0 ** -100, 2.0 ** 100)
 #: the smallest normal f32: devices flush smaller magnitudes (subnormals) to 0
 F32_TINY = float(np.finfo(np.float32).tiny)
 #: the most characters (code points) one request's stop strings may total. Real stop
@@ -50,16 +54,16 @@ class InvalidRequest(PootError):
 
 
 def _real(name: str, v, lo: float | None = None, hi: float | None = None,
-          lo_open: bool = False) -> float:
+          lo_open: bool = False, why: str = "") -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise InvalidRequest(name, v, "must be a number")
     f = float(v)
     if not math.isfinite(f) or abs(f) > F32_MAX:    # the sampler takes its parameters as f32
         raise InvalidRequest(name, v, f"must be finite as a 32-bit float (|x| <= {F32_MAX:.4g})")
-    rng = ("(" if lo_open else "[") + f"{lo}, " if lo is not None else "(-inf, "
-    rng += f"{hi}]" if hi is not None else "inf)"
+    rng = ("(" if lo_open else "[") + f"{lo:.6g}, " if lo is not None else "(-inf, "
+    rng += f"{hi:.6g}]" if hi is not None else "inf)"
     if not _in_range(f, lo, hi, lo_open):
-        raise InvalidRequest(name, v, f"must be in {rng}")
+        raise InvalidRequest(name, v, f"must be in {rng}{why}")
     d = device_f32(f)
     if not _in_range(d, lo, hi, lo_open):
         raise InvalidRequest(name, v, f"must be in {rng} as a 32-bit float on the device, "
@@ -103,7 +107,8 @@ class SamplingParams:
             integer is served).
         top_p: nucleus mass in (0, 1]; 1 is off.
         min_p: keep tokens with ``p >= min_p * max(p)``, in [0, 1]; 0 is off.
-        repetition_penalty: > 0 (HF/CTRL; 1 is off), for tokens in the history.
+        repetition_penalty: in [2^-100, 2^100] (HF/CTRL; 1 is off; bounded so a penalized
+            logit stays finite in f32), for tokens in the history.
         presence_penalty / frequency_penalty: in [-2, 2], subtracted once / per occurrence.
         logit_bias: token id -> bias in [-100, 100], added to the logits (JSON string keys are
             accepted and converted).
@@ -148,8 +153,11 @@ class SamplingParams:
         put("top_k", _int("top_k", self.top_k))
         put("top_p", _real("top_p", self.top_p, 0.0, 1.0, lo_open=True))
         put("min_p", _real("min_p", self.min_p, 0.0, 1.0))
-        put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty, 0.0,
-                                        lo_open=True))
+        put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty,
+                                        *REPETITION_PENALTY_RANGE,
+                                        why=" (2^-100 to 2^100: a seen token's logit divided "
+                                            "or multiplied by it must stay a finite 32-bit "
+                                            "float)"))
         put("presence_penalty", _real("presence_penalty", self.presence_penalty,
                                       -PENALTY_RANGE, PENALTY_RANGE))
         put("frequency_penalty", _real("frequency_penalty", self.frequency_penalty,

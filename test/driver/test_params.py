@@ -26,6 +26,8 @@ from poot.graph import sampling as S
     (dict(repetition_penalty=0), "repetition_penalty", 0),
     (dict(repetition_penalty=1e-40), "repetition_penalty", 1e-40),   # 0 as an f32
     (dict(repetition_penalty=1e-45), "repetition_penalty", 1e-45),
+    (dict(repetition_penalty=1.2e-38), "repetition_penalty", 1.2e-38),  # x / r overflows
+    (dict(repetition_penalty=2.0 ** 101), "repetition_penalty", 2.0 ** 101),
     (dict(top_p=1e-40), "top_p", 1e-40),
     (dict(presence_penalty=2.5), "presence_penalty", 2.5),
     (dict(frequency_penalty=-3), "frequency_penalty", -3),
@@ -59,9 +61,16 @@ def test_values_are_checked_as_the_device_f32():
     0) is refused; the smallest normal f32 is served."""
     from poot.driver.params import F32_TINY, device_f32
 
+    with pytest.raises(InvalidRequest, match=r"top_p=1e-40: .*32-bit float on the device"):
+        SamplingParams(top_p=1e-40)
+    assert SamplingParams(top_p=F32_TINY).top_p == F32_TINY
+    # a repetition penalty keeps a penalized logit finite in f32: x / r, x * r for |x| < 2^28
     with pytest.raises(InvalidRequest, match=r"repetition_penalty=1e-40: .*32-bit float"):
         SamplingParams(repetition_penalty=1e-40)
-    assert SamplingParams(repetition_penalty=F32_TINY, top_p=F32_TINY).top_p == F32_TINY
+    for r in (2.0 ** -100, 2.0 ** 100):
+        assert SamplingParams(repetition_penalty=r).repetition_penalty == r
+        x = np.float32([2.0 ** 27, -(2.0 ** 27)])
+        assert np.isfinite(x / np.float32(r)).all() and np.isfinite(x * np.float32(r)).all()
     assert device_f32(1e-40) == 0.0 and device_f32(-1e-39) == 0.0
     assert device_f32(F32_TINY) == F32_TINY and device_f32(0.1) == float(np.float32(0.1))
     # harmless where 0 is in range: a tiny bias is no bias

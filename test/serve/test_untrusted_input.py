@@ -67,6 +67,7 @@ def test_lone_surrogate_in_tokenize_messages_is_400(server):
 @pytest.mark.parametrize("field,value", [
     ("repetition_penalty", 1e-40),        # 0 (or subnormal, flushed to 0) as f32
     ("repetition_penalty", 1e-45),
+    ("repetition_penalty", 1.2e-38),      # a normal f32, but a seen logit / it is inf
     ("top_p", 1e-40),
 ])
 @pytest.mark.parametrize("route,make", [(CHAT, chat), (COMP, comp)])
