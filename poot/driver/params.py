@@ -27,10 +27,11 @@ LOGIT_BIAS_RANGE = 100.0   # OpenAI: bias values in [-100, 100]
 #: the largest finite f32: every real sampling parameter reaches the sampling step as f32
 F32_MAX = float(np.finfo(np.float32).max)
 PENALTY_RANGE = 2.0        # OpenAI: presence/frequency penalties in [-2, 2]
-#: repetition_penalty r in [2^-100, 2^100]: the sampler divides a seen token's positive logit
-#: by r and multiplies a negative one, which stays finite in f32 for any logit below 2^28 in
-#: magnitude; past the bounds a logit becomes inf and the distribution NaN
-REPETITION_PENALTY_RANGE = (2.0 ** -100, 2.0 ** 100)
+#: repetition_penalty r in [2^-64, 2^64]: the sampler divides a seen token's positive logit
+#: by r (multiplies a negative one), then by the temperature (>= GREEDY_EPS > 2^-17), which
+#: stays finite in f32 (< 2^109) for any logit below 2^28 in magnitude; far past the bounds a
+#: logit becomes inf and the distribution NaN (token 0)
+REPETITION_PENALTY_RANGE = (2.0 ** -64, 2.0 ** 64)
 #: the smallest normal f32: devices flush smaller magnitudes (subnormals) to 0
 F32_TINY = float(np.finfo(np.float32).tiny)
 #: the most characters (code points) one request's stop strings may total. Real stop
@@ -107,7 +108,7 @@ class SamplingParams:
             integer is served).
         top_p: nucleus mass in (0, 1]; 1 is off.
         min_p: keep tokens with ``p >= min_p * max(p)``, in [0, 1]; 0 is off.
-        repetition_penalty: in [2^-100, 2^100] (HF/CTRL; 1 is off; bounded so a penalized
+        repetition_penalty: in [2^-64, 2^64] (HF/CTRL; 1 is off; bounded so a penalized
             logit stays finite in f32), for tokens in the history.
         presence_penalty / frequency_penalty: in [-2, 2], subtracted once / per occurrence.
         logit_bias: token id -> bias in [-100, 100], added to the logits (JSON string keys are
@@ -155,9 +156,9 @@ class SamplingParams:
         put("min_p", _real("min_p", self.min_p, 0.0, 1.0))
         put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty,
                                         *REPETITION_PENALTY_RANGE,
-                                        why=" (2^-100 to 2^100: a seen token's logit divided "
-                                            "or multiplied by it must stay a finite 32-bit "
-                                            "float)"))
+                                        why=" (2^-64 to 2^64: a seen token's logit divided "
+                                            "or multiplied by it, then by the temperature, "
+                                            "must stay a finite 32-bit float)"))
         put("presence_penalty", _real("presence_penalty", self.presence_penalty,
                                       -PENALTY_RANGE, PENALTY_RANGE))
         put("frequency_penalty", _real("frequency_penalty", self.frequency_penalty,

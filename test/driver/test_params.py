@@ -27,7 +27,7 @@ from poot.graph import sampling as S
     (dict(repetition_penalty=1e-40), "repetition_penalty", 1e-40),   # 0 as an f32
     (dict(repetition_penalty=1e-45), "repetition_penalty", 1e-45),
     (dict(repetition_penalty=1.2e-38), "repetition_penalty", 1.2e-38),  # x / r overflows
-    (dict(repetition_penalty=2.0 ** 101), "repetition_penalty", 2.0 ** 101),
+    (dict(repetition_penalty=2.0 ** 65), "repetition_penalty", 2.0 ** 65),
     (dict(top_p=1e-40), "top_p", 1e-40),
     (dict(presence_penalty=2.5), "presence_penalty", 2.5),
     (dict(frequency_penalty=-3), "frequency_penalty", -3),
@@ -64,13 +64,16 @@ def test_values_are_checked_as_the_device_f32():
     with pytest.raises(InvalidRequest, match=r"top_p=1e-40: .*32-bit float on the device"):
         SamplingParams(top_p=1e-40)
     assert SamplingParams(top_p=F32_TINY).top_p == F32_TINY
-    # a repetition penalty keeps a penalized logit finite in f32: x / r, x * r for |x| < 2^28
+    # a repetition penalty keeps a penalized logit finite in f32 for |x| < 2^28: x / r or
+    # x * r, then divided by the smallest sampling temperature
     with pytest.raises(InvalidRequest, match=r"repetition_penalty=1e-40: .*32-bit float"):
         SamplingParams(repetition_penalty=1e-40)
-    for r in (2.0 ** -100, 2.0 ** 100):
+    for r in (2.0 ** -64, 2.0 ** 64):
         assert SamplingParams(repetition_penalty=r).repetition_penalty == r
-        x = np.float32([2.0 ** 27, -(2.0 ** 27)])
-        assert np.isfinite(x / np.float32(r)).all() and np.isfinite(x * np.float32(r)).all()
+        x = np.float32([2.0 ** 28, -(2.0 ** 28)])
+        t = np.float32(S.GREEDY_EPS)
+        for z in (x / np.float32(r) / t, x * np.float32(r) / t):
+            assert np.isfinite(z).all()
     assert device_f32(1e-40) == 0.0 and device_f32(-1e-39) == 0.0
     assert device_f32(F32_TINY) == F32_TINY and device_f32(0.1) == float(np.float32(0.1))
     # harmless where 0 is in range: a tiny bias is no bias
