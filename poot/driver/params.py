@@ -27,6 +27,17 @@ LOGIT_BIAS_RANGE = 100.0   # OpenAI: bias values in [-100, 100]
 #: the largest finite f32: every real sampling parameter reaches the sampling step as f32
 F32_MAX = float(np.finfo(np.float32).max)
 PENALTY_RANGE = 2.0        # OpenAI: presence/frequency penalties in [-2, 2]
+#: repetition_penalty r in [2^-64, 2^64]: the sampler divides a seen token's positive logit
+#: by r (multiplies a negative one), then by the temperature (>= GREEDY_EPS > 2^-17), which
+#: stays finite in f32 (< 2^109) for any logit below 2^28 in magnitude; far past the bounds a
+#: logit becomes inf and the distribution NaN (token 0)
+REPETITION_PENALTY_RANGE = (2.0 ** -64, 2.0 ** 64)
+#: the smallest normal f32: devices flush smaller magnitudes (subnormals) to 0
+F32_TINY = float(np.finfo(np.float32).tiny)
+#: the most characters (code points) one request's stop strings may total. Real stop
+#: sequences are a few characters (OpenAI takes 4 of them); the matcher holds back up to the
+#: longest one's length - 1 characters of streamed text and keeps one int per character.
+MAX_STOP_CHARS = 4096
 
 
 class InvalidRequest(PootError):
@@ -44,20 +55,33 @@ class InvalidRequest(PootError):
 
 
 def _real(name: str, v, lo: float | None = None, hi: float | None = None,
-          lo_open: bool = False) -> float:
+          lo_open: bool = False, why: str = "") -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise InvalidRequest(name, v, "must be a number")
     f = float(v)
     if not math.isfinite(f) or abs(f) > F32_MAX:    # the sampler takes its parameters as f32
         raise InvalidRequest(name, v, f"must be finite as a 32-bit float (|x| <= {F32_MAX:.4g})")
-    if lo is not None and (f <= lo if lo_open else f < lo):
-        rng = f"({lo}" if lo_open else f"[{lo}"
-        raise InvalidRequest(name, v, f"must be in {rng}, {hi if hi is not None else 'inf'}"
-                                      f"{']' if hi is not None else ')'}")
-    if hi is not None and f > hi:
-        rng = f"({lo}" if lo_open else f"[{lo}"
-        raise InvalidRequest(name, v, f"must be in {rng}, {hi}]")
+    rng = ("(" if lo_open else "[") + f"{lo:.6g}, " if lo is not None else "(-inf, "
+    rng += f"{hi:.6g}]" if hi is not None else "inf)"
+    if not _in_range(f, lo, hi, lo_open):
+        raise InvalidRequest(name, v, f"must be in {rng}{why}")
+    d = device_f32(f)
+    if not _in_range(d, lo, hi, lo_open):
+        raise InvalidRequest(name, v, f"must be in {rng} as a 32-bit float on the device, "
+                                      f"where it is {d:.9g} (nonzero magnitudes below "
+                                      f"{F32_TINY:.4g} flush to 0)")
     return f
+
+
+def _in_range(x: float, lo: float | None, hi: float | None, lo_open: bool) -> bool:
+    return (lo is None or (x > lo if lo_open else x >= lo)) and (hi is None or x <= hi)
+
+
+def device_f32(x: float) -> float:
+    """``x`` as the sampling step sees it: rounded to f32, and 0 where that is subnormal
+    (devices flush subnormals to zero). ``x`` must be finite and within f32's range."""
+    d = float(np.float32(x))
+    return 0.0 if abs(d) < F32_TINY else d
 
 
 def _int(name: str, v, lo: int | None = None, hi: int | None = None) -> int:
@@ -84,14 +108,16 @@ class SamplingParams:
             integer is served).
         top_p: nucleus mass in (0, 1]; 1 is off.
         min_p: keep tokens with ``p >= min_p * max(p)``, in [0, 1]; 0 is off.
-        repetition_penalty: > 0 (HF/CTRL; 1 is off), for tokens in the history.
+        repetition_penalty: in [2^-64, 2^64] (HF/CTRL; 1 is off; bounded so a penalized
+            logit stays finite in f32), for tokens in the history.
         presence_penalty / frequency_penalty: in [-2, 2], subtracted once / per occurrence.
         logit_bias: token id -> bias in [-100, 100], added to the logits (JSON string keys are
             accepted and converted).
         seed: the request's generator seed (an int in [0, 2^64)); ``None``: fresh entropy.
         max_tokens: >= 1 generated tokens at most.
-        stop: stop strings (one string or a sequence; none empty); the matched stop string is
-            not part of the output.
+        stop: stop strings (one string or a sequence; none empty; at most
+            :data:`MAX_STOP_CHARS` characters in all); the matched stop string is not part
+            of the output.
         stop_token_ids: token ids that end generation.
         logprobs: ``None``: no log-probs; ``n`` in [0, 20]: the chosen token's log-prob and the
             top ``n`` alternatives.
@@ -128,8 +154,11 @@ class SamplingParams:
         put("top_k", _int("top_k", self.top_k))
         put("top_p", _real("top_p", self.top_p, 0.0, 1.0, lo_open=True))
         put("min_p", _real("min_p", self.min_p, 0.0, 1.0))
-        put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty, 0.0,
-                                        lo_open=True))
+        put("repetition_penalty", _real("repetition_penalty", self.repetition_penalty,
+                                        *REPETITION_PENALTY_RANGE,
+                                        why=" (2^-64 to 2^64: a seen token's logit divided "
+                                            "or multiplied by it, then by the temperature, "
+                                            "must stay a finite 32-bit float)"))
         put("presence_penalty", _real("presence_penalty", self.presence_penalty,
                                       -PENALTY_RANGE, PENALTY_RANGE))
         put("frequency_penalty", _real("frequency_penalty", self.frequency_penalty,
@@ -160,6 +189,10 @@ class SamplingParams:
         for s in stop:
             if not isinstance(s, str) or not s:
                 raise InvalidRequest("stop", s, "stop strings must be non-empty strings")
+        total = sum(len(s) for s in stop)
+        if total > MAX_STOP_CHARS:
+            raise InvalidRequest("stop", f"<{total} characters>", f"the stop strings may "
+                                 f"total at most {MAX_STOP_CHARS} characters")
         put("stop", tuple(stop))
         ids = self.stop_token_ids
         if ids is None:

@@ -24,7 +24,9 @@ independent of how the text was cut into deltas.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable
 
 
@@ -48,6 +50,11 @@ class StopMatcher:
 
     Holds back at most ``max(len(stop)) - 1`` characters. Strings are compared as Python
     ``str`` (code points), exactly as given: no normalization.
+
+    Each stop string is matched by Knuth-Morris-Pratt: its failure function (one int per
+    character) and a state, the length of the longest suffix of the text so far that is a
+    prefix of it. Memory is O(total stop length) and each character fed costs O(number of
+    stops), amortized; the text held back is the longest of those suffixes.
     """
 
     def __init__(self, stops: Iterable[str]):
@@ -59,9 +66,8 @@ class StopMatcher:
         self._out: list[str] = []
         self.stopped = False
         self.stop: str | None = None
-        # every proper prefix of every stop string, for the hold-back test
-        self._prefixes = {s[:i] for s in self.stops for i in range(1, len(s))}
-        self._longest = max((len(s) for s in self.stops), default=0)
+        self._fail = tuple(_failure(s) for s in self.stops)
+        self._state = [0] * len(self.stops)
 
     @property
     def text(self) -> str:
@@ -78,29 +84,39 @@ class StopMatcher:
         if self.stopped:
             raise RuntimeError("StopMatcher.feed after the stop was reported")
         buf = self._held + delta
-        best = None  # (end, start, stop)
-        for s in self.stops:
-            i = buf.find(s)
-            if i >= 0 and (best is None or (i + len(s), i) < best[:2]):
-                best = (i + len(s), i, s)
-        if best is not None:
-            _, start, s = best
-            self._held = ""
-            self.stopped, self.stop = True, s
-            return self._release(buf[:start], stopped=True, stop=s)
-        keep = 0
-        for n in range(min(len(buf), self._longest - 1), 0, -1):
-            if buf[-n:] in self._prefixes:
-                keep = n
-                break
+        base = len(self._held)
+        for j, ch in enumerate(delta):
+            s = self._advance(ch)
+            if s is not None:
+                self._held = ""
+                self.stopped, self.stop = True, s
+                return self._release(buf[:base + j + 1 - len(s)], stopped=True, stop=s)
+        keep = max(self._state, default=0)
         self._held = buf[len(buf) - keep:] if keep else ""
         return self._release(buf[:len(buf) - keep])
+
+    def _advance(self, ch: str) -> str | None:
+        """Step every stop's state over ``ch``; the longest stop completed by it, or None."""
+        done = None
+        for i, (s, fail) in enumerate(zip(self.stops, self._fail)):
+            k = self._state[i]
+            while k and s[k] != ch:
+                k = fail[k - 1]
+            if s[k] == ch:
+                k += 1
+                if k == len(s):
+                    if done is None or k > len(done):
+                        done = s
+                    k = fail[k - 1]
+            self._state[i] = k
+        return done
 
     def flush(self) -> str:
         """Generation ended without a stop string: release the held-back text."""
         if self.stopped:
             return ""
         rest, self._held = self._held, ""
+        self._state = [0] * len(self.stops)     # the released text can begin no stop now
         return self._release(rest).text
 
     def _release(self, text: str, stopped: bool = False, stop: str | None = None
@@ -108,6 +124,23 @@ class StopMatcher:
         if text:
             self._out.append(text)
         return StopUpdate(text, stopped, stop)
+
+
+@lru_cache(maxsize=64)
+def _failure(s: str) -> array:
+    """KMP's failure function of ``s``: ``f[i]`` is the length of the longest proper prefix
+    of ``s[:i + 1]`` that is also its suffix (``len(s)`` ints, O(len(s)) time). Cached: the
+    ``n`` choices of a request (and requests repeating their stops) share it; never
+    mutated."""
+    f = array("l", [0]) * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = f[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        f[i] = k
+    return f
 
 
 def apply_stops(text: str, stops: Iterable[str]) -> tuple[str, str | None]:

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from poot.driver.params import InvalidRequest, SamplingParams
+from poot.driver.params import MAX_STOP_CHARS, InvalidRequest, SamplingParams
 from poot.serve.config import ServeConfig
 from poot.serve.errors import APIError, NOT_FOUND, bad_request
 from poot.serve.protocol import (MAX_STOP_STRINGS, ChatCompletionRequest, ChatMessage,
@@ -207,6 +207,10 @@ def _stops(req) -> list[str]:
     for s in stop:
         if not s:
             raise bad_request("stop", "stop strings must not be empty")
+    total = sum(len(s) for s in stop)
+    if total > MAX_STOP_CHARS:
+        raise bad_request("stop", f"the stop strings total {total} characters; this server "
+                          f"allows at most {MAX_STOP_CHARS} in one request")
     return stop
 
 
@@ -312,11 +316,44 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
+def _lone_surrogate(value: Any, param: str) -> tuple[str, str] | None:
+    """The first string in ``value`` (a JSON value) that is not valid Unicode -- it holds a
+    lone UTF-16 surrogate, a ``"\\udXXX"`` escape without its pair -- as ``(param path,
+    message)``; None when there is none."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return param, (f"'{param}' is not valid Unicode: a lone surrogate "
+                           f"U+{ord(value[e.start]):04X} at character {e.start}")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            found = _lone_surrogate(k, param) or _lone_surrogate(v, f"{param}.{k}")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _lone_surrogate(v, f"{param}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _check_unicode(messages: list[ChatMessage]) -> None:
+    """A 400 naming the first field of ``messages`` that holds a lone surrogate (text the
+    tokenizer cannot encode): ``messages[1].content``, ``messages[0].content[2].text``..."""
+    for i, m in enumerate(messages):
+        found = _lone_surrogate(m.model_dump(exclude_none=True), f"messages[{i}]")
+        if found:
+            raise bad_request(found[0], found[1], "invalid_unicode")
+
+
 def encode_chat(handle, messages: list[ChatMessage], add_generation_prompt: bool,
                 template_kwargs: dict[str, Any] | None) -> list[int]:
     """Prompt ids of chat ``messages`` through the model's chat template (400 naming
     ``messages`` when there is no template or it refuses them)."""
     from poot.text.chat import ChatTemplateError, encode_chat as _encode
+    from poot.text.tokenizer import TokenizerError
 
     if handle.tokenizer is None:
         raise bad_request("messages", "this model has no tokenizer: use /v1/completions with "
@@ -325,9 +362,13 @@ def encode_chat(handle, messages: list[ChatMessage], add_generation_prompt: bool
     bad = sorted(set(kwargs) & _RESERVED_TEMPLATE_VARS)
     if bad:
         raise bad_request("chat_template_kwargs", f"'{bad[0]}' is set by the server")
+    _check_unicode(messages)
     try:
         return _encode(handle.tokenizer, chat_messages(messages),
                        add_generation_prompt=add_generation_prompt, **kwargs)
+    except TokenizerError as e:     # the template's own text or chat_template_kwargs
+        raise bad_request("chat_template_kwargs" if kwargs else "messages", str(e),
+                          "invalid_unicode") from None
     except ChatTemplateError as e:
         raise bad_request("messages", str(e), "chat_template_error") from None
     except (TypeError, ValueError) as e:  # a template variable of the wrong kind

@@ -75,9 +75,16 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
+#: characters that JSON leaves raw in a string but line-splitting clients (JavaScript's line
+#: terminators, Python's str.splitlines) take for line breaks: escaped in an event's JSON,
+#: so each event stays one ``data:`` line (json.dumps already escapes the C0 controls)
+_LINE_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
+
+
 def sse(obj: Any) -> str:
-    """One server-sent event carrying ``obj`` as JSON."""
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """One server-sent event carrying ``obj`` as JSON (one line: no raw line separator)."""
+    data = json.dumps(obj, ensure_ascii=False, separators=(',', ':')).translate(_LINE_BREAKS)
+    return f"data: {data}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

@@ -289,3 +289,23 @@ def test_device_caps_with_a_fixed_target_backend(tmp_path):
 def test_compile_for_a_device_target_needs_its_capabilities(tmp_path):
     rc, _, err = poot("compile", "--backend", "vulkan", "--model", LLAMA, "--cache-dir", tmp_path)
     user_error(rc, err, "backend", "poot devices --json")
+
+
+# --- sampling parameters out of range as the device's f32; stop strings past the cap -------
+
+@pytest.mark.parametrize("line,needles", [
+    ('{"prompt": "hi", "repetition_penalty": 1e-40}', ("repetition_penalty", "32-bit float")),
+    ('{"prompt": "hi", "top_p": 1e-45}', ("top_p", "32-bit float")),
+    ('{"prompt": "hi", "stop": ["%s"]}' % ("s" * 5000), ("stop", "at most 4096 characters")),
+])
+def test_generate_prompts_file_refuses_values_the_device_cannot_use(tmp_path, line, needles):
+    f = tmp_path / "prompts.jsonl"
+    f.write_text(line + "\n")
+    rc, _, err = poot("generate", "--model", GGUF, "--prompts-file", f)
+    user_error(rc, err, *needles)
+
+
+def test_generate_stop_past_the_cap():
+    rc, _, err = poot("generate", "--model", GGUF, "--prompt", "hi", "--stop", "s" * 5000)
+    line = user_error(rc, err, "stop", "at most 4096 characters")
+    assert len(line) < 300

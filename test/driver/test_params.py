@@ -24,6 +24,11 @@ from poot.graph import sampling as S
     (dict(top_k=1.5), "top_k", 1.5),
     (dict(top_k=True), "top_k", True),
     (dict(repetition_penalty=0), "repetition_penalty", 0),
+    (dict(repetition_penalty=1e-40), "repetition_penalty", 1e-40),   # 0 as an f32
+    (dict(repetition_penalty=1e-45), "repetition_penalty", 1e-45),
+    (dict(repetition_penalty=1.2e-38), "repetition_penalty", 1.2e-38),  # x / r overflows
+    (dict(repetition_penalty=2.0 ** 65), "repetition_penalty", 2.0 ** 65),
+    (dict(top_p=1e-40), "top_p", 1e-40),
     (dict(presence_penalty=2.5), "presence_penalty", 2.5),
     (dict(frequency_penalty=-3), "frequency_penalty", -3),
     (dict(logit_bias={"x": 1.0}), "logit_bias", "x"),
@@ -49,6 +54,40 @@ def test_invalid_fields_are_named(kw, field, value):
     if value is not None:
         assert e.value == value and type(e.value) is type(value)
     assert field in str(e) and "invalid request" in str(e)
+
+
+def test_values_are_checked_as_the_device_f32():
+    """A value in range as a double but not as the f32 the device uses (subnormals flush to
+    0) is refused; the smallest normal f32 is served."""
+    from poot.driver.params import F32_TINY, device_f32
+
+    with pytest.raises(InvalidRequest, match=r"top_p=1e-40: .*32-bit float on the device"):
+        SamplingParams(top_p=1e-40)
+    assert SamplingParams(top_p=F32_TINY).top_p == F32_TINY
+    # a repetition penalty keeps a penalized logit finite in f32 for |x| < 2^28: x / r or
+    # x * r, then divided by the smallest sampling temperature
+    with pytest.raises(InvalidRequest, match=r"repetition_penalty=1e-40: .*32-bit float"):
+        SamplingParams(repetition_penalty=1e-40)
+    for r in (2.0 ** -64, 2.0 ** 64):
+        assert SamplingParams(repetition_penalty=r).repetition_penalty == r
+        x = np.float32([2.0 ** 28, -(2.0 ** 28)])
+        t = np.float32(S.GREEDY_EPS)
+        for z in (x / np.float32(r) / t, x * np.float32(r) / t):
+            assert np.isfinite(z).all()
+    assert device_f32(1e-40) == 0.0 and device_f32(-1e-39) == 0.0
+    assert device_f32(F32_TINY) == F32_TINY and device_f32(0.1) == float(np.float32(0.1))
+    # harmless where 0 is in range: a tiny bias is no bias
+    assert SamplingParams(logit_bias={1: 1e-40}, min_p=1e-40).min_p == 1e-40
+
+
+def test_stop_strings_total_length_is_capped():
+    from poot.driver.params import MAX_STOP_CHARS
+
+    ok = SamplingParams(stop=["a" * (MAX_STOP_CHARS - 1), "b"])
+    assert sum(map(len, ok.stop)) == MAX_STOP_CHARS
+    with pytest.raises(InvalidRequest, match=f"at most {MAX_STOP_CHARS} characters") as ei:
+        SamplingParams(stop=["a" * MAX_STOP_CHARS, "b"])
+    assert ei.value.field == "stop" and len(str(ei.value)) < 200
 
 
 def test_vocab_checks():

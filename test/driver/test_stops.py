@@ -114,3 +114,49 @@ def test_no_stops_passes_through():
     assert m.feed("abc").text == "abc" and m.held == "" and m.flush() == ""
     with pytest.raises(ValueError):
         StopMatcher([""])
+
+
+def test_long_self_overlapping_stops_match_reference():
+    """Stops long enough to exercise the matcher's failure links (periodic, overlapping)."""
+    rng = random.Random(7)
+    for _ in range(1500):
+        base = "".join(rng.choice("ab") for _ in range(rng.randint(1, 3)))
+        stops = [(base * 6)[:rng.randint(1, 12)] for _ in range(rng.randint(1, 2))]
+        stops += ["".join(rng.choice("ab") for _ in range(rng.randint(1, 10)))]
+        text = "".join(rng.choice([rng.choice("ab"), base]) for _ in range(rng.randint(0, 30)))
+        want, stop = reference(text, stops)
+        got, gstop, pieces, m = stream(text, random_cuts(rng, len(text)), stops)
+        assert (got, gstop) == (want, stop), (text, stops)
+        assert all(want.startswith(p) for p in pieces)
+        assert len(m.held) < max(map(len, stops))
+
+
+def test_feed_after_flush_starts_afresh():
+    m = StopMatcher(["STOP"])
+    assert m.feed("ST").text == "" and m.flush() == "ST"
+    u = m.feed("OP")
+    assert not u.stopped and u.text == "OP" and m.text == "STOP"
+
+
+def test_memory_is_linear_in_the_stop_length():
+    """A matcher of a stop string of the largest allowed length, and a stream through it,
+    allocate O(length): a structure of all its prefixes would take ~n^2/2 characters
+    (8 MB here, ~60x the bound)."""
+    import tracemalloc
+
+    from poot.driver.params import MAX_STOP_CHARS
+
+    rng = random.Random(3)
+    n = MAX_STOP_CHARS
+    stop = "".join(rng.choice("abc") for _ in range(n))
+    text = stop[:-1] + "x" + stop[: n // 2]      # a near miss, then a long partial match
+    tracemalloc.start()
+    try:
+        m = StopMatcher([stop, stop[::-1]])
+        for i in range(0, len(text), 7):
+            m.feed(text[i:i + 7])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert m.held == stop[: n // 2] and m.text == stop[:-1] + "x"
+    assert peak < 32 * n, peak
