@@ -14,6 +14,7 @@ config, ``max_lora_bytes`` for the tensors). Errors never quote the files' conte
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import stat
@@ -63,7 +64,7 @@ def _open(root: str, folder: str, name: str, limit: int, lora_path: str) -> tupl
             raise LoraError(name, "is not a regular file")
         fd = os.open(path, _FLAGS)
     except OSError as e:
-        raise LoraError(name, "is missing" if e.errno == 2 else
+        raise LoraError(name, "is missing" if e.errno == errno.ENOENT else
                         f"cannot be read ({e.strerror})") from None
     try:
         st = os.fstat(fd)
