@@ -335,18 +335,21 @@ class ModelHandle:
         if self._ahead is not None:
             self._ahead.close(True)
 
-    def load_lora(self, name: str, path: str | os.PathLike) -> int:
-        """Load the PEFT adapter at ``path`` into a free slot under ``name`` (between engine
-        steps; nothing is compiled); returns the slot. Raises :class:`InvalidRequest` when
+    def load_lora(self, name: str, path) -> int:
+        """Load the PEFT adapter at ``path`` (a folder, or a
+        :class:`~poot.models.lora.LoraAdapter` already read) into a free slot under ``name``
+        (between engine steps; nothing is compiled); returns the slot. Raises
+        :class:`InvalidRequest` when
         the model has no slots, :class:`~poot.models.lora.LoraError` naming the field or
         tensor (rank past ``max_lora_rank``, a target the base lacks, a shape mismatch, a
         name in use, no free slot)."""
-        from poot.models.lora import read_peft_adapter
+        from poot.models.lora import LoraAdapter, read_peft_adapter
 
         if self.runner.lora is None:
             raise InvalidRequest("max_loras", 0, "load the model with max_loras >= 1 to "
                                  "serve LoRA adapters")
-        adapter = read_peft_adapter(path, self.weights.types, name)
+        adapter = path if isinstance(path, LoraAdapter) else \
+            read_peft_adapter(path, self.weights.types, name)
         return self.engine.run_in_loop(lambda: self.runner.lora.load(name, adapter))
 
     def unload_lora(self, name: str) -> None:

@@ -4,7 +4,8 @@
                [--served-model-name NAME] [--max-batch N] [--kv-blocks N | --kv-memory BYTES]
                [--max-queue N] [--max-model-len N] [limits...]
     poot serve --ray --replicas N [...]         # N engine replicas behind one Ray Serve ingress
-    poot serve --lora NAME=PATH [--max-loras N] [--max-lora-rank R] [--allow-runtime-lora]
+    poot serve --lora NAME=PATH [--max-loras N] [--max-lora-rank R] [--allow-runtime-lora
+               --lora-root DIR]
 
 The server listens at once: ``GET /health`` answers 503 ``loading`` while the model loads and
 its steps compile (progress on stderr), then 200 ``ready``, and a line says it is ready.
@@ -43,12 +44,13 @@ class MissingExtra(PootError):
     """A package of an optional extra is not installed."""
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, option: str = "--kv-memory") -> int:
     """A size as bytes: ``"2GiB"``, ``"512M"``, ``"1048576"`` (``k``/``m``/``g``/``t`` are
-    powers of 1024, with or without ``iB``; a bare number is bytes)."""
+    powers of 1024, with or without ``iB``; a bare number is bytes). Raises
+    :class:`InvalidRequest` naming ``option`` otherwise."""
     m = _SIZE.match(text or "")
     if not m:
-        raise InvalidRequest("--kv-memory", text, "must be a size such as 2GiB, 512MiB or "
+        raise InvalidRequest(option, text, "must be a size such as 2GiB, 512MiB or "
                              "a number of bytes")
     scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
     return int(float(m.group(1)) * scale)
@@ -90,6 +92,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a request's time limit, queueing included (default: 600)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, how long running requests may finish (default: 30)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="a request's headers must arrive within S seconds; then 408 and "
+                        "the connection is closed (default: 10)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="a request's body must arrive within S seconds of its headers; "
+                        "then 408 (default: 30)")
+    p.add_argument("--idle-timeout", type=float, default=30.0, metavar="S",
+                   help="close a kept-alive connection without a request, or one whose "
+                        "client stopped reading, after S seconds (default: 30)")
     p.add_argument("--random-weights", default=None, choices=("bf16", "f16", "f32"),
                    metavar="DTYPE", help="benchmarking (vLLM's --load-format dummy): --model "
                    "is a HF config.json, its weights random in DTYPE (bf16, f16, f32); no "
@@ -106,7 +117,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-lora-rank", type=int, default=16, metavar="R",
                    help="the largest adapter rank a slot holds (default: 16)")
     p.add_argument("--allow-runtime-lora", action="store_true",
-                   help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
+                   help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                        "(needs --lora-root)")
+    p.add_argument("--lora-root", default=None, metavar="DIR",
+                   help="the folder runtime-loaded adapters must lie in (lora_path is "
+                        "relative to it)")
+    p.add_argument("--max-lora-bytes", default="1GiB", metavar="BYTES",
+                   help="the largest adapter file runtime loading reads (default: 1GiB)")
     p.add_argument("--ray", action="store_true",
                    help="deploy --replicas engine replicas with Ray Serve behind one ingress")
     p.add_argument("--replicas", type=int, default=1, metavar="N",
@@ -129,7 +146,10 @@ def _config(args):
                        max_pooled_rows=args.max_pooled_rows,
                        request_timeout_s=args.request_timeout,
                        drain_timeout_s=args.drain_timeout,
-                       runtime_lora=args.allow_runtime_lora)
+                       header_timeout_s=args.header_timeout,
+                       body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
+                       runtime_lora=args.allow_runtime_lora, lora_root=args.lora_root,
+                       max_lora_bytes=parse_bytes(args.max_lora_bytes, "--max-lora-bytes"))
 
 
 def load_options(args) -> dict:
@@ -153,6 +173,11 @@ def load_options(args) -> dict:
     if args.allow_runtime_lora and max_loras < 1:
         raise InvalidRequest("--allow-runtime-lora", True, "needs --max-loras N (adapter "
                              "slots to load into)")
+    if args.allow_runtime_lora and not args.lora_root:
+        raise InvalidRequest("--allow-runtime-lora", True, "needs --lora-root DIR (the "
+                             "folder runtime-loaded adapters must lie in)")
+    if args.lora_root is not None and not os.path.isdir(args.lora_root):
+        raise InvalidRequest("--lora-root", args.lora_root, "is not a folder")
     opts = dict(path=args.model, backend=args.backend, kv_capacity=args.kv_capacity,
                 prefill_chunk=args.prefill_chunk, max_batch=args.max_batch,
                 kv_blocks=args.kv_blocks, kv_memory=kv_memory, kv_dtype=args.kv_dtype,
@@ -233,8 +258,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest("--random-weights", args.random_weights, "needs --model "
                              "CONFIG.json (the HF config whose shapes get random weights)")
     _require_serve_extra()
-    config = _config(args)
     options = load_options(args)
+    config = _config(args)
     if args.model is None:
         from poot.api import default_model_path
 

@@ -86,6 +86,13 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, StoredTensor], 
     """
     p = os.fspath(path)
     buf, size = _map_file(p)
+    return parse_safetensors(p, buf, size)
+
+
+def parse_safetensors(p: str, buf: mmap.mmap | bytes | None, size: int
+                      ) -> tuple[dict[str, StoredTensor], dict[str, str]]:
+    """:func:`read_safetensors` of a file already mapped (``buf``, ``size`` bytes; None when
+    empty), named ``p`` in errors."""
     if size < 8:
         raise LoadError(p, "header length", f"file is {size} bytes, shorter than the 8-byte "
                                             "header length")

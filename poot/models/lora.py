@@ -43,7 +43,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -126,91 +126,130 @@ class LoraAdapter:
     weights: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
-def _config(folder: Path) -> dict:
-    f = folder / "adapter_config.json"
+def _json_error(e: ValueError) -> str:
+    """Where a JSON text broke, without quoting it."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at line {e.lineno} column {e.colno}"
+    return "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "malformed"
+
+
+def config_object(raw: bytes | str) -> dict:
+    """An ``adapter_config.json`` text as its JSON object; :class:`LoraError` naming the
+    file when it is not JSON or not an object (the text is never quoted)."""
     try:
-        cfg = json.loads(f.read_text())
-    except OSError as e:
-        raise LoraError("adapter_config.json", f"cannot read {f} ({e.strerror})") from None
-    except ValueError as e:
-        raise LoraError("adapter_config.json", f"not JSON ({e})") from None
+        cfg = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise LoraError("adapter_config.json", f"not JSON ({_json_error(e)})") from None
     if not isinstance(cfg, dict):
         raise LoraError("adapter_config.json", "must be a JSON object")
     return cfg
 
 
+def _config(folder: Path) -> dict:
+    f = folder / "adapter_config.json"
+    try:
+        raw = f.read_bytes()
+    except OSError as e:
+        raise LoraError("adapter_config.json", f"cannot read {f} ({e.strerror})") from None
+    return config_object(raw)
+
+
 def read_peft_adapter(path: str | Path, base_types: Mapping[str, PootType],
                       name: str | None = None) -> LoraAdapter:
-    """Read and check a PEFT LoRA folder against the base model's weight types.
-
-    Raises :class:`LoraError` naming the field or tensor: a ``peft_type`` other than LORA;
-    DoRA, biases, ``modules_to_save``, per-module rank/alpha patterns, ``fan_in_fan_out``; a
-    target module poot has no role for, or one the base lacks (a fused qkv family); a
-    tensor of unexpected name or shape; an A without its B.
-    """
+    """Read and check a PEFT LoRA folder against the base model's weight types
+    (:func:`peft_adapter` checks; this reads the folder's two files by path, so it is for
+    folders the operator names: a server reading folders its clients name goes through
+    :mod:`poot.serve.lora_files`)."""
     from poot.load import open_weights
 
     folder = Path(path)
     cfg = _config(folder)
-    if cfg.get("peft_type", "LORA") != "LORA":
-        raise LoraError("peft_type", f"{cfg.get('peft_type')!r} is not LORA")
-    r = cfg.get("r")
-    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
-        raise LoraError("r", f"must be a positive integer, got {r!r}")
-    alpha = cfg.get("lora_alpha", r)
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
-        raise LoraError("lora_alpha", f"must be a number, got {alpha!r}")
-    for key, ok in (("use_dora", lambda v: not v), ("fan_in_fan_out", lambda v: not v),
-                    ("bias", lambda v: v in (None, "none")),
-                    ("modules_to_save", lambda v: not v), ("rank_pattern", lambda v: not v),
-                    ("alpha_pattern", lambda v: not v), ("lora_bias", lambda v: not v)):
-        if not ok(cfg.get(key)):
-            raise LoraError(key, f"{cfg.get(key)!r} is not supported")
-    targets = cfg.get("target_modules")
-    if isinstance(targets, str):
-        targets = [targets]
-    if not isinstance(targets, list) or not targets:
-        raise LoraError("target_modules", f"must be a list of module names, got {targets!r}")
-    for t in targets:
-        if t not in PEFT_TARGETS:
-            raise LoraError("target_modules", f"{t!r} is not a projection poot adapts "
-                            f"(known: {', '.join(PEFT_TARGETS)})")
-    rslora = bool(cfg.get("use_rslora", False))
-    scale = float(alpha) / (math.sqrt(r) if rslora else r)
     try:
         store = open_weights(folder / "adapter_model.safetensors")
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001  (a LoadError names the file)
         raise LoraError("adapter_model.safetensors", str(e)) from None
+    return peft_adapter(cfg, store, base_types, name or folder.name)
+
+
+def _kind(v: Any) -> str:
+    """What a config value is, without its content (errors never echo a file's text)."""
+    return "null" if v is None else f"a {type(v).__name__}"
+
+
+def peft_adapter(cfg: Mapping[str, Any], tensors: Mapping[str, Any],
+                 base_types: Mapping[str, PootType], name: str) -> LoraAdapter:
+    """Check a PEFT adapter, its ``adapter_config.json`` object ``cfg`` and its tensors
+    (name -> a :class:`~poot.load.store.StoredTensor`: A [r, in], B [out, r]), against
+    the base model's weight types; the :class:`LoraAdapter` (A, B as f32).
+
+    Raises :class:`LoraError` naming the field or tensor: a ``peft_type`` other than LORA;
+    DoRA, biases, ``modules_to_save``, per-module rank/alpha patterns, ``fan_in_fan_out``; a
+    target module poot has no role for, or one the base lacks (a fused qkv family); a
+    tensor of unexpected name or shape; an A without its B. Messages quote no string of the
+    files (values are described by their type; a tensor is named only when its name is a
+    PEFT LoRA tensor's).
+    """
+    if cfg.get("peft_type", "LORA") != "LORA":
+        raise LoraError("peft_type", "must be LORA")
+    r = cfg.get("r")
+    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+        raise LoraError("r", f"must be a positive integer, got {r if _is_int(r) else _kind(r)}")
+    alpha = cfg.get("lora_alpha", r)
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise LoraError("lora_alpha", f"must be a number, got {_kind(alpha)}")
+    for key, ok in (("use_dora", lambda v: not v), ("fan_in_fan_out", lambda v: not v),
+                    ("bias", lambda v: v in (None, "none")),
+                    ("modules_to_save", lambda v: not v), ("rank_pattern", lambda v: not v),
+                    ("alpha_pattern", lambda v: not v), ("lora_bias", lambda v: not v)):
+        if not ok(cfg.get(key)):
+            raise LoraError(key, "is not supported")
+    targets = cfg.get("target_modules")
+    if isinstance(targets, str):
+        targets = [targets]
+    if not isinstance(targets, list) or not targets:
+        raise LoraError("target_modules", f"must be a list of module names, got "
+                        f"{_kind(targets)}")
+    for i, t in enumerate(targets):
+        if t not in PEFT_TARGETS:
+            raise LoraError("target_modules", f"entry {i} is not a projection poot adapts "
+                            f"(known: {', '.join(PEFT_TARGETS)})")
+    rslora = bool(cfg.get("use_rslora", False))
+    scale = float(alpha) / (math.sqrt(r) if rslora else r)
     pairs: dict[str, dict[str, np.ndarray]] = {}
-    for tname in store:
+    for k, tname in enumerate(tensors):
         m = _TENSOR.match(tname)
         if m is None or m.group(2) not in PEFT_TARGETS:
-            raise LoraError(tname, "not a LoRA tensor of a projection poot adapts")
+            raise LoraError(f"tensor {k}", "is not a LoRA tensor of a projection poot adapts")
         layer, module, ab = int(m.group(1)), m.group(2), m.group(3)
+        label = f"layers.{layer}.{module}.lora_{ab}.weight"     # the name, rebuilt
         if module not in targets:
-            raise LoraError(tname, f"{module} is not in target_modules")
+            raise LoraError(label, f"{module} is not in target_modules")
         role = f"blk.{layer}.{PEFT_TARGETS[module]}"
         base = base_types.get(role)
         if base is None:
-            raise LoraError(tname, f"the base model has no separate {module} in layer "
+            raise LoraError(label, f"the base model has no separate {module} in layer "
                             f"{layer} (role {role})")
         out_f, in_f = base.shape
         want = (r, in_f) if ab == "A" else (out_f, r)
-        t = store[tname]
+        t = tensors[tname]
         if tuple(t.shape) != want:
-            raise LoraError(tname, f"shape {list(t.shape)}, expected {list(want)} (r={r}, "
+            raise LoraError(label, f"shape {list(t.shape)}, expected {list(want)} (r={r}, "
                             f"base {role} is [{out_f}, {in_f}])")
         pairs.setdefault(role, {})[ab] = np.asarray(t.data, dtype=np.float32)
     if not pairs:
         raise LoraError("adapter_model.safetensors", "holds no LoRA tensors")
-    out = LoraAdapter(name or folder.name, r, float(alpha), rslora, scale)
+    out = LoraAdapter(name, r, float(alpha), rslora, scale)
     for role, ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:
             raise LoraError(role, "lora_A and lora_B must both be present")
         out.weights[role] = (ab["A"], ab["B"])
     return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def lora_dtype(base_types: Mapping[str, PootType], targets) -> DType:
@@ -306,4 +345,5 @@ class LoraTable:
 
 
 __all__ = ["COLUMN_SLOT", "SHRINK_GROUPS", "LoraAdapter", "LoraError", "LoraSlots", "LoraTable",
-           "PEFT_TARGETS", "lora_dtype", "lora_types", "read_peft_adapter", "shrink_param"]
+           "PEFT_TARGETS", "config_object", "lora_dtype", "lora_types", "peft_adapter",
+           "read_peft_adapter", "shrink_param"]

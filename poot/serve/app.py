@@ -12,9 +12,10 @@ one (a :class:`~poot.embed.PoolingModel`), and a route of the other kind is a 40
 
 The event loop never waits on the engine: checking a request (tokenizing, the chat template)
 runs in a worker thread, and outputs arrive through :mod:`poot.serve.engine_client`. The
-front door (:class:`FrontDoor`, pure ASGI) bounds concurrent requests (503) and body size
-(413), and writes one log line per request when its response ends (id, status, prompt and
-generated tokens, cached tokens, time to first token, total time, finish reason).
+front door (:class:`FrontDoor`, pure ASGI) bounds concurrent requests (503), body size
+(413) and the time a body may take to arrive (408), and writes one log line per request
+when its response ends (id, status, prompt and generated tokens, cached tokens, time to
+first token, total time, finish reason). With an API key the docs routes need it too.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from poot.serve import errors
 from poot.serve.config import ServeConfig
 from poot.serve.engine_client import (AsyncEngine, ClientGone, ConstraintFailed, EngineFault,
-                                      QueueFull, RequestTimeout, TooManySequences)
+                                      QueueFull, RequestTimeout, ShuttingDown,
+                                      TooManySequences)
 from poot.serve.errors import APIError, bad_request, unavailable
+from poot.serve.limits import BodyDeadline
 from poot.serve.mapping import chat_plan, check_model, completion_plan, encode_chat
 from poot.serve.metrics import CONTENT_TYPE, Metrics
 from poot.embed import relevance
@@ -79,6 +82,7 @@ class ServerState:
         self._status = "loading"
         self.error: str | None = None
         self.active = 0                       # HTTP requests in progress (limited routes)
+        self.aborting = False                 # the drain deadline passed (abort_running)
         self.metrics = Metrics(lambda: self)
         self.created = int(time.time())
         #: names this server process in the ``x-poot-replica`` response header (which
@@ -113,6 +117,14 @@ class ServerState:
         """Refuse new generation requests (shutting down)."""
         if self._status == "ready":
             self._status = "draining"
+
+    def abort_running(self) -> None:
+        """The drain deadline passed: requests still running end now, answered as 503
+        ``shutting_down`` (:func:`shutting_down`; a stream: its error event and ``[DONE]``).
+        Call on the event loop."""
+        self.aborting = True
+        n = self.aengine.abort_all() if self.aengine is not None else 0
+        log.warning("drain deadline passed: aborting %d running generation request(s)", n)
 
     def require_model(self) -> Any:
         """The handle, or 503 while loading / after a failed load."""
@@ -164,8 +176,9 @@ class ServerState:
 
 class FrontDoor:
     """ASGI middleware: the concurrency limit (503 + ``Retry-After``), the body-size limit
-    (413, from ``Content-Length`` or while the body streams in), the request counter and
-    the one log line per request."""
+    (413, from ``Content-Length`` or while the body streams in), the body's deadline (408,
+    :class:`~poot.serve.limits.BodyDeadline`), the request counter and the one log line
+    per request."""
 
     def __init__(self, app, state: ServerState):
         self.app, self.state = app, state
@@ -198,9 +211,10 @@ class FrontDoor:
                 await _too_large(length, cfg.max_body_bytes).response()(scope, receive, send_)
                 return
             seen = [0]
+            body_receive = BodyDeadline(receive, cfg.body_timeout_s)
 
             async def receive_():
-                msg = await receive()
+                msg = await body_receive()
                 if msg["type"] == "http.request":
                     seen[0] += len(msg.get("body", b""))
                     if seen[0] > cfg.max_body_bytes:
@@ -220,6 +234,14 @@ class FrontDoor:
                 "/v1/models/") else "other")
             state.metrics.requests.labels(route, str(status[0] or 499)).inc()
             _log_request(scope, status[0], info)
+
+
+def shutting_down(config: ServeConfig) -> APIError:
+    """503 ``shutting_down``: the server stopped and its drain deadline passed while the
+    request ran (it was aborted)."""
+    return unavailable(f"the server is shutting down: the request was aborted at the end "
+                       f"of the {config.drain_timeout_s:g} s drain", config.retry_after_s,
+                       "shutting_down")
 
 
 def queue_full(e: Exception, config: ServeConfig) -> APIError:
@@ -285,6 +307,9 @@ def build_app(config: ServeConfig | None = None, handle=None,
 
     @asynccontextmanager
     async def lifespan(app):
+        if config.runtime_lora and config.api_key is None:
+            log.warning("warning: --allow-runtime-lora without --api-key: anyone who can "
+                        "reach this server can load adapters from --lora-root")
         if handle is not None:
             state.attach(handle)
         elif loader is not None:
@@ -309,8 +334,11 @@ def build_app(config: ServeConfig | None = None, handle=None,
         if state.pool is not None:
             state.pool.close()
 
+    # with an API key the docs routes are declared below, behind the key
+    keyed = config.api_key is not None
     app = FastAPI(title="poot", version=_version(), lifespan=lifespan,
-                  description="An OpenAI-compatible server on poot's batching engine.")
+                  description="An OpenAI-compatible server on poot's batching engine.",
+                  **(dict(openapi_url=None, docs_url=None, redoc_url=None) if keyed else {}))
     app.state.poot = state
     errors.install(app)
     app.add_middleware(FrontDoor, state=state)
@@ -327,6 +355,8 @@ def build_app(config: ServeConfig | None = None, handle=None,
                            errors.INVALID_REQUEST, None, "invalid_api_key")
 
     authed = [Depends(auth)]
+    if keyed:
+        _keyed_docs(app, authed)
 
     # ---- model listing, health, metrics ------------------------------------------------------
     def model_card(adapter: str | None = None) -> dict[str, Any]:
@@ -380,12 +410,23 @@ def build_app(config: ServeConfig | None = None, handle=None,
     @app.post("/v1/load_lora_adapter", dependencies=authed, responses=_ERRORS)
     async def load_lora_adapter(body: LoadLoraRequest):
         """Load a PEFT LoRA folder into a free adapter slot (vLLM's route); requests name it
-        in ``model``. Nothing is compiled; running requests are not disturbed."""
+        in ``model``. ``lora_path`` is a folder under the server's ``--lora-root``
+        (:mod:`poot.serve.lora_files`). Nothing is compiled; running requests are not
+        disturbed."""
         h = _lora_handle()
         from poot.errors import PootError
 
+        from poot.serve.lora_files import read_runtime_adapter
+
+        def load():
+            if h.runner.lora is None:                  # no slots: say so, read nothing
+                return h.load_lora(body.lora_name, body.lora_path)
+            adapter = read_runtime_adapter(config.lora_root, body.lora_path, h.weights.types,
+                                           body.lora_name, config.max_lora_bytes)
+            return h.load_lora(body.lora_name, adapter)
+
         try:
-            await run_in_threadpool(h.load_lora, body.lora_name, body.lora_path)
+            await run_in_threadpool(load)
         except PootError as e:
             raise _lora_error(e) from None
         return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.",
@@ -474,6 +515,8 @@ def build_app(config: ServeConfig | None = None, handle=None,
         try:
             while not done.done():
                 await asyncio.wait({done}, timeout=config.poll_s)
+                if not done.done() and state.aborting:
+                    raise shutting_down(config)
                 if not done.done() and await request.is_disconnected():
                     return None
             return done.result()
@@ -544,6 +587,8 @@ def build_app(config: ServeConfig | None = None, handle=None,
             raise bad_request("n", str(e)) from None
         except QueueFull as e:
             raise queue_full(e, config) from None
+        except ShuttingDown:
+            raise shutting_down(config) from None
         except EngineFault as e:
             raise unavailable(f"the engine stopped after a fault ({e}); the server is "
                               f"unhealthy", config.retry_after_s, "engine_unhealthy") from None
@@ -555,6 +600,24 @@ def build_app(config: ServeConfig | None = None, handle=None,
         return await run.complete(gen)
 
     return app
+
+
+def _keyed_docs(app: FastAPI, authed: list) -> None:
+    """``/openapi.json``, ``/docs`` and ``/redoc`` behind the API key (FastAPI's own are
+    open to anyone)."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+
+    @app.get("/openapi.json", dependencies=authed, include_in_schema=False)
+    async def openapi():
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", dependencies=authed, include_in_schema=False)
+    async def docs():
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+    @app.get("/redoc", dependencies=authed, include_in_schema=False)
+    async def redoc():
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
 
 class _SSEResponse(StreamingResponse):
@@ -571,6 +634,10 @@ class _SSEResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_close()
+
+
+#: the log's ``finish=`` of a request that ended with one of these
+_ABORTED = {RequestTimeout: "timeout", ShuttingDown: "shutdown"}
 
 
 class _Run:
@@ -654,6 +721,8 @@ class _Run:
             return APIError(504, f"the request ran past this server's limit of "
                             f"{self.state.config.request_timeout_s:g} s and was aborted",
                             errors.TIMEOUT, None, "request_timeout")
+        if isinstance(e, ShuttingDown):
+            return shutting_down(self.state.config)
         if isinstance(e, ConstraintFailed):
             field = self.plan.guided_field
             return APIError(400, f"invalid '{field}': {e}", errors.INVALID_REQUEST, field,
@@ -667,8 +736,8 @@ class _Run:
         try:
             async for i, ev in gen.events():
                 self._feed(i, ev)
-        except (RequestTimeout, EngineFault) as e:
-            self._finish("timeout" if isinstance(e, RequestTimeout) else "error")
+        except (RequestTimeout, EngineFault, ShuttingDown) as e:
+            self._finish(_ABORTED.get(type(e), "error"))
             self.info["error"] = type(e).__name__
             self.state.metrics.aborted.inc(len(gen.unfinished))
             raise self._error(e) from None
@@ -786,9 +855,9 @@ class _Run:
                     if out and not gen.ready():
                         yield "".join(out)
                         out.clear()
-            except (RequestTimeout, EngineFault) as e:
+            except (RequestTimeout, EngineFault, ShuttingDown) as e:
                 self.state.metrics.aborted.inc(len(gen.unfinished))
-                self._finish("timeout" if isinstance(e, RequestTimeout) else "error")
+                self._finish(_ABORTED.get(type(e), "error"))
                 self.info["error"] = type(e).__name__
                 yield "".join(out) + sse(self._error(e).body()) + SSE_DONE
                 done = True

@@ -11,9 +11,9 @@ class ServeConfig:
 
     Attributes:
         served_model_name: the ``model`` clients must name (``/v1/models`` lists it).
-        api_key: when set, every ``/v1`` route, ``/tokenize``, ``/detokenize`` and
-            ``/metrics`` need ``Authorization: Bearer <key>`` (401 otherwise); ``/health``
-            stays open.
+        api_key: when set, every ``/v1`` route, ``/tokenize``, ``/detokenize``,
+            ``/metrics`` and the API docs (``/docs``, ``/redoc``, ``/openapi.json``) need
+            ``Authorization: Bearer <key>`` (401 otherwise); ``/health`` stays open.
         max_body_bytes: request bodies larger than this get 413.
         max_prompt_tokens: prompts longer than this get 400 (None: the context only).
         max_n: the largest ``n`` (choices per prompt) and number of prompts per request.
@@ -30,11 +30,22 @@ class ServeConfig:
         retry_after_s: the ``Retry-After`` given with 429 and 503.
         drain_timeout_s: on SIGTERM, how long running requests may take to finish before
             they are aborted.
+        header_timeout_s: a request's line and headers must arrive within this many
+            seconds (of the connection opening, or of the next request's first byte);
+            past it 408 and the connection is closed (:mod:`poot.serve.limits`).
+        body_timeout_s: a request's whole body must arrive within this many seconds of its
+            headers; past it 408 and the connection is closed.
+        idle_timeout_s: a kept-alive connection without a request, or a client that stops
+            reading its response, is closed after this many seconds.
         poll_s: how often a waiting request checks that its client is still connected and
             the engine still runs.
         runtime_lora: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` are
             allowed (they read adapter folders on the server's disk, so they are off unless
-            asked for, as vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``).
+            asked for, as vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``); needs ``lora_root``.
+        lora_root: the folder runtime-loaded adapters must lie in (``lora_path`` is taken
+            relative to it; a path that leaves it, symlinks resolved, is refused as not
+            found; :mod:`poot.serve.lora_files`).
+        max_lora_bytes: the largest adapter file runtime loading reads (bytes).
     """
 
     served_model_name: str = "poot"
@@ -48,14 +59,19 @@ class ServeConfig:
     request_timeout_s: float = 600.0
     retry_after_s: int = 1
     drain_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 30.0
     poll_s: float = 0.5
     runtime_lora: bool = False
+    lora_root: str | None = None
+    max_lora_bytes: int = 1 << 30
 
     def __post_init__(self):
         from poot.driver.params import InvalidRequest
 
         for name in ("max_body_bytes", "max_n", "max_concurrent", "retry_after_s",
-                     "max_pooled_rows"):
+                     "max_pooled_rows", "max_lora_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidRequest(name, v, "must be an integer >= 1")
@@ -66,10 +82,14 @@ class ServeConfig:
                                                    or self.max_prompt_tokens < 1):
             raise InvalidRequest("max_prompt_tokens", self.max_prompt_tokens,
                                  "must be an integer >= 1")
-        for name in ("request_timeout_s", "drain_timeout_s", "poll_s"):
+        for name in ("request_timeout_s", "drain_timeout_s", "poll_s", "header_timeout_s",
+                     "body_timeout_s", "idle_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise InvalidRequest(name, v, "must be a number > 0")
+        if self.runtime_lora and not self.lora_root:
+            raise InvalidRequest("lora_root", self.lora_root, "runtime LoRA loading needs "
+                                 "the folder its adapters must lie in (--lora-root)")
         if not isinstance(self.served_model_name, str) or not self.served_model_name:
             raise InvalidRequest("served_model_name", self.served_model_name,
                                  "must be a non-empty string")

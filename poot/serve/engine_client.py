@@ -51,6 +51,14 @@ class ClientGone(Exception):
     """The client disconnected (the request was aborted)."""
 
 
+class ShuttingDown(Exception):
+    """The server is stopping and the drain deadline passed (the request was aborted; 503)."""
+
+
+#: the choice index of the item :meth:`AsyncEngine.abort_all` queues (no choice has it)
+_STOP = -1
+
+
 class _Sink:
     """Receives one request's outputs on the engine thread and queues them on the loop."""
 
@@ -81,6 +89,8 @@ class AsyncEngine:
         self.capacity = engine.config.max_batch + max_queue
         self.inflight = 0                 # sequences added (or about to be) and unfinished
         self.aborts = 0                   # sequences aborted by the front end
+        self.live: set[Generation] = set()   # requests submitted and not closed
+        self.stopping = False
 
     def start(self) -> None:
         """Start the engine loop on its thread."""
@@ -91,6 +101,15 @@ class AsyncEngine:
         """Why the engine stopped (a step raised), or None while it runs."""
         f = self.engine.fault
         return None if f is None else f"{type(f).__name__}: {f}"
+
+    def abort_all(self) -> int:
+        """The server stops: every running request's :meth:`Generation.events` raises
+        :class:`ShuttingDown` at once, and :meth:`submit` raises it from now on (call on
+        the event loop). Returns the number of requests aborted."""
+        self.stopping = True
+        for gen in self.live:
+            gen.queue.put_nowait((_STOP, None))
+        return len(self.live)
 
     def _shareable(self, ids: Sequence[int]) -> bool:
         bm = self.engine.blocks
@@ -103,7 +122,8 @@ class AsyncEngine:
         """Add a request's sequences now: ``params[p * n + j]`` on ``prompts[p]`` for every
         prompt ``p`` and choice ``j`` (call on the event loop). Raises :class:`QueueFull`
         (nothing added) when the queue cannot take them and :class:`EngineFault` when the
-        engine stopped; returns the :class:`Generation` to read (and close). ``lora``: the
+        engine stopped, :class:`ShuttingDown` after :meth:`abort_all`; returns the
+        :class:`Generation` to read (and close). ``lora``: the
         LoRA adapter every sequence runs with (a :class:`~poot.models.lora.LoraError` when
         it was unloaded meanwhile)."""
         gen = Generation(self, request_id, prompts, params, n, deadline, disconnected, poll_s)
@@ -133,6 +153,8 @@ class Generation:
 
     def _start(self) -> None:
         owner, total = self.owner, len(self.params)
+        if owner.stopping:
+            raise ShuttingDown()
         if owner.fault is not None:
             raise EngineFault(owner.fault)
         if total > owner.capacity:
@@ -143,6 +165,7 @@ class Generation:
                             f"request needs {total} and the server takes {owner.capacity}")
         owner.inflight += total
         self.reserved = total
+        owner.live.add(self)
         try:
             for p, ids in enumerate(self.prompts):
                 first = p * self.n
@@ -170,7 +193,8 @@ class Generation:
         """``(choice index, RequestOutput)`` as the engine produces them, until every choice
         finished. Raises :class:`RequestTimeout` past the deadline (``time.monotonic()``),
         :class:`ClientGone` when ``disconnected()`` says so (checked every ``poll_s`` while
-        waiting), :class:`EngineFault` when the engine failed."""
+        waiting), :class:`EngineFault` when the engine failed, :class:`ShuttingDown` when
+        :meth:`AsyncEngine.abort_all` stopped it."""
         owner = self.owner
         while self.unfinished or self.deferred:
             left = self.deadline - time.monotonic()
@@ -187,6 +211,8 @@ class Generation:
                 if self.disconnected is not None and await self.disconnected():
                     raise ClientGone() from None
                 continue
+            if i == _STOP:
+                raise ShuttingDown()
             if i in self.deferred:
                 for j in self.deferred.pop(i):
                     try:
@@ -215,7 +241,8 @@ class Generation:
         self.deferred.clear()
         self.owner.inflight -= self.reserved
         self.reserved = 0
+        self.owner.live.discard(self)
 
 
 __all__ = ["AsyncEngine", "ClientGone", "EngineFault", "Generation", "QueueFull",
-           "RequestTimeout", "TooManySequences"]
+           "RequestTimeout", "ShuttingDown", "TooManySequences"]

@@ -135,6 +135,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        if isinstance(getattr(exc, "api_error", None), APIError):   # raised below a route
+            return exc.api_error.response()
         if exc.status_code == 404:
             e = APIError(404, f"no route {request.method} {request.url.path}", NOT_FOUND,
                          code="not_found")

@@ -1,25 +1,59 @@
 """Running the application on uvicorn: on a host and port, or on a socket already bound.
 
-SIGTERM (and Ctrl-C) drains: uvicorn stops accepting connections, requests in progress may
-finish until ``drain_timeout_s``, then the rest are cancelled (their sequences aborted), the
-engine loop stops, and the process exits with status 0.
+SIGTERM (and Ctrl-C) drains: uvicorn stops accepting connections, ``/health`` says
+``draining`` and new generation requests get 503 ``shutting_down``; requests in progress may
+finish until ``drain_timeout_s``; then those still running are aborted and answered in
+OpenAI's shape (503 ``shutting_down``, or a stream's error event and ``data: [DONE]``), the
+engine loop stops, and the process exits with status 0. Connections are bounded by the
+deadlines of :mod:`poot.serve.limits`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 import socket
 from typing import Any
+
+#: seconds uvicorn waits past the drain deadline (for the aborted requests' last words)
+#: before it cancels what still runs
+ABORT_GRACE_S = 5
 
 
 def make_server(app, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
                 log_level: str = "warning"):
-    """A ``uvicorn.Server`` for ``app`` (access log off: the app logs one line per request)."""
+    """A ``uvicorn.Server`` for ``app`` (access log off: the app logs one line per request).
+    With a ``build_app`` application (its :class:`~poot.serve.app.ServerState` as
+    ``app.state.poot``), its config's connection deadlines apply and SIGTERM drains as the
+    module doc says."""
     import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+    from poot.serve.limits import protocol_class
+
+    state = getattr(getattr(app, "state", None), "poot", None)
+    kw: dict[str, Any] = {}
+    if state is not None:
+        cfg = state.config
+        kw = dict(http=protocol_class(AutoHTTPProtocol, cfg.header_timeout_s,
+                                      cfg.idle_timeout_s),
+                  timeout_keep_alive=cfg.idle_timeout_s)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=max(1, int(round(drain_timeout_s))),
-                            lifespan="on", log_config=None)
-    return uvicorn.Server(config)
+                            timeout_graceful_shutdown=math.ceil(drain_timeout_s)
+                            + ABORT_GRACE_S, lifespan="on", log_config=None, **kw)
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            if state is None:
+                return await super().shutdown(sockets)
+            state.drain()
+            timer = asyncio.get_running_loop().call_later(drain_timeout_s, state.abort_running)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    return DrainingServer(config)
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

@@ -29,16 +29,18 @@ def load_tiny(path: Path, cache_dir: str, **kw):
 
 class ServerThread:
     """uvicorn serving ``build_app(config, handle, **kw)`` on a socket bound here; ``url``
-    is ``http://127.0.0.1:PORT``; :meth:`stop` shuts it down (the engine loop too)."""
+    is ``http://127.0.0.1:PORT``; :meth:`stop` shuts it down (the engine loop too), draining
+    for ``drain_timeout_s``."""
 
-    def __init__(self, handle=None, config: ServeConfig | None = None, **kw):
+    def __init__(self, handle=None, config: ServeConfig | None = None,
+                 drain_timeout_s: float = 2, **kw):
         self.config = config or ServeConfig(served_model_name="tiny")
         self.app = build_app(self.config, handle=handle, **kw)
         self.state = self.app.state.poot
         self.sock = bind("127.0.0.1", 0)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = make_server(self.app, drain_timeout_s=2)
+        self.server = make_server(self.app, drain_timeout_s=drain_timeout_s)
         self.thread = threading.Thread(target=self.server.run,
                                        kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -24,13 +24,22 @@ LORA = FIXTURES / "llama_lora"
 
 
 @pytest.fixture(scope="module")
-def srv(cache_dir):
+def lora_root(tmp_path_factory) -> Path:
+    """The server's --lora-root: a copy of adapter_b."""
+    root = tmp_path_factory.mktemp("lora-root")
+    shutil.copytree(LORA / "adapter_b", root / "adapter_b")
+    return root
+
+
+@pytest.fixture(scope="module")
+def srv(cache_dir, lora_root):
     from poot.api import ModelHandle
 
     h = ModelHandle.load(fixture_path("llama"), kv_capacity=64, max_batch=4, prefill_chunk=8,
                          cache_dir=cache_dir, max_loras=2, max_lora_rank=8,
                          loras={"a": LORA / "adapter_a"})
-    with running(h, ServeConfig(served_model_name="base", runtime_lora=True)) as s:
+    with running(h, ServeConfig(served_model_name="base", runtime_lora=True,
+                                lora_root=str(lora_root))) as s:
         yield s
 
 
@@ -53,8 +62,7 @@ def _post(s, route, body):
 def test_adapters_by_model_name_load_and_unload(srv):
     assert _complete(srv, "a") == _want("adapter_a")
     assert _complete(srv, "base") == [int(x) for x in reference("llama")["greedy_ids"]]
-    r = _post(srv, "/v1/load_lora_adapter", {"lora_name": "b",
-                                             "lora_path": str(LORA / "adapter_b")})
+    r = _post(srv, "/v1/load_lora_adapter", {"lora_name": "b", "lora_path": "adapter_b"})
     assert r.status_code == 200, r.text
     ids = [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]]
     assert ids == ["base", "a", "b"]
@@ -67,19 +75,17 @@ def test_adapters_by_model_name_load_and_unload(srv):
     assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name"
 
 
-def test_bad_adapters_are_400_naming_the_problem(srv, tmp_path):
-    r = _post(srv, "/v1/load_lora_adapter", {"lora_name": "x",
-                                             "lora_path": str(tmp_path / "missing")})
+def test_bad_adapters_are_400_naming_the_problem(srv, lora_root):
+    r = _post(srv, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "missing"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path"
-    d = tmp_path / "bad"
+    d = lora_root / "bad"
     shutil.copytree(LORA / "adapter_a", d)
     cfg = json.loads((d / "adapter_config.json").read_text())
     cfg["r"] = 2                                       # the tensors are rank 4
     (d / "adapter_config.json").write_text(json.dumps(cfg))
     r = _post(srv, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(d)})
     assert r.status_code == 400 and "lora_A.weight" in r.json()["error"]["message"]
-    r = _post(srv, "/v1/load_lora_adapter", {"lora_name": "",
-                                             "lora_path": str(LORA / "adapter_b")})
+    r = _post(srv, "/v1/load_lora_adapter", {"lora_name": "", "lora_path": "adapter_b"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name"
     r = _post(srv, "/v1/load_lora_adapter", {"lora_name": "base2",
                                              "lora_path": str(fixture_path("phi3"))})
@@ -101,6 +107,7 @@ def test_runtime_loading_is_off_by_default(cache_dir):
     (["--lora", "noequals"], "NAME=PATH"),
     (["--lora", "a=x", "--max-loras", "0"], "--max-loras"),
     (["--allow-runtime-lora"], "--max-loras"),
+    (["--allow-runtime-lora", "--max-loras", "1"], "--lora-root"),
 ])
 def test_lora_option_errors(argv, says, capsys):
     from poot.cli import main

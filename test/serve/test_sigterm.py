@@ -1,10 +1,12 @@
 """``poot serve`` as a process: it listens at once (``/health`` says loading), says when it
 is ready, and on SIGTERM stops accepting connections, lets running requests finish within
-``--drain-timeout`` (or aborts them at that deadline) and exits with status 0. SmolLM2 on
-the CPU (a request long enough to be in flight when the signal comes)."""
+``--drain-timeout`` (or aborts them at that deadline: an OpenAI-shaped error, no traceback)
+and exits with status 0. SmolLM2 on the CPU (a request long enough to be in flight when the
+signal comes)."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -83,8 +85,12 @@ def test_sigterm_aborts_at_the_drain_deadline():
         code = p.terminate(120)
         t.join(120)
         assert code == 0, p.log[-2000:]
-        # cut at the deadline: no [DONE], and the server logged the request as cut short
-        assert "data: [DONE]" not in out.get("lines", [])
-        assert "finish=disconnected" in p.log
+        # cut at the deadline: an OpenAI-shaped error event, then [DONE]; no traceback
+        lines = out.get("lines", [])
+        assert lines[-1] == "data: [DONE]" and "error" not in out, lines[-3:]
+        err = json.loads(lines[-2][len("data: "):])["error"]
+        assert err["code"] == "shutting_down" and err["type"] == "service_unavailable"
+        assert "finish=shutdown" in p.log
+        assert "Traceback" not in p.log and "CancelledError" not in p.log
     finally:
         p.kill()
