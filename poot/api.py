@@ -430,9 +430,9 @@ def _bind_lora_slots(model, weights, max_loras: int, max_lora_rank: int):
     from poot.models.lora import LoraSlots, LoraTable
 
     table = LoraTable(LoraSlots(max_loras, max_lora_rank), weights.types,
-                      model.dims().n_layers)
+                      model.dims().n_layers, weights.row_order)
     return WeightBinding({**weights.arrays, **table.arrays}, {**weights.types, **table.types},
-                         dict(weights.stored)), table
+                         dict(weights.stored), dict(weights.row_order)), table
 
 
 def compile_cached(cache, model, weight_types, spec, trace, target, options, progress=None,

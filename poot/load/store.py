@@ -146,20 +146,29 @@ def _is_mapped(a: np.ndarray) -> bool:
     return isinstance(base, mmap.mmap)
 
 
-def llama_rotary_unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:
-    """Row order that undoes llama.cpp's ``convert_hf_to_gguf`` Q/K permutation.
+def llama_rotary_permute_rows(n_rows: int, n_head: int) -> np.ndarray:
+    """Row order of llama.cpp's ``convert_hf_to_gguf`` Q/K permutation.
 
     The converter stores ``w.reshape(n_head, 2, n_rows // n_head // 2, cols).swapaxes(1, 2)``
-    (HF's "rotate half" layout -> ggml's interleaved pairs). With ``P`` that permutation of row
-    indices (``gguf[r] = hf[P[r]]``), the returned ``Q = argsort(P)`` satisfies
-    ``gguf_tensor.take_rows(Q) == hf_tensor``. ``n_head`` is the head count of that tensor
-    (KV heads for K). Returns int64 of shape ``[n_rows]``; ValueError if rows do not split
-    into ``n_head`` heads of even size.
+    (HF's "rotate half" layout -> ggml's interleaved pairs): the returned ``P`` satisfies
+    ``gguf[r] = hf[P[r]]``, so ``hf_rows[P]`` lays out any HF-ordered rows of that
+    projection (a LoRA ``lora_B``, a bias) as the GGUF file does. ``n_head`` is the head count
+    of that tensor (KV heads for K). Returns int64 of shape ``[n_rows]``; ValueError if rows
+    do not split into ``n_head`` heads of even size.
     """
     if n_head <= 0 or n_rows % (2 * n_head):
         raise ValueError(f"{n_rows} rows do not split into {n_head} heads of even size")
-    perm = np.arange(n_rows).reshape(n_head, 2, n_rows // n_head // 2).swapaxes(1, 2).reshape(-1)
-    return np.argsort(perm).astype(np.int64)
+    return np.arange(n_rows, dtype=np.int64).reshape(n_head, 2, n_rows // n_head // 2) \
+        .swapaxes(1, 2).reshape(-1)
+
+
+def llama_rotary_unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's ``convert_hf_to_gguf`` Q/K permutation: the inverse
+    ``Q = argsort(P)`` of :func:`llama_rotary_permute_rows`, so
+    ``gguf_tensor.take_rows(Q) == hf_tensor``. Returns int64 of shape ``[n_rows]``; ValueError
+    if rows do not split into ``n_head`` heads of even size.
+    """
+    return np.argsort(llama_rotary_permute_rows(n_rows, n_head)).astype(np.int64)
 
 
 class WeightStore(Mapping[str, StoredTensor]):

@@ -335,11 +335,18 @@ class WeightBinding:
     is what the oracle binds: dense tensors in their stored dtype (f32/f16/bf16; other
     dtypes converted to f32), packed tensors as their stored ``uint8`` block bytes with a
     :class:`PackedType`. ``stored[role]`` names the checkpoint tensor.
+
+    ``row_order[role]`` (int64 [out]) is recorded by the family for a projection whose
+    output rows are bound in another order than the HF checkpoint's (llama's GGUF Q/K kept
+    in llama.cpp's permuted order): bound row ``r`` is HF row ``row_order[role][r]``.
+    Anything added to that projection's output in HF's order (a PEFT ``lora_B``) is laid
+    out like the base by taking those rows (:class:`~poot.models.lora.LoraTable`).
     """
 
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     types: dict[str, PootType] = field(default_factory=dict)
     stored: dict[str, str] = field(default_factory=dict)
+    row_order: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __getitem__(self, role: str) -> np.ndarray:
         return self.arrays[role]

@@ -17,7 +17,9 @@ permuted; Q and K carry the same permutation (per head), so every score ``q . k`
 and V/O are untouched. It keeps the packed Q/K weights exactly as stored (still memory-mapped,
 no re-ordered copy). ``from_config(..., gguf_qk="unpermute")`` instead reorders the stored
 rows back with ``StoredTensor.take_rows`` (packed rows copied whole) and traces half-layout
-RoPE; tests check that both give the same logits.
+RoPE; tests check that both give the same logits. Kept as stored, the binding records the
+Q/K row order (``WeightBinding.row_order``): a LoRA adapter's ``lora_B`` rows of q_proj /
+k_proj, in HF's order, are permuted the same way when loaded into its slots.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, ClassVar, Literal, Mapping
 import numpy as np
 
 from poot.graph import ops
-from poot.load.store import llama_rotary_unpermute_rows
+from poot.load.store import llama_rotary_permute_rows, llama_rotary_unpermute_rows
 from poot.models import components as C
 from poot.models.base import REGISTRY, ModelError, WeightBinding, WeightTable
 
@@ -170,13 +172,26 @@ class Llama(C.DecoderModel):
 
     def bind(self, store: Mapping[str, Any]) -> WeightBinding:
         """Bind every role from ``store`` (packed stays packed; see the module docstring for
-        GGUF Q/K rows). Raises ModelError naming a missing tensor."""
-        return super().bind(store, self._unpermute if self.config.unpermute_qk else None)
+        GGUF Q/K rows). GGUF Q/K kept as stored get their llama.cpp row order recorded in
+        ``row_order`` (so a LoRA adapter's ``lora_B`` is laid out like them). Raises
+        ModelError naming a missing tensor."""
+        out = super().bind(store, self._unpermute if self.config.unpermute_qk else None)
+        if self.config.rope_layout == "interleaved":
+            for role, t in out.types.items():
+                heads = self._qk_heads(role)
+                if heads is not None:
+                    out.row_order[role] = llama_rotary_permute_rows(t.shape[0], heads)
+        return out
+
+    def _qk_heads(self, role: str) -> int | None:
+        """The head count of a Q or K projection role (or its bias), else None."""
+        heads = {"q": self.config.num_heads, "k": self.config.num_kv_heads}
+        kind = role.split(".")[-1].removesuffix("_bias")
+        return heads[kind] if ".attn." in role and kind in heads else None
 
     def _unpermute(self, role: str, t: Any) -> Any:
         """GGUF Q/K (and their biases) back to HF row order, packed rows copied whole."""
-        heads = {"q": self.config.num_heads, "k": self.config.num_kv_heads}
-        kind = role.split(".")[-1].removesuffix("_bias")
-        if ".attn." not in role or kind not in heads:
+        heads = self._qk_heads(role)
+        if heads is None:
             return t
-        return t.take_rows(llama_rotary_unpermute_rows(t.shape[0], heads[kind]))
+        return t.take_rows(llama_rotary_unpermute_rows(t.shape[0], heads))

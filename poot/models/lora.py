@@ -286,11 +286,19 @@ def lora_types(slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: i
 class LoraTable:
     """The host copy of every slot's arrays (bound as weights; a changed array is uploaded
     again with ``Engine.load_weights``). Slot s (1..L) holds rows ``(s-1)*R .. (s-1)*R + r``
-    of the stacked arrays; slot 0, the base model, holds none."""
+    of the stacked arrays; slot 0, the base model, holds none.
 
-    def __init__(self, slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int):
+    ``row_order``: the base binding's :attr:`~poot.models.base.WeightBinding.row_order`
+    (role -> int64 [out], bound row r is HF row ``row_order[role][r]``). An adapter's B,
+    whose rows are in HF's order, is written in the base's order (B's rows taken by it), so
+    the expand adds each output to the base row it belongs to (llama's GGUF Q/K, kept in
+    llama.cpp's permuted order)."""
+
+    def __init__(self, slots: LoraSlots, base_types: Mapping[str, PootType], n_layers: int,
+                 row_order: Mapping[str, np.ndarray] | None = None):
         self.slots = slots
         self.types = lora_types(slots, base_types, n_layers)
+        self.row_order = dict(row_order or {})
         self.arrays = {n: np.zeros(t.shape, t.dtype.numpy) for n, t in self.types.items()
                        if n != COLUMN_SLOT}
         self.arrays[COLUMN_SLOT] = np.repeat(np.arange(1, slots.max_loras + 1, dtype=np.int32),
@@ -316,6 +324,8 @@ class LoraTable:
         for role, (a, b) in adapter.weights.items():
             name, row0, _ = shrink_param(role, self.types)
             self.arrays[name][row0 + lo:row0 + hi, :] = a
+            if role in self.row_order:
+                b = b[self.row_order[role]]
             self.arrays[f"lora.{role}.b"][lo:hi, :] = (b * np.float32(adapter.scale)).T  # rounds
             changed += [name, f"lora.{role}.b"]
         self.loaded[slot] = adapter.name

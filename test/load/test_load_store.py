@@ -12,7 +12,8 @@ from broken import random_blocks
 from poot.dialects.quant import BY_NAME, FORMATS
 from poot.dialects.quant_ref import dequantize
 from poot.load.gguf import read_gguf
-from poot.load.store import DType, llama_rotary_unpermute_rows, open_weights
+from poot.load.store import (DType, llama_rotary_permute_rows, llama_rotary_unpermute_rows,
+                             open_weights)
 
 
 def _gguf_py_file(tmp_path, version_alignment=None):
@@ -101,6 +102,14 @@ def test_llama_rotary_unpermute_undoes_convert_hf_to_gguf(n_head, head_dim):
     # llama.cpp convert_hf_to_gguf.py LlamaModel.permute
     stored = w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)
     assert np.array_equal(stored[llama_rotary_unpermute_rows(rows, n_head)], w)
+
+
+@pytest.mark.parametrize("n_head,head_dim", [(4, 8), (3, 64), (1, 2)])
+def test_llama_rotary_permute_lays_hf_rows_out_as_convert_hf_to_gguf(n_head, head_dim):
+    rows, cols = n_head * head_dim, 5
+    w = np.random.default_rng(1).standard_normal((rows, cols)).astype(np.float32)
+    stored = w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+    assert np.array_equal(w[llama_rotary_permute_rows(rows, n_head)], stored)
 
 
 def test_llama_rotary_unpermute_rejects_odd_heads():

@@ -157,3 +157,38 @@ def test_loading_errors_name_the_field_or_tensor(base, tmp_path):
     with pytest.raises(LoraError) as e:
         read_peft_adapter(d, weights.types)
     assert e.value.field == "adapter_config.json"
+
+
+@pytest.mark.parametrize("gguf_qk", ["interleaved", "unpermute"])
+def test_gguf_qk_row_order_describes_the_file(gguf_qk):
+    """llama_gguf_q4_1 is tiny/llama quantized with Q/K rows permuted by llama.cpp's
+    converter: kept as stored, the binding's row order names, for every bound Q/K row, the
+    HF row it is nearest to (Q4_1 rounding is far smaller than the rows' distances); rows
+    put back in HF order (``unpermute``) record none. An adapter's B is written in it."""
+    import gguf
+
+    from poot.load import open_weights
+
+    model, weights = load_model(fixture_path("llama_gguf_q4_1"), gguf_qk=gguf_qk)
+    if gguf_qk == "unpermute":
+        assert weights.row_order == {}
+        return
+    n = model.dims().n_layers
+    assert sorted(weights.row_order) == sorted(f"blk.{i}.attn.{t}" for i in range(n)
+                                               for t in "qk")
+    hf = open_weights(fixture_path("llama"))
+    stored = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(t.shape[::-1])
+              for t in gguf.GGUFReader(fixture_path("llama_gguf_q4_1")).tensors}
+    for role, order in weights.row_order.items():
+        i, t = role.split(".")[1], role[-1]
+        w = np.asarray(hf[f"model.layers.{i}.self_attn.{t}_proj.weight"].data, np.float32)
+        got = stored[weights.stored[role]]
+        nearest = np.abs(got[:, None, :] - w[None, :, :]).sum(-1).argmin(-1)
+        assert list(nearest) == list(order), role
+    table = LoraTable(LoraSlots(max_loras=1, max_rank=8), weights.types, n,
+                      weights.row_order)
+    adapter = read_peft_adapter(LORA / "adapter_a", weights.types)
+    table.load(1, adapter)
+    a, b = adapter.weights["blk.0.attn.k"]
+    assert np.array_equal(table.arrays["lora.blk.0.attn.k.b"][:4],
+                          (b * np.float32(adapter.scale)).T[:, weights.row_order["blk.0.attn.k"]])
