@@ -270,3 +270,35 @@ def test_embeddings_and_rerank_examples(fresh):
     scores = [x["relevance_score"] for x in results]
     assert sorted(x["index"] for x in results) == [0, 1] and scores == sorted(scores)[::-1], \
         results
+
+
+def _curl(cmd: str, srv: Server, cwd: Path) -> str:
+    """A README ``curl`` command against ``srv``; its response body."""
+    if not shutil.which("curl"):
+        pytest.skip("curl is not installed: the README's curl examples cannot run")
+    r = subprocess.run(shlex.split(srv.retarget(cmd)) + ["-s", "-S"], cwd=cwd,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{cmd}\n{r.stderr}"
+    return r.stdout
+
+
+def test_lora_examples(fresh):
+    """The LoRA section's server: the tiny Llama fixture as MODEL, its two adapters as
+    ./sql-lora and ./chat-lora, a copy of one as ./adapters/x for the runtime load."""
+    src, venv, env, _ = fresh
+    _install_serve(src, venv, env)
+    tiny = ROOT / "test" / "fixtures" / "tiny"
+    shutil.copytree(tiny / "llama", src / "tiny-llama", dirs_exist_ok=True)
+    shutil.copytree(tiny / "llama_lora" / "adapter_a", src / "sql-lora", dirs_exist_ok=True)
+    shutil.copytree(tiny / "llama_lora" / "adapter_b", src / "chat-lora", dirs_exist_ok=True)
+    shutil.copytree(tiny / "llama_lora" / "adapter_b", src / "adapters" / "x",
+                    dirs_exist_ok=True)
+    text = section("LoRA adapters")
+    cmds = console_commands(re.search(r"```console\n(.*?)```", text, re.S).group(1))
+    assert cmds[0].startswith("poot serve --model MODEL --lora"), cmds
+    with Server(cmds[0].replace("MODEL", "tiny-llama"), venv, src, env) as srv:
+        bodies = [_curl(c, srv, src) for c in cmds[1:]]
+    assert len(bodies) == 3, cmds
+    assert json.loads(bodies[0])["choices"][0]["text"] is not None, bodies[0]
+    for body in bodies[1:]:
+        assert '"error"' not in body, body
