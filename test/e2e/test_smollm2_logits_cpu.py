@@ -39,7 +39,7 @@ CAPACITY, CHUNK = 128, 32
 #: 03_chat difference is 1.35 (0.60-1.23 perturbed). The teacher-forced top-5 check below stays uncentered (measured up to 1.03).
 INT8_TOL = 1.25
 #: the default's bound (int16 activations): greedy tokens follow f32 wherever f32's top-2
-#: margin exceeds it
+#: margin exceeds it. Measured at the first step (centered): 2.3e-3 to 5.8e-3.
 INT16_TOL = 0.02
 #: max abs first-step logit difference per precision: (bound, centered: taken after removing
 #: the mean difference over the vocabulary)
@@ -111,8 +111,9 @@ def test_first_step_logits_match_reference(steps, case):
         assert int(got.argmax()) == int(ref.argmax())
 
 
-#: max abs difference of the reference's top-5 logits at every teacher-forced step
-TOP5_TOL = {"exact": 1e-3, "int16": 0.03, "int8": INT8_TOL}
+#: max abs difference of the reference's top-5 logits at every teacher-forced step (int16:
+#: measured 2.3e-3 to 4.3e-3 over the prompts, uncentered)
+TOP5_TOL = {"exact": 1e-3, "int16": INT16_TOL, "int8": INT8_TOL}
 
 
 @pytest.fixture(scope="module")
