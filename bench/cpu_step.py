@@ -55,7 +55,7 @@ def prepared_call(prog, inputs, params):
 
 
 def step_bench(path, steps: int, threads: int | None, prefill: int = 0):
-    from poot.backends.cpu import cpu_threads
+    from poot.backends.cpu import cpu_threads, strategy_for
     from poot.compiler import CompileOptions, compile
     from poot.compiler.target import host_cpu
     from poot.models import StepSpec, load_model
@@ -86,7 +86,7 @@ def step_bench(path, steps: int, threads: int | None, prefill: int = 0):
         "model": os.path.basename(str(path)),
         "step": f"prefill {prefill}" if prefill else "decode",
         "threads": cpu_threads(),
-        "int8_dot": os.environ.get("POOT_CPU_INT8", "0") == "1",
+        "dot_bits": strategy_for(precision=CompileOptions().precision).dot_bits,
         "trace_s": round(trace_s, 3),
         "compile_s": round(compile_s, 3),
         "codegen_s": round(program.pass_seconds.get("codegen", 0.0), 3),

@@ -71,9 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-logprobs", action="store_true",
                     help="no log-probs (a machine without MLIR runs only the samplers "
                          "poot compile built: the greedy one)")
-    ap.add_argument("--precision", default="fast", choices=("fast", "exact"),
-                    help="exact: f32 activations (fast multiplies packed weights by int8 x on "
-                         "the CPU, so the two spellings' log-probs differ by int8 rounding)")
+    ap.add_argument("--precision", default="int16", choices=("int16", "int8", "exact"),
+                    help="exact: f32 activations (int16/int8 multiply packed weights by "
+                         "quantized x on the CPU, so their log-probs differ by that rounding)")
     args = ap.parse_args(argv)
 
     from poot.api import ModelHandle

@@ -6,7 +6,10 @@ dequantized Q4_0/Q4_1/Q8_0 weight) becomes the row-streaming vector kernel of
 table decodes only the gathered rows. Everything else lowers as in ``poot-lower-to-linalg``.
 
 Options (the CPU backend takes them from ``Target.caps``): ``cores`` (> 1: the row loop of a
-kernel whose weight has at least ``parallel-min-bytes`` is an ``scf.forall``), ``m-tile``.
+kernel whose weight has at least ``parallel-min-bytes`` is an ``scf.forall``), ``m-tile``,
+``dot-bits`` (8 or 16: packed weights multiply x quantized per 32-block to that many bits
+with integer dot products; 0: f32 x) and ``vnni`` (1: those dot products are AVX-VNNI /
+AVX512-VNNI ``vpdpbusd`` / ``vpdpwssd``; 0: AVX2's).
 """
 
 from __future__ import annotations
@@ -21,10 +24,15 @@ from poot.passes.registry import PassFailure, register_pass
                "lower poot to linalg/scf/vector with the CPU matmul kernels",
                {"cores": (int, 1, "threads a kernel's row loop may use"),
                 "m-tile": (int, 2, "rows of x per decoded weight row"),
-                "parallel-min-bytes": (int, 1 << 20, "smallest weight with a parallel row loop")})
+                "parallel-min-bytes": (int, 1 << 20, "smallest weight with a parallel row loop"),
+                "dot-bits": (int, 0, "bits of the quantized x for packed weights (0: f32 x)"),
+                "vnni": (int, 0, "1: VNNI integer dot products, 0: AVX2's")})
 def run(module: ir.Operation, **opts) -> None:
     strategy = Strategy(gemv=True, m_tile=opts.get("m-tile", 2), cores=opts.get("cores", 1),
-                        parallel_min_bytes=opts.get("parallel-min-bytes", 1 << 20))
+                        parallel_min_bytes=opts.get("parallel-min-bytes", 1 << 20),
+                        dot_bits=opts.get("dot-bits", 0), vnni=bool(opts.get("vnni", 0)))
+    if strategy.dot_bits not in (0, 8, 16):
+        raise PassFailure(f"dot-bits must be 0, 8 or 16, got {strategy.dot_bits}")
     try:
         lower_module(module, strategy)
     except LoweringRefusal as e:

@@ -54,14 +54,17 @@ class Strategy:
             they otherwise run while the other core waits; alone, with hot caches, the
             fork/join neither gains nor loses at that size.
         cores: threads the kernels may use (1: never ``scf.forall``).
-        int8_dot: packed weights (Q4_0/Q4_1/Q8_0) are multiplied by x quantized to int8 per
-            32-element block (llama.cpp's scheme; AVX2 ``pmaddubsw``/``pmaddwd``): about twice
-            the throughput, at int8 precision for x (results differ from the f32 oracle by
-            ~1e-2 relative). Off here; :func:`poot.backends.cpu.strategy_for` turns it on for
-            ``CompileOptions(precision="fast")``, the default.
-        vnni: the int8 dot products use ``vpdpbusd`` (AVX-VNNI or AVX512-VNNI) instead of
-            AVX2's ``pmaddubsw`` + ``pmaddwd`` (same results: no i16 step can saturate).
-        n_tile: W rows one int8 decode (M = 1) tile computes together, each with its own
+        dot_bits: 0 (f32 x), or packed weights (Q4_0/Q4_1/Q8_0) are multiplied by x
+            quantized per 32-element block to ``dot_bits`` signed bits with integer dot
+            products: 8 is llama.cpp's scheme (AVX2 ``pmaddubsw``/``pmaddwd``; results differ
+            from the f32 oracle by ~1e-2 relative), 16 keeps x to 1/65534 of each block's
+            largest |x| (``pmaddwd`` on weights widened to i16). 0 here;
+            :func:`poot.backends.cpu.strategy_for` sets it from
+            :attr:`~poot.compiler.CompileOptions.precision`.
+        vnni: the integer dot products use ``vpdpbusd`` / ``vpdpwssd`` (AVX-VNNI or
+            AVX512-VNNI) instead of AVX2's ``pmaddubsw`` + ``pmaddwd`` / ``pmaddwd`` + add
+            (same results: no i16 step can saturate).
+        n_tile: W rows one integer-kernel decode (M = 1) tile computes together, each with its own
             accumulator (their FMA chains overlap). 1: a tile reads one row, so each thread
             streams its rows as one sequential run. Rows interleaved in a tile (4) compute
             faster from cache (a 1536x576 Q4_1 GEMV: 17 vs 27 us here) but defeat the
@@ -74,7 +77,7 @@ class Strategy:
     m_tile: int = 2
     parallel_min_bytes: int = 64 << 10
     cores: int = 1
-    int8_dot: bool = False
+    dot_bits: int = 0
     vnni: bool = False
     n_tile: int = 1
 

@@ -166,20 +166,23 @@ def strategy_for(target=None, threads: int | None = None,
     with 16-lane f32 accumulators; x rows per decoded weight row from the register file
     (AVX-512's 32 registers hold 4 rows of accumulators, AVX2's 16 hold 2).
 
-    ``precision`` (:attr:`~poot.compiler.CompileOptions.precision`): ``"fast"`` turns on the
-    int8 dot-product kernels for packed weights on a target with AVX2 (``vpdpbusd`` where it
-    has AVX-VNNI or AVX512-VNNI with VL); ``POOT_CPU_INT8=0/1`` overrides it (experiments)."""
+    ``precision`` (:attr:`~poot.compiler.CompileOptions.precision`): ``"int16"`` and
+    ``"int8"`` turn on the integer dot-product kernels for packed weights (x quantized per
+    32-block to that many bits) on a target with AVX2 (``vpdpwssd`` / ``vpdpbusd`` where it
+    has AVX-VNNI or AVX512-VNNI with VL); ``"exact"``, or a target without AVX2, keeps x in
+    f32. ``POOT_CPU_INT8=0/1`` overrides it with f32 / int8 x (experiments)."""
     if target is None:
         from poot.compiler.target import host_cpu
 
         target = host_cpu()
     threads = cpu_threads(target) if threads is None else threads
     env = os.environ.get("POOT_CPU_INT8")
-    int8 = (precision == "fast" if env is None else env == "1") and \
-        "avx2" in target.caps.features
+    bits = {"int16": 16, "int8": 8}.get(precision, 0) if env is None else 8 * (env == "1")
     f = target.caps.features
+    if "avx2" not in f:
+        bits = 0
     vnni = "avx_vnni" in f or {"avx512_vnni", "avx512vl"} <= f
-    return Strategy(gemv=True, int8_dot=int8, vnni=vnni,
+    return Strategy(gemv=True, dot_bits=bits, vnni=vnni,
                     m_tile=4 if target.caps.vector_bits >= 512 else 2,
                     cores=threads)
 

@@ -83,9 +83,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", default=None, choices=("f32", "f16", "bf16"),
                    help="KV cache storage dtype (default: the model's; f16 for a quantized "
                         "GGUF)")
-    p.add_argument("--precision", default="fast", choices=("fast", "exact"),
-                   help="fast (default): packed weights may multiply int8-quantized "
-                        "activations (llama.cpp's Q8 scheme, CPU); exact: f32 activations")
+    p.add_argument("--precision", default="int16", choices=("int16", "int8", "exact"),
+                   help="int16 (default): packed weights multiply activations quantized to "
+                        "int16 per 32-block (CPU; logits within ~1e-2 of f32); int8: "
+                        "llama.cpp's Q8 scheme, faster but logits move by up to ~1; "
+                        "exact: f32 activations")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads for the kernels (default: POOT_CPU_THREADS, "
                         "OMP_NUM_THREADS, else every core this process may use)")
@@ -187,7 +189,7 @@ def compile_options(args):
     """The :class:`~poot.compiler.CompileOptions` of ``--precision``."""
     from poot.compiler import CompileOptions
 
-    return CompileOptions(precision=getattr(args, "precision", "fast") or "fast")
+    return CompileOptions(precision=getattr(args, "precision", None) or "int16")
 
 
 def apply_threads(args) -> None:

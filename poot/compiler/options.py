@@ -40,12 +40,15 @@ class CompileOptions:
         flash_attention: rewrite attention compositions into the fused attention op.
         opt_level: LLVM optimization level for host code.
         disable: pass arguments to leave out of the pipeline (for experiments and tests).
-        precision: ``"fast"`` (default) lets a backend multiply packed weights (Q4_0, Q4_1,
-            Q8_0) by activations quantized to int8 per 32-element block, llama.cpp's Q8
-            scheme (the CPU backend's int8 dot-product kernels); ``"exact"`` keeps
-            activations in f32, so results equal the oracle up to summation order. Backends
-            without such kernels compute the same either way. Tolerances: the tests in
-            ``test/cpu/test_precision.py``.
+        precision: how a backend may multiply packed weights (Q4_0, Q4_1, Q8_0) by
+            activations. ``"int16"`` (default): activations quantized to int16 per
+            32-element block, multiplied with integer dot products (the CPU backend's
+            ``vpdpwssd`` / ``pmaddwd`` kernels); SmolLM2's logits stay within ~1e-2 of f32.
+            ``"int8"``: quantized to int8 per block, llama.cpp's Q8 scheme (``vpdpbusd`` /
+            ``pmaddubsw``): faster, but logits move by up to ~1, which flips greedy tokens
+            whose margin is below that. ``"exact"`` keeps activations in f32, so results
+            equal the oracle up to summation order. Backends without such kernels compute
+            the same either way. Tolerances: ``test/e2e/test_smollm2_logits_cpu.py``.
     """
 
     limits: CompileLimits = CompileLimits.STANDARD
@@ -53,7 +56,7 @@ class CompileOptions:
     flash_attention: bool = True
     opt_level: int = 2
     disable: frozenset[str] = field(default_factory=frozenset)
-    precision: str = "fast"
+    precision: str = "int16"
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -62,4 +65,4 @@ class CompileOptions:
 
 
 #: the values of :attr:`CompileOptions.precision`
-PRECISIONS = ("fast", "exact")
+PRECISIONS = ("int16", "int8", "exact")

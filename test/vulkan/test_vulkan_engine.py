@@ -18,7 +18,7 @@ from poot.api import LLM, ModelHandle  # noqa: E402
 from poot.compiler import CompileOptions  # noqa: E402
 from poot.driver.params import SamplingParams  # noqa: E402
 
-#: the CPU reference computes in f32 (precision "fast" would quantize its activations)
+#: the CPU reference computes in f32 (precisions int16 and int8 would quantize its activations)
 EXACT = CompileOptions(precision="exact")
 
 
