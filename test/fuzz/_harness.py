@@ -62,6 +62,31 @@ class ScratchFile:
         return self.path
 
 
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's byte -> printable character map (the byte-level BPE alphabet), by byte."""
+    keep = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    extra = iter(range(256, 512))
+    return [chr(b if b in keep else next(extra)) for b in range(256)]
+
+
+def byte_tokenizer(chat_template: str | None = None):
+    """A byte-level BPE tokenizer that spells every byte (the tiny fixtures' 256-entry
+    vocabularies leave out control bytes): ``<pad>``, ``<s>`` (BOS), ``</s>`` (EOS), the 256
+    byte tokens and two merges, built by poot's own GGUF tokenizer builder; ``chat_template``:
+    its ``tokenizer.chat_template``."""
+    import numpy as np
+
+    from poot.text.tokenizer import from_gguf_metadata
+
+    tokens = ["<pad>", "<s>", "</s>", *_byte_level_alphabet(), "ab", "\u0120t"]
+    extra = {"tokenizer.chat_template": chat_template} if chat_template else {}
+    return from_gguf_metadata({**extra,
+        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": ["a b", "\u0120 t"],
+        "tokenizer.ggml.token_type": np.array([3, 3, 3] + [1] * (len(tokens) - 3), np.int32),
+        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2})
+
+
 def main(one_input: Callable[[bytes], None], allowed: tuple[type[BaseException], ...]) -> None:
     """The atheris entry point: libFuzzer's flags and corpus folders come from ``sys.argv``."""
     import atheris
