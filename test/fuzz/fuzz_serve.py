@@ -12,8 +12,7 @@ other half of the first byte's values, JSON made from it (the models' own field 
 values of any JSON type). Contract: parsing raises only ValueError (not JSON: FastAPI's
 ``json_invalid``) or RecursionError (nested too deeply: FastAPI's "error parsing the body"
 400), validation only pydantic's ValidationError, mapping only APIError with a 4xx status.
-Properties: a ValidationError has at least one error, and its 400 message is a one-line
-string.
+Properties: a ValidationError has at least one error, and its 400 has a message and a code.
 """
 
 from __future__ import annotations
@@ -131,7 +130,7 @@ def one_input(data: bytes) -> None:
         err = errs[0]
         param = None if err.get("type") == "json_invalid" else errors.field_path(err.get("loc", ()))
         message, code = errors._validation_message(err, param)
-        if not isinstance(message, str) or "\n" in message or not code:
+        if not isinstance(message, str) or not message or not code:
             raise PropertyFailed(f"400 message {message!r} ({code!r})")
         raise
     if isinstance(req, (protocol.ChatCompletionRequest, protocol.CompletionRequest)):
