@@ -42,12 +42,19 @@ def _string(fdp, max_len: int, min_len: int = 0) -> str:
     return "".join(ALPHABET[fdp.ConsumeIntInRange(0, len(ALPHABET) - 1)] for _ in range(n))
 
 
-def one_input(data: bytes) -> None:
+def _case(data: bytes) -> tuple[list[str], str, list[int]]:
+    """``(stops, text, cuts)`` read from the input."""
     fdp = atheris.FuzzedDataProvider(data)
-    stops = [_string(fdp, 6, min_len=0 if fdp.ConsumeProbability() < 0.05 else 1)
+    stops = [_string(fdp, 6, min_len=0 if fdp.ConsumeProbability() < 0.02 else 1)
              for _ in range(fdp.ConsumeIntInRange(1, 4))]
     text = _string(fdp, 64)
-    cuts = sorted({fdp.ConsumeIntInRange(0, len(text)) for _ in range(fdp.ConsumeIntInRange(0, 16))})
+    cuts = sorted({fdp.ConsumeIntInRange(0, len(text))
+                   for _ in range(fdp.ConsumeIntInRange(0, 16))})
+    return stops, text, cuts
+
+
+def one_input(data: bytes) -> None:
+    stops, text, cuts = _case(data)
     m = StopMatcher(stops)                      # ValueError for an empty stop: allowed
     want, want_stop = reference(text, stops)
     longest = max(len(s) for s in stops)

@@ -91,8 +91,28 @@ def chat_seeds() -> dict[str, bytes]:
 
 
 def stops_seeds() -> dict[str, bytes]:
-    # raw bytes: the fuzzer reads counts, lengths and alphabet picks from them
-    return {"a.bin": bytes(range(0, 64, 3)), "b.bin": bytes([1, 2, 0, 1, 9, 1, 0, 1] * 6)}
+    """Raw bytes (the fuzzer reads counts, lengths and alphabet picks from them): the first
+    few of a seeded random sequence that give a text where a stop string occurs, and one
+    where none does."""
+    import random
+    import sys
+
+    sys.path.insert(0, str(HERE))
+    from fuzz_stops import one_input, reference, _case
+
+    rng, out = random.Random(0), {}
+    while len(out) < 4:
+        data = bytes(rng.randrange(256) for _ in range(48))
+        try:
+            stops, text, _ = _case(data)
+            one_input(data)
+        except ValueError:
+            continue
+        hit = reference(text, stops)[1] is not None
+        name = f"{'stop' if hit else 'none'}{len(out)}.bin"
+        if hit or not any(k.startswith("none") for k in out):
+            out[name] = data
+    return out
 
 
 def serve_seeds() -> dict[str, bytes]:
