@@ -218,7 +218,7 @@ def one_request(client: httpx.Client, rng: random.Random, kind: str, stats: Stat
             body.update(max_tokens=abort_tokens, ignore_eos=True)   # long enough to abort
             try:
                 client.post(url, json=body,
-                            timeout=rng.uniform(0.01, 0.2))
+                            timeout=rng.uniform(0.005, 0.1))
                 stats.add("abort_completed")
             except httpx.TimeoutException:
                 stats.add("aborted")
@@ -360,6 +360,7 @@ def soak(args) -> dict:
         "rss_mb": {"before": rss_before, "after": rss_after, "slack": args.rss_slack_mb},
         "kv_blocks_used_after": used, "kv_blocks_total": m.get("poot_kv_blocks_total"),
         "preemptions": m.get("poot_preemptions_total", m.get("poot_preemptions")),
+        "server_aborted_sequences": m.get("poot_aborted_sequences_total"),
         "idle_after": busy, "greedy_replies": len(before),
         "settings": {"model": args.model or "tiny chat fixture", "max_batch": args.max_batch,
                      "kv_blocks": args.kv_blocks, "kv_capacity": args.kv_capacity,
