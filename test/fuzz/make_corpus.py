@@ -60,6 +60,8 @@ def gguf_seeds(tmp: Path) -> dict[str, bytes]:
         "f16_only.gguf": _gguf(tmp / "b.gguf", False, {
             "output_norm.weight": (np.ones(4, np.float16), None)}),
         "empty.gguf": _gguf(tmp / "c.gguf", False, {}),
+        "zero_size.gguf": _gguf(tmp / "d.gguf", False, {
+            "z": (np.zeros((0, 4), np.float32), None), "o": (np.ones(8, np.float32), None)}),
     }
 
 
@@ -72,6 +74,14 @@ def safetensors_seeds() -> dict[str, bytes]:
         "empty_tensor.safetensors": save({"e": np.zeros((0, 4), np.float16),
                                           "x": np.ones(3, np.uint8)}),
         "scalar.safetensors": save({"s": np.array(1.5, np.float64)}),
+        # the JSON form (fuzz_safetensors.file_bytes): header text, blank line, buffer
+        "header.json": json.dumps({"a": {"dtype": "F16", "shape": [2, 2],
+                                         "data_offsets": [0, 8]},
+                                   "z": {"dtype": "I32", "shape": [0, 3],
+                                         "data_offsets": [8, 8]},
+                                   "__metadata__": {"k": "v"}}).encode() + b"\n\n" + bytes(8),
+        # the structured form: a header built from these bytes
+        "structured.bin": b"\x01" + bytes(range(1, 40)),
     }
 
 

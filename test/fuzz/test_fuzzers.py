@@ -47,6 +47,8 @@ def test_fuzzer_finds_no_crash(target, tmp_path):
     cmd = [sys.executable, str(HERE / f"fuzz_{target}.py"), str(work), str(seeds),
            f"-max_total_time={SECONDS}", f"-timeout={TIMEOUT}", f"-rss_limit_mb={RSS_MB}",
            f"-artifact_prefix={artifacts}/", "-print_final_stats=1"]
+    if (HERE / f"{target}.dict").is_file():              # libFuzzer dictionary of the format
+        cmd.append(f"-dict={HERE / f'{target}.dict'}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     try:
