@@ -41,6 +41,7 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 _INT64_MAX = (1 << 63) - 1
+_MAX_EXTENT = 1 << 60  # elements an array may span, zero dimensions aside (8-byte elements)
 _HEADER_BYTES = 24  # magic + version + two u64 counts
 # Smallest possible encodings, used to bound counts by the bytes that remain.
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length + 1-byte key + value type + 1-byte value
@@ -260,7 +261,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     big-endian file, tensor/KV counts that cannot fit in the file, string or array lengths
     past its end, empty or duplicate keys, duplicate tensor names, unknown value types or
     wrong stored types for well-known keys, nested arrays, an alignment that is 0 or not a
-    power of two, ``n_dims`` of 0 or above 4, dimension products past int64, unknown or
+    power of two, ``n_dims`` of 0 or above 4, dimension products past int64 (or, zero
+    dimensions aside, past 2**60 elements for a tensor of none), unknown or
     unsupported ggml tensor types, a packed row not a whole number of blocks, and tensor data
     that is misaligned, starts outside the file, is truncated or overlaps another tensor.
     """
@@ -481,6 +483,14 @@ def _element_count(cur: _Cursor, fld: str, dims: list[int]) -> int:
         count *= d
         if count > _INT64_MAX:
             raise cur.fail(f"{fld} dims", f"element count of {dims} overflows int64")
+    # A tensor of zero elements is still an array numpy must shape: its other dimensions
+    # may not multiply past what an array can span (2**60 elements of at most 8 bytes).
+    extent = 1
+    for d in dims:
+        extent *= max(d, 1)
+    if extent > _MAX_EXTENT:
+        raise cur.fail(f"{fld} dims", f"dimensions {dims} span {extent} elements (zero "
+                                      f"dimensions aside), more than 2**60")
     # Even at the smallest type (~0.5 byte/element) the data must fit in the file.
     if count > 2 * cur.size:
         raise cur.fail(f"{fld} dims", f"{count} elements cannot be stored in a file of "

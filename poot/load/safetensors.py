@@ -30,6 +30,8 @@ from poot.load.errors import LoadError
 from poot.load.store import DType, StoredTensor, WeightStore
 
 MAX_HEADER_BYTES = 100 * 1000 * 1000  # the reference implementation's limit
+MAX_DIMS = 64  # numpy's limit on an array's rank
+_INT64_MAX = (1 << 63) - 1
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
@@ -81,7 +83,8 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, StoredTensor], 
     order) and the ``__metadata__`` map (empty if absent). Raises LoadError for: a file
     shorter than 8 bytes, a header length past the file or over 100 MB, a header that is not
     UTF-8 JSON or not an object, duplicate keys, malformed entries or ``__metadata__``,
-    unknown dtypes, a dtype*shape size that disagrees with the offsets, and offsets that
+    unknown dtypes, a shape of more than 64 dimensions or spanning more than 2**63 bytes
+    (its zero dimensions aside), a dtype*shape size that disagrees with the offsets, and offsets that
     overlap, leave holes or run past the end of the file.
     """
     p = os.fspath(path)
@@ -153,6 +156,16 @@ def _entry(p: str, name: str, info: Any) -> tuple[str, DType, tuple[int, ...], i
             or offs[0] > offs[1]):
         raise LoadError(p, f"{name}.data_offsets", f"must be [begin, end] with "
                                                    f"0 <= begin <= end, found {offs!r}")
+    if len(shape) > MAX_DIMS:
+        raise LoadError(p, f"{name}.shape", f"{len(shape)} dimensions; at most {MAX_DIMS}")
+    # numpy refuses an array whose nonzero dimensions multiply past int64 bytes, even one
+    # of zero elements (a zero dimension does not make [0, 10**30] representable)
+    extent = 1
+    for d in shape:
+        extent *= max(d, 1)
+    if extent * dtype.itemsize > _INT64_MAX:
+        raise LoadError(p, f"{name}.shape", f"{shape} spans more than 2**63 bytes "
+                                            f"(as {info['dtype']})")
     numel = 1
     for d in shape:
         numel *= d

@@ -102,7 +102,8 @@ def render_template(source: str, messages: Sequence[Mapping[str, Any]], *,
 
     Raises:
         ChatTemplateError: bad messages, a syntax error, ``raise_exception`` (its message), or
-            any other Jinja error while rendering.
+            any other error while rendering (a Jinja error, or e.g. a TypeError of an
+            expression such as ``'x' + content`` when content is not a string).
     """
     template = compile_template(source)
     variables = {**(special_tokens or {}), **kwargs}
@@ -111,7 +112,10 @@ def render_template(source: str, messages: Sequence[Mapping[str, Any]], *,
                                add_generation_prompt=add_generation_prompt, **variables)
     except _TemplateRaised as e:
         raise ChatTemplateError(f"chat template raised: {e.message}") from e
-    except jinja2.TemplateError as e:  # undefined attribute, sandbox security, ...
+    except Exception as e:  # noqa: BLE001
+        # The template is a program from the checkpoint run on the caller's data: whatever it
+        # raises (Jinja's undefined attribute or sandbox security; Python's TypeError for
+        # ``'...' + content`` when content is not a string, ValueError, ...) is its error.
         raise ChatTemplateError(f"chat template error: {type(e).__name__}: {e}") from e
 
 
