@@ -14,8 +14,9 @@ every argument of the entry read-only, so inputs are never written) -> results b
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
 ``scf.parallel`` -> OpenMP when LLVM's runtime is found (the ``cmeel-libomp`` wheel, else a
 system's ``libomp.so.5``; without one, one thread) -> linalg to loops -> LLVM (toolchain.md,
-"CPU JIT"; dispatch functions stay ``noinline``) -> machine code ahead of time (:func:`compile_native`: the functions in
-cost-balanced groups, one ``opt | llc`` process pair per core, linked by ``ld -shared``),
+"CPU JIT"; dispatch functions stay ``noinline``) -> machine code ahead of time
+(:func:`compile_native`: the functions in cost-balanced groups, one ``opt | llc`` process
+pair per core, linked by ``ld -shared``),
 loaded after ``libmlir_c_runner_utils`` (and libomp). Without LLVM's tools or the linker
 (or with ``POOT_CPU_CODEGEN=jit``) the in-process ``ExecutionEngine`` JIT compiles instead.
 Each distinct kernel is compiled once per step: the layers call the same dispatch functions.
