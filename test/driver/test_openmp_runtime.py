@@ -120,7 +120,7 @@ def test_generate_runs_on_the_wheel_runtime_with_its_threads():
     rc, out, err = poot(*argv, prelude=REPORT, env={**env, "POOT_CPU_THREADS": "2"})
     assert rc == 0 and err == "", err
     libs, started = report(out)
-    assert [os.path.realpath(p) for p in libs] == [lib] and started == 1
+    assert [os.path.realpath(p) for p in libs] == [lib] and started >= 1
     rc, out, err = poot(*argv, prelude=REPORT, env={**env, "POOT_CPU_OPENMP": "0"})
     assert rc == 0 and err == "", err
     assert report(out) == ([], 0)
