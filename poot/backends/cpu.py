@@ -12,10 +12,11 @@ packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwi
 tensors (:data:`FUSE`) -> one-shot bufferization over function boundaries (identity layouts;
 every argument of the entry read-only, so inputs are never written) -> results become
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
-``scf.parallel`` -> OpenMP when LLVM's ``libomp.so.5`` is installed (Debian ``libomp5``;
-else one thread) -> linalg to loops -> LLVM (toolchain.md, "CPU JIT"; dispatch functions stay
-``noinline``) -> machine code ahead of time (:func:`compile_native`: the functions in
-cost-balanced groups, one ``opt | llc`` process pair per core, linked by ``ld -shared``),
+``scf.parallel`` -> OpenMP when LLVM's runtime is found (the ``cmeel-libomp`` wheel, else a
+system's ``libomp.so.5``; without one, one thread) -> linalg to loops -> LLVM (toolchain.md,
+"CPU JIT"; dispatch functions stay ``noinline``) -> machine code ahead of time
+(:func:`compile_native`: the functions in cost-balanced groups, one ``opt | llc`` process
+pair per core, linked by ``ld -shared``),
 loaded after ``libmlir_c_runner_utils`` (and libomp). Without LLVM's tools or the linker
 (or with ``POOT_CPU_CODEGEN=jit``) the in-process ``ExecutionEngine`` JIT compiles instead.
 Each distinct kernel is compiled once per step: the layers call the same dispatch functions.
@@ -61,7 +62,6 @@ from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.executor.cpu import descriptor as _descriptor
-from poot.executor.cpu import warn_no_openmp
 from poot.graph.builder import Graph
 from poot.passes.expand_exp import expand_exp
 
@@ -139,9 +139,8 @@ def tune_malloc() -> bool:
 
 def cpu_threads(target=None) -> int:
     """Threads the kernels run on: the target's cores (``POOT_CPU_THREADS``, else
-    ``OMP_NUM_THREADS``, overrides), 1
-    without an OpenMP runtime (then :func:`~poot.executor.cpu.warn_no_openmp` says so once,
-    when there is more than one core to use)."""
+    ``OMP_NUM_THREADS``, overrides), 1 without an OpenMP runtime (the CPU device then says
+    so once, when a program is loaded to run: :func:`~poot.executor.cpu.warn_no_openmp`)."""
     from poot.compiler.target import requested_threads
 
     asked = requested_threads()
@@ -153,11 +152,7 @@ def cpu_threads(target=None) -> int:
 
             target = host_cpu()
         wanted = max(1, target.caps.cores)
-    if openmp_lib() is None:
-        if wanted > 1:
-            warn_no_openmp(wanted)
-        return 1
-    return wanted
+    return wanted if openmp_lib() is not None else 1
 
 
 def strategy_for(target=None, threads: int | None = None,
@@ -878,5 +873,5 @@ def codegen(program, options, progress=None) -> CpuProgram:
 __all__ = ["CpuProgram", "CpuRunError", "NativeCode", "NativeCodegenError", "codegen",
            "compile_cpu", "compile_lowered", "compile_native", "native_tools",
            "drop_poot_attributes", "packed_wrapper", "partition_functions",
-           "cpu_threads", "drop_in_place_results", "warn_no_openmp",
+           "cpu_threads", "drop_in_place_results",
            "lower_graph", "openmp_lib", "runtime_libs", "strategy_for", "widen_i1_memrefs"]

@@ -28,13 +28,18 @@ driver as ``poot generate`` (prefill steps, then one decode step per token with 
 sampler; only the token id is read back). The decode loop is pipelined where the device
 overlaps host and device work (CUDA: step n+1 is issued before token n is read, the token fed
 back on the device; see :mod:`poot.driver.generate`); ``--pipeline on|off`` forces it either
-way (``POOT_PIPELINE`` is the same switch for every command). Prints one JSON object: the best
-run's numbers at the top level (``model``, ``backend``, ``prompt_tokens``,
-``generated_tokens``, ``ttft_s``, ``decode_tokens_per_s``, ``pipelined`` (whether the timed
-decode loop was pipelined: step n + 1 issued before token n is read), ``pipeline_parallel``
-(the layer pipeline's stage count, ``--pipeline-parallel``; 1: one device), ``kv_capacity``,
-``load_s``, ``compile_s`` (entry name -> seconds), ``runs``) and, under ``poot``, the
-comparable measures:
+way (``POOT_PIPELINE`` is the same switch for every command). The KV pool and samplers are
+``poot generate``'s (``--max-batch``, default 8 on the CPU): a bench after a generate
+compiles nothing. Prints one JSON object: the best run's numbers at the top level
+(``model``, ``backend``, ``prompt_tokens``, ``generated_tokens``, ``ttft_s`` (the best timed
+run's: its steps compiled and loaded), ``cold_ttft_s`` (from the start of loading to the
+warm-up request's first token: loading, compiling the steps or loading them from the
+compile cache, the first prefill: what a first ``poot generate`` waits for),
+``decode_tokens_per_s``, ``pipelined`` (whether the timed decode loop was pipelined: step
+n + 1 issued before token n is read), ``pipeline_parallel`` (the layer pipeline's stage
+count, ``--pipeline-parallel``; 1: one device), ``kv_capacity``, ``load_s`` (loading and
+compiling), ``compile_s`` (entry name -> seconds of its compile or cache load), ``runs``)
+and, under ``poot``, the comparable measures:
 
 * ``decode_tokens_per_s`` / ``us_per_token``: the driver's decode loop (host work included:
   what a caller sees per token; with ``pipelined`` the host work of token n overlaps step
@@ -126,7 +131,10 @@ def synthetic_prompt(n: int, vocab: int) -> list[int]:
 
 def _load(args, max_batch=None):
     """The handle (progress on stderr), its request checked against the context before
-    anything is compiled."""
+    anything is compiled. ``max_batch`` (default: ``--max-batch``, else ``poot generate``'s
+    default) sizes the KV pool and the samplers, which are inputs of every step: with
+    ``poot generate``'s, a bench finds the steps a generate compiled in the compile cache.
+    The compile workers of a cold load may still be compiling (warm samplers)."""
     from poot.cli.generate_cmd import load_handle
     from poot.driver.params import SamplingParams
 
@@ -138,10 +146,8 @@ def _load(args, max_batch=None):
         h.check_request(prompt, SamplingParams(temperature=0.0, max_tokens=args.max_tokens,
                                                ignore_eos=True))
 
-    handle = load_handle(args, before_compile=check, path=path, random_weights=random_dtype,
-                         seed=args.seed, max_batch=max_batch or args.max_batch)
-    handle.finish_compiling()        # nothing compiles in the background while timing
-    return handle
+    return load_handle(args, before_compile=check, path=path, random_weights=random_dtype,
+                       seed=args.seed, max_batch=max_batch or args.max_batch)
 
 
 def _stages(handle) -> int:
@@ -430,7 +436,8 @@ def run(args: argparse.Namespace) -> int:
                   "num_prompts", "max_batch", "kv_blocks")
     if args.batch is not None or args.shared_prefix is not None:
         return run_serving(args)
-    handle = _load(args, max_batch=args.max_batch or 1)
+    t0 = time.perf_counter()
+    handle = _load(args)
     _pipeline(handle, args)
     if args.prompt is not None:
         prompt = handle.encode(args.prompt)
@@ -438,12 +445,15 @@ def run(args: argparse.Namespace) -> int:
         prompt = synthetic_prompt(args.prompt_tokens, handle.runner.vocab)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     drv = Driver(handle)
-    drv.complete(prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    asked = time.perf_counter() - t0
+    cold = drv.complete(prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    handle.finish_compiling()        # nothing compiles in the background while timing
     runs = [drv.complete(prompt, params).stats.to_dict() for _ in range(args.runs)]
     best = max(runs, key=lambda r: r["decode_tokens_per_s"] or 0.0)
     out = {"model": str(handle.path), "backend": handle.backend,
            "prompt_tokens": best["prompt_tokens"], "generated_tokens": best["generated_tokens"],
            "ttft_s": min(r["ttft_s"] for r in runs),
+           "cold_ttft_s": asked + cold.stats.ttft_s,
            "decode_tokens_per_s": best["decode_tokens_per_s"],
            "pipelined": bool(best.get("pipelined")),
            "pipeline_parallel": _stages(handle),
@@ -488,6 +498,7 @@ def run_serving(args: argparse.Namespace) -> int:
     """``--batch`` and ``--shared-prefix``: the serving engine's measurements as JSON."""
     batches = _parse_batches(args.batch) if args.batch is not None else []
     handle = _load(args, max_batch=max(batches + [args.max_batch or 1]))
+    handle.finish_compiling()        # nothing compiles in the background while timing
     _pipeline(handle, args)
     out = {"model": str(handle.path), "backend": handle.backend,
            "pipeline_parallel": _stages(handle),

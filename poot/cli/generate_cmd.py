@@ -344,6 +344,8 @@ def run_file(args: argparse.Namespace) -> int:
                               "stats": out.stats.to_dict()}, ensure_ascii=False), flush=True)
 
     LLM(handle=handle).generate(prompts, [p for _, p in items], on_output=emit)
+    if args.quiet:
+        return 0
     st = handle.engine.stats()
     print(f"[{len(items)} prompts, {st.generated_tokens} tokens generated, max batch "
           f"{st.max_decode_batch}, prefix cache hit rate {st.prefix_cache_hit_rate:.2f}]",

@@ -264,6 +264,10 @@ def run(args: argparse.Namespace) -> int:
         from poot.api import default_model_path
 
         options["path"] = default_model_path()      # ModelNotFound before listening
+    if not args.random_weights:          # a missing or broken checkpoint too (headers only)
+        from poot.load.store import open_weights
+
+        open_weights(options["path"])
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s poot serve: %(message)s", stream=sys.stderr)
     from poot.embed import pooled_task

@@ -84,13 +84,30 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+#: the PyPI wheel that brings LLVM's OpenMP runtime (a dependency of poot)
+OPENMP_WHEEL = "cmeel-libomp"
+
+#: file names of an OpenMP runtime with LLVM's ``__kmpc_*`` entry points (LLVM's libomp,
+#: Intel's libiomp5); GNU libgomp lacks them
+OPENMP_NAMES = ("libomp.so.5", "libomp.so", "libomp.dylib", "libiomp5.so")
+
+#: where a system's OpenMP runtime is looked for (Debian's ``libomp5``: ``libomp.so.5``)
+SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+                   "/usr/lib", "/usr/local/lib")
+
+
 def openmp_runtime() -> str | None:
-    """The path of LLVM's OpenMP runtime (Debian ``libomp5``: ``libomp.so.5``), which the CPU
-    kernels' parallel loops call (``__kmpc_*``; GNU libgomp lacks them), or None (then they
-    run on one thread). ``POOT_CPU_OPENMP=0`` says None. Looks for the file only (once per
-    process): loads nothing and needs no MLIR."""
-    if os.environ.get("POOT_CPU_OPENMP", "1") == "0":
+    """The path of the OpenMP runtime the CPU kernels' parallel loops call (``__kmpc_*``), or
+    None (then they run on one thread). Looked for in order: the file ``POOT_CPU_OPENMP``
+    names (only that one: a file that is not there means none), the ``cmeel-libomp`` wheel
+    that ``pip install`` brings (LLVM's libomp), then a system's (Debian ``libomp5``).
+    ``POOT_CPU_OPENMP=0`` says None. Looks for the file only (once per process): loads
+    nothing and needs no MLIR."""
+    asked = os.environ.get("POOT_CPU_OPENMP", "1")
+    if asked == "0":
         return None
+    if asked != "1":
+        return asked if os.path.isfile(asked) else None
     return _find_openmp()
 
 
@@ -98,12 +115,22 @@ def openmp_runtime() -> str | None:
 def _find_openmp() -> str | None:
     import ctypes.util
 
-    names = [os.path.join(d, n) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64",
-                                          "/usr/lib", "/usr/local/lib")
-             for n in ("libomp.so.5", "libomp.so")]
-    found = ctypes.util.find_library("omp")
-    names += [found] if found and os.path.isabs(found) else []
-    return next((n for n in names if os.path.exists(n)), None)
+    names = _wheel_openmp() + [os.path.join(d, n) for d in SYSTEM_LIB_DIRS
+                               for n in OPENMP_NAMES]
+    found = next((n for n in names if os.path.exists(n)), None)
+    if found is None:                    # the linker's search (runs ldconfig: slower)
+        found = ctypes.util.find_library("omp")
+    return found if found and os.path.isabs(found) else None
+
+
+def _wheel_openmp() -> list[str]:
+    """Where the :data:`OPENMP_WHEEL` wheel puts the runtime: ``cmeel.prefix/lib/`` of a
+    ``sys.path`` folder (cmeel wheels install a prefix beside the packages), in
+    :data:`OPENMP_NAMES` order."""
+    import sys
+
+    return [os.path.join(d, "cmeel.prefix", "lib", n) for d in sys.path if d
+            for n in OPENMP_NAMES]
 
 
 class InvalidThreads(PootError):
@@ -129,9 +156,9 @@ def requested_threads() -> int | None:
 
 def host_cpu() -> Target:
     """The host CPU as measured here: cores available to this process (``POOT_CPU_THREADS``,
-    else ``OMP_NUM_THREADS``, overrides), its SIMD width and ISA features, and ``openmp`` among the features when the
-    OpenMP runtime is installed (kernels compiled with and without it differ, so their
-    compile-cache keys do too)."""
+    else ``OMP_NUM_THREADS``, overrides), its SIMD width and ISA features, and ``openmp`` among
+    the features when an OpenMP runtime is found (:func:`openmp_runtime`; kernels compiled
+    with and without it differ, so their compile-cache keys do too)."""
     from poot.dialects.lowering.packed import DECODERS  # what the CPU kernels can decode
 
     flags = _cpu_flags()

@@ -260,6 +260,20 @@ def _load_libs(libs) -> None:
         ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
 
 
+def with_this_openmp(libs) -> list[str]:
+    """The shared libraries a cached CPU program was linked against (paths), its OpenMP
+    runtime replaced by the one this process finds
+    (:func:`~poot.compiler.target.openmp_runtime`; unchanged when none is found): the
+    kernels call only the ``__kmpc_*`` entry points every such runtime has, the entry may
+    come from a process that found another one (a system's, a wheel in another
+    environment), and two OpenMP runtimes in one process abort it."""
+    from poot.compiler.target import OPENMP_NAMES, openmp_runtime
+
+    here = openmp_runtime()
+    return [here if here and os.path.basename(lib) in OPENMP_NAMES else lib
+            for lib in libs]
+
+
 def cpu_program_from_object(so_path: str, name: str, inputs, params, outputs,
                             shared_libs=(), in_place=None):
     """A ``CpuProgram`` calling the step function of a linked shared object."""
@@ -777,11 +791,12 @@ class CompileCache:
         try:
             exe = None
             so = entry.get("object")
+            libs = with_this_openmp(entry.get("libs") or ())
             if so:
                 try:
                     exe = cpu_program_from_object(path.parent / so, entry["name"],
                                                   entry["inputs"], entry["params"],
-                                                  entry["outputs"], entry.get("libs") or (),
+                                                  entry["outputs"], libs,
                                                   entry.get("in_place"))
                 except (OSError, AttributeError):
                     exe = None
@@ -789,7 +804,8 @@ class CompileCache:
                 return None                     # compiled ahead of time: compile again
             exe = exe or cpu_program_from_llvm(entry["llvm"], entry["name"], entry["inputs"],
                                                entry["params"], entry["outputs"],
-                                               entry["opt_level"], entry.get("libs"),
+                                               entry["opt_level"],
+                                               None if entry.get("libs") is None else libs,
                                                entry.get("in_place"))
         except Exception:  # noqa: BLE001  (stale: e.g. its runtime libraries are gone)
             return None
@@ -913,4 +929,5 @@ class CompileCache:
 __all__ = ["CacheLockTimeout", "CacheMiss", "CachedProgram", "CompileCache", "cache_key",
            "canonical",
            "compiler_source_hash", "step_describe", "step_key", "step_source_hash",
-           "cpu_program_from_llvm", "cpu_program_from_object", "default_dir", "link_object"]
+           "cpu_program_from_llvm", "cpu_program_from_object", "default_dir", "link_object",
+           "with_this_openmp"]

@@ -100,22 +100,30 @@ class CpuRecording:
     copies: list = field(default_factory=list)   # (src view, dst) copied after the call
 
 
-_WARNED_OPENMP: list[int] = []
+_WARNED_OPENMP: list[int] = []     # the cores of the warning, once it was checked
 
 
-def warn_no_openmp(cores: int) -> None:
-    """Say once per process, on stderr, that the CPU kernels run on one of ``cores`` cores
-    because LLVM's OpenMP runtime is missing, and how to install it (nothing when
-    ``POOT_CPU_OPENMP=0`` asked for one thread)."""
+def warn_no_openmp() -> None:
+    """Say once per process, on stderr, when no OpenMP runtime was found and the CPU kernels
+    therefore run on one of the host's cores (nothing when there is one core, or
+    ``POOT_CPU_OPENMP=0`` asked for one thread). :meth:`CpuDevice.load` calls it: after every
+    check of a command's input, so the warning never comes before a one-line user error."""
     import os
     import sys
 
-    if _WARNED_OPENMP or os.environ.get("POOT_CPU_OPENMP", "1") == "0":
+    from poot.compiler.target import host_cpu, openmp_runtime
+
+    if _WARNED_OPENMP:
         return
+    asked = os.environ.get("POOT_CPU_OPENMP", "1")
+    cores = host_cpu().caps.cores
     _WARNED_OPENMP.append(cores)
-    print(f"poot: warning: LLVM's OpenMP runtime (libomp.so.5) is not installed: the CPU "
-          f"kernels run on 1 of {cores} cores (install it: apt-get install libomp5)",
-          file=sys.stderr)
+    if asked == "0" or cores < 2 or openmp_runtime() is not None:
+        return
+    where = (f"POOT_CPU_OPENMP={asked} is not a file" if asked != "1"
+             else "no OpenMP runtime found")
+    print(f"poot: warning: {where}: the CPU kernels run on 1 of {cores} cores (pip install "
+          f"cmeel-libomp, or apt-get install libomp5)", file=sys.stderr)
 
 
 #: buffers at least this big are carved from a :class:`HugePageArena`
@@ -162,8 +170,8 @@ class HugePageArena:
 
 
 class CpuDevice:
-    """The host CPU as an executor device (synchronous). Opening it warns once when the
-    OpenMP runtime is missing and more than one core could run the kernels
+    """The host CPU as an executor device (synchronous). Loading a program warns once when
+    no OpenMP runtime was found and more than one core could run the kernels
     (:func:`warn_no_openmp`)."""
 
     name = "cpu"
@@ -173,12 +181,6 @@ class CpuDevice:
         self._arena: HugePageArena | None = None
         self.records = 0    # recordings built (argument arrays constructed)
         self.replays = 0    # calls made through a recording
-        from poot.compiler.target import host_cpu, openmp_runtime
-
-        if openmp_runtime() is None:
-            cores = host_cpu().caps.cores
-            if cores > 1:
-                warn_no_openmp(cores)
 
     # ---- buffers -----------------------------------------------------------------------
     def alloc(self, type_: PootType) -> np.ndarray:
@@ -228,6 +230,9 @@ class CpuDevice:
 
     # ---- programs ----------------------------------------------------------------------
     def load(self, program) -> CpuKernel:
+        """``program`` (a compiled CPU program, or a cached one holding it) ready to record
+        calls of; :class:`DeviceError` when it is not one."""
+        warn_no_openmp()
         exe = getattr(program, "executable", program)
         fn = getattr(exe, "_fn", None)
         if fn is None or not hasattr(exe, "inputs"):
