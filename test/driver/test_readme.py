@@ -136,6 +136,15 @@ def _cuda_missing() -> str | None:
     return None if nvidia_driver() else "NVIDIA driver"
 
 
+def _rocm_tools_missing() -> str | None:
+    """"ld.lld" when ROCm code objects cannot be linked here (a system package, not a pip
+    one: a fresh machine lacks it, and the README's command must then refuse in one line)."""
+    from poot.backends.rocm.codegen import tools_missing
+
+    why = tools_missing()
+    return None if why is None else ("ld.lld" if "ld.lld" in why else "llvmlite")
+
+
 #: what ``poot chat`` reads in this test: one turn, then the command that ends it
 CHAT_INPUT = "hello\n/exit\n"
 
@@ -165,8 +174,9 @@ def test_readme_command_runs(cmd, workdir):
     assert exe, f"{argv[0]} is not on PATH (pip install -e .)"
     r = _run([exe] + argv[1:], d)
     assert "Traceback" not in r.stderr, r.stderr
-    missing = _cuda_missing() if "--backend" in argv and \
-        argv[argv.index("--backend") + 1] == "cuda" and argv[1] != "compile" else None
+    backend = argv[argv.index("--backend") + 1] if "--backend" in argv else "cpu"
+    missing = _cuda_missing() if backend == "cuda" and argv[1] != "compile" else \
+        _rocm_tools_missing() if backend == "rocm" else None
     if missing:
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and lines[-1].startswith("poot: error: "), r.stderr
