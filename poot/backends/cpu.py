@@ -13,7 +13,8 @@ tensors (:data:`FUSE`) -> one-shot bufferization over function boundaries (ident
 every argument of the entry read-only, so inputs are never written) -> results become
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
 ``scf.parallel`` -> OpenMP when LLVM's ``libomp.so.5`` is installed (Debian ``libomp5``;
-else one thread) -> linalg to loops -> LLVM (toolchain.md, "CPU JIT"; dispatch functions stay
+else one thread) -> linalg to loops (the outer loop of each nest marked not to be unrolled:
+:func:`keep_outer_loops_rolled`) -> LLVM (toolchain.md, "CPU JIT"; dispatch functions stay
 ``noinline``) -> machine code ahead of time (:func:`compile_native`: the functions in
 cost-balanced groups, one ``opt | llc`` process pair per core, linked by ``ld -shared``),
 loaded after ``libmlir_c_runner_utils`` (and libomp). Without LLVM's tools or the linker
