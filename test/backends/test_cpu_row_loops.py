@@ -77,3 +77,16 @@ def test_only_loops_that_hold_a_loop_are_marked():
         PassManager.parse("builtin.module(convert-scf-to-cf)").run(m.operation)
         # the mark ends on the outer loop's back edge only: LLVM's !llvm.loop metadata
         assert str(m).count("{loop_annotation = #") == 1
+
+
+@pytest.mark.skipif(cpu.native_tools() is None, reason="LLVM's opt/llc or the linker ld not "
+                    "found: the CPU backend uses the in-process JIT (no object code to size)")
+def test_the_batch_8_full_sampler_is_not_8_batch_1_samplers():
+    """The serving engine's full sampler (31 + 31 + 10 passes over the vocabulary, each a
+    [B, V] loop nest): its batch-8 object stays within 2x the batch-1 one (it was 4.4x,
+    and LLVM's time grew with it: a minute for B = 8 at V = 49152 on 2 loaded cores)."""
+    from poot.graph import sampling as S
+
+    sizes = {b: len(cpu.compile_cpu(S.trace_sampler(S.SamplerStep(b, 1000, b + 1, S.FULL)))
+                    .engine.so_bytes) for b in (1, 8)}
+    assert sizes[8] <= 2 * sizes[1], sizes
