@@ -22,7 +22,7 @@ def test_process_age_counts_from_the_process_start():
 def test_the_ready_line_covers_every_compile_of_the_process(tiny_path, tmp_path):
     # a fresh cache and no compile workers: this process compiles every step, and each
     # step's compile ends with a "poot: <step> step: N stages in S s" line
-    p = ServeProcess("--model", str(tiny_path), "--port", "0", "--max-batch", "4",
+    p = ServeProcess("--model", str(tiny_path), "--port", "0", "--max-batch", "1",
                      env={"POOT_CACHE_DIR": str(tmp_path), "POOT_COMPILE_WORKERS": "0"})
     try:
         line = p.wait_for(r"ready: serving .*", 600).group(0)
@@ -31,5 +31,5 @@ def test_the_ready_line_covers_every_compile_of_the_process(tiny_path, tmp_path)
     m = re.search(r"; ready (\d+\.\d) s after start\)", line)
     assert m, line
     compiled = [float(s) for s in re.findall(r"step: \d+ stages in (\d+\.\d+) s", p.log)]
-    assert len(compiled) >= 4, p.log       # prefill, decode buckets, samplers
+    assert len(compiled) >= 4, p.log       # prefill, decode, the three samplers
     assert float(m.group(1)) >= sum(compiled) - 0.05 * len(compiled), p.log
