@@ -13,7 +13,8 @@ tensors (:data:`FUSE`) -> one-shot bufferization over function boundaries (ident
 every argument of the entry read-only, so inputs are never written) -> results become
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
 ``scf.parallel`` -> OpenMP when LLVM's runtime is found (the ``cmeel-libomp`` wheel, else a
-system's ``libomp.so.5``; without one, one thread) -> linalg to loops -> LLVM (toolchain.md,
+system's ``libomp.so.5``; without one, one thread) -> linalg to loops (the outer loop of each
+nest marked not to be unrolled: :func:`keep_outer_loops_rolled`) -> LLVM (toolchain.md,
 "CPU JIT"; dispatch functions stay ``noinline``) -> machine code ahead of time
 (:func:`compile_native`: the functions in cost-balanced groups, one ``opt | llc`` process
 pair per core, linked by ``ld -shared``),
@@ -79,8 +80,8 @@ OUT_PARAMS = (
 PARALLEL = "scf-forall-to-parallel"
 OPENMP = "convert-scf-to-openmp{{num-threads={threads}}},canonicalize"
 
+TO_LOOPS = "func.func(convert-linalg-to-loops)"
 TO_LLVM = (
-    "func.func(convert-linalg-to-loops),"
     "arith-expand{include-bf16=true},"
     "convert-vector-to-scf,"
     "convert-scf-to-cf,"
@@ -335,6 +336,39 @@ def _i1_to_i8(t: ir.Type) -> ir.Type | None:
     if not isinstance(t, ir.MemRefType) or str(t.element_type) != "i1":
         return None
     return ir.MemRefType.get(t.shape, ir.IntegerType.get_signless(8), t.layout, t.memory_space)
+
+
+#: What an outer loop is marked with (:func:`keep_outer_loops_rolled`).
+ROLLED = "#llvm.loop_annotation<unroll = <disable = true>>"
+_LOOPS = ("scf.for", "scf.while", "scf.parallel")
+
+
+def keep_outer_loops_rolled(module: ir.Module) -> int:
+    """Mark every ``scf.for`` that holds another loop (the row loop of a [B, V] reduction,
+    say) ``llvm.loop.unroll.disable``; returns how many. LLVM otherwise fully unrolls such a
+    loop when its trip count is small (B = 8 rows around a scalar vocabulary loop looks
+    cheap before vectorization), then vectorizes each of the B copies of the inner loop: the
+    machine code, and ``opt``/``llc`` time, grow B-fold with no speed gained (a B = 8
+    sampler, 78 vocabulary passes, took a minute of LLVM on 2 cores). Innermost loops are left
+    to LLVM's unroller."""
+    ann = ir.Attribute.parse(ROLLED, module.context)
+    marked = 0
+
+    def holds_loop(op) -> bool:
+        nonlocal marked
+        inner = False
+        for region in op.regions:
+            for block in region.blocks:
+                for child in block.operations:
+                    child = child.operation
+                    inner = holds_loop(child) or child.name in _LOOPS or inner
+        if inner and op.name == "scf.for":
+            op.attributes["loop_annotation"] = ann
+            marked += 1
+        return inner
+
+    holds_loop(module.operation)
+    return marked
 
 
 def widen_i1_memrefs(module: ir.Module) -> None:
@@ -797,6 +831,8 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
         glue = {ir.StringAttr(f.attributes["sym_name"]).value for f in funcs
                 if "poot.dispatch" not in f.attributes and _calls_only(f, kernels)}
         say("lower to LLVM")
+        PassManager.parse(f"builtin.module({TO_LOOPS})").run(module.operation)
+        keep_outer_loops_rolled(module)
         PassManager.parse(f"builtin.module({TO_LLVM})").run(module.operation)
         _keep_calls(module, kernels, glue)
         if native_tools() is not None:

@@ -32,6 +32,7 @@ import os
 import re
 import signal
 import sys
+import time
 
 from poot.cli.generate_cmd import add_model_args, apply_threads, check_options, compile_options
 from poot.driver.params import InvalidRequest
@@ -54,6 +55,23 @@ def parse_bytes(text: str, option: str = "--kv-memory") -> int:
                              "a number of bytes")
     scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
     return int(float(m.group(1)) * scale)
+
+
+_IMPORTED = time.monotonic()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: its start time in ``/proc/self/stat``
+    against ``/proc/uptime``, 10 ms ticks; elsewhere: since this module was imported, which
+    misses the interpreter's start and the imports before it)."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -312,19 +330,21 @@ def _serve(args, config, options) -> int:
             reporter.close()
 
     def on_loaded(state):
-        h = state.handle
+        # the time from process start to serving: imports, loading and every warm-up
+        # compile (those finished after ModelHandle.load returned included)
+        h, ready_s = state.handle, process_age_s()
         if pooled:
             log.info("ready: serving %s (%s) as '%s' on %s (backend %s, up to %d inputs a "
-                     "step of up to %d tokens; loaded in %.1f s)", h.path.name,
+                     "step of up to %d tokens; ready %.1f s after start)", h.path.name,
                      "embeddings" if h.task == "embed" else "rerank",
                      config.served_model_name, url, h.backend, h.runner.max_batch,
-                     h.max_tokens, h.load_s)
+                     h.max_tokens, ready_s)
             return
         st = h.engine.stats()
         log.info("ready: serving %s as '%s' on %s (backend %s, max batch %d, context %d, "
-                 "%d KV blocks of %d; loaded in %.1f s)", h.path.name, config.served_model_name,
-                 url, h.backend, h.runner.max_batch, h.kv_capacity, st.kv_blocks_total,
-                 h.engine.blocks.block_size, h.load_s)
+                 "%d KV blocks of %d; ready %.1f s after start)", h.path.name,
+                 config.served_model_name, url, h.backend, h.runner.max_batch, h.kv_capacity,
+                 st.kv_blocks_total, h.engine.blocks.block_size, ready_s)
 
     def on_load_error(e):
         failed.append(e)
