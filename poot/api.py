@@ -322,18 +322,38 @@ class ModelHandle:
         handle.load_s = time.perf_counter() - t0
         return handle
 
-    def finish_compiling(self) -> None:
+    def finish_compiling(self, now: Sequence[Any] | None = None) -> None:
         """Load every warm sampler a cold load left to its compile workers
         (:mod:`poot.executor.ahead`), compiling here those they have not started (from the
         other end of their list), and wait for the workers: afterwards nothing compiles in
-        the background (a benchmark calls this before timing; the server before serving)."""
+        the background (a benchmark calls this before timing).
+
+        ``now``: load only the warm sampler specs in it, for every warm bucket; the others
+        stay with the workers, which go on compiling them in the background (a request that
+        needs one first waits for it; a thread reaps the workers when they are done). The
+        server passes the full sampler, so it is ready before the log-probs/guided ones."""
         batches, specs = self._warm
+        load = [sp for sp in specs if now is None or sp in now]
         for b in reversed(batches):
-            for sp in reversed(specs):
+            for sp in reversed(load):
                 self.runner.sampler_entry(b, sp)
-        self.runner.deferred.clear()
-        if self._ahead is not None:
+                self.runner.deferred.discard((b, sp))
+        if self._ahead is None:
+            return
+        if len(load) == len(specs) or not self.runner.deferred:
+            self.runner.deferred.clear()
             self._ahead.close(True)
+        else:
+            import threading
+
+            ahead = self._ahead
+
+            def reap():
+                for proc in ahead.procs:
+                    proc.wait()
+                ahead.close(True)
+
+            threading.Thread(target=reap, name="poot-compile-workers", daemon=True).start()
 
     def load_lora(self, name: str, path) -> int:
         """Load the PEFT adapter at ``path`` (a folder, or a

@@ -9,9 +9,10 @@
 
 The server listens at once: ``GET /health`` answers 503 ``loading`` while the model loads and
 its steps compile (progress on stderr), then 200 ``ready``, and a line says it is ready.
-Every decode bucket and the samplers (greedy; full; full with log-probs and the guided mask)
-are compiled before that, so no request waits on a compile (``--no-warm-up``: compile on
-first use instead). One log line per request goes to stderr. SIGTERM or Ctrl-C drains: no
+Every decode bucket and its greedy and full samplers are compiled before that, so no plain
+request waits on a compile; the sampler with log-probs and the guided mask keeps compiling in
+the compile workers after ready, and a request that needs it before they finish waits for it
+(``--no-warm-up``: compile everything on first use instead). One log line per request goes to stderr. SIGTERM or Ctrl-C drains: no
 new connections, running requests finish within ``--drain-timeout`` seconds or are aborted,
 exit status 0.
 
@@ -221,9 +222,10 @@ def serve_samplers() -> tuple:
 
 def load_and_warm(options: dict, warm_up: bool = True, progress=None):
     """Load the model (``ModelHandle.load(**options)``) and, with ``warm_up``, compile (or
-    load from the compile cache) every decode bucket with the greedy and full samplers and
-    the full one with log-probs and guided decoding's mask (which serves any request), so
-    that no request waits on a compile. With ``options["pooled"]`` set (``embed`` /
+    load from the compile cache) every decode bucket with the greedy and full samplers, so
+    that no plain request waits on a compile; the full one with log-probs and guided
+    decoding's mask (which serves any request) keeps compiling in the compile workers after
+    this returns, and a request that needs it before they finish waits for it. With ``options["pooled"]`` set (``embed`` /
     ``score``, :func:`poot.embed.pooled_task`): a :class:`~poot.embed.PoolingModel`
     instead, warmed for every batch and token bucket."""
     from poot.api import DEFAULT_MAX_BATCH, ModelHandle
@@ -245,8 +247,8 @@ def load_and_warm(options: dict, warm_up: bool = True, progress=None):
                               warm_samplers=specs if warm_up else (),
                               warm_batches=buckets if warm_up else (1,),
                               **opts)
-    if warm_up:
-        handle.finish_compiling()
+    if warm_up:                      # ready with the full sampler; the other compiles on
+        handle.finish_compiling(now=specs[:1])
     return handle
 
 

@@ -33,3 +33,31 @@ def test_the_ready_line_covers_every_compile_of_the_process(tiny_path, tmp_path)
     compiled = [float(s) for s in re.findall(r"step: \d+ stages in (\d+\.\d+) s", p.log)]
     assert len(compiled) >= 4, p.log       # prefill, decode, the three samplers
     assert float(m.group(1)) >= sum(compiled) - 0.05 * len(compiled), p.log
+
+
+def test_a_log_probs_request_right_after_ready_waits_for_its_sampler(tiny_path, tmp_path):
+    """Ready comes with the full sampler; the one with log-probs and the guided mask is left
+    to the compile workers. A request that needs it at once is served (it waits for the
+    sampler), with its log-probs, and the server then stops cleanly (workers reaped)."""
+    import json
+    import urllib.request
+
+    p = ServeProcess("--model", str(tiny_path), "--port", "0", "--max-batch", "2",
+                     env={"POOT_CACHE_DIR": str(tmp_path), "POOT_COMPILE_WORKERS": "1"})
+    try:
+        port = int(p.wait_for(r"listening on http://127\.0\.0\.1:(\d+)", 120).group(1))
+        p.wait_for(r"ready: serving .*", 600)
+        body = json.dumps({"model": "chat", "max_tokens": 4, "temperature": 0,
+                           "logprobs": True, "top_logprobs": 3,
+                           "messages": [{"role": "user", "content": "hi"}]}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
+                                     {"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out = json.loads(r.read())
+        content = out["choices"][0]["logprobs"]["content"]
+        assert len(content) == out["usage"]["completion_tokens"] > 0, out
+        assert all(len(t["top_logprobs"]) == 3 for t in content), out
+        assert p.terminate(120) == 0, p.log
+    finally:
+        p.kill()
+    assert "Traceback" not in p.log, p.log
