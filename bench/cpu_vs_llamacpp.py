@@ -14,7 +14,8 @@ What it measures, per model:
   KV-capacity knob to match; its worker threads spin at barriers, so it suffers most when
   another process holds one of the cores (``machine.busy_processes`` lists what did).
 * poot: ``poot bench --backend cpu --prompt-tokens 32 --max-tokens 128 --max-batch 1`` at each
-  ``--kv`` capacity (default 256, 512, 2048), with ``POOT_CPU_THREADS=N``: greedy decode tok/s
+  ``--kv`` capacity (default 256, 512, 2048) and each ``--precisions`` mode (default int16),
+  with ``POOT_CPU_THREADS=N``: greedy decode tok/s
   (best of ``--runs``, after a warm-up) and time to first token (best of the runs: prefill of
   the 32-token synthetic prompt plus sampling the first token).
 * ratios: ``decode`` = poot decode tok/s / llama.cpp tg128 tok/s (above 1: poot faster);
@@ -213,14 +214,15 @@ def run_llama_bench(exe: Path, model: Path, threads: int, reps: int) -> dict:
 # poot
 
 
-def run_poot(model: Path, threads: int, kv: int, runs: int) -> dict:
+def run_poot(model: Path, threads: int, kv: int, runs: int, precision: str = "int16") -> dict:
     cmd = [sys.executable, "-m", "poot.cli", "bench", "--backend", "cpu", "--model", str(model),
+           "--precision", precision,
            "--kv-capacity", str(kv), "--prompt-tokens", str(PROMPT_TOKENS),
            "--max-tokens", str(NEW_TOKENS), "--max-batch", "1", "--runs", str(runs),
            "--replay", "0", "--quiet"]
     env = {**os.environ, "POOT_CPU_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    log(f"running poot bench at KV capacity {kv}")
+    log(f"running poot bench at KV capacity {kv}, precision {precision}")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.splitlines()[-15:])
@@ -230,7 +232,8 @@ def run_poot(model: Path, threads: int, kv: int, runs: int) -> dict:
     except (json.JSONDecodeError, IndexError):
         raise BenchError(f"poot bench printed no JSON: {proc.stdout[:300]!r}") from None
     tps = [r["decode_tokens_per_s"] for r in out["runs"] if r.get("decode_tokens_per_s")]
-    return {"kv_capacity": out["kv_capacity"], "kv_dtype": out.get("kv_dtype"),
+    return {"precision": precision, "kv_capacity": out["kv_capacity"],
+            "kv_dtype": out.get("kv_dtype"),
             "decode_tokens_per_s": out["decode_tokens_per_s"],
             "decode_tokens_per_s_mean": statistics.mean(tps) if tps else None,
             "ttft_s": out["ttft_s"], "ttft_s_runs": [r["ttft_s"] for r in out["runs"]],
@@ -431,7 +434,7 @@ def busy_processes() -> list[str]:
 
 def compare(llama: dict, poot: list[dict]) -> list[dict]:
     tg, prompt_s = llama[f"tg{NEW_TOKENS}"], llama["prompt_time_s"]
-    return [{"kv_capacity": p["kv_capacity"],
+    return [{"precision": p["precision"], "kv_capacity": p["kv_capacity"],
              "decode": p["decode_tokens_per_s"] / tg["avg_ts"],
              "decode_mean": (p["decode_tokens_per_s_mean"] or 0.0) / tg["avg_ts"],
              "ttft": p["ttft_s"] / prompt_s} for p in poot]
@@ -454,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-1b", action="store_true",
                     help="also compare the Llama-3.2-1B shape with random Q4_0 weights "
                          "(a GGUF made once under --llamacpp-dir)")
+    ap.add_argument("--precisions", default="int16",
+                    help="poot --precision modes to run, comma-separated (default: int16, "
+                         "the default; e.g. int16,int8,exact)")
     ap.add_argument("--runs", type=int, default=3, help="poot bench --runs (default: 3)")
     ap.add_argument("--reps", type=int, default=5, help="llama-bench -r (default: 5)")
     ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
@@ -462,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 1:
             raise BenchError("--threads must be at least 1")
         quants = [q.strip().lower() for q in args.quants.split(",") if q.strip()]
+        precisions = [q.strip() for q in args.precisions.split(",") if q.strip()]
         bad = [q for q in quants if q not in ("q8_0", "f16")]
         if bad:
             raise BenchError(f"--quants: unknown {', '.join(bad)} (q8_0, f16)")
@@ -489,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
                   "models": []}
         for quant, path in models:
             llama = run_llama_bench(exe, path, args.threads, args.reps)
-            poot = [run_poot(path, args.threads, kv, args.runs) for kv in args.kv]
+            poot = [run_poot(path, args.threads, kv, args.runs, precision)
+                    for precision in precisions for kv in args.kv]
             result["models"].append({"quant": quant, "model": str(path), "llama_cpp": llama,
                                      "poot": poot, "ratio": compare(llama, poot)})
         result["elapsed_s"] = round(time.perf_counter() - t0, 1)
