@@ -6,6 +6,12 @@ input that did it.
 ``POOT_FUZZ_SECONDS`` (default 6) is each target's time; ``POOT_FUZZ_TIMEOUT`` (default 10)
 the seconds one input may take; ``POOT_FUZZ_RSS_MB`` (default 2048) the memory limit. A longer
 local campaign: ``POOT_FUZZ_SECONDS=300 python -m pytest -q test/fuzz/test_fuzzers.py -n 0``.
+
+libFuzzer reads RSS as the process's peak (``getrusage``), and Linux carries the peak of the
+process that forked across ``exec``: a fuzzer started by a test worker that has loaded models
+starts "using" that worker's gigabytes. The RSS limit is therefore the worker's own peak plus
+``POOT_FUZZ_RSS_MB``, and ``-malloc_limit_mb`` bounds every single allocation by
+``POOT_FUZZ_RSS_MB`` alone (what a size read from a header would ask for).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -30,6 +37,11 @@ TIMEOUT = int(os.environ.get("POOT_FUZZ_TIMEOUT", "10"))
 RSS_MB = int(os.environ.get("POOT_FUZZ_RSS_MB", "2048"))
 
 
+def _inherited_rss_mb() -> int:
+    """This process's peak RSS in MiB: what a child it starts begins with (module doc)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
 def _show(path: Path) -> str:
     data = path.read_bytes()
     return (f"{path.name} ({len(data)} bytes)\n  repr:   {data[:2000]!r}\n"
@@ -45,7 +57,9 @@ def test_fuzzer_finds_no_crash(target, tmp_path):
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     cmd = [sys.executable, str(HERE / f"fuzz_{target}.py"), str(work), str(seeds),
-           f"-max_total_time={SECONDS}", f"-timeout={TIMEOUT}", f"-rss_limit_mb={RSS_MB}",
+           f"-max_total_time={SECONDS}", f"-timeout={TIMEOUT}",
+           f"-rss_limit_mb={RSS_MB + _inherited_rss_mb()}",
+           f"-malloc_limit_mb={RSS_MB}",
            f"-artifact_prefix={artifacts}/", "-print_final_stats=1"]
     if (HERE / f"{target}.dict").is_file():              # libFuzzer dictionary of the format
         cmd.append(f"-dict={HERE / f'{target}.dict'}")
