@@ -268,12 +268,33 @@ class _Native:
         return raw
 
 
+#: wgpu backends that run poot's SPIR-V compute kernels. wgpu's OpenGL backend translates
+#: them to GLSL, which has no 64-bit integers (naga: "Using `u64` values requires
+#: SHADER_INT64") among other limits: an OpenGL adapter (Mesa's llvmpipe on a machine without
+#: a Vulkan driver, say) is refused, never picked.
+COMPUTE_BACKENDS = ("Vulkan", "Metal", "D3D12")
+
+
 def _pick(adapters):
+    """The preferred adapter that runs compute kernels (:data:`COMPUTE_BACKENDS`), else
+    None."""
     def rank(a):
         info = a.info
         return (_BACKEND_PREFERENCE.get(info.get("backend_type"), 9),
                 _PREFERENCE.get(info.get("adapter_type"), 9))
-    return min(adapters, key=rank) if adapters else None
+    usable = [a for a in adapters if a.info.get("backend_type") in COMPUTE_BACKENDS]
+    return min(usable, key=rank) if usable else None
+
+
+def _refusal(adapters) -> str:
+    """Why none of ``adapters`` is usable (each named with its backend)."""
+    if not adapters:
+        return "wgpu found no adapter (no Vulkan/Metal/D3D12 driver)"
+    names = ", ".join(f"{a.info.get('device') or '?'} ({a.info.get('backend_type')})"
+                      for a in adapters)
+    return (f"wgpu found no Vulkan, Metal or D3D12 adapter, only {names}: its OpenGL "
+            f"backend cannot run poot's compute kernels (no 64-bit integers); install a "
+            f"Vulkan driver (Debian: mesa-vulkan-drivers)")
 
 
 class WgpuDevice:
@@ -305,11 +326,13 @@ class WgpuDevice:
             if not 0 <= adapter_index < len(adapters):
                 raise WgpuError(f"adapter {adapter_index} does not exist ({len(adapters)} "
                                 f"adapters)")
-            adapter = adapters[adapter_index]
+            adapter = _pick([adapters[adapter_index]])
+            if adapter is None:
+                raise WgpuError(_refusal([adapters[adapter_index]]))
         else:
             adapter = _pick(adapters)
         if adapter is None:
-            raise WgpuError("wgpu found no adapter (no Vulkan/Metal/D3D12/GL driver)")
+            raise WgpuError(_refusal(adapters))
         self.adapter = adapter
         self.info = dict(adapter.info)
         feats = set(adapter.features)
