@@ -288,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
         from poot.load.store import open_weights
 
         open_weights(options["path"])
+    if not args.ray:                     # the code generator, runtime package and device too
+        _check_backend(options["backend"], options["pipeline_parallel"])
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s poot serve: %(message)s", stream=sys.stderr)
     from poot.embed import pooled_task
@@ -305,6 +307,20 @@ def run(args: argparse.Namespace) -> int:
         return serve_with_ray(options, config, args.host, args.port, args.replicas,
                               warm_up=not args.no_warm_up)
     return _serve(args, config, options)
+
+
+def _check_backend(backend: str, pipeline_parallel: int) -> None:
+    """Refuse, before the server listens, a backend this build cannot compile for, or whose
+    runtime package, driver or device is missing (one line each: NoCodeGenerator,
+    DeviceError). The device opened here is the process's (:func:`poot.executor.open_device`
+    opens it once), so the load that follows uses it."""
+    from poot.api import target_for
+    from poot.backends.registry import BACKENDS
+    from poot.executor import open_device
+
+    target_for(backend)
+    if BACKENDS[backend].open_device is not None and pipeline_parallel == 1:
+        open_device(backend)
 
 
 def _serve(args, config, options) -> int:

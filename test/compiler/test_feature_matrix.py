@@ -26,8 +26,14 @@ def test_readme_table_is_current(tmp_path):
     import subprocess
     import sys
 
+    from poot.backends.rocm.codegen import tools_missing
     from poot.cli.matrix_cmd import BEGIN, END
     from poot.matrix import from_json, markdown
+
+    why = tools_missing()
+    if why:
+        pytest.skip(f"the README's table has ROCm cells, which compile to code objects only "
+                    f"where ld.lld is installed (a system package): {why}")
 
     text = (ROOT / "README.md").read_text()
     assert BEGIN in text and END in text, "README.md has no feature-matrix block"

@@ -85,3 +85,26 @@ def test_serve_refuses_a_broken_model_before_listening(tmp_path, kind):
     want = user_error(rc, err)
     rc, _, err = poot("serve", "--model", model, "--port", "0", timeout=120)
     assert user_error(rc, err) == want
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fastapi") is None,
+                    reason="poot serve needs the serve extra (fastapi)")
+def test_serve_refuses_a_missing_backend_before_listening():
+    """A backend whose runtime or device is missing here (CUDA: cuda-python or a driver;
+    ROCm: the HSA runtime) is one error line, and no ``listening on`` line before it."""
+    from poot.backends.registry import BACKENDS
+    from poot.executor import DeviceError, open_device
+
+    missing = []
+    for name in ("cuda", "rocm"):
+        try:
+            open_device(name)
+        except DeviceError:
+            missing.append(name)
+    if not missing:
+        pytest.skip("CUDA and ROCm both open here: no missing backend to refuse")
+    assert BACKENDS[missing[0]].open_device is not None
+    rc, _, err = poot("serve", "--model", str(GGUF), "--backend", missing[0], "--port", "0",
+                      timeout=120)
+    line = user_error(rc, err)
+    assert "listening" not in err and line.startswith("poot: error: "), err
