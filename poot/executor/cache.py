@@ -674,22 +674,30 @@ class CompileCache:
                 self._disable(e)
         return prog
 
+    def _read_file(self, path: Path) -> "tuple[bytes, os.stat_result] | None":
+        """An entry file's bytes and the stat taken before reading them (so a discard only
+        removes the file that was read); None when absent, or unreadable (then discarded)."""
+        try:
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                return f.read(), st
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self._discard(path, f"unreadable: {e.strerror or e}")
+            return None
+
     def _index_record(self, key: str, record: str) -> dict | None:
         """The index entry ``key`` of kind ``record`` (``"step"``: names a program;
         ``"pipeline"``: names stage programs) as a dict; None when absent, damaged or the
         entry of another key (then discarded: one warning)."""
         if not self.use:
             return None
-        path, st = self.index_path(key), None
-        try:
-            st = os.stat(path)
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
+        path = self.index_path(key)
+        read = self._read_file(path)
+        if read is None:
             return None
-        except OSError as e:
-            self._discard(path, f"unreadable: {e.strerror or e}")
-            return None
+        data, st = read
         try:
             rec = json.loads(unseal(data, record, key))
             field = "program" if record == "step" else record
@@ -735,16 +743,11 @@ class CompileCache:
         """The verified entry dict of program ``gkey``: None when absent or damaged (then
         discarded). Every file it names (a linked ``.so``) is checked against the size and
         sha256 recorded when it was written, before anything loads it."""
-        path, st = self.path(gkey), None
-        try:
-            st = os.stat(path)
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
+        path = self.path(gkey)
+        read = self._read_file(path)
+        if read is None:
             return None
-        except OSError as e:
-            self._discard(path, f"unreadable: {e.strerror or e}")
-            return None
+        data, st = read
         try:
             entry = pickle.loads(unseal(data, "program", gkey))
             if not isinstance(entry, dict):
