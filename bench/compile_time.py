@@ -13,7 +13,7 @@ compiled or imported before is reused):
   fresh process on the filled cache (every step a cache hit: the load time). Then ``ready``:
   ``ModelHandle.load`` as ``poot generate`` calls it, on a fresh cache: ``ready_s`` is the
   wait before the first token can be computed (prefill, decode, greedy sampler), ``all_s``
-  until the compile workers also finished the full sampler (:mod:`poot.executor.ahead`).
+  until the compile workers also finished the full sampler (:mod:`poot.api.compile_ahead`).
 * ``smollm2-cuda``: the compile_steps run for CUDA, to PTX (no GPU needed; no warm run).
 * ``tiny``: each generating fixture of ``test/fixtures/tiny`` (random-init 2-layer
   checkpoints), CPU: the compile_steps run (``total_s``) and the ``ready_s``/``all_s`` run.

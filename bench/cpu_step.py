@@ -35,7 +35,7 @@ def _timeit(fn, steps: int, warm: int = 3) -> float:
 
 def prepared_call(prog, inputs, params):
     """A zero-argument callable running ``prog`` on fixed arrays (descriptors built once)."""
-    from poot.backends.cpu import _bind, _descriptor
+    from poot.backends.cpu.codegen import _bind, _descriptor
 
     keep = [_bind(n, inputs[n], t) for n, t in prog.inputs]
     keep += [_bind(n, params[n], t) for n, t in prog.params]
@@ -55,7 +55,7 @@ def prepared_call(prog, inputs, params):
 
 
 def step_bench(path, steps: int, threads: int | None, prefill: int = 0):
-    from poot.backends.cpu import cpu_threads, strategy_for
+    from poot.backends.cpu.codegen import cpu_threads, strategy_for
     from poot.compiler import CompileOptions, compile
     from poot.compiler.target import host_cpu
     from poot.models import StepSpec, load_model
@@ -114,7 +114,7 @@ def _gemvs(g, weights):
 
 def micro(g, weights, steps: int):
     """Single GEMV kernels compiled alone (x[1, K] @ W^T) vs numpy on the dequantized W."""
-    from poot.backends.cpu import compile_cpu
+    from poot.backends.cpu.codegen import compile_cpu
     from poot.dialects.quant_ref import dequantize
     from poot.dialects.types import DType, PackedType, TensorType
     from poot.graph.builder import Builder, TraceLimits
@@ -227,7 +227,7 @@ def per_kind(lowered: str, steps: int = 20) -> dict:
     from mlir import ir
     from mlir.execution_engine import ExecutionEngine
 
-    from poot.backends import cpu
+    from poot.backends.cpu import codegen as cpu
     from poot.dialects import make_context
     from poot.dialects.lowering.gemv import INTRINSIC_PREFIX
 

@@ -95,19 +95,19 @@ def main(argv=None) -> int:
 
     from poot.api import DEFAULT_COMPILE_OPTIONS, compile_cached, target_for
     from poot.engine.pooling import PoolingRunner
-    from poot.executor import device_for
-    from poot.executor.cache import CompileCache
+    from poot.runtime import device_for
+    from poot.compiler.cache import CompileCache
 
     t0 = time.perf_counter()
     if args.model:
-        from poot.embed import PoolingModel
+        from poot.api.pooling import PoolingModel
 
         pm = PoolingModel.load(args.model, args.backend, pooling=args.pooling,
                                max_batch=args.max_batch, max_tokens=args.tokens,
                                warm_up=False)
         runner, vocab, name = pm.runner, pm.model.dims().vocab, Path(args.model).name
     elif json.loads(Path(args.config).read_text()).get("model_type") == "bert":
-        from poot.embed import PoolingModel
+        from poot.api.pooling import PoolingModel
 
         folder = random_bert(Path(args.config), args.random_weights)
         pm = PoolingModel.load(folder, args.backend, pooling=args.pooling,

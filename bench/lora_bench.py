@@ -47,7 +47,7 @@ def random_adapter(weights_types, n_layers: int, rank: int, seed: int = 0):
 
 
 def tok_per_s(handle, batch: int, tokens: int, repeats: int, lora: str | None) -> float:
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     eng = handle.engine
     rng = np.random.default_rng(1)

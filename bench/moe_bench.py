@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def run(handle, prompt, tokens: int, repeats: int, logprobs: bool = True):
     """(best decode tok/s, token ids, chosen-token log-probs) of greedy generation."""
     from poot.api import Driver
-    from poot.driver.generate import TokenEvent
-    from poot.driver.params import SamplingParams
+    from poot.api.generate import TokenEvent
+    from poot.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True,
                             logprobs=0 if logprobs else None)

@@ -17,7 +17,7 @@ Per run it reports:
 * ``listening_s``: launch to the "listening on" line;
 * ``steps``: each step the serving process compiled (``poot: <step> step: N stages in S s``),
   and ``cached``: those it found in the compile cache (compiled by a compile worker,
-  :mod:`poot.executor.ahead`, meanwhile);
+  :mod:`poot.api.compile_ahead`, meanwhile);
 * ``process_cpu_s``: the CPU seconds of the server and its children (compile workers, LLVM's
   opt/llc), from ``wait4``: on a shared machine the least noisy measure of the work done.
 

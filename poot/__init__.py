@@ -17,23 +17,14 @@ def __getattr__(name):
 
         return LLM
     if name == "SamplingParams":
-        from poot.driver.params import SamplingParams
+        from poot.sampling_params import SamplingParams
 
         return SamplingParams
     if name == "Guide":
-        from poot.driver.guided import Guide
+        from poot.engine.guided import Guide
 
         return Guide
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-# In a source checkout dialects/ and passes/ sit beside poot/ (the design's fixed layout) and
-# install as poot.dialects / poot.passes. When this package is imported from the checkout
-# itself (cwd on sys.path shadows the installed mapping), make the same names resolve.
-import os as _os
-
-_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_root, "dialects", "opdef.py")) and _root not in __path__:
-    __path__.append(_root)
 
 # MLIR's Python bindings give every operation they wrap a Python class found by importing
 # ``mlir.dialects.<dialect namespace>``; a failed import is not remembered, so each wrap of a

@@ -52,7 +52,7 @@ def wgpu_encode_us(config: str, dtype: str, cache: str, n: int = 50) -> dict:
     os.environ["POOT_CACHE_DIR"] = cache
     from poot.api import Driver, ModelHandle
     from poot.cli.bench_cmd import decode_entry
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     h = ModelHandle.load(config, backend="wgpu", kv_capacity=256, max_batch=1,
                          random_weights=dtype)

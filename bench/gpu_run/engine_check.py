@@ -53,7 +53,7 @@ def main() -> int:
     a = ap.parse_args()
 
     from poot.api import ModelHandle
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     t0 = time.perf_counter()
     from poot.engine import EngineConfig

@@ -23,8 +23,8 @@ def cases(greedy_only: bool = False):
     """(chat prompts, SamplingParams) of every case."""
     from guided_schemas import CASES
 
-    from poot.driver.guided import Guide
-    from poot.driver.params import SamplingParams
+    from poot.engine.guided import Guide
+    from poot.sampling_params import SamplingParams
 
     prompts, params = [], []
     for i, (q, schema) in enumerate(CASES):

@@ -39,7 +39,7 @@ def folder_bytes(d: str) -> int:
 
 def main() -> int:
     from poot.api import compile_steps
-    from poot.executor.cache import step_source_hash
+    from poot.compiler.cache import step_source_hash
     from poot.load.bundled import smollm2_gguf
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -65,7 +65,7 @@ def main() -> int:
     del data
     cache = os.path.join(dirs["b"], "cache")
     say = lambda m: print(f"issue15_build: {m}", file=sys.stderr, flush=True)  # noqa: E731
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
     from poot.engine import sampler_spec_for
     from poot.graph.sampling import GREEDY
 

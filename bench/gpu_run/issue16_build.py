@@ -33,7 +33,7 @@ WHEELS = ["fastapi>=0.110", "uvicorn>=0.29", "pydantic>=2.6", "prometheus-client
 
 def main() -> int:
     from poot.api import compile_steps
-    from poot.executor.cache import step_source_hash
+    from poot.compiler.cache import step_source_hash
     from poot.graph.sampling import GREEDY
     from poot.load.bundled import smollm2_gguf
 

@@ -34,7 +34,7 @@ def main() -> int:
     from guided_check import cases, run_cases
     from poot.api import ModelHandle, compile_steps
     from poot.engine import sampler_spec_for
-    from poot.executor.cache import step_source_hash
+    from poot.compiler.cache import step_source_hash
     from poot.graph.sampling import GREEDY
     from poot.load.bundled import smollm2_gguf
 

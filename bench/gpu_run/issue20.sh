@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 from poot.api import Driver, ModelHandle
-from poot.driver.params import SamplingParams
+from poot.sampling_params import SamplingParams
 
 res = {}
 for name in os.environ["FIXTURES"].split():

@@ -24,7 +24,7 @@ cat "$OUT/lora_1b.json"; tail -c 600 "$OUT/lora_1b.log"
 python3 - > "$OUT/pooled_cuda.json" <<'PYEOF'
 import json
 import numpy as np
-from poot.embed import PoolingModel
+from poot.api.pooling import PoolingModel
 
 res = {}
 for name in ("qwen3_embed", "bert_embed", "bert_cross_encoder"):

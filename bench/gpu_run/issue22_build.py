@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "gpu_run"))
 def main() -> int:
     from poot.api import DEFAULT_COMPILE_OPTIONS, compile_cached, target_for
     from poot.engine.pooling import PoolingRunner
-    from poot.executor.cache import CompileCache
+    from poot.compiler.cache import CompileCache
 
     cache = CompileCache(os.path.join(ROOT, ".cache", "i22b"))
     target = target_for("cuda")
@@ -40,7 +40,7 @@ def main() -> int:
     class NoDevice:          # PoolingRunner.entry compiles before it touches the device
         pass
 
-    from poot.embed import PoolingModel
+    from poot.api.pooling import PoolingModel
     for name in ("qwen3_embed", "bert_embed", "bert_cross_encoder"):
         t0 = time.perf_counter()
         pm = PoolingModel.load(os.path.join(ROOT, "test/fixtures/tiny", name), "cpu",

@@ -17,7 +17,7 @@ the GGUF there); ``ref/``: the reference tokens (``test/reference/smollm2/*.json
 ``manifest.json``: what was built, with the source hash the cache keys depend on.
 
 The cache keys include a hash of poot's tracer/compiler sources: run ``issue7.sh`` on the
-same working tree (no edits under poot/, dialects/, passes/ in between), or a step misses
+same working tree (no edits under poot/, poot/dialects/, poot/passes/ in between), or a step misses
 and the run stops with ``CacheMiss`` naming what differs. Prints the manifest; exits 1 when
 a folder would exceed one carry.
 """
@@ -58,7 +58,7 @@ def smollm2_devcheck(gguf: str, out: str, cap: int, steps: int) -> dict:
     from poot.backends.cuda.artifact import cuda_target
     from poot.backends.cuda.fixtures import write_check_bundle
     from poot.compiler.compile import compile as compile_step
-    from poot.driver.params import history_row
+    from poot.sampling_params import history_row
     from poot.graph.sampling import GREEDY
     from poot.graph.sampling import INPUTS
     from poot.models import StepSpec, contiguous_inputs, load_model
@@ -100,7 +100,7 @@ def main() -> int:
     a = ap.parse_args()
 
     from poot.api import compile_steps
-    from poot.executor.cache import step_source_hash
+    from poot.compiler.cache import step_source_hash
 
     gguf = a.smollm2 or str(smollm2_gguf() or "")
     if not os.path.isfile(gguf):

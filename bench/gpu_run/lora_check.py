@@ -31,7 +31,7 @@ TOP = 20
 
 
 def params():
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     return SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=TOP)
 

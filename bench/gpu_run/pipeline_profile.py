@@ -27,8 +27,8 @@ def main() -> int:
     args = ap.parse_args()
     from poot.api import ModelHandle
     from poot.backends.cuda.runtime import CudaDevice
-    from poot.driver.params import SamplingParams
-    from poot.executor.pipeline import PipelineDevice
+    from poot.sampling_params import SamplingParams
+    from poot.runtime.pipeline_parallel import PipelineDevice
 
     devs = [CudaDevice(0, own_context=not args.shared) for _ in range(args.stages)]
     h = ModelHandle.load(args.config, "cuda", random_weights="bf16", kv_capacity=512,

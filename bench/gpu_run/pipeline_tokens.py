@@ -34,8 +34,8 @@ def main() -> int:
                     help="cuda: the stages as contexts on GPU 0 (else GPUs 0..N-1)")
     args = ap.parse_args()
     from poot.api import LLM, ModelHandle
-    from poot.driver.params import SamplingParams
-    from poot.executor.pipeline import PipelineDevice
+    from poot.sampling_params import SamplingParams
+    from poot.runtime.pipeline_parallel import PipelineDevice
 
     def devices(n):
         if args.backend != "cuda" or not args.same_gpu:

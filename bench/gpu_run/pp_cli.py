@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 
 def main() -> int:
-    import poot.executor.pipeline as pipeline
+    import poot.runtime.pipeline_parallel as pipeline
     from poot.backends.cuda.runtime import CudaDevice
     from poot.cli import main as poot_main
 

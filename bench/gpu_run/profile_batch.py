@@ -30,7 +30,7 @@ def main() -> int:
     from poot.api import ModelHandle
     from poot.backends.cuda.runtime import profile_kernel
     from poot.cli.bench_cmd import synthetic_prompts
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
     from poot.engine import EngineConfig, LLMEngine
     from poot.graph.sampling import GREEDY
 

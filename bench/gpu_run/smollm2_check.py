@@ -69,7 +69,7 @@ def devcheck(bundle: str, gguf: str, out: str) -> int:
 
 def greedy(gguf: str, ref_dir: str, out: str, kv_capacity: int) -> int:
     from poot.api import Driver, ModelHandle
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     t0 = time.perf_counter()
     # max_batch=1: the steps (and KV pool) issue7_build.py's compile_steps() compiled; the

@@ -27,7 +27,7 @@ def main() -> int:
     os.environ["POOT_CACHE_DIR"] = cache
     from poot.api import Driver, ModelHandle
     from poot.backends.wgpu import runtime as R
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     spent = {"replay": 0.0, "flush": 0.0, "wait": 0.0, "poll": 0.0}
     counts = {"replay": 0, "flush": 0, "wait": 0, "poll": 0}

@@ -1,17 +1,6 @@
-"""Backends: code generation and runtimes per target.
-
-``cpu`` (the embedded default) compiles through MLIR's linalg -> LLVM path and runs with MLIR's
-ExecutionEngine; ``cuda`` emits PTX through the gpu dialect and runs on ``cuda.bindings``.
-Nothing is imported eagerly: a GPU machine runs a device runtime without MLIR installed.
+"""Backends: one folder each (``cpu``, ``cuda``, ``vulkan``, ``wgpu``, ``rocm``), holding its
+code generator and its device runtime, plus ``gpu`` (the gpu-dialect kernel plan the GPU
+backends share), :mod:`.registry` (the one table that names them) and :mod:`.pass_pipelines`
+(MLIR pass-pipeline pieces they share). Nothing is imported eagerly: a GPU machine runs a
+device runtime without MLIR installed.
 """
-
-
-def __getattr__(name):
-    if name in ("CpuProgram", "compile_cpu"):
-        from poot.backends import cpu
-
-        return getattr(cpu, name)
-    raise AttributeError(name)
-
-
-__all__ = ["CpuProgram", "compile_cpu"]

@@ -8,8 +8,8 @@ package never imports its runtime):
   (:func:`poot.compiler.compile._codegen` calls it; ``None``: this build has no code
   generator, and :class:`~poot.compiler.compile.NoCodeGenerator` refuses the backend before
   anything is traced).
-* ``open_device()``: the process's executor :class:`~poot.executor.device.Device`; a missing
-  runtime package, driver or device raises :class:`~poot.executor.cpu.DeviceError`, one line
+* ``open_device()``: the process's executor :class:`~poot.runtime.device.Device`; a missing
+  runtime package, driver or device raises :class:`~poot.backends.cpu.runtime.DeviceError`, one line
   saying what to install (``None``: no runtime here).
 * ``target(device)``: the compile :class:`~poot.compiler.target.Target`. With
   ``target_from_device`` the target is read from the opened device (its subgroup size,
@@ -46,7 +46,7 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("cpu", "poot.backends.cpu:codegen", "poot.executor.cpu:open_device",
+    Backend("cpu", "poot.backends.cpu.codegen:codegen", "poot.backends.cpu.runtime:open_device",
             "poot.compiler.target:host_cpu", default_max_batch=8),
     Backend("vulkan", "poot.backends.vulkan.codegen:codegen",
             "poot.backends.vulkan.runtime:open_device", "poot.backends.vulkan.target:target",

@@ -27,7 +27,7 @@ Runs R greedy requests of N new tokens (EOS ignored) on a synthetic prompt of
 driver as ``poot generate`` (prefill steps, then one decode step per token with the on-device
 sampler; only the token id is read back). The decode loop is pipelined where the device
 overlaps host and device work (CUDA: step n+1 is issued before token n is read, the token fed
-back on the device; see :mod:`poot.driver.generate`); ``--pipeline on|off`` forces it either
+back on the device; see :mod:`poot.api.generate`); ``--pipeline on|off`` forces it either
 way (``POOT_PIPELINE`` is the same switch for every command). The KV pool and samplers are
 ``poot generate``'s (``--max-batch``, default 8 on the CPU): a bench after a generate
 compiles nothing. Prints one JSON object: the best run's numbers at the top level
@@ -136,7 +136,7 @@ def _load(args, max_batch=None):
     ``poot generate``'s, a bench finds the steps a generate compiled in the compile cache.
     The compile workers of a cold load may still be compiling (warm samplers)."""
     from poot.cli.generate_cmd import load_handle
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     path, random_dtype = model_source(args)
 
@@ -342,7 +342,7 @@ def steady_rate(log, batch: int) -> tuple[float | None, int]:
 
 def run_batch(handle, args, batches: list[int]) -> dict:
     """The ``--batch`` measurements (module doc)."""
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
     from poot.engine import EngineConfig, LLMEngine
 
     vocab = handle.runner.vocab
@@ -408,7 +408,7 @@ def run_prefix(handle, args) -> dict:
     """The ``--shared-prefix`` measurement (module doc)."""
     import statistics
 
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     vocab = handle.runner.vocab
     system = synthetic_prompts(vocab, 1, args.shared_prefix, seed=5)[0]
@@ -430,7 +430,7 @@ def run_prefix(handle, args) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from poot.api import Driver
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     check_options(args, "max_tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk",
                   "num_prompts", "max_batch", "kv_blocks")
@@ -483,7 +483,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _parse_batches(text: str) -> list[int]:
-    from poot.driver.params import InvalidRequest
+    from poot.sampling_params import InvalidRequest
 
     try:
         out = [int(x) for x in text.replace(" ", "").split(",") if x]

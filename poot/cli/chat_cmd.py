@@ -68,8 +68,8 @@ def _read_line(interactive: bool) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from poot.api import Driver, Finished
     from poot.cli.generate_cmd import check_options, load_handle
-    from poot.driver.generate import ContextOverflow
-    from poot.driver.params import SamplingParams
+    from poot.api.generate import ContextOverflow
+    from poot.sampling_params import SamplingParams
 
     check_options(args, "max_tokens", "kv_capacity", "prefill_chunk")
     if args.system is not None:

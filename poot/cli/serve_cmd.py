@@ -19,7 +19,7 @@ exit status 0.
 An embedding model (a folder with sentence-transformers' ``modules.json``, a BERT checkpoint,
 a bare ``...Model`` decoder) is served on ``POST /v1/embeddings`` and a cross-encoder
 (``...ForSequenceClassification``) on ``POST /v1/rerank`` instead of the generation routes
-(:func:`poot.embed.pooled_task` decides; ``--max-model-len`` is then the tokens one input
+(:func:`poot.api.pooling.pooled_task` decides; ``--max-model-len`` is then the tokens one input
 may hold, ``--max-batch`` the inputs per step).
 
 Needs the ``serve`` extra (``pip install -e ".[serve]"``); ``--ray`` the ``ray`` extra.
@@ -36,7 +36,7 @@ import sys
 import time
 
 from poot.cli.generate_cmd import add_model_args, apply_threads, check_options, compile_options
-from poot.driver.params import InvalidRequest
+from poot.sampling_params import InvalidRequest
 from poot.errors import PootError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.I)
@@ -226,14 +226,14 @@ def load_and_warm(options: dict, warm_up: bool = True, progress=None):
     that no plain request waits on a compile; the full one with log-probs and guided
     decoding's mask (which serves any request) keeps compiling in the compile workers after
     this returns, and a request that needs it before they finish waits for it. With ``options["pooled"]`` set (``embed`` /
-    ``score``, :func:`poot.embed.pooled_task`): a :class:`~poot.embed.PoolingModel`
+    ``score``, :func:`poot.api.pooling.pooled_task`): a :class:`~poot.api.pooling.PoolingModel`
     instead, warmed for every batch and token bucket."""
     from poot.api import DEFAULT_MAX_BATCH, ModelHandle
     from poot.engine.runner import decode_buckets
 
     opts = dict(options)
     if opts.pop("pooled", None):
-        from poot.embed import PoolingModel
+        from poot.api.pooling import PoolingModel
 
         pm = PoolingModel.load(opts["path"], opts["backend"], max_batch=opts["max_batch"],
                                max_tokens=opts["kv_capacity"], use_cache=opts["use_cache"],
@@ -292,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
         _check_backend(options["backend"], options["pipeline_parallel"])
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s poot serve: %(message)s", stream=sys.stderr)
-    from poot.embed import pooled_task
+    from poot.api.pooling import pooled_task
 
     options["pooled"] = pooled_task(options["path"]) if not args.random_weights else None
     if options["pooled"] and options.get("max_loras"):
@@ -312,11 +312,11 @@ def run(args: argparse.Namespace) -> int:
 def _check_backend(backend: str, pipeline_parallel: int) -> None:
     """Refuse, before the server listens, a backend this build cannot compile for, or whose
     runtime package, driver or device is missing (one line each: NoCodeGenerator,
-    DeviceError). The device opened here is the process's (:func:`poot.executor.open_device`
+    DeviceError). The device opened here is the process's (:func:`poot.runtime.open_device`
     opens it once), so the load that follows uses it."""
     from poot.api import target_for
     from poot.backends.registry import BACKENDS
-    from poot.executor import open_device
+    from poot.runtime import open_device
 
     target_for(backend)
     if BACKENDS[backend].open_device is not None and pipeline_parallel == 1:
@@ -324,7 +324,7 @@ def _check_backend(backend: str, pipeline_parallel: int) -> None:
 
 
 def _serve(args, config, options) -> int:
-    from poot.cli.progress import Reporter, history_file
+    from poot.cli.progress_display import Reporter, history_file
     from poot.serve import build_app
     from poot.serve.server import bind, make_server
 

@@ -1,6 +1,6 @@
 """Pooled steps on a device: embeddings and cross-encoder scores for whole inputs at once.
 
-:class:`PoolingRunner` owns the executor :class:`~poot.executor.Engine` of one loaded model
+:class:`PoolingRunner` owns the executor :class:`~poot.runtime.Engine` of one loaded model
 and its pooled entries (:class:`~poot.models.pooling.PoolSpec`), one per (batch bucket,
 token bucket), each compiled through the compile cache the first time it is needed. A call
 takes a list of inputs (token ids, optionally segment ids), sorts them by length, cuts them
@@ -8,7 +8,7 @@ into batches of at most ``max_batch`` rows, pads each batch to its buckets (idle
 length 0 and are not read back) and runs one step per batch. No KV cache exists: nothing is
 kept between calls except the weights and the compiled programs.
 
-:class:`PoolQueue` is the scheduler the server (and :class:`~poot.embed.PoolingModel`) goes
+:class:`PoolQueue` is the scheduler the server (and :class:`~poot.api.pooling.PoolingModel`) goes
 through: one thread per model forms each step from rows of any waiting requests, so
 concurrent callers share steps.
 """
@@ -25,7 +25,7 @@ import numpy as np
 
 from poot.engine.runner import decode_buckets
 from poot.errors import PootError
-from poot.executor import Engine
+from poot.runtime import Session
 from poot.models.pooling import PoolSpec
 
 #: The smallest token bucket (shorter inputs are padded to it).
@@ -73,7 +73,7 @@ class PoolingRunner:
         self.max_batch, self.max_tokens = max_batch, max_tokens
         self.pooling, self.normalize, self.outputs = pooling, normalize, outputs
         self.on_compile = on_compile
-        self.engine = Engine(device, storage_type=storage_type)
+        self.engine = Session(device, storage_type=storage_type)
         self._uploaded = False
         self._entries: dict[tuple[int, int], object] = {}
         self._lock = threading.Lock()

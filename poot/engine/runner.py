@@ -1,6 +1,6 @@
 """The model's compiled steps over one paged KV pool: what the engine loop runs.
 
-:class:`ModelRunner` owns the executor :class:`~poot.executor.Engine` of one loaded model and
+:class:`ModelRunner` owns the executor :class:`~poot.runtime.Engine` of one loaded model and
 its entries, each compiled once (through the compile cache) the first time it is needed:
 
 * **prefill**: ``StepSpec.prefill(T, batch=1, outputs="hidden")``, one chunk of T prompt
@@ -40,9 +40,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from poot.dialects.types import DType
-from poot.driver.guided import ALL_ALLOWED
+from poot.engine.guided import ALL_ALLOWED
 from poot.engine.blocks import NULL_BLOCK
-from poot.executor import Engine, Entry, Submitted
+from poot.runtime import Session, Entry, Submitted
 from poot.graph import sampling
 from poot.graph.sampling import GREEDY, SamplerSpec, SamplerStep, covers
 from poot.models import StepSpec
@@ -101,7 +101,7 @@ class DecodeBatch:
             the previous step's, in the same order).
         positions: i32 [n]; each row's K/V go to slot ``table[pos // bs] * bs + pos % bs``.
         tables: i32 [n, W], each row's block table (:meth:`ModelRunner.table_row`).
-        params: each row's :class:`~poot.driver.params.SamplingParams`.
+        params: each row's :class:`~poot.sampling_params.SamplingParams`.
         uniforms: f32 [n], this step's u per row (0 for greedy rows).
         history_rows: i32 [n], each row's row of the token-history pool.
         keys: identifies the rows' requests: rows whose keys are unchanged keep the
@@ -199,7 +199,7 @@ def step_spec(kv: KVConfig, kind: str, batch: int = 1, prefill_chunk: int = 32) 
 
 
 class SamplerProgram:
-    """What :func:`poot.executor.cache.step_key` keys a sampler program by: ``config`` is its
+    """What :func:`poot.compiler.cache.step_key` keys a sampler program by: ``config`` is its
     :class:`~poot.graph.sampling.SamplerStep` (no model, no weights)."""
 
     family = "sampler"
@@ -242,7 +242,7 @@ class ModelRunner:
         #: rows of the token-history pool: one per running sequence, plus a scratch row
         self.history_slots = max_batch + 1
         self.on_compile = on_compile
-        self.engine = Engine(device, storage_type=storage_type)
+        self.engine = Session(device, storage_type=storage_type)
         self._uploaded = False
         if upload:
             self.upload_weights()
@@ -253,7 +253,7 @@ class ModelRunner:
         self.decode_steps = 0
         #: the :class:`~poot.engine.lora.LoraManager` when the weights carry LoRA slots
         self.lora = None
-        #: (batch, spec) of warm samplers left to compile workers (:mod:`poot.executor.ahead`):
+        #: (batch, spec) of warm samplers left to compile workers (:mod:`poot.api.compile_ahead`):
         #: loaded (waited for) when a request first needs one
         self.deferred: set[tuple[int, SamplerSpec]] = set()
 
@@ -375,7 +375,7 @@ class ModelRunner:
     def warm_up_steps(self, batches: Sequence[int] = (1,), specs: Sequence[SamplerSpec] = ()
                       ) -> list[tuple[str, Any, Any, Any]]:
         """The steps :meth:`warm_up` compiles, in its order: ``(name, key model, weight
-        types, spec)`` as the compile cache keys them (what :mod:`poot.executor.ahead`'s
+        types, spec)`` as the compile cache keys them (what :mod:`poot.api.compile_ahead`'s
         workers are given)."""
         pre = self.step_spec("prefill")
         out = [(f"prefill[{pre.tokens}]", self.model, self.weights.types, pre)]
@@ -500,7 +500,7 @@ class ModelRunner:
     def submit_sampler(self, handle: DecodeHandle, masks: np.ndarray | None = None
                        ) -> DecodeHandle:
         """Issue the sampler of a step :meth:`submit_model` issued. ``masks``: i32 [n,
-        mask_words(V)], row i's allowed tokens (:mod:`poot.driver.guided`), used when the
+        mask_words(V)], row i's allowed tokens (:mod:`poot.engine.guided`), used when the
         sampler is a guided one; None (or idle rows): every token allowed."""
         if handle.submitted is not None:
             raise ValueError("the step's sampler was already issued")
@@ -521,7 +521,7 @@ class ModelRunner:
         n = len(batch.positions)
         out: dict[str, np.ndarray] = {}
         if st.last.get("rowkeys") != batch.keys:
-            from poot.driver.params import SamplingParams
+            from poot.sampling_params import SamplingParams
 
             rows = list(batch.params) + [None] * (bsz - n)
             packed = SamplingParams.pack(rows, self.vocab, spec=spec)
@@ -550,7 +550,7 @@ class ModelRunner:
         name = sampling.INPUTS["token_counts"]
         if name not in self.engine.state_names():
             return
-        from poot.driver.params import history_row
+        from poot.sampling_params import history_row
 
         self.engine.write_state_row(name, row, history_row(self.vocab, token_ids))
 

@@ -61,7 +61,7 @@ compared with ``u * W``: O(V log V) work, no constant, and the prefix sums it co
 plain reductions (what the reference computes, up to summation order).
 
 The random number: the host draws ``u`` in ``[0, 1)`` per sequence per step from a generator
-seeded by the request (``poot.driver.params``) and writes it into the slot's ``uniform`` buffer.
+seeded by the request (``poot.sampling_params``) and writes it into the slot's ``uniform`` buffer.
 That keeps a seeded request reproducible whatever batch it shares and whichever backend runs it,
 needs no PRNG state or integer bit ops on the device (the dialect has no xor/shift), and costs
 one f32 per sequence per step across the bus.
@@ -145,7 +145,7 @@ class SamplerSpec:
         guided: the ``allowed_tokens`` input, a packed bitmask i32 [B, ceil(V / 16)] (token
             ``t`` allowed when bit ``t % 16`` of word ``t // 16`` is set): every disallowed
             logit is -inf before any other rule, log-probs included (guided decoding,
-            :mod:`poot.driver.guided`). A row with every bit set is unconstrained.
+            :mod:`poot.engine.guided`). A row with every bit set is unconstrained.
     """
 
     penalties: bool = True

@@ -7,7 +7,7 @@ model ``POST /v1/embeddings``, with a cross-encoder ``POST /v1/rerank`` (and ``/
 with ``--allow-runtime-lora`` ``POST /v1/load_lora_adapter`` and
 ``/v1/unload_lora_adapter`` (``model`` may name a loaded adapter; ``/v1/models`` lists them);
 a server serves either a generating model (a :class:`~poot.api.ModelHandle`) or a pooling
-one (a :class:`~poot.embed.PoolingModel`), and a route of the other kind is a 400 naming
+one (a :class:`~poot.api.pooling.PoolingModel`), and a route of the other kind is a 400 naming
 ``model``.
 
 The event loop never waits on the engine: checking a request (tokenizing, the chat template)
@@ -42,7 +42,7 @@ from poot.serve.errors import APIError, bad_request, unavailable
 from poot.serve.limits import BodyDeadline
 from poot.serve.mapping import chat_plan, check_model, completion_plan, encode_chat
 from poot.serve.metrics import CONTENT_TYPE, Metrics
-from poot.embed import relevance
+from poot.api.pooling import relevance
 from poot.engine.pooling import PoolQueueFull
 from poot.models.lora import LoraError
 from poot.serve.pooling import (check_dimensions, embedding_response, embedding_rows,
@@ -73,7 +73,7 @@ class ServerState:
     def __init__(self, config: ServeConfig):
         self.config = config
         self.handle = None
-        #: the served model when it is a :class:`~poot.embed.PoolingModel` (no engine loop)
+        #: the served model when it is a :class:`~poot.api.pooling.PoolingModel` (no engine loop)
         self.pooler = None
         #: its :class:`~poot.engine.pooling.PoolQueue` (the requests' shared steps)
         self.pool = None
@@ -137,7 +137,7 @@ class ServerState:
         return self.handle
 
     def require_pooler(self, task: str):
-        """The served :class:`~poot.embed.PoolingModel` for ``task`` (``embed``/``score``),
+        """The served :class:`~poot.api.pooling.PoolingModel` for ``task`` (``embed``/``score``),
         or 503 while loading or draining, or 400 naming ``model`` when the served model
         does not do ``task``."""
         self.require_model()

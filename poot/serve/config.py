@@ -68,7 +68,7 @@ class ServeConfig:
     max_lora_bytes: int = 1 << 30
 
     def __post_init__(self):
-        from poot.driver.params import InvalidRequest
+        from poot.sampling_params import InvalidRequest
 
         for name in ("max_body_bytes", "max_n", "max_concurrent", "retry_after_s",
                      "max_pooled_rows", "max_lora_bytes"):

@@ -20,8 +20,8 @@ import asyncio
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
-from poot.driver.params import SamplingParams
-from poot.engine.engine import GUIDED_ERROR
+from poot.sampling_params import SamplingParams
+from poot.engine.llm_engine import GUIDED_ERROR
 
 
 class QueueFull(Exception):

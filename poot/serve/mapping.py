@@ -1,4 +1,4 @@
-"""OpenAI requests -> prompt token ids and :class:`~poot.driver.params.SamplingParams`.
+"""OpenAI requests -> prompt token ids and :class:`~poot.sampling_params.SamplingParams`.
 
 Everything a request needs checked before it reaches the engine happens here, each failure a
 400 naming the field: the model name (404), parameters this server does not implement
@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from poot.driver.params import MAX_STOP_CHARS, InvalidRequest, SamplingParams
+from poot.sampling_params import MAX_STOP_CHARS, InvalidRequest, SamplingParams
 from poot.serve.config import ServeConfig
 from poot.serve.errors import APIError, NOT_FOUND, bad_request
 from poot.serve.protocol import (MAX_STOP_STRINGS, ChatCompletionRequest, ChatMessage,
@@ -81,7 +81,7 @@ def _choice_regex(choices: list[str]) -> str:
 def _json_guide(field: str, schema: Any, whitespace: str | None):
     """A JSON-schema guide of ``schema`` (a JSON object or its text); ``whitespace``: vLLM's
     ``guided_whitespace_pattern``, llguidance's ``whitespace_pattern`` option."""
-    from poot.driver.guided import Guide
+    from poot.engine.guided import Guide
 
     if isinstance(schema, str):
         try:
@@ -109,7 +109,7 @@ def guided_from(req: ChatCompletionRequest | CompletionRequest):
     ``guided_whitespace_pattern`` bounds the whitespace of a JSON constraint. Every malformed
     or conflicting field is a 400 naming it; a constraint that parses but that llguidance
     cannot honor is refused later (:func:`_engine_check`), also naming the field."""
-    from poot.driver.guided import Guide, GuidedDecodingError
+    from poot.engine.guided import Guide, GuidedDecodingError
 
     found: list[tuple[str, Any]] = []
     rf = req.response_format
@@ -172,7 +172,7 @@ def _guided_rename(field: str | None) -> dict[str, str]:
     it (none without a constraint)."""
     if field is None:
         return {}
-    from poot.driver.guided import KINDS
+    from poot.engine.guided import KINDS
 
     return {k: field for k in (*KINDS, "guided")}
 

@@ -1,4 +1,4 @@
-"""``/v1/embeddings`` and ``/v1/rerank`` bodies -> :class:`~poot.embed.PoolingModel` calls ->
+"""``/v1/embeddings`` and ``/v1/rerank`` bodies -> :class:`~poot.api.pooling.PoolingModel` calls ->
 response objects.
 
 Shapes: OpenAI's embeddings response (``{"object": "list", "data": [{"object": "embedding",
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from poot.driver.params import InvalidRequest
+from poot.sampling_params import InvalidRequest
 from poot.serve.errors import APIError, bad_request
 from poot.serve.protocol import (MAX_EMBED_INPUTS, MAX_RERANK_DOCUMENTS, EmbeddingRequest,
                                  RerankRequest)

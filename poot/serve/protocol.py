@@ -5,7 +5,7 @@ OpenAI's API does) and forbid unknown fields, so a parameter this server does no
 is a 400 naming it instead of being silently ignored. Ranges that need no model are checked
 here (``temperature`` in [0, 2], ``top_logprobs`` in [0, 20], ...); what needs the model
 (token ids against the vocabulary, prompt + ``max_tokens`` against the context) is checked
-when the request is mapped to :class:`~poot.driver.params.SamplingParams`
+when the request is mapped to :class:`~poot.sampling_params.SamplingParams`
 (:mod:`poot.serve.mapping`).
 
 Fields beyond OpenAI's are vLLM's "extra body" parameters: ``top_k``, ``min_p``,

@@ -49,7 +49,7 @@ def _ray():
 
 class PootReplica:
     """One engine replica (the deployment's class): loads the model (a
-    :class:`~poot.embed.PoolingModel` when ``options["pooled"]`` says ``embed``/``score``,
+    :class:`~poot.api.pooling.PoolingModel` when ``options["pooled"]`` says ``embed``/``score``,
     see :func:`poot.cli.serve_cmd.load_and_warm`), then serves
     :func:`poot.serve.app.build_app` for it."""
 

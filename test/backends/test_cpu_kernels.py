@@ -1,4 +1,4 @@
-"""The CPU backend's matmul kernels (dialects/lowering/gemv.py) and its compile of fused
+"""The CPU backend's matmul kernels (poot/dialects/lowering/gemv.py) and its compile of fused
 (dispatch-function) steps, against the oracle.
 
 The row-streaming kernel reads the weight in place: dense f32/bf16/f16 or Q4_0/Q4_1/Q8_0 blocks
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from poot import oracle
-from poot.backends.cpu import compile_cpu
+from poot.backends.cpu.codegen import compile_cpu
 from poot.dialects.lowering import Strategy
 from poot.dialects.quant import Quant
 from poot.dialects.types import DType, PackedType, TensorType
@@ -162,7 +162,7 @@ def test_portable_strategy_keeps_linalg():
 
 def test_openmp_lookup_is_graceful(monkeypatch):
     """Without libomp the kernels compile single-threaded (no OpenMP lowering)."""
-    from poot.backends import cpu
+    from poot.backends.cpu import codegen as cpu
 
     monkeypatch.setenv("POOT_CPU_OPENMP", "0")
     cpu.openmp_lib.cache_clear()
@@ -187,7 +187,7 @@ def test_gather_of_packed_table_decodes_rows():
     g = b.finish({"e": b.gather(b.dequantize(table), ids, 0)})
     from mlir.passmanager import PassManager
 
-    from poot.backends.cpu import lower_graph
+    from poot.backends.cpu.codegen import lower_graph
 
     module, _ = lower_graph(g)
     with module.context:  # the dequantize of the whole table is dead once gathers decode

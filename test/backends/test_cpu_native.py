@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from poot import oracle
-from poot.backends import cpu
+from poot.backends.cpu import codegen as cpu
 from poot.compiler import CompileOptions, compile, host_cpu
 from poot.dialects.types import DType, TensorType
 from poot.graph.builder import Builder, TraceLimits

@@ -11,7 +11,7 @@ import pytest
 from mlir import ir
 from mlir.passmanager import PassManager
 
-from poot.backends import cpu
+from poot.backends.cpu import codegen as cpu
 from poot.dialects.types import DType, TensorType
 from poot.graph.builder import Builder, TraceLimits
 

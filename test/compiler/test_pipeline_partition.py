@@ -1,4 +1,4 @@
-"""The pipeline partition (poot/compiler/pipeline.py): stages evaluated one after another on
+"""The pipeline partition (poot/compiler/pipeline_parallel.py): stages evaluated one after another on
 the oracle, boundary values passed by name, give exactly the whole step's outputs; cuts fall
 where only the residual stream crosses; weights are balanced; refusals are typed."""
 
@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 from model_steps import fixture_path  # noqa: E402
-from poot.compiler.pipeline import BOUNDARY_PREFIX, PipelineRefusal, partition  # noqa: E402
+from poot.compiler.pipeline_parallel import BOUNDARY_PREFIX, PipelineRefusal, partition  # noqa: E402
 from poot.dialects.types import DType, TensorType  # noqa: E402
 from poot.graph.builder import Builder, TraceLimits  # noqa: E402
 from poot.models import StepSpec, load_model  # noqa: E402
@@ -204,7 +204,7 @@ def test_placement_keeps_every_pool_where_the_decode_step_has_it():
     """The prefill step (no LM head) cut with the decode step's pool placement puts every
     KV pool on the same stage; cut alone it may balance differently. A placement no cut can
     honour is refused."""
-    from poot.compiler.pipeline import state_placement
+    from poot.compiler.pipeline_parallel import state_placement
 
     dec, _ = _step("llama", "decode")
     pre, weights = _step("llama", "prefill")

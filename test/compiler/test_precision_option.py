@@ -28,7 +28,7 @@ def test_unknown_precision_is_a_typed_error(bad):
 def test_cpu_strategy_bits(monkeypatch, features, want):
     """int16 / int8 turn on the integer dot-product kernels at that many bits where the
     target has AVX2; exact, or a target without AVX2, keeps activations f32."""
-    from poot.backends.cpu import strategy_for
+    from poot.backends.cpu.codegen import strategy_for
     from poot.compiler.target import host_cpu
 
     monkeypatch.delenv("POOT_CPU_INT8", raising=False)
@@ -41,7 +41,7 @@ def test_cpu_strategy_bits(monkeypatch, features, want):
 
 def test_precision_is_part_of_the_cache_key():
     from poot.compiler.target import host_cpu
-    from poot.executor.cache import cache_key
+    from poot.compiler.cache import cache_key
 
     keys = {cache_key("graph", host_cpu(), CompileOptions(precision=p)) for p in PRECISIONS}
     assert len(keys) == len(PRECISIONS)

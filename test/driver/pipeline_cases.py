@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from poot.api import Driver
-from poot.driver.generate import Finished, generate
-from poot.driver.params import SamplingParams
+from poot.api.generate import Finished, generate
+from poot.sampling_params import SamplingParams
 
 
 def greedy(n=8, **kw) -> SamplingParams:

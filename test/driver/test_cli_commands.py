@@ -93,7 +93,7 @@ def test_serve_refuses_a_missing_backend_before_listening():
     """A backend whose runtime or device is missing here (CUDA: cuda-python or a driver;
     ROCm: the HSA runtime) is one error line, and no ``listening on`` line before it."""
     from poot.backends.registry import BACKENDS
-    from poot.executor import DeviceError, open_device
+    from poot.runtime import DeviceError, open_device
 
     missing = []
     for name in ("cuda", "rocm"):

@@ -55,7 +55,7 @@ def test_vulkan_without_vulkan_package():
 
 
 def test_open_device_missing_runtime_is_device_error(monkeypatch):
-    import poot.executor as ex
+    import poot.runtime as ex
 
     monkeypatch.setitem(sys.modules, "cuda", None)
     monkeypatch.delitem(ex._OPEN, "cuda", raising=False)
@@ -84,7 +84,7 @@ def test_bad_sizes_are_refused(argv, needles):
 
 def test_load_validates_capacity_before_compiling(monkeypatch):
     import poot.api as api
-    from poot.driver.params import InvalidRequest
+    from poot.sampling_params import InvalidRequest
 
     def no_compile(graph):
         raise AssertionError("compiled before validating")
@@ -105,7 +105,7 @@ def test_load_validates_capacity_before_compiling(monkeypatch):
 # --- 4. context overflow names the prompt, max_tokens, the capacity and the way out ----------
 
 def test_context_overflow_message():
-    from poot.driver.generate import ContextOverflow, check_context
+    from poot.api.generate import ContextOverflow, check_context
 
     with pytest.raises(ContextOverflow) as e:
         check_context(200, 16, 128, 8192)
@@ -205,7 +205,7 @@ def test_help_is_plain_text(cmd, capsys):
 # --- 8. an unusable compile cache directory is reported once, not silently ignored ----------
 
 def test_unusable_cache_dir_warns_once(tmp_path, capsys):
-    import poot.executor.cache as cache
+    import poot.compiler.cache as cache
 
     blocker = tmp_path / "file"
     blocker.write_text("")

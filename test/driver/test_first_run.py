@@ -22,14 +22,14 @@ from chat_fixture import chat_gguf
 from test_cli_errors import GGUF, LLAMA, poot, user_error
 
 #: A prelude: any step compile (or cache lookup) ends the process with status 99.
-NO_COMPILE = ("import poot.executor.cache as _c, os as _os\n"
+NO_COMPILE = ("import poot.compiler.cache as _c, os as _os\n"
               "def _no(*a, **k):\n"
               "    print('poot-test: reached a compile', flush=True); _os._exit(99)\n"
               "_c.CompileCache.compile_step = _no\n_c.CompileCache.compile = _no\n")
 
 
 # ends the process if a compile-cache lookup misses (a hit loads as usual)
-NO_CACHE_MISS = ("import poot.executor.cache as _c, os as _os\n"
+NO_CACHE_MISS = ("import poot.compiler.cache as _c, os as _os\n"
                  "def _no(*a, **k):\n"
                  "    print('poot-test: reached a compile', flush=True); _os._exit(99)\n"
                  "_c.CompileCache.compile = _no\n")
@@ -107,7 +107,7 @@ def test_cuda_without_nvidia_driver(cmd, cache_env):
 
 def test_cuda_device_errors_of_any_kind_are_device_errors(monkeypatch):
     import poot.backends.cuda.runtime as rt
-    import poot.executor as ex
+    import poot.runtime as ex
 
     class Boom(Exception):
         pass
@@ -194,8 +194,8 @@ def test_refused_before_compiling(argv, needles, cache_env):
 
 def test_api_before_compile_hook_runs_before_any_compile():
     from poot.api import ModelHandle
-    from poot.driver.generate import ContextOverflow
-    from poot.driver.params import SamplingParams
+    from poot.api.generate import ContextOverflow
+    from poot.sampling_params import SamplingParams
 
     def no_compile(graph):
         raise AssertionError("compiled before the request was checked")
@@ -293,7 +293,7 @@ class _Terminal(io.StringIO):
 
 
 def test_terminal_bar_counts_units_with_elapsed_and_eta():
-    from poot.cli.progress import Reporter
+    from poot.cli.progress_display import Reporter
 
     term = _Terminal()
     rep = Reporter(term, refresh_s=60)
@@ -310,7 +310,7 @@ def test_terminal_bar_counts_units_with_elapsed_and_eta():
 def test_terminal_clock_ticks_during_a_long_unit():
     """The bar is redrawn while one unit (the LLVM JIT) runs, so its elapsed time moves:
     the clock thread refreshes until it is stopped (driven here without waiting)."""
-    from poot.cli.progress import Reporter
+    from poot.cli.progress_display import Reporter
 
     rep = Reporter(_Terminal(), refresh_s=60)
     rep("decode step", 0, 0)
@@ -338,7 +338,7 @@ def test_estimate_comes_from_a_remembered_phase(tmp_path, monkeypatch):
     """Counting units predicts badly (the LLVM JIT is most of a CPU step's compile); the
     estimate scales a remembered phase with the same stages by how long the finished ones
     took here, and the stage times outlive the process (history file)."""
-    import poot.cli.progress as P
+    import poot.cli.progress_display as P
 
     clock = [0.0]
     monkeypatch.setattr(P.time, "perf_counter", lambda: clock[0])
@@ -369,7 +369,7 @@ def test_estimate_comes_from_a_remembered_phase(tmp_path, monkeypatch):
 def test_first_cpu_compile_is_estimated_from_the_prior(monkeypatch):
     """No compile remembered: a CPU step is estimated from the measured prior, where LLVM
     codegen is the longest stage (counting units would say it is nearly done)."""
-    import poot.cli.progress as P
+    import poot.cli.progress_display as P
 
     clock = [0.0]
     monkeypatch.setattr(P.time, "perf_counter", lambda: clock[0])
@@ -406,8 +406,9 @@ def test_one_argument_progress_callbacks_see_phases_only():
 def test_missing_openmp_warns_once(monkeypatch, capsys):
     """Said when a program is loaded to run (after every check of the input), once."""
     import poot.compiler.target as target_mod
-    import poot.executor.cpu as cpu_mod
-    from poot.executor import CpuDevice, DeviceError
+    import poot.backends.cpu.runtime as cpu_mod
+    from poot.runtime import DeviceError
+    from poot.backends.cpu.runtime import CpuDevice
 
     monkeypatch.setattr(target_mod, "openmp_runtime", lambda: None)
     monkeypatch.setattr(cpu_mod, "_WARNED_OPENMP", [])

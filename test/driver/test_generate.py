@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "executor"))
+sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "models"))
 
 from model_steps import fixture_path, reference  # noqa: E402
 from oracle_device import OracleDevice, oracle_compile  # noqa: E402
 
 from poot.api import Driver, ModelHandle  # noqa: E402
-from poot.driver.generate import ContextOverflow, Finished, TokenEvent  # noqa: E402
-from poot.driver.params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.api.generate import ContextOverflow, Finished, TokenEvent  # noqa: E402
+from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
 
 FIXTURES = ["llama", "llama_gguf_q4_1"]
 

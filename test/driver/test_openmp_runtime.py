@@ -22,7 +22,7 @@ NO_RUNTIME = {**os.environ, "POOT_CPU_OPENMP": "/nonexistent/libomp.so",
 #: a prelude: at exit, print the OpenMP runtimes mapped into the process and the most threads
 #: one kernel call started (an OpenMP runtime starts its workers at the first parallel loop)
 REPORT = ("import atexit, os\n"
-          "import poot.executor.cpu as _cpu\n"
+          "import poot.backends.cpu.runtime as _cpu\n"
           "_started, _replay = [0], _cpu.CpuDevice.replay\n"
           "def _threads():\n"
           "    return len(os.listdir('/proc/self/task'))\n"
@@ -74,7 +74,7 @@ def test_a_runtime_named_but_missing_is_none(monkeypatch):
 def test_cached_program_loads_this_process_runtime(monkeypatch, tmp_path):
     """A cache entry written by a process that found another runtime loads this one's: two
     OpenMP runtimes in one process abort it."""
-    from poot.executor.cache import with_this_openmp
+    from poot.compiler.cache import with_this_openmp
 
     here = tmp_path / "libomp.so"
     here.write_bytes(b"")

@@ -1,11 +1,11 @@
-"""Request sampling parameters (poot.driver.params): validation and packing."""
+"""Request sampling parameters (poot.sampling_params): validation and packing."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from poot.driver.params import (InvalidRequest, SamplingParams, UniformStream, history_row)
+from poot.sampling_params import (InvalidRequest, SamplingParams, UniformStream, history_row)
 from poot.errors import PootError
 from poot.graph import sampling as S
 
@@ -59,7 +59,7 @@ def test_invalid_fields_are_named(kw, field, value):
 def test_values_are_checked_as_the_device_f32():
     """A value in range as a double but not as the f32 the device uses (subnormals flush to
     0) is refused; the smallest normal f32 is served."""
-    from poot.driver.params import F32_TINY, device_f32
+    from poot.sampling_params import F32_TINY, device_f32
 
     with pytest.raises(InvalidRequest, match=r"top_p=1e-40: .*32-bit float on the device"):
         SamplingParams(top_p=1e-40)
@@ -81,7 +81,7 @@ def test_values_are_checked_as_the_device_f32():
 
 
 def test_stop_strings_total_length_is_capped():
-    from poot.driver.params import MAX_STOP_CHARS
+    from poot.sampling_params import MAX_STOP_CHARS
 
     ok = SamplingParams(stop=["a" * (MAX_STOP_CHARS - 1), "b"])
     assert sum(map(len, ok.stop)) == MAX_STOP_CHARS

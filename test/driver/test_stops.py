@@ -1,4 +1,4 @@
-"""Stop strings over streamed text (poot.driver.stops)."""
+"""Stop strings over streamed text (poot.engine.stops)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from poot.driver.stops import StopMatcher, apply_stops
+from poot.engine.stops import StopMatcher, apply_stops
 
 
 def reference(text: str, stops) -> tuple[str, str | None]:
@@ -144,7 +144,7 @@ def test_memory_is_linear_in_the_stop_length():
     (8 MB here, ~60x the bound)."""
     import tracemalloc
 
-    from poot.driver.params import MAX_STOP_CHARS
+    from poot.sampling_params import MAX_STOP_CHARS
 
     rng = random.Random(3)
     n = MAX_STOP_CHARS

@@ -1,4 +1,4 @@
-"""Compile workers (poot.executor.ahead): a cold load compiles its steps in worker processes
+"""Compile workers (poot.api.compile_ahead): a cold load compiles its steps in worker processes
 beside the loading one, through the shared compile cache, and generates what a serial load
 generates."""
 
@@ -15,9 +15,9 @@ sys.path.insert(0, str(ROOT / "models"))
 from model_steps import fixture_path, reference  # noqa: E402
 
 from poot.api import Driver, ModelHandle  # noqa: E402
-from poot.driver.params import InvalidRequest, SamplingParams  # noqa: E402
-from poot.executor.ahead import default_workers, run_worker  # noqa: E402
-from poot.executor.cache import CompileCache, step_key  # noqa: E402
+from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.api.compile_ahead import default_workers, run_worker  # noqa: E402
+from poot.compiler.cache import CompileCache, step_key  # noqa: E402
 from poot.graph.sampling import FULL  # noqa: E402
 
 

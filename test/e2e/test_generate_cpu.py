@@ -15,8 +15,8 @@ sys.path.insert(0, str(ROOT / "models"))
 from model_steps import fixture_path, reference  # noqa: E402
 
 from poot.api import Driver, ModelHandle  # noqa: E402
-from poot.driver.generate import ContextOverflow  # noqa: E402
-from poot.driver.params import SamplingParams  # noqa: E402
+from poot.api.generate import ContextOverflow  # noqa: E402
+from poot.sampling_params import SamplingParams  # noqa: E402
 
 FIXTURES = ["llama", "llama_gguf_q4_1"]
 
@@ -132,7 +132,7 @@ def test_cli_generate_json_and_bench(handles, cache_dir, capsys, monkeypatch):
 def test_backend_without_a_runtime_here_is_a_typed_error():
     """ROCm compiles here but has no HSA runtime to run on: a DeviceError naming the
     library, before anything is compiled."""
-    from poot.executor.cpu import DeviceError
+    from poot.runtime.device import DeviceError
 
     with pytest.raises(DeviceError, match="libhsa-runtime64"):
         ModelHandle.load(fixture_path("llama"), backend="rocm", kv_capacity=16, use_cache=False)

@@ -40,7 +40,7 @@ def _agreeing(ref: dict) -> int:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
 def test_default_precision_follows_f32_greedy(driver, case):
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     ref = json.loads(case.read_text())
     assert driver.handle.encode(ref["chat_messages"]) == ref["prompt_ids"]
@@ -54,7 +54,7 @@ def test_default_precision_follows_f32_greedy(driver, case):
 
 def test_readme_chat_example_answers_paris(driver):
     """README's example: ``poot chat --system "You are terse."``, then the question."""
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     ref = json.loads((REF / "readme_chat_turn1.json").read_text())
     r = driver.complete(ref["chat_messages"], SamplingParams(temperature=0.0, max_tokens=32))

@@ -29,7 +29,7 @@ def exact(smollm2, tmp_path_factory):
 
 def _greedy(handle, messages, n: int = 24):
     from poot.api import Driver
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     return Driver(handle).complete(messages, SamplingParams(temperature=0.0, max_tokens=n))
 

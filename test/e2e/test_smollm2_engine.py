@@ -34,7 +34,7 @@ TEXTS = [
 
 @pytest.mark.skipif(not CASES, reason=f"no SmolLM2 reference outputs at {REF}")
 def test_32_staggered_prompts_equal_alone_and_reference(smollm2):
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     eng = smollm2.engine
     refs = [json.loads(c.read_text()) for c in CASES]

@@ -36,7 +36,7 @@ def driver(smollm2):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
 def test_greedy_32_tokens_match_reference(driver, case):
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     ref = json.loads(case.read_text())
     r = driver.complete(ref["prompt_ids"], SamplingParams(temperature=0.0, max_tokens=32,
@@ -49,7 +49,7 @@ def test_greedy_32_tokens_match_reference(driver, case):
 def test_chat_messages_stop_at_end_of_turn(driver):
     """The chat case through the chat template and the tokenizer's end-of-turn id: the
     reference's first <|im_end|> ends the turn; its text is not emitted."""
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     chat = [c for c in CASES if "chat" in c.stem]
     if not chat:

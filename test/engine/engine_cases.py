@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from poot.driver.params import SamplingParams
+from poot.sampling_params import SamplingParams
 
 
 def prompts(vocab: int, n: int, seed: int = 0, lo: int = 3, hi: int = 40) -> list[list[int]]:

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from engine_cases import alone, prompts, staggered  # noqa: E402
 from model_steps import fixture_path  # noqa: E402
 from poot.api import LLM, ModelHandle  # noqa: E402
-from poot.driver.params import InvalidRequest, SamplingParams  # noqa: E402
-from poot.engine.engine import EngineError  # noqa: E402
+from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.engine.llm_engine import EngineError  # noqa: E402
 from poot.engine import ContextOverflow, KVCapacityExceeded  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

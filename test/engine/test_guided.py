@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_cases import alone, prompts, staggered  # noqa: E402
 from poot.api import LLM, ModelHandle  # noqa: E402
-from poot.driver.guided import Guide, GuidedDecodingError  # noqa: E402
-from poot.driver.params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.engine.guided import Guide, GuidedDecodingError  # noqa: E402
+from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tiny"
 GGUF = FIXTURES / "llama_gguf_q4_1" / "model.gguf"
@@ -214,7 +214,7 @@ def test_a_constraint_that_fails_while_running_ends_its_request_only(handle):
     """``a{1000000}`` compiles and gives a first mask, then llguidance's lexer runs past its
     limit at the first token: that request finishes with reason "error" and an error that
     says so (GUIDED_ERROR, one line); a request beside it is untouched."""
-    from poot.engine.engine import GUIDED_ERROR
+    from poot.engine.llm_engine import GUIDED_ERROR
 
     eng = handle.engine
     plain = SamplingParams(temperature=0, max_tokens=6)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from engine_cases import prompts  # noqa: E402
 from model_steps import FIXTURES, fixture_path, reference  # noqa: E402
 from poot.api import ModelHandle  # noqa: E402
-from poot.driver.params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
 from poot.models.lora import LoraError  # noqa: E402
 
 LORA = FIXTURES / "llama_lora"

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from poot.api import ModelHandle  # noqa: E402
 from poot.compiler import CompileOptions  # noqa: E402
-from poot.driver.params import SamplingParams  # noqa: E402
+from poot.sampling_params import SamplingParams  # noqa: E402
 from poot.load.bundled import smollm2_gguf  # noqa: E402
 from record_lora_reference import smollm2_adapter  # noqa: E402
 

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from engine_cases import alone, prompts, staggered  # noqa: E402
 from model_steps import FIXTURES, fixture_path, reference  # noqa: E402
 from poot.api import ModelHandle  # noqa: E402
-from poot.compiler.pipeline import PipelineRefusal  # noqa: E402
-from poot.driver.params import InvalidRequest, SamplingParams  # noqa: E402
-from poot.executor.pipeline import PipelineDevice  # noqa: E402
+from poot.compiler.pipeline_parallel import PipelineRefusal  # noqa: E402
+from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.runtime.pipeline_parallel import PipelineDevice  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
@@ -128,7 +128,7 @@ from types import SimpleNamespace
 import numpy as np
 from poot.api import ModelHandle
 from poot.backends.cuda.runtime import _host_of, kernel_args
-from poot.executor.pipeline import PipelineDevice
+from poot.runtime.pipeline_parallel import PipelineDevice
 
 class Device:  # the executor's Device protocol, enough to load weights and programs
     name = "cuda"
@@ -228,7 +228,7 @@ def test_micro_batches_on_one_device_equal_alone(cache, micro):
 
 def test_micro_batches_must_be_positive():
     from poot.engine import EngineConfig, LLMEngine
-    from poot.engine.engine import EngineError
+    from poot.engine.llm_engine import EngineError
 
     h = ModelHandle.load(fixture_path("llama"), kv_capacity=64, max_batch=2, prefill_chunk=8)
     with pytest.raises(EngineError, match="micro_batches"):

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 from model_steps import fixture_path, reference  # noqa: E402
-from poot.embed import PoolingModel  # noqa: E402
+from poot.api.pooling import PoolingModel  # noqa: E402
 from poot.engine.pooling import PoolQueue, PoolQueueFull  # noqa: E402
 
 TOL = 1e-4

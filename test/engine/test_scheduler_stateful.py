@@ -25,7 +25,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 from model_steps import fixture_path  # noqa: E402
-from poot.driver.params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
 from poot.engine import ContextOverflow  # noqa: E402
 
 CONTEXT, BATCH, POOL = 64, 4, 3

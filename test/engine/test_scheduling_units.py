@@ -7,7 +7,7 @@ import pytest
 
 from poot.compiler import Capabilities, Target
 from poot.compiler.planning import kv_block_size
-from poot.driver.params import SamplingParams
+from poot.sampling_params import SamplingParams
 from poot.engine import decode_buckets, sampler_spec_for
 from poot.graph.sampling import GREEDY
 

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from _harness import PropertyFailed, byte_tokenizer, instrumented, main  # noqa: E402
 
 with instrumented(__name__ == "__main__"):
-    from poot.driver.guided import Guide, GuidedCompiler, GuidedDecodingError, mask_words
+    from poot.engine.guided import Guide, GuidedCompiler, GuidedDecodingError, mask_words
 
 ALLOWED = (GuidedDecodingError,)
 TOKENIZER = byte_tokenizer()

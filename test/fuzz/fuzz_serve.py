@@ -33,7 +33,7 @@ with instrumented(__name__ == "__main__"):
     from pydantic import TypeAdapter, ValidationError
 
     from poot.engine.blocks import BlockManager
-    from poot.engine.engine import LLMEngine
+    from poot.engine.llm_engine import LLMEngine
     from poot.serve import errors, mapping, protocol
     from poot.serve.config import ServeConfig
     from poot.serve.errors import APIError

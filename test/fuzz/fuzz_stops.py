@@ -20,7 +20,7 @@ import atheris  # noqa: E402
 from _harness import PropertyFailed, instrumented, main  # noqa: E402
 
 with instrumented(__name__ == "__main__"):
-    from poot.driver.stops import StopMatcher, apply_stops
+    from poot.engine.stops import StopMatcher, apply_stops
 
 ALLOWED = (ValueError,)
 ALPHABET = "ab\n\u00e9\U0001f600"

@@ -124,7 +124,7 @@ def _cuda():
 def test_greedy_generation_on_cuda_equals_reference(tmp_path):
     _cuda()
     from poot.api import Driver, ModelHandle
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     ref = reference("llama")
     h = ModelHandle.load(fixture_path("llama"), backend="cuda", kv_capacity=32,

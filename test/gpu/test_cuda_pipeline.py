@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "driver"))
 
 from fake_cuda import CopyArtifact, FakeDriver  # noqa: E402
 
-from poot.executor import Engine  # noqa: E402
+from poot.runtime import Session  # noqa: E402
 
 FEEDBACK = {"sampling.token": "tokens"}
 
@@ -39,7 +39,7 @@ def cuda(request, monkeypatch):
 
 
 def _engine(dev):
-    eng = Engine(dev)
+    eng = Session(dev)
     return eng, eng.add_entry(CopyArtifact(), feedback=FEEDBACK)
 
 

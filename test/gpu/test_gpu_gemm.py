@@ -494,10 +494,10 @@ PREFILL_RTOL = 5e-3
 
 def test_emulated_tiny_prefill_step_matches_oracle(vk_device, vk_target, monkeypatch):
     """A whole 32-token prefill of the tiny Q4_1 Llama (every projection through the GEMM,
-    mma emulated) on lavapipe, through the executor Engine, against the oracle."""
+    mma emulated) on lavapipe, through the executor Session, against the oracle."""
     from poot.backends.gpu.strategies import gemm as G
     from poot.backends.vulkan.codegen import compile_vulkan
-    from poot.executor import Engine
+    from poot.runtime import Session
     from poot.models import StepSpec, load_model
     from model_steps import empty_caches, step_feed
 
@@ -511,7 +511,7 @@ def test_emulated_tiny_prefill_step_matches_oracle(vk_device, vk_target, monkeyp
     pre = model.trace(StepSpec.prefill(T, kv_capacity=64, kv_slots=1), weights.types)
     prog = compile_vulkan(pre, vk_target)
     assert len(made) >= 7 and 128 in made, made      # q, k, v, o, gate, up, down (layers share)
-    eng = Engine(vk_device)
+    eng = Session(vk_device)
     eng.load_weights(weights.arrays, weights.types)
     entry = eng.add_entry(prog)
     rng = np.random.default_rng(0)

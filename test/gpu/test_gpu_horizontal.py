@@ -389,7 +389,7 @@ def test_tiny_decode_step_launches_fewer_kernels(vk, monkeypatch, name):
 
     from poot import oracle
     from poot.backends.vulkan.codegen import compile_vulkan
-    from poot.executor import Engine
+    from poot.runtime import Session
     from poot.models import StepSpec, load_model
 
     dev, target = vk
@@ -411,7 +411,7 @@ def test_tiny_decode_step_launches_fewer_kernels(vk, monkeypatch, name):
     for n, t in g.inputs:
         if n.startswith("kv."):
             inputs[n] = (0.5 * rng.standard_normal(t.shape)).astype(t.dtype.numpy)
-    eng = Engine(dev)
+    eng = Session(dev)
     eng.load_weights(weights.arrays, weights.types)
     entry = eng.add_entry(fused)
     for n, v in inputs.items():

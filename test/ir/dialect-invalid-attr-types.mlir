@@ -1,6 +1,6 @@
 // Attributes whose payload is not a poot type must be diagnostics at the op, not a crash.
 //
-// Regression (dialects/verify.py check_op): attributes are read inside the try that turns
+// Regression (poot/dialects/verify.py check_op): attributes are read inside the try that turns
 // TypeError/KeyError/ValueError into a VerifyError; before, poot-opt died with a traceback:
 //   acc = f64 / index         -> TypeError: element type f64 is not a poot dtype
 //   dense<...> : vector<...>  -> ValueError: Cannot cast type to RankedTensorType

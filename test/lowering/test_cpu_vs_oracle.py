@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from poot import oracle
-from poot.backends.cpu import compile_cpu
+from poot.backends.cpu.codegen import compile_cpu
 from poot.dialects.lowering import LoweringRefusal
 from poot.dialects.quant import Quant
 from poot.dialects.types import DType, PackedType, TensorType
@@ -528,7 +528,7 @@ def test_bf16_as_uint16_words():
 
 
 def test_bad_bindings_are_typed_errors():
-    from poot.backends.cpu import CpuRunError
+    from poot.backends.cpu.codegen import CpuRunError
 
     b = Builder(LIMITS)
     x = b.input("x", TensorType((4,), DType.F32))
@@ -616,7 +616,7 @@ def test_runtime_buffer_ownership_compiles_and_runs():
 
     from mlir import ir
 
-    from poot.backends.cpu import _descriptor, compile_lowered
+    from poot.backends.cpu.codegen import _descriptor, compile_lowered
 
     text = """
     func.func @f(%c: i1, %a: tensor<4xf32> {bufferization.writable = false},

@@ -274,7 +274,7 @@ def test_cpu_backend_greedy_matches_reference(name, tmp_path):
     equal HF's up to the first step whose top-2 margin is under 1e-3. (All seven fixtures
     pass this; two are run to keep the suite fast: ~6 s each.)"""
     from poot.api import Driver, ModelHandle
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     ref = reference(name)
     h = ModelHandle.load(fixture_path(name), kv_capacity=48, prefill_chunk=5,

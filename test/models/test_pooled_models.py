@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from model_steps import FIXTURES, fixture_path, reference
-from poot.driver.params import InvalidRequest
-from poot.embed import PoolingModel, WrongTask, relevance
+from poot.sampling_params import InvalidRequest
+from poot.api.pooling import PoolingModel, WrongTask, relevance
 from poot.models import ModelError, StepSpec, load_model
 from poot.models.pooling import PoolSpec, read_pooling_config
 
@@ -221,7 +221,7 @@ def test_sequence_classification_decoder_uses_score_weight(tmp_path):
     cfg = json.loads((fixture_path("qwen3") / "config.json").read_text())
     cfg["architectures"] = ["Qwen3ForSequenceClassification"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    from poot.embed import pooled_task
+    from poot.api.pooling import pooled_task
 
     assert pooled_task(tmp_path) == "score"
     pm = PoolingModel.load(tmp_path, max_batch=4, max_tokens=16,

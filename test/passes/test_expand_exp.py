@@ -15,7 +15,7 @@ pytest.importorskip("mlir")
 
 @pytest.fixture(scope="module")
 def exp_program():
-    from poot.backends.cpu import compile_cpu
+    from poot.backends.cpu.codegen import compile_cpu
 
     b = Builder(TraceLimits(max_values=100, max_ops=100, max_literal_bytes=1 << 20,
                             max_owned_bytes=1 << 30))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from poot import oracle
-from poot.backends.cpu import compile_cpu, lower_graph
+from poot.backends.cpu.codegen import compile_cpu, lower_graph
 from poot.dialects.types import DType, TensorType
 from poot.dialects.verify import verify_module
 from poot.graph.builder import Builder, TraceLimits

@@ -185,7 +185,7 @@ def test_full_pipeline_keeps_rope_and_attention():
 
 def test_rope_dispatch_compiles_on_cpu():
     """The outlined rope functions lower and run (CPU backend) like the oracle."""
-    from poot.backends.cpu import compile_cpu
+    from poot.backends.cpu.codegen import compile_cpu
 
     for layout, rot in (("half", 8), ("interleaved", 12)):
         g, ins = rope_graph(layout, rot, "commuted")

@@ -19,7 +19,7 @@ from poot.backends.rocm.hsa import Hsa, HsaError, HsaTimeout, NoRocmRuntime
 from poot.backends.rocm.runtime import (ArchMismatch, BufType, DevicePoisoned,
                                         RingPlacementError, RocmDevice, RocmError,
                                         open_device)
-from poot.executor.cpu import DeviceError
+from poot.runtime.device import DeviceError
 
 N = 256                     # elements per buffer
 WG = 64                     # work-items per workgroup

@@ -71,9 +71,9 @@ def running(handle=None, config: ServeConfig | None = None, **kw):
 
 def pooled_server(fixture_dir, served: str, cache_dir, max_batch: int = 4):
     """Yields a server running the pooled fixture at ``fixture_dir`` (a
-    :class:`~poot.embed.PoolingModel`, up to ``max_batch`` rows a step, 32 tokens an input)
+    :class:`~poot.api.pooling.PoolingModel`, up to ``max_batch`` rows a step, 32 tokens an input)
     under the model name ``served`` (for module-scoped fixtures: ``yield from``)."""
-    from poot.embed import PoolingModel
+    from poot.api.pooling import PoolingModel
 
     pm = PoolingModel.load(fixture_dir, max_batch=max_batch, max_tokens=32, cache_dir=cache_dir)
     with running(pm, ServeConfig(served_model_name=served)) as srv:

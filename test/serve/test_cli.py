@@ -9,7 +9,7 @@ import pytest
 
 from poot.cli import main
 from poot.cli.serve_cmd import parse_bytes
-from poot.driver.params import InvalidRequest
+from poot.sampling_params import InvalidRequest
 
 
 def test_parse_bytes():

@@ -28,7 +28,7 @@ def aclient(srv):
 
 def engine_alone(handle, prompt, max_tokens=24, **kw):
     """(token ids, text) the engine gives the request alone (greedy, EOS ignored)."""
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     ids = handle.encode(prompt)
     outs = list(handle.engine.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens,

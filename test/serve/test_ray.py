@@ -49,7 +49,7 @@ def test_two_replicas_behind_one_ingress(tiny_path, tiny):
                 pass
             assert time.monotonic() < end, p.log[-3000:]
             time.sleep(0.5)
-        from poot.driver.params import SamplingParams
+        from poot.sampling_params import SamplingParams
 
         want = list(tiny.engine.generate(tiny.encode(MSG), SamplingParams(
             temperature=0, max_tokens=16, ignore_eos=True)))[-1].output_text

@@ -35,7 +35,7 @@ def test_completions_return_token_ids(server, tiny):
     prompt_ids = _post(server, "/tokenize", {"prompt": "hello there"}).json()["tokens"]
     ch = r["choices"][0]
     assert ch["prompt_token_ids"] == prompt_ids
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     alone = _ids(tiny.engine.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=8)))
     assert ch["token_ids"] == alone
@@ -70,7 +70,7 @@ def test_random_weights_server_streams_a_chunk_per_token(cache_dir):
     import argparse
 
     from poot.cli import serve_cmd
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
     from poot.serve import ServeConfig
 
     p = argparse.ArgumentParser()

@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from poot.driver.params import MAX_STOP_CHARS
+from poot.sampling_params import MAX_STOP_CHARS
 from test_errors import CHAT, COMP, chat, check_error, comp
 
 

@@ -16,7 +16,7 @@ from engine_cases import alone, prompts, staggered  # noqa: E402
 from model_steps import fixture_path  # noqa: E402
 from poot.api import LLM, ModelHandle  # noqa: E402
 from poot.compiler import CompileOptions  # noqa: E402
-from poot.driver.params import SamplingParams  # noqa: E402
+from poot.sampling_params import SamplingParams  # noqa: E402
 
 #: the CPU reference computes in f32 (precisions int16 and int8 would quantize its activations)
 EXACT = CompileOptions(precision="exact")
@@ -72,7 +72,7 @@ def test_guided_decoding_on_vulkan_matches_cpu(vk_device, tmp_path_factory):
 
     jsonschema = pytest.importorskip("jsonschema")
     pytest.importorskip("llguidance")
-    from poot.driver.guided import Guide
+    from poot.engine.guided import Guide
 
     gguf = Path(fixture_path("llama")).parent / "llama_gguf_q4_1" / "model.gguf"
     cache = tmp_path_factory.mktemp("poot-cache-guided")

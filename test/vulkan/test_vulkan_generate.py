@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from poot.api import Driver, ModelHandle
-from poot.driver.params import SamplingParams
+from poot.sampling_params import SamplingParams
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny"
 FIXTURE = TINY / "llama"
@@ -52,7 +52,7 @@ def test_vulkan_programs_come_from_the_compile_cache(vk_device, tmp_path):
     assert runs[0][2] == runs[1][2]
     import pickle
 
-    from poot.executor.cache import unseal
+    from poot.compiler.cache import unseal
 
     entries = list((tmp_path / "programs").glob("*.pkl"))
     assert len(entries) == 3 and not list((tmp_path / "programs").glob("*.so"))

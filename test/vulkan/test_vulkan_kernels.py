@@ -101,12 +101,12 @@ def test_every_region_matches_oracle(vk_device, vk_target, models, name, step, T
 
 @pytest.mark.parametrize("name", ["llama", "llama_gguf_q4_1"])
 def test_prefill_then_decode_steps_match_oracle(vk_device, vk_target, models, name):
-    """Whole steps through the executor Engine (record once, replay): a prefill then three
+    """Whole steps through the executor Session (record once, replay): a prefill then three
     decode steps with the KV caches (one f32 block a sequence; f16/bf16 pools:
     test_paged_step_matches_oracle) carried on the device, written in place."""
     from poot.backends.vulkan.codegen import compile_vulkan
     from poot.dialects.types import DType
-    from poot.executor import Engine
+    from poot.runtime import Session
 
     model, weights = models[name]
     ids = [int(i) for i in reference(name)["prompt_ids"]]
@@ -114,7 +114,7 @@ def test_prefill_then_decode_steps_match_oracle(vk_device, vk_target, models, na
     kw = dict(kv_capacity=16, kv_slots=1, kv_dtype=DType.F32)
     pre = model.trace(StepSpec.prefill(n, **kw), weights.types)
     dec = model.trace(StepSpec.decode(**kw), weights.types)
-    eng = Engine(vk_device)
+    eng = Session(vk_device)
     eng.load_weights(weights.arrays, weights.types)
     e_pre = eng.add_entry(compile_vulkan(pre, vk_target))
     e_dec = eng.add_entry(compile_vulkan(dec, vk_target))

@@ -16,8 +16,8 @@ from engine_cases import alone, prompts  # noqa: E402
 from model_steps import fixture_path  # noqa: E402
 from poot.api import ModelHandle  # noqa: E402
 from poot.compiler import CompileOptions  # noqa: E402
-from poot.driver.params import SamplingParams  # noqa: E402
-from poot.executor.pipeline import PipelineDevice  # noqa: E402
+from poot.sampling_params import SamplingParams  # noqa: E402
+from poot.runtime.pipeline_parallel import PipelineDevice  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from model_steps import FIXTURES, fixture_path, reference  # noqa: E402
 from poot.api import ModelHandle  # noqa: E402
 from poot.compiler import CompileOptions  # noqa: E402
-from poot.driver.params import SamplingParams  # noqa: E402
+from poot.sampling_params import SamplingParams  # noqa: E402
 
 LORA = FIXTURES / "llama_lora"
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from model_steps import fixture_path, reference
-from poot.embed import PoolingModel
+from poot.api.pooling import PoolingModel
 
 TOL = 1e-4
 

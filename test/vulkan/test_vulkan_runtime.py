@@ -385,7 +385,7 @@ def test_greedy_generation_matches_reference_tokens(vk_device, vk_target):
     greedy sampling suffix) on the Vulkan device: the reference's greedy tokens."""
     from poot.api import Driver, ModelHandle
     from poot.backends.vulkan.codegen import compile_vulkan
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     name = "llama"
     ref = reference(name)

@@ -29,7 +29,7 @@ SMOLLM2_CASES = [REF / "02_code.json", REF / "07_single_token.json"]
 @pytest.mark.parametrize("name", FIXTURES)
 def test_greedy_tokens_equal_cpu(wg_device, tmp_path, name):
     from poot.api import Driver, ModelHandle
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     prompt = [1, 2, 3, 4, 5]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -49,7 +49,7 @@ def test_bf16_weights_run_stored_as_f32(wg_device, tmp_path):
     from poot.api import Driver, ModelHandle
     from poot.compiler import CompileOptions
     from poot.dialects.types import DType
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     tokens, stored = {}, {}
@@ -81,7 +81,7 @@ def smollm2_wgpu(tmp_path_factory):
 def test_smollm2_greedy_tokens_equal_reference(wg_device, smollm2_wgpu, case):
     """f32 compute and an f32 KV cache: every token up to the first reference step whose
     top-2 margin is below the exact near-tie bound (0.01) equals HF's."""
-    from poot.driver.params import SamplingParams
+    from poot.sampling_params import SamplingParams
 
     ref = json.loads(case.read_text())
     r = smollm2_wgpu.complete(ref["prompt_ids"], SamplingParams(temperature=0.0, max_tokens=32,

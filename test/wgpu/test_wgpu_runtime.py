@@ -212,7 +212,7 @@ def test_compiled_elsewhere_from_the_device_capabilities(wg_device, tmp_path):
     from model_steps import fixture_path
 
     from poot.api import ModelHandle, compile_steps
-    from poot.driver.params import InvalidRequest
+    from poot.sampling_params import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="poot devices --json"):
         compile_steps(fixture_path("llama"), "wgpu", kv_capacity=32, cache_dir=str(tmp_path))

@@ -6,7 +6,7 @@
     rec = dev.record(kernel, bindings)     # the whole step captured into one CUDA graph
     dev.replay(rec)                        # one cuGraphLaunch per step
 
-:class:`CudaDevice` follows the executor's Device protocol (:mod:`poot.executor.device`)
+:class:`CudaDevice` follows the executor's Device protocol (:mod:`poot.runtime.device`)
 structurally: ``alloc``/``upload``/``download``/``load``/``record``/``replay``/``synchronize``.
 A kernel's ``args`` are inputs, params (weights), outputs, in the artifact's order; a
 recording fixes them to buffers. Values private to the step (intermediates, scratch,
@@ -612,7 +612,7 @@ class CudaDevice:
 
     def in_place_outputs(self, kernel: CudaKernel) -> set[str]:
         """Outputs the program writes over their aliased input's own buffer (the plan's
-        ``in_place``): bound to that input's buffer they cost no copy (see the Engine)."""
+        ``in_place``): bound to that input's buffer they cost no copy (see the Session)."""
         return {o["name"] for o in kernel.artifact.plan["outputs"] if o.get("in_place")}
 
     def _pointers(self, kernel: CudaKernel, bindings: Sequence[DevBuf]):
@@ -942,8 +942,8 @@ __all__ = ["BufType", "CudaDevice", "CudaError", "CudaKernel", "CudaReadback", "
 def open_device(ordinal: int = 0) -> "CudaDevice":
     """The registry's ``open_device`` hook of ``cuda``: CUDA device ``ordinal`` (a layer
     pipeline opens 0..N-1); a missing driver, ``cuda-python`` or device (an ordinal past the
-    devices present) is a :class:`~poot.executor.cpu.DeviceError`."""
-    from poot.executor.cpu import DeviceError
+    devices present) is a :class:`~poot.backends.cpu.runtime.DeviceError`."""
+    from poot.runtime.device import DeviceError
 
     try:
         from cuda.bindings import driver  # noqa: F401,F811  (is cuda-python installed?)

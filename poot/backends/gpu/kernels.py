@@ -37,7 +37,7 @@ from mlir.dialects import arith, scf
 from mlir.dialects import memref as memref_d
 from mlir.passmanager import PassManager
 
-from poot.backends.pipelines import BUFFERIZE_TO_OUT_PARAMS, FUSE
+from poot.backends.pass_pipelines import BUFFERIZE_TO_OUT_PARAMS, FUSE
 from poot.errors import PootError
 
 # Bufferize (shared with the CPU backend), then hoist the buffers out of loops (no

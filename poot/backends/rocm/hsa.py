@@ -14,7 +14,7 @@ exactly like that integer, in a general register.
 
 Every call's ``hsa_status_t`` is checked: a failure raises :class:`HsaError` naming the call
 and ``hsa_status_string``'s message. A missing library raises :class:`NoRocmRuntime`. Both
-are :class:`poot.executor.cpu.DeviceError`.
+are :class:`poot.backends.cpu.runtime.DeviceError`.
 
 Tests inject a stand-in library with :func:`use_library` (an object whose attributes are the
 ``hsa_*`` functions, called with the same arguments as the real ones: ints, ``ctypes``
@@ -27,7 +27,7 @@ from __future__ import annotations
 import ctypes
 import time
 
-from poot.executor.cpu import DeviceError
+from poot.runtime.device import DeviceError
 
 LIBRARY = "libhsa-runtime64.so.1"
 

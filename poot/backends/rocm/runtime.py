@@ -7,7 +7,7 @@ Imports no MLIR (a GPU machine runs cached programs without it).
     rec = dev.record(kernel, bindings)     # the step as AQL packets + kernarg blocks, ONCE
     dev.replay(rec)                        # copy the packets into the queue ring, doorbell
 
-:class:`RocmDevice` follows the executor's Device protocol (:mod:`poot.executor.device`)
+:class:`RocmDevice` follows the executor's Device protocol (:mod:`poot.runtime.device`)
 structurally, like :class:`poot.backends.cuda.runtime.CudaDevice`. The artifact interface it
 relies on: ``artifact.plan`` with the CUDA plan's keys (``kernels``: kernel names, each the
 symbol ``<name>.kd`` in the code object; ``buffers``; ``launches``: ``{"op": "kernel",
@@ -69,8 +69,8 @@ from poot.backends.rocm.hsa import (AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED,
                                     AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT,
                                     AMD_SEGMENT_GLOBAL, DEVICE_TYPE_CPU, DEVICE_TYPE_GPU, Hsa,
                                     HsaTimeout, host_supports_release_store)
-from poot.executor.cpu import DeviceError
-from poot.executor.device import Ready
+from poot.runtime.device import DeviceError
+from poot.runtime.device import Ready
 
 
 class RocmError(DeviceError):
@@ -647,7 +647,7 @@ def device_available() -> tuple[bool, str]:
 
 def open_device() -> RocmDevice:
     """The registry's ``open_device`` hook of ``rocm``: the first GPU agent. A missing HSA
-    runtime, no GPU or a failing HSA call is a :class:`~poot.executor.cpu.DeviceError`."""
+    runtime, no GPU or a failing HSA call is a :class:`~poot.backends.cpu.runtime.DeviceError`."""
     try:
         return RocmDevice()
     except DeviceError:

@@ -4,7 +4,7 @@ Imports no MLIR: a compiled :class:`~poot.backends.vulkan.artifact.VulkanArtifac
 plan JSON) is all it reads, so it runs on a machine without the compiler.
 
     dev = VulkanDevice()                          # best device: discrete > integrated > cpu
-    engine = Engine(dev)                          # poot.executor.Engine
+    engine = Session(dev)                          # poot.runtime.Engine
     kernel = dev.load(program_or_artifact_or_dir)
     rec = dev.record(kernel, buffers)             # descriptor sets + ONE command buffer
     dev.replay(rec); dev.synchronize()            # resubmitted verbatim, bounded fence wait
@@ -61,7 +61,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from poot.errors import PootError
-from poot.executor.device import Ready
+from poot.runtime.device import Ready
 
 if __package__:
     from poot.backends.vulkan.artifact import ERROR_NAMES, BufferSpec, VulkanArtifact
@@ -662,7 +662,7 @@ class VulkanDevice:
     # ---- programs ----------------------------------------------------------------------------
     def in_place_outputs(self, kernel: VkLoadedKernel) -> set[str]:
         """Outputs the program writes over their aliased input's own buffer (the artifact's
-        ``in_place``): bound to that input's buffer they cost no copy (see the Engine)."""
+        ``in_place``): bound to that input's buffer they cost no copy (see the Session)."""
         return set(kernel.artifact.in_place)
 
     def load(self, program) -> VkLoadedKernel:
@@ -1127,10 +1127,10 @@ __all__ = ["DEFAULT_FENCE_TIMEOUT_S", "DeviceLost", "KernelFault", "RobustnessUn
 
 def open_device() -> "VulkanDevice":
     """The registry's ``open_device`` hook of ``vulkan``: the best Vulkan device; a missing
-    ``vulkan`` package, loader or device is a :class:`~poot.executor.cpu.DeviceError`."""
+    ``vulkan`` package, loader or device is a :class:`~poot.backends.cpu.runtime.DeviceError`."""
     import importlib.util
 
-    from poot.executor.cpu import DeviceError
+    from poot.runtime.device import DeviceError
 
     if importlib.util.find_spec("vulkan") is None:
         raise DeviceError("the vulkan backend needs the 'vulkan' package: "

@@ -60,7 +60,7 @@ import numpy as np
 from poot.backends.vulkan.artifact import VulkanArtifact
 from poot.backends.vulkan.runtime import KernelFault, buffer_bytes, host_layout
 from poot.errors import PootError
-from poot.executor.device import Ready
+from poot.runtime.device import Ready
 
 
 class WgpuError(PootError):
@@ -746,10 +746,10 @@ class WgpuDevice:
 
 def open_device() -> WgpuDevice:
     """The registry's ``open_device`` hook of ``wgpu``: the preferred adapter; a missing
-    ``wgpu`` package or no adapter is a :class:`~poot.executor.cpu.DeviceError`."""
+    ``wgpu`` package or no adapter is a :class:`~poot.backends.cpu.runtime.DeviceError`."""
     import importlib.util
 
-    from poot.executor.cpu import DeviceError
+    from poot.runtime.device import DeviceError
 
     if importlib.util.find_spec("wgpu") is None:
         raise DeviceError("the wgpu backend needs the 'wgpu' package: pip install 'poot[wgpu]'")

@@ -1,5 +1,5 @@
 """The CPU device: buffers are numpy arrays, a kernel is the compiled step function of a
-:class:`~poot.backends.cpu.CpuProgram`, a recording is its argument array built once.
+:class:`~poot.backends.cpu.codegen.CpuProgram`, a recording is its argument array built once.
 
 Record builds one ranked memref descriptor per bound array and the packed ``void*[]`` of
 pointers to them (inputs, weights, outputs: the ``_mlir_ciface_`` convention of
@@ -32,12 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from poot.dialects.types import DType, PackedType, PootType
-from poot.errors import PootError
-from poot.executor.device import KernelArg, Ready
-
-
-class DeviceError(PootError):
-    """A buffer or binding the device cannot accept (wrong type, shape, or program)."""
+from poot.runtime.device import DeviceError, KernelArg, Ready
 
 
 def host_dtype(t: PootType) -> np.dtype:

@@ -19,7 +19,8 @@ from exec_graphs import WIDTH, cache_step
 
 from poot.compiler import CompileOptions, host_cpu
 from poot.dialects.types import DType, TensorType
-from poot.executor import CpuDevice, Engine
+from poot.runtime import Session
+from poot.backends.cpu.runtime import CpuDevice
 
 ROOT = Path(__file__).resolve().parents[2]
 SKEY = "c" * 64
@@ -29,7 +30,7 @@ SKEY = "c" * 64
 HOLD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from poot.executor.cache_lock import hold
+    from poot.compiler.cache_lock import hold
     lock = Path(sys.argv[1]) / "locks" / ("step-" + sys.argv[2] + ".lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     with hold(lock, "compiling the step under test"):
@@ -59,7 +60,7 @@ def _never():
 
 
 def test_live_holder_times_out_naming_it(tmp_path):
-    from poot.executor.cache import CacheLockTimeout, CompileCache
+    from poot.compiler.cache import CacheLockTimeout, CompileCache
     from poot.errors import PootError
 
     proc = _holder(tmp_path, "sleep")
@@ -84,8 +85,8 @@ def test_live_holder_times_out_naming_it(tmp_path):
 
 
 def test_lock_timeout_from_the_environment(tmp_path, monkeypatch):
-    from poot.executor.cache import CompileCache
-    from poot.executor.cache_lock import DEFAULT_TIMEOUT_S, InvalidLockTimeout
+    from poot.compiler.cache import CompileCache
+    from poot.compiler.cache_lock import DEFAULT_TIMEOUT_S, InvalidLockTimeout
 
     assert CompileCache(tmp_path).lock_timeout_s == DEFAULT_TIMEOUT_S >= 60
     monkeypatch.setenv("POOT_CACHE_LOCK_TIMEOUT", "2.5")
@@ -99,7 +100,7 @@ def test_lock_timeout_from_the_environment(tmp_path, monkeypatch):
 def test_lock_of_a_dead_holder_is_taken_over(tmp_path, capsys, monkeypatch):
     """The holder died inside the lock, but a child it forked keeps the flock: the recorded
     pid runs no more, so the lock is broken (one warning) and the step compiles."""
-    import poot.executor.cache as C
+    import poot.compiler.cache as C
 
     monkeypatch.setattr(C, "_WARNED", set())
     pid_file = tmp_path / "child.pid"
@@ -117,7 +118,7 @@ def test_lock_of_a_dead_holder_is_taken_over(tmp_path, capsys, monkeypatch):
         err = [ln for ln in capsys.readouterr().err.splitlines() if "lock" in ln]
         assert len(err) == 1 and f"held by pid {parent.pid}" in err[0], err
         assert "no longer running; taking it over" in err[0]
-        eng = Engine(CpuDevice())
+        eng = Session(CpuDevice())
         w = np.eye(WIDTH, dtype=np.float32)
         eng.load_weights({"w": w}, {"w": TensorType((WIDTH, WIDTH), DType.F32)})
         out = eng.step(eng.add_entry(prog), {"x": np.ones((1, WIDTH), np.float32),
@@ -134,7 +135,7 @@ def test_lock_of_a_dead_holder_is_taken_over(tmp_path, capsys, monkeypatch):
 def test_stale_record_without_a_holder_is_taken_at_once(tmp_path, capsys):
     """A record left by a process that died (the kernel dropped its flock): nothing to wait
     for, nothing to warn about."""
-    from poot.executor.cache_lock import hold
+    from poot.compiler.cache_lock import hold
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

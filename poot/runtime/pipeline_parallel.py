@@ -1,10 +1,10 @@
-"""The layer pipeline's coordinator: one executor :class:`~poot.executor.device.Device` over
+"""The layer pipeline's coordinator: one executor :class:`~poot.runtime.device.Device` over
 N devices, each running one stage of a :class:`PipelineProgram`.
 
-The engine (:class:`~poot.executor.engine.Engine`) and everything above it see one device
+The engine (:class:`~poot.runtime.session.Session`) and everything above it see one device
 with the step's own interface; :class:`PipelineDevice` places the work:
 
-* a :class:`PipelineProgram` (a step cut by :func:`poot.compiler.pipeline.partition`) runs
+* a :class:`PipelineProgram` (a step cut by :func:`poot.compiler.pipeline_parallel.partition`) runs
   stage ``s`` on device ``s``; a plain program (a sampler: no weights) runs on the last
   device, where the logits are.
 * an engine buffer is a :class:`PipelineBuffer`: one real buffer on each device whose stage
@@ -38,10 +38,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from poot.errors import PootError
-from poot.executor.cpu import host_dtype, host_shape
-from poot.executor.device import KernelArg, Ready
+from poot.backends.cpu.runtime import host_dtype, host_shape
+from poot.runtime.device import KernelArg, Ready
 
-#: the name prefix of stage boundary values (:data:`poot.compiler.pipeline.BOUNDARY_PREFIX`)
+#: the name prefix of stage boundary values (:data:`poot.compiler.pipeline_parallel.BOUNDARY_PREFIX`)
 BOUNDARY_PREFIX = "pipeline.v"
 
 
@@ -83,12 +83,12 @@ class PipelineProgram:
 
 def compile_pipeline(graph, stages: int, compile_fn: Callable, cost=None,
                      placement=None) -> PipelineProgram:
-    """Partition ``graph`` into ``stages`` (:func:`poot.compiler.pipeline.partition`, with
+    """Partition ``graph`` into ``stages`` (:func:`poot.compiler.pipeline_parallel.partition`, with
     ``cost`` and the carried states' ``placement``; refusals before anything compiles) and
     compile each stage with ``compile_fn(graph)``."""
-    from poot.compiler.pipeline import partition
+    from poot.compiler.pipeline_parallel import partition
 
-    from poot.executor.cache import rec_storage
+    from poot.compiler.cache import rec_storage
 
     part = partition(graph, stages, cost, placement)
     programs = [compile_fn(s.graph) for s in part.stages]
@@ -436,7 +436,7 @@ def open_pipeline_devices(backend: str, n: int) -> list:
     reg = BACKENDS[backend]
     if reg.open_device is None:
         raise PipelineError(f"no executor device for backend '{backend}' in this build")
-    from poot.executor.cpu import DeviceError
+    from poot.runtime.device import DeviceError
 
     fn = hook(reg.open_device)
     ordinals = "ordinal" in inspect.signature(fn).parameters

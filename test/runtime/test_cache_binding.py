@@ -21,7 +21,8 @@ from exec_graphs import ROWS, WIDTH, cache_step
 
 from poot.compiler import CompileOptions, host_cpu
 from poot.dialects.types import DType, TensorType
-from poot.executor import CpuDevice, Engine
+from poot.runtime import Session
+from poot.backends.cpu.runtime import CpuDevice
 from poot.graph.builder import Builder, TraceLimits
 
 OPTIONS = CompileOptions(fuse=False)
@@ -49,7 +50,7 @@ STEPS = {KEY_A: (cache_step, 1.0), KEY_B: (doubled_step, 2.0)}
 
 
 def _y(program) -> np.ndarray:
-    eng = Engine(CpuDevice())
+    eng = Session(CpuDevice())
     eng.load_weights({"w": W}, {"w": TensorType((WIDTH, WIDTH), DType.F32)})
     out = eng.step(eng.add_entry(program), {"x": X, "idx": np.array([[3]])})
     return out["y"]
@@ -67,7 +68,7 @@ def _step(cache, skey: str):
 @pytest.fixture
 def two_steps(tmp_path, monkeypatch):
     """A cache holding both steps (index entries and programs); {step key: program key}."""
-    import poot.executor.cache as C
+    import poot.compiler.cache as C
 
     monkeypatch.setattr(C, "_WARNED", set())
     cache = C.CompileCache(tmp_path)
@@ -92,7 +93,7 @@ def _put(src, dst, how: str) -> None:
 def _old_format(data: bytes) -> bytes:
     """An entry file of the previous format (FORMAT 4): the sealed header held only the
     payload's size and sha256, no key."""
-    from poot.executor.cache import MAGIC
+    from poot.compiler.cache import MAGIC
 
     payload = data[data.index(b"\n", len(MAGIC)) + 1:]
     head = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
@@ -102,7 +103,7 @@ def _old_format(data: bytes) -> bytes:
 def _load_b_again(cache_dir, capsys, *, recompiled: bool):
     """Load step B through a fresh cache: one warning, B's program (not A's); then a clean
     hit, and A still loads as A."""
-    import poot.executor.cache as C
+    import poot.compiler.cache as C
 
     capsys.readouterr()
     cache = C.CompileCache(cache_dir)
@@ -172,7 +173,7 @@ def test_entry_naming_another_entrys_shared_object(two_steps, capsys):
     so the file checks out): a content-named file must be named by the entry's own key."""
     import pickle
 
-    from poot.executor.cache import seal, unseal
+    from poot.compiler.cache import seal, unseal
 
     cache_dir, keys = two_steps
     pa, pb = (cache_dir / "programs" / f"{keys[k]}.pkl" for k in (KEY_A, KEY_B))
@@ -187,8 +188,8 @@ def test_entry_naming_another_entrys_shared_object(two_steps, capsys):
 def test_pipeline_index_entry_is_bound_to_its_key_and_kind(tmp_path, capsys, monkeypatch):
     """A pipeline's index entry (its stage programs) under another pipeline's name, or under
     a step's name, or a step's under a pipeline's name, is not read as that entry."""
-    import poot.executor.cache as C
-    from poot.executor.cache import seal
+    import poot.compiler.cache as C
+    from poot.compiler.cache import seal
 
     monkeypatch.setattr(C, "_WARNED", set())
     cache = C.CompileCache(tmp_path)

@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from engine_cases import alone, staggered  # noqa: E402
 from model_steps import fixture_path  # noqa: E402
 from poot.api import ModelHandle  # noqa: E402
-from poot.driver.params import SamplingParams  # noqa: E402
-from poot.executor.cpu import CpuDevice  # noqa: E402
-from poot.executor.pipeline import PipelineDevice, PipelineError  # noqa: E402
+from poot.sampling_params import SamplingParams  # noqa: E402
+from poot.backends.cpu.runtime import CpuDevice  # noqa: E402
+from poot.runtime.pipeline_parallel import PipelineDevice, PipelineError  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
@@ -135,7 +135,7 @@ def test_micro_batches_overlap_the_stages():
 
 
 def test_stage_count_must_match_devices():
-    from poot.executor.pipeline import PipelineProgram
+    from poot.runtime.pipeline_parallel import PipelineProgram
 
     dev = PipelineDevice([CpuDevice(), CpuDevice(), CpuDevice()])
     prog = PipelineProgram([object(), object()], [], {})
@@ -283,8 +283,8 @@ def test_fewer_devices_than_stages_is_a_typed_error(monkeypatch):
     """A backend with one device asked for two stages: a PipelineError naming the device
     that cannot be opened and why, not the driver's error from deep inside."""
     from poot.backends import registry
-    from poot.executor.cpu import DeviceError
-    from poot.executor.pipeline import open_pipeline_devices
+    from poot.runtime.device import DeviceError
+    from poot.runtime.pipeline_parallel import open_pipeline_devices
 
     def one_device(ordinal: int = 0):
         if ordinal:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from poot.compiler.planning import storage_type
-from poot.driver.params import InvalidRequest
+from poot.sampling_params import InvalidRequest
 from poot.errors import PootError
 
 #: Tokens one input may hold by default (capped at the model's trained context).
@@ -128,8 +128,8 @@ class PoolingModel:
         from poot.api import DEFAULT_COMPILE_OPTIONS, _positive, _tokenizer, compile_cached, \
             target_for
         from poot.engine.pooling import PoolingRunner
-        from poot.executor import device_for
-        from poot.executor.cache import CompileCache
+        from poot.runtime import device_for
+        from poot.compiler.cache import CompileCache
         from poot.load import load_config, open_weights
         from poot.models import REGISTRY, ModelError
         from poot.models.pooling import POOLINGS, read_pooling_config

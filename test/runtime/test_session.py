@@ -1,4 +1,4 @@
-"""Engine record-then-replay on the CPU device, slot buffers, carried state (updated in
+"""Session record-then-replay on the CPU device, slot buffers, carried state (updated in
 place)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 
 from exec_graphs import ROWS, WIDTH, cache_step
 from poot.compiler import CompileOptions, compile, host_cpu
-from poot.executor import CpuDevice, Engine, ExecutorError
+from poot.runtime import Session, SessionError
+from poot.backends.cpu.runtime import CpuDevice
 
 # The executor is under test here, not dispatch fusion: the small graph compiles unfused.
 OPTIONS = CompileOptions(fuse=False)
@@ -23,7 +24,7 @@ def program():
 
 
 def _engine(program, alias=False, seed=0):
-    eng = Engine(CpuDevice(), alias_carried=alias)
+    eng = Session(CpuDevice(), alias_carried=alias)
     w = np.random.default_rng(seed).standard_normal((WIDTH, WIDTH)).astype(np.float32)
     eng.load_weights({"w": w}, program.graph.params)
     return eng, eng.add_entry(program), w
@@ -58,7 +59,7 @@ def test_no_state_no_second_recording():
                             max_owned_bytes=4096))
     x = b.input("x", TensorType((4,), DType.F32))
     g = b.finish({"y": x * x})
-    eng = Engine(CpuDevice())
+    eng = Session(CpuDevice())
     entry = eng.add_entry(compile(g, host_cpu(), OPTIONS))
     for v in range(1, 5):
         out = eng.step(entry, {"x": np.full(4, v, np.float32)})
@@ -110,18 +111,18 @@ def test_two_entries_share_state(program):
 
 
 def test_errors(program):
-    eng = Engine(CpuDevice())
-    with pytest.raises(ExecutorError, match="weight 'w' is not loaded"):
+    eng = Session(CpuDevice())
+    with pytest.raises(SessionError, match="weight 'w' is not loaded"):
         eng.add_entry(program)
     eng, entry, _ = _engine(program)
-    with pytest.raises(ExecutorError, match="no per-step input 'nope'"):
+    with pytest.raises(SessionError, match="no per-step input 'nope'"):
         eng.step(entry, {"nope": np.zeros(1)})
-    with pytest.raises(ExecutorError, match="carried state"):
+    with pytest.raises(SessionError, match="carried state"):
         eng.step(entry, {"cache": np.zeros((ROWS, WIDTH), np.float32)})
 
 
 def test_compile_cache_round_trip(program, tmp_path):
-    from poot.executor.cache import CachedProgram, CompileCache
+    from poot.compiler.cache import CachedProgram, CompileCache
 
     cache = CompileCache(tmp_path)
     p1 = cache.compile(cache_step(), host_cpu(), OPTIONS)
@@ -129,7 +130,7 @@ def test_compile_cache_round_trip(program, tmp_path):
     assert (cache.misses, cache.hits) == (1, 1) and isinstance(p2, CachedProgram)
     w = np.eye(WIDTH, dtype=np.float32)
     for p in (p1, p2):
-        eng = Engine(CpuDevice())
+        eng = Session(CpuDevice())
         eng.load_weights({"w": w}, {"w": program.graph.params["w"]})
         e = eng.add_entry(p)
         out = eng.step(e, {"x": np.ones((1, WIDTH), np.float32), "idx": np.array([[2]])})
@@ -150,7 +151,7 @@ class _SaysInPlace(CpuDevice):
 
 
 def test_state_the_device_writes_in_place_has_one_buffer(program):
-    eng = Engine(_SaysInPlace())
+    eng = Session(_SaysInPlace())
     w = np.random.default_rng(0).standard_normal((WIDTH, WIDTH)).astype(np.float32)
     eng.load_weights({"w": w}, program.graph.params)
     entry = eng.add_entry(program)
@@ -163,11 +164,11 @@ def test_state_the_device_writes_in_place_has_one_buffer(program):
     assert eng.device.records == 1            # one parity: recorded once, replayed after
     # state a program returns as an out-parameter (compiled without in-place updates) gets a
     # second buffer (ping-pong), and the result is the same
-    from poot.backends.cpu import compile_cpu
+    from poot.backends.cpu.codegen import compile_cpu
 
     plain = compile_cpu(cache_step(), fuse=False)
     assert not plain.in_place and ("cache" in dict(plain.outputs))
-    eng2 = Engine(CpuDevice())
+    eng2 = Session(CpuDevice())
     eng2.load_weights({"w": w}, program.graph.params)
     e2 = eng2.add_entry(plain, carry={"cache": "cache"})
     assert not e2.in_place and len(eng2._state["cache"].buffers) == 2
@@ -178,7 +179,7 @@ def test_state_the_device_writes_in_place_has_one_buffer(program):
 
 # ---- feedback and queued stepping ----------------------------------------------------------------
 def test_feedback_copies_an_output_into_an_input_slot(program):
-    eng = Engine(CpuDevice())
+    eng = Session(CpuDevice())
     w = np.eye(WIDTH, dtype=np.float32)
     eng.load_weights({"w": w}, program.graph.params)
     e = eng.add_entry(program, feedback={"y": "x"})      # y f32 [W] -> x f32 [1, W]
@@ -195,9 +196,9 @@ def test_feedback_copies_an_output_into_an_input_slot(program):
     ({"y": "idx"}, "does not fit"),
 ])
 def test_feedback_refusals(program, feedback, why):
-    eng = Engine(CpuDevice())
+    eng = Session(CpuDevice())
     eng.load_weights({"w": np.eye(WIDTH, dtype=np.float32)}, program.graph.params)
-    with pytest.raises(ExecutorError, match=why):
+    with pytest.raises(SessionError, match=why):
         eng.add_entry(program, feedback=feedback)
 
 
@@ -213,7 +214,7 @@ def test_submit_collect_equals_step(program):
         subs.append((want, b.submit(eb, {"x": x * i, "idx": idx})))
     for want, s in subs:
         np.testing.assert_array_equal(b.collect(s)["y"], want["y"])
-    with pytest.raises(ExecutorError, match="already collected"):
+    with pytest.raises(SessionError, match="already collected"):
         b.collect(subs[0][1])
-    with pytest.raises(ExecutorError, match="no per-step output"):
+    with pytest.raises(SessionError, match="no per-step output"):
         b.submit(eb, read=["cache"])

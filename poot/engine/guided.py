@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from poot.driver.params import InvalidRequest
+from poot.sampling_params import InvalidRequest
 from poot.graph.sampling import MASK_BITS, mask_words
 
 #: Guide kinds.

@@ -1,13 +1,13 @@
-"""``Engine[Device]``: the one executor contract every backend runs through.
+"""``Session[Device]``: the one executor contract every backend runs through.
 
-    engine = Engine(CpuDevice())
+    engine = Session(CpuDevice())
     engine.load_weights(weights.arrays, weights.types)    # once per model
     entry = engine.add_entry(program)                       # once per step shape
     out = engine.step(entry, {"tokens": ..., "positions": ..., "block_table": ...,
                               "slot_mapping": ...}, read=["logits"])
 
 Buffers are stable: each entry owns one *slot buffer* per per-step input and one buffer per
-output; weights are uploaded once and shared by every entry. :meth:`Engine.step` writes the
+output; weights are uploaded once and shared by every entry. :meth:`Session.step` writes the
 inputs it is given into their slot buffers in place (inputs not given keep their last value:
 per-request settings are written once), then launches. The first step on an entry (for a given
 state parity, below) *records* the launch over those buffers; every later step only *replays*
@@ -24,9 +24,9 @@ own buffer (``device.in_place_outputs(kernel) -> set of output names``: the CPU 
 in-place KV writes, which its compile checks bufferization kept in place; the CUDA plan's), and
 those states are bound to one buffer (no copy per step, one recording). Any other carried
 state is **ping-ponged**: two buffers, the step reads one and writes the other, and the roles
-swap after each step (at most one recording per parity). ``Engine(device,
+swap after each step (at most one recording per parity). ``Session(device,
 alias_carried=True)`` binds every carried input and output to one buffer. The test
-``test/executor/test_engine.py::test_kv_carried_vs_reference`` catches corruption either way.
+``test/runtime/test_session.py::test_kv_carried_vs_reference`` catches corruption either way.
 
 Feedback (``add_entry(feedback={"sampling.token": "tokens"})``): an output copied on the device
 into one of the entry's own per-step input slots at the end of every step (the copy is part of
@@ -34,12 +34,12 @@ the recording: a CUDA graph memcpy node, a recorded Vulkan copy, an ``np.copyto`
 The decode step's sampled token becomes the next step's token input with no host upload. An
 input written by the host (``step``/``submit`` inputs, ``write_inputs``) overrides it.
 
-Pipelining: :meth:`Engine.submit` issues a step (queued input writes, the replay, queued reads
-of the requested outputs) and returns at once; :meth:`Engine.collect` waits for that step's
+Pipelining: :meth:`Session.submit` issues a step (queued input writes, the replay, queued reads
+of the requested outputs) and returns at once; :meth:`Session.collect` waits for that step's
 reads. A driver issues step n+1 before collecting step n, so the device runs step n+1 while the
 host handles token n. Every write and read is queued on the device in issue order, and the
 device keeps its own copy of queued input arrays (``Device.upload_async``), so a host array is
-never read after the caller reuses it. :attr:`Engine.overlaps` says whether the device gains
+never read after the caller reuses it. :attr:`Session.overlaps` says whether the device gains
 from it (on a synchronous device ``submit`` is ``step`` with the reads already done).
 """
 
@@ -53,12 +53,12 @@ import numpy as np
 
 from poot.dialects.types import PootType
 from poot.errors import PootError
-from poot.executor.device import Device
+from poot.runtime.device import Device
 
 D = TypeVar("D", bound=Device)
 
 
-class ExecutorError(PootError):
+class SessionError(PootError):
     """A binding the engine cannot make: unknown input, missing weight, mismatched state."""
 
 
@@ -81,7 +81,7 @@ class _State:
 
 @dataclass
 class Entry:
-    """One step shape added to an engine (see :meth:`Engine.add_entry`).
+    """One step shape added to an engine (see :meth:`Session.add_entry`).
 
     Attributes:
         program: the compiled program; kernel: the device's loaded kernel.
@@ -91,7 +91,7 @@ class Entry:
         recordings: state parity -> the device recording (built on first use).
         steps: steps run on this entry.
         in_place: carried inputs whose output the program writes over the input's own
-            buffer (the device says so: :meth:`Engine.add_entry`); bound to one buffer.
+            buffer (the device says so: :meth:`Session.add_entry`); bound to one buffer.
     """
 
     id: int
@@ -114,15 +114,15 @@ class Entry:
 
 @dataclass
 class Submitted:
-    """A step issued by :meth:`Engine.submit`: its entry and the queued reads of its outputs
-    (collect with :meth:`Engine.collect`, or give up with :meth:`Engine.discard`)."""
+    """A step issued by :meth:`Session.submit`: its entry and the queued reads of its outputs
+    (collect with :meth:`Session.collect`, or give up with :meth:`Session.discard`)."""
 
     entry: Entry
     reads: dict[str, Any]
     done: bool = False
 
 
-class Engine(Generic[D]):
+class Session(Generic[D]):
     """Runs compiled step programs on one device with record-then-replay.
 
     ``storage_type``: maps a weight's type to the type the target stores it in (the
@@ -149,7 +149,7 @@ class Engine(Generic[D]):
         are replaced in place."""
         for name, t in types.items():
             if name not in arrays:
-                raise ExecutorError(f"weight '{name}' has a type but no array")
+                raise SessionError(f"weight '{name}' has a type but no array")
             buf = self._weights.get(name)
             if buf is None:
                 t = self.storage_type(t)
@@ -185,17 +185,17 @@ class Engine(Generic[D]):
         args = {(a.role, a.name): a for a in kernel.args}
         for out, inp in carried.items():
             if ("output", out) not in args or ("input", inp) not in args:
-                raise ExecutorError(f"carry {out} -> {inp}: the program has no such "
+                raise SessionError(f"carry {out} -> {inp}: the program has no such "
                                     "output/input")
             t_in, t_out = args[("input", inp)].type, args[("output", out)].type
             if t_in != t_out:
-                raise ExecutorError(f"carry {out} -> {inp}: types differ ({t_out} vs {t_in})")
+                raise SessionError(f"carry {out} -> {inp}: types differ ({t_out} vs {t_in})")
             st = self._state.get(inp)
             n = 1 if inp in in_place else 2
             if st is None:
                 self._state[inp] = _State(t_in, [self.device.alloc(t_in) for _ in range(n)])
             elif st.type != t_in:
-                raise ExecutorError(f"carried '{inp}' is {st.type} in another entry, "
+                raise SessionError(f"carried '{inp}' is {st.type} in another entry, "
                                     f"{t_in} here")
             elif len(st.buffers) < n:       # another entry updates it in place: add a twin
                 st.buffers.append(self.device.alloc(t_in))
@@ -210,7 +210,7 @@ class Engine(Generic[D]):
                 else:
                     slots[a.name] = self.device.alloc(a.type)
             elif a.role == "param" and a.name not in self._weights:
-                raise ExecutorError(f"weight '{a.name}' is not loaded (load_weights first)")
+                raise SessionError(f"weight '{a.name}' is not loaded (load_weights first)")
             elif a.role == "output" and a.name not in carried:
                 outputs[a.name] = self.device.alloc(a.type)
         feedback = dict(feedback or {})
@@ -218,23 +218,23 @@ class Engine(Generic[D]):
         for out, dest in feedback.items():
             other, inp = dest if isinstance(dest, tuple) else (None, dest)
             if out not in outputs:
-                raise ExecutorError(f"feedback {out} -> {inp}: '{out}' is not a per-step "
+                raise SessionError(f"feedback {out} -> {inp}: '{out}' is not a per-step "
                                     "output of the program")
             if other is None:
                 if inp not in slots or inp in share:
-                    raise ExecutorError(f"feedback {out} -> {inp}: '{inp}' is not a per-step "
+                    raise SessionError(f"feedback {out} -> {inp}: '{inp}' is not a per-step "
                                         "input slot of this entry")
                 t_in, targets[out] = args[("input", inp)].type, slots[inp]
             else:
                 if inp not in other.slots:
-                    raise ExecutorError(f"feedback {out} -> {inp}: '{inp}' is not a per-step "
+                    raise SessionError(f"feedback {out} -> {inp}: '{inp}' is not a per-step "
                                         "input slot of the target entry")
                 t_in = next(a.type for a in other.kernel.args
                             if a.role == "input" and a.name == inp)
                 targets[out] = other.slots[inp]
             t_out = args[("output", out)].type
             if t_out.dtype != t_in.dtype or _count(t_out) != _count(t_in):
-                raise ExecutorError(f"feedback {out} -> {inp}: {t_out} does not fit {t_in}")
+                raise SessionError(f"feedback {out} -> {inp}: {t_out} does not fit {t_in}")
         entry = Entry(next(self._ids), program, kernel, dict(carried), slots, outputs,
                       in_place=in_place, feedback=feedback)
         entry.feedback_buffers = targets
@@ -262,7 +262,7 @@ class Engine(Generic[D]):
         self.device.synchronize()
         a = np.asarray(array)
         if not 0 <= index < st.type.shape[0] or a.shape != tuple(st.type.shape[1:]):
-            raise ExecutorError(f"cannot write a {list(a.shape)} row at {index} of carried "
+            raise SessionError(f"cannot write a {list(a.shape)} row at {index} of carried "
                                 f"'{name}' {st.type}")
         rows = getattr(self.device, "upload_rows", None)
         if rows is not None:
@@ -281,11 +281,11 @@ class Engine(Generic[D]):
                 raise self._no_slot(entry, name)
             self.device.upload(buf, value)
 
-    def _no_slot(self, entry: Entry, name: str) -> ExecutorError:
+    def _no_slot(self, entry: Entry, name: str) -> SessionError:
         """The error for writing ``name``, which is not one of ``entry``'s slot inputs."""
         if name in self._state and name in entry.carry.values():
-            return ExecutorError(f"'{name}' is carried state; use write_state")
-        return ExecutorError(f"the entry has no per-step input '{name}' "
+            return SessionError(f"'{name}' is carried state; use write_state")
+        return SessionError(f"the entry has no per-step input '{name}' "
                              f"(inputs: {', '.join(entry.slots)})")
 
     # ---- stepping ----------------------------------------------------------------------
@@ -329,7 +329,7 @@ class Engine(Generic[D]):
         names = list(entry.outputs if read is None else read)
         for n in names:
             if n not in entry.outputs:
-                raise ExecutorError(f"the entry has no per-step output '{n}' "
+                raise SessionError(f"the entry has no per-step output '{n}' "
                                     f"(outputs: {', '.join(entry.outputs)})")
         return names
 
@@ -371,7 +371,7 @@ class Engine(Generic[D]):
     def collect(self, submitted: Submitted) -> dict[str, np.ndarray]:
         """Wait for a submitted step's reads; host copies by output name."""
         if submitted.done:
-            raise ExecutorError("this step was already collected or discarded")
+            raise SessionError("this step was already collected or discarded")
         submitted.done = True
         return {n: r.wait() for n, r in submitted.reads.items()}
 
@@ -391,4 +391,4 @@ def _count(t) -> int:
     return int(np.prod(getattr(t, "shape", ()), dtype=np.int64))
 
 
-__all__ = ["Engine", "Entry", "ExecutorError", "Submitted"]
+__all__ = ["Session", "Entry", "SessionError", "Submitted"]

@@ -4,7 +4,7 @@ the steps the loading process will ask for later.
 A cold load compiles its steps one after another (the prefill chunk, the decode step of each
 bucket, their samplers), each mostly one core of Python and MLIR passes with only the LLVM
 stages fanned out, so a 2-core machine idles half the time. :func:`compile_ahead` starts
-worker processes (``python -m poot.executor.ahead``) on the same steps in the *opposite*
+worker processes (``python -m poot.api.compile_ahead``) on the same steps in the *opposite*
 order. A worker takes each step that no other process is compiling (the step's lock in the
 compile cache, tried without waiting: a step being compiled is skipped), compiles it into the
 shared cache and goes on. The loading process compiles its steps in its own order through the
@@ -37,12 +37,12 @@ Step = tuple[Any, Any, Any]
 
 def default_workers() -> int:
     """Worker processes for a cold load: ``POOT_COMPILE_WORKERS`` when set (an integer >=
-    0, else :class:`~poot.driver.params.InvalidRequest`), else one fewer than the cores this
+    0, else :class:`~poot.sampling_params.InvalidRequest`), else one fewer than the cores this
     process may use, at most 2 (each step's LLVM stages already use every core)."""
     env = os.environ.get("POOT_COMPILE_WORKERS")
     if env is not None and env.strip():
         if not env.strip().isdigit():
-            from poot.driver.params import InvalidRequest
+            from poot.sampling_params import InvalidRequest
 
             raise InvalidRequest("POOT_COMPILE_WORKERS", env, "must be an integer >= 0")
         return int(env)
@@ -66,7 +66,7 @@ class Ahead:
         """Wait for the workers (``ok``; killed after ``timeout_s``), else kill them at once.
         Idempotent. Returns their exit codes; a failed worker is reported once on stderr (a
         step it left is compiled by the process that needs it)."""
-        from poot.executor.cache import _warn
+        from poot.compiler.cache import _warn
 
         if self in _OPEN:
             _OPEN.remove(self)
@@ -118,7 +118,7 @@ def start_ahead(cache, steps: Sequence[Step], target, options,
     :class:`Ahead` (:meth:`Ahead.close`); one still open at exit is waited for then, so the
     cache holds every step when the process ends. The keys, the model and the target must
     pickle (they do: configs and dataclasses); the workers open no checkpoint."""
-    from poot.executor.cache import mlir_importable, step_key
+    from poot.compiler.cache import mlir_importable, step_key
 
     n = default_workers() if workers is None else workers
     misses = []
@@ -135,7 +135,7 @@ def start_ahead(cache, steps: Sequence[Step], target, options,
         for _ in range(min(n, len(misses) - 1) if payload is not None else 0):
             try:
                 log = tempfile.TemporaryFile()
-                p = subprocess.Popen([sys.executable, "-m", "poot.executor.ahead"],
+                p = subprocess.Popen([sys.executable, "-m", "poot.api.compile_ahead"],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      stderr=log)
             except OSError:
@@ -173,7 +173,7 @@ def run_worker(job: dict) -> list[bool]:
     Returns, per step, whether this call compiled or found it (False: skipped, locked)."""
     from poot.api import compile_cached
     from poot.engine.runner import step_trace
-    from poot.executor.cache import CompileCache
+    from poot.compiler.cache import CompileCache
 
     cache = CompileCache(job["cache_dir"])
     done = []
@@ -186,7 +186,7 @@ def run_worker(job: dict) -> list[bool]:
 
 
 def main() -> int:
-    """``python -m poot.executor.ahead``: a worker reading its pickled job on stdin."""
+    """``python -m poot.api.compile_ahead``: a worker reading its pickled job on stdin."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)   # Ctrl-C ends it quietly, no traceback

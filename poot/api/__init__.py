@@ -13,7 +13,7 @@
 prefill step, the batch-1 decode step and its greedy sampler up front (other decode buckets
 and samplers compile when first needed), so an unsupported backend fails at load with the
 compiler's typed :class:`~poot.compiler.Refusal` (no code generator / a missing capability),
-never in the executor. Compiled programs are cached on disk (:mod:`poot.executor.cache`).
+never in the executor. Compiled programs are cached on disk (:mod:`poot.compiler.cache`).
 Every client (``Driver``, ``LLM``, the CLI) runs through the handle's one
 :class:`~poot.engine.LLMEngine`.
 """
@@ -29,8 +29,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from poot.backends.registry import BACKENDS as _REGISTERED
 from poot.compiler import Capabilities, CompileOptions, Target
 from poot.compiler.planning import storage_type
-from poot.driver.generate import ContextOverflow, Finished, TokenEvent, generate
-from poot.driver.params import InvalidRequest, SamplingParams
+from poot.api.generate import ContextOverflow, Finished, TokenEvent, generate
+from poot.sampling_params import InvalidRequest, SamplingParams
 from poot.engine import EngineConfig, KVConfig, LLMEngine, ModelRunner
 from poot.errors import PootError
 
@@ -81,7 +81,7 @@ def target_for(backend: str, device_caps: Mapping[str, Any] | None = None) -> Ta
     if reg.target_from_device:  # capabilities (subgroup size, storage, limits) of the device
         if device_caps is not None:
             return hook(reg.target)(_CapsOnly(device_caps))
-        from poot.executor import open_device
+        from poot.runtime import open_device
 
         return hook(reg.target)(open_device(backend))
     return hook(reg.target)()
@@ -113,7 +113,7 @@ class ModelHandle:
     load_s: float = 0.0
     compile_cache: Any = None
     model_context: int | None = None
-    #: a cold load's compile workers (:mod:`poot.executor.ahead`) and what they warm
+    #: a cold load's compile workers (:mod:`poot.api.compile_ahead`) and what they warm
     _ahead: Any = field(default=None, init=False, repr=False)
     _warm: tuple = field(default=((1,), ()), init=False, repr=False)
 
@@ -160,8 +160,8 @@ class ModelHandle:
 
         Steps are compiled through the compile cache's step index: a step compiled before
         (here, or on another machine whose cache directory was carried) is loaded without
-        tracing, so nothing imports MLIR (:mod:`poot.executor.cache`); a miss where MLIR is
-        missing raises :class:`~poot.executor.cache.CacheMiss` saying what differs.
+        tracing, so nothing imports MLIR (:mod:`poot.compiler.cache`); a miss where MLIR is
+        missing raises :class:`~poot.compiler.cache.CacheMiss` saying what differs.
         ``progress``: a :mod:`poot.progress` callback ``(stage, done, total)``, told of each
         loading phase and of each step's compile stages (a one-argument ``progress(msg)`` sees
         the phases only). ``before_compile(handle)`` runs once the model, tokenizer and KV
@@ -173,7 +173,7 @@ class ModelHandle:
         ``compile_fn``/``device`` replace the compile and the executor device (tests).
 
         A cold load (steps missing from the cache) also compiles in worker processes
-        (:mod:`poot.executor.ahead`, ``POOT_COMPILE_WORKERS``): this call returns once the
+        (:mod:`poot.api.compile_ahead`, ``POOT_COMPILE_WORKERS``): this call returns once the
         prefill, decode and greedy sampler steps are loaded; a warm sampler a worker
         compiles is loaded when a request first needs it (waiting for the worker if it is
         not done) or by :meth:`finish_compiling`, and the process waits for the workers at
@@ -186,19 +186,19 @@ class ModelHandle:
 
         ``pipeline_parallel`` N > 1: a layer pipeline over N devices of ``backend`` (device
         ordinals 0..N-1 where the backend has them): every model step is cut into N stages
-        (:func:`poot.compiler.pipeline.partition`, refused with a
-        :class:`~poot.compiler.pipeline.PipelineRefusal` before anything compiles when it
+        (:func:`poot.compiler.pipeline_parallel.partition`, refused with a
+        :class:`~poot.compiler.pipeline_parallel.PipelineRefusal` before anything compiles when it
         cannot be), stage ``s`` compiled for and run on device ``s`` with its weights and KV
         pools, boundary activations copied between devices
-        (:class:`~poot.executor.pipeline.PipelineDevice`); samplers run on the last device.
+        (:class:`~poot.runtime.pipeline_parallel.PipelineDevice`); samplers run on the last device.
         The step index records each step's stage programs (a carried cache loads them
         without MLIR); the background compile workers are not used.
         """
         import time
 
         from poot.compiler.planning import kv_block_size
-        from poot.executor import device_for
-        from poot.executor.cache import CompileCache
+        from poot.runtime import device_for
+        from poot.compiler.cache import CompileCache
         from poot.models import default_kv_dtype
         from poot.progress import as_callback
 
@@ -223,7 +223,7 @@ class ModelHandle:
         target = target_for(backend)     # a backend without a code generator: refused here
         pipeline_parallel = _positive("pipeline_parallel", pipeline_parallel)
         if pipeline_parallel > 1 and device is None:
-            from poot.executor.pipeline import PipelineDevice, open_pipeline_devices
+            from poot.runtime.pipeline_parallel import PipelineDevice, open_pipeline_devices
 
             device = PipelineDevice(open_pipeline_devices(backend, pipeline_parallel))
         if device is None and _REGISTERED[backend].open_device is not None:
@@ -262,7 +262,7 @@ class ModelHandle:
                                       placement=placement)
 
             def find_step(key_model, types, spec):
-                from poot.executor.cache import step_key
+                from poot.compiler.cache import step_key
 
                 return cache.lookup(step_key(key_model, types, spec, target, options), target)
         else:
@@ -270,7 +270,7 @@ class ModelHandle:
 
             def compile_step(key_model, types, spec, trace):
                 if pipeline_parallel > 1 and types:     # a sampler (no weights): one device
-                    from poot.executor.pipeline import compile_pipeline
+                    from poot.runtime.pipeline_parallel import compile_pipeline
 
                     return compile_pipeline(trace(), pipeline_parallel, compile_fn,
                                             placement=placement())
@@ -297,7 +297,7 @@ class ModelHandle:
         if before_compile is not None:
             before_compile(handle)
         if warm_up:
-            from poot.executor.ahead import start_ahead
+            from poot.api.compile_ahead import start_ahead
 
             # a cold load also compiles in worker processes: the steps the first token
             # needs from the other end of the list, then the warm samplers, which this
@@ -324,7 +324,7 @@ class ModelHandle:
 
     def finish_compiling(self, now: Sequence[Any] | None = None) -> None:
         """Load every warm sampler a cold load left to its compile workers
-        (:mod:`poot.executor.ahead`), compiling here those they have not started (from the
+        (:mod:`poot.api.compile_ahead`), compiling here those they have not started (from the
         other end of their list), and wait for the workers: afterwards nothing compiles in
         the background (a benchmark calls this before timing).
 
@@ -406,7 +406,7 @@ class ModelHandle:
         template included), ``params`` fit the vocabulary, stop strings have a tokenizer,
         prompt + ``max_tokens`` fit :attr:`kv_capacity` and the KV pool
         (:meth:`~poot.engine.LLMEngine.check_request`) -- raising
-        :class:`~poot.driver.params.InvalidRequest`, :class:`ContextOverflow` or
+        :class:`~poot.sampling_params.InvalidRequest`, :class:`ContextOverflow` or
         :class:`~poot.engine.KVCapacityExceeded`. Returns the prompt's token ids."""
         return self.engine.check_request(self.encode(prompt), params)
 
@@ -464,7 +464,7 @@ def compile_cached(cache, model, weight_types, spec, trace, target, options, pro
     ``pipeline`` N > 1: a step with weights is cut into N stages
     (:meth:`CompileCache.compile_pipeline_step`; ``placement()``: the KV pools' stages,
     :func:`_placement_of`); one without (a sampler) is not."""
-    from poot.executor.cache import step_describe, step_key
+    from poot.compiler.cache import step_describe, step_key
     from poot.progress import Tracker
 
     describe = step_describe(model, weight_types, spec, target, options)
@@ -498,11 +498,11 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     a machine without MLIR. ``pipeline_parallel`` N > 1: the model steps as N pipeline
     stages (what ``ModelHandle.load(..., pipeline_parallel=N)`` loads). Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
     {"step_key", "program", "seconds", "hit"}}}`` (``hit``: found in the cache, compiled
-    before or by a :mod:`~poot.executor.ahead` worker meanwhile)."""
+    before or by a :mod:`~poot.api.compile_ahead` worker meanwhile)."""
     from poot.compiler.planning import kv_block_size
     from poot.engine.runner import SamplerProgram, decode_buckets, spec_tag, step_spec
-    from poot.executor.ahead import compile_ahead
-    from poot.executor.cache import CompileCache
+    from poot.api.compile_ahead import compile_ahead
+    from poot.compiler.cache import CompileCache
     from poot.graph.sampling import FULL, GREEDY, SamplerStep
     from poot.models import default_kv_dtype
     from poot.progress import as_callback
@@ -560,14 +560,14 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
 def _placement_of(model, weight_types, kv, stages: int):
     """``placement()``: the stage of every KV pool when the model's decode step of one row
     is cut into ``stages`` (traced and partitioned on the first call, then kept): every
-    step of the model is cut to keep those (:func:`poot.compiler.pipeline.partition`)."""
+    step of the model is cut to keep those (:func:`poot.compiler.pipeline_parallel.partition`)."""
     from poot.engine.runner import step_spec
 
     held: dict = {}
 
     def placement() -> dict:
         if "p" not in held:
-            from poot.compiler.pipeline import partition, state_placement
+            from poot.compiler.pipeline_parallel import partition, state_placement
 
             spec = step_spec(kv, "decode", 1)
             held["p"] = state_placement(partition(model.trace(spec, weight_types), stages))
@@ -583,7 +583,7 @@ def _compile_jobs(cache, jobs, target, options, report, out, pipeline: int = 1,
     import time
 
     from poot.engine.runner import step_trace
-    from poot.executor.cache import step_key
+    from poot.compiler.cache import step_key
 
     for name, key_model, types, spec in jobs:
         report(f"{name} step", 0, 0)

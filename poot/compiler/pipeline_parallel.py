@@ -4,7 +4,7 @@ The seeds' layer pipeline (``seeds/backends.txt``: "a layer pipeline across devi
 stage is captured into its own CUDA graph on its own device and the activations that cross a
 stage boundary are copied peer to peer"). This is the compiler half: it rewrites one step's
 ``func.func`` into N stage functions, each an ordinary step graph that :func:`compile` takes
-for its own device; the executor half (:mod:`poot.executor.pipeline`) runs them and moves the
+for its own device; the executor half (:mod:`poot.runtime.pipeline_parallel`) runs them and moves the
 boundary values.
 
 The cut fires on the graph's dataflow, not on names:

@@ -7,7 +7,7 @@ shared object loaded with ``ctypes``.
 Path: the poot module -- the entry function and the dispatch functions ``poot-fuse-dispatch``
 outlined (one kernel each; identical ones are lowered once) -- lowered to linalg with the
 target's :class:`~poot.dialects.lowering.Strategy` (:func:`strategy_for`: matmuls that read a
-weight in place become the row-streaming vector kernels of ``dialects/lowering/gemv.py``,
+weight in place become the row-streaming vector kernels of ``poot/dialects/lowering/gemv.py``,
 packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwise fusion on
 tensors (:data:`FUSE`) -> one-shot bufferization over function boundaries (identity layouts;
 every argument of the entry read-only, so inputs are never written) -> results become
@@ -34,7 +34,7 @@ results equal to an argument are dropped too) and the function has no out-parame
 no copy of the pool is made per step. Dropping checks that each such result *is* its
 argument's buffer (else a :class:`CpuRunError`: the update would be lost).
 :meth:`CpuProgram.run` copies such inputs first, so a caller's arrays are never modified; an
-executor binds one buffer for both (:mod:`poot.executor.cpu`).
+executor binds one buffer for both (:mod:`poot.backends.cpu.runtime`).
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ from mlir.dialects import arith as arith_d
 from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 
-from poot.backends.pipelines import BUFFERIZE_KEEP_IN_PLACE, FUSE, RESULTS_TO_OUT_PARAMS
+from poot.backends.pass_pipelines import BUFFERIZE_KEEP_IN_PLACE, FUSE, RESULTS_TO_OUT_PARAMS
 from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
-from poot.executor.cpu import descriptor as _descriptor
+from poot.backends.cpu.runtime import descriptor as _descriptor
 from poot.graph.builder import Graph
 from poot.passes.expand_exp import expand_exp
 
@@ -141,7 +141,7 @@ def tune_malloc() -> bool:
 def cpu_threads(target=None) -> int:
     """Threads the kernels run on: the target's cores (``POOT_CPU_THREADS``, else
     ``OMP_NUM_THREADS``, overrides), 1 without an OpenMP runtime (the CPU device then says
-    so once, when a program is loaded to run: :func:`~poot.executor.cpu.warn_no_openmp`)."""
+    so once, when a program is loaded to run: :func:`~poot.backends.cpu.runtime.warn_no_openmp`)."""
     from poot.compiler.target import requested_threads
 
     asked = requested_threads()
@@ -439,7 +439,7 @@ def lower_graph(graph: Graph, strategy: Strategy | None = None
 
 def lower_intrinsic_calls(module: ir.Module) -> None:
     """Calls of the kernels' intrinsic stand-ins (``@__poot_intr_*`` declarations, see
-    ``dialects/lowering/gemv.py``) become ``llvm.call_intrinsic``, now that bufferization is
+    ``poot/dialects/lowering/gemv.py``) become ``llvm.call_intrinsic``, now that bufferization is
     done; the declarations are erased."""
     from poot.dialects.lowering.gemv import INTRINSIC_PREFIX, INTRINSICS
 

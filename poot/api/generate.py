@@ -5,7 +5,7 @@
         else: print(ev.stats)                                  # the final Finished event
 
 The rules (context, stops, stop-string hold-back, EOS, ``max_tokens``, log-probs, seeds) are
-the engine's (:mod:`poot.engine.engine`); this module turns its per-step
+the engine's (:mod:`poot.engine.llm_engine`); this module turns its per-step
 :class:`~poot.engine.RequestOutput` into one :class:`TokenEvent` per generated token and a
 final :class:`Finished`. Every check that needs no step (vocabulary, parameters, context,
 KV capacity) runs when :func:`generate` is called, before any step.
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from poot.driver.params import SamplingParams
-from poot.engine.engine import ContextOverflow, RequestStats
+from poot.sampling_params import SamplingParams
+from poot.engine.llm_engine import ContextOverflow, RequestStats
 
 #: A finished request's numbers (:class:`poot.engine.RequestStats`).
 GenerationStats = RequestStats

@@ -2,8 +2,8 @@
 the lowering.
 
 Key: sha256 of (the step graph's IR text, ``target.key()``, the compile options, the poot
-version and a hash of the compiler's source files: ``poot/compiler``, ``dialects/``,
-``passes/`` and the target backend's code generator). A change to any of them is a different
+version and a hash of the compiler's source files: ``poot/compiler``, ``poot/dialects/``,
+``poot/passes/`` and the target backend's code generator). A change to any of them is a different
 key.
 
 Entry (CPU), pickled with the program's interface (inputs, params, outputs, storage,
@@ -50,7 +50,7 @@ FORMAT 4 and earlier carry no key: they are not looked up (the keys changed with
 :data:`FORMAT` / :data:`INDEX_FORMAT`), and one found under a current name is discarded.
 Shared objects are named by their hash, so a file another process has loaded is never
 rewritten. Processes sharing one cache take an exclusive lock on ``locks/<key>.lock``
-while compiling a missing step or program (:mod:`poot.executor.cache_lock`): the second one
+while compiling a missing step or program (:mod:`poot.compiler.cache_lock`): the second one
 waits and then loads what the first wrote, instead of compiling it too. The lock file records
 its holder (pid, host, since, what it compiles); a wait is bounded (``lock_timeout_s``,
 ``$POOT_CACHE_LOCK_TIMEOUT``, default 900 s) and ends in :class:`CacheLockTimeout` naming
@@ -94,8 +94,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from poot.errors import PootError
-from poot.executor.cache_lock import CacheLockTimeout, hold
-from poot.executor.cache_lock import lock_timeout_s as _lock_timeout
+from poot.compiler.cache_lock import CacheLockTimeout, hold
+from poot.compiler.cache_lock import lock_timeout_s as _lock_timeout
 
 _LOCK = threading.Lock()        # the CPU backend's ExecutionEngine is swapped while capturing
 _WARN_LOCK = threading.Lock()
@@ -121,7 +121,7 @@ RUNTIME_FILES = frozenset({"runtime.py"})
 @functools.cache
 def compiler_source_hash(backend: str = "cpu") -> str:
     """sha256 over the compiler's source files (paths and contents): ``poot/compiler``,
-    ``dialects/``, ``passes/`` and the backend's own code generator (``poot/backends/<b>.py``
+    ``poot/dialects/``, ``poot/passes/`` and the backend's own code generator (``poot/backends/<b>.py``
     or ``poot/backends/<b>/``, ``poot/backends/gpu`` for the backends on the shared GPU plan,
     and the folders its registration's ``sources`` names; other backends' files do not
     invalidate it). A backend's ``runtime.py`` is left out: a runtime loads and runs what was
@@ -243,8 +243,8 @@ class CachedProgram:
 
 def rec_storage(programs) -> list:
     """The step's buffers from its stage programs' (boundary values left out, each buffer
-    once): what :class:`~poot.executor.pipeline.PipelineProgram` keeps as ``storage``."""
-    from poot.executor.pipeline import BOUNDARY_PREFIX
+    once): what :class:`~poot.runtime.pipeline_parallel.PipelineProgram` keeps as ``storage``."""
+    from poot.runtime.pipeline_parallel import BOUNDARY_PREFIX
 
     out, seen = [], set()
     for p in programs:
@@ -277,7 +277,7 @@ def with_this_openmp(libs) -> list[str]:
 def cpu_program_from_object(so_path: str, name: str, inputs, params, outputs,
                             shared_libs=(), in_place=None):
     """A ``CpuProgram`` calling the step function of a linked shared object."""
-    from poot.backends.cpu import CpuProgram
+    from poot.backends.cpu.codegen import CpuProgram
 
     t0 = time.perf_counter()
     _load_libs(shared_libs)
@@ -325,7 +325,7 @@ def cpu_program_from_llvm(text: str, name: str, inputs, params, outputs, opt_lev
     from mlir import ir
     from mlir.execution_engine import ExecutionEngine
 
-    from poot.backends.cpu import CpuProgram, runtime_libs
+    from poot.backends.cpu.codegen import CpuProgram, runtime_libs
 
     t0 = time.perf_counter()
     ctx = ir.Context()
@@ -348,7 +348,7 @@ class _Capture:
     ExecutionEngine (used when the backend exposes no ``llvm_text``)."""
 
     def __enter__(self):
-        import poot.backends.cpu as cpu
+        import poot.backends.cpu.codegen as cpu
 
         self.texts: list[str] = []
         self.libs: list[list[str]] = []
@@ -479,7 +479,7 @@ class CompileCache:
     damaged, or bound to another key, and discarded); lock_timeout_s (seconds a compile
     waits for another process compiling the same step before :class:`CacheLockTimeout`).
     ``lock_timeout_s`` (option): else ``$POOT_CACHE_LOCK_TIMEOUT``, else 900; a value that is
-    not a positive number raises :class:`~poot.executor.cache_lock.InvalidLockTimeout`.
+    not a positive number raises :class:`~poot.compiler.cache_lock.InvalidLockTimeout`.
     """
 
     def __init__(self, directory: str | os.PathLike | None = None, enabled: bool = True,
@@ -547,7 +547,7 @@ class CompileCache:
             pass
 
     def _locked(self, name: str, progress=None, wait: bool = True, what: str = "compiling"):
-        """Hold ``locks/<name>.lock`` within the block (:func:`poot.executor.cache_lock.hold`:
+        """Hold ``locks/<name>.lock`` within the block (:func:`poot.compiler.cache_lock.hold`:
         ``flock``, the holder recorded, a wait bounded by ``lock_timeout_s``, a lock whose
         holder is gone broken), so processes sharing the cache compile a program once: the
         second waits, then finds it. Without a writable cache there is no lock (nothing is
@@ -593,7 +593,7 @@ class CompileCache:
         :mod:`poot.progress` callback or Tracker (units: cache lookup, tracing, the
         compile's passes and code generation, linking, writing). ``wait=False``: when
         another process is compiling this step, return None at once instead of waiting for
-        it (what a :mod:`~poot.executor.ahead` worker does)."""
+        it (what a :mod:`~poot.api.compile_ahead` worker does)."""
         from poot.progress import Tracker
 
         track = Tracker.of(progress)
@@ -629,13 +629,13 @@ class CompileCache:
                               target, options, stages: int, progress=None,
                               placement: Callable[[], dict] | None = None):
         """:meth:`compile_step` for a step cut into ``stages`` pipeline stages
-        (:func:`poot.executor.pipeline.compile_pipeline`): its index entry (under ``skey``
+        (:func:`poot.runtime.pipeline_parallel.compile_pipeline`): its index entry (under ``skey``
         and the stage count) lists each stage's program key and the boundaries, so a carried
         cache loads the whole pipeline without tracing or MLIR; each stage program is cached
         by its graph like any other. ``placement()``: the carried states' stages every step of
-        the model keeps (:func:`poot.compiler.pipeline.state_placement`), asked on a miss. A
+        the model keeps (:func:`poot.compiler.pipeline_parallel.state_placement`), asked on a miss. A
         miss where MLIR is missing raises :class:`CacheMiss`."""
-        from poot.executor.pipeline import PipelineProgram, compile_pipeline
+        from poot.runtime.pipeline_parallel import PipelineProgram, compile_pipeline
         from poot.progress import Tracker
 
         track = Tracker.of(progress)

@@ -1,10 +1,10 @@
-"""The per-backend device protocol the :class:`~poot.executor.engine.Engine` runs over.
+"""The per-backend device protocol the :class:`~poot.runtime.session.Session` runs over.
 
 A device is thin: it owns buffers, moves bytes, loads a compiled program as a kernel, records a
 kernel's launch over a fixed list of buffers, replays a recording, and reads buffers back. It
 knows nothing about models, KV caches or sampling; the engine decides what is bound where.
 
-Queued work (pipelining, :meth:`poot.executor.engine.Engine.submit`): a device runs its work in
+Queued work (pipelining, :meth:`poot.runtime.session.Session.submit`): a device runs its work in
 one queue, in the order it was issued. :meth:`Device.upload_async` and
 :meth:`Device.download_async` are queued like a replay, so "write the inputs, replay, read the
 outputs" can be issued for step n+1 before the host waits for step n. A synchronous device
@@ -20,6 +20,13 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from poot.dialects.types import PootType
+from poot.errors import PootError
+
+class DeviceError(PootError):
+    """A device cannot be opened (a missing runtime package, driver or device: the message
+    says what to install), or a buffer or binding it cannot accept (wrong type, shape, or
+    program)."""
+
 
 #: Argument roles of a kernel, in the order a device reports them.
 ROLES = ("input", "param", "output")

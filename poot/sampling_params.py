@@ -125,7 +125,7 @@ class SamplingParams:
             (``stop_token_ids`` still stop).
         detokenize: produce text (False: token ids only, as vLLM's ``detokenize``; stop
             strings then cannot be used).
-        guided: a :class:`~poot.driver.guided.Guide` (a JSON schema, any JSON object, a
+        guided: a :class:`~poot.engine.guided.Guide` (a JSON schema, any JSON object, a
             regular expression or a grammar the output must match; a mapping
             ``{"kind": ..., "spec": ...}`` is converted), or None. The request ends when the
             constraint is complete and the model emits EOS (so not with ``ignore_eos``).
@@ -209,7 +209,7 @@ class SamplingParams:
         if self.stop and not self.detokenize:
             raise InvalidRequest("stop", list(self.stop), "stop strings need detokenize=True")
         if self.guided is not None:
-            from poot.driver.guided import Guide
+            from poot.engine.guided import Guide
 
             g = self.guided
             if isinstance(g, Mapping):
@@ -293,7 +293,7 @@ class SamplingParams:
                         raise ValueError(f"{len(uniforms)} uniform streams for {B} slots")
                     a[:] = [0.0 if s is None else s.next() for s in uniforms]
             elif role == "allowed_tokens":
-                a[:] = (1 << 16) - 1            # every token allowed (poot.driver.guided)
+                a[:] = (1 << 16) - 1            # every token allowed (poot.engine.guided)
             elif role == "logit_bias":
                 for i, p in enumerate(batch):
                     if p is not None:

@@ -26,17 +26,18 @@ def _run_step(cache_dir: Path) -> tuple[int, dict, str]:
     (exit status, {"hits", "misses", "damaged", "y"}, stderr)."""
     code = textwrap.dedent(f"""
         import json, sys
-        sys.path.insert(0, {str(ROOT / "test" / "executor")!r})
+        sys.path.insert(0, {str(ROOT / "test" / "runtime")!r})
         import numpy as np
         from exec_graphs import WIDTH, cache_step
         from poot.compiler import CompileOptions, host_cpu
-        from poot.executor import CpuDevice, Engine
-        from poot.executor.cache import CompileCache
+        from poot.runtime import Session
+        from poot.backends.cpu.runtime import CpuDevice
+        from poot.compiler.cache import CompileCache
 
         g = cache_step()
         cache = CompileCache({str(cache_dir)!r})
         p = cache.compile(g, host_cpu(), CompileOptions(fuse=False))
-        eng = Engine(CpuDevice())
+        eng = Session(CpuDevice())
         eng.load_weights({{"w": np.eye(WIDTH, dtype=np.float32)}}, {{"w": g.params["w"]}})
         out = eng.step(eng.add_entry(p), {{"x": np.ones((1, WIDTH), np.float32),
                                           "idx": np.array([[2]])}})
@@ -116,7 +117,7 @@ def test_damaged_entry_file(filled, how):
 
 
 def test_entry_files_are_sealed_and_checked(tmp_path):
-    from poot.executor.cache import MAGIC, DamagedEntry, ForeignEntry, seal, unseal
+    from poot.compiler.cache import MAGIC, DamagedEntry, ForeignEntry, seal, unseal
 
     payload = b"x" * 1000
     data = seal(payload, "program", "a" * 64)
@@ -148,7 +149,7 @@ def test_entry_files_are_sealed_and_checked(tmp_path):
 
 
 def test_unreadable_index_entry_is_discarded(tmp_path, capsys):
-    from poot.executor.cache import CompileCache
+    from poot.compiler.cache import CompileCache
 
     cache = CompileCache(tmp_path)
     path = cache.index_path("k" * 64)
@@ -167,7 +168,7 @@ def test_writes_leave_no_partial_files(filled):
     so = _files(filled, ".so")
     if so:                             # content-named: <key>.<sha256 prefix>.so
         key, digest, _ = so[0].name.split(".")
-        from poot.executor.cache import file_digest
+        from poot.compiler.cache import file_digest
 
         assert file_digest(so[0])[1].startswith(digest)
 
@@ -182,13 +183,14 @@ def test_concurrent_processes_compile_once(tmp_path):
     cache_dir = tmp_path / "cache"
     code = textwrap.dedent(f"""
         import json, os, sys, time
-        sys.path.insert(0, {str(ROOT / "test" / "executor")!r})
+        sys.path.insert(0, {str(ROOT / "test" / "runtime")!r})
         import numpy as np
         from exec_graphs import WIDTH, cache_step
         import poot.compiler
         from poot.compiler import CompileOptions, host_cpu
-        from poot.executor import CpuDevice, Engine
-        from poot.executor.cache import CompileCache
+        from poot.runtime import Session
+        from poot.backends.cpu.runtime import CpuDevice
+        from poot.compiler.cache import CompileCache
 
         real = poot.compiler.compile
         def slow_compile(*a, **k):         # long enough for the others to arrive
@@ -201,7 +203,7 @@ def test_concurrent_processes_compile_once(tmp_path):
             time.sleep(0.01)
         cache = CompileCache({str(cache_dir)!r})
         p = cache.compile(g, host_cpu(), CompileOptions(fuse=False))
-        eng = Engine(CpuDevice())
+        eng = Session(CpuDevice())
         eng.load_weights({{"w": np.eye(WIDTH, dtype=np.float32)}}, {{"w": g.params["w"]}})
         out = eng.step(eng.add_entry(p), {{"x": np.ones((1, WIDTH), np.float32),
                                           "idx": np.array([[2]])}})
@@ -239,7 +241,7 @@ def test_read_only_cache_still_loads(filled, monkeypatch, capsys):
     """A cache directory this process cannot write (here: ``os.access`` says so, as it does
     for a non-root user on a read-only folder) is read: a compiled step loads from it, one
     warning says it is read-only, and nothing is written."""
-    import poot.executor.cache as cache_mod
+    import poot.compiler.cache as cache_mod
     from exec_graphs import cache_step
     from poot.compiler import CompileOptions, host_cpu
 
@@ -261,7 +263,7 @@ def test_read_only_cache_still_loads(filled, monkeypatch, capsys):
 
 
 def test_uncreatable_cache_path_says_so_once(tmp_path, monkeypatch, capsys):
-    import poot.executor.cache as cache_mod
+    import poot.compiler.cache as cache_mod
 
     monkeypatch.setattr(cache_mod, "_WARNED", set())
     (tmp_path / "file").write_text("")

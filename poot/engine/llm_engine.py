@@ -30,7 +30,7 @@ owns the device and every mutable structure (docs/serving.md).
    free up. One decode step runs all of them in the smallest compiled batch bucket, then the
    sampler with the union of their sampling features; each row samples with its own
    parameters, seed stream and history. A batch with guided requests (JSON schema, regex,
-   grammar: :mod:`poot.driver.guided`) issues the forward pass first, computes each guided
+   grammar: :mod:`poot.engine.guided`) issues the forward pass first, computes each guided
    row's allowed-token mask on the host while it runs, then issues the sampler with the
    masks (unconstrained rows allow every token).
 5. *Outputs*: per sequence, a guided request's matcher consumes the new token (its next
@@ -67,8 +67,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from poot.driver.params import InvalidRequest, SamplingParams
-from poot.driver.stops import StopMatcher
+from poot.sampling_params import InvalidRequest, SamplingParams
+from poot.engine.stops import StopMatcher
 from poot.engine.blocks import BlockManager, block_keys
 from poot.engine.runner import DecodeBatch, ModelRunner, sampler_spec_for
 from poot.errors import PootError
@@ -374,7 +374,7 @@ class LLMEngine:
         ids in the vocabulary, parameters against it, stop strings need a tokenizer, prompt +
         max_tokens within the context, and within the whole KV pool, a guided request's
         constraint compiles against the tokenizer. Returns the ids as ints. Raises
-        :class:`InvalidRequest` (:class:`~poot.driver.guided.GuidedDecodingError` for a
+        :class:`InvalidRequest` (:class:`~poot.engine.guided.GuidedDecodingError` for a
         constraint that is malformed or unsupported), :class:`ContextOverflow` or
         :class:`KVCapacityExceeded`."""
         return self._validate(prompt_ids, params)[0]
@@ -409,7 +409,7 @@ class LLMEngine:
 
     def _matcher(self, guide):
         """A fresh TokenMatcher of ``guide`` (its grammar compiled against the tokenizer)."""
-        from poot.driver.guided import GuidedCompiler, GuidedDecodingError
+        from poot.engine.guided import GuidedCompiler, GuidedDecodingError
 
         if self.tokenizer is None:
             raise GuidedDecodingError("guided", guide.kind, "guided decoding needs the "
@@ -817,7 +817,7 @@ class LLMEngine:
         if inflight is None or inflight[0].submitted is not None:
             return
         handle, seqs = inflight
-        from poot.driver.guided import ALL_ALLOWED
+        from poot.engine.guided import ALL_ALLOWED
 
         words = sampling.mask_words(self.vocab)
         if self._masks is None or self._masks.shape[0] < len(seqs):

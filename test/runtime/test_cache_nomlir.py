@@ -43,7 +43,7 @@ HIT = textwrap.dedent("""
             return SimpleNamespace(args=kernel_args(art.plan))
 
     from poot.api import ModelHandle, compile_cached
-    from poot.executor.cache import step_key
+    from poot.compiler.cache import step_key
     path, cache, cap = sys.argv[1], sys.argv[2], int(sys.argv[3])
     dev = Device()
     try:
@@ -142,7 +142,7 @@ def test_miss_without_mlir_says_what_differs(filled):
 def test_step_key_changes_with_the_step_and_the_sources():
     from poot.backends.cuda.artifact import cuda_target
     from poot.compiler import CompileOptions
-    from poot.executor import cache as C
+    from poot.compiler import cache as C
     from poot.graph.sampling import GREEDY, SamplerSpec
     from poot.models import StepSpec, load_model
 
@@ -198,7 +198,7 @@ def test_random_array_values():
 def test_a_runtime_edit_keeps_the_source_hash_and_a_codegen_edit_changes_it(tmp_path,
                                                                           monkeypatch):
     import poot
-    from poot.executor import cache as C
+    from poot.compiler import cache as C
 
     folder = tmp_path / "backends" / "vulkan"
     folder.mkdir(parents=True)

@@ -1,13 +1,13 @@
-"""The executor contract: :class:`Engine` over a per-backend :class:`Device`.
+"""The executor contract: :class:`Session` over a per-backend :class:`Device`.
 
 ``load_weights`` once per model, ``add_entry(program)`` per step shape, ``step(entry,
 inputs)``: the first step on an entry records, later steps replay (see
-:mod:`poot.executor.engine`). :class:`CpuDevice` is the host's device.
+:mod:`poot.runtime.session`). Each backend's device lives in its folder
+(``poot/backends/<name>/runtime.py``); :func:`open_device` opens it through the registry.
 """
 
-from poot.executor.cpu import CpuDevice, DeviceError
-from poot.executor.device import Device, Kernel, KernelArg, Readback, Ready
-from poot.executor.engine import Engine, Entry, ExecutorError, Submitted
+from poot.runtime.device import Device, DeviceError, Kernel, KernelArg, Readback, Ready
+from poot.runtime.session import Session, Entry, SessionError, Submitted
 
 
 _OPEN: dict[str, Device] = {}
@@ -37,5 +37,5 @@ def device_for(target) -> Device:
     return open_device(target.backend)
 
 
-__all__ = ["CpuDevice", "Device", "DeviceError", "Engine", "Entry", "ExecutorError", "Kernel",
+__all__ = ["Device", "DeviceError", "Session", "Entry", "SessionError", "Kernel",
            "KernelArg", "Readback", "Ready", "Submitted", "device_for", "open_device"]
