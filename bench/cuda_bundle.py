@@ -1,9 +1,11 @@
 """Build device-check bundles (artifact + oracle fixtures + weights) for the CUDA backend.
 
-    python bench/cuda_bundle.py OUT_DIR [--models llama llama_gguf_q4_1] [--steps 4]
+    python bench/cuda_bundle.py [OUT_DIR] [--models llama llama_gguf_q4_1] [--steps 4]
 
-Each bundle is OUT_DIR/<model>/ and is read by poot/backends/cuda/devcheck.py on a machine
-with a CUDA device (no MLIR needed there). Prints a JSON summary per bundle.
+Each bundle is OUT_DIR/<model>/ (OUT_DIR defaults to ``.cache/cuda_bundles``, ignored: bundles
+are generated, never committed) and is read by poot/backends/cuda/devcheck.py on a machine
+with a CUDA device (no MLIR needed there; ``bench/cuda_check.sh`` runs them all). Prints a
+JSON summary per bundle.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "test", "fixtures", "tiny")
+#: where bundles go by default: inside the checkout's ignored cache, not the source tree
+DEFAULT_OUT = os.path.join(ROOT, ".cache", "cuda_bundles")
 
 
 def fixture_path(name: str) -> str:
@@ -70,7 +74,8 @@ def build_speed(path: str, out: str, label: str, capacity: int, strategy: str = 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("out")
+    ap.add_argument("out", nargs="?", default=DEFAULT_OUT,
+                    help=f"folder of the bundles (default {os.path.relpath(DEFAULT_OUT, ROOT)})")
     ap.add_argument("--models", nargs="+", default=["llama", "llama_gguf_q4_1",
                                                     "llama_gguf_q4_1:256",
                                                     "llama_gguf_q4_1:256:naive"])
