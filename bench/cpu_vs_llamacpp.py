@@ -30,7 +30,7 @@ llama-bench is built once from the llama.cpp that the llama-cpp-python 0.3.36 sd
 (``pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36``: PyPI is the only
 network this needs), configured ``-DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release
 -DLLAMA_CURL=OFF`` with AMX turned off (``-mno-amx-*``: see ``NO_AMX``) and built ``--target llama-bench -j2``, under ``--llamacpp-dir`` (default
-``.llamacpp/`` in this checkout, git-ignored); later runs reuse the binary. It needs cmake
+``.cache/llamacpp/`` in this checkout, git-ignored); later runs reuse the binary. It needs cmake
 (``pip install cmake`` works), a C and a C++ compiler, and make or ninja.
 
 ``--quants`` other than the model's own type makes ``<model stem>.<QUANT>.gguf`` next to the
@@ -447,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="threads for both (default: 2)")
     ap.add_argument("--kv", type=positive_list, default=[256, 512, 2048],
                     help="poot KV capacities, comma-separated (default: 256,512,2048)")
-    ap.add_argument("--llamacpp-dir", type=Path, default=ROOT / ".llamacpp",
-                    help="where llama-bench is built and kept (default: .llamacpp/ here)")
+    ap.add_argument("--llamacpp-dir", type=Path, default=ROOT / ".cache" / "llamacpp",
+                    help="where llama-bench is built and kept (default: .cache/llamacpp/ here)")
     ap.add_argument("--rebuild", action="store_true", help="build llama-bench again")
     ap.add_argument("--build-only", action="store_true", help="build llama-bench and stop")
     ap.add_argument("--quants", default="",

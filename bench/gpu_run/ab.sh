@@ -1,42 +1,41 @@
 #!/usr/bin/env bash
 # Same-machine A/B of two source trees on the GPU machine: `poot bench` of the SmolLM2 Q4_1
 # step and the Llama-3.2-1B shape, each tree running its own compiled programs (its own
-# .i7b/cache, built there by bench/gpu_run/issue7_build.py), alternating A B, B A, A B, ...
+# .cache/gpu/decode/cache, built there by bench/gpu_run/cuda_decode_build.py), alternating
+# A B, B A, A B, ...
 # Why: two H200s (or one H200 across calls) differ by several percent on a latency-bound step,
 # more than a code change may move it; alternating in one call on one GPU isolates the change.
 #
-# Here:   git worktree add .abA <commit>      (ignored; .abA in .git/info/exclude)
-#         (cd .abA && python bench/gpu_run/issue7_build.py --shapes llama-3.2-1b)
-#         python bench/gpu_run/issue7_build.py --shapes llama-3.2-1b      (B: this tree)
-# There:  calls 1, 2 as for issue7.sh (`issue7.sh stage`, carrying .i7a, then .i7c), then
-#         carry [".i7b", ".abA"]:  OUT=$OUT bash bench/gpu_run/ab.sh .abA
+# Here:   git worktree add .cache/gpu/abA <commit>      (under the ignored .cache/)
+#         (cd .cache/gpu/abA && python bench/gpu_run/cuda_decode_build.py --shapes llama-3.2-1b --no-gguf)
+#         python bench/gpu_run/cuda_decode_build.py --shapes llama-3.2-1b      (B: this tree)
+# There:  stage the GGUF as for cuda_decode.sh (stage_gguf.sh, one call per .cache/gpu/gguf<i>),
+#         then carry [".cache/gpu/decode", ".cache/gpu/abA"]:
+#         OUT=$OUT bash bench/gpu_run/ab.sh .cache/gpu/abA
 #
 # Writes $OUT/ab.json: per variant and model, the replayed step time (us) and decode tok/s of
 # every round, their medians, and B/A ratios of the medians. AB_ROUNDS (default 3) rounds.
 set -u
 cd "$(dirname "$0")/../.."
-A=${1:?usage: ab.sh A_TREE (a source tree with its own .i7b/cache)}
+A=${1:?usage: ab.sh A_TREE (a source tree with its own .cache/gpu/decode/cache)}
 OUT="${OUT:-/tmp/about}"
 case "$OUT" in /*) ;; *) OUT="$(pwd)/$OUT" ;; esac     # the benches run from each tree
 ROUNDS=${AB_ROUNDS:-3}
 PY=python3
 mkdir -p "$OUT"
 for d in "$A" .; do
-    [ -d "$d/.i7b/cache" ] || { echo "ab: $d/.i7b/cache is missing (issue7_build.py there)" >&2; exit 2; }
+    [ -d "$d/.cache/gpu/decode/cache" ] || { echo "ab: $d/.cache/gpu/decode/cache is missing (cuda_decode_build.py there)" >&2; exit 2; }
 done
-GGUF=/tmp/i7/smollm2.gguf
-if [ ! -f "$GGUF" ]; then
-    [ -f /tmp/i7/smollm2.part0 ] && [ -f /tmp/i7/smollm2.part1 ] || {
-        echo "ab: stage the GGUF first (issue7.sh stage with .i7a, then .i7c)" >&2; exit 2; }
-    cat /tmp/i7/smollm2.part0 /tmp/i7/smollm2.part1 > "$GGUF"
-fi
-SMOL_CAP=$($PY -c "import json; print(json.load(open('.i7b/manifest.json'))['smol_cap'])")
-LLAMA_CAP=$($PY -c "import json; print(json.load(open('.i7b/manifest.json'))['llama_cap'])")
+GGUF=/tmp/gguf/smollm2.gguf
+[ -f "$GGUF" ] || { echo "ab: stage the GGUF first (stage_gguf.sh, one call per .cache/gpu/gguf<i>)" >&2; exit 2; }
+M=.cache/gpu/decode/manifest.json
+SMOL_CAP=$($PY -c "import json; print(json.load(open('$M'))['smol_cap'])")
+LLAMA_CAP=$($PY -c "import json; print(json.load(open('$M'))['llama_cap'])")
 ROOT=$(pwd)
 
 bench() {  # bench VARIANT TREE ROUND: both models with that tree's sources and cache
     local v=$1 tree=$2 r=$3
-    rm -rf "/tmp/ab_cache_$v" && cp -r "$tree/.i7b/cache" "/tmp/ab_cache_$v"
+    rm -rf "/tmp/ab_cache_$v" && cp -r "$tree/.cache/gpu/decode/cache" "/tmp/ab_cache_$v"
     (cd "$tree" || exit 2
      export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} POOT_CACHE_DIR="/tmp/ab_cache_$v"
      timeout --kill-after=10 120 $PY -m poot.cli bench --backend cuda --model "$GGUF" \

@@ -3,12 +3,11 @@ combine plan, per model shape and position.
 
 Build here (MLIR; ~1 min), into an ignored folder carried to the machine (~1 MB)::
 
-    printf '/.gpuattn/\\n' >> .git/info/exclude
-    PYTHONPATH=. python bench/gpu_run/attn_bench.py build .gpuattn
+    PYTHONPATH=. python bench/gpu_run/attn_bench.py build .cache/gpu/attn
 
-Run there (cuda-bindings, numpy; no MLIR), carry ``.gpuattn``::
+Run there (cuda-bindings, numpy; no MLIR), carry ``.cache/gpu/attn``::
 
-    python3 bench/gpu_run/attn_bench.py run .gpuattn $OUT/attn_bench.json
+    python3 bench/gpu_run/attn_bench.py run .cache/gpu/attn $OUT/attn_bench.json
 
 Each case is the attention region of one decode layer as the folded step holds it (RoPE of q
 and the causal mask ``iota <= position`` computed in the region, f32 KV caches; see

@@ -1,10 +1,11 @@
-"""Build (here, with MLIR) what bench/gpu_run/run_*.sh need on the GPU machine.
+"""Build (here, with MLIR) the SmolLM2 decode-step artifacts that smollm2_cuda.py and
+smollm2_vulkan.py run on the GPU machine (the first greedy and speed checks, README.md).
 
-    python bench/gpu_run/build.py cuda     # .gpuw/art (SmolLM2 cap-256 CUDA step) + weights split in two
-    python bench/gpu_run/build.py vulkan   # .gpuw/vk_smollm2 (SmolLM2 cap-256 Vulkan step, sg 32)
+    python bench/gpu_run/build.py cuda     # .cache/gpu/first/art (SmolLM2 cap-256 CUDA step) + weights split in two
+    python bench/gpu_run/build.py vulkan   # .cache/gpu/first/vk_smollm2 (SmolLM2 cap-256 Vulkan step, sg 32)
 
 The SmolLM2 weights (96.6 MB packed) exceed one device transfer (64 MiB): they are written as
-two npz halves, .gpuw/a/w.npz and .gpuw/b/w.npz, carried in two consecutive calls (the first
+two npz halves, .cache/gpu/first/a/w.npz and .cache/gpu/first/b/w.npz, carried in two consecutive calls (the first
 half stays on the warm machine).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-OUT = os.path.join(ROOT, ".gpuw")
+OUT = os.path.join(ROOT, ".cache", "gpu", "first")
 
 
 def weights_npz(weights, names):

@@ -3,9 +3,9 @@ here (MLIR), checked and timed on the GPU machine (no MLIR there).
 
     # here (repo root, MLIR installed): PTX + inputs + oracle outputs + error bounds (~70 MB,
     # over the device's 64 MiB carry: --formats bf16,f16,siblings keeps ~55 MB)
-    PYTHONPATH=. python bench/gpu_run/gemm_check.py --build .gemm [--formats F,...]
+    PYTHONPATH=. python bench/gpu_run/gemm_check.py --build .cache/gpu/gemm [--formats F,...]
     # there (repo root; numpy + cuda-bindings, torch optional): run, compare, time -> JSON
-    PYTHONPATH=. python3 bench/gpu_run/gemm_check.py --check .gemm --json $OUT/gemm.json
+    PYTHONPATH=. python3 bench/gpu_run/gemm_check.py --check .cache/gpu/gemm --json $OUT/gemm.json
 
 ``--build DIR`` writes ``DIR/manifest.json`` and one folder per case:
 

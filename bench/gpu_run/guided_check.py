@@ -1,10 +1,10 @@
 """Guided decoding on a backend: the 23 schemas of ``test/e2e/guided_schemas.py`` at
 temperature 0 and at temperature 1 (seeded), all batched; each output is checked with
 ``jsonschema`` and the greedy ones compared with the CPU oracle's tokens
-(``issue17_build.py`` writes them). Prints JSON.
+(``guided_cuda_build.py`` writes them). Prints JSON.
 
     python bench/gpu_run/guided_check.py OUT.json --backend cuda --model GGUF \\
-        [--expected .i17b/expected.json]
+        [--expected .cache/gpu/guided/expected.json]
 """
 
 from __future__ import annotations

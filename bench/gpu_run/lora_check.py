@@ -9,7 +9,7 @@ check fails.
     python3 bench/gpu_run/lora_check.py OUT.json --backend cuda
 
 Runs anywhere poot runs (``--backend cpu`` checks the script itself); on the GPU machine the
-programs come from the carried compile cache (``issue22_build.py``).
+programs come from the carried compile cache (``lora_embed_build.py``).
 """
 
 from __future__ import annotations

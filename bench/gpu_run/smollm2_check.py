@@ -72,7 +72,7 @@ def greedy(gguf: str, ref_dir: str, out: str, kv_capacity: int) -> int:
     from poot.sampling_params import SamplingParams
 
     t0 = time.perf_counter()
-    # max_batch=1: the steps (and KV pool) issue7_build.py's compile_steps() compiled; the
+    # max_batch=1: the steps (and KV pool) cuda_decode_build.py's compile_steps() compiled; the
     # CUDA default batch would ask for a larger pool, a step the carried cache lacks
     handle = ModelHandle.load(gguf, backend="cuda", kv_capacity=kv_capacity, max_batch=1)
     report = {"kv_capacity": kv_capacity, "load_s": round(time.perf_counter() - t0, 2),

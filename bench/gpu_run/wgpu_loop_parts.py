@@ -2,14 +2,14 @@
 Q4_1 weights) generating 128 tokens greedily several times; per run the tok/s and the host
 seconds inside ``WgpuDevice`` replay (encode), submit (``_flush``), readback waits (the device
 poll) and the rest, plus how many reads fell back to waiting for every submission
-(``_Native.full_polls``). Issue 21: the same build measured 0.26-0.50x CUDA from run to run.
+(``_Native.full_polls``). The same build measured 0.26-0.50x CUDA from run to run.
 
     python3 bench/gpu_run/wgpu_loop_parts.py OUT.json CACHE_DIR [--runs 6] [--gc on|freeze|off]
 
 ``--gc``: Python's cyclic garbage collector left on (default), its objects from loading
 frozen (``gc.freeze()`` after the warm-up: collections then skip them), or disabled.
 
-Runs on the GPU machine from a compile cache built here (bench/gpu_run/README.md, issue 21).
+Runs on the GPU machine from a compile cache built here (bench/gpu_run/README.md, backends.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ and the boundary activations move between devices every step.
 
 The CPU devices copy through the host (they have no queue); the CUDA device's queued peer
 copies and event ordering are tested with the fake driver (test/gpu/test_cuda_peer.py) and
-on the GPU machine (bench/gpu_run/pipeline_check.py)."""
+on the GPU machine (bench/gpu_run/pipeline_tokens.py)."""
 
 from __future__ import annotations
 

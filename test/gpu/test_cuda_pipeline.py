@@ -139,7 +139,7 @@ def test_pipelined_generation_equals_sequential_on_device(tmp_path):
         import mlir.ir  # noqa: F401
     except ImportError:
         pytest.skip("compiling the fixture needs the MLIR wheels, which this GPU machine "
-                    "lacks (the carried-cache greedy check in bench/gpu_run/issue7.sh runs "
+                    "lacks (the carried-cache greedy check in bench/gpu_run/cuda_decode.sh runs "
                     "the pipelined driver there)")
     import pipeline_cases as pc
     from model_steps import fixture_path, reference

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 23 on a machine with 2 GPUs (nvidia-h200-x2): what the one-GPU runs cannot show.
-# Built here first:  bash bench/gpu_run/issue23.sh build   -> .cache/i23b
-# then one call on nvidia-h200-x2, carry [".cache/i23b"]:  bash bench/gpu_run/issue23_multi.sh
+# The layer pipeline on a machine with 2 GPUs (nvidia-h200-x2): what the one-GPU runs cannot show.
+# Built here first:  bash bench/gpu_run/pipeline_one_gpu.sh build   -> .cache/gpu/pipeline
+# then one call on nvidia-h200-x2, carry [".cache/gpu/pipeline"]:  bash bench/gpu_run/pipeline_two_gpus.sh
 # (or two calls, each within the 10-minute call limit: ... small, then ... big)
 #
 # Out: same_tokens_{smollm2-135m,llama-3-8b}.json (one GPU vs stages on GPUs 0 and 1),
@@ -11,11 +11,11 @@
 # than one GPU holds: loads and generates on two; tok/s and roofline_fraction reported).
 set -u
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/i23multi}"
+OUT="${OUT:-/tmp/pipeline_two_gpus}"
 mkdir -p "$OUT/logs"
-[ -d .cache/i23b ] || { echo "issue23: carry .cache/i23b" >&2; exit 2; }
-[ -d /tmp/i23cache ] || cp -r .cache/i23b /tmp/i23cache
-export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR=/tmp/i23cache
+[ -d .cache/gpu/pipeline ] || { echo "pipeline: carry .cache/gpu/pipeline" >&2; exit 2; }
+[ -d /tmp/pipeline_cache ] || cp -r .cache/gpu/pipeline /tmp/pipeline_cache
+export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR=/tmp/pipeline_cache
 export NCCL_NVLS_ENABLE=0      # nothing here uses NCCL or multicast; kept off regardless
 PY=python3
 nvidia-smi --query-gpu=index,name,memory.total --format=csv
@@ -41,5 +41,5 @@ fi
 step bench_llama-3-70b_pp2.json 400 $PY -m poot.cli bench \
     --config bench/shapes/llama-3-70b.json $COMMON --pipeline-parallel 2 \
     --max-tokens 64 --runs 2 --quiet
-echo "issue23: done; failed: ${FAILED[*]:-none}" >&2
+echo "pipeline_two_gpus: done; failed: ${FAILED[*]:-none}" >&2
 [ ${#FAILED[@]} -eq 0 ]

@@ -1,12 +1,12 @@
 #!/bin/bash
-# Issue 21: does wgpu's run-to-run spread on SmolLM2 (0.26-0.47x CUDA) follow where the host
+# Host placement and wgpu: does wgpu's run-to-run spread on SmolLM2 (0.26-0.47x CUDA) follow where the host
 # thread runs? CUDA and wgpu side by side (bench/gpu_run/backends.py), unpinned and pinned
 # with taskset to cores of the GPU's NUMA node and of another node. Build here first (see
-# bench/gpu_run/README.md, issue 21): .cache/i21/{gl,whl,caps.json,cache}; run there carrying
-# .cache/i21. Writes $OUT/topo.txt and one backends JSON per placement.
+# bench/gpu_run/README.md, "CUDA, raw Vulkan and wgpu"): .cache/gpu/backends/{gl,whl,caps.json,cache}; run there carrying
+# .cache/gpu/backends. Writes $OUT/topo.txt and one backends JSON per placement.
 set -u
-C=.cache/i21
-O=${OUT:-/tmp/i21out}; mkdir -p "$O"
+C=.cache/gpu/backends
+O=${OUT:-/tmp/backends_pinned}; mkdir -p "$O"
 for f in $C/gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site $C/whl/*.whl

@@ -1,6 +1,6 @@
-"""Build here (with MLIR) what ``bench/gpu_run/issue22.sh`` needs on the GPU machine:
+"""Build here (with MLIR) what ``bench/gpu_run/lora_embed.sh`` needs on the GPU machine:
 
-    python bench/gpu_run/issue22_build.py        -> .cache/i22b (ignored; carried in one call)
+    python bench/gpu_run/lora_embed_build.py        -> .cache/gpu/lora_embed (ignored; carried in one call)
 
 The CUDA compile cache of the pooled steps: the three tiny pooled fixtures at batch 4 x 16
 tokens (what ``PoolingModel.load(..., max_batch=4, max_tokens=16)`` warms up) and the
@@ -29,7 +29,7 @@ def main() -> int:
     from poot.engine.pooling import PoolingRunner
     from poot.compiler.cache import CompileCache
 
-    cache = CompileCache(os.path.join(ROOT, ".cache", "i22b"))
+    cache = CompileCache(os.path.join(ROOT, ".cache", "gpu", "lora_embed"))
     target = target_for("cuda")
     out = {}
 
@@ -65,7 +65,7 @@ def main() -> int:
     from poot.engine.runner import sampler_spec_for
     from poot.graph.sampling import GREEDY
 
-    cache_dir = os.path.join(ROOT, ".cache", "i22b")
+    cache_dir = os.path.join(ROOT, ".cache", "gpu", "lora_embed")
     t0 = time.perf_counter()
     compile_steps(os.path.join(FIX, "llama"), "cuda", cache_dir=cache_dir,
                   samplers=[GREEDY, sampler_spec_for([params()])], **LOAD)

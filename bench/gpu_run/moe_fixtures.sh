@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 20 (families, MoE experts read in place) on the GPU machine. Built here first:
-#   bash bench/gpu_run/issue20.sh build      -> .cache/i20b (the CUDA compile cache)
-# then one call, carry [".cache/i20b"]:  bash bench/gpu_run/issue20.sh
+# Model families and MoE experts read in place, on CUDA on the GPU machine. Built here first:
+#   bash bench/gpu_run/moe_fixtures.sh build      -> .cache/gpu/moe (the CUDA compile cache)
+# then one call, carry [".cache/gpu/moe"]:  bash bench/gpu_run/moe_fixtures.sh
 #
 # Out: fixtures_cuda.json (the gemma3, glm4_moe, mixtral, deepseek_v3, deepseek_v2_lite and
 # deepseek_v2_lite_gguf fixtures' greedy tokens through the engine on CUDA vs HF's recorded
@@ -13,7 +13,7 @@ FIXTURES="gemma3 glm4_moe mixtral deepseek_v3 deepseek_v2_lite deepseek_v2_lite_
 # the checkpoint of a fixture: its model.gguf when it has one, else the HF folder
 ckpt() { local d="test/fixtures/tiny/$1"; [ -f "$d/model.gguf" ] && echo "$d/model.gguf" || echo "$d"; }
 if [ "${1:-}" = build ]; then
-  export POOT_CACHE_DIR="$PWD/.cache/i20b"
+  export POOT_CACHE_DIR="$PWD/.cache/gpu/moe"
   for f in $FIXTURES; do
     poot compile --model "$(ckpt "$f")" --backend cuda --kv-capacity 32 \
         --max-batch 1 --quiet > /dev/null || exit 1
@@ -22,13 +22,13 @@ if [ "${1:-}" = build ]; then
     POOT_MOE=$s poot compile --config bench/shapes/mixtral-mini.json --random-weights \
         --dtype bf16 --backend cuda --kv-capacity 128 --max-batch 1 --quiet > /dev/null || exit 1
   done
-  du -sh .cache/i20b
+  du -sh .cache/gpu/moe
   exit 0
 fi
-OUT="${OUT:-/tmp/i20out}"
+OUT="${OUT:-/tmp/moe_fixtures}"
 mkdir -p "$OUT"
-[ -d .cache/i20b ] || { echo "issue20: carry .cache/i20b" >&2; exit 2; }
-export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR="$PWD/.cache/i20b"
+[ -d .cache/gpu/moe ] || { echo "moe_fixtures: carry .cache/gpu/moe" >&2; exit 2; }
+export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR="$PWD/.cache/gpu/moe"
 FIXTURES="$FIXTURES" timeout 300 python3 - > "$OUT/fixtures_cuda.json" 2> "$OUT/fixtures_cuda.log" <<'PYEOF'
 import json
 import os

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 23 (layer pipeline) on the one-GPU machine: N pipeline stages as N CUDA contexts on
+# The layer pipeline (pipeline parallelism) on the one-GPU machine: N pipeline stages as N CUDA contexts on
 # GPU 0 (bench/gpu_run/pp_cli.py). Built here first:
-#   bash bench/gpu_run/issue23.sh build      -> .cache/i23b (the CUDA compile cache)
-# then one call, carry [".cache/i23b"]:  bash bench/gpu_run/issue23.sh [smollm2-135m|llama-3-8b ...]
+#   bash bench/gpu_run/pipeline_one_gpu.sh build      -> .cache/gpu/pipeline (the CUDA compile cache)
+# then one call, carry [".cache/gpu/pipeline"]:  bash bench/gpu_run/pipeline_one_gpu.sh [smollm2-135m|llama-3-8b ...]
 #
 # Out, per shape (random-init bf16 weights): same_tokens_{shape}.json (pipeline_tokens.py:
 # greedy tokens of four prompts, one device vs two stages), bench_{shape}_pp{1,2}.json (poot bench:
@@ -14,7 +14,7 @@ SHAPES="${*:-smollm2-135m llama-3-8b}"
 [ "${1:-}" = build ] && SHAPES="smollm2-135m llama-3-8b"
 COMMON="--random-weights --dtype bf16 --backend cuda --kv-capacity 512 --max-batch 64"
 if [ "${1:-}" = build ]; then
-  export POOT_CACHE_DIR="$PWD/.cache/i23b"
+  export POOT_CACHE_DIR="$PWD/.cache/gpu/pipeline"
   for s in $SHAPES; do
     for pp in 1 2; do
       t=$(date +%s)
@@ -23,19 +23,19 @@ if [ "${1:-}" = build ]; then
       echo "$s pp$pp: $(( $(date +%s) - t )) s" >&2
     done
   done
-  # the 2-GPU runs' model past one GPU (bench/gpu_run/issue23_multi.sh): stages only
+  # the 2-GPU runs' model past one GPU (bench/gpu_run/pipeline_two_gpus.sh): stages only
   t=$(date +%s)
   poot compile --config bench/shapes/llama-3-70b.json $COMMON --pipeline-parallel 2 --quiet \
       > /dev/null || exit 1
   echo "llama-3-70b pp2: $(( $(date +%s) - t )) s" >&2
-  du -sh .cache/i23b
+  du -sh .cache/gpu/pipeline
   exit 0
 fi
-OUT="${OUT:-/tmp/i23out}"
+OUT="${OUT:-/tmp/pipeline_one_gpu}"
 mkdir -p "$OUT/logs"
-[ -d .cache/i23b ] || { echo "issue23: carry .cache/i23b" >&2; exit 2; }
-[ -d /tmp/i23cache ] || cp -r .cache/i23b /tmp/i23cache
-export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR=/tmp/i23cache
+[ -d .cache/gpu/pipeline ] || { echo "pipeline: carry .cache/gpu/pipeline" >&2; exit 2; }
+[ -d /tmp/pipeline_cache ] || cp -r .cache/gpu/pipeline /tmp/pipeline_cache
+export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR=/tmp/pipeline_cache
 PY=python3
 . bench/gpu_run/step.sh
 for s in $SHAPES; do
@@ -59,5 +59,5 @@ for s in $SHAPES; do
     cat "$OUT/profile_${s}_$ctx.json"
   done
 done
-echo "issue23: done; failed: ${FAILED[*]:-none}" >&2
+echo "pipeline_one_gpu: done; failed: ${FAILED[*]:-none}" >&2
 [ ${#FAILED[@]} -eq 0 ]

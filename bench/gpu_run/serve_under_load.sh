@@ -1,33 +1,30 @@
 #!/usr/bin/env bash
-# Issue 16 (poot serve) on the GPU machine: bench/serve_load.py against `poot serve --backend
-# cuda` at K = 1, 16, 64 concurrent streaming clients, SmolLM2 (chat prompts) and the
-# Llama-3.2-1B shape (random bf16 weights, 32-token id prompts). Built here first by
-#   python bench/gpu_run/issue15_build.py  (only its .i15a/.i15c: the GGUF halves)
-#   python bench/gpu_run/issue16_build.py  -> .i16b/
+# `poot serve --backend cuda` under load on the GPU machine: bench/serve_load.py at K = 1, 16, 64
+# concurrent streaming clients, SmolLM2 (chat prompts) and the Llama-3.2-1B shape (random bf16
+# weights, 32-token id prompts). Built here first by
+#   python bench/gpu_run/serve_under_load_build.py   -> .cache/gpu/serve, .cache/gpu/gguf0..2
 #
-#   call 1, carry [".i15a"]:  bash bench/gpu_run/issue15.sh stage
-#   call 2, carry [".i15c"]:  bash bench/gpu_run/issue15.sh stage
-#   call 3, carry [".i16b"]:  bash bench/gpu_run/issue16.sh
+#   calls 1-3, carry [".cache/gpu/gguf<i>"]:  bash bench/gpu_run/stage_gguf.sh
+#   call 4,    carry [".cache/gpu/serve"]:    bash bench/gpu_run/serve_under_load.sh
 #
 # Out: serve_{smollm2,llama1b}_k{1,16,64}.json (serve_load's JSON with --server-metrics),
-# logs/ (the servers' stderr: one line per request). Loopback only.
+# logs/ (the servers' stderr: one line per request). Loopback only. SERVE_SECONDS (default 20).
 set -u
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/i16out}"
+OUT="${OUT:-/tmp/serve_under_load}"
 mkdir -p "$OUT/logs"
-B=.i16b
-[ -f "$B/manifest.json" ] || { echo "issue16: carry .i16b" >&2; exit 2; }
-if [ ! -f /tmp/i15/smollm2.gguf ]; then
-    cat /tmp/i15/smollm2.part0 /tmp/i15/smollm2.part1 > /tmp/i15/smollm2.gguf || exit 2
-fi
+B=.cache/gpu/serve
+[ -f "$B/manifest.json" ] || { echo "serve_under_load: carry $B" >&2; exit 2; }
+GGUF=/tmp/gguf/smollm2.gguf
+[ -f "$GGUF" ] || { echo "serve_under_load: $GGUF is missing: stage_gguf.sh first" >&2; exit 2; }
 PY=python3
-$PY -m pip install -q --no-index --no-deps --target /tmp/i16site $B/wheels/*.whl 2>&1 | tail -2
-export PYTHONPATH=.:/tmp/i16site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-$PY -c "import fastapi, uvicorn, prometheus_client, httpx" || { echo "issue16: the serve \
+$PY -m pip install -q --no-index --no-deps --target /tmp/serve_site $B/wheels/*.whl 2>&1 | tail -2
+export PYTHONPATH=.:/tmp/serve_site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+$PY -c "import fastapi, uvicorn, prometheus_client, httpx" || { echo "serve_under_load: the serve \
 wheels do not import" >&2; exit 2; }
-[ -d /tmp/i16cache ] || cp -r "$B/cache" /tmp/i16cache
-export POOT_CACHE_DIR=/tmp/i16cache
-SECONDS_EACH="${I16_SECONDS:-20}"
+[ -d /tmp/serve_cache ] || cp -r "$B/cache" /tmp/serve_cache
+export POOT_CACHE_DIR=/tmp/serve_cache
+SECONDS_EACH="${SERVE_SECONDS:-20}"
 PORT=8765
 FAILED=()
 
@@ -71,8 +68,8 @@ r.get('server'))" >&2 || true
     tail -n 3 "$OUT/logs/server_$name.log" >&2
 }
 
-serve_and_load smollm2 "--max-tokens 64" --model /tmp/i15/smollm2.gguf
+serve_and_load smollm2 "--max-tokens 64" --model "$GGUF"
 serve_and_load llama1b "--max-tokens 64 --token-prompts 32" \
     --model bench/shapes/llama-3.2-1b.json --random-weights bf16
-echo "issue16: done; failed: ${FAILED[*]:-none}" >&2
+echo "serve_under_load: done; failed: ${FAILED[*]:-none}" >&2
 [ ${#FAILED[@]} -eq 0 ]

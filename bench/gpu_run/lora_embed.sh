@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 22 (embeddings, rerank) on the GPU machine. Built here first by
-#   python bench/gpu_run/issue22_build.py   -> .cache/i22b (the CUDA compile cache)
-# then one call, carry [".cache/i22b"]:  bash bench/gpu_run/issue22.sh
+# LoRA adapters and pooled models (embeddings, rerank) on CUDA on the GPU machine. Built here first by
+#   python bench/gpu_run/lora_embed_build.py   -> .cache/gpu/lora_embed (the CUDA compile cache)
+# then one call, carry [".cache/gpu/lora_embed"]:  bash bench/gpu_run/lora_embed.sh
 #
 # Out: lora_check.json (lora_check.py: a batch of the base model and two adapters vs HF +
 # PEFT's tokens and log-probs, unload under traffic, on CUDA), lora_1b.json
@@ -11,10 +11,10 @@
 # (bench/embed_bench.py: 256 inputs of 128 tokens, batch 32, Llama-3.2-1B shape, bf16).
 set -u
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/i22out}"
+OUT="${OUT:-/tmp/lora_embed}"
 mkdir -p "$OUT"
-[ -d .cache/i22b ] || { echo "issue22: carry .cache/i22b" >&2; exit 2; }
-export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR="$PWD/.cache/i22b"
+[ -d .cache/gpu/lora_embed ] || { echo "lora_embed: carry .cache/gpu/lora_embed" >&2; exit 2; }
+export PYTHONPATH=. PYTHONUNBUFFERED=1 POOT_CACHE_DIR="$PWD/.cache/gpu/lora_embed"
 timeout 240 python3 bench/gpu_run/lora_check.py "$OUT/lora_check.json" --backend cuda \
     > "$OUT/lora_check.log" 2>&1; echo "lora_check: exit $?"; tail -c 1500 "$OUT/lora_check.log"
 timeout 300 python3 bench/lora_bench.py --config bench/shapes/llama-3.2-1b.json \
