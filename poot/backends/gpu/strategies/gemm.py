@@ -43,7 +43,7 @@ bytes, ``.cg``: L1 bypassed) into a ring of ``stages`` buffers (:data:`STAGES`, 
 that fits, :func:`with_stages`), steps kt + 1 .. kt + stages - 1 in flight while step kt's
 mma's run, ``cp.async.wait_group stages - 2`` before the step's barrier (H200, M = 32:
 the 14336 x 4096 projection 51.4 -> 43.5 us, 4096 x 4096 15.8 -> 14.7 us;
-``bench/gpu_run/README.md``, issue 23). Workgroup tiles are ``[rows][BK + 8]`` 16-bit
+``bench/results/pipeline.md``). Workgroup tiles are ``[rows][BK + 8]`` 16-bit
 words, k contiguous: x rows as A (``[m][k]``, row-major) and weight rows as B (``[n][k]``,
 i.e. the column-major B that ``.row.col`` wants, so a weight is never transposed); the 8
 words of padding make every 8-row phase of ``ldmatrix`` hit distinct banks. Fragments
@@ -344,7 +344,7 @@ def choose_tiling(M: int, N: int, K: int, cores: int, max_shared: int = 48 * 102
     thread while the mma's run. Warps (:func:`tiling`): 1 x 4 for BM <= 32,
     2 x 2 for 64, 4 x 2 for 128 (warp tiles 16-32 rows x 8-64 columns). The grid's size is
     split-K's business (:func:`choose_split`), not the tile's. Measured on an H200 (bf16, M =
-    32, every BN x BK x split; ``bench/gpu_run/gemm_check.py``, raw/issue22/gemm_sweep.json):
+    32, every BN x BK x split; ``bench/gpu_run/gemm_check.py``, ``bench/results/gemm.md``):
     64 x 64 tiles with split-K were fastest or within 10% of it on the Llama-3.2-1B and -8B
     projections, 32 x 128 on the narrow ones; 128 x 32 at BM 128; but wide weights want
     128 columns (x is re-read by every column tile: the 128256-column LM head at M = 32 went
@@ -393,7 +393,7 @@ def choose_split(t: Tiling, M: int, N: int, K: int, cores: int) -> int:
     alone: a Llama-3.2-1B down projection (2048 x 8192 bf16) read at 0.8 TB/s on an H200
     (132 units), 1.9 TB/s in 8 slices; a rank-16 LoRA shrink (16 x 2048) took 11.7 us as one
     block, 3.2 in 16 slices. More than two blocks per unit measured slower on the wide ones
-    (the partials' traffic; raw/issue22/gemm_sweep.json). Slices of K multiply the blocks
+    (the partials' traffic; ``bench/results/gemm.md``). Slices of K multiply the blocks
     streaming the weight; :meth:`_GemmKernel.reduce_kernel` then sums the S partials of each
     element and applies the epilogue. The count is rounded so that no slice is empty, and capped so that the
     partials fit in :data:`MAX_SPLIT_SCRATCH` bytes."""
