@@ -23,8 +23,8 @@ phase() { echo "wheel smoke: $1 ($((SECONDS - t0)) s)"; }
 mkdir -p "$WORK/src" "$WORK/dist"
 git ls-files -co --exclude-standard -z poot pyproject.toml README.md \
   | xargs -0 cp --parents -t "$WORK/src"
-"$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" "$WORK/src" 2>&1 \
-  | grep -v -i "warn" || true
+"$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" "$WORK/src" \
+  > "$WORK/build.log" 2>&1 || { tail -c 3000 "$WORK/build.log" >&2; exit 1; }
 WHEEL=$(ls "$WORK"/dist/poot-*.whl)
 phase "built $(basename "$WHEEL")"
 
