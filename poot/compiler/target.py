@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from poot.dialects.types import DType
 from poot.errors import PootError
+from poot import settings
 
 ALL_DTYPES = frozenset(DType)
 
@@ -103,7 +104,7 @@ def openmp_runtime() -> str | None:
     that ``pip install`` brings (LLVM's libomp), then a system's (Debian ``libomp5``).
     ``POOT_CPU_OPENMP=0`` says None. Looks for the file only (once per process): loads
     nothing and needs no MLIR."""
-    asked = os.environ.get("POOT_CPU_OPENMP", "1")
+    asked = settings.get_str("POOT_CPU_OPENMP")
     if asked == "0":
         return None
     if asked != "1":

@@ -62,6 +62,7 @@ import numpy as np
 
 from poot.errors import PootError
 from poot.runtime.device import Ready
+from poot import settings
 
 if __package__:
     from poot.backends.vulkan.artifact import ERROR_NAMES, BufferSpec, VulkanArtifact
@@ -313,7 +314,7 @@ class VulkanDevice:
     # ---- opening -----------------------------------------------------------------------------
     def _select(self, pds, want):
         vk = self.vk
-        want = want if want is not None else os.environ.get("POOT_VULKAN_DEVICE")
+        want = want if want is not None else settings.get_str("POOT_VULKAN_DEVICE")
         rank = {vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: 0,
                 vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: 1,
                 vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: 2, vk.VK_PHYSICAL_DEVICE_TYPE_CPU: 3}

@@ -61,6 +61,7 @@ from poot.backends.vulkan.artifact import VulkanArtifact
 from poot.backends.vulkan.runtime import KernelFault, buffer_bytes, host_layout
 from poot.errors import PootError
 from poot.runtime.device import Ready
+from poot import settings
 
 
 class WgpuError(PootError):
@@ -319,9 +320,8 @@ class WgpuDevice:
             adapters = wgpu.gpu.enumerate_adapters_sync()
         except Exception as e:  # noqa: BLE001  (wgpu-native's own loader errors)
             raise WgpuError(f"wgpu found no adapter: {type(e).__name__}: {e}") from None
-        env = os.environ.get("POOT_WGPU_ADAPTER")
-        if adapter_index is None and env is not None and env.strip():
-            adapter_index = int(env)
+        if adapter_index is None:
+            adapter_index = settings.get_int("POOT_WGPU_ADAPTER")
         if adapter_index is not None:
             if not 0 <= adapter_index < len(adapters):
                 raise WgpuError(f"adapter {adapter_index} does not exist ({len(adapters)} "
