@@ -135,6 +135,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("POOT_FUZZ_KEEP", "path", None, "folder to keep the fuzz corpus in", "test/fuzz"),
     _s("POOT_FUZZ_EXAMPLES", "int", "60", "schemathesis examples per route and mode",
        "test/serve"),
+    _s("POOT_LIT_OUTPUT", "path", None,
+       "folder of lit's outputs (default: poot-lit in the temporary folder)", "lit.cfg.py"),
 ]}
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -2,8 +2,8 @@
 the README, and the readers refuse a bad value by the variable's name.
 
 The names are read from the repository's source (``poot/``, ``bench/``, ``scripts/``,
-``test/``: Python and shell files), not from the table: a variable someone reads without
-declaring it, or declares after nobody reads it, fails here.
+``test/``: Python and shell files; the top-level ``*.py`` and ``.ci/``), not from the table:
+a variable someone reads without declaring it, or declares after nobody reads it, fails here.
 """
 
 from __future__ import annotations
@@ -22,16 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"\bPOOT_[A-Z0-9_]*[A-Z0-9]\b")
 #: a direct read of a POOT_* variable (``os.environ.get("POOT_...")``, ``os.getenv``,
 #: ``os.environ["POOT_..."]`` not followed by ``=``), which must go through poot.settings
-DIRECT_READ = re.compile(r"""(environ\.get|getenv)\(\s*["']POOT_|environ\[\s*["']POOT_[A-Z0-9_]+["']\s*\](?!\s*=[^=])""")
+DIRECT_READ = re.compile(r"""(environ\.get|getenv)\(\s*["']POOT_"""
+                         r"""|environ\[\s*["']POOT_[A-Z0-9_]+["']\s*\](?!\s*=[^=])""")
 #: this file names made-up variables; settings.py is the table itself
 SKIP = {Path(__file__).resolve(), (ROOT / "poot" / "settings.py").resolve()}
 
 
 def _sources():
-    for folder in ("poot", "bench", "scripts", "test"):
-        for p in sorted((ROOT / folder).rglob("*")):
-            if p.suffix in (".py", ".sh") and p.resolve() not in SKIP and p.is_file():
-                yield p
+    """Python and shell files of the code folders, the top level (``lit.cfg.py``) and CI."""
+    files = [p for folder in ("poot", "bench", "scripts", "test")
+             for p in sorted((ROOT / folder).rglob("*")) if p.suffix in (".py", ".sh")]
+    files += sorted(ROOT.glob("*.py")) + sorted((ROOT / ".ci").glob("*"))
+    return [p for p in files if p.is_file() and p.resolve() not in SKIP]
 
 
 def used_names() -> dict[str, str]:
@@ -82,7 +84,7 @@ def test_settings_is_layer_zero():
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     outside = {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names
                and m != "poot.errors"}
-    assert not outside, f"poot.settings may import the standard library and poot.errors only: {outside}"
+    assert not outside, f"poot.settings may import the stdlib and poot.errors only: {outside}"
 
 
 def test_every_setting_is_described():
