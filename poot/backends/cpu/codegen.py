@@ -14,8 +14,8 @@ every argument of the entry read-only, so inputs are never written) -> results b
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
 ``scf.parallel`` -> OpenMP when LLVM's runtime is found (the ``cmeel-libomp`` wheel, else a
 system's ``libomp.so.5``; without one, one thread) -> linalg to loops (the outer loop of each
-nest marked not to be unrolled: :func:`keep_outer_loops_rolled`) -> LLVM (toolchain.md,
-"CPU JIT"; dispatch functions stay ``noinline``) -> machine code ahead of time
+nest marked not to be unrolled: :func:`keep_outer_loops_rolled`) -> LLVM (docs/toolchain.md,
+"The CPU backend"; dispatch functions stay ``noinline``) -> machine code ahead of time
 (:func:`compile_native`: the functions in cost-balanced groups, one ``opt | llc`` process
 pair per core, linked by ``ld -shared``),
 loaded after ``libmlir_c_runner_utils`` (and libomp). Without LLVM's tools or the linker

@@ -4,12 +4,12 @@ Imports no MLIR: a compiled :class:`~poot.backends.vulkan.artifact.VulkanArtifac
 plan JSON) is all it reads, so it runs on a machine without the compiler.
 
     dev = VulkanDevice()                          # best device: discrete > integrated > cpu
-    engine = Session(dev)                          # poot.runtime.Engine
+    engine = Session(dev)                          # poot.runtime.session.Session
     kernel = dev.load(program_or_artifact_or_dir)
     rec = dev.record(kernel, buffers)             # descriptor sets + ONE command buffer
     dev.replay(rec); dev.synchronize()            # resubmitted verbatim, bounded fence wait
 
-Semantics (the seeds' "Raw Vulkan" contract):
+Semantics (what the Vulkan backend guarantees):
 
 * **robustBufferAccess is required**: SPIR-V has no trap, so an out-of-bounds access must stay
   harmless; a device without it is refused at open (:class:`RobustnessUnavailable`).

@@ -11,7 +11,7 @@ with the same binding ABI -- compiled for the adapter's features
     rec = dev.record(kernel, buffers)             # bind groups, once
     dev.replay(rec); dev.synchronize()            # re-encoded from the cached list, submitted
 
-Semantics (the seeds' wgpu contract):
+Semantics (what the wgpu backend guarantees):
 
 * **SPIR-V in, translated by naga**: each kernel's SPIR-V goes through wgpu's shader front
   end (naga) and out to the adapter's native language; what naga rejects is legalized in the

@@ -344,7 +344,7 @@ def choose_tiling(M: int, N: int, K: int, cores: int, max_shared: int = 48 * 102
     thread while the mma's run. Warps (:func:`tiling`): 1 x 4 for BM <= 32,
     2 x 2 for 64, 4 x 2 for 128 (warp tiles 16-32 rows x 8-64 columns). The grid's size is
     split-K's business (:func:`choose_split`), not the tile's. Measured on an H200 (bf16, M =
-    32, every BN x BK x split; ``bench/gpu_run/gemm_check.py``, raw/issue22/gemm_sweep.json):
+    32, every BN x BK x split; ``bench/gpu_run/gemm_check.py``; bench/gpu_run/README.md):
     64 x 64 tiles with split-K were fastest or within 10% of it on the Llama-3.2-1B and -8B
     projections, 32 x 128 on the narrow ones; 128 x 32 at BM 128; but wide weights want
     128 columns (x is re-read by every column tile: the 128256-column LM head at M = 32 went
@@ -393,7 +393,7 @@ def choose_split(t: Tiling, M: int, N: int, K: int, cores: int) -> int:
     alone: a Llama-3.2-1B down projection (2048 x 8192 bf16) read at 0.8 TB/s on an H200
     (132 units), 1.9 TB/s in 8 slices; a rank-16 LoRA shrink (16 x 2048) took 11.7 us as one
     block, 3.2 in 16 slices. More than two blocks per unit measured slower on the wide ones
-    (the partials' traffic; raw/issue22/gemm_sweep.json). Slices of K multiply the blocks
+    (the partials' traffic; bench/gpu_run/README.md). Slices of K multiply the blocks
     streaming the weight; :meth:`_GemmKernel.reduce_kernel` then sums the S partials of each
     element and applies the epilogue. The count is rounded so that no slice is empty, and capped so that the
     partials fit in :data:`MAX_SPLIT_SCRATCH` bytes."""

@@ -76,7 +76,7 @@ MAX_M = 8
 SMALL_N, SMALL_N_MAX_M = 64, 32
 #: ... and dense 16-bit weights from GEMM_FROM_M rows up: the GEMM's where it takes them
 #: (:func:`gemm_defers`). Measured on an H200 (weights streamed from DRAM, Llama-3.2-1B
-#: projections and LM head, raw/issue22/small_m.json): at M = 2 the split-K GEMM was
+#: projections and LM head, bench/gpu_run/README.md): at M = 2 the split-K GEMM was
 #: already 3-13% faster than this kernel, at M = 4 1.3-2x, at M = 8 2-3.7x (the GEMV's M
 #: accumulators a lane and re-reads of x per column). Below it the GEMV keeps what the GEMM
 #: lacks: a folded norm, several matmuls of one x in one launch.
@@ -1288,13 +1288,13 @@ def ksplit_for(N: int, units: int, sg: int, caps, rows: int = 1) -> int:
 #: (:meth:`_Kernel.prefetch_weights`); ``POOT_GPU_PREFETCH=0`` turns it off (to compare)
 PREFETCH = settings.get_flag("POOT_GPU_PREFETCH")
 #: ... for GEMVs whose weights are at most this many bytes. Measured on an H200 (graph
-#: replay, raw/session12/run4): the latency-bound GEMVs gain (SmolLM2's step 681 -> 655 us,
+#: replay, bench/gpu_run/README.md): the latency-bound GEMVs gain (SmolLM2's step 681 -> 655 us,
 #: Llama-3.2-1B's q/k/v 6.4 -> 6.2 us) while the bandwidth-bound ones lose, their prefetches
 #: taking bandwidth from the predecessor still streaming (1B gate/up 18.8 -> 20.5 us, down
 #: 10.4 -> 11.5 us). Prefetching only a 512-byte window of each column of the larger ones
 #: (one load a lane) did not gain either: with it (and fused GEMVs' prefetch kept, which
 #: SmolLM2 gained from: 526.6 -> 522.4 us) the 1B step went 905.4 -> 908.2 us (same-GPU A/B,
-#: raw/session13/ab_pdl_window).
+#: bench/gpu_run/README.md).
 PREFETCH_MAX_BYTES = 16 << 20
 #: most matmuls of one x a GEMV kernel computes together (see :class:`GemvMatch`)
 MAX_MATMULS = 4
@@ -1354,7 +1354,7 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     # lanes per column: a whole warp by default. Several columns a warp (8 lanes each for the
     # 18 units of a K = 576 4-bit row) measured no faster on an H200 for a 49152-column LM head
     # (34.6 vs 35.6 us) and slower for 576-column projections (2.7 vs 2.2 us, one-warp
-    # blocks); the knob stays for the sweep (bench/gpu_run/raw/session12)
+    # blocks); the knob stays for the sweep (bench/gpu_run/README.md)
     lanes = TUNING["lanes"] or sg
     if lanes > sg or sg % lanes:
         return None
