@@ -140,3 +140,12 @@ def test_values_and_defaults(monkeypatch):
 def test_an_undeclared_name_is_a_bug_not_a_silent_default():
     with pytest.raises(KeyError, match="POOT_NOT_A_SETTING"):
         settings.get_str("POOT_NOT_A_SETTING")
+
+
+def test_defaults_agree_with_their_readers(monkeypatch):
+    """A default the reading module also names is the same number in both places."""
+    from poot.compiler import cache_lock
+
+    monkeypatch.delenv("POOT_CACHE_LOCK_TIMEOUT", raising=False)
+    assert settings.get_float("POOT_CACHE_LOCK_TIMEOUT") == cache_lock.DEFAULT_TIMEOUT_S
+    assert cache_lock.lock_timeout_s() == cache_lock.DEFAULT_TIMEOUT_S
