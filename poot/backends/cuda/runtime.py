@@ -45,14 +45,13 @@ stable slot buffers before each graph launch, only the named outputs read back.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-
-from poot import settings
 
 
 class CudaError(RuntimeError):
@@ -346,7 +345,7 @@ class CudaDevice:
         #: launch a ``pdl`` plan's kernels with programmatic stream serialization (see
         #: :func:`poot.backends.cuda.codegen.add_grid_dependency_control`); POOT_CUDA_PDL=0
         #: turns it off (the kernels' griddepcontrol then does nothing)
-        self.pdl = settings.get_flag("POOT_CUDA_PDL")
+        self.pdl = os.environ.get("POOT_CUDA_PDL", "1") != "0"
         self.records = 0
         self.replays = 0
         self.allocated = 0
