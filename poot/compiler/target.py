@@ -144,7 +144,7 @@ def requested_threads() -> int | None:
     (its first nesting level, ``"4,2"`` -> 4); None when neither is set. Raises
     :class:`InvalidThreads` naming the variable when its value is not a positive integer."""
     for var in ("POOT_CPU_THREADS", "OMP_NUM_THREADS"):
-        raw = os.environ.get(var)
+        raw = settings.get_str(var) if var in settings.SETTINGS else os.environ.get(var)
         if raw is None or not raw.strip():
             continue
         first = raw.split(",")[0].strip()
