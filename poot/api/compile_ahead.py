@@ -31,6 +31,8 @@ import tempfile
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+from poot import settings
+
 #: One step: (key model, weight types, spec), as :func:`poot.api.compile_cached` takes them.
 Step = tuple[Any, Any, Any]
 
@@ -39,13 +41,9 @@ def default_workers() -> int:
     """Worker processes for a cold load: ``POOT_COMPILE_WORKERS`` when set (an integer >=
     0, else :class:`~poot.sampling_params.InvalidRequest`), else one fewer than the cores this
     process may use, at most 2 (each step's LLVM stages already use every core)."""
-    env = os.environ.get("POOT_COMPILE_WORKERS")
-    if env is not None and env.strip():
-        if not env.strip().isdigit():
-            from poot.sampling_params import InvalidRequest
-
-            raise InvalidRequest("POOT_COMPILE_WORKERS", env, "must be an integer >= 0")
-        return int(env)
+    env = settings.get_int("POOT_COMPILE_WORKERS", minimum=0)
+    if env is not None:
+        return env
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:

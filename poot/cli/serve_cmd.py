@@ -38,6 +38,7 @@ import time
 from poot.cli.generate_cmd import add_model_args, apply_threads, check_options, compile_options
 from poot.sampling_params import InvalidRequest
 from poot.errors import PootError
+from poot import settings
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.I)
 
@@ -88,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on "
                    "(default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free)")
-    p.add_argument("--api-key", default=os.environ.get("POOT_API_KEY"), metavar="KEY",
+    p.add_argument("--api-key", default=settings.get_str("POOT_API_KEY"), metavar="KEY",
                    help="require 'Authorization: Bearer KEY' (default: $POOT_API_KEY, else "
                         "open)")
     p.add_argument("--served-model-name", default=None, metavar="NAME",

@@ -96,6 +96,7 @@ from typing import Any, Callable
 from poot.errors import PootError
 from poot.compiler.cache_lock import CacheLockTimeout, hold
 from poot.compiler.cache_lock import lock_timeout_s as _lock_timeout
+from poot import settings
 
 _LOCK = threading.Lock()        # the CPU backend's ExecutionEngine is swapped while capturing
 _WARN_LOCK = threading.Lock()
@@ -221,7 +222,7 @@ def step_key(model, weight_types, spec, target, options) -> str:
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get("POOT_CACHE_DIR") or Path.home() / ".cache" / "poot")
+    return Path(settings.get_str("POOT_CACHE_DIR") or Path.home() / ".cache" / "poot")
 
 
 @dataclass

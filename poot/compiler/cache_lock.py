@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from poot.errors import PootError
+from poot import settings
 
 #: environment variable: seconds a process waits for a compile cache lock held by another
 ENV = "POOT_CACHE_LOCK_TIMEOUT"
@@ -74,8 +75,8 @@ def lock_timeout_s(value: float | None = None) -> float:
     positive finite number."""
     where = "the lock timeout"
     if value is None:
-        raw = os.environ.get(ENV)
-        if raw is None or raw.strip() == "":
+        raw = settings.get_str(ENV)
+        if raw is None:
             return DEFAULT_TIMEOUT_S
         where = f"{ENV}={raw!r}"
         try:

@@ -1,8 +1,8 @@
 """Pipeline partition: one traced step cut into N stages that run on N devices in order.
 
-The seeds' layer pipeline (``seeds/backends.txt``: "a layer pipeline across devices, where each
-stage is captured into its own CUDA graph on its own device and the activations that cross a
-stage boundary are copied peer to peer"). This is the compiler half: it rewrites one step's
+Pipeline parallelism (docs/architecture.md): a layer pipeline across devices, each stage
+captured into its own CUDA graph on its own device, the activations that cross a stage
+boundary copied peer to peer. This is the compiler half: it rewrites one step's
 ``func.func`` into N stage functions, each an ordinary step graph that :func:`compile` takes
 for its own device; the executor half (:mod:`poot.runtime.pipeline_parallel`) runs them and moves the
 boundary values.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from poot.dialects.types import DType
 from poot.errors import PootError
+from poot import settings
 
 ALL_DTYPES = frozenset(DType)
 
@@ -103,7 +104,7 @@ def openmp_runtime() -> str | None:
     that ``pip install`` brings (LLVM's libomp), then a system's (Debian ``libomp5``).
     ``POOT_CPU_OPENMP=0`` says None. Looks for the file only (once per process): loads
     nothing and needs no MLIR."""
-    asked = os.environ.get("POOT_CPU_OPENMP", "1")
+    asked = settings.get_str("POOT_CPU_OPENMP")
     if asked == "0":
         return None
     if asked != "1":
@@ -143,7 +144,7 @@ def requested_threads() -> int | None:
     (its first nesting level, ``"4,2"`` -> 4); None when neither is set. Raises
     :class:`InvalidThreads` naming the variable when its value is not a positive integer."""
     for var in ("POOT_CPU_THREADS", "OMP_NUM_THREADS"):
-        raw = os.environ.get(var)
+        raw = settings.get_str(var) if var in settings.SETTINGS else os.environ.get(var)
         if raw is None or not raw.strip():
             continue
         first = raw.split(",")[0].strip()

@@ -57,7 +57,6 @@ real tokens).
 from __future__ import annotations
 
 import itertools
-import os
 import queue
 import threading
 import time
@@ -73,6 +72,7 @@ from poot.engine.blocks import BlockManager, block_keys
 from poot.engine.runner import DecodeBatch, ModelRunner, sampler_spec_for
 from poot.errors import PootError
 from poot.graph import sampling
+from poot import settings
 
 
 #: How a request's ``RequestOutput.error`` begins when its guided-decoding constraint failed
@@ -350,9 +350,8 @@ class LLMEngine:
         self.guided_mask_s = 0.0
         pipe = self.config.pipeline
         if pipe is None:
-            env = os.environ.get("POOT_PIPELINE", "").strip().lower()
-            pipe = env not in ("0", "false", "off", "no") if env else \
-                bool(getattr(runner.engine, "overlaps", False))
+            pipe = settings.get_flag("POOT_PIPELINE")
+            pipe = bool(getattr(runner.engine, "overlaps", False)) if pipe is None else pipe
         self.pipelined = bool(pipe)
         mb = self.config.micro_batches
         if mb is None:
@@ -366,7 +365,7 @@ class LLMEngine:
         self.chained_lane_steps = 0
         #: chain rolling micro-batches where they can be (``POOT_CHAIN_LANES=0``: re-issue
         #: each only after reading it)
-        self.chain_lanes = os.environ.get("POOT_CHAIN_LANES", "1").strip() != "0"
+        self.chain_lanes = settings.get_flag("POOT_CHAIN_LANES")
 
     # ---- submission (any thread) ----------------------------------------------------------
     def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:

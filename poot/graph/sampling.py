@@ -1,6 +1,6 @@
 """On-device sampling: the suffix of the decode graph that turns logits into token ids.
 
-Generation picks the next token on the device for every request (seeds/backends.txt): the
+Generation picks the next token on the device for every request (docs/architecture.md): the
 sampling step is appended to the decode graph and the host reads back only the chosen ids
 (plus a non-finite flag, and top-n log-probs when a request asks). Everything here is a
 composition of primitive ops; there is no sampling primitive and no sort.

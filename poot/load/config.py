@@ -2,7 +2,7 @@
 
 Sources: Hugging Face ``transformers`` configuration classes (both the 4.x layout with
 top-level ``rope_theta``/``rope_scaling`` and the 5.x ``rope_parameters`` layout) and the GGUF
-standardized keys (ggml ``docs/gguf.md``: ``{arch}.block_count``, ``{arch}.embedding_length``,
+standardized keys (``ggml/docs/gguf.md``: ``{arch}.block_count``, ``{arch}.embedding_length``,
 ``{arch}.attention.head_count``, ...). A missing required field is a
 :class:`~poot.load.errors.LoadError` naming it.
 """

@@ -1,6 +1,6 @@
 """A hardened, memory-mapped GGUF v2/v3 reader.
 
-Format source: ggml's ``docs/gguf.md`` (the GGUF specification) and ``ggml/src/gguf.cpp``.
+Format source: ``ggml/docs/gguf.md`` (the GGUF specification) and ``ggml/src/gguf.cpp``.
 A file is, little-endian::
 
     magic "GGUF" | u32 version | u64 tensor_count | u64 kv_count
@@ -109,7 +109,7 @@ _GGML_NAMES: dict[int, str] = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Stored types that well-known keys must have (ggml docs/gguf.md "Standardized key-value pairs").
+# Stored types that well-known keys must have (ggml/docs/gguf.md "Standardized key-value pairs").
 
 def _is_int(t: KVType) -> bool:
     return t.type in _INTS

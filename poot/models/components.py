@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import abc
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
@@ -25,6 +24,7 @@ from poot.models.base import (ModelError, StepDims, StepSpec, WeightBinding, Wei
                               WeightTable, bind_weights, default_kv_dtype)
 from poot.models.lora import COLUMN_SLOT, shrink_param
 from poot.models.mla import MlaOptions, mla_attention
+from poot import settings
 
 
 @dataclass
@@ -218,7 +218,7 @@ def moe_spelling() -> str:
     """How MoE blocks are traced (:func:`poot.graph.ops.moe`'s ``sparse``): ``auto`` (by
     shape), or ``dense`` / ``sparse`` from ``POOT_MOE`` (to compare the two spellings; part
     of the options, so of every compile-cache key). Raises ModelError for another value."""
-    v = os.environ.get("POOT_MOE", "auto") or "auto"
+    v = settings.get_str("POOT_MOE")
     if v not in ("auto", "dense", "sparse"):
         raise ModelError(f"POOT_MOE must be 'auto', 'dense' or 'sparse', got {v!r}")
     return v

@@ -15,7 +15,8 @@ sys.path.insert(0, str(ROOT / "models"))
 from model_steps import fixture_path, reference  # noqa: E402
 
 from poot.api import Driver, ModelHandle  # noqa: E402
-from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
+from poot.sampling_params import SamplingParams  # noqa: E402
+from poot.settings import InvalidSetting  # noqa: E402
 from poot.api.compile_ahead import default_workers, run_worker  # noqa: E402
 from poot.compiler.cache import CompileCache, step_key  # noqa: E402
 from poot.graph.sampling import FULL  # noqa: E402
@@ -83,5 +84,5 @@ def test_compile_workers_setting(monkeypatch):
     monkeypatch.setenv("POOT_COMPILE_WORKERS", "3")
     assert default_workers() == 3
     monkeypatch.setenv("POOT_COMPILE_WORKERS", "two")
-    with pytest.raises(InvalidRequest, match="POOT_COMPILE_WORKERS"):
+    with pytest.raises(InvalidSetting, match="POOT_COMPILE_WORKERS"):
         default_workers()

@@ -14,8 +14,8 @@ every argument of the entry read-only, so inputs are never written) -> results b
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
 ``scf.parallel`` -> OpenMP when LLVM's runtime is found (the ``cmeel-libomp`` wheel, else a
 system's ``libomp.so.5``; without one, one thread) -> linalg to loops (the outer loop of each
-nest marked not to be unrolled: :func:`keep_outer_loops_rolled`) -> LLVM (toolchain.md,
-"CPU JIT"; dispatch functions stay ``noinline``) -> machine code ahead of time
+nest marked not to be unrolled: :func:`keep_outer_loops_rolled`) -> LLVM (docs/toolchain.md,
+"The CPU backend"; dispatch functions stay ``noinline``) -> machine code ahead of time
 (:func:`compile_native`: the functions in cost-balanced groups, one ``opt | llc`` process
 pair per core, linked by ``ld -shared``),
 loaded after ``libmlir_c_runner_utils`` (and libomp). Without LLVM's tools or the linker
@@ -65,6 +65,7 @@ from poot.errors import PootError
 from poot.backends.cpu.runtime import descriptor as _descriptor
 from poot.graph.builder import Graph
 from poot.passes.expand_exp import expand_exp
+from poot import settings
 
 # Bufferize keeping state updated in place (pipelines.BUFFERIZE_KEEP_IN_PLACE; the entry's
 # in-place results are then dropped by drop_in_place_results), make the other results
@@ -127,7 +128,7 @@ def tune_malloc() -> bool:
     """Keep big step buffers (KV-cache copies, activations over glibc's 128 KiB mmap
     threshold) on the heap: otherwise every step mmaps, page-faults and unmaps each of them.
     Process-wide glibc setting, made once; ``POOT_CPU_MALLOPT=0`` leaves malloc alone."""
-    if os.environ.get("POOT_CPU_MALLOPT", "1") == "0":
+    if not settings.get_flag("POOT_CPU_MALLOPT"):
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -172,8 +173,8 @@ def strategy_for(target=None, threads: int | None = None,
 
         target = host_cpu()
     threads = cpu_threads(target) if threads is None else threads
-    env = os.environ.get("POOT_CPU_INT8")
-    bits = {"int16": 16, "int8": 8}.get(precision, 0) if env is None else 8 * (env == "1")
+    env = settings.get_flag("POOT_CPU_INT8")
+    bits = {"int16": 16, "int8": 8}.get(precision, 0) if env is None else 8 * env
     f = target.caps.features
     if "avx2" not in f:
         bits = 0
@@ -515,7 +516,7 @@ def native_tools() -> dict[str, str] | None:
     wheel (the LLVM the MLIR bindings load), the system linker ``ld``, and the host's target
     triple; None when one is missing or ``POOT_CPU_CODEGEN=jit`` (then the ExecutionEngine
     compiles in process)."""
-    if os.environ.get("POOT_CPU_CODEGEN", "") == "jit":
+    if settings.get_choice("POOT_CPU_CODEGEN") == "jit":
         return None
     spec = importlib.util.find_spec("llvm")
     base = next((os.path.join(b, "bin") for b in (spec.submodule_search_locations or [])
@@ -542,9 +543,9 @@ def native_tools() -> dict[str, str] | None:
 def codegen_jobs() -> int:
     """Processes the LLVM stages of one module run in (``POOT_CPU_CODEGEN_JOBS``, else the
     cores this process may use)."""
-    env = os.environ.get("POOT_CPU_CODEGEN_JOBS")
-    if env:
-        return max(1, int(env))
+    env = settings.get_int("POOT_CPU_CODEGEN_JOBS")
+    if env is not None:
+        return max(1, env)
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:

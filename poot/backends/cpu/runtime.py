@@ -33,6 +33,7 @@ import numpy as np
 
 from poot.dialects.types import DType, PackedType, PootType
 from poot.runtime.device import DeviceError, KernelArg, Ready
+from poot import settings
 
 
 def host_dtype(t: PootType) -> np.dtype:
@@ -103,14 +104,13 @@ def warn_no_openmp() -> None:
     therefore run on one of the host's cores (nothing when there is one core, or
     ``POOT_CPU_OPENMP=0`` asked for one thread). :meth:`CpuDevice.load` calls it: after every
     check of a command's input, so the warning never comes before a one-line user error."""
-    import os
     import sys
 
     from poot.compiler.target import host_cpu, openmp_runtime
 
     if _WARNED_OPENMP:
         return
-    asked = os.environ.get("POOT_CPU_OPENMP", "1")
+    asked = settings.get_str("POOT_CPU_OPENMP")
     cores = host_cpu().caps.cores
     _WARNED_OPENMP.append(cores)
     if asked == "0" or cores < 2 or openmp_runtime() is not None:

@@ -27,6 +27,7 @@ from poot.backends.cuda.hoist_constant_loads import hoist_constant_loads
 from poot.backends.gpu.kernels import gpu_kernels
 from poot.backends.gpu.plan import plan_program
 from poot.errors import PootError
+from poot import settings
 
 
 class CudaCodegenError(PootError):
@@ -36,7 +37,7 @@ class CudaCodegenError(PootError):
 @functools.cache
 def libdevice() -> str | None:
     """libdevice.10.bc of a local CUDA toolkit (math functions: expf, logf, ...)."""
-    for pat in (os.environ.get("POOT_LIBDEVICE", ""),
+    for pat in (settings.get_str("POOT_LIBDEVICE"),
                 "/usr/local/cuda*/nvvm/libdevice/libdevice.10.bc",
                 "/usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc"):
         if pat:
@@ -204,7 +205,7 @@ def compile_program(program, chip: str = "sm_90", strategy: str = "auto",
     caps = program.target.caps
     t0 = time.perf_counter()
     plan = plan_program(program, caps, strategy, progress=track)
-    pdl = sm_version(chip) >= 90 and os.environ.get("POOT_CUDA_PDL", "1") != "0"
+    pdl = sm_version(chip) >= 90 and settings.get_flag("POOT_CUDA_PDL")
     if pdl:
         add_grid_dependency_control(plan.module)
         hoist_constant_loads(plan.module, constant_args(plan))

@@ -67,7 +67,6 @@ kernel does not verify. ``POOT_GPU_HORIZONTAL=0`` turns it off (to compare).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from mlir import ir
@@ -76,6 +75,7 @@ from poot.backends.gpu.kernels import WG_ALIGN, DispatchKernels, Launch, memref_
 from poot.backends.gpu.merge import dispatch_kind
 from poot.passes.analysis import DISPATCH_ATTR
 from poot.passes.ir_utils import clone_into
+from poot import settings
 
 #: the smallest maxComputeWorkGroupCount[0] Vulkan guarantees; CUDA allows 2^31 - 1
 MAX_GRID_X = 65535
@@ -109,7 +109,7 @@ _KEEP: list = []
 
 def enabled() -> bool:
     """Whether horizontal fusion runs (``POOT_GPU_HORIZONTAL`` unset or not ``0``)."""
-    return os.environ.get(ENV, "1") != "0"
+    return settings.get_flag(ENV)
 
 
 def _name(op: ir.Operation) -> str:

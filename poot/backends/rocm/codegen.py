@@ -53,6 +53,7 @@ from poot.backends.gpu.kernels import gpu_kernels
 from poot.backends.gpu.plan import plan_program
 from poot.backends.rocm.artifact import RocmArtifact
 from poot.errors import PootError
+from poot import settings
 
 TRIPLE = "amdgcn-amd-amdhsa"
 
@@ -153,7 +154,7 @@ def _llvm():
 def ld_lld() -> str:
     """Path of an ``ld.lld`` (``$POOT_LD_LLD``, ``ld.lld``, ``ld.lld-NN``, LLVM's own folders).
     Raises :class:`RocmCodegenError` saying what to install when there is none."""
-    for cand in (os.environ.get("POOT_LD_LLD"), "ld.lld",
+    for cand in (settings.get_str("POOT_LD_LLD"), "ld.lld",
                  *sorted(glob.glob("/usr/bin/ld.lld-*"), reverse=True),
                  *sorted(glob.glob("/usr/lib/llvm-*/bin/ld.lld"), reverse=True)):
         if cand and (shutil.which(cand) or os.access(cand, os.X_OK)):

@@ -56,7 +56,6 @@ Queued transfers: ``upload_async``/``download_async`` wait for the queue and cop
 from __future__ import annotations
 
 import base64
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -71,6 +70,7 @@ from poot.backends.rocm.hsa import (AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED,
                                     HsaTimeout, host_supports_release_store)
 from poot.runtime.device import DeviceError
 from poot.runtime.device import Ready
+from poot import settings
 
 
 class RocmError(DeviceError):
@@ -203,7 +203,7 @@ class RocmDevice:
             raise RocmError("the ROCm runtime publishes AQL packets with plain aligned stores, "
                             "which are release stores only on x86-64 hosts")
         self.hsa = hsa if hsa is not None else Hsa()
-        raw = timeout_s if timeout_s is not None else os.environ.get("POOT_ROCM_TIMEOUT_S", 60)
+        raw = timeout_s if timeout_s is not None else settings.get_str("POOT_ROCM_TIMEOUT_S")
         try:
             self.timeout_s = float(raw)
         except (TypeError, ValueError):
@@ -211,7 +211,7 @@ class RocmDevice:
         if not 0 < self.timeout_s < float("inf"):
             raise RocmError(f"the wait bound (POOT_ROCM_TIMEOUT_S / timeout_s) must be a "
                             f"positive number of seconds, got {raw!r}")
-        ring = ring or os.environ.get("POOT_ROCM_RING", "system")
+        ring = ring or settings.get_str("POOT_ROCM_RING")
         if ring not in ("system", "device"):
             raise RocmError(f"queue ring placement must be 'system' or 'device', got {ring!r}")
         self._poisoned: str | None = None

@@ -4,12 +4,12 @@ Imports no MLIR: a compiled :class:`~poot.backends.vulkan.artifact.VulkanArtifac
 plan JSON) is all it reads, so it runs on a machine without the compiler.
 
     dev = VulkanDevice()                          # best device: discrete > integrated > cpu
-    engine = Session(dev)                          # poot.runtime.Engine
+    engine = Session(dev)                          # poot.runtime.session.Session
     kernel = dev.load(program_or_artifact_or_dir)
     rec = dev.record(kernel, buffers)             # descriptor sets + ONE command buffer
     dev.replay(rec); dev.synchronize()            # resubmitted verbatim, bounded fence wait
 
-Semantics (the seeds' "Raw Vulkan" contract):
+Semantics (what the Vulkan backend guarantees):
 
 * **robustBufferAccess is required**: SPIR-V has no trap, so an out-of-bounds access must stay
   harmless; a device without it is refused at open (:class:`RobustnessUnavailable`).
@@ -62,6 +62,7 @@ import numpy as np
 
 from poot.errors import PootError
 from poot.runtime.device import Ready
+from poot import settings
 
 if __package__:
     from poot.backends.vulkan.artifact import ERROR_NAMES, BufferSpec, VulkanArtifact
@@ -313,7 +314,7 @@ class VulkanDevice:
     # ---- opening -----------------------------------------------------------------------------
     def _select(self, pds, want):
         vk = self.vk
-        want = want if want is not None else os.environ.get("POOT_VULKAN_DEVICE")
+        want = want if want is not None else settings.get_str("POOT_VULKAN_DEVICE")
         rank = {vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: 0,
                 vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: 1,
                 vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: 2, vk.VK_PHYSICAL_DEVICE_TYPE_CPU: 3}

@@ -11,7 +11,7 @@ with the same binding ABI -- compiled for the adapter's features
     rec = dev.record(kernel, buffers)             # bind groups, once
     dev.replay(rec); dev.synchronize()            # re-encoded from the cached list, submitted
 
-Semantics (the seeds' wgpu contract):
+Semantics (what the wgpu backend guarantees):
 
 * **SPIR-V in, translated by naga**: each kernel's SPIR-V goes through wgpu's shader front
   end (naga) and out to the adapter's native language; what naga rejects is legalized in the
@@ -61,6 +61,7 @@ from poot.backends.vulkan.artifact import VulkanArtifact
 from poot.backends.vulkan.runtime import KernelFault, buffer_bytes, host_layout
 from poot.errors import PootError
 from poot.runtime.device import Ready
+from poot import settings
 
 
 class WgpuError(PootError):
@@ -319,9 +320,8 @@ class WgpuDevice:
             adapters = wgpu.gpu.enumerate_adapters_sync()
         except Exception as e:  # noqa: BLE001  (wgpu-native's own loader errors)
             raise WgpuError(f"wgpu found no adapter: {type(e).__name__}: {e}") from None
-        env = os.environ.get("POOT_WGPU_ADAPTER")
-        if adapter_index is None and env is not None and env.strip():
-            adapter_index = int(env)
+        if adapter_index is None:
+            adapter_index = settings.get_int("POOT_WGPU_ADAPTER")
         if adapter_index is not None:
             if not 0 <= adapter_index < len(adapters):
                 raise WgpuError(f"adapter {adapter_index} does not exist ({len(adapters)} "

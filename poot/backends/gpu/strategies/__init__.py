@@ -21,13 +21,13 @@ kernels. ``POOT_GPU_STRATEGIES=generic`` turns every strategy off (to compare);
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 from mlir import ir
 
 from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError, Launch
+from poot import settings
 
 
 @dataclass
@@ -85,7 +85,7 @@ def _load() -> None:
 def synthesize(fn: ir.Operation, caps, kctx: ir.Context) -> DispatchKernels | None:
     """The first strategy's kernels for dispatch ``fn``, parsed into ``kctx``; None when no
     strategy takes it (or ``POOT_GPU_STRATEGIES=generic``)."""
-    only = os.environ.get("POOT_GPU_STRATEGIES", "")
+    only = settings.get_str("POOT_GPU_STRATEGIES") or ""
     if only == "generic":
         return None
     allowed = set(only.split(",")) if only else None

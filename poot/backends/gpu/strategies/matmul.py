@@ -54,7 +54,6 @@ targets get the same kernel with 32-bit scalar loads.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from mlir import ir
@@ -65,6 +64,7 @@ from poot.backends.gpu.strategies._scalar import (KernelEmitter, ScalarEmitter,
                                                   ScalarUnsupported, buffer_type)
 from poot.backends.gpu.strategies.rowreduce import per_element_reduction, reduce_kind, row_total
 from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
+from poot import settings
 
 #: largest M (rows of x: batch x new tokens) taken; larger M (prefill) stays generic
 MAX_M = 8
@@ -1286,7 +1286,7 @@ def ksplit_for(N: int, units: int, sg: int, caps, rows: int = 1) -> int:
 
 #: weights prefetched before the grid-dependency wait on sm_90 targets
 #: (:meth:`_Kernel.prefetch_weights`); ``POOT_GPU_PREFETCH=0`` turns it off (to compare)
-PREFETCH = os.environ.get("POOT_GPU_PREFETCH", "1") != "0"
+PREFETCH = settings.get_flag("POOT_GPU_PREFETCH")
 #: ... for GEMVs whose weights are at most this many bytes. Measured on an H200 (graph
 #: replay, bench/results/cuda_decode.md, session 12): the latency-bound GEMVs gain (SmolLM2's step 681 -> 655 us,
 #: Llama-3.2-1B's q/k/v 6.4 -> 6.2 us) while the bandwidth-bound ones lose, their prefetches

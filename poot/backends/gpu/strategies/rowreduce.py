@@ -52,7 +52,6 @@ dispatch is several launches, so horizontal fusion does not take it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from mlir import ir
@@ -74,6 +73,7 @@ from poot.dialects.lowering.emit import HALF, compute_type
 from poot.dialects.lowering.reduce import _combine, _identity
 from poot.dialects.opdef import lookup, read_attrs
 from poot.dialects.types import DType, TensorType
+from poot import settings
 
 #: most threads one row gets
 MAX_ROW_THREADS = 1024
@@ -491,7 +491,7 @@ def split_count(n_rows: int, k: int, cores: int) -> int:
     k // SPLIT_MIN_SLICE)`` when rows are at least :data:`SPLIT_MIN_K` long and that is at
     least 2 (so only when fewer rows than half the target's cores); 1 when
     ``POOT_GPU_ROWSPLIT=0``."""
-    if os.environ.get(SPLIT_ENV, "1") == "0" or k < SPLIT_MIN_K or n_rows < 1:
+    if not settings.get_flag(SPLIT_ENV) or k < SPLIT_MIN_K or n_rows < 1:
         return 1
     s = min(MAX_SPLIT, max(1, cores) // n_rows, k // SPLIT_MIN_SLICE)
     return s if s >= 2 else 1
