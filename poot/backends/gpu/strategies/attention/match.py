@@ -263,26 +263,12 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     else (see the module doc for what is taken)."""
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
-    atts = [o for o in ops if o.name in ("poot.attention", "poot.paged_attention")]
-    if len(atts) != 1 or not ops or ops[-1].name != "func.return" or len(ops[-1].operands) != 1:
+    root = _root(ops)
+    if root is None:
         return None
-    att = atts[0]
-    paged = att.name == "poot.paged_attention"
-    # the result reaches the return through reshapes only
-    chain = {att, ops[-1]}
-    r = ops[-1].operands[0]
-    while r != att.results[0]:
-        o = _owner(r)
-        if o is None or o.name != "poot.reshape":
-            return None
-        chain.add(o)
-        r = o.operands[0]
+    att, chain = root
     args = list(block.arguments)
-    arg_types = []
-    for a in args:
-        t = type_from_mlir(a.type)
-        arg_types.append((t.dtype.value, _prod(t.shape)) if isinstance(t, TensorType)
-                         else ("", 0))
+    arg_types = tuple(_arg_type(a) for a in args)
     # k and v: strided views of arguments (the KV caches or block pools: read in place in
     # their dtype, never recomputed; a cast widening a cache to f32 is the load's extension)
     k, v = (resolve_view(att.operands[i], args, widen=True) for i in (1, 2))
@@ -291,16 +277,71 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     # q: a strided view, else any elementwise-class expression (staged once per block)
     q = resolve_view(att.operands[0], args)
     q_value = None if q is not None else att.operands[0]
+    shapes = _shapes(att, args, arg_types, k, v)
+    if shapes is None:
+        return None
+    batch, rows, S, D, Dv, pkv = shapes
+    mask = _mask(att, args)
+    if mask is None:
+        return None
+    kind, mview, mconst, negate, mask_value = mask
+    # every op of the region is accounted for: the result's reshapes, k/v (and table) views,
+    # and q and the mask (views, or elementwise-class expressions the scalar emitter
+    # computes)
+    known = chain | slice_ops(att.operands)
+    if any(o not in known for o in ops):
+        return None
+    computed = [x for x in (q_value, mask_value) if x is not None]
+    if not all(per_element(o) for o in slice_ops(computed)):
+        return None
+    scale = float(ir.FloatAttr(att.attributes["scale"]).value)
+    softcap = float(ir.FloatAttr(att.attributes["softcap"]).value)
+    mt = type_from_mlir(att.operands[-1].type)
+    return AttentionRegion(q, k, v, mview, kind, mconst, negate, batch, rows, S, D, Dv,
+                           scale, softcap, arg_types, fn, q_value, mask_value,
+                           tuple(mt.shape), pkv)
+
+
+def _root(ops: list) -> tuple[ir.Operation, set] | None:
+    """The region's one ``poot.attention`` / ``poot.paged_attention`` op and the ops from it
+    to the return (reshapes only), or None."""
+    atts = [o for o in ops if o.name in ("poot.attention", "poot.paged_attention")]
+    if len(atts) != 1 or not ops or ops[-1].name != "func.return" or len(ops[-1].operands) != 1:
+        return None
+    att = atts[0]
+    chain = {att, ops[-1]}
+    r = ops[-1].operands[0]
+    while r != att.results[0]:
+        o = _owner(r)
+        if o is None or o.name != "poot.reshape":
+            return None
+        chain.add(o)
+        r = o.operands[0]
+    return att, chain
+
+
+def _arg_type(a: ir.Value) -> tuple[str, int]:
+    """(element type, numel) of a function argument; ``("", 0)`` for a packed one."""
+    t = type_from_mlir(a.type)
+    return (t.dtype.value, _prod(t.shape)) if isinstance(t, TensorType) else ("", 0)
+
+
+_FLOATS = (DType.F32, DType.F16, DType.BF16)
+
+
+def _shapes(att: ir.Operation, args, arg_types, k: View, v: View):
+    """``(batch, rows, S, D, Dv, paged)`` of the attention op (``paged``: its
+    :class:`PagedKV`, None for a dense op), or None where the dtypes or shapes are not
+    taken."""
     qt, kt, vt = (type_from_mlir(x.type) for x in att.operands[:3])
     mt = type_from_mlir(att.operands[-1].type)
     pkv = None
-    floats = (DType.F32, DType.F16, DType.BF16)
-    if paged:
+    if att.name == "poot.paged_attention":
         # q [B, H, rows..., D]; pools [NB, bs, H, D] of one float dtype; table [B, TW]
         tt_ = type_from_mlir(att.operands[3].type)
         table = resolve_view(att.operands[3], args)
         if table is None or tt_.dtype not in (DType.I32, DType.I64) or \
-                qt.dtype not in floats or kt.dtype not in floats or vt.dtype != kt.dtype:
+                qt.dtype not in _FLOATS or kt.dtype not in _FLOATS or vt.dtype != kt.dtype:
             return None
         NB, bs, H = kt.shape[:3]
         B_, TW = tt_.shape
@@ -308,7 +349,7 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
         S, D, Dv = TW * bs, kt.shape[-1], vt.shape[-1]
         pkv = PagedKV(table, tt_.dtype.value, NB, bs, TW)
     else:
-        if any(t.dtype not in floats for t in (qt, kt, vt)) or \
+        if any(t.dtype not in _FLOATS for t in (qt, kt, vt)) or \
                 any(arg_types[x.arg][0] not in ("f32", "f16", "bf16") for x in (k, v)):
             return None
         nb = len(kt.shape) - 2
@@ -316,8 +357,15 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
         S, D, Dv = kt.shape[-2], kt.shape[-1], vt.shape[-1]
     if S < 1 or D < 1 or Dv < 1 or not rows or len(mt.shape) != len(qt.shape):
         return None
-    # the mask: a view, a splat constant, or not(view) for i1; else any elementwise-class
-    # expression (evaluated per row and key)
+    return batch, rows, S, D, Dv, pkv
+
+
+def _mask(att: ir.Operation, args):
+    """The mask operand: ``(kind, view, const, negate, value)``: ``kind`` ``"i1"``/``"f32"``;
+    a view (``not`` of one for i1: ``negate``), a splat constant, or else the operand itself
+    (``value``: any elementwise-class expression, evaluated per row and key); None for
+    another mask dtype."""
+    mt = type_from_mlir(att.operands[-1].type)
     mval, negate = att.operands[-1], False
     mo = _owner(mval)
     if mo is not None and mo.name == "poot.unary" and \
@@ -340,20 +388,7 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
         mview = resolve_view(mval, args)
         if mview is None:
             mask_value, negate = att.operands[-1], False
-    # every op of the region is accounted for: the result's reshapes, k/v (and table) views,
-    # and q and the mask (views, or elementwise-class expressions the scalar emitter
-    # computes)
-    known = chain | slice_ops(att.operands)
-    if any(o not in known for o in ops):
-        return None
-    computed = [x for x in (q_value, mask_value) if x is not None]
-    if not all(per_element(o) for o in slice_ops(computed)):
-        return None
-    scale = float(ir.FloatAttr(att.attributes["scale"]).value)
-    softcap = float(ir.FloatAttr(att.attributes["softcap"]).value)
-    return AttentionRegion(q, k, v, mview, kind, mconst, negate, batch, rows, S, D, Dv,
-                           scale, softcap, tuple(arg_types), fn, q_value, mask_value,
-                           tuple(mt.shape), pkv)
+    return kind, mview, mconst, negate, mask_value
 
 
 __all__ = ["AttentionRegion", "PagedKV", "View", "match_attention", "reshape_strides",
