@@ -6,6 +6,14 @@ runs a pipeline mixing poot's Python passes and upstream MLIR passes, and prints
     poot-opt in.mlir --pass-pipeline='builtin.module(poot-verify,canonicalize,cse)'
     poot-opt in.mlir --poot-verify --split-input-file
     poot-opt bad.mlir --verify-diagnostics      # checks `// expected-error @+1 {{...}}`
+    poot-opt step.mlir --gpu-kernels --gpu-subgroup-size=32 --gpu-cores=4
+
+``--gpu-kernels`` plans the (compiled) step function for a GPU target of the given
+capabilities, as every gpu-dialect backend does (:func:`poot.backends.gpu.plan.plan_program`:
+the strategies, region folding, horizontal fusion), and prints the kernels' ``gpu.module``
+(each ``gpu.func`` with its ``known_block_size``) then one comment line per launch
+(``// launch @kernel grid [x, y, z] block [x, y, z] strategy name``) and per scratch buffer.
+No GPU is needed: it prints the IR a backend would lower.
 
 Exit status: 0 on success, 1 when the input fails to parse/verify or a pass fails (or, with
 ``--verify-diagnostics``, when diagnostics and expectations disagree), 2 for usage errors.
@@ -18,12 +26,17 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from mlir import ir
 
+from poot.backends.gpu.plan import plan_program
+from poot.compiler.target import Capabilities
 from poot.dialects import irdl_text, make_context
+from poot.dialects.lowering.packed import DECODERS
 from poot.dialects.verify import verify_module
 from poot.errors import PootError
+from poot.graph.builder import Graph
 from poot.passes.registry import (PipelineError, build_pass_manager, load_all_passes,
                                   take_failures)
 
@@ -61,7 +74,56 @@ def _parser() -> argparse.ArgumentParser:
     for p in passes.values():
         ap.add_argument(f"--{p.argument}", action="append_const", const=p.argument,
                         dest="pass_flags", help=p.summary)
+    gpu = ap.add_argument_group("GPU kernels", "--gpu-kernels and the target it plans for")
+    gpu.add_argument("--gpu-kernels", action="store_true",
+                     help="after the pipeline, print the GPU kernels (gpu.module) and launches "
+                          "of the step function")
+    gpu.add_argument("--gpu-subgroup-size", type=int, default=32, metavar="N",
+                     help="threads per subgroup (warp), a power of two (default 32)")
+    gpu.add_argument("--gpu-shared-bytes", type=int, default=48 * 1024, metavar="N",
+                     help="workgroup (shared) memory per block in bytes (default 49152)")
+    gpu.add_argument("--gpu-cores", type=int, default=132, metavar="N",
+                     help="compute units (SMs) (default 132)")
+    gpu.add_argument("--gpu-features", default="", metavar="A,B",
+                     help="target features, comma-separated: sm_90 (CUDA vector loads, mma "
+                          "from sm_80), workgroup_view, mfma, wmma (default none)")
     return ap
+
+
+def gpu_caps(subgroup_size: int, shared_bytes: int, cores: int, features: str) -> Capabilities:
+    """The capabilities ``--gpu-kernels`` plans for: every storage dtype and packed decoder,
+    ``subgroup_size`` threads per subgroup, ``shared_bytes`` of workgroup memory, ``cores``
+    compute units, ``features`` (comma-separated names). Raises ValueError naming a bad
+    value."""
+    if subgroup_size < 1 or subgroup_size & (subgroup_size - 1):
+        raise ValueError(f"--gpu-subgroup-size must be a power of two, not {subgroup_size}")
+    if shared_bytes < 0:
+        raise ValueError(f"--gpu-shared-bytes must not be negative, not {shared_bytes}")
+    if cores < 1:
+        raise ValueError(f"--gpu-cores must be at least 1, not {cores}")
+    feats = frozenset(f.strip() for f in features.split(",") if f.strip())
+    return Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
+                        subgroup_size=subgroup_size, max_shared_bytes=shared_bytes,
+                        features=feats)
+
+
+def gpu_kernels_text(module: ir.Module, caps: Capabilities) -> str:
+    """The GPU plan of ``module``'s step function (its first public ``func.func``, calling
+    outlined dispatch regions) for ``caps``, as text: the kernels' module, then a comment line
+    per launch and per scratch buffer. Raises :class:`~poot.errors.PootError` (a region no
+    kernel covers, a module without a step function)."""
+    plan = plan_program(SimpleNamespace(graph=Graph.from_module(module), storage=[]), caps)
+    lines = [str(plan.module).rstrip("\n")]
+    for L in plan.launches:
+        if L["op"] == "kernel":
+            lines.append(f"// launch @{plan.kernels[L['kernel']]} grid {L['grid']} "
+                         f"block {L['block']} strategy {L['strategy']}")
+        else:
+            lines.append(f"// copy buffer {L['src']} -> {L['dst']} ({L['nbytes']} bytes)")
+    for b in plan.buffers:
+        if b["role"] == "scratch":
+            lines.append(f"// scratch {b['name']} {b['type']} ({b['nbytes']} bytes)")
+    return "\n".join(lines) + "\n"
 
 
 def _chunks(text: str, split: bool) -> list[tuple[int, str]]:
@@ -82,8 +144,10 @@ def _parse_loc(loc: str, filename: str) -> tuple[int | None, str]:
     return int(m.group(1)), f"{filename}:{m.group(1)}:{m.group(2)}"
 
 
-def process_chunk(text: str, pipeline: str, filename: str) -> tuple[str | None, list[Diag]]:
-    """Parse, verify and transform one chunk. Returns (printed IR or None, diagnostics)."""
+def process_chunk(text: str, pipeline: str, filename: str,
+                  caps: Capabilities | None = None) -> tuple[str | None, list[Diag]]:
+    """Parse, verify and transform one chunk. Returns (printed IR or None, diagnostics);
+    with ``caps`` the printed IR is the GPU kernels of the result (:func:`gpu_kernels_text`)."""
     ctx = make_context()
     diags: list[Diag] = []
     with ctx:
@@ -113,6 +177,8 @@ def process_chunk(text: str, pipeline: str, filename: str) -> tuple[str | None, 
                         diags.append(Diag(line, one if m else f"{filename}: error: {one}",
                                           m.group(4) if m else one))
                 return None, diags
+        if caps is not None:
+            return gpu_kernels_text(module, caps), diags
         return str(module), diags
 
 
@@ -172,6 +238,14 @@ def main(argv: list[str] | None = None) -> int:
         print("poot-opt: error: use either --pass-pipeline or pass flags", file=sys.stderr)
         return 2
     pipeline = args.pass_pipeline or ",".join(args.pass_flags or [])
+    caps = None
+    if args.gpu_kernels:
+        try:
+            caps = gpu_caps(args.gpu_subgroup_size, args.gpu_shared_bytes, args.gpu_cores,
+                            args.gpu_features)
+        except ValueError as e:
+            print(f"poot-opt: error: {e}", file=sys.stderr)
+            return 2
     filename = "<stdin>" if args.input == "-" else args.input
     try:
         if args.input == "-":
@@ -191,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     outputs, failed, problems = [], False, []
     try:
         for _, chunk in _chunks(text, args.split_input_file):
-            out, diags = process_chunk(chunk, pipeline, filename)
+            out, diags = process_chunk(chunk, pipeline, filename, caps)
             if args.verify_diagnostics:
                 problems += _check_expectations(_expectations(chunk), diags, filename)
             else:

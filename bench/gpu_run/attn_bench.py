@@ -97,7 +97,7 @@ def build(folder: str) -> None:
     from poot.backends.cuda.artifact import CudaArtifact
     from poot.backends.cuda.codegen import cuda_target, ptx_text
     from poot.backends.gpu.plan import plan_program
-    from poot.backends.gpu.strategies import attention as A
+    from poot.backends.gpu.strategies.attention import plan as A
 
     caps = cuda_target().caps
     manifest = {}

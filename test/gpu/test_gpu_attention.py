@@ -408,6 +408,7 @@ def test_combine_past_the_grid_limit_uses_a_2d_grid_on_vulkan(vk_device, monkeyp
     guarded: with MAX_GRID forced to 2, the 12 x 64 outputs take a 2 x 2 grid (one block
     past the end) and still equal the oracle."""
     from poot.backends.gpu.strategies import attention as A
+    from poot.backends.gpu.strategies.attention import emit as E
     from poot.backends.vulkan.codegen import codegen_vulkan
 
     shape = dict(B=2, T=1, Hkv=2, G=3, S=50, D=64, Dv=64, mask="f32", softcap=0.0)
@@ -418,7 +419,7 @@ def test_combine_past_the_grid_limit_uses_a_2d_grid_on_vulkan(vk_device, monkeyp
     sg = target.caps.subgroup_size
     plan = A.AttentionPlan(sg, 2, 3, 1, 20, 3, max(sg, min(256, 4 * sg)), 2)
     monkeypatch.setattr(A, "plan_attention", lambda reg, caps: plan)
-    monkeypatch.setattr(A, "MAX_GRID", 2)
+    monkeypatch.setattr(E, "MAX_GRID", 2)            # where the combine kernel reads it
     art = codegen_vulkan(g, target)
     nblk = -(-2 * 2 * 3 * 64 // plan.CT)
     assert nblk > 2 and list(art.steps[1].groups[:2]) == [2, -(-nblk // 2)], art.steps[1]
@@ -907,7 +908,8 @@ def test_paged_walk_bounds_follow_the_mask_on_vulkan(vk_device):
     batches between: with a sliding window of 5 over 40 keys (batches of the subgroup's
     keys), for every position of one sequence (the other elsewhere), the first and the last
     visible key landing on every offset of a batch, the result equals the oracle."""
-    from poot.backends.gpu.strategies.attention import emit, match_attention, plan_attention
+    from poot.backends.gpu.strategies.attention import (emit_attention, match_attention,
+                                                        plan_attention)
     from poot.backends.vulkan.codegen import codegen_vulkan
 
     shape = dict(B=2, T=1, Hkv=2, G=2, NB=24, bs=4, TW=10, D=16, Dv=16, mask="i1",
@@ -918,7 +920,7 @@ def test_paged_walk_bounds_follow_the_mask_on_vulkan(vk_device):
     plan = plan_attention(reg, target.caps)
     assert plan.W == 1 and plan.NS == 1 and plan.C >= 3 * plan.KL, plan
     with g.module.context:
-        assert "arith.maxsi" in emit(reg, plan).text        # the bounds' butterfly
+        assert "arith.maxsi" in emit_attention(reg, plan).text        # the bounds' butterfly
     k = vk_device.load(codegen_vulkan(g, target))
     for p in range(40):
         x = paged_inputs(**shape, ends=(p, (7 * p + 3) % 40), window=5, seed=p)
