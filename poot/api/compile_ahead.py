@@ -4,7 +4,7 @@ the steps the loading process will ask for later.
 A cold load compiles its steps one after another (the prefill chunk, the decode step of each
 bucket, their samplers), each mostly one core of Python and MLIR passes with only the LLVM
 stages fanned out, so a 2-core machine idles half the time. :func:`compile_ahead` starts
-worker processes (``python -m poot.api.compile_ahead``) on the same steps in the *opposite*
+worker processes (``python -m poot.api.compile_worker``) on the same steps in the *opposite*
 order. A worker takes each step that no other process is compiling (the step's lock in the
 compile cache, tried without waiting: a step being compiled is skipped), compiles it into the
 shared cache and goes on. The loading process compiles its steps in its own order through the
@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from poot import settings
+from poot.compiler.cache import _warn, mlir_importable, step_key
 
 #: One step: (key model, weight types, spec), as :func:`poot.api.compile_cached` takes them.
 Step = tuple[Any, Any, Any]
@@ -39,7 +40,7 @@ Step = tuple[Any, Any, Any]
 
 def default_workers() -> int:
     """Worker processes for a cold load: ``POOT_COMPILE_WORKERS`` when set (an integer >=
-    0, else :class:`~poot.sampling_params.InvalidRequest`), else one fewer than the cores this
+    0, else :class:`~poot.settings.InvalidSetting`), else one fewer than the cores this
     process may use, at most 2 (each step's LLVM stages already use every core)."""
     env = settings.get_int("POOT_COMPILE_WORKERS", minimum=0)
     if env is not None:
@@ -64,8 +65,6 @@ class Ahead:
         """Wait for the workers (``ok``; killed after ``timeout_s``), else kill them at once.
         Idempotent. Returns their exit codes; a failed worker is reported once on stderr (a
         step it left is compiled by the process that needs it)."""
-        from poot.compiler.cache import _warn
-
         if self in _OPEN:
             _OPEN.remove(self)
         codes = []
@@ -116,8 +115,6 @@ def start_ahead(cache, steps: Sequence[Step], target, options,
     :class:`Ahead` (:meth:`Ahead.close`); one still open at exit is waited for then, so the
     cache holds every step when the process ends. The keys, the model and the target must
     pickle (they do: configs and dataclasses); the workers open no checkpoint."""
-    from poot.compiler.cache import mlir_importable, step_key
-
     n = default_workers() if workers is None else workers
     misses = []
     if n > 0 and cache is not None and cache.enabled and cache.use:
@@ -133,7 +130,7 @@ def start_ahead(cache, steps: Sequence[Step], target, options,
         for _ in range(min(n, len(misses) - 1) if payload is not None else 0):
             try:
                 log = tempfile.TemporaryFile()
-                p = subprocess.Popen([sys.executable, "-m", "poot.api.compile_ahead"],
+                p = subprocess.Popen([sys.executable, "-m", "poot.api.compile_worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      stderr=log)
             except OSError:
@@ -163,34 +160,3 @@ def compile_ahead(cache, steps: Sequence[Step], target, options,
         ok = True
     finally:
         ahead.close(ok)
-
-
-def run_worker(job: dict) -> list[bool]:
-    """One worker's pass: each step of ``job["steps"]`` compiled into the cache at
-    ``job["cache_dir"]`` unless it is there already or another process holds its lock.
-    Returns, per step, whether this call compiled or found it (False: skipped, locked)."""
-    from poot.api import compile_cached
-    from poot.engine.runner import step_trace
-    from poot.compiler.cache import CompileCache
-
-    cache = CompileCache(job["cache_dir"])
-    done = []
-    for key_model, types, spec in job["steps"]:
-        prog = compile_cached(cache, key_model, types, spec,
-                              step_trace(key_model, types, spec), job["target"],
-                              job["options"], wait=False)
-        done.append(prog is not None)
-    return done
-
-
-def main() -> int:
-    """``python -m poot.api.compile_ahead``: a worker reading its pickled job on stdin."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)   # Ctrl-C ends it quietly, no traceback
-    run_worker(pickle.load(sys.stdin.buffer))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

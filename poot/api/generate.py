@@ -1,8 +1,12 @@
-"""One request as a token stream: a client of the serving engine (:mod:`poot.engine`).
+"""Generation, the clients of the serving engine (:mod:`poot.engine`): one request as a
+token stream (:func:`generate`, :class:`Driver` over a loaded
+:class:`~poot.api.model.ModelHandle`) and many batched offline (:class:`LLM`).
 
     for ev in generate(engine, prompt_ids, params):
         if isinstance(ev, TokenEvent): print(ev.text, end="")
         else: print(ev.stats)                                  # the final Finished event
+    Driver(handle).complete("The capital of France is", SamplingParams(max_tokens=16))
+    LLM(backend="cpu").generate(["Hi!", "Count to 5"], SamplingParams(max_tokens=32))
 
 The rules (context, stops, stop-string hold-back, EOS, ``max_tokens``, log-probs, seeds) are
 the engine's (:mod:`poot.engine.llm_engine`); this module turns its per-step
@@ -13,11 +17,13 @@ KV capacity) runs when :func:`generate` is called, before any step.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from poot.sampling_params import SamplingParams
-from poot.engine.llm_engine import ContextOverflow, RequestStats
+from poot.api.model import ModelHandle
+from poot.engine.llm_engine import ContextOverflow, LLMEngine, RequestStats
+from poot.sampling_params import InvalidRequest, SamplingParams
 
 #: A finished request's numbers (:class:`poot.engine.RequestStats`).
 GenerationStats = RequestStats
@@ -82,5 +88,109 @@ def _events(outputs) -> Iterator[TokenEvent | Finished]:
             return
 
 
-__all__ = ["ContextOverflow", "Finished", "GenerationStats", "TokenEvent", "check_context",
-           "generate"]
+class Driver:
+    """Generation over a :class:`ModelHandle`: one request at a time through its engine
+    (other requests added to the same engine are batched with it)."""
+
+    def __init__(self, handle: ModelHandle):
+        self.handle = handle
+
+    def generate(self, prompt: str | Sequence[Mapping[str, Any]] | Sequence[int],
+                 params: SamplingParams | None = None) -> Iterator[TokenEvent | Finished]:
+        """A stream of :class:`TokenEvent` then one :class:`Finished` (ids, text, stats).
+        ``prompt``: text, chat messages (``[{"role": ..., "content": ...}]``) or token ids.
+        Raises :class:`ContextOverflow` / :class:`InvalidRequest` before running a step."""
+        params = params or SamplingParams()
+        ids = self.handle.encode(prompt)
+        return generate(self.handle.engine, ids, params)
+
+    def complete(self, prompt, params: SamplingParams | None = None) -> Finished:
+        """Run to the end; the :class:`Finished` event."""
+        last = None
+        for last in self.generate(prompt, params):
+            pass
+        return last
+
+
+@dataclass
+class CompletionOutput:
+    """One prompt's result from :meth:`LLM.generate`: the prompt's ids, the generated ids
+    (a stop token excluded), the text, the finish reason (``stop``/``length``), the stop
+    string or token id that ended it, per-token log-probs when asked, and its stats."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stop: str | int | None
+    logprobs: list | None
+    stats: Any
+
+
+class LLM:
+    """vLLM-style offline batching: every prompt is added to the engine at once and the
+    engine runs them batched (continuous batching, prefix caching, preemption).
+
+    ``LLM(model=None, backend="cpu", **load_options)``: ``model`` a checkpoint path (None: the
+    bundled SmolLM2); ``load_options`` as :meth:`ModelHandle.load` (``max_batch``,
+    ``kv_capacity``, ``kv_blocks``, ...). ``LLM(handle=...)`` wraps a loaded handle.
+    """
+
+    def __init__(self, model: str | os.PathLike | None = None, backend: str = "cpu", *,
+                 handle: ModelHandle | None = None, **load_options: Any):
+        self.handle = handle or ModelHandle.load(model, backend, **load_options)
+
+    @property
+    def engine(self) -> LLMEngine:
+        return self.handle.engine
+
+    def generate(self, prompts: Sequence[Any] | Any,
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 on_output: Callable[[int, Any], None] | None = None
+                 ) -> list[CompletionOutput]:
+        """One :class:`CompletionOutput` per prompt, in order. ``prompts``: texts, chat
+        message lists or token-id lists (one prompt alone is accepted too); ``params``: one
+        :class:`SamplingParams` for all, or one per prompt. ``on_output(index, output)`` is
+        called with every :class:`~poot.engine.RequestOutput` as it is produced (streaming).
+        Every prompt is checked before any runs (a bad one raises, naming its index)."""
+        if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)) or \
+                (prompts and isinstance(prompts[0], Mapping)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            plist = [params or SamplingParams()] * len(prompts)
+        else:
+            plist = list(params)
+            if len(plist) != len(prompts):
+                raise InvalidRequest("params", len(plist), f"one SamplingParams per prompt "
+                                     f"({len(prompts)}) or one for all")
+        eng = self.engine
+        encoded = []
+        for i, (p, sp) in enumerate(zip(prompts, plist)):
+            try:
+                encoded.append(eng.check_request(self.handle.encode(p), sp))
+            except InvalidRequest as e:
+                raise type(e)(f"prompts[{i}].{e.field}", e.value, e.reason) from None
+        ids = [eng.add_request(x, sp) for x, sp in zip(encoded, plist)]
+        index = {rid: i for i, rid in enumerate(ids)}
+        results: dict[int, CompletionOutput] = {}
+        lps: dict[int, list] = {i: [] for i in range(len(ids))}
+        while len(results) < len(ids):
+            for out in eng.step():
+                i = index.get(out.request_id)
+                if i is None:
+                    continue
+                if out.logprobs:
+                    lps[i] += out.logprobs
+                if on_output is not None:
+                    on_output(i, out)
+                if out.finished:
+                    results[i] = CompletionOutput(encoded[i], list(out.output_ids or []),
+                                                  out.output_text or "", out.finish_reason,
+                                                  out.stop, lps[i] if plist[i].logprobs
+                                                  is not None else None, out.stats)
+        return [results[i] for i in range(len(ids))]
+
+
+__all__ = ["LLM", "CompletionOutput", "ContextOverflow", "Driver", "Finished",
+           "GenerationStats", "TokenEvent", "check_context", "generate"]

@@ -19,15 +19,27 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from poot.api.model import target_for, tokenizer_of
+from poot.api.options import DEFAULT_COMPILE_OPTIONS, positive
+from poot.api.step_cache import cached_compiler
+from poot.compiler.cache import CompileCache
 from poot.compiler.planning import storage_type
-from poot.sampling_params import InvalidRequest
+from poot.engine.pooling import PoolingRunner, PoolQueue
 from poot.errors import PootError
+from poot.load import load_config, open_weights
+from poot.models import REGISTRY, ModelError
+from poot.models.pooling import POOLINGS, read_pooling_config
+from poot.progress import as_callback
+from poot.runtime import device_for
+from poot.sampling_params import InvalidRequest
+from poot.text.tokenizer import TokenizerError, check_utf8
 
 #: Tokens one input may hold by default (capped at the model's trained context).
 DEFAULT_MAX_TOKENS = 512
@@ -84,8 +96,6 @@ class PoolingModel:
         """The model's :class:`~poot.engine.pooling.PoolQueue` (its scheduler thread),
         started on first use or again after it was closed; ``max_pending_rows``, when
         given, becomes its bound. Every pooled call of this model goes through it."""
-        from poot.engine.pooling import PoolQueue
-
         with _QUEUE_LOCK:
             if self._queue is None or self._queue.closed:
                 self._queue = PoolQueue(self.runner)
@@ -123,28 +133,9 @@ class PoolingModel:
         ``modules.json``, missing tensors), :class:`~poot.load.errors.LoadError`, or the
         compiler's :class:`~poot.compiler.Refusal`.
         """
-        import time
-
-        from poot.api import DEFAULT_COMPILE_OPTIONS, _positive, _tokenizer, compile_cached, \
-            target_for
-        from poot.engine.pooling import PoolingRunner
-        from poot.runtime import device_for
-        from poot.compiler.cache import CompileCache
-        from poot.load import load_config, open_weights
-        from poot.models import REGISTRY, ModelError
-        from poot.models.pooling import POOLINGS, read_pooling_config
-        from poot.progress import as_callback
-
-        report = as_callback(progress)
         t0 = time.perf_counter()
-        if pooling is not None and pooling not in POOLINGS:
-            raise InvalidRequest("pooling", pooling, f"must be one of {', '.join(POOLINGS)}")
-        if normalize is not None and not isinstance(normalize, bool):
-            raise InvalidRequest("normalize", normalize, "must be true or false")
-        max_batch = DEFAULT_POOL_BATCH if max_batch is None else _positive("max_batch",
-                                                                           max_batch)
-        if max_tokens is not None:
-            _positive("max_tokens", max_tokens)
+        report = as_callback(progress)
+        max_batch = _checked_args(pooling, normalize, max_batch, max_tokens)
         path = Path(path)
         target = target_for(backend)
         if device is None:
@@ -152,60 +143,30 @@ class PoolingModel:
         report(f"loading {path.name}", 0, 0)
         store = open_weights(path)
         cfg = load_config(path)
-        import poot.models  # noqa: F401  (registers the families)
-
         family = REGISTRY.lookup(cfg.architecture)
         model = family.from_config(cfg, store)
         if not hasattr(model, "trace_pooled"):
             raise ModelError(f"{family.family}: this family has no pooled step (embeddings)")
         weights = model.bind_headless(store)
-        tokenizer = _tokenizer(path)
+        tokenizer = tokenizer_of(path)
         extra = cfg.extra or {}
-        if score_tokens is None and isinstance(extra.get("classifier_from_token"), list):
-            score_tokens = tuple(extra["classifier_from_token"])
-        if score_tokens is not None:
-            if not hasattr(model, "bind_token_classifier"):
-                raise InvalidRequest("score_tokens", score_tokens, f"{family.family} has no "
-                                     f"LM head to score tokens with")
-            model.bind_token_classifier(store, weights,
-                                        _token_ids(score_tokens, tokenizer))
+        _bind_score_tokens(model, store, weights, tokenizer, family.family, score_tokens,
+                           extra)
         num_labels = int(getattr(model.config, "num_labels", 0) or 0)
         if "score" in weights.types:
             num_labels = int(weights.types["score"].shape[0])
         task = "score" if num_labels else "embed"
-        encoder = bool(getattr(model, "encoder_only", False))
-        st = read_pooling_config(path)
-        source = st.source if st is not None else "default"
-        pool = st.pooling if st is not None else ("mean" if encoder else "last")
-        norm = st.normalize if st is not None else True
-        if pooling is not None:
-            pool, source = pooling, "argument"
-        if normalize is not None:
-            norm, source = normalize, "argument"
-        ctx = int(cfg.max_position_embeddings or 0) or None
-        limit = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
-        if ctx is not None:
-            if max_tokens is not None and max_tokens > ctx:
-                raise InvalidRequest("max_tokens", max_tokens, f"more than the model's "
-                                     f"context of {ctx} tokens (max_position_embeddings)")
-            limit = min(limit, ctx)
+        pool, norm, source = _pooling_of(path, model, pooling, normalize)
+        limit = _token_limit(cfg, max_tokens)
         cache = CompileCache(cache_dir, enabled=use_cache)
-        options = compile_options or DEFAULT_COMPILE_OPTIONS
-
-        def compile_step(key_model, types, spec, trace):
-            return compile_cached(cache, key_model, types, spec, trace, target, options,
-                                  progress=report)
-
+        compile_step = cached_compiler(cache, target, compile_options or
+                                       DEFAULT_COMPILE_OPTIONS, report)
         runner = PoolingRunner(model, weights, device, compile_step, max_batch, limit,
                                pool, norm, "scores" if task == "score" else "embeddings",
                                on_compile=lambda what: report(f"{what} step", 0, 0),
                                storage_type=functools.partial(storage_type, caps=target.caps))
-        dims = extra.get("matryoshka_dimensions")
-        mrl: bool | tuple[int, ...] = bool(extra.get("is_matryoshka", False))
-        if isinstance(dims, list) and all(isinstance(d, int) for d in dims) and dims:
-            mrl = tuple(dims)
         pm = cls(path, backend, model, weights, tokenizer, runner, task, pool, norm,
-                 source, limit, num_labels, mrl)
+                 source, limit, num_labels, _matryoshka(extra))
         if warm_up:
             runner.warm_up()
         pm.load_s = time.perf_counter() - t0
@@ -221,8 +182,6 @@ class PoolingModel:
             if self.tokenizer is None:
                 raise InvalidRequest(field, item[:40], "this checkpoint has no tokenizer; "
                                      "pass token ids")
-            from poot.text.tokenizer import TokenizerError
-
             try:
                 ids = self.tokenizer.encode(item)
             except TokenizerError as e:
@@ -266,8 +225,6 @@ class PoolingModel:
         Raises :class:`InvalidRequest` naming ``field`` (no tokenizer, too long)."""
         if self.tokenizer is None:
             raise InvalidRequest(field, document[:40], "this checkpoint has no tokenizer")
-        from poot.text.tokenizer import check_utf8
-
         try:
             check_utf8(query, "query")
             check_utf8(document, field)
@@ -296,6 +253,72 @@ class PoolingModel:
         return relevance(logits)
 
 
+def _checked_args(pooling, normalize, max_batch, max_tokens) -> int:
+    """The rows per step (``max_batch``, default :data:`DEFAULT_POOL_BATCH`), once every
+    option is checked (:class:`InvalidRequest` naming the first bad one)."""
+    if pooling is not None and pooling not in POOLINGS:
+        raise InvalidRequest("pooling", pooling, f"must be one of {', '.join(POOLINGS)}")
+    if normalize is not None and not isinstance(normalize, bool):
+        raise InvalidRequest("normalize", normalize, "must be true or false")
+    max_batch = DEFAULT_POOL_BATCH if max_batch is None else positive("max_batch", max_batch)
+    if max_tokens is not None:
+        positive("max_tokens", max_tokens)
+    return max_batch
+
+
+def _bind_score_tokens(model, store, weights, tokenizer, family: str, score_tokens,
+                       extra: dict) -> None:
+    """Score with the LM head's logits of ``score_tokens`` (or the config's
+    ``classifier_from_token``) when given: a decoder as a cross-encoder."""
+    if score_tokens is None and isinstance(extra.get("classifier_from_token"), list):
+        score_tokens = tuple(extra["classifier_from_token"])
+    if score_tokens is None:
+        return
+    if not hasattr(model, "bind_token_classifier"):
+        raise InvalidRequest("score_tokens", score_tokens, f"{family} has no "
+                             f"LM head to score tokens with")
+    model.bind_token_classifier(store, weights, _token_ids(score_tokens, tokenizer))
+
+
+def _pooling_of(path: Path, model, pooling: str | None, normalize: bool | None
+                ) -> tuple[str, bool, str]:
+    """(pooling, normalize, where that was decided): the arguments, else the checkpoint's
+    sentence-transformers files, else the family's default (encoders: mean; decoders:
+    last token; normalized)."""
+    st = read_pooling_config(path)
+    source = st.source if st is not None else "default"
+    encoder = bool(getattr(model, "encoder_only", False))
+    pool = st.pooling if st is not None else ("mean" if encoder else "last")
+    norm = st.normalize if st is not None else True
+    if pooling is not None:
+        pool, source = pooling, "argument"
+    if normalize is not None:
+        norm, source = normalize, "argument"
+    return pool, norm, source
+
+
+def _token_limit(cfg, max_tokens: int | None) -> int:
+    """Tokens one input may hold: ``max_tokens`` (default :data:`DEFAULT_MAX_TOKENS`) capped
+    at the model's trained context; an explicit value past it is refused."""
+    ctx = int(cfg.max_position_embeddings or 0) or None
+    limit = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
+    if ctx is not None:
+        if max_tokens is not None and max_tokens > ctx:
+            raise InvalidRequest("max_tokens", max_tokens, f"more than the model's "
+                                 f"context of {ctx} tokens (max_position_embeddings)")
+        limit = min(limit, ctx)
+    return limit
+
+
+def _matryoshka(extra: dict) -> bool | tuple[int, ...]:
+    """The truncated sizes the model was trained for (config ``matryoshka_dimensions``, or
+    any with ``is_matryoshka``), else False."""
+    dims = extra.get("matryoshka_dimensions")
+    if isinstance(dims, list) and all(isinstance(d, int) for d in dims) and dims:
+        return tuple(dims)
+    return bool(extra.get("is_matryoshka", False))
+
+
 def _token_ids(tokens: Sequence[int | str], tokenizer) -> list[int]:
     out = []
     for t in tokens:
@@ -318,9 +341,6 @@ def pooled_task(path: str | os.PathLike) -> str | None:
     folder with sentence-transformers' ``modules.json``, an encoder-only family (BERT) or a
     bare ``...Model`` architecture (a checkpoint with no LM head) embeds. Reads
     ``config.json`` only (a GGUF file or an unreadable config: None)."""
-    from poot.load import load_config
-    from poot.models import REGISTRY
-
     p = Path(path)
     if not p.is_dir():
         return None

@@ -474,6 +474,11 @@ def run(args: argparse.Namespace) -> int:
         out["ratio"] = {k: (out["poot"][k] / base[k]
                             if out["poot"].get(k) and base.get(k) else None)
                         for k in RATIO_KEYS}
+    return _emit(out, args)
+
+
+def _emit(out: dict, args: argparse.Namespace) -> int:
+    """Print ``out`` as one JSON line (also written to ``--out`` when given); exit status 0."""
     text = json.dumps(out)
     if args.out:
         with open(args.out, "w") as f:
@@ -522,9 +527,4 @@ def run_serving(args: argparse.Namespace) -> int:
     if args.shared_prefix is not None:
         out["prefix_cache"] = run_prefix(handle, args)
     out["compile_s"] = handle.runner.compile_s
-    text = json.dumps(out)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return 0
+    return _emit(out, args)

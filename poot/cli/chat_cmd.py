@@ -27,7 +27,7 @@ COMMANDS = "/reset clears the conversation, /exit (or Ctrl-D) quits"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from poot.cli.generate_cmd import add_model_args
+    from poot.cli.generate_cmd import add_model_args, add_sampling_args
 
     p = subparsers.add_parser("chat", help="chat with a model interactively (multi-turn)",
                               description=plain(__doc__),
@@ -35,17 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--system", default=None, metavar="TEXT",
                    help="a system message opening every conversation (default: none)")
-    p.add_argument("--max-tokens", type=int, default=256, metavar="N",
-                   help="at most N tokens per reply, less when the context is nearly full "
-                        "(default: 256)")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="sampling temperature; 0 = greedy (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
-                   help="nucleus sampling; 1 = off (default: 1.0)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K",
-                   help="keep the K most likely tokens; 0 = off (default: 0)")
-    p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="random seed for sampling (default: a fresh seed)")
+    add_sampling_args(p, 256, "at most N tokens per reply, less when the context is nearly "
+                      "full")
     p.set_defaults(func=run)
 
 

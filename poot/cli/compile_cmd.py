@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if sampler_spec_for([params]) != GREEDY:
         samplers.append(sampler_spec_for([params]))
     if args.serve:
-        from poot.cli.serve_cmd import serve_samplers
+        from poot.serve.loading import serve_samplers
 
         samplers += list(serve_samplers())
     max_batch = args.max_batch or max(args.batch or [

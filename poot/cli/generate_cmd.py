@@ -100,6 +100,23 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="no progress or statistics on stderr (warnings and errors still)")
 
 
+def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int, max_tokens_help: str
+                      ) -> None:
+    """``--max-tokens`` (default ``max_tokens``), ``--temperature``, ``--top-p``, ``--top-k``
+    and ``--seed``: the sampling options ``generate`` and ``chat`` share."""
+    p.add_argument("--max-tokens", type=int, default=max_tokens, metavar="N",
+                   help=f"{max_tokens_help} (default: {max_tokens})")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature; 0 = greedy (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="nucleus sampling: keep the smallest set of tokens whose probability "
+                        "reaches P; 1 = off (default: 1.0)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="keep the K most likely tokens; 0 (or negative) = off (default: 0)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="random seed for sampling (default: none, a fresh seed each run)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="generate text for a prompt",
                               description="Stream generated text for a prompt (stdout); "
@@ -113,17 +130,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "ids: a checkpoint without a tokenizer takes only those); results "
                           "as JSON lines")
     p.add_argument("--chat", action="store_true", help="use the chat template")
-    p.add_argument("--max-tokens", type=int, default=128, metavar="N",
-                   help="generate at most N tokens (default: 128)")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="sampling temperature; 0 = greedy (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
-                   help="nucleus sampling: keep the smallest set of tokens whose probability "
-                        "reaches P; 1 = off (default: 1.0)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K",
-                   help="keep the K most likely tokens; 0 (or negative) = off (default: 0)")
-    p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="random seed for sampling (default: none, a fresh seed each run)")
+    add_sampling_args(p, 128, "generate at most N tokens")
     p.add_argument("--stop", action="append", default=[], metavar="S",
                    help="a stop string (repeatable); backslash escapes are interpreted: "
                         "\\n \\t \\r \\\\ \\xHH \\uXXXX (\"\\n\\n\" = a blank line)")

@@ -43,10 +43,6 @@ from poot import settings
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.I)
 
 
-class MissingExtra(PootError):
-    """A package of an optional extra is not installed."""
-
-
 def parse_bytes(text: str, option: str = "--kv-memory") -> int:
     """A size as bytes: ``"2GiB"``, ``"512M"``, ``"1048576"`` (``k``/``m``/``g``/``t`` are
     powers of 1024, with or without ``iB``; a bare number is bytes). Raises
@@ -76,6 +72,30 @@ def process_age_s() -> float:
         return time.monotonic() - _IMPORTED
 
 
+#: the server's limits: (option, type, default, metavar, help)
+_LIMITS = (
+    ("--max-queue", int, 256, "N", "sequences that may wait beyond the running batch; then "
+     "429 (default: 256)"),
+    ("--max-pooled-rows", int, 4096, "N", "embedding inputs / rerank documents that may wait "
+     "for a pooled step; then 429 (default: 4096)"),
+    ("--max-concurrent", int, 512, "N", "HTTP requests in progress at once; then 503 "
+     "(default: 512)"),
+    ("--max-body-bytes", int, 1 << 20, "N", "largest request body; then 413 (default: 1 MiB)"),
+    ("--max-n", int, 16, "N", "most choices (n x prompts) per request (default: 16)"),
+    ("--max-prompt-tokens", int, None, "N", "longest prompt (default: the context)"),
+    ("--request-timeout", float, 600.0, "S", "a request's time limit, queueing included "
+     "(default: 600)"),
+    ("--drain-timeout", float, 30.0, "S", "on SIGTERM, how long running requests may finish "
+     "(default: 30)"),
+    ("--header-timeout", float, 10.0, "S", "a request's headers must arrive within S seconds; "
+     "then 408 and the connection is closed (default: 10)"),
+    ("--body-timeout", float, 30.0, "S", "a request's body must arrive within S seconds of "
+     "its headers; then 408 (default: 30)"),
+    ("--idle-timeout", float, 30.0, "S", "close a kept-alive connection without a request, or "
+     "one whose client stopped reading, after S seconds (default: 30)"),
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                               description="An OpenAI-compatible server (chat completions, "
@@ -94,33 +114,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "open)")
     p.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="the model name clients send (default: the model file's name)")
-    p.add_argument("--max-queue", type=int, default=256, metavar="N",
-                   help="sequences that may wait beyond the running batch; then 429 "
-                        "(default: 256)")
-    p.add_argument("--max-pooled-rows", type=int, default=4096, metavar="N",
-                   help="embedding inputs / rerank documents that may wait for a pooled "
-                        "step; then 429 (default: 4096)")
-    p.add_argument("--max-concurrent", type=int, default=512, metavar="N",
-                   help="HTTP requests in progress at once; then 503 (default: 512)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N",
-                   help="largest request body; then 413 (default: 1 MiB)")
-    p.add_argument("--max-n", type=int, default=16, metavar="N",
-                   help="most choices (n x prompts) per request (default: 16)")
-    p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
-                   help="longest prompt (default: the context)")
-    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
-                   help="a request's time limit, queueing included (default: 600)")
-    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
-                   help="on SIGTERM, how long running requests may finish (default: 30)")
-    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
-                   help="a request's headers must arrive within S seconds; then 408 and "
-                        "the connection is closed (default: 10)")
-    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
-                   help="a request's body must arrive within S seconds of its headers; "
-                        "then 408 (default: 30)")
-    p.add_argument("--idle-timeout", type=float, default=30.0, metavar="S",
-                   help="close a kept-alive connection without a request, or one whose "
-                        "client stopped reading, after S seconds (default: 30)")
+    for flag, kind, default, metavar, text in _LIMITS:
+        p.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
     p.add_argument("--random-weights", default=None, choices=("bf16", "f16", "f32"),
                    metavar="DTYPE", help="benchmarking (vLLM's --load-format dummy): --model "
                    "is a HF config.json, its weights random in DTYPE (bf16, f16, f32); no "
@@ -209,61 +204,9 @@ def load_options(args) -> dict:
     return opts
 
 
-def serve_samplers() -> tuple:
-    """The sampler specs ``poot serve`` warms for every decode bucket: the full sampler
-    (temperature, top-k/p, min-p, penalties, logit bias: it also serves greedy rows) and the
-    same with the widest log-probs and guided decoding's token mask (any request). ``poot
-    compile --serve`` compiles these, so that a machine without MLIR serves from the cache."""
-    from dataclasses import replace
-
-    from poot.graph.sampling import FULL, LOGPROB_WIDTHS
-
-    return (FULL, replace(FULL, logprobs=max(LOGPROB_WIDTHS), guided=True))
-
-
-def load_and_warm(options: dict, warm_up: bool = True, progress=None):
-    """Load the model (``ModelHandle.load(**options)``) and, with ``warm_up``, compile (or
-    load from the compile cache) every decode bucket with the greedy and full samplers, so
-    that no plain request waits on a compile; the full one with log-probs and guided
-    decoding's mask (which serves any request) keeps compiling in the compile workers after
-    this returns, and a request that needs it before they finish waits for it. With ``options["pooled"]`` set (``embed`` /
-    ``score``, :func:`poot.api.pooling.pooled_task`): a :class:`~poot.api.pooling.PoolingModel`
-    instead, warmed for every batch and token bucket."""
-    from poot.api import DEFAULT_MAX_BATCH, ModelHandle
-    from poot.engine.runner import decode_buckets
-
-    opts = dict(options)
-    if opts.pop("pooled", None):
-        from poot.api.pooling import PoolingModel
-
-        pm = PoolingModel.load(opts["path"], opts["backend"], max_batch=opts["max_batch"],
-                               max_tokens=opts["kv_capacity"], use_cache=opts["use_cache"],
-                               progress=progress, warm_up=warm_up)
-        if warm_up:                  # every bucket: no request waits on a compile
-            pm.runner.warm_up(pm.runner.batch_buckets, pm.runner.tok_buckets)
-        return pm
-    specs = serve_samplers()
-    buckets = decode_buckets(opts.get("max_batch") or DEFAULT_MAX_BATCH[opts["backend"]])
-    handle = ModelHandle.load(opts.pop("path"), progress=progress,
-                              warm_samplers=specs if warm_up else (),
-                              warm_batches=buckets if warm_up else (1,),
-                              **opts)
-    if warm_up:                      # ready with the full sampler; the other compiles on
-        handle.finish_compiling(now=specs[:1])
-    return handle
-
-
-def _require_serve_extra() -> None:
-    try:
-        import fastapi  # noqa: F401
-        import prometheus_client  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as e:
-        raise MissingExtra(f"poot serve needs the 'serve' extra ({e.name} is missing): "
-                           f"pip install -e \".[serve]\"") from None
-
-
 def run(args: argparse.Namespace) -> int:
+    from poot.serve.loading import require_serve_extra
+
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks",
                   "max_concurrent", "max_body_bytes", "max_n", "max_pooled_rows",
                   "max_prompt_tokens", "replicas", "max_lora_rank", "threads",
@@ -278,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     if args.random_weights and args.model is None:
         raise InvalidRequest("--random-weights", args.random_weights, "needs --model "
                              "CONFIG.json (the HF config whose shapes get random weights)")
-    _require_serve_extra()
+    require_serve_extra()
     options = load_options(args)
     config = _config(args)
     if args.model is None:
@@ -327,6 +270,7 @@ def _check_backend(backend: str, pipeline_parallel: int) -> None:
 def _serve(args, config, options) -> int:
     from poot.cli.progress_display import Reporter, history_file
     from poot.serve import build_app
+    from poot.serve.loading import load_and_warm
     from poot.serve.server import bind, make_server
 
     try:

@@ -6,8 +6,8 @@
     app = build_app(ServeConfig(served_model_name="smollm2"), handle=ModelHandle.load())
     # uvicorn.run(app, host="127.0.0.1", port=8000)   or: poot serve --port 8000
 
-Layers (docs/serving.md): HTTP (:mod:`poot.serve.app`: routes, :mod:`~poot.serve.protocol`
-request models, :mod:`~poot.serve.responses` bodies and SSE chunks,
+Layers (docs/serving.md): HTTP (:mod:`poot.serve.app`: the application,
+:mod:`poot.serve.routes`: its routers, :mod:`~poot.serve.protocol` request models, :mod:`~poot.serve.responses` bodies and SSE chunks,
 :mod:`~poot.serve.errors` OpenAI-shaped errors, :mod:`~poot.serve.metrics` Prometheus)
 -> :mod:`poot.serve.engine_client` (the asyncio side of the engine) -> the engine thread.
 :mod:`poot.serve.ray` deploys replicas behind one ingress with Ray Serve.

@@ -31,13 +31,12 @@ import threading
 from typing import Any
 
 from poot.serve.config import ServeConfig
+from poot.serve.loading import MissingExtra, load_and_warm
 
 log = logging.getLogger("poot.serve")
 
 
 def _ray():
-    from poot.cli.serve_cmd import MissingExtra
-
     try:
         import ray
         from ray import serve
@@ -50,12 +49,10 @@ def _ray():
 class PootReplica:
     """One engine replica (the deployment's class): loads the model (a
     :class:`~poot.api.pooling.PoolingModel` when ``options["pooled"]`` says ``embed``/``score``,
-    see :func:`poot.cli.serve_cmd.load_and_warm`), then serves
+    see :func:`poot.serve.loading.load_and_warm`), then serves
     :func:`poot.serve.app.build_app` for it."""
 
     def __init__(self, options: dict[str, Any], config: ServeConfig, warm_up: bool = True):
-        from poot.cli.serve_cmd import load_and_warm
-
         self.config = config
         self.handle = load_and_warm(options, warm_up=warm_up)
 

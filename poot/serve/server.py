@@ -23,7 +23,7 @@ ABORT_GRACE_S = 5
 def make_server(app, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
                 log_level: str = "warning"):
     """A ``uvicorn.Server`` for ``app`` (access log off: the app logs one line per request).
-    With a ``build_app`` application (its :class:`~poot.serve.app.ServerState` as
+    With a ``build_app`` application (its :class:`~poot.serve.state.ServerState` as
     ``app.state.poot``), its config's connection deadlines apply and SIGTERM drains as the
     module doc says."""
     import uvicorn

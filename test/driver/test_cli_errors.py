@@ -84,6 +84,7 @@ def test_bad_sizes_are_refused(argv, needles):
 
 def test_load_validates_capacity_before_compiling(monkeypatch):
     import poot.api as api
+    import poot.api.memory
     from poot.sampling_params import InvalidRequest
 
     def no_compile(graph):
@@ -96,7 +97,7 @@ def test_load_validates_capacity_before_compiling(monkeypatch):
         with pytest.raises(InvalidRequest) as e:
             load(**kw)
         assert e.value.field in kw
-    monkeypatch.setattr(api, "available_memory", lambda: 1 << 10)
+    monkeypatch.setattr(poot.api.memory, "available_memory", lambda: 1 << 10)
     with pytest.raises(InvalidRequest, match="KV cache would need .* GiB of memory") as e:
         load(kv_capacity=128)
     assert e.value.field == "kv_capacity"

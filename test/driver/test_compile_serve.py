@@ -28,7 +28,7 @@ def test_serve_warm_up_finds_everything_compile_serve_made(tmp_path, monkeypatch
                                                            serve):
     pytest.importorskip("mlir.ir", reason="compiling needs the MLIR wheels")
     from poot.cli import main
-    from poot.cli.serve_cmd import load_and_warm
+    from poot.serve.loading import load_and_warm
 
     cache = tmp_path / "cache"
     argv = ["compile", "--backend", "cpu", "--model", str(TINY), "--kv-capacity", "64",

@@ -214,10 +214,10 @@ def test_no_code_generator_needs_no_model(monkeypatch):
     from poot.compiler import Refusal
     from poot.compiler.compile import NoCodeGenerator
 
-    import poot.api
+    import poot.api.model
 
     monkeypatch.setitem(BACKENDS, "metal", Backend("metal", None, None))
-    monkeypatch.setattr(poot.api, "BACKENDS", (*poot.api.BACKENDS, "metal"))
+    monkeypatch.setattr(poot.api.model, "BACKENDS", (*poot.api.model.BACKENDS, "metal"))
     with pytest.raises(NoCodeGenerator) as e:
         target_for("metal")
     assert isinstance(e.value, Refusal) and e.value.backend == "metal"

@@ -17,7 +17,8 @@ from model_steps import fixture_path, reference  # noqa: E402
 from poot.api import Driver, ModelHandle  # noqa: E402
 from poot.sampling_params import SamplingParams  # noqa: E402
 from poot.settings import InvalidSetting  # noqa: E402
-from poot.api.compile_ahead import default_workers, run_worker  # noqa: E402
+from poot.api.compile_ahead import default_workers  # noqa: E402
+from poot.api.compile_worker import run_worker  # noqa: E402
 from poot.compiler.cache import CompileCache, step_key  # noqa: E402
 from poot.graph.sampling import FULL  # noqa: E402
 

@@ -1233,13 +1233,13 @@ def test_lora_q_expand_is_computed_outside_the_attention():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
     from model_steps import fixture_path
 
-    from poot.api import _bind_lora_slots
+    from poot.api import bind_lora_slots
     from poot.backends.cuda.codegen import cuda_target
     from poot.compiler.compile import compile as compile_step
     from poot.models import StepSpec, load_model
 
     model, weights = load_model(fixture_path("llama"))
-    weights, _ = _bind_lora_slots(model, weights, 1, 8)
+    weights, _ = bind_lora_slots(model, weights, 1, 8)
     g = model.trace(StepSpec.decode(kv_capacity=16), weights.types)
     plan = compile_step(g, cuda_target()).executable.plan
     name = {i: b.get("name", "") for i, b in enumerate(plan["buffers"])}

@@ -70,6 +70,7 @@ def test_random_weights_server_streams_a_chunk_per_token(cache_dir):
     import argparse
 
     from poot.cli import serve_cmd
+    from poot.serve.loading import load_and_warm
     from poot.sampling_params import SamplingParams
     from poot.serve import ServeConfig
 
@@ -79,7 +80,7 @@ def test_random_weights_server_streams_a_chunk_per_token(cache_dir):
                          "--max-batch", "4", "--kv-capacity", "64", "--no-warm-up"])
     opts = serve_cmd.load_options(args)
     assert opts["random_weights"] == "f32"
-    handle = serve_cmd.load_and_warm({**opts, "cache_dir": cache_dir}, warm_up=False)
+    handle = load_and_warm({**opts, "cache_dir": cache_dir}, warm_up=False)
     assert handle.tokenizer is None
     prompt = [3, 17, 42, 9, 100]
     alone = _ids(handle.engine.generate(prompt, SamplingParams(temperature=0, max_tokens=10,

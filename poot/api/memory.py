@@ -1,0 +1,94 @@
+"""The KV pool of a load: its size from the options, checked against the model's context and
+the memory available before anything is allocated (every refusal an
+:class:`~poot.sampling_params.InvalidRequest` naming the option)."""
+
+from __future__ import annotations
+
+import os
+
+from poot.api.options import DEFAULT_KV_CAPACITY, positive
+from poot.compiler.planning import kv_block_size
+from poot.engine import KVConfig
+from poot.models import default_kv_dtype
+from poot.sampling_params import InvalidRequest
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation: ``MemAvailable`` from /proc/meminfo,
+    else the physical memory (``os.sysconf``); None when neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def kv_cache_bytes(model, kv_capacity: int, slots: int = 1, itemsize: int = 4) -> int:
+    """Bytes of the KV caches of every layer for ``slots`` sequences of ``kv_capacity``
+    positions: layers x slots x capacity x ``kv_token_elems`` x itemsize."""
+    d = model.dims()
+    return d.n_layers * slots * kv_capacity * d.kv_token_elems * itemsize
+
+
+def check_kv_memory(model, kv: KVConfig) -> None:
+    """Refuse (:class:`InvalidRequest` naming ``kv_blocks``) a KV pool larger than the memory
+    available."""
+    d = model.dims()
+    need, avail = kv.bytes(d), available_memory()
+    if avail is not None and need > avail:
+        raise InvalidRequest("kv_blocks", kv.num_blocks - 1, f"the KV pool would need "
+                             f"{need / 2**30:.1f} GiB, more than the {avail / 2**30:.1f} GiB "
+                             f"of memory available (lower --max-batch, --kv-blocks or "
+                             f"--kv-capacity)")
+
+
+def check_kv_capacity(model, kv_capacity: int | None, ctx: int | None,
+                      slots: int = 1) -> int:
+    """The KV capacity to use: ``None`` is the default capped at the model's trained context
+    ``ctx``; an explicit value past ``ctx`` or whose cache does not fit in memory is
+    refused."""
+    positive("slots", slots)
+    if kv_capacity is None:
+        kv_capacity = min(DEFAULT_KV_CAPACITY, ctx) if ctx else DEFAULT_KV_CAPACITY
+    elif ctx and kv_capacity > ctx:
+        raise InvalidRequest("kv_capacity", kv_capacity, f"more than the model's context of "
+                             f"{ctx} tokens (max_position_embeddings)")
+    need, avail = kv_cache_bytes(model, kv_capacity, slots, 2), available_memory()
+    if avail is not None and need > avail:
+        raise InvalidRequest("kv_capacity", kv_capacity, f"the KV cache would need "
+                             f"{need / 2**30:.1f} GiB, more than the {avail / 2**30:.1f} GiB "
+                             f"of memory available")
+    return kv_capacity
+
+
+def plan_kv(model, weight_types, target, kv_capacity: int, max_batch: int,
+            kv_blocks: int | None, kv_dtype, kv_memory: int | None = None) -> KVConfig:
+    """The paged KV pool for ``target``: blocks of its block size, ``kv_blocks`` usable ones
+    (None: ``max_batch`` sequences of ``kv_capacity`` positions, a checked capacity) or as
+    many as ``kv_memory`` bytes hold, plus the null block; ``kv_dtype`` (None: the model's
+    default for its weights and the target's storage types). Raises
+    :class:`InvalidRequest` naming ``kv_memory`` when it holds less than two blocks."""
+    bs = kv_block_size(target)
+    width = -(-kv_capacity // bs)
+    blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * width + 1
+    kv = KVConfig(block_size=bs, num_blocks=blocks, max_model_len=kv_capacity,
+                  kv_dtype=kv_dtype or default_kv_dtype(weight_types,
+                                                        target.caps.storage_dtypes))
+    if kv_memory is None:
+        return kv
+    per_block = kv.bytes(model.dims()) // kv.num_blocks
+    if kv_memory < 2 * per_block:       # one usable block and the null block
+        raise InvalidRequest("kv_memory", kv_memory, f"less than two KV blocks "
+                             f"({per_block} bytes each)")
+    return KVConfig(block_size=bs, num_blocks=kv_memory // per_block,
+                    max_model_len=kv_capacity, kv_dtype=kv.kv_dtype)
+
+
+__all__ = ["available_memory", "check_kv_capacity", "check_kv_memory", "kv_cache_bytes",
+           "plan_kv"]
