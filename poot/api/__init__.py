@@ -285,7 +285,7 @@ class ModelHandle:
 
             def upload(arrays, types):      # before the first compile: uploaded with the rest
                 if runner._uploaded:
-                    runner.engine.load_weights(arrays, types)
+                    runner.session.load_weights(arrays, types)
 
             runner.lora = LoraManager(lora_table, upload)
         cfg = engine_config or EngineConfig(max_batch=max_batch, prefix_caching=prefix_caching)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from poot.sampling_params import SamplingParams
-from poot.engine.llm_engine import ContextOverflow, RequestStats
+from poot.engine import ContextOverflow, RequestStats
 
 #: A finished request's numbers (:class:`poot.engine.RequestStats`).
 GenerationStats = RequestStats
