@@ -50,14 +50,10 @@ class PoolingRunner(RunnerBase):
     Args:
         model, weights: a family instance with ``trace_pooled`` and its bound weights (no
             LM head needed).
-        device: the runtime device.
-        compile_step: ``(key_model, weight_types, spec, trace) -> Program``, as
-            :class:`~poot.engine.runner.ModelRunner`'s.
+        device, compile_step, on_compile, storage_type: as
+            :class:`~poot.engine.runner.RunnerBase`'s.
         max_batch: rows per step at most. max_tokens: tokens per row at most.
         pooling, normalize, outputs: the :class:`PoolSpec` fields every entry uses.
-        on_compile: called with an entry's name before it is compiled or loaded.
-        storage_type: the session's weight storage rule (the target's
-            :func:`~poot.compiler.planning.storage_type`; None: the weights' own types).
     """
 
     def __init__(self, model, weights, device, compile_step: Callable, max_batch: int,

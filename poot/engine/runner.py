@@ -270,20 +270,14 @@ class ModelRunner(RunnerBase):
     """The steps of one model on one device over one paged KV pool (module doc).
 
     Args:
-        model, weights: the family instance and its :class:`~poot.models.WeightBinding`.
-        device: the runtime device.
-        compile_step: ``(key_model, weight_types, spec, trace) -> Program``: compiles (or
-            finds in the compile cache) the program of ``trace()``; ``key_model``/``spec``
-            identify it without tracing.
+        model, weights, device, compile_step, on_compile, storage_type: as
+            :class:`RunnerBase`'s.
         find_step: ``(key_model, weight_types, spec) -> Program | None``: the program when
             the compile cache has it, without compiling (None: not known).
         kv: the pool; max_batch: the largest decode bucket; prefill_chunk: tokens per
             prefill step (clamped to ``kv.max_model_len``).
-        on_compile: called with an entry's name before it is compiled or loaded.
         upload: upload the weights now (False: at :meth:`upload_weights`, or before the first
             entry is added).
-        storage_type: the session's weight storage rule (the target's
-            :func:`~poot.compiler.planning.storage_type`; None: the weights' own types).
     """
 
     def __init__(self, model, weights, device, compile_step: Callable, kv: KVConfig,
