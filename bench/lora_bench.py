@@ -125,8 +125,8 @@ def main(argv=None) -> int:
                         steps.append(("prefill", h.runner.prefill_entry()))
                     for step, entry in steps:
                         p = profiles[f"{step}/{name}"] = profile_in_context(
-                            h.runner.engine.device, entry.kernel,
-                            h.runner.engine._bindings(entry))
+                            h.runner.session.device, entry.kernel,
+                            h.runner.session._bindings(entry))
                         print(f"context profile {step} {name}: {p['total_us']} us",
                               file=sys.stderr)
     if args.context_profile:

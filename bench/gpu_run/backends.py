@@ -57,7 +57,7 @@ def wgpu_encode_us(config: str, dtype: str, cache: str, n: int = 50) -> dict:
     h = ModelHandle.load(config, backend="wgpu", kv_capacity=256, max_batch=1,
                          random_weights=dtype)
     Driver(h).complete([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    dev = h.runner.engine.device
+    dev = h.runner.session.device
     rec = next(iter(decode_entry(h).recordings.values()))
     t0 = time.perf_counter()
     for _ in range(n):

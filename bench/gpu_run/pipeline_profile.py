@@ -37,7 +37,7 @@ def main() -> int:
     h.engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     list(h.engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4,
                                                       ignore_eos=True)))
-    eng = h.runner.engine
+    eng = h.runner.session
     pdev = eng.device
     entry = h.runner.decode_entry(args.batch)
     eng.step(entry)                           # recorded

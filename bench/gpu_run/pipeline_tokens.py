@@ -68,7 +68,7 @@ def main() -> int:
         r["batched"] = run(h, 1)
         r["micro"] = run(h, args.stages)
         r["generate_s"] = round(time.perf_counter() - t0, 2)
-        dev = h.runner.engine.device
+        dev = h.runner.session.device
         if n > 1:
             r["peer_copies"] = dev.peer_copies
             r["records"] = [getattr(d, "records", None) for d in dev.devices]

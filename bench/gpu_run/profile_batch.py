@@ -46,7 +46,7 @@ def main() -> int:
         adapter = random_adapter(base, h.model.dims().n_layers, a.lora_rank)
         h.engine.run_in_loop(lambda: h.runner.lora.load("bench", adapter))
         lora = "bench"
-    dev = h.runner.engine.device
+    dev = h.runner.session.device
     res: dict = {}
     first = True
     for b in [int(x) for x in a.batches.split(",")]:
@@ -65,7 +65,7 @@ def main() -> int:
             entries.append(("prefill", h.runner.prefill_entry()))
             first = False
         for name, entry in entries:
-            rows[name] = profile_kernel(dev, entry.kernel, h.runner.engine._bindings(entry),
+            rows[name] = profile_kernel(dev, entry.kernel, h.runner.session._bindings(entry),
                                         top=24)
         res[str(b)] = rows
         eng.run_until_done()

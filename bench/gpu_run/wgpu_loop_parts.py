@@ -54,7 +54,7 @@ def main() -> int:
     drv = Driver(h)
     drv.complete(list(range(1, 33)), SamplingParams(temperature=0, max_tokens=8,
                                                    ignore_eos=True))
-    native = h.runner.engine.device._native()
+    native = h.runner.session.device._native()
     mode = sys.argv[sys.argv.index("--gc") + 1] if "--gc" in sys.argv else "on"
     if mode == "freeze":
         gc.collect()

@@ -101,7 +101,7 @@ def main() -> int:
     h = ModelHandle.load(a.model, a.backend, kv_capacity=a.kv_capacity,
                          max_batch=a.max_batch or max(batches))
     out = {"backend": a.backend, "model": str(h.path), "max_tokens": a.max_tokens,
-           "mask_overlaps_forward": bool(getattr(h.runner.engine, "overlaps", False)),
+           "mask_overlaps_forward": bool(getattr(h.runner.session, "overlaps", False)),
            "schema": SCHEMA, "batches": {}}
     for b in batches:
         run(h, b, 4, True)                      # compile / load every program first

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from poot.api.model import ModelHandle
-from poot.engine.llm_engine import ContextOverflow, LLMEngine, RequestStats
+from poot.engine.llm_engine import ContextOverflow, LLMEngine
+from poot.engine.request import RequestStats
 from poot.sampling_params import InvalidRequest, SamplingParams
 
 #: A finished request's numbers (:class:`poot.engine.RequestStats`).

@@ -406,7 +406,7 @@ def _lora_upload(runner: ModelRunner) -> Callable:
     are (before the first compile they are uploaded with the rest)."""
     def upload(arrays, types):
         if runner._uploaded:
-            runner.engine.load_weights(arrays, types)
+            runner.session.load_weights(arrays, types)
 
     return upload
 

@@ -152,7 +152,7 @@ def _load(args, max_batch=None):
 
 def _stages(handle) -> int:
     """Pipeline stages the handle's device runs (1: one device)."""
-    return int(getattr(handle.runner.engine.device, "stages", 1))
+    return int(getattr(handle.runner.session.device, "stages", 1))
 
 
 def decode_entry(handle, batch: int = 1):
@@ -195,7 +195,7 @@ def replay_entry_us(handle, entry, n: int) -> float | None:
     recs = list(entry.recordings.values())
     if not recs or n <= 0:
         return None
-    dev = handle.runner.engine.device
+    dev = handle.runner.session.device
     dev.replay(recs[0])
     dev.synchronize()
     t0 = time.perf_counter()
@@ -206,7 +206,7 @@ def replay_entry_us(handle, entry, n: int) -> float | None:
 
 
 def profile(handle) -> dict:
-    eng = handle.runner.engine
+    eng = handle.runner.session
     prof = getattr(eng.device, "profile_kernel", None)
     if prof is None:
         raise BenchError(f"--profile needs a device that times its dispatches (CUDA events, "
@@ -219,7 +219,7 @@ def replay_us_without_pdl(handle, n: int) -> float | None:
     """:func:`replay_us` of the decode step recorded again with programmatic dependent launch
     off (a device that has the switch, a plan that uses it), to show what PDL saves; None
     otherwise."""
-    eng = handle.runner.engine
+    eng = handle.runner.session
     entry = decode_entry(handle)
     dev = eng.device
     if not getattr(dev, "pdl", False) or not entry.kernel.artifact.plan.get("pdl") or n <= 0:

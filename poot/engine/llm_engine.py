@@ -11,47 +11,41 @@ server): requests are added from any thread (validated at once, in the caller: a
 can never run raises a typed error there), and one thread calls :meth:`LLMEngine.step`, which
 owns the device and every mutable structure (docs/serving.md).
 
-**One iteration** (:meth:`LLMEngine.step`):
+The engine is split as vLLM's v1 engine is:
 
-1. *Commands*: new requests join the waiting queue (FCFS); aborts free their blocks.
-2. *Admission*: while there is room (``max_batch`` sequences) and KV blocks, the first waiting
-   request is admitted: the cached prefix of its tokens is looked up (full blocks, chained
-   keys: :mod:`poot.engine.blocks`), those blocks are shared, blocks for the rest of its
-   tokens are allocated, and it gets a row of the token-history pool.
-3. *Prefill*, under a token budget (``max_prefill_tokens`` per iteration, chunks of
-   ``prefill_chunk``): sequences prefill the tokens not yet in the cache, all but the last
-   one, oldest first; a long prompt spreads over iterations, and running sequences decode in
-   every iteration meanwhile, so a prompt delays their next token by at most the budget.
-4. *Decode*: every sequence whose prefill is complete feeds its last token (the last prompt
-   token, or the last sampled one) at its position; each first gets a block for that
-   position. When no block is free, the most recently admitted sequence is *preempted*: its
-   blocks are released and it rejoins the head of the waiting queue with its generated
-   tokens appended to its prompt, to be recomputed (prefix cache hits included) when blocks
-   free up. One decode step runs all of them in the smallest compiled batch bucket, then the
-   sampler with the union of their sampling features; each row samples with its own
-   parameters, seed stream and history. A batch with guided requests (JSON schema, regex,
-   grammar: :mod:`poot.engine.guided`) issues the forward pass first, computes each guided
-   row's allowed-token mask on the host while it runs, then issues the sampler with the
-   masks (unconstrained rows allow every token).
-5. *Outputs*: per sequence, a guided request's matcher consumes the new token (its next
-   mask allows EOS only where the constraint is complete), the token is checked against the
-   stop token ids, detokenized
-   incrementally, held back while it may begin a stop string, and emitted with its
-   log-probs; a stop token, a stop string or ``max_tokens`` finishes it; full blocks are
-   registered in the prefix cache; a finished sequence releases its blocks.
+* :class:`~poot.engine.scheduler.Scheduler` (:mod:`poot.engine.scheduler`) decides: admission
+  (FCFS, KV blocks, prefix-cache hits), the prefill token budget, the decode rows and their
+  micro-batches, preemption when blocks run short;
+* :class:`~poot.engine.runner.ModelRunner` executes the compiled prefill, decode and sampler
+  steps; :class:`~poot.engine.decode_steps.DecodeIssuer` turns decode rows into its inputs
+  (and a guided batch's allowed-token masks, computed on the host while the forward pass
+  runs: :mod:`poot.engine.guided`);
+* :class:`~poot.engine.output_processor.OutputProcessor` turns sampled tokens into
+  :class:`RequestOutput`: guided matchers, stop tokens and strings, detokenizing, log-probs,
+  finish reasons and stats.
+
+**One iteration** (:meth:`LLMEngine.step`): *commands* (new requests join the waiting queue,
+aborts finish theirs), then *schedule* (:meth:`Scheduler.schedule
+<poot.engine.scheduler.Scheduler.schedule>`), *run* (the planned prefill chunks, then one
+decode step over the running requests: each first gets a block for its position, preempting
+the most recently admitted request when none is free; the sampler runs with the union of the
+rows' sampling features, each row with its own parameters, seed stream and history), and
+*process outputs* (per request: the token checked, detokenized, emitted; full blocks
+registered in the prefix cache; a finished request releases its blocks).
 
 **Output transparency**: a request's tokens do not depend on what else runs (each row of a
 step computes from its own inputs only; idle rows write nothing), nor on the prefix cache (a
 cached block holds the K/V its chain key names), nor on preemption (recomputation writes the
 same positions). Tests check each against the request run alone.
 
-**Pipelining** (devices that overlap host and device work, :attr:`Engine.overlaps`): while
-the batch does not change, decode step n+1 is issued before step n's tokens are read (the
-sampler copies its tokens into the next step's token input on the device), so the device
-runs step n+1 while the host detokenizes step n. A sequence that stops at step n had a row in
-step n+1: its token is discarded, and its K/V write lands past its end, in one of its own
-blocks, before they are released (never a full block: full blocks hold only positions of
-real tokens).
+**Pipelining** (sessions that overlap host and device work,
+:attr:`~poot.runtime.session.Session.overlaps`): while the batch does not change, decode
+step n+1 is issued before step n's tokens are read (the sampler copies its tokens into the
+next step's token input on the device), so the device runs step n+1 while the host
+detokenizes step n. A sequence that stops at step n had a row in step n+1: its token is
+discarded, and its K/V write lands past its end, in one of its own blocks, before they are
+released (never a full block: full blocks hold only positions of real tokens). Micro-batches
+(:attr:`EngineConfig.micro_batches`) roll the same way, each lane on its own entries.
 """
 
 from __future__ import annotations
@@ -61,23 +55,21 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Sequence
 
-import numpy as np
-
-from poot.sampling_params import InvalidRequest, SamplingParams
-from poot.engine.stops import StopMatcher
-from poot.engine.blocks import BlockManager, block_keys
-from poot.engine.runner import DecodeBatch, ModelRunner, sampler_spec_for
-from poot.errors import PootError
-from poot.graph import sampling
+from poot.engine.blocks import BlockManager
+from poot.engine.decode_steps import DecodeIssuer, DecodeStep
+from poot.engine.guided import GuidedCompiler, GuidedDecodingError
+from poot.engine.output_processor import OutputProcessor, RequestOutput
+from poot.engine.request import RUNNING, Request
+from poot.engine.runner import ModelRunner
+from poot.engine.scheduler import EngineConfig, Scheduler, SchedulerOutput
 from poot import settings
+from poot.errors import PootError
+from poot.models.lora import LoraError
+from poot.sampling_params import InvalidRequest, SamplingParams
 
-
-#: How a request's ``RequestOutput.error`` begins when its guided-decoding constraint failed
-#: while it ran (finish reason ``"error"``; the request's own failure, not the engine's).
-GUIDED_ERROR = "guided decoding: "
 
 class EngineError(PootError):
     """The engine cannot do what was asked (unknown request, engine stopped, a fault)."""
@@ -126,108 +118,6 @@ class KVCapacityExceeded(PootError):
                          f"max_tokens or give the pool more blocks (--kv-blocks)")
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """Scheduling settings.
-
-    Attributes:
-        max_batch: sequences running at once (the largest decode bucket).
-        max_prefill_tokens: prefill tokens per iteration (None: two chunks); bounds the
-            delay a prompt adds to running sequences' next token.
-        prefix_caching: reuse cached full KV blocks.
-        pipeline: chain decode steps (None: where the device overlaps host work;
-            ``POOT_PIPELINE=0`` turns it off).
-        watermark_blocks: blocks admission leaves free for running sequences to grow into.
-        micro_batches: M > 1 splits a decode step of at least M sequences into M micro-batches
-            issued one after another before any is read, each on its own entries
-            (:meth:`~poot.engine.runner.ModelRunner.decode_entry` lanes), so the stages of
-            a layer pipeline work on different micro-batches at once (stage 0 on micro-batch
-            k while stage 1 runs k - 1). Where the engine pipelines, the micro-batches
-            roll: each is issued again as soon as it is read, while the others are still
-            in flight, so the pipeline does not drain between decode steps (it drains to
-            admit, prefill, or when blocks run short). None: the device's pipeline stage
-            count (1 without a pipeline).
-    """
-
-    max_batch: int = 8
-    max_prefill_tokens: int | None = None
-    prefix_caching: bool = True
-    pipeline: bool | None = None
-    watermark_blocks: int = 1
-    micro_batches: int | None = None
-
-
-@dataclass
-class TokenLogprob:
-    """A generated token's log-prob (of the raw model distribution; a guided request's after
-    its mask) and the top ``n`` alternatives ``[(id, logprob), ...]`` when asked (a guided
-    request lists only allowed tokens: fewer than ``n`` where fewer are allowed)."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] | None = None
-
-
-@dataclass
-class RequestStats:
-    """Final numbers of one request (seconds). ``generated_tokens`` counts every sampled
-    token (a stop token included); ``cached_tokens``: prompt tokens whose K/V came from the
-    prefix cache; ``ttft_s``: arrival to first sampled token; ``decode_tokens_per_s`` over
-    the tokens after the first (None for fewer than two); ``guided_masks`` /
-    ``guided_mask_s``: allowed-token masks a guided request computed on the host, and their
-    seconds."""
-
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    cached_tokens: int = 0
-    ttft_s: float = 0.0
-    decode_tokens_per_s: float | None = None
-    total_s: float = 0.0
-    queue_s: float = 0.0
-    prefill_steps: int = 0
-    preemptions: int = 0
-    finish_reason: str = ""
-    pipelined: bool = False
-    guided_masks: int = 0
-    guided_mask_s: float = 0.0
-
-    def to_dict(self) -> dict:
-        from dataclasses import asdict
-
-        return asdict(self)
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """What one :meth:`LLMEngine.step` produced for one request.
-
-    Attributes:
-        request_id: the id :meth:`LLMEngine.add_request` returned.
-        token_ids: tokens generated this step (a stop token is never included).
-        text: text released this step (held-back text is released later, or dropped if it
-            turns out to be a stop string).
-        logprobs: one :class:`TokenLogprob` per token of ``token_ids`` when asked.
-        finished: the request is done; then ``finish_reason`` is ``"stop"``, ``"length"``,
-            ``"abort"`` or ``"error"``, ``stop`` the stop string or stop token id that ended
-            it, ``output_ids``/``output_text`` everything generated, ``stats`` its numbers,
-            ``error`` the message of an engine fault; ``flushed``: the end of ``text``
-            released by the finish (held-back text that turned out not to be a stop string).
-    """
-
-    request_id: str
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[TokenLogprob] | None = None
-    finished: bool = False
-    finish_reason: str | None = None
-    stop: str | int | None = None
-    output_ids: list[int] | None = None
-    output_text: str | None = None
-    stats: RequestStats | None = None
-    error: str | None = None
-    flushed: str = ""
-    _seq: Any = field(default=None, repr=False, compare=False)
-
 
 @dataclass
 class EngineStats:
@@ -253,45 +143,7 @@ class EngineStats:
     guided_mask_s: float = 0.0
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
-
         return asdict(self)
-
-
-class _Seq:
-    """One request's state in the engine (engine thread only, but ``sink``)."""
-
-    def __init__(self, rid: str, prompt: list[int], params: SamplingParams, tokenizer,
-                 arrival: float, sink: queue.Queue | None):
-        from poot.text.stream import StreamDecoder
-
-        self.id, self.params = rid, params
-        self.prompt = prompt
-        self.tokens = list(prompt)           # prompt + generated (the last is fed next)
-        self.output_ids: list[int] = []
-        self.blocks: list[int] = []
-        self.table = None                    # i32 [W]: blocks, then the null block
-        self.n_computed = 0                  # positions whose K/V are in the blocks
-        self.keys: list[bytes] = []          # chain keys of the full blocks computed
-        self.status = "waiting"
-        self.history_row: int | None = None
-        self.uniforms = params.uniforms()
-        self.stop_ids = set(params.stop_token_ids)
-        if tokenizer is not None and not params.ignore_eos:
-            self.stop_ids |= set(tokenizer.stop_ids)
-        self.decoder = StreamDecoder(tokenizer, skip_special_tokens=True, context=prompt) \
-            if tokenizer is not None and params.detokenize else None
-        self.matcher = StopMatcher(params.stop)
-        self.sink = sink
-        self.guide = None                    # TokenMatcher of a guided request
-        self.lora_slot = 0                   # LoRA slot (0: the base model)
-        self.lora_salt = ""                  # prefix-cache salt of its adapter
-        self.stats = RequestStats(prompt_tokens=len(prompt))
-        self.t_arrival = arrival
-        self.t_admitted: float | None = None
-        self.t_first: float | None = None
-        self.generated = 0
-        self.aborted = False
 
 
 class LLMEngine:
@@ -319,46 +171,31 @@ class LLMEngine:
         self.blocks = BlockManager(kv.num_blocks, kv.block_size, self.config.prefix_caching)
         self.vocab = runner.vocab
         self.max_model_len = kv.max_model_len
-        self.waiting: deque[_Seq] = deque()
-        self.running: list[_Seq] = []
-        self._free_rows = list(range(runner.history_slots - 1))     # last: scratch
+        self.micro_batches = _micro_batches(self.config, runner)
+        self.scheduler = Scheduler(self.config, self.blocks, runner, self.micro_batches)
+        self.output = OutputProcessor(self.scheduler, _pipelined(self.config, runner))
+        self.issuer = DecodeIssuer(runner)
         self._lock = threading.Lock()
-        self._adds: deque[_Seq] = deque()
+        self._adds: deque[Request] = deque()
         self._aborts: set[str] = set()
         self._calls: list = []               # run_in_loop's functions, run between steps
         self._ids = itertools.count()
         self._known: set[str] = set()
         #: streamed requests (``stream=True``) until :meth:`stream` takes them: a request
         #: that finishes before its client calls :meth:`stream` keeps its outputs queued
-        self._streams: dict[str, _Seq] = {}
+        self._streams: dict[str, Request] = {}
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._stop = False
         self.fault: BaseException | None = None
         self.generated_tokens = 0
-        self.preemptions = 0
         self.max_decode_batch = 0
         #: (time read, rows, prefill steps issued so far) of every decode step collected
         #: (benchmarks derive step rates from the intervals with no prefill in between)
         self.decode_log: deque[tuple[float, int, int]] = deque(maxlen=1 << 16)
-        self._inflight = None            # (handle, seqs) of a decode step not yet collected
-        self._lanes: list | None = None  # micro-batches in flight: [(lane, (handle, seqs))]
-        self._spec_cache: dict = {}            # lane -> (rows' ids, their SamplerSpec)
+        self._inflight: DecodeStep | None = None   # a decode step not yet read
+        self._lanes: list[DecodeStep] | None = None  # micro-batches in flight, issue order
         self._guided = None                    # GuidedCompiler, made on first use
-        self._masks: np.ndarray | None = None  # i32 [max_batch, mask words]
-        self.guided_masks = 0
-        self.guided_mask_s = 0.0
-        pipe = self.config.pipeline
-        if pipe is None:
-            pipe = settings.get_flag("POOT_PIPELINE")
-            pipe = bool(getattr(runner.engine, "overlaps", False)) if pipe is None else pipe
-        self.pipelined = bool(pipe)
-        mb = self.config.micro_batches
-        if mb is None:
-            mb = int(getattr(runner.engine.device, "stages", 1))
-        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
-            raise EngineError(f"micro_batches must be an integer >= 1, got {mb!r}")
-        self.micro_batches = mb
         #: decode steps issued as micro-batches
         self.micro_batched_steps = 0
         #: micro-batch steps issued chained (before the lane's step in flight was read)
@@ -366,6 +203,38 @@ class LLMEngine:
         #: chain rolling micro-batches where they can be (``POOT_CHAIN_LANES=0``: re-issue
         #: each only after reading it)
         self.chain_lanes = settings.get_flag("POOT_CHAIN_LANES")
+
+    # ---- the scheduler's and output processor's state, as attributes ----------------------
+    @property
+    def waiting(self) -> deque[Request]:
+        """Requests waiting for admission, in order (the scheduler's queue)."""
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Request]:
+        """Requests admitted (prefilling or decoding), in admission order."""
+        return self.scheduler.running
+
+    @property
+    def preemptions(self) -> int:
+        return self.scheduler.preemptions
+
+    @property
+    def guided_masks(self) -> int:
+        return self.issuer.guided_masks
+
+    @property
+    def guided_mask_s(self) -> float:
+        return self.issuer.guided_mask_s
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether decode steps are chained (:class:`EngineConfig` ``pipeline``)."""
+        return self.output.pipelined
+
+    @pipelined.setter
+    def pipelined(self, on: bool) -> None:
+        self.output.pipelined = bool(on)
 
     # ---- submission (any thread) ----------------------------------------------------------
     def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
@@ -408,8 +277,6 @@ class LLMEngine:
 
     def _matcher(self, guide):
         """A fresh TokenMatcher of ``guide`` (its grammar compiled against the tokenizer)."""
-        from poot.engine.guided import GuidedCompiler, GuidedDecodingError
-
         if self.tokenizer is None:
             raise GuidedDecodingError("guided", guide.kind, "guided decoding needs the "
                                       "model's tokenizer (this engine has none)")
@@ -437,8 +304,6 @@ class LLMEngine:
         slot, salt = 0, ""
         if lora is not None:
             if self.runner.lora is None:
-                from poot.models.lora import LoraError
-
                 raise LoraError("model", f"adapter {lora!r}: this engine has no LoRA slots "
                                 f"(--max-loras)")
             slot, salt = self.runner.lora.acquire(lora)
@@ -453,7 +318,7 @@ class LLMEngine:
             self._known.add(rid)
             if sink is None and stream:
                 sink = queue.Queue()
-            seq = _Seq(rid, ids, params, self.tokenizer, time.perf_counter(), sink)
+            seq = Request(rid, ids, params, self.tokenizer, time.perf_counter(), sink)
             if stream:
                 self._streams[rid] = seq
             seq.guide = matcher
@@ -485,7 +350,7 @@ class LLMEngine:
             if out.finished:
                 return
 
-    def _find(self, rid: str) -> _Seq | None:
+    def _find(self, rid: str) -> Request | None:
         with self._lock:
             for s in itertools.chain(self._adds, self.waiting, self.running):
                 if s.id == rid:
@@ -499,56 +364,39 @@ class LLMEngine:
 
     # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One iteration (module doc); returns the outputs of the requests that moved. An
+        """One iteration (module doc): commands, then schedule -> run -> process outputs;
+        returns the outputs of the requests that moved. Where a decode step is in flight
+        and nothing needs the scheduler, its successor is issued instead (pipelining). An
         engine fault fails every request it touched (outputs with ``finish_reason
         "error"``) and is raised again."""
-        events: list[RequestOutput] = []
-        self._commands(events)
+        events = self._commands()
         try:
-            if self._inflight is not None:
-                if self._can_chain():
-                    nxt = self._issue_decode(chained=True)
-                    events += self._finish_decode()
-                    self._issue_sampler(nxt)
-                    self._inflight = nxt
-                    return self._deliver(events)
-                events += self._finish_decode()
-            if self._lanes is not None:
-                if self._can_roll():
-                    events += self._roll_lanes()
-                    return self._deliver(events)
-                events += self._drain_lanes()
-            self._admit()
-            self._prefill()
-            running = [s for s in self.running if s.status == "running"]
-            if self.micro_batches > 1 and len(running) >= self.micro_batches:
-                self._issue_lanes(running)
-                if not self.pipelined:
-                    events += self._drain_lanes()
-            elif running:
-                self._inflight = self._issue_decode(chained=False)
-                self._issue_sampler(self._inflight)
-                if not self.pipelined:
-                    events += self._finish_decode()
+            if not self._continue_in_flight(events):
+                plan = self.scheduler.schedule()
+                self._run_prefill(plan)
+                events += self._run_decode(plan)
         except Exception as e:  # noqa: BLE001  (an engine fault: fail the requests it touched)
-            self.fault = e
-            for s in list(self.running) + list(self.waiting):
-                events.append(self._finish(s, "error", error=f"{type(e).__name__}: {e}"))
-            self.running.clear()
-            self.waiting.clear()
-            self._inflight = self._lanes = None
+            events += self._fail(e)
             self._deliver(events)
             raise
         return self._deliver(events)
 
     def _deliver(self, events: list[RequestOutput]) -> list[RequestOutput]:
+        """Forget the ids of finished requests (they may be used again), then hand every
+        output to its request's sink."""
+        done = [ev.request_id for ev in events if ev.finished]
+        if done:
+            with self._lock:
+                self._known.difference_update(done)
         for ev in events:
             seq = getattr(ev, "_seq", None)
             if seq is not None and seq.sink is not None:
                 seq.sink.put(ev)
         return events
 
-    def _commands(self, events: list[RequestOutput]) -> None:
+    def _commands(self) -> list[RequestOutput]:
+        """Run queued calls, queue new requests, finish aborted ones (a running one once
+        no step in flight has it as a row)."""
         with self._lock:
             adds, self._adds = self._adds, deque()
             aborts, self._aborts = self._aborts, set()
@@ -557,139 +405,129 @@ class LLMEngine:
             call()
         self.waiting.extend(adds)
         if not aborts:
-            return
-        for seq in [s for s in self.waiting if s.id in aborts]:
-            self.waiting.remove(seq)
-            events.append(self._finish(seq, "abort"))
+            return []
+        events = [self.output.finish(s, "abort") for s in self.scheduler.take_waiting(aborts)]
         for seq in [s for s in self.running if s.id in aborts]:
             seq.aborted = True
             if not self._in_flight(seq):
-                events.append(self._finish(seq, "abort"))
+                events.append(self.output.finish(seq, "abort"))
+        return events
 
-    # ---- admission and prefill ------------------------------------------------------------
-    def _admit(self) -> None:
-        bm, bs = self.blocks, self.blocks.block_size
-        while self.waiting and len(self.running) < self.config.max_batch:
-            seq = self.waiting[0]
-            ids = seq.tokens
-            keys = block_keys(ids[:len(ids) - 1], bs, seq.lora_salt) \
-                if bm.prefix_caching else []
-            hit = bm.cached_prefix(keys)
-            bm.take(hit)
-            need = bm.blocks_for(len(ids)) - len(hit)
-            reserve = self.config.watermark_blocks if self.running else 0
-            if need > bm.num_free() - reserve:
-                bm.release(hit)
-                bm.query_blocks -= len(keys)          # not admitted: not a query
-                bm.hit_blocks -= len(hit)
-                break
-            seq.blocks = hit + bm.allocate(need)
-            seq.table = self.runner.table_row(seq.blocks)
-            seq.keys = keys[:len(hit)]
-            seq.n_computed = len(hit) * bs
-            if seq.t_admitted is None:
-                seq.stats.cached_tokens = seq.n_computed
-                seq.stats.queue_s = time.perf_counter() - seq.t_arrival
-            seq.t_admitted = time.perf_counter()
-            seq.history_row = self._free_rows.pop()
+    def _fail(self, e: Exception) -> list[RequestOutput]:
+        """An engine fault: record it and fail every request admitted or waiting."""
+        self.fault = e
+        events = [self.output.finish(s, "error", error=f"{type(e).__name__}: {e}")
+                  for s in list(self.running) + list(self.waiting)]
+        self.running.clear()
+        self.waiting.clear()
+        self._inflight = self._lanes = None
+        return events
+
+    def _run_prefill(self, plan: SchedulerOutput) -> None:
+        """Start the admitted requests' history rows, then run the planned prefill chunks."""
+        for seq in plan.admitted:
             self.runner.reset_history(seq.history_row, seq.output_ids)
-            seq.status = "prefill"
-            self.waiting.popleft()
-            self.running.append(seq)
+        for c in plan.prefill:
+            seq = c.request
+            seq.stats.prefill_steps += self.runner.prefill(seq.blocks, c.token_ids, c.start,
+                                                           seq.lora_slot)
 
-    def _prefill(self) -> None:
-        chunk = self.runner.prefill_chunk
-        budget = self.config.max_prefill_tokens or 2 * chunk
-        for seq in self.running:
-            if seq.status != "prefill":
-                continue
-            end = len(seq.tokens) - 1             # the last token goes through decode
-            while seq.n_computed < end and budget > 0:
-                n = min(chunk, end - seq.n_computed)
-                seq.stats.prefill_steps += self.runner.prefill(
-                    seq.blocks, seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed,
-                    seq.lora_slot)
-                seq.n_computed += n
-                budget -= chunk
-                self._register(seq)
-            if seq.n_computed >= end:
-                seq.status = "running"
-            if budget <= 0:
-                break
+    def _run_decode(self, plan: SchedulerOutput) -> list[RequestOutput]:
+        """Issue the planned decode step (as micro-batches where planned); unless the engine
+        pipelines, read it now and return its outputs."""
+        if plan.lanes is not None:
+            self._issue_lanes(plan.lanes)
+            return [] if self.pipelined else self._drain_lanes()
+        if not plan.decode:
+            return []
+        self._inflight = self._issue(plan.decode, chained=False)
+        self.issuer.issue_sampler(self._inflight, self._guided)
+        return [] if self.pipelined else self._read_inflight()
 
-    def _register(self, seq: _Seq) -> None:
-        """Register the sequence's newly full blocks in the prefix cache."""
-        bm, bs = self.blocks, self.blocks.block_size
-        if not bm.prefix_caching:
-            return
-        full = seq.n_computed // bs
-        if full > len(seq.keys):
-            start = len(seq.keys)
-            seq.keys += block_keys(seq.tokens[start * bs:full * bs], bs, seq.lora_salt,
-                                   parent=seq.keys[-1] if seq.keys else None)
-            for i in range(start, full):
-                bm.register(seq.blocks[i], seq.keys[i])
+    # ---- decode steps in flight -----------------------------------------------------------
+    def _issue(self, rows: list[Request], chained: bool, lane: int = 0) -> DecodeStep | None:
+        """Issue a decode step over ``rows`` on ``lane`` once each has a block for its
+        position (:meth:`Scheduler.grow <poot.engine.scheduler.Scheduler.grow>`; ``chained``:
+        the rows of the lane's step in flight, one position further); None when no row is
+        left."""
+        rows = self.scheduler.grow(rows, chained)
+        if not rows:
+            return None
+        step = self.issuer.issue(rows, chained, lane)
+        self.max_decode_batch = max(self.max_decode_batch, len(rows))
+        return step
 
-    # ---- decode ---------------------------------------------------------------------------
-    def _grow(self, seqs: list[_Seq], position_of) -> list[_Seq]:
-        """Give every sequence of ``seqs`` a block for its next position, preempting the
-        most recently admitted sequences when blocks run out; returns those still running."""
-        bm = self.blocks
-        for seq in seqs:
-            if seq.status not in ("running", "prefill"):
-                continue                                  # preempted meanwhile
-            while bm.blocks_for(position_of(seq) + 1) > len(seq.blocks):
-                if bm.num_free() > 0:
-                    b = bm.allocate(1)[0]
-                    seq.table[len(seq.blocks)] = b
-                    seq.blocks.append(b)
-                    continue
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is seq:
-                    break
-        return [s for s in seqs if s.status in ("running", "prefill")]
+    def _read(self, step: DecodeStep, log: bool = True) -> list[RequestOutput]:
+        """Read ``step`` and process its tokens; ``log``: record it in :attr:`decode_log`."""
+        sampled = self.issuer.collect(step)
+        now = time.perf_counter()
+        if log:
+            self.decode_log.append((now, len(step.rows), self.runner.prefill_steps))
+        events = self.output.process(step.rows, sampled, now)
+        self.generated_tokens += len(step.rows)
+        return events
 
-    def _preempt(self, seq: _Seq) -> None:
-        self.blocks.release(seq.blocks)
-        seq.blocks, seq.keys, seq.n_computed, seq.table = [], [], 0, None
-        self._free_rows.append(seq.history_row)
-        seq.history_row = None
-        seq.status = "waiting"
-        seq.stats.preemptions += 1
-        self.preemptions += 1
-        self.running.remove(seq)
-        self.waiting.appendleft(seq)
+    def _read_inflight(self) -> list[RequestOutput]:
+        step, self._inflight = self._inflight, None
+        return [] if step is None else self._read(step)
 
-    def _in_flight(self, seq: _Seq) -> bool:
+    def _in_flight(self, seq: Request) -> bool:
         """Whether ``seq`` is a row of a decode step issued and not yet read."""
-        if self._inflight is not None and seq in self._inflight[1]:
+        if self._inflight is not None and seq in self._inflight.rows:
             return True
-        return any(seq in seqs for _, seqs in self._lanes or ())
+        return any(seq in step.rows for step in self._lanes or ())
 
-    def _issue_lanes(self, running: list[_Seq]) -> None:
-        """Issue one decode step as :attr:`micro_batches` micro-batches (EngineConfig):
-        every micro-batch's forward pass and sampler (lane k on its own entries), before any
-        is read; they stay in flight (:attr:`_lanes`) until :meth:`_roll_lanes` or
+    def _continue_in_flight(self, events: list[RequestOutput]) -> bool:
+        """Read the decode steps in flight (appending their outputs to ``events``); where
+        nothing needs the scheduler, issue their successors first (chained, or the
+        micro-batches rolled) and return True: this iteration schedules nothing."""
+        if self._inflight is not None:
+            if self._can_chain():
+                nxt = self._issue(self._inflight.rows, chained=True)
+                events += self._read_inflight()
+                self.issuer.issue_sampler(nxt, self._guided)   # guided: after the matchers
+                self._inflight = nxt
+                return True
+            events += self._read_inflight()
+        if self._lanes is not None:
+            if self._can_roll():
+                events += self._roll_lanes()
+                return True
+            events += self._drain_lanes()
+        return False
+
+    def _can_chain(self) -> bool:
+        """Whether the next decode step can be issued before the in-flight one is read: the
+        same sequences, none of which ends by length at the in-flight step, no admission,
+        prefill or abort waiting, and blocks for every next position without preemption."""
+        if not self.pipelined or self._inflight is None:
+            return False
+        rows = self._inflight.rows
+        if self.micro_batches > 1 and len(rows) >= self.micro_batches:
+            return False                  # the step runs as micro-batches instead
+        if not Scheduler.chainable(rows) or len(self.running) != len(rows):
+            return False
+        return self.scheduler.room_ahead(rows)
+
+    # ---- micro-batches (lanes) ------------------------------------------------------------
+    def _issue_lanes(self, groups: list[list[Request]]) -> None:
+        """Issue one decode step as micro-batches (:class:`EngineConfig`): every
+        micro-batch's forward pass and sampler (lane k on its own entries), before any is
+        read; they stay in flight (:attr:`_lanes`) until :meth:`_roll_lanes` or
         :meth:`_drain_lanes` reads them."""
-        m = self.micro_batches
-        size = -(-len(running) // m)
-        lanes: list = []
-        for k in range(m):
-            self._issue_lane(k, running[k * size:(k + 1) * size], lanes)
+        lanes: list[DecodeStep] = []
+        for k, group in enumerate(groups):
+            self._issue_lane(k, group, lanes)
         self._lanes = lanes or None
 
-    def _issue_lane(self, k: int, group: list[_Seq], lanes: list) -> None:
+    def _issue_lane(self, k: int, group: list[Request], lanes: list[DecodeStep]) -> None:
         """Issue micro-batch ``k``'s decode step and sampler over ``group`` (from the host's
-        tokens) and append ``(k, (handle, rows))`` to ``lanes``; nothing for no rows."""
+        tokens) and append it to ``lanes``; nothing for no rows."""
         if group:
-            inf = self._issue_decode(chained=False, seqs=group, lane=k)
-            if inf is not None:
-                self._issue_sampler(inf)
-                lanes.append((k, inf))
-
-    def _read_lane(self, inf) -> list[RequestOutput]:
-        return self._finish_decode(inf, log=False)
+            step = self._issue(group, chained=False, lane=k)
+            if step is not None:
+                self.issuer.issue_sampler(step, self._guided)
+                lanes.append(step)
 
     def _log_lanes(self, rows: int) -> None:
         self.decode_log.append((time.perf_counter(), rows, self.runner.prefill_steps))
@@ -700,46 +538,27 @@ class LLMEngine:
         """Read every micro-batch in flight, in issue order; none is issued again."""
         lanes, self._lanes = self._lanes or [], None
         events: list[RequestOutput] = []
-        for _, inf in lanes:
-            events += self._read_lane(inf)
-        self._log_lanes(sum(len(inf[1]) for _, inf in lanes))
+        for step in lanes:
+            events += self._read(step, log=False)
+        self._log_lanes(sum(len(step.rows) for step in lanes))
         return events
-
-    def _room_ahead(self, seqs: list[_Seq]) -> bool:
-        """Whether decode steps over ``seqs`` may go on without the scheduler: no sequence
-        waits to be prefilled or admitted, and free blocks for every running row's next
-        position (so growing one step never preempts a row still in flight)."""
-        if any(s.status != "running" for s in self.running):
-            return False
-        if self.waiting and len(self.running) < self.config.max_batch:
-            return False
-        need = sum(1 for s in seqs if s.status == "running"
-                   and self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
-        return need <= self.blocks.num_free()
-
-    @staticmethod
-    def _chainable(seqs: list[_Seq]) -> bool:
-        """Whether the step after the one in flight over ``seqs`` can be issued before that
-        one is read (tokens fed on the device): no row aborted, none ends by length at the
-        step in flight (a stop token cannot be foreseen: its row's extra token is
-        discarded)."""
-        return all(not s.aborted and s.generated + 1 < s.params.max_tokens for s in seqs)
 
     def _can_roll(self) -> bool:
         """Whether the micro-batches in flight can each be issued again as it is read: the
         engine pipelines, no command is queued, at least :attr:`micro_batches` rows, and
-        :meth:`_room_ahead`."""
+        :meth:`Scheduler.room_ahead <poot.engine.scheduler.Scheduler.room_ahead>`."""
         if not self.pipelined or not self._lanes:
             return False
-        seqs = [s for _, (_, ss) in self._lanes for s in ss]
-        if len(seqs) < self.micro_batches or self._adds:
+        rows = [s for step in self._lanes for s in step.rows]
+        if len(rows) < self.micro_batches or self._adds:
             return False
-        return self._room_ahead(seqs)
+        return self.scheduler.room_ahead(rows)
 
-    def _lane_can_chain(self, seqs: list[_Seq]) -> bool:
+    def _lane_can_chain(self, rows: list[Request]) -> bool:
         """Whether a micro-batch's next step can be issued before its step in flight is
-        read: every row running and :meth:`_chainable`."""
-        return all(s.status == "running" for s in seqs) and self._chainable(seqs)
+        read: every row running and :meth:`Scheduler.chainable
+        <poot.engine.scheduler.Scheduler.chainable>`."""
+        return all(s.status == RUNNING for s in rows) and Scheduler.chainable(rows)
 
     def _roll_lanes(self) -> list[RequestOutput]:
         """Take each micro-batch in issue order and issue its next step while the ones
@@ -749,209 +568,22 @@ class LLMEngine:
         from the rows still running. A micro-batch whose rows all finished is dropped."""
         events: list[RequestOutput] = []
         rows, lanes = 0, []
-        for k, inf in self._lanes:
-            rows += len(inf[1])
-            if self.chain_lanes and self._lane_can_chain(inf[1]):
-                nxt = self._issue_decode(chained=True, seqs=inf[1], lane=k)
-                events += self._read_lane(inf)
+        for step in self._lanes:
+            rows += len(step.rows)
+            if self.chain_lanes and self._lane_can_chain(step.rows):
+                nxt = self._issue(step.rows, chained=True, lane=step.lane)
+                events += self._read(step, log=False)
                 if nxt is not None:
-                    self._issue_sampler(nxt)      # guided: after the matchers took the tokens
-                    lanes.append((k, nxt))
+                    self.issuer.issue_sampler(nxt, self._guided)  # after the matchers
+                    lanes.append(nxt)
                     self.chained_lane_steps += 1
                 continue
-            events += self._read_lane(inf)
-            self._issue_lane(k, [s for s in inf[1] if s.status == "running" and not s.aborted],
-                             lanes)
+            events += self._read(step, log=False)
+            self._issue_lane(step.lane, [s for s in step.rows
+                                         if s.status == RUNNING and not s.aborted], lanes)
         self._lanes = lanes or None
         self._log_lanes(rows)
         return events
-
-    def _decode_batch(self, seqs: list[_Seq], chained: bool) -> DecodeBatch:
-        n = len(seqs)
-        shift = 1 if chained else 0
-        pos = np.fromiter((len(s.tokens) - 1 + shift for s in seqs), np.int32, n)
-        tokens = None if chained else np.fromiter((s.tokens[-1] for s in seqs), np.int32, n)
-        uniforms = np.fromiter((0.0 if s.params.greedy else s.uniforms.next() for s in seqs),
-                               np.float32, n)
-        return DecodeBatch(tokens, pos, np.stack([s.table for s in seqs]),
-                           [s.params for s in seqs], uniforms,
-                           np.fromiter((s.history_row for s in seqs), np.int32, n),
-                           tuple(s.id for s in seqs),
-                           np.fromiter((s.lora_slot for s in seqs), np.int32, n)
-                           if self.runner.lora is not None else None)
-
-    def _issue_decode(self, chained: bool, seqs: list[_Seq] | None = None, lane: int = 0):
-        """Issue a decode step (forward pass, and the sampler unless it is guided:
-        :meth:`_issue_sampler`) over ``seqs`` (default: every running sequence) on
-        micro-batch ``lane``'s entries. ``chained``: the rows of the step in flight on that
-        lane (default :attr:`_inflight`'s), one position further, their tokens fed on the
-        device by that step's sampler. Returns (handle, rows) or None."""
-        if chained:
-            seqs = list(self._inflight[1] if seqs is None else seqs)
-            seqs = self._grow(seqs, lambda s: len(s.tokens))
-        else:
-            if seqs is None:
-                seqs = [s for s in self.running if s.status == "running"]
-            seqs = self._grow(seqs, lambda s: len(s.tokens) - 1)
-        if not seqs:
-            return None
-        key = tuple(s.id for s in seqs)
-        cached = self._spec_cache.get(lane)
-        if cached is None or cached[0] != key:
-            cached = self._spec_cache[lane] = (key, sampler_spec_for([s.params for s in seqs]))
-        spec = cached[1]
-        batch = self._decode_batch(seqs, chained)
-        if spec.guided:                    # the sampler waits for the rows' masks
-            handle = self.runner.submit_model(batch, spec, lane)
-        else:
-            handle = self.runner.submit_decode(batch, spec, lane=lane)
-        self.max_decode_batch = max(self.max_decode_batch, len(seqs))
-        return handle, seqs
-
-    def _issue_sampler(self, inflight) -> None:
-        """Issue the sampler of a guided step whose forward pass is running: each guided
-        row's allowed tokens are computed now, on the host, from its matcher (which has
-        consumed every token accepted so far); other rows (unconstrained, or finished since
-        the step was issued: their token is discarded) allow every token."""
-        if inflight is None or inflight[0].submitted is not None:
-            return
-        handle, seqs = inflight
-        from poot.engine.guided import ALL_ALLOWED
-
-        words = sampling.mask_words(self.vocab)
-        if self._masks is None or self._masks.shape[0] < len(seqs):
-            self._masks = np.empty((self.runner.max_batch, words), np.int32)
-        masks = self._masks[:len(seqs)]
-        t0 = time.perf_counter()
-        rows = [i for i, s in enumerate(seqs) if s.guide is not None and s.status == "running"]
-        masks[:] = ALL_ALLOWED
-        if rows:
-            block = np.empty((len(rows), words), np.int32)
-            self._guided.fill_masks([seqs[i].guide for i in rows], block)
-            masks[rows] = block
-        dt = time.perf_counter() - t0
-        self.guided_masks += len(rows)
-        self.guided_mask_s += dt
-        self.runner.submit_sampler(handle, masks)
-
-    def _can_chain(self) -> bool:
-        """Whether the next decode step can be issued before the in-flight one is read: the
-        same sequences, none of which ends by length at the in-flight step, no admission,
-        prefill or abort waiting, and blocks for every next position without preemption."""
-        if not self.pipelined or self._inflight is None:
-            return False
-        seqs = self._inflight[1]
-        if self.micro_batches > 1 and len(seqs) >= self.micro_batches:
-            return False                  # the step runs as micro-batches instead
-        if not self._chainable(seqs) or len(self.running) != len(seqs):
-            return False
-        return self._room_ahead(seqs)
-
-    def _finish_decode(self, inflight=None, log: bool = True) -> list[RequestOutput]:
-        """Read a decode step (``inflight``: (handle, seqs); default the one in flight) and
-        accept its tokens; ``log``: record it in :attr:`decode_log`."""
-        if inflight is None:
-            inflight, self._inflight = self._inflight, None
-        if inflight is None:
-            return []
-        handle, seqs = inflight
-        out = self.runner.collect(handle)
-        now = time.perf_counter()
-        if log:
-            self.decode_log.append((now, len(seqs), self.runner.prefill_steps))
-        events = []
-        tok = out[sampling.OUTPUTS["token"]]
-        lp = out.get(sampling.OUTPUTS["logprob"])
-        top_v = out.get(sampling.OUTPUTS["top_logprobs"])
-        top_i = out.get(sampling.OUTPUTS["top_ids"])
-        for i, seq in enumerate(seqs):
-            if seq.status != "running":
-                continue                  # finished or preempted meanwhile: a wasted row
-            seq.n_computed = len(seq.tokens)
-            if seq.aborted:
-                events.append(self._finish(seq, "abort"))
-                continue
-            logprob = None
-            if seq.params.logprobs is not None and lp is not None:
-                n = seq.params.logprobs
-                top = [(int(a), float(b)) for a, b in zip(top_i[i][:n], top_v[i][:n])
-                       if b != -np.inf] if n and top_i is not None else \
-                    ([] if n == 0 else None)
-                logprob = TokenLogprob(int(tok[i]), float(lp[i]), top)
-            events.append(self._accept(seq, int(tok[i]), logprob, now))
-        self.generated_tokens += len(seqs)
-        return [e for e in events if e is not None]
-
-    def _accept(self, seq: _Seq, token: int, logprob: TokenLogprob | None, now: float
-                ) -> RequestOutput:
-        seq.generated += 1
-        if seq.t_first is None:
-            seq.t_first = now
-        if seq.guide is not None and not seq.guide.consume(token):
-            # the mask allowed only what the matcher accepts, so the constraint itself failed
-            # (llguidance's lexer or parser ran past a limit on this input: a{1000000})
-            return self._finish(seq, "error", error=f"{GUIDED_ERROR}the constraint failed "
-                                f"at generated token {seq.generated} (sampled {token}): "
-                                f"{seq.guide.error}")
-        if token in seq.stop_ids:
-            return self._finish(seq, "stop", stop=token)
-        seq.tokens.append(token)
-        seq.output_ids.append(token)
-        self._register(seq)
-        text = ""
-        if seq.decoder is not None:
-            text = seq.matcher.feed(seq.decoder.push(token)).text
-        ev = RequestOutput(seq.id, [token], text, [logprob] if logprob is not None else None)
-        ev._seq = seq
-        if seq.matcher.stopped:
-            return self._finish(seq, "stop", stop=seq.matcher.stop, last=ev)
-        if seq.generated >= seq.params.max_tokens:
-            return self._finish(seq, "length", last=ev)
-        return ev
-
-    def _finish(self, seq: _Seq, reason: str, stop=None, last: RequestOutput | None = None,
-                error: str | None = None) -> RequestOutput:
-        """End a sequence: flush held text, free its blocks and history row."""
-        now = time.perf_counter()
-        ev = last or RequestOutput(seq.id)
-        ev._seq = seq
-        if seq.decoder is not None and not seq.matcher.stopped and reason not in ("abort",
-                                                                                "error"):
-            upd = seq.matcher.feed(seq.decoder.finish())
-            if upd.stopped:
-                reason, stop = "stop", upd.stop
-                ev.flushed = upd.text
-            else:
-                ev.flushed = upd.text + seq.matcher.flush()
-            ev.text += ev.flushed
-        if seq in self.running:
-            self.running.remove(seq)
-        if seq.blocks:
-            self.blocks.release(seq.blocks)
-            seq.blocks = []
-        if seq.history_row is not None:
-            self._free_rows.append(seq.history_row)
-            seq.history_row = None
-        if seq.lora_slot and seq.status != "finished":
-            self.runner.lora.release(seq.lora_slot)
-        seq.status = "finished"
-        st = seq.stats
-        st.generated_tokens, st.finish_reason = seq.generated, reason
-        if seq.guide is not None:
-            st.guided_masks, st.guided_mask_s = seq.guide.masks, seq.guide.mask_s
-        st.total_s = now - seq.t_arrival
-        st.pipelined = self.pipelined
-        if seq.t_first is not None:
-            st.ttft_s = seq.t_first - seq.t_arrival
-            if seq.generated > 1:
-                st.decode_tokens_per_s = (seq.generated - 1) / max(now - seq.t_first, 1e-9)
-        ev.finished, ev.finish_reason, ev.stop, ev.error = True, reason, stop, error
-        ev.output_ids = list(seq.output_ids)
-        ev.output_text = seq.matcher.text if seq.decoder is not None else ""
-        ev.stats = st
-        with self._lock:
-            self._known.discard(seq.id)
-        return ev
 
     # ---- convenience ----------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
@@ -1060,5 +692,25 @@ class LLMEngine:
             self._thread = None
 
 
-__all__ = ["ContextOverflow", "EngineConfig", "EngineError", "EngineStats",
-           "KVCapacityExceeded", "LLMEngine", "RequestOutput", "RequestStats", "TokenLogprob"]
+def _pipelined(config: EngineConfig, runner: ModelRunner) -> bool:
+    """Whether the engine chains decode steps: ``config.pipeline``; None: ``POOT_PIPELINE``
+    where set, else where the runner's session overlaps host and device work."""
+    pipe = config.pipeline
+    if pipe is None:
+        pipe = settings.get_flag("POOT_PIPELINE")
+        pipe = bool(getattr(runner.session, "overlaps", False)) if pipe is None else pipe
+    return bool(pipe)
+
+
+def _micro_batches(config: EngineConfig, runner: ModelRunner) -> int:
+    """``config.micro_batches``; None: the device's pipeline stage count (1 without one).
+    Raises :class:`EngineError` for anything but an integer >= 1."""
+    mb = config.micro_batches
+    if mb is None:
+        mb = int(getattr(runner.session.device, "stages", 1))
+    if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+        raise EngineError(f"micro_batches must be an integer >= 1, got {mb!r}")
+    return mb
+
+
+__all__ = ["ContextOverflow", "EngineError", "EngineStats", "KVCapacityExceeded", "LLMEngine"]

@@ -30,7 +30,7 @@ class LoraManager:
     Args:
         table: the slots' host arrays (bound as weights).
         upload: ``(arrays, types)`` -> None: writes changed slot params to the device (the
-            executor engine's ``load_weights``); called from the engine thread.
+            runner session's ``load_weights``); called from the engine thread.
     """
 
     def __init__(self, table: LoraTable, upload: Callable[[Mapping, Mapping], None]):

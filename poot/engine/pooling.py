@@ -1,6 +1,6 @@
 """Pooled steps on a device: embeddings and cross-encoder scores for whole inputs at once.
 
-:class:`PoolingRunner` owns the executor :class:`~poot.runtime.Engine` of one loaded model
+:class:`PoolingRunner` owns the runtime :class:`~poot.runtime.Session` of one loaded model
 and its pooled entries (:class:`~poot.models.pooling.PoolSpec`), one per (batch bucket,
 token bucket), each compiled through the compile cache the first time it is needed. A call
 takes a list of inputs (token ids, optionally segment ids), sorts them by length, cuts them
@@ -16,16 +16,14 @@ concurrent callers share steps.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from typing import Callable, Sequence
 
 import numpy as np
 
-from poot.engine.runner import decode_buckets
+from poot.engine.runner import RunnerBase, decode_buckets, smallest_bucket
 from poot.errors import PootError
-from poot.runtime import Session
 from poot.models.pooling import PoolSpec
 
 #: The smallest token bucket (shorter inputs are padded to it).
@@ -46,38 +44,29 @@ def token_buckets(max_tokens: int) -> tuple[int, ...]:
     return tuple(out + [max_tokens])
 
 
-class PoolingRunner:
+class PoolingRunner(RunnerBase):
     """The pooled steps of one model on one device (module doc).
 
     Args:
         model, weights: a family instance with ``trace_pooled`` and its bound weights (no
             LM head needed).
-        device: the executor device.
-        compile_step: ``(key_model, weight_types, spec, trace) -> Program``, as
-            :class:`~poot.engine.runner.ModelRunner`'s.
+        device, compile_step, on_compile, storage_type: as
+            :class:`~poot.engine.runner.RunnerBase`'s.
         max_batch: rows per step at most. max_tokens: tokens per row at most.
         pooling, normalize, outputs: the :class:`PoolSpec` fields every entry uses.
-        on_compile: called with an entry's name before it is compiled or loaded.
-        storage_type: the executor engine's weight storage rule (the target's
-            :func:`~poot.compiler.planning.storage_type`; None: the weights' own types).
     """
 
     def __init__(self, model, weights, device, compile_step: Callable, max_batch: int,
                  max_tokens: int, pooling: str, normalize: bool, outputs: str = "embeddings",
                  on_compile: Callable[[str], None] | None = None,
                  storage_type: Callable | None = None):
-        self.model, self.weights = model, weights
-        self.compile_step = compile_step
+        super().__init__(model, weights, device, compile_step, on_compile, storage_type)
         self.batch_buckets = decode_buckets(max_batch)
         self.tok_buckets = token_buckets(max_tokens)
         self.max_batch, self.max_tokens = max_batch, max_tokens
         self.pooling, self.normalize, self.outputs = pooling, normalize, outputs
-        self.on_compile = on_compile
-        self.engine = Session(device, storage_type=storage_type)
-        self._uploaded = False
         self._entries: dict[tuple[int, int], object] = {}
         self._lock = threading.Lock()
-        self.compile_s: dict[str, float] = {}
         self.steps = 0
 
     def spec(self, batch: int, tokens: int) -> PoolSpec:
@@ -90,24 +79,16 @@ class PoolingRunner:
         e = self._entries.get(key)
         if e is None:
             spec = self.spec(batch, tokens)
-            name = f"pooled[B={batch},T={tokens}]"
-            if self.on_compile:
-                self.on_compile(name)
-            t0 = time.perf_counter()
-            prog = self.compile_step(self.model, self.weights.types, spec,
-                                     lambda: self.model.trace_pooled(spec, self.weights.types))
-            self.compile_s[name] = time.perf_counter() - t0
-            if not self._uploaded:       # after the first compile: refusals come first
-                self.engine.load_weights(self.weights.arrays, self.weights.types)
-                self._uploaded = True
-            e = self._entries[key] = self.engine.add_entry(prog)
+            prog = self._compile(f"pooled[B={batch},T={tokens}]", self.model,
+                                 self.weights.types, spec,
+                                 lambda: self.model.trace_pooled(spec, self.weights.types))
+            e = self._entries[key] = self.session.add_entry(prog)
         return e
 
     def bucket(self, n: int, buckets: Sequence[int]) -> int:
-        for b in buckets:
-            if b >= n:
-                return b
-        raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+        """The smallest of ``buckets`` (:attr:`batch_buckets` or :attr:`tok_buckets`)
+        holding ``n``; ValueError past the largest."""
+        return smallest_bucket(n, buckets)
 
     def warm_up(self, batches: Sequence[int] = (), tokens: Sequence[int] = ()) -> None:
         """Compile (or load) the entries of ``batches`` x ``tokens`` (default: the largest
@@ -144,7 +125,7 @@ class PoolingRunner:
             e = self.entry(bsz, t)
             if "token_types" in e.input_names:
                 feed["token_types"] = types
-            out = self.engine.step(e, feed, read=[self.outputs])[self.outputs]
+            out = self.session.step(e, feed, read=[self.outputs])[self.outputs]
             self.steps += 1
         return np.array(out[:n], np.float32)
 

@@ -1,7 +1,8 @@
 """The model's compiled steps over one paged KV pool: what the engine loop runs.
 
-:class:`ModelRunner` owns the executor :class:`~poot.runtime.Engine` of one loaded model and
-its entries, each compiled once (through the compile cache) the first time it is needed:
+:class:`ModelRunner` owns the runtime :class:`~poot.runtime.Session` of one loaded model
+(:attr:`~RunnerBase.session`) and its entries, each compiled once (through the compile
+cache) the first time it is needed:
 
 * **prefill**: ``StepSpec.prefill(T, batch=1, outputs="hidden")``, one chunk of T prompt
   tokens of one sequence (padding rows write nothing: slot -1). No LM head runs: the last
@@ -42,13 +43,24 @@ import numpy as np
 from poot.dialects.types import DType
 from poot.engine.guided import ALL_ALLOWED
 from poot.engine.blocks import NULL_BLOCK
+from poot.engine.lora import slot_column
 from poot.runtime import Session, Entry, Submitted
 from poot.graph import sampling
 from poot.graph.sampling import GREEDY, SamplerSpec, SamplerStep, covers
 from poot.models import StepSpec
+from poot.sampling_params import SamplingParams, history_row
 
 #: The decode entry's sampled-token output copied into its token input.
 TOKEN = sampling.OUTPUTS["token"]
+
+
+def smallest_bucket(n: int, buckets: Sequence[int], what: str = "bucket") -> int:
+    """The first of ``buckets`` (ascending) that is at least ``n``; ValueError (naming
+    ``what``) when ``n`` exceeds the last."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest {what} {buckets[-1]}")
 
 
 def decode_buckets(max_batch: int) -> tuple[int, ...]:
@@ -208,32 +220,72 @@ class SamplerProgram:
         self.config = step
 
 
-class ModelRunner:
-    """The steps of one model on one device over one paged KV pool (module doc).
+class RunnerBase:
+    """What :class:`ModelRunner` and :class:`~poot.engine.pooling.PoolingRunner` share: the
+    runtime :class:`~poot.runtime.Session` (:attr:`session`) holding one model's weights on
+    one device, and compiling its steps through ``compile_step`` (the compile cache), timed
+    in :attr:`compile_s`, the weights uploaded after the first compile (so a model whose
+    compile is refused uploads nothing).
 
     Args:
         model, weights: the family instance and its :class:`~poot.models.WeightBinding`.
-        device: the executor device.
+        device: the runtime device.
         compile_step: ``(key_model, weight_types, spec, trace) -> Program``: compiles (or
             finds in the compile cache) the program of ``trace()``; ``key_model``/``spec``
             identify it without tracing.
+        on_compile: called with an entry's name before it is compiled or loaded.
+        storage_type: the session's weight storage rule (the target's
+            :func:`~poot.compiler.planning.storage_type`; None: the weights' own types).
+    """
+
+    def __init__(self, model, weights, device, compile_step: Callable,
+                 on_compile: Callable[[str], None] | None = None,
+                 storage_type: Callable | None = None):
+        self.model, self.weights = model, weights
+        self.compile_step = compile_step
+        self.on_compile = on_compile
+        self.session = Session(device, storage_type=storage_type)
+        self._uploaded = False
+        self.compile_s: dict[str, float] = {}
+
+    def upload_weights(self) -> None:
+        """Upload every weight to the device (once)."""
+        if not self._uploaded:
+            self.session.load_weights(self.weights.arrays, self.weights.types)
+            self._uploaded = True
+
+    def _compile(self, name: str, key_model, types, spec, trace):
+        """The program of ``trace()`` (keyed by ``key_model``, ``types``, ``spec``), named
+        ``name`` for ``on_compile`` and :attr:`compile_s`."""
+        if self.on_compile:
+            self.on_compile(name)
+        t0 = time.perf_counter()
+        prog = self.compile_step(key_model, types, spec, trace)
+        self.compile_s[name] = time.perf_counter() - t0
+        self.upload_weights()              # after the first compile: refusals come first
+        return prog
+
+
+class ModelRunner(RunnerBase):
+    """The steps of one model on one device over one paged KV pool (module doc).
+
+    Args:
+        model, weights, device, compile_step, on_compile, storage_type: as
+            :class:`RunnerBase`'s.
         find_step: ``(key_model, weight_types, spec) -> Program | None``: the program when
             the compile cache has it, without compiling (None: not known).
         kv: the pool; max_batch: the largest decode bucket; prefill_chunk: tokens per
             prefill step (clamped to ``kv.max_model_len``).
-        on_compile: called with an entry's name before it is compiled or loaded.
         upload: upload the weights now (False: at :meth:`upload_weights`, or before the first
             entry is added).
-        storage_type: the executor engine's weight storage rule (the target's
-            :func:`~poot.compiler.planning.storage_type`; None: the weights' own types).
     """
 
     def __init__(self, model, weights, device, compile_step: Callable, kv: KVConfig,
                  max_batch: int, prefill_chunk: int,
                  on_compile: Callable[[str], None] | None = None, upload: bool = True,
                  find_step: Callable | None = None, storage_type: Callable | None = None):
-        self.model, self.weights, self.kv = model, weights, kv
-        self.compile_step = compile_step
+        super().__init__(model, weights, device, compile_step, on_compile, storage_type)
+        self.kv = kv
         self.find_step = find_step
         self.buckets = decode_buckets(max_batch)
         self.max_batch = max_batch
@@ -241,12 +293,8 @@ class ModelRunner:
         self.vocab = model.dims().vocab
         #: rows of the token-history pool: one per running sequence, plus a scratch row
         self.history_slots = max_batch + 1
-        self.on_compile = on_compile
-        self.engine = Session(device, storage_type=storage_type)
-        self._uploaded = False
         if upload:
             self.upload_weights()
-        self.compile_s: dict[str, float] = {}
         self._entries: dict[Any, Entry] = {}
         self._written: dict[int, _EntryState] = {}
         self.prefill_steps = 0
@@ -257,26 +305,11 @@ class ModelRunner:
         #: loaded (waited for) when a request first needs one
         self.deferred: set[tuple[int, SamplerSpec]] = set()
 
-    def upload_weights(self) -> None:
-        """Upload every weight to the device (once)."""
-        if not self._uploaded:
-            self.engine.load_weights(self.weights.arrays, self.weights.types)
-            self._uploaded = True
-
     # ---- entries ------------------------------------------------------------------------
     def step_spec(self, kind: str, batch: int = 1) -> StepSpec:
         """The StepSpec of the prefill entry (``kind="prefill"``) or of the decode entry of
         ``batch`` rows."""
         return step_spec(self.kv, kind, batch, self.prefill_chunk)
-
-    def _compile(self, name: str, key_model, types, spec, trace):
-        if self.on_compile:
-            self.on_compile(name)
-        t0 = time.perf_counter()
-        prog = self.compile_step(key_model, types, spec, trace)
-        self.compile_s[name] = time.perf_counter() - t0
-        self.upload_weights()              # after the first compile: refusals come first
-        return prog
 
     def prefill_entry(self) -> Entry:
         e = self._entries.get("prefill")
@@ -284,7 +317,7 @@ class ModelRunner:
             spec = self.step_spec("prefill")
             prog = self._compile(f"prefill[{spec.tokens}]", self.model, self.weights.types,
                                  spec, lambda: self.model.trace(spec, self.weights.types))
-            e = self._entries["prefill"] = self.engine.add_entry(prog)
+            e = self._entries["prefill"] = self.session.add_entry(prog)
         return e
 
     def decode_entry(self, batch: int, lane: int = 0) -> Entry:
@@ -294,12 +327,12 @@ class ModelRunner:
         key = ("decode", batch) if lane == 0 else ("decode", batch, lane)
         e = self._entries.get(key)
         if e is None and lane:
-            e = self._entries[key] = self.engine.add_entry(self.decode_entry(batch).program)
+            e = self._entries[key] = self.session.add_entry(self.decode_entry(batch).program)
         if e is None:
             spec = self.step_spec("decode", batch)
             prog = self._compile(f"decode[B={batch}]", self.model, self.weights.types, spec,
                                  lambda: self.model.trace(spec, self.weights.types))
-            e = self._entries[key] = self.engine.add_entry(prog)
+            e = self._entries[key] = self.session.add_entry(prog)
         return e
 
     def sampler_entry(self, batch: int, spec: SamplerSpec, program=None) -> Entry:
@@ -313,7 +346,7 @@ class ModelRunner:
             prog = program or self._compile(f"sampler[B={batch}{spec_tag(spec)}]",
                                             SamplerProgram(step), {}, step,
                                             lambda: sampling.trace_sampler(step))
-            e = self._entries[key] = self.engine.add_entry(
+            e = self._entries[key] = self.session.add_entry(
                 prog, share={sampling.LOGITS: (dec, "logits")},
                 feedback={TOKEN: (dec, "tokens")})
         return e
@@ -331,7 +364,7 @@ class ModelRunner:
             e = self._entries.get(key)
             if e is None:
                 dec = self.decode_entry(batch, lane)
-                e = self._entries[key] = self.engine.add_entry(
+                e = self._entries[key] = self.session.add_entry(
                     base.program, share={sampling.LOGITS: (dec, "logits")},
                     feedback={TOKEN: (dec, "tokens")})
             return e, found
@@ -356,11 +389,8 @@ class ModelRunner:
         return self.sampler_entry(batch, spec), spec
 
     def bucket(self, n: int) -> int:
-        """The smallest decode bucket holding ``n`` rows."""
-        for b in self.buckets:
-            if b >= n:
-                return b
-        raise ValueError(f"{n} rows exceed the largest decode bucket {self.buckets[-1]}")
+        """The smallest decode bucket holding ``n`` rows (ValueError past the largest)."""
+        return smallest_bucket(n, self.buckets, "decode bucket")
 
     def warm_up(self, batches: Sequence[int] = (1,), specs: Sequence[SamplerSpec] = ()
                 ) -> None:
@@ -442,7 +472,7 @@ class ModelRunner:
             if "lora_index" in entry.input_names:
                 values["lora_index"] = np.array([lora_slot], np.int32)
             ins = self._write(entry, values)
-            self.engine.submit(entry, ins, read=())
+            self.session.submit(entry, ins, read=())
             steps += 1
         self.prefill_steps += steps
         return steps
@@ -475,8 +505,6 @@ class ModelRunner:
         slots[:n] = table[np.arange(n), pos // bs] * bs + pos % bs
         values = {"positions": positions, "block_table": table, "slot_mapping": slots}
         if "lora_index" in dec.input_names:
-            from poot.engine.lora import slot_column
-
             values["lora_index"] = slot_column(batch.lora_slots, n, bsz)
         st = self._written.setdefault(dec.id, _EntryState())
         if batch.tokens is not None:
@@ -488,7 +516,7 @@ class ModelRunner:
         dins = self._write(dec, values, force={"tokens"} if "tokens" in values else set())
         st.last["rowkeys"] = batch.keys
         sins = self._sampler_inputs(smp, batch, bsz, spec)
-        self.engine.submit(dec, dins, read=())
+        self.session.submit(dec, dins, read=())
         read = [TOKEN]
         if spec.logprobs is not None:
             read.append(sampling.OUTPUTS["logprob"])
@@ -511,7 +539,7 @@ class ModelRunner:
             if masks is not None:
                 full[:handle.rows] = masks
             sins[sampling.INPUTS["allowed_tokens"]] = full
-        handle.submitted = self.engine.submit(handle.sampler, sins, read=handle.read)
+        handle.submitted = self.session.submit(handle.sampler, sins, read=handle.read)
         handle.inputs = {}
         return handle
 
@@ -521,8 +549,6 @@ class ModelRunner:
         n = len(batch.positions)
         out: dict[str, np.ndarray] = {}
         if st.last.get("rowkeys") != batch.keys:
-            from poot.sampling_params import SamplingParams
-
             rows = list(batch.params) + [None] * (bsz - n)
             packed = SamplingParams.pack(rows, self.vocab, spec=spec)
             packed.pop(sampling.INPUTS["uniform"], None)          # per step, below
@@ -541,22 +567,21 @@ class ModelRunner:
 
     def collect(self, handle: DecodeHandle) -> dict[str, np.ndarray]:
         """Wait for a decode step's sampled tokens (and log-probs): arrays of its rows."""
-        out = self.engine.collect(handle.submitted)
+        out = self.session.collect(handle.submitted)
         return {k: v[:handle.rows] for k, v in out.items()}
 
     def reset_history(self, row: int, token_ids: Sequence[int] = ()) -> None:
         """Start token-history row ``row`` counting ``token_ids`` (a new sequence: none; a
         resumed one: its generated tokens). No-op until a penalties sampler exists."""
         name = sampling.INPUTS["token_counts"]
-        if name not in self.engine.state_names():
+        if name not in self.session.state_names():
             return
-        from poot.sampling_params import history_row
-
-        self.engine.write_state_row(name, row, history_row(self.vocab, token_ids))
+        self.session.write_state_row(name, row, history_row(self.vocab, token_ids))
 
     def synchronize(self) -> None:
-        self.engine.device.synchronize()
+        self.session.device.synchronize()
 
 
-__all__ = ["DecodeBatch", "DecodeHandle", "GREEDY", "KVConfig", "ModelRunner", "SamplerProgram",
-           "decode_buckets", "sampler_spec_for", "step_spec"]
+__all__ = ["DecodeBatch", "DecodeHandle", "GREEDY", "KVConfig", "ModelRunner", "RunnerBase",
+           "SamplerProgram", "decode_buckets", "sampler_spec_for", "smallest_bucket",
+           "step_spec"]

@@ -21,7 +21,7 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from poot.sampling_params import SamplingParams
-from poot.engine.llm_engine import GUIDED_ERROR
+from poot.engine.output_processor import GUIDED_ERROR
 
 
 class QueueFull(Exception):

@@ -154,5 +154,5 @@ def case_feedback_lands_in_token_input(h, prompt):
     p = greedy(3)
     done = Driver(h).complete(list(prompt), p)
     entry = h.runner.decode_entry(1)
-    dev = h.runner.engine.device
+    dev = h.runner.session.device
     assert int(dev.download(entry.slots["tokens"]).reshape(-1)[0]) == done.token_ids[-1]

@@ -44,7 +44,7 @@ def test_cpu_does_not_pipeline_by_default(h, monkeypatch):
         return LLMEngine(h.runner, h.tokenizer, EngineConfig(max_batch=1, **kw)).pipelined
 
     monkeypatch.delenv("POOT_PIPELINE", raising=False)
-    assert not h.runner.engine.overlaps and not mode() and not h.engine.pipelined
+    assert not h.runner.session.overlaps and not mode() and not h.engine.pipelined
     monkeypatch.setenv("POOT_PIPELINE", "1")
     assert mode()
     monkeypatch.setenv("POOT_PIPELINE", "0")

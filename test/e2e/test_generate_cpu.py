@@ -52,7 +52,7 @@ def test_cpu_greedy_matches_reference(handles, name):
 @pytest.mark.parametrize("name", FIXTURES)
 def test_cpu_replays_after_first_steps(handles, name):
     h = handles[name]
-    dev = h.runner.engine.device
+    dev = h.runner.session.device
     ref = reference(name)
     Driver(h).complete(list(ref["prompt_ids"]), _greedy(4))
     records = dev.records

@@ -38,7 +38,7 @@ class BlockMachine(RuleBasedStateMachine):
     # ---- the engine's operations ----------------------------------------------------------
     @rule(target=seqs, share=st.integers(0, 8), tail=TOKENS)
     def admit(self, share, tail):
-        """``LLMEngine._admit``: cached prefix (all but the last token), then the rest."""
+        """``Scheduler._take_blocks`` (admission): cached prefix (all but the last token), then the rest."""
         prior = [s["tokens"] for s in self.live.values()]
         tokens = (prior[0][:share] if prior else []) + tail
         keys = block_keys(tokens[:-1], BS) if self.bm.prefix_caching else []

@@ -214,7 +214,7 @@ def test_a_constraint_that_fails_while_running_ends_its_request_only(handle):
     """``a{1000000}`` compiles and gives a first mask, then llguidance's lexer runs past its
     limit at the first token: that request finishes with reason "error" and an error that
     says so (GUIDED_ERROR, one line); a request beside it is untouched."""
-    from poot.engine.llm_engine import GUIDED_ERROR
+    from poot.engine.output_processor import GUIDED_ERROR
 
     eng = handle.engine
     plain = SamplingParams(temperature=0, max_tokens=6)

@@ -47,14 +47,14 @@ def test_staggered_batch_equals_one_device(cache, name, n):
     the tokens the one-device engine gives them alone."""
     one = _load(cache, name, 1)
     pipe = _load(cache, name, n)
-    assert isinstance(pipe.runner.engine.device, PipelineDevice)
+    assert isinstance(pipe.runner.session.device, PipelineDevice)
     ps = prompts(one.runner.vocab, 8, seed=3, lo=3, hi=20)
     want = [alone(one.engine, p, GREEDY) for p in ps]
     got = staggered(pipe.engine, [(p, GREEDY) for p in ps], every=2)
     assert pipe.engine.stats().max_decode_batch >= 2
     for rid, w in zip(got["ids"], want):
         assert got["final"][rid].output_ids == w
-    dev = pipe.runner.engine.device
+    dev = pipe.runner.session.device
     assert dev.peer_copies >= pipe.runner.decode_steps * (n - 1)
 
 
@@ -75,7 +75,7 @@ def test_each_device_holds_its_stage(cache):
     projections and the embedding on the first device, the LM head on the last."""
     h = _load(cache)
     alone(h.engine, [5, 6, 7], GREEDY)
-    eng = h.runner.engine
+    eng = h.runner.session
     where = {n: set(b.copies) for n, b in eng._weights.items()}
     assert where["tok_embed"] == {0} and where["lm_head"] == {1}
     for n, devs in where.items():

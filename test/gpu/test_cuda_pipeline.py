@@ -149,7 +149,7 @@ def test_pipelined_generation_equals_sequential_on_device(tmp_path):
     load = lambda: ModelHandle.load(fixture_path("llama"), backend="cuda",  # noqa: E731
                                     kv_capacity=32, prefill_chunk=5, cache_dir=tmp_path)
     h = load()
-    assert h.runner.engine.overlaps
+    assert h.runner.session.overlaps
     prompt = [int(i) for i in reference("llama")["prompt_ids"]]
     other = [2, 40, 9, 77, 5]
     pc.case_greedy_and_logprobs(h, prompt)

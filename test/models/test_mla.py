@@ -52,7 +52,7 @@ def test_kv_cache_holds_latent_and_rope_key(name, tmp_path):
     kv = h.runner.kv
     assert kv.bytes(h.model.dims()) == layers * kv.num_blocks * kv.block_size * per_pos * \
         kv.kv_dtype.itemsize
-    ex = h.runner.engine
+    ex = h.runner.session
     state = {n: ex.read_state(n) for n in ex.state_names() if n.startswith("kv.")}
     assert sum(a.nbytes for a in state.values()) == kv.bytes(h.model.dims())
 

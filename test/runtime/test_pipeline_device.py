@@ -100,10 +100,10 @@ def test_replay_copies_only_what_the_step_needs():
     log: list = []
     h = _load([QueuedCpu(0, log), QueuedCpu(1, log), QueuedCpu(2, log)])
     alone(h.engine, [4, 5, 6], GREEDY)
-    dev = h.runner.engine.device
+    dev = h.runner.session.device
     before = dev.peer_copies
     decode = h.runner.decode_entry(1)
-    h.runner.engine.step(decode, read=["logits"])
+    h.runner.session.step(decode, read=["logits"])
     # two boundaries; the token input may have to come back from the last device
     assert 2 <= dev.peer_copies - before <= 3
 
@@ -164,7 +164,7 @@ def test_sampled_token_fed_back_to_the_first_stage():
                                   prefill_chunk=8).engine, [3, 1, 4, 1, 5], GREEDY)
     log: list = []
     h = _load([OverlappingCpu(0, log), OverlappingCpu(1, log)])
-    assert h.runner.engine.overlaps
+    assert h.runner.session.overlaps
     log.clear()
     assert alone(h.engine, [3, 1, 4, 1, 5], GREEDY) == want
     assert ("copy", 0, 1) in log

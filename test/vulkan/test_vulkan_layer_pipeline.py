@@ -43,4 +43,4 @@ def test_two_vulkan_stages_equal_one_device(vk_device, second, tmp_path):
     done = {o.request_id: o for o in pipe.engine.run_until_done() if o.finished}
     assert [list(done[r].output_ids) for r in rids] == want
     assert pipe.engine.micro_batched_steps > 0
-    assert pipe.runner.engine.device.peer_copies > 0
+    assert pipe.runner.session.device.peer_copies > 0

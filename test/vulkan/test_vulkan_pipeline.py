@@ -44,7 +44,7 @@ def prompt():
 
 
 def test_vulkan_greedy_and_feedback(h, prompt):
-    assert h.runner.engine.overlaps            # queued submissions: pipelined by default
+    assert h.runner.session.overlaps            # queued submissions: pipelined by default
     pc.case_greedy_and_logprobs(h, prompt)
     pc.case_max_tokens_one(h, prompt)
     pc.case_feedback_lands_in_token_input(h, prompt)

@@ -59,7 +59,7 @@ def test_bf16_weights_run_stored_as_f32(wg_device, tmp_path):
                                   compile_options=CompileOptions(precision="exact"),
                                   cache_dir=tmp_path / backend)
         tokens[backend] = Driver(handle).complete([1, 2, 3, 4, 5], params).token_ids
-        stored[backend] = {t.dtype for t in handle.runner.engine._weight_types.values()}
+        stored[backend] = {t.dtype for t in handle.runner.session._weight_types.values()}
     assert stored == {"cpu": {DType.BF16}, "wgpu": {DType.F32}}
     assert tokens["wgpu"] == tokens["cpu"]
 

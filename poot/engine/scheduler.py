@@ -1,0 +1,281 @@
+"""The scheduler: which requests run next, with which KV blocks (vLLM v1's ``Scheduler``).
+
+It owns the waiting queue (FCFS), the running list (admission order), the rows of the
+token-history pool and, through the :class:`~poot.engine.blocks.BlockManager`, the KV blocks
+and the prefix cache. It decides; the engine runs what it decides on the
+:class:`~poot.engine.runner.ModelRunner`. :meth:`Scheduler.schedule` returns one iteration's
+:class:`SchedulerOutput`:
+
+1. *Admission*: while fewer than ``max_batch`` requests run, the first waiting request is
+   admitted if its blocks fit: the cached prefix of its tokens (all but the last; full
+   blocks, chained keys) is shared, fresh blocks hold the rest, and ``watermark_blocks``
+   stay free for the running requests to grow into (none when nothing runs). A request that
+   does not fit stops admission (FCFS: none behind it is admitted) and is not counted as a
+   prefix-cache query.
+2. *Prefill*, under a token budget (``max_prefill_tokens``, default two chunks): requests in
+   prefill, oldest first, are given chunks of at most ``prefill_chunk`` of their tokens not
+   yet computed (all but the last, which decode feeds); every chunk costs a whole
+   ``prefill_chunk`` of the budget. A request whose prefill completes decodes in the same
+   iteration. The plan counts its chunks as computed (and registers the blocks they fill in
+   the prefix cache) when it is made, as vLLM's does: the engine runs them before anything
+   else reads the cache.
+3. *Decode*: every running request feeds one token. With ``micro_batches`` M > 1 and at
+   least M rows, the rows are cut into M micro-batches (lanes) of ``ceil(rows / M)``.
+
+Blocks for the decode positions are taken when a step is issued (:meth:`Scheduler.grow`):
+when none is free, the most recently admitted request is *preempted* (its blocks and history
+row released; it rejoins the head of the waiting queue with its generated tokens, to be
+recomputed, prefix-cache hits included).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from poot.engine.blocks import BlockManager, block_keys
+from poot.engine.request import FINISHED, PREFILL, RUNNING, WAITING, Request
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduling settings.
+
+    Attributes:
+        max_batch: sequences running at once (the largest decode bucket).
+        max_prefill_tokens: prefill tokens per iteration (None: two chunks); bounds the
+            delay a prompt adds to running sequences' next token.
+        prefix_caching: reuse cached full KV blocks.
+        pipeline: chain decode steps (None: where the device overlaps host work;
+            ``POOT_PIPELINE=0`` turns it off).
+        watermark_blocks: blocks admission leaves free for running sequences to grow into.
+        micro_batches: M > 1 splits a decode step of at least M sequences into M micro-batches
+            issued one after another before any is read, each on its own entries
+            (:meth:`~poot.engine.runner.ModelRunner.decode_entry` lanes), so the stages of
+            a layer pipeline work on different micro-batches at once (stage 0 on micro-batch
+            k while stage 1 runs k - 1). Where the engine pipelines, the micro-batches
+            roll: each is issued again as soon as it is read, while the others are still
+            in flight, so the pipeline does not drain between decode steps (it drains to
+            admit, prefill, or when blocks run short). None: the device's pipeline stage
+            count (1 without a pipeline).
+    """
+
+    max_batch: int = 8
+    max_prefill_tokens: int | None = None
+    prefix_caching: bool = True
+    pipeline: bool | None = None
+    watermark_blocks: int = 1
+    micro_batches: int | None = None
+
+
+@dataclass
+class PrefillChunk:
+    """Prompt tokens of one request to prefill: ``token_ids`` at positions ``start..``."""
+
+    request: Request
+    start: int
+    token_ids: list[int]
+
+
+@dataclass
+class SchedulerOutput:
+    """One iteration's plan (module doc).
+
+    Attributes:
+        admitted: requests admitted now, in order (each got a fresh history row).
+        prefill: the chunks to prefill, in order.
+        decode: the requests that decode, in admission order (empty: no decode step).
+        lanes: ``decode`` cut into micro-batches (None: one decode step).
+    """
+
+    admitted: list[Request] = field(default_factory=list)
+    prefill: list[PrefillChunk] = field(default_factory=list)
+    decode: list[Request] = field(default_factory=list)
+    lanes: list[list[Request]] | None = None
+
+
+class Scheduler:
+    """Admission, prefill budget, decode rows and preemption over one KV pool (module doc).
+
+    Args:
+        config: :class:`EngineConfig`.
+        blocks: the pool's :class:`~poot.engine.blocks.BlockManager`.
+        runner: the :class:`~poot.engine.runner.ModelRunner` (its block-table rows, prefill
+            chunk, history rows and LoRA slots).
+        micro_batches: M (module doc), resolved.
+    """
+
+    def __init__(self, config: EngineConfig, blocks: BlockManager, runner,
+                 micro_batches: int = 1):
+        self.config, self.blocks, self.runner = config, blocks, runner
+        self.micro_batches = micro_batches
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.free_rows = list(range(runner.history_slots - 1))     # last: scratch
+        self.preemptions = 0
+
+    # ---- the plan -------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Admit, plan the prefill chunks and the decode rows of one iteration."""
+        out = SchedulerOutput(admitted=self._admit(), prefill=self._plan_prefill())
+        out.decode = [s for s in self.running if s.status == RUNNING]
+        m = self.micro_batches
+        if m > 1 and len(out.decode) >= m:
+            size = -(-len(out.decode) // m)
+            out.lanes = [out.decode[k * size:(k + 1) * size] for k in range(m)]
+        return out
+
+    def _admit(self) -> list[Request]:
+        admitted = []
+        while self.waiting and len(self.running) < self.config.max_batch:
+            seq = self.waiting[0]
+            if not self._take_blocks(seq):
+                break
+            if seq.t_admitted is None:
+                seq.stats.cached_tokens = seq.n_computed
+                seq.stats.queue_s = time.perf_counter() - seq.t_arrival
+            seq.t_admitted = time.perf_counter()
+            seq.history_row = self.free_rows.pop()
+            seq.status = PREFILL
+            self.waiting.popleft()
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def _take_blocks(self, seq: Request) -> bool:
+        """Give ``seq`` its cached prefix and fresh blocks for the rest of its tokens, if
+        they fit above the watermark; else take nothing (and count no query)."""
+        bm, bs = self.blocks, self.blocks.block_size
+        ids = seq.tokens
+        keys = block_keys(ids[:len(ids) - 1], bs, seq.lora_salt) if bm.prefix_caching else []
+        hit = bm.cached_prefix(keys)
+        bm.take(hit)
+        need = bm.blocks_for(len(ids)) - len(hit)
+        reserve = self.config.watermark_blocks if self.running else 0
+        if need > bm.num_free() - reserve:
+            bm.release(hit)
+            bm.query_blocks -= len(keys)          # not admitted: not a query
+            bm.hit_blocks -= len(hit)
+            return False
+        seq.blocks = hit + bm.allocate(need)
+        seq.table = self.runner.table_row(seq.blocks)
+        seq.keys = keys[:len(hit)]
+        seq.n_computed = len(hit) * bs
+        return True
+
+    def _plan_prefill(self) -> list[PrefillChunk]:
+        chunk = self.runner.prefill_chunk
+        budget = self.config.max_prefill_tokens or 2 * chunk
+        plan = []
+        for seq in self.running:
+            if seq.status != PREFILL:
+                continue
+            end = len(seq.tokens) - 1             # the last token goes through decode
+            while seq.n_computed < end and budget > 0:
+                n = min(chunk, end - seq.n_computed)
+                plan.append(PrefillChunk(seq, seq.n_computed,
+                                         seq.tokens[seq.n_computed:seq.n_computed + n]))
+                seq.n_computed += n
+                budget -= chunk
+                self.register(seq)
+            if seq.n_computed >= end:
+                seq.status = RUNNING
+            if budget <= 0:
+                break
+        return plan
+
+    # ---- blocks ---------------------------------------------------------------------------
+    def register(self, seq: Request) -> None:
+        """Register the request's newly full blocks in the prefix cache."""
+        bm, bs = self.blocks, self.blocks.block_size
+        if not bm.prefix_caching:
+            return
+        full = seq.n_computed // bs
+        if full > len(seq.keys):
+            start = len(seq.keys)
+            seq.keys += block_keys(seq.tokens[start * bs:full * bs], bs, seq.lora_salt,
+                                   parent=seq.keys[-1] if seq.keys else None)
+            for i in range(start, full):
+                bm.register(seq.blocks[i], seq.keys[i])
+
+    def grow(self, rows: Sequence[Request], chained: bool) -> list[Request]:
+        """Give every request of ``rows`` a block for the position its next decode step
+        writes (``chained``: one past its last token, the step in flight's token being
+        still unread; else its last token's), preempting the most recently admitted requests
+        when blocks run out; returns the rows still admitted."""
+        bm = self.blocks
+        shift = 0 if chained else -1
+        for seq in rows:
+            if seq.status not in (RUNNING, PREFILL):
+                continue                                  # preempted meanwhile
+            while bm.blocks_for(len(seq.tokens) + shift + 1) > len(seq.blocks):
+                if bm.num_free() > 0:
+                    b = bm.allocate(1)[0]
+                    seq.table[len(seq.blocks)] = b
+                    seq.blocks.append(b)
+                    continue
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+        return [s for s in rows if s.status in (RUNNING, PREFILL)]
+
+    def _preempt(self, seq: Request) -> None:
+        self.blocks.release(seq.blocks)
+        seq.blocks, seq.keys, seq.n_computed, seq.table = [], [], 0, None
+        self.free_rows.append(seq.history_row)
+        seq.history_row = None
+        seq.status = WAITING
+        seq.stats.preemptions += 1
+        self.preemptions += 1
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+
+    def free(self, seq: Request) -> None:
+        """``seq`` ended: out of the running list, its blocks, history row and LoRA slot
+        released (once); its status :data:`~poot.engine.request.FINISHED`."""
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.blocks:
+            self.blocks.release(seq.blocks)
+            seq.blocks = []
+        if seq.history_row is not None:
+            self.free_rows.append(seq.history_row)
+            seq.history_row = None
+        if seq.lora_slot and seq.status != FINISHED:
+            self.runner.lora.release(seq.lora_slot)
+        seq.status = FINISHED
+
+    def take_waiting(self, ids: Iterable[str]) -> list[Request]:
+        """Remove the waiting requests whose id is in ``ids`` (aborted) and return them."""
+        ids = set(ids)
+        out = [s for s in self.waiting if s.id in ids]
+        for seq in out:
+            self.waiting.remove(seq)
+        return out
+
+    # ---- going on without the scheduler (pipelined decode) --------------------------------
+    def room_ahead(self, rows: Sequence[Request]) -> bool:
+        """Whether decode steps over ``rows`` may go on without scheduling: no request waits
+        to be prefilled or admitted, and free blocks for every running row's next position
+        (so growing one step never preempts a row still in flight)."""
+        if any(s.status != RUNNING for s in self.running):
+            return False
+        if self.waiting and len(self.running) < self.config.max_batch:
+            return False
+        need = sum(1 for s in rows if s.status == RUNNING
+                   and self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
+        return need <= self.blocks.num_free()
+
+    @staticmethod
+    def chainable(rows: Sequence[Request]) -> bool:
+        """Whether the step after the one in flight over ``rows`` can be issued before that
+        one is read (tokens fed on the device): no row aborted, none ends by length at the
+        step in flight (a stop token cannot be foreseen: its row's extra token is
+        discarded)."""
+        return all(not s.aborted and s.generated + 1 < s.params.max_tokens for s in rows)
+
+
+__all__ = ["EngineConfig", "PrefillChunk", "Scheduler", "SchedulerOutput"]
