@@ -147,7 +147,7 @@ def _read_json(path: str) -> dict[str, Any]:
 
 def _tensor_names(path: str) -> set[str] | None:
     """Tensor names from the safetensors headers (cheap), or None if there are none."""
-    from poot.load.store import open_weights
+    from poot.load.checkpoint import open_weights
     try:
         return set(open_weights(path))
     except LoadError:

@@ -34,7 +34,7 @@ import numpy as np
 
 from poot.dialects.quant import BY_GGML_TYPE, QuantFormat
 from poot.load.errors import LoadError
-from poot.load.store import DType, StoredTensor
+from poot.load.store import DType, StoredTensor, WeightStore
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -286,6 +286,15 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     finally:
         os.close(fd)  # the mapping keeps the file alive
     return _parse(p, buf, size)
+
+
+def open_gguf_store(path: str | os.PathLike) -> WeightStore:
+    """A :class:`~poot.load.store.WeightStore` over one GGUF file (:func:`read_gguf`; its
+    metadata and the parsed file kept). Raises :class:`~poot.load.errors.LoadError`."""
+    p = os.fspath(path)
+    g = read_gguf(p)
+    return WeightStore(dict(g.tensors), kind="gguf", files=[p], metadata=g.metadata, gguf=g,
+                       root=p)
 
 
 def _parse(p: str, buf: mmap.mmap, size: int) -> GGUFFile:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from poot.load.errors import LoadError
+from poot.load.gguf import open_gguf_store
 from poot.load.store import DType, StoredTensor, WeightStore
 
 MAX_HEADER_BYTES = 100 * 1000 * 1000  # the reference implementation's limit
@@ -251,8 +252,7 @@ def open_hf_folder(folder: str | os.PathLike) -> WeightStore:
         return store
     ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
     if len(ggufs) == 1:
-        from poot.load.store import open_weights
-        return open_weights(os.path.join(folder, ggufs[0]))
+        return open_gguf_store(os.path.join(folder, ggufs[0]))
     raise LoadError(folder, "path", f"no {SINGLE_NAME}, {INDEX_NAME} or single .gguf file")
 
 
