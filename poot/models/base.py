@@ -41,7 +41,6 @@ sequence, ``W = 1``): :func:`contiguous_inputs` builds those inputs from per-seq
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import (Any, Callable, ClassVar, Collection, Literal, Mapping, Protocol,
                     runtime_checkable)
@@ -365,8 +364,9 @@ class WeightBinding:
 
     def add_stacked(self, role: str, tensors: list, name: str) -> None:
         """Bind ``role`` to ``tensors`` (same shape, dtype and format) stacked on a new
-        leading axis (``name``: their names' pattern, for messages): one host copy (packed blocks concatenated as stored, each tensor's
-        bytes being its rows in order). Raises ModelError naming a tensor that differs."""
+        leading axis (``name``: their names' pattern, for messages): one host copy (packed
+        blocks concatenated as stored, each tensor's bytes being its rows in order). Raises
+        ModelError naming a tensor that differs."""
         parts = [stored_param(t) for t in tensors]
         t0 = parts[0][1]
         for t, (_, ty) in zip(tensors, parts):
@@ -496,7 +496,7 @@ class Registry:
         return architecture in self._families
 
 
-#: The registry families add themselves to on import of :mod:`poot.models`.
+#: The registry families add themselves to when imported (:mod:`poot.models.families`).
 REGISTRY = Registry()
 
 
@@ -512,27 +512,3 @@ class LoadedModel:
         return iter((self.model, self.weights))
 
 
-def load_model(path: str | os.PathLike, registry: Registry | None = None,
-               **options: Any) -> LoadedModel:
-    """Open a checkpoint (``.gguf``, ``.safetensors`` or HF folder), find its family by
-    architecture, build its config and bind its weights (packed tensors stay packed).
-    ``options`` go to the family's ``from_config`` unchanged.
-
-    Raises :class:`UnknownArchitecture`, :class:`ModelError` (its message starts with
-    ``path``) or a :class:`~poot.load.errors.LoadError`.
-    """
-    from poot.load import load_config, open_weights
-
-    import poot.models  # noqa: F401  (registers the families)
-
-    store = open_weights(path)   # first: a missing path or a broken file is named precisely
-    cfg = load_config(path)
-    try:
-        family = (registry or REGISTRY).lookup(cfg.architecture)
-        model = family.from_config(cfg, store, **options)
-        return LoadedModel(model, model.bind(store), store)
-    except ModelError as e:      # the same error, its message led by the checkpoint's path
-        where = os.fspath(path)
-        if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(where):
-            e.args = (f"{where}: {e.args[0]}",) + e.args[1:]
-        raise
