@@ -15,7 +15,7 @@ from poot.dialects.lowering import (  # noqa: F401  (rule registration side effe
     views,
 )
 from poot.dialects.lowering.emit import Emitter, tt
-from poot.dialects.lowering.rules import RULES, OpInfo, Strategy
+from poot.dialects.lowering.rules import RULES, LoweringRefusal, OpInfo, Strategy
 from poot.dialects.opdef import lookup, read_attrs
 from poot.dialects.types import PackedType, type_from_mlir
 
@@ -79,8 +79,6 @@ def lower_function(fn: ir.Operation, strategy: Strategy | None = None) -> str:
 
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` for an op no rule can lower.
     """
-    from poot.dialects.lowering import LoweringRefusal
-
     block = fn.regions[0].blocks[0]
     em = Emitter()
     names: dict[ir.Value, str] = {}
