@@ -21,7 +21,7 @@ def __getattr__(name):
 
         return SamplingParams
     if name == "Guide":
-        from poot.engine.guided import Guide
+        from poot.sampling_params import Guide
 
         return Guide
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
