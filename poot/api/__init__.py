@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from poot.backends.registry import BACKENDS as _REGISTERED
 from poot.compiler import Capabilities, CompileOptions, Target
 from poot.compiler.planning import storage_type
+from poot.api.compile_ahead import compile_cached
 from poot.api.generate import ContextOverflow, Finished, TokenEvent, generate
 from poot.sampling_params import InvalidRequest, SamplingParams
 from poot.engine import EngineConfig, KVConfig, LLMEngine, ModelRunner
@@ -453,27 +454,6 @@ def _bind_lora_slots(model, weights, max_loras: int, max_lora_rank: int):
                       model.dims().n_layers, weights.row_order)
     return WeightBinding({**weights.arrays, **table.arrays}, {**weights.types, **table.types},
                          dict(weights.stored), dict(weights.row_order)), table
-
-
-def compile_cached(cache, model, weight_types, spec, trace, target, options, progress=None,
-                   wait: bool = True, pipeline: int = 1, placement=None):
-    """The program of step ``spec`` through ``cache``'s step index (a hit neither traces nor
-    imports MLIR; a miss calls ``trace()`` and compiles). ``progress``: a
-    :mod:`poot.progress` callback, counting this step's units from zero. ``wait=False``:
-    None when another process is compiling the step (see :meth:`CompileCache.compile_step`).
-    ``pipeline`` N > 1: a step with weights is cut into N stages
-    (:meth:`CompileCache.compile_pipeline_step`; ``placement()``: the KV pools' stages,
-    :func:`_placement_of`); one without (a sampler) is not."""
-    from poot.compiler.cache import step_describe, step_key
-    from poot.progress import Tracker
-
-    describe = step_describe(model, weight_types, spec, target, options)
-    if pipeline > 1 and weight_types:
-        return cache.compile_pipeline_step(
-            step_key(model, weight_types, spec, target, options), describe, trace, target,
-            options, pipeline, progress=Tracker(progress), placement=placement)
-    return cache.compile_step(step_key(model, weight_types, spec, target, options), describe,
-                              trace, target, options, progress=Tracker(progress), wait=wait)
 
 
 def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *,

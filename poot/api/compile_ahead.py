@@ -1,5 +1,6 @@
-"""Compiling a model's steps ahead, in parallel: worker processes fill the compile cache with
-the steps the loading process will ask for later.
+"""Compiling a model's steps into the compile cache: one step now (:func:`compile_cached`: a
+hit reads it), or many ahead, in parallel: worker processes fill the compile cache with the
+steps the loading process will ask for later.
 
 A cold load compiles its steps one after another (the prefill chunk, the decode step of each
 bucket, their samplers), each mostly one core of Python and MLIR passes with only the LLVM
@@ -31,7 +32,7 @@ import tempfile
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-#: One step: (key model, weight types, spec), as :func:`poot.api.compile_cached` takes them.
+#: One step: (key model, weight types, spec), as :func:`compile_cached` takes them.
 Step = tuple[Any, Any, Any]
 
 
@@ -167,11 +168,32 @@ def compile_ahead(cache, steps: Sequence[Step], target, options,
         ahead.close(ok)
 
 
+def compile_cached(cache, model, weight_types, spec, trace, target, options, progress=None,
+                   wait: bool = True, pipeline: int = 1, placement=None):
+    """The program of step ``spec`` through ``cache``'s step index (a hit neither traces nor
+    imports MLIR; a miss calls ``trace()`` and compiles). ``progress``: a
+    :mod:`poot.progress` callback, counting this step's units from zero. ``wait=False``:
+    None when another process is compiling the step (see
+    :meth:`~poot.compiler.cache.CompileCache.compile_step`). ``pipeline`` N > 1: a step with
+    weights is cut into N stages (:meth:`~poot.compiler.cache.CompileCache.compile_pipeline_step`;
+    ``placement()``: the KV pools' stages, ``poot.api._placement_of``); one without (a sampler)
+    is not."""
+    from poot.compiler.cache import step_describe, step_key
+    from poot.progress import Tracker
+
+    describe = step_describe(model, weight_types, spec, target, options)
+    if pipeline > 1 and weight_types:
+        return cache.compile_pipeline_step(
+            step_key(model, weight_types, spec, target, options), describe, trace, target,
+            options, pipeline, progress=Tracker(progress), placement=placement)
+    return cache.compile_step(step_key(model, weight_types, spec, target, options), describe,
+                              trace, target, options, progress=Tracker(progress), wait=wait)
+
+
 def run_worker(job: dict) -> list[bool]:
     """One worker's pass: each step of ``job["steps"]`` compiled into the cache at
     ``job["cache_dir"]`` unless it is there already or another process holds its lock.
     Returns, per step, whether this call compiled or found it (False: skipped, locked)."""
-    from poot.api import compile_cached
     from poot.engine.runner import step_trace
     from poot.compiler.cache import CompileCache
 
