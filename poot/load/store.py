@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import enum
 import mmap
+import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from poot.dialects.quant import QuantFormat
+from poot.load.errors import LoadError
 
 
 class DType(str, enum.Enum):
@@ -219,3 +222,22 @@ class WeightStore(Mapping[str, StoredTensor]):
         return f"WeightStore({self.kind}, {len(self)} tensors, {self.root!r})"
 
 
+def map_file(path: str) -> tuple[mmap.mmap | None, int]:
+    """``(read-only mapping of the file at path, its size in bytes)``; the mapping is None for
+    an empty file. Raises :class:`~poot.load.errors.LoadError` for a file that cannot be
+    opened, is not a regular file or cannot be mapped."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise LoadError(path, "file", e.strerror or str(e)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LoadError(path, "file", "not a regular file")
+        try:
+            return (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else None), \
+                st.st_size
+        except (OSError, ValueError) as e:
+            raise LoadError(path, "file", f"cannot be memory-mapped ({e})") from None
+    finally:
+        os.close(fd)
