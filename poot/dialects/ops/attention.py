@@ -18,6 +18,9 @@ from poot.dialects.types import DType, TensorType
 
 #: The score a masked entry takes in the boolean-mask form (``poot.graph.ops.MASKED_SCORE``).
 MASKED_SCORE = np.float32(-1e30)
+#: The attributes of both attention ops: how raw scores are scaled and soft-capped.
+SCORE_ATTRS = {"scale": Attr("f64", doc="score scale"),
+               "softcap": Attr("f64", doc="tanh soft cap; 0 = none")}
 
 
 def _prod(xs) -> int:
@@ -86,8 +89,7 @@ class Attention(OpDef):
 
     name = "attention"
     operands = ("q", "k", "v", "mask")
-    attrs = {"scale": Attr("f64", doc="score scale"),
-             "softcap": Attr("f64", doc="tanh soft cap; 0 = none")}
+    attrs = SCORE_ATTRS
     summary = "fused attention softmax(softcap(scale q.k^T) (+|masked) mask) v (pass-introduced)"
 
     @classmethod
@@ -190,8 +192,7 @@ class PagedAttention(OpDef):
 
     name = "paged_attention"
     operands = ("q", "k_pool", "v_pool", "block_table", "mask")
-    attrs = {"scale": Attr("f64", doc="score scale"),
-             "softcap": Attr("f64", doc="tanh soft cap; 0 = none")}
+    attrs = SCORE_ATTRS
     summary = "attention reading K/V through a block table from paged pools (pass-introduced)"
 
     @classmethod
