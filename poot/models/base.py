@@ -41,7 +41,7 @@ sequence, ``W = 1``): :func:`contiguous_inputs` builds those inputs from per-seq
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import (Any, Callable, ClassVar, Collection, Literal, Mapping, Protocol,
                     runtime_checkable)
 
@@ -232,6 +232,33 @@ def default_kv_dtype(weight_types: Mapping[str, PootType],
         return DType.F32
     best = max(counts, key=lambda d: (counts[d], d is DType.F32))
     return best if storage is None or best in storage else DType.F32
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The shape of a decoder, as every config of one states it (a family's config, the shared
+    decoder's options; :class:`~poot.load.config.ModelConfig` has the same fields).
+
+    Attributes:
+        vocab_size: rows of the embedding table. hidden_size: the residual width.
+        intermediate_size: the FFN's inner width. num_layers: decoder layers.
+        num_heads, num_kv_heads: query and KV heads (GQA groups ``num_heads // num_kv_heads``
+            queries a KV head). head_dim: channels a head.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @staticmethod
+    def of(cfg: Any) -> dict[str, int]:
+        """The shape fields of ``cfg`` (any object with them: a ModelConfig, a family's
+        config) by name, to build another config of the same shape."""
+        return {f.name: getattr(cfg, f.name) for f in fields(DecoderShape)}
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import numpy as np
 from poot.dialects.types import DType, PootType, TensorType
 from poot.graph import ops
 from poot.graph.builder import Builder, Graph, Tensor
-from poot.models.base import (ModelError, StepDims, StepSpec, WeightBinding, WeightName,
-                              WeightTable, bind_weights, default_kv_dtype)
+from poot.models.base import (DecoderShape, ModelError, StepDims, StepSpec, WeightBinding,
+                              WeightName, WeightTable, bind_weights, default_kv_dtype)
 from poot.models.blocks import (StepInputs, cached_attention, finish_step, lora_row_mask, param,
                                 proj, projs, step_inputs)
 from poot.models.lora import COLUMN_SLOT
@@ -80,10 +80,10 @@ def moe_spelling() -> str:
 
 
 @dataclass(frozen=True)
-class DecoderOptions:
+class DecoderOptions(DecoderShape):
     """A pre-norm decoder's shape and per-family variations (see the roles above).
 
-    Attributes:
+    Attributes (beside the :class:`~poot.models.base.DecoderShape`):
         source: ``"hf"`` or ``"gguf"`` (which weight names the family's table uses).
         norm_eps, norm_unit_offset: RMSNorm epsilon; scale by ``(1 + w)`` (Gemma, HF).
         inv_freq: RoPE inverse frequencies (``R/2`` values; ``R < head_dim`` is partial
@@ -96,7 +96,7 @@ class DecoderOptions:
         fused_qkv, fused_gate_up: Phi-3 style stacked projections (rows q|k|v, gate|up).
         sandwich_norms: post-attention and post-FFN norms on the branch outputs (Gemma 2).
         act: the GLU activation. attn_scale, attn_softcap, final_softcap: as
-            :func:`poot.graph.ops.attention` / :func:`finish_step`.
+            :func:`poot.graph.ops.attention` / :func:`~poot.models.blocks.finish_step`.
         layer_windows: per layer sliding window or None (empty: no sliding window).
         moe: :class:`MoeOptions` or None (dense).
         mla: :class:`~poot.models.mla.MlaOptions` (multi-head latent attention: every
@@ -104,13 +104,6 @@ class DecoderOptions:
             ``head_dim`` are then unused) or None (GQA).
     """
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
     norm_eps: float
     inv_freq: tuple[float, ...]
     tie_word_embeddings: bool
@@ -190,10 +183,8 @@ def decoder_options(cfg: Any, family: str, **overrides: Any) -> DecoderOptions:
     scaling = ops_rope_scaling(cfg, family)
     inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling,
                         rotary_dim=int(cfg.head_dim * partial))
-    opts = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
-                num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                norm_eps=float(cfg.rms_norm_eps), inv_freq=tuple(float(x) for x in inv),
+    opts = dict(**DecoderShape.of(cfg), norm_eps=float(cfg.rms_norm_eps),
+                inv_freq=tuple(float(x) for x in inv),
                 rope_attention_scaling=ops.rope_attention_scaling(scaling),
                 tie_word_embeddings=cfg.tie_word_embeddings, source=cfg.source)
     local_theta = getattr(cfg, "sliding_rope_theta", None)
