@@ -50,6 +50,7 @@ import numpy as np
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.graph.builder import Graph, TraceLimits
+from poot.graph.sampling import trace_cost
 
 StepKind = Literal["prefill", "decode"]
 StepOutputs = Literal["logits", "hidden"]
@@ -316,7 +317,6 @@ def trace_limits(spec: StepSpec, dims: StepDims) -> TraceLimits:
     ops = 256 + d.n_layers * d.ops_per_layer
     values, literal, owned = 2 * ops, 1 << 20, 2 * 4 * elems
     if spec.sampler is not None:
-        from poot.graph.sampling import trace_cost
         cost = trace_cost(spec.batch, d.vocab, spec.sampler)
         values += cost["values"] + 64
         ops += cost["ops"] // 2 + 32

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from poot.dialects.types import DType, PootType
-from poot.graph import ops
+from poot.graph import ops, sampling
 from poot.graph.builder import Builder, Tensor
 from poot.models.base import StepSpec
 from poot.models.lora import COLUMN_SLOT, shrink_param
@@ -168,8 +168,6 @@ def sampling_suffix(b: Builder, spec: StepSpec, logits: Tensor) -> dict[str, Ten
     """The on-device sampling suffix (:func:`poot.graph.sampling.sample`) on a decode step's
     logits f32 [B, 1, V]: declares the ``sampling.*`` inputs (after the caches) and returns
     the named outputs (``sampling.token`` i32 [B], ``sampling.token_counts_out`` ...)."""
-    from poot.graph import sampling
-
     bsz, _, vocab = logits.shape
     si = sampling.declare_inputs(b, bsz, vocab, spec.sampler)
     return sampling.sample(b, b.reshape(logits, (bsz, vocab)), si, spec.sampler).outputs()

@@ -18,6 +18,7 @@ import numpy as np
 from poot.dialects.types import DType, PootType, TensorType
 from poot.graph import ops
 from poot.graph.builder import Builder, Graph, Tensor
+from poot.models import pooling as P
 from poot.models.base import (DecoderShape, ModelError, StepDims, StepSpec, WeightBinding,
                               WeightName, WeightTable, bind_weights, default_kv_dtype)
 from poot.models.blocks import (StepInputs, cached_attention, finish_step, lora_row_mask, param,
@@ -274,8 +275,6 @@ def trace_decoder_pooled(o: DecoderOptions, spec: Any, weight_types: Mapping[str
     or ``scores`` f32 [B, L], the role ``score`` [L, H] applied to each row's last token (HF
     ``...ForSequenceClassification``; a yes/no reranker's head is made at bind:
     :meth:`DecoderModel.bind_headless`). ModelError: scores without a ``score`` weight."""
-    from poot.models import pooling as P
-
     types = dict(weight_types)
     if spec.outputs == "scores" and "score" not in types:
         raise ModelError(f"{name}: no classification head (a ...ForSequenceClassification "
@@ -499,7 +498,6 @@ class DecoderModel(abc.ABC):
                 raise ModelError(f"{self.family}: classifier token id {t} is outside the "
                                  f"vocabulary [0, {rows.shape[0]})")
         w = (rows[int(tokens[1])] - rows[int(tokens[0])])[None, :].astype(np.float32)
-        from poot.dialects.types import TensorType
 
         weights.arrays["score"], weights.types["score"] = w, TensorType(w.shape, DType.F32)
         weights.stored["score"] = f"{head.name}[{tokens[1]}] - [{tokens[0]}]"

@@ -36,6 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from poot.dialects.quant import BY_NAME
+from poot.load.config import _read_json, config_from_hf
+from poot.load.store import DType, StoredTensor
 from poot.models import families  # noqa: F401  (registers every family in REGISTRY)
 from poot.models.base import REGISTRY, LoadedModel, ModelError
 from poot.models.role_shapes import role_shape
@@ -120,9 +123,6 @@ def _quantized(name: str, data: "RandomArray", fmt: str, source: str):
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    from poot.dialects.quant import BY_NAME
-    from poot.load.store import StoredTensor
-
     q = BY_NAME[fmt]
     if data.shape[-1] % q.block_elems:
         raise ModelError(f"random weights: {name} has {data.shape[-1]} columns, not a whole "
@@ -174,9 +174,6 @@ def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int 
     Raises :class:`ModelError` (unsupported dtype, a role without a shape rule, weights larger
     than this machine's memory unless ``check_memory`` is False: a compile that reads only
     the weights' types) or :class:`~poot.load.errors.LoadError` (a bad config)."""
-    from poot.load.config import _read_json, config_from_hf
-    from poot.load.store import DType, StoredTensor
-
     if dtype not in _DTYPES and dtype not in PACKED:
         raise ModelError(f"random weights: dtype must be one of "
                          f"{', '.join((*_DTYPES, *PACKED))}, got {dtype!r}")

@@ -15,6 +15,7 @@ from poot.dialects.lowering import (  # noqa: F401  (rule registration side effe
     views,
 )
 from poot.dialects.lowering.emit import Emitter, tt
+from poot.dialects.lowering.gemv import intrinsic_declarations
 from poot.dialects.lowering.rules import RULES, LoweringRefusal, OpInfo, Strategy
 from poot.dialects.opdef import lookup, read_attrs
 from poot.dialects.types import PackedType, type_from_mlir
@@ -163,7 +164,6 @@ def lower_module(module: ir.Operation, strategy: Strategy | None = None) -> None
     if not todo:
         return
     todo, dropped = _dedupe(todo)
-    from poot.dialects.lowering.gemv import intrinsic_declarations
 
     joined = "\n".join(text for _, text in todo)
     decls = intrinsic_declarations(joined)
