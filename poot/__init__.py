@@ -1,12 +1,16 @@
 """poot: an LLM inference engine built as a compiler on upstream MLIR.
 
-Layers (a folder each): ``poot.dialects`` (the primitive dialect and each op's one semantic
-definition), ``poot.passes`` (the compiler's passes), ``poot.graph`` (builder and op
-compositions), ``poot.load`` (safetensors/GGUF), ``poot.text`` (tokenizers, chat templates),
-``poot.cli`` (the ``poot`` command).
+Layers, lowest first (a module imports only its own layer or lower ones; ``test/test_layers.py``
+is their definition): ``poot.errors`` and the other foundations; ``poot.dialects`` (the
+primitive dialect and each op's one semantic definition), ``poot.load`` (safetensors/GGUF),
+``poot.text`` (tokenizers, chat templates); ``poot.graph`` (builder and op compositions),
+``poot.passes`` (the compiler's passes); ``poot.models`` (model families);
+``poot.sampling_params``; ``poot.compiler``; ``poot.runtime``; ``poot.backends``;
+``poot.engine``; ``poot.api``; ``poot.serve``; ``poot.cli`` (the ``poot`` command) and this
+package's lazy top-level names.
 """
 
-__version__ = "0.1.0"
+from poot.version import __version__  # noqa: F401  (poot.__version__)
 
 
 def __getattr__(name):
@@ -21,7 +25,7 @@ def __getattr__(name):
 
         return SamplingParams
     if name == "Guide":
-        from poot.engine.guided import Guide
+        from poot.sampling_params import Guide
 
         return Guide
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,10 +8,14 @@ The device side is :mod:`poot.graph.sampling`. Per-slot parameters are written i
 buffers when a request enters a slot (:meth:`SamplingParams.pack`); the only value that changes
 per step is the uniform number ``u`` each sequence draws from its own seeded generator
 (:class:`UniformStream`), so a seeded request samples the same tokens whatever batch it shares.
+
+A request's output constraint (guided decoding) is a :class:`Guide`: data checked here,
+compiled against the model's tokenizer by :mod:`poot.engine.guided`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from dataclasses import dataclass, field, fields
@@ -52,6 +56,104 @@ class InvalidRequest(PootError):
     def __init__(self, field: str, value: Any, reason: str):
         self.field, self.value, self.reason = field, value, reason
         super().__init__(f"invalid request: {field}={value!r}: {reason}")
+
+
+# ---- guided decoding: a request's output constraint (compiled in poot.engine.guided) ---
+
+#: Guide kinds.
+GUIDE_KINDS = ("json_object", "json_schema", "regex", "grammar")
+#: The largest schema, pattern or grammar accepted (bytes of its text).
+MAX_GUIDE_BYTES = 1 << 20
+
+
+class GuidedDecodingError(InvalidRequest):
+    """A constraint that cannot be honored: malformed (bad JSON schema, regex or grammar) or
+    using a feature llguidance does not support; ``reason`` names it (one line)."""
+
+    def __init__(self, field: str, value, reason: str):
+        super().__init__(field, value, _one_line(reason))
+
+
+def _one_line(text: str) -> str:
+    """llguidance's multi-line parse messages (source excerpts, caret markers) as one line."""
+    lines = [ln.strip() for ln in str(text).splitlines()]
+    keep = [ln for ln in lines if ln and not set(ln) <= set("^|~ 0123456789")]
+    return "; ".join(keep)
+
+
+@dataclass(frozen=True)
+class Guide:
+    """One request's output constraint, as data: checked here (kind, JSON, size), compiled
+    against a tokenizer when the request is added (:class:`poot.engine.guided.GuidedCompiler`).
+
+    Attributes:
+        kind: ``"json_object"`` (any JSON object), ``"json_schema"`` (``spec``: the schema,
+            a dict or its JSON text), ``"regex"`` (``spec``: the pattern, Rust regex syntax),
+            ``"grammar"`` (``spec``: a Lark or GBNF grammar; GBNF when it uses ``::=``).
+        spec: as above (None for json_object).
+    """
+
+    kind: str
+    spec: Any = None
+
+    def __post_init__(self):
+        if self.kind not in GUIDE_KINDS:
+            raise GuidedDecodingError("guided", self.kind, f"kind must be one of "
+                                      f"{', '.join(GUIDE_KINDS)}")
+        if self.kind == "json_object":
+            return
+        spec = self.spec
+        if self.kind == "json_schema":
+            if isinstance(spec, str):
+                try:
+                    spec = json.loads(spec)
+                except json.JSONDecodeError as e:
+                    raise GuidedDecodingError("json_schema", spec[:60],
+                                              f"is not valid JSON ({e.msg} at {e.pos})") \
+                        from None
+            if not isinstance(spec, (Mapping, bool)):
+                raise GuidedDecodingError("json_schema", str(spec)[:60],
+                                          "must be a JSON object (or true/false)")
+            text = json.dumps(spec)   # key order kept: llguidance emits properties in it
+            object.__setattr__(self, "spec", json.loads(text))
+        elif not isinstance(spec, str) or not spec:
+            raise GuidedDecodingError(self.kind, spec, "must be a non-empty string")
+        else:
+            text = spec
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise GuidedDecodingError(self.kind, short_spec(text.encode("utf-8", "replace")
+                                                            .decode()),
+                                      f"is not valid Unicode: a lone surrogate "
+                                      f"U+{ord(text[e.start]):04X} at character {e.start}") \
+                from None
+        if size > MAX_GUIDE_BYTES:
+            raise GuidedDecodingError(self.kind, f"{len(text)} characters",
+                                      f"exceeds {MAX_GUIDE_BYTES} bytes")
+
+    @staticmethod
+    def json_object() -> "Guide":
+        return Guide("json_object")
+
+    @staticmethod
+    def json_schema(schema: Mapping | str) -> "Guide":
+        return Guide("json_schema", schema)
+
+    @staticmethod
+    def regex(pattern: str) -> "Guide":
+        return Guide("regex", pattern)
+
+    @staticmethod
+    def grammar(text: str) -> "Guide":
+        return Guide("grammar", text)
+
+
+def short_spec(spec) -> str:
+    """``spec`` (a pattern, a grammar, a schema) as at most 60 characters of text, for
+    messages."""
+    text = spec if isinstance(spec, str) else json.dumps(spec)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _real(name: str, v, lo: float | None = None, hi: float | None = None,
@@ -125,7 +227,7 @@ class SamplingParams:
             (``stop_token_ids`` still stop).
         detokenize: produce text (False: token ids only, as vLLM's ``detokenize``; stop
             strings then cannot be used).
-        guided: a :class:`~poot.engine.guided.Guide` (a JSON schema, any JSON object, a
+        guided: a :class:`Guide` (a JSON schema, any JSON object, a
             regular expression or a grammar the output must match; a mapping
             ``{"kind": ..., "spec": ...}`` is converted), or None. The request ends when the
             constraint is complete and the model emits EOS (so not with ``ignore_eos``).
@@ -209,8 +311,6 @@ class SamplingParams:
         if self.stop and not self.detokenize:
             raise InvalidRequest("stop", list(self.stop), "stop strings need detokenize=True")
         if self.guided is not None:
-            from poot.engine.guided import Guide
-
             g = self.guided
             if isinstance(g, Mapping):
                 unknown = set(g) - {"kind", "spec"}

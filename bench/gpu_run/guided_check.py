@@ -23,7 +23,7 @@ def cases(greedy_only: bool = False):
     """(chat prompts, SamplingParams) of every case."""
     from guided_schemas import CASES
 
-    from poot.engine.guided import Guide
+    from poot.sampling_params import Guide
     from poot.sampling_params import SamplingParams
 
     prompts, params = [], []

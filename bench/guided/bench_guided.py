@@ -48,7 +48,7 @@ def median_rate(log, batch: int) -> float | None:
 
 def run(handle, batch: int, max_tokens: int, guided: bool) -> dict:
     from poot.cli.bench_cmd import steady_rate
-    from poot.engine.guided import Guide
+    from poot.sampling_params import Guide
     from poot.sampling_params import SamplingParams
     from poot.engine import EngineConfig, LLMEngine
 

@@ -148,10 +148,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def guide_from_args(args):
-    """The :class:`~poot.engine.guided.Guide` of ``--json-schema/--json-object/--regex/
+    """The :class:`~poot.sampling_params.Guide` of ``--json-schema/--json-object/--regex/
     --grammar``, or None; an unreadable file is an :class:`InvalidRequest` naming the option,
-    a malformed schema a :class:`~poot.engine.guided.GuidedDecodingError`."""
-    from poot.engine.guided import Guide
+    a malformed schema a :class:`~poot.sampling_params.GuidedDecodingError`."""
+    from poot.sampling_params import Guide
     from poot.sampling_params import InvalidRequest
 
     def read(opt, path):

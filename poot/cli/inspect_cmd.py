@@ -52,7 +52,7 @@ def inspect_model(path: str) -> dict[str, Any]:
     """The inspect report as plain JSON-able data. Raises LoadError for malformed files."""
     from poot.load.config import load_config
     from poot.load.errors import LoadError
-    from poot.load.store import open_weights
+    from poot.load.checkpoint import open_weights
 
     store = open_weights(path)
     report: dict[str, Any] = {"path": os.fspath(path), "format": store.kind,

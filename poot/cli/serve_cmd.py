@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
 
         options["path"] = default_model_path()      # ModelNotFound before listening
     if not args.random_weights:          # a missing or broken checkpoint too (headers only)
-        from poot.load.store import open_weights
+        from poot.load.checkpoint import open_weights
 
         open_weights(options["path"])
     if not args.ray:                     # the code generator, runtime package and device too

@@ -67,7 +67,7 @@ def _load_tokenizer(path, load_tokenizer):
     """The checkpoint's tokenizer; when it cannot be built, a missing path or a broken
     checkpoint is reported as the weight loader (``poot inspect``) reports it."""
     from poot.errors import PootError
-    from poot.load.store import open_weights
+    from poot.load.checkpoint import open_weights
 
     try:
         return load_tokenizer(path)

@@ -95,12 +95,9 @@ _NUMPY = {   # BF16: bfloat16()
 }
 
 
-@dataclass(frozen=True)
-class TensorType:
-    """A dense tensor: static ``shape`` (row-major) and ``dtype``."""
-
-    shape: tuple[int, ...]
-    dtype: DType
+class _Shaped:
+    """What a type with a static ``shape`` has: the shape normalized to a tuple of ints at
+    construction, and its rank."""
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
@@ -108,6 +105,14 @@ class TensorType:
     @property
     def rank(self) -> int:
         return len(self.shape)
+
+
+@dataclass(frozen=True)
+class TensorType(_Shaped):
+    """A dense tensor: static ``shape`` (row-major) and ``dtype``."""
+
+    shape: tuple[int, ...]
+    dtype: DType
 
     @property
     def numel(self) -> int:
@@ -134,19 +139,12 @@ class TensorType:
 
 
 @dataclass(frozen=True)
-class PackedType:
+class PackedType(_Shaped):
     """A packed weight: logical ``shape`` ``[..., rows, cols]`` stored in ``format`` blocks
     along ``cols`` (see :mod:`poot.dialects.quant`)."""
 
     format: QuantFormat
     shape: tuple[int, ...]
-
-    def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
 
     @property
     def nbytes(self) -> int:

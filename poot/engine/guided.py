@@ -3,9 +3,10 @@ a regular expression, a context-free grammar), through llguidance.
 
     params = SamplingParams(temperature=0, guided=Guide.json_schema({"type": "object", ...}))
 
-A request's :class:`Guide` is compiled against the model's tokenizer when the request is
-added (:meth:`GuidedCompiler.matcher`: a schema or grammar llguidance cannot honor is a
-:class:`GuidedDecodingError` naming what, before anything runs). Each step, the engine asks
+A request's :class:`~poot.sampling_params.Guide` (the constraint as data, checked with the
+other request parameters) is compiled against the model's tokenizer when the request is added
+(:meth:`GuidedCompiler.matcher`: a schema or grammar llguidance cannot honor is a
+:class:`~poot.sampling_params.GuidedDecodingError` naming what, before anything runs). Each step, the engine asks
 the request's :class:`TokenMatcher` for the tokens the constraint allows next
 (:meth:`TokenMatcher.fill_mask`, on the host, while the device runs the step's forward pass
 where the device overlaps) and uploads them as a packed bitmask the on-device sampler applies
@@ -28,20 +29,13 @@ sampler unpacks it with integer division alone: the dialect has no bitwise ops).
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
-from typing import Any, Mapping
 
 import numpy as np
 
-from poot.sampling_params import InvalidRequest
 from poot.graph.sampling import MASK_BITS, mask_words
+from poot.sampling_params import Guide, GuidedDecodingError, short_spec
 
-#: Guide kinds.
-KINDS = ("json_object", "json_schema", "regex", "grammar")
-#: The largest schema, pattern or grammar accepted (bytes of its text).
-MAX_GUIDE_BYTES = 1 << 20
 #: JSON compile options applied before the schema's own ``"x-guidance"`` options: whitespace
 #: between JSON tokens is bounded (at most 24 characters of space, tab or newline: pretty
 #: printing fits, and a small model cannot loop on whitespace until ``max_tokens``), and
@@ -49,104 +43,24 @@ MAX_GUIDE_BYTES = 1 << 20
 JSON_DEFAULTS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,24}", "lenient": False}
 
 
-class GuidedDecodingError(InvalidRequest):
-    """A constraint that cannot be honored: malformed (bad JSON schema, regex or grammar) or
-    using a feature llguidance does not support; ``reason`` names it (one line)."""
+def grammar_text(guide: Guide) -> str:
+    """The llguidance grammar of ``guide`` (raises
+    :class:`~poot.sampling_params.GuidedDecodingError` for a grammar that does not even
+    parse)."""
+    import llguidance as L
 
-    def __init__(self, field: str, value, reason: str):
-        super().__init__(field, value, _one_line(reason))
-
-
-def _one_line(text: str) -> str:
-    """llguidance's multi-line parse messages (source excerpts, caret markers) as one line."""
-    lines = [ln.strip() for ln in str(text).splitlines()]
-    keep = [ln for ln in lines if ln and not set(ln) <= set("^|~ 0123456789")]
-    return "; ".join(keep)
-
-
-@dataclass(frozen=True)
-class Guide:
-    """One request's constraint.
-
-    Attributes:
-        kind: ``"json_object"`` (any JSON object), ``"json_schema"`` (``spec``: the schema,
-            a dict or its JSON text), ``"regex"`` (``spec``: the pattern, Rust regex syntax),
-            ``"grammar"`` (``spec``: a Lark or GBNF grammar; GBNF when it uses ``::=``).
-        spec: as above (None for json_object).
-    """
-
-    kind: str
-    spec: Any = None
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise GuidedDecodingError("guided", self.kind, f"kind must be one of "
-                                      f"{', '.join(KINDS)}")
-        if self.kind == "json_object":
-            return
-        spec = self.spec
-        if self.kind == "json_schema":
-            if isinstance(spec, str):
-                try:
-                    spec = json.loads(spec)
-                except json.JSONDecodeError as e:
-                    raise GuidedDecodingError("json_schema", spec[:60],
-                                              f"is not valid JSON ({e.msg} at {e.pos})") \
-                        from None
-            if not isinstance(spec, (Mapping, bool)):
-                raise GuidedDecodingError("json_schema", str(spec)[:60],
-                                          "must be a JSON object (or true/false)")
-            text = json.dumps(spec)   # key order kept: llguidance emits properties in it
-            object.__setattr__(self, "spec", json.loads(text))
-        elif not isinstance(spec, str) or not spec:
-            raise GuidedDecodingError(self.kind, spec, "must be a non-empty string")
-        else:
-            text = spec
-        try:
-            size = len(text.encode("utf-8"))
-        except UnicodeEncodeError as e:
-            raise GuidedDecodingError(self.kind, _short(text.encode("utf-8", "replace")
-                                                        .decode()),
-                                      f"is not valid Unicode: a lone surrogate "
-                                      f"U+{ord(text[e.start]):04X} at character {e.start}") \
-                from None
-        if size > MAX_GUIDE_BYTES:
-            raise GuidedDecodingError(self.kind, f"{len(text)} characters",
-                                      f"exceeds {MAX_GUIDE_BYTES} bytes")
-
-    @staticmethod
-    def json_object() -> "Guide":
-        return Guide("json_object")
-
-    @staticmethod
-    def json_schema(schema: Mapping | str) -> "Guide":
-        return Guide("json_schema", schema)
-
-    @staticmethod
-    def regex(pattern: str) -> "Guide":
-        return Guide("regex", pattern)
-
-    @staticmethod
-    def grammar(text: str) -> "Guide":
-        return Guide("grammar", text)
-
-    def grammar_text(self) -> str:
-        """The llguidance grammar of this guide (raises :class:`GuidedDecodingError` for a
-        grammar that does not even parse)."""
-        import llguidance as L
-
-        try:
-            if self.kind == "json_object":
-                return L.LLMatcher.grammar_from_json_schema({"type": "object"},
-                                                            defaults=JSON_DEFAULTS)
-            if self.kind == "json_schema":
-                return L.LLMatcher.grammar_from_json_schema(self.spec, defaults=JSON_DEFAULTS)
-            if self.kind == "regex":
-                return L.LLMatcher.grammar_from_regex(self.spec)
-            fmt = "gbnf" if "::=" in self.spec else "lark"
-            return L.grammar_from(fmt, self.spec)
-        except Exception as e:  # noqa: BLE001  (llguidance's parse errors: a user's grammar)
-            raise GuidedDecodingError(self.kind, _short(self.spec), str(e).strip()) from None
+    try:
+        if guide.kind == "json_object":
+            return L.LLMatcher.grammar_from_json_schema({"type": "object"},
+                                                        defaults=JSON_DEFAULTS)
+        if guide.kind == "json_schema":
+            return L.LLMatcher.grammar_from_json_schema(guide.spec, defaults=JSON_DEFAULTS)
+        if guide.kind == "regex":
+            return L.LLMatcher.grammar_from_regex(guide.spec)
+        fmt = "gbnf" if "::=" in guide.spec else "lark"
+        return L.grammar_from(fmt, guide.spec)
+    except Exception as e:  # noqa: BLE001  (llguidance's parse errors: a user's grammar)
+        raise GuidedDecodingError(guide.kind, short_spec(guide.spec), str(e).strip()) from None
 
 
 def first_line(message: str, limit: int = 200) -> str:
@@ -154,11 +68,6 @@ def first_line(message: str, limit: int = 200) -> str:
     ``limit`` characters."""
     line = str(message).strip().split("\n", 1)[0].strip()
     return line if len(line) <= limit else line[:limit - 3] + "..."
-
-
-def _short(spec) -> str:
-    text = spec if isinstance(spec, str) else json.dumps(spec)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class GuidedCompiler:
@@ -191,15 +100,15 @@ class GuidedCompiler:
         or unsupported."""
         import llguidance as L
 
-        grammar = guide.grammar_text()
+        grammar = grammar_text(guide)
         lt = self._ll_tokenizer()
         bad, messages = L.LLMatcher.validate_grammar_with_warnings(grammar, lt)
         if bad:
-            raise GuidedDecodingError(guide.kind, _short(guide.spec or "{}"),
+            raise GuidedDecodingError(guide.kind, short_spec(guide.spec or "{}"),
                                       "; ".join(m.strip() for m in messages) or "invalid")
         m = L.LLMatcher(lt, grammar, log_level=0)
         if m.is_error():
-            raise GuidedDecodingError(guide.kind, _short(guide.spec or "{}"),
+            raise GuidedDecodingError(guide.kind, short_spec(guide.spec or "{}"),
                                       first_line(m.get_error()))
         # the first mask, computed here once: a constraint that allows no output at all (an
         # empty regex class, say) fails now, at admission, not after it is queued
@@ -207,7 +116,7 @@ class GuidedCompiler:
         tm.fill_mask(np.empty(mask_words(self.vocab), np.int32))
         tm.mask_s, tm.masks = 0.0, 0
         if m.is_error():
-            raise GuidedDecodingError(guide.kind, _short(guide.spec or "{}"),
+            raise GuidedDecodingError(guide.kind, short_spec(guide.spec or "{}"),
                                       f"allows no output (llguidance: "
                                       f"{first_line(m.get_error())})")
         return tm
@@ -284,5 +193,5 @@ class TokenMatcher:
         return first_line(self.m.get_error()) if self.m.is_error() else None
 
 
-__all__ = ["ALL_ALLOWED", "Guide", "GuidedCompiler", "GuidedDecodingError", "MASK_BITS",
-           "TokenMatcher", "mask_words"]
+__all__ = ["ALL_ALLOWED", "GuidedCompiler", "MASK_BITS", "TokenMatcher", "grammar_text",
+           "mask_words"]

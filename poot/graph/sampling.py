@@ -81,7 +81,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from poot.dialects.types import DType, TensorType
-from poot.graph.builder import Builder, BuilderError, Graph, Tensor
+from poot.graph.builder import Builder, BuilderError, Graph, Tensor, TraceLimits
 
 GREEDY_EPS = 1e-5
 """A row with ``temperature < GREEDY_EPS`` is sampled greedily (vLLM's ``_SAMPLING_EPS``)."""
@@ -544,7 +544,6 @@ def trace_cost(batch: int, vocab: int, spec: SamplerSpec | None = None) -> dict[
     """What the sampling suffix adds to a builder (``values``, ``ops``, ``literal_bytes``,
     ``owned_bytes``, the :class:`~poot.graph.builder.TraceLimits` resources), measured by
     tracing it on a scratch builder: for callers sizing their limits."""
-    from poot.graph.builder import TraceLimits
     big = 1 << 62
     b = Builder(TraceLimits(max_values=big, max_ops=big, max_literal_bytes=big,
                             max_owned_bytes=big))
@@ -605,8 +604,6 @@ def trace_sampler(step: SamplerStep) -> Graph:
     input: updated in place). Row b's token depends on row b's inputs only, so a request
     samples the same tokens in any batch.
     """
-    from poot.graph.builder import TraceLimits
-
     s = step
     spec = s.spec
     cost = trace_cost(s.batch, s.vocab, spec)

@@ -6,8 +6,9 @@
 
 from poot.load.config import ModelConfig, RopeScaling, load_config
 from poot.load.errors import LoadError
+from poot.load.checkpoint import open_weights
 from poot.load.store import (DType, StoredTensor, WeightStore, llama_rotary_permute_rows,
-                             llama_rotary_unpermute_rows, open_weights)
+                             llama_rotary_unpermute_rows)
 
 __all__ = ["DType", "LoadError", "ModelConfig", "RopeScaling", "StoredTensor", "WeightStore",
            "llama_rotary_permute_rows", "llama_rotary_unpermute_rows", "load_config",

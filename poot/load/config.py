@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
+from poot.load.checkpoint import open_weights
 from poot.load.errors import LoadError
+from poot.load.gguf import looks_like_gguf, read_gguf
 
 RopeKind = Literal["none", "linear", "dynamic", "llama3", "yarn", "longrope"]
 _ROPE_KINDS = ("none", "linear", "dynamic", "llama3", "yarn", "longrope")
@@ -109,10 +111,8 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
     """The :class:`ModelConfig` of a checkpoint: a ``.gguf`` file, a HF folder, or a
     ``.safetensors`` file with ``config.json`` beside it. Raises LoadError."""
     p = os.fspath(path)
-    from poot.load.gguf import looks_like_gguf
 
     if os.path.isfile(p) and (p.endswith(".gguf") or looks_like_gguf(p)):
-        from poot.load.gguf import read_gguf
         g = read_gguf(p)
         return config_from_gguf(g.metadata, set(g.tensors), p)
     folder = p if os.path.isdir(p) else os.path.dirname(p) or "."
@@ -147,7 +147,6 @@ def _read_json(path: str) -> dict[str, Any]:
 
 def _tensor_names(path: str) -> set[str] | None:
     """Tensor names from the safetensors headers (cheap), or None if there are none."""
-    from poot.load.store import open_weights
     try:
         return set(open_weights(path))
     except LoadError:

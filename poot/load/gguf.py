@@ -25,7 +25,6 @@ from __future__ import annotations
 import enum
 import mmap
 import os
-import stat
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -34,7 +33,7 @@ import numpy as np
 
 from poot.dialects.quant import BY_GGML_TYPE, QuantFormat
 from poot.load.errors import LoadError
-from poot.load.store import DType, StoredTensor
+from poot.load.store import DType, StoredTensor, WeightStore, map_file
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -267,25 +266,20 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     that is misaligned, starts outside the file, is truncated or overlaps another tensor.
     """
     p = os.fspath(path)
-    try:
-        fd = os.open(p, os.O_RDONLY)
-    except OSError as e:
-        raise LoadError(p, "file", e.strerror or str(e)) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise LoadError(p, "file", "not a regular file")
-        size = st.st_size
-        if size < _HEADER_BYTES:
-            raise LoadError(p, "header", f"file is {size} bytes, shorter than the "
-                                         f"{_HEADER_BYTES}-byte GGUF header")
-        try:
-            buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as e:
-            raise LoadError(p, "file", f"cannot be memory-mapped ({e})") from None
-    finally:
-        os.close(fd)  # the mapping keeps the file alive
+    buf, size = map_file(p)
+    if size < _HEADER_BYTES:
+        raise LoadError(p, "header", f"file is {size} bytes, shorter than the "
+                                     f"{_HEADER_BYTES}-byte GGUF header")
     return _parse(p, buf, size)
+
+
+def open_gguf_store(path: str | os.PathLike) -> WeightStore:
+    """A :class:`~poot.load.store.WeightStore` over one GGUF file (:func:`read_gguf`; its
+    metadata and the parsed file kept). Raises :class:`~poot.load.errors.LoadError`."""
+    p = os.fspath(path)
+    g = read_gguf(p)
+    return WeightStore(dict(g.tensors), kind="gguf", files=[p], metadata=g.metadata, gguf=g,
+                       root=p)
 
 
 def _parse(p: str, buf: mmap.mmap, size: int) -> GGUFFile:

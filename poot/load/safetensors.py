@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import stat
 from typing import Any
 
 import numpy as np
 
 from poot.load.errors import LoadError
-from poot.load.store import DType, StoredTensor, WeightStore
+from poot.load.gguf import open_gguf_store
+from poot.load.store import DType, StoredTensor, WeightStore, map_file
 
 MAX_HEADER_BYTES = 100 * 1000 * 1000  # the reference implementation's limit
 MAX_DIMS = 64  # numpy's limit on an array's rank
@@ -41,24 +41,6 @@ _DTYPES: dict[str, DType] = {
     "I16": DType.I16, "I8": DType.I8, "U64": DType.U64, "U32": DType.U32, "U16": DType.U16,
     "U8": DType.U8, "BOOL": DType.BOOL,
 }
-
-
-def _map_file(path: str) -> tuple[mmap.mmap | None, int]:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as e:
-        raise LoadError(path, "file", e.strerror or str(e)) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise LoadError(path, "file", "not a regular file")
-        try:
-            return (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else None), \
-                st.st_size
-        except (OSError, ValueError) as e:
-            raise LoadError(path, "file", f"cannot be memory-mapped ({e})") from None
-    finally:
-        os.close(fd)
 
 
 def _no_duplicates(path: str):
@@ -88,7 +70,7 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, StoredTensor], 
     overlap, leave holes or run past the end of the file.
     """
     p = os.fspath(path)
-    buf, size = _map_file(p)
+    buf, size = map_file(p)
     return parse_safetensors(p, buf, size)
 
 
@@ -251,8 +233,7 @@ def open_hf_folder(folder: str | os.PathLike) -> WeightStore:
         return store
     ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
     if len(ggufs) == 1:
-        from poot.load.store import open_weights
-        return open_weights(os.path.join(folder, ggufs[0]))
+        return open_gguf_store(os.path.join(folder, ggufs[0]))
     raise LoadError(folder, "path", f"no {SINGLE_NAME}, {INDEX_NAME} or single .gguf file")
 
 

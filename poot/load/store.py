@@ -1,4 +1,5 @@
-"""Typed, memory-mapped weights: :class:`StoredTensor`, :class:`WeightStore`, :func:`open_weights`.
+"""Typed, memory-mapped weights: :class:`StoredTensor`, :class:`WeightStore` (opened by
+:func:`poot.load.checkpoint.open_weights`).
 
 A checkpoint is opened without copying: every tensor's ``data`` is a numpy view into a
 read-only ``mmap`` of its file. Dense tensors keep their stored element type (BF16 stays
@@ -12,6 +13,7 @@ from __future__ import annotations
 import enum
 import mmap
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from poot.dialects.quant import QuantFormat
+from poot.load.errors import LoadError
 
 
 class DType(str, enum.Enum):
@@ -206,7 +209,8 @@ class WeightStore(Mapping[str, StoredTensor]):
     def resident_bytes(self) -> int:
         """Bytes of tensor data copied into process memory (not backed by a file mapping).
 
-        ~0 right after :func:`open_weights`; grows only by what callers copy in (take_rows).
+        ~0 right after :func:`~poot.load.checkpoint.open_weights`; grows only by what callers
+        copy in (take_rows).
         """
         return sum(t.nbytes for t in self._tensors.values() if not t.is_mapped)
 
@@ -218,26 +222,22 @@ class WeightStore(Mapping[str, StoredTensor]):
         return f"WeightStore({self.kind}, {len(self)} tensors, {self.root!r})"
 
 
-def open_weights(path: str | os.PathLike) -> WeightStore:
-    """Open a checkpoint's tensors without copying them.
-
-    ``path`` may be a ``.gguf`` file, a ``.safetensors`` file, or a Hugging Face folder
-    (``model.safetensors`` or shards listed by ``model.safetensors.index.json``).
-    Raises :class:`~poot.load.errors.LoadError` for a missing or malformed checkpoint.
-    """
-    from poot.load import gguf as _gguf
-    from poot.load import safetensors as _st
-    from poot.load.errors import LoadError
-
-    p = os.fspath(path)
-    if os.path.isdir(p):
-        return _st.open_hf_folder(p)
-    if not os.path.exists(p):
-        raise LoadError(p, "path", "no such file or folder")
-    if p.endswith(".safetensors"):
-        return _st.open_safetensors_store(p)
-    if p.endswith(".gguf") or _gguf.looks_like_gguf(p):
-        g = _gguf.read_gguf(p)
-        return WeightStore(dict(g.tensors), kind="gguf", files=[p], metadata=g.metadata,
-                           gguf=g, root=p)
-    raise LoadError(p, "path", "not a .gguf file, a .safetensors file or a Hugging Face folder")
+def map_file(path: str) -> tuple[mmap.mmap | None, int]:
+    """``(read-only mapping of the file at path, its size in bytes)``; the mapping is None for
+    an empty file. Raises :class:`~poot.load.errors.LoadError` for a file that cannot be
+    opened, is not a regular file or cannot be mapped."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise LoadError(path, "file", e.strerror or str(e)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LoadError(path, "file", "not a regular file")
+        try:
+            return (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else None), \
+                st.st_size
+        except (OSError, ValueError) as e:
+            raise LoadError(path, "file", f"cannot be memory-mapped ({e})") from None
+    finally:
+        os.close(fd)

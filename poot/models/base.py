@@ -41,8 +41,7 @@ sequence, ``W = 1``): :func:`contiguous_inputs` builds those inputs from per-seq
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import (Any, Callable, ClassVar, Collection, Literal, Mapping, Protocol,
                     runtime_checkable)
 
@@ -51,6 +50,7 @@ import numpy as np
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.graph.builder import Graph, TraceLimits
+from poot.graph.sampling import trace_cost
 
 StepKind = Literal["prefill", "decode"]
 StepOutputs = Literal["logits", "hidden"]
@@ -236,6 +236,33 @@ def default_kv_dtype(weight_types: Mapping[str, PootType],
 
 
 @dataclass(frozen=True)
+class DecoderShape:
+    """The shape of a decoder, as every config of one states it (a family's config, the shared
+    decoder's options; :class:`~poot.load.config.ModelConfig` has the same fields).
+
+    Attributes:
+        vocab_size: rows of the embedding table. hidden_size: the residual width.
+        intermediate_size: the FFN's inner width. num_layers: decoder layers.
+        num_heads, num_kv_heads: query and KV heads (GQA groups ``num_heads // num_kv_heads``
+            queries a KV head). head_dim: channels a head.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @staticmethod
+    def of(cfg: Any) -> dict[str, int]:
+        """The shape fields of ``cfg`` (any object with them: a ModelConfig, a family's
+        config) by name, to build another config of the same shape."""
+        return {f.name: getattr(cfg, f.name) for f in fields(DecoderShape)}
+
+
+@dataclass(frozen=True)
 class StepDims:
     """The sizes a family reports so :func:`trace_limits` can bound a step's graph.
 
@@ -290,7 +317,6 @@ def trace_limits(spec: StepSpec, dims: StepDims) -> TraceLimits:
     ops = 256 + d.n_layers * d.ops_per_layer
     values, literal, owned = 2 * ops, 1 << 20, 2 * 4 * elems
     if spec.sampler is not None:
-        from poot.graph.sampling import trace_cost
         cost = trace_cost(spec.batch, d.vocab, spec.sampler)
         values += cost["values"] + 64
         ops += cost["ops"] // 2 + 32
@@ -365,8 +391,9 @@ class WeightBinding:
 
     def add_stacked(self, role: str, tensors: list, name: str) -> None:
         """Bind ``role`` to ``tensors`` (same shape, dtype and format) stacked on a new
-        leading axis (``name``: their names' pattern, for messages): one host copy (packed blocks concatenated as stored, each tensor's
-        bytes being its rows in order). Raises ModelError naming a tensor that differs."""
+        leading axis (``name``: their names' pattern, for messages): one host copy (packed
+        blocks concatenated as stored, each tensor's bytes being its rows in order). Raises
+        ModelError naming a tensor that differs."""
         parts = [stored_param(t) for t in tensors]
         t0 = parts[0][1]
         for t, (_, ty) in zip(tensors, parts):
@@ -496,7 +523,7 @@ class Registry:
         return architecture in self._families
 
 
-#: The registry families add themselves to on import of :mod:`poot.models`.
+#: The registry families add themselves to when imported (:mod:`poot.models.families`).
 REGISTRY = Registry()
 
 
@@ -512,27 +539,3 @@ class LoadedModel:
         return iter((self.model, self.weights))
 
 
-def load_model(path: str | os.PathLike, registry: Registry | None = None,
-               **options: Any) -> LoadedModel:
-    """Open a checkpoint (``.gguf``, ``.safetensors`` or HF folder), find its family by
-    architecture, build its config and bind its weights (packed tensors stay packed).
-    ``options`` go to the family's ``from_config`` unchanged.
-
-    Raises :class:`UnknownArchitecture`, :class:`ModelError` (its message starts with
-    ``path``) or a :class:`~poot.load.errors.LoadError`.
-    """
-    from poot.load import load_config, open_weights
-
-    import poot.models  # noqa: F401  (registers the families)
-
-    store = open_weights(path)   # first: a missing path or a broken file is named precisely
-    cfg = load_config(path)
-    try:
-        family = (registry or REGISTRY).lookup(cfg.architecture)
-        model = family.from_config(cfg, store, **options)
-        return LoadedModel(model, model.bind(store), store)
-    except ModelError as e:      # the same error, its message led by the checkpoint's path
-        where = os.fspath(path)
-        if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(where):
-            e.args = (f"{where}: {e.args[0]}",) + e.args[1:]
-        raise

@@ -43,6 +43,7 @@ import math
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping
 
+from poot.graph import ops
 from poot.models import components as C
 from poot.models.base import REGISTRY, ModelError, WeightName, WeightTable
 from poot.models.mla import MlaOptions
@@ -82,7 +83,6 @@ def mla_options(cfg: Any, family: str, rope_layout: str) -> tuple[MlaOptions, di
     if scaling.kind != "none" and scaling.mscale_all_dim:
         scale *= _yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
     inv = C.rope_inv_freq(dr, cfg.rope_theta, scaling)
-    from poot.graph import ops
 
     rope = dict(inv_freq=tuple(float(x) for x in inv),
                 rope_attention_scaling=ops.rope_attention_scaling(scaling))

@@ -32,18 +32,16 @@ import numpy as np
 from poot.graph import ops
 from poot.load.store import llama_rotary_permute_rows, llama_rotary_unpermute_rows
 from poot.models import components as C
-from poot.models.base import REGISTRY, ModelError, WeightBinding, WeightTable
+from poot.models.base import REGISTRY, DecoderShape, ModelError, WeightBinding, WeightTable
 
 GgufQK = Literal["interleaved", "unpermute"]
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(DecoderShape):
     """Llama hyper-parameters (from :class:`~poot.load.config.ModelConfig`).
 
-    Attributes:
-        vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
-            head_dim: model shape (elements).
+    Attributes (beside the :class:`~poot.models.base.DecoderShape`):
         rms_norm_eps: RMSNorm epsilon.
         rope_theta, rope_scaling: RoPE base and :class:`poot.graph.ops.RopeScaling`.
         rope_freq_factors: GGUF ``rope_freqs.weight`` (llama.cpp's llama3 spelling): each
@@ -57,13 +55,6 @@ class LlamaConfig:
         unpermute_qk: GGUF only: reorder Q/K rows back to HF order at bind.
     """
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: ops.RopeScaling
@@ -93,10 +84,8 @@ class LlamaConfig:
         gguf = cfg.source == "gguf"
         extra = cfg.extra or {}
         return LlamaConfig(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-            rms_norm_eps=float(cfg.rms_norm_eps), rope_theta=float(cfg.rope_theta),
+            **DecoderShape.of(cfg), rms_norm_eps=float(cfg.rms_norm_eps),
+            rope_theta=float(cfg.rope_theta),
             rope_scaling=C.ops_rope_scaling(cfg, "llama"),
             tie_word_embeddings=cfg.tie_word_embeddings,
             source=cfg.source,
@@ -119,10 +108,8 @@ class LlamaConfig:
         attention factor: this family never applied it), the ``hidden_act`` gated MLP,
         ``sliding_window`` on every layer."""
         return C.DecoderOptions(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size, num_layers=self.num_layers,
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-            norm_eps=self.rms_norm_eps, inv_freq=tuple(float(x) for x in self.inv_freq()),
+            **DecoderShape.of(self), norm_eps=self.rms_norm_eps,
+            inv_freq=tuple(float(x) for x in self.inv_freq()),
             tie_word_embeddings=self.tie_word_embeddings, source=self.source,
             rope_layout=self.rope_layout, act=self.hidden_act,
             layer_windows=(() if self.sliding_window is None

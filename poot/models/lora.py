@@ -48,6 +48,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from poot.dialects.types import DType, PootType, TensorType
+from poot.load import open_weights
 from poot.models.base import ModelError
 
 #: PEFT module name -> the decoder role suffix it adapts
@@ -160,8 +161,6 @@ def read_peft_adapter(path: str | Path, base_types: Mapping[str, PootType],
     (:func:`peft_adapter` checks; this reads the folder's two files by path, so it is for
     folders the operator names: a server reading folders its clients name goes through
     :mod:`poot.serve.lora_files`)."""
-    from poot.load import open_weights
-
     folder = Path(path)
     cfg = _config(folder)
     try:

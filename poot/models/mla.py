@@ -35,14 +35,11 @@ head) up to f32 summation order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from poot.dialects.types import PootType
 from poot.graph import ops
 from poot.graph.builder import Builder, Tensor
-
-if TYPE_CHECKING:   # components imports this module's options; no import cycle at run time
-    from poot.models.components import DecoderOptions, StepInputs
+from poot.models.blocks import StepInputs, cached_kv, param, proj
 
 #: The name of a layer's one pool (``kv.{i}.latent``): see :meth:`MlaOptions.pools`.
 POOL = "latent"
@@ -104,25 +101,23 @@ class MlaOptions:
                     + heads * m.v_head_dim + 2 * (r + m.qk_rope_head_dim))
 
 
-def mla_attention(b: Builder, o: "DecoderOptions", types: dict[str, PootType], i: int,
-                  h: Tensor, rope: tuple[Tensor, Tensor], inp: "StepInputs"
-                  ) -> tuple[Tensor, tuple[Tensor] | None]:
-    """Layer ``i``'s MLA of h f32 [B, T, hidden] over its latent pool -> (f32 [B, T, hidden],
-    the updated ``(latent,)`` pool); without caches (a pooled step) over the step's own
-    positions -> (f32 [B, T, hidden], None).
+def mla_attention(b: Builder, m: MlaOptions, num_heads: int, norm_eps: float,
+                  types: dict[str, PootType], i: int, h: Tensor, rope: tuple[Tensor, Tensor],
+                  inp: StepInputs) -> tuple[Tensor, tuple[Tensor] | None]:
+    """Layer ``i``'s MLA (``m``; ``num_heads`` query heads, RMSNorms of epsilon ``norm_eps``)
+    of h f32 [B, T, hidden] over its latent pool -> (f32 [B, T, hidden], the updated
+    ``(latent,)`` pool); without caches (a pooled step) over the step's own positions ->
+    (f32 [B, T, hidden], None).
 
     Roles (``blk.{i}.attn.``): ``q`` or ``q_a``/``q_a_norm``/``q_b``; ``kv_a`` [R + P,
     hidden], ``kv_a_norm`` [R], ``kv_b`` [H * (Dn + Dv), R] (HF; its rows split per head) or
     ``k_b`` [H, R, Dn] and ``v_b`` [H, Dv, R] (llama.cpp's split, ``W_UK`` stored
     transposed), ``o`` [hidden, H * Dv]; ``_bias`` roles where bound."""
-    from poot.models.components import cached_kv, param, proj
-
-    m = o.mla
     bsz, t, _ = h.shape
-    n, nh = bsz * t, o.num_heads
+    n, nh = bsz * t, num_heads
     dn, dr, dv, r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
     p = f"blk.{i}.attn."
-    norm = lambda role, y: ops.rmsnorm(b, y, param(b, types, role), o.norm_eps)  # noqa: E731
+    norm = lambda role, y: ops.rmsnorm(b, y, param(b, types, role), norm_eps)  # noqa: E731
     with b.scope("q"):
         if m.q_lora_rank:
             q = proj(b, types, p + "q_b", norm(p + "q_a_norm", proj(b, types, p + "q_a", h)))

@@ -31,7 +31,7 @@ from typing import Literal
 
 from poot.dialects.types import DType, TensorType
 from poot.graph.builder import Builder, Tensor, TraceLimits
-from poot.models.base import ModelError
+from poot.models.base import ModelError, StepSpec, trace_limits
 
 Pooling = Literal["cls", "mean", "last"]
 POOLINGS = ("cls", "mean", "last")
@@ -104,8 +104,6 @@ def pool_limits(spec: PoolSpec, dims) -> TraceLimits:
     (:class:`~poot.models.base.StepDims`): those of a prefill of the same B x T rows over a
     cache of T positions a row (a bound on the attention scores and activations; the pooled
     step holds no cache, so this over-counts)."""
-    from poot.models.base import StepSpec, trace_limits
-
     return trace_limits(StepSpec.prefill(spec.tokens, batch=spec.batch,
                                          kv_capacity=spec.tokens, kv_slots=spec.batch), dims)
 

@@ -17,8 +17,8 @@ the rows, norms ``[hidden]`` (q/k norms ``[head_dim]``); MoE routers, stacked ex
 ``[E, ffn, hidden]`` and shared experts; multi-head latent attention's projections. Optional
 roles (biases) are left out; a role with no rule here is refused with :class:`ModelError`,
 and so are weights that would not fit in this machine's memory (checked before any is made).
-The same rules check a real checkpoint's tensors against its config at bind
-(:func:`check_bound_shapes`).
+The same rules (:mod:`poot.models.role_shapes`) check a real checkpoint's tensors against its
+config at bind.
 
 Values: matrices N(0, 1/fan_in) (``fan_in`` = the last dimension: each projection keeps unit
 variance, so activations stay O(1) through the layers and finite in bf16); 1-D weights
@@ -36,7 +36,12 @@ from typing import Any
 
 import numpy as np
 
+from poot.dialects.quant import BY_NAME
+from poot.load.config import _read_json, config_from_hf
+from poot.load.store import DType, StoredTensor
+from poot.models import families  # noqa: F401  (registers every family in REGISTRY)
 from poot.models.base import REGISTRY, LoadedModel, ModelError
+from poot.models.role_shapes import role_shape
 
 #: Elements of the shared pool of N(0, 1) samples (f32; 64 MiB) and of one copied chunk.
 POOL_ELEMS = 1 << 24
@@ -107,64 +112,6 @@ class RandomArray:
         return f"RandomArray({list(self.shape)}, {self.dtype}, std={self.scale:g})"
 
 
-def role_shape(role: str, o: Any) -> tuple[int, ...]:
-    """The HF shape of a shared-decoder ``role`` (``{i}`` already expanded; MoE routers, their
-    score-correction biases, shared experts ``ffn.shexp.*`` and the stacked experts
-    ``ffn.exps.{gate,up,down}`` included) for decoder options ``o``
-    (:class:`~poot.models.components.DecoderOptions`; multi-head latent attention's
-    projections when ``o.mla``); ModelError if none."""
-    h, d = o.hidden_size, o.head_dim
-    q, kv, ffn = o.num_heads * d, o.num_kv_heads * d, o.intermediate_size
-    leaf = role.split(".", 2)[-1] if role.startswith("blk.") else role
-    shapes = {"tok_embed": (o.vocab_size, h), "lm_head": (o.vocab_size, h), "out_norm": (h,),
-              "attn_norm": (h,), "ffn_norm": (h,), "post_attn_norm": (h,),
-              "post_ffn_norm": (h,), "attn.q": (q, h), "attn.k": (kv, h), "attn.v": (kv, h),
-              "attn.o": (h, q), "attn.qkv": (q + 2 * kv, h), "attn.q_norm": (d,),
-              "attn.k_norm": (d,), "ffn.gate": (ffn, h), "ffn.up": (ffn, h),
-              "ffn.down": (h, ffn), "ffn.gate_up": (2 * ffn, h)}
-    mla = getattr(o, "mla", None)
-    if mla is not None:                       # multi-head latent attention's projections
-        nh, ql, r = o.num_heads, mla.q_lora_rank, mla.kv_lora_rank
-        shapes.update({"attn.q": (nh * mla.qk_head_dim, h), "attn.q_a": (ql, h),
-                       "attn.q_a_norm": (ql,), "attn.q_b": (nh * mla.qk_head_dim, ql),
-                       "attn.kv_a": (r + mla.qk_rope_head_dim, h), "attn.kv_a_norm": (r,),
-                       "attn.kv_b": (nh * (mla.qk_nope_head_dim + mla.v_head_dim), r),
-                       "attn.o": (h, nh * mla.v_head_dim)})
-    moe = getattr(o, "moe", None)
-    if moe is not None:                       # MoE layers: the router and each expert
-        shapes["ffn.router"] = (moe.num_experts, h)
-        shapes["ffn.router_bias"] = (moe.num_experts,)
-        sf = moe.shared_ffn
-        shapes.update({"ffn.shexp.gate": (sf, h), "ffn.shexp.up": (sf, h),
-                       "ffn.shexp.down": (h, sf)})
-        part = leaf.split(".")
-        f = moe.expert_ffn
-        if len(part) == 3 and part[:2] == ["ffn", "exps"] and part[2] in ("gate", "up", "down"):
-            return (moe.num_experts,) + ((h, f) if part[2] == "down" else (f, h))
-    if leaf not in shapes:
-        raise ModelError(f"random weights: no shape rule for role {role!r} (random init "
-                         f"covers the decoder and MoE roles)")
-    return shapes[leaf]
-
-
-def check_bound_shapes(binding: Any, o: Any, family: str) -> None:
-    """Check every bound role of ``binding`` that :func:`role_shape` has a rule for against
-    the shape the config implies (decoder options ``o``): a checkpoint whose tensors disagree
-    with its config (an edited ``kv_lora_rank``, a wrong head count) is refused here, before
-    tracing, instead of surfacing as a verifier error of some op deep in the step. Raises
-    :class:`ModelError` naming the tensor, its shape and the config's."""
-    for role, t in binding.types.items():
-        try:
-            want = role_shape(role, o)
-        except ModelError:
-            continue                              # (a role without a rule: not checked)
-        got = tuple(int(d) for d in t.shape)
-        if got != tuple(want):
-            raise ModelError(f"{family}: checkpoint tensor {binding.stored.get(role, role)!r} "
-                             f"has shape {list(got)}, but the config implies {list(want)} "
-                             f"(role {role!r}): the config and the weights disagree")
-
-
 _DTYPES = {"bf16": "bf16", "f16": "f16", "f32": "f32"}
 #: GGUF block formats random weights may be packed in: each matrix's random floats quantized
 #: by the ``gguf`` package (llama.cpp's reference quantizer); vectors (norms) stay f32
@@ -175,9 +122,6 @@ def _quantized(name: str, data: "RandomArray", fmt: str, source: str):
     """The StoredTensor of ``data`` quantized to ``fmt`` (rows of whole blocks)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
-
-    from poot.dialects.quant import BY_NAME
-    from poot.load.store import StoredTensor
 
     q = BY_NAME[fmt]
     if data.shape[-1] % q.block_elems:
@@ -230,11 +174,6 @@ def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int 
     Raises :class:`ModelError` (unsupported dtype, a role without a shape rule, weights larger
     than this machine's memory unless ``check_memory`` is False: a compile that reads only
     the weights' types) or :class:`~poot.load.errors.LoadError` (a bad config)."""
-    from poot.load.config import _read_json, config_from_hf
-    from poot.load.store import DType, StoredTensor
-
-    import poot.models  # noqa: F401  (registers the families)
-
     if dtype not in _DTYPES and dtype not in PACKED:
         raise ModelError(f"random weights: dtype must be one of "
                          f"{', '.join((*_DTYPES, *PACKED))}, got {dtype!r}")
@@ -269,5 +208,4 @@ def load_random_model(config: str | os.PathLike, dtype: str = "bf16", seed: int 
     return LoadedModel(model, model.bind(store), store)
 
 
-__all__ = ["CHUNK_ELEMS", "POOL_ELEMS", "RandomArray", "check_bound_shapes",
-           "load_random_model", "pool", "role_shape"]
+__all__ = ["CHUNK_ELEMS", "POOL_ELEMS", "RandomArray", "load_random_model", "pool"]

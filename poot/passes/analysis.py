@@ -87,6 +87,26 @@ def is_dispatch_function(fn: ir.Operation) -> bool:
     return DISPATCH_ATTR in fn.attributes
 
 
+def new_dispatch_function(module_body, name: str, kind: str, n_ops: int, inputs: list,
+                          result_types: list):
+    """A private ``func.func @name`` marked a dispatch of ``kind`` (``{poot.dispatch = {kind,
+    ops = n_ops}}``) taking ``inputs``' types and returning ``result_types``, created at the
+    end of ``module_body`` (call inside the module's context and a location). Returns
+    ``(callee, entry block, {input value: its block argument})``."""
+    ftype = ir.FunctionType.get([v.type for v in inputs], list(result_types))
+    callee = ir.Operation.create(
+        "func.func", regions=1,
+        attributes={"sym_name": ir.StringAttr.get(name),
+                    "function_type": ir.TypeAttr.get(ftype),
+                    "sym_visibility": ir.StringAttr.get("private"),
+                    DISPATCH_ATTR: ir.DictAttr.get({
+                        "kind": ir.StringAttr.get(kind),
+                        "ops": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), n_ops)})},
+        ip=ir.InsertionPoint(module_body))
+    entry = callee.regions[0].blocks.append(*[v.type for v in inputs])
+    return callee, entry, dict(zip(inputs, entry.arguments))
+
+
 def dispatch_kind(fn: ir.Operation) -> str:
     a = fn.attributes[DISPATCH_ATTR]
     return ir.StringAttr(ir.DictAttr(a)["kind"]).value

@@ -43,9 +43,9 @@ from collections import defaultdict
 from mlir import ir
 
 from poot.dialects.types import type_from_mlir
-from poot.passes.analysis import (ANCHORS, DISPATCH_ATTR, ELEMENTWISE, KNOWN, POINTWISE,
-                                  REMATERIALIZABLE, SOURCES, VIEWS, defining_op, functions,
-                                  is_dispatch_function, is_poot, sym_name, users)
+from poot.passes.analysis import (ANCHORS, ELEMENTWISE, KNOWN, POINTWISE, REMATERIALIZABLE,
+                                  SOURCES, VIEWS, defining_op, functions, is_dispatch_function,
+                                  is_poot, new_dispatch_function, sym_name, users)
 from poot.passes.dce import dce
 from poot.passes.ir_utils import clone_into, op_attributes
 from poot.passes.registry import PassFailure, register_pass
@@ -393,19 +393,8 @@ class _Outliner:
         name = self.fresh()
         ctx = self.fn.context
         with ctx, self.fn.location:
-            ftype = ir.FunctionType.get([v.type for v in inputs], [r.type for r in outputs])
-            callee = ir.Operation.create(
-                "func.func", regions=1,
-                attributes={"sym_name": ir.StringAttr.get(name),
-                            "function_type": ir.TypeAttr.get(ftype),
-                            "sym_visibility": ir.StringAttr.get("private"),
-                            DISPATCH_ATTR: ir.DictAttr.get({
-                                "kind": ir.StringAttr.get(kind),
-                                "ops": ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
-                                                          len(members))})},
-                ip=ir.InsertionPoint(self.module_body))
-            entry = callee.regions[0].blocks.append(*[v.type for v in inputs])
-            mapping = dict(zip(inputs, entry.arguments))
+            _, entry, mapping = new_dispatch_function(
+                self.module_body, name, kind, len(members), inputs, [r.type for r in outputs])
             body_ip = ir.InsertionPoint(entry)
             for o in sorted(remat_needed, key=part.pos.__getitem__):
                 clone_into(o, mapping, body_ip)

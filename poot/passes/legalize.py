@@ -18,6 +18,7 @@ f32 and casts to the 16-bit dtype keep no rounding; the rule is
 
 from __future__ import annotations
 
+from poot.dialects.opdef import dense_from_mlir, dense_to_mlir
 from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
 
@@ -72,7 +73,6 @@ def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
     number of values widened."""
     if all(stored_type(TensorType((1,), d), storage).dtype == d for d in WIDENED):
         return 0                            # this target widens nothing: no walk
-    from poot.dialects.opdef import dense_from_mlir, dense_to_mlir
 
     def wide(t: ir.Type) -> ir.Type | None:
         try:

@@ -19,6 +19,7 @@ ir = lazy_module("mlir.ir")
 passmanager = lazy_module("mlir.passmanager")
 
 from poot.errors import PootError
+import poot.passes as pkg
 
 
 class PassFailure(PootError):
@@ -59,8 +60,6 @@ def load_all_passes() -> dict[str, PassInfo]:
     """Import every pass module (registration happens at import)."""
     import importlib
     import pkgutil
-
-    import poot.passes as pkg
 
     for m in pkgutil.iter_modules(pkg.__path__):
         if m.name not in ("registry", "pipelines"):
@@ -115,7 +114,7 @@ def _parse_options(info: PassInfo, text: str) -> dict:
 
 def run_verified(info: PassInfo, op: ir.Operation, opts: dict) -> None:
     """Run a poot pass, then check every poot op it left against its rule."""
-    from poot.dialects.verify import verify_module
+    from poot.dialects.verify import verify_module  # lazy: MLIR
 
     info.run(op, **opts)
     diags = verify_module(op)

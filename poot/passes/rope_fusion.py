@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from mlir import ir
 
-from poot.passes.analysis import DISPATCH_ATTR, defining_op, functions, is_dispatch_function, \
-    sym_name, users
+from poot.passes.analysis import defining_op, functions, is_dispatch_function, \
+    new_dispatch_function, sym_name, users
 from poot.passes.dce import dce
 from poot.passes.ir_utils import NoMatch, clone_into, fn_attr, i64s, need, same_value, shape_of
 from poot.passes.registry import PassFailure, register_pass
@@ -270,19 +270,8 @@ def _outline(ops: list[ir.Operation], root: ir.Operation, fn: ir.Operation,
             elif v not in inputs:
                 inputs.append(v)
     with fn.context, fn.location:
-        ftype = ir.FunctionType.get([v.type for v in inputs], [root.results[0].type])
-        callee = ir.Operation.create(
-            "func.func", regions=1,
-            attributes={"sym_name": ir.StringAttr.get(name),
-                        "function_type": ir.TypeAttr.get(ftype),
-                        "sym_visibility": ir.StringAttr.get("private"),
-                        DISPATCH_ATTR: ir.DictAttr.get({
-                            "kind": ir.StringAttr.get("rope"),
-                            "ops": ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
-                                                      len(ops))})},
-            ip=ir.InsertionPoint(module_body))
-        entry = callee.regions[0].blocks.append(*[v.type for v in inputs])
-        mapping = dict(zip(inputs, entry.arguments))
+        _, entry, mapping = new_dispatch_function(module_body, name, "rope", len(ops), inputs,
+                                                  [root.results[0].type])
         ip = ir.InsertionPoint(entry)
         for o in sorted(consts, key=order.__getitem__) + ops:
             clone_into(o, mapping, ip)

@@ -81,7 +81,7 @@ def _choice_regex(choices: list[str]) -> str:
 def _json_guide(field: str, schema: Any, whitespace: str | None):
     """A JSON-schema guide of ``schema`` (a JSON object or its text); ``whitespace``: vLLM's
     ``guided_whitespace_pattern``, llguidance's ``whitespace_pattern`` option."""
-    from poot.engine.guided import Guide
+    from poot.sampling_params import Guide
 
     if isinstance(schema, str):
         try:
@@ -109,7 +109,7 @@ def guided_from(req: ChatCompletionRequest | CompletionRequest):
     ``guided_whitespace_pattern`` bounds the whitespace of a JSON constraint. Every malformed
     or conflicting field is a 400 naming it; a constraint that parses but that llguidance
     cannot honor is refused later (:func:`_engine_check`), also naming the field."""
-    from poot.engine.guided import Guide, GuidedDecodingError
+    from poot.sampling_params import Guide, GuidedDecodingError
 
     found: list[tuple[str, Any]] = []
     rf = req.response_format
@@ -172,9 +172,9 @@ def _guided_rename(field: str | None) -> dict[str, str]:
     it (none without a constraint)."""
     if field is None:
         return {}
-    from poot.engine.guided import KINDS
+    from poot.sampling_params import GUIDE_KINDS
 
-    return {k: field for k in (*KINDS, "guided")}
+    return {k: field for k in (*GUIDE_KINDS, "guided")}
 
 
 def _unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from engine_cases import alone, staggered  # noqa: E402
 from guided_schemas import CASES  # noqa: E402
 from poot.api import LLM  # noqa: E402
-from poot.engine.guided import Guide  # noqa: E402
+from poot.sampling_params import Guide  # noqa: E402
 from poot.sampling_params import SamplingParams  # noqa: E402
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_cases import alone, prompts, staggered  # noqa: E402
 from poot.api import LLM, ModelHandle  # noqa: E402
-from poot.engine.guided import Guide, GuidedDecodingError  # noqa: E402
+from poot.sampling_params import Guide, GuidedDecodingError  # noqa: E402
 from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tiny"

@@ -24,7 +24,8 @@ import numpy as np  # noqa: E402
 from _harness import PropertyFailed, byte_tokenizer, instrumented, main  # noqa: E402
 
 with instrumented(__name__ == "__main__"):
-    from poot.engine.guided import Guide, GuidedCompiler, GuidedDecodingError, mask_words
+    from poot.engine.guided import GuidedCompiler, mask_words
+    from poot.sampling_params import Guide, GuidedDecodingError
 
 ALLOWED = (GuidedDecodingError,)
 TOKENIZER = byte_tokenizer()

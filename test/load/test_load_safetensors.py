@@ -12,9 +12,10 @@ from broken import st_bytes, st_valid, write_bytes
 from loadcheck import expect_load_error
 from safetensors.numpy import load_file, save_file
 
+from poot.load.checkpoint import open_weights
 from poot.load.errors import LoadError
 from poot.load.safetensors import open_hf_folder, read_safetensors
-from poot.load.store import DType, open_weights
+from poot.load.store import DType
 
 RNG = np.random.default_rng(0)
 # A 64 KiB tensor so that the file, not Python's constant overhead, sets the memory bound.

@@ -14,7 +14,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from poot.dialects.quant_ref import dequantize
 from poot.load.config import load_config
-from poot.load.store import open_weights
+from poot.load.checkpoint import open_weights
 
 
 def _smollm2_path() -> str | None:

@@ -11,9 +11,9 @@ from broken import random_blocks
 
 from poot.dialects.quant import BY_NAME, FORMATS
 from poot.dialects.quant_ref import dequantize
+from poot.load.checkpoint import open_weights
 from poot.load.gguf import read_gguf
-from poot.load.store import (DType, llama_rotary_permute_rows, llama_rotary_unpermute_rows,
-                             open_weights)
+from poot.load.store import DType, llama_rotary_permute_rows, llama_rotary_unpermute_rows
 
 
 def _gguf_py_file(tmp_path, version_alignment=None):

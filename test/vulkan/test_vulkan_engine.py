@@ -72,7 +72,7 @@ def test_guided_decoding_on_vulkan_matches_cpu(vk_device, tmp_path_factory):
 
     jsonschema = pytest.importorskip("jsonschema")
     pytest.importorskip("llguidance")
-    from poot.engine.guided import Guide
+    from poot.sampling_params import Guide
 
     gguf = Path(fixture_path("llama")).parent / "llama_gguf_q4_1" / "model.gguf"
     cache = tmp_path_factory.mktemp("poot-cache-guided")

@@ -20,23 +20,7 @@ rule cannot lower raises :class:`LoweringRefusal` naming the op and the missing 
 
 from __future__ import annotations
 
-from poot.errors import PootError
-
-
-class LoweringRefusal(PootError):
-    """An op the linalg lowering cannot express.
-
-    Attributes:
-        op: the op name (``poot.dequantize``); capability: what is missing (``in-kernel
-        decoding of packed format q4_k``); location: the op's location text, when known.
-    """
-
-    def __init__(self, op: str, capability: str, location: str = ""):
-        self.op, self.capability, self.location = op, capability, location
-        super().__init__(f"'{op}' op cannot be lowered to linalg: {capability}")
-
-
-from poot.dialects.lowering.function import RULES, lower_function, lower_module  # noqa: E402
-from poot.dialects.lowering.rules import Strategy  # noqa: E402
+from poot.dialects.lowering.function import RULES, lower_function, lower_module
+from poot.dialects.lowering.rules import LoweringRefusal, Strategy
 
 __all__ = ["LoweringRefusal", "RULES", "Strategy", "lower_function", "lower_module"]

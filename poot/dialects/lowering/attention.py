@@ -74,7 +74,9 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
                   mbt: TensorType, n: int, scale: float, softcap: float, visible: bool, state,
                   inplace: bool, guard: bool = False):
     """One online-softmax step over a block of ``n`` keys (module doc); returns the new
-    ``(m, l, acc)``.
+    ``(m, l, acc)``: the block's scores (:func:`_block_scores`), their maximum and
+    probabilities (:func:`_block_softmax`), the carried values rescaled and the block's
+    values added (:func:`_block_carry`).
 
     ``q``: ``[batch..., rows..., D]``; the scores' loop dims are ``rows`` (batch and row dims,
     r - 1 of them) then the key j. ``kb``/``vb``: the block's keys and values. With
@@ -85,52 +87,49 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
     of a reused block may hold anything): a ``-inf`` bias gives ``-inf`` whatever the score,
     and nothing is added where ``p == 0``.
     """
-    m, lsum, acc = state
     r = len(rows) + 1                # loop dims of a score block: rows..., key
-    dv = vbt.shape[-1] if v_axes is None else vbt.shape[v_axes[2]]
-    row_t = TensorType(rows, DType.F32)
-    acc_t = TensorType(rows + (dv,), DType.F32)
-    drop_last = affine_map(r, [f"d{i}" for i in range(r - 1)])
-    idr = identity_map(r - 1)
     nb = kbt.rank - 2 if k_axes is None else 1
-
-    def ext(x: str, d: DType) -> str:
-        return em.ext(x, d)
-
-    def update(t: TensorType, old: str, ins, fn):
-        """``fn(ins, old)`` per element. In the loop it writes into ``old`` (one-shot
-        bufferization wants yields equivalent to the iter_args); after the loop it reads
-        ``old`` as an input into a fresh tensor: linalg-fuse-elementwise-ops fuses a
-        read-modify-write of an out into a consumer with more loops and then applies it
-        once per extra iteration (seen with MLIR 22)."""
-        if inplace:
-            return em.generic(t, ins, fn, init=old, reads_out=True)
-        return em.generic(t, [(old, t, identity_map(t.rank))] + list(ins),
-                          lambda a, _o: fn(a[1:], a[0]))
-
-    def kv_map(axes, key: str, inner: str) -> str:
-        """Indexing map of a k/v block over loop dims ``(rows..., key, inner)``."""
-        if axes is None:                       # [batch..., n, inner]
-            return affine_map(r + 1, [f"d{i}" for i in range(nb)] + [key, inner])
-        out = [""] * 3
-        out[axes[0]], out[axes[1]], out[axes[2]] = "d0", key, inner
-        return affine_map(r + 1, out)
-
     sb_t = TensorType(rows + (n,), DType.F32)
+    kmap = _kv_map(r, nb, k_axes, f"d{r - 1}", f"d{r}")
+    mask = (mb, mbt, _keep_maps(r, mbt, rows + (n,)))
+    x = _block_scores(em, q, qt, kb, kbt, kmap, mask, sb_t, scale, softcap, visible, guard)
+    bmax, alpha, p, psum = _block_softmax(em, x, sb_t, state[0], mask, visible)
+    vmap = _kv_map(r, nb, v_axes, f"d{r - 1}", f"d{r}")
+    dv = vbt.shape[-1] if v_axes is None else vbt.shape[v_axes[2]]
+    return _block_carry(em, state, sb_t, (bmax, alpha, p, psum), vb, vbt, vmap, dv, inplace,
+                        guard)
+
+
+def _kv_map(r: int, nb: int, axes, key: str, inner: str) -> str:
+    """Indexing map of a k/v block over loop dims ``(rows..., key, inner)`` (``r`` score
+    dims; ``nb`` batch dims of a ``[batch..., n, inner]`` block, ``axes`` None; else the
+    rank-3 block's (batch, key, inner) axes)."""
+    if axes is None:                       # [batch..., n, inner]
+        return affine_map(r + 1, [f"d{i}" for i in range(nb)] + [key, inner])
+    out = [""] * 3
+    out[axes[0]], out[axes[1]], out[axes[2]] = "d0", key, inner
+    return affine_map(r + 1, out)
+
+
+def _block_scores(em: Emitter, q: str, qt: TensorType, kb: str, kbt: TensorType, kmap: str,
+                  mask, sb_t: TensorType, scale: float, softcap: float, visible: bool,
+                  guard: bool) -> str:
+    """f32 ``[rows..., n]`` scores of a key block: ``q . k`` scaled, soft-capped, then masked
+    (``visible``: an i1 mask selecting ``MASKED_SCORE``; else an additive bias, ``guard``
+    keeping a ``-inf`` bias ``-inf``). ``mask``: ``(value, type, indexing map)``."""
+    r = sb_t.rank
     # scores: x[rows.., j] = sum_d q[rows.., d] * k[.., j, d]   (loop dims: rows.., j, d)
     qmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r}"])
-    kmap = kv_map(k_axes, f"d{r - 1}", f"d{r}")
 
     def dot(a, o):
         # reassoc: the D-loop reduction may be vectorized (LLVM's loop vectorizer needs it)
-        prod = em.op(f"arith.mulf {ext(a[0], qt.dtype)}, {ext(a[1], kbt.dtype)} : f32")
+        prod = em.op(f"arith.mulf {em.ext(a[0], qt.dtype)}, {em.ext(a[1], kbt.dtype)} : f32")
         return em.op(f"arith.addf {o}, {prod} fastmath<reassoc> : f32")
 
     sc = em.generic(sb_t, [(q, qt, qmap), (kb, kbt, kmap)], dot,
                     iterators=["parallel"] * r + ["reduction"],
                     out_map=affine_map(r + 1, [f"d{i}" for i in range(r)]),
                     init=_fill(em, sb_t, 0.0), loop_rank=r + 1, reads_out=True)
-    mmap = _keep_maps(r, mbt, rows + (n,))
 
     def scores(a, _o):
         x = a[0]
@@ -150,7 +149,21 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
             y = em.op(f"arith.select {dead}, {ninf}, {y} : f32")
         return y
 
-    x = em.generic(sb_t, [(sc, sb_t, identity_map(r)), (mb, mbt, mmap)], scores)
+    return em.generic(sb_t, [(sc, sb_t, identity_map(r)), mask], scores)
+
+
+def _max2(em: Emitter, a) -> str:
+    return em.op(f"arith.maximumf {a[0]}, {a[1]} : f32")
+
+
+def _block_softmax(em: Emitter, x: str, sb_t: TensorType, m: str, mask, visible: bool):
+    """The block's row maxima ``bmax``, the factor ``alpha = exp(m - max(m, bmax))`` the
+    carried values are rescaled by (1 where the maximum is unchanged), the probabilities
+    ``p = exp(x - max(m, bmax))`` (0 for a ``-inf`` maximum, and where ``visible``'s mask
+    hides the key) and their row sums: ``(bmax, alpha, p, psum)``."""
+    r = sb_t.rank
+    row_t = TensorType(sb_t.shape[:-1], DType.F32)
+    drop_last = affine_map(r, [f"d{i}" for i in range(r - 1)])
     bmax = em.generic(row_t, [(x, sb_t, identity_map(r))],
                       lambda a, o: em.op(f"arith.maximumf {o}, {a[0]} : f32"),
                       iterators=["parallel"] * (r - 1) + ["reduction"], out_map=drop_last,
@@ -158,11 +171,10 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
     # Carried values are rewritten in place (the final op of each writes into its loop
     # argument: one-shot bufferization wants yields equivalent to the iter_args), so
     # everything reading the old m is computed first.
-    max2 = lambda a: em.op(f"arith.maximumf {a[0]}, {a[1]} : f32")  # noqa: E731
-    m_new = em.pointwise(row_t, [(m, row_t), (bmax, row_t)], max2)
+    m_new = em.pointwise(row_t, [(m, row_t), (bmax, row_t)], lambda a: _max2(em, a))
 
     def alpha_fn(a):
-        mn = max2(a)
+        mn = _max2(em, a)
         same = em.op(f"arith.cmpf oeq, {a[0]}, {mn} : f32")
         d = em.op(f"arith.subf {a[0]}, {mn} : f32")
         e = em.op(f"math.exp {d} : f32")
@@ -182,15 +194,44 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
 
     ins = [(x, sb_t, identity_map(r)), (m_new, row_t, drop_last)]
     if visible:
-        ins.append((mb, mbt, mmap))
+        ins.append(mask)
     p = em.generic(sb_t, ins, prob)
     psum = em.generic(row_t, [(p, sb_t, identity_map(r))],
                       lambda a, o: em.op(f"arith.addf {o}, {a[0]} : f32"),
                       iterators=["parallel"] * (r - 1) + ["reduction"], out_map=drop_last,
                       init=_fill(em, row_t, 0.0), loop_rank=r, reads_out=True)
+    return bmax, alpha, p, psum
+
+
+def _block_carry(em: Emitter, state, sb_t: TensorType, soft, vb: str, vbt: TensorType,
+                 vmap: str, dv: int, inplace: bool, guard: bool):
+    """The carried ``(m, l, acc)`` after a block (``soft``: :func:`_block_softmax`'s
+    ``(bmax, alpha, p, psum)``): ``m = max(m, bmax)``, ``l = l * alpha + psum``,
+    ``acc = acc * alpha + p . v`` (``dv`` values a row; ``guard``: a ``p == 0`` adds nothing,
+    whatever v holds).
+    ``inplace``: inside the loop, each is written into its loop argument."""
+    m, lsum, acc = state
+    bmax, alpha, p, psum = soft
+    r = sb_t.rank
+    rows = sb_t.shape[:-1]
+    row_t = TensorType(rows, DType.F32)
+    acc_t = TensorType(rows + (dv,), DType.F32)
+    drop_last = affine_map(r, [f"d{i}" for i in range(r - 1)])
+    idr = identity_map(r - 1)
+
+    def update(t: TensorType, old: str, ins, fn):
+        """``fn(ins, old)`` per element. In the loop it writes into ``old`` (one-shot
+        bufferization wants yields equivalent to the iter_args); after the loop it reads
+        ``old`` as an input into a fresh tensor: linalg-fuse-elementwise-ops fuses a
+        read-modify-write of an out into a consumer with more loops and then applies it
+        once per extra iteration (seen with MLIR 22)."""
+        if inplace:
+            return em.generic(t, ins, fn, init=old, reads_out=True)
+        return em.generic(t, [(old, t, identity_map(t.rank))] + list(ins),
+                          lambda a, _o: fn(a[1:], a[0]))
 
     # m is written last: every read of the old m (alpha, p) precedes it.
-    m_out = update(row_t, m, [(bmax, row_t, idr)], lambda a, o: max2([o, a[0]]))
+    m_out = update(row_t, m, [(bmax, row_t, idr)], lambda a, o: _max2(em, [o, a[0]]))
 
     def lsum_fn(a, o):
         t = em.op(f"arith.mulf {o}, {a[0]} : f32")
@@ -202,10 +243,9 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
     # acc[rows.., e] += sum_j p[rows.., j] * v[.., j, e]   (loop dims: rows.., j, e: the
     # innermost loop walks e, contiguous in v and acc, with no reduction in it)
     pmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r - 1}"])
-    vmap = kv_map(v_axes, f"d{r - 1}", f"d{r}")
 
     def pv(a, o):
-        prod = em.op(f"arith.mulf {a[0]}, {ext(a[1], vbt.dtype)} : f32")
+        prod = em.op(f"arith.mulf {a[0]}, {em.ext(a[1], vbt.dtype)} : f32")
         if guard:
             zero = em.const(0.0, "f32")
             live = em.op(f"arith.cmpf une, {a[0]}, {zero} : f32")

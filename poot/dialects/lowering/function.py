@@ -15,7 +15,8 @@ from poot.dialects.lowering import (  # noqa: F401  (rule registration side effe
     views,
 )
 from poot.dialects.lowering.emit import Emitter, tt
-from poot.dialects.lowering.rules import RULES, OpInfo, Strategy
+from poot.dialects.lowering.gemv import intrinsic_declarations
+from poot.dialects.lowering.rules import RULES, LoweringRefusal, OpInfo, Strategy
 from poot.dialects.opdef import lookup, read_attrs
 from poot.dialects.types import PackedType, type_from_mlir
 
@@ -79,8 +80,6 @@ def lower_function(fn: ir.Operation, strategy: Strategy | None = None) -> str:
 
     Raises :class:`~poot.dialects.lowering.LoweringRefusal` for an op no rule can lower.
     """
-    from poot.dialects.lowering import LoweringRefusal
-
     block = fn.regions[0].blocks[0]
     em = Emitter()
     names: dict[ir.Value, str] = {}
@@ -165,7 +164,6 @@ def lower_module(module: ir.Operation, strategy: Strategy | None = None) -> None
     if not todo:
         return
     todo, dropped = _dedupe(todo)
-    from poot.dialects.lowering.gemv import intrinsic_declarations
 
     joined = "\n".join(text for _, text in todo)
     decls = intrinsic_declarations(joined)

@@ -1,4 +1,5 @@
-"""The table of lowering rules (op mnemonic -> rule) and what a rule is given."""
+"""The table of lowering rules (op mnemonic -> rule), what a rule is given, and the refusal
+it raises for an op it cannot express."""
 
 from __future__ import annotations
 
@@ -6,6 +7,20 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from poot.dialects.types import PootType
+from poot.errors import PootError
+
+
+class LoweringRefusal(PootError):
+    """An op the linalg lowering cannot express.
+
+    Attributes:
+        op: the op name (``poot.dequantize``); capability: what is missing (``in-kernel
+        decoding of packed format q4_k``); location: the op's location text, when known.
+    """
+
+    def __init__(self, op: str, capability: str, location: str = ""):
+        self.op, self.capability, self.location = op, capability, location
+        super().__init__(f"'{op}' op cannot be lowered to linalg: {capability}")
 
 
 @dataclass
@@ -35,8 +50,6 @@ class OpInfo:
         return self.producers[i] if self.producers else None
 
     def refuse(self, capability: str):
-        from poot.dialects.lowering import LoweringRefusal
-
         raise LoweringRefusal(f"poot.{self.name}", capability, self.location)
 
 

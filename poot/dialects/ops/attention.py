@@ -18,6 +18,22 @@ from poot.dialects.types import DType, TensorType
 
 #: The score a masked entry takes in the boolean-mask form (``poot.graph.ops.MASKED_SCORE``).
 MASKED_SCORE = np.float32(-1e30)
+#: The attributes of both attention ops: how raw scores are scaled and soft-capped.
+SCORE_ATTRS = {"scale": Attr("f64", doc="score scale"),
+               "softcap": Attr("f64", doc="tanh soft cap; 0 = none")}
+
+
+def _check_mask_and_score_attrs(cls, m: TensorType, scores: tuple[int, ...], attrs) -> None:
+    """Both attention ops: the mask ``m`` broadcasts to the ``scores`` shape and is i1 or
+    f32; ``scale`` is finite, ``softcap`` finite and >= 0 (``cls.fail`` otherwise)."""
+    if m.rank != len(scores) or any(a not in (1, b) for a, b in zip(m.shape, scores)):
+        cls.fail(f"mask {m} does not broadcast to the scores {list(scores)}")
+    if m.dtype not in (DType.I1, DType.F32):
+        cls.fail(f"mask must be i1 (visible) or f32 (additive bias), got {m.dtype}")
+    if not np.isfinite(attrs["scale"]):
+        cls.fail(f"scale must be finite, got {attrs['scale']}")
+    if not (attrs["softcap"] >= 0 and np.isfinite(attrs["softcap"])):
+        cls.fail(f"softcap must be >= 0 (0 = none), got {attrs['softcap']}")
 
 
 def _prod(xs) -> int:
@@ -86,8 +102,7 @@ class Attention(OpDef):
 
     name = "attention"
     operands = ("q", "k", "v", "mask")
-    attrs = {"scale": Attr("f64", doc="score scale"),
-             "softcap": Attr("f64", doc="tanh soft cap; 0 = none")}
+    attrs = SCORE_ATTRS
     summary = "fused attention softmax(softcap(scale q.k^T) (+|masked) mask) v (pass-introduced)"
 
     @classmethod
@@ -114,14 +129,7 @@ class Attention(OpDef):
             if not t.dtype.is_float or t.dtype != q.dtype:
                 cls.fail(f"q, k, v need one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
         full = q.shape[:-1] + (s,)
-        if m.rank != q.rank or any(a not in (1, b) for a, b in zip(m.shape, full)):
-            cls.fail(f"mask {m} does not broadcast to the scores {list(full)}")
-        if m.dtype not in (DType.I1, DType.F32):
-            cls.fail(f"mask must be i1 (visible) or f32 (additive bias), got {m.dtype}")
-        if not np.isfinite(attrs["scale"]):
-            cls.fail(f"scale must be finite, got {attrs['scale']}")
-        if not (attrs["softcap"] >= 0 and np.isfinite(attrs["softcap"])):
-            cls.fail(f"softcap must be >= 0 (0 = none), got {attrs['softcap']}")
+        _check_mask_and_score_attrs(cls, m, full, attrs)
         out = TensorType(q.shape[:-1] + (v.shape[-1],), DType.F32)
         return cls.same_result(out, result)
 
@@ -190,8 +198,7 @@ class PagedAttention(OpDef):
 
     name = "paged_attention"
     operands = ("q", "k_pool", "v_pool", "block_table", "mask")
-    attrs = {"scale": Attr("f64", doc="score scale"),
-             "softcap": Attr("f64", doc="tanh soft cap; 0 = none")}
+    attrs = SCORE_ATTRS
     summary = "attention reading K/V through a block table from paged pools (pass-introduced)"
 
     @classmethod
@@ -216,14 +223,7 @@ class PagedAttention(OpDef):
         if not q.dtype.is_float:
             cls.fail(f"q must be float, got {q.dtype}")
         full = q.shape[:-1] + (w * bs,)
-        if m.rank != q.rank or any(a not in (1, b) for a, b in zip(m.shape, full)):
-            cls.fail(f"mask {m} does not broadcast to the scores {list(full)}")
-        if m.dtype not in (DType.I1, DType.F32):
-            cls.fail(f"mask must be i1 (visible) or f32 (additive bias), got {m.dtype}")
-        if not np.isfinite(attrs["scale"]):
-            cls.fail(f"scale must be finite, got {attrs['scale']}")
-        if not (attrs["softcap"] >= 0 and np.isfinite(attrs["softcap"])):
-            cls.fail(f"softcap must be >= 0 (0 = none), got {attrs['softcap']}")
+        _check_mask_and_score_attrs(cls, m, full, attrs)
         return cls.same_result(TensorType(q.shape[:-1] + (vp.shape[-1],), DType.F32), result)
 
     @staticmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from poot.dialects.opdef import OpDef, register
+from poot.dialects.quant_ref import dequantize  # numpy reference per format
 from poot.dialects.types import PackedType, TensorType
 
 
@@ -35,8 +36,6 @@ class Dequantize(OpDef):
 
     @classmethod
     def evaluate(cls, args, attrs, result: TensorType):
-        from poot.dialects.quant_ref import dequantize  # numpy reference per format
-
         raw, fmt = args[0]
         return dequantize(fmt, raw, result.shape).astype(result.dtype.numpy)
 
