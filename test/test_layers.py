@@ -26,8 +26,8 @@ POOT = ROOT / "poot"
 
 #: Lowest first. Within a layer, packages may import each other (acyclically).
 LAYERS: list[tuple[str, ...]] = [
-    # foundations: typed errors, settings, progress events, lazy-module helper
-    ("poot.errors", "poot.settings", "poot.progress", "poot.lazy"),
+    # foundations: typed errors, settings, progress events, lazy-module helper, the version
+    ("poot.errors", "poot.settings", "poot.progress", "poot.lazy", "poot.version"),
     # the dialect (types, ops and their one semantic definition), file formats, text
     ("poot.dialects", "poot.load", "poot.text"),
     # graph building, the compiler's passes, the numpy oracle

@@ -27,11 +27,11 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import asynccontextmanager
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
 
 from fastapi import FastAPI
 
+from poot.version import __version__
 from poot.serve import errors
 from poot.serve.config import ServeConfig
 from poot.serve.front_door import FrontDoor
@@ -58,7 +58,7 @@ def build_app(config: ServeConfig | None = None, handle=None,
     state = ServerState(config)
     # with an API key the docs routes are the keyed router's, behind the key
     keyed = config.api_key is not None
-    app = FastAPI(title="poot", version=_version(),
+    app = FastAPI(title="poot", version=__version__,
                   lifespan=_lifespan(state, handle, loader, on_loaded, on_load_error),
                   description="An OpenAI-compatible server on poot's batching engine.",
                   **(dict(openapi_url=None, docs_url=None, redoc_url=None) if keyed else {}))
@@ -108,14 +108,6 @@ def _lifespan(state: ServerState, handle, loader, on_loaded, on_load_error):
             state.pool.close()
 
     return lifespan
-
-
-def _version() -> str:
-    """poot's version as installed (``0`` when it is run from a tree not installed)."""
-    try:
-        return version("poot")
-    except PackageNotFoundError:
-        return "0"
 
 
 __all__ = ["FrontDoor", "ServerState", "build_app"]
