@@ -27,14 +27,14 @@ HIT = textwrap.dedent("""
     import json, sys
     import numpy as np
     from types import SimpleNamespace
-    from poot.backends.cuda.runtime import _host_of, kernel_args
+    from poot.backends.gpu.artifact import host_of, kernel_args
 
     class Device:  # the executor's Device protocol, enough to load weights and programs
         name = "cuda"
         def __init__(self):
             self.loaded = []
         def alloc(self, t):
-            return np.zeros(_host_of(t)[2], np.uint8)
+            return np.zeros(host_of(t)[2], np.uint8)
         def upload(self, buf, array):
             pass
         def load(self, program):
