@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from mlir import ir
 
+from poot.backends.registry import load_backend_passes
 from poot.dialects import irdl_text, make_context
 from poot.dialects.verify import verify_module
 from poot.errors import PootError
@@ -38,6 +39,7 @@ class Diag:
 
 
 def _parser() -> argparse.ArgumentParser:
+    load_backend_passes()
     passes = load_all_passes()
     epilog = "poot passes:\n" + "\n".join(
         f"  --{p.argument:<28} {p.summary}" +

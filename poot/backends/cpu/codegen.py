@@ -7,7 +7,7 @@ shared object loaded with ``ctypes``.
 Path: the poot module -- the entry function and the dispatch functions ``poot-fuse-dispatch``
 outlined (one kernel each; identical ones are lowered once) -- lowered to linalg with the
 target's :class:`~poot.dialects.lowering.Strategy` (:func:`strategy_for`: matmuls that read a
-weight in place become the row-streaming vector kernels of ``poot/dialects/lowering/gemv.py``,
+weight in place become the row-streaming vector kernels of ``poot/backends/cpu/gemv.py``,
 packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwise fusion on
 tensors (:data:`FUSE`) -> one-shot bufferization over function boundaries (identity layouts;
 every argument of the entry read-only, so inputs are never written) -> results become
@@ -62,6 +62,7 @@ from poot.backends.pass_pipelines import BUFFERIZE_KEEP_IN_PLACE, FUSE, RESULTS_
 from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
+from poot.backends.cpu.gemv import INTRINSIC_PREFIX, INTRINSICS, KERNELS
 from poot.backends.cpu.runtime import descriptor as _descriptor
 from poot.graph.builder import Graph
 from poot.passes.expand_exp import expand_exp
@@ -178,7 +179,7 @@ def strategy_for(target=None, threads: int | None = None,
     if "avx2" not in f:
         bits = 0
     vnni = "avx_vnni" in f or {"avx512_vnni", "avx512vl"} <= f
-    return Strategy(gemv=True, dot_bits=bits, vnni=vnni,
+    return Strategy(kernels=KERNELS, dot_bits=bits, vnni=vnni,
                     m_tile=4 if target.caps.vector_bits >= 512 else 2,
                     cores=threads)
 
@@ -439,10 +440,8 @@ def lower_graph(graph: Graph, strategy: Strategy | None = None
 
 def lower_intrinsic_calls(module: ir.Module) -> None:
     """Calls of the kernels' intrinsic stand-ins (``@__poot_intr_*`` declarations, see
-    ``poot/dialects/lowering/gemv.py``) become ``llvm.call_intrinsic``, now that bufferization is
+    ``poot/backends/cpu/gemv.py``) become ``llvm.call_intrinsic``, now that bufferization is
     done; the declarations are erased."""
-    from poot.dialects.lowering.gemv import INTRINSIC_PREFIX, INTRINSICS
-
     calls, decls = [], []
 
     def visit(op):
@@ -847,7 +846,7 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     """Compile ``graph`` (a builder's Graph, or a module holding one poot function and the
     dispatch functions it calls) for the host CPU (``fuse``: elementwise fusion on linalg, see
     :data:`FUSE`). ``strategy`` (default: :func:`strategy_for` ``target``, the host when None)
-    picks the matmul kernels and the thread count; ``Strategy(gemv=False)`` is the portable
+    picks the matmul kernels and the thread count; ``Strategy()`` (no kernels) is the portable
     linalg lowering on one thread. ``in_place`` (output name -> input name, e.g. the aliases
     of :func:`poot.compiler.planning.plan_storage`): state updated in place (module doc).
 
