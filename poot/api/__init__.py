@@ -270,7 +270,7 @@ class ModelHandle:
 
             def compile_step(key_model, types, spec, trace):
                 if pipeline_parallel > 1 and types:     # a sampler (no weights): one device
-                    from poot.runtime.pipeline_parallel import compile_pipeline
+                    from poot.compiler.pipeline_parallel import compile_pipeline
 
                     return compile_pipeline(trace(), pipeline_parallel, compile_fn,
                                             placement=placement())

@@ -216,7 +216,9 @@ class CpuProgram:
     inputs: list[tuple[str, PootType]]
     params: list[tuple[str, PootType]]
     outputs: list[tuple[str, PootType]]
-    engine: ExecutionEngine
+    #: the code: :class:`NativeCode`, :class:`JitCode`, or a ``ctypes.CDLL`` loaded from
+    #: the compile cache (:mod:`poot.backends.cpu.link`)
+    engine: object
     compile_s: float = 0.0
     lowered: str = ""
     _fn: object = field(default=None, repr=False)
@@ -584,6 +586,31 @@ class NativeCode:
         self.lookup(name)(packed)
 
 
+class JitCode:
+    """A module compiled by MLIR's in-process ``ExecutionEngine`` (LLVM's JIT), with what the
+    compile cache keeps of it: the LLVM-dialect text it was compiled from (``llvm_text``) and
+    the shared libraries it was linked against (``shared_libs``, paths). Answers ``lookup``,
+    ``invoke`` and ``dump_to_object_file`` as the engine does; keep it alive while its
+    function pointers are in use."""
+
+    def __init__(self, engine: ExecutionEngine, llvm_text: str, shared_libs: list[str]):
+        self.engine = engine
+        self.llvm_text = llvm_text
+        self.shared_libs = list(shared_libs)
+
+    def lookup(self, name: str):
+        """The packed entry point of function ``name`` (``ExecutionEngine.lookup``)."""
+        return self.engine.lookup(name)
+
+    def invoke(self, name: str, *ctypes_args) -> None:
+        """Call ``name`` with pointers to its arguments (``ExecutionEngine.invoke``)."""
+        self.engine.invoke(name, *ctypes_args)
+
+    def dump_to_object_file(self, path: str) -> None:
+        """Write the JIT's object code to ``path`` (for the system linker)."""
+        self.engine.dump_to_object_file(path)
+
+
 def _unload(handle: int, folder: str) -> None:
     """Unload a shared object, then delete its folder. In this order: glibc's ``dlopen``
     returns an already loaded object whose file has the same device and inode, so a file
@@ -802,8 +829,9 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
     """Bufferize a linalg-on-tensors module, lower it to LLVM and compile it to machine code
     (``threads`` > 1: parallel loops through OpenMP, when :func:`openmp_lib` finds the
     runtime). Returns a :class:`NativeCode` (LLVM's ``opt`` and ``llc`` ahead of time, see
-    :func:`compile_native`) or, when those tools are missing or ``POOT_CPU_CODEGEN=jit``, an
-    ``ExecutionEngine``; both have ``lookup(name)`` and ``invoke(name, *args)``.
+    :func:`compile_native`) or, when those tools are missing or ``POOT_CPU_CODEGEN=jit``, a
+    :class:`JitCode` (the in-process ``ExecutionEngine``); both have ``lookup(name)`` and
+    ``invoke(name, *args)``.
     ``progress(stage)`` is called as each of bufferize / lower to LLVM / the LLVM stages
     starts. ``in_place`` (result index -> argument index of function ``entry``): results
     updated in place, dropped after bufferization (:func:`drop_in_place_results`)."""
@@ -837,7 +865,9 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
         if native_tools() is not None:
             return compile_native(module, opt_level, libs, jobs=codegen_jobs(), progress=say)
         say("LLVM JIT")
-        return ExecutionEngine(module, opt_level=opt_level, shared_libs=libs)
+        text = str(module)
+        return JitCode(ExecutionEngine(module, opt_level=opt_level, shared_libs=libs), text,
+                       libs)
 
 
 def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
@@ -905,7 +935,7 @@ def codegen(program, options, progress=None) -> CpuProgram:
                        strategy=strategy_for(precision=options.precision), progress=progress)
 
 
-__all__ = ["CpuProgram", "CpuRunError", "NativeCode", "NativeCodegenError", "codegen",
+__all__ = ["CpuProgram", "CpuRunError", "JitCode", "NativeCode", "NativeCodegenError", "codegen",
            "compile_cpu", "compile_lowered", "compile_native", "native_tools",
            "drop_poot_attributes", "packed_wrapper", "partition_functions",
            "cpu_threads", "drop_in_place_results",
