@@ -229,7 +229,7 @@ def per_kind(lowered: str, steps: int = 20) -> dict:
 
     from poot.backends.cpu import codegen as cpu
     from poot.dialects import make_context
-    from poot.dialects.lowering.gemv import INTRINSIC_PREFIX
+    from poot.backends.cpu.gemv import INTRINSIC_PREFIX
 
     from mlir.passmanager import PassManager
 

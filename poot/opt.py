@@ -32,6 +32,7 @@ from mlir import ir
 
 from poot.backends.gpu.plan import plan_program
 from poot.compiler.target import Capabilities
+from poot.backends.registry import load_backend_passes
 from poot.dialects import irdl_text, make_context
 from poot.dialects.lowering.packed import DECODERS
 from poot.dialects.verify import verify_module
@@ -51,6 +52,7 @@ class Diag:
 
 
 def _parser() -> argparse.ArgumentParser:
+    load_backend_passes()
     passes = load_all_passes()
     epilog = "poot passes:\n" + "\n".join(
         f"  --{p.argument:<28} {p.summary}" +

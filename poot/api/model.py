@@ -47,10 +47,10 @@ from poot.load.config import _read_json, config_from_hf
 from poot.models import WeightBinding, load_model
 from poot.models.lora import LoraAdapter, LoraSlots, LoraTable, read_peft_adapter
 from poot.models.random_init import load_random_model
+from poot.compiler.pipeline_parallel import compile_pipeline
 from poot.progress import as_callback
 from poot.runtime import device_for, open_device
-from poot.runtime.pipeline_parallel import (PipelineDevice, compile_pipeline,
-                                            open_pipeline_devices)
+from poot.runtime.pipeline_parallel import PipelineDevice, open_pipeline_devices
 from poot.sampling_params import InvalidRequest, SamplingParams
 from poot.text import load_tokenizer
 from poot.text.chat import encode_chat

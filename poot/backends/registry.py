@@ -16,6 +16,18 @@ package never imports its runtime):
   storage features and limits), so compiling needs the device; otherwise ``device`` is None
   and the target is fixed (the CPU measures its host; CUDA plans per kernel).
 
+Two more hooks keep a backend's compiled programs in the compile cache
+(:mod:`poot.compiler.cache`) when its executable is not a plain picklable artifact:
+
+* ``cache_entry(program, files, options, progress)``: the entry fields of a compiled program
+  (a dict, pickled; ``None``: nothing to keep), its files written through ``files`` (a
+  :class:`~poot.compiler.cache.EntryFiles`; ``object``: the name of the file it runs from).
+* ``load_entry(entry, folder)``: the executable of such an entry (its files verified, in
+  ``folder``), or ``None`` (stale: compiled again).
+
+Without them the cache pickles the executable itself (CUDA's, Vulkan's, ROCm's artifacts).
+``passes``: modules registering the backend's own poot passes (``poot-opt`` imports them).
+
 ``shared_gpu``: code generation goes through the shared gpu-dialect plan
 (``poot/backends/gpu``), whose sources are then part of the backend's compile-cache key;
 ``sources`` names other folders it runs (wgpu compiles through the Vulkan code generator).
@@ -43,11 +55,18 @@ class Backend:
     default_max_batch: int = 64
     #: other ``poot/`` source folders its code generation runs (part of its cache key)
     sources: tuple[str, ...] = ()
+    cache_entry: str | None = None
+    load_entry: str | None = None
+    #: modules registering the backend's own poot passes (for ``poot-opt``)
+    passes: tuple[str, ...] = ()
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("cpu", "poot.backends.cpu.codegen:codegen", "poot.backends.cpu.runtime:open_device",
-            "poot.compiler.target:host_cpu", default_max_batch=8),
+            "poot.compiler.target:host_cpu", default_max_batch=8,
+            cache_entry="poot.backends.cpu.link:cache_entry",
+            load_entry="poot.backends.cpu.link:load_entry",
+            passes=("poot.backends.cpu.lower_to_cpu_kernels",)),
     Backend("vulkan", "poot.backends.vulkan.codegen:codegen",
             "poot.backends.vulkan.runtime:open_device", "poot.backends.vulkan.target:target",
             target_from_device=True, shared_gpu=True),
@@ -70,6 +89,14 @@ def backend(name: str) -> Backend:
         return BACKENDS[name]
     except KeyError:
         raise KeyError(f"unknown backend '{name}' (known: {', '.join(BACKENDS)})") from None
+
+
+def load_backend_passes() -> None:
+    """Import every backend's pass modules (:attr:`Backend.passes`: their poot passes
+    register with :mod:`poot.passes.registry` at import), for ``poot-opt``."""
+    for reg in BACKENDS.values():
+        for module in reg.passes:
+            importlib.import_module(module)
 
 
 def hook(spec: str):

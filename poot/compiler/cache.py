@@ -3,51 +3,37 @@ the lowering.
 
 Key: sha256 of (the step graph's IR text, ``target.key()``, the compile options, the poot
 version and a hash of the compiler's source files: ``poot/compiler``, ``poot/dialects/``,
-``poot/passes/`` and the target backend's code generator). A change to any of them is a different
-key.
+``poot/passes/`` and the target backend's folder but its ``runtime.py``). A change to any of
+them is a different key.
 
-Entry (CPU), pickled with the program's interface (inputs, params, outputs, storage,
-dispatch counts, the shared libraries it links against):
-
-* the **machine code** as ``<key>.<sha256 prefix>.so``: the shared object the CPU backend
-  made ahead of time (``poot.backends.cpu.compile_native``: LLVM's ``opt``/``llc`` and
-  ``ld -shared``), written as it is; or, when the backend ran the in-process JIT (no
-  ``opt``/``llc``/``ld``, ``POOT_CPU_CODEGEN=jit``), the JIT's object file
-  (``ExecutionEngine.dump_to_object_file``) linked with the system linker. A hit loads it
-  with ``ctypes`` (runtime libraries preloaded ``RTLD_GLOBAL``) and calls the packed
-  ``_mlir__mlir_ciface_<name>`` wrapper: no MLIR, no LLVM.
-* for a JIT-compiled program, the **LLVM-dialect module text**, the fallback when no linker
-  is found or the ``.so`` does not load: :func:`cpu_program_from_llvm` re-creates the
-  ``ExecutionEngine`` from it (LLVM's JIT runs again; the poot passes, the linalg lowering
-  and the MLIR pipeline do not). An ahead-of-time entry whose ``.so`` does not load is
-  compiled again.
-
-How the text of a JIT-compiled program is obtained: if the backend's program exposes
-``llvm_text`` it is used; otherwise the miss-path compile captures the module handed to the
-``ExecutionEngine`` (a scoped wrapper around ``poot.backends.cpu.ExecutionEngine``, restored
-afterwards). A backend with neither is compiled every time (cache entries are only written
-when text was captured).
-
-Entry (GPU backends): the executable when it is a plain artifact that imports no MLIR --
-CUDA's :class:`~poot.backends.cuda.artifact.CudaArtifact` (launch plan + PTX), Vulkan's
-:class:`~poot.backends.vulkan.artifact.VulkanArtifact` (plan + SPIR-V) -- with the program's
-storage and dispatch counts, pickled (~0.5 MB for a 30-layer CUDA step).
+Entry, pickled with the program's storage and dispatch counts: what the backend's
+registration keeps (:mod:`poot.backends.registry`, hooks ``cache_entry`` / ``load_entry``),
+else the executable itself when it is a plain artifact that imports no MLIR -- CUDA's
+:class:`~poot.backends.cuda.artifact.CudaArtifact` (launch plan + PTX), Vulkan's
+:class:`~poot.backends.vulkan.artifact.VulkanArtifact` (plan + SPIR-V) -- (~0.5 MB for a
+30-layer CUDA step). The CPU backend (:mod:`poot.backends.cpu.link`) keeps the program's
+interface and its **machine code** as ``<key>.<sha256 prefix>.so`` (the shared object made
+ahead of time by LLVM's ``opt``/``llc`` and ``ld -shared``, or the JIT's object code linked
+by the system linker, with the LLVM-dialect text as the fallback when no linker is found or
+the ``.so`` does not load); a hit loads it with ``ctypes``: no LLVM. Files an entry names are
+written through :class:`EntryFiles`.
 
 **Integrity.** Every entry file is written to a temporary name and ``os.replace``-d into
 place (a reader sees the old file or the whole new one). It starts with :data:`MAGIC` and a
 JSON line holding the record kind (``program``; ``step`` or ``pipeline`` for index entries),
 the full key the file is the entry of, the payload's size and the sha256 over (kind, key,
-payload), all checked before the payload is read (:func:`unseal`). The ``.so`` an entry names
-must be named ``<that key>.<its sha256 prefix>.so`` and match the size and sha256 recorded in
-the sealed entry before ``ctypes`` maps it (a truncated shared object would otherwise crash
-the process with SIGBUS); CUDA/Vulkan/wgpu artifacts are pickled inside the entry. So one
-whole, valid file standing in for another -- an index or program entry copied or linked under
-another key's name, a half-synced folder, another entry's ``.so`` -- is never loaded as this
-key's. A damaged entry is discarded with one warning (``poot: warning: compile cache entry
-... is damaged (...); discarded, compiling again``; ``... is not the entry of its name (it
-holds the program entry of key ...)`` for another key's) and compiled again. Entries of
-FORMAT 4 and earlier carry no key: they are not looked up (the keys changed with
-:data:`FORMAT` / :data:`INDEX_FORMAT`), and one found under a current name is discarded.
+payload), all checked before the payload is read (:func:`unseal`). A file an entry names
+(the ``.so``) must be named ``<that key>.<its sha256 prefix>.<suffix>`` and match the size
+and sha256 recorded in the sealed entry before ``ctypes`` maps it (a truncated shared object
+would otherwise crash the process with SIGBUS); CUDA/Vulkan/wgpu artifacts are pickled
+inside the entry. So one whole, valid file standing in for another -- an index or program
+entry copied or linked under another key's name, a half-synced folder, another entry's
+``.so`` -- is never loaded as this key's. A damaged entry is discarded with one warning
+(``poot: warning: compile cache entry ... is damaged (...); discarded, compiling again``;
+``... is not the entry of its name (it holds the program entry of key ...)`` for another
+key's) and compiled again. Entries of FORMAT 4 and earlier carry no key: they are not looked
+up (the keys changed with :data:`FORMAT` / :data:`INDEX_FORMAT`), and one found under a
+current name is discarded.
 Shared objects are named by their hash, so a file another process has loaded is never
 rewritten. Processes sharing one cache take an exclusive lock on ``locks/<key>.lock``
 while compiling a missing step or program (:mod:`poot.compiler.cache_lock`): the second one
@@ -76,29 +62,33 @@ cache off with one warning (``poot: warning: compile cache disabled: cannot crea
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import enum
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import pickle
-import shutil
-import subprocess
 import threading
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from poot.backends.registry import BACKENDS, hook
 from poot.errors import PootError
 from poot.compiler.cache_lock import CacheLockTimeout, hold
+from poot.compiler.compile import compile as compile_program
 from poot.compiler.cache_lock import lock_timeout_s as _lock_timeout
 from poot import settings
+from poot.compiler.pipeline_parallel import PipelineProgram, compile_pipeline
+from poot.progress import Tracker
 
-_LOCK = threading.Lock()        # the CPU backend's ExecutionEngine is swapped while capturing
+#: one compile at a time per process: the code generators keep process-wide state (the CPU
+#: backend's loaded libraries and malloc tuning, LLVM's JIT) that no one has shown safe to
+#: drive from two threads at once
+_COMPILING = threading.Lock()
 _WARN_LOCK = threading.Lock()
 _WARNED: set[str] = set()   # warnings already given on stderr (once per directory / entry)
 #: 5: every entry file is bound to its key (record kind and full key sealed with it)
@@ -115,6 +105,20 @@ class CacheMiss(PootError):
     message says which part of the step key differs from the entries in the cache."""
 
 
+#: the ``poot`` package's folder (the compiler's sources are hashed from it)
+POOT_DIR = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def poot_version() -> str:
+    """The installed poot distribution's version (part of every key); ``"unknown"`` when
+    poot runs from a source tree that was never installed (the source hash still keys it)."""
+    try:
+        return importlib.metadata.version("poot")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 #: files of a backend's folder that run compiled programs and never make them (not hashed)
 RUNTIME_FILES = frozenset({"runtime.py"})
 
@@ -127,8 +131,6 @@ def compiler_source_hash(backend: str = "cpu") -> str:
     and the folders its registration's ``sources`` names; other backends' files do not
     invalidate it). A backend's ``runtime.py`` is left out: a runtime loads and runs what was
     compiled and no code generator imports it, so editing one keeps every cached program."""
-    from poot.backends.registry import BACKENDS
-
     reg = BACKENDS.get(backend)
     shared = reg is not None and reg.shared_gpu
     subs = ("compiler", "dialects", "passes", f"backends/{backend}") + \
@@ -145,18 +147,18 @@ def step_source_hash(backend: str = "cpu") -> str:
 
 
 def _source_hash(subs, singles, salt: str = "") -> str:
-    import poot
-
+    """sha256 (after ``salt``) over the source files (``.py``, ``.mlir``, ``.irdl``; a
+    backend's ``runtime.py`` left out) under the folders ``subs`` of :data:`POOT_DIR` and
+    its files ``singles``, by folder/name and contents."""
     files: set[Path] = set()
-    for base in map(Path, poot.__path__):
-        for sub in subs:
-            if (base / sub).is_dir():
-                files |= {f for f in (base / sub).rglob("*")
-                          if f.suffix in (".py", ".mlir", ".irdl")
-                          and "__pycache__" not in f.parts and f.name not in RUNTIME_FILES}
-        for f in singles:
-            if (base / f).is_file():
-                files.add(base / f)
+    for sub in subs:
+        if (POOT_DIR / sub).is_dir():
+            files |= {f for f in (POOT_DIR / sub).rglob("*")
+                      if f.suffix in (".py", ".mlir", ".irdl")
+                      and "__pycache__" not in f.parts and f.name not in RUNTIME_FILES}
+    for f in singles:
+        if (POOT_DIR / f).is_file():
+            files.add(POOT_DIR / f)
     h = hashlib.sha256(salt.encode())
     for f in sorted(files):
         h.update(f"{f.parent.name}/{f.name}".encode())
@@ -194,25 +196,21 @@ def _digest(parts) -> str:
 
 def cache_key(graph_text: str, target, options) -> str:
     """The program key: the traced graph's text, the target, the options, the compiler."""
-    import poot
-
     return _digest((f"format={FORMAT}", graph_text, target.key(), canonical(options),
-                    poot.__version__, compiler_source_hash(target.backend)))
+                    poot_version(), compiler_source_hash(target.backend)))
 
 
 def step_describe(model, weight_types, spec, target, options) -> dict[str, str]:
     """What a step key is made of, as text per part (kept in index entries to explain a
     miss). ``model``: a family instance (``config`` a dataclass); ``weight_types``: role ->
     PootType; ``spec``: a :class:`~poot.models.StepSpec`."""
-    import poot
-
     cls = type(model)
     types = "\n".join(f"{n}:{canonical(t)}" for n, t in sorted(weight_types.items()))
     return {"family": f"{cls.__module__}.{cls.__qualname__}",
             "config": canonical(model.config),
             "weights": hashlib.sha256(types.encode()).hexdigest(),
             "step": canonical(spec), "target": target.key(), "options": canonical(options),
-            "version": poot.__version__, "sources": step_source_hash(target.backend)}
+            "version": poot_version(), "sources": step_source_hash(target.backend)}
 
 
 def step_key(model, weight_types, spec, target, options) -> str:
@@ -242,132 +240,6 @@ class CachedProgram:
         return self.executable.run(inputs, params or {})
 
 
-def rec_storage(programs) -> list:
-    """The step's buffers from its stage programs' (boundary values left out, each buffer
-    once): what :class:`~poot.runtime.pipeline_parallel.PipelineProgram` keeps as ``storage``."""
-    from poot.runtime.pipeline_parallel import BOUNDARY_PREFIX
-
-    out, seen = [], set()
-    for p in programs:
-        for b in p.storage:
-            if not b.name.startswith(BOUNDARY_PREFIX) and (b.role, b.name) not in seen:
-                seen.add((b.role, b.name))
-                out.append(b)
-    return out
-
-
-def _load_libs(libs) -> None:
-    for lib in libs:
-        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-
-
-def with_this_openmp(libs) -> list[str]:
-    """The shared libraries a cached CPU program was linked against (paths), its OpenMP
-    runtime replaced by the one this process finds
-    (:func:`~poot.compiler.target.openmp_runtime`; unchanged when none is found): the
-    kernels call only the ``__kmpc_*`` entry points every such runtime has, the entry may
-    come from a process that found another one (a system's, a wheel in another
-    environment), and two OpenMP runtimes in one process abort it."""
-    from poot.compiler.target import OPENMP_NAMES, openmp_runtime
-
-    here = openmp_runtime()
-    return [here if here and os.path.basename(lib) in OPENMP_NAMES else lib
-            for lib in libs]
-
-
-def cpu_program_from_object(so_path: str, name: str, inputs, params, outputs,
-                            shared_libs=(), in_place=None):
-    """A ``CpuProgram`` calling the step function of a linked shared object."""
-    from poot.backends.cpu.codegen import CpuProgram
-
-    t0 = time.perf_counter()
-    _load_libs(shared_libs)
-    lib = ctypes.CDLL(str(so_path))
-    sym = getattr(lib, f"_mlir__mlir_ciface_{name}")
-    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ctypes.cast(sym, ctypes.c_void_p).value)
-    prog = CpuProgram(name, list(inputs), list(params), list(outputs), engine=lib,
-                      in_place=dict(in_place or {}))
-    prog._fn = fn
-    prog.compile_s = time.perf_counter() - t0
-    return prog
-
-
-def link_object(engine, so_path: Path) -> bool:
-    """Dump the engine's object code and link it into ``so_path``; False when no linker."""
-    ld = shutil.which("ld") or shutil.which("ld.lld")
-    if ld is None or not hasattr(engine, "dump_to_object_file"):
-        return False
-    obj = so_path.with_suffix(f".o{os.getpid()}")
-    tmp = so_path.with_suffix(f".so{os.getpid()}")
-    try:
-        engine.dump_to_object_file(str(obj))
-        r = subprocess.run([ld, "-shared", "-Bsymbolic", "-o", str(tmp), str(obj)],
-                           capture_output=True,
-                           timeout=600)
-        if r.returncode != 0:
-            return False
-        os.replace(tmp, so_path)
-        return True
-    except (OSError, subprocess.SubprocessError):
-        return False
-    finally:
-        for f in (obj, tmp):
-            try:
-                f.unlink()
-            except OSError:
-                pass
-
-
-def cpu_program_from_llvm(text: str, name: str, inputs, params, outputs, opt_level: int = 2,
-                          shared_libs=None, in_place=None):
-    """A ``CpuProgram`` from LLVM-dialect module text (the JIT runs; nothing else), linked
-    against ``shared_libs`` (default: the MLIR runner utils; an OpenMP-parallel program needs
-    the OpenMP runtime it was compiled with)."""
-    from mlir import ir
-    from mlir.execution_engine import ExecutionEngine
-
-    from poot.backends.cpu.codegen import CpuProgram, runtime_libs
-
-    t0 = time.perf_counter()
-    ctx = ir.Context()
-    module = ir.Module.parse(text, ctx)
-    libs = list(shared_libs) if shared_libs is not None else list(runtime_libs())
-    missing = [lib for lib in libs if not os.path.exists(lib)]
-    if missing:
-        raise FileNotFoundError(f"shared libraries of a cached program are gone: {missing}")
-    engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=libs)
-    prog = CpuProgram(name, list(inputs), list(params), list(outputs), engine,
-                      in_place=dict(in_place or {}))
-    prog._fn = engine.lookup(name)
-    prog.compile_s = time.perf_counter() - t0
-    prog._ctx = ctx  # keep the context alive with the engine
-    return prog
-
-
-class _Capture:
-    """Within the block, remember the text of every module given to the CPU backend's
-    ExecutionEngine (used when the backend exposes no ``llvm_text``)."""
-
-    def __enter__(self):
-        import poot.backends.cpu.codegen as cpu
-
-        self.texts: list[str] = []
-        self.libs: list[list[str]] = []
-        self._cpu, self._orig = cpu, cpu.ExecutionEngine
-        texts, libs = self.texts, self.libs
-
-        def capture(module, *a, **kw):
-            texts.append(str(module))
-            libs.append(list(kw.get("shared_libs") or []))
-            return self._orig(module, *a, **kw)
-
-        cpu.ExecutionEngine = capture
-        return self
-
-    def __exit__(self, *exc):
-        self._cpu.ExecutionEngine = self._orig
-
-
 class DamagedEntry(Exception):
     """A cache file that fails its check (internal: the entry is discarded and recompiled)."""
 
@@ -390,6 +262,45 @@ def _atomic_write(path: Path, data: bytes) -> None:
             tmp.unlink()
         except OSError:
             pass
+
+
+class EntryFiles:
+    """The files of one program entry, beside it in ``programs/``: each named
+    ``<key>.<sha256 prefix>.<suffix>`` (content-named: a file another process has loaded is
+    never rewritten in place) and recorded with its size and sha256, which are checked before
+    anything loads it. What a backend's ``cache_entry`` hook writes through.
+
+    ``recorded``: file name -> (size in bytes, sha256 hex), stored in the entry."""
+
+    def __init__(self, folder: Path, key: str):
+        self.folder, self.key = folder, key
+        self.recorded: dict[str, tuple[int, str]] = {}
+
+    def write(self, data: bytes, suffix: str) -> str:
+        """Write ``data`` as an entry file (atomically); its name. Raises ``OSError``."""
+        digest = hashlib.sha256(data).hexdigest()
+        name = f"{self.key}.{digest[:16]}.{suffix}"
+        _atomic_write(self.folder / name, data)
+        self.recorded[name] = (len(data), digest)
+        return name
+
+    def make(self, make: Callable[[Path], bool], suffix: str) -> str | None:
+        """An entry file written by ``make(path)`` to a temporary path (True: written);
+        its name, or None when ``make`` returned False. Raises ``OSError``."""
+        tmp = self.folder / f".{self.key}.{os.getpid()}.{threading.get_ident()}.{suffix}"
+        try:
+            if not make(tmp):
+                return None
+            size, digest = file_digest(tmp)
+            name = f"{self.key}.{digest[:16]}.{suffix}"
+            os.replace(tmp, self.folder / name)
+            self.recorded[name] = (size, digest)
+            return name
+        finally:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
 
 
 def _sealed_digest(record: str, key: str, payload: bytes) -> str:
@@ -595,8 +506,6 @@ class CompileCache:
         compile's passes and code generation, linking, writing). ``wait=False``: when
         another process is compiling this step, return None at once instead of waiting for
         it (what a :mod:`~poot.api.compile_ahead` worker does)."""
-        from poot.progress import Tracker
-
         track = Tracker.of(progress)
         hit = self.lookup(skey, target)
         if hit is not None:
@@ -630,15 +539,12 @@ class CompileCache:
                               target, options, stages: int, progress=None,
                               placement: Callable[[], dict] | None = None):
         """:meth:`compile_step` for a step cut into ``stages`` pipeline stages
-        (:func:`poot.runtime.pipeline_parallel.compile_pipeline`): its index entry (under ``skey``
+        (:func:`poot.compiler.pipeline_parallel.compile_pipeline`): its index entry (under ``skey``
         and the stage count) lists each stage's program key and the boundaries, so a carried
         cache loads the whole pipeline without tracing or MLIR; each stage program is cached
         by its graph like any other. ``placement()``: the carried states' stages every step of
         the model keeps (:func:`poot.compiler.pipeline_parallel.state_placement`), asked on a miss. A
         miss where MLIR is missing raises :class:`CacheMiss`."""
-        from poot.runtime.pipeline_parallel import PipelineProgram, compile_pipeline
-        from poot.progress import Tracker
-
         track = Tracker.of(progress)
         pkey = _digest([skey, f"pipeline={stages}"])
         describe = {**describe, "pipeline": stages}
@@ -648,9 +554,7 @@ class CompileCache:
             if all(p is not None for p in progs):
                 self.hits += 1
                 track("loaded from the compile cache")
-                prog = PipelineProgram(progs, rec_storage(progs), {
-                    n: (int(src), tuple(dst)) for n, (src, dst) in rec["boundaries"].items()},
-                    list(rec["weight_bytes"]))
+                prog = PipelineProgram.from_record(progs, rec)
                 prog.cache_key = pkey
                 return prog
         if not mlir_importable():
@@ -665,10 +569,8 @@ class CompileCache:
             try:
                 self.index_path(pkey).parent.mkdir(parents=True, exist_ok=True)
                 _atomic_write(self.index_path(pkey), seal(json.dumps(
-                    {"pipeline": keys, "describe": describe,
-                     "boundaries": {n: [src, list(dst)] for n, (src, dst)
-                                    in prog.boundaries.items()},
-                     "weight_bytes": prog.weight_bytes}, indent=1).encode(),
+                    {"pipeline": keys, "describe": describe, **prog.record()},
+                    indent=1).encode(),
                     "pipeline", pkey))
                 prog.cache_key = pkey
             except OSError as e:
@@ -782,39 +684,24 @@ class CompileCache:
         return entry
 
     def _load(self, gkey: str, target):
-        """The program entry ``gkey``, or None when it is absent, damaged or stale."""
+        """The program entry ``gkey``, or None when it is absent, damaged or stale. A
+        backend's own entry is loaded by its registration's ``load_entry`` hook; a stale one
+        (the hook returns None or raises: e.g. its runtime libraries are gone) is compiled
+        again."""
         entry = self._read_entry(gkey)
         if entry is None:
             return None
         if entry.get("kind") == "artifact":
-            return CachedProgram(entry["artifact"], entry["storage"], target,
-                                 entry["dispatches"], cache_key=gkey)
-        return self._load_cpu(self.path(gkey), entry, target)
-
-    def _load_cpu(self, path: Path, entry: dict, target):
-        try:
-            exe = None
-            so = entry.get("object")
-            libs = with_this_openmp(entry.get("libs") or ())
-            if so:
-                try:
-                    exe = cpu_program_from_object(path.parent / so, entry["name"],
-                                                  entry["inputs"], entry["params"],
-                                                  entry["outputs"], libs,
-                                                  entry.get("in_place"))
-                except (OSError, AttributeError):
-                    exe = None
-            if exe is None and not entry.get("llvm"):
-                return None                     # compiled ahead of time: compile again
-            exe = exe or cpu_program_from_llvm(entry["llvm"], entry["name"], entry["inputs"],
-                                               entry["params"], entry["outputs"],
-                                               entry["opt_level"],
-                                               None if entry.get("libs") is None else libs,
-                                               entry.get("in_place"))
-        except Exception:  # noqa: BLE001  (stale: e.g. its runtime libraries are gone)
-            return None
+            exe = entry["artifact"]
+        else:
+            try:
+                exe = hook(BACKENDS[entry["kind"]].load_entry)(entry, self.path(gkey).parent)
+            except Exception:  # noqa: BLE001  (stale: e.g. its runtime libraries are gone)
+                return None
+            if exe is None:
+                return None
         return CachedProgram(exe, entry["storage"], target, entry["dispatches"],
-                             cache_key=path.stem)
+                             cache_key=gkey)
 
     def _write_entry(self, key: str, entry: dict, progress) -> bool:
         """Write ``entry`` (files it names are in place already) atomically; False when the
@@ -829,77 +716,37 @@ class CompileCache:
             pass
         return False
 
-    def _cpu_entry(self, key: str, program, cap, options, progress) -> dict | None:
-        """The entry of a JIT-compiled CPU program: its LLVM-dialect text and the object
-        code linked into ``<key>.<sha256 prefix>.so`` (content-named: a file another process
-        loaded is never rewritten in place), recorded with size and sha256."""
-        exe = program.executable
-        so_bytes = getattr(exe.engine, "so_bytes", None)      # made ahead of time: no relink
-        if so_bytes is not None:
-            return self._native_entry(key, program, so_bytes, exe.engine.shared_libs,
-                                      options, progress)
-        text, libs = getattr(exe, "llvm_text", None), getattr(exe, "shared_libs", None)
-        if text is None and len(cap.texts) == 1:
-            text, libs = cap.texts[0], cap.libs[0]
-        if text is None:
-            return None
-        entry = {"kind": "cpu", "llvm": text, "name": exe.name, "inputs": exe.inputs,
-                 "params": exe.params, "outputs": exe.outputs,
-                 "in_place": dict(getattr(exe, "in_place", {}) or {}),
-                 "opt_level": options.opt_level, "libs": libs, "storage": program.storage,
-                 "dispatches": dict(program.dispatches), "files": {}}
-        progress("linking")
-        tmp = self.dir / "programs" / f".{key}.{os.getpid()}.{threading.get_ident()}.so"
+    def _entry(self, key: str, program, target, options, progress) -> dict | None:
+        """The entry of a freshly compiled ``program``: made by its backend's
+        ``cache_entry`` hook when the registration has one (files it writes are named by
+        ``key`` and their sha256, see :class:`EntryFiles`), else the executable pickled as a
+        plain artifact. None when there is nothing to keep or writing failed."""
+        reg = BACKENDS.get(target.backend)
+        common = {"storage": program.storage, "dispatches": dict(program.dispatches)}
+        if reg is None or reg.cache_entry is None:      # a portable artifact (no MLIR objects)
+            progress.add(1)
+            return {"kind": "artifact", "artifact": program.executable, **common}
+        progress.add(2)
+        files = EntryFiles(self.dir / "programs", key)
         try:
-            if link_object(exe.engine, tmp):
-                size, digest = file_digest(tmp)
-                name = f"{key}.{digest[:16]}.so"
-                os.replace(tmp, self.dir / "programs" / name)
-                entry["object"] = name
-                entry["files"][name] = (size, digest)
+            fields = hook(reg.cache_entry)(program, files, options, progress)
         except OSError as e:
             self._disable(e)
             return None
-        finally:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-        return entry
-
-    def _native_entry(self, key: str, program, so_bytes: bytes, libs, options,
-                      progress) -> dict | None:
-        """The entry of a CPU program compiled ahead of time (``NativeCode``): its shared
-        object written as ``<key>.<sha256 prefix>.so`` (no LLVM text: a shared object that
-        does not load is compiled again)."""
-        exe = program.executable
-        progress("writing the shared object")
-        digest = hashlib.sha256(so_bytes).hexdigest()
-        name = f"{key}.{digest[:16]}.so"
-        try:
-            _atomic_write(self.dir / "programs" / name, so_bytes)
-        except OSError as e:
-            self._disable(e)
+        if fields is None:
             return None
-        return {"kind": "cpu", "llvm": None, "name": exe.name, "inputs": exe.inputs,
-                "params": exe.params, "outputs": exe.outputs,
-                "in_place": dict(getattr(exe, "in_place", {}) or {}),
-                "opt_level": options.opt_level, "libs": list(libs),
-                "storage": program.storage, "dispatches": dict(program.dispatches),
-                "object": name, "files": {name: (len(so_bytes), digest)}}
+        return {**fields, "kind": reg.name, **common, "files": files.recorded}
 
     # ---- graph-keyed compile --------------------------------------------------------------
     def compile(self, graph, target, options, progress=None):
-        """``compile(graph, target, options)`` through the cache. CPU programs are kept as
-        their linked machine code (and LLVM text); a program whose executable is a plain
-        artifact (CUDA's PTX + plan, Vulkan's SPIR-V + plan) is kept as that artifact. A
-        program written to or read from the cache carries its key as ``cache_key``."""
-        from poot.compiler import compile
-        from poot.progress import Tracker
-
+        """``compile(graph, target, options)`` through the cache. A program is kept as its
+        backend's ``cache_entry`` hook makes it (CPU: its linked machine code and LLVM text)
+        or, without one, as its executable, a plain artifact (CUDA's PTX + plan, Vulkan's
+        SPIR-V + plan). A program written to or read from the cache carries its key as
+        ``cache_key``."""
         track = Tracker.of(progress)
         if not self.use:
-            return compile(graph, target, options, progress=track)
+            return compile_program(graph, target, options, progress=track)
         key = cache_key(graph.text(), target, options)
         hit = self._load(key, target)
         if hit is not None:
@@ -912,26 +759,16 @@ class CompileCache:
                 self.hits += 1
                 return hit
             self.misses += 1
-            with _LOCK:
-                with _Capture() as cap:
-                    program = compile(graph, target, options, progress=track)
+            with _COMPILING:
+                program = compile_program(graph, target, options, progress=track)
             if not self.enabled:
                 return program
-            exe = program.executable
-            if hasattr(exe, "engine"):              # JIT-compiled host code
-                track.add(2)
-                entry = self._cpu_entry(key, program, cap, options, track)
-            else:                                   # a portable artifact (no MLIR objects)
-                track.add(1)
-                entry = {"kind": "artifact", "artifact": exe, "storage": program.storage,
-                         "dispatches": dict(program.dispatches)}
+            entry = self._entry(key, program, target, options, track)
             if entry is not None and self.enabled and self._write_entry(key, entry, track):
                 program.cache_key = key
         return program
 
 
-__all__ = ["CacheLockTimeout", "CacheMiss", "CachedProgram", "CompileCache", "cache_key",
-           "canonical",
-           "compiler_source_hash", "step_describe", "step_key", "step_source_hash",
-           "cpu_program_from_llvm", "cpu_program_from_object", "default_dir", "link_object",
-           "with_this_openmp"]
+__all__ = ["CacheLockTimeout", "CacheMiss", "CachedProgram", "CompileCache", "EntryFiles",
+           "cache_key", "canonical", "compiler_source_hash", "default_dir", "poot_version",
+           "step_describe", "step_key", "step_source_hash"]

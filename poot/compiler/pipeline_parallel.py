@@ -4,8 +4,8 @@ Pipeline parallelism (docs/architecture.md): a layer pipeline across devices, ea
 captured into its own CUDA graph on its own device, the activations that cross a stage
 boundary copied peer to peer. This is the compiler half: it rewrites one step's
 ``func.func`` into N stage functions, each an ordinary step graph that :func:`compile` takes
-for its own device; the executor half (:mod:`poot.runtime.pipeline_parallel`) runs them and moves the
-boundary values.
+for its own device (:func:`compile_pipeline`: a :class:`PipelineProgram`); the runtime half
+(:mod:`poot.runtime.pipeline_parallel`) runs them and moves the boundary values.
 
 The cut fires on the graph's dataflow, not on names:
 
@@ -120,6 +120,26 @@ def _is_weight(op) -> bool:
     return isinstance(t, PackedType) or len(t.shape) >= 2
 
 
+@dataclass
+class _Ops:
+    """The traced step's ops classified (module doc): ``kind[i]`` is ``weight``,
+    ``replicable`` or ``staged``; ``staged`` the staged positions in trace order; values by
+    identity (hashable ``ir.Value``)."""
+
+    graph: Graph
+    ops: list
+    ret: object
+    arg_index: dict
+    def_of: dict = field(default_factory=dict)      # value -> op position in ops
+    kind: list = field(default_factory=list)
+    staged: list = field(default_factory=list)
+
+    def staged_def(self, v) -> int | None:
+        """The position of the staged op defining ``v``; None for anything else."""
+        j = self.def_of.get(v)
+        return j if j is not None and self.kind[j] == "staged" else None
+
+
 def partition(graph: Graph, stages: int,
               cost: Callable[[int, object], float] | None = None,
               placement: Mapping[str, int] | None = None) -> Partition:
@@ -140,83 +160,107 @@ def partition(graph: Graph, stages: int,
     """
     if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
         raise PipelineRefusal(stages, "the stage count must be a positive integer")
-    fn = graph.func
-    block = fn.regions[0].blocks[0]
-    ops = [op.operation for op in block.operations]
-    ret, ops = ops[-1], ops[:-1]
-    for op in ops:
-        if len(op.regions):
-            raise PipelineRefusal(stages, f"'{op.name}' has regions (partition the step "
-                                  "before dispatch regions are formed)", op.name)
+    c = _classify(graph, stages)
     if stages == 1:
         names = tuple(sorted(graph.params))
         return Partition(graph, [Stage(0, graph, sum(t.nbytes for t in graph.params.values()),
                                        names)])
-
-    # classify: weight / replicable / staged; values by identity (hashable ir.Value)
-    arg_index = {a: i for i, a in enumerate(block.arguments)}
-    def_of: dict = {}                       # value -> op position in ops
-    kind: list[str] = []
-    for i, op in enumerate(ops):
-        for r in op.results:
-            def_of[r] = i
-        if _is_weight(op):
-            kind.append("weight")
-        elif all(o in arg_index or kind[def_of[o]] == "replicable" for o in op.operands):
-            kind.append("replicable")
-        else:
-            kind.append("staged")
-    staged = [i for i, k in enumerate(kind) if k == "staged"]
-    pos = {i: p for p, i in enumerate(staged)}
-    if len(staged) < 2:
+    if len(c.staged) < 2:
         raise PipelineRefusal(stages, f"the {graph.name} step can be cut into at most 1 "
                               "stage (it has no place to cut)")
+    op_cost = _op_costs(c, cost)
+    crossing, count, readers = _crossings(c)
+    points = _cut_points(c, crossing, count, stages)
+    lo, hi = _windows(readers, placement, stages, len(c.staged))
+    cuts = _choose_cuts(points, op_cost, lo, hi, stages)
+    bounds = [0, *cuts, len(c.staged)]
+    stage_of = {i: s for s in range(stages) for i in c.staged[bounds[s]:bounds[s + 1]]}
+    _check_carried_state(c, readers, stage_of, stages)
+    bnd, boundaries = _boundaries(c, stage_of)
+    vname = {v: f"{BOUNDARY_PREFIX}{c.def_of[v]}" for v in bnd}
+    result = []
+    for s in range(stages):
+        mine = [i for i in c.staged if stage_of[i] == s]
+        outs = [(n, v) for (n, _), v in zip(graph.outputs, c.ret.operands)
+                if (c.staged_def(v) is not None and stage_of[c.def_of[v]] == s)
+                or (s == stages - 1 and c.staged_def(v) is None)]
+        sends = [v for v in bnd if stage_of[c.def_of[v]] == s]
+        result.append(_stage_graph(graph, s, c.ops, c.kind, c.def_of, c.arg_index, mine,
+                                   outs, sends, vname, stage_of))
+    return Partition(graph, result, boundaries, tuple(c.staged[k] for k in cuts))
 
-    # cost of each staged op: the weight bytes it reads (the weights reached through its
-    # replicable / weight operands: a transpose, a dequantize); a gather reads its rows
+
+def _classify(graph: Graph, stages: int) -> _Ops:
+    """Each op of the step as weight / replicable / staged; :class:`PipelineRefusal` for an
+    op with regions."""
+    block = graph.func.regions[0].blocks[0]
+    ops = [op.operation for op in block.operations]
+    c = _Ops(graph, ops[:-1], ops[-1], {a: i for i, a in enumerate(block.arguments)})
+    for i, op in enumerate(c.ops):
+        if len(op.regions):
+            raise PipelineRefusal(stages, f"'{op.name}' has regions (partition the step "
+                                  "before dispatch regions are formed)", op.name)
+        for r in op.results:
+            c.def_of[r] = i
+        if _is_weight(op):
+            c.kind.append("weight")
+        elif all(o in c.arg_index or c.kind[c.def_of[o]] == "replicable"
+                 for o in op.operands):
+            c.kind.append("replicable")
+        else:
+            c.kind.append("staged")
+    c.staged = [i for i, k in enumerate(c.kind) if k == "staged"]
+    return c
+
+
+def _op_costs(c: _Ops, cost) -> list[float]:
+    """The cost of each staged op: ``cost(position, op)`` when given, else the weight bytes
+    it reads (the weights reached through its replicable / weight operands: a transpose, a
+    dequantize); a gather reads its rows."""
     def reach(i: int, out: set[int], memo: set[int]) -> None:
-        for o in ops[i].operands:
-            j = def_of.get(o)
-            if j is None or j in memo or kind[j] == "staged":
+        for o in c.ops[i].operands:
+            j = c.def_of.get(o)
+            if j is None or j in memo or c.kind[j] == "staged":
                 continue
             memo.add(j)
-            if kind[j] == "weight":
+            if c.kind[j] == "weight":
                 out.add(j)
             reach(j, out, memo)
 
     op_cost = []
-    for p, i in enumerate(staged):
+    for p, i in enumerate(c.staged):
         if cost is not None:
-            op_cost.append(float(cost(p, ops[i])))
+            op_cost.append(float(cost(p, c.ops[i])))
             continue
         ws: set[int] = set()
         reach(i, ws, set())
-        if ops[i].name == "poot.gather" and ws:
-            op_cost.append(float(type_from_mlir(ops[i].results[0].type).nbytes))
+        if c.ops[i].name == "poot.gather" and ws:
+            op_cost.append(float(type_from_mlir(c.ops[i].results[0].type).nbytes))
         else:
-            op_cost.append(float(sum(type_from_mlir(ops[j].results[0].type).nbytes
+            op_cost.append(float(sum(type_from_mlir(c.ops[j].results[0].type).nbytes
                                      for j in ws)))
-    total = sum(op_cost)
+    return op_cost
 
-    # what crosses each cut position p (1..S-1): staged values defined before p and read by
-    # a staged op at or after p (their count and bytes)
-    S = len(staged)
-    delta = [0] * (S + 1)
-    dcount = [0] * (S + 1)
+
+def _crossings(c: _Ops) -> tuple[list[int], list[int], dict[str, list[int]]]:
+    """What crosses each cut position p (0..S): the bytes and the count of staged values
+    defined before p and read by a staged op at or after p; and, per step input name, the
+    staged positions reading it."""
+    S = len(c.staged)
+    pos = {i: p for p, i in enumerate(c.staged)}
+    delta, dcount = [0] * (S + 1), [0] * (S + 1)
     last_use: dict = {}
-    #: step input name -> the staged positions reading it
     readers: dict[str, list[int]] = {}
-    for p, i in enumerate(staged):
-        for o in ops[i].operands:
-            j = def_of.get(o)
-            if j is not None and kind[j] == "staged":
+    for p, i in enumerate(c.staged):
+        for o in c.ops[i].operands:
+            if c.staged_def(o) is not None:
                 last_use[o] = max(last_use.get(o, -1), p)
-            elif o in arg_index:
-                where = readers.setdefault(graph.inputs[arg_index[o]][0], [])
+            elif o in c.arg_index:
+                where = readers.setdefault(c.graph.inputs[c.arg_index[o]][0], [])
                 if not where or where[-1] != p:
                     where.append(p)
     for v, u in last_use.items():
-        d = pos[def_of[v]]
+        d = pos[c.def_of[v]]
         if u > d:
             nb = type_from_mlir(v.type).nbytes
             delta[d + 1] += nb
@@ -228,89 +272,92 @@ def partition(graph: Graph, stages: int,
         run += delta[p]
         runc += dcount[p]
         crossing[p], count[p] = run, runc
-    # cut points: as few values cross as anywhere, of at most twice the fewest bytes (the
-    # residual stream after any block, f32, as well as the bf16 embedding before the first)
-    interior = range(1, S)
+    return crossing, count, readers
+
+
+def _cut_points(c: _Ops, crossing, count, stages: int) -> list[int]:
+    """Positions where as few values cross as anywhere, of at most twice the fewest bytes
+    (the residual stream after any block, f32, as well as the bf16 embedding before the
+    first); :class:`PipelineRefusal` when there are fewer than ``stages - 1``."""
+    interior = range(1, len(c.staged))
     fewest = min(count[p] for p in interior)
     floor = min(crossing[p] for p in interior if count[p] == fewest)
     points = [p for p in interior if count[p] == fewest and crossing[p] <= 2 * floor]
     if len(points) < stages - 1:
-        raise PipelineRefusal(stages, f"the {graph.name} step can be cut into at most "
+        raise PipelineRefusal(stages, f"the {c.graph.name} step can be cut into at most "
                               f"{len(points) + 1} stages (it has {len(points)} places where "
                               f"only {fewest} value(s) of at most {2 * floor} bytes cross, "
                               "such as the residual stream between two blocks)")
+    return points
+
+
+def _windows(readers, placement, stages: int, S: int) -> tuple[list[int], list[int]]:
+    """The window ``[lo[k], hi[k]]`` cut ``k`` must fall in: after the readers of states
+    placed before it, before the readers of states placed at or after it."""
+    lo, hi = [1] * stages, [S - 1] * stages
+    for name, where in readers.items() if placement else ():
+        if name not in placement:
+            continue
+        st = placement[name]
+        if not 0 <= st < stages:
+            raise PipelineRefusal(stages, f"carried state '{name}' is placed on stage {st}")
+        for k in range(1, stages):
+            if where and st < k:
+                lo[k] = max(lo[k], max(where) + 1)
+            elif where:
+                hi[k] = min(hi[k], min(where))
+    return lo, hi
+
+
+def _choose_cuts(points, op_cost, lo, hi, stages: int) -> list[int]:
+    """Cut ``k`` of ``stages - 1``: the point whose preceding cost is closest to ``k /
+    stages`` of the total, inside its window, after the previous cut, leaving room for the
+    cuts to come."""
     prefix = [0.0]
     for c in op_cost:
         prefix.append(prefix[-1] + c)
-    # the window each cut must fall in: after the readers of states placed before it,
-    # before the readers of states placed at or after it
-    lo, hi = [1] * stages, [S - 1] * stages
-    if placement:
-        for name, where in readers.items():
-            if name not in placement:
-                continue
-            st = placement[name]
-            if not 0 <= st < stages:
-                raise PipelineRefusal(stages, f"carried state '{name}' is placed on stage "
-                                      f"{st}")
-            for k in range(1, stages):
-                if where and st < k:
-                    lo[k] = max(lo[k], max(where) + 1)
-                elif where:
-                    hi[k] = min(hi[k], min(where))
     cuts: list[int] = []
     prev = 0
     for k in range(1, stages):
-        want = total * k / stages
-        # inside its window, after the previous cut, leaving room for the cuts to come
+        want = prefix[-1] * k / stages
         later = stages - 1 - k
         choices = [p for p in points if max(lo[k], prev + 1) <= p <= hi[k]
                    and sum(1 for q in points if q > p) >= later]
         if not choices:
             raise PipelineRefusal(stages, f"no cut point for stage {k} keeps every carried "
                                   "state on the stage it has in the other steps")
-        best = min(choices, key=lambda p: abs(prefix[p] - want))
-        cuts.append(best)
-        prev = best
-    bounds = [0, *cuts, S]
-    stage_of = {i: s for s in range(stages) for i in staged[bounds[s]:bounds[s + 1]]}
+        prev = min(choices, key=lambda p: abs(prefix[p] - want))
+        cuts.append(prev)
+    return cuts
 
-    # carried state read by two stages
-    out_names = {n for n, _ in graph.outputs}
+
+def _check_carried_state(c: _Ops, readers, stage_of, stages: int) -> None:
+    """:class:`PipelineRefusal` when carried state would be read by two stages."""
+    out_names = {n for n, _ in c.graph.outputs}
     for name, where in readers.items():
-        read_by = sorted({stage_of[staged[p]] for p in where})
+        read_by = sorted({stage_of[c.staged[p]] for p in where})
         if name in out_names and len(read_by) > 1:
             raise PipelineRefusal(stages, f"carried state '{name}' would be read by stages "
                                   f"{read_by} (a gather across stages)")
 
-    # boundaries: staged values read by a later stage
+
+def _boundaries(c: _Ops, stage_of) -> tuple[dict, dict[str, Boundary]]:
+    """Staged values read by a later stage: value -> the reading stages, and the
+    :class:`Boundary` of each by name."""
     bnd: dict = {}
-    for i in staged:
+    for i in c.staged:
         s = stage_of[i]
-        for o in ops[i].operands:
-            j = def_of.get(o)
-            if j is not None and kind[j] == "staged" and stage_of[j] != s:
+        for o in c.ops[i].operands:
+            j = c.staged_def(o)
+            if j is not None and stage_of[j] != s:
                 bnd.setdefault(o, set()).add(s)
     boundaries = {}
     for v, dst in bnd.items():
-        j = def_of[v]
+        j = c.def_of[v]
         name = f"{BOUNDARY_PREFIX}{j}"
         boundaries[name] = Boundary(name, type_from_mlir(v.type), stage_of[j],
                                     tuple(sorted(dst)))
-    vname = {v: f"{BOUNDARY_PREFIX}{def_of[v]}" for v in bnd}
-
-    out_vals = list(ret.operands)
-    result = []
-    for s in range(stages):
-        mine = [i for i in staged if stage_of[i] == s]
-        outs = [(n, v) for (n, _), v in zip(graph.outputs, out_vals)
-                if (def_of.get(v) is not None and kind[def_of[v]] == "staged"
-                    and stage_of[def_of[v]] == s)
-                or (s == stages - 1 and (v in arg_index or kind[def_of[v]] != "staged"))]
-        sends = [v for v in bnd if stage_of[def_of[v]] == s]
-        result.append(_stage_graph(graph, s, ops, kind, def_of, arg_index, mine, outs, sends,
-                                   vname, stage_of))
-    return Partition(graph, result, boundaries, tuple(staged[c] for c in cuts))
+    return bnd, boundaries
 
 
 def _stage_graph(graph: Graph, s: int, ops, kind, def_of, arg_index, mine: Sequence[int],
@@ -386,5 +433,76 @@ def state_placement(part: Partition) -> dict[str, int]:
     return {n: s.index for s in part.stages for n, _ in s.graph.inputs if n in out_names}
 
 
-__all__ = ["BOUNDARY_PREFIX", "Boundary", "Partition", "PipelineRefusal", "Stage", "partition",
-           "state_placement"]
+@dataclass
+class PipelineProgram:
+    """A step compiled as N stages (stage ``s`` runs on device ``s``:
+    :class:`poot.runtime.pipeline_parallel.PipelineDevice`).
+
+    Attributes:
+        stages: each stage's compiled program (``executable`` + ``storage``), in order.
+        storage: the step's buffers as one program's (stage storage merged, boundary values
+            left out: :func:`merged_storage`): the engine reads the carried aliases from it.
+        boundaries: boundary name -> (sending stage, receiving stages).
+        weight_bytes: bytes of the weights each stage binds.
+    """
+
+    stages: list
+    storage: list
+    boundaries: dict[str, tuple[int, tuple[int, ...]]]
+    weight_bytes: list[int] = field(default_factory=list)
+    #: the compile cache's index key of the whole pipeline (None: not cached)
+    cache_key: str | None = None
+
+    @property
+    def executable(self):
+        return self
+
+    @property
+    def dispatches(self) -> dict:
+        out: dict = {}
+        for p in self.stages:
+            for k, v in getattr(p, "dispatches", {}).items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def record(self) -> dict:
+        """What the compile cache's index keeps besides the stage programs (JSON):
+        ``boundaries`` and ``weight_bytes``; :meth:`from_record` reverses it."""
+        return {"boundaries": {n: [src, list(dst)] for n, (src, dst)
+                               in self.boundaries.items()},
+                "weight_bytes": self.weight_bytes}
+
+    @classmethod
+    def from_record(cls, stages: list, record: dict) -> "PipelineProgram":
+        """The pipeline of ``stages`` (programs, in order) and a :meth:`record`."""
+        return cls(stages, merged_storage(stages), {
+            n: (int(src), tuple(dst)) for n, (src, dst) in record["boundaries"].items()},
+            list(record["weight_bytes"]))
+
+
+def merged_storage(programs) -> list:
+    """The step's buffers from its stage programs' (boundary values left out, each buffer
+    once): what :class:`PipelineProgram` keeps as ``storage``."""
+    out, seen = [], set()
+    for p in programs:
+        for b in p.storage:
+            if not b.name.startswith(BOUNDARY_PREFIX) and (b.role, b.name) not in seen:
+                seen.add((b.role, b.name))
+                out.append(b)
+    return out
+
+
+def compile_pipeline(graph: Graph, stages: int, compile_fn: Callable, cost=None,
+                     placement=None) -> PipelineProgram:
+    """Partition ``graph`` into ``stages`` (:func:`partition`, with ``cost`` and the carried
+    states' ``placement``; refusals before anything compiles) and compile each stage with
+    ``compile_fn(graph)``."""
+    part = partition(graph, stages, cost, placement)
+    programs = [compile_fn(s.graph) for s in part.stages]
+    return PipelineProgram(programs, merged_storage(programs),
+                           {n: (b.src, b.dst) for n, b in part.boundaries.items()},
+                           [s.weight_bytes for s in part.stages])
+
+
+__all__ = ["BOUNDARY_PREFIX", "Boundary", "Partition", "PipelineProgram", "PipelineRefusal",
+           "Stage", "compile_pipeline", "merged_storage", "partition", "state_placement"]

@@ -19,8 +19,27 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from poot.dialects.types import PootType
+from poot.dialects.types import DType, PackedType, PootType
 from poot.errors import PootError
+
+
+def host_dtype(t: PootType) -> np.dtype:
+    """The numpy dtype of a buffer of type ``t`` as the host holds it (a CPU buffer, a
+    pipeline's host copy): packed as uint8 bytes, bf16/f16 as uint16 words, i1 as one byte
+    per element (numpy bool)."""
+    if isinstance(t, PackedType):
+        return np.dtype(np.uint8)
+    if t.dtype in (DType.BF16, DType.F16):
+        return np.dtype(np.uint16)
+    return np.dtype(t.dtype.numpy)
+
+
+def host_shape(t: PootType) -> tuple[int, ...]:
+    """The shape of a host array of type ``t`` (packed: its bytes, one dimension)."""
+    if isinstance(t, PackedType):
+        return (t.nbytes,)
+    return tuple(t.shape)
+
 
 class DeviceError(PootError):
     """A device cannot be opened (a missing runtime package, driver or device: the message

@@ -1,5 +1,6 @@
 """The layer pipeline's coordinator: one executor :class:`~poot.runtime.device.Device` over
-N devices, each running one stage of a :class:`PipelineProgram`.
+N devices, each running one stage of a
+:class:`~poot.compiler.pipeline_parallel.PipelineProgram`.
 
 The engine (:class:`~poot.runtime.session.Session`) and everything above it see one device
 with the step's own interface; :class:`PipelineDevice` places the work:
@@ -32,69 +33,20 @@ copies and the event waits; it creates no device objects. The CUDA device provid
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+import inspect
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
+from poot.backends.registry import BACKENDS, hook
+from poot.compiler.pipeline_parallel import BOUNDARY_PREFIX, PipelineProgram
 from poot.errors import PootError
-from poot.backends.cpu.runtime import host_dtype, host_shape
-from poot.runtime.device import KernelArg, Ready
-
-#: the name prefix of stage boundary values (:data:`poot.compiler.pipeline_parallel.BOUNDARY_PREFIX`)
-BOUNDARY_PREFIX = "pipeline.v"
+from poot.runtime.device import DeviceError, KernelArg, Ready, host_dtype, host_shape
 
 
 class PipelineError(PootError):
     """A pipeline the devices cannot hold or run (stage count, memory, bindings)."""
-
-
-@dataclass
-class PipelineProgram:
-    """A step compiled as N stages (stage ``s`` runs on device ``s``).
-
-    Attributes:
-        stages: each stage's compiled program (``executable`` + ``storage``), in order.
-        storage: the step's buffers as one program's (stage storage merged, boundary values
-            left out): the engine reads the carried aliases from it.
-        boundaries: boundary name -> (sending stage, receiving stages).
-        weight_bytes: bytes of the weights each stage binds.
-    """
-
-    stages: list
-    storage: list
-    boundaries: dict[str, tuple[int, tuple[int, ...]]]
-    weight_bytes: list[int] = field(default_factory=list)
-    #: the compile cache's index key of the whole pipeline (None: not cached)
-    cache_key: str | None = None
-
-    @property
-    def executable(self):
-        return self
-
-    @property
-    def dispatches(self) -> dict:
-        out: dict = {}
-        for p in self.stages:
-            for k, v in getattr(p, "dispatches", {}).items():
-                out[k] = out.get(k, 0) + v
-        return out
-
-
-def compile_pipeline(graph, stages: int, compile_fn: Callable, cost=None,
-                     placement=None) -> PipelineProgram:
-    """Partition ``graph`` into ``stages`` (:func:`poot.compiler.pipeline_parallel.partition`, with
-    ``cost`` and the carried states' ``placement``; refusals before anything compiles) and
-    compile each stage with ``compile_fn(graph)``."""
-    from poot.compiler.pipeline_parallel import partition
-
-    from poot.compiler.cache import rec_storage
-
-    part = partition(graph, stages, cost, placement)
-    programs = [compile_fn(s.graph) for s in part.stages]
-    return PipelineProgram(programs, rec_storage(programs),
-                           {n: (b.src, b.dst) for n, b in part.boundaries.items()},
-                           [s.weight_bytes for s in part.stages])
 
 
 class PipelineBuffer:
@@ -427,17 +379,11 @@ def open_pipeline_devices(backend: str, n: int) -> list:
     backend's ``open_device`` hook takes an ``ordinal`` (CUDA), else ``n`` instances of its
     device. Raises :class:`PipelineError` when ``n`` < 1 or a device cannot be opened (fewer
     GPUs than stages), naming which."""
-    import inspect
-
-    from poot.backends.registry import BACKENDS, hook
-
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise PipelineError(f"pipeline_parallel must be a positive integer, got {n!r}")
     reg = BACKENDS[backend]
     if reg.open_device is None:
         raise PipelineError(f"no executor device for backend '{backend}' in this build")
-    from poot.runtime.device import DeviceError
-
     fn = hook(reg.open_device)
     ordinals = "ordinal" in inspect.signature(fn).parameters
     out = []
@@ -451,4 +397,4 @@ def open_pipeline_devices(backend: str, n: int) -> list:
 
 
 __all__ = ["PipelineBuffer", "PipelineDevice", "PipelineError", "PipelineKernel",
-           "PipelineProgram", "compile_pipeline", "open_pipeline_devices"]
+           "open_pipeline_devices"]

@@ -1,4 +1,4 @@
-"""The CPU backend's matmul kernels (poot/dialects/lowering/gemv.py) and its compile of fused
+"""The CPU backend's matmul kernels (poot/backends/cpu/gemv.py) and its compile of fused
 (dispatch-function) steps, against the oracle.
 
 The row-streaming kernel reads the weight in place: dense f32/bf16/f16 or Q4_0/Q4_1/Q8_0 blocks
@@ -17,6 +17,7 @@ import pytest
 
 from poot import oracle
 from poot.backends.cpu.codegen import compile_cpu
+from poot.backends.cpu.gemv import KERNELS
 from poot.dialects.lowering import Strategy
 from poot.dialects.quant import Quant
 from poot.dialects.types import DType, PackedType, TensorType
@@ -24,8 +25,8 @@ from poot.graph.builder import Builder, TraceLimits
 
 LIMITS = TraceLimits(max_values=100_000, max_ops=100_000, max_literal_bytes=1 << 20,
                      max_owned_bytes=1 << 30)
-SERIAL = Strategy(gemv=True, m_tile=2, cores=1)
-THREADED = Strategy(gemv=True, m_tile=2, cores=2, parallel_min_bytes=0)
+SERIAL = Strategy(kernels=KERNELS, m_tile=2, cores=1)
+THREADED = Strategy(kernels=KERNELS, m_tile=2, cores=2, parallel_min_bytes=0)
 
 
 def _quantized(fmt, n, k, rng):
@@ -122,7 +123,7 @@ def _indexed_graph(wtype, t):
 
 
 @pytest.mark.parametrize("strategy", [SERIAL, THREADED,
-                                      Strategy(gemv=False)], ids=["serial", "forall", "portable"])
+                                      Strategy()], ids=["serial", "forall", "portable"])
 @pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0", "f32", "bf16", "q5_0"])
 def test_indexed_matmul_matches_oracle(kind, strategy):
     """``poot.indexed_matmul`` (a MoE layer's selected experts): 4 slabs of 37 x 64, 5 rows
@@ -142,7 +143,7 @@ def test_indexed_matmul_matches_oracle(kind, strategy):
         wv = rng.normal(size=(e, o, k)).astype(dt.numpy)
     g = _indexed_graph(wtype, t)
     prog = compile_cpu(g, strategy=strategy)
-    in_place = strategy.gemv and kind != "q5_0"
+    in_place = strategy.kernels is not None and kind != "q5_0"
     assert ("math.fma" in prog.lowered) == in_place
     inputs = {"x": rng.normal(size=(t, k)).astype(np.float32),
               "idx": np.array([3, 0, 3, 9, -1], np.int32)}
@@ -156,7 +157,7 @@ def test_indexed_matmul_matches_oracle(kind, strategy):
 
 def test_portable_strategy_keeps_linalg():
     g = _gemv_graph(TensorType((8, 32), DType.F32), 1, 32)
-    prog = compile_cpu(g, strategy=Strategy(gemv=False))
+    prog = compile_cpu(g, strategy=Strategy())
     assert "linalg.matmul" in prog.lowered and "math.fma" not in prog.lowered
 
 
@@ -256,8 +257,9 @@ def test_integer_dot_products(fmt, m, n, vnni, n_tile, bits):
     f = Quant[fmt.upper()].value
     k = 96
     g = _gemv_graph(PackedType(f, (n, k)), m, k)
-    prog = compile_cpu(g, strategy=Strategy(cores=2, m_tile=2, parallel_min_bytes=0,
-                                            dot_bits=bits, vnni=vnni, n_tile=n_tile))
+    prog = compile_cpu(g, strategy=Strategy(kernels=KERNELS, cores=2, m_tile=2,
+                                            parallel_min_bytes=0, dot_bits=bits, vnni=vnni,
+                                            n_tile=n_tile))
     assert "llvm.x86.avx2.pmadd" not in prog.lowered  # stand-ins until after bufferization
     instr, tol = DOT_BITS[bits]
     assert (instr in prog.lowered) == vnni
@@ -266,8 +268,8 @@ def test_integer_dot_products(fmt, m, n, vnni, n_tile, bits):
     want = oracle.evaluate(g, {"x": x}, {"w": w})["y"]
     assert np.abs(got - want).max() <= tol * np.abs(want).max()
     if vnni:  # exact integer sums either way: bitwise equal results
-        other = compile_cpu(g, strategy=Strategy(cores=1, m_tile=2, dot_bits=bits,
-                                                 n_tile=n_tile))
+        other = compile_cpu(g, strategy=Strategy(kernels=KERNELS, cores=1, m_tile=2,
+                                                 dot_bits=bits, n_tile=n_tile))
         np.testing.assert_array_equal(other.run({"x": x}, {"w": w})["y"], got)
 
 

@@ -74,7 +74,7 @@ def test_a_runtime_named_but_missing_is_none(monkeypatch):
 def test_cached_program_loads_this_process_runtime(monkeypatch, tmp_path):
     """A cache entry written by a process that found another runtime loads this one's: two
     OpenMP runtimes in one process abort it."""
-    from poot.compiler.cache import with_this_openmp
+    from poot.backends.cpu.link import with_this_openmp
 
     here = tmp_path / "libomp.so"
     here.write_bytes(b"")

@@ -127,7 +127,7 @@ sys.modules['mlir'] = None                        # this process cannot import M
 from types import SimpleNamespace
 import numpy as np
 from poot.api import ModelHandle
-from poot.backends.cuda.runtime import _host_of, kernel_args
+from poot.backends.gpu.artifact import host_of, kernel_args
 from poot.runtime.pipeline_parallel import PipelineDevice
 
 class Device:  # the executor's Device protocol, enough to load weights and programs
@@ -135,7 +135,7 @@ class Device:  # the executor's Device protocol, enough to load weights and prog
     def __init__(self):
         self.loaded = []
     def alloc(self, t):
-        return np.zeros(_host_of(t)[2], np.uint8)
+        return np.zeros(host_of(t)[2], np.uint8)
     def upload(self, buf, array):
         pass
     def load(self, program):

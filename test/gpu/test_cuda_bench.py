@@ -136,7 +136,8 @@ def test_greedy_generation_on_cuda_equals_reference(tmp_path):
 
 def test_random_fill_on_device_equals_host():
     _cuda()
-    from poot.backends.cuda.runtime import BufType, CudaDevice
+    from poot.backends.cuda.runtime import CudaDevice
+    from poot.backends.gpu.artifact import BufType
     from poot.models.random_init import CHUNK_ELEMS, RandomArray
 
     import ml_dtypes

@@ -15,6 +15,8 @@ import pytest
 
 from fake_cuda import FakeDriver
 
+from poot.backends.gpu.artifact import BufType
+
 MAT = ("float32", (4, 8), 128)
 
 
@@ -69,7 +71,7 @@ def _mat(seed: int = 0) -> np.ndarray:
 
 def _buf(rt, dev, dtype="float32", shape=(4, 8)):
     n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    return dev.alloc(rt.BufType(dtype, shape, n))
+    return dev.alloc(BufType(dtype, shape, n))
 
 
 # ---- contexts --------------------------------------------------------------------------------
@@ -267,7 +269,7 @@ def test_memory_info_is_per_device(both):
     assert isinstance(free, int) and 0 < free <= total
     if drv is not None:
         d1 = make(1)
-        d1.alloc(rt.BufType("uint8", (1 << 20,), 1 << 20))
+        d1.alloc(BufType("uint8", (1 << 20,), 1 << 20))
         assert d1.memory_info()[0] <= total - (1 << 20)
         assert d0.memory_info() == (free, total)
 

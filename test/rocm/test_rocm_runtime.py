@@ -16,9 +16,9 @@ import fake_hsa
 from fake_hsa import FakeHsa, f32, fake_code_object, kernel
 from poot.backends.rocm import aql, hsa as hsa_mod
 from poot.backends.rocm.hsa import Hsa, HsaError, HsaTimeout, NoRocmRuntime
-from poot.backends.rocm.runtime import (ArchMismatch, BufType, DevicePoisoned,
-                                        RingPlacementError, RocmDevice, RocmError,
-                                        open_device)
+from poot.backends.gpu.artifact import BufType
+from poot.backends.rocm.runtime import (ArchMismatch, DevicePoisoned, RingPlacementError,
+                                        RocmDevice, RocmError, open_device)
 from poot.runtime.device import DeviceError
 
 N = 256                     # elements per buffer

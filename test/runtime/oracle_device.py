@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from poot.compiler.planning import plan_storage
-from poot.backends.cpu.runtime import copy_views, host_dtype, host_shape
-from poot.runtime.device import KernelArg, Ready
+from poot.backends.cpu.runtime import copy_views
+from poot.runtime.device import KernelArg, Ready, host_dtype, host_shape
 from poot.oracle import evaluate
 
 

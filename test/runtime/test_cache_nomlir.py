@@ -27,14 +27,14 @@ HIT = textwrap.dedent("""
     import json, sys
     import numpy as np
     from types import SimpleNamespace
-    from poot.backends.cuda.runtime import _host_of, kernel_args
+    from poot.backends.gpu.artifact import host_of, kernel_args
 
     class Device:  # the executor's Device protocol, enough to load weights and programs
         name = "cuda"
         def __init__(self):
             self.loaded = []
         def alloc(self, t):
-            return np.zeros(_host_of(t)[2], np.uint8)
+            return np.zeros(host_of(t)[2], np.uint8)
         def upload(self, buf, array):
             pass
         def load(self, program):
@@ -197,14 +197,13 @@ def test_random_array_values():
 
 def test_a_runtime_edit_keeps_the_source_hash_and_a_codegen_edit_changes_it(tmp_path,
                                                                           monkeypatch):
-    import poot
     from poot.compiler import cache as C
 
     folder = tmp_path / "backends" / "vulkan"
     folder.mkdir(parents=True)
     (folder / "codegen.py").write_text("X = 1\n")
     (folder / "runtime.py").write_text("Y = 1\n")
-    monkeypatch.setattr(poot, "__path__", [str(tmp_path)])
+    monkeypatch.setattr(C, "POOT_DIR", tmp_path)
     before = C._source_hash(("backends/vulkan",), ())
     (folder / "runtime.py").write_text("Y = 2  # a faster replay\n")
     assert C._source_hash(("backends/vulkan",), ()) == before

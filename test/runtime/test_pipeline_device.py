@@ -135,7 +135,7 @@ def test_micro_batches_overlap_the_stages():
 
 
 def test_stage_count_must_match_devices():
-    from poot.runtime.pipeline_parallel import PipelineProgram
+    from poot.compiler.pipeline_parallel import PipelineProgram
 
     dev = PipelineDevice([CpuDevice(), CpuDevice(), CpuDevice()])
     prog = PipelineProgram([object(), object()], [], {})
@@ -282,7 +282,7 @@ def test_rows_written_before_any_stage_binds_the_buffer():
 def test_fewer_devices_than_stages_is_a_typed_error(monkeypatch):
     """A backend with one device asked for two stages: a PipelineError naming the device
     that cannot be opened and why, not the driver's error from deep inside."""
-    from poot.backends import registry
+    from poot.runtime import pipeline_parallel
     from poot.runtime.device import DeviceError
     from poot.runtime.pipeline_parallel import open_pipeline_devices
 
@@ -292,7 +292,7 @@ def test_fewer_devices_than_stages_is_a_typed_error(monkeypatch):
                               "CUDA_ERROR_INVALID_DEVICE")
         return CpuDevice()
 
-    monkeypatch.setattr(registry, "hook", lambda name: one_device)
+    monkeypatch.setattr(pipeline_parallel, "hook", lambda name: one_device)
     with pytest.raises(PipelineError, match=r"2 stages needs 2 cuda devices; device 1 cannot "
                                             r"be opened \(no CUDA device 1"):
         open_pipeline_devices("cuda", 2)

@@ -7,7 +7,7 @@ shared object loaded with ``ctypes``.
 Path: the poot module -- the entry function and the dispatch functions ``poot-fuse-dispatch``
 outlined (one kernel each; identical ones are lowered once) -- lowered to linalg with the
 target's :class:`~poot.dialects.lowering.Strategy` (:func:`strategy_for`: matmuls that read a
-weight in place become the row-streaming vector kernels of ``poot/dialects/lowering/gemv.py``,
+weight in place become the row-streaming vector kernels of ``poot/backends/cpu/gemv.py``,
 packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwise fusion on
 tensors (:data:`FUSE`) -> one-shot bufferization over function boundaries (identity layouts;
 every argument of the entry read-only, so inputs are never written) -> results become
@@ -62,6 +62,7 @@ from poot.backends.pass_pipelines import BUFFERIZE_KEEP_IN_PLACE, FUSE, RESULTS_
 from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
+from poot.backends.cpu.gemv import INTRINSIC_PREFIX, INTRINSICS, KERNELS
 from poot.backends.cpu.runtime import descriptor as _descriptor
 from poot.graph.builder import Graph
 from poot.passes.expand_exp import expand_exp
@@ -179,7 +180,7 @@ def strategy_for(target=None, threads: int | None = None,
     if "avx2" not in f:
         bits = 0
     vnni = "avx_vnni" in f or {"avx512_vnni", "avx512vl"} <= f
-    return Strategy(gemv=True, dot_bits=bits, vnni=vnni,
+    return Strategy(kernels=KERNELS, dot_bits=bits, vnni=vnni,
                     m_tile=4 if target.caps.vector_bits >= 512 else 2,
                     cores=threads)
 
@@ -216,7 +217,9 @@ class CpuProgram:
     inputs: list[tuple[str, PootType]]
     params: list[tuple[str, PootType]]
     outputs: list[tuple[str, PootType]]
-    engine: ExecutionEngine
+    #: the code: :class:`NativeCode`, :class:`JitCode`, or a ``ctypes.CDLL`` loaded from
+    #: the compile cache (:mod:`poot.backends.cpu.link`)
+    engine: object
     compile_s: float = 0.0
     lowered: str = ""
     _fn: object = field(default=None, repr=False)
@@ -440,10 +443,8 @@ def lower_graph(graph: Graph, strategy: Strategy | None = None
 
 def lower_intrinsic_calls(module: ir.Module) -> None:
     """Calls of the kernels' intrinsic stand-ins (``@__poot_intr_*`` declarations, see
-    ``poot/dialects/lowering/gemv.py``) become ``llvm.call_intrinsic``, now that bufferization is
+    ``poot/backends/cpu/gemv.py``) become ``llvm.call_intrinsic``, now that bufferization is
     done; the declarations are erased."""
-    from poot.dialects.lowering.gemv import INTRINSIC_PREFIX, INTRINSICS
-
     calls, decls = [], []
 
     def visit(op):
@@ -584,6 +585,31 @@ class NativeCode:
         packed = (ctypes.c_void_p * len(ctypes_args))(
             *[ctypes.cast(a, ctypes.c_void_p) for a in ctypes_args])
         self.lookup(name)(packed)
+
+
+class JitCode:
+    """A module compiled by MLIR's in-process ``ExecutionEngine`` (LLVM's JIT), with what the
+    compile cache keeps of it: the LLVM-dialect text it was compiled from (``llvm_text``) and
+    the shared libraries it was linked against (``shared_libs``, paths). Answers ``lookup``,
+    ``invoke`` and ``dump_to_object_file`` as the engine does; keep it alive while its
+    function pointers are in use."""
+
+    def __init__(self, engine: ExecutionEngine, llvm_text: str, shared_libs: list[str]):
+        self.engine = engine
+        self.llvm_text = llvm_text
+        self.shared_libs = list(shared_libs)
+
+    def lookup(self, name: str):
+        """The packed entry point of function ``name`` (``ExecutionEngine.lookup``)."""
+        return self.engine.lookup(name)
+
+    def invoke(self, name: str, *ctypes_args) -> None:
+        """Call ``name`` with pointers to its arguments (``ExecutionEngine.invoke``)."""
+        self.engine.invoke(name, *ctypes_args)
+
+    def dump_to_object_file(self, path: str) -> None:
+        """Write the JIT's object code to ``path`` (for the system linker)."""
+        self.engine.dump_to_object_file(path)
 
 
 def _unload(handle: int, folder: str) -> None:
@@ -804,8 +830,9 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
     """Bufferize a linalg-on-tensors module, lower it to LLVM and compile it to machine code
     (``threads`` > 1: parallel loops through OpenMP, when :func:`openmp_lib` finds the
     runtime). Returns a :class:`NativeCode` (LLVM's ``opt`` and ``llc`` ahead of time, see
-    :func:`compile_native`) or, when those tools are missing or ``POOT_CPU_CODEGEN=jit``, an
-    ``ExecutionEngine``; both have ``lookup(name)`` and ``invoke(name, *args)``.
+    :func:`compile_native`) or, when those tools are missing or ``POOT_CPU_CODEGEN=jit``, a
+    :class:`JitCode` (the in-process ``ExecutionEngine``); both have ``lookup(name)`` and
+    ``invoke(name, *args)``.
     ``progress(stage)`` is called as each of bufferize / lower to LLVM / the LLVM stages
     starts. ``in_place`` (result index -> argument index of function ``entry``): results
     updated in place, dropped after bufferization (:func:`drop_in_place_results`)."""
@@ -839,7 +866,9 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
         if native_tools() is not None:
             return compile_native(module, opt_level, libs, jobs=codegen_jobs(), progress=say)
         say("LLVM JIT")
-        return ExecutionEngine(module, opt_level=opt_level, shared_libs=libs)
+        text = str(module)
+        return JitCode(ExecutionEngine(module, opt_level=opt_level, shared_libs=libs), text,
+                       libs)
 
 
 def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
@@ -848,7 +877,7 @@ def compile_cpu(graph: Graph | ir.Module, opt_level: int = 2, fuse: bool = True,
     """Compile ``graph`` (a builder's Graph, or a module holding one poot function and the
     dispatch functions it calls) for the host CPU (``fuse``: elementwise fusion on linalg, see
     :data:`FUSE`). ``strategy`` (default: :func:`strategy_for` ``target``, the host when None)
-    picks the matmul kernels and the thread count; ``Strategy(gemv=False)`` is the portable
+    picks the matmul kernels and the thread count; ``Strategy()`` (no kernels) is the portable
     linalg lowering on one thread. ``in_place`` (output name -> input name, e.g. the aliases
     of :func:`poot.compiler.planning.plan_storage`): state updated in place (module doc).
 
@@ -907,7 +936,7 @@ def codegen(program, options, progress=None) -> CpuProgram:
                        strategy=strategy_for(precision=options.precision), progress=progress)
 
 
-__all__ = ["CpuProgram", "CpuRunError", "NativeCode", "NativeCodegenError", "codegen",
+__all__ = ["CpuProgram", "CpuRunError", "JitCode", "NativeCode", "NativeCodegenError", "codegen",
            "compile_cpu", "compile_lowered", "compile_native", "native_tools",
            "drop_poot_attributes", "packed_wrapper", "partition_functions",
            "cpu_threads", "drop_in_place_results",

@@ -31,25 +31,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from poot.dialects.types import DType, PackedType, PootType
-from poot.runtime.device import DeviceError, KernelArg, Ready
+from poot.dialects.types import PootType
+from poot.runtime.device import DeviceError, KernelArg, Ready, host_dtype, host_shape
 from poot import settings
-
-
-def host_dtype(t: PootType) -> np.dtype:
-    """The numpy dtype of a buffer of ``t`` on the CPU: packed as uint8 bytes, bf16/f16 as
-    uint16 words, i1 as one byte per element (numpy bool)."""
-    if isinstance(t, PackedType):
-        return np.dtype(np.uint8)
-    if t.dtype in (DType.BF16, DType.F16):
-        return np.dtype(np.uint16)
-    return np.dtype(t.dtype.numpy)
-
-
-def host_shape(t: PootType) -> tuple[int, ...]:
-    if isinstance(t, PackedType):
-        return (t.nbytes,)
-    return tuple(t.shape)
 
 
 @functools.cache
@@ -283,8 +267,7 @@ def copy_views(copies) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-__all__ = ["CpuDevice", "CpuKernel", "CpuRecording", "DeviceError", "copy_views", "descriptor",
-           "host_dtype", "host_shape"]
+__all__ = ["CpuDevice", "CpuKernel", "CpuRecording", "DeviceError", "copy_views", "descriptor"]
 
 
 def open_device() -> "CpuDevice":

@@ -1,6 +1,8 @@
 """The compiled CUDA program as files: ``plan.json`` + ``kernels.ptx``.
 
-Read and written with json/numpy only (no MLIR): this is what travels to a GPU machine.
+Read and written with json/numpy only (no MLIR): this is what travels to a GPU machine. The
+plan's reading and writing is shared with ROCm (:mod:`poot.backends.gpu.artifact`, loaded by
+path when this file is loaded on its own, see :mod:`poot.backends.cuda.devcheck`).
 
 ``plan.json`` (format ``poot-cuda-1``): ``entry``, ``target`` (arch, subgroup size),
 ``kernels`` (entry names in the PTX, launch order independent), ``buffers`` (every device
@@ -14,61 +16,50 @@ and whether it is written ``in_place``).
 
 from __future__ import annotations
 
-import json
 import os
+import sys
 from dataclasses import dataclass, field
+
+if __package__:
+    from poot.backends.gpu import artifact as plan_io
+else:   # a plain file (devcheck.py where the poot package is not installed): load it by path
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("poot_gpu_artifact", os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), os.pardir, "gpu", "artifact.py"))
+    plan_io = sys.modules["poot_gpu_artifact"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(plan_io)
+PlanArtifact, read_plan, write_plan = plan_io.PlanArtifact, plan_io.read_plan, plan_io.write_plan
 
 FORMAT = "poot-cuda-1"
 
 
 @dataclass
-class CudaArtifact:
+class CudaArtifact(PlanArtifact):
+    """``plan`` (module doc), ``ptx`` (the kernels' PTX text), ``meta`` (timings, strategy
+    counts: informational)."""
+
     plan: dict
     ptx: str
     meta: dict = field(default_factory=dict)
 
-    @property
-    def entry(self) -> str:
-        return self.plan["entry"]
-
-    @property
-    def inputs(self) -> list[dict]:
-        return self.plan["inputs"]
-
-    @property
-    def params(self) -> list[dict]:
-        return self.plan["params"]
-
-    @property
-    def outputs(self) -> list[dict]:
-        return self.plan["outputs"]
-
     def save(self, folder: str) -> str:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "plan.json"), "w") as f:
-            json.dump({**self.plan, "format": FORMAT, "meta": self.meta}, f)
+        """Write ``plan.json`` and ``kernels.ptx`` into ``folder``; returns it."""
+        write_plan(folder, self.plan, FORMAT, meta=self.meta)
         with open(os.path.join(folder, "kernels.ptx"), "w") as f:
             f.write(self.ptx)
         return folder
 
     @staticmethod
     def load(folder: str) -> "CudaArtifact":
-        with open(os.path.join(folder, "plan.json")) as f:
-            plan = json.load(f)
-        if plan.get("format") != FORMAT:
-            raise ValueError(f"{folder}: not a {FORMAT} program (format {plan.get('format')})")
+        """Read what :meth:`save` wrote. Raises ``ValueError`` for another format."""
+        plan = read_plan(folder, FORMAT)
         with open(os.path.join(folder, "kernels.ptx")) as f:
             ptx = f.read()
-        plan.pop("format")
         return CudaArtifact(plan, ptx, plan.pop("meta", {}))
 
     def summary(self) -> dict:
-        L = self.plan["launches"]
-        return {"kernels": len(self.plan["kernels"]),
-                "launches": sum(1 for x in L if x["op"] == "kernel"),
-                "copies": sum(1 for x in L if x["op"] == "copy"),
-                "dispatches": len(self.plan["dispatches"]),
-                "ptx_bytes": len(self.ptx)}
+        return {**self.plan_summary(), "ptx_bytes": len(self.ptx)}
 
 
 def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):

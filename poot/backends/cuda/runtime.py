@@ -1,5 +1,7 @@
 """The CUDA device: runs a :class:`~poot.backends.cuda.artifact.CudaArtifact` on
-``cuda.bindings.driver``. Imports no MLIR (it runs on machines that have none).
+``cuda.bindings.driver``. Imports no MLIR (it runs on machines that have none). The plan's
+buffers and arguments as a runtime sees them are shared with ROCm
+(:mod:`poot.backends.gpu.artifact`).
 
     dev = CudaDevice()
     kernel = dev.load(artifact)            # cuModuleLoadData(PTX) once, internal buffers
@@ -52,6 +54,14 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+
+if __package__:
+    from poot.backends.gpu import artifact as plan_io
+else:   # a plain file beside artifact.py (devcheck.py without the poot package)
+    from artifact import plan_io  # type: ignore  # noqa: E402
+Arg, DeviceBuffer, host_of, kernel_args = (plan_io.Arg, plan_io.DeviceBuffer, plan_io.host_of,
+                                           plan_io.kernel_args)
+bind_pointers, check_copies = plan_io.bind_pointers, plan_io.check_copies
 
 
 class CudaError(RuntimeError):
@@ -168,40 +178,6 @@ def device_available() -> tuple[bool, str]:
         return False, f"no CUDA device ({e})"
 
 
-@dataclass(frozen=True)
-class BufType:
-    """A buffer's host view: numpy dtype name, shape (bytes of a packed weight: uint8 [n])."""
-
-    dtype: str
-    shape: tuple
-    nbytes: int
-
-
-def buf_type(spec: dict) -> BufType:
-    return BufType(spec.get("dtype", "uint8"), tuple(spec.get("shape", [spec["nbytes"]])),
-                   int(spec["nbytes"]))
-
-
-def _host_of(t) -> tuple[np.dtype, tuple, int]:
-    """dtype, shape, nbytes of a BufType or a poot type (duck-typed: no MLIR import)."""
-    if isinstance(t, BufType):
-        return np.dtype(t.dtype), t.shape, t.nbytes
-    if hasattr(t, "format"):                       # PackedType
-        return np.dtype(np.uint8), (t.nbytes,), t.nbytes
-    dt = t.dtype.value if hasattr(t.dtype, "value") else str(t.dtype)
-    np_dt = {"bf16": np.uint16, "f16": np.uint16, "i1": np.uint8}.get(dt)
-    np_dt = np.dtype(np_dt) if np_dt else np.dtype(t.dtype.numpy)
-    return np_dt, tuple(t.shape), int(np.prod(t.shape, dtype=np.int64)) * np_dt.itemsize
-
-
-@dataclass
-class DevBuf:
-    ptr: int
-    nbytes: int
-    dtype: np.dtype
-    shape: tuple
-
-
 class _Pinned:
     """One page-locked host allocation (``cuMemHostAlloc``), its uint8 view and an event
     recorded after the last queued copy that uses it."""
@@ -258,21 +234,6 @@ class CudaReadback:
 
 
 @dataclass
-class Arg:
-    role: str
-    name: str
-    type: Any
-    buffer: int      # plan buffer id
-
-
-def kernel_args(plan: dict) -> list[Arg]:
-    """A loaded step's arguments: inputs, params (weights), outputs, in the plan's order."""
-    return ([Arg("input", x["name"], buf_type(x), x["buffer"]) for x in plan["inputs"]]
-            + [Arg("param", x["name"], buf_type(x), x["buffer"]) for x in plan["params"]]
-            + [Arg("output", x["name"], buf_type(x), x["buffer"]) for x in plan["outputs"]])
-
-
-@dataclass
 class CudaKernel:
     """A loaded artifact: ``args`` (inputs, params, outputs), the module and functions, the
     buffers private to the step."""
@@ -281,7 +242,7 @@ class CudaKernel:
     artifact: Any
     module: Any
     functions: list
-    private: dict[int, DevBuf]
+    private: dict[int, DeviceBuffer]
     load_s: float = 0.0
 
 
@@ -373,11 +334,11 @@ class CudaDevice:
         self.allocated += nbytes
         return int(ptr)
 
-    def alloc(self, type_) -> DevBuf:
-        dt, shape, n = _host_of(type_)
-        return DevBuf(self._alloc_bytes(n), n, dt, shape)
+    def alloc(self, type_) -> DeviceBuffer:
+        dt, shape, n = host_of(type_)
+        return DeviceBuffer(self._alloc_bytes(n), n, dt, shape)
 
-    def upload(self, buffer: DevBuf, array) -> None:
+    def upload(self, buffer: DeviceBuffer, array) -> None:
         """Write ``array`` into ``buffer``. A random-init weight (duck-typed
         :class:`poot.models.random_init.RandomArray`: ``chunks()``/``scaled_pool()``) is
         filled on the device from its pool: the host never builds the whole tensor."""
@@ -390,7 +351,7 @@ class CudaDevice:
         a = self._host_array(buffer, array)
         _check(cu.cuMemcpyHtoD(buffer.ptr, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
 
-    def upload_rows(self, buffer: DevBuf, start: int, array) -> None:
+    def upload_rows(self, buffer: DeviceBuffer, start: int, array) -> None:
         """Write ``array`` over rows ``start..`` (first axis) of ``buffer`` (after the queued
         work finished): one sequence's row of carried state, without the rest."""
         cu = self._driver()
@@ -407,7 +368,7 @@ class CudaDevice:
                "cuMemcpyHtoD")
 
     @staticmethod
-    def _host_array(buffer: DevBuf, array) -> np.ndarray:
+    def _host_array(buffer: DeviceBuffer, array) -> np.ndarray:
         """``array`` as contiguous host bytes of ``buffer``'s dtype and size."""
         a = np.asarray(array)
         if a.dtype.itemsize == 2 and buffer.dtype == np.uint16:
@@ -419,7 +380,7 @@ class CudaDevice:
             raise CudaError(f"cannot write {a.nbytes} bytes into a buffer of {buffer.nbytes}")
         return a
 
-    def _fill_random(self, buffer: DevBuf, r) -> None:
+    def _fill_random(self, buffer: DeviceBuffer, r) -> None:
         """``buffer`` = ``np.asarray(r)``, built on the device: norm scales (``scale`` 0) by a
         memset of the bit pattern of 1; matrices by one device-to-device copy per chunk from
         the scaled pool, uploaded once per (seed, scale, dtype) and kept."""
@@ -436,7 +397,7 @@ class CudaDevice:
         key = (r.seed, r.scale, r.dtype.str)
         if key not in pools:
             host = np.ascontiguousarray(r.scaled_pool())
-            buf = DevBuf(self._alloc_bytes(host.nbytes), host.nbytes, host.dtype, host.shape)
+            buf = DeviceBuffer(self._alloc_bytes(host.nbytes), host.nbytes, host.dtype, host.shape)
             _check(cu.cuMemcpyHtoD(buf.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
             pools[key] = buf
         src = pools[key].ptr
@@ -445,7 +406,7 @@ class CudaDevice:
                                         n * item, self.stream), "cuMemcpyDtoDAsync")
         self.synchronize()
 
-    def upload_async(self, buffer: DevBuf, array) -> None:
+    def upload_async(self, buffer: DeviceBuffer, array) -> None:
         """Queue a host-to-device write on the stream. ``array`` is copied at once into the
         next page-locked slot of the upload ring (waiting, if ever, only until the stream
         has read that slot's previous contents), so the caller may reuse it immediately."""
@@ -464,7 +425,7 @@ class CudaDevice:
                "cuMemcpyHtoDAsync")
         slot.record(self.stream)
 
-    def download_async(self, buffer: DevBuf) -> CudaReadback:
+    def download_async(self, buffer: DeviceBuffer) -> CudaReadback:
         """Queue a device-to-host copy of ``buffer`` (into a page-locked slot) after the work
         issued so far; the returned readback's ``wait()`` waits for that copy only."""
         cu = self._driver()
@@ -480,7 +441,7 @@ class CudaDevice:
         slot.record(self.stream)
         return CudaReadback(self, slot, buffer.dtype, buffer.shape, buffer.nbytes)
 
-    def download(self, buffer: DevBuf) -> np.ndarray:
+    def download(self, buffer: DeviceBuffer) -> np.ndarray:
         cu = self._driver()
         _check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         out = np.empty(buffer.shape, buffer.dtype)
@@ -511,7 +472,7 @@ class CudaDevice:
         cu = self._driver()
         _check(cu.cuStreamWaitEvent(self.stream, marker, 0), "cuStreamWaitEvent")
 
-    def copy_from(self, src_device: "CudaDevice", src: DevBuf, dst: DevBuf) -> None:
+    def copy_from(self, src_device: "CudaDevice", src: DeviceBuffer, dst: DeviceBuffer) -> None:
         """Queue on this device's stream a copy of the whole ``src`` (a buffer of
         ``src_device``: this or another device, or another context on the same GPU) into
         ``dst`` (a buffer of this device). The caller orders it after the producer's work:
@@ -600,7 +561,7 @@ class CudaDevice:
 
         for b in plan["buffers"]:
             if b["role"] in ("value", "scratch", "const"):
-                buf = DevBuf(self._alloc_bytes(b["nbytes"]), b["nbytes"],
+                buf = DeviceBuffer(self._alloc_bytes(b["nbytes"]), b["nbytes"],
                              np.dtype(b.get("dtype", "uint8")),
                              tuple(b.get("shape", [b["nbytes"]])))
                 if b["role"] == "const":
@@ -615,20 +576,8 @@ class CudaDevice:
         ``in_place``): bound to that input's buffer they cost no copy (see the Session)."""
         return {o["name"] for o in kernel.artifact.plan["outputs"] if o.get("in_place")}
 
-    def _pointers(self, kernel: CudaKernel, bindings: Sequence[DevBuf]):
-        if len(bindings) != len(kernel.args):
-            raise CudaError(f"{len(bindings)} buffers bound to {len(kernel.args)} arguments")
-        ptrs = {i: b.ptr for i, b in kernel.private.items()}
-        pre = []
-        for a, b in zip(kernel.args, bindings):
-            if b.nbytes != a.type.nbytes:
-                raise CudaError(f"{a.role} '{a.name}' needs {a.type.nbytes} bytes, bound "
-                                f"{b.nbytes}")
-            if a.role == "output" and a.buffer in ptrs and ptrs[a.buffer] != b.ptr:
-                # written in place over an input, but bound apart: start from the input
-                pre.append((ptrs[a.buffer], b.ptr, b.nbytes))
-            ptrs[a.buffer] = b.ptr
-        return ptrs, pre
+    def _pointers(self, kernel: CudaKernel, bindings: Sequence[DeviceBuffer]):
+        return bind_pointers(kernel.args, kernel.private, bindings, CudaError)
 
     def _enqueue(self, kernel: CudaKernel, ptrs: dict, pre, keep: list,
                  launches=None, post=()) -> int:
@@ -686,18 +635,14 @@ class CudaDevice:
         _check(cu.cuLaunchKernelEx(cfg, f, params.ctypes.data if params is not None else 0,
                                    0), what)
 
-    def record(self, kernel: CudaKernel, bindings: Sequence[DevBuf],
-               copies: Sequence[tuple[DevBuf, DevBuf]] = ()) -> CudaRecording:
+    def record(self, kernel: CudaKernel, bindings: Sequence[DeviceBuffer],
+               copies: Sequence[tuple[DeviceBuffer, DeviceBuffer]] = ()) -> CudaRecording:
         """Capture the whole step over ``bindings`` into one CUDA graph (once), ending with
         the device-to-device ``copies`` ``(src, dst)`` (equal byte sizes: memcpy nodes)."""
         cu = self._driver()
         ptrs, pre = self._pointers(kernel, bindings)
-        post = []
-        for src, dst in copies:
-            if not (isinstance(src, DevBuf) and isinstance(dst, DevBuf)) \
-                    or src.nbytes != dst.nbytes:
-                raise CudaError("a recorded copy needs two device buffers of equal size")
-            post.append((src.ptr, dst.ptr, src.nbytes))
+        check_copies(copies, DeviceBuffer, CudaError)
+        post = [(src.ptr, dst.ptr, src.nbytes) for src, dst in copies]
         keep: list = []
         _check(cu.cuStreamBeginCapture(
             self.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
@@ -710,7 +655,7 @@ class CudaDevice:
         self.records += 1
         return CudaRecording(kernel, graph, gexec, ptrs, keep, n)
 
-    def run_eager(self, kernel: CudaKernel, bindings: Sequence[DevBuf], launches=None) -> int:
+    def run_eager(self, kernel: CudaKernel, bindings: Sequence[DeviceBuffer], launches=None) -> int:
         """Launch the step (or ``launches``) directly, without a graph (for checks)."""
         ptrs, pre = self._pointers(kernel, bindings)
         keep: list = []
@@ -728,7 +673,7 @@ class CudaDevice:
         _check(self._driver().cuGraphLaunch(recording.exec, self.stream), "cuGraphLaunch")
         self.replays += 1
 
-    def profile_kernel(self, kernel: CudaKernel, bindings: Sequence[DevBuf], repeats: int = 3,
+    def profile_kernel(self, kernel: CudaKernel, bindings: Sequence[DeviceBuffer], repeats: int = 3,
                        top: int = 16) -> dict:
         """:func:`profile_kernel` on this device (the executor's optional profiling hook)."""
         return profile_kernel(self, kernel, bindings, repeats=repeats, top=top)
@@ -778,7 +723,7 @@ def _graph_us(dev: CudaDevice, kernel: CudaKernel, ptrs: dict, pre, chains: list
     return best
 
 
-def profile_kernel(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBuf],
+def profile_kernel(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DeviceBuffer],
                    repeats: int = 3, top: int = 16) -> dict:
     """Where one step's GPU time goes, measured as a graph replay sees it (but for the
     overlap PDL gives between two different dispatches: each capture starts its own chain):
@@ -826,7 +771,7 @@ def profile_kernel(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBu
                     "replayed back to back (min over repeats); graph time / launches"}
 
 
-def profile_in_context(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DevBuf],
+def profile_in_context(dev: CudaDevice, kernel: CudaKernel, bindings: Sequence[DeviceBuffer],
                        replays: int = 20, rounds: int = 3) -> dict:
     """What each dispatch adds to the whole step as a graph replay runs it: the step's first
     k dispatches (k = 0 .. all) are each captured into a CUDA graph of their own, launched as
@@ -874,7 +819,7 @@ class StepRunner:
     def __init__(self, device: CudaDevice, artifact, weights: dict[str, np.ndarray]):
         self.device = device
         self.kernel = device.load(artifact)
-        self.bufs: dict[int, DevBuf] = {}
+        self.bufs: dict[int, DeviceBuffer] = {}
         for a in self.kernel.args:
             if a.buffer not in self.bufs:
                 self.bufs[a.buffer] = device.alloc(a.type)
@@ -888,7 +833,7 @@ class StepRunner:
         self.recording = None
         self.graph_s = 0.0
 
-    def buffer(self, role: str, name: str) -> DevBuf:
+    def buffer(self, role: str, name: str) -> DeviceBuffer:
         return self.bufs[self.by_name[(role, name)].buffer]
 
     def write(self, inputs: dict[str, np.ndarray]) -> None:
@@ -918,7 +863,7 @@ class StepRunner:
 
         def view(bid):
             s = specs[bid]
-            return DevBuf(ptrs[bid], s["nbytes"], np.dtype(s.get("dtype", "uint8")),
+            return DeviceBuffer(ptrs[bid], s["nbytes"], np.dtype(s.get("dtype", "uint8")),
                           tuple(s.get("shape", [s["nbytes"]])))
         for bid, value in args.items():
             buf = view(bid)
@@ -933,10 +878,8 @@ class StepRunner:
         return [self.device.download(view(bid)) for bid in d["outs"]]
 
 
-__all__ = ["BufType", "CudaDevice", "CudaError", "CudaKernel", "CudaReadback", "CudaRecording",
-           "DevBuf",
-           "StepRunner", "device_available", "kernel_args", "profile_dispatches",
-           "profile_kernel"]
+__all__ = ["CudaDevice", "CudaError", "CudaKernel", "CudaReadback", "CudaRecording",
+           "StepRunner", "device_available", "profile_dispatches", "profile_kernel"]
 
 
 def open_device(ordinal: int = 0) -> "CudaDevice":

@@ -13,15 +13,16 @@ symbol ``K.kd`` (the kernel descriptor).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
+
+from poot.backends.gpu.artifact import PlanArtifact, read_plan, write_plan
 
 FORMAT = "poot-rocm-1"
 
 
 @dataclass
-class RocmArtifact:
+class RocmArtifact(PlanArtifact):
     """``plan`` (module doc), ``code_objects`` (arch name such as ``"gfx942"`` -> HSACO
     bytes), ``meta`` (timings, strategy counts: informational)."""
 
@@ -29,28 +30,9 @@ class RocmArtifact:
     code_objects: dict[str, bytes]
     meta: dict = field(default_factory=dict)
 
-    @property
-    def entry(self) -> str:
-        return self.plan["entry"]
-
-    @property
-    def inputs(self) -> list[dict]:
-        return self.plan["inputs"]
-
-    @property
-    def params(self) -> list[dict]:
-        return self.plan["params"]
-
-    @property
-    def outputs(self) -> list[dict]:
-        return self.plan["outputs"]
-
     def save(self, folder: str) -> str:
         """Write ``plan.json`` and ``<arch>.hsaco`` files into ``folder``; returns it."""
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "plan.json"), "w") as f:
-            json.dump({**self.plan, "format": FORMAT, "meta": self.meta,
-                       "archs": sorted(self.code_objects)}, f)
+        write_plan(folder, self.plan, FORMAT, meta=self.meta, archs=sorted(self.code_objects))
         for arch, data in self.code_objects.items():
             with open(os.path.join(folder, f"{arch}.hsaco"), "wb") as f:
                 f.write(data)
@@ -59,11 +41,7 @@ class RocmArtifact:
     @staticmethod
     def load(folder: str) -> "RocmArtifact":
         """Read what :meth:`save` wrote. Raises ``ValueError`` for another format."""
-        with open(os.path.join(folder, "plan.json")) as f:
-            plan = json.load(f)
-        if plan.get("format") != FORMAT:
-            raise ValueError(f"{folder}: not a {FORMAT} program (format {plan.get('format')})")
-        plan.pop("format")
+        plan = read_plan(folder, FORMAT)
         code = {}
         for arch in plan.pop("archs"):
             with open(os.path.join(folder, f"{arch}.hsaco"), "rb") as f:
@@ -71,12 +49,7 @@ class RocmArtifact:
         return RocmArtifact(plan, code, plan.pop("meta", {}))
 
     def summary(self) -> dict:
-        L = self.plan["launches"]
-        return {"kernels": len(self.plan["kernels"]),
-                "launches": sum(1 for x in L if x["op"] == "kernel"),
-                "copies": sum(1 for x in L if x["op"] == "copy"),
-                "dispatches": len(self.plan["dispatches"]),
-                "archs": sorted(self.code_objects),
+        return {**self.plan_summary(), "archs": sorted(self.code_objects),
                 "hsaco_bytes": {a: len(b) for a, b in self.code_objects.items()}}
 
 

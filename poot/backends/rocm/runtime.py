@@ -62,6 +62,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from poot.backends.gpu.artifact import (Arg, DeviceBuffer, bind_pointers, check_copies,
+                                        host_of, kernel_args)
 from poot.backends.rocm import aql
 from poot.backends.rocm.hsa import (AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED,
                                     AMD_MEMORY_POOL_GLOBAL_FLAG_FINE_GRAINED,
@@ -95,60 +97,6 @@ MAX_WORKGROUP = 1024
 STAGING_BYTES = 64 << 20
 
 
-@dataclass(frozen=True)
-class BufType:
-    """A buffer's host view: numpy dtype name, shape (bytes of a packed weight: uint8 [n])."""
-
-    dtype: str
-    shape: tuple
-    nbytes: int
-
-
-def buf_type(spec: dict) -> BufType:
-    """The :class:`BufType` of a plan buffer/input/param/output entry."""
-    return BufType(spec.get("dtype", "uint8"), tuple(spec.get("shape", [spec["nbytes"]])),
-                   int(spec["nbytes"]))
-
-
-def host_of(t) -> tuple[np.dtype, tuple, int]:
-    """dtype, shape, nbytes of a :class:`BufType` or a poot type (duck-typed, no MLIR)."""
-    if isinstance(t, BufType):
-        return np.dtype(t.dtype), t.shape, t.nbytes
-    if hasattr(t, "format"):                       # PackedType
-        return np.dtype(np.uint8), (t.nbytes,), t.nbytes
-    dt = t.dtype.value if hasattr(t.dtype, "value") else str(t.dtype)
-    np_dt = {"bf16": np.uint16, "f16": np.uint16, "i1": np.uint8}.get(dt)
-    np_dt = np.dtype(np_dt) if np_dt else np.dtype(t.dtype.numpy)
-    return np_dt, tuple(t.shape), int(np.prod(t.shape, dtype=np.int64)) * np_dt.itemsize
-
-
-@dataclass
-class RocmBuffer:
-    """A device buffer: address in the GPU's coarse-grained pool, size, host view."""
-
-    ptr: int
-    nbytes: int
-    dtype: np.dtype
-    shape: tuple
-
-
-@dataclass
-class Arg:
-    """A loaded step's argument: role, name, :class:`BufType`, plan buffer id."""
-
-    role: str
-    name: str
-    type: Any
-    buffer: int
-
-
-def kernel_args(plan: dict) -> list[Arg]:
-    """A loaded step's arguments: inputs, params (weights), outputs, in the plan's order."""
-    return ([Arg("input", x["name"], buf_type(x), x["buffer"]) for x in plan["inputs"]]
-            + [Arg("param", x["name"], buf_type(x), x["buffer"]) for x in plan["params"]]
-            + [Arg("output", x["name"], buf_type(x), x["buffer"]) for x in plan["outputs"]])
-
-
 @dataclass
 class RocmKernel:
     """A loaded artifact: ``args``, the executable, per plan kernel its symbol info
@@ -159,7 +107,7 @@ class RocmKernel:
     artifact: Any
     executable: int
     symbols: list[dict]
-    private: dict[int, RocmBuffer]
+    private: dict[int, DeviceBuffer]
     load_s: float = 0.0
 
 
@@ -369,14 +317,15 @@ class RocmDevice:
         self.allocated += n
         return p
 
-    def alloc(self, type_) -> RocmBuffer:
-        """A zero-filled device buffer of ``type_`` (a poot type or :class:`BufType`)."""
+    def alloc(self, type_) -> DeviceBuffer:
+        """A zero-filled device buffer of ``type_`` (a poot type or
+        :class:`~poot.backends.gpu.artifact.BufType`)."""
         self._guard()
         dt, shape, n = host_of(type_)
-        return RocmBuffer(self._alloc_bytes(n), n, dt, shape)
+        return DeviceBuffer(self._alloc_bytes(n), n, dt, shape)
 
     @staticmethod
-    def _host_array(buffer: RocmBuffer, array) -> np.ndarray:
+    def _host_array(buffer: DeviceBuffer, array) -> np.ndarray:
         a = np.asarray(array)
         if a.dtype.itemsize == 2 and buffer.dtype == np.uint16:
             a = a.view(np.uint16)
@@ -387,14 +336,14 @@ class RocmDevice:
             raise RocmError(f"cannot write {a.nbytes} bytes into a buffer of {buffer.nbytes}")
         return a
 
-    def upload(self, buffer: RocmBuffer, array) -> None:
+    def upload(self, buffer: DeviceBuffer, array) -> None:
         """Write ``array`` into ``buffer`` (after the queued work finished)."""
         self._guard()
         a = self._host_array(buffer, np.asarray(array))
         self._wait_idle("the queued work before an upload")
         self._write_device(buffer.ptr, memoryview(a.reshape(-1).view(np.uint8)))
 
-    def upload_rows(self, buffer: RocmBuffer, start: int, array) -> None:
+    def upload_rows(self, buffer: DeviceBuffer, start: int, array) -> None:
         """Write ``array`` over rows ``start..`` (first axis) of ``buffer`` (after the queued
         work finished): one sequence's row of carried state, without the rest."""
         self._guard()
@@ -409,11 +358,11 @@ class RocmDevice:
         self._wait_idle("the queued work before an upload")
         self._write_device(buffer.ptr + start * row, memoryview(a.reshape(-1).view(np.uint8)))
 
-    def upload_async(self, buffer: RocmBuffer, array) -> None:
+    def upload_async(self, buffer: DeviceBuffer, array) -> None:
         """:meth:`upload` (waits for the queue, then copies: not overlapped)."""
         self.upload(buffer, array)
 
-    def download(self, buffer: RocmBuffer) -> np.ndarray:
+    def download(self, buffer: DeviceBuffer) -> np.ndarray:
         """A host copy of ``buffer`` after the queued work finished."""
         self._guard()
         self._wait_idle("the queued work before a download")
@@ -421,7 +370,7 @@ class RocmDevice:
         self._read_device(buffer.ptr, out)
         return out
 
-    def download_async(self, buffer: RocmBuffer) -> Ready:
+    def download_async(self, buffer: DeviceBuffer) -> Ready:
         """:meth:`download` now, as a ready readback (not overlapped)."""
         return Ready(self.download(buffer))
 
@@ -466,7 +415,7 @@ class RocmDevice:
         private = {}
         for b in plan["buffers"]:
             if b["role"] in ("value", "scratch", "const"):
-                buf = RocmBuffer(self._alloc_bytes(b["nbytes"]), b["nbytes"],
+                buf = DeviceBuffer(self._alloc_bytes(b["nbytes"]), b["nbytes"],
                                  np.dtype(b.get("dtype", "uint8")),
                                  tuple(b.get("shape", [b["nbytes"]])))
                 if b["role"] == "const":
@@ -479,33 +428,20 @@ class RocmDevice:
         """Outputs written over their aliased input's own buffer (the plan's ``in_place``)."""
         return {o["name"] for o in kernel.artifact.plan["outputs"] if o.get("in_place")}
 
-    def _pointers(self, kernel: RocmKernel, bindings: Sequence[RocmBuffer]):
-        if len(bindings) != len(kernel.args):
-            raise RocmError(f"{len(bindings)} buffers bound to {len(kernel.args)} arguments")
-        ptrs = {i: b.ptr for i, b in kernel.private.items()}
-        pre = []
-        for a, b in zip(kernel.args, bindings):
-            if b.nbytes != a.type.nbytes:
-                raise RocmError(f"{a.role} '{a.name}' needs {a.type.nbytes} bytes, bound "
-                                f"{b.nbytes}")
-            if a.role == "output" and a.buffer in ptrs and ptrs[a.buffer] != b.ptr:
-                pre.append((b.ptr, ptrs[a.buffer], b.nbytes))     # (dst, src, n)
-            ptrs[a.buffer] = b.ptr
-        return ptrs, pre
+    def _pointers(self, kernel: RocmKernel, bindings: Sequence[DeviceBuffer]):
+        """(plan buffer id -> address, the copies ``(dst, src, n)`` to run first)."""
+        ptrs, pre = bind_pointers(kernel.args, kernel.private, bindings, RocmError)
+        return ptrs, [(dst, src, n) for src, dst, n in pre]
 
-    def record(self, kernel: RocmKernel, bindings: Sequence[RocmBuffer],
-               copies: Sequence[tuple[RocmBuffer, RocmBuffer]] = ()) -> RocmRecording:
+    def record(self, kernel: RocmKernel, bindings: Sequence[DeviceBuffer],
+               copies: Sequence[tuple[DeviceBuffer, DeviceBuffer]] = ()) -> RocmRecording:
         """Encode the step over ``bindings`` as AQL packets with filled kernarg blocks (once),
         followed by the device-to-device ``copies`` ``(src, dst)`` (equal byte sizes)."""
         self._guard()
         plan = kernel.artifact.plan
         ptrs, pre = self._pointers(kernel, bindings)
-        post = []
-        for src, dst in copies:
-            if not (isinstance(src, RocmBuffer) and isinstance(dst, RocmBuffer)) \
-                    or src.nbytes != dst.nbytes:
-                raise RocmError("a recorded copy needs two device buffers of equal size")
-            post.append((dst.ptr, src.ptr, src.nbytes))
+        check_copies(copies, DeviceBuffer, RocmError)
+        post = [(dst.ptr, src.ptr, src.nbytes) for src, dst in copies]
         steps: list = [("copy", c) for c in pre]
         blocks = []                                 # (offset, bytes) of each kernarg block
         off = 0
@@ -656,6 +592,5 @@ def open_device() -> RocmDevice:
         raise DeviceError(f"no ROCm device: {type(e).__name__}: {e}") from None
 
 
-__all__ = ["ArchMismatch", "BufType", "DevicePoisoned", "RingPlacementError", "RocmBuffer",
-           "RocmDevice", "RocmError", "RocmKernel", "RocmRecording", "device_available",
-           "kernel_args", "open_device"]
+__all__ = ["ArchMismatch", "DevicePoisoned", "RingPlacementError", "RocmDevice", "RocmError",
+           "RocmKernel", "RocmRecording", "device_available", "open_device"]

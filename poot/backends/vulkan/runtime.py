@@ -60,6 +60,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from poot.backends.gpu.artifact import check_bindings, check_copies
 from poot.errors import PootError
 from poot.runtime.device import Ready
 from poot import settings
@@ -753,15 +754,8 @@ class VulkanDevice:
         self._check()
         vk, ffi = self.vk, self.ffi
         art = kernel.artifact
-        if len(bindings) != len(kernel.args):
-            raise VulkanError(f"{len(bindings)} buffers bound to {len(kernel.args)} arguments")
-        for a, b in zip(kernel.args, bindings):
-            if not isinstance(b, VkBuffer) or b.nbytes != a.type.nbytes:
-                raise VulkanError(f"{a.role} '{a.name}' needs a {a.type.nbytes}-byte buffer")
-        for src, dst in copies:
-            if not (isinstance(src, VkBuffer) and isinstance(dst, VkBuffer)) \
-                    or src.nbytes != dst.nbytes:
-                raise VulkanError("a recorded copy needs two device buffers of equal size")
+        check_bindings(kernel.args, bindings, VkBuffer, VulkanError)
+        check_copies(copies, VkBuffer, VulkanError)
         def buf(i) -> VkBuffer:
             return art.buffer_of(i, bindings, kernel.temps)
 

@@ -57,6 +57,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from poot.backends.gpu.artifact import check_bindings, check_copies
 from poot.backends.vulkan.artifact import VulkanArtifact
 from poot.backends.vulkan.runtime import KernelFault, buffer_bytes, host_layout
 from poot.errors import PootError
@@ -572,15 +573,8 @@ class WgpuDevice:
         """Bind groups for every dispatch, once; the step's encoding as a flat list ending
         with the whole-buffer ``copies`` ``(src, dst)`` (equal byte sizes)."""
         art = kernel.artifact
-        if len(bindings) != len(kernel.args):
-            raise WgpuError(f"{len(bindings)} buffers bound to {len(kernel.args)} arguments")
-        for a, b in zip(kernel.args, bindings):
-            if not isinstance(b, WgpuBuffer) or b.nbytes != a.type.nbytes:
-                raise WgpuError(f"{a.role} '{a.name}' needs a {a.type.nbytes}-byte buffer")
-        for src, dst in copies:
-            if not (isinstance(src, WgpuBuffer) and isinstance(dst, WgpuBuffer)) \
-                    or src.nbytes != dst.nbytes:
-                raise WgpuError("a recorded copy needs two device buffers of equal size")
+        check_bindings(kernel.args, bindings, WgpuBuffer, WgpuError)
+        check_copies(copies, WgpuBuffer, WgpuError)
         def buf(i) -> WgpuBuffer:
             return art.buffer_of(i, bindings, kernel.temps)
 

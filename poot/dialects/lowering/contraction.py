@@ -9,13 +9,12 @@ the accumulator's is rounded from it in a following ``linalg.generic``.
 
 from __future__ import annotations
 
-from poot.dialects.lowering import gemv
 from poot.dialects.lowering.emit import HALF, Emitter, affine_map, tt
 from poot.dialects.lowering.packed import decode_at
 from poot.dialects.lowering.rules import OpInfo, rule
 from poot.dialects.lowering.elementwise import convert_scalar
 from poot.dialects.lowering.views import reshape_value
-from poot.dialects.types import DType, PackedType, TensorType
+from poot.dialects.types import DType, TensorType
 
 
 @rule("matmul")
@@ -36,9 +35,9 @@ def lower_matmul(em: Emitter, op: OpInfo) -> str:
         at, bt, name = at3, bt3, "linalg.batch_matmul"
     else:
         acc_t, name = TensorType((m, n), acc), "linalg.matmul"
-    kernel = gemv.match(op)
-    if kernel is not None:  # a weight read in place by the row-streaming kernel
-        r = gemv.emit(em, kernel, op.strategy)
+    kernels = op.strategy.kernels if op.strategy is not None else None
+    r = kernels.matmul(em, op) if kernels is not None else None
+    if r is not None:  # a weight read in place by the target's own kernel
         return _finish(em, op, r, acc_t)
     zero = em.const(0.0 if acc is DType.F32 else 0, acc.value)
     init = em.op(f"linalg.fill ins({zero} : {acc.value}) outs({em.empty(acc_t)} : {tt(acc_t)})"
@@ -75,7 +74,7 @@ def _slab_source(op: OpInfo) -> tuple[str, object, OpInfo | None] | None:
     return None
 
 
-def _clamped_index(em: Emitter, v: str, dtype: DType, n: int) -> str:
+def clamped_index(em: Emitter, v: str, dtype: DType, n: int) -> str:
     """An integer scalar of ``dtype`` clamped to ``[0, n-1]``, as an index."""
     i = v if dtype.value == "i64" else em.op(f"arith.extsi {v} : {dtype.value} to i64")
     i = em.op(f"arith.maxsi {i}, {em.const(0, 'i64')} : i64")
@@ -85,23 +84,20 @@ def _clamped_index(em: Emitter, v: str, dtype: DType, n: int) -> str:
 
 @rule("indexed_matmul")
 def lower_indexed_matmul(em: Emitter, op: OpInfo) -> str:
-    """Row t of x against slab ``idx[t]`` of w. With the target's GEMV strategy and a weight
-    read in place (dense, or Q4_0/Q4_1/Q8_0 blocks): a loop over the T rows, each running the
-    row-streaming kernel (:mod:`.gemv`) over its slab's O rows at the slab's offset, so only
-    the selected slabs are read. Otherwise one ``linalg.generic`` over ``(t, o, k)`` whose
-    body reads ``w[idx[t], o, k]`` (decoded in place from the packed bytes behind a
-    dequantize, :func:`~.packed.decode_at`)."""
+    """Row t of x against slab ``idx[t]`` of w: the target's own kernel when its strategy has
+    one that takes a weight read in place (the CPU's: a loop over the T rows, each running
+    the row-streaming GEMV over its slab's rows, so only the selected slabs are read).
+    Otherwise one ``linalg.generic`` over ``(t, o, k)`` whose body reads ``w[idx[t], o, k]``
+    (decoded in place from the packed bytes behind a dequantize, :func:`~.packed.decode_at`)."""
     x, _w, idx = op.args
     xt, wt, it = op.types
-    T, K = xt.shape
-    E, O, _ = wt.shape
+    E = wt.shape[0]
     out = op.result
     src = _slab_source(op)
-    s = op.strategy
-    packed_ok = src is not None and (not isinstance(src[1], PackedType)
-                                      or src[1].format.name in gemv.PACKED)
-    if s is not None and s.gemv and packed_ok and xt.dtype is DType.F32 and T and O and K:
-        return _indexed_gemv(em, op, src)
+    kernels = op.strategy.kernels if op.strategy is not None else None
+    r = kernels.indexed_matmul(em, op, src) if kernels is not None and src else None
+    if r is not None:   # the selected slabs read in place by the target's own kernel
+        return r
     zero = em.const(0.0, "f32")
     init = em.op(f"linalg.fill ins({zero} : f32) outs({em.empty(out)} : {tt(out)}) -> "
                  f"{tt(out)}", "acc")
@@ -110,7 +106,7 @@ def lower_indexed_matmul(em: Emitter, op: OpInfo) -> str:
 
     def body(a, acc):
         xv = em.ext(a[0], xt.dtype)
-        e = _clamped_index(em, a[1], it.dtype, E)
+        e = clamped_index(em, a[1], it.dtype, E)
         o = em.op("linalg.index 1 : index")
         k = em.op("linalg.index 2 : index")
         if deq is not None:
@@ -125,35 +121,3 @@ def lower_indexed_matmul(em: Emitter, op: OpInfo) -> str:
                       iterators=["parallel", "parallel", "reduction"],
                       out_map=affine_map(3, ["d0", "d1"]), init=init, loop_rank=3,
                       reads_out=True)
-
-
-def _indexed_gemv(em: Emitter, op: OpInfo, src) -> str:
-    x, _w, idx = op.args
-    xt, wt, it = op.types
-    T, K = xt.shape
-    E, O, _ = wt.shape
-    w, wtype, _ = src
-    if isinstance(wtype, TensorType):           # dense [E, O, K] -> [E * O, K] rows
-        flat = TensorType((E * O, K), wtype.dtype)
-        w = em.op(f"tensor.collapse_shape {w} [[0, 1], [2]] : {tt(wtype)} into {tt(flat)}")
-        wtype = flat
-    out_t = tt(op.result)
-    init = em.empty(op.result)
-    t, res, acc = em.fresh("t"), em.fresh("im"), em.fresh("acc")
-    c0, c1, cT = (em.const(v, "index") for v in (0, 1, T))
-    em.line(f"{res} = scf.for {t} = {c0} to {cT} step {c1} iter_args({acc} = {init}) -> "
-            f"({out_t}) {{")
-    em.depth += 1
-    raw = em.op(f"tensor.extract {idx}[{t}] : {tt(it)}")
-    e = _clamped_index(em, raw, it.dtype, E)
-    base = em.op(f"arith.muli {e}, {em.const(O, 'index')} : index")
-    row_t = f"tensor<1x{K}xf32>"
-    xr = em.op(f"tensor.extract_slice {x}[{t}, 0] [1, {K}] [1, 1] : {tt(xt)} to {row_t}")
-    g = gemv.Gemv(xr, w, wtype, 1, K, O, row_base=base, total_rows=E * O)
-    y = gemv.emit(em, g, op.strategy)
-    nxt = em.op(f"tensor.insert_slice {y} into {acc}[{t}, 0] [1, {O}] [1, 1] : "
-                f"tensor<1x{O}xf32> into {out_t}")
-    em.line(f"scf.yield {nxt} : {out_t}")
-    em.depth -= 1
-    em.line("}")
-    return res

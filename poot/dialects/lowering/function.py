@@ -164,9 +164,9 @@ def lower_module(module: ir.Operation, strategy: Strategy | None = None) -> None
     if not todo:
         return
     todo, dropped = _dedupe(todo)
-
     joined = "\n".join(text for _, text in todo)
-    decls = intrinsic_declarations(joined)
+    kernels = strategy.kernels if strategy is not None else None
+    decls = kernels.declarations(joined) if kernels is not None else ""
     with module.context, ir.Location.unknown():
         parsed = ir.Module.parse(joined + "\n" + decls)
     new_ops = list(parsed.body.operations)

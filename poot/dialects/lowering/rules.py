@@ -4,7 +4,7 @@ it raises for an op it cannot express."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from poot.dialects.types import PootType
 from poot.errors import PootError
@@ -53,13 +53,32 @@ class OpInfo:
         raise LoweringRefusal(f"poot.{self.name}", capability, self.location)
 
 
+class MatmulKernels(Protocol):
+    """A backend's kernels for the matmuls that read a weight in place, which the contraction
+    rules try before their portable lowering (the backend puts them in its
+    :class:`Strategy`). Each returns the SSA name of what it emitted, or None, having
+    emitted nothing, when it does not take the op."""
+
+    def matmul(self, em: Any, op: OpInfo) -> str | None:
+        """``poot.matmul`` ``x[M, K] @ transpose(W)``: the f32 ``tensor<MxN>`` accumulator."""
+
+    def indexed_matmul(self, em: Any, op: OpInfo, weight: tuple) -> str | None:
+        """``poot.indexed_matmul`` whose w reads ``weight`` = (ssa, type, producer) in place:
+        its result."""
+
+    def declarations(self, text: str) -> str:
+        """Declarations of the functions the kernels in ``text`` call (MLIR text)."""
+
+
 @dataclass(frozen=True)
 class Strategy:
     """Target-chosen lowering strategies (the CPU backend fills it from ``Target.caps``).
 
     Attributes:
-        gemv: lower ``x @ W^T`` with W a weight (dense f32/f16/bf16, or a dequantized Q4_0 /
-            Q4_1 / Q8_0 block format read in place) as a row-streaming vector kernel.
+        kernels: the target's own kernels for matmuls that read a weight in place
+            (:class:`MatmulKernels`; the CPU backend's row-streaming GEMV,
+            :mod:`poot.backends.cpu.gemv`, for W dense f32/f16/bf16 or a dequantized Q4_0 /
+            Q4_1 / Q8_0 block format); None: ``linalg.matmul`` and ``linalg.generic``.
         m_tile: rows of x computed together against one decoded row of W.
         parallel_min_bytes: a kernel whose weight is at least this big runs its rows as an
             ``scf.forall`` (threads); smaller ones as a sequential loop. 64 KiB, so that
@@ -72,7 +91,7 @@ class Strategy:
             products: 8 is llama.cpp's scheme (AVX2 ``pmaddubsw``/``pmaddwd``; results differ
             from the f32 oracle by ~1e-2 relative), 16 keeps x to 1/65534 of each block's
             largest |x| (``pmaddwd`` on weights widened to i16). 0 here;
-            :func:`poot.backends.cpu.strategy_for` sets it from
+            :func:`poot.backends.cpu.codegen.strategy_for` sets it from
             :attr:`~poot.compiler.CompileOptions.precision`.
         vnni: the integer dot products use ``vpdpbusd`` / ``vpdpwssd`` (AVX-VNNI or
             AVX512-VNNI) instead of AVX2's ``pmaddubsw`` + ``pmaddwd`` / ``pmaddwd`` + add
@@ -86,7 +105,7 @@ class Strategy:
             33 GB/s with 1, and SmolLM2 Q4_1's decode step took 9.5-11.1 vs 6.1-6.7 ms.
     """
 
-    gemv: bool = True
+    kernels: "MatmulKernels | None" = None
     m_tile: int = 2
     parallel_min_bytes: int = 64 << 10
     cores: int = 1

@@ -3,8 +3,10 @@ stored ``[N, K]`` row-major (the ``matmul(x, transpose(W))`` of every linear lay
 place -- dense (f32, or f16/bf16 widened in registers) or packed (Q4_0, Q4_1, Q8_0 blocks
 decoded in registers from their stored bytes; no dequantized copy of the weight).
 
-Chosen by :func:`match` when the target's :class:`~poot.dialects.lowering.rules.Strategy` asks
-for it. The kernel, on tensors (one-shot bufferization makes it in place):
+The CPU backend's :class:`~poot.dialects.lowering.rules.MatmulKernels` (:data:`KERNELS`, put
+in the :class:`~poot.dialects.lowering.rules.Strategy` by
+:func:`poot.backends.cpu.codegen.strategy_for`): the contraction rules try it first and it
+takes the ops :func:`match` fits. The kernel, on tensors (one-shot bufferization makes it in place):
 
 * rows ``n`` of W: ``scf.forall`` (threads, when the weight is big enough to pay for a
   fork/join) or ``scf.for``;
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from poot.dialects.lowering.contraction import clamped_index
 from poot.dialects.lowering.emit import Emitter, tt
 from poot.dialects.lowering.rules import OpInfo, Strategy
 from poot.dialects.types import DType, PackedType, TensorType
@@ -103,11 +106,8 @@ def _weight_source(t: OpInfo | None) -> tuple[str, object] | None:
 
 
 def match(op: OpInfo) -> Gemv | None:
-    """The kernel for a ``poot.matmul`` when the strategy enables it and the operands fit:
-    2-D, f32 x, f32 accumulation, rhs = transpose of a weight read in place."""
-    s = op.strategy
-    if s is None or not s.gemv:
-        return None
+    """The kernel for a ``poot.matmul`` whose operands fit: 2-D, f32 x, f32 accumulation,
+    rhs = transpose of a weight read in place."""
     at, bt = op.types
     if at.rank != 2 or bt.rank != 2 or at.dtype is not DType.F32 or op.attrs["acc"] is not DType.F32:
         return None
@@ -578,4 +578,63 @@ def emit(em: Emitter, g: Gemv, strategy: Strategy) -> str:
     return _K(em, g, strategy).emit()
 
 
-__all__ = ["Gemv", "PACKED", "emit", "match"]
+def emit_indexed(em: Emitter, op: OpInfo, src: tuple) -> str | None:
+    """``poot.indexed_matmul`` (row t of x against slab ``idx[t]`` of w, w read in place as
+    ``src`` = (ssa, type, producer)): a loop over the T rows, each running the kernel over its
+    slab's O rows at the slab's offset, so only the selected slabs are read. None, emitting
+    nothing, for a packed format without a decoder here, a non-f32 x or an empty shape."""
+    x, _w, idx = op.args
+    xt, wt, it = op.types
+    T, K = xt.shape
+    E, O, _ = wt.shape
+    w, wtype, _ = src
+    if isinstance(wtype, PackedType) and wtype.format.name not in PACKED or \
+            xt.dtype is not DType.F32 or not (T and O and K):
+        return None
+    if isinstance(wtype, TensorType):           # dense [E, O, K] -> [E * O, K] rows
+        flat = TensorType((E * O, K), wtype.dtype)
+        w = em.op(f"tensor.collapse_shape {w} [[0, 1], [2]] : {tt(wtype)} into {tt(flat)}")
+        wtype = flat
+    out_t = tt(op.result)
+    init = em.empty(op.result)
+    t, res, acc = em.fresh("t"), em.fresh("im"), em.fresh("acc")
+    c0, c1, cT = (em.const(v, "index") for v in (0, 1, T))
+    em.line(f"{res} = scf.for {t} = {c0} to {cT} step {c1} iter_args({acc} = {init}) -> "
+            f"({out_t}) {{")
+    em.depth += 1
+    raw = em.op(f"tensor.extract {idx}[{t}] : {tt(it)}")
+    e = clamped_index(em, raw, it.dtype, E)
+    base = em.op(f"arith.muli {e}, {em.const(O, 'index')} : index")
+    row_t = f"tensor<1x{K}xf32>"
+    xr = em.op(f"tensor.extract_slice {x}[{t}, 0] [1, {K}] [1, 1] : {tt(xt)} to {row_t}")
+    g = Gemv(xr, w, wtype, 1, K, O, row_base=base, total_rows=E * O)
+    y = emit(em, g, op.strategy)
+    nxt = em.op(f"tensor.insert_slice {y} into {acc}[{t}, 0] [1, {O}] [1, 1] : "
+                f"tensor<1x{O}xf32> into {out_t}")
+    em.line(f"scf.yield {nxt} : {out_t}")
+    em.depth -= 1
+    em.line("}")
+    return res
+
+
+class GemvKernels:
+    """The row-streaming kernels as the lowering's
+    :class:`~poot.dialects.lowering.rules.MatmulKernels`."""
+
+    def matmul(self, em: Emitter, op: OpInfo) -> str | None:
+        kernel = match(op)
+        return emit(em, kernel, op.strategy) if kernel is not None else None
+
+    def indexed_matmul(self, em: Emitter, op: OpInfo, weight: tuple) -> str | None:
+        return emit_indexed(em, op, weight)
+
+    def declarations(self, text: str) -> str:
+        return intrinsic_declarations(text)
+
+
+#: what the CPU backend's strategies carry (:func:`poot.backends.cpu.codegen.strategy_for`)
+KERNELS = GemvKernels()
+
+
+__all__ = ["Gemv", "GemvKernels", "INTRINSICS", "INTRINSIC_PREFIX", "KERNELS", "PACKED", "emit",
+           "emit_indexed", "intrinsic_declarations", "match"]
