@@ -15,7 +15,6 @@ from poot.dialects.lowering import (  # noqa: F401  (rule registration side effe
     views,
 )
 from poot.dialects.lowering.emit import Emitter, tt
-from poot.dialects.lowering.gemv import intrinsic_declarations
 from poot.dialects.lowering.rules import RULES, LoweringRefusal, OpInfo, Strategy
 from poot.dialects.opdef import lookup, read_attrs
 from poot.dialects.types import PackedType, type_from_mlir
