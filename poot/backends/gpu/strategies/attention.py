@@ -39,7 +39,7 @@ stride(bs)`` (the pools are read in place, never gathered).
 
 Each view chain is resolved to a strided index map (:class:`View`: logical coordinates ->
 element offset in the argument buffer; NumPy's no-copy reshape rule); a computed q or mask
-is evaluated per element by :class:`~poot.backends.gpu.strategies._scalar.ScalarEmitter`. A
+is evaluated per element by :class:`~poot.backends.gpu.strategies.emit.ScalarEmitter`. A
 k or v that is not a strided view, or an expression the scalar emitter does not cover,
 makes the region fall back (``None``).
 
@@ -118,15 +118,16 @@ from dataclasses import dataclass
 from mlir import ir
 
 from poot.backends.gpu.kernels import WG_ALIGN, Launch
-from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import (
+from poot.backends.gpu.strategies.emit import (
     KernelEmitter,
     ScalarEmitter,
     ScalarUnsupported,
+    Synthesized,
     buffer_type,
     small_contraction,
     storage_elem,
 )
+from poot.backends.gpu.strategies.pointwise import per_element
 from poot.dialects.types import DType, TensorType, type_from_mlir
 
 #: the score a masked key takes with an i1 mask (poot.dialects.ops.attention.MASKED_SCORE)
@@ -370,10 +371,6 @@ def _slice_ops(vals) -> set:
 def match_attention(fn: ir.Operation) -> AttentionRegion | None:
     """The attention region of dispatch ``fn`` (poot level), or None when ``fn`` is anything
     else (see the module doc for what is taken)."""
-    # imported here: importing the pointwise module at the top would register its strategy
-    # before this one
-    from poot.backends.gpu.strategies.pointwise import per_element
-
     block = fn.regions[0].blocks[0]
     ops = [o.operation for o in block.operations]
     atts = [o for o in ops if o.name in ("poot.attention", "poot.paged_attention")]
@@ -1379,7 +1376,6 @@ def emit(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     return Synthesized(text, launches, scratch, consts)
 
 
-@register("flash_decode")
 def flash_decode(fn: ir.Operation, caps) -> Synthesized | None:
     """The strategy: :func:`match_attention`, :func:`plan_attention`, :func:`emit`."""
     reg = match_attention(fn)
