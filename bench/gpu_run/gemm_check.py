@@ -213,14 +213,16 @@ def build_timing(folder: Path, fmt, M, N, K, caps, tile) -> dict:
 
     with make_context(), ir.Location.unknown():
         g = Graph.from_module(ir.Module.parse(_region_text(fmt, M, N, K)))
-    from poot.backends.gpu.strategies import matmul
+    from poot.backends.gpu.strategies import matmul, matmul_match
 
-    old = G.FORCE_TILING, G.FORCE_SPLIT, matmul.SMALL_N
+    # SMALL_N is read by matmul_match.gemv_rows and by matmul.gemv (its own import)
+    old = G.FORCE_TILING, G.FORCE_SPLIT, matmul_match.SMALL_N, matmul.SMALL_N
     try:                                  # narrow shapes too (production: the GEMV's)
-        G.FORCE_TILING, G.FORCE_SPLIT, matmul.SMALL_N = tuple(tile[:3]), tile[3], 0
+        G.FORCE_TILING, G.FORCE_SPLIT = tuple(tile[:3]), tile[3]
+        matmul_match.SMALL_N = matmul.SMALL_N = 0
         art = _region_artifact(g, caps)
     finally:
-        G.FORCE_TILING, G.FORCE_SPLIT, matmul.SMALL_N = old
+        G.FORCE_TILING, G.FORCE_SPLIT, matmul_match.SMALL_N, matmul.SMALL_N = old
     art.save(str(folder))
     return {"fmt": fmt, "M": M, "N": N, "K": K, "tile_bm_bn_bk_split": list(tile),
             "strategies": art.meta["strategies"],

@@ -51,7 +51,7 @@ def build_small_m(out: str) -> None:
     from types import SimpleNamespace
 
     from poot.backends.cuda.codegen import compile_program, cuda_target
-    from poot.backends.gpu.strategies import gemm, matmul
+    from poot.backends.gpu.strategies import matmul, matmul_match
     from test_gpu_matmul import gemv_region  # type: ignore
 
     target = cuda_target()
@@ -59,14 +59,15 @@ def build_small_m(out: str) -> None:
     for name, fmt, M, N, K in SMALL_M:
         g, _ = gemv_region(fmt, M, N, K)
         for kind in ("gemv", "gemm"):
-            old = matmul.MAX_M, gemm.MAX_M
+            # MAX_M is read by matmul_match (gemm_rows, gemv_rows) and by matmul.gemv
+            old = matmul.MAX_M, matmul_match.MAX_M
             if kind == "gemm":
-                matmul.MAX_M = gemm.MAX_M = 1
+                matmul.MAX_M = matmul_match.MAX_M = 1
             try:
                 art = compile_program(SimpleNamespace(graph=g, storage=[], target=target,
                                                       dispatches={}))
             finally:
-                matmul.MAX_M, gemm.MAX_M = old
+                matmul.MAX_M, matmul_match.MAX_M = old
             vname = f"{name}.{kind}"
             art.save(os.path.join(out, vname))
             index.append({"variant": vname, "shape": name, "fmt": fmt, "M": M, "N": N, "K": K,

@@ -15,7 +15,7 @@ input (:data:`SHRINK_GROUPS`: q/k/v, gate/up) are stacked in one param ``lora.bl
 (:func:`shrink_param`). B is stored rank-major ([L*R, out], PEFT's ``lora_B`` transposed):
 a sequence's expand term at output ``n`` reads column ``n`` of B, so neighbouring outputs
 (neighbouring threads of a kernel that computes the expand per element, where it is folded
-into its consumer: :func:`~poot.backends.gpu.strategies._scalar.small_contraction`) read
+into its consumer: :func:`~poot.backends.gpu.strategies.emit.small_contraction`) read
 neighbouring memory at each rank. A and B are stored f32, or bf16/f16 where the
 base projections are (:func:`lora_dtype`). Both terms are plain matmuls (the shrink a
 projection beside its base ones, the expand a low-rank matmul; no per-row gather of adapter

@@ -370,7 +370,8 @@ def test_decode_rows_of_dense_16bit_weights_take_the_gemm(fmt, M, norm, want):
     """From GEMM_FROM_M rows a dense bf16/f16 matmul is the split-K GEMM's on a tensor-core
     target (measured faster than the GEMV from 2 rows); packed weights keep the GEMV up to
     MAX_M; a folded norm in front is refused by both (the fold is then not taken)."""
-    from poot.backends.gpu.strategies.matmul import GEMM_FROM_M, gemv
+    from poot.backends.gpu.strategies.matmul import gemv
+    from poot.backends.gpu.strategies.matmul_match import GEMM_FROM_M
 
     assert GEMM_FROM_M == 3
     g, _ = gemv_region(fmt, M, 256, 512, "residual", norm=norm)

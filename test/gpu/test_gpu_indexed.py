@@ -1,5 +1,5 @@
 """``poot.indexed_matmul`` (a MoE layer's selected experts read in place) on the GPU: the GEMV
-strategy takes it (:func:`~poot.backends.gpu.strategies.matmul.match_indexed`: one row of x a
+strategy takes it (:func:`~poot.backends.gpu.strategies.matmul_match.match_indexed`: one row of x a
 block row, streaming its own slab as the plain GEMV streams a weight; the SwiGLU gate folded
 beside the up projection), and ``indexed_gemv`` (one subgroup per output element, any packed
 format the scalar emitter decodes) takes what the GEMV's decoders lack. Regions run on a real

@@ -285,7 +285,8 @@ def test_decode_regions_are_taken(fmt):
 
 
 def test_prefill_and_unknown_subgroup_are_refused():
-    from poot.backends.gpu.strategies.matmul import MAX_M, SMALL_N, gemv
+    from poot.backends.gpu.strategies.matmul import gemv
+    from poot.backends.gpu.strategies.matmul_match import MAX_M, SMALL_N
 
     g, _ = gemv_region("q4_1", MAX_M + 1, SMALL_N + 1, 64)
     fn = _dispatch_fn(g)
@@ -305,7 +306,8 @@ def test_narrow_matmuls_past_max_m_are_gemvs_on_vulkan(vk_device, vk_target, fmt
     MoE router) on a target without tensor cores (the GEMM refuses) take the GEMV (a warp a
     column) and equal the oracle; one more row or column is past the GEMV's shapes."""
     from poot.backends.gpu.strategies.gemm import gemm
-    from poot.backends.gpu.strategies.matmul import SMALL_N, SMALL_N_MAX_M, gemv, gemv_rows
+    from poot.backends.gpu.strategies.matmul import gemv
+    from poot.backends.gpu.strategies.matmul_match import SMALL_N, SMALL_N_MAX_M, gemv_rows
 
     assert gemv_rows(M, N) and not gemv_rows(SMALL_N_MAX_M + 1, N) and \
         not gemv_rows(M, SMALL_N + 1)
@@ -532,7 +534,8 @@ def test_norm_is_folded_only_into_small_gemvs():
     reads pass the limit refuses it (the norm keeps its own launch) while the same norm over
     a small GEMV is taken. A deferred RMSNorm (its sum accumulates in the main loop, its scale
     applies after: no prologue) is held to the same rule, by measurement (module doc)."""
-    from poot.backends.gpu.strategies.matmul import PROLOGUE_MAX_EXTRA_BYTES, gemv, match
+    from poot.backends.gpu.strategies.matmul import PROLOGUE_MAX_EXTRA_BYTES, gemv
+    from poot.backends.gpu.strategies.matmul_match import match
 
     small, _ = gemv_region("bf16", 1, 192, 576, norm="layernorm")
     n_big = PROLOGUE_MAX_EXTRA_BYTES // (576 * 8) + 32
@@ -557,7 +560,8 @@ def test_norm_prologue_loops_are_bounded(features):
     narrow GEMV (N <= SMALL_N, rows up to SMALL_N_MAX_M) is taken for a batch of MAX_M rows
     (2 * MAX_M loops a warp) and refused for one row more, whatever the target: past it,
     each warp would run a loop over K per row and reduction before its dot."""
-    from poot.backends.gpu.strategies.matmul import MAX_M, PROLOGUE_MAX_LOOPS, gemv, match
+    from poot.backends.gpu.strategies.matmul import PROLOGUE_MAX_LOOPS, gemv
+    from poot.backends.gpu.strategies.matmul_match import MAX_M, match
 
     caps = _caps(features=features)
     for M, taken in ((MAX_M, True), (MAX_M + 1, False), (32, False)):
@@ -809,11 +813,12 @@ def test_block_parts_match_oracle(vk_device, vk_target, monkeypatch, parts, fmt,
     Q8_0 block's), with a folded norm (deferred: its sums over the same units) and SwiGLU:
     same results as the oracle; the unit count follows."""
     from poot.backends.gpu.strategies import matmul
+    from poot.backends.gpu.strategies.matmul_match import match
 
     monkeypatch.setitem(matmul.TUNING, "parts", parts)
     g, inputs = _knob_region(kind, fmt, M, N, K)
     with g.context:
-        m = matmul.match(_dispatch_fn(g), max_matmuls=matmul.MAX_MATMULS)
+        m = match(_dispatch_fn(g), max_matmuls=matmul.MAX_MATMULS)
         assert matmul._Kernel(m, 8, 1, False).units() == K // 32 * parts
     want = oracle.evaluate(g, inputs)["r0"]
     got = _run(vk_device, vk_target, g, inputs)
@@ -926,7 +931,7 @@ def test_norm_over_part_of_the_row_is_not_deferred(vk_device, vk_target):
     """A sum over only part of x's row (here its first half) is not the dot's k range: the
     norm is not deferred (the per-warp prologue computes it), and the result still matches
     the oracle."""
-    from poot.backends.gpu.strategies.matmul import match
+    from poot.backends.gpu.strategies.matmul_match import match
 
     M, N, K = 1, 96, 256
     g, inputs = gemv_region("bf16", M, N, K, "none", seed=2, norm="rmsnorm")

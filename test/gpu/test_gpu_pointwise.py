@@ -302,7 +302,7 @@ def test_gather_large_vectorized_and_clamped(vk):
 def test_refuses_reductions_and_matmul():
     """Regions outside the elementwise class are left to other strategies: a reduction of
     more than SCALAR_MAX_REDUCE elements a result (a row reduction's)."""
-    from poot.backends.gpu.strategies._scalar import SCALAR_MAX_REDUCE
+    from poot.backends.gpu.strategies.emit import SCALAR_MAX_REDUCE
     from poot.backends.gpu.strategies.pointwise import synthesize_pointwise
 
     x = f"tensor<4x{SCALAR_MAX_REDUCE + 1}xf32>"
@@ -446,7 +446,7 @@ def test_small_contraction_limits():
     """A contraction past SCALAR_MAX_K terms, one that is not a low-rank expansion (K more
     than N / LOW_RANK: a toy model's square projection), or one inside another's operand (its
     cost would multiply) is not computed per element: the pointwise strategy refuses."""
-    from poot.backends.gpu.strategies._scalar import LOW_RANK, SCALAR_MAX_K
+    from poot.backends.gpu.strategies.emit import LOW_RANK, SCALAR_MAX_K
     from poot.backends.gpu.strategies.pointwise import synthesize_pointwise
 
     def refused(g):

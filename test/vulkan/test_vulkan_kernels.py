@@ -71,7 +71,7 @@ def test_every_region_matches_oracle(vk_device, vk_target, models, name, step, T
     values the whole step feeds it; together the regions cover every kernel kind. Up to
     ``MAX_M`` tokens the norms are folded into the GEMVs (no reduction region is left); a
     longer prefill keeps them."""
-    from poot.backends.gpu.strategies.matmul import MAX_M
+    from poot.backends.gpu.strategies.matmul_match import MAX_M
     from poot.backends.vulkan.codegen import codegen_vulkan, compile_vulkan
 
     model, weights = models[name]

@@ -22,8 +22,8 @@ Two halves, so that a merged dispatch is an ordinary dispatch function everywher
    no member result, so members only ever move later, past calls they do not feed. A call
    joins a group only when the merged function still synthesizes to one kernel per phase
    (the strategy below decides); else the group closes and a new one starts with that call.
-2. The ``horizontal`` strategy (:func:`horizontal_kernels`, registered first in
-   :mod:`poot.backends.gpu.strategies`) recognises a merged function by its ``poot.dispatch``
+2. The ``horizontal`` strategy (:func:`horizontal_kernels`, first in
+   :data:`poot.backends.gpu.strategies.STRATEGIES`) recognises a merged function by its ``poot.dispatch``
    attribute (``members``: each member's own dispatch attribute; ``member_results``: how many
    results each member has), splits the body back into the members' functions (the backward
    slice of each member's results), synthesizes each with the other strategies and builds one
@@ -559,12 +559,12 @@ def _fuse_phase(members: list[_Member], caps, kc: ir.Context, module: str):
                         (B, 1, 1), strategy="horizontal")
 
 
-def horizontal_kernels(fn: ir.Operation, caps):
-    """Strategy ``horizontal``: the fused kernel of a merged function (see the module doc),
-    as a :class:`~poot.backends.gpu.strategies.Synthesized`; None for any other function or
-    when its members cannot share one kernel."""
-    from poot.backends.gpu.strategies import Synthesized, synthesize
-
+def horizontal_kernels(fn: ir.Operation, caps, synthesize):
+    """Strategy ``horizontal``'s kernels: the fused kernel of a merged function (see the module
+    doc) as ``(gpu.module text, launches, scratch, consts)`` (the fields of a
+    :class:`~poot.backends.gpu.strategies.emit.Synthesized`); None for any other function or
+    when its members cannot share one kernel. ``synthesize(fn, caps, kctx)`` synthesizes one
+    member (:func:`poot.backends.gpu.strategies.synthesize`, which lists this strategy)."""
     with fn.context, ir.Location.unknown():
         scratch = ir.Module.create()
     _KEEP.append(scratch)
@@ -584,8 +584,7 @@ def horizontal_kernels(fn: ir.Operation, caps):
     got = fuse_kernels(todo, caps, kc)
     if got is None:
         return None
-    text, launches, scr, consts = got
-    return Synthesized(text, launches, scr, consts)
+    return got
 
 
 # ---- planning: group the step's calls --------------------------------------------------------

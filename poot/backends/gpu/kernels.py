@@ -194,27 +194,29 @@ def block_size(n: int, caps) -> int:
     return max(sg, t) if n > 1 else 1
 
 
+def _block_thread_nest(at: ir.Operation, nb: int | None, t: int) -> tuple:
+    """Before op ``at``: an ``scf.parallel`` over ``nb`` blocks (None: one, its bound the
+    shared constant 1) holding one over ``t`` threads: (outer op, its block, inner op, its
+    block)."""
+    with ir.InsertionPoint(at), at.location:
+        c0, c1 = _cidx(0), _cidx(1)
+        outer, ob = _parallel_op([c0], [c1 if nb is None else _cidx(nb)], [c1])
+    with ir.InsertionPoint.at_block_begin(ob), at.location:
+        inner, ib = _parallel_op([c0], [_cidx(t)], [c1])
+    return outer, ob, inner, ib
+
+
 def _linearize(par: ir.Operation, caps) -> None:
     """Replace a top-level ``scf.parallel`` (static bounds) by a (blocks, threads) nest over
     its linearized iteration space with a bounds guard."""
     nd = len(par.regions[0].blocks[0].arguments)
-    lbs, ubs, steps = (list(par.operands[i * nd:(i + 1) * nd]) for i in range(3))
-    lb = [_const_index(v) for v in lbs]
-    ub = [_const_index(v) for v in ubs]
-    st = [_const_index(v) for v in steps]
-    if None in lb or None in ub or None in st:
-        raise GpuCodegenError("a parallel loop with dynamic bounds (static shapes only)")
-    counts = [max(0, (u - l + s - 1) // s) for l, u, s in zip(lb, ub, st)]
+    lb, st, counts = _counts(par)
     n = 1
     for c in counts:
         n *= c
     t = block_size(n, caps)
     nb = max(1, (n + t - 1) // t)
-    with ir.InsertionPoint(par), par.location:
-        c0, c1 = _cidx(0), _cidx(1)
-        outer, ob = _parallel_op([c0], [_cidx(nb)], [c1])
-    with ir.InsertionPoint.at_block_begin(ob), par.location:
-        inner, ib = _parallel_op([c0], [_cidx(t)], [c1])
+    _, ob, _, ib = _block_thread_nest(par, nb, t)
     with ir.InsertionPoint.at_block_begin(ib), par.location:
         lin = arith.AddIOp(arith.MulIOp(ob.arguments[0], _cidx(t)).result,
                            ib.arguments[0]).result
@@ -318,11 +320,7 @@ def _warp_rows(par: ir.Operation, caps) -> bool:
     f32 = ir.F32Type.get()
     kind = _COMBINE[comb.name]
     init = {"add": 0.0, "max": float("-inf"), "min": float("inf")}[kind]
-    with ir.InsertionPoint(par), par.location:
-        c0, c1 = _cidx(0), _cidx(1)
-        outer, ob = _parallel_op([c0], [_cidx(nb)], [c1])
-    with ir.InsertionPoint.at_block_begin(ob), par.location:
-        inner, ib = _parallel_op([c0], [_cidx(t)], [c1])
+    _, ob, _, ib = _block_thread_nest(par, nb, t)
     with ir.InsertionPoint.at_block_begin(ib), par.location:
         tid = ib.arguments[0]
         row = arith.AddIOp(arith.MulIOp(ob.arguments[0], _cidx(rows)).result,
@@ -387,6 +385,8 @@ def _combine(kind: str, a: ir.Value, b: ir.Value) -> ir.Value:
 
 
 def _counts(par: ir.Operation):
+    """(lower bounds, steps, trip counts) per dimension of an ``scf.parallel`` with static
+    bounds; raises :class:`GpuCodegenError` for dynamic ones."""
     nd = len(par.regions[0].blocks[0].arguments)
     lbs, ubs, steps = (list(par.operands[i * nd:(i + 1) * nd]) for i in range(3))
     lb = [_const_index(v) for v in lbs]
@@ -454,11 +454,7 @@ def _wrap_serial(op: ir.Operation, caps) -> None:
         writes.append(op)
     width = max([_numel(p) for p in nested] or [1])
     t = block_size(width, caps) if nested else 1
-    with ir.InsertionPoint(op), op.location:
-        c0, c1 = _cidx(0), _cidx(1)
-        outer, ob = _parallel_op([c0], [c1], [c1])
-    with ir.InsertionPoint.at_block_begin(ob), op.location:
-        inner, ib = _parallel_op([c0], [_cidx(t)], [c1])
+    outer, ob, _, ib = _block_thread_nest(op, None, t)
     outer.attributes["poot.mapped"] = ir.UnitAttr.get()
     tid = ib.arguments[0]
     term = list(ib.operations)[-1].operation
@@ -640,23 +636,14 @@ def build_dispatch(text: str, caps, context: ir.Context | None = None,
 
     ``strategy``: ``"naive"`` maps every parallel loop one thread per output element
     (reductions serial per thread: the correctness baseline); ``"auto"`` also maps row
-    reductions (GEMV rows, RMSNorm/softmax sums and maxima) one warp per row."""
+    reductions (GEMV rows, RMSNorm/softmax sums and maxima) one warp per row. Raises
+    :class:`GpuCodegenError` for a body it cannot map (a dynamically sized temporary, a host
+    op left outside the kernels, a launch of dynamic size)."""
     ctx = context or ir.Context()
     ctx.allow_unregistered_dialects = True
     with ctx, ir.Location.unknown():
         module = ir.Module.parse(text)
-        fn = next(o.operation for o in module.body.operations
-                  if o.operation.name == "func.func")
-        if "sym_visibility" in fn.attributes:
-            del fn.attributes["sym_visibility"]
-        n_args = len(fn.regions[0].blocks[0].arguments)
-        fn.attributes["arg_attrs"] = ir.ArrayAttr.get(
-            [ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)})] * n_args)
-        for k in ("res_attrs",):
-            if k in fn.attributes:
-                del fn.attributes[k]
-        n_outs = len(ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results)
-        PassManager.parse(f"builtin.module({FUSE},{BUFFERIZE})").run(module.operation)
+        fn, n_args, n_outs = _bufferize(module)
         block = fn.regions[0].blocks[0]
         arg_types = [str(a.type) for a in list(block.arguments)[:n_args]]
         out_types = [str(a.type) for a in list(block.arguments)[n_args:]]
@@ -664,154 +651,216 @@ def build_dispatch(text: str, caps, context: ir.Context | None = None,
             raise GpuCodegenError("results were not all turned into out-parameters")
 
         _results_in_place(fn, n_args, n_outs)
-
-        # temporaries -> scratch arguments
-        scratch = []
-        for op in _top_ops(fn):
-            if op.name == "memref.alloc":
-                if len(op.operands):
-                    raise GpuCodegenError("a dynamically sized temporary")
-                t = op.results[0].type
-                arg = block.add_argument(t, op.location)
-                op.results[0].replace_all_uses_with(arg)
-                scratch.append((str(t), memref_nbytes(t)))
-                op.erase()
-            elif op.name == "memref.dealloc":
-                op.erase()
-
-        def nested_alloc(o):
-            if o.operation.name in ("memref.alloc", "memref.alloca"):
-                raise GpuCodegenError("a temporary allocated inside a loop")
-            return ir.WalkResult.ADVANCE
-        fn.walk(nested_alloc)
-
-        args = list(block.arguments)
-
-        globals_ = {ir.StringAttr(o.operation.attributes["sym_name"]).value: o.operation
-                    for o in module.body.operations if o.operation.name == "memref.global"}
-        consts: list[tuple[str, int, bytes]] = []
-        const_ids: dict[str, int] = {}
-
-        def slot(v: ir.Value):
-            v = _base(v)
-            owner = v.owner
-            if not isinstance(owner, ir.Block) and owner.operation.name == "memref.get_global":
-                name = ir.FlatSymbolRefAttr(owner.operation.attributes["name"]).value
-                if name not in const_ids:
-                    const_ids[name] = len(consts)
-                    consts.append((str(v.type), memref_nbytes(v.type),
-                                   _global_bytes(globals_[name], v.type)))
-                return ("const", const_ids[name])
-            for i, a in enumerate(args):
-                if a == v:
-                    if i < n_args:
-                        return ("arg", i)
-                    if i < n_args + n_outs:
-                        return ("out", i - n_args)
-                    return ("scratch", i - n_args - n_outs)
-            return None
-
-        # whole-buffer copies -> plan copies (marked), others -> linalg.copy
-        copies: dict[int, tuple] = {}
-        for op in _top_ops(fn):
-            if op.name != "memref.copy":
-                continue
-            s, d = slot(op.operands[0]), slot(op.operands[1])
-            if s is not None and d is not None and \
-                    memref_nbytes(op.operands[0].type) == memref_nbytes(args[_flat(d, n_args, n_outs)].type):
-                mark = len(copies)
-                copies[mark] = (s, d, memref_nbytes(op.operands[0].type))
-                with ir.InsertionPoint(op):
-                    ir.Operation.create("poot.copy_mark", attributes={
-                        "id": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), mark)})
-                op.erase()
-            else:
-                from mlir.dialects import linalg
-                with ir.InsertionPoint(op):
-                    linalg.copy(op.operands[0], outs=[op.operands[1]])
-                op.erase()
+        scratch = _scratch_arguments(fn, block)
+        slot = _SlotOf(module, list(block.arguments), n_args, n_outs)
+        copies = _plan_copies(fn, slot)
         fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
             [a.type for a in block.arguments], []))
         PassManager.parse(f"builtin.module({TO_LOOPS})").run(module.operation)
-        for op in _top_ops(fn):
-            if op.name in _PURE_TOP or op.name in ("scf.parallel", "poot.copy_mark") \
-                    or _sinkable(op):
-                continue
-            if strategy != "naive" and op.name == "scf.for" and not _has_parallel(op):
-                # a reduction whose parallel dims all folded away: a one-row nest, so the
-                # row-reduction mapping can take it
-                with ir.InsertionPoint(op), op.location:
-                    c0, c1 = _cidx(0), _cidx(1)
-                    _, pb = _parallel_op([c0], [c1], [c1])
-                op.move_before(list(pb.operations)[-1].operation)
-                continue
-            _wrap_serial(op, caps)
-        for op in _top_ops(fn):
-            if op.name == "scf.parallel":
-                _sink_into(op, block)
-        for op in reversed(_top_ops(fn)):
-            if _sinkable(op) and all(not list(r.uses) for r in op.results):
-                op.erase()
-        kinds = []
-        for op in _top_ops(fn):
-            if op.name == "scf.parallel" and "poot.mapped" in op.attributes:
-                del op.attributes["poot.mapped"]
-                kinds.append("cooperative")
-            elif op.name == "scf.parallel":
-                if strategy != "naive" and _warp_rows(op, caps):
-                    kinds.append("warp_rows")
-                else:
-                    _linearize(op, caps)
-                    kinds.append("naive")
-            elif not (op.name in _PURE_TOP or op.name == "poot.copy_mark"):
-                raise GpuCodegenError(f"host op {op.name} would stay on the host")
+        kinds = _map_loops(fn, block, caps, strategy)
         PassManager.parse(f"builtin.module({TO_GPU})").run(module.operation)
-
-        launches: list[Launch] = []
-        for op in _top_ops(fn):
-            if op.name == "gpu.launch_func":
-                kref = ir.SymbolRefAttr(op.attributes["kernel"])
-                mod_name, kname = kref.value[0], kref.value[1]
-                ops = list(op.operands)
-                # operands: [asyncDeps..., gridXYZ, blockXYZ, (clusterXYZ), dynSmem?, args...]
-                sizes = [_const_index(v) for v in ops[:6]]
-                kargs = ops[6:]
-                if "operandSegmentSizes" in op.attributes:
-                    seg = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
-                    # asyncDeps, grid xyz, block xyz, cluster xyz, dynamic smem, args, object
-                    if seg[0] or any(seg[7:11]):
-                        raise GpuCodegenError("a launch with async deps, clusters or "
-                                              "dynamic shared memory")
-                    pos, parts = 0, []
-                    for s_ in seg:
-                        parts.append(ops[pos:pos + s_])
-                        pos += s_
-                    sizes = [_const_index(v) for v in sum(parts[1:7], [])]
-                    kargs = parts[11]
-                if None in sizes:
-                    raise GpuCodegenError("a launch with dynamic grid/block sizes")
-                slots = []
-                for v in kargs:
-                    s_ = slot(v)
-                    if s_ is None:
-                        raise GpuCodegenError(f"kernel {kname}: argument {v.type} is not a "
-                                              "buffer of the dispatch")
-                    slots.append(s_)
-                launches.append(Launch("kernel", slots, mod_name, kname,
-                                       tuple(sizes[:3]), tuple(sizes[3:6]),
-                                       strategy=kinds[sum(L.kind == "kernel"
-                                                          for L in launches)]))
-            elif op.name == "poot.copy_mark":
-                s, d, nb = copies[ir.IntegerAttr(op.attributes["id"]).value]
-                launches.append(Launch("copy", [s, d], nbytes=nb))
-            elif op.name in _PURE_TOP:
-                continue
-            else:
-                raise GpuCodegenError(f"host op {op.name} left after kernel outlining")
+        launches = _launches(fn, slot, copies, kinds)
         fn.erase()
-        for g in globals_.values():
+        for g in slot.globals.values():
             g.erase()
-        return DispatchKernels(module, launches, arg_types, out_types, scratch, consts)
+        return DispatchKernels(module, launches, arg_types, out_types, scratch, slot.consts)
+
+
+def _bufferize(module: ir.Module) -> tuple[ir.Operation, int, int]:
+    """Fuse and bufferize the module's dispatch function in place (results become
+    out-parameters; arguments read-only): (the function, its argument and result counts)."""
+    fn = next(o.operation for o in module.body.operations
+              if o.operation.name == "func.func")
+    if "sym_visibility" in fn.attributes:
+        del fn.attributes["sym_visibility"]
+    n_args = len(fn.regions[0].blocks[0].arguments)
+    fn.attributes["arg_attrs"] = ir.ArrayAttr.get(
+        [ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)})] * n_args)
+    for k in ("res_attrs",):
+        if k in fn.attributes:
+            del fn.attributes[k]
+    n_outs = len(ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results)
+    PassManager.parse(f"builtin.module({FUSE},{BUFFERIZE})").run(module.operation)
+    return fn, n_args, n_outs
+
+
+def _scratch_arguments(fn: ir.Operation, block: ir.Block) -> list[tuple[str, int]]:
+    """Turn the function's top-level temporaries into scratch arguments (appended after the
+    out-parameters): ``(memref type, nbytes)`` each. Raises :class:`GpuCodegenError` for a
+    dynamically sized temporary or one allocated inside a loop."""
+    scratch = []
+    for op in _top_ops(fn):
+        if op.name == "memref.alloc":
+            if len(op.operands):
+                raise GpuCodegenError("a dynamically sized temporary")
+            t = op.results[0].type
+            arg = block.add_argument(t, op.location)
+            op.results[0].replace_all_uses_with(arg)
+            scratch.append((str(t), memref_nbytes(t)))
+            op.erase()
+        elif op.name == "memref.dealloc":
+            op.erase()
+
+    def nested_alloc(o):
+        if o.operation.name in ("memref.alloc", "memref.alloca"):
+            raise GpuCodegenError("a temporary allocated inside a loop")
+        return ir.WalkResult.ADVANCE
+    fn.walk(nested_alloc)
+    return scratch
+
+
+class _SlotOf:
+    """The plan slot of a buffer value of the dispatch: ``("arg", i)``, ``("out", j)``,
+    ``("scratch", k)``, or ``("const", c)`` for a ``memref.get_global`` (its bytes recorded
+    in :attr:`consts` on first use); None for any other value."""
+
+    def __init__(self, module: ir.Module, args: list, n_args: int, n_outs: int):
+        self.args, self.n_args, self.n_outs = args, n_args, n_outs
+        self.globals = {ir.StringAttr(o.operation.attributes["sym_name"]).value: o.operation
+                        for o in module.body.operations
+                        if o.operation.name == "memref.global"}
+        self.consts: list[tuple[str, int, bytes]] = []
+        self.const_ids: dict[str, int] = {}
+
+    def __call__(self, v: ir.Value):
+        v = _base(v)
+        owner = v.owner
+        if not isinstance(owner, ir.Block) and owner.operation.name == "memref.get_global":
+            name = ir.FlatSymbolRefAttr(owner.operation.attributes["name"]).value
+            if name not in self.const_ids:
+                self.const_ids[name] = len(self.consts)
+                self.consts.append((str(v.type), memref_nbytes(v.type),
+                                    _global_bytes(self.globals[name], v.type)))
+            return ("const", self.const_ids[name])
+        n_args, n_outs = self.n_args, self.n_outs
+        for i, a in enumerate(self.args):
+            if a == v:
+                if i < n_args:
+                    return ("arg", i)
+                if i < n_args + n_outs:
+                    return ("out", i - n_args)
+                return ("scratch", i - n_args - n_outs)
+        return None
+
+
+def _plan_copies(fn: ir.Operation, slot: _SlotOf) -> dict[int, tuple]:
+    """Whole-buffer copies between slots become plan copies (a ``poot.copy_mark`` left in
+    their place, keyed by the returned ``{mark: (src, dst, nbytes)}``); other copies become
+    ``linalg.copy`` (mapped to a kernel like any loop nest)."""
+    from mlir.dialects import linalg
+
+    args, n_args, n_outs = slot.args, slot.n_args, slot.n_outs
+    copies: dict[int, tuple] = {}
+    for op in _top_ops(fn):
+        if op.name != "memref.copy":
+            continue
+        s, d = slot(op.operands[0]), slot(op.operands[1])
+        if s is not None and d is not None and \
+                memref_nbytes(op.operands[0].type) == memref_nbytes(args[_flat(d, n_args, n_outs)].type):
+            mark = len(copies)
+            copies[mark] = (s, d, memref_nbytes(op.operands[0].type))
+            with ir.InsertionPoint(op):
+                ir.Operation.create("poot.copy_mark", attributes={
+                    "id": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), mark)})
+            op.erase()
+        else:
+            with ir.InsertionPoint(op):
+                linalg.copy(op.operands[0], outs=[op.operands[1]])
+            op.erase()
+    return copies
+
+
+def _map_loops(fn: ir.Operation, block: ir.Block, caps, strategy: str) -> list[str]:
+    """Map the function's top-level loop nests to GPU loops (cooperative, one warp per row,
+    or one thread per element): the mapping kind of each ``scf.parallel`` in order. Raises
+    :class:`GpuCodegenError` for a host op that would stay on the host."""
+    for op in _top_ops(fn):
+        if op.name in _PURE_TOP or op.name in ("scf.parallel", "poot.copy_mark") \
+                or _sinkable(op):
+            continue
+        if strategy != "naive" and op.name == "scf.for" and not _has_parallel(op):
+            # a reduction whose parallel dims all folded away: a one-row nest, so the
+            # row-reduction mapping can take it
+            with ir.InsertionPoint(op), op.location:
+                c0, c1 = _cidx(0), _cidx(1)
+                _, pb = _parallel_op([c0], [c1], [c1])
+            op.move_before(list(pb.operations)[-1].operation)
+            continue
+        _wrap_serial(op, caps)
+    for op in _top_ops(fn):
+        if op.name == "scf.parallel":
+            _sink_into(op, block)
+    for op in reversed(_top_ops(fn)):
+        if _sinkable(op) and all(not list(r.uses) for r in op.results):
+            op.erase()
+    kinds = []
+    for op in _top_ops(fn):
+        if op.name == "scf.parallel" and "poot.mapped" in op.attributes:
+            del op.attributes["poot.mapped"]
+            kinds.append("cooperative")
+        elif op.name == "scf.parallel":
+            if strategy != "naive" and _warp_rows(op, caps):
+                kinds.append("warp_rows")
+            else:
+                _linearize(op, caps)
+                kinds.append("naive")
+        elif not (op.name in _PURE_TOP or op.name == "poot.copy_mark"):
+            raise GpuCodegenError(f"host op {op.name} would stay on the host")
+    return kinds
+
+
+def _launch_sizes(op: ir.Operation) -> tuple[list, list]:
+    """(grid and block sizes, kernel operands) of a ``gpu.launch_func``."""
+    ops = list(op.operands)
+    # operands: [asyncDeps..., gridXYZ, blockXYZ, (clusterXYZ), dynSmem?, args...]
+    sizes = [_const_index(v) for v in ops[:6]]
+    kargs = ops[6:]
+    if "operandSegmentSizes" in op.attributes:
+        seg = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+        # asyncDeps, grid xyz, block xyz, cluster xyz, dynamic smem, args, object
+        if seg[0] or any(seg[7:11]):
+            raise GpuCodegenError("a launch with async deps, clusters or "
+                                  "dynamic shared memory")
+        pos, parts = 0, []
+        for s_ in seg:
+            parts.append(ops[pos:pos + s_])
+            pos += s_
+        sizes = [_const_index(v) for v in sum(parts[1:7], [])]
+        kargs = parts[11]
+    if None in sizes:
+        raise GpuCodegenError("a launch with dynamic grid/block sizes")
+    return sizes, kargs
+
+
+def _launches(fn: ir.Operation, slot: _SlotOf, copies: dict[int, tuple], kinds: list[str]
+              ) -> list[Launch]:
+    """The plan's launches, in the function's order: a kernel launch per
+    ``gpu.launch_func`` (its mapping kind from ``kinds``), a copy per ``poot.copy_mark``."""
+    launches: list[Launch] = []
+    for op in _top_ops(fn):
+        if op.name == "gpu.launch_func":
+            kref = ir.SymbolRefAttr(op.attributes["kernel"])
+            mod_name, kname = kref.value[0], kref.value[1]
+            sizes, kargs = _launch_sizes(op)
+            slots = []
+            for v in kargs:
+                s_ = slot(v)
+                if s_ is None:
+                    raise GpuCodegenError(f"kernel {kname}: argument {v.type} is not a "
+                                          "buffer of the dispatch")
+                slots.append(s_)
+            launches.append(Launch("kernel", slots, mod_name, kname,
+                                   tuple(sizes[:3]), tuple(sizes[3:6]),
+                                   strategy=kinds[sum(L.kind == "kernel"
+                                                      for L in launches)]))
+        elif op.name == "poot.copy_mark":
+            s, d, nb = copies[ir.IntegerAttr(op.attributes["id"]).value]
+            launches.append(Launch("copy", [s, d], nbytes=nb))
+        elif op.name in _PURE_TOP:
+            continue
+        else:
+            raise GpuCodegenError(f"host op {op.name} left after kernel outlining")
+    return launches
 
 
 def _flat(s, n_args, n_outs) -> int:

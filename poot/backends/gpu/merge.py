@@ -90,37 +90,15 @@ def _merged(prod_call, prod_fn, cons_call, cons_fn, name: str, module_body) -> t
     for v in prod_call.operands:
         if v not in operands:
             operands.append(v)
-    cons_type = ir.FunctionType(ir.TypeAttr(cons_fn.attributes["function_type"]).value)
     with cons_fn.context, cons_fn.location:
-        ftype = ir.FunctionType.get([v.type for v in operands], list(cons_type.results))
-        fn = ir.Operation.create(
-            "func.func", regions=1,
-            attributes={"sym_name": ir.StringAttr.get(name),
-                        "function_type": ir.TypeAttr.get(ftype),
-                        "sym_visibility": ir.StringAttr.get("private"),
-                        DISPATCH_ATTR: cons_fn.attributes[DISPATCH_ATTR]},
-            ip=ir.InsertionPoint(module_body))
-        entry = fn.regions[0].blocks.append(*[v.type for v in operands])
-        outer = dict(zip(operands, entry.arguments))
-        ip = ir.InsertionPoint(entry)
+        fn, outer, ip = _dispatch_like(cons_fn, name, operands, module_body)
         pblock = prod_fn.regions[0].blocks[0]
-        mapping = {a: outer[v] for a, v in zip(pblock.arguments, prod_call.operands)}
-        for o in pblock.operations:
-            o = o.operation
-            if o.name == "func.return":
-                pret = [mapping[v] for v in o.operands]
-                break
-            clone_into(o, mapping, ip)
+        pret = _inline(pblock, {a: outer[v] for a, v in zip(pblock.arguments,
+                                                             prod_call.operands)}, ip)
         cblock = cons_fn.regions[0].blocks[0]
         mapping = {a: (pret[produced[v]] if v in produced else outer[v])
                    for a, v in zip(cblock.arguments, cons_call.operands)}
-        for o in cblock.operations:
-            o = o.operation
-            if o.name == "func.return":
-                ir.Operation.create("func.return", operands=[mapping[v] for v in o.operands],
-                                    ip=ip)
-                break
-            clone_into(o, mapping, ip)
+        ir.Operation.create("func.return", operands=_inline(cblock, mapping, ip), ip=ip)
     cse(fn)
     dce(fn)
     return fn, operands
@@ -213,30 +191,42 @@ def _with_reshape(call: ir.Operation, callee: ir.Operation, reshape: ir.Operatio
         w = src if v == res else v
         if w not in operands:
             operands.append(w)
-    ftype = ir.FunctionType(ir.TypeAttr(callee.attributes["function_type"]).value)
     with callee.context, callee.location:
-        fn_type = ir.FunctionType.get([v.type for v in operands], list(ftype.results))
-        fn = ir.Operation.create(
-            "func.func", regions=1,
-            attributes={"sym_name": ir.StringAttr.get(name),
-                        "function_type": ir.TypeAttr.get(fn_type),
-                        "sym_visibility": ir.StringAttr.get("private"),
-                        DISPATCH_ATTR: callee.attributes[DISPATCH_ATTR]},
-            ip=ir.InsertionPoint(module_body))
-        entry = fn.regions[0].blocks.append(*[v.type for v in operands])
-        outer = dict(zip(operands, entry.arguments))
-        ip = ir.InsertionPoint(entry)
+        fn, outer, ip = _dispatch_like(callee, name, operands, module_body)
         clone_into(reshape, outer, ip)          # outer[res] = the reshape inside
         cblock = callee.regions[0].blocks[0]
         mapping = {a: outer[v] for a, v in zip(cblock.arguments, call.operands)}
-        for o in cblock.operations:
-            o = o.operation
-            if o.name == "func.return":
-                ir.Operation.create("func.return", operands=[mapping[v] for v in o.operands],
-                                    ip=ip)
-                break
-            clone_into(o, mapping, ip)
+        ir.Operation.create("func.return", operands=_inline(cblock, mapping, ip), ip=ip)
     return fn, operands
+
+
+def _dispatch_like(like: ir.Operation, name: str, operands: list, module_body) -> tuple:
+    """A new private dispatch function ``name`` at the end of ``module_body``, taking one
+    argument per value of ``operands`` and returning ``like``'s results (its dispatch
+    attribute copied), with an empty entry block: (function, operand -> its argument,
+    insertion point in the entry). Call it inside ``like``'s context and location."""
+    results = ir.FunctionType(ir.TypeAttr(like.attributes["function_type"]).value).results
+    ftype = ir.FunctionType.get([v.type for v in operands], list(results))
+    fn = ir.Operation.create(
+        "func.func", regions=1,
+        attributes={"sym_name": ir.StringAttr.get(name),
+                    "function_type": ir.TypeAttr.get(ftype),
+                    "sym_visibility": ir.StringAttr.get("private"),
+                    DISPATCH_ATTR: like.attributes[DISPATCH_ATTR]},
+        ip=ir.InsertionPoint(module_body))
+    entry = fn.regions[0].blocks.append(*[v.type for v in operands])
+    return fn, dict(zip(operands, entry.arguments)), ir.InsertionPoint(entry)
+
+
+def _inline(block: ir.Block, mapping: dict, ip: ir.InsertionPoint) -> list:
+    """Clone ``block``'s ops up to its ``func.return`` at ``ip`` (``mapping``: its arguments
+    -> values there, extended with every clone's results); the returned values, mapped."""
+    for o in block.operations:
+        o = o.operation
+        if o.name == "func.return":
+            return [mapping[v] for v in o.operands]
+        clone_into(o, mapping, ip)
+    raise ValueError("a function body without func.return")
 
 
 def sink_reshapes(g) -> int:

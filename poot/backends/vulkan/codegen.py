@@ -33,19 +33,26 @@ PATH (``validate=True``).
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
 import tempfile
 from dataclasses import replace
+from types import SimpleNamespace
 
 from mlir import ir
 from mlir.dialects import arith, memref, scf
 from mlir.passmanager import PassManager
 
+from poot.backends.gpu.plan import plan_program
 from poot.backends.vulkan.artifact import (ERR_GATHER_INDEX, BufferSpec, Step,
                                            VulkanArtifact, VulkanKernel)
+from poot.compiler import CompileOptions
+from poot.compiler import compile as compile_graph
+from poot.dialects.types import type_from_mlir
 from poot.errors import PootError
+from poot.progress import Tracker
 
 from poot.backends.vulkan.target import DEFAULT_FEATURES, vulkan_target  # noqa: E402
 
@@ -502,17 +509,48 @@ def codegen_vulkan(g, target, validate: bool = True, storage=(), progress=None
     (the executor ping-pongs carried state). ``progress``: a
     :class:`~poot.progress.Tracker` (per dispatch region, the SPIR-V lowering, then
     spirv-val per kernel).
+    Raises :class:`SpirvCodegenError` where a kernel does not lower or validate.
     """
-    from types import SimpleNamespace
-
-    from poot.backends.gpu.plan import plan_program
-    from poot.progress import Tracker
-
     track = Tracker.of(progress)
     caps = target.caps
     features = caps.features or DEFAULT_FEATURES
     plan = plan_program(SimpleNamespace(graph=g, storage=list(storage)), caps, progress=track)
     kmod = plan.module
+    users = _kernel_users(plan)
+    blocks = _block_sizes(plan)
+    _one_module_per_kernel(kmod)
+    index = {n: i for i, n in enumerate(plan.kernels)}
+    n_checks: dict[int, int] = {}
+
+    def checks_for(gm, f):
+        k = index[_sym(f)]
+        n_checks[k] = _add_error_word(f, k)
+
+    validating = validate and shutil.which("spirv-val") is not None
+    track.add(1 + (len(plan.kernels) if validating else 0))
+    track("SPIR-V lowering")
+    bins = _spirv_binaries(kmod, caps, checks_for, blocks)
+    art = VulkanArtifact(name=g.name)
+    ids, written_over = _artifact_buffers(art, plan)
+    for i, name in enumerate(plan.kernels):
+        spv, entry = bins[name]
+        if validating:
+            track("spirv-val")
+            spirv_val(spv, f"kernel {name} ({', '.join(users.get(i, []))})")
+        nargs = next(len(L["args"]) for L in plan.launches
+                     if L["op"] == "kernel" and L["kernel"] == i)
+        art.kernels.append(VulkanKernel(name, entry, spv, list(blocks[name]), nargs + 1))
+    _artifact_steps(art, plan, ids, written_over)
+    art.dispatches = [{"name": d["callee"], "kind": d["kind"]} for d in plan.dispatches]
+    art.kernel_users = [users.get(i, []) for i in range(len(plan.kernels))]
+    art.checks = {plan.kernels[k]: n for k, n in n_checks.items() if n}
+    art.subgroup_size = caps.subgroup_size
+    art.features = sorted(features)
+    return art
+
+
+def _kernel_users(plan) -> dict[int, list[str]]:
+    """Per kernel index of ``plan``, the dispatch functions (callees) launching it, in order."""
     users: dict[int, list[str]] = {}
     for d in plan.dispatches:
         for L in plan.launches[d["first"]:d["first"] + d["count"]]:
@@ -520,13 +558,24 @@ def codegen_vulkan(g, target, validate: bool = True, storage=(), progress=None
                 users.setdefault(L["kernel"], [])
                 if d["callee"] not in users[L["kernel"]]:
                     users[L["kernel"]].append(d["callee"])
+    return users
+
+
+def _block_sizes(plan) -> dict[str, tuple]:
+    """The block size each kernel of ``plan`` is launched with, by kernel name; raises
+    :class:`SpirvCodegenError` for a kernel launched with two."""
     blocks = {}
     for L in plan.launches:
         if L["op"] == "kernel":
             name = plan.kernels[L["kernel"]]
             if blocks.setdefault(name, tuple(L["block"])) != tuple(L["block"]):
                 raise SpirvCodegenError(f"kernel {name} launched with two block sizes")
-    # one gpu.module per kernel: one SPIR-V binary, one entry point, its own bindings
+    return blocks
+
+
+def _one_module_per_kernel(kmod: ir.Module) -> None:
+    """Split ``kmod``'s gpu.modules into one gpu.module per kernel (named after it): one
+    SPIR-V binary, one entry point, its own bindings."""
     with kmod.context, ir.Location.unknown():
         for gm in [o.operation for o in kmod.body.operations]:
             if gm.name != "gpu.module":
@@ -542,31 +591,26 @@ def codegen_vulkan(g, target, validate: bool = True, storage=(), progress=None
                 f.detach_from_parent()
                 ir.InsertionPoint(new.regions[0].blocks[0]).insert(f)
             gm.erase()
-    index = {n: i for i, n in enumerate(plan.kernels)}
-    n_checks: dict[int, int] = {}
 
-    def checks_for(gm, f):
-        k = index[_sym(f)]
-        n_checks[k] = _add_error_word(f, k)
 
-    validating = validate and shutil.which("spirv-val") is not None
-    track.add(1 + (len(plan.kernels) if validating else 0))
-    track("SPIR-V lowering")
-    bins = _spirv_binaries(kmod, caps, checks_for, blocks)
+def _buffer_spec(d: dict) -> BufferSpec:
+    """The artifact's :class:`BufferSpec` of a plan input, param or output ``d``."""
+    poot_t = d.get("poot", "")
+    if poot_t.startswith("packed:"):
+        return BufferSpec("u8", (d["nbytes"],), d["nbytes"], poot_t.split(":")[1])
+    return BufferSpec(poot_t, tuple(d["shape"]), d["nbytes"])
 
-    def spec(d) -> BufferSpec:
-        poot_t = d.get("poot", "")
-        if poot_t.startswith("packed:"):
-            return BufferSpec("u8", (d["nbytes"],), d["nbytes"], poot_t.split(":")[1])
-        return BufferSpec(poot_t, tuple(d["shape"]), d["nbytes"])
 
-    art = VulkanArtifact(name=g.name)
+def _artifact_buffers(art: VulkanArtifact, plan) -> tuple[dict[int, int], list]:
+    """Fill ``art``'s inputs, params, outputs and buffers from ``plan``: (plan buffer id ->
+    artifact buffer, ``(input's buffer, output's buffer, nbytes)`` of each output written in
+    place over its input)."""
     ids = {}
     written_over = []          # (input's art buffer, output's art buffer) of in-place state
     for role, items in (("input", plan.inputs), ("param", plan.params),
                         ("output", plan.outputs)):
         for i, d in enumerate(items):
-            getattr(art, role + "s").append((d["name"], spec(d)))
+            getattr(art, role + "s").append((d["name"], _buffer_spec(d)))
             if role == "output" and d.get("in_place"):
                 # the kernels write the input's buffer; the output is a copy of it at the end
                 written_over.append((ids[d["buffer"]], len(art.buffers), d["nbytes"]))
@@ -582,18 +626,15 @@ def codegen_vulkan(g, target, validate: bool = True, storage=(), progress=None
         entry = {"kind": "const" if b["role"] == "const" else "temp", "name": b["name"],
                  "index": -1, "nbytes": int(b["nbytes"])}
         if b["role"] == "const":
-            import base64
-
             entry["data"] = base64.b64decode(b["data"]).hex()
         art.buffers.append(entry)
-    for i, name in enumerate(plan.kernels):
-        spv, entry = bins[name]
-        if validating:
-            track("spirv-val")
-            spirv_val(spv, f"kernel {name} ({', '.join(users.get(i, []))})")
-        nargs = next(len(L["args"]) for L in plan.launches
-                     if L["op"] == "kernel" and L["kernel"] == i)
-        art.kernels.append(VulkanKernel(name, entry, spv, list(blocks[name]), nargs + 1))
+    return ids, written_over
+
+
+def _artifact_steps(art: VulkanArtifact, plan, ids: dict[int, int], written_over: list
+                    ) -> None:
+    """``art``'s steps: the plan's launches and copies (each with its dispatch's ordinal),
+    then the copies of in-place state into its outputs."""
     ordinal = {}
     for j, d in enumerate(plan.dispatches):
         for L in plan.launches[d["first"]:d["first"] + d["count"]]:
@@ -608,17 +649,9 @@ def codegen_vulkan(g, target, validate: bool = True, storage=(), progress=None
                                   dispatch=ordinal.get(id(L), -1)))
     for src, dst, nbytes in written_over:
         art.steps.append(Step("copy", src=src, dst=dst, nbytes=int(nbytes)))
-    art.dispatches = [{"name": d["callee"], "kind": d["kind"]} for d in plan.dispatches]
-    art.kernel_users = [users.get(i, []) for i in range(len(plan.kernels))]
-    art.checks = {plan.kernels[k]: n for k, n in n_checks.items() if n}
-    art.subgroup_size = caps.subgroup_size
-    art.features = sorted(features)
-    return art
 
 
 def _nbytes(t: ir.Type) -> int:
-    from poot.dialects.types import type_from_mlir
-
     return type_from_mlir(t).nbytes
 
 
@@ -628,10 +661,8 @@ def compile_vulkan(graph, target=None, options=None):
     dispatch region = one kernel sequence). Returns its
     :class:`~poot.compiler.compile.Program`, whose ``executable`` is the
     :class:`VulkanArtifact`."""
-    from poot.compiler import CompileOptions, compile
-
     options = options or CompileOptions()
-    return compile(graph, target or vulkan_target(), replace(options, fuse=True))
+    return compile_graph(graph, target or vulkan_target(), replace(options, fuse=True))
 
 
 def codegen(program, options=None, progress=None) -> VulkanArtifact:

@@ -1,8 +1,10 @@
 """Kernel synthesis for a dispatch region, chosen by the region's root op (the GPU analogue
 of a kernel configuration): before the generic mapping of :mod:`poot.backends.gpu.kernels`
-(linalg -> parallel loops -> one thread or one warp per row), each registered strategy looks
-at the region's *poot-level* body and either returns the region's kernels or ``None`` (the
-next strategy, and finally the generic mapping, takes it).
+(linalg -> parallel loops -> one thread or one warp per row), planning tries the strategies
+of :data:`STRATEGIES` in order; each looks at the region's *poot-level* body and either
+returns the region's kernels or ``None`` (the next strategy, and finally the generic mapping,
+takes it). The first that returns kernels wins, so the order is the policy: the list says
+why each entry sits where it does.
 
 A strategy is a function ``(fn, caps) -> Synthesized | None``:
 
@@ -13,85 +15,86 @@ A strategy is a function ``(fn, caps) -> Synthesized | None``:
 
 It matches on semantics (what the ops compute and how the values flow), never on a model or
 on one tracer's spelling, and refuses (``None``) anything it does not cover exactly. The
-kernels it returns are ``gpu.module`` text (``gpu.func ... kernel`` taking one memref per
-argument, static shapes), lowered by every gpu-dialect backend (NVVM, SPIR-V) like the generic
-kernels. ``POOT_GPU_STRATEGIES=generic`` turns every strategy off (to compare);
-``POOT_GPU_STRATEGIES=a,b`` keeps only the strategies named ``a`` and ``b``.
+kernels it returns (:class:`~poot.backends.gpu.strategies.emit.Synthesized`) are
+``gpu.module`` text (``gpu.func ... kernel`` taking one memref per argument, static shapes),
+lowered by every gpu-dialect backend (NVVM, SPIR-V) like the generic kernels; the emit helpers
+they share are in :mod:`poot.backends.gpu.strategies.emit`. ``POOT_GPU_STRATEGIES=generic``
+turns every strategy off (to compare); ``POOT_GPU_STRATEGIES=a,b`` keeps only the strategies
+named ``a`` and ``b``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 from mlir import ir
 
-from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError, Launch
 from poot import settings
-
-
-@dataclass
-class Synthesized:
-    """What a strategy returns: ``text`` holds one or more ``gpu.module``s; ``launches``
-    (kernel launches naming ``module``/``kernel`` in ``text``, in order, and plan copies);
-    ``scratch``: ``(memref type text, nbytes)`` per temporary buffer (``("scratch", k)``);
-    ``consts``: ``(memref type text, nbytes, raw bytes)`` per constant (``("const", k)``)."""
-
-    text: str
-    launches: list[Launch]
-    scratch: list[tuple[str, int]] = field(default_factory=list)
-    consts: list[tuple[str, int, bytes]] = field(default_factory=list)
-
+from poot.backends.gpu.horizontal import horizontal_kernels
+from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError
+# the modules, not their strategy functions: several share their module's name (gemm,
+# pointwise, rowreduce, scatter), and a function bound here would hide the submodule
+from poot.backends.gpu.strategies import (
+    attention,
+    gemm,
+    indexed,
+    matmul,
+    pointwise,
+    rowreduce,
+    scatter,
+)
+from poot.backends.gpu.strategies.emit import Synthesized
 
 Strategy = Callable[[ir.Operation, object], "Synthesized | None"]
-_STRATEGIES: list[tuple[str, Strategy]] = []
-_LOADED = False
 
 
-_FALLBACKS: list[tuple[str, Strategy]] = []
+def horizontal(fn: ir.Operation, caps) -> Synthesized | None:
+    """Strategy ``horizontal`` (:func:`poot.backends.gpu.horizontal.horizontal_kernels`): a
+    merged function's members, each synthesized by this same list, as one kernel per phase."""
+    got = horizontal_kernels(fn, caps, synthesize)
+    return None if got is None else Synthesized(*got)
 
 
-def register(name: str, first: bool = False, fallback: bool = False):
-    """Decorator: add a strategy (tried in registration order; ``first``: before all others,
-    for a strategy that recognises its functions by an attribute others must not see;
-    ``fallback``: after all others, for one that takes any region of a broad class, so a
-    specialised strategy matching the same region wins: ``pointwise`` computes small
-    contractions per element, but a projection the GEMV or GEMM matches stays theirs)."""
-    def deco(fn: Strategy) -> Strategy:
-        if fallback:
-            _FALLBACKS.append((name, fn))
-        elif first:
-            _STRATEGIES.insert(0, (name, fn))
-        else:
-            _STRATEGIES.append((name, fn))
-        return fn
-    return deco
-
-
-def _load() -> None:
-    # strategy modules register themselves on import. Keyed on a flag, not on an empty
-    # list: a caller that imported one strategy module first (a test importing matmul) must
-    # still get every other one (the horizontal fusion strategy among them)
-    global _LOADED
-    import importlib
-    import pkgutil
-
-    _LOADED = True
-    for m in pkgutil.iter_modules(__path__):
-        if not m.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{m.name}")
+#: The strategies planning tries, in order: ``(name, strategy)``. The first that returns
+#: kernels takes the region; none: the generic mapping (:func:`~poot.backends.gpu.kernels.
+#: build_dispatch`).
+STRATEGIES: tuple[tuple[str, Strategy], ...] = (
+    # first: it recognises a merged function by its poot.dispatch members attribute, which
+    # only it may split back into members (every other strategy would see one big body)
+    ("horizontal", horizontal),
+    # attention (one poot.attention / paged_attention root): nothing below takes it
+    ("flash_decode", attention.flash_decode),
+    # last-axis row reductions and their elementwise consumers (norms, softmax, sampling):
+    # ahead of the matmul strategies, so a region both could take (row reductions whose
+    # consumers hold a small contraction, computed per element) stays one row kernel
+    ("rowreduce", rowreduce.rowreduce),
+    # decode matmuls (a few rows of x times a weight, a norm folded in front): before the
+    # GEMM, which it consults itself (matmul.gemm_defers) to leave it the rows it takes
+    ("gemv", matmul.gemv),
+    # prefill matmuls on tensor cores (mma / MFMA / WMMA), the rows the GEMV leaves it
+    ("gemm", gemm.gemm),
+    # a MoE layer's expert GEMVs selected by an index (poot.indexed_matmul): after the GEMV,
+    # whose indexed match streams them faster; this takes what it refuses (formats without
+    # a unit decoder, an x with a folded norm)
+    ("indexed_gemv", indexed.indexed_gemv),
+    # KV cache writes (a poot.scatter root)
+    ("scatter", scatter.scatter),
+    # last: it takes any region of the elementwise class (small contractions computed per
+    # element), so every specialised strategy above matching the same region wins: a
+    # projection the GEMV or GEMM matches stays theirs
+    ("pointwise", pointwise.pointwise),
+)
 
 
 def synthesize(fn: ir.Operation, caps, kctx: ir.Context) -> DispatchKernels | None:
     """The first strategy's kernels for dispatch ``fn``, parsed into ``kctx``; None when no
-    strategy takes it (or ``POOT_GPU_STRATEGIES=generic``)."""
+    strategy takes it (or ``POOT_GPU_STRATEGIES=generic``). Raises
+    :class:`~poot.backends.gpu.kernels.GpuCodegenError` when a strategy emits invalid IR."""
     only = settings.get_str("POOT_GPU_STRATEGIES") or ""
     if only == "generic":
         return None
     allowed = set(only.split(",")) if only else None
-    if not _LOADED:
-        _load()
-    for name, strat in _STRATEGIES + _FALLBACKS:
+    for name, strat in STRATEGIES:
         if allowed is not None and name not in allowed:
             continue
         with fn.context, ir.Location.unknown():
@@ -112,4 +115,4 @@ def synthesize(fn: ir.Operation, caps, kctx: ir.Context) -> DispatchKernels | No
     return None
 
 
-__all__ = ["Synthesized", "register", "synthesize"]
+__all__ = ["STRATEGIES", "Strategy", "Synthesized", "horizontal", "synthesize"]

@@ -1,8 +1,8 @@
 """GEMM on matrix instructions (NVIDIA tensor cores, AMD MFMA / WMMA): one kernel (two with split-K) for a dispatch region rooted at a
-``poot.matmul`` with M > :data:`~.matmul.MAX_M` rows (prompt tokens, batched decode), or from
-:data:`~.matmul.GEMM_FROM_M` rows with a dense bf16/f16 weight (small decode batches; the
+``poot.matmul`` with M > :data:`~.matmul_match.MAX_M` rows (prompt tokens, batched decode), or from
+:data:`~.matmul_match.GEMM_FROM_M` rows with a dense bf16/f16 weight (small decode batches; the
 GEMV defers, :func:`.matmul.gemm_defers`), against a weight, its elementwise epilogue fused.
-The regions are those the decode GEMV takes (:func:`.matmul.match`, here without its M
+The regions are those the decode GEMV takes (:func:`.matmul_match.match`, here without its M
 limit), restricted to::
 
     x   = reshape*(arg f32 [M, K])                               # an argument
@@ -58,12 +58,12 @@ cuts K into S slices of whole K steps; slice z stores its f32 accumulators as pa
 order and applies the epilogue. No atomics: results do not depend on block scheduling.
 
 Staging units: x and dense weights in *chunks* of 8 consecutive k (two 16-byte loads of x
-f32, or an expression x's 8 elements from :mod:`._scalar` (scalar loads), rounded in pairs by
+f32, or an expression x's 8 elements from :mod:`.emit` (scalar loads), rounded in pairs by
 ``cvt.rn.{bf16,f16}x2.f32``; one 16-byte load of weight words; one
 16-byte workgroup store); Q4_0/Q4_1/Q8_0 in half-blocks (the scale and 8 or 16 quant bytes of
 one 32-element block per thread, decoded in f32 into two chunks); Q4_K/Q6_K element by
 element with the oracle's own decoder (:data:`poot.dialects.lowering.packed.DECODERS` via
-:mod:`._scalar`, byte loads; correct, not fast). Ragged edges: rows of x past M and weight
+:mod:`.emit`, byte loads; correct, not fast). Ragged edges: rows of x past M and weight
 rows past N are read clamped (their results are never stored: every output element is
 guarded); a K tail (K % BK, dense only) reads clamped addresses and stores zeros; K % 8 != 0
 (dense) stages element by element with scalar loads.
@@ -113,11 +113,24 @@ import numpy as np
 from mlir import ir
 
 from poot.backends.gpu.kernels import Launch
-from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import ScalarEmitter, ScalarUnsupported
-from poot.backends.gpu.strategies.matmul import (GEMM_FROM_M, GemvMatch, _ArgsSeen, _arg_no,
-                                                 _Emit, _op, _ttype, gemm_rows, kernel_params,
-                                                 match, region_params)
+from poot.backends.gpu.strategies.emit import (
+    ArgsSeenEmitter,
+    EmitShorthands,
+    ScalarEmitter,
+    ScalarUnsupported,
+    Synthesized,
+    arg_number,
+    defining_op,
+    maybe_poot_type,
+)
+from poot.backends.gpu.strategies.matmul_match import (
+    GEMM_FROM_M,
+    GemvMatch,
+    gemm_rows,
+    kernel_params,
+    match,
+    region_params,
+)
 from poot.dialects.types import DType
 
 #: weight ring depths tried, deepest first, where the weight tiles go to workgroup memory by
@@ -429,14 +442,14 @@ def error_bound(x: np.ndarray, w: np.ndarray, mma: str) -> np.ndarray:
 # ---- the kernel -------------------------------------------------------------------------------
 
 class _GemmKernel:
-    """Emits the GEMM kernel of a :class:`~.matmul.GemvMatch` for tiling ``t``
+    """Emits the GEMM kernel of a :class:`~.matmul_match.GemvMatch` for tiling ``t``
     (see the module doc)."""
 
     def __init__(self, m: GemvMatch, t: Tiling, emulate: bool, fn: ir.Operation,
                  split: int = 1):
         self.m, self.t, self.emulate, self.fn, self.S = m, t, emulate, fn, split
         self.nv = t.op is MMA_SYNC                  # ldmatrix + mma.sync, NVVM conversions
-        self.e = _Emit()
+        self.e = EmitShorthands()
         w = m.weight
         self.bf16 = w.layout == "nk" and w.dtype is DType.BF16
         self.kind = "dense" if w.layout == "nk" else (w.fmt if w.fmt in FAST_PACKED
@@ -919,26 +932,41 @@ class _GemmKernel:
     def kernel(self) -> tuple[str, list[list], list]:
         """(gpu.module text, launch slots per kernel: the GEMM's, then the split-K
         reduction's when S > 1, constant buffers)."""
-        m, t, e, fn = self.m, self.t, self.e, self.fn
+        m, e, fn = self.m, self.e, self.fn
         nargs = len(fn.regions[0].blocks[0].arguments)
-        cur_acc = [None]
-
-        def provide(v, idx):
-            if v == m.root:
-                if cur_acc[0] is None:
-                    raise ScalarUnsupported("the matmul result read outside the epilogue")
-                return cur_acc[0]
-            return None
-
-        se = self.se = _ArgsSeen(fn, e.k, [f"%e{i}" for i in range(nargs)], provide=provide)
+        self.cur_acc: str | None = None
+        se = self.se = ArgsSeenEmitter(fn, e.k, [f"%e{i}" for i in range(nargs)],
+                                       provide=self._provide)
         if self.kind == "generic":
             self.deq = next(o.results[0] for o in (x.operation for x in
                             fn.regions[0].blocks[0].operations)
                             if o.name == "poot.dequantize" and
-                            _arg_no(o.operands[0]) == m.weight.arg)
+                            arg_number(o.operands[0]) == m.weight.arg)
             names = [f"%e{i}" for i in range(nargs)]
             names[m.weight.arg] = "%w"
             self.wse = ScalarEmitter(fn, e.k, names)
+        self._lane_addresses()
+        self.prepare()
+        first, end, last, bz = self._k_range()
+        res = self._main_loop(first, end, last)
+        x_reads = set(se.seen)                      # the arguments an expression x reads
+        self._epilogue(res, bz)
+        return self._module_text(x_reads)
+
+    def _provide(self, v, idx):
+        """The scalar emitter's hook: the accumulator of the epilogue's element as the
+        matmul's result."""
+        if v == self.m.root:
+            if self.cur_acc is None:
+                raise ScalarUnsupported("the matmul result read outside the epilogue")
+            return self.cur_acc
+        return None
+
+    def _lane_addresses(self) -> None:
+        """Emit the thread's place: ``tid``, the block's tile origin (``m0``, ``n0``), the
+        operand addresses of its lane (ldmatrix rows, AMD operand runs) and its accumulator
+        rows and columns (``em_rows``, ``em_cols``: :attr:`MatrixOp.c_fragment`)."""
+        t, e = self.t, self.e
         self.tid = e.op("gpu.thread_id x")
         bx = e.op("gpu.block_id x")
         by = e.op("gpu.block_id y")
@@ -977,15 +1005,23 @@ class _GemmKernel:
         cb = self.mul(e.op(f"arith.andi {lane}, {self.c(op.col_mask)} : index"), op.col_mul)
         self.em_rows = [self.add(self.add(wrow, i * 16), rb) for i in range(t.mt)]
         self.em_cols = [self.add(self.add(wcol, j * op.n), cb) for j in range(t.nt)]
-        self.prepare()
-        # this block's K steps [first, end): all of them, or slice block_id.z of S
+
+    def _k_range(self) -> tuple[str, str, str, str | None]:
+        """This block's K steps ``[first, end)`` and its ``last``: all of them, or slice
+        ``block_id.z`` (returned too; None without split-K) of S."""
+        e = self.e
         if self.S > 1:
             bz = e.op("gpu.block_id z")
             first = self.mul(bz, self.KTS)
             end = self.minu(self.add(first, self.KTS), self.KT)
             last = self.op(f"arith.subi {end}, {self.c(1)} : index")
-        else:
-            first, end, last = self.c(0), self.c(self.KT), self.c(self.KT - 1)
+            return first, end, last, bz
+        return self.c(0), self.c(self.KT), self.c(self.KT - 1), None
+
+    def _main_loop(self, first: str, end: str, last: str) -> str:
+        """Emit the staged, double-buffered K loop; the name of its results (the
+        accumulators, ``res#k``)."""
+        t, e, se, op = self.t, self.e, self.se, self.t.op
         # stage the first K step (with cp.async: the first stages - 1 weight tiles in
         # flight, the first one landed), then the loop
         ring = t.stages
@@ -1029,9 +1065,13 @@ class _GemmKernel:
             flat = [a for row in accs for col in row for a in col]
             e.raw(f"scf.yield {', '.join(flat)} : {f32s}")
         e.raw("}")
-        # the epilogue: accumulator q of tile (i, j) is y[row, col] (op.c_fragment); split-K
-        # slices store it as partial [z, row, col] instead (the reduction kernel's input)
-        x_reads = set(se.seen)                      # the arguments an expression x reads
+        return res
+
+    def _epilogue(self, res: str, bz: str | None) -> None:
+        """Emit the epilogue: accumulator q of tile (i, j) is y[row, col] (op.c_fragment);
+        split-K slices (``bz``: the slice) store it as partial [z, row, col] instead (the
+        reduction kernel's input)."""
+        m, t, e, se, op = self.m, self.t, self.e, self.se, self.t.op
         part0 = self.mul(bz, m.M * m.N) if self.S > 1 else None
         k = 0
         for i in range(t.mt):
@@ -1048,7 +1088,7 @@ class _GemmKernel:
                         conds = [self.op(f"arith.andi {conds[0]}, {conds[1]} : i1")]
                     if conds:
                         e.raw(f"scf.if {conds[0]} {{")
-                    cur_acc[0] = f"{res}#{k}"
+                    self.cur_acc = f"{res}#{k}"
                     if part0 is not None:
                         at = self.add(part0, self.add(self.mul(row, m.N), col))
                         e.raw(f"memref.store {res}#{k}, %part[{at}] : {self.part_t}")
@@ -1060,9 +1100,14 @@ class _GemmKernel:
                     if conds:
                         e.raw("}")
                     k += 1
-        cur_acc[0] = None
+        self.cur_acc = None
+
+    def _module_text(self, x_reads: set[str]) -> tuple[str, list[list], list]:
+        """The ``gpu.module`` text around the emitted body (and the split-K reduction
+        kernel), the launch slots per kernel and the constant buffers."""
+        m, t, e, se = self.m, self.t, self.e, self.se
         ro = " {llvm.noalias, llvm.readonly}" if not self.emulate else ""
-        params, slots = kernel_params(fn, m, se, x_reads, ro, ("%x", self.xtype),
+        params, slots = kernel_params(self.fn, m, se, x_reads, ro, ("%x", self.xtype),
                                       [("%w", self.wtype)])
         consts = list(se.consts)
         if self.kind == "generic" and self.wse.consts:
@@ -1088,9 +1133,9 @@ class _GemmKernel:
         one thread per element of y): ``y[row, col] = sum_z partial[z, row, col]`` in slice
         order, then the region's epilogue, as the one-pass kernel stores it. Returns (its
         text, launch slots, constant buffers; theirs numbered from ``const0``)."""
-        m, fn, e = self.m, self.fn, _Emit()
+        m, fn, e = self.m, self.fn, EmitShorthands()
         y: list = [None]
-        se = _ArgsSeen(fn, e.k, [f"%e{i}" for i in range(len(fn.regions[0].blocks[0]
+        se = ArgsSeenEmitter(fn, e.k, [f"%e{i}" for i in range(len(fn.regions[0].blocks[0]
                                                                .arguments))],
                        provide=lambda v, idx: y[0] if v == m.root else None)
         tid = e.op("gpu.thread_id x")
@@ -1138,12 +1183,12 @@ def _x_without_reductions(fn: ir.Operation) -> bool:
            if o.operation.name == "poot.matmul"]
     if len(mms) != 1:
         return False
-    t = _ttype(mms[0].operands[0])
+    t = maybe_poot_type(mms[0].operands[0])
     if t is None or getattr(t, "rank", 0) != 2 or t.shape[0] < GEMM_FROM_M:
         return False
     todo, seen = [mms[0].operands[0]], set()
     while todo:
-        o = _op(todo.pop())
+        o = defining_op(todo.pop())
         if o is None or o in seen:
             continue
         seen.add(o)
@@ -1153,7 +1198,6 @@ def _x_without_reductions(fn: ir.Operation) -> bool:
     return True
 
 
-@register("gemm")
 def gemm(fn: ir.Operation, caps) -> Synthesized | None:
     """Prefill GEMM regions (see the module doc); None for anything else."""
     op = matrix_op(caps)

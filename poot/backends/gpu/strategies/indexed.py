@@ -17,7 +17,7 @@ Mapping: one subgroup per output element ``(t, o)`` (grid ``(ceil(O / WARPS), T)
 walk k with the subgroup's stride (neighbouring lanes read neighbouring elements of the
 slab's row ``o``: coalesced; :data:`UNROLL` independent sums a lane), a ``gpu.shuffle xor``
 butterfly sums them, and lane 0 applies
-the epilogue at ``(t, o)`` (:mod:`._scalar` computes every other value per element: a
+the epilogue at ``(t, o)`` (:mod:`.emit` computes every other value per element: a
 packed weight's element decoded from its block). The generic linalg mapping this replaces
 ran one thread per output element, each reading a whole row alone.
 
@@ -31,14 +31,13 @@ from __future__ import annotations
 from mlir import ir
 
 from poot.backends.gpu.kernels import Launch
-from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import (
+from poot.backends.gpu.strategies.emit import (
     KernelEmitter,
     ScalarEmitter,
     ScalarUnsupported,
+    Synthesized,
     buffer_type,
-    gpu_kernel,
-    gpu_module,
+    one_kernel_module,
     poot_type,
 )
 from poot.backends.gpu.strategies.pointwise import body_ops, per_element, results
@@ -80,7 +79,6 @@ def _match(fn: ir.Operation):
     return mm, outs, types
 
 
-@register("indexed_gemv")
 def indexed_gemv(fn: ir.Operation, caps) -> Synthesized | None:
     """Indexed-matmul regions (see the module doc); None for anything else."""
     sg = getattr(caps, "subgroup_size", None)
@@ -158,10 +156,8 @@ def indexed_gemv(fn: ir.Operation, caps) -> Synthesized | None:
         em.line("}")
     except ScalarUnsupported:
         return None
-    params = se.buffer_params() + [(n, buffer_type(ty)) for n, ty in zip(out_names, types)]
-    text = gpu_module("indexed_gemv", [gpu_kernel("k", params, em.text())])
-    slots = [("arg", i) for i in range(len(se.args))] + \
-        [("const", c) for c in range(len(se.consts))] + [("out", j) for j in range(len(outs))]
+    text, slots = one_kernel_module("indexed_gemv", se, [(n, buffer_type(ty)) for n, ty
+                                                         in zip(out_names, types)])
     launch = Launch("kernel", slots, "indexed_gemv", "k", (-(-O // WARPS), T, 1),
                     (WARPS * sg, 1, 1), strategy="indexed_gemv")
     return Synthesized(text, [launch], consts=list(se.consts))

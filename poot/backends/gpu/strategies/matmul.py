@@ -23,7 +23,7 @@ f32 (M accumulators); a ``gpu.shuffle xor`` butterfly sums the lanes and lane 0 
 epilogue to the M results and stores them. Packed bytes are read as 32-bit words; blocks that are only 2-byte aligned
 (18, 34, 210 bytes) are realigned with a funnel shift chosen by the block's address.
 
-x may also be an elementwise expression (:mod:`._scalar`) of arguments and of last-axis row
+x may also be an elementwise expression (:mod:`.emit`) of arguments and of last-axis row
 reductions (``poot.reduce``, each read at a row fixed by the row of x: RMSNorm
 ``h * rsqrt(mean_k(h^2) + eps) * w``, LayerNorm's mean and variance), as
 :func:`~poot.backends.gpu.merge.fold_regions` leaves it when it folds a norm region into its
@@ -36,7 +36,7 @@ in every warp costs less than the norm's own launch (a few us in a decode step).
 argument keeps the vector loads below.
 
 Indexed regions (``poot.indexed_matmul``, a MoE layer's selected experts:
-:func:`match_indexed`): row m of x against slab ``idx[m]`` of [E, N, K] weights is a GEMV of
+:func:`~.matmul_match.match_indexed`): row m of x against slab ``idx[m]`` of [E, N, K] weights is a GEMV of
 its own, so each block computes one row (grid y = the rows, any number) for its columns, and
 its lanes stream row ``idx[m] * N + n`` of the weights viewed as [E * N, K] with the same unit
 decoders and wide loads: only the selected experts' bytes are read, at the plain GEMV's
@@ -54,45 +54,36 @@ targets get the same kernel with 32-bit scalar loads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 from mlir import ir
 
-from poot.backends.gpu.kernels import WG_ALIGN, Launch
-from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import (KernelEmitter, ScalarEmitter,
-                                                  ScalarUnsupported, buffer_type)
-from poot.backends.gpu.strategies.rowreduce import per_element_reduction, reduce_kind, row_total
-from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
 from poot import settings
+from poot.backends.gpu.kernels import WG_ALIGN, Launch
+from poot.backends.gpu.strategies import gemm as G
+from poot.backends.gpu.strategies.emit import (
+    ArgsSeenEmitter,
+    EmitShorthands,
+    ScalarUnsupported,
+    Synthesized,
+    buffer_type,
+    defining_op,
+    maybe_poot_type,
+)
+from poot.backends.gpu.strategies.matmul_match import (
+    MAX_M,
+    SMALL_N,
+    SMALL_N_MAX_M,
+    GemvMatch,
+    dense16,
+    factor_at,
+    gemm_rows,
+    kernel_params,
+    match,
+    match_indexed,
+)
+from poot.backends.gpu.strategies.rowreduce import per_element_reduction, row_total
+from poot.dialects.types import DType, TensorType
 
-#: largest M (rows of x: batch x new tokens) taken; larger M (prefill) stays generic
-MAX_M = 8
-#: ... and narrow matmuls: N <= SMALL_N output columns with M <= SMALL_N_MAX_M rows (a rank-16
-#: LoRA shrink at batch 32, an MoE router) where the tensor-core GEMM (tried first) refuses
-#: them: f32 weights, a folded norm, targets without mma. The GEMM takes the others: its
-#: split-K spreads their K over blocks, while the GEMV's warp a column re-reads all of x per
-#: column (a 16 x 8192 bf16 shrink at M = 32: 16 us as a GEMV on an H200, 5.3 as the GEMM).
-SMALL_N, SMALL_N_MAX_M = 64, 32
-#: ... and dense 16-bit weights from GEMM_FROM_M rows up: the GEMM's where it takes them
-#: (:func:`gemm_defers`). Measured on an H200 (weights streamed from DRAM, Llama-3.2-1B
-#: projections and LM head, bench/results/gemm.md): at M = 2 the split-K GEMM was
-#: already 3-13% faster than this kernel, at M = 4 1.3-2x, at M = 8 2-3.7x (the GEMV's M
-#: accumulators a lane and re-reads of x per column). Below it the GEMV keeps what the GEMM
-#: lacks: a folded norm, several matmuls of one x in one launch.
-GEMM_FROM_M = 3
-
-
-def gemv_rows(M: int, N: int) -> bool:
-    """Whether the GEMV takes an [M, K] x [K, N] matmul region: M <= :data:`MAX_M`, or a
-    narrow one (N <= :data:`SMALL_N`, M <= :data:`SMALL_N_MAX_M`) that the GEMM refused."""
-    return M <= MAX_M or (N <= SMALL_N and M <= SMALL_N_MAX_M)
-
-#: packed formats this kernel decodes, by IR name -> (block bytes, elements per block)
-PACKED = {"q4_0": (18, 32), "q4_1": (20, 32), "q8_0": (34, 32), "q4_k": (144, 256),
-          "q6_k": (210, 256)}
-
-_DENSE = (DType.F32, DType.BF16, DType.F16)
 
 #: packed formats whose 32-weight blocks :data:`BLOCK_PARTS` lanes share (:meth:`_Kernel.parts`)
 PART_FORMATS = ("q4_0", "q4_1", "q8_0")
@@ -103,57 +94,7 @@ PART_FORMATS = ("q4_0", "q4_1", "q8_0")
 #: blocks, neighbouring lanes read neighbouring 32-byte pieces of x (8 lines a load).
 BLOCK_PARTS = 4
 
-# ---- matching --------------------------------------------------------------------------------
-
-@dataclass
-class _Weight:
-    arg: int
-    layout: str                    # "packed" [N, K] | "nk" dense [N, K] | "kn" dense [K, N]
-    fmt: str = ""                  # packed format name
-    dtype: DType = DType.F32       # dense storage dtype
-    nbytes: int = 0
-
-
-@dataclass
-class GemvMatch:
-    """A matched decode GEMV region: ``outs[j][l] = epilogue_j(sum_k x[m, k] * w[k, n])`` at
-    row-major flat index ``l = m * N + n`` of every result ``outs[j]`` (of poot type
-    ``out_ts[j]``; e.g. the logits and the sampler's ``logits - logits`` finiteness probe);
-    ``x`` is the matmul's [M, K] f32 LHS, ``x_arg`` the function argument it views (None:
-    ``x`` is an expression, whose row reductions are ``prologue``: ``(poot.reduce op,
-    coordinates of its result)`` in dependency order). ``weights[i]`` (a function argument)
-    is the RHS of the matmul whose result is ``roots[i]``: a region may hold several matmuls
-    of the same x (all [M, K] x [K, N], weights of one storage format), whose results the
-    epilogue combines elementwise (the SwiGLU ``silu(x @ Wg) * (x @ Wu)`` once the gate's
-    region is folded into the up projection's)."""
-
-    M: int
-    N: int
-    K: int
-    x: ir.Value
-    x_arg: int | None
-    weights: list
-    roots: list
-    outs: list
-    out_ts: list
-    prologue: list = field(default_factory=list)
-    #: x = k-factors * row factors (see :func:`_defer`): (k factors, row factors) or None
-    deferred: tuple | None = None
-    #: an indexed region (``poot.indexed_matmul``: row m of x against slab ``idx[m]`` of
-    #: [E, N, K] weights): the [M] index tensor, else None; ``E`` slabs a weight
-    idx: ir.Value | None = None
-    E: int = 1
-
-    @property
-    def weight(self) -> _Weight:
-        """The (first) weight: the only one of a region with one matmul."""
-        return self.weights[0]
-
-    @property
-    def root(self) -> ir.Value:
-        """The (first) matmul result."""
-        return self.roots[0]
-
+# ---- cost rules of a folded norm (the match is :mod:`.matmul_match`'s) ------------------------
 
 #: A folded norm is recomputed by every warp (one per output column): its row reductions and
 #: the expression x read about 2 x K more f32 values per column (~8K bytes) from L1/L2. Folding
@@ -163,366 +104,23 @@ class GemvMatch:
 #: bandwidth-bound projections of large models (measured: Llama-3.2-1B's q, 2048 x 2048, lost
 #: with the norm folded, 6.4 + 1.7 -> 8.5 us; SmolLM2's K = 576 projections gained).
 PROLOGUE_MAX_EXTRA_BYTES = 16 << 20
-#: A prologue that is not deferred (:func:`_defer` refused it: LayerNorm, or a norm of a sum
+#: A prologue that is not deferred (:func:`~.matmul_match._defer` refused it: LayerNorm, or a norm of a sum
 #: that reads another norm, as Gemma 2's attention norm of the residual after its post-FFN
 #: norm) is a loop over K per row and reduction, emitted one after another in every warp
-#: before its dot. At most this many such loops (a batch of :data:`MAX_M` rows through two
+#: before its dot. At most this many such loops (a batch of :data:`~.matmul_match.MAX_M` rows through two
 #: chained norms); past it the fold is refused and the norm stays its own region. Why: the
-#: narrow-matmul rows (up to :data:`SMALL_N_MAX_M`) made a 32-token prefill chunk of a tiny
+#: narrow-matmul rows (up to :data:`~.matmul_match.SMALL_N_MAX_M`) made a 32-token prefill chunk of a tiny
 #: Gemma 2 fold 64 loops into each of its q/k/v GEMVs (192 in the fused kernel, 562 KB of
 #: SPIR-V that lavapipe's LLVM took 170 s to compile at first dispatch), each warp redoing 64
 #: passes over a row that the norm's own region computes once.
 PROLOGUE_MAX_LOOPS = 16
 
 
-def _op(v: ir.Value):
-    o = v.owner
-    if isinstance(o, ir.Block):
-        return None
-    return o.operation if hasattr(o, "operation") else o
-
-
-def _arg_no(v: ir.Value) -> int | None:
-    return ir.BlockArgument(v).arg_number if isinstance(v.owner, ir.Block) else None
-
-
-def _ttype(v: ir.Value):
-    try:
-        return type_from_mlir(v.type)
-    except TypeError:
-        return None
-
-
-def _strip(v: ir.Value, names: tuple[str, ...]) -> ir.Value:
-    while (o := _op(v)) is not None and o.name in names:
-        v = o.operands[0]
-    return v
-
-
-def _f32_cast(o) -> bool:
-    """A ``poot.cast`` widening a float tensor to f32 (legalization of bf16/f16 compute)."""
-    if o is None or o.name != "poot.cast":
-        return False
-    a, r = _ttype(o.operands[0]), _ttype(o.results[0])
-    return isinstance(a, TensorType) and a.dtype in _DENSE and r.dtype is DType.F32
-
-
-def _match_weight(v: ir.Value, N: int, K: int) -> _Weight | None:
-    o = _op(v)
-    if _f32_cast(o):
-        v, o = o.operands[0], _op(o.operands[0])
-    if o is not None and o.name == "poot.transpose":
-        if list(ir.DenseI64ArrayAttr(o.attributes["perm"])) != [1, 0]:
-            return None
-        v = o.operands[0]
-        o = _op(v)
-        if o is not None and o.name == "poot.dequantize":
-            a = _arg_no(o.operands[0])
-            t = _ttype(o.operands[0])
-            if a is None or not isinstance(t, PackedType) or t.format.name not in PACKED \
-                    or tuple(t.shape) != (N, K) or K % PACKED[t.format.name][1]:
-                return None
-            return _Weight(a, "packed", fmt=t.format.name, nbytes=t.nbytes)
-        if _f32_cast(o):
-            v = o.operands[0]
-        layout, shape = "nk", (N, K)
-    else:
-        layout, shape = "kn", (K, N)
-    a, t = _arg_no(v), _ttype(v)
-    if a is None or not isinstance(t, TensorType) or t.dtype not in _DENSE or \
-            tuple(t.shape) != shape or t.nbytes % 4:
-        return None
-    return _Weight(a, layout, dtype=t.dtype, nbytes=t.nbytes)
-
-
-def _match_slabs(v: ir.Value, E: int, N: int, K: int) -> _Weight | None:
-    """The weight of an indexed matmul: E slabs [N, K] stored [E, N, K] (slab e's row n is row
-    ``e * N + n`` of an [E * N, K] weight), dense (widened by a cast) or packed (dequantized)."""
-    o = _op(v)
-    if _f32_cast(o):
-        v, o = o.operands[0], _op(o.operands[0])
-    if o is not None and o.name == "poot.dequantize":
-        a, t = _arg_no(o.operands[0]), _ttype(o.operands[0])
-        if a is None or not isinstance(t, PackedType) or t.format.name not in PACKED \
-                or tuple(t.shape) != (E, N, K) or K % PACKED[t.format.name][1]:
-            return None
-        return _Weight(a, "packed", fmt=t.format.name, nbytes=t.nbytes)
-    a, t = _arg_no(v), _ttype(v)
-    if a is None or not isinstance(t, TensorType) or t.dtype not in _DENSE or \
-            tuple(t.shape) != (E, N, K) or t.nbytes % 4:
-        return None
-    return _Weight(a, "nk", dtype=t.dtype, nbytes=t.nbytes)
-
-
-def match_indexed(fn: ir.Operation, max_matmuls: int = 1) -> GemvMatch | None:
-    """A region rooted at ``poot.indexed_matmul`` (a MoE layer's selected experts:
-    ``y[m, n] = sum_k x[m, k] * w[idx[m], n, k]``, up to ``max_matmuls`` of one x and one idx,
-    the SwiGLU gate folded into the up projection) as a GEMV whose every row ``m`` reads its
-    own slab: the kernel takes one row a block row (grid y), so each block streams one
-    expert's rows exactly as the plain GEMV streams a weight's, and only the selected slabs
-    are read. x is an argument or an elementwise expression (no folded norm); None otherwise."""
-    return match(fn, max_matmuls=max_matmuls, indexed=True)
-
-
-def match(fn: ir.Operation, gemv_only: bool = True, max_matmuls: int = 1,
-          indexed: bool = False) -> GemvMatch | None:
-    """The region's GEMV, or None when ``fn`` is not exactly one (see the module doc).
-    ``gemv_only``: only shapes :func:`gemv_rows` gives the GEMV (False: any M; the GEMM
-    strategy of :mod:`.gemm` matches the same regions for the other shapes);
-    ``max_matmuls``: the most matmuls of the same x taken (see :class:`GemvMatch`);
-    ``indexed``: match ``poot.indexed_matmul`` instead (:func:`match_indexed`)."""
-    block = fn.regions[0].blocks[0]
-    ops = [o.operation for o in block.operations]
-    name, other = ("poot.indexed_matmul", "poot.matmul") if indexed else \
-        ("poot.matmul", "poot.indexed_matmul")
-    mms = [o for o in ops if o.name == name]
-    if not mms or len(mms) > max_matmuls or ops[-1].name != "func.return" or \
-            not len(ops[-1].operands) or any(o.name == other for o in ops):
-        return None
-    shapes = set()
-    for mm in mms:
-        lt, rt, yt = (_ttype(v) for v in (mm.operands[0], mm.operands[1], mm.results[0]))
-        if not all(isinstance(t, TensorType) for t in (lt, rt, yt)) or lt.rank != 2 or \
-                lt.dtype is not DType.F32 or yt.dtype is not DType.F32 or \
-                mm.operands[0] != mms[0].operands[0] or \
-                (indexed and (rt.rank != 3 or mm.operands[2] != mms[0].operands[2])):
-            return None
-        shapes.add((lt.shape[0], lt.shape[1], rt.shape[-2] if indexed else rt.shape[1],
-                    rt.shape[0] if indexed else 1))
-    if len(shapes) != 1:
-        return None
-    M, K, N, E = shapes.pop()
-    if gemv_only and not indexed and not gemv_rows(M, N):
-        return None
-    x = _strip(mms[0].operands[0], ("poot.reshape",))
-    xa, xt = _arg_no(x), _ttype(x)
-    if xa is not None and (not isinstance(xt, TensorType) or xt.dtype is not DType.F32):
-        return None
-    ws = [_match_slabs(mm.operands[1], E, N, K) if indexed else
-          _match_weight(mm.operands[1], N, K) for mm in mms]
-    if any(w is None or w.arg == xa for w in ws) or len({w.arg for w in ws}) != len(ws) or \
-            len({(w.layout, w.fmt, w.dtype) for w in ws}) != 1:
-        return None                  # one storage format: one unit loop decodes them all
-    outs = list(ops[-1].operands)
-    ots = [_ttype(o) for o in outs]
-    if any(not isinstance(ot, TensorType) or ot.numel != M * N for ot in ots):
-        return None
-    m = GemvMatch(M, N, K, mms[0].operands[0], xa, ws, [mm.results[0] for mm in mms],
-                  outs, ots, idx=mms[0].operands[2] if indexed else None, E=E)
-    if xa is None:
-        pro = _prologue(fn, m)
-        if pro is None or (pro and indexed):
-            return None              # (an indexed region's x: elementwise only)
-        m.prologue = pro
-        m.deferred = _defer(fn, m)
-    return m if _elementwise_epilogue(fn, m) else None
-
-
-def _prologue(fn: ir.Operation, m: GemvMatch) -> list | None:
-    """The row reductions the expression ``x`` reads (see :class:`GemvMatch`), found by
-    emitting (and throwing away) x's elements ``(row, k)`` for every row at a symbolic ``k``:
-    the row of each reduction read must fold to integers (a read at another coordinate of k
-    would be another row per element), and so must the rows its own operand reads. None when
-    x is not that (an op outside the elementwise class, a reduction :func:`~.rowreduce.
-    reduce_kind` refuses, ...)."""
-    order: list = []
-    busy: set = set()
-    se = ScalarEmitter(fn, KernelEmitter())
-
-    def provide(v, idx):
-        o = _op(v)
-        if o is None or o.name != "poot.reduce" or per_element_reduction(o):
-            return None               # (a small reduction: the emitter computes it per element)
-        if reduce_kind(o) is None or not all(isinstance(c, int) for c in idx):
-            raise ScalarUnsupported("not a row reduction read at a known row")
-        key = (v, tuple(idx))
-        if key not in busy:
-            busy.add(key)
-            with se.scope():
-                se.value(o.operands[0], list(idx) + [f"%c{len(busy)}"])
-            order.append((o, tuple(idx)))
-        return "%r"
-
-    se.provide = provide
-    try:
-        for row in range(m.M):
-            with se.scope():
-                se.value(m.x, (row, "%k"))
-    except ScalarUnsupported:
-        return None
-    return order
-
-
-def _mul_factors(v: ir.Value, M: int, K: int) -> list[ir.Value]:
-    """The factors of ``v`` (M * K elements, last axis K) through ``poot.binary mul`` and
-    row-preserving reshapes (M * K elements, last axis K): each factor's element at row-major
-    flat index ``m * K + k`` multiplies into ``v``'s."""
-    t, o = _ttype(v), _op(v)
-    if not isinstance(t, TensorType) or t.numel != M * K or not t.rank or t.shape[-1] != K \
-            or o is None:
-        return [v]
-    if o.name == "poot.reshape":
-        return _mul_factors(o.operands[0], M, K)
-    if o.name == "poot.binary" and ir.StringAttr(o.attributes["fn"]).value == "mul":
-        return _mul_factors(o.operands[0], M, K) + _mul_factors(o.operands[1], M, K)
-    return [v]
-
-
-def factor_at(se: ScalarEmitter, f: ir.Value, row: int, k) -> str:
-    """Coordinates of element ``(row, k)`` of x in the factor ``f`` (:func:`_mul_factors`:
-    last axis k, the rows laid out row-major over the others)."""
-    return se.delinearize(row, _ttype(f).shape[:-1]) + [k]
-
-
-def _defer(fn: ir.Operation, m: GemvMatch) -> tuple | None:
-    """``(k factors, row factors)`` when an expression x (a folded norm) is a product whose
-    factors either read no row reduction (``h``, the norm's weight) or read only reductions
-    and are constant along k (RMSNorm's ``rsqrt(mean(h^2) + eps)``), and every reduction is
-    a single-pass f32 ``sum`` whose operand reads no other reduction; else None.
-
-    Then ``sum_k x[m, k] w[k, n] = s[m] * sum_k a[m, k] w[k, n]`` with ``a`` the product of
-    the k factors and ``s`` the row factors' (a per-row scale commutes with the dot), and the
-    sums the row factors read accumulate in the same pass over k as the dot: no reduction
-    pass before the main loop, so the norm folds into any GEMV (split-K ones included) at
-    the cost of reading its weight next to h. LayerNorm (its variance reads the mean) is
-    refused here and keeps the per-warp prologue."""
-    if not m.prologue:
-        return None
-    for r, _ in m.prologue:
-        rt = _ttype(r.operands[0])
-        if reduce_kind(r) != "sum" or rt.dtype is not DType.F32 or rt.shape[-1] != m.K:
-            return None              # (its sum accumulates over the dot's own k elements)
-    kf, rf = [], []
-    for f in _mul_factors(m.x, m.M, m.K):
-        ft = _ttype(f)
-        if not isinstance(ft, TensorType) or ft.dtype is not DType.F32:
-            return None
-        reads = []
-        probe = "%kprobe"
-
-        def provide(v, idx, reads=reads):
-            o = _op(v)
-            if o is not None and o.name == "poot.reduce" and not per_element_reduction(o):
-                reads.append(v)
-                return "%r"
-            return None
-        em = KernelEmitter()
-        se = ScalarEmitter(fn, em, provide=provide)
-        try:
-            for row in range(m.M):
-                with se.scope():
-                    se.value(f, factor_at(se, f, row, probe))
-        except ScalarUnsupported:
-            return None
-        if not reads:
-            kf.append(f)
-        elif probe not in em.text():
-            rf.append(f)
-        else:
-            return None               # reads a reduction and varies along k
-    if not rf:
-        return None
-    for r, row in m.prologue:          # each reduction's operand: no reduction read
-        def refuse(v, idx):
-            o = _op(v)
-            if o is not None and o.name == "poot.reduce" and not per_element_reduction(o):
-                raise ScalarUnsupported("a reduction reads another")
-            return None
-        try:
-            ScalarEmitter(fn, KernelEmitter(), provide=refuse).value(
-                r.operands[0], list(row) + ["%kprobe"])
-        except ScalarUnsupported:
-            return None
-    return kf, rf
-
-
-def _elementwise_epilogue(fn: ir.Operation, m: GemvMatch) -> bool:
-    """Whether output element ``l = m * N + n`` needs the matmul result at ``(m, n)`` only
-    and otherwise what :mod:`._scalar` computes: emitted (and thrown away) at sample
-    coordinates, which fold to integers through every view, so a reordering view (a transpose,
-    a broadcast of the result) or a data-dependent read of the result shows as another
-    coordinate."""
-    ns = sorted({0, 1, 2, m.N // 3, m.N // 2, m.N - 2, m.N - 1} & set(range(m.N)))
-    # every row of a decode GEMV; sample rows of a prefill GEMM (M up to thousands) as columns
-    rows = range(m.M) if m.M <= MAX_M else \
-        sorted({0, 1, 2, m.M // 3, m.M // 2, m.M - 2, m.M - 1} & set(range(m.M)))
-    for row in rows:
-        for n in ns:
-            def provide(v, idx, want=(row, n)):
-                if v in m.roots:
-                    if tuple(idx) != want:
-                        raise ScalarUnsupported("the epilogue reorders the matmul result")
-                    return f"%acc{m.roots.index(v)}"
-                return None
-            se = ScalarEmitter(fn, KernelEmitter(), provide=provide)
-            try:
-                for out, ot in zip(m.outs, m.out_ts):
-                    se.value(out, se.delinearize(row * m.N + n, ot.shape))
-            except ScalarUnsupported:
-                return False
-    return True
-
-
 # ---- emission --------------------------------------------------------------------------------
-
-class _Emit:
-    """Shorthands over a :class:`~._scalar.KernelEmitter` (constants hoisted to the entry)."""
-
-    def __init__(self):
-        self.k = KernelEmitter()
-
-    def name(self) -> str:
-        return self.k.fresh()
-
-    def op(self, text: str) -> str:
-        return self.k.op(text)
-
-    def raw(self, text: str) -> None:
-        self.k.line(text)
-
-    def c(self, v, t: str = "index") -> str:
-        return self.k.const(v, t)
-
-    # index / i32 / f32 shorthands
-    def add(self, a, b, t="index"):
-        return self.op(f"arith.addi {a}, {b} : {t}")
-
-    def mul(self, a, b, t="index"):
-        return self.op(f"arith.muli {a}, {b} : {t}")
-
-    def fadd(self, a, b):
-        return self.op(f"arith.addf {a}, {b} : f32")
-
-    def fmul(self, a, b):
-        return self.op(f"arith.mulf {a}, {b} : f32")
-
-    def fma(self, a, b, c):
-        return self.op(f"math.fma {a}, {b}, {c} : f32")
-
-    def shr(self, a, k):
-        return a if k == 0 else self.op(f"arith.shrui {a}, {self.c(k, 'i32')} : i32")
-
-    def shl(self, a, k):
-        return a if k == 0 else self.op(f"arith.shli {a}, {self.c(k, 'i32')} : i32")
-
-    def band(self, a, k):
-        return self.op(f"arith.andi {a}, {self.c(k, 'i32')} : i32")
-
-    def u2f(self, a):
-        return self.op(f"arith.uitofp {a} : i32 to f32")
-
-    def s2f(self, a):
-        return self.op(f"arith.sitofp {a} : i32 to f32")
-
-    def half(self, w, hi: bool):
-        """The f16 in the low (``hi`` False) or high half of i32 ``w``, as f32."""
-        h = self.op(f"arith.trunci {self.shr(w, 16) if hi else w} : i32 to i16")
-        f = self.op(f"arith.bitcast {h} : i16 to f16")
-        return self.op(f"arith.extf {f} : f16 to f32")
 
 
 class _Kernel:
-    """Emits the GEMV kernel of a :class:`GemvMatch` (see the module doc)."""
+    """Emits the GEMV kernel of a :class:`~.matmul_match.GemvMatch` (see the module doc)."""
 
     def __init__(self, m: GemvMatch, sg: int, warps: int, vec: bool, unroll: int = 4,
                  ksplit: int = 1):
@@ -538,7 +136,7 @@ class _Kernel:
         #: the rows of x this kernel's columns compute: every row (an int each), or, for an
         #: indexed region, the block's own row (an index SSA name, set by :meth:`kernel`)
         self.rows: list = list(range(m.M))
-        self.e = _Emit()
+        self.e = EmitShorthands()
         self.x = "%x"
         #: one parameter per weight (same storage format and shape); :attr:`w` is the one the
         #: loads read while a unit of it is emitted
@@ -554,6 +152,19 @@ class _Kernel:
         self.kvec: dict[str, tuple[str, int]] = {}
 
     # -- loads
+    def vec4_loads(self, buf: str, btype: str, elem: str, start: str, n: int) -> list[str]:
+        """The ``n`` (a multiple of 4) elements of memref ``buf`` (of type ``btype``, element
+        ``elem``) from ``start`` on, read as 16-byte ``vector.load``s (``start`` a multiple of
+        4)."""
+        e, out = self.e, []
+        for i in range(0, n, 4):
+            j = e.add(start, e.c(i)) if i else start
+            v = e.op(f"vector.load {buf}[{j}] {{alignment = 16 : i64}} : "
+                     f"{btype}, vector<4x{elem}>")
+            out += [e.op(f"vector.extract {v}[{t}] : {elem} from vector<4x{elem}>")
+                    for t in range(4)]
+        return out
+
     def word(self, idx: str) -> str:
         return self.e.op(f"memref.load {self.w}[{idx}] : {self.wtype}")
 
@@ -562,14 +173,7 @@ class _Kernel:
         guarantees ``idx`` is a multiple of 4 (then 128-bit loads where the target has them)."""
         e = self.e
         if self.vec and aligned16 and n % 4 == 0:
-            out = []
-            for i in range(0, n, 4):
-                j = e.add(idx, e.c(i)) if i else idx
-                v = e.op(f"vector.load {self.w}[{j}] {{alignment = 16 : i64}} : "
-                         f"{self.wtype}, vector<4xi32>")
-                out += [e.op(f"vector.extract {v}[{t}] : i32 from vector<4xi32>")
-                        for t in range(4)]
-            return out
+            return self.vec4_loads(self.w, self.wtype, "i32", idx, n)
         return [self.word(e.add(idx, e.c(i)) if i else idx) for i in range(n)]
 
     def words16(self, byte: str, nbytes: int) -> list[str]:
@@ -632,14 +236,7 @@ class _Kernel:
         else:
             start = e.add(base, e.c(m * K)) if m else base
         if self.vec and n % 4 == 0:
-            out = []
-            for i in range(0, n, 4):
-                j = e.add(start, e.c(i)) if i else start
-                v = e.op(f"vector.load {self.x}[{j}] {{alignment = 16 : i64}} : "
-                         f"{self.xtype}, vector<4xf32>")
-                out += [e.op(f"vector.extract {v}[{t}] : f32 from vector<4xf32>")
-                        for t in range(4)]
-            return out
+            return self.vec4_loads(self.x, self.xtype, "f32", start, n)
         return [e.op(f"memref.load {self.x}[{e.add(start, e.c(i)) if i else start}] : "
                      f"{self.xtype}") for i in range(n)]
 
@@ -650,7 +247,7 @@ class _Kernel:
         load) for anything else."""
         if not idx or not isinstance(idx[-1], str) or idx[-1] not in self.kvec:
             return None
-        t = _ttype(v)
+        t = maybe_poot_type(v)
         if not isinstance(t, TensorType) or t.dtype is not DType.F32 or t.shape[-1] % 4:
             return None
         se = self.se
@@ -662,7 +259,7 @@ class _Kernel:
         return se.op(f"vector.extract {vec}[{i % 4}] : f32 from vector<4xf32>")
 
     @staticmethod
-    def byte(V: list[str], k: int, e: _Emit, signed: bool = False) -> str:
+    def byte(V: list[str], k: int, e: EmitShorthands, signed: bool = False) -> str:
         """Byte ``k`` of little-endian words ``V``: zero-extended (or sign-extended) i32."""
         w = V[k // 4]
         s = 8 * (k % 4)
@@ -1049,35 +646,78 @@ class _Kernel:
 
     def kernel(self, fn: ir.Operation) -> tuple[str, list[tuple[str, int]], list]:
         """(gpu.module text, launch argument slots, constant buffers) of the kernel."""
-        m, e, sg, L = self.m, self.e, self.sg, self.lanes
-        M, J = len(self.rows), len(m.weights)
+        m, e, sg = self.m, self.e, self.sg
+        self.M, self.J = len(self.rows), len(m.weights)
         nargs = len(fn.regions[0].blocks[0].arguments)
         # one scalar emitter for the expression x and the epilogue: the hook supplies the
         # row reductions of x (computed before the main loop) and the GEMV's sums
-        sums: list[list[str]] = []
-        row_now: list = [None]
-        reduced: dict = {}
+        self.sums: list[list[str]] = []
+        self.row_now: int | None = None
+        self.reduced: dict = {}
+        se = self.se = ArgsSeenEmitter(fn, e.k, [f"%e{i}" for i in range(nargs)],
+                                       provide=self._provide)
+        self._column()
+        if self.prefetch:
+            self.prefetch_weights(self.wn, self.lane, self.part)
+        is0 = e.op(f"arith.cmpi eq, {self.lane}, {e.c(0)} : index")
+        wg_mem: list[tuple[str, str]] = []
+        self.x_reads: set[str] = set()
+        S, cols, part, col, inb = self.ksplit, self.cols, self.part, self.col, self.inb
+        V = self.M * self.J + (len(m.prologue) if m.deferred is not None else 0)  # per column
+        smt = f"memref<{S * cols * V}xf32, #gpu.address_space<workgroup>>"
+        with se.scope():         # what the warp computes dominates nothing after it
+            if m.deferred is None:
+                for r, row in m.prologue:
+                    wg: list = []
+                    # the whole warp computes its row's reduction (every column group reads it)
+                    self.reduced[(r.results[0], row)] = row_total(se, r, list(row), self.wlane,
+                                                                  sg, sg, 0, wg)
+                    assert not wg                # one subgroup per row: shuffles only
+            flat = [v for per in self.dot_rows(self.wn, self.lane, part) for v in per]
+            if S == 1:
+                e.raw(f"scf.if {e.op(f'arith.andi {inb}, {is0} : i1')} {{")
+                self._epilogue(flat)
+            else:
+                # split-K: each group's partial totals go to workgroup memory [part, col, v]
+                at = e.mul(e.add(e.mul(part, e.c(cols)), col), e.c(V))
+                e.raw(f"scf.if {is0} {{")
+                for i, v in enumerate(flat):
+                    e.raw(f"memref.store {v}, %ksum[{e.add(at, e.c(i))}] : {smt}")
+            e.raw("}")
+        if S > 1:
+            wg_mem.append(("%ksum", smt))
+            self._sum_slices(is0, V, smt)
+        return self._module_text(fn, wg_mem), self.slots, se.consts
 
-        def provide(v, idx):
-            if v in m.roots:
-                if row_now[0] is None:
-                    raise ScalarUnsupported("the matmul result read outside the epilogue")
-                return sums[m.roots.index(v)][row_now[0]]
-            o = _op(v)
-            if o is not None and o.name == "poot.reduce" and not per_element_reduction(o):
-                got = reduced.get((v, tuple(idx)))
-                if got is None:
-                    raise ScalarUnsupported("a row reduction the prologue did not compute")
-                return got
-            if isinstance(v.owner, ir.Block):
-                return self.vec_arg(v, tuple(idx))
-            return None
+    def _provide(self, v, idx):
+        """The scalar emitter's hook: the GEMV's sums in the epilogue, the prologue's row
+        reductions, x's elements read as vectors."""
+        m = self.m
+        if v in m.roots:
+            if self.row_now is None:
+                raise ScalarUnsupported("the matmul result read outside the epilogue")
+            return self.sums[m.roots.index(v)][self.row_now]
+        o = defining_op(v)
+        if o is not None and o.name == "poot.reduce" and not per_element_reduction(o):
+            got = self.reduced.get((v, tuple(idx)))
+            if got is None:
+                raise ScalarUnsupported("a row reduction the prologue did not compute")
+            return got
+        if isinstance(v.owner, ir.Block):
+            return self.vec_arg(v, tuple(idx))
+        return None
 
-        se = self.se = _ArgsSeen(fn, e.k, [f"%e{i}" for i in range(nargs)], provide=provide)
+    def _column(self) -> None:
+        """Emit which column this thread's lane group computes: sets ``wlane`` (lane in the
+        warp), ``lane`` (in its column group), ``part`` (its K slice, None without split-K),
+        ``col`` (column in the block), ``cols`` (columns per block), ``inb`` (column < N),
+        ``n`` (the column, clamped), ``wn`` (the weight's row of it: a slab's row for an
+        indexed region, whose block row ``t`` is then the one row)."""
+        m, e, sg, L = self.m, self.e, self.sg, self.lanes
         tid = e.op("gpu.thread_id x")
         bid = e.op("gpu.block_id x")
         warp = e.op(f"arith.divui {tid}, {e.c(sg)} : index")
-        wlane = e.op(f"arith.remui {tid}, {e.c(sg)} : index")
+        self.wlane = wlane = e.op(f"arith.remui {tid}, {e.c(sg)} : index")
         # a warp holds sg / L columns of L lanes each: group g = wlane / L, lane = wlane % L
         cpw = sg // L
         lane, grp = wlane, None
@@ -1093,7 +733,7 @@ class _Kernel:
             part = e.op(f"arith.divui {warp}, {e.c(wcols)} : index")
         col = e.add(e.mul(wcol, e.c(cpw)), grp) if grp else wcol
         n_raw = e.add(e.mul(bid, e.c(cols)), col)
-        inb = e.op(f"arith.cmpi ult, {n_raw}, {e.c(m.N)} : index")
+        self.inb = e.op(f"arith.cmpi ult, {n_raw}, {e.c(m.N)} : index")
         # shuffles need whole warps: a column past N computes column N - 1 and stores nothing
         n = e.op(f"arith.minui {n_raw}, {e.c(m.N - 1)} : index") if m.N % cols else n_raw
         wn = n                   # the weight's row of column n
@@ -1102,151 +742,80 @@ class _Kernel:
             # (clamped to the E slabs, as the oracle's gather clamps), row e * N + n
             t = e.op("gpu.block_id y")
             self.rows = [t]
-            M = 1
-            with se.scope():
-                raw = se.value(m.idx, [t])
-            it = _ttype(m.idx).dtype.value
+            self.M = 1
+            with self.se.scope():
+                raw = self.se.value(m.idx, [t])
+            it = maybe_poot_type(m.idx).dtype.value
             i64 = raw if it == "i64" else e.op(f"arith.extsi {raw} : {it} to i64")
             lo = e.op(f"arith.maxsi {i64}, {e.c(0, 'i64')} : i64")
             hi = e.op(f"arith.minsi {lo}, {e.c(m.E - 1, 'i64')} : i64")
             slab = e.op(f"arith.index_cast {hi} : i64 to index")
             wn = e.add(e.mul(slab, e.c(m.N)), n)
-        if self.prefetch:
-            self.prefetch_weights(wn, lane, part)
-        is0 = e.op(f"arith.cmpi eq, {lane}, {e.c(0)} : index")
-        wg_mem: list[tuple[str, str]] = []
-        x_reads: set[str] = set()
+        self.lane, self.part, self.col, self.cols, self.n, self.wn = lane, part, col, cols, n, wn
 
-        deferred = m.deferred is not None
-        V = M * J + (len(m.prologue) if deferred else 0)      # totals per column
-
-        def epilogue(flat: list[str]):
-            # output element (row, n) from the column's totals, in lane 0; a deferred norm's
-            # row scale (its reductions' totals now known) multiplies the dots first
-            x_reads.update(se.seen)
-            sums[:] = [flat[j * M:(j + 1) * M] for j in range(J)]
-            if deferred:
-                for (r, row), tot in zip(m.prologue, flat[M * J:]):
-                    reduced[(r.results[0], row)] = tot
-                for i in range(M):
-                    with se.scope():
-                        sc = [se.value(f, factor_at(se, f, i, 0)) for f in m.deferred[1]]
-                    for f in sc:
-                        for j in range(J):
-                            sums[j][i] = e.fmul(sums[j][i], f)
-            for i, row in enumerate(self.rows):
-                row_now[0] = i
+    def _epilogue(self, flat: list[str]) -> None:
+        """Emit output element (row, n) from the column's totals ``flat``, in lane 0; a
+        deferred norm's row scale (its reductions' totals now known) multiplies the dots
+        first."""
+        m, e, se, M, J, n = self.m, self.e, self.se, self.M, self.J, self.n
+        self.x_reads.update(se.seen)
+        self.sums[:] = [flat[j * M:(j + 1) * M] for j in range(J)]
+        if m.deferred is not None:
+            for (r, row), tot in zip(m.prologue, flat[M * J:]):
+                self.reduced[(r.results[0], row)] = tot
+            for i in range(M):
                 with se.scope():
-                    for j, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
-                        lin = se.iadd(se.imul(row, m.N), n) if isinstance(row, str) else \
-                            se.iadd(i * m.N, n)
-                        idx = se.delinearize(lin, ot.shape)
-                        se.store(se.value(out, idx), f"%o{j}", ot, idx)
-
-        smt = f"memref<{S * cols * V}xf32, #gpu.address_space<workgroup>>"
-        with se.scope():         # what the warp computes dominates nothing after it
-            if not deferred:
-                for r, row in m.prologue:
-                    wg: list = []
-                    # the whole warp computes its row's reduction (every column group reads it)
-                    reduced[(r.results[0], row)] = row_total(se, r, list(row), wlane, sg, sg,
-                                                             0, wg)
-                    assert not wg                # one subgroup per row: shuffles only
-            flat = [v for per in self.dot_rows(wn, lane, part) for v in per]
-            if S == 1:
-                e.raw(f"scf.if {e.op(f'arith.andi {inb}, {is0} : i1')} {{")
-                epilogue(flat)
-            else:
-                # split-K: each group's partial totals go to workgroup memory [part, col, v]
-                at = e.mul(e.add(e.mul(part, e.c(cols)), col), e.c(V))
-                e.raw(f"scf.if {is0} {{")
-                for i, v in enumerate(flat):
-                    e.raw(f"memref.store {v}, %ksum[{e.add(at, e.c(i))}] : {smt}")
-            e.raw("}")
-        if S > 1:
-            # every thread reaches the barrier; then lane 0 of part 0 adds a column's S parts
-            wg_mem.append(("%ksum", smt))
-            e.raw("gpu.barrier")
-            p0 = e.op(f"arith.cmpi eq, {part}, {e.c(0)} : index")
-            first = e.op(f"arith.andi {e.op(f'arith.andi {inb}, {p0} : i1')}, {is0} : i1")
-            e.raw(f"scf.if {first} {{")
-            flat = []
-            for i in range(V):
-                tot = None
-                for q in range(S):
-                    at = e.add(e.mul(e.add(e.c(q * cols), col), e.c(V)), e.c(i))
-                    v = e.op(f"memref.load %ksum[{at}] : {smt}")
-                    tot = v if tot is None else e.fadd(tot, v)
-                flat.append(tot)
+                    sc = [se.value(f, factor_at(se, f, i, 0)) for f in m.deferred[1]]
+                for f in sc:
+                    for j in range(J):
+                        self.sums[j][i] = e.fmul(self.sums[j][i], f)
+        for i, row in enumerate(self.rows):
+            self.row_now = i
             with se.scope():
-                epilogue(flat)
-            e.raw("}")
+                for j, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
+                    lin = se.iadd(se.imul(row, m.N), n) if isinstance(row, str) else \
+                        se.iadd(i * m.N, n)
+                    idx = se.delinearize(lin, ot.shape)
+                    se.store(se.value(out, idx), f"%o{j}", ot, idx)
+
+    def _sum_slices(self, is0: str, V: int, smt: str) -> None:
+        """Split-K: every thread reaches the barrier; then lane 0 of part 0 adds a column's
+        S slices from workgroup memory and runs the epilogue."""
+        e, S, cols, col = self.e, self.ksplit, self.cols, self.col
+        e.raw("gpu.barrier")
+        p0 = e.op(f"arith.cmpi eq, {self.part}, {e.c(0)} : index")
+        first = e.op(f"arith.andi {e.op(f'arith.andi {self.inb}, {p0} : i1')}, {is0} : i1")
+        e.raw(f"scf.if {first} {{")
+        flat = []
+        for i in range(V):
+            tot = None
+            for q in range(S):
+                at = e.add(e.mul(e.add(e.c(q * cols), col), e.c(V)), e.c(i))
+                v = e.op(f"memref.load %ksum[{at}] : {smt}")
+                tot = v if tot is None else e.fadd(tot, v)
+            flat.append(tot)
+        with self.se.scope():
+            self._epilogue(flat)
+        e.raw("}")
+
+    def _module_text(self, fn: ir.Operation, wg_mem: list[tuple[str, str]]) -> str:
+        """The ``gpu.module`` text around the emitted body; sets :attr:`slots`."""
+        m, e = self.m, self.e
         # x (or the arguments of an expression x) and the weight are only read, and no buffer
         # of the kernel overlaps them (the plan gives each value its own buffer): on CUDA that
         # lets loads take the read-only path (ld.global.nc)
         ro = " {llvm.noalias, llvm.readonly}" if self.vec else ""
-        params, slots = kernel_params(fn, m, se, x_reads, ro, (self.x, self.xtype),
-                                      [(w, self.wtype) for w in self.wnames])
-        t = self.warps * sg
+        params, self.slots = kernel_params(fn, m, self.se, self.x_reads, ro,
+                                           (self.x, self.xtype),
+                                           [(w, self.wtype) for w in self.wnames])
+        t = self.warps * self.sg
         sig = ", ".join(f"{a}: {b}" for a, b in params)
         wgt = f" workgroup({', '.join(f'{a}: {b} {WG_ALIGN}' for a, b in wg_mem)})" \
             if wg_mem else ""
-        text = (f"gpu.module @poot_gemv {{\n"
+        return (f"gpu.module @poot_gemv {{\n"
                 f"  gpu.func @gemv({sig}){wgt} kernel attributes "
                 f"{{known_block_size = array<i32: {t}, 1, 1>}} {{\n{e.k.text()}\n"
                 f"    gpu.return\n  }}\n}}\n")
-        return text, slots, se.consts
-
-
-def kernel_params(fn: ir.Operation, m: GemvMatch, se: "_ArgsSeen", x_reads: set[str],
-                  ro: str, x: tuple[str, str], ws: list[tuple[str, str]]
-                  ) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-    """(kernel parameters as (SSA name, memref type), launch slots) of a matmul kernel: x
-    (when an argument) and the weights ``ws`` (``(name, type)`` per ``m.weights``), the
-    arguments the scalar emitter ``se`` read (``ro``, the read-only attributes, on x's own
-    reads ``x_reads``), its constant buffers, then the results ``%o{j}`` (shared by the GEMV
-    and GEMM kernels)."""
-    params = [(name, t + ro) for name, t in ws]
-    slots = [("arg", w.arg) for w in m.weights]
-    if m.x_arg is not None:
-        params.insert(0, (x[0], x[1] + ro))
-        slots.insert(0, ("arg", m.x_arg))
-    more, more_slots = region_params(fn, m, se, x_reads, ro)
-    return params + more, slots + more_slots
-
-
-def region_params(fn: ir.Operation, m: GemvMatch, se: "_ArgsSeen",
-                  x_reads: frozenset[str] | set[str] = frozenset(), ro: str = "",
-                  const0: int = 0) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-    """(parameters, launch slots) for what the scalar emitter ``se`` read: the arguments
-    (``ro`` on those in ``x_reads``), its constant buffers (slots numbered from ``const0``),
-    then the results ``%o{j}`` (:func:`kernel_params`; the split-K reduction's own)."""
-    params, slots = [], []
-    for i, a in enumerate(fn.regions[0].blocks[0].arguments):
-        if f"%e{i}" in se.seen:
-            params.append((f"%e{i}", buffer_type(_ttype(a)) +
-                           (ro if f"%e{i}" in x_reads else "")))
-            slots.append(("arg", i))
-    for k, (name, c) in enumerate(zip(se.const_names, se.consts)):
-        params.append((name, c[0]))
-        slots.append(("const", const0 + k))
-    for j, ot in enumerate(m.out_ts):
-        params.append((f"%o{j}", buffer_type(ot)))
-        slots.append(("out", j))
-    return params, slots
-
-
-class _ArgsSeen(ScalarEmitter):
-    """A scalar emitter that records which argument buffers it reads."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.seen: set[str] = set()
-
-    def _arg(self, v: ir.Value) -> str:
-        name = super()._arg(v)
-        self.seen.add(name)
-        return name
 
 
 def _warps(N: int, caps) -> int:
@@ -1269,7 +838,7 @@ def ksplit_for(N: int, units: int, sg: int, caps, rows: int = 1) -> int:
     """Warps per output column (split-K inside a block, a power of two): the fewest that give
     the GEMV :data:`SPLIT_WARPS_PER_CORE` warps per compute unit, while each warp keeps at
     least two lane rounds of 16-byte units (``units`` per column; one round when x has more
-    than :data:`MAX_M` ``rows``: a narrow matmul's unit is then ``rows`` times the work) and
+    than :data:`~.matmul_match.MAX_M` ``rows``: a narrow matmul's unit is then ``rows`` times the work) and
     slices stay whole lane rounds. Why: one warp per column leaves a narrow projection with
     few warps per SM and few bytes in flight; measured on an H200 (bf16 weights, graph-replayed,
     ``bench/gpu_run/gemv_sweep.py``): N x K = 1024 x 4096 went from 6.8 to 3.7-3.9 us with
@@ -1296,34 +865,21 @@ PREFETCH = settings.get_flag("POOT_GPU_PREFETCH")
 #: SmolLM2 gained from: 526.6 -> 522.4 us) the 1B step went 905.4 -> 908.2 us (same-GPU A/B,
 #: bench/results/cuda_decode.md).
 PREFETCH_MAX_BYTES = 16 << 20
-#: most matmuls of one x a GEMV kernel computes together (see :class:`GemvMatch`)
+#: most matmuls of one x a GEMV kernel computes together (see :class:`~.matmul_match.GemvMatch`)
 MAX_MATMULS = 4
 #: tuning knobs (None: the rules above); set by the GEMV sweep benchmark, not by planning
 TUNING: dict[str, int | None] = {"warps": None, "unroll": None, "ksplit": None,
                                  "lanes": None, "parts": None}
 
 
-def dense16(m: GemvMatch) -> bool:
-    """Whether every weight of ``m`` is dense bf16/f16 stored [N, K]."""
-    return all(w.layout == "nk" and w.dtype in (DType.BF16, DType.F16) for w in m.weights)
-
-
-def gemm_rows(m: GemvMatch) -> bool:
-    """Whether ``m``'s rows are the tensor-core GEMM's (where it takes the region): past
-    :data:`MAX_M`, or from :data:`GEMM_FROM_M` with dense 16-bit weights."""
-    return m.M > MAX_M or (m.M >= GEMM_FROM_M and dense16(m))
-
-
 def gemm_defers(fn: ir.Operation, m: GemvMatch, caps) -> bool:
     """Whether the GEMV leaves region ``fn`` (matched as ``m``) to the tensor-core GEMM: a
-    narrow one past :data:`MAX_M` rows, or one of dense bf16/f16 weights from
-    :data:`GEMM_FROM_M` rows, where the GEMM takes it (its strategy decides: a target with
+    narrow one past :data:`~.matmul_match.MAX_M` rows, or one of dense bf16/f16 weights from
+    :data:`~.matmul_match.GEMM_FROM_M` rows, where the GEMM takes it (its strategy decides: a target with
     mma, one matmul, no folded norm). The dense 16-bit regions only region folding makes (a
     norm folded in front, the gate and up matmuls of one x) are refused outright on an mma
     target: the fold is then not taken, the norm stays its own region and the GEMM takes
     each matmul."""
-    from poot.backends.gpu.strategies import gemm as G   # (it imports this module)
-
     if not gemm_rows(m) or (G.matrix_op(caps) is None and G.EMULATE_MMA is None):
         return False
     if dense16(m) and (m.prologue or len(m.weights) > 1):
@@ -1331,7 +887,6 @@ def gemm_defers(fn: ir.Operation, m: GemvMatch, caps) -> bool:
     return G.gemm(fn, caps) is not None
 
 
-@register("gemv")
 def gemv(fn: ir.Operation, caps) -> Synthesized | None:
     """Decode GEMV regions (see the module doc); None for anything else."""
     sg = getattr(caps, "subgroup_size", None)
@@ -1382,6 +937,5 @@ def gemv(fn: ir.Operation, caps) -> Synthesized | None:
                                      (warps * sg, 1, 1))], consts=consts)
 
 
-__all__ = ["GEMM_FROM_M", "GemvMatch", "MAX_M", "PACKED", "SMALL_N", "SMALL_N_MAX_M", "dense16",
-           "gemm_defers", "gemm_rows", "gemv", "gemv_rows", "kernel_params", "ksplit_for",
-           "match", "match_indexed", "region_params"]
+__all__ = ["BLOCK_PARTS", "MAX_MATMULS", "PART_FORMATS", "PROLOGUE_MAX_EXTRA_BYTES",
+           "PROLOGUE_MAX_LOOPS", "TUNING", "gemm_defers", "gemv", "ksplit_for"]

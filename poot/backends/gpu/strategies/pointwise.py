@@ -3,12 +3,12 @@
 Elementwise class: views (reshape, transpose, broadcast, strided slice, concat), sources
 (iota, constant), unary/binary/ternary/compare/select/cast, gather and dequantize: every
 result element is a function of a few operand elements at computable coordinates
-(:mod:`poot.backends.gpu.strategies._scalar`), so nothing is materialized in between. Small
-contractions (:func:`~._scalar.small_contraction`: a matmul over at most
-:data:`~._scalar.SCALAR_MAX_K` terms, a LoRA expand) are computed per element too
+(:mod:`poot.backends.gpu.strategies.emit`), so nothing is materialized in between. Small
+contractions (:func:`~.emit.small_contraction`: a matmul over at most
+:data:`~.emit.SCALAR_MAX_K` terms, a LoRA expand) are computed per element too
 (:func:`per_element`), so the LoRA terms of the SwiGLU's gate and up are one kernel with it;
-so are small reductions (:func:`~._scalar.small_reduction`: at most
-:data:`~._scalar.SCALAR_MAX_REDUCE` terms a result element, a MoE layer's weighted sum over
+so are small reductions (:func:`~.emit.small_reduction`: at most
+:data:`~.emit.SCALAR_MAX_REDUCE` terms a result element, a MoE layer's weighted sum over
 its top-k experts' rows with the residual add).
 
 Mapping: one thread per *work item* of the largest result. A work item is ``vec`` consecutive
@@ -28,14 +28,13 @@ from __future__ import annotations
 from mlir import ir
 
 from poot.backends.gpu.kernels import Launch, block_size
-from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import (
+from poot.backends.gpu.strategies.emit import (
     KernelEmitter,
     ScalarEmitter,
     ScalarUnsupported,
+    Synthesized,
     buffer_type,
-    gpu_kernel,
-    gpu_module,
+    one_kernel_module,
     poot_type,
     small_contraction,
     small_reduction,
@@ -136,17 +135,13 @@ def synthesize_pointwise(fn: ir.Operation, caps, name: str = "pointwise"):
             em.line("}")
     except ScalarUnsupported:
         return None
-    params = se.buffer_params() + [(o, buffer_type(ty)) for o, ty in zip(out_names, types)]
-    text = gpu_module(name, [gpu_kernel("k", params, em.text())])
-    nargs = len(se.args)
-    slots = [("arg", i) for i in range(nargs)] + \
-        [("const", k) for k in range(len(se.consts))] + [("out", j) for j in range(len(outs))]
+    text, slots = one_kernel_module(name, se, [(o, buffer_type(ty))
+                                               for o, ty in zip(out_names, types)])
     grid = (n + t - 1) // t
     launch = Launch("kernel", slots, name, "k", (grid, 1, 1), (t, 1, 1), strategy=name)
     return Synthesized(text, [launch], consts=list(se.consts))
 
 
-@register("pointwise", fallback=True)
 def pointwise(fn: ir.Operation, caps):
     return synthesize_pointwise(fn, caps)
 

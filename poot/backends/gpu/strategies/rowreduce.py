@@ -57,14 +57,15 @@ from dataclasses import dataclass
 from mlir import ir
 
 from poot.backends.gpu.kernels import Launch
-from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import (
+from poot.backends.gpu.strategies.emit import (
     KernelEmitter,
     ScalarEmitter,
     ScalarUnsupported,
+    Synthesized,
     buffer_type,
     gpu_kernel,
     gpu_module,
+    one_kernel_module,
     poot_type,
     small_reduction,
 )
@@ -233,10 +234,8 @@ def _synthesize_one(fn: ir.Operation, m: _Region, caps, name: str):
             em.line("}")
     except ScalarUnsupported:
         return None
-    params = se.buffer_params() + [(o, buffer_type(t)) for o, t in zip(out_names, types)]
-    text = gpu_module(name, [gpu_kernel("k", params, em.text(), workgroup)])
-    slots = [("arg", i) for i in range(len(se.args))] + \
-        [("const", i) for i in range(len(se.consts))] + [("out", j) for j in range(len(outs))]
+    text, slots = one_kernel_module(name, se, [(o, buffer_type(t))
+                                               for o, t in zip(out_names, types)], workgroup)
     grid = (n_rows + rb - 1) // rb
     launch = Launch("kernel", slots, name, "k", (grid, 1, 1), (rb * tr, 1, 1), strategy=name)
     return Synthesized(text, [launch], consts=list(se.consts))
@@ -310,7 +309,7 @@ def reduce_kind(r: ir.Operation) -> str | None:
 
 def per_element_reduction(r: ir.Operation) -> bool:
     """Whether ``poot.reduce`` ``r`` is no row reduction (:func:`reduce_kind` None) but small
-    enough for the scalar emitter to compute per element (:func:`~._scalar.small_reduction`:
+    enough for the scalar emitter to compute per element (:func:`~.emit.small_reduction`:
     a MoE layer's sum over its top-k rows). Strategies with a row-reduction hook leave such a
     reduction to the emitter instead of refusing the region."""
     return r.name == "poot.reduce" and reduce_kind(r) is None and small_reduction(r)
@@ -592,7 +591,7 @@ def _synthesize_split(fn: ir.Operation, m: _Region, caps, name: str, S: int):
                             S, w, tr, sg)
             kernels.append(gpu_kernel(f"p{lev}", kn.se.buffer_params() + scr_params,
                                       kn.em.text(), kn.workgroup))
-            slots = _slots(kn.se) + scr_slots
+            slots = kn.se.buffer_slots() + scr_slots
             launches.append(Launch("kernel", slots, name, f"p{lev}", (m.n_rows * S, 1, 1),
                                    (tr, 1, 1), strategy=name))
         parts = S if m.row_outs else 1
@@ -604,17 +603,10 @@ def _synthesize_split(fn: ir.Operation, m: _Region, caps, name: str, S: int):
     params = kn.se.buffer_params() + scr_params + \
         [(o, buffer_type(t)) for o, t in zip(out_names, m.types)]
     kernels.append(gpu_kernel("out", params, kn.em.text()))
-    slots = _slots(kn.se) + scr_slots + [("out", j) for j in range(len(m.outs))]
+    slots = kn.se.buffer_slots() + scr_slots + [("out", j) for j in range(len(m.outs))]
     launches.append(Launch("kernel", slots, name, "out", (m.n_rows * parts, 1, 1),
                            (tro, 1, 1), strategy=name))
     return Synthesized(gpu_module(name, kernels), launches, scratch, list(shared.consts))
-
-
-def _slots(se: ScalarEmitter) -> list:
-    """Launch slots of :meth:`ScalarEmitter.buffer_params`: the arguments, then the
-    constant buffers registered so far."""
-    return [("arg", i) for i in range(len(se.args))] + \
-        [("const", i) for i in range(len(se.consts))]
 
 
 def _split_partials(kn: _SplitKernel, m: _Region, qs: list[int], S: int, w: int, tr: int,
@@ -657,7 +649,6 @@ def _split_outputs(kn: _SplitKernel, m: _Region, out_names, parts: int, w: int,
         _scalar_outputs(se, em, m, out_names, kn.row, first)
 
 
-@register("rowreduce")
 def rowreduce(fn: ir.Operation, caps):
     return synthesize_rowreduce(fn, caps)
 

@@ -16,7 +16,7 @@ and no two threads ever write the same element. Rows are independent otherwise: 
 B decode rows, or a prefill chunk, writes its K/V in one wave instead of one thread walking
 every row in turn (which made a batch-32 decode step's K/V write of the Llama-3.2-1B shape,
 RoPE included, 19 us a layer on an H200). ``indices`` and ``updates`` may be any
-elementwise-class expression of the arguments (:mod:`~poot.backends.gpu.strategies._scalar`).
+elementwise-class expression of the arguments (:mod:`~poot.backends.gpu.strategies.emit`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ from __future__ import annotations
 from mlir import ir
 
 from poot.backends.gpu.kernels import Launch, block_size
-from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import (
+from poot.backends.gpu.strategies.emit import (
     KernelEmitter,
     ScalarEmitter,
     ScalarUnsupported,
+    Synthesized,
     buffer_type,
-    gpu_kernel,
-    gpu_module,
+    one_kernel_module,
     poot_type,
 )
 from poot.dialects.types import TensorType
@@ -57,7 +56,6 @@ def _returned_scatter(fn: ir.Operation):
     return op, next(i for i, a in enumerate(args) if a == dest)
 
 
-@register("scatter")
 def scatter(fn: ir.Operation, caps):
     """The copy + one-kernel form of a scatter region, or None (see the module doc)."""
     found = _returned_scatter(fn)
@@ -126,10 +124,7 @@ def scatter(fn: ir.Operation, caps):
         em.line("}")
     except ScalarUnsupported:
         return None
-    params = se.buffer_params() + [("%out0", buffer_type(flat))]
-    text = gpu_module("scatter", [gpu_kernel("k", params, em.text())])
-    slots = [("arg", i) for i in range(len(se.args))] + \
-        [("const", k) for k in range(len(se.consts))] + [("out", 0)]
+    text, slots = one_kernel_module("scatter", se, [("%out0", buffer_type(flat))])
     copy = Launch("copy", [("arg", d_arg), ("out", 0)], nbytes=dt.nbytes)
     kern = Launch("kernel", slots, "scatter", "k", ((elems + t - 1) // t, n_rows, 1),
                   (t, 1, 1), strategy="scatter")

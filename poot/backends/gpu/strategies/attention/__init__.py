@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from poot.backends.gpu.strategies import Synthesized, register
-from poot.backends.gpu.strategies._scalar import ScalarUnsupported, small_contraction
+from poot.backends.gpu.strategies.emit import ScalarUnsupported, Synthesized, small_contraction
 from poot.backends.gpu.strategies.attention.emit import MASKED_SCORE, emit_attention
 from poot.backends.gpu.strategies.attention.match import (
     AttentionRegion,
@@ -42,7 +41,6 @@ from poot.backends.gpu.strategies.attention.plan import (
 )
 
 
-@register("flash_decode")
 def flash_decode(fn: ir.Operation, caps) -> Synthesized | None:
     """The strategy: :func:`match_attention`, :func:`plan_attention`,
     :func:`emit_attention` (None where any of them refuses)."""

@@ -10,7 +10,7 @@ import struct
 
 from mlir import ir
 
-from poot.backends.gpu.strategies._scalar import (
+from poot.backends.gpu.strategies.emit import (
     KernelEmitter,
     ScalarEmitter,
     buffer_type,

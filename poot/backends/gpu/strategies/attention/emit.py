@@ -74,7 +74,7 @@ previous ones'); the combine kernel by :func:`combine_kernel`.
 from __future__ import annotations
 
 from poot.backends.gpu.kernels import WG_ALIGN, Launch
-from poot.backends.gpu.strategies import Synthesized
+from poot.backends.gpu.strategies.emit import Synthesized
 from poot.backends.gpu.strategies.attention.body import (
     F,
     Body,
@@ -807,7 +807,7 @@ def combine_kernel(reg: AttentionRegion, plan: AttentionPlan, scr_t: str, out_t:
 def emit_attention(reg: AttentionRegion, plan: AttentionPlan) -> Synthesized:
     """The ``gpu.module @attention`` text and launches of ``reg`` under ``plan``: the split
     kernel, then (``NS > 1``) the combine kernel and the scratch it reads. Raises
-    :class:`~poot.backends.gpu.strategies._scalar.ScalarUnsupported` for a computed q or mask
+    :class:`~poot.backends.gpu.strategies.emit.ScalarUnsupported` for a computed q or mask
     the scalar emitter does not cover."""
     split = SplitKernel(reg, plan)
     text, launches, consts = split.emit()

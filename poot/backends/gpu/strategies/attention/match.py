@@ -37,7 +37,7 @@ stride(bs)`` (the pools are read in place, never gathered).
 
 Each view chain is resolved to a strided index map (:class:`View`: logical coordinates ->
 element offset in the argument buffer; NumPy's no-copy reshape rule); a computed q or mask
-is evaluated per element by :class:`~poot.backends.gpu.strategies._scalar.ScalarEmitter`. A
+is evaluated per element by :class:`~poot.backends.gpu.strategies.emit.ScalarEmitter`. A
 k or v that is not a strided view, or an expression the scalar emitter does not cover,
 makes the region fall back (``None``).
 

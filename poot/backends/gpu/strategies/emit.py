@@ -1,6 +1,7 @@
-"""Per-element scalar emission of a poot dispatch body, shared by the GPU kernel strategies
-(not a strategy itself: the leading underscore keeps :mod:`poot.backends.gpu.strategies` from
-importing it as one).
+"""The emit helpers every GPU kernel strategy shares (not a strategy itself): what a strategy
+returns (:class:`Synthesized`), the ``gpu.func``/``gpu.module`` text builders
+(:func:`gpu_kernel`, :func:`gpu_module`), and the per-element scalar emission of a poot
+dispatch body (:class:`ScalarEmitter`).
 
 A strategy decides *which* elements a thread computes; this module writes the MLIR text
 (``arith``/``math``/``memref``/``scf``) that computes *one* element of a poot value, recursively
@@ -32,7 +33,7 @@ API summary:
 * **Constants**: a splat ``poot.constant`` (or a non-splat one read at coordinates all known)
   is an immediate; otherwise it is read from a constant buffer, ``se.consts[k]`` = ``(memref
   type, nbytes, raw little-endian bytes)`` (the plan's ``("const", k)`` slot, i.e.
-  :attr:`~poot.backends.gpu.strategies.Synthesized.consts`), bound to the kernel parameter
+  :attr:`Synthesized.consts`), bound to the kernel parameter
   ``se.const_names[k]``.
 * **Memoization**: an element of a value at the same coordinates is emitted once per *scope*
   (as is the index arithmetic). Open a scope (``with se.scope():``) around code emitted inside
@@ -70,13 +71,14 @@ needs a bf16 type.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import ml_dtypes
 import numpy as np
 from mlir import ir
 
-from poot.backends.gpu.kernels import WG_ALIGN, GpuCodegenError
+from poot.backends.gpu.kernels import WG_ALIGN, GpuCodegenError, Launch
 from poot.dialects.lowering.elementwise import (
     _CMP_BOOL,
     _CMP_FLOAT,
@@ -94,6 +96,18 @@ from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
 Index = str | int
 Provide = Callable[[ir.Value, tuple], "str | None"]
 
+
+@dataclass
+class Synthesized:
+    """What a strategy returns: ``text`` holds one or more ``gpu.module``s; ``launches``
+    (kernel launches naming ``module``/``kernel`` in ``text``, in order, and plan copies);
+    ``scratch``: ``(memref type text, nbytes)`` per temporary buffer (``("scratch", k)``);
+    ``consts``: ``(memref type text, nbytes, raw bytes)`` per constant (``("const", k)``)."""
+
+    text: str
+    launches: list[Launch]
+    scratch: list[tuple[str, int]] = field(default_factory=list)
+    consts: list[tuple[str, int, bytes]] = field(default_factory=list)
 
 class ScalarUnsupported(GpuCodegenError):
     """An op or value the scalar emitter does not compute (the strategy refuses the region)."""
@@ -209,6 +223,17 @@ def gpu_kernel(name: str, params: Sequence[tuple[str, str]], body: str,
 def gpu_module(name: str, kernels: Sequence[str]) -> str:
     """A ``gpu.module`` (text) holding ``kernels`` (:func:`gpu_kernel` texts)."""
     return f"gpu.module @{name} {{\n" + "\n".join(kernels) + "\n}\n"
+
+
+def one_kernel_module(name: str, se: "ScalarEmitter", outs: Sequence[tuple[str, str]],
+                      workgroup: Sequence[tuple[str, str]] = ()) -> tuple[str, list]:
+    """A ``gpu.module @name`` holding the one kernel ``@k`` whose body ``se`` emitted: its
+    parameters are the buffers ``se`` read (:meth:`ScalarEmitter.buffer_params`), then the
+    results ``outs`` (``(ssa name, memref type)`` each, result ``j`` the ``("out", j)``
+    slot). Returns (module text, launch slots)."""
+    params = se.buffer_params() + list(outs)
+    text = gpu_module(name, [gpu_kernel("k", params, se.em.text(), workgroup)])
+    return text, se.buffer_slots() + [("out", j) for j in range(len(outs))]
 
 
 def const_bytes(value: np.ndarray, d: DType) -> bytes:
@@ -423,6 +448,12 @@ class ScalarEmitter:
         after emitting."""
         return [(n, buffer_type(poot_type(a))) for n, a in zip(self.arg_names, self.args)] + \
             [(n, c[0]) for n, c in zip(self.const_names, self.consts)]
+
+    def buffer_slots(self) -> list[tuple[str, int]]:
+        """The launch slots of :meth:`buffer_params`: ``("arg", i)`` per function argument,
+        then ``("const", k)`` per constant buffer registered so far."""
+        return [("arg", i) for i in range(len(self.args))] + \
+            [("const", i) for i in range(len(self.consts))]
 
     def load(self, buf: str, t: TensorType, idx: Sequence[Index]) -> str:
         """The element of buffer ``buf`` (of :func:`buffer_type` ``t``) at ``idx``, in its
@@ -733,7 +764,99 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, ml_dtypes.bfloat16).view(np.uint16)
 
 
-__all__ = ["SCALAR_MAX_K", "KernelEmitter", "ScalarEmitter", "ScalarUnsupported", "buffer_type",
-           "const_bytes", "gpu_kernel", "gpu_module", "poot_type", "small_contraction",
-           "small_reduction",
-           "storage_elem"]
+# ---- small IR and text helpers the matmul strategies share ------------------------------------
+
+def defining_op(v: ir.Value):
+    """The op that defines ``v``; None for a block argument."""
+    o = v.owner
+    if isinstance(o, ir.Block):
+        return None
+    return o.operation if hasattr(o, "operation") else o
+
+
+def arg_number(v: ir.Value) -> int | None:
+    """The argument number of block argument ``v``; None for an op result."""
+    return ir.BlockArgument(v).arg_number if isinstance(v.owner, ir.Block) else None
+
+
+def maybe_poot_type(v: ir.Value):
+    """The poot type of ``v``; None where its MLIR type is none (:func:`poot_type` raises)."""
+    try:
+        return type_from_mlir(v.type)
+    except TypeError:
+        return None
+
+
+class EmitShorthands:
+    """Shorthands over a :class:`~.emit.KernelEmitter` (constants hoisted to the entry)."""
+
+    def __init__(self):
+        self.k = KernelEmitter()
+
+    def name(self) -> str:
+        return self.k.fresh()
+
+    def op(self, text: str) -> str:
+        return self.k.op(text)
+
+    def raw(self, text: str) -> None:
+        self.k.line(text)
+
+    def c(self, v, t: str = "index") -> str:
+        return self.k.const(v, t)
+
+    # index / i32 / f32 shorthands
+    def add(self, a, b, t="index"):
+        return self.op(f"arith.addi {a}, {b} : {t}")
+
+    def mul(self, a, b, t="index"):
+        return self.op(f"arith.muli {a}, {b} : {t}")
+
+    def fadd(self, a, b):
+        return self.op(f"arith.addf {a}, {b} : f32")
+
+    def fmul(self, a, b):
+        return self.op(f"arith.mulf {a}, {b} : f32")
+
+    def fma(self, a, b, c):
+        return self.op(f"math.fma {a}, {b}, {c} : f32")
+
+    def shr(self, a, k):
+        return a if k == 0 else self.op(f"arith.shrui {a}, {self.c(k, 'i32')} : i32")
+
+    def shl(self, a, k):
+        return a if k == 0 else self.op(f"arith.shli {a}, {self.c(k, 'i32')} : i32")
+
+    def band(self, a, k):
+        return self.op(f"arith.andi {a}, {self.c(k, 'i32')} : i32")
+
+    def u2f(self, a):
+        return self.op(f"arith.uitofp {a} : i32 to f32")
+
+    def s2f(self, a):
+        return self.op(f"arith.sitofp {a} : i32 to f32")
+
+    def half(self, w, hi: bool):
+        """The f16 in the low (``hi`` False) or high half of i32 ``w``, as f32."""
+        h = self.op(f"arith.trunci {self.shr(w, 16) if hi else w} : i32 to i16")
+        f = self.op(f"arith.bitcast {h} : i16 to f16")
+        return self.op(f"arith.extf {f} : f16 to f32")
+
+
+class ArgsSeenEmitter(ScalarEmitter):
+    """A scalar emitter that records which argument buffers it reads."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen: set[str] = set()
+
+    def _arg(self, v: ir.Value) -> str:
+        name = super()._arg(v)
+        self.seen.add(name)
+        return name
+
+
+__all__ = ["SCALAR_MAX_K", "ArgsSeenEmitter", "EmitShorthands", "KernelEmitter", "ScalarEmitter",
+           "ScalarUnsupported", "Synthesized", "arg_number", "buffer_type", "const_bytes",
+           "defining_op", "gpu_kernel", "gpu_module", "maybe_poot_type", "one_kernel_module", "poot_type",
+           "small_contraction", "small_reduction", "storage_elem"]
