@@ -17,15 +17,16 @@ def __getattr__(name):
     """``poot.LLM`` (the offline batched API, :class:`poot.api.LLM`), ``poot.SamplingParams``
     and ``poot.Guide`` (a guided-decoding constraint), imported on first use."""
     if name == "LLM":
-        from poot.api import LLM
+        from poot.api import LLM  # lazy: `import poot` loads it on first use only
 
         return LLM
     if name == "SamplingParams":
+        # lazy: `import poot` loads it on first use only
         from poot.sampling_params import SamplingParams
 
         return SamplingParams
     if name == "Guide":
-        from poot.sampling_params import Guide
+        from poot.sampling_params import Guide  # lazy: `import poot` loads it on first use only
 
         return Guide
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

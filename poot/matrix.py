@@ -77,7 +77,9 @@ def fixtures_root() -> Path:
 def family_fixtures(root: Path) -> dict[str, Path]:
     """Family name -> its first config folder under ``root`` (folders with a
     ``config.json``, in name order)."""
+    # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.load.config import _read_json, config_from_hf
+    # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.models import REGISTRY
 
     out: dict[str, Path] = {}
@@ -94,7 +96,9 @@ def weight_types(base: dict, fmt: str) -> dict:
     """``base`` (weight name -> f32 :class:`~poot.dialects.types.TensorType`) with every
     rank-2 weight stored as ``fmt``: a :class:`~poot.dialects.types.TensorType` of that dtype
     for f32/bf16/f16, else a :class:`~poot.dialects.types.PackedType` of that GGUF format."""
+    # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.dialects.quant import Quant
+    # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.dialects.types import DType, PackedType, TensorType
 
     out = {}
@@ -109,7 +113,9 @@ def weight_types(base: dict, fmt: str) -> dict:
 
 
 def _trace(model, types):
+    # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.models import StepSpec
+    # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.models.pooling import PoolSpec
 
     if getattr(model, "encoder_only", False):
@@ -120,7 +126,9 @@ def _trace(model, types):
 def compile_cell(model, base_types: dict, fmt: str, backend: str) -> tuple[str, str]:
     """``(status, detail)`` of compiling ``model``'s step with weights of ``fmt`` for
     ``backend`` (module doc)."""
+    # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.api import target_for
+    # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.compiler import CompileOptions, compile
 
     try:
@@ -140,7 +148,9 @@ def feature_matrix(root: Path, families: Iterable[str] | None = None,
     ``formats``, ``backends``: subsets (default: all). ``on_cell`` is called with each cell as
     it is done. Raises :class:`MatrixError` for a name that is not a family, format or
     registered backend."""
+    # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.backends.registry import BACKENDS
+    # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.models import load_model
 
     fams = family_fixtures(root)

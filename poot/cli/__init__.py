@@ -51,6 +51,7 @@ def plain(doc: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     import poot
 
     parser = argparse.ArgumentParser(prog="poot", description="poot: an LLM inference compiler")

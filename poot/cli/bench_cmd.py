@@ -135,7 +135,9 @@ def _load(args, max_batch=None):
     default) sizes the KV pool and the samplers, which are inputs of every step: with
     ``poot generate``'s, a bench finds the steps a generate compiled in the compile cache.
     The compile workers of a cold load may still be compiling (warm samplers)."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.generate_cmd import load_handle
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import SamplingParams
 
     path, random_dtype = model_source(args)
@@ -265,6 +267,7 @@ def poot_measures(handle, best: dict, replay_n: int) -> dict:
     if isinstance(steps, list):       # a SPIR-V plan (Vulkan, wgpu): its kernel launches
         out["dispatches_per_token"] = sum(1 for s in steps if s.op == "dispatch")
     if isinstance(plan, dict) and "launches" in plan:
+        # lazy: CLI start-up (every command module is imported for --help) loads no engine
         from poot.backends.cuda.artifact import kernel_nodes
 
         nodes = kernel_nodes(plan)
@@ -342,7 +345,9 @@ def steady_rate(log, batch: int) -> tuple[float | None, int]:
 
 def run_batch(handle, args, batches: list[int]) -> dict:
     """The ``--batch`` measurements (module doc)."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import SamplingParams
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.engine import EngineConfig, LLMEngine
 
     vocab = handle.runner.vocab
@@ -354,6 +359,7 @@ def run_batch(handle, args, batches: list[int]) -> dict:
                  "new_tokens": args.max_tokens, "max_prefill_tokens": budget, "batches": {}}
     pipe = None if args.pipeline == "auto" else args.pipeline == "on"
     # compile every bucket up to the largest B before timing, and run each once
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.graph.sampling import GREEDY
 
     buckets = [x for x in handle.runner.buckets if x <= handle.runner.bucket(max(batches))]
@@ -408,6 +414,7 @@ def run_prefix(handle, args) -> dict:
     """The ``--shared-prefix`` measurement (module doc)."""
     import statistics
 
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import SamplingParams
 
     vocab = handle.runner.vocab
@@ -429,7 +436,9 @@ def run_prefix(handle, args) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api import Driver
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import SamplingParams
 
     check_options(args, "max_tokens", "runs", "prompt_tokens", "kv_capacity", "prefill_chunk",
@@ -488,6 +497,7 @@ def _emit(out: dict, args: argparse.Namespace) -> int:
 
 
 def _parse_batches(text: str) -> list[int]:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import InvalidRequest
 
     try:

@@ -27,6 +27,7 @@ COMMANDS = "/reset clears the conversation, /exit (or Ctrl-D) quits"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.generate_cmd import add_model_args, add_sampling_args
 
     p = subparsers.add_parser("chat", help="chat with a model interactively (multi-turn)",
@@ -57,9 +58,13 @@ def _read_line(interactive: bool) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api import Driver, Finished
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.generate_cmd import check_options, load_handle
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api.generate import ContextOverflow
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import SamplingParams
 
     check_options(args, "max_tokens", "kv_capacity", "prefill_chunk")

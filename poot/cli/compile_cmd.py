@@ -45,6 +45,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
 
 def model_source(args) -> tuple[str | None, str | None]:
     """(path, random_weights dtype or None) from --model / --config --random-weights."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import InvalidRequest
 
     if args.random_weights:
@@ -60,6 +61,7 @@ def model_source(args) -> tuple[str | None, str | None]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.generate_cmd import add_model_args
 
     p = subparsers.add_parser("compile", help="fill the compile cache (to carry to a machine "
@@ -92,8 +94,10 @@ def read_device_caps(path: str | None, backend: str) -> dict | None:
     """The capabilities in ``path`` (``poot devices --json`` output: either one device's
     capabilities or ``{backend: capabilities}``), or None; a file that is missing, not JSON
     or lacks the backend is an :class:`InvalidRequest` naming it."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import InvalidRequest
 
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.backends.registry import BACKENDS
 
     if path is None:
@@ -123,13 +127,20 @@ def cache_bytes(folder: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api import DEFAULT_MAX_BATCH, compile_steps
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.generate_cmd import check_options
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.progress_display import Reporter, history_file
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import SamplingParams
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.engine import sampler_spec_for
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.graph.sampling import GREEDY
 
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.generate_cmd import apply_threads, compile_options
 
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks", "threads",
@@ -142,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if sampler_spec_for([params]) != GREEDY:
         samplers.append(sampler_spec_for([params]))
     if args.serve:
+        # lazy: CLI start-up (every command module is imported for --help) loads no engine
         from poot.serve.loading import serve_samplers
 
         samplers += list(serve_samplers())

@@ -27,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.backends.cuda.devcheck import main
 
     argv = list(args.bundles) + ["--bench", str(args.bench)]

@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.runtime import DeviceError, open_device
 
     found, why = {}, {}

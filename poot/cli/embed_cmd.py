@@ -102,8 +102,11 @@ def _inputs(args) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.generate_cmd import check_options
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.progress_display import Reporter, history_file
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api.pooling import PoolingModel, relevance
 
     check_options(args, "max_batch", "max_tokens", "dimensions")

@@ -151,7 +151,9 @@ def guide_from_args(args):
     """The :class:`~poot.sampling_params.Guide` of ``--json-schema/--json-object/--regex/
     --grammar``, or None; an unreadable file is an :class:`InvalidRequest` naming the option,
     a malformed schema a :class:`~poot.sampling_params.GuidedDecodingError`."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import Guide
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import InvalidRequest
 
     def read(opt, path):
@@ -184,6 +186,7 @@ MAX_GUIDE_FILE = 1 << 20
 def check_options(args, *names: str) -> None:
     """Refuse an integer option below 1, naming the option (``--kv-capacity=-5``); None (not
     given) means the default."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import InvalidRequest
 
     for name in names:
@@ -194,6 +197,7 @@ def check_options(args, *names: str) -> None:
 
 def compile_options(args):
     """The :class:`~poot.compiler.CompileOptions` of ``--precision``."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.compiler import CompileOptions
 
     return CompileOptions(precision=getattr(args, "precision", None) or "int16")
@@ -212,11 +216,14 @@ def load_handle(args, before_compile=None, **kw):
     --prefill-chunk/--no-cache``, with progress on stderr (:class:`~poot.cli.progress_display.Reporter`;
     ``--quiet`` silences it). ``before_compile(handle)`` checks the request before any step
     is compiled; ``kw`` goes to ``ModelHandle.load``."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api import ModelHandle
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.progress_display import Reporter, history_file
 
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks", "threads",
                   "pipeline_parallel")
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.graph.sampling import FULL
 
     apply_threads(args)
@@ -238,8 +245,11 @@ def load_handle(args, before_compile=None, **kw):
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api import Driver
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api.generate import Finished
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import SamplingParams
 
     check_options(args, "max_tokens", "kv_capacity", "prefill_chunk", "max_batch",
@@ -279,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
 def read_prompts_file(path: str, defaults: dict) -> list[tuple[object, object]]:
     """(prompt, SamplingParams) per line of ``path`` (module doc). Raises
     :class:`~poot.sampling_params.InvalidRequest` naming the line and field."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import InvalidRequest, SamplingParams
 
     try:
@@ -322,7 +333,9 @@ def read_prompts_file(path: str, defaults: dict) -> list[tuple[object, object]]:
 
 def run_file(args: argparse.Namespace) -> int:
     """``--prompts-file``: every prompt batched through the engine, one JSON line each."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api import LLM
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import InvalidRequest
 
     defaults = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

@@ -38,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api import default_model_path
 
     report = inspect_model(args.model if args.model is not None else str(default_model_path()))
@@ -50,8 +51,11 @@ def run(args: argparse.Namespace) -> int:
 
 def inspect_model(path: str) -> dict[str, Any]:
     """The inspect report as plain JSON-able data. Raises LoadError for malformed files."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.load.config import load_config
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.load.errors import LoadError
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.load.checkpoint import open_weights
 
     store = open_weights(path)
@@ -86,7 +90,9 @@ def _family_summary(cfg: Any) -> dict[str, Any]:
     options it resolves from the config alone (no weights read; a long RoPE frequency table
     is shown as its length), or ``{"error": message}`` when no family serves it or the config
     is out of the family's domain."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.errors import PootError
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.models import REGISTRY
 
     try:
@@ -118,30 +124,29 @@ def _plain(v: Any) -> Any:
 
 
 def _tokenizer_summary(path: str, store: Any) -> dict[str, Any] | None:
-    """Via poot.text.tokenizer when present; otherwise from GGUF metadata alone."""
+    """The tokenizer's summary (GGUF metadata, then what :func:`load_tokenizer` reads; its
+    error in ``error`` when it cannot load one)."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.errors import PootError
 
-    try:
-        from poot.text.tokenizer import load_tokenizer
-    except ImportError:
-        load_tokenizer = None
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
+    from poot.text.tokenizer import load_tokenizer
     meta = store.metadata if store.kind == "gguf" else {}
     out: dict[str, Any] = {}
     if "tokenizer.ggml.model" in meta:
         out["model"] = meta["tokenizer.ggml.model"]
         out["vocab_size"] = len(meta.get("tokenizer.ggml.tokens", ()))
         out["has_chat_template"] = "tokenizer.chat_template" in meta
-    if load_tokenizer is not None:
-        try:
-            # A lone .safetensors file takes its tokenizer from the folder around it.
-            tok_path = os.path.dirname(path) or "." if str(path).endswith(".safetensors") \
-                else path
-            tok = load_tokenizer(tok_path)
-            out.update(vocab_size=tok.vocab_size, bos_id=tok.bos_id, eos_id=tok.eos_id,
-                       stop_ids=sorted(tok.stop_ids),
-                       has_chat_template=tok.chat_template is not None)
-        except PootError as e:
-            out["error"] = str(e)
+    try:
+        # A lone .safetensors file takes its tokenizer from the folder around it.
+        tok_path = os.path.dirname(path) or "." if str(path).endswith(".safetensors") \
+            else path
+        tok = load_tokenizer(tok_path)
+        out.update(vocab_size=tok.vocab_size, bos_id=tok.bos_id, eos_id=tok.eos_id,
+                   stop_ids=sorted(tok.stop_ids),
+                   has_chat_template=tok.chat_template is not None)
+    except PootError as e:
+        out["error"] = str(e)
     return out or None
 
 

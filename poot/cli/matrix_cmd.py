@@ -25,7 +25,9 @@ BEGIN, END = "<!-- poot matrix: begin -->", "<!-- poot matrix: end -->"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.backends.registry import BACKENDS
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.matrix import FORMATS
 
     p = subparsers.add_parser("matrix", help="compile every family x weight format x backend "
@@ -47,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def replace_block(text: str, table: str, where: str) -> str:
     """``text`` with the lines between :data:`BEGIN` and :data:`END` replaced by ``table``.
     Raises :class:`~poot.matrix.MatrixError` naming ``where`` when the markers are missing."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.matrix import MatrixError
 
     i, j = text.find(BEGIN), text.find(END)
@@ -56,6 +59,7 @@ def replace_block(text: str, table: str, where: str) -> str:
 
 
 def run(args) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.matrix import feature_matrix, fixtures_root, markdown, to_json
 
     root = Path(args.fixtures) if args.fixtures else fixtures_root()

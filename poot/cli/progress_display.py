@@ -238,6 +238,7 @@ def history_file(cache_dir: str | os.PathLike | None = None) -> str:
     """Where the stage times of earlier compiles are kept: ``progress.json`` in the compile
     cache folder (``cache_dir``, else ``$POOT_CACHE_DIR`` / ``~/.cache/poot``); written only
     when that folder exists."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.compiler.cache import default_dir
 
     folder = os.fspath(cache_dir) if cache_dir else os.fspath(default_dir())

@@ -149,6 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _config(args):
     from pathlib import Path
 
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.serve.config import ServeConfig
 
     name = args.served_model_name
@@ -205,6 +206,7 @@ def load_options(args) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.serve.loading import require_serve_extra
 
     check_options(args, "kv_capacity", "prefill_chunk", "max_batch", "kv_blocks",
@@ -225,10 +227,12 @@ def run(args: argparse.Namespace) -> int:
     options = load_options(args)
     config = _config(args)
     if args.model is None:
+        # lazy: CLI start-up (every command module is imported for --help) loads no engine
         from poot.api import default_model_path
 
         options["path"] = default_model_path()      # ModelNotFound before listening
     if not args.random_weights:          # a missing or broken checkpoint too (headers only)
+        # lazy: CLI start-up (every command module is imported for --help) loads no engine
         from poot.load.checkpoint import open_weights
 
         open_weights(options["path"])
@@ -236,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         _check_backend(options["backend"], options["pipeline_parallel"])
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s poot serve: %(message)s", stream=sys.stderr)
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api.pooling import pooled_task
 
     options["pooled"] = pooled_task(options["path"]) if not args.random_weights else None
@@ -246,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest("--pipeline-parallel", args.pipeline_parallel, "an embedding "
                              "model or cross-encoder runs on one device")
     if args.ray:
+        # lazy: CLI start-up (every command module is imported for --help) loads no engine
         from poot.serve.ray import serve_with_ray
 
         return serve_with_ray(options, config, args.host, args.port, args.replicas,
@@ -258,8 +264,11 @@ def _check_backend(backend: str, pipeline_parallel: int) -> None:
     runtime package, driver or device is missing (one line each: NoCodeGenerator,
     DeviceError). The device opened here is the process's (:func:`poot.runtime.open_device`
     opens it once), so the load that follows uses it."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api import target_for
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.backends.registry import BACKENDS
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.runtime import open_device
 
     target_for(backend)
@@ -268,9 +277,13 @@ def _check_backend(backend: str, pipeline_parallel: int) -> None:
 
 
 def _serve(args, config, options) -> int:
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.progress_display import Reporter, history_file
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.serve import build_app
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.serve.loading import load_and_warm
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.serve.server import bind, make_server
 
     try:

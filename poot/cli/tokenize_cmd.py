@@ -40,11 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so `poot --help` does not pay for tokenizers/jinja2.
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.text.chat import render_chat
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.text.tokenizer import load_tokenizer
 
     text = read_stdin_text("the text on stdin") if args.text == "-" else args.text
     check_utf8(text, "TEXT")
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api import default_model_path
 
     model = args.model if args.model is not None else default_model_path()
@@ -66,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
 def _load_tokenizer(path, load_tokenizer):
     """The checkpoint's tokenizer; when it cannot be built, a missing path or a broken
     checkpoint is reported as the weight loader (``poot inspect``) reports it."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.errors import PootError
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.load.checkpoint import open_weights
 
     try:

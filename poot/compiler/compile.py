@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from poot.backends.registry import BACKENDS
 from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
 
@@ -31,6 +32,7 @@ from poot.errors import LimitExceeded, PootError
 from poot.graph.builder import Graph
 from poot.passes.analysis import dispatch_count, dispatch_report
 from poot.passes.registry import PASSES, PassFailure, load_all_passes, run_verified
+from poot.progress import Tracker
 
 
 class CompileError(PootError):
@@ -134,8 +136,6 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None,
     it and the missing capability), :class:`CompileLimitExceeded` when a pass outgrows a
     limit, and :class:`CompileError` when a pass fails.
     """
-    from poot.progress import Tracker
-
     options = options or CompileOptions()
     require_code_generator(target)
     track = Tracker.of(progress)
@@ -209,8 +209,6 @@ def _code_generators() -> dict[str, str]:
     ``module:function`` taking ``(program, options, progress)``. A backend without one
     (``rocm``) is refused by :func:`require_code_generator` before anything is traced or
     compiled."""
-    from poot.backends.registry import BACKENDS
-
     return {b.name: b.codegen for b in BACKENDS.values() if b.codegen}
 
 
@@ -220,7 +218,7 @@ def _codegen(program: Program, options: CompileOptions, progress=None):
     tracker."""
     import importlib
 
-    from poot.dialects.lowering import LoweringRefusal
+    from poot.dialects.lowering import LoweringRefusal  # lazy: MLIR
 
     backend = program.target.backend
     require_code_generator(program.target)

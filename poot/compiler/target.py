@@ -160,6 +160,7 @@ def host_cpu() -> Target:
     else ``OMP_NUM_THREADS``, overrides), its SIMD width and ISA features, and ``openmp`` among
     the features when an OpenMP runtime is found (:func:`openmp_runtime`; kernels compiled
     with and without it differ, so their compile-cache keys do too)."""
+    # lazy: MLIR
     from poot.dialects.lowering.packed import DECODERS  # what the CPU kernels can decode
 
     flags = _cpu_flags()

@@ -6,6 +6,7 @@ inputs)``: the first step on an entry records, later steps replay (see
 (``poot/backends/<name>/runtime.py``); :func:`open_device` opens it through the registry.
 """
 
+from poot.backends.registry import BACKENDS, hook
 from poot.runtime.device import Device, DeviceError, Kernel, KernelArg, Readback, Ready
 from poot.runtime.session import Session, Entry, SessionError, Submitted
 
@@ -22,8 +23,6 @@ def open_device(backend: str) -> Device:
     loader (``libcuda.so.1``, ``libvulkan.so.1``, no Vulkan ICD) or no device raises
     :class:`DeviceError`, one line saying what is missing and what to install; it is probed
     before anything is compiled."""
-    from poot.backends.registry import BACKENDS, hook
-
     if backend not in _OPEN:
         reg = BACKENDS.get(backend)
         if reg is None or reg.open_device is None:

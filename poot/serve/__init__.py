@@ -22,6 +22,7 @@ from poot.serve.config import ServeConfig
 
 def build_app(*args, **kwargs):
     """:func:`poot.serve.app.build_app` (imported on use: FastAPI loads only when serving)."""
+    # lazy: FastAPI, prometheus_client, pydantic, Starlette
     from poot.serve.app import build_app as _build
 
     return _build(*args, **kwargs)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from poot.sampling_params import InvalidRequest
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -68,8 +70,6 @@ class ServeConfig:
     max_lora_bytes: int = 1 << 30
 
     def __post_init__(self):
-        from poot.sampling_params import InvalidRequest
-
         for name in ("max_body_bytes", "max_n", "max_concurrent", "retry_after_s",
                      "max_pooled_rows", "max_lora_bytes"):
             v = getattr(self, name)

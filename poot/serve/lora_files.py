@@ -20,6 +20,8 @@ import os
 import stat
 from typing import Mapping
 
+from poot.load.errors import LoadError
+from poot.load.safetensors import parse_safetensors
 from poot.models.lora import LoraAdapter, LoraError, config_object, peft_adapter
 
 #: the largest ``adapter_config.json`` read (bytes)
@@ -94,9 +96,6 @@ def _read_config(fd: int, size: int) -> dict:
 
 
 def _read_tensors(fd: int, size: int, label: str) -> Mapping:
-    from poot.load.errors import LoadError
-    from poot.load.safetensors import parse_safetensors
-
     try:
         buf = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
         return parse_safetensors(label, buf, size)[0]

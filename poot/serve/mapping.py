@@ -17,11 +17,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from poot.sampling_params import MAX_STOP_CHARS, InvalidRequest, SamplingParams
+from poot.engine import ContextOverflow, KVCapacityExceeded
+from poot.sampling_params import (GUIDE_KINDS, MAX_STOP_CHARS, Guide, GuidedDecodingError,
+                                  InvalidRequest, SamplingParams)
 from poot.serve.config import ServeConfig
 from poot.serve.errors import APIError, NOT_FOUND, bad_request
 from poot.serve.protocol import (MAX_STOP_STRINGS, ChatCompletionRequest, ChatMessage,
                                  CompletionRequest)
+from poot.text.chat import ChatTemplateError, encode_chat as _encode
+from poot.text.tokenizer import TokenizerError
 
 _SEED_MOD = 2 ** 64
 #: vLLM's constraint fields (at most one per request, or ``response_format``)
@@ -81,8 +85,6 @@ def _choice_regex(choices: list[str]) -> str:
 def _json_guide(field: str, schema: Any, whitespace: str | None):
     """A JSON-schema guide of ``schema`` (a JSON object or its text); ``whitespace``: vLLM's
     ``guided_whitespace_pattern``, llguidance's ``whitespace_pattern`` option."""
-    from poot.sampling_params import Guide
-
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -109,8 +111,6 @@ def guided_from(req: ChatCompletionRequest | CompletionRequest):
     ``guided_whitespace_pattern`` bounds the whitespace of a JSON constraint. Every malformed
     or conflicting field is a 400 naming it; a constraint that parses but that llguidance
     cannot honor is refused later (:func:`_engine_check`), also naming the field."""
-    from poot.sampling_params import Guide, GuidedDecodingError
-
     found: list[tuple[str, Any]] = []
     rf = req.response_format
     if rf is not None and rf.type != "text":
@@ -172,7 +172,6 @@ def _guided_rename(field: str | None) -> dict[str, str]:
     it (none without a constraint)."""
     if field is None:
         return {}
-    from poot.sampling_params import GUIDE_KINDS
 
     return {k: field for k in (*GUIDE_KINDS, "guided")}
 
@@ -277,8 +276,6 @@ def _check_prompt_len(ids: list[int], config: ServeConfig, capacity: int, param:
 def _engine_check(engine, ids: list[int], params: SamplingParams, param_prompt: str,
                   what: str, rename: dict[str, str], max_param: str) -> None:
     """The engine's own check (vocabulary, context, KV pool) as 400s."""
-    from poot.engine import ContextOverflow, KVCapacityExceeded
-
     try:
         engine.check_request(ids, params)
     except ContextOverflow as e:
@@ -352,9 +349,6 @@ def encode_chat(handle, messages: list[ChatMessage], add_generation_prompt: bool
                 template_kwargs: dict[str, Any] | None) -> list[int]:
     """Prompt ids of chat ``messages`` through the model's chat template (400 naming
     ``messages`` when there is no template or it refuses them)."""
-    from poot.text.chat import ChatTemplateError, encode_chat as _encode
-    from poot.text.tokenizer import TokenizerError
-
     if handle.tokenizer is None:
         raise bad_request("messages", "this model has no tokenizer: use /v1/completions with "
                           "token ids")
@@ -426,7 +420,6 @@ def completion_plan(handle, req: CompletionRequest, config: ServeConfig) -> Plan
         if isinstance(t, str):
             if handle.tokenizer is None:
                 raise bad_request(param, "this model has no tokenizer: send token ids")
-            from poot.text.tokenizer import TokenizerError
 
             try:
                 ids = handle.tokenizer.encode(t)

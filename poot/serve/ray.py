@@ -57,6 +57,7 @@ class PootReplica:
         self.handle = load_and_warm(options, warm_up=warm_up)
 
     def __serve_build_asgi_app__(self):
+        # lazy: FastAPI, prometheus_client, pydantic, Starlette
         from poot.serve.app import build_app
 
         return build_app(self.config, handle=self.handle)

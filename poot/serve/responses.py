@@ -17,6 +17,8 @@ import uuid
 from functools import lru_cache
 from typing import Any
 
+from poot.text.stream import StreamDecoder
+
 _BYTE_DECODER: dict[str, int] | None = None
 
 
@@ -176,8 +178,6 @@ class CompletionLogprobs:
         self._gen = None
 
     def _decoder(self, context, skip: bool):
-        from poot.text.stream import StreamDecoder
-
         return StreamDecoder(self.tt.tok, skip_special_tokens=skip, context=context) \
             if self.tt.tok is not None else None
 

@@ -29,7 +29,7 @@ def make_server(app, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s:
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    from poot.serve.limits import protocol_class
+    from poot.serve.limits import protocol_class  # lazy: FastAPI, Starlette
 
     state = getattr(getattr(app, "state", None), "poot", None)
     kw: dict[str, Any] = {}

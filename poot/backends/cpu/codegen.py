@@ -59,6 +59,7 @@ from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 
 from poot.backends.pass_pipelines import BUFFERIZE_KEEP_IN_PLACE, FUSE, RESULTS_TO_OUT_PARAMS
+from poot.compiler.target import host_cpu, openmp_runtime, requested_threads
 from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
@@ -112,8 +113,6 @@ def openmp_lib() -> str | None:
     """LLVM's OpenMP runtime (:func:`~poot.compiler.target.openmp_runtime`), loaded
     ``RTLD_GLOBAL`` for the JIT, or None: kernels then run on one thread.
     ``POOT_CPU_OPENMP=0`` turns threads off."""
-    from poot.compiler.target import openmp_runtime
-
     name = openmp_runtime()
     if name is None:
         return None
@@ -144,15 +143,11 @@ def cpu_threads(target=None) -> int:
     """Threads the kernels run on: the target's cores (``POOT_CPU_THREADS``, else
     ``OMP_NUM_THREADS``, overrides), 1 without an OpenMP runtime (the CPU device then says
     so once, when a program is loaded to run: :func:`~poot.backends.cpu.runtime.warn_no_openmp`)."""
-    from poot.compiler.target import requested_threads
-
     asked = requested_threads()
     if asked is not None:
         wanted = asked
     else:
         if target is None:
-            from poot.compiler.target import host_cpu
-
             target = host_cpu()
         wanted = max(1, target.caps.cores)
     return wanted if openmp_lib() is not None else 1
@@ -170,8 +165,6 @@ def strategy_for(target=None, threads: int | None = None,
     has AVX-VNNI or AVX512-VNNI with VL); ``"exact"``, or a target without AVX2, keeps x in
     f32. ``POOT_CPU_INT8=0/1`` overrides it with f32 / int8 x (experiments)."""
     if target is None:
-        from poot.compiler.target import host_cpu
-
         target = host_cpu()
     threads = cpu_threads(target) if threads is None else threads
     env = settings.get_flag("POOT_CPU_INT8")

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from poot.compiler.target import host_cpu, openmp_runtime
 from poot.dialects.types import PootType
 from poot.runtime.device import DeviceError, KernelArg, Ready, host_dtype, host_shape
 from poot import settings
@@ -89,8 +90,6 @@ def warn_no_openmp() -> None:
     ``POOT_CPU_OPENMP=0`` asked for one thread). :meth:`CpuDevice.load` calls it: after every
     check of a command's input, so the warning never comes before a one-line user error."""
     import sys
-
-    from poot.compiler.target import host_cpu, openmp_runtime
 
     if _WARNED_OPENMP:
         return

@@ -26,8 +26,11 @@ from poot.backends.cuda.artifact import CudaArtifact
 from poot.backends.cuda.hoist_constant_loads import hoist_constant_loads
 from poot.backends.gpu.kernels import gpu_kernels
 from poot.backends.gpu.plan import plan_program
+from poot.compiler.target import Capabilities, Target
+from poot.dialects.lowering.packed import DECODERS
 from poot.errors import PootError
 from poot import settings
+from poot.progress import Tracker
 
 
 class CudaCodegenError(PootError):
@@ -199,8 +202,6 @@ def compile_program(program, chip: str = "sm_90", strategy: str = "auto",
     On sm_90 every kernel takes part in programmatic dependent launch
     (:func:`add_grid_dependency_control`; the plan's ``pdl`` tells the runtime).
     ``progress``: a :class:`~poot.progress.Tracker` (per dispatch region, then PTX)."""
-    from poot.progress import Tracker
-
     track = Tracker.of(progress)
     caps = program.target.caps
     t0 = time.perf_counter()
@@ -228,9 +229,6 @@ def codegen(program, options=None, progress=None) -> CudaArtifact:
 
 def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):
     """The sm_90 target: f32/f16/bf16 storage, f32 compute, every packed decoder."""
-    from poot.compiler.target import Capabilities, Target
-    from poot.dialects.lowering.packed import DECODERS
-
     return Target("cuda", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,

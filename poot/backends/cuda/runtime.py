@@ -55,6 +55,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from poot.runtime.device import DeviceError
+
 if __package__:
     from poot.backends.gpu import artifact as plan_io
 else:   # a plain file beside artifact.py (devcheck.py without the poot package)
@@ -886,8 +888,6 @@ def open_device(ordinal: int = 0) -> "CudaDevice":
     """The registry's ``open_device`` hook of ``cuda``: CUDA device ``ordinal`` (a layer
     pipeline opens 0..N-1); a missing driver, ``cuda-python`` or device (an ordinal past the
     devices present) is a :class:`~poot.backends.cpu.runtime.DeviceError`."""
-    from poot.runtime.device import DeviceError
-
     try:
         from cuda.bindings import driver  # noqa: F401,F811  (is cuda-python installed?)
     except ImportError:

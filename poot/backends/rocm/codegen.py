@@ -52,8 +52,10 @@ from mlir.passmanager import PassManager
 from poot.backends.gpu.kernels import gpu_kernels
 from poot.backends.gpu.plan import plan_program
 from poot.backends.rocm.artifact import RocmArtifact
+from poot.backends.rocm.target import ARCHS
 from poot.errors import PootError
 from poot import settings
+from poot.progress import Tracker
 
 TRIPLE = "amdgcn-amd-amdhsa"
 
@@ -275,8 +277,6 @@ def same_wave_archs(arch: str) -> list[str]:
     """The archs of :data:`~poot.backends.rocm.target.ARCHS` with ``arch``'s wavefront size
     (gfx90a and gfx942: 64; gfx1100 and gfx1151: 32), sorted. The plan depends on the
     wavefront size only (subgroup strategies), so one plan serves all of them."""
-    from poot.backends.rocm.target import ARCHS
-
     return sorted(a for a, v in ARCHS.items() if v[0] == ARCHS[arch][0])
 
 
@@ -288,9 +288,6 @@ def compile_program(program, strategy: str = "auto", progress=None,
     ``progress``: a :class:`~poot.progress.Tracker`. Raises :class:`RocmCodegenError`, also
     for an arch whose wavefront size is not the target's (its plan would differ: compile
     with ``rocm_target(arch)``)."""
-    from poot.backends.rocm.target import ARCHS
-    from poot.progress import Tracker
-
     track = Tracker.of(progress)
     caps = program.target.caps
     arch = target_arch(caps)

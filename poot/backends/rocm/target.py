@@ -3,6 +3,8 @@ runs cached code objects computes its compile-cache keys with it."""
 
 from __future__ import annotations
 
+from poot.compiler.target import Capabilities, Target
+from poot.dialects.quant import BY_NAME
 from poot.errors import PootError
 
 #: per architecture: (wavefront size, compute units of the part it is named for, LDS bytes
@@ -37,9 +39,6 @@ def rocm_target(arch: str = DEFAULT_ARCH):
     no sm_90 vector loads.
 
     Raises :class:`UnknownArch` naming the known archs."""
-    from poot.compiler.target import Capabilities, Target
-    from poot.dialects.quant import BY_NAME
-
     arch = str(arch).split(":")[0]
     if arch not in ARCHS:
         raise UnknownArch(f"no ROCm target for arch {arch!r} (known: {', '.join(ARCHS)})")

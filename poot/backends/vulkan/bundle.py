@@ -16,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+from poot.models import StepSpec, contiguous_inputs, load_model
+
 
 def write_bundle(out: str, fixture_dir: str, subgroup_size: int, shared: int, steps: int,
                  kv_capacity: int = 16) -> Path:
-    from poot import oracle
+    from poot import oracle  # lazy: MLIR
+    # lazy: MLIR
     from poot.backends.vulkan.codegen import DEFAULT_FEATURES, compile_vulkan, vulkan_target
-    from poot.models import StepSpec, contiguous_inputs, load_model
 
     model, weights = load_model(Path(fixture_dir))
     g = model.trace(StepSpec.decode(kv_capacity=kv_capacity, kv_slots=1), weights.types)

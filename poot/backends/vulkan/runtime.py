@@ -62,7 +62,7 @@ import numpy as np
 
 from poot.backends.gpu.artifact import check_bindings, check_copies
 from poot.errors import PootError
-from poot.runtime.device import Ready
+from poot.runtime.device import DeviceError, Ready
 from poot import settings
 
 if __package__:
@@ -1124,8 +1124,6 @@ def open_device() -> "VulkanDevice":
     """The registry's ``open_device`` hook of ``vulkan``: the best Vulkan device; a missing
     ``vulkan`` package, loader or device is a :class:`~poot.backends.cpu.runtime.DeviceError`."""
     import importlib.util
-
-    from poot.runtime.device import DeviceError
 
     if importlib.util.find_spec("vulkan") is None:
         raise DeviceError("the vulkan backend needs the 'vulkan' package: "

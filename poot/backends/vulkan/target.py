@@ -3,6 +3,10 @@ only runs cached SPIR-V computes its compile-cache keys (and wgpu its target) wi
 
 from __future__ import annotations
 
+from poot.compiler.target import Capabilities, Target
+from poot.dialects.quant import BY_NAME    # every format the kernels decode (no MLIR)
+from poot.dialects.types import DType
+
 #: what the SPIR-V lowering assumes about a device it was not told about (lavapipe-like)
 DEFAULT_FEATURES = frozenset({"shaderInt64", "shaderInt16", "shaderInt8", "shaderFloat16",
                               "storageBuffer8BitAccess", "storageBuffer16BitAccess",
@@ -15,10 +19,6 @@ def vulkan_target(device_caps: dict | None = None, backend: str = "vulkan"):
     size, shared memory). Without one: lavapipe-like defaults, subgroup size unknown (None).
     ``backend``: the target's backend name (``wgpu`` compiles the same SPIR-V for its
     adapter's features)."""
-    from poot.compiler.target import Capabilities, Target
-    from poot.dialects.quant import BY_NAME    # every format the kernels decode (no MLIR)
-    from poot.dialects.types import DType
-
     caps = dict(device_caps or {})
     feats = frozenset(caps.get("features", DEFAULT_FEATURES))
     storage = {DType.F32, DType.I32, DType.I1, DType.I8}

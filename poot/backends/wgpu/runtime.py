@@ -61,7 +61,7 @@ from poot.backends.gpu.artifact import check_bindings, check_copies
 from poot.backends.vulkan.artifact import VulkanArtifact
 from poot.backends.vulkan.runtime import KernelFault, buffer_bytes, host_layout
 from poot.errors import PootError
-from poot.runtime.device import Ready
+from poot.runtime.device import DeviceError, Ready
 from poot import settings
 
 
@@ -742,8 +742,6 @@ def open_device() -> WgpuDevice:
     """The registry's ``open_device`` hook of ``wgpu``: the preferred adapter; a missing
     ``wgpu`` package or no adapter is a :class:`~poot.backends.cpu.runtime.DeviceError`."""
     import importlib.util
-
-    from poot.runtime.device import DeviceError
 
     if importlib.util.find_spec("wgpu") is None:
         raise DeviceError("the wgpu backend needs the 'wgpu' package: pip install 'poot[wgpu]'")

@@ -26,6 +26,8 @@ Needs no MLIR: a machine that only runs cached programs computes its compile-cac
 
 from __future__ import annotations
 
+from poot.backends.vulkan.target import vulkan_target
+
 
 def _subgroup_size(caps: dict) -> int | None:
     """The one subgroup size kernels run with: the probed one, else the adapter's range when
@@ -52,8 +54,6 @@ def wgpu_target(caps: dict | None = None):
     """The :class:`~poot.compiler.target.Target` of a wgpu adapter, from
     :meth:`~poot.backends.wgpu.runtime.WgpuDevice.capabilities` (module doc). Without one: the
     WebGPU baseline (no optional feature, 16 KiB shared memory)."""
-    from poot.backends.vulkan.target import vulkan_target
-
     caps = dict(caps or {})
     limits = caps.get("limits", {})
     feats = wgpu_features(caps)
