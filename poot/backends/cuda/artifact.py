@@ -20,9 +20,6 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from poot.compiler.target import Capabilities, Target
-from poot.dialects.quant import BY_NAME
-
 if __package__:
     from poot.backends.gpu import artifact as plan_io
 else:   # a plain file (devcheck.py where the poot package is not installed): load it by path
@@ -70,6 +67,11 @@ def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, core
     built without MLIR: a machine that only runs cached programs computes its compile-cache
     keys with it. Must equal :func:`poot.backends.cuda.codegen.cuda_target` (a test checks
     that their keys agree)."""
+    # lazy: this file also loads alone, without the poot package (devcheck on a GPU machine)
+    from poot.compiler.target import Capabilities, Target
+    # lazy: this file also loads alone, without the poot package (devcheck on a GPU machine)
+    from poot.dialects.quant import BY_NAME
+
     return Target("cuda", Capabilities(packed_formats=frozenset(BY_NAME), cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,

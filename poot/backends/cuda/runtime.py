@@ -55,8 +55,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from poot.runtime.device import DeviceError
-
 if __package__:
     from poot.backends.gpu import artifact as plan_io
 else:   # a plain file beside artifact.py (devcheck.py without the poot package)
@@ -372,15 +370,7 @@ class CudaDevice:
     @staticmethod
     def _host_array(buffer: DeviceBuffer, array) -> np.ndarray:
         """``array`` as contiguous host bytes of ``buffer``'s dtype and size."""
-        a = np.asarray(array)
-        if a.dtype.itemsize == 2 and buffer.dtype == np.uint16:
-            a = a.view(np.uint16)
-        if a.dtype == np.bool_:
-            a = a.astype(np.uint8)
-        a = np.ascontiguousarray(a.astype(buffer.dtype, copy=False))
-        if a.nbytes != buffer.nbytes:
-            raise CudaError(f"cannot write {a.nbytes} bytes into a buffer of {buffer.nbytes}")
-        return a
+        return plan_io.host_bytes(buffer, array, CudaError)
 
     def _fill_random(self, buffer: DeviceBuffer, r) -> None:
         """``buffer`` = ``np.asarray(r)``, built on the device: norm scales (``scale`` 0) by a
@@ -888,6 +878,9 @@ def open_device(ordinal: int = 0) -> "CudaDevice":
     """The registry's ``open_device`` hook of ``cuda``: CUDA device ``ordinal`` (a layer
     pipeline opens 0..N-1); a missing driver, ``cuda-python`` or device (an ordinal past the
     devices present) is a :class:`~poot.backends.cpu.runtime.DeviceError`."""
+    # lazy: this file also loads alone, without the poot package (devcheck on a GPU machine)
+    from poot.runtime.device import DeviceError
+
     try:
         from cuda.bindings import driver  # noqa: F401,F811  (is cuda-python installed?)
     except ImportError:

@@ -111,6 +111,21 @@ class DeviceBuffer:
     shape: tuple
 
 
+def host_bytes(buffer: DeviceBuffer, array, error: type[Exception]) -> np.ndarray:
+    """``array`` as contiguous host bytes of ``buffer``'s dtype and size, ready to copy to the
+    device: 16-bit floats as their ``uint16`` words, booleans as bytes. Raises ``error`` when
+    the sizes differ."""
+    a = np.asarray(array)
+    if a.dtype.itemsize == 2 and buffer.dtype == np.uint16:
+        a = a.view(np.uint16)
+    if a.dtype == np.bool_:
+        a = a.astype(np.uint8)
+    a = np.ascontiguousarray(a.astype(buffer.dtype, copy=False))
+    if a.nbytes != buffer.nbytes:
+        raise error(f"cannot write {a.nbytes} bytes into a buffer of {buffer.nbytes}")
+    return a
+
+
 @dataclass
 class Arg:
     """A loaded step's argument: role, name, :class:`BufType`, plan buffer id."""

@@ -62,7 +62,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from poot.backends.gpu.artifact import (Arg, DeviceBuffer, bind_pointers, check_copies,
+from poot.backends.gpu.artifact import (Arg, DeviceBuffer, bind_pointers, check_copies, host_bytes,
                                         host_of, kernel_args)
 from poot.backends.rocm import aql
 from poot.backends.rocm.hsa import (AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED,
@@ -326,15 +326,8 @@ class RocmDevice:
 
     @staticmethod
     def _host_array(buffer: DeviceBuffer, array) -> np.ndarray:
-        a = np.asarray(array)
-        if a.dtype.itemsize == 2 and buffer.dtype == np.uint16:
-            a = a.view(np.uint16)
-        if a.dtype == np.bool_:
-            a = a.astype(np.uint8)
-        a = np.ascontiguousarray(a.astype(buffer.dtype, copy=False))
-        if a.nbytes != buffer.nbytes:
-            raise RocmError(f"cannot write {a.nbytes} bytes into a buffer of {buffer.nbytes}")
-        return a
+        """``array`` as contiguous host bytes of ``buffer``'s dtype and size."""
+        return host_bytes(buffer, array, RocmError)
 
     def upload(self, buffer: DeviceBuffer, array) -> None:
         """Write ``array`` into ``buffer`` (after the queued work finished)."""
