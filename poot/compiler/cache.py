@@ -106,7 +106,7 @@ class CacheMiss(PootError):
 
 
 #: the ``poot`` package's folder (the compiler's sources are hashed from it)
-POOT_DIR = Path(__file__).resolve().parents[1]
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 
 @functools.cache
@@ -148,17 +148,17 @@ def step_source_hash(backend: str = "cpu") -> str:
 
 def _source_hash(subs, singles, salt: str = "") -> str:
     """sha256 (after ``salt``) over the source files (``.py``, ``.mlir``, ``.irdl``; a
-    backend's ``runtime.py`` left out) under the folders ``subs`` of :data:`POOT_DIR` and
+    backend's ``runtime.py`` left out) under the folders ``subs`` of :data:`SOURCE_ROOT` and
     its files ``singles``, by folder/name and contents."""
     files: set[Path] = set()
     for sub in subs:
-        if (POOT_DIR / sub).is_dir():
-            files |= {f for f in (POOT_DIR / sub).rglob("*")
+        if (SOURCE_ROOT / sub).is_dir():
+            files |= {f for f in (SOURCE_ROOT / sub).rglob("*")
                       if f.suffix in (".py", ".mlir", ".irdl")
                       and "__pycache__" not in f.parts and f.name not in RUNTIME_FILES}
     for f in singles:
-        if (POOT_DIR / f).is_file():
-            files.add(POOT_DIR / f)
+        if (SOURCE_ROOT / f).is_file():
+            files.add(SOURCE_ROOT / f)
     h = hashlib.sha256(salt.encode())
     for f in sorted(files):
         h.update(f"{f.parent.name}/{f.name}".encode())

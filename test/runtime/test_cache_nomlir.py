@@ -203,7 +203,7 @@ def test_a_runtime_edit_keeps_the_source_hash_and_a_codegen_edit_changes_it(tmp_
     folder.mkdir(parents=True)
     (folder / "codegen.py").write_text("X = 1\n")
     (folder / "runtime.py").write_text("Y = 1\n")
-    monkeypatch.setattr(C, "POOT_DIR", tmp_path)
+    monkeypatch.setattr(C, "SOURCE_ROOT", tmp_path)
     before = C._source_hash(("backends/vulkan",), ())
     (folder / "runtime.py").write_text("Y = 2  # a faster replay\n")
     assert C._source_hash(("backends/vulkan",), ()) == before

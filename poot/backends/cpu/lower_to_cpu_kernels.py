@@ -12,7 +12,7 @@ with integer dot products; 0: f32 x) and ``vnni`` (1: those dot products are AVX
 AVX512-VNNI ``vpdpbusd`` / ``vpdpwssd``; 0: AVX2's).
 
 The CPU backend runs the same lowering itself (:func:`poot.backends.cpu.codegen.lower_graph`);
-this pass is for ``poot-opt`` and the lit tests (``test/ir/poot-lower-to-cpu-kernels*.mlir``),
+this pass is for ``poot-opt`` and the lit tests (``test/ir/poot-lower-to-cpu-kernels.mlir``, ``test/ir/poot-lower-to-cpu-kernels-integer-dot.mlir``),
 registered when ``poot-opt`` imports the backends' pass modules
 (:func:`poot.backends.registry.load_backend_passes`).
 """

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from poot.compiler.target import host_cpu, openmp_runtime
+from poot.compiler import target as host_target
 from poot.dialects.types import PootType
 from poot.runtime.device import DeviceError, KernelArg, Ready, host_dtype, host_shape
 from poot import settings
@@ -94,9 +94,9 @@ def warn_no_openmp() -> None:
     if _WARNED_OPENMP:
         return
     asked = settings.get_str("POOT_CPU_OPENMP")
-    cores = host_cpu().caps.cores
+    cores = host_target.host_cpu().caps.cores
     _WARNED_OPENMP.append(cores)
-    if asked == "0" or cores < 2 or openmp_runtime() is not None:
+    if asked == "0" or cores < 2 or host_target.openmp_runtime() is not None:
         return
     where = (f"POOT_CPU_OPENMP={asked} is not a file" if asked != "1"
              else "no OpenMP runtime found")

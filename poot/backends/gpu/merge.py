@@ -165,18 +165,24 @@ def _fold_one(block, funcs, module_body, scratch, accept, made, refused, counter
             ir.InsertionPoint(module_body).insert(fn)
             funcs[_name(fn)] = fn
             ops_ = [replaced[r[0]][r[1]] if r else v for v, r in zip(operands, ref)]
-            with c.context, c.location:
-                nc = ir.Operation.create(
-                    "func.call", results=[r.type for r in c.results], operands=ops_,
-                    attributes={"callee": ir.FlatSymbolRefAttr.get(_name(fn))},
-                    ip=ir.InsertionPoint(c))
-            for r, n in zip(c.results, nc.results):
-                r.replace_all_uses_with(n)
-            replaced.append(list(nc.results))
-            c.erase()
+            replaced.append(_recall(c, fn, ops_))
         call.erase()
         return True
     return False
+
+
+def _recall(call: ir.Operation, fn: ir.Operation, operands: list) -> list:
+    """Replace ``func.call`` ``call`` by a call of ``fn`` on ``operands`` (same result types);
+    the new call's results, which took over every use of the old one's."""
+    with call.context, call.location:
+        new = ir.Operation.create(
+            "func.call", results=[r.type for r in call.results], operands=operands,
+            attributes={"callee": ir.FlatSymbolRefAttr.get(_name(fn))},
+            ip=ir.InsertionPoint(call))
+    for r, n in zip(call.results, new.results):
+        r.replace_all_uses_with(n)
+    call.erase()
+    return list(new.results)
 
 
 def _with_reshape(call: ir.Operation, callee: ir.Operation, reshape: ir.Operation, name: str,
@@ -264,14 +270,7 @@ def sink_reshapes(g) -> int:
                 fn, operands = _with_reshape(c, cfn, op, f"{_name(cfn)}_v{counter}",
                                              module_body)
                 funcs[_name(fn)] = fn
-                with c.context, c.location:
-                    nc = ir.Operation.create(
-                        "func.call", results=[r.type for r in c.results], operands=operands,
-                        attributes={"callee": ir.FlatSymbolRefAttr.get(_name(fn))},
-                        ip=ir.InsertionPoint(c))
-                for r, n in zip(c.results, nc.results):
-                    r.replace_all_uses_with(n)
-                c.erase()
+                _recall(c, fn, operands)
             op.erase()
             moved += 1
             changed = True
