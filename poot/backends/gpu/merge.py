@@ -185,6 +185,17 @@ def _recall(call: ir.Operation, fn: ir.Operation, operands: list) -> list:
     return list(new.results)
 
 
+def _drop_uncalled(g, block: ir.Block, funcs: dict, scratch: ir.Module) -> None:
+    """Move the dispatch functions no ``func.call`` of ``block`` names any more out of the
+    step's module into ``scratch``."""
+    called = {ir.FlatSymbolRefAttr(o.operation.attributes["callee"]).value
+              for o in block.operations if o.operation.name == "func.call"}
+    for name, fn in list(funcs.items()):
+        if name not in called and fn != g.func and DISPATCH_ATTR in fn.attributes:
+            fn.detach_from_parent()
+            ir.InsertionPoint(scratch.body).insert(fn)
+
+
 def _with_reshape(call: ir.Operation, callee: ir.Operation, reshape: ir.Operation, name: str,
                   module_body) -> tuple:
     """A new private function ``name`` computing ``callee`` with ``reshape`` applied inside:
@@ -276,12 +287,7 @@ def sink_reshapes(g) -> int:
             changed = True
             break
     if moved:
-        called = {ir.FlatSymbolRefAttr(o.operation.attributes["callee"]).value
-                  for o in block.operations if o.operation.name == "func.call"}
-        for name, fn in list(funcs.items()):
-            if name not in called and fn != g.func and DISPATCH_ATTR in fn.attributes:
-                fn.detach_from_parent()
-                ir.InsertionPoint(scratch.body).insert(fn)
+        _drop_uncalled(g, block, funcs, scratch)
     return moved
 
 
@@ -304,13 +310,7 @@ def fold_regions(g, accept: Callable[[ir.Operation], object | None]) -> dict[str
     g._fold_scratch = scratch
     while _fold_one(block, funcs, module_body, scratch.body, accept, made, refused, counter):
         pass
-    # functions no call uses any more leave the step's module
-    called = {ir.FlatSymbolRefAttr(o.operation.attributes["callee"]).value
-              for o in block.operations if o.operation.name == "func.call"}
-    for name, fn in list(funcs.items()):
-        if name not in called and fn != g.func and DISPATCH_ATTR in fn.attributes:
-            fn.detach_from_parent()
-            ir.InsertionPoint(scratch.body).insert(fn)
+    _drop_uncalled(g, block, funcs, scratch)
     return {k: v for k, v in made.items() if v is not None}
 
 
