@@ -46,6 +46,12 @@ def intrinsic_declarations(text: str) -> str:
 
 #: packed formats with a vector decoder here (others keep the portable lowering)
 PACKED = ("q4_0", "q4_1", "q8_0")
+#: W rows of one :meth:`_K.tile_gemm` tile: the 8 i32 lanes of a 256-bit dot product
+GEMM_N_TILE = 8
+#: x rows of one :meth:`_K.tile_gemm` tile with AVX-512's 32 vector registers (half with 16)
+GEMM_M_TILE = 8
+#: independent integer accumulators per x row in a block (their dot-product chains overlap)
+GEMM_CHAINS = 4
 CHUNK = 32  # K elements per step: one quant block
 HALF_DTYPES = (DType.F16, DType.BF16)
 
@@ -80,6 +86,40 @@ class Gemv:
         if self.packed:
             return self.wtype.nbytes * self.n // (self.total_rows or self.n)
         return self.n * self.k * self.wtype.dtype.itemsize
+
+
+def gemm_fits(g: "Gemv", s: Strategy) -> bool:
+    """Whether the lane-interleaved integer GEMM (:meth:`_K.tile_gemm`) takes ``g``: packed
+    Q4_0 / Q4_1 (int8 or int16 x) or Q8_0 (int16 x) weights, x quantized (``s.dot_bits``),
+    M >= 2 rows of x, N a multiple of :data:`GEMM_N_TILE`. Decode (M = 1) keeps the
+    row-streaming tiles."""
+    if not g.packed or not s.dot_bits or g.m < 2 or g.n % GEMM_N_TILE:
+        return False
+    fmt = g.wtype.format.name
+    return fmt in ("q4_0", "q4_1") or (fmt == "q8_0" and s.dot_bits == 16)
+
+
+def _unpack_mask(n: int, unit: int, hi: bool) -> list[int]:
+    """``vector.shuffle`` mask interleaving the low (or high) halves of two n-element vectors
+    in runs of ``unit`` elements (x86 ``punpckl*`` / ``punpckh*`` on one 128-bit lane)."""
+    units, h = n // unit, (n // unit) // 2 if hi else 0
+    return [src + (h + i) * unit + e for i in range(units // 2) for src in (0, n)
+            for e in range(unit)]
+
+
+def _transpose_order(n: int) -> list[int]:
+    """Which column each vector :meth:`_K.transpose` returns holds (its stages leave the
+    columns in bit-reversed order), found by running the same shuffles on indices."""
+    import numpy as np
+
+    cur = [np.arange(n * r, n * r + n) for r in range(n)]
+    unit = 1
+    while unit < n:
+        pairs = [(np.concatenate([cur[2 * k], cur[2 * k + 1]])) for k in range(n // 2)]
+        cur = [p[_unpack_mask(n, unit, False)] for p in pairs] + \
+            [p[_unpack_mask(n, unit, True)] for p in pairs]
+        unit *= 2
+    return [int(c[0]) for c in cur]
 
 
 def _weight_source(t: OpInfo | None) -> tuple[str, object] | None:
@@ -143,7 +183,12 @@ class _K:
         # rows, prefill m_tile x rows times what is left. The f32 kernel: one W row.
         self.mt = max(1, min(s.m_tile, g.m))
         nt = 1
-        if self.quant:
+        #: the lane-interleaved GEMM tile (:meth:`tile_gemm`) for M >= 2
+        self.gemm = gemm_fits(g, s)
+        if self.gemm:
+            self.mt = min(g.m, GEMM_M_TILE if s.m_tile >= 4 else GEMM_M_TILE // 2)
+            nt = GEMM_N_TILE
+        elif self.quant:
             want = s.n_tile if g.m == 1 else max(1, 8 // self.mt)
             nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
         self.nt = nt
@@ -308,6 +353,8 @@ class _K:
         mt = self.mt
 
         def tile(m0: str, rows: int, d: str) -> str:
+            if self.gemm:
+                return self.tile_gemm(wrows[0], m0, rows, d, dest_t, cols[0])
             if self.quant:
                 return self.tile_int(wrows, m0, rows, d, dest_t, cols)
             return self.tile(wrows[0], m0, rows, d, dest_t, cols[0])
@@ -337,6 +384,9 @@ class _K:
         nb = g.k // CHUNK
         qt = f"i{self.bits}"
         tq, tf = f"tensor<{g.m}x{g.k}x{qt}>", f"tensor<{g.m}x{nb}xf32>"
+        per = CHUNK * self.bits // 32  # i32 words of x per block (the GEMM's layout)
+        if self.gemm:
+            tq = f"tensor<{g.m}x{nb * per}xi32>"
         inits = [em.op(f"tensor.empty() : {t}", "e") for t in (tq, tf, tf)]
         m, res = em.fresh("qm"), em.fresh("xq")
         its = [em.fresh("qi") for _ in inits]
@@ -370,8 +420,13 @@ class _K:
         wide = em.op(f"arith.extsi {qq} : vector<32x{qt}> to vector<32xi32>")
         qsum = em.op(f"vector.reduction <add>, {wide} : vector<32xi32> into i32")
         xs = em.op(f"arith.mulf {em.op(f'arith.sitofp {qsum} : i32 to f32')}, {dx} : f32")
-        n0 = em.op(f"vector.transfer_write {qq}, {its2[0]}[{m}, {k}] {{in_bounds = [true]}} : "
-                   f"vector<32x{qt}>, {tq}")
+        if self.gemm:  # as i32 words, each broadcast to all lanes of a dot product
+            words = em.op(f"vector.bitcast {qq} : vector<32x{qt}> to vector<{per}xi32>")
+            n0 = em.op(f"vector.transfer_write {words}, {its2[0]}[{m}, {self.mul(b, per)}] "
+                       f"{{in_bounds = [true]}} : vector<{per}xi32>, {tq}")
+        else:
+            n0 = em.op(f"vector.transfer_write {qq}, {its2[0]}[{m}, {k}] {{in_bounds = [true]}} : "
+                       f"vector<32x{qt}>, {tq}")
         n1 = em.op(f"tensor.insert {dx} into {its2[1]}[{m}, {b}] : {tf}")
         n2 = em.op(f"tensor.insert {xs} into {its2[2]}[{m}, {b}] : {tf}")
         em.line(f"scf.yield {n0}, {n1}, {n2} : {tq}, {tf}, {tf}")
@@ -534,6 +589,155 @@ class _K:
             r = em.op(f"vector.reduction <add>, {res}#{2 * p} : {v8} into f32")
             r = em.op(f"arith.addf {r}, {res}#{2 * p + 1} : f32")
             dest = em.op(f"tensor.insert {r} into {dest}[{xrows[i]}, {cols[j]}] : {dest_t}")
+        return dest
+
+    # ---- the lane-interleaved GEMM tile (M >= 2): lane j of a dot product is W row j ----
+    def shuffle(self, a: str, b: str, mask: list[int], ty: str) -> str:
+        return self.em.op(f"vector.shuffle {a}, {b} [{', '.join(map(str, mask))}] : {ty}, {ty}")
+
+    def transpose(self, rows: list[str], ty: str) -> list[str]:
+        """The columns of the square matrix whose rows are ``rows`` (n vectors ``ty`` of n
+        elements): log2(n) stages of ``punpckl/h`` shuffles in doubling runs."""
+        n, cur, unit = len(rows), rows, 1
+        while unit < n:
+            pairs = [(cur[2 * k], cur[2 * k + 1]) for k in range(n // 2)]
+            cur = [self.shuffle(a, b, _unpack_mask(n, unit, hi), ty)
+                   for hi in (False, True) for a, b in pairs]
+            unit *= 2
+        out = [""] * n
+        for v, col in zip(cur, _transpose_order(n)):
+            out[col] = v
+        return out
+
+    def _tile_scales(self, offs: list[str]) -> tuple[str, str | None]:
+        """The 8 W rows' block scales at byte offsets ``offs`` as vector<8xf32>: (d, m) with
+        m the Q4_1 min, ``-8 d`` for Q4_0, None for Q8_0."""
+        em, fmt, n = self.em, self.g.wtype.format, len(offs)
+        nsc = 2 if fmt.name == "q4_1" else 1
+        parts: list[list[str]] = [[] for _ in range(nsc)]
+        for off in offs:
+            raw = self.read_bytes(off, 2 * nsc)
+            h = em.op(f"vector.bitcast {raw} : vector<{2 * nsc}xi8> to vector<{nsc}xf16>")
+            for i in range(nsc):
+                parts[i].append(em.op(f"vector.extract {h}[{i}] : f16 from vector<{nsc}xf16>"))
+        vecs = []
+        for p in parts:
+            h = em.op(f"vector.from_elements {', '.join(p)} : vector<{n}xf16>")
+            vecs.append(em.op(f"arith.extf {h} : vector<{n}xf16> to vector<{n}xf32>"))
+        if fmt.name == "q4_0":
+            vecs.append(em.op(f"arith.mulf {vecs[0]}, {self.splat(-8.0, 'f32', n)} : "
+                              f"vector<{n}xf32>"))
+        return vecs[0], vecs[1] if len(vecs) > 1 else None
+
+    def _tile_weights(self, offs: list[str]) -> list[tuple[int, str]]:
+        """The 8 W rows' integer weights of one block, interleaved by row: (i32 word w of
+        the x block, vector) pairs whose lane j holds row j's weights of that word's x
+        elements (int16 x: two, as vector<16xi16>; int8 x: four, as vector<32xi8>)."""
+        em, fmt = self.em, self.g.wtype.format
+        v16i8, v8i16, v4i32 = "vector<16xi8>", "vector<8xi16>", "vector<4xi32>"
+        qs = 2 if fmt.name in ("q4_0", "q8_0") else 4
+        out = []
+        if self.bits == 16:
+            halves = (0, 16) if fmt.name == "q8_0" else (0,)
+            for h in halves:  # 16 bytes of each row: 8 words of 2 weights' bytes
+                rows = [em.op(f"vector.bitcast {self.read_bytes(self.add(o, qs + h), 16)} : "
+                              f"{v16i8} to {v8i16}") for o in offs]
+                for p, col in enumerate(self.transpose(rows, v8i16)):
+                    b = em.op(f"vector.bitcast {col} : {v8i16} to {v16i8}")
+                    if fmt.name == "q8_0":
+                        out.append((h // 2 + p, em.op(f"arith.extsi {b} : {v16i8} to vector<16xi16>")))
+                        continue
+                    for w, nib in ((p, self._lo(b, 16)), (8 + p, self._hi(b, 16))):
+                        out.append((w, em.op(f"arith.extui {nib} : {v16i8} to vector<16xi16>")))
+            return out
+        # int8 x (Q4 only): 4 words of 4 nibble pairs per row, two 4 x 4 transposes
+        rows = [em.op(f"vector.bitcast {self.read_bytes(self.add(o, qs), 16)} : {v16i8} to "
+                      f"{v4i32}") for o in offs]
+        lo4, hi4 = self.transpose(rows[:4], v4i32), self.transpose(rows[4:], v4i32)
+        for q in range(4):
+            col = self.shuffle(lo4[q], hi4[q], list(range(8)), v4i32)
+            b = em.op(f"vector.bitcast {col} : vector<8xi32> to vector<32xi8>")
+            out += [(q, self._lo(b, 32)), (4 + q, self._hi(b, 32))]
+        return out
+
+    def _lo(self, v: str, n: int) -> str:
+        return self.em.op(f"arith.andi {v}, {self.splat(15, 'i8', n)} : vector<{n}xi8>")
+
+    def _hi(self, v: str, n: int) -> str:
+        return self.em.op(f"arith.shrui {v}, {self.splat(4, 'i8', n)} : vector<{n}xi8>")
+
+    def _dot_acc(self, acc: str, w: str, xw: str) -> str:
+        """``acc + `` the dot products of the interleaved weights ``w`` with the x word
+        ``xw`` (i32) broadcast to every lane (vector<8xi32>)."""
+        em, vi = self.em, "vector<8xi32>"
+        xb = em.op(f"vector.broadcast {xw} : i32 to {vi}")
+        ty = "vector<16xi16>" if self.bits == 16 else "vector<32xi8>"
+        x = em.op(f"vector.bitcast {xb} : {vi} to {ty}")
+        if self.s.vnni:
+            name = "vpdpwssd" if self.bits == 16 else "vpdpbusd"
+            return self._intr(f"llvm.x86.avx512.{name}.256", [acc, w, x], f"{vi}, {ty}, {ty}", vi)
+        if self.bits == 16:
+            p = self._intr("llvm.x86.avx2.pmadd.wd", [w, x], f"{ty}, {ty}", vi)
+        else:
+            p16 = self._intr("llvm.x86.avx2.pmadd.ub.sw", [w, x], f"{ty}, {ty}", "vector<16xi16>")
+            p = self._intr("llvm.x86.avx2.pmadd.wd", [p16, self.splat(1, "i16", 16)],
+                           "vector<16xi16>, vector<16xi16>", vi)
+        return em.op(f"arith.addi {acc}, {p} : {vi}")
+
+    def tile_gemm(self, row0: str, m0: str, rows: int, dest: str, dest_t: str,
+                  col0: str) -> str:
+        """Rows ``m0 .. m0 + rows`` of the quantized x against the 8 W rows from ``row0``:
+        per block, the 8 rows' weights are decoded once and transposed so that lane j of a
+        256-bit integer dot product is W row j, then each x row's words are broadcast to
+        all lanes: one accumulator vector<8xf32> per x row, the scales applied per block as
+        vectors of the 8 rows' scales (the Q4 min term the same way). Writes the sums to
+        ``dest[m0 + i, col0 : col0 + 8]``."""
+        g, em, fmt = self.g, self.em, self.g.wtype.format
+        nb = g.k // CHUNK
+        v8, vi = "vector<8xf32>", "vector<8xi32>"
+        per = CHUNK * self.bits // 32
+        row_bytes = nb * fmt.block_bytes
+        xrows = [self.add(m0, i) for i in range(rows)]
+        zero = em.op(f"arith.constant dense<0.0> : {v8}", "cv")
+        zero_i = em.op(f"arith.constant dense<0> : {vi}", "cv")
+        b, res = em.fresh("b"), em.fresh("kl")
+        its = [em.fresh("acc") for _ in xrows]
+        em.line(f"{res}:{rows} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({', '.join(f'{a} = {zero}' for a in its)}) -> "
+                f"({', '.join([v8] * rows)}) {{")
+        em.depth += 1
+        boff = self.mul(b, fmt.block_bytes)
+        offs = [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
+                for j in range(GEMM_N_TILE)]
+        dw, mw = self._tile_scales(offs)
+        chains = GEMM_CHAINS
+        dots = [[zero_i] * chains for _ in range(rows)]
+        xbase = self.mul(b, per)
+        for t, (word, w) in enumerate(self._tile_weights(offs)):
+            col = self.add(xbase, word)
+            for i, xr in enumerate(xrows):
+                xw = em.op(f"tensor.extract {self.xq}[{xr}, {col}] : {self.tq}")
+                dots[i][t % chains] = self._dot_acc(dots[i][t % chains], w, xw)
+        new = []
+        for i, xr in enumerate(xrows):
+            d = dots[i][0]
+            for e in dots[i][1:]:
+                d = em.op(f"arith.addi {d}, {e} : {vi}")
+            fd = em.op(f"arith.sitofp {d} : {vi} to {v8}")
+            dx = em.op(f"tensor.extract {self.xd}[{xr}, {b}] : {self.tf}")
+            sc = em.op(f"arith.mulf {dw}, {em.op(f'vector.broadcast {dx} : f32 to {v8}')} : {v8}")
+            acc = em.op(f"math.fma {fd}, {sc}, {its[i]} : {v8}")
+            if mw is not None:
+                sx = em.op(f"tensor.extract {self.xs}[{xr}, {b}] : {self.tf}")
+                sxv = em.op(f"vector.broadcast {sx} : f32 to {v8}")
+                acc = em.op(f"math.fma {mw}, {sxv}, {acc} : {v8}")
+            new.append(acc)
+        em.line(f"scf.yield {', '.join(new)} : {', '.join([v8] * rows)}")
+        em.depth -= 1
+        em.line("}")
+        for i, xr in enumerate(xrows):
+            dest = em.op(f"vector.transfer_write {res}#{i}, {dest}[{xr}, {col0}] "
+                         f"{{in_bounds = [true]}} : {v8}, {dest_t}")
         return dest
 
     def emit(self) -> str:
