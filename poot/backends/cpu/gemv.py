@@ -359,6 +359,9 @@ class _K:
                 return self.tile_int(wrows, m0, rows, d, dest_t, cols)
             return self.tile(wrows[0], m0, rows, d, dest_t, cols[0])
 
+        self.pack = None
+        if self.gemm and g.m > mt:  # several x-row tiles: decode the W rows once for all
+            self.pack = self.pack_tile(wrows[0])
         full, rest = divmod(g.m, mt)
         if full == 1:
             dest = tile(self.c(0), mt, dest)
@@ -684,6 +687,66 @@ class _K:
                            "vector<16xi16>, vector<16xi16>", vi)
         return em.op(f"arith.addi {acc}, {p} : {vi}")
 
+    def _tile_block(self, row0: str, b: str) -> tuple[str, str | None, list[tuple[int, str]]]:
+        """Block ``b`` of the 8 W rows from ``row0``: (scales d, min term m or None, the
+        interleaved weights as (x word, vector) pairs), decoded here or read from the tile's
+        pack (:meth:`pack_tile`)."""
+        g, em, fmt = self.g, self.em, self.g.wtype.format
+        if self.pack is None:
+            row_bytes = g.k // CHUNK * fmt.block_bytes
+            boff = self.mul(b, fmt.block_bytes)
+            offs = [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
+                    for j in range(GEMM_N_TILE)]
+            dw, mw = self._tile_scales(offs)
+            return dw, mw, self._tile_weights(offs)
+        wp, words, scales = self.pack
+        n, ty = GEMM_N_TILE, "vector<16xi16>" if self.bits == 16 else "vector<32xi8>"
+        pad_i, pad_f = em.const(0, "i32"), em.const(0.0, "f32")
+        sc = [em.op(f"vector.transfer_read {t}[{b}, {self.c(0)}], {pad_f} {{in_bounds = [true]}}"
+                    f" : tensor<{g.k // CHUNK}x{n}xf32>, vector<{n}xf32>") for t in scales]
+        base = self.mul(b, len(words))
+        ws = []
+        for t, word in enumerate(words):
+            v = em.op(f"vector.transfer_read {wp}[{self.add(base, t)}, {self.c(0)}], {pad_i} "
+                      f"{{in_bounds = [true]}} : {self.pack_t}, vector<{n}xi32>")
+            ws.append((word, em.op(f"vector.bitcast {v} : vector<{n}xi32> to {ty}")))
+        return sc[0], sc[1] if len(sc) > 1 else None, ws
+
+    def pack_tile(self, row0: str) -> tuple[str, list[int], list[str]]:
+        """The 8 W rows from ``row0`` decoded once, for all x-row tiles: (interleaved
+        weights tensor<(NB * words)x8xi32>, the x word of each, the scale tensors
+        tensor<NBx8xf32> (d, and the min term's m unless Q8_0))."""
+        g, em = self.g, self.em
+        nb, n = g.k // CHUNK, GEMM_N_TILE
+        self.pack = None
+        words = 16 if self.bits == 16 else 8  # interleaved vectors per block
+        self.pack_t = f"tensor<{nb * words}x{n}xi32>"
+        st = f"tensor<{nb}x{n}xf32>"
+        nsc = 1 if g.wtype.format.name == "q8_0" else 2
+        types = [self.pack_t] + [st] * nsc
+        inits = [em.op(f"tensor.empty() : {t}", "e") for t in types]
+        b, res = em.fresh("pb"), em.fresh("pack")
+        its = [em.fresh("pk") for _ in inits]
+        em.line(f"{res}:{len(its)} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({', '.join(f'{a} = {z}' for a, z in zip(its, inits))}) -> "
+                f"({', '.join(types)}) {{")
+        em.depth += 1
+        dw, mw, ws = self._tile_block(row0, b)
+        base = self.mul(b, words)
+        new = its[0]
+        for t, (_, w) in enumerate(ws):
+            wty = "vector<16xi16>" if self.bits == 16 else "vector<32xi8>"
+            v = em.op(f"vector.bitcast {w} : {wty} to vector<{n}xi32>")
+            new = em.op(f"vector.transfer_write {v}, {new}[{self.add(base, t)}, {self.c(0)}] "
+                        f"{{in_bounds = [true]}} : vector<{n}xi32>, {self.pack_t}")
+        out = [new] + [em.op(f"vector.transfer_write {v}, {it}[{b}, {self.c(0)}] "
+                             f"{{in_bounds = [true]}} : vector<{n}xf32>, {st}")
+                       for v, it in zip([dw, mw][:nsc], its[1:])]
+        em.line(f"scf.yield {', '.join(out)} : {', '.join(types)}")
+        em.depth -= 1
+        em.line("}")
+        return f"{res}#0", [w for w, _ in ws], [f"{res}#{i + 1}" for i in range(nsc)]
+
     def tile_gemm(self, row0: str, m0: str, rows: int, dest: str, dest_t: str,
                   col0: str) -> str:
         """Rows ``m0 .. m0 + rows`` of the quantized x against the 8 W rows from ``row0``:
@@ -696,7 +759,6 @@ class _K:
         nb = g.k // CHUNK
         v8, vi = "vector<8xf32>", "vector<8xi32>"
         per = CHUNK * self.bits // 32
-        row_bytes = nb * fmt.block_bytes
         xrows = [self.add(m0, i) for i in range(rows)]
         zero = em.op(f"arith.constant dense<0.0> : {v8}", "cv")
         zero_i = em.op(f"arith.constant dense<0> : {vi}", "cv")
@@ -706,14 +768,11 @@ class _K:
                 f"iter_args({', '.join(f'{a} = {zero}' for a in its)}) -> "
                 f"({', '.join([v8] * rows)}) {{")
         em.depth += 1
-        boff = self.mul(b, fmt.block_bytes)
-        offs = [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
-                for j in range(GEMM_N_TILE)]
-        dw, mw = self._tile_scales(offs)
+        dw, mw, ws = self._tile_block(row0, b)
         chains = GEMM_CHAINS
         dots = [[zero_i] * chains for _ in range(rows)]
         xbase = self.mul(b, per)
-        for t, (word, w) in enumerate(self._tile_weights(offs)):
+        for t, (word, w) in enumerate(ws):
             col = self.add(xbase, word)
             for i, xr in enumerate(xrows):
                 xw = em.op(f"tensor.extract {self.xq}[{xr}, {col}] : {self.tq}")
