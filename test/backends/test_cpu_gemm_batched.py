@@ -3,8 +3,9 @@
 2..256, ragged M (not a multiple of the x-row tile) included.
 
 Packed weights at int16 / int8 x take the lane-interleaved GEMM tile
-(:meth:`poot.backends.cpu.gemv._K.tile_gemm`) where N is a multiple of 8, the row-streaming
-tiles otherwise (N = 44 here); dense weights the f32 row-streaming kernel. One compile per
+(:meth:`poot.backends.cpu.gemv._K.tile_gemm`) where N is a multiple of 8 (16 W rows a tile
+with 512-bit VNNI and N = 48 here, else 8), the row-streaming tiles otherwise (N = 44); dense
+weights the f32 row-streaming kernel. One compile per
 (format, precision, instruction set) holds a matmul for each M, all against the same weight.
 """
 
@@ -25,7 +26,7 @@ LIMITS = TraceLimits(max_values=100_000, max_ops=100_000, max_literal_bytes=1 <<
                      max_owned_bytes=1 << 30)
 MS = (2, 3, 5, 8, 17, 33, 100, 256)
 K = 96
-NS = (40, 44)  # a multiple of the GEMM's 8 W rows, and not
+NS = (48, 40, 44)  # multiples of the GEMM's 16 (512-bit VNNI) and 8 W rows, and neither
 #: bits of x -> allowed error relative to the largest |y| (as test_cpu_kernels.DOT_BITS)
 TOL = {16: 2e-4, 8: 2e-2, 0: 1e-5}
 

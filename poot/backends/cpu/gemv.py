@@ -51,7 +51,7 @@ GEMM_N_TILE = 8
 #: x rows of one :meth:`_K.tile_gemm` tile with AVX-512's 32 vector registers (half with 16)
 GEMM_M_TILE = 8
 #: independent integer accumulators per x row in a block (their dot-product chains overlap)
-GEMM_CHAINS = 4
+GEMM_CHAINS = 2
 CHUNK = 32  # K elements per step: one quant block
 HALF_DTYPES = (DType.F16, DType.BF16)
 
@@ -187,7 +187,10 @@ class _K:
         self.gemm = gemm_fits(g, s)
         if self.gemm:
             self.mt = min(g.m, GEMM_M_TILE if s.m_tile >= 4 else GEMM_M_TILE // 2)
-            nt = GEMM_N_TILE
+            #: W rows a tile, one an i32 lane: 16 with 512-bit VNNI, else 8
+            self.lanes = 2 * GEMM_N_TILE if s.vnni and s.m_tile >= 4 and \
+                g.n % (2 * GEMM_N_TILE) == 0 else GEMM_N_TILE
+            nt = self.lanes
         elif self.quant:
             want = s.n_tile if g.m == 1 else max(1, 8 // self.mt)
             nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
@@ -613,7 +616,7 @@ class _K:
         return out
 
     def _tile_scales(self, offs: list[str]) -> tuple[str, str | None]:
-        """The 8 W rows' block scales at byte offsets ``offs`` as vector<8xf32>: (d, m) with
+        """The tile's W rows' block scales at byte offsets ``offs`` as vector<L x f32>: (d, m) with
         m the Q4_1 min, ``-8 d`` for Q4_0, None for Q8_0."""
         em, fmt, n = self.em, self.g.wtype.format, len(offs)
         nsc = 2 if fmt.name == "q4_1" else 1
@@ -632,35 +635,51 @@ class _K:
                               f"vector<{n}xf32>"))
         return vecs[0], vecs[1] if len(vecs) > 1 else None
 
+    def concat(self, vs: list[str], n: int, ety: str) -> str:
+        """The vectors ``vs`` (each ``n`` elements of ``ety``) end to end, by shuffles."""
+        while len(vs) > 1:
+            ty = f"vector<{n}x{ety}>"
+            vs = [self.shuffle(vs[i], vs[i + 1], list(range(2 * n)), ty)
+                  for i in range(0, len(vs), 2)]
+            n *= 2
+        return vs[0]
+
     def _tile_weights(self, offs: list[str]) -> list[tuple[int, str]]:
-        """The 8 W rows' integer weights of one block, interleaved by row: (i32 word w of
-        the x block, vector) pairs whose lane j holds row j's weights of that word's x
-        elements (int16 x: two, as vector<16xi16>; int8 x: four, as vector<32xi8>)."""
-        em, fmt = self.em, self.g.wtype.format
-        v16i8, v8i16, v4i32 = "vector<16xi8>", "vector<8xi16>", "vector<4xi32>"
+        """The tile's W rows' (one a lane, L = ``len(offs)``) integer weights of one block,
+        interleaved by row: (i32 word w of the x block, vector) pairs whose lane j holds row
+        j's weights of that word's x elements (int16 x: two, as vector<2L x i16>; int8 x:
+        four, as vector<4L x i8>). Transposed in groups of 8 rows (int16: 8 x 8 16-bit
+        words) or 4 (int8: 4 x 4 32-bit words), the groups' columns then concatenated."""
+        em, fmt, lanes = self.em, self.g.wtype.format, len(offs)
+        v16i8 = "vector<16xi8>"
         qs = 2 if fmt.name in ("q4_0", "q8_0") else 4
         out = []
         if self.bits == 16:
-            halves = (0, 16) if fmt.name == "q8_0" else (0,)
-            for h in halves:  # 16 bytes of each row: 8 words of 2 weights' bytes
+            nb = 2 * lanes  # bytes of a column: 2 a row
+            for h in (0, 16) if fmt.name == "q8_0" else (0,):
                 rows = [em.op(f"vector.bitcast {self.read_bytes(self.add(o, qs + h), 16)} : "
-                              f"{v16i8} to {v8i16}") for o in offs]
-                for p, col in enumerate(self.transpose(rows, v8i16)):
-                    b = em.op(f"vector.bitcast {col} : {v8i16} to {v16i8}")
+                              f"{v16i8} to vector<8xi16>") for o in offs]
+                groups = [self.transpose(rows[i:i + 8], "vector<8xi16>")
+                          for i in range(0, lanes, 8)]
+                for p in range(8):
+                    col = self.concat([gr[p] for gr in groups], 8, "i16")
+                    b = em.op(f"vector.bitcast {col} : vector<{lanes}xi16> to vector<{nb}xi8>")
                     if fmt.name == "q8_0":
-                        out.append((h // 2 + p, em.op(f"arith.extsi {b} : {v16i8} to vector<16xi16>")))
+                        out.append((h // 2 + p, em.op(f"arith.extsi {b} : vector<{nb}xi8> to "
+                                                      f"vector<{nb}xi16>")))
                         continue
-                    for w, nib in ((p, self._lo(b, 16)), (8 + p, self._hi(b, 16))):
-                        out.append((w, em.op(f"arith.extui {nib} : {v16i8} to vector<16xi16>")))
+                    for w, nib in ((p, self._lo(b, nb)), (8 + p, self._hi(b, nb))):
+                        out.append((w, em.op(f"arith.extui {nib} : vector<{nb}xi8> to "
+                                             f"vector<{nb}xi16>")))
             return out
-        # int8 x (Q4 only): 4 words of 4 nibble pairs per row, two 4 x 4 transposes
+        # int8 x (Q4 only): 4 words of 4 nibble pairs per row
         rows = [em.op(f"vector.bitcast {self.read_bytes(self.add(o, qs), 16)} : {v16i8} to "
-                      f"{v4i32}") for o in offs]
-        lo4, hi4 = self.transpose(rows[:4], v4i32), self.transpose(rows[4:], v4i32)
+                      f"vector<4xi32>") for o in offs]
+        groups = [self.transpose(rows[i:i + 4], "vector<4xi32>") for i in range(0, lanes, 4)]
         for q in range(4):
-            col = self.shuffle(lo4[q], hi4[q], list(range(8)), v4i32)
-            b = em.op(f"vector.bitcast {col} : vector<8xi32> to vector<32xi8>")
-            out += [(q, self._lo(b, 32)), (4 + q, self._hi(b, 32))]
+            col = self.concat([gr[q] for gr in groups], 4, "i32")
+            b = em.op(f"vector.bitcast {col} : vector<{lanes}xi32> to vector<{4 * lanes}xi8>")
+            out += [(q, self._lo(b, 4 * lanes)), (4 + q, self._hi(b, 4 * lanes))]
         return out
 
     def _lo(self, v: str, n: int) -> str:
@@ -669,16 +688,23 @@ class _K:
     def _hi(self, v: str, n: int) -> str:
         return self.em.op(f"arith.shrui {v}, {self.splat(4, 'i8', n)} : vector<{n}xi8>")
 
+    def _wtype(self) -> str:
+        """The type of one interleaved weight vector of the GEMM tile."""
+        n = self.lanes
+        return f"vector<{2 * n}xi16>" if self.bits == 16 else f"vector<{4 * n}xi8>"
+
     def _dot_acc(self, acc: str, w: str, xw: str) -> str:
         """``acc + `` the dot products of the interleaved weights ``w`` with the x word
-        ``xw`` (i32) broadcast to every lane (vector<8xi32>)."""
-        em, vi = self.em, "vector<8xi32>"
+        ``xw`` (i32) broadcast to every lane (vector<L x i32>, L = 8: 256-bit instructions,
+        16: 512-bit, VNNI only)."""
+        em, n = self.em, self.lanes
+        vi, ty = f"vector<{n}xi32>", self._wtype()
         xb = em.op(f"vector.broadcast {xw} : i32 to {vi}")
-        ty = "vector<16xi16>" if self.bits == 16 else "vector<32xi8>"
         x = em.op(f"vector.bitcast {xb} : {vi} to {ty}")
         if self.s.vnni:
             name = "vpdpwssd" if self.bits == 16 else "vpdpbusd"
-            return self._intr(f"llvm.x86.avx512.{name}.256", [acc, w, x], f"{vi}, {ty}, {ty}", vi)
+            return self._intr(f"llvm.x86.avx512.{name}.{32 * n}", [acc, w, x],
+                              f"{vi}, {ty}, {ty}", vi)
         if self.bits == 16:
             p = self._intr("llvm.x86.avx2.pmadd.wd", [w, x], f"{ty}, {ty}", vi)
         else:
@@ -696,11 +722,11 @@ class _K:
             row_bytes = g.k // CHUNK * fmt.block_bytes
             boff = self.mul(b, fmt.block_bytes)
             offs = [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
-                    for j in range(GEMM_N_TILE)]
+                    for j in range(self.lanes)]
             dw, mw = self._tile_scales(offs)
             return dw, mw, self._tile_weights(offs)
         wp, words, scales = self.pack
-        n, ty = GEMM_N_TILE, "vector<16xi16>" if self.bits == 16 else "vector<32xi8>"
+        n, ty = self.lanes, self._wtype()
         pad_i, pad_f = em.const(0, "i32"), em.const(0.0, "f32")
         sc = [em.op(f"vector.transfer_read {t}[{b}, {self.c(0)}], {pad_f} {{in_bounds = [true]}}"
                     f" : tensor<{g.k // CHUNK}x{n}xf32>, vector<{n}xf32>") for t in scales]
@@ -717,7 +743,7 @@ class _K:
         weights tensor<(NB * words)x8xi32>, the x word of each, the scale tensors
         tensor<NBx8xf32> (d, and the min term's m unless Q8_0))."""
         g, em = self.g, self.em
-        nb, n = g.k // CHUNK, GEMM_N_TILE
+        nb, n = g.k // CHUNK, self.lanes
         self.pack = None
         words = 16 if self.bits == 16 else 8  # interleaved vectors per block
         self.pack_t = f"tensor<{nb * words}x{n}xi32>"
@@ -735,8 +761,7 @@ class _K:
         base = self.mul(b, words)
         new = its[0]
         for t, (_, w) in enumerate(ws):
-            wty = "vector<16xi16>" if self.bits == 16 else "vector<32xi8>"
-            v = em.op(f"vector.bitcast {w} : {wty} to vector<{n}xi32>")
+            v = em.op(f"vector.bitcast {w} : {self._wtype()} to vector<{n}xi32>")
             new = em.op(f"vector.transfer_write {v}, {new}[{self.add(base, t)}, {self.c(0)}] "
                         f"{{in_bounds = [true]}} : vector<{n}xi32>, {self.pack_t}")
         out = [new] + [em.op(f"vector.transfer_write {v}, {it}[{b}, {self.c(0)}] "
@@ -757,7 +782,7 @@ class _K:
         ``dest[m0 + i, col0 : col0 + 8]``."""
         g, em, fmt = self.g, self.em, self.g.wtype.format
         nb = g.k // CHUNK
-        v8, vi = "vector<8xf32>", "vector<8xi32>"
+        v8, vi = f"vector<{self.lanes}xf32>", f"vector<{self.lanes}xi32>"
         per = CHUNK * self.bits // 32
         xrows = [self.add(m0, i) for i in range(rows)]
         zero = em.op(f"arith.constant dense<0.0> : {v8}", "cv")
