@@ -18,7 +18,18 @@ takes the ops :func:`match` fits. The kernel, on tensors (one-shot bufferization
   reduced once per row at the end (``vector.reduction``). A dense K that is not a multiple of
   32 finishes with one masked chunk (padding 0).
 
-Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order.
+Packed weights with x quantized (:attr:`~poot.dialects.lowering.rules.Strategy.dot_bits`) and
+M >= 2 rows of x (batched decode, prefill) take the GEMM tile instead (:func:`gemm_fits`,
+:meth:`_K.tile_gemm`): threads over tiles of L = 8 W rows (16 with 512-bit VNNI), each block's
+L rows decoded once (once per tile when M spans several x-row tiles: a small pack of the
+interleaved weights and row scales) and transposed so that i32 lane j of a dot product is W
+row j; each x row's block words are broadcast to all lanes (one ``vpdpwssd`` / ``vpdpbusd``
+per word with a broadcast memory operand), scaled per block by the vector of the L rows'
+scales, the Q4 min term likewise: one vector<L x f32> accumulator per x row, up to
+:data:`GEMM_M_TILE` x rows a tile.
+
+Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order
+(up to the rounding of x with integer dot products).
 """
 
 from __future__ import annotations
@@ -774,13 +785,14 @@ class _K:
 
     def tile_gemm(self, row0: str, m0: str, rows: int, dest: str, dest_t: str,
                   col0: str) -> str:
-        """Rows ``m0 .. m0 + rows`` of the quantized x against the 8 W rows from ``row0``:
-        per block, the 8 rows' weights are decoded once and transposed so that lane j of a
-        256-bit integer dot product is W row j, then each x row's words are broadcast to
-        all lanes: one accumulator vector<8xf32> per x row, the scales applied per block as
-        vectors of the 8 rows' scales (the Q4 min term the same way). Writes the sums to
-        ``dest[m0 + i, col0 : col0 + 8]``."""
-        g, em, fmt = self.g, self.em, self.g.wtype.format
+        """Rows ``m0 .. m0 + rows`` of the quantized x against the L = ``self.lanes`` W rows
+        from ``row0``: per block, the L rows' weights (decoded here, or read from the tile's
+        pack) are interleaved so that lane j of an integer dot product is W row j, and each
+        x row's words are broadcast to all lanes: one accumulator vector<L x f32> per x row
+        (its integer sums split over :data:`GEMM_CHAINS` chains that overlap), the scales
+        applied per block as vectors of the L rows' scales (the Q4 min term the same way).
+        Writes the sums to ``dest[m0 + i, col0 : col0 + L]``."""
+        g, em = self.g, self.em
         nb = g.k // CHUNK
         v8, vi = f"vector<{self.lanes}xf32>", f"vector<{self.lanes}xi32>"
         per = CHUNK * self.bits // 32
