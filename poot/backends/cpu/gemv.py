@@ -26,7 +26,9 @@ interleaved weights and row scales) and transposed so that i32 lane j of a dot p
 row j; each x row's block words are broadcast to all lanes (one ``vpdpwssd`` / ``vpdpbusd``
 per word with a broadcast memory operand), scaled per block by the vector of the L rows'
 scales, the Q4 min term likewise: one vector<L x f32> accumulator per x row, up to
-:data:`GEMM_M_TILE` x rows a tile.
+:data:`GEMM_M_TILE` x rows a tile; each tile row is prefetched :data:`PREFETCH_BYTES` ahead.
+A row's result is the same in every M >= 2; at M = 1 (the row-streaming tiles) its integer
+block sums are the same but they meet the f32 scales in another order (a few ulps apart).
 
 Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order
 (up to the rounding of x with integer dot products).
