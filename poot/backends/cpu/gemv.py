@@ -962,5 +962,6 @@ class GemvKernels:
 KERNELS = GemvKernels()
 
 
-__all__ = ["Gemv", "GemvKernels", "INTRINSICS", "INTRINSIC_PREFIX", "KERNELS", "PACKED", "emit",
-           "emit_indexed", "intrinsic_declarations", "match"]
+__all__ = ["GEMM_M_TILE", "GEMM_N_TILE", "Gemv", "GemvKernels", "INTRINSICS", "INTRINSIC_PREFIX",
+           "KERNELS", "PACKED", "emit", "emit_indexed", "gemm_fits", "intrinsic_declarations",
+           "match"]
