@@ -65,7 +65,10 @@ and, under ``poot``, the comparable measures:
 ``--baseline gpt-fast`` then runs ``bench/gpu_run/baseline_torch.py`` (a gpt-fast-style
 torch model: static KV cache, ``torch.compile(mode="reduce-overhead")``, random-init weights
 of the same shapes in ``--baseline-dtype``) in the same process with the same prompt and token
-counts; its measures go under ``baseline`` and ``ratio`` holds poot / baseline. ``--profile``
+counts; its measures go under ``baseline`` and ``ratio`` holds poot / baseline. The baseline
+of record for batched decode is ``../shared/bench/batched_baseline.py`` beside the checkout:
+``bench/gpu_run/batched_vs_baseline.py`` runs it and ``poot bench --batch`` side by side
+(``bench/results/gpu_baseline.md``: why the two baselines once measured 4.4x apart). ``--profile``
 adds ``poot.profile``: GPU time per dispatch kind of one decode step (devices that
 time dispatches: CUDA, Vulkan).
 """
