@@ -233,10 +233,12 @@ def main(argv: list[str] | None = None) -> int:
                   "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
                   "llama_cpp_build": build}
         # the two sides alternate run by run: both meet the machine's load alike
-        llama_runs, poot_runs = [], []
+        llama_runs, poot_runs, loads = [], [], []
         for _ in range(args.reps):
+            loads.append(os.getloadavg()[0])
             llama_runs.append(llama_batched(batched_exe, model, args.threads, args.batches))
             poot_runs.append(poot_batched(model, args.threads, args.batches))
+        result["load_average_1min_per_rep"] = loads
         llama = best_of(llama_batched_command(batched_exe, model, args.threads, args.batches),
                         llama_runs)
         poot = best_of(["poot", "bench", "--backend", "cpu",
