@@ -46,7 +46,7 @@ from cpu_vs_llamacpp import (ROOT, BenchError, busy_processes, default_model, ll
 
 PROMPT_TOKENS = 32
 NEW_TOKENS = 128
-POOT_KV = 512
+BATCHED_KV = 512
 PREFILL_TOKENS = 512
 PREFILL_KV = 1024
 #: issue 46's CPU targets (SmolLM2 Q4_1, 2 threads): tok/s and ratio to llama.cpp
@@ -152,7 +152,7 @@ def poot_batched_argv(model: Path, batches: list[int]) -> list[str]:
     """``poot bench --batch``'s options for the batched-decode comparison."""
     return ["--model", str(model), "--batch", ",".join(map(str, batches)),
             "--num-prompts", str(max(batches)), "--prompt-tokens", str(PROMPT_TOKENS),
-            "--max-tokens", str(NEW_TOKENS), "--kv-capacity", str(POOT_KV)]
+            "--max-tokens", str(NEW_TOKENS), "--kv-capacity", str(BATCHED_KV)]
 
 
 def poot_batched(model: Path, threads: int, batches: list[int]) -> dict:

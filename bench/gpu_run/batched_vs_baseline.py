@@ -79,7 +79,7 @@ def mismatches(poot_argv: list[str]) -> dict:
 
 
 def run_poot(poot_argv: list[str]) -> tuple[int, dict | None, str]:
-    """``poot bench POOT_ARGV`` in a fresh process: (exit status, its JSON, stderr's tail)."""
+    """``poot bench`` with ``poot_argv`` in a fresh process: (exit status, its JSON, stderr's tail)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     cmd = [sys.executable, "-m", "poot.cli", "bench", *poot_argv]
