@@ -30,7 +30,9 @@ llama-bench is built once from the llama.cpp that the llama-cpp-python 0.3.36 sd
 (``pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36``: PyPI is the only
 network this needs), configured ``-DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release
 -DLLAMA_CURL=OFF`` with AMX turned off (``-mno-amx-*``: see ``NO_AMX``) and built ``--target llama-bench -j2``, under ``--llamacpp-dir`` (default
-``.cache/llamacpp/`` in this checkout, git-ignored); later runs reuse the binary. It needs cmake
+``.cache/llamacpp/`` in this checkout, git-ignored); later runs reuse the binary, and a build
+folder configured the same way (``bench/cpu_batched_vs_llamacpp.py`` builds
+``llama-batched-bench`` in it too) is reused with only the missing target built. It needs cmake
 (``pip install cmake`` works), a C and a C++ compiler, and make or ninja.
 
 ``--quants`` other than the model's own type makes ``<model stem>.<QUANT>.gguf`` next to the
@@ -118,14 +120,12 @@ def run_step(what: str, cmd: list[str], log_file: Path, cwd: Path | None = None,
 
 def llama_bench(dir_: Path, rebuild: bool = False) -> tuple[Path, dict]:
     """The llama-bench binary under ``dir_`` (built now if absent) and how it was built."""
-    dir_.mkdir(parents=True, exist_ok=True)
-    info_file = dir_ / "build_info.json"
-    exe = dir_ / "build" / "bin" / "llama-bench"
-    if not rebuild and exe.exists() and info_file.exists():
-        info = json.loads(info_file.read_text())
-        if info.get("llama_cpp_python") == LLAMA_CPP_PYTHON and info.get("cmake_flags") == CMAKE_FLAGS:
-            return exe, {**info, "built_now": False}
-    tools = build_tools()
+    return llama_tool(dir_, "llama-bench", rebuild)
+
+
+def llama_sources(dir_: Path) -> Path:
+    """llama.cpp's source folder from the llama-cpp-python sdist under ``dir_`` (downloaded
+    from PyPI and unpacked now if absent)."""
     sdist_dir = dir_ / "sdist"
     sdists = sorted(sdist_dir.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"))
     if not sdists:
@@ -149,28 +149,50 @@ def llama_bench(dir_: Path, rebuild: bool = False) -> tuple[Path, dict]:
             tar.extractall(dir_, filter="data")
         if not (llama_src / "CMakeLists.txt").exists():
             raise BenchError(f"the sdist has no vendor/llama.cpp/CMakeLists.txt under {src}")
+    return llama_src
+
+
+def llama_tool(dir_: Path, target: str, rebuild: bool = False) -> tuple[Path, dict]:
+    """The llama.cpp program ``target`` (``llama-bench``, ``llama-batched-bench``) built under
+    ``dir_/build`` and how it was built. A build folder configured with this sdist and
+    ``CMAKE_FLAGS`` (its ``build_info.json`` says so) is reused: only the missing target is
+    built (the libraries the targets share are built once); other flags or ``rebuild``
+    configure the folder afresh. Raises BenchError when a tool or a build step fails."""
+    dir_.mkdir(parents=True, exist_ok=True)
+    info_file = dir_ / "build_info.json"
     build = dir_ / "build"
+    exe = build / "bin" / target
+    info = json.loads(info_file.read_text()) if info_file.exists() else {}
+    configured = (not rebuild and (build / "CMakeCache.txt").exists()
+                  and info.get("llama_cpp_python") == LLAMA_CPP_PYTHON
+                  and info.get("cmake_flags") == CMAKE_FLAGS)
+    if configured and exe.exists():
+        return exe, {**info, "built_now": False}
+    tools = build_tools()
     env = {**os.environ, "CC": tools["cc"], "CXX": tools["c++"]}
     gen = ["-G", "Ninja"] if Path(tools["make"]).name == "ninja" else ["-G", "Unix Makefiles"]
     if Path(tools["make"]).name == "ninja":
         gen += [f"-DCMAKE_MAKE_PROGRAM={tools['make']}"]
-    if (build / "CMakeCache.txt").exists():  # rebuilding: other flags, or --rebuild
-        shutil.rmtree(build)
-    log(f"building llama-bench in {build} (once; a few minutes on 2 cores)")
     t0 = time.perf_counter()
-    if not (build / "CMakeCache.txt").exists():
+    if not configured:
+        llama_src = llama_sources(dir_)
+        if build.exists():  # other flags, another sdist, or --rebuild
+            shutil.rmtree(build)
         run_step("cmake configure", [tools["cmake"], "-S", str(llama_src), "-B", str(build),
                                      *gen, *CMAKE_FLAGS], dir_ / "configure.log", env=env)
-    configure_s = time.perf_counter() - t0
-    run_step("cmake build", [tools["cmake"], "--build", str(build), "--target", "llama-bench",
-                             "-j2"], dir_ / "build.log", env=env)
+        info = {"llama_cpp_python": LLAMA_CPP_PYTHON, "source": str(llama_src),
+                "cmake_flags": CMAKE_FLAGS, "generator": gen[1],
+                "compilers": [tools["cc"], tools["c++"]],
+                "configure_s": round(time.perf_counter() - t0, 1)}
+    log(f"building {target} in {build} (once; a few minutes on 2 cores)")
+    run_step("cmake build", [tools["cmake"], "--build", str(build), "--target", target,
+                             "-j2"], dir_ / f"build-{target}.log", env=env)
     build_s = time.perf_counter() - t0
     if not exe.exists():
         raise BenchError(f"the build finished but left no {exe}")
-    info = {"llama_cpp_python": LLAMA_CPP_PYTHON, "source": str(llama_src),
-            "cmake_flags": CMAKE_FLAGS, "generator": gen[1],
-            "compilers": [tools["cc"], tools["c++"]], "configure_s": round(configure_s, 1),
-            "build_s": round(build_s, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    built = {**info.get("targets", {}), target: {"build_s": round(build_s, 1),
+                                                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
+    info = {**info, "targets": built}
     info_file.write_text(json.dumps(info, indent=1) + "\n")
     log(f"built {exe} in {build_s:.0f} s")
     return exe, {**info, "built_now": True}

@@ -12,6 +12,17 @@ through the decode step one token at a time (not timed: gpt-fast's prefill is a 
 compile that poot's decode numbers do not include either), then ``new_tokens`` greedy steps
 are timed, the token fed back on the device; ``runs`` timed runs, the best reported.
 
+The K/V cache is one ``[B, kv_heads, capacity, head_dim]`` buffer per layer (registered with
+``register_buffer``, as gpt-fast's ``KVCache`` and ``../shared/bench/batched_baseline.py``
+do), written in place with ``index_copy_``. Until 2026-12-05 it was one
+``[layers, B, kv_heads, capacity, head_dim]`` plain tensor attribute written through a
+per-layer view (``kc[i].index_copy_``): torch.compile functionalizes a write through a view of
+a graph input as a scatter into the whole base, so every layer's write could re-materialize
+the cache of all layers, and a plain attribute is not a parameter or buffer (the static
+inputs of CUDA graph trees). That version measured 7,519 tok/s on the Llama-3.2-1B shape at
+B = 64 where the shared script measured 33,407, its step time growing with
+B * layers^2 (``bench/results/gpu_baseline.md``).
+
 Bytes per token: the weights one step reads (every matrix; the embedding table once when it
 is the tied head, one row when not) + the K/V of the mean context of the timed steps in the
 cache dtype: ``layers * 2 * ctx * kv_heads * head_dim * itemsize``. Roofline fraction: bytes
@@ -41,6 +52,23 @@ def _model(shape: dict, cap: int, dtype, batch: int = 1):
 
     dev = "cuda"
 
+    class Layer(torch.nn.Module):
+        """One block's weights (parameters) and its norms and K/V cache (buffers: static
+        addresses to CUDA graphs; see the module docstring)."""
+
+        def __init__(self, g, hidden, heads, kv_heads, hd, ffn):
+            super().__init__()
+            self.wqkv = g((heads + 2 * kv_heads) * hd, hidden)
+            self.wo = g(hidden, heads * hd)
+            self.w13 = g(2 * ffn, hidden)
+            self.w2 = g(hidden, ffn)
+            self.register_buffer("n1", torch.ones(hidden, dtype=dtype, device=dev))
+            self.register_buffer("n2", torch.ones(hidden, dtype=dtype, device=dev))
+            self.register_buffer("kc", torch.zeros(batch, kv_heads, cap, hd, dtype=dtype,
+                                                   device=dev))
+            self.register_buffer("vc", torch.zeros(batch, kv_heads, cap, hd, dtype=dtype,
+                                                   device=dev))
+
     class Model(torch.nn.Module):
         def __init__(self, hidden, layers, heads, kv_heads, ffn, vocab, rope_theta, tied,
                      head_dim=None):
@@ -54,21 +82,20 @@ def _model(shape: dict, cap: int, dtype, batch: int = 1):
             self.emb = g(vocab, hidden)
             self.head = self.emb if tied else g(vocab, hidden)
             self.tied = tied
-            self.wqkv = torch.nn.ParameterList([g((heads + 2 * kv_heads) * hd, hidden)
-                                                for _ in range(layers)])
-            self.wo = torch.nn.ParameterList([g(hidden, heads * hd) for _ in range(layers)])
-            self.w13 = torch.nn.ParameterList([g(2 * ffn, hidden) for _ in range(layers)])
-            self.w2 = torch.nn.ParameterList([g(hidden, ffn) for _ in range(layers)])
-            self.n1 = [torch.ones(hidden, dtype=dtype, device=dev) for _ in range(layers)]
-            self.n2 = [torch.ones(hidden, dtype=dtype, device=dev) for _ in range(layers)]
-            self.nf = torch.ones(hidden, dtype=dtype, device=dev)
-            self.kc = torch.zeros(layers, batch, kv_heads, cap, hd, dtype=dtype, device=dev)
-            self.vc = torch.zeros(layers, batch, kv_heads, cap, hd, dtype=dtype, device=dev)
+            self.blocks = torch.nn.ModuleList(Layer(g, hidden, heads, kv_heads, hd, ffn)
+                                              for _ in range(layers))
+            self.register_buffer("nf", torch.ones(hidden, dtype=dtype, device=dev))
             self.b = batch
             inv = 1.0 / (rope_theta ** (torch.arange(0, hd, 2, device=dev).float() / hd))
             f = torch.outer(torch.arange(cap, device=dev).float(), inv)
-            self.cos, self.sin = f.cos().to(dtype), f.sin().to(dtype)
+            self.register_buffer("cos", f.cos().to(dtype))
+            self.register_buffer("sin", f.sin().to(dtype))
             self.cap, self.ffn, self.layers = cap, ffn, layers
+
+        def reset_cache(self):
+            for blk in self.blocks:
+                blk.kc.zero_()
+                blk.vc.zero_()
 
         def rope(self, x, pos):
             c, s = self.cos[pos].view(1, 1, 1, -1), self.sin[pos].view(1, 1, 1, -1)
@@ -79,22 +106,22 @@ def _model(shape: dict, cap: int, dtype, batch: int = 1):
             nb = self.b
             x = self.emb[tok]                                       # [B,1,dim]
             mask = (torch.arange(self.cap, device=dev) <= pos).view(1, 1, 1, -1)
-            for i in range(self.layers):
-                h = F.rms_norm(x, (x.shape[-1],), self.n1[i], 1e-5)
-                qkv = F.linear(h, self.wqkv[i])
+            for blk in self.blocks:
+                h = F.rms_norm(x, (x.shape[-1],), blk.n1, 1e-5)
+                qkv = F.linear(h, blk.wqkv)
                 q, k, v = qkv.split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd],
                                     -1)
                 q = self.rope(q.view(nb, 1, self.h, self.hd), pos).transpose(1, 2)
                 k = self.rope(k.view(nb, 1, self.kvh, self.hd), pos).transpose(1, 2)
                 v = v.view(nb, 1, self.kvh, self.hd).transpose(1, 2)
-                self.kc[i].index_copy_(2, pos, k)
-                self.vc[i].index_copy_(2, pos, v)
-                o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], attn_mask=mask,
+                blk.kc.index_copy_(2, pos, k)                       # a whole buffer, no view
+                blk.vc.index_copy_(2, pos, v)
+                o = F.scaled_dot_product_attention(q, blk.kc, blk.vc, attn_mask=mask,
                                                    enable_gqa=True)
-                x = x + F.linear(o.transpose(1, 2).reshape(nb, 1, -1), self.wo[i])
-                h = F.rms_norm(x, (x.shape[-1],), self.n2[i], 1e-5)
-                a, b = F.linear(h, self.w13[i]).split([self.ffn, self.ffn], -1)
-                x = x + F.linear(F.silu(a) * b, self.w2[i])
+                x = x + F.linear(o.transpose(1, 2).reshape(nb, 1, -1), blk.wo)
+                h = F.rms_norm(x, (x.shape[-1],), blk.n2, 1e-5)
+                a, b = F.linear(h, blk.w13).split([self.ffn, self.ffn], -1)
+                x = x + F.linear(F.silu(a) * b, blk.w2)
             x = F.rms_norm(x, (x.shape[-1],), self.nf, 1e-5)
             return torch.argmax(F.linear(x, self.head), -1)     # greedy on device
 
@@ -146,8 +173,7 @@ def run_baseline(shape: dict, dtype: str = "bf16", prompt_tokens: int = 32,
         compile_s = time.perf_counter() - t0
         best = None
         for _ in range(runs):
-            m.kc.zero_()
-            m.vc.zero_()
+            m.reset_cache()
             tok = (torch.arange(batch, device="cuda") % 97 + 17).view(batch, 1)
             for p in range(prompt_tokens):                      # the prompt, untimed
                 tok = step(tok, pos[p]).view(batch, 1).clone()

@@ -8,10 +8,13 @@
 #   call 5,    carry [".cache/gpu/engine"]:   bash bench/gpu_run/engine_batch.sh llama1b
 #
 # smollm2: engine_check.json (32 staggered prompts on CUDA equal each alone; reference tokens),
-#          bench_smollm2.json (poot bench --batch 1,8,32,64,128 with the batched gpt-fast
-#          baseline at each B). llama1b: bench_llama1b.json (the same, Llama-3.2-1B shape,
+#          bench_smollm2.json (batched_vs_baseline.py: poot bench --batch 1,8,32,64,128 under
+#          "poot", then the baseline of record, ../shared/bench/batched_baseline.py, at each B
+#          under "shared", ratios under "ratio"; skipped with the reason when the shared
+#          script is absent). llama1b: bench_llama1b.json (the same, Llama-3.2-1B shape,
 #          random bf16 weights). Every step has a time limit; failures are recorded.
-# ENGINE_BATCHES (default 1,8,32,64,128), ENGINE_BASELINE=none, ENGINE_SKIP_CHECK=1.
+# ENGINE_BATCHES (default 1,8,32,64,128), ENGINE_SKIP_CHECK=1; ENGINE_BASELINE=both also runs
+# the in-repo baseline_torch.py (poot bench --baseline gpt-fast) to compare the two baselines.
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/engine_batch}"
@@ -29,8 +32,9 @@ MB=$($PY -c "import json; print(json.load(open('$B/manifest.json'))['max_batch']
 T0=$(date +%s)
 . bench/gpu_run/step.sh
 BATCHES="${ENGINE_BATCHES:-1,8,32,64,128}"
-BASE="--baseline gpt-fast"
-[ "${ENGINE_BASELINE:-}" = "none" ] && BASE=""
+BASE=""
+[ "${ENGINE_BASELINE:-}" = "both" ] && BASE="--baseline gpt-fast"
+SIDE="bench/gpu_run/batched_vs_baseline.py"
 
 if [ "${1:-}" = "smollm2" ]; then
     [ -f "$GGUF" ] || { echo "engine_batch: $GGUF is missing: stage_gguf.sh first" >&2; exit 2; }
@@ -40,14 +44,15 @@ if [ "${1:-}" = "smollm2" ]; then
     step_log engine_check8 90 $PY bench/gpu_run/engine_check.py "$OUT/engine_check8.json" \
         --backend cuda --model "$GGUF" --ref "$B/ref" --kv-capacity "$CAP" \
         --max-batch "$MB" --engine-max-batch 8
-    step_log bench_smollm2 400 $PY -m poot.cli bench --backend cuda --model "$GGUF" \
+    step_log bench_smollm2 590 $PY $SIDE "$OUT/bench_smollm2.json" --shape smollm2-135m -- \
+        --backend cuda --model "$GGUF" \
         --kv-capacity "$CAP" --max-batch "$MB" --batch "$BATCHES" --num-prompts 64 \
-        --max-tokens 128 --prompt-tokens 32 --runs 1 $BASE --out "$OUT/bench_smollm2.json"
+        --max-tokens 128 --prompt-tokens 32 --runs 1 $BASE
 elif [ "${1:-}" = "llama1b" ]; then
-    step_log bench_llama1b 500 $PY -m poot.cli bench --backend cuda --config bench/shapes/llama-3.2-1b.json \
+    step_log bench_llama1b 590 $PY $SIDE "$OUT/bench_llama1b.json" --shape llama-3.2-1b -- \
+        --backend cuda --config bench/shapes/llama-3.2-1b.json \
         --random-weights --dtype bf16 --kv-capacity "$CAP" --max-batch "$MB" \
-        --batch "$BATCHES" --num-prompts 64 --max-tokens 128 --prompt-tokens 32 --runs 1 $BASE \
-        --out "$OUT/bench_llama1b.json"
+        --batch "$BATCHES" --num-prompts 64 --max-tokens 128 --prompt-tokens 32 --runs 1 $BASE
 else
     echo "usage: engine_batch.sh smollm2|llama1b" >&2; exit 2
 fi

@@ -2,7 +2,8 @@
 
     poot bench [--model MODEL | --config CONFIG.json --random-weights [--dtype bf16]]
                [--backend B] [--prompt-tokens N] [--max-tokens N] [--runs R]
-               [--pipeline auto|on|off] [--baseline gpt-fast] [--profile] [--out FILE]
+               [--pipeline auto|on|off] [--prefix-cache] [--baseline gpt-fast] [--profile]
+               [--out FILE]
     poot bench --batch 1,8,32 [--num-prompts 64] [--max-tokens 128] [--sequential] ...
     poot bench --shared-prefix 256 [--num-prompts 8] ...
 
@@ -25,14 +26,20 @@ share an N-token system prompt, one at a time; reports the time to first token o
 Runs R greedy requests of N new tokens (EOS ignored) on a synthetic prompt of
 ``--prompt-tokens`` ids (or ``--prompt`` text) after one warm-up request, through the same
 driver as ``poot generate`` (prefill steps, then one decode step per token with the on-device
-sampler; only the token id is read back). The decode loop is pipelined where the device
+sampler; only the token id is read back). The runs repeat one prompt, so the engine's prefix
+cache is off for them unless ``--prefix-cache``: every run prefills its whole prompt, and
+``ttft_s`` / ``prefill_tokens_per_s`` measure prefill (with ``--prefix-cache`` every run after
+the warm-up finds all the prompt's full KV blocks cached; each run's ``cached_tokens`` says
+how many prompt tokens came from the cache). The decode loop is pipelined where the device
 overlaps host and device work (CUDA: step n+1 is issued before token n is read, the token fed
 back on the device; see :mod:`poot.api.generate`); ``--pipeline on|off`` forces it either
 way (``POOT_PIPELINE`` is the same switch for every command). The KV pool and samplers are
 ``poot generate``'s (``--max-batch``, default 8 on the CPU): a bench after a generate
 compiles nothing. Prints one JSON object: the best run's numbers at the top level
 (``model``, ``backend``, ``prompt_tokens``, ``generated_tokens``, ``ttft_s`` (the best timed
-run's: its steps compiled and loaded), ``cold_ttft_s`` (from the start of loading to the
+run's: its steps compiled and loaded), ``prefill_tokens_per_s`` (the prompt tokens that run
+computed, not cached, over its ``ttft_s``: prefill and the first token's sampling),
+``prefix_cache`` (``--prefix-cache``), ``cold_ttft_s`` (from the start of loading to the
 warm-up request's first token: loading, compiling the steps or loading them from the
 compile cache, the first prefill: what a first ``poot generate`` waits for),
 ``decode_tokens_per_s``, ``pipelined`` (whether the timed decode loop was pipelined: step
@@ -58,7 +65,10 @@ and, under ``poot``, the comparable measures:
 ``--baseline gpt-fast`` then runs ``bench/gpu_run/baseline_torch.py`` (a gpt-fast-style
 torch model: static KV cache, ``torch.compile(mode="reduce-overhead")``, random-init weights
 of the same shapes in ``--baseline-dtype``) in the same process with the same prompt and token
-counts; its measures go under ``baseline`` and ``ratio`` holds poot / baseline. ``--profile``
+counts; its measures go under ``baseline`` and ``ratio`` holds poot / baseline. The baseline
+of record for batched decode is ``../shared/bench/batched_baseline.py`` beside the checkout:
+``bench/gpu_run/batched_vs_baseline.py`` runs it and ``poot bench --batch`` side by side
+(``bench/results/gpu_baseline.md``: why the two baselines once measured 4.4x apart). ``--profile``
 adds ``poot.profile``: GPU time per dispatch kind of one decode step (devices that
 time dispatches: CUDA, Vulkan).
 """
@@ -102,6 +112,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pipeline", choices=("auto", "on", "off"), default="auto",
                    help="pipeline the decode loop: auto = POOT_PIPELINE if set, else where "
                         "the device overlaps host and device work (default: auto)")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="let the timed runs (one prompt, repeated) reuse the prefix cache; "
+                        "default: off, every run prefills its whole prompt (--shared-prefix "
+                        "measures the cache either way)")
     p.add_argument("--baseline", choices=BASELINES, default=None,
                    help="also run this baseline on the same shapes in the same process "
                         "(default: none)")
@@ -129,11 +143,13 @@ def synthetic_prompt(n: int, vocab: int) -> list[int]:
     return [(17 + 31 * i) % vocab for i in range(n)]
 
 
-def _load(args, max_batch=None):
+def _load(args, max_batch=None, prefix_caching=True):
     """The handle (progress on stderr), its request checked against the context before
     anything is compiled. ``max_batch`` (default: ``--max-batch``, else ``poot generate``'s
     default) sizes the KV pool and the samplers, which are inputs of every step: with
     ``poot generate``'s, a bench finds the steps a generate compiled in the compile cache.
+    ``prefix_caching``: the handle's engine reuses cached prompt prefixes (an engine
+    setting, not an input of any step: the compiled steps are the same either way).
     The compile workers of a cold load may still be compiling (warm samplers)."""
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.generate_cmd import load_handle
@@ -149,7 +165,8 @@ def _load(args, max_batch=None):
                                                ignore_eos=True))
 
     return load_handle(args, before_compile=check, path=path, random_weights=random_dtype,
-                       seed=args.seed, max_batch=max_batch or args.max_batch)
+                       seed=args.seed, max_batch=max_batch or args.max_batch,
+                       prefix_caching=prefix_caching)
 
 
 def _stages(handle) -> int:
@@ -435,6 +452,15 @@ def run_prefix(handle, args) -> dict:
             "cached_tokens": [c for _, c in ttft], "hit_rate": st.prefix_cache_hit_rate}
 
 
+def prefill_rate(runs: list[dict]) -> float | None:
+    """Prompt tokens computed (not taken from the prefix cache) per second of time to first
+    token, of the run with the shortest ``ttft_s`` (``runs``: request stats as dicts); None
+    when that run computed none."""
+    fastest = min(runs, key=lambda r: r["ttft_s"])
+    computed = fastest["prompt_tokens"] - fastest["cached_tokens"]
+    return computed / fastest["ttft_s"] if computed > 0 and fastest["ttft_s"] > 0 else None
+
+
 def run(args: argparse.Namespace) -> int:
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.api import Driver
@@ -446,7 +472,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch is not None or args.shared_prefix is not None:
         return run_serving(args)
     t0 = time.perf_counter()
-    handle = _load(args)
+    handle = _load(args, prefix_caching=args.prefix_cache)
     _pipeline(handle, args)
     if args.prompt is not None:
         prompt = handle.encode(args.prompt)
@@ -462,6 +488,7 @@ def run(args: argparse.Namespace) -> int:
     out = {"model": str(handle.path), "backend": handle.backend,
            "prompt_tokens": best["prompt_tokens"], "generated_tokens": best["generated_tokens"],
            "ttft_s": min(r["ttft_s"] for r in runs),
+           "prefill_tokens_per_s": prefill_rate(runs), "prefix_cache": args.prefix_cache,
            "cold_ttft_s": asked + cold.stats.ttft_s,
            "decode_tokens_per_s": best["decode_tokens_per_s"],
            "pipelined": bool(best.get("pipelined")),
