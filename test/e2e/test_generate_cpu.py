@@ -114,9 +114,11 @@ def test_cli_generate_json_and_bench(handles, cache_dir, capsys, monkeypatch):
     b = json.loads(capsys.readouterr().out)
     assert rc == 0 and b["backend"] == "cpu" and b["generated_tokens"] == 4
     assert b["decode_tokens_per_s"] > 0 and b["ttft_s"] > 0
-    # short names, no reprs; the CLI warms the sampler serving any options up too
-    assert set(b["compile_s"]) == {"prefill[5]", "decode[B=1]", "sampler[B=1]",
-                                   "sampler[B=1:sample+pen+bias+topk+topp+minp]"}
+    # short names, no reprs; the CLI warms the sampler serving any options up too, for
+    # decode batch 1 and for the rows of the ragged step of one chunk (min(5, max_batch 8))
+    assert set(b["compile_s"]) == {"ragged[T=5]", "decode[B=1]", "sampler[B=1]",
+                                   "sampler[B=1:sample+pen+bias+topk+topp+minp]",
+                                   "sampler[B=5]", "sampler[B=5:sample+pen+bias+topk+topp+minp]"}
     assert b["pipelined"] is False and b["poot"]["pipelined"] is False   # CPU: sequential
     rc = main(["bench", "--model", model, "--tokens", "4", "--runs", "1", "--prompt-tokens",
                "7", "--kv-capacity", "48", "--prefill-chunk", "5", "--pipeline", "on",
