@@ -4,15 +4,21 @@
 (:attr:`~RunnerBase.session`) and its entries, each compiled once (through the compile
 cache) the first time it is needed:
 
-* **prefill**: ``StepSpec.prefill(T, batch=1, outputs="hidden")``, one chunk of T prompt
-  tokens of one sequence (padding rows write nothing: slot -1). No LM head runs: the last
-  prompt token goes through decode, so every sampled token comes from the decode path.
+* **prefill** (an engine with ``EngineConfig.ragged`` off): ``StepSpec.prefill(T, batch=1,
+  outputs="hidden")``, one chunk of T prompt tokens of one sequence (padding rows write
+  nothing: slot -1). No LM head runs: the last prompt token goes through decode.
+* **ragged** per token bucket T (:meth:`ModelRunner.ragged_bucket`: ``prefill_chunk * 2**k``):
+  ``StepSpec.ragged(T, logit_rows=min(T, max_batch))``, a decode-shaped step whose T rows
+  are tokens of several sequences (decode rows and prompt chunks, each row with its
+  position and its sequence's block table), logits ``[S, 1, V]`` of the rows named by its
+  ``logit_rows`` input. What the engine runs whenever prompt tokens are to be computed
+  (:meth:`ModelRunner.submit_ragged`).
 * **decode** per batch bucket B (:func:`decode_buckets`): ``StepSpec.decode(batch=B)``, one
   token per sequence, logits ``[B, 1, V]`` left on the device. Rows past the running
   sequences are idle: null block table, slot -1 (they write nothing), outputs ignored.
 * **sampler** per (B, :class:`~poot.graph.sampling.SamplerSpec`)
-  (:func:`poot.graph.sampling.trace_sampler`): reads the decode entry's ``logits`` buffer in
-  place (no host round trip), samples every row with its own parameters, and copies the
+  (:func:`poot.graph.sampling.trace_sampler`): reads the ``logits`` buffer of a decode (or
+  ragged) entry in place (no host round trip), samples every row with its own parameters, and copies the
   sampled tokens into the decode entry's ``tokens`` input on the device (so a next step over
   the same rows needs no token upload). The spec is the union of the batch's features, so
   one model program per bucket serves every sampling setting; the sampler programs are small

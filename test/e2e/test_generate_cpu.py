@@ -59,8 +59,9 @@ def test_cpu_replays_after_first_steps(handles, name):
     replays = dev.replays
     Driver(h).complete(list(ref["prompt_ids"]), _greedy(8))
     assert dev.records == records             # no argument array rebuilt
-    # 3 prefill chunks, then 8 decode steps of two programs each (the model, the sampler)
-    assert dev.replays == replays + 3 + 2 * 8
+    # 3 ragged steps of prompt chunks, the last sampling the first token (+ its sampler),
+    # then 7 decode steps of two programs each (the model, the sampler)
+    assert dev.replays == replays + 3 + 1 + 2 * 7
 
 
 def test_cpu_stops_and_overflow(handles):
@@ -91,8 +92,9 @@ def test_cpu_seeded_sampling_reproducible(handles):
 def test_compile_cache_hit_on_second_load(handles, cache_dir):
     h = ModelHandle.load(fixture_path("llama"), kv_capacity=48, prefill_chunk=5,
                          cache_dir=cache_dir)
-    # prefill, batch-1 decode and its greedy sampler
-    assert h.compile_cache.hits == 3 and h.compile_cache.misses == 0
+    # the ragged step of one chunk, batch-1 decode, and the greedy sampler of each (5 rows,
+    # 1 row)
+    assert h.compile_cache.hits == 4 and h.compile_cache.misses == 0
     ref = reference("llama")
     r = Driver(h).complete(list(ref["prompt_ids"]), _greedy())
     _agree(r.token_ids, ref["greedy_ids"], ref["greedy_margins"])

@@ -18,7 +18,7 @@ from model_steps import fixture_path  # noqa: E402
 from poot.api import LLM, ModelHandle  # noqa: E402
 from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
 from poot.engine.llm_engine import EngineError  # noqa: E402
-from poot.engine import ContextOverflow, KVCapacityExceeded  # noqa: E402
+from poot.engine import ContextOverflow, EngineConfig, KVCapacityExceeded  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -35,10 +35,11 @@ def llama():
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2", "mixtral", "deepseek_v3"])
-def test_32_staggered_prompts_equal_alone(name, request):
+def test_32_staggered_prompts_equal_alone(name):
     """32 different prompts arriving one step apart (batches grow and shrink through every
     bucket up to 32) each produce exactly the tokens they produce alone."""
-    h = request.getfixturevalue("llama") if name == "llama" else _load(name)
+    # two chunks of prompt tokens a step: prompts arrive faster than one chunk a step admits
+    h = _load(name, engine_config=EngineConfig(max_batch=32, max_prefill_tokens=32))
     eng = h.engine
     ps = prompts(h.runner.vocab, 32, seed=1, lo=3, hi=24)
     params = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True)
