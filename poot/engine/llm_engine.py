@@ -447,7 +447,7 @@ class LLMEngine:
         step = self.issuer.issue_ragged(plan.decode, plan.prefill)
         if step is None:
             return []
-        self.max_decode_batch = max(self.max_decode_batch, len(plan.decode))
+        self.max_decode_batch = max(self.max_decode_batch, len(step.rows))
         self.issuer.issue_sampler(step, self._guided)
         return self._read(step)
 

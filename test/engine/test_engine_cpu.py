@@ -38,7 +38,8 @@ def llama():
 def test_32_staggered_prompts_equal_alone(name):
     """32 different prompts arriving one step apart (batches grow and shrink through every
     bucket up to 32) each produce exactly the tokens they produce alone."""
-    # two chunks of prompt tokens a step: prompts arrive faster than one chunk a step admits
+    # two chunks of prompt tokens a step: prompts (3..24 tokens, one a step) are admitted as
+    # fast as they arrive
     h = _load(name, engine_config=EngineConfig(max_batch=32, max_prefill_tokens=32))
     eng = h.engine
     ps = prompts(h.runner.vocab, 32, seed=1, lo=3, hi=24)

@@ -29,8 +29,8 @@ def handles(vk_device, tmp_path_factory):
     return {b: ModelHandle.load(fixture_path("llama"), backend=b, kv_capacity=64,
                                 max_batch=32, prefill_chunk=16, cache_dir=cache,
                                 compile_options=EXACT,
-                                # two chunks of prompt tokens a step: the staggered batch
-                                # grows past 16 rows
+                                # two chunks of prompt tokens a step: prompts (3..24 tokens,
+                                # one a step) are admitted as fast as they arrive
                                 engine_config=EngineConfig(max_batch=32, max_prefill_tokens=32))
             for b in ("vulkan", "cpu")}
 
