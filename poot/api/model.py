@@ -247,7 +247,8 @@ class ModelHandle:
                             later=[s[1:] for s in extra]) \
             if steps.cache is not None and steps.pipeline == 1 else None
         if ahead is not None and ahead.procs:
-            runner.deferred = {(b, sp) for b in batches for sp in warm_samplers}
+            runner.deferred = {(b, sp) for b, _ in runner.warm_targets(batches)
+                               for sp in warm_samplers}
         try:
             runner.warm_up(batches, () if runner.deferred else warm_samplers)
         except BaseException:
@@ -268,9 +269,9 @@ class ModelHandle:
         server passes the full sampler, so it is ready before the log-probs/guided ones."""
         batches, specs = self._warm
         load = [sp for sp in specs if now is None or sp in now]
-        for b in reversed(batches):
+        for b, source in reversed(self.runner.warm_targets(batches)):
             for sp in reversed(load):
-                self.runner.sampler_entry(b, sp)
+                self.runner.sampler_entry(b, sp, source=source)
                 self.runner.deferred.discard((b, sp))
         if self._ahead is None:
             return

@@ -17,7 +17,8 @@ from poot.api.step_cache import compile_cached, placement_of
 from poot.backends.registry import BACKENDS as _REGISTERED
 from poot.compiler import CompileOptions
 from poot.compiler.cache import CompileCache, step_key
-from poot.engine.runner import SamplerProgram, decode_buckets, spec_tag, step_spec, step_trace
+from poot.engine.runner import (SamplerProgram, decode_buckets, ragged_token_buckets, spec_tag,
+                               step_spec, step_trace)
 from poot.graph.sampling import FULL, GREEDY, SamplerStep
 from poot.progress import as_callback
 from poot.sampling_params import InvalidRequest
@@ -35,7 +36,8 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                   progress: Callable[[str], None] | None = None,
                   pipeline_parallel: int = 1) -> dict[str, Any]:
     """Fill the compile cache with the steps ``ModelHandle.load(path, backend, ...)`` and
-    generation use, without opening a device: the prefill chunk, the decode step of each
+    generation use, without opening a device: the ragged steps an engine with the default
+    prompt budget runs (:func:`~poot.engine.runner.ragged_token_buckets`), the decode step of each
     batch of ``batches`` (default: every bucket up to ``max_batch``) and its samplers (default:
     the greedy one; batch 1 also :data:`~poot.graph.sampling.FULL`, what the CLI warms up);
     ``max_loras``/``max_lora_rank``: the LoRA slots the handle binds (the steps differ).
@@ -72,8 +74,15 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
         raise InvalidRequest("cache_dir", str(cache.dir), "the compile cache is not writable")
     options = compile_options or DEFAULT_COMPILE_OPTIONS
     vocab = model.dims().vocab
-    pre = step_spec(kv, "prefill", prefill_chunk=prefill_chunk)
-    jobs = [(f"prefill[{pre.tokens}]", model, weights.types, pre)]
+    jobs = []
+    chunk = max(1, min(prefill_chunk, kv.max_model_len))
+    for t in ragged_token_buckets(chunk, max_batch):
+        jobs.append((f"ragged[T={t}]", model, weights.types,
+                     step_spec(kv, "ragged", t, logit_rows=max_batch)))
+        rows = min(t, max_batch)
+        for sp in dict.fromkeys(list(samplers or [GREEDY]) + ([FULL] if t == chunk else [])):
+            st = SamplerStep(rows, vocab, max_batch + 1, sp)
+            jobs.append((f"sampler[B={rows}{spec_tag(sp)}]", SamplerProgram(st), {}, st))
     for b in (batches or decode_buckets(max_batch)):
         jobs.append((f"decode[B={b}]", model, weights.types, step_spec(kv, "decode", b)))
         for sp in list(dict.fromkeys(list(samplers or [GREEDY]) + ([FULL] if b == 1 else []))):

@@ -170,7 +170,7 @@ def partition(graph: Graph, stages: int,
                               "stage (it has no place to cut)")
     op_cost = _op_costs(c, cost)
     crossing, count, readers = _crossings(c)
-    points = _cut_points(c, crossing, count, stages)
+    points = _cut_points(c, crossing, count, stages, readers)
     lo, hi = _windows(readers, placement, stages, len(c.staged))
     cuts = _choose_cuts(points, op_cost, lo, hi, stages)
     bounds = [0, *cuts, len(c.staged)]
@@ -275,13 +275,18 @@ def _crossings(c: _Ops) -> tuple[list[int], list[int], dict[str, list[int]]]:
     return crossing, count, readers
 
 
-def _cut_points(c: _Ops, crossing, count, stages: int) -> list[int]:
+def _cut_points(c: _Ops, crossing, count, stages: int, readers=None) -> list[int]:
     """Positions where as few values cross as anywhere, of at most twice the fewest bytes
-    (the residual stream after any block, f32, as well as the bf16 embedding before the
-    first); :class:`PipelineRefusal` when there are fewer than ``stages - 1``."""
+    among the positions up to the last reader of carried state (the residual stream after
+    any block, f32, as well as the bf16 embedding before the first; not a tail that keeps
+    fewer rows, such as a ragged step's logit rows before its head);
+    :class:`PipelineRefusal` when there are fewer than ``stages - 1``."""
     interior = range(1, len(c.staged))
     fewest = min(count[p] for p in interior)
-    floor = min(crossing[p] for p in interior if count[p] == fewest)
+    carried = {n for n, _ in c.graph.outputs} & set(readers or ())
+    last = max((max(readers[n]) for n in carried if readers[n]), default=len(c.staged))
+    least = [p for p in interior if count[p] == fewest]
+    floor = min(crossing[p] for p in ([p for p in least if p <= last + 1] or least))
     points = [p for p in interior if count[p] == fewest and crossing[p] <= 2 * floor]
     if len(points) < stages - 1:
         raise PipelineRefusal(stages, f"the {c.graph.name} step can be cut into at most "

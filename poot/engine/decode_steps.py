@@ -20,7 +20,9 @@ import numpy as np
 from poot.engine.guided import ALL_ALLOWED
 from poot.engine.output_processor import SampledTokens
 from poot.engine.request import RUNNING, Request
-from poot.engine.runner import DecodeBatch, DecodeHandle, ModelRunner, sampler_spec_for
+from poot.engine.runner import (DecodeBatch, DecodeHandle, ModelRunner, RaggedBatch,
+                               sampler_spec_for)
+from poot.engine.scheduler import PrefillChunk
 from poot.graph import sampling
 
 
@@ -85,6 +87,34 @@ class DecodeIssuer:
                            tuple(s.id for s in rows),
                            np.fromiter((s.lora_slot for s in rows), np.int32, n)
                            if self.runner.lora is not None else None)
+
+    def issue_ragged(self, decode: Sequence[Request], chunks: Sequence[PrefillChunk]
+                     ) -> DecodeStep | None:
+        """Issue one ragged step: a token row per request of ``decode`` (its last token at
+        its position) then every token of ``chunks``, each row with its request's block
+        table; the rows sampled are the decode rows and each chunk's last token where the
+        chunk ends the prompt. Its sampler too, unless the batch is guided (then
+        :meth:`issue_sampler`). None when no row is sampled (the step only prefills)."""
+        reqs = list(decode) + [c.request for c in chunks]
+        counts = [1] * len(decode) + [len(c.token_ids) for c in chunks]
+        tokens = [s.tokens[-1] for s in decode] + [t for c in chunks for t in c.token_ids]
+        positions = [len(s.tokens) - 1 for s in decode] + \
+            [c.start + i for c in chunks for i in range(len(c.token_ids))]
+        ends = np.cumsum(counts) - 1
+        sampled = list(decode) + [c.request for c in chunks if c.sample]
+        logit_rows = list(range(len(decode))) + \
+            [int(ends[len(decode) + i]) for i, c in enumerate(chunks) if c.sample]
+        lora = None
+        if self.runner.lora is not None:
+            lora = np.repeat(np.fromiter((s.lora_slot for s in reqs), np.int32, len(reqs)),
+                             counts)
+        batch = RaggedBatch(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
+                            np.repeat(np.stack([s.table for s in reqs]), counts, axis=0),
+                            np.asarray(logit_rows, np.int32),
+                            self._batch(sampled, chained=False) if sampled else None, lora)
+        spec = sampler_spec_for([s.params for s in sampled]) if sampled else None
+        handle = self.runner.submit_ragged(batch, spec)
+        return None if handle is None else DecodeStep(handle, sampled)
 
     def issue_sampler(self, step: DecodeStep | None, guided) -> None:
         """Issue the sampler of a guided step whose forward pass is running (nothing for

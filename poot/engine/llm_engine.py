@@ -163,6 +163,7 @@ class LLMEngine:
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config or EngineConfig(max_batch=runner.max_batch)
+        runner.ragged = self.config.ragged
         if self.config.max_batch > runner.max_batch:
             raise EngineError(f"max_batch {self.config.max_batch} exceeds the runner's "
                               f"largest bucket {runner.max_batch}")
@@ -373,8 +374,11 @@ class LLMEngine:
         try:
             if not self._continue_in_flight(events):
                 plan = self.scheduler.schedule()
-                self._run_prefill(plan)
-                events += self._run_decode(plan)
+                if plan.ragged:
+                    events += self._run_ragged(plan)
+                else:
+                    self._run_prefill(plan)
+                    events += self._run_decode(plan)
         except Exception as e:  # noqa: BLE001  (an engine fault: fail the requests it touched)
             events += self._fail(e)
             self._deliver(events)
@@ -431,6 +435,21 @@ class LLMEngine:
             seq = c.request
             seq.stats.prefill_steps += self.runner.prefill(seq.blocks, c.token_ids, c.start,
                                                            seq.lora_slot)
+
+    def _run_ragged(self, plan: SchedulerOutput) -> list[RequestOutput]:
+        """Start the admitted requests' history rows, run the plan's ragged step (decode rows
+        and prompt chunks at once) and read it: the outputs of the rows it sampled."""
+        for seq in plan.admitted:
+            self.runner.reset_history(seq.history_row, seq.output_ids)
+        for c in plan.prefill:
+            c.request.stats.prefill_steps += 1
+        self.runner.prefill_steps += 1
+        step = self.issuer.issue_ragged(plan.decode, plan.prefill)
+        if step is None:
+            return []
+        self.max_decode_batch = max(self.max_decode_batch, len(step.rows))
+        self.issuer.issue_sampler(step, self._guided)
+        return self._read(step)
 
     def _run_decode(self, plan: SchedulerOutput) -> list[RequestOutput]:
         """Issue the planned decode step (as micro-batches where planned); unless the engine

@@ -4,15 +4,21 @@
 (:attr:`~RunnerBase.session`) and its entries, each compiled once (through the compile
 cache) the first time it is needed:
 
-* **prefill**: ``StepSpec.prefill(T, batch=1, outputs="hidden")``, one chunk of T prompt
-  tokens of one sequence (padding rows write nothing: slot -1). No LM head runs: the last
-  prompt token goes through decode, so every sampled token comes from the decode path.
+* **prefill** (an engine with ``EngineConfig.ragged`` off): ``StepSpec.prefill(T, batch=1,
+  outputs="hidden")``, one chunk of T prompt tokens of one sequence (padding rows write
+  nothing: slot -1). No LM head runs: the last prompt token goes through decode.
+* **ragged** per token bucket T (:meth:`ModelRunner.ragged_bucket`: ``prefill_chunk * 2**k``):
+  ``StepSpec.ragged(T, logit_rows=min(T, max_batch))``, a decode-shaped step whose T rows
+  are tokens of several sequences (decode rows and prompt chunks, each row with its
+  position and its sequence's block table), logits ``[S, 1, V]`` of the rows named by its
+  ``logit_rows`` input. What the engine runs whenever prompt tokens are to be computed
+  (:meth:`ModelRunner.submit_ragged`).
 * **decode** per batch bucket B (:func:`decode_buckets`): ``StepSpec.decode(batch=B)``, one
   token per sequence, logits ``[B, 1, V]`` left on the device. Rows past the running
   sequences are idle: null block table, slot -1 (they write nothing), outputs ignored.
 * **sampler** per (B, :class:`~poot.graph.sampling.SamplerSpec`)
-  (:func:`poot.graph.sampling.trace_sampler`): reads the decode entry's ``logits`` buffer in
-  place (no host round trip), samples every row with its own parameters, and copies the
+  (:func:`poot.graph.sampling.trace_sampler`): reads the ``logits`` buffer of a decode (or
+  ragged) entry in place (no host round trip), samples every row with its own parameters, and copies the
   sampled tokens into the decode entry's ``tokens`` input on the device (so a next step over
   the same rows needs no token upload). The spec is the union of the batch's features, so
   one model program per bucket serves every sampling setting; the sampler programs are small
@@ -74,6 +80,21 @@ def decode_buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(out + [max_batch])
 
 
+def ragged_token_buckets(prefill_chunk: int, max_batch: int,
+                         max_prefill_tokens: int | None = None) -> tuple[int, ...]:
+    """The ragged entries' token rows an engine may run: ``prefill_chunk * 2**k`` up to the
+    bucket holding a full decode batch plus one prompt token, or the prompt budget
+    (``max_prefill_tokens``, default one chunk), whichever is larger
+    (:meth:`~poot.engine.scheduler.Scheduler.schedule`)."""
+    budget = max_prefill_tokens or prefill_chunk
+    out, t = [], prefill_chunk
+    while True:
+        out.append(t)
+        if t >= max(budget, max_batch + 1):
+            return tuple(out)
+        t *= 2
+
+
 @dataclass(frozen=True)
 class KVConfig:
     """The paged KV pool.
@@ -133,6 +154,30 @@ class DecodeBatch:
 
 
 @dataclass
+class RaggedBatch:
+    """One ragged step: decode rows and prefill chunks of several sequences flattened into one
+    token dimension (:meth:`ModelRunner.submit_ragged`).
+
+    Attributes:
+        tokens, positions: i32 [n], each token row's token and position.
+        tables: i32 [n, W], each token row's sequence's block table (rows of one sequence
+            repeat it).
+        logit_rows: i32 [s], the token rows sampled (a decode row; the last prompt token of a
+            sequence whose prefill completes in this step), in the order of ``sampled``.
+        sampled: the sampled rows as a :class:`DecodeBatch` of s rows (their parameters,
+            uniforms, history rows and keys; its ``tokens`` unused).
+        lora_slots: i32 [n], each token row's LoRA slot, or None (all 0).
+    """
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    tables: np.ndarray
+    logit_rows: np.ndarray
+    sampled: DecodeBatch
+    lora_slots: np.ndarray | None = None
+
+
+@dataclass
 class DecodeHandle:
     """A decode + sample issued by :meth:`ModelRunner.submit_decode`, or a decode whose
     sampler is still to be issued (:meth:`ModelRunner.submit_model`: ``submitted`` is None
@@ -186,6 +231,23 @@ def step_trace(key_model, types, spec) -> Callable[[], Any]:
     return lambda: key_model.trace(spec, types)
 
 
+def _sampler_cost(s: SamplerSpec) -> int:
+    """The features a sampler program runs (fewer: cheaper per step)."""
+    return sum(map(bool, (s.penalties, s.logit_bias, s.top_k, s.top_p, s.min_p, s.guided,
+                          s.logprobs is not None)))
+
+
+def _sampler_reads(spec: SamplerSpec) -> list[str]:
+    """The sampler outputs a step of ``spec`` reads back: the tokens, and the log-probs it
+    asks for."""
+    read = [TOKEN]
+    if spec.logprobs is not None:
+        read.append(sampling.OUTPUTS["logprob"])
+        if spec.logprobs > 0:
+            read += [sampling.OUTPUTS["top_logprobs"], sampling.OUTPUTS["top_ids"]]
+    return read
+
+
 def spec_tag(spec: SamplerSpec) -> str:
     """A short name of a sampler spec's features (``""`` for the greedy one), for entry
     names: ``":sample+pen+bias+topk+topp+minp+guided+lp5"``."""
@@ -198,15 +260,19 @@ def spec_tag(spec: SamplerSpec) -> str:
     return ":" + "+".join(feats) if feats else ""
 
 
-def step_spec(kv: KVConfig, kind: str, batch: int = 1, prefill_chunk: int = 32) -> StepSpec:
+def step_spec(kv: KVConfig, kind: str, batch: int = 1, prefill_chunk: int = 32,
+              logit_rows: int | None = None) -> StepSpec:
     """The StepSpec a :class:`ModelRunner` over ``kv`` compiles: the prefill chunk
-    (``min(prefill_chunk, max_model_len)`` tokens of one sequence, hidden output) or the
-    decode step of ``batch`` rows."""
+    (``min(prefill_chunk, max_model_len)`` tokens of one sequence, hidden output), the
+    decode step of ``batch`` rows, or the ragged step (``kind="ragged"``) of ``batch`` token
+    rows sampling ``min(batch, logit_rows)`` of them."""
     kw = dict(kv_capacity=kv.table_width * kv.block_size, block_size=kv.block_size,
               num_blocks=kv.num_blocks, kv_dtype=kv.kv_dtype)
     if kind == "prefill":
         return StepSpec.prefill(max(1, min(prefill_chunk, kv.max_model_len)), batch=1,
                                 outputs="hidden", **kw)
+    if kind == "ragged":
+        return StepSpec.ragged(batch, logit_rows=min(batch, logit_rows or batch), **kw)
     return StepSpec.decode(batch=batch, **kw)
 
 
@@ -299,6 +365,10 @@ class ModelRunner(RunnerBase):
         self._written: dict[int, _EntryState] = {}
         self.prefill_steps = 0
         self.decode_steps = 0
+        self.ragged_steps = 0
+        #: whether the engine runs prompts as ragged steps (set by the engine from
+        #: :attr:`EngineConfig.ragged <poot.engine.scheduler.EngineConfig.ragged>`)
+        self.ragged = True
         #: the :class:`~poot.engine.lora.LoraManager` when the weights carry LoRA slots
         self.lora = None
         #: (batch, spec) of warm samplers left to compile workers (:mod:`poot.api.compile_ahead`):
@@ -307,9 +377,9 @@ class ModelRunner(RunnerBase):
 
     # ---- entries ------------------------------------------------------------------------
     def step_spec(self, kind: str, batch: int = 1) -> StepSpec:
-        """The StepSpec of the prefill entry (``kind="prefill"``) or of the decode entry of
-        ``batch`` rows."""
-        return step_spec(self.kv, kind, batch, self.prefill_chunk)
+        """The StepSpec of the prefill entry (``kind="prefill"``), of the decode entry of
+        ``batch`` rows, or of the ragged entry of ``batch`` token rows."""
+        return step_spec(self.kv, kind, batch, self.prefill_chunk, self.max_batch)
 
     def prefill_entry(self) -> Entry:
         e = self._entries.get("prefill")
@@ -335,86 +405,171 @@ class ModelRunner(RunnerBase):
             e = self._entries[key] = self.session.add_entry(prog)
         return e
 
-    def sampler_entry(self, batch: int, spec: SamplerSpec, program=None) -> Entry:
-        """The sampler entry of exactly ``spec`` for the decode bucket ``batch`` (compiled,
-        or found in the compile cache, on first use; ``program``: already found)."""
-        key = ("sampler", batch, spec)
+    def _model_entry(self, source: tuple) -> Entry:
+        """The model entry ``source`` names: ``("decode", B)``, ``("decode", B, lane)`` or
+        ``("ragged", T)``."""
+        if source[0] == "ragged":
+            return self.ragged_entry(source[1])
+        return self.decode_entry(*source[1:])
+
+    def sampler_entry(self, batch: int, spec: SamplerSpec, program=None,
+                      source: tuple | None = None) -> Entry:
+        """The sampler entry of exactly ``spec`` for ``batch`` rows (compiled, or found in the
+        compile cache, on first use; ``program``: already found), reading the logits of the
+        model entry ``source`` (default: the decode entry of bucket ``batch``, whose token
+        input it feeds; a ragged entry's: nothing fed back, the step is read before the
+        next is issued)."""
+        source = source or ("decode", batch)
+        key = ("sampler", batch, spec) if source == ("decode", batch) else \
+            ("sampler", batch, spec, source)
         e = self._entries.get(key)
         if e is None:
-            dec = self.decode_entry(batch)
+            model = self._model_entry(source)
             step = SamplerStep(batch, self.vocab, self.history_slots, spec)
-            prog = program or self._compile(f"sampler[B={batch}{spec_tag(spec)}]",
-                                            SamplerProgram(step), {}, step,
-                                            lambda: sampling.trace_sampler(step))
+            prog = program or next((e.program for k, e in self._entries.items()
+                                    if k[:3] == ("sampler", batch, spec)), None) or \
+                self._compile(f"sampler[B={batch}{spec_tag(spec)}]", SamplerProgram(step), {},
+                              step, lambda: sampling.trace_sampler(step))
+            feedback = {TOKEN: (model, "tokens")} if source[0] == "decode" else None
             e = self._entries[key] = self.session.add_entry(
-                prog, share={sampling.LOGITS: (dec, "logits")},
-                feedback={TOKEN: (dec, "tokens")})
+                prog, share={sampling.LOGITS: (model, "logits")}, feedback=feedback)
         return e
 
-    def sampler_for(self, batch: int, spec: SamplerSpec, lane: int = 0
-                    ) -> tuple[Entry, SamplerSpec]:
-        """The sampler entry a step of bucket ``batch`` whose rows need ``spec`` runs, and
-        the spec it was traced for (module doc: exact if loaded or cached, else a loaded one
-        that covers it, else a warm one left to a compile worker (:attr:`deferred`, waited
-        for), else compiled). ``lane`` k > 0: micro-batch k's entry of the program lane 0
-        picks, reading and feeding back lane k's decode entry."""
-        if lane:
-            base, found = self.sampler_for(batch, spec)
-            key = ("sampler", batch, found, lane)
-            e = self._entries.get(key)
-            if e is None:
-                dec = self.decode_entry(batch, lane)
-                e = self._entries[key] = self.session.add_entry(
-                    base.program, share={sampling.LOGITS: (dec, "logits")},
-                    feedback={TOKEN: (dec, "tokens")})
-            return e, found
-        if ("sampler", batch, spec) in self._entries:
-            return self._entries[("sampler", batch, spec)], spec
+    def sampler_for(self, batch: int, spec: SamplerSpec, lane: int = 0,
+                    source: tuple | None = None) -> tuple[Entry, SamplerSpec]:
+        """The sampler entry a step of ``batch`` rows whose rows need ``spec`` runs, and the
+        spec it was traced for (module doc: exact if loaded or cached, else a loaded one that
+        covers it, else a warm one left to a compile worker (:attr:`deferred`, waited for),
+        else compiled). It reads the logits of ``source`` (:meth:`sampler_entry`; default
+        the decode entry of bucket ``batch``); ``lane`` k > 0: micro-batch k's decode
+        entry. One program serves every entry it reads from."""
+        source = source or (("decode", batch, lane) if lane else ("decode", batch))
+        loaded = {k[2]: e.program for k, e in self._entries.items()
+                  if k[0] == "sampler" and k[1] == batch and covers(k[2], spec)}
+        if spec in loaded:
+            return self.sampler_entry(batch, spec, loaded[spec], source), spec
         if self.find_step is not None:
             step = SamplerStep(batch, self.vocab, self.history_slots, spec)
             prog = self.find_step(SamplerProgram(step), {}, step)
             if prog is not None:
-                return self.sampler_entry(batch, spec, prog), spec
-        loaded = [k[2] for k in self._entries if k[0] == "sampler" and k[1] == batch
-                  and len(k) == 3 and covers(k[2], spec)]
-        cost = (lambda s: sum(map(bool, (s.penalties, s.logit_bias, s.top_k, s.top_p,
-                                         s.min_p, s.guided, s.logprobs is not None))))
+                return self.sampler_entry(batch, spec, prog, source), spec
         # the one with the fewest features (cheapest per step), loaded or a warm one left
         # to a compile worker (which it has compiled or is compiling)
         deferred = [s for b, s in self.deferred if b == batch and covers(s, spec)]
         if loaded or deferred:
-            best = min(loaded + deferred, key=cost)
+            best = min(list(loaded) + deferred, key=_sampler_cost)
             self.deferred.discard((batch, best))
-            return self.sampler_entry(batch, best), best
-        return self.sampler_entry(batch, spec), spec
+            return self.sampler_entry(batch, best, loaded.get(best), source), best
+        return self.sampler_entry(batch, spec, None, source), spec
+
+    # ---- ragged steps ---------------------------------------------------------------------
+    def ragged_bucket(self, n: int) -> int:
+        """The token rows of the ragged entry a step of ``n`` token rows runs on: the
+        smallest ``prefill_chunk * 2**k`` holding them."""
+        t = self.prefill_chunk
+        while t < n:
+            t *= 2
+        return t
+
+    def ragged_entry(self, tokens: int) -> Entry:
+        """The ragged entry of ``tokens`` token rows (a :func:`ragged_bucket` size), sampling
+        up to ``min(tokens, max_batch)`` rows (:meth:`StepSpec.ragged
+        <poot.models.StepSpec.ragged>`)."""
+        key = ("ragged", tokens)
+        e = self._entries.get(key)
+        if e is None:
+            spec = self.step_spec("ragged", tokens)
+            prog = self._compile(f"ragged[T={tokens}]", self.model, self.weights.types, spec,
+                                 lambda: self.model.trace(spec, self.weights.types))
+            e = self._entries[key] = self.session.add_entry(prog)
+        return e
+
+    def ragged_rows(self, tokens: int) -> int:
+        """Rows the ragged entry of ``tokens`` token rows samples: its logits' batch."""
+        return min(tokens, self.max_batch)
+
+    def submit_ragged(self, batch: RaggedBatch, spec: SamplerSpec | None) -> DecodeHandle | None:
+        """Issue one ragged step over ``batch`` (padded to its :meth:`ragged_bucket`: padding
+        rows write nothing) and, unless ``spec`` is None (no row sampled), its sampler
+        (``spec`` covering every sampled row; a guided one waits for
+        :meth:`submit_sampler`). Returns the handle :meth:`collect` reads, or None."""
+        n, s = len(batch.tokens), len(batch.logit_rows)
+        t = self.ragged_bucket(n)
+        if s > self.ragged_rows(t):
+            raise ValueError(f"{s} sampled rows exceed the {self.ragged_rows(t)} of a ragged "
+                             f"step of {t} tokens")
+        entry = self.ragged_entry(t)
+        w, bs = self.kv.table_width, self.kv.block_size
+        tokens = np.zeros((t, 1), np.int32)
+        positions = np.zeros((t, 1), np.int32)
+        table = np.full((t, w), NULL_BLOCK, np.int32)
+        slots = np.full(t, -1, np.int32)
+        logit_rows = np.zeros(self.ragged_rows(t), np.int32)
+        tokens[:n, 0] = batch.tokens
+        positions[:n, 0] = batch.positions
+        table[:n] = batch.tables
+        pos = batch.positions
+        slots[:n] = table[np.arange(n), pos // bs] * bs + pos % bs
+        logit_rows[:s] = batch.logit_rows
+        values = {"tokens": tokens, "positions": positions, "block_table": table,
+                  "slot_mapping": slots, "logit_rows": logit_rows}
+        if "lora_index" in entry.input_names:
+            values["lora_index"] = slot_column(batch.lora_slots, n, t)
+        self.session.submit(entry, self._write(entry, values), read=())
+        self.ragged_steps += 1
+        if spec is None:
+            return None
+        smp, spec = self.sampler_for(self.ragged_rows(t), spec, source=("ragged", t))
+        handle = DecodeHandle(None, s, spec, _sampler_reads(spec), self.ragged_rows(t), smp,
+                              self._sampler_inputs(smp, batch.sampled, self.ragged_rows(t),
+                                                   spec))
+        return handle if spec.guided else self.submit_sampler(handle)
 
     def bucket(self, n: int) -> int:
         """The smallest decode bucket holding ``n`` rows (ValueError past the largest)."""
         return smallest_bucket(n, self.buckets, "decode bucket")
 
+    def warm_targets(self, batches: Sequence[int] = (1,)) -> list[tuple[int, tuple]]:
+        """``(sampler batch, model entry)`` pairs a warm-up loads samplers for: where the
+        engine runs ragged steps (:attr:`ragged`), the ragged entry of the smallest bucket
+        (a prompt's first token comes from it), then the decode entries of ``batches``."""
+        out = []
+        if self.ragged:
+            t = self.ragged_bucket(1)
+            out.append((self.ragged_rows(t), ("ragged", t)))
+        return out + [(b, ("decode", b)) for b in batches]
+
     def warm_up(self, batches: Sequence[int] = (1,), specs: Sequence[SamplerSpec] = ()
                 ) -> None:
-        """Compile (or load) the prefill entry, the decode entries of ``batches`` and their
-        greedy sampler plus ``specs`` (e.g. :data:`~poot.graph.sampling.FULL`), in the
-        order of :meth:`warm_up_steps`."""
-        self.prefill_entry()
-        for b in batches:
+        """Compile (or load) the ragged entry of the smallest bucket (the prefill entry
+        where the engine does not run ragged steps), the decode entries of ``batches`` and
+        the greedy sampler plus ``specs`` (e.g. :data:`~poot.graph.sampling.FULL`) of each
+        (:meth:`warm_targets`), in the order of :meth:`warm_up_steps`."""
+        if not self.ragged:
+            self.prefill_entry()
+        for b, source in self.warm_targets(batches):
             for s in [GREEDY, *specs]:
-                self.sampler_entry(b, s)
+                self.sampler_entry(b, s, source=source)
 
     def warm_up_steps(self, batches: Sequence[int] = (1,), specs: Sequence[SamplerSpec] = ()
                       ) -> list[tuple[str, Any, Any, Any]]:
         """The steps :meth:`warm_up` compiles, in its order: ``(name, key model, weight
         types, spec)`` as the compile cache keys them (what :mod:`poot.api.compile_ahead`'s
         workers are given)."""
-        pre = self.step_spec("prefill")
-        out = [(f"prefill[{pre.tokens}]", self.model, self.weights.types, pre)]
-        for b in batches:
-            out.append((f"decode[B={b}]", self.model, self.weights.types,
-                        self.step_spec("decode", b)))
+        out, seen = [], set()
+        for b, (kind, size) in self.warm_targets(batches):
+            spec = self.step_spec(kind, size)
+            out.append((f"{kind}[{'T' if kind == 'ragged' else 'B'}={size}]", self.model,
+                        self.weights.types, spec))
             for s in dict.fromkeys([GREEDY, *specs]):
                 step = SamplerStep(b, self.vocab, self.history_slots, s)
-                out.append((f"sampler[B={b}{spec_tag(s)}]", SamplerProgram(step), {}, step))
+                name = f"sampler[B={b}{spec_tag(s)}]"
+                if name not in seen:
+                    seen.add(name)
+                    out.append((name, SamplerProgram(step), {}, step))
+        if not self.ragged:
+            pre = self.step_spec("prefill")
+            out.insert(0, (f"prefill[{pre.tokens}]", self.model, self.weights.types, pre))
         return out
 
     # ---- inputs -------------------------------------------------------------------------
@@ -517,13 +672,8 @@ class ModelRunner(RunnerBase):
         st.last["rowkeys"] = batch.keys
         sins = self._sampler_inputs(smp, batch, bsz, spec)
         self.session.submit(dec, dins, read=())
-        read = [TOKEN]
-        if spec.logprobs is not None:
-            read.append(sampling.OUTPUTS["logprob"])
-            if spec.logprobs > 0:
-                read += [sampling.OUTPUTS["top_logprobs"], sampling.OUTPUTS["top_ids"]]
         self.decode_steps += 1
-        return DecodeHandle(None, n, spec, read, bsz, smp, sins)
+        return DecodeHandle(None, n, spec, _sampler_reads(spec), bsz, smp, sins)
 
     def submit_sampler(self, handle: DecodeHandle, masks: np.ndarray | None = None
                        ) -> DecodeHandle:
@@ -582,6 +732,6 @@ class ModelRunner(RunnerBase):
         self.session.device.synchronize()
 
 
-__all__ = ["DecodeBatch", "DecodeHandle", "GREEDY", "KVConfig", "ModelRunner", "RunnerBase",
+__all__ = ["DecodeBatch", "DecodeHandle", "RaggedBatch", "ragged_token_buckets", "GREEDY", "KVConfig", "ModelRunner", "RunnerBase",
            "SamplerProgram", "decode_buckets", "sampler_spec_for", "smallest_bucket",
            "step_spec"]

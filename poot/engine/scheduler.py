@@ -22,6 +22,14 @@ and the prefix cache. It decides; the engine runs what it decides on the
 3. *Decode*: every running request feeds one token. With ``micro_batches`` M > 1 and at
    least M rows, the rows are cut into M micro-batches (lanes) of ``ceil(rows / M)``.
 
+With ``EngineConfig.ragged`` (the default) an iteration that has prompt tokens to prefill is
+*one ragged step* instead (vLLM v1's token-budget step): the decoding requests' tokens (one
+each, given their blocks first) and prompt chunks of the requests in prefill, oldest first,
+under the token budget (``max_prefill_tokens`` actual tokens, default one chunk), flattened into one token
+dimension. A chunk may include the prompt's last token: its logits row is sampled in the same
+step, so a request's first token comes with the step that finishes its prompt. Arrivals
+no longer stall the running sequences: they decode in the step that prefills the newcomer.
+
 Blocks for the decode positions are taken when a step is issued (:meth:`Scheduler.grow`):
 when none is free, the most recently admitted request is *preempted* (its blocks and history
 row released; it rejoins the head of the waiting queue with its generated tokens, to be
@@ -45,8 +53,9 @@ class EngineConfig:
 
     Attributes:
         max_batch: sequences running at once (the largest decode bucket).
-        max_prefill_tokens: prefill tokens per iteration (None: two chunks); bounds the
-            delay a prompt adds to running sequences' next token.
+        max_prefill_tokens: prefill tokens per iteration (None: one chunk in a ragged step,
+            two chunks otherwise); bounds the delay a prompt adds to running sequences' next
+            token.
         prefix_caching: reuse cached full KV blocks.
         pipeline: chain decode steps (None: where the device overlaps host work;
             ``POOT_PIPELINE=0`` turns it off).
@@ -60,6 +69,9 @@ class EngineConfig:
             in flight, so the pipeline does not drain between decode steps (it drains to
             admit, prefill, or when blocks run short). None: the device's pipeline stage
             count (1 without a pipeline).
+        ragged: an iteration with prompt tokens to prefill runs them and the decoding
+            sequences' tokens as one ragged step (module doc); False: the prefill chunks run
+            as steps of their own, one sequence each, before the decode step.
     """
 
     max_batch: int = 8
@@ -68,15 +80,19 @@ class EngineConfig:
     pipeline: bool | None = None
     watermark_blocks: int = 1
     micro_batches: int | None = None
+    ragged: bool = True
 
 
 @dataclass
 class PrefillChunk:
-    """Prompt tokens of one request to prefill: ``token_ids`` at positions ``start..``."""
+    """Prompt tokens of one request to prefill: ``token_ids`` at positions ``start..``;
+    ``sample``: they end with the request's last token, whose logits give its next token
+    (a ragged step's chunk that completes the prefill)."""
 
     request: Request
     start: int
     token_ids: list[int]
+    sample: bool = False
 
 
 @dataclass
@@ -88,12 +104,14 @@ class SchedulerOutput:
         prefill: the chunks to prefill, in order.
         decode: the requests that decode, in admission order (empty: no decode step).
         lanes: ``decode`` cut into micro-batches (None: one decode step).
+        ragged: ``decode`` and ``prefill`` run as one ragged step.
     """
 
     admitted: list[Request] = field(default_factory=list)
     prefill: list[PrefillChunk] = field(default_factory=list)
     decode: list[Request] = field(default_factory=list)
     lanes: list[list[Request]] | None = None
+    ragged: bool = False
 
 
 class Scheduler:
@@ -119,13 +137,55 @@ class Scheduler:
     # ---- the plan -------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Admit, plan the prefill chunks and the decode rows of one iteration."""
+        if self.config.ragged:
+            return self._schedule_ragged()
         out = SchedulerOutput(admitted=self._admit(), prefill=self._plan_prefill())
         out.decode = [s for s in self.running if s.status == RUNNING]
+        return self._cut_lanes(out)
+
+    def _cut_lanes(self, out: SchedulerOutput) -> SchedulerOutput:
+        """``out`` with its decode rows cut into micro-batches where planned."""
         m = self.micro_batches
         if m > 1 and len(out.decode) >= m:
             size = -(-len(out.decode) // m)
             out.lanes = [out.decode[k * size:(k + 1) * size] for k in range(m)]
         return out
+
+    def _schedule_ragged(self) -> SchedulerOutput:
+        """The ragged plan (module doc): the decoding requests, each given a block for its
+        position first (preempting where blocks run out), then prompt chunks under the token
+        budget; a plan without prefill is a plain decode step."""
+        admitted = self._admit()
+        decode = self.grow([s for s in self.running if s.status == RUNNING], chained=False)
+        out = SchedulerOutput(admitted=[s for s in admitted if s.status == PREFILL],
+                              prefill=self._plan_chunks(len(decode)), decode=decode)
+        out.ragged = bool(out.prefill)
+        return out if out.ragged else self._cut_lanes(out)
+
+    def _plan_chunks(self, n_decode: int) -> list[PrefillChunk]:
+        """A ragged step's prompt chunks, oldest request first: up to ``max_prefill_tokens``
+        tokens (default one chunk, so a lone prompt runs on the smallest ragged entry,
+        which the warm-up loads), fewer where ``n_decode`` decode rows would push the
+        step past the ragged bucket of the budget. A chunk may end at the request's last
+        token: it then samples (and the request decodes from the next step on)."""
+        budget = self.config.max_prefill_tokens or self.runner.prefill_chunk
+        budget = min(budget, self.runner.ragged_bucket(max(budget, n_decode + 1)) - n_decode)
+        plan = []
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.status != PREFILL:
+                continue
+            end = len(seq.tokens)
+            n = min(budget, end - seq.n_computed)
+            start = seq.n_computed
+            plan.append(PrefillChunk(seq, start, seq.tokens[start:start + n], start + n == end))
+            seq.n_computed += n
+            budget -= n
+            self.register(seq)
+            if seq.n_computed == end:
+                seq.status = RUNNING
+        return plan
 
     def _admit(self) -> list[Request]:
         admitted = []

@@ -98,6 +98,11 @@ class StepSpec:
         num_blocks: blocks in each layer's pool, NB (None: ``kv_slots * W``).
         kv_dtype: the pools' storage dtype (f32, f16 or bf16); None: the model's default
             (:func:`default_kv_dtype`).
+        logit_rows: S, for a *ragged* step (:meth:`ragged`): a decode step whose B rows are
+            tokens of any sequences (several rows may be one sequence's consecutive
+            positions, each with that sequence's block table), the step input
+            ``logit_rows`` i32 [S] naming the rows whose logits are computed: logits f32
+            [S, 1, V] (the head runs on those rows only). None: every row's.
 
     Raises :class:`ModelError` on a field out of its domain.
     """
@@ -112,6 +117,7 @@ class StepSpec:
     block_size: int | None = None
     num_blocks: int | None = None
     kv_dtype: DType | None = None
+    logit_rows: int | None = None
 
     def __post_init__(self):
         if self.kind not in ("prefill", "decode"):
@@ -138,6 +144,13 @@ class StepSpec:
         if self.tokens > self.kv_capacity:
             raise ModelError(f"T = {self.tokens} tokens do not fit a KV capacity of "
                              f"{self.kv_capacity}")
+        if self.logit_rows is not None and (
+                self.kind != "decode" or self.outputs != "logits" or self.sampler is not None
+                or not isinstance(self.logit_rows, int) or isinstance(self.logit_rows, bool)
+                or not 1 <= self.logit_rows <= self.batch):
+            raise ModelError(f"StepSpec.logit_rows must be an int in [1, batch={self.batch}] "
+                             f"of a decode step with outputs='logits' and no sampler, got "
+                             f"{self.logit_rows!r}")
         if self.sampler is not None and (self.tokens != 1 or self.outputs != "logits"):
             raise ModelError("the sampling suffix needs one logits row per sequence "
                              "(a decode step with outputs='logits')")
@@ -156,6 +169,16 @@ class StepSpec:
                kv_dtype: DType | None = None) -> "StepSpec":
         return StepSpec("decode", batch, 1, kv_capacity, kv_slots, outputs, sampler,
                         block_size, num_blocks, kv_dtype)
+
+    @staticmethod
+    def ragged(tokens: int, *, logit_rows: int, kv_capacity: int, kv_slots: int = 1,
+               block_size: int | None = None, num_blocks: int | None = None,
+               kv_dtype: DType | None = None) -> "StepSpec":
+        """A ragged step of ``tokens`` token rows (decode rows and prefill chunks of any
+        sequences, flattened) computing the logits of ``logit_rows`` of them (attribute
+        doc)."""
+        return StepSpec("decode", tokens, 1, kv_capacity, kv_slots, "logits", None,
+                        block_size, num_blocks, kv_dtype, logit_rows)
 
     def limits(self, dims: "StepDims") -> TraceLimits:
         """The :class:`TraceLimits` of this step for a model of ``dims``

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from poot.dialects.types import DType, PootType
+from poot.dialects.types import DType, PootType, TensorType
 from poot.graph import ops, sampling
 from poot.graph.builder import Builder, Tensor
 from poot.models.base import StepSpec
@@ -145,9 +145,12 @@ def finish_step(b: Builder, spec: StepSpec, hidden: Tensor, head: Tensor | None,
                 caches: list[tuple[Tensor, ...]], final_softcap: float | None = None,
                 cache_names: tuple[str, ...] = ("k", "v")):
     """Close the step: ``logits`` = ``linear(hidden, head)`` f32 [B, T, V] (optionally
-    soft-capped) or ``hidden`` f32 [B, T, H], then each layer's updated pools
-    ``kv.{i}.<cache_names[j]>`` (pool j of layer i)."""
+    soft-capped; a ragged step's: [S, 1, V] of the rows its input ``logit_rows`` i32 [S]
+    names, :attr:`StepSpec.logit_rows`) or ``hidden`` f32 [B, T, H], then each layer's
+    updated pools ``kv.{i}.<cache_names[j]>`` (pool j of layer i)."""
     if spec.outputs == "logits":
+        if spec.logit_rows is not None:
+            hidden = logit_rows(b, spec, hidden)
         with b.scope("head"):
             out = ops.linear(b, hidden, head)
             if final_softcap:
@@ -161,6 +164,16 @@ def finish_step(b: Builder, spec: StepSpec, hidden: Tensor, head: Tensor | None,
     if spec.sampler is not None:
         outputs.update(sampling_suffix(b, spec, outputs["logits"]))
     return b.finish(outputs)
+
+
+
+def logit_rows(b: Builder, spec: StepSpec, hidden: Tensor) -> Tensor:
+    """The rows of ``hidden`` f32 [B, 1, H] a ragged step computes logits of: declares the
+    input ``logit_rows`` i32 [S] (row indices in ``[0, B)``) and returns f32 [S, 1, H]."""
+    bsz, t, h = hidden.shape
+    rows = b.input("logit_rows", TensorType((spec.logit_rows,), DType.I32))
+    picked = b.gather(b.reshape(hidden, (bsz * t, h)), rows, axis=0)
+    return b.reshape(picked, (spec.logit_rows, 1, h))
 
 
 

@@ -274,9 +274,9 @@ def test_generate_progress_lines_when_not_a_terminal(cache_env):
     rc, _, err = poot(*argv, env=cache_env)
     assert rc == 0, err
     hits = [ln for ln in err.splitlines() if "loaded from the compile cache" in ln]
-    # the prefill step, the batch-1 decode step, its greedy sampler and the one serving any
-    # sampling options (warmed up by the CLI)
-    assert len(hits) == 4 and "tracing" not in err, err
+    # the ragged step of one chunk and the batch-1 decode step, each with its greedy sampler
+    # and the one serving any sampling options (warmed up by the CLI)
+    assert len(hits) == 6 and "tracing" not in err, err
 
 
 def test_quiet_prints_nothing_on_stderr(cache_env):

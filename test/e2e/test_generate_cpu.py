@@ -59,8 +59,9 @@ def test_cpu_replays_after_first_steps(handles, name):
     replays = dev.replays
     Driver(h).complete(list(ref["prompt_ids"]), _greedy(8))
     assert dev.records == records             # no argument array rebuilt
-    # 3 prefill chunks, then 8 decode steps of two programs each (the model, the sampler)
-    assert dev.replays == replays + 3 + 2 * 8
+    # 3 ragged steps of prompt chunks, the last sampling the first token (+ its sampler),
+    # then 7 decode steps of two programs each (the model, the sampler)
+    assert dev.replays == replays + 3 + 1 + 2 * 7
 
 
 def test_cpu_stops_and_overflow(handles):
@@ -91,8 +92,9 @@ def test_cpu_seeded_sampling_reproducible(handles):
 def test_compile_cache_hit_on_second_load(handles, cache_dir):
     h = ModelHandle.load(fixture_path("llama"), kv_capacity=48, prefill_chunk=5,
                          cache_dir=cache_dir)
-    # prefill, batch-1 decode and its greedy sampler
-    assert h.compile_cache.hits == 3 and h.compile_cache.misses == 0
+    # the ragged step of one chunk, batch-1 decode, and the greedy sampler of each (5 rows,
+    # 1 row)
+    assert h.compile_cache.hits == 4 and h.compile_cache.misses == 0
     ref = reference("llama")
     r = Driver(h).complete(list(ref["prompt_ids"]), _greedy())
     _agree(r.token_ids, ref["greedy_ids"], ref["greedy_margins"])
@@ -114,9 +116,11 @@ def test_cli_generate_json_and_bench(handles, cache_dir, capsys, monkeypatch):
     b = json.loads(capsys.readouterr().out)
     assert rc == 0 and b["backend"] == "cpu" and b["generated_tokens"] == 4
     assert b["decode_tokens_per_s"] > 0 and b["ttft_s"] > 0
-    # short names, no reprs; the CLI warms the sampler serving any options up too
-    assert set(b["compile_s"]) == {"prefill[5]", "decode[B=1]", "sampler[B=1]",
-                                   "sampler[B=1:sample+pen+bias+topk+topp+minp]"}
+    # short names, no reprs; the CLI warms the sampler serving any options up too, for
+    # decode batch 1 and for the rows of the ragged step of one chunk (min(5, max_batch 8))
+    assert set(b["compile_s"]) == {"ragged[T=5]", "decode[B=1]", "sampler[B=1]",
+                                   "sampler[B=1:sample+pen+bias+topk+topp+minp]",
+                                   "sampler[B=5]", "sampler[B=5:sample+pen+bias+topk+topp+minp]"}
     assert b["pipelined"] is False and b["poot"]["pipelined"] is False   # CPU: sequential
     rc = main(["bench", "--model", model, "--tokens", "4", "--runs", "1", "--prompt-tokens",
                "7", "--kv-capacity", "48", "--prefill-chunk", "5", "--pipeline", "on",

@@ -23,6 +23,12 @@ class _Runner:
     history_slots = 9
     lora = None
 
+    def ragged_bucket(self, n):
+        t = self.prefill_chunk
+        while t < n:
+            t *= 2
+        return t
+
     def table_row(self, blocks):
         row = np.zeros(16, np.int32)
         row[:len(blocks)] = blocks
@@ -30,8 +36,10 @@ class _Runner:
 
 
 def _scheduler(usable_blocks: int, **config) -> Scheduler:
+    """A scheduler over ``usable_blocks`` blocks; prefill chunks as steps of their own
+    unless ``ragged=True``."""
     blocks = BlockManager(usable_blocks + 1, BS)          # + the null block
-    return Scheduler(EngineConfig(**config), blocks, _Runner())
+    return Scheduler(EngineConfig(**{"ragged": False, **config}), blocks, _Runner())
 
 
 def _request(rid: str, prompt: list[int], salt: str = "") -> Request:
@@ -111,3 +119,56 @@ def test_prefix_cache_hits_are_counted_in_blocks_and_shared():
     # b prefills only position 8 (its last token, 21, goes through decode), then decodes
     assert [(x.request, x.start, x.token_ids) for x in plan.prefill][0] == (b, 8, [20])
     assert b.n_computed == 9 and b.status == RUNNING and plan.decode == [a, b]
+
+
+def test_ragged_plan_budgets_actual_tokens_and_samples_the_last_prompt_token():
+    """Ragged: a's 10 tokens under a 6-token budget: positions 0..5, then 6..9 including its
+    last token (sampled: a decodes from the next plan on); b, admitted meanwhile, gets the
+    2 tokens left of that step's budget."""
+    sch = _scheduler(8, max_batch=8, watermark_blocks=0, max_prefill_tokens=6, ragged=True)
+    a, b = _request("a", list(range(10, 20))), _request("b", list(range(30, 37)))
+    sch.waiting.append(a)
+    plan = sch.schedule()
+    assert plan.ragged and plan.admitted == [a] and plan.decode == []
+    assert [(c.request, c.start, c.token_ids, c.sample) for c in plan.prefill] == \
+        [(a, 0, list(range(10, 16)), False)]
+    sch.waiting.append(b)
+    plan = sch.schedule()
+    assert plan.admitted == [b]
+    assert [(c.request, c.start, len(c.token_ids), c.sample) for c in plan.prefill] == \
+        [(a, 6, 4, True), (b, 0, 2, False)]
+    assert a.status == RUNNING and a.n_computed == 10 and b.status == PREFILL
+    a.tokens.append(7)                                 # a's sampled token
+    plan = sch.schedule()
+    # a decodes (one row); b's remaining 5 tokens fit the budget of 6
+    assert plan.ragged and plan.decode == [a]
+    assert [(c.request, c.start, len(c.token_ids), c.sample) for c in plan.prefill] == \
+        [(b, 2, 5, True)]
+    b.tokens.append(7)
+    plan = sch.schedule()
+    assert not plan.ragged and plan.prefill == [] and plan.decode == [a, b]
+
+
+def test_ragged_plan_leaves_room_for_the_decode_rows():
+    """Ragged: with 7 requests decoding and a budget of 4 (one chunk) the step's bucket is 8
+    token rows, so a new prompt gets 1 of them; decode rows are given their blocks before
+    any chunk is planned."""
+    sch = _scheduler(16, max_batch=8, watermark_blocks=0, max_prefill_tokens=4, ragged=True)
+    running = [_request(r, [i + 3]) for i, r in enumerate("abcdefg")]
+    sch.waiting.extend(running)
+    def sample(plan):                                 # each sampled row's token
+        for seq in plan.decode + [c.request for c in plan.prefill if c.sample]:
+            seq.tokens.append(7)
+
+    plan = sch.schedule()
+    assert plan.ragged and len(plan.prefill) == 4     # 1-token prompts sampled at once
+    sample(plan)
+    plan = sch.schedule()                              # 4 decode rows, the other 3 prompts
+    assert len(plan.decode) == 4 and len(plan.prefill) == 3
+    sample(plan)
+    new = _request("h", list(range(40, 50)))
+    sch.waiting.append(new)
+    plan = sch.schedule()
+    assert plan.ragged and len(plan.decode) == 7
+    assert [(c.request, c.start, len(c.token_ids)) for c in plan.prefill] == [(new, 0, 1)]
+    assert all(len(s.blocks) * BS >= len(s.tokens) for s in plan.decode)

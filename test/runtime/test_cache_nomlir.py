@@ -63,8 +63,8 @@ HIT = textwrap.dedent("""
     print(json.dumps({
         "loaded": [type(a).__name__ for a in dev.loaded],
         "entries": [a.plan["entry"] for a in dev.loaded],
-        "decode_outputs": [o["name"] for o in dev.loaded[1].plan["outputs"]],
-        "sampler_outputs": [o["name"] for o in dev.loaded[2].plan["outputs"]],
+        "decode_outputs": [o["name"] for o in dev.loaded[2].plan["outputs"]],
+        "sampler_outputs": [o["name"] for o in dev.loaded[3].plan["outputs"]],
         "hits": h.compile_cache.hits, "decode_key": key, "mlir_importable": importable,
         "mlir_modules": sorted(m for m in sys.modules
                                if m.startswith("mlir.") and sys.modules[m] is not None)}))
@@ -104,7 +104,7 @@ def filled(tmp_path_factory):
 def test_compile_fills_index(filled):
     _, cache, out = filled
     # the greedy sampler, and batch 1's sampler serving any options (what the CLI warms up)
-    assert set(out["steps"]) == {"prefill[16]", "decode[B=1]", "sampler[B=1]",
+    assert set(out["steps"]) == {"ragged[T=16]", "decode[B=1]", "sampler[B=1]",
                                  "sampler[B=1:sample+pen+bias+topk+topp+minp]"}
     for s in out["steps"].values():
         assert (cache / "index" / f"{s['step_key']}.json").is_file()
@@ -121,7 +121,9 @@ def test_hit_without_mlir_loads_programs(filled):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     got = json.loads(r.stdout)
     assert not got["mlir_importable"] and got["mlir_modules"] == []
-    assert got["loaded"] == ["CudaArtifact"] * 3 and got["hits"] == 3
+    # the ragged step of one chunk, its sampler, the decode step, the same sampler program
+    # again reading the decode step's logits: three cache hits, four loads
+    assert got["loaded"] == ["CudaArtifact"] * 4 and got["hits"] == 3
     assert got["decode_key"] == out["steps"]["decode[B=1]"]["step_key"]
     assert "logits" in got["decode_outputs"]              # the decode step leaves its logits
     assert "sampling.token" in got["sampler_outputs"]     # to the sampler program
@@ -135,8 +137,9 @@ def test_miss_without_mlir_says_what_differs(filled):
     assert r.returncode == 3, r.stderr[-3000:]
     got = json.loads(r.stdout)
     assert got["error"] == "CacheMiss"
-    # the closest entry differs in the step: a prefill chunk of 24 (capacity 24) vs 16
-    assert "MLIR is not importable" in got["message"] and "tokens=24" in got["message"]
+    # the closest entry differs in the step: a ragged step of one chunk, 24 token rows
+    # (capacity 24) vs 16
+    assert "MLIR is not importable" in got["message"] and "batch=24" in got["message"]
 
 
 def test_step_key_changes_with_the_step_and_the_sources():

@@ -16,6 +16,7 @@ from engine_cases import alone, prompts, staggered  # noqa: E402
 from model_steps import fixture_path  # noqa: E402
 from poot.api import LLM, ModelHandle  # noqa: E402
 from poot.compiler import CompileOptions  # noqa: E402
+from poot.engine import EngineConfig  # noqa: E402
 from poot.sampling_params import SamplingParams  # noqa: E402
 
 #: the CPU reference computes in f32 (precisions int16 and int8 would quantize its activations)
@@ -27,7 +28,10 @@ def handles(vk_device, tmp_path_factory):
     cache = tmp_path_factory.mktemp("poot-cache")
     return {b: ModelHandle.load(fixture_path("llama"), backend=b, kv_capacity=64,
                                 max_batch=32, prefill_chunk=16, cache_dir=cache,
-                                compile_options=EXACT)
+                                compile_options=EXACT,
+                                # two chunks of prompt tokens a step: prompts (3..24 tokens,
+                                # one a step) are admitted as fast as they arrive
+                                engine_config=EngineConfig(max_batch=32, max_prefill_tokens=32))
             for b in ("vulkan", "cpu")}
 
 
@@ -38,7 +42,11 @@ def test_32_staggered_prompts_equal_alone_and_cpu(handles):
     sps = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True)
            for n in np.random.default_rng(3).integers(8, 24, len(ps))]
     want = [alone(eng, p, sp) for p, sp in zip(ps, sps)]
+    mixed = []                       # ragged steps with decode rows and prompt chunks
+    issue = eng.issuer.issue_ragged
+    eng.issuer.issue_ragged = lambda d, c: (mixed.append(bool(d) and bool(c)), issue(d, c))[1]
     got = staggered(eng, list(zip(ps, sps)), every=1)
+    assert sum(mixed) >= 8
     assert eng.stats().max_decode_batch >= 16
     for rid, w in zip(got["ids"], want):
         assert got["final"][rid].output_ids == w, rid

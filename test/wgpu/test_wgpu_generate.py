@@ -89,3 +89,34 @@ def test_smollm2_greedy_tokens_equal_reference(wg_device, smollm2_wgpu, case):
     n = agreeing_prefix(ref, "exact")
     assert n >= 16
     assert r.token_ids[:n] == ref["generated_ids"][:n]
+
+
+def test_ragged_steps_equal_alone_and_cpu(wg_device, tmp_path):
+    """Six prompts arriving one step apart on wgpu: ragged steps mix the decoding rows with
+    the newcomers' prompt chunks (a 4-token budget splits prompts over steps), and every
+    request gets its alone tokens, which equal the CPU's."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from engine_cases import alone, prompts, staggered
+
+    from poot.api import LLM, ModelHandle
+    from poot.compiler import CompileOptions
+    from poot.engine import EngineConfig
+    from poot.sampling_params import SamplingParams
+
+    handles = {b: ModelHandle.load(fixture_path("llama"), backend=b, kv_capacity=32,
+                                   max_batch=4, prefill_chunk=4, cache_dir=tmp_path / b,
+                                   compile_options=CompileOptions(precision="exact"),
+                                   engine_config=EngineConfig(max_batch=4,
+                                                              max_prefill_tokens=4))
+               for b in ("wgpu", "cpu")}
+    eng = handles["wgpu"].engine
+    ps = prompts(handles["wgpu"].runner.vocab, 6, seed=5, lo=3, hi=12)
+    sps = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True) for _ in ps]
+    want = [alone(eng, p, sp) for p, sp in zip(ps, sps)]
+    mixed = []
+    issue = eng.issuer.issue_ragged
+    eng.issuer.issue_ragged = lambda d, c: (mixed.append(bool(d) and bool(c)), issue(d, c))[1]
+    got = staggered(eng, list(zip(ps, sps)), every=1)
+    assert any(mixed)                                   # decode rows and chunks in one step
+    assert [got["final"][rid].output_ids for rid in got["ids"]] == want
+    assert [r.token_ids for r in LLM(handle=handles["cpu"]).generate(ps, sps)] == want
