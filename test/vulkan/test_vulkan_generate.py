@@ -33,8 +33,9 @@ def test_greedy_generation_on_vulkan_equals_cpu_and_reference(vk_device, tmp_pat
 
 
 def test_vulkan_programs_come_from_the_compile_cache(vk_device, tmp_path):
-    """A second load of the same model for the same device finds its three programs
-    (prefill, batch-1 decode, greedy sampler) in the compile cache (SPIR-V + plan, no trace,
+    """A second load of the same model for the same device finds its four programs
+    (the ragged step of one chunk, batch-1 decode, the greedy sampler of each) in the
+    compile cache (SPIR-V + plan, no trace,
     no compile) and generates the same tokens (issue 24, item 9: Vulkan used to recompile
     every run)."""
     from poot.backends.vulkan.artifact import VulkanArtifact
@@ -47,15 +48,15 @@ def test_vulkan_programs_come_from_the_compile_cache(vk_device, tmp_path):
                                   cache_dir=tmp_path)
         runs.append((handle.compile_cache.hits, handle.compile_cache.misses,
                      Driver(handle).complete(prompt, params).token_ids))
-    # the first load compiles all three (a compile worker's steps count as hits here)
-    assert sum(runs[0][:2]) == 3 and runs[0][1] >= 1 and runs[1][:2] == (3, 0), runs
+    # the first load compiles all four (a compile worker's steps count as hits here)
+    assert sum(runs[0][:2]) == 4 and runs[0][1] >= 1 and runs[1][:2] == (4, 0), runs
     assert runs[0][2] == runs[1][2]
     import pickle
 
     from poot.compiler.cache import unseal
 
     entries = list((tmp_path / "programs").glob("*.pkl"))
-    assert len(entries) == 3 and not list((tmp_path / "programs").glob("*.so"))
+    assert len(entries) == 4 and not list((tmp_path / "programs").glob("*.so"))
     for e in entries:
         entry = pickle.loads(unseal(e.read_bytes(), "program", e.stem))
         assert entry["kind"] == "artifact" and isinstance(entry["artifact"], VulkanArtifact)

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from model_steps import FIXTURES, fixture_path, reference  # noqa: E402
 from poot.api import ModelHandle  # noqa: E402
 from poot.compiler import CompileOptions  # noqa: E402
+from poot.engine import EngineConfig  # noqa: E402
 from poot.sampling_params import SamplingParams  # noqa: E402
 
 LORA = FIXTURES / "llama_lora"
@@ -27,6 +28,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 def handle(vk_device, tmp_path_factory):
     return ModelHandle.load(fixture_path("llama"), backend="vulkan", kv_capacity=64,
                             max_batch=8, prefill_chunk=8,
+                            # every prompt in one ragged step (rows of three adapters mixed):
+                            # the requests then decode together
+                            engine_config=EngineConfig(max_batch=8, max_prefill_tokens=64),
                             cache_dir=tmp_path_factory.mktemp("poot-cache"), max_loras=2,
                             max_lora_rank=8, compile_options=CompileOptions(precision="exact"),
                             loras={"a": LORA / "adapter_a", "b": LORA / "adapter_b"})
