@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from cpu_vs_llamacpp import (ROOT, BenchError, busy_processes, default_model, llama_tool,
-                             machine, positive_list)
+                             machine, positive_list, report)
 
 PROMPT_TOKENS = 32
 NEW_TOKENS = 128
@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rebuild", action="store_true", help="configure and build llama.cpp again")
     ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
     args = ap.parse_args(argv)
-    try:
+
+    def measure() -> dict:
         if args.threads < 1 or args.reps < 1:
             raise BenchError("--threads and --reps must be at least 1")
         t0 = time.perf_counter()
@@ -252,16 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                        "elapsed_s": round(time.perf_counter() - t0, 1),
                        "machine_after": {"load_average": os.getloadavg(),
                                          "busy_processes": busy_processes()}})
-    except BenchError as e:
-        print(f"cpu_batched_vs_llamacpp: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
-    return 0
+        return result
+
+    return report("cpu_batched_vs_llamacpp", measure, args.out)
 
 
 if __name__ == "__main__":

@@ -462,6 +462,26 @@ def compare(llama: dict, poot: list[dict]) -> list[dict]:
              "ttft": p["ttft_s"] / prompt_s} for p in poot]
 
 
+def report(name: str, measure, out: Path | None) -> int:
+    """Run ``measure()`` (returns the result dict), print it as JSON and write it to ``out``.
+
+    A :class:`BenchError` becomes one line ``NAME: error: ...`` on stderr and exit status 2;
+    an interrupt exits 130. Shared by this script's and ``cpu_batched_vs_llamacpp.py``'s main.
+    """
+    try:
+        result = measure()
+    except BenchError as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    text = json.dumps(result, indent=1)
+    print(text)
+    if out:
+        out.write_text(text + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -486,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="llama-bench -r (default: 5)")
     ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
     args = ap.parse_args(argv)
-    try:
+
+    def measure() -> dict:
         if args.threads < 1:
             raise BenchError("--threads must be at least 1")
         quants = [q.strip().lower() for q in args.quants.split(",") if q.strip()]
@@ -497,8 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         exe, build = llama_bench(args.llamacpp_dir.resolve(), args.rebuild)
         if args.build_only:
-            print(json.dumps({"llama_bench": str(exe), "build": build}, indent=1))
-            return 0
+            return {"llama_bench": str(exe), "build": build}
         model = (args.model or default_model()).resolve()
         if not model.is_file():
             raise BenchError(f"no such GGUF: {model}")
@@ -525,16 +545,9 @@ def main(argv: list[str] | None = None) -> int:
         result["elapsed_s"] = round(time.perf_counter() - t0, 1)
         result["machine_after"] = {"load_average": os.getloadavg(),
                                    "busy_processes": busy_processes()}
-    except BenchError as e:
-        print(f"cpu_vs_llamacpp: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
-    return 0
+        return result
+
+    return report("cpu_vs_llamacpp", measure, args.out)
 
 
 if __name__ == "__main__":
