@@ -139,7 +139,8 @@ async def client_loop(i: int, client: httpx.AsyncClient, args, stop_at: float, o
 def server_metrics(url: str, headers: dict) -> dict:
     text = httpx.get(url + "/metrics", headers=headers, timeout=30).text
     out = {}
-    for name in ("poot_decode_steps_total", "poot_engine_generated_tokens_total",
+    for name in ("poot_decode_steps_total", "poot_ragged_steps_total",
+                 "poot_engine_generated_tokens_total",
                  "poot_decode_batch_max", "poot_preemptions_total"):
         m = re.search(rf"^{name} (\S+)$", text, re.M)
         if m:
@@ -200,11 +201,14 @@ def main(argv=None) -> int:
     if before is not None:
         after = server_metrics(args.url, {"authorization": f"Bearer {args.api_key}"}
                                if args.api_key else {})
-        steps = after.get("poot_decode_steps_total", 0) - before.get("poot_decode_steps_total", 0)
+        steps = sum(after.get(k, 0) - before.get(k, 0)
+                    for k in ("poot_decode_steps_total", "poot_ragged_steps_total"))
         toks = after.get("poot_engine_generated_tokens_total", 0) - \
             before.get("poot_engine_generated_tokens_total", 0)
-        res["server"] = {"decode_steps": steps, "generated_tokens": toks,
-                         "mean_decode_batch": round(toks / steps, 2) if steps else None,
+        # every step that samples (plain decode and ragged) counts: tokens per step is the
+        # mean number of sequences a step advanced
+        res["server"] = {"sampling_steps": steps, "generated_tokens": toks,
+                         "mean_sampled_rows": round(toks / steps, 2) if steps else None,
                          "max_decode_batch": after.get("poot_decode_batch_max"),
                          "preemptions": after.get("poot_preemptions_total", 0) -
                          before.get("poot_preemptions_total", 0)}

@@ -123,7 +123,8 @@ class KVCapacityExceeded(PootError):
 class EngineStats:
     """A snapshot: sequences running (admitted), waiting; KV blocks used (referenced),
     cached-free (evictable), free, total; prefix-cache hit rate (blocks hit / blocks looked
-    up); steps run and tokens produced so far; preemptions; guided-decoding masks computed
+    up); steps run (plain decode steps, separate prefill chunks, ragged steps mixing decode
+    rows and prompt chunks) and tokens produced so far; preemptions; guided-decoding masks computed
     on the host and their seconds."""
 
     running: int
@@ -137,6 +138,7 @@ class EngineStats:
     decode_steps: int
     prefill_steps: int
     generated_tokens: int
+    ragged_steps: int
     preemptions: int
     max_decode_batch: int
     guided_masks: int = 0
@@ -646,6 +648,7 @@ class LLMEngine:
                            prefix_cache_hit_tokens=b.hit_blocks * self.blocks.block_size,
                            decode_steps=self.runner.decode_steps,
                            prefill_steps=self.runner.prefill_steps,
+                           ragged_steps=self.runner.ragged_steps,
                            generated_tokens=self.generated_tokens,
                            preemptions=self.preemptions,
                            max_decode_batch=self.max_decode_batch,

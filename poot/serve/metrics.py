@@ -64,8 +64,10 @@ class _EngineCollector:
         for name, (doc, v) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=float(v))
         counters = {
-            "poot_decode_steps": ("decode steps run", st.decode_steps),
-            "poot_prefill_steps": ("prefill chunks run", st.prefill_steps),
+            "poot_decode_steps": ("decode steps run (decode rows only)", st.decode_steps),
+            "poot_prefill_steps": ("prefill chunks run as steps of their own", st.prefill_steps),
+            "poot_ragged_steps": ("ragged steps run (decode rows and prompt chunks in one step)",
+                                  st.ragged_steps),
             "poot_engine_generated_tokens": ("tokens sampled by the engine",
                                              st.generated_tokens),
             "poot_preemptions": ("sequences preempted for lack of KV blocks", st.preemptions),
