@@ -155,5 +155,5 @@ def test_function_tools_reach_the_chat_path(server):
         "max_completion_tokens": 8})
     assert r.status_code == chat.status_code
     if chat.status_code == 400:
-        assert r.json()["error"]["param"].startswith("tools")
-        assert r.json()["error"]["param"] == chat.json()["error"]["param"]
+        param = chat.json()["error"]["param"]
+        assert r.json()["error"]["param"] == {"messages": "input"}.get(param, param)

@@ -25,8 +25,8 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength
 
 @pytest.fixture(scope="module")
 def smol_client(cache_dir):
-    # the e2e tests' KV configuration (test/e2e/conftest.py): the compiled steps are shared
-    p = ServeProcess("--port", "0", "--kv-capacity", "256", "--prefill-chunk", "32",
+    # a context that holds the generic tool format's system message (about 300 tokens)
+    p = ServeProcess("--port", "0", "--kv-capacity", "1024", "--prefill-chunk", "32",
                      "--max-batch", "8", "--precision", "exact", "--served-model-name",
                      "smollm2", env={"POOT_CACHE_DIR": cache_dir})
     try:
@@ -75,3 +75,66 @@ def test_json_schema_equals_chat_completion(smol_client, stream):
         "type": "json_schema", "name": "place", "schema": SCHEMA, "strict": True}})
     assert got == text
     assert set(json.loads(got)) == {"city", "country"}
+
+
+WEATHER = {"type": "function", "name": "get_weather",
+           "description": "The current weather of a city.",
+           "parameters": {"type": "object", "properties": {
+               "city": {"type": "string"},
+               "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+               "required": ["city"], "additionalProperties": False}}
+CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in WEATHER.items()
+                                                if k != "type"}}]
+ASK = "What is the weather in Paris?"
+
+
+def test_tool_call_agent_loop_equals_chat_completion(smol_client):
+    """With ``tool_choice="required"``: the Response's ``function_call`` items are the chat
+    completion's ``tool_calls`` (greedy), the streamed argument deltas reassemble to them,
+    and the loop -- the calls and their outputs sent back as items -- answers with the
+    chat completion's final text. Skips where chat completions has no tool calling."""
+    c = smol_client
+    msgs = [{"role": "user", "content": ASK}]
+    try:
+        chat = c.chat.completions.create(model="smollm2", messages=msgs, tools=CHAT_TOOLS,
+                                         tool_choice="required", temperature=0,
+                                         max_completion_tokens=64)
+    except openai.BadRequestError as e:
+        if "tools" in str(e.body):
+            pytest.skip(f"chat completions has no tool calling in this build: {e.message}")
+        raise
+    want = [(t.function.name, t.function.arguments) for t in chat.choices[0].message.tool_calls]
+    args = dict(model="smollm2", input=ASK, tools=[WEATHER], tool_choice="required",
+                temperature=0, max_output_tokens=64)
+    r = c.responses.create(**args)
+    calls = [i for i in r.output if i.type == "function_call"]
+    assert [(i.name, i.arguments) for i in calls] == want and want
+    assert json.loads(calls[0].arguments)["city"]
+    events = list(c.responses.create(stream=True, **args))
+    streamed: dict[int, str] = {}
+    for e in events:
+        if e.type == "response.function_call_arguments.delta":
+            streamed[e.output_index] = streamed.get(e.output_index, "") + e.delta
+    final = [i for i in events[-1].response.output if i.type == "function_call"]
+    assert [(i.name, i.arguments) for i in final] == want
+    assert sorted(streamed.values()) == sorted(a for _, a in want)
+    # the loop: the calls and their results go back, the model answers in text
+    outputs = [{"type": "function_call_output", "call_id": i.call_id,
+                "output": "{\"temperature\": 18, \"unit\": \"celsius\"}"} for i in calls]
+    items = [{"role": "user", "content": ASK}] + [
+        {"type": "function_call", "call_id": i.call_id, "name": i.name,
+         "arguments": i.arguments} for i in calls] + outputs
+    answer = c.responses.create(model="smollm2", input=items, tools=[WEATHER],
+                                temperature=0, max_output_tokens=48)
+    chat_msgs = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": i.call_id, "type": "function",
+         "function": {"name": i.name, "arguments": i.arguments}} for i in calls]}] + [
+        {"role": "tool", "tool_call_id": o["call_id"], "content": o["output"]}
+        for o in outputs]
+    chat_answer = c.chat.completions.create(model="smollm2", messages=chat_msgs,
+                                            tools=CHAT_TOOLS, temperature=0,
+                                            max_completion_tokens=48)
+    m = chat_answer.choices[0].message
+    assert answer.output_text == (m.content or "")
+    assert [(i.name, i.arguments) for i in answer.output if i.type == "function_call"] == \
+        [(t.function.name, t.function.arguments) for t in m.tool_calls or []]
