@@ -42,6 +42,11 @@ class ToolCallParser(Protocol):
         """The messages as the chat template gets them (a format may add a system message
         describing the tools); ``choice``: None (auto), ``"required"`` or a tool's name."""
 
+    def guide(self, tools: list[dict[str, Any]], choice: str | None) -> Any:
+        """The constraint on the reply (a :class:`~poot.sampling_params.Guide`; None: no
+        constraint): with ``choice`` ``"required"`` or a tool's name, a call to it whose
+        arguments follow the tool's schema."""
+
     def parse(self, text: str) -> dict[str, Any]:
         """A whole reply as OpenAI's chat ``message``: ``content``, ``tool_calls`` (only
         when there are calls), ``reasoning_content`` (only for a thinking model)."""
@@ -51,7 +56,9 @@ def tool_call_parser(handle) -> ToolCallParser:
     """THE SEAM to the tool-call parser of ``handle``'s model (its format chosen from the
     chat template). The parsers live in the server's tool-calling work
     (``poot.text.tool_calls``: ``detect_format(template)`` gives the format, whose
-    ``prepare(messages, tools, choice)`` is :meth:`ToolCallParser.prepare`, and
+    ``prepare(messages, tools, choice)`` is :meth:`ToolCallParser.prepare`, its
+    ``guide(tools, choice, parallel, special_id, json_options)`` made a
+    :class:`~poot.sampling_params.Guide` is :meth:`ToolCallParser.guide`, and
     ``OutputParser(format, reasoning=detect_reasoning(template)).parse(text).message()`` is
     :meth:`ToolCallParser.parse`); this function is where they are plugged in.
 
@@ -128,23 +135,47 @@ def chat_prompt(handle, messages: Sequence[Mapping[str, Any]],
     return encode_chat(handle.tokenizer, msgs, tools=tools or None)
 
 
-def prepare_chat(handle, messages: Sequence[Mapping[str, Any]],
-                 tools: list[dict[str, Any]] | None = None
-                 ) -> tuple[list[int], ToolCallParser | None]:
-    """Prompt ids of a chat request and the parser of its reply (None without ``tools``):
-    ``tools`` checked, the model's parser found (:func:`tool_call_parser`), the messages
-    through the chat template.
+def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | None:
+    """``tool_choice`` as the parser takes it: None (``"auto"``), ``"required"`` or a tool's
+    name (OpenAI's ``{"type": "function", "function": {"name"}}`` or the name itself);
+    ``"none"`` is None too, and the caller leaves the tools out.
 
     Raises:
-        InvalidRequest: bad ``tools`` (naming the field) or no tokenizer.
+        InvalidRequest: naming ``tool_choice`` (not one of these, or no such tool).
+    """
+    if choice in (None, "auto", "none", "required"):
+        return choice if choice == "required" else None
+    name = choice["function"].get("name") if isinstance(choice, Mapping) and \
+        choice.get("type") == "function" and isinstance(choice.get("function"), Mapping) \
+        else choice
+    if not isinstance(name, str):
+        raise InvalidRequest("tool_choice", choice, "\"auto\", \"none\", \"required\" or a "
+                             "tool's name")
+    if name not in {t["function"]["name"] for t in tools or []}:
+        raise InvalidRequest("tool_choice", choice, "names no tool of 'tools'")
+    return name
+
+
+def prepare_chat(handle, messages: Sequence[Mapping[str, Any]],
+                 tools: list[dict[str, Any]] | None = None, tool_choice: Any = None
+                 ) -> tuple[list[int], ToolCallParser | None, Any]:
+    """A chat request's prompt ids, the parser of its reply (None without ``tools``) and
+    the constraint its ``tool_choice`` puts on the reply (None: none): ``tools`` checked,
+    the model's parser found (:func:`tool_call_parser`), the messages through the chat
+    template. ``tool_choice="none"`` leaves the tools out.
+
+    Raises:
+        InvalidRequest: bad ``tools`` or ``tool_choice`` (naming the field), no tokenizer.
         ToolCallsUnavailable: ``tools`` without a parser.
         ChatTemplateError: the template refuses the messages.
     """
-    parser = None
-    if tools is not None:
-        tools = check_tools(tools)
-        parser = tool_call_parser(handle)
-    return chat_prompt(handle, messages, tools, parser), parser
+    if tools is None or tool_choice == "none":
+        return chat_prompt(handle, messages), None, None
+    tools = check_tools(tools)
+    choice = check_tool_choice(tool_choice, tools)
+    parser = tool_call_parser(handle)
+    ids = chat_prompt(handle, messages, tools, parser, choice)
+    return ids, parser, parser.guide(tools, choice)
 
 
 @dataclass
@@ -180,4 +211,5 @@ def chat_result(text: str, finish_reason: str, stats: Any,
 
 
 __all__ = ["ChatResult", "ToolCallParser", "ToolCallsUnavailable", "chat_prompt",
-           "chat_result", "check_tools", "prepare_chat", "tool_call_parser"]
+           "chat_result", "check_tool_choice", "check_tools", "prepare_chat",
+           "tool_call_parser"]

@@ -18,6 +18,7 @@ KV capacity) runs when :func:`generate` is called, before any step.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -195,18 +196,27 @@ class LLM:
         return [results[i] for i in range(len(ids))]
 
     def chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None,
-             tools: list[dict[str, Any]] | None = None) -> ChatResult:
+             tools: list[dict[str, Any]] | None = None, tool_choice: Any = None) -> ChatResult:
         """One reply to the conversation ``messages`` (OpenAI's chat shapes: ``tool``
         messages with ``tool_call_id``, assistant messages with ``tool_calls``), as a
         :class:`~poot.api.chat.ChatResult`. ``tools`` (OpenAI chat function tools) go to the
         chat template and the reply's calls are parsed into ``tool_calls``
-        (:func:`~poot.api.chat.tool_call_parser`); the model may answer in text instead.
+        (:func:`~poot.api.chat.tool_call_parser`). ``tool_choice``: ``"auto"`` (default:
+        the model may answer in text), ``"none"`` (no tools), ``"required"`` or a tool's
+        name (the reply is constrained to a call whose arguments follow the schema).
 
-        Raises (before anything runs): :class:`InvalidRequest` (bad ``tools``, naming the
-        field; bad ``params``), :class:`ContextOverflow`,
+        Raises (before anything runs): :class:`InvalidRequest` (bad ``tools`` or
+        ``tool_choice``, naming the field; bad ``params``; a constrained ``tool_choice``
+        with ``params.guided`` set), :class:`ContextOverflow`,
         :class:`~poot.api.chat.ToolCallsUnavailable` (``tools`` without a parser), or the
         chat template's :class:`~poot.text.chat.ChatTemplateError`."""
-        ids, parser = prepare_chat(self.handle, messages, tools)
+        params = params or SamplingParams()
+        ids, parser, guide = prepare_chat(self.handle, messages, tools, tool_choice)
+        if guide is not None:
+            if params.guided is not None:
+                raise InvalidRequest("tool_choice", tool_choice, "constrains the reply: "
+                                     "params.guided must be None")
+            params = dataclasses.replace(params, guided=guide)
         out = self.generate([ids], params)[0]
         return chat_result(out.text, out.finish_reason, out.stats, parser)
 

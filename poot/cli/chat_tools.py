@@ -4,6 +4,7 @@ sent back as a ``tool`` message, until the model answers without a call."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -68,7 +69,11 @@ def tool_turn(handle, driver, messages: list[dict[str, Any]], tools: list[dict[s
         room = handle.kv_capacity - len(ids)
         if room < 1:
             raise ContextOverflow(len(ids), 1, handle.kv_capacity)
-        done = driver.complete(ids, params(min(max_tokens, room)))
+        sp = params(min(max_tokens, room))
+        guide = parser.guide(tools, None)
+        if guide is not None:              # the format constrains an "auto" reply too
+            sp = dataclasses.replace(sp, guided=guide)
+        done = driver.complete(ids, sp)
         reply = chat_result(done.text, done.stats.finish_reason, done.stats, parser)
         if reply.content:
             print(reply.content, flush=True)

@@ -60,11 +60,16 @@ class ScriptedParser:
     def __init__(self):
         self.replies = 0
         self.prepared: list[list[dict]] = []
+        self.choices: list = []
 
     def prepare(self, messages, tools, choice):
         self.prepared.append([dict(m) for m in messages])
         return [{"role": "system", "content": "tools: " + ",".join(
             t["function"]["name"] for t in tools)}] + messages
+
+    def guide(self, tools, choice):
+        self.choices.append(choice)
+        return None
 
     def parse(self, text):
         self.replies += 1
@@ -183,3 +188,42 @@ def test_cli_tools_without_parser_is_one_line(tiny_chat, tmp_path, capsys, monke
                             "--kv-capacity", "128", "--prefill-chunk", "16"], "hi\n",
                            capsys, monkeypatch)
     assert rc == 2 and err.startswith("poot: error: tool calls need the tool-call parsers")
+
+
+@pytest.mark.parametrize("choice,want", [
+    (None, None), ("auto", None), ("none", None), ("required", "required"),
+    ("weather", "weather"), ({"type": "function", "function": {"name": "weather"}}, "weather"),
+])
+def test_tool_choice(choice, want):
+    from poot.api.chat import check_tool_choice
+    assert check_tool_choice(choice, [WEATHER]) == want
+
+
+@pytest.mark.parametrize("choice", ["sometimes", "nope", {"type": "function"}, 3])
+def test_bad_tool_choice_names_it(choice):
+    from poot.api.chat import check_tool_choice
+    with pytest.raises(InvalidRequest) as e:
+        check_tool_choice(choice, [WEATHER])
+    assert e.value.field == "tool_choice"
+
+
+def test_llm_chat_required_constrains_with_the_parsers_guide(llm, monkeypatch):
+    """The parser's constraint for ``tool_choice="required"`` is the reply's guide."""
+    from poot.sampling_params import Guide
+
+    class Constraining(ScriptedParser):
+        def guide(self, tools, choice):
+            self.choices.append(choice)
+            return Guide.regex("CALL weather") if choice == "required" else None
+
+    p = Constraining()
+    monkeypatch.setattr(api_chat, "tool_call_parser", lambda handle: p)
+    r = llm.chat([{"role": "user", "content": "weather?"}],
+                 SamplingParams(temperature=0, max_tokens=16), tools=[WEATHER],
+                 tool_choice="required")
+    assert r.text == "CALL weather" and p.choices == ["required"]
+    with pytest.raises(InvalidRequest) as e:
+        llm.chat([{"role": "user", "content": "weather?"}],
+                 SamplingParams(max_tokens=4, guided=Guide.regex("x")), tools=[WEATHER],
+                 tool_choice="required")
+    assert e.value.field == "tool_choice"
