@@ -157,3 +157,36 @@ def test_function_tools_reach_the_chat_path(server):
     if chat.status_code == 400:
         param = chat.json()["error"]["param"]
         assert r.json()["error"]["param"] == {"messages": "input"}.get(param, param)
+
+
+def _wait(cond, what: str, limit: float = 30.0) -> None:
+    import time
+
+    end = time.monotonic() + limit
+    while not cond():
+        if time.monotonic() > end:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_stream_disconnect_aborts(server, tiny, gate):
+    """A client that leaves a Responses stream aborts the chat request under it: the engine
+    (paused after the first token) frees its blocks, and the server stays clean."""
+    eng, aeng = tiny.engine, server.state.aengine
+    aborts = aeng.aborts
+    gate.close_after_token = True
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", server.url + "/v1/responses", json={
+                "model": "tiny", "input": "tell me a long story", "temperature": 0,
+                "max_output_tokens": 100, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line == "event: response.output_text.delta":
+                    break
+            else:
+                pytest.fail("no text delta before the disconnect")
+            assert eng.stats().running == 1
+    _wait(lambda: aeng.aborts > aborts, "the server to abort the request")
+    gate.open()
+    _wait(lambda: eng.stats().kv_blocks_used == 0 and eng.stats().running == 0,
+          "the blocks to be freed")
+    assert aeng.inflight == 0
