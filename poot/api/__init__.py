@@ -22,12 +22,14 @@ The modules: :mod:`~poot.api.options` (:class:`LoadOptions`, the defaults),
 :mod:`~poot.api.memory` (the KV pool against the memory available),
 :mod:`~poot.api.step_cache` (steps through the compile cache), :mod:`~poot.api.precompile`
 (:func:`compile_steps`), :mod:`~poot.api.compile_ahead` (compile workers),
-:mod:`~poot.api.generate` (:class:`Driver`, :class:`LLM`, token events) and
+:mod:`~poot.api.generate` (:class:`Driver`, :class:`LLM`, token events), :mod:`~poot.api.chat`
+(chat with tools: the template's ``tools``, parsed ``tool_calls``) and
 :mod:`~poot.api.pooling` (embeddings and cross-encoder scores).
 """
 
 from __future__ import annotations
 
+from poot.api.chat import ChatResult, ToolCallsUnavailable
 from poot.api.generate import (LLM, CompletionOutput, ContextOverflow, Driver, Finished,
                                TokenEvent, generate)
 from poot.api.memory import (available_memory, check_kv_capacity, check_kv_memory,
@@ -40,9 +42,10 @@ from poot.api.precompile import compile_steps
 from poot.api.step_cache import compile_cached
 from poot.sampling_params import InvalidRequest, SamplingParams
 
-__all__ = ["BACKENDS", "CompletionOutput", "ContextOverflow", "DEFAULT_COMPILE_OPTIONS",
-           "DEFAULT_KV_CAPACITY", "DEFAULT_MAX_BATCH", "DEFAULT_PREFILL_CHUNK", "Driver",
-           "Finished", "InvalidRequest", "LLM", "LoadOptions", "ModelHandle", "ModelNotFound",
-           "SamplingParams", "TokenEvent", "available_memory", "bind_lora_slots",
-           "check_kv_capacity", "check_kv_memory", "compile_cached", "compile_steps",
-           "default_model_path", "generate", "kv_cache_bytes", "target_for"]
+__all__ = ["BACKENDS", "ChatResult", "CompletionOutput", "ContextOverflow",
+           "DEFAULT_COMPILE_OPTIONS", "DEFAULT_KV_CAPACITY", "DEFAULT_MAX_BATCH",
+           "DEFAULT_PREFILL_CHUNK", "Driver", "Finished", "InvalidRequest", "LLM",
+           "LoadOptions", "ModelHandle", "ModelNotFound", "SamplingParams", "TokenEvent",
+           "ToolCallsUnavailable", "available_memory", "bind_lora_slots", "check_kv_capacity",
+           "check_kv_memory", "compile_cached", "compile_steps", "default_model_path",
+           "generate", "kv_cache_bytes", "target_for"]

@@ -7,6 +7,7 @@ token stream (:func:`generate`, :class:`Driver` over a loaded
         else: print(ev.stats)                                  # the final Finished event
     Driver(handle).complete("The capital of France is", SamplingParams(max_tokens=16))
     LLM(backend="cpu").generate(["Hi!", "Count to 5"], SamplingParams(max_tokens=32))
+    LLM().chat(messages, tools=TOOLS)          # one reply; its tool_calls parsed
 
 The rules (context, stops, stop-string hold-back, EOS, ``max_tokens``, log-probs, seeds) are
 the engine's (:mod:`poot.engine.llm_engine`); this module turns its per-step
@@ -17,10 +18,12 @@ KV capacity) runs when :func:`generate` is called, before any step.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from poot.api.chat import ChatResult, chat_result, prepare_chat
 from poot.api.model import ModelHandle
 from poot.engine.llm_engine import ContextOverflow, LLMEngine
 from poot.engine.request import RequestStats
@@ -191,6 +194,31 @@ class LLM:
                                                   out.stop, lps[i] if plist[i].logprobs
                                                   is not None else None, out.stats)
         return [results[i] for i in range(len(ids))]
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None,
+             tools: list[dict[str, Any]] | None = None, tool_choice: Any = None) -> ChatResult:
+        """One reply to the conversation ``messages`` (OpenAI's chat shapes: ``tool``
+        messages with ``tool_call_id``, assistant messages with ``tool_calls``), as a
+        :class:`~poot.api.chat.ChatResult`. ``tools`` (OpenAI chat function tools) go to the
+        chat template and the reply's calls are parsed into ``tool_calls``
+        (:func:`~poot.api.chat.tool_call_parser`). ``tool_choice``: ``"auto"`` (default:
+        the model may answer in text), ``"none"`` (no tools), ``"required"`` or a tool's
+        name (the reply is constrained to a call whose arguments follow the schema).
+
+        Raises (before anything runs): :class:`InvalidRequest` (bad ``tools`` or
+        ``tool_choice``, naming the field; bad ``params``; a constrained ``tool_choice``
+        with ``params.guided`` set), :class:`ContextOverflow`,
+        :class:`~poot.api.chat.ToolCallsUnavailable` (``tools`` without a parser), or the
+        chat template's :class:`~poot.text.chat.ChatTemplateError`."""
+        params = params or SamplingParams()
+        ids, parser, guide = prepare_chat(self.handle, messages, tools, tool_choice)
+        if guide is not None:
+            if params.guided is not None:
+                raise InvalidRequest("tool_choice", tool_choice, "constrains the reply: "
+                                     "params.guided must be None")
+            params = dataclasses.replace(params, guided=guide)
+        out = self.generate([ids], params)[0]
+        return chat_result(out.text, out.finish_reason, out.stats, parser)
 
 
 __all__ = ["LLM", "CompletionOutput", "ContextOverflow", "Driver", "Finished",

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP application (FastAPI on Starlette).
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (and
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
+(over the chat route), ``GET /v1/models`` (and
 ``/v1/models/{model}``), ``GET /health`` (200 ready; 503 loading, failed, unhealthy),
 ``GET /metrics`` (Prometheus), ``POST /tokenize``, ``POST /detokenize``; with an embedding
 model ``POST /v1/embeddings``, with a cross-encoder ``POST /v1/rerank`` (and ``/rerank``):

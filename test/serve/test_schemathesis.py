@@ -51,7 +51,8 @@ def test_schema_fuzz(tiny, mode):
         schema = schemathesis.openapi.from_url(srv.url + "/openapi.json")
         ops = [r.ok() for r in schema.get_all_operations()]
         assert {op.path for op in ops} >= {"/v1/chat/completions", "/v1/completions",
-                                           "/v1/models", "/tokenize", "/detokenize"}
+                                           "/v1/responses", "/v1/models", "/tokenize",
+                                           "/detokenize"}
         gen_mode = schemathesis.GenerationMode(mode)
         calls, fuzzed = [], set()
         for op in ops:
@@ -70,7 +71,7 @@ def test_schema_fuzz(tiny, mode):
             except Unsatisfiable:    # nothing to make invalid (a GET with no parameters)
                 assert mode == "negative" and op.method.upper() == "GET"
         assert calls and all(c < 500 for c in calls)
-        assert {"/v1/chat/completions", "/v1/completions", "/tokenize",
+        assert {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize",
                 "/detokenize"} <= fuzzed
         # the engine is left clean: nothing running, every block free
         assert tiny.engine.stats().running == 0
