@@ -139,6 +139,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "relative to it)")
     p.add_argument("--max-lora-bytes", default="1GiB", metavar="BYTES",
                    help="the largest adapter file runtime loading reads (default: 1GiB)")
+    p.add_argument("--tool-call-parser", default="auto", metavar="NAME",
+                   help="tool-call format of chat answers: auto (from the chat template), "
+                        "hermes, llama3_json, mistral or generic (default: auto)")
+    p.add_argument("--reasoning-parser", default="auto", metavar="NAME",
+                   help="split <think> blocks into reasoning_content: auto (thinking "
+                        "templates), none, or think / deepseek_r1 / qwen3 (default: auto)")
     p.add_argument("--ray", action="store_true",
                    help="deploy --replicas engine replicas with Ray Serve behind one ingress")
     p.add_argument("--replicas", type=int, default=1, metavar="N",
@@ -165,7 +171,9 @@ def _config(args):
                        header_timeout_s=args.header_timeout,
                        body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
                        runtime_lora=args.allow_runtime_lora, lora_root=args.lora_root,
-                       max_lora_bytes=parse_bytes(args.max_lora_bytes, "--max-lora-bytes"))
+                       max_lora_bytes=parse_bytes(args.max_lora_bytes, "--max-lora-bytes"),
+                       tool_call_parser=args.tool_call_parser,
+                       reasoning_parser=args.reasoning_parser)
 
 
 def load_options(args) -> dict:
