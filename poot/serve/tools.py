@@ -25,6 +25,11 @@ from poot.text.tool_calls import (FORMATS, OutputParser, ToolFormat, detect_form
                                   detect_reasoning)
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: llguidance's JSON options inside a constrained call: one line, ``", "`` and ``": "``
+#: between items (as the templates' ``tojson`` writes them): no whitespace for a small
+#: model to loop on, and few tokens
+CALL_JSON = {"whitespace_flexible": False, "whitespace_pattern": None,
+             "item_separator": ", ", "key_separator": ": ", "lenient": False}
 #: the most tools one request may define
 MAX_TOOLS = 128
 
@@ -177,7 +182,7 @@ def tool_request(req, template: str | None, parser: str) -> ToolRequest:
 def _lark_body(kind: str, spec: Any) -> str:
     """A guide's grammar with its start rule renamed ``answer``."""
     if kind == "json_schema":
-        return "answer: %json" + json.dumps({**spec, "x-guidance": JSON_DEFAULTS}) + "\n"
+        return "answer: %json" + json.dumps(spec) + "\n"
     return re.sub(r"^start:", "answer:", spec, count=1, flags=re.M)
 
 
@@ -192,10 +197,12 @@ def tool_guide(tr: ToolRequest, tokenizer, reasoning: bool, in_thought: bool) \
         tid = tokenizer.token_to_id(text)
         return tid if tid is not None and tid in tokenizer.special_ids else None
 
-    made = tr.fmt.guide(tr.tools, tr.choice, tr.parallel, special_id, JSON_DEFAULTS)
+    made = tr.fmt.guide(tr.tools, tr.choice, tr.parallel, special_id, CALL_JSON)
     if made is None:
         return None
     kind, spec = made
+    if kind == "json_schema":
+        spec = {**spec, "x-guidance": CALL_JSON}
     if not reasoning:
         return Guide(kind, spec)
     if in_thought:
@@ -210,6 +217,6 @@ def output_parser(tr: ToolRequest, reasoning: bool, in_thought: bool) -> OutputP
     return OutputParser(tr.fmt if tr.active else None, reasoning, in_thought)
 
 
-__all__ = ["MAX_TOOLS", "ToolRequest",
+__all__ = ["CALL_JSON", "MAX_TOOLS", "ToolRequest",
            "check_tool_messages", "output_parser", "reasoning_on", "tool_format",
            "tool_guide", "tool_request"]
