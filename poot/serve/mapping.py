@@ -24,8 +24,8 @@ from poot.serve.config import ServeConfig
 from poot.serve.errors import APIError, NOT_FOUND, bad_request
 from poot.serve.protocol import (MAX_STOP_STRINGS, ChatCompletionRequest, ChatMessage,
                                  CompletionRequest)
-from poot.serve.tools import (ToolRequest, output_parser, reasoning_on, tool_guide,
-                              tool_request)
+from poot.serve.tools import (ToolRequest, allow_thought, output_parser, reasoning_on,
+                              tool_guide, tool_request)
 from poot.text.chat import ChatTemplateError, render_chat
 from poot.text.tool_calls import OutputParser, prompt_opens_thought
 from poot.text.tokenizer import TokenizerError
@@ -412,12 +412,7 @@ def chat_plan(handle, req: ChatCompletionRequest, config: ServeConfig) -> Plan:
         raise bad_request("top_logprobs", "top_logprobs needs logprobs set to true")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     kw, guided_field = _base_params(req, logprobs)
-    ids, output, guide = _chat_prompt(handle, req, config)
-    if guide is not None:
-        if guided_field is not None:
-            raise bad_request(guided_field, f"'{guided_field}' cannot be combined with a "
-                              f"tool_choice that constrains the answer")
-        kw["guided"], guided_field = guide, "tools"
+    ids, output, guided_field = _chat_prompt(handle, req, config, kw, guided_field)
     capacity = handle.kv_capacity
     _check_prompt_len(ids, config, capacity, "messages", "messages")
     explicit = req.max_completion_tokens if req.max_completion_tokens is not None \
@@ -433,9 +428,12 @@ def chat_plan(handle, req: ChatCompletionRequest, config: ServeConfig) -> Plan:
                 req.model if req.model in adapters else None, output)
 
 
-def _chat_prompt(handle, req: ChatCompletionRequest, config: ServeConfig):
+def _chat_prompt(handle, req: ChatCompletionRequest, config: ServeConfig,
+                 kw: dict[str, Any], guided_field: str | None):
     """A chat request's prompt ids, its :class:`OutputParser` (None: the text is the
-    content) and the constraint its tools need (None: none)."""
+    content) and the field of its constraint. The constraint its tools need goes into
+    ``kw["guided"]`` (400 beside another one); with reasoning, a constraint applies to the
+    answer after the thought."""
     template = handle.tokenizer.chat_template if handle.tokenizer is not None else None
     tools = tool_request(req, template, config.tool_call_parser)
     reasoning = reasoning_on(template, config.reasoning_parser)
@@ -443,13 +441,23 @@ def _chat_prompt(handle, req: ChatCompletionRequest, config: ServeConfig):
                          req.chat_template_kwargs, tools)
     ids = _encode_prompt(handle, text, req.chat_template_kwargs)
     in_thought = reasoning and prompt_opens_thought(text)
+    field = guided_field
     try:
-        guide = tool_guide(tools, handle.tokenizer, reasoning, in_thought)
+        guide = tool_guide(tools, handle.tokenizer)
+        if guide is not None:
+            if guided_field is not None:
+                raise bad_request(guided_field, f"'{guided_field}' cannot be combined with "
+                                  f"a tool_choice that constrains the answer")
+            field = "tools"
+        guide = guide or kw.get("guided")
+        if guide is not None:
+            kw["guided"] = allow_thought(guide, in_thought, field == "tools") \
+                if reasoning else guide
     except GuidedDecodingError as e:
-        raise bad_request("tools", f"invalid 'tools': {e.reason}", "invalid_tool_schema") \
+        raise bad_request(field, f"invalid '{field}': {e.reason}", "invalid_guided_decoding") \
             from None
     output = output_parser(tools, reasoning, in_thought)
-    return ids, (output if output.active else None), guide
+    return ids, (output if output.active else None), field
 
 
 def completion_plan(handle, req: CompletionRequest, config: ServeConfig) -> Plan:

@@ -179,17 +179,38 @@ def tool_request(req, template: str | None, parser: str) -> ToolRequest:
                        bool(tools) and choice != "none")
 
 
-def _lark_body(kind: str, spec: Any) -> str:
-    """A guide's grammar with its start rule renamed ``answer``."""
-    if kind == "json_schema":
-        return "answer: %json" + json.dumps(spec) + "\n"
-    return re.sub(r"^start:", "answer:", spec, count=1, flags=re.M)
+def _answer_rule(guide: Guide, ours: bool) -> str | None:
+    """``guide`` as Lark rules whose start is named ``answer``; None for a user's grammar
+    (``ours`` False: kept as it is)."""
+    if guide.kind in ("json_schema", "json_object"):
+        schema = guide.spec if guide.kind == "json_schema" else {"type": "object"}
+        if isinstance(schema, dict):
+            schema = {"x-guidance": JSON_DEFAULTS, **schema}
+        return "answer: %json" + json.dumps(schema) + "\n"
+    if guide.kind == "regex":
+        return "answer: /" + guide.spec.replace("/", "\\/") + "/\n"
+    if ours:
+        return re.sub(r"^start:", "answer:", guide.spec, count=1, flags=re.M)
+    return None
 
 
-def tool_guide(tr: ToolRequest, tokenizer, reasoning: bool, in_thought: bool) \
-        -> Guide | None:
-    """The constraint of the request's answer (None: unconstrained). With reasoning, a
-    thought may come first, unconstrained (the prompt may already have opened it)."""
+def allow_thought(guide: Guide, in_thought: bool, ours: bool = False) -> Guide:
+    """``guide`` applied to the answer after a thought, not to the thought: an optional
+    ``<think>...</think>`` first (``in_thought``: the prompt opened it, so the text up to
+    ``</think>``). A user's grammar is kept as it is (it must allow the thought itself);
+    ``ours``: the grammar is a tool format's (its ``start`` rule becomes the answer)."""
+    answer = _answer_rule(guide, ours)
+    if answer is None:
+        return guide
+    if in_thought:
+        head = 'start: rest answer\nrest[lazy]: /(.|\\n)*<\\/think>/\n'
+    else:
+        head = 'start: thought? answer\nthought[lazy]: "<think>" /(.|\\n)*/ "</think>"\n'
+    return Guide.grammar(head + answer)
+
+
+def tool_guide(tr: ToolRequest, tokenizer) -> Guide | None:
+    """The constraint of the request's answer (None: unconstrained)."""
     if not tr.active:
         return None
 
@@ -202,14 +223,8 @@ def tool_guide(tr: ToolRequest, tokenizer, reasoning: bool, in_thought: bool) \
         return None
     kind, spec = made
     if kind == "json_schema":
-        spec = {**spec, "x-guidance": CALL_JSON}
-    if not reasoning:
-        return Guide(kind, spec)
-    if in_thought:
-        head = 'start: rest answer\nrest[lazy]: /(.|\\n)*<\\/think>/\n'
-    else:
-        head = 'start: thought? answer\nthought[lazy]: "<think>" /(.|\\n)*/ "</think>"\n'
-    return Guide.grammar(head + _lark_body(kind, spec))
+        return Guide(kind, {**spec, "x-guidance": CALL_JSON})
+    return Guide(kind, spec)
 
 
 def output_parser(tr: ToolRequest, reasoning: bool, in_thought: bool) -> OutputParser:
@@ -217,6 +232,6 @@ def output_parser(tr: ToolRequest, reasoning: bool, in_thought: bool) -> OutputP
     return OutputParser(tr.fmt if tr.active else None, reasoning, in_thought)
 
 
-__all__ = ["CALL_JSON", "MAX_TOOLS", "ToolRequest",
+__all__ = ["CALL_JSON", "MAX_TOOLS", "ToolRequest", "allow_thought",
            "check_tool_messages", "output_parser", "reasoning_on", "tool_format",
            "tool_guide", "tool_request"]
