@@ -397,6 +397,9 @@ class GenericFormat(ToolFormat):
         raise Malformed("neither tool_calls nor response")
 
     def prepare(self, messages, tools, choice):
+        out = [self._plain(m) for m in messages]
+        if not tools:
+            return out
         fns = [t["function"] for t in tools
                if choice in (None, "required") or t["function"]["name"] == choice]
         listing = json.dumps([{k: f[k] for k in ("name", "description", "parameters")
@@ -405,22 +408,25 @@ class GenericFormat(ToolFormat):
             "one or more tools"
         shape = _SHAPE_CALL.replace("{which}", which) + ("" if choice else _SHAPE_TEXT)
         prompt = GENERIC_PROMPT.format(tools=listing, shape=shape + ".")
-        out = []
-        for m in messages:
-            if m.get("tool_calls"):
-                calls = [_decoded_call(c)["function"] for c in m["tool_calls"]]
-                m = {k: v for k, v in m.items() if k != "tool_calls"}
-                m["content"] = json.dumps({"tool_calls": calls}, ensure_ascii=False)
-            elif m.get("role") == "tool":
-                m = {"role": "user", "content": json.dumps(
-                    {"tool_response": {"tool_call_id": m.get("tool_call_id"),
-                                       "content": m.get("content")}}, ensure_ascii=False)}
-            out.append(m)
         if out and out[0].get("role") in ("system", "developer"):
             out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{prompt}"}
         else:
             out.insert(0, {"role": "system", "content": prompt})
         return out
+
+    @staticmethod
+    def _plain(m: dict[str, Any]) -> dict[str, Any]:
+        """A message in the generic format's JSON: an assistant's calls as its
+        ``{"tool_calls": [...]}`` answer, a tool result as a user message."""
+        if m.get("tool_calls"):
+            calls = [_decoded_call(c)["function"] for c in m["tool_calls"]]
+            m = {k: v for k, v in m.items() if k != "tool_calls"}
+            m["content"] = json.dumps({"tool_calls": calls}, ensure_ascii=False)
+        elif m.get("role") == "tool":
+            m = {"role": "user", "content": json.dumps(
+                {"tool_response": {"tool_call_id": m.get("tool_call_id"),
+                                   "content": m.get("content")}}, ensure_ascii=False)}
+        return m
 
     def guide(self, tools, choice, parallel, special_id, json_options):
         arr: dict[str, Any] = {"type": "array",
