@@ -191,7 +191,7 @@ def test_agent_loop(server):
     msg = r.choices[0].message
     call = msg.tool_calls[0]
     assert json.loads(call.function.arguments)["city"]
-    messages += [msg.model_dump(exclude_none=True),
+    messages += [msg,                        # the client's own message object, as is
                  {"role": "tool", "tool_call_id": call.id,
                   "content": json.dumps({"temperature_c": 18, "sky": "sunny"})}]
     final = c.chat.completions.create(model="smollm2", messages=messages, tools=[tool],
