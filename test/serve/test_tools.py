@@ -152,8 +152,8 @@ def test_constrained_call_valid_and_streams_to_the_same_call(tool_server, choice
 
 
 def test_auto_with_a_tagged_format_is_free_text(tool_server):
-    """``auto`` does not constrain a tagged format: the random model writes no call, and
-    its text comes back as content, the same streamed or not."""
+    """``auto`` leaves a tagged format's text free until a call's markup starts: the random
+    model writes no call, and its text comes back as content, the same streamed or not."""
     body = {"model": "tiny", "messages": MSGS, "tools": [PICK], "temperature": 0,
             "max_tokens": 24}
     msg = _post(tool_server, body).json()["choices"][0]["message"]

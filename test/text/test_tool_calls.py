@@ -264,3 +264,20 @@ def test_generic_auto_schema_allows_a_response_or_calls(smollm2):
     assert not _accepts(smollm2, kind, spec, '{"response": "hello"}')
     assert not _accepts(smollm2, kind, spec, json.dumps(      # one call only
         {"tool_calls": [{"name": n, "arguments": a} for n, a in CALLS]}, ensure_ascii=False))
+
+
+@pytest.mark.parametrize("family", ["qwen2_5", "llama3_1", "mistral"])
+def test_auto_grammar_is_free_text_until_a_call_starts(smollm2, family):
+    """``tool_choice: auto``: any text, or a call constrained from its markup on."""
+    fmt = detect_format(_template(family))
+    kind, spec = fmt.guide(TOOLS, None, True, lambda _: None, JSON_OPTIONS)
+    call = _assistant_text(family, CALLS[:1])
+    bad = _assistant_text(family, [("get_weather", {"city": "x", "unit": "kelvin"})])
+    if family == "mistral":
+        call, bad = (t.replace(', "id": "abcdefgh0"', "") for t in (call, bad))
+    assert _accepts(smollm2, kind, spec, "It is sunny <b>today</b>, no tool needed.")
+    assert _accepts(smollm2, kind, spec, call)
+    assert not _accepts(smollm2, kind, spec, bad)
+    if family != "llama3_1":              # Llama's calls are the whole answer
+        assert _accepts(smollm2, kind, spec, "Let me check.\n" + call)
+        assert not _accepts(smollm2, kind, spec, "Let me check.\n" + bad)

@@ -148,8 +148,6 @@ class ToolFormat:
     name = ""
     #: the key of a call's arguments (``arguments``, or ``parameters`` for Llama)
     args_key = "arguments"
-    #: the format constrains ``auto`` answers too (the generic format's JSON shape)
-    constrains_auto = False
 
     def scan(self, text: str, final: bool) -> Scan:
         """Content and calls of ``text`` (``final``: the text is complete; calls that do
@@ -205,6 +203,11 @@ def _calls_schema(tools: list[dict[str, Any]], choice: str | None, args_key: str
            if choice in (None, "required") or t["function"]["name"] == choice]
     schemas = [call_schema(f, args_key) for f in fns]
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _many(choice: str | None, parallel: bool) -> bool:
+    """Several calls may come: parallel calls allowed and no one tool forced."""
+    return parallel and choice in (None, "required")
 
 
 def _lark_json(schema: dict[str, Any], json_options: dict[str, Any]) -> str:
@@ -265,13 +268,16 @@ class HermesFormat(ToolFormat):
         raise Malformed("text after the call in its block")
 
     def guide(self, tools, choice, parallel, special_id, json_options):
-        if choice is None:
-            return None
         body = _lark_json(_calls_schema(tools, choice, self.args_key), json_options)
-        start = 'call ("\\n" call)*' if parallel and choice == "required" else "call"
-        return "grammar", (f"start: {start}\n"
-                           f'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
-                           f"body: {body}\n")
+        more = ' ("\\n" call)*' if _many(choice, parallel) else ""
+        rules = f'call: "<tool_call>\\n" body "\\n</tool_call>"\nbody: {body}\n'
+        if choice is not None:
+            return "grammar", f"start: call{more}\n" + rules
+        # auto: free text, or text up to a first <tool_call>, then only calls (constrained)
+        return "grammar", (f"start: TEXT? | pre first{more}\n"
+                           f'pre[lazy]: /(.|\\n)*/ "<tool_call>"\n'
+                           f'first: "\\n" body "\\n</tool_call>"\n'
+                           f"TEXT: /(.|\\n)+/\n" + rules)
 
 
 class _LeadingFormat(ToolFormat):
@@ -324,11 +330,13 @@ class Llama3JsonFormat(_LeadingFormat):
         return _calls_seq(text, b, ";")
 
     def guide(self, tools, choice, parallel, special_id, json_options):
-        if choice is None:
-            return None
         body = _lark_json(_calls_schema(tools, choice, self.args_key), json_options)
-        start = 'body ("; " body)*' if parallel and choice == "required" else "body"
-        return "grammar", f"start: {start}\nbody: {body}\n"
+        calls = 'body ("; " body)*' if _many(choice, parallel) else "body"
+        if choice is not None:
+            return "grammar", f"start: {calls}\nbody: {body}\n"
+        # auto: text that does not start with "{", or calls (constrained)
+        return "grammar", (f"start: TEXT? | {calls}\nTEXT: /[^{{\\s](.|\\n)*/\n"
+                           f"body: {body}\n")
 
 
 class MistralFormat(_LeadingFormat):
@@ -344,15 +352,19 @@ class MistralFormat(_LeadingFormat):
         return _calls_array(text, b)
 
     def guide(self, tools, choice, parallel, special_id, json_options):
-        if choice is None:
-            return None
         items = _calls_schema(tools, choice, self.args_key)
         arr = {"type": "array", "items": items, "minItems": 1}
-        if not (parallel and choice == "required"):
+        if not _many(choice, parallel):
             arr["maxItems"] = 1
         tid = special_id(self.MARKER)
         tag = f"<[{tid}]>" if tid is not None else json.dumps(self.MARKER)
-        return "grammar", f"start: {tag} \" \"? body\nbody: {_lark_json(arr, json_options)}\n"
+        rules = f"body: {_lark_json(arr, json_options)}\n"
+        if choice is not None:
+            return "grammar", f'start: {tag} " "? body\n' + rules
+        # auto: free text, or text up to the tag, then the calls (constrained)
+        pre = f"TEXT? {tag}" if tid is not None else "pre"
+        return "grammar", (f'start: TEXT? | {pre} " "? body\n'
+                           f"pre[lazy]: /(.|\\n)*/ {tag}\nTEXT: /(.|\\n)+/\n" + rules)
 
 
 GENERIC_PROMPT = (
@@ -368,7 +380,6 @@ class GenericFormat(ToolFormat):
     ``{"response": "..."}``, described in a system message and always constrained."""
 
     name = "generic"
-    constrains_auto = True
 
     def scan(self, text: str, final: bool) -> Scan:
         k = skip_ws(text, 0)
