@@ -5,13 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from poot.sampling_params import InvalidRequest
-from poot.text.tool_calls import FORMATS
+from poot.text.tool_calls import FORMATS, REASONING_PARSERS
 
 #: ``--tool-call-parser`` names: ``auto`` (from the chat template) or a format's
 TOOL_CALL_PARSERS = ("auto", *FORMATS)
-#: ``--reasoning-parser`` names: ``auto`` (from the chat template), ``none``, or one that
-#: splits ``<think>`` blocks (vLLM's names for it)
-REASONING_PARSERS = ("auto", "none", "think", "deepseek_r1", "qwen3")
 
 
 @dataclass(frozen=True)

@@ -169,3 +169,18 @@ def test_tool_results_reach_the_template(tool_server):
     short = _post(tool_server, {**base, "messages": MSGS}).json()
     longer = _post(tool_server, {**base, "messages": _call_msgs()}).json()
     assert longer["usage"]["prompt_tokens"] > short["usage"]["prompt_tokens"]
+
+
+def test_a_call_cut_by_max_tokens_is_content_not_an_error(tool_server):
+    """A call that ``max_tokens`` cuts does not parse: its text is the content (finish
+    ``length``), streamed or not, never a 500."""
+    body = {"model": "tiny", "messages": MSGS, "tools": [PICK], "tool_choice": "required",
+            "temperature": 0, "max_tokens": 20}
+    r = _post(tool_server, body)
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "length" and "tool_calls" not in ch["message"]
+    assert ch["message"]["content"].startswith("<tool_call>")
+    s = httpx.post(tool_server.url + CHAT, json={**body, "stream": True}, timeout=120)
+    assert s.status_code == 200 and s.text.endswith("data: [DONE]\n\n")
+    assert _stream_calls(parse_sse(s.text))[2] == "length"

@@ -9,13 +9,18 @@ from poot.text.tool_calls.stream import (Delta, OutputParser, Parsed, StreamPars
                                          ToolCallDelta, prompt_opens_thought, split_reasoning)
 
 
+#: reasoning parser names: ``auto`` (from the chat template), ``none``, or one that splits
+#: ``<think>`` blocks (vLLM's names for it)
+REASONING_PARSERS = ("auto", "none", "think", "deepseek_r1", "qwen3")
+
+
 def detect_reasoning(template: str | None) -> bool:
     """The chat template is a thinking model's (it writes or strips ``<think>`` blocks:
     Qwen 3, DeepSeek-R1)."""
     return bool(template) and ("<think>" in template or "</think>" in template)
 
 
-__all__ = ["Delta", "FORMATS", "OutputParser", "Parsed", "PartialCall", "Scan",
+__all__ = ["Delta", "FORMATS", "OutputParser", "REASONING_PARSERS", "Parsed", "PartialCall", "Scan",
            "StreamParser", "ToolCall", "ToolCallDelta", "ToolFormat", "call_schema",
            "detect_format", "detect_reasoning", "new_call_id", "prompt_opens_thought",
            "split_reasoning"]

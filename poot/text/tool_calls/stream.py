@@ -7,8 +7,9 @@ grows as the text grows: :mod:`poot.text.tool_calls.formats`) and sending what i
 the deltas of any split of a text reassemble to exactly its whole parse. Markup is held back
 while it may still turn out to be markup (a ``<tool_`` at the end of a delta), so it never
 leaks into ``content``. The one exception: a call whose text stops being a call after its
-name or arguments were streamed (malformed JSON under ``tool_choice: auto``) is content in
-the whole parse, while its deltas were already sent as a call.
+name or arguments were streamed (malformed JSON under ``tool_choice: auto``, or a call cut
+by ``max_tokens``) is content in the whole parse, while its deltas were already sent as a
+call (its text then follows as content at the end of the stream).
 """
 
 from __future__ import annotations
