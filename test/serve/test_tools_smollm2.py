@@ -181,21 +181,35 @@ def test_required_calls_valid_and_streams_reassemble(server):
         assert [x[1:] for x in s[2]] == [x[1:] for x in calls], fn["name"]
 
 
+#: the agent loop's tool (SmolLM2-135M answers after its result under ``auto``; with other
+#: wordings of the schema, e.g. ``CASES[0]``'s, the small model calls it again instead)
+LOOP_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+
+
 def test_agent_loop(server):
-    """Call -> tool result -> answer: the model asks for the weather, gets it back as a
-    ``tool`` message carrying the call's id, and answers in text."""
+    """Call -> tool result -> answer, as an agent framework runs it: the model asks for the
+    weather, gets it back as a ``tool`` message carrying the call's id, and (``auto``)
+    answers in text."""
     c = _client(server)
-    tool, question = CASES[0]
-    messages = [{"role": "user", "content": question}]
-    r = c.chat.completions.create(**_request(tool, question))
-    msg = r.choices[0].message
-    call = msg.tool_calls[0]
-    assert json.loads(call.function.arguments)["city"]
-    messages += [msg,                        # the client's own message object, as is
-                 {"role": "tool", "tool_call_id": call.id,
-                  "content": json.dumps({"temperature_c": 18, "sky": "sunny"})}]
-    final = c.chat.completions.create(model="smollm2", messages=messages, tools=[tool],
-                                      tool_choice="none", temperature=0, max_tokens=40)
-    ch = final.choices[0]
-    assert ch.message.content and not ch.message.tool_calls
-    assert ch.finish_reason in ("stop", "length")
+    tool = LOOP_TOOL
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for turn in range(3):
+        r = c.chat.completions.create(model="smollm2", messages=messages, tools=[tool],
+                                      tool_choice="required" if turn == 0 else "auto",
+                                      temperature=0, max_tokens=60)
+        ch = r.choices[0]
+        if not ch.message.tool_calls:
+            break
+        assert ch.finish_reason == "tool_calls"
+        messages.append(ch.message)          # the client's own message object, as is
+        for call in ch.message.tool_calls:
+            assert json.loads(call.function.arguments)["city"]
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": json.dumps({"temperature_c": 18, "sky": "sunny"})})
+    assert turn == 1, "the answer comes right after the first tool result"
+    assert ch.finish_reason == "stop" and ch.message.content
+    assert "sunny" in ch.message.content.lower() or "18" in ch.message.content

@@ -155,7 +155,7 @@ def test_generic_prepare_maps_calls_and_results_to_its_json():
     assert "response" not in out[0]["content"]            # a call is required
     assert json.loads(out[2]["content"]) == {"tool_calls": [{"name": "search",
                                                              "arguments": {"q": "x"}}]}
-    assert json.loads(out[3]["content"])["tool_response"]["content"] == "found"
+    assert out[3] == {"role": "user", "content": "Tool result (search): found"}
 
 
 def test_llama_text_answer_and_python_tag():

@@ -408,7 +408,8 @@ class GenericFormat(ToolFormat):
         raise Malformed("neither tool_calls nor response")
 
     def prepare(self, messages, tools, choice):
-        out = [self._plain(m) for m in messages]
+        names: dict[str, str] = {}
+        out = [self._plain(m, names) for m in messages]
         if not tools:
             return out
         fns = [t["function"] for t in tools
@@ -426,17 +427,18 @@ class GenericFormat(ToolFormat):
         return out
 
     @staticmethod
-    def _plain(m: dict[str, Any]) -> dict[str, Any]:
-        """A message in the generic format's JSON: an assistant's calls as its
-        ``{"tool_calls": [...]}`` answer, a tool result as a user message."""
+    def _plain(m: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+        """A message in the generic format: an assistant's calls as its ``{"tool_calls":
+        [...]}`` answer, a tool result as a user message ``Tool result (<tool name>): ...``
+        (``names``: call id -> tool name, filled from the assistant messages)."""
         if m.get("tool_calls"):
             calls = [_decoded_call(c)["function"] for c in m["tool_calls"]]
+            names.update({c.get("id"): f.get("name") for c, f in zip(m["tool_calls"], calls)})
             m = {k: v for k, v in m.items() if k != "tool_calls"}
             m["content"] = json.dumps({"tool_calls": calls}, ensure_ascii=False)
         elif m.get("role") == "tool":
-            m = {"role": "user", "content": json.dumps(
-                {"tool_response": {"tool_call_id": m.get("tool_call_id"),
-                                   "content": m.get("content")}}, ensure_ascii=False)}
+            name = names.get(m.get("tool_call_id")) or m.get("tool_call_id")
+            m = {"role": "user", "content": f"Tool result ({name}): {m.get('content') or ''}"}
         return m
 
     def guide(self, tools, choice, parallel, special_id, json_options):
