@@ -13,23 +13,17 @@ to the format's markup around arguments valid against the tool's schema).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from poot.engine.guided import JSON_DEFAULTS, first_line
+from poot.engine.tool_calls import (CALL_JSON, allow_thought, call_guide, reasoning_on,
+                                    schema_problem, tool_format)
 from poot.sampling_params import Guide
 from poot.serve.errors import bad_request
-from poot.text.tool_calls import (FORMATS, OutputParser, ToolFormat, detect_format,
-                                  detect_reasoning)
+from poot.text.tool_calls import OutputParser, ToolFormat
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-#: llguidance's JSON options inside a constrained call: one line, ``", "`` and ``": "``
-#: between items (as the templates' ``tojson`` writes them): no whitespace for a small
-#: model to loop on, and few tokens
-CALL_JSON = {"whitespace_flexible": False, "whitespace_pattern": None,
-             "item_separator": ", ", "key_separator": ": ", "lenient": False}
 #: the most tools one request may define
 MAX_TOOLS = 128
 
@@ -57,34 +51,11 @@ class ToolRequest:
         return self.tools if self.active else None
 
 
-def tool_format(template: str | None, parser: str) -> ToolFormat:
-    """The format ``--tool-call-parser`` names, or (``auto``) the template's."""
-    return detect_format(template) if parser == "auto" else FORMATS[parser]
-
-
-def reasoning_on(template: str | None, parser: str) -> bool:
-    """``<think>`` blocks are split off: ``--reasoning-parser`` or (``auto``) a thinking
-    template."""
-    return detect_reasoning(template) if parser == "auto" else parser != "none"
-
-
 def _check_schema(schema: Any, param: str) -> None:
-    """400 naming ``param`` unless ``schema`` is a JSON schema (an object) llguidance can
-    honor (checked without the vocabulary: unknown types, unsupported keywords and
-    formats, bad references and regexes)."""
-    import llguidance as L
-
-    if not isinstance(schema, dict):
-        raise bad_request(param, f"'{param}' must be a JSON schema (an object)")
-    if schema.get("type", "object") != "object":
-        raise bad_request(param, f"'{param}' must describe an object (type \"object\")")
-    try:
-        grammar = L.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS)
-        bad, messages = L.LLMatcher.validate_grammar_with_warnings(grammar, None)
-    except Exception as e:  # noqa: BLE001  (llguidance's conversion errors: the user's schema)
-        bad, messages = True, [str(e)]
-    if bad:
-        why = "; ".join(first_line(m) for m in messages) or "invalid"
+    """400 naming ``param`` unless ``schema`` is a JSON schema of an object that llguidance
+    can honor (:func:`~poot.engine.tool_calls.schema_problem`)."""
+    why = schema_problem(schema)
+    if why is not None:
         raise bad_request(param, f"invalid '{param}': {why}", "invalid_tool_schema")
 
 
@@ -179,52 +150,11 @@ def tool_request(req, template: str | None, parser: str) -> ToolRequest:
                        bool(tools) and choice != "none")
 
 
-def _answer_rule(guide: Guide, ours: bool) -> str | None:
-    """``guide`` as Lark rules whose start is named ``answer``; None for a user's grammar
-    (``ours`` False: kept as it is)."""
-    if guide.kind in ("json_schema", "json_object"):
-        schema = guide.spec if guide.kind == "json_schema" else {"type": "object"}
-        if isinstance(schema, dict):
-            schema = {"x-guidance": JSON_DEFAULTS, **schema}
-        return "answer: %json" + json.dumps(schema) + "\n"
-    if guide.kind == "regex":
-        return "answer: /" + guide.spec.replace("/", "\\/") + "/\n"
-    if ours:
-        return re.sub(r"^start:", "answer:", guide.spec, count=1, flags=re.M)
-    return None
-
-
-def allow_thought(guide: Guide, in_thought: bool, ours: bool = False) -> Guide:
-    """``guide`` applied to the answer after a thought, not to the thought: an optional
-    ``<think>...</think>`` first (``in_thought``: the prompt opened it, so the text up to
-    ``</think>``). A user's grammar is kept as it is (it must allow the thought itself);
-    ``ours``: the grammar is a tool format's (its ``start`` rule becomes the answer)."""
-    answer = _answer_rule(guide, ours)
-    if answer is None:
-        return guide
-    if in_thought:
-        head = 'start: rest answer\nrest[lazy]: /(.|\\n)*<\\/think>/\n'
-    else:
-        head = 'start: thought? answer\nthought[lazy]: "<think>" /(.|\\n)*/ "</think>"\n'
-    return Guide.grammar(head + answer)
-
-
 def tool_guide(tr: ToolRequest, tokenizer) -> Guide | None:
     """The constraint of the request's answer (None: unconstrained)."""
     if not tr.active:
         return None
-
-    def special_id(text: str) -> int | None:
-        tid = tokenizer.token_to_id(text)
-        return tid if tid is not None and tid in tokenizer.special_ids else None
-
-    made = tr.fmt.guide(tr.tools, tr.choice, tr.parallel, special_id, CALL_JSON)
-    if made is None:
-        return None
-    kind, spec = made
-    if kind == "json_schema":
-        return Guide(kind, {**spec, "x-guidance": CALL_JSON})
-    return Guide(kind, spec)
+    return call_guide(tr.fmt, tr.tools, tr.choice, tr.parallel, tokenizer)
 
 
 def output_parser(tr: ToolRequest, reasoning: bool, in_thought: bool) -> OutputParser:
@@ -232,6 +162,7 @@ def output_parser(tr: ToolRequest, reasoning: bool, in_thought: bool) -> OutputP
     return OutputParser(tr.fmt if tr.active else None, reasoning, in_thought)
 
 
-__all__ = ["CALL_JSON", "MAX_TOOLS", "ToolRequest", "allow_thought",
+__all__ = ["CALL_JSON", "MAX_TOOLS", "ToolRequest", "allow_thought", "call_guide",
+           "schema_problem",
            "check_tool_messages", "output_parser", "reasoning_on", "tool_format",
            "tool_guide", "tool_request"]
