@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from poot.engine.guided import JSON_DEFAULTS, first_line
 from poot.sampling_params import Guide
-from poot.text.tool_calls import FORMATS, ToolFormat, detect_format, detect_reasoning
+from poot.text.tool_calls import (FORMATS, OutputParser, ToolFormat, detect_format,
+                                  detect_reasoning)
 
 #: llguidance's JSON options inside a constrained call: one line, ``", "`` and ``": "``
 #: between items (as the templates' ``tojson`` writes them): no whitespace for a small
@@ -102,5 +104,43 @@ def call_guide(fmt: ToolFormat, tools: list[dict[str, Any]], choice: str | None,
     return Guide(kind, spec)
 
 
-__all__ = ["CALL_JSON", "allow_thought", "call_guide", "reasoning_on", "schema_problem",
-           "tool_format"]
+@dataclass
+class ModelToolCalls:
+    """One model's tool calling outside the server (``LLM.chat(tools=...)``, ``poot chat
+    --tools``): its tool-call format and reasoning split, with the three operations a chat
+    with tools needs. Made by :meth:`of` from the model's tokenizer."""
+
+    fmt: ToolFormat
+    reasoning: bool
+    tokenizer: Any
+
+    @classmethod
+    def of(cls, tokenizer, tool_call_parser: str = "auto",
+           reasoning_parser: str = "auto") -> "ModelToolCalls":
+        """The tool calling of the model with ``tokenizer`` (its chat template decides
+        unless the parser names say otherwise)."""
+        template = tokenizer.chat_template
+        return cls(tool_format(template, tool_call_parser),
+                   reasoning_on(template, reasoning_parser), tokenizer)
+
+    def prepare(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                choice: str | None) -> list[dict[str, Any]]:
+        """The messages as the chat template gets them (:meth:`ToolFormat.prepare`)."""
+        return self.fmt.prepare(messages, tools, choice)
+
+    def guide(self, tools: list[dict[str, Any]], choice: str | None, parallel: bool = True,
+              in_thought: bool = False) -> Guide | None:
+        """The reply's constraint (:func:`call_guide`; after an optional thought for a
+        thinking model)."""
+        guide = call_guide(self.fmt, tools, choice, parallel, self.tokenizer)
+        return allow_thought(guide, in_thought, ours=True) \
+            if guide is not None and self.reasoning else guide
+
+    def parse(self, text: str, in_thought: bool = False) -> dict[str, Any]:
+        """A whole reply as OpenAI's chat ``message`` (``content``, ``tool_calls`` when
+        there are calls, ``reasoning_content`` for a thinking model)."""
+        return OutputParser(self.fmt, self.reasoning, in_thought).parse(text).message()
+
+
+__all__ = ["CALL_JSON", "ModelToolCalls", "allow_thought", "call_guide", "reasoning_on",
+           "schema_problem", "tool_format"]

@@ -281,3 +281,23 @@ def test_auto_grammar_is_free_text_until_a_call_starts(smollm2, family):
     if family != "llama3_1":              # Llama's calls are the whole answer
         assert _accepts(smollm2, kind, spec, "Let me check.\n" + call)
         assert not _accepts(smollm2, kind, spec, "Let me check.\n" + bad)
+
+
+def test_model_tool_calls_for_chat_outside_the_server(smollm2):
+    """:class:`poot.engine.tool_calls.ModelToolCalls` (what ``LLM.chat(tools=)`` plugs in):
+    SmolLM2's generic format prepares, constrains and parses a reply."""
+    pytest.importorskip("llguidance")
+    from poot.engine.tool_calls import ModelToolCalls
+
+    mt = ModelToolCalls.of(smollm2)
+    assert mt.fmt.name == "generic" and not mt.reasoning
+    msgs = mt.prepare([{"role": "user", "content": "hi"}], TOOLS, "required")
+    assert msgs[0]["role"] == "system" and "get_weather" in msgs[0]["content"]
+    guide = mt.guide(TOOLS, "required")
+    assert guide.kind == "json_schema"
+    reply = json.dumps({"tool_calls": [{"name": "search", "arguments": {"q": "x"}}]})
+    assert _accepts(smollm2, guide.kind, guide.spec, reply)
+    msg = mt.parse(reply)
+    assert msg["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] \
+        == [("search", '{"q": "x"}')]
