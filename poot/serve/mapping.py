@@ -2,11 +2,12 @@
 
 Everything a request needs checked before it reaches the engine happens here, each failure a
 400 naming the field: the model name (404), parameters this server does not implement
-(``tools``, ``suffix``, ``best_of`` other than ``n``), the guided-decoding constraint
-(``response_format``, ``guided_*``: malformed, conflicting, or one llguidance cannot honor),
-the chat template, token ids, ``n`` and the number of prompts, the prompt length,
-prompt + ``max_tokens`` against the context (both numbers in the message), and every
-sampling range (:class:`SamplingParams` and the engine's own check).
+(``suffix``, ``best_of`` other than ``n``, ``tools`` on completions), the guided-decoding
+constraint (``response_format``, ``guided_*``: malformed, conflicting, or one llguidance
+cannot honor), a chat request's tools (:mod:`poot.serve.tools`), the chat template,
+token ids, ``n`` and the number of prompts, the prompt length, prompt + ``max_tokens``
+against the context (both numbers in the message), and every sampling range
+(:class:`SamplingParams` and the engine's own check).
 
 :func:`guided_from` is the one place the request's guided-decoding constraint is made.
 """
