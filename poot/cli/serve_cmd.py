@@ -6,6 +6,7 @@
     poot serve --ray --replicas N [...]         # N engine replicas behind one Ray Serve ingress
     poot serve --lora NAME=PATH [--max-loras N] [--max-lora-rank R] [--allow-runtime-lora
                --lora-root DIR]
+    poot serve --tool-call-parser NAME --reasoning-parser NAME   # else from the chat template
 
 The server listens at once: ``GET /health`` answers 503 ``loading`` while the model loads and
 its steps compile (progress on stderr), then 200 ``ready``, and a line says it is ready.
@@ -37,6 +38,7 @@ import time
 
 from poot.cli.generate_cmd import add_model_args, apply_threads, check_options, compile_options
 from poot.sampling_params import InvalidRequest
+from poot.text.tool_calls import FORMATS, REASONING_PARSERS
 from poot.errors import PootError
 from poot import settings
 
@@ -139,6 +141,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "relative to it)")
     p.add_argument("--max-lora-bytes", default="1GiB", metavar="BYTES",
                    help="the largest adapter file runtime loading reads (default: 1GiB)")
+    p.add_argument("--tool-call-parser", default="auto", choices=("auto", *FORMATS),
+                   help="tool-call format of chat answers: auto (from the chat template), "
+                        "hermes, llama3_json, mistral or generic (default: auto)")
+    p.add_argument("--reasoning-parser", default="auto", choices=REASONING_PARSERS,
+                   help="split <think> blocks into reasoning_content: auto (thinking "
+                        "templates), none, or think / deepseek_r1 / qwen3 (default: auto)")
     p.add_argument("--ray", action="store_true",
                    help="deploy --replicas engine replicas with Ray Serve behind one ingress")
     p.add_argument("--replicas", type=int, default=1, metavar="N",
@@ -165,7 +173,9 @@ def _config(args):
                        header_timeout_s=args.header_timeout,
                        body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
                        runtime_lora=args.allow_runtime_lora, lora_root=args.lora_root,
-                       max_lora_bytes=parse_bytes(args.max_lora_bytes, "--max-lora-bytes"))
+                       max_lora_bytes=parse_bytes(args.max_lora_bytes, "--max-lora-bytes"),
+                       tool_call_parser=args.tool_call_parser,
+                       reasoning_parser=args.reasoning_parser)
 
 
 def load_options(args) -> dict:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from poot.sampling_params import InvalidRequest
+from poot.text.tool_calls import FORMATS, REASONING_PARSERS
+
+#: ``--tool-call-parser`` names: ``auto`` (from the chat template) or a format's
+TOOL_CALL_PARSERS = ("auto", *FORMATS)
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,11 @@ class ServeConfig:
             relative to it; a path that leaves it, symlinks resolved, is refused as not
             found; :mod:`poot.serve.lora_files`).
         max_lora_bytes: the largest adapter file runtime loading reads (bytes).
+        tool_call_parser: the tool-call format of chat answers (``auto``: from the chat
+            template; or ``hermes``, ``llama3_json``, ``mistral``, ``generic``).
+        reasoning_parser: split ``<think>`` blocks into ``reasoning_content`` (``auto``:
+            when the chat template is a thinking model's; ``none``; ``think``,
+            ``deepseek_r1`` or ``qwen3``: always).
     """
 
     served_model_name: str = "poot"
@@ -68,6 +77,8 @@ class ServeConfig:
     runtime_lora: bool = False
     lora_root: str | None = None
     max_lora_bytes: int = 1 << 30
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_n", "max_concurrent", "retry_after_s",
@@ -90,9 +101,15 @@ class ServeConfig:
         if self.runtime_lora and not self.lora_root:
             raise InvalidRequest("lora_root", self.lora_root, "runtime LoRA loading needs "
                                  "the folder its adapters must lie in (--lora-root)")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise InvalidRequest("tool_call_parser", self.tool_call_parser,
+                                 f"must be one of {', '.join(TOOL_CALL_PARSERS)}")
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise InvalidRequest("reasoning_parser", self.reasoning_parser,
+                                 f"must be one of {', '.join(REASONING_PARSERS)}")
         if not isinstance(self.served_model_name, str) or not self.served_model_name:
             raise InvalidRequest("served_model_name", self.served_model_name,
                                  "must be a non-empty string")
 
 
-__all__ = ["ServeConfig"]
+__all__ = ["REASONING_PARSERS", "ServeConfig", "TOOL_CALL_PARSERS"]

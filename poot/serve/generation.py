@@ -16,6 +16,7 @@ from poot.serve.errors import APIError
 from poot.serve.responses import (SSE_DONE, ChoiceState, CompletionLogprobs, chat_logprobs,
                                   sse, usage)
 from poot.serve.state import ServerState, shutting_down
+from poot.text.tool_calls import StreamParser
 
 
 class SSEResponse(StreamingResponse):
@@ -64,6 +65,9 @@ class GenerationRun:
                     range(plan.choices)] if not chat else []
         self.ttft_seen: set[int] = set()
         self.finished = False
+        # the answers split into content, reasoning and tool calls, as they stream
+        self.parsers = [StreamParser(plan.output) for _ in self.states] \
+            if chat and plan.output is not None else None
         # vLLM's return_token_ids: prompt and generated ids beside the text
         self.ids = bool(body.return_token_ids)
         self.ids_sent: set[int] = set()
@@ -149,12 +153,12 @@ class GenerationRun:
         choices = []
         for st in self.states:
             if self.chat:
+                message, finish = self._message(st)
                 choices.append(self._with_ids({
-                    "index": st.index,
-                    "message": {"role": "assistant", "content": st.text, "refusal": None},
+                    "index": st.index, "message": message,
                     "logprobs": chat_logprobs(st.logprobs, self.tt)
                     if self.want_logprobs else None,
-                    "finish_reason": st.finish_reason}, st.index, st.token_ids))
+                    "finish_reason": finish}, st.index, st.token_ids))
             else:
                 p = st.index // self.plan.n
                 text = (self.prompt_texts[p] if self.echo else "") + st.text
@@ -172,6 +176,15 @@ class GenerationRun:
         if self.ids and self.chat:
             out["prompt_token_ids"] = self._prompt_ids(0)
         return out
+
+    def _message(self, st) -> tuple[dict[str, Any], str | None]:
+        """A chat choice's ``message`` and finish reason (``tool_calls`` when it ended by
+        itself with calls)."""
+        if self.plan.output is None:
+            return {"role": "assistant", "content": st.text, "refusal": None}, \
+                st.finish_reason
+        parsed = self.plan.output.parse(st.text)
+        return parsed.message(), _finish_reason(st, bool(parsed.tool_calls))
 
     def closed(self, gen) -> None:
         """The stream's response ended (any way): abort what still runs."""
@@ -203,10 +216,13 @@ class GenerationRun:
         st, text, released = self._feed(i, ev)
         new_ids = ev.token_ids if self.ids else []
         out = []
-        if text or released or new_ids:
+        delta: dict[str, Any] = {"content": text}
+        if self.parsers is not None:             # content, reasoning and call pieces
+            delta = self.parsers[i].push(text, final=ev.finished).openai()
+        if (delta if self.parsers is not None else text) or released or new_ids:
             if self.chat:
                 out.append(self._chunk(self._with_ids({
-                    "index": i, "delta": {"content": text},
+                    "index": i, "delta": delta,
                     "logprobs": chat_logprobs(released, self.tt)
                     if self.want_logprobs else None, "finish_reason": None}, i, new_ids)))
             else:
@@ -216,9 +232,10 @@ class GenerationRun:
                     if self.want_logprobs else None, "finish_reason": None}, i, new_ids)))
         if ev.finished:
             if self.chat:
+                calls = self.parsers is not None and bool(self.parsers[i].result().tool_calls)
                 out.append(self._chunk(self._with_ids(
                     {"index": i, "delta": {}, "logprobs": None,
-                     "finish_reason": st.finish_reason}, i, [])))
+                     "finish_reason": _finish_reason(st, calls)}, i, [])))
             else:
                 out.append(self._chunk(self._with_ids(
                     {"index": i, "text": "", "logprobs": None,
@@ -276,6 +293,11 @@ class GenerationRun:
                 self.state.metrics.aborted.inc(len(gen.unfinished))
                 self._finish("disconnected")
             gen.close()
+
+
+def _finish_reason(st, calls: bool) -> str | None:
+    """OpenAI's ``tool_calls`` for a choice that stopped by itself after calls."""
+    return "tool_calls" if calls and st.finish_reason == "stop" else st.finish_reason
 
 
 __all__ = ["GenerationRun", "SSEResponse"]

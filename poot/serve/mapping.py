@@ -2,11 +2,12 @@
 
 Everything a request needs checked before it reaches the engine happens here, each failure a
 400 naming the field: the model name (404), parameters this server does not implement
-(``tools``, ``suffix``, ``best_of`` other than ``n``), the guided-decoding constraint
-(``response_format``, ``guided_*``: malformed, conflicting, or one llguidance cannot honor),
-the chat template, token ids, ``n`` and the number of prompts, the prompt length,
-prompt + ``max_tokens`` against the context (both numbers in the message), and every
-sampling range (:class:`SamplingParams` and the engine's own check).
+(``suffix``, ``best_of`` other than ``n``, ``tools`` on completions), the guided-decoding
+constraint (``response_format``, ``guided_*``: malformed, conflicting, or one llguidance
+cannot honor), a chat request's tools (:mod:`poot.serve.tools`), the chat template,
+token ids, ``n`` and the number of prompts, the prompt length, prompt + ``max_tokens``
+against the context (both numbers in the message), and every sampling range
+(:class:`SamplingParams` and the engine's own check).
 
 :func:`guided_from` is the one place the request's guided-decoding constraint is made.
 """
@@ -24,7 +25,10 @@ from poot.serve.config import ServeConfig
 from poot.serve.errors import APIError, NOT_FOUND, bad_request
 from poot.serve.protocol import (MAX_STOP_STRINGS, ChatCompletionRequest, ChatMessage,
                                  CompletionRequest)
-from poot.text.chat import ChatTemplateError, encode_chat as _encode
+from poot.serve.tools import (ToolRequest, allow_thought, output_parser, reasoning_on,
+                              tool_guide, tool_request)
+from poot.text.chat import ChatTemplateError, render_chat
+from poot.text.tool_calls import OutputParser, prompt_opens_thought
 from poot.text.tokenizer import TokenizerError
 
 _SEED_MOD = 2 ** 64
@@ -52,6 +56,9 @@ class Plan:
     guided_field: str | None = None
     #: the LoRA adapter ``model`` named (None: the base model)
     lora: str | None = None
+    #: how a chat answer is split into content, reasoning and tool calls (None: the text
+    #: is the content)
+    output: OutputParser | None = None
 
     @property
     def choices(self) -> int:
@@ -180,13 +187,13 @@ def _unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options", "stream_options is only allowed when stream is "
                           "true")
-    if req.tools:
-        raise bad_request("tools", "tool calling is not supported by this server",
-                          "unsupported_parameter")
-    if req.tool_choice not in (None, "none"):
-        raise bad_request("tool_choice", "tool calling is not supported by this server "
-                          "(only \"none\")", "unsupported_parameter")
     if isinstance(req, CompletionRequest):
+        if req.tools:
+            raise bad_request("tools", "tools are for /v1/chat/completions",
+                              "unsupported_parameter")
+        if req.tool_choice not in (None, "none"):
+            raise bad_request("tool_choice", "tool_choice is for /v1/chat/completions",
+                              "unsupported_parameter")
         if req.suffix:
             raise bad_request("suffix", "suffix (insertion) is not supported by this server",
                               "unsupported_parameter")
@@ -349,6 +356,27 @@ def encode_chat(handle, messages: list[ChatMessage], add_generation_prompt: bool
                 template_kwargs: dict[str, Any] | None) -> list[int]:
     """Prompt ids of chat ``messages`` through the model's chat template (400 naming
     ``messages`` when there is no template or it refuses them)."""
+    text = render_prompt(handle, messages, add_generation_prompt, template_kwargs)
+    return _encode_prompt(handle, text, template_kwargs)
+
+
+def _encode_prompt(handle, text: str, template_kwargs: dict[str, Any] | None) -> list[int]:
+    """Ids of a rendered prompt (special tokens already in it); a 400 for text the
+    tokenizer refuses (from the template's own text or ``chat_template_kwargs``)."""
+    try:
+        return handle.tokenizer.encode(text, add_special_tokens=False)
+    except TokenizerError as e:
+        raise bad_request("chat_template_kwargs" if template_kwargs else "messages", str(e),
+                          "invalid_unicode") from None
+
+
+def render_prompt(handle, messages: list[ChatMessage], add_generation_prompt: bool,
+                  template_kwargs: dict[str, Any] | None, tools: ToolRequest | None = None) \
+        -> str:
+    """Prompt text of chat ``messages`` through the model's chat template; ``tools``: the
+    request's tools (the template gets them as ``tools``, and earlier calls and results in
+    the tool-call format's form). 400 naming ``messages`` when there is no template or it
+    refuses them, ``chat_template_kwargs`` when they are bad."""
     if handle.tokenizer is None:
         raise bad_request("messages", "this model has no tokenizer: use /v1/completions with "
                           "token ids")
@@ -357,9 +385,13 @@ def encode_chat(handle, messages: list[ChatMessage], add_generation_prompt: bool
     if bad:
         raise bad_request("chat_template_kwargs", f"'{bad[0]}' is set by the server")
     _check_unicode(messages)
+    msgs = chat_messages(messages)
+    if tools is not None:
+        msgs = tools.messages(msgs)
+        kwargs["tools"] = tools.template_tools
     try:
-        return _encode(handle.tokenizer, chat_messages(messages),
-                       add_generation_prompt=add_generation_prompt, **kwargs)
+        return render_chat(handle.tokenizer, msgs, add_generation_prompt=add_generation_prompt,
+                           **kwargs)
     except TokenizerError as e:     # the template's own text or chat_template_kwargs
         raise bad_request("chat_template_kwargs" if kwargs else "messages", str(e),
                           "invalid_unicode") from None
@@ -381,7 +413,7 @@ def chat_plan(handle, req: ChatCompletionRequest, config: ServeConfig) -> Plan:
         raise bad_request("top_logprobs", "top_logprobs needs logprobs set to true")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     kw, guided_field = _base_params(req, logprobs)
-    ids = encode_chat(handle, req.messages, req.add_generation_prompt, req.chat_template_kwargs)
+    ids, output, guided_field = _chat_prompt(handle, req, config, kw, guided_field)
     capacity = handle.kv_capacity
     _check_prompt_len(ids, config, capacity, "messages", "messages")
     explicit = req.max_completion_tokens if req.max_completion_tokens is not None \
@@ -394,7 +426,39 @@ def chat_plan(handle, req: ChatCompletionRequest, config: ServeConfig) -> Plan:
     params = _params(kw, req.seed, max_tokens, req.n, rename)
     _engine_check(handle.engine, ids, params[0], "messages", "messages", rename, max_param)
     return Plan([ids], params, req.n, guided_field,
-                req.model if req.model in adapters else None)
+                req.model if req.model in adapters else None, output)
+
+
+def _chat_prompt(handle, req: ChatCompletionRequest, config: ServeConfig,
+                 kw: dict[str, Any], guided_field: str | None):
+    """A chat request's prompt ids, its :class:`OutputParser` (None: the text is the
+    content) and the field of its constraint. The constraint its tools need goes into
+    ``kw["guided"]`` (400 beside another one); with reasoning, a constraint applies to the
+    answer after the thought."""
+    template = handle.tokenizer.chat_template if handle.tokenizer is not None else None
+    tools = tool_request(req, template, config.tool_call_parser)
+    reasoning = reasoning_on(template, config.reasoning_parser)
+    text = render_prompt(handle, req.messages, req.add_generation_prompt,
+                         req.chat_template_kwargs, tools)
+    ids = _encode_prompt(handle, text, req.chat_template_kwargs)
+    in_thought = reasoning and prompt_opens_thought(text)
+    field = guided_field
+    try:
+        guide = tool_guide(tools, handle.tokenizer)
+        if guide is not None:
+            if guided_field is not None:
+                raise bad_request(guided_field, f"'{guided_field}' cannot be combined with "
+                                  f"a tool_choice that constrains the answer")
+            field = "tools"
+        guide = guide or kw.get("guided")
+        if guide is not None:
+            kw["guided"] = allow_thought(guide, in_thought, field == "tools") \
+                if reasoning else guide
+    except GuidedDecodingError as e:
+        raise bad_request(field, f"invalid '{field}': {e.reason}", "invalid_guided_decoding") \
+            from None
+    output = output_parser(tools, reasoning, in_thought)
+    return ids, (output if output.active else None), field
 
 
 def completion_plan(handle, req: CompletionRequest, config: ServeConfig) -> Plan:
@@ -445,4 +509,4 @@ def _adapters(handle) -> dict[str, int]:
 
 
 __all__ = ["Plan", "chat_messages", "chat_plan", "check_model", "completion_plan",
-           "encode_chat", "guided_from"]
+           "encode_chat", "guided_from", "render_prompt"]

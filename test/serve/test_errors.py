@@ -97,7 +97,7 @@ BAD = [
     (COMP, comp(prompt=["ok", "\ud83d"]), 400, "prompt[1]"),
     ("/tokenize", {"prompt": "\udfff abc"}, 400, "prompt"),
     (CHAT, chat(response_format={"type": "yaml"}), 400, "response_format.type"),
-    (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    (COMP, comp(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
     (CHAT, chat(tool_choice="required"), 400, "tool_choice"),
     (CHAT, chat(functions=[]), 400, "functions"),
     (CHAT, chat(unknown_field=1), 400, "unknown_field"),
