@@ -29,7 +29,7 @@ The modules: :mod:`~poot.api.options` (:class:`LoadOptions`, the defaults),
 
 from __future__ import annotations
 
-from poot.api.chat import ChatResult, ToolCallsUnavailable
+from poot.api.chat import ChatResult
 from poot.api.generate import (LLM, CompletionOutput, ContextOverflow, Driver, Finished,
                                TokenEvent, generate)
 from poot.api.memory import (available_memory, check_kv_capacity, check_kv_memory,
@@ -46,6 +46,6 @@ __all__ = ["BACKENDS", "ChatResult", "CompletionOutput", "ContextOverflow",
            "DEFAULT_COMPILE_OPTIONS", "DEFAULT_KV_CAPACITY", "DEFAULT_MAX_BATCH",
            "DEFAULT_PREFILL_CHUNK", "Driver", "Finished", "InvalidRequest", "LLM",
            "LoadOptions", "ModelHandle", "ModelNotFound", "SamplingParams", "TokenEvent",
-           "ToolCallsUnavailable", "available_memory", "bind_lora_slots", "check_kv_capacity",
+           "available_memory", "bind_lora_slots", "check_kv_capacity",
            "check_kv_memory", "compile_cached", "compile_steps", "default_model_path",
            "generate", "kv_cache_bytes", "target_for"]

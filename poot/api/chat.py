@@ -15,8 +15,9 @@ templates expect).
 
 What the model family writes around a call (Hermes ``<tool_call>``, Llama 3 JSON, Mistral
 ``[TOOL_CALLS]``, or for a template with no tool support a generic JSON answer described in a
-system message) is the tool-call parser's business, reached at one seam:
-:func:`tool_call_parser`.
+system message) is the model's tool-call format, chosen from its chat template
+(:func:`tool_call_parser`; the formats are :mod:`poot.text.tool_calls`). The checks of
+``tools``, ``tool_choice`` and tool messages are the server's (:mod:`poot.engine.tool_calls`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
-from poot.errors import PootError
+from poot.engine.tool_calls import (ModelToolCalls, check_tool_choice, check_tool_messages,
+                                    check_tools)
 from poot.sampling_params import InvalidRequest
 from poot.text.chat import encode_chat
-
-
-class ToolCallsUnavailable(PootError):
-    """This build has no tool-call parser for the model (see :func:`tool_call_parser`)."""
 
 
 class ToolCallParser(Protocol):
@@ -53,52 +51,16 @@ class ToolCallParser(Protocol):
 
 
 def tool_call_parser(handle) -> ToolCallParser:
-    """THE SEAM to the tool-call parser of ``handle``'s model (its format chosen from the
-    chat template). The parsers live in the server's tool-calling work
-    (``poot.text.tool_calls``: ``detect_format(template)`` gives the format, whose
-    ``prepare(messages, tools, choice)`` is :meth:`ToolCallParser.prepare`, its
-    ``guide(tools, choice, parallel, special_id, json_options)`` made a
-    :class:`~poot.sampling_params.Guide` is :meth:`ToolCallParser.guide`, and
-    ``OutputParser(format, reasoning=detect_reasoning(template)).parse(text).message()`` is
-    :meth:`ToolCallParser.parse`); this function is where they are plugged in.
+    """The tool-call parser of ``handle``'s model: its format (Hermes, Llama 3 JSON,
+    Mistral, or the generic JSON answer) and reasoning split, chosen from its chat template
+    (:class:`~poot.engine.tool_calls.ModelToolCalls`).
 
     Raises:
-        ToolCallsUnavailable: no parser in this build (the tool-call formats have not
-            landed yet).
+        InvalidRequest: the checkpoint has no tokenizer.
     """
-    raise ToolCallsUnavailable("tool calls need the tool-call parsers (poot.text."
-                               "tool_calls), which this build does not have yet")
-
-
-def check_tools(tools: Any) -> list[dict[str, Any]]:
-    """``tools`` checked: a list of OpenAI chat function tools (``{"type": "function",
-    "function": {"name", "description"?, "parameters"?}}``), names unique, ``parameters`` a
-    JSON schema object.
-
-    Raises:
-        InvalidRequest: naming the field (``tools[2].function.name``, ...).
-    """
-    if not isinstance(tools, list) or not tools:
-        raise InvalidRequest("tools", tools, "a non-empty list of function tools")
-    names: set[str] = set()
-    for i, t in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(t, Mapping) or t.get("type") != "function" or \
-                not isinstance(t.get("function"), Mapping):
-            raise InvalidRequest(where, t, "{\"type\": \"function\", \"function\": {\"name\", "
-                                 "\"description\", \"parameters\"}}")
-        fn = t["function"]
-        name = fn.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidRequest(f"{where}.function.name", name, "a non-empty string")
-        if name in names:
-            raise InvalidRequest(f"{where}.function.name", name, "names must be unique")
-        names.add(name)
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, Mapping):
-            raise InvalidRequest(f"{where}.function.parameters", params,
-                                 "a JSON schema (an object)")
-    return [dict(t) for t in tools]
+    if handle.tokenizer is None:
+        raise InvalidRequest("tools", "...", "this checkpoint has no tokenizer")
+    return ModelToolCalls.of(handle.tokenizer)
 
 
 def _decoded_arguments(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -135,25 +97,12 @@ def chat_prompt(handle, messages: Sequence[Mapping[str, Any]],
     return encode_chat(handle.tokenizer, msgs, tools=tools or None)
 
 
-def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | None:
-    """``tool_choice`` as the parser takes it: None (``"auto"``), ``"required"`` or a tool's
-    name (OpenAI's ``{"type": "function", "function": {"name"}}`` or the name itself);
-    ``"none"`` is None too, and the caller leaves the tools out.
-
-    Raises:
-        InvalidRequest: naming ``tool_choice`` (not one of these, or no such tool).
-    """
-    if choice in (None, "auto", "none", "required"):
-        return choice if choice == "required" else None
-    name = choice["function"].get("name") if isinstance(choice, Mapping) and \
-        choice.get("type") == "function" and isinstance(choice.get("function"), Mapping) \
-        else choice
-    if not isinstance(name, str):
-        raise InvalidRequest("tool_choice", choice, "\"auto\", \"none\", \"required\" or a "
-                             "tool's name")
-    if name not in {t["function"]["name"] for t in tools or []}:
-        raise InvalidRequest("tool_choice", choice, "names no tool of 'tools'")
-    return name
+def _tool_choice(choice: Any) -> Any:
+    """``tool_choice`` in OpenAI's shape (a bare tool name, allowed from Python, becomes
+    ``{"type": "function", "function": {"name": ...}}``)."""
+    if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+        return {"type": "function", "function": {"name": choice}}
+    return choice
 
 
 def prepare_chat(handle, messages: Sequence[Mapping[str, Any]],
@@ -165,14 +114,15 @@ def prepare_chat(handle, messages: Sequence[Mapping[str, Any]],
     template. ``tool_choice="none"`` leaves the tools out.
 
     Raises:
-        InvalidRequest: bad ``tools`` or ``tool_choice`` (naming the field), no tokenizer.
-        ToolCallsUnavailable: ``tools`` without a parser.
+        InvalidRequest: bad ``tools``, ``tool_choice`` or tool messages (naming the field:
+            :func:`~poot.engine.tool_calls.check_tools` and its peers), no tokenizer.
         ChatTemplateError: the template refuses the messages.
     """
-    if tools is None or tool_choice == "none":
-        return chat_prompt(handle, messages), None, None
     tools = check_tools(tools)
-    choice = check_tool_choice(tool_choice, tools)
+    choice = check_tool_choice(_tool_choice(tool_choice), tools)
+    check_tool_messages(messages)
+    if not tools or choice == "none":
+        return chat_prompt(handle, messages), None, None
     parser = tool_call_parser(handle)
     ids = chat_prompt(handle, messages, tools, parser, choice)
     return ids, parser, parser.guide(tools, choice)
@@ -210,6 +160,5 @@ def chat_result(text: str, finish_reason: str, stats: Any,
                       list(msg.get("tool_calls") or []), msg.get("reasoning_content"))
 
 
-__all__ = ["ChatResult", "ToolCallParser", "ToolCallsUnavailable", "chat_prompt",
-           "chat_result", "check_tool_choice", "check_tools", "prepare_chat",
+__all__ = ["ChatResult", "ToolCallParser", "chat_prompt", "chat_result", "prepare_chat",
            "tool_call_parser"]

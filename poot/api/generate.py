@@ -207,9 +207,7 @@ class LLM:
 
         Raises (before anything runs): :class:`InvalidRequest` (bad ``tools`` or
         ``tool_choice``, naming the field; bad ``params``; a constrained ``tool_choice``
-        with ``params.guided`` set), :class:`ContextOverflow`,
-        :class:`~poot.api.chat.ToolCallsUnavailable` (``tools`` without a parser), or the
-        chat template's :class:`~poot.text.chat.ChatTemplateError`."""
+        with ``params.guided`` set), :class:`ContextOverflow`, or the chat template's :class:`~poot.text.chat.ChatTemplateError`."""
         params = params or SamplingParams()
         ids, parser, guide = prepare_chat(self.handle, messages, tools, tool_choice)
         if guide is not None:

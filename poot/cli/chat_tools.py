@@ -23,7 +23,7 @@ def load_tools(path: str) -> list[dict[str, Any]]:
             the field).
     """
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
-    from poot.api.chat import check_tools
+    from poot.engine.tool_calls import check_tools
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.sampling_params import InvalidRequest
 
@@ -36,9 +36,12 @@ def load_tools(path: str) -> list[dict[str, Any]]:
     if isinstance(data, dict) and "tools" in data:
         data = data["tools"]
     try:
-        return check_tools(data)
+        tools = check_tools(data)
     except InvalidRequest as e:
         raise InputError(f"--tools {path}: {e.field}: {e.reason}") from None
+    if not tools:
+        raise InputError(f"--tools {path}: no tools in the file")
+    return tools
 
 
 def show_call(call: dict[str, Any]) -> str:

@@ -2,7 +2,9 @@
 model's chat template implies, whether a tool's parameter schema can be honored, and the
 guided-decoding constraint (:class:`~poot.sampling_params.Guide`) of an answer that calls
 tools, or that may think first (:mod:`poot.text.tool_calls` has the formats and parsers).
-The server's request checks are :mod:`poot.serve.tools`.
+The checks of a request's ``tools``, ``tool_choice`` and tool messages live here too, one
+definition for the server (:mod:`poot.serve.tools` turns them into 400s) and for
+``LLM.chat`` / ``poot chat --tools`` (:mod:`poot.api.chat`).
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from poot.engine.guided import JSON_DEFAULTS, first_line
-from poot.sampling_params import Guide
+from poot.sampling_params import Guide, InvalidRequest
 from poot.text.tool_calls import (FORMATS, OutputParser, ToolFormat, detect_format,
                                   detect_reasoning)
 
@@ -52,6 +54,123 @@ def schema_problem(schema: Any) -> str | None:
     except Exception as e:  # noqa: BLE001  (llguidance's conversion errors: the user's schema)
         bad, messages = True, [str(e)]
     return ("; ".join(first_line(m) for m in messages) or "invalid") if bad else None
+
+
+#: OpenAI's rule for a function's name
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: the most tools one request may define
+MAX_TOOLS = 128
+
+
+class InvalidToolSchema(InvalidRequest):
+    """A tool's ``parameters`` is not a JSON schema of an object that llguidance can
+    honor (:func:`schema_problem` says why)."""
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]]:
+    """``tools`` checked: a list (at most :data:`MAX_TOOLS`) of OpenAI chat function tools
+    ``{"type": "function", "function": {"name", "description"?, "parameters"?,
+    "strict"?}}``, names 1-64 of ``[A-Za-z0-9_-]`` and unique, ``parameters`` a JSON schema
+    of an object that llguidance can honor. None is no tools.
+
+    Raises:
+        InvalidRequest: naming the field (``tools[2].function.name``, ...);
+            :class:`InvalidToolSchema` for a schema.
+    """
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise InvalidRequest("tools", tools, "a list of function tools")
+    if len(tools) > MAX_TOOLS:
+        raise InvalidRequest("tools", f"{len(tools)} tools", f"at most {MAX_TOOLS}")
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        p = f"tools[{i}]"
+        if not isinstance(t, Mapping) or t.get("type") != "function":
+            raise InvalidRequest(f"{p}.type", t.get("type") if isinstance(t, Mapping) else t,
+                                 "only function tools are supported (type \"function\")")
+        fn = t.get("function")
+        if not isinstance(fn, Mapping):
+            raise InvalidRequest(f"{p}.function", fn, "a function tool needs a 'function' "
+                                 "object")
+        unknown = sorted(set(fn) - {"name", "description", "parameters", "strict"})
+        if unknown:
+            raise InvalidRequest(f"{p}.function.{unknown[0]}", fn[unknown[0]],
+                                 "unknown field of a function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InvalidRequest(f"{p}.function.name", name, "a function name is 1-64 "
+                                 "letters, digits, '_' or '-'")
+        if name in seen:
+            raise InvalidRequest(f"{p}.function.name", name, "two tools have this name")
+        seen.add(name)
+        if not isinstance(fn.get("description", ""), str):
+            raise InvalidRequest(f"{p}.function.description", fn["description"],
+                                 "must be a string")
+        if "parameters" in fn:
+            why = schema_problem(fn["parameters"])
+            if why is not None:
+                raise InvalidToolSchema(f"{p}.function.parameters", "...", why)
+    return [dict(t) for t in tools]
+
+
+def check_tool_choice(value: Any, tools: list[dict[str, Any]]) -> str | None:
+    """``tool_choice`` against the checked ``tools``: None (``"auto"`` or absent),
+    ``"none"``, ``"required"`` or the forced tool's name (from OpenAI's ``{"type":
+    "function", "function": {"name": ...}}``).
+
+    Raises:
+        InvalidRequest: naming ``tool_choice`` (another shape, no tools to choose from, or
+            a name that is not one of the tools).
+    """
+    names = [t["function"]["name"] for t in tools]
+    if value is None or value == "auto":
+        return None
+    if value in ("none", "required"):
+        if value == "required" and not names:
+            raise InvalidRequest("tool_choice", value, "\"required\" needs tools")
+        return value
+    fn = value.get("function") if isinstance(value, Mapping) else None
+    if not isinstance(value, Mapping) or value.get("type") != "function" or \
+            not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise InvalidRequest("tool_choice", value, "\"none\", \"auto\", \"required\" or "
+                             "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+    if fn["name"] not in names:
+        raise InvalidRequest("tool_choice", fn["name"][:64], "names no tool of 'tools'")
+    return fn["name"]
+
+
+def check_tool_messages(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Each assistant ``tool_calls`` entry in OpenAI's shape (``{"id", "type": "function",
+    "function": {"name", "arguments": <JSON text>}}``), and each ``tool`` message's
+    ``tool_call_id`` the id of a call in an earlier assistant message.
+
+    Raises:
+        InvalidRequest: naming the message (``messages[3].tool_call_id``, ...).
+    """
+    ids: set[str] = set()
+    for i, m in enumerate(messages):
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if m.get("role") != "assistant" or not isinstance(calls, list):
+                raise InvalidRequest(f"messages[{i}].tool_calls", "...",
+                                     "tool_calls is a list, on an assistant message")
+            for k, c in enumerate(calls):
+                fn = c.get("function") if isinstance(c, Mapping) else None
+                if not isinstance(c, Mapping) or not isinstance(c.get("id"), str) or \
+                        not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) \
+                        or not isinstance(fn.get("arguments"), str):
+                    raise InvalidRequest(f"messages[{i}].tool_calls[{k}]", "...",
+                                         "a tool call is {\"id\", \"type\": \"function\", "
+                                         "\"function\": {\"name\", \"arguments\": <JSON "
+                                         "text>}}")
+                ids.add(c["id"])
+        if m.get("role") == "tool":
+            tid = m.get("tool_call_id")
+            if not isinstance(tid, str) or tid not in ids:
+                raise InvalidRequest(f"messages[{i}].tool_call_id", tid,
+                                     "must be the id of a call in an earlier assistant "
+                                     "message")
 
 
 def _answer_rule(guide: Guide, ours: bool) -> str | None:
@@ -142,5 +261,6 @@ class ModelToolCalls:
         return OutputParser(self.fmt, self.reasoning, in_thought).parse(text).message()
 
 
-__all__ = ["CALL_JSON", "ModelToolCalls", "allow_thought", "call_guide", "reasoning_on",
+__all__ = ["CALL_JSON", "MAX_TOOLS", "InvalidToolSchema", "ModelToolCalls",
+           "check_tool_choice", "check_tool_messages", "check_tools", "allow_thought", "call_guide", "reasoning_on",
            "schema_problem", "tool_format"]

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from poot.api import chat as api_chat
-from poot.api.chat import ToolCallsUnavailable, chat_prompt, check_tools
+from poot.api.chat import _tool_choice, chat_prompt
+from poot.engine.tool_calls import check_tool_choice, check_tools
 from poot.sampling_params import InvalidRequest, SamplingParams
 
 WEATHER = {"type": "function", "function": {
@@ -87,8 +88,8 @@ def test_parser_prepares_the_messages():
 
 
 @pytest.mark.parametrize("tools,field", [
-    ([], "tools"),
-    ([{"type": "web_search"}], "tools[0]"),
+    ("weather", "tools"),
+    ([{"type": "web_search"}], "tools[0].type"),
     ([{"type": "function", "function": {"name": ""}}], "tools[0].function.name"),
     ([WEATHER, WEATHER], "tools[1].function.name"),
     ([{"type": "function", "function": {"name": "f", "parameters": "x"}}],
@@ -123,13 +124,6 @@ def test_llm_chat_without_tools_is_the_reply(llm):
     r = llm.chat(msgs, GREEDY)
     assert r.content == r.text == Driver(llm.handle).complete(msgs, GREEDY).text
     assert r.tool_calls == [] and r.message() == {"role": "assistant", "content": r.text}
-
-
-def test_llm_chat_with_tools_needs_the_parser(llm):
-    before = llm.engine.stats()
-    with pytest.raises(ToolCallsUnavailable):
-        llm.chat([{"role": "user", "content": "weather?"}], GREEDY, tools=[WEATHER])
-    assert llm.engine.stats().running == before.running == 0
 
 
 def test_llm_chat_returns_parsed_calls(llm, monkeypatch):
@@ -181,29 +175,19 @@ def test_cli_bad_tools_file(tiny_chat, tmp_path, capsys, monkeypatch, content, s
     assert err.startswith("poot: error: --tools ") and says in err and err.count("\n") == 1
 
 
-def test_cli_tools_without_parser_is_one_line(tiny_chat, tmp_path, capsys, monkeypatch):
-    tools = tmp_path / "tools.json"
-    tools.write_text(json.dumps([WEATHER]))
-    rc, _, err = _chat_cli(["--model", str(tiny_chat), "--tools", str(tools), "-q",
-                            "--kv-capacity", "128", "--prefill-chunk", "16"], "hi\n",
-                           capsys, monkeypatch)
-    assert rc == 2 and err.startswith("poot: error: tool calls need the tool-call parsers")
-
-
 @pytest.mark.parametrize("choice,want", [
     (None, None), ("auto", None), ("none", None), ("required", "required"),
     ("weather", "weather"), ({"type": "function", "function": {"name": "weather"}}, "weather"),
 ])
 def test_tool_choice(choice, want):
-    from poot.api.chat import check_tool_choice
-    assert check_tool_choice(choice, [WEATHER]) == want
+    got = check_tool_choice(_tool_choice(choice), [WEATHER])
+    assert (None if got == "none" else got) == want
 
 
 @pytest.mark.parametrize("choice", ["sometimes", "nope", {"type": "function"}, 3])
 def test_bad_tool_choice_names_it(choice):
-    from poot.api.chat import check_tool_choice
     with pytest.raises(InvalidRequest) as e:
-        check_tool_choice(choice, [WEATHER])
+        check_tool_choice(_tool_choice(choice), [WEATHER])
     assert e.value.field == "tool_choice"
 
 

@@ -68,7 +68,7 @@ def test_a_constraint_applies_after_the_thought(tiny, in_thought):
     """:func:`allow_thought`: a JSON schema, or a tool format's call grammar, constrains
     the answer; the thought before it (opened by the model, or by the prompt) is free."""
     from poot.sampling_params import Guide
-    from poot.serve.tools import CALL_JSON, allow_thought
+    from poot.engine.tool_calls import CALL_JSON, allow_thought
     from poot.text.tool_calls import FORMATS
 
     tok = tiny.tokenizer
