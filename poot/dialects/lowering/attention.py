@@ -72,7 +72,7 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
                   kbt: TensorType, k_axes: tuple[int, int, int] | None, vb: str,
                   vbt: TensorType, v_axes: tuple[int, int, int] | None, mb: str,
                   mbt: TensorType, n: int, scale: float, softcap: float, visible: bool, state,
-                  inplace: bool, guard: bool = False):
+                  inplace: bool, guard: bool = False, k_scales=None, v_scales=None):
     """One online-softmax step over a block of ``n`` keys (module doc); returns the new
     ``(m, l, acc)``: the block's scores (:func:`_block_scores`), their maximum and
     probabilities (:func:`_block_softmax`), the carried values rescaled and the block's
@@ -85,19 +85,40 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
     dim, axis of the key j, axis of D): the paged pools' ``[bs, H, D]`` is ``(1, 0, 2)``.
     ``mb``: the mask block, broadcastable to ``rows + (n,)``. ``guard`` (paged: a masked key
     of a reused block may hold anything): a ``-inf`` bias gives ``-inf`` whatever the score,
-    and nothing is added where ``p == 0``.
+    and nothing is added where ``p == 0``. ``k_scales``/``v_scales``: ``(ssa, type)`` of the
+    q8_0 scales block of an i8 ``kb``/``vb`` (same axes, D / 32 channels), read beside the
+    values (:func:`_kv_value`), or None.
     """
     r = len(rows) + 1                # loop dims of a score block: rows..., key
     nb = kbt.rank - 2 if k_axes is None else 1
     sb_t = TensorType(rows + (n,), DType.F32)
     kmap = _kv_map(r, nb, k_axes, f"d{r - 1}", f"d{r}")
+    kin = [(kb, kbt, kmap)] + _scale_input(r, nb, k_axes, k_scales)
     mask = (mb, mbt, _keep_maps(r, mbt, rows + (n,)))
-    x = _block_scores(em, q, qt, kb, kbt, kmap, mask, sb_t, scale, softcap, visible, guard)
+    x = _block_scores(em, q, qt, kin, mask, sb_t, scale, softcap, visible, guard)
     bmax, alpha, p, psum = _block_softmax(em, x, sb_t, state[0], mask, visible)
     vmap = _kv_map(r, nb, v_axes, f"d{r - 1}", f"d{r}")
+    vin = [(vb, vbt, vmap)] + _scale_input(r, nb, v_axes, v_scales)
     dv = vbt.shape[-1] if v_axes is None else vbt.shape[v_axes[2]]
-    return _block_carry(em, state, sb_t, (bmax, alpha, p, psum), vb, vbt, vmap, dv, inplace,
-                        guard)
+    return _block_carry(em, state, sb_t, (bmax, alpha, p, psum), vin, dv, inplace, guard)
+
+
+def _scale_input(r: int, nb: int, axes, scales) -> list:
+    """The generic input reading a q8_0 scales block beside its values (value channel c
+    reads scale c floordiv 32), or none."""
+    if scales is None:
+        return []
+    return [(scales[0], scales[1], _kv_map(r, nb, axes, f"d{r - 1}", f"d{r} floordiv 32"))]
+
+
+def _kv_value(em: Emitter, a: list[str], kv: list) -> str:
+    """A key or value element as f32 from the block arguments ``a`` (the value, then its
+    scale when ``kv`` has a scales input): float widened, q8_0 ``f32(q) * f32(d)``."""
+    dtype = kv[0][1].dtype
+    if len(kv) == 1:
+        return em.ext(a[0], dtype)
+    x = em.op(f"arith.sitofp {a[0]} : {dtype.value} to f32")
+    return em.op(f"arith.mulf {x}, {em.ext(a[1], kv[1][1].dtype)} : f32")
 
 
 def _kv_map(r: int, nb: int, axes, key: str, inner: str) -> str:
@@ -111,22 +132,22 @@ def _kv_map(r: int, nb: int, axes, key: str, inner: str) -> str:
     return affine_map(r + 1, out)
 
 
-def _block_scores(em: Emitter, q: str, qt: TensorType, kb: str, kbt: TensorType, kmap: str,
-                  mask, sb_t: TensorType, scale: float, softcap: float, visible: bool,
-                  guard: bool) -> str:
+def _block_scores(em: Emitter, q: str, qt: TensorType, kin: list, mask, sb_t: TensorType,
+                  scale: float, softcap: float, visible: bool, guard: bool) -> str:
     """f32 ``[rows..., n]`` scores of a key block: ``q . k`` scaled, soft-capped, then masked
     (``visible``: an i1 mask selecting ``MASKED_SCORE``; else an additive bias, ``guard``
-    keeping a ``-inf`` bias ``-inf``). ``mask``: ``(value, type, indexing map)``."""
+    keeping a ``-inf`` bias ``-inf``). ``kin``: the key block's generic inputs (its values,
+    then its q8_0 scales if any); ``mask``: ``(value, type, indexing map)``."""
     r = sb_t.rank
     # scores: x[rows.., j] = sum_d q[rows.., d] * k[.., j, d]   (loop dims: rows.., j, d)
     qmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r}"])
 
     def dot(a, o):
         # reassoc: the D-loop reduction may be vectorized (LLVM's loop vectorizer needs it)
-        prod = em.op(f"arith.mulf {em.ext(a[0], qt.dtype)}, {em.ext(a[1], kbt.dtype)} : f32")
+        prod = em.op(f"arith.mulf {em.ext(a[0], qt.dtype)}, {_kv_value(em, a[1:], kin)} : f32")
         return em.op(f"arith.addf {o}, {prod} fastmath<reassoc> : f32")
 
-    sc = em.generic(sb_t, [(q, qt, qmap), (kb, kbt, kmap)], dot,
+    sc = em.generic(sb_t, [(q, qt, qmap)] + kin, dot,
                     iterators=["parallel"] * r + ["reduction"],
                     out_map=affine_map(r + 1, [f"d{i}" for i in range(r)]),
                     init=_fill(em, sb_t, 0.0), loop_rank=r + 1, reads_out=True)
@@ -203,12 +224,13 @@ def _block_softmax(em: Emitter, x: str, sb_t: TensorType, m: str, mask, visible:
     return bmax, alpha, p, psum
 
 
-def _block_carry(em: Emitter, state, sb_t: TensorType, soft, vb: str, vbt: TensorType,
-                 vmap: str, dv: int, inplace: bool, guard: bool):
+def _block_carry(em: Emitter, state, sb_t: TensorType, soft, vin: list, dv: int,
+                 inplace: bool, guard: bool):
     """The carried ``(m, l, acc)`` after a block (``soft``: :func:`_block_softmax`'s
     ``(bmax, alpha, p, psum)``): ``m = max(m, bmax)``, ``l = l * alpha + psum``,
-    ``acc = acc * alpha + p . v`` (``dv`` values a row; ``guard``: a ``p == 0`` adds nothing,
-    whatever v holds).
+    ``acc = acc * alpha + p . v`` (``vin``: the value block's generic inputs, values then
+    q8_0 scales if any; ``dv`` values a row; ``guard``: a ``p == 0`` adds nothing, whatever v
+    holds).
     ``inplace``: inside the loop, each is written into its loop argument."""
     m, lsum, acc = state
     bmax, alpha, p, psum = soft
@@ -245,14 +267,14 @@ def _block_carry(em: Emitter, state, sb_t: TensorType, soft, vb: str, vbt: Tenso
     pmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r - 1}"])
 
     def pv(a, o):
-        prod = em.op(f"arith.mulf {a[0]}, {em.ext(a[1], vbt.dtype)} : f32")
+        prod = em.op(f"arith.mulf {a[0]}, {_kv_value(em, a[1:], vin)} : f32")
         if guard:
             zero = em.const(0.0, "f32")
             live = em.op(f"arith.cmpf une, {a[0]}, {zero} : f32")
             prod = em.op(f"arith.select {live}, {prod}, {zero} : f32")
         return em.op(f"arith.addf {o}, {prod} : f32")
 
-    acc_new = em.generic(acc_t, [(p, sb_t, pmap), (vb, vbt, vmap)], pv,
+    acc_new = em.generic(acc_t, [(p, sb_t, pmap)] + vin, pv,
                          iterators=["parallel"] * (r - 1) + ["reduction", "parallel"],
                          out_map=affine_map(r + 1, [f"d{i}" for i in range(r - 1)]
                                             + [f"d{r}"]),
@@ -358,13 +380,30 @@ def _visible_range(em: Emitter, mb: str, mbt: TensorType) -> tuple[str, str]:
     return pick("minsi", s), pick("maxsi", -1)
 
 
+def _pool_block(em: Emitter, pool, blk: str, hh: str, bs: int, hs: int):
+    """``(ssa, type)`` of block ``blk``, heads ``hh:hh+hs``, of ``pool`` (``(ssa, [NB, bs, H,
+    C] type)``) as ``[bs, hs, C]``, or None for no pool."""
+    if pool is None:
+        return None
+    x, t = pool
+    c = t.shape[-1]
+    bt = TensorType((bs, hs, c), t.dtype)
+    return em.op(f"tensor.extract_slice {x}[{blk}, 0, {hh}, 0] [1, {bs}, {hs}, {c}] "
+                 f"[1, 1, 1, 1] : {tt(t)} to {tt(bt)}"), bt
+
+
 @rule("paged_attention")
 def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
-    q, kp, vp, table, mask = op.args
-    qt, kpt, vpt, tbt, mt = op.types
+    q, kp, vp, table, mask, *sargs = op.args
+    qt, kpt, vpt, tbt, mt, *stypes = op.types
     scale, softcap = float(op.attrs["scale"]), float(op.attrs["softcap"])
     visible = mt.dtype is DType.I1
     nblocks, bs, h, d = kpt.shape
+    # the q8_0 scales of an i8 pool, k's first: (ssa, [NB, bs, H, D/32] type) or None
+    scales = [None, None]
+    for i, pt in enumerate((kpt, vpt)):
+        if pt.dtype is DType.I8:
+            scales[i] = (sargs.pop(0), stypes.pop(0))
     dv = vpt.shape[-1]
     bsz, w = tbt.shape
     out_t = TensorType(qt.shape[:-1] + (dv,), DType.F32)
@@ -417,6 +456,7 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
                        f"[1, 1, 1, 1] : {tt(kpt)} to {tt(kbt)}")
             vb = em.op(f"tensor.extract_slice {vp}[{blk}, 0, {hh}, 0] [1, {bs}, {hs}, {dv}] "
                        f"[1, 1, 1, 1] : {tt(vpt)} to {tt(vbt)}")
+            blocks = [_pool_block(em, s_, blk, hh, bs, hs) for s_ in scales]
             mk, mkt = mb, mbt
             if per_key:
                 off = em.op(f"arith.muli {wv}, {em.const(bs, 'index')} : index")
@@ -424,7 +464,8 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
             # kb [bs, H, D]: batch dim h is axis 1, key j axis 0, D axis 2
             return list(_online_block(em, qb, qbt, rows, kb, kbt, (1, 0, 2), vb, vbt,
                                       (1, 0, 2), mk, mkt, bs, scale, softcap, visible,
-                                      st, True, guard=True))
+                                      st, True, guard=True, k_scales=blocks[0],
+                                      v_scales=blocks[1]))
 
         state = [_fill(em, row_t, float("-inf")), _fill(em, row_t, 0.0),
                  _fill(em, acc_t, 0.0)]
@@ -463,3 +504,14 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
     em.depth -= 1
     em.line("}")
     return res
+
+
+@rule("dequantize_q8_0")
+def lower_dequantize_q8_0(em: Emitter, op: OpInfo) -> str:
+    """``f32(values) * f32(scales[..., c floordiv 32])``, elementwise over the result."""
+    (vals, scales), (vt, st) = op.args, op.types
+    r = vt.rank
+    smap = affine_map(r, [f"d{i}" for i in range(r - 1)] + [f"d{r - 1} floordiv 32"])
+    return em.generic(TensorType(vt.shape, DType.F32),
+                      [(vals, vt, identity_map(r)), (scales, st, smap)],
+                      lambda a, _o: _kv_value(em, a, [(vals, vt), (scales, st)]))
