@@ -58,17 +58,23 @@ class KvQuant:
 
 
 Q8_0 = KvQuant("q8_0", 32, DType.I8, DType.F16)
+#: fp8 (e4m3) with one scale per head (vLLM's ``kv_cache_dtype="fp8"``): named so that a
+#: request for it is refused by planning, with a reason, on targets whose kernels lack it
+#: (every target of this version: no backend lists it in ``Capabilities.kv_formats``).
+FP8 = KvQuant("fp8", 0, DType.I8, DType.F32)
 
 #: A KV pool's storage: a float dtype or a block-quantized format.
 KvDType = DType | KvQuant
 
 #: Every KV storage format by the name options give it.
 KV_FORMATS: dict[str, KvDType] = {"f32": DType.F32, "f16": DType.F16, "bf16": DType.BF16,
-                                  "q8_0": Q8_0}
+                                  "q8_0": Q8_0, "fp8": FP8}
 
 
 def kv_value_bytes(fmt: KvDType) -> float:
     """Bytes one KV value takes in storage ``fmt`` (scales included)."""
+    if fmt is FP8:
+        return 1.0
     return fmt.value_bytes if isinstance(fmt, KvQuant) else float(fmt.itemsize)
 
 
@@ -93,5 +99,5 @@ def dequantize_q8_0(q: np.ndarray, d: np.ndarray) -> np.ndarray:
         return (np.asarray(q).astype(np.float32) * scale).astype(np.float32)
 
 
-__all__ = ["KV_FORMATS", "KvDType", "KvQuant", "Q8_0", "dequantize_q8_0", "kv_value_bytes",
+__all__ = ["FP8", "KV_FORMATS", "KvDType", "KvQuant", "Q8_0", "dequantize_q8_0", "kv_value_bytes",
            "quantize_q8_0"]
