@@ -207,3 +207,17 @@ def test_traced_steps_read_q8_0_pools_in_place(tmp_path, fixture, changes, step)
         if k.startswith("kv.") and v.dtype == np.int8:
             # a row whose value sits on a rounding edge may differ by one step
             assert np.abs(cpu[k].astype(np.int32) - v.astype(np.int32)).max() <= 1
+
+
+def test_planning_refuses_q8_0_pools_without_the_kernel():
+    """A target whose capabilities do not list q8_0 among its KV formats (the GPU backends)
+    refuses a ``poot.paged_attention`` over q8_0 pools, naming the op and what is missing;
+    the host CPU target takes it."""
+    from poot.compiler.planning import Refusal, check_module
+    from poot.compiler.target import Capabilities, Target, host_cpu
+
+    g, _, _ = _case(np.random.default_rng(1), Q8_0, DType.F16)
+    check_module(g.module.operation, host_cpu())
+    with pytest.raises(Refusal) as e:
+        check_module(g.module.operation, Target("vulkan", Capabilities(subgroup_size=32)))
+    assert e.value.op == "poot.paged_attention" and "q8_0" in e.value.capability
