@@ -146,3 +146,25 @@ def test_inspect_prints_kv_bytes_per_token():
     got = json.loads(r.stdout)["family"]["kv_bytes_per_token"]
     # 2 layers x (K + V) x 2 KV heads x 16 = 128 values a position
     assert got == {"f32": 512, "f16": 256, "bf16": 256, "q8_0": None}
+
+
+def test_engine_serves_q8_0_with_prefix_cache_and_lora_slots(tmp_path):
+    """The engine end to end over q8_0 pools (values and scales planes carried between
+    steps): a second identical prompt reuses the first's full block from the prefix cache and
+    generates the same tokens, with LoRA slots bound (no adapter active) as without them."""
+    from poot.api import Driver
+
+    path = _config(tmp_path, head_dim=32)
+    prompt = [3 + (7 * i) % 200 for i in range(40)]     # one full 32-position block
+    params = SamplingParams(temperature=0, max_tokens=6)
+    runs = {}
+    for loras in (0, 1):
+        h = ModelHandle.load(path, "cpu", random_weights="f32", kv_dtype="q8_0",
+                             kv_capacity=64, max_batch=2, max_loras=loras)
+        assert h.runner.kv.kv_dtype is Q8_0
+        d = Driver(h)
+        first = d.complete(prompt, params).token_ids
+        second = d.complete(prompt, params).token_ids
+        assert h.engine.blocks.hit_blocks >= 1 and second == first
+        runs[loras] = first
+    assert runs[0] == runs[1] and len(runs[0]) == 6
