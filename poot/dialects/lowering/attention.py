@@ -30,6 +30,13 @@ over its mask row: a block with no visible key leaves ``(m, l, acc)`` as they ar
 cost follows the sequence's length, not the table's width; inside a visited block a masked
 key's value is selected away (``p == 0``: nothing is added, whatever a reused block holds
 there), as the op's definition says.
+
+A q8_0 pool (int8 values and an f16 scale per 32 of them, :mod:`poot.dialects.kv_quant`) is
+read the same way: each visited block is dequantized, where it is loaded, into an f32
+``[bs, 1, D]`` tile that the work item carries through its block loop (one buffer, rewritten
+in place each block: L1-sized, never a copy of the pool), and the block update reads the tile
+as it reads an f32 block. Converting each stored value once per block, rather than once per
+query row in the contractions, is what keeps GQA's several rows per KV head cheap.
 """
 
 from __future__ import annotations
@@ -72,7 +79,7 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
                   kbt: TensorType, k_axes: tuple[int, int, int] | None, vb: str,
                   vbt: TensorType, v_axes: tuple[int, int, int] | None, mb: str,
                   mbt: TensorType, n: int, scale: float, softcap: float, visible: bool, state,
-                  inplace: bool, guard: bool = False, k_scales=None, v_scales=None):
+                  inplace: bool, guard: bool = False):
     """One online-softmax step over a block of ``n`` keys (module doc); returns the new
     ``(m, l, acc)``: the block's scores (:func:`_block_scores`), their maximum and
     probabilities (:func:`_block_softmax`), the carried values rescaled and the block's
@@ -85,53 +92,19 @@ def _online_block(em: Emitter, q: str, qt: TensorType, rows: tuple[int, ...], kb
     dim, axis of the key j, axis of D): the paged pools' ``[bs, H, D]`` is ``(1, 0, 2)``.
     ``mb``: the mask block, broadcastable to ``rows + (n,)``. ``guard`` (paged: a masked key
     of a reused block may hold anything): a ``-inf`` bias gives ``-inf`` whatever the score,
-    and nothing is added where ``p == 0``. ``k_scales``: ``(ssa, type)`` of the q8_0 scales
-    block of an i8 ``kb`` (same axes, D / 32 channels): the scores' contraction then runs
-    over (group, value) loops of ``[.., D / 32, 32]`` views, the scale read once per group
-    (:func:`_grouped`), the key block never widened into a tile; likewise ``v_scales`` for
-    the ``p . v`` update. None: a float block.
+    and nothing is added where ``p == 0``.
     """
     r = len(rows) + 1                # loop dims of a score block: rows..., key
     nb = kbt.rank - 2 if k_axes is None else 1
     sb_t = TensorType(rows + (n,), DType.F32)
-    if k_scales is None:
-        kin = [(kb, kbt, _kv_map(r, nb, k_axes, f"d{r - 1}", f"d{r}"))]
-    else:
-        q, qt = _grouped(em, q, qt)
-        kb, kbt = _grouped(em, kb, kbt)
-        kin = [(kb, kbt, _kv_map(r + 1, nb, k_axes, f"d{r - 1}", f"d{r}, d{r + 1}")),
-               (*k_scales, _kv_map(r, nb, k_axes, f"d{r - 1}", f"d{r}"))]
+    kmap = _kv_map(r, nb, k_axes, f"d{r - 1}", f"d{r}")
     mask = (mb, mbt, _keep_maps(r, mbt, rows + (n,)))
-    x = _block_scores(em, q, qt, kin, mask, sb_t, scale, softcap, visible, guard)
+    x = _block_scores(em, q, qt, kb, kbt, kmap, mask, sb_t, scale, softcap, visible, guard)
     bmax, alpha, p, psum = _block_softmax(em, x, sb_t, state[0], mask, visible)
+    vmap = _kv_map(r, nb, v_axes, f"d{r - 1}", f"d{r}")
     dv = vbt.shape[-1] if v_axes is None else vbt.shape[v_axes[2]]
-    if v_scales is None:
-        vin = [(vb, vbt, _kv_map(r, nb, v_axes, f"d{r - 1}", f"d{r}"))]
-    else:
-        vb, vbt = _grouped(em, vb, vbt)
-        vin = [(vb, vbt, _kv_map(r + 1, nb, v_axes, f"d{r - 1}", f"d{r}, d{r + 1}")),
-               (*v_scales, _kv_map(r, nb, v_axes, f"d{r - 1}", f"d{r}"))]
-    return _block_carry(em, state, sb_t, (bmax, alpha, p, psum), vin, dv, inplace, guard)
-
-
-def _grouped(em: Emitter, x: str, t: TensorType) -> tuple[str, TensorType]:
-    """``x`` ``[..., C]`` viewed as ``[..., C / 32, 32]`` (q8_0's groups)."""
-    *lead, c = t.shape
-    r = len(lead)
-    gt = TensorType(tuple(lead) + (c // 32, 32), t.dtype)
-    assoc = ", ".join([f"[{i}]" for i in range(r)] + [f"[{r}, {r + 1}]"])
-    return em.op(f"tensor.expand_shape {x} [{assoc}] output_shape "
-                 f"[{', '.join(map(str, gt.shape))}] : {tt(t)} into {tt(gt)}"), gt
-
-
-def _kv_value(em: Emitter, a: list[str], kv: list) -> str:
-    """A key or value element as f32 from the block arguments ``a`` (the value, then its
-    scale when ``kv`` has a scales input): float widened, q8_0 ``f32(q) * f32(d)``."""
-    dtype = kv[0][1].dtype
-    if len(kv) == 1:
-        return em.ext(a[0], dtype)
-    x = em.op(f"arith.sitofp {a[0]} : {dtype.value} to f32")
-    return em.op(f"arith.mulf {x}, {em.ext(a[1], kv[1][1].dtype)} : f32")
+    return _block_carry(em, state, sb_t, (bmax, alpha, p, psum), vb, vbt, vmap, dv, inplace,
+                        guard)
 
 
 def _kv_map(r: int, nb: int, axes, key: str, inner: str) -> str:
@@ -145,30 +118,25 @@ def _kv_map(r: int, nb: int, axes, key: str, inner: str) -> str:
     return affine_map(r + 1, out)
 
 
-def _block_scores(em: Emitter, q: str, qt: TensorType, kin: list, mask, sb_t: TensorType,
-                  scale: float, softcap: float, visible: bool, guard: bool) -> str:
+def _block_scores(em: Emitter, q: str, qt: TensorType, kb: str, kbt: TensorType, kmap: str,
+                  mask, sb_t: TensorType, scale: float, softcap: float, visible: bool,
+                  guard: bool) -> str:
     """f32 ``[rows..., n]`` scores of a key block: ``q . k`` scaled, soft-capped, then masked
     (``visible``: an i1 mask selecting ``MASKED_SCORE``; else an additive bias, ``guard``
-    keeping a ``-inf`` bias ``-inf``). ``kin``: the key block's generic inputs (its values,
-    then its q8_0 scales if any: :func:`_q8_dot`); ``mask``: ``(value, type, indexing
-    map)``."""
+    keeping a ``-inf`` bias ``-inf``). ``mask``: ``(value, type, indexing map)``."""
     r = sb_t.rank
-    if len(kin) == 2:
-        sc = _q8_dot(em, q, qt, kin, sb_t)
-    else:
-        # scores: x[rows.., j] = sum_d q[rows.., d] * k[.., j, d]   (loop dims: rows.., j, d)
-        qmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r}"])
+    # scores: x[rows.., j] = sum_d q[rows.., d] * k[.., j, d]   (loop dims: rows.., j, d)
+    qmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r}"])
 
-        def dot(a, o):
-            # reassoc: the D-loop reduction may be vectorized (LLVM's loop vectorizer needs it)
-            prod = em.op(f"arith.mulf {em.ext(a[0], qt.dtype)}, "
-                         f"{em.ext(a[1], kin[0][1].dtype)} : f32")
-            return em.op(f"arith.addf {o}, {prod} fastmath<reassoc> : f32")
+    def dot(a, o):
+        # reassoc: the D-loop reduction may be vectorized (LLVM's loop vectorizer needs it)
+        prod = em.op(f"arith.mulf {em.ext(a[0], qt.dtype)}, {em.ext(a[1], kbt.dtype)} : f32")
+        return em.op(f"arith.addf {o}, {prod} fastmath<reassoc> : f32")
 
-        sc = em.generic(sb_t, [(q, qt, qmap)] + kin, dot,
-                        iterators=["parallel"] * r + ["reduction"],
-                        out_map=affine_map(r + 1, [f"d{i}" for i in range(r)]),
-                        init=_fill(em, sb_t, 0.0), loop_rank=r + 1, reads_out=True)
+    sc = em.generic(sb_t, [(q, qt, qmap), (kb, kbt, kmap)], dot,
+                    iterators=["parallel"] * r + ["reduction"],
+                    out_map=affine_map(r + 1, [f"d{i}" for i in range(r)]),
+                    init=_fill(em, sb_t, 0.0), loop_rank=r + 1, reads_out=True)
 
     def scores(a, _o):
         x = a[0]
@@ -193,38 +161,6 @@ def _block_scores(em: Emitter, q: str, qt: TensorType, kin: list, mask, sb_t: Te
 
 def _max2(em: Emitter, a) -> str:
     return em.op(f"arith.maximumf {a[0]}, {a[1]} : f32")
-
-
-def _q8_dot(em: Emitter, q: str, qt: TensorType, kin: list, sb_t: TensorType) -> str:
-    """f32 ``[rows..., n]``: ``q . k`` of a q8_0 key block, per group first, then scaled:
-    ``sum_g d[j, g] * sum_e q[.., g, e] * f32(k[j, g, e])`` (``q`` and ``kin``'s values are
-    ``[.., D / 32, 32]`` views; ``kin``: (values, scales) with their maps over
-    ``(rows.., j, g, e)`` and ``(rows.., j, g)``), so the innermost loop is one convert and one multiply-add a
-    value, as for an f16 block."""
-    r = sb_t.rank
-    (kb, kbt, kmap), (ks, kst, smap) = kin
-    g = kbt.shape[-2]
-    part_t = TensorType(sb_t.shape + (g,), DType.F32)
-    qmap = affine_map(r + 2, [f"d{i}" for i in range(r - 1)] + [f"d{r}", f"d{r + 1}"])
-
-    def dot(a, o):
-        k = em.op(f"arith.sitofp {a[1]} : {kbt.dtype.value} to f32")
-        prod = em.op(f"arith.mulf {em.ext(a[0], qt.dtype)}, {k} : f32")
-        return em.op(f"arith.addf {o}, {prod} fastmath<reassoc> : f32")
-
-    part = em.generic(part_t, [(q, qt, qmap), (kb, kbt, kmap)], dot,
-                      iterators=["parallel"] * (r + 1) + ["reduction"],
-                      out_map=affine_map(r + 2, [f"d{i}" for i in range(r + 1)]),
-                      init=_fill(em, part_t, 0.0), loop_rank=r + 2, reads_out=True)
-    def scaled(a, o):
-        t = em.op(f"arith.mulf {a[0]}, {em.ext(a[1], kst.dtype)} : f32")
-        return em.op(f"arith.addf {o}, {t} fastmath<reassoc> : f32")
-
-    return em.generic(sb_t, [(part, part_t, identity_map(r + 1)),
-                             (ks, kst, smap)], scaled,
-                      iterators=["parallel"] * r + ["reduction"],
-                      out_map=affine_map(r + 1, [f"d{i}" for i in range(r)]),
-                      init=_fill(em, sb_t, 0.0), loop_rank=r + 1, reads_out=True)
 
 
 def _block_softmax(em: Emitter, x: str, sb_t: TensorType, m: str, mask, visible: bool):
@@ -274,13 +210,12 @@ def _block_softmax(em: Emitter, x: str, sb_t: TensorType, m: str, mask, visible:
     return bmax, alpha, p, psum
 
 
-def _block_carry(em: Emitter, state, sb_t: TensorType, soft, vin: list, dv: int,
-                 inplace: bool, guard: bool):
+def _block_carry(em: Emitter, state, sb_t: TensorType, soft, vb: str, vbt: TensorType,
+                 vmap: str, dv: int, inplace: bool, guard: bool):
     """The carried ``(m, l, acc)`` after a block (``soft``: :func:`_block_softmax`'s
     ``(bmax, alpha, p, psum)``): ``m = max(m, bmax)``, ``l = l * alpha + psum``,
-    ``acc = acc * alpha + p . v`` (``vin``: the value block's generic inputs, values then
-    q8_0 scales if any; ``dv`` values a row; ``guard``: a ``p == 0`` adds nothing, whatever v
-    holds).
+    ``acc = acc * alpha + p . v`` (``dv`` values a row; ``guard``: a ``p == 0`` adds nothing,
+    whatever v holds).
     ``inplace``: inside the loop, each is written into its loop argument."""
     m, lsum, acc = state
     bmax, alpha, p, psum = soft
@@ -317,42 +252,14 @@ def _block_carry(em: Emitter, state, sb_t: TensorType, soft, vin: list, dv: int,
     pmap = affine_map(r + 1, [f"d{i}" for i in range(r - 1)] + [f"d{r - 1}"])
 
     def pv(a, o):
-        prod = em.op(f"arith.mulf {a[0]}, {_kv_value(em, a[1:], vin)} : f32")
+        prod = em.op(f"arith.mulf {a[0]}, {em.ext(a[1], vbt.dtype)} : f32")
         if guard:
             zero = em.const(0.0, "f32")
             live = em.op(f"arith.cmpf une, {a[0]}, {zero} : f32")
             prod = em.op(f"arith.select {live}, {prod}, {zero} : f32")
         return em.op(f"arith.addf {o}, {prod} : f32")
 
-    if len(vin) == 2:     # q8_0: loops rows.., j, g, e over [.., Dv / 32, 32] views
-        (vb, vbt, vmap), (vs, vst, smap) = vin
-        ps_t = TensorType(sb_t.shape + (vbt.shape[-2],), DType.F32)
-
-        def p_scaled(a, _o):
-            # p * d once per group; a masked key (p == 0) stays 0 whatever its scale holds
-            t = em.op(f"arith.mulf {a[0]}, {em.ext(a[1], vst.dtype)} : f32")
-            zero = em.const(0.0, "f32")
-            live = em.op(f"arith.cmpf une, {a[0]}, {zero} : f32")
-            return em.op(f"arith.select {live}, {t}, {zero} : f32")
-
-        ps = em.generic(ps_t, [(p, sb_t, affine_map(r + 1, [f"d{i}" for i in range(r)])),
-                               (vs, vst, smap)], p_scaled)
-
-        def pv_q8(a, o):       # i8 values are finite: a zero weight adds exactly 0
-            v = em.op(f"arith.sitofp {a[1]} : {vbt.dtype.value} to f32")
-            return em.op(f"arith.addf {o}, {em.op(f'arith.mulf {a[0]}, {v} : f32')} : f32")
-
-        acc4, acc4_t = _grouped(em, scaled, acc_t)
-        psmap = affine_map(r + 2, [f"d{i}" for i in range(r + 1)])
-        acc4 = em.generic(acc4_t, [(ps, ps_t, psmap), (vb, vbt, vmap)], pv_q8,
-                          iterators=["parallel"] * (r - 1) + ["reduction"] + ["parallel"] * 2,
-                          out_map=affine_map(r + 2, [f"d{i}" for i in range(r - 1)]
-                                             + [f"d{r}", f"d{r + 1}"]),
-                          init=acc4, loop_rank=r + 2, reads_out=True)
-        assoc = ", ".join([f"[{i}]" for i in range(r - 1)] + [f"[{r - 1}, {r}]"])
-        return m_out, l_new, em.op(f"tensor.collapse_shape {acc4} [{assoc}] : {tt(acc4_t)} "
-                                   f"into {tt(acc_t)}")
-    acc_new = em.generic(acc_t, [(p, sb_t, pmap)] + vin, pv,
+    acc_new = em.generic(acc_t, [(p, sb_t, pmap), (vb, vbt, vmap)], pv,
                          iterators=["parallel"] * (r - 1) + ["reduction", "parallel"],
                          out_map=affine_map(r + 1, [f"d{i}" for i in range(r - 1)]
                                             + [f"d{r}"]),
@@ -458,30 +365,38 @@ def _visible_range(em: Emitter, mb: str, mbt: TensorType) -> tuple[str, str]:
     return pick("minsi", s), pick("maxsi", -1)
 
 
-def _dequant_tile(em: Emitter, x: str, xt: TensorType, s: str, st: TensorType):
+def _dequant_tile(em: Emitter, x: str, xt: TensorType, s: str, st: TensorType,
+                  into: str | None = None) -> tuple[str, TensorType]:
     """``(ssa, type)``: the q8_0 values ``x`` i8 ``[..., C]`` with their scales ``s`` f16
-    ``[..., C / 32]`` as f32 ``[..., C]`` (``f32(q) * f32(d)``), through a ``[..., C/32, 32]``
-    view so that no index is divided."""
+    ``[..., C / 32]`` as f32 ``[..., C]`` (``f32(q) * f32(d)``), through ``[..., C/32, 32]``
+    views so that no index is divided; written into ``into`` (an f32 ``[..., C]`` tensor)
+    when given, else into a new one."""
     *lead, c = xt.shape
     r = len(lead)
     grouped = tuple(lead) + (c // 32, 32)
-    x4t = TensorType(grouped, xt.dtype)
     assoc = ", ".join([f"[{i}]" for i in range(r)] + [f"[{r}, {r + 1}]"])
-    x4 = em.op(f"tensor.expand_shape {x} [{assoc}] output_shape "
-               f"[{', '.join(map(str, grouped))}] : {tt(xt)} into {tt(x4t)}")
-    y4t = TensorType(grouped, DType.F32)
+    dims = ", ".join(map(str, grouped))
+    x4t, y4t = TensorType(grouped, xt.dtype), TensorType(grouped, DType.F32)
+    yt = TensorType(xt.shape, DType.F32)
+    x4 = em.op(f"tensor.expand_shape {x} [{assoc}] output_shape [{dims}] : {tt(xt)} into "
+               f"{tt(x4t)}")
+    init = None if into is None else em.op(
+        f"tensor.expand_shape {into} [{assoc}] output_shape [{dims}] : {tt(yt)} into "
+        f"{tt(y4t)}")
+
+    def value(a, _o):
+        v = em.op(f"arith.sitofp {a[0]} : {xt.dtype.value} to f32")
+        return em.op(f"arith.mulf {v}, {em.ext(a[1], st.dtype)} : f32")
+
     y4 = em.generic(y4t, [(x4, x4t, identity_map(r + 2)),
                           (s, st, affine_map(r + 2, [f"d{i}" for i in range(r + 1)]))],
-                    lambda a, _o: _kv_value(em, a, [(x4, x4t), (s, st)]))
-    yt = TensorType(xt.shape, DType.F32)
+                    value, init=init)
     return em.op(f"tensor.collapse_shape {y4} [{assoc}] : {tt(y4t)} into {tt(yt)}"), yt
 
 
 def _pool_block(em: Emitter, pool, blk: str, hh: str, bs: int, hs: int):
     """``(ssa, type)`` of block ``blk``, heads ``hh:hh+hs``, of ``pool`` (``(ssa, [NB, bs, H,
-    C] type)``) as ``[bs, hs, C]``, or None for no pool."""
-    if pool is None:
-        return None
+    C] type)``) as ``[bs, hs, C]``."""
     x, t = pool
     c = t.shape[-1]
     bt = TensorType((bs, hs, c), t.dtype)
@@ -553,22 +468,33 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
                        f"[1, 1, 1, 1] : {tt(kpt)} to {tt(kbt)}")
             vb = em.op(f"tensor.extract_slice {vp}[{blk}, 0, {hh}, 0] [1, {bs}, {hs}, {dv}] "
                        f"[1, 1, 1, 1] : {tt(vpt)} to {tt(vbt)}")
-            # a q8_0 block's scales, read beside its values by the block update, which
-            # dequantizes each value where it loads it (no widened copy of the block)
-            ks_, vs_ = (_pool_block(em, s_, blk, hh, bs, hs) for s_ in scales)
-
+            # a q8_0 block: dequantized into the item's carried f32 tile (module doc)
+            tiles, new_tiles, kt_, vt_ = list(st[3:]), [], kbt, vbt
+            if scales[0] is not None:
+                kb, kt_ = _dequant_tile(em, kb, kbt, *_pool_block(em, scales[0], blk, hh, bs,
+                                                                  hs), into=tiles.pop(0))
+                new_tiles.append(kb)
+            if scales[1] is not None:
+                vb, vt_ = _dequant_tile(em, vb, vbt, *_pool_block(em, scales[1], blk, hh, bs,
+                                                                  hs), into=tiles.pop(0))
+                new_tiles.append(vb)
             mk, mkt = mb, mbt
             if per_key:
                 off = em.op(f"arith.muli {wv}, {em.const(bs, 'index')} : index")
                 mk, mkt = _slice_keys(em, mb, mbt, mbt.rank - 1, off, bs)
             # kb [bs, H, D]: batch dim h is axis 1, key j axis 0, D axis 2
-            return list(_online_block(em, qb, qbt, rows, kb, kbt, (1, 0, 2), vb, vbt,
-                                      (1, 0, 2), mk, mkt, bs, scale, softcap, visible, st,
-                                      True, guard=True, k_scales=ks_, v_scales=vs_))
+            return list(_online_block(em, qb, qbt, rows, kb, kt_, (1, 0, 2), vb, vt_,
+                                      (1, 0, 2), mk, mkt, bs, scale, softcap, visible,
+                                      st[:3], True, guard=True)) + new_tiles
 
         state = [_fill(em, row_t, float("-inf")), _fill(em, row_t, 0.0),
                  _fill(em, acc_t, 0.0)]
-        state = _loop(em, w_lo, w_hi, state, [row_t, row_t, acc_t], block)
+        types = [row_t, row_t, acc_t]
+        for pool, c in ((scales[0], d), (scales[1], dv)):
+            if pool is not None:         # the q8_0 block's f32 tile, carried (module doc)
+                types.append(TensorType((bs, hs, c), DType.F32))
+                state.append(em.empty(types[-1]))
+        state = _loop(em, w_lo, w_hi, state, types, block)
         return _finish(em, rows, dv, state[2], state[1], visible)
 
     init = em.empty(out_t)
