@@ -8,6 +8,7 @@ import os
 
 from poot.api.options import DEFAULT_KV_CAPACITY, positive
 from poot.compiler.planning import kv_block_size
+from poot.dialects.kv_quant import FP8, KV_FORMATS, KvQuant, kv_value_bytes
 from poot.engine import KVConfig
 from poot.models import default_kv_dtype
 from poot.sampling_params import InvalidRequest
@@ -34,6 +35,22 @@ def kv_cache_bytes(model, kv_capacity: int, slots: int = 1, itemsize: int = 4) -
     positions: layers x slots x capacity x ``kv_token_elems`` x itemsize."""
     d = model.dims()
     return d.n_layers * slots * kv_capacity * d.kv_token_elems * itemsize
+
+
+def kv_bytes_per_token(dims) -> dict[str, int | None]:
+    """Bytes one position's K/V take over every layer, per KV storage name
+    (:data:`~poot.dialects.kv_quant.KV_FORMATS` but fp8), for a model of ``dims``
+    (:class:`~poot.models.StepDims`); None where the model's heads cannot hold it (q8_0 with
+    a head dim that is not a multiple of 32)."""
+    out: dict[str, int | None] = {}
+    width = dims.head_dim if dims.kv_elems_per_token is None else dims.kv_token_elems
+    for name, fmt in KV_FORMATS.items():
+        if fmt is FP8:
+            continue
+        ok = not isinstance(fmt, KvQuant) or width % fmt.group == 0
+        out[name] = int(round(dims.n_layers * dims.kv_token_elems * kv_value_bytes(fmt))) \
+            if ok else None
+    return out
 
 
 def check_kv_memory(model, kv: KVConfig) -> None:
@@ -68,27 +85,59 @@ def check_kv_capacity(model, kv_capacity: int | None, ctx: int | None,
 
 
 def plan_kv(model, weight_types, target, kv_capacity: int, max_batch: int,
-            kv_blocks: int | None, kv_dtype, kv_memory: int | None = None) -> KVConfig:
+            kv_blocks: int | None, kv_dtype, kv_memory: int | None = None,
+            kv_dtype_v=None) -> KVConfig:
     """The paged KV pool for ``target``: blocks of its block size, ``kv_blocks`` usable ones
     (None: ``max_batch`` sequences of ``kv_capacity`` positions, a checked capacity) or as
-    many as ``kv_memory`` bytes hold, plus the null block; ``kv_dtype`` (None: the model's
-    default for its weights and the target's storage types). Raises
-    :class:`InvalidRequest` naming ``kv_memory`` when it holds less than two blocks."""
+    many as ``kv_memory`` bytes hold (each block's bytes follow the storage: q8_0 about half
+    of f16's), plus the null block; ``kv_dtype`` (None: the model's default for its weights
+    and the target's storage types) and ``kv_dtype_v`` (V's, None: K's), each checked by
+    :func:`check_kv_storage`. Raises :class:`InvalidRequest` naming ``kv_memory`` when it
+    holds less than two blocks, or the KV dtype option a storage is refused for."""
     bs = kv_block_size(target)
     width = -(-kv_capacity // bs)
     blocks = kv_blocks + 1 if kv_blocks is not None else max_batch * width + 1
+    k = kv_dtype or default_kv_dtype(weight_types, target.caps.storage_dtypes)
+    v = kv_dtype_v or k
+    dims = model.dims()
+    check_kv_storage(dims, target, k, "kv_dtype" if v is k else "kv_dtype_k")
+    if v is not k:
+        check_kv_storage(dims, target, v, "kv_dtype_v")
+        if dims.kv_elems_per_token is not None:
+            raise InvalidRequest("kv_dtype_v", v.value, "this model keeps one latent KV pool "
+                                 "(multi-head latent attention): give kv_dtype, not K and V")
     kv = KVConfig(block_size=bs, num_blocks=blocks, max_model_len=kv_capacity,
-                  kv_dtype=kv_dtype or default_kv_dtype(weight_types,
-                                                        target.caps.storage_dtypes))
+                  kv_dtype=k, kv_dtype_v=None if v is k else v)
     if kv_memory is None:
         return kv
-    per_block = kv.bytes(model.dims()) // kv.num_blocks
+    per_block = kv.bytes(dims) // kv.num_blocks
     if kv_memory < 2 * per_block:       # one usable block and the null block
         raise InvalidRequest("kv_memory", kv_memory, f"less than two KV blocks "
                              f"({per_block} bytes each)")
     return KVConfig(block_size=bs, num_blocks=kv_memory // per_block,
-                    max_model_len=kv_capacity, kv_dtype=kv.kv_dtype)
+                    max_model_len=kv_capacity, kv_dtype=kv.kv_dtype, kv_dtype_v=kv.kv_dtype_v)
 
 
-__all__ = ["available_memory", "check_kv_capacity", "check_kv_memory", "kv_cache_bytes",
-           "plan_kv"]
+def check_kv_storage(dims, target, storage, option: str) -> None:
+    """Refuse (:class:`InvalidRequest` naming ``option``), before anything compiles, a KV
+    ``storage`` that ``target`` cannot read in its attention kernels (fp8 on every target of
+    this version; q8_0 on a target not listing it in ``Capabilities.kv_formats``) or that the
+    model's heads cannot be cut into (q8_0: a head dim, or MLA's latent width, that is a
+    multiple of 32; ``dims``: :class:`~poot.models.StepDims`)."""
+    if not isinstance(storage, KvQuant):
+        return
+    if storage.value not in target.caps.kv_formats:
+        what = ("fp8 (e4m3) KV storage needs a device with fp8 support" if storage is FP8
+                else f"{storage.value} KV storage needs an attention kernel that reads it")
+        other = ", ".join(["f16", "bf16", *sorted(target.caps.kv_formats)])
+        raise InvalidRequest(option, storage.value, f"{what}, which the {target.backend} "
+                             f"target lacks (use {other})")
+    width = dims.head_dim if dims.kv_elems_per_token is None else dims.kv_token_elems
+    if width % storage.group:
+        raise InvalidRequest(option, storage.value, f"{storage.value} keeps one scale per "
+                             f"{storage.group} values of a head; this model's head dim "
+                             f"{width} is not a multiple of {storage.group}")
+
+
+__all__ = ["available_memory", "check_kv_capacity", "check_kv_memory", "check_kv_storage",
+           "kv_bytes_per_token", "kv_cache_bytes", "plan_kv"]

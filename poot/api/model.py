@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 from poot.api.compile_ahead import start_ahead
 from poot.api.memory import check_kv_capacity, check_kv_memory, plan_kv
 from poot.api.options import (BACKENDS, DEFAULT_COMPILE_OPTIONS, DEFAULT_MAX_BATCH,
-                              DEFAULT_PREFILL_CHUNK, LoadOptions, kv_dtype_of, positive)
+                              DEFAULT_PREFILL_CHUNK, LoadOptions, kv_dtypes_of, positive)
 from poot.api.step_cache import cached_compiler, placement_of
 from poot.backends.registry import BACKENDS as _REGISTERED
 from poot.backends.registry import hook
@@ -147,7 +147,7 @@ class ModelHandle:
         once (default 8 on the CPU, 64 on GPUs). ``kv_blocks``: blocks in the pool (default:
         every sequence of a full batch at full context; fewer makes the engine preempt under
         load); ``kv_memory``: instead of ``kv_blocks``, the pool's size in bytes (as many
-        blocks as fit); ``kv_dtype`` (``"f32"``/``"f16"``/``"bf16"``; default the model's). The pool must
+        blocks as fit); ``kv_dtype`` (``"f32"``/``"f16"``/``"bf16"``/``"q8_0"``; default the model's). The pool must
         fit in the available memory. Every such check raises :class:`InvalidRequest` naming
         the option before anything is allocated or compiled. ``prefill_chunk`` (``None``:
         ``DEFAULT_PREFILL_CHUNK``) must be >= 1.
@@ -205,7 +205,7 @@ class ModelHandle:
         kv_capacity = check_kv_capacity(model, opts.kv_capacity, model_context)
         max_batch = opts.max_batch or DEFAULT_MAX_BATCH[backend]
         kv = plan_kv(model, weights.types, target, kv_capacity, max_batch, opts.kv_blocks,
-                     kv_dtype, opts.kv_memory)
+                     kv_dtype[0], opts.kv_memory, kv_dtype_v=kv_dtype[1])
         check_kv_memory(model, kv)
         steps = _StepSource(opts, target, report,
                             placement_of(model, weights.types, kv, opts.pipeline_parallel))
@@ -341,9 +341,9 @@ class ModelHandle:
 
 
 def _checked(opts: LoadOptions) -> tuple[LoadOptions, Any]:
-    """``(opts, kv dtype)``: the options with ``prefill_chunk`` defaulted, every size checked
-    (:class:`InvalidRequest` naming the first bad one, before anything is opened), and the
-    KV dtype they name (None: the model's)."""
+    """``(opts, (K's, V's) KV storage)``: the options with ``prefill_chunk`` defaulted, every
+    size checked (:class:`InvalidRequest` naming the first bad one, before anything is
+    opened), and the KV storage they name (:func:`kv_dtypes_of`; None: the model's)."""
     if opts.kv_capacity is not None:
         positive("kv_capacity", opts.kv_capacity)
     chunk = DEFAULT_PREFILL_CHUNK if opts.prefill_chunk is None else \
@@ -354,7 +354,7 @@ def _checked(opts: LoadOptions) -> tuple[LoadOptions, Any]:
     if opts.kv_memory is not None and opts.kv_blocks is not None:
         raise InvalidRequest("kv_memory", opts.kv_memory, "give kv_blocks or kv_memory, "
                              "not both")
-    return replace(opts, prefill_chunk=chunk), kv_dtype_of(opts.kv_dtype)
+    return replace(opts, prefill_chunk=chunk), kv_dtypes_of(opts)
 
 
 def _open_device(backend: str, target: Target, device: Any, pipeline: int) -> Any:

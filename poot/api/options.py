@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 from poot.backends.registry import BACKENDS as _REGISTERED
 from poot.compiler import CompileOptions
 from poot.engine import EngineConfig
-from poot.models.base import KV_DTYPES
+from poot.dialects.kv_quant import KV_FORMATS
 from poot.sampling_params import InvalidRequest
 
 #: the backends this build knows (:mod:`poot.backends.registry`)
@@ -50,7 +50,12 @@ class LoadOptions:
         kv_blocks: blocks in the pool (None: every sequence of a full batch at full context;
             fewer makes the engine preempt under load).
         kv_memory: instead of ``kv_blocks``, the pool's size in bytes (as many blocks as fit).
-        kv_dtype: ``"f32"``/``"f16"``/``"bf16"`` (None: the model's default).
+        kv_dtype: the KV cache's storage, ``"f32"``/``"f16"``/``"bf16"``/``"q8_0"`` (int8
+            with an f16 scale per 32 values of a head: about half of f16's bytes; targets
+            whose attention kernel reads it, the CPU) or ``"fp8"`` (refused by planning on
+            targets without fp8: all of this version's); None: the model's default.
+        kv_dtype_k, kv_dtype_v: the K or V pools' storage where it differs (llama.cpp's
+            ``-ctk``/``-ctv``); None: ``kv_dtype``.
         prefix_caching: share the KV blocks of common prompt prefixes.
     Steps and compiling:
         prefill_chunk: prompt tokens per prefill step (None: :data:`DEFAULT_PREFILL_CHUNK`).
@@ -83,6 +88,8 @@ class LoadOptions:
     kv_blocks: int | None = None
     kv_memory: int | None = None
     kv_dtype: str | None = None
+    kv_dtype_k: str | None = None
+    kv_dtype_v: str | None = None
     prefix_caching: bool = True
     compile_options: CompileOptions | None = None
     cache_dir: str | None = None
@@ -111,17 +118,28 @@ def positive(name: str, v) -> int:
     return int(v)
 
 
-def kv_dtype_of(name: str | None):
-    """The KV dtype named ``name`` (``f32``/``f16``/``bf16``), None for the model's default;
-    :class:`InvalidRequest` naming ``kv_dtype`` for another name."""
+def kv_dtype_of(name: str | None, option: str = "kv_dtype"):
+    """The KV storage named ``name`` (:data:`poot.dialects.kv_quant.KV_FORMATS`: ``f32``,
+    ``f16``, ``bf16``, ``q8_0``, ``fp8``), None for the model's default;
+    :class:`InvalidRequest` naming ``option`` for another name. Whether the target and the
+    model can hold it is planning's check (:func:`poot.api.memory.plan_kv`)."""
     if name is None:
         return None
-    for d in KV_DTYPES:
-        if d.value == name:
-            return d
-    raise InvalidRequest("kv_dtype", name, f"must be one of "
-                         f"{', '.join(d.value for d in KV_DTYPES)}")
+    if name in KV_FORMATS:
+        return KV_FORMATS[name]
+    raise InvalidRequest(option, name, f"must be one of {', '.join(KV_FORMATS)}")
+
+
+def kv_dtypes_of(opts: "LoadOptions") -> tuple[Any, Any]:
+    """``(K's, V's)`` KV storage of ``opts`` (``kv_dtype_k``/``kv_dtype_v`` over
+    ``kv_dtype``; None: the model's default, V: K's), each checked by :func:`kv_dtype_of`
+    naming the option it came from."""
+    def one(side: str):
+        own = getattr(opts, f"kv_dtype_{side}")
+        return kv_dtype_of(own, f"kv_dtype_{side}") if own is not None else \
+            kv_dtype_of(opts.kv_dtype)
+    return one("k"), one("v")
 
 
 __all__ = ["BACKENDS", "DEFAULT_COMPILE_OPTIONS", "DEFAULT_KV_CAPACITY", "DEFAULT_MAX_BATCH",
-           "DEFAULT_PREFILL_CHUNK", "LoadOptions", "kv_dtype_of", "positive"]
+           "DEFAULT_PREFILL_CHUNK", "LoadOptions", "kv_dtype_of", "kv_dtypes_of", "positive"]

@@ -12,7 +12,7 @@ from poot.api.compile_ahead import compile_ahead
 from poot.api.memory import check_kv_capacity, plan_kv
 from poot.api.model import bind_lora_slots, default_model_path, open_model, target_for
 from poot.api.options import (BACKENDS, DEFAULT_COMPILE_OPTIONS, DEFAULT_PREFILL_CHUNK,
-                              kv_dtype_of, positive)
+                              LoadOptions, kv_dtypes_of, positive)
 from poot.api.step_cache import compile_cached, placement_of
 from poot.backends.registry import BACKENDS as _REGISTERED
 from poot.compiler import CompileOptions
@@ -28,6 +28,7 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                   kv_capacity: int | None = None, prefill_chunk: int | None = None,
                   max_batch: int = 1, batches: Sequence[int] | None = None,
                   kv_blocks: int | None = None, kv_dtype: str | None = None,
+                  kv_dtype_k: str | None = None, kv_dtype_v: str | None = None,
                   samplers: Sequence[Any] | None = None, cache_dir: str | None = None,
                   compile_options: CompileOptions | None = None,
                   random_weights: str | None = None, seed: int = 0,
@@ -67,8 +68,10 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     model, weights, ctx, _ = open_model(path, random_weights, seed, check_memory=False)
     weights, _ = bind_lora_slots(model, weights, max_loras, max_lora_rank)
     kv_capacity = check_kv_capacity(model, kv_capacity, ctx)
-    kv = plan_kv(model, weights.types, target, kv_capacity, max_batch, kv_blocks,
-                 kv_dtype_of(kv_dtype))
+    k_dtype, v_dtype = kv_dtypes_of(LoadOptions(kv_dtype=kv_dtype, kv_dtype_k=kv_dtype_k,
+                                                kv_dtype_v=kv_dtype_v))
+    kv = plan_kv(model, weights.types, target, kv_capacity, max_batch, kv_blocks, k_dtype,
+                 kv_dtype_v=v_dtype)
     cache = CompileCache(cache_dir)
     if not cache.enabled:
         raise InvalidRequest("cache_dir", str(cache.dir), "the compile cache is not writable")

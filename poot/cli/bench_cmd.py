@@ -195,10 +195,28 @@ def weight_bytes_read(handle, program) -> int:
 
 
 def kv_bytes_read(handle, ctx: float, itemsize: int | None = None) -> int:
-    """Bytes of K/V one sequence's attention reads at context ``ctx`` (the pool's dtype)."""
+    """Bytes of K/V one sequence's attention reads at context ``ctx`` (the pool's storage,
+    q8_0 scales included; ``itemsize``: bytes a value instead)."""
     d = handle.model.dims()
-    item = itemsize or handle.runner.kv.kv_dtype.itemsize
-    return int(d.n_layers * ctx * d.kv_token_elems * item)
+    if itemsize:
+        return int(d.n_layers * ctx * d.kv_token_elems * itemsize)
+    return int(ctx * kv_token_bytes(handle))
+
+
+def kv_token_bytes(handle) -> int:
+    """Bytes one position's K/V take over every layer in the handle's pool."""
+    d = handle.model.dims()
+    return d.n_layers * handle.runner.kv.token_bytes(d)
+
+
+def kv_fields(handle) -> dict:
+    """The KV pool's fields of a bench report: storage (K's, and V's where it differs),
+    bytes per token."""
+    kv = handle.runner.kv
+    out = {"kv_dtype": kv.kv_dtype.value, "kv_bytes_per_token": kv_token_bytes(handle)}
+    if kv.kv_dtype_v is not None:
+        out["kv_dtype_v"] = kv.kv_dtype_v.value
+    return out
 
 
 def replay_us(handle, n: int) -> float | None:
@@ -493,7 +511,7 @@ def run(args: argparse.Namespace) -> int:
            "decode_tokens_per_s": best["decode_tokens_per_s"],
            "pipelined": bool(best.get("pipelined")),
            "pipeline_parallel": _stages(handle),
-           "kv_capacity": handle.kv_capacity, "kv_dtype": handle.runner.kv.kv_dtype.value,
+           "kv_capacity": handle.kv_capacity, **kv_fields(handle),
            "load_s": handle.load_s, "compile_s": handle.runner.compile_s, "runs": runs}
     if args.random_weights:
         out["random_weights"] = args.dtype
@@ -544,7 +562,7 @@ def run_serving(args: argparse.Namespace) -> int:
     _pipeline(handle, args)
     out = {"model": str(handle.path), "backend": handle.backend,
            "pipeline_parallel": _stages(handle),
-           "kv_capacity": handle.kv_capacity, "kv_dtype": handle.runner.kv.kv_dtype.value,
+           "kv_capacity": handle.kv_capacity, **kv_fields(handle),
            "block_size": handle.runner.kv.block_size, "load_s": handle.load_s}
     if batches:
         out["throughput"] = run_batch(handle, args, batches)

@@ -80,9 +80,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
                    help="blocks in the paged KV pool (default: --max-batch sequences at "
                         "--kv-capacity; fewer blocks preempt under load)")
-    p.add_argument("--kv-dtype", default=None, choices=("f32", "f16", "bf16"),
-                   help="KV cache storage dtype (default: the model's; f16 for a quantized "
-                        "GGUF)")
+    p.add_argument("--kv-dtype", default=None, metavar="DTYPE",
+                   help="KV cache storage: f32, f16, bf16, q8_0 (int8 with an f16 scale per "
+                        "32 values of a head: about half of f16's bytes, CPU) or fp8 (devices "
+                        "with fp8 only) (default: the model's; f16 for a quantized GGUF)")
+    p.add_argument("--kv-dtype-k", default=None, metavar="DTYPE",
+                   help="the K cache's storage where it differs from --kv-dtype")
+    p.add_argument("--kv-dtype-v", default=None, metavar="DTYPE",
+                   help="the V cache's storage where it differs from --kv-dtype")
     p.add_argument("--precision", default="int16", choices=("int16", "int8", "exact"),
                    help="int16 (default): packed weights multiply activations quantized to "
                         "int16 per 32-block (CPU; logits within ~1e-2 of f32); int8: "
@@ -230,7 +235,7 @@ def load_handle(args, before_compile=None, **kw):
     kw.setdefault("compile_options", compile_options(args))
 
     kw.setdefault("path", args.model)
-    for k in ("max_batch", "kv_blocks", "kv_dtype"):
+    for k in ("max_batch", "kv_blocks", "kv_dtype", "kv_dtype_k", "kv_dtype_v"):
         kw.setdefault(k, getattr(args, k, None))
     kw.setdefault("pipeline_parallel", getattr(args, "pipeline_parallel", None) or 1)
     # the sampler of any options but log-probs, so that a later run with other sampling

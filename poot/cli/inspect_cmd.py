@@ -100,11 +100,16 @@ def _family_summary(cfg: Any) -> dict[str, Any]:
         model = family.from_config(cfg, None)
     except PootError as e:
         return {"error": str(e)}
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
+    from poot.api.memory import kv_bytes_per_token
+
     options = getattr(model, "options", None)
     out: dict[str, Any] = {"name": family.family}
     if callable(options):
         out["options"] = {k: (f"{len(v)} values" if isinstance(v, list) and len(v) > 8 else v)
                           for k, v in _plain(options()).items()}
+    if callable(getattr(model, "dims", None)):
+        out["kv_bytes_per_token"] = kv_bytes_per_token(model.dims())
     return out
 
 
@@ -172,6 +177,10 @@ def _text(r: dict[str, Any]) -> str:
             if isinstance(v, dict):  # MLA / MoE options: only what is set
                 v = ", ".join(f"{a}={b}" for a, b in v.items() if b not in (None, False))
             lines.append(f"  {k}: {v}")
+        if fam.get("kv_bytes_per_token"):
+            lines.append("kv bytes per token (all layers): " + ", ".join(
+                f"{k} {v}" if v is not None else f"{k} n/a"
+                for k, v in fam["kv_bytes_per_token"].items()))
     tok = r["tokenizer"]
     lines.append("tokenizer: " + (", ".join(f"{k}={v}" for k, v in tok.items()) if tok
                                   else "none found"))

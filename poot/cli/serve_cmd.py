@@ -207,7 +207,7 @@ def load_options(args) -> dict:
     opts = dict(path=args.model, backend=args.backend, kv_capacity=args.kv_capacity,
                 prefill_chunk=args.prefill_chunk, max_batch=args.max_batch,
                 kv_blocks=args.kv_blocks, kv_memory=kv_memory, kv_dtype=args.kv_dtype,
-                use_cache=not args.no_cache, random_weights=args.random_weights,
+                kv_dtype_k=args.kv_dtype_k, kv_dtype_v=args.kv_dtype_v, use_cache=not args.no_cache, random_weights=args.random_weights,
                 compile_options=compile_options(args),
                 pipeline_parallel=getattr(args, "pipeline_parallel", None) or 1)
     if max_loras:

@@ -63,6 +63,9 @@ def check_op(op: ir.Operation, target: Target) -> None:
         if isinstance(t, PackedType) and op.name == "poot.dequantize" and \
                 t.format.name not in caps.packed_formats:
             raise Refusal(op.name, f"in-kernel decoding of packed format {t.format.name}", loc)
+    if op.name == "poot.paged_attention" and len(op.operands) > 5 and \
+            "q8_0" not in caps.kv_formats:
+        raise Refusal(op.name, "an attention kernel reading q8_0 KV pools", loc)
     if op.name in COMPUTE_OPS and op.operands:
         t = type_from_mlir(op.operands[0].type)
         if isinstance(t, TensorType) and t.dtype not in caps.compute_dtypes:

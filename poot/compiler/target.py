@@ -36,6 +36,8 @@ class Capabilities:
             ``max-storage-buffer-binding-size``), None for no limit.
         max_kernel_buffers: the most buffers one kernel may bind as its arguments, None for
             no limit (horizontal fusion stops short of it; a region past it is refused).
+        kv_formats: block-quantized KV cache formats (``q8_0``, ``fp8``) the attention kernels
+            read in place (:mod:`poot.dialects.kv_quant`); a KV pool in another is refused.
     """
 
     storage_dtypes: frozenset[DType] = ALL_DTYPES
@@ -49,6 +51,7 @@ class Capabilities:
     features: frozenset[str] = field(default_factory=frozenset)
     max_buffer_bytes: int | None = None
     max_kernel_buffers: int | None = None
+    kv_formats: frozenset[str] = frozenset()
 
     def without_dtype(self, dtype: DType) -> "Capabilities":
         """These capabilities less one dtype (storage and compute); for tests and planning."""
@@ -71,7 +74,8 @@ class Target:
                 f"cores={c.cores};vb={c.vector_bits};sg={c.subgroup_size};"
                 f"sh={c.max_shared_bytes};f={sorted(c.features)}"
                 + (f";mb={c.max_buffer_bytes}" if c.max_buffer_bytes is not None else "")
-                + (f";mk={c.max_kernel_buffers}" if c.max_kernel_buffers is not None else ""))
+                + (f";mk={c.max_kernel_buffers}" if c.max_kernel_buffers is not None else "")
+                + (f";kv={sorted(c.kv_formats)}" if c.kv_formats else ""))
 
 
 def _cpu_flags() -> frozenset[str]:
@@ -174,4 +178,5 @@ def host_cpu() -> Target:
     cores = requested_threads() or cores
     features = flags & wanted | ({"openmp"} if openmp_runtime() else set())
     return Target("cpu", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
-                                      vector_bits=bits, features=frozenset(features)))
+                                      vector_bits=bits, features=frozenset(features),
+                                      kv_formats=frozenset({"q8_0"})))

@@ -46,6 +46,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from poot.dialects.kv_quant import KvDType, kv_value_bytes
 from poot.dialects.types import DType
 from poot.engine.guided import ALL_ALLOWED
 from poot.engine.blocks import NULL_BLOCK
@@ -104,13 +105,15 @@ class KVConfig:
         num_blocks: blocks per pool, the null block included.
         max_model_len: positions one sequence may hold: the context limit, prompt plus
             generated tokens (its block table has ``W = ceil(max_model_len / bs)`` entries).
-        kv_dtype: the pools' storage dtype.
+        kv_dtype: the pools' storage (a float dtype or q8_0, :mod:`poot.dialects.kv_quant`).
+        kv_dtype_v: the V pools' storage where it differs from K's; None: ``kv_dtype``.
     """
 
     block_size: int
     num_blocks: int
     max_model_len: int
-    kv_dtype: DType
+    kv_dtype: KvDType
+    kv_dtype_v: KvDType | None = None
 
     @property
     def table_width(self) -> int:
@@ -118,10 +121,17 @@ class KVConfig:
 
     def bytes(self, dims: Any) -> int:
         """Bytes of every layer's KV pools for a model of ``dims``
-        (:class:`~poot.models.StepDims`: layers x blocks x block size x
-        ``kv_token_elems`` x the dtype's size)."""
-        return (dims.n_layers * self.num_blocks * self.block_size * dims.kv_token_elems
-                * self.kv_dtype.itemsize)
+        (:class:`~poot.models.StepDims`): layers x blocks x block size x
+        :meth:`token_bytes`."""
+        return dims.n_layers * self.num_blocks * self.block_size * self.token_bytes(dims)
+
+    def token_bytes(self, dims: Any) -> int:
+        """Bytes one position takes in one layer's pools: ``kv_token_elems`` values, half K
+        and half V when they differ in storage, each at its storage's bytes a value (q8_0:
+        34 / 32, its scales included)."""
+        k = kv_value_bytes(self.kv_dtype)
+        v = k if self.kv_dtype_v is None else kv_value_bytes(self.kv_dtype_v)
+        return int(round(dims.kv_token_elems * (k + v) / 2))
 
 
 @dataclass
@@ -267,7 +277,7 @@ def step_spec(kv: KVConfig, kind: str, batch: int = 1, prefill_chunk: int = 32,
     decode step of ``batch`` rows, or the ragged step (``kind="ragged"``) of ``batch`` token
     rows sampling ``min(batch, logit_rows)`` of them."""
     kw = dict(kv_capacity=kv.table_width * kv.block_size, block_size=kv.block_size,
-              num_blocks=kv.num_blocks, kv_dtype=kv.kv_dtype)
+              num_blocks=kv.num_blocks, kv_dtype=kv.kv_dtype, kv_dtype_v=kv.kv_dtype_v)
     if kind == "prefill":
         return StepSpec.prefill(max(1, min(prefill_chunk, kv.max_model_len)), batch=1,
                                 outputs="hidden", **kw)

@@ -24,7 +24,9 @@ The step interface every family traces (see :class:`StepSpec`): the KV cache is 
                                                block * bs + offset (row-major (b, t)); a slot
                                                outside [0, NB*bs) writes nothing (padding)
              kv.{i}.k     kv [NB, bs, Hkv, D]  layer i's key block pool (and kv.{i}.v), in the
-                                               KV dtype (f32, f16 or bf16)
+                                               KV dtype (f32, f16 or bf16; q8_0: i8 values
+                                               and kv.{i}.k_scale f16 [NB, bs, Hkv, D/32],
+                                               poot.dialects.kv_quant)
     outputs  logits       f32 [B, T, V]        (or hidden f32 [B, T, hidden])
              kv.{i}.k, kv.{i}.v                the pools with this step's K/V written at
                                                slot_mapping; a runtime updates them in place
@@ -47,6 +49,7 @@ from typing import (Any, Callable, ClassVar, Collection, Literal, Mapping, Proto
 
 import numpy as np
 
+from poot.dialects.kv_quant import KvDType, KvQuant, Q8_0
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.graph.builder import Graph, TraceLimits
@@ -71,8 +74,10 @@ class UnknownArchitecture(ModelError):
 
 # --- step specs --------------------------------------------------------------------------------
 
-#: KV storage dtypes a step may declare.
+#: KV storage dtypes a step may declare (float; the formats of KV_STORAGE add q8_0).
 KV_DTYPES = (DType.F32, DType.F16, DType.BF16)
+#: Every KV storage a step may declare.
+KV_STORAGE = KV_DTYPES + (Q8_0,)
 
 
 @dataclass(frozen=True)
@@ -96,13 +101,16 @@ class StepSpec:
         block_size: positions per KV block, bs (None: ``kv_capacity``, one block a sequence);
             must divide ``kv_capacity``.
         num_blocks: blocks in each layer's pool, NB (None: ``kv_slots * W``).
-        kv_dtype: the pools' storage dtype (f32, f16 or bf16); None: the model's default
+        kv_dtype: the pools' storage (f32, f16, bf16 or q8_0,
+            :mod:`poot.dialects.kv_quant`); None: the model's default
             (:func:`default_kv_dtype`).
         logit_rows: S, for a *ragged* step (:meth:`ragged`): a decode step whose B rows are
             tokens of any sequences (several rows may be one sequence's consecutive
             positions, each with that sequence's block table), the step input
             ``logit_rows`` i32 [S] naming the rows whose logits are computed: logits f32
             [S, 1, V] (the head runs on those rows only). None: every row's.
+        kv_dtype_v: the V pools' storage when it differs from K's (``kv_dtype``); None:
+            ``kv_dtype``.
 
     Raises :class:`ModelError` on a field out of its domain.
     """
@@ -116,8 +124,9 @@ class StepSpec:
     sampler: Any = None
     block_size: int | None = None
     num_blocks: int | None = None
-    kv_dtype: DType | None = None
+    kv_dtype: KvDType | None = None
     logit_rows: int | None = None
+    kv_dtype_v: KvDType | None = None
 
     def __post_init__(self):
         if self.kind not in ("prefill", "decode"):
@@ -136,9 +145,11 @@ class StepSpec:
         if self.kv_capacity % self.bs:
             raise ModelError(f"StepSpec.block_size {self.bs} does not divide kv_capacity "
                              f"{self.kv_capacity}")
-        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
-            raise ModelError(f"StepSpec.kv_dtype must be one of "
-                             f"{', '.join(d.value for d in KV_DTYPES)}, got {self.kv_dtype!r}")
+        for k in ("kv_dtype", "kv_dtype_v"):
+            v = getattr(self, k)
+            if v is not None and v not in KV_STORAGE:
+                raise ModelError(f"StepSpec.{k} must be one of "
+                                 f"{', '.join(d.value for d in KV_STORAGE)}, got {v!r}")
         if self.kind == "decode" and self.tokens != 1:
             raise ModelError(f"a decode step has T = 1, got tokens={self.tokens}")
         if self.tokens > self.kv_capacity:
@@ -158,27 +169,30 @@ class StepSpec:
     @staticmethod
     def prefill(tokens: int, *, batch: int = 1, kv_capacity: int, kv_slots: int = 1,
                 outputs: StepOutputs = "logits", block_size: int | None = None,
-                num_blocks: int | None = None, kv_dtype: DType | None = None) -> "StepSpec":
+                num_blocks: int | None = None, kv_dtype: KvDType | None = None,
+                kv_dtype_v: KvDType | None = None) -> "StepSpec":
         return StepSpec("prefill", batch, tokens, kv_capacity, kv_slots, outputs, None,
-                        block_size, num_blocks, kv_dtype)
+                        block_size, num_blocks, kv_dtype, kv_dtype_v=kv_dtype_v)
 
     @staticmethod
     def decode(*, batch: int = 1, kv_capacity: int, kv_slots: int = 1,
                outputs: StepOutputs = "logits", sampler: Any = None,
                block_size: int | None = None, num_blocks: int | None = None,
-               kv_dtype: DType | None = None) -> "StepSpec":
+               kv_dtype: KvDType | None = None, kv_dtype_v: KvDType | None = None
+               ) -> "StepSpec":
         return StepSpec("decode", batch, 1, kv_capacity, kv_slots, outputs, sampler,
-                        block_size, num_blocks, kv_dtype)
+                        block_size, num_blocks, kv_dtype, kv_dtype_v=kv_dtype_v)
 
     @staticmethod
     def ragged(tokens: int, *, logit_rows: int, kv_capacity: int, kv_slots: int = 1,
                block_size: int | None = None, num_blocks: int | None = None,
-               kv_dtype: DType | None = None) -> "StepSpec":
+               kv_dtype: KvDType | None = None, kv_dtype_v: KvDType | None = None
+               ) -> "StepSpec":
         """A ragged step of ``tokens`` token rows (decode rows and prefill chunks of any
         sequences, flattened) computing the logits of ``logit_rows`` of them (attribute
         doc)."""
         return StepSpec("decode", tokens, 1, kv_capacity, kv_slots, "logits", None,
-                        block_size, num_blocks, kv_dtype, logit_rows)
+                        block_size, num_blocks, kv_dtype, logit_rows, kv_dtype_v)
 
     def limits(self, dims: "StepDims") -> TraceLimits:
         """The :class:`TraceLimits` of this step for a model of ``dims``
@@ -213,12 +227,25 @@ class StepSpec:
                 "block_table": TensorType((self.batch, self.table_width), DType.I32),
                 "slot_mapping": TensorType((self.n_tokens,), DType.I32)}
 
+    def cache_storage(self, pool: str, default_dtype: DType = DType.F32) -> KvDType:
+        """The storage of the pool named ``pool`` (``"k"``, ``"v"``, MLA's ``"latent"``):
+        ``kv_dtype_v`` for ``"v"`` when set, else ``kv_dtype``, else ``default_dtype``."""
+        if pool == "v" and self.kv_dtype_v is not None:
+            return self.kv_dtype_v
+        return self.kv_dtype or default_dtype
+
+    @property
+    def kv_quantized(self) -> bool:
+        """Whether a pool is block-quantized (q8_0)."""
+        return any(isinstance(t, KvQuant) for t in (self.kv_dtype, self.kv_dtype_v))
+
     def cache_type(self, n_kv_heads: int, head_dim: int,
                    default_dtype: DType = DType.F32) -> TensorType:
         """One layer's K (or V) block pool: kv [NB, bs, Hkv, D] (``kv_dtype``, else
-        ``default_dtype``)."""
+        ``default_dtype``; a q8_0 pool's values plane, i8)."""
+        st = self.kv_dtype or default_dtype
         return TensorType((self.n_blocks, self.bs, n_kv_heads, head_dim),
-                          self.kv_dtype or default_dtype)
+                          st.values if isinstance(st, KvQuant) else st)
 
 
 def contiguous_inputs(kv_capacity: int, tokens, positions, slots) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
+from poot.dialects.kv_quant import KvQuant
 from poot.dialects.types import DType, PootType, TensorType
 from poot.graph import ops, sampling
 from poot.graph.builder import Builder, Tensor
@@ -58,6 +59,28 @@ class StepInputs:
 KvPools = tuple[tuple[str, int, int], ...]
 
 
+@dataclass(frozen=True)
+class QuantPool:
+    """A block-quantized KV pool in a trace (:mod:`poot.dialects.kv_quant`): its values plane
+    (q8_0: i8 [NB, bs, H, D], step input ``kv.{i}.<name>``) and scales plane (f16
+    [NB, bs, H, D / 32], ``kv.{i}.<name>_scale``)."""
+
+    values: Tensor
+    scales: Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.values.shape
+
+
+def _declare_pool(b: Builder, name: str, storage, shape) -> "Tensor | QuantPool":
+    """Step input(s) of one pool of ``shape`` in ``storage`` (a DType or a KvQuant)."""
+    if isinstance(storage, KvQuant):
+        vt, st = storage.planes(shape)
+        return QuantPool(b.input(name, vt), b.input(f"{name}_scale", st))
+    return b.input(name, TensorType(shape, storage))
+
+
 
 def step_inputs(b: Builder, spec: StepSpec, n_layers: int, n_kv_heads: int,
                 head_dim: int, kv_dtype: DType = DType.F32,
@@ -69,8 +92,10 @@ def step_inputs(b: Builder, spec: StepSpec, n_layers: int, n_kv_heads: int,
     write index."""
     t = {name: b.input(name, ty) for name, ty in spec.input_types().items()}
     pools = pools or (("k", n_kv_heads, head_dim), ("v", n_kv_heads, head_dim))
-    types = [spec.cache_type(h, d, kv_dtype) for _, h, d in pools]
-    caches = [tuple(b.input(f"kv.{i}.{name}", ty) for (name, _, _), ty in zip(pools, types))
+    types = [(spec.cache_storage(name, kv_dtype), spec.cache_type(h, d).shape)
+             for name, h, d in pools]
+    caches = [tuple(_declare_pool(b, f"kv.{i}.{name}", st, shape)
+                    for (name, _, _), (st, shape) in zip(pools, types))
               for i in range(n_layers)]
     with b.scope("kv_index"):
         index = kv_write_index(b, t["slot_mapping"], spec.bs)
@@ -91,10 +116,11 @@ def kv_write_index(b: Builder, slot_mapping: Tensor, block_size: int) -> Tensor:
 
 
 
-def cached_kv(b: Builder, pool: Tensor, new: Tensor, kv_index: Tensor, block_table: Tensor
-              ) -> tuple[Tensor, Tensor]:
+def cached_kv(b: Builder, pool: "Tensor | QuantPool", new: Tensor, kv_index: Tensor,
+              block_table: Tensor) -> tuple["Tensor | QuantPool", Tensor]:
     """Write ``new`` f32 [B, T, Hkv, D] into ``pool`` kv [NB, bs, Hkv, D] at ``kv_index``
-    (rounded to the pool's dtype) and gather each sequence's blocks back.
+    (rounded to the pool's dtype; a :class:`QuantPool` quantized, :func:`quantize_q8_0`) and
+    gather each sequence's blocks back.
 
     Returns ``(updated_pool, keys)``: the updated pool (same type as ``pool``; a step output)
     and f32 [B, W * bs, Hkv, D], row j holding position j of sequence b (block
@@ -105,11 +131,38 @@ def cached_kv(b: Builder, pool: Tensor, new: Tensor, kv_index: Tensor, block_tab
     nb, bs = pool.shape[:2]
     w = block_table.shape[1]
     rows = b.reshape(new, (bsz * t, hkv, d))
+    if isinstance(pool, QuantPool):
+        q, scales = quantize_q8_0(b, ops.as_f32(b, rows))
+        updated = QuantPool(b.scatter(pool.values, kv_index, q),
+                            b.scatter(pool.scales, kv_index, scales))
+        vals = b.gather(updated.values, block_table, axis=0)
+        sc = b.gather(updated.scales, block_table, axis=0)
+        keys = b.op("dequantize_q8_0", [vals, sc])
+        return updated, b.reshape(keys, (bsz, w * bs, hkv, d))
     if rows.dtype is not pool.dtype:
         rows = b.cast(rows, pool.dtype)
     updated = b.scatter(pool, kv_index, rows)
     keys = b.reshape(b.gather(updated, block_table, axis=0), (bsz, w * bs, hkv, d))
     return updated, ops.as_f32(b, keys)
+
+
+
+def quantize_q8_0(b: Builder, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x`` f32 [..., D] as q8_0 (:mod:`poot.dialects.kv_quant`: per 32 values
+    ``d = max|x| / 127``, ``q = round(x / d)`` half away from zero, 0 where ``d == 0``):
+    ``(q i8 [..., D], d f16 [..., D / 32])``."""
+    *lead, d = x.shape
+    g = b.reshape(x, tuple(lead) + (d // 32, 32))
+    amax = b.reduce("max", b.unary("abs", g), -1, keepdims=True)
+    scale = amax / 127.0
+    zero = b.full(scale.shape, 0.0)
+    inv = b.select(b.compare("gt", scale, zero), b.full(scale.shape, 1.0) / scale, zero)
+    v = g * b.broadcast_to(inv, g.shape)
+    half = b.select(b.compare("lt", v, b.full(v.shape, 0.0)), b.full(v.shape, -0.5),
+                    b.full(v.shape, 0.5))
+    q = b.cast(v + half, DType.I8)
+    return (b.reshape(q, x.shape),
+            b.reshape(b.cast(scale, DType.F16), tuple(lead) + (d // 32,)))
 
 
 
@@ -160,7 +213,11 @@ def finish_step(b: Builder, spec: StepSpec, hidden: Tensor, head: Tensor | None,
         outputs = {"hidden": b.cast(hidden, DType.F32)}
     for i, pools in enumerate(caches):
         for name, pool in zip(cache_names, pools, strict=True):
-            outputs[f"kv.{i}.{name}"] = pool
+            if isinstance(pool, QuantPool):
+                outputs[f"kv.{i}.{name}"] = pool.values
+                outputs[f"kv.{i}.{name}_scale"] = pool.scales
+            else:
+                outputs[f"kv.{i}.{name}"] = pool
     if spec.sampler is not None:
         outputs.update(sampling_suffix(b, spec, outputs["logits"]))
     return b.finish(outputs)

@@ -56,6 +56,11 @@ block pools by a block table, the op becomes ``poot.paged_attention``
   offset ``j % bs`` (decided by following which gather axes each dim is made of, not by the
   ops' spelling); ``v`` likewise, through the *same* table with a pool of the same
   ``[NB, bs, H]``.
+* A q8_0 pool (:mod:`poot.dialects.kv_quant`) is read as
+  ``poot.dequantize_q8_0(gather(values, table), gather(scales, table))``: the dequantize
+  takes the place of the cast, its scales gathered through the same table, and the op gets
+  the values pool (i8) and the scales pool (a trailing operand), so the lowering
+  dequantizes each block where it loads it.
 * Anything else (another order of the key axis, a table that differs between k and v, an
   integer cast) keeps ``poot.attention`` over the gathered tensors.
 """
@@ -392,14 +397,18 @@ def _kv_gather(v: ir.Value):
     1: W, 2: bs, 3: H, 4: D; size-1 axes left out) that make up dim i of ``v``; ``channels``
     the ``(start, limit)`` of D that ``v`` reads (a unit-stride ``poot.slice`` of the D axis
     alone may be among the views: values that are the leading channels of a pool of wider
-    keys, as multi-head latent attention's). NoMatch otherwise."""
+    keys, as multi-head latent attention's). A q8_0 pool's ``poot.dequantize_q8_0`` of the
+    gather is read through (its scales: :func:`_scales_gather`). NoMatch otherwise."""
     chain, cur = [], v
     while True:
         p = defining_op(cur)
         need(p is not None, "keys come from an argument, not a gather")
         if p.name == "poot.gather":
             break
-        if p.name == "poot.cast":
+        if p.name == "poot.dequantize_q8_0":
+            need(_producer(p.operands[0], "poot.gather") is not None,
+                 "a q8_0 dequantize of something other than a gather of the pool")
+        elif p.name == "poot.cast":
             need(dtype_of(p.operands[0]).is_float and dtype_of(cur).is_float,
                  "a cast between keys and the gather is not float to float")
         else:
@@ -444,24 +453,48 @@ def _kv_gather(v: ir.Value):
     return g, dims, channels
 
 
+def _scales_gather(v: ir.Value, gather: ir.Operation):
+    """The q8_0 scales pool ``[NB, bs, H, D / 32]`` read by the ``poot.dequantize_q8_0`` of
+    ``gather`` on the way from ``v`` to it (through the same table, axis 0), or None when the
+    pool is not quantized. NoMatch for scales read otherwise."""
+    cur = v
+    while (p := defining_op(cur)) is not None and p.operation != gather.operation:
+        if p.name == "poot.dequantize_q8_0":
+            sg = _producer(p.operands[1], "poot.gather")
+            need(sg is not None and same_value(sg.operands[1], gather.operands[1])
+                 and int(ir.IntegerAttr(sg.attributes["axis"]).value) == 0,
+                 "q8_0 scales not gathered through the values' block table")
+            return sg.operands[0]
+        cur = p.operands[0]
+    return None
+
+
 def _paged_operands(att: ir.Operation):
-    """(k_pool, v_pool, table) when ``att`` (a ``poot.attention`` with batch dims [B, H])
-    reads its k and v through one block table (see the module doc); NoMatch otherwise. A pool
-    read through a channel range is that range: ``poot.slice`` ops made before ``att``."""
+    """(k_pool, v_pool, table, scales) when ``att`` (a ``poot.attention`` with batch dims
+    [B, H]) reads its k and v through one block table (see the module doc); ``scales``: the
+    q8_0 scales pool of each i8 pool, k's first. NoMatch otherwise. A pool read through a
+    channel range is that range: ``poot.slice`` ops made before ``att``."""
     q, k, v, _ = att.operands
     need(len(shape_of(k)) == 4, "attention is not over [B, H, S, D] keys")
     kg, kd, kc = _kv_gather(k)
     vg, vd, vc = _kv_gather(v)
     need(same_value(kg.operands[1], vg.operands[1]), "k and v use different block tables")
     kp, vp = kg.operands[0], vg.operands[0]
-    need(shape_of(kp)[:3] == shape_of(vp)[:3] and dtype_of(kp) == dtype_of(vp),
-         "k and v pools differ in [NB, bs, H] or dtype")
+    ks, vs = _scales_gather(k, kg), _scales_gather(v, vg)
+    need(shape_of(kp)[:3] == shape_of(vp)[:3], "k and v pools differ in [NB, bs, H]")
+    need(dtype_of(kp) == dtype_of(vp) or ks is not None or vs is not None,
+         "k and v float pools differ in dtype")
+    for sc, (lo, hi) in ((ks, kc), (vs, vc)):
+        need(sc is None or (lo % 32 == 0 and hi % 32 == 0),
+             "a q8_0 pool read through channels that split its 32-value groups")
     sizes = shape_of(kg.results[0])
     want = [(0,), (3,), (1, 2), (4,)]
     want = [tuple(a for a in d if sizes[a] != 1) for d in want]
     need(kd == want and vd == want, "the views do not make key j block table[b, j // bs], "
          "offset j % bs")
-    return _channels(kp, kc, att), _channels(vp, vc, att), kg.operands[1]
+    scales = [_channels(sc, (lo // 32, hi // 32), att)
+              for sc, (lo, hi) in ((ks, kc), (vs, vc)) if sc is not None]
+    return _channels(kp, kc, att), _channels(vp, vc, att), kg.operands[1], scales
 
 
 def _channels(pool: ir.Value, channels: tuple[int, int], before: ir.Operation) -> ir.Value:
@@ -489,12 +522,12 @@ def page_attention(fn: ir.Operation) -> int:
             if att.name != "poot.attention":
                 continue
             try:
-                kp, vp, table = _paged_operands(att)
+                kp, vp, table, scales = _paged_operands(att)
             except NoMatch:
                 continue
             q, _, _, mask = att.operands
             with att.context, att.location:
-                new = _create("poot.paged_attention", [q, kp, vp, table, mask],
+                new = _create("poot.paged_attention", [q, kp, vp, table, mask, *scales],
                               type_from_mlir(att.results[0].type), ir.InsertionPoint(att),
                               {"scale": att.attributes["scale"],
                                "softcap": att.attributes["softcap"]})

@@ -1044,3 +1044,27 @@ func.func @paged_attention_missing_softcap(%q: tensor<1x2x3x8xf32>, %kp: tensor<
   %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m) {scale = 1.0 : f64} : (tensor<1x2x3x8xf32>, tensor<4x16x2x8xf32>, tensor<4x16x2x8xf32>, tensor<1x2xi32>, tensor<1x1x3x32xi1>) -> tensor<1x2x3x8xf32>
   return
 }
+
+// -----
+
+func.func @paged_attention_q8_0_no_scales(%q: tensor<1x2x3x64xf32>, %kp: tensor<4x16x2x64xi8>, %vp: tensor<4x16x2x64xi8>, %bt: tensor<1x2xi32>, %m: tensor<1x1x3x32xi1>, %ks: tensor<4x16x2x2xf16>) {
+  // expected-error @+1 {{'poot.paged_attention' op v_pool is i8 (q8_0) but has no scales operand}}
+  %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m, %ks) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<1x2x3x64xf32>, tensor<4x16x2x64xi8>, tensor<4x16x2x64xi8>, tensor<1x2xi32>, tensor<1x1x3x32xi1>, tensor<4x16x2x2xf16>) -> tensor<1x2x3x64xf32>
+  return
+}
+
+// -----
+
+func.func @paged_attention_q8_0_head_dim(%q: tensor<1x2x3x48xf32>, %kp: tensor<4x16x2x48xi8>, %vp: tensor<4x16x2x48xf32>, %bt: tensor<1x2xi32>, %m: tensor<1x1x3x32xi1>, %ks: tensor<4x16x2x1xf16>) {
+  // expected-error @+1 {{'poot.paged_attention' op k_pool: q8_0 needs a head dim that is a multiple of 32, got 48}}
+  %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m, %ks) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<1x2x3x48xf32>, tensor<4x16x2x48xi8>, tensor<4x16x2x48xf32>, tensor<1x2xi32>, tensor<1x1x3x32xi1>, tensor<4x16x2x1xf16>) -> tensor<1x2x3x48xf32>
+  return
+}
+
+// -----
+
+func.func @dequantize_q8_0_scales(%v: tensor<2x64xi8>, %s: tensor<2x4xf16>) {
+  // expected-error @+1 {{'poot.dequantize_q8_0' op scales must be tensor<2x2xf16>, got tensor<2x4xf16>}}
+  %0 = "poot.dequantize_q8_0"(%v, %s) : (tensor<2x64xi8>, tensor<2x4xf16>) -> tensor<2x64xf32>
+  return
+}

@@ -695,3 +695,26 @@ func.func @paged_attention(%q: tensor<2x3x4x1x16xf32>, %kp: tensor<10x4x3x16xf16
   %1 = "poot.paged_attention"(%q2, %kp2, %vp2, %bt2, %bias) {scale = 0.5 : f64, softcap = 30.0 : f64} : (tensor<1x2x3x8xf32>, tensor<4x16x2x8xf32>, tensor<4x16x2x4xf32>, tensor<1x2xi32>, tensor<1x1x3x32xf32>) -> tensor<1x2x3x4xf32>
   return %0 : tensor<2x3x4x1x16xf32>
 }
+
+// -----
+
+// poot.paged_attention over q8_0 pools: i8 values with their f16 scales (one per 32 values)
+// as trailing operands, k's first; here a q8_0 k pool and an f16 v pool.
+// CHECK-LABEL: func.func @paged_attention_q8_0(
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.paged_attention"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) {scale = 1.250000e-01 : f64, softcap = 0.000000e+00 : f64} : (tensor<1x2x3x64xf32>, tensor<4x16x2x64xi8>, tensor<4x16x2x64xf16>, tensor<1x2xi32>, tensor<1x1x3x32xi1>, tensor<4x16x2x2xf16>) -> tensor<1x2x3x64xf32>
+// CHECK-NEXT: return
+func.func @paged_attention_q8_0(%q: tensor<1x2x3x64xf32>, %kp: tensor<4x16x2x64xi8>, %vp: tensor<4x16x2x64xf16>, %bt: tensor<1x2xi32>, %m: tensor<1x1x3x32xi1>, %ks: tensor<4x16x2x2xf16>) -> tensor<1x2x3x64xf32> {
+  %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m, %ks) {scale = 0.125 : f64, softcap = 0.0 : f64} : (tensor<1x2x3x64xf32>, tensor<4x16x2x64xi8>, tensor<4x16x2x64xf16>, tensor<1x2xi32>, tensor<1x1x3x32xi1>, tensor<4x16x2x2xf16>) -> tensor<1x2x3x64xf32>
+  return %0 : tensor<1x2x3x64xf32>
+}
+
+// -----
+
+// poot.dequantize_q8_0: i8 values times their per-32 f16 scales.
+// CHECK-LABEL: func.func @dequantize_q8_0(
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.dequantize_q8_0"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) : (tensor<2x3x64xi8>, tensor<2x3x2xf16>) -> tensor<2x3x64xf32>
+// CHECK-NEXT: return
+func.func @dequantize_q8_0(%v: tensor<2x3x64xi8>, %s: tensor<2x3x2xf16>) -> tensor<2x3x64xf32> {
+  %0 = "poot.dequantize_q8_0"(%v, %s) : (tensor<2x3x64xi8>, tensor<2x3x2xf16>) -> tensor<2x3x64xf32>
+  return %0 : tensor<2x3x64xf32>
+}

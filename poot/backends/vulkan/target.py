@@ -35,7 +35,11 @@ def vulkan_target(device_caps: dict | None = None, backend: str = "vulkan"):
         vector_bits=128, subgroup_size=caps.get("subgroup_size"),
         max_shared_bytes=int(caps.get("max_shared_bytes", 32768)), features=feats,
         max_buffer_bytes=caps.get("max_buffer_bytes"),
-        max_kernel_buffers=caps.get("max_kernel_buffers")))
+        max_kernel_buffers=caps.get("max_kernel_buffers"),
+        # q8_0 KV: i8 values and f16 scales, read by the paged-attention lowering through
+        # the generic mapping (the attention strategies take float pools only)
+        kv_formats=frozenset({"q8_0"} if backend == "vulkan" and DType.F16 in storage
+                             else ())))
 
 
 def target(device):

@@ -30,6 +30,13 @@ over its mask row: a block with no visible key leaves ``(m, l, acc)`` as they ar
 cost follows the sequence's length, not the table's width; inside a visited block a masked
 key's value is selected away (``p == 0``: nothing is added, whatever a reused block holds
 there), as the op's definition says.
+
+A q8_0 pool (int8 values and an f16 scale per 32 of them, :mod:`poot.dialects.kv_quant`) is
+read the same way: each visited block is dequantized, where it is loaded, into an f32
+``[bs, 1, D]`` tile that the work item carries through its block loop (one buffer, rewritten
+in place each block: L1-sized, never a copy of the pool), and the block update reads the tile
+as it reads an f32 block. Converting each stored value once per block, rather than once per
+query row in the contractions, is what keeps GQA's several rows per KV head cheap.
 """
 
 from __future__ import annotations
@@ -358,13 +365,57 @@ def _visible_range(em: Emitter, mb: str, mbt: TensorType) -> tuple[str, str]:
     return pick("minsi", s), pick("maxsi", -1)
 
 
+def _dequant_tile(em: Emitter, x: str, xt: TensorType, s: str, st: TensorType,
+                  into: str | None = None) -> tuple[str, TensorType]:
+    """``(ssa, type)``: the q8_0 values ``x`` i8 ``[..., C]`` with their scales ``s`` f16
+    ``[..., C / 32]`` as f32 ``[..., C]`` (``f32(q) * f32(d)``), through ``[..., C/32, 32]``
+    views so that no index is divided; written into ``into`` (an f32 ``[..., C]`` tensor)
+    when given, else into a new one."""
+    *lead, c = xt.shape
+    r = len(lead)
+    grouped = tuple(lead) + (c // 32, 32)
+    assoc = ", ".join([f"[{i}]" for i in range(r)] + [f"[{r}, {r + 1}]"])
+    dims = ", ".join(map(str, grouped))
+    x4t, y4t = TensorType(grouped, xt.dtype), TensorType(grouped, DType.F32)
+    yt = TensorType(xt.shape, DType.F32)
+    x4 = em.op(f"tensor.expand_shape {x} [{assoc}] output_shape [{dims}] : {tt(xt)} into "
+               f"{tt(x4t)}")
+    init = None if into is None else em.op(
+        f"tensor.expand_shape {into} [{assoc}] output_shape [{dims}] : {tt(yt)} into "
+        f"{tt(y4t)}")
+
+    def value(a, _o):
+        v = em.op(f"arith.sitofp {a[0]} : {xt.dtype.value} to f32")
+        return em.op(f"arith.mulf {v}, {em.ext(a[1], st.dtype)} : f32")
+
+    y4 = em.generic(y4t, [(x4, x4t, identity_map(r + 2)),
+                          (s, st, affine_map(r + 2, [f"d{i}" for i in range(r + 1)]))],
+                    value, init=init)
+    return em.op(f"tensor.collapse_shape {y4} [{assoc}] : {tt(y4t)} into {tt(yt)}"), yt
+
+
+def _pool_block(em: Emitter, pool, blk: str, hh: str, bs: int, hs: int):
+    """``(ssa, type)`` of block ``blk``, heads ``hh:hh+hs``, of ``pool`` (``(ssa, [NB, bs, H,
+    C] type)``) as ``[bs, hs, C]``."""
+    x, t = pool
+    c = t.shape[-1]
+    bt = TensorType((bs, hs, c), t.dtype)
+    return em.op(f"tensor.extract_slice {x}[{blk}, 0, {hh}, 0] [1, {bs}, {hs}, {c}] "
+                 f"[1, 1, 1, 1] : {tt(t)} to {tt(bt)}"), bt
+
+
 @rule("paged_attention")
 def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
-    q, kp, vp, table, mask = op.args
-    qt, kpt, vpt, tbt, mt = op.types
+    q, kp, vp, table, mask, *sargs = op.args
+    qt, kpt, vpt, tbt, mt, *stypes = op.types
     scale, softcap = float(op.attrs["scale"]), float(op.attrs["softcap"])
     visible = mt.dtype is DType.I1
     nblocks, bs, h, d = kpt.shape
+    # the q8_0 scales of an i8 pool, k's first: (ssa, [NB, bs, H, D/32] type) or None
+    scales = [None, None]
+    for i, pt in enumerate((kpt, vpt)):
+        if pt.dtype is DType.I8:
+            scales[i] = (sargs.pop(0), stypes.pop(0))
     dv = vpt.shape[-1]
     bsz, w = tbt.shape
     out_t = TensorType(qt.shape[:-1] + (dv,), DType.F32)
@@ -417,18 +468,33 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
                        f"[1, 1, 1, 1] : {tt(kpt)} to {tt(kbt)}")
             vb = em.op(f"tensor.extract_slice {vp}[{blk}, 0, {hh}, 0] [1, {bs}, {hs}, {dv}] "
                        f"[1, 1, 1, 1] : {tt(vpt)} to {tt(vbt)}")
+            # a q8_0 block: dequantized into the item's carried f32 tile (module doc)
+            tiles, new_tiles, kt_, vt_ = list(st[3:]), [], kbt, vbt
+            if scales[0] is not None:
+                kb, kt_ = _dequant_tile(em, kb, kbt, *_pool_block(em, scales[0], blk, hh, bs,
+                                                                  hs), into=tiles.pop(0))
+                new_tiles.append(kb)
+            if scales[1] is not None:
+                vb, vt_ = _dequant_tile(em, vb, vbt, *_pool_block(em, scales[1], blk, hh, bs,
+                                                                  hs), into=tiles.pop(0))
+                new_tiles.append(vb)
             mk, mkt = mb, mbt
             if per_key:
                 off = em.op(f"arith.muli {wv}, {em.const(bs, 'index')} : index")
                 mk, mkt = _slice_keys(em, mb, mbt, mbt.rank - 1, off, bs)
             # kb [bs, H, D]: batch dim h is axis 1, key j axis 0, D axis 2
-            return list(_online_block(em, qb, qbt, rows, kb, kbt, (1, 0, 2), vb, vbt,
+            return list(_online_block(em, qb, qbt, rows, kb, kt_, (1, 0, 2), vb, vt_,
                                       (1, 0, 2), mk, mkt, bs, scale, softcap, visible,
-                                      st, True, guard=True))
+                                      st[:3], True, guard=True)) + new_tiles
 
         state = [_fill(em, row_t, float("-inf")), _fill(em, row_t, 0.0),
                  _fill(em, acc_t, 0.0)]
-        state = _loop(em, w_lo, w_hi, state, [row_t, row_t, acc_t], block)
+        types = [row_t, row_t, acc_t]
+        for pool, c in ((scales[0], d), (scales[1], dv)):
+            if pool is not None:         # the q8_0 block's f32 tile, carried (module doc)
+                types.append(TensorType((bs, hs, c), DType.F32))
+                state.append(em.empty(types[-1]))
+        state = _loop(em, w_lo, w_hi, state, types, block)
         return _finish(em, rows, dv, state[2], state[1], visible)
 
     init = em.empty(out_t)
@@ -463,3 +529,10 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
     em.depth -= 1
     em.line("}")
     return res
+
+
+@rule("dequantize_q8_0")
+def lower_dequantize_q8_0(em: Emitter, op: OpInfo) -> str:
+    """``f32(values) * f32(scales[..., c / 32])``, elementwise over the result."""
+    (vals, scales), (vt, st) = op.args, op.types
+    return _dequant_tile(em, vals, vt, scales, st)[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from poot.dialects.kv_quant import Q8_0, dequantize_q8_0
 from poot.dialects.opdef import Attr, OpDef, register
 from poot.dialects.types import DType, TensorType
 
@@ -172,16 +173,24 @@ class PagedAttention(OpDef):
     Operands (``B`` sequences, ``H`` KV heads, ``W`` table entries, ``bs`` positions a block):
 
     * ``q``: ``[B, H, rows..., D]`` float (GQA: the query heads of KV head h are rows);
-    * ``k_pool``: ``[NB, bs, H, D]``, ``v_pool``: ``[NB, bs, H, Dv]``, float (f32, f16, bf16:
-      the KV cache's storage dtype), one dtype;
+    * ``k_pool``: ``[NB, bs, H, D]``, ``v_pool``: ``[NB, bs, H, Dv]``: the KV cache's storage,
+      each float (f32, f16, bf16) or ``i8``, the values plane of ``q8_0``
+      (:mod:`poot.dialects.kv_quant`); two float pools share one dtype, a q8_0 pool goes
+      with any;
     * ``block_table``: integer ``[B, W]``; key ``j`` of sequence ``b`` is
       ``pool[block_table[b, j // bs], j % bs, h]`` (table entries clamped into ``[0, NB)``),
       so the key axis has ``S = W * bs`` entries and key j is position j;
     * ``mask``: rank of ``q``, broadcastable to ``[B, H, rows..., S]``, ``i1`` (visible) or
-      ``f32`` (additive bias) exactly as :class:`Attention`.
+      ``f32`` (additive bias) exactly as :class:`Attention`;
+    * ``scales`` (variadic): one f16 ``[NB, bs, H, D / 32]`` per ``i8`` pool, k's first: the
+      q8_0 scales, so a q8_0 pool's stored value ``(n, o, h, c)`` reads as
+      ``f32(pool[n, o, h, c]) * f32(scale[n, o, h, c // 32])`` (GGUF's Q8_0 numerics; values
+      and scales are two planes indexed alike, :mod:`poot.dialects.kv_quant`). The lowerings
+      dequantize each block where they load it, never the whole pool.
 
     Attributes and numerics: as :class:`Attention` on ``k[b, h, j] = k_pool[table[b, j // bs],
-    j % bs, h]`` (likewise v) computed in f32, with one refinement: a masked key (``i1``
+    j % bs, h]`` (likewise v; a q8_0 pool dequantized as above) computed in f32, with one
+    refinement: a masked key (``i1``
     false, or a ``-inf`` bias) contributes nothing even when its stored key or value is not
     finite (its score is the mask's, never ``NaN``, and ``0 * inf`` is not added). A block
     freed by one sequence and reused by another may hold anything past the new sequence's
@@ -197,24 +206,25 @@ class PagedAttention(OpDef):
     """
 
     name = "paged_attention"
-    operands = ("q", "k_pool", "v_pool", "block_table", "mask")
+    operands = ("q", "k_pool", "v_pool", "block_table", "mask", "*scales")
     attrs = SCORE_ATTRS
     summary = "attention reading K/V through a block table from paged pools (pass-introduced)"
 
     @classmethod
     def check(cls, operands, attrs, result):
         cls.check_attrs(attrs)
-        if len(operands) != 5:
-            cls.fail(f"expects 5 operands (q, k_pool, v_pool, block_table, mask), got "
-                     f"{len(operands)}")
-        q, kp, vp, bt, m = (cls.tensor(t, n) for t, n in zip(operands, cls.operands))
+        if len(operands) < 5:
+            cls.fail(f"expects operands (q, k_pool, v_pool, block_table, mask, scales...), "
+                     f"got {len(operands)}")
+        q, kp, vp, bt, m = (cls.tensor(t, n) for t, n in zip(operands[:5], cls.operands))
         if kp.rank != 4 or vp.rank != 4:
             cls.fail(f"pools must be [NB, bs, H, D], got k_pool {kp}, v_pool {vp}")
         nb, bs, h, d = kp.shape
         if vp.shape[:3] != (nb, bs, h):
             cls.fail(f"v_pool {vp} must share k_pool's [NB, bs, H] = {[nb, bs, h]}")
-        if not kp.dtype.is_float or vp.dtype != kp.dtype:
+        if kp.dtype.is_float and vp.dtype.is_float and vp.dtype != kp.dtype:
             cls.fail(f"pools need one float dtype, got {kp.dtype}, {vp.dtype}")
+        cls.scale_types(operands)
         if bt.rank != 2 or not bt.dtype.is_int:
             cls.fail(f"block_table must be an integer [B, W], got {bt}")
         bsz, w = bt.shape
@@ -225,6 +235,33 @@ class PagedAttention(OpDef):
         full = q.shape[:-1] + (w * bs,)
         _check_mask_and_score_attrs(cls, m, full, attrs)
         return cls.same_result(TensorType(q.shape[:-1] + (vp.shape[-1],), DType.F32), result)
+
+    @classmethod
+    def scale_types(cls, operands) -> list[TensorType | None]:
+        """The scales type of k_pool and v_pool (None: a float pool), checked against the
+        pools (``cls.fail`` on a pool neither float nor i8, or a missing, extra or misshapen
+        scale)."""
+        pools, scales = operands[1:3], [cls.tensor(t, "scale") for t in operands[5:]]
+        out = []
+        for name, p in zip(("k_pool", "v_pool"), pools):
+            if p.dtype.is_float:
+                out.append(None)
+                continue
+            if p.dtype is not DType.I8:
+                cls.fail(f"{name} must be float or i8 (q8_0 values), got {p.dtype}")
+            if not scales:
+                cls.fail(f"{name} is i8 (q8_0) but has no scales operand")
+            st = scales.pop(0)
+            try:
+                want = Q8_0.planes(p.shape)[1]
+            except ValueError as e:
+                cls.fail(f"{name}: {e}")
+            if st != want:
+                cls.fail(f"{name}'s scales must be {want}, got {st}")
+            out.append(st)
+        if scales:
+            cls.fail(f"{len(scales)} scales operand(s) with no i8 pool")
+        return out
 
     @staticmethod
     def gather_keys(pool: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -238,9 +275,14 @@ class PagedAttention(OpDef):
 
     @classmethod
     def evaluate(cls, args, attrs, result):
-        q, kp, vp, table, mask = args
-        k = cls.gather_keys(kp, table)
-        v = cls.gather_keys(vp, table)
+        q, kp, vp, table, mask, *scales = args
+        kv = []
+        for pool in (kp, vp):
+            x = cls.gather_keys(pool, table)
+            if pool.dtype == np.int8:
+                x = dequantize_q8_0(x, cls.gather_keys(scales.pop(0), table))
+            kv.append(x)
+        k, v = kv
         bsz, h = k.shape[:2]
         rows = q.shape[2:-1]
         m, s = _prod(rows), k.shape[-2]
@@ -251,3 +293,43 @@ class PagedAttention(OpDef):
             p = _probabilities(x, mask, attrs, neg_inf_bias_masks=True)
             out = _visible_products(p.astype(f32).reshape(bsz, h, m, s), v)
         return out.reshape(result.shape).astype(np.float32)
+
+
+@register
+class DequantizeQ8_0(OpDef):
+    """``out[..., c] = f32(values[..., c]) * f32(scales[..., c // 32])``: q8_0 KV values
+    (:mod:`poot.dialects.kv_quant`) read as f32.
+
+    Operands: ``values`` i8 ``[..., D]`` (D a multiple of 32), ``scales`` f16 ``[..., D / 32]``
+    (the same leading dims). Result: f32 ``[..., D]``.
+
+    Why an op: the tracer reads a q8_0 KV pool through it after gathering the sequence's
+    blocks (:func:`poot.models.blocks.cached_kv`), and the flash-attention rewrite folds it
+    into ``poot.paged_attention``, which dequantizes each block where it loads it. A
+    composition (cast, reshape, broadcast multiply) would spell the same numbers but not the
+    pairing of a values plane with its scales plane that the rewrite must find.
+    """
+
+    name = "dequantize_q8_0"
+    operands = ("values", "scales")
+    summary = "q8_0 KV values (i8) times their per-32 f16 scales, as f32"
+
+    @classmethod
+    def check(cls, operands, attrs, result):
+        cls.check_attrs(attrs)
+        if len(operands) != 2:
+            cls.fail(f"expects 2 operands (values, scales), got {len(operands)}")
+        v, s = (cls.tensor(t, n) for t, n in zip(operands, cls.operands))
+        if v.dtype is not DType.I8 or v.rank < 1:
+            cls.fail(f"values must be i8 [..., D], got {v}")
+        try:
+            want = Q8_0.planes(v.shape)[1]
+        except ValueError as e:
+            cls.fail(str(e))
+        if s != want:
+            cls.fail(f"scales must be {want}, got {s}")
+        return cls.same_result(TensorType(v.shape, DType.F32), result)
+
+    @classmethod
+    def evaluate(cls, args, attrs, result):
+        return dequantize_q8_0(args[0], args[1])
