@@ -296,10 +296,16 @@ def match_attention(fn: ir.Operation) -> AttentionRegion | None:
         return None
     scale = float(ir.FloatAttr(att.attributes["scale"]).value)
     softcap = float(ir.FloatAttr(att.attributes["softcap"]).value)
-    mt = type_from_mlir(att.operands[-1].type)
+    mt = type_from_mlir(mask_operand(att).type)
     return AttentionRegion(q, k, v, mview, kind, mconst, negate, batch, rows, S, D, Dv,
                            scale, softcap, arg_types, fn, q_value, mask_value,
                            tuple(mt.shape), pkv)
+
+
+def mask_operand(att: ir.Operation) -> ir.Value:
+    """The ``mask`` operand of a ``poot.attention`` (operand 3) or ``poot.paged_attention``
+    (operand 4, before its variadic q8_0 ``scales``) op."""
+    return att.operands[4 if att.name == "poot.paged_attention" else 3]
 
 
 def _root(ops: list) -> tuple[ir.Operation, set] | None:
@@ -334,7 +340,7 @@ def _shapes(att: ir.Operation, args, arg_types, k: View, v: View):
     :class:`PagedKV`, None for a dense op), or None where the dtypes or shapes are not
     taken."""
     qt, kt, vt = (type_from_mlir(x.type) for x in att.operands[:3])
-    mt = type_from_mlir(att.operands[-1].type)
+    mt = type_from_mlir(mask_operand(att).type)
     pkv = None
     if att.name == "poot.paged_attention":
         # q [B, H, rows..., D]; pools [NB, bs, H, D] of one float dtype; table [B, TW]
@@ -365,8 +371,8 @@ def _mask(att: ir.Operation, args):
     a view (``not`` of one for i1: ``negate``), a splat constant, or else the operand itself
     (``value``: any elementwise-class expression, evaluated per row and key); None for
     another mask dtype."""
-    mt = type_from_mlir(att.operands[-1].type)
-    mval, negate = att.operands[-1], False
+    mt = type_from_mlir(mask_operand(att).type)
+    mval, negate = mask_operand(att), False
     mo = _owner(mval)
     if mo is not None and mo.name == "poot.unary" and \
             ir.StringAttr(mo.attributes["fn"]).value == "not":
@@ -387,7 +393,7 @@ def _mask(att: ir.Operation, args):
     else:
         mview = resolve_view(mval, args)
         if mview is None:
-            mask_value, negate = att.operands[-1], False
+            mask_value, negate = mask_operand(att), False
     return kind, mview, mconst, negate, mask_value
 
 
