@@ -61,10 +61,12 @@ from typing import Any, Iterator, Sequence
 from poot.engine.blocks import BlockManager
 from poot.engine.decode_steps import DecodeIssuer, DecodeStep
 from poot.engine.guided import GuidedCompiler, GuidedDecodingError
-from poot.engine.output_processor import OutputProcessor, RequestOutput
+from poot.engine.output_processor import OutputProcessor, RequestOutput, SampledTokens
 from poot.engine.request import RUNNING, Request
 from poot.engine.runner import ModelRunner
 from poot.engine.scheduler import EngineConfig, Scheduler, SchedulerOutput
+from poot.engine.spec import parse_speculative
+from poot.engine.spec.speculator import Speculator, accept as accept_drafts, issue_verify
 from poot import settings
 from poot.errors import PootError
 from poot.models.lora import LoraError
@@ -141,6 +143,11 @@ class EngineStats:
     max_decode_batch: int
     guided_masks: int = 0
     guided_mask_s: float = 0.0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verify_steps: int = 0
+    spec_acceptance_rate: float = 0.0
+    spec_mean_accepted_length: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -176,6 +183,14 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.blocks, runner, self.micro_batches)
         self.output = OutputProcessor(self.scheduler, _pipelined(self.config, runner))
         self.issuer = DecodeIssuer(runner)
+        spec = parse_speculative(self.config.speculative)
+        if spec is not None and not self.config.ragged:
+            raise EngineError("speculative decoding needs the ragged step "
+                              "(EngineConfig.ragged)")
+        #: speculative decoding (:mod:`poot.engine.spec`), None: off
+        self.speculator = Speculator(spec, runner, self.blocks) if spec is not None else None
+        self.scheduler.speculator = self.speculator
+        self._shape = None                       # the step shape this iteration ran
         self._lock = threading.Lock()
         self._adds: deque[Request] = deque()
         self._aborts: set[str] = set()
@@ -371,10 +386,13 @@ class LLMEngine:
         engine fault fails every request it touched (outputs with ``finish_reason
         "error"``) and is raised again."""
         events = self._commands()
+        t0, compiled, self._shape = time.perf_counter(), len(self.runner.compile_s), None
         try:
             if not self._continue_in_flight(events):
                 plan = self.scheduler.schedule()
-                if plan.ragged:
+                if plan.drafts:
+                    events += self._run_verify(plan)
+                elif plan.ragged:
                     events += self._run_ragged(plan)
                 else:
                     self._run_prefill(plan)
@@ -383,6 +401,9 @@ class LLMEngine:
             events += self._fail(e)
             self._deliver(events)
             raise
+        if self.speculator is not None and self._shape and \
+                len(self.runner.compile_s) == compiled:
+            self.speculator.costs.observe(self._shape, time.perf_counter() - t0)
         return self._deliver(events)
 
     def _deliver(self, events: list[RequestOutput]) -> list[RequestOutput]:
@@ -451,6 +472,23 @@ class LLMEngine:
         self.issuer.issue_sampler(step, self._guided)
         return self._read(step)
 
+    def _run_verify(self, plan: SchedulerOutput) -> list[RequestOutput]:
+        """Run the plan's verify step (every decoding request's last token and its drafts,
+        :mod:`poot.engine.spec`) and accept what the target agrees with."""
+        for seq in plan.admitted:
+            self.runner.reset_history(seq.history_row, seq.output_ids)
+        groups = [(s, plan.drafts.get(s, [])) for s in plan.decode]
+        handle, rows = issue_verify(self.runner, groups)
+        self._shape = ("verify", handle.bucket)
+        self.max_decode_batch = max(self.max_decode_batch, len(groups))
+        self.issuer.issue_sampler(DecodeStep(handle, rows), self._guided)   # guided rows
+        sampled = SampledTokens.of(self.runner.collect(handle))
+        now = time.perf_counter()
+        self.decode_log.append((now, len(groups), self.runner.prefill_steps))
+        events, n = accept_drafts(self.speculator, self.output, groups, sampled, now)
+        self.generated_tokens += n
+        return events
+
     def _run_decode(self, plan: SchedulerOutput) -> list[RequestOutput]:
         """Issue the planned decode step (as micro-batches where planned); unless the engine
         pipelines, read it now and return its outputs."""
@@ -473,6 +511,7 @@ class LLMEngine:
         if not rows:
             return None
         step = self.issuer.issue(rows, chained, lane)
+        self._shape = ("decode", step.handle.bucket) if self._shape is None else ("mixed",)
         self.max_decode_batch = max(self.max_decode_batch, len(rows))
         return step
 
@@ -526,6 +565,8 @@ class LLMEngine:
             return False                  # the step runs as micro-batches instead
         if not Scheduler.chainable(rows) or len(self.running) != len(rows):
             return False
+        if self.speculator is not None and self.speculator.proposals(rows):
+            return False                  # the next step verifies drafts instead
         return self.scheduler.room_ahead(rows)
 
     # ---- micro-batches (lanes) ------------------------------------------------------------
@@ -649,7 +690,8 @@ class LLMEngine:
                            generated_tokens=self.generated_tokens,
                            preemptions=self.preemptions,
                            max_decode_batch=self.max_decode_batch,
-                           guided_masks=self.guided_masks, guided_mask_s=self.guided_mask_s)
+                           guided_masks=self.guided_masks, guided_mask_s=self.guided_mask_s,
+                           **(self.speculator.stats() if self.speculator else {}))
 
     def run_in_loop(self, fn, timeout: float | None = 60.0):
         """``fn()`` on the engine thread between steps (where the loop runs; here otherwise),

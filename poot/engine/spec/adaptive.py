@@ -1,0 +1,118 @@
+"""How many tokens to propose: per sequence from its recent acceptance, per batch from the
+cost of the verify step (the cost model below).
+
+**Per sequence** (:class:`Acceptance`): alpha, the estimated chance that a proposed token is
+accepted, from decayed counts of accepted tokens ``A`` and of rejections ``R`` (a verify step
+rejects at most once: at its first mismatch), ``alpha = (A + 1) / (A + R + 2)``. A sequence
+proposes ``k = max{j <= k_max : alpha**j >= THRESHOLD}`` tokens: the j-th proposed token is
+only worth a row while the chance that it is reached and accepted, ``alpha**j``, is at least
+:data:`THRESHOLD`. A sequence whose proposals keep missing falls below it at j = 1 and stops
+speculating (k = 0); every step it does not speculate decays its rejections, so it tries
+again (one token) some steps later.
+
+**Per batch** (:class:`StepCosts`, :func:`worth_it`): a step of the n decoding sequences
+yields n tokens in ``t_decode(n)``; verifying their proposals yields ``sum_i E_i`` tokens in
+``t_verify(n + sum_i k_i)``, where ``E_i = (1 - alpha_i**(k_i + 1)) / (1 - alpha_i)`` is the
+expected tokens of a sequence proposing ``k_i`` (the accepted ones and the target's own
+token after them). Speculation runs when ``sum_i E_i / t_verify > n / t_decode``. The step
+times are the engine's own measurements of recent iterations of that shape (an exponential
+average per step bucket); before a shape has been timed, ``t_verify(R) = t_decode(1) * (1 +
+row_cost * (R - 1))`` (:attr:`SpeculativeConfig.row_cost
+<poot.engine.spec.config.SpeculativeConfig.row_cost>`). On a device where extra rows are
+nearly free (a GPU at small batch) it speculates up to large batches; where each row costs
+close to a whole step (a CPU GEMV per row) it stops early.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+#: A proposed token is worth its row while its chance of being reached and accepted is at
+#: least this.
+THRESHOLD = 0.3
+#: Decay of the acceptance counts per verify step (about the last 3 steps weigh most).
+DECAY = 0.7
+#: Decay of the rejection count per step a sequence does not speculate (it tries again
+#: after about a dozen steps).
+RETRY_DECAY = 0.85
+#: Weight of a new step time in its running average.
+TIME_WEIGHT = 0.2
+
+
+class Acceptance:
+    """One sequence's recent acceptance (module doc)."""
+
+    def __init__(self):
+        self.accepted = 0.0
+        self.rejected = 0.0
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0)
+
+    def k(self, k_max: int) -> int:
+        """Tokens worth proposing now (0: speculation off for this sequence)."""
+        a, k = self.alpha, 0
+        while k < k_max and a ** (k + 1) >= THRESHOLD:
+            k += 1
+        return k
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """A verify step accepted ``accepted`` of ``proposed`` tokens."""
+        self.accepted = DECAY * self.accepted + accepted
+        self.rejected = DECAY * self.rejected + (1.0 if accepted < proposed else 0.0)
+
+    def idle(self) -> None:
+        """A step without speculating: old rejections weigh less."""
+        self.rejected *= RETRY_DECAY
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a verify step of k proposals yields on average (accepted plus the target's
+    token), each accepted independently with chance ``alpha``."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class StepCosts:
+    """Running averages of iteration seconds per step shape (``("decode", B)``,
+    ``("verify", T)``), and the cost model's prior for shapes not yet timed."""
+
+    def __init__(self, row_cost: float):
+        self.row_cost = row_cost
+        self.seconds: dict[tuple, float] = {}
+
+    def observe(self, shape: tuple, seconds: float) -> None:
+        old = self.seconds.get(shape)
+        self.seconds[shape] = seconds if old is None else \
+            (1 - TIME_WEIGHT) * old + TIME_WEIGHT * seconds
+
+    def decode(self, bucket: int) -> float | None:
+        return self.seconds.get(("decode", bucket))
+
+    def verify(self, bucket: int, rows: int) -> float | None:
+        """Seconds of a verify step of ``rows`` rows on entry ``bucket``: measured, else the
+        prior from the one-row decode step (None when that is not timed either)."""
+        t = self.seconds.get(("verify", bucket))
+        if t is not None:
+            return t
+        one = self.decode(1)
+        return None if one is None else one * (1 + self.row_cost * (rows - 1))
+
+
+def worth_it(costs: StepCosts, plain_bucket: int, verify_bucket: int,
+             drafts: Iterable[tuple[float, int]]) -> bool:
+    """Whether verifying beats a plain decode step (module doc). ``drafts``: (alpha, k) of
+    every decoding sequence (k = 0: no proposal); True while either step is untimed."""
+    drafts = list(drafts)
+    t_plain = costs.decode(plain_bucket)
+    rows = sum(1 + k for _, k in drafts)
+    t_spec = costs.verify(verify_bucket, rows)
+    if t_plain is None or t_spec is None:
+        return True
+    gain = sum(expected_tokens(a, k) for a, k in drafts)
+    return gain / t_spec > len(drafts) / t_plain
+
+
+__all__ = ["Acceptance", "StepCosts", "THRESHOLD", "expected_tokens", "worth_it"]
