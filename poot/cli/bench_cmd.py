@@ -81,7 +81,7 @@ import os
 import time
 
 from poot.cli.compile_cmd import add_source_args, model_source
-from poot.cli.generate_cmd import add_model_args, check_options
+from poot.cli.generate_cmd import add_model_args, check_options, speculative_of
 from poot.errors import PootError
 
 ROOFLINE_BPS = 4.26e12
@@ -391,7 +391,8 @@ def run_batch(handle, args, batches: list[int]) -> dict:
         prompts = synthetic_prompts(vocab, n, args.prompt_tokens, seed=b)
         eng = LLMEngine(handle.runner, handle.tokenizer,
                         EngineConfig(max_batch=b, prefix_caching=False, pipeline=pipe,
-                                     max_prefill_tokens=budget))
+                                     max_prefill_tokens=budget,
+                                     speculative=speculative_of(args)))
         t0 = time.perf_counter()
         for p in prompts:
             eng.add_request(p, params)
@@ -408,7 +409,7 @@ def run_batch(handle, args, batches: list[int]) -> dict:
             "micro_batched_steps": eng.micro_batched_steps,
             "chained_lane_steps": eng.chained_lane_steps,
             "ttft_p50_s": ttft[len(ttft) // 2], "ttft_max_s": ttft[-1],
-            "decode_steps": len(eng.decode_log)}
+            "decode_steps": len(eng.decode_log), **_spec_stats(eng)}
     if args.sequential:
         prompts = synthetic_prompts(vocab, args.num_prompts, args.prompt_tokens, seed=7)
         eng = LLMEngine(handle.runner, handle.tokenizer,
@@ -494,7 +495,8 @@ def run(args: argparse.Namespace) -> int:
            "pipelined": bool(best.get("pipelined")),
            "pipeline_parallel": _stages(handle),
            "kv_capacity": handle.kv_capacity, "kv_dtype": handle.runner.kv.kv_dtype.value,
-           "load_s": handle.load_s, "compile_s": handle.runner.compile_s, "runs": runs}
+           "load_s": handle.load_s, "compile_s": handle.runner.compile_s, "runs": runs,
+           **_spec_stats(handle.engine, best)}
     if args.random_weights:
         out["random_weights"] = args.dtype
     out["poot"] = poot_measures(handle, best, args.replay)
@@ -511,6 +513,24 @@ def run(args: argparse.Namespace) -> int:
                             if out["poot"].get(k) and base.get(k) else None)
                         for k in RATIO_KEYS}
     return _emit(out, args)
+
+
+def _spec_stats(engine, best: dict | None = None) -> dict:
+    """Speculative decoding's numbers for the JSON (none when it is off): the engine's
+    totals, and ``best``'s (a run's request stats) acceptance rate and mean accepted
+    length."""
+    if engine.speculator is None:
+        return {}
+    st = engine.stats()
+    out = {"speculative": f"{engine.speculator.config.method}:"
+                          f"{engine.speculator.config.num_speculative_tokens}",
+           "spec_acceptance_rate": st.spec_acceptance_rate,
+           "spec_mean_accepted_length": st.spec_mean_accepted_length,
+           "spec_verify_steps": st.spec_verify_steps}
+    if best is not None:
+        out["acceptance_rate"] = best.get("acceptance_rate")
+        out["mean_accepted_length"] = best.get("mean_accepted_length")
+    return out
 
 
 def _emit(out: dict, args: argparse.Namespace) -> int:

@@ -21,7 +21,8 @@ from poot.api import LLM, ModelHandle  # noqa: E402
 from poot.engine import EngineConfig  # noqa: E402
 from poot.engine.llm_engine import EngineError  # noqa: E402
 from poot.engine.spec import SpeculativeConfig, SpeculativeConfigError, parse_speculative  # noqa: E402,E501
-from poot.engine.spec.adaptive import Acceptance, StepCosts, expected_tokens, worth_it  # noqa: E402,E501
+from poot.engine.spec.adaptive import (Acceptance, StepCosts, choose, expected_tokens,  # noqa: E402
+                                        worth_it)
 from poot.engine.spec.ngram import NgramIndex  # noqa: E402
 from poot.sampling_params import SamplingParams  # noqa: E402
 
@@ -264,3 +265,18 @@ def test_sampled_distribution_with_speculation_is_the_targets(plain):
     assert 0.1 < st.spec_acceptance_rate < 0.95
     for j in (1, 2, 3):
         assert _homogeneity(base[:, j], spec[:, j]) > 1e-3, j
+
+
+def test_choose_cuts_proposals_to_the_verify_size_that_pays_best():
+    """Batch 1 on a device where 8 rows cost 4 one-row steps and 4 rows cost 2: four
+    proposals (5 rows, an 8-row step) are cut to three (a 4-row step); with poor acceptance
+    nothing is verified."""
+    c = StepCosts(0.25)
+    c.observe(("decode", 1), 1.0)
+    c.observe(("verify", 2), 1.6)
+    c.observe(("verify", 4), 2.0)
+    c.observe(("verify", 8), 4.0)
+    assert choose(c, 1, [(0.95, 4)]) == [3]
+    assert choose(c, 1, [(0.3, 4)]) is None
+    assert choose(StepCosts(0.25), 1, [(0.3, 4)]) == [4]         # untimed: all
+    assert choose(c, 2, [(0.9, 2), (0.9, 0)]) == [2, 0]          # no decode[2] time: all

@@ -10,11 +10,15 @@ only worth a row while the chance that it is reached and accepted, ``alpha**j``,
 speculating (k = 0); every step it does not speculate decays its rejections, so it tries
 again (one token) some steps later.
 
-**Per batch** (:class:`StepCosts`, :func:`worth_it`): a step of the n decoding sequences
+**Per batch** (:class:`StepCosts`, :func:`choose`): a step of the n decoding sequences
 yields n tokens in ``t_decode(n)``; verifying their proposals yields ``sum_i E_i`` tokens in
 ``t_verify(n + sum_i k_i)``, where ``E_i = (1 - alpha_i**(k_i + 1)) / (1 - alpha_i)`` is the
 expected tokens of a sequence proposing ``k_i`` (the accepted ones and the target's own
-token after them). Speculation runs when ``sum_i E_i / t_verify > n / t_decode``. The step
+token after them). Verify steps run on entries of a power-of-two number of rows, so for each
+such size ``b`` up to the one holding every proposal the proposals are cut to fit ``b`` rows
+(the last token of the longest proposal first: it is the least likely to be reached), and
+the size with the most expected tokens per second wins; speculation runs when that beats
+``n / t_decode`` (:func:`worth_it`). The step
 times are the engine's own measurements of recent iterations of that shape (an exponential
 average per step bucket); before a shape has been timed, ``t_verify(R) = t_decode(1) * (1 +
 row_cost * (R - 1))`` (:attr:`SpeculativeConfig.row_cost
@@ -101,6 +105,46 @@ class StepCosts:
         return None if one is None else one * (1 + self.row_cost * (rows - 1))
 
 
+def choose(costs: StepCosts, plain_bucket: int, drafts: list[tuple[float, int]]
+           ) -> list[int] | None:
+    """The proposal lengths to verify (module doc): ``drafts`` is (alpha, k) of every
+    decoding sequence (k = 0: no proposal); returns each one's length, cut to the verify
+    size with the best expected tokens per second, or None when a plain decode step is
+    better. Untimed steps: every proposal whole."""
+    ks = [k for _, k in drafts]
+    t_plain = costs.decode(plain_bucket)
+    if t_plain is None:
+        return ks
+    best, best_rate = None, len(drafts) / t_plain
+    b = 2
+    while True:
+        cut = _fit(drafts, b)
+        if cut is not None and any(cut):
+            t = costs.verify(b, sum(1 + k for k in cut))
+            if t is None:
+                return ks
+            rate = sum(expected_tokens(a, k) for (a, _), k in zip(drafts, cut)) / t
+            if rate > best_rate:
+                best, best_rate = cut, rate
+        if b >= sum(1 + k for k in ks):
+            return best
+        b *= 2
+
+
+def _fit(drafts: list[tuple[float, int]], rows: int) -> list[int] | None:
+    """The proposal lengths cut to ``rows`` rows in all (the longest cut first); None when
+    the sequences alone exceed them."""
+    ks = [k for _, k in drafts]
+    over = sum(1 + k for k in ks) - rows
+    if len(ks) > rows:
+        return None
+    while over > 0:
+        i = max(range(len(ks)), key=lambda j: (ks[j], -drafts[j][0]))
+        ks[i] -= 1
+        over -= 1
+    return ks
+
+
 def worth_it(costs: StepCosts, plain_bucket: int, verify_bucket: int,
              drafts: Iterable[tuple[float, int]]) -> bool:
     """Whether verifying beats a plain decode step (module doc). ``drafts``: (alpha, k) of
@@ -115,4 +159,4 @@ def worth_it(costs: StepCosts, plain_bucket: int, verify_bucket: int,
     return gain / t_spec > len(drafts) / t_plain
 
 
-__all__ = ["Acceptance", "StepCosts", "THRESHOLD", "expected_tokens", "worth_it"]
+__all__ = ["Acceptance", "StepCosts", "THRESHOLD", "choose", "expected_tokens", "worth_it"]

@@ -41,7 +41,7 @@ import numpy as np
 
 from poot.engine.request import RUNNING, Request
 from poot.engine.runner import DecodeBatch, RaggedBatch, sampler_spec_for
-from poot.engine.spec.adaptive import Acceptance, StepCosts, worth_it
+from poot.engine.spec.adaptive import Acceptance, StepCosts, choose
 from poot.engine.spec.config import SpeculativeConfig
 from poot.engine.spec.ngram import NgramIndex
 
@@ -118,10 +118,8 @@ class Speculator:
         drafts = self.proposals(rows)
         if drafts and self.config.adaptive:
             alphas = [(self._state(s).acceptance.alpha, len(drafts.get(s, ()))) for s in rows]
-            rows_n = sum(1 + k for _, k in alphas)
-            if not worth_it(self.costs, self.runner.bucket(len(rows)),
-                            self.runner.verify_bucket(rows_n), alphas):
-                drafts = {}
+            ks = choose(self.costs, self.runner.bucket(len(rows)), alphas)
+            drafts = {s: drafts[s][:k] for s, k in zip(rows, ks or []) if k}
         for seq in rows:
             if seq not in drafts and seq.spec is not None:
                 seq.spec.acceptance.idle()
