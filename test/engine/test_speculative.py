@@ -280,3 +280,38 @@ def test_choose_cuts_proposals_to_the_verify_size_that_pays_best():
     assert choose(c, 1, [(0.3, 4)]) is None
     assert choose(StepCosts(0.25), 1, [(0.3, 4)]) == [4]         # untimed: all
     assert choose(c, 2, [(0.9, 2), (0.9, 0)]) == [2, 0]          # no decode[2] time: all
+
+
+# ---- interfaces ------------------------------------------------------------------------------
+@pytest.mark.parametrize("cmd", ["generate", "bench", "serve"])
+def test_cli_bad_speculative_is_one_error_line(cmd, capsys):
+    from poot.cli import main
+
+    argv = [cmd, "--speculative", "ngram:0", "--model", str(fixture_path("llama"))]
+    if cmd == "generate":
+        argv += ["--prompt", "hi"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("poot: error: speculative "
+                                               "num_speculative_tokens 0"), err
+
+
+def test_llm_speculative_option_and_stats():
+    from poot.serve.metrics import _EngineCollector
+    from types import SimpleNamespace
+
+    compiled = []
+    with pytest.raises(SpeculativeConfigError):
+        LLM(str(fixture_path("llama")), speculative="ngram:x", progress=compiled.append)
+    assert not compiled                             # refused before anything was opened
+    llm = LLM(str(fixture_path("llama")), speculative="ngram:3", kv_capacity=96, max_batch=2)
+    p = [5, 6, 7, 8] * 6
+    out = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0]
+    st = llm.engine.stats()
+    assert st.spec_verify_steps > 0 and out.stats.verify_steps > 0
+    assert out.stats.to_dict()["mean_accepted_length"] >= 1.0
+    state = SimpleNamespace(pool=None, aengine=SimpleNamespace(engine=llm.engine, inflight=0,
+                                                               fault=None))
+    names = {m.name: m.samples[0].value for m in _EngineCollector(lambda: state).collect()}
+    assert names["poot_spec_verify_steps"] == st.spec_verify_steps
+    assert names["poot_spec_acceptance_rate"] == pytest.approx(st.spec_acceptance_rate)
