@@ -67,6 +67,7 @@ from poot.engine.runner import ModelRunner
 from poot.engine.scheduler import EngineConfig, Scheduler, SchedulerOutput
 from poot.engine.spec import parse_speculative
 from poot.engine.spec.speculator import Speculator, accept as accept_drafts, issue_verify
+from poot.graph import sampling
 from poot import settings
 from poot.errors import PootError
 from poot.models.lora import LoraError
@@ -189,6 +190,9 @@ class LLMEngine:
                               "(EngineConfig.ragged)")
         #: speculative decoding (:mod:`poot.engine.spec`), None: off
         self.speculator = Speculator(spec, runner, self.blocks) if spec is not None else None
+        if spec is not None:
+            self.speculator.scratch = _history_scratch(runner, self.config.max_batch,
+                                                       spec.num_speculative_tokens)
         self.scheduler.speculator = self.speculator
         self._shape = None                       # the step shape this iteration ran
         self._lock = threading.Lock()
@@ -478,10 +482,9 @@ class LLMEngine:
         for seq in plan.admitted:
             self.runner.reset_history(seq.history_row, seq.output_ids)
         groups = [(s, plan.drafts.get(s, [])) for s in plan.decode]
-        handle, rows = issue_verify(self.runner, groups)
+        handle, rows = issue_verify(self.speculator, groups, self._guided)
         self._shape = ("verify", handle.bucket)
         self.max_decode_batch = max(self.max_decode_batch, len(groups))
-        self.issuer.issue_sampler(DecodeStep(handle, rows), self._guided)   # guided rows
         sampled = SampledTokens.of(self.runner.collect(handle))
         now = time.perf_counter()
         self.decode_log.append((now, len(groups), self.runner.prefill_steps))
@@ -761,6 +764,17 @@ def _pipelined(config: EngineConfig, runner: ModelRunner) -> bool:
         pipe = settings.get_flag("POOT_PIPELINE")
         pipe = bool(getattr(runner.session, "overlaps", False)) if pipe is None else pipe
     return bool(pipe)
+
+
+def _history_scratch(runner: ModelRunner, max_batch: int, k: int) -> list[int]:
+    """Rows of the token-history pool for speculative proposal rows with penalties
+    (:mod:`poot.engine.spec.speculator`): ``max_batch * k`` rows added past the sequences'
+    when the pool does not exist yet (no penalties sampler has run), else none."""
+    if sampling.INPUTS["token_counts"] in runner.session.state_names():
+        return []
+    seqs = runner.history_slots - 1                 # rows of sequences; the last: idle rows
+    runner.history_slots = seqs + max_batch * k + 1
+    return list(range(seqs, seqs + max_batch * k))
 
 
 def _micro_batches(config: EngineConfig, runner: ModelRunner) -> int:

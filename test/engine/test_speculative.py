@@ -315,3 +315,58 @@ def test_llm_speculative_option_and_stats():
     names = {m.name: m.samples[0].value for m in _EngineCollector(lambda: state).collect()}
     assert names["poot_spec_verify_steps"] == st.spec_verify_steps
     assert names["poot_spec_acceptance_rate"] == pytest.approx(st.spec_acceptance_rate)
+
+
+def test_penalties_with_speculation_equal_plain(plain):
+    """Repetition, frequency and presence penalties (greedy and seeded): each proposal row
+    sees its own history (a history row of its own), the tokens equal plain's."""
+    h = _load(spec=NO_ADAPT)
+    ps = prompts(h.runner.vocab, 4, seed=31, lo=4, hi=12)
+    sps = [SamplingParams(temperature=0.0, repetition_penalty=1.3, max_tokens=30,
+                          ignore_eos=True),
+           SamplingParams(temperature=0.0, frequency_penalty=0.8, presence_penalty=0.5,
+                          max_tokens=30, ignore_eos=True),
+           SamplingParams(temperature=0.9, top_k=20, frequency_penalty=0.4, seed=3,
+                          max_tokens=30, ignore_eos=True),
+           SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)]
+    want = LLM(handle=plain).generate(ps, sps)
+    _oracle(h.engine, {tuple(p): w.token_ids for p, w in zip(ps, want)}, wrong=0.3)
+    got = LLM(handle=h).generate(ps, sps)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert [r.stats.accepted_tokens > 0 for r in got] == [True] * 4
+
+
+def test_guided_with_speculation_equals_plain():
+    """JSON-schema and regex constraints (greedy and seeded) on the tiny GGUF model (a
+    byte-level tokenizer): each proposal row is masked by the matcher after the proposals
+    before it (proposals the constraint refuses included), the outputs equal plain's."""
+    from poot.sampling_params import Guide
+
+    gguf = fixture_path("llama_gguf_q4_1")
+    plain_h = ModelHandle.load(str(gguf), kv_capacity=128, max_batch=4, prefill_chunk=16)
+    h = ModelHandle.load(str(gguf), kv_capacity=128, max_batch=4, prefill_chunk=16,
+                         speculative=NO_ADAPT)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                               "age": {"type": "integer", "minimum": 0,
+                                                       "maximum": 120}},
+              "required": ["name", "age"], "additionalProperties": False}
+    guides = [Guide.json_schema(schema), Guide.regex(r"[a-z]{3}-[0-9]{2,4}")]
+    sps = [SamplingParams(temperature=t, seed=5, max_tokens=60, guided=g)
+           for g in guides for t in (0.0, 1.0)]
+    ps = [plain_h.encode("hello")] * len(sps)
+    want = LLM(handle=plain_h).generate(ps, sps)
+
+    def propose(seq, k):
+        i = int(seq.id.split("-")[1]) % len(sps)
+        ref = want[i].token_ids + [2]
+        g = len(seq.output_ids)
+        draft = list(ref[g:g + k])
+        if draft and g % 3 == 1:
+            draft[-1] = (draft[-1] + 7) % h.runner.vocab      # often refused by the guide
+        return draft
+
+    h.engine.speculator.propose = propose
+    got = LLM(handle=h).generate(ps, sps)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert [r.finish_reason for r in got] == [r.finish_reason for r in want]
+    assert h.engine.stats().spec_accepted_tokens > 0

@@ -1,8 +1,7 @@
 """Speculative decoding in the engine loop: drafts, the verify step, acceptance, roll-back.
 
 **Plan** (:meth:`Speculator.plan`, called by the scheduler for an iteration without prompt
-chunks): each decoding sequence that may speculate (no penalties, no guided constraint: see
-docs/speculative.md) gets ``k`` proposed tokens (:mod:`~poot.engine.spec.adaptive`,
+chunks): each decoding sequence gets ``k`` proposed tokens (:mod:`~poot.engine.spec.adaptive`,
 :mod:`~poot.engine.spec.ngram`), at most ``max_tokens - 1`` past what it has generated, and
 KV blocks for their positions (free ones only: a draft never preempts; it is cut to what
 fits). When the cost model says verifying costs more than it saves, nobody speculates.
@@ -13,6 +12,11 @@ consecutive positions, attention causal by position, so row j's logits are the t
 next-token distribution after the sequence plus the first j proposals. The sampler samples
 every row with the sequence's own parameters (temperature, top-k/p, min-p, logit bias) and,
 for row j, the uniform number the sequence's stream gives its (g + j)-th generated token.
+What depends on a row's own history sees it: with penalties, row j > 0 reads a history row
+of its own (:attr:`Speculator.scratch`), written from the sequence's output plus the first j
+proposals before the step; a guided row j gets the mask of the sequence's matcher after the
+first j proposals (consumed, masked, then rolled back; rows after a proposal the constraint
+refuses allow every token: they can never be accepted).
 
 **Accept** (:meth:`Speculator.accept`): proposals are accepted while the token sampled at
 their row equals them; the token sampled at the first mismatch (or after the last proposal:
@@ -39,11 +43,13 @@ from typing import Sequence
 
 import numpy as np
 
+from poot.engine.guided import ALL_ALLOWED
 from poot.engine.request import RUNNING, Request
 from poot.engine.runner import DecodeBatch, RaggedBatch, sampler_spec_for
 from poot.engine.spec.adaptive import Acceptance, StepCosts, choose
 from poot.engine.spec.config import SpeculativeConfig
 from poot.engine.spec.ngram import NgramIndex
+from poot.graph import sampling
 
 
 @dataclass
@@ -54,13 +60,11 @@ class SpecState:
     acceptance: Acceptance = field(default_factory=Acceptance)
 
 
-def eligible(seq: Request) -> bool:
-    """Whether ``seq``'s sampling lets it speculate here: no penalties and no guided
-    constraint (both depend on each row's own history, which a verify step's rows of one
-    sequence do not share; docs/speculative.md)."""
+def penalized(seq: Request) -> bool:
+    """Whether ``seq``'s sampling reads its token history (penalties)."""
     p = seq.params
-    return (seq.guide is None and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-            and p.frequency_penalty == 0.0)
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or \
+        p.frequency_penalty != 0.0
 
 
 class Speculator:
@@ -73,12 +77,15 @@ class Speculator:
 
     Attributes:
         costs: the :class:`~poot.engine.spec.adaptive.StepCosts` the engine times.
+        scratch: rows of the token-history pool for the proposal rows of sequences with
+            penalties (set by the engine; none: such sequences do not speculate).
         draft_tokens, accepted_tokens, verify_steps: totals over every request.
     """
 
     def __init__(self, config: SpeculativeConfig, runner, blocks):
         self.config, self.runner, self.blocks = config, runner, blocks
         self.costs = StepCosts(config.row_cost)
+        self.scratch: list[int] = []
         self.draft_tokens = self.accepted_tokens = self.verify_steps = 0
 
     def _state(self, seq: Request) -> SpecState:
@@ -94,7 +101,10 @@ class Speculator:
 
     def _k(self, seq: Request) -> int:
         """Tokens ``seq`` may propose now: adaptive (or k), within ``max_tokens``."""
-        if not eligible(seq) or seq.aborted or seq.status != RUNNING:
+        if seq.aborted or seq.status != RUNNING:
+            return 0
+        if penalized(seq) and not (self.scratch and sampling.INPUTS["token_counts"]
+                                   in self.runner.session.state_names()):
             return 0
         k = self.config.num_speculative_tokens
         if self.config.adaptive:
@@ -175,13 +185,14 @@ class Speculator:
                 "spec_mean_accepted_length": 1.0 + self.accepted_tokens / n if n else 0.0}
 
 
-def verify_batch(runner, groups: Sequence[tuple[Request, list[int]]]
-                 ) -> tuple[RaggedBatch, list[Request]]:
+def verify_batch(runner, groups: Sequence[tuple[Request, list[int]]],
+                 scratch: Sequence[int] = ()) -> tuple[RaggedBatch, list[Request]]:
     """The verify step's rows (module doc): per ``(seq, draft)`` its last token and the
     draft at positions ``len(tokens) - 1 ..``, every row sampled; the sampled rows' requests
-    (each repeated ``1 + len(draft)`` times)."""
+    (each repeated ``1 + len(draft)`` times). A penalized sequence's proposal rows take
+    history rows from ``scratch``, written here; others share the idle rows' one."""
     tokens, positions, tables, rows, uniforms, hist = [], [], [], [], [], []
-    scratch = runner.history_slots - 1
+    idle, free = runner.history_slots - 1, list(scratch)
     for seq, draft in groups:
         n = 1 + len(draft)
         last = len(seq.tokens) - 1
@@ -190,7 +201,13 @@ def verify_batch(runner, groups: Sequence[tuple[Request, list[int]]]
         tables += [seq.table] * n
         rows += [seq] * n
         uniforms += [0.0] * n if seq.params.greedy else seq.uniforms.peek(n)
-        hist += [seq.history_row] + [scratch] * (n - 1)     # penalties: not speculating
+        hist.append(seq.history_row)
+        for j in range(1, n):
+            if penalized(seq):
+                hist.append(free.pop())
+                runner.reset_history(hist[-1], seq.output_ids + list(draft[:j]))
+            else:
+                hist.append(idle)
     m = len(rows)
     lora = None
     if runner.lora is not None:
@@ -202,12 +219,37 @@ def verify_batch(runner, groups: Sequence[tuple[Request, list[int]]]
                        np.stack(tables), np.arange(m, dtype=np.int32), sampled, lora), rows
 
 
-def issue_verify(runner, groups: Sequence[tuple[Request, list[int]]]):
-    """Issue the verify step of ``groups`` and its sampler: the runner's handle, and the
-    sampled rows' requests."""
-    batch, rows = verify_batch(runner, groups)
+def issue_verify(speculator: Speculator, groups: Sequence[tuple[Request, list[int]]],
+                 guided=None):
+    """Issue the verify step of ``groups`` and its sampler (a guided batch's masks computed
+    meanwhile by ``guided``, the :class:`~poot.engine.guided.GuidedCompiler`): the runner's
+    handle, and the sampled rows' requests."""
+    runner = speculator.runner
+    batch, rows = verify_batch(runner, groups, speculator.scratch)
     spec = sampler_spec_for([s.params for s in rows])
-    return runner.submit_ragged(batch, spec, verify=True), rows
+    handle = runner.submit_ragged(batch, spec, verify=True)
+    if handle.submitted is None:                      # guided: masks row by row
+        runner.submit_sampler(handle, verify_masks(groups, guided, runner.vocab))
+    return handle, rows
+
+
+def verify_masks(groups, guided, vocab: int) -> np.ndarray:
+    """i32 [rows, mask words]: each guided row's allowed tokens after its sequence's
+    output and the proposals before it (module doc); other rows allow every token."""
+    n = sum(1 + len(d) for _, d in groups)
+    masks = np.full((n, sampling.mask_words(vocab)), ALL_ALLOWED, np.int32)
+    r = 0
+    for seq, draft in groups:
+        if seq.guide is not None and seq.status == RUNNING:
+            taken = 0
+            for j in range(len(draft) + 1):
+                guided.fill_masks([seq.guide], masks[r + j:r + j + 1])
+                if j == len(draft) or not seq.guide.try_consume(draft[j]):
+                    break
+                taken += 1
+            seq.guide.rollback(taken)
+        r += 1 + len(draft)
+    return masks
 
 
 def _merge(into, ev):
@@ -259,7 +301,10 @@ def accept(speculator: Speculator, output, groups, sampled, now: float) -> tuple
         events.append(ev)
         if seq.status == RUNNING:
             speculator.trim(seq, bm)
+            if k and penalized(seq):          # the sampler counted y[0] only
+                speculator.runner.reset_history(seq.history_row, seq.output_ids)
     return events, emitted
 
 
-__all__ = ["SpecState", "Speculator", "accept", "eligible", "issue_verify", "verify_batch"]
+__all__ = ["SpecState", "Speculator", "accept", "issue_verify", "penalized", "verify_batch",
+           "verify_masks"]
