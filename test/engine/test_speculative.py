@@ -370,3 +370,13 @@ def test_guided_with_speculation_equals_plain():
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     assert [r.finish_reason for r in got] == [r.finish_reason for r in want]
     assert h.engine.stats().spec_accepted_tokens > 0
+
+
+def test_new_sequence_starts_from_the_engines_recent_acceptance():
+    good, bad = Acceptance(), Acceptance()
+    for _ in range(10):
+        good.observe(4, 4)
+        bad.observe(4, 0)
+    assert Acceptance.seeded(good).k(8) >= 3
+    assert Acceptance.seeded(bad).k(8) == 0
+    assert Acceptance.seeded(Acceptance()).k(8) == Acceptance().k(8)

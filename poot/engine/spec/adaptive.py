@@ -8,7 +8,9 @@ proposes ``k = max{j <= k_max : alpha**j >= THRESHOLD}`` tokens: the j-th propos
 only worth a row while the chance that it is reached and accepted, ``alpha**j``, is at least
 :data:`THRESHOLD`. A sequence whose proposals keep missing falls below it at j = 1 and stops
 speculating (k = 0); every step it does not speculate decays its rejections, so it tries
-again (one token) some steps later.
+again (one token) some steps later. A new sequence starts from the engine's recent
+acceptance over all sequences (:meth:`Acceptance.seeded`: worth :data:`PRIOR_WEIGHT`
+observations), so on a workload that copies its input it speculates from its first steps.
 
 **Per batch** (:class:`StepCosts`, :func:`choose`): a step of the n decoding sequences
 yields n tokens in ``t_decode(n)``; verifying their proposals yields ``sum_i E_i`` tokens in
@@ -39,6 +41,8 @@ DECAY = 0.7
 #: Decay of the rejection count per step a sequence does not speculate (it tries again
 #: after about a dozen steps).
 RETRY_DECAY = 0.85
+#: Observations the engine-wide acceptance is worth to a new sequence.
+PRIOR_WEIGHT = 4.0
 #: Weight of a new step time in its running average.
 TIME_WEIGHT = 0.2
 
@@ -46,9 +50,15 @@ TIME_WEIGHT = 0.2
 class Acceptance:
     """One sequence's recent acceptance (module doc)."""
 
-    def __init__(self):
-        self.accepted = 0.0
-        self.rejected = 0.0
+    def __init__(self, accepted: float = 0.0, rejected: float = 0.0):
+        self.accepted = accepted
+        self.rejected = rejected
+
+    @classmethod
+    def seeded(cls, overall: "Acceptance") -> "Acceptance":
+        """A new sequence's, starting from ``overall``'s alpha (:data:`PRIOR_WEIGHT`)."""
+        a = overall.alpha
+        return cls(PRIOR_WEIGHT * a, PRIOR_WEIGHT * (1.0 - a))
 
     @property
     def alpha(self) -> float:

@@ -38,7 +38,7 @@ are released.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -57,7 +57,7 @@ class SpecState:
     """One request's speculation state: its n-gram index and recent acceptance."""
 
     index: NgramIndex
-    acceptance: Acceptance = field(default_factory=Acceptance)
+    acceptance: Acceptance
 
 
 def penalized(seq: Request) -> bool:
@@ -85,13 +85,16 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig, runner, blocks):
         self.config, self.runner, self.blocks = config, runner, blocks
         self.costs = StepCosts(config.row_cost)
+        #: acceptance over every sequence (a new sequence's prior)
+        self.overall = Acceptance()
         self.scratch: list[int] = []
         self.draft_tokens = self.accepted_tokens = self.verify_steps = 0
 
     def _state(self, seq: Request) -> SpecState:
         if seq.spec is None:
             c = self.config
-            seq.spec = SpecState(NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max))
+            seq.spec = SpecState(NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max),
+                                 Acceptance.seeded(self.overall))
         return seq.spec
 
     def propose(self, seq: Request, k: int) -> list[int]:
@@ -164,6 +167,7 @@ class Speculator:
     def observe(self, seq: Request, proposed: int, accepted: int) -> None:
         """A verify step accepted ``accepted`` of ``seq``'s ``proposed`` tokens."""
         self._state(seq).acceptance.observe(proposed, accepted)
+        self.overall.observe(proposed, accepted)
         st = seq.stats
         st.draft_tokens += proposed
         st.accepted_tokens += accepted
