@@ -768,8 +768,10 @@ def _pipelined(config: EngineConfig, runner: ModelRunner) -> bool:
 
 def _history_scratch(runner: ModelRunner, max_batch: int, k: int) -> list[int]:
     """Rows of the token-history pool for speculative proposal rows with penalties
-    (:mod:`poot.engine.spec.speculator`): ``max_batch * k`` rows added past the sequences'
-    when the pool does not exist yet (no penalties sampler has run), else none."""
+    (:mod:`poot.engine.spec.speculator`): ``max_batch * min(k, 4)`` rows (a row is the
+    vocabulary's size in i32) added past the sequences' when the pool does not exist yet
+    (no penalties sampler has run), else none."""
+    k = min(k, 4)
     if sampling.INPUTS["token_counts"] in runner.session.state_names():
         return []
     seqs = runner.history_slots - 1                 # rows of sequences; the last: idle rows

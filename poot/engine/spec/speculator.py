@@ -133,6 +133,13 @@ class Speculator:
             alphas = [(self._state(s).acceptance.alpha, len(drafts.get(s, ()))) for s in rows]
             ks = choose(self.costs, self.runner.bucket(len(rows)), alphas)
             drafts = {s: drafts[s][:k] for s, k in zip(rows, ks or []) if k}
+        room = len(self.scratch)                  # history rows for penalized proposals
+        for seq in list(drafts):
+            if penalized(seq):
+                drafts[seq] = drafts[seq][:room]
+                room -= len(drafts[seq])
+                if not drafts[seq]:
+                    del drafts[seq]
         for seq in rows:
             if seq not in drafts and seq.spec is not None:
                 seq.spec.acceptance.idle()
