@@ -191,6 +191,7 @@ class LLMEngine:
         #: speculative decoding (:mod:`poot.engine.spec`), None: off
         self.speculator = Speculator(spec, runner, self.blocks) if spec is not None else None
         if spec is not None:
+            runner.verify_rows_cap = self.config.max_batch * (1 + spec.num_speculative_tokens)
             self.speculator.scratch = _history_scratch(runner, self.config.max_batch,
                                                        spec.num_speculative_tokens)
         self.scheduler.speculator = self.speculator
@@ -478,12 +479,17 @@ class LLMEngine:
 
     def _run_verify(self, plan: SchedulerOutput) -> list[RequestOutput]:
         """Run the plan's verify step (every decoding request's last token and its drafts,
-        :mod:`poot.engine.spec`) and accept what the target agrees with."""
+        :mod:`poot.engine.spec`, then the prompt chunks) and accept what the target agrees
+        with."""
         for seq in plan.admitted:
             self.runner.reset_history(seq.history_row, seq.output_ids)
+        if plan.prefill:
+            for c in plan.prefill:
+                c.request.stats.prefill_steps += 1
+            self.runner.prefill_steps += 1
         groups = [(s, plan.drafts.get(s, [])) for s in plan.decode]
-        handle, rows = issue_verify(self.speculator, groups, self._guided)
-        self._shape = ("verify", handle.bucket)
+        handle, groups = issue_verify(self.speculator, groups, self._guided, plan.prefill)
+        self._shape = None if plan.prefill else ("verify", handle.bucket)
         self.max_decode_batch = max(self.max_decode_batch, len(groups))
         sampled = SampledTokens.of(self.runner.collect(handle))
         now = time.perf_counter()

@@ -366,6 +366,9 @@ class ModelRunner(RunnerBase):
         self.prefill_steps = 0
         self.decode_steps = 0
         self.ragged_steps = 0
+        #: the most rows a verify step samples (set by a speculating engine: every sequence's
+        #: last token and proposals); None: every row
+        self.verify_rows_cap: int | None = None
         #: whether the engine runs prompts as ragged steps (set by the engine from
         #: :attr:`EngineConfig.ragged <poot.engine.scheduler.EngineConfig.ragged>`)
         self.ragged = True
@@ -494,14 +497,21 @@ class ModelRunner(RunnerBase):
             t *= 2
         return t
 
+    def verify_rows(self, tokens: int) -> int:
+        """Rows the verify entry of ``tokens`` token rows samples: all of them, up to
+        :attr:`verify_rows_cap` (every decoding sequence's last token and proposals; the
+        rest of a step that also prefills are prompt tokens)."""
+        return min(tokens, self.verify_rows_cap or tokens)
+
     def verify_entry(self, tokens: int) -> Entry:
-        """The verify entry of ``tokens`` token rows: a ragged step whose every row goes
-        through the head (a speculating sequence's last token and its proposals,
-        :mod:`poot.engine.spec`)."""
+        """The verify entry of ``tokens`` token rows: a ragged step whose rows go through
+        the head up to :meth:`verify_rows` (a speculating sequence's last token and its
+        proposals, :mod:`poot.engine.spec`)."""
         key = ("verify", tokens)
         e = self._entries.get(key)
         if e is None:
-            spec = step_spec(self.kv, "ragged", tokens, self.prefill_chunk, tokens)
+            spec = step_spec(self.kv, "ragged", tokens, self.prefill_chunk,
+                             self.verify_rows(tokens))
             prog = self._compile(f"verify[T={tokens}]", self.model, self.weights.types, spec,
                                  lambda: self.model.trace(spec, self.weights.types))
             e = self._entries[key] = self.session.add_entry(prog)
@@ -517,11 +527,11 @@ class ModelRunner(RunnerBase):
         rows write nothing) and, unless ``spec`` is None (no row sampled), its sampler
         (``spec`` covering every sampled row; a guided one waits for
         :meth:`submit_sampler`). ``verify``: on the :meth:`verify_entry` of
-        :meth:`verify_bucket` rows instead, every row may be sampled. Returns the handle
+        :meth:`verify_bucket` rows instead, up to :meth:`verify_rows` sampled. Returns the handle
         :meth:`collect` reads, or None."""
         n, s = len(batch.tokens), len(batch.logit_rows)
         t = self.verify_bucket(n) if verify else self.ragged_bucket(n)
-        rows = t if verify else self.ragged_rows(t)
+        rows = self.verify_rows(t) if verify else self.ragged_rows(t)
         if s > rows:
             raise ValueError(f"{s} sampled rows exceed the {rows} of a ragged "
                              f"step of {t} tokens")

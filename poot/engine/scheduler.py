@@ -109,9 +109,8 @@ class SchedulerOutput:
         decode: the requests that decode, in admission order (empty: no decode step).
         lanes: ``decode`` cut into micro-batches (None: one decode step).
         ragged: ``decode`` and ``prefill`` run as one ragged step.
-        drafts: proposed tokens of the decoding requests that speculate (an iteration
-            without prompt chunks): the decode rows run as one verify step
-            (:mod:`poot.engine.spec`).
+        drafts: proposed tokens of the decoding requests that speculate: the decode rows
+            (and the prompt chunks) run as one verify step (:mod:`poot.engine.spec`).
     """
 
     admitted: list[Request] = field(default_factory=list)
@@ -167,10 +166,10 @@ class Scheduler:
         budget; a plan without prefill is a plain decode step."""
         admitted = self._admit()
         decode = self.grow([s for s in self.running if s.status == RUNNING], chained=False)
+        drafts = self.speculator.plan(decode) if decode and self.speculator else {}
+        rows = len(decode) + sum(len(d) for d in drafts.values())
         out = SchedulerOutput(admitted=[s for s in admitted if s.status == PREFILL],
-                              prefill=self._plan_chunks(len(decode)), decode=decode)
-        if decode and not out.prefill and self.speculator is not None:
-            out.drafts = self.speculator.plan(decode)
+                              prefill=self._plan_chunks(rows), decode=decode, drafts=drafts)
         out.ragged = bool(out.prefill)
         return out if out.ragged or out.drafts else self._cut_lanes(out)
 

@@ -1,13 +1,14 @@
 """Speculative decoding in the engine loop: drafts, the verify step, acceptance, roll-back.
 
-**Plan** (:meth:`Speculator.plan`, called by the scheduler for an iteration without prompt
-chunks): each decoding sequence gets ``k`` proposed tokens (:mod:`~poot.engine.spec.adaptive`,
+**Plan** (:meth:`Speculator.plan`, called by the scheduler before it plans prompt chunks,
+which the proposals count against): each decoding sequence gets ``k`` proposed tokens (:mod:`~poot.engine.spec.adaptive`,
 :mod:`~poot.engine.spec.ngram`), at most ``max_tokens - 1`` past what it has generated, and
 KV blocks for their positions (free ones only: a draft never preempts; it is cut to what
 fits). When the cost model says verifying costs more than it saves, nobody speculates.
 
-**Verify** (:func:`issue_verify`): one ragged step (a ``verify[T]`` entry, every row through
-the head) with ``1 + k`` rows per speculating sequence: its last token and its proposals at
+**Verify** (:func:`issue_verify`): one ragged step (a ``verify[T]`` entry, every decoding
+row through the head, then the iteration's prompt chunks) with ``1 + k`` rows per
+speculating sequence: its last token and its proposals at
 consecutive positions, attention causal by position, so row j's logits are the target's
 next-token distribution after the sequence plus the first j proposals. The sampler samples
 every row with the sequence's own parameters (temperature, top-k/p, min-p, logit bias) and,
@@ -197,20 +198,22 @@ class Speculator:
 
 
 def verify_batch(runner, groups: Sequence[tuple[Request, list[int]]],
-                 scratch: Sequence[int] = ()) -> tuple[RaggedBatch, list[Request]]:
-    """The verify step's rows (module doc): per ``(seq, draft)`` its last token and the
-    draft at positions ``len(tokens) - 1 ..``, every row sampled; the sampled rows' requests
-    (each repeated ``1 + len(draft)`` times). A penalized sequence's proposal rows take
-    history rows from ``scratch``, written here; others share the idle rows' one."""
-    tokens, positions, tables, rows, uniforms, hist = [], [], [], [], [], []
+                 scratch: Sequence[int] = (), chunks: Sequence = ()
+                 ) -> tuple[RaggedBatch, list[Request]]:
+    """The verify step's rows (module doc): per decoding ``(seq, draft)`` its last token and
+    the draft at positions ``len(tokens) - 1 ..``, every row sampled, then the prompt
+    ``chunks`` (:class:`~poot.engine.scheduler.PrefillChunk`), the last row of each that
+    ends its prompt sampled; the sampled rows' requests (a decoding one repeated ``1 +
+    len(draft)`` times). A penalized sequence's proposal rows take history rows from
+    ``scratch``, written here; others share the idle rows' one."""
+    tokens, positions, tables, reqs, uniforms, hist = [], [], [], [], [], []
     idle, free = runner.history_slots - 1, list(scratch)
     for seq, draft in groups:
         n = 1 + len(draft)
         last = len(seq.tokens) - 1
         tokens += [seq.tokens[-1]] + list(draft)
         positions += range(last, last + n)
-        tables += [seq.table] * n
-        rows += [seq] * n
+        reqs += [seq] * n
         uniforms += [0.0] * n if seq.params.greedy else seq.uniforms.peek(n)
         hist.append(seq.history_row)
         for j in range(1, n):
@@ -219,29 +222,46 @@ def verify_batch(runner, groups: Sequence[tuple[Request, list[int]]],
                 runner.reset_history(hist[-1], seq.output_ids + list(draft[:j]))
             else:
                 hist.append(idle)
-    m = len(rows)
+    logit_rows = list(range(len(reqs)))
+    rows = list(reqs)
+    for c in chunks:
+        n = len(c.token_ids)
+        tokens += c.token_ids
+        positions += range(c.start, c.start + n)
+        reqs += [c.request] * n
+        if c.sample:
+            seq = c.request
+            logit_rows.append(len(reqs) - 1)
+            rows.append(seq)
+            uniforms += [0.0] if seq.params.greedy else seq.uniforms.peek(1)
+            hist.append(seq.history_row)
+    pos = np.asarray(positions, np.int32)
+    table = np.stack([s.table for s in reqs])
     lora = None
     if runner.lora is not None:
-        lora = np.fromiter((s.lora_slot for s in rows), np.int32, m)
-    sampled = DecodeBatch(None, np.asarray(positions, np.int32), np.stack(tables),
-                          [s.params for s in rows], np.asarray(uniforms, np.float32),
-                          np.asarray(hist, np.int32), tuple(s.id for s in rows), lora)
-    return RaggedBatch(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
-                       np.stack(tables), np.arange(m, dtype=np.int32), sampled, lora), rows
+        lora = np.fromiter((s.lora_slot for s in reqs), np.int32, len(reqs))
+    sampled = DecodeBatch(None, pos[logit_rows], table[logit_rows], [s.params for s in rows],
+                          np.asarray(uniforms, np.float32), np.asarray(hist, np.int32),
+                          tuple(s.id for s in rows),
+                          None if lora is None else lora[logit_rows])
+    return RaggedBatch(np.asarray(tokens, np.int32), pos, table,
+                       np.asarray(logit_rows, np.int32), sampled, lora), rows
 
 
 def issue_verify(speculator: Speculator, groups: Sequence[tuple[Request, list[int]]],
-                 guided=None):
-    """Issue the verify step of ``groups`` and its sampler (a guided batch's masks computed
-    meanwhile by ``guided``, the :class:`~poot.engine.guided.GuidedCompiler`): the runner's
-    handle, and the sampled rows' requests."""
+                 guided=None, chunks: Sequence = ()):
+    """Issue the verify step of ``groups`` (and prompt ``chunks``) and its sampler (a
+    guided batch's masks computed meanwhile by ``guided``, the
+    :class:`~poot.engine.guided.GuidedCompiler`): the runner's handle, and the groups of
+    the sampled rows (``groups``, then ``(seq, [])`` per chunk that ends its prompt)."""
     runner = speculator.runner
-    batch, rows = verify_batch(runner, groups, speculator.scratch)
+    batch, rows = verify_batch(runner, groups, speculator.scratch, chunks)
+    groups = list(groups) + [(c.request, []) for c in chunks if c.sample]
     spec = sampler_spec_for([s.params for s in rows])
     handle = runner.submit_ragged(batch, spec, verify=True)
     if handle.submitted is None:                      # guided: masks row by row
         runner.submit_sampler(handle, verify_masks(groups, guided, runner.vocab))
-    return handle, rows
+    return handle, groups
 
 
 def verify_masks(groups, guided, vocab: int) -> np.ndarray:
