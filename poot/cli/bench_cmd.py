@@ -348,13 +348,14 @@ def synthetic_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[li
 
 def steady_rate(log, batch: int) -> tuple[float | None, int]:
     """Tokens/s of the decode steps that ran ``batch`` rows with no prefill between them:
-    ``log`` holds (time read, rows, prefill steps so far) per decode step; every interval
-    between two consecutive such steps counts ``batch`` tokens. Returns (rate, intervals)."""
+    ``log`` holds (time read, rows, prefill steps so far[, tokens]) per decode step; every
+    interval between two consecutive such steps counts the later step's tokens (a verify
+    step of speculative decoding logs them; else ``batch``). Returns (rate, intervals)."""
     tokens, secs, n = 0, 0.0, 0
     items = list(log)
-    for (t0, r0, p0), (t1, r1, p1) in zip(items, items[1:]):
+    for (t0, r0, p0, *_), (t1, r1, p1, *tok) in zip(items, items[1:]):
         if r0 == r1 == batch and p0 == p1 and t1 > t0:
-            tokens += batch
+            tokens += tok[0] if tok else batch
             secs += t1 - t0
             n += 1
     return (tokens / secs if secs > 0 else None), n

@@ -211,8 +211,9 @@ class LLMEngine:
         self.fault: BaseException | None = None
         self.generated_tokens = 0
         self.max_decode_batch = 0
-        #: (time read, rows, prefill steps issued so far) of every decode step collected
-        #: (benchmarks derive step rates from the intervals with no prefill in between)
+        #: (time read, rows, prefill steps issued so far) of every decode step collected, and
+        #: the tokens it yielded for a speculative verify step (benchmarks derive step rates
+        #: from the intervals with no prefill in between)
         self.decode_log: deque[tuple[float, int, int]] = deque(maxlen=1 << 16)
         self._inflight: DecodeStep | None = None   # a decode step not yet read
         self._lanes: list[DecodeStep] | None = None  # micro-batches in flight, issue order
@@ -493,8 +494,8 @@ class LLMEngine:
         self.max_decode_batch = max(self.max_decode_batch, len(groups))
         sampled = SampledTokens.of(self.runner.collect(handle))
         now = time.perf_counter()
-        self.decode_log.append((now, len(groups), self.runner.prefill_steps))
         events, n = accept_drafts(self.speculator, self.output, groups, sampled, now)
+        self.decode_log.append((now, len(groups), self.runner.prefill_steps, n))
         self.generated_tokens += n
         return events
 

@@ -389,3 +389,11 @@ def test_new_sequence_starts_from_the_engines_recent_acceptance():
     assert Acceptance.seeded(good).k(8) >= 3
     assert Acceptance.seeded(bad).k(8) == 0
     assert Acceptance.seeded(Acceptance()).k(8) == Acceptance().k(8)
+
+
+def test_steady_rate_counts_the_tokens_of_verify_steps():
+    """A verify step logs the tokens it yielded: the bench's decode rate counts them."""
+    from poot.cli.bench_cmd import steady_rate
+
+    log = [(0.0, 2, 0), (1.0, 2, 0, 7), (2.0, 2, 0), (3.0, 2, 0, 5)]
+    assert steady_rate(log, 2) == (pytest.approx((7 + 2 + 5) / 3), 3)
