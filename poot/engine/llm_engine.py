@@ -777,13 +777,16 @@ def _history_scratch(runner: ModelRunner, max_batch: int, k: int) -> list[int]:
     """Rows of the token-history pool for speculative proposal rows with penalties
     (:mod:`poot.engine.spec.speculator`): ``max_batch * min(k, 4)`` rows (a row is the
     vocabulary's size in i32) added past the sequences' when the pool does not exist yet
-    (no penalties sampler has run), else none."""
-    k = min(k, 4)
-    if sampling.INPUTS["token_counts"] in runner.session.state_names():
-        return []
-    seqs = runner.history_slots - 1                 # rows of sequences; the last: idle rows
-    runner.history_slots = seqs + max_batch * k + 1
-    return list(range(seqs, seqs + max_batch * k))
+    (no penalties sampler has run), else those added before (another engine over the same
+    runner), else none."""
+    need = max_batch * min(k, 4)
+    if len(runner.history_scratch) >= need or \
+            sampling.INPUTS["token_counts"] in runner.session.state_names():
+        return runner.history_scratch
+    seqs = runner.history_slots - 1 - len(runner.history_scratch)   # the last: idle rows
+    runner.history_slots = seqs + need + 1
+    runner.history_scratch = list(range(seqs, seqs + need))
+    return runner.history_scratch
 
 
 def _micro_batches(config: EngineConfig, runner: ModelRunner) -> int:

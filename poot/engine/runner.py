@@ -369,6 +369,8 @@ class ModelRunner(RunnerBase):
         #: the most rows a verify step samples (set by a speculating engine: every sequence's
         #: last token and proposals); None: every row
         self.verify_rows_cap: int | None = None
+        #: token-history rows added for speculative proposal rows (:mod:`poot.engine.spec`)
+        self.history_scratch: list[int] = []
         #: whether the engine runs prompts as ragged steps (set by the engine from
         #: :attr:`EngineConfig.ragged <poot.engine.scheduler.EngineConfig.ragged>`)
         self.ragged = True

@@ -6,6 +6,7 @@ target's (a chi-square test against the same engine without speculation, other s
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -397,3 +398,16 @@ def test_steady_rate_counts_the_tokens_of_verify_steps():
 
     log = [(0.0, 2, 0), (1.0, 2, 0, 7), (2.0, 2, 0), (3.0, 2, 0, 5)]
     assert steady_rate(log, 2) == (pytest.approx((7 + 2 + 5) / 3), 3)
+
+
+def test_cli_generate_with_speculation(capsys):
+    from poot.cli import main
+
+    gguf = str(fixture_path("llama_gguf_q4_1"))
+    outs = []
+    for spec in ([], ["--speculative", "ngram:3"]):
+        assert main(["generate", "--model", gguf, "--prompt", "ab ab ab ab ab", "-q",
+                     "--max-tokens", "24", "--ignore-eos", "--json", *spec]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0]["token_ids"] == outs[1]["token_ids"] and outs[0]["text"] == outs[1]["text"]
+    assert outs[1]["stats"]["verify_steps"] > 0
