@@ -489,8 +489,10 @@ class LLMEngine:
                 c.request.stats.prefill_steps += 1
             self.runner.prefill_steps += 1
         groups = [(s, plan.drafts.get(s, [])) for s in plan.decode]
+        if not plan.prefill:                 # timed for the cost model by its entry's rows
+            self._shape = ("verify", self.runner.verify_bucket(sum(1 + len(d)
+                                                                   for _, d in groups)))
         handle, groups = issue_verify(self.speculator, groups, self._guided, plan.prefill)
-        self._shape = None if plan.prefill else ("verify", handle.bucket)
         self.max_decode_batch = max(self.max_decode_batch, len(groups))
         sampled = SampledTokens.of(self.runner.collect(handle))
         now = time.perf_counter()

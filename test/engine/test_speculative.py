@@ -411,3 +411,15 @@ def test_cli_generate_with_speculation(capsys):
         outs.append(json.loads(capsys.readouterr().out))
     assert outs[0]["token_ids"] == outs[1]["token_ids"] and outs[0]["text"] == outs[1]["text"]
     assert outs[1]["stats"]["verify_steps"] > 0
+
+
+def test_verify_steps_are_timed_by_their_entry():
+    """The cost model's step times are keyed by the verify entry's token rows (the bucket
+    its choice looks up): 5 rows (one sequence proposing 4 tokens) run on the 8-row entry,
+    which samples 5 rows."""
+    h = _load(spec=SpeculativeConfig(num_speculative_tokens=4, adaptive=False), max_batch=1)
+    h.engine.speculator.propose = lambda seq, k: [5] * k
+    LLM(handle=h).generate([[3, 4, 5, 6]], SamplingParams(temperature=0.0, max_tokens=16,
+                                                         ignore_eos=True))
+    shapes = set(h.engine.speculator.costs.seconds)
+    assert ("verify", 8) in shapes and ("verify", 5) not in shapes, shapes

@@ -134,23 +134,25 @@ class Speculator:
             alphas = [(self._state(s).acceptance.alpha, len(drafts.get(s, ()))) for s in rows]
             ks = choose(self.costs, self.runner.bucket(len(rows)), alphas)
             drafts = {s: drafts[s][:k] for s, k in zip(rows, ks or []) if k}
-        room = len(self.scratch)                  # history rows for penalized proposals
-        for seq in list(drafts):
-            if penalized(seq):
-                drafts[seq] = drafts[seq][:room]
-                room -= len(drafts[seq])
-                if not drafts[seq]:
-                    del drafts[seq]
+        drafts = self._cut_penalized(drafts)
         for seq in rows:
             if seq not in drafts and seq.spec is not None:
                 seq.spec.acceptance.idle()
-        for seq, draft in list(drafts.items()):
-            k = self._reserve(seq, len(draft), self.blocks)
-            if k:
-                drafts[seq] = draft[:k]
-            else:
-                del drafts[seq]
-        return drafts
+        drafts = {seq: draft[:self._reserve(seq, len(draft), self.blocks)]
+                  for seq, draft in drafts.items()}
+        return {seq: draft for seq, draft in drafts.items() if draft}
+
+    def _cut_penalized(self, drafts: dict) -> dict:
+        """``drafts`` with the proposals of penalized sequences cut to the history rows
+        there are for them (:attr:`scratch`)."""
+        room, out = len(self.scratch), {}
+        for seq, draft in drafts.items():
+            if penalized(seq):
+                draft = draft[:room]
+                room -= len(draft)
+            if draft:
+                out[seq] = draft
+        return out
 
     def _reserve(self, seq: Request, k: int, bm) -> int:
         """Blocks for positions ``len(tokens) .. len(tokens) + k - 1`` of ``seq`` (free
