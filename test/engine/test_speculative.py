@@ -22,8 +22,7 @@ from poot.api import LLM, ModelHandle  # noqa: E402
 from poot.engine import EngineConfig  # noqa: E402
 from poot.engine.llm_engine import EngineError  # noqa: E402
 from poot.engine.spec import SpeculativeConfig, SpeculativeConfigError, parse_speculative  # noqa: E402,E501
-from poot.engine.spec.adaptive import (Acceptance, StepCosts, choose, expected_tokens,  # noqa: E402
-                                        worth_it)
+from poot.engine.spec.adaptive import Acceptance, StepCosts, choose, expected_tokens  # noqa: E402,E501
 from poot.engine.spec.ngram import NgramIndex  # noqa: E402
 from poot.sampling_params import SamplingParams  # noqa: E402
 
@@ -111,9 +110,9 @@ def test_cost_model_turns_batch_speculation_off_where_rows_cost_a_step():
     cheap.observe(("verify", 32), 0.012)      # extra rows nearly free (a GPU)
     dear.observe(("verify", 32), 0.040)       # each row a GEMV (a CPU)
     drafts = [(0.6, 3)] * 8
-    assert worth_it(cheap, 8, 32, drafts)
-    assert not worth_it(dear, 8, 32, drafts)
-    assert worth_it(StepCosts(0.25), 8, 32, drafts)        # untimed: try
+    assert choose(cheap, 8, drafts) == [3] * 8
+    assert choose(dear, 8, drafts) is None
+    assert choose(StepCosts(0.25), 8, drafts) == [3] * 8       # untimed: try
 
 
 # ---- the engine ----------------------------------------------------------------------------
@@ -289,7 +288,7 @@ def test_choose_cuts_proposals_to_the_verify_size_that_pays_best():
     assert choose(c, 1, [(0.95, 4)]) == [3]
     assert choose(c, 1, [(0.3, 4)]) is None
     assert choose(StepCosts(0.25), 1, [(0.3, 4)]) == [4]         # untimed: all
-    assert choose(c, 2, [(0.9, 2), (0.9, 0)]) == [2, 0]          # no decode[2] time: all
+    assert choose(c, 2, [(0.9, 2), (0.9, 0)]) is None            # time a plain decode[2]
 
 
 # ---- interfaces ------------------------------------------------------------------------------

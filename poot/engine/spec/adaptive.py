@@ -20,7 +20,7 @@ token after them). Verify steps run on entries of a power-of-two number of rows,
 such size ``b`` up to the one holding every proposal the proposals are cut to fit ``b`` rows
 (the last token of the longest proposal first: it is the least likely to be reached), and
 the size with the most expected tokens per second wins; speculation runs when that beats
-``n / t_decode`` (:func:`worth_it`). The step
+``n / t_decode``. The step
 times are the engine's own measurements of recent iterations of that shape (an exponential
 average per step bucket); before a shape has been timed, ``t_verify(R) = t_decode(1) * (1 +
 row_cost * (R - 1))`` (:attr:`SpeculativeConfig.row_cost
@@ -120,11 +120,12 @@ def choose(costs: StepCosts, plain_bucket: int, drafts: list[tuple[float, int]]
     """The proposal lengths to verify (module doc): ``drafts`` is (alpha, k) of every
     decoding sequence (k = 0: no proposal); returns each one's length, cut to the verify
     size with the best expected tokens per second, or None when a plain decode step is
-    better. Untimed steps: every proposal whole."""
+    better. Untimed steps: every proposal whole, but a plain step of this batch's size is
+    run (and timed) once a verify step has been."""
     ks = [k for _, k in drafts]
     t_plain = costs.decode(plain_bucket)
     if t_plain is None:
-        return ks
+        return None if costs.seconds else ks
     best, best_rate = None, len(drafts) / t_plain
     b = 2
     while True:
@@ -155,18 +156,4 @@ def _fit(drafts: list[tuple[float, int]], rows: int) -> list[int] | None:
     return ks
 
 
-def worth_it(costs: StepCosts, plain_bucket: int, verify_bucket: int,
-             drafts: Iterable[tuple[float, int]]) -> bool:
-    """Whether verifying beats a plain decode step (module doc). ``drafts``: (alpha, k) of
-    every decoding sequence (k = 0: no proposal); True while either step is untimed."""
-    drafts = list(drafts)
-    t_plain = costs.decode(plain_bucket)
-    rows = sum(1 + k for _, k in drafts)
-    t_spec = costs.verify(verify_bucket, rows)
-    if t_plain is None or t_spec is None:
-        return True
-    gain = sum(expected_tokens(a, k) for a, k in drafts)
-    return gain / t_spec > len(drafts) / t_plain
-
-
-__all__ = ["Acceptance", "StepCosts", "THRESHOLD", "choose", "expected_tokens", "worth_it"]
+__all__ = ["Acceptance", "StepCosts", "THRESHOLD", "choose", "expected_tokens"]
