@@ -21,8 +21,8 @@ such size ``b`` up to the one holding every proposal the proposals are cut to fi
 (the last token of the longest proposal first: it is the least likely to be reached), and
 the size with the most expected tokens per second wins; speculation runs when that beats
 ``n / t_decode``. The step
-times are the engine's own measurements of recent iterations of that shape (an exponential
-average per step bucket); before a shape has been timed, ``t_verify(R) = t_decode(1) * (1 +
+times are the engine's own measurements of recent iterations of that shape (the fastest of
+the last :data:`TIME_WINDOW`: other work on the machine only ever adds time); before a shape has been timed, ``t_verify(R) = t_decode(1) * (1 +
 row_cost * (R - 1))`` (:attr:`SpeculativeConfig.row_cost
 <poot.engine.spec.config.SpeculativeConfig.row_cost>`). On a device where extra rows are
 nearly free (a GPU at small batch) it speculates up to large batches; where each row costs
@@ -31,7 +31,7 @@ close to a whole step (a CPU GEMV per row) it stops early.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections import deque
 
 #: A proposed token is worth its row while its chance of being reached and accepted is at
 #: least this.
@@ -43,8 +43,12 @@ DECAY = 0.7
 RETRY_DECAY = 0.85
 #: Observations the engine-wide acceptance is worth to a new sequence.
 PRIOR_WEIGHT = 4.0
-#: Weight of a new step time in its running average.
-TIME_WEIGHT = 0.2
+#: Iterations of one step shape whose fastest is its time.
+TIME_WINDOW = 16
+#: After this many iterations in a row where the cost model refused to speculate, one
+#: speculates anyway (its verify step is timed again: a time taken while the machine was
+#: busy does not switch speculation off for good).
+EXPLORE_EVERY = 32
 
 
 class Acceptance:
@@ -90,17 +94,18 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 class StepCosts:
-    """Running averages of iteration seconds per step shape (``("decode", B)``,
-    ``("verify", T)``), and the cost model's prior for shapes not yet timed."""
+    """Iteration seconds per step shape (``("decode", B)``, ``("verify", T)``): the fastest
+    of the last :data:`TIME_WINDOW`; and the cost model's prior for shapes not yet timed."""
 
     def __init__(self, row_cost: float):
         self.row_cost = row_cost
         self.seconds: dict[tuple, float] = {}
+        self._recent: dict[tuple, deque] = {}
 
     def observe(self, shape: tuple, seconds: float) -> None:
-        old = self.seconds.get(shape)
-        self.seconds[shape] = seconds if old is None else \
-            (1 - TIME_WEIGHT) * old + TIME_WEIGHT * seconds
+        recent = self._recent.setdefault(shape, deque(maxlen=TIME_WINDOW))
+        recent.append(seconds)
+        self.seconds[shape] = min(recent)
 
     def decode(self, bucket: int) -> float | None:
         return self.seconds.get(("decode", bucket))

@@ -47,7 +47,7 @@ import numpy as np
 from poot.engine.guided import ALL_ALLOWED
 from poot.engine.request import RUNNING, Request
 from poot.engine.runner import DecodeBatch, RaggedBatch, sampler_spec_for
-from poot.engine.spec.adaptive import Acceptance, StepCosts, choose
+from poot.engine.spec.adaptive import EXPLORE_EVERY, Acceptance, StepCosts, choose
 from poot.engine.spec.config import SpeculativeConfig
 from poot.engine.spec.ngram import NgramIndex
 from poot.graph import sampling
@@ -86,6 +86,7 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig, runner, blocks):
         self.config, self.runner, self.blocks = config, runner, blocks
         self.costs = StepCosts(config.row_cost)
+        self.refused = 0                        # iterations the cost model refused in a row
         #: acceptance over every sequence (a new sequence's prior)
         self.overall = Acceptance()
         self.scratch: list[int] = []
@@ -133,6 +134,9 @@ class Speculator:
         if drafts and self.config.adaptive:
             alphas = [(self._state(s).acceptance.alpha, len(drafts.get(s, ()))) for s in rows]
             ks = choose(self.costs, self.runner.bucket(len(rows)), alphas)
+            self.refused = 0 if ks is not None else self.refused + 1
+            if self.refused >= EXPLORE_EVERY:          # time the verify step again
+                ks, self.refused = [k for _, k in alphas], 0
             drafts = {s: drafts[s][:k] for s, k in zip(rows, ks or []) if k}
         drafts = self._cut_penalized(drafts)
         for seq in rows:
