@@ -427,6 +427,21 @@ class UniformStream:
     def __init__(self, seed: int | None):
         self.seed = seed
         self._gen = np.random.Generator(np.random.PCG64(seed))
+        self._ahead: list[np.float32] = []      # drawn by peek, not yet consumed
 
     def next(self) -> np.float32:
+        if self._ahead:
+            return self._ahead.pop(0)
         return self._gen.random(dtype=np.float32)
+
+    def peek(self, n: int) -> list[np.float32]:
+        """The next ``n`` numbers without consuming them (a speculative step samples
+        several tokens of one sequence; :meth:`advance` consumes those it kept)."""
+        while len(self._ahead) < n:
+            self._ahead.append(self._gen.random(dtype=np.float32))
+        return self._ahead[:n]
+
+    def advance(self, n: int) -> None:
+        """Consume ``n`` numbers (as ``n`` calls of :meth:`next`)."""
+        for _ in range(n):
+            self.next()

@@ -40,6 +40,7 @@ from poot.compiler.compile import require_code_generator
 from poot.compiler.planning import storage_type
 from poot.engine import EngineConfig, LLMEngine, ModelRunner
 from poot.engine.lora import LoraManager
+from poot.engine.spec import parse_speculative
 from poot.errors import PootError
 from poot.load import load_config
 from poot.load.bundled import smollm2_gguf
@@ -218,7 +219,8 @@ class ModelHandle:
         if lora_table is not None:
             runner.lora = LoraManager(lora_table, _lora_upload(runner))
         cfg = opts.engine_config or EngineConfig(max_batch=max_batch,
-                                                 prefix_caching=opts.prefix_caching)
+                                                 prefix_caching=opts.prefix_caching,
+                                                 speculative=opts.speculative)
         engine = LLMEngine(runner, tokenizer, cfg, model_context=model_context)
         handle = cls(path, backend, model, weights, tokenizer, runner, engine,
                      compile_cache=steps.cache, model_context=model_context)
@@ -354,7 +356,10 @@ def _checked(opts: LoadOptions) -> tuple[LoadOptions, Any]:
     if opts.kv_memory is not None and opts.kv_blocks is not None:
         raise InvalidRequest("kv_memory", opts.kv_memory, "give kv_blocks or kv_memory, "
                              "not both")
-    return replace(opts, prefill_chunk=chunk), kv_dtypes_of(opts)
+    spec = parse_speculative(opts.speculative)
+    if opts.engine_config is not None:
+        parse_speculative(opts.engine_config.speculative)
+    return replace(opts, prefill_chunk=chunk, speculative=spec), kv_dtypes_of(opts)
 
 
 def _open_device(backend: str, target: Target, device: Any, pipeline: int) -> Any:

@@ -79,7 +79,12 @@ class LoadOptions:
             ``progress(msg)`` sees the phases only).
         before_compile: ``before_compile(handle)`` runs once the model, tokenizer and KV pool
             are known, before any step is traced or compiled.
-        engine_config: the engine's settings (None: ``max_batch`` and ``prefix_caching``).
+        engine_config: the engine's settings (None: ``max_batch``, ``prefix_caching`` and
+            ``speculative``).
+    Speculative decoding:
+        speculative: ``"ngram[:k]"`` or a :class:`~poot.engine.spec.SpeculativeConfig`
+            (None: off; :mod:`poot.engine.spec`); a bad value raises
+            :class:`~poot.engine.spec.SpeculativeConfigError` before anything is opened.
     """
 
     kv_capacity: int | None = None
@@ -108,6 +113,7 @@ class LoadOptions:
     max_lora_rank: int = 16
     loras: Mapping[str, str | os.PathLike] | None = None
     pipeline_parallel: int = 1
+    speculative: Any = None
 
 
 def positive(name: str, v) -> int:

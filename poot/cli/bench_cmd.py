@@ -81,7 +81,7 @@ import os
 import time
 
 from poot.cli.compile_cmd import add_source_args, model_source
-from poot.cli.generate_cmd import add_model_args, check_options
+from poot.cli.generate_cmd import add_model_args, check_options, speculative_of
 from poot.errors import PootError
 
 ROOFLINE_BPS = 4.26e12
@@ -366,13 +366,14 @@ def synthetic_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[li
 
 def steady_rate(log, batch: int) -> tuple[float | None, int]:
     """Tokens/s of the decode steps that ran ``batch`` rows with no prefill between them:
-    ``log`` holds (time read, rows, prefill steps so far) per decode step; every interval
-    between two consecutive such steps counts ``batch`` tokens. Returns (rate, intervals)."""
+    ``log`` holds (time read, rows, prefill steps so far[, tokens]) per decode step; every
+    interval between two consecutive such steps counts the later step's tokens (a verify
+    step of speculative decoding logs them; else ``batch``). Returns (rate, intervals)."""
     tokens, secs, n = 0, 0.0, 0
     items = list(log)
-    for (t0, r0, p0), (t1, r1, p1) in zip(items, items[1:]):
+    for (t0, r0, p0, *_), (t1, r1, p1, *tok) in zip(items, items[1:]):
         if r0 == r1 == batch and p0 == p1 and t1 > t0:
-            tokens += batch
+            tokens += tok[0] if tok else batch
             secs += t1 - t0
             n += 1
     return (tokens / secs if secs > 0 else None), n
@@ -409,7 +410,8 @@ def run_batch(handle, args, batches: list[int]) -> dict:
         prompts = synthetic_prompts(vocab, n, args.prompt_tokens, seed=b)
         eng = LLMEngine(handle.runner, handle.tokenizer,
                         EngineConfig(max_batch=b, prefix_caching=False, pipeline=pipe,
-                                     max_prefill_tokens=budget))
+                                     max_prefill_tokens=budget,
+                                     speculative=speculative_of(args)))
         t0 = time.perf_counter()
         for p in prompts:
             eng.add_request(p, params)
@@ -426,7 +428,7 @@ def run_batch(handle, args, batches: list[int]) -> dict:
             "micro_batched_steps": eng.micro_batched_steps,
             "chained_lane_steps": eng.chained_lane_steps,
             "ttft_p50_s": ttft[len(ttft) // 2], "ttft_max_s": ttft[-1],
-            "decode_steps": len(eng.decode_log)}
+            "decode_steps": len(eng.decode_log), **_spec_stats(eng)}
     if args.sequential:
         prompts = synthetic_prompts(vocab, args.num_prompts, args.prompt_tokens, seed=7)
         eng = LLMEngine(handle.runner, handle.tokenizer,
@@ -512,7 +514,8 @@ def run(args: argparse.Namespace) -> int:
            "pipelined": bool(best.get("pipelined")),
            "pipeline_parallel": _stages(handle),
            "kv_capacity": handle.kv_capacity, **kv_fields(handle),
-           "load_s": handle.load_s, "compile_s": handle.runner.compile_s, "runs": runs}
+           "load_s": handle.load_s, "compile_s": handle.runner.compile_s, "runs": runs,
+           **_spec_stats(handle.engine, best)}
     if args.random_weights:
         out["random_weights"] = args.dtype
     out["poot"] = poot_measures(handle, best, args.replay)
@@ -529,6 +532,24 @@ def run(args: argparse.Namespace) -> int:
                             if out["poot"].get(k) and base.get(k) else None)
                         for k in RATIO_KEYS}
     return _emit(out, args)
+
+
+def _spec_stats(engine, best: dict | None = None) -> dict:
+    """Speculative decoding's numbers for the JSON (none when it is off): the engine's
+    totals, and ``best``'s (a run's request stats) acceptance rate and mean accepted
+    length."""
+    if engine.speculator is None:
+        return {}
+    st = engine.stats()
+    out = {"speculative": f"{engine.speculator.config.method}:"
+                          f"{engine.speculator.config.num_speculative_tokens}",
+           "spec_acceptance_rate": st.spec_acceptance_rate,
+           "spec_mean_accepted_length": st.spec_mean_accepted_length,
+           "spec_verify_steps": st.spec_verify_steps}
+    if best is not None:
+        out["acceptance_rate"] = best.get("acceptance_rate")
+        out["mean_accepted_length"] = best.get("mean_accepted_length")
+    return out
 
 
 def _emit(out: dict, args: argparse.Namespace) -> int:

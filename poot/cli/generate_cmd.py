@@ -100,6 +100,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="a layer pipeline over N devices of --backend (device ordinals "
                         "0..N-1): each step cut into N stages, boundary activations copied "
                         "between devices (default: 1, no pipeline)")
+    p.add_argument("--speculative", default=None, metavar="ngram[:k]",
+                   help="speculative decoding: n-gram prompt lookup proposing up to k tokens "
+                        "(1-15, default 4) a step, verified by the model in one step; the "
+                        "output is the same (default: off)")
     p.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress or statistics on stderr (warnings and errors still)")
@@ -216,6 +220,15 @@ def apply_threads(args) -> None:
         os.environ["POOT_CPU_THREADS"] = str(n)
 
 
+def speculative_of(args):
+    """``--speculative`` as a :class:`~poot.engine.spec.SpeculativeConfig` (None: off);
+    :class:`~poot.engine.spec.SpeculativeConfigError` naming what is wrong."""
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
+    from poot.engine.spec import parse_speculative
+
+    return parse_speculative(getattr(args, "speculative", None))
+
+
 def load_handle(args, before_compile=None, **kw):
     """``ModelHandle.load`` for the command's ``--model/--backend/--kv-capacity/
     --prefill-chunk/--no-cache``, with progress on stderr (:class:`~poot.cli.progress_display.Reporter`;
@@ -233,6 +246,7 @@ def load_handle(args, before_compile=None, **kw):
 
     apply_threads(args)
     kw.setdefault("compile_options", compile_options(args))
+    kw.setdefault("speculative", speculative_of(args))
 
     kw.setdefault("path", args.model)
     for k in ("max_batch", "kv_blocks", "kv_dtype", "kv_dtype_k", "kv_dtype_v"):

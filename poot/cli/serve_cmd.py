@@ -36,7 +36,8 @@ import signal
 import sys
 import time
 
-from poot.cli.generate_cmd import add_model_args, apply_threads, check_options, compile_options
+from poot.cli.generate_cmd import (add_model_args, apply_threads, check_options,
+                                   compile_options, speculative_of)
 from poot.sampling_params import InvalidRequest
 from poot.text.tool_calls import FORMATS, REASONING_PARSERS
 from poot.errors import PootError
@@ -209,7 +210,8 @@ def load_options(args) -> dict:
                 kv_blocks=args.kv_blocks, kv_memory=kv_memory, kv_dtype=args.kv_dtype,
                 kv_dtype_k=args.kv_dtype_k, kv_dtype_v=args.kv_dtype_v, use_cache=not args.no_cache, random_weights=args.random_weights,
                 compile_options=compile_options(args),
-                pipeline_parallel=getattr(args, "pipeline_parallel", None) or 1)
+                pipeline_parallel=getattr(args, "pipeline_parallel", None) or 1,
+                speculative=speculative_of(args))
     if max_loras:
         opts.update(max_loras=max_loras, max_lora_rank=args.max_lora_rank, loras=loras)
     return opts

@@ -128,7 +128,7 @@ class DecodeIssuer:
         seqs = step.rows
         words = sampling.mask_words(self.runner.vocab)
         if self._masks is None or self._masks.shape[0] < len(seqs):
-            self._masks = np.empty((self.runner.max_batch, words), np.int32)
+            self._masks = np.empty((max(self.runner.max_batch, len(seqs)), words), np.int32)
         masks = self._masks[:len(seqs)]
         t0 = time.perf_counter()
         rows = [i for i, s in enumerate(seqs) if s.guide is not None and s.status == RUNNING]

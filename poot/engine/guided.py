@@ -182,6 +182,16 @@ class TokenMatcher:
         """Advance by an accepted token; False when the constraint rejected it."""
         return bool(self.m.consume_token(int(token)))
 
+    def try_consume(self, token: int) -> bool:
+        """Advance by ``token`` if the constraint allows it (False, and no change, where it
+        does not): a speculative step's proposals, taken back with :meth:`rollback`."""
+        return self.m.try_consume_tokens([int(token)]) == 1
+
+    def rollback(self, n: int) -> None:
+        """Take back the last ``n`` tokens consumed."""
+        if n:
+            self.m.rollback(n)
+
     @property
     def accepting(self) -> bool:
         """The grammar is complete here (an end-of-sequence token may follow)."""

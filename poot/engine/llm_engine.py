@@ -61,10 +61,13 @@ from typing import Any, Iterator, Sequence
 from poot.engine.blocks import BlockManager
 from poot.engine.decode_steps import DecodeIssuer, DecodeStep
 from poot.engine.guided import GuidedCompiler, GuidedDecodingError
-from poot.engine.output_processor import OutputProcessor, RequestOutput
+from poot.engine.output_processor import OutputProcessor, RequestOutput, SampledTokens
 from poot.engine.request import RUNNING, Request
 from poot.engine.runner import ModelRunner
 from poot.engine.scheduler import EngineConfig, Scheduler, SchedulerOutput
+from poot.engine.spec import parse_speculative
+from poot.engine.spec.speculator import Speculator, accept as accept_drafts, issue_verify
+from poot.graph import sampling
 from poot import settings
 from poot.errors import PootError
 from poot.models.lora import LoraError
@@ -143,6 +146,11 @@ class EngineStats:
     max_decode_batch: int
     guided_masks: int = 0
     guided_mask_s: float = 0.0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verify_steps: int = 0
+    spec_acceptance_rate: float = 0.0
+    spec_mean_accepted_length: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -178,6 +186,18 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.blocks, runner, self.micro_batches)
         self.output = OutputProcessor(self.scheduler, _pipelined(self.config, runner))
         self.issuer = DecodeIssuer(runner)
+        spec = parse_speculative(self.config.speculative)
+        if spec is not None and not self.config.ragged:
+            raise EngineError("speculative decoding needs the ragged step "
+                              "(EngineConfig.ragged)")
+        #: speculative decoding (:mod:`poot.engine.spec`), None: off
+        self.speculator = Speculator(spec, runner, self.blocks) if spec is not None else None
+        if spec is not None:
+            runner.verify_rows_cap = self.config.max_batch * (1 + spec.num_speculative_tokens)
+            self.speculator.scratch = _history_scratch(runner, self.config.max_batch,
+                                                       spec.num_speculative_tokens)
+        self.scheduler.speculator = self.speculator
+        self._shape = None                       # the step shape this iteration ran
         self._lock = threading.Lock()
         self._adds: deque[Request] = deque()
         self._aborts: set[str] = set()
@@ -193,8 +213,9 @@ class LLMEngine:
         self.fault: BaseException | None = None
         self.generated_tokens = 0
         self.max_decode_batch = 0
-        #: (time read, rows, prefill steps issued so far) of every decode step collected
-        #: (benchmarks derive step rates from the intervals with no prefill in between)
+        #: (time read, rows, prefill steps issued so far) of every decode step collected, and
+        #: the tokens it yielded for a speculative verify step (benchmarks derive step rates
+        #: from the intervals with no prefill in between)
         self.decode_log: deque[tuple[float, int, int]] = deque(maxlen=1 << 16)
         self._inflight: DecodeStep | None = None   # a decode step not yet read
         self._lanes: list[DecodeStep] | None = None  # micro-batches in flight, issue order
@@ -373,10 +394,13 @@ class LLMEngine:
         engine fault fails every request it touched (outputs with ``finish_reason
         "error"``) and is raised again."""
         events = self._commands()
+        t0, compiled, self._shape = time.perf_counter(), len(self.runner.compile_s), None
         try:
             if not self._continue_in_flight(events):
                 plan = self.scheduler.schedule()
-                if plan.ragged:
+                if plan.drafts:
+                    events += self._run_verify(plan)
+                elif plan.ragged:
                     events += self._run_ragged(plan)
                 else:
                     self._run_prefill(plan)
@@ -385,6 +409,9 @@ class LLMEngine:
             events += self._fail(e)
             self._deliver(events)
             raise
+        if self.speculator is not None and self._shape and \
+                len(self.runner.compile_s) == compiled:
+            self.speculator.costs.observe(self._shape, time.perf_counter() - t0)
         return self._deliver(events)
 
     def _deliver(self, events: list[RequestOutput]) -> list[RequestOutput]:
@@ -453,6 +480,29 @@ class LLMEngine:
         self.issuer.issue_sampler(step, self._guided)
         return self._read(step)
 
+    def _run_verify(self, plan: SchedulerOutput) -> list[RequestOutput]:
+        """Run the plan's verify step (every decoding request's last token and its drafts,
+        :mod:`poot.engine.spec`, then the prompt chunks) and accept what the target agrees
+        with."""
+        for seq in plan.admitted:
+            self.runner.reset_history(seq.history_row, seq.output_ids)
+        if plan.prefill:
+            for c in plan.prefill:
+                c.request.stats.prefill_steps += 1
+            self.runner.prefill_steps += 1
+        groups = [(s, plan.drafts.get(s, [])) for s in plan.decode]
+        if not plan.prefill:                 # timed for the cost model by its entry's rows
+            self._shape = ("verify", self.runner.verify_bucket(sum(1 + len(d)
+                                                                   for _, d in groups)))
+        handle, groups = issue_verify(self.speculator, groups, self._guided, plan.prefill)
+        self.max_decode_batch = max(self.max_decode_batch, len(groups))
+        sampled = SampledTokens.of(self.runner.collect(handle))
+        now = time.perf_counter()
+        events, n = accept_drafts(self.speculator, self.output, groups, sampled, now)
+        self.decode_log.append((now, len(groups), self.runner.prefill_steps, n))
+        self.generated_tokens += n
+        return events
+
     def _run_decode(self, plan: SchedulerOutput) -> list[RequestOutput]:
         """Issue the planned decode step (as micro-batches where planned); unless the engine
         pipelines, read it now and return its outputs."""
@@ -475,6 +525,7 @@ class LLMEngine:
         if not rows:
             return None
         step = self.issuer.issue(rows, chained, lane)
+        self._shape = ("decode", step.handle.bucket) if self._shape is None else ("mixed",)
         self.max_decode_batch = max(self.max_decode_batch, len(rows))
         return step
 
@@ -528,6 +579,8 @@ class LLMEngine:
             return False                  # the step runs as micro-batches instead
         if not Scheduler.chainable(rows) or len(self.running) != len(rows):
             return False
+        if self.speculator is not None and self.speculator.proposals(rows):
+            return False                  # the next step verifies drafts instead
         return self.scheduler.room_ahead(rows)
 
     # ---- micro-batches (lanes) ------------------------------------------------------------
@@ -652,7 +705,8 @@ class LLMEngine:
                            generated_tokens=self.generated_tokens,
                            preemptions=self.preemptions,
                            max_decode_batch=self.max_decode_batch,
-                           guided_masks=self.guided_masks, guided_mask_s=self.guided_mask_s)
+                           guided_masks=self.guided_masks, guided_mask_s=self.guided_mask_s,
+                           **(self.speculator.stats() if self.speculator else {}))
 
     def run_in_loop(self, fn, timeout: float | None = 60.0):
         """``fn()`` on the engine thread between steps (where the loop runs; here otherwise),
@@ -722,6 +776,22 @@ def _pipelined(config: EngineConfig, runner: ModelRunner) -> bool:
         pipe = settings.get_flag("POOT_PIPELINE")
         pipe = bool(getattr(runner.session, "overlaps", False)) if pipe is None else pipe
     return bool(pipe)
+
+
+def _history_scratch(runner: ModelRunner, max_batch: int, k: int) -> list[int]:
+    """Rows of the token-history pool for speculative proposal rows with penalties
+    (:mod:`poot.engine.spec.speculator`): ``max_batch * min(k, 4)`` rows (a row is the
+    vocabulary's size in i32) added past the sequences' when the pool does not exist yet
+    (no penalties sampler has run), else those added before (another engine over the same
+    runner), else none."""
+    need = max_batch * min(k, 4)
+    if len(runner.history_scratch) >= need or \
+            sampling.INPUTS["token_counts"] in runner.session.state_names():
+        return runner.history_scratch
+    seqs = runner.history_slots - 1 - len(runner.history_scratch)   # the last: idle rows
+    runner.history_slots = seqs + need + 1
+    runner.history_scratch = list(range(seqs, seqs + need))
+    return runner.history_scratch
 
 
 def _micro_batches(config: EngineConfig, runner: ModelRunner) -> int:

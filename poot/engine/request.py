@@ -34,7 +34,10 @@ class RequestStats:
     prefix cache; ``ttft_s``: arrival to first sampled token; ``decode_tokens_per_s`` over
     the tokens after the first (None for fewer than two); ``guided_masks`` /
     ``guided_mask_s``: allowed-token masks a guided request computed on the host, and their
-    seconds."""
+    seconds. Speculative decoding (:mod:`poot.engine.spec`): ``draft_tokens`` proposed,
+    ``accepted_tokens`` of them accepted, in ``verify_steps`` steps; ``acceptance_rate``
+    (accepted / proposed) and ``mean_accepted_length`` (tokens per verify step, the target's
+    own included: 1 + accepted / steps), None without a verify step."""
 
     prompt_tokens: int = 0
     generated_tokens: int = 0
@@ -49,6 +52,11 @@ class RequestStats:
     pipelined: bool = False
     guided_masks: int = 0
     guided_mask_s: float = 0.0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+    acceptance_rate: float | None = None
+    mean_accepted_length: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,6 +93,7 @@ class Request:
         self.matcher = StopMatcher(params.stop)
         self.sink = sink
         self.guide = None                    # TokenMatcher of a guided request
+        self.spec = None                     # SpecState while it speculates (poot.engine.spec)
         self.lora_slot = 0                   # LoRA slot (0: the base model)
         self.lora_salt = ""                  # prefix-cache salt of its adapter
         self.stats = RequestStats(prompt_tokens=len(prompt))

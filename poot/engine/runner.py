@@ -376,6 +376,11 @@ class ModelRunner(RunnerBase):
         self.prefill_steps = 0
         self.decode_steps = 0
         self.ragged_steps = 0
+        #: the most rows a verify step samples (set by a speculating engine: every sequence's
+        #: last token and proposals); None: every row
+        self.verify_rows_cap: int | None = None
+        #: token-history rows added for speculative proposal rows (:mod:`poot.engine.spec`)
+        self.history_scratch: list[int] = []
         #: whether the engine runs prompts as ragged steps (set by the engine from
         #: :attr:`EngineConfig.ragged <poot.engine.scheduler.EngineConfig.ragged>`)
         self.ragged = True
@@ -420,6 +425,8 @@ class ModelRunner(RunnerBase):
         ``("ragged", T)``."""
         if source[0] == "ragged":
             return self.ragged_entry(source[1])
+        if source[0] == "verify":
+            return self.verify_entry(source[1])
         return self.decode_entry(*source[1:])
 
     def sampler_entry(self, batch: int, spec: SamplerSpec, program=None,
@@ -494,27 +501,59 @@ class ModelRunner(RunnerBase):
             e = self._entries[key] = self.session.add_entry(prog)
         return e
 
+    def verify_bucket(self, n: int) -> int:
+        """The token rows of the verify entry a speculative step of ``n`` rows runs on: the
+        smallest power of two (at least 2) holding them."""
+        t = 2
+        while t < n:
+            t *= 2
+        return t
+
+    def verify_rows(self, tokens: int) -> int:
+        """Rows the verify entry of ``tokens`` token rows samples: all of them, up to
+        :attr:`verify_rows_cap` (every decoding sequence's last token and proposals; the
+        rest of a step that also prefills are prompt tokens)."""
+        return min(tokens, self.verify_rows_cap or tokens)
+
+    def verify_entry(self, tokens: int) -> Entry:
+        """The verify entry of ``tokens`` token rows: a ragged step whose rows go through
+        the head up to :meth:`verify_rows` (a speculating sequence's last token and its
+        proposals, :mod:`poot.engine.spec`)."""
+        key = ("verify", tokens)
+        e = self._entries.get(key)
+        if e is None:
+            spec = step_spec(self.kv, "ragged", tokens, self.prefill_chunk,
+                             self.verify_rows(tokens))
+            prog = self._compile(f"verify[T={tokens}]", self.model, self.weights.types, spec,
+                                 lambda: self.model.trace(spec, self.weights.types))
+            e = self._entries[key] = self.session.add_entry(prog)
+        return e
+
     def ragged_rows(self, tokens: int) -> int:
         """Rows the ragged entry of ``tokens`` token rows samples: its logits' batch."""
         return min(tokens, self.max_batch)
 
-    def submit_ragged(self, batch: RaggedBatch, spec: SamplerSpec | None) -> DecodeHandle | None:
+    def submit_ragged(self, batch: RaggedBatch, spec: SamplerSpec | None,
+                      verify: bool = False) -> DecodeHandle | None:
         """Issue one ragged step over ``batch`` (padded to its :meth:`ragged_bucket`: padding
         rows write nothing) and, unless ``spec`` is None (no row sampled), its sampler
         (``spec`` covering every sampled row; a guided one waits for
-        :meth:`submit_sampler`). Returns the handle :meth:`collect` reads, or None."""
+        :meth:`submit_sampler`). ``verify``: on the :meth:`verify_entry` of
+        :meth:`verify_bucket` rows instead, up to :meth:`verify_rows` sampled. Returns the handle
+        :meth:`collect` reads, or None."""
         n, s = len(batch.tokens), len(batch.logit_rows)
-        t = self.ragged_bucket(n)
-        if s > self.ragged_rows(t):
-            raise ValueError(f"{s} sampled rows exceed the {self.ragged_rows(t)} of a ragged "
+        t = self.verify_bucket(n) if verify else self.ragged_bucket(n)
+        rows = self.verify_rows(t) if verify else self.ragged_rows(t)
+        if s > rows:
+            raise ValueError(f"{s} sampled rows exceed the {rows} of a ragged "
                              f"step of {t} tokens")
-        entry = self.ragged_entry(t)
+        entry = self.verify_entry(t) if verify else self.ragged_entry(t)
         w, bs = self.kv.table_width, self.kv.block_size
         tokens = np.zeros((t, 1), np.int32)
         positions = np.zeros((t, 1), np.int32)
         table = np.full((t, w), NULL_BLOCK, np.int32)
         slots = np.full(t, -1, np.int32)
-        logit_rows = np.zeros(self.ragged_rows(t), np.int32)
+        logit_rows = np.zeros(rows, np.int32)
         tokens[:n, 0] = batch.tokens
         positions[:n, 0] = batch.positions
         table[:n] = batch.tables
@@ -529,10 +568,9 @@ class ModelRunner(RunnerBase):
         self.ragged_steps += 1
         if spec is None:
             return None
-        smp, spec = self.sampler_for(self.ragged_rows(t), spec, source=("ragged", t))
-        handle = DecodeHandle(None, s, spec, _sampler_reads(spec), self.ragged_rows(t), smp,
-                              self._sampler_inputs(smp, batch.sampled, self.ragged_rows(t),
-                                                   spec))
+        smp, spec = self.sampler_for(rows, spec, source=("verify" if verify else "ragged", t))
+        handle = DecodeHandle(None, s, spec, _sampler_reads(spec), rows, smp,
+                              self._sampler_inputs(smp, batch.sampled, rows, spec))
         return handle if spec.guided else self.submit_sampler(handle)
 
     def bucket(self, n: int) -> int:

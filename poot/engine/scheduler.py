@@ -41,7 +41,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from poot.engine.blocks import BlockManager, block_keys
 from poot.engine.request import FINISHED, PREFILL, RUNNING, WAITING, Request
@@ -72,6 +72,9 @@ class EngineConfig:
         ragged: an iteration with prompt tokens to prefill runs them and the decoding
             sequences' tokens as one ragged step (module doc); False: the prefill chunks run
             as steps of their own, one sequence each, before the decode step.
+        speculative: speculative decoding (:mod:`poot.engine.spec`): a
+            :class:`~poot.engine.spec.SpeculativeConfig` or its text (``"ngram:4"``); None:
+            off. Needs ``ragged``.
     """
 
     max_batch: int = 8
@@ -81,6 +84,7 @@ class EngineConfig:
     watermark_blocks: int = 1
     micro_batches: int | None = None
     ragged: bool = True
+    speculative: Any = None
 
 
 @dataclass
@@ -105,6 +109,8 @@ class SchedulerOutput:
         decode: the requests that decode, in admission order (empty: no decode step).
         lanes: ``decode`` cut into micro-batches (None: one decode step).
         ragged: ``decode`` and ``prefill`` run as one ragged step.
+        drafts: proposed tokens of the decoding requests that speculate: the decode rows
+            (and the prompt chunks) run as one verify step (:mod:`poot.engine.spec`).
     """
 
     admitted: list[Request] = field(default_factory=list)
@@ -112,6 +118,7 @@ class SchedulerOutput:
     decode: list[Request] = field(default_factory=list)
     lanes: list[list[Request]] | None = None
     ragged: bool = False
+    drafts: dict = field(default_factory=dict)
 
 
 class Scheduler:
@@ -133,6 +140,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.free_rows = list(range(runner.history_slots - 1))     # last: scratch
         self.preemptions = 0
+        #: the engine's :class:`~poot.engine.spec.speculator.Speculator` (None: off)
+        self.speculator = None
 
     # ---- the plan -------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -157,10 +166,12 @@ class Scheduler:
         budget; a plan without prefill is a plain decode step."""
         admitted = self._admit()
         decode = self.grow([s for s in self.running if s.status == RUNNING], chained=False)
+        drafts = self.speculator.plan(decode) if decode and self.speculator else {}
+        rows = len(decode) + sum(len(d) for d in drafts.values())
         out = SchedulerOutput(admitted=[s for s in admitted if s.status == PREFILL],
-                              prefill=self._plan_chunks(len(decode)), decode=decode)
+                              prefill=self._plan_chunks(rows), decode=decode, drafts=drafts)
         out.ragged = bool(out.prefill)
-        return out if out.ragged else self._cut_lanes(out)
+        return out if out.ragged or out.drafts else self._cut_lanes(out)
 
     def _plan_chunks(self, n_decode: int) -> list[PrefillChunk]:
         """A ragged step's prompt chunks, oldest request first: up to ``max_prefill_tokens``

@@ -60,6 +60,11 @@ class _EngineCollector:
                                       st.max_decode_batch),
             "poot_engine_healthy": ("1 while the engine runs, 0 after a fault",
                                     0 if state.aengine.fault else 1),
+            "poot_spec_acceptance_rate": ("speculative decoding: proposed tokens accepted / "
+                                          "proposed", st.spec_acceptance_rate),
+            "poot_spec_mean_accepted_length": ("speculative decoding: tokens a verify step "
+                                               "yields per sequence (1 + accepted / steps)",
+                                               st.spec_mean_accepted_length),
         }
         for name, (doc, v) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=float(v))
@@ -73,6 +78,12 @@ class _EngineCollector:
             "poot_preemptions": ("sequences preempted for lack of KV blocks", st.preemptions),
             "poot_prefix_cache_hit_tokens": ("prompt tokens served from the prefix cache",
                                              st.prefix_cache_hit_tokens),
+            "poot_spec_draft_tokens": ("speculative decoding: tokens proposed",
+                                       st.spec_draft_tokens),
+            "poot_spec_accepted_tokens": ("speculative decoding: proposed tokens accepted",
+                                          st.spec_accepted_tokens),
+            "poot_spec_verify_steps": ("speculative decoding: verify steps run",
+                                       st.spec_verify_steps),
         }
         for name, (doc, v) in counters.items():
             yield CounterMetricFamily(name, doc, value=float(v))

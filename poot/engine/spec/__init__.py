@@ -1,0 +1,17 @@
+"""Speculative decoding: proposals for several tokens of a decoding sequence, verified by the
+target model in one ragged step (docs/speculative.md).
+
+* :mod:`~poot.engine.spec.config`: :class:`SpeculativeConfig` (``ngram[:k]``) and its typed
+  errors, checked before anything compiles;
+* :mod:`~poot.engine.spec.ngram`: the n-gram prompt-lookup proposer;
+* :mod:`~poot.engine.spec.adaptive`: the number of tokens proposed per sequence from its
+  recent acceptance, and the batch-level cost model that turns speculation off;
+* :mod:`~poot.engine.spec.speculator`: the scheduler's and the engine's side: drafts and
+  their KV blocks, acceptance of the verified rows, roll-back of the rejected ones.
+"""
+
+from poot.engine.spec.config import (MAX_SPECULATIVE_TOKENS, SpeculativeConfig,
+                                     SpeculativeConfigError, parse_speculative)
+
+__all__ = ["MAX_SPECULATIVE_TOKENS", "SpeculativeConfig", "SpeculativeConfigError",
+           "parse_speculative"]
