@@ -102,20 +102,21 @@ def test_other_targets_and_shapes_keep_the_tiled_gemm():
     (64, 576, 576, 576 * 18 * 20), (33, 1536, 576, 1536 * 18 * 20), (3, 64, 32, 64 * 64)])
 def test_decode_tiling(M, N, K, wbytes):
     """All M in the warp's tiles (weights read once), at most 16 accumulator tiles, K steps
-    dealt evenly to the KW warps and S slices, a grid of about BLOCKS_PER_CORE blocks per
-    compute unit where K allows, partials within their cap."""
+    dealt evenly to S slices and chunks of U, a grid of about BLOCKS_PER_CORE blocks per
+    compute unit where K allows, partials within their cap, x fragments within 32 KB."""
     from poot.backends.gpu.strategies import gemm_decode as D
 
     d = D.decode_tiling(M, N, K, 132, wbytes)
     KT = K // D.KSTEP
     assert 16 * d.MT >= M > 16 * (d.MT - 1) and d.MT * d.NT <= D.MAX_TILES
-    assert d.KW * d.S * d.per_warp == KT and 1 <= d.U <= d.per_warp
-    blocks = -(-N // d.BN) * d.S
+    assert d.S * d.per_block == KT and d.per_block % d.U == 0 and d.MT * d.U <= 16
+    assert 2 * d.entries * 16 <= 32 * 1024
+    nb = -(-N // d.BN)
     if d.S > 1:
-        assert d.S * M * N * 4 <= max(wbytes // 2, D.L2_PARTIALS)
-        assert d.per_warp >= D.MIN_WARP_STEPS
+        assert d.S * M * N * 4 <= max(wbytes, D.L2_PARTIALS)
+        assert d.per_block >= D.MIN_BLOCK_STEPS
     # (S divides the steps: at least half the blocks asked, where K's steps allow them)
-    assert 2 * blocks >= min(D.BLOCKS_PER_CORE * 132, -(-N // d.BN) * KT // (d.KW * 2))
+    assert 2 * nb * d.S >= min(D.BLOCKS_PER_CORE * 132, nb * min(D.MAX_SPLIT, KT // 2))
 
 
 _PTX = [(f, M) for f in ("bf16", "f16", "q4_0", "q4_1", "q8_0") for M in (2, 8, 33, 64, 256)]

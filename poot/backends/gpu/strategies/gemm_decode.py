@@ -23,12 +23,16 @@ Packed weights are decoded in f32 with ggml's formulas (as the oracle) and round
 pairs, x to the mma's type (bf16 for bf16 weights, else f16), accumulation f32: the error
 bound is the tiled GEMM's (:func:`.gemm.error_bound`).
 
-K is split three ways: ``KW`` warps of a block take consecutive quarters of the block's K
-range and add their accumulators through workgroup memory in warp order; grid z cuts K into
-``S`` slices whose partials a second kernel sums in slice order (the tiled GEMM's reduction,
-:meth:`.gemm._GemmKernel.reduce_kernel`); no atomics, so results do not depend on scheduling.
-:func:`decode_tiling` picks ``MT, NT, KW, S`` and the unroll ``U`` (K steps whose loads are
-issued together) from M, N, K and the compute units.
+A block is ``WN`` warps side by side over N that share x: each chunk of ``U`` K steps, its
+threads load x's f32 rows once, round them to the mma type and store them as the lanes' A
+registers (16 bytes a lane and mma) in workgroup memory, double-buffered (one barrier a
+chunk; the next chunk's x loads and this chunk's weight loads are issued before the mma's).
+Why: every warp reading its own x from L2 re-read it ``N / (8 NT)`` times, 4x the weight's
+bytes at M = 64 (measured on an H200: the 1B gate projection took 21 us at M = 64 against 8 at
+M = 8). Grid z cuts K into ``S`` slices whose partials a second kernel sums in slice order
+(the tiled GEMM's reduction, :meth:`.gemm._GemmKernel.reduce_kernel`); no atomics, so results
+do not depend on scheduling. :func:`decode_tiling` picks ``MT, NT, WN, S, U`` from M, N, K
+and the compute units.
 """
 
 from __future__ import annotations
@@ -65,36 +69,42 @@ KSTEP = 32
 MAX_TILES = 16
 #: most n-tiles a warp owns (each K step's x fragments are reused over them)
 MAX_NT = 4
-#: blocks per compute unit the grid aims for (KW warps each), with the K splits below
+#: blocks per compute unit the grid aims for (WN warps each), with the K splits below
 BLOCKS_PER_CORE = 4
-#: split-K: most slices, fewest K steps per warp
-MAX_SPLIT, MIN_WARP_STEPS = 16, 2
+#: split-K: most slices, fewest K steps per slice
+MAX_SPLIT, MIN_BLOCK_STEPS = 16, 2
 #: split-K partials (S x M x N f32, written once and read once, mostly from L2) may take up to
-#: half the weight's bytes, or this many (a small weight is latency-bound, not bandwidth-bound)
+#: the weight's bytes, or this many (a small weight is latency-bound, not bandwidth-bound)
 L2_PARTIALS = 4 << 20
 
 
 @dataclass(frozen=True)
 class DecodeTiling:
-    """``MT`` 16-row m-tiles (all of M), ``NT`` 8-column n-tiles per warp, ``KW`` warps per
-    block splitting its K range, ``S`` split-K slices (grid z), ``U`` K steps per unrolled
-    loop iteration; ``per_warp`` K steps of 32 per warp."""
+    """``MT`` 16-row m-tiles (all of M), ``NT`` 8-column n-tiles per warp, ``WN`` warps per
+    block (side by side over N, sharing the block's x fragments), ``S`` split-K slices (grid
+    z) of ``per_block`` K steps of 32, ``U`` K steps per chunk (one workgroup buffer of x
+    fragments, double-buffered)."""
 
     MT: int
     NT: int
-    KW: int
+    WN: int
     S: int
     U: int
-    per_warp: int
+    per_block: int
 
     @property
     def BN(self) -> int:
         """Columns per block."""
-        return 8 * self.NT
+        return 8 * self.NT * self.WN
 
     @property
     def T(self) -> int:
-        return 32 * self.KW
+        return 32 * self.WN
+
+    @property
+    def entries(self) -> int:
+        """x fragments (4 registers of one lane, one mma) in a chunk."""
+        return self.U * self.MT * 2 * 32
 
 
 def _largest_divisor(n: int, at_most: int) -> int:
@@ -104,28 +114,30 @@ def _largest_divisor(n: int, at_most: int) -> int:
 def decode_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> DecodeTiling:
     """The tiling of an [M, K] x [K, N] decode GEMM whose weight is ``weight_bytes`` bytes,
     ``K % 32 == 0``: MT = ceil(M / 16); NT as many n-tiles (<= 4) as keep MT * NT <= 16
-    accumulator tiles (x's fragments serve NT weight rows), halved while the column blocks
-    would not give half the compute units one; KW = 4 warps per block over K
-    (2 or 1 when K has too few steps); S split-K slices so that the grid has
-    :data:`BLOCKS_PER_CORE` blocks per compute unit (at most :data:`MAX_SPLIT`, each warp
-    keeping :data:`MIN_WARP_STEPS` K steps, and the partials, S * M * N f32, under half the
-    weight's bytes or :data:`L2_PARTIALS`, and :data:`~.gemm.MAX_SPLIT_SCRATCH`), dividing the steps evenly; U = 4
-    K steps a loop iteration (2 with more than 8 tiles: registers)."""
+    accumulator tiles, halved while even :data:`MAX_SPLIT` slices would not give every
+    compute unit a block; WN = 4 warps a block, so x (re-read from L2 once per block of
+    ``32 NT`` columns: ``M / (16 NT)`` bytes of x per weight byte at bf16) stays well under
+    the weight's traffic; S split-K slices so that the grid has :data:`BLOCKS_PER_CORE`
+    blocks per compute unit (at most :data:`MAX_SPLIT`, each slice keeping
+    :data:`MIN_BLOCK_STEPS` K steps, the partials, S * M * N f32, under the weight's
+    bytes or :data:`L2_PARTIALS`, and :data:`~.gemm.MAX_SPLIT_SCRATCH`), dividing the steps
+    evenly; U = the most K steps (<= 4) a chunk whose MT * U <= 16 (32 KB of double-buffered
+    fragments) that divide a slice's."""
     MT = -(-M // 16)
-    NT = max(1, min(MAX_NT, MAX_TILES // MT, -(-N // 8)))
-    while NT > 1 and -(-N // (8 * NT)) < cores // 2:
-        NT //= 2                # a narrow weight: more blocks rather than fewer x reads
     KT = K // KSTEP
-    KW = next((kw for kw in (4, 2) if KT % kw == 0 and KT // kw >= MIN_WARP_STEPS), 1)
-    blocks = -(-N // (8 * NT))
+    WN = 4
+    NT = max(1, min(MAX_NT, MAX_TILES // MT, -(-N // (8 * WN))))
+    smax = max(1, min(MAX_SPLIT, KT // MIN_BLOCK_STEPS))
+    while NT > 1 and -(-N // (8 * NT * WN)) * smax < cores:
+        NT //= 2                # a narrow weight: more blocks rather than fewer x reads
+    blocks = -(-N // (8 * NT * WN))
     want = -(-BLOCKS_PER_CORE * cores // blocks)
-    cap = min(MAX_SPLIT, KT // (KW * MIN_WARP_STEPS),
-              max(weight_bytes // 2, L2_PARTIALS) // (4 * M * N),
+    cap = min(smax, max(weight_bytes, L2_PARTIALS) // (4 * M * N),
               G.MAX_SPLIT_SCRATCH // (4 * M * N))
-    S = _largest_divisor(KT // KW, min(want, cap)) if cap >= 2 and want >= 2 else 1
-    per = KT // (KW * S)
-    U = min(per, 4 if MT * NT <= 8 else 2)
-    return DecodeTiling(MT, NT, KW, S, U, per)
+    S = _largest_divisor(KT, min(want, cap)) if cap >= 2 and want >= 2 else 1
+    per = KT // S
+    U = _largest_divisor(per, min(4, max(1, MAX_TILES // MT)))
+    return DecodeTiling(MT, NT, WN, S, U, per)
 
 
 def lane_ks(fmt: str, t: int, s: int) -> list[int]:
@@ -148,11 +160,11 @@ def fmt_of(m: GemvMatch) -> str | None:
 
 
 class _DecodeKernel(G._GemmKernel):
-    """Emits the kernel of a :class:`DecodeTiling` (module doc); the tiled GEMM's helpers,
-    split-K partials and reduction kernel."""
+    """Emits the kernel of a :class:`DecodeTiling` (module doc); the tiled GEMM's helpers
+    (thread jobs, split-K partials and reduction kernel)."""
 
     def __init__(self, m: GemvMatch, d: DecodeTiling, fn: ir.Operation, fmt: str):
-        t = G.Tiling(16 * d.MT, d.BN, 1, 1, KSTEP)
+        t = G.Tiling(16 * d.MT, d.BN, 1, d.WN, KSTEP)
         super().__init__(m, t, False, fn, d.S)
         self.d, self.fmt = d, fmt
         self.bf16 = fmt == "bf16"
@@ -165,7 +177,7 @@ class _DecodeKernel(G._GemmKernel):
             self.wtype = f"memref<{w.nbytes // 4}xi32>"
         else:
             self.wtype = f"memref<{w.nbytes // 2}xi16>"
-        self.red_t = f"memref<{d.KW}x{d.MT * d.NT * 4}x32xf32, {G._WG}>"
+        self.xs_t = f"memref<2x{d.entries}x4xi32, {G._WG}>"
 
     # -- operands
     def pack(self, lo: str, hi: str) -> str:
@@ -245,23 +257,68 @@ class _DecodeKernel(G._GemmKernel):
             vals = [vs[0:4], vs[4:8]]
         return [[self.pack(v[0], v[1]), self.pack(v[2], v[3])] for v in vals]
 
-    def x_vals(self, row: str, step: str) -> list[list[str]]:
-        """x[row, k] at the lane's k of K step ``step``: ``[mma 0's four, mma 1's four]``
-        (:func:`lane_ks`)."""
+    def x_vals(self, row: str, k0: str) -> list[str]:
+        """x[row, k0 .. k0 + 3] (k0 a multiple of 4) as f32 scalars."""
         m = self.m
-        kb = self.mul(step, KSTEP)
+        if m.x_arg is None:                     # an expression: element by element
+            return [self.se.value(m.x, (row, self.add(k0, i))) for i in range(4)]
+        at = self.add(self.mul(row, m.K), k0)
+        v = self.op(f"vector.load %x[{at}] {{alignment = 16 : i64}} : {self.xtype}, "
+                    "vector<4xf32>")
+        return [self.op(f"vector.extract {v}[{i}] : f32 from vector<4xf32>") for i in range(4)]
+
+    def bits(self, r: str) -> str:
+        """An operand register as i32 bits."""
+        if self.bf16:
+            return r
+        w = self.op(f"vector.bitcast {r} : vector<2xf16> to vector<1xi32>")
+        return self.op(f"vector.extract {w}[0] : i32 from vector<1xi32>")
+
+    # -- x fragments through workgroup memory
+    def load_chunk(self, chunk: str) -> list:
+        """This thread's share of chunk ``chunk``'s x fragments (entry ``e = ((u * MT + i) * 2
+        + q) * 32 + l``: lane l's A registers of mma q of m-tile i in K step u): the f32
+        loads, rows clamped to M."""
+        m, d = self.m, self.d
         out = []
-        for s in (0, 1):
-            k0 = self.add(kb, self.xoff[s])
-            if m.x_arg is None:                 # an expression: element by element
-                out.append([self.se.value(m.x, (row, self.add(k0, i))) for i in range(4)])
-                continue
-            at = self.add(self.mul(row, m.K), k0)
-            v = self.op(f"vector.load %x[{at}] {{alignment = 16 : i64}} : {self.xtype}, "
-                        "vector<4xf32>")
-            out.append([self.op(f"vector.extract {v}[{i}] : f32 from vector<4xf32>")
-                        for i in range(4)])
+        for e in self.jobs(d.entries):
+            l5 = self.op(f"arith.andi {e}, {self.c(31)} : index")
+            q = self.op(f"arith.andi {self.op(f'arith.shrui {e}, {self.c(5)} : index')}, "
+                        f"{self.c(1)} : index")
+            iu = self.op(f"arith.shrui {e}, {self.c(6)} : index")
+            i = self.op(f"arith.remui {iu}, {self.c(d.MT)} : index")
+            u = self.op(f"arith.divui {iu}, {self.c(d.MT)} : index")
+            g = self.op(f"arith.shrui {l5}, {self.c(2)} : index")
+            t = self.op(f"arith.andi {l5}, {self.c(3)} : index")
+            if self.fmt in ("q4_0", "q4_1"):             # 16 q + 4 t
+                koff = self.add(self.mul(q, 16), self.mul(t, 4))
+            else:                                        # 8 t + 4 q
+                koff = self.add(self.mul(t, 8), self.mul(q, 4))
+            step = self.add(self.mul(chunk, d.U), u)
+            k0 = self.add(self.add(self.first, self.mul(step, KSTEP)), koff)
+            r0 = self.minu(self.add(self.mul(i, 16), g), m.M - 1)
+            r1 = self.minu(self.add(self.add(self.mul(i, 16), g), 8), m.M - 1)
+            out.append((e, self.x_vals(r0, k0), self.x_vals(r1, k0)))
         return out
+
+    def store_chunk_frags(self, raw: list, buf: str) -> None:
+        """Round the loaded x values to the mma type and store each entry's 4 registers
+        (a0 a1 a2 a3: rows g, g + 8 of the first two k, then of the last two) as one 16-byte
+        workgroup store."""
+        for e, top, bot in raw:
+            regs = [self.bits(self.pack(top[0], top[1])), self.bits(self.pack(bot[0], bot[1])),
+                    self.bits(self.pack(top[2], top[3])), self.bits(self.pack(bot[2], bot[3]))]
+            v = self.op(f"vector.from_elements {', '.join(regs)} : vector<4xi32>")
+            self.e.raw(f"vector.store {v}, %xs[{buf}, {e}, {self.c(0)}] "
+                       f"{{alignment = 16 : i64}} : {self.xs_t}, vector<4xi32>")
+
+    def a_regs(self, buf: str, u: int, i: int, q: int) -> list[str]:
+        """The lane's A registers of mma q of m-tile i in K step u of the chunk in ``buf``."""
+        e = self.add(self.lane, ((u * self.d.MT + i) * 2 + q) * 32)
+        v = self.op(f"vector.load %xs[{buf}, {e}, {self.c(0)}] {{alignment = 16 : i64}} : "
+                    f"{self.xs_t}, vector<4xi32>")
+        return [self.word_operand(self.op(f"vector.extract {v}[{r}] : i32 from vector<4xi32>"))
+                for r in range(4)]
 
     # -- the kernel
     def kernel(self) -> tuple[str, list[list], list]:
@@ -270,107 +327,69 @@ class _DecodeKernel(G._GemmKernel):
         self.cur_acc = None
         self.se = ArgsSeenEmitter(fn, e.k, [f"%e{i}" for i in range(nargs)],
                                   provide=self._provide)
-        tid = e.op("gpu.thread_id x")
+        self.tid = tid = e.op("gpu.thread_id x")
         warp = e.op(f"arith.divui {tid}, {self.c(32)} : index")
-        lane = e.op(f"arith.remui {tid}, {self.c(32)} : index")
+        self.lane = lane = e.op(f"arith.remui {tid}, {self.c(32)} : index")
         g = e.op(f"arith.shrui {lane}, {self.c(2)} : index")
         self.t1 = e.op(f"arith.andi {lane}, {self.c(3)} : index")
         self.t8 = self.mul(self.t1, 8)
-        q4 = self.fmt in ("q4_0", "q4_1")
-        self.xoff = [self.mul(self.t1, 4), self.add(self.mul(self.t1, 4), 16)] if q4 else \
-            [self.t8, self.add(self.t8, 4)]
-        self.m0 = self.c(0)
         self.n0 = self.mul(e.op("gpu.block_id x"), d.BN)
-        nrows = [self.minu(self.add(self.add(self.n0, 8 * j), g), m.N - 1)
+        wcol = self.mul(warp, 8 * d.NT)
+        nrows = [self.minu(self.add(self.add(self.add(self.n0, wcol), 8 * j), g), m.N - 1)
                  for j in range(d.NT)]
-        xrows = [self.minu(self.add(g, 16 * i + h), m.M - 1)
-                 for i in range(d.MT) for h in (0, 8)]
         bz = e.op("gpu.block_id z") if d.S > 1 else None
-        first = self.add(self.mul(bz, self.KTS) if bz else self.c(0), self.mul(warp, d.per_warp))
-        accs = self._k_loop(first, nrows, xrows)
+        self.kfirst = self.mul(bz, self.KTS) if bz else self.c(0)     # in K steps
+        self.first = self.mul(self.kfirst, KSTEP)                      # in k
+        accs = self._k_loop(nrows)
         x_reads = set(self.se.seen)
-        accs = self._warp_sum(accs, warp, lane)
         # accumulator rows and columns (mma C fragment: row g (+8), column 2t (+1))
         self.em_rows = [self.add(g, 16 * i) for i in range(d.MT)]
-        self.em_cols = [self.add(self.mul(self.t1, 2), 8 * j) for j in range(d.NT)]
-        if d.KW > 1:
-            is0 = e.op(f"arith.cmpi eq, {warp}, {self.c(0)} : index")
-            e.raw(f"scf.if {is0} {{")
+        self.em_cols = [self.add(self.add(wcol, self.mul(self.t1, 2)), 8 * j)
+                        for j in range(d.NT)]
         self._store(accs, bz)
-        if d.KW > 1:
-            e.raw("}")
         return self._module_text(x_reads)
 
-    def _k_loop(self, first: str, nrows: list, xrows: list) -> list:
-        """The warp's K steps ``first .. first + per_warp``: U steps an iteration (every
-        weight load of them issued first), the rest after the loop; the accumulators
-        ``[i][j]`` (4 f32 names each)."""
+    def _k_loop(self, nrows: list) -> list:
+        """The block's chunks of U K steps: each iteration issues the chunk's weight loads
+        and the next chunk's x loads, runs the chunk's mma's from the x fragments in
+        workgroup buffer ``c & 1``, stores the next chunk's fragments into the other buffer,
+        then one barrier. Returns the accumulators ``[i][j]`` (4 f32 names each)."""
         d, e = self.d, self.e
+        C = d.per_block // d.U
         na = d.MT * d.NT * 4
         zero = self.c(0.0, "f32")
-        main = d.per_warp - d.per_warp % d.U
-        accs = [[[zero] * 4 for _ in range(d.NT)] for _ in range(d.MT)]
-        if main:
-            names = [e.name() for _ in range(na)]
-            res = e.name()
-            f32s = ", ".join(["f32"] * na)
-            e.raw(f"{res}:{na} = scf.for %ks = {self.c(0)} to {self.c(main)} step "
-                  f"{self.c(d.U)} iter_args({', '.join(f'{n} = {zero}' for n in names)}) "
-                  f"-> ({f32s}) {{")
-            with self.se.scope():
-                it = iter(names)
-                accs = [[[next(it) for _ in range(4)] for _ in range(d.NT)]
-                        for _ in range(d.MT)]
-                steps = [self.add(self.add(first, "%ks"), u) for u in range(d.U)]
-                accs = self._steps(steps, nrows, xrows, accs)
-                flat = [a for r in accs for c in r for a in c]
-                e.raw(f"scf.yield {', '.join(flat)} : {f32s}")
-            e.raw("}")
-            it = iter(range(na))
-            accs = [[[f"{res}#{next(it)}" for _ in range(4)] for _ in range(d.NT)]
-                    for _ in range(d.MT)]
-        rest = [self.add(first, s) for s in range(main, d.per_warp)]
-        if rest:
-            with self.se.scope():
-                accs = self._steps(rest, nrows, xrows, accs)
-        return accs
-
-    def _steps(self, steps: list, nrows: list, xrows: list, accs: list) -> list:
-        """K steps ``steps``: the weight loads of all of them, then per step the x
-        fragments of each m-tile and the 2 x MT x NT mma's."""
-        raws = [[self.load_weight(n, s) for n in nrows] for s in steps]
-        for s, raw in zip(steps, raws):
-            B = [self.weight_regs(r) for r in raw]          # [j][mma][reg]
-            for i in range(self.d.MT):
-                top = self.x_vals(xrows[2 * i], s)
-                bot = self.x_vals(xrows[2 * i + 1], s)
-                for q in (0, 1):
-                    A = [self.pack(top[q][0], top[q][1]), self.pack(bot[q][0], bot[q][1]),
-                         self.pack(top[q][2], top[q][3]), self.pack(bot[q][2], bot[q][3])]
-                    accs[i] = [self.mma(A, B[j][q], accs[i][j]) for j in range(self.d.NT)]
-        return accs
-
-    def _warp_sum(self, accs: list, warp: str, lane: str) -> list:
-        """The KW warps' accumulators added in warp order (through workgroup memory);
-        warp 0's result (every warp computes it; only warp 0 stores)."""
-        d, e = self.d, self.e
-        if d.KW == 1:
-            return accs
-        flat = [a for r in accs for c in r for a in c]
-        notfirst = e.op(f"arith.cmpi ne, {warp}, {self.c(0)} : index")
-        e.raw(f"scf.if {notfirst} {{")
-        for a, v in enumerate(flat):
-            e.raw(f"memref.store {v}, %red[{warp}, {self.c(a)}, {lane}] : {self.red_t}")
-        e.raw("}")
+        with self.se.scope():
+            self.store_chunk_frags(self.load_chunk(self.c(0)), self.c(0))
         e.raw("gpu.barrier")
-        out = []
-        for a, v in enumerate(flat):
-            for w in range(1, d.KW):
-                v = e.fadd(v, self.op(f"memref.load %red[{self.c(w)}, {self.c(a)}, {lane}] : "
-                                      f"{self.red_t}"))
-            out.append(v)
-        it = iter(out)
-        return [[[next(it) for _ in range(4)] for _ in range(d.NT)] for _ in range(d.MT)]
+        names = [e.name() for _ in range(na)]
+        res = e.name()
+        f32s = ", ".join(["f32"] * na)
+        e.raw(f"{res}:{na} = scf.for %kc = {self.c(0)} to {self.c(C)} step {self.c(1)} "
+              f"iter_args({', '.join(f'{n} = {zero}' for n in names)}) -> ({f32s}) {{")
+        with self.se.scope():
+            it = iter(names)
+            accs = [[[next(it) for _ in range(4)] for _ in range(d.NT)] for _ in range(d.MT)]
+            cur = self.op(f"arith.andi %kc, {self.c(1)} : index")
+            nxt = self.op(f"arith.xori {cur}, {self.c(1)} : index")
+            steps = [self.add(self.kfirst, self.add(self.mul("%kc", d.U), u))
+                     for u in range(d.U)]
+            raws = [[self.load_weight(n, s) for n in nrows] for s in steps]
+            kn = self.op(f"arith.minui {self.add('%kc', 1)}, {self.c(C - 1)} : index")
+            xraw = self.load_chunk(kn)
+            for u, raw in enumerate(raws):
+                B = [self.weight_regs(r) for r in raw]          # [j][mma][reg]
+                for i in range(d.MT):
+                    for q in (0, 1):
+                        A = self.a_regs(cur, u, i, q)
+                        accs[i] = [self.mma(A, B[j][q], accs[i][j]) for j in range(d.NT)]
+            self.store_chunk_frags(xraw, nxt)
+            e.raw("gpu.barrier")
+            flat = [a for r in accs for c in r for a in c]
+            e.raw(f"scf.yield {', '.join(flat)} : {f32s}")
+        e.raw("}")
+        it = iter(range(na))
+        return [[[f"{res}#{next(it)}" for _ in range(4)] for _ in range(d.NT)]
+                for _ in range(d.MT)]
 
     def _store(self, accs: list, bz: str | None) -> None:
         """Each accumulator to its element of y through the epilogue (split-K: to the
@@ -420,7 +439,7 @@ class _DecodeKernel(G._GemmKernel):
             reduce, rslots, rconsts = self.reduce_kernel(len(consts))
             consts += rconsts
         sig = ", ".join(f"{a}: {b}" for a, b in params)
-        wg = f" workgroup(%red: {self.red_t} {WG_ALIGN})" if d.KW > 1 else ""
+        wg = f" workgroup(%xs: {self.xs_t} {WG_ALIGN})"
         text = (f"gpu.module @poot_gemm {{\n"
                 f"  gpu.func @gemm({sig}){wg} "
                 f"kernel attributes {{known_block_size = array<i32: {d.T}, 1, 1>}} {{\n"
