@@ -70,7 +70,9 @@ of record for batched decode is ``../shared/bench/batched_baseline.py`` beside t
 ``bench/gpu_run/batched_vs_baseline.py`` runs it and ``poot bench --batch`` side by side
 (``bench/results/gpu_baseline.md``: why the two baselines once measured 4.4x apart). ``--profile``
 adds ``poot.profile``: GPU time per dispatch kind of one decode step (devices that
-time dispatches: CUDA, Vulkan).
+time dispatches: CUDA, Vulkan); with ``--batch``, ``profile`` per batch size B: the decode
+step of B's bucket, each dispatch body's time, weight bytes and fraction of the bandwidth
+(``bandwidth_fraction``), and the matmuls' total (``matmuls``).
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="dtype of the baseline's random weights (default: --dtype with "
                         "--random-weights, else bf16)")
     p.add_argument("--profile", action="store_true",
-                   help="add GPU time per dispatch kind of one decode step (cuda)")
+                   help="add GPU time per dispatch of one decode step (with --batch: of each "
+                        "B's step, with each matmul's bytes and %% of bandwidth)")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="also write the JSON object to FILE (default: stdout only)")
     p.add_argument("--batch", default=None, metavar="B,B,...",
@@ -242,14 +245,28 @@ def replay_entry_us(handle, entry, n: int) -> float | None:
     return 1e6 * (time.perf_counter() - t0) / n
 
 
-def profile(handle) -> dict:
+def profile(handle, batch: int = 1) -> dict:
+    """GPU time of one decode step of ``batch`` rows per dispatch body (the device's
+    ``profile_kernel``: ``total_ms``, ``by_kind``, ``top``), each body's row with
+    ``bandwidth_fraction`` (its weight bytes per second over :data:`ROOFLINE_BPS`; None for
+    a body without weights) and ``matmuls``: the matmul bodies alone, by total time. Raises
+    :class:`BenchError` on a device that does not time its dispatches."""
     eng = handle.runner.session
     prof = getattr(eng.device, "profile_kernel", None)
     if prof is None:
         raise BenchError(f"--profile needs a device that times its dispatches (CUDA events, "
                          f"Vulkan timestamps); the {handle.backend} device does not")
-    entry = decode_entry(handle)
-    return prof(entry.kernel, eng._bindings(entry), top=48)
+    entry = decode_entry(handle, batch)
+    out = prof(entry.kernel, eng._bindings(entry), top=256)
+    for r in out["top"]:
+        gbps = r.get("GBps")
+        r["bandwidth_fraction"] = round(gbps * 1e9 / ROOFLINE_BPS, 3) if gbps else None
+    mm = [r for r in out["top"] if r.get("kind") == "matmul"]
+    out["matmuls"] = {"ms": round(sum(r["us"] * r["copies"] for r in mm) / 1e3, 3),
+                      "weight_bytes": sum(r["weight_bytes"] * r["copies"] for r in mm),
+                      "rows": mm}
+    out["batch"] = batch
+    return out
 
 
 def replay_us_without_pdl(handle, n: int) -> float | None:
@@ -600,6 +617,8 @@ def run_serving(args: argparse.Namespace) -> int:
             out["baseline"] = {"name": args.baseline, "batches": base}
             out["ratio"] = {b: (out["throughput"]["batches"][b]["decode_tokens_per_s"] or 0)
                             / base[b]["decode_tokens_per_s"] for b in base}
+    if args.profile and batches:        # every GPU backend that times its dispatches
+        out["profile"] = {str(b): profile(handle, handle.runner.bucket(b)) for b in batches}
     if args.shared_prefix is not None:
         out["prefix_cache"] = run_prefix(handle, args)
     out["compile_s"] = handle.runner.compile_s

@@ -35,3 +35,52 @@ def test_bench_prefix_cache_on_request():
     b = _bench("--prefix-cache")
     assert b["prefix_cache"] is True
     assert all(r["cached_tokens"] > 0 for r in b["runs"]), b["runs"]
+
+
+def test_profile_of_a_batch_step_gives_each_matmuls_share_of_bandwidth():
+    """``--profile`` with ``--batch``: the decode step of the batch's bucket is profiled (the
+    device's per-dispatch rows), each row gains ``bandwidth_fraction`` (its weight bytes per
+    second over the roofline bandwidth) and the matmul rows are summed under ``matmuls``."""
+    from types import SimpleNamespace
+
+    from poot.cli.bench_cmd import ROOFLINE_BPS, profile
+
+    asked = {}
+    rows = [{"callee": "mm", "kind": "matmul", "copies": 16, "us": 10.0,
+             "weight_bytes": 8 << 20, "GBps": (8 << 20) / 10e-6 / 1e9},
+            {"callee": "attn", "kind": "attention", "copies": 16, "us": 5.0,
+             "weight_bytes": 0, "GBps": None}]
+
+    def profile_kernel(kernel, bindings, top):
+        asked["kernel"], asked["top"] = kernel, top
+        return {"total_ms": 0.24, "by_kind": {}, "top": [dict(r) for r in rows]}
+
+    def decode_entry(batch):
+        asked["batch"] = batch
+        return SimpleNamespace(kernel=f"step{batch}")
+
+    session = SimpleNamespace(device=SimpleNamespace(profile_kernel=profile_kernel),
+                              _bindings=lambda entry: [])
+    handle = SimpleNamespace(runner=SimpleNamespace(session=session, decode_entry=decode_entry),
+                             backend="cuda")
+    p = profile(handle, 64)
+    assert asked["batch"] == 64 and asked["kernel"] == "step64" and p["batch"] == 64
+    mm, attn = p["top"]
+    assert abs(mm["bandwidth_fraction"] - (8 << 20) / 10e-6 / ROOFLINE_BPS) < 1e-3
+    assert attn["bandwidth_fraction"] is None
+    assert p["matmuls"]["ms"] == 0.16 and p["matmuls"]["weight_bytes"] == 16 * (8 << 20)
+    assert [r["callee"] for r in p["matmuls"]["rows"]] == ["mm"]
+
+
+def test_profile_needs_a_device_that_times_dispatches():
+    """On a device without per-dispatch timing (the CPU), a clear typed error."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from poot.cli.bench_cmd import BenchError, profile
+
+    handle = SimpleNamespace(runner=SimpleNamespace(session=SimpleNamespace(
+        device=SimpleNamespace())), backend="cpu")
+    with pytest.raises(BenchError, match="--profile needs a device"):
+        profile(handle, 8)

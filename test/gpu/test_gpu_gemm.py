@@ -34,6 +34,16 @@ from poot import oracle  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _tiled_gemm_only(monkeypatch):
+    """These are the tiled GEMM's tests: the decode GEMM, planned ahead of it for up to 128
+    rows on mma.sync targets, takes none of their regions (its own tests:
+    ``test_gpu_gemm_decode.py``)."""
+    from poot.backends.gpu.strategies import gemm_decode
+
+    monkeypatch.setattr(gemm_decode, "MAX_M", 0)
+
+
 def _cuda_caps(**kw):
     from dataclasses import replace
 

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: the order, written out: horizontal first (only it splits a merged function), pointwise
 #: last (it takes any elementwise-class region, so every specialised strategy wins)
-ORDER = ["horizontal", "flash_decode", "rowreduce", "gemv", "gemm", "indexed_gemv", "scatter",
-         "pointwise"]
+ORDER = ["horizontal", "flash_decode", "rowreduce", "gemv", "gemm_decode", "gemm", "indexed_gemv",
+         "scatter", "pointwise"]
 
 
 @pytest.mark.parametrize("first", ["scatter", "pointwise", "gemm", "attention"])

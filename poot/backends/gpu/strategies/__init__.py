@@ -37,6 +37,7 @@ from poot.backends.gpu.kernels import DispatchKernels, GpuCodegenError
 from poot.backends.gpu.strategies import (
     attention,
     gemm,
+    gemm_decode,
     indexed,
     matmul,
     pointwise,
@@ -71,6 +72,10 @@ STRATEGIES: tuple[tuple[str, Strategy], ...] = (
     # decode matmuls (a few rows of x times a weight, a norm folded in front): before the
     # GEMM, which it consults itself (matmul.gemm_defers) to leave it the rows it takes
     ("gemv", matmul.gemv),
+    # batched-decode matmuls on tensor cores (3..128 rows of 16-bit weights, 9..128 of packed
+    # ones): before the tiled GEMM, which would take the same rows with tiles that stream
+    # the weight at a fraction of the bandwidth at these M
+    ("gemm_decode", gemm_decode.gemm_decode),
     # prefill matmuls on tensor cores (mma / MFMA / WMMA), the rows the GEMV leaves it
     ("gemm", gemm.gemm),
     # a MoE layer's expert GEMVs selected by an index (poot.indexed_matmul): after the GEMV,

@@ -1,0 +1,489 @@
+"""Decode GEMM on NVIDIA tensor cores: the matmul regions of a batched decode step (M = 3..128
+rows of x for dense bf16/f16 weights, 9..128 for packed Q4_0/Q4_1/Q8_0 ones; the GEMV keeps
+fewer) streamed so that every weight element is read once per step, from DRAM straight into
+the ``mma.sync`` B registers: no workgroup tiles, no ``ldmatrix``. The regions are those the
+prefill GEMM (:mod:`.gemm`) takes, restricted to K a multiple of 32 and one of these formats.
+
+Why another kernel: the tiled GEMM stages weight tiles through 48 KB of workgroup memory, so
+at decode M a block keeps few bytes in flight and the grid few blocks; on an H200 it streamed
+a 1B-shape's projections at 0.5-2.2 TB/s at M = 32-128 (``bench/results/gemm.md``), where a
+decode step is bound by the weights' bytes. Here a warp owns ``8 * NT`` output columns and all
+``16 * MT`` (padded) rows: its lanes load the weight rows with 16-byte (dense) or block-sized
+(packed) loads, many K steps in flight per lane, and the A fragments from x (f32, L1/L2
+resident: the same rows for every column) rounded to the mma type in registers.
+
+The k order inside an mma is free as long as A and B agree: lane ``(g, t)`` (``g = lane >>
+2``, ``t = lane & 3``) holds, for the weight row ``n0 + 8 j + g`` of its n-tile ``j``, the
+eight k of :func:`lane_ks` in one K step of 32, as B registers ``b0 b1`` of two mma's (the
+low k of each pair in the low half), and the same k of x rows ``g`` and ``g + 8`` of each
+m-tile as A registers ``a0..a3``: dense and Q8_0 weights give lane ``t`` the 16 bytes of k
+``8t .. 8t+7`` (consecutive: one 16-byte load of a bf16 row), Q4_0/Q4_1 the quant word ``t``
+of the block (its low nibbles are k ``4t .. 4t+3``, its high nibbles ``16 + 4t ..``).
+Packed weights are decoded in f32 with ggml's formulas (as the oracle) and rounded to f16
+pairs, x to the mma's type (bf16 for bf16 weights, else f16), accumulation f32: the error
+bound is the tiled GEMM's (:func:`.gemm.error_bound`).
+
+A block is ``WN`` warps side by side over N that share x: each chunk of ``U`` K steps, its
+threads load x's f32 rows once, round them to the mma type and store them as the lanes' A
+registers (16 bytes a lane and mma) in workgroup memory, double-buffered (one barrier a
+chunk; the next chunk's x loads and this chunk's weight loads are issued before the mma's).
+Why: every warp reading its own x from L2 re-read it ``N / (8 NT)`` times, 4x the weight's
+bytes at M = 64 (measured on an H200: the 1B gate projection took 21 us at M = 64 against 8 at
+M = 8). Grid z cuts K into ``S`` slices whose partials a second kernel sums in slice order
+(the tiled GEMM's reduction, :meth:`.gemm._GemmKernel.reduce_kernel`); no atomics, so results
+do not depend on scheduling. :func:`decode_tiling` picks ``MT, NT, WN, S, U`` from M, N, K
+and the compute units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlir import ir
+
+from poot.backends.gpu.kernels import WG_ALIGN, Launch
+from poot.backends.gpu.strategies import gemm as G
+from poot.backends.gpu.strategies.emit import (
+    ArgsSeenEmitter,
+    EmitShorthands,
+    ScalarUnsupported,
+    Synthesized,
+)
+from poot.backends.gpu.strategies.matmul_match import (
+    GemvMatch,
+    gemm_rows,
+    kernel_params,
+    match,
+)
+from poot.dialects.types import DType
+
+#: most rows (M) this kernel takes; more (prefill) go to the tiled GEMM, whose block tiles
+#: reuse each weight tile over 128 rows (here every warp re-reads all M rows of x per K step:
+#: ``M / (4 NT)`` bytes of x per weight byte through L1, 16 at M = 128)
+MAX_M = 128
+#: formats: dense 16-bit weights stored [N, K], and the packed ones with a lane decoder
+FORMATS = ("bf16", "f16", "q4_0", "q4_1", "q8_0")
+#: k per K step (one 32-element block of a packed format; two mma k-steps)
+KSTEP = 32
+#: accumulators' tiles a warp keeps (MT x NT 16 x 8 tiles, 4 f32 each): 64 registers
+MAX_TILES = 16
+#: most n-tiles a warp owns (each K step's x fragments are reused over them)
+MAX_NT = 4
+#: blocks per compute unit the grid aims for (WN warps each), with the K splits below
+BLOCKS_PER_CORE = 4
+#: split-K: most slices, fewest K steps per slice
+MAX_SPLIT, MIN_BLOCK_STEPS = 16, 2
+#: split-K partials (S x M x N f32, written once and read once, mostly from L2) may take up to
+#: the weight's bytes, or this many (a small weight is latency-bound, not bandwidth-bound)
+L2_PARTIALS = 4 << 20
+
+
+@dataclass(frozen=True)
+class DecodeTiling:
+    """``MT`` 16-row m-tiles (all of M), ``NT`` 8-column n-tiles per warp, ``WN`` warps per
+    block (side by side over N, sharing the block's x fragments), ``S`` split-K slices (grid
+    z) of ``per_block`` K steps of 32, ``U`` K steps per chunk (one workgroup buffer of x
+    fragments, double-buffered)."""
+
+    MT: int
+    NT: int
+    WN: int
+    S: int
+    U: int
+    per_block: int
+
+    @property
+    def BN(self) -> int:
+        """Columns per block."""
+        return 8 * self.NT * self.WN
+
+    @property
+    def T(self) -> int:
+        return 32 * self.WN
+
+    @property
+    def entries(self) -> int:
+        """x fragments (4 registers of one lane, one mma) in a chunk."""
+        return self.U * self.MT * 2 * 32
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, max(1, at_most) + 1) if n % d == 0)
+
+
+def decode_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> DecodeTiling:
+    """The tiling of an [M, K] x [K, N] decode GEMM whose weight is ``weight_bytes`` bytes,
+    ``K % 32 == 0``: MT = ceil(M / 16); NT as many n-tiles (<= 4) as keep MT * NT <= 16
+    accumulator tiles, halved while even :data:`MAX_SPLIT` slices would not give every
+    compute unit a block; WN = 4 warps a block, so x (re-read from L2 once per block of
+    ``32 NT`` columns: ``M / (16 NT)`` bytes of x per weight byte at bf16) stays well under
+    the weight's traffic; S split-K slices so that the grid has :data:`BLOCKS_PER_CORE`
+    blocks per compute unit (at most :data:`MAX_SPLIT`, each slice keeping
+    :data:`MIN_BLOCK_STEPS` K steps, the partials, S * M * N f32, under the weight's
+    bytes or :data:`L2_PARTIALS`, and :data:`~.gemm.MAX_SPLIT_SCRATCH`), dividing the steps
+    evenly; U = the most K steps (<= 4) a chunk whose MT * U <= 16 (32 KB of double-buffered
+    fragments) that divide a slice's."""
+    MT = -(-M // 16)
+    KT = K // KSTEP
+    WN = 4
+    NT = max(1, min(MAX_NT, MAX_TILES // MT, -(-N // (8 * WN))))
+    smax = max(1, min(MAX_SPLIT, KT // MIN_BLOCK_STEPS))
+    while NT > 1 and -(-N // (8 * NT * WN)) * smax < cores:
+        NT //= 2                # a narrow weight: more blocks rather than fewer x reads
+    blocks = -(-N // (8 * NT * WN))
+    want = -(-BLOCKS_PER_CORE * cores // blocks)
+    cap = min(smax, max(weight_bytes, L2_PARTIALS) // (4 * M * N),
+              G.MAX_SPLIT_SCRATCH // (4 * M * N))
+    S = _largest_divisor(KT, min(want, cap)) if cap >= 2 and want >= 2 else 1
+    per = KT // S
+    U = _largest_divisor(per, min(4, max(1, MAX_TILES // MT)))
+    return DecodeTiling(MT, NT, WN, S, U, per)
+
+
+def lane_ks(fmt: str, t: int, s: int) -> list[int]:
+    """The four k (within a K step of 32) that lane ``t`` (``lane & 3``) holds for mma ``s``
+    (0, 1) of the step, in register order: ``b0`` = the first two (low half first), ``b1`` =
+    the last two; A registers ``a0``/``a1`` (rows g, g + 8) the first two, ``a2``/``a3`` the
+    last two."""
+    base = 16 * s + 4 * t if fmt in ("q4_0", "q4_1") else 8 * t + 4 * s
+    return [base + i for i in range(4)]
+
+
+def fmt_of(m: GemvMatch) -> str | None:
+    """The weight's format name of :data:`FORMATS` (None for others)."""
+    w = m.weight
+    if w.layout == "nk":
+        return {DType.BF16: "bf16", DType.F16: "f16"}.get(w.dtype)
+    if w.layout == "packed" and w.fmt in FORMATS:
+        return w.fmt
+    return None
+
+
+class _DecodeKernel(G._GemmKernel):
+    """Emits the kernel of a :class:`DecodeTiling` (module doc); the tiled GEMM's helpers
+    (thread jobs, split-K partials and reduction kernel)."""
+
+    def __init__(self, m: GemvMatch, d: DecodeTiling, fn: ir.Operation, fmt: str):
+        t = G.Tiling(16 * d.MT, d.BN, 1, d.WN, KSTEP)
+        super().__init__(m, t, False, fn, d.S)
+        self.d, self.fmt = d, fmt
+        self.bf16 = fmt == "bf16"
+        self.KT = m.K // KSTEP
+        self.KTS = self.KT // d.S
+        w = m.weight
+        if fmt in ("bf16", "f16"):
+            self.wtype = f"memref<{m.N * m.K}xi16>"
+        elif fmt == "q4_1":
+            self.wtype = f"memref<{w.nbytes // 4}xi32>"
+        else:
+            self.wtype = f"memref<{w.nbytes // 2}xi16>"
+        self.xs_t = f"memref<2x{d.entries}x4xi32, {G._WG}>"
+
+    # -- operands
+    def pack(self, lo: str, hi: str) -> str:
+        """f32 ``lo``, ``hi`` rounded to the mma type as one operand register (``lo`` in the
+        low half): i32 (bf16) or vector<2xf16>."""
+        ty = "bf16" if self.bf16 else "f16"
+        p = self.op(f"nvvm.convert.f32x2.to.{ty}x2 {hi}, {lo} "
+                    f"{{rnd = #nvvm.fp_rnd_mode<rn>}} : vector<2x{ty}>")
+        if not self.bf16:
+            return p
+        w = self.op(f"vector.bitcast {p} : vector<2xbf16> to vector<1xi32>")
+        return self.op(f"vector.extract {w}[0] : i32 from vector<1xi32>")
+
+    def word_operand(self, w: str) -> str:
+        """A weight word of two 16-bit values as an operand register."""
+        if self.bf16:
+            return w
+        v = self.op(f"vector.from_elements {w} : vector<1xi32>")
+        return self.op(f"vector.bitcast {v} : vector<1xi32> to vector<2xf16>")
+
+    def load_weight(self, nrow: str, step: str) -> list:
+        """Issue lane ``t``'s loads of K step ``step`` of weight row ``nrow``: raw values for
+        :meth:`weight_regs`."""
+        K = self.m.K
+        if self.fmt in ("bf16", "f16"):
+            at = self.add(self.add(self.mul(nrow, K), self.mul(step, KSTEP)), self.t8)
+            v = self.op(f"vector.load %w[{at}] {{alignment = 16 : i64}} : {self.wtype}, "
+                        "vector<8xi16>")
+            return [self.op(f"vector.bitcast {v} : vector<8xi16> to vector<4xi32>")]
+        blk = self.add(self.mul(nrow, K // 32), step)
+        if self.fmt == "q4_1":
+            base = self.mul(blk, 5)
+            return [self.op(f"memref.load %w[{i}] : {self.wtype}")
+                    for i in (base, self.add(self.add(base, 1), self.t1))]
+        if self.fmt == "q4_0":
+            base = self.mul(blk, 9)
+            q = self.add(self.add(base, 1), self.mul(self.t1, 2))
+            idx = [base, q, self.add(q, 1)]
+        else:                                           # q8_0: d, then 4 x 2 int8
+            base = self.mul(blk, 17)
+            q = self.add(self.add(base, 1), self.mul(self.t1, 4))
+            idx = [base] + [self.add(q, i) for i in range(4)]
+        return [self.op(f"memref.load %w[{i}] : {self.wtype}") for i in idx]
+
+    def weight_regs(self, raw: list) -> list[list[str]]:
+        """The B registers ``[[b0, b1] of mma 0, [b0, b1] of mma 1]`` from :meth:`load_weight`'s
+        raw values (packed: decoded in f32, rounded to f16 pairs)."""
+        e = self.e
+        if self.fmt in ("bf16", "f16"):
+            ws = [self.op(f"vector.extract {raw[0]}[{i}] : i32 from vector<4xi32>")
+                  for i in range(4)]
+            ws = [self.word_operand(w) for w in ws]
+            return [ws[0:2], ws[2:4]]
+        if self.fmt == "q4_1":
+            dm, q = raw
+            d, mn = e.half(dm, False), e.half(dm, True)
+            lo = [e.fma(e.u2f(self.ubits(q, 8 * i, 0xF)), d, mn) for i in range(4)]
+            hi = [e.fma(e.u2f(self.ubits(q, 8 * i + 4, 0xF)), d, mn) for i in range(4)]
+            vals = [lo, hi]
+        elif self.fmt == "q4_0":
+            d = self.f16_to_f32(raw[0])
+            q = [self.i32(r) for r in raw[1:]]              # bytes (b0 b1), (b2 b3)
+            byts = [self.ubits(q[i // 2], 8 * (i % 2), 0xFF) for i in range(4)]
+            eight = self.c(8, "i32")
+
+            def val(b):
+                return e.fmul(e.s2f(self.op(f"arith.subi {b}, {eight} : i32")), d)
+            vals = [[val(e.band(b, 0xF)) for b in byts], [val(e.shr(b, 4)) for b in byts]]
+        else:                                               # q8_0
+            d = self.f16_to_f32(raw[0])
+            vs = []
+            for r in raw[1:]:
+                v = self.i32(r)
+                for s in (0, 8):
+                    sb = self.op(f"arith.shrsi {e.shl(v, 24 - s)}, {self.c(24, 'i32')} : i32")
+                    vs.append(e.fmul(e.s2f(sb), d))
+            vals = [vs[0:4], vs[4:8]]
+        return [[self.pack(v[0], v[1]), self.pack(v[2], v[3])] for v in vals]
+
+    def x_vals(self, row: str, k0: str) -> list[str]:
+        """x[row, k0 .. k0 + 3] (k0 a multiple of 4) as f32 scalars."""
+        m = self.m
+        if m.x_arg is None:                     # an expression: element by element
+            return [self.se.value(m.x, (row, self.add(k0, i))) for i in range(4)]
+        at = self.add(self.mul(row, m.K), k0)
+        v = self.op(f"vector.load %x[{at}] {{alignment = 16 : i64}} : {self.xtype}, "
+                    "vector<4xf32>")
+        return [self.op(f"vector.extract {v}[{i}] : f32 from vector<4xf32>") for i in range(4)]
+
+    def bits(self, r: str) -> str:
+        """An operand register as i32 bits."""
+        if self.bf16:
+            return r
+        w = self.op(f"vector.bitcast {r} : vector<2xf16> to vector<1xi32>")
+        return self.op(f"vector.extract {w}[0] : i32 from vector<1xi32>")
+
+    # -- x fragments through workgroup memory
+    def load_chunk(self, chunk: str) -> list:
+        """This thread's share of chunk ``chunk``'s x fragments (entry ``e = ((u * MT + i) * 2
+        + q) * 32 + l``: lane l's A registers of mma q of m-tile i in K step u): the f32
+        loads, rows clamped to M."""
+        m, d = self.m, self.d
+        out = []
+        for e in self.jobs(d.entries):
+            l5 = self.op(f"arith.andi {e}, {self.c(31)} : index")
+            q = self.op(f"arith.andi {self.op(f'arith.shrui {e}, {self.c(5)} : index')}, "
+                        f"{self.c(1)} : index")
+            iu = self.op(f"arith.shrui {e}, {self.c(6)} : index")
+            i = self.op(f"arith.remui {iu}, {self.c(d.MT)} : index")
+            u = self.op(f"arith.divui {iu}, {self.c(d.MT)} : index")
+            g = self.op(f"arith.shrui {l5}, {self.c(2)} : index")
+            t = self.op(f"arith.andi {l5}, {self.c(3)} : index")
+            if self.fmt in ("q4_0", "q4_1"):             # 16 q + 4 t
+                koff = self.add(self.mul(q, 16), self.mul(t, 4))
+            else:                                        # 8 t + 4 q
+                koff = self.add(self.mul(t, 8), self.mul(q, 4))
+            step = self.add(self.mul(chunk, d.U), u)
+            k0 = self.add(self.add(self.first, self.mul(step, KSTEP)), koff)
+            r0 = self.minu(self.add(self.mul(i, 16), g), m.M - 1)
+            r1 = self.minu(self.add(self.add(self.mul(i, 16), g), 8), m.M - 1)
+            out.append((e, self.x_vals(r0, k0), self.x_vals(r1, k0)))
+        return out
+
+    def store_chunk_frags(self, raw: list, buf: str) -> None:
+        """Round the loaded x values to the mma type and store each entry's 4 registers
+        (a0 a1 a2 a3: rows g, g + 8 of the first two k, then of the last two) as one 16-byte
+        workgroup store."""
+        for e, top, bot in raw:
+            regs = [self.bits(self.pack(top[0], top[1])), self.bits(self.pack(bot[0], bot[1])),
+                    self.bits(self.pack(top[2], top[3])), self.bits(self.pack(bot[2], bot[3]))]
+            v = self.op(f"vector.from_elements {', '.join(regs)} : vector<4xi32>")
+            self.e.raw(f"vector.store {v}, %xs[{buf}, {e}, {self.c(0)}] "
+                       f"{{alignment = 16 : i64}} : {self.xs_t}, vector<4xi32>")
+
+    def a_regs(self, buf: str, u: int, i: int, q: int) -> list[str]:
+        """The lane's A registers of mma q of m-tile i in K step u of the chunk in ``buf``."""
+        e = self.add(self.lane, ((u * self.d.MT + i) * 2 + q) * 32)
+        v = self.op(f"vector.load %xs[{buf}, {e}, {self.c(0)}] {{alignment = 16 : i64}} : "
+                    f"{self.xs_t}, vector<4xi32>")
+        return [self.word_operand(self.op(f"vector.extract {v}[{r}] : i32 from vector<4xi32>"))
+                for r in range(4)]
+
+    # -- the kernel
+    def kernel(self) -> tuple[str, list[list], list]:
+        m, e, fn, d = self.m, self.e, self.fn, self.d
+        nargs = len(fn.regions[0].blocks[0].arguments)
+        self.cur_acc = None
+        self.se = ArgsSeenEmitter(fn, e.k, [f"%e{i}" for i in range(nargs)],
+                                  provide=self._provide)
+        self.tid = tid = e.op("gpu.thread_id x")
+        warp = e.op(f"arith.divui {tid}, {self.c(32)} : index")
+        self.lane = lane = e.op(f"arith.remui {tid}, {self.c(32)} : index")
+        g = e.op(f"arith.shrui {lane}, {self.c(2)} : index")
+        self.t1 = e.op(f"arith.andi {lane}, {self.c(3)} : index")
+        self.t8 = self.mul(self.t1, 8)
+        self.n0 = self.mul(e.op("gpu.block_id x"), d.BN)
+        wcol = self.mul(warp, 8 * d.NT)
+        nrows = [self.minu(self.add(self.add(self.add(self.n0, wcol), 8 * j), g), m.N - 1)
+                 for j in range(d.NT)]
+        bz = e.op("gpu.block_id z") if d.S > 1 else None
+        self.kfirst = self.mul(bz, self.KTS) if bz else self.c(0)     # in K steps
+        self.first = self.mul(self.kfirst, KSTEP)                      # in k
+        accs = self._k_loop(nrows)
+        x_reads = set(self.se.seen)
+        # accumulator rows and columns (mma C fragment: row g (+8), column 2t (+1))
+        self.em_rows = [self.add(g, 16 * i) for i in range(d.MT)]
+        self.em_cols = [self.add(self.add(wcol, self.mul(self.t1, 2)), 8 * j)
+                        for j in range(d.NT)]
+        self._store(accs, bz)
+        return self._module_text(x_reads)
+
+    def _k_loop(self, nrows: list) -> list:
+        """The block's chunks of U K steps: each iteration issues the chunk's weight loads
+        and the next chunk's x loads, runs the chunk's mma's from the x fragments in
+        workgroup buffer ``c & 1``, stores the next chunk's fragments into the other buffer,
+        then one barrier. Returns the accumulators ``[i][j]`` (4 f32 names each)."""
+        d, e = self.d, self.e
+        C = d.per_block // d.U
+        na = d.MT * d.NT * 4
+        zero = self.c(0.0, "f32")
+        with self.se.scope():
+            self.store_chunk_frags(self.load_chunk(self.c(0)), self.c(0))
+        e.raw("gpu.barrier")
+        names = [e.name() for _ in range(na)]
+        res = e.name()
+        f32s = ", ".join(["f32"] * na)
+        e.raw(f"{res}:{na} = scf.for %kc = {self.c(0)} to {self.c(C)} step {self.c(1)} "
+              f"iter_args({', '.join(f'{n} = {zero}' for n in names)}) -> ({f32s}) {{")
+        with self.se.scope():
+            it = iter(names)
+            accs = [[[next(it) for _ in range(4)] for _ in range(d.NT)] for _ in range(d.MT)]
+            cur = self.op(f"arith.andi %kc, {self.c(1)} : index")
+            nxt = self.op(f"arith.xori {cur}, {self.c(1)} : index")
+            steps = [self.add(self.kfirst, self.add(self.mul("%kc", d.U), u))
+                     for u in range(d.U)]
+            raws = [[self.load_weight(n, s) for n in nrows] for s in steps]
+            kn = self.op(f"arith.minui {self.add('%kc', 1)}, {self.c(C - 1)} : index")
+            xraw = self.load_chunk(kn)
+            for u, raw in enumerate(raws):
+                B = [self.weight_regs(r) for r in raw]          # [j][mma][reg]
+                for i in range(d.MT):
+                    for q in (0, 1):
+                        A = self.a_regs(cur, u, i, q)
+                        accs[i] = [self.mma(A, B[j][q], accs[i][j]) for j in range(d.NT)]
+            self.store_chunk_frags(xraw, nxt)
+            e.raw("gpu.barrier")
+            flat = [a for r in accs for c in r for a in c]
+            e.raw(f"scf.yield {', '.join(flat)} : {f32s}")
+        e.raw("}")
+        it = iter(range(na))
+        return [[[f"{res}#{next(it)}" for _ in range(4)] for _ in range(d.NT)]
+                for _ in range(d.MT)]
+
+    def _store(self, accs: list, bz: str | None) -> None:
+        """Each accumulator to its element of y through the epilogue (split-K: to the
+        partials), guarded by row < M and column < N."""
+        m, e, se, d = self.m, self.e, self.se, self.d
+        op = G.MMA_SYNC
+        part0 = self.mul(bz, m.M * m.N) if bz else None
+        for i in range(d.MT):
+            for j in range(d.NT):
+                for q in range(4):
+                    row = self.add(self.em_rows[i], op.row_off[q])
+                    col = self.add(self.add(self.n0, self.em_cols[j]), op.col_off[q])
+                    conds = []
+                    if m.M % 16 or 16 * (i + 1) > m.M:
+                        conds.append(self.op(f"arith.cmpi ult, {row}, {self.c(m.M)} : index"))
+                    if m.N % d.BN:
+                        conds.append(self.op(f"arith.cmpi ult, {col}, {self.c(m.N)} : index"))
+                    if len(conds) == 2:
+                        conds = [self.op(f"arith.andi {conds[0]}, {conds[1]} : i1")]
+                    if conds:
+                        e.raw(f"scf.if {conds[0]} {{")
+                    v = accs[i][j][q]
+                    if part0 is not None:
+                        at = self.add(part0, self.add(self.mul(row, m.N), col))
+                        e.raw(f"memref.store {v}, %part[{at}] : {self.part_t}")
+                    else:
+                        self.cur_acc = v
+                        with se.scope():
+                            for jj, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
+                                idx = G._coords(se, ot.shape, m.M, m.N, row, col)
+                                se.store(se.value(out, idx), f"%o{jj}", ot, idx)
+                    if conds:
+                        e.raw("}")
+        self.cur_acc = None
+
+    def _module_text(self, x_reads: set[str]) -> tuple[str, list[list], list]:
+        m, e, se, d = self.m, self.e, self.se, self.d
+        ro = " {llvm.noalias, llvm.readonly}"
+        params, slots = kernel_params(self.fn, m, se, x_reads, ro, ("%x", self.xtype),
+                                      [("%w", self.wtype)])
+        consts = list(se.consts)
+        reduce = ""
+        if d.S > 1:                                 # the partials instead of the results
+            n_out = len(m.outs)
+            params, slots = params[:-n_out] + [("%part", self.part_t)], \
+                slots[:-n_out] + [("scratch", 0)]
+            reduce, rslots, rconsts = self.reduce_kernel(len(consts))
+            consts += rconsts
+        sig = ", ".join(f"{a}: {b}" for a, b in params)
+        wg = f" workgroup(%xs: {self.xs_t} {WG_ALIGN})"
+        text = (f"gpu.module @poot_gemm {{\n"
+                f"  gpu.func @gemm({sig}){wg} "
+                f"kernel attributes {{known_block_size = array<i32: {d.T}, 1, 1>}} {{\n"
+                f"{e.k.text()}\n    gpu.return\n  }}\n{reduce}}}\n")
+        return text, [slots] + ([rslots] if reduce else []), consts
+
+
+def takes(m: GemvMatch, caps) -> str | None:
+    """The weight format when this strategy takes match ``m`` on ``caps`` (rows the GEMV
+    leaves to a GEMM, :func:`~.matmul_match.gemm_rows`, up to :data:`MAX_M`; one weight of
+    :data:`FORMATS`; K a multiple of 32; no folded norm; ``mma.sync``), else None."""
+    if G.matrix_op(caps) is not G.MMA_SYNC or G.EMULATE_MMA is not None:
+        return None
+    if m.prologue or len(m.weights) != 1 or m.idx is not None or m.M > MAX_M or \
+            m.K % KSTEP or not gemm_rows(m):
+        return None
+    return fmt_of(m)
+
+
+def gemm_decode(fn: ir.Operation, caps) -> Synthesized | None:
+    """Decode GEMM regions (see the module doc); None for anything else."""
+    if not G._x_without_reductions(fn):
+        return None
+    m = match(fn, gemv_only=False)
+    if m is None:
+        return None
+    fmt = takes(m, caps)
+    if fmt is None:
+        return None
+    cores = max(1, int(getattr(caps, "cores", 1) or 1))
+    d = decode_tiling(m.M, m.N, m.K, cores, m.weight.nbytes)
+    try:
+        text, slots, consts = _DecodeKernel(m, d, fn, fmt).kernel()
+    except ScalarUnsupported:
+        return None
+    launches = [Launch("kernel", slots[0], "poot_gemm", "gemm",
+                       (-(-m.N // d.BN), 1, d.S), (d.T, 1, 1))]
+    if d.S == 1:
+        return Synthesized(text, launches, consts=consts)
+    launches.append(Launch("kernel", slots[1], "poot_gemm", "gemm_reduce",
+                           (-(-m.M * m.N // G.REDUCE_T), 1, 1), (G.REDUCE_T, 1, 1)))
+    return Synthesized(text, launches, consts=consts,
+                       scratch=[(f"memref<{d.S * m.M * m.N}xf32>", d.S * m.M * m.N * 4)])
+
+
+__all__ = ["BLOCKS_PER_CORE", "FORMATS", "KSTEP", "MAX_M", "DecodeTiling", "decode_tiling",
+           "fmt_of", "gemm_decode", "lane_ks", "takes"]
