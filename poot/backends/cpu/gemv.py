@@ -18,7 +18,20 @@ takes the ops :func:`match` fits. The kernel, on tensors (one-shot bufferization
   reduced once per row at the end (``vector.reduction``). A dense K that is not a multiple of
   32 finishes with one masked chunk (padding 0).
 
-Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order.
+Packed weights with x quantized (:attr:`~poot.dialects.lowering.rules.Strategy.dot_bits`) and
+M >= 2 rows of x (batched decode, prefill) take the GEMM tile instead (:func:`gemm_fits`,
+:meth:`_K.tile_gemm`): threads over tiles of L = 8 W rows (16 with 512-bit VNNI), each block's
+L rows decoded once (once per tile when M spans several x-row tiles: a small pack of the
+interleaved weights and row scales) and transposed so that i32 lane j of a dot product is W
+row j; each x row's block words are broadcast to all lanes (one ``vpdpwssd`` / ``vpdpbusd``
+per word with a broadcast memory operand), scaled per block by the vector of the L rows'
+scales, the Q4 min term likewise: one vector<L x f32> accumulator per x row, up to
+:data:`GEMM_M_TILE` x rows a tile; each tile row is prefetched :data:`PREFETCH_BYTES` ahead.
+A row's result is the same in every M >= 2; at M = 1 (the row-streaming tiles) its integer
+block sums are the same but they meet the f32 scales in another order (a few ulps apart).
+
+Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order
+(up to the rounding of x with integer dot products).
 """
 
 from __future__ import annotations
@@ -46,6 +59,16 @@ def intrinsic_declarations(text: str) -> str:
 
 #: packed formats with a vector decoder here (others keep the portable lowering)
 PACKED = ("q4_0", "q4_1", "q8_0")
+#: W rows of one :meth:`_K.tile_gemm` tile: the 8 i32 lanes of a 256-bit dot product
+GEMM_N_TILE = 8
+#: x rows of one :meth:`_K.tile_gemm` tile with AVX-512's 32 vector registers (half with 16)
+GEMM_M_TILE = 8
+#: independent integer accumulators per x row in a block (their dot-product chains overlap)
+GEMM_CHAINS = 2
+#: how far ahead of the block being decoded the GEMM tile prefetches each W row (measured on
+#: a Zen 4: SmolLM2's 49152 x 576 Q8_0 head at M = 8, 1.3x faster than no prefetch; 64 and
+#: 192-512 bytes gained less)
+PREFETCH_BYTES = 128
 CHUNK = 32  # K elements per step: one quant block
 HALF_DTYPES = (DType.F16, DType.BF16)
 
@@ -80,6 +103,40 @@ class Gemv:
         if self.packed:
             return self.wtype.nbytes * self.n // (self.total_rows or self.n)
         return self.n * self.k * self.wtype.dtype.itemsize
+
+
+def gemm_fits(g: "Gemv", s: Strategy) -> bool:
+    """Whether the lane-interleaved integer GEMM (:meth:`_K.tile_gemm`) takes ``g``: packed
+    Q4_0 / Q4_1 (int8 or int16 x) or Q8_0 (int16 x) weights, x quantized (``s.dot_bits``),
+    M >= 2 rows of x, N a multiple of :data:`GEMM_N_TILE`. Decode (M = 1) keeps the
+    row-streaming tiles."""
+    if not g.packed or not s.dot_bits or g.m < 2 or g.n % GEMM_N_TILE:
+        return False
+    fmt = g.wtype.format.name
+    return fmt in ("q4_0", "q4_1") or (fmt == "q8_0" and s.dot_bits == 16)
+
+
+def _unpack_mask(n: int, unit: int, hi: bool) -> list[int]:
+    """``vector.shuffle`` mask interleaving the low (or high) halves of two n-element vectors
+    in runs of ``unit`` elements (x86 ``punpckl*`` / ``punpckh*`` on one 128-bit lane)."""
+    units, h = n // unit, (n // unit) // 2 if hi else 0
+    return [src + (h + i) * unit + e for i in range(units // 2) for src in (0, n)
+            for e in range(unit)]
+
+
+def _transpose_order(n: int) -> list[int]:
+    """Which column each vector :meth:`_K.transpose` returns holds (its stages leave the
+    columns in bit-reversed order), found by running the same shuffles on indices."""
+    import numpy as np
+
+    cur = [np.arange(n * r, n * r + n) for r in range(n)]
+    unit = 1
+    while unit < n:
+        pairs = [(np.concatenate([cur[2 * k], cur[2 * k + 1]])) for k in range(n // 2)]
+        cur = [p[_unpack_mask(n, unit, False)] for p in pairs] + \
+            [p[_unpack_mask(n, unit, True)] for p in pairs]
+        unit *= 2
+    return [int(c[0]) for c in cur]
 
 
 def _weight_source(t: OpInfo | None) -> tuple[str, object] | None:
@@ -143,7 +200,15 @@ class _K:
         # rows, prefill m_tile x rows times what is left. The f32 kernel: one W row.
         self.mt = max(1, min(s.m_tile, g.m))
         nt = 1
-        if self.quant:
+        #: the lane-interleaved GEMM tile (:meth:`tile_gemm`) for M >= 2
+        self.gemm = gemm_fits(g, s)
+        if self.gemm:
+            self.mt = min(g.m, GEMM_M_TILE if s.m_tile >= 4 else GEMM_M_TILE // 2)
+            #: W rows a tile, one an i32 lane: 16 with 512-bit VNNI, else 8
+            self.lanes = 2 * GEMM_N_TILE if s.vnni and s.m_tile >= 4 and \
+                g.n % (2 * GEMM_N_TILE) == 0 else GEMM_N_TILE
+            nt = self.lanes
+        elif self.quant:
             want = s.n_tile if g.m == 1 else max(1, 8 // self.mt)
             nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
         self.nt = nt
@@ -308,10 +373,15 @@ class _K:
         mt = self.mt
 
         def tile(m0: str, rows: int, d: str) -> str:
+            if self.gemm:
+                return self.tile_gemm(wrows[0], m0, rows, d, dest_t, cols[0])
             if self.quant:
                 return self.tile_int(wrows, m0, rows, d, dest_t, cols)
             return self.tile(wrows[0], m0, rows, d, dest_t, cols[0])
 
+        self.pack = None
+        if self.gemm and g.m > mt:  # several x-row tiles: decode the W rows once for all
+            self.pack = self.pack_tile(wrows[0])
         full, rest = divmod(g.m, mt)
         if full == 1:
             dest = tile(self.c(0), mt, dest)
@@ -337,6 +407,9 @@ class _K:
         nb = g.k // CHUNK
         qt = f"i{self.bits}"
         tq, tf = f"tensor<{g.m}x{g.k}x{qt}>", f"tensor<{g.m}x{nb}xf32>"
+        per = CHUNK * self.bits // 32  # i32 words of x per block (the GEMM's layout)
+        if self.gemm:
+            tq = f"tensor<{g.m}x{nb * per}xi32>"
         inits = [em.op(f"tensor.empty() : {t}", "e") for t in (tq, tf, tf)]
         m, res = em.fresh("qm"), em.fresh("xq")
         its = [em.fresh("qi") for _ in inits]
@@ -370,8 +443,13 @@ class _K:
         wide = em.op(f"arith.extsi {qq} : vector<32x{qt}> to vector<32xi32>")
         qsum = em.op(f"vector.reduction <add>, {wide} : vector<32xi32> into i32")
         xs = em.op(f"arith.mulf {em.op(f'arith.sitofp {qsum} : i32 to f32')}, {dx} : f32")
-        n0 = em.op(f"vector.transfer_write {qq}, {its2[0]}[{m}, {k}] {{in_bounds = [true]}} : "
-                   f"vector<32x{qt}>, {tq}")
+        if self.gemm:  # as i32 words, each broadcast to all lanes of a dot product
+            words = em.op(f"vector.bitcast {qq} : vector<32x{qt}> to vector<{per}xi32>")
+            n0 = em.op(f"vector.transfer_write {words}, {its2[0]}[{m}, {self.mul(b, per)}] "
+                       f"{{in_bounds = [true]}} : vector<{per}xi32>, {tq}")
+        else:
+            n0 = em.op(f"vector.transfer_write {qq}, {its2[0]}[{m}, {k}] {{in_bounds = [true]}} : "
+                       f"vector<32x{qt}>, {tq}")
         n1 = em.op(f"tensor.insert {dx} into {its2[1]}[{m}, {b}] : {tf}")
         n2 = em.op(f"tensor.insert {xs} into {its2[2]}[{m}, {b}] : {tf}")
         em.line(f"scf.yield {n0}, {n1}, {n2} : {tq}, {tf}, {tf}")
@@ -536,10 +614,258 @@ class _K:
             dest = em.op(f"tensor.insert {r} into {dest}[{xrows[i]}, {cols[j]}] : {dest_t}")
         return dest
 
+    # ---- the lane-interleaved GEMM tile (M >= 2): lane j of a dot product is W row j ----
+    def shuffle(self, a: str, b: str, mask: list[int], ty: str) -> str:
+        return self.em.op(f"vector.shuffle {a}, {b} [{', '.join(map(str, mask))}] : {ty}, {ty}")
+
+    def transpose(self, rows: list[str], ty: str) -> list[str]:
+        """The columns of the square matrix whose rows are ``rows`` (n vectors ``ty`` of n
+        elements): log2(n) stages of ``punpckl/h`` shuffles in doubling runs."""
+        n, cur, unit = len(rows), rows, 1
+        while unit < n:
+            pairs = [(cur[2 * k], cur[2 * k + 1]) for k in range(n // 2)]
+            cur = [self.shuffle(a, b, _unpack_mask(n, unit, hi), ty)
+                   for hi in (False, True) for a, b in pairs]
+            unit *= 2
+        out = [""] * n
+        for v, col in zip(cur, _transpose_order(n)):
+            out[col] = v
+        return out
+
+    def _tile_scales(self, offs: list[str]) -> tuple[str, str | None]:
+        """The tile's W rows' block scales at byte offsets ``offs`` as vector<L x f32>: (d, m) with
+        m the Q4_1 min, ``-8 d`` for Q4_0, None for Q8_0."""
+        em, fmt, n = self.em, self.g.wtype.format, len(offs)
+        nsc = 2 if fmt.name == "q4_1" else 1
+        parts: list[list[str]] = [[] for _ in range(nsc)]
+        for off in offs:
+            raw = self.read_bytes(off, 2 * nsc)
+            h = em.op(f"vector.bitcast {raw} : vector<{2 * nsc}xi8> to vector<{nsc}xf16>")
+            for i in range(nsc):
+                parts[i].append(em.op(f"vector.extract {h}[{i}] : f16 from vector<{nsc}xf16>"))
+        vecs = []
+        for p in parts:
+            h = em.op(f"vector.from_elements {', '.join(p)} : vector<{n}xf16>")
+            vecs.append(em.op(f"arith.extf {h} : vector<{n}xf16> to vector<{n}xf32>"))
+        if fmt.name == "q4_0":
+            vecs.append(em.op(f"arith.mulf {vecs[0]}, {self.splat(-8.0, 'f32', n)} : "
+                              f"vector<{n}xf32>"))
+        return vecs[0], vecs[1] if len(vecs) > 1 else None
+
+    def concat(self, vs: list[str], n: int, ety: str) -> str:
+        """The vectors ``vs`` (each ``n`` elements of ``ety``) end to end, by shuffles."""
+        while len(vs) > 1:
+            ty = f"vector<{n}x{ety}>"
+            vs = [self.shuffle(vs[i], vs[i + 1], list(range(2 * n)), ty)
+                  for i in range(0, len(vs), 2)]
+            n *= 2
+        return vs[0]
+
+    def _tile_weights(self, offs: list[str]) -> list[tuple[int, str]]:
+        """The tile's W rows' (one a lane, L = ``len(offs)``) integer weights of one block,
+        interleaved by row: (i32 word w of the x block, vector) pairs whose lane j holds row
+        j's weights of that word's x elements (int16 x: two, as vector<2L x i16>; int8 x:
+        four, as vector<4L x i8>). Transposed in groups of 8 rows (int16: 8 x 8 16-bit
+        words) or 4 (int8: 4 x 4 32-bit words), the groups' columns then concatenated."""
+        em, fmt, lanes = self.em, self.g.wtype.format, len(offs)
+        v16i8 = "vector<16xi8>"
+        qs = 2 if fmt.name in ("q4_0", "q8_0") else 4
+        out = []
+        if self.bits == 16:
+            nb = 2 * lanes  # bytes of a column: 2 a row
+            for h in (0, 16) if fmt.name == "q8_0" else (0,):
+                rows = [em.op(f"vector.bitcast {self.read_bytes(self.add(o, qs + h), 16)} : "
+                              f"{v16i8} to vector<8xi16>") for o in offs]
+                groups = [self.transpose(rows[i:i + 8], "vector<8xi16>")
+                          for i in range(0, lanes, 8)]
+                for p in range(8):
+                    col = self.concat([gr[p] for gr in groups], 8, "i16")
+                    b = em.op(f"vector.bitcast {col} : vector<{lanes}xi16> to vector<{nb}xi8>")
+                    if fmt.name == "q8_0":
+                        out.append((h // 2 + p, em.op(f"arith.extsi {b} : vector<{nb}xi8> to "
+                                                      f"vector<{nb}xi16>")))
+                        continue
+                    for w, nib in ((p, self._lo(b, nb)), (8 + p, self._hi(b, nb))):
+                        out.append((w, em.op(f"arith.extui {nib} : vector<{nb}xi8> to "
+                                             f"vector<{nb}xi16>")))
+            return out
+        # int8 x (Q4 only): 4 words of 4 nibble pairs per row
+        rows = [em.op(f"vector.bitcast {self.read_bytes(self.add(o, qs), 16)} : {v16i8} to "
+                      f"vector<4xi32>") for o in offs]
+        groups = [self.transpose(rows[i:i + 4], "vector<4xi32>") for i in range(0, lanes, 4)]
+        for q in range(4):
+            col = self.concat([gr[q] for gr in groups], 4, "i32")
+            b = em.op(f"vector.bitcast {col} : vector<{lanes}xi32> to vector<{4 * lanes}xi8>")
+            out += [(q, self._lo(b, 4 * lanes)), (4 + q, self._hi(b, 4 * lanes))]
+        return out
+
+    def _lo(self, v: str, n: int) -> str:
+        return self.em.op(f"arith.andi {v}, {self.splat(15, 'i8', n)} : vector<{n}xi8>")
+
+    def _hi(self, v: str, n: int) -> str:
+        return self.em.op(f"arith.shrui {v}, {self.splat(4, 'i8', n)} : vector<{n}xi8>")
+
+    def _wtype(self) -> str:
+        """The type of one interleaved weight vector of the GEMM tile."""
+        n = self.lanes
+        return f"vector<{2 * n}xi16>" if self.bits == 16 else f"vector<{4 * n}xi8>"
+
+    def _dot_acc(self, acc: str, w: str, xw: str) -> str:
+        """``acc + `` the dot products of the interleaved weights ``w`` with the x word
+        ``xw`` (i32) broadcast to every lane (vector<L x i32>, L = 8: 256-bit instructions,
+        16: 512-bit, VNNI only)."""
+        em, n = self.em, self.lanes
+        vi, ty = f"vector<{n}xi32>", self._wtype()
+        xb = em.op(f"vector.broadcast {xw} : i32 to {vi}")
+        x = em.op(f"vector.bitcast {xb} : {vi} to {ty}")
+        if self.s.vnni:
+            name = "vpdpwssd" if self.bits == 16 else "vpdpbusd"
+            return self._intr(f"llvm.x86.avx512.{name}.{32 * n}", [acc, w, x],
+                              f"{vi}, {ty}, {ty}", vi)
+        if self.bits == 16:
+            p = self._intr("llvm.x86.avx2.pmadd.wd", [w, x], f"{ty}, {ty}", vi)
+        else:
+            p16 = self._intr("llvm.x86.avx2.pmadd.ub.sw", [w, x], f"{ty}, {ty}", "vector<16xi16>")
+            p = self._intr("llvm.x86.avx2.pmadd.wd", [p16, self.splat(1, "i16", 16)],
+                           "vector<16xi16>, vector<16xi16>", vi)
+        return em.op(f"arith.addi {acc}, {p} : {vi}")
+
+    def _tile_block(self, row0: str, b: str) -> tuple[str, str | None, list[tuple[int, str]]]:
+        """Block ``b`` of the 8 W rows from ``row0``: (scales d, min term m or None, the
+        interleaved weights as (x word, vector) pairs), decoded here or read from the tile's
+        pack (:meth:`pack_tile`)."""
+        g, em, fmt = self.g, self.em, self.g.wtype.format
+        if self.pack is None:
+            row_bytes = g.k // CHUNK * fmt.block_bytes
+            boff = self.mul(b, fmt.block_bytes)
+            offs = [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
+                    for j in range(self.lanes)]
+            self._prefetch(offs)
+            dw, mw = self._tile_scales(offs)
+            return dw, mw, self._tile_weights(offs)
+        wp, words, scales = self.pack
+        n, ty = self.lanes, self._wtype()
+        pad_i, pad_f = em.const(0, "i32"), em.const(0.0, "f32")
+        sc = [em.op(f"vector.transfer_read {t}[{b}, {self.c(0)}], {pad_f} {{in_bounds = [true]}}"
+                    f" : tensor<{g.k // CHUNK}x{n}xf32>, vector<{n}xf32>") for t in scales]
+        base = self.mul(b, len(words))
+        ws = []
+        for t, word in enumerate(words):
+            v = em.op(f"vector.transfer_read {wp}[{self.add(base, t)}, {self.c(0)}], {pad_i} "
+                      f"{{in_bounds = [true]}} : {self.pack_t}, vector<{n}xi32>")
+            ws.append((word, em.op(f"vector.bitcast {v} : vector<{n}xi32> to {ty}")))
+        return sc[0], sc[1] if len(sc) > 1 else None, ws
+
+    def _prefetch(self, offs: list[str]) -> None:
+        """Software prefetch of each tile row ``PREFETCH_BYTES`` ahead of the block being
+        decoded (byte offsets ``offs``, clamped to W): the L rows are L interleaved streams,
+        more than the hardware prefetcher follows, so a weight read from DRAM would stall
+        every block."""
+        if self.wmem is None:
+            return
+        g, em = self.g, self.em
+        last = self.c(g.wtype.nbytes - 1)
+        for off in offs:
+            p = self.idx(f"arith.minui {self.add(off, PREFETCH_BYTES)}, {last}")
+            em.line(f"memref.prefetch {self.wmem}[{p}], read, locality<3>, data : "
+                    f"memref<{g.wtype.nbytes}xi8>")
+
+    def pack_tile(self, row0: str) -> tuple[str, list[int], list[str]]:
+        """The 8 W rows from ``row0`` decoded once, for all x-row tiles: (interleaved
+        weights tensor<(NB * words)x8xi32>, the x word of each, the scale tensors
+        tensor<NBx8xf32> (d, and the min term's m unless Q8_0))."""
+        g, em = self.g, self.em
+        nb, n = g.k // CHUNK, self.lanes
+        self.pack = None
+        words = 16 if self.bits == 16 else 8  # interleaved vectors per block
+        self.pack_t = f"tensor<{nb * words}x{n}xi32>"
+        st = f"tensor<{nb}x{n}xf32>"
+        nsc = 1 if g.wtype.format.name == "q8_0" else 2
+        types = [self.pack_t] + [st] * nsc
+        inits = [em.op(f"tensor.empty() : {t}", "e") for t in types]
+        b, res = em.fresh("pb"), em.fresh("pack")
+        its = [em.fresh("pk") for _ in inits]
+        em.line(f"{res}:{len(its)} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({', '.join(f'{a} = {z}' for a, z in zip(its, inits))}) -> "
+                f"({', '.join(types)}) {{")
+        em.depth += 1
+        dw, mw, ws = self._tile_block(row0, b)
+        base = self.mul(b, words)
+        new = its[0]
+        for t, (_, w) in enumerate(ws):
+            v = em.op(f"vector.bitcast {w} : {self._wtype()} to vector<{n}xi32>")
+            new = em.op(f"vector.transfer_write {v}, {new}[{self.add(base, t)}, {self.c(0)}] "
+                        f"{{in_bounds = [true]}} : vector<{n}xi32>, {self.pack_t}")
+        out = [new] + [em.op(f"vector.transfer_write {v}, {it}[{b}, {self.c(0)}] "
+                             f"{{in_bounds = [true]}} : vector<{n}xf32>, {st}")
+                       for v, it in zip([dw, mw][:nsc], its[1:])]
+        em.line(f"scf.yield {', '.join(out)} : {', '.join(types)}")
+        em.depth -= 1
+        em.line("}")
+        return f"{res}#0", [w for w, _ in ws], [f"{res}#{i + 1}" for i in range(nsc)]
+
+    def tile_gemm(self, row0: str, m0: str, rows: int, dest: str, dest_t: str,
+                  col0: str) -> str:
+        """Rows ``m0 .. m0 + rows`` of the quantized x against the L = ``self.lanes`` W rows
+        from ``row0``: per block, the L rows' weights (decoded here, or read from the tile's
+        pack) are interleaved so that lane j of an integer dot product is W row j, and each
+        x row's words are broadcast to all lanes: one accumulator vector<L x f32> per x row
+        (its integer sums split over :data:`GEMM_CHAINS` chains that overlap), the scales
+        applied per block as vectors of the L rows' scales (the Q4 min term the same way).
+        Writes the sums to ``dest[m0 + i, col0 : col0 + L]``."""
+        g, em = self.g, self.em
+        nb = g.k // CHUNK
+        v8, vi = f"vector<{self.lanes}xf32>", f"vector<{self.lanes}xi32>"
+        per = CHUNK * self.bits // 32
+        xrows = [self.add(m0, i) for i in range(rows)]
+        zero = em.op(f"arith.constant dense<0.0> : {v8}", "cv")
+        zero_i = em.op(f"arith.constant dense<0> : {vi}", "cv")
+        b, res = em.fresh("b"), em.fresh("kl")
+        its = [em.fresh("acc") for _ in xrows]
+        em.line(f"{res}:{rows} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({', '.join(f'{a} = {zero}' for a in its)}) -> "
+                f"({', '.join([v8] * rows)}) {{")
+        em.depth += 1
+        dw, mw, ws = self._tile_block(row0, b)
+        chains = GEMM_CHAINS
+        dots = [[zero_i] * chains for _ in range(rows)]
+        xbase = self.mul(b, per)
+        for t, (word, w) in enumerate(ws):
+            col = self.add(xbase, word)
+            for i, xr in enumerate(xrows):
+                xw = em.op(f"tensor.extract {self.xq}[{xr}, {col}] : {self.tq}")
+                dots[i][t % chains] = self._dot_acc(dots[i][t % chains], w, xw)
+        new = []
+        for i, xr in enumerate(xrows):
+            d = dots[i][0]
+            for e in dots[i][1:]:
+                d = em.op(f"arith.addi {d}, {e} : {vi}")
+            fd = em.op(f"arith.sitofp {d} : {vi} to {v8}")
+            dx = em.op(f"tensor.extract {self.xd}[{xr}, {b}] : {self.tf}")
+            sc = em.op(f"arith.mulf {dw}, {em.op(f'vector.broadcast {dx} : f32 to {v8}')} : {v8}")
+            acc = em.op(f"math.fma {fd}, {sc}, {its[i]} : {v8}")
+            if mw is not None:
+                sx = em.op(f"tensor.extract {self.xs}[{xr}, {b}] : {self.tf}")
+                sxv = em.op(f"vector.broadcast {sx} : f32 to {v8}")
+                acc = em.op(f"math.fma {mw}, {sxv}, {acc} : {v8}")
+            new.append(acc)
+        em.line(f"scf.yield {', '.join(new)} : {', '.join([v8] * rows)}")
+        em.depth -= 1
+        em.line("}")
+        for i, xr in enumerate(xrows):
+            dest = em.op(f"vector.transfer_write {res}#{i}, {dest}[{xr}, {col0}] "
+                         f"{{in_bounds = [true]}} : {v8}, {dest_t}")
+        return dest
+
     def emit(self) -> str:
         em, g = self.em, self.g
         if self.quant:
             self.quantize_x()
+        self.wmem = None
+        if self.gemm:  # W as a buffer, for the prefetches (:meth:`_prefetch`)
+            nbytes = g.wtype.nbytes
+            self.wmem = em.op(f"bufferization.to_buffer {g.w} read_only : tensor<{nbytes}xi8> "
+                              f"to memref<{nbytes}xi8>")
         nt = self.nt
         out_t = f"tensor<{g.m}x{g.n}xf32>"
         init = em.op(f"tensor.empty() : {out_t}", "e")
@@ -636,5 +962,6 @@ class GemvKernels:
 KERNELS = GemvKernels()
 
 
-__all__ = ["Gemv", "GemvKernels", "INTRINSICS", "INTRINSIC_PREFIX", "KERNELS", "PACKED", "emit",
-           "emit_indexed", "intrinsic_declarations", "match"]
+__all__ = ["GEMM_M_TILE", "GEMM_N_TILE", "Gemv", "GemvKernels", "INTRINSICS", "INTRINSIC_PREFIX",
+           "KERNELS", "PACKED", "emit", "emit_indexed", "gemm_fits", "intrinsic_declarations",
+           "match"]
