@@ -8,9 +8,10 @@ with 512-bit VNNI and N = 48 here, else 8), the row-streaming tiles otherwise (N
 weights the f32 row-streaming kernel. One compile per
 (format, precision, instruction set) holds a matmul for each M, all against the same weight,
 the x of each M the first M rows of one x: each row's result is also bitwise the same in
-every M >= 2 (rows in a batch of any size, or in any tile position, get the same sums). A
-row alone (M = 1, packed weights at int16 / int8: the row-streaming GEMV) agrees with the
-oracle to the same bound but not bitwise: its f32 sums are ordered differently.
+every M, M = 1 included (a row alone, in a batch of any size, or in any tile position gets
+the same sums: the engine's batch invariance). Where the GEMM tile takes M >= 2, M = 1 takes
+the lane-order GEMV (:meth:`poot.backends.cpu.gemv._K.tile_lanes`), which applies the block
+scales in the GEMM's order.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def _check(kind: str, bits: int, vnni: bool, cores: int = 2):
     for name, w in want.items():
         err = float(np.abs(got[name] - w).max())
         assert err <= TOL[bits] * float(np.abs(w).max()), f"{name}: max error {err}"
-    for m in MS[1:]:  # a row's result does not depend on the batch (M >= 2) it is in
+    for m in MS:  # a row's result does not depend on the batch it is in, alone (M = 1) or not
         for n in NS:
             np.testing.assert_array_equal(got[f"y{m}_{n}"], got[f"y{max(MS)}_{n}"][:m],
                                           err_msg=f"M = {m}, N = {n}")
@@ -128,3 +129,34 @@ def test_avx2_and_vnni_gemm_agree(bits):
 def test_dense_matmul_matches_oracle(kind):
     """Dense weights (f32 x, f32 accumulation), every M."""
     _check(kind, 0, False)
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_indexed_slabs_take_the_lane_order_gemv(kind):
+    """``poot.indexed_matmul`` (a MoE layer's experts): each row runs the M = 1 kernel on
+    its slab at the slab's first W row; with 48-row slabs that is the lane-order GEMV, whose
+    rows, scales and prefetches are offset by the slab. Within the int16 bound of the oracle;
+    each row equals the same row of a plain matmul against its slab, bitwise."""
+    rng = np.random.default_rng(3)
+    e, o, t = 3, NS[0], 5
+    wt2, raw = _weight(kind, e * o, rng)
+    wt = PackedType(wt2.format, (e, o, K))
+    b = Builder(LIMITS)
+    x = b.input("x", TensorType((t, K), DType.F32))
+    idx = b.input("idx", TensorType((t,), DType.I32))
+    w2 = b.transpose(b.dequantize(b.param("w2", wt2)), (1, 0))
+    outs = {"y": b.indexed_matmul(x, b.dequantize(b.param("w", wt)), idx),
+            "full": b.matmul(x, w2)}
+    g = b.finish(outs)
+    strategy = Strategy(kernels=KERNELS, cores=2, m_tile=4, parallel_min_bytes=0, dot_bits=16,
+                        vnni=HAS_VNNI)
+    prog = compile_cpu(g, strategy=strategy)
+    inputs = {"x": rng.normal(size=(t, K)).astype(np.float32),
+              "idx": np.array([2, 0, 2, 1, 0], np.int32)}
+    params = {"w": raw, "w2": raw}
+    got = prog.run(inputs, params)
+    want = oracle.evaluate(g, inputs, params)
+    assert np.abs(got["y"] - want["y"]).max() <= TOL[16] * np.abs(want["y"]).max()
+    for r, s in enumerate(inputs["idx"]):
+        np.testing.assert_array_equal(got["y"][r], got["full"][r, s * o:(s + 1) * o],
+                                      err_msg=f"row {r}")

@@ -27,8 +27,14 @@ row j; each x row's block words are broadcast to all lanes (one ``vpdpwssd`` / `
 per word with a broadcast memory operand), scaled per block by the vector of the L rows'
 scales, the Q4 min term likewise: one vector<L x f32> accumulator per x row, up to
 :data:`GEMM_M_TILE` x rows a tile; each tile row is prefetched :data:`PREFETCH_BYTES` ahead.
-A row's result is the same in every M >= 2; at M = 1 (the row-streaming tiles) its integer
-block sums are the same but they meet the f32 scales in another order (a few ulps apart).
+Decode (M = 1) with the same formats and N takes the lane-order GEMV (:func:`lane_order`,
+:meth:`_K.tile_lanes`): x stays in registers, each W row's integer dot products (two Q4 rows
+a 512-bit ``vpdpwssd`` / ``vpdpbusd`` with VNNI, x repeated in both halves) are summed
+across lanes by shuffles and adds (:meth:`_K.hsum`: exact, integers) into one vector whose
+lane j is W row j's block sum, which meets the rows' scale vectors in the GEMM tile's two
+FMAs; the tiles ahead are prefetched as one forward stream. So a row's result is bitwise the
+same at every M, alone or in a batch of any size (the engine's batch invariance): the integer
+sums are exact, and the f32 operations per (x row, W row) and their order are the same.
 
 Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order
 (up to the rounding of x with integer dot products).
@@ -65,6 +71,11 @@ GEMM_N_TILE = 8
 GEMM_M_TILE = 8
 #: independent integer accumulators per x row in a block (their dot-product chains overlap)
 GEMM_CHAINS = 2
+#: W rows of one :meth:`_K.tile_lanes` tile (M = 1): one i32 lane of a 256-bit vector each
+GEMV_LANES = 8
+#: how many tiles ahead :meth:`_K.tile_lanes` prefetches W (measured on a Zen 4, a 35 MB
+#: Q4_1 GEMV on one thread: 1 tile 13.7 GB/s, 2 14.4, 4 14.2; the row-streaming tile 13.8)
+GEMV_PREFETCH_TILES = 2
 #: how far ahead of the block being decoded the GEMM tile prefetches each W row (measured on
 #: a Zen 4: SmolLM2's 49152 x 576 Q8_0 head at M = 8, 1.3x faster than no prefetch; 64 and
 #: 192-512 bytes gained less)
@@ -105,15 +116,22 @@ class Gemv:
         return self.n * self.k * self.wtype.dtype.itemsize
 
 
-def gemm_fits(g: "Gemv", s: Strategy) -> bool:
-    """Whether the lane-interleaved integer GEMM (:meth:`_K.tile_gemm`) takes ``g``: packed
-    Q4_0 / Q4_1 (int8 or int16 x) or Q8_0 (int16 x) weights, x quantized (``s.dot_bits``),
-    M >= 2 rows of x, N a multiple of :data:`GEMM_N_TILE`. Decode (M = 1) keeps the
-    row-streaming tiles."""
-    if not g.packed or not s.dot_bits or g.m < 2 or g.n % GEMM_N_TILE:
+def lane_order(g: "Gemv", s: Strategy) -> bool:
+    """Whether ``g`` is summed in lane order, one i32 / f32 vector lane a W row: packed Q4_0 /
+    Q4_1 (int8 or int16 x) or Q8_0 (int16 x) weights, x quantized (``s.dot_bits``), N a
+    multiple of :data:`GEMM_N_TILE`. At M >= 2 the GEMM tile (:meth:`_K.tile_gemm`), at
+    M = 1 the lane-order GEMV (:meth:`_K.tile_lanes`): the same f32 operations per
+    (x row, W row), so a row's result does not depend on M."""
+    if not g.packed or not s.dot_bits or g.n % GEMM_N_TILE:
         return False
     fmt = g.wtype.format.name
     return fmt in ("q4_0", "q4_1") or (fmt == "q8_0" and s.dot_bits == 16)
+
+
+def gemm_fits(g: "Gemv", s: Strategy) -> bool:
+    """Whether the lane-interleaved integer GEMM (:meth:`_K.tile_gemm`) takes ``g``: M >= 2
+    rows of x summed in :func:`lane_order`. Decode (M = 1) takes the lane-order GEMV."""
+    return g.m >= 2 and lane_order(g, s)
 
 
 def _unpack_mask(n: int, unit: int, hi: bool) -> list[int]:
@@ -137,6 +155,42 @@ def _transpose_order(n: int) -> list[int]:
             [p[_unpack_mask(n, unit, True)] for p in pairs]
         unit *= 2
     return [int(c[0]) for c in cur]
+
+
+def _hsum_masks(count: int, width: int) -> list[tuple[list[int], list[int]]]:
+    """The (lo, hi) ``vector.shuffle`` masks of each stage of :meth:`_K.hsum` on ``count``
+    vectors of ``width`` i32 lanes: the first two stages in-lane (each 128-bit lane of the
+    result: the evens, then the odds, of that lane of the pair's two vectors), the rest
+    across 128-bit lanes (the evens, then the odds, of the pair's 128-bit lanes)."""
+    out, chunks = [], width // 4
+    for stage in range(count.bit_length() - 1):
+        if stage < 2:
+            lo = [v * width + 4 * c + e for c in range(chunks) for v in (0, 1) for e in (0, 2)]
+            hi = [i + 1 for i in lo]
+        else:
+            lo = [v * width + 4 * c + e for v in (0, 1) for c in range(0, chunks, 2)
+                  for e in range(4)]
+            hi = [i + 4 for i in lo]
+        out.append((lo, hi))
+    return out
+
+
+def _hsum_rows(count: int, width: int, rows: int) -> list[int]:
+    """Which row each output lane of :meth:`_K.hsum` sums, on ``count`` vectors of ``width``
+    lanes with ``rows`` rows a vector (row ``rows * v + i`` in lanes ``i * width / rows``
+    onwards of vector v), found by running its stages on row numbers; raises AssertionError
+    where an output lane would mix rows or miss lanes."""
+    per = width // rows
+    vecs = [[[(rows * v + lane // per, v, lane)] for lane in range(width)]
+            for v in range(count)]
+    for lo, hi in _hsum_masks(count, width):
+        vecs = [[(a + b)[i] + (a + b)[j] for i, j in zip(lo, hi)]
+                for a, b in zip(vecs[::2], vecs[1::2])]
+    (out,) = vecs
+    got = [{r for r, _, _ in lane} for lane in out]
+    assert all(len(g) == 1 for g in got) and all(len(lane) == per for lane in out), \
+        "hsum mixes rows"
+    return [next(iter(g)) for g in got]
 
 
 def _weight_source(t: OpInfo | None) -> tuple[str, object] | None:
@@ -202,12 +256,18 @@ class _K:
         nt = 1
         #: the lane-interleaved GEMM tile (:meth:`tile_gemm`) for M >= 2
         self.gemm = gemm_fits(g, s)
+        #: the lane-order GEMV (:meth:`tile_lanes`) for M = 1, rounding as the GEMM tile
+        self.lane_gemv = g.m == 1 and lane_order(g, s)
         if self.gemm:
             self.mt = min(g.m, GEMM_M_TILE if s.m_tile >= 4 else GEMM_M_TILE // 2)
             #: W rows a tile, one an i32 lane: 16 with 512-bit VNNI, else 8
             self.lanes = 2 * GEMM_N_TILE if s.vnni and s.m_tile >= 4 and \
                 g.n % (2 * GEMM_N_TILE) == 0 else GEMM_N_TILE
             nt = self.lanes
+        elif g.m == 1 and lane_order(g, s):
+            #: W rows a tile, one a lane: 16 for Q4 with 512-bit VNNI, else 8
+            self.lanes = nt = 2 * GEMV_LANES if s.vnni and s.m_tile >= 4 and \
+                g.n % (2 * GEMV_LANES) == 0 and g.wtype.format.name != "q8_0" else GEMV_LANES
         elif self.quant:
             want = s.n_tile if g.m == 1 else max(1, 8 // self.mt)
             nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
@@ -375,6 +435,8 @@ class _K:
         def tile(m0: str, rows: int, d: str) -> str:
             if self.gemm:
                 return self.tile_gemm(wrows[0], m0, rows, d, dest_t, cols[0])
+            if self.lane_gemv:
+                return self.tile_lanes(wrows[0], d, dest_t, cols[0])
             if self.quant:
                 return self.tile_int(wrows, m0, rows, d, dest_t, cols)
             return self.tile(wrows[0], m0, rows, d, dest_t, cols[0])
@@ -857,12 +919,146 @@ class _K:
                          f"{{in_bounds = [true]}} : {v8}, {dest_t}")
         return dest
 
+    # ---- the lane-order GEMV (M = 1): the GEMM tile's f32 operations, x in registers ----
+    def hsum(self, parts: list[str], width: int) -> str:
+        """The lanes of ``parts`` (vector<width x i32> each, a power of two of them) summed
+        pairwise, stage by stage, into one vector<width x i32>: two stages of in-lane sums
+        (evens plus odds of each 128-bit lane of a pair, ``vphaddd``'s order), then stages
+        across 128-bit lanes (evens plus odds of the pair's 128-bit lanes). Which row each
+        output lane sums: :func:`_hsum_rows`. Exact (integers)."""
+        vi = f"vector<{width}xi32>"
+        for lo, hi in _hsum_masks(len(parts), width):
+            parts = [self.em.op(f"arith.addi {self.shuffle(a, b, lo, vi)}, "
+                                f"{self.shuffle(a, b, hi, vi)} : {vi}")
+                     for a, b in zip(parts[::2], parts[1::2])]
+        return parts[0]
+
+    def _lane_layout(self) -> tuple[int, int]:
+        """(i32 lanes, W rows) of one vector of :meth:`_lane_parts`."""
+        return (8, 1) if self.lanes == 8 else (16, 2)
+
+    def _lane_parts(self, offs: list[str], xq) -> list[str]:
+        """Each W row's (block at byte ``offs[r]``) integer dot products with the x block
+        ``xq`` (:meth:`_x_int`), as vectors for :meth:`hsum` (:meth:`_lane_layout`: vector
+        v holds row ``rows * v + i`` in lanes ``i * width / rows`` onwards): 256-bit (8
+        lanes, one row each: :meth:`_dot`) unless 16 lanes (Q4): then 512-bit dot products
+        (VNNI), two rows a vector (their nibbles side by side, x repeated)."""
+        em, fmt = self.em, self.g.wtype.format
+        if self.lanes == 8:
+            return [self._dot(self._weights_int(o)[2], xq) for o in offs]
+        v32, zero = "vector<32xi8>", em.op("arith.constant dense<0> : vector<16xi32>", "cv")
+        twice = list(range(32)) * 2 if self.bits == 8 else list(range(16)) * 2
+        qs = 2 if fmt.name == "q4_0" else 4
+        if self.bits == 16:
+            xs = [self.shuffle(h, h, twice, "vector<16xi16>") for h in xq]
+        else:
+            xs = [self.shuffle(xq, xq, twice, v32)]
+        out = []
+        for o0, o1 in zip(offs[::2], offs[1::2]):
+            q = self.shuffle(self.read_bytes(self.add(o0, qs), 16),
+                             self.read_bytes(self.add(o1, qs), 16), list(range(32)),
+                             "vector<16xi8>")
+            nibs = [self._lo(q, 32), self._hi(q, 32)]
+            acc = zero
+            if self.bits == 16:
+                for nib, x in zip(nibs, xs):
+                    w = em.op(f"arith.extui {nib} : {v32} to vector<32xi16>")
+                    acc = self._intr("llvm.x86.avx512.vpdpwssd.512", [acc, w, x],
+                                     "vector<16xi32>, vector<32xi16>, vector<32xi16>",
+                                     "vector<16xi32>")
+            else:  # row 0's low and high nibbles, then row 1's: x's order, twice
+                w = self.shuffle(nibs[0], nibs[1], [*range(16), *range(32, 48), *range(16, 32),
+                                                    *range(48, 64)], v32)
+                acc = self._intr("llvm.x86.avx512.vpdpbusd.512", [acc, w, xs[0]],
+                                 "vector<16xi32>, vector<64xi8>, vector<64xi8>",
+                                 "vector<16xi32>")
+            out.append(acc)
+        return out
+
+    def _prefetch_rows(self, row0: str) -> None:
+        """Software prefetch of the first 64-byte line of each of the tile's W rows, before
+        its K loop: the first tiles a thread takes were not prefetched ahead
+        (:meth:`_prefetch_ahead`), and their L interleaved streams would each stall on
+        their first line (SmolLM2's decode step, one thread: 9.0 -> 8.8 ms)."""
+        g, fmt = self.g, self.g.wtype.format
+        row_bytes = g.k // CHUNK * fmt.block_bytes
+        self._prefetch_at([self.mul(self.wrow(self.add(row0, j)), row_bytes)
+                           for j in range(self.lanes)])
+
+    def _prefetch_at(self, offs: list[str]) -> None:
+        """``memref.prefetch`` of W's bytes at ``offs`` (clamped to W)."""
+        g, em = self.g, self.em
+        last = self.c(g.wtype.nbytes - 1)
+        for off in offs:
+            p = self.idx(f"arith.minui {off}, {last}")
+            em.line(f"memref.prefetch {self.wmem}[{p}], read, locality<3>, data : "
+                    f"memref<{g.wtype.nbytes}xi8>")
+
+    def _prefetch_ahead(self, row0: str, b: str) -> None:
+        """Software prefetch, at block ``b`` of the tile of W rows from ``row0``, of the
+        block's share of the tile :data:`GEMV_PREFETCH_TILES` ahead (its bytes are one
+        contiguous run: the tile's L rows), in 64-byte lines, clamped to W: one forward
+        stream, where the tile itself reads L interleaved ones."""
+        g, em, fmt = self.g, self.em, self.g.wtype.format
+        nb = g.k // CHUNK
+        row_bytes = nb * fmt.block_bytes
+        tile_bytes = self.lanes * row_bytes
+        lines = -(-tile_bytes // (nb * 64))
+        base = self.add(self.mul(self.wrow(row0), row_bytes), tile_bytes * GEMV_PREFETCH_TILES)
+        base = self.add(base, self.mul(b, 64 * lines))
+        self._prefetch_at([self.add(base, 64 * i) for i in range(lines)])
+
+    def tile_lanes(self, row0: str, dest: str, dest_t: str, col0: str) -> str:
+        """The one x row against the L = ``self.lanes`` W rows from ``row0`` (M = 1), in the
+        GEMM tile's lane order: per block, each W row's integer dot products with x in
+        registers (:meth:`_lane_parts`), summed across lanes into one vector<L x i32> (lane
+        j: W row j's block sum, :meth:`hsum`), then the same f32 operations as
+        :meth:`tile_gemm` on the vectors of the rows' scales (so each (x row, W row) result
+        rounds as in the GEMM tile: the same at every M). W is prefetched
+        :data:`GEMV_PREFETCH_TILES` tiles ahead (:meth:`_prefetch_ahead`), each row's first
+        line before the K loop (:meth:`_prefetch_rows`). Writes
+        ``dest[0, col0 : col0 + L]``."""
+        g, em, fmt = self.g, self.em, self.g.wtype.format
+        nb, n = g.k // CHUNK, self.lanes
+        vf, vi = f"vector<{n}xf32>", f"vector<{n}xi32>"
+        row_bytes = nb * fmt.block_bytes
+        zero = em.op(f"arith.constant dense<0.0> : {vf}", "cv")
+        x0 = self.c(0)
+        self._prefetch_rows(row0)
+        b, res, acc = em.fresh("b"), em.fresh("kl"), em.fresh("acc")
+        em.line(f"{res} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({acc} = {zero}) -> ({vf}) {{")
+        em.depth += 1
+        boff = self.mul(b, fmt.block_bytes)
+        offs = [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
+                for j in range(n)]
+        self._prefetch_ahead(row0, b)
+        dw, mw = self._tile_scales(offs)
+        xq = self._x_int(x0, b)
+        # the rows go into the dot products in the order that makes hsum's lane j row j
+        width, rows = self._lane_layout()
+        order = _hsum_rows(n // rows, width, rows)
+        parts = self._lane_parts([offs[order.index(r)] for r in range(n)], xq)
+        fd = em.op(f"arith.sitofp {self.hsum(parts, width)} : {vi} to {vf}")
+        dx = em.op(f"tensor.extract {self.xd}[{x0}, {b}] : {self.tf}")
+        sc = em.op(f"arith.mulf {dw}, {em.op(f'vector.broadcast {dx} : f32 to {vf}')} : {vf}")
+        new = em.op(f"math.fma {fd}, {sc}, {acc} : {vf}")
+        if mw is not None:
+            sx = em.op(f"tensor.extract {self.xs}[{x0}, {b}] : {self.tf}")
+            sxv = em.op(f"vector.broadcast {sx} : f32 to {vf}")
+            new = em.op(f"math.fma {mw}, {sxv}, {new} : {vf}")
+        em.line(f"scf.yield {new} : {vf}")
+        em.depth -= 1
+        em.line("}")
+        return em.op(f"vector.transfer_write {res}, {dest}[{x0}, {col0}] {{in_bounds = [true]}} "
+                     f": {vf}, {dest_t}")
+
     def emit(self) -> str:
         em, g = self.em, self.g
         if self.quant:
             self.quantize_x()
         self.wmem = None
-        if self.gemm:  # W as a buffer, for the prefetches (:meth:`_prefetch`)
+        if self.gemm or self.lane_gemv:  # W as a buffer, for the prefetches (:meth:`_prefetch`)
             nbytes = g.wtype.nbytes
             self.wmem = em.op(f"bufferization.to_buffer {g.w} read_only : tensor<{nbytes}xi8> "
                               f"to memref<{nbytes}xi8>")
@@ -962,6 +1158,6 @@ class GemvKernels:
 KERNELS = GemvKernels()
 
 
-__all__ = ["GEMM_M_TILE", "GEMM_N_TILE", "Gemv", "GemvKernels", "INTRINSICS", "INTRINSIC_PREFIX",
-           "KERNELS", "PACKED", "emit", "emit_indexed", "gemm_fits", "intrinsic_declarations",
-           "match"]
+__all__ = ["GEMM_M_TILE", "GEMM_N_TILE", "GEMV_LANES", "Gemv", "GemvKernels", "INTRINSICS",
+           "INTRINSIC_PREFIX", "KERNELS", "PACKED", "emit", "emit_indexed", "gemm_fits",
+           "intrinsic_declarations", "lane_order", "match"]
