@@ -1,12 +1,13 @@
 """CPU backend benchmark: the SmolLM2-135M (GGUF Q4_1, tied Q8_0 embedding) decode step,
 compiled for the host, run alone in a loop with fixed inputs. Prints one JSON object.
 
-    python bench/cpu_step.py [--steps 50] [--threads N] [--no-micro]
+    python bench/cpu_step.py [--steps 50] [--threads N] [--no-micro] [--batch B | --prefill T]
 
 Reports: compile time, dispatches per step, ms/token and tok/s of the compiled step (raw
 call with prebuilt arguments, and through ``CpuProgram.run``), single-GEMV kernels (GB/s of
 weight bytes streamed) next to numpy on the same GEMVs (dequantized f32 ``W @ x``), and the
-numpy time of all the step's GEMVs together.
+numpy time of all the step's GEMVs together. ``--batch B``: a decode step of B rows (paged
+KV cache, one sequence a row; tok/s = B / step), with the per-dispatch-kind estimate.
 """
 
 from __future__ import annotations
@@ -54,17 +55,41 @@ def prepared_call(prog, inputs, params):
     return call
 
 
-def step_bench(path, steps: int, threads: int | None, prefill: int = 0):
+def _spec(prefill: int, batch: int):
+    """The step timed: prefill of ``prefill`` tokens, else decode of ``batch`` rows (1: the
+    single-sequence decode step, as before ``--batch``)."""
+    from poot.models import StepSpec
+
+    if prefill:
+        return StepSpec.prefill(prefill, kv_capacity=256)
+    if batch > 1:
+        return StepSpec.decode(batch=batch, kv_capacity=512, block_size=32, kv_slots=batch)
+    return StepSpec.decode(kv_capacity=256)
+
+
+def _step_inputs(prog, prefill: int) -> dict:
+    """Fixed inputs: token 42 everywhere, positions 0.. (prefill) or 17 (decode), each
+    sequence its own cache blocks, no cache writes (slot -1) for batched decode."""
+    inputs = {n: np.zeros(t.shape, t.dtype.numpy) for n, t in prog.inputs}
+    inputs["tokens"][...] = 42
+    inputs["positions"][...] = np.arange(inputs["positions"].shape[-1]) + (0 if prefill else 17)
+    if "block_table" in inputs:
+        bt = inputs["block_table"]
+        bt[...] = np.arange(bt.size).reshape(bt.shape) % bt.size
+    if "slot_mapping" in inputs:
+        inputs["slot_mapping"][...] = -1
+    return inputs
+
+
+def step_bench(path, steps: int, threads: int | None, prefill: int = 0, batch: int = 1):
     from poot.backends.cpu.codegen import cpu_threads, strategy_for
     from poot.compiler import CompileOptions, compile
     from poot.compiler.target import host_cpu
-    from poot.models import StepSpec, load_model
+    from poot.models import load_model
 
     t0 = time.perf_counter()
     model, weights = load_model(path)
-    spec = StepSpec.prefill(prefill, kv_capacity=256) if prefill else \
-        StepSpec.decode(kv_capacity=256)
-    g = model.trace(spec, weights.types)
+    g = model.trace(_spec(prefill, batch), weights.types)
     trace_s = time.perf_counter() - t0
     if threads is not None:
         os.environ["POOT_CPU_THREADS"] = str(threads)
@@ -73,18 +98,14 @@ def step_bench(path, steps: int, threads: int | None, prefill: int = 0):
     compile_s = time.perf_counter() - t0
     prog = program.executable
     params = {n: np.asarray(weights[n]) for n, _ in prog.params}
-    inputs = {}
-    for n, t in prog.inputs:
-        inputs[n] = np.zeros(t.shape, t.dtype.numpy)
-    inputs["tokens"][...] = 42
-    inputs["positions"][...] = np.arange(inputs["positions"].shape[-1]) + (0 if prefill else 17)
+    inputs = _step_inputs(prog, prefill)
     raw = prepared_call(prog, inputs, params)
     step_s = _timeit(raw, steps)
     run_s = _timeit(lambda: prog.run(inputs, params), max(3, steps // 5), warm=1)
     logits = prog.run(inputs, params)["logits"]
     return {
         "model": os.path.basename(str(path)),
-        "step": f"prefill {prefill}" if prefill else "decode",
+        "step": f"prefill {prefill}" if prefill else f"decode batch {batch}",
         "threads": cpu_threads(),
         "dot_bits": strategy_for(precision=CompileOptions().precision).dot_bits,
         "trace_s": round(trace_s, 3),
@@ -93,7 +114,7 @@ def step_bench(path, steps: int, threads: int | None, prefill: int = 0):
         "dispatches": program.dispatches,
         "dispatch_count": program.dispatch_count,
         "step_ms": round(step_s * 1e3, 3),
-        "tok_s": round((prefill or 1) / step_s, 2),
+        "tok_s": round((prefill or batch) / step_s, 2),
         "run_ms": round(run_s * 1e3, 3),
         "logits_finite": bool(np.isfinite(logits).all()),
         "_call": raw,
@@ -184,20 +205,25 @@ def main(argv=None) -> int:
                     help="int8 dot products for packed weights (POOT_CPU_INT8=1)")
     ap.add_argument("--prefill", type=int, default=0,
                     help="time a prefill step of this many tokens instead of decode")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="time a decode step of this many rows (one sequence each)")
     ap.add_argument("--model", default=None, help="GGUF path (default: the bundled SmolLM2)")
     a = ap.parse_args(argv)
+    if a.batch < 1 or a.prefill < 0 or (a.batch > 1 and a.prefill):
+        ap.error("--batch must be >= 1, --prefill >= 0, and not both")
     from poot.load.bundled import smollm2_gguf
 
     path = a.model or smollm2_gguf()
     if a.int8:
         os.environ["POOT_CPU_INT8"] = "1"
-    report, g, weights = step_bench(path, a.steps, a.threads, a.prefill)
+    report, g, weights = step_bench(path, a.steps, a.threads, a.prefill, a.batch)
     call = report.pop("_call")
     print(json.dumps(report), file=sys.stderr, flush=True)
     if not a.no_micro and not a.prefill:
         report["per_kind_ms_estimate"] = per_kind(report.pop("_lowered"), a.steps)
-        report["gemv_kernels"] = micro(g, weights, a.steps)
-        report["numpy_step_gemvs"] = numpy_all(g, weights)
+        if a.batch == 1:
+            report["gemv_kernels"] = micro(g, weights, a.steps)
+            report["numpy_step_gemvs"] = numpy_all(g, weights)
     else:
         report.pop("_lowered")
     del call

@@ -6,7 +6,8 @@
 // RUN: poot-opt %s --split-input-file --pass-pipeline='builtin.module(poot-lower-to-cpu-kernels{dot-bits=8 vnni=1},canonicalize)' | FileCheck %s --check-prefix=INT8
 // RUN: not poot-opt %s --split-input-file --pass-pipeline='builtin.module(poot-lower-to-cpu-kernels{dot-bits=12})' 2>&1 | FileCheck %s --check-prefix=BAD
 
-// Q4_1 GEMV at int16 x: x is quantized once, per block, to i16 (scale amax / 32767, and the
+// Q4_1 GEMV at int16 x, N not a multiple of 8 (the row-streaming tile; a multiple of 8 takes
+// the lane-order GEMV, poot-lower-to-cpu-kernels-gemm.mlir): x is quantized once, per block, to i16 (scale amax / 32767, and the
 // scale times the block's sum for the min term); each block's nibbles are zero-extended to
 // two vector<16xi16> halves and multiplied by the x halves with two chained vpdpwssd
 // (without VNNI, pmaddwd twice and an add), then scaled into an f32 accumulator; the min term
@@ -39,12 +40,12 @@
 // INT8: func.call @__poot_intr_llvm_x86_avx512_vpdpbusd_256({{.*}}) : (vector<8xi32>, vector<32xi8>, vector<32xi8>) -> vector<8xi32>
 // INT8-NOT: vpdpwssd
 // BAD: dot-bits must be 0, 8 or 16, got 12
-func.func @gemv_q4_1(%x: tensor<1x64xf32>) -> tensor<1x40xf32> {
-  %0 = "poot.packed_param"() {name = "w"} : () -> !poot.packed<#poot.q4_1, array<i64: 40, 64>>
-  %1 = "poot.dequantize"(%0) : (!poot.packed<#poot.q4_1, array<i64: 40, 64>>) -> tensor<40x64xf32>
-  %2 = "poot.transpose"(%1) {perm = array<i64: 1, 0>} : (tensor<40x64xf32>) -> tensor<64x40xf32>
-  %3 = "poot.matmul"(%x, %2) {acc = f32} : (tensor<1x64xf32>, tensor<64x40xf32>) -> tensor<1x40xf32>
-  return %3 : tensor<1x40xf32>
+func.func @gemv_q4_1(%x: tensor<1x64xf32>) -> tensor<1x36xf32> {
+  %0 = "poot.packed_param"() {name = "w"} : () -> !poot.packed<#poot.q4_1, array<i64: 36, 64>>
+  %1 = "poot.dequantize"(%0) : (!poot.packed<#poot.q4_1, array<i64: 36, 64>>) -> tensor<36x64xf32>
+  %2 = "poot.transpose"(%1) {perm = array<i64: 1, 0>} : (tensor<36x64xf32>) -> tensor<64x36xf32>
+  %3 = "poot.matmul"(%x, %2) {acc = f32} : (tensor<1x64xf32>, tensor<64x36xf32>) -> tensor<1x36xf32>
+  return %3 : tensor<1x36xf32>
 }
 
 // -----
@@ -61,10 +62,10 @@ func.func @gemv_q4_1(%x: tensor<1x64xf32>) -> tensor<1x40xf32> {
 // INT8-LABEL: func.func @gemv_q8_0(
 // INT8: math.absi {{.*}} : vector<32xi8>
 // INT8: func.call @__poot_intr_llvm_x86_avx2_psign_b(
-func.func @gemv_q8_0(%x: tensor<1x64xf32>) -> tensor<1x40xf32> {
-  %0 = "poot.packed_param"() {name = "w"} : () -> !poot.packed<#poot.q8_0, array<i64: 40, 64>>
-  %1 = "poot.dequantize"(%0) : (!poot.packed<#poot.q8_0, array<i64: 40, 64>>) -> tensor<40x64xf32>
-  %2 = "poot.transpose"(%1) {perm = array<i64: 1, 0>} : (tensor<40x64xf32>) -> tensor<64x40xf32>
-  %3 = "poot.matmul"(%x, %2) {acc = f32} : (tensor<1x64xf32>, tensor<64x40xf32>) -> tensor<1x40xf32>
-  return %3 : tensor<1x40xf32>
+func.func @gemv_q8_0(%x: tensor<1x64xf32>) -> tensor<1x36xf32> {
+  %0 = "poot.packed_param"() {name = "w"} : () -> !poot.packed<#poot.q8_0, array<i64: 36, 64>>
+  %1 = "poot.dequantize"(%0) : (!poot.packed<#poot.q8_0, array<i64: 36, 64>>) -> tensor<36x64xf32>
+  %2 = "poot.transpose"(%1) {perm = array<i64: 1, 0>} : (tensor<36x64xf32>) -> tensor<64x36xf32>
+  %3 = "poot.matmul"(%x, %2) {acc = f32} : (tensor<1x64xf32>, tensor<64x36xf32>) -> tensor<1x36xf32>
+  return %3 : tensor<1x36xf32>
 }

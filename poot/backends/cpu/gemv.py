@@ -18,7 +18,26 @@ takes the ops :func:`match` fits. The kernel, on tensors (one-shot bufferization
   reduced once per row at the end (``vector.reduction``). A dense K that is not a multiple of
   32 finishes with one masked chunk (padding 0).
 
-Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order.
+Packed weights with x quantized (:attr:`~poot.dialects.lowering.rules.Strategy.dot_bits`) and
+M >= 2 rows of x (batched decode, prefill) take the GEMM tile instead (:func:`gemm_fits`,
+:meth:`_K.tile_gemm`): threads over tiles of L = 8 W rows (16 with 512-bit VNNI), each block's
+L rows decoded once (once per tile when M spans several x-row tiles: a small pack of the
+interleaved weights and row scales) and transposed so that i32 lane j of a dot product is W
+row j; each x row's block words are broadcast to all lanes (one ``vpdpwssd`` / ``vpdpbusd``
+per word with a broadcast memory operand), scaled per block by the vector of the L rows'
+scales, the Q4 min term likewise: one vector<L x f32> accumulator per x row, up to
+:data:`GEMM_M_TILE` x rows a tile; each tile row is prefetched :data:`PREFETCH_BYTES` ahead.
+Decode (M = 1) with the same formats and N takes the lane-order GEMV (:func:`lane_order`,
+:meth:`_K.tile_lanes`): x stays in registers, each W row's integer dot products (two Q4 rows
+a 512-bit ``vpdpwssd`` / ``vpdpbusd`` with VNNI, x repeated in both halves) are summed
+across lanes by shuffles and adds (:meth:`_K.hsum`: exact, integers) into one vector whose
+lane j is W row j's block sum, which meets the rows' scale vectors in the GEMM tile's two
+FMAs; the tiles ahead are prefetched as one forward stream. So a row's result is bitwise the
+same at every M, alone or in a batch of any size (the engine's batch invariance): the integer
+sums are exact, and the f32 operations per (x row, W row) and their order are the same.
+
+Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order
+(up to the rounding of x with integer dot products).
 """
 
 from __future__ import annotations
@@ -46,6 +65,21 @@ def intrinsic_declarations(text: str) -> str:
 
 #: packed formats with a vector decoder here (others keep the portable lowering)
 PACKED = ("q4_0", "q4_1", "q8_0")
+#: W rows of one :meth:`_K.tile_gemm` tile: the 8 i32 lanes of a 256-bit dot product
+GEMM_N_TILE = 8
+#: x rows of one :meth:`_K.tile_gemm` tile with AVX-512's 32 vector registers (half with 16)
+GEMM_M_TILE = 8
+#: independent integer accumulators per x row in a block (their dot-product chains overlap)
+GEMM_CHAINS = 2
+#: W rows of one :meth:`_K.tile_lanes` tile (M = 1): one i32 lane of a 256-bit vector each
+GEMV_LANES = 8
+#: how many tiles ahead :meth:`_K.tile_lanes` prefetches W (measured on a Zen 4, a 35 MB
+#: Q4_1 GEMV on one thread: 1 tile 13.7 GB/s, 2 14.4, 4 14.2; the row-streaming tile 13.8)
+GEMV_PREFETCH_TILES = 2
+#: how far ahead of the block being decoded the GEMM tile prefetches each W row (measured on
+#: a Zen 4: SmolLM2's 49152 x 576 Q8_0 head at M = 8, 1.3x faster than no prefetch; 64 and
+#: 192-512 bytes gained less)
+PREFETCH_BYTES = 128
 CHUNK = 32  # K elements per step: one quant block
 HALF_DTYPES = (DType.F16, DType.BF16)
 
@@ -80,6 +114,83 @@ class Gemv:
         if self.packed:
             return self.wtype.nbytes * self.n // (self.total_rows or self.n)
         return self.n * self.k * self.wtype.dtype.itemsize
+
+
+def lane_order(g: "Gemv", s: Strategy) -> bool:
+    """Whether ``g`` is summed in lane order, one i32 / f32 vector lane a W row: packed Q4_0 /
+    Q4_1 (int8 or int16 x) or Q8_0 (int16 x) weights, x quantized (``s.dot_bits``), N a
+    multiple of :data:`GEMM_N_TILE`. At M >= 2 the GEMM tile (:meth:`_K.tile_gemm`), at
+    M = 1 the lane-order GEMV (:meth:`_K.tile_lanes`): the same f32 operations per
+    (x row, W row), so a row's result does not depend on M."""
+    if not g.packed or not s.dot_bits or g.n % GEMM_N_TILE:
+        return False
+    fmt = g.wtype.format.name
+    return fmt in ("q4_0", "q4_1") or (fmt == "q8_0" and s.dot_bits == 16)
+
+
+def gemm_fits(g: "Gemv", s: Strategy) -> bool:
+    """Whether the lane-interleaved integer GEMM (:meth:`_K.tile_gemm`) takes ``g``: M >= 2
+    rows of x summed in :func:`lane_order`. Decode (M = 1) takes the lane-order GEMV."""
+    return g.m >= 2 and lane_order(g, s)
+
+
+def _unpack_mask(n: int, unit: int, hi: bool) -> list[int]:
+    """``vector.shuffle`` mask interleaving the low (or high) halves of two n-element vectors
+    in runs of ``unit`` elements (x86 ``punpckl*`` / ``punpckh*`` on one 128-bit lane)."""
+    units, h = n // unit, (n // unit) // 2 if hi else 0
+    return [src + (h + i) * unit + e for i in range(units // 2) for src in (0, n)
+            for e in range(unit)]
+
+
+def _transpose_order(n: int) -> list[int]:
+    """Which column each vector :meth:`_K.transpose` returns holds (its stages leave the
+    columns in bit-reversed order), found by running the same shuffles on indices."""
+    import numpy as np
+
+    cur = [np.arange(n * r, n * r + n) for r in range(n)]
+    unit = 1
+    while unit < n:
+        pairs = [(np.concatenate([cur[2 * k], cur[2 * k + 1]])) for k in range(n // 2)]
+        cur = [p[_unpack_mask(n, unit, False)] for p in pairs] + \
+            [p[_unpack_mask(n, unit, True)] for p in pairs]
+        unit *= 2
+    return [int(c[0]) for c in cur]
+
+
+def _hsum_masks(count: int, width: int) -> list[tuple[list[int], list[int]]]:
+    """The (lo, hi) ``vector.shuffle`` masks of each stage of :meth:`_K.hsum` on ``count``
+    vectors of ``width`` i32 lanes: the first two stages in-lane (each 128-bit lane of the
+    result: the evens, then the odds, of that lane of the pair's two vectors), the rest
+    across 128-bit lanes (the evens, then the odds, of the pair's 128-bit lanes)."""
+    out, chunks = [], width // 4
+    for stage in range(count.bit_length() - 1):
+        if stage < 2:
+            lo = [v * width + 4 * c + e for c in range(chunks) for v in (0, 1) for e in (0, 2)]
+            hi = [i + 1 for i in lo]
+        else:
+            lo = [v * width + 4 * c + e for v in (0, 1) for c in range(0, chunks, 2)
+                  for e in range(4)]
+            hi = [i + 4 for i in lo]
+        out.append((lo, hi))
+    return out
+
+
+def _hsum_rows(count: int, width: int, rows: int) -> list[int]:
+    """Which row each output lane of :meth:`_K.hsum` sums, on ``count`` vectors of ``width``
+    lanes with ``rows`` rows a vector (row ``rows * v + i`` in lanes ``i * width / rows``
+    onwards of vector v), found by running its stages on row numbers; raises AssertionError
+    where an output lane would mix rows or miss lanes."""
+    per = width // rows
+    vecs = [[[(rows * v + lane // per, v, lane)] for lane in range(width)]
+            for v in range(count)]
+    for lo, hi in _hsum_masks(count, width):
+        vecs = [[(a + b)[i] + (a + b)[j] for i, j in zip(lo, hi)]
+                for a, b in zip(vecs[::2], vecs[1::2])]
+    (out,) = vecs
+    got = [{r for r, _, _ in lane} for lane in out]
+    assert all(len(g) == 1 for g in got) and all(len(lane) == per for lane in out), \
+        "hsum mixes rows"
+    return [next(iter(g)) for g in got]
 
 
 def _weight_source(t: OpInfo | None) -> tuple[str, object] | None:
@@ -143,7 +254,21 @@ class _K:
         # rows, prefill m_tile x rows times what is left. The f32 kernel: one W row.
         self.mt = max(1, min(s.m_tile, g.m))
         nt = 1
-        if self.quant:
+        #: the lane-interleaved GEMM tile (:meth:`tile_gemm`) for M >= 2
+        self.gemm = gemm_fits(g, s)
+        #: the lane-order GEMV (:meth:`tile_lanes`) for M = 1, rounding as the GEMM tile
+        self.lane_gemv = g.m == 1 and lane_order(g, s)
+        if self.gemm:
+            self.mt = min(g.m, GEMM_M_TILE if s.m_tile >= 4 else GEMM_M_TILE // 2)
+            #: W rows a tile, one an i32 lane: 16 with 512-bit VNNI, else 8
+            self.lanes = 2 * GEMM_N_TILE if s.vnni and s.m_tile >= 4 and \
+                g.n % (2 * GEMM_N_TILE) == 0 else GEMM_N_TILE
+            nt = self.lanes
+        elif g.m == 1 and lane_order(g, s):
+            #: W rows a tile, one a lane: 16 for Q4 with 512-bit VNNI, else 8
+            self.lanes = nt = 2 * GEMV_LANES if s.vnni and s.m_tile >= 4 and \
+                g.n % (2 * GEMV_LANES) == 0 and g.wtype.format.name != "q8_0" else GEMV_LANES
+        elif self.quant:
             want = s.n_tile if g.m == 1 else max(1, 8 // self.mt)
             nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
         self.nt = nt
@@ -308,10 +433,17 @@ class _K:
         mt = self.mt
 
         def tile(m0: str, rows: int, d: str) -> str:
+            if self.gemm:
+                return self.tile_gemm(wrows[0], m0, rows, d, dest_t, cols[0])
+            if self.lane_gemv:
+                return self.tile_lanes(wrows[0], d, dest_t, cols[0])
             if self.quant:
                 return self.tile_int(wrows, m0, rows, d, dest_t, cols)
             return self.tile(wrows[0], m0, rows, d, dest_t, cols[0])
 
+        self.pack = None
+        if self.gemm and g.m > mt:  # several x-row tiles: decode the W rows once for all
+            self.pack = self.pack_tile(wrows[0])
         full, rest = divmod(g.m, mt)
         if full == 1:
             dest = tile(self.c(0), mt, dest)
@@ -337,6 +469,9 @@ class _K:
         nb = g.k // CHUNK
         qt = f"i{self.bits}"
         tq, tf = f"tensor<{g.m}x{g.k}x{qt}>", f"tensor<{g.m}x{nb}xf32>"
+        per = CHUNK * self.bits // 32  # i32 words of x per block (the GEMM's layout)
+        if self.gemm:
+            tq = f"tensor<{g.m}x{nb * per}xi32>"
         inits = [em.op(f"tensor.empty() : {t}", "e") for t in (tq, tf, tf)]
         m, res = em.fresh("qm"), em.fresh("xq")
         its = [em.fresh("qi") for _ in inits]
@@ -370,8 +505,13 @@ class _K:
         wide = em.op(f"arith.extsi {qq} : vector<32x{qt}> to vector<32xi32>")
         qsum = em.op(f"vector.reduction <add>, {wide} : vector<32xi32> into i32")
         xs = em.op(f"arith.mulf {em.op(f'arith.sitofp {qsum} : i32 to f32')}, {dx} : f32")
-        n0 = em.op(f"vector.transfer_write {qq}, {its2[0]}[{m}, {k}] {{in_bounds = [true]}} : "
-                   f"vector<32x{qt}>, {tq}")
+        if self.gemm:  # as i32 words, each broadcast to all lanes of a dot product
+            words = em.op(f"vector.bitcast {qq} : vector<32x{qt}> to vector<{per}xi32>")
+            n0 = em.op(f"vector.transfer_write {words}, {its2[0]}[{m}, {self.mul(b, per)}] "
+                       f"{{in_bounds = [true]}} : vector<{per}xi32>, {tq}")
+        else:
+            n0 = em.op(f"vector.transfer_write {qq}, {its2[0]}[{m}, {k}] {{in_bounds = [true]}} : "
+                       f"vector<32x{qt}>, {tq}")
         n1 = em.op(f"tensor.insert {dx} into {its2[1]}[{m}, {b}] : {tf}")
         n2 = em.op(f"tensor.insert {xs} into {its2[2]}[{m}, {b}] : {tf}")
         em.line(f"scf.yield {n0}, {n1}, {n2} : {tq}, {tf}, {tf}")
@@ -536,10 +676,392 @@ class _K:
             dest = em.op(f"tensor.insert {r} into {dest}[{xrows[i]}, {cols[j]}] : {dest_t}")
         return dest
 
+    # ---- the lane-interleaved GEMM tile (M >= 2): lane j of a dot product is W row j ----
+    def shuffle(self, a: str, b: str, mask: list[int], ty: str) -> str:
+        return self.em.op(f"vector.shuffle {a}, {b} [{', '.join(map(str, mask))}] : {ty}, {ty}")
+
+    def transpose(self, rows: list[str], ty: str) -> list[str]:
+        """The columns of the square matrix whose rows are ``rows`` (n vectors ``ty`` of n
+        elements): log2(n) stages of ``punpckl/h`` shuffles in doubling runs."""
+        n, cur, unit = len(rows), rows, 1
+        while unit < n:
+            pairs = [(cur[2 * k], cur[2 * k + 1]) for k in range(n // 2)]
+            cur = [self.shuffle(a, b, _unpack_mask(n, unit, hi), ty)
+                   for hi in (False, True) for a, b in pairs]
+            unit *= 2
+        out = [""] * n
+        for v, col in zip(cur, _transpose_order(n)):
+            out[col] = v
+        return out
+
+    def _tile_scales(self, offs: list[str]) -> tuple[str, str | None]:
+        """The tile's W rows' block scales at byte offsets ``offs`` as vector<L x f32>: (d, m) with
+        m the Q4_1 min, ``-8 d`` for Q4_0, None for Q8_0."""
+        em, fmt, n = self.em, self.g.wtype.format, len(offs)
+        nsc = 2 if fmt.name == "q4_1" else 1
+        parts: list[list[str]] = [[] for _ in range(nsc)]
+        for off in offs:
+            raw = self.read_bytes(off, 2 * nsc)
+            h = em.op(f"vector.bitcast {raw} : vector<{2 * nsc}xi8> to vector<{nsc}xf16>")
+            for i in range(nsc):
+                parts[i].append(em.op(f"vector.extract {h}[{i}] : f16 from vector<{nsc}xf16>"))
+        vecs = []
+        for p in parts:
+            h = em.op(f"vector.from_elements {', '.join(p)} : vector<{n}xf16>")
+            vecs.append(em.op(f"arith.extf {h} : vector<{n}xf16> to vector<{n}xf32>"))
+        if fmt.name == "q4_0":
+            vecs.append(em.op(f"arith.mulf {vecs[0]}, {self.splat(-8.0, 'f32', n)} : "
+                              f"vector<{n}xf32>"))
+        return vecs[0], vecs[1] if len(vecs) > 1 else None
+
+    def concat(self, vs: list[str], n: int, ety: str) -> str:
+        """The vectors ``vs`` (each ``n`` elements of ``ety``) end to end, by shuffles."""
+        while len(vs) > 1:
+            ty = f"vector<{n}x{ety}>"
+            vs = [self.shuffle(vs[i], vs[i + 1], list(range(2 * n)), ty)
+                  for i in range(0, len(vs), 2)]
+            n *= 2
+        return vs[0]
+
+    def _tile_weights(self, offs: list[str]) -> list[tuple[int, str]]:
+        """The tile's W rows' (one a lane, L = ``len(offs)``) integer weights of one block,
+        interleaved by row: (i32 word w of the x block, vector) pairs whose lane j holds row
+        j's weights of that word's x elements (int16 x: two, as vector<2L x i16>; int8 x:
+        four, as vector<4L x i8>). Transposed in groups of 8 rows (int16: 8 x 8 16-bit
+        words) or 4 (int8: 4 x 4 32-bit words), the groups' columns then concatenated."""
+        em, fmt, lanes = self.em, self.g.wtype.format, len(offs)
+        v16i8 = "vector<16xi8>"
+        qs = 2 if fmt.name in ("q4_0", "q8_0") else 4
+        out = []
+        if self.bits == 16:
+            nb = 2 * lanes  # bytes of a column: 2 a row
+            for h in (0, 16) if fmt.name == "q8_0" else (0,):
+                rows = [em.op(f"vector.bitcast {self.read_bytes(self.add(o, qs + h), 16)} : "
+                              f"{v16i8} to vector<8xi16>") for o in offs]
+                groups = [self.transpose(rows[i:i + 8], "vector<8xi16>")
+                          for i in range(0, lanes, 8)]
+                for p in range(8):
+                    col = self.concat([gr[p] for gr in groups], 8, "i16")
+                    b = em.op(f"vector.bitcast {col} : vector<{lanes}xi16> to vector<{nb}xi8>")
+                    if fmt.name == "q8_0":
+                        out.append((h // 2 + p, em.op(f"arith.extsi {b} : vector<{nb}xi8> to "
+                                                      f"vector<{nb}xi16>")))
+                        continue
+                    for w, nib in ((p, self._lo(b, nb)), (8 + p, self._hi(b, nb))):
+                        out.append((w, em.op(f"arith.extui {nib} : vector<{nb}xi8> to "
+                                             f"vector<{nb}xi16>")))
+            return out
+        # int8 x (Q4 only): 4 words of 4 nibble pairs per row
+        rows = [em.op(f"vector.bitcast {self.read_bytes(self.add(o, qs), 16)} : {v16i8} to "
+                      f"vector<4xi32>") for o in offs]
+        groups = [self.transpose(rows[i:i + 4], "vector<4xi32>") for i in range(0, lanes, 4)]
+        for q in range(4):
+            col = self.concat([gr[q] for gr in groups], 4, "i32")
+            b = em.op(f"vector.bitcast {col} : vector<{lanes}xi32> to vector<{4 * lanes}xi8>")
+            out += [(q, self._lo(b, 4 * lanes)), (4 + q, self._hi(b, 4 * lanes))]
+        return out
+
+    def _lo(self, v: str, n: int) -> str:
+        return self.em.op(f"arith.andi {v}, {self.splat(15, 'i8', n)} : vector<{n}xi8>")
+
+    def _hi(self, v: str, n: int) -> str:
+        return self.em.op(f"arith.shrui {v}, {self.splat(4, 'i8', n)} : vector<{n}xi8>")
+
+    def _wtype(self) -> str:
+        """The type of one interleaved weight vector of the GEMM tile."""
+        n = self.lanes
+        return f"vector<{2 * n}xi16>" if self.bits == 16 else f"vector<{4 * n}xi8>"
+
+    def _dot_acc(self, acc: str, w: str, xw: str) -> str:
+        """``acc + `` the dot products of the interleaved weights ``w`` with the x word
+        ``xw`` (i32) broadcast to every lane (vector<L x i32>, L = 8: 256-bit instructions,
+        16: 512-bit, VNNI only)."""
+        em, n = self.em, self.lanes
+        vi, ty = f"vector<{n}xi32>", self._wtype()
+        xb = em.op(f"vector.broadcast {xw} : i32 to {vi}")
+        x = em.op(f"vector.bitcast {xb} : {vi} to {ty}")
+        if self.s.vnni:
+            name = "vpdpwssd" if self.bits == 16 else "vpdpbusd"
+            return self._intr(f"llvm.x86.avx512.{name}.{32 * n}", [acc, w, x],
+                              f"{vi}, {ty}, {ty}", vi)
+        if self.bits == 16:
+            p = self._intr("llvm.x86.avx2.pmadd.wd", [w, x], f"{ty}, {ty}", vi)
+        else:
+            p16 = self._intr("llvm.x86.avx2.pmadd.ub.sw", [w, x], f"{ty}, {ty}", "vector<16xi16>")
+            p = self._intr("llvm.x86.avx2.pmadd.wd", [p16, self.splat(1, "i16", 16)],
+                           "vector<16xi16>, vector<16xi16>", vi)
+        return em.op(f"arith.addi {acc}, {p} : {vi}")
+
+    def _tile_block(self, row0: str, b: str) -> tuple[str, str | None, list[tuple[int, str]]]:
+        """Block ``b`` of the 8 W rows from ``row0``: (scales d, min term m or None, the
+        interleaved weights as (x word, vector) pairs), decoded here or read from the tile's
+        pack (:meth:`pack_tile`)."""
+        g, em, fmt = self.g, self.em, self.g.wtype.format
+        if self.pack is None:
+            row_bytes = g.k // CHUNK * fmt.block_bytes
+            boff = self.mul(b, fmt.block_bytes)
+            offs = [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
+                    for j in range(self.lanes)]
+            self._prefetch(offs)
+            dw, mw = self._tile_scales(offs)
+            return dw, mw, self._tile_weights(offs)
+        wp, words, scales = self.pack
+        n, ty = self.lanes, self._wtype()
+        pad_i, pad_f = em.const(0, "i32"), em.const(0.0, "f32")
+        sc = [em.op(f"vector.transfer_read {t}[{b}, {self.c(0)}], {pad_f} {{in_bounds = [true]}}"
+                    f" : tensor<{g.k // CHUNK}x{n}xf32>, vector<{n}xf32>") for t in scales]
+        base = self.mul(b, len(words))
+        ws = []
+        for t, word in enumerate(words):
+            v = em.op(f"vector.transfer_read {wp}[{self.add(base, t)}, {self.c(0)}], {pad_i} "
+                      f"{{in_bounds = [true]}} : {self.pack_t}, vector<{n}xi32>")
+            ws.append((word, em.op(f"vector.bitcast {v} : vector<{n}xi32> to {ty}")))
+        return sc[0], sc[1] if len(sc) > 1 else None, ws
+
+    def _prefetch(self, offs: list[str]) -> None:
+        """Software prefetch of each tile row ``PREFETCH_BYTES`` ahead of the block being
+        decoded (byte offsets ``offs``, clamped to W): the L rows are L interleaved streams,
+        more than the hardware prefetcher follows, so a weight read from DRAM would stall
+        every block."""
+        if self.wmem is None:
+            return
+        g, em = self.g, self.em
+        last = self.c(g.wtype.nbytes - 1)
+        for off in offs:
+            p = self.idx(f"arith.minui {self.add(off, PREFETCH_BYTES)}, {last}")
+            em.line(f"memref.prefetch {self.wmem}[{p}], read, locality<3>, data : "
+                    f"memref<{g.wtype.nbytes}xi8>")
+
+    def pack_tile(self, row0: str) -> tuple[str, list[int], list[str]]:
+        """The 8 W rows from ``row0`` decoded once, for all x-row tiles: (interleaved
+        weights tensor<(NB * words)x8xi32>, the x word of each, the scale tensors
+        tensor<NBx8xf32> (d, and the min term's m unless Q8_0))."""
+        g, em = self.g, self.em
+        nb, n = g.k // CHUNK, self.lanes
+        self.pack = None
+        words = 16 if self.bits == 16 else 8  # interleaved vectors per block
+        self.pack_t = f"tensor<{nb * words}x{n}xi32>"
+        st = f"tensor<{nb}x{n}xf32>"
+        nsc = 1 if g.wtype.format.name == "q8_0" else 2
+        types = [self.pack_t] + [st] * nsc
+        inits = [em.op(f"tensor.empty() : {t}", "e") for t in types]
+        b, res = em.fresh("pb"), em.fresh("pack")
+        its = [em.fresh("pk") for _ in inits]
+        em.line(f"{res}:{len(its)} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({', '.join(f'{a} = {z}' for a, z in zip(its, inits))}) -> "
+                f"({', '.join(types)}) {{")
+        em.depth += 1
+        dw, mw, ws = self._tile_block(row0, b)
+        base = self.mul(b, words)
+        new = its[0]
+        for t, (_, w) in enumerate(ws):
+            v = em.op(f"vector.bitcast {w} : {self._wtype()} to vector<{n}xi32>")
+            new = em.op(f"vector.transfer_write {v}, {new}[{self.add(base, t)}, {self.c(0)}] "
+                        f"{{in_bounds = [true]}} : vector<{n}xi32>, {self.pack_t}")
+        out = [new] + [em.op(f"vector.transfer_write {v}, {it}[{b}, {self.c(0)}] "
+                             f"{{in_bounds = [true]}} : vector<{n}xf32>, {st}")
+                       for v, it in zip([dw, mw][:nsc], its[1:])]
+        em.line(f"scf.yield {', '.join(out)} : {', '.join(types)}")
+        em.depth -= 1
+        em.line("}")
+        return f"{res}#0", [w for w, _ in ws], [f"{res}#{i + 1}" for i in range(nsc)]
+
+    def tile_gemm(self, row0: str, m0: str, rows: int, dest: str, dest_t: str,
+                  col0: str) -> str:
+        """Rows ``m0 .. m0 + rows`` of the quantized x against the L = ``self.lanes`` W rows
+        from ``row0``: per block, the L rows' weights (decoded here, or read from the tile's
+        pack) are interleaved so that lane j of an integer dot product is W row j, and each
+        x row's words are broadcast to all lanes: one accumulator vector<L x f32> per x row
+        (its integer sums split over :data:`GEMM_CHAINS` chains that overlap), the scales
+        applied per block as vectors of the L rows' scales (the Q4 min term the same way).
+        Writes the sums to ``dest[m0 + i, col0 : col0 + L]``."""
+        g, em = self.g, self.em
+        nb = g.k // CHUNK
+        v8, vi = f"vector<{self.lanes}xf32>", f"vector<{self.lanes}xi32>"
+        per = CHUNK * self.bits // 32
+        xrows = [self.add(m0, i) for i in range(rows)]
+        zero = em.op(f"arith.constant dense<0.0> : {v8}", "cv")
+        zero_i = em.op(f"arith.constant dense<0> : {vi}", "cv")
+        b, res = em.fresh("b"), em.fresh("kl")
+        its = [em.fresh("acc") for _ in xrows]
+        em.line(f"{res}:{rows} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({', '.join(f'{a} = {zero}' for a in its)}) -> "
+                f"({', '.join([v8] * rows)}) {{")
+        em.depth += 1
+        dw, mw, ws = self._tile_block(row0, b)
+        chains = GEMM_CHAINS
+        dots = [[zero_i] * chains for _ in range(rows)]
+        xbase = self.mul(b, per)
+        for t, (word, w) in enumerate(ws):
+            col = self.add(xbase, word)
+            for i, xr in enumerate(xrows):
+                xw = em.op(f"tensor.extract {self.xq}[{xr}, {col}] : {self.tq}")
+                dots[i][t % chains] = self._dot_acc(dots[i][t % chains], w, xw)
+        new = []
+        for i, xr in enumerate(xrows):
+            d = dots[i][0]
+            for e in dots[i][1:]:
+                d = em.op(f"arith.addi {d}, {e} : {vi}")
+            fd = em.op(f"arith.sitofp {d} : {vi} to {v8}")
+            dx = em.op(f"tensor.extract {self.xd}[{xr}, {b}] : {self.tf}")
+            sc = em.op(f"arith.mulf {dw}, {em.op(f'vector.broadcast {dx} : f32 to {v8}')} : {v8}")
+            acc = em.op(f"math.fma {fd}, {sc}, {its[i]} : {v8}")
+            if mw is not None:
+                sx = em.op(f"tensor.extract {self.xs}[{xr}, {b}] : {self.tf}")
+                sxv = em.op(f"vector.broadcast {sx} : f32 to {v8}")
+                acc = em.op(f"math.fma {mw}, {sxv}, {acc} : {v8}")
+            new.append(acc)
+        em.line(f"scf.yield {', '.join(new)} : {', '.join([v8] * rows)}")
+        em.depth -= 1
+        em.line("}")
+        for i, xr in enumerate(xrows):
+            dest = em.op(f"vector.transfer_write {res}#{i}, {dest}[{xr}, {col0}] "
+                         f"{{in_bounds = [true]}} : {v8}, {dest_t}")
+        return dest
+
+    # ---- the lane-order GEMV (M = 1): the GEMM tile's f32 operations, x in registers ----
+    def hsum(self, parts: list[str], width: int) -> str:
+        """The lanes of ``parts`` (vector<width x i32> each, a power of two of them) summed
+        pairwise, stage by stage, into one vector<width x i32>: two stages of in-lane sums
+        (evens plus odds of each 128-bit lane of a pair, ``vphaddd``'s order), then stages
+        across 128-bit lanes (evens plus odds of the pair's 128-bit lanes). Which row each
+        output lane sums: :func:`_hsum_rows`. Exact (integers)."""
+        vi = f"vector<{width}xi32>"
+        for lo, hi in _hsum_masks(len(parts), width):
+            parts = [self.em.op(f"arith.addi {self.shuffle(a, b, lo, vi)}, "
+                                f"{self.shuffle(a, b, hi, vi)} : {vi}")
+                     for a, b in zip(parts[::2], parts[1::2])]
+        return parts[0]
+
+    def _lane_layout(self) -> tuple[int, int]:
+        """(i32 lanes, W rows) of one vector of :meth:`_lane_parts`."""
+        return (8, 1) if self.lanes == 8 else (16, 2)
+
+    def _lane_parts(self, offs: list[str], xq) -> list[str]:
+        """Each W row's (block at byte ``offs[r]``) integer dot products with the x block
+        ``xq`` (:meth:`_x_int`), as vectors for :meth:`hsum` (:meth:`_lane_layout`: vector
+        v holds row ``rows * v + i`` in lanes ``i * width / rows`` onwards): 256-bit (8
+        lanes, one row each: :meth:`_dot`) unless 16 lanes (Q4): then 512-bit dot products
+        (VNNI), two rows a vector (their nibbles side by side, x repeated)."""
+        em, fmt = self.em, self.g.wtype.format
+        if self.lanes == 8:
+            return [self._dot(self._weights_int(o)[2], xq) for o in offs]
+        v32, zero = "vector<32xi8>", em.op("arith.constant dense<0> : vector<16xi32>", "cv")
+        twice = list(range(32)) * 2 if self.bits == 8 else list(range(16)) * 2
+        qs = 2 if fmt.name == "q4_0" else 4
+        if self.bits == 16:
+            xs = [self.shuffle(h, h, twice, "vector<16xi16>") for h in xq]
+        else:
+            xs = [self.shuffle(xq, xq, twice, v32)]
+        out = []
+        for o0, o1 in zip(offs[::2], offs[1::2]):
+            q = self.shuffle(self.read_bytes(self.add(o0, qs), 16),
+                             self.read_bytes(self.add(o1, qs), 16), list(range(32)),
+                             "vector<16xi8>")
+            nibs = [self._lo(q, 32), self._hi(q, 32)]
+            acc = zero
+            if self.bits == 16:
+                for nib, x in zip(nibs, xs):
+                    w = em.op(f"arith.extui {nib} : {v32} to vector<32xi16>")
+                    acc = self._intr("llvm.x86.avx512.vpdpwssd.512", [acc, w, x],
+                                     "vector<16xi32>, vector<32xi16>, vector<32xi16>",
+                                     "vector<16xi32>")
+            else:  # row 0's low and high nibbles, then row 1's: x's order, twice
+                w = self.shuffle(nibs[0], nibs[1], [*range(16), *range(32, 48), *range(16, 32),
+                                                    *range(48, 64)], v32)
+                acc = self._intr("llvm.x86.avx512.vpdpbusd.512", [acc, w, xs[0]],
+                                 "vector<16xi32>, vector<64xi8>, vector<64xi8>",
+                                 "vector<16xi32>")
+            out.append(acc)
+        return out
+
+    def _prefetch_rows(self, row0: str) -> None:
+        """Software prefetch of the first 64-byte line of each of the tile's W rows, before
+        its K loop: the first tiles a thread takes were not prefetched ahead
+        (:meth:`_prefetch_ahead`), and their L interleaved streams would each stall on
+        their first line (SmolLM2's decode step, one thread: 9.0 -> 8.8 ms)."""
+        g, fmt = self.g, self.g.wtype.format
+        row_bytes = g.k // CHUNK * fmt.block_bytes
+        self._prefetch_at([self.mul(self.wrow(self.add(row0, j)), row_bytes)
+                           for j in range(self.lanes)])
+
+    def _prefetch_at(self, offs: list[str]) -> None:
+        """``memref.prefetch`` of W's bytes at ``offs`` (clamped to W)."""
+        g, em = self.g, self.em
+        last = self.c(g.wtype.nbytes - 1)
+        for off in offs:
+            p = self.idx(f"arith.minui {off}, {last}")
+            em.line(f"memref.prefetch {self.wmem}[{p}], read, locality<3>, data : "
+                    f"memref<{g.wtype.nbytes}xi8>")
+
+    def _prefetch_ahead(self, row0: str, b: str) -> None:
+        """Software prefetch, at block ``b`` of the tile of W rows from ``row0``, of the
+        block's share of the tile :data:`GEMV_PREFETCH_TILES` ahead (its bytes are one
+        contiguous run: the tile's L rows), in 64-byte lines, clamped to W: one forward
+        stream, where the tile itself reads L interleaved ones."""
+        g, em, fmt = self.g, self.em, self.g.wtype.format
+        nb = g.k // CHUNK
+        row_bytes = nb * fmt.block_bytes
+        tile_bytes = self.lanes * row_bytes
+        lines = -(-tile_bytes // (nb * 64))
+        base = self.add(self.mul(self.wrow(row0), row_bytes), tile_bytes * GEMV_PREFETCH_TILES)
+        base = self.add(base, self.mul(b, 64 * lines))
+        self._prefetch_at([self.add(base, 64 * i) for i in range(lines)])
+
+    def tile_lanes(self, row0: str, dest: str, dest_t: str, col0: str) -> str:
+        """The one x row against the L = ``self.lanes`` W rows from ``row0`` (M = 1), in the
+        GEMM tile's lane order: per block, each W row's integer dot products with x in
+        registers (:meth:`_lane_parts`), summed across lanes into one vector<L x i32> (lane
+        j: W row j's block sum, :meth:`hsum`), then the same f32 operations as
+        :meth:`tile_gemm` on the vectors of the rows' scales (so each (x row, W row) result
+        rounds as in the GEMM tile: the same at every M). W is prefetched
+        :data:`GEMV_PREFETCH_TILES` tiles ahead (:meth:`_prefetch_ahead`), each row's first
+        line before the K loop (:meth:`_prefetch_rows`). Writes
+        ``dest[0, col0 : col0 + L]``."""
+        g, em, fmt = self.g, self.em, self.g.wtype.format
+        nb, n = g.k // CHUNK, self.lanes
+        vf, vi = f"vector<{n}xf32>", f"vector<{n}xi32>"
+        row_bytes = nb * fmt.block_bytes
+        zero = em.op(f"arith.constant dense<0.0> : {vf}", "cv")
+        x0 = self.c(0)
+        self._prefetch_rows(row0)
+        b, res, acc = em.fresh("b"), em.fresh("kl"), em.fresh("acc")
+        em.line(f"{res} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({acc} = {zero}) -> ({vf}) {{")
+        em.depth += 1
+        boff = self.mul(b, fmt.block_bytes)
+        offs = [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
+                for j in range(n)]
+        self._prefetch_ahead(row0, b)
+        dw, mw = self._tile_scales(offs)
+        xq = self._x_int(x0, b)
+        # the rows go into the dot products in the order that makes hsum's lane j row j
+        width, rows = self._lane_layout()
+        order = _hsum_rows(n // rows, width, rows)
+        parts = self._lane_parts([offs[order.index(r)] for r in range(n)], xq)
+        fd = em.op(f"arith.sitofp {self.hsum(parts, width)} : {vi} to {vf}")
+        dx = em.op(f"tensor.extract {self.xd}[{x0}, {b}] : {self.tf}")
+        sc = em.op(f"arith.mulf {dw}, {em.op(f'vector.broadcast {dx} : f32 to {vf}')} : {vf}")
+        new = em.op(f"math.fma {fd}, {sc}, {acc} : {vf}")
+        if mw is not None:
+            sx = em.op(f"tensor.extract {self.xs}[{x0}, {b}] : {self.tf}")
+            sxv = em.op(f"vector.broadcast {sx} : f32 to {vf}")
+            new = em.op(f"math.fma {mw}, {sxv}, {new} : {vf}")
+        em.line(f"scf.yield {new} : {vf}")
+        em.depth -= 1
+        em.line("}")
+        return em.op(f"vector.transfer_write {res}, {dest}[{x0}, {col0}] {{in_bounds = [true]}} "
+                     f": {vf}, {dest_t}")
+
     def emit(self) -> str:
         em, g = self.em, self.g
         if self.quant:
             self.quantize_x()
+        self.wmem = None
+        if self.gemm or self.lane_gemv:  # W as a buffer, for the prefetches (:meth:`_prefetch`)
+            nbytes = g.wtype.nbytes
+            self.wmem = em.op(f"bufferization.to_buffer {g.w} read_only : tensor<{nbytes}xi8> "
+                              f"to memref<{nbytes}xi8>")
         nt = self.nt
         out_t = f"tensor<{g.m}x{g.n}xf32>"
         init = em.op(f"tensor.empty() : {out_t}", "e")
@@ -636,5 +1158,6 @@ class GemvKernels:
 KERNELS = GemvKernels()
 
 
-__all__ = ["Gemv", "GemvKernels", "INTRINSICS", "INTRINSIC_PREFIX", "KERNELS", "PACKED", "emit",
-           "emit_indexed", "intrinsic_declarations", "match"]
+__all__ = ["GEMM_M_TILE", "GEMM_N_TILE", "GEMV_LANES", "Gemv", "GemvKernels", "INTRINSICS",
+           "INTRINSIC_PREFIX", "KERNELS", "PACKED", "emit", "emit_indexed", "gemm_fits",
+           "intrinsic_declarations", "lane_order", "match"]
