@@ -65,13 +65,15 @@ def _plan(fmt, M, N, K, caps=None):
 
 
 @pytest.mark.parametrize("fmt,M,want", [
-    ("bf16", 2, "gemv"), ("bf16", 3, "gemm_decode"), ("f16", 64, "gemm_decode"),
+    ("bf16", 2, "gemv"), ("bf16", 3, "gemm_decode"), ("bf16", 8, "gemm_decode"),
+    ("bf16", 9, "gemm"), ("f16", 64, "gemm"), ("f16", 65, "gemm_decode"),
     ("bf16", 128, "gemm_decode"), ("bf16", 129, "gemm"), ("q4_1", 8, "gemv"),
     ("q4_1", 9, "gemm_decode"), ("q4_0", 64, "gemm_decode"), ("q8_0", 128, "gemm_decode"),
     ("q4_0", 256, "gemm"), ("q4_k", 32, "gemm"), ("q6_k", 64, "gemm")])
 def test_planning_picks_the_decode_gemm_from_m_and_format(fmt, M, want):
-    """M rows the GEMV leaves to a GEMM up to 128, for bf16/f16/Q4_0/Q4_1/Q8_0 weights;
-    more rows (prefill) and the K-quants keep the tiled GEMM."""
+    """M rows the GEMV leaves to a GEMM up to 128, for bf16/f16/Q4_0/Q4_1/Q8_0 weights
+    (dense ones not at 9..64 rows, where the tiled GEMM measured as fast); more rows
+    (prefill) and the K-quants keep the tiled GEMM."""
     plan = _plan(fmt, M, 576, 512)
     assert set(plan.strategies) == {want}
 
@@ -82,15 +84,15 @@ def test_other_targets_and_shapes_keep_the_tiled_gemm():
     from poot.backends.gpu.strategies import gemm as G
     from poot.backends.vulkan.codegen import vulkan_target
 
-    assert set(_plan("bf16", 32, 100, 100).strategies) == {"gemm"}
+    assert set(_plan("bf16", 128, 100, 100).strategies) == {"gemm"}
     vk = vulkan_target({"subgroup_size": 32, "max_shared_bytes": 49152}).caps
-    assert "gemm_decode" not in _plan("bf16", 32, 128, 64, vk).strategies
-    assert "gemm_decode" not in _plan("bf16", 32, 128, 64,
+    assert "gemm_decode" not in _plan("bf16", 128, 128, 64, vk).strategies
+    assert "gemm_decode" not in _plan("bf16", 128, 128, 64,
                                       _cuda_caps(features=frozenset({"sm_75"}))).strategies
     old = G.EMULATE_MMA
     try:
         G.EMULATE_MMA = G.MMA_SYNC
-        assert "gemm_decode" not in _plan("bf16", 32, 128, 64).strategies
+        assert "gemm_decode" not in _plan("bf16", 128, 128, 64).strategies
     finally:
         G.EMULATE_MMA = old
 
@@ -119,13 +121,13 @@ def test_decode_tiling(M, N, K, wbytes):
     assert 2 * nb * d.S >= min(D.BLOCKS_PER_CORE * 132, nb * min(D.MAX_SPLIT, KT // 2))
 
 
-_PTX = [(f, M) for f in ("bf16", "f16", "q4_0", "q4_1", "q8_0") for M in (2, 8, 33, 64, 256)]
+_PTX = [(f, M) for f in ("bf16", "f16", "q4_0", "q4_1", "q8_0") for M in (2, 8, 33, 64, 100, 256)]
 
 
 @pytest.mark.parametrize("fmt,M", _PTX)
 def test_ptx_for_each_format_and_m(fmt, M):
-    """Each format at M = 2, 8, 33, 64, 256 plans and assembles; the decode GEMM's kernels
-    (M 3..128 dense, 9..128 packed) are mma.sync of the weight's type with no ldmatrix and no
+    """Each format at M = 2, 8, 33, 64, 100, 256 plans and assembles; the decode GEMM's
+    kernels (M 3..8 and 65..128 dense, 9..128 packed) are mma.sync of the weight's type with no ldmatrix and no
     workgroup tile (only the warps' sums), dense weights read 16 bytes a load, no local
     memory (spills)."""
     from poot.backends.cuda.codegen import ptx_text, ptxas_check
@@ -134,8 +136,8 @@ def test_ptx_for_each_format_and_m(fmt, M):
     plan = _plan(fmt, M, N, K)
     ptx = ptx_text(plan.module)
     dense = fmt in ("bf16", "f16")
-    want = "gemm_decode" if (3 if dense else 9) <= M <= 128 else \
-        ("gemv" if M <= 8 or (dense and M < 3) else "gemm")
+    decode = (3 <= M <= 8 or 65 <= M <= 128) if dense else 9 <= M <= 128
+    want = "gemm_decode" if decode else ("gemv" if M <= 8 or (dense and M < 3) else "gemm")
     assert set(plan.strategies) == {want}
     if want == "gemm_decode":
         ty = "bf16" if fmt == "bf16" else "f16"
@@ -147,14 +149,14 @@ def test_ptx_for_each_format_and_m(fmt, M):
 
 
 def test_sibling_decode_gemms_fuse_and_assemble():
-    """The q/k/v projections of one x at batch 64 (decode GEMMs with split-K: partials, then
+    """The q/k/v projections of one x at batch 128 (decode GEMMs with split-K: partials, then
     the reductions) fuse phase by phase into two launches, whose PTX assembles; each
     member's warp sums keep their own workgroup buffer within 48 KiB."""
     from test_gpu_horizontal import _gemm_step, kernel_launches, plan_of
 
     from poot.backends.cuda.codegen import ptx_text, ptxas_check
 
-    plan = plan_of(_gemm_step(64, 2048, [2048, 512, 512])[0], _cuda_caps())
+    plan = plan_of(_gemm_step(128, 2048, [2048, 512, 512])[0], _cuda_caps())
     assert [L["strategy"] for L in kernel_launches(plan)] == ["horizontal", "horizontal"]
     ptx = ptx_text(plan.module)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx

@@ -61,6 +61,10 @@ from poot.dialects.types import DType
 #: reuse each weight tile over 128 rows (here every warp re-reads all M rows of x per K step:
 #: ``M / (4 NT)`` bytes of x per weight byte through L1, 16 at M = 128)
 MAX_M = 128
+#: rows where dense 16-bit weights keep the tiled GEMM: at M = 16..64 on an H100 it was as
+#: fast or faster on the 1B shape's large projections (0.68-0.99x, bench/results/decode_gemm.md);
+#: packed weights gain at every M (1.03-2.2x: the tiled GEMM dequantizes each tile per block row)
+DENSE_TILED_M = range(9, 65)
 #: formats: dense 16-bit weights stored [N, K], and the packed ones with a lane decoder
 FORMATS = ("bf16", "f16", "q4_0", "q4_1", "q8_0")
 #: k per K step (one 32-element block of a packed format; two mma k-steps)
@@ -450,13 +454,15 @@ class _DecodeKernel(G._GemmKernel):
 def takes(m: GemvMatch, caps) -> str | None:
     """The weight format when this strategy takes match ``m`` on ``caps`` (rows the GEMV
     leaves to a GEMM, :func:`~.matmul_match.gemm_rows`, up to :data:`MAX_M`; one weight of
-    :data:`FORMATS`; K a multiple of 32; no folded norm; ``mma.sync``), else None."""
+    :data:`FORMATS`; K a multiple of 32; no folded norm; ``mma.sync``; dense weights not at
+    :data:`DENSE_TILED_M` rows), else None."""
     if G.matrix_op(caps) is not G.MMA_SYNC or G.EMULATE_MMA is not None:
         return None
     if m.prologue or len(m.weights) != 1 or m.idx is not None or m.M > MAX_M or \
             m.K % KSTEP or not gemm_rows(m):
         return None
-    return fmt_of(m)
+    fmt = fmt_of(m)
+    return None if fmt in ("bf16", "f16") and m.M in DENSE_TILED_M else fmt
 
 
 def gemm_decode(fn: ir.Operation, caps) -> Synthesized | None:
@@ -485,5 +491,5 @@ def gemm_decode(fn: ir.Operation, caps) -> Synthesized | None:
                        scratch=[(f"memref<{d.S * m.M * m.N}xf32>", d.S * m.M * m.N * 4)])
 
 
-__all__ = ["BLOCKS_PER_CORE", "FORMATS", "KSTEP", "MAX_M", "DecodeTiling", "decode_tiling",
+__all__ = ["BLOCKS_PER_CORE", "DENSE_TILED_M", "FORMATS", "KSTEP", "MAX_M", "DecodeTiling", "decode_tiling",
            "fmt_of", "gemm_decode", "lane_ks", "takes"]
