@@ -396,29 +396,36 @@ class ModelRunner(RunnerBase):
         ``batch`` rows, or of the ragged entry of ``batch`` token rows."""
         return step_spec(self.kv, kind, batch, self.prefill_chunk, self.max_batch)
 
-    def prefill_entry(self) -> Entry:
-        e = self._entries.get("prefill")
+    def _step_entry(self, key, name: str, spec: Callable[[], StepSpec]) -> Entry:
+        """The model entry cached under ``key``: on first use the step ``spec()`` traced,
+        compiled (or found in the compile cache) as ``name`` (a format string of the spec
+        ``sp``) and added to the session."""
+        e = self._entries.get(key)
         if e is None:
-            spec = self.step_spec("prefill")
-            prog = self._compile(f"prefill[{spec.tokens}]", self.model, self.weights.types,
-                                 spec, lambda: self.model.trace(spec, self.weights.types))
-            e = self._entries["prefill"] = self.session.add_entry(prog)
+            sp = spec()
+            prog = self._compile(name.format(sp=sp), self.model, self.weights.types, sp,
+                                 lambda: self.model.trace(sp, self.weights.types))
+            e = self._entries[key] = self.session.add_entry(prog)
         return e
+
+    def prefill_entry(self) -> Entry:
+        """The prefill entry of one prompt chunk (the engine with ``ragged`` off)."""
+        return self._step_entry("prefill", "prefill[{sp.tokens}]",
+                                lambda: self.step_spec("prefill"))
 
     def decode_entry(self, batch: int, lane: int = 0) -> Entry:
         """The decode entry of bucket ``batch``; ``lane`` k > 0: another entry of the same
         program (own input slots, outputs and recordings) for micro-batch k, so micro-batches
         in flight together never share a buffer."""
-        key = ("decode", batch) if lane == 0 else ("decode", batch, lane)
-        e = self._entries.get(key)
-        if e is None and lane:
-            e = self._entries[key] = self.session.add_entry(self.decode_entry(batch).program)
-        if e is None:
-            spec = self.step_spec("decode", batch)
-            prog = self._compile(f"decode[B={batch}]", self.model, self.weights.types, spec,
-                                 lambda: self.model.trace(spec, self.weights.types))
-            e = self._entries[key] = self.session.add_entry(prog)
-        return e
+        if lane:
+            key = ("decode", batch, lane)
+            e = self._entries.get(key)
+            if e is None:
+                e = self._entries[key] = self.session.add_entry(
+                    self.decode_entry(batch).program)
+            return e
+        return self._step_entry(("decode", batch), f"decode[B={batch}]",
+                                lambda: self.step_spec("decode", batch))
 
     def _model_entry(self, source: tuple) -> Entry:
         """The model entry ``source`` names: ``("decode", B)``, ``("decode", B, lane)`` or
@@ -492,14 +499,8 @@ class ModelRunner(RunnerBase):
         """The ragged entry of ``tokens`` token rows (a :func:`ragged_bucket` size), sampling
         up to ``min(tokens, max_batch)`` rows (:meth:`StepSpec.ragged
         <poot.models.StepSpec.ragged>`)."""
-        key = ("ragged", tokens)
-        e = self._entries.get(key)
-        if e is None:
-            spec = self.step_spec("ragged", tokens)
-            prog = self._compile(f"ragged[T={tokens}]", self.model, self.weights.types, spec,
-                                 lambda: self.model.trace(spec, self.weights.types))
-            e = self._entries[key] = self.session.add_entry(prog)
-        return e
+        return self._step_entry(("ragged", tokens), f"ragged[T={tokens}]",
+                                lambda: self.step_spec("ragged", tokens))
 
     def verify_bucket(self, n: int) -> int:
         """The token rows of the verify entry a speculative step of ``n`` rows runs on: the
@@ -519,15 +520,9 @@ class ModelRunner(RunnerBase):
         """The verify entry of ``tokens`` token rows: a ragged step whose rows go through
         the head up to :meth:`verify_rows` (a speculating sequence's last token and its
         proposals, :mod:`poot.engine.spec`)."""
-        key = ("verify", tokens)
-        e = self._entries.get(key)
-        if e is None:
-            spec = step_spec(self.kv, "ragged", tokens, self.prefill_chunk,
-                             self.verify_rows(tokens))
-            prog = self._compile(f"verify[T={tokens}]", self.model, self.weights.types, spec,
-                                 lambda: self.model.trace(spec, self.weights.types))
-            e = self._entries[key] = self.session.add_entry(prog)
-        return e
+        return self._step_entry(("verify", tokens), f"verify[T={tokens}]",
+                                lambda: step_spec(self.kv, "ragged", tokens,
+                                                  self.prefill_chunk, self.verify_rows(tokens)))
 
     def ragged_rows(self, tokens: int) -> int:
         """Rows the ragged entry of ``tokens`` token rows samples: its logits' batch."""
