@@ -6,6 +6,8 @@ an i1 mask and an f32 bias; and its lane-sum shuffles on indices."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -82,16 +84,24 @@ CASES = {
     "d32-q8-k-f16-v-bias": dict(d=32, kv_heads=2, group=3, tokens=2, bs=8, lengths=[21, 40],
                                 v_st=DType.F16, bias=True),
     "d64-bias": dict(d=64, kv_heads=3, group=3, tokens=1, bs=32, lengths=[45, 64], bias=True),
+    # one sequence, an odd number of KV heads: with 2 threads each item's blocks are split
+    "d64-gqa3-one-seq": dict(d=64, kv_heads=3, group=3, tokens=1, bs=32, lengths=[200]),
+    "d32-one-block": dict(d=32, kv_heads=1, group=2, tokens=1, bs=32, lengths=[7]),
+    "d128-one-seq-bias": dict(d=128, kv_heads=1, group=2, tokens=2, bs=16, lengths=[77],
+                              bias=True),
 }
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", list(CASES))
-def test_cpu_q8_0_kernel_matches_oracle(name):
+def test_cpu_q8_0_kernel_matches_oracle(name, threads):
     """The kernel's result equals the oracle's (f32 summation order: 1e-5), stale
-    positions and shared blocks included."""
+    positions and shared blocks included; on one thread, and on two (where the items do
+    not spread evenly, each item's blocks split in parts merged after)."""
     g, ins = _case(np.random.default_rng(len(name)), **CASES[name])
     want = next(iter(oracle.evaluate(g, ins).values()))
-    got = next(iter(compile_cpu(g).run(ins, {}).values()))
+    got = next(iter(compile_cpu(g, strategy=strategy_for(threads=threads)).run(ins, {})
+                    .values()))
     assert np.isfinite(want).all()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -122,6 +132,20 @@ def test_lane_sums_sum_each_vector_into_its_lane(n):
         vecs = [[(a + b)[i] | (a + b)[j] for i, j in zip(lo, hi)] for a, b in pairs]
     (out,) = vecs
     assert out == [{(v, lane) for lane in range(16)} for v in range(n)]
+
+
+def test_splits_spread_the_items_over_the_cores():
+    """Items split into parts only where they do not spread evenly over the cores."""
+    from poot.backends.cpu.attention import splits
+
+    def parts(b, h, cores):
+        op = SimpleNamespace(strategy=strategy_for(threads=cores),
+                             types=[None, TensorType((9, 32, h, 64), DType.I8), None,
+                                    TensorType((b, 4), DType.I32)])
+        return splits(op)
+
+    assert [parts(1, 3, 2), parts(1, 1, 2), parts(2, 2, 2), parts(1, 3, 1), parts(1, 9, 2),
+            parts(1, 3, 4)] == [2, 2, 1, 1, 1, 4]
 
 
 def test_tiles_and_chunks():

@@ -216,15 +216,131 @@ def paged_attention(em: Emitter, op: OpInfo) -> str | None:
     tiles = [rows[i:i + rt] for i in range(0, n_rows, rt)]
     scale = float(op.attrs["scale"])
 
+    def tile(t, b, hh, mb):
+        return _Tile(em, op, t, q, b, hh, mb, kpool, vpool, scale)
+
+    n_split = splits(op)
+    if n_split > 1:
+        return _split_items(em, op, rows, tiles, n_split, tile)
+
     def one_item(b: str, hh: str) -> str:
         mb, w_lo, w_hi = item_blocks(em, op, b, hh)
         res = em.empty(acc_t)
-        for tile in tiles:
-            res = _Tile(em, op, tile, q, b, hh, mb, kpool, vpool, scale).emit(w_lo, w_hi, res,
-                                                                              acc_t)
+        for t in tiles:
+            res = tile(t, b, hh, mb).emit(w_lo, w_hi, res, acc_t)
         return res
 
     return paged_items(em, op, acc_t, one_item)
+
+
+def splits(op: OpInfo) -> int:
+    """Parts each work item's visited blocks are split into, each a thread's task: 1 when
+    the (sequence, KV head) items already spread evenly over the cores (or there is one
+    core, or four items a core); else the fewest parts that make the tasks a multiple of the
+    cores (SmolLM2's decode: 3 KV heads on 2 cores, 2 parts: 3 tasks a core, not 2 and 1)."""
+    cores = op.strategy.cores if op.strategy is not None else 1
+    items = op.types[3].shape[0] * op.types[1].shape[2]
+    if cores <= 1 or items >= 4 * cores:
+        return 1
+    return next(s for s in range(1, cores + 1) if items * s % cores == 0)
+
+
+def _split_items(em: Emitter, op: OpInfo, rows, tiles, n_split: int, tile) -> str:
+    """Flash-decoding on the cores: an ``scf.forall`` over (sequence, KV head, part), part s
+    running its tiles over its share of the item's visited blocks into unnormalized
+    ``(acc, m, l)`` rows of a ``[B, H, parts, rows, Dv + 2]`` scratch; then, per item and row,
+    the parts merged: ``M = max m_s``, ``w_s = exp(m_s - M)`` (0 for an empty part),
+    ``out = sum w_s acc_s / sum w_s l_s`` (an i1 mask: over ``max(., 1)``, as unsplit)."""
+    bsz, h = op.types[3].shape[0], op.types[1].shape[2]
+    dv = op.types[2].shape[-1]
+    nr = len(rows)
+    part_t = TensorType((bsz, h, n_split, nr, dv + 2), DType.F32)
+    unit_t = TensorType((1, 1, 1, nr, dv + 2), DType.F32)
+    def c(v: int) -> str:
+        return em.const(v, "index")
+
+    res, o, b, hh, sp = (em.fresh(x) for x in ("pp", "o", "b", "hh", "sp"))
+    em.line(f"{res} = scf.forall ({b}, {hh}, {sp}) in ({bsz}, {h}, {n_split}) "
+            f"shared_outs({o} = {em.empty(part_t)}) -> ({tt(part_t)}) {{")
+    em.depth += 1
+    mb, w_lo, w_hi = item_blocks(em, op, b, hh)
+    n = em.op(f"arith.maxsi {em.op(f'arith.subi {w_hi}, {w_lo} : index')}, {c(0)} : index")
+    span = em.op(f"arith.divui {em.op(f'arith.addi {n}, {c(n_split - 1)} : index')}, "
+                 f"{c(n_split)} : index")
+    lo = em.op(f"arith.addi {w_lo}, {em.op(f'arith.muli {sp}, {span} : index')} : index")
+    hi = em.op(f"arith.minsi {em.op(f'arith.addi {lo}, {span} : index')}, {w_hi} : index")
+    unit = em.empty(unit_t)
+    first = 0
+    for t in tiles:
+        unit = tile(t, b, hh, mb).emit_raw(lo, hi, unit, unit_t, first)
+        first += len(t)
+    em.line("scf.forall.in_parallel {")
+    em.line(f"  tensor.parallel_insert_slice {unit} into {o}[{b}, {hh}, {sp}, 0, 0] "
+            f"[1, 1, 1, {nr}, {dv + 2}] [1, 1, 1, 1, 1] : {tt(unit_t)} into {tt(part_t)}")
+    em.line("}")
+    em.depth -= 1
+    em.line("}")
+    return _merge(em, op, rows, res, part_t, n_split)
+
+
+def _merge(em: Emitter, op: OpInfo, rows, part: str, part_t: TensorType, n_split: int) -> str:
+    """The op's result from the parts' ``(acc, m, l)`` rows (:func:`_split_items`)."""
+    idx: dict[int, str] = {}
+
+    def c(v: int) -> str:                  # index constants, made once before the loops
+        if v not in idx:
+            idx[v] = em.const(v, "index")
+        return idx[v]
+
+    for v in (0, 1, op.types[2].shape[-1], op.types[2].shape[-1] + 1, *range(n_split),
+              *range(len(rows)), *range(0, op.types[2].shape[-1], LANES),
+              *{x for r in rows for x in r}):
+        c(v)
+    bsz, h = op.types[3].shape[0], op.types[1].shape[2]
+    dv = op.types[2].shape[-1]
+    visible = op.types[4].dtype is DType.I1
+    vf = f"vector<{LANES}xf32>"
+    out_t = op.result
+    ninf, zero, one = (em.const(v, "f32") for v in (float("-inf"), 0.0, 1.0))
+    pad = em.const(0.0, "f32")
+
+    def item(b: str, hh: str, out: str) -> str:
+        for i, r in enumerate(rows):
+            ms = [em.op(f"tensor.extract {part}[{b}, {hh}, {c(s)}, {c(i)}, {c(dv)}] "
+                        f": {tt(part_t)}") for s in range(n_split)]
+            ls = [em.op(f"tensor.extract {part}[{b}, {hh}, {c(s)}, {c(i)}, {c(dv + 1)}] "
+                        f": {tt(part_t)}") for s in range(n_split)]
+            big = ms[0]
+            for m in ms[1:]:
+                big = em.op(f"arith.maximumf {big}, {m} : f32")
+            none = em.op(f"arith.cmpf oeq, {big}, {ninf} : f32")
+            ws = []
+            for m in ms:
+                e = em.op(f"math.exp {em.op(f'arith.subf {m}, {big} : f32')} : f32")
+                ws.append(em.op(f"arith.select {none}, {zero}, {e} : f32"))
+            den = zero
+            for w, lv in zip(ws, ls):
+                den = em.op(f"math.fma {w}, {lv}, {den} : f32")
+            if visible:
+                den = em.op(f"arith.maximumf {den}, {one} : f32")
+            inv = em.op(f"arith.divf {one}, {den} : f32")
+            wv = [em.op(f"vector.broadcast {em.op(f'arith.mulf {w}, {inv} : f32')} : f32 "
+                        f"to {vf}") for w in ws]
+            for v in range(0, dv, LANES):
+                acc = None
+                for s in range(n_split):
+                    a = em.op(f"vector.transfer_read {part}[{b}, {hh}, {c(s)}, {c(i)}, {c(v)}]"
+                              f", {pad} {{in_bounds = [true]}} : {tt(part_t)}, {vf}")
+                    acc = (em.op(f"arith.mulf {a}, {wv[s]} : {vf}") if acc is None else
+                           em.op(f"math.fma {a}, {wv[s]}, {acc} : {vf}"))
+                at = ", ".join([b, hh] + [c(x) for x in r] + [c(v)])
+                out = em.op(f"vector.transfer_write {acc}, {out}[{at}] {{in_bounds = [true]}} "
+                            f": {vf}, {tt(out_t)}")
+        return out
+
+    return _for(em, c(0), c(bsz), c(1), [em.empty(out_t)], [tt(out_t)],
+                lambda b, st: _for(em, c(0), c(h), c(1), st, [tt(out_t)],
+                                   lambda hh, st2: [item(b, hh, st2[0])]))[0]
 
 
 class _Tile:
@@ -247,13 +363,36 @@ class _Tile:
                          f", {pad} {{in_bounds = [true]}} : {tt(qt)}, {self.vf}") for o in c]
                   for r in rows]
 
-    def emit(self, w_lo: str, w_hi: str, res: str, acc_t: TensorType) -> str:
-        """The tile's block loop and its rows' results written into ``res`` (``acc_t``)."""
+    def loop(self, w_lo: str, w_hi: str) -> list[str]:
+        """The tile's block loop over table entries ``w_lo .. w_hi``: its final ``(m..., l...,
+        acc...)``."""
         em, vf, nr, nv = self.em, self.vf, len(self.rows), self.dv // LANES
         state = ([em.const(float("-inf"), "f32")] * nr + [em.const(0.0, "f32")] * nr
                  + [_splat(em, 0.0, LANES)] * (nr * nv))
         types = ["f32"] * (2 * nr) + [vf] * (nr * nv)
-        state = _for(em, w_lo, w_hi, em.const(1, "index"), state, types, self.block)
+        return _for(em, w_lo, w_hi, em.const(1, "index"), state, types, self.block)
+
+    def emit_raw(self, w_lo: str, w_hi: str, res: str, res_t: TensorType, first: int) -> str:
+        """The tile's block loop, its rows' unnormalized state written into ``res``
+        (``[1, 1, 1, rows, Dv + 2]``: acc, then m and l) from row ``first`` on."""
+        em, vf, nr, nv = self.em, self.vf, len(self.rows), self.dv // LANES
+        state = self.loop(w_lo, w_hi)
+        c0 = em.const(0, "index")
+        for i in range(nr):
+            row = em.const(first + i, "index")
+            for v in range(nv):
+                at = ", ".join([c0, c0, c0, row, em.const(v * LANES, "index")])
+                res = em.op(f"vector.transfer_write {state[2 * nr + i * nv + v]}, {res}[{at}] "
+                            f"{{in_bounds = [true]}} : {vf}, {tt(res_t)}")
+            for k, x in ((0, state[i]), (1, state[nr + i])):
+                at = ", ".join([c0, c0, c0, row, em.const(self.dv + k, "index")])
+                res = em.op(f"tensor.insert {x} into {res}[{at}] : {tt(res_t)}")
+        return res
+
+    def emit(self, w_lo: str, w_hi: str, res: str, acc_t: TensorType) -> str:
+        """The tile's block loop and its rows' results written into ``res`` (``acc_t``)."""
+        em, vf, nr, nv = self.em, self.vf, len(self.rows), self.dv // LANES
+        state = self.loop(w_lo, w_hi)
         one = em.const(1.0, "f32")
         for i, r in enumerate(self.rows):
             den = state[nr + i]
