@@ -37,6 +37,11 @@ read the same way: each visited block is dequantized, where it is loaded, into a
 in place each block: L1-sized, never a copy of the pool), and the block update reads the tile
 as it reads an f32 block. Converting each stored value once per block, rather than once per
 query row in the contractions, is what keeps GQA's several rows per KV head cheap.
+
+A backend may take the op with its own kernel first (its strategy's kernels'
+``paged_attention``, returning None to leave it here): the CPU's, for q8_0 pools, is
+:mod:`poot.backends.cpu.attention` (dequantized in registers, state in registers across the
+block loop); float pools and the other backends' generic mapping keep this lowering.
 """
 
 from __future__ import annotations
