@@ -2,7 +2,8 @@
 against the op's oracle: head dims 32, 64 and 128, GQA groups, several query tokens (the row
 tiles), context lengths that end inside a block, block tables whose blocks are out of order
 and shared, stale positions whose scales are inf, block sizes whose key chunks are 16, 4 and 2,
-an i1 mask and an f32 bias; and its lane-sum shuffles on indices."""
+an i1 mask, an f32 bias and one mask value for every key; 1 and 2 threads (split items); and
+its lane-sum shuffles on indices."""
 
 from __future__ import annotations
 
@@ -153,3 +154,24 @@ def test_tiles_and_chunks():
     dividing the block size, at most 16."""
     assert [row_tile(d) for d in (32, 64, 128, 256)] == [8, 4, 2, 1]
     assert [chunk_keys(bs) for bs in (32, 16, 12, 8, 6, 5)] == [16, 16, 4, 8, 2, 1]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_q8_0_kernel_with_one_mask_value_for_every_key(threads):
+    """A mask of one value for every key (``[1, 1, 1, 1, 1]``: the flash-attention rewrite's
+    zero bias when the composition has no mask; and an i1 all-visible one): every key of
+    every table entry attends, as the oracle says."""
+    rng = np.random.default_rng(3)
+    bs, w, h, d = 32, 3, 3, 64
+    table = np.array([[5, 0, 2]], np.int32)
+    k_arrs = _pool(rng, (6, bs, h, d), Q8_0)
+    v_arrs = _pool(rng, (6, bs, h, d), Q8_0)
+    q = rng.standard_normal((1, h, 3, 1, d)).astype(np.float32)
+    for mask in (np.zeros((1, 1, 1, 1, 1), np.float32), np.ones((1, 1, 1, 1, 1), bool)):
+        g = _graph(q, k_arrs, v_arrs, table, mask, 0.125)
+        ins = {"q": q, "kp": k_arrs[0], "vp": v_arrs[0], "bt": table, "m": mask,
+               "s0": k_arrs[1], "s1": v_arrs[1]}
+        want = next(iter(oracle.evaluate(g, ins).values()))
+        got = next(iter(compile_cpu(g, strategy=strategy_for(threads=threads)).run(ins, {})
+                        .values()))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
