@@ -85,6 +85,11 @@ CASES = {
     "d32-q8-k-f16-v-bias": dict(d=32, kv_heads=2, group=3, tokens=2, bs=8, lengths=[21, 40],
                                 v_st=DType.F16, bias=True),
     "d64-bias": dict(d=64, kv_heads=3, group=3, tokens=1, bs=32, lengths=[45, 64], bias=True),
+    # more than MAX_ROWS rows a work item (prefill chunks): the full row tiles as a loop
+    "d64-gqa3-8-tokens": dict(d=64, kv_heads=3, group=3, tokens=8, bs=32, lengths=[40, 71]),
+    "d64-gqa3-7-tokens-rest": dict(d=64, kv_heads=1, group=3, tokens=7, bs=16, lengths=[30]),
+    "d128-gqa2-9-tokens-bias": dict(d=128, kv_heads=2, group=2, tokens=9, bs=32,
+                                    lengths=[64, 20], bias=True),
     # one sequence, an odd number of KV heads: with 2 threads each item's blocks are split
     "d64-gqa3-one-seq": dict(d=64, kv_heads=3, group=3, tokens=1, bs=32, lengths=[200]),
     "d32-one-block": dict(d=32, kv_heads=1, group=2, tokens=1, bs=32, lengths=[7]),

@@ -11,9 +11,10 @@ block, far from the FMA rate. Here one work item (a sequence and KV head, as the
 over the items) keeps its query rows' state in registers across the whole block loop:
 
 * query rows in tiles of :func:`row_tile` rows (their accumulators, ``Dv / 16`` vectors a row,
-  fill about half the 32 AVX-512 registers); per tile an ``scf.for`` over the visited blocks
-  and, inside, over chunks of ``n`` keys (16, or the largest power of two dividing the block
-  size), the unit of the online softmax;
+  fill about half the 32 AVX-512 registers), unrolled up to :data:`MAX_ROWS` rows a work item
+  (decode, short verify steps), else the full tiles as a loop (prefill chunks); per tile an
+  ``scf.for`` over the visited blocks and, inside, over chunks of ``n`` keys (16, or the
+  largest power of two dividing the block size), the unit of the online softmax;
 * scores of a chunk: each key's D values are loaded as ``vector<16xi8>`` pieces, widened to
   f32 and scaled by their group's scale once for all the tile's rows; per (row, key) one
   ``vector<16xf32>`` of partial products (FMAs over D), and the chunk's ``n`` partial vectors
@@ -28,9 +29,8 @@ over the items) keeps its query rows' state in registers across the whole block 
   the accumulators.
 
 Results agree with the op's oracle up to f32 summation order (``1e-5`` relative), the same
-bound as the generic lowering. Float-only pools, a soft cap, more than :data:`MAX_ROWS` query
-rows a work item (long prefill), or head dims that are not multiples of 16 keep the generic
-lowering: this kernel returns None for them.
+bound as the generic lowering. Float-only pools, a soft cap, or head dims that are not
+multiples of 16 keep the generic lowering: this kernel returns None for them.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from poot.passes.expand_exp import HI, LN2_HI, LN2_LO, LO, LOG2E, POLY
 
 #: lanes of one f32 vector (one AVX-512 register)
 LANES = 16
-#: the most query rows of one work item this kernel takes (decode's GQA group times a few
-#: tokens); more keep the generic lowering
+#: the most query rows of one work item whose tiles are unrolled and whose blocks may be
+#: split over the cores (decode's GQA group times a few tokens); more run their tiles as a loop
 MAX_ROWS = 16
 #: accumulator registers one row tile may hold
 ACC_REGS = 16
@@ -202,7 +202,7 @@ def paged_attention(em: Emitter, op: OpInfo) -> str | None:
     rowdims = qt.shape[2:-1]
     n_rows = prod(rowdims)
     out_t = TensorType(qt.shape[:-1] + (dv,), DType.F32)
-    if d % LANES or dv % LANES or not 0 < n_rows <= MAX_ROWS or op.result != out_t or \
+    if d % LANES or dv % LANES or not n_rows or op.result != out_t or \
             mt.dtype not in (DType.I1, DType.F32):
         return None
     scales = [None, None]
@@ -219,18 +219,44 @@ def paged_attention(em: Emitter, op: OpInfo) -> str | None:
     def tile(t, b, hh, mb):
         return _Tile(em, op, t, q, b, hh, mb, kpool, vpool, scale)
 
-    n_split = splits(op)
+    n_split = splits(op) if n_rows <= MAX_ROWS else 1
     if n_split > 1:
         return _split_items(em, op, rows, tiles, n_split, tile)
+    n_loop = n_rows // rt if n_rows > MAX_ROWS else 0    # full tiles run as a loop
 
     def one_item(b: str, hh: str) -> str:
         mb, w_lo, w_hi = item_blocks(em, op, b, hh)
         res = em.empty(acc_t)
-        for t in tiles:
+        if n_loop:
+            res = _for(em, em.const(0, "index"), em.const(n_loop, "index"),
+                       em.const(1, "index"), [res], [tt(acc_t)],
+                       lambda ti, st: [tile(_tile_rows(em, ti, rt, rowdims), b, hh, mb)
+                                       .emit(w_lo, w_hi, st[0], acc_t)])[0]
+        for t in tiles[n_loop:]:
             res = tile(t, b, hh, mb).emit(w_lo, w_hi, res, acc_t)
         return res
 
     return paged_items(em, op, acc_t, one_item)
+
+
+def _tile_rows(em: Emitter, ti: str, rt: int, rowdims) -> list[tuple[str, ...]]:
+    """The row indices (index values, one per row dim) of the ``rt`` rows of tile ``ti``."""
+    out = []
+    for i in range(rt):
+        base = em.op(f"arith.muli {ti}, {em.const(rt, 'index')} : index")
+        flat = em.op(f"arith.addi {base}, {em.const(i, 'index')} : index")
+        idx = []
+        for n in reversed(rowdims):
+            cn = em.const(n, "index")
+            idx.append(em.op(f"arith.remui {flat}, {cn} : index"))
+            flat = em.op(f"arith.divui {flat}, {cn} : index")
+        out.append(tuple(reversed(idx)))
+    return out
+
+
+def _ix(em: Emitter, x) -> str:
+    """An index value: ``x`` itself (an SSA name) or a constant of int ``x``."""
+    return x if isinstance(x, str) else em.const(x, "index")
 
 
 def splits(op: OpInfo) -> int:
@@ -359,7 +385,7 @@ class _Tile:
         c = [em.const(o, "index") for o in range(0, qt.shape[-1], LANES)]
         pad = em.const(0.0, "f32")
         self.q = [[em.op(f"vector.transfer_read {q}[{b}, {hh}, "
-                         f"{', '.join(em.const(i, 'index') for i in r)}{', ' if r else ''}{o}]"
+                         f"{', '.join(_ix(em, i) for i in r)}{', ' if r else ''}{o}]"
                          f", {pad} {{in_bounds = [true]}} : {tt(qt)}, {self.vf}") for o in c]
                   for r in rows]
 
@@ -402,7 +428,7 @@ class _Tile:
                         f"to {vf}")
             for v in range(nv):
                 o = em.op(f"arith.mulf {state[2 * nr + i * nv + v]}, {inv} : {vf}")
-                idx = ", ".join(em.const(x, "index") for x in (0, *r, v * LANES))
+                idx = ", ".join(_ix(em, x) for x in (0, *r, v * LANES))
                 res = em.op(f"vector.transfer_write {o}, {res}[{idx}] {{in_bounds = [true]}} "
                             f": {vf}, {tt(acc_t)}")
         return res
@@ -420,7 +446,7 @@ class _Tile:
         """``vector<n x i1>``: which of the chunk's keys (from ``key0`` of the mask's key axis)
         row ``r`` may see (the i1 mask; a bias: not ``-inf``)."""
         em, n, mbt = self.em, self.n, self.mbt
-        idx = [em.const(0, "index")] + [em.const(x if mbt.shape[1 + a] != 1 else 0, "index")
+        idx = [em.const(0, "index")] + [_ix(em, x if mbt.shape[1 + a] != 1 else 0)
                                         for a, x in enumerate(r)]
         vi = f"vector<{n}xi1>"
         if mbt.shape[-1] == 1:              # one mask value for every key
