@@ -3,13 +3,15 @@ an f16 one, at several context lengths, and what the same KV memory holds. Print
 object.
 
     python bench/kv_storage.py [--contexts 512,2048,3500,4096] [--steps 20] [--rounds 3]
+    python bench/kv_storage.py --attention [...]   # one layer's paged attention alone
 
 Each storage's decode step (batch 1, KV capacity 4096 in 32-position blocks, as the engine
 compiles it) is compiled once and run alone in a loop with fixed inputs (prebuilt arguments,
 no host work): the token at position ``context - 1`` attends to ``context`` keys read through
 the block table. Per context the two storages are timed alternately, ``--rounds`` times
 ``--steps`` steps each, and the best mean per step is kept (the machine is shared: noise only
-adds time). ``speedup`` is f16's time over q8_0's (>= 1: q8_0 is as fast or faster).
+adds time). ``speedup`` is f16's time over q8_0's (>= 1: q8_0 is as fast or faster);
+``load_avg_1min``: the machine's 1-minute load average when the run started and ended.
 ``capacity``: the blocks and full-context sequences a 256 MiB ``--kv-memory`` pool holds in
 each storage (:func:`poot.api.memory.plan_kv`, what ``poot serve --kv-memory`` admits).
 """
@@ -73,6 +75,67 @@ def best_step_s(call, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def attention_alone(contexts, steps: int, rounds: int, threads: int) -> list[dict]:
+    """One layer's ``poot.paged_attention`` at SmolLM2's decode shape (3 KV heads of 3 query
+    heads, D = 64, the 4096-position pool of :func:`compile_decode`), compiled alone: f16
+    pools, q8_0 pools (the CPU kernel), and q8_0 pools through the generic lowering (no
+    backend kernel, as before it), each on one thread and on ``threads``. Per context: the
+    best mean wall time per call in microseconds, all timed alternately (one thread is the
+    steadier number on a shared machine: two threads wait for each other when another
+    process holds a core)."""
+    from dataclasses import replace
+
+    from poot.backends.cpu.codegen import compile_cpu, strategy_for
+    from poot.dialects.kv_quant import quantize_q8_0
+    from poot.dialects.types import DType, TensorType
+    from poot.graph.builder import Builder, TraceLimits
+
+    nb, h, d, w = CAPACITY // BS + 1, 3, 64, CAPACITY // BS
+    rng = np.random.default_rng(0)
+    kx, vx = (rng.standard_normal((nb, BS, h, d)).astype(np.float32) for _ in range(2))
+    pools = {"f16": [kx.astype(np.float16), vx.astype(np.float16)],
+             "q8_0": [*zip(quantize_q8_0(kx), quantize_q8_0(vx))]}
+    pools["q8_0"] = [pools["q8_0"][0][0], pools["q8_0"][0][1], pools["q8_0"][1][0],
+                     pools["q8_0"][1][1]]                       # kq, vq, ks, vs
+
+    def program(storage, strategy):
+        b = Builder(TraceLimits(max_values=64, max_ops=64, max_literal_bytes=1 << 22,
+                                max_owned_bytes=1 << 30))
+        arrs = pools[storage]
+        ins = [b.input("q", TensorType((1, h, 3, 1, d), DType.F32))]
+        ins += [b.input(f"p{i}", TensorType(a.shape, DType.from_numpy(a.dtype)))
+                for i, a in enumerate(arrs[:2])]
+        ins += [b.input("bt", TensorType((1, w), DType.I32)),
+                b.input("m", TensorType((1, 1, 1, 1, w * BS), DType.I1))]
+        ins += [b.input(f"p{i + 2}", TensorType(a.shape, DType.F16))
+                for i, a in enumerate(arrs[2:])]
+        out = b.op("paged_attention", ins, {"scale": 0.125, "softcap": 0.0})
+        return compile_cpu(b.finish(out), strategy=strategy)
+
+    kinds, progs = {}, {}
+    for t in sorted({1, threads}):
+        for storage, generic in (("f16", False), ("q8_0", False), ("q8_0", True)):
+            k = f"{storage}{'_generic' if generic else ''}_t{t}"
+            st = strategy_for(threads=t)
+            kinds[k] = storage
+            progs[k] = program(storage, replace(st, kernels=None) if generic else st)
+    rows = []
+    for ctx in contexts:
+        base = {"q": rng.standard_normal((1, h, 3, 1, d)).astype(np.float32),
+                "bt": np.arange(1, w + 1, dtype=np.int32)[None],
+                "m": (np.arange(w * BS) < ctx).reshape(1, 1, 1, 1, -1)}
+        calls = {k: prepared_call(p, {**base, **{f"p{i}": a for i, a in
+                                                 enumerate(pools[kinds[k]])}}, {})
+                 for k, p in progs.items()}
+        wall = {k: float("inf") for k in calls}
+        for _ in range(rounds):
+            for k, call in calls.items():
+                wall[k] = min(wall[k], best_step_s(call, steps))
+        rows.append({"context": ctx, **{f"{k}_us": round(v * 1e6, 1) for k, v in wall.items()}})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
 def capacity(model, weights, kv_memory: int) -> dict:
     """Blocks and full-context (4096) sequences ``kv_memory`` bytes hold per storage."""
     from poot.api.memory import plan_kv
@@ -95,11 +158,25 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", default="512,2048,3500,4096")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--attention", action="store_true",
+                    help="time one layer's paged attention alone (f16, q8_0, q8_0 through "
+                         "the generic lowering) instead of the decode step")
     a = ap.parse_args(argv)
+    contexts = [int(c) for c in a.contexts.split(",")]
+    if a.attention:
+        load0 = round(os.getloadavg()[0], 2)
+        from poot.backends.cpu.codegen import cpu_threads
+        rows = attention_alone(contexts, a.steps, a.rounds, cpu_threads())
+        json.dump({"attention_per_layer": rows, "steps": a.steps, "rounds": a.rounds,
+                   "load_avg_1min": {"start": load0, "end": round(os.getloadavg()[0], 2)}},
+                  sys.stdout, indent=1)
+        print()
+        return 0
     from poot.backends.cpu.codegen import cpu_threads
     from poot.load.bundled import smollm2_gguf
     from poot.models import load_model
 
+    load0 = round(os.getloadavg()[0], 2)     # the machine is shared: how busy it was
     model, weights = load_model(str(smollm2_gguf()))
     progs, compile_s = {}, {}
     for s in STORAGES:
@@ -107,7 +184,7 @@ def main(argv=None) -> int:
     params = {s: {n: np.asarray(weights[n]) for n, _ in p.params} for s, p in progs.items()}
     rng = np.random.default_rng(0)
     rows = []
-    for ctx in (int(c) for c in a.contexts.split(",")):
+    for ctx in contexts:
         calls = {s: prepared_call(progs[s], step_inputs(progs[s], ctx, rng), params[s])
                  for s in STORAGES}
         best = {s: float("inf") for s in STORAGES}
@@ -119,6 +196,7 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         del calls
     report = {"model": os.path.basename(str(smollm2_gguf())), "kv_capacity": CAPACITY,
+              "load_avg_1min": {"start": load0, "end": round(os.getloadavg()[0], 2)},
               "block_size": BS, "threads": cpu_threads(), "steps": a.steps,
               "rounds": a.rounds, "compile_s": {s: round(v, 1) for s, v in compile_s.items()},
               "decode": rows, "capacity": capacity(model, weights, 256 << 20)}

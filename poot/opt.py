@@ -31,7 +31,9 @@ from types import SimpleNamespace
 from mlir import ir
 
 from poot.backends.gpu.plan import plan_program
-from poot.compiler.target import Capabilities
+from poot.backends.vulkan.target import vulkan_target
+from poot.compiler.planning import check_module
+from poot.compiler.target import Capabilities, Target
 from poot.backends.registry import load_backend_passes
 from poot.dialects import irdl_text, make_context
 from poot.dialects.lowering.packed import DECODERS
@@ -94,9 +96,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def gpu_caps(subgroup_size: int, shared_bytes: int, cores: int, features: str) -> Capabilities:
     """The capabilities ``--gpu-kernels`` plans for: every storage dtype and packed decoder,
-    ``subgroup_size`` threads per subgroup, ``shared_bytes`` of workgroup memory, ``cores``
-    compute units, ``features`` (comma-separated names). Raises ValueError naming a bad
-    value."""
+    the KV formats the shared plan's kernels read in place (those a GPU target lists in
+    ``Capabilities.kv_formats``: q8_0, read by the paged-attention lowering through the
+    generic mapping as on Vulkan), ``subgroup_size`` threads per subgroup, ``shared_bytes``
+    of workgroup memory, ``cores`` compute units, ``features`` (comma-separated names).
+    Raises ValueError naming a bad value."""
     if subgroup_size < 1 or subgroup_size & (subgroup_size - 1):
         raise ValueError(f"--gpu-subgroup-size must be a power of two, not {subgroup_size}")
     if shared_bytes < 0:
@@ -106,14 +110,17 @@ def gpu_caps(subgroup_size: int, shared_bytes: int, cores: int, features: str) -
     feats = frozenset(f.strip() for f in features.split(",") if f.strip())
     return Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
                         subgroup_size=subgroup_size, max_shared_bytes=shared_bytes,
-                        features=feats)
+                        features=feats, kv_formats=vulkan_target().caps.kv_formats)
 
 
 def gpu_kernels_text(module: ir.Module, caps: Capabilities) -> str:
     """The GPU plan of ``module``'s step function (its first public ``func.func``, calling
     outlined dispatch regions) for ``caps``, as text: the kernels' module, then a comment line
     per launch and per scratch buffer. Raises :class:`~poot.errors.PootError` (a region no
-    kernel covers, a module without a step function)."""
+    kernel covers, a module without a step function; a
+    :class:`~poot.compiler.planning.Refusal` for an op ``caps`` cannot run, as
+    :func:`~poot.compiler.compile` refuses it)."""
+    check_module(module.operation, Target("gpu", caps))
     plan = plan_program(SimpleNamespace(graph=Graph.from_module(module), storage=[]), caps)
     lines = [str(plan.module).rstrip("\n")]
     for L in plan.launches:

@@ -221,3 +221,24 @@ def test_planning_refuses_q8_0_pools_without_the_kernel():
     with pytest.raises(Refusal) as e:
         check_module(g.module.operation, Target("vulkan", Capabilities(subgroup_size=32)))
     assert e.value.op == "poot.paged_attention" and "q8_0" in e.value.capability
+
+
+def test_poot_opt_gpu_target_plans_q8_0_pools():
+    """``poot-opt --gpu-kernels`` plans for the KV formats the GPU targets list (q8_0, as a
+    Vulkan device with f16 storage): a q8_0 paged attention is planned, and without q8_0
+    among the capabilities' KV formats it is refused as compile() refuses it."""
+    from dataclasses import replace
+
+    from poot.backends.vulkan.target import vulkan_target
+    from poot.compiler.planning import Refusal
+    from poot.opt import gpu_caps, gpu_kernels_text
+    from poot.passes.fuse_dispatch import fuse_dispatch
+
+    caps = gpu_caps(32, 48 * 1024, 132, "")
+    assert "q8_0" in caps.kv_formats and caps.kv_formats == vulkan_target().caps.kv_formats
+    g, _, _ = _case(np.random.default_rng(1), Q8_0, Q8_0)
+    fuse_dispatch(g.module)
+    assert "xi8>" in gpu_kernels_text(g.module, caps)
+    with pytest.raises(Refusal) as e:
+        gpu_kernels_text(g.module, replace(caps, kv_formats=frozenset()))
+    assert "q8_0" in e.value.capability

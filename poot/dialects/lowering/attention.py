@@ -37,6 +37,11 @@ read the same way: each visited block is dequantized, where it is loaded, into a
 in place each block: L1-sized, never a copy of the pool), and the block update reads the tile
 as it reads an f32 block. Converting each stored value once per block, rather than once per
 query row in the contractions, is what keeps GQA's several rows per KV head cheap.
+
+A backend may take the op with its own kernel first (its strategy's kernels'
+``paged_attention``, returning None to leave it here): the CPU's, for q8_0 pools, is
+:mod:`poot.backends.cpu.attention` (dequantized in registers, state in registers across the
+block loop); float pools and the other backends' generic mapping keep this lowering.
 """
 
 from __future__ import annotations
@@ -404,20 +409,60 @@ def _pool_block(em: Emitter, pool, blk: str, hh: str, bs: int, hs: int):
                  f"[1, 1, 1, 1] : {tt(t)} to {tt(bt)}"), bt
 
 
+def item_blocks(em: Emitter, op: OpInfo, b: str, hh: str) -> tuple[str, str, str]:
+    """``(mask, w_lo, w_hi)`` of the work item (sequence ``b``, KV head ``hh``) of
+    ``poot.paged_attention`` ``op``: its mask rows (``[1, rows..., S]``, a slice of the op's
+    mask) and the block-table entries it visits, ``w_lo .. w_hi`` (with a per-key i1 mask, from
+    the block of the first to that of the last visible key; else the whole table)."""
+    mask, mt, (bsz, w), bs = op.args[4], op.types[4], op.types[3].shape, op.types[1].shape[1]
+    h = op.types[1].shape[2]
+    c0 = em.const(0, "index")
+    mbt = TensorType((1,) + mt.shape[2:], mt.dtype)
+    mrow = b if mt.shape[0] != 1 else c0
+    moffs = ", ".join([mrow, hh if mt.shape[1] == h and h != 1 else "0"]
+                      + ["0"] * (mt.rank - 2))
+    mb = em.op(f"tensor.extract_slice {mask}[{moffs}] [1, "
+               f"{', '.join(str(x) for x in mbt.shape)}] [{', '.join(['1'] * mt.rank)}] "
+               f": {tt(mt)} to {tt(mbt)}")
+    if mt.dtype is not DType.I1 or mt.shape[-1] == 1:
+        return mb, c0, em.const(w, "index")
+    first, last = _visible_range(em, mb, mbt)
+    cbs = em.const(bs, "index")
+    w_lo = em.op(f"arith.divui {first}, {cbs} : index")
+    # (last + bs) / bs: last = -1 (nothing visible) gives 0 blocks
+    w_hi = em.op(f"arith.divui {em.op(f'arith.addi {last}, {cbs} : index')}, {cbs} : index")
+    return mb, w_lo, w_hi
+
+
+def table_block(em: Emitter, op: OpInfo, b: str, wv: str) -> str:
+    """The pool block (an index, clamped to the pool) of entry ``wv`` of sequence ``b``'s row
+    of ``op``'s block table."""
+    table, tbt, nblocks = op.args[3], op.types[3], op.types[1].shape[0]
+    ti = em.op(f"tensor.extract {table}[{b}, {wv}] : {tt(tbt)}")
+    if tbt.dtype.value != "i64":
+        ti = em.op(f"arith.extsi {ti} : {tbt.dtype.value} to i64")
+    lo, hi = em.const(0, "i64"), em.const(nblocks - 1, "i64")
+    ti = em.op(f"arith.minsi {em.op(f'arith.maxsi {ti}, {lo} : i64')}, {hi} : i64")
+    return em.op(f"arith.index_cast {ti} : i64 to index")
+
+
 @rule("paged_attention")
 def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
-    q, kp, vp, table, mask, *sargs = op.args
-    qt, kpt, vpt, tbt, mt, *stypes = op.types
+    kernels = op.strategy.kernels if op.strategy is not None else None
+    own = getattr(kernels, "paged_attention", None)     # a backend's kernel (CPU: q8_0 pools)
+    if own is not None and (res := own(em, op)) is not None:
+        return res
+    q, kp, vp, _table, _mask, *sargs = op.args
+    qt, kpt, vpt, _tbt, mt, *stypes = op.types
     scale, softcap = float(op.attrs["scale"]), float(op.attrs["softcap"])
     visible = mt.dtype is DType.I1
-    nblocks, bs, h, d = kpt.shape
+    _, bs, h, d = kpt.shape
     # the q8_0 scales of an i8 pool, k's first: (ssa, [NB, bs, H, D/32] type) or None
     scales = [None, None]
     for i, pt in enumerate((kpt, vpt)):
         if pt.dtype is DType.I8:
             scales[i] = (sargs.pop(0), stypes.pop(0))
     dv = vpt.shape[-1]
-    bsz, w = tbt.shape
     out_t = TensorType(qt.shape[:-1] + (dv,), DType.F32)
     if op.result != out_t:
         op.refuse(f"result type {op.result} is not {out_t}")
@@ -432,38 +477,18 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
     acc_t = TensorType(rows + (dv,), DType.F32)
     kbt = TensorType((bs, hs, d), kpt.dtype)
     vbt = TensorType((bs, hs, dv), vpt.dtype)
-    mask_heads = mt.shape[1] == h and h != 1       # a mask row per KV head
     mbt = TensorType((1,) + mt.shape[2:], mt.dtype)
     per_key = mt.shape[-1] != 1
-    c0, c1 = em.const(0, "index"), em.const(1, "index")
 
     def one_item(b: str, hh: str) -> str:
         tail = ", ".join(["0"] * (qt.rank - 2))
         qb = em.op(f"tensor.extract_slice {q}[{b}, {hh}, {tail}] [1, "
                    f"{', '.join(str(x) for x in qbt.shape)}] [{', '.join(['1'] * qt.rank)}] "
                    f": {tt(qt)} to {tt(qbt)}")
-        mrow = b if mt.shape[0] != 1 else c0
-        moffs = ", ".join([mrow, hh if mask_heads else "0"] + ["0"] * (mt.rank - 2))
-        mb = em.op(f"tensor.extract_slice {mask}[{moffs}] [1, "
-                   f"{', '.join(str(x) for x in mbt.shape)}] [{', '.join(['1'] * mt.rank)}] "
-                   f": {tt(mt)} to {tt(mbt)}")
-        if visible and per_key:
-            first, last = _visible_range(em, mb, mbt)
-            cbs = em.const(bs, "index")
-            w_lo = em.op(f"arith.divui {first}, {cbs} : index")
-            # (last + bs) / bs: last = -1 (nothing visible) gives 0 blocks
-            w_hi = em.op(f"arith.divui {em.op(f'arith.addi {last}, {cbs} : index')}, "
-                         f"{cbs} : index")
-        else:
-            w_lo, w_hi = c0, em.const(w, "index")
+        mb, w_lo, w_hi = item_blocks(em, op, b, hh)
 
         def block(wv: str, st):
-            ti = em.op(f"tensor.extract {table}[{b}, {wv}] : {tt(tbt)}")
-            if tbt.dtype.value != "i64":
-                ti = em.op(f"arith.extsi {ti} : {tbt.dtype.value} to i64")
-            lo, hi = em.const(0, "i64"), em.const(nblocks - 1, "i64")
-            ti = em.op(f"arith.minsi {em.op(f'arith.maxsi {ti}, {lo} : i64')}, {hi} : i64")
-            blk = em.op(f"arith.index_cast {ti} : i64 to index")
+            blk = table_block(em, op, b, wv)
             kb = em.op(f"tensor.extract_slice {kp}[{blk}, 0, {hh}, 0] [1, {bs}, {hs}, {d}] "
                        f"[1, 1, 1, 1] : {tt(kpt)} to {tt(kbt)}")
             vb = em.op(f"tensor.extract_slice {vp}[{blk}, 0, {hh}, 0] [1, {bs}, {hs}, {dv}] "
@@ -497,11 +522,21 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
         state = _loop(em, w_lo, w_hi, state, types, block)
         return _finish(em, rows, dv, state[2], state[1], visible)
 
+    return paged_items(em, op, acc_t, one_item)
+
+
+def paged_items(em: Emitter, op: OpInfo, acc_t: TensorType, one_item) -> str:
+    """The result of ``poot.paged_attention`` ``op`` from its work items, one per (sequence,
+    KV head) pair: ``one_item(b, hh)`` emits one and returns its ``acc_t`` (``[1, rows...,
+    Dv]``) result. With threads (the strategy's cores) the items are an ``scf.forall``, else
+    an ``scf.for`` over the sequences with the heads unrolled."""
+    out_t = op.result
+    bsz, nh = op.types[3].shape[0], op.types[1].shape[2]
+    c0, c1 = em.const(0, "index"), em.const(1, "index")
     init = em.empty(out_t)
     sizes = ", ".join(["1"] + [str(x) for x in acc_t.shape])
     ones = ", ".join(["1"] * out_t.rank)
     tail = ", ".join(["0"] * (acc_t.rank - 1))
-    nh = h
     strategy = op.strategy
     res, o, b, hh = em.fresh("pa"), em.fresh("o"), em.fresh("b"), em.fresh("hh")
     if strategy is not None and strategy.cores > 1 and bsz * nh > 1:
