@@ -253,17 +253,20 @@ def test_q8_0_paged_attention_compiles_to_an_hsaco(arch):
 
 # ---- traced steps and planning ------------------------------------------------------------------
 
-def _llama32(tmp_path):
-    """The tiny Llama fixture with 32-wide heads (q8_0 needs a multiple of 32), random f32
-    weights: ``(model, weights)``."""
+#: tiny fixtures whose KV rows q8_0 can cut (32-wide heads; MLA: a 64-wide latent row)
+WIDE = {"llama": {"head_dim": 32}, "deepseek_v3": {"kv_lora_rank": 32, "qk_rope_head_dim": 32}}
+
+
+def _llama32(tmp_path, fixture: str = "llama"):
+    """Tiny ``fixture`` with the :data:`WIDE` changes (q8_0 needs a multiple of 32), random
+    f32 weights: ``(model, weights)``."""
     import json
     from pathlib import Path
 
     from poot.models.random_init import load_random_model
 
-    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "tiny" / "llama"
-    cfg = json.loads((fixture / "config.json").read_text())
-    cfg["head_dim"] = 32
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "tiny" / fixture
+    cfg = {**json.loads((folder / "config.json").read_text()), **WIDE[fixture]}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     return load_random_model(tmp_path / "config.json", dtype="f32")
 
@@ -275,16 +278,18 @@ def _targets():
     return {"cuda": cuda_target(), "rocm": rocm_target("gfx942")}
 
 
+@pytest.mark.parametrize("fixture", sorted(WIDE))
 @pytest.mark.parametrize("backend", ["cuda", "rocm"])
-def test_traced_q8_0_decode_step_attends_by_the_strategy(tmp_path, backend):
-    """A traced decode step (batch 2) over q8_0 pools compiles for CUDA and ROCm, and every
-    paged-attention dispatch is the flash-decoding strategy's kernels, reading the pools in
-    place (no other launch of that dispatch: no dequantize pass)."""
+def test_traced_q8_0_decode_step_attends_by_the_strategy(tmp_path, backend, fixture):
+    """A traced decode step (batch 2) over q8_0 pools (a Llama's K and V; multi-head latent
+    attention's one latent pool) compiles for CUDA and ROCm, and every paged-attention
+    dispatch is the flash-decoding strategy's kernels, reading the pools in place (no other
+    launch of that dispatch: no dequantize pass)."""
     from poot.compiler import compile
     from poot.dialects.kv_quant import Q8_0
     from poot.models import StepSpec
 
-    model, weights = _llama32(tmp_path)
+    model, weights = _llama32(tmp_path, fixture)
     spec = StepSpec.decode(kv_capacity=64, block_size=16, num_blocks=9, kv_dtype=Q8_0,
                            batch=2)
     g = model.trace(spec, weights.types)
@@ -338,3 +343,48 @@ def test_wgpu_still_refuses_q8_0_kv(tmp_path):
     with pytest.raises(InvalidRequest) as e:
         plan_kv(model, weights.types, wgpu_target(), 64, 2, None, Q8_0)
     assert e.value.field == "kv_dtype" and "the wgpu target lacks" in str(e.value)
+
+
+@pytest.mark.parametrize("step", ["decode", "prefill"])
+def test_mla_step_over_a_q8_0_latent_pool_matches_oracle_on_vulkan(vk_device, tmp_path, step):
+    """Multi-head latent attention (tiny DeepSeek-V3, a 64-wide latent row) with a q8_0
+    latent pool, whole steps on the device: its paged attention (the strategy: K the latent
+    row, V a slice of it, each with its scales) and the logits equal the oracle's."""
+    from poot import oracle
+    from poot.backends.gpu.plan import plan_program
+    from poot.compiler import CompileOptions, compile
+    from poot.dialects.kv_quant import Q8_0
+    from poot.models import StepSpec
+
+    target = _vk_target(vk_device, 4)
+    if "q8_0" not in target.caps.kv_formats:
+        pytest.skip("this Vulkan device stores no f16 (the q8_0 scales)")
+    model, weights = _llama32(tmp_path, "deepseek_v3")
+    kw = dict(kv_capacity=64, block_size=16, num_blocks=6, kv_dtype=Q8_0)
+    spec = StepSpec.decode(**kw) if step == "decode" else StepSpec.prefill(8, **kw)
+    g = model.trace(spec, weights.types)
+    rng = np.random.default_rng(3)
+    ins = {n: (rng.integers(-127, 128, t.shape).astype(np.int8) if t.dtype.value == "i8"
+               else (rng.random(t.shape) * 0.02).astype(t.dtype.numpy))
+           for n, t in g.inputs if n.startswith("kv.")}
+    pos = (np.arange(spec.tokens) + (0 if spec.tokens > 1 else 9)).astype(np.int32)[None]
+    table = rng.permutation(spec.n_blocks)[:spec.table_width][None].astype(np.int32)
+    ins.update(tokens=rng.integers(0, 64, (1, spec.tokens)).astype(np.int32), positions=pos,
+               block_table=table,
+               slot_mapping=(table[0, pos[0] // spec.bs] * spec.bs + pos[0] % spec.bs)
+               .astype(np.int32))
+    want = oracle.evaluate(g, ins, weights)["logits"]
+    prog = compile(g, target, CompileOptions())
+    attn = plan_program(prog, target.caps).strategies.get("flash_decode", 0)
+    assert attn >= prog.dispatches["paged_attention"] == model.dims().n_layers
+    k = vk_device.load(prog.executable)
+    bufs = []
+    for a in k.args:
+        bufs.append(vk_device.alloc(a.type))
+        if a.role in ("input", "param"):
+            vk_device.upload(bufs[-1], ins[a.name] if a.role == "input"
+                             else np.asarray(weights[a.name]))
+    vk_device.replay(vk_device.record(k, bufs))
+    vk_device.synchronize()
+    got = next(vk_device.download(b) for a, b in zip(k.args, bufs) if a.name == "logits")
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
