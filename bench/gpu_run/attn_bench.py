@@ -28,7 +28,8 @@ serving decode step's attention costs while the sequences are short).
 KV storage cases (``KV``, built alone with ``build FOLDER --kv``): the Llama-3.2-1B shape at
 B = 64 sequences in a 2048-key table (issue 49's H200 target), paged, once per pool storage of
 ``KV_FORMATS``: f16, bf16 and q8_0 (i8 values and f16 scales, dequantized by the kernel where
-it loads them; and q8_0's ``k2`` variant, twice the K loads a round). ``run`` checks each
+it loads them, K four values a 32-bit word load; q8_0's ``bytes`` variant reads K one byte
+load a value, its ``k2`` variant twice the K loads a round). ``run`` checks each
 against the oracle and adds ``kv_summary``: per position, microseconds per layer of each
 storage and the speed-ups of q8_0 over f16 and bf16 (the issue's target: >= 1.1x bf16 at 2k
 context)::
@@ -192,6 +193,24 @@ def wide_k_rounds():
         emit.unroll = base
 
 
+@contextlib.contextmanager
+def byte_loads():
+    """Within it, the split kernel reads a q8_0 K pool one byte load a value
+    (:data:`~poot.backends.gpu.strategies.attention.emit.Q8_WORDS` off): the ``bytes``
+    variant, against the word loads of ``auto``."""
+    from poot.backends.gpu.strategies.attention import emit
+
+    emit.Q8_WORDS = False
+    try:
+        yield
+    finally:
+        emit.Q8_WORDS = True
+
+
+#: the q8_0 cases' variants besides ``auto``: name -> how the kernels are built
+Q8_VARIANTS = {"bytes": byte_loads, "k2": wide_k_rounds}
+
+
 def build_kv(folder: str) -> dict:
     """The KV storage cases (:data:`KV` x :data:`KV_FORMATS`) into ``folder``: each one's
     artifact (the strategy's kernels only, else it stops) and the oracle's outputs at
@@ -221,11 +240,12 @@ def build_kv(folder: str) -> dict:
                 sys.exit(f"{case}: planned {plan.strategies}, not the flash-decoding kernels")
             ks = save_plan(plan, folder, f"{case}_auto")
             manifest[f"{case}_auto"] = {"case": case, "variant": "auto", "launches": ks}
-            if fmt == "q8_0":     # the same kernels with twice the K values a load round
-                with wide_k_rounds():
+            for variant, how in (Q8_VARIANTS.items() if fmt == "q8_0" else ()):
+                with how():
                     plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
-                ks = save_plan(plan, folder, f"{case}_k2")
-                manifest[f"{case}_k2"] = {"case": case, "variant": "k2", "launches": ks}
+                ks = save_plan(plan, folder, f"{case}_{variant}")
+                manifest[f"{case}_{variant}"] = {"case": case, "variant": variant,
+                                                 "launches": ks}
             want = {}
             for p in KV_POSITIONS:
                 x = kv_inputs(B, Hkv, G, S, D, fmt, p)
@@ -321,12 +341,15 @@ def kv_summary(results: dict) -> dict:
             per[p] = {"us_per_layer": us,
                       "q8_0_vs_f16": round(us["f16"] / us["q8_0"], 3),
                       "q8_0_vs_bf16": round(us["bf16"] / us["q8_0"], 3)}
-            k2 = results.get(f"{name}_q8_0_k2")
-            if k2 is not None:
-                per[p]["q8_0_k2_us"] = k2["us_per_layer"][p]
-                per[p]["q8_0_k2_vs_bf16"] = round(us["bf16"] / k2["us_per_layer"][p], 3)
-        out[name] = {"positions": per, "ok": all(r["ok"] for r in rows.values()) and
-                     results.get(f"{name}_q8_0_k2", {"ok": True})["ok"]}
+            for variant in Q8_VARIANTS:
+                r = results.get(f"{name}_q8_0_{variant}")
+                if r is not None:
+                    per[p][f"q8_0_{variant}_us"] = r["us_per_layer"][p]
+                    per[p][f"q8_0_{variant}_vs_bf16"] = round(us["bf16"] /
+                                                             r["us_per_layer"][p], 3)
+        variants = [results.get(f"{name}_q8_0_{v}", {"ok": True}) for v in Q8_VARIANTS]
+        out[name] = {"positions": per,
+                     "ok": all(r["ok"] for r in list(rows.values()) + variants)}
     return out
 
 

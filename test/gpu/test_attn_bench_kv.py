@@ -37,18 +37,19 @@ def test_kv_build_and_the_machines_inputs_agree_on_vulkan(vk_device, small_kv, t
 
     manifest = attn_bench.build_kv(str(tmp_path))
     assert sorted(manifest) == [f"small_{f}" for f in ("bf16_auto", "f16_auto", "q8_0_auto",
-                                                        "q8_0_k2")]
+                                                        "q8_0_bytes", "q8_0_k2")]
     B, Hkv, G, S, D = SMALL["small"]
     target = _vk_target(vk_device, 4)
     for key, m in manifest.items():
         art = CudaArtifact.load(str(tmp_path / key))
         assert "shfl.sync" in art.ptx
         fmt = attn_bench.KV_CASES[m["case"]][1]
-        assert ("ld.global.s8" in art.ptx) == (fmt == "q8_0")
+        assert ("ld.global.s8" in art.ptx) == (fmt == "q8_0")       # V (and K in bytes)
         g = rope_attention_region(B=B, T=1, Hkv=Hkv, G=G, S=S, D=D, Dv=D, mask="i1",
                                   paged=(B * S // attn_bench.PAGED_BS + 1, attn_bench.PAGED_BS,
                                          fmt))
-        with attn_bench.wide_k_rounds() if m["variant"] == "k2" else contextlib.nullcontext():
+        how = attn_bench.Q8_VARIANTS.get(m["variant"], contextlib.nullcontext)
+        with how():
             vk = codegen_vulkan(g, target)
         want = attn_bench.expected(str(tmp_path), m["case"])
         assert sorted(want) == sorted(map(str, POSITIONS))
@@ -65,11 +66,12 @@ def test_kv_build_and_the_machines_inputs_agree_on_vulkan(vk_device, small_kv, t
 def test_kv_summary_reports_the_speedups(small_kv):
     rows = {f"small_{f}": {"ok": True, "us_per_layer": {"40": t, "127": 2 * t}}
             for f, t in (("f16_auto", 30.0), ("bf16_auto", 33.0), ("q8_0_auto", 20.0),
-                         ("q8_0_k2", 22.0))}
+                         ("q8_0_k2", 22.0), ("q8_0_bytes", 30.0))}
     got = attn_bench.kv_summary(rows)["small"]
     assert got["ok"] and got["positions"]["127"]["us_per_layer"]["q8_0"] == 40.0
     assert got["positions"]["40"]["q8_0_vs_f16"] == 1.5
     assert got["positions"]["127"]["q8_0_vs_bf16"] == 1.65
     assert got["positions"]["40"]["q8_0_k2_vs_bf16"] == 1.5
+    assert got["positions"]["127"]["q8_0_bytes_us"] == 60.0
     rows["small_q8_0_k2"]["ok"] = False
     assert not attn_bench.kv_summary(rows)["small"]["ok"]

@@ -143,9 +143,11 @@ CASES = [
                          f"-{'q8' if c[9] else 'f16'}-{'q8' if c[10] else 'f16'}")
 def test_q8_0_paged_attention_matches_numpy_on_vulkan(vk_device, case):
     """The strategy takes q8_0 pools (the scales planes matched as views) and, planned for 1
-    and 1000 cores (one launch, or split + combine), equals numpy's dequantize-then-attend:
-    the inf scales of stale rows never leak, a row that sees no key gives zeros."""
-    from poot.backends.gpu.strategies.attention import match_attention, plan_attention
+    and 1000 cores (one launch: K read a byte a value; or split + combine: K read as words of
+    four values), equals numpy's dequantize-then-attend: the inf scales of stale rows never
+    leak, a row that sees no key gives zeros."""
+    from poot.backends.gpu.strategies.attention import (emit_attention, match_attention,
+                                                        plan_attention)
     from poot.backends.vulkan.codegen import codegen_vulkan
 
     *shape, lengths, k_q8, v_q8 = case
@@ -155,9 +157,13 @@ def test_q8_0_paged_attention_matches_numpy_on_vulkan(vk_device, case):
     assert reg is not None and reg.paged is not None
     assert (reg.paged.k_scale is not None, reg.paged.v_scale is not None) == (k_q8, v_q8)
     splits = set()
+    words = f"memref<{shape[3] * shape[4] * shape[1] * shape[6] // 4}xi32>"   # K as i32 words
     for cores in (1, 1000):
         target = _vk_target(vk_device, cores)
         plan = plan_attention(reg, target.caps)
+        with g.module.context:
+            text = emit_attention(reg, plan).text
+        assert (words in text) == (k_q8 and plan.W == 1), plan    # else K a byte a value
         art = codegen_vulkan(g, target)
         assert _strategies(g, target) == {"flash_decode": 1 + (plan.NS > 1)}
         got = _run(vk_device, art, feed)["r0"]
@@ -212,8 +218,8 @@ def _llama_q8(S, D):
 @pytest.mark.parametrize("S,D,launches", LLAMA_Q8)
 def test_q8_0_paged_attention_ptx_assembles(S, D, launches):
     """For CUDA the q8_0 region becomes the strategy's kernels only (no dequantize launch):
-    the pools are read as signed bytes, the scales as 16-bit words, and ptxas assembles the
-    kernels without spilling."""
+    K is read as 32-bit words of four values, V as signed bytes, the scales as 16-bit words,
+    and ptxas assembles the kernels without spilling."""
     from poot.backends.cuda.codegen import cuda_target, ptx_text, ptxas_check
     from poot.backends.gpu.plan import plan_program
 

@@ -62,8 +62,10 @@ decode cost follows the sequence's length (and a sliding window's), not the tabl
 q8_0 pools (paged only, :mod:`poot.dialects.kv_quant`): a lane loads its key's (or value's)
 i8 elements and their f16 scale from the scales plane, indexed like the pool through the same
 staged table entry, and takes ``f32(q) * f32(d)`` as the element (the oracle's numbers); a
-dot-product round's ``V`` consecutive elements (``V | 32``) share one scale load. Nothing
-dequantizes the cache beforehand: each step reads 1.0625 bytes a value instead of 2.
+dot-product round's ``V`` consecutive elements (``V | 32``) share one scale load, and come
+from one 32-bit word load where they are 4 aligned values (the K pool then binds as
+``memref<N/4 x i32>``). Nothing dequantizes the cache beforehand: each step reads 1.0625
+bytes a value instead of 2.
 
 Buffers: every argument read is a flat memref (``memref<N x storage>``: f32, f16, i8 for i1
 and for q8_0 values, i16 words for bf16; a packed weight as its bytes), a constant the scalar emitter cannot inline
@@ -110,6 +112,9 @@ from poot.dialects.types import type_from_mlir
 
 #: the score a masked key takes with an i1 mask (poot.dialects.ops.attention.MASKED_SCORE)
 MASKED_SCORE = -1e30
+#: read a q8_0 K pool as 32-bit words, four values a load (see :meth:`SplitKernel.k_words`);
+#: False: one byte load a value (bench/gpu_run/attn_bench.py times both)
+Q8_WORDS = True
 
 
 class SplitKernel:
@@ -141,6 +146,7 @@ class SplitKernel:
                            [flat_type(t) for t in self.ftypes], self.used.add)
         self.workgroup: list[tuple[str, str]] = []     # (name, memref type) per buffer
         self.qs_t = None
+        self.words = {reg.k.arg} if self.k_words() else set()
 
     def emit(self) -> tuple[str, list[Launch], list]:
         """The ``gpu.module @attention`` text up to the split kernel's end (the caller adds
@@ -173,7 +179,41 @@ class SplitKernel:
         return f"%a{a}"
 
     def ptype(self, a: int) -> str:
+        if a in self.words:        # a q8_0 K pool's bytes as i32 words
+            return f"memref<{self.ftypes[a].numel // 4}xi32>"
         return flat_type(self.ftypes[a])
+
+    def k_words(self) -> bool:
+        """Whether the K pool is q8_0 values read as little-endian i32 words, the four values
+        of a lane's round (``V = 4`` consecutive elements from a multiple of 4) from one load
+        (a byte load a value makes four L1 requests where one does): when :data:`Q8_WORDS`,
+        every element offset of a lane's round is a multiple of 4 (unit head-dim stride, the
+        other strides and the offset multiples of 4), no other operand reads the pool
+        (multi-head latent attention's V is a slice of it: byte loads there), and a block is
+        one subgroup (the split plans: long contexts, large batches, where the bytes a step
+        reads decide its time; the one-launch plans of up to 16 subgroups run at 64
+        registers a thread, which word loads overran at D = 128 where byte loads fit)."""
+        reg = self.reg
+        k = reg.k
+        if not Q8_WORDS or reg.paged is None or reg.paged.k_scale is None or \
+                reg.v.arg == k.arg or unroll(reg.D, self.DL)[0] != 4 or self.W > 1:
+            return False
+        return k.strides[-1] == 1 and k.offset % 4 == 0 and \
+            all(st % 4 == 0 for st in k.strides[:-1])
+
+    def word(self, a: int, idx: str) -> str:
+        """Word ``idx // 4`` of word-read argument ``a`` (``idx`` a multiple of 4)."""
+        b = self.b
+        return b(f"memref.load {self.pname(a)}[{b(f'arith.divui {idx}, {b.c(4)} : index')}]"
+                 f" : {self.ptype(a)}")
+
+    def word_value(self, w: str, u: int) -> str:
+        """Byte ``u`` (from the lowest address) of i32 word ``w`` as a signed value in f32
+        (shifted down, truncated, converted), emitted where the value is used."""
+        b = self.b
+        x = b(f"arith.shrui {w}, {b.c(8 * u, 'i32')} : i32") if u else w
+        x = b(f"arith.trunci {x} : i32 to i8")
+        return b(f"arith.sitofp {x} : i8 to f32")
 
     def load_f(self, a: int, idx: str) -> str:
         """Element ``idx`` of argument ``a`` in f32: f16 extended, bf16 (i16 words) shifted
@@ -527,9 +567,11 @@ class SplitKernel:
             # q8_0: the round's V elements (from a multiple of V, V | 32) share one scale
             ksc = self.scale_of(ks, self.ksb, skey[0], b.add(jd, b.mul(self.dd, V))) \
                 if ks else None
+            kw = self.word(k.arg, b.add(klane, jd)) if k.arg in self.words else None
             for u in range(V):
                 du = b.add(jd, b.c(u))
-                kv = self.load_f(k.arg, b.add(klane, b.mul(du, k.strides[-1])))
+                kv = self.word_value(kw, u) if kw else \
+                    self.load_f(k.arg, b.add(klane, b.mul(du, k.strides[-1])))
                 if ksc is not None:
                     kv = b(f"arith.mulf {kv}, {ksc} : f32")
                 for j in range(R):
