@@ -1,6 +1,7 @@
 """Build device-check bundles (artifact + oracle fixtures + weights) for the CUDA backend.
 
     python bench/cuda_bundle.py [OUT_DIR] [--models llama llama_gguf_q4_1] [--steps 4]
+        [--paged llama:f16 llama:q8_0]
 
 Each bundle is OUT_DIR/<model>/ (OUT_DIR defaults to ``.cache/cuda_bundles``, ignored: bundles
 are generated, never committed) and is read by poot/backends/cuda/devcheck.py on a machine
@@ -56,6 +57,56 @@ def build(name: str, out: str, steps: int, capacity: int = 16, path: str | None 
             **art.summary(), **art.meta}
 
 
+def paged_inputs(spec, steps: int, seed: int = 0) -> list[dict]:
+    """Per-step inputs of a paged decode step ``spec`` over ``steps`` steps: sequence b at
+    positions ``3 b + k`` (k the step; the positions before its first are zero in the pools,
+    as carried state starts), its blocks a permutation of the pool's (block 0 left out, the
+    null block), random tokens."""
+    rng = np.random.default_rng(seed)
+    B, TW, bs = spec.batch, spec.table_width, spec.bs
+    table = (1 + rng.permutation(spec.n_blocks - 1)[:B * TW]).reshape(B, TW).astype(np.int32)
+    out = []
+    for k in range(steps):
+        pos = (3 * np.arange(B) + k).astype(np.int32)
+        slots = table[np.arange(B), pos // bs] * bs + pos % bs
+        out.append({"tokens": rng.integers(0, 64, (B, 1)).astype(np.int32),
+                    "positions": pos[:, None], "block_table": table,
+                    "slot_mapping": slots.astype(np.int32)})
+    return out
+
+
+def build_paged(name: str, kv: str, out: str, steps: int) -> dict:
+    """A device-check bundle of tiny fixture ``name``'s paged decode step (batch 2, 16-position
+    blocks, capacity 64) with 32-wide heads (q8_0 needs a multiple of 32; random f32 weights)
+    and KV storage ``kv`` (``f16``, ``q8_0``: quantize-on-write in the KV scatter, the
+    flash-decoding kernel dequantizing where it loads)."""
+    import tempfile
+
+    from poot.backends.cuda.codegen import cuda_target, ptxas_check
+    from poot.backends.cuda.fixtures import write_check_bundle
+    from poot.compiler.compile import compile as compile_step
+    from poot.dialects.kv_quant import KV_FORMATS
+    from poot.models import StepSpec
+    from poot.models.random_init import load_random_model
+
+    with open(os.path.join(FIXTURES, name, "config.json")) as f:
+        cfg = {**json.load(f), "head_dim": 32}
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        model, weights = load_random_model(os.path.join(d, "config.json"), dtype="f32")
+    spec = StepSpec.decode(kv_capacity=64, block_size=16, num_blocks=9, batch=2,
+                           kv_dtype=KV_FORMATS[kv])
+    t0 = time.perf_counter()
+    prog = compile_step(model.trace(spec, weights.types), cuda_target())
+    art = prog.executable
+    compile_s = time.perf_counter() - t0
+    folder = os.path.join(out, f"{name}_hd32_paged_{kv}")
+    write_check_bundle(folder, prog, art, weights.arrays, paged_inputs(spec, steps))
+    return {"bundle": folder, "compile_s": round(compile_s, 2),
+            "ptxas": bool(ptxas_check(art.ptx)), **art.summary(), **art.meta}
+
+
 def build_speed(path: str, out: str, label: str, capacity: int, strategy: str = "auto"
                 ) -> dict:
     """A speed-only bundle (artifact, no weights or fixtures: the device check makes stand-in
@@ -76,12 +127,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?", default=DEFAULT_OUT,
                     help=f"folder of the bundles (default {os.path.relpath(DEFAULT_OUT, ROOT)})")
-    ap.add_argument("--models", nargs="+", default=["llama", "llama_gguf_q4_1",
+    ap.add_argument("--models", nargs="*", default=["llama", "llama_gguf_q4_1",
                                                     "llama_gguf_q4_1:256",
                                                     "llama_gguf_q4_1:256:naive"])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--speed", nargs="*", default=[],
                     help="GGUF/HF checkpoints for speed-only bundles (PATH:CAPACITY:STRATEGY)")
+    ap.add_argument("--paged", nargs="*", default=["llama:f16", "llama:q8_0"],
+                    help="paged decode bundles with 32-wide heads (FIXTURE:KV_DTYPE)")
     a = ap.parse_args()
     for sp in a.speed:
         path, cap, strat = (sp.split(":") + ["", ""])[:3]
@@ -94,6 +147,9 @@ def main() -> None:
         r = build(name, a.out, a.steps, capacity=int(cap or 16), label=label,
                   strategy=strat or "auto")
         print(json.dumps(r))
+    for m in a.paged:
+        name, kv = m.split(":")
+        print(json.dumps(build_paged(name, kv, a.out, a.steps)))
 
 
 if __name__ == "__main__":

@@ -119,7 +119,9 @@ def rope_attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap=0.0, paged=None,
 
     ``paged`` (``(NB, bs, kv dtype)``, with ``S = TW * bs``): ``poot.paged_attention`` over
     block pools ``[NB, bs, Hkv, D]`` instead, the block table ``[B, TW]`` i32 a fifth
-    argument (what the step's paged attention region is after folding)."""
+    argument (what the step's paged attention region is after folding); kv dtype ``q8_0``:
+    i8 pools and their f16 scales ``[NB, bs, Hkv, D / 32]`` (k's, v's) the sixth and
+    seventh."""
     H, h = Hkv * G, D // 2
     freqs = ", ".join(f"{1.0 / 10000 ** (2 * i / D):.8e}" for i in range(h))
     qa, ha, h5, two = (B, T, H, D), (B, T, H, h), (B, T, H, h, 1), (B, T, H, h, 2)
@@ -127,9 +129,13 @@ def rope_attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap=0.0, paged=None,
     ka, va, k, v = (B, S, Hkv, D), (B, S, Hkv, Dv), (B, Hkv, S, D), (B, Hkv, S, Dv)
     m5, res, out = (B, 1, 1, T, S), (B, Hkv, G, T, Dv), (B, H, T, Dv)
     t = _t
+    scales = []
     if paged:
         NB, bs, kdt = paged
-        ka, va = t((NB, bs, Hkv, D), kdt), t((NB, bs, Hkv, Dv), kdt)
+        pdt = "i8" if kdt == "q8_0" else kdt
+        ka, va = t((NB, bs, Hkv, D), pdt), t((NB, bs, Hkv, Dv), pdt)
+        if kdt == "q8_0":
+            scales = [t((NB, bs, Hkv, D // 32), "f16"), t((NB, bs, Hkv, Dv // 32), "f16")]
     else:
         ka, va = t(ka), t(va)
     body = f"""
@@ -181,7 +187,7 @@ def rope_attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap=0.0, paged=None,
     if paged:
         tb = t((B, S // paged[1]), "i32")
         body += f"""
-  %at = "poot.paged_attention"(%q, %arg2, %arg3, %arg4, {mv}) {attrs} : ({t(q)}, {ka}, {va}, {tb}, {t(m5, mt)}) -> {t(res)}"""
+  %at = "poot.paged_attention"(%q, %arg2, %arg3, %arg4, {mv}{"".join(f", %arg{5 + i}" for i in range(len(scales)))}) {attrs} : ({t(q)}, {ka}, {va}, {tb}, {t(m5, mt)}{"".join(", " + x for x in scales)}) -> {t(res)}"""
     else:
         body += f"""
   %k = "poot.transpose"(%arg2) {{perm = array<i64: 0, 2, 1, 3>}} : ({ka}) -> {t(k)}
@@ -190,7 +196,7 @@ def rope_attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap=0.0, paged=None,
     body += f"""
   %r = "poot.reshape"(%at) : ({t(res)}) -> {t(out)}
   return %r : {t(out)}"""
-    ins = [t(qa), t((B, T), "i32"), ka, va] + ([tb] if paged else [])
+    ins = [t(qa), t((B, T), "i32"), ka, va] + ([tb] if paged else []) + scales
     args = ", ".join(f"%arg{i}: {x}" for i, x in enumerate(ins))
     rargs = ", ".join(f'%a{i}: {x} {{poot.name = "a{i}"}}' for i, x in enumerate(ins))
     names = ", ".join(f"%a{i}" for i in range(len(ins)))

@@ -1,27 +1,51 @@
-// A poot.paged_attention over q8_0 KV pools (i8 values, one f16 scale per 32 of them; the
-// scales are the trailing operands) planned by `poot-opt --gpu-kernels`: the target it plans
-// for lists q8_0 among its KV formats (poot/opt.py gpu_caps, from the GPU target's
-// Capabilities.kv_formats), so planning takes it, and the block loop's kernel reads the i8
-// pools and their f16 scales in place, dequantizing where it loads (sitofp, times the
-// widened scale). GQA decode, 2 kv heads x 2 query heads, D = 32, 4-key blocks, 12 keys.
 // RUN: poot-opt %s --gpu-kernels --gpu-subgroup-size=32 --gpu-shared-bytes=49152 --gpu-cores=132 | FileCheck %s
 
+// The flash-decoding strategy (poot/backends/gpu/strategies/attention/) over a
+// poot.paged_attention region whose pools are q8_0 (poot/dialects/kv_quant.py): i8 values
+// [80 blocks, 16 positions, 2 kv heads, 32] and their f16 scales [80, 16, 2, 1] as the
+// trailing operands; a 1152-key table, so the key axis splits (one subgroup a block) and a
+// combine kernel merges the chunks. The split kernel reads the pools in place: a lane loads
+// its key's values and their group's f16 scale and multiplies them as it loads (K: the
+// round's four values from one 32-bit word, the K pool bound as i32 words, one scale load a
+// round; V: a byte and a scale a value). Nothing dequantizes the pools beforehand.
 // CHECK-LABEL: gpu.module @poot_kernels
-// CHECK: gpu.func @[[K:k[0-9]+_[0-9a-f]+]](%{{.+}}: memref<i32>, %{{.+}}: memref<1x3xi32>, %{{.+}}: memref<5x4x2x32xi8>, %{{.+}}: memref<5x4x2x1xf16>, %{{.+}}: memref<4x1x1x32xf32>, %{{.+}}: memref<5x4x2x32xi8>, %{{.+}}: memref<5x4x2x1xf16>,
-// CHECK: memref.load %{{.+}} : memref<1x3xi32>
-// CHECK: arith.sitofp %{{.+}} : i8 to f32
-// CHECK-NEXT: arith.extf %{{.+}} : f16 to f32
-// CHECK-NEXT: arith.mulf
-// CHECK: math.exp
+// CHECK: gpu.func @[[K:k0_[0-9a-f]+]](%{{.+}}: memref<128xf32>, %[[KP:.+]]: memref<20480xi32>, %[[VP:.+]]: memref<81920xi8>, %{{.+}}: memref<72xi32>, %{{.+}}: memref<1152xi8>, %[[KS:.+]]: memref<2560xf16>, %[[VS:.+]]: memref<2560xf16>, %{{.+}}: memref<19584xf32>)
+// CHECK-SAME: known_block_size = array<i32: 32, 1, 1>
+// the dot products: the round's scale and word, then each byte sign-extended, times the scale
+// CHECK: memref.load %[[KS]][%{{.+}}] : memref<2560xf16>
+// CHECK-NEXT: %[[KD:.+]] = arith.extf %{{.+}} : f16 to f32
+// CHECK: %[[W:.+]] = memref.load %[[KP]][%{{.+}}] : memref<20480xi32>
+// CHECK-NEXT: %[[B0:.+]] = arith.trunci %[[W]] : i32 to i8
+// CHECK-NEXT: %[[KQ:.+]] = arith.sitofp %[[B0]] : i8 to f32
+// CHECK-NEXT: arith.mulf %[[KQ]], %[[KD]] : f32
+// CHECK: arith.shrui %[[W]], %c8_i32 : i32
+// CHECK: arith.shrui %[[W]], %c16_i32 : i32
+// CHECK: arith.shrui %[[W]], %c24_i32 : i32
+// p * v: each value dequantized with its own group's scale
+// CHECK: gpu.shuffle xor
+// CHECK: memref.load %[[VP]][%{{.+}}] : memref<81920xi8>
+// CHECK-NEXT: %[[VQ:.+]] = arith.sitofp %{{.+}} : i8 to f32
+// CHECK: memref.load %[[VS]][%{{.+}}] : memref<2560xf16>
+// CHECK-NEXT: %[[VD:.+]] = arith.extf %{{.+}} : f16 to f32
+// CHECK-NEXT: arith.mulf %[[VQ]], %[[VD]] : f32
+// CHECK: gpu.shuffle idx
 // CHECK: gpu.return
-// CHECK: // launch @[[K]] grid
+// CHECK: gpu.func @[[C:k1_[0-9a-f]+]]
+// CHECK: // launch @[[K]] grid [144, 1, 2] block [32, 1, 1] strategy flash_decode
+// CHECK-NEXT: // launch @[[C]] grid [1, 1, 1] block [128, 1, 1] strategy flash_decode
+// CHECK-NOT: // launch
 module {
-  func.func @region(%q: tensor<1x2x2x1x32xf32> {poot.name = "a0"}, %kp: tensor<5x4x2x32xi8> {poot.name = "a1"}, %vp: tensor<5x4x2x32xi8> {poot.name = "a2"}, %bt: tensor<1x3xi32> {poot.name = "a3"}, %m: tensor<1x1x1x1x12xi1> {poot.name = "a4"}, %ks: tensor<5x4x2x1xf16> {poot.name = "a5"}, %vs: tensor<5x4x2x1xf16> {poot.name = "a6"}) -> (tensor<1x2x2x1x32xf32> {poot.name = "r0"}) {
-    %0 = call @attn(%q, %kp, %vp, %bt, %m, %ks, %vs) : (tensor<1x2x2x1x32xf32>, tensor<5x4x2x32xi8>, tensor<5x4x2x32xi8>, tensor<1x3xi32>, tensor<1x1x1x1x12xi1>, tensor<5x4x2x1xf16>, tensor<5x4x2x1xf16>) -> tensor<1x2x2x1x32xf32>
-    return %0 : tensor<1x2x2x1x32xf32>
+  func.func @region(%arg0: tensor<1x1x4x32xf32> {poot.name = "a0"}, %arg1: tensor<80x16x2x32xi8> {poot.name = "a1"}, %arg2: tensor<80x16x2x32xi8> {poot.name = "a2"}, %arg3: tensor<1x72xi32> {poot.name = "a3"}, %arg4: tensor<1x1x1152xi1> {poot.name = "a4"}, %arg5: tensor<80x16x2x1xf16> {poot.name = "a5"}, %arg6: tensor<80x16x2x1xf16> {poot.name = "a6"}) -> (tensor<1x4x1x32xf32> {poot.name = "r0"}) {
+    %0 = call @attn(%arg0, %arg1, %arg2, %arg3, %arg4, %arg5, %arg6) : (tensor<1x1x4x32xf32>, tensor<80x16x2x32xi8>, tensor<80x16x2x32xi8>, tensor<1x72xi32>, tensor<1x1x1152xi1>, tensor<80x16x2x1xf16>, tensor<80x16x2x1xf16>) -> tensor<1x4x1x32xf32>
+    return %0 : tensor<1x4x1x32xf32>
   }
-  func.func private @attn(%q: tensor<1x2x2x1x32xf32>, %kp: tensor<5x4x2x32xi8>, %vp: tensor<5x4x2x32xi8>, %bt: tensor<1x3xi32>, %m: tensor<1x1x1x1x12xi1>, %ks: tensor<5x4x2x1xf16>, %vs: tensor<5x4x2x1xf16>) -> tensor<1x2x2x1x32xf32> attributes {poot.dispatch = {kind = "attention", ops = 1 : i64}} {
-    %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m, %ks, %vs) {scale = 1.250000e-01 : f64, softcap = 0.000000e+00 : f64} : (tensor<1x2x2x1x32xf32>, tensor<5x4x2x32xi8>, tensor<5x4x2x32xi8>, tensor<1x3xi32>, tensor<1x1x1x1x12xi1>, tensor<5x4x2x1xf16>, tensor<5x4x2x1xf16>) -> tensor<1x2x2x1x32xf32>
-    return %0 : tensor<1x2x2x1x32xf32>
+  func.func private @attn(%arg0: tensor<1x1x4x32xf32>, %arg1: tensor<80x16x2x32xi8>, %arg2: tensor<80x16x2x32xi8>, %arg3: tensor<1x72xi32>, %arg4: tensor<1x1x1152xi1>, %arg5: tensor<80x16x2x1xf16>, %arg6: tensor<80x16x2x1xf16>) -> tensor<1x4x1x32xf32> attributes {poot.dispatch = {kind = "paged_attention", ops = 5 : i64}} {
+    %0 = "poot.reshape"(%arg0) : (tensor<1x1x4x32xf32>) -> tensor<1x1x2x2x32xf32>
+    %1 = "poot.transpose"(%0) {perm = array<i64: 0, 2, 3, 1, 4>} : (tensor<1x1x2x2x32xf32>) -> tensor<1x2x2x1x32xf32>
+    %2 = "poot.reshape"(%arg4) : (tensor<1x1x1152xi1>) -> tensor<1x1x1x1x1152xi1>
+    %3 = "poot.paged_attention"(%1, %arg1, %arg2, %arg3, %2, %arg5, %arg6) {scale = 0.17677669529663687 : f64, softcap = 0.000000e+00 : f64} : (tensor<1x2x2x1x32xf32>, tensor<80x16x2x32xi8>, tensor<80x16x2x32xi8>, tensor<1x72xi32>, tensor<1x1x1x1x1152xi1>, tensor<80x16x2x1xf16>, tensor<80x16x2x1xf16>) -> tensor<1x2x2x1x32xf32>
+    %4 = "poot.reshape"(%3) : (tensor<1x2x2x1x32xf32>) -> tensor<1x4x1x32xf32>
+    return %4 : tensor<1x4x1x32xf32>
   }
 }
+

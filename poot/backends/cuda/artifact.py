@@ -63,7 +63,8 @@ class CudaArtifact(PlanArtifact):
 
 
 def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):
-    """The sm_90 compile target (f32/f16/bf16 storage, f32 compute, every packed format),
+    """The sm_90 compile target (f32/f16/bf16 storage, f32 compute, every packed format, q8_0
+    KV pools),
     built without MLIR: a machine that only runs cached programs computes its compile-cache
     keys with it. Must equal :func:`poot.backends.cuda.codegen.cuda_target` (a test checks
     that their keys agree)."""
@@ -75,7 +76,10 @@ def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, core
     return Target("cuda", Capabilities(packed_formats=frozenset(BY_NAME), cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,
-                                       features=frozenset({"sm_90", "workgroup_view"})))
+                                       features=frozenset({"sm_90", "workgroup_view"}),
+                                       # the flash-decoding kernels dequantize q8_0 KV
+                                       # where they load it
+                                       kv_formats=frozenset({"q8_0"})))
 
 
 def kernel_nodes(plan: dict) -> dict[str, int]:

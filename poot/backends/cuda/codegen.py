@@ -228,11 +228,15 @@ def codegen(program, options=None, progress=None) -> CudaArtifact:
 
 
 def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):
-    """The sm_90 target: f32/f16/bf16 storage, f32 compute, every packed decoder."""
+    """The sm_90 target: f32/f16/bf16 storage, f32 compute, every packed decoder, q8_0 KV
+    pools (read by the flash-decoding strategy)."""
     return Target("cuda", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,
-                                       features=frozenset({"sm_90", "workgroup_view"})))
+                                       features=frozenset({"sm_90", "workgroup_view"}),
+                                       # the flash-decoding kernels dequantize q8_0 KV
+                                       # where they load it
+                                       kv_formats=frozenset({"q8_0"})))
 
 
 __all__ = ["CudaCodegenError", "codegen", "compile_program", "cuda_target",

@@ -30,7 +30,9 @@ TOL = {"float32": 1e-4, "float16": 1e-2, "uint16": 2e-2}
 
 
 def compare(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
-    """(max abs diff, within tolerance): floats relative to max(1, max|want|), ints exact."""
+    """(max abs diff, within tolerance): floats relative to max(1, max|want|), ints exact but
+    int8 (q8_0 KV values: a value that lands on a rounding edge in one summation order may
+    round one step the other way in another) within one."""
     got = np.asarray(got).reshape(want.shape)
     if want.dtype.kind == "f":
         if want.size == 0:
@@ -40,7 +42,7 @@ def compare(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
         scale = max(1.0, float(np.abs(want).max()))
         return err, err <= TOL.get(str(want.dtype), 1e-4) * scale
     err = float(np.abs(got.astype(np.int64) - want.astype(np.int64)).max()) if want.size else 0.
-    return err, err == 0
+    return err, err <= (1 if want.dtype == np.int8 else 0)
 
 
 def random_weights(plan: dict, seed: int = 0) -> dict[str, np.ndarray]:

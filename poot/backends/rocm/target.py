@@ -30,7 +30,7 @@ def rocm_target(arch: str = DEFAULT_ARCH):
     """The :class:`~poot.compiler.target.Target` of AMD GPU ``arch`` (a key of :data:`ARCHS`;
     a feature suffix such as ``gfx942:sramecc+:xnack-`` is dropped): f32/f16/bf16 storage,
     f32 compute, every packed format decoded in registers, the wavefront size as the subgroup
-    size, 64 KiB of LDS. Its features name the arch, ``workgroup_view`` (the LLVM lowering
+    size, 64 KiB of LDS, q8_0 KV pools (read by the flash-decoding strategy). Its features name the arch, ``workgroup_view`` (the LLVM lowering
     takes views of workgroup memory) and the arch's matrix instructions: ``mfma`` on CDNA
     (gfx90a, gfx942: ``v_mfma_f32_16x16x16_{f16,bf16}``), ``wmma`` on RDNA 3 (gfx1100,
     gfx1151: ``v_wmma_f32_16x16x16_{f16,bf16}``), which the prefill GEMM uses
@@ -46,7 +46,10 @@ def rocm_target(arch: str = DEFAULT_ARCH):
     return Target("rocm", Capabilities(packed_formats=frozenset(BY_NAME), cores=cus,
                                        subgroup_size=wave, max_shared_bytes=lds,
                                        features=frozenset({arch, "workgroup_view",
-                                                           MATRIX[wave]})))
+                                                           MATRIX[wave]}),
+                                       # the flash-decoding kernels dequantize q8_0 KV
+                                       # where they load it
+                                       kv_formats=frozenset({"q8_0"})))
 
 
 def target(device):

@@ -36,8 +36,8 @@ def vulkan_target(device_caps: dict | None = None, backend: str = "vulkan"):
         max_shared_bytes=int(caps.get("max_shared_bytes", 32768)), features=feats,
         max_buffer_bytes=caps.get("max_buffer_bytes"),
         max_kernel_buffers=caps.get("max_kernel_buffers"),
-        # q8_0 KV: i8 values and f16 scales, read by the paged-attention lowering through
-        # the generic mapping (the attention strategies take float pools only)
+        # q8_0 KV: i8 values and f16 scales, dequantized by the flash-decoding strategy
+        # where it loads them (wgpu: no 16-bit storage for the scales, wgpu/target.py)
         kv_formats=frozenset({"q8_0"} if backend == "vulkan" and DType.F16 in storage
                              else ())))
 

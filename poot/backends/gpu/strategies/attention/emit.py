@@ -59,8 +59,16 @@ over keys ``lane, lane + sg, ...`` with no dependent chain, and walks only the b
 the first to the last key any row sees (the others would all be skipped: same result), so
 decode cost follows the sequence's length (and a sliding window's), not the table width.
 
-Buffers: every argument read is a flat memref (``memref<N x storage>``: f32, f16, i8 for i1,
-i16 words for bf16; a packed weight as its bytes), a constant the scalar emitter cannot inline
+q8_0 pools (paged only, :mod:`poot.dialects.kv_quant`): a lane loads its key's (or value's)
+i8 elements and their f16 scale from the scales plane, indexed like the pool through the same
+staged table entry, and takes ``f32(q) * f32(d)`` as the element (the oracle's numbers); a
+dot-product round's ``V`` consecutive elements (``V | 32``) share one scale load, and come
+from one 32-bit word load where they are 4 aligned values (the K pool then binds as
+``memref<N/4 x i32>``). Nothing dequantizes the cache beforehand: each step reads 1.0625
+bytes a value instead of 2.
+
+Buffers: every argument read is a flat memref (``memref<N x storage>``: f32, f16, i8 for i1
+and for q8_0 values, i16 words for bf16; a packed weight as its bytes), a constant the scalar emitter cannot inline
 a constant buffer (``("const", k)``); the scratch holds ``acc[B*M, splits, Dv]`` then
 ``(m, l)[B*M, splits]`` (f32); the in-block merge's workgroup buffer ``acc[W, R, Dv]`` then
 ``(m, l)[W, R]``; a paged block's staged table entries ``i32[NT]``
@@ -99,10 +107,14 @@ from poot.backends.gpu.strategies.attention.plan import (
     table_entries,
     unroll,
 )
+from poot.dialects.kv_quant import Q8_0
 from poot.dialects.types import type_from_mlir
 
 #: the score a masked key takes with an i1 mask (poot.dialects.ops.attention.MASKED_SCORE)
 MASKED_SCORE = -1e30
+#: read a q8_0 K pool as 32-bit words, four values a load (see :meth:`SplitKernel.k_words`);
+#: False: one byte load a value (bench/gpu_run/attn_bench.py times both)
+Q8_WORDS = True
 
 
 class SplitKernel:
@@ -134,6 +146,7 @@ class SplitKernel:
                            [flat_type(t) for t in self.ftypes], self.used.add)
         self.workgroup: list[tuple[str, str]] = []     # (name, memref type) per buffer
         self.qs_t = None
+        self.words = {reg.k.arg} if self.k_words() else set()
 
     def emit(self) -> tuple[str, list[Launch], list]:
         """The ``gpu.module @attention`` text up to the split kernel's end (the caller adds
@@ -166,7 +179,41 @@ class SplitKernel:
         return f"%a{a}"
 
     def ptype(self, a: int) -> str:
+        if a in self.words:        # a q8_0 K pool's bytes as i32 words
+            return f"memref<{self.ftypes[a].numel // 4}xi32>"
         return flat_type(self.ftypes[a])
+
+    def k_words(self) -> bool:
+        """Whether the K pool is q8_0 values read as little-endian i32 words, the four values
+        of a lane's round (``V = 4`` consecutive elements from a multiple of 4) from one load
+        (a byte load a value makes four L1 requests where one does): when :data:`Q8_WORDS`,
+        every element offset of a lane's round is a multiple of 4 (unit head-dim stride, the
+        other strides and the offset multiples of 4), no other operand reads the pool
+        (multi-head latent attention's V is a slice of it: byte loads there), and a block is
+        one subgroup (the split plans: long contexts, large batches, where the bytes a step
+        reads decide its time; the one-launch plans of up to 16 subgroups run at 64
+        registers a thread, which word loads overran at D = 128 where byte loads fit)."""
+        reg = self.reg
+        k = reg.k
+        if not Q8_WORDS or reg.paged is None or reg.paged.k_scale is None or \
+                reg.v.arg == k.arg or unroll(reg.D, self.DL)[0] != 4 or self.W > 1:
+            return False
+        return k.strides[-1] == 1 and k.offset % 4 == 0 and \
+            all(st % 4 == 0 for st in k.strides[:-1])
+
+    def word(self, a: int, idx: str) -> str:
+        """Word ``idx // 4`` of word-read argument ``a`` (``idx`` a multiple of 4)."""
+        b = self.b
+        return b(f"memref.load {self.pname(a)}[{b(f'arith.divui {idx}, {b.c(4)} : index')}]"
+                 f" : {self.ptype(a)}")
+
+    def word_value(self, w: str, u: int) -> str:
+        """Byte ``u`` (from the lowest address) of i32 word ``w`` as a signed value in f32
+        (shifted down, truncated, converted), emitted where the value is used."""
+        b = self.b
+        x = b(f"arith.shrui {w}, {b.c(8 * u, 'i32')} : i32") if u else w
+        x = b(f"arith.trunci {x} : i32 to i8")
+        return b(f"arith.sitofp {x} : i8 to f32")
 
     def load_f(self, a: int, idx: str) -> str:
         """Element ``idx`` of argument ``a`` in f32: f16 extended, bf16 (i16 words) shifted
@@ -178,7 +225,17 @@ class SplitKernel:
             w = b(f"arith.extui {x} : i16 to i32")
             w = b(f"arith.shli {w}, {b.c(16, 'i32')} : i32")
             return b(f"arith.bitcast {w} : i32 to f32")
+        if et == "i8":
+            return b(f"arith.sitofp {x} : i8 to f32")
         return x if et == F else b(f"arith.extf {x} : {et} to f32")
+
+    def scale_of(self, view, base: str, key: str, d: str) -> str:
+        """The f32 q8_0 scale of element ``d`` (index) of a q8_0 pool's row: ``view`` its
+        scales plane, ``base`` the block's batch offset into it, ``key`` the key's
+        ``(block, row)`` offset (:meth:`key_offsets`)."""
+        b = self.b
+        g = b(f"arith.divui {d}, {b.c(Q8_0.group)} : index")
+        return self.load_f(view.arg, b.add(b.add(base, key), b.mul(g, view.strides[-1])))
 
     def bfly(self, x: str, op: str, lo: int, hi: int, ty: str = F) -> str:
         return butterfly(self.b, x, op, lo, hi, self.sg, ty)
@@ -207,17 +264,23 @@ class SplitKernel:
         full = tuple(reg.batch + reg.rows) + (self.S,)
         self.mst = mst = broadcast_strides(mk, full) if mk else None
         self.qst = qst = q.strides if q else (0,) * (nb + nr + 1)
+        # q8_0 pools' scales planes [NB, bs, H, D / 32] (paged only): indexed like the pools
+        self.scales = [x for x in ((pg.k_scale, pg.v_scale) if pg else ()) if x is not None]
         if pg is None:
             kbst, vbst = k.strides[:nb], v.strides[:nb]
         else:
             # pools [NB, bs, H, D]: the batch (b, h) moves by h only; b picks the table row
             kbst, vbst = (0, k.strides[2]), (0, v.strides[2])
-        bvecs = [qst[:nb], kbst, vbst] + ([mst[:nb]] if mk else []) + \
-            ([(pg.table.strides[0], 0)] if pg else [])
+        bvecs = [qst[:nb], kbst, vbst] + [(0, x.strides[2]) for x in self.scales] + \
+            ([mst[:nb]] if mk else []) + ([(pg.table.strides[0], 0)] if pg else [])
         boffs = offsets(b, self.bi, merge_dims(reg.batch, bvecs), len(bvecs))
         self.qb, self.kb, self.vb = (b.add(o, b.c(x.offset if x else 0))
                                      for o, x in zip(boffs[:3], (q, k, v)))
-        self.mb = b.add(boffs[3], b.c(mk.offset)) if mk else None
+        sb = [b.add(o, b.c(x.offset)) for o, x in zip(boffs[3:], self.scales)]
+        # the bases of k's and v's scales (None: a float pool); k's come first
+        self.ksb = sb.pop(0) if pg and pg.k_scale else None
+        self.vsb = sb.pop(0) if pg and pg.v_scale else None
+        self.mb = b.add(boffs[3 + len(self.scales)], b.c(mk.offset)) if mk else None
         self.tb = b.add(boffs[-1], b.c(pg.table.offset)) if pg else None
 
     def row_offsets(self) -> None:
@@ -490,18 +553,27 @@ class SplitKernel:
         elements, ``JU`` unrolled): the ``scf.for`` result holding them."""
         reg, b, R, DL, V = self.reg, self.b, self.R, self.DL, self.V
         q, k = reg.q, reg.k
+        ks = reg.paged.k_scale if reg.paged is not None else None
         if reg.paged is None:
             kkey = b.mul(self.sc, k.strides[-2])
         else:   # a lane past the chunk reads the chunk's last key (its block is staged)
-            kkey = self.key_offsets(b(f"arith.minui {self.s}, {self.s_last} : index"), [k])[0]
+            sk = b(f"arith.minui {self.s}, {self.s_last} : index")
+            kkey, *skey = self.key_offsets(sk, [k] + ([ks] if ks else []))
         klane = b.add(b.add(self.kb, kkey), b.mul(b.mul(self.dd, V), k.strides[-1]))
         dl_, dots = for_(b, "%j0", b.c(0), b.c(self.J), b.c(self.JU), [self.zero] * R)
         cur = list(dots)
         for ju in range(self.JU):
             jd = b.mul(b.add("%j0", b.c(ju)), DL * V)       # element offset of round j
+            # q8_0: the round's V elements (from a multiple of V, V | 32) share one scale
+            ksc = self.scale_of(ks, self.ksb, skey[0], b.add(jd, b.mul(self.dd, V))) \
+                if ks else None
+            kw = self.word(k.arg, b.add(klane, jd)) if k.arg in self.words else None
             for u in range(V):
                 du = b.add(jd, b.c(u))
-                kv = self.load_f(k.arg, b.add(klane, b.mul(du, k.strides[-1])))
+                kv = self.word_value(kw, u) if kw else \
+                    self.load_f(k.arg, b.add(klane, b.mul(du, k.strides[-1])))
+                if ksc is not None:
+                    kv = b(f"arith.mulf {kv}, {ksc} : f32")
                 for j in range(R):
                     if q is not None:
                         qv = self.load_f(q.arg, b.add(self.qlane[j], b.mul(du, q.strides[-1])))
@@ -577,6 +649,7 @@ class SplitKernel:
         be inf/NaN)."""
         reg, b, sg, Dv, ndv, zero = self.reg, self.b, self.sg, self.Dv, self.ndv, self.zero
         v, KL = reg.v, self.KL
+        vs = reg.paged.v_scale if reg.paged is not None else None
         TU = min(KL, 8)
         tv = b.fresh()
         tl, ta = for_(b, tv, b.c(0), b.c(KL), b.c(TU), flat0)
@@ -588,13 +661,17 @@ class SplitKernel:
                 voff = b.add(self.vb, b.mul(st_, v.strides[-2]))
             else:
                 st_ = b(f"arith.minui {b.add('%s0', t)}, {self.s_last} : index")
-                voff = b.add(self.vb, self.key_offsets(st_, [v])[0])
+                vkey, *skey = self.key_offsets(st_, [v] + ([vs] if vs else []))
+                voff = b.add(self.vb, vkey)
             vv = []
             for i in range(ndv):
                 dv = b.add(self.lane, b.c(i * sg))
                 if (i + 1) * sg > Dv:
                     dv = b(f"arith.minui {dv}, {b.c(Dv - 1)} : index")
-                vv.append(self.load_f(v.arg, b.add(voff, b.mul(dv, v.strides[-1]))))
+                x = self.load_f(v.arg, b.add(voff, b.mul(dv, v.strides[-1])))
+                if vs is not None:       # q8_0: dequantized as it is loaded
+                    x = b(f"arith.mulf {x}, {self.scale_of(vs, self.vsb, skey[0], dv)} : f32")
+                vv.append(x)
             src = b(f"arith.index_cast {b.mul(t, self.DL)} : index to i32")
             for j in range(self.R):
                 p = b.fresh()

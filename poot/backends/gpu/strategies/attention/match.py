@@ -27,7 +27,9 @@ What it takes (:func:`match_attention`): a dispatch function whose root is ``poo
 
 or whose root is ``poot.paged_attention`` (:class:`poot.dialects.ops.attention.PagedAttention`:
 q ``[B, H, rows..., D]``, the batch is ``(B, H)``) with the block pools ``[NB, bs, H, D]``
-(f32, f16 or bf16, read in their dtype) and the block table ``[B, TW]`` (i32/i64) strided
+(f32, f16 or bf16, read in their dtype; or q8_0: the ``i8`` values plane and its f16 scales
+plane ``[NB, bs, H, D / 32]``, the op's trailing ``scales`` operands, dequantized where a
+lane loads its key's or value's elements) and the block table ``[B, TW]`` (i32/i64) strided
 views of arguments, q and the mask as above. Key ``j`` of sequence ``b`` (``S = TW * bs``
 keys, key j is position j) is pool row ``(clamp(table[b, j // bs], 0, NB - 1), j % bs)``:
 each block first stages the table entries of its chunk's KV blocks, clamped, in workgroup
@@ -50,6 +52,7 @@ from dataclasses import dataclass
 from mlir import ir
 
 from poot.backends.gpu.strategies.pointwise import per_element
+from poot.dialects.kv_quant import Q8_0
 from poot.dialects.types import DType, TensorType, type_from_mlir
 
 # ---- views -> strided index maps ---------------------------------------------------------------
@@ -185,13 +188,18 @@ class PagedKV:
     """How a ``poot.paged_attention`` region reads its keys: ``table`` the block table's view
     (``[B, TW]``, integer ``table_dtype``), ``NB`` blocks of ``bs`` positions per pool. Key
     ``j`` of sequence ``b`` is pool row ``(clamp(table[b, j // bs], 0, NB - 1), j % bs)``;
-    the region's ``k``/``v`` views are then the pools ``[NB, bs, H, D]``."""
+    the region's ``k``/``v`` views are then the pools ``[NB, bs, H, D]``. A q8_0 pool
+    (:mod:`poot.dialects.kv_quant`: the region's view is its ``i8`` values plane) has its
+    f16 scales plane ``[NB, bs, H, D / 32]`` as ``k_scale`` / ``v_scale`` (None: a float
+    pool)."""
 
     table: View
     table_dtype: str
     NB: int
     bs: int
     TW: int
+    k_scale: View | None = None
+    v_scale: View | None = None
 
 
 @dataclass(frozen=True)
@@ -346,14 +354,15 @@ def _shapes(att: ir.Operation, args, arg_types, k: View, v: View):
         # q [B, H, rows..., D]; pools [NB, bs, H, D] of one float dtype; table [B, TW]
         tt_ = type_from_mlir(att.operands[3].type)
         table = resolve_view(att.operands[3], args)
+        scales = _scale_views(att, args, kt, vt)
         if table is None or tt_.dtype not in (DType.I32, DType.I64) or \
-                qt.dtype not in _FLOATS or kt.dtype not in _FLOATS or vt.dtype != kt.dtype:
+                qt.dtype not in _FLOATS or scales is None:
             return None
         NB, bs, H = kt.shape[:3]
         B_, TW = tt_.shape
         batch, rows = (B_, H), tuple(qt.shape[2:-1])
         S, D, Dv = TW * bs, kt.shape[-1], vt.shape[-1]
-        pkv = PagedKV(table, tt_.dtype.value, NB, bs, TW)
+        pkv = PagedKV(table, tt_.dtype.value, NB, bs, TW, *scales)
     else:
         if any(t.dtype not in _FLOATS for t in (qt, kt, vt)) or \
                 any(arg_types[x.arg][0] not in ("f32", "f16", "bf16") for x in (k, v)):
@@ -364,6 +373,28 @@ def _shapes(att: ir.Operation, args, arg_types, k: View, v: View):
     if S < 1 or D < 1 or Dv < 1 or not rows or len(mt.shape) != len(qt.shape):
         return None
     return batch, rows, S, D, Dv, pkv
+
+
+def _scale_views(att: ir.Operation, args, kt: TensorType, vt: TensorType):
+    """``(k_scale, v_scale)`` of a ``poot.paged_attention``: the views of its q8_0 scales
+    operands (k's first, one per ``i8`` pool; None for a float pool), or None where the pools
+    are neither one float dtype nor q8_0 values, or a scales operand is not a view of an
+    argument."""
+    scales = list(att.operands[5:])
+    if kt.dtype in _FLOATS and vt.dtype in _FLOATS:
+        return (None, None) if vt.dtype == kt.dtype and not scales else None
+    out = []
+    for t in (kt, vt):
+        if t.dtype in _FLOATS:
+            out.append(None)
+            continue
+        if t.dtype is not DType.I8 or not scales or t.shape[-1] % Q8_0.group:
+            return None
+        view = resolve_view(scales.pop(0), args)
+        if view is None:
+            return None
+        out.append(view)
+    return None if scales else tuple(out)
 
 
 def _mask(att: ir.Operation, args):
