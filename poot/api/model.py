@@ -256,6 +256,8 @@ class ModelHandle:
                                for sp in warm_samplers}
         try:
             runner.warm_up(batches, () if runner.deferred else warm_samplers)
+            if self.engine.draft is not None:       # its greedy steps of the same batches
+                self.engine.draft.warm_up(batches)
         except BaseException:
             if ahead is not None:
                 ahead.close(False)

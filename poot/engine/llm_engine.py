@@ -415,10 +415,11 @@ class LLMEngine:
             events += self._fail(e)
             self._deliver(events)
             raise
-        if self.speculator is not None and self._shape and \
-                len(self.runner.compile_s) == compiled:
-            self.speculator.costs.observe(self._shape, time.perf_counter() - t0
-                                          - self.speculator.spent())
+        if self.speculator is not None:
+            drafting = self.speculator.spent()          # the draft's steps are timed apart
+            if self._shape and len(self.runner.compile_s) == compiled:
+                self.speculator.costs.observe(self._shape,
+                                              time.perf_counter() - t0 - drafting)
         return self._deliver(events)
 
     def _deliver(self, events: list[RequestOutput]) -> list[RequestOutput]:

@@ -115,6 +115,31 @@ def test_draft_with_preemption_equals_plain(plain, noisy):
     assert h.engine.speculator.draft.blocks.stats().used == 0
 
 
+def test_proposals_are_the_drafts_own_greedy_continuation(noisy):
+    """The draft's K/V stay right across catch-ups, rejections (roll-back) and batching:
+    every proposal made while three requests decode together is what the draft model,
+    run alone without speculation on the sequence so far, generates greedily."""
+    h = _load(_draft(noisy, k=3))
+    seen = []
+    propose = h.engine.speculator.draft.propose
+
+    def record(ks):
+        out = propose(ks)
+        seen.extend((list(s.tokens), d) for s, d in out.items())
+        return out
+
+    h.engine.speculator.draft.propose = record
+    ps = prompts(h.runner.vocab, 3, seed=11, lo=5, hi=20)
+    LLM(handle=h).generate(ps, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    st = h.engine.stats()
+    assert 0 < st.spec_accepted_tokens < st.spec_draft_tokens    # rejections happened
+    alone_draft = ModelHandle.load(noisy, kv_capacity=96, max_batch=4, prefill_chunk=8)
+    assert len(seen) > 10
+    for tokens, draft in seen[::3]:
+        sp = SamplingParams(temperature=0.0, max_tokens=len(draft), ignore_eos=True)
+        assert alone(alone_draft.engine, tokens, sp) == draft
+
+
 def test_no_room_in_the_draft_pool_means_no_speculation(plain):
     """With every draft block taken, nobody speculates (a draft never preempts) and the
     output is unchanged."""

@@ -34,7 +34,7 @@ speculate that iteration (a draft never preempts). Its blocks are released when 
 finishes, is aborted or preempted (:meth:`DraftSpeculator.release`).
 
 **Cost**: the catch-up and decode steps are timed (per decode bucket of the speculating
-sequences, compile iterations excluded) and added to the verify step's time in the cost
+sequences, compile iterations and each shape's first run excluded) and added to the verify step's time in the cost
 model (:func:`~poot.engine.spec.adaptive.choose`): speculation runs only where drafting plus
 verifying yields more tokens a second than plain decoding.
 """
@@ -134,8 +134,10 @@ class DraftProposer:
         self.budget = max(1, budget)
         #: seconds of this iteration's catch-up and decode steps (for the cost model)
         self.seconds = 0.0
-        #: (shape, seconds) of the draft steps just run, compile iterations left out
+        #: (shape, seconds) of the draft steps just run, compile iterations and each
+        #: shape's first run (its one-time set-up) left out
         self.timed: list[tuple[tuple, float]] = []
+        self._ran: set[tuple] = set()
 
     def state(self, seq: Request) -> DraftSeq:
         st = seq.spec.draft
@@ -200,8 +202,9 @@ class DraftProposer:
         out = fn()
         dt = time.perf_counter() - t0
         self.seconds += dt
-        if len(self.runner.compile_s) == compiled:
+        if len(self.runner.compile_s) == compiled and shape in self._ran:
             self.timed.append((shape, dt))
+        self._ran.add(shape)
         return out
 
     def _catch_up(self, seqs: list[Request]) -> dict[Request, int]:
@@ -336,7 +339,8 @@ class DraftSpeculator(Speculator):
         return t
 
     def spent(self) -> float:
-        return self.draft.seconds
+        t, self.draft.seconds = self.draft.seconds, 0.0
+        return t
 
     def trim(self, seq: Request, bm) -> None:
         super().trim(seq, bm)

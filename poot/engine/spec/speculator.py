@@ -125,7 +125,8 @@ class Speculator:
 
     def spent(self) -> float:
         """Seconds this iteration's proposing took outside the verify step (a draft
-        model's steps; the engine leaves them out of the verify step's time)."""
+        model's steps; the engine leaves them out of the verify step's time), counted
+        from zero again after each call."""
         return 0.0
 
     def release(self, seq: Request) -> None:
