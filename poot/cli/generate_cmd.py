@@ -233,7 +233,8 @@ def speculative_of(args):
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.engine.spec.config import draft_config
 
-    random = getattr(args, "dtype", None) if getattr(args, "random_weights", False) else None
+    rw = getattr(args, "random_weights", None)        # serve: the dtype; bench: a flag
+    random = rw if isinstance(rw, str) else (getattr(args, "dtype", None) if rw else None)
     return draft_config(getattr(args, "draft_model", None),
                         getattr(args, "num_draft_tokens", None),
                         getattr(args, "speculative", None), random)
