@@ -202,6 +202,23 @@ def test_adaptive_draft_equals_plain_and_times_the_draft(plain):
     assert 0 < model["acceptance_rate"] <= 1
 
 
+def test_plain_step_is_timed_again_while_drafting_pays(plain):
+    """A plain decode step timed while the machine was busy does not keep speculation on
+    for good: after a streak of drafting iterations one plain step runs and is timed."""
+    h = _load(_draft(LLAMA, k=1, adaptive=True))
+    costs = h.engine.speculator.costs
+    costs.observe(("decode", 1), 10.0)
+    shapes = []
+    observe = costs.observe
+    costs.observe = lambda shape, s: (shapes.append(shape), observe(shape, s))
+    p = prompts(h.runner.vocab, 1, seed=3, lo=5, hi=5)[0]
+    sp = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
+    assert alone(h.engine, p, sp) == alone(plain.engine, p, sp)
+    steps = [s for s in shapes if s[0] in ("decode", "verify")]
+    assert ("decode", 1) in steps[:-2], steps          # not only at the end (k = 0 there)
+    assert costs.decode(1) < 10.0
+
+
 def test_cost_model_counts_the_draft():
     """Verifying is cheap here, but a draft that costs a plain step per token makes
     speculating not pay at modest acceptance; a free draft does."""

@@ -282,6 +282,7 @@ class DraftSpeculator(Speculator):
     def __init__(self, config: SpeculativeConfig, runner, blocks, draft: DraftProposer):
         super().__init__(config, runner, blocks)
         self.draft = draft
+        self.streak = 0                     # iterations the cost model chose drafting
 
     def may_propose(self, rows: Sequence[Request]) -> bool:
         return any(self._k(s) for s in rows)
@@ -300,9 +301,7 @@ class DraftSpeculator(Speculator):
             alphas = [(self._state(s).acceptance.alpha, ks[s]) for s in rows]
             cut = choose(self.costs, self.runner.bucket(len(rows)), alphas,
                          extra=self.draft_seconds)
-            self.refused = 0 if cut is not None else self.refused + 1
-            if self.refused >= EXPLORE_EVERY:          # time the steps again
-                cut, self.refused = [k for _, k in alphas], 0
+            cut = self._explore(cut, [k for _, k in alphas])
             ks = dict(zip(rows, cut or [0] * len(rows)))
         room = len(self.scratch)
         for s in rows:
@@ -314,6 +313,21 @@ class DraftSpeculator(Speculator):
             if not ks[s] and s.spec is not None:
                 s.spec.acceptance.idle()
         return self._draft(ks)
+
+    def _explore(self, cut: list[int] | None, ks: list[int]) -> list[int] | None:
+        """The cost model's choice ``cut``, but every :data:`EXPLORE_EVERY` iterations in
+        a row of one kind the other (``ks`` whole, or a plain step): both sides of the
+        comparison are timed again (a time taken while the machine was busy does not
+        decide for good)."""
+        if cut is None:
+            self.refused, self.streak = self.refused + 1, 0
+            if self.refused >= EXPLORE_EVERY:
+                cut, self.refused = ks, 0
+            return cut
+        self.refused, self.streak = 0, self.streak + 1
+        if self.streak >= EXPLORE_EVERY:
+            cut, self.streak = None, 0
+        return cut
 
     def _draft(self, ks: dict[Request, int]) -> dict[Request, list[int]]:
         ks = {s: self.draft.reserve(s, k) for s, k in ks.items()
