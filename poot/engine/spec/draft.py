@@ -34,9 +34,11 @@ speculate that iteration (a draft never preempts). Its blocks are released when 
 finishes, is aborted or preempted (:meth:`DraftSpeculator.release`).
 
 **Cost**: the catch-up and decode steps are timed (per decode bucket of the speculating
-sequences, compile iterations and each shape's first run excluded) and added to the verify step's time in the cost
-model (:func:`~poot.engine.spec.adaptive.choose`): speculation runs only where drafting plus
-verifying yields more tokens a second than plain decoding.
+sequences, compile iterations and each shape's first run excluded) and added to the verify
+step's time in the cost model (:func:`~poot.engine.spec.adaptive.choose`): speculation runs
+only where drafting plus verifying yields more tokens a second than plain decoding; after
+:data:`~poot.engine.spec.adaptive.EXPLORE_EVERY` drafting iterations in a row one plain step
+is run and timed again.
 """
 
 from __future__ import annotations
