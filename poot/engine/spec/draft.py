@@ -212,7 +212,9 @@ class DraftProposer:
     def _catch_up(self, seqs: list[Request]) -> dict[Request, int]:
         """Ragged steps computing every sequence's uncomputed tokens; each one's last row
         sampled (its first proposal)."""
-        pending = [(s, self.state(s).computed, len(s.tokens)) for s in seqs]
+        # at least the last token each (it is the row that samples)
+        pending = [(s, min(self.state(s).computed, len(s.tokens) - 1), len(s.tokens))
+                   for s in seqs]
         out: dict[Request, int] = {}
         while pending:
             budget, rows, later = self.budget, [], []
