@@ -23,7 +23,10 @@ sequence:
 1. one ragged *catch-up* step on the draft runner with, for every sequence, the tokens whose
    draft K/V are not computed yet (on first use its prompt, chunked to the draft's prompt
    budget; afterwards the accepted proposals and the target's own token of the last verify),
-   its last row sampled greedily: proposal 1;
+   its last row sampled greedily: proposal 1. In the steady state every sequence is one or
+   two tokens behind (the target's token; the last proposal too when all were accepted):
+   the catch-up is then one or two decode steps, far cheaper than a ragged entry's rows on
+   a CPU;
 2. ``k - 1`` decode steps, one row per sequence still proposing: proposals 2..k.
 
 The draft's computed length (:attr:`DraftSeq.computed`) covers positions whose draft K/V
@@ -57,6 +60,9 @@ from poot.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
 from poot.engine.spec.speculator import Speculator, penalized
 from poot.sampling_params import SamplingParams
 
+#: A catch-up at most this many tokens behind runs as decode steps
+#: (:meth:`DraftProposer._catch_up`).
+DECODE_CATCH_UP = 2
 #: The draft's rows sample greedily.
 _GREEDY_PARAMS = SamplingParams(temperature=0.0)
 
@@ -194,7 +200,8 @@ class DraftProposer:
         out = {s: [first[s]] for s in ks}
         for j in range(1, max(ks.values())):
             rows = [s for s in ks if ks[s] > j]
-            toks = self._timed(("draft_decode", n), lambda: self._decode(rows, out, j))
+            toks = self._timed(("draft_decode", n), lambda: self._decode(
+                rows, [len(s.tokens) - 1 + j for s in rows], [out[s][-1] for s in rows]))
             for s, t in zip(rows, toks):
                 out[s].append(int(t))
         return out
@@ -210,11 +217,17 @@ class DraftProposer:
         return out
 
     def _catch_up(self, seqs: list[Request]) -> dict[Request, int]:
-        """Ragged steps computing every sequence's uncomputed tokens; each one's last row
-        sampled (its first proposal)."""
+        """Compute every sequence's uncomputed tokens; each one's last row sampled (its
+        first proposal): decode steps where none is more than :data:`DECODE_CATCH_UP`
+        tokens behind (after a verify: the target's token, and the last proposal when all
+        were accepted), else ragged steps (a prompt: the ragged entry's rows cost far more
+        than a decode step's one on a CPU)."""
         # at least the last token each (it is the row that samples)
         pending = [(s, min(self.state(s).computed, len(s.tokens) - 1), len(s.tokens))
                    for s in seqs]
+        behind = max(end - start for _, start, end in pending)
+        if behind <= DECODE_CATCH_UP:
+            return self._catch_up_decoding(pending, behind)
         out: dict[Request, int] = {}
         while pending:
             budget, rows, later = self.budget, [], []
@@ -230,6 +243,16 @@ class DraftProposer:
             out.update(self._ragged(rows))
             pending = later
         return out
+
+    def _catch_up_decoding(self, pending, behind: int) -> dict[Request, int]:
+        """``behind`` decode steps; a sequence ``b`` tokens behind takes part in the last
+        ``b`` of them (all in the last, which samples)."""
+        toks = None
+        for i in range(behind, 0, -1):              # i: tokens from each sequence's end
+            part = [(s, end - i) for s, start, end in pending if end - start >= i]
+            rows = [s for s, _ in part]
+            toks = self._decode(rows, [p for _, p in part], [s.tokens[p] for s, p in part])
+        return {s: int(t) for (s, _, _), t in zip(pending, toks)}
 
     def _ragged(self, rows) -> dict[Request, int]:
         """One ragged step of ``(seq, start, n, sample)`` chunks; the sampled ones' tokens."""
@@ -254,15 +277,17 @@ class DraftProposer:
         toks = self.runner.collect(handle)[TOKEN]
         return {s: int(t) for s, t in zip(sampled, toks)}
 
-    def _decode(self, rows: list[Request], out: dict, j: int) -> np.ndarray:
-        """Decode step j >= 1: each row's proposal j at position ``len(tokens) - 1 + j``."""
-        pos = np.asarray([len(s.tokens) - 1 + j for s in rows], np.int32)
+    def _decode(self, rows: list[Request], positions: list[int], tokens: list[int]
+                ) -> np.ndarray:
+        """One decode step: each row's token at its position (the proposals 2..k, or a
+        short catch-up); the greedy tokens after them."""
+        pos = np.asarray(positions, np.int32)
         table = np.stack([self.state(s).table for s in rows])
         batch = self._sampled(rows, pos, table)
-        batch.tokens = np.asarray([out[s][-1] for s in rows], np.int32)
+        batch.tokens = np.asarray(tokens, np.int32)
         toks = self.runner.collect(self.runner.submit_decode(batch, GREEDY))[TOKEN]
-        for s in rows:
-            self.state(s).computed = len(s.tokens) + j
+        for s, p in zip(rows, positions):
+            self.state(s).computed = p + 1
         return toks
 
     def _sampled(self, seqs: Sequence[Request], pos, table) -> DecodeBatch:
