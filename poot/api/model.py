@@ -40,7 +40,8 @@ from poot.compiler.compile import require_code_generator
 from poot.compiler.planning import storage_type
 from poot.engine import EngineConfig, LLMEngine, ModelRunner
 from poot.engine.lora import LoraManager
-from poot.engine.spec import parse_speculative
+from poot.engine.spec import SpeculativeConfigError, parse_speculative
+from poot.engine.spec.draft import check_draft
 from poot.errors import PootError
 from poot.load import load_config
 from poot.load.bundled import smollm2_gguf
@@ -221,7 +222,9 @@ class ModelHandle:
         cfg = opts.engine_config or EngineConfig(max_batch=max_batch,
                                                  prefix_caching=opts.prefix_caching,
                                                  speculative=opts.speculative)
-        engine = LLMEngine(runner, tokenizer, cfg, model_context=model_context)
+        draft = open_draft(parse_speculative(cfg.speculative), runner, tokenizer, steps,
+                           kv_dtype, report)
+        engine = LLMEngine(runner, tokenizer, cfg, model_context=model_context, draft=draft)
         handle = cls(path, backend, model, weights, tokenizer, runner, engine,
                      compile_cache=steps.cache, model_context=model_context)
         for name, folder in (opts.loras or {}).items():
@@ -253,6 +256,8 @@ class ModelHandle:
                                for sp in warm_samplers}
         try:
             runner.warm_up(batches, () if runner.deferred else warm_samplers)
+            if self.engine.draft is not None:       # its greedy steps of the same batches
+                self.engine.draft.warm_up(batches)
         except BaseException:
             if ahead is not None:
                 ahead.close(False)
@@ -430,6 +435,43 @@ def open_model(path: Path, random_weights: str | None, seed: int,
     return model, weights, _trained_context(path), tokenizer_of(path)
 
 
+def open_draft(spec, runner: ModelRunner, tokenizer, steps: "_StepSource", kv_dtype,
+               report: Callable) -> ModelRunner | None:
+    """The draft model's runner of a ``method="draft"`` speculative config (None for any
+    other): its checkpoint opened as the target's is (:func:`open_model`), checked against
+    the target (:func:`~poot.engine.spec.draft.check_draft`: vocabulary, tokenizer, context),
+    its own KV pool planned for the target's batch and context, its steps compiled on the
+    target's compile target and device with the same options, on first use. Raises
+    :class:`~poot.engine.spec.SpeculativeConfigError` (field ``draft_model`` for a path
+    that is missing or does not load), before any step compiles."""
+    if spec is None or spec.method != "draft":
+        return None
+    path = Path(spec.draft_model)
+    if not path.exists():
+        raise SpeculativeConfigError("draft_model", str(path), "no such file or directory")
+    if steps.pipeline > 1:
+        raise SpeculativeConfigError("draft_model", str(path), "a draft model does not run "
+                                     "in a layer pipeline (pipeline_parallel)")
+    report(f"loading draft {path.name}", 0, 0)
+    try:
+        model, weights, context, tok = open_model(path, spec.draft_random_weights,
+                                                  spec.draft_seed)
+    except (PootError, OSError, ValueError, KeyError) as e:
+        raise SpeculativeConfigError("draft_model", str(path),
+                                     f"does not load: {e}") from None
+    kv = runner.kv
+    check_draft(runner.vocab, tokenizer, kv.max_model_len, model.dims().vocab, tok, context,
+                str(path))
+    dkv = plan_kv(model, weights.types, steps.target, kv.max_model_len, runner.max_batch,
+                  None, kv_dtype[0], kv_dtype_v=kv_dtype[1])
+    check_kv_memory(model, dkv)
+    return ModelRunner(model, weights, runner.session.device, steps.compile_step, dkv,
+                       runner.max_batch, runner.prefill_chunk,
+                       on_compile=lambda what: report(f"draft {what} step", 0, 0),
+                       upload=False, find_step=steps.find_step,
+                       storage_type=functools.partial(storage_type, caps=steps.target.caps))
+
+
 def _random_config(path: Path):
     p = path / "config.json" if path.is_dir() else path
     return config_from_hf(_read_json(str(p)), str(p))
@@ -466,4 +508,4 @@ def bind_lora_slots(model, weights, max_loras: int, max_lora_rank: int):
 
 
 __all__ = ["LoadOptions", "ModelHandle", "ModelNotFound", "bind_lora_slots",
-           "default_model_path", "open_model", "target_for", "tokenizer_of"]
+           "default_model_path", "open_draft", "open_model", "target_for", "tokenizer_of"]

@@ -82,9 +82,11 @@ class LoadOptions:
         engine_config: the engine's settings (None: ``max_batch``, ``prefix_caching`` and
             ``speculative``).
     Speculative decoding:
-        speculative: ``"ngram[:k]"`` or a :class:`~poot.engine.spec.SpeculativeConfig`
-            (None: off; :mod:`poot.engine.spec`); a bad value raises
-            :class:`~poot.engine.spec.SpeculativeConfigError` before anything is opened.
+        speculative: ``"ngram[:k]"``, ``"draft:PATH[:k]"`` or a
+            :class:`~poot.engine.spec.SpeculativeConfig` (None: off; :mod:`poot.engine.spec`);
+            a bad value raises :class:`~poot.engine.spec.SpeculativeConfigError` before
+            anything is opened (a draft model that does not fit the target: once it is
+            opened, before any step compiles).
     """
 
     kv_capacity: int | None = None

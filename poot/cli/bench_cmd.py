@@ -428,7 +428,8 @@ def run_batch(handle, args, batches: list[int]) -> dict:
         eng = LLMEngine(handle.runner, handle.tokenizer,
                         EngineConfig(max_batch=b, prefix_caching=False, pipeline=pipe,
                                      max_prefill_tokens=budget,
-                                     speculative=speculative_of(args)))
+                                     speculative=speculative_of(args)),
+                        draft=handle.engine.draft)
         t0 = time.perf_counter()
         for p in prompts:
             eng.add_request(p, params)
@@ -562,7 +563,11 @@ def _spec_stats(engine, best: dict | None = None) -> dict:
                           f"{engine.speculator.config.num_speculative_tokens}",
            "spec_acceptance_rate": st.spec_acceptance_rate,
            "spec_mean_accepted_length": st.spec_mean_accepted_length,
-           "spec_verify_steps": st.spec_verify_steps}
+           "spec_verify_steps": st.spec_verify_steps,
+           "spec_step_model": engine.speculator.step_model()}
+    if engine.speculator.config.method == "draft":
+        out["speculative"] = f"draft:{engine.speculator.config.draft_model}:" \
+                             f"{engine.speculator.config.num_speculative_tokens}"
     if best is not None:
         out["acceptance_rate"] = best.get("acceptance_rate")
         out["mean_accepted_length"] = best.get("mean_accepted_length")

@@ -104,6 +104,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: n-gram prompt lookup proposing up to k tokens "
                         "(1-15, default 4) a step, verified by the model in one step; the "
                         "output is the same (default: off)")
+    p.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="speculative decoding with a draft model: any checkpoint poot loads "
+                        "that shares the model's tokenizer proposes its greedy tokens, "
+                        "verified by the model in one step; the output is the same")
+    p.add_argument("--num-draft-tokens", type=int, default=None, metavar="K",
+                   help="tokens the draft model proposes a step at most (1-15, default 4)")
     p.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress or statistics on stderr (warnings and errors still)")
@@ -221,12 +227,17 @@ def apply_threads(args) -> None:
 
 
 def speculative_of(args):
-    """``--speculative`` as a :class:`~poot.engine.spec.SpeculativeConfig` (None: off);
+    """``--speculative``, or ``--draft-model`` / ``--num-draft-tokens``, as a
+    :class:`~poot.engine.spec.SpeculativeConfig` (None: off);
     :class:`~poot.engine.spec.SpeculativeConfigError` naming what is wrong."""
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
-    from poot.engine.spec import parse_speculative
+    from poot.engine.spec.config import draft_config
 
-    return parse_speculative(getattr(args, "speculative", None))
+    rw = getattr(args, "random_weights", None)        # serve: the dtype; bench: a flag
+    random = rw if isinstance(rw, str) else (getattr(args, "dtype", None) if rw else None)
+    return draft_config(getattr(args, "draft_model", None),
+                        getattr(args, "num_draft_tokens", None),
+                        getattr(args, "speculative", None), random)
 
 
 def load_handle(args, before_compile=None, **kw):

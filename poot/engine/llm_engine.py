@@ -66,6 +66,7 @@ from poot.engine.request import RUNNING, Request
 from poot.engine.runner import ModelRunner
 from poot.engine.scheduler import EngineConfig, Scheduler, SchedulerOutput
 from poot.engine.spec import parse_speculative
+from poot.engine.spec.draft import DraftProposer, DraftSpeculator
 from poot.engine.spec.speculator import Speculator, accept as accept_drafts, issue_verify
 from poot.graph import sampling
 from poot import settings
@@ -166,10 +167,13 @@ class LLMEngine:
         config: :class:`EngineConfig`.
         model_context: the model's trained context (messages say how far the capacity may
             be raised).
+        draft: the draft model's :class:`~poot.engine.runner.ModelRunner` (over its own KV
+            pool) when ``config.speculative`` is a draft model's
+            (:mod:`poot.engine.spec.draft`); None otherwise.
     """
 
     def __init__(self, runner: ModelRunner, tokenizer=None, config: EngineConfig | None = None,
-                 model_context: int | None = None):
+                 model_context: int | None = None, draft: ModelRunner | None = None):
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config or EngineConfig(max_batch=runner.max_batch)
@@ -190,8 +194,10 @@ class LLMEngine:
         if spec is not None and not self.config.ragged:
             raise EngineError("speculative decoding needs the ragged step "
                               "(EngineConfig.ragged)")
+        #: the draft model's runner (None: none)
+        self.draft = draft
         #: speculative decoding (:mod:`poot.engine.spec`), None: off
-        self.speculator = Speculator(spec, runner, self.blocks) if spec is not None else None
+        self.speculator = _speculator(spec, runner, self.blocks, self.config, draft)
         if spec is not None:
             runner.verify_rows_cap = self.config.max_batch * (1 + spec.num_speculative_tokens)
             self.speculator.scratch = _history_scratch(runner, self.config.max_batch,
@@ -409,9 +415,11 @@ class LLMEngine:
             events += self._fail(e)
             self._deliver(events)
             raise
-        if self.speculator is not None and self._shape and \
-                len(self.runner.compile_s) == compiled:
-            self.speculator.costs.observe(self._shape, time.perf_counter() - t0)
+        if self.speculator is not None:
+            drafting = self.speculator.spent()          # the draft's steps are timed apart
+            if self._shape and len(self.runner.compile_s) == compiled:
+                self.speculator.costs.observe(self._shape,
+                                              time.perf_counter() - t0 - drafting)
         return self._deliver(events)
 
     def _deliver(self, events: list[RequestOutput]) -> list[RequestOutput]:
@@ -579,7 +587,7 @@ class LLMEngine:
             return False                  # the step runs as micro-batches instead
         if not Scheduler.chainable(rows) or len(self.running) != len(rows):
             return False
-        if self.speculator is not None and self.speculator.proposals(rows):
+        if self.speculator is not None and self.speculator.may_propose(rows):
             return False                  # the next step verifies drafts instead
         return self.scheduler.room_ahead(rows)
 
@@ -776,6 +784,24 @@ def _pipelined(config: EngineConfig, runner: ModelRunner) -> bool:
         pipe = settings.get_flag("POOT_PIPELINE")
         pipe = bool(getattr(runner.session, "overlaps", False)) if pipe is None else pipe
     return bool(pipe)
+
+
+def _speculator(spec, runner: ModelRunner, blocks: BlockManager, config: EngineConfig,
+                draft: ModelRunner | None) -> Speculator | None:
+    """The engine's :class:`~poot.engine.spec.speculator.Speculator` for ``spec`` (None:
+    off): a draft model's runs ``draft`` (:mod:`poot.engine.spec.draft`; its catch-up steps
+    take up to the prompt budget or a full batch of proposals, whichever is larger). Raises
+    :class:`EngineError` for a draft config without a draft runner."""
+    if spec is None:
+        return None
+    if spec.method != "draft":
+        return Speculator(spec, runner, blocks)
+    if draft is None:
+        raise EngineError("a draft-model speculative config needs the draft's runner "
+                          "(ModelHandle.load builds it)")
+    budget = max(config.max_prefill_tokens or runner.prefill_chunk,
+                 config.max_batch * (1 + spec.num_speculative_tokens))
+    return DraftSpeculator(spec, runner, blocks, DraftProposer(draft, budget))
 
 
 def _history_scratch(runner: ModelRunner, max_batch: int, k: int) -> list[int]:

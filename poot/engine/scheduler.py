@@ -295,6 +295,8 @@ class Scheduler:
 
     def _preempt(self, seq: Request) -> None:
         self.blocks.release(seq.blocks)
+        if self.speculator is not None:
+            self.speculator.release(seq)
         seq.blocks, seq.keys, seq.n_computed, seq.table = [], [], 0, None
         self.free_rows.append(seq.history_row)
         seq.history_row = None
@@ -312,6 +314,8 @@ class Scheduler:
         if seq.blocks:
             self.blocks.release(seq.blocks)
             seq.blocks = []
+        if self.speculator is not None:
+            self.speculator.release(seq)
         if seq.history_row is not None:
             self.free_rows.append(seq.history_row)
             seq.history_row = None

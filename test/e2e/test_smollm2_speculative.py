@@ -43,3 +43,29 @@ def test_speculative_greedy_equals_plain_on_smollm2(smollm2):
     assert [got["final"][r].output_ids for r in got["ids"]] == want
     assert spec.blocks.stats().used == 0
     spec.blocks.check()
+
+
+@pytest.mark.skipif(not CASES, reason=f"no SmolLM2 reference outputs at {REF}")
+def test_smollm2_as_its_own_draft_equals_plain(smollm2):
+    """SmolLM2 drafting for itself (its own runner and KV pool, greedy): two reference
+    prompts and a grounded one, alone and batched, give the tokens they give without
+    speculation, nearly every proposal accepted."""
+    from poot.api import ModelHandle
+    from poot.engine.spec import SpeculativeConfig
+    from poot.sampling_params import SamplingParams
+
+    spec = ModelHandle.load(None, kv_capacity=256, prefill_chunk=32, max_batch=8,
+                            cache_dir=str(smollm2.compile_cache.dir),
+                            speculative=SpeculativeConfig(method="draft",
+                                                          draft_model=str(smollm2.path),
+                                                          num_speculative_tokens=3,
+                                                          adaptive=False)).engine
+    prompts = [json.loads(c.read_text())["prompt_ids"] for c in CASES[:2]]
+    prompts += [smollm2.encode([{"role": "user", "content": GROUNDED[0]}])]
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = [alone(smollm2.engine, p, sp) for p in prompts]
+    assert [alone(spec, p, sp) for p in prompts] == want
+    got = staggered(spec, [(p, sp) for p in prompts], every=2)
+    assert [got["final"][r].output_ids for r in got["ids"]] == want
+    assert spec.stats().spec_acceptance_rate > 0.8
+    assert spec.blocks.stats().used == 0 and spec.speculator.draft.blocks.stats().used == 0

@@ -8,8 +8,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
-from spec_cases import check_speculative_equals_plain  # noqa: E402
+from spec_cases import check_draft_equals_plain, check_speculative_equals_plain  # noqa: E402,E501
 
 
 def test_speculative_greedy_equals_plain_on_vulkan(vk_device, tmp_path):
     check_speculative_equals_plain("vulkan", tmp_path)
+
+
+def test_draft_model_greedy_equals_plain_on_vulkan(vk_device, tmp_path):
+    check_draft_equals_plain("vulkan", tmp_path)

@@ -27,11 +27,17 @@ row_cost * (R - 1))`` (:attr:`SpeculativeConfig.row_cost
 <poot.engine.spec.config.SpeculativeConfig.row_cost>`). On a device where extra rows are
 nearly free (a GPU at small batch) it speculates up to large batches; where each row costs
 close to a whole step (a CPU GEMV per row) it stops early.
+
+**A draft model's cost** (:mod:`poot.engine.spec.draft`) is added to ``t_verify``: its
+catch-up step plus ``max_i k_i - 1`` decode steps at the speculating sequences' decode
+bucket, each timed like the target's steps (shapes ``("draft_catchup", B)``,
+``("draft_decode", B)``).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable
 
 #: A proposed token is worth its row while its chance of being reached and accepted is at
 #: least this.
@@ -120,13 +126,15 @@ class StepCosts:
         return None if one is None else one * (1 + self.row_cost * (rows - 1))
 
 
-def choose(costs: StepCosts, plain_bucket: int, drafts: list[tuple[float, int]]
-           ) -> list[int] | None:
+def choose(costs: StepCosts, plain_bucket: int, drafts: list[tuple[float, int]],
+           extra: Callable[[list[int]], float | None] | None = None) -> list[int] | None:
     """The proposal lengths to verify (module doc): ``drafts`` is (alpha, k) of every
     decoding sequence (k = 0: no proposal); returns each one's length, cut to the verify
     size with the best expected tokens per second, or None when a plain decode step is
     better. Untimed steps: every proposal whole, but a plain step of this batch's size is
-    run (and timed) once a verify step has been."""
+    run (and timed) once a verify step has been. ``extra(cut)``: the seconds of making
+    proposals of lengths ``cut`` (a draft model's steps), added to the verify step's; None
+    from it counts as untimed."""
     ks = [k for _, k in drafts]
     t_plain = costs.decode(plain_bucket)
     if t_plain is None:
@@ -137,8 +145,10 @@ def choose(costs: StepCosts, plain_bucket: int, drafts: list[tuple[float, int]]
         cut = _fit(drafts, b)
         if cut is not None and any(cut):
             t = costs.verify(b, sum(1 + k for k in cut))
-            if t is None:
+            more = 0.0 if extra is None or t is None else extra(cut)
+            if t is None or more is None:
                 return ks
+            t += more
             rate = sum(expected_tokens(a, k) for (a, _), k in zip(drafts, cut)) / t
             if rate > best_rate:
                 best, best_rate = cut, rate

@@ -1,8 +1,11 @@
 """The speculative-decoding settings (:class:`SpeculativeConfig`) and their typed errors.
 
-``poot generate/serve/bench --speculative ngram[:k]`` and ``poot.LLM(...,
-speculative="ngram:4")`` go through :func:`parse_speculative`; a bad value raises
-:class:`SpeculativeConfigError` naming the field, before any step compiles.
+``poot generate/serve/bench --speculative ngram[:k]`` (or ``--draft-model PATH
+[--num-draft-tokens k]``) and ``poot.LLM(..., speculative="ngram:4")`` (or
+``"draft:PATH[:k]"``) go through :func:`parse_speculative`; a bad value raises
+:class:`SpeculativeConfigError` naming the field, before any step compiles. The draft model's
+own checks (path, tokenizer, vocabulary, context) need the checkpoint opened:
+:func:`poot.engine.spec.draft.check_draft`, also before any step compiles.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from poot.errors import PootError
 #: The most tokens one sequence may propose per step (a verify step has 1 + k rows each).
 MAX_SPECULATIVE_TOKENS = 15
 
-#: Proposers this engine has (a draft model, EAGLE or MTP heads would be further methods:
+#: Proposers this engine has (EAGLE or MTP heads would be further methods:
 #: docs/speculative.md).
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft")
 
 
 class SpeculativeConfigError(PootError, ValueError):
@@ -32,7 +35,8 @@ class SpeculativeConfig:
     """How a sequence proposes tokens for the target to verify.
 
     Attributes:
-        method: ``"ngram"``: prompt lookup (:mod:`poot.engine.spec.ngram`).
+        method: ``"ngram"``: prompt lookup (:mod:`poot.engine.spec.ngram`); ``"draft"``: a
+            draft model's greedy tokens (:mod:`poot.engine.spec.draft`).
         num_speculative_tokens: k, the most tokens proposed per sequence and step
             (1..:data:`MAX_SPECULATIVE_TOKENS`).
         prompt_lookup_min, prompt_lookup_max: the n-gram lengths matched, longest first
@@ -42,6 +46,11 @@ class SpeculativeConfig:
             False: always propose up to k tokens.
         row_cost: the cost-model prior of one extra token row of a step, as a fraction of a
             one-row decode step, used until the engine has timed the steps (0 < x <= 1).
+        draft_model: the draft checkpoint (``method="draft"`` only): anything poot loads
+            (GGUF, safetensors folder) sharing the target's tokenizer.
+        draft_random_weights: ``"bf16"``/``"f16"``/``"f32"``: ``draft_model`` is a HF
+            ``config.json`` and the draft's weights are random of its shapes in that dtype,
+            seeded by ``draft_seed`` (benchmarks and tests of a pair of real shapes).
     """
 
     method: str = "ngram"
@@ -50,6 +59,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     adaptive: bool = True
     row_cost: float = 0.25
+    draft_model: str | None = None
+    draft_random_weights: str | None = None
+    draft_seed: int = 0
 
     def __post_init__(self):
         self.check()
@@ -69,6 +81,16 @@ class SpeculativeConfig:
         if isinstance(self.row_cost, bool) or not isinstance(self.row_cost, (int, float)) \
                 or not 0 < self.row_cost <= 1:
             raise SpeculativeConfigError("row_cost", self.row_cost, "must be in (0, 1]")
+        if self.method == "draft" and not self.draft_model:
+            raise SpeculativeConfigError("draft_model", self.draft_model,
+                                         "the draft method needs a draft model path")
+        if self.method != "draft" and self.draft_model:
+            raise SpeculativeConfigError("draft_model", str(self.draft_model),
+                                         f"a draft model is for method 'draft', not "
+                                         f"{self.method!r}")
+        if self.draft_random_weights not in (None, "bf16", "f16", "f32"):
+            raise SpeculativeConfigError("draft_random_weights", self.draft_random_weights,
+                                         "one of bf16, f16, f32")
 
 
 def _int_in(field: str, value, lo: int, hi: int) -> None:
@@ -78,16 +100,20 @@ def _int_in(field: str, value, lo: int, hi: int) -> None:
 
 def parse_speculative(value) -> SpeculativeConfig | None:
     """A :class:`SpeculativeConfig` from ``value``: None or ``""``/``"off"`` (none), a
-    config (as is), or text ``METHOD[:k]`` (``"ngram"``, ``"ngram:6"``). Raises
+    config (as is), or text ``METHOD[:k]`` (``"ngram"``, ``"ngram:6"``) or
+    ``draft:PATH[:k]`` (``"draft:/models/small.gguf:3"``; a path that itself ends in
+    ``:<digits>`` is written with a trailing ``:4``). Raises
     :class:`SpeculativeConfigError`."""
     if value is None or isinstance(value, SpeculativeConfig):
         return value
     if not isinstance(value, str):
-        raise SpeculativeConfigError("config", value, "must be 'ngram[:k]' or a "
-                                     "SpeculativeConfig")
+        raise SpeculativeConfigError("config", value, "must be 'ngram[:k]', "
+                                     "'draft:PATH[:k]' or a SpeculativeConfig")
     text = value.strip()
     if text in ("", "off", "none"):
         return None
+    if text.startswith("draft:"):
+        return _parse_draft(text[len("draft:"):])
     method, _, k = text.partition(":")
     if not k:
         return SpeculativeConfig(method=method)
@@ -99,5 +125,39 @@ def parse_speculative(value) -> SpeculativeConfig | None:
     return SpeculativeConfig(method=method, num_speculative_tokens=n)
 
 
+def _parse_draft(rest: str) -> SpeculativeConfig:
+    """``PATH[:k]`` of ``draft:PATH[:k]``: k is the text after the last colon when it is
+    all digits (so Windows drive letters and other colons stay in the path)."""
+    path, sep, k = rest.rpartition(":")
+    if not sep or not k.strip().isdigit():
+        path, k = rest, ""
+    if not path:
+        raise SpeculativeConfigError("draft_model", rest, "draft:PATH[:k] needs a path")
+    if not k:
+        return SpeculativeConfig(method="draft", draft_model=path)
+    return SpeculativeConfig(method="draft", draft_model=path,
+                             num_speculative_tokens=int(k))
+
+
+def draft_config(path, k: int | None = None, speculative=None,
+                 random_weights: str | None = None) -> SpeculativeConfig | None:
+    """The CLI's ``--draft-model PATH [--num-draft-tokens k]`` as a config (k None: the
+    default; ``random_weights``: the dtype of a ``config.json`` draft's random weights,
+    seeded 1); ``speculative`` (``--speculative``) must then be unset; without a path,
+    ``speculative`` parsed. Raises :class:`SpeculativeConfigError` naming the option."""
+    if path is None:
+        if k is not None:
+            raise SpeculativeConfigError("num_speculative_tokens", k,
+                                         "--num-draft-tokens needs --draft-model")
+        return parse_speculative(speculative)
+    if speculative not in (None, "", "off", "none"):
+        raise SpeculativeConfigError("method", speculative, "give --speculative or "
+                                     "--draft-model, not both")
+    kw = dict(method="draft", draft_model=str(path), draft_random_weights=random_weights,
+              draft_seed=1)
+    return SpeculativeConfig(**kw) if k is None else \
+        SpeculativeConfig(**kw, num_speculative_tokens=k)
+
+
 __all__ = ["MAX_SPECULATIVE_TOKENS", "METHODS", "SpeculativeConfig", "SpeculativeConfigError",
-           "parse_speculative"]
+           "draft_config", "parse_speculative"]

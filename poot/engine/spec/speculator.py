@@ -40,7 +40,7 @@ are released.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -59,6 +59,8 @@ class SpecState:
 
     index: NgramIndex
     acceptance: Acceptance
+    #: its :class:`~poot.engine.spec.draft.DraftSeq` in a draft model's pool (None: none)
+    draft: Any = None
 
 
 def penalized(seq: Request) -> bool:
@@ -115,6 +117,29 @@ class Speculator:
         if self.config.adaptive:
             k = self._state(seq).acceptance.k(k)
         return max(0, min(k, seq.params.max_tokens - seq.generated - 1))
+
+    def may_propose(self, rows: Sequence[Request]) -> bool:
+        """Whether some row of ``rows`` would propose now (cheap: the engine asks before
+        chaining a plain decode step)."""
+        return bool(self.proposals(rows))
+
+    def spent(self) -> float:
+        """Seconds this iteration's proposing took outside the verify step (a draft
+        model's steps; the engine leaves them out of the verify step's time), counted
+        from zero again after each call."""
+        return 0.0
+
+    def release(self, seq: Request) -> None:
+        """``seq`` finished or was preempted: give back what its proposer holds."""
+
+    def step_model(self) -> dict:
+        """The cost model's inputs for a report: the fastest recent seconds of every step
+        shape timed (``"decode[B]"``, ``"verify[T]"``, a draft's ``"draft_catchup[B]"``,
+        ``"draft_decode[B]"``) and the acceptance over every sequence."""
+        return {"step_s": {f"{k[0]}[{k[1]}]": v for k, v in sorted(self.costs.seconds.items())},
+                "alpha": self.overall.alpha,
+                "acceptance_rate": self.accepted_tokens / self.draft_tokens
+                if self.draft_tokens else 0.0}
 
     def proposals(self, rows: Sequence[Request]) -> dict[Request, list[int]]:
         """Each row's proposal (non-empty ones only), before blocks and the cost model."""
