@@ -715,6 +715,22 @@ class _K:
                               f"vector<{n}xf32>"))
         return vecs[0], vecs[1] if len(vecs) > 1 else None
 
+    def _scale_fma(self, fd: str, dw: str, mw: str | None, xr: str, b: str, acc: str,
+                   vty: str) -> str:
+        """``acc + fd * (dw * xd[xr, b]) (+ mw * xs[xr, b])``: one block's integer dot products
+        ``fd`` (as f32, a ``vty`` vector, one lane a W row) scaled by the W rows' block scale
+        ``dw`` and x row ``xr``'s block ``b`` scale, plus the W min ``mw`` (None for Q8_0) times
+        x's block sum; two FMAs in that order, so every kernel rounds alike."""
+        em = self.em
+        dx = em.op(f"tensor.extract {self.xd}[{xr}, {b}] : {self.tf}")
+        sc = em.op(f"arith.mulf {dw}, {em.op(f'vector.broadcast {dx} : f32 to {vty}')} : {vty}")
+        acc = em.op(f"math.fma {fd}, {sc}, {acc} : {vty}")
+        if mw is not None:
+            sx = em.op(f"tensor.extract {self.xs}[{xr}, {b}] : {self.tf}")
+            sxv = em.op(f"vector.broadcast {sx} : f32 to {vty}")
+            acc = em.op(f"math.fma {mw}, {sxv}, {acc} : {vty}")
+        return acc
+
     def concat(self, vs: list[str], n: int, ety: str) -> str:
         """The vectors ``vs`` (each ``n`` elements of ``ety``) end to end, by shuffles."""
         while len(vs) > 1:
@@ -904,14 +920,7 @@ class _K:
             for e in dots[i][1:]:
                 d = em.op(f"arith.addi {d}, {e} : {vi}")
             fd = em.op(f"arith.sitofp {d} : {vi} to {v8}")
-            dx = em.op(f"tensor.extract {self.xd}[{xr}, {b}] : {self.tf}")
-            sc = em.op(f"arith.mulf {dw}, {em.op(f'vector.broadcast {dx} : f32 to {v8}')} : {v8}")
-            acc = em.op(f"math.fma {fd}, {sc}, {its[i]} : {v8}")
-            if mw is not None:
-                sx = em.op(f"tensor.extract {self.xs}[{xr}, {b}] : {self.tf}")
-                sxv = em.op(f"vector.broadcast {sx} : f32 to {v8}")
-                acc = em.op(f"math.fma {mw}, {sxv}, {acc} : {v8}")
-            new.append(acc)
+            new.append(self._scale_fma(fd, dw, mw, xr, b, its[i], v8))
         em.line(f"scf.yield {', '.join(new)} : {', '.join([v8] * rows)}")
         em.depth -= 1
         em.line("}")
@@ -1041,13 +1050,7 @@ class _K:
         order = _hsum_rows(n // rows, width, rows)
         parts = self._lane_parts([offs[order.index(r)] for r in range(n)], xq)
         fd = em.op(f"arith.sitofp {self.hsum(parts, width)} : {vi} to {vf}")
-        dx = em.op(f"tensor.extract {self.xd}[{x0}, {b}] : {self.tf}")
-        sc = em.op(f"arith.mulf {dw}, {em.op(f'vector.broadcast {dx} : f32 to {vf}')} : {vf}")
-        new = em.op(f"math.fma {fd}, {sc}, {acc} : {vf}")
-        if mw is not None:
-            sx = em.op(f"tensor.extract {self.xs}[{x0}, {b}] : {self.tf}")
-            sxv = em.op(f"vector.broadcast {sx} : f32 to {vf}")
-            new = em.op(f"math.fma {mw}, {sxv}, {new} : {vf}")
+        new = self._scale_fma(fd, dw, mw, x0, b, acc, vf)
         em.line(f"scf.yield {new} : {vf}")
         em.depth -= 1
         em.line("}")

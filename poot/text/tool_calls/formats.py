@@ -24,6 +24,7 @@ streamed call reassembles to exactly the non-streamed one.
 
 from __future__ import annotations
 
+import abc
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -142,17 +143,17 @@ def _trimmed(segments: list[str], final: bool) -> str:
     return text.rstrip() if final or text.rstrip() != text else text
 
 
-class ToolFormat:
+class ToolFormat(abc.ABC):
     """A tool-call format (base class). ``name``: its ``--tool-call-parser`` name."""
 
     name = ""
     #: the key of a call's arguments (``arguments``, or ``parameters`` for Llama)
     args_key = "arguments"
 
+    @abc.abstractmethod
     def scan(self, text: str, final: bool) -> Scan:
         """Content and calls of ``text`` (``final``: the text is complete; calls that do
         not parse are then content)."""
-        raise NotImplementedError
 
     def prepare(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                 choice: str | None) -> list[dict[str, Any]]:
@@ -167,6 +168,7 @@ class ToolFormat:
             out.append(m)
         return out
 
+    @abc.abstractmethod
     def guide(self, tools: list[dict[str, Any]], choice: str | None, parallel: bool,
               special_id: Callable[[str], int | None], json_options: dict[str, Any]) \
             -> tuple[str, Any] | None:
@@ -175,7 +177,6 @@ class ToolFormat:
         ``choice``: None (auto), ``"required"`` or one tool's name; ``parallel``: several
         calls allowed; ``special_id(text)``: the id of a special token of that text, or
         None; ``json_options``: llguidance's JSON options for the schemas inside a grammar."""
-        raise NotImplementedError
 
 
 def _decoded_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -285,10 +286,19 @@ class _LeadingFormat(ToolFormat):
     token the detokenizer may have dropped, so the bare JSON is accepted too)."""
 
     MARKER = ""
-    OPEN = "{"
+    #: how the calls' JSON starts (its first character opens them), and what that is
+    OPEN, WHAT = "{", "a call object"
 
     def _body(self, text: str, b: int) -> tuple[list[PartialCall], int | None]:
-        raise NotImplementedError
+        """The calls whose JSON starts at ``text[b]`` and where it ends (None: not yet).
+        Raises :class:`Malformed`."""
+        if text[b] != self.OPEN[0]:
+            raise Malformed(f"not {self.WHAT}")
+        return self._calls(text, b)
+
+    @abc.abstractmethod
+    def _calls(self, text: str, b: int) -> tuple[list[PartialCall], int | None]:
+        """:meth:`_body` past its check of the first character."""
 
     def scan(self, text: str, final: bool) -> Scan:
         k = skip_ws(text, 0)
@@ -324,9 +334,7 @@ class Llama3JsonFormat(_LeadingFormat):
     args_key = "parameters"
     MARKER = "<|python_tag|>"
 
-    def _body(self, text, b):
-        if text[b] != "{":
-            raise Malformed("not a call object")
+    def _calls(self, text, b):
         return _calls_seq(text, b, ";")
 
     def guide(self, tools, choice, parallel, special_id, json_options):
@@ -344,11 +352,9 @@ class MistralFormat(_LeadingFormat):
 
     name = "mistral"
     MARKER = "[TOOL_CALLS]"
-    OPEN = "[{"
+    OPEN, WHAT = "[{", "a call array"
 
-    def _body(self, text, b):
-        if text[b] != "[":
-            raise Malformed("not a call array")
+    def _calls(self, text, b):
         return _calls_array(text, b)
 
     def guide(self, tools, choice, parallel, special_id, json_options):

@@ -1105,20 +1105,11 @@ class _GemmKernel:
     def _module_text(self, x_reads: set[str]) -> tuple[str, list[list], list]:
         """The ``gpu.module`` text around the emitted body (and the split-K reduction
         kernel), the launch slots per kernel and the constant buffers."""
-        m, t, e, se = self.m, self.t, self.e, self.se
-        ro = " {llvm.noalias, llvm.readonly}" if not self.emulate else ""
-        params, slots = kernel_params(self.fn, m, se, x_reads, ro, ("%x", self.xtype),
-                                      [("%w", self.wtype)])
-        consts = list(se.consts)
+        t, e = self.t, self.e
         if self.kind == "generic" and self.wse.consts:
             raise ScalarUnsupported("constant buffers in the weight decode")
-        reduce = ""
-        if self.S > 1:                              # the partials instead of the results
-            n_out = len(m.outs)
-            params, slots = params[:-n_out] + [("%part", self.part_t)], \
-                slots[:-n_out] + [("scratch", 0)]
-            reduce, rslots, rconsts = self.reduce_kernel(len(consts))
-            consts += rconsts
+        ro = " {llvm.noalias, llvm.readonly}" if not self.emulate else ""
+        params, slots, consts, reduce, rslots = self._launch_params(x_reads, ro, self.S)
         sig = ", ".join(f"{a}: {b}" for a, b in params)
         # 16-byte aligned tiles (ldmatrix rows, 16-byte stores): the default is the element's
         text = (f"gpu.module @poot_gemm {{\n"
@@ -1127,6 +1118,25 @@ class _GemmKernel:
                 f"kernel attributes {{known_block_size = array<i32: {t.T}, 1, 1>}} {{\n"
                 f"{e.k.text()}\n    gpu.return\n  }}\n{reduce}}}\n")
         return text, [slots] + ([rslots] if reduce else []), consts
+
+    def _launch_params(self, x_reads: set[str], ro: str, splits: int
+                       ) -> tuple[list[tuple[str, str]], list[tuple[str, int]], list, str, list]:
+        """The kernel's (parameters, launch slots, constant buffers) and, split over
+        ``splits`` > 1 K slices, the reduction kernel's (text, launch slots): the kernel then
+        writes the partials ``%part`` in place of the results, and the reduction's constant
+        buffers follow the kernel's. Without a split the text is empty, the slots []."""
+        m, se = self.m, self.se
+        params, slots = kernel_params(self.fn, m, se, x_reads, ro, ("%x", self.xtype),
+                                      [("%w", self.wtype)])
+        consts = list(se.consts)
+        reduce, rslots = "", []
+        if splits > 1:                              # the partials instead of the results
+            n_out = len(m.outs)
+            params, slots = params[:-n_out] + [("%part", self.part_t)], \
+                slots[:-n_out] + [("scratch", 0)]
+            reduce, rslots, rconsts = self.reduce_kernel(len(consts))
+            consts += rconsts
+        return params, slots, consts, reduce, rslots
 
     def reduce_kernel(self, const0: int) -> tuple[str, list, list]:
         """The split-K reduction (``gpu.func @gemm_reduce``, :data:`REDUCE_T` threads a block,

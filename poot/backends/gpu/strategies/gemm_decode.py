@@ -52,7 +52,6 @@ from poot.backends.gpu.strategies.emit import (
 from poot.backends.gpu.strategies.matmul_match import (
     GemvMatch,
     gemm_rows,
-    kernel_params,
     match,
 )
 from poot.dialects.types import DType
@@ -430,18 +429,9 @@ class _DecodeKernel(G._GemmKernel):
         self.cur_acc = None
 
     def _module_text(self, x_reads: set[str]) -> tuple[str, list[list], list]:
-        m, e, se, d = self.m, self.e, self.se, self.d
-        ro = " {llvm.noalias, llvm.readonly}"
-        params, slots = kernel_params(self.fn, m, se, x_reads, ro, ("%x", self.xtype),
-                                      [("%w", self.wtype)])
-        consts = list(se.consts)
-        reduce = ""
-        if d.S > 1:                                 # the partials instead of the results
-            n_out = len(m.outs)
-            params, slots = params[:-n_out] + [("%part", self.part_t)], \
-                slots[:-n_out] + [("scratch", 0)]
-            reduce, rslots, rconsts = self.reduce_kernel(len(consts))
-            consts += rconsts
+        e, d = self.e, self.d
+        params, slots, consts, reduce, rslots = self._launch_params(
+            x_reads, " {llvm.noalias, llvm.readonly}", d.S)
         sig = ", ".join(f"{a}: {b}" for a, b in params)
         wg = f" workgroup(%xs: {self.xs_t} {WG_ALIGN})"
         text = (f"gpu.module @poot_gemm {{\n"
