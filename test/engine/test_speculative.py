@@ -60,6 +60,7 @@ def test_parse_speculative():
 @pytest.mark.parametrize("text,field", [("ngram:0", "num_speculative_tokens"),
                                         ("ngram:99", "num_speculative_tokens"),
                                         ("ngram:x", "num_speculative_tokens"),
+                                        ("ngram:", "num_speculative_tokens"),
                                         ("eagle", "method"), (3, "config")])
 def test_bad_speculative_settings_are_typed_errors(text, field):
     with pytest.raises(SpeculativeConfigError) as e:

@@ -261,11 +261,13 @@ def _ix(em: Emitter, x) -> str:
 
 def splits(op: OpInfo) -> int:
     """Parts each work item's visited blocks are split into, each a thread's task: 1 when
-    the (sequence, KV head) items already spread evenly over the cores (or there is one
-    core, or four items a core); else the fewest parts that make the tasks a multiple of the
-    cores (SmolLM2's decode: 3 KV heads on 2 cores, 2 parts: 3 tasks a core, not 2 and 1)."""
+    one sequence's KV heads already spread evenly over the cores (or there is one core, or
+    four heads a core); else the fewest parts that make them a multiple of the cores
+    (SmolLM2's decode: 3 KV heads on 2 cores, 2 parts: 3 tasks a core, not 2 and 1). Decided
+    per sequence, never by the batch size: the parts change the f32 summation order, and a
+    sequence must get the same bits whatever it is batched with."""
     cores = op.strategy.cores if op.strategy is not None else 1
-    items = op.types[3].shape[0] * op.types[1].shape[2]
+    items = op.types[1].shape[2]
     if cores <= 1 or items >= 4 * cores:
         return 1
     return next(s for s in range(1, cores + 1) if items * s % cores == 0)

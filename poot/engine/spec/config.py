@@ -114,9 +114,12 @@ def parse_speculative(value) -> SpeculativeConfig | None:
         return None
     if text.startswith("draft:"):
         return _parse_draft(text[len("draft:"):])
-    method, _, k = text.partition(":")
-    if not k:
+    method, colon, k = text.partition(":")
+    if not colon:
         return SpeculativeConfig(method=method)
+    if not k.strip():
+        raise SpeculativeConfigError("num_speculative_tokens", k,
+                                     "ngram:k needs k after the colon (or write 'ngram')")
     try:
         n = int(k)
     except ValueError:
