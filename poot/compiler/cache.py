@@ -66,7 +66,6 @@ import dataclasses
 import enum
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import pickle
@@ -111,12 +110,12 @@ SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 @functools.cache
 def poot_version() -> str:
-    """The installed poot distribution's version (part of every key); ``"unknown"`` when
-    poot runs from a source tree that was never installed (the source hash still keys it)."""
-    try:
-        return importlib.metadata.version("poot")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    """poot's version (part of every key): ``poot/version.py``'s, the one source the
+    distribution's metadata is made from, so a source tree that was never installed (the copy
+    a GPU machine without MLIR runs from a carried cache) keys its programs as the installed
+    tree that compiled them does."""
+    from poot.version import __version__
+    return __version__
 
 
 #: files of a backend's folder that run compiled programs and never make them (not hashed)
