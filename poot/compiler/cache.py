@@ -83,6 +83,7 @@ from poot.compiler.cache_lock import lock_timeout_s as _lock_timeout
 from poot import settings
 from poot.compiler.pipeline_parallel import PipelineProgram, compile_pipeline
 from poot.progress import Tracker
+from poot.version import __version__
 
 #: one compile at a time per process: the code generators keep process-wide state (the CPU
 #: backend's loaded libraries and malloc tuning, LLVM's JIT) that no one has shown safe to
@@ -114,7 +115,6 @@ def poot_version() -> str:
     distribution's metadata is made from, so a source tree that was never installed (the copy
     a GPU machine without MLIR runs from a carried cache) keys its programs as the installed
     tree that compiled them does."""
-    from poot.version import __version__
     return __version__
 
 
