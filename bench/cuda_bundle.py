@@ -1,7 +1,7 @@
 """Build device-check bundles (artifact + oracle fixtures + weights) for the CUDA backend.
 
     python bench/cuda_bundle.py [OUT_DIR] [--models llama llama_gguf_q4_1] [--steps 4]
-        [--paged llama:f16 llama:q8_0]
+        [--paged llama:f16 llama:q8_0 llama:fp8]
 
 Each bundle is OUT_DIR/<model>/ (OUT_DIR defaults to ``.cache/cuda_bundles``, ignored: bundles
 are generated, never committed) and is read by poot/backends/cuda/devcheck.py on a machine
@@ -78,8 +78,10 @@ def paged_inputs(spec, steps: int, seed: int = 0) -> list[dict]:
 def build_paged(name: str, kv: str, out: str, steps: int) -> dict:
     """A device-check bundle of tiny fixture ``name``'s paged decode step (batch 2, 16-position
     blocks, capacity 64) with 32-wide heads (q8_0 needs a multiple of 32; random f32 weights)
-    and KV storage ``kv`` (``f16``, ``q8_0``: quantize-on-write in the KV scatter, the
-    flash-decoding kernel dequantizing where it loads)."""
+    and KV storage ``kv`` (``f16``, ``q8_0`` or ``fp8``: quantize-on-write in the KV scatter,
+    the flash-decoding kernel dequantizing where it loads; fp8 with the e4m3 conversions of
+    sm_89+, checked on the device: its values, e4m3fn bit patterns, within one code of the
+    oracle's, as q8_0's)."""
     import tempfile
 
     from poot.backends.cuda.codegen import cuda_target, ptxas_check
@@ -133,7 +135,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--speed", nargs="*", default=[],
                     help="GGUF/HF checkpoints for speed-only bundles (PATH:CAPACITY:STRATEGY)")
-    ap.add_argument("--paged", nargs="*", default=["llama:f16", "llama:q8_0"],
+    ap.add_argument("--paged", nargs="*", default=["llama:f16", "llama:q8_0", "llama:fp8"],
                     help="paged decode bundles with 32-wide heads (FIXTURE:KV_DTYPE)")
     a = ap.parse_args()
     for sp in a.speed:

@@ -101,7 +101,8 @@ def test_pool_bytes_follow_the_storage(tmp_path):
     dims = model.dims()
     assert (f16.token_bytes(dims), q8.token_bytes(dims), mixed.token_bytes(dims)) == \
         (2 * 128, 34 * 128 // 32, (2 * 64) + 34 * 64 // 32)
-    assert kv_bytes_per_token(dims) == {"f32": 1024, "f16": 512, "bf16": 512, "q8_0": 272}
+    assert kv_bytes_per_token(dims) == {"f32": 1024, "f16": 512, "bf16": 512, "q8_0": 272,
+                                        "fp8": 288}     # 32 + 4 bytes a head vector
 
 
 def test_same_kv_memory_admits_about_twice_the_sequences(tmp_path):
