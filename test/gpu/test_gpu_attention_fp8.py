@@ -311,3 +311,20 @@ def test_traced_fp8_step_writes_and_reads_with_the_conversions(tmp_path, chip):
     assert re.search(r"cvt\.rn\.satfinite\.e4m3x2\.f32\s", art.ptx)
     assert re.search(r"cvt\.rn\.f16x2\.e4m3x2\s", art.ptx)
     assert _ptxas(art.ptx, chip) == []
+
+
+# ---- the device check's greedy-token comparison (no device needed) ---------------------------
+
+def test_device_check_compares_greedy_tokens():
+    """devcheck.top1 counts rows whose argmax equals the oracle's, and reports a differing
+    row's oracle margin only beyond the logits' tolerance (a near-tie is no failure)."""
+    from poot.backends.cuda.devcheck import top1
+
+    want = np.array([[0.0, 2.0, 1.0], [3.0, 0.0, 2.99999], [0.0, 1.0, 5.0]], np.float32)
+    assert top1(want, want) == (3, 3, 0.0)
+    near = want.copy()
+    near[1, 2] = 3.00001                      # row 1 picks 2: the oracle's margin 1e-5
+    assert top1(near, want) == (2, 3, 0.0)
+    far = want.copy()
+    far[2, 1] = 9.0                           # row 2 picks 1: 4.0 worse in the oracle
+    assert top1(far, want)[:2] == (2, 3) and top1(far, want)[2] == pytest.approx(4.0)
