@@ -116,14 +116,22 @@ def quantize_fp8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``x`` float ``[..., D]`` as fp8 (module doc): ``(q int8 [..., D]`` (e4m3fn bit
     patterns), ``s float32 [..., 1])``; the rounding is ``ml_dtypes.float8_e4m3fn``'s (to
     nearest even), after saturating to +-448 (``x / s`` may round past it)."""
-    import ml_dtypes
-
     x = np.asarray(x, np.float32)
     s = (np.max(np.abs(x), axis=-1, keepdims=True) / np.float32(FP8_MAX)).astype(np.float32)
+    return encode_fp8(x, s), s
+
+
+def encode_fp8(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """int8 ``[..., D]``: the e4m3fn bit patterns of ``x / s`` (f32 ``[..., D]`` over f32
+    ``[..., 1]``; 0 where ``s == 0``), saturated to +-448 then rounded to nearest even
+    (``ml_dtypes.float8_e4m3fn``): PTX ``cvt.rn.satfinite.e4m3x2.f32``'s numbers."""
+    import ml_dtypes
+
+    x, s = np.asarray(x, np.float32), np.asarray(s, np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         v = np.where(s > 0, x / s, np.float32(0)).astype(np.float32)
     v = np.clip(v, -FP8_MAX, FP8_MAX)
-    return v.astype(ml_dtypes.float8_e4m3fn).view(np.int8), s
+    return v.astype(ml_dtypes.float8_e4m3fn).view(np.int8)
 
 
 def dequantize_fp8(q: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -136,5 +144,5 @@ def dequantize_fp8(q: np.ndarray, s: np.ndarray) -> np.ndarray:
         return (v * np.asarray(s, np.float32)).astype(np.float32)
 
 
-__all__ = ["FP8", "FP8_MAX", "dequantize_fp8", "quantize_fp8", "KV_FORMATS", "KvDType", "KvQuant", "Q8_0", "dequantize_q8_0", "kv_value_bytes",
+__all__ = ["FP8", "FP8_MAX", "dequantize_fp8", "encode_fp8", "quantize_fp8", "KV_FORMATS", "KvDType", "KvQuant", "Q8_0", "dequantize_q8_0", "kv_value_bytes",
            "quantize_q8_0"]

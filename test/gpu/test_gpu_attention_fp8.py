@@ -55,6 +55,24 @@ def test_reference_quantize_bytes_match_ml_dtypes():
     assert np.all(np.abs(back - x) <= np.abs(x) / 16 + s * 2.0 ** -9)
 
 
+def test_encode_round_trips_every_code_and_rounds_ties_to_even():
+    """encode_fp8 maps each of the 254 finite e4m3fn values (scale 1) back to its own code,
+    ties go to the even code (1.0625 -> 1.0, 1.1875 -> 1.25, half the least subnormal -> 0),
+    beyond 448 saturates."""
+    from poot.dialects.kv_quant import encode_fp8
+
+    codes = np.arange(256, dtype=np.uint8)
+    vals = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    fin = np.isfinite(vals)
+    assert fin.sum() == 254
+    one = np.ones((int(fin.sum()), 1), np.float32)
+    got = encode_fp8(vals[fin][:, None], one)[:, 0].view(np.uint8)
+    np.testing.assert_array_equal(got, codes[fin])
+    x = np.array([[1.0625, 1.1875, 500.0, -1e9, 2.0 ** -10, 1.5 * 2.0 ** -10]], np.float32)
+    back = encode_fp8(x, np.ones((1, 1), np.float32)).view(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(back.astype(np.float32), [[1.0, 1.25, 448, -448, 0.0, 2.0 ** -9]])
+
+
 def test_scatter_graph_quantizes_as_the_reference():
     """The tracer's fp8 quantize (poot.models.blocks.quantize_fp8: the graph the KV scatter
     writes), run by the oracle, gives the bytes and scales of the reference."""

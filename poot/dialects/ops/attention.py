@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from poot.dialects.kv_quant import FP8, Q8_0, dequantize_fp8, dequantize_q8_0
+from poot.dialects.kv_quant import FP8, Q8_0, dequantize_fp8, dequantize_q8_0, encode_fp8
 from poot.dialects.opdef import Attr, OpDef, register
 from poot.dialects.types import DType, TensorType
 
@@ -371,13 +371,7 @@ class QuantizeFp8(OpDef):
 
     @classmethod
     def evaluate(cls, args, attrs, result):
-        import ml_dtypes
-
-        x, s = (np.asarray(a, np.float32) for a in args)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            v = np.where(s > 0, x / s, np.float32(0)).astype(np.float32)
-        v = np.clip(v, -448.0, 448.0)
-        return v.astype(ml_dtypes.float8_e4m3fn).view(np.int8)
+        return encode_fp8(args[0], args[1])
 
 
 @register
