@@ -1,7 +1,7 @@
 """Build device-check bundles (artifact + oracle fixtures + weights) for the CUDA backend.
 
     python bench/cuda_bundle.py [OUT_DIR] [--models llama llama_gguf_q4_1] [--steps 4]
-        [--paged llama:f16 llama:q8_0]
+        [--paged llama:f16 llama:q8_0 llama:fp8] [--greedy llama:fp8]
 
 Each bundle is OUT_DIR/<model>/ (OUT_DIR defaults to ``.cache/cuda_bundles``, ignored: bundles
 are generated, never committed) and is read by poot/backends/cuda/devcheck.py on a machine
@@ -78,8 +78,10 @@ def paged_inputs(spec, steps: int, seed: int = 0) -> list[dict]:
 def build_paged(name: str, kv: str, out: str, steps: int) -> dict:
     """A device-check bundle of tiny fixture ``name``'s paged decode step (batch 2, 16-position
     blocks, capacity 64) with 32-wide heads (q8_0 needs a multiple of 32; random f32 weights)
-    and KV storage ``kv`` (``f16``, ``q8_0``: quantize-on-write in the KV scatter, the
-    flash-decoding kernel dequantizing where it loads)."""
+    and KV storage ``kv`` (``f16``, ``q8_0`` or ``fp8``: quantize-on-write in the KV scatter,
+    the flash-decoding kernel dequantizing where it loads; fp8 with the e4m3 conversions of
+    sm_89+, checked on the device: its values, e4m3fn bit patterns, within one code of the
+    oracle's, as q8_0's)."""
     import tempfile
 
     from poot.backends.cuda.codegen import cuda_target, ptxas_check
@@ -105,6 +107,42 @@ def build_paged(name: str, kv: str, out: str, steps: int) -> dict:
     write_check_bundle(folder, prog, art, weights.arrays, paged_inputs(spec, steps))
     return {"bundle": folder, "compile_s": round(compile_s, 2),
             "ptxas": bool(ptxas_check(art.ptx)), **art.summary(), **art.meta}
+
+
+def build_greedy(name: str, kv: str, out: str, steps: int) -> dict:
+    """A device-check bundle of greedy decoding: tiny fixture ``name`` (its own weights) as a
+    paged decode step (batch 2, 16-position blocks, capacity 64) with KV storage ``kv``, fed
+    its reference prompt (sequence 1: reversed) a token a step, then from the prompt's end
+    the oracle's greedy tokens (:func:`~poot.backends.cuda.fixtures.greedy_inputs`); the
+    device check compares every step's logits and greedy token with the oracle's."""
+    from poot.backends.cuda.codegen import cuda_target, ptxas_check
+    from poot.backends.cuda.fixtures import greedy_inputs, write_check_bundle
+    from poot.compiler.compile import compile as compile_step
+    from poot.dialects.kv_quant import KV_FORMATS
+    from poot.models import StepSpec, load_model
+
+    model, weights = load_model(fixture_path(name))
+    spec = StepSpec.decode(kv_capacity=64, block_size=16, num_blocks=9, batch=2,
+                           kv_dtype=KV_FORMATS[kv])
+    t0 = time.perf_counter()
+    prog = compile_step(model.trace(spec, weights.types), cuda_target())
+    art = prog.executable
+    compile_s = time.perf_counter() - t0
+    ids = [int(i) for i in np.load(os.path.join(FIXTURES, name, "reference.npz"))["prompt_ids"]]
+    prompt = np.array([ids, ids[::-1]], np.int32)                       # [2, P]
+    table = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
+    seq = []
+    for k in range(steps):
+        pos = np.full(2, k, np.int32)
+        seq.append({"tokens": prompt[:, min(k, prompt.shape[1] - 1)][:, None],
+                    "positions": pos[:, None], "block_table": table,
+                    "slot_mapping": (table[:, k // 16] * 16 + k % 16).astype(np.int32)})
+    seq = greedy_inputs(prog, art, weights.arrays, seq, forced=prompt.shape[1])
+    folder = os.path.join(out, f"{name}_greedy_{kv}")
+    write_check_bundle(folder, prog, art, weights.arrays, seq)
+    return {"bundle": folder, "compile_s": round(compile_s, 2), "steps": steps,
+            "greedy_from_step": prompt.shape[1], "ptxas": bool(ptxas_check(art.ptx)),
+            **art.summary(), **art.meta}
 
 
 def build_speed(path: str, out: str, label: str, capacity: int, strategy: str = "auto"
@@ -133,8 +171,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--speed", nargs="*", default=[],
                     help="GGUF/HF checkpoints for speed-only bundles (PATH:CAPACITY:STRATEGY)")
-    ap.add_argument("--paged", nargs="*", default=["llama:f16", "llama:q8_0"],
+    ap.add_argument("--paged", nargs="*", default=["llama:f16", "llama:q8_0", "llama:fp8"],
                     help="paged decode bundles with 32-wide heads (FIXTURE:KV_DTYPE)")
+    ap.add_argument("--greedy", nargs="*", default=["llama:fp8"],
+                    help="greedy-decoding bundles of a fixture's own weights "
+                         "(FIXTURE:KV_DTYPE; prompt then 8 greedy steps)")
     a = ap.parse_args()
     for sp in a.speed:
         path, cap, strat = (sp.split(":") + ["", ""])[:3]
@@ -150,6 +191,9 @@ def main() -> None:
     for m in a.paged:
         name, kv = m.split(":")
         print(json.dumps(build_paged(name, kv, a.out, a.steps)))
+    for m in a.greedy:
+        name, kv = m.split(":")
+        print(json.dumps(build_greedy(name, kv, a.out, 20)))
 
 
 if __name__ == "__main__":

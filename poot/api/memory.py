@@ -39,17 +39,15 @@ def kv_cache_bytes(model, kv_capacity: int, slots: int = 1, itemsize: int = 4) -
 
 def kv_bytes_per_token(dims) -> dict[str, int | None]:
     """Bytes one position's K/V take over every layer, per KV storage name
-    (:data:`~poot.dialects.kv_quant.KV_FORMATS` but fp8), for a model of ``dims``
-    (:class:`~poot.models.StepDims`); None where the model's heads cannot hold it (q8_0 with
-    a head dim that is not a multiple of 32)."""
+    (:data:`~poot.dialects.kv_quant.KV_FORMATS`; fp8: ``D + 4`` bytes a head vector), for a
+    model of ``dims`` (:class:`~poot.models.StepDims`); None where the model's heads cannot
+    hold it (q8_0 with a head dim that is not a multiple of 32)."""
     out: dict[str, int | None] = {}
     width = dims.head_dim if dims.kv_elems_per_token is None else dims.kv_token_elems
     for name, fmt in KV_FORMATS.items():
-        if fmt is FP8:
-            continue
-        ok = not isinstance(fmt, KvQuant) or width % fmt.group == 0
-        out[name] = int(round(dims.n_layers * dims.kv_token_elems * kv_value_bytes(fmt))) \
-            if ok else None
+        ok = not isinstance(fmt, KvQuant) or width % (fmt.group or width) == 0
+        out[name] = int(round(dims.n_layers * dims.kv_token_elems *
+                              kv_value_bytes(fmt, width))) if ok else None
     return out
 
 
@@ -120,20 +118,21 @@ def plan_kv(model, weight_types, target, kv_capacity: int, max_batch: int,
 
 def check_kv_storage(dims, target, storage, option: str) -> None:
     """Refuse (:class:`InvalidRequest` naming ``option``), before anything compiles, a KV
-    ``storage`` that ``target`` cannot read in its attention kernels (fp8 on every target of
-    this version; q8_0 on a target not listing it in ``Capabilities.kv_formats``) or that the
+    ``storage`` that ``target`` cannot read in its attention kernels (one not listed in its
+    ``Capabilities.kv_formats``: fp8 needs CUDA sm_89 or newer) or that the
     model's heads cannot be cut into (q8_0: a head dim, or MLA's latent width, that is a
     multiple of 32; ``dims``: :class:`~poot.models.StepDims`)."""
     if not isinstance(storage, KvQuant):
         return
     if storage.value not in target.caps.kv_formats:
-        what = ("fp8 (e4m3) KV storage needs a device with fp8 support" if storage is FP8
+        what = ("fp8 (e4m3) KV storage needs a device that converts fp8 in hardware "
+                "(CUDA sm_89 or newer)" if storage is FP8
                 else f"{storage.value} KV storage needs an attention kernel that reads it")
         other = ", ".join(["f16", "bf16", *sorted(target.caps.kv_formats)])
         raise InvalidRequest(option, storage.value, f"{what}, which the {target.backend} "
                              f"target lacks (use {other})")
     width = dims.head_dim if dims.kv_elems_per_token is None else dims.kv_token_elems
-    if width % storage.group:
+    if storage.group and width % storage.group:
         raise InvalidRequest(option, storage.value, f"{storage.value} keeps one scale per "
                              f"{storage.group} values of a head; this model's head dim "
                              f"{width} is not a multiple of {storage.group}")

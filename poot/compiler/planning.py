@@ -13,7 +13,7 @@ from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
 
 from poot.compiler.target import Target
-from poot.dialects.types import PackedType, TensorType, type_from_mlir
+from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
 from poot.errors import PootError
 from poot.passes.legalize import COMPUTE_OPS, stored_type
 
@@ -63,13 +63,29 @@ def check_op(op: ir.Operation, target: Target) -> None:
         if isinstance(t, PackedType) and op.name == "poot.dequantize" and \
                 t.format.name not in caps.packed_formats:
             raise Refusal(op.name, f"in-kernel decoding of packed format {t.format.name}", loc)
-    if op.name == "poot.paged_attention" and len(op.operands) > 5 and \
-            "q8_0" not in caps.kv_formats:
-        raise Refusal(op.name, "an attention kernel reading q8_0 KV pools", loc)
+    for fmt in sorted(kv_formats(op) - caps.kv_formats):
+        raise Refusal(op.name, f"an attention kernel reading {fmt} KV pools" if fmt == "q8_0"
+                      else "fp8 (e4m3) conversions in hardware (CUDA sm_89 or newer)", loc)
     if op.name in COMPUTE_OPS and op.operands:
         t = type_from_mlir(op.operands[0].type)
         if isinstance(t, TensorType) and t.dtype not in caps.compute_dtypes:
             raise Refusal(op.name, f"{t.dtype} arithmetic", loc)
+
+
+#: ops that read or write fp8 KV values (:mod:`poot.dialects.kv_quant`)
+FP8_OPS = ("poot.quantize_fp8", "poot.dequantize_fp8")
+
+
+def kv_formats(op: ir.Operation) -> set[str]:
+    """The block-quantized KV formats ``op`` reads or writes: ``"q8_0"``/``"fp8"`` per
+    scales operand of a ``poot.paged_attention`` (fp8's are f32, q8_0's f16), ``"fp8"`` for
+    the fp8 quantize/dequantize ops; empty otherwise."""
+    if op.name in FP8_OPS:
+        return {"fp8"}
+    if op.name != "poot.paged_attention":
+        return set()
+    return {"fp8" if type_from_mlir(v.type).dtype is DType.F32 else "q8_0"
+            for v in list(op.operands)[5:]}
 
 
 def check_module(module: ir.Operation, target: Target) -> None:

@@ -1,4 +1,4 @@
-"""Storage formats of the paged KV cache: the float dtypes (f32, f16, bf16) and ``q8_0``.
+"""Storage formats of the paged KV cache: the float dtypes (f32, f16, bf16), ``q8_0`` and ``fp8``.
 
 ``q8_0`` is GGUF's Q8_0 quantization applied to the KV cache (llama.cpp's ``-ctk/-ctv q8_0``):
 each run of 32 consecutive values of one head of one position (a *group*, along the head dim
@@ -12,6 +12,15 @@ Memory layout: a q8_0 pool ``[NB, bs, H, D]`` is two planes, the values ``i8 [NB
 both indexed by block like every pool; GGUF interleaves each group's scale with its 32
 values in one 34-byte block, the planes keep the values 32-byte aligned for vector loads. The
 bytes are the same: 34 per 32 values, 1.0625 a value (f16: 2).
+
+``fp8`` is OCP FP8 E4M3 (``e4m3fn``: max 448, no infinities, one NaN pattern) with one f32
+scale per head vector (a position's ``D`` values of one KV head; vLLM's
+``kv_cache_dtype="fp8"`` with per-head scales): ``s = amax / 448`` over the vector,
+``q = e4m3fn(x / s)`` rounded to nearest even and saturated to +-448 (0 where ``s == 0``),
+read as ``f32(q) * s``. Layout: the values ``i8 [NB, bs, H, D]`` (the e4m3fn bit patterns)
+and the scales ``f32 [NB, bs, H, 1]``: ``D + 4`` bytes a head vector. Kernels read it only
+where the device converts e4m3 in hardware (CUDA sm_89 and newer: PTX
+``cvt.rn.f16x2.e4m3x2`` / ``cvt.rn.satfinite.e4m3x2.f32``).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ class KvQuant:
 
     Attributes:
         value: its name (``"q8_0"``), as options spell it.
-        group: values per scale, along the head dim.
+        group: values per scale, along the head dim; 0: one scale per head vector (fp8).
         values: the dtype of the quantized values plane; scales: the dtype of the scales.
     """
 
@@ -38,15 +47,19 @@ class KvQuant:
     values: DType
     scales: DType
 
-    @property
-    def value_bytes(self) -> float:
-        """Bytes one stored value takes, its share of the scale included (q8_0: 34 / 32)."""
-        return self.values.itemsize + self.scales.itemsize / self.group
+    def value_bytes(self, width: int) -> float:
+        """Bytes one stored value of a head vector of ``width`` values takes, its share of the
+        scale included (q8_0: 34 / 32; fp8: 1 + 4 / width)."""
+        return self.values.itemsize + self.scales.itemsize / (self.group or width)
 
     def planes(self, shape: tuple[int, ...]) -> tuple[TensorType, TensorType]:
         """The values and scales types of a pool of logical ``shape`` ``[..., D]``
-        (``D`` a multiple of :attr:`group`; ValueError otherwise)."""
+        (``D`` a multiple of :attr:`group`; ValueError otherwise); fp8's scales
+        ``[..., 1]``."""
         *lead, d = shape
+        if not self.group:
+            return (TensorType(tuple(shape), self.values),
+                    TensorType(tuple(lead) + (1,), self.scales))
         if d % self.group:
             raise ValueError(f"{self.value} needs a head dim that is a multiple of "
                              f"{self.group}, got {d}")
@@ -58,10 +71,11 @@ class KvQuant:
 
 
 Q8_0 = KvQuant("q8_0", 32, DType.I8, DType.F16)
-#: fp8 (e4m3) with one scale per head (vLLM's ``kv_cache_dtype="fp8"``): named so that a
-#: request for it is refused by planning, with a reason, on targets whose kernels lack it
-#: (every target of this version: no backend lists it in ``Capabilities.kv_formats``).
+#: fp8 (e4m3fn bit patterns) with one f32 scale per head vector (module doc); a target
+#: whose kernels lack it (no ``"fp8"`` in ``Capabilities.kv_formats``) refuses it in planning.
 FP8 = KvQuant("fp8", 0, DType.I8, DType.F32)
+#: The largest finite e4m3fn value.
+FP8_MAX = 448.0
 
 #: A KV pool's storage: a float dtype or a block-quantized format.
 KvDType = DType | KvQuant
@@ -71,11 +85,10 @@ KV_FORMATS: dict[str, KvDType] = {"f32": DType.F32, "f16": DType.F16, "bf16": DT
                                   "q8_0": Q8_0, "fp8": FP8}
 
 
-def kv_value_bytes(fmt: KvDType) -> float:
-    """Bytes one KV value takes in storage ``fmt`` (scales included)."""
-    if fmt is FP8:
-        return 1.0
-    return fmt.value_bytes if isinstance(fmt, KvQuant) else float(fmt.itemsize)
+def kv_value_bytes(fmt: KvDType, width: int) -> float:
+    """Bytes one KV value takes in storage ``fmt`` (scales included), in head vectors of
+    ``width`` values (the head dim; multi-head latent attention's latent width)."""
+    return fmt.value_bytes(width) if isinstance(fmt, KvQuant) else float(fmt.itemsize)
 
 
 def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -99,5 +112,37 @@ def dequantize_q8_0(q: np.ndarray, d: np.ndarray) -> np.ndarray:
         return (np.asarray(q).astype(np.float32) * scale).astype(np.float32)
 
 
-__all__ = ["FP8", "KV_FORMATS", "KvDType", "KvQuant", "Q8_0", "dequantize_q8_0", "kv_value_bytes",
+def quantize_fp8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` float ``[..., D]`` as fp8 (module doc): ``(q int8 [..., D]`` (e4m3fn bit
+    patterns), ``s float32 [..., 1])``; the rounding is ``ml_dtypes.float8_e4m3fn``'s (to
+    nearest even), after saturating to +-448 (``x / s`` may round past it)."""
+    x = np.asarray(x, np.float32)
+    s = (np.max(np.abs(x), axis=-1, keepdims=True) / np.float32(FP8_MAX)).astype(np.float32)
+    return encode_fp8(x, s), s
+
+
+def encode_fp8(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """int8 ``[..., D]``: the e4m3fn bit patterns of ``x / s`` (f32 ``[..., D]`` over f32
+    ``[..., 1]``; 0 where ``s == 0``), saturated to +-448 then rounded to nearest even
+    (``ml_dtypes.float8_e4m3fn``): PTX ``cvt.rn.satfinite.e4m3x2.f32``'s numbers."""
+    import ml_dtypes
+
+    x, s = np.asarray(x, np.float32), np.asarray(s, np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(s > 0, x / s, np.float32(0)).astype(np.float32)
+    v = np.clip(v, -FP8_MAX, FP8_MAX)
+    return v.astype(ml_dtypes.float8_e4m3fn).view(np.int8)
+
+
+def dequantize_fp8(q: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """f32 ``[..., D]``: ``f32(q) * s`` of fp8 values ``q`` int8 ``[..., D]`` (e4m3fn bit
+    patterns) and scales ``s`` float32 ``[..., 1]``."""
+    import ml_dtypes
+
+    v = np.asarray(q).view(np.int8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    with np.errstate(invalid="ignore"):       # 0 * inf: a stale block's scale, masked later
+        return (v * np.asarray(s, np.float32)).astype(np.float32)
+
+
+__all__ = ["FP8", "FP8_MAX", "dequantize_fp8", "encode_fp8", "quantize_fp8", "KV_FORMATS", "KvDType", "KvQuant", "Q8_0", "dequantize_q8_0", "kv_value_bytes",
            "quantize_q8_0"]

@@ -128,9 +128,10 @@ class KVConfig:
     def token_bytes(self, dims: Any) -> int:
         """Bytes one position takes in one layer's pools: ``kv_token_elems`` values, half K
         and half V when they differ in storage, each at its storage's bytes a value (q8_0:
-        34 / 32, its scales included)."""
-        k = kv_value_bytes(self.kv_dtype)
-        v = k if self.kv_dtype_v is None else kv_value_bytes(self.kv_dtype_v)
+        34 / 32, its scales included; fp8: 1 + 4 / D)."""
+        width = dims.head_dim if dims.kv_elems_per_token is None else dims.kv_token_elems
+        k = kv_value_bytes(self.kv_dtype, width)
+        v = k if self.kv_dtype_v is None else kv_value_bytes(self.kv_dtype_v, width)
         return int(round(dims.kv_token_elems * (k + v) / 2))
 
 

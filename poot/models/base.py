@@ -49,7 +49,7 @@ from typing import (Any, Callable, ClassVar, Collection, Literal, Mapping, Proto
 
 import numpy as np
 
-from poot.dialects.kv_quant import KvDType, KvQuant, Q8_0
+from poot.dialects.kv_quant import FP8, KvDType, KvQuant, Q8_0
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.graph.builder import Graph, TraceLimits
@@ -74,10 +74,10 @@ class UnknownArchitecture(ModelError):
 
 # --- step specs --------------------------------------------------------------------------------
 
-#: KV storage dtypes a step may declare (float; the formats of KV_STORAGE add q8_0).
+#: KV storage dtypes a step may declare (float; the formats of KV_STORAGE add q8_0 and fp8).
 KV_DTYPES = (DType.F32, DType.F16, DType.BF16)
 #: Every KV storage a step may declare.
-KV_STORAGE = KV_DTYPES + (Q8_0,)
+KV_STORAGE = KV_DTYPES + (Q8_0, FP8)
 
 
 @dataclass(frozen=True)

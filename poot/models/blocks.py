@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from poot.dialects.kv_quant import KvQuant
+from poot.dialects.kv_quant import FP8_MAX, KvQuant
 from poot.dialects.types import DType, PootType, TensorType
 from poot.graph import ops, sampling
 from poot.graph.builder import Builder, Tensor
@@ -119,7 +119,8 @@ def kv_write_index(b: Builder, slot_mapping: Tensor, block_size: int) -> Tensor:
 def cached_kv(b: Builder, pool: "Tensor | QuantPool", new: Tensor, kv_index: Tensor,
               block_table: Tensor) -> tuple["Tensor | QuantPool", Tensor]:
     """Write ``new`` f32 [B, T, Hkv, D] into ``pool`` kv [NB, bs, Hkv, D] at ``kv_index``
-    (rounded to the pool's dtype; a :class:`QuantPool` quantized, :func:`quantize_q8_0`) and
+    (rounded to the pool's dtype; a :class:`QuantPool` quantized, :func:`quantize_q8_0` or
+    :func:`quantize_fp8`) and
     gather each sequence's blocks back.
 
     Returns ``(updated_pool, keys)``: the updated pool (same type as ``pool``; a step output)
@@ -132,12 +133,13 @@ def cached_kv(b: Builder, pool: "Tensor | QuantPool", new: Tensor, kv_index: Ten
     w = block_table.shape[1]
     rows = b.reshape(new, (bsz * t, hkv, d))
     if isinstance(pool, QuantPool):
-        q, scales = quantize_q8_0(b, ops.as_f32(b, rows))
+        fp8 = pool.scales.dtype is DType.F32        # fp8's per-head f32 scales; q8_0's f16
+        q, scales = (quantize_fp8 if fp8 else quantize_q8_0)(b, ops.as_f32(b, rows))
         updated = QuantPool(b.scatter(pool.values, kv_index, q),
                             b.scatter(pool.scales, kv_index, scales))
         vals = b.gather(updated.values, block_table, axis=0)
         sc = b.gather(updated.scales, block_table, axis=0)
-        keys = b.op("dequantize_q8_0", [vals, sc])
+        keys = b.op("dequantize_fp8" if fp8 else "dequantize_q8_0", [vals, sc])
         return updated, b.reshape(keys, (bsz, w * bs, hkv, d))
     if rows.dtype is not pool.dtype:
         rows = b.cast(rows, pool.dtype)
@@ -164,6 +166,15 @@ def quantize_q8_0(b: Builder, x: Tensor) -> tuple[Tensor, Tensor]:
     return (b.reshape(q, x.shape),
             b.reshape(b.cast(scale, DType.F16), tuple(lead) + (d // 32,)))
 
+
+
+def quantize_fp8(b: Builder, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x`` f32 [..., D] as fp8 (:mod:`poot.dialects.kv_quant`: per head vector
+    ``s = max|x| / 448``, ``q = e4m3fn(x / s)`` rounded to nearest even, saturated, 0 where
+    ``s == 0``): ``(q i8 [..., D] (bit patterns), s f32 [..., 1])``."""
+    amax = b.reduce("max", b.unary("abs", x), -1, keepdims=True)
+    scale = amax / FP8_MAX
+    return b.op("quantize_fp8", [x, scale]), scale
 
 
 def cached_attention(b: Builder, q: Tensor, k: Tensor, v: Tensor, cache: tuple[Tensor, Tensor],

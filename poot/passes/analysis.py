@@ -32,7 +32,7 @@ ELEMENTWISE = frozenset({"poot.unary", "poot.binary", "poot.ternary", "poot.comp
                          "poot.select", "poot.cast"})
 VIEWS = frozenset({"poot.reshape", "poot.transpose", "poot.slice"})
 POINTWISE = ELEMENTWISE | VIEWS | frozenset({"poot.broadcast", "poot.concat",
-                                             "poot.dequantize"})
+                                             "poot.dequantize", "poot.quantize_fp8"})
 ANCHORS = {"poot.matmul": "matmul", "poot.gather": "gather", "poot.scatter": "scatter",
            "poot.attention": "attention", "poot.indexed_matmul": "indexed_matmul"}
 KNOWN = POINTWISE | SOURCES | frozenset(ANCHORS) | frozenset({"poot.reduce"})

@@ -405,9 +405,9 @@ def _kv_gather(v: ir.Value):
         need(p is not None, "keys come from an argument, not a gather")
         if p.name == "poot.gather":
             break
-        if p.name == "poot.dequantize_q8_0":
+        if p.name in DEQUANTIZE_OPS:
             need(_producer(p.operands[0], "poot.gather") is not None,
-                 "a q8_0 dequantize of something other than a gather of the pool")
+                 "a KV dequantize of something other than a gather of the pool")
         elif p.name == "poot.cast":
             need(dtype_of(p.operands[0]).is_float and dtype_of(cur).is_float,
                  "a cast between keys and the gather is not float to float")
@@ -459,7 +459,7 @@ def _scales_gather(v: ir.Value, gather: ir.Operation):
     pool is not quantized. NoMatch for scales read otherwise."""
     cur = v
     while (p := defining_op(cur)) is not None and p.operation != gather.operation:
-        if p.name == "poot.dequantize_q8_0":
+        if p.name in DEQUANTIZE_OPS:
             sg = _producer(p.operands[1], "poot.gather")
             need(sg is not None and same_value(sg.operands[1], gather.operands[1])
                  and int(ir.IntegerAttr(sg.attributes["axis"]).value) == 0,
@@ -467,6 +467,16 @@ def _scales_gather(v: ir.Value, gather: ir.Operation):
             return sg.operands[0]
         cur = p.operands[0]
     return None
+
+
+#: the ops that read a block-quantized KV pool's gathered values with their scales
+DEQUANTIZE_OPS = ("poot.dequantize_q8_0", "poot.dequantize_fp8")
+
+
+def _per_head(scales: ir.Value) -> bool:
+    """Whether ``scales`` is an fp8 pool's f32 ``[NB, bs, H, 1]`` plane (one scale a head
+    vector: every channel range of the head reads it whole)."""
+    return dtype_of(scales) is DType.F32
 
 
 def _paged_operands(att: ir.Operation):
@@ -485,14 +495,14 @@ def _paged_operands(att: ir.Operation):
     need(dtype_of(kp) == dtype_of(vp) or ks is not None or vs is not None,
          "k and v float pools differ in dtype")
     for sc, (lo, hi) in ((ks, kc), (vs, vc)):
-        need(sc is None or (lo % 32 == 0 and hi % 32 == 0),
+        need(sc is None or _per_head(sc) or (lo % 32 == 0 and hi % 32 == 0),
              "a q8_0 pool read through channels that split its 32-value groups")
     sizes = shape_of(kg.results[0])
     want = [(0,), (3,), (1, 2), (4,)]
     want = [tuple(a for a in d if sizes[a] != 1) for d in want]
     need(kd == want and vd == want, "the views do not make key j block table[b, j // bs], "
          "offset j % bs")
-    scales = [_channels(sc, (lo // 32, hi // 32), att)
+    scales = [sc if _per_head(sc) else _channels(sc, (lo // 32, hi // 32), att)
               for sc, (lo, hi) in ((ks, kc), (vs, vc)) if sc is not None]
     return _channels(kp, kc, att), _channels(vp, vc, att), kg.operands[1], scales
 

@@ -53,8 +53,8 @@ GPU_LIKE = Target("vulkan", Capabilities(subgroup_size=32))
 @pytest.mark.parametrize("model, kw, target, field, says", [
     ("llama32", {"kv_dtype": "q4"}, None, "kv_dtype", "must be one of f32, f16, bf16, q8_0"),
     ("llama32", {"kv_dtype_k": "int8"}, None, "kv_dtype_k", "must be one of"),
-    ("llama32", {"kv_dtype": "fp8"}, None, "kv_dtype", "needs a device with fp8 support"),
-    ("llama32", {"kv_dtype_v": "fp8"}, None, "kv_dtype_v", "needs a device with fp8"),
+    ("llama32", {"kv_dtype": "fp8"}, None, "kv_dtype", "needs a device that converts fp8"),
+    ("llama32", {"kv_dtype_v": "fp8"}, None, "kv_dtype_v", "needs a device that converts"),
     ("llama", {"kv_dtype": "q8_0"}, None, "kv_dtype", "head dim 16 is not a multiple of 32"),
     ("llama", {"kv_dtype_v": "q8_0"}, None, "kv_dtype_v", "head dim 16 is not a multiple"),
     ("llama32", {"kv_dtype": "q8_0"}, GPU_LIKE, "kv_dtype",
@@ -101,7 +101,8 @@ def test_pool_bytes_follow_the_storage(tmp_path):
     dims = model.dims()
     assert (f16.token_bytes(dims), q8.token_bytes(dims), mixed.token_bytes(dims)) == \
         (2 * 128, 34 * 128 // 32, (2 * 64) + 34 * 64 // 32)
-    assert kv_bytes_per_token(dims) == {"f32": 1024, "f16": 512, "bf16": 512, "q8_0": 272}
+    assert kv_bytes_per_token(dims) == {"f32": 1024, "f16": 512, "bf16": 512, "q8_0": 272,
+                                        "fp8": 288}     # 32 + 4 bytes a head vector
 
 
 def test_same_kv_memory_admits_about_twice_the_sequences(tmp_path):
@@ -144,8 +145,9 @@ def test_inspect_prints_kv_bytes_per_token():
                         "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)["family"]["kv_bytes_per_token"]
-    # 2 layers x (K + V) x 2 KV heads x 16 = 128 values a position
-    assert got == {"f32": 512, "f16": 256, "bf16": 256, "q8_0": None}
+    # 2 layers x (K + V) x 2 KV heads x 16 = 128 values a position; fp8: 16 + 4 bytes a
+    # head vector of 16
+    assert got == {"f32": 512, "f16": 256, "bf16": 256, "q8_0": None, "fp8": 160}
 
 
 def test_engine_serves_q8_0_with_prefix_cache_and_lora_slots(tmp_path):

@@ -62,9 +62,10 @@ class CudaArtifact(PlanArtifact):
         return {**self.plan_summary(), "ptx_bytes": len(self.ptx)}
 
 
-def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):
-    """The sm_90 compile target (f32/f16/bf16 storage, f32 compute, every packed format, q8_0
-    KV pools),
+def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132,
+                sm: int = 90):
+    """The ``sm_{sm}`` compile target (f32/f16/bf16 storage, f32 compute, every packed
+    format, q8_0 KV pools, fp8 KV pools from sm_89: :func:`kv_formats_of`),
     built without MLIR: a machine that only runs cached programs computes its compile-cache
     keys with it. Must equal :func:`poot.backends.cuda.codegen.cuda_target` (a test checks
     that their keys agree)."""
@@ -76,10 +77,18 @@ def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, core
     return Target("cuda", Capabilities(packed_formats=frozenset(BY_NAME), cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,
-                                       features=frozenset({"sm_90", "workgroup_view"}),
+                                       features=frozenset({f"sm_{sm}", "workgroup_view"}),
                                        # the flash-decoding kernels dequantize q8_0 KV
-                                       # where they load it
-                                       kv_formats=frozenset({"q8_0"})))
+                                       # where they load it, and fp8 KV with the e4m3
+                                       # conversions of sm_89 and newer
+                                       kv_formats=kv_formats_of(sm)))
+
+
+def kv_formats_of(sm: int) -> frozenset[str]:
+    """The block-quantized KV formats the flash-decoding kernels read on ``sm_{sm}``:
+    ``q8_0`` everywhere, ``fp8`` where the device converts e4m3 in hardware (sm_89: Ada,
+    sm_90: Hopper, and newer; PTX ``cvt.rn.f16x2.e4m3x2``)."""
+    return frozenset({"q8_0", "fp8"} if sm >= 89 else {"q8_0"})
 
 
 def kernel_nodes(plan: dict) -> dict[str, int]:
@@ -90,4 +99,4 @@ def kernel_nodes(plan: dict) -> dict[str, int]:
             "copies": sum(1 for x in L if x["op"] == "copy")}
 
 
-__all__ = ["CudaArtifact", "FORMAT", "cuda_target", "kernel_nodes"]
+__all__ = ["CudaArtifact", "FORMAT", "cuda_target", "kernel_nodes", "kv_formats_of"]

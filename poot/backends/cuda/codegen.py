@@ -22,7 +22,7 @@ from mlir import ir
 from mlir.dialects import gpu as gpu_d
 from mlir.passmanager import PassManager
 
-from poot.backends.cuda.artifact import CudaArtifact
+from poot.backends.cuda.artifact import CudaArtifact, kv_formats_of
 from poot.backends.cuda.hoist_constant_loads import hoist_constant_loads
 from poot.backends.gpu.kernels import gpu_kernels
 from poot.backends.gpu.plan import plan_program
@@ -50,7 +50,14 @@ def libdevice() -> str | None:
     return None
 
 
-def nvvm_pipeline(chip: str = "sm_90", features: str = "+ptx80", opt: int = 3) -> str:
+def ptx_features(chip: str) -> str:
+    """The PTX version ``chip`` is compiled for: 8.0 (sm_90's ``griddepcontrol``), 8.1 on
+    sm_89 (LLVM's NVPTX selects the e4m3 conversions there from PTX 8.1)."""
+    return "+ptx81" if 89 <= sm_version(chip) < 90 else "+ptx80"
+
+
+def nvvm_pipeline(chip: str = "sm_90", features: str | None = None, opt: int = 3) -> str:
+    features = features or ptx_features(chip)
     link = f" l={libdevice()}" if libdevice() else ""
     return (
         "builtin.module("
@@ -222,21 +229,30 @@ def compile_program(program, chip: str = "sm_90", strategy: str = "auto",
     return CudaArtifact(p, ptx, meta)
 
 
+def target_chip(caps) -> str:
+    """The ``sm_XY`` a CUDA target's features name (sm_90 when none does)."""
+    return next((f for f in sorted(caps.features or ()) if sm_version(f)), "sm_90")
+
+
 def codegen(program, options=None, progress=None) -> CudaArtifact:
-    """``poot.compiler.compile``'s code generator for ``cuda`` (:func:`compile_program`)."""
-    return compile_program(program, progress=progress)
+    """``poot.compiler.compile``'s code generator for ``cuda`` (:func:`compile_program`, for
+    the chip the target names)."""
+    return compile_program(program, chip=target_chip(program.target.caps), progress=progress)
 
 
-def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132):
-    """The sm_90 target: f32/f16/bf16 storage, f32 compute, every packed decoder, q8_0 KV
-    pools (read by the flash-decoding strategy)."""
+def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132,
+                sm: int = 90):
+    """The ``sm_{sm}`` target (default sm_90): f32/f16/bf16 storage, f32 compute, every
+    packed decoder, q8_0 KV pools and, from sm_89, fp8 ones (read by the flash-decoding
+    strategy; :func:`~poot.backends.cuda.artifact.kv_formats_of`)."""
     return Target("cuda", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,
-                                       features=frozenset({"sm_90", "workgroup_view"}),
+                                       features=frozenset({f"sm_{sm}", "workgroup_view"}),
                                        # the flash-decoding kernels dequantize q8_0 KV
-                                       # where they load it
-                                       kv_formats=frozenset({"q8_0"})))
+                                       # where they load it, and fp8 KV with the e4m3
+                                       # conversions of sm_89 and newer
+                                       kv_formats=kv_formats_of(sm)))
 
 
 __all__ = ["CudaCodegenError", "codegen", "compile_program", "cuda_target",

@@ -45,6 +45,20 @@ def compare(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
     return err, err <= (1 if want.dtype == np.int8 else 0)
 
 
+def top1(got: np.ndarray, want: np.ndarray) -> tuple[int, int, float]:
+    """Greedy tokens of logits ``[rows..., V]``: ``(rows whose argmax equals the oracle's,
+    rows, the largest oracle margin by which a differing row's choice is worse)``; a margin
+    within the logits' tolerance (a near-tie) is 0: not a failure."""
+    want = np.asarray(want, np.float64).reshape(-1, want.shape[-1])
+    got = np.asarray(got).astype(np.float64).reshape(want.shape)
+    g, w = got.argmax(-1), want.argmax(-1)
+    r = np.arange(len(w))
+    margin = want[r, w] - want[r, g]
+    tol = TOL["float32"] * max(1.0, float(np.abs(want).max()))
+    worst = float(margin.max())
+    return int((g == w).sum()), len(w), worst if worst > tol else 0.0
+
+
 def random_weights(plan: dict, seed: int = 0) -> dict[str, np.ndarray]:
     """Stand-in weights of the right sizes (speed runs only): small normal floats, random
     bytes for packed weights (whose decoded values are then arbitrary)."""
@@ -101,6 +115,13 @@ def run_check(folder: str, bench: int = 0) -> dict:
             steps.append({"step": k, "output": n, "max_abs_diff": err, "ok": ok})
             if not ok:
                 report["failures"].append(f"step {k} output {n}: max abs diff {err:.3g}")
+            if n == "logits":
+                same, rows, off = top1(outs[n], fx[f"s{k}.out.{n}"])
+                t = report.setdefault("greedy_tokens", {"equal": 0, "rows": 0})
+                t["equal"], t["rows"] = t["equal"] + same, t["rows"] + rows
+                if off:
+                    report["failures"].append(f"step {k}: greedy token differs from the "
+                                              f"oracle's by a margin of {off:.3g}")
         k += 1
     if k == 0:
         report["missing"].append("step fixtures (s0.out.*)")

@@ -104,6 +104,37 @@ def make_fixtures(program, artifact, weights: Mapping[str, np.ndarray],
     return fx
 
 
+def greedy_inputs(program, artifact, weights: Mapping[str, np.ndarray],
+                  steps: Sequence[Mapping[str, np.ndarray]], forced: int) -> list[dict]:
+    """``steps`` (per-step inputs of a decode step, batch B) with ``tokens`` [B, 1] of every
+    step from ``forced`` on replaced by the oracle's greedy choice: the argmax of its logits
+    [B, 1, V] at the step before (lowest id on a tie), carried state threaded as
+    :func:`make_fixtures` threads it. The device check then compares each step's logits and
+    their argmax against the oracle's (a bundle of greedy tokens)."""
+    plan = artifact.plan
+    carried = {o["aliases"]: o["name"] for o in plan["outputs"] if o.get("aliases")}
+    state = {x["name"]: np.zeros(x["shape"], np.dtype(x["dtype"])) for x in plan["inputs"]
+             if x["name"] in carried}
+    types = dict(program.graph.inputs)
+    out: list[dict] = []
+    prev = None
+    for k, step in enumerate(steps):
+        ins = dict(step)
+        if k >= forced and prev is not None:
+            ins["tokens"] = prev.reshape(ins["tokens"].shape).astype(np.int32)
+        out.append(ins)
+        run = dict(ins)
+        for n, v in state.items():
+            run[n] = v.view(types[n].dtype.numpy) if v.dtype == np.uint16 else \
+                v.astype(types[n].dtype.numpy)
+        outs, _ = oracle_step(program, weights, run, record=False)
+        for o in plan["outputs"]:
+            if o.get("aliases"):
+                state[o["aliases"]] = _host(outs[o["name"]], o)
+        prev = np.argmax(outs["logits"].reshape(outs["logits"].shape[0], -1), axis=-1)
+    return out
+
+
 def write_check_bundle(folder: str, program, artifact, weights: Mapping[str, np.ndarray],
                        steps: Sequence[Mapping[str, np.ndarray]], with_weights: bool = True
                        ) -> str:
@@ -118,4 +149,4 @@ def write_check_bundle(folder: str, program, artifact, weights: Mapping[str, np.
     return folder
 
 
-__all__ = ["make_fixtures", "oracle_step", "write_check_bundle"]
+__all__ = ["greedy_inputs", "make_fixtures", "oracle_step", "write_check_bundle"]

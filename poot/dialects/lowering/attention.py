@@ -462,6 +462,8 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
     for i, pt in enumerate((kpt, vpt)):
         if pt.dtype is DType.I8:
             scales[i] = (sargs.pop(0), stypes.pop(0))
+            if scales[i][1].dtype is DType.F32:      # fp8: read by backend kernels only
+                op.refuse("an attention kernel reading fp8 KV pools")
     dv = vpt.shape[-1]
     out_t = TensorType(qt.shape[:-1] + (dv,), DType.F32)
     if op.result != out_t:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from poot.dialects.kv_quant import Q8_0, dequantize_q8_0
+from poot.dialects.kv_quant import FP8, Q8_0, dequantize_fp8, dequantize_q8_0, encode_fp8
 from poot.dialects.opdef import Attr, OpDef, register
 from poot.dialects.types import DType, TensorType
 
@@ -186,7 +186,9 @@ class PagedAttention(OpDef):
       q8_0 scales, so a q8_0 pool's stored value ``(n, o, h, c)`` reads as
       ``f32(pool[n, o, h, c]) * f32(scale[n, o, h, c // 32])`` (GGUF's Q8_0 numerics; values
       and scales are two planes indexed alike, :mod:`poot.dialects.kv_quant`). The lowerings
-      dequantize each block where they load it, never the whole pool.
+      dequantize each block where they load it, never the whole pool. An ``i8`` pool whose
+      scales are f32 ``[NB, bs, H, 1]`` is fp8 instead: e4m3fn bit patterns read as
+      ``e4m3fn(pool[n, o, h, c]) * scale[n, o, h, 0]`` (one scale per head vector).
 
     Attributes and numerics: as :class:`Attention` on ``k[b, h, j] = k_pool[table[b, j // bs],
     j % bs, h]`` (likewise v; a q8_0 pool dequantized as above) computed in f32, with one
@@ -248,12 +250,12 @@ class PagedAttention(OpDef):
                 out.append(None)
                 continue
             if p.dtype is not DType.I8:
-                cls.fail(f"{name} must be float or i8 (q8_0 values), got {p.dtype}")
+                cls.fail(f"{name} must be float or i8 (q8_0 or fp8 values), got {p.dtype}")
             if not scales:
-                cls.fail(f"{name} is i8 (q8_0) but has no scales operand")
+                cls.fail(f"{name} is i8 (q8_0 or fp8) but has no scales operand")
             st = scales.pop(0)
             try:
-                want = Q8_0.planes(p.shape)[1]
+                want = (FP8 if st.dtype is DType.F32 else Q8_0).planes(p.shape)[1]
             except ValueError as e:
                 cls.fail(f"{name}: {e}")
             if st != want:
@@ -280,7 +282,9 @@ class PagedAttention(OpDef):
         for pool in (kp, vp):
             x = cls.gather_keys(pool, table)
             if pool.dtype == np.int8:
-                x = dequantize_q8_0(x, cls.gather_keys(scales.pop(0), table))
+                st = scales.pop(0)          # f32: fp8's per-head scales; f16: q8_0's
+                deq = dequantize_fp8 if st.dtype == np.float32 else dequantize_q8_0
+                x = deq(x.astype(np.int8), cls.gather_keys(st, table))
             kv.append(x)
         k, v = kv
         bsz, h = k.shape[:2]
@@ -333,3 +337,70 @@ class DequantizeQ8_0(OpDef):
     @classmethod
     def evaluate(cls, args, attrs, result):
         return dequantize_q8_0(args[0], args[1])
+
+
+@register
+class QuantizeFp8(OpDef):
+    """``out[..., c] = e4m3fn(sat(x[..., c] / s[..., 0]))`` as its bit pattern (0 where
+    ``s == 0``): a head vector's fp8 KV values (:mod:`poot.dialects.kv_quant`), rounded to
+    nearest even and saturated to +-448.
+
+    Operands: ``x`` f32 ``[..., D]``, ``s`` f32 ``[..., 1]`` (the same leading dims; the
+    tracer's ``amax / 448``). Result: i8 ``[..., D]``.
+
+    Why an op: no poot dtype is e4m3, and the rounding is one instruction where the device
+    has it (PTX ``cvt.rn.satfinite.e4m3x2.f32``, sm_89+), a dozen integer ops otherwise.
+    """
+
+    name = "quantize_fp8"
+    operands = ("x", "s")
+    summary = "f32 values over their per-head scale as e4m3fn bit patterns (i8)"
+
+    @classmethod
+    def check(cls, operands, attrs, result):
+        cls.check_attrs(attrs)
+        if len(operands) != 2:
+            cls.fail(f"expects 2 operands (x, s), got {len(operands)}")
+        x, s = (cls.tensor(t, n) for t, n in zip(operands, cls.operands))
+        if x.dtype is not DType.F32 or x.rank < 1:
+            cls.fail(f"x must be f32 [..., D], got {x}")
+        want = FP8.planes(x.shape)[1]
+        if s != want:
+            cls.fail(f"s must be {want}, got {s}")
+        return cls.same_result(TensorType(x.shape, DType.I8), result)
+
+    @classmethod
+    def evaluate(cls, args, attrs, result):
+        return encode_fp8(args[0], args[1])
+
+
+@register
+class DequantizeFp8(OpDef):
+    """``out[..., c] = e4m3fn(values[..., c]) * scales[..., 0]``: fp8 KV values
+    (:mod:`poot.dialects.kv_quant`, e4m3fn bit patterns in i8) read as f32.
+
+    Operands: ``values`` i8 ``[..., D]``, ``scales`` f32 ``[..., 1]``. Result: f32
+    ``[..., D]``. Why an op: as :class:`DequantizeQ8_0` (the flash-attention rewrite folds it
+    into ``poot.paged_attention``, which decodes each value where it loads it).
+    """
+
+    name = "dequantize_fp8"
+    operands = ("values", "scales")
+    summary = "fp8 KV values (e4m3fn bits in i8) times their per-head f32 scale, as f32"
+
+    @classmethod
+    def check(cls, operands, attrs, result):
+        cls.check_attrs(attrs)
+        if len(operands) != 2:
+            cls.fail(f"expects 2 operands (values, scales), got {len(operands)}")
+        v, s = (cls.tensor(t, n) for t, n in zip(operands, cls.operands))
+        if v.dtype is not DType.I8 or v.rank < 1:
+            cls.fail(f"values must be i8 [..., D], got {v}")
+        want = FP8.planes(v.shape)[1]
+        if s != want:
+            cls.fail(f"scales must be {want}, got {s}")
+        return cls.same_result(TensorType(v.shape, DType.F32), result)
+
+    @classmethod
+    def evaluate(cls, args, attrs, result):
+        return dequantize_fp8(np.asarray(args[0]).astype(np.int8), args[1])

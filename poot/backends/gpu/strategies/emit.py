@@ -712,6 +712,34 @@ class ScalarEmitter:
             self._in_reduction = False
         return self.round_to(acc, r.dtype) if r.dtype.is_float else acc
 
+    # fp8 KV values (poot.dialects.kv_quant): the e4m3 conversions of CUDA sm_89+ (planning
+    # refuses fp8 on every other target)
+    def _v_quantize_fp8(self, op, attrs, r, idx):
+        """``e4m3fn(sat(x / s))`` (0 where ``s == 0``) as i8: one
+        ``cvt.rn.satfinite.e4m3x2.f32`` (``nvvm.convert.f32x2.to.f8x2``), its low byte."""
+        em = self.em
+        x = self.value(op.operands[0], idx)
+        s = self.value(op.operands[1], tuple(idx[:-1]) + (0,))
+        zero = em.const(0.0, "f32")
+        v = em.op(f"arith.select {em.op(f'arith.cmpf ogt, {s}, {zero} : f32')}, "
+                  f"{em.op(f'arith.divf {x}, {s} : f32')}, {zero} : f32")
+        q = em.op(f"nvvm.convert.f32x2.to.f8x2 {zero}, {v} {{rnd = #nvvm.fp_rnd_mode<rn>, "
+                  f"sat = #nvvm.sat_mode<satfinite>}} : i16 (f8E4M3FN)")
+        return em.op(f"arith.trunci {q} : i16 to i8")
+
+    def _v_dequantize_fp8(self, op, attrs, r, idx):
+        """``e4m3fn(values) * scales[..., 0]`` in f32: one ``cvt.rn.f16x2.e4m3x2``
+        (``nvvm.convert.f8x2.to.f16x2``) of the value and a zero byte."""
+        em = self.em
+        q = self.value(op.operands[0], idx)
+        s = self.value(op.operands[1], tuple(idx[:-1]) + (0,))
+        v = em.op(f"vector.from_elements {q}, {em.const(0, 'i8')} : vector<2xi8>")
+        h = em.op(f"nvvm.convert.f8x2.to.f16x2 {v} : vector<2xi8> (f8E4M3FN) -> "
+                  f"vector<2xf16>")
+        f = em.op(f"arith.extf {em.op(f'vector.extract {h}[0] : f16 from vector<2xf16>')} "
+                  f": f16 to f32")
+        return em.op(f"arith.mulf {f}, {s} : f32")
+
     def _v_dequantize(self, op, attrs, r, idx):
         packed = op.operands[0]
         if not isinstance(packed.owner, ir.Block):

@@ -45,7 +45,7 @@ from poot.dialects.types import TensorType
 ELEMENTWISE_CLASS = frozenset(
     f"poot.{n}" for n in ("reshape", "transpose", "broadcast", "slice", "concat", "iota",
                           "constant", "unary", "binary", "ternary", "compare", "select",
-                          "cast", "gather", "dequantize"))
+                          "cast", "gather", "dequantize", "quantize_fp8"))
 
 def per_element(op: ir.Operation) -> bool:
     """Whether the scalar emitter computes ``op``'s elements one at a time: the elementwise

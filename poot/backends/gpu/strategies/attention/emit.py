@@ -147,6 +147,9 @@ class SplitKernel:
         self.workgroup: list[tuple[str, str]] = []     # (name, memref type) per buffer
         self.qs_t = None
         self.words = {reg.k.arg} if self.k_words() else set()
+        # fp8 pools (e4m3fn bits, one f32 scale a head vector): decoded by the hardware
+        self.fp8 = {x.arg for x, sc in ((reg.k, reg.paged.k_scale), (reg.v, reg.paged.v_scale))
+                    if self.per_head(sc)} if reg.paged is not None else set()
 
     def emit(self) -> tuple[str, list[Launch], list]:
         """The ``gpu.module @attention`` text up to the split kernel's end (the caller adds
@@ -209,8 +212,12 @@ class SplitKernel:
 
     def word_value(self, w: str, u: int) -> str:
         """Byte ``u`` (from the lowest address) of i32 word ``w`` as a signed value in f32
-        (shifted down, truncated, converted), emitted where the value is used."""
+        (shifted down, truncated, converted), emitted where the value is used; an fp8 K
+        pool's byte decoded as e4m3 (:meth:`fp8_pair`)."""
         b = self.b
+        if self.reg.k.arg in self.fp8:
+            x = b(f"arith.shrui {w}, {b.c(16 * (u // 2), 'i32')} : i32") if u > 1 else w
+            return self.fp8_pair(b(f"arith.trunci {x} : i32 to i16"), u % 2)
         x = b(f"arith.shrui {w}, {b.c(8 * u, 'i32')} : i32") if u else w
         x = b(f"arith.trunci {x} : i32 to i8")
         return b(f"arith.sitofp {x} : i8 to f32")
@@ -225,15 +232,34 @@ class SplitKernel:
             w = b(f"arith.extui {x} : i16 to i32")
             w = b(f"arith.shli {w}, {b.c(16, 'i32')} : i32")
             return b(f"arith.bitcast {w} : i32 to f32")
+        if et == "i8" and a in self.fp8:
+            return self.fp8_pair(b(f"arith.extui {x} : i8 to i16"), 0)
         if et == "i8":
             return b(f"arith.sitofp {x} : i8 to f32")
         return x if et == F else b(f"arith.extf {x} : {et} to f32")
+
+    def fp8_pair(self, h: str, u: int) -> str:
+        """Value ``u`` (0: the low byte) of the two e4m3fn values in i16 ``h``, in f32: one
+        ``cvt.rn.f16x2.e4m3x2`` (``nvvm.convert.f8x2.to.f16x2``, sm_89+) for the pair, exact
+        (every e4m3 value is an f16), then widened."""
+        b = self.b
+        v = b(f"llvm.bitcast {h} : i16 to vector<2xi8>")
+        f = b(f"nvvm.convert.f8x2.to.f16x2 {v} : vector<2xi8> (f8E4M3FN) -> vector<2xf16>")
+        return b(f"arith.extf {b(f'vector.extract {f}[{u}] : f16 from vector<2xf16>')} "
+                 f": f16 to f32")
+
+    def per_head(self, view) -> bool:
+        """Whether ``view`` (a scales plane, or None) holds fp8's one f32 scale a head
+        vector (q8_0's are f16, one per 32 values)."""
+        return view is not None and self.reg.arg_types[view.arg][0] == F
 
     def scale_of(self, view, base: str, key: str, d: str) -> str:
         """The f32 q8_0 scale of element ``d`` (index) of a q8_0 pool's row: ``view`` its
         scales plane, ``base`` the block's batch offset into it, ``key`` the key's
         ``(block, row)`` offset (:meth:`key_offsets`)."""
         b = self.b
+        if self.per_head(view):          # fp8: the head vector's one scale
+            return self.load_f(view.arg, b.add(base, key))
         g = b(f"arith.divui {d}, {b.c(Q8_0.group)} : index")
         return self.load_f(view.arg, b.add(b.add(base, key), b.mul(g, view.strides[-1])))
 

@@ -376,8 +376,8 @@ def _shapes(att: ir.Operation, args, arg_types, k: View, v: View):
 
 
 def _scale_views(att: ir.Operation, args, kt: TensorType, vt: TensorType):
-    """``(k_scale, v_scale)`` of a ``poot.paged_attention``: the views of its q8_0 scales
-    operands (k's first, one per ``i8`` pool; None for a float pool), or None where the pools
+    """``(k_scale, v_scale)`` of a ``poot.paged_attention``: the views of its q8_0 (f16) or
+    fp8 (f32, one a head vector) scales operands (k's first, one per ``i8`` pool; None for a float pool), or None where the pools
     are neither one float dtype nor q8_0 values, or a scales operand is not a view of an
     argument."""
     scales = list(att.operands[5:])
@@ -388,7 +388,10 @@ def _scale_views(att: ir.Operation, args, kt: TensorType, vt: TensorType):
         if t.dtype in _FLOATS:
             out.append(None)
             continue
-        if t.dtype is not DType.I8 or not scales or t.shape[-1] % Q8_0.group:
+        if t.dtype is not DType.I8 or not scales:
+            return None
+        fp8 = type_from_mlir(scales[0].type).dtype is DType.F32    # one scale a head vector
+        if not fp8 and t.shape[-1] % Q8_0.group:
             return None
         view = resolve_view(scales.pop(0), args)
         if view is None:
