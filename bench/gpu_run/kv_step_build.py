@@ -1,7 +1,7 @@
 """Build here (with MLIR) what ``bench/gpu_run/kv_step.sh`` runs on the GPU machine: the
 compile cache of the serving engine's programs for the Llama-3.2-1B shape (random bf16
 weights) at a 2k context, once with a bf16 KV pool and once with a q8_0 one, decode at
-``--batch`` rows with its greedy sampler:
+``--batch`` rows (and every smaller bucket the batch drains through) with its greedy sampler:
 
     python bench/gpu_run/kv_step_build.py [--cap 2112] [--batch 64]   # -> .cache/gpu/kv_step
 
@@ -25,7 +25,9 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "gpu_run"))
 from carry import check_sizes, folder_bytes, fresh_dir  # noqa: E402
 
 SHAPE = "bench/shapes/llama-3.2-1b.json"
-KV_DTYPES = ("bf16", "q8_0")
+KV_DTYPES = ("bf16", "q8_0", "fp8")
+#: prefill tokens a chunk (kv_step.sh passes the same to poot bench)
+CHUNK = 16
 
 
 def main() -> int:
@@ -43,7 +45,9 @@ def main() -> int:
     for kv in KV_DTYPES:
         t0 = time.perf_counter()
         r = compile_steps(os.path.join(ROOT, SHAPE), "cuda", kv_capacity=a.cap,
-                          max_batch=a.batch, batches=[a.batch], kv_dtype=kv,
+                          # poot bench's prompt budget is 8 chunks: at 16 tokens a chunk its
+                          # ragged buckets (16..128) are the engine's at max_batch 64
+                          max_batch=a.batch, prefill_chunk=CHUNK, kv_dtype=kv,
                           cache_dir=os.path.join(out, "cache"), random_weights="bf16",
                           samplers=[GREEDY],
                           progress=lambda m, *_: print(f"{kv}: {m}", file=sys.stderr,
