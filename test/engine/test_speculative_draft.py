@@ -219,6 +219,36 @@ def test_plain_step_is_timed_again_while_drafting_pays(plain):
     assert costs.decode(1) < 10.0
 
 
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_set_acceptance_hook_moves_only_the_acceptance(p, plain):
+    """The benchmarks' hook (:mod:`poot.engine.spec.bench_acceptance`) over a random-weight
+    draft: p = 1 proposes the target's own tokens (every proposal accepted), p = 0 is the
+    draft's own acceptance (the same run as without the hook); the tokens are the plain
+    greedy ones both times, batched."""
+    from poot.engine.spec.bench_acceptance import set_acceptance
+
+    ps = prompts(plain.runner.vocab, 4, seed=17, lo=3, hi=20)
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = [alone(plain.engine, q, sp) for q in ps]
+    random = _drafts(None)["random"]
+    hooked, bare = _load(random), _load(random)
+    hook = set_acceptance(hooked.engine, {tuple(q): w for q, w in zip(ps, want)}, p, seed=1)
+    for h in (hooked, bare):
+        assert [r.token_ids for r in LLM(handle=h).generate(ps, sp)] == want
+    st, own = hooked.engine.stats(), bare.engine.stats()
+    assert st.spec_draft_tokens > 0 and hook.proposed == st.spec_draft_tokens
+    if p == 1.0:
+        assert st.spec_acceptance_rate == 1.0 and hook.replaced == hook.proposed
+    else:
+        assert own.spec_acceptance_rate < 0.2 and hook.replaced == 0
+        assert (st.spec_draft_tokens, st.spec_accepted_tokens) == \
+            (own.spec_draft_tokens, own.spec_accepted_tokens)
+    with pytest.raises(ValueError, match="draft model"):
+        set_acceptance(plain.engine, {}, 0.5)
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        set_acceptance(_load(random).engine, {}, 1.5)
+
+
 def test_cost_model_counts_the_draft():
     """Verifying is cheap here, but a draft that costs a plain step per token makes
     speculating not pay at modest acceptance; a free draft does."""

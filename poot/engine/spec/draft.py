@@ -197,14 +197,20 @@ class DraftProposer:
             return {}
         n = self.runner.bucket(len(ks))
         first = self._timed(("draft_catchup", n), lambda: self._catch_up(list(ks)))
-        out = {s: [first[s]] for s in ks}
+        out = {s: [self.proposal(s, 0, first[s])] for s in ks}
         for j in range(1, max(ks.values())):
             rows = [s for s in ks if ks[s] > j]
             toks = self._timed(("draft_decode", n), lambda: self._decode(
                 rows, [len(s.tokens) - 1 + j for s in rows], [out[s][-1] for s in rows]))
             for s, t in zip(rows, toks):
-                out[s].append(int(t))
+                out[s].append(self.proposal(s, j, int(t)))
         return out
+
+    def proposal(self, seq: Request, j: int, token: int) -> int:
+        """Proposal ``j`` (0-based) of ``seq``, the draft's greedy ``token``; the next draft
+        step reads what this returns. Here ``token`` itself; a benchmark's wrapper
+        (:class:`~poot.engine.spec.bench_acceptance.SetAcceptanceDraft`) replaces some."""
+        return token
 
     def _timed(self, shape: tuple, fn):
         t0, compiled = time.perf_counter(), len(self.runner.compile_s)
