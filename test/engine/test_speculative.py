@@ -435,3 +435,21 @@ def test_step_time_is_the_fastest_recent_one():
     for _ in range(20):
         c.observe(("verify", 4), 0.08)
     assert c.verify(4, 4) == 0.08                  # the window moved on
+
+
+def test_engines_of_other_k_share_a_runner(plain):
+    """Two speculating engines over one runner (``poot bench --batch 1,8``, a benchmark of
+    several k): verify[4] samples 3 rows for k = 2 and 4 rows for k = 3, two entries."""
+    from poot.engine import LLMEngine
+
+    h = _load(max_batch=1)
+    p = prompts(h.runner.vocab, 1, seed=3, lo=5, hi=5)[0]
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    want = alone(plain.engine, p, sp)
+    for k in (2, 3):
+        eng = LLMEngine(h.runner, h.tokenizer, EngineConfig(
+            max_batch=1, speculative=SpeculativeConfig(num_speculative_tokens=k,
+                                                       adaptive=False)))
+        eng.speculator.propose = lambda seq, n: list(want[len(seq.output_ids):][:n])
+        assert alone(eng, p, sp) == want, k
+        assert eng.stats().spec_accepted_tokens > 0
