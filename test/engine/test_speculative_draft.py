@@ -26,6 +26,7 @@ from poot.engine.spec import SpeculativeConfig, SpeculativeConfigError, parse_sp
 from poot.engine.spec.adaptive import StepCosts, choose  # noqa: E402
 from poot.engine.spec.draft import tokenizer_difference  # noqa: E402
 from poot.sampling_params import SamplingParams  # noqa: E402
+from spec_cases import sampled_tokens, timed_shapes  # noqa: E402
 from test_speculative import _homogeneity  # noqa: E402
 
 LLAMA = fixture_path("llama")
@@ -169,17 +170,9 @@ def test_sampled_distribution_with_draft_is_the_targets(plain, noisy):
     (other seeds). Fixed seeds: deterministic."""
     n, wave = 800, 8
     p = prompts(plain.runner.vocab, 1, seed=21, lo=6, hi=6)[0]
-
-    def params(seed):
-        return SamplingParams(temperature=0.7, top_p=0.9, logit_bias={7: 3.0}, seed=seed,
-                              max_tokens=4, ignore_eos=True)
-
-    base = np.array([r.token_ids for r in
-                     LLM(handle=plain).generate([p] * n, [params(s) for s in range(n)])])
+    base = sampled_tokens(plain, p, range(n))
     h = _load(_draft(noisy, k=2), max_batch=8, budget=64)
-    llm = LLM(handle=h)
-    spec = np.array([r.token_ids for w in range(n, 2 * n, wave)
-                     for r in llm.generate([p] * wave, [params(s) for s in range(w, w + wave)])])
+    spec = sampled_tokens(h, p, range(n, 2 * n), wave)
     st = h.engine.stats()
     assert 0.05 < st.spec_acceptance_rate < 0.95, st.spec_acceptance_rate
     for j in (1, 2, 3):
@@ -206,17 +199,11 @@ def test_plain_step_is_timed_again_while_drafting_pays(plain):
     """A plain decode step timed while the machine was busy does not keep speculation on
     for good: after a streak of drafting iterations one plain step runs and is timed."""
     h = _load(_draft(LLAMA, k=1, adaptive=True))
-    costs = h.engine.speculator.costs
-    costs.observe(("decode", 1), 10.0)
-    shapes = []
-    observe = costs.observe
-    costs.observe = lambda shape, s: (shapes.append(shape), observe(shape, s))
-    p = prompts(h.runner.vocab, 1, seed=3, lo=5, hi=5)[0]
-    sp = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
-    assert alone(h.engine, p, sp) == alone(plain.engine, p, sp)
+    shapes, equal = timed_shapes(h, plain)
+    assert equal
     steps = [s for s in shapes if s[0] in ("decode", "verify")]
     assert ("decode", 1) in steps[:-2], steps          # not only at the end (k = 0 there)
-    assert costs.decode(1) < 10.0
+    assert h.engine.speculator.costs.decode(1) < 10.0
 
 
 @pytest.mark.parametrize("p", [1.0, 0.0])
