@@ -362,3 +362,16 @@ def test_llm_draft_option(plain):
     out = llm.generate([p], sp)[0]
     assert out.token_ids == alone(plain.engine, p, sp)
     assert out.stats.verify_steps > 0 and llm.engine.stats().spec_verify_steps > 0
+
+
+def test_cli_random_weight_pair_checks_the_vocabulary(tmp_path, capsys):
+    """``--random-weights`` with a draft config: both random, neither has a tokenizer (the
+    pair is checked by vocabulary alone); another vocabulary size is one error line."""
+    from poot.cli import main
+
+    small = _copy_fixture(tmp_path / "v128", vocab_size=128)
+    argv = ["bench", "--config", str(LLAMA / "config.json"), "--random-weights", "--dtype",
+            "f32", "-q", "--draft-model", str(small / "config.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("poot: error: speculative draft_vocab 128"), err
