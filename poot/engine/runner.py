@@ -520,8 +520,10 @@ class ModelRunner(RunnerBase):
     def verify_entry(self, tokens: int) -> Entry:
         """The verify entry of ``tokens`` token rows: a ragged step whose rows go through
         the head up to :meth:`verify_rows` (a speculating sequence's last token and its
-        proposals, :mod:`poot.engine.spec`)."""
-        return self._step_entry(("verify", tokens), f"verify[T={tokens}]",
+        proposals, :mod:`poot.engine.spec`). Keyed by its sampled rows too: engines of
+        other ``max_batch`` or k over one runner sample other rows of the same size."""
+        return self._step_entry(("verify", tokens, self.verify_rows(tokens)),
+                                f"verify[T={tokens}]",
                                 lambda: step_spec(self.kv, "ragged", tokens,
                                                   self.prefill_chunk, self.verify_rows(tokens)))
 

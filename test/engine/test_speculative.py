@@ -25,6 +25,7 @@ from poot.engine.spec import SpeculativeConfig, SpeculativeConfigError, parse_sp
 from poot.engine.spec.adaptive import Acceptance, StepCosts, choose, expected_tokens  # noqa: E402,E501
 from poot.engine.spec.ngram import NgramIndex  # noqa: E402
 from poot.sampling_params import SamplingParams  # noqa: E402
+from spec_cases import sampled_tokens, timed_shapes  # noqa: E402
 
 
 # ---- the proposer ------------------------------------------------------------------------
@@ -257,20 +258,12 @@ def test_sampled_distribution_with_speculation_is_the_targets(plain):
     iteration that prefills does not speculate)."""
     n, wave = 1200, 8
     p = prompts(plain.runner.vocab, 1, seed=21, lo=6, hi=6)[0]
-
-    def params(seed):
-        return SamplingParams(temperature=0.7, top_p=0.9, logit_bias={7: 3.0}, seed=seed,
-                              max_tokens=4, ignore_eos=True)
-
-    base = np.array([r.token_ids for r in
-                     LLM(handle=plain).generate([p] * n, [params(s) for s in range(n)])])
+    base = sampled_tokens(plain, p, range(n))
     modal = [int(np.bincount(base[:, j]).argmax()) for j in (1, 2)]
     h = _load(spec=SpeculativeConfig(num_speculative_tokens=2, adaptive=False), max_batch=8,
               budget=64)
     h.engine.speculator.propose = lambda seq, k: modal[len(seq.output_ids) - 1:][:k]
-    llm = LLM(handle=h)
-    spec = np.array([r.token_ids for w in range(n, 2 * n, wave)
-                     for r in llm.generate([p] * wave, [params(s) for s in range(w, w + wave)])])
+    spec = sampled_tokens(h, p, range(n, 2 * n), wave)
     st = h.engine.stats()
     assert 0.1 < st.spec_acceptance_rate < 0.95
     for j in (1, 2, 3):
@@ -435,3 +428,33 @@ def test_step_time_is_the_fastest_recent_one():
     for _ in range(20):
         c.observe(("verify", 4), 0.08)
     assert c.verify(4, 4) == 0.08                  # the window moved on
+
+
+def test_engines_of_other_k_share_a_runner(plain):
+    """Two speculating engines over one runner (``poot bench --batch 1,8``, a benchmark of
+    several k): verify[4] samples 3 rows for k = 2 and 4 rows for k = 3, two entries."""
+    from poot.engine import LLMEngine
+
+    h = _load(max_batch=1)
+    p = prompts(h.runner.vocab, 1, seed=3, lo=5, hi=5)[0]
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    want = alone(plain.engine, p, sp)
+    for k in (2, 3):
+        eng = LLMEngine(h.runner, h.tokenizer, EngineConfig(
+            max_batch=1, speculative=SpeculativeConfig(num_speculative_tokens=k,
+                                                       adaptive=False)))
+        eng.speculator.propose = lambda seq, n: list(want[len(seq.output_ids):][:n])
+        assert alone(eng, p, sp) == want, k
+        assert eng.stats().spec_accepted_tokens > 0
+
+
+def test_plain_step_is_timed_again_while_ngram_speculation_pays(plain):
+    """As with a draft model: a plain decode step timed while the machine was busy does not
+    keep n-gram speculation on for good; after a streak of speculating iterations one plain
+    step runs and is timed."""
+    h = _load(spec=SpeculativeConfig(num_speculative_tokens=1), max_batch=1)
+    shapes, equal = timed_shapes(h, plain, oracle=True)
+    assert equal
+    steps = [s for s in shapes if s[0] in ("decode", "verify")]
+    assert ("decode", 1) in steps[:-2], steps          # not only at the end (k = 0 there)
+    assert h.engine.speculator.costs.decode(1) < 10.0

@@ -26,6 +26,7 @@ from poot.engine.spec import SpeculativeConfig, SpeculativeConfigError, parse_sp
 from poot.engine.spec.adaptive import StepCosts, choose  # noqa: E402
 from poot.engine.spec.draft import tokenizer_difference  # noqa: E402
 from poot.sampling_params import SamplingParams  # noqa: E402
+from spec_cases import sampled_tokens, timed_shapes  # noqa: E402
 from test_speculative import _homogeneity  # noqa: E402
 
 LLAMA = fixture_path("llama")
@@ -169,17 +170,9 @@ def test_sampled_distribution_with_draft_is_the_targets(plain, noisy):
     (other seeds). Fixed seeds: deterministic."""
     n, wave = 800, 8
     p = prompts(plain.runner.vocab, 1, seed=21, lo=6, hi=6)[0]
-
-    def params(seed):
-        return SamplingParams(temperature=0.7, top_p=0.9, logit_bias={7: 3.0}, seed=seed,
-                              max_tokens=4, ignore_eos=True)
-
-    base = np.array([r.token_ids for r in
-                     LLM(handle=plain).generate([p] * n, [params(s) for s in range(n)])])
+    base = sampled_tokens(plain, p, range(n))
     h = _load(_draft(noisy, k=2), max_batch=8, budget=64)
-    llm = LLM(handle=h)
-    spec = np.array([r.token_ids for w in range(n, 2 * n, wave)
-                     for r in llm.generate([p] * wave, [params(s) for s in range(w, w + wave)])])
+    spec = sampled_tokens(h, p, range(n, 2 * n), wave)
     st = h.engine.stats()
     assert 0.05 < st.spec_acceptance_rate < 0.95, st.spec_acceptance_rate
     for j in (1, 2, 3):
@@ -206,17 +199,41 @@ def test_plain_step_is_timed_again_while_drafting_pays(plain):
     """A plain decode step timed while the machine was busy does not keep speculation on
     for good: after a streak of drafting iterations one plain step runs and is timed."""
     h = _load(_draft(LLAMA, k=1, adaptive=True))
-    costs = h.engine.speculator.costs
-    costs.observe(("decode", 1), 10.0)
-    shapes = []
-    observe = costs.observe
-    costs.observe = lambda shape, s: (shapes.append(shape), observe(shape, s))
-    p = prompts(h.runner.vocab, 1, seed=3, lo=5, hi=5)[0]
-    sp = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
-    assert alone(h.engine, p, sp) == alone(plain.engine, p, sp)
+    shapes, equal = timed_shapes(h, plain)
+    assert equal
     steps = [s for s in shapes if s[0] in ("decode", "verify")]
     assert ("decode", 1) in steps[:-2], steps          # not only at the end (k = 0 there)
-    assert costs.decode(1) < 10.0
+    assert h.engine.speculator.costs.decode(1) < 10.0
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_set_acceptance_hook_moves_only_the_acceptance(p, plain):
+    """The benchmarks' hook (:mod:`poot.engine.spec.bench_acceptance`) over a random-weight
+    draft: p = 1 proposes the target's own tokens (every proposal accepted), p = 0 is the
+    draft's own acceptance (the same run as without the hook); the tokens are the plain
+    greedy ones both times, batched."""
+    from poot.engine.spec.bench_acceptance import set_acceptance
+
+    ps = prompts(plain.runner.vocab, 4, seed=17, lo=3, hi=20)
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = [alone(plain.engine, q, sp) for q in ps]
+    random = _drafts(None)["random"]
+    hooked, bare = _load(random), _load(random)
+    hook = set_acceptance(hooked.engine, {tuple(q): w for q, w in zip(ps, want)}, p, seed=1)
+    for h in (hooked, bare):
+        assert [r.token_ids for r in LLM(handle=h).generate(ps, sp)] == want
+    st, own = hooked.engine.stats(), bare.engine.stats()
+    assert st.spec_draft_tokens > 0 and hook.proposed == st.spec_draft_tokens
+    if p == 1.0:
+        assert st.spec_acceptance_rate == 1.0 and hook.replaced == hook.proposed
+    else:
+        assert own.spec_acceptance_rate < 0.2 and hook.replaced == 0
+        assert (st.spec_draft_tokens, st.spec_accepted_tokens) == \
+            (own.spec_draft_tokens, own.spec_accepted_tokens)
+    with pytest.raises(ValueError, match="draft model"):
+        set_acceptance(plain.engine, {}, 0.5)
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        set_acceptance(_load(random).engine, {}, 1.5)
 
 
 def test_cost_model_counts_the_draft():
@@ -345,3 +362,16 @@ def test_llm_draft_option(plain):
     out = llm.generate([p], sp)[0]
     assert out.token_ids == alone(plain.engine, p, sp)
     assert out.stats.verify_steps > 0 and llm.engine.stats().spec_verify_steps > 0
+
+
+def test_cli_random_weight_pair_checks_the_vocabulary(tmp_path, capsys):
+    """``--random-weights`` with a draft config: both random, neither has a tokenizer (the
+    pair is checked by vocabulary alone); another vocabulary size is one error line."""
+    from poot.cli import main
+
+    small = _copy_fixture(tmp_path / "v128", vocab_size=128)
+    argv = ["bench", "--config", str(LLAMA / "config.json"), "--random-weights", "--dtype",
+            "f32", "-q", "--draft-model", str(small / "config.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("poot: error: speculative draft_vocab 128"), err

@@ -9,7 +9,9 @@ target model in one ragged step (docs/speculative.md).
 * :mod:`~poot.engine.spec.adaptive`: the number of tokens proposed per sequence from its
   recent acceptance, and the batch-level cost model that turns speculation off;
 * :mod:`~poot.engine.spec.speculator`: the scheduler's and the engine's side: drafts and
-  their KV blocks, acceptance of the verified rows, roll-back of the rejected ones.
+  their KV blocks, acceptance of the verified rows, roll-back of the rejected ones;
+* :mod:`~poot.engine.spec.bench_acceptance`: **benchmarks only**, a draft proposer whose
+  acceptance is set (``bench/speculative_draft.py``); no user option.
 """
 
 from poot.engine.spec.config import (MAX_SPECULATIVE_TOKENS, SpeculativeConfig,

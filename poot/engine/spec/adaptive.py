@@ -53,7 +53,9 @@ PRIOR_WEIGHT = 4.0
 TIME_WINDOW = 16
 #: After this many iterations in a row where the cost model refused to speculate, one
 #: speculates anyway (its verify step is timed again: a time taken while the machine was
-#: busy does not switch speculation off for good).
+#: busy does not switch speculation off for good); after this many in a row where it chose
+#: to speculate, one plain step runs (timed again: nor does it keep speculation on for good).
+#: Both proposers (:meth:`~poot.engine.spec.speculator.Speculator._explore`).
 EXPLORE_EVERY = 32
 
 

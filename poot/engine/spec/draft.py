@@ -55,7 +55,7 @@ import numpy as np
 from poot.engine.blocks import BlockManager
 from poot.engine.request import Request
 from poot.engine.runner import GREEDY, TOKEN, DecodeBatch, RaggedBatch
-from poot.engine.spec.adaptive import EXPLORE_EVERY, choose
+from poot.engine.spec.adaptive import choose
 from poot.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
 from poot.engine.spec.speculator import Speculator, penalized
 from poot.sampling_params import SamplingParams
@@ -197,14 +197,20 @@ class DraftProposer:
             return {}
         n = self.runner.bucket(len(ks))
         first = self._timed(("draft_catchup", n), lambda: self._catch_up(list(ks)))
-        out = {s: [first[s]] for s in ks}
+        out = {s: [self.proposal(s, 0, first[s])] for s in ks}
         for j in range(1, max(ks.values())):
             rows = [s for s in ks if ks[s] > j]
             toks = self._timed(("draft_decode", n), lambda: self._decode(
                 rows, [len(s.tokens) - 1 + j for s in rows], [out[s][-1] for s in rows]))
             for s, t in zip(rows, toks):
-                out[s].append(int(t))
+                out[s].append(self.proposal(s, j, int(t)))
         return out
+
+    def proposal(self, seq: Request, j: int, token: int) -> int:
+        """Proposal ``j`` (0-based) of ``seq``, the draft's greedy ``token``; the next draft
+        step reads what this returns. Here ``token`` itself; a benchmark's wrapper
+        (:class:`~poot.engine.spec.bench_acceptance.SetAcceptanceDraft`) replaces some."""
+        return token
 
     def _timed(self, shape: tuple, fn):
         t0, compiled = time.perf_counter(), len(self.runner.compile_s)
@@ -311,7 +317,6 @@ class DraftSpeculator(Speculator):
     def __init__(self, config: SpeculativeConfig, runner, blocks, draft: DraftProposer):
         super().__init__(config, runner, blocks)
         self.draft = draft
-        self.streak = 0                     # iterations the cost model chose drafting
 
     def may_propose(self, rows: Sequence[Request]) -> bool:
         return any(self._k(s) for s in rows)
@@ -342,21 +347,6 @@ class DraftSpeculator(Speculator):
             if not ks[s] and s.spec is not None:
                 s.spec.acceptance.idle()
         return self._draft(ks)
-
-    def _explore(self, cut: list[int] | None, ks: list[int]) -> list[int] | None:
-        """The cost model's choice ``cut``, but every :data:`EXPLORE_EVERY` iterations in
-        a row of one kind the other (``ks`` whole, or a plain step): both sides of the
-        comparison are timed again (a time taken while the machine was busy does not
-        decide for good)."""
-        if cut is None:
-            self.refused, self.streak = self.refused + 1, 0
-            if self.refused >= EXPLORE_EVERY:
-                cut, self.refused = ks, 0
-            return cut
-        self.refused, self.streak = 0, self.streak + 1
-        if self.streak >= EXPLORE_EVERY:
-            cut, self.streak = None, 0
-        return cut
 
     def _draft(self, ks: dict[Request, int]) -> dict[Request, list[int]]:
         ks = {s: self.draft.reserve(s, k) for s, k in ks.items()

@@ -89,6 +89,7 @@ class Speculator:
         self.config, self.runner, self.blocks = config, runner, blocks
         self.costs = StepCosts(config.row_cost)
         self.refused = 0                        # iterations the cost model refused in a row
+        self.streak = 0                         # iterations it chose speculating in a row
         #: acceptance over every sequence (a new sequence's prior)
         self.overall = Acceptance()
         self.scratch: list[int] = []
@@ -158,10 +159,8 @@ class Speculator:
         drafts = self.proposals(rows)
         if drafts and self.config.adaptive:
             alphas = [(self._state(s).acceptance.alpha, len(drafts.get(s, ()))) for s in rows]
-            ks = choose(self.costs, self.runner.bucket(len(rows)), alphas)
-            self.refused = 0 if ks is not None else self.refused + 1
-            if self.refused >= EXPLORE_EVERY:          # time the verify step again
-                ks, self.refused = [k for _, k in alphas], 0
+            ks = self._explore(choose(self.costs, self.runner.bucket(len(rows)), alphas),
+                               [k for _, k in alphas])
             drafts = {s: drafts[s][:k] for s, k in zip(rows, ks or []) if k}
         drafts = self._cut_penalized(drafts)
         for seq in rows:
@@ -170,6 +169,21 @@ class Speculator:
         drafts = {seq: draft[:self._reserve(seq, len(draft), self.blocks)]
                   for seq, draft in drafts.items()}
         return {seq: draft for seq, draft in drafts.items() if draft}
+
+    def _explore(self, cut: list[int] | None, ks: list[int]) -> list[int] | None:
+        """The cost model's choice ``cut``, but every :data:`EXPLORE_EVERY` iterations in
+        a row of one kind the other (``ks`` whole, or a plain step): both sides of the
+        comparison are timed again (a time taken while the machine was busy does not
+        decide for good)."""
+        if cut is None:
+            self.refused, self.streak = self.refused + 1, 0
+            if self.refused >= EXPLORE_EVERY:
+                cut, self.refused = ks, 0
+            return cut
+        self.refused, self.streak = 0, self.streak + 1
+        if self.streak >= EXPLORE_EVERY:
+            cut, self.streak = None, 0
+        return cut
 
     def _cut_penalized(self, drafts: dict) -> dict:
         """``drafts`` with the proposals of penalized sequences cut to the history rows
