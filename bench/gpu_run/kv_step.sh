@@ -3,7 +3,8 @@
 #   here:  python bench/gpu_run/kv_step_build.py                  (-> .cache/gpu/kv_step, ~5 MB)
 #   there: carrying .cache/gpu/kv_step:  bash bench/gpu_run/kv_step.sh
 # Each KV storage: poot bench --backend cuda on the Llama-3.2-1B shape (random bf16 weights),
-# 64 sequences of 2048-token prompts decoding 64 tokens each at batch 64 (contexts 2048..2112),
+# 64 sequences of 1024-token prompts decoding 1024 tokens each at batch 64 (the steady decode
+# rate over contexts ~1100..2048: every sequence's prompt is in before the first ends),
 # --profile (each decode step's dispatches: us, bytes, % of bandwidth) -> $OUT/kv_<dtype>.json;
 # then $OUT/summary.json: decode tok/s per storage and q8_0 / bf16.
 set -u
@@ -20,8 +21,8 @@ export POOT_CACHE_DIR=/tmp/kv_step_cache
 CAP=$(python3 -c "import json;print(json.load(open('$E/manifest.json'))['cap'])")
 B=$(python3 -c "import json;print(json.load(open('$E/manifest.json'))['batch'])")
 A="--backend cuda --config bench/shapes/llama-3.2-1b.json --random-weights --dtype bf16
-   --kv-capacity $CAP --prefill-chunk 16 --max-batch $B --batch $B --num-prompts $B --prompt-tokens $((CAP - 64))
-   --max-tokens 64 --runs 1 --profile"
+   --kv-capacity $CAP --prefill-chunk 16 --max-batch $B --batch $B --num-prompts $B --prompt-tokens $(( (CAP - 64) / 2 ))
+   --max-tokens $(( (CAP - 64) / 2 )) --runs 1 --profile"
 for kv in ${KV_DTYPES:-bf16 q8_0 fp8}; do
   step_log "kv_$kv" 240 $PY -m poot.cli bench $A --kv-dtype "$kv" --out "$OUT/kv_$kv.json"
 done
