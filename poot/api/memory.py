@@ -9,6 +9,7 @@ import os
 from poot.api.options import DEFAULT_KV_CAPACITY, positive
 from poot.compiler.planning import kv_block_size
 from poot.dialects.kv_quant import FP8, KV_FORMATS, KvQuant, kv_value_bytes
+from poot.dialects.types import DType
 from poot.engine import KVConfig
 from poot.models import default_kv_dtype
 from poot.sampling_params import InvalidRequest
@@ -129,7 +130,10 @@ def check_kv_storage(dims, target, storage, option: str) -> None:
     if storage.value not in target.caps.kv_formats:
         what = ("fp8 (e4m3) KV storage needs a device with fp8 support" if storage is FP8
                 else f"{storage.value} KV storage needs an attention kernel that reads it")
-        other = ", ".join(["f16", "bf16", *sorted(target.caps.kv_formats)])
+        # the float dtypes the target stores as such (wgpu stores no 16-bit float: f32)
+        floats = [d.value for d in (DType.F16, DType.BF16)
+                  if d in target.caps.storage_dtypes] or [DType.F32.value]
+        other = ", ".join([*floats, *sorted(target.caps.kv_formats)])
         raise InvalidRequest(option, storage.value, f"{what}, which the {target.backend} "
                              f"target lacks (use {other})")
     width = dims.head_dim if dims.kv_elems_per_token is None else dims.kv_token_elems
