@@ -124,7 +124,8 @@ def check_kv_storage(dims, target, storage, option: str) -> None:
     ``storage`` that ``target`` cannot read in its attention kernels (fp8 on every target of
     this version; q8_0 on a target not listing it in ``Capabilities.kv_formats``) or that the
     model's heads cannot be cut into (q8_0: a head dim, or MLA's latent width, that is a
-    multiple of 32; ``dims``: :class:`~poot.models.StepDims`)."""
+    multiple of 32, and on a target storing no f16 an even number of scales a position;
+    ``dims``: :class:`~poot.models.StepDims`)."""
     if not isinstance(storage, KvQuant):
         return
     if storage.value not in target.caps.kv_formats:
@@ -141,6 +142,13 @@ def check_kv_storage(dims, target, storage, option: str) -> None:
         raise InvalidRequest(option, storage.value, f"{storage.value} keeps one scale per "
                              f"{storage.group} values of a head; this model's head dim "
                              f"{width} is not a multiple of {storage.group}")
+    scales = width // storage.group * (dims.n_kv_heads if dims.kv_elems_per_token is None
+                                       else 1)
+    if DType.F16 not in target.caps.storage_dtypes and scales % 2:
+        raise InvalidRequest(option, storage.value, f"the {target.backend} target stores "
+                             f"q8_0 scales two a 32-bit word (no 16-bit storage), and a "
+                             f"position's {scales} scales (kv heads x head dim / "
+                             f"{storage.group}) would share a word with the next position's")
 
 
 __all__ = ["available_memory", "check_kv_capacity", "check_kv_memory", "check_kv_storage",

@@ -82,8 +82,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "--kv-capacity; fewer blocks preempt under load)")
     p.add_argument("--kv-dtype", default=None, metavar="DTYPE",
                    help="KV cache storage: f32, f16, bf16, q8_0 (int8 with an f16 scale per "
-                        "32 values of a head: about half of f16's bytes, CPU) or fp8 (devices "
-                        "with fp8 only) (default: the model's; f16 for a quantized GGUF)")
+                        "32 values of a head: about half of f16's bytes; every backend) or "
+                        "fp8 (devices with fp8 only) (default: the model's; f16 for a "
+                        "quantized GGUF)")
     p.add_argument("--kv-dtype-k", default=None, metavar="DTYPE",
                    help="the K cache's storage where it differs from --kv-dtype")
     p.add_argument("--kv-dtype-v", default=None, metavar="DTYPE",

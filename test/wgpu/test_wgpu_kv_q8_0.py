@@ -145,8 +145,15 @@ def test_planning_takes_q8_0_and_refuses_fp8_on_wgpu():
 
     target = wgpu_target()
     assert "q8_0" in target.caps.kv_formats
-    dims = type("Dims", (), {"head_dim": 64, "kv_elems_per_token": None})()
-    check_kv_storage(dims, target, Q8_0, "kv_dtype")
+
+    def dims(heads, head_dim):
+        return type("Dims", (), {"head_dim": head_dim, "n_kv_heads": heads,
+                                 "kv_elems_per_token": None})()
+
+    check_kv_storage(dims(3, 64), target, Q8_0, "kv_dtype")       # SmolLM2's: 6 scales
     with pytest.raises(InvalidRequest, match="kv_dtype_k") as e:
-        check_kv_storage(dims, target, FP8, "kv_dtype_k")
+        check_kv_storage(dims(3, 64), target, FP8, "kv_dtype_k")
     assert "fp8" in str(e.value) and "q8_0" in str(e.value) and "f16" not in str(e.value)
+    # 3 heads of 32: a position's 3 scales would share a word with the next position's
+    with pytest.raises(InvalidRequest, match="kv_dtype_v.*3 scales"):
+        check_kv_storage(dims(3, 32), target, Q8_0, "kv_dtype_v")
