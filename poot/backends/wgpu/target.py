@@ -34,8 +34,6 @@ Needs no MLIR: a machine that only runs cached programs computes its compile-cac
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from poot.backends.vulkan.target import vulkan_target
 
 
@@ -67,7 +65,7 @@ def wgpu_target(caps: dict | None = None):
     caps = dict(caps or {})
     limits = caps.get("limits", {})
     feats = wgpu_features(caps)
-    t = vulkan_target({
+    return vulkan_target({
         "features": sorted(feats),
         "subgroup_size": _subgroup_size(caps) if "subgroupBasic" in feats else None,
         "max_shared_bytes": int(limits.get("max-compute-workgroup-storage-size", 16384)),
@@ -76,8 +74,6 @@ def wgpu_target(caps: dict | None = None):
         "max_buffer_bytes": min(int(limits.get("max-storage-buffer-binding-size", 1 << 27)),
                                 int(limits.get("max-buffer-size", 1 << 28))),
     }, backend="wgpu")
-    # q8_0: its scales planes are read and written as 32-bit words (module doc)
-    return replace(t, caps=replace(t.caps, kv_formats=t.caps.kv_formats | {"q8_0"}))
 
 
 def target(device):
