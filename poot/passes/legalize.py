@@ -11,7 +11,8 @@ Option ``compute``: comma-separated dtypes the target computes in (default the C
 Option ``storage``: comma-separated dtypes the target stores (empty: not checked). A 16-bit
 float dtype outside it, where f32 is inside, is *stored* as f32: every value of that dtype
 (function arguments, op results, constants) becomes f32, so the graph computes and stores in
-f32 and casts to the 16-bit dtype keep no rounding; the rule is
+f32 and casts to the 16-bit dtype keep no rounding -- but a q8_0 KV cache's f16 scales planes,
+part of that storage format, which keep their type (:func:`kv_scale_planes`); the rule is
 :func:`poot.compiler.planning.storage_type`, which the executor also allocates weights by
 (a bf16 checkpoint on a wgpu adapter is uploaded as f32).
 """
