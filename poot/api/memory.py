@@ -9,6 +9,7 @@ import os
 from poot.api.options import DEFAULT_KV_CAPACITY, positive
 from poot.compiler.planning import kv_block_size
 from poot.dialects.kv_quant import FP8, KV_FORMATS, KvQuant, kv_value_bytes
+from poot.dialects.types import DType
 from poot.engine import KVConfig
 from poot.models import default_kv_dtype
 from poot.sampling_params import InvalidRequest
@@ -121,14 +122,18 @@ def check_kv_storage(dims, target, storage, option: str) -> None:
     ``storage`` that ``target`` cannot read in its attention kernels (one not listed in its
     ``Capabilities.kv_formats``: fp8 needs CUDA sm_89 or newer) or that the
     model's heads cannot be cut into (q8_0: a head dim, or MLA's latent width, that is a
-    multiple of 32; ``dims``: :class:`~poot.models.StepDims`)."""
+    multiple of 32, and on a target storing no f16 an even number of scales a position;
+    ``dims``: :class:`~poot.models.StepDims`)."""
     if not isinstance(storage, KvQuant):
         return
     if storage.value not in target.caps.kv_formats:
         what = ("fp8 (e4m3) KV storage needs a device that converts fp8 in hardware "
                 "(CUDA sm_89 or newer)" if storage is FP8
                 else f"{storage.value} KV storage needs an attention kernel that reads it")
-        other = ", ".join(["f16", "bf16", *sorted(target.caps.kv_formats)])
+        # the float dtypes the target stores as such (wgpu stores no 16-bit float: f32)
+        floats = [d.value for d in (DType.F16, DType.BF16)
+                  if d in target.caps.storage_dtypes] or [DType.F32.value]
+        other = ", ".join([*floats, *sorted(target.caps.kv_formats)])
         raise InvalidRequest(option, storage.value, f"{what}, which the {target.backend} "
                              f"target lacks (use {other})")
     width = dims.head_dim if dims.kv_elems_per_token is None else dims.kv_token_elems
@@ -136,6 +141,13 @@ def check_kv_storage(dims, target, storage, option: str) -> None:
         raise InvalidRequest(option, storage.value, f"{storage.value} keeps one scale per "
                              f"{storage.group} values of a head; this model's head dim "
                              f"{width} is not a multiple of {storage.group}")
+    scales = width // storage.group * (dims.n_kv_heads if dims.kv_elems_per_token is None
+                                       else 1)
+    if DType.F16 not in target.caps.storage_dtypes and scales % 2:
+        raise InvalidRequest(option, storage.value, f"the {target.backend} target stores "
+                             f"q8_0 scales two a 32-bit word (no 16-bit storage), and a "
+                             f"position's {scales} scales (kv heads x head dim / "
+                             f"{storage.group}) would share a word with the next position's")
 
 
 __all__ = ["available_memory", "check_kv_capacity", "check_kv_memory", "check_kv_storage",

@@ -51,8 +51,8 @@ class LoadOptions:
             fewer makes the engine preempt under load).
         kv_memory: instead of ``kv_blocks``, the pool's size in bytes (as many blocks as fit).
         kv_dtype: the KV cache's storage, ``"f32"``/``"f16"``/``"bf16"``/``"q8_0"`` (int8
-            with an f16 scale per 32 values of a head: about half of f16's bytes; targets
-            whose attention kernel reads it, the CPU) or ``"fp8"`` (refused by planning on
+            with an f16 scale per 32 values of a head: about half of f16's bytes; every
+            backend's attention kernels read it) or ``"fp8"`` (refused by planning on
             targets without fp8: all of this version's); None: the model's default.
         kv_dtype_k, kv_dtype_v: the K or V pools' storage where it differs (llama.cpp's
             ``-ctk``/``-ctv``); None: ``kv_dtype``.

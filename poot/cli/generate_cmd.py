@@ -82,8 +82,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "--kv-capacity; fewer blocks preempt under load)")
     p.add_argument("--kv-dtype", default=None, metavar="DTYPE",
                    help="KV cache storage: f32, f16, bf16, q8_0 (int8 with an f16 scale per "
-                        "32 values of a head: about half of f16's bytes) or fp8 (e4m3 with an "
-                        "f32 scale per head: CUDA sm_89+) (default: the model's; f16 for a "
+                        "32 values of a head: about half of f16's bytes; every backend) or fp8 "
+                        "(e4m3 with an f32 scale per head: CUDA sm_89+) (default: the model's; "
+                        "f16 for a "
                         "quantized GGUF)")
     p.add_argument("--kv-dtype-k", default=None, metavar="DTYPE",
                    help="the K cache's storage where it differs from --kv-dtype")

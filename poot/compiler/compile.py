@@ -28,6 +28,7 @@ ir = lazy_module("mlir.ir")
 from poot.compiler.options import CompileOptions
 from poot.compiler.planning import Buffer, Refusal, check_module, plan_storage, storage_type
 from poot.compiler.target import Target
+from poot.dialects.types import type_from_mlir
 from poot.errors import LimitExceeded, PootError
 from poot.graph.builder import Graph
 from poot.passes.analysis import dispatch_count, dispatch_report
@@ -157,9 +158,12 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None,
             track("pass poot-legalize")
             _run_pass("poot-legalize", g.module, {"compute": compute, "storage": stored},
                       options, seconds)
-            caps = target.caps          # the interface follows the widened storage
-            g.inputs = [(n, storage_type(t, caps)) for n, t in g.inputs]
-            g.outputs = [(n, storage_type(t, caps)) for n, t in g.outputs]
+            caps = target.caps          # the interface follows the widened step function
+            g.inputs = [(n, type_from_mlir(a.type)) for (n, _), a in
+                        zip(g.inputs, g.func.regions[0].blocks[0].arguments)]
+            g.outputs = [(n, type_from_mlir(t)) for (n, _), t in
+                         zip(g.outputs, ir.FunctionType(ir.TypeAttr(
+                             g.func.attributes["function_type"]).value).results)]
             g.params = {n: storage_type(t, caps) for n, t in g.params.items()}
         track("planning")
         check_module(g.module.operation, target)

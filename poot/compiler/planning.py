@@ -50,12 +50,21 @@ def storage_type(t, caps):
     return stored_type(t, caps.storage_dtypes)
 
 
+def _kv_scales_stored(t: TensorType, caps) -> bool:
+    """Whether ``t`` may be a q8_0 KV scales plane the target stores although it stores no
+    other f16: a target listing q8_0 in ``Capabilities.kv_formats`` reads and writes the
+    scales' f16 bits itself, and ``poot-legalize`` widens every other f16 value
+    (:func:`poot.passes.legalize.kv_scale_planes`)."""
+    return t.dtype is DType.F16 and "q8_0" in caps.kv_formats
+
+
 def check_op(op: ir.Operation, target: Target) -> None:
     """Raise :class:`Refusal` when ``target`` lacks what ``op`` needs."""
     caps = target.caps
     loc = str(op.location)
     for t in _types(op):
-        if isinstance(t, TensorType) and t.dtype not in caps.storage_dtypes:
+        if isinstance(t, TensorType) and t.dtype not in caps.storage_dtypes and \
+                not _kv_scales_stored(t, caps):
             raise Refusal(op.name, f"{t.dtype} storage", loc)
         if caps.max_buffer_bytes is not None and t.nbytes > caps.max_buffer_bytes:
             raise Refusal(op.name, f"buffers of {t.nbytes} bytes (its largest binds "

@@ -11,7 +11,8 @@ Option ``compute``: comma-separated dtypes the target computes in (default the C
 Option ``storage``: comma-separated dtypes the target stores (empty: not checked). A 16-bit
 float dtype outside it, where f32 is inside, is *stored* as f32: every value of that dtype
 (function arguments, op results, constants) becomes f32, so the graph computes and stores in
-f32 and casts to the 16-bit dtype keep no rounding; the rule is
+f32 and casts to the 16-bit dtype keep no rounding -- but a q8_0 KV cache's f16 scales planes,
+part of that storage format, which keep their type (:func:`kv_scale_planes`); the rule is
 :func:`poot.compiler.planning.storage_type`, which the executor also allocates weights by
 (a bf16 checkpoint on a wgpu adapter is uploaded as f32).
 """
@@ -68,11 +69,53 @@ def _dtypes(text: str, what: str) -> set[DType]:
         raise PassFailure(f"poot-legalize: bad {what} dtype list '{text}': {e}") from None
 
 
+#: ops that move a q8_0 scales plane without computing on it (:func:`kv_scale_planes`)
+_PLANE_MOVES = ("poot.reshape", "poot.scatter", "poot.gather", "poot.slice")
+
+
+def kv_scale_planes(module: ir.Operation) -> list:
+    """The f16 values that are q8_0 KV scales planes (:mod:`poot.dialects.kv_quant`): the
+    ``scales`` operands of ``poot.paged_attention`` / ``poot.dequantize_q8_0`` and every value
+    they reach through data movement (reshape, scatter, gather, slice) back to the step's
+    inputs and outputs and the ``poot.cast`` that rounds a new scale to f16. They are part of
+    the q8_0 storage format, never widened: a target listing q8_0 in
+    ``Capabilities.kv_formats`` reads and writes their f16 bits itself (wgpu: as 32-bit
+    words), one that does not refuses q8_0 by planning."""
+    seeds = []
+
+    def visit(op):
+        op = op.operation
+        if op.name == "poot.paged_attention":
+            seeds.extend(list(op.operands)[5:])
+        elif op.name == "poot.dequantize_q8_0":
+            seeds.append(op.operands[1])
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    kept: list = []
+    while seeds:
+        v = seeds.pop()
+        if v in kept or not isinstance(v.type, ir.RankedTensorType) or \
+                not isinstance(v.type.element_type, ir.F16Type):
+            continue
+        kept.append(v)
+        owner = v.owner
+        if not isinstance(owner, ir.Block) and owner.operation.name in _PLANE_MOVES:
+            seeds.extend(owner.operation.operands)
+        for use in v.uses:
+            user = use.owner
+            if user.name in _PLANE_MOVES:
+                seeds.extend(user.results)
+    return kept
+
+
 def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
-    """Store every f16/bf16 value the target cannot store as f32 (module doc); returns the
-    number of values widened."""
+    """Store every f16/bf16 value the target cannot store as f32 (module doc), but q8_0 KV
+    scales planes (:func:`kv_scale_planes`); returns the number of values widened."""
     if all(stored_type(TensorType((1,), d), storage).dtype == d for d in WIDENED):
         return 0                            # this target widens nothing: no walk
+    with module.context:
+        kept = kv_scale_planes(module)
 
     def wide(t: ir.Type) -> ir.Type | None:
         try:
@@ -96,14 +139,14 @@ def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
                 value = dense_from_mlir(op.attributes["value"]).astype("float32")
                 op.attributes["value"] = dense_to_mlir(value)
         for r in op.results:
-            t = wide(r.type)
+            t = None if r in kept else wide(r.type)
             if t is not None:
                 r.set_type(t)
                 n += 1
         for region in op.regions:
             for block in region.blocks:
                 for a in block.arguments:
-                    t = wide(a.type)
+                    t = None if a in kept else wide(a.type)
                     if t is not None:
                         a.set_type(t)
                         n += 1
@@ -113,8 +156,14 @@ def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
         module.walk(visit)
         for f in funcs:
             ft = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
-            f.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-                [wide(t) or t for t in ft.inputs], [wide(t) or t for t in ft.results]))
+            ins, outs = [wide(t) or t for t in ft.inputs], [wide(t) or t for t in ft.results]
+            if len(f.regions[0].blocks):
+                # a body: the signature follows its arguments and returned values as
+                # widened (a kept scales plane stays f16)
+                block = f.regions[0].blocks[0]
+                ins = [a.type for a in block.arguments]
+                outs = [v.type for v in list(block.operations)[-1].operation.operands]
+            f.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ins, outs))
     return n
 
 

@@ -342,17 +342,19 @@ def test_cuda_and_rocm_take_q8_0_kv_and_refuse_fp8(tmp_path, backend):
             str(e.value) and f"which the {backend} target lacks" in str(e.value)
 
 
-def test_wgpu_still_refuses_q8_0_kv(tmp_path):
-    """wgpu stores no 16-bit values (naga), so the q8_0 scales plane has no storage there:
-    a typed refusal naming the option."""
+def test_wgpu_plans_q8_0_kv_and_refuses_fp8(tmp_path):
+    """wgpu stores no 16-bit values (naga), yet plans a q8_0 KV cache (its kernels move the
+    scales as 32-bit words, test/wgpu/test_wgpu_kv_q8_0.py); fp8 stays a typed refusal naming
+    the option."""
     from poot.api.memory import plan_kv
     from poot.backends.wgpu.target import wgpu_target
-    from poot.dialects.kv_quant import Q8_0
+    from poot.dialects.kv_quant import FP8, Q8_0
     from poot.sampling_params import InvalidRequest
 
     model, weights = _llama32(tmp_path)
+    assert plan_kv(model, weights.types, wgpu_target(), 64, 2, None, Q8_0).kv_dtype is Q8_0
     with pytest.raises(InvalidRequest) as e:
-        plan_kv(model, weights.types, wgpu_target(), 64, 2, None, Q8_0)
+        plan_kv(model, weights.types, wgpu_target(), 64, 2, None, FP8)
     assert e.value.field == "kv_dtype" and "the wgpu target lacks" in str(e.value)
 
 

@@ -22,8 +22,19 @@ from test_kv_q8_0 import _case, _step_inputs  # noqa: E402
 from test_vulkan_kernels import run_artifact  # noqa: E402
 
 
-def test_target_reads_q8_0_where_it_stores_f16(vk_target):
-    assert ("q8_0" in vk_target.caps.kv_formats) == (DType.F16 in vk_target.caps.storage_dtypes)
+def test_target_reads_q8_0_with_or_without_16_bit_storage(vk_target):
+    """Every SPIR-V target reads q8_0: without 16-bit storage the kernels move the f16
+    scales as 32-bit words (wgpu's case)."""
+    from poot.backends.vulkan.target import vulkan_target
+
+    assert "q8_0" in vk_target.caps.kv_formats
+    bare = vulkan_target({"features": ["subgroupBasic"]})
+    assert DType.F16 not in bare.caps.storage_dtypes and "q8_0" in bare.caps.kv_formats
+
+
+#: device features a target may lack: 16-bit storage and arithmetic, 8-bit ones
+NO_NARROW = {"shaderFloat16", "storageBuffer16BitAccess", "shaderInt16", "shaderInt8",
+             "storageBuffer8BitAccess"}
 
 
 @pytest.mark.parametrize("k_st, v_st", [(Q8_0, Q8_0), (Q8_0, DType.F16), (DType.F16, Q8_0)],
@@ -44,13 +55,19 @@ def test_paged_attention_over_q8_0_matches_oracle(vk_device, vk_target, k_st, v_
         assert not got[2].any()
 
 
+@pytest.mark.parametrize("narrow", [True, False], ids=["native", "no-8-16-bit"])
 @pytest.mark.parametrize("step", ["prefill", "decode"])
-def test_llama_step_with_q8_0_kv_matches_oracle(vk_device, vk_target, tmp_path, step):
+def test_llama_step_with_q8_0_kv_matches_oracle(vk_device, vk_target, tmp_path, step, narrow):
+    """Also for the device less its 8- and 16-bit features (wgpu's SPIR-V): the KV write
+    stores both planes a 32-bit word a thread and attention decodes the scales from words."""
+    from poot.backends.vulkan.target import vulkan_target
     from poot.models import StepSpec
     from poot.models.random_init import load_random_model
 
-    if "q8_0" not in vk_target.caps.kv_formats:
-        pytest.skip("this Vulkan device stores no f16 (the q8_0 scales)")
+    if not narrow:
+        caps = vk_device.capabilities()
+        vk_target = vulkan_target({**caps, "features": [f for f in caps["features"]
+                                                        if f not in NO_NARROW]})
     cfg = json.loads((HERE.parent / "fixtures" / "tiny" / "llama" / "config.json").read_text())
     cfg["head_dim"] = 32
     (tmp_path / "config.json").write_text(json.dumps(cfg))

@@ -214,6 +214,7 @@ def _spirv_binaries(module: ir.Module, caps, checks_for, blocks: dict
             half_to_float(module)
         if "shaderInt8" not in feats:
             zero_extend_bytes(module)
+            sign_extend_truncated_bytes(module)
         # rounding divisions (the generic mapping's index maps may fold into
         # arith.floordivsi) have no SPIR-V lowering: expanded where present (only there:
         # arith-expand also rewrites maximumf/minimumf)
@@ -355,6 +356,45 @@ def zero_extend_bytes(module: ir.Module) -> int:
     return len(todo)
 
 
+def sign_extend_truncated_bytes(module: ir.Module) -> int:
+    """For a target without 8-bit integers (no ``Int8``): MLIR's SPIR-V conversion holds an
+    i8 in a 32-bit integer but lowers ``arith.trunci`` of an i32 to i8 as a mask to the low
+    byte, so a signed use of the byte (``arith.sitofp``/``arith.extsi``: a q8_0 value taken
+    from a 32-bit word of four) reads a negative byte as 128..255. Each such use of a
+    truncation becomes the same use of the i32 shifted left then arithmetically right by 24
+    (the byte sign-extended in 32 bits). Returns the number of uses rewritten."""
+    todo = []
+
+    def visit(op):
+        op = op.operation
+        if op.name in ("arith.sitofp", "arith.extsi") and \
+                isinstance(op.operands[0].type, ir.IntegerType) and \
+                op.operands[0].type.width == 8:
+            src = op.operands[0].owner
+            if not isinstance(src, ir.Block) and src.operation.name == "arith.trunci" and \
+                    src.operation.operands[0].type.width == 32:
+                todo.append((op, src.operation))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    i32 = ir.IntegerType.get_signless(32)
+    for op, trunc in todo:
+        dst = op.results[0].type
+        with ir.InsertionPoint(op), op.location:
+            k = arith.ConstantOp(i32, 24).result
+            x = arith.ShLIOp(trunc.operands[0], k).result
+            x = arith.ShRSIOp(x, k).result
+            if op.name == "arith.sitofp":
+                x = arith.SIToFPOp(dst, x).result
+            elif dst != i32:
+                x = arith.ExtSIOp(dst, x).result
+        op.results[0].replace_all_uses_with(x)
+        op.erase()
+        if not list(trunc.results[0].uses):
+            trunc.erase()
+    return len(todo)
+
+
 def half_to_float(module: ir.Module) -> int:
     """For a target without 16-bit floats (no ``Float16``): rewrite each f16 -> f32 widening
     of 16 bits (``arith.extf (arith.bitcast %h : i16 to f16)``, how packed weights' scales
@@ -411,6 +451,9 @@ _SIGNED_OPS = {
     "spirv.SGreaterThanEqual": (0, 1), "spirv.ConvertSToF": (0,), "spirv.SConvert": (0,),
     "spirv.GL.SMax": (0, 1), "spirv.GL.SMin": (0, 1), "spirv.GL.SAbs": (0,),
     "spirv.GL.SSign": (0,), "spirv.GL.SClamp": (0, 1, 2), "spirv.GL.FindSMsb": (0,),
+    # a float -> signed integer conversion: its result (naga converts to an unsigned-typed
+    # result as to u32, a negative value becoming 0)
+    "spirv.ConvertFToS": (),
 }
 
 
@@ -445,7 +488,8 @@ def signed_operands(module: ir.Module) -> int:
     n = 0
     for op in todo:
         positions = _SIGNED_OPS[op.name]
-        if not any(_signed(op.operands[i].type) is not None for i in positions):
+        if not any(_signed(op.operands[i].type) is not None for i in positions) and \
+                (positions or _signed(op.results[0].type) is None):
             continue
         with ir.InsertionPoint(op), op.location:
             operands = []

@@ -37,9 +37,9 @@ def vulkan_target(device_caps: dict | None = None, backend: str = "vulkan"):
         max_buffer_bytes=caps.get("max_buffer_bytes"),
         max_kernel_buffers=caps.get("max_kernel_buffers"),
         # q8_0 KV: i8 values and f16 scales, dequantized by the flash-decoding strategy
-        # where it loads them (wgpu: no 16-bit storage for the scales, wgpu/target.py)
-        kv_formats=frozenset({"q8_0"} if backend == "vulkan" and DType.F16 in storage
-                             else ())))
+        # where it loads them; without 16-bit storage (wgpu) the kernels move the scales as
+        # 32-bit words (wgpu/target.py)
+        kv_formats=frozenset({"q8_0"})))
 
 
 def target(device):

@@ -11,11 +11,14 @@ rest (they already do for a Vulkan device lacking the feature):
   (:func:`poot.compiler.planning.storage_type`: a bf16 checkpoint is uploaded as f32, at
   twice the bytes), the KV cache defaults to f32 (:func:`poot.models.default_kv_dtype`),
   packed weights decode their f16 scales from 32-bit words; compute is f32.
-* no q8_0 KV cache (``Capabilities.kv_formats`` stays empty: a typed refusal by planning):
-  its values plane would be read through the same 32-bit word emulation as any 8-bit
-  storage, but its scales plane is f16, which naga cannot store, and widening it to f32 would
-  change the op's operand types and the pool's bytes (a 16-bit-from-word decode in the
-  attention kernel is not written).
+* the q8_0 KV cache (``Capabilities.kv_formats``): its values plane is read and written
+  through the same 32-bit word emulation as any 8-bit storage; its f16 scales plane keeps its
+  f16 bytes (``poot-legalize`` widens no q8_0 scales plane,
+  :func:`poot.passes.legalize.kv_scale_planes`) and the kernels move it as 32-bit words, two
+  scales a word: the flash-decoding kernel decodes a word's half in registers
+  (:func:`poot.backends.gpu.strategies.attention.plan.scale_words`), the KV write rounds to
+  f16 bits in integer arithmetic and gives each word one thread
+  (:mod:`poot.backends.gpu.strategies.scatter`).
 * ``Int64`` with ``shader-int64``.
 * subgroup operations only with ``subgroup`` *and* a known subgroup size: the generator's
   shuffles are legal at one width only, and adapters report a range, so the device probes

@@ -61,7 +61,9 @@ decode cost follows the sequence's length (and a sliding window's), not the tabl
 
 q8_0 pools (paged only, :mod:`poot.dialects.kv_quant`): a lane loads its key's (or value's)
 i8 elements and their f16 scale from the scales plane, indexed like the pool through the same
-staged table entry, and takes ``f32(q) * f32(d)`` as the element (the oracle's numbers); a
+staged table entry, and takes ``f32(q) * f32(d)`` as the element (the oracle's numbers); on a
+target without 16-bit storage (wgpu) the scales plane binds as ``memref<N/2 x i32>`` and a
+scale is its word's half, its bits widened in registers (``AttentionPlan.scale_words``); a
 dot-product round's ``V`` consecutive elements (``V | 32``) share one scale load, and come
 from one 32-bit word load where they are 4 aligned values (the K pool then binds as
 ``memref<N/4 x i32>``). Nothing dequantizes the cache beforehand: each step reads 1.0625
@@ -150,6 +152,9 @@ class SplitKernel:
         # fp8 pools (e4m3fn bits, one f32 scale a head vector): decoded by the hardware
         self.fp8 = {x.arg for x, sc in ((reg.k, reg.paged.k_scale), (reg.v, reg.paged.v_scale))
                     if self.per_head(sc)} if reg.paged is not None else set()
+        # q8_0 scales planes read as i32 words of two f16s (a target without 16-bit storage)
+        self.half_words = {x.arg for x in (reg.paged.k_scale, reg.paged.v_scale) if x} \
+            if plan.scale_words else set()
 
     def emit(self) -> tuple[str, list[Launch], list]:
         """The ``gpu.module @attention`` text up to the split kernel's end (the caller adds
@@ -184,6 +189,8 @@ class SplitKernel:
     def ptype(self, a: int) -> str:
         if a in self.words:        # a q8_0 K pool's bytes as i32 words
             return f"memref<{self.ftypes[a].numel // 4}xi32>"
+        if a in self.half_words:   # a q8_0 scales plane's f16s as i32 words
+            return f"memref<{self.ftypes[a].numel // 2}xi32>"
         return flat_type(self.ftypes[a])
 
     def k_words(self) -> bool:
@@ -261,7 +268,25 @@ class SplitKernel:
         if self.per_head(view):          # fp8: the head vector's one scale
             return self.load_f(view.arg, b.add(base, key))
         g = b(f"arith.divui {d}, {b.c(Q8_0.group)} : index")
-        return self.load_f(view.arg, b.add(b.add(base, key), b.mul(g, view.strides[-1])))
+        idx = b.add(b.add(base, key), b.mul(g, view.strides[-1]))
+        if view.arg in self.half_words:
+            return self.half_of_word(view.arg, idx)
+        return self.load_f(view.arg, idx)
+
+    def half_of_word(self, a: int, idx: str) -> str:
+        """f16 element ``idx`` of argument ``a`` read as i32 words (:attr:`half_words`):
+        half ``idx % 2`` (little-endian: the low half first) of word ``idx // 2``, its bits
+        widened to f32 (``arith.extf`` of the bits, which a target without 16-bit floats
+        rewrites into exact integer arithmetic, :func:`poot.backends.vulkan.codegen.
+        half_to_float`)."""
+        b = self.b
+        w = b(f"memref.load {self.pname(a)}[{b(f'arith.divui {idx}, {b.c(2)} : index')}] : "
+              f"{self.ptype(a)}")
+        odd = b(f"arith.index_cast {b(f'arith.remui {idx}, {b.c(2)} : index')} : index to i32")
+        sh = b(f"arith.muli {odd}, {b.c(16, 'i32')} : i32")
+        w = b(f"arith.shrui {w}, {sh} : i32")
+        h = b(f"arith.bitcast {b(f'arith.trunci {w} : i32 to i16')} : i16 to f16")
+        return b(f"arith.extf {h} : f16 to f32")
 
     def bfly(self, x: str, op: str, lo: int, hi: int, ty: str = F) -> str:
         return butterfly(self.b, x, op, lo, hi, self.sg, ty)

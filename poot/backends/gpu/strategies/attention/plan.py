@@ -5,9 +5,10 @@ and the target's subgroup size, workgroup memory and core count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from poot.backends.gpu.strategies.attention.match import AttentionRegion
+from poot.dialects.types import DType
 
 #: register budget of the split kernel: accumulators per lane (rows x Dv / subgroup)
 MAX_ACC_PER_LANE = 64
@@ -45,7 +46,9 @@ class AttentionPlan:
     ``R`` rows per block, ``RG`` row groups; ``C`` keys per chunk, ``NS`` chunks (splits);
     ``CT`` threads per combine block; ``W`` subgroups per split block (``TB = W * sg``
     threads), which walk the chunk's key batches interleaved and merge their states through
-    workgroup memory."""
+    workgroup memory. ``scale_words``: the q8_0 scales planes are read as 32-bit words, two
+    f16 scales a word decoded in registers (a target without 16-bit storage:
+    :func:`scale_words`)."""
 
     sg: int
     DL: int
@@ -55,6 +58,7 @@ class AttentionPlan:
     NS: int
     CT: int
     W: int = 1
+    scale_words: bool = False
 
     @property
     def KL(self) -> int:
@@ -143,7 +147,27 @@ def _single_plan(reg: AttentionRegion, caps, sg: int, R: int, RG: int, dl_max: i
     return AttentionPlan(sg, DL, R, RG, C, 1, CT, W)
 
 
+def scale_words(reg: AttentionRegion, caps) -> bool:
+    """Whether a q8_0 region's f16 scales are read as 32-bit words on a target of ``caps``:
+    where the target stores no f16 (wgpu: naga has no 16-bit storage; the planes keep their
+    f16 bytes, :func:`poot.passes.legalize.kv_scale_planes`)."""
+    pg = reg.paged
+    return pg is not None and (pg.k_scale or pg.v_scale) is not None and \
+        DType.F16 not in getattr(caps, "storage_dtypes", (DType.F16,))
+
+
 def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
+    """:func:`plan_blocks`, reading the scales as words where :func:`scale_words` says
+    (None: not plannable here, also for a scales plane of an odd number of f16s then)."""
+    plan = plan_blocks(reg, caps)
+    if plan is None or not scale_words(reg, caps):
+        return plan
+    if any(reg.arg_types[x.arg][1] % 2 for x in (reg.paged.k_scale, reg.paged.v_scale) if x):
+        return None
+    return replace(plan, scale_words=True)
+
+
+def plan_blocks(reg: AttentionRegion, caps) -> AttentionPlan | None:
     """Block shapes for ``reg`` on a target of ``caps`` (None: not plannable here).
 
     Rows: all rows of a batch index per block up to the register budget
@@ -224,4 +248,5 @@ def plan_attention(reg: AttentionRegion, caps) -> AttentionPlan | None:
     return AttentionPlan(sg, DL, R, RG, C, NS, CT)
 
 
-__all__ = ["AttentionPlan", "batch_rounds", "plan_attention", "table_entries", "unroll"]
+__all__ = ["AttentionPlan", "batch_rounds", "plan_attention", "plan_blocks", "scale_words",
+           "table_entries", "unroll"]
