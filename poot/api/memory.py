@@ -141,6 +141,8 @@ def check_kv_storage(dims, target, storage, option: str) -> None:
         raise InvalidRequest(option, storage.value, f"{storage.value} keeps one scale per "
                              f"{storage.group} values of a head; this model's head dim "
                              f"{width} is not a multiple of {storage.group}")
+    if not storage.group:               # fp8: one f32 scale a head vector
+        return
     scales = width // storage.group * (dims.n_kv_heads if dims.kv_elems_per_token is None
                                        else 1)
     if DType.F16 not in target.caps.storage_dtypes and scales % 2:
