@@ -1048,7 +1048,7 @@ func.func @paged_attention_missing_softcap(%q: tensor<1x2x3x8xf32>, %kp: tensor<
 // -----
 
 func.func @paged_attention_q8_0_no_scales(%q: tensor<1x2x3x64xf32>, %kp: tensor<4x16x2x64xi8>, %vp: tensor<4x16x2x64xi8>, %bt: tensor<1x2xi32>, %m: tensor<1x1x3x32xi1>, %ks: tensor<4x16x2x2xf16>) {
-  // expected-error @+1 {{'poot.paged_attention' op v_pool is i8 (q8_0) but has no scales operand}}
+  // expected-error @+1 {{'poot.paged_attention' op v_pool is i8 (q8_0 or fp8) but has no scales operand}}
   %0 = "poot.paged_attention"(%q, %kp, %vp, %bt, %m, %ks) {scale = 1.0 : f64, softcap = 0.0 : f64} : (tensor<1x2x3x64xf32>, tensor<4x16x2x64xi8>, tensor<4x16x2x64xi8>, tensor<1x2xi32>, tensor<1x1x3x32xi1>, tensor<4x16x2x2xf16>) -> tensor<1x2x3x64xf32>
   return
 }
@@ -1066,5 +1066,21 @@ func.func @paged_attention_q8_0_head_dim(%q: tensor<1x2x3x48xf32>, %kp: tensor<4
 func.func @dequantize_q8_0_scales(%v: tensor<2x64xi8>, %s: tensor<2x4xf16>) {
   // expected-error @+1 {{'poot.dequantize_q8_0' op scales must be tensor<2x2xf16>, got tensor<2x4xf16>}}
   %0 = "poot.dequantize_q8_0"(%v, %s) : (tensor<2x64xi8>, tensor<2x4xf16>) -> tensor<2x64xf32>
+  return
+}
+
+// -----
+
+func.func @quantize_fp8_values(%x: tensor<2x64xf16>, %s: tensor<2x1xf32>) {
+  // expected-error @+1 {{'poot.quantize_fp8' op x must be f32 [..., D], got tensor<2x64xf16>}}
+  %0 = "poot.quantize_fp8"(%x, %s) : (tensor<2x64xf16>, tensor<2x1xf32>) -> tensor<2x64xi8>
+  return
+}
+
+// -----
+
+func.func @dequantize_fp8_scales(%v: tensor<2x64xi8>, %s: tensor<2x2xf32>) {
+  // expected-error @+1 {{'poot.dequantize_fp8' op scales must be tensor<2x1xf32>, got tensor<2x2xf32>}}
+  %0 = "poot.dequantize_fp8"(%v, %s) : (tensor<2x64xi8>, tensor<2x2xf32>) -> tensor<2x64xf32>
   return
 }

@@ -718,3 +718,21 @@ func.func @dequantize_q8_0(%v: tensor<2x3x64xi8>, %s: tensor<2x3x2xf16>) -> tens
   %0 = "poot.dequantize_q8_0"(%v, %s) : (tensor<2x3x64xi8>, tensor<2x3x2xf16>) -> tensor<2x3x64xf32>
   return %0 : tensor<2x3x64xf32>
 }
+
+// poot.quantize_fp8: f32 values over their per-head f32 scale as e4m3fn bit patterns.
+// CHECK-LABEL: func.func @quantize_fp8(
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.quantize_fp8"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) : (tensor<2x3x64xf32>, tensor<2x3x1xf32>) -> tensor<2x3x64xi8>
+// CHECK-NEXT: return
+func.func @quantize_fp8(%x: tensor<2x3x64xf32>, %s: tensor<2x3x1xf32>) -> tensor<2x3x64xi8> {
+  %0 = "poot.quantize_fp8"(%x, %s) : (tensor<2x3x64xf32>, tensor<2x3x1xf32>) -> tensor<2x3x64xi8>
+  return %0 : tensor<2x3x64xi8>
+}
+
+// poot.dequantize_fp8: e4m3fn bit patterns times their per-head f32 scale.
+// CHECK-LABEL: func.func @dequantize_fp8(
+// CHECK-NEXT: %{{[a-z0-9_]+}} = "poot.dequantize_fp8"(%{{[a-z0-9_]+}}, %{{[a-z0-9_]+}}) : (tensor<2x3x64xi8>, tensor<2x3x1xf32>) -> tensor<2x3x64xf32>
+// CHECK-NEXT: return
+func.func @dequantize_fp8(%v: tensor<2x3x64xi8>, %s: tensor<2x3x1xf32>) -> tensor<2x3x64xf32> {
+  %0 = "poot.dequantize_fp8"(%v, %s) : (tensor<2x3x64xi8>, tensor<2x3x1xf32>) -> tensor<2x3x64xf32>
+  return %0 : tensor<2x3x64xf32>
+}

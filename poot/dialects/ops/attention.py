@@ -299,8 +299,36 @@ class PagedAttention(OpDef):
         return out.reshape(result.shape).astype(np.float32)
 
 
+class _KvPlanes(OpDef):
+    """Shared check of the KV quantization ops: operand 0 a ``[..., D]`` plane of
+    :attr:`plane_dtype`, operand 1 its scales plane as :attr:`fmt` lays it out
+    (:meth:`~poot.dialects.kv_quant.KvQuant.planes`); the result ``[..., D]`` of
+    :attr:`result_dtype`."""
+
+    fmt = Q8_0
+    plane_dtype = DType.I8
+    result_dtype = DType.F32
+
+    @classmethod
+    def check(cls, operands, attrs, result):
+        cls.check_attrs(attrs)
+        a, b = cls.operands
+        if len(operands) != 2:
+            cls.fail(f"expects 2 operands ({a}, {b}), got {len(operands)}")
+        v, s = (cls.tensor(t, n) for t, n in zip(operands, cls.operands))
+        if v.dtype is not cls.plane_dtype or v.rank < 1:
+            cls.fail(f"{a} must be {cls.plane_dtype.value} [..., D], got {v}")
+        try:
+            want = cls.fmt.planes(v.shape)[1]
+        except ValueError as e:
+            cls.fail(str(e))
+        if s != want:
+            cls.fail(f"{b} must be {want}, got {s}")
+        return cls.same_result(TensorType(v.shape, cls.result_dtype), result)
+
+
 @register
-class DequantizeQ8_0(OpDef):
+class DequantizeQ8_0(_KvPlanes):
     """``out[..., c] = f32(values[..., c]) * f32(scales[..., c // 32])``: q8_0 KV values
     (:mod:`poot.dialects.kv_quant`) read as f32.
 
@@ -319,28 +347,12 @@ class DequantizeQ8_0(OpDef):
     summary = "q8_0 KV values (i8) times their per-32 f16 scales, as f32"
 
     @classmethod
-    def check(cls, operands, attrs, result):
-        cls.check_attrs(attrs)
-        if len(operands) != 2:
-            cls.fail(f"expects 2 operands (values, scales), got {len(operands)}")
-        v, s = (cls.tensor(t, n) for t, n in zip(operands, cls.operands))
-        if v.dtype is not DType.I8 or v.rank < 1:
-            cls.fail(f"values must be i8 [..., D], got {v}")
-        try:
-            want = Q8_0.planes(v.shape)[1]
-        except ValueError as e:
-            cls.fail(str(e))
-        if s != want:
-            cls.fail(f"scales must be {want}, got {s}")
-        return cls.same_result(TensorType(v.shape, DType.F32), result)
-
-    @classmethod
     def evaluate(cls, args, attrs, result):
         return dequantize_q8_0(args[0], args[1])
 
 
 @register
-class QuantizeFp8(OpDef):
+class QuantizeFp8(_KvPlanes):
     """``out[..., c] = e4m3fn(sat(x[..., c] / s[..., 0]))`` as its bit pattern (0 where
     ``s == 0``): a head vector's fp8 KV values (:mod:`poot.dialects.kv_quant`), rounded to
     nearest even and saturated to +-448.
@@ -356,18 +368,7 @@ class QuantizeFp8(OpDef):
     operands = ("x", "s")
     summary = "f32 values over their per-head scale as e4m3fn bit patterns (i8)"
 
-    @classmethod
-    def check(cls, operands, attrs, result):
-        cls.check_attrs(attrs)
-        if len(operands) != 2:
-            cls.fail(f"expects 2 operands (x, s), got {len(operands)}")
-        x, s = (cls.tensor(t, n) for t, n in zip(operands, cls.operands))
-        if x.dtype is not DType.F32 or x.rank < 1:
-            cls.fail(f"x must be f32 [..., D], got {x}")
-        want = FP8.planes(x.shape)[1]
-        if s != want:
-            cls.fail(f"s must be {want}, got {s}")
-        return cls.same_result(TensorType(x.shape, DType.I8), result)
+    fmt, plane_dtype, result_dtype = FP8, DType.F32, DType.I8
 
     @classmethod
     def evaluate(cls, args, attrs, result):
@@ -375,7 +376,7 @@ class QuantizeFp8(OpDef):
 
 
 @register
-class DequantizeFp8(OpDef):
+class DequantizeFp8(_KvPlanes):
     """``out[..., c] = e4m3fn(values[..., c]) * scales[..., 0]``: fp8 KV values
     (:mod:`poot.dialects.kv_quant`, e4m3fn bit patterns in i8) read as f32.
 
@@ -388,18 +389,7 @@ class DequantizeFp8(OpDef):
     operands = ("values", "scales")
     summary = "fp8 KV values (e4m3fn bits in i8) times their per-head f32 scale, as f32"
 
-    @classmethod
-    def check(cls, operands, attrs, result):
-        cls.check_attrs(attrs)
-        if len(operands) != 2:
-            cls.fail(f"expects 2 operands (values, scales), got {len(operands)}")
-        v, s = (cls.tensor(t, n) for t, n in zip(operands, cls.operands))
-        if v.dtype is not DType.I8 or v.rank < 1:
-            cls.fail(f"values must be i8 [..., D], got {v}")
-        want = FP8.planes(v.shape)[1]
-        if s != want:
-            cls.fail(f"scales must be {want}, got {s}")
-        return cls.same_result(TensorType(v.shape, DType.F32), result)
+    fmt = FP8
 
     @classmethod
     def evaluate(cls, args, attrs, result):
