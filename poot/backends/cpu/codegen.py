@@ -12,8 +12,7 @@ packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwi
 tensors (:data:`FUSE`) -> long exact row reductions split into vector lanes
 (:func:`~poot.backends.cpu.reductions.split_row_reductions`) -> one-shot bufferization over function boundaries (identity layouts;
 every argument of the entry read-only, so inputs are never written) -> results become
-out-parameters the caller allocates, computed in place there
-(:func:`~poot.backends.cpu.out_params.write_results_in_place`) -> ownership-based deallocation -> ``scf.forall`` ->
+out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
 ``scf.parallel`` -> OpenMP when LLVM's runtime is found (the ``cmeel-libomp`` wheel, else a
 system's ``libomp.so.5``; without one, one thread) -> linalg to loops (the outer loop of each
 nest marked not to be unrolled: :func:`keep_outer_loops_rolled`) -> LLVM (docs/toolchain.md,
@@ -66,7 +65,6 @@ from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.backends.cpu.gemv import INTRINSIC_PREFIX, INTRINSICS, KERNELS
-from poot.backends.cpu.out_params import write_results_in_place
 from poot.backends.cpu.reductions import split_row_reductions
 from poot.backends.cpu.runtime import descriptor as _descriptor
 from poot.graph.builder import Graph
@@ -75,10 +73,9 @@ from poot import settings
 
 # Bufferize keeping state updated in place (pipelines.BUFFERIZE_KEEP_IN_PLACE; the entry's
 # in-place results are then dropped by drop_in_place_results), make the other results
-# out-parameters (RESULTS_TO_OUT_PARAMS, then write_results_in_place: computed in them, not
-# copied into them), then free buffers by ownership.
-OUT_PARAMS = RESULTS_TO_OUT_PARAMS
-DEALLOCATE = (
+# out-parameters, then free buffers by ownership.
+OUT_PARAMS = (
+    RESULTS_TO_OUT_PARAMS + ","
     "buffer-deallocation-pipeline,"
     "convert-bufferization-to-memref"
 )
@@ -845,9 +842,7 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
         PassManager.parse(f"builtin.module({BUFFERIZE_KEEP_IN_PLACE})").run(module.operation)
         if entry is not None:
             drop_in_place_results(module, entry, in_place or {}, in_place_names or {})
-        PassManager.parse(f"builtin.module({OUT_PARAMS})").run(module.operation)
-        write_results_in_place(module)
-        stages = [DEALLOCATE, PARALLEL]
+        stages = [OUT_PARAMS, PARALLEL]
         if omp:
             stages.append(OPENMP.format(threads=threads))
             libs.append(omp)
