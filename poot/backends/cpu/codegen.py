@@ -9,7 +9,7 @@ outlined (one kernel each; identical ones are lowered once) -- lowered to linalg
 target's :class:`~poot.dialects.lowering.Strategy` (:func:`strategy_for`: matmuls that read a
 weight in place become the row-streaming vector kernels of ``poot/backends/cpu/gemv.py``,
 packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwise fusion on
-tensors (:data:`FUSE`) -> long exact row reductions split into vector lanes
+tensors (:data:`FUSE`) -> long exact row reductions split into 16 lane accumulators
 (:func:`~poot.backends.cpu.reductions.split_row_reductions`) -> one-shot bufferization over function boundaries (identity layouts;
 every argument of the entry read-only, so inputs are never written) -> results become
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
