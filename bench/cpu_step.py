@@ -2,6 +2,7 @@
 compiled for the host, run alone in a loop with fixed inputs. Prints one JSON object.
 
     python bench/cpu_step.py [--steps 50] [--threads N] [--no-micro] [--batch B | --prefill T]
+                             [--kv-capacity N] [--precision int16|int8|exact]
 
 Reports: compile time, dispatches per step, ms/token and tok/s of the compiled step (raw
 call with prebuilt arguments, and through ``CpuProgram.run``), single-GEMV kernels (GB/s of
@@ -55,16 +56,18 @@ def prepared_call(prog, inputs, params):
     return call
 
 
-def _spec(prefill: int, batch: int):
+def _spec(prefill: int, batch: int, kv_capacity: int | None = None):
     """The step timed: prefill of ``prefill`` tokens, else decode of ``batch`` rows (1: the
-    single-sequence decode step, as before ``--batch``)."""
+    single-sequence decode step, as before ``--batch``). ``kv_capacity``: positions per
+    sequence (default 256, 512 for ``batch`` > 1; the pool holds ``batch`` sequences)."""
     from poot.models import StepSpec
 
     if prefill:
-        return StepSpec.prefill(prefill, kv_capacity=256)
+        return StepSpec.prefill(prefill, kv_capacity=kv_capacity or 256)
     if batch > 1:
-        return StepSpec.decode(batch=batch, kv_capacity=512, block_size=32, kv_slots=batch)
-    return StepSpec.decode(kv_capacity=256)
+        return StepSpec.decode(batch=batch, kv_capacity=kv_capacity or 512, block_size=32,
+                               kv_slots=batch)
+    return StepSpec.decode(kv_capacity=kv_capacity or 256)
 
 
 def _step_inputs(prog, prefill: int) -> dict:
@@ -81,7 +84,8 @@ def _step_inputs(prog, prefill: int) -> dict:
     return inputs
 
 
-def step_bench(path, steps: int, threads: int | None, prefill: int = 0, batch: int = 1):
+def step_bench(path, steps: int, threads: int | None, prefill: int = 0, batch: int = 1,
+               kv_capacity: int | None = None, precision: str = "int16"):
     from poot.backends.cpu.codegen import cpu_threads, strategy_for
     from poot.compiler import CompileOptions, compile
     from poot.compiler.target import host_cpu
@@ -89,12 +93,13 @@ def step_bench(path, steps: int, threads: int | None, prefill: int = 0, batch: i
 
     t0 = time.perf_counter()
     model, weights = load_model(path)
-    g = model.trace(_spec(prefill, batch), weights.types)
+    g = model.trace(_spec(prefill, batch, kv_capacity), weights.types)
     trace_s = time.perf_counter() - t0
     if threads is not None:
         os.environ["POOT_CPU_THREADS"] = str(threads)
     t0 = time.perf_counter()
-    program = compile(g, host_cpu(), CompileOptions())
+    options = CompileOptions(precision=precision)
+    program = compile(g, host_cpu(), options)
     compile_s = time.perf_counter() - t0
     prog = program.executable
     params = {n: np.asarray(weights[n]) for n, _ in prog.params}
@@ -107,7 +112,8 @@ def step_bench(path, steps: int, threads: int | None, prefill: int = 0, batch: i
         "model": os.path.basename(str(path)),
         "step": f"prefill {prefill}" if prefill else f"decode batch {batch}",
         "threads": cpu_threads(),
-        "dot_bits": strategy_for(precision=CompileOptions().precision).dot_bits,
+        "kv_capacity": _spec(prefill, batch, kv_capacity).kv_capacity,
+        "dot_bits": strategy_for(precision=options.precision).dot_bits,
         "trace_s": round(trace_s, 3),
         "compile_s": round(compile_s, 3),
         "codegen_s": round(program.pass_seconds.get("codegen", 0.0), 3),
@@ -203,6 +209,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-micro", action="store_true")
     ap.add_argument("--int8", action="store_true",
                     help="int8 dot products for packed weights (POOT_CPU_INT8=1)")
+    ap.add_argument("--precision", default="int16", choices=("int16", "int8", "exact"),
+                    help="CompileOptions.precision of the step (as poot's --precision)")
+    ap.add_argument("--kv-capacity", type=int, default=None,
+                    help="KV positions per sequence (default 256; 512 with --batch)")
     ap.add_argument("--prefill", type=int, default=0,
                     help="time a prefill step of this many tokens instead of decode")
     ap.add_argument("--batch", type=int, default=1,
@@ -211,12 +221,15 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.batch < 1 or a.prefill < 0 or (a.batch > 1 and a.prefill):
         ap.error("--batch must be >= 1, --prefill >= 0, and not both")
+    if a.kv_capacity is not None and a.kv_capacity < 1:
+        ap.error("--kv-capacity must be >= 1")
     from poot.load.bundled import smollm2_gguf
 
     path = a.model or smollm2_gguf()
     if a.int8:
         os.environ["POOT_CPU_INT8"] = "1"
-    report, g, weights = step_bench(path, a.steps, a.threads, a.prefill, a.batch)
+    report, g, weights = step_bench(path, a.steps, a.threads, a.prefill, a.batch,
+                                    a.kv_capacity, a.precision)
     call = report.pop("_call")
     print(json.dumps(report), file=sys.stderr, flush=True)
     if not a.no_micro and not a.prefill:
@@ -244,23 +257,63 @@ def _np_of(t) -> np.ndarray:
     return np.zeros(rt.shape, _NP[str(rt.element_type)])
 
 
-def per_kind(lowered: str, steps: int = 20) -> dict:
-    """Each distinct dispatch function of the lowered step compiled alone and timed on zero
-    inputs, times the number of calls the step makes: an estimate of ms per token by kind."""
+def _in_place(ft) -> dict[int, int]:
+    """Result index -> argument index of a dispatch function type's results that may update
+    an argument in place: the one argument of the result's type (a KV pool a scatter
+    writes). Inside the step, bufferization writes such a result into the argument's buffer
+    (``drop-equivalent-buffer-results``); compiled alone with read-only arguments it would
+    copy the whole pool on every call instead."""
+    out = {}
+    for ri, rt in enumerate(ft.results):
+        same = [ai for ai, at in enumerate(ft.inputs) if at == rt]
+        if len(same) == 1:
+            out[ri] = same[0]
+    return out
+
+
+def _compile_dispatch(m, name: str, ft, threads: int):
+    """(engine, in-place results) of the module ``m`` holding dispatch ``name`` (public)
+    alone: the results that update an argument written into it as in the step
+    (:func:`_in_place`), else (when bufferization cannot keep them in place) every argument
+    read-only."""
+    from mlir import ir
+
+    from poot.backends.cpu import codegen as cpu
+
+    def entry(module):
+        return next(op.operation for op in module.body.operations
+                    if op.operation.name == "func.func"
+                    and ir.StringAttr(op.operation.attributes["sym_name"]).value == name)
+
+    want = _in_place(ft)
+    if want:
+        trial = ir.Module.parse(str(m))
+        cpu._prepare_abi(entry(trial), frozenset(want.values()))
+        try:
+            return cpu.compile_lowered(trial, threads=threads, entry=name, in_place=want,
+                                       in_place_names={r: f"result {r}" for r in want}), want
+        except cpu.CpuRunError:
+            pass
+    cpu._prepare_abi(entry(m))
+    return cpu.compile_lowered(m, threads=threads), {}
+
+
+def compiled_dispatches(lowered: str):
+    """Each distinct dispatch function of the lowered step compiled alone: yields (name,
+    kind, calls per step, the packed-call function, its argument arrays: zero inputs, then
+    the out-parameters). A dispatch updating state in place (the KV scatter) writes into its
+    argument as in the step (:func:`_in_place`), not into a copy of the whole pool. Yields
+    inside an MLIR context; a compiled function lives until the next one is yielded."""
     import re
     from collections import Counter
 
     from mlir import ir
-    from mlir.execution_engine import ExecutionEngine
 
     from poot.backends.cpu import codegen as cpu
-    from poot.dialects import make_context
     from poot.backends.cpu.gemv import INTRINSIC_PREFIX
-
-    from mlir.passmanager import PassManager
+    from poot.dialects import make_context
 
     calls = Counter(re.findall(r"call @([\w.$-]+)\(", lowered))
-    out: dict[str, float] = {}
     with make_context(), ir.Location.unknown():
         m0 = ir.Module.parse(lowered)
         for f in list(m0.body.operations):
@@ -277,18 +330,27 @@ def per_kind(lowered: str, steps: int = 20) -> dict:
                     d.operation.clone(ip=ir.InsertionPoint(m.body))
             g = f.clone(ip=ir.InsertionPoint(m.body))
             del g.attributes["sym_visibility"]
-            cpu._prepare_abi(g)
-            threads = cpu.cpu_threads()
-            engine = cpu.compile_lowered(m, threads=threads)
-            fn = engine.lookup(name)
-            arrays = [_np_of(t) for t in ft.inputs] + [_np_of(t) for t in ft.results]
-            descs = [cpu._descriptor(a) for a in arrays]
-            ptrs = [ctypes.pointer(d) for d in descs]
-            packed = (ctypes.c_void_p * len(ptrs))(
-                *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs])
-            sec = _timeit(lambda: fn(packed), steps)
-            out[kind] = out.get(kind, 0.0) + sec * calls[name] * 1e3
+            engine, dropped = _compile_dispatch(m, name, ft, cpu.cpu_threads())
+            arrays = [_np_of(t) for t in ft.inputs] + \
+                [_np_of(t) for i, t in enumerate(ft.results) if i not in dropped]
+            yield name, kind, calls[name], engine.lookup(name), arrays
             del engine
+
+
+def per_kind(lowered: str, steps: int = 20) -> dict:
+    """Each distinct dispatch function of the lowered step compiled alone
+    (:func:`compiled_dispatches`) and timed on zero inputs, times the number of calls the
+    step makes: an estimate of ms per step by kind."""
+    from poot.backends.cpu import codegen as cpu
+
+    out: dict[str, float] = {}
+    for name, kind, calls, fn, arrays in compiled_dispatches(lowered):
+        descs = [cpu._descriptor(a) for a in arrays]
+        ptrs = [ctypes.pointer(d) for d in descs]
+        packed = (ctypes.c_void_p * len(ptrs))(
+            *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in ptrs])
+        sec = _timeit(lambda: fn(packed), steps)
+        out[kind] = out.get(kind, 0.0) + sec * calls * 1e3
     return {k: round(v, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 

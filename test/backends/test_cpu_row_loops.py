@@ -41,8 +41,10 @@ def test_a_batch_8_reduction_compiles_to_the_code_of_batch_1():
         for i in range(6):
             np.testing.assert_array_equal(out[f"c{i}"], (x >= t * (i + 1)).sum(1))
         sizes[batch] = len(prog.engine.so_bytes)
-    # unrolled, the batch-8 object was ~3x the batch-1 one here (8 vectorized copies)
-    assert sizes[8] <= 1.25 * sizes[1], sizes
+    # unrolled, the batch-8 object was ~3x the batch-1 one here (8 vectorized copies); the
+    # reductions split into 16 lanes (poot.backends.cpu.reductions) add a fixed ~0.3x at
+    # B > 1 (the final [B, 16] -> [B] combinations, which B = 1 folds into straight code)
+    assert sizes[8] <= 1.5 * sizes[1], sizes
 
 
 def test_only_loops_that_hold_a_loop_are_marked():

@@ -9,7 +9,8 @@ outlined (one kernel each; identical ones are lowered once) -- lowered to linalg
 target's :class:`~poot.dialects.lowering.Strategy` (:func:`strategy_for`: matmuls that read a
 weight in place become the row-streaming vector kernels of ``poot/backends/cpu/gemv.py``,
 packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwise fusion on
-tensors (:data:`FUSE`) -> one-shot bufferization over function boundaries (identity layouts;
+tensors (:data:`FUSE`) -> long exact row reductions split into 16 lane accumulators
+(:func:`~poot.backends.cpu.reductions.split_row_reductions`) -> one-shot bufferization over function boundaries (identity layouts;
 every argument of the entry read-only, so inputs are never written) -> results become
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
 ``scf.parallel`` -> OpenMP when LLVM's runtime is found (the ``cmeel-libomp`` wheel, else a
@@ -64,6 +65,7 @@ from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.backends.cpu.gemv import INTRINSIC_PREFIX, INTRINSICS, KERNELS
+from poot.backends.cpu.reductions import split_row_reductions
 from poot.backends.cpu.runtime import descriptor as _descriptor
 from poot.graph.builder import Graph
 from poot.passes.expand_exp import expand_exp
@@ -834,8 +836,10 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
     omp = openmp_lib() if threads > 1 else None
     with module.context:
         say("bufferize")
-        first = ([FUSE] if fuse else []) + [BUFFERIZE_KEEP_IN_PLACE]
-        PassManager.parse(f"builtin.module({','.join(first)})").run(module.operation)
+        if fuse:
+            PassManager.parse(f"builtin.module({FUSE})").run(module.operation)
+        split_row_reductions(module)
+        PassManager.parse(f"builtin.module({BUFFERIZE_KEEP_IN_PLACE})").run(module.operation)
         if entry is not None:
             drop_in_place_results(module, entry, in_place or {}, in_place_names or {})
         stages = [OUT_PARAMS, PARALLEL]

@@ -1,0 +1,89 @@
+"""The CPU backend splits long exact row reductions into vector lanes
+(:mod:`poot.backends.cpu.reductions`): the greedy sampler's max, argmax and non-finite
+checks are split, an f32 sum is not, and every result is bitwise what numpy computes (ties
+of the argmax take the lowest index, NaN and infinities as before)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mlir import ir
+from mlir.passmanager import PassManager
+
+from poot.backends.cpu import codegen as cpu
+from poot.backends.cpu.reductions import split_row_reductions
+from poot.backends.pass_pipelines import FUSE
+from poot.dialects.types import DType, TensorType
+from poot.graph.builder import Builder, TraceLimits
+from poot.graph.sampling import GREEDY, SamplerStep, trace_sampler
+
+LIMITS = TraceLimits(max_values=10_000, max_ops=10_000, max_literal_bytes=1 << 20,
+                     max_owned_bytes=1 << 28)
+
+
+def _fused(graph) -> ir.Module:
+    module, _ = cpu.lower_graph(graph, cpu.strategy_for())
+    with module.context:
+        PassManager.parse(f"builtin.module({FUSE})").run(module.operation)
+    return module
+
+
+def test_the_greedy_samplers_three_vocabulary_reductions_are_split():
+    module = _fused(trace_sampler(SamplerStep(4, 49152, 5, GREEDY)))
+    assert split_row_reductions(module) == 3     # non-finite check, max, argmax
+    module.operation.verify()
+    assert split_row_reductions(module) == 0     # what is split stays split
+
+
+def test_an_f32_sum_is_not_split():
+    b = Builder(LIMITS)
+    x = b.input("x", TensorType((4, 4096), DType.F32))
+    module = _fused(b.finish({"s": b.reduce("sum", x, 1)}))
+    assert split_row_reductions(module) == 0     # its rounding depends on the order
+
+
+def _reductions(rows: int, vocab: int):
+    b = Builder(LIMITS)
+    x = b.input("x", TensorType((rows, vocab), DType.F32))
+    i = b.input("i", TensorType((rows, vocab), DType.I32))
+    return b.finish({
+        "max": b.reduce("max", x, 1), "min": b.reduce("min", x, 1),
+        "imax": b.reduce("max", i, 1), "imin": b.reduce("min", i, 1),
+        "isum": b.reduce("sum", i, 1),
+        "any_nan": b.reduce("max", b.compare("ne", x, x), 1),
+        "argmax": trace_argmax(b, x, vocab)})
+
+
+def trace_argmax(b, x, vocab):
+    """The lowest index of each row's maximum (the greedy sampler's form)."""
+    m = b.reduce("max", x, 1, keepdims=True)
+    idx = b.iota(x.shape, 1)
+    hit = b.select(b.compare("eq", x, m), idx, b.full(x.shape, vocab, DType.I32))
+    return b.reduce("min", hit, 1)
+
+
+@pytest.mark.parametrize("vocab", [4096, 49152])
+def test_split_reductions_match_numpy_bitwise(vocab):
+    rng = np.random.default_rng(vocab)
+    rows = 6
+    x = rng.standard_normal((rows, vocab)).astype(np.float32)
+    x[1, [7, 4000, vocab - 1]] = 9.0                 # ties: the lowest index wins
+    x[2, 1234] = np.nan                              # NaN: max NaN, no index matches
+    x[3, :] = -np.inf
+    x[4, 3000] = np.inf
+    x[5, :] = 0.5                                    # all equal
+    i = rng.integers(-2**31, 2**31 - 1, (rows, vocab), dtype=np.int64).astype(np.int32)
+    i[0, 5] = np.iinfo(np.int32).min
+    i[1, vocab - 3] = np.iinfo(np.int32).max
+    prog = cpu.compile_cpu(_reductions(rows, vocab))
+    out = prog.run({"x": x, "i": i})
+    np.testing.assert_array_equal(out["max"], x.max(1))
+    np.testing.assert_array_equal(out["min"], x.min(1))
+    np.testing.assert_array_equal(out["imax"], i.max(1))
+    np.testing.assert_array_equal(out["imin"], i.min(1))
+    np.testing.assert_array_equal(out["isum"], i.sum(1, dtype=np.int32))
+    np.testing.assert_array_equal(out["any_nan"].astype(bool), np.isnan(x).any(1))
+    m = x.max(1, keepdims=True)
+    want = np.where(x == m, np.arange(vocab), vocab).min(1)
+    np.testing.assert_array_equal(out["argmax"], want)
+    assert want[1] == 7 and want[2] == vocab and want[5] == 0
