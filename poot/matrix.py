@@ -31,6 +31,7 @@ their names and shapes, and their values are never read.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -123,17 +124,25 @@ def _trace(model, types):
     return model.trace(StepSpec.decode(kv_capacity=KV_CAPACITY), types)
 
 
-def compile_cell(model, base_types: dict, fmt: str, backend: str) -> tuple[str, str]:
+def _trace_as(model, base_types: dict, fmt: str):
+    return _trace(model, weight_types(base_types, fmt))
+
+
+def compile_cell(model, base_types: dict, fmt: str, backend: str,
+                 traced: Callable[[], object] | None = None) -> tuple[str, str]:
     """``(status, detail)`` of compiling ``model``'s step with weights of ``fmt`` for
-    ``backend`` (module doc)."""
+    ``backend`` (module doc). ``traced``: returns that step's graph (traced once for every
+    backend of a row: :func:`compile` compiles a copy and leaves it as it was); default:
+    traced here."""
     # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.api import target_for
     # lazy: the CLI reads FORMATS at start-up without loading the compiler
     from poot.compiler import CompileOptions, compile
 
+    traced = traced or functools.partial(_trace_as, model, base_types, fmt)
     try:
         target = target_for(backend, device_caps={})
-        compile(_trace(model, weight_types(base_types, fmt)), target, CompileOptions())
+        compile(traced(), target, CompileOptions())
     except PootError as e:
         return "refused", " ".join(str(e).split())
     except Exception as e:  # noqa: BLE001  (reported as a bug, not a capability)
@@ -167,8 +176,9 @@ def feature_matrix(root: Path, families: Iterable[str] | None = None,
         lm = load_model(str(fams[fam]))
         base = dict(lm.weights.types)
         for fmt in want_q:
+            traced = functools.cache(functools.partial(_trace_as, lm.model, base, fmt))
             for be in want_b:
-                status, detail = compile_cell(lm.model, base, fmt, be)
+                status, detail = compile_cell(lm.model, base, fmt, be, traced)
                 cell = Cell(fam, fams[fam].name, fmt, be, status, detail)
                 cells.append(cell)
                 if on_cell is not None:

@@ -12,6 +12,7 @@ import re
 import sys
 
 from poot.errors import PootError
+from poot.sampling_params import InvalidRequest
 
 # Subcommand modules, in --help order. Each defines register(subparsers).
 _SUBCOMMANDS = ("generate", "chat", "serve", "embed", "bench", "compile", "inspect",
@@ -64,13 +65,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: a value that starts like a negative quantity (``-5``, ``-5GiB``, ``-.5``): never an option
+_NEGATIVE = re.compile(r"-\.?\d")
+
+
+def _value_options(parser: argparse.ArgumentParser) -> set[str]:
+    """The option strings, over every subcommand, that take exactly one value."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {s for sub in subs for p in sub.choices.values() for a in p._actions
+            if a.option_strings and a.nargs is None for s in a.option_strings}
+
+
+def attach_negative_values(argv: list[str], options: set[str]) -> list[str]:
+    """``argv`` with ``--opt -5GiB`` written ``--opt=-5GiB`` for each of ``options``:
+    argparse reads a value that starts with '-' as a missing value unless it is a bare
+    number, so a negative quantity with a unit would be refused as the wrong error. The
+    option's own check then refuses the negative value by name."""
+    out: list[str] = []
+    for a in argv:
+        if out and out[-1] in options and _NEGATIVE.match(a):
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
+    return out
+
+
+def option_error(e: InvalidRequest, command: argparse.ArgumentParser) -> str:
+    """The one-line CLI message of an invalid value: ``--kv-dtype='q9': must be one of ...``
+    when ``e.field`` is (or spells, with '_' for '-') an option of ``command``; else ``e``'s
+    own message."""
+    opt = e.field if e.field.startswith("-") else "--" + e.field.replace("_", "-")
+    if opt not in command._option_string_actions:
+        return str(e)
+    return f"{opt}={e.value!r}: {e.reason}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, unknown = parser.parse_known_args(attach_negative_values(argv, _value_options(parser)))
     if unknown:       # the subcommand's usage and error (exit 2), not the top level's
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args) or 0)
+    except InvalidRequest as e:
+        print(f"poot: error: {option_error(e, args.command_parser)}", file=sys.stderr)
+        return 2
     except PootError as e:
         print(f"poot: error: {e}", file=sys.stderr)
         return 2

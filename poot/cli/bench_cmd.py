@@ -162,6 +162,8 @@ def _load(args, max_batch=None, prefix_caching=True):
     path, random_dtype = model_source(args)
 
     def check(h):
+        if args.profile:
+            require_profiler(h)
         prompt = args.prompt if args.prompt is not None else \
             synthetic_prompt(args.prompt_tokens, h.model.dims().vocab)
         h.check_request(prompt, SamplingParams(temperature=0.0, max_tokens=args.max_tokens,
@@ -245,17 +247,23 @@ def replay_entry_us(handle, entry, n: int) -> float | None:
     return 1e6 * (time.perf_counter() - t0) / n
 
 
+def require_profiler(handle) -> None:
+    """Raise :class:`BenchError` unless ``handle``'s device times its dispatches (what
+    ``--profile`` needs): checked once the device is open, before any step compiles."""
+    if getattr(handle.runner.session.device, "profile_kernel", None) is None:
+        raise BenchError(f"--profile needs a device that times its dispatches (CUDA events, "
+                         f"Vulkan timestamps); the {handle.backend} device does not")
+
+
 def profile(handle, batch: int = 1) -> dict:
     """GPU time of one decode step of ``batch`` rows per dispatch body (the device's
     ``profile_kernel``: ``total_ms``, ``by_kind``, ``top``), each body's row with
     ``bandwidth_fraction`` (its weight bytes per second over :data:`ROOFLINE_BPS`; None for
     a body without weights) and ``matmuls``: the matmul bodies alone, by total time. Raises
     :class:`BenchError` on a device that does not time its dispatches."""
+    require_profiler(handle)
     eng = handle.runner.session
-    prof = getattr(eng.device, "profile_kernel", None)
-    if prof is None:
-        raise BenchError(f"--profile needs a device that times its dispatches (CUDA events, "
-                         f"Vulkan timestamps); the {handle.backend} device does not")
+    prof = eng.device.profile_kernel
     entry = decode_entry(handle, batch)
     out = prof(entry.kernel, eng._bindings(entry), top=256)
     for r in out["top"]:
@@ -336,8 +344,9 @@ def poot_measures(handle, best: dict, replay_n: int) -> dict:
     return out
 
 
-def load_baseline():
-    """``run_baseline`` of ``bench/gpu_run/baseline_torch.py`` in this source checkout."""
+def baseline_path() -> str:
+    """``bench/gpu_run/baseline_torch.py`` of this source checkout; :class:`BenchError` when
+    it or torch is missing (checked before anything compiles; nothing is imported)."""
     import importlib.util
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -347,6 +356,14 @@ def load_baseline():
                          f"the source checkout, not the wheel)")
     if importlib.util.find_spec("torch") is None:
         raise BenchError("--baseline gpt-fast needs torch (with CUDA)")
+    return path
+
+
+def load_baseline():
+    """``run_baseline`` of ``bench/gpu_run/baseline_torch.py`` in this source checkout."""
+    import importlib.util
+
+    path = baseline_path()
     spec = importlib.util.spec_from_file_location("poot_baseline_torch", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -509,6 +526,8 @@ def run(args: argparse.Namespace) -> int:
                   "num_prompts", "max_batch", "kv_blocks")
     if args.batch is not None or args.shared_prefix is not None:
         return run_serving(args)
+    if args.baseline:
+        baseline_path()                  # before anything compiles
     t0 = time.perf_counter()
     handle = _load(args, prefix_caching=args.prefix_cache)
     _pipeline(handle, args)
@@ -600,6 +619,8 @@ def _parse_batches(text: str) -> list[int]:
 def run_serving(args: argparse.Namespace) -> int:
     """``--batch`` and ``--shared-prefix``: the serving engine's measurements as JSON."""
     batches = _parse_batches(args.batch) if args.batch is not None else []
+    if args.baseline and batches:
+        baseline_path()                  # before anything compiles
     handle = _load(args, max_batch=max(batches + [args.max_batch or 1]))
     handle.finish_compiling()        # nothing compiles in the background while timing
     _pipeline(handle, args)

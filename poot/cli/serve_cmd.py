@@ -50,6 +50,9 @@ def parse_bytes(text: str, option: str = "--kv-memory") -> int:
     """A size as bytes: ``"2GiB"``, ``"512M"``, ``"1048576"`` (``k``/``m``/``g``/``t`` are
     powers of 1024, with or without ``iB``; a bare number is bytes). Raises
     :class:`InvalidRequest` naming ``option`` otherwise."""
+    if (text or "").strip().startswith("-"):
+        raise InvalidRequest(option, text, "a size cannot be negative (give one such as 2GiB, "
+                             "512MiB or a number of bytes)")
     m = _SIZE.match(text or "")
     if not m:
         raise InvalidRequest(option, text, "must be a size such as 2GiB, 512MiB or "

@@ -67,7 +67,7 @@ def test_open_device_missing_runtime_is_device_error(monkeypatch):
 
 @pytest.mark.parametrize("argv,needles", [
     (["generate", "--prompt", "hi", "--kv-capacity", "100000000"],
-     ["kv_capacity=100000000", "context of 128"]),
+     ["--kv-capacity=100000000", "context of 128"]),
     (["generate", "--prompt", "hi", "--kv-capacity", "0"], ["--kv-capacity=0", ">= 1"]),
     (["generate", "--prompt", "hi", "--kv-capacity", "-5"], ["--kv-capacity=-5"]),
     (["generate", "--prompt", "hi", "--prefill-chunk", "0"], ["--prefill-chunk=0"]),

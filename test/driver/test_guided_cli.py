@@ -53,7 +53,7 @@ def test_json_schema_regex_and_grammar_from_the_command_line(tmp_path):
      ["zz"]),
     (lambda d: ["--regex", "[a-z"], ["regex", "unclosed"]),
     (lambda d: ["--grammar", _write(d, "g.lark", "start: nope\n")], ["nope"]),
-    (lambda d: ["--json-object", "--ignore-eos"], ["ignore_eos"]),
+    (lambda d: ["--json-object", "--ignore-eos"], ["--ignore-eos"]),
 ])
 def test_bad_constraints_are_one_line_errors_before_compiling(tmp_path, make, needles):
     cache = tmp_path / "cache"

@@ -79,13 +79,13 @@ def test_bad_kv_storage_is_refused_before_compiling(tmp_path, model, kw, target,
 
 
 def test_cli_names_the_option_in_one_line():
-    """``poot generate --kv-dtype q4``: one ``poot: error:`` line naming kv_dtype, status 2."""
+    """``poot generate --kv-dtype q4``: one ``poot: error:`` line naming --kv-dtype, status 2."""
     r = subprocess.run([sys.executable, "-m", "poot.cli", "generate", "--model",
                         str(TINY / "llama"), "--kv-dtype", "q4", "--prompt", "hi", "-q"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("poot: error:") and "kv_dtype" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("poot: error:") and "--kv-dtype=" in lines[0]
 
 
 def test_pool_bytes_follow_the_storage(tmp_path):

@@ -32,6 +32,25 @@ def _t(shape, dt="f32") -> str:
     return f"tensor<{'x'.join(str(s) for s in shape)}x{dt}>"
 
 
+def dispatch_region(ins: list[str], out: str, body: str, kind: str, ops: int) -> Graph:
+    """A graph whose ``@region`` (arguments ``a0 ..`` of the MLIR types ``ins``, result
+    ``r0`` of type ``out``) calls one dispatch ``@attn`` (``poot.dispatch`` of ``kind`` and
+    ``ops``) with body ``body`` (its arguments are ``%arg0 ..``)."""
+    args = ", ".join(f"%arg{i}: {x}" for i, x in enumerate(ins))
+    rargs = ", ".join(f'%a{i}: {x} {{poot.name = "a{i}"}}' for i, x in enumerate(ins))
+    names = ", ".join(f"%a{i}" for i in range(len(ins)))
+    text = f"""
+func.func @region({rargs}) -> ({out} {{poot.name = "r0"}}) {{
+  %r = func.call @attn({names}) : ({", ".join(ins)}) -> {out}
+  return %r : {out}
+}}
+func.func private @attn({args}) -> {out} attributes {{poot.dispatch = {{kind = "{kind}", ops = {ops} : i64}}}} {{{body}
+}}"""
+    with make_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+    return Graph.from_module(module)
+
+
 def attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap, scale=None, dt="f32") -> Graph:
     """``@region`` calling a dispatch whose root is ``poot.attention``, spelled like the
     flash-attention rewrite leaves it: q ``[B, T, H, D]`` reshaped to ``[B, T, Hkv, G, D]``,
@@ -65,18 +84,7 @@ def attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap, scale=None, dt="f32"
   %a = "poot.attention"(%q, %k, %v, %m) {{scale = {float(scale)!r} : f64, softcap = {float(softcap)!r} : f64}} : ({_t(q, dt)}, {_t(k, dt)}, {_t(v, dt)}, {_t(m5, mt)}) -> {_t(res)}
   %r = "poot.reshape"(%a) : ({_t(res)}) -> {_t(out)}
   return %r : {_t(out)}"""
-    args = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(ins))
-    rargs = ", ".join(f'%a{i}: {t} {{poot.name = "a{i}"}}' for i, t in enumerate(ins))
-    text = f"""
-func.func @region({rargs}) -> ({_t(out)} {{poot.name = "r0"}}) {{
-  %r = func.call @attn(%a0, %a1, %a2, %a3) : ({", ".join(ins)}) -> {_t(out)}
-  return %r : {_t(out)}
-}}
-func.func private @attn({args}) -> {_t(out)} attributes {{poot.dispatch = {{kind = "attention", ops = 7 : i64}}}} {{{body}
-}}"""
-    with make_context(), ir.Location.unknown():
-        module = ir.Module.parse(text)
-    return Graph.from_module(module)
+    return dispatch_region(ins, _t(out), body, "attention", 7)
 
 
 def region_inputs(B, T, Hkv, G, S, D, Dv, mask, softcap, seed=0, dt="f32") -> dict:
@@ -197,19 +205,7 @@ def rope_attention_region(B, T, Hkv, G, S, D, Dv, mask, softcap=0.0, paged=None,
   %r = "poot.reshape"(%at) : ({t(res)}) -> {t(out)}
   return %r : {t(out)}"""
     ins = [t(qa), t((B, T), "i32"), ka, va] + ([tb] if paged else []) + scales
-    args = ", ".join(f"%arg{i}: {x}" for i, x in enumerate(ins))
-    rargs = ", ".join(f'%a{i}: {x} {{poot.name = "a{i}"}}' for i, x in enumerate(ins))
-    names = ", ".join(f"%a{i}" for i in range(len(ins)))
-    text = f"""
-func.func @region({rargs}) -> ({t(out)} {{poot.name = "r0"}}) {{
-  %r = func.call @attn({names}) : ({", ".join(ins)}) -> {t(out)}
-  return %r : {t(out)}
-}}
-func.func private @attn({args}) -> {t(out)} attributes {{poot.dispatch = {{kind = "attention", ops = 40 : i64}}}} {{{body}
-}}"""
-    with make_context(), ir.Location.unknown():
-        module = ir.Module.parse(text)
-    return Graph.from_module(module)
+    return dispatch_region(ins, t(out), body, "attention", 40)
 
 
 def rope_inputs(B, T, Hkv, G, S, D, Dv, mask, seed=0) -> dict:
@@ -725,18 +721,7 @@ def paged_region(B, T, Hkv, G, NB, bs, TW, D, Dv, mask, kv="f16", softcap=0.0) -
   %a = "poot.paged_attention"(%q, %arg1, %arg2, %arg3, %m) {{scale = {float(1.0 / np.sqrt(D))!r} : f64, softcap = {float(softcap)!r} : f64}} : ({_t(q)}, {kp}, {vp}, {tb}, {_t(m5, mt)}) -> {_t(res)}
   %r = "poot.reshape"(%a) : ({_t(res)}) -> {_t(out)}
   return %r : {_t(out)}"""
-    args = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(ins))
-    rargs = ", ".join(f'%a{i}: {t} {{poot.name = "a{i}"}}' for i, t in enumerate(ins))
-    text = f"""
-func.func @region({rargs}) -> ({_t(out)} {{poot.name = "r0"}}) {{
-  %r = func.call @attn(%a0, %a1, %a2, %a3, %a4) : ({", ".join(ins)}) -> {_t(out)}
-  return %r : {_t(out)}
-}}
-func.func private @attn({args}) -> {_t(out)} attributes {{poot.dispatch = {{kind = "paged_attention", ops = 5 : i64}}}} {{{body}
-}}"""
-    with make_context(), ir.Location.unknown():
-        module = ir.Module.parse(text)
-    return Graph.from_module(module)
+    return dispatch_region(ins, _t(out), body, "paged_attention", 5)
 
 
 def paged_inputs(B, T, Hkv, G, NB, bs, TW, D, Dv, mask, kv="f16", ends=(), window=None,

@@ -16,7 +16,7 @@ pytest.importorskip("mlir.ir", reason="the MLIR wheels (xtc-mlir-python-bindings
 from mlir import ir
 
 from test_gpu_attention import (_callee, _ptxas_spills, _run, _t, _vk_target,
-                                rope_attention_region)
+                                dispatch_region, rope_attention_region)
 
 from poot.dialects import make_context
 from poot.dialects.kv_quant import dequantize_q8_0, quantize_q8_0
@@ -50,19 +50,7 @@ def q8_region(B, Hkv, G, NB, bs, TW, D, mask, k_q8=True, v_q8=True) -> Graph:
   %a = "poot.paged_attention"(%q, %arg1, %arg2, %arg3, %m{sargs}) {{scale = {float(1.0 / np.sqrt(D))!r} : f64, softcap = 0.0 : f64}} : ({_t(q)}, {kp}, {vp}, {tb}, {_t(m5, mt)}{"".join(", " + x for x in scales)}) -> {_t(res)}
   %r = "poot.reshape"(%a) : ({_t(res)}) -> {_t(out)}
   return %r : {_t(out)}"""
-    args = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(ins))
-    rargs = ", ".join(f'%a{i}: {t} {{poot.name = "a{i}"}}' for i, t in enumerate(ins))
-    names = ", ".join(f"%a{i}" for i in range(len(ins)))
-    text = f"""
-func.func @region({rargs}) -> ({_t(out)} {{poot.name = "r0"}}) {{
-  %r = func.call @attn({names}) : ({", ".join(ins)}) -> {_t(out)}
-  return %r : {_t(out)}
-}}
-func.func private @attn({args}) -> {_t(out)} attributes {{poot.dispatch = {{kind = "paged_attention", ops = 5 : i64}}}} {{{body}
-}}"""
-    with make_context(), ir.Location.unknown():
-        module = ir.Module.parse(text)
-    return Graph.from_module(module)
+    return dispatch_region(ins, _t(out), body, "paged_attention", 5)
 
 
 def q8_inputs(B, Hkv, G, NB, bs, TW, D, mask, lengths, k_q8=True, v_q8=True, seed=0):

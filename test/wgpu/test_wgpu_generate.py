@@ -20,6 +20,11 @@ from smollm2_ref import agreeing_prefix  # noqa: E402
 #: weights, sliding windows, soft-capping, a fused qkv, MoE); every family's paged step is
 #: checked against the oracle in test_wgpu_kernels.py
 FIXTURES = ["llama_gguf_q4_1", "mistral_swa4", "gemma2", "phi3", "qwen3_moe"]
+#: the ragged steps' token rows (prefill chunk): the 5-token prompt still prefills in one
+#: chunk and decodes in ragged steps, as at the default 32 rows, but lavapipe runs
+#: qwen3_moe's MoE matmul of a 32-row ragged step for about 40 s (a 335 s test alone; 65 s
+#: at 8 rows)
+PREFILL_CHUNK = 8
 REF = Path(__file__).resolve().parents[1] / "reference" / "smollm2"
 #: two of the reference prompts (the code prompt and the single-token one: every step above
 #: the exact near-tie margin)
@@ -36,7 +41,8 @@ def test_greedy_tokens_equal_cpu(wg_device, tmp_path, name):
     tokens = {}
     for backend in ("cpu", "wgpu"):
         handle = ModelHandle.load(fixture_path(name), backend=backend, kv_capacity=32,
-                                  max_batch=2, cache_dir=tmp_path / backend)
+                                  max_batch=2, prefill_chunk=PREFILL_CHUNK,
+                                  cache_dir=tmp_path / backend)
         done = Driver(handle).complete(prompt, params)
         assert done.stats.generated_tokens == 8
         tokens[backend] = done.token_ids

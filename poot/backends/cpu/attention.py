@@ -39,7 +39,7 @@ from math import prod
 
 import numpy as np
 
-from poot.dialects.lowering.attention import item_blocks, paged_items, table_block
+from poot.dialects.lowering.attention import item_blocks, paged_items, scf_for, table_block
 from poot.dialects.lowering.emit import Emitter, float_hex, tt
 from poot.dialects.lowering.rules import OpInfo
 from poot.dialects.types import DType, TensorType
@@ -228,10 +228,10 @@ def paged_attention(em: Emitter, op: OpInfo) -> str | None:
         mb, w_lo, w_hi = item_blocks(em, op, b, hh)
         res = em.empty(acc_t)
         if n_loop:
-            res = _for(em, em.const(0, "index"), em.const(n_loop, "index"),
-                       em.const(1, "index"), [res], [tt(acc_t)],
-                       lambda ti, st: [tile(_tile_rows(em, ti, rt, rowdims), b, hh, mb)
-                                       .emit(w_lo, w_hi, st[0], acc_t)])[0]
+            res = scf_for(em, em.const(0, "index"), em.const(n_loop, "index"),
+                          em.const(1, "index"), [res], [tt(acc_t)],
+                          lambda ti, st: [tile(_tile_rows(em, ti, rt, rowdims), b, hh, mb)
+                                          .emit(w_lo, w_hi, st[0], acc_t)])[0]
         for t in tiles[n_loop:]:
             res = tile(t, b, hh, mb).emit(w_lo, w_hi, res, acc_t)
         return res
@@ -366,9 +366,9 @@ def _merge(em: Emitter, op: OpInfo, rows, part: str, part_t: TensorType, n_split
                             f": {vf}, {tt(out_t)}")
         return out
 
-    return _for(em, c(0), c(bsz), c(1), [em.empty(out_t)], [tt(out_t)],
-                lambda b, st: _for(em, c(0), c(h), c(1), st, [tt(out_t)],
-                                   lambda hh, st2: [item(b, hh, st2[0])]))[0]
+    return scf_for(em, c(0), c(bsz), c(1), [em.empty(out_t)], [tt(out_t)],
+                   lambda b, st: scf_for(em, c(0), c(h), c(1), st, [tt(out_t)],
+                                         lambda hh, st2: [item(b, hh, st2[0])]))[0]
 
 
 class _Tile:
@@ -398,7 +398,7 @@ class _Tile:
         state = ([em.const(float("-inf"), "f32")] * nr + [em.const(0.0, "f32")] * nr
                  + [_splat(em, 0.0, LANES)] * (nr * nv))
         types = ["f32"] * (2 * nr) + [vf] * (nr * nv)
-        return _for(em, w_lo, w_hi, em.const(1, "index"), state, types, self.block)
+        return scf_for(em, w_lo, w_hi, em.const(1, "index"), state, types, self.block)
 
     def emit_raw(self, w_lo: str, w_hi: str, res: str, res_t: TensorType, first: int) -> str:
         """The tile's block loop, its rows' unnormalized state written into ``res``
@@ -440,9 +440,9 @@ class _Tile:
         blk = table_block(em, self.op, self.b, wv)
         base = em.op(f"arith.muli {wv}, {em.const(self.bs, 'index')} : index")
         types = ["f32"] * (2 * len(self.rows)) + [self.vf] * (len(st) - 2 * len(self.rows))
-        return _for(em, em.const(0, "index"), em.const(self.bs, "index"),
-                    em.const(n, "index"), st, types,
-                    lambda j0, s: self.chunk(blk, base, j0, s))
+        return scf_for(em, em.const(0, "index"), em.const(self.bs, "index"),
+                       em.const(n, "index"), st, types,
+                       lambda j0, s: self.chunk(blk, base, j0, s))
 
     def _keep(self, r: tuple[int, ...], key0: str) -> str:
         """``vector<n x i1>``: which of the chunk's keys (from ``key0`` of the mask's key axis)
@@ -528,23 +528,6 @@ class _Tile:
                     new_acc[i * nv + v] = em.op(f"math.fma {pj}, {vv[v]}, "
                                                 f"{new_acc[i * nv + v]} : {vf}")
         return new_m + new_l + new_acc
-
-
-def _for(em: Emitter, lo: str, hi: str, step: str, state: list[str], types: list[str],
-         body) -> list[str]:
-    """``scf.for iv = lo to hi step step`` carrying ``state`` (``types``: MLIR types);
-    ``body(iv, state) -> new state``."""
-    loop, iv = em.fresh("loop"), em.fresh("iv")
-    names = [em.fresh("s") for _ in state]
-    ts = ", ".join(types)
-    em.line(f"{loop}:{len(state)} = scf.for {iv} = {lo} to {hi} step {step} iter_args("
-            f"{', '.join(f'{a} = {s}' for a, s in zip(names, state))}) -> ({ts}) {{")
-    em.depth += 1
-    new = body(iv, names)
-    em.line(f"scf.yield {', '.join(new)} : {ts}")
-    em.depth -= 1
-    em.line("}")
-    return [f"{loop}#{i}" for i in range(len(state))]
 
 
 __all__ = ["MAX_ROWS", "chunk_keys", "hsum_masks", "paged_attention", "row_tile", "vexp"]

@@ -849,6 +849,20 @@ class _K:
             em.line(f"memref.prefetch {self.wmem}[{p}], read, locality<3>, data : "
                     f"memref<{g.wtype.nbytes}xi8>")
 
+    def _block_loop(self, names: tuple[str, str, str], nb: int, inits: list[str],
+                    types: list[str]) -> tuple[str, str, list[str]]:
+        """Open ``scf.for`` over the ``nb`` blocks carrying one value per ``inits`` (of
+        ``types``), its names fresh from ``names`` (induction variable, results, carried
+        values); returns those three. The caller writes the body and closes it."""
+        em = self.em
+        b, res = em.fresh(names[0]), em.fresh(names[1])
+        its = [em.fresh(names[2]) for _ in inits]
+        em.line(f"{res}:{len(its)} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
+                f"iter_args({', '.join(f'{a} = {z}' for a, z in zip(its, inits))}) -> "
+                f"({', '.join(types)}) {{")
+        em.depth += 1
+        return b, res, its
+
     def pack_tile(self, row0: str) -> tuple[str, list[int], list[str]]:
         """The 8 W rows from ``row0`` decoded once, for all x-row tiles: (interleaved
         weights tensor<(NB * words)x8xi32>, the x word of each, the scale tensors
@@ -862,12 +876,7 @@ class _K:
         nsc = 1 if g.wtype.format.name == "q8_0" else 2
         types = [self.pack_t] + [st] * nsc
         inits = [em.op(f"tensor.empty() : {t}", "e") for t in types]
-        b, res = em.fresh("pb"), em.fresh("pack")
-        its = [em.fresh("pk") for _ in inits]
-        em.line(f"{res}:{len(its)} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
-                f"iter_args({', '.join(f'{a} = {z}' for a, z in zip(its, inits))}) -> "
-                f"({', '.join(types)}) {{")
-        em.depth += 1
+        b, res, its = self._block_loop(("pb", "pack", "pk"), nb, inits, types)
         dw, mw, ws = self._tile_block(row0, b)
         base = self.mul(b, words)
         new = its[0]
@@ -899,12 +908,7 @@ class _K:
         xrows = [self.add(m0, i) for i in range(rows)]
         zero = em.op(f"arith.constant dense<0.0> : {v8}", "cv")
         zero_i = em.op(f"arith.constant dense<0> : {vi}", "cv")
-        b, res = em.fresh("b"), em.fresh("kl")
-        its = [em.fresh("acc") for _ in xrows]
-        em.line(f"{res}:{rows} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
-                f"iter_args({', '.join(f'{a} = {zero}' for a in its)}) -> "
-                f"({', '.join([v8] * rows)}) {{")
-        em.depth += 1
+        b, res, its = self._block_loop(("b", "kl", "acc"), nb, [zero] * rows, [v8] * rows)
         dw, mw, ws = self._tile_block(row0, b)
         chains = GEMM_CHAINS
         dots = [[zero_i] * chains for _ in range(rows)]

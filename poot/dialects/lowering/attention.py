@@ -289,12 +289,15 @@ def _finish(em: Emitter, rows: tuple[int, ...], dv: int, acc: str, lsum: str,
                                affine_map(r, [f"d{i}" for i in range(r - 1)]))], fn)
 
 
-def _loop(em: Emitter, lo: str, hi: str, state, types: list[TensorType], body,
-          step: str | None = None):
-    """``scf.for iv = lo to hi`` carrying ``state`` (``body(iv, state) -> new state``)."""
+def scf_for(em: Emitter, lo: str, hi: str, step: str | None, state: list[str],
+            types: list[str], body) -> list[str]:
+    """``scf.for iv = lo to hi step step`` (index SSA names; ``step`` None: 1) carrying
+    ``state`` (SSA names of MLIR types ``types``); ``body(iv, state) -> new state``. Returns
+    the loop's results. Shared by this lowering and the CPU kernels
+    (:mod:`poot.backends.cpu.attention`)."""
     loop, iv = em.fresh("loop"), em.fresh("iv")
     names = [em.fresh("s") for _ in state]
-    ts = ", ".join(tt(t) for t in types)
+    ts = ", ".join(types)
     step = step or em.const(1, "index")
     em.line(f"{loop}:{len(state)} = scf.for {iv} = {lo} to {hi} step {step} iter_args("
             f"{', '.join(f'{n} = {s}' for n, s in zip(names, state))}) -> ({ts}) {{")
@@ -335,8 +338,8 @@ def lower_attention(em: Emitter, op: OpInfo) -> str:
         n_full, tail = 0, s_len
     if n_full:
         c0, cend, cstep = (em.const(v_, "index") for v_ in (0, n_full * bk, bk))
-        state = _loop(em, c0, cend, state, [row_t, row_t, acc_t],
-                      lambda iv, st: block(iv, bk, st, True), step=cstep)
+        state = scf_for(em, c0, cend, cstep, state, [tt(t) for t in (row_t, row_t, acc_t)],
+                        lambda iv, st: block(iv, bk, st, True))
     if tail:
         state = block(em.const(n_full * bk, "index"), tail, state, False)
     if op.result.shape != acc_t.shape or op.result.dtype is not DType.F32:
@@ -521,7 +524,7 @@ def lower_paged_attention(em: Emitter, op: OpInfo) -> str:
             if pool is not None:         # the q8_0 block's f32 tile, carried (module doc)
                 types.append(TensorType((bs, hs, c), DType.F32))
                 state.append(em.empty(types[-1]))
-        state = _loop(em, w_lo, w_hi, state, types, block)
+        state = scf_for(em, w_lo, w_hi, None, state, [tt(t) for t in types], block)
         return _finish(em, rows, dv, state[2], state[1], visible)
 
     return paged_items(em, op, acc_t, one_item)

@@ -22,12 +22,18 @@ MAX_SPECULATIVE_TOKENS = 15
 METHODS = ("ngram", "draft")
 
 
+#: what a draft method without its checkpoint is told
+NEEDS_DRAFT_PATH = ("a draft model path is needed: give --draft-model PATH or --speculative "
+                    "draft:PATH[:k] (API: speculative='draft:PATH[:k]' or draft_model=PATH)")
+
+
 class SpeculativeConfigError(PootError, ValueError):
     """A speculative-decoding setting is invalid. Attributes: field, value."""
 
     def __init__(self, field: str, value, why: str):
         self.field, self.value = field, value
-        super().__init__(f"speculative {field} {value!r}: {why}")
+        shown = "" if value is None else f" {value!r}"       # None: the setting is missing
+        super().__init__(f"speculative {field}{shown}: {why}")
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,7 @@ class SpeculativeConfig:
                 or not 0 < self.row_cost <= 1:
             raise SpeculativeConfigError("row_cost", self.row_cost, "must be in (0, 1]")
         if self.method == "draft" and not self.draft_model:
-            raise SpeculativeConfigError("draft_model", self.draft_model,
-                                         "the draft method needs a draft model path")
+            raise SpeculativeConfigError("draft_model", None, NEEDS_DRAFT_PATH)
         if self.method != "draft" and self.draft_model:
             raise SpeculativeConfigError("draft_model", str(self.draft_model),
                                          f"a draft model is for method 'draft', not "
@@ -135,7 +140,7 @@ def _parse_draft(rest: str) -> SpeculativeConfig:
     if not sep or not k.strip().isdigit():
         path, k = rest, ""
     if not path:
-        raise SpeculativeConfigError("draft_model", rest, "draft:PATH[:k] needs a path")
+        raise SpeculativeConfigError("draft_model", None, NEEDS_DRAFT_PATH)
     if not k:
         return SpeculativeConfig(method="draft", draft_model=path)
     return SpeculativeConfig(method="draft", draft_model=path,
