@@ -164,6 +164,8 @@ def _load(args, max_batch=None, prefix_caching=True):
     def check(h):
         if args.profile:
             require_profiler(h)
+        if getattr(args, "baseline", None):
+            baseline_path()              # after the device opened: its absence is told first
         prompt = args.prompt if args.prompt is not None else \
             synthetic_prompt(args.prompt_tokens, h.model.dims().vocab)
         h.check_request(prompt, SamplingParams(temperature=0.0, max_tokens=args.max_tokens,
@@ -526,8 +528,6 @@ def run(args: argparse.Namespace) -> int:
                   "num_prompts", "max_batch", "kv_blocks")
     if args.batch is not None or args.shared_prefix is not None:
         return run_serving(args)
-    if args.baseline:
-        baseline_path()                  # before anything compiles
     t0 = time.perf_counter()
     handle = _load(args, prefix_caching=args.prefix_cache)
     _pipeline(handle, args)

@@ -175,7 +175,7 @@ def test_vulkan_without_driver(cache_env):
     (["generate", "--model", GGUF, "--prompt", "hi", "--chat"], ["no chat template"]),
     (["chat", "--model", GGUF], ["no chat template"]),
     (["generate", "--model", LLAMA, "--prompt", "hi"], ["no tokenizer"]),
-    (["generate", "--model", GGUF, "--prompt", "hi", "--top-p", "0"], ["top_p"]),
+    (["generate", "--model", GGUF, "--prompt", "hi", "--top-p", "0"], ["--top-p"]),
     # no AMD GPU here: the HSA runtime library is missing, said before anything compiles
     (["generate", "--model", GGUF, "--backend", "rocm", "--prompt", "hi"],
      ["no ROCm runtime", "libhsa-runtime64.so.1"]),

@@ -86,7 +86,7 @@ def test_cached_program_loads_this_process_runtime(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("argv,needles", [
-    (["generate", "--model", GGUF, "--prompt", "hi", "--top-p", "0"], ["top_p"]),
+    (["generate", "--model", GGUF, "--prompt", "hi", "--top-p", "0"], ["--top-p"]),
     (["generate", "--model", GGUF, "--kv-capacity", "1", "--prompt", "hi"],
      ["capacity of 1 token"]),
     (["bench", "--model", GGUF, "--kv-capacity", "16", "--max-tokens", "64"],
