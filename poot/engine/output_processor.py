@@ -145,6 +145,13 @@ class OutputProcessor:
         seq.generated += 1
         if seq.t_first is None:
             seq.t_first = now
+        if seq.guide is not None and token in seq.stop_ids and not seq.guide.accepting:
+            # llguidance's mask past a dead end (a lexeme no text matches, e.g. an empty
+            # intersection ``&/[9]R/``) allows only EOS although the constraint is incomplete:
+            # ending with "stop" would return text that does not match it
+            return self.finish(seq, "error", error=f"{GUIDED_ERROR}the constraint cannot be "
+                               f"completed after generated token {seq.generated - 1}: "
+                               f"{seq.guide.error or 'no token can extend the output'}")
         if seq.guide is not None and not seq.guide.consume(token):
             # the mask allowed only what the matcher accepts, so the constraint itself failed
             # (llguidance's lexer or parser ran past a limit on this input: a{1000000})

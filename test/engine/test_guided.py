@@ -229,6 +229,29 @@ def test_a_constraint_that_fails_while_running_ends_its_request_only(handle):
     assert eng.fault is None
 
 
+def test_a_constraint_that_cannot_be_completed_is_an_error_not_a_stop(handle):
+    """A grammar whose ``NUM`` matches no text (the intersection ``&/[9]R/`` is empty):
+    after "x" llguidance's mask allows only EOS although the grammar is incomplete (found
+    by fuzz_guided). The request finishes with reason "error", not "stop" with text that
+    does not match the grammar; a request beside it is untouched."""
+    from poot.engine.output_processor import GUIDED_ERROR
+
+    eng = handle.engine
+    plain = SamplingParams(temperature=0, max_tokens=6)
+    alone = [t for ev in eng.generate([5, 6, 7], plain) for t in ev.token_ids]
+    bad = eng.add_request([5, 6, 7], _guided(Guide.grammar('start: "x" NUM\nNUM: &/[9]R/\n'),
+                                              max_tokens=6))
+    good = eng.add_request([5, 6, 7], plain)
+    events = eng.run_until_done()
+    last = {e.request_id: e for e in events if e.finished}
+    assert last[bad].finish_reason == "error", last[bad]
+    assert last[bad].error.startswith(GUIDED_ERROR) and "cannot be completed" in last[bad].error
+    assert "\n" not in last[bad].error
+    assert "".join(e.text for e in events if e.request_id == bad) == "x"
+    assert [t for e in events if e.request_id == good for t in e.token_ids] == alone
+    assert eng.fault is None
+
+
 def test_guided_parameter_checks():
     with pytest.raises(InvalidRequest, match="ignore_eos"):
         SamplingParams(guided=Guide.json_object(), ignore_eos=True)

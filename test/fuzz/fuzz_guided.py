@@ -8,7 +8,8 @@ as a parsed object); the rest is the spec's text (UTF-8, bytes that are not deco
 lone surrogates). Contract: only GuidedDecodingError, at construction or compile time.
 Properties: the first mask allows at least one token; a token the mask allows is accepted (or,
 where llguidance runs past a limit, rejected with an error the engine reports); EOS is
-allowed only where the constraint is complete.
+allowed only where the constraint is complete or where the matcher reports a dead end (an
+error the engine ends the request with).
 """
 
 from __future__ import annotations
@@ -61,8 +62,11 @@ def one_input(data: bytes) -> None:
             raise PropertyFailed(f"no token allowed after {step} tokens")
         tok = ok[data[-1 - step] % len(ok)] if len(data) > step else ok[0]
         if tok in COMPILER.stop_ids:
-            if not tm.accepting:
-                raise PropertyFailed(f"stop id {tok} allowed where the grammar is incomplete")
+            # past a dead end (a lexeme no text matches) llguidance allows only EOS and
+            # reports why: the engine ends that request with the error, not a stop
+            if not tm.accepting and not tm.error:
+                raise PropertyFailed(f"stop id {tok} allowed where the grammar is incomplete "
+                                     "and the matcher reports no dead end")
             return
         if not tm.consume(tok):
             # the engine's documented outcome where llguidance's parser runs past a limit

@@ -74,3 +74,12 @@ def test_gguf_zero_size_tensor_numpy_cannot_hold_is_a_load_error(tmp_path, dims)
     path.write_bytes(data)
     with pytest.raises(LoadError, match="tensor t dims"):
         read_gguf(path)
+
+
+def test_guided_dead_end_grammar_replays_clean():
+    """``start: "x" NUM`` with ``NUM: &/[9]R/`` (an empty intersection): after "x" the mask
+    allowed only EOS where the grammar is incomplete, and the engine ended such a request
+    with "stop" (found by fuzz_guided; the engine's side is
+    test/engine/test_guided.py::test_a_constraint_that_cannot_be_completed_is_an_error_not_a_stop).
+    The matcher must report the dead end the engine's error names."""
+    _replay("guided", "AnN0YXJ0OiAieCIgTlVNCk5VTTogJi9bOV1SLwo=")

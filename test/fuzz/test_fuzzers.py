@@ -4,8 +4,13 @@ broken property), a hang past the per-input limit or memory past the RSS limit, 
 input that did it.
 
 ``POOT_FUZZ_SECONDS`` (default 6) is each target's time; ``POOT_FUZZ_TIMEOUT`` (default 10)
-the seconds one input may take; ``POOT_FUZZ_RSS_MB`` (default 2048) the memory limit. A longer
-local campaign: ``POOT_FUZZ_SECONDS=300 python -m pytest -q test/fuzz/test_fuzzers.py -n 0``.
+the seconds one input may take; ``POOT_FUZZ_RSS_MB`` (default 2048) the memory limit;
+``POOT_FUZZ_SEED`` (default 1) libFuzzer's seed. The suite's short run starts from a fixed
+seed so that a test run replays the same mutations from the committed corpus (how far it
+gets still depends on the machine's speed); a campaign that looks for new inputs takes a
+random one (``0``) and runs longer:
+``POOT_FUZZ_SEED=0 POOT_FUZZ_SECONDS=300 python -m pytest -q test/fuzz/test_fuzzers.py -n 0``.
+What a campaign finds becomes a case in ``test_fuzz_regressions.py``.
 
 libFuzzer reads RSS as the process's peak (``getrusage``), and Linux carries the peak of the
 process that forked across ``exec``: a fuzzer started by a test worker that has loaded models
@@ -35,6 +40,7 @@ TARGETS = ["gguf", "safetensors", "chat", "stops", "serve", "guided"]
 SECONDS = int(os.environ.get("POOT_FUZZ_SECONDS", "6"))
 TIMEOUT = int(os.environ.get("POOT_FUZZ_TIMEOUT", "10"))
 RSS_MB = int(os.environ.get("POOT_FUZZ_RSS_MB", "2048"))
+SEED = int(os.environ.get("POOT_FUZZ_SEED", "1"))
 
 
 def _inherited_rss_mb() -> int:
@@ -57,7 +63,7 @@ def test_fuzzer_finds_no_crash(target, tmp_path):
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     cmd = [sys.executable, str(HERE / f"fuzz_{target}.py"), str(work), str(seeds),
-           f"-max_total_time={SECONDS}", f"-timeout={TIMEOUT}",
+           f"-max_total_time={SECONDS}", f"-timeout={TIMEOUT}", f"-seed={SEED}",
            f"-rss_limit_mb={RSS_MB + _inherited_rss_mb()}",
            f"-malloc_limit_mb={RSS_MB}",
            f"-artifact_prefix={artifacts}/", "-print_final_stats=1"]
