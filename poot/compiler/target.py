@@ -89,6 +89,32 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+#: Linux's ``arch_prctl`` codes for asking to use AMX's tile registers
+#: (``ARCH_REQ_XCOMP_PERM`` for ``XFEATURE_XTILEDATA``; Documentation/arch/x86/xstate.rst)
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+@functools.cache
+def amx_permitted() -> bool:
+    """Whether this process may run AMX tile instructions: the CPU has AMX-TILE and
+    AMX-INT8, ``POOT_CPU_AMX`` is not 0, and Linux granted the tile data state
+    (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``; Linux 5.16 and newer. Without
+    the grant the first tile instruction raises SIGILL). Asked once per process; the grant
+    covers all its threads, so it is asked here, before any program runs (the host target
+    is probed before a program compiles or loads from the cache)."""
+    import ctypes
+    import platform
+
+    if settings.get_str("POOT_CPU_AMX") == "0" or platform.machine() != "x86_64" or \
+            not {"amx_tile", "amx_int8"} <= _cpu_flags():
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 #: the PyPI wheel that brings LLVM's OpenMP runtime (a dependency of poot)
 OPENMP_WHEEL = "cmeel-libomp"
 
@@ -163,7 +189,8 @@ def host_cpu() -> Target:
     """The host CPU as measured here: cores available to this process (``POOT_CPU_THREADS``,
     else ``OMP_NUM_THREADS``, overrides), its SIMD width and ISA features, and ``openmp`` among
     the features when an OpenMP runtime is found (:func:`openmp_runtime`; kernels compiled
-    with and without it differ, so their compile-cache keys do too)."""
+    with and without it differ, so their compile-cache keys do too); ``amx_tile`` and
+    ``amx_int8`` only where this process may use them (:func:`amx_permitted`)."""
     # lazy: MLIR
     from poot.dialects.lowering.packed import DECODERS  # what the CPU kernels can decode
 
@@ -177,6 +204,8 @@ def host_cpu() -> Target:
         cores = os.cpu_count() or 1
     cores = requested_threads() or cores
     features = flags & wanted | ({"openmp"} if openmp_runtime() else set())
+    if amx_permitted():                  # tile matmuls (:mod:`poot.backends.cpu.amx`)
+        features |= {"amx_tile", "amx_int8"}
     return Target("cpu", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
                                       vector_bits=bits, features=frozenset(features),
                                       kv_formats=frozenset({"q8_0"})))

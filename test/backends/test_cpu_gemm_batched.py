@@ -78,16 +78,17 @@ def _graph(types: dict):
     return b.finish(outs)
 
 
-def _check(kind: str, bits: int, vnni: bool, cores: int = 2):
+def _check(kind: str, bits: int, vnni: bool, cores: int = 2, amx: bool = False):
     rng = np.random.default_rng(abs(hash((kind, bits))) % 2**32)
     types, params = {}, {}
     for n in NS:
         types[n], params[f"w{n}"] = _weight(kind, n, rng)
     g = _graph(types)
     strategy = Strategy(kernels=KERNELS, cores=cores, m_tile=4, parallel_min_bytes=0,
-                        dot_bits=bits, vnni=vnni)
+                        dot_bits=bits, vnni=vnni, amx=amx)
     prog = compile_cpu(g, strategy=strategy)
     assert "linalg.matmul" not in prog.lowered, "a matmul fell back to linalg"
+    assert ("amx.tile_muli" in prog.lowered) == amx, "AMX tiles where not asked, or none"
     if bits and gemm_fits(Gemv("x", "w", types[NS[0]], 2, K, NS[0]), strategy):
         # the GEMM tile's vector of the 8 W rows' block scales
         assert f"vector<{GEMM_N_TILE}xf16>" in prog.lowered, "the GEMM tile was not chosen"
@@ -123,6 +124,30 @@ def test_avx2_and_vnni_gemm_agree(bits):
     got = _check("q4_1", bits, False)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def _amx_permitted() -> bool:
+    from poot.compiler.target import amx_permitted
+
+    return amx_permitted()
+
+
+@pytest.mark.skipif(not _amx_permitted(), reason="AMX tiles need a CPU with AMX-TILE and "
+                    "AMX-INT8 (Sapphire Rapids or newer) and Linux's grant of the tile state; "
+                    "this host or process has not both")
+@pytest.mark.parametrize("kind,bits", [("q4_0", 16), ("q4_1", 16), ("q8_0", 16), ("q4_0", 8),
+                                       ("q4_1", 8)])
+def test_amx_and_vnni_gemm_agree(kind, bits):
+    """The AMX tile (:mod:`poot.backends.cpu.amx`; N = 48 here, the other N keep the VNNI
+    tile) gives the VNNI kernels' results bit for bit, within the oracle's bound (checked
+    by ``_check``), for every M including ragged x-row tiles (17, 33, 100) and M = 1 (the
+    lane-order GEMV), on two threads and on one (its buffers then hoisted out of the
+    W-row loop). int8 x meets Q8_0 in the VNNI kernel's sign trick only, not on AMX."""
+    want = _check(kind, bits, True)
+    for cores in (2, 1):
+        got = _check(kind, bits, True, cores=cores, amx=True)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name}, {cores}")
 
 
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])

@@ -94,7 +94,7 @@ TO_LLVM = (
     "lower-affine,"
     "convert-math-to-llvm,"
     "convert-math-to-libm,"
-    "convert-vector-to-llvm{reassociate-fp-reductions=true},"
+    "convert-vector-to-llvm{reassociate-fp-reductions=true enable-amx=true},"
     "convert-arith-to-llvm,"
     "finalize-memref-to-llvm,"
     "convert-cf-to-llvm,"
@@ -175,7 +175,8 @@ def strategy_for(target=None, threads: int | None = None,
     if "avx2" not in f:
         bits = 0
     vnni = "avx_vnni" in f or {"avx512_vnni", "avx512vl"} <= f
-    return Strategy(kernels=KERNELS, dot_bits=bits, vnni=vnni,
+    amx = {"amx_tile", "amx_int8"} <= f
+    return Strategy(kernels=KERNELS, dot_bits=bits, vnni=vnni, amx=amx and vnni,
                     m_tile=4 if target.caps.vector_bits >= 512 else 2,
                     cores=threads)
 
@@ -434,6 +435,40 @@ def lower_graph(graph: Graph, strategy: Strategy | None = None
               if op.operation.name == "func.func"
               and ir.StringAttr(op.operation.attributes["sym_name"]).value == graph.name)
     return module, fn
+
+
+def hoist_parallel_allocas(module: ir.Module) -> None:
+    """Stack buffers of a parallel loop's body (``memref.alloca`` of a static shape, the AMX
+    tile's: :mod:`poot.backends.cpu.amx`) move to the start of their ``omp.parallel``
+    region, once per thread instead of once per iteration, and the ``memref.alloca_scope``
+    that ``convert-scf-to-openmp`` wrapped the body in is inlined: its region must stay one
+    block, which the loops in it are not once ``convert-scf-to-cf`` has run. A scope that
+    holds anything else than such allocas at its top level keeps them, and stays."""
+    scopes = []
+
+    def visit(op):
+        if op.operation.name == "memref.alloca_scope":
+            scopes.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for scope in scopes:
+        par = scope.parent
+        while par is not None and par.name != "omp.parallel":
+            par = par.parent
+        body = scope.regions[0].blocks[0]
+        allocas = [op for op in body.operations if op.operation.name == "memref.alloca"]
+        if par is None or not allocas or any(len(a.operation.operands) for a in allocas):
+            continue
+        first = par.regions[0].blocks[0].operations[0]
+        for a in allocas:
+            a.operation.move_before(first)
+        for op in list(body.operations):
+            if op.operation.name == "memref.alloca_scope.return":
+                op.operation.erase()
+            else:
+                op.operation.move_before(scope)
+        scope.erase()
 
 
 def lower_intrinsic_calls(module: ir.Module) -> None:
@@ -848,6 +883,7 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
             libs.append(omp)
         PassManager.parse(f"builtin.module({','.join(stages)})").run(module.operation)
         widen_i1_memrefs(module)
+        hoist_parallel_allocas(module)
         lower_intrinsic_calls(module)
         funcs = [op.operation for op in module.body.operations
                  if op.operation.name == "func.func"]

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from poot.backends.cpu import amx
 from poot.backends.cpu.attention import paged_attention as q8_0_paged_attention
 from poot.dialects.lowering.contraction import clamped_index
 from poot.dialects.lowering.emit import Emitter, tt
@@ -272,6 +273,11 @@ class _K:
         elif self.quant:
             want = s.n_tile if g.m == 1 else max(1, 8 // self.mt)
             nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
+        #: the GEMM on AMX tiles (:mod:`poot.backends.cpu.amx`): same results as tile_gemm
+        self.amx = amx.AmxTile(self) if self.gemm and amx.fits(self) else None
+        if self.amx is not None:
+            self.lanes = nt = amx.N_TILE
+            self.mt = min(g.m, amx.M_TILE)
         self.nt = nt
         self._consts: dict = {}
 
@@ -434,6 +440,8 @@ class _K:
         mt = self.mt
 
         def tile(m0: str, rows: int, d: str) -> str:
+            if self.amx is not None:
+                return self.amx.tile(m0, rows, d, dest_t, cols[0])
             if self.gemm:
                 return self.tile_gemm(wrows[0], m0, rows, d, dest_t, cols[0])
             if self.lane_gemv:
@@ -443,7 +451,11 @@ class _K:
             return self.tile(wrows[0], m0, rows, d, dest_t, cols[0])
 
         self.pack = None
-        if self.gemm and g.m > mt:  # several x-row tiles: decode the W rows once for all
+        if self.amx is not None:    # B tiles in memory, decoded once for all x-row tiles
+            if not self.amx_hoisted:
+                self.amx.alloc()
+            self.amx.pack(wrows[0])
+        elif self.gemm and g.m > mt:  # several x-row tiles: decode the W rows once for all
             self.pack = self.pack_tile(wrows[0])
         full, rest = divmod(g.m, mt)
         if full == 1:
@@ -471,7 +483,9 @@ class _K:
         qt = f"i{self.bits}"
         tq, tf = f"tensor<{g.m}x{g.k}x{qt}>", f"tensor<{g.m}x{nb}xf32>"
         per = CHUNK * self.bits // 32  # i32 words of x per block (the GEMM's layout)
-        if self.gemm:
+        if self.amx is not None:    # the A tiles' bytes (module doc of amx)
+            tq = f"tensor<{self.amx.mpad}x{self.amx.xbytes}xi8>"
+        elif self.gemm:
             tq = f"tensor<{g.m}x{nb * per}xi32>"
         inits = [em.op(f"tensor.empty() : {t}", "e") for t in (tq, tf, tf)]
         m, res = em.fresh("qm"), em.fresh("xq")
@@ -506,7 +520,20 @@ class _K:
         wide = em.op(f"arith.extsi {qq} : vector<32x{qt}> to vector<32xi32>")
         qsum = em.op(f"vector.reduction <add>, {wide} : vector<32xi32> into i32")
         xs = em.op(f"arith.mulf {em.op(f'arith.sitofp {qsum} : i32 to f32')}, {dx} : f32")
-        if self.gemm:  # as i32 words, each broadcast to all lanes of a dot product
+        if self.amx is not None:  # int8: the block; int16: its high bytes, then its low bytes
+            if self.bits == 8:
+                parts = [qq]
+            else:
+                v32, v8 = "vector<32xi16>", "vector<32xi8>"
+                sh = em.op(f"arith.shrsi {qq}, {em.op(f'arith.constant dense<8> : {v32}', 'cv')}"
+                           f" : {v32}")
+                parts = [em.op(f"arith.trunci {v} : {v32} to {v8}") for v in (sh, qq)]
+            n0 = its2[0]
+            for j, v in enumerate(parts):
+                col = self.add(self.mul(b, 32 * len(parts)), 32 * j)
+                n0 = em.op(f"vector.transfer_write {v}, {n0}[{m}, {col}] {{in_bounds = [true]}} "
+                           f": vector<32xi8>, {tq}")
+        elif self.gemm:  # as i32 words, each broadcast to all lanes of a dot product
             words = em.op(f"vector.bitcast {qq} : vector<32x{qt}> to vector<{per}xi32>")
             n0 = em.op(f"vector.transfer_write {words}, {its2[0]}[{m}, {self.mul(b, per)}] "
                        f"{{in_bounds = [true]}} : vector<{per}xi32>, {tq}")
@@ -768,14 +795,31 @@ class _K:
                         out.append((w, em.op(f"arith.extui {nib} : vector<{nb}xi8> to "
                                              f"vector<{nb}xi16>")))
             return out
-        # int8 x (Q4 only): 4 words of 4 nibble pairs per row
-        rows = [em.op(f"vector.bitcast {self.read_bytes(self.add(o, qs), 16)} : {v16i8} to "
-                      f"vector<4xi32>") for o in offs]
-        groups = [self.transpose(rows[i:i + 4], "vector<4xi32>") for i in range(0, lanes, 4)]
-        for q in range(4):
-            col = self.concat([gr[q] for gr in groups], 4, "i32")
-            b = em.op(f"vector.bitcast {col} : vector<{lanes}xi32> to vector<{4 * lanes}xi8>")
-            out += [(q, self._lo(b, 4 * lanes)), (4 + q, self._hi(b, 4 * lanes))]
+        return self.quad_words(offs)     # int8 x (Q4 only)
+
+    def quad_words(self, offs: list[str]) -> list[tuple[int, str]]:
+        """The block's weights of the W rows at byte offsets ``offs`` (one a lane, L of them)
+        as bytes, four consecutive K elements a lane: (x word w, vector<4L x i8> whose bytes
+        ``4 j .. 4 j + 3`` are row j's elements ``4 w .. 4 w + 3``), for the 8 words of the
+        block. Q4: 4 words of 4 nibble pairs per row, transposed in groups of 4 rows, low
+        nibbles words 0-3, high nibbles 4-7; Q8_0: its two 16-byte halves the same way."""
+        em, fmt, lanes = self.em, self.g.wtype.format, len(offs)
+        q8 = fmt.name == "q8_0"
+        qs = 2 if fmt.name in ("q4_0", "q8_0") else 4
+        out = []
+        for h in (0, 16) if q8 else (0,):
+            rows = [em.op(f"vector.bitcast {self.read_bytes(self.add(o, qs + h), 16)} : "
+                          f"vector<16xi8> to vector<4xi32>") for o in offs]
+            groups = [self.transpose(rows[i:i + 4], "vector<4xi32>")
+                      for i in range(0, lanes, 4)]
+            for q in range(4):
+                col = self.concat([gr[q] for gr in groups], 4, "i32")
+                b = em.op(f"vector.bitcast {col} : vector<{lanes}xi32> to "
+                          f"vector<{4 * lanes}xi8>")
+                if q8:
+                    out.append((h // 4 + q, b))
+                else:
+                    out += [(q, self._lo(b, 4 * lanes)), (4 + q, self._hi(b, 4 * lanes))]
         return out
 
     def _lo(self, v: str, n: int) -> str:
@@ -1065,6 +1109,8 @@ class _K:
         em, g = self.em, self.g
         if self.quant:
             self.quantize_x()
+        if self.amx is not None:
+            self.amx.x_buffer()
         self.wmem = None
         if self.gemm or self.lane_gemv:  # W as a buffer, for the prefetches (:meth:`_prefetch`)
             nbytes = g.wtype.nbytes
@@ -1075,7 +1121,13 @@ class _K:
         init = em.op(f"tensor.empty() : {out_t}", "e")
         n, res = em.fresh("n"), em.fresh("gemv")
         o = em.fresh("o")
-        if self.s.cores > 1 and g.n > nt and g.weight_bytes >= self.s.parallel_min_bytes:
+        parallel = self.s.cores > 1 and g.n > nt and g.weight_bytes >= self.s.parallel_min_bytes
+        # AMX's stack buffers: in a parallel body (the OpenMP lowering scopes its allocas),
+        # else once before the sequential loop (an alloca in a loop would grow the stack)
+        self.amx_hoisted = self.amx is not None and not parallel
+        if self.amx_hoisted:
+            self.amx.alloc()
+        if parallel:
             em.line(f"{res} = scf.forall ({n}) in ({g.n // nt}) shared_outs({o} = {init}) -> "
                     f"({out_t}) {{")
             em.depth += 1

@@ -32,11 +32,13 @@ from poot.passes.registry import PassFailure, register_pass
                 "m-tile": (int, 2, "rows of x per decoded weight row"),
                 "parallel-min-bytes": (int, 1 << 20, "smallest weight with a parallel row loop"),
                 "dot-bits": (int, 0, "bits of the quantized x for packed weights (0: f32 x)"),
-                "vnni": (int, 0, "1: VNNI integer dot products, 0: AVX2's")})
+                "vnni": (int, 0, "1: VNNI integer dot products, 0: AVX2's"),
+                "amx": (int, 0, "1: batched integer matmuls on AMX tiles (needs vnni)")})
 def run(module: ir.Operation, **opts) -> None:
     strategy = Strategy(kernels=KERNELS, m_tile=opts.get("m-tile", 2), cores=opts.get("cores", 1),
                         parallel_min_bytes=opts.get("parallel-min-bytes", 1 << 20),
-                        dot_bits=opts.get("dot-bits", 0), vnni=bool(opts.get("vnni", 0)))
+                        dot_bits=opts.get("dot-bits", 0), vnni=bool(opts.get("vnni", 0)),
+                        amx=bool(opts.get("amx", 0)) and bool(opts.get("vnni", 0)))
     if strategy.dot_bits not in (0, 8, 16):
         raise PassFailure(f"dot-bits must be 0, 8 or 16, got {strategy.dot_bits}")
     try:

@@ -96,6 +96,9 @@ class Strategy:
         vnni: the integer dot products use ``vpdpbusd`` / ``vpdpwssd`` (AVX-VNNI or
             AVX512-VNNI) instead of AVX2's ``pmaddubsw`` + ``pmaddwd`` / ``pmaddwd`` + add
             (same results: no i16 step can saturate).
+        amx: batched integer matmuls (M >= 2) multiply on AMX tiles
+            (:mod:`poot.backends.cpu.amx`): the same exact integer block sums as ``vnni``'s,
+            so the same results, bit for bit.
         n_tile: W rows one integer-kernel decode (M = 1) tile computes together, each with its own
             accumulator (their FMA chains overlap). 1: a tile reads one row, so each thread
             streams its rows as one sequential run. Rows interleaved in a tile (4) compute
@@ -111,6 +114,7 @@ class Strategy:
     cores: int = 1
     dot_bits: int = 0
     vnni: bool = False
+    amx: bool = False
     n_tile: int = 1
 
 
