@@ -140,9 +140,9 @@ def _amx_permitted() -> bool:
 def test_amx_and_vnni_gemm_agree(kind, bits):
     """The AMX tile (:mod:`poot.backends.cpu.amx`; N = 48 here, the other N keep the VNNI
     tile) gives the VNNI kernels' results bit for bit, within the oracle's bound (checked
-    by ``_check``), for every M including ragged x-row tiles (17, 33, 100) and M = 1 (the
-    lane-order GEMV), on two threads and on one (its buffers then hoisted out of the
-    W-row loop). int8 x meets Q8_0 in the VNNI kernel's sign trick only, not on AMX."""
+    by ``_check``), for every M: ragged x-row tiles (17, 33, 100) on AMX, M < 9 on the
+    VNNI tile and M = 1 on the lane-order GEMV, on two threads and on one (the AMX
+    buffers then hoisted out of the W-row loop). int8 x meets Q8_0 in the VNNI kernel's sign trick only, not on AMX."""
     want = _check(kind, bits, True)
     for cores in (2, 1):
         got = _check(kind, bits, True, cores=cores, amx=True)

@@ -42,7 +42,7 @@ func.func @gemm_q8_0(%x: tensor<20x64xf32>) -> tensor<20x32xf32> {
   return %3 : tensor<20x32xf32>
 }
 
-// M = 1 keeps the lane-order VNNI GEMV: no tiles.
+// Fewer than 9 rows keep the VNNI kernels (M = 1 the lane-order GEMV, M = 8 the VNNI tile).
 // CHECK-LABEL: func.func @gemv_q4_1(
 // CHECK-NOT: amx.
 // CHECK: return
@@ -52,4 +52,16 @@ func.func @gemv_q4_1(%x: tensor<1x64xf32>) -> tensor<1x32xf32> {
   %2 = "poot.transpose"(%1) {perm = array<i64: 1, 0>} : (tensor<32x64xf32>) -> tensor<64x32xf32>
   %3 = "poot.matmul"(%x, %2) {acc = f32} : (tensor<1x64xf32>, tensor<64x32xf32>) -> tensor<1x32xf32>
   return %3 : tensor<1x32xf32>
+}
+
+// CHECK-LABEL: func.func @gemm_8_rows(
+// CHECK-NOT: amx.
+// CHECK: vpdpwssd
+// CHECK: return
+func.func @gemm_8_rows(%x: tensor<8x64xf32>) -> tensor<8x32xf32> {
+  %0 = "poot.packed_param"() {name = "w"} : () -> !poot.packed<#poot.q4_1, array<i64: 32, 64>>
+  %1 = "poot.dequantize"(%0) : (!poot.packed<#poot.q4_1, array<i64: 32, 64>>) -> tensor<32x64xf32>
+  %2 = "poot.transpose"(%1) {perm = array<i64: 1, 0>} : (tensor<32x64xf32>) -> tensor<64x32xf32>
+  %3 = "poot.matmul"(%x, %2) {acc = f32} : (tensor<8x64xf32>, tensor<64x32xf32>) -> tensor<8x32xf32>
+  return %3 : tensor<8x32xf32>
 }
