@@ -3,13 +3,14 @@
 // 8 otherwise) are decoded once per block into a pack of interleaved weights (lane j = W
 // row j) and a vector of the rows' f16 scales, when M spans several x-row tiles; each x row's
 // words are broadcast to every lane of the dot products; each x row's tile of results is one
-// vector written to the output.
+// vector written to the output. Q4_1's (d, m) scale pairs of the tile's rows are one 32-bit
+// gather (4-byte aligned: 20-byte blocks).
 // RUN: poot-opt %s --pass-pipeline='builtin.module(poot-lower-to-cpu-kernels{dot-bits=16 vnni=1 m-tile=4},canonicalize)' | FileCheck %s --check-prefix=ZMM
 // RUN: poot-opt %s --pass-pipeline='builtin.module(poot-lower-to-cpu-kernels{dot-bits=8 vnni=1 m-tile=2},canonicalize)' | FileCheck %s --check-prefix=YMM
 
 // ZMM-LABEL: func.func @gemm_q4_1(
 // ZMM: vector.transfer_write {{.*}} : vector<16xi32>, tensor<12x32xi32>
-// ZMM: vector.from_elements {{.*}} : vector<16xf16>
+// ZMM: vector.gather {{.*}} : memref<320xi32>, vector<16xi32>, vector<16xi1>, vector<16xi32> into vector<16xi32>
 // ZMM: vector.transfer_write {{.*}} : vector<16xi32>, tensor<32x16xi32>
 // ZMM: vector.transfer_read {{.*}} : tensor<32x16xi32>, vector<16xi32>
 // ZMM: vector.broadcast {{.*}} : i32 to vector<16xi32>
@@ -17,7 +18,7 @@
 // ZMM: arith.sitofp {{.*}} : vector<16xi32> to vector<16xf32>
 // ZMM: vector.transfer_write {{.*}} : vector<16xf32>, tensor<12x32xf32>
 // YMM-LABEL: func.func @gemm_q4_1(
-// YMM: vector.from_elements {{.*}} : vector<8xf16>
+// YMM: vector.gather {{.*}} : memref<320xi32>, vector<8xi32>, vector<8xi1>, vector<8xi32> into vector<8xi32>
 // YMM: func.call @__poot_intr_llvm_x86_avx512_vpdpbusd_256({{.*}}) : (vector<8xi32>, vector<32xi8>, vector<32xi8>) -> vector<8xi32>
 // YMM: vector.transfer_write {{.*}} : vector<8xf32>, tensor<12x32xf32>
 func.func @gemm_q4_1(%x: tensor<12x64xf32>) -> tensor<12x32xf32> {
@@ -37,7 +38,7 @@ func.func @gemm_q4_1(%x: tensor<12x64xf32>) -> tensor<12x32xf32> {
 // ZMM-LABEL: func.func @gemv_q4_1(
 // ZMM: memref.prefetch
 // ZMM: scf.for {{.*}} -> (vector<16xf32>)
-// ZMM: vector.from_elements {{.*}} : vector<16xf16>
+// ZMM: vector.gather {{.*}} : memref<320xi32>, vector<16xi32>, vector<16xi1>, vector<16xi32> into vector<16xi32>
 // ZMM: vector.shuffle {{.*}} [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] : vector<16xi16>, vector<16xi16>
 // ZMM: func.call @__poot_intr_llvm_x86_avx512_vpdpwssd_512({{.*}}) : (vector<16xi32>, vector<32xi16>, vector<32xi16>) -> vector<16xi32>
 // ZMM: vector.shuffle {{.*}} [0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30] : vector<16xi32>, vector<16xi32>

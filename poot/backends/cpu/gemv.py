@@ -722,10 +722,44 @@ class _K:
             out[col] = v
         return out
 
+    def _gathered_scales(self, off0: str, n: int) -> list[str] | None:
+        """Q4_1's (d, m) f16 pairs of ``n`` consecutive W rows' blocks, the first at byte
+        ``off0``, as two vector<n x f16>: one 32-bit gather (``vpgatherdd``) of the pairs,
+        split into evens and odds. None where a pair is not a 4-byte aligned word of W
+        (other formats: 18- and 34-byte blocks) or W has no buffer view."""
+        g, em, fmt = self.g, self.em, self.g.wtype.format
+        row_bytes = g.k // CHUNK * fmt.block_bytes
+        if fmt.name != "q4_1" or self.wmem is None or fmt.block_bytes % 4 or \
+                g.wtype.nbytes % 4:
+            return None
+        words = g.wtype.nbytes // 4
+        if self.wmem32 is None:
+            self.wmem32 = em.op(f"memref.view {self.wmem}[{self.c(0)}][] : "
+                                f"memref<{g.wtype.nbytes}xi8> to memref<{words}xi32>")
+        vi = f"vector<{n}xi32>"
+        first = em.op(f"arith.index_cast {self.idx(f'arith.divui {off0}, {self.c(4)}')} : "
+                      f"index to i32")
+        step = em.op(f"arith.constant dense<[{', '.join(str(j * row_bytes // 4) for j in range(n))}]>"
+                     f" : {vi}", "cv")
+        idx = em.op(f"arith.addi {em.op(f'vector.broadcast {first} : i32 to {vi}')}, {step} : {vi}")
+        mask = em.op(f"arith.constant dense<true> : vector<{n}xi1>", "cv")
+        pad = em.op(f"arith.constant dense<0> : {vi}", "cv")
+        got = em.op(f"vector.gather {self.wmem32}[{self.c(0)}] [{idx}], {mask}, {pad} : "
+                    f"memref<{words}xi32>, {vi}, vector<{n}xi1>, {vi} into {vi}")
+        h = em.op(f"vector.bitcast {got} : {vi} to vector<{2 * n}xf16>")
+        return [self.shuffle(h, h, list(range(i, 2 * n, 2)), f"vector<{2 * n}xf16>")
+                for i in (0, 1)]
+
     def _tile_scales(self, offs: list[str]) -> tuple[str, str | None]:
-        """The tile's W rows' block scales at byte offsets ``offs`` as vector<L x f32>: (d, m) with
-        m the Q4_1 min, ``-8 d`` for Q4_0, None for Q8_0."""
+        """The tile's W rows' block scales at byte offsets ``offs`` (consecutive rows: ``offs[j]
+        = offs[0] + j * row_bytes``) as vector<L x f32>: (d, m) with m the Q4_1 min, ``-8 d``
+        for Q4_0, None for Q8_0."""
         em, fmt, n = self.em, self.g.wtype.format, len(offs)
+        gathered = self._gathered_scales(offs[0], n)
+        if gathered is not None:
+            d, m = (em.op(f"arith.extf {h} : vector<{n}xf16> to vector<{n}xf32>")
+                    for h in gathered)
+            return d, m
         nsc = 2 if fmt.name == "q4_1" else 1
         parts: list[list[str]] = [[] for _ in range(nsc)]
         for off in offs:
@@ -1111,7 +1145,7 @@ class _K:
             self.quantize_x()
         if self.amx is not None:
             self.amx.x_buffer()
-        self.wmem = None
+        self.wmem = self.wmem32 = None
         if self.gemm or self.lane_gemv:  # W as a buffer, for the prefetches (:meth:`_prefetch`)
             nbytes = g.wtype.nbytes
             self.wmem = em.op(f"bufferization.to_buffer {g.w} read_only : tensor<{nbytes}xi8> "
