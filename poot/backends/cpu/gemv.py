@@ -723,32 +723,43 @@ class _K:
         return out
 
     def _gathered_scales(self, off0: str, n: int) -> list[str] | None:
-        """Q4_1's (d, m) f16 pairs of ``n`` consecutive W rows' blocks, the first at byte
-        ``off0``, as two vector<n x f16>: one 32-bit gather (``vpgatherdd``) of the pairs,
-        split into evens and odds. None where a pair is not a 4-byte aligned word of W
-        (other formats: 18- and 34-byte blocks) or W has no buffer view."""
+        """The f16 scales of ``n`` consecutive W rows' blocks, the first block at byte
+        ``off0``, as vector<n x f16>: Q4_1's (d, m), else d. One 32-bit gather
+        (``vpgatherdd``) of the words that hold them: Q4_1's 20-byte blocks start on a word,
+        its pair split into evens and odds; Q4_0's and Q8_0's 18- and 34-byte blocks start
+        on an even byte, so each lane's d is the low or high half of its word, shifted per
+        lane. None where W has no buffer view or is 2 GiB or more."""
         g, em, fmt = self.g, self.em, self.g.wtype.format
         row_bytes = g.k // CHUNK * fmt.block_bytes
-        if fmt.name != "q4_1" or self.wmem is None or fmt.block_bytes % 4 or \
-                g.wtype.nbytes % 4:
-            return None
+        if self.wmem is None or fmt.block_bytes % 2 or not 4 <= g.wtype.nbytes < 1 << 31:
+            return None                       # (byte offsets are i32 lanes)
         words = g.wtype.nbytes // 4
         if self.wmem32 is None:
             self.wmem32 = em.op(f"memref.view {self.wmem}[{self.c(0)}][] : "
                                 f"memref<{g.wtype.nbytes}xi8> to memref<{words}xi32>")
         vi = f"vector<{n}xi32>"
-        first = em.op(f"arith.index_cast {self.idx(f'arith.divui {off0}, {self.c(4)}')} : "
-                      f"index to i32")
-        step = em.op(f"arith.constant dense<[{', '.join(str(j * row_bytes // 4) for j in range(n))}]>"
+        first = em.op(f"arith.index_cast {off0} : index to i32")
+        step = em.op(f"arith.constant dense<[{', '.join(str(j * row_bytes) for j in range(n))}]>"
                      f" : {vi}", "cv")
-        idx = em.op(f"arith.addi {em.op(f'vector.broadcast {first} : i32 to {vi}')}, {step} : {vi}")
+        offs = em.op(f"arith.addi {em.op(f'vector.broadcast {first} : i32 to {vi}')}, {step} : "
+                     f"{vi}")
+        idx = em.op(f"arith.shrui {offs}, {self.splat(2, 'i32', n)} : {vi}")
         mask = em.op(f"arith.constant dense<true> : vector<{n}xi1>", "cv")
         pad = em.op(f"arith.constant dense<0> : {vi}", "cv")
         got = em.op(f"vector.gather {self.wmem32}[{self.c(0)}] [{idx}], {mask}, {pad} : "
                     f"memref<{words}xi32>, {vi}, vector<{n}xi1>, {vi} into {vi}")
-        h = em.op(f"vector.bitcast {got} : {vi} to vector<{2 * n}xf16>")
-        return [self.shuffle(h, h, list(range(i, 2 * n, 2)), f"vector<{2 * n}xf16>")
-                for i in (0, 1)]
+        if fmt.name == "q4_1" and fmt.block_bytes % 4 == 0 and row_bytes % 4 == 0:
+            h = em.op(f"vector.bitcast {got} : {vi} to vector<{2 * n}xf16>")
+            return [self.shuffle(h, h, list(range(i, 2 * n, 2)), f"vector<{2 * n}xf16>")
+                    for i in (0, 1)]
+        if fmt.name == "q4_1":
+            return None
+        three, eight = self.splat(3, "i32", n), self.splat(8, "i32", n)
+        byte = em.op(f"arith.andi {offs}, {three} : {vi}")     # 0 or 2: d's byte in its word
+        bits = em.op(f"arith.muli {byte}, {eight} : {vi}")
+        low = em.op(f"arith.trunci {em.op(f'arith.shrui {got}, {bits} : {vi}')} : {vi} to "
+                    f"vector<{n}xi16>")
+        return [em.op(f"vector.bitcast {low} : vector<{n}xi16> to vector<{n}xf16>")]
 
     def _tile_scales(self, offs: list[str]) -> tuple[str, str | None]:
         """The tile's W rows' block scales at byte offsets ``offs`` (consecutive rows: ``offs[j]
@@ -756,20 +767,16 @@ class _K:
         for Q4_0, None for Q8_0."""
         em, fmt, n = self.em, self.g.wtype.format, len(offs)
         gathered = self._gathered_scales(offs[0], n)
-        if gathered is not None:
-            d, m = (em.op(f"arith.extf {h} : vector<{n}xf16> to vector<{n}xf32>")
-                    for h in gathered)
-            return d, m
         nsc = 2 if fmt.name == "q4_1" else 1
         parts: list[list[str]] = [[] for _ in range(nsc)]
-        for off in offs:
+        for off in offs if gathered is None else []:
             raw = self.read_bytes(off, 2 * nsc)
             h = em.op(f"vector.bitcast {raw} : vector<{2 * nsc}xi8> to vector<{nsc}xf16>")
             for i in range(nsc):
                 parts[i].append(em.op(f"vector.extract {h}[{i}] : f16 from vector<{nsc}xf16>"))
         vecs = []
-        for p in parts:
-            h = em.op(f"vector.from_elements {', '.join(p)} : vector<{n}xf16>")
+        for h in gathered or [em.op(f"vector.from_elements {', '.join(p)} : vector<{n}xf16>")
+                              for p in parts]:
             vecs.append(em.op(f"arith.extf {h} : vector<{n}xf16> to vector<{n}xf32>"))
         if fmt.name == "q4_0":
             vecs.append(em.op(f"arith.mulf {vecs[0]}, {self.splat(-8.0, 'f32', n)} : "
