@@ -156,15 +156,8 @@ class AmxTile:
                 lo = em.op(f"vector.load {sums}[{k.c(M_TILE + i)}, {k.c(0)}] : "
                            f"{self.sums_t}, {vi}")
                 d = em.op(f"arith.addi {em.op(f'arith.shli {d}, {eight} : {vi}')}, {lo} : {vi}")
-            fd = em.op(f"arith.sitofp {d} : {vi} to {v16}")
-            new.append(k._scale_fma(fd, dw, mw, xr, b, its[i], v16))
-        em.line(f"scf.yield {', '.join(new)} : {', '.join([v16] * rows)}")
-        em.depth -= 1
-        em.line("}")
-        for i, xr in enumerate(xrows):
-            dest = em.op(f"vector.transfer_write {res}#{i}, {dest}[{xr}, {col0}] "
-                         f"{{in_bounds = [true]}} : {v16}, {dest_t}")
-        return dest
+            new.append(em.op(f"arith.sitofp {d} : {vi} to {v16}"))
+        return k.scale_rows(new, dw, mw, (b, res, its), xrows, dest, dest_t, col0)
 
 
 __all__ = ["AmxTile", "BLOCK", "MIN_ROWS", "M_TILE", "N_TILE", "fits"]

@@ -1008,14 +1008,27 @@ class _K:
             d = dots[i][0]
             for e in dots[i][1:]:
                 d = em.op(f"arith.addi {d}, {e} : {vi}")
-            fd = em.op(f"arith.sitofp {d} : {vi} to {v8}")
-            new.append(self._scale_fma(fd, dw, mw, xr, b, its[i], v8))
-        em.line(f"scf.yield {', '.join(new)} : {', '.join([v8] * rows)}")
+            new.append(em.op(f"arith.sitofp {d} : {vi} to {v8}"))
+        return self.scale_rows(new, dw, mw, (b, res, its), xrows, dest, dest_t, col0)
+
+    def scale_rows(self, sums: list[str], dw: str, mw: str | None, loop: tuple, xrows: list[str],
+                   dest: str, dest_t: str, col0: str) -> str:
+        """The end of a GEMM tile's block loop (``loop``: :meth:`_block_loop`'s induction
+        variable, results and carried accumulators, one vector<L x f32> per x row): each x
+        row's block sums ``sums`` (as f32) scaled into its accumulator
+        (:meth:`_scale_fma`), the loop closed, and each row's accumulator written to
+        ``dest[xrows[i], col0 : col0 + L]``; returns the new ``dest``."""
+        em = self.em
+        b, res, its = loop
+        vty = f"vector<{self.lanes}xf32>"
+        new = [self._scale_fma(fd, dw, mw, xr, b, acc, vty)
+               for fd, xr, acc in zip(sums, xrows, its)]
+        em.line(f"scf.yield {', '.join(new)} : {', '.join([vty] * len(new))}")
         em.depth -= 1
         em.line("}")
         for i, xr in enumerate(xrows):
             dest = em.op(f"vector.transfer_write {res}#{i}, {dest}[{xr}, {col0}] "
-                         f"{{in_bounds = [true]}} : {v8}, {dest_t}")
+                         f"{{in_bounds = [true]}} : {vty}, {dest_t}")
         return dest
 
     # ---- the lane-order GEMV (M = 1): the GEMM tile's f32 operations, x in registers ----
