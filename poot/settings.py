@@ -135,6 +135,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("POOT_FUZZ_SECONDS", "int", "6", "seconds each fuzz target runs", "test/fuzz"),
     _s("POOT_FUZZ_TIMEOUT", "int", "10", "seconds one fuzz input may take", "test/fuzz"),
     _s("POOT_FUZZ_RSS_MB", "int", "2048", "memory limit of a fuzz run, MB", "test/fuzz"),
+    _s("POOT_FUZZ_SEED", "int", "1", "libFuzzer's seed (0: a random one, for campaigns)",
+       "test/fuzz"),
     _s("POOT_FUZZ_KEEP", "path", None, "folder to keep the fuzz corpus in", "test/fuzz"),
     _s("POOT_FUZZ_EXAMPLES", "int", "60", "schemathesis examples per route and mode",
        "test/serve"),
