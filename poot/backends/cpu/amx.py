@@ -97,13 +97,10 @@ class AmxTile:
         8 b + 7`` of the pack) and its scales into row ``b`` of the scale buffers."""
         k, em, nb = self.k, self.k.em, self.nb
         pack, scales, _ = self.bufs
-        g, fmt = k.g, k.g.wtype.format
         b = em.fresh("ab")
         em.line(f"scf.for {b} = {k.c(0)} to {k.c(nb)} step {k.c(1)} {{")
         em.depth += 1
-        row_bytes = nb * fmt.block_bytes
-        boff = k.mul(b, fmt.block_bytes)
-        offs = [k.add(k.mul(k.wrow(k.add(row0, j)), row_bytes), boff) for j in range(N_TILE)]
+        offs = k.block_offsets(row0, b, N_TILE)
         k._prefetch(offs)
         dw, mw = k._tile_scales(offs)
         base = k.mul(b, 8)

@@ -284,6 +284,14 @@ class _K:
     def c(self, v: int) -> str:
         return self.em.const(v, "index")
 
+    def block_offsets(self, row0: str, b: str, n: int) -> list[str]:
+        """Byte offsets in W of block ``b`` of the ``n`` kernel rows from ``row0``."""
+        fmt = self.g.wtype.format
+        row_bytes = self.g.k // CHUNK * fmt.block_bytes
+        boff = self.mul(b, fmt.block_bytes)
+        return [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
+                for j in range(n)]
+
     def wrow(self, row: str) -> str:
         """The stored W row of kernel row ``row`` (offset by the slab's first row)."""
         b = self.g.row_base
@@ -748,12 +756,10 @@ class _K:
         pad = em.op(f"arith.constant dense<0> : {vi}", "cv")
         got = em.op(f"vector.gather {self.wmem32}[{self.c(0)}] [{idx}], {mask}, {pad} : "
                     f"memref<{words}xi32>, {vi}, vector<{n}xi1>, {vi} into {vi}")
-        if fmt.name == "q4_1" and fmt.block_bytes % 4 == 0 and row_bytes % 4 == 0:
+        if fmt.name == "q4_1":                # 20-byte blocks: every pair is one word
             h = em.op(f"vector.bitcast {got} : {vi} to vector<{2 * n}xf16>")
             return [self.shuffle(h, h, list(range(i, 2 * n, 2)), f"vector<{2 * n}xf16>")
                     for i in (0, 1)]
-        if fmt.name == "q4_1":
-            return None
         three, eight = self.splat(3, "i32", n), self.splat(8, "i32", n)
         byte = em.op(f"arith.andi {offs}, {three} : {vi}")     # 0 or 2: d's byte in its word
         bits = em.op(f"arith.muli {byte}, {eight} : {vi}")
@@ -898,12 +904,9 @@ class _K:
         """Block ``b`` of the 8 W rows from ``row0``: (scales d, min term m or None, the
         interleaved weights as (x word, vector) pairs), decoded here or read from the tile's
         pack (:meth:`pack_tile`)."""
-        g, em, fmt = self.g, self.em, self.g.wtype.format
+        g, em = self.g, self.em
         if self.pack is None:
-            row_bytes = g.k // CHUNK * fmt.block_bytes
-            boff = self.mul(b, fmt.block_bytes)
-            offs = [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
-                    for j in range(self.lanes)]
+            offs = self.block_offsets(row0, b, self.lanes)
             self._prefetch(offs)
             dw, mw = self._tile_scales(offs)
             return dw, mw, self._tile_weights(offs)
@@ -1130,10 +1133,9 @@ class _K:
         :data:`GEMV_PREFETCH_TILES` tiles ahead (:meth:`_prefetch_ahead`), each row's first
         line before the K loop (:meth:`_prefetch_rows`). Writes
         ``dest[0, col0 : col0 + L]``."""
-        g, em, fmt = self.g, self.em, self.g.wtype.format
+        g, em = self.g, self.em
         nb, n = g.k // CHUNK, self.lanes
         vf, vi = f"vector<{n}xf32>", f"vector<{n}xi32>"
-        row_bytes = nb * fmt.block_bytes
         zero = em.op(f"arith.constant dense<0.0> : {vf}", "cv")
         x0 = self.c(0)
         self._prefetch_rows(row0)
@@ -1141,9 +1143,7 @@ class _K:
         em.line(f"{res} = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
                 f"iter_args({acc} = {zero}) -> ({vf}) {{")
         em.depth += 1
-        boff = self.mul(b, fmt.block_bytes)
-        offs = [self.add(self.mul(self.wrow(self.add(row0, j)), row_bytes), boff)
-                for j in range(n)]
+        offs = self.block_offsets(row0, b, n)
         self._prefetch_ahead(row0, b)
         dw, mw = self._tile_scales(offs)
         xq = self._x_int(x0, b)
