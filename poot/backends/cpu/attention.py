@@ -1,13 +1,15 @@
-"""The CPU's paged attention over q8_0 KV pools: ``poot.paged_attention``
-(:class:`~poot.dialects.ops.attention.PagedAttention`) with a q8_0 K and/or V pool
-(:mod:`poot.dialects.kv_quant`), as explicit vector code that dequantizes each key's values in
-registers where it loads them (``vpmovsxbd`` + ``vcvtdq2ps``, times the group's f16 scale),
-never into a tile in memory.
+"""The CPU's paged attention: ``poot.paged_attention``
+(:class:`~poot.dialects.ops.attention.PagedAttention`) over f32 / f16 / bf16 KV pools and q8_0
+ones (:mod:`poot.dialects.kv_quant`), as explicit vector code that widens each key's values in
+registers where it loads them (f16 / bf16: ``vcvtph2ps``-style ``extf``; q8_0: ``vpmovsxbd``
++ ``vcvtdq2ps``, times the group's f16 scale), never into a tile in memory.
 
 The generic lowering (:mod:`poot.dialects.lowering.attention`) runs each block's online-softmax
 update as a dozen ``linalg.generic`` ops over small tensors, with a q8_0 block first
 dequantized into an f32 tile; on the CPU that is loop and memory overhead on every 32-key
-block, far from the FMA rate. Here one work item (a sequence and KV head, as there: threads
+block, far from the FMA rate (SmolLM2's shapes, f16 pools, 2 threads: a decode step of 32
+sequences at 100 keys 259 -> 139 us a layer, a 256-token prefill chunk at 512 keys 10.2 ->
+4.1 ms). Here one work item (a sequence and KV head, as there: threads
 over the items) keeps its query rows' state in registers across the whole block loop:
 
 * query rows in tiles of :func:`row_tile` rows (their accumulators, ``Dv / 16`` vectors a row,
@@ -29,8 +31,8 @@ over the items) keeps its query rows' state in registers across the whole block 
   the accumulators.
 
 Results agree with the op's oracle up to f32 summation order (``1e-5`` relative), the same
-bound as the generic lowering. Float-only pools, a soft cap, or head dims that are not
-multiples of 16 keep the generic lowering: this kernel returns None for them.
+bound as the generic lowering. A soft cap, or head dims that are not multiples of 16, keep the
+generic lowering: this kernel returns None for them.
 """
 
 from __future__ import annotations
@@ -191,11 +193,11 @@ class _Pool:
 
 
 def paged_attention(em: Emitter, op: OpInfo) -> str | None:
-    """``poot.paged_attention`` ``op`` with a q8_0 pool, as the module doc says; None,
-    emitting nothing, for what it leaves to the generic lowering."""
+    """``poot.paged_attention`` ``op`` as the module doc says; None, emitting nothing, for
+    what it leaves to the generic lowering (a soft cap, head dims not multiples of 16)."""
     q, kp, vp, _table, mask, *sargs = op.args
     qt, kpt, vpt, _tbt, mt, *stypes = op.types
-    if DType.I8 not in (kpt.dtype, vpt.dtype) or float(op.attrs["softcap"]):
+    if float(op.attrs["softcap"]):
         return None
     _, bs, _, d = kpt.shape
     dv = vpt.shape[-1]

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from poot.backends.cpu import amx
-from poot.backends.cpu.attention import paged_attention as q8_0_paged_attention
+from poot.backends.cpu.attention import paged_attention as cpu_paged_attention
 from poot.dialects.lowering.contraction import clamped_index
 from poot.dialects.lowering.emit import Emitter, tt
 from poot.dialects.lowering.rules import OpInfo, Strategy
@@ -1265,9 +1265,9 @@ class GemvKernels:
         return emit_indexed(em, op, weight)
 
     def paged_attention(self, em: Emitter, op: OpInfo) -> str | None:
-        """``poot.paged_attention`` over a q8_0 pool (:mod:`poot.backends.cpu.attention`), or
-        None for the generic lowering."""
-        return q8_0_paged_attention(em, op)
+        """``poot.paged_attention`` as explicit vector code (:mod:`poot.backends.cpu.attention`),
+        or None for the generic lowering."""
+        return cpu_paged_attention(em, op)
 
     def declarations(self, text: str) -> str:
         return intrinsic_declarations(text)

@@ -1,5 +1,5 @@
-"""The CPU's paged-attention kernel over q8_0 KV pools (poot/backends/cpu/attention.py)
-against the op's oracle: head dims 32, 64 and 128, GQA groups, several query tokens (the row
+"""The CPU's paged-attention kernel (poot/backends/cpu/attention.py) over q8_0, f16, bf16 and
+f32 KV pools against the op's oracle: head dims 32, 64 and 128, GQA groups, several query tokens (the row
 tiles), context lengths that end inside a block, block tables whose blocks are out of order
 and shared, stale positions whose scales are inf, block sizes whose key chunks are 16, 4 and 2,
 an i1 mask, an f32 bias and one mask value for every key; 1 and 2 threads (split items); and
@@ -95,12 +95,24 @@ CASES = {
     "d32-one-block": dict(d=32, kv_heads=1, group=2, tokens=1, bs=32, lengths=[7]),
     "d128-one-seq-bias": dict(d=128, kv_heads=1, group=2, tokens=2, bs=16, lengths=[77],
                               bias=True),
+    # float pools (f16: the default KV storage; bf16, f32), decode, verify and prefill rows
+    "f16-d64-gqa3-decode": dict(d=64, kv_heads=3, group=3, tokens=1, bs=32, lengths=[100, 5],
+                                k_st=DType.F16, v_st=DType.F16),
+    "f16-d64-gqa3-one-seq": dict(d=64, kv_heads=3, group=3, tokens=1, bs=32, lengths=[200],
+                                 k_st=DType.F16, v_st=DType.F16),
+    "f16-d128-9-tokens-bias": dict(d=128, kv_heads=2, group=2, tokens=9, bs=32,
+                                   lengths=[64, 20], bias=True, k_st=DType.F16,
+                                   v_st=DType.F16),
+    "bf16-d64-3-tokens-bs12": dict(d=64, kv_heads=2, group=2, tokens=3, bs=12, lengths=[29, 13],
+                                   k_st=DType.BF16, v_st=DType.BF16),
+    "f32-d32-gqa4-8-tokens": dict(d=32, kv_heads=2, group=4, tokens=8, bs=16, lengths=[40, 71],
+                                  k_st=F32, v_st=F32),
 }
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", list(CASES))
-def test_cpu_q8_0_kernel_matches_oracle(name, threads):
+def test_cpu_kernel_matches_oracle(name, threads):
     """The kernel's result equals the oracle's (f32 summation order: 1e-5), stale
     positions and shared blocks included; on one thread, and on two (where the items do
     not spread evenly, each item's blocks split in parts merged after)."""
@@ -112,10 +124,11 @@ def test_cpu_q8_0_kernel_matches_oracle(name, threads):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_cpu_takes_q8_0_pools_with_its_kernel_and_leaves_f16_to_the_generic_lowering():
-    """A q8_0 paged attention is lowered by the CPU kernel (q8_0 values widened in
-    registers, vector<16xi8> to f32, no dequantized tile); f16 pools keep the generic
-    lowering (linalg over the block, no such conversion)."""
+def test_cpu_takes_every_pool_storage_with_its_kernel_and_a_soft_cap_to_the_generic_lowering():
+    """q8_0 and f16 pools are lowered by the CPU kernel (their values widened in registers:
+    vector<16xi8> / vector<16xf16> to f32, no dequantized or f32 tile of a block, no linalg
+    over the block: only the two reductions that find a sequence's visible keys); an f16
+    attention with a soft cap keeps the generic lowering (a dozen linalg ops a block)."""
     case = dict(d=64, kv_heads=2, group=3, tokens=1, bs=32, lengths=[40, 9])
     rng = np.random.default_rng(0)
     texts = {}
@@ -124,8 +137,18 @@ def test_cpu_takes_q8_0_pools_with_its_kernel_and_leaves_f16_to_the_generic_lowe
         module, _ = lower_graph(g, strategy_for(threads=2))
         texts[st] = str(module)
     assert "arith.sitofp" in texts[Q8_0] and "vector<16xi8> to vector<16xf32>" in texts[Q8_0]
-    assert "tensor<32x1x2x32xf32>" not in texts[Q8_0]          # no [bs, 1, D/32, 32] tile
-    assert "vector<16xi8>" not in texts[DType.F16] and "linalg.generic" in texts[DType.F16]
+    assert "vector<16xf16> to vector<16xf32>" in texts[DType.F16]
+    for text in texts.values():
+        assert "tensor<32x1x2x32xf32>" not in text and "tensor<32x1x64xf32>" not in text
+        assert text.count("linalg.generic") == 2
+    g, ins = _case(rng, k_st=DType.F16, v_st=DType.F16, **case)
+    b = Builder(LIMITS)
+    args = [b.input(n, TensorType(a.shape, DType.from_numpy(a.dtype))) for n, a in ins.items()
+            if n != "m"]
+    mask = b.input("m", TensorType(ins["m"].shape, DType.I1))
+    out = b.op("paged_attention", [*args[:4], mask], {"scale": 0.125, "softcap": 30.0})
+    module, _ = lower_graph(b.finish(out), strategy_for(threads=2))
+    assert str(module).count("linalg.generic") > 6 and "vector<16xf16>" not in str(module)
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16])
@@ -163,7 +186,7 @@ def test_tiles_and_chunks():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_cpu_q8_0_kernel_with_one_mask_value_for_every_key(threads):
+def test_cpu_kernel_with_one_mask_value_for_every_key(threads):
     """A mask of one value for every key (``[1, 1, 1, 1, 1]``: the flash-attention rewrite's
     zero bias when the composition has no mask; and an i1 all-visible one): every key of
     every table entry attends, as the oracle says."""
