@@ -1,7 +1,8 @@
 """The CPU backend splits long exact row reductions into vector lanes
-(:mod:`poot.backends.cpu.reductions`): the greedy sampler's max, argmax and non-finite
-checks are split, an f32 sum is not, and every result is bitwise what numpy computes (ties
-of the argmax take the lowest index, NaN and infinities as before)."""
+(:mod:`poot.backends.cpu.reductions`) and vectorizes the split: the greedy sampler's max,
+argmax and non-finite checks are split and become vector code, an f32 sum is not split, and
+every result is bitwise what numpy computes (ties of the argmax take the lowest index, NaN
+and infinities as before), at the serving engine's batch sizes too."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from mlir import ir
 from mlir.passmanager import PassManager
 
 from poot.backends.cpu import codegen as cpu
-from poot.backends.cpu.reductions import split_row_reductions
+from poot.backends.cpu.reductions import (VECTORIZE, split_row_reductions,
+                                          vectorize_split_reductions)
 from poot.backends.pass_pipelines import FUSE
 from poot.dialects.types import DType, TensorType
 from poot.graph.builder import Builder, TraceLimits
@@ -33,6 +35,19 @@ def test_the_greedy_samplers_three_vocabulary_reductions_are_split():
     assert split_row_reductions(module) == 3     # non-finite check, max, argmax
     module.operation.verify()
     assert split_row_reductions(module) == 0     # what is split stays split
+
+
+def test_the_greedy_samplers_split_reductions_become_vector_code():
+    """All three partial reductions (the non-finite check's i1 "or" on bytes too, as a byte
+    max) are tiled and vectorized: 64 x 16-lane reads a tile, no scalar partial left."""
+    module = _fused(trace_sampler(SamplerStep(4, 49152, 5, GREEDY)))
+    split_row_reductions(module)
+    assert vectorize_split_reductions(module) == 3
+    module.operation.verify()
+    text = str(module)
+    assert VECTORIZE not in text and "transform." not in text
+    assert text.count("vector<64x16xf32>") >= 2 and "arith.maxui" in text
+    assert "vector<64x16xi8>" in text or "vector<64x16xi1>" in text
 
 
 def test_an_f32_sum_is_not_split():
@@ -62,10 +77,10 @@ def trace_argmax(b, x, vocab):
     return b.reduce("min", hit, 1)
 
 
-@pytest.mark.parametrize("vocab", [4096, 49152])
-def test_split_reductions_match_numpy_bitwise(vocab):
+@pytest.mark.parametrize("rows,vocab", [(6, 4096), (6, 49152), (40, 49152)])
+def test_split_reductions_match_numpy_bitwise(rows, vocab):
+    """(40 rows of 49,152: more tiles than a stack buffer a tile would survive.)"""
     rng = np.random.default_rng(vocab)
-    rows = 6
     x = rng.standard_normal((rows, vocab)).astype(np.float32)
     x[1, [7, 4000, vocab - 1]] = 9.0                 # ties: the lowest index wins
     x[2, 1234] = np.nan                              # NaN: max NaN, no index matches

@@ -10,7 +10,8 @@ target's :class:`~poot.dialects.lowering.Strategy` (:func:`strategy_for`: matmul
 weight in place become the row-streaming vector kernels of ``poot/backends/cpu/gemv.py``,
 packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwise fusion on
 tensors (:data:`FUSE`) -> long exact row reductions split into 16 lane accumulators
-(:func:`~poot.backends.cpu.reductions.split_row_reductions`) -> one-shot bufferization over function boundaries (identity layouts;
+(:func:`~poot.backends.cpu.reductions.split_row_reductions`), the split vectorized
+(:func:`~poot.backends.cpu.reductions.vectorize_split_reductions`) -> one-shot bufferization over function boundaries (identity layouts;
 every argument of the entry read-only, so inputs are never written) -> results become
 out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
 ``scf.parallel`` -> OpenMP when LLVM's runtime is found (the ``cmeel-libomp`` wheel, else a
@@ -65,7 +66,7 @@ from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.backends.cpu.gemv import INTRINSIC_PREFIX, INTRINSICS, KERNELS
-from poot.backends.cpu.reductions import split_row_reductions
+from poot.backends.cpu.reductions import split_row_reductions, vectorize_split_reductions
 from poot.backends.cpu.runtime import descriptor as _descriptor
 from poot.graph.builder import Graph
 from poot.passes.expand_exp import expand_exp
@@ -88,7 +89,9 @@ OPENMP = "convert-scf-to-openmp{{num-threads={threads}}},canonicalize"
 TO_LOOPS = "func.func(convert-linalg-to-loops)"
 TO_LLVM = (
     "arith-expand{include-bf16=true},"
-    "convert-vector-to-scf,"
+    # n-D transfers (a vectorized reduction's vector<T x 16> reads) as T 1-D ones, unrolled:
+    # not through a stack buffer allocated in the loop
+    "convert-vector-to-scf{full-unroll=true},"
     "convert-scf-to-cf,"
     "expand-strided-metadata,"
     "lower-affine,"
@@ -874,6 +877,7 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
         if fuse:
             PassManager.parse(f"builtin.module({FUSE})").run(module.operation)
         split_row_reductions(module)
+        vectorize_split_reductions(module)
         PassManager.parse(f"builtin.module({BUFFERIZE_KEEP_IN_PLACE})").run(module.operation)
         if entry is not None:
             drop_in_place_results(module, entry, in_place or {}, in_place_names or {})

@@ -10,9 +10,21 @@ reduction of K elements into two generics:
 1. the K elements as ``[K / LANES, LANES]``: the reduction over ``K / LANES`` into a partial
    result with one more, parallel, dimension of ``LANES`` accumulators (each starting at the
    combiner's identity), its loop innermost: LLVM unrolls it into ``LANES`` independent
-   chains kept in registers (3.0 ms for that sampler; LLVM 22 does not turn them into
-   vector instructions here, which is left to do);
+   scalar chains (3.0 ms for that sampler; LLVM 22 does not turn them into vector
+   instructions, hence the next step);
 2. the ``LANES`` partials combined into the original output (from its original init).
+
+:func:`vectorize_split_reductions` then turns step 1 into vector code where its body is plain
+scalar arithmetic (MLIR's own rewrites, run by the transform dialect's interpreter): the
+partial is tiled to one row (its other dimensions 1) and ``T`` steps of the reduced
+dimension (the largest of 64, 32, ... dividing ``K / LANES``), and each tile vectorized by
+``transform.structured.vectorize``: a ``vector<T x LANES>`` read (unrolled into ``T``
+16-lane reads by ``convert-vector-to-scf{full-unroll}``, not a stack buffer in the loop) and
+a ``vector.multi_reduction`` lowered as ``T`` elementwise combines into the ``vector<LANES>``
+accumulator. An i1 combiner kept in bytes becomes the byte combiner that gives the same
+bytes (``ori``: ``maxui``), which the vectorizer recognizes. Every split combiner is
+order-independent, so results stay bitwise the same. The greedy sampler over 49,152 tokens
+on a 2-core Xeon VM: B = 32 3.2 -> 0.67 ms, B = 1 92 -> 14 us.
 
 Only combiners whose result does not depend on the order of combination are split: integer
 ``addi``, the bitwise ``ori`` / ``andi`` / ``xori`` (also on i1 stored as bytes:
@@ -175,6 +187,11 @@ def _split(op: ir.Operation, plan) -> None:
             [red if "reduction" in i else par for i in iters[:-1]] + [red, par])
         first.results[0].set_type(part_t)
         _split_index(first, n - 1)
+        if unwrap is not None:
+            _combine_bytes(first)
+        if _vector_body(first):
+            tiles = [1] * (n - 1) + [_k_tile(extent // LANES), 0]
+            first.attributes[VECTORIZE] = ir.StringAttr.get(",".join(map(str, tiles)))
         r = out_t.rank
         second = linalg.GenericOp(
             [out_t], [first.results[0]], [init],
@@ -202,6 +219,98 @@ def _split(op: ir.Operation, plan) -> None:
             linalg.YieldOp([res])
     op.results[0].replace_all_uses_with(second.results[0])
     op.erase()
+
+
+#: the attribute naming a split reduction's tile sizes for :func:`vectorize_split_reductions`
+VECTORIZE = "poot.vectorize"
+#: ops a body may hold for the vectorizer (anything else keeps the scalar loops)
+_VECTOR_OPS = re.compile(r"^(arith\.[a-z_]+|math\.[a-z0-9_]+|linalg\.index|linalg\.yield)$")
+
+
+def _k_tile(n: int) -> int:
+    """Steps of the reduced dimension (``n`` of them) one vector tile reads: the largest of
+    64, 32, ... 1 dividing ``n``."""
+    return next(t for t in (64, 32, 16, 8, 4, 2, 1) if n % t == 0)
+
+
+def _vector_body(op: ir.Operation) -> bool:
+    """Whether ``op``'s body is plain scalar arithmetic the vectorizer takes."""
+    return all(_VECTOR_OPS.match(o.operation.name)
+               for o in op.regions[0].blocks[0].operations)
+
+
+def vectorize_split_reductions(module: ir.Module) -> int:
+    """Vectorize the partial reductions :func:`split_row_reductions` tagged (module doc):
+    per tag (tile sizes), ``transform.structured.tile_using_for`` then
+    ``transform.structured.vectorize``, run by the ``transform-interpreter`` pass on a
+    named sequence added to ``module`` and removed after. Returns how many were tagged."""
+    from mlir.passmanager import PassManager
+
+    tags: dict[str, int] = {}
+
+    def visit(op):
+        op = op.operation
+        if op.name == "linalg.generic" and VECTORIZE in op.attributes:
+            t = ir.StringAttr(op.attributes[VECTORIZE]).value
+            tags[t] = tags.get(t, 0) + 1
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    if not tags:
+        return 0
+    any_op = "!transform.any_op"
+    lines = []
+    for i, tag in enumerate(sorted(tags)):
+        sizes = tag.split(",")
+        loops = sum(1 for x in sizes if x != "0")
+        lines += [f"%m{i} = transform.structured.match ops{{[\"linalg.generic\"]}} "
+                  f"attributes {{{VECTORIZE} = \"{tag}\"}} in %root : ({any_op}) -> {any_op}",
+                  f"%t{i}, %l{i}:{loops} = transform.structured.tile_using_for %m{i} "
+                  f"tile_sizes [{', '.join(sizes)}] : ({any_op}) -> "
+                  f"({', '.join([any_op] * (loops + 1))})",
+                  f"transform.structured.vectorize %t{i} : {any_op}"]
+    # the vector<1 x T x LANES> reduction as T - 1 elementwise ops on vector<LANES>
+    lines += [f"%f = transform.structured.match ops{{[\"func.func\"]}} in %root : ({any_op}) -> "
+              f"{any_op}",
+              "transform.apply_patterns to %f {",
+              "transform.apply_patterns.vector.lower_multi_reduction "
+              "lowering_strategy = \"innerparallel\"",
+              "transform.apply_patterns.vector.cast_away_vector_leading_one_dim",
+              f"}} : {any_op}"]
+    script = ("module attributes {transform.with_named_sequence} {\n"
+              f"transform.named_sequence @__transform_main(%root: {any_op} "
+              "{transform.readonly}) {\n" + "\n".join(lines) + "\ntransform.yield\n}\n}")
+    with module.context, ir.Location.unknown():
+        lib = ir.Module.parse(script)
+        seq = lib.body.operations[0]
+        seq.operation.move_before(module.body.operations[0])
+        module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+        try:
+            PassManager.parse("builtin.module(transform-interpreter)").run(module.operation)
+        finally:
+            seq.erase()
+            del module.operation.attributes["transform.with_named_sequence"]
+    return sum(tags.values())
+
+
+#: an i1 combiner on 0 / 1 bytes as a byte combiner: the same bytes
+_BYTE_COMBINER = {"arith.ori": arith.MaxUIOp, "arith.andi": arith.MinUIOp,
+                  "arith.xori": arith.XOrIOp}
+
+
+def _combine_bytes(op: ir.Operation) -> None:
+    """In ``op``'s body, an i1 combiner between ``trunci`` and ``extui`` of its byte
+    accumulator (``extui(ori(trunci(acc), x))``) becomes the byte combiner that gives the
+    same bytes while every byte is 0 or 1 (``maxui(acc, extui(x))``; ``andi``: ``minui``;
+    ``xori`` stays): no i1 in the accumulator's chain, so the vectorizer finds it."""
+    comb, unwrap, wrap, which = _combiner(op.regions[0].blocks[0])
+    acc = op.regions[0].blocks[0].arguments[len(op.regions[0].blocks[0].arguments) - 1]
+    with ir.InsertionPoint(wrap), wrap.location:
+        x = arith.ExtUIOp(wrap.results[0].type, comb.operands[1 - which]).result
+        new = _BYTE_COMBINER[comb.name](acc, x).result
+    wrap.results[0].replace_all_uses_with(new)
+    for dead in (wrap, comb, unwrap):
+        dead.erase()
 
 
 def _split_index(op: ir.Operation, dim: int) -> None:
@@ -242,4 +351,4 @@ def split_row_reductions(module: ir.Module) -> int:
     return len(found)
 
 
-__all__ = ["LANES", "MIN_EXTENT", "split_row_reductions"]
+__all__ = ["LANES", "MIN_EXTENT", "VECTORIZE", "split_row_reductions", "vectorize_split_reductions"]
