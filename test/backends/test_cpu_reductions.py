@@ -1,8 +1,10 @@
 """The CPU backend splits long exact row reductions into vector lanes
 (:mod:`poot.backends.cpu.reductions`) and vectorizes the split: the greedy sampler's max,
-argmax and non-finite checks are split and become vector code, an f32 sum is not split, and
-every result is bitwise what numpy computes (ties of the argmax take the lowest index, NaN
-and infinities as before), at the serving engine's batch sizes too."""
+argmax and non-finite checks are split and become vector code, every exact result is bitwise
+what numpy computes (ties of the argmax take the lowest index, NaN and infinities as
+before), and an f32 sum is split in its documented order: 16 lane sums, each in element
+order, then the lanes in order (computed independently here with numpy's sequential
+``cumsum``), the same bits for a row in any batch."""
 
 from __future__ import annotations
 
@@ -50,11 +52,38 @@ def test_the_greedy_samplers_split_reductions_become_vector_code():
     assert "vector<64x16xi8>" in text or "vector<64x16xi1>" in text
 
 
-def test_an_f32_sum_is_not_split():
-    b = Builder(LIMITS)
-    x = b.input("x", TensorType((4, 4096), DType.F32))
-    module = _fused(b.finish({"s": b.reduce("sum", x, 1)}))
-    assert split_row_reductions(module) == 0     # its rounding depends on the order
+def _lane_order_sum(x: np.ndarray, lanes: int = 16) -> np.ndarray:
+    """Row sums of f32 ``x`` [R, K] in the split's order (module doc of
+    poot.backends.cpu.reductions): lane j adds ``x[:, j], x[:, j + 16], ...`` from -0.0 in
+    order, then 0.0 + lane 0 + lane 1 + ... (``cumsum`` in float32 is sequential)."""
+    r, k = x.shape
+    parts = np.concatenate([np.full((r, 1, lanes), -0.0, np.float32),
+                            x.reshape(r, k // lanes, lanes)], axis=1)
+    lane_sums = np.cumsum(parts, axis=1, dtype=np.float32)[:, -1, :]
+    return np.cumsum(np.concatenate([np.zeros((r, 1), np.float32), lane_sums], axis=1),
+                     axis=1, dtype=np.float32)[:, -1]
+
+
+def test_an_f32_sum_is_split_in_lane_order_and_batch_invariant():
+    """A vocabulary-long f32 sum is split (and vectorized): every row is bitwise the lanes'
+    order sum, which is not the sequential sum's bits on this data (the order really
+    changed), and a row's sum is the same in a batch of 1 and of 5."""
+    def program(rows):
+        b = Builder(LIMITS)
+        x = b.input("x", TensorType((rows, 4096), DType.F32))
+        return b.finish({"s": b.reduce("sum", x, 1)})
+
+    module = _fused(program(4))
+    assert split_row_reductions(module) == 1
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((5, 4096)) * np.exp(rng.uniform(-8, 8, (5, 4096)))
+         ).astype(np.float32)
+    got = cpu.compile_cpu(program(5)).run({"x": x})["s"]
+    np.testing.assert_array_equal(got, _lane_order_sum(x))
+    sequential = np.cumsum(x, axis=1, dtype=np.float32)[:, -1]
+    assert (got != sequential).any()
+    alone = cpu.compile_cpu(program(1)).run({"x": x[2:3]})["s"]
+    np.testing.assert_array_equal(alone, got[2:3])
 
 
 def _reductions(rows: int, vocab: int):

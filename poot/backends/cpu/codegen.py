@@ -9,7 +9,7 @@ outlined (one kernel each; identical ones are lowered once) -- lowered to linalg
 target's :class:`~poot.dialects.lowering.Strategy` (:func:`strategy_for`: matmuls that read a
 weight in place become the row-streaming vector kernels of ``poot/backends/cpu/gemv.py``,
 packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwise fusion on
-tensors (:data:`FUSE`) -> long exact row reductions split into 16 lane accumulators
+tensors (:data:`FUSE`; index-only producers first copied per consumer, :mod:`~poot.backends.cpu.rematerialize`) -> long row reductions split into 16 lane accumulators
 (:func:`~poot.backends.cpu.reductions.split_row_reductions`), the split vectorized
 (:func:`~poot.backends.cpu.reductions.vectorize_split_reductions`) -> one-shot bufferization over function boundaries (identity layouts;
 every argument of the entry read-only, so inputs are never written) -> results become
@@ -67,6 +67,7 @@ from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.backends.cpu.gemv import INTRINSIC_PREFIX, INTRINSICS, KERNELS
 from poot.backends.cpu.reductions import split_row_reductions, vectorize_split_reductions
+from poot.backends.cpu.rematerialize import rematerialize_index_generics
 from poot.backends.cpu.runtime import descriptor as _descriptor
 from poot.graph.builder import Graph
 from poot.passes.expand_exp import expand_exp
@@ -875,6 +876,7 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
     with module.context:
         say("bufferize")
         if fuse:
+            rematerialize_index_generics(module)
             PassManager.parse(f"builtin.module({FUSE})").run(module.operation)
         split_row_reductions(module)
         vectorize_split_reductions(module)

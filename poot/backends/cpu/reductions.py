@@ -22,16 +22,21 @@ dimension (the largest of 64, 32, ... dividing ``K / LANES``), and each tile vec
 16-lane reads by ``convert-vector-to-scf{full-unroll}``, not a stack buffer in the loop) and
 a ``vector.multi_reduction`` lowered as ``T`` elementwise combines into the ``vector<LANES>``
 accumulator. An i1 combiner kept in bytes becomes the byte combiner that gives the same
-bytes (``ori``: ``maxui``), which the vectorizer recognizes. Every split combiner is
-order-independent, so results stay bitwise the same. The greedy sampler over 49,152 tokens
-on a 2-core Xeon VM: B = 32 3.2 -> 0.67 ms, B = 1 92 -> 14 us.
+bytes (``ori``: ``maxui``), which the vectorizer recognizes. The vector code
+keeps the lanes' order (lane j combines ``j, j + LANES, ...`` in order), so vector code gives
+the split's bits. The greedy sampler over 49,152 tokens on a 2-core Xeon VM: B = 32 3.2 ->
+0.67 ms, B = 1 92 -> 14 us.
 
-Only combiners whose result does not depend on the order of combination are split: integer
-``addi``, the bitwise ``ori`` / ``andi`` / ``xori`` (also on i1 stored as bytes:
-``extui(ori(trunci(acc), x))``), the integer min/max and ``maximumf`` / ``minimumf`` /
-``maxnumf`` / ``minnumf``, so every result is bitwise the same as before (an f32 sum, whose
-rounding depends on the order, is left alone). ``linalg.index`` of the split dimension
-becomes ``k1 * LANES + k2``.
+The combiners split: integer ``addi``, the bitwise ``ori`` / ``andi`` / ``xori`` (also on i1
+stored as bytes: ``extui(ori(trunci(acc), x))``), the integer min/max and ``maximumf`` /
+``minimumf`` / ``maxnumf`` / ``minnumf``, whose results do not depend on the order of
+combination (bitwise the same as the sequential loop), and the float sum ``addf``, whose
+rounding does: a split sum adds lane j's elements ``j, j + LANES, ...`` in that order (from
+-0.0), then the ``LANES`` lane sums in lane order into the original init. That order is fixed
+by K alone, so a row gets the same bits in every batch, step program and run (the engine's
+batch invariance); it differs from the sequential sum by rounding only, as the GPU's tree
+sums do (the sampler's softmax denominators and inverse-CDF bisections, RMSNorm's sum of
+squares). ``linalg.index`` of the split dimension becomes ``k1 * LANES + k2``.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ LANES = 16
 MIN_EXTENT = 256
 
 _FLOAT_IDENTITY = {"arith.maximumf": float("-inf"), "arith.maxnumf": float("-inf"),
-                   "arith.minimumf": float("inf"), "arith.minnumf": float("inf")}
+                   "arith.minimumf": float("inf"), "arith.minnumf": float("inf"),
+                   "arith.addf": -0.0}
 _INT_COMBINERS = ("arith.addi", "arith.ori", "arith.xori", "arith.andi", "arith.maxsi",
                   "arith.minsi", "arith.maxui", "arith.minui")
 
@@ -331,9 +337,10 @@ def _split_index(op: ir.Operation, dim: int) -> None:
 
 def split_row_reductions(module: ir.Module) -> int:
     """Split every ``linalg.generic`` of ``module`` (on tensors) that reduces an innermost
-    dimension of at least :data:`MIN_EXTENT` elements (a multiple of :data:`LANES`) with an
-    order-independent combiner (module doc) into a :data:`LANES`-wide partial reduction and
-    its final combination. Returns how many were split. Results are bitwise unchanged."""
+    dimension of at least :data:`MIN_EXTENT` elements (a multiple of :data:`LANES`) with a
+    combiner of the module doc into a :data:`LANES`-wide partial reduction and its final
+    combination. Returns how many were split. Results are bitwise unchanged except a float
+    sum's, whose order becomes the lanes' (module doc)."""
     found = []
 
     def visit(op):
