@@ -27,11 +27,11 @@ FEATURES = ("penalties", "logit_bias", "top_k", "top_p", "min_p", "stochastic")
 
 
 def spec_of(name: str):
-    from poot.graph.sampling import SamplerSpec
+    from poot.graph.sampling import GREEDY, SamplerSpec
 
-    if name == "all":
-        return SamplerSpec()
-    on = set() if name == "greedy" else set(name.split("+"))
+    if name in ("all", "greedy"):
+        return SamplerSpec() if name == "all" else GREEDY
+    on = set(name.split("+"))
     bad = on - set(FEATURES)
     if bad:
         raise SystemExit(f"unknown sampler feature(s) {sorted(bad)}; known: {FEATURES}")

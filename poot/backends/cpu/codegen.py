@@ -9,12 +9,13 @@ outlined (one kernel each; identical ones are lowered once) -- lowered to linalg
 target's :class:`~poot.dialects.lowering.Strategy` (:func:`strategy_for`: matmuls that read a
 weight in place become the row-streaming vector kernels of ``poot/backends/cpu/gemv.py``,
 packed Q4_0/Q4_1/Q8_0 decoded in registers, rows as ``scf.forall``) -> elementwise fusion on
-tensors (:data:`FUSE`; index-only producers first copied per consumer, :mod:`~poot.backends.cpu.rematerialize`) -> long row reductions split into 16 lane accumulators
-(:func:`~poot.backends.cpu.reductions.split_row_reductions`), the split vectorized
-(:func:`~poot.backends.cpu.reductions.vectorize_split_reductions`) -> one-shot bufferization over function boundaries (identity layouts;
-every argument of the entry read-only, so inputs are never written) -> results become
-out-parameters the caller allocates -> ownership-based deallocation -> ``scf.forall`` ->
-``scf.parallel`` -> OpenMP when LLVM's runtime is found (the ``cmeel-libomp`` wheel, else a
+tensors (:data:`FUSE`; index-only producers first copied per consumer,
+:mod:`~poot.backends.cpu.rematerialize`) -> long row reductions split into 16 lane
+accumulators (:func:`~poot.backends.cpu.reductions.split_row_reductions`), the split
+vectorized (:func:`~poot.backends.cpu.reductions.vectorize_split_reductions`) -> one-shot
+bufferization over function boundaries (identity layouts; every argument of the entry
+read-only, so inputs are never written) -> results become out-parameters the caller
+allocates -> ownership-based deallocation -> ``scf.forall`` -> ``scf.parallel`` -> OpenMP when LLVM's runtime is found (the ``cmeel-libomp`` wheel, else a
 system's ``libomp.so.5``; without one, one thread) -> linalg to loops (the outer loop of each
 nest marked not to be unrolled: :func:`keep_outer_loops_rolled`) -> LLVM (docs/toolchain.md,
 "The CPU backend"; dispatch functions stay ``noinline``) -> machine code ahead of time
