@@ -20,13 +20,13 @@ irdl_d = lazy_module("mlir.dialects.irdl")
 
 from poot.dialects import ops as _ops  # noqa: F401  (registers the ops)
 from poot.dialects.opdef import REGISTRY, OpDef, attr_irdl_base
-from poot.dialects.quant import FORMATS
+from poot.dialects.quant import ALL_FORMATS
 
 
 def _packed_type() -> list[str]:
-    lines = [f"  irdl.attribute @{f.name} {{ irdl.parameters() }}" for f in FORMATS]
-    alts = [f"    %f{i} = irdl.parametric @poot::@{f.name}<>" for i, f in enumerate(FORMATS)]
-    names = ", ".join(f"%f{i}" for i in range(len(FORMATS)))
+    lines = [f"  irdl.attribute @{f.name} {{ irdl.parameters() }}" for f in ALL_FORMATS]
+    alts = [f"    %f{i} = irdl.parametric @poot::@{f.name}<>" for i, f in enumerate(ALL_FORMATS)]
+    names = ", ".join(f"%f{i}" for i in range(len(ALL_FORMATS)))
     lines += ["  irdl.type @packed {", *alts,
               f"    %fmt = irdl.any_of({names})",
               '    %shape = irdl.base "#builtin.dense_array"',

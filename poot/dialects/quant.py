@@ -23,12 +23,18 @@ class QuantFormat:
         ggml_type: the GGML tensor type id stored in GGUF tensor infos.
         block_elems: logical elements per block.
         block_bytes: stored bytes per block.
+        rows: W rows whose blocks are interleaved (:mod:`poot.dialects.quant_layout`): 1 for
+            ggml's own layouts; 16 for a row-interleaved layout of ``base``.
+        base: the ggml format whose blocks a row-interleaved format regroups (None for ggml's
+            own formats).
     """
 
     name: str
     ggml_type: int
     block_elems: int
     block_bytes: int
+    rows: int = 1
+    base: str | None = None
 
     def packed_bytes(self, shape: tuple[int, ...]) -> int:
         """Stored bytes of a tensor of logical ``shape``; raises ValueError if the innermost
@@ -63,6 +69,19 @@ class Quant(enum.Enum):
     Q6_K = QuantFormat("q6_k", 14, 256, 210)
 
 
+#: row-interleaved layouts of ggml formats (:mod:`poot.dialects.quant_layout`): the same
+#: blocks, regrouped by tiles of 16 rows at load time for the CPU's integer kernels; never
+#: in a file (ggml_type -1), chosen by a target's storage rule
+#: (:attr:`poot.compiler.target.Capabilities.packed_layouts`)
+ROW_INTERLEAVED: tuple[QuantFormat, ...] = tuple(
+    QuantFormat(f"{q.value.name}_r16", -1, 32, q.value.block_bytes, 16, q.value.name)
+    for q in (Quant.Q4_0, Quant.Q4_1))
+
+#: ggml's formats (what a file may hold)
 FORMATS: tuple[QuantFormat, ...] = tuple(q.value for q in Quant)
-BY_NAME: dict[str, QuantFormat] = {f.name: f for f in FORMATS}
+#: every format the IR may name: ggml's and their row-interleaved layouts
+ALL_FORMATS: tuple[QuantFormat, ...] = FORMATS + ROW_INTERLEAVED
+BY_NAME: dict[str, QuantFormat] = {f.name: f for f in ALL_FORMATS}
 BY_GGML_TYPE: dict[int, QuantFormat] = {f.ggml_type: f for f in FORMATS}
+#: the names of ggml's formats: what a target without row-interleaved kernels decodes
+GGML_NAMES: frozenset[str] = frozenset(f.name for f in FORMATS)

@@ -30,7 +30,8 @@ def dequantize(fmt: QuantFormat, data: np.ndarray, shape: tuple[int, ...]) -> np
     """Dequantize packed bytes to float32.
 
     Args:
-        fmt: the block format.
+        fmt: the block format (a row-interleaved one, :mod:`poot.dialects.quant_layout`,
+            is deinterleaved first).
         data: ``uint8`` bytes of whole blocks, any shape, C-contiguous order = storage order.
         shape: logical shape of the result (numpy order); ``shape[-1]`` is a multiple of
             ``fmt.block_elems``.
@@ -40,6 +41,10 @@ def dequantize(fmt: QuantFormat, data: np.ndarray, shape: tuple[int, ...]) -> np
         ValueError: unknown format, or a byte count that does not match ``shape``.
     """
     shape = tuple(int(d) for d in shape)
+    if fmt.rows > 1:        # a row-interleaved layout: ggml's blocks, regrouped
+        from poot.dialects.quant_layout import dequantize as dequantize_interleaved
+
+        return dequantize_interleaved(fmt, data, shape)
     nbytes = fmt.packed_bytes(shape)
     raw = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     if raw.size != nbytes:

@@ -16,7 +16,7 @@ from mlir import ir
 
 from poot.dialects import make_context
 from poot.dialects.opdef import REGISTRY
-from poot.dialects.quant import FORMATS
+from poot.dialects.quant import ALL_FORMATS
 from poot.dialects.verify import verify_module
 from poot.passes.registry import load_all_passes
 
@@ -145,7 +145,7 @@ def test_print_irdl_defines_every_op_and_format():
     assert r.returncode == 0
     defined = set(re.findall(r"irdl\.operation @(\w+) \{", r.stdout))
     assert defined == set(REGISTRY)
-    assert set(re.findall(r"irdl\.attribute @(\w+) \{", r.stdout)) == {f.name for f in FORMATS}
+    assert set(re.findall(r"irdl\.attribute @(\w+) \{", r.stdout)) == {f.name for f in ALL_FORMATS}
     assert "irdl.type @packed" in r.stdout
 
 

@@ -5,7 +5,9 @@ Element ``e`` (row-major over the logical shape) lives in block ``e / block_elem
 ``block * block_bytes``; f16 scales are two little-endian bytes joined into an i16 word and
 ``arith.bitcast`` to f16. Arithmetic is f32 in ggml's order (``q * d``, ``q * d + m``), so the
 result equals :mod:`poot.dialects.quant_ref` exactly. Formats with a decoder here: Q4_0, Q4_1,
-Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K; a format without one is a typed refusal.
+Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K, and the row-interleaved Q4_0 / Q4_1
+(:mod:`poot.dialects.quant_layout`: the same decoders over their block's scattered bytes); a
+format without one is a typed refusal.
 """
 
 from __future__ import annotations
@@ -43,6 +45,60 @@ class _Block:
         word = em.op(f"arith.ori {lo}, {hi} : i16")
         h = em.op(f"arith.bitcast {word} : i16 to f16")
         return em.op(f"arith.extf {h} : f16 to f32")
+
+
+class _InterleavedBlock(_Block):
+    """Reads inside one block of a row-interleaved weight (:mod:`poot.dialects.quant_layout`):
+    ggml's block-relative offsets mapped to where the layout keeps those bytes, for row
+    ``jr`` (index SSA) of the tile block at ``base``. ``scale`` bytes of f16 scales (and
+    min) lead a ggml block; offset ``o < scale`` lives at ``base + 32 (o / 2) + 2 jr + o % 2``,
+    nibble byte ``p = o - scale`` at ``base + 16 scale + 64 (p / 4) + 4 jr + p % 4``."""
+
+    def __init__(self, em: Emitter, w: str, nbytes: int, base: str, jr: str, scale: int):
+        super().__init__(em, w, nbytes, base)
+        self.jr, self.scale = jr, scale
+
+    def _at(self, off) -> str:
+        em = self.em
+
+        def c(v: int) -> str:
+            return em.const(v, "index")
+
+        def op(name: str, a: str, b: str) -> str:
+            return em.op(f"arith.{name} {a}, {b} : index")
+
+        if isinstance(off, int) and off < self.scale:
+            jr2 = op("muli", self.jr, c(2))
+            return op("addi", self.base, op("addi", jr2, c(32 * (off // 2) + off % 2)))
+        p = c(off - self.scale) if isinstance(off, int) else op("subi", off, c(self.scale))
+        at = op("addi", op("muli", op("divui", p, c(4)), c(64)), op("remui", p, c(4)))
+        at = op("addi", at, op("muli", self.jr, c(4)))
+        return op("addi", self.base, op("addi", at, c(16 * self.scale)))
+
+
+def _block_at(em: Emitter, pt, w: str, e: str) -> tuple[_Block, str, str]:
+    """The block holding element ``e`` (row-major index over ``pt``'s logical shape) of the
+    packed weight ``w``, the element's index in it and that index as i32."""
+    fmt = pt.format
+    nel = em.const(fmt.block_elems, "index")
+    j = em.op(f"arith.remui {e}, {nel} : index")
+    j32 = em.op(f"arith.index_cast {j} : index to i32")
+    if fmt.rows == 1:
+        block = em.op(f"arith.divui {e}, {nel} : index")
+        base = em.op(f"arith.muli {block}, {em.const(fmt.block_bytes, 'index')} : index")
+        return _Block(em, w, pt.nbytes, base), j, j32
+    from poot.dialects.quant_layout import scale_bytes
+
+    def op(name: str, a: str, v: int) -> str:
+        return em.op(f"arith.{name} {a}, {em.const(v, 'index')} : index")
+
+    k = pt.shape[-1]
+    n, kk = op("divui", e, k), op("remui", e, k)
+    tile = em.op(f"arith.addi {op('muli', op('divui', n, fmt.rows), k // fmt.block_elems)}, "
+                 f"{op('divui', kk, fmt.block_elems)} : index")
+    base = op("muli", tile, fmt.rows * fmt.block_bytes)
+    return (_InterleavedBlock(em, w, pt.nbytes, base, op("remui", n, fmt.rows),
+                              scale_bytes(fmt)), j, j32)
 
 
 def _nibble(em: Emitter, blk: _Block, qs_off: int, j: str, j32: str) -> str:
@@ -191,7 +247,9 @@ def _q6_k(em, blk, j, j32):
 
 
 DECODERS = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1,
-            "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}
+            "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k,
+            # row-interleaved layouts: the same decoders over an _InterleavedBlock
+            "q4_0_r16": _q4_0, "q4_1_r16": _q4_1}
 
 
 def decode_at(em: Emitter, deq: OpInfo, coords: list[str]) -> str:
@@ -208,12 +266,8 @@ def decode_at(em: Emitter, deq: OpInfo, coords: list[str]) -> str:
         term = c if stride == 1 else em.op(f"arith.muli {c}, {em.const(stride, 'index')} : index")
         e = term if e is None else em.op(f"arith.addi {e}, {term} : index")
         stride *= d
-    nel = em.const(fmt.block_elems, "index")
-    block = em.op(f"arith.divui {e}, {nel} : index")
-    j = em.op(f"arith.remui {e}, {nel} : index")
-    j32 = em.op(f"arith.index_cast {j} : index to i32")
-    base = em.op(f"arith.muli {block}, {em.const(fmt.block_bytes, 'index')} : index")
-    x = decode(em, _Block(em, deq.args[0], pt.nbytes, base), j, j32)
+    blk, j, j32 = _block_at(em, pt, deq.args[0], e)
+    x = decode(em, blk, j, j32)
     if out.dtype is DType.F32:
         return x
     return em.op(f"arith.truncf {x} : f32 to {out.dtype.value}")
@@ -239,12 +293,8 @@ def lower_dequantize(em: Emitter, op: OpInfo) -> str:
             if st != 1:
                 term = em.op(f"arith.muli {term}, {em.const(st, 'index')} : index")
             e = term if e is None else em.op(f"arith.addi {e}, {term} : index")
-        nel = em.const(fmt.block_elems, "index")
-        block = em.op(f"arith.divui {e}, {nel} : index")
-        j = em.op(f"arith.remui {e}, {nel} : index")
-        j32 = em.op(f"arith.index_cast {j} : index to i32")
-        base = em.op(f"arith.muli {block}, {em.const(fmt.block_bytes, 'index')} : index")
-        x = decode(em, _Block(em, op.args[0], pt.nbytes, base), j, j32)
+        blk, j, j32 = _block_at(em, pt, op.args[0], e)
+        x = decode(em, blk, j, j32)
         if out.dtype is DType.F32:
             return x
         return em.op(f"arith.truncf {x} : f32 to {out.dtype.value}")
