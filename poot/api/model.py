@@ -37,7 +37,7 @@ from poot.backends.registry import hook
 from poot.compiler import Capabilities, Target
 from poot.compiler.cache import CompileCache, step_key
 from poot.compiler.compile import require_code_generator
-from poot.compiler.planning import storage_type
+from poot.compiler.planning import storage_type, target_for_options
 from poot.engine import EngineConfig, LLMEngine, ModelRunner
 from poot.engine.lora import LoraManager
 from poot.engine.spec import SpeculativeConfigError, parse_speculative
@@ -196,6 +196,8 @@ class ModelHandle:
         opts, kv_dtype = _checked(opts)
         path = Path(path) if path is not None else default_model_path()
         target = target_for(backend)     # a backend without a code generator: refused here
+        # the weights' layouts follow the precision (planning.target_for_options)
+        target = target_for_options(target, opts.compile_options or DEFAULT_COMPILE_OPTIONS)
         opts = replace(opts, pipeline_parallel=positive("pipeline_parallel",
                                                         opts.pipeline_parallel))
         device = _open_device(backend, target, opts.device, opts.pipeline_parallel)

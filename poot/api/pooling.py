@@ -30,7 +30,7 @@ from poot.api.model import target_for, tokenizer_of
 from poot.api.options import DEFAULT_COMPILE_OPTIONS, positive
 from poot.api.step_cache import cached_compiler
 from poot.compiler.cache import CompileCache
-from poot.compiler.planning import storage_type
+from poot.compiler.planning import storage_type, target_for_options
 from poot.engine.pooling import PoolingRunner, PoolQueue
 from poot.errors import PootError
 from poot.load import load_config, open_weights
@@ -137,7 +137,9 @@ class PoolingModel:
         report = as_callback(progress)
         max_batch = _checked_args(pooling, normalize, max_batch, max_tokens)
         path = Path(path)
-        target = target_for(backend)
+        # the weights' layouts follow the precision (planning.target_for_options)
+        target = target_for_options(target_for(backend),
+                                    compile_options or DEFAULT_COMPILE_OPTIONS)
         if device is None:
             device = device_for(target)
         report(f"loading {path.name}", 0, 0)

@@ -26,9 +26,10 @@ from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
 
 from poot.compiler.options import CompileOptions
-from poot.compiler.planning import Buffer, Refusal, check_module, plan_storage, storage_type
+from poot.compiler.planning import (Buffer, Refusal, check_module, plan_storage, storage_type,
+                                    target_for_options)
 from poot.compiler.target import Target
-from poot.dialects.types import type_from_mlir
+from poot.dialects.types import PackedType, type_from_mlir
 from poot.errors import LimitExceeded, PootError
 from poot.graph.builder import Graph
 from poot.passes.analysis import dispatch_count, dispatch_report
@@ -138,6 +139,7 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None,
     limit, and :class:`CompileError` when a pass fails.
     """
     options = options or CompileOptions()
+    target = target_for_options(target, options)
     require_code_generator(target)
     track = Tracker.of(progress)
     load_all_passes()
@@ -154,9 +156,12 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None,
             _run_pass(name, g.module, {}, options, seconds)
         compute = ",".join(sorted(d.value for d in target.caps.compute_dtypes))
         stored = ",".join(sorted(d.value for d in target.caps.storage_dtypes))
+        repack: dict[str, str] = {}
         if "poot-legalize" not in options.disable:
             track("pass poot-legalize")
-            _run_pass("poot-legalize", g.module, {"compute": compute, "storage": stored},
+            layouts = ",".join(sorted(target.caps.packed_layouts))
+            _run_pass("poot-legalize", g.module,
+                      {"compute": compute, "storage": stored, "layouts": layouts},
                       options, seconds)
             caps = target.caps          # the interface follows the widened step function
             g.inputs = [(n, type_from_mlir(a.type)) for (n, _), a in
@@ -164,7 +169,11 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None,
             g.outputs = [(n, type_from_mlir(t)) for (n, _), t in
                          zip(g.outputs, ir.FunctionType(ir.TypeAttr(
                              g.func.attributes["function_type"]).value).results)]
+            declared = g.params
             g.params = {n: storage_type(t, caps) for n, t in g.params.items()}
+            # weights stored in another layout than the file's: their file format
+            repack = {n: t.format.name for n, t in declared.items()
+                      if isinstance(t, PackedType) and g.params[n] != t}
         track("planning")
         check_module(g.module.operation, target)
         storage = plan_storage(g.func, g.inputs, g.outputs, g.params)
@@ -184,6 +193,8 @@ def compile(graph: Graph, target: Target, options: CompileOptions | None = None,
                       seconds)
     t0 = time.perf_counter()
     program.executable = _codegen(program, options, track)
+    if repack:          # the executable's run() takes the files' bytes and repacks these
+        program.executable.repack = repack
     seconds["codegen"] = time.perf_counter() - t0
     return program
 

@@ -7,7 +7,7 @@ layer branches on a backend.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
@@ -46,8 +46,20 @@ def storage_type(t, caps):
     storage (a wgpu adapter: naga has no 16-bit types) -- the same shape in f32, so a bf16
     checkpoint runs there at twice the bytes instead of being refused. The rule is
     ``poot-legalize``'s (:func:`poot.passes.legalize.stored_type`, which widens the graph by
-    it); the executor allocates weights by it, so the two always agree."""
-    return stored_type(t, caps.storage_dtypes)
+    it); the executor allocates weights by it, so the two always agree. A 2-D Q4_0 / Q4_1 weight
+    on a target listing its row-interleaved layout (``Capabilities.packed_layouts``) is stored
+    in that layout, repacked on upload (:func:`poot.dialects.quant_layout.to_stored`)."""
+    return stored_type(t, caps.storage_dtypes, caps.packed_layouts)
+
+
+def target_for_options(target, options):
+    """``target`` as a compile with ``options`` uses it: row-interleaved weight layouts
+    (``Capabilities.packed_layouts``) serve the integer dot-product kernels, so at precision
+    ``exact`` (f32 activations, no integer kernels) weights keep the file's layout. The loader
+    stores weights by the target this returns, the compiler compiles for it: the two agree."""
+    if target.caps.packed_layouts and getattr(options, "precision", None) == "exact":
+        return replace(target, caps=replace(target.caps, packed_layouts=frozenset()))
+    return target
 
 
 def _kv_scales_stored(t: TensorType, caps) -> bool:

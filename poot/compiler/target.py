@@ -38,6 +38,10 @@ class Capabilities:
             no limit (horizontal fusion stops short of it; a region past it is refused).
         kv_formats: block-quantized KV cache formats (``q8_0``, ``fp8``) the attention kernels
             read in place (:mod:`poot.dialects.kv_quant`); a KV pool in another is refused.
+        packed_layouts: row-interleaved packed formats (``q4_0_r16``, ``q4_1_r16``:
+            :mod:`poot.dialects.quant_layout`) the target stores 2-D weights of their ggml
+            format in, repacked at load time (the storage rule,
+            :func:`poot.compiler.planning.storage_type`).
     """
 
     storage_dtypes: frozenset[DType] = ALL_DTYPES
@@ -52,6 +56,7 @@ class Capabilities:
     max_buffer_bytes: int | None = None
     max_kernel_buffers: int | None = None
     kv_formats: frozenset[str] = frozenset()
+    packed_layouts: frozenset[str] = frozenset()
 
     def without_dtype(self, dtype: DType) -> "Capabilities":
         """These capabilities less one dtype (storage and compute); for tests and planning."""
@@ -75,7 +80,8 @@ class Target:
                 f"sh={c.max_shared_bytes};f={sorted(c.features)}"
                 + (f";mb={c.max_buffer_bytes}" if c.max_buffer_bytes is not None else "")
                 + (f";mk={c.max_kernel_buffers}" if c.max_kernel_buffers is not None else "")
-                + (f";kv={sorted(c.kv_formats)}" if c.kv_formats else ""))
+                + (f";kv={sorted(c.kv_formats)}" if c.kv_formats else "")
+                + (f";pl={sorted(c.packed_layouts)}" if c.packed_layouts else ""))
 
 
 def _cpu_flags() -> frozenset[str]:
@@ -208,4 +214,21 @@ def host_cpu() -> Target:
         features |= {"amx_tile", "amx_int8"}
     return Target("cpu", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
                                       vector_bits=bits, features=frozenset(features),
-                                      kv_formats=frozenset({"q8_0"})))
+                                      kv_formats=frozenset({"q8_0"}),
+                                      packed_layouts=cpu_packed_layouts(features)))
+
+
+#: the ISA the row-interleaved kernel needs (512-bit ``vpdpbusd``:
+#: :meth:`poot.backends.cpu.gemv._K.tile_r16`)
+REPACK_FEATURES = frozenset({"avx512f", "avx512bw", "avx512_vnni"})
+
+
+def cpu_packed_layouts(features) -> frozenset[str]:
+    """The row-interleaved layouts (:mod:`poot.dialects.quant_layout`) a CPU with ISA
+    ``features`` stores Q4_0 / Q4_1 weights in: both where its integer kernels read them
+    (:data:`REPACK_FEATURES`) and neither ``POOT_CPU_REPACK=0`` nor ``POOT_CPU_INT8=0`` (f32
+    activations: no integer kernels) asks otherwise, else none (ggml's layout)."""
+    if settings.get_str("POOT_CPU_REPACK") == "0" or settings.get_str("POOT_CPU_INT8") == "0" \
+            or not REPACK_FEATURES <= set(features):
+        return frozenset()
+    return frozenset({"q4_0_r16", "q4_1_r16"})

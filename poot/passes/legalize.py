@@ -15,6 +15,11 @@ f32 and casts to the 16-bit dtype keep no rounding -- but a q8_0 KV cache's f16 
 part of that storage format, which keep their type (:func:`kv_scale_planes`); the rule is
 :func:`poot.compiler.planning.storage_type`, which the executor also allocates weights by
 (a bf16 checkpoint on a wgpu adapter is uploaded as f32).
+
+Option ``layouts``: comma-separated row-interleaved packed formats the target stores (empty:
+none; :mod:`poot.dialects.quant_layout`): a 2-D packed weight whose ggml format has its
+layout there takes it (``q4_1`` -> ``q4_1_r16``); the same bytes, repacked at load time, so
+every op reading it reads the new type (the in-place decoders know both layouts).
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from poot.dialects.opdef import dense_from_mlir, dense_to_mlir
 from poot.lazy import lazy_module
 ir = lazy_module("mlir.ir")
 
-from poot.dialects.types import DType, TensorType, type_from_mlir
+from poot.dialects.quant import BY_NAME
+from poot.dialects.quant_layout import stored_layout
+from poot.dialects.types import DType, PackedType, TensorType, type_from_mlir
 from poot.passes.registry import PassFailure, register_pass
 
 # Ops that compute on their operands' element type (views and data movement only copy).
@@ -51,14 +58,21 @@ def _widen(op: ir.Operation) -> None:
 WIDENED = frozenset({DType.F16, DType.BF16})
 
 
-def stored_type(t, storage):
+def stored_type(t, storage, layouts=frozenset()):
     """The type a value of poot type ``t`` is stored in on a target that stores the dtypes
-    ``storage``: ``t`` itself, or for an f16/bf16 tensor the target cannot store while it
-    stores f32, the same shape in f32. The one rule behind the ``storage`` option and
-    :func:`poot.compiler.planning.storage_type`; packed and non-tensor types are kept."""
+    ``storage`` and the row-interleaved packed formats ``layouts``: ``t`` itself, or for an
+    f16/bf16 tensor the target cannot store while it stores f32, the same shape in f32, or
+    for a 2-D packed weight whose format has a layout in ``layouts`` that layout
+    (:func:`poot.dialects.quant_layout.stored_layout`). The one rule behind the ``storage``
+    and ``layouts`` options and :func:`poot.compiler.planning.storage_type`; other types are
+    kept."""
     if isinstance(t, TensorType) and t.dtype in WIDENED and t.dtype not in storage and \
             DType.F32 in storage:
         return t.with_dtype(DType.F32)
+    if layouts and isinstance(t, PackedType):
+        fmt = stored_layout(t.format, t.shape, layouts)
+        if fmt is not None:
+            return PackedType(fmt, t.shape)
     return t
 
 
@@ -109,11 +123,14 @@ def kv_scale_planes(module: ir.Operation) -> list:
     return kept
 
 
-def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
+def widen_storage(module: ir.Operation, storage: set[DType],
+                  layouts: frozenset[str] = frozenset()) -> int:
     """Store every f16/bf16 value the target cannot store as f32 (module doc), but q8_0 KV
-    scales planes (:func:`kv_scale_planes`); returns the number of values widened."""
-    if all(stored_type(TensorType((1,), d), storage).dtype == d for d in WIDENED):
-        return 0                            # this target widens nothing: no walk
+    scales planes (:func:`kv_scale_planes`), and every packed weight with a layout in
+    ``layouts`` in that layout; returns the number of values retyped."""
+    if not layouts and \
+            all(stored_type(TensorType((1,), d), storage).dtype == d for d in WIDENED):
+        return 0                            # this target retypes nothing: no walk
     with module.context:
         kept = kv_scale_planes(module)
 
@@ -122,7 +139,7 @@ def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
             pt = type_from_mlir(t)
         except TypeError:
             return None
-        st = stored_type(pt, storage)
+        st = stored_type(pt, storage, layouts)
         return st.mlir() if st is not pt else None
 
     n = 0
@@ -170,11 +187,17 @@ def widen_storage(module: ir.Operation, storage: set[DType]) -> int:
 @register_pass("poot-legalize", "compute unsupported float dtypes in f32 between casts; "
                "store 16-bit floats a target cannot store in f32",
                {"compute": (str, "f32,i64,i32,i8,i1", "dtypes the target computes in"),
-                "storage": (str, "", "dtypes the target stores (empty: unchecked)")})
-def run(module: ir.Operation, compute: str = "f32,i64,i32,i8,i1", storage: str = "") -> None:
+                "storage": (str, "", "dtypes the target stores (empty: unchecked)"),
+                "layouts": (str, "", "row-interleaved packed formats the target stores")})
+def run(module: ir.Operation, compute: str = "f32,i64,i32,i8,i1", storage: str = "",
+        layouts: str = "") -> None:
     allowed = _dtypes(compute, "compute")
-    if storage:
-        widen_storage(module, _dtypes(storage, "storage"))
+    names = frozenset(x.strip() for x in layouts.split(",") if x.strip())
+    for name in names:
+        if name not in BY_NAME or BY_NAME[name].rows == 1:
+            raise PassFailure(f"poot-legalize: '{name}' is not a row-interleaved packed format")
+    if storage or names:
+        widen_storage(module, _dtypes(storage, "storage") if storage else set(DType), names)
     todo: list[ir.Operation] = []
 
     def visit(op):

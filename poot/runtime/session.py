@@ -51,6 +51,7 @@ from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
 import numpy as np
 
+from poot.dialects.quant_layout import to_stored
 from poot.dialects.types import PootType
 from poot.errors import PootError
 from poot.runtime.device import Device
@@ -127,8 +128,9 @@ class Session(Generic[D]):
 
     ``storage_type``: maps a weight's type to the type the target stores it in (the
     compiler's :func:`~poot.compiler.planning.storage_type` for the programs' target: a bf16
-    weight on a target without 16-bit storage is allocated as f32 and converted on upload);
-    None keeps every type."""
+    weight on a target without 16-bit storage is allocated as f32 and converted on upload; a
+    Q4 weight on a CPU with the row-interleaved kernels is repacked on upload,
+    :func:`~poot.dialects.quant_layout.to_stored`); None keeps every type."""
 
     def __init__(self, device: D, alias_carried: bool = False,
                  storage_type: Callable[[PootType], PootType] | None = None):
@@ -151,11 +153,11 @@ class Session(Generic[D]):
             if name not in arrays:
                 raise SessionError(f"weight '{name}' has a type but no array")
             buf = self._weights.get(name)
+            stored = self.storage_type(t)
             if buf is None:
-                t = self.storage_type(t)
-                buf = self.device.alloc(t)
-                self._weights[name], self._weight_types[name] = buf, t
-            self.device.upload(buf, arrays[name])
+                buf = self.device.alloc(stored)
+                self._weights[name], self._weight_types[name] = buf, stored
+            self.device.upload(buf, to_stored(arrays[name], t, stored))
 
     # ---- entries -----------------------------------------------------------------------
     def add_entry(self, program, carry: Mapping[str, str] | None = None,

@@ -4,6 +4,9 @@
 // RUN: poot-opt %s --split-input-file -p 'builtin.module(poot-legalize{compute=f32,i64,i32,i8,i1},poot-verify)' | FileCheck %s
 // RUN: poot-opt %s --split-input-file -p 'builtin.module(poot-legalize{compute=f32,f16,bf16,i64,i32,i8,i1})' | FileCheck %s --check-prefix=NATIVE
 // RUN: poot-opt %s --split-input-file -p 'builtin.module(poot-legalize{compute=f32,i64,i32,i8,i1 storage=f32,i64,i32,i8,i1},poot-verify)' | FileCheck %s --check-prefix=STORE
+// A target that stores Q4 weights row-interleaved (option layouts): 2-D packed weights of
+// those formats with N a multiple of 16 take the layout (prefix LAYOUT).
+// RUN: poot-opt %s --split-input-file -p 'builtin.module(poot-legalize{layouts=q4_0_r16,q4_1_r16},poot-verify)' | FileCheck %s --check-prefix=LAYOUT
 
 // CHECK-LABEL: func.func @half_exp
 // CHECK: %[[W:.*]] = "poot.cast"(%arg0) : (tensor<4xf16>) -> tensor<4xf32>
@@ -70,4 +73,25 @@ func.func @stored_wide(%a: tensor<4xbf16>) -> (tensor<4xbf16>, tensor<2xf16>) {
   %c = "poot.constant"() {value = dense<[1.5, -2.0]> : tensor<2xf16>} : () -> tensor<2xf16>
   %0 = "poot.binary"(%a, %w) {fn = "add"} : (tensor<4xbf16>, tensor<4xbf16>) -> tensor<4xbf16>
   return %0, %c : tensor<4xbf16>, tensor<2xf16>
+}
+
+// -----
+
+// Row-interleaved storage: the q4_1 [32, 64] weight takes q4_1_r16 (its dequantize reads the
+// new type); q8_0 has no such layout and N = 8 is not a multiple of 16: both kept.
+// LAYOUT-LABEL: func.func @stored_layouts
+// LAYOUT: "poot.packed_param"() {name = "w"} : () -> !poot.packed<#poot.q4_1_r16, array<i64: 32, 64>>
+// LAYOUT: "poot.dequantize"(%{{.*}}) : (!poot.packed<#poot.q4_1_r16, array<i64: 32, 64>>) -> tensor<32x64xf32>
+// LAYOUT: "poot.packed_param"() {name = "e"} : () -> !poot.packed<#poot.q8_0, array<i64: 32, 64>>
+// LAYOUT: "poot.packed_param"() {name = "s"} : () -> !poot.packed<#poot.q4_1, array<i64: 8, 64>>
+// CHECK-LABEL: func.func @stored_layouts
+// CHECK: "poot.packed_param"() {name = "w"} : () -> !poot.packed<#poot.q4_1, array<i64: 32, 64>>
+func.func @stored_layouts() -> (tensor<32x64xf32>, tensor<32x64xf32>, tensor<8x64xf32>) {
+  %w = "poot.packed_param"() {name = "w"} : () -> !poot.packed<#poot.q4_1, array<i64: 32, 64>>
+  %0 = "poot.dequantize"(%w) : (!poot.packed<#poot.q4_1, array<i64: 32, 64>>) -> tensor<32x64xf32>
+  %e = "poot.packed_param"() {name = "e"} : () -> !poot.packed<#poot.q8_0, array<i64: 32, 64>>
+  %1 = "poot.dequantize"(%e) : (!poot.packed<#poot.q8_0, array<i64: 32, 64>>) -> tensor<32x64xf32>
+  %s = "poot.packed_param"() {name = "s"} : () -> !poot.packed<#poot.q4_1, array<i64: 8, 64>>
+  %2 = "poot.dequantize"(%s) : (!poot.packed<#poot.q4_1, array<i64: 8, 64>>) -> tensor<8x64xf32>
+  return %0, %1, %2 : tensor<32x64xf32>, tensor<32x64xf32>, tensor<8x64xf32>
 }

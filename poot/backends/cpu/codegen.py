@@ -211,7 +211,10 @@ class CpuProgram:
         the out-parameters, without the in-place ones); params: weight names and types in
         argument order; in_place: output name -> the input it updates in place (no
         out-parameter); compile_s: seconds spent lowering and compiling; lowered: the
-        linalg-level IR text (before bufferization), for inspection.
+        linalg-level IR text (before bufferization), for inspection; repack: weight name ->
+        the file's packed format, for the weights :func:`poot.compiler.compile` stored in a
+        row-interleaved layout (:mod:`poot.dialects.quant_layout`): :meth:`run` takes the
+        file's bytes of those and repacks them.
     """
 
     name: str
@@ -225,6 +228,7 @@ class CpuProgram:
     lowered: str = ""
     _fn: object = field(default=None, repr=False)
     in_place: dict[str, str] = field(default_factory=dict)
+    repack: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         tune_malloc()  # also for programs built from cached code
@@ -235,8 +239,15 @@ class CpuProgram:
         weights as their stored uint8 bytes; bf16/f16 as their numpy dtype or as uint16
         words). Returns fresh output arrays by name (bf16 as ``ml_dtypes.bfloat16``); the
         in-place outputs are updated copies of their inputs (the caller's arrays are not
-        written)."""
+        written). Weights listed in ``repack`` are taken as the file holds them."""
         params = params or {}
+        if self.repack:
+            from poot.dialects.quant import BY_NAME
+            from poot.dialects.quant_layout import interleave
+
+            types = dict(self.params)
+            params = {n: interleave(BY_NAME[self.repack[n]], a, types[n].shape)
+                      if n in self.repack else a for n, a in params.items()}
         keep: list[np.ndarray] = []
         updated = {i: o for o, i in self.in_place.items()}
         copies: dict[str, np.ndarray] = {}

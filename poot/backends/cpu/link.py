@@ -49,7 +49,7 @@ def with_this_openmp(libs) -> list[str]:
 
 
 def program_from_object(so_path: str | os.PathLike, name: str, inputs, params, outputs,
-                        shared_libs=(), in_place=None) -> CpuProgram:
+                        shared_libs=(), in_place=None, repack=None) -> CpuProgram:
     """A ``CpuProgram`` calling step function ``name`` of a linked shared object, loaded
     after ``shared_libs``. Raises ``OSError`` when the object does not load,
     ``AttributeError`` when it has no such function."""
@@ -59,7 +59,7 @@ def program_from_object(so_path: str | os.PathLike, name: str, inputs, params, o
     sym = getattr(lib, f"_mlir__mlir_ciface_{name}")
     fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ctypes.cast(sym, ctypes.c_void_p).value)
     prog = CpuProgram(name, list(inputs), list(params), list(outputs), engine=lib,
-                      in_place=dict(in_place or {}))
+                      in_place=dict(in_place or {}), repack=dict(repack or {}))
     prog._fn = fn
     prog.compile_s = time.perf_counter() - t0
     return prog
@@ -93,7 +93,7 @@ def link_object(engine, so_path: Path) -> bool:
 
 
 def program_from_llvm(text: str, name: str, inputs, params, outputs, opt_level: int = 2,
-                      shared_libs=None, in_place=None) -> CpuProgram:
+                      shared_libs=None, in_place=None, repack=None) -> CpuProgram:
     """A ``CpuProgram`` from LLVM-dialect module text (the JIT runs; nothing else), linked
     against ``shared_libs`` (default: the MLIR runner utils; an OpenMP-parallel program needs
     the OpenMP runtime it was compiled with). Raises ``FileNotFoundError`` when one of those
@@ -110,7 +110,7 @@ def program_from_llvm(text: str, name: str, inputs, params, outputs, opt_level: 
         raise FileNotFoundError(f"shared libraries of a cached program are gone: {missing}")
     engine = JitCode(ExecutionEngine(module, opt_level=opt_level, shared_libs=libs), text, libs)
     prog = CpuProgram(name, list(inputs), list(params), list(outputs), engine,
-                      in_place=dict(in_place or {}))
+                      in_place=dict(in_place or {}), repack=dict(repack or {}))
     prog._fn = engine.lookup(name)
     prog.compile_s = time.perf_counter() - t0
     prog._ctx = ctx  # keep the context alive with the engine
@@ -121,6 +121,7 @@ def _interface(exe: CpuProgram, opt_level: int) -> dict:
     """What a cache entry keeps of a program's calling interface."""
     return {"name": exe.name, "inputs": exe.inputs, "params": exe.params,
             "outputs": exe.outputs, "in_place": dict(getattr(exe, "in_place", {}) or {}),
+            "repack": dict(getattr(exe, "repack", {}) or {}),
             "opt_level": opt_level}
 
 
@@ -156,14 +157,15 @@ def load_entry(entry: dict, folder: Path) -> CpuProgram | None:
     args = (entry["name"], entry["inputs"], entry["params"], entry["outputs"])
     if so:
         try:
-            return program_from_object(folder / so, *args, libs, entry.get("in_place"))
+            return program_from_object(folder / so, *args, libs, entry.get("in_place"),
+                                       entry.get("repack"))
         except (OSError, AttributeError):
             pass
     if not entry.get("llvm"):
         return None                     # compiled ahead of time: compile again
     return program_from_llvm(entry["llvm"], *args, entry["opt_level"],
                              None if entry.get("libs") is None else libs,
-                             entry.get("in_place"))
+                             entry.get("in_place"), entry.get("repack"))
 
 
 __all__ = ["cache_entry", "link_object", "load_entry", "load_libs", "program_from_llvm",

@@ -72,9 +72,9 @@ def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, core
     # lazy: this file also loads alone, without the poot package (devcheck on a GPU machine)
     from poot.compiler.target import Capabilities, Target
     # lazy: this file also loads alone, without the poot package (devcheck on a GPU machine)
-    from poot.dialects.quant import BY_NAME
+    from poot.dialects.quant import GGML_NAMES
 
-    return Target("cuda", Capabilities(packed_formats=frozenset(BY_NAME), cores=cores,
+    return Target("cuda", Capabilities(packed_formats=GGML_NAMES, cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,
                                        features=frozenset({f"sm_{sm}", "workgroup_view"}),

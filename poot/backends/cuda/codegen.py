@@ -28,6 +28,7 @@ from poot.backends.gpu.kernels import gpu_kernels
 from poot.backends.gpu.plan import plan_program
 from poot.compiler.target import Capabilities, Target
 from poot.dialects.lowering.packed import DECODERS
+from poot.dialects.quant import GGML_NAMES
 from poot.errors import PootError
 from poot import settings
 from poot.progress import Tracker
@@ -245,7 +246,7 @@ def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, core
     """The ``sm_{sm}`` target (default sm_90): f32/f16/bf16 storage, f32 compute, every
     packed decoder, q8_0 KV pools and, from sm_89, fp8 ones (read by the flash-decoding
     strategy; :func:`~poot.backends.cuda.artifact.kv_formats_of`)."""
-    return Target("cuda", Capabilities(packed_formats=frozenset(DECODERS), cores=cores,
+    return Target("cuda", Capabilities(packed_formats=frozenset(DECODERS) & GGML_NAMES, cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,
                                        features=frozenset({f"sm_{sm}", "workgroup_view"}),

@@ -4,7 +4,7 @@ runs cached code objects computes its compile-cache keys with it."""
 from __future__ import annotations
 
 from poot.compiler.target import Capabilities, Target
-from poot.dialects.quant import BY_NAME
+from poot.dialects.quant import GGML_NAMES
 from poot.errors import PootError
 
 #: per architecture: (wavefront size, compute units of the part it is named for, LDS bytes
@@ -43,7 +43,7 @@ def rocm_target(arch: str = DEFAULT_ARCH):
     if arch not in ARCHS:
         raise UnknownArch(f"no ROCm target for arch {arch!r} (known: {', '.join(ARCHS)})")
     wave, cus, lds = ARCHS[arch]
-    return Target("rocm", Capabilities(packed_formats=frozenset(BY_NAME), cores=cus,
+    return Target("rocm", Capabilities(packed_formats=GGML_NAMES, cores=cus,
                                        subgroup_size=wave, max_shared_bytes=lds,
                                        features=frozenset({arch, "workgroup_view",
                                                            MATRIX[wave]}),

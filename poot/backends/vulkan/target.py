@@ -4,7 +4,7 @@ only runs cached SPIR-V computes its compile-cache keys (and wgpu its target) wi
 from __future__ import annotations
 
 from poot.compiler.target import Capabilities, Target
-from poot.dialects.quant import BY_NAME    # every format the kernels decode (no MLIR)
+from poot.dialects.quant import GGML_NAMES  # every format the kernels decode (no MLIR)
 from poot.dialects.types import DType
 
 #: what the SPIR-V lowering assumes about a device it was not told about (lavapipe-like)
@@ -31,7 +31,7 @@ def vulkan_target(device_caps: dict | None = None, backend: str = "vulkan"):
         compute.add(DType.I64)
     return Target(backend, Capabilities(
         storage_dtypes=frozenset(storage), compute_dtypes=frozenset(compute),
-        packed_formats=frozenset(BY_NAME), cores=int(caps.get("compute_units", 1)),
+        packed_formats=GGML_NAMES, cores=int(caps.get("compute_units", 1)),
         vector_bits=128, subgroup_size=caps.get("subgroup_size"),
         max_shared_bytes=int(caps.get("max_shared_bytes", 32768)), features=feats,
         max_buffer_bytes=caps.get("max_buffer_bytes"),
