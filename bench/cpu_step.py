@@ -89,6 +89,7 @@ def step_bench(path, steps: int, threads: int | None, prefill: int = 0, batch: i
     from poot.backends.cpu.codegen import cpu_threads, strategy_for
     from poot.compiler import CompileOptions, compile
     from poot.compiler.target import host_cpu
+    from poot.dialects.quant_layout import to_stored
     from poot.models import load_model
 
     t0 = time.perf_counter()
@@ -102,7 +103,8 @@ def step_bench(path, steps: int, threads: int | None, prefill: int = 0, batch: i
     program = compile(g, host_cpu(), options)
     compile_s = time.perf_counter() - t0
     prog = program.executable
-    params = {n: np.asarray(weights[n]) for n, _ in prog.params}
+    # weights as the target stores them (Q4 repacked where the CPU takes the layout)
+    params = {n: to_stored(np.asarray(weights[n]), weights.types[n], t) for n, t in prog.params}
     inputs = _step_inputs(prog, prefill)
     raw = prepared_call(prog, inputs, params)
     step_s = _timeit(raw, steps)

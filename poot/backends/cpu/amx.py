@@ -50,8 +50,8 @@ def fits(k) -> bool:
     N a multiple of 16, and x int16 or (int8 with a Q4 weight: int8 x meets Q8_0 only in the
     VNNI kernel's sign trick)."""
     g = k.g
-    return bool(k.s.amx) and k.gemm and g.m >= MIN_ROWS and g.n % N_TILE == 0 and \
-        (k.bits == 16 or g.wtype.format.name != "q8_0")
+    return bool(k.s.amx) and (k.gemm or k.r16) and g.m >= MIN_ROWS and g.n % N_TILE == 0 \
+        and (k.bits == 16 or g.wtype.format.name != "q8_0")
 
 
 class AmxTile:
@@ -100,11 +100,15 @@ class AmxTile:
         b = em.fresh("ab")
         em.line(f"scf.for {b} = {k.c(0)} to {k.c(nb)} step {k.c(1)} {{")
         em.depth += 1
-        offs = k.block_offsets(row0, b, N_TILE)
-        k._prefetch(offs)
-        dw, mw = k._tile_scales(offs)
+        if k.r16:               # a row-interleaved weight: the vectors as stored
+            dw, mw, words = k.r16_block(row0, b)
+        else:
+            offs = k.block_offsets(row0, b, N_TILE)
+            k._prefetch(offs)
+            dw, mw = k._tile_scales(offs)
+            words = k.quad_words(offs)
         base = k.mul(b, 8)
-        for word, v in k.quad_words(offs):
+        for word, v in words:
             em.line(f"vector.store {v}, {pack}[{k.add(base, word)}, {k.c(0)}] : "
                     f"memref<{nb * 8}x64xi8>, vector<64xi8>")
         for v, buf in zip([dw, mw][:self.nsc], scales):

@@ -36,6 +36,17 @@ FMAs; the tiles ahead are prefetched as one forward stream. So a row's result is
 same at every M, alone or in a batch of any size (the engine's batch invariance): the integer
 sums are exact, and the f32 operations per (x row, W row) and their order are the same.
 
+Weights stored row-interleaved (``q4_0_r16`` / ``q4_1_r16``, :mod:`poot.dialects.quant_layout`:
+what a CPU with 512-bit VNNI stores Q4 weights in, repacked at load time) take the
+row-interleaved tile (:meth:`_K.tile_r16`) at every M below the AMX tile's
+(:data:`~poot.backends.cpu.amx.MIN_ROWS`): a tile block's 4 x 64 bytes are, after one ``and``
+and one shift each, the 8 interleaved weight vectors the GEMM tile builds by transposes (lane
+j: row j's 4 elements of one x word), so each x row's block costs its 8 (int8 x) or 16
+(int16 x: ``x = 256 h + l`` split into bytes, ``256 sum(w h) + sum(w l)``) ``vpdpbusd``
+with broadcast x words and nothing else; AMX reads the same vectors as its B tiles. The
+integer block sums are exact, and the f32 operations are :meth:`_K._scale_fma`'s: bitwise the
+results of the ggml-layout kernels.
+
 Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order
 (up to the rounding of x with integer dot products).
 """
@@ -75,6 +86,11 @@ GEMM_M_TILE = 8
 GEMM_CHAINS = 2
 #: W rows of one :meth:`_K.tile_lanes` tile (M = 1): one i32 lane of a 256-bit vector each
 GEMV_LANES = 8
+#: bytes ahead :meth:`_K.r16_block` prefetches a row-interleaved W (one forward stream a
+#: thread; measured on a 2-core Xeon VM, SmolLM2's 210 Q4_1 layer matmuls at M = 1 from
+#: 2 MiB pages, median of 25: no prefetch 4.4 ms, 2.5 KiB ahead 3.3, 11.5 KiB 3.0-3.2,
+#: 20 KiB 2.9-3.3, 30 KiB 3.5; the ggml-layout GEMV 3.5-3.7)
+R16_PREFETCH_BYTES = 16 << 10
 #: how many tiles ahead :meth:`_K.tile_lanes` prefetches W (measured on a Zen 4, a 35 MB
 #: Q4_1 GEMV on one thread: 1 tile 13.7 GB/s, 2 14.4, 4 14.2; the row-streaming tile 13.8)
 GEMV_PREFETCH_TILES = 2
@@ -209,7 +225,7 @@ def _weight_source(t: OpInfo | None) -> tuple[str, object] | None:
         return None
     if src.name == "dequantize" and src.result.dtype is DType.F32:
         pt = src.types[0]
-        if pt.format.name in PACKED and src.producer(0) is None:
+        if (pt.format.name in PACKED or pt.format.rows > 1) and src.producer(0) is None:
             return src.args[0], pt
         return None
     if src.name == "cast" and src.producer(0) is None and src.result.dtype is DType.F32 and \
@@ -238,7 +254,15 @@ def match(op: OpInfo) -> Gemv | None:
     n = bt.shape[1]
     if m == 0 or n == 0 or k == 0:
         return None
+    if isinstance(src[1], PackedType) and src[1].format.rows > 1 and not r16_fits(op.strategy):
+        return None             # the generic lowering decodes it (packed.py)
     return Gemv(op.args[0], src[0], src[1], m, k, n)
+
+
+def r16_fits(s: Strategy) -> bool:
+    """Whether the strategy runs the row-interleaved tile (:meth:`_K.tile_r16`): x quantized
+    (``dot_bits``) and 512-bit VNNI (``vnni`` with AVX-512's ``m_tile``)."""
+    return bool(s.dot_bits) and s.vnni and s.m_tile >= 4
 
 
 class _K:
@@ -273,8 +297,13 @@ class _K:
         elif self.quant:
             want = s.n_tile if g.m == 1 else max(1, 8 // self.mt)
             nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
+        #: the row-interleaved tile (:meth:`tile_r16`) for a ``q4_*_r16`` weight
+        self.r16 = g.packed and g.wtype.format.rows > 1
+        if self.r16:
+            self.lanes = nt = g.wtype.format.rows
+            self.mt = min(g.m, GEMM_M_TILE)
         #: the GEMM on AMX tiles (:mod:`poot.backends.cpu.amx`): same results as tile_gemm
-        self.amx = amx.AmxTile(self) if self.gemm and amx.fits(self) else None
+        self.amx = amx.AmxTile(self) if (self.gemm or self.r16) and amx.fits(self) else None
         if self.amx is not None:
             self.lanes = nt = amx.N_TILE
             self.mt = min(g.m, amx.M_TILE)
@@ -450,6 +479,8 @@ class _K:
         def tile(m0: str, rows: int, d: str) -> str:
             if self.amx is not None:
                 return self.amx.tile(m0, rows, d, dest_t, cols[0])
+            if self.r16:
+                return self.tile_r16(wrows[0], m0, rows, d, dest_t, cols[0])
             if self.gemm:
                 return self.tile_gemm(wrows[0], m0, rows, d, dest_t, cols[0])
             if self.lane_gemv:
@@ -493,6 +524,8 @@ class _K:
         per = CHUNK * self.bits // 32  # i32 words of x per block (the GEMM's layout)
         if self.amx is not None:    # the A tiles' bytes (module doc of amx)
             tq = f"tensor<{self.amx.mpad}x{self.amx.xbytes}xi8>"
+        elif self.r16:              # the same bytes as i32 words (tile_r16's broadcasts)
+            tq = f"tensor<{g.m}x{g.k * self.bits // 32}xi32>"
         elif self.gemm:
             tq = f"tensor<{g.m}x{nb * per}xi32>"
         inits = [em.op(f"tensor.empty() : {t}", "e") for t in (tq, tf, tf)]
@@ -528,7 +561,7 @@ class _K:
         wide = em.op(f"arith.extsi {qq} : vector<32x{qt}> to vector<32xi32>")
         qsum = em.op(f"vector.reduction <add>, {wide} : vector<32xi32> into i32")
         xs = em.op(f"arith.mulf {em.op(f'arith.sitofp {qsum} : i32 to f32')}, {dx} : f32")
-        if self.amx is not None:  # int8: the block; int16: its high bytes, then its low bytes
+        if self.amx is not None or self.r16:  # int8: the block; int16: high bytes, low bytes
             if self.bits == 8:
                 parts = [qq]
             else:
@@ -538,6 +571,12 @@ class _K:
                 parts = [em.op(f"arith.trunci {v} : {v32} to {v8}") for v in (sh, qq)]
             n0 = its2[0]
             for j, v in enumerate(parts):
+                if self.amx is None:    # as i32 words
+                    col = self.add(self.mul(b, 8 * len(parts)), 8 * j)
+                    w = em.op(f"vector.bitcast {v} : vector<32xi8> to vector<8xi32>")
+                    n0 = em.op(f"vector.transfer_write {w}, {n0}[{m}, {col}] "
+                               f"{{in_bounds = [true]}} : vector<8xi32>, {tq}")
+                    continue
                 col = self.add(self.mul(b, 32 * len(parts)), 32 * j)
                 n0 = em.op(f"vector.transfer_write {v}, {n0}[{m}, {col}] {{in_bounds = [true]}} "
                            f": vector<32xi8>, {tq}")
@@ -1034,6 +1073,84 @@ class _K:
                          f"{{in_bounds = [true]}} : {vty}, {dest_t}")
         return dest
 
+    # ---- the row-interleaved tile (q4_*_r16 weights, every M below AMX's) ----
+    def r16_block(self, row0: str, b: str) -> tuple[str, str | None, list[tuple[int, str]]]:
+        """Block ``b`` of the 16 W rows from ``row0`` (a multiple of 16) of a row-interleaved
+        weight (:mod:`poot.dialects.quant_layout`): (scales d, the min term's m, the 8
+        interleaved weight vectors as (x word, vector<64xi8>) pairs: lane j's 4 bytes are
+        row j's elements of x word w, low nibbles words 0-3, high 4-7), :meth:`quad_words`'s
+        and :meth:`_tile_scales`' values read from one contiguous tile block; the bytes
+        :data:`R16_PREFETCH_BYTES` ahead are prefetched (the tile blocks of a thread's tiles
+        are one forward stream)."""
+        g, em, fmt = self.g, self.em, self.g.wtype.format
+        n = fmt.rows
+        nb = g.k // CHUNK
+        base = self.mul(self.add(self.mul(row0, nb), self.mul(b, n)), fmt.block_bytes)
+        if self.wmem is not None and R16_PREFETCH_BYTES:
+            tile_block = n * fmt.block_bytes
+            ahead = self.add(base, -(-R16_PREFETCH_BYTES // tile_block) * tile_block)
+            self._prefetch_at([self.add(ahead, 64 * i)
+                               for i in range(-(-n * fmt.block_bytes // 64))])
+        nsc = 1 if fmt.base == "q4_0" else 2
+        vecs = []
+        for i in range(nsc):
+            raw = self.read_bytes(self.add(base, 2 * n * i), 2 * n)
+            h = em.op(f"vector.bitcast {raw} : vector<{2 * n}xi8> to vector<{n}xf16>")
+            vecs.append(em.op(f"arith.extf {h} : vector<{n}xf16> to vector<{n}xf32>"))
+        if nsc == 1:
+            vecs.append(em.op(f"arith.mulf {vecs[0]}, {self.splat(-8.0, 'f32', n)} : "
+                              f"vector<{n}xf32>"))
+        qs = self.add(base, 2 * n * nsc)
+        ws = []
+        for c in range(4):
+            q = self.read_bytes(self.add(qs, 4 * n * c), 4 * n)
+            ws += [(c, self._lo(q, 4 * n)), (4 + c, self._hi(q, 4 * n))]
+        return vecs[0], vecs[1], sorted(ws)
+
+    def tile_r16(self, row0: str, m0: str, rows: int, dest: str, dest_t: str,
+                 col0: str) -> str:
+        """Rows ``m0 .. m0 + rows`` of the quantized x against the 16 W rows from ``row0`` of
+        a row-interleaved weight: per block, the tile block's 8 weight vectors
+        (:meth:`r16_block`) against each x row's words broadcast to every lane, ``vpdpbusd``
+        (int8 x: unsigned weights times signed x; int16 x: ``h`` signed times the weights,
+        then the weights signed times ``l`` unsigned, summed as ``256 C_h + C_l``: exact),
+        two chains each; then :meth:`scale_rows`. Writes ``dest[m0 + i, col0 : col0 + 16]``."""
+        g, em = self.g, self.em
+        n, nb = self.lanes, g.k // CHUNK
+        vf, vi, v8 = f"vector<{n}xf32>", f"vector<{n}xi32>", f"vector<{4 * n}xi8>"
+        per = CHUNK * self.bits // 32          # x words a block: 8 (int8), 16 (h then l)
+        xrows = [self.add(m0, i) for i in range(rows)]
+        zero = em.op(f"arith.constant dense<0.0> : {vf}", "cv")
+        zero_i = em.op(f"arith.constant dense<0> : {vi}", "cv")
+        b, res, its = self._block_loop(("b", "kl", "acc"), nb, [zero] * rows, [vf] * rows)
+        dw, mw, ws = self.r16_block(row0, b)
+        xbase = self.mul(b, per)
+        parts = 2 if self.bits == 16 else 1
+
+        def dot(acc: str, a: str, w: str) -> str:
+            return self._intr(f"llvm.x86.avx512.vpdpbusd.{32 * n}", [acc, a, w],
+                              f"{vi}, {v8}, {v8}", vi)
+
+        sums = []
+        for xr in xrows:
+            chains = [[zero_i, zero_i] for _ in range(parts)]
+            for t, (word, w) in enumerate(ws):
+                for p in range(parts):
+                    xw = em.op(f"tensor.extract {self.xq}[{xr}, "
+                               f"{self.add(xbase, 8 * p + word)}] : {self.tq}")
+                    xb = em.op(f"vector.bitcast "
+                               f"{em.op(f'vector.broadcast {xw} : i32 to {vi}')} : {vi} to {v8}")
+                    # unsigned operand first: the weights against h / int8 x, l against them
+                    a, wv = (w, xb) if p == 0 else (xb, w)
+                    chains[p][t % 2] = dot(chains[p][t % 2], a, wv)
+            d = [em.op(f"arith.addi {c0}, {c1} : {vi}") for c0, c1 in chains]
+            if parts == 2:
+                eight = em.op(f"arith.constant dense<8> : {vi}", "cv")
+                d = [em.op(f"arith.addi {em.op(f'arith.shli {d[0]}, {eight} : {vi}')}, "
+                           f"{d[1]} : {vi}")]
+            sums.append(em.op(f"arith.sitofp {d[0]} : {vi} to {vf}"))
+        return self.scale_rows(sums, dw, mw, (b, res, its), xrows, dest, dest_t, col0)
+
     # ---- the lane-order GEMV (M = 1): the GEMM tile's f32 operations, x in registers ----
     def hsum(self, parts: list[str], width: int) -> str:
         """The lanes of ``parts`` (vector<width x i32> each, a power of two of them) summed
@@ -1166,7 +1283,7 @@ class _K:
         if self.amx is not None:
             self.amx.x_buffer()
         self.wmem = self.wmem32 = None
-        if self.gemm or self.lane_gemv:  # W as a buffer, for the prefetches (:meth:`_prefetch`)
+        if self.gemm or self.lane_gemv or self.r16:  # W as a buffer, for the prefetches
             nbytes = g.wtype.nbytes
             self.wmem = em.op(f"bufferization.to_buffer {g.w} read_only : tensor<{nbytes}xi8> "
                               f"to memref<{nbytes}xi8>")
