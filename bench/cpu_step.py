@@ -36,9 +36,11 @@ def _timeit(fn, steps: int, warm: int = 3) -> float:
 
 
 def prepared_call(prog, inputs, params):
-    """A zero-argument callable running ``prog`` on fixed arrays (descriptors built once)."""
+    """A zero-argument callable running ``prog`` on fixed arrays (descriptors built once);
+    ``params`` as the file holds them (repacked as ``prog`` stores them)."""
     from poot.backends.cpu.codegen import _bind, _descriptor
 
+    params = prog.stored_params(params)
     keep = [_bind(n, inputs[n], t) for n, t in prog.inputs]
     keep += [_bind(n, params[n], t) for n, t in prog.params]
     outs = [np.empty(t.shape, dtype=t.dtype.numpy) for _, t in prog.outputs]
@@ -89,7 +91,6 @@ def step_bench(path, steps: int, threads: int | None, prefill: int = 0, batch: i
     from poot.backends.cpu.codegen import cpu_threads, strategy_for
     from poot.compiler import CompileOptions, compile
     from poot.compiler.target import host_cpu
-    from poot.dialects.quant_layout import to_stored
     from poot.models import load_model
 
     t0 = time.perf_counter()
@@ -103,8 +104,7 @@ def step_bench(path, steps: int, threads: int | None, prefill: int = 0, batch: i
     program = compile(g, host_cpu(), options)
     compile_s = time.perf_counter() - t0
     prog = program.executable
-    # weights as the target stores them (Q4 repacked where the CPU takes the layout)
-    params = {n: to_stored(np.asarray(weights[n]), weights.types[n], t) for n, t in prog.params}
+    params = {n: np.asarray(weights[n]) for n, _ in prog.params}
     inputs = _step_inputs(prog, prefill)
     raw = prepared_call(prog, inputs, params)
     step_s = _timeit(raw, steps)

@@ -90,7 +90,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "0: no AMX tile matmuls even where the CPU and Linux allow them",
        "poot.compiler.target"),
     _s("POOT_CPU_REPACK", "flag", "1",
-       "0: keep Q4_0/Q4_1 weights in ggml's layout on the CPU (no row-interleaved repack)",
+       "0: keep Q4_0/Q4_1/Q8_0 weights in ggml's layout on the CPU (no row-interleaved repack)",
        "poot.compiler.target"),
     _s("POOT_CPU_MALLOPT", "flag", "1",
        "keep big step buffers on glibc's heap (0 leaves malloc alone)",

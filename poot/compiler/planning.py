@@ -46,7 +46,7 @@ def storage_type(t, caps):
     storage (a wgpu adapter: naga has no 16-bit types) -- the same shape in f32, so a bf16
     checkpoint runs there at twice the bytes instead of being refused. The rule is
     ``poot-legalize``'s (:func:`poot.passes.legalize.stored_type`, which widens the graph by
-    it); the executor allocates weights by it, so the two always agree. A 2-D Q4_0 / Q4_1 weight
+    it); the executor allocates weights by it, so the two always agree. A 2-D Q4_0 / Q4_1 / Q8_0 weight
     on a target listing its row-interleaved layout (``Capabilities.packed_layouts``) is stored
     in that layout, repacked on upload (:func:`poot.dialects.quant_layout.to_stored`)."""
     return stored_type(t, caps.storage_dtypes, caps.packed_layouts)

@@ -38,7 +38,7 @@ class Capabilities:
             no limit (horizontal fusion stops short of it; a region past it is refused).
         kv_formats: block-quantized KV cache formats (``q8_0``, ``fp8``) the attention kernels
             read in place (:mod:`poot.dialects.kv_quant`); a KV pool in another is refused.
-        packed_layouts: row-interleaved packed formats (``q4_0_r16``, ``q4_1_r16``:
+        packed_layouts: row-interleaved packed formats (``q4_0_r16``, ``q4_1_r16``, ``q8_0_r16``:
             :mod:`poot.dialects.quant_layout`) the target stores 2-D weights of their ggml
             format in, repacked at load time (the storage rule,
             :func:`poot.compiler.planning.storage_type`).
@@ -225,10 +225,10 @@ REPACK_FEATURES = frozenset({"avx512f", "avx512bw", "avx512_vnni"})
 
 def cpu_packed_layouts(features) -> frozenset[str]:
     """The row-interleaved layouts (:mod:`poot.dialects.quant_layout`) a CPU with ISA
-    ``features`` stores Q4_0 / Q4_1 weights in: both where its integer kernels read them
+    ``features`` stores Q4_0 / Q4_1 / Q8_0 weights in: all where its integer kernels read them
     (:data:`REPACK_FEATURES`) and neither ``POOT_CPU_REPACK=0`` nor ``POOT_CPU_INT8=0`` (f32
     activations: no integer kernels) asks otherwise, else none (ggml's layout)."""
     if settings.get_str("POOT_CPU_REPACK") == "0" or settings.get_str("POOT_CPU_INT8") == "0" \
             or not REPACK_FEATURES <= set(features):
         return frozenset()
-    return frozenset({"q4_0_r16", "q4_1_r16"})
+    return frozenset({"q4_0_r16", "q4_1_r16", "q8_0_r16"})

@@ -75,7 +75,7 @@ class Quant(enum.Enum):
 #: (:attr:`poot.compiler.target.Capabilities.packed_layouts`)
 ROW_INTERLEAVED: tuple[QuantFormat, ...] = tuple(
     QuantFormat(f"{q.value.name}_r16", -1, 32, q.value.block_bytes, 16, q.value.name)
-    for q in (Quant.Q4_0, Quant.Q4_1))
+    for q in (Quant.Q4_0, Quant.Q4_1, Quant.Q8_0))
 
 #: ggml's formats (what a file may hold)
 FORMATS: tuple[QuantFormat, ...] = tuple(q.value for q in Quant)

@@ -18,7 +18,7 @@ part of that storage format, which keep their type (:func:`kv_scale_planes`); th
 
 Option ``layouts``: comma-separated row-interleaved packed formats the target stores (empty:
 none; :mod:`poot.dialects.quant_layout`): a 2-D packed weight whose ggml format has its
-layout there takes it (``q4_1`` -> ``q4_1_r16``); the same bytes, repacked at load time, so
+layout there takes it (``q4_1`` -> ``q4_1_r16``, ``q8_0`` -> ``q8_0_r16``); the same bytes, repacked at load time, so
 every op reading it reads the new type (the in-place decoders know both layouts).
 """
 

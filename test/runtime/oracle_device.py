@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from poot.compiler.planning import plan_storage
+from poot.dialects.quant_layout import deinterleave
+from poot.dialects.types import PackedType
 from poot.backends.cpu.runtime import copy_views
 from poot.runtime.device import KernelArg, Ready, host_dtype, host_shape
 from poot.oracle import evaluate
@@ -47,9 +49,21 @@ class OracleDevice:
     def __init__(self):
         self.records = 0
         self.replays = 0
+        self._layouts: dict[int, object] = {}   # id(buffer) -> its row-interleaved type
 
     def alloc(self, t):
-        return np.zeros(host_shape(t), host_dtype(t))
+        buf = np.zeros(host_shape(t), host_dtype(t))
+        if isinstance(t, PackedType) and t.format.rows > 1:
+            self._layouts[id(buf)] = (buf, t)      # a weight the session stores repacked
+        return buf
+
+    def _as_declared(self, buf, t):
+        """A weight the session stored in a row-interleaved layout (the host target's
+        storage rule) as the graph declares it: the oracle reads the file's layout."""
+        held = self._layouts.get(id(buf))
+        if held is None or held[0] is not buf or held[1] == t:
+            return buf
+        return deinterleave(held[1].format, buf, held[1].shape)
 
     def upload(self, buf, a):
         a = np.asarray(a)
@@ -86,6 +100,8 @@ class OracleDevice:
         for a, b in zip(kernel.args, bufs):
             if a.role != "param":
                 b = _logical(b, a.type)
+            else:
+                b = self._as_declared(b, a.type)
             {"input": inputs, "param": params, "output": outs}[a.role][a.name] = b
         res = evaluate(kernel.graph, {k: v.copy() for k, v in inputs.items()}, params)
         for k, buf in outs.items():

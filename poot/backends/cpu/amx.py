@@ -51,7 +51,12 @@ def fits(k) -> bool:
     VNNI kernel's sign trick)."""
     g = k.g
     return bool(k.s.amx) and (k.gemm or k.r16) and g.m >= MIN_ROWS and g.n % N_TILE == 0 \
-        and (k.bits == 16 or g.wtype.format.name != "q8_0")
+        and (k.bits == 16 or _ggml_name(g.wtype.format) != "q8_0")
+
+
+def _ggml_name(fmt) -> str:
+    """The ggml format of ``fmt`` (itself, or the one a row-interleaved layout regroups)."""
+    return fmt.base or fmt.name
 
 
 class AmxTile:
@@ -67,7 +72,7 @@ class AmxTile:
         #: LLVM binds a shape to each of the 8 tile registers once per function; the rows
         #: past M hold whatever was there, and their sums are never read)
         self.mpad = -(-g.m // M_TILE) * M_TILE
-        self.q8 = g.wtype.format.name == "q8_0"
+        self.q8 = _ggml_name(g.wtype.format) == "q8_0"
         self.nsc = 1 if self.q8 else 2
         #: the C tiles of one block: int8 x's, or int16's h then l (1 KiB each)
         self.parts = 2 if k.bits == 16 else 1

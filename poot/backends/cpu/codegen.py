@@ -233,6 +233,19 @@ class CpuProgram:
     def __post_init__(self):
         tune_malloc()  # also for programs built from cached code
 
+    def stored_params(self, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``params`` (weight name -> array as the file holds it) as this program reads them:
+        the weights in :attr:`repack` repacked into their row-interleaved layout
+        (:func:`poot.dialects.quant_layout.interleave`), the others as given."""
+        if not self.repack:
+            return dict(params)
+        from poot.dialects.quant import BY_NAME
+        from poot.dialects.quant_layout import interleave
+
+        types = dict(self.params)
+        return {n: interleave(BY_NAME[self.repack[n]], a, types[n].shape)
+                if n in self.repack else a for n, a in params.items()}
+
     def run(self, inputs: Mapping[str, np.ndarray],
             params: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run the step on ``inputs`` (by name) and ``params`` (weight name -> array; packed
@@ -240,14 +253,7 @@ class CpuProgram:
         words). Returns fresh output arrays by name (bf16 as ``ml_dtypes.bfloat16``); the
         in-place outputs are updated copies of their inputs (the caller's arrays are not
         written). Weights listed in ``repack`` are taken as the file holds them."""
-        params = params or {}
-        if self.repack:
-            from poot.dialects.quant import BY_NAME
-            from poot.dialects.quant_layout import interleave
-
-            types = dict(self.params)
-            params = {n: interleave(BY_NAME[self.repack[n]], a, types[n].shape)
-                      if n in self.repack else a for n, a in params.items()}
+        params = self.stored_params(params or {})
         keep: list[np.ndarray] = []
         updated = {i: o for o, i in self.in_place.items()}
         copies: dict[str, np.ndarray] = {}

@@ -36,16 +36,19 @@ FMAs; the tiles ahead are prefetched as one forward stream. So a row's result is
 same at every M, alone or in a batch of any size (the engine's batch invariance): the integer
 sums are exact, and the f32 operations per (x row, W row) and their order are the same.
 
-Weights stored row-interleaved (``q4_0_r16`` / ``q4_1_r16``, :mod:`poot.dialects.quant_layout`:
-what a CPU with 512-bit VNNI stores Q4 weights in, repacked at load time) take the
-row-interleaved tile (:meth:`_K.tile_r16`) at every M below the AMX tile's
-(:data:`~poot.backends.cpu.amx.MIN_ROWS`): a tile block's 4 x 64 bytes are, after one ``and``
-and one shift each, the 8 interleaved weight vectors the GEMM tile builds by transposes (lane
-j: row j's 4 elements of one x word), so each x row's block costs its 8 (int8 x) or 16
-(int16 x: ``x = 256 h + l`` split into bytes, ``256 sum(w h) + sum(w l)``) ``vpdpbusd``
-with broadcast x words and nothing else; AMX reads the same vectors as its B tiles. The
-integer block sums are exact, and the f32 operations are :meth:`_K._scale_fma`'s: bitwise the
-results of the ggml-layout kernels.
+Weights stored row-interleaved (``q4_0_r16`` / ``q4_1_r16`` / ``q8_0_r16``,
+:mod:`poot.dialects.quant_layout`: what a CPU with 512-bit VNNI stores them in, repacked at
+load time) take the row-interleaved tile (:meth:`_K.tile_r16`) at every M below the AMX
+tile's (:data:`~poot.backends.cpu.amx.MIN_ROWS`): a Q4 tile block's 4 x 64 bytes are, after
+one ``and`` and one shift each, the 8 interleaved weight vectors the GEMM tile builds by
+transposes (lane j: row j's 4 elements of one x word; Q8_0's 8 x 64 bytes are those vectors
+as stored), so each x row's block costs its 8 (int8 x) or 16 (int16 x: ``x = 256 h + l``
+split into bytes, ``256 sum(w h) + sum(w l)``) ``vpdpbusd`` with broadcast x words. Q8_0's
+weights are signed: where they meet signed x bytes they enter as ``w + 128`` and ``128``
+times the x bytes' sum (:meth:`_K.quantize_x`) is subtracted. AMX reads the same vectors as
+its B tiles. The integer block sums are exact, and the f32 operations are
+:meth:`_K._scale_fma`'s: bitwise the results of the ggml-layout kernels wherever those sum
+in lane order (int16 x).
 
 Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summation order
 (up to the rounding of x with integer dot products).
@@ -299,6 +302,8 @@ class _K:
             nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
         #: the row-interleaved tile (:meth:`tile_r16`) for a ``q4_*_r16`` weight
         self.r16 = g.packed and g.wtype.format.rows > 1
+        #: a ``q8_0_r16`` weight: signed weight bytes (their dot products need a correction)
+        self.r16_q8 = self.r16 and g.wtype.format.base == "q8_0"
         if self.r16:
             self.lanes = nt = g.wtype.format.rows
             self.mt = min(g.m, GEMM_M_TILE)
@@ -516,7 +521,10 @@ class _K:
     def quantize_x(self) -> None:
         """x quantized per 32-element block to ``self.bits`` signed bits: ``xq``
         (tensor<MxKxi8> or tensor<MxKxi16>), the block scales ``xd`` (amax / qmax, qmax =
-        127 or 32767) and ``xs`` (scale * sum of the block's integers), tensor<MxNBxf32>."""
+        127 or 32767) and ``xs`` (scale * sum of the block's integers), tensor<MxNBxf32>;
+        for a ``q8_0_r16`` weight also ``xc`` (tensor<MxNBxi32>): per block, the sum of the
+        signed x bytes that meet its weights offset by 128 (int16: the high bytes ``h``;
+        int8: the block's bytes), which :meth:`tile_r16` subtracts 128 times."""
         em, g, vf = self.em, self.g, self.vf
         nb = g.k // CHUNK
         qt = f"i{self.bits}"
@@ -528,18 +536,23 @@ class _K:
             tq = f"tensor<{g.m}x{g.k * self.bits // 32}xi32>"
         elif self.gemm:
             tq = f"tensor<{g.m}x{nb * per}xi32>"
-        inits = [em.op(f"tensor.empty() : {t}", "e") for t in (tq, tf, tf)]
+        # the row-interleaved Q8_0 tile's correction: per block, the sum of the x bytes that
+        # meet the weights offset by 128 (int16: the high bytes; int8: the block), i32
+        tc = f"tensor<{g.m}x{nb}xi32>"
+        types = [tq, tf, tf] + ([tc] if self.r16_q8 else [])
+        tys = ", ".join(types)
+        inits = [em.op(f"tensor.empty() : {t}", "e") for t in types]
         m, res = em.fresh("qm"), em.fresh("xq")
         its = [em.fresh("qi") for _ in inits]
-        em.line(f"{res}:3 = scf.for {m} = {self.c(0)} to {self.c(g.m)} step {self.c(1)} "
-                f"iter_args({', '.join(f'{a} = {b}' for a, b in zip(its, inits))}) -> "
-                f"({tq}, {tf}, {tf}) {{")
+        em.line(f"{res}:{len(types)} = scf.for {m} = {self.c(0)} to {self.c(g.m)} step "
+                f"{self.c(1)} iter_args({', '.join(f'{a} = {b}' for a, b in zip(its, inits))})"
+                f" -> ({tys}) {{")
         em.depth += 1
         b, res2 = em.fresh("qb"), em.fresh("xqb")
         its2 = [em.fresh("qj") for _ in inits]
-        em.line(f"{res2}:3 = scf.for {b} = {self.c(0)} to {self.c(nb)} step {self.c(1)} "
-                f"iter_args({', '.join(f'{a} = {b_}' for a, b_ in zip(its2, its))}) -> "
-                f"({tq}, {tf}, {tf}) {{")
+        em.line(f"{res2}:{len(types)} = scf.for {b} = {self.c(0)} to {self.c(nb)} step "
+                f"{self.c(1)} iter_args({', '.join(f'{a} = {b_}' for a, b_ in zip(its2, its))})"
+                f" -> ({tys}) {{")
         em.depth += 1
         k = self.mul(b, CHUNK)
         v = [self.read_x(m, k, False), self.read_x(m, self.add(k, 16), False)]
@@ -587,16 +600,23 @@ class _K:
         else:
             n0 = em.op(f"vector.transfer_write {qq}, {its2[0]}[{m}, {k}] {{in_bounds = [true]}} : "
                        f"vector<32x{qt}>, {tq}")
-        n1 = em.op(f"tensor.insert {dx} into {its2[1]}[{m}, {b}] : {tf}")
-        n2 = em.op(f"tensor.insert {xs} into {its2[2]}[{m}, {b}] : {tf}")
-        em.line(f"scf.yield {n0}, {n1}, {n2} : {tq}, {tf}, {tf}")
+        new = [n0, em.op(f"tensor.insert {dx} into {its2[1]}[{m}, {b}] : {tf}"),
+               em.op(f"tensor.insert {xs} into {its2[2]}[{m}, {b}] : {tf}")]
+        if self.r16_q8:
+            csum = qsum
+            if self.bits == 16:
+                hw = em.op(f"arith.extsi {sh} : vector<32xi16> to vector<32xi32>")
+                csum = em.op(f"vector.reduction <add>, {hw} : vector<32xi32> into i32")
+            new.append(em.op(f"tensor.insert {csum} into {its2[3]}[{m}, {b}] : {tc}"))
+        em.line(f"scf.yield {', '.join(new)} : {tys}")
         em.depth -= 1
         em.line("}")
-        em.line(f"scf.yield {res2}#0, {res2}#1, {res2}#2 : {tq}, {tf}, {tf}")
+        em.line(f"scf.yield {', '.join(f'{res2}#{i}' for i in range(len(types)))} : {tys}")
         em.depth -= 1
         em.line("}")
         self.xq, self.xd, self.xs = f"{res}#0", f"{res}#1", f"{res}#2"
-        self.tq, self.tf = tq, tf
+        self.xc = f"{res}#3" if self.r16_q8 else None
+        self.tq, self.tf, self.tc = tq, tf, tc
 
     def _intr(self, name: str, args: list[str], ins: str, out: str) -> str:
         """An LLVM intrinsic, spelled as a call of a declared function ``@__poot_intr_<name>``
@@ -1091,16 +1111,19 @@ class _K:
             ahead = self.add(base, -(-R16_PREFETCH_BYTES // tile_block) * tile_block)
             self._prefetch_at([self.add(ahead, 64 * i)
                                for i in range(-(-n * fmt.block_bytes // 64))])
-        nsc = 1 if fmt.base == "q4_0" else 2
+        nsc = 2 if fmt.base == "q4_1" else 1
         vecs = []
         for i in range(nsc):
             raw = self.read_bytes(self.add(base, 2 * n * i), 2 * n)
             h = em.op(f"vector.bitcast {raw} : vector<{2 * n}xi8> to vector<{n}xf16>")
             vecs.append(em.op(f"arith.extf {h} : vector<{n}xf16> to vector<{n}xf32>"))
-        if nsc == 1:
+        if fmt.base == "q4_0":
             vecs.append(em.op(f"arith.mulf {vecs[0]}, {self.splat(-8.0, 'f32', n)} : "
                               f"vector<{n}xf32>"))
         qs = self.add(base, 2 * n * nsc)
+        if fmt.base == "q8_0":      # 8 chunks of signed bytes, no min term
+            return vecs[0], None, [(c, self.read_bytes(self.add(qs, 4 * n * c), 4 * n))
+                                   for c in range(8)]
         ws = []
         for c in range(4):
             q = self.read_bytes(self.add(qs, 4 * n * c), 4 * n)
@@ -1114,7 +1137,8 @@ class _K:
         (:meth:`r16_block`) against each x row's words broadcast to every lane, ``vpdpbusd``
         (int8 x: unsigned weights times signed x; int16 x: ``h`` signed times the weights,
         then the weights signed times ``l`` unsigned, summed as ``256 C_h + C_l``: exact),
-        two chains each; then :meth:`scale_rows`. Writes ``dest[m0 + i, col0 : col0 + 16]``."""
+        two chains each (Q8_0's signed weights: ``w + 128`` meets the signed x bytes, minus
+        ``128 xc``); then :meth:`scale_rows`. Writes ``dest[m0 + i, col0 : col0 + 16]``."""
         g, em = self.g, self.em
         n, nb = self.lanes, g.k // CHUNK
         vf, vi, v8 = f"vector<{n}xf32>", f"vector<{n}xi32>", f"vector<{4 * n}xi8>"
@@ -1126,6 +1150,9 @@ class _K:
         dw, mw, ws = self.r16_block(row0, b)
         xbase = self.mul(b, per)
         parts = 2 if self.bits == 16 else 1
+        if self.r16_q8:     # signed weights: w + 128 (unsigned) meets the signed x bytes
+            flip = em.op(f"arith.constant dense<-128> : {v8}", "cv")
+            wu = [em.op(f"arith.xori {w}, {flip} : {v8}") for _, w in ws]
 
         def dot(acc: str, a: str, w: str) -> str:
             return self._intr(f"llvm.x86.avx512.vpdpbusd.{32 * n}", [acc, a, w],
@@ -1140,10 +1167,17 @@ class _K:
                                f"{self.add(xbase, 8 * p + word)}] : {self.tq}")
                     xb = em.op(f"vector.bitcast "
                                f"{em.op(f'vector.broadcast {xw} : i32 to {vi}')} : {vi} to {v8}")
-                    # unsigned operand first: the weights against h / int8 x, l against them
-                    a, wv = (w, xb) if p == 0 else (xb, w)
+                    # unsigned operand first: the weights (Q8_0: + 128) against h / int8 x,
+                    # l against them
+                    first = wu[t] if self.r16_q8 else w
+                    a, wv = (first, xb) if p == 0 else (xb, w)
                     chains[p][t % 2] = dot(chains[p][t % 2], a, wv)
             d = [em.op(f"arith.addi {c0}, {c1} : {vi}") for c0, c1 in chains]
+            if self.r16_q8:  # sum((w + 128) x) - 128 sum(x) over the signed x bytes
+                cx = em.op(f"tensor.extract {self.xc}[{xr}, {b}] : {self.tc}")
+                c128 = em.op(f"arith.muli {cx}, {em.const(128, 'i32')} : i32")
+                d[0] = em.op(f"arith.subi {d[0]}, "
+                             f"{em.op(f'vector.broadcast {c128} : i32 to {vi}')} : {vi}")
             if parts == 2:
                 eight = em.op(f"arith.constant dense<8> : {vi}", "cv")
                 d = [em.op(f"arith.addi {em.op(f'arith.shli {d[0]}, {eight} : {vi}')}, "

@@ -5,7 +5,7 @@ Element ``e`` (row-major over the logical shape) lives in block ``e / block_elem
 ``block * block_bytes``; f16 scales are two little-endian bytes joined into an i16 word and
 ``arith.bitcast`` to f16. Arithmetic is f32 in ggml's order (``q * d``, ``q * d + m``), so the
 result equals :mod:`poot.dialects.quant_ref` exactly. Formats with a decoder here: Q4_0, Q4_1,
-Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K, and the row-interleaved Q4_0 / Q4_1
+Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K, and the row-interleaved Q4_0 / Q4_1 / Q8_0
 (:mod:`poot.dialects.quant_layout`: the same decoders over their block's scattered bytes); a
 format without one is a typed refusal.
 """
@@ -249,7 +249,7 @@ def _q6_k(em, blk, j, j32):
 DECODERS = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1,
             "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k,
             # row-interleaved layouts: the same decoders over an _InterleavedBlock
-            "q4_0_r16": _q4_0, "q4_1_r16": _q4_1}
+            "q4_0_r16": _q4_0, "q4_1_r16": _q4_1, "q8_0_r16": _q8_0}
 
 
 def decode_at(em: Emitter, deq: OpInfo, coords: list[str]) -> str:
