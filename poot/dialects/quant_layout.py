@@ -20,7 +20,7 @@ So lane j (4 bytes) of a chunk is row j's 4 elements of one x word (Q4: the low 
 chunk c are the elements ``4 c .. 4 c + 3``, the high ones ``16 + 4 c ..``): one 512-bit
 ``vpdpbusd`` operand against four x bytes broadcast to all lanes, and the 8 x 64 bytes of a
 block are an AMX B tile in VNNI order. The byte count is ggml's, and the decoded values are
-ggml's exactly (:func:`dequantize`).
+ggml's exactly (:func:`poot.dialects.quant_ref.dequantize` decodes them).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from poot.dialects.quant import BY_NAME, QuantFormat
+from poot.dialects.types import PackedType
 
 #: W rows of one tile
 ROWS = 16
@@ -86,14 +87,6 @@ def deinterleave(fmt: QuantFormat, data: np.ndarray, shape: tuple[int, ...]) -> 
     return np.ascontiguousarray(blocks.transpose(0, 2, 1, 3)).reshape(-1)
 
 
-def dequantize(fmt: QuantFormat, data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """float32 ``[N, K]`` values of a weight stored in the row-interleaved ``fmt``: ggml's
-    reference decoding (:func:`poot.dialects.quant_ref.dequantize`) of its blocks."""
-    from poot.dialects.quant_ref import dequantize as ggml_dequantize
-
-    return ggml_dequantize(BY_NAME[fmt.base], deinterleave(fmt, data, shape), shape)
-
-
 def stored_layout(fmt: QuantFormat, shape: tuple[int, ...],
                   layouts: frozenset[str]) -> QuantFormat | None:
     """The row-interleaved layout among ``layouts`` (format names) a weight of ggml format
@@ -110,8 +103,6 @@ def to_stored(array, t, stored):
     weight of type ``stored`` (:func:`poot.compiler.planning.storage_type`): repacked into a
     row-interleaved layout where the packed format changes, else unchanged (a dtype change
     is the device upload's cast)."""
-    from poot.dialects.types import PackedType
-
     if isinstance(t, PackedType) and isinstance(stored, PackedType) and \
             stored.format is not t.format:
         if stored.format.base != t.format.name:
@@ -120,5 +111,5 @@ def to_stored(array, t, stored):
     return array
 
 
-__all__ = ["ROWS", "WEIGHT_BYTES", "deinterleave", "dequantize", "interleave", "scale_bytes", "stored_layout",
+__all__ = ["ROWS", "WEIGHT_BYTES", "deinterleave", "interleave", "scale_bytes", "stored_layout",
            "to_stored"]

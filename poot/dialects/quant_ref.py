@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from poot.dialects.quant import Quant, QuantFormat
+from poot.dialects.quant import BY_NAME, Quant, QuantFormat
+from poot.dialects.quant_layout import deinterleave
 
 
 def dequantize(fmt: QuantFormat, data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -42,9 +43,7 @@ def dequantize(fmt: QuantFormat, data: np.ndarray, shape: tuple[int, ...]) -> np
     """
     shape = tuple(int(d) for d in shape)
     if fmt.rows > 1:        # a row-interleaved layout: ggml's blocks, regrouped
-        from poot.dialects.quant_layout import dequantize as dequantize_interleaved
-
-        return dequantize_interleaved(fmt, data, shape)
+        return dequantize(BY_NAME[fmt.base], deinterleave(fmt, data, shape), shape)
     nbytes = fmt.packed_bytes(shape)
     raw = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     if raw.size != nbytes:

@@ -15,7 +15,7 @@ from poot.backends.cpu.codegen import compile_cpu
 from poot.backends.cpu.gemv import KERNELS
 from poot.compiler.planning import storage_type
 from poot.compiler.target import REPACK_FEATURES, Capabilities, amx_permitted, host_cpu
-from poot.dialects import quant_layout
+from poot.dialects import quant_layout, quant_ref
 from poot.dialects.lowering import Strategy
 from poot.dialects.quant import BY_NAME
 from poot.dialects.types import DType, PackedType, TensorType
@@ -54,7 +54,7 @@ def test_layout_decodes_to_ggml_values_and_places_bytes_as_documented(kind):
     packed = quant_layout.interleave(fmt, raw, (n, k))
     assert packed.size == raw.size
     want = gguf_dequantize(raw.reshape(n, -1), gguf.GGMLQuantizationType[kind.upper()])
-    np.testing.assert_array_equal(quant_layout.dequantize(r16, packed, (n, k)), want)
+    np.testing.assert_array_equal(quant_ref.dequantize(r16, packed, (n, k)), want)
     np.testing.assert_array_equal(quant_layout.deinterleave(r16, packed, (n, k)), raw)
     bb = fmt.block_bytes
     s = 4 if kind == "q4_1" else 2                # scale bytes: d (and q4_1's m)

@@ -61,6 +61,8 @@ from mlir.dialects import arith as arith_d
 from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 
+from poot.dialects.quant import BY_NAME
+from poot.dialects.quant_layout import interleave
 from poot.backends.pass_pipelines import BUFFERIZE_KEEP_IN_PLACE, FUSE, RESULTS_TO_OUT_PARAMS
 from poot.compiler.target import host_cpu, openmp_runtime, requested_threads
 from poot.dialects.lowering import Strategy, lower_module
@@ -238,13 +240,12 @@ class CpuProgram:
         the weights in :attr:`repack` repacked into their row-interleaved layout
         (:func:`poot.dialects.quant_layout.interleave`), the others as given."""
         if not self.repack:
-            return dict(params)
-        from poot.dialects.quant import BY_NAME
-        from poot.dialects.quant_layout import interleave
-
-        types = dict(self.params)
-        return {n: interleave(BY_NAME[self.repack[n]], a, types[n].shape)
-                if n in self.repack else a for n, a in params.items()}
+            return params
+        out = {n: params[n] for n, _ in self.params if n in params}
+        for n, t in self.params:
+            if n in self.repack and n in out:
+                out[n] = interleave(BY_NAME[self.repack[n]], out[n], t.shape)
+        return out
 
     def run(self, inputs: Mapping[str, np.ndarray],
             params: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:

@@ -13,6 +13,7 @@ format without one is a typed refusal.
 from __future__ import annotations
 
 from poot.dialects.lowering.emit import Emitter
+from poot.dialects.quant_layout import scale_bytes
 from poot.dialects.lowering.rules import OpInfo, rule
 from poot.dialects.types import DType
 
@@ -87,8 +88,6 @@ def _block_at(em: Emitter, pt, w: str, e: str) -> tuple[_Block, str, str]:
         block = em.op(f"arith.divui {e}, {nel} : index")
         base = em.op(f"arith.muli {block}, {em.const(fmt.block_bytes, 'index')} : index")
         return _Block(em, w, pt.nbytes, base), j, j32
-    from poot.dialects.quant_layout import scale_bytes
-
     def op(name: str, a: str, v: int) -> str:
         return em.op(f"arith.{name} {a}, {em.const(v, 'index')} : index")
 
