@@ -69,7 +69,9 @@ from poot.dialects.lowering import Strategy, lower_module
 from poot.dialects.types import DType, PackedType, PootType, TensorType
 from poot.errors import PootError
 from poot.backends.cpu.gemv import INTRINSIC_PREFIX, INTRINSICS, KERNELS
+from poot.backends.cpu.parallelize import parallelize_row_loops
 from poot.backends.cpu.reductions import split_row_reductions, vectorize_split_reductions
+from poot.backends.cpu.results_in_place import write_results_in_place
 from poot.backends.cpu.rematerialize import rematerialize_index_generics
 from poot.backends.cpu.runtime import descriptor as _descriptor
 from poot.graph.builder import Graph
@@ -78,9 +80,9 @@ from poot import settings
 
 # Bufferize keeping state updated in place (pipelines.BUFFERIZE_KEEP_IN_PLACE; the entry's
 # in-place results are then dropped by drop_in_place_results), make the other results
-# out-parameters, then free buffers by ownership.
-OUT_PARAMS = (
-    RESULTS_TO_OUT_PARAMS + ","
+# out-parameters (RESULTS_TO_OUT_PARAMS, then write_results_in_place drops the dispatch
+# functions' copies into them), then free buffers by ownership.
+DEALLOCATE = (
     "buffer-deallocation-pipeline,"
     "convert-bufferization-to-memref"
 )
@@ -899,10 +901,14 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
             PassManager.parse(f"builtin.module({FUSE})").run(module.operation)
         split_row_reductions(module)
         vectorize_split_reductions(module)
+        if omp:
+            parallelize_row_loops(module, threads)
         PassManager.parse(f"builtin.module({BUFFERIZE_KEEP_IN_PLACE})").run(module.operation)
         if entry is not None:
             drop_in_place_results(module, entry, in_place or {}, in_place_names or {})
-        stages = [OUT_PARAMS, PARALLEL]
+        PassManager.parse(f"builtin.module({RESULTS_TO_OUT_PARAMS})").run(module.operation)
+        write_results_in_place(module)
+        stages = [DEALLOCATE, PARALLEL]
         if omp:
             stages.append(OPENMP.format(threads=threads))
             libs.append(omp)
