@@ -26,7 +26,9 @@ BACKENDS = tuple(_REGISTERED)
 #: Context positions per sequence by default (prompt + generated), capped at the model's
 #: trained context; --kv-capacity raises it.
 DEFAULT_KV_CAPACITY = 512
-#: Prompt tokens one prefill step takes by default.
+#: Prompt tokens one prefill step takes by default while other sequences decode (the smallest
+#: ragged entry; a step that decodes nothing takes up to
+#: :data:`~poot.engine.scheduler.IDLE_PREFILL_CHUNKS` of them).
 DEFAULT_PREFILL_CHUNK = 32
 #: Sequences decoding at once by default (the largest decode bucket), per backend.
 DEFAULT_MAX_BATCH = {b.name: b.default_max_batch for b in _REGISTERED.values()}
@@ -58,7 +60,8 @@ class LoadOptions:
             ``-ctk``/``-ctv``); None: ``kv_dtype``.
         prefix_caching: share the KV blocks of common prompt prefixes.
     Steps and compiling:
-        prefill_chunk: prompt tokens per prefill step (None: :data:`DEFAULT_PREFILL_CHUNK`).
+        prefill_chunk: prompt tokens per prefill step while others decode, the smallest ragged
+            entry (None: :data:`DEFAULT_PREFILL_CHUNK`).
         compile_options: the compiler's options (None: :data:`DEFAULT_COMPILE_OPTIONS`).
         cache_dir, use_cache: the compile cache's folder (None: its default) and whether it
             is read and written (:mod:`poot.compiler.cache`).

@@ -79,7 +79,7 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     vocab = model.dims().vocab
     jobs = []
     chunk = max(1, min(prefill_chunk, kv.max_model_len))
-    for t in ragged_token_buckets(chunk, max_batch):
+    for t in ragged_token_buckets(chunk, max_batch, max_model_len=kv.max_model_len):
         jobs.append((f"ragged[T={t}]", model, weights.types,
                      step_spec(kv, "ragged", t, logit_rows=max_batch)))
         rows = min(t, max_batch)

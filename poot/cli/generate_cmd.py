@@ -74,7 +74,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "the model's trained context (default: 512, or the model's context "
                         "if smaller)")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                   help="prefill tokens per step (default: 32)")
+                   help="prefill tokens per step while other sequences decode, and the "
+                        "smallest prefill step (default: 32); a step that decodes nothing "
+                        "takes up to 8 chunks")
     p.add_argument("--max-batch", type=int, default=None, metavar="N",
                    help="sequences decoding at once (default: 8 on the CPU, 64 on GPUs)")
     p.add_argument("--kv-blocks", type=int, default=None, metavar="N",

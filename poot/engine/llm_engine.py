@@ -181,6 +181,11 @@ class LLMEngine:
         if self.config.max_batch > runner.max_batch:
             raise EngineError(f"max_batch {self.config.max_batch} exceeds the runner's "
                               f"largest bucket {runner.max_batch}")
+        for name in ("max_prefill_tokens", "idle_prefill_tokens"):
+            value = getattr(self.config, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise EngineError(f"{name} must be a positive integer, not {value!r}")
         self.model_context = model_context
         kv = runner.kv
         self.blocks = BlockManager(kv.num_blocks, kv.block_size, self.config.prefix_caching)

@@ -51,6 +51,7 @@ from poot.dialects.types import DType
 from poot.engine.guided import ALL_ALLOWED
 from poot.engine.blocks import NULL_BLOCK
 from poot.engine.lora import slot_column
+from poot.engine.scheduler import EngineConfig, idle_prefill_budget
 from poot.runtime import Session, Entry, Submitted
 from poot.graph import sampling
 from poot.graph.sampling import GREEDY, SamplerSpec, SamplerStep, covers
@@ -82,12 +83,20 @@ def decode_buckets(max_batch: int) -> tuple[int, ...]:
 
 
 def ragged_token_buckets(prefill_chunk: int, max_batch: int,
-                         max_prefill_tokens: int | None = None) -> tuple[int, ...]:
+                         max_prefill_tokens: int | None = None,
+                         idle_prefill_tokens: int | None = None,
+                         max_model_len: int | None = None) -> tuple[int, ...]:
     """The ragged entries' token rows an engine may run: ``prefill_chunk * 2**k`` up to the
-    bucket holding a full decode batch plus one prompt token, or the prompt budget
-    (``max_prefill_tokens``, default one chunk), whichever is larger
-    (:meth:`~poot.engine.scheduler.Scheduler.schedule`)."""
-    budget = max_prefill_tokens or prefill_chunk
+    bucket holding a full decode batch plus one prompt token, or the prompt budget of a
+    step that decodes nothing (:func:`~poot.engine.scheduler.idle_prefill_budget`: at least
+    ``max_prefill_tokens``, default one chunk), whichever is larger
+    (:meth:`~poot.engine.scheduler.Scheduler.schedule`); the budget capped at the prompt
+    tokens ``max_batch`` sequences of ``max_model_len`` positions can hold."""
+    budget = idle_prefill_budget(EngineConfig(max_prefill_tokens=max_prefill_tokens,
+                                              idle_prefill_tokens=idle_prefill_tokens),
+                                 prefill_chunk)
+    if max_model_len is not None:
+        budget = min(budget, max_batch * max_model_len)
     out, t = [], prefill_chunk
     while True:
         out.append(t)

@@ -47,6 +47,18 @@ from poot.engine.blocks import BlockManager, block_keys
 from poot.engine.request import FINISHED, PREFILL, RUNNING, WAITING, Request
 
 
+#: the prompt budget of a ragged step that decodes nothing, in prefill chunks
+#: (:attr:`EngineConfig.idle_prefill_tokens`)
+IDLE_PREFILL_CHUNKS = 8
+
+
+def idle_prefill_budget(config: "EngineConfig", prefill_chunk: int) -> int:
+    """Prompt tokens a ragged step with no decoding sequence takes
+    (:attr:`EngineConfig.idle_prefill_tokens`)."""
+    busy = config.max_prefill_tokens or prefill_chunk
+    return max(busy, config.idle_prefill_tokens or IDLE_PREFILL_CHUNKS * prefill_chunk)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Scheduling settings.
@@ -56,6 +68,12 @@ class EngineConfig:
         max_prefill_tokens: prefill tokens per iteration (None: one chunk in a ragged step,
             two chunks otherwise); bounds the delay a prompt adds to running sequences' next
             token.
+        idle_prefill_tokens: prompt tokens a ragged step takes when no sequence decodes in it
+            (None: :data:`IDLE_PREFILL_CHUNKS` chunks; never below ``max_prefill_tokens``).
+            Such a step delays no running sequence, so a lone long prompt prefills in fewer,
+            larger steps, whose matmuls reuse each weight over more rows (SmolLM2 Q4_1, 2-core
+            Xeon: a 512-token prompt at 960 tok/s in 32-token steps, 1,063 in 256-token
+            ones).
         prefix_caching: reuse cached full KV blocks.
         pipeline: chain decode steps (None: where the device overlaps host work;
             ``POOT_PIPELINE=0`` turns it off).
@@ -79,6 +97,7 @@ class EngineConfig:
 
     max_batch: int = 8
     max_prefill_tokens: int | None = None
+    idle_prefill_tokens: int | None = None
     prefix_caching: bool = True
     pipeline: bool | None = None
     watermark_blocks: int = 1
@@ -175,11 +194,14 @@ class Scheduler:
 
     def _plan_chunks(self, n_decode: int) -> list[PrefillChunk]:
         """A ragged step's prompt chunks, oldest request first: up to ``max_prefill_tokens``
-        tokens (default one chunk, so a lone prompt runs on the smallest ragged entry,
-        which the warm-up loads), fewer where ``n_decode`` decode rows would push the
-        step past the ragged bucket of the budget. A chunk may end at the request's last
+        tokens (default one chunk, so a prompt arriving while others decode runs on the
+        smallest ragged entry, which the warm-up loads), or the idle budget
+        (:func:`idle_prefill_budget`) when nothing decodes (``n_decode`` 0), fewer where
+        ``n_decode`` decode rows would push the step past the ragged bucket of the budget. A chunk may end at the request's last
         token: it then samples (and the request decodes from the next step on)."""
         budget = self.config.max_prefill_tokens or self.runner.prefill_chunk
+        if n_decode == 0:               # nobody waits on this step but its prompts
+            budget = idle_prefill_budget(self.config, self.runner.prefill_chunk)
         budget = min(budget, self.runner.ragged_bucket(max(budget, n_decode + 1)) - n_decode)
         plan = []
         for seq in self.running:
@@ -353,4 +375,5 @@ class Scheduler:
         return all(not s.aborted and s.generated + 1 < s.params.max_tokens for s in rows)
 
 
-__all__ = ["EngineConfig", "PrefillChunk", "Scheduler", "SchedulerOutput"]
+__all__ = ["EngineConfig", "IDLE_PREFILL_CHUNKS", "PrefillChunk", "Scheduler", "SchedulerOutput",
+           "idle_prefill_budget"]

@@ -16,6 +16,7 @@ from model_steps import fixture_path, reference  # noqa: E402
 
 from poot.api import Driver, ModelHandle  # noqa: E402
 from poot.api.generate import ContextOverflow  # noqa: E402
+from poot.engine import EngineConfig  # noqa: E402
 from poot.sampling_params import SamplingParams  # noqa: E402
 
 FIXTURES = ["llama", "llama_gguf_q4_1"]
@@ -28,8 +29,10 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def handles(cache_dir):
+    # one chunk a step even with nothing decoding, so prompts cross chunk boundaries
+    cfg = EngineConfig(max_batch=8, idle_prefill_tokens=5)
     return {name: ModelHandle.load(fixture_path(name), kv_capacity=48, prefill_chunk=5,
-                                   cache_dir=cache_dir) for name in FIXTURES}
+                                   cache_dir=cache_dir, engine_config=cfg) for name in FIXTURES}
 
 
 def _greedy(n=8, **kw):
@@ -117,8 +120,9 @@ def test_cli_generate_json_and_bench(handles, cache_dir, capsys, monkeypatch):
     assert rc == 0 and b["backend"] == "cpu" and b["generated_tokens"] == 4
     assert b["decode_tokens_per_s"] > 0 and b["ttft_s"] > 0
     # short names, no reprs; the CLI warms the sampler serving any options up too, for
-    # decode batch 1 and for the rows of the ragged step of one chunk (min(5, max_batch 8))
-    assert set(b["compile_s"]) == {"ragged[T=5]", "decode[B=1]", "sampler[B=1]",
+    # decode batch 1 and for the rows of the ragged step of one chunk (min(5, max_batch 8));
+    # the 7-token prompt, with nothing else decoding, runs as one step of 10 rows
+    assert set(b["compile_s"]) == {"ragged[T=5]", "ragged[T=10]", "decode[B=1]", "sampler[B=1]",
                                    "sampler[B=1:sample+pen+bias+topk+topp+minp]",
                                    "sampler[B=5]", "sampler[B=5:sample+pen+bias+topk+topp+minp]"}
     assert b["pipelined"] is False and b["poot"]["pipelined"] is False   # CPU: sequential

@@ -263,3 +263,12 @@ def test_a_loaded_superset_sampler_serves_without_compiling(tmp_path):
     # token) and for decode batch 1
     assert len(exact.runner.compile_s) == 4 + 2 * len(sps)
     assert got == want
+
+
+@pytest.mark.parametrize("field,value", [("idle_prefill_tokens", 0), ("max_prefill_tokens", -4),
+                                         ("idle_prefill_tokens", 2.5)])
+def test_prefill_budgets_must_be_positive_integers(llama, field, value):
+    from poot.engine import LLMEngine
+
+    with pytest.raises(EngineError, match=field):
+        LLMEngine(llama.runner, llama.tokenizer, EngineConfig(max_batch=2, **{field: value}))

@@ -27,7 +27,7 @@ BUDGET = 6
 
 def _load(ragged: bool, name: str = "llama", max_batch: int = 8, prefix_caching=True, **kw):
     cfg = EngineConfig(max_batch=max_batch, ragged=ragged, max_prefill_tokens=BUDGET,
-                       prefix_caching=prefix_caching)
+                       idle_prefill_tokens=BUDGET, prefix_caching=prefix_caching)
     opts = dict(kv_capacity=64, max_batch=max_batch, prefill_chunk=4, engine_config=cfg)
     opts.update(kw)
     return ModelHandle.load(fixture_path(name), **opts)

@@ -125,7 +125,8 @@ def test_ragged_plan_budgets_actual_tokens_and_samples_the_last_prompt_token():
     """Ragged: a's 10 tokens under a 6-token budget: positions 0..5, then 6..9 including its
     last token (sampled: a decodes from the next plan on); b, admitted meanwhile, gets the
     2 tokens left of that step's budget."""
-    sch = _scheduler(8, max_batch=8, watermark_blocks=0, max_prefill_tokens=6, ragged=True)
+    sch = _scheduler(8, max_batch=8, watermark_blocks=0, max_prefill_tokens=6,
+                     idle_prefill_tokens=6, ragged=True)
     a, b = _request("a", list(range(10, 20))), _request("b", list(range(30, 37)))
     sch.waiting.append(a)
     plan = sch.schedule()
@@ -153,7 +154,8 @@ def test_ragged_plan_leaves_room_for_the_decode_rows():
     """Ragged: with 7 requests decoding and a budget of 4 (one chunk) the step's bucket is 8
     token rows, so a new prompt gets 1 of them; decode rows are given their blocks before
     any chunk is planned."""
-    sch = _scheduler(16, max_batch=8, watermark_blocks=0, max_prefill_tokens=4, ragged=True)
+    sch = _scheduler(16, max_batch=8, watermark_blocks=0, max_prefill_tokens=4,
+                     idle_prefill_tokens=4, ragged=True)
     running = [_request(r, [i + 3]) for i, r in enumerate("abcdefg")]
     sch.waiting.extend(running)
     def sample(plan):                                 # each sampled row's token
@@ -172,3 +174,40 @@ def test_ragged_plan_leaves_room_for_the_decode_rows():
     assert plan.ragged and len(plan.decode) == 7
     assert [(c.request, c.start, len(c.token_ids)) for c in plan.prefill] == [(new, 0, 1)]
     assert all(len(s.blocks) * BS >= len(s.tokens) for s in plan.decode)
+
+
+def test_a_step_that_decodes_nothing_takes_the_idle_budget():
+    """Ragged, chunk 4, no budgets given: a lone 40-token prompt runs in steps of the idle
+    budget, 8 chunks (32 tokens, then its last 8, sampled); a prompt arriving while a request
+    decodes gets one chunk a step (4 tokens: the busy budget), however idle the default."""
+    sch = _scheduler(32, max_batch=8, watermark_blocks=0, ragged=True)
+    a = _request("a", list(range(100, 140)))
+    sch.waiting.append(a)
+    plan = sch.schedule()
+    assert plan.decode == [] and [(c.start, len(c.token_ids), c.sample)
+                                  for c in plan.prefill] == [(0, 32, False)]
+    plan = sch.schedule()
+    assert [(c.start, len(c.token_ids), c.sample) for c in plan.prefill] == [(32, 8, True)]
+    a.tokens.append(7)
+    b = _request("b", list(range(200, 220)))
+    sch.waiting.append(b)
+    plan = sch.schedule()
+    assert plan.decode == [a]
+    assert [(c.request, c.start, len(c.token_ids)) for c in plan.prefill] == [(b, 0, 3)]
+
+
+def test_the_idle_budget_is_never_below_the_busy_one_and_is_configurable():
+    from poot.engine.runner import ragged_token_buckets
+    from poot.engine.scheduler import IDLE_PREFILL_CHUNKS, idle_prefill_budget
+
+    assert idle_prefill_budget(EngineConfig(), 32) == IDLE_PREFILL_CHUNKS * 32
+    assert idle_prefill_budget(EngineConfig(idle_prefill_tokens=64), 32) == 64
+    assert idle_prefill_budget(EngineConfig(max_prefill_tokens=512, idle_prefill_tokens=64),
+                               32) == 512
+    # the engine's ragged entries (what ``poot compile`` fills the cache with) reach it
+    assert ragged_token_buckets(32, 8) == (32, 64, 128, 256)
+    assert ragged_token_buckets(32, 8, idle_prefill_tokens=32) == (32,)
+    assert ragged_token_buckets(32, 64, idle_prefill_tokens=32) == (32, 64, 128)
+    # never more prompt tokens than the sequences can hold
+    assert ragged_token_buckets(16, 1, max_model_len=16) == (16,)
+    assert ragged_token_buckets(32, 2, max_model_len=48) == (32, 64, 128)

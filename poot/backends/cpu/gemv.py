@@ -56,6 +56,7 @@ Results agree with the oracle (dequantize, then an f32 matmul) up to f32 summati
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from poot.backends.cpu import amx
@@ -79,6 +80,9 @@ def intrinsic_declarations(text: str) -> str:
     return "\n".join(out)
 
 
+#: fewest x rows whose quantization (:meth:`_K.quantize_x`) is spread over the threads: a
+#: row is 9-48 blocks here, a few microseconds, about one fork/join of 2 threads
+QUANTIZE_PARALLEL_ROWS = 8
 #: packed formats with a vector decoder here (others keep the portable lowering)
 PACKED = ("q4_0", "q4_1", "q8_0")
 #: W rows of one :meth:`_K.tile_gemm` tile: the 8 i32 lanes of a 256-bit dot product
@@ -544,15 +548,31 @@ class _K:
         inits = [em.op(f"tensor.empty() : {t}", "e") for t in types]
         m, res = em.fresh("qm"), em.fresh("xq")
         its = [em.fresh("qi") for _ in inits]
-        em.line(f"{res}:{len(types)} = scf.for {m} = {self.c(0)} to {self.c(g.m)} step "
-                f"{self.c(1)} iter_args({', '.join(f'{a} = {b}' for a, b in zip(its, inits))})"
-                f" -> ({tys}) {{")
-        em.depth += 1
+        # rows over the threads (each row's blocks in a slice of one row), or one loop
+        par = self.s.cores > 1 and g.m >= QUANTIZE_PARALLEL_ROWS
+        if par:
+            em.line(f"{res}:{len(types)} = scf.forall ({m}) in ({g.m}) shared_outs("
+                    f"{', '.join(f'{a} = {b}' for a, b in zip(its, inits))}) -> ({tys}) {{")
+            em.depth += 1
+            rtypes = [re.sub(r"^tensor<\d+x", "tensor<1x", t) for t in types]
+            cols = [re.match(r"tensor<\d+x(\d+)x", t).group(1) for t in types]
+            rows = [em.op(f"tensor.extract_slice {o}[{m}, 0] [1, {c}] [1, 1] : {t} to {r}")
+                    for o, c, t, r in zip(its, cols, types, rtypes)]
+            row = self.c(0)
+        else:
+            em.line(f"{res}:{len(types)} = scf.for {m} = {self.c(0)} to {self.c(g.m)} step "
+                    f"{self.c(1)} iter_args({', '.join(f'{a} = {b}' for a, b in zip(its, inits))})"
+                    f" -> ({tys}) {{")
+            em.depth += 1
+            rtypes, rows, row = types, its, m
+        tq, tf = rtypes[0], rtypes[1]
+        tc = rtypes[3] if self.r16_q8 else tc
+        rtys = ", ".join(rtypes)
         b, res2 = em.fresh("qb"), em.fresh("xqb")
         its2 = [em.fresh("qj") for _ in inits]
         em.line(f"{res2}:{len(types)} = scf.for {b} = {self.c(0)} to {self.c(nb)} step "
-                f"{self.c(1)} iter_args({', '.join(f'{a} = {b_}' for a, b_ in zip(its2, its))})"
-                f" -> ({tys}) {{")
+                f"{self.c(1)} iter_args({', '.join(f'{a} = {b_}' for a, b_ in zip(its2, rows))})"
+                f" -> ({rtys}) {{")
         em.depth += 1
         k = self.mul(b, CHUNK)
         v = [self.read_x(m, k, False), self.read_x(m, self.add(k, 16), False)]
@@ -587,36 +607,44 @@ class _K:
                 if self.amx is None:    # as i32 words
                     col = self.add(self.mul(b, 8 * len(parts)), 8 * j)
                     w = em.op(f"vector.bitcast {v} : vector<32xi8> to vector<8xi32>")
-                    n0 = em.op(f"vector.transfer_write {w}, {n0}[{m}, {col}] "
+                    n0 = em.op(f"vector.transfer_write {w}, {n0}[{row}, {col}] "
                                f"{{in_bounds = [true]}} : vector<8xi32>, {tq}")
                     continue
                 col = self.add(self.mul(b, 32 * len(parts)), 32 * j)
-                n0 = em.op(f"vector.transfer_write {v}, {n0}[{m}, {col}] {{in_bounds = [true]}} "
+                n0 = em.op(f"vector.transfer_write {v}, {n0}[{row}, {col}] {{in_bounds = [true]}} "
                            f": vector<32xi8>, {tq}")
         elif self.gemm:  # as i32 words, each broadcast to all lanes of a dot product
             words = em.op(f"vector.bitcast {qq} : vector<32x{qt}> to vector<{per}xi32>")
-            n0 = em.op(f"vector.transfer_write {words}, {its2[0]}[{m}, {self.mul(b, per)}] "
+            n0 = em.op(f"vector.transfer_write {words}, {its2[0]}[{row}, {self.mul(b, per)}] "
                        f"{{in_bounds = [true]}} : vector<{per}xi32>, {tq}")
         else:
-            n0 = em.op(f"vector.transfer_write {qq}, {its2[0]}[{m}, {k}] {{in_bounds = [true]}} : "
+            n0 = em.op(f"vector.transfer_write {qq}, {its2[0]}[{row}, {k}] {{in_bounds = [true]}} : "
                        f"vector<32x{qt}>, {tq}")
-        new = [n0, em.op(f"tensor.insert {dx} into {its2[1]}[{m}, {b}] : {tf}"),
-               em.op(f"tensor.insert {xs} into {its2[2]}[{m}, {b}] : {tf}")]
+        new = [n0, em.op(f"tensor.insert {dx} into {its2[1]}[{row}, {b}] : {tf}"),
+               em.op(f"tensor.insert {xs} into {its2[2]}[{row}, {b}] : {tf}")]
         if self.r16_q8:
             csum = qsum
             if self.bits == 16:
                 hw = em.op(f"arith.extsi {sh} : vector<32xi16> to vector<32xi32>")
                 csum = em.op(f"vector.reduction <add>, {hw} : vector<32xi32> into i32")
-            new.append(em.op(f"tensor.insert {csum} into {its2[3]}[{m}, {b}] : {tc}"))
-        em.line(f"scf.yield {', '.join(new)} : {tys}")
+            new.append(em.op(f"tensor.insert {csum} into {its2[3]}[{row}, {b}] : {tc}"))
+        em.line(f"scf.yield {', '.join(new)} : {rtys}")
         em.depth -= 1
         em.line("}")
-        em.line(f"scf.yield {', '.join(f'{res2}#{i}' for i in range(len(types)))} : {tys}")
+        if par:
+            em.line("scf.forall.in_parallel {")
+            for i, (o, c, t, r) in enumerate(zip(its, cols, types, rtypes)):
+                em.line(f"  tensor.parallel_insert_slice {res2}#{i} into {o}[{m}, 0] [1, {c}] "
+                        f"[1, 1] : {r} into {t}")
+            em.line("}")
+        else:
+            em.line(f"scf.yield {', '.join(f'{res2}#{i}' for i in range(len(types)))} : {tys}")
         em.depth -= 1
         em.line("}")
         self.xq, self.xd, self.xs = f"{res}#0", f"{res}#1", f"{res}#2"
         self.xc = f"{res}#3" if self.r16_q8 else None
-        self.tq, self.tf, self.tc = tq, tf, tc
+        self.tq, self.tf = types[0], types[1]
+        self.tc = types[3] if self.r16_q8 else f"tensor<{g.m}x{nb}xi32>"
 
     def _intr(self, name: str, args: list[str], ins: str, out: str) -> str:
         """An LLVM intrinsic, spelled as a call of a declared function ``@__poot_intr_<name>``
