@@ -86,15 +86,16 @@ def ragged_token_buckets(prefill_chunk: int, max_batch: int,
                          max_prefill_tokens: int | None = None,
                          idle_prefill_tokens: int | None = None,
                          max_model_len: int | None = None) -> tuple[int, ...]:
-    """The ragged entries' token rows an engine may run: ``prefill_chunk * 2**k`` up to the
-    bucket holding a full decode batch plus one prompt token, or the prompt budget of a
-    step that decodes nothing (:func:`~poot.engine.scheduler.idle_prefill_budget`: at least
-    ``max_prefill_tokens``, default one chunk), whichever is larger
-    (:meth:`~poot.engine.scheduler.Scheduler.schedule`); the budget capped at the prompt
-    tokens ``max_batch`` sequences of ``max_model_len`` positions can hold."""
-    budget = idle_prefill_budget(EngineConfig(max_prefill_tokens=max_prefill_tokens,
-                                              idle_prefill_tokens=idle_prefill_tokens),
-                                 prefill_chunk)
+    """The ragged entries' token rows an engine may run
+    (:meth:`~poot.engine.scheduler.Scheduler.schedule`): ``prefill_chunk * 2**k`` up to the
+    bucket holding the larger of a full decode batch plus the prompt budget
+    (``max_prefill_tokens``, default one chunk) and the budget of a step that decodes
+    nothing (:func:`~poot.engine.scheduler.idle_prefill_budget`), that capped at the
+    tokens ``max_batch`` sequences of ``max_model_len`` positions hold."""
+    idle = idle_prefill_budget(EngineConfig(max_prefill_tokens=max_prefill_tokens,
+                                            idle_prefill_tokens=idle_prefill_tokens),
+                               prefill_chunk)
+    budget = max(idle, max_batch + (max_prefill_tokens or prefill_chunk))
     if max_model_len is not None:
         budget = min(budget, max_batch * max_model_len)
     out, t = [], prefill_chunk

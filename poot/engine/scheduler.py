@@ -193,16 +193,21 @@ class Scheduler:
         return out if out.ragged or out.drafts else self._cut_lanes(out)
 
     def _plan_chunks(self, n_decode: int) -> list[PrefillChunk]:
-        """A ragged step's prompt chunks, oldest request first: up to ``max_prefill_tokens``
-        tokens (default one chunk, so a prompt arriving while others decode runs on the
-        smallest ragged entry, which the warm-up loads), or the idle budget
-        (:func:`idle_prefill_budget`) when nothing decodes (``n_decode`` 0), fewer where
-        ``n_decode`` decode rows would push the step past the ragged bucket of the budget. A chunk may end at the request's last
+        """A ragged step's prompt chunks, oldest request first: ``max_prefill_tokens``
+        tokens (default one chunk), or the idle budget (:func:`idle_prefill_budget`) when
+        nothing decodes (``n_decode`` 0), plus the rows the step's ragged bucket (the one
+        holding the ``n_decode`` decode rows and that budget) would otherwise pad. So a
+        prompt always gets at least the budget: shrinking it to keep the decode rows'
+        bucket starved prompts when the batch sat just below a bucket's size (28
+        decoding sequences in a 32-row bucket left 4 prompt tokens a step, and the batch
+        never grew past 28 with 64 clients). A chunk may end at the request's last
         token: it then samples (and the request decodes from the next step on)."""
         budget = self.config.max_prefill_tokens or self.runner.prefill_chunk
         if n_decode == 0:               # nobody waits on this step but its prompts
             budget = idle_prefill_budget(self.config, self.runner.prefill_chunk)
-        budget = min(budget, self.runner.ragged_bucket(max(budget, n_decode + 1)) - n_decode)
+        # the step runs on the bucket holding the decode rows and the budget: its padding
+        # rows are computed anyway, so prompts fill them
+        budget = self.runner.ragged_bucket(n_decode + budget) - n_decode
         plan = []
         for seq in self.running:
             if budget <= 0:

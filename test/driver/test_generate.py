@@ -18,14 +18,17 @@ from oracle_device import OracleDevice, oracle_compile  # noqa: E402
 
 from poot.api import Driver, ModelHandle  # noqa: E402
 from poot.api.generate import ContextOverflow, Finished, TokenEvent  # noqa: E402
+from poot.engine import EngineConfig  # noqa: E402
 from poot.sampling_params import InvalidRequest, SamplingParams  # noqa: E402
 
 FIXTURES = ["llama", "llama_gguf_q4_1"]
 
 
 def _load(name, capacity=32, chunk=5):
+    # one chunk a step even with nothing decoding, so prompts cross chunk boundaries
     return ModelHandle.load(fixture_path(name), kv_capacity=capacity, prefill_chunk=chunk,
-                            compile_fn=oracle_compile, device=OracleDevice())
+                            compile_fn=oracle_compile, device=OracleDevice(), max_batch=8,
+                            engine_config=EngineConfig(max_batch=8, idle_prefill_tokens=chunk))
 
 
 @pytest.fixture(scope="module", params=FIXTURES)

@@ -122,9 +122,11 @@ def test_prefix_cache_hits_are_counted_in_blocks_and_shared():
 
 
 def test_ragged_plan_budgets_actual_tokens_and_samples_the_last_prompt_token():
-    """Ragged: a's 10 tokens under a 6-token budget: positions 0..5, then 6..9 including its
-    last token (sampled: a decodes from the next plan on); b, admitted meanwhile, gets the
-    2 tokens left of that step's budget."""
+    """Ragged, chunk 4, a budget of 6 tokens: a step runs on the bucket holding its decode
+    rows and the budget (8 rows) and prompts fill it. a's 10 tokens: positions 0..7, then
+    8..9 including its last token (sampled: a decodes from the next plan on) with b, admitted
+    meanwhile, given the 6 rows left; then a decodes and b's last token fills the bucket of
+    1 + 6 rows."""
     sch = _scheduler(8, max_batch=8, watermark_blocks=0, max_prefill_tokens=6,
                      idle_prefill_tokens=6, ragged=True)
     a, b = _request("a", list(range(10, 20))), _request("b", list(range(30, 37)))
@@ -132,28 +134,28 @@ def test_ragged_plan_budgets_actual_tokens_and_samples_the_last_prompt_token():
     plan = sch.schedule()
     assert plan.ragged and plan.admitted == [a] and plan.decode == []
     assert [(c.request, c.start, c.token_ids, c.sample) for c in plan.prefill] == \
-        [(a, 0, list(range(10, 16)), False)]
+        [(a, 0, list(range(10, 18)), False)]
     sch.waiting.append(b)
     plan = sch.schedule()
     assert plan.admitted == [b]
     assert [(c.request, c.start, len(c.token_ids), c.sample) for c in plan.prefill] == \
-        [(a, 6, 4, True), (b, 0, 2, False)]
+        [(a, 8, 2, True), (b, 0, 6, False)]
     assert a.status == RUNNING and a.n_computed == 10 and b.status == PREFILL
     a.tokens.append(7)                                 # a's sampled token
     plan = sch.schedule()
-    # a decodes (one row); b's remaining 5 tokens fit the budget of 6
     assert plan.ragged and plan.decode == [a]
     assert [(c.request, c.start, len(c.token_ids), c.sample) for c in plan.prefill] == \
-        [(b, 2, 5, True)]
+        [(b, 6, 1, True)]
     b.tokens.append(7)
     plan = sch.schedule()
     assert not plan.ragged and plan.prefill == [] and plan.decode == [a, b]
 
 
-def test_ragged_plan_leaves_room_for_the_decode_rows():
-    """Ragged: with 7 requests decoding and a budget of 4 (one chunk) the step's bucket is 8
-    token rows, so a new prompt gets 1 of them; decode rows are given their blocks before
-    any chunk is planned."""
+def test_ragged_plan_gives_prompts_the_budget_past_the_decode_rows():
+    """Ragged: with 7 requests decoding and a budget of 4 (one chunk) the step runs on the
+    bucket of 16 rows holding both, so a new prompt gets its 9 free rows (never fewer than
+    the budget: keeping the 8-row bucket of the decode rows would leave it 1); decode rows
+    are given their blocks before any chunk is planned."""
     sch = _scheduler(16, max_batch=8, watermark_blocks=0, max_prefill_tokens=4,
                      idle_prefill_tokens=4, ragged=True)
     running = [_request(r, [i + 3]) for i, r in enumerate("abcdefg")]
@@ -172,14 +174,15 @@ def test_ragged_plan_leaves_room_for_the_decode_rows():
     sch.waiting.append(new)
     plan = sch.schedule()
     assert plan.ragged and len(plan.decode) == 7
-    assert [(c.request, c.start, len(c.token_ids)) for c in plan.prefill] == [(new, 0, 1)]
+    assert [(c.request, c.start, len(c.token_ids)) for c in plan.prefill] == [(new, 0, 9)]
     assert all(len(s.blocks) * BS >= len(s.tokens) for s in plan.decode)
 
 
 def test_a_step_that_decodes_nothing_takes_the_idle_budget():
     """Ragged, chunk 4, no budgets given: a lone 40-token prompt runs in steps of the idle
     budget, 8 chunks (32 tokens, then its last 8, sampled); a prompt arriving while a request
-    decodes gets one chunk a step (4 tokens: the busy budget), however idle the default."""
+    decodes gets the busy budget, one chunk, and the rest of its bucket (1 decode row + 4
+    -> 8 rows: 7 prompt tokens), however large the idle budget."""
     sch = _scheduler(32, max_batch=8, watermark_blocks=0, ragged=True)
     a = _request("a", list(range(100, 140)))
     sch.waiting.append(a)
@@ -193,7 +196,7 @@ def test_a_step_that_decodes_nothing_takes_the_idle_budget():
     sch.waiting.append(b)
     plan = sch.schedule()
     assert plan.decode == [a]
-    assert [(c.request, c.start, len(c.token_ids)) for c in plan.prefill] == [(b, 0, 3)]
+    assert [(c.request, c.start, len(c.token_ids)) for c in plan.prefill] == [(b, 0, 7)]
 
 
 def test_the_idle_budget_is_never_below_the_busy_one_and_is_configurable():
@@ -206,7 +209,8 @@ def test_the_idle_budget_is_never_below_the_busy_one_and_is_configurable():
                                32) == 512
     # the engine's ragged entries (what ``poot compile`` fills the cache with) reach it
     assert ragged_token_buckets(32, 8) == (32, 64, 128, 256)
-    assert ragged_token_buckets(32, 8, idle_prefill_tokens=32) == (32,)
+    # a full batch plus the busy budget: 8 + 32 rows
+    assert ragged_token_buckets(32, 8, idle_prefill_tokens=32) == (32, 64)
     assert ragged_token_buckets(32, 64, idle_prefill_tokens=32) == (32, 64, 128)
     # never more prompt tokens than the sequences can hold
     assert ragged_token_buckets(16, 1, max_model_len=16) == (16,)

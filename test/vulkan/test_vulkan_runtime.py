@@ -385,12 +385,14 @@ def test_greedy_generation_matches_reference_tokens(vk_device, vk_target):
     greedy sampling suffix) on the Vulkan device: the reference's greedy tokens."""
     from poot.api import Driver, ModelHandle
     from poot.backends.vulkan.codegen import compile_vulkan
+    from poot.engine import EngineConfig
     from poot.sampling_params import SamplingParams
 
     name = "llama"
     ref = reference(name)
-    h = ModelHandle.load(fixture_path(name), kv_capacity=32, prefill_chunk=5,
-                         compile_fn=lambda g: compile_vulkan(g, vk_target), device=vk_device)
+    h = ModelHandle.load(fixture_path(name), kv_capacity=32, prefill_chunk=5, max_batch=8,
+                         compile_fn=lambda g: compile_vulkan(g, vk_target), device=vk_device,
+                         engine_config=EngineConfig(max_batch=8, idle_prefill_tokens=5))
     r = Driver(h).complete(list(ref["prompt_ids"]),
                            SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     n = len(ref["greedy_ids"][:8])
