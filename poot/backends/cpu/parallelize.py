@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from mlir import ir
 
+from poot.backends.cpu.transform_script import ANY_OP, run_transform
+
 #: the attribute naming an op to tile (its value: the ``num_threads`` list)
 PARALLEL_TILES = "poot.parallel_tiles"
 #: fewest iteration points worth a parallel region (two 2-core fork/joins cost ~2-4 us, a
@@ -80,8 +82,6 @@ def parallelize_row_loops(module: ir.Module, threads: int) -> int:
     does nothing. Returns how many ops were tiled."""
     if threads < 2:
         return 0
-    from mlir.passmanager import PassManager
-
     tags: dict[str, int] = {}
     for f in module.body.operations:
         f = f.operation
@@ -95,27 +95,15 @@ def parallelize_row_loops(module: ir.Module, threads: int) -> int:
                 tags[t] = tags.get(t, 0) + 1
     if not tags:
         return 0
-    any_op = "!transform.any_op"
+    any_op = ANY_OP
     lines = []
     for i, tag in enumerate(sorted(tags)):
         lines += [f"%m{i} = transform.structured.match ops{{[\"linalg.generic\"]}} "
                   f"attributes {{{PARALLEL_TILES} = \"{tag}\"}} in %root : ({any_op}) -> {any_op}",
                   f"%t{i}, %f{i} = transform.structured.tile_using_forall %m{i} "
                   f"num_threads [{tag}] : ({any_op}) -> ({any_op}, {any_op})"]
-    script = ("module attributes {transform.with_named_sequence} {\n"
-              f"transform.named_sequence @__transform_main(%root: {any_op} "
-              "{transform.readonly}) {\n" + "\n".join(lines) + "\ntransform.yield\n}\n}")
-    with module.context, ir.Location.unknown():
-        lib = ir.Module.parse(script)       # kept alive while its op is moved
-        seq = lib.body.operations[0]
-        seq.operation.move_before(module.body.operations[0])
-        module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
-        try:
-            PassManager.parse("builtin.module(transform-interpreter)").run(module.operation)
-        finally:
-            seq.erase()
-            del module.operation.attributes["transform.with_named_sequence"]
-
+    run_transform(module, lines)
+    with module.context:
         def clear(op):
             op = op.operation
             if PARALLEL_TILES in op.attributes:

@@ -46,6 +46,8 @@ import re
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
+from poot.backends.cpu.transform_script import ANY_OP, run_transform
+
 #: accumulators a split reduction keeps: one AVX-512 vector of f32 / i32
 LANES = 16
 #: the shortest reduced dimension worth splitting
@@ -250,8 +252,6 @@ def vectorize_split_reductions(module: ir.Module) -> int:
     per tag (tile sizes), ``transform.structured.tile_using_for`` then
     ``transform.structured.vectorize``, run by the ``transform-interpreter`` pass on a
     named sequence added to ``module`` and removed after. Returns how many were tagged."""
-    from mlir.passmanager import PassManager
-
     tags: dict[str, int] = {}
 
     def visit(op):
@@ -264,7 +264,7 @@ def vectorize_split_reductions(module: ir.Module) -> int:
     module.operation.walk(visit)
     if not tags:
         return 0
-    any_op = "!transform.any_op"
+    any_op = ANY_OP
     lines = []
     for i, tag in enumerate(sorted(tags)):
         sizes = tag.split(",")
@@ -283,19 +283,7 @@ def vectorize_split_reductions(module: ir.Module) -> int:
               "lowering_strategy = \"innerparallel\"",
               "transform.apply_patterns.vector.cast_away_vector_leading_one_dim",
               f"}} : {any_op}"]
-    script = ("module attributes {transform.with_named_sequence} {\n"
-              f"transform.named_sequence @__transform_main(%root: {any_op} "
-              "{transform.readonly}) {\n" + "\n".join(lines) + "\ntransform.yield\n}\n}")
-    with module.context, ir.Location.unknown():
-        lib = ir.Module.parse(script)
-        seq = lib.body.operations[0]
-        seq.operation.move_before(module.body.operations[0])
-        module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
-        try:
-            PassManager.parse("builtin.module(transform-interpreter)").run(module.operation)
-        finally:
-            seq.erase()
-            del module.operation.attributes["transform.with_named_sequence"]
+    run_transform(module, lines)
     return sum(tags.values())
 
 
