@@ -51,7 +51,7 @@ from poot.dialects.types import DType
 from poot.engine.guided import ALL_ALLOWED
 from poot.engine.blocks import NULL_BLOCK
 from poot.engine.lora import slot_column
-from poot.engine.scheduler import EngineConfig, idle_prefill_budget
+from poot.engine.scheduler import idle_prefill_budget
 from poot.runtime import Session, Entry, Submitted
 from poot.graph import sampling
 from poot.graph.sampling import GREEDY, SamplerSpec, SamplerStep, covers
@@ -92,9 +92,7 @@ def ragged_token_buckets(prefill_chunk: int, max_batch: int,
     (``max_prefill_tokens``, default one chunk) and the budget of a step that decodes
     nothing (:func:`~poot.engine.scheduler.idle_prefill_budget`), that capped at the
     tokens ``max_batch`` sequences of ``max_model_len`` positions hold."""
-    idle = idle_prefill_budget(EngineConfig(max_prefill_tokens=max_prefill_tokens,
-                                            idle_prefill_tokens=idle_prefill_tokens),
-                               prefill_chunk)
+    idle = idle_prefill_budget(prefill_chunk, max_prefill_tokens, idle_prefill_tokens)
     budget = max(idle, max_batch + (max_prefill_tokens or prefill_chunk))
     if max_model_len is not None:
         budget = min(budget, max_batch * max_model_len)

@@ -52,11 +52,12 @@ from poot.engine.request import FINISHED, PREFILL, RUNNING, WAITING, Request
 IDLE_PREFILL_CHUNKS = 8
 
 
-def idle_prefill_budget(config: "EngineConfig", prefill_chunk: int) -> int:
+def idle_prefill_budget(prefill_chunk: int, max_prefill_tokens: int | None = None,
+                        idle_prefill_tokens: int | None = None) -> int:
     """Prompt tokens a ragged step with no decoding sequence takes
-    (:attr:`EngineConfig.idle_prefill_tokens`)."""
-    busy = config.max_prefill_tokens or prefill_chunk
-    return max(busy, config.idle_prefill_tokens or IDLE_PREFILL_CHUNKS * prefill_chunk)
+    (:attr:`EngineConfig.idle_prefill_tokens`, given ``EngineConfig``'s two budgets)."""
+    busy = max_prefill_tokens or prefill_chunk
+    return max(busy, idle_prefill_tokens or IDLE_PREFILL_CHUNKS * prefill_chunk)
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,9 @@ class Scheduler:
         token: it then samples (and the request decodes from the next step on)."""
         budget = self.config.max_prefill_tokens or self.runner.prefill_chunk
         if n_decode == 0:               # nobody waits on this step but its prompts
-            budget = idle_prefill_budget(self.config, self.runner.prefill_chunk)
+            budget = idle_prefill_budget(self.runner.prefill_chunk,
+                                         self.config.max_prefill_tokens,
+                                         self.config.idle_prefill_tokens)
         # the step runs on the bucket holding the decode rows and the budget: its padding
         # rows are computed anyway, so prompts fill them
         budget = self.runner.ragged_bucket(n_decode + budget) - n_decode

@@ -203,10 +203,9 @@ def test_the_idle_budget_is_never_below_the_busy_one_and_is_configurable():
     from poot.engine.runner import ragged_token_buckets
     from poot.engine.scheduler import IDLE_PREFILL_CHUNKS, idle_prefill_budget
 
-    assert idle_prefill_budget(EngineConfig(), 32) == IDLE_PREFILL_CHUNKS * 32
-    assert idle_prefill_budget(EngineConfig(idle_prefill_tokens=64), 32) == 64
-    assert idle_prefill_budget(EngineConfig(max_prefill_tokens=512, idle_prefill_tokens=64),
-                               32) == 512
+    assert idle_prefill_budget(32) == IDLE_PREFILL_CHUNKS * 32
+    assert idle_prefill_budget(32, idle_prefill_tokens=64) == 64
+    assert idle_prefill_budget(32, max_prefill_tokens=512, idle_prefill_tokens=64) == 512
     # the engine's ragged entries (what ``poot compile`` fills the cache with) reach it
     assert ragged_token_buckets(32, 8) == (32, 64, 128, 256)
     # a full batch plus the busy budget: 8 + 32 rows

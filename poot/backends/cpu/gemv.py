@@ -548,6 +548,7 @@ class _K:
         inits = [em.op(f"tensor.empty() : {t}", "e") for t in types]
         m, res = em.fresh("qm"), em.fresh("xq")
         its = [em.fresh("qi") for _ in inits]
+        full = (tq, tf, tc)     # the whole tensors' types (the loop below writes rows)
         # rows over the threads (each row's blocks in a slice of one row), or one loop
         par = self.s.cores > 1 and g.m >= QUANTIZE_PARALLEL_ROWS
         if par:
@@ -643,8 +644,7 @@ class _K:
         em.line("}")
         self.xq, self.xd, self.xs = f"{res}#0", f"{res}#1", f"{res}#2"
         self.xc = f"{res}#3" if self.r16_q8 else None
-        self.tq, self.tf = types[0], types[1]
-        self.tc = types[3] if self.r16_q8 else f"tensor<{g.m}x{nb}xi32>"
+        self.tq, self.tf, self.tc = full
 
     def _intr(self, name: str, args: list[str], ins: str, out: str) -> str:
         """An LLVM intrinsic, spelled as a call of a declared function ``@__poot_intr_<name>``
