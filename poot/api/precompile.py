@@ -27,7 +27,7 @@ from poot.sampling_params import InvalidRequest
 def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *,
                   kv_capacity: int | None = None, prefill_chunk: int | None = None,
                   max_batch: int = 1, batches: Sequence[int] | None = None,
-                  kv_blocks: int | None = None, kv_dtype: str | None = None,
+                  max_prefill_tokens: int | None = None, kv_blocks: int | None = None, kv_dtype: str | None = None,
                   kv_dtype_k: str | None = None, kv_dtype_v: str | None = None,
                   samplers: Sequence[Any] | None = None, cache_dir: str | None = None,
                   compile_options: CompileOptions | None = None,
@@ -38,7 +38,8 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                   pipeline_parallel: int = 1) -> dict[str, Any]:
     """Fill the compile cache with the steps ``ModelHandle.load(path, backend, ...)`` and
     generation use, without opening a device: the ragged steps an engine with the default
-    prompt budget runs (:func:`~poot.engine.runner.ragged_token_buckets`), the decode step of each
+    prompt budget, or ``max_prefill_tokens`` a step while sequences decode, runs
+    (:func:`~poot.engine.runner.ragged_token_buckets`), the decode step of each
     batch of ``batches`` (default: every bucket up to ``max_batch``) and its samplers (default:
     the greedy one; batch 1 also :data:`~poot.graph.sampling.FULL`, what the CLI warms up);
     ``max_loras``/``max_lora_rank``: the LoRA slots the handle binds (the steps differ).
@@ -55,6 +56,8 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
         positive("prefill_chunk", prefill_chunk)
     if kv_capacity is not None:
         positive("kv_capacity", kv_capacity)
+    if max_prefill_tokens is not None:
+        positive("max_prefill_tokens", max_prefill_tokens)
     positive("max_batch", max_batch)
     pipeline_parallel = positive("pipeline_parallel", pipeline_parallel)
     if backend in BACKENDS and _REGISTERED[backend].target_from_device:
@@ -79,7 +82,8 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     vocab = model.dims().vocab
     jobs = []
     chunk = max(1, min(prefill_chunk, kv.max_model_len))
-    for t in ragged_token_buckets(chunk, max_batch, max_model_len=kv.max_model_len):
+    for t in ragged_token_buckets(chunk, max_batch, max_prefill_tokens,
+                                  max_model_len=kv.max_model_len):
         jobs.append((f"ragged[T={t}]", model, weights.types,
                      step_spec(kv, "ragged", t, logit_rows=max_batch)))
         rows = min(t, max_batch)

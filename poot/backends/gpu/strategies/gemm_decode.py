@@ -26,7 +26,8 @@ bound is the tiled GEMM's (:func:`.gemm.error_bound`).
 A block is ``WN`` warps side by side over N that share x: each chunk of ``U`` K steps, its
 threads load x's f32 rows once, round them to the mma type and store them as the lanes' A
 registers (16 bytes a lane and mma) in workgroup memory, double-buffered (one barrier a
-chunk; the next chunk's x loads and this chunk's weight loads are issued before the mma's).
+chunk). The loop is software-pipelined one chunk deep: a chunk's weight loads are issued a
+chunk ahead, carried in registers, and the next chunk's x loads before this chunk's mma's.
 Why: every warp reading its own x from L2 re-read it ``N / (8 NT)`` times, 4x the weight's
 bytes at M = 64 (measured on an H200: the 1B gate projection took 21 us at M = 64 against 8 at
 M = 8). Grid z cuts K into ``S`` slices whose partials a second kernel sums in slice order
@@ -60,25 +61,27 @@ from poot.dialects.types import DType
 #: reuse each weight tile over 128 rows (here every warp re-reads all M rows of x per K step:
 #: ``M / (4 NT)`` bytes of x per weight byte through L1, 16 at M = 128)
 MAX_M = 128
-#: rows where dense 16-bit weights keep the tiled GEMM: at M = 16..64 on an H100 it was as
-#: fast or faster on the 1B shape's large projections (0.68-0.99x, bench/results/decode_gemm.md);
-#: packed weights gain at every M (1.03-2.2x: the tiled GEMM dequantizes each tile per block row)
-DENSE_TILED_M = range(9, 65)
 #: formats: dense 16-bit weights stored [N, K], and the packed ones with a lane decoder
 FORMATS = ("bf16", "f16", "q4_0", "q4_1", "q8_0")
 #: k per K step (one 32-element block of a packed format; two mma k-steps)
 KSTEP = 32
 #: accumulators' tiles a warp keeps (MT x NT 16 x 8 tiles, 4 f32 each): 64 registers
 MAX_TILES = 16
-#: most n-tiles a warp owns (each K step's x fragments are reused over them)
-MAX_NT = 4
-#: blocks per compute unit the grid aims for (WN warps each), with the K splits below
-BLOCKS_PER_CORE = 4
+#: blocks per compute unit the grid aims for at MT = 1 (over sqrt(MT) at more rows), with the
+#: K splits below
+BLOCKS_PER_CORE = 3
 #: split-K: most slices, fewest K steps per slice
 MAX_SPLIT, MIN_BLOCK_STEPS = 16, 2
 #: split-K partials (S x M x N f32, written once and read once, mostly from L2) may take up to
 #: the weight's bytes, or this many (a small weight is latency-bound, not bandwidth-bound)
 L2_PARTIALS = 4 << 20
+#: benchmarks: ``(NT, WN, S, U)`` to use instead of :func:`decode_tiling`'s (bench/gpu_run/
+#: decode_gemm_sweep.py times the variants on the device)
+FORCE_TILING: tuple[int, int, int, int] | None = None
+#: benchmarks (wrong results, timing only): "no_x" drops the loop's x staging (every chunk
+#: multiplies chunk 0's fragments), "no_mma" replaces the mma's by one add a weight register,
+#: "stream" both (the weight stream alone)
+ABLATE: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,30 +119,39 @@ def _largest_divisor(n: int, at_most: int) -> int:
 
 def decode_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> DecodeTiling:
     """The tiling of an [M, K] x [K, N] decode GEMM whose weight is ``weight_bytes`` bytes,
-    ``K % 32 == 0``: MT = ceil(M / 16); NT as many n-tiles (<= 4) as keep MT * NT <= 16
-    accumulator tiles, halved while even :data:`MAX_SPLIT` slices would not give every
-    compute unit a block; WN = 4 warps a block, so x (re-read from L2 once per block of
-    ``32 NT`` columns: ``M / (16 NT)`` bytes of x per weight byte at bf16) stays well under
-    the weight's traffic; S split-K slices so that the grid has :data:`BLOCKS_PER_CORE`
-    blocks per compute unit (at most :data:`MAX_SPLIT`, each slice keeping
-    :data:`MIN_BLOCK_STEPS` K steps, the partials, S * M * N f32, under the weight's
-    bytes or :data:`L2_PARTIALS`, and :data:`~.gemm.MAX_SPLIT_SCRATCH`), dividing the steps
-    evenly; U = the most K steps (<= 4) a chunk whose MT * U <= 16 (32 KB of double-buffered
-    fragments) that divide a slice's."""
+    ``K % 32 == 0``, fitted to the H100 sweep of every ``(NT, WN, S, U)`` over the
+    Llama-3.2-1B projections and LM head at M = 16..128 with the weights streamed from DRAM
+    (``bench/gpu_run/decode_gemm_sweep.py``, ``bench/results/decode_gemm.md``; within 8 % of
+    each shape's fastest, geometric mean):
+
+    - MT = ceil(M / 16); NT = 1 n-tile a warp at MT <= 2, else 2 (fewer accumulators a
+      warp, more warps: latency hidden by warps rather than by tiles);
+    - WN = 8 warps a block sharing x's fragments (x re-read from L2 once per block of
+      ``64 NT`` columns). A narrow weight alone (k/v: N = 512) measured 1.26x faster at 4,
+      but a step's k/v fuse with q (:mod:`~poot.backends.gpu.horizontal`), which takes
+      members with barriers only at one block size;
+    - S split-K slices so that the grid has about ``BLOCKS_PER_CORE / sqrt(MT)`` blocks a
+      compute unit (more rows, more work a block), at most :data:`MAX_SPLIT`, each slice
+      keeping :data:`MIN_BLOCK_STEPS` K steps, the partials (S * M * N f32) under the
+      weight's bytes or :data:`L2_PARTIALS` and :data:`~.gemm.MAX_SPLIT_SCRATCH`; S divides
+      the K steps;
+    - U = the most K steps a chunk, up to 4 at MT = 3..4 and 2 otherwise, dividing a
+      slice's (MT * U <= 16: 32 KB of double-buffered x fragments)."""
     MT = -(-M // 16)
     KT = K // KSTEP
-    WN = 4
-    NT = max(1, min(MAX_NT, MAX_TILES // MT, -(-N // (8 * WN))))
+    if FORCE_TILING is not None:
+        NT, WN, S, U = FORCE_TILING
+        return DecodeTiling(MT, NT, WN, S, U, KT // S)
+    NT = 1 if MT <= 2 else 2
     smax = max(1, min(MAX_SPLIT, KT // MIN_BLOCK_STEPS))
-    while NT > 1 and -(-N // (8 * NT * WN)) * smax < cores:
-        NT //= 2                # a narrow weight: more blocks rather than fewer x reads
+    WN = 8
     blocks = -(-N // (8 * NT * WN))
-    want = -(-BLOCKS_PER_CORE * cores // blocks)
+    want = -(-int(BLOCKS_PER_CORE * cores / MT ** 0.5) // blocks)
     cap = min(smax, max(weight_bytes, L2_PARTIALS) // (4 * M * N),
               G.MAX_SPLIT_SCRATCH // (4 * M * N))
     S = _largest_divisor(KT, min(want, cap)) if cap >= 2 and want >= 2 else 1
     per = KT // S
-    U = _largest_divisor(per, min(4, max(1, MAX_TILES // MT)))
+    U = _largest_divisor(per, 4 if 3 <= MT <= 4 else 2)
     return DecodeTiling(MT, NT, WN, S, U, per)
 
 
@@ -352,47 +364,87 @@ class _DecodeKernel(G._GemmKernel):
         self._store(accs, bz)
         return self._module_text(x_reads)
 
+    def raw_types(self) -> list[str]:
+        """The types of one :meth:`load_weight` result, in order."""
+        return {"bf16": ["vector<4xi32>"], "f16": ["vector<4xi32>"], "q4_1": ["i32"] * 2,
+                "q4_0": ["i16"] * 3, "q8_0": ["i16"] * 5}[self.fmt]
+
+    def load_chunk_weights(self, chunk: str, nrows: list) -> list:
+        """Issue the lane's weight loads of chunk ``chunk`` (U K steps x NT rows): a flat
+        list of raw values, step-major (:meth:`chunk_mma` takes them)."""
+        d = self.d
+        steps = [self.add(self.kfirst, self.add(self.mul(chunk, d.U), u)) for u in range(d.U)]
+        return [v for s in steps for n in nrows for v in self.load_weight(n, s)]
+
+    def chunk_mma(self, accs: list, raw: list, buf: str) -> list:
+        """The chunk's mma's: weight registers from ``raw`` (:meth:`load_chunk_weights`), x
+        fragments from workgroup buffer ``buf``; returns the new accumulators ``[i][j]``."""
+        d = self.d
+        per = len(self.raw_types())
+        for u in range(d.U):
+            B = [self.weight_regs(raw[(u * d.NT + j) * per:(u * d.NT + j + 1) * per])
+                 for j in range(d.NT)]                       # [j][mma][reg]
+            for i in range(d.MT):
+                for q in (0, 1):
+                    A = self.a_regs(buf, u, i, q)
+                    if ABLATE in ("no_mma", "stream"):
+                        accs[i] = [[self.e.fadd(accs[i][j][0], self.op(
+                            f"arith.bitcast {self.bits(B[j][q][0])} : i32 to f32"))]
+                            + accs[i][j][1:] for j in range(d.NT)]
+                        continue
+                    accs[i] = [self.mma(A, B[j][q], accs[i][j]) for j in range(d.NT)]
+        return accs
+
     def _k_loop(self, nrows: list) -> list:
-        """The block's chunks of U K steps: each iteration issues the chunk's weight loads
-        and the next chunk's x loads, runs the chunk's mma's from the x fragments in
-        workgroup buffer ``c & 1``, stores the next chunk's fragments into the other buffer,
-        then one barrier. Returns the accumulators ``[i][j]`` (4 f32 names each)."""
+        """The block's C chunks of U K steps, software-pipelined one chunk deep: chunk 0's
+        x fragments go to workgroup buffer 0 and its weight loads are issued before the
+        loop; iteration ``c`` (of C - 1) issues chunk ``c + 1``'s weight loads and x loads,
+        runs chunk ``c``'s mma's (weights carried in registers from the iteration before,
+        x fragments from buffer ``c & 1``), stores chunk ``c + 1``'s fragments into the
+        other buffer, then one barrier; the last chunk's mma's follow the loop. So a
+        chunk's weight loads are in flight during the previous chunk's mma's. Returns the
+        accumulators ``[i][j]`` (4 f32 names each)."""
         d, e = self.d, self.e
         C = d.per_block // d.U
-        na = d.MT * d.NT * 4
         zero = self.c(0.0, "f32")
         with self.se.scope():
             self.store_chunk_frags(self.load_chunk(self.c(0)), self.c(0))
         e.raw("gpu.barrier")
-        names = [e.name() for _ in range(na)]
-        res = e.name()
-        f32s = ", ".join(["f32"] * na)
-        e.raw(f"{res}:{na} = scf.for %kc = {self.c(0)} to {self.c(C)} step {self.c(1)} "
-              f"iter_args({', '.join(f'{n} = {zero}' for n in names)}) -> ({f32s}) {{")
-        with self.se.scope():
-            it = iter(names)
+        raw = self.load_chunk_weights(self.c(0), nrows)
+        accs = [[[zero] * 4 for _ in range(d.NT)] for _ in range(d.MT)]
+        if C > 1:
+            rtypes = self.raw_types() * (d.U * d.NT)
+            na = d.MT * d.NT * 4
+            names = [e.name() for _ in range(na + len(raw))]
+            res = e.name()
+            types = ", ".join(["f32"] * na + rtypes)
+            inits = [a for r in accs for c in r for a in c] + raw
+            e.raw(f"{res}:{len(names)} = scf.for %kc = {self.c(0)} to {self.c(C - 1)} "
+                  f"step {self.c(1)} iter_args("
+                  f"{', '.join(f'{n} = {v}' for n, v in zip(names, inits))}) -> ({types}) {{")
+            with self.se.scope():
+                it = iter(names[:na])
+                accs = [[[next(it) for _ in range(4)] for _ in range(d.NT)]
+                        for _ in range(d.MT)]
+                cur = self.op(f"arith.andi %kc, {self.c(1)} : index")
+                nxt = self.op(f"arith.xori {cur}, {self.c(1)} : index")
+                kn = self.add("%kc", 1)
+                raw_next = self.load_chunk_weights(kn, nrows)
+                if ABLATE in ("no_x", "stream"):
+                    accs = self.chunk_mma(accs, names[na:], self.c(0))
+                else:
+                    xraw = self.load_chunk(kn)
+                    accs = self.chunk_mma(accs, names[na:], cur)
+                    self.store_chunk_frags(xraw, nxt)
+                    e.raw("gpu.barrier")
+                flat = [a for r in accs for c in r for a in c]
+                e.raw(f"scf.yield {', '.join(flat + raw_next)} : {types}")
+            e.raw("}")
+            out = [f"{res}#{i}" for i in range(len(names))]
+            it = iter(out[:na])
             accs = [[[next(it) for _ in range(4)] for _ in range(d.NT)] for _ in range(d.MT)]
-            cur = self.op(f"arith.andi %kc, {self.c(1)} : index")
-            nxt = self.op(f"arith.xori {cur}, {self.c(1)} : index")
-            steps = [self.add(self.kfirst, self.add(self.mul("%kc", d.U), u))
-                     for u in range(d.U)]
-            raws = [[self.load_weight(n, s) for n in nrows] for s in steps]
-            kn = self.op(f"arith.minui {self.add('%kc', 1)}, {self.c(C - 1)} : index")
-            xraw = self.load_chunk(kn)
-            for u, raw in enumerate(raws):
-                B = [self.weight_regs(r) for r in raw]          # [j][mma][reg]
-                for i in range(d.MT):
-                    for q in (0, 1):
-                        A = self.a_regs(cur, u, i, q)
-                        accs[i] = [self.mma(A, B[j][q], accs[i][j]) for j in range(d.NT)]
-            self.store_chunk_frags(xraw, nxt)
-            e.raw("gpu.barrier")
-            flat = [a for r in accs for c in r for a in c]
-            e.raw(f"scf.yield {', '.join(flat)} : {f32s}")
-        e.raw("}")
-        it = iter(range(na))
-        return [[[f"{res}#{next(it)}" for _ in range(4)] for _ in range(d.NT)]
-                for _ in range(d.MT)]
+            raw = out[na:]
+        return self.chunk_mma(accs, raw, self.c((C - 1) & 1))
 
     def _store(self, accs: list, bz: str | None) -> None:
         """Each accumulator to its element of y through the epilogue (split-K: to the
@@ -444,15 +496,13 @@ class _DecodeKernel(G._GemmKernel):
 def takes(m: GemvMatch, caps) -> str | None:
     """The weight format when this strategy takes match ``m`` on ``caps`` (rows the GEMV
     leaves to a GEMM, :func:`~.matmul_match.gemm_rows`, up to :data:`MAX_M`; one weight of
-    :data:`FORMATS`; K a multiple of 32; no folded norm; ``mma.sync``; dense weights not at
-    :data:`DENSE_TILED_M` rows), else None."""
+    :data:`FORMATS`; K a multiple of 32; no folded norm; ``mma.sync``), else None."""
     if G.matrix_op(caps) is not G.MMA_SYNC or G.EMULATE_MMA is not None:
         return None
     if m.prologue or len(m.weights) != 1 or m.idx is not None or m.M > MAX_M or \
             m.K % KSTEP or not gemm_rows(m):
         return None
-    fmt = fmt_of(m)
-    return None if fmt in ("bf16", "f16") and m.M in DENSE_TILED_M else fmt
+    return fmt_of(m)
 
 
 def gemm_decode(fn: ir.Operation, caps) -> Synthesized | None:
@@ -481,5 +531,5 @@ def gemm_decode(fn: ir.Operation, caps) -> Synthesized | None:
                        scratch=[(f"memref<{d.S * m.M * m.N}xf32>", d.S * m.M * m.N * 4)])
 
 
-__all__ = ["BLOCKS_PER_CORE", "DENSE_TILED_M", "FORMATS", "KSTEP", "MAX_M", "DecodeTiling", "decode_tiling",
+__all__ = ["BLOCKS_PER_CORE", "FORMATS", "KSTEP", "MAX_M", "DecodeTiling", "decode_tiling",
            "fmt_of", "gemm_decode", "lane_ks", "takes"]
