@@ -119,40 +119,45 @@ def _largest_divisor(n: int, at_most: int) -> int:
 
 def decode_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> DecodeTiling:
     """The tiling of an [M, K] x [K, N] decode GEMM whose weight is ``weight_bytes`` bytes,
-    ``K % 32 == 0``, fitted to the H100 sweep of every ``(NT, WN, S, U)`` over the
-    Llama-3.2-1B projections and LM head at M = 16..128 with the weights streamed from DRAM
-    (``bench/gpu_run/decode_gemm_sweep.py``, ``bench/results/decode_gemm.md``; within 8 % of
-    each shape's fastest, geometric mean):
+    ``K % 32 == 0``, fitted to H100 sweeps of every ``(NT, WN, S, U)`` over the
+    Llama-3.2-1B (bf16) and SmolLM2 (Q4_1) projections and the 1B's LM head at M = 16..128,
+    the weights streamed from DRAM (``bench/gpu_run/decode_gemm_sweep.py``,
+    ``bench/results/decode_gemm.md``: within 5 % of each shape's fastest, geometric mean):
 
-    - MT = ceil(M / 16); NT = 1 n-tile a warp at MT <= 2, else 2 (fewer accumulators a
-      warp, more warps: latency hidden by warps rather than by tiles);
+    - MT = ceil(M / 16); NT = 2 n-tiles a warp where MT > 2 and the weight has at least
+      16 blocks of 128 columns, else 1 (fewer accumulators a warp, more warps: a small
+      weight is latency-bound);
     - WN = 8 warps a block sharing x's fragments (x re-read from L2 once per block of
-      ``64 NT`` columns). A narrow weight alone (k/v: N = 512) measured 1.26x faster at 4,
-      but a step's k/v fuse with q (:mod:`~poot.backends.gpu.horizontal`), which takes
-      members with barriers only at one block size;
+      ``64 NT`` columns; a narrow weight alone, k/v, measured up to 1.26x faster at 4, but
+      a step's k/v fuse with q (:mod:`~poot.backends.gpu.horizontal`), which merges
+      members with barriers only at one block size);
     - S split-K slices so that the grid has about ``BLOCKS_PER_CORE / sqrt(MT)`` blocks a
       compute unit (more rows, more work a block), at most :data:`MAX_SPLIT`, each slice
       keeping :data:`MIN_BLOCK_STEPS` K steps, the partials (S * M * N f32) under the
       weight's bytes or :data:`L2_PARTIALS` and :data:`~.gemm.MAX_SPLIT_SCRATCH`; S divides
-      the K steps;
-    - U = the most K steps a chunk, up to 4 at MT = 3..4 and 2 otherwise, dividing a
-      slice's (MT * U <= 16: 32 KB of double-buffered x fragments)."""
+      the K steps, preferring slices of a whole number of chunks of U;
+    - U = K steps a chunk: 4 at MT = 3..4, else 2 (MT * U <= 16: 32 KB of double-buffered
+      x fragments), or the most below that dividing a slice's steps."""
     MT = -(-M // 16)
     KT = K // KSTEP
     if FORCE_TILING is not None:
         NT, WN, S, U = FORCE_TILING
         return DecodeTiling(MT, NT, WN, S, U, KT // S)
-    NT = 1 if MT <= 2 else 2
-    smax = max(1, min(MAX_SPLIT, KT // MIN_BLOCK_STEPS))
+    NT = 2 if MT > 2 and -(-N // 128) >= 16 else 1
     WN = 8
+    smax = max(1, min(MAX_SPLIT, KT // MIN_BLOCK_STEPS))
     blocks = -(-N // (8 * NT * WN))
     want = -(-int(BLOCKS_PER_CORE * cores / MT ** 0.5) // blocks)
     cap = min(smax, max(weight_bytes, L2_PARTIALS) // (4 * M * N),
               G.MAX_SPLIT_SCRATCH // (4 * M * N))
-    S = _largest_divisor(KT, min(want, cap)) if cap >= 2 and want >= 2 else 1
+    u_want = 4 if 3 <= MT <= 4 else 2
+    S = 1
+    if cap >= 2 and want >= 2:
+        lim = min(want, cap)
+        whole = [s for s in range(1, lim + 1) if KT % s == 0 and (KT // s) % u_want == 0]
+        S = max(whole) if whole else _largest_divisor(KT, lim)
     per = KT // S
-    U = _largest_divisor(per, 4 if 3 <= MT <= 4 else 2)
-    return DecodeTiling(MT, NT, WN, S, U, per)
+    return DecodeTiling(MT, NT, WN, S, _largest_divisor(per, u_want), per)
 
 
 def lane_ks(fmt: str, t: int, s: int) -> list[int]:
