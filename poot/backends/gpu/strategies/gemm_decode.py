@@ -75,6 +75,9 @@ MAX_SPLIT, MIN_BLOCK_STEPS = 16, 2
 #: split-K partials (S x M x N f32, written once and read once, mostly from L2) may take up to
 #: the weight's bytes, or this many (a small weight is latency-bound, not bandwidth-bound)
 L2_PARTIALS = 4 << 20
+#: K steps (of 32) from which :func:`decode_tiling`'s fitted rule applies; a shorter K takes
+#: :func:`short_k_tiling`
+LONG_K_STEPS = 64
 #: benchmarks: ``(NT, WN, S, U)`` to use instead of :func:`decode_tiling`'s (bench/gpu_run/
 #: decode_gemm_sweep.py times the variants on the device)
 FORCE_TILING: tuple[int, int, int, int] | None = None
@@ -137,19 +140,25 @@ def decode_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> Deco
       weight's bytes or :data:`L2_PARTIALS` and :data:`~.gemm.MAX_SPLIT_SCRATCH`; S divides
       the K steps, preferring slices of a whole number of chunks of U;
     - U = K steps a chunk: 4 at MT = 3..4, else 2 (MT * U <= 16: 32 KB of double-buffered
-      x fragments), or the most below that dividing a slice's steps."""
+      x fragments), or the most below that dividing a slice's steps.
+
+    A short K (under :data:`LONG_K_STEPS` steps: SmolLM2's 576 and 1536) keeps the wider
+    warps of :func:`short_k_tiling`, which measured 1-25 % faster there inside the decode
+    step (the same grids with 8 warps of one n-tile were slower)."""
     MT = -(-M // 16)
     KT = K // KSTEP
     if FORCE_TILING is not None:
         NT, WN, S, U = FORCE_TILING
         return DecodeTiling(MT, NT, WN, S, U, KT // S)
-    NT = 2 if MT > 2 and -(-N // 128) >= 16 else 1
-    WN = 8
     smax = max(1, min(MAX_SPLIT, KT // MIN_BLOCK_STEPS))
-    blocks = -(-N // (8 * NT * WN))
-    want = -(-int(BLOCKS_PER_CORE * cores / MT ** 0.5) // blocks)
     cap = min(smax, max(weight_bytes, L2_PARTIALS) // (4 * M * N),
               G.MAX_SPLIT_SCRATCH // (4 * M * N))
+    if KT < LONG_K_STEPS:
+        return short_k_tiling(MT, N, KT, cores, smax, cap)
+    NT = 2 if MT > 2 and -(-N // 128) >= 16 else 1
+    WN = 8
+    blocks = -(-N // (8 * NT * WN))
+    want = -(-int(BLOCKS_PER_CORE * cores / MT ** 0.5) // blocks)
     u_want = 4 if 3 <= MT <= 4 else 2
     S = 1
     if cap >= 2 and want >= 2:
@@ -158,6 +167,23 @@ def decode_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> Deco
         S = max(whole) if whole else _largest_divisor(KT, lim)
     per = KT // S
     return DecodeTiling(MT, NT, WN, S, _largest_divisor(per, u_want), per)
+
+
+def short_k_tiling(MT: int, N: int, KT: int, cores: int, smax: int, cap: int
+                   ) -> DecodeTiling:
+    """:func:`decode_tiling` where K has fewer than :data:`LONG_K_STEPS` steps of 32: WN = 4
+    warps a block, each as many n-tiles (<= 4) as keep MT * NT <= 16 accumulator tiles,
+    halved while even ``smax`` slices would not give every compute unit a block; S slices
+    (at most ``cap``, the split-K cap) so that the grid has 4 blocks a compute unit,
+    dividing the K steps; U = the most K steps (<= 4, MT * U <= 16) dividing a slice's."""
+    WN = 4
+    NT = max(1, min(4, MAX_TILES // MT, -(-N // (8 * WN))))
+    while NT > 1 and -(-N // (8 * NT * WN)) * smax < cores:
+        NT //= 2
+    want = -(-4 * cores // -(-N // (8 * NT * WN)))
+    S = _largest_divisor(KT, min(want, cap)) if cap >= 2 and want >= 2 else 1
+    per = KT // S
+    return DecodeTiling(MT, NT, WN, S, _largest_divisor(per, min(4, MAX_TILES // MT)), per)
 
 
 def lane_ks(fmt: str, t: int, s: int) -> list[int]:
@@ -386,9 +412,12 @@ class _DecodeKernel(G._GemmKernel):
         fragments from workgroup buffer ``buf``; returns the new accumulators ``[i][j]``."""
         d = self.d
         per = len(self.raw_types())
+        # every step's weight registers first, then the mma's: the decode of step u + 1
+        # overlaps step u's mma's (measured: 5-20 % on SmolLM2's one-chunk slices)
+        Bs = [[self.weight_regs(raw[(u * d.NT + j) * per:(u * d.NT + j + 1) * per])
+               for j in range(d.NT)] for u in range(d.U)]    # [u][j][mma][reg]
         for u in range(d.U):
-            B = [self.weight_regs(raw[(u * d.NT + j) * per:(u * d.NT + j + 1) * per])
-                 for j in range(d.NT)]                       # [j][mma][reg]
+            B = Bs[u]
             for i in range(d.MT):
                 for q in (0, 1):
                     A = self.a_regs(buf, u, i, q)
@@ -406,9 +435,9 @@ class _DecodeKernel(G._GemmKernel):
         loop; iteration ``c`` (of C - 1) issues chunk ``c + 1``'s weight loads and x loads,
         runs chunk ``c``'s mma's (weights carried in registers from the iteration before,
         x fragments from buffer ``c & 1``), stores chunk ``c + 1``'s fragments into the
-        other buffer, then one barrier; the last chunk's mma's follow the loop. So a
-        chunk's weight loads are in flight during the previous chunk's mma's. Returns the
-        accumulators ``[i][j]`` (4 f32 names each)."""
+        other buffer, then one barrier; the last chunk's mma's follow the loop, then one
+        more barrier before the stores. So a chunk's weight loads are in flight during the
+        previous chunk's mma's. Returns the accumulators ``[i][j]`` (4 f32 names each)."""
         d, e = self.d, self.e
         C = d.per_block // d.U
         zero = self.c(0.0, "f32")
@@ -449,7 +478,11 @@ class _DecodeKernel(G._GemmKernel):
             it = iter(out[:na])
             accs = [[[next(it) for _ in range(4)] for _ in range(d.NT)] for _ in range(d.MT)]
             raw = out[na:]
-        return self.chunk_mma(accs, raw, self.c((C - 1) & 1))
+        accs = self.chunk_mma(accs, raw, self.c((C - 1) & 1))
+        # one barrier before the stores: without it ptxas interleaves the first tiles'
+        # stores with the last mma's, 5-17 % slower on SmolLM2's one-chunk slices (H100)
+        e.raw("gpu.barrier")
+        return accs
 
     def _store(self, accs: list, bz: str | None) -> None:
         """Each accumulator to its element of y through the epilogue (split-K: to the
