@@ -26,7 +26,9 @@ BATCHES="${DECODE_BATCHES:-1,8,32,64,128}"
 E=.cache/gpu/decode_gemm
 if [ -d "$E/cache" ] && [ ! -d /tmp/decode_gemm_cache ]; then cp -r "$E/cache" /tmp/decode_gemm_cache; fi
 export POOT_CACHE_DIR=/tmp/decode_gemm_cache
-SHARED=shared/bench/batched_baseline.py
+[ -d "$E/pylib" ] && export PYTHONPATH="$PYTHONPATH:$PWD/$E/pylib"     # gguf (random Q4_1)
+SHARED=$E/shared_bench/batched_baseline.py
+[ -f "$SHARED" ] || SHARED=shared/bench/batched_baseline.py
 [ -f "$SHARED" ] || SHARED=../shared/bench/batched_baseline.py
 A="--kv-capacity 512 --max-batch 128 --batch $BATCHES --num-prompts 64 --max-tokens 128 --prompt-tokens 32 --runs 1 --profile"
 WHAT=("$@")

@@ -6,6 +6,9 @@ with its greedy sampler:
 
     python bench/gpu_run/decode_gemm_build.py [--batches 1,8,32,64,128]   # -> .cache/gpu/decode_gemm
 
+The folder also holds what the machine lacks: ``pylib/gguf`` (the random Q4_1 weights name
+their quant type through the ``gguf`` package) and ``shared_bench/batched_baseline.py`` (the
+baseline of record, from ``../shared/bench/``), which ``decode_gemm.sh`` uses from there.
 The cache keys hash poot's sources: run ``decode_gemm.sh`` on this same working tree.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -55,6 +59,15 @@ def main() -> int:
                                                        flush=True))
         man["compile"][name] = {"seconds": round(time.perf_counter() - t0, 1),
                                 "config": cfg, "dtype": dtype, "steps": len(r["steps"])}
+    import gguf
+
+    shutil.copytree(os.path.dirname(gguf.__file__), os.path.join(out, "pylib", "gguf"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shared = os.path.join(ROOT, "..", "shared", "bench", "batched_baseline.py")
+    if os.path.exists(shared):
+        os.makedirs(os.path.join(out, "shared_bench"))
+        shutil.copy(shared, os.path.join(out, "shared_bench"))
+    man["shared_baseline"] = os.path.exists(shared)
     man["bytes"] = folder_bytes(out)
     json.dump(man, open(os.path.join(out, "manifest.json"), "w"), indent=1)
     print(json.dumps(man, indent=1))
