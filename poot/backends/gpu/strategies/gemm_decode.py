@@ -125,7 +125,8 @@ def decode_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> Deco
     ``K % 32 == 0``, fitted to H100 sweeps of every ``(NT, WN, S, U)`` over the
     Llama-3.2-1B (bf16) and SmolLM2 (Q4_1) projections and the 1B's LM head at M = 16..128,
     the weights streamed from DRAM (``bench/gpu_run/decode_gemm_sweep.py``,
-    ``bench/results/decode_gemm.md``: within 5 % of each shape's fastest, geometric mean):
+    ``bench/results/decode_gemm.md``: within 7 % of each 1B shape's fastest, geometric
+    mean):
 
     - MT = ceil(M / 16); NT = 2 n-tiles a warp where MT > 2 and the weight has at least
       16 blocks of 128 columns, else 1 (fewer accumulators a warp, more warps: a small
@@ -412,8 +413,8 @@ class _DecodeKernel(G._GemmKernel):
         fragments from workgroup buffer ``buf``; returns the new accumulators ``[i][j]``."""
         d = self.d
         per = len(self.raw_types())
-        # every step's weight registers first, then the mma's: the decode of step u + 1
-        # overlaps step u's mma's (measured: 5-20 % on SmolLM2's one-chunk slices)
+        # every step's weight registers first, then the mma's (the order version 2's
+        # kernels compiled to; 1-2 % on SmolLM2's step)
         Bs = [[self.weight_regs(raw[(u * d.NT + j) * per:(u * d.NT + j + 1) * per])
                for j in range(d.NT)] for u in range(d.U)]    # [u][j][mma][reg]
         for u in range(d.U):
