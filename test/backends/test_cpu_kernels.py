@@ -10,6 +10,7 @@ and with the row loop as scf.forall (OpenMP threads when libomp is installed).
 from __future__ import annotations
 
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +78,7 @@ CASES = [  # (weight kind, n, k)
 @pytest.mark.parametrize("kind,n,k", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in CASES])
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_gemv_matches_oracle(kind, n, k, m, strategy):
-    rng = np.random.default_rng(hash((kind, n, k, m)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((kind, n, k, m)).encode()))   # the same each run
     if kind.startswith("q"):
         fmt = Quant[kind.upper()].value
         wtype = PackedType(fmt, (n, k))
