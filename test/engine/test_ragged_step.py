@@ -85,6 +85,37 @@ def test_staggered_ragged_steps_equal_alone(name, separate):
     h.engine.blocks.check()
 
 
+def test_mixed_bucket_steps_equal_alone(separate):
+    """max batch 2, prompt chunks of 8: steps of two decode rows and up to two prompt
+    tokens (a prompt's last tokens, most of it in the prefix cache) run on the 4-row mixed
+    bucket instead of padding to a chunk, and every request still gets its alone tokens."""
+    h = _load(ragged=True, max_batch=2, prefill_chunk=8)
+    assert h.runner.ragged_bucket(3) == 4 and h.runner.ragged_bucket(5) == 8
+    bs = h.runner.kv.block_size
+    shared = prompts(h.runner.vocab, 1, seed=31, lo=bs, hi=bs)[0]   # a block, cached once seen
+    tails = prompts(h.runner.vocab, 6, seed=32, lo=1, hi=3)
+    ps = [shared + t for t in tails]
+    sps = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True)
+           for n in np.random.default_rng(5).integers(6, 14, len(ps))]
+    want = [alone(separate.engine, p, sp) for p, sp in zip(ps, sps)]
+    buckets = []
+    entry = h.runner.ragged_entry
+
+    def spy(tokens):
+        buckets.append(tokens)
+        return entry(tokens)
+
+    h.runner.ragged_entry = spy
+    log = _record(h.engine)
+    got = staggered(h.engine, list(zip(ps, sps)), every=3)
+    for rid, w in zip(got["ids"], want):
+        assert got["final"][rid].output_ids == w, rid
+    assert h.engine.blocks.stats().hit_blocks > 0
+    # steps of decode rows and a prompt tail that fit 4 rows ran, on the 4-row entry
+    assert any(d > 0 and cs and d + sum(n for _, n, _ in cs) <= 4 for d, cs in log), log
+    assert 4 in buckets and 8 in buckets, buckets
+
+
 def test_ragged_steps_with_preemption_equal_alone(separate):
     """A pool of 4 blocks for 8 requests growing to ~50 positions: requests are preempted
     and recomputed through ragged steps, and each still gets its alone tokens."""

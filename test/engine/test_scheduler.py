@@ -207,10 +207,30 @@ def test_the_idle_budget_is_never_below_the_busy_one_and_is_configurable():
     assert idle_prefill_budget(32, idle_prefill_tokens=64) == 64
     assert idle_prefill_budget(32, max_prefill_tokens=512, idle_prefill_tokens=64) == 512
     # the engine's ragged entries (what ``poot compile`` fills the cache with) reach it
-    assert ragged_token_buckets(32, 8) == (32, 64, 128, 256)
-    # a full batch plus the busy budget: 8 + 32 rows
-    assert ragged_token_buckets(32, 8, idle_prefill_tokens=32) == (32, 64)
+    assert ragged_token_buckets(32, 16) == (32, 64, 128, 256)
+    # a full batch plus the busy budget: 16 + 32 rows
+    assert ragged_token_buckets(32, 16, idle_prefill_tokens=32) == (32, 64)
     assert ragged_token_buckets(32, 64, idle_prefill_tokens=32) == (32, 64, 128)
     # never more prompt tokens than the sequences can hold
     assert ragged_token_buckets(16, 1, max_model_len=16) == (16,)
-    assert ragged_token_buckets(32, 2, max_model_len=48) == (32, 64, 128)
+    assert ragged_token_buckets(32, 2, max_model_len=48) == (4, 32, 64, 128)
+
+
+def test_the_mixed_bucket_holds_a_full_batch_and_as_many_prompt_tokens():
+    """Below the prompt chunk one ragged bucket of twice the largest decode batch (rounded
+    up to a power of two): a full batch's decode rows and a short prompt tail run on it
+    rather than on a whole chunk; none where that is not below the chunk, or for a single
+    sequence (nothing decodes beside a prompt)."""
+    from poot.engine.runner import mixed_ragged_bucket, ragged_ladder, ragged_token_buckets
+
+    assert mixed_ragged_bucket(32, 8) == 16
+    assert mixed_ragged_bucket(32, 5) == 16          # 10 rows: the power of two above
+    assert mixed_ragged_bucket(32, 2) == 4
+    assert mixed_ragged_bucket(32, 16) is None       # 32 rows: the chunk's own bucket
+    assert mixed_ragged_bucket(32, 64) is None
+    assert mixed_ragged_bucket(32, 1) is None
+    assert ragged_token_buckets(32, 8) == (16, 32, 64, 128, 256)
+    assert ragged_token_buckets(32, 8, idle_prefill_tokens=32) == (16, 32, 64)
+    assert [ragged_ladder(32, 8, n) for n in (1, 9, 16, 17, 33, 200)] == \
+        [16, 16, 16, 32, 64, 256]
+    assert [ragged_ladder(32, 64, n) for n in (1, 33)] == [32, 64]
