@@ -251,19 +251,28 @@ def one_request(client: httpx.Client, rng: random.Random, kind: str, stats: Stat
 def drive(url: str, clients: int, seconds: float, max_requests: int, seed: int,
           max_tokens: int, abort_tokens: int) -> Stats:
     """``clients`` threads sending the request mix until ``seconds`` pass or
-    ``max_requests`` were sent in all."""
+    ``max_requests`` were sent in all. The clients' first requests take the kinds in
+    turn (client k's i-th: ``KINDS[k + i * clients]``, modulo), so every kind is sent
+    once each client has sent ``ceil(len(KINDS) / clients)`` requests, however slow the
+    machine; the rest are drawn at random."""
     stats, budget, lock = Stats(), [max_requests], threading.Lock()
     end = time.monotonic() + seconds
+    rounds = -(-len(KINDS) // clients)
 
     def client_loop(k: int) -> None:
         rng = random.Random(seed * 1000 + k)
+        sent = 0
         with httpx.Client(base_url=url, timeout=60) as client:
             while time.monotonic() < end:
                 with lock:
                     if budget[0] <= 0:
                         return
                     budget[0] -= 1
-                kind = rng.choices(KINDS, weights=(4, 2, 1, 2, 2))[0]
+                if sent < rounds:
+                    kind = KINDS[(k + sent * clients) % len(KINDS)]
+                else:
+                    kind = rng.choices(KINDS, weights=(4, 2, 1, 2, 2))[0]
+                sent += 1
                 one_request(client, rng, kind, stats, rng.randint(1, max_tokens), abort_tokens)
 
     threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(clients)]
