@@ -243,14 +243,13 @@ class ModelHandle:
         """Load the prefill, decode and greedy sampler steps of ``warm_batches``; a cold load
         also compiles in worker processes: the steps the first token needs from the other
         end of the list, then the warm samplers, which this process then leaves to them (a
-        request that needs one waits for it), and the runner's
-        :meth:`~poot.engine.runner.ModelRunner.background_steps`."""
+        request that needs one waits for it)."""
         runner = self.runner
         batches = [b for b in warm_batches if b in runner.buckets] or [1]
         need = runner.warm_up_steps(batches)
         names = {s[0] for s in need}
         extra = [s for s in runner.warm_up_steps(batches, warm_samplers)
-                 if s[0] not in names] + runner.background_steps()
+                 if s[0] not in names]
         ahead = start_ahead(steps.cache, [s[1:] for s in need], steps.target, steps.options,
                             later=[s[1:] for s in extra]) \
             if steps.cache is not None and steps.pipeline == 1 else None

@@ -620,27 +620,19 @@ class ModelRunner(RunnerBase):
     def warm_targets(self, batches: Sequence[int] = (1,)) -> list[tuple[int, tuple]]:
         """``(sampler batch, model entry)`` pairs a warm-up loads samplers for: where the
         engine runs ragged steps (:attr:`ragged`), the ragged entry of a prompt chunk's
-        bucket (a prompt's first token comes from it), then the decode entries of
-        ``batches``."""
+        bucket (a prompt's first token comes from it) and the :func:`mixed_ragged_bucket`'s
+        (where there is one: the step of any arrival while others decode, so a loaded
+        server never waits on its compile), then the decode entries of ``batches``."""
         out = []
         if self.ragged:
-            t = self.ragged_bucket(self.prefill_chunk)
-            out.append((self.ragged_rows(t), ("ragged", t)))
+            mixed = mixed_ragged_bucket(self.prefill_chunk, self.max_batch)
+            for t in [self.ragged_bucket(self.prefill_chunk)] + ([mixed] if mixed else []):
+                out.append((self.ragged_rows(t), ("ragged", t)))
         return out + [(b, ("decode", b)) for b in batches]
-
-    def background_steps(self) -> list[tuple[str, Any, Any, Any]]:
-        """Steps a cold warm-up leaves to the compile workers (:mod:`poot.api.compile_ahead`),
-        as :meth:`warm_up_steps` gives them: the :func:`mixed_ragged_bucket`'s ragged step,
-        which a loaded server first needs when a request arrives while others decode."""
-        mixed = mixed_ragged_bucket(self.prefill_chunk, self.max_batch)
-        if not self.ragged or mixed is None:
-            return []
-        return [(f"ragged[T={mixed}]", self.model, self.weights.types,
-                 self.step_spec("ragged", mixed))]
 
     def warm_up(self, batches: Sequence[int] = (1,), specs: Sequence[SamplerSpec] = ()
                 ) -> None:
-        """Compile (or load) the ragged entry of a prompt chunk's bucket (the prefill entry
+        """Compile (or load) the ragged entries of :meth:`warm_targets` (the prefill entry
         where the engine does not run ragged steps), the decode entries of ``batches`` and
         the greedy sampler plus ``specs`` (e.g. :data:`~poot.graph.sampling.FULL`) of each
         (:meth:`warm_targets`), in the order of :meth:`warm_up_steps`."""
