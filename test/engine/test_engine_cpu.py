@@ -258,10 +258,11 @@ def test_a_loaded_superset_sampler_serves_without_compiling(tmp_path):
     got = [LLM(handle=full).generate([p], sp)[0].token_ids for p, sp in zip(ps, sps)]
     assert set(full.runner.compile_s) == before               # nothing compiled
     want = [LLM(handle=exact).generate([p], sp)[0].token_ids for p, sp in zip(ps, sps)]
-    # warm-up: the ragged entry of the smallest bucket and the decode entry of batch 1, a
-    # greedy sampler each; then each exact sampler, for the ragged step's rows (the first
-    # token) and for decode batch 1
-    assert len(exact.runner.compile_s) == 4 + 2 * len(sps)
+    # warm-up: the ragged entries of a chunk's bucket and of the mixed bucket (8 rows: twice
+    # max batch 4), the decode entry of batch 1, a greedy sampler for each batch (4 sampled
+    # rows in both ragged steps, 1); then each exact sampler, for the ragged step's rows
+    # (the first token) and for decode batch 1
+    assert len(exact.runner.compile_s) == 5 + 2 * len(sps)
     assert got == want
 
 
