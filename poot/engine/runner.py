@@ -626,7 +626,7 @@ class ModelRunner(RunnerBase):
         out = []
         if self.ragged:
             mixed = mixed_ragged_bucket(self.prefill_chunk, self.max_batch)
-            for t in [self.ragged_bucket(self.prefill_chunk)] + ([mixed] if mixed else []):
+            for t in [self.prefill_chunk] + ([mixed] if mixed else []):
                 out.append((self.ragged_rows(t), ("ragged", t)))
         return out + [(b, ("decode", b)) for b in batches]
 
