@@ -1,9 +1,9 @@
 """Dispatch functions compute their results in the caller's out-parameters
 (:func:`poot.backends.cpu.results_in_place.write_results_in_place`): the copy that
 ``buffer-results-to-out-params`` adds is dropped where the copied buffer is an allocation (or
-a reshape of one) used by nothing after the copy, in private functions only; every other
-copy stays. The whole step's results are checked by the CPU suites (every compiled program
-goes through this)."""
+a reshape of one) used by nothing after the copy, in private functions and the step's entry
+(whose out-parameters its callers never alias); every other copy stays. The whole step's
+results are checked by the CPU suites (every compiled program goes through this)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ FILL = """
     linalg.fill ins(%c : f32) outs(%a : memref<4x8xf32>)"""
 
 
-def _run(body: str, args: str, visibility: str = "private") -> tuple[int, str]:
+def _run(body: str, args: str, visibility: str = "private",
+         entry: str | None = None) -> tuple[int, str]:
     text = (f"func.func {visibility} @d({args}) {{\n"
             f"    %a = memref.alloc() {{alignment = 64 : i64}} : memref<4x8xf32>{body}\n"
             "    return\n}")
     with make_context(), ir.Location.unknown():
         module = ir.Module.parse(text)
-        n = write_results_in_place(module)
+        n = write_results_in_place(module, entry)
         module.operation.verify()
         return n, str(module)
 
@@ -76,7 +77,35 @@ def test_an_out_parameter_read_elsewhere_keeps_its_copy():
 
 
 def test_public_functions_keep_their_copies():
-    """The entry's caller may bind an output to an array that is also an input."""
+    """A public function's caller might bind an output to an array that is also an input."""
     n, text = _run(FILL + "\n    memref.copy %a, %out : memref<4x8xf32> to memref<4x8xf32>",
                    "%out: memref<4x8xf32>", visibility="")
     assert n == 0 and "memref.copy" in text
+
+
+def test_the_named_entry_computes_its_results_in_its_out_parameters():
+    """The step's entry: its callers never alias an out-parameter (CpuDevice.record refuses
+    one, below), so its last copy (the logits) goes too."""
+    copy = "\n    memref.copy %a, %out : memref<4x8xf32> to memref<4x8xf32>"
+    n, text = _run(FILL + copy, "%out: memref<4x8xf32>", visibility="", entry="d")
+    assert n == 1 and "memref.copy" not in text and "memref.alloc" not in text
+    n, text = _run(FILL + copy, "%out: memref<4x8xf32>", visibility="", entry="other")
+    assert n == 0 and "memref.copy" in text
+
+
+def test_a_recording_refuses_an_output_that_overlaps_another_argument():
+    import numpy as np
+    import pytest
+
+    from poot.backends.cpu.runtime import CpuDevice, CpuKernel
+    from poot.dialects.types import DType, TensorType
+    from poot.runtime.device import DeviceError, KernelArg
+
+    t = TensorType((4,), DType.F32)
+    kernel = CpuKernel([KernelArg("input", "x", t), KernelArg("output", "y", t)],
+                       fn=None, engine=None)
+    dev = CpuDevice()
+    buf = np.zeros(8, np.float32)
+    with pytest.raises(DeviceError, match="output 'y' is bound to memory that input 'x'"):
+        dev.record(kernel, [buf[:4], buf[2:6]])
+    dev.record(kernel, [buf[:4], buf[4:]])          # disjoint halves of one array: fine

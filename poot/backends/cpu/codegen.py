@@ -900,14 +900,14 @@ def compile_lowered(module: ir.Module, opt_level: int = 2, fuse: bool = True,
             rematerialize_index_generics(module)
             PassManager.parse(f"builtin.module({FUSE})").run(module.operation)
         split_row_reductions(module)
-        vectorize_split_reductions(module)
+        vectorize_split_reductions(module, threads if omp else 1)
         if omp:
             parallelize_row_loops(module, threads)
         PassManager.parse(f"builtin.module({BUFFERIZE_KEEP_IN_PLACE})").run(module.operation)
         if entry is not None:
             drop_in_place_results(module, entry, in_place or {}, in_place_names or {})
         PassManager.parse(f"builtin.module({RESULTS_TO_OUT_PARAMS})").run(module.operation)
-        write_results_in_place(module)
+        write_results_in_place(module, entry)
         stages = [DEALLOCATE, PARALLEL]
         if omp:
             stages.append(OPENMP.format(threads=threads))

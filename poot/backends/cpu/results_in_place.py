@@ -21,9 +21,14 @@ pattern::
 where ``%out`` is a block argument used by that copy alone and no use of ``%a`` (or of a view
 of it) comes after the copy: ``%a`` becomes the out-parameter itself (or the inverse reshape
 of it: ``collapse_shape`` for an ``expand_shape`` and the other way round, both exact on
-identity layouts). Public functions keep their copies: their caller may bind an output to an
-array that is also an input. Run after ``buffer-results-to-out-params`` and before the
-deallocation pipeline (the allocation removed had no dealloc yet).
+identity layouts). Public functions keep their copies (a caller might bind an output to an
+array that is also an input, which an early write would clobber), except the step's entry
+when named: its callers (:meth:`CpuProgram.run <poot.backends.cpu.codegen.CpuProgram.run>`
+allocates fresh outputs, :meth:`CpuDevice.record <poot.backends.cpu.runtime.CpuDevice.record>`
+refuses an output sharing memory with another argument) never alias an out-parameter, and
+its last copy was the whole logits again (6.3 MB a step at batch 32, serial). Run after
+``buffer-results-to-out-params`` and before the deallocation pipeline (the allocation
+removed had no dealloc yet).
 """
 
 from __future__ import annotations
@@ -101,15 +106,17 @@ def _rewrite(copy: ir.Operation, block: ir.Block, order: dict) -> bool:
     return True
 
 
-def write_results_in_place(module: ir.Module) -> int:
-    """Drop the result copies of private functions (module doc). Returns how many."""
+def write_results_in_place(module: ir.Module, entry: str | None = None) -> int:
+    """Drop the result copies of private functions and of the function named ``entry``, whose
+    out-parameters its callers never alias (module doc). Returns how many."""
     done = 0
     for f in module.body.operations:
         f = f.operation
         if f.name != "func.func" or not f.regions[0].blocks:
             continue
         vis = f.attributes["sym_visibility"] if "sym_visibility" in f.attributes else None
-        if vis is None or ir.StringAttr(vis).value != "private":
+        name = ir.StringAttr(f.attributes["sym_name"]).value
+        if name != entry and (vis is None or ir.StringAttr(vis).value != "private"):
             continue
         block = f.regions[0].blocks[0]
         ops = [op.operation for op in block.operations]

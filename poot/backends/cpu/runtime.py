@@ -236,6 +236,17 @@ class CpuDevice:
                     or buf.shape != host_shape(a.type) or buf.dtype != host_dtype(a.type):
                 raise DeviceError(f"{a.role} '{a.name}' needs a contiguous "
                                   f"{list(host_shape(a.type))} x {host_dtype(a.type)} buffer")
+        # the step writes its outputs while it still reads its inputs (its entry computes
+        # results in their out-parameters, results_in_place.py): no output may overlap
+        # another argument
+        for i, (a, buf) in enumerate(zip(kernel.args, bindings)):
+            if a.role != "output" or a.name in kernel.in_place:
+                continue
+            for j, (b, other) in enumerate(zip(kernel.args, bindings)):
+                if j != i and np.may_share_memory(buf, other) and \
+                        not (b.role == "output" and b.name in kernel.in_place):
+                    raise DeviceError(f"output '{a.name}' is bound to memory that "
+                                      f"{b.role} '{b.name}' also uses")
         descs = [descriptor(b) for a, b in zip(kernel.args, bindings)
                  if not (a.role == "output" and a.name in kernel.in_place)]
         ptrs = [ctypes.pointer(d) for d in descs]
