@@ -52,6 +52,20 @@ def test_the_greedy_samplers_split_reductions_become_vector_code():
     assert "vector<64x16xi8>" in text or "vector<64x16xi1>" in text
 
 
+def test_a_batch_of_rows_is_reduced_over_the_threads_and_one_row_alone():
+    """With 2 threads the greedy sampler's partial reductions at B = 4 are cut into an
+    ``scf.forall`` of 2 row chunks before vectorizing (each row reduced as before: the bitwise
+    tests below run with the host's threads); a single row stays one loop."""
+    for rows, foralls in ((4, 3), (1, 0)):
+        module = _fused(trace_sampler(SamplerStep(rows, 49152, 5, GREEDY)))
+        split_row_reductions(module)
+        assert vectorize_split_reductions(module, threads=2) == 3
+        module.operation.verify()
+        text = str(module)
+        assert text.count("scf.forall (") == foralls, rows
+        assert text.count("vector<64x16xf32>") >= 2
+
+
 def _lane_order_sum(x: np.ndarray, lanes: int = 16) -> np.ndarray:
     """Row sums of f32 ``x`` [R, K] in the split's order (module doc of
     poot.backends.cpu.reductions): lane j adds ``x[:, j], x[:, j + 16], ...`` from -0.0 in

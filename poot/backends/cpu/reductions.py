@@ -247,17 +247,42 @@ def _vector_body(op: ir.Operation) -> bool:
                for o in op.regions[0].blocks[0].operations)
 
 
-def vectorize_split_reductions(module: ir.Module) -> int:
+def _row_threads(op: ir.Operation, threads: int) -> int:
+    """Threads a tagged partial reduction's rows spread over: ``threads`` where its outermost
+    (row) loop has at least that many rows and the whole op at least
+    :data:`~poot.backends.cpu.parallelize.MIN_ELEMENTS` points (the greedy sampler's
+    ``[B, V]`` at B >= 2), else 1."""
+    from poot.backends.cpu.parallelize import MIN_ELEMENTS, _loop_extents
+
+    if threads < 2:
+        return 1
+    iters = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    ext = _loop_extents(op)
+    if not iters or "parallel" not in iters[0] or any(e is None for e in ext) \
+            or ext[0] < threads:
+        return 1
+    points = 1
+    for e in ext:
+        points *= e
+    return threads if points >= MIN_ELEMENTS else 1
+
+
+def vectorize_split_reductions(module: ir.Module, threads: int = 1) -> int:
     """Vectorize the partial reductions :func:`split_row_reductions` tagged (module doc):
     per tag (tile sizes), ``transform.structured.tile_using_for`` then
     ``transform.structured.vectorize``, run by the ``transform-interpreter`` pass on a
-    named sequence added to ``module`` and removed after. Returns how many were tagged."""
+    named sequence added to ``module`` and removed after. With ``threads`` > 1 a large
+    reduction's rows are first cut into ``threads`` ``scf.forall`` chunks
+    (``tile_using_forall``; the OpenMP loop of the kernels' row loops): each row is reduced
+    as before, so its bits do not change (the greedy sampler at B = 32 ran on one of two
+    cores while the other waited). Returns how many were tagged."""
     tags: dict[str, int] = {}
 
     def visit(op):
         op = op.operation
         if op.name == "linalg.generic" and VECTORIZE in op.attributes:
-            t = ir.StringAttr(op.attributes[VECTORIZE]).value
+            t = f"{ir.StringAttr(op.attributes[VECTORIZE]).value};{_row_threads(op, threads)}"
+            op.attributes[VECTORIZE] = ir.StringAttr.get(t, context=op.context)
             tags[t] = tags.get(t, 0) + 1
         return ir.WalkResult.ADVANCE
 
@@ -267,11 +292,19 @@ def vectorize_split_reductions(module: ir.Module) -> int:
     any_op = ANY_OP
     lines = []
     for i, tag in enumerate(sorted(tags)):
-        sizes = tag.split(",")
+        sizes, n_threads = tag.split(";")
+        sizes = sizes.split(",")
         loops = sum(1 for x in sizes if x != "0")
-        lines += [f"%m{i} = transform.structured.match ops{{[\"linalg.generic\"]}} "
-                  f"attributes {{{VECTORIZE} = \"{tag}\"}} in %root : ({any_op}) -> {any_op}",
-                  f"%t{i}, %l{i}:{loops} = transform.structured.tile_using_for %m{i} "
+        lines.append(f"%m{i} = transform.structured.match ops{{[\"linalg.generic\"]}} "
+                     f"attributes {{{VECTORIZE} = \"{tag}\"}} in %root : ({any_op}) -> "
+                     f"{any_op}")
+        target = f"%m{i}"
+        if n_threads != "1":
+            chunks = ", ".join([n_threads] + ["0"] * (len(sizes) - 1))
+            lines.append(f"%r{i}, %rf{i} = transform.structured.tile_using_forall %m{i} "
+                         f"num_threads [{chunks}] : ({any_op}) -> ({any_op}, {any_op})")
+            target = f"%r{i}"
+        lines += [f"%t{i}, %l{i}:{loops} = transform.structured.tile_using_for {target} "
                   f"tile_sizes [{', '.join(sizes)}] : ({any_op}) -> "
                   f"({', '.join([any_op] * (loops + 1))})",
                   f"transform.structured.vectorize %t{i} : {any_op}"]
