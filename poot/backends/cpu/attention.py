@@ -54,6 +54,14 @@ LANES = 16
 MAX_ROWS = 16
 #: accumulator registers one row tile may hold
 ACC_REGS = 16
+#: whether each chunk of keys prefetches the K and V rows of the chunk this many chunks
+#: ahead (``_Tile._prefetch_next``); 0: no prefetch
+PREFETCH = 1
+
+
+def _memref(t: TensorType) -> str:
+    """The identity-layout memref type of tensor type ``t``."""
+    return "memref<" + "x".join([str(d) for d in t.shape] + [t.dtype.value]) + ">"
 
 
 def row_tile(dv: int) -> int:
@@ -161,6 +169,30 @@ class _Pool:
     def __init__(self, em: Emitter, x: str, t: TensorType, scales):
         self.em, self.x, self.t, self.scales = em, x, t, scales
         self.c = t.shape[-1]
+        # read-only buffer views, for the prefetches only (the reads stay on the tensors)
+        self.mem = em.op(f"bufferization.to_buffer {x} read_only : {tt(t)} to "
+                         f"{_memref(t)}") if PREFETCH else None
+        self.smem = em.op(f"bufferization.to_buffer {scales[0]} read_only : {tt(scales[1])} "
+                          f"to {_memref(scales[1])}") if PREFETCH and scales else None
+
+    def prefetch(self, blk: str, keys: list[str], hh: str) -> None:
+        """Software prefetch of head ``hh``'s row of each of ``keys`` of block ``blk``: every
+        64-byte line of its values, and the lines its q8_0 scales fall on."""
+        if self.mem is None:
+            return
+        em = self.em
+        per_line = max(1, 64 // self.t.dtype.itemsize)
+        c0 = em.const(0, "index")
+        for key in keys:
+            for o in range(0, self.c, per_line):
+                em.line(f"memref.prefetch {self.mem}[{blk}, {key}, {hh}, {em.const(o, 'index')}]"
+                        f", read, locality<3>, data : {_memref(self.t)}")
+        if self.smem is not None:                   # H * C / 32 f16 scales a key
+            st = self.scales[1]
+            step = max(1, 64 // (st.shape[2] * st.shape[3] * 2))
+            for key in keys[::step]:
+                em.line(f"memref.prefetch {self.smem}[{blk}, {key}, {hh}, {c0}], read, "
+                        f"locality<3>, data : {_memref(st)}")
 
     def key(self, blk: str, key: str, hh: str, live: str | None = None) -> list[str]:
         """Key ``key`` of block ``blk``, head ``hh``: ``C / 16`` ``vector<16xf32>``. ``live``
@@ -334,7 +366,11 @@ def _merge(em: Emitter, op: OpInfo, rows, part: str, part_t: TensorType, n_split
     ninf, zero, one = (em.const(v, "f32") for v in (float("-inf"), 0.0, 1.0))
     pad = em.const(0.0, "f32")
 
+    rowdims = out_t.shape[2:-1]
+    unit_t = TensorType((1, 1) + rowdims + (dv,), DType.F32)
+
     def item(b: str, hh: str, out: str) -> str:
+        """Item ``(b, hh)``'s rows, written into ``out`` (``unit_t``, at its origin)."""
         for i, r in enumerate(rows):
             ms = [em.op(f"tensor.extract {part}[{b}, {hh}, {c(s)}, {c(i)}, {c(dv)}] "
                         f": {tt(part_t)}") for s in range(n_split)]
@@ -363,14 +399,27 @@ def _merge(em: Emitter, op: OpInfo, rows, part: str, part_t: TensorType, n_split
                               f", {pad} {{in_bounds = [true]}} : {tt(part_t)}, {vf}")
                     acc = (em.op(f"arith.mulf {a}, {wv[s]} : {vf}") if acc is None else
                            em.op(f"math.fma {a}, {wv[s]}, {acc} : {vf}"))
-                at = ", ".join([b, hh] + [c(x) for x in r] + [c(v)])
+                at = ", ".join([c(0), c(0)] + [c(x) for x in r] + [c(v)])
                 out = em.op(f"vector.transfer_write {acc}, {out}[{at}] {{in_bounds = [true]}} "
-                            f": {vf}, {tt(out_t)}")
+                            f": {vf}, {tt(unit_t)}")
         return out
 
-    return scf_for(em, c(0), c(bsz), c(1), [em.empty(out_t)], [tt(out_t)],
-                   lambda b, st: scf_for(em, c(0), c(h), c(1), st, [tt(out_t)],
-                                         lambda hh, st2: [item(b, hh, st2[0])]))[0]
+    # the items over the cores too (a serial merge left the other threads waiting: ~1 % of
+    # SmolLM2's batch-32 decode step)
+    res, o, b, hh = (em.fresh(x) for x in ("mo", "o", "b", "hh"))
+    em.line(f"{res} = scf.forall ({b}, {hh}) in ({bsz}, {h}) "
+            f"shared_outs({o} = {em.empty(out_t)}) -> ({tt(out_t)}) {{")
+    em.depth += 1
+    unit = item(b, hh, em.empty(unit_t))
+    offsets = ", ".join([b, hh] + ["0"] * (len(unit_t.shape) - 2))
+    sizes = ", ".join(str(x) for x in unit_t.shape)
+    em.line("scf.forall.in_parallel {")
+    em.line(f"  tensor.parallel_insert_slice {unit} into {o}[{offsets}] [{sizes}] "
+            f"[{', '.join(['1'] * len(unit_t.shape))}] : {tt(unit_t)} into {tt(out_t)}")
+    em.line("}")
+    em.depth -= 1
+    em.line("}")
+    return res
 
 
 class _Tile:
@@ -400,6 +449,7 @@ class _Tile:
         state = ([em.const(float("-inf"), "f32")] * nr + [em.const(0.0, "f32")] * nr
                  + [_splat(em, 0.0, LANES)] * (nr * nv))
         types = ["f32"] * (2 * nr) + [vf] * (nr * nv)
+        self.w_hi = w_hi
         return scf_for(em, w_lo, w_hi, em.const(1, "index"), state, types, self.block)
 
     def emit_raw(self, w_lo: str, w_hi: str, res: str, res_t: TensorType, first: int) -> str:
@@ -444,7 +494,28 @@ class _Tile:
         types = ["f32"] * (2 * len(self.rows)) + [self.vf] * (len(st) - 2 * len(self.rows))
         return scf_for(em, em.const(0, "index"), em.const(self.bs, "index"),
                        em.const(n, "index"), st, types,
-                       lambda j0, s: self.chunk(blk, base, j0, s))
+                       lambda j0, s: self._prefetch_next(wv, j0) or self.chunk(blk, base, j0, s))
+
+    def _prefetch_next(self, wv: str, j0: str) -> None:
+        """Prefetch the K and V rows of the chunk after keys ``j0 ..`` of table entry ``wv``
+        (the next block's first chunk after a block's last; the last entry's own rows again
+        at the item's end): a decode step's attention reads each sequence's KV from DRAM
+        once, one 128-byte row of a head every 384 bytes (SmolLM2's 3 KV heads), a pattern the
+        hardware prefetchers follow poorly."""
+        if not PREFETCH:
+            return None
+        em, n, bs = self.em, self.n, self.bs
+        nxt = em.op(f"arith.addi {j0}, {em.const(n * PREFETCH, 'index')} : index")
+        cbs = em.const(bs, "index")
+        entry = em.op(f"arith.addi {wv}, {em.op(f'arith.divui {nxt}, {cbs} : index')} : index")
+        last = em.op(f"arith.subi {self.w_hi}, {em.const(1, 'index')} : index")
+        entry = em.op(f"arith.minui {entry}, {last} : index")
+        k0 = em.op(f"arith.remui {nxt}, {cbs} : index")
+        blk = table_block(em, self.op, self.b, entry)
+        keys = [em.op(f"arith.addi {k0}, {em.const(j, 'index')} : index") for j in range(n)]
+        self.kpool.prefetch(blk, keys, self.hh)
+        self.vpool.prefetch(blk, keys, self.hh)
+        return None
 
     def _keep(self, r: tuple[int, ...], key0: str) -> str:
         """``vector<n x i1>``: which of the chunk's keys (from ``key0`` of the mask's key axis)
