@@ -35,7 +35,7 @@ PARALLEL_TILES = "poot.parallel_tiles"
 MIN_ELEMENTS = 16384
 
 
-def _loop_extents(op: ir.Operation) -> list[int | None]:
+def loop_extents(op: ir.Operation) -> list[int | None]:
     """The static extent of each loop of a ``linalg.generic`` (None where no operand dimension
     is indexed by that loop alone, or the dimension is dynamic)."""
     iters = ir.ArrayAttr(op.attributes["iterator_types"])
@@ -59,7 +59,7 @@ def _tiles(op: ir.Operation, threads: int) -> str | None:
             isinstance(r.type, ir.RankedTensorType) for r in op.results):
         return None
     iters = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
-    ext = _loop_extents(op)
+    ext = loop_extents(op)
     if any(e is None for e in ext):
         return None
     points = 1
@@ -114,4 +114,4 @@ def parallelize_row_loops(module: ir.Module, threads: int) -> int:
     return sum(tags.values())
 
 
-__all__ = ["MIN_ELEMENTS", "PARALLEL_TILES", "parallelize_row_loops"]
+__all__ = ["MIN_ELEMENTS", "PARALLEL_TILES", "loop_extents", "parallelize_row_loops"]

@@ -46,6 +46,7 @@ import re
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
+from poot.backends.cpu.parallelize import MIN_ELEMENTS, loop_extents
 from poot.backends.cpu.transform_script import ANY_OP, run_transform
 
 #: accumulators a split reduction keeps: one AVX-512 vector of f32 / i32
@@ -252,12 +253,10 @@ def _row_threads(op: ir.Operation, threads: int) -> int:
     (row) loop has at least that many rows and the whole op at least
     :data:`~poot.backends.cpu.parallelize.MIN_ELEMENTS` points (the greedy sampler's
     ``[B, V]`` at B >= 2), else 1."""
-    from poot.backends.cpu.parallelize import MIN_ELEMENTS, _loop_extents
-
     if threads < 2:
         return 1
     iters = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
-    ext = _loop_extents(op)
+    ext = loop_extents(op)
     if not iters or "parallel" not in iters[0] or any(e is None for e in ext) \
             or ext[0] < threads:
         return 1
