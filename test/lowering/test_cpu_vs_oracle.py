@@ -189,6 +189,7 @@ def test_views(dtype):
     x = b.input("x", TensorType((2, 3, 4), dtype))
     s = b.input("s", TensorType((), dtype))
     c = b.input("c", TensorType((2, 1, 4), dtype))
+    w4 = b.input("w4", TensorType((2, 3, 4, 3), dtype))
     outs = {
         "bc_scalar": b.broadcast_to(s, (3, 2)),
         "bc_stretch": b.op("broadcast", [c], {"dims": (0, 2, 3)},
@@ -207,10 +208,17 @@ def test_views(dtype):
         "concat0": b.concat([x, x], 0),
         "concat1": b.concat([x, b.slice_axis(x, 1, 0, 1), x], 1),
         "concat2": b.concat([c, x], 1),
+        # pieces one wide on the axis (RoPE's interleave): one generic selecting the piece by
+        # the axis index on the CPU (views.concat_generic), in a shuffled order
+        "stack_last": b.concat([b.slice(w4, (0, 0, 0, k), (2, 3, 4, k + 1)) for k in (2, 0, 1)],
+                               3),
+        "stack_mid": b.concat([b.slice(x, (0, k, 0), (2, k + 1, 4)) for k in (1, 2, 0)], 1),
+        "stack_first": b.concat([b.slice(x, (k, 0, 0), (k + 1, 3, 4)) for k in (1, 0)], 0),
         "identity": x,
     }
     g = b.finish(outs)
-    check(g, {"x": rand((2, 3, 4), dtype), "s": rand((), dtype), "c": rand((2, 1, 4), dtype)})
+    check(g, {"x": rand((2, 3, 4), dtype), "s": rand((), dtype), "c": rand((2, 1, 4), dtype),
+              "w4": rand((2, 3, 4, 3), dtype)})
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.BF16, DType.I64, DType.I32,

@@ -64,6 +64,7 @@ from poot.backends.cpu.attention import paged_attention as cpu_paged_attention
 from poot.dialects.lowering.contraction import clamped_index
 from poot.dialects.lowering.emit import Emitter, tt
 from poot.dialects.lowering.rules import OpInfo, Strategy
+from poot.dialects.lowering.views import concat_generic
 from poot.dialects.types import DType, PackedType, TensorType
 
 #: declared functions standing for LLVM intrinsics: name -> (intrinsic, function type)
@@ -1447,6 +1448,12 @@ class GemvKernels:
         """``poot.paged_attention`` as explicit vector code (:mod:`poot.backends.cpu.attention`),
         or None for the generic lowering."""
         return cpu_paged_attention(em, op)
+
+    def concat(self, em: Emitter, op: OpInfo) -> str | None:
+        """``poot.concat`` of unit-wide pieces as one fusable, threadable generic
+        (:func:`~poot.dialects.lowering.views.concat_generic`), or None for the
+        insert-slice chain."""
+        return concat_generic(em, op)
 
     def declarations(self, text: str) -> str:
         return intrinsic_declarations(text)

@@ -74,6 +74,10 @@ def lower_slice(em: Emitter, op: OpInfo) -> str:
 
 @rule("concat")
 def lower_concat(em: Emitter, op: OpInfo) -> str:
+    kernels = op.strategy.kernels if op.strategy is not None else None
+    own = getattr(kernels, "concat", None)          # a backend's form (CPU: concat_generic)
+    if own is not None and (res := own(em, op)) is not None:
+        return res
     axis, r = op.attrs["axis"], op.result
     cur = em.empty(r)
     offset = 0
@@ -85,3 +89,44 @@ def lower_concat(em: Emitter, op: OpInfo) -> str:
                     f"{_ilist([1] * r.rank)} : {tt(t)} into {tt(r)}")
         offset += t.shape[axis]
     return cur
+
+
+def concat_generic(em: Emitter, op: OpInfo) -> str | None:
+    """``poot.concat`` of pieces one wide on the axis (a stack, or RoPE's interleave of its
+    rotated halves on a new last axis) as one all-parallel ``linalg.generic``: each piece
+    read without its unit dim (a projected-permutation map, so elementwise producers fuse
+    into it) and ``linalg.index`` of the axis selecting the piece. The insert-slice chain of
+    :func:`lower_concat` writes such pieces as strided copies that nothing fuses and that run
+    on one thread (SmolLM2's RoPE at batch 32: ~2 % of a CPU decode step). Every element is
+    the piece's value, as there. None (emitting nothing) for other concats or rank < 2."""
+    axis, r = op.attrs["axis"], op.result
+    if r.rank < 2 or len(op.args) < 2 or any(t.shape[axis] != 1 for t in op.types):
+        return None
+    rank = r.rank
+    # the unit axis folded into a neighbour: [[0], .., [axis, axis + 1], ..] (or [axis - 1, axis])
+    pair = (axis, axis + 1) if axis + 1 < rank else (axis - 1, axis)
+    groups, i = [], 0
+    while i < rank:
+        if i == pair[0]:
+            groups.append([pair[0], pair[1]])
+            i += 2
+        else:
+            groups.append([i])
+            i += 1
+    assoc = "[" + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups) + "]"
+    ins = []
+    for v, t in zip(op.args, op.types):
+        flat = TensorType(tuple(d for k, d in enumerate(t.shape) if k != axis), t.dtype)
+        x = em.op(f"tensor.collapse_shape {v} {assoc} : {tt(t)} into {tt(flat)}")
+        ins.append((x, flat, affine_map(rank, [f"d{k}" for k in range(rank) if k != axis])))
+
+    def body(args, _out):
+        idx = em.op(f"linalg.index {axis} : index")
+        sel = args[-1]
+        ty = "i1" if r.dtype.value == "i1" else r.dtype.value
+        for k in range(len(args) - 2, -1, -1):
+            hit = em.op(f"arith.cmpi eq, {idx}, {em.const(k, 'index')} : index")
+            sel = em.op(f"arith.select {hit}, {args[k]}, {sel} : {ty}")
+        return sel
+
+    return em.generic(r, ins, body)
