@@ -329,7 +329,10 @@ class LLMEngine:
         queue :meth:`stream` reads (for clients on other threads). ``sink``: instead of that
         queue, any object with ``put(RequestOutput)``, called on the engine thread with each
         output (it must not block or raise: the HTTP server bridges outputs into its event
-        loop this way). ``lora``: the name of a loaded LoRA adapter the request runs with
+        loop this way); a sink with a ``batch`` attribute gets a step's outputs through
+        ``batch.put_all([(sink, output), ...])`` instead, once per step for all the sinks
+        sharing that ``batch`` (the server: one wake-up of its event loop a step, not one an
+        output). ``lora``: the name of a loaded LoRA adapter the request runs with
         (None: the base model). Raises what :meth:`check_request` raises,
         :class:`EngineError` for a duplicate id, and
         :class:`~poot.models.lora.LoraError` (field ``model``) for an adapter that is not
@@ -434,10 +437,18 @@ class LLMEngine:
         if done:
             with self._lock:
                 self._known.difference_update(done)
+        batches: dict[Any, list[tuple[Any, RequestOutput]]] = {}
         for ev in events:
             seq = getattr(ev, "_seq", None)
-            if seq is not None and seq.sink is not None:
+            if seq is None or seq.sink is None:
+                continue
+            batch = getattr(seq.sink, "batch", None)
+            if batch is None:
                 seq.sink.put(ev)
+            else:
+                batches.setdefault(batch, []).append((seq.sink, ev))
+        for batch, items in batches.items():
+            batch.put_all(items)
         return events
 
     def _commands(self) -> list[RequestOutput]:

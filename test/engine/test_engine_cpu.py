@@ -176,6 +176,49 @@ def test_submission_from_threads_with_background_loop(llama):
     assert got == want
 
 
+def test_sinks_sharing_a_batch_get_each_steps_outputs_in_one_call(llama):
+    """Sinks with a ``batch`` (the HTTP server's: one event-loop wake-up a step) get every
+    output through ``batch.put_all``, one call per step holding all that step's outputs of
+    those sinks, each request's outputs in order and complete; a sink without one still gets
+    ``put`` per output."""
+    eng = llama.engine
+    ps = prompts(llama.runner.vocab, 4, seed=29)
+    want = [alone(eng, p, GREEDY) for p in ps]
+
+    class Batch:
+        def __init__(self):
+            self.calls = []
+
+        def put_all(self, items):
+            self.calls.append([(s.index, ev) for s, ev in items])
+
+    class Sink:
+        def __init__(self, index, batch):
+            self.index, self.batch, self.own = index, batch, []
+
+        def put(self, ev):
+            self.own.append(ev)
+
+    batch = Batch()
+    sinks = [Sink(i, batch) for i in range(3)] + [Sink(3, None)]
+    for p, sink in zip(ps, sinks):
+        eng.add_request(p, GREEDY, sink=sink)
+    def steps_run():
+        st = eng.stats()
+        return st.decode_steps + st.prefill_steps + st.ragged_steps
+
+    steps_before = steps_run()
+    eng.run_until_done()
+    steps = steps_run() - steps_before
+    assert batch.calls and len(batch.calls) <= steps
+    assert max(len(c) for c in batch.calls) == 3           # the three decoded together
+    for i in range(3):
+        outs = [ev for call in batch.calls for j, ev in call if j == i]
+        assert [t for o in outs for t in o.token_ids] == want[i] and outs[-1].finished
+        assert not sinks[i].own
+    assert [t for o in sinks[3].own for t in o.token_ids] == want[3]
+
+
 def test_stream_of_a_request_that_already_finished(llama):
     """A streamed request that finishes before its client calls stream() (a fast engine
     thread) still yields all its outputs, once; a second read is a typed error."""
