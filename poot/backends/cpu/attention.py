@@ -364,7 +364,6 @@ def _merge(em: Emitter, op: OpInfo, rows, part: str, part_t: TensorType, n_split
               *range(len(rows)), *range(0, op.types[2].shape[-1], LANES),
               *{x for r in rows for x in r}):
         c(v)
-    bsz, h = op.types[3].shape[0], op.types[1].shape[2]
     dv = op.types[2].shape[-1]
     visible = op.types[4].dtype is DType.I1
     vf = f"vector<{LANES}xf32>"
@@ -372,11 +371,11 @@ def _merge(em: Emitter, op: OpInfo, rows, part: str, part_t: TensorType, n_split
     ninf, zero, one = (em.const(v, "f32") for v in (float("-inf"), 0.0, 1.0))
     pad = em.const(0.0, "f32")
 
-    rowdims = out_t.shape[2:-1]
-    unit_t = TensorType((1, 1) + rowdims + (dv,), DType.F32)
+    acc_t = TensorType((1,) + out_t.shape[2:-1] + (dv,), DType.F32)
 
-    def item(b: str, hh: str, out: str) -> str:
-        """Item ``(b, hh)``'s rows, written into ``out`` (``unit_t``, at its origin)."""
+    def item(b: str, hh: str) -> str:
+        """Item ``(b, hh)``'s rows (``acc_t``)."""
+        out = em.empty(acc_t)
         for i, r in enumerate(rows):
             ms = [em.op(f"tensor.extract {part}[{b}, {hh}, {c(s)}, {c(i)}, {c(dv)}] "
                         f": {tt(part_t)}") for s in range(n_split)]
@@ -405,27 +404,14 @@ def _merge(em: Emitter, op: OpInfo, rows, part: str, part_t: TensorType, n_split
                               f", {pad} {{in_bounds = [true]}} : {tt(part_t)}, {vf}")
                     acc = (em.op(f"arith.mulf {a}, {wv[s]} : {vf}") if acc is None else
                            em.op(f"math.fma {a}, {wv[s]}, {acc} : {vf}"))
-                at = ", ".join([c(0), c(0)] + [c(x) for x in r] + [c(v)])
+                at = ", ".join([c(0)] + [c(x) for x in r] + [c(v)])
                 out = em.op(f"vector.transfer_write {acc}, {out}[{at}] {{in_bounds = [true]}} "
-                            f": {vf}, {tt(unit_t)}")
+                            f": {vf}, {tt(acc_t)}")
         return out
 
-    # the items over the cores too (a serial merge left the other threads waiting: ~1 % of
-    # SmolLM2's batch-32 decode step)
-    res, o, b, hh = (em.fresh(x) for x in ("mo", "o", "b", "hh"))
-    em.line(f"{res} = scf.forall ({b}, {hh}) in ({bsz}, {h}) "
-            f"shared_outs({o} = {em.empty(out_t)}) -> ({tt(out_t)}) {{")
-    em.depth += 1
-    unit = item(b, hh, em.empty(unit_t))
-    offsets = ", ".join([b, hh] + ["0"] * (len(unit_t.shape) - 2))
-    sizes = ", ".join(str(x) for x in unit_t.shape)
-    em.line("scf.forall.in_parallel {")
-    em.line(f"  tensor.parallel_insert_slice {unit} into {o}[{offsets}] [{sizes}] "
-            f"[{', '.join(['1'] * len(unit_t.shape))}] : {tt(unit_t)} into {tt(out_t)}")
-    em.line("}")
-    em.depth -= 1
-    em.line("}")
-    return res
+    # the items over the cores, as the attention's own (a serial merge left the other
+    # threads waiting: ~1 % of SmolLM2's batch-32 decode step)
+    return paged_items(em, op, acc_t, item)
 
 
 class _Tile:
@@ -498,9 +484,12 @@ class _Tile:
         blk = table_block(em, self.op, self.b, wv)
         base = em.op(f"arith.muli {wv}, {em.const(self.bs, 'index')} : index")
         types = ["f32"] * (2 * len(self.rows)) + [self.vf] * (len(st) - 2 * len(self.rows))
+        def step(j0: str, s: list[str]) -> list[str]:
+            self._prefetch_next(wv, j0)
+            return self.chunk(blk, base, j0, s)
+
         return scf_for(em, em.const(0, "index"), em.const(self.bs, "index"),
-                       em.const(n, "index"), st, types,
-                       lambda j0, s: self._prefetch_next(wv, j0) or self.chunk(blk, base, j0, s))
+                       em.const(n, "index"), st, types, step)
 
     def _prefetch_next(self, wv: str, j0: str) -> None:
         """Prefetch the K and V rows of the chunk after keys ``j0 ..`` of table entry ``wv``
@@ -509,7 +498,7 @@ class _Tile:
         once, one 128-byte row of a head every 384 bytes (SmolLM2's 3 KV heads), a pattern the
         hardware prefetchers follow poorly."""
         if not PREFETCH:
-            return None
+            return
         em, n, bs = self.em, self.n, self.bs
         nxt = em.op(f"arith.addi {j0}, {em.const(n * PREFETCH, 'index')} : index")
         cbs = em.const(bs, "index")
@@ -521,7 +510,6 @@ class _Tile:
         keys = [em.op(f"arith.addi {k0}, {em.const(j, 'index')} : index") for j in range(n)]
         self.kpool.prefetch(blk, keys, self.hh)
         self.vpool.prefetch(blk, keys, self.hh)
-        return None
 
     def _keep(self, r: tuple[int, ...], key0: str) -> str:
         """``vector<n x i1>``: which of the chunk's keys (from ``key0`` of the mask's key axis)

@@ -42,6 +42,7 @@ squares). ``linalg.index`` of the split dimension becomes ``k1 * LANES + k2``.
 from __future__ import annotations
 
 import re
+from math import prod
 
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
@@ -260,10 +261,7 @@ def _row_threads(op: ir.Operation, threads: int) -> int:
     if not iters or "parallel" not in iters[0] or any(e is None for e in ext) \
             or ext[0] < threads:
         return 1
-    points = 1
-    for e in ext:
-        points *= e
-    return threads if points >= MIN_ELEMENTS else 1
+    return threads if prod(ext) >= MIN_ELEMENTS else 1
 
 
 def vectorize_split_reductions(module: ir.Module, threads: int = 1) -> int:
