@@ -206,6 +206,16 @@ def fmt_of(m: GemvMatch) -> str | None:
     return None
 
 
+def weight_type(m: GemvMatch, fmt: str) -> str:
+    """The weight buffer's memref type as the kernels read it: 16-bit words (dense, Q4_0,
+    Q8_0) or 32-bit ones (Q4_1, whose 20-byte blocks are whole words)."""
+    if fmt in ("bf16", "f16"):
+        return f"memref<{m.N * m.K}xi16>"
+    if fmt == "q4_1":
+        return f"memref<{m.weight.nbytes // 4}xi32>"
+    return f"memref<{m.weight.nbytes // 2}xi16>"
+
+
 class _DecodeKernel(G._GemmKernel):
     """Emits the kernel of a :class:`DecodeTiling` (module doc); the tiled GEMM's helpers
     (thread jobs, split-K partials and reduction kernel)."""
@@ -217,13 +227,7 @@ class _DecodeKernel(G._GemmKernel):
         self.bf16 = fmt == "bf16"
         self.KT = m.K // KSTEP
         self.KTS = self.KT // d.S
-        w = m.weight
-        if fmt in ("bf16", "f16"):
-            self.wtype = f"memref<{m.N * m.K}xi16>"
-        elif fmt == "q4_1":
-            self.wtype = f"memref<{w.nbytes // 4}xi32>"
-        else:
-            self.wtype = f"memref<{w.nbytes // 2}xi16>"
+        self.wtype = weight_type(m, fmt)
         self.xs_t = f"memref<2x{d.entries}x4xi32, {G._WG}>"
 
     # -- operands
@@ -488,7 +492,7 @@ class _DecodeKernel(G._GemmKernel):
     def _store(self, accs: list, bz: str | None) -> None:
         """Each accumulator to its element of y through the epilogue (split-K: to the
         partials), guarded by row < M and column < N."""
-        m, e, se, d = self.m, self.e, self.se, self.d
+        m, d = self.m, self.d
         op = G.MMA_SYNC
         part0 = self.mul(bz, m.M * m.N) if bz else None
         for i in range(d.MT):
@@ -496,28 +500,36 @@ class _DecodeKernel(G._GemmKernel):
                 for q in range(4):
                     row = self.add(self.em_rows[i], op.row_off[q])
                     col = self.add(self.add(self.n0, self.em_cols[j]), op.col_off[q])
-                    conds = []
-                    if m.M % 16 or 16 * (i + 1) > m.M:
-                        conds.append(self.op(f"arith.cmpi ult, {row}, {self.c(m.M)} : index"))
-                    if m.N % d.BN:
-                        conds.append(self.op(f"arith.cmpi ult, {col}, {self.c(m.N)} : index"))
-                    if len(conds) == 2:
-                        conds = [self.op(f"arith.andi {conds[0]}, {conds[1]} : i1")]
-                    if conds:
-                        e.raw(f"scf.if {conds[0]} {{")
-                    v = accs[i][j][q]
-                    if part0 is not None:
-                        at = self.add(part0, self.add(self.mul(row, m.N), col))
-                        e.raw(f"memref.store {v}, %part[{at}] : {self.part_t}")
-                    else:
-                        self.cur_acc = v
-                        with se.scope():
-                            for jj, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
-                                idx = G._coords(se, ot.shape, m.M, m.N, row, col)
-                                se.store(se.value(out, idx), f"%o{jj}", ot, idx)
-                    if conds:
-                        e.raw("}")
+                    self.store_at(accs[i][j][q], row, col, part0,
+                                  bool(m.M % 16 or 16 * (i + 1) > m.M), bool(m.N % d.BN))
         self.cur_acc = None
+
+    def store_at(self, v: str, row: str, col: str, part0: str | None, check_row: bool,
+                 check_col: bool) -> None:
+        """Accumulator ``v`` as y[row, col] through the epilogue, or into the split-K
+        partials of slice ``part0`` (its first element) when there is one; guarded by
+        row < M where ``check_row`` and col < N where ``check_col``."""
+        m, e, se = self.m, self.e, self.se
+        conds = []
+        if check_row:
+            conds.append(self.op(f"arith.cmpi ult, {row}, {self.c(m.M)} : index"))
+        if check_col:
+            conds.append(self.op(f"arith.cmpi ult, {col}, {self.c(m.N)} : index"))
+        if len(conds) == 2:
+            conds = [self.op(f"arith.andi {conds[0]}, {conds[1]} : i1")]
+        if conds:
+            e.raw(f"scf.if {conds[0]} {{")
+        if part0 is not None:
+            at = self.add(part0, self.add(self.mul(row, m.N), col))
+            e.raw(f"memref.store {v}, %part[{at}] : {self.part_t}")
+        else:
+            self.cur_acc = v
+            with se.scope():
+                for jj, (out, ot) in enumerate(zip(m.outs, m.out_ts)):
+                    idx = G._coords(se, ot.shape, m.M, m.N, row, col)
+                    se.store(se.value(out, idx), f"%o{jj}", ot, idx)
+        if conds:
+            e.raw("}")
 
     def _module_text(self, x_reads: set[str]) -> tuple[str, list[list], list]:
         e, d = self.e, self.d
@@ -571,4 +583,4 @@ def gemm_decode(fn: ir.Operation, caps) -> Synthesized | None:
 
 
 __all__ = ["BLOCKS_PER_CORE", "FORMATS", "KSTEP", "MAX_M", "DecodeTiling", "decode_tiling",
-           "fmt_of", "gemm_decode", "lane_ks", "takes"]
+           "fmt_of", "gemm_decode", "lane_ks", "takes", "weight_type"]
