@@ -971,6 +971,8 @@ def _ptxas_spills(ptx: str) -> list[str] | None:
     import subprocess
     import tempfile
 
+    from poot.backends.cuda.codegen import ptx_target
+
     exe = shutil.which("ptxas")
     if exe is None:
         return None
@@ -978,7 +980,7 @@ def _ptxas_spills(ptx: str) -> list[str] | None:
         src = f"{d}/k.ptx"
         with open(src, "w") as f:
             f.write(ptx)
-        r = subprocess.run([exe, "-arch=sm_90", "-v", src, "-o", f"{d}/k.cubin"],
+        r = subprocess.run([exe, f"-arch={ptx_target(ptx)}", "-v", src, "-o", f"{d}/k.cubin"],
                            capture_output=True, text=True, check=True)
     return [ln for ln in r.stderr.splitlines()
             if "spill" in ln and not ln.strip().startswith("0 bytes stack frame, 0 bytes spill")]

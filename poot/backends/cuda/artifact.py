@@ -65,19 +65,22 @@ class CudaArtifact(PlanArtifact):
 def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132,
                 sm: int = 90):
     """The ``sm_{sm}`` compile target (f32/f16/bf16 storage, f32 compute, every packed
-    format, q8_0 KV pools, fp8 KV pools from sm_89: :func:`kv_formats_of`),
-    built without MLIR: a machine that only runs cached programs computes its compile-cache
-    keys with it. Must equal :func:`poot.backends.cuda.codegen.cuda_target` (a test checks
-    that their keys agree)."""
+    format, q8_0 KV pools, fp8 KV pools from sm_89: :func:`kv_formats_of`), built without
+    MLIR: a machine that only runs cached programs computes its compile-cache keys with it
+    (:mod:`poot.backends.cuda.codegen` re-exports it). On sm_90 (H100, H200) it also names
+    ``sm_90a`` unless ``POOT_CUDA_WGMMA=0``: the PTX then targets sm_90a and the decode
+    GEMM uses its warpgroup MMA (:mod:`~poot.backends.gpu.strategies.gemm_decode_wgmma`)."""
     # lazy: this file also loads alone, without the poot package (devcheck on a GPU machine)
+    from poot import settings
     from poot.compiler.target import Capabilities, Target
-    # lazy: this file also loads alone, without the poot package (devcheck on a GPU machine)
     from poot.dialects.quant import GGML_NAMES
 
+    wgmma = sm == 90 and settings.get_flag("POOT_CUDA_WGMMA")
+    feats = {f"sm_{sm}", "workgroup_view"} | ({"sm_90a"} if wgmma else set())
     return Target("cuda", Capabilities(packed_formats=GGML_NAMES, cores=cores,
                                        subgroup_size=subgroup_size,
                                        max_shared_bytes=max_shared_bytes,
-                                       features=frozenset({f"sm_{sm}", "workgroup_view"}),
+                                       features=frozenset(feats),
                                        # the flash-decoding kernels dequantize q8_0 KV
                                        # where they load it, and fp8 KV with the e4m3
                                        # conversions of sm_89 and newer

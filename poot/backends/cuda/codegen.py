@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,13 +23,10 @@ from mlir import ir
 from mlir.dialects import gpu as gpu_d
 from mlir.passmanager import PassManager
 
-from poot.backends.cuda.artifact import CudaArtifact, kv_formats_of
+from poot.backends.cuda.artifact import CudaArtifact, cuda_target
 from poot.backends.cuda.hoist_constant_loads import hoist_constant_loads
 from poot.backends.gpu.kernels import gpu_kernels
 from poot.backends.gpu.plan import plan_program
-from poot.compiler.target import Capabilities, Target
-from poot.dialects.lowering.packed import DECODERS
-from poot.dialects.quant import GGML_NAMES
 from poot.errors import PootError
 from poot import settings
 from poot.progress import Tracker
@@ -75,7 +73,7 @@ def nvvm_pipeline(chip: str = "sm_90", features: str | None = None, opt: int = 3
     )
 
 
-def ptx_text(module: ir.Module, chip: str = "sm_90") -> str:
+def ptx_text(module: ir.Module, chip: str = "sm_90a") -> str:
     """Lower every ``gpu.module`` of ``module`` (in place) and return the PTX text."""
     with module.context:
         PassManager.parse(nvvm_pipeline(chip)).run(module.operation)
@@ -90,12 +88,20 @@ def ptx_text(module: ir.Module, chip: str = "sm_90") -> str:
     return out[0].rstrip("\x00")
 
 
-def ptxas_check(ptx: str, arch: str = "sm_90") -> str | None:
-    """Assemble ``ptx`` with ``ptxas`` when one is installed; None if there is no ptxas.
-    Raises :class:`CudaCodegenError` with ptxas's message when it rejects the PTX."""
+def ptx_target(ptx: str) -> str:
+    """The ``sm_XY[a]`` of a PTX text's ``.target`` directive (sm_90 when it has none)."""
+    m = re.search(r"^\.target\s+(sm_\w+)", ptx, re.M)
+    return m.group(1) if m else "sm_90"
+
+
+def ptxas_check(ptx: str, arch: str | None = None) -> str | None:
+    """Assemble ``ptx`` with ``ptxas`` (for ``arch``, by default the PTX's own ``.target``)
+    when one is installed; None if there is no ptxas. Raises :class:`CudaCodegenError` with
+    ptxas's message when it rejects the PTX."""
     exe = shutil.which("ptxas")
     if exe is None:
         return None
+    arch = arch or ptx_target(ptx)
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "k.ptx")
         with open(src, "w") as f:
@@ -110,8 +116,6 @@ def ptxas_check(ptx: str, arch: str = "sm_90") -> str | None:
 def sm_version(chip: str) -> int:
     """The compute capability number of ``sm_XY[a|f]`` (``sm_90a`` -> 90, ``sm_120f`` -> 120);
     0 for a name of another form."""
-    import re
-
     m = re.fullmatch(r"sm_(\d+)[a-z]?", chip)
     return int(m.group(1)) if m else 0
 
@@ -231,8 +235,10 @@ def compile_program(program, chip: str = "sm_90", strategy: str = "auto",
 
 
 def target_chip(caps) -> str:
-    """The ``sm_XY`` a CUDA target's features name (sm_90 when none does)."""
-    return next((f for f in sorted(caps.features or ()) if sm_version(f)), "sm_90")
+    """The ``sm_XY[a]`` a CUDA target's features name (sm_90 when none does): the newest,
+    and of one number the arch-specific ``a`` variant (``sm_90a``: wgmma) where named."""
+    chips = [f for f in caps.features or () if sm_version(f)]
+    return max(chips, key=lambda f: (sm_version(f), f.endswith("a")), default="sm_90")
 
 
 def codegen(program, options=None, progress=None) -> CudaArtifact:
@@ -241,20 +247,5 @@ def codegen(program, options=None, progress=None) -> CudaArtifact:
     return compile_program(program, chip=target_chip(program.target.caps), progress=progress)
 
 
-def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, cores: int = 132,
-                sm: int = 90):
-    """The ``sm_{sm}`` target (default sm_90): f32/f16/bf16 storage, f32 compute, every
-    packed decoder, q8_0 KV pools and, from sm_89, fp8 ones (read by the flash-decoding
-    strategy; :func:`~poot.backends.cuda.artifact.kv_formats_of`)."""
-    return Target("cuda", Capabilities(packed_formats=frozenset(DECODERS) & GGML_NAMES, cores=cores,
-                                       subgroup_size=subgroup_size,
-                                       max_shared_bytes=max_shared_bytes,
-                                       features=frozenset({f"sm_{sm}", "workgroup_view"}),
-                                       # the flash-decoding kernels dequantize q8_0 KV
-                                       # where they load it, and fp8 KV with the e4m3
-                                       # conversions of sm_89 and newer
-                                       kv_formats=kv_formats_of(sm)))
-
-
 __all__ = ["CudaCodegenError", "codegen", "compile_program", "cuda_target",
-           "nvvm_pipeline", "ptx_text", "ptxas_check"]
+           "nvvm_pipeline", "ptx_target", "ptx_text", "ptxas_check"]
