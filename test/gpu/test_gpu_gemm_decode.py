@@ -11,6 +11,7 @@ error bound of the tiled GEMM (skipped here: no MLIR there, no GPU here).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -57,11 +58,18 @@ def test_lane_k_assignment_is_an_mma_of_the_whole_step(fmt):
     np.testing.assert_array_equal(D, X @ W.T)
 
 
+def _mma_caps(**kw):
+    """The sm_90 CUDA target without its sm_90a feature: the mma.sync decode GEMM (on
+    sm_90a the wgmma one takes the same regions: test_gpu_gemm_decode_wgmma.py)."""
+    caps = _cuda_caps(**kw)
+    return replace(caps, features=caps.features - {"sm_90a"})
+
+
 def _plan(fmt, M, N, K, caps=None):
     from poot.backends.gpu.plan import plan_program
 
     g, _ = gemv_region(fmt, M, N, K, "residual")
-    return plan_program(SimpleNamespace(graph=g, storage=[]), caps or _cuda_caps())
+    return plan_program(SimpleNamespace(graph=g, storage=[]), caps or _mma_caps())
 
 
 @pytest.mark.parametrize("fmt,M,want", [
@@ -175,7 +183,7 @@ def test_sibling_decode_gemms_fuse_and_assemble():
 
     from poot.backends.cuda.codegen import ptx_text, ptxas_check
 
-    plan = plan_of(_gemm_step(128, 2048, [2048, 512, 512])[0], _cuda_caps())
+    plan = plan_of(_gemm_step(128, 2048, [2048, 512, 512])[0], _mma_caps())
     assert [L["strategy"] for L in kernel_launches(plan)] == ["horizontal", "horizontal"]
     ptx = ptx_text(plan.module)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx

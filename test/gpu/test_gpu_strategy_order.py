@@ -14,10 +14,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: the order, written out: horizontal first (only it splits a merged function), pointwise
+#: the order, written out: horizontal first (only it splits a merged function), the sm_90a
+#: decode GEMM before the mma.sync one (which takes the same regions elsewhere), pointwise
 #: last (it takes any elementwise-class region, so every specialised strategy wins)
-ORDER = ["horizontal", "flash_decode", "rowreduce", "gemv", "gemm_decode", "gemm", "indexed_gemv",
-         "scatter", "pointwise"]
+ORDER = ["horizontal", "flash_decode", "rowreduce", "gemv", "gemm_decode_wgmma", "gemm_decode",
+         "gemm", "indexed_gemv", "scatter", "pointwise"]
 
 
 @pytest.mark.parametrize("first", ["scatter", "pointwise", "gemm", "attention"])

@@ -38,6 +38,7 @@ from poot.backends.gpu.strategies import (
     attention,
     gemm,
     gemm_decode,
+    gemm_decode_wgmma,
     indexed,
     matmul,
     pointwise,
@@ -72,6 +73,9 @@ STRATEGIES: tuple[tuple[str, Strategy], ...] = (
     # decode matmuls (a few rows of x times a weight, a norm folded in front): before the
     # GEMM, which it consults itself (matmul.gemm_defers) to leave it the rows it takes
     ("gemv", matmul.gemv),
+    # the same regions on sm_90a's warpgroup MMA (wgmma): before the mma.sync decode GEMM,
+    # which takes them on targets without it
+    ("gemm_decode_wgmma", gemm_decode_wgmma.gemm_decode_wgmma),
     # batched-decode matmuls on tensor cores (3..128 rows of 16-bit weights, 9..128 of packed
     # ones): before the tiled GEMM, which would take the same rows with tiles that stream
     # the weight at a fraction of the bandwidth at these M

@@ -1,0 +1,482 @@
+"""Decode GEMM on Hopper's warpgroup MMA (sm_90a ``wgmma.mma_async``): the regions the
+``mma.sync`` decode GEMM (:mod:`.gemm_decode`) takes, on targets with the ``sm_90a``
+feature, computed as ``y^T = W x^T`` so that the weight's output features are the
+instruction's M (64 a warpgroup) and the batch's rows its N (M of the GEMM rounded up to 8:
+one ``m64nNk16`` a warpgroup covers every row of x at once).
+
+Why: the ``mma.sync`` kernel spends as long issuing m16n8k16 tiles and reading their A
+fragments back from workgroup memory as it does streaming the weight (its ablation in
+``bench/results/decode_gemm.md``: 28 us as built, 15 us for the weight stream alone, where
+cuBLAS's wgmma kernels take 15). One ``wgmma`` multiplies a warpgroup's 64 weight rows by all
+of x's rows from a workgroup-memory descriptor, asynchronously: four warps issue one
+instruction a 16-k step instead of ``MT x NT x 4`` per warp, and x's fragments are never
+loaded into registers.
+
+Operands (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
+
+* A (the weight, 64 rows x 16 k) in registers: warp ``w`` of the warpgroup holds rows
+  ``16 w ..``, lane ``(g, t)`` registers ``a0 a1 a2 a3`` = rows ``g``, ``g + 8`` at the
+  instruction's k ``2t, 2t + 1`` (a0, a1), then ``2t + 8, 2t + 9`` (a2, a3): the m16n8k16 A
+  layout, each warp a quarter of M. The lanes load the weight as :mod:`.gemm_decode` does
+  (16 bytes of a dense row, a packed block's quant word; :func:`~.gemm_decode.lane_ks`), so
+  the instruction's k ``2t + lo`` (``+ 8 hi``) of mma ``s`` of a 32-k step is the step's k
+  ``lane_ks(fmt, t, s)[2 hi + lo]``.
+* B (x^T, 16 k x N) in workgroup memory, K-major, the canonical layout without swizzling:
+  8 x 16-byte core matrices (8 rows of x, 8 k each), the two k halves 128 bytes apart (the
+  descriptor's leading byte offset, :data:`LBO`), groups of 8 rows 256 bytes apart (its
+  stride byte offset, :data:`SBO`). The block stages x there in the permuted k order above,
+  rounded to the mma type (bf16 for bf16 weights, else f16), double-buffered by chunks of
+  ``U`` 32-k steps.
+* D: ``N / 2`` f32 accumulators a thread: for each 8-row tile ``j`` of x, (weight row ``16 w
+  + g``, x rows ``8 j + 2 t``, ``+ 1``), then weight row ``+ 8``.
+
+Each chunk: the lanes' next weight loads and x loads are issued, this chunk's A registers
+built from the weight words carried from the iteration before, ``wgmma.fence``, the chunk's
+``2 U R`` wgmma's, ``commit_group``; the next chunk's x stored in the other buffer (then
+``fence.proxy.async``: the wgmma's read workgroup memory through the async proxy);
+``wait_group 0``; a barrier. Registers handed to or taken from the asynchronous instruction
+pass through empty ``asm volatile`` statements (as CUTLASS's ``warpgroup_fence_operand``):
+LLVM then cannot move their definitions past the fence or their uses before the wait.
+
+Split-K, the epilogue and the reduction kernel are :mod:`.gemm_decode`'s (the tiled GEMM's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from mlir import ir
+
+from poot.backends.gpu.kernels import Launch
+from poot.backends.gpu.strategies import gemm as G
+from poot.backends.gpu.strategies import gemm_decode as D
+from poot.backends.gpu.strategies.emit import ArgsSeenEmitter, ScalarUnsupported, Synthesized
+from poot.backends.gpu.strategies.matmul_match import GemvMatch, match
+
+#: the target feature naming sm_90a's arch-specific instructions (``wgmma``, PTX ``.target
+#: sm_90a``; :func:`poot.backends.cuda.codegen.cuda_target` gives it on sm_90)
+FEATURE = "sm_90a"
+#: bytes of one workgroup buffer of x fragments (two are used): U * N * 64 <= this
+X_BUF_BYTES = 16 << 10
+#: most K steps (of 32) a chunk
+MAX_U = 4
+#: the B descriptor's byte offsets: between the two k halves of a core-matrix pair (leading
+#: dimension, K), between groups of 8 rows of x (stride dimension, N)
+LBO, SBO = 128, 256
+#: accumulators a thread may keep (R row tiles x N / 2)
+MAX_ACCS = 64
+#: device bring-up: the descriptor's two offsets exchanged (the layout unchanged)
+SWAP_DESC = False
+#: benchmarks: ``(R, WG, S, U)`` to use instead of :func:`wgmma_tiling`'s
+FORCE_TILING: tuple[int, int, int, int] | None = None
+#: benchmarks: x packed by a first kernel (:attr:`WgmmaTiling.xpack`) or not, instead of the rule's
+FORCE_XPACK: bool | None = None
+#: threads a block of the packing kernel (one K step of one row of x each)
+XPACK_T = 256
+#: weights from which x is packed first at Np > 64 (:func:`wgmma_tiling`)
+XPACK_MIN_BYTES = 4 << 20
+#: fewest rows of x this kernel takes: at M = 16 the mma.sync decode GEMM measured faster
+#: (1.05-1.1x on the 1B's projections; sweep above), at 64 this one
+MIN_M = 33
+
+
+@dataclass(frozen=True)
+class WgmmaTiling:
+    """``WG`` warpgroups a block (sharing its x buffers), each owning ``R`` tiles of 64
+    weight rows; ``Np`` = M rounded up to 8 (the instruction's N); ``S`` split-K slices of
+    ``per_block`` K steps of 32; ``U`` K steps a chunk (one workgroup buffer of x)."""
+
+    Np: int
+    R: int
+    WG: int
+    S: int
+    U: int
+    per_block: int
+    #: x rounded and laid out once by a first kernel (:data:`XPACK_T` threads a block) as
+    #: the B tiles of every K step (``Np * 64`` bytes a step, scratch 0), which the blocks
+    #: then copy: half the bytes of x's f32 rows, no rounding a block
+    xpack: bool = False
+
+    @property
+    def BN(self) -> int:
+        """Weight rows (columns of y) a block."""
+        return 64 * self.R * self.WG
+
+    @property
+    def T(self) -> int:
+        return 128 * self.WG
+
+    @property
+    def tile16(self) -> int:
+        """16-byte rows of one mma's B tile (16 k x Np, 32 Np bytes)."""
+        return 2 * self.Np
+
+    @property
+    def rows16(self) -> int:
+        """16-byte rows of one chunk's buffer (U steps x 2 mma's)."""
+        return 2 * self.U * self.tile16
+
+
+def wgmma_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> WgmmaTiling:
+    """The tiling of an [M, K] x [K, N] decode GEMM (``K % 32 == 0``, :data:`MIN_M` <= M <=
+    128), fitted to an H100 sweep of every ``(R, WG, S, U, xpack)`` over the Llama-3.2-1B
+    (bf16) and SmolLM2 (Q4_1) projections at M = 16, 64, 128 with the weights streamed from
+    DRAM (``bench/gpu_run/decode_gemm_sweep.py``, ``bench/results/decode_gemm.md``):
+
+    - Np = M rounded up to 8; R = 1 row tile a warpgroup (two measured no faster, with
+      twice the accumulators);
+    - WG = 2 warpgroups a block (128 weight rows sharing x) where the weight has at least
+      8 such blocks, else 1;
+    - x packed by a first kernel (:attr:`WgmmaTiling.xpack`) from Np > 64 where the weight
+      has at least :data:`XPACK_MIN_BYTES` (1.2-1.4x at M = 128 on the 1B's projections;
+      on smaller weights the extra launch costs more than it saves);
+    - U = 2 K steps a chunk (1 with packed x at Np > 64), at most x's buffer's;
+    - S split-K slices: the fewest that give the grid about two blocks a compute unit at
+      Np <= 64, one above (the sweep's fastest), at most :data:`~.gemm_decode.MAX_SPLIT`, each of at least
+      :data:`~.gemm_decode.MIN_BLOCK_STEPS` steps, the partials (S * M * N f32) under the
+      weight's bytes or :data:`~.gemm_decode.L2_PARTIALS`, dividing the K steps (slices of
+      whole chunks preferred); U then divides a slice's steps."""
+    Np = -(-M // 8) * 8
+    KT = K // D.KSTEP
+    u_max = max(1, min(MAX_U, X_BUF_BYTES // (64 * Np)))
+    if FORCE_TILING is not None:
+        R, WG, S, U = FORCE_TILING
+        return WgmmaTiling(Np, R, WG, S, U, KT // S, bool(FORCE_XPACK))
+    WG = 2 if -(-N // 128) >= 8 else 1
+    xpack = Np > 64 and weight_bytes >= XPACK_MIN_BYTES if FORCE_XPACK is None \
+        else FORCE_XPACK
+    U = min(u_max, 1 if xpack and Np > 64 else 2)
+    blocks = -(-N // (64 * WG))
+    smax = max(1, min(D.MAX_SPLIT, KT // D.MIN_BLOCK_STEPS))
+    cap = min(smax, max(weight_bytes, D.L2_PARTIALS) // (4 * M * N),
+              G.MAX_SPLIT_SCRATCH // (4 * M * N))
+    want = 0.95 * cores * (2 if Np <= 64 else 1)
+    S = 1
+    if cap >= 2 and blocks < want:
+        ok = [s for s in range(1, cap + 1) if KT % s == 0]
+        whole = [s for s in ok if (KT // s) % U == 0] or ok
+        enough = [s for s in whole if blocks * s >= want]
+        S = min(enough) if enough else max(whole)
+    per = KT // S
+    return WgmmaTiling(Np, 1, WG, S, D._largest_divisor(per, U), per, xpack)
+
+
+def b_offset(Np: int, n: int, k: int) -> int:
+    """Byte offset of x row ``n``, instruction k ``k`` (0..15) in one mma's B tile: the
+    canonical K-major layout without swizzling (module doc)."""
+    return (n // 8) * SBO + (k // 8) * LBO + (n % 8) * 16 + (k % 8) * 2
+
+
+def b_descriptor(addr: int) -> int:
+    """The wgmma matrix descriptor of a B tile at workgroup byte address ``addr`` (PTX ISA,
+    "Matrix Descriptor Format": start address >> 4 in bits 0-13, the leading byte offset
+    >> 4 in 16-29, the stride byte offset >> 4 in 32-45, no swizzle)."""
+    lbo, sbo = (SBO, LBO) if SWAP_DESC else (LBO, SBO)
+    return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32)
+
+
+def x_quad(fmt: str, t: int, s: int) -> int:
+    """Which 4-k group of a 32-k step (x's float4 number) lane ``t``'s k of mma ``s`` are
+    (:func:`~.gemm_decode.lane_ks`: four consecutive k)."""
+    return D.lane_ks(fmt, t, s)[0] // 4
+
+
+class _WgmmaKernel(D._DecodeKernel):
+    """Emits the kernel of a :class:`WgmmaTiling` (module doc): the weight loads and their
+    decoding, x's loads and the epilogue are :class:`~.gemm_decode._DecodeKernel`'s."""
+
+    def __init__(self, m: GemvMatch, d: WgmmaTiling, fn: ir.Operation, fmt: str):
+        G._GemmKernel.__init__(self, m, G.Tiling(d.Np, d.BN, 1, 4 * d.WG, D.KSTEP), False, fn,
+                               d.S)
+        self.d, self.fmt = d, fmt
+        self.bf16 = fmt == "bf16"
+        self.KT = m.K // D.KSTEP
+        self.KTS = self.KT // d.S
+        self.wtype = D.weight_type(m, fmt)
+        self.xs_t = f"memref<2x{d.rows16}x4xi32, {G._WG}>"
+        #: the packed x image (:attr:`WgmmaTiling.xpack`): every K step's two B tiles
+        self.xi_t = f"memref<{self.KT * 2 * d.tile16}x4xi32>"
+        self.ity = "bf16" if self.bf16 else "f16"
+
+    # -- inline PTX
+    def asm(self, text: str) -> None:
+        self.e.raw(f'llvm.inline_asm has_side_effects "{text}", "" : () -> ()')
+
+    def pin(self, v: str, ty: str) -> str:
+        """``v`` through an empty volatile asm: its definition stays before, its uses after,
+        the asm statements around it."""
+        c = "f" if ty == "f32" else "r"
+        return self.op(f'llvm.inline_asm has_side_effects "", "={c},0" {v} : ({ty}) -> {ty}')
+
+    # -- x through workgroup memory
+    def load_chunk(self, chunk: str) -> list:
+        """This thread's jobs of chunk ``chunk``. Packed x: 16-byte rows of the chunk's
+        image (``("img", row, value)``); else job ``u * Np + n`` loads x row n (clamped to M)
+        at K step u, 32 f32 as 8 groups of 4 (``("x", u, n, values)``)."""
+        m, d = self.m, self.d
+        out = []
+        if d.xpack:
+            first = self.mul(self.add(self.kfirst, self.mul(chunk, d.U)), 2 * d.tile16)
+            for job in self.jobs(d.rows16):
+                v = self.op(f"vector.load %xi[{self.add(first, job)}, {self.c(0)}] "
+                            f"{{alignment = 16 : i64}} : {self.xi_t}, vector<4xi32>")
+                out.append(("img", job, v))
+            return out
+        for job in self.jobs(d.U * d.Np):
+            u = self.op(f"arith.divui {job}, {self.c(d.Np)} : index")
+            n = self.op(f"arith.remui {job}, {self.c(d.Np)} : index")
+            row = self.minu(n, m.M - 1)
+            k0 = self.add(self.first, self.mul(self.add(self.mul(chunk, d.U), u), D.KSTEP))
+            out.append(("x", u, n, [self.x_vals(row, self.add(k0, 4 * q)) for q in range(8)]))
+        return out
+
+    def stage_row(self, u: str, n: str, v: list, store) -> None:
+        """x row ``n`` of K step ``u`` (``v``: its 32 f32 in groups of 4), rounded to the mma
+        type, as the four 16-byte rows it has in the B tiles of the step's two mma's (k
+        halves 0 and 1): ``store(row16, value)`` each, rows counted from the step's first."""
+        d = self.d
+        grp = self.op(f"arith.shrui {n}, {self.c(3)} : index")
+        r8 = self.op(f"arith.andi {n}, {self.c(7)} : index")
+        base = self.add(self.add(self.mul(u, 2 * d.tile16), self.mul(grp, SBO // 16)), r8)
+        for s in (0, 1):
+            for hi in (0, 1):
+                regs = []
+                for t in range(4):
+                    q = v[x_quad(self.fmt, t, s)]
+                    regs.append(self.bits(self.pack(q[2 * hi], q[2 * hi + 1])))
+                w = self.op(f"vector.from_elements {', '.join(regs)} : vector<4xi32>")
+                store(self.add(base, s * d.tile16 + hi * (LBO // 16)), w)
+
+    def store_chunk_frags(self, raw: list, buf: str) -> None:
+        """The jobs' x into workgroup buffer ``buf`` (:meth:`stage_row`, or the packed image's
+        rows as they are), then the async-proxy fence."""
+        def store(at, w):
+            self.e.raw(f"vector.store {w}, %xs[{buf}, {at}, {self.c(0)}] "
+                       f"{{alignment = 16 : i64}} : {self.xs_t}, vector<4xi32>")
+        for job in raw:
+            if job[0] == "img":
+                store(job[1], job[2])
+            else:
+                self.stage_row(job[1], job[2], job[3], store)
+        self.asm("fence.proxy.async.shared::cta;")
+
+    def pack_kernel(self) -> str:
+        """The packing kernel (``gpu.func @gemm_xpack``, :data:`XPACK_T` threads a block, one
+        (K step, row of x) a thread): every K step's B tiles into the image ``%xi``, rows
+        past M copies of row M - 1 (their products are never stored)."""
+        m, d, e = self.m, self.d, self.e
+        self.se = ArgsSeenEmitter(self.fn, e.k, [], provide=self._provide)
+        job = self.add(self.mul(e.op("gpu.block_id x"), XPACK_T), e.op("gpu.thread_id x"))
+        e.raw(f"scf.if {self.op(f'arith.cmpi ult, {job}, {self.c(self.KT * d.Np)} : index')} {{")
+        st = self.op(f"arith.divui {job}, {self.c(d.Np)} : index")
+        n = self.op(f"arith.remui {job}, {self.c(d.Np)} : index")
+        row = self.minu(n, m.M - 1)
+        v = [self.x_vals(row, self.add(self.mul(st, D.KSTEP), 4 * q)) for q in range(8)]
+
+        def store(at, w):
+            e.raw(f"vector.store {w}, %xi[{at}, {self.c(0)}] {{alignment = 16 : i64}} : "
+                  f"{self.xi_t}, vector<4xi32>")
+        self.stage_row(st, n, v, store)
+        e.raw("}")
+        return (f"  gpu.func @gemm_xpack(%x: {self.xtype} {{llvm.noalias, llvm.readonly}}, "
+                f"%xi: {self.xi_t}) kernel attributes "
+                f"{{known_block_size = array<i32: {XPACK_T}, 1, 1>}} {{\n"
+                f"{e.k.text()}\n    gpu.return\n  }}\n")
+
+    def _launch_params(self, x_reads, ro, splits):
+        """:meth:`.gemm._GemmKernel._launch_params`, with packed x the image as one more
+        parameter (scratch 0; the split-K partials then scratch 1)."""
+        params, slots, consts, reduce, rslots = super()._launch_params(x_reads, ro, splits)
+        if not self.d.xpack:
+            return params, slots, consts, reduce, rslots
+        shift = [("scratch", k + 1) if kind == "scratch" else (kind, k) for kind, k in slots]
+        rslots = [("scratch", k + 1) if kind == "scratch" else (kind, k) for kind, k in rslots]
+        return (params + [("%xi", self.xi_t + ro)], shift + [("scratch", 0)], consts, reduce,
+                rslots)
+
+    def descriptor(self, buf: str, u: int, s: int) -> str:
+        """The B descriptor of mma ``s`` of step ``u`` in buffer ``buf``."""
+        d = self.d
+        off = self.add(self.mul(buf, d.rows16), (2 * u + s) * d.tile16)   # 16-byte units
+        o64 = self.op(f"arith.index_cast {off} : index to i64")
+        return self.op(f"arith.addi {self.desc0}, {o64} : i64")
+
+    # -- the instruction
+    def wgmma(self, acc: list, a: list, desc: str) -> list:
+        """One ``wgmma.mma_async m64n{Np}k16`` (A in registers, B from ``desc``, D += A B):
+        the new accumulators (valid after :meth:`wait`)."""
+        n = len(acc)
+        ds = ", ".join(f"${i}" for i in range(n))
+        text = (f"wgmma.mma_async.sync.aligned.m64n{self.d.Np}k16.f32.{self.ity}.{self.ity} "
+                f"{{{ds}}}, {{${n}, ${n + 1}, ${n + 2}, ${n + 3}}}, ${n + 4}, 1, 1, 1, 0;")
+        cons = ",".join(["=f"] * n + ["r"] * 4 + ["l"] + [str(i) for i in range(n)])
+        st = f"!llvm.struct<({', '.join(['f32'] * n)})>"
+        tys = ", ".join(["i32"] * 4 + ["i64"] + ["f32"] * n)
+        r = self.op(f'llvm.inline_asm has_side_effects "{text}", "{cons}" '
+                    f'{", ".join(a + [desc] + acc)} : ({tys}) -> {st}')
+        return [self.op(f"llvm.extractvalue {r}[{i}] : {st}") for i in range(n)]
+
+    def chunk_mma(self, accs: list, raw: list, buf: str) -> list:
+        """Issue the chunk's wgmma's: A registers from the weight words ``raw``
+        (:meth:`load_chunk_weights`: step-major, then the lane's 2 R rows), B from buffer
+        ``buf``; then ``commit_group``. Returns the accumulators, valid after :meth:`wait`."""
+        d = self.d
+        per = len(self.raw_types())
+        nr = 2 * d.R
+        W = [[self.weight_regs(raw[(u * nr + j) * per:(u * nr + j + 1) * per])
+              for j in range(nr)] for u in range(d.U)]          # [u][row][mma][reg]
+        A = {}
+        for u in range(d.U):
+            for r in range(d.R):
+                lo, hi = W[u][2 * r], W[u][2 * r + 1]
+                for s in (0, 1):
+                    A[u, r, s] = [self.pin(self.bits(x), "i32")
+                                  for x in (lo[s][0], hi[s][0], lo[s][1], hi[s][1])]
+        self.asm("wgmma.fence.sync.aligned;")
+        for u in range(d.U):
+            for s in (0, 1):
+                desc = self.descriptor(buf, u, s)
+                accs = [self.wgmma(accs[r], A[u, r, s], desc) for r in range(d.R)]
+        self.asm("wgmma.commit_group.sync.aligned;")
+        return accs
+
+    def wait(self, accs: list) -> list:
+        """``wait_group 0``; the accumulators, pinned after it."""
+        self.asm("wgmma.wait_group.sync.aligned 0;")
+        return [[self.pin(v, "f32") for v in acc] for acc in accs]
+
+    def _k_loop(self, nrows: list) -> list:
+        """The block's C chunks, software-pipelined one chunk deep as
+        :meth:`.gemm_decode._DecodeKernel._k_loop`; iteration ``c`` issues chunk ``c + 1``'s
+        weight and x loads, chunk ``c``'s wgmma's, stores chunk ``c + 1``'s x into the other
+        buffer while they run, waits for them, then one barrier. Returns the accumulators
+        ``[r]`` (Np / 2 f32 names each)."""
+        d, e = self.d, self.e
+        C = d.per_block // d.U
+        zero = self.c(0.0, "f32")
+        with self.se.scope():
+            self.store_chunk_frags(self.load_chunk(self.c(0)), self.c(0))
+        e.raw("gpu.barrier")
+        raw = self.load_chunk_weights(self.c(0), nrows)
+        na = d.Np // 2
+        accs = [[zero] * na for _ in range(d.R)]
+        if C > 1:
+            rtypes = self.raw_types() * (d.U * len(nrows))
+            names = [e.name() for _ in range(d.R * na + len(raw))]
+            res = e.name()
+            types = ", ".join(["f32"] * (d.R * na) + rtypes)
+            inits = [a for acc in accs for a in acc] + raw
+            e.raw(f"{res}:{len(names)} = scf.for %kc = {self.c(0)} to {self.c(C - 1)} "
+                  f"step {self.c(1)} iter_args("
+                  f"{', '.join(f'{n} = {v}' for n, v in zip(names, inits))}) -> ({types}) {{")
+            with self.se.scope():
+                accs = [names[r * na:(r + 1) * na] for r in range(d.R)]
+                cur = self.op(f"arith.andi %kc, {self.c(1)} : index")
+                nxt = self.op(f"arith.xori {cur}, {self.c(1)} : index")
+                kn = self.add("%kc", 1)
+                raw_next = self.load_chunk_weights(kn, nrows)
+                xraw = self.load_chunk(kn)
+                accs = self.chunk_mma(accs, names[d.R * na:], cur)
+                self.store_chunk_frags(xraw, nxt)
+                accs = self.wait(accs)
+                e.raw("gpu.barrier")
+                flat = [a for acc in accs for a in acc]
+                e.raw(f"scf.yield {', '.join(flat + raw_next)} : {types}")
+            e.raw("}")
+            out = [f"{res}#{i}" for i in range(len(names))]
+            accs = [out[r * na:(r + 1) * na] for r in range(d.R)]
+            raw = out[d.R * na:]
+        return self.wait(self.chunk_mma(accs, raw, self.c((C - 1) & 1)))
+
+    def kernel(self) -> tuple[str, list[list], list]:
+        m, e, fn, d = self.m, self.e, self.fn, self.d
+        nargs = len(fn.regions[0].blocks[0].arguments)
+        self.cur_acc = None
+        self.se = ArgsSeenEmitter(fn, e.k, [f"%e{i}" for i in range(nargs)],
+                                  provide=self._provide)
+        self.tid = tid = e.op("gpu.thread_id x")
+        warp = e.op(f"arith.divui {tid}, {self.c(32)} : index")
+        self.lane = lane = e.op(f"arith.remui {tid}, {self.c(32)} : index")
+        g = e.op(f"arith.shrui {lane}, {self.c(2)} : index")
+        self.t1 = e.op(f"arith.andi {lane}, {self.c(3)} : index")
+        self.t8 = self.mul(self.t1, 8)
+        self.n0 = self.mul(e.op("gpu.block_id x"), d.BN)
+        # the lane's first row: warpgroup warp // 4 owns R tiles of 64 rows, its warp
+        # warp % 4 rows 16 (warp % 4) .. of each
+        wg = self.op(f"arith.shrui {warp}, {self.c(2)} : index")
+        w4 = self.op(f"arith.andi {warp}, {self.c(3)} : index")
+        wrow = self.add(self.add(self.add(self.n0, self.mul(wg, 64 * d.R)), self.mul(w4, 16)), g)
+        nrows = [self.minu(self.add(wrow, 64 * r + 8 * h), m.N - 1)
+                 for r in range(d.R) for h in (0, 1)]
+        bz = e.op("gpu.block_id z") if d.S > 1 else None
+        self.kfirst = self.mul(bz, self.KTS) if bz else self.c(0)     # in K steps
+        self.first = self.mul(self.kfirst, D.KSTEP)                    # in k
+        base = self.op(f"memref.extract_aligned_pointer_as_index %xs : {self.xs_t} -> index")
+        b64 = self.op(f"arith.index_cast {base} : index to i64")
+        low = self.op(f"arith.andi {b64}, {self.c(0x3FFFF, 'i64')} : i64")
+        start = self.op(f"arith.shrui {low}, {self.c(4, 'i64')} : i64")
+        #: the descriptor of byte 0 of %xs; a tile's adds its offset >> 4 (< 2^14)
+        self.desc0 = self.op(f"arith.ori {start}, {self.c(b_descriptor(0), 'i64')} : i64")
+        accs = self._k_loop(nrows)
+        x_reads = set(self.se.seen)
+        part0 = self.mul(bz, m.M * m.N) if bz else None
+        rows2t = self.mul(self.t1, 2)
+        for r in range(d.R):
+            for i, v in enumerate(accs[r]):
+                j, q = divmod(i, 4)
+                brow = self.add(rows2t, 8 * j + q % 2)
+                fcol = self.add(wrow, 64 * r + 8 * (q // 2))
+                self.store_at(v, brow, fcol, part0, 8 * (j + 1) > m.M, bool(m.N % d.BN))
+        self.cur_acc = None
+        return self._module_text(x_reads)
+
+
+def takes(m: GemvMatch, caps) -> str | None:
+    """The weight format when this strategy takes match ``m`` on ``caps``: what
+    :func:`.gemm_decode.takes` takes from :data:`MIN_M` rows, on a target with the
+    :data:`FEATURE` feature."""
+    if FEATURE not in (getattr(caps, "features", None) or ()) or m.M < MIN_M:
+        return None
+    return D.takes(m, caps)
+
+
+def gemm_decode_wgmma(fn: ir.Operation, caps) -> Synthesized | None:
+    """Decode GEMM regions on sm_90a (module doc); None for anything else."""
+    if FEATURE not in (getattr(caps, "features", None) or ()) or \
+            not G._x_without_reductions(fn):
+        return None
+    m = match(fn, gemv_only=False)
+    if m is None:
+        return None
+    fmt = takes(m, caps)
+    if fmt is None:
+        return None
+    cores = max(1, int(getattr(caps, "cores", 1) or 1))
+    d = wgmma_tiling(m.M, m.N, m.K, cores, m.weight.nbytes)
+    if d.xpack and m.x_arg is None:             # an x expression stays the blocks' own
+        d = replace(d, xpack=False)
+    try:
+        text, slots, consts = _WgmmaKernel(m, d, fn, fmt).kernel()
+        pack = _WgmmaKernel(m, d, fn, fmt).pack_kernel() if d.xpack else ""
+    except ScalarUnsupported:
+        return None
+    launches, scratch = [], []
+    if d.xpack:
+        head = "gpu.module @poot_gemm {\n"
+        text = text.replace(head, head + pack, 1)
+        launches.append(Launch("kernel", [("arg", m.x_arg), ("scratch", 0)], "poot_gemm",
+                               "gemm_xpack", (-(-m.K // D.KSTEP * d.Np // XPACK_T), 1, 1),
+                               (XPACK_T, 1, 1)))
+        nbytes = m.K // D.KSTEP * d.Np * 64
+        scratch.append((f"memref<{nbytes // 16}x4xi32>", nbytes))
+    launches.append(Launch("kernel", slots[0], "poot_gemm", "gemm",
+                           (-(-m.N // d.BN), 1, d.S), (d.T, 1, 1)))
+    if d.S > 1:
+        launches.append(Launch("kernel", slots[1], "poot_gemm", "gemm_reduce",
+                               (-(-m.M * m.N // G.REDUCE_T), 1, 1), (G.REDUCE_T, 1, 1)))
+        scratch.append((f"memref<{d.S * m.M * m.N}xf32>", d.S * m.M * m.N * 4))
+    return Synthesized(text, launches, consts=consts, scratch=scratch)
+
+
+__all__ = ["FEATURE", "LBO", "MIN_M", "SBO", "WgmmaTiling", "b_descriptor", "b_offset",
+           "gemm_decode_wgmma", "takes", "wgmma_tiling", "x_quad"]
