@@ -23,9 +23,12 @@ PY=python3
 T0=$(date +%s)
 . bench/gpu_run/step.sh
 BATCHES="${DECODE_BATCHES:-1,8,32,64,128}"
-E=.cache/gpu/decode_gemm
-if [ -d "$E/cache" ] && [ ! -d /tmp/decode_gemm_cache ]; then cp -r "$E/cache" /tmp/decode_gemm_cache; fi
-export POOT_CACHE_DIR=/tmp/decode_gemm_cache
+# $DECODE_GEMM_DIR: another build (decode_gemm_build.py --name; built with POOT_CUDA_WGMMA=0
+# it must run with POOT_CUDA_WGMMA=0 too: the setting is part of the cache keys)
+E="${DECODE_GEMM_DIR:-.cache/gpu/decode_gemm}"
+C=/tmp/$(basename "$E")_cache
+if [ -d "$E/cache" ] && [ ! -d "$C" ]; then cp -r "$E/cache" "$C"; fi
+export POOT_CACHE_DIR="$C"
 [ -d "$E/pylib" ] && export PYTHONPATH="$PYTHONPATH:$PWD/$E/pylib"     # gguf (random Q4_1)
 SHARED=$E/shared_bench/batched_baseline.py
 [ -f "$SHARED" ] || SHARED=shared/bench/batched_baseline.py

@@ -41,13 +41,22 @@ def main() -> int:
     ap.add_argument("--cap", type=int, default=512)
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--batches", default=None, help="decode buckets (default: all to max)")
+    ap.add_argument("--models", default=",".join(n for n, _, _ in MODELS),
+                    help="comma-separated: " + ", ".join(n for n, _, _ in MODELS))
+    ap.add_argument("--name", default="decode_gemm",
+                    help="the folder under .cache/gpu (decode_gemm.sh reads $DECODE_GEMM_DIR)")
     a = ap.parse_args()
-    out = fresh_dir("decode_gemm")
+    out = fresh_dir(a.name)
+    from poot import settings
+
     man: dict = {"source_hash_cuda": step_source_hash("cuda"), "cap": a.cap,
+                 "wgmma": bool(settings.get_flag("POOT_CUDA_WGMMA")),
                  "max_batch": a.max_batch, "built": time.strftime("%Y-%m-%d %H:%M:%S"),
                  "compile": {}}
     batches = [int(b) for b in a.batches.split(",")] if a.batches else None
     for name, cfg, dtype in MODELS:
+        if name not in a.models.split(","):
+            continue
         t0 = time.perf_counter()
         # poot bench --batch runs its engines with a prompt budget of 8 chunks a step
         # (bench_cmd.throughput): 128 decoding rows + 256 prompt tokens take T = 512

@@ -42,8 +42,10 @@ SHAPES = [("bf16", 2048, 2048), ("bf16", 512, 2048), ("bf16", 8192, 2048),
           ("bf16", 2048, 8192), ("q4_1", 576, 576), ("q4_1", 192, 576),
           ("q4_1", 1536, 576), ("q4_1", 576, 1536)]
 MS = (16, 32, 64, 128)
-#: the forced tilings' grid
-NTS, WNS, US = (1, 2, 4), (4, 8), (2, 4)
+#: the forced wgmma tilings' grid
+RS, WGS, US = (1, 2), (1, 2), (1, 2, 4)
+#: ``--swap``: also the wgmma kernel with its descriptor's offsets exchanged (bring-up)
+SWAP = False
 #: bytes of weight copies a timing graph cycles through (H100/H200 L2: 50 MB)
 COLD_BYTES = 192 << 20
 #: ``--ablate``: gemm_decode.ABLATE for every variant (timing only)
@@ -53,45 +55,60 @@ ONLY: list | None = None
 WBYTES = {"bf16": 2.0, "f16": 2.0, "q4_0": 18 / 32, "q4_1": 20 / 32, "q8_0": 34 / 32}
 
 
-def grid(M: int, N: int, K: int) -> list[tuple[int, int, int, int]]:
-    """The forced ``(NT, WN, S, U)`` worth timing at this shape: accumulators within
-    :data:`~.gemm_decode.MAX_TILES`, S dividing the K steps with a whole number of chunks,
-    the partials under 64 MB, at least one block per 4 compute units."""
+def grid(M: int, N: int, K: int) -> list[tuple[int, int, int, int, int]]:
+    """The forced wgmma ``(R, WG, S, U, xpack)`` worth timing at this shape (each tiling
+    with x packed by a first kernel and without): accumulators within
+    :data:`~.gemm_decode_wgmma.MAX_ACCS`, x's chunk within its buffer, S dividing the K
+    steps with a whole number of chunks, the partials under 64 MB, at least one block per 4
+    compute units."""
     from poot.backends.gpu.strategies import gemm_decode as D
+    from poot.backends.gpu.strategies import gemm_decode_wgmma as W
 
-    MT, KT = -(-M // 16), K // D.KSTEP
+    Np, KT = -(-M // 8) * 8, K // D.KSTEP
     out = []
-    splits = [s for s in range(1, D.MAX_SPLIT + 1) if KT % s == 0]
-    for NT, WN, S, U in itertools.product(NTS, WNS, splits, US):
-        if MT * NT > D.MAX_TILES or MT * U > 16 or KT % S or (KT // S) % U:
+    splits = [s for s in (1, 2, 3, 4, 6, 8, 9, 12, 16) if KT % s == 0]
+    us = [u for u in US if u >= 2 or Np >= 128]
+    for R, WG, S, U in itertools.product(RS, WGS, splits, us):
+        if R * Np // 2 > W.MAX_ACCS or U * Np * 64 > W.X_BUF_BYTES or (KT // S) % U:
             continue
         if S > 1 and S * M * N * 4 > 64 << 20:
             continue
-        if -(-N // (8 * NT * WN)) * S < 33:
+        if -(-N // (64 * R * WG)) * S < 33:
             continue
-        out.append((NT, WN, S, U))
+        out += [(R, WG, S, U, 0), (R, WG, S, U, 1)]
     return out
 
 
 def _artifact(folder: Path, fmt, M, N, K, caps, variant) -> dict:
+    """Variant ``default`` (the target's strategy and tiling: wgmma on sm_90a), ``mma``
+    (the mma.sync decode GEMM, the target without sm_90a), ``swap`` (wgmma, the
+    descriptor's offsets exchanged: bring-up), ``tiled`` (the tiled GEMM) or a forced wgmma
+    ``(R, WG, S, U, xpack)``."""
+    from dataclasses import replace
+
     from mlir import ir
 
     from poot.backends.gpu.strategies import gemm_decode as D
+    from poot.backends.gpu.strategies import gemm_decode_wgmma as W
     from poot.dialects import make_context
     from poot.graph.builder import Graph
 
     with make_context(), ir.Location.unknown():
         g = Graph.from_module(ir.Module.parse(GC._region_text(fmt, M, N, K)))
-    old = D.MAX_M, D.FORCE_TILING, D.ABLATE
+    old = D.MAX_M, D.FORCE_TILING, D.ABLATE, W.FORCE_TILING, W.SWAP_DESC, W.FORCE_XPACK
+    mma_caps = replace(caps, features=caps.features - {W.FEATURE})
     try:
         D.ABLATE = ABLATE
         if variant == "tiled":
             D.MAX_M = 0
-        elif variant != "default":
-            D.FORCE_TILING = variant
-        art = GC._region_artifact(g, caps)
+        elif variant == "swap":
+            W.SWAP_DESC = True
+        elif isinstance(variant, tuple):
+            W.FORCE_TILING, W.FORCE_XPACK = variant[:4], bool(variant[4])
+        use = mma_caps if variant == "mma" else caps
+        art = GC._region_artifact(g, use)
     finally:
-        D.MAX_M, D.FORCE_TILING, D.ABLATE = old
+        D.MAX_M, D.FORCE_TILING, D.ABLATE, W.FORCE_TILING, W.SWAP_DESC, W.FORCE_XPACK = old
     art.save(str(folder))
     return {"fmt": fmt, "M": M, "N": N, "K": K, "variant": list(variant)
             if isinstance(variant, tuple) else variant,
@@ -102,7 +119,6 @@ def _artifact(folder: Path, fmt, M, N, K, caps, variant) -> dict:
 
 def build(out: str, shapes=None, ms=None) -> dict:
     from poot.backends.cuda.codegen import cuda_target
-    from poot.backends.gpu.strategies import gemm_decode as D
 
     caps = cuda_target().caps
     d = Path(out)
@@ -112,8 +128,9 @@ def build(out: str, shapes=None, ms=None) -> dict:
     t0 = time.perf_counter()
     for fmt, N, K in shapes or SHAPES:
         for M in ms or MS:
-            variants = ["default", "tiled"] + [v for v in (ONLY or grid(M, N, K))
-                                               if v != _default(M, N, K, fmt, caps, D)]
+            variants = ["default", "mma"] + (["swap"] if SWAP else []) + \
+                [v for v in (ONLY if ONLY is not None else grid(M, N, K))
+                 if v != _default(M, N, K, fmt, caps)]
             for v in variants:
                 name = f"{fmt}_{M}x{N}x{K}_" + (v if isinstance(v, str) else
                                                  "t" + "_".join(map(str, v)))
@@ -128,9 +145,11 @@ def build(out: str, shapes=None, ms=None) -> dict:
     return man
 
 
-def _default(M, N, K, fmt, caps, D):
-    t = D.decode_tiling(M, N, K, caps.cores, int(N * K * WBYTES[fmt]))
-    return (t.NT, t.WN, t.S, t.U)
+def _default(M, N, K, fmt, caps):
+    from poot.backends.gpu.strategies import gemm_decode_wgmma as W
+
+    t = W.wgmma_tiling(M, N, K, caps.cores, int(N * K * WBYTES[fmt]))
+    return (t.R, t.WG, t.S, t.U, int(t.xpack))
 
 
 def _reference(fmt: str, x: np.ndarray, w: np.ndarray, N: int, K: int) -> np.ndarray:
@@ -269,13 +288,14 @@ def check(folder: str) -> dict:
             continue
         best = min(good, key=lambda r: r["us"])
         dflt = next((r for r in rs if r["variant"] == "default" and "us" in r), None)
-        tiled = next((r for r in rs if r["variant"] == "tiled" and "us" in r), None)
+        mma = next((r for r in rs if r["variant"] == "mma" and "us" in r), None)
         tt = torch_t.get((M, N, K))
         rep["best"][f"{fmt} M={M} N={N} K={K}"] = {
             "variant": best["variant"], "us": best["us"], "GBps": best["GBps"],
-            "default_us": dflt and dflt["us"], "tiled_us": tiled and tiled["us"],
+            "default_us": dflt and dflt["us"], "mma_us": mma and mma["us"],
             "torch_bf16_us": tt and round(tt * 1e6, 2),
             "default_over_best": dflt and round(dflt["us"] / best["us"], 2),
+            "mma_over_default": mma and dflt and round(mma["us"] / dflt["us"], 2),
             "torch_over_best": tt and round(tt * 1e6 / best["us"], 2)}
     rep["ok"] = all(r.get("ok") for r in rep["timing"].values())
     print(json.dumps({"ok": rep["ok"], "best": rep["best"]}, indent=1), flush=True)
@@ -289,7 +309,10 @@ def main(argv=None) -> int:
     g.add_argument("--check", metavar="DIR", help="run on a CUDA device (no MLIR)")
     ap.add_argument("--ms", help="comma-separated M (default: 16,32,64,128)")
     ap.add_argument("--shapes", help="fmt:N:K,... (default: the 1B's and SmolLM2's)")
-    ap.add_argument("--variants", help="NT:WN:S:U,... only these (and the default, tiled)")
+    ap.add_argument("--variants", help="R:WG:S:U:XPACK,... only these wgmma tilings (and the default, "
+                    "mma); 'none': no forced tiling")
+    ap.add_argument("--swap", action="store_true",
+                    help="also the wgmma kernel with its descriptor's offsets exchanged")
     ap.add_argument("--ablate", choices=("no_x", "no_mma", "stream"),
                     help="build: gemm_decode.ABLATE (wrong results, timing only)")
     ap.add_argument("--json", help="write the check's report here")
@@ -298,10 +321,10 @@ def main(argv=None) -> int:
         shapes = [(f, int(n), int(k)) for f, n, k in
                   (s.split(":") for s in a.shapes.split(","))] if a.shapes else None
         ms = [int(m) for m in a.ms.split(",")] if a.ms else None
-        global ABLATE, ONLY
-        ABLATE = a.ablate
-        ONLY = [tuple(int(v) for v in t.split(":")) for t in a.variants.split(",")] \
-            if a.variants else None
+        global ABLATE, ONLY, SWAP
+        ABLATE, SWAP = a.ablate, a.swap
+        ONLY = None if not a.variants else [] if a.variants == "none" else \
+            [tuple(int(v) for v in t.split(":")) for t in a.variants.split(",")]
         build(a.build, shapes, ms)
         return 0
     rep = check(a.check)

@@ -93,12 +93,13 @@ def _region_artifact(g, caps):
     from types import SimpleNamespace
 
     from poot.backends.cuda.artifact import CudaArtifact
-    from poot.backends.cuda.codegen import ptx_text
+    from poot.backends.cuda.codegen import ptx_text, target_chip
     from poot.backends.gpu.plan import plan_program
 
     plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
-    ptx = ptx_text(plan.module)
-    p = {"entry": plan.entry, "target": {"arch": "sm_90", "subgroup_size": 32},
+    chip = target_chip(caps)
+    ptx = ptx_text(plan.module, chip)
+    p = {"entry": plan.entry, "target": {"arch": chip, "subgroup_size": 32},
          "kernels": plan.kernels, "buffers": plan.buffers, "launches": plan.launches,
          "dispatches": plan.dispatches, "inputs": plan.inputs, "params": plan.params,
          "outputs": plan.outputs}

@@ -83,34 +83,53 @@ def _timing_artifact(folder: Path, fmt, M, N, K, caps, tiled: bool) -> dict:
                        if L["op"] == "kernel"]}
 
 
-def build(out: str) -> dict:
+def build(out: str, timing: bool = True, kernels=("wgmma", "mma")) -> dict:
+    """Every case under each of ``kernels``: ``wgmma`` (the target's decode GEMM on sm_90a),
+    ``mma`` (the mma.sync one: the target without sm_90a; names end ``_mma``), ``swap``
+    (wgmma, its descriptor's offsets exchanged: bring-up; ``_swap``); the timing artifacts
+    unless not ``timing``."""
+    from dataclasses import replace
+
     from poot.backends.cuda.codegen import cuda_target
     from poot.backends.gpu.strategies import gemm_decode
+    from poot.backends.gpu.strategies import gemm_decode_wgmma as W
 
     caps = cuda_target().caps
+    known = {"wgmma": ("", caps, "gemm_decode_wgmma"),
+             "mma": ("_mma", replace(caps, features=caps.features - {W.FEATURE}),
+                     "gemm_decode"),
+             "swap": ("_swap", caps, "gemm_decode_wgmma")}
+    variants = [known[k] for k in kernels]
     d = Path(out)
     if d.exists():
         shutil.rmtree(d)
     man: dict = {"format": "poot-gemm-decode-check-1", "cases": {}, "timing": {}}
     t0 = time.perf_counter()
-    for i, (fmt, M, N, K, epi) in enumerate(CASES):
-        name = f"{fmt}_{M}x{N}x{K}_{epi}"
-        man["cases"][name] = GC.build_case(d / "cases" / name, fmt, M, N, K, epi, caps, seed=i)
-        if set(man["cases"][name]["strategies"]) != {"gemm_decode"}:
-            raise SystemExit(f"{name}: not the decode GEMM: {man['cases'][name]['strategies']}")
-        print(f"case {name}: built", flush=True)
-    for i, (M, K, Ns) in enumerate(SIBLINGS):
-        name = f"siblings_{M}x{K}_" + "_".join(map(str, Ns))
-        man["cases"][name] = GC.build_sibling_case(d / "cases" / name, M, K, Ns, caps, seed=i)
-        print(f"case {name}: built", flush=True)
-    shapes = [(f, M, N, K) for f, N, K in SHAPES for M in MS] + [HEAD]
+    for suffix, vcaps, want in variants:
+        W.SWAP_DESC = suffix == "_swap"
+        try:
+            for i, (fmt, M, N, K, epi) in enumerate(CASES):
+                name = f"{fmt}_{M}x{N}x{K}_{epi}{suffix}"
+                man["cases"][name] = GC.build_case(d / "cases" / name, fmt, M, N, K, epi,
+                                                   vcaps, seed=i)
+                if set(man["cases"][name]["strategies"]) != {want}:
+                    raise SystemExit(f"{name}: not {want}: {man['cases'][name]['strategies']}")
+                print(f"case {name}: built", flush=True)
+            for i, (M, K, Ns) in enumerate(SIBLINGS):
+                name = f"siblings_{M}x{K}_" + "_".join(map(str, Ns)) + suffix
+                man["cases"][name] = GC.build_sibling_case(d / "cases" / name, M, K, Ns,
+                                                           vcaps, seed=i)
+                print(f"case {name}: built", flush=True)
+        finally:
+            W.SWAP_DESC = False
+    shapes = [(f, M, N, K) for f, N, K in SHAPES for M in MS] + [HEAD] if timing else []
     for fmt, M, N, K in shapes:
         for tiled in (False, True):
             name = f"{fmt}_{M}x{N}x{K}_{'tiled' if tiled else 'decode'}"
             man["timing"][name] = _timing_artifact(d / "timing" / name, fmt, M, N, K, caps,
                                                    tiled)
             print(f"timing {name}: {man['timing'][name]['launch']}", flush=True)
-    man["prefill"] = GC.build_prefill(d / "prefill")
+    man["prefill"] = GC.build_prefill(d / "prefill") if timing else None
     man["build_s"] = round(time.perf_counter() - t0, 1)
     with open(d / "manifest.json", "w") as f:
         json.dump(man, f, indent=1)
@@ -136,7 +155,8 @@ def check(folder: str) -> dict:
             rep["cases"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         print(name, json.dumps(rep["cases"][name]), flush=True)
     try:
-        rep["prefill"] = GC.check_prefill(d / "prefill")
+        rep["prefill"] = GC.check_prefill(d / "prefill") if man.get("prefill") else \
+            {"ok": True, "skipped": "not built"}
     except Exception as e:  # noqa: BLE001
         rep["prefill"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     print("prefill", json.dumps({k: v for k, v in rep["prefill"].items() if k != "steps"},
@@ -175,9 +195,14 @@ def main(argv=None) -> int:
     g.add_argument("--build", metavar="DIR", help="compile here (needs MLIR)")
     g.add_argument("--check", metavar="DIR", help="run on a CUDA device (no MLIR)")
     ap.add_argument("--json", help="write the check's report here")
+    ap.add_argument("--cases-only", action="store_true",
+                    help="build: the correctness cases only (no timing, no prefill)")
+    ap.add_argument("--kernels", default="wgmma,mma",
+                    help="build: the cases under these decode GEMMs (wgmma, mma, swap: wgmma "
+                    "with the descriptor's offsets exchanged)")
     a = ap.parse_args(argv)
     if a.build:
-        build(a.build)
+        build(a.build, timing=not a.cases_only, kernels=a.kernels.split(","))
         return 0
     rep = check(a.check)
     if a.json:
