@@ -86,7 +86,8 @@ def _timing_artifact(folder: Path, fmt, M, N, K, caps, tiled: bool) -> dict:
 def build(out: str, timing: bool = True, kernels=("wgmma", "mma")) -> dict:
     """Every case under each of ``kernels``: ``wgmma`` (the target's decode GEMM on sm_90a),
     ``mma`` (the mma.sync one: the target without sm_90a; names end ``_mma``), ``swap``
-    (wgmma, its descriptor's offsets exchanged: bring-up; ``_swap``); the timing artifacts
+    (wgmma, its descriptor's offsets exchanged: bring-up; ``_swap``), ``xpack`` (wgmma
+    with x packed by a first kernel at every shape; ``_xpack``); the timing artifacts
     unless not ``timing``."""
     from dataclasses import replace
 
@@ -98,18 +99,22 @@ def build(out: str, timing: bool = True, kernels=("wgmma", "mma")) -> dict:
     known = {"wgmma": ("", caps, "gemm_decode_wgmma"),
              "mma": ("_mma", replace(caps, features=caps.features - {W.FEATURE}),
                      "gemm_decode"),
-             "swap": ("_swap", caps, "gemm_decode_wgmma")}
+             "swap": ("_swap", caps, "gemm_decode_wgmma"),
+             "xpack": ("_xpack", caps, "gemm_decode_wgmma")}
     variants = [known[k] for k in kernels]
     d = Path(out)
     if d.exists():
         shutil.rmtree(d)
     man: dict = {"format": "poot-gemm-decode-check-1", "cases": {}, "timing": {}}
     t0 = time.perf_counter()
-    for suffix, vcaps, want in variants:
+    for suffix, vcaps, want_k in variants:
         W.SWAP_DESC = suffix == "_swap"
+        W.FORCE_XPACK = True if suffix == "_xpack" else None
         try:
             for i, (fmt, M, N, K, epi) in enumerate(CASES):
                 name = f"{fmt}_{M}x{N}x{K}_{epi}{suffix}"
+                # the wgmma kernel takes M >= MIN_M; fewer rows stay the mma.sync one's
+                want = want_k if M >= W.MIN_M or want_k == "gemm_decode" else "gemm_decode"
                 man["cases"][name] = GC.build_case(d / "cases" / name, fmt, M, N, K, epi,
                                                    vcaps, seed=i)
                 if set(man["cases"][name]["strategies"]) != {want}:
@@ -121,7 +126,7 @@ def build(out: str, timing: bool = True, kernels=("wgmma", "mma")) -> dict:
                                                            vcaps, seed=i)
                 print(f"case {name}: built", flush=True)
         finally:
-            W.SWAP_DESC = False
+            W.SWAP_DESC, W.FORCE_XPACK = False, None
     shapes = [(f, M, N, K) for f, N, K in SHAPES for M in MS] + [HEAD] if timing else []
     for fmt, M, N, K in shapes:
         for tiled in (False, True):
@@ -199,7 +204,7 @@ def main(argv=None) -> int:
                     help="build: the correctness cases only (no timing, no prefill)")
     ap.add_argument("--kernels", default="wgmma,mma",
                     help="build: the cases under these decode GEMMs (wgmma, mma, swap: wgmma "
-                    "with the descriptor's offsets exchanged)")
+                    "with the descriptor's offsets exchanged, xpack: wgmma with x packed)")
     a = ap.parse_args(argv)
     if a.build:
         build(a.build, timing=not a.cases_only, kernels=a.kernels.split(","))

@@ -73,8 +73,12 @@ FORCE_TILING: tuple[int, int, int, int] | None = None
 FORCE_XPACK: bool | None = None
 #: threads a block of the packing kernel (one K step of one row of x each)
 XPACK_T = 256
-#: weights from which x is packed first at Np > 64 (:func:`wgmma_tiling`)
+#: weights from which x is packed first at Np > 64, 4x that at Np <= 64 (:func:`wgmma_tiling`)
 XPACK_MIN_BYTES = 4 << 20
+#: split-K partials (S * M * N f32) may take up to the weight's bytes or this many (the
+#: mma.sync kernel's 4 MB kept SmolLM2's gate/up at M = 128 to 3 slices, 1.34x slower
+#: than 9)
+PARTIALS_BYTES = 8 << 20
 #: fewest rows of x this kernel takes: at M = 16 the mma.sync decode GEMM measured faster
 #: (1.05-1.1x on the 1B's projections; sweep above), at 64 this one
 MIN_M = 33
@@ -127,15 +131,17 @@ def wgmma_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> Wgmma
       twice the accumulators);
     - WG = 2 warpgroups a block (128 weight rows sharing x) where the weight has at least
       8 such blocks, else 1;
-    - x packed by a first kernel (:attr:`WgmmaTiling.xpack`) from Np > 64 where the weight
-      has at least :data:`XPACK_MIN_BYTES` (1.2-1.4x at M = 128 on the 1B's projections;
-      on smaller weights the extra launch costs more than it saves);
-    - U = 2 K steps a chunk (1 with packed x at Np > 64), at most x's buffer's;
+    - x packed by a first kernel (:attr:`WgmmaTiling.xpack`) where the weight has at least
+      :data:`XPACK_MIN_BYTES` at Np > 64, 4x that below (1.3-1.4x at M = 128 on the 1B's
+      projections, 1.0-1.2x at M = 64 on its 16+ MB ones; on smaller weights the extra
+      launch costs more than it saves);
+    - U = 2 K steps a chunk with x rounded a block; packed: 1 at Np > 64, else
+      :data:`MAX_U`; at most x's buffer's;
     - S split-K slices: the fewest that give the grid about two blocks a compute unit at
       Np <= 64, one above (the sweep's fastest), at most :data:`~.gemm_decode.MAX_SPLIT`, each of at least
       :data:`~.gemm_decode.MIN_BLOCK_STEPS` steps, the partials (S * M * N f32) under the
-      weight's bytes or :data:`~.gemm_decode.L2_PARTIALS`, dividing the K steps (slices of
-      whole chunks preferred); U then divides a slice's steps."""
+      weight's bytes or :data:`PARTIALS_BYTES`, dividing the K steps (slices of whole
+      chunks preferred); U then divides a slice's steps."""
     Np = -(-M // 8) * 8
     KT = K // D.KSTEP
     u_max = max(1, min(MAX_U, X_BUF_BYTES // (64 * Np)))
@@ -143,12 +149,12 @@ def wgmma_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> Wgmma
         R, WG, S, U = FORCE_TILING
         return WgmmaTiling(Np, R, WG, S, U, KT // S, bool(FORCE_XPACK))
     WG = 2 if -(-N // 128) >= 8 else 1
-    xpack = Np > 64 and weight_bytes >= XPACK_MIN_BYTES if FORCE_XPACK is None \
-        else FORCE_XPACK
-    U = min(u_max, 1 if xpack and Np > 64 else 2)
+    xpack = weight_bytes >= (XPACK_MIN_BYTES if Np > 64 else 4 * XPACK_MIN_BYTES) \
+        if FORCE_XPACK is None else FORCE_XPACK
+    U = min(u_max, (1 if Np > 64 else MAX_U) if xpack else 2)
     blocks = -(-N // (64 * WG))
     smax = max(1, min(D.MAX_SPLIT, KT // D.MIN_BLOCK_STEPS))
-    cap = min(smax, max(weight_bytes, D.L2_PARTIALS) // (4 * M * N),
+    cap = min(smax, max(weight_bytes, PARTIALS_BYTES) // (4 * M * N),
               G.MAX_SPLIT_SCRATCH // (4 * M * N))
     want = 0.95 * cores * (2 if Np <= 64 else 1)
     S = 1
