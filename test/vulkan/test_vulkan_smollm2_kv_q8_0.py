@@ -5,6 +5,7 @@ q8_0 K and V where it loads them, and greedy generation gives the CPU backend's 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -29,9 +30,13 @@ def test_greedy_smollm2_with_q8_0_kv_on_vulkan_equals_cpu(vk_device, vk_target, 
     prompt = json.loads(PROMPT.read_text())["prompt_ids"]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     tokens = {}
+    # the CPU reference is the same load as test_wgpu_smollm2_kv_q8_0's (batch 1, q8_0 KV of
+    # 64) through the run's compile cache, so CI compiles SmolLM2's CPU steps for it once
+    loads = {"cpu": dict(max_batch=1, cache_dir=os.environ.get("POOT_CACHE_DIR") or tmp_path),
+             "vulkan": dict(cache_dir=tmp_path, use_cache=False)}
     for backend in ("cpu", "vulkan"):
         handle = ModelHandle.load(smollm2_gguf(), backend=backend, kv_capacity=64,
-                                  kv_dtype="q8_0", cache_dir=tmp_path, use_cache=False)
+                                  kv_dtype="q8_0", **loads[backend])
         done = Driver(handle).complete(prompt, params)
         assert done.stats.generated_tokens == 8
         tokens[backend] = done.token_ids

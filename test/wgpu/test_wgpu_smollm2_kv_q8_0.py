@@ -7,6 +7,7 @@ tokens. Slow here (about 150 s on two shared cores: thirty layers compiled throu
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,12 @@ def test_greedy_smollm2_with_q8_0_kv_on_wgpu_equals_cpu(wg_device, tmp_path):
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     tokens = {}
     for backend in ("cpu", "wgpu"):
+        # the CPU reference through the run's compile cache: the same load as
+        # test_vulkan_smollm2_kv_q8_0's CPU reference, so CI compiles it once
+        cache = (os.environ.get("POOT_CACHE_DIR") if backend == "cpu" else None) \
+            or tmp_path / backend
         handle = ModelHandle.load(smollm2_gguf(), backend=backend, kv_capacity=64,
-                                  max_batch=1, kv_dtype="q8_0", cache_dir=tmp_path / backend)
+                                  max_batch=1, kv_dtype="q8_0", cache_dir=cache)
         done = Driver(handle).complete(prompt, params)
         assert done.stats.generated_tokens == 8
         tokens[backend] = done.token_ids
