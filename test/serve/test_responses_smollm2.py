@@ -1,5 +1,5 @@
 """``POST /v1/responses`` end to end: a real ``poot serve`` process on SmolLM2-135M-Instruct
-(CPU, ``--precision exact``) and the official ``openai`` client. ``client.responses.create``,
+(CPU, the default precision) and the official ``openai`` client. ``client.responses.create``,
 sync and streaming, gives the text of the equivalent chat completion (greedy), also with a
 ``text.format`` JSON schema (the answer then parses and follows the schema)."""
 
@@ -25,9 +25,12 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength
 
 @pytest.fixture(scope="module")
 def smol_client(cache_dir):
-    # a context that holds the generic tool format's system message (about 300 tokens)
+    # a context that holds the generic tool format's system message (about 300 tokens);
+    # the default precision and test_tools_smollm2's KV (1024, chunk 32, batch 8): its steps
+    # come from the run's compile cache when that file compiled them (every comparison here
+    # is of two answers of this one server, so the precision is not what is tested)
     p = ServeProcess("--port", "0", "--kv-capacity", "1024", "--prefill-chunk", "32",
-                     "--max-batch", "8", "--precision", "exact", "--served-model-name",
+                     "--max-batch", "8", "--served-model-name",
                      "smollm2", env={"POOT_CACHE_DIR": cache_dir})
     try:
         url = p.wait_for(r"ready: serving .* on (http://\S+) ", 900).group(1)
