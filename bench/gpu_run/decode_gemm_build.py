@@ -40,7 +40,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cap", type=int, default=512)
     ap.add_argument("--max-batch", type=int, default=128)
-    ap.add_argument("--batches", default=None, help="decode buckets (default: all to max)")
+    ap.add_argument("--batches", default=None,
+                    help="decode buckets (default: every one to max; poot bench needs every "
+                    "bucket its ragged tail reaches, so a subset suits only other runs)")
     ap.add_argument("--models", default=",".join(n for n, _, _ in MODELS),
                     help="comma-separated: " + ", ".join(n for n, _, _ in MODELS))
     ap.add_argument("--name", default="decode_gemm",

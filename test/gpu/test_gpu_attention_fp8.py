@@ -314,12 +314,15 @@ def test_traced_fp8_step_writes_and_reads_with_the_conversions(tmp_path, chip):
     with cvt.rn.satfinite.e4m3x2.f32, every paged-attention dispatch is the
     flash-decoding strategy's, and ptxas assembles the step without spills."""
     from poot.backends.cuda.artifact import cuda_target
+    from poot.backends.cuda.codegen import target_chip
     from poot.compiler import compile
     from poot.models import StepSpec
 
     model, w = _model(tmp_path)
     spec = StepSpec.decode(kv_capacity=64, block_size=16, num_blocks=9, kv_dtype=FP8, batch=2)
-    art = compile(model.trace(spec, w.types), cuda_target(sm=int(chip[3:]))).executable
+    target = cuda_target(sm=int(chip[3:]))
+    chip = target_chip(target.caps)                 # sm_90a on sm_90 (its wgmma feature)
+    art = compile(model.trace(spec, w.types), target).executable
     attn = [d for d in art.plan["dispatches"] if d["kind"] == "paged_attention"]
     assert len(attn) == model.dims().n_layers
     for d in attn:

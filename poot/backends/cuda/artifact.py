@@ -72,7 +72,9 @@ def cuda_target(subgroup_size: int = 32, max_shared_bytes: int = 48 * 1024, core
     GEMM uses its warpgroup MMA (:mod:`~poot.backends.gpu.strategies.gemm_decode_wgmma`)."""
     # lazy: this file also loads alone, without the poot package (devcheck on a GPU machine)
     from poot import settings
+    # lazy: this file also loads alone, without the poot package (devcheck on a GPU machine)
     from poot.compiler.target import Capabilities, Target
+    # lazy: this file also loads alone, without the poot package (devcheck on a GPU machine)
     from poot.dialects.quant import GGML_NAMES
 
     wgmma = sm == 90 and settings.get_flag("POOT_CUDA_WGMMA")
