@@ -20,6 +20,18 @@ MSG = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
 
+# httpx's default 5 s read timeout is shorter than a model step on a loaded 2-core CI machine
+# (the n = 8 request timed out there): every round trip here may take up to a minute.
+TIMEOUT = httpx.Timeout(60.0)
+
+
+def post(url, **kw):
+    return httpx.post(url, **{"timeout": TIMEOUT, **kw})
+
+
+def get(url, **kw):
+    return httpx.get(url, **{"timeout": TIMEOUT, **kw})
+
 
 def check_error(r: httpx.Response, status: int, param: str | None = "?") -> dict:
     """``r`` is an OpenAI-shaped error with ``status`` (and ``param`` unless "?")."""
@@ -131,7 +143,7 @@ BAD = [
                          ids=[f"{i}-{r.rsplit('/', 1)[-1]}-{p}" for i, (r, _, _, p) in
                               enumerate(BAD)])
 def test_bad_bodies(server, route, body, status, param):
-    r = httpx.post(server.url + route, content=json.dumps(body, allow_nan=True),
+    r = post(server.url + route, content=json.dumps(body, allow_nan=True),
                    headers={"content-type": "application/json"})
     check_error(r, status, param)
 
@@ -144,7 +156,7 @@ def test_bad_bodies(server, route, body, status, param):
     (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}', "text/plain"),
 ])
 def test_bodies_that_are_not_json_objects(server, raw, ctype):
-    r = httpx.post(server.url + CHAT, content=raw, headers={"content-type": ctype})
+    r = post(server.url + CHAT, content=raw, headers={"content-type": ctype})
     check_error(r, 400)
 
 
@@ -155,21 +167,21 @@ def test_bodies_that_are_not_json_objects(server, raw, ctype):
 ])
 def test_null_means_the_default(server, route, body):
     """OpenAI's clients send ``null`` for a parameter left unset: it is the default."""
-    r = httpx.post(server.url + route, json=body, timeout=60)
+    r = post(server.url + route, json=body)
     assert r.status_code == 200, r.text
     if route != "/tokenize":
         assert len(r.json()["choices"]) == 1
 
 
 def test_not_found_and_method(server):
-    check_error(httpx.get(server.url + "/v1/nothing"), 404, None)
-    check_error(httpx.post(server.url + "/v2/chat/completions", json=chat()), 404, None)
-    check_error(httpx.get(server.url + CHAT), 405, None)
-    check_error(httpx.get(server.url + "/v1/models/gpt-4"), 404, "model")
+    check_error(get(server.url + "/v1/nothing"), 404, None)
+    check_error(post(server.url + "/v2/chat/completions", json=chat()), 404, None)
+    check_error(get(server.url + CHAT), 405, None)
+    check_error(get(server.url + "/v1/models/gpt-4"), 404, "model")
 
 
 def test_context_overflow_says_both_numbers(server, tiny):
-    r = httpx.post(server.url + CHAT, json=chat(max_tokens=500))
+    r = post(server.url + CHAT, json=chat(max_tokens=500))
     err = check_error(r, 400, "max_tokens")
     n = len(tiny.encode(MSG))
     assert err["code"] == "context_length_exceeded"
@@ -179,13 +191,13 @@ def test_context_overflow_says_both_numbers(server, tiny):
 
 def test_api_key(tiny):
     with running(tiny, ServeConfig(served_model_name="tiny", api_key="sekret")) as srv:
-        check_error(httpx.post(srv.url + CHAT, json=chat(max_tokens=2)), 401, None)
-        check_error(httpx.post(srv.url + CHAT, json=chat(max_tokens=2),
+        check_error(post(srv.url + CHAT, json=chat(max_tokens=2)), 401, None)
+        check_error(post(srv.url + CHAT, json=chat(max_tokens=2),
                                headers={"authorization": "Bearer wrong"}), 401, None)
-        check_error(httpx.get(srv.url + "/v1/models",
+        check_error(get(srv.url + "/v1/models",
                               headers={"authorization": "Basic sekret"}), 401, None)
-        check_error(httpx.get(srv.url + "/metrics"), 401, None)
-        assert httpx.get(srv.url + "/health").status_code == 200
+        check_error(get(srv.url + "/metrics"), 401, None)
+        assert get(srv.url + "/health").status_code == 200
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             c.models.list()
@@ -196,16 +208,16 @@ def test_api_key(tiny):
 def test_body_too_large(tiny):
     with running(tiny, ServeConfig(served_model_name="tiny", max_body_bytes=2000)) as srv:
         big = chat(messages=[{"role": "user", "content": "x" * 5000}])
-        check_error(httpx.post(srv.url + CHAT, json=big), 413, None)
+        check_error(post(srv.url + CHAT, json=big), 413, None)
 
         def chunks():                       # no Content-Length: counted as it streams in
             data = json.dumps(big).encode()
             for i in range(0, len(data), 512):
                 yield data[i:i + 512]
 
-        check_error(httpx.post(srv.url + CHAT, content=chunks(),
+        check_error(post(srv.url + CHAT, content=chunks(),
                                headers={"content-type": "application/json"}), 413, None)
-        assert httpx.post(srv.url + CHAT, json=chat(max_tokens=2)).status_code == 200
+        assert post(srv.url + CHAT, json=chat(max_tokens=2)).status_code == 200
 
 
 def _in_background(fn):
@@ -222,13 +234,13 @@ def test_queue_full_429_then_served(tiny, gate):
     cfg = ServeConfig(served_model_name="tiny", max_queue=0)
     with running(tiny, cfg) as srv:
         gate.close()
-        t, out = _in_background(lambda: httpx.post(srv.url + CHAT, json=chat(
-            n=8, max_tokens=3), timeout=60))
+        t, out = _in_background(lambda: post(srv.url + CHAT, json=chat(
+            n=8, max_tokens=3)))
         end = time.monotonic() + 30
         while srv.state.aengine.inflight < 8 and time.monotonic() < end:
             time.sleep(0.01)
         assert srv.state.aengine.inflight == 8
-        r = httpx.post(srv.url + CHAT, json=chat(max_tokens=2))
+        r = post(srv.url + CHAT, json=chat(max_tokens=2))
         err = check_error(r, 429, None)
         assert err["code"] == "queue_full" and r.headers["retry-after"] == "1"
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
@@ -237,22 +249,21 @@ def test_queue_full_429_then_served(tiny, gate):
         gate.open()
         t.join(60)
         assert out["r"].status_code == 200 and len(out["r"].json()["choices"]) == 8
-        assert httpx.post(srv.url + CHAT, json=chat(max_tokens=2)).status_code == 200
+        assert post(srv.url + CHAT, json=chat(max_tokens=2)).status_code == 200
 
 
 def test_concurrency_limit_503(tiny, gate):
     cfg = ServeConfig(served_model_name="tiny", max_concurrent=1)
     with running(tiny, cfg) as srv:
         gate.close()
-        t, out = _in_background(lambda: httpx.post(srv.url + CHAT, json=chat(max_tokens=2),
-                                                   timeout=60))
+        t, out = _in_background(lambda: post(srv.url + CHAT, json=chat(max_tokens=2)))
         end = time.monotonic() + 30
         while srv.state.active < 1 and time.monotonic() < end:
             time.sleep(0.01)
-        r = httpx.post(srv.url + COMP, json=comp(max_tokens=2))
+        r = post(srv.url + COMP, json=comp(max_tokens=2))
         err = check_error(r, 503, None)
         assert err["code"] == "server_busy" and "retry-after" in r.headers
-        assert httpx.get(srv.url + "/health").status_code == 200     # never limited
+        assert get(srv.url + "/health").status_code == 200     # never limited
         gate.open()
         t.join(60)
         assert out["r"].status_code == 200
@@ -262,10 +273,10 @@ def test_request_timeout_504(tiny, gate):
     cfg = ServeConfig(served_model_name="tiny", request_timeout_s=0.3, poll_s=0.05)
     with running(tiny, cfg) as srv:
         gate.close()
-        r = httpx.post(srv.url + CHAT, json=chat(max_tokens=2), timeout=60)
+        r = post(srv.url + CHAT, json=chat(max_tokens=2))
         err = check_error(r, 504, None)
         assert err["code"] == "request_timeout"
-        s = httpx.post(srv.url + CHAT, json=chat(max_tokens=2, stream=True), timeout=60)
+        s = post(srv.url + CHAT, json=chat(max_tokens=2, stream=True))
         assert s.status_code == 200
         events = s.text.strip().split("\n\n")
         assert events[-1] == "data: [DONE]"
@@ -285,16 +296,16 @@ def test_loading_503_then_ready(tiny):
         return tiny
 
     with running(None, loader=loader) as srv:
-        h = httpx.get(srv.url + "/health")
+        h = get(srv.url + "/health")
         assert h.status_code == 503 and h.json()["status"] == "loading"
-        r = httpx.post(srv.url + CHAT, json=chat(max_tokens=2))
+        r = post(srv.url + CHAT, json=chat(max_tokens=2))
         err = check_error(r, 503, None)
         assert err["code"] == "model_loading" and "retry-after" in r.headers
         release.set()
         end = time.monotonic() + 30
-        while httpx.get(srv.url + "/health").status_code != 200 and time.monotonic() < end:
+        while get(srv.url + "/health").status_code != 200 and time.monotonic() < end:
             time.sleep(0.02)
-        assert httpx.post(srv.url + CHAT, json=chat(max_tokens=2)).status_code == 200
+        assert post(srv.url + CHAT, json=chat(max_tokens=2)).status_code == 200
 
 
 def test_load_failure_reported(tmp_path):
@@ -305,10 +316,10 @@ def test_load_failure_reported(tmp_path):
         end = time.monotonic() + 30
         while srv.state.status == "loading" and time.monotonic() < end:
             time.sleep(0.01)
-        h = httpx.get(srv.url + "/health")
+        h = get(srv.url + "/health")
         assert h.status_code == 503 and h.json()["status"] == "failed"
         assert "no such model" in h.json()["error"]
-        check_error(httpx.post(srv.url + CHAT, json=chat()), 503, None)
+        check_error(post(srv.url + CHAT, json=chat()), 503, None)
 
 
 def test_engine_fault_500_then_unhealthy(tiny_path, cache_dir):
@@ -324,21 +335,21 @@ def test_engine_fault_500_then_unhealthy(tiny_path, cache_dir):
 
     h.runner.submit_decode = broken
     with running(h) as srv:
-        r = httpx.post(srv.url + CHAT, json=chat(max_tokens=4), timeout=60)
+        r = post(srv.url + CHAT, json=chat(max_tokens=4))
         err = check_error(r, 500, None)
         assert err["type"] == "server_error" and "injected device failure" in err["message"]
-        health = httpx.get(srv.url + "/health")
+        health = get(srv.url + "/health")
         assert health.status_code == 503 and health.json()["status"] == "unhealthy"
-        err = check_error(httpx.post(srv.url + CHAT, json=chat(max_tokens=4)), 503, None)
+        err = check_error(post(srv.url + CHAT, json=chat(max_tokens=4)), 503, None)
         assert err["code"] == "engine_unhealthy"
-        assert httpx.post(srv.url + "/tokenize", json={"prompt": "hi"}).status_code == 200
-        assert "poot_engine_healthy 0.0" in httpx.get(srv.url + "/metrics").text
+        assert post(srv.url + "/tokenize", json={"prompt": "hi"}).status_code == 200
+        assert "poot_engine_healthy 0.0" in get(srv.url + "/metrics").text
 
 
 def test_n_beyond_what_the_server_holds_is_400(tiny):
     """A request needing more sequences than running + queue can ever hold is a 400 (a 429
     would promise a retry that can never succeed)."""
     with running(tiny, ServeConfig(served_model_name="tiny", max_queue=0)) as srv:
-        err = check_error(httpx.post(srv.url + CHAT, json=chat(n=9, max_tokens=2)), 400, "n")
+        err = check_error(post(srv.url + CHAT, json=chat(n=9, max_tokens=2)), 400, "n")
         assert "at most 8" in err["message"]
-        assert httpx.post(srv.url + CHAT, json=chat(n=8, max_tokens=2)).status_code == 200
+        assert post(srv.url + CHAT, json=chat(n=8, max_tokens=2)).status_code == 200
