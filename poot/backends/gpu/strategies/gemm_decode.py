@@ -372,8 +372,13 @@ class _DecodeKernel(G._GemmKernel):
                 for r in range(4)]
 
     # -- the kernel
-    def kernel(self) -> tuple[str, list[list], list]:
-        m, e, fn, d = self.m, self.e, self.fn, self.d
+    def _lane_setup(self) -> tuple[str, str]:
+        """The prologue both decode kernels start with: the scalar emitter over the
+        function's arguments (:attr:`se`), then the thread's id :attr:`tid`, its warp
+        (``tid / 32``) and lane :attr:`lane` (``tid % 32``), ``g = lane >> 2``, ``t = lane &
+        3`` (:attr:`t1`) and ``8 t`` (:attr:`t8`), and the block's first column :attr:`n0`
+        (``block_id.x * BN``). Returns ``(warp, g)``."""
+        e, fn = self.e, self.fn
         nargs = len(fn.regions[0].blocks[0].arguments)
         self.cur_acc = None
         self.se = ArgsSeenEmitter(fn, e.k, [f"%e{i}" for i in range(nargs)],
@@ -384,7 +389,12 @@ class _DecodeKernel(G._GemmKernel):
         g = e.op(f"arith.shrui {lane}, {self.c(2)} : index")
         self.t1 = e.op(f"arith.andi {lane}, {self.c(3)} : index")
         self.t8 = self.mul(self.t1, 8)
-        self.n0 = self.mul(e.op("gpu.block_id x"), d.BN)
+        self.n0 = self.mul(e.op("gpu.block_id x"), self.d.BN)
+        return warp, g
+
+    def kernel(self) -> tuple[str, list[list], list]:
+        m, e, d = self.m, self.e, self.d
+        warp, g = self._lane_setup()
         wcol = self.mul(warp, 8 * d.NT)
         nrows = [self.minu(self.add(self.add(self.add(self.n0, wcol), 8 * j), g), m.N - 1)
                  for j in range(d.NT)]
@@ -434,15 +444,19 @@ class _DecodeKernel(G._GemmKernel):
                     accs[i] = [self.mma(A, B[j][q], accs[i][j]) for j in range(d.NT)]
         return accs
 
-    def _k_loop(self, nrows: list) -> list:
-        """The block's C chunks of U K steps, software-pipelined one chunk deep: chunk 0's
-        x fragments go to workgroup buffer 0 and its weight loads are issued before the
-        loop; iteration ``c`` (of C - 1) issues chunk ``c + 1``'s weight loads and x loads,
-        runs chunk ``c``'s mma's (weights carried in registers from the iteration before,
-        x fragments from buffer ``c & 1``), stores chunk ``c + 1``'s fragments into the
-        other buffer, then one barrier; the last chunk's mma's follow the loop, then one
-        more barrier before the stores. So a chunk's weight loads are in flight during the
-        previous chunk's mma's. Returns the accumulators ``[i][j]`` (4 f32 names each)."""
+    def _pipelined_chunks(self, nrows: list, na: int, body) -> tuple[list, list, str]:
+        """The k loop of both decode kernels over the block's C = ``per_block / U`` chunks,
+        software-pipelined one chunk deep, up to the last chunk's mma's (the caller's).
+        Emits: chunk 0's x into workgroup buffer 0, a barrier, chunk 0's weight loads
+        (:meth:`load_chunk_weights` of rows ``nrows``); where C > 1, an ``scf.for`` over
+        ``c`` = 0 .. C - 2 whose iter_args are ``na`` f32 accumulators (zero at first) and
+        the weight values of chunk ``c``. Each iteration issues chunk ``c + 1``'s weight
+        loads, then ``body(accs, raw, cur, nxt, kn)`` emits the rest: chunk ``c``'s mma's
+        (accumulators ``accs``, weight values ``raw``, x from buffer ``cur`` = ``c & 1``)
+        and chunk ``kn`` = ``c + 1``'s x into buffer ``nxt``; it returns the new
+        accumulators, yielded with the next weights. Accumulators are flat lists of f32
+        names. Returns ``(accs, raw, buf)``: the accumulators and the last chunk's weight
+        values after the loop, and the last chunk's x buffer (``(C - 1) & 1``)."""
         d, e = self.d, self.e
         C = d.per_block // d.U
         zero = self.c(0.0, "f32")
@@ -450,40 +464,54 @@ class _DecodeKernel(G._GemmKernel):
             self.store_chunk_frags(self.load_chunk(self.c(0)), self.c(0))
         e.raw("gpu.barrier")
         raw = self.load_chunk_weights(self.c(0), nrows)
-        accs = [[[zero] * 4 for _ in range(d.NT)] for _ in range(d.MT)]
+        accs = [zero] * na
         if C > 1:
-            rtypes = self.raw_types() * (d.U * d.NT)
-            na = d.MT * d.NT * 4
+            rtypes = self.raw_types() * (d.U * len(nrows))
             names = [e.name() for _ in range(na + len(raw))]
             res = e.name()
             types = ", ".join(["f32"] * na + rtypes)
-            inits = [a for r in accs for c in r for a in c] + raw
+            inits = accs + raw
             e.raw(f"{res}:{len(names)} = scf.for %kc = {self.c(0)} to {self.c(C - 1)} "
                   f"step {self.c(1)} iter_args("
                   f"{', '.join(f'{n} = {v}' for n, v in zip(names, inits))}) -> ({types}) {{")
             with self.se.scope():
-                it = iter(names[:na])
-                accs = [[[next(it) for _ in range(4)] for _ in range(d.NT)]
-                        for _ in range(d.MT)]
                 cur = self.op(f"arith.andi %kc, {self.c(1)} : index")
                 nxt = self.op(f"arith.xori {cur}, {self.c(1)} : index")
                 kn = self.add("%kc", 1)
                 raw_next = self.load_chunk_weights(kn, nrows)
-                if ABLATE in ("no_x", "stream"):
-                    accs = self.chunk_mma(accs, names[na:], self.c(0))
-                else:
-                    xraw = self.load_chunk(kn)
-                    accs = self.chunk_mma(accs, names[na:], cur)
-                    self.store_chunk_frags(xraw, nxt)
-                    e.raw("gpu.barrier")
-                flat = [a for r in accs for c in r for a in c]
-                e.raw(f"scf.yield {', '.join(flat + raw_next)} : {types}")
+                accs = body(names[:na], names[na:], cur, nxt, kn)
+                e.raw(f"scf.yield {', '.join(accs + raw_next)} : {types}")
             e.raw("}")
             out = [f"{res}#{i}" for i in range(len(names))]
-            it = iter(out[:na])
-            accs = [[[next(it) for _ in range(4)] for _ in range(d.NT)] for _ in range(d.MT)]
-            raw = out[na:]
-        accs = self.chunk_mma(accs, raw, self.c((C - 1) & 1))
+            accs, raw = out[:na], out[na:]
+        return accs, raw, self.c((C - 1) & 1)
+
+    def _k_loop(self, nrows: list) -> list:
+        """The block's C chunks of U K steps (:meth:`_pipelined_chunks`): chunk 0's x
+        fragments go to workgroup buffer 0 and its weight loads are issued before the loop;
+        iteration ``c`` (of C - 1) issues chunk ``c + 1``'s weight loads and x loads, runs
+        chunk ``c``'s mma's (weights carried in registers from the iteration before, x
+        fragments from buffer ``c & 1``), stores chunk ``c + 1``'s fragments into the other
+        buffer, then one barrier; the last chunk's mma's follow the loop, then one more
+        barrier before the stores. So a chunk's weight loads are in flight during the
+        previous chunk's mma's. Returns the accumulators ``[i][j]`` (4 f32 names each)."""
+        d, e = self.d, self.e
+
+        def nest(flat: list) -> list:
+            it = iter(flat)
+            return [[[next(it) for _ in range(4)] for _ in range(d.NT)] for _ in range(d.MT)]
+
+        def body(accs, raw, cur, nxt, kn):
+            if ABLATE in ("no_x", "stream"):
+                accs = self.chunk_mma(nest(accs), raw, self.c(0))
+            else:
+                xraw = self.load_chunk(kn)
+                accs = self.chunk_mma(nest(accs), raw, cur)
+                self.store_chunk_frags(xraw, nxt)
+                e.raw("gpu.barrier")
+            return [a for r in accs for c in r for a in c]
+        accs, raw, last = self._pipelined_chunks(nrows, d.MT * d.NT * 4, body)
+        accs = self.chunk_mma(nest(accs), raw, last)
         # one barrier before the stores: without it ptxas interleaves the first tiles'
         # stores with the last mma's, 5-17 % slower on SmolLM2's one-chunk slices (H100)
         e.raw("gpu.barrier")

@@ -352,61 +352,30 @@ class _WgmmaKernel(D._DecodeKernel):
         return [[self.pin(v, "f32") for v in acc] for acc in accs]
 
     def _k_loop(self, nrows: list) -> list:
-        """The block's C chunks, software-pipelined one chunk deep as
-        :meth:`.gemm_decode._DecodeKernel._k_loop`; iteration ``c`` issues chunk ``c + 1``'s
-        weight and x loads, chunk ``c``'s wgmma's, stores chunk ``c + 1``'s x into the other
-        buffer while they run, waits for them, then one barrier. Returns the accumulators
-        ``[r]`` (Np / 2 f32 names each)."""
-        d, e = self.d, self.e
-        C = d.per_block // d.U
-        zero = self.c(0.0, "f32")
-        with self.se.scope():
-            self.store_chunk_frags(self.load_chunk(self.c(0)), self.c(0))
-        e.raw("gpu.barrier")
-        raw = self.load_chunk_weights(self.c(0), nrows)
+        """The block's C chunks, software-pipelined one chunk deep
+        (:meth:`.gemm_decode._DecodeKernel._pipelined_chunks`); iteration ``c`` issues chunk
+        ``c + 1``'s weight and x loads, chunk ``c``'s wgmma's, stores chunk ``c + 1``'s x into
+        the other buffer while they run, waits for them, then one barrier. Returns the
+        accumulators ``[r]`` (Np / 2 f32 names each)."""
+        d = self.d
         na = d.Np // 2
-        accs = [[zero] * na for _ in range(d.R)]
-        if C > 1:
-            rtypes = self.raw_types() * (d.U * len(nrows))
-            names = [e.name() for _ in range(d.R * na + len(raw))]
-            res = e.name()
-            types = ", ".join(["f32"] * (d.R * na) + rtypes)
-            inits = [a for acc in accs for a in acc] + raw
-            e.raw(f"{res}:{len(names)} = scf.for %kc = {self.c(0)} to {self.c(C - 1)} "
-                  f"step {self.c(1)} iter_args("
-                  f"{', '.join(f'{n} = {v}' for n, v in zip(names, inits))}) -> ({types}) {{")
-            with self.se.scope():
-                accs = [names[r * na:(r + 1) * na] for r in range(d.R)]
-                cur = self.op(f"arith.andi %kc, {self.c(1)} : index")
-                nxt = self.op(f"arith.xori {cur}, {self.c(1)} : index")
-                kn = self.add("%kc", 1)
-                raw_next = self.load_chunk_weights(kn, nrows)
-                xraw = self.load_chunk(kn)
-                accs = self.chunk_mma(accs, names[d.R * na:], cur)
-                self.store_chunk_frags(xraw, nxt)
-                accs = self.wait(accs)
-                e.raw("gpu.barrier")
-                flat = [a for acc in accs for a in acc]
-                e.raw(f"scf.yield {', '.join(flat + raw_next)} : {types}")
-            e.raw("}")
-            out = [f"{res}#{i}" for i in range(len(names))]
-            accs = [out[r * na:(r + 1) * na] for r in range(d.R)]
-            raw = out[d.R * na:]
-        return self.wait(self.chunk_mma(accs, raw, self.c((C - 1) & 1)))
+
+        def rows(flat: list) -> list:
+            return [flat[r * na:(r + 1) * na] for r in range(d.R)]
+
+        def body(accs, raw, cur, nxt, kn):
+            xraw = self.load_chunk(kn)
+            accs = self.chunk_mma(rows(accs), raw, cur)
+            self.store_chunk_frags(xraw, nxt)
+            accs = self.wait(accs)
+            self.e.raw("gpu.barrier")
+            return [a for acc in accs for a in acc]
+        accs, raw, last = self._pipelined_chunks(nrows, d.R * na, body)
+        return self.wait(self.chunk_mma(rows(accs), raw, last))
 
     def kernel(self) -> tuple[str, list[list], list]:
-        m, e, fn, d = self.m, self.e, self.fn, self.d
-        nargs = len(fn.regions[0].blocks[0].arguments)
-        self.cur_acc = None
-        self.se = ArgsSeenEmitter(fn, e.k, [f"%e{i}" for i in range(nargs)],
-                                  provide=self._provide)
-        self.tid = tid = e.op("gpu.thread_id x")
-        warp = e.op(f"arith.divui {tid}, {self.c(32)} : index")
-        self.lane = lane = e.op(f"arith.remui {tid}, {self.c(32)} : index")
-        g = e.op(f"arith.shrui {lane}, {self.c(2)} : index")
-        self.t1 = e.op(f"arith.andi {lane}, {self.c(3)} : index")
-        self.t8 = self.mul(self.t1, 8)
-        self.n0 = self.mul(e.op("gpu.block_id x"), d.BN)
+        m, e, d = self.m, self.e, self.d
+        warp, g = self._lane_setup()
         # the lane's first row: warpgroup warp // 4 owns R tiles of 64 rows, its warp
         # warp % 4 rows 16 (warp % 4) .. of each
         wg = self.op(f"arith.shrui {warp}, {self.c(2)} : index")
