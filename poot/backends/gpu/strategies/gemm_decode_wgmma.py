@@ -65,7 +65,10 @@ MAX_U = 4
 LBO, SBO = 128, 256
 #: accumulators a thread may keep (R row tiles x N / 2)
 MAX_ACCS = 64
-#: device bring-up: the descriptor's two offsets exchanged (the layout unchanged)
+#: check hook, never set by product code: :func:`b_descriptor` exchanges its two byte
+#: offsets (the staged layout unchanged), so that a device check (the ``swap`` variant of
+#: bench/gpu_run/gemm_decode_check.py and decode_gemm_sweep.py) can show the fields matter;
+#: those scripts set it around building a case and restore it
 SWAP_DESC = False
 #: benchmarks: ``(R, WG, S, U)`` to use instead of :func:`wgmma_tiling`'s
 FORCE_TILING: tuple[int, int, int, int] | None = None
