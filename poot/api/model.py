@@ -223,6 +223,7 @@ class ModelHandle:
             runner.lora = LoraManager(lora_table, _lora_upload(runner))
         cfg = opts.engine_config or EngineConfig(max_batch=max_batch,
                                                  prefix_caching=opts.prefix_caching,
+                                                 max_decode_stall=opts.max_decode_stall,
                                                  speculative=opts.speculative)
         draft = open_draft(parse_speculative(cfg.speculative), runner, tokenizer, steps,
                            kv_dtype, report)
@@ -260,6 +261,8 @@ class ModelHandle:
             runner.warm_up(batches, () if runner.deferred else warm_samplers)
             if self.engine.draft is not None:       # its greedy steps of the same batches
                 self.engine.draft.warm_up(batches)
+            if self.engine.config.max_decode_stall is not None:
+                runner.measure_ragged_costs()
         except BaseException:
             if ahead is not None:
                 ahead.close(False)

@@ -82,8 +82,12 @@ class LoadOptions:
             ``progress(msg)`` sees the phases only).
         before_compile: ``before_compile(handle)`` runs once the model, tokenizer and KV pool
             are known, before any step is traced or compiled.
-        engine_config: the engine's settings (None: ``max_batch``, ``prefix_caching`` and
-            ``speculative``).
+        engine_config: the engine's settings (None: ``max_batch``, ``prefix_caching``,
+            ``max_decode_stall`` and ``speculative``).
+        max_decode_stall: :attr:`EngineConfig.max_decode_stall
+            <poot.engine.scheduler.EngineConfig>` (None: off); when set, the warm-up ends by
+            timing the ragged steps it loaded
+            (:meth:`~poot.engine.runner.ModelRunner.measure_ragged_costs`).
     Speculative decoding:
         speculative: ``"ngram[:k]"``, ``"draft:PATH[:k]"`` or a
             :class:`~poot.engine.spec.SpeculativeConfig` (None: off; :mod:`poot.engine.spec`);
@@ -118,6 +122,7 @@ class LoadOptions:
     max_lora_rank: int = 16
     loras: Mapping[str, str | os.PathLike] | None = None
     pipeline_parallel: int = 1
+    max_decode_stall: float | None = None
     speculative: Any = None
 
 

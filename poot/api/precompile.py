@@ -36,7 +36,8 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                   max_loras: int = 0, max_lora_rank: int = 16,
                   device_caps: Mapping[str, Any] | None = None,
                   progress: Callable[[str], None] | None = None,
-                  pipeline_parallel: int = 1) -> dict[str, Any]:
+                  pipeline_parallel: int = 1, stall_bounded: bool = False
+                  ) -> dict[str, Any]:
     """Fill the compile cache with the steps ``ModelHandle.load(path, backend, ...)`` and
     generation use, without opening a device: the ragged steps an engine with the default
     prompt budget, or ``max_prefill_tokens`` a step while sequences decode, runs
@@ -48,7 +49,9 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     device's ``capabilities()`` as read where it runs (``poot devices --json``); without it
     such a backend is refused here. What ``poot compile`` runs before the cache is carried to
     a machine without MLIR. ``pipeline_parallel`` N > 1: the model steps as N pipeline
-    stages (what ``ModelHandle.load(..., pipeline_parallel=N)`` loads). Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
+    stages (what ``ModelHandle.load(..., pipeline_parallel=N)`` loads). ``stall_bounded``:
+    also the ragged step an engine with a decode-stall bound adds
+    (:func:`~poot.engine.runner.mixed_ragged_buckets`; ``poot serve`` has one). Returns ``{"cache_dir", "backend", "kv_capacity", "steps": {name:
     {"step_key", "program", "seconds", "hit"}}}`` (``hit``: found in the cache, compiled
     before or by a :mod:`~poot.api.compile_ahead` worker meanwhile)."""
     report = as_callback(progress)
@@ -84,7 +87,8 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
     jobs = []
     chunk = max(1, min(prefill_chunk, kv.max_model_len))
     for t in ragged_token_buckets(chunk, max_batch, max_prefill_tokens,
-                                  max_model_len=kv.max_model_len):
+                                  max_model_len=kv.max_model_len,
+                                  stall_bounded=stall_bounded):
         jobs.append((f"ragged[T={t}]", model, weights.types,
                      step_spec(kv, "ragged", t, logit_rows=max_batch)))
         rows = min(t, max_batch)

@@ -168,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
                             cache_dir=args.cache_dir, random_weights=random_dtype,
                             seed=args.seed, compile_options=compile_options(args),
                             device_caps=device_caps, progress=report,
-                            pipeline_parallel=args.pipeline_parallel or 1)
+                            pipeline_parallel=args.pipeline_parallel or 1,
+                            stall_bounded=args.serve)
     out["cache_bytes"] = cache_bytes(out["cache_dir"])
     print(json.dumps(out))
     return 0

@@ -178,6 +178,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config or EngineConfig(max_batch=runner.max_batch)
         runner.ragged = self.config.ragged
+        runner.stall_bounded = self.config.max_decode_stall is not None
         if self.config.max_batch > runner.max_batch:
             raise EngineError(f"max_batch {self.config.max_batch} exceeds the runner's "
                               f"largest bucket {runner.max_batch}")
@@ -186,6 +187,11 @@ class LLMEngine:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise EngineError(f"{name} must be a positive integer, not {value!r}")
+        stall = self.config.max_decode_stall
+        if stall is not None and (isinstance(stall, bool) or not isinstance(stall, (int, float))
+                                  or not stall > 1.0):
+            raise EngineError(f"max_decode_stall must be a number > 1 (a multiple of a decode "
+                              f"step's time), not {stall!r}")
         self.model_context = model_context
         kv = runner.kv
         self.blocks = BlockManager(kv.num_blocks, kv.block_size, self.config.prefix_caching)

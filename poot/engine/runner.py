@@ -8,7 +8,8 @@ cache) the first time it is needed:
   outputs="hidden")``, one chunk of T prompt tokens of one sequence (padding rows write
   nothing: slot -1). No LM head runs: the last prompt token goes through decode.
 * **ragged** per token bucket T (:meth:`ModelRunner.ragged_bucket`: ``prefill_chunk * 2**k``,
-  and below the chunk the :func:`mixed_ragged_bucket` of twice the largest decode batch):
+  and below the chunk the :func:`mixed_ragged_buckets` of 1.5 and 2 times the largest
+  decode batch):
   ``StepSpec.ragged(T, logit_rows=min(T, max_batch))``, a decode-shaped step whose T rows
   are tokens of several sequences (decode rows and prompt chunks, each row with its
   position and its sequence's block table), logits ``[S, 1, V]`` of the rows named by its
@@ -83,33 +84,42 @@ def decode_buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(out + [max_batch])
 
 
-def mixed_ragged_bucket(prefill_chunk: int, max_batch: int) -> int | None:
-    """The ragged bucket below ``prefill_chunk``: ``2 * max_batch`` rows rounded up to a power
-    of two, where that is smaller than the chunk (None otherwise, and for ``max_batch`` 1).
+def mixed_ragged_buckets(prefill_chunk: int, max_batch: int, stall_bounded: bool = False
+                         ) -> tuple[int, ...]:
+    """The ragged buckets below ``prefill_chunk``, ascending: ``2 * max_batch`` rows rounded
+    up to a power of two and, when ``stall_bounded``, ``1.5 * max_batch`` rows rounded up to
+    a multiple of 4; each kept where it is smaller than the chunk (none for ``max_batch`` 1).
 
-    A step that decodes a full batch and computes no more prompt tokens than it decodes
-    rows runs on it instead of padding to a whole chunk. That is the usual step of a server
-    under load: an arrival whose prompt the prefix cache mostly holds (chat turns after a
-    shared system prompt) has a few tokens left to compute, and on a device whose step cost
-    grows with its rows (the CPU) a chunk-sized step costs the decoding sequences a multiple
-    of their step time (SmolLM2 Q4_1, 2-core Xeon, max batch 8, 16 streaming chat clients:
-    inter-token latency p99 / p50 2.8 -> 2.2, output tok/s 1.1x,
-    ``bench/results/ragged_step.md``)."""
+    A step that decodes a full batch and computes a few prompt tokens runs on one of them
+    instead of padding to a whole chunk. That is the usual step of a server under load: an
+    arrival whose prompt the prefix cache mostly holds (chat turns after a shared system
+    prompt) has a few tokens left to compute, and on a device whose step cost grows with its
+    rows (the CPU) a chunk-sized step costs the decoding sequences a multiple of their step
+    time (SmolLM2 Q4_1, 2-core Xeon, max batch 8, 16 streaming chat clients: inter-token
+    latency p99 / p50 2.8 -> 2.2 with the 16-row bucket, ``bench/results/ragged_step.md``).
+    The 1.5x bucket is what a decode-stall bound (:attr:`EngineConfig.max_decode_stall
+    <poot.engine.scheduler.EngineConfig>`, ``stall_bounded``) runs such a step on: 8 decode
+    rows cost 12 ms there, 16 rows 20.5 ms, 12 rows 16 ms. Without a bound it is not
+    compiled (one more step to compile at a cold start)."""
     if max_batch < 2:
-        return None
-    t = 1
-    while t < 2 * max_batch:
-        t *= 2
-    return t if t < prefill_chunk else None
+        return ()
+    pow2 = 1
+    while pow2 < 2 * max_batch:
+        pow2 *= 2
+    sizes = {pow2}
+    if stall_bounded:
+        sizes.add(-(-(max_batch + -(-max_batch // 2)) // 4) * 4)
+    return tuple(t for t in sorted(sizes) if t < prefill_chunk)
 
 
-def ragged_ladder(prefill_chunk: int, max_batch: int, n: int) -> int:
-    """The token rows of the ragged entry a step of ``n`` token rows runs on: the
-    :func:`mixed_ragged_bucket` where it holds them, else the smallest
+def ragged_ladder(prefill_chunk: int, max_batch: int, n: int, stall_bounded: bool = False
+                  ) -> int:
+    """The token rows of the ragged entry a step of ``n`` token rows runs on: the smallest
+    of the :func:`mixed_ragged_buckets` that holds them, else the smallest
     ``prefill_chunk * 2**k`` that does."""
-    mixed = mixed_ragged_bucket(prefill_chunk, max_batch)
-    if mixed is not None and n <= mixed:
-        return mixed
+    for t in mixed_ragged_buckets(prefill_chunk, max_batch, stall_bounded):
+        if n <= t:
+            return t
     t = prefill_chunk
     while t < n:
         t *= 2
@@ -119,10 +129,11 @@ def ragged_ladder(prefill_chunk: int, max_batch: int, n: int) -> int:
 def ragged_token_buckets(prefill_chunk: int, max_batch: int,
                          max_prefill_tokens: int | None = None,
                          idle_prefill_tokens: int | None = None,
-                         max_model_len: int | None = None) -> tuple[int, ...]:
+                         max_model_len: int | None = None, stall_bounded: bool = False
+                         ) -> tuple[int, ...]:
     """The ragged entries' token rows an engine may run
-    (:meth:`~poot.engine.scheduler.Scheduler.schedule`): the :func:`mixed_ragged_bucket`
-    where there is one, then ``prefill_chunk * 2**k`` up to the
+    (:meth:`~poot.engine.scheduler.Scheduler.schedule`): the :func:`mixed_ragged_buckets`,
+    then ``prefill_chunk * 2**k`` up to the
     bucket holding the larger of a full decode batch plus the prompt budget
     (``max_prefill_tokens``, default one chunk) and the budget of a step that decodes
     nothing (:func:`~poot.engine.scheduler.idle_prefill_budget`), that capped at the
@@ -131,8 +142,8 @@ def ragged_token_buckets(prefill_chunk: int, max_batch: int,
     budget = max(idle, max_batch + (max_prefill_tokens or prefill_chunk))
     if max_model_len is not None:
         budget = min(budget, max_batch * max_model_len)
-    mixed = mixed_ragged_bucket(prefill_chunk, max_batch)
-    out, t = [] if mixed is None else [mixed], prefill_chunk
+    out = list(mixed_ragged_buckets(prefill_chunk, max_batch, stall_bounded))
+    t = prefill_chunk
     while True:
         out.append(t)
         if t >= max(budget, max_batch + 1):
@@ -429,11 +440,18 @@ class ModelRunner(RunnerBase):
         #: whether the engine runs prompts as ragged steps (set by the engine from
         #: :attr:`EngineConfig.ragged <poot.engine.scheduler.EngineConfig.ragged>`)
         self.ragged = True
+        #: whether the engine bounds a ragged step's stall (set by the engine from
+        #: :attr:`EngineConfig.max_decode_stall <poot.engine.scheduler.EngineConfig>`): the
+        #: ladder then has the 1.5x mixed bucket (:func:`mixed_ragged_buckets`)
+        self.stall_bounded = False
         #: the :class:`~poot.engine.lora.LoraManager` when the weights carry LoRA slots
         self.lora = None
         #: (batch, spec) of warm samplers left to compile workers (:mod:`poot.api.compile_ahead`):
         #: loaded (waited for) when a request first needs one
         self.deferred: set[tuple[int, SamplerSpec]] = set()
+        #: seconds a ragged step of T token rows takes (:meth:`measure_ragged_costs`; empty
+        #: until measured)
+        self.ragged_costs: dict[int, float] = {}
 
     # ---- entries ------------------------------------------------------------------------
     def step_spec(self, kind: str, batch: int = 1) -> StepSpec:
@@ -534,9 +552,9 @@ class ModelRunner(RunnerBase):
     # ---- ragged steps ---------------------------------------------------------------------
     def ragged_bucket(self, n: int) -> int:
         """The token rows of the ragged entry a step of ``n`` token rows runs on
-        (:func:`ragged_ladder`: the mixed bucket of twice the largest decode batch, else
+        (:func:`ragged_ladder`: a :func:`mixed_ragged_buckets` bucket, else
         ``prefill_chunk * 2**k``)."""
-        return ragged_ladder(self.prefill_chunk, self.max_batch, n)
+        return ragged_ladder(self.prefill_chunk, self.max_batch, n, self.stall_bounded)
 
     def ragged_entry(self, tokens: int) -> Entry:
         """The ragged entry of ``tokens`` token rows (a :func:`ragged_bucket` size), sampling
@@ -544,6 +562,42 @@ class ModelRunner(RunnerBase):
         <poot.models.StepSpec.ragged>`)."""
         return self._step_entry(("ragged", tokens), f"ragged[T={tokens}]",
                                 lambda: self.step_spec("ragged", tokens))
+
+    def measure_ragged_costs(self, reps: int = 3) -> dict[int, float]:
+        """Time the loaded ragged entries of the :func:`mixed_ragged_buckets` and of one
+        prompt chunk (none is compiled for it): each entry's step with every row idle (no
+        KV written, the null block table), issued ``reps`` times after one untimed run and
+        waited for each time; the fastest kept. Stores and returns ``{T: seconds}`` in
+        :attr:`ragged_costs` (what a decode-stall bound schedules by:
+        :func:`~poot.engine.scheduler.stall_prompt_budget`).
+
+        Idle rows skip the attention over a sequence's context, so the times are those of
+        the matmuls and the rest of the step: what grows with the rows."""
+        w = self.kv.table_width
+        costs: dict[int, float] = {}
+        for t in [*mixed_ragged_buckets(self.prefill_chunk, self.max_batch,
+                                        self.stall_bounded), self.prefill_chunk]:
+            entry = self._entries.get(("ragged", t))
+            if entry is None:
+                continue
+            rows = self.ragged_rows(t)
+            values = {"tokens": np.zeros((t, 1), np.int32),
+                      "positions": np.zeros((t, 1), np.int32),
+                      "block_table": np.full((t, w), NULL_BLOCK, np.int32),
+                      "slot_mapping": np.full(t, -1, np.int32),
+                      "logit_rows": np.zeros(rows, np.int32)}
+            if "lora_index" in entry.input_names:
+                values["lora_index"] = slot_column(None, 0, t)
+            best = float("inf")
+            for i in range(reps + 1):
+                t0 = time.perf_counter()
+                self.session.submit(entry, self._write(entry, values), read=())
+                self.synchronize()
+                if i:
+                    best = min(best, time.perf_counter() - t0)
+            costs[t] = best
+        self.ragged_costs = costs
+        return costs
 
     def verify_bucket(self, n: int) -> int:
         """The token rows of the verify entry a speculative step of ``n`` rows runs on: the
@@ -620,13 +674,13 @@ class ModelRunner(RunnerBase):
     def warm_targets(self, batches: Sequence[int] = (1,)) -> list[tuple[int, tuple]]:
         """``(sampler batch, model entry)`` pairs a warm-up loads samplers for: where the
         engine runs ragged steps (:attr:`ragged`), the ragged entry of a prompt chunk's
-        bucket (a prompt's first token comes from it) and the :func:`mixed_ragged_bucket`'s
-        (where there is one: the step of any arrival while others decode, so a loaded
-        server never waits on its compile), then the decode entries of ``batches``."""
+        bucket (a prompt's first token comes from it) and the :func:`mixed_ragged_buckets`'
+        (the steps of an arrival while others decode, so a loaded server never waits on
+        their compile), then the decode entries of ``batches``."""
         out = []
         if self.ragged:
-            mixed = mixed_ragged_bucket(self.prefill_chunk, self.max_batch)
-            for t in [self.prefill_chunk] + ([mixed] if mixed else []):
+            for t in [self.prefill_chunk, *mixed_ragged_buckets(
+                    self.prefill_chunk, self.max_batch, self.stall_bounded)]:
                 out.append((self.ragged_rows(t), ("ragged", t)))
         return out + [(b, ("decode", b)) for b in batches]
 
@@ -824,6 +878,6 @@ class ModelRunner(RunnerBase):
 
 
 __all__ = ["DecodeBatch", "DecodeHandle", "RaggedBatch", "GREEDY", "KVConfig", "ModelRunner",
-           "RunnerBase", "mixed_ragged_bucket", "ragged_ladder", "ragged_token_buckets",
+           "RunnerBase", "mixed_ragged_buckets", "ragged_ladder", "ragged_token_buckets",
            "SamplerProgram", "decode_buckets", "sampler_spec_for", "smallest_bucket",
            "step_spec"]

@@ -60,6 +60,41 @@ def idle_prefill_budget(prefill_chunk: int, max_prefill_tokens: int | None = Non
     return max(busy, idle_prefill_tokens or IDLE_PREFILL_CHUNKS * prefill_chunk)
 
 
+def stall_prompt_budget(costs: dict[int, float], n_decode: int, max_stall: float
+                        ) -> int | None:
+    """Prompt tokens a ragged step beside ``n_decode`` decode rows may take so that it costs
+    at most ``max_stall`` times a step of the decode rows alone, or None (no bound).
+
+    ``costs``: seconds a ragged step of T token rows takes, for the buckets measured
+    (:meth:`~poot.engine.runner.ModelRunner.measure_ragged_costs`). The decode rows' own
+    step is estimated on the line through the two smallest buckets (the marginal cost of a
+    row where the step is smallest: a step's cost is concave in its rows, so a line through
+    larger buckets would underestimate it there). The budget is the rows of the largest
+    measured bucket within ``max_stall`` times that estimate, less the decode rows; at least
+    the smallest bucket's share (prompts always progress). None where fewer than two
+    buckets are measured, the cost does not grow with the rows, or the largest measured
+    bucket is within the bound (larger ones are taken to be too: the step's cost in rows is
+    then flat as far as it was measured).
+
+    SmolLM2 Q4_1 on a 2-core Xeon, max batch 8 (12, 16, 32 rows: ~16, 20.5, 31 ms): 8
+    decode rows ~12 ms, a 1.5x bound takes the 12-row bucket, 4 prompt tokens."""
+    ts = sorted(costs)
+    if len(ts) < 2 or n_decode < 1:
+        return None
+    (t1, c1), (t2, c2) = (ts[0], costs[ts[0]]), (ts[1], costs[ts[1]])
+    slope = (c2 - c1) / (t2 - t1)
+    if slope <= 0:
+        return None
+    limit = max_stall * max(c1 - slope * (t1 - n_decode), 0.0)
+    if costs[ts[-1]] <= limit:
+        return None
+    over = [t for t in ts if t > n_decode]
+    if not over:
+        return None
+    fits = [t for t in over if costs[t] <= limit]
+    return (fits[-1] if fits else over[0]) - n_decode
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Scheduling settings.
@@ -91,6 +126,17 @@ class EngineConfig:
         ragged: an iteration with prompt tokens to prefill runs them and the decoding
             sequences' tokens as one ragged step (module doc); False: the prefill chunks run
             as steps of their own, one sequence each, before the decode step.
+        max_decode_stall: a ragged step that decodes sequences takes only as many prompt
+            tokens as keep its time within this multiple of a decode step of its decode rows
+            alone, estimated from the measured ragged steps
+            (:meth:`~poot.engine.runner.ModelRunner.measure_ragged_costs`,
+            :func:`stall_prompt_budget`): an arrival then delays the running sequences'
+            next token by at most that factor, and a long prompt prefills in more, smaller
+            steps while others decode (Sarathi-Serve's stall-free batching, its token budget
+            from the step costs). None (the default; ``poot serve`` sets 1.5), or before
+            the costs are measured: ``max_prefill_tokens`` alone. Where the step's time
+            hardly grows with its rows (a GPU below its compute bound) the bound takes
+            every bucket and changes nothing.
         speculative: speculative decoding (:mod:`poot.engine.spec`): a
             :class:`~poot.engine.spec.SpeculativeConfig` or its text (``"ngram:4"``); None:
             off. Needs ``ragged``.
@@ -104,6 +150,7 @@ class EngineConfig:
     watermark_blocks: int = 1
     micro_batches: int | None = None
     ragged: bool = True
+    max_decode_stall: float | None = None
     speculative: Any = None
 
 
@@ -208,6 +255,10 @@ class Scheduler:
             budget = idle_prefill_budget(self.runner.prefill_chunk,
                                          self.config.max_prefill_tokens,
                                          self.config.idle_prefill_tokens)
+        elif self.config.max_decode_stall is not None:
+            bound = stall_prompt_budget(self.runner.ragged_costs, n_decode,
+                                        self.config.max_decode_stall)
+            budget = budget if bound is None else min(budget, bound)
         # the step runs on the bucket holding the decode rows and the budget: its padding
         # rows are computed anyway, so prompts fill them
         budget = self.runner.ragged_bucket(n_decode + budget) - n_decode
@@ -384,4 +435,4 @@ class Scheduler:
 
 
 __all__ = ["EngineConfig", "IDLE_PREFILL_CHUNKS", "PrefillChunk", "Scheduler", "SchedulerOutput",
-           "idle_prefill_budget"]
+           "idle_prefill_budget", "stall_prompt_budget"]

@@ -20,7 +20,8 @@ def _programs(cache: Path) -> set[str]:
 def _serve_options() -> dict:
     return dict(path=str(TINY), backend="cpu", kv_capacity=64, prefill_chunk=None,
                 max_batch=2, kv_blocks=None, kv_memory=None, kv_dtype=None, use_cache=True,
-                random_weights=None, compile_options=None, pipeline_parallel=1)
+                random_weights=None, compile_options=None, pipeline_parallel=1,
+                max_decode_stall=1.5)
 
 
 @pytest.mark.parametrize("serve", [True, False])

@@ -316,3 +316,43 @@ def test_prefill_budgets_must_be_positive_integers(llama, field, value):
 
     with pytest.raises(EngineError, match=field):
         LLMEngine(llama.runner, llama.tokenizer, EngineConfig(max_batch=2, **{field: value}))
+
+
+def test_a_decode_stall_bound_times_its_steps_and_keeps_every_requests_tokens():
+    """``max_decode_stall=1.5``: the ladder gains the 1.5x mixed bucket (max batch 8, chunk
+    16: 12 rows) and the warm-up times the ragged steps of 12 and 16 rows. With step costs
+    that grow with the rows (the 2-core Xeon's, set here so that the plan does not hang on
+    this machine's timing) every step that decodes takes at most the 12-row bucket's prompt
+    tokens, prompts do arrive beside decoding sequences, and every request's greedy tokens
+    are its tokens alone."""
+    h = _load(max_batch=8, prefill_chunk=16, max_decode_stall=1.5)
+    assert h.runner.stall_bounded and sorted(h.runner.ragged_costs) == [12, 16]
+    assert all(c > 0 for c in h.runner.ragged_costs.values())
+    h.runner.ragged_costs = {12: 0.0116, 16: 0.0145}
+    eng, plans = h.engine, []
+    plan_chunks = eng.scheduler._plan_chunks
+
+    def recorded(n_decode):
+        chunks = plan_chunks(n_decode)
+        plans.append((n_decode, sum(len(c.token_ids) for c in chunks)))
+        return chunks
+
+    eng.scheduler._plan_chunks = recorded
+    ps = prompts(h.runner.vocab, 12, seed=3, lo=10, hi=30)
+    want = [alone(eng, p, GREEDY) for p in ps]
+    plans.clear()
+    got = staggered(eng, [(p, GREEDY) for p in ps], every=2)
+    busy = [(n, t) for n, t in plans if n and t]
+    assert len(busy) >= 6, plans                      # arrivals beside decoding sequences
+    assert all(n + t <= 12 for n, t in busy), busy
+    for rid, w in zip(got["ids"], want):
+        assert got["final"][rid].output_ids == w, rid
+
+
+@pytest.mark.parametrize("value", [1.0, 0.5, True, "2"])
+def test_the_decode_stall_bound_must_be_a_number_above_one(llama, value):
+    from poot.engine import LLMEngine
+
+    with pytest.raises(EngineError, match="max_decode_stall"):
+        LLMEngine(llama.runner, llama.tokenizer, EngineConfig(max_batch=2,
+                                                             max_decode_stall=value))

@@ -216,21 +216,94 @@ def test_the_idle_budget_is_never_below_the_busy_one_and_is_configurable():
     assert ragged_token_buckets(32, 2, max_model_len=48) == (4, 32, 64, 128)
 
 
-def test_the_mixed_bucket_holds_a_full_batch_and_as_many_prompt_tokens():
-    """Below the prompt chunk one ragged bucket of twice the largest decode batch (rounded
-    up to a power of two): a full batch's decode rows and a short prompt tail run on it
-    rather than on a whole chunk; none where that is not below the chunk, or for a single
-    sequence (nothing decodes beside a prompt)."""
-    from poot.engine.runner import mixed_ragged_bucket, ragged_ladder, ragged_token_buckets
+def test_the_mixed_buckets_hold_a_full_batch_and_a_half_or_twice_as_many_rows():
+    """Below the prompt chunk the ragged bucket of twice the largest decode batch (rounded
+    up to a power of two) and, under a decode-stall bound, of 1.5 times it (rounded up to a
+    multiple of 4): a full batch's decode rows and a short prompt tail run on one of them
+    rather than on a whole chunk; only those below the chunk, none for a single sequence
+    (nothing decodes beside a prompt)."""
+    from poot.engine.runner import mixed_ragged_buckets, ragged_ladder, ragged_token_buckets
 
-    assert mixed_ragged_bucket(32, 8) == 16
-    assert mixed_ragged_bucket(32, 5) == 16          # 10 rows: the power of two above
-    assert mixed_ragged_bucket(32, 2) == 4
-    assert mixed_ragged_bucket(32, 16) is None       # 32 rows: the chunk's own bucket
-    assert mixed_ragged_bucket(32, 64) is None
-    assert mixed_ragged_bucket(32, 1) is None
+    assert mixed_ragged_buckets(32, 8) == (16,)
+    assert mixed_ragged_buckets(32, 8, stall_bounded=True) == (12, 16)
+    assert mixed_ragged_buckets(32, 5, stall_bounded=True) == (8, 16)   # 5 + 3 -> 8; 10 -> 16
+    assert mixed_ragged_buckets(32, 2, stall_bounded=True) == (4,)      # 3 -> 4, and 4
+    assert mixed_ragged_buckets(32, 16) == ()         # 32 rows: the chunk's own bucket
+    assert mixed_ragged_buckets(32, 16, stall_bounded=True) == (24,)
+    assert mixed_ragged_buckets(32, 64, stall_bounded=True) == ()
+    assert mixed_ragged_buckets(32, 1, stall_bounded=True) == ()
     assert ragged_token_buckets(32, 8) == (16, 32, 64, 128, 256)
+    assert ragged_token_buckets(32, 8, stall_bounded=True) == (12, 16, 32, 64, 128, 256)
     assert ragged_token_buckets(32, 8, idle_prefill_tokens=32) == (16, 32, 64)
     assert [ragged_ladder(32, 8, n) for n in (1, 9, 16, 17, 33, 200)] == \
         [16, 16, 16, 32, 64, 256]
+    assert [ragged_ladder(32, 8, n, stall_bounded=True) for n in (1, 12, 13, 17)] == \
+        [12, 12, 16, 32]
     assert [ragged_ladder(32, 64, n) for n in (1, 33)] == [32, 64]
+
+
+#: seconds of the ragged steps of 12, 16 and 32 rows as measured on a 2-core Xeon (SmolLM2
+#: Q4_1, max batch 8): the cost grows with the rows, steeper where the step is small
+CPU_COSTS = {12: 0.0116, 16: 0.0145, 32: 0.0261}
+
+
+def test_the_stall_budget_keeps_an_arrivals_step_within_the_bound():
+    """Worked from the rule: the line through the two smallest buckets has slope
+    (14.5 - 11.6) / 4 = 0.725 ms a row, so 8 decode rows alone cost 11.6 - 4 * 0.725 = 8.7
+    ms and a 1.5x bound allows 13.05 ms: the 12-row bucket (11.6) fits, 16 (14.5) does not,
+    4 prompt tokens. A 2x bound (17.4 ms) allows 16 rows: 8 tokens. 3 decode rows alone (5.1
+    ms) fit no bucket within 1.5x: the smallest bucket's 9 free rows (prompts always
+    progress)."""
+    from poot.engine.scheduler import stall_prompt_budget
+
+    assert stall_prompt_budget(CPU_COSTS, 8, 1.5) == 4
+    assert stall_prompt_budget(CPU_COSTS, 7, 1.5) == 5
+    assert stall_prompt_budget(CPU_COSTS, 8, 2.0) == 8
+    assert stall_prompt_budget(CPU_COSTS, 3, 1.5) == 9
+
+
+def test_the_stall_budget_is_no_bound_where_it_cannot_be_told():
+    """None (the prompt budget alone): a step whose cost is flat in its rows (a GPU below
+    its compute bound) or falls; fewer than two buckets timed; nothing decoding; the
+    largest timed bucket within the bound (larger ones are taken to be too)."""
+    from poot.engine.scheduler import stall_prompt_budget
+
+    assert stall_prompt_budget({32: 0.002, 64: 0.002, 128: 0.0021}, 64, 1.5) is None
+    assert stall_prompt_budget({12: 0.003, 16: 0.0029, 32: 0.004}, 8, 1.5) is None
+    assert stall_prompt_budget({32: 0.026}, 8, 1.5) is None
+    assert stall_prompt_budget({}, 8, 1.5) is None
+    assert stall_prompt_budget(CPU_COSTS, 0, 1.5) is None
+    assert stall_prompt_budget(CPU_COSTS, 8, 4.0) is None
+
+
+def test_a_stall_bound_splits_an_arrivals_prompt_while_others_decode():
+    """Ragged, chunk 32, max batch 8, the CPU costs measured, a 1.5x bound: beside 7
+    decoding requests a 20-token prompt gets 5 tokens a step (the 12-row bucket) where the
+    prompt budget alone would take all 20 (a 32-row step); without decode rows it takes the
+    idle budget. Without the costs measured the bound changes nothing."""
+    def run(costs):
+        runner = _Runner()
+        runner.prefill_chunk = 32
+        runner.ragged_costs = costs
+        runner.ragged_bucket = lambda n: next(t for t in (12, 16, 32, 64, 128, 256) if t >= n)
+        sch = Scheduler(EngineConfig(max_batch=8, ragged=True, max_decode_stall=1.5,
+                                     watermark_blocks=0), BlockManager(65, BS), runner)
+        running = [_request(r, [i + 3]) for i, r in enumerate("abcdefg")]
+        sch.waiting.extend(running)
+        plan = sch.schedule()
+        assert len(plan.prefill) == 7 and not plan.decode   # nothing decodes: all at once
+        for c in plan.prefill:
+            c.request.tokens.append(7)
+        new = _request("h", list(range(40, 61)))              # 21 tokens: 20 before decode
+        sch.waiting.append(new)
+        sizes = []
+        while new.status != RUNNING:
+            plan = sch.schedule()
+            assert len(plan.decode) == 7
+            sizes.append(sum(len(c.token_ids) for c in plan.prefill))
+            for seq in plan.decode + [c.request for c in plan.prefill if c.sample]:
+                seq.tokens.append(7)
+        return sizes
+
+    assert run(CPU_COSTS) == [5, 5, 5, 5, 1]
+    assert run({}) == [21]
