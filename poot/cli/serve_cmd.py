@@ -126,6 +126,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    metavar="DTYPE", help="benchmarking (vLLM's --load-format dummy): --model "
                    "is a HF config.json, its weights random in DTYPE (bf16, f16, f32); no "
                    "tokenizer, so clients send token ids to /v1/completions")
+    p.add_argument("--max-decode-stall", type=float, default=1.5, metavar="F",
+                   help="a step that decodes running sequences takes only as many prompt "
+                        "tokens as keep it within F times their decode step, from the "
+                        "steps' times measured after the warm-up (inter-token latency "
+                        "against a long prompt's time to first token); 0: off, the prompt "
+                        "budget alone (default: 1.5)")
     p.add_argument("--no-warm-up", action="store_true",
                    help="compile decode buckets and samplers on first use, not at start")
     p.add_argument("--log-level", default="info",
@@ -214,6 +220,7 @@ def load_options(args) -> dict:
                 kv_dtype_k=args.kv_dtype_k, kv_dtype_v=args.kv_dtype_v, use_cache=not args.no_cache, random_weights=args.random_weights,
                 compile_options=compile_options(args),
                 pipeline_parallel=getattr(args, "pipeline_parallel", None) or 1,
+                max_decode_stall=args.max_decode_stall or None,
                 speculative=speculative_of(args))
     if max_loras:
         opts.update(max_loras=max_loras, max_lora_rank=args.max_lora_rank, loras=loras)
@@ -233,6 +240,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest("--max-loras", args.max_loras, "must be >= 0")
     if args.max_queue < 0:
         raise InvalidRequest("--max-queue", args.max_queue, "must be >= 0")
+    if args.max_decode_stall != 0 and not args.max_decode_stall > 1.0:
+        raise InvalidRequest("--max-decode-stall", args.max_decode_stall,
+                             "must be 0 (off) or a number > 1")
     if not 0 <= args.port <= 65535:
         raise InvalidRequest("--port", args.port, "must be in [0, 65535]")
     if args.random_weights and args.model is None:
@@ -295,6 +305,8 @@ def _serve(args, config, options) -> int:
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.cli.progress_display import Reporter, history_file
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
+    from poot.engine.scheduler import stall_prompt_budget
+    # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.serve import build_app
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.serve.loading import load_and_warm
@@ -336,6 +348,14 @@ def _serve(args, config, options) -> int:
                  "%d KV blocks of %d; ready %.1f s after start)", h.path.name,
                  config.served_model_name, url, h.backend, h.runner.max_batch, h.kv_capacity,
                  st.kv_blocks_total, h.engine.blocks.block_size, ready_s)
+        stall, costs = h.engine.config.max_decode_stall, h.runner.ragged_costs
+        if stall is not None and costs:
+            mb = h.runner.max_batch
+            budget = stall_prompt_budget(costs, mb, stall)
+            log.info("ragged steps measured: %s; beside %d decoding sequences a step takes "
+                     "%s prompt tokens (--max-decode-stall %g)",
+                     ", ".join(f"{t} rows {c * 1e3:.1f} ms" for t, c in sorted(costs.items())),
+                     mb, "its whole budget of" if budget is None else budget, stall)
 
     def on_load_error(e):
         failed.append(e)
