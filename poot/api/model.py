@@ -40,6 +40,7 @@ from poot.compiler.compile import require_code_generator
 from poot.compiler.planning import storage_type, target_for_options
 from poot.engine import EngineConfig, LLMEngine, ModelRunner
 from poot.engine.lora import LoraManager
+from poot.engine.runner import ragged_token_buckets
 from poot.engine.spec import SpeculativeConfigError, parse_speculative
 from poot.engine.spec.draft import check_draft
 from poot.errors import PootError
@@ -235,24 +236,27 @@ class ModelHandle:
         if opts.before_compile is not None:
             opts.before_compile(handle)
         if opts.warm_up:
-            handle._warm_up(steps, opts.warm_batches, opts.warm_samplers)
+            handle._warm_up(steps, opts.warm_batches, opts.warm_samplers, opts.warm_ragged)
         handle.load_s = time.perf_counter() - t0
         return handle
 
     def _warm_up(self, steps: "_StepSource", warm_batches: Sequence[int],
-                 warm_samplers: Sequence[Any]) -> None:
+                 warm_samplers: Sequence[Any], warm_ragged: bool = False) -> None:
         """Load the prefill, decode and greedy sampler steps of ``warm_batches``; a cold load
         also compiles in worker processes: the steps the first token needs from the other
         end of the list, then the warm samplers, which this process then leaves to them (a
-        request that needs one waits for it)."""
+        request that needs one waits for it), then with ``warm_ragged`` the ragged steps
+        the scheduler may run beyond the warm ones (:meth:`_later_ragged_steps`)."""
         runner = self.runner
         batches = [b for b in warm_batches if b in runner.buckets] or [1]
         need = runner.warm_up_steps(batches)
         names = {s[0] for s in need}
         extra = [s for s in runner.warm_up_steps(batches, warm_samplers)
                  if s[0] not in names]
+        later = [s[1:] for s in extra] + (self._later_ragged_steps(batches) if warm_ragged
+                                          else [])
         ahead = start_ahead(steps.cache, [s[1:] for s in need], steps.target, steps.options,
-                            later=[s[1:] for s in extra]) \
+                            later=later) \
             if steps.cache is not None and steps.pipeline == 1 else None
         if ahead is not None and ahead.procs:
             runner.deferred = {(b, sp) for b, _ in runner.warm_targets(batches)
@@ -268,6 +272,23 @@ class ModelHandle:
                 ahead.close(False)
             raise
         self._ahead, self._warm = ahead, (batches, tuple(warm_samplers))
+
+    def _later_ragged_steps(self, batches: Sequence[int]) -> list[tuple]:
+        """``(key model, weight types, spec)`` of every ragged step the engine's scheduler may
+        run (:func:`~poot.engine.runner.ragged_token_buckets` under its budgets) that the
+        warm-up does not load: the larger buckets of a step with nothing decoding (the idle
+        budget, up to 8 chunks) and of a full batch plus the prompt budget. Left to the
+        compile workers, so that a burst of arrivals at a fresh server finds them in the
+        cache instead of compiling them in the engine thread while every stream waits."""
+        runner, cfg = self.runner, self.engine.config
+        if not runner.ragged:
+            return []
+        warm = {size for _, (kind, size) in runner.warm_targets(batches) if kind == "ragged"}
+        return [(runner.model, runner.weights.types, runner.step_spec("ragged", t))
+                for t in ragged_token_buckets(runner.prefill_chunk, runner.max_batch,
+                                              cfg.max_prefill_tokens, cfg.idle_prefill_tokens,
+                                              runner.kv.max_model_len, runner.stall_bounded)
+                if t not in warm]
 
     def finish_compiling(self, now: Sequence[Any] | None = None) -> None:
         """Load every warm sampler a cold load left to its compile workers

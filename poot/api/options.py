@@ -69,6 +69,9 @@ class LoadOptions:
             steps during the load; False: on first use.
         warm_batches: the decode buckets loaded (those that exist; default batch 1).
         warm_samplers: sampler specs loaded besides the greedy one.
+        warm_ragged: also give the compile workers of a cold load every other ragged step
+            the engine may run (the larger prompt buckets), after the warm samplers, so
+            that they are in the cache before they are needed (``poot serve`` does).
         compile_fn, device: replace the compile and the executor device (tests).
     Weights:
         random_weights: ``"bf16"``/``"f16"``/``"f32"``: the path is a HF ``config.json`` and
@@ -118,6 +121,7 @@ class LoadOptions:
     before_compile: Callable[[Any], None] | None = None
     warm_samplers: Sequence[Any] = ()
     warm_batches: Sequence[int] = (1,)
+    warm_ragged: bool = False
     max_loras: int = 0
     max_lora_rank: int = 16
     loras: Mapping[str, str | os.PathLike] | None = None

@@ -46,7 +46,7 @@ def load_and_warm(options: dict, warm_up: bool = True, progress=None):
     handle = ModelHandle.load(opts.pop("path"), progress=progress,
                               warm_samplers=specs if warm_up else (),
                               warm_batches=buckets if warm_up else (1,),
-                              **opts)
+                              warm_ragged=warm_up, **opts)
     if warm_up:                      # ready with the full sampler; the other compiles on
         handle.finish_compiling(now=specs[:1])
     return handle

@@ -50,3 +50,48 @@ def test_serve_warm_up_finds_everything_compile_serve_made(tmp_path, monkeypatch
         assert not new, f"serve's warm-up compiled {len(new)} programs"
     else:            # the guided samplers were not in the cache: the warm-up made them
         assert len(new) >= 2
+
+
+def test_serve_leaves_the_larger_ragged_steps_to_the_compile_workers(tmp_path, monkeypatch):
+    """A cold ``poot serve`` load warms the ragged steps of one chunk and of the mixed
+    buckets itself and gives its compile worker the larger ones the scheduler may run (the
+    tiny model at context 64, max batch 2: 64 and 128 rows). Once the workers are done, a
+    burst of two 60-token prompts (the first prefills alone, nothing decoding: an idle
+    step of its 60 tokens on the 64-row bucket) finds its steps in the cache: nothing is
+    compiled in the engine's thread while the requests wait, and each gets its tokens
+    alone."""
+    pytest.importorskip("mlir.ir", reason="compiling needs the MLIR wheels")
+    from poot.engine.runner import ragged_token_buckets
+    from poot.sampling_params import SamplingParams
+    from poot.serve.loading import load_and_warm
+
+    monkeypatch.setenv("POOT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("POOT_COMPILE_WORKERS", "1")
+    handle = load_and_warm(_serve_options())
+    try:
+        handle.finish_compiling()                 # the workers' steps are in the cache
+        runner = handle.runner
+        assert ragged_token_buckets(32, 2, max_model_len=64, stall_bounded=True) == \
+            (4, 32, 64, 128)
+        assert not {"ragged[T=64]", "ragged[T=128]"} & set(runner.compile_s)
+        for t in (64, 128):
+            assert runner.find_step(runner.model, runner.weights.types,
+                                    runner.step_spec("ragged", t)) is not None, t
+        misses = handle.compile_cache.misses
+        eng = handle.engine
+        sp = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        prompts = [[(7 * i + 3 * j) % 200 + 5 for j in range(60)] for i in range(2)]
+        ids = [eng.add_request(p, sp) for p in prompts]
+        final = {}
+        while eng.has_unfinished():
+            for out in eng.step():
+                if out.finished:
+                    final[out.request_id] = out.output_ids
+        assert "ragged[T=64]" in runner.compile_s            # loaded from the cache
+        assert handle.compile_cache.misses == misses, "the burst compiled a step"
+        for rid, p in zip(ids, prompts):
+            assert final[rid] == list(eng.generate(p, sp))[-1].output_ids
+    finally:
+        close = getattr(handle, "close", None)
+        if close:
+            close()
