@@ -76,8 +76,9 @@ def stall_prompt_budget(costs: dict[int, float], n_decode: int, max_stall: float
     bucket is within the bound (larger ones are taken to be too: the step's cost in rows is
     then flat as far as it was measured).
 
-    SmolLM2 Q4_1 on a 2-core Xeon, max batch 8 (12, 16, 32 rows: ~16, 20.5, 31 ms): 8
-    decode rows ~12 ms, a 1.5x bound takes the 12-row bucket, 4 prompt tokens."""
+    SmolLM2 Q4_1 on a 2-core Xeon, max batch 8, costs as measured (idle rows: 12, 16, 32
+    rows 11.6, 14.5, 26.1 ms): 8 decode rows estimated at 8.7 ms, a 1.5x bound takes the
+    12-row bucket, 4 prompt tokens (real steps: 12 ms decoding, 16 ms with the 4 tokens)."""
     ts = sorted(costs)
     if len(ts) < 2 or n_decode < 1:
         return None
