@@ -23,7 +23,7 @@ import pytest
 
 from poot import oracle
 from poot.backends.cpu.codegen import compile_cpu
-from poot.backends.cpu.gemv import GEMM_N_TILE, KERNELS, Gemv, gemm_fits
+from poot.backends.cpu.gemv import GEMM_N_TILE, KERNELS, Gemv, dense_group, gemm_fits
 from poot.dialects.lowering import Strategy
 from poot.dialects.quant import Quant
 from poot.dialects.types import DType, PackedType, TensorType
@@ -156,6 +156,58 @@ def test_amx_and_vnni_gemm_agree(kind, bits):
 def test_dense_matmul_matches_oracle(kind):
     """Dense weights (f32 x, f32 accumulation), every M."""
     _check(kind, 0, False)
+
+
+def _dense_graph(k: int, n: int, ms):
+    b = Builder(LIMITS)
+    w = b.transpose(b.cast(b.param("w", TensorType((n, k), DType.F16)), DType.F32), (1, 0))
+    return b.finish({f"y{m}": b.matmul(b.input(f"x{m}", TensorType((m, k), DType.F32)), w)
+                     for m in ms})
+
+
+def test_dense_results_do_not_depend_on_the_register_block():
+    """The dense kernel's register blocks (4 x rows x 4 W rows with m-tile 4, one W row with
+    m-tile 2) and its threads' items (2 threads, or one) change which outputs are computed
+    together, never an output's operations: bitwise equal results at every M, with K = 100
+    (three full 32-element chunks and a masked one of 4), within the oracle's f32 bound."""
+    k, n, ms = 100, 48, (1, 3, 4, 5, 9, 64, 130)
+    g = _dense_graph(k, n, ms)
+    rng = np.random.default_rng(11)
+    params = {"w": rng.normal(size=(n, k)).astype(np.float16)}
+    x = rng.normal(size=(max(ms), k)).astype(np.float32)
+    inputs = {f"x{m}": x[:m].copy() for m in ms}
+    want = oracle.evaluate(g, inputs, params)
+    runs = {}
+    for m_tile, cores in ((4, 2), (2, 2), (4, 1)):
+        prog = compile_cpu(g, strategy=Strategy(kernels=KERNELS, cores=cores, m_tile=m_tile,
+                                                parallel_min_bytes=0))
+        runs[m_tile, cores] = got = prog.run(inputs, params)
+        for name, w in want.items():
+            err = float(np.abs(got[name] - w).max())
+            assert err <= TOL[0] * float(np.abs(w).max()), f"{name}: max error {err}"
+        for m in ms:
+            np.testing.assert_array_equal(got[f"y{m}"], got[f"y{max(ms)}"][:m],
+                                          err_msg=f"M = {m}, m-tile {m_tile}, {cores} cores")
+    first = runs[4, 2]
+    for key, got in runs.items():
+        for name in got:
+            np.testing.assert_array_equal(got[name], first[name], err_msg=f"{name}, {key}")
+
+
+@pytest.mark.parametrize("n,nr,cores,want", [
+    (576, 4, 2, 48),     # 64 rows would make 9 items: one thread idle a ninth of the time
+    (1536, 4, 2, 64), (192, 4, 2, 48), (192, 4, 4, 48), (192, 4, 8, 24), (49152, 4, 2, 64), (64, 4, 1, 64),
+    (44, 4, 2, 4),       # 44 (one item) and 4 (11 items) do not split evenly: 11 >= 8
+    (5, 1, 2, 1)])
+def test_dense_group_sizes(n, nr, cores, want):
+    """A thread's item of the dense kernel: the most W rows (a multiple of the block's, at
+    most 64) that split N evenly over the threads, else the most leaving 4 items a thread."""
+    assert dense_group(n, nr, cores) == want
+
+
+def test_dense_group_refuses_a_block_that_does_not_divide_n():
+    with pytest.raises(ValueError, match="N = 6"):
+        dense_group(6, 4, 2)
 
 
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])

@@ -3,6 +3,7 @@
 // poot-lower-to-linalg. canonicalize drops the dead dequantize of the weight.
 // RUN: poot-opt %s --split-input-file --pass-pipeline='builtin.module(poot-lower-to-cpu-kernels{cores=2 parallel-min-bytes=0},canonicalize)' | FileCheck %s
 // RUN: poot-opt %s --split-input-file --pass-pipeline='builtin.module(poot-lower-to-cpu-kernels,canonicalize)' | FileCheck %s --check-prefix=SERIAL
+// RUN: poot-opt %s --split-input-file --pass-pipeline='builtin.module(poot-lower-to-cpu-kernels{cores=2 parallel-min-bytes=0 m-tile=4},canonicalize)' | FileCheck %s --check-prefix=BLOCK
 
 // Q4_1 GEMV (decode M = 1): rows of W as scf.forall; per 32-element block: the two f16
 // scales through vector.bitcast + extf, 16 bytes of nibbles split with andi/shrui, decoded
@@ -39,20 +40,58 @@ func.func @gemv_q4_1(%x: tensor<1x64xf32>) -> tensor<1x40xf32> {
 // -----
 
 // Dense f32 weight, K = 40 (not a multiple of 32): one full chunk, then a masked chunk
-// (a transfer_read that may run past K, padding 0) for the last 8 columns; M = 3 in a tile of 2 rows and a
-// tail tile of 1.
+// (a transfer_read that may run past K, padding 0) for the last 8 columns; M = 3 in a tile of
+// 2 rows and a tail tile of 1; N = 5 takes one W row a register block. Each accumulator's
+// lanes are summed by the fold: shuffles halving every output's lanes (8 + 8, then 4 + 4, ...),
+// a zero vector beside an odd one out, so each x row's result is the same halving tree
+// whatever it is folded with.
 // CHECK-LABEL: func.func @gemv_dense_tail(
 // CHECK-NOT: linalg.matmul
 // CHECK: scf.forall
 // CHECK: vector.transfer_read {{.*}} {in_bounds = [true]} : tensor<5x40xf32>, vector<16xf32>
 // CHECK: vector.transfer_read %{{.*}}[%{{.*}}, %c32], %{{[a-z0-9_]+}} : tensor<5x40xf32>, vector<16xf32>
 // CHECK: vector.transfer_read %{{.*}}[%{{.*}}, %c32], %{{[a-z0-9_]+}} : tensor<3x40xf32>, vector<16xf32>
-// CHECK: vector.reduction <add>
+// CHECK: %[[A:.+]] = math.fma
+// CHECK: %[[B:.+]] = math.fma
+// CHECK: vector.shuffle %[[A]], %[[B]] [0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23]
+// CHECK: vector.shuffle %[[A]], %[[B]] [8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31]
+// CHECK: vector.shuffle {{.*}} [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27]
+// CHECK: vector.shuffle {{.*}} [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]
+// CHECK: vector.extract_strided_slice {{.*}} {offsets = [1], sizes = [1], strides = [1]}
+// CHECK-NOT: vector.reduction
 func.func @gemv_dense_tail(%x: tensor<3x40xf32>) -> tensor<3x5xf32> {
   %w = "poot.param"() {name = "w"} : () -> tensor<5x40xf32>
   %t = "poot.transpose"(%w) {perm = array<i64: 1, 0>} : (tensor<5x40xf32>) -> tensor<40x5xf32>
   %y = "poot.matmul"(%x, %t) {acc = f32} : (tensor<3x40xf32>, tensor<40x5xf32>) -> tensor<3x5xf32>
   return %y : tensor<3x5xf32>
+}
+
+// -----
+
+// Dense f16 weight, N = 64, M = 8 at m-tile 4: register blocks of 4 x rows x 4 W rows (16
+// accumulators, the W rows widened with extf), a thread's item 32 W rows (N / 32 = 2 items,
+// one a thread): for each tile of 4 x rows, a loop of 8 blocks (the x tile stays in L1 while
+// it meets the item's W rows); the bytes 16 KiB past a block prefetched as one
+// stream; the 16 accumulators folded into one vector whose lanes 4i..4i+3 are x row i's
+// 4 results, written as one vector<4xf32>.
+// BLOCK-LABEL: func.func @gemm_dense_block(
+// BLOCK-NOT: linalg.matmul
+// BLOCK: scf.forall (%{{.*}}) in (2)
+// BLOCK: scf.for %{{.*}} = %c0 to %c2 step %c1
+// BLOCK: scf.for %{{.*}} = %c0 to %c8 step %c1
+// BLOCK: scf.for {{.*}} -> (vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>)
+// BLOCK: memref.prefetch %{{.*}}[%{{.*}}], read, locality<3>, data : memref<8192xf16>
+// BLOCK: arith.extf {{.*}} : vector<16xf16> to vector<16xf32>
+// BLOCK-COUNT-32: math.fma
+// BLOCK: scf.yield
+// BLOCK: vector.extract_strided_slice {{.*}} {offsets = [12], sizes = [4], strides = [1]} : vector<16xf32> to vector<4xf32>
+// BLOCK: vector.transfer_write {{.*}} : vector<4xf32>, tensor<8x32xf32>
+func.func @gemm_dense_block(%x: tensor<8x128xf32>) -> tensor<8x64xf32> {
+  %w = "poot.param"() {name = "w"} : () -> tensor<64x128xf16>
+  %c = "poot.cast"(%w) : (tensor<64x128xf16>) -> tensor<64x128xf32>
+  %t = "poot.transpose"(%c) {perm = array<i64: 1, 0>} : (tensor<64x128xf32>) -> tensor<128x64xf32>
+  %y = "poot.matmul"(%x, %t) {acc = f32} : (tensor<8x128xf32>, tensor<128x64xf32>) -> tensor<8x64xf32>
+  return %y : tensor<8x64xf32>
 }
 
 // -----

@@ -15,8 +15,18 @@ takes the ops :func:`match` fits. The kernel, on tensors (one-shot bufferization
 * the K loop walks 32-element chunks (one quant block): the chunk's 32 weights are decoded into
   two ``vector<16xf32>`` (f16 scales through ``vector.bitcast`` + ``extf``; nibbles with
   ``andi``/``shrui``), multiplied into two vector accumulators per x row with ``math.fma``,
-  reduced once per row at the end (``vector.reduction``). A dense K that is not a multiple of
-  32 finishes with one masked chunk (padding 0).
+  reduced once per row at the end (``vector.reduction``; packed weights with f32 x). A dense
+  K that is not a multiple of 32 finishes with one masked chunk (padding 0).
+
+Dense weights (f32, or f16/bf16 widened) take the register-blocked form of that loop
+(:meth:`_K.tile_dense`): a thread's item is up to :data:`DENSE_GROUP_MAX` W rows
+(:func:`dense_group`), met by each tile of ``m_tile`` x rows in blocks of
+:data:`DENSE_N_BLOCK` W rows, one accumulator per (x row, W row) (low half, then high half
+of each chunk), so each x vector read feeds 4 W rows and each widened W vector 4 x rows; the
+accumulators' lanes are summed by :meth:`_K.fold` (a halving tree per output, shuffled
+across up to 16 outputs at once) instead of a reduction per output, and the block's bytes
+:data:`DENSE_PREFETCH_BYTES` ahead are prefetched as one stream. An output's operations do
+not depend on the block or item it is in: a row's results are the same at every M.
 
 Packed weights with x quantized (:attr:`~poot.dialects.lowering.rules.Strategy.dot_bits`) and
 M >= 2 rows of x (batched decode, prefill) take the GEMM tile instead (:func:`gemm_fits`,
@@ -92,6 +102,19 @@ GEMM_N_TILE = 8
 GEMM_M_TILE = 8
 #: independent integer accumulators per x row in a block (their dot-product chains overlap)
 GEMM_CHAINS = 2
+#: W rows of one register block of the dense kernel (:meth:`_K.tile_dense`) with AVX-512's
+#: 32 vector registers: 4 x rows x 4 W rows = 16 accumulators, the 4 rows' 8 widened W
+#: vectors and an x pair live at once (one W row with 16 registers)
+DENSE_N_BLOCK = 4
+#: most W rows a thread's item of the dense kernel takes (:func:`dense_group`): a block of
+#: x rows is read once per item, and the item's W rows (64 x K halves: 72 KiB at K = 576)
+#: stay in L2 while every x-row tile meets them
+DENSE_GROUP_MAX = 64
+#: how far past its register block's first byte the dense kernel prefetches W (measured on a
+#: Zen 4, 2 threads, f16 weights, ms: 49152 x 576 at M = 1 no prefetch 2.24, 2 KiB 1.41,
+#: 8 KiB 1.07, 16 KiB 1.04, one W row a block 1.05; 8192 x 2048 at M = 4 1.16 / 1.13 / 1.10 /
+#: 1.01, one row a block 2.06; at M >= 32 no change)
+DENSE_PREFETCH_BYTES = 16 << 10
 #: W rows of one :meth:`_K.tile_lanes` tile (M = 1): one i32 lane of a 256-bit vector each
 GEMV_LANES = 8
 #: bytes ahead :meth:`_K.r16_block` prefetches a row-interleaved W (one forward stream a
@@ -158,6 +181,32 @@ def gemm_fits(g: "Gemv", s: Strategy) -> bool:
     """Whether the lane-interleaved integer GEMM (:meth:`_K.tile_gemm`) takes ``g``: M >= 2
     rows of x summed in :func:`lane_order`. Decode (M = 1) takes the lane-order GEMV."""
     return g.m >= 2 and lane_order(g, s)
+
+
+def dense_group(n: int, nr: int, cores: int) -> int:
+    """W rows of one item of the dense kernel's row loop (``scf.forall`` over the threads):
+    the largest multiple of ``nr`` (the register block's W rows) up to
+    :data:`DENSE_GROUP_MAX` dividing ``n`` into a multiple of ``cores`` items (2 threads
+    over 9 items would leave one idle a ninth of the time), else the largest dividing ``n``
+    into at least 4 items a thread, else ``nr``. Raises ValueError where ``nr`` does not
+    divide ``n``."""
+    if n % nr:
+        raise ValueError(f"a dense block of {nr} W rows does not divide N = {n}")
+    sizes = [g for g in range(DENSE_GROUP_MAX, nr - 1, -1) if g % nr == 0 and n % g == 0]
+    for g in sizes:
+        if n // g >= cores and (n // g) % cores == 0:
+            return g
+    return next((g for g in sizes if n // g >= 4 * cores), nr)
+
+
+def fold_masks(w: int) -> tuple[list[int], list[int]]:
+    """The (lo, hi) ``vector.shuffle`` masks of one stage of :meth:`_K.fold` on two
+    vector<16xf32> holding outputs in blocks of ``w`` lanes: lo takes the first half of every
+    block of the first vector, then of the second, hi the second halves, so ``lo + hi`` holds
+    both vectors' outputs in blocks of ``w / 2`` lanes, lane e of a block the sum of lanes e
+    and e + w / 2 of the block it came from."""
+    lo = [src + blk * w + e for src in (0, 16) for blk in range(16 // w) for e in range(w // 2)]
+    return lo, [i + w // 2 for i in lo]
 
 
 def _unpack_mask(n: int, unit: int, hi: bool) -> list[int]:
@@ -305,6 +354,12 @@ class _K:
         elif self.quant:
             want = s.n_tile if g.m == 1 else max(1, 8 // self.mt)
             nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
+        #: the register-blocked f32 kernel (:meth:`tile_dense`) for dense weights: ``nr`` W
+        #: rows a register block, items of ``nt`` W rows (:func:`dense_group`)
+        self.dense_block = not g.packed
+        if self.dense_block:
+            self.nr = DENSE_N_BLOCK if s.m_tile >= 4 and g.n % DENSE_N_BLOCK == 0 else 1
+            nt = dense_group(g.n, self.nr, max(1, s.cores))
         #: the row-interleaved tile (:meth:`tile_r16`) for a ``q4_*_r16`` weight
         self.r16 = g.packed and g.wtype.format.rows > 1
         #: a ``q8_0_r16`` weight: signed weight bytes (their dot products need a correction)
@@ -480,6 +535,132 @@ class _K:
             dest = em.op(f"tensor.insert {s} into {dest}[{xr}, {col}] : {dest_t}")
         return dest
 
+    def tile_dense(self, row0: str, m0: str, rows: int, dest: str, dest_t: str,
+                   col0: str) -> str:
+        """Rows ``m0 .. m0 + rows`` of x against the item's ``self.nt`` dense W rows from
+        ``row0``, in register blocks of ``self.nr`` W rows (:meth:`dense_block`): the x tile
+        stays in L1 while it meets every block. Writes ``dest[m0 + i, col0 + j]``."""
+        em, nr = self.em, self.nr
+        blocks = self.nt // nr
+        if blocks == 1:
+            return self.dense_block_rows(row0, m0, rows, dest, dest_t, col0)
+        j, res, acc = em.fresh("j"), em.fresh("wb"), em.fresh("d")
+        em.line(f"{res} = scf.for {j} = {self.c(0)} to {self.c(blocks)} step {self.c(1)} "
+                f"iter_args({acc} = {dest}) -> ({dest_t}) {{")
+        em.depth += 1
+        off = self.mul(j, nr)
+        d = self.dense_block_rows(self.add(row0, off), m0, rows, acc, dest_t,
+                                  self.add(col0, off))
+        em.line(f"scf.yield {d} : {dest_t}")
+        em.depth -= 1
+        em.line("}")
+        return res
+
+    def dense_block_rows(self, row0: str, m0: str, rows: int, dest: str, dest_t: str,
+                         col0: str) -> str:
+        """One register block: x rows ``m0 .. m0 + rows`` against dense W rows ``row0 ..
+        row0 + nr``, one vector<16xf32> accumulator per (x row, W row): per 32-element chunk
+        the nr rows' two widened W vectors meet each x row's two (``math.fma``, low half
+        then high, so lane l sums the k = l mod 16 products in k order; a K that is not a
+        multiple of 32 ends with one masked chunk), then :meth:`fold` sums each
+        accumulator's lanes (a halving tree) and each x row's nr results are written as one
+        vector. Every output's operations and their order are the same whatever the block's
+        size, so a row's results do not depend on M (the engine's batch invariance)."""
+        g, em, vf, nr = self.g, self.em, self.vf, self.nr
+        assert rows * nr <= 16, "a register block holds at most 16 accumulators"
+        nb = g.k // CHUNK
+        self.tail = g.k % CHUNK
+        zero = em.op(f"arith.constant dense<0.0> : {vf}", "cv")
+        xrows = [self.add(m0, i) for i in range(rows)]
+        wrows = [self.add(row0, r) for r in range(nr)]
+        accs = [zero] * (rows * nr)
+
+        def step(ws, xs, accs):
+            out = list(accs)
+            for i, (xlo, xhi) in enumerate(xs):
+                for r, (wlo, whi) in enumerate(ws):
+                    a = em.op(f"math.fma {wlo}, {xlo}, {out[i * nr + r]} : {vf}")
+                    if whi is not None:
+                        a = em.op(f"math.fma {whi}, {xhi}, {a} : {vf}")
+                    out[i * nr + r] = a
+            return out
+
+        if nb:
+            b = em.fresh("b")
+            iters = [em.fresh("acc") for _ in accs]
+            res = em.fresh("kl")
+            em.line(f"{res}:{len(accs)} = scf.for {b} = {self.c(0)} to {self.c(nb)} step "
+                    f"{self.c(1)} iter_args("
+                    + ", ".join(f"{a} = {z}" for a, z in zip(iters, accs))
+                    + f") -> ({', '.join([vf] * len(accs))}) {{")
+            em.depth += 1
+            k = self.mul(b, CHUNK)
+            k16 = self.add(k, 16)
+            if self.wmem is not None:
+                self._prefetch_dense(row0, b)
+            ws = [self.dense(wr, k, False) for wr in wrows]
+            xs = [(self.read_x(xr, k, False), self.read_x(xr, k16, False)) for xr in xrows]
+            new = step(ws, xs, iters)
+            em.line(f"scf.yield {', '.join(new)} : {', '.join([vf] * len(new))}")
+            em.depth -= 1
+            em.line("}")
+            accs = [f"{res}#{i}" for i in range(len(accs))]
+        if self.tail:  # one masked chunk
+            k = self.c(nb * CHUNK)
+            ws = [self.dense(wr, k, True) for wr in wrows]
+            hi = ws[0][1] is not None
+            xs = [(self.read_x(xr, k, True),
+                   self.read_x(xr, self.add(k, 16), True) if hi else None) for xr in xrows]
+            accs = step(ws, xs, accs)
+        sums = self.fold(accs)
+        vr = f"vector<{nr}xf32>"
+        for i, xr in enumerate(xrows):
+            part = em.op(f"vector.extract_strided_slice {sums} {{offsets = [{i * nr}], "
+                         f"sizes = [{nr}], strides = [1]}} : {vf} to {vr}")
+            dest = em.op(f"vector.transfer_write {part}, {dest}[{xr}, {col0}] "
+                         f"{{in_bounds = [true]}} : {vr}, {dest_t}")
+        return dest
+
+    def _prefetch_dense(self, row0: str, b: str) -> None:
+        """Software prefetch, at chunk ``b`` of the register block of W rows from ``row0``,
+        of the chunk's share of the bytes :data:`DENSE_PREFETCH_BYTES` past the block's
+        start: the block reads its ``nr`` rows as ``nr`` interleaved streams, which the
+        hardware prefetchers follow poorly, its bytes are one contiguous run, so the
+        prefetches are one forward stream (clamped to W)."""
+        g, em = self.g, self.em
+        size = g.wtype.dtype.itemsize
+        per_line = 64 // size
+        lines = max(1, self.nr * CHUNK // per_line)
+        base = self.add(self.mul(self.wrow(row0), g.k), DENSE_PREFETCH_BYTES // size)
+        base = self.add(base, self.mul(b, lines * per_line))
+        total = (self.g.total_rows or g.n) * g.k
+        last = self.c(total - 1)
+        for i in range(lines):
+            e = self.idx(f"arith.minui {self.add(base, i * per_line)}, {last}")
+            em.line(f"memref.prefetch {self.wmem}[{e}], read, locality<3>, data : "
+                    f"memref<{total}x{g.wtype.dtype.value}>")
+
+    def fold(self, vecs: list[str]) -> str:
+        """The lanes of each of ``vecs`` (vector<16xf32>, at most 16) summed, as one
+        vector<16xf32> whose lane j is the sum of ``vecs[j]`` (the rest 0): stages of two
+        shuffles and an add on pairs of vectors (:func:`fold_masks`; a zero vector pairs
+        with an odd one out), each halving every output's lanes, so each output's sum is the
+        same halving tree (lanes e and e + 8, then e and e + 4, ...) however many outputs
+        are folded with it."""
+        em, vf = self.em, self.vf
+        assert 1 <= len(vecs) <= 16, "fold takes 1 to 16 vectors"
+        zero = em.op(f"arith.constant dense<0.0> : {vf}", "cv")
+        cur, w = list(vecs), 16
+        while w > 1:
+            if len(cur) % 2:
+                cur.append(zero)
+            lo, hi = fold_masks(w)
+            cur = [em.op(f"arith.addf {self.shuffle(a, b, lo, vf)}, "
+                         f"{self.shuffle(a, b, hi, vf)} : {vf}")
+                   for a, b in zip(cur[::2], cur[1::2])]
+            w //= 2
+        return cur[0]
+
     def rows(self, wrows: list[str], dest: str, dest_t: str, cols: list[str]) -> str:
         """All rows of x against the W rows ``wrows`` (one, except on the integer path), in
         tiles of ``m_tile`` x rows; results go to ``dest[:, cols[j]]``."""
@@ -497,6 +678,8 @@ class _K:
                 return self.tile_lanes(wrows[0], d, dest_t, cols[0])
             if self.quant:
                 return self.tile_int(wrows, m0, rows, d, dest_t, cols)
+            if self.dense_block:
+                return self.tile_dense(wrows[0], m0, rows, d, dest_t, cols[0])
             return self.tile(wrows[0], m0, rows, d, dest_t, cols[0])
 
         self.pack = None
@@ -1350,6 +1533,12 @@ class _K:
             nbytes = g.wtype.nbytes
             self.wmem = em.op(f"bufferization.to_buffer {g.w} read_only : tensor<{nbytes}xi8> "
                               f"to memref<{nbytes}xi8>")
+        elif self.dense_block and self.nr > 1 and DENSE_PREFETCH_BYTES:
+            rows, ty = g.total_rows or g.n, g.wtype.dtype.value
+            m2 = em.op(f"bufferization.to_buffer {g.w} read_only : {tt(g.wtype)} to "
+                       f"memref<{rows}x{g.k}x{ty}>")
+            self.wmem = em.op(f"memref.collapse_shape {m2} [[0, 1]] : memref<{rows}x{g.k}x{ty}> "
+                              f"into memref<{rows * g.k}x{ty}>")
         nt = self.nt
         out_t = f"tensor<{g.m}x{g.n}xf32>"
         init = em.op(f"tensor.empty() : {out_t}", "e")
