@@ -284,7 +284,7 @@ class ModelHandle:
         if not runner.ragged:
             return []
         warm = {size for _, (kind, size) in runner.warm_targets(batches) if kind == "ragged"}
-        return [(runner.model, runner.weights.types, runner.step_spec("ragged", t))
+        return [runner.model_step("ragged", t)[1:]
                 for t in ragged_token_buckets(runner.prefill_chunk, runner.max_batch,
                                               cfg.max_prefill_tokens, cfg.idle_prefill_tokens,
                                               runner.kv.max_model_len, runner.stall_bounded)

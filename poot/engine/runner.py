@@ -573,21 +573,13 @@ class ModelRunner(RunnerBase):
 
         Idle rows skip the attention over a sequence's context, so the times are those of
         the matmuls and the rest of the step: what grows with the rows."""
-        w = self.kv.table_width
         costs: dict[int, float] = {}
         for t in [*mixed_ragged_buckets(self.prefill_chunk, self.max_batch,
                                         self.stall_bounded), self.prefill_chunk]:
             entry = self._entries.get(("ragged", t))
             if entry is None:
                 continue
-            rows = self.ragged_rows(t)
-            values = {"tokens": np.zeros((t, 1), np.int32),
-                      "positions": np.zeros((t, 1), np.int32),
-                      "block_table": np.full((t, w), NULL_BLOCK, np.int32),
-                      "slot_mapping": np.full(t, -1, np.int32),
-                      "logit_rows": np.zeros(rows, np.int32)}
-            if "lora_index" in entry.input_names:
-                values["lora_index"] = slot_column(None, 0, t)
+            values = self._ragged_inputs(entry, t, self.ragged_rows(t))
             best = float("inf")
             for i in range(reps + 1):
                 t0 = time.perf_counter()
@@ -642,22 +634,7 @@ class ModelRunner(RunnerBase):
             raise ValueError(f"{s} sampled rows exceed the {rows} of a ragged "
                              f"step of {t} tokens")
         entry = self.verify_entry(t) if verify else self.ragged_entry(t)
-        w, bs = self.kv.table_width, self.kv.block_size
-        tokens = np.zeros((t, 1), np.int32)
-        positions = np.zeros((t, 1), np.int32)
-        table = np.full((t, w), NULL_BLOCK, np.int32)
-        slots = np.full(t, -1, np.int32)
-        logit_rows = np.zeros(rows, np.int32)
-        tokens[:n, 0] = batch.tokens
-        positions[:n, 0] = batch.positions
-        table[:n] = batch.tables
-        pos = batch.positions
-        slots[:n] = table[np.arange(n), pos // bs] * bs + pos % bs
-        logit_rows[:s] = batch.logit_rows
-        values = {"tokens": tokens, "positions": positions, "block_table": table,
-                  "slot_mapping": slots, "logit_rows": logit_rows}
-        if "lora_index" in entry.input_names:
-            values["lora_index"] = slot_column(batch.lora_slots, n, t)
+        values = self._ragged_inputs(entry, t, rows, batch)
         self.session.submit(entry, self._write(entry, values), read=())
         self.ragged_steps += 1
         if spec is None:
@@ -666,6 +643,32 @@ class ModelRunner(RunnerBase):
         handle = DecodeHandle(None, s, spec, _sampler_reads(spec), rows, smp,
                               self._sampler_inputs(smp, batch.sampled, rows, spec))
         return handle if spec.guided else self.submit_sampler(handle)
+
+    def _ragged_inputs(self, entry: Entry, t: int, rows: int,
+                       batch: RaggedBatch | None = None) -> dict[str, np.ndarray]:
+        """The inputs of a ragged ``entry`` of ``t`` token rows sampling ``rows``: ``batch``'s
+        rows first (their slots from their block tables), then padding rows that write
+        nothing (token and position 0, the null block table, slot -1); with no ``batch``
+        every row is padding (:meth:`measure_ragged_costs`)."""
+        w, bs = self.kv.table_width, self.kv.block_size
+        tokens = np.zeros((t, 1), np.int32)
+        positions = np.zeros((t, 1), np.int32)
+        table = np.full((t, w), NULL_BLOCK, np.int32)
+        slots = np.full(t, -1, np.int32)
+        logit_rows = np.zeros(rows, np.int32)
+        n = 0
+        if batch is not None:
+            n, pos = len(batch.tokens), batch.positions
+            tokens[:n, 0] = batch.tokens
+            positions[:n, 0] = pos
+            table[:n] = batch.tables
+            slots[:n] = table[np.arange(n), pos // bs] * bs + pos % bs
+            logit_rows[:len(batch.logit_rows)] = batch.logit_rows
+        values = {"tokens": tokens, "positions": positions, "block_table": table,
+                  "slot_mapping": slots, "logit_rows": logit_rows}
+        if "lora_index" in entry.input_names:
+            values["lora_index"] = slot_column(batch.lora_slots if batch else None, n, t)
+        return values
 
     def bucket(self, n: int) -> int:
         """The smallest decode bucket holding ``n`` rows (ValueError past the largest)."""
@@ -703,9 +706,7 @@ class ModelRunner(RunnerBase):
         workers are given)."""
         out, seen = [], set()
         for b, (kind, size) in self.warm_targets(batches):
-            spec = self.step_spec(kind, size)
-            out.append((f"{kind}[{'T' if kind == 'ragged' else 'B'}={size}]", self.model,
-                        self.weights.types, spec))
+            out.append(self.model_step(kind, size))
             for s in dict.fromkeys([GREEDY, *specs]):
                 step = SamplerStep(b, self.vocab, self.history_slots, s)
                 name = f"sampler[B={b}{spec_tag(s)}]"
@@ -713,9 +714,17 @@ class ModelRunner(RunnerBase):
                     seen.add(name)
                     out.append((name, SamplerProgram(step), {}, step))
         if not self.ragged:
-            pre = self.step_spec("prefill")
-            out.insert(0, (f"prefill[{pre.tokens}]", self.model, self.weights.types, pre))
+            out.insert(0, self.model_step("prefill"))
         return out
+
+    def model_step(self, kind: str, size: int = 1) -> tuple[str, Any, Any, StepSpec]:
+        """``(name, key model, weight types, spec)`` of the model step of ``kind`` (prefill,
+        decode of ``size`` rows, ragged of ``size`` token rows), as the compile cache keys it
+        and :mod:`poot.api.compile_ahead`'s workers take it."""
+        spec = self.step_spec(kind, size)
+        name = f"prefill[{spec.tokens}]" if kind == "prefill" else \
+            f"{kind}[{'T' if kind == 'ragged' else 'B'}={size}]"
+        return name, self.model, self.weights.types, spec
 
     # ---- inputs -------------------------------------------------------------------------
     def _write(self, entry: Entry, values: dict[str, np.ndarray], force: set[str] = frozenset()
