@@ -5,15 +5,16 @@
 // RUN: poot-opt %s --split-input-file --pass-pipeline='builtin.module(poot-lower-to-cpu-kernels,canonicalize)' | FileCheck %s --check-prefix=SERIAL
 // RUN: poot-opt %s --split-input-file --pass-pipeline='builtin.module(poot-lower-to-cpu-kernels{cores=2 parallel-min-bytes=0 m-tile=4},canonicalize)' | FileCheck %s --check-prefix=BLOCK
 
-// Q4_1 GEMV (decode M = 1): rows of W as scf.forall; per 32-element block: the two f16
-// scales through vector.bitcast + extf, 16 bytes of nibbles split with andi/shrui, decoded
-// with fma (q * d + m) in registers, multiplied into two vector<16xf32> accumulators.
+// Q4_1 GEMV (decode M = 1, f32 x): W's 40 rows as scf.forall over 2 items of 20 (one a
+// thread); per 32-element block: the two f16 scales through vector.bitcast + extf, 16 bytes
+// of nibbles split with andi/shrui, decoded with fma (q * d + m) in registers, multiplied
+// into one vector<16xf32> accumulator (low half, then high), whose lanes the fold sums.
 // CHECK-LABEL: func.func @gemv_q4_1(
 // CHECK-SAME: %[[X:.+]]: tensor<1x64xf32>, %[[W:.+]]: tensor<1600xi8> {poot.packed = "q4_1"
 // CHECK-NOT: linalg.matmul
 // CHECK-NOT: tensor<40x64xf32>
-// CHECK: scf.forall (%[[N:.+]]) in (40) shared_outs
-// CHECK: scf.for {{.*}} -> (vector<16xf32>, vector<16xf32>)
+// CHECK: scf.forall (%[[N:.+]]) in (2) shared_outs
+// CHECK: scf.for {{.*}} -> (vector<16xf32>)
 // CHECK: vector.transfer_read %[[W]][{{.*}}], %{{.*}} {in_bounds = [true]} : tensor<1600xi8>, vector<4xi8>
 // CHECK: vector.bitcast {{.*}} : vector<4xi8> to vector<2xf16>
 // CHECK: arith.extf {{.*}} : vector<2xf16> to vector<2xf32>
@@ -23,7 +24,8 @@
 // CHECK: math.fma {{.*}} : vector<16xf32>
 // CHECK: vector.transfer_read %[[X]]{{.*}} : tensor<1x64xf32>, vector<16xf32>
 // CHECK: math.fma {{.*}} : vector<16xf32>
-// CHECK: vector.reduction <add>, {{.*}} : vector<16xf32> into f32
+// CHECK: vector.shuffle
+// CHECK-NOT: vector.reduction
 // CHECK: tensor.parallel_insert_slice
 // SERIAL-LABEL: func.func @gemv_q4_1(
 // SERIAL-NOT: scf.forall

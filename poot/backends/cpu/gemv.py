@@ -6,27 +6,26 @@ decoded in registers from their stored bytes; no dequantized copy of the weight)
 The CPU backend's :class:`~poot.dialects.lowering.rules.MatmulKernels` (:data:`KERNELS`, put
 in the :class:`~poot.dialects.lowering.rules.Strategy` by
 :func:`poot.backends.cpu.codegen.strategy_for`): the contraction rules try it first and it
-takes the ops :func:`match` fits. The kernel, on tensors (one-shot bufferization makes it in place):
+takes the ops :func:`match` fits. With f32 x (dense weights; packed ones at precision
+``exact``) the kernel is, on tensors (one-shot bufferization makes it in place):
 
-* rows ``n`` of W: ``scf.forall`` (threads, when the weight is big enough to pay for a
-  fork/join) or ``scf.for``;
-* inside a row, tiles of ``m_tile`` rows of x (decode M = 1: one tile; prefill: a loop of
-  tiles, so each decoded row of W is reused from L1 by every row of x);
-* the K loop walks 32-element chunks (one quant block): the chunk's 32 weights are decoded into
-  two ``vector<16xf32>`` (f16 scales through ``vector.bitcast`` + ``extf``; nibbles with
-  ``andi``/``shrui``), multiplied into two vector accumulators per x row with ``math.fma``,
-  reduced once per row at the end (``vector.reduction``; packed weights with f32 x). A dense
-  K that is not a multiple of 32 finishes with one masked chunk (padding 0).
+* rows ``n`` of W: ``scf.forall`` over items of up to :data:`DENSE_GROUP_MAX` rows (threads,
+  when the weight is big enough to pay for a fork/join; :func:`dense_group`) or ``scf.for``;
+* inside an item, tiles of ``m_tile`` rows of x (decode M = 1: one tile; prefill: a loop of
+  tiles), each meeting the item's W rows in register blocks of :data:`DENSE_N_BLOCK` rows
+  (:meth:`_K.tile_dense`) while it stays in L1: one accumulator per (x row, W row), so each
+  x vector read feeds 4 W rows and each W vector 4 x rows;
+* the K loop walks 32-element chunks (one quant block): the chunk's 32 weights are read as
+  two ``vector<16xf32>`` (f16/bf16 widened with ``extf``; packed blocks decoded: f16 scales
+  through ``vector.bitcast`` + ``extf``, nibbles with ``andi``/``shrui``), multiplied into the
+  accumulator with ``math.fma``, low half then high. A dense K that is not a multiple of 32
+  finishes with one masked chunk (padding 0);
+* the accumulators' lanes are summed by :meth:`_K.fold` (a halving tree per output, shuffled
+  across up to 16 outputs at once) and each x row's results written as one vector; a dense
+  weight's bytes :data:`DENSE_PREFETCH_BYTES` past the block are prefetched as one stream.
 
-Dense weights (f32, or f16/bf16 widened) take the register-blocked form of that loop
-(:meth:`_K.tile_dense`): a thread's item is up to :data:`DENSE_GROUP_MAX` W rows
-(:func:`dense_group`), met by each tile of ``m_tile`` x rows in blocks of
-:data:`DENSE_N_BLOCK` W rows, one accumulator per (x row, W row) (low half, then high half
-of each chunk), so each x vector read feeds 4 W rows and each widened W vector 4 x rows; the
-accumulators' lanes are summed by :meth:`_K.fold` (a halving tree per output, shuffled
-across up to 16 outputs at once) instead of a reduction per output, and the block's bytes
-:data:`DENSE_PREFETCH_BYTES` ahead are prefetched as one stream. An output's operations do
-not depend on the block or item it is in: a row's results are the same at every M.
+An output's operations do not depend on the block or item it is in: a row's results are the
+same at every M.
 
 Packed weights with x quantized (:attr:`~poot.dialects.lowering.rules.Strategy.dot_bits`) and
 M >= 2 rows of x (batched decode, prefill) take the GEMM tile instead (:func:`gemm_fits`,
@@ -354,9 +353,10 @@ class _K:
         elif self.quant:
             want = s.n_tile if g.m == 1 else max(1, 8 // self.mt)
             nt = next(t for t in (want, 4, 2, 1) if t <= want and g.n % t == 0)
-        #: the register-blocked f32 kernel (:meth:`tile_dense`) for dense weights: ``nr`` W
-        #: rows a register block, items of ``nt`` W rows (:func:`dense_group`)
-        self.dense_block = not g.packed
+        #: the register-blocked f32 kernel (:meth:`tile_dense`) for dense weights and packed
+        #: ones with f32 x: ``nr`` W rows a register block, items of ``nt`` W rows
+        #: (:func:`dense_group`)
+        self.dense_block = not self.quant
         if self.dense_block:
             self.nr = DENSE_N_BLOCK if s.m_tile >= 4 and g.n % DENSE_N_BLOCK == 0 else 1
             nt = dense_group(g.n, self.nr, max(1, s.cores))
@@ -490,56 +490,12 @@ class _K:
         return out[0], out[1]
 
     # ---- the kernel ----
-    def tile(self, row: str, m0: str, rows: int, dest: str, dest_t: str, col: str) -> str:
-        """Rows ``m0 .. m0 + rows`` of x against row ``row`` of W: inserts the ``rows`` sums
-        into ``dest`` (type ``dest_t``) at ``[m0 + i, col]``; returns the new ``dest``."""
-        g, em, vf = self.g, self.em, self.vf
-        nb = g.k // CHUNK
-        self.tail = g.k % CHUNK
-        zero = em.op(f"arith.constant dense<0.0> : {vf}", "cv")
-        xrows = [self.add(m0, i) for i in range(rows)]
-        accs = [zero] * (2 * rows)
-        if nb:
-            b = em.fresh("b")
-            iters = [em.fresh("acc") for _ in accs]
-            res = em.fresh("kl")
-            c0, cnb, c1 = self.c(0), self.c(nb), self.c(1)
-            em.line(f"{res}:{len(accs)} = scf.for {b} = {c0} to {cnb} step {c1} iter_args("
-                    + ", ".join(f"{a} = {z}" for a, z in zip(iters, accs))
-                    + f") -> ({', '.join([vf] * len(accs))}) {{")
-            em.depth += 1
-            wlo, whi = self.decode(row, b)
-            k = self.mul(b, CHUNK)
-            k16 = self.add(k, 16)
-            new = []
-            for i, xr in enumerate(xrows):
-                xlo, xhi = self.read_x(xr, k, False), self.read_x(xr, k16, False)
-                new.append(em.op(f"math.fma {wlo}, {xlo}, {iters[2 * i]} : {vf}"))
-                new.append(em.op(f"math.fma {whi}, {xhi}, {iters[2 * i + 1]} : {vf}"))
-            em.line(f"scf.yield {', '.join(new)} : {', '.join([vf] * len(new))}")
-            em.depth -= 1
-            em.line("}")
-            accs = [f"{res}#{i}" for i in range(len(accs))]
-        if self.tail:  # dense only: one masked chunk
-            k = self.c(nb * CHUNK)
-            wlo, whi = self.dense(row, k, True)
-            for i, xr in enumerate(xrows):
-                accs[2 * i] = em.op(f"math.fma {wlo}, {self.read_x(xr, k, True)}, "
-                                    f"{accs[2 * i]} : {vf}")
-                if whi is not None:
-                    xhi = self.read_x(xr, self.add(k, 16), True)
-                    accs[2 * i + 1] = em.op(f"math.fma {whi}, {xhi}, {accs[2 * i + 1]} : {vf}")
-        for i, xr in enumerate(xrows):
-            both = em.op(f"arith.addf {accs[2 * i]}, {accs[2 * i + 1]} : {vf}")
-            s = em.op(f"vector.reduction <add>, {both} : {vf} into f32")
-            dest = em.op(f"tensor.insert {s} into {dest}[{xr}, {col}] : {dest_t}")
-        return dest
-
     def tile_dense(self, row0: str, m0: str, rows: int, dest: str, dest_t: str,
                    col0: str) -> str:
-        """Rows ``m0 .. m0 + rows`` of x against the item's ``self.nt`` dense W rows from
-        ``row0``, in register blocks of ``self.nr`` W rows (:meth:`dense_block`): the x tile
-        stays in L1 while it meets every block. Writes ``dest[m0 + i, col0 + j]``."""
+        """Rows ``m0 .. m0 + rows`` of f32 x against the item's ``self.nt`` W rows (dense, or
+        packed blocks decoded by :meth:`decode`) from ``row0``, in register blocks of
+        ``self.nr`` W rows (:meth:`dense_block_rows`): the x tile stays in L1 while it meets
+        every block. Writes ``dest[m0 + i, col0 + j]``."""
         em, nr = self.em, self.nr
         blocks = self.nt // nr
         if blocks == 1:
@@ -558,9 +514,9 @@ class _K:
 
     def dense_block_rows(self, row0: str, m0: str, rows: int, dest: str, dest_t: str,
                          col0: str) -> str:
-        """One register block: x rows ``m0 .. m0 + rows`` against dense W rows ``row0 ..
-        row0 + nr``, one vector<16xf32> accumulator per (x row, W row): per 32-element chunk
-        the nr rows' two widened W vectors meet each x row's two (``math.fma``, low half
+        """One register block: x rows ``m0 .. m0 + rows`` against W rows ``row0 .. row0 + nr``,
+        one vector<16xf32> accumulator per (x row, W row): per 32-element chunk the nr rows'
+        two W vectors (widened, or decoded: :meth:`decode`) meet each x row's two (``math.fma``, low half
         then high, so lane l sums the k = l mod 16 products in k order; a K that is not a
         multiple of 32 ends with one masked chunk), then :meth:`fold` sums each
         accumulator's lanes (a halving tree) and each x row's nr results are written as one
@@ -598,7 +554,7 @@ class _K:
             k16 = self.add(k, 16)
             if self.wmem is not None:
                 self._prefetch_dense(row0, b)
-            ws = [self.dense(wr, k, False) for wr in wrows]
+            ws = [self.decode(wr, b) for wr in wrows]
             xs = [(self.read_x(xr, k, False), self.read_x(xr, k16, False)) for xr in xrows]
             new = step(ws, xs, iters)
             em.line(f"scf.yield {', '.join(new)} : {', '.join([vf] * len(new))}")
@@ -678,9 +634,7 @@ class _K:
                 return self.tile_lanes(wrows[0], d, dest_t, cols[0])
             if self.quant:
                 return self.tile_int(wrows, m0, rows, d, dest_t, cols)
-            if self.dense_block:
-                return self.tile_dense(wrows[0], m0, rows, d, dest_t, cols[0])
-            return self.tile(wrows[0], m0, rows, d, dest_t, cols[0])
+            return self.tile_dense(wrows[0], m0, rows, d, dest_t, cols[0])
 
         self.pack = None
         if self.amx is not None:    # B tiles in memory, decoded once for all x-row tiles
@@ -1533,7 +1487,7 @@ class _K:
             nbytes = g.wtype.nbytes
             self.wmem = em.op(f"bufferization.to_buffer {g.w} read_only : tensor<{nbytes}xi8> "
                               f"to memref<{nbytes}xi8>")
-        elif self.dense_block and self.nr > 1 and DENSE_PREFETCH_BYTES:
+        elif self.dense_block and not g.packed and self.nr > 1 and DENSE_PREFETCH_BYTES:
             rows, ty = g.total_rows or g.n, g.wtype.dtype.value
             m2 = em.op(f"bufferization.to_buffer {g.w} read_only : {tt(g.wtype)} to "
                        f"memref<{rows}x{g.k}x{ty}>")
