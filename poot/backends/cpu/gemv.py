@@ -516,12 +516,13 @@ class _K:
                          col0: str) -> str:
         """One register block: x rows ``m0 .. m0 + rows`` against W rows ``row0 .. row0 + nr``,
         one vector<16xf32> accumulator per (x row, W row): per 32-element chunk the nr rows'
-        two W vectors (widened, or decoded: :meth:`decode`) meet each x row's two (``math.fma``, low half
-        then high, so lane l sums the k = l mod 16 products in k order; a K that is not a
-        multiple of 32 ends with one masked chunk), then :meth:`fold` sums each
-        accumulator's lanes (a halving tree) and each x row's nr results are written as one
-        vector. Every output's operations and their order are the same whatever the block's
-        size, so a row's results do not depend on M (the engine's batch invariance)."""
+        two W vectors (widened, or decoded: :meth:`decode`) meet each x row's two
+        (``math.fma``, low half then high, so lane l sums the k = l mod 16 products in k
+        order; a K that is not a multiple of 32 ends with one masked chunk), then
+        :meth:`fold` sums each accumulator's lanes (a halving tree) and each x row's nr
+        results are written as one vector. Every output's operations and their order are
+        the same whatever the block's size, so a row's results do not depend on M (the
+        engine's batch invariance)."""
         g, em, vf, nr = self.g, self.em, self.vf, self.nr
         assert rows * nr <= 16, "a register block holds at most 16 accumulators"
         nb = g.k // CHUNK
@@ -580,9 +581,9 @@ class _K:
     def _prefetch_dense(self, row0: str, b: str) -> None:
         """Software prefetch, at chunk ``b`` of the register block of W rows from ``row0``,
         of the chunk's share of the bytes :data:`DENSE_PREFETCH_BYTES` past the block's
-        start: the block reads its ``nr`` rows as ``nr`` interleaved streams, which the
-        hardware prefetchers follow poorly, its bytes are one contiguous run, so the
-        prefetches are one forward stream (clamped to W)."""
+        start (clamped to W). The block reads its ``nr`` rows as ``nr`` interleaved streams,
+        which the hardware prefetchers follow poorly; the rows' bytes are one contiguous
+        run, so the prefetches are one forward stream."""
         g, em = self.g, self.em
         size = g.wtype.dtype.itemsize
         per_line = 64 // size
@@ -618,8 +619,8 @@ class _K:
         return cur[0]
 
     def rows(self, wrows: list[str], dest: str, dest_t: str, cols: list[str]) -> str:
-        """All rows of x against the W rows ``wrows`` (one, except on the integer path), in
-        tiles of ``m_tile`` x rows; results go to ``dest[:, cols[j]]``."""
+        """All rows of x against the W rows ``wrows`` (the item's), in tiles of ``m_tile`` x
+        rows; results go to ``dest[:, cols[j]]``."""
         em, g = self.em, self.g
         mt = self.mt
 
