@@ -590,12 +590,7 @@ class _K:
         lines = max(1, self.nr * CHUNK // per_line)
         base = self.add(self.mul(self.wrow(row0), g.k), DENSE_PREFETCH_BYTES // size)
         base = self.add(base, self.mul(b, lines * per_line))
-        total = (self.g.total_rows or g.n) * g.k
-        last = self.c(total - 1)
-        for i in range(lines):
-            e = self.idx(f"arith.minui {self.add(base, i * per_line)}, {last}")
-            em.line(f"memref.prefetch {self.wmem}[{e}], read, locality<3>, data : "
-                    f"memref<{total}x{g.wtype.dtype.value}>")
+        self._prefetch_at([self.add(base, i * per_line) for i in range(lines)])
 
     def fold(self, vecs: list[str]) -> str:
         """The lanes of each of ``vecs`` (vector<16xf32>, at most 16) summed, as one
@@ -1419,13 +1414,14 @@ class _K:
                            for j in range(self.lanes)])
 
     def _prefetch_at(self, offs: list[str]) -> None:
-        """``memref.prefetch`` of W's bytes at ``offs`` (clamped to W)."""
-        g, em = self.g, self.em
-        last = self.c(g.wtype.nbytes - 1)
+        """``memref.prefetch`` of W at ``offs`` (clamped to W): byte offsets, or element
+        offsets where W's buffer is a dense weight's elements (:attr:`wmem_t`)."""
+        em = self.em
+        last = self.c(self.wmem_len - 1)
         for off in offs:
             p = self.idx(f"arith.minui {off}, {last}")
             em.line(f"memref.prefetch {self.wmem}[{p}], read, locality<3>, data : "
-                    f"memref<{g.wtype.nbytes}xi8>")
+                    f"{self.wmem_t}")
 
     def _prefetch_ahead(self, row0: str, b: str) -> None:
         """Software prefetch, at block ``b`` of the tile of W rows from ``row0``, of the
@@ -1484,16 +1480,22 @@ class _K:
         if self.amx is not None:
             self.amx.x_buffer()
         self.wmem = self.wmem32 = None
+        #: W's flat buffer (:meth:`_prefetch_at`): its length, its type (bytes, or a dense
+        #: W's elements)
+        self.wmem_len = g.wtype.nbytes
+        self.wmem_t = f"memref<{g.wtype.nbytes}xi8>"
         if self.gemm or self.lane_gemv or self.r16:  # W as a buffer, for the prefetches
             nbytes = g.wtype.nbytes
             self.wmem = em.op(f"bufferization.to_buffer {g.w} read_only : tensor<{nbytes}xi8> "
-                              f"to memref<{nbytes}xi8>")
+                              f"to {self.wmem_t}")
         elif self.dense_block and not g.packed and self.nr > 1 and DENSE_PREFETCH_BYTES:
             rows, ty = g.total_rows or g.n, g.wtype.dtype.value
             m2 = em.op(f"bufferization.to_buffer {g.w} read_only : {tt(g.wtype)} to "
                        f"memref<{rows}x{g.k}x{ty}>")
+            self.wmem_len = rows * g.k
+            self.wmem_t = f"memref<{self.wmem_len}x{ty}>"
             self.wmem = em.op(f"memref.collapse_shape {m2} [[0, 1]] : memref<{rows}x{g.k}x{ty}> "
-                              f"into memref<{rows * g.k}x{ty}>")
+                              f"into {self.wmem_t}")
         nt = self.nt
         out_t = f"tensor<{g.m}x{g.n}xf32>"
         init = em.op(f"tensor.empty() : {out_t}", "e")
