@@ -44,6 +44,9 @@ SHAPES = [("bf16", 2048, 2048), ("bf16", 512, 2048), ("bf16", 8192, 2048),
 MS = (16, 32, 64, 128)
 #: the forced wgmma tilings' grid
 RS, WGS, US = (1, 2), (1, 2), (1, 2, 4)
+#: K steps a chunk of the ring's variants, and its depths
+RING_US = (1, 2)
+RING_STAGES = (4, 8, 16)
 #: ``--swap``: also the wgmma kernel with its descriptor's offsets exchanged (bring-up)
 SWAP = False
 #: bytes of weight copies a timing graph cycles through (H100/H200 L2: 50 MB)
@@ -55,18 +58,31 @@ ONLY: list | None = None
 WBYTES = {"bf16": 2.0, "f16": 2.0, "q4_0": 18 / 32, "q4_1": 20 / 32, "q8_0": 34 / 32}
 
 
-def grid(M: int, N: int, K: int) -> list[tuple[int, int, int, int, int]]:
+def grid(M: int, N: int, K: int, dense: bool = False) -> list[tuple]:
     """The forced wgmma ``(R, WG, S, U, xpack)`` worth timing at this shape (each tiling
     with x packed by a first kernel and without): accumulators within
     :data:`~.gemm_decode_wgmma.MAX_ACCS`, x's chunk within its buffer, S dividing the K
     steps with a whole number of chunks, the partials under 64 MB, at least one block per 4
-    compute units."""
+    compute units. ``dense`` (16-bit weights): the ring's tilings instead, ``(R, WG, S, U,
+    1, stages)``."""
     from poot.backends.gpu.strategies import gemm_decode as D
     from poot.backends.gpu.strategies import gemm_decode_wgmma as W
 
     Np, KT = -(-M // 8) * 8, K // D.KSTEP
     out = []
     splits = [s for s in (1, 2, 3, 4, 6, 8, 9, 12, 16) if KT % s == 0]
+    if dense:       # the ring (x packed): RING_STAGES deep (those its chunks fill) and its
+        #             deepest, over the same grid
+        for R, WG, S, U in itertools.product(RS, WGS, splits, RING_US):
+            top = W.ring_stages(Np, R, WG, U)
+            if R * Np // 2 > W.MAX_ACCS or (KT // S) % U or top < 2:
+                continue
+            if (S > 1 and S * M * N * 4 > 64 << 20) or -(-N // (64 * R * WG)) * S < 33:
+                continue
+            chunks = KT // S // U
+            out += [(R, WG, S, U, 1, st) for st in sorted(
+                {min(top, st) for st in RING_STAGES if st <= chunks + 1} | {min(top, chunks + 1)})]
+        return out
     us = [u for u in US if u >= 2 or Np >= 128]
     for R, WG, S, U in itertools.product(RS, WGS, splits, us):
         if R * Np // 2 > W.MAX_ACCS or U * Np * 64 > W.X_BUF_BYTES or (KT // S) % U:
@@ -81,9 +97,10 @@ def grid(M: int, N: int, K: int) -> list[tuple[int, int, int, int, int]]:
 
 def _artifact(folder: Path, fmt, M, N, K, caps, variant) -> dict:
     """Variant ``default`` (the target's strategy and tiling: wgmma on sm_90a), ``mma``
-    (the mma.sync decode GEMM, the target without sm_90a), ``swap`` (wgmma, the
-    descriptor's offsets exchanged: bring-up), ``tiled`` (the tiled GEMM) or a forced wgmma
-    ``(R, WG, S, U, xpack)``."""
+    (the mma.sync decode GEMM, the target without sm_90a), ``reg`` (wgmma with A in
+    registers: no ring), ``swap`` (wgmma, the descriptor's offsets exchanged: bring-up),
+    ``tiled`` (the tiled GEMM) or a forced wgmma ``(R, WG, S, U, xpack[, stages])`` (from
+    any M: :data:`~.gemm_decode_wgmma.MIN_M` lifted)."""
     from dataclasses import replace
 
     from mlir import ir
@@ -95,7 +112,8 @@ def _artifact(folder: Path, fmt, M, N, K, caps, variant) -> dict:
 
     with make_context(), ir.Location.unknown():
         g = Graph.from_module(ir.Module.parse(GC._region_text(fmt, M, N, K)))
-    old = D.MAX_M, D.FORCE_TILING, D.ABLATE, W.FORCE_TILING, W.SWAP_DESC, W.FORCE_XPACK
+    old = (D.MAX_M, D.FORCE_TILING, D.ABLATE, W.FORCE_TILING, W.SWAP_DESC, W.FORCE_XPACK,
+           W.FORCE_STAGES, W.MIN_M)
     mma_caps = replace(caps, features=caps.features - {W.FEATURE})
     try:
         D.ABLATE = ABLATE
@@ -103,12 +121,17 @@ def _artifact(folder: Path, fmt, M, N, K, caps, variant) -> dict:
             D.MAX_M = 0
         elif variant == "swap":
             W.SWAP_DESC = True
+        elif variant == "reg":
+            W.FORCE_STAGES = 0
         elif isinstance(variant, tuple):
             W.FORCE_TILING, W.FORCE_XPACK = variant[:4], bool(variant[4])
+            W.FORCE_STAGES = variant[5] if len(variant) > 5 else 0
+            W.MIN_M = 1
         use = mma_caps if variant == "mma" else caps
         art = GC._region_artifact(g, use)
     finally:
-        D.MAX_M, D.FORCE_TILING, D.ABLATE, W.FORCE_TILING, W.SWAP_DESC, W.FORCE_XPACK = old
+        (D.MAX_M, D.FORCE_TILING, D.ABLATE, W.FORCE_TILING, W.SWAP_DESC, W.FORCE_XPACK,
+         W.FORCE_STAGES, W.MIN_M) = old
     art.save(str(folder))
     return {"fmt": fmt, "M": M, "N": N, "K": K, "variant": list(variant)
             if isinstance(variant, tuple) else variant,
@@ -128,8 +151,10 @@ def build(out: str, shapes=None, ms=None) -> dict:
     t0 = time.perf_counter()
     for fmt, N, K in shapes or SHAPES:
         for M in ms or MS:
-            variants = ["default", "mma"] + (["swap"] if SWAP else []) + \
-                [v for v in (ONLY if ONLY is not None else grid(M, N, K))
+            dense = fmt in ("bf16", "f16")
+            variants = ["default", "mma"] + (["reg"] if dense else []) + \
+                (["swap"] if SWAP else []) + \
+                [v for v in (ONLY if ONLY is not None else grid(M, N, K, dense))
                  if v != _default(M, N, K, fmt, caps)]
             for v in variants:
                 name = f"{fmt}_{M}x{N}x{K}_" + (v if isinstance(v, str) else
@@ -148,8 +173,8 @@ def build(out: str, shapes=None, ms=None) -> dict:
 def _default(M, N, K, fmt, caps):
     from poot.backends.gpu.strategies import gemm_decode_wgmma as W
 
-    t = W.wgmma_tiling(M, N, K, caps.cores, int(N * K * WBYTES[fmt]))
-    return (t.R, t.WG, t.S, t.U, int(t.xpack))
+    t = W.wgmma_tiling(M, N, K, caps.cores, int(N * K * WBYTES[fmt]), fmt in ("bf16", "f16"))
+    return (t.R, t.WG, t.S, t.U, int(t.xpack)) + ((t.stages,) if t.stages else ())
 
 
 def _reference(fmt: str, x: np.ndarray, w: np.ndarray, N: int, K: int) -> np.ndarray:
@@ -289,6 +314,7 @@ def check(folder: str) -> dict:
         best = min(good, key=lambda r: r["us"])
         dflt = next((r for r in rs if r["variant"] == "default" and "us" in r), None)
         mma = next((r for r in rs if r["variant"] == "mma" and "us" in r), None)
+        reg = next((r for r in rs if r["variant"] == "reg" and "us" in r), None)
         tt = torch_t.get((M, N, K))
         rep["best"][f"{fmt} M={M} N={N} K={K}"] = {
             "variant": best["variant"], "us": best["us"], "GBps": best["GBps"],
@@ -296,6 +322,8 @@ def check(folder: str) -> dict:
             "torch_bf16_us": tt and round(tt * 1e6, 2),
             "default_over_best": dflt and round(dflt["us"] / best["us"], 2),
             "mma_over_default": mma and dflt and round(mma["us"] / dflt["us"], 2),
+            "reg_us": reg and reg["us"],
+            "reg_over_default": reg and dflt and round(reg["us"] / dflt["us"], 2),
             "torch_over_best": tt and round(tt * 1e6 / best["us"], 2)}
     rep["ok"] = all(r.get("ok") for r in rep["timing"].values())
     print(json.dumps({"ok": rep["ok"], "best": rep["best"]}, indent=1), flush=True)
@@ -309,8 +337,8 @@ def main(argv=None) -> int:
     g.add_argument("--check", metavar="DIR", help="run on a CUDA device (no MLIR)")
     ap.add_argument("--ms", help="comma-separated M (default: 16,32,64,128)")
     ap.add_argument("--shapes", help="fmt:N:K,... (default: the 1B's and SmolLM2's)")
-    ap.add_argument("--variants", help="R:WG:S:U:XPACK,... only these wgmma tilings (and the default, "
-                    "mma); 'none': no forced tiling")
+    ap.add_argument("--variants", help="R:WG:S:U:XPACK[:STAGES],... only these wgmma tilings "
+                    "(and the default, mma, reg); 'none': no forced tiling")
     ap.add_argument("--swap", action="store_true",
                     help="also the wgmma kernel with its descriptor's offsets exchanged")
     ap.add_argument("--ablate", choices=("no_x", "no_mma", "stream"),

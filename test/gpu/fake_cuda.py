@@ -34,6 +34,7 @@ class CUstreamCaptureMode(enum.IntEnum):  # noqa: N801
 
 class CUfunction_attribute(enum.IntEnum):  # noqa: N801
     CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
 OK = 0
@@ -95,6 +96,7 @@ class FakeDriver:
     def __init__(self, devices: int = 2, peer_access: bool = True,
                  total_memory: int = 1 << 30):
         self._current = threading.local()     # like the driver: a current context per thread
+        self.dynamic_shared: dict = {}         # function -> its dynamic workgroup memory limit
         self.devices = devices
         self.peer_access = peer_access        # what cuDeviceCanAccessPeer answers (2 GPUs)
         self.total_memory = total_memory
@@ -355,6 +357,22 @@ class FakeDriver:
 
     def cuLaunchKernel(self, *a):                                                   # noqa: N802
         raise NotImplementedError("the fake driver runs copy-only plans")
+
+    #: most dynamic workgroup memory a kernel may be given (an sm_90 block's 227 KB)
+    max_dynamic_shared = 227 << 10
+
+    def cuFuncGetAttribute(self, attr, f):                                          # noqa: N802
+        return (OK, 1024) if attr == CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK \
+            else (OK, self.dynamic_shared.get(f, 0))
+
+    def cuFuncSetAttribute(self, f, attr, value):                                   # noqa: N802
+        """Only the dynamic workgroup memory limit, refused past :attr:`max_dynamic_shared`
+        (CUDA_ERROR_INVALID_VALUE)."""
+        if attr != CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES or \
+                value > self.max_dynamic_shared:
+            return (1,)
+        self.dynamic_shared[f] = value
+        return (OK,)
 
 
 class CopyArtifact:

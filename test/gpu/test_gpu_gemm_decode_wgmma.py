@@ -101,6 +101,70 @@ def test_wgmma_operands_give_x_times_w(fmt, M):
     np.testing.assert_array_equal(D, W @ X.T)
 
 
+@pytest.mark.parametrize("Np,R,WG,U", [(64, 1, 2, 1), (40, 1, 1, 2), (128, 2, 1, 1),
+                                        (72, 1, 2, 4)])
+def test_ring_operands_give_x_times_w(Np, R, WG, U):
+    """The ring (both operands from workgroup memory): one chunk's slot filled as the
+    kernel's copy jobs fill it (job p: the weight's 16 bytes :func:`w_piece` to unit
+    :func:`a_unit`; x's packed image in natural k order, :func:`natural_pair`, after the
+    weight's :attr:`w_units`), then each warpgroup's A and the B of every mma read through
+    the descriptor fields at the tile addresses the kernel gives them, multiplied and summed:
+    the block's W @ x.T over the chunk's k. Also: the copy jobs cover every unit of the
+    weight tiles once, and 8 consecutive jobs write 128 consecutive bytes."""
+    from poot.backends.gpu.strategies.gemm_decode_wgmma import (
+        WgmmaTiling,
+        a_unit,
+        b_descriptor,
+        b_offset,
+        natural_pair,
+        w_piece,
+    )
+
+    d = WgmmaTiling(Np, R, WG, 1, U, U, True, 2)
+    rng = np.random.default_rng(2)
+    KC = 32 * U                                           # k of one chunk
+    X = rng.integers(-8, 8, (Np, KC)).astype(np.float64)
+    W = rng.integers(-8, 8, (d.BN, KC)).astype(np.float64)
+    slot = np.full(d.slot_units * 8, np.nan)              # 16-bit elements
+    units = []
+    for p in range(d.BN * U * 4):
+        row, j = w_piece(p, U)
+        u = a_unit(row, j, R, WG)
+        units.append(u)
+        slot[8 * u:8 * u + 8] = W[row, 8 * j:8 * j + 8]
+    assert sorted(units) == list(range(d.w_units))
+    for p in range(0, len(units), 8):
+        assert units[p:p + 8] == list(range(units[p], units[p] + 8))
+    for u in range(U):                                    # x's image, as stage_row stores it
+        for s in (0, 1):
+            tile = 16 * (d.w_units + (2 * u + s) * d.tile16)
+            for n in range(Np):
+                for hi in (0, 1):
+                    for t in range(4):
+                        quad, at = natural_pair(t, s, hi)
+                        for lo in (0, 1):
+                            k = 32 * u + 4 * quad + at + lo
+                            slot[(tile + b_offset(Np, n, 8 * hi + 2 * t + lo)) // 2] = X[n, k]
+
+    def read(desc, rows):
+        start, lbo, sbo, swizzle = _descriptor_fields(desc)
+        assert swizzle == 0
+        return np.array([[slot[(start + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16
+                                + (k % 8) * 2) // 2] for k in range(16)] for r in range(rows)])
+    D = np.zeros((d.BN, Np))
+    for wg in range(WG):
+        for r in range(R):
+            for u in range(U):
+                for s in (0, 1):
+                    tile = wg * R + (2 * u + s) * R * WG + r        # as ring_loop
+                    A = read(b_descriptor(16 * 128 * tile), 64)
+                    B = read(b_descriptor(16 * (d.w_units + (2 * u + s) * d.tile16)), Np)
+                    assert not np.isnan(A).any() and not np.isnan(B).any()
+                    rows = slice(64 * (wg * R + r), 64 * (wg * R + r) + 64)
+                    D[rows] += A @ B.T
+    np.testing.assert_array_equal(D, W @ X.T)
+
+
 def test_planning_gives_sm_90a_the_wgmma_decode_gemm():
     """The sm_90 CUDA target names sm_90a, its PTX targets sm_90a, and its decode regions
     from MIN_M (33) to 128 rows take the wgmma kernel; fewer rows, or the target without
@@ -139,6 +203,35 @@ def test_wgmma_tiling(M, N, K, wbytes):
         assert d.S * M * N * 4 <= max(wbytes, D.L2_PARTIALS)
         assert d.per_block >= D.MIN_BLOCK_STEPS
     assert nb * d.S >= min(0.95 * 132, nb * min(D.MAX_SPLIT, KT // D.MIN_BLOCK_STEPS))
+
+
+@pytest.mark.parametrize("M,N,K", [(128, 8192, 2048), (72, 4096, 1024), (64, 8192, 2048),
+                                   (128, 2048, 2048), (100, 300, 576)])
+def test_ring_tiling(M, N, K):
+    """Dense weights take the ring where the sweep measured it faster (Np > 64, N >= 4 K):
+    one warpgroup, U = 2, x packed, RULE_STAGES slots within RING_BYTES, chunks dealt evenly
+    to the slices; elsewhere, with packed weights, or with FORCE_STAGES = 0, the register
+    kernel's tiling (whose x buffer rule then holds); FORCE_STAGES > 0 gives the ring to
+    any dense tiling."""
+    from poot.backends.gpu.strategies import gemm_decode_wgmma as W
+
+    wbytes = N * K * 2
+    d = W.wgmma_tiling(M, N, K, 132, wbytes, dense=True)
+    if M > 64 and N >= 4 * K:
+        assert (d.stages, d.WG, d.U, d.xpack) == (W.RULE_STAGES, 1, 2, True)
+        assert 16 * d.stages * d.slot_units <= W.RING_BYTES
+        assert d.S * d.per_block == K // 32 and d.per_block % d.U == 0
+    else:
+        assert d.stages == 0 and d.U * d.Np * 64 <= W.X_BUF_BYTES
+    assert W.wgmma_tiling(M, N, K, 132, wbytes).stages == 0
+    old = W.FORCE_STAGES
+    try:
+        W.FORCE_STAGES = 0
+        assert W.wgmma_tiling(M, N, K, 132, wbytes, dense=True).stages == 0
+        W.FORCE_STAGES = 3
+        assert W.wgmma_tiling(M, N, K, 132, wbytes, dense=True).stages == 3
+    finally:
+        W.FORCE_STAGES = old
 
 
 def _ptxas_verbose(ptx: str) -> str | None:
@@ -183,25 +276,45 @@ def test_packed_x_kernel_and_launches():
         assert not re.search(r"[1-9]\d* bytes spill", log), log
 
 
-@pytest.mark.parametrize("fmt,M", [(f, M) for f in ("bf16", "f16", "q4_0", "q4_1", "q8_0")
-                                   for M in (33, 64, 100, 128)])
-def test_ptx_for_each_format_and_m(fmt, M):
-    """The kernel is ``wgmma.mma_async m64n{Np}k16`` of the weight's mma type with A in
-    registers (4 of them), fenced, committed and waited for; x's stores fenced for the async
-    proxy; no mma.sync, no ldmatrix; ptxas (when installed) assembles it for sm_90a with no
-    spills and without serializing the wgmma's."""
+@pytest.mark.parametrize("fmt,M,N,K", [(f, M, 300, 576)
+                                       for f in ("bf16", "f16", "q4_0", "q4_1", "q8_0")
+                                       for M in (33, 64, 100, 128)]
+                         + [("bf16", 128, 2304, 576), ("f16", 72, 2304, 576)])
+def test_ptx_for_each_format_and_m(fmt, M, N, K):
+    """The kernel is ``wgmma.mma_async m64n{Np}k16`` of the weight's mma type, fenced,
+    committed and waited for, with A in registers (4 of them) and x's stores fenced for the
+    async proxy; dense weights where the rule gives them the ring (N >= 4 K at Np > 64): A and B descriptors,
+    ``cp.async.cg`` copies waited for with ``stages - 2`` groups in flight, then fenced; no
+    mma.sync, no ldmatrix; ptxas (when installed) assembles it for sm_90a with no spills and
+    without serializing the wgmma's, the ring within 48 KB of workgroup memory."""
     from poot.backends.cuda.codegen import ptx_text
 
-    N, K = 300, 576                                      # N ragged
-    plan = _plan(fmt, M, N, K, _cuda_caps())
+    plan = _plan(fmt, M, N, K, _cuda_caps())               # N = 300: ragged
     assert set(plan.strategies) == {"gemm_decode_wgmma"}
     ptx = ptx_text(plan.module)
     assert ".target sm_90a" in ptx
     ty = "bf16" if fmt == "bf16" else "f16"
     Np = -(-M // 8) * 8
-    mmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{Np}k16\.f32\.{ty}\.{ty} "
-                      r"\{[^}]*\}, \{(%r\d+, ){3}%r\d+\}, %rd\d+, 1, 1, 1, 0;", ptx)
-    assert mmas
+    head = rf"wgmma\.mma_async\.sync\.aligned\.m64n{Np}k16\.f32\.{ty}\.{ty} \{{[^}}]*\}}, "
+    from poot.backends.gpu.strategies import gemm_decode_wgmma as W
+    if fmt in ("bf16", "f16") and W.wgmma_tiling(M, N, K, _cuda_caps().cores, N * K * 2,
+                                                 dense=True).stages:
+        assert re.findall(head + r"%rd\d+, %rd\d+, 1, 1, 1, 0, 0;", ptx)
+        assert "cp.async.cg.shared.global" in ptx and "cp.async.commit_group;" in ptx
+        st = W.RULE_STAGES
+        assert f"cp.async.wait_group {st - 2};" in ptx
+        d = W.wgmma_tiling(M, N, K, _cuda_caps().cores, N * K * 2, dense=True)
+        shared = [L.get("shared", 0) for L in plan.launches if L["op"] == "kernel"]
+        assert 16 * d.stages * d.slot_units in shared
+        assert max(shared) <= W.RING_BYTES
+        # the ring is the block's dynamic shared memory, declared once at module scope
+        assert re.search(r"^\.extern \.shared \.align 16 \.b8 __dynamic_shmem__\d+\[\];$", ptx,
+                         re.M)
+        # the first chunks' weight copies come before the grid dependency wait
+        entry = ptx[ptx.index(".entry k1_"):]
+        assert entry.index("cp.async.cg") < entry.index("griddepcontrol.wait;")
+    else:
+        assert re.findall(head + r"\{(%r\d+, ){3}%r\d+\}, %rd\d+, 1, 1, 1, 0;", ptx)
     for s in ("wgmma.fence.sync.aligned;", "wgmma.commit_group.sync.aligned;",
               "wgmma.wait_group.sync.aligned 0;", "fence.proxy.async.shared::cta;"):
         assert s in ptx
@@ -211,3 +324,4 @@ def test_ptx_for_each_format_and_m(fmt, M):
         assert "spill stores" in log
         assert not re.search(r"[1-9]\d* bytes spill", log), log
         assert "serialized" not in log, log
+        assert all(int(b) <= 48 << 10 for b in re.findall(r"(\d+) bytes smem", log)), log

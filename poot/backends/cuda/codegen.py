@@ -85,7 +85,25 @@ def ptx_text(module: ir.Module, chip: str = "sm_90a") -> str:
                     out.append(obj.decode() if isinstance(obj, bytes) else str(obj))
     if len(out) != 1:
         raise CudaCodegenError(f"expected one PTX object, got {len(out)}")
-    return out[0].rstrip("\x00")
+    return dynamic_shared_extern(out[0].rstrip("\x00"))
+
+
+def dynamic_shared_extern(ptx: str) -> str:
+    """``ptx`` with each ``gpu.dynamic_shared_memory`` buffer declared as CUDA's dynamic
+    shared memory. MLIR lowers the op to an internal zero-length array in address space 3,
+    which LLVM's NVPTX printer writes as a one-byte ``.shared`` variable (moved into the one
+    function that uses it: "demoted"); an ``.extern .shared`` array of no size at module
+    scope is what the PTX ISA gives the block's dynamic shared memory (its size set at
+    launch)."""
+    pat = re.compile(r"^\s*\.shared (\.align \d+ )?\.b8 (__dynamic_shmem__\d+);\n", re.M)
+    decls = {m.group(2): f".extern .shared {m.group(1) or ''}.b8 {m.group(2)}[];\n"
+             for m in pat.finditer(ptx)}
+    if not decls:
+        return ptx
+    ptx = pat.sub("", ptx)
+    at = re.search(r"^\.address_size \d+\n", ptx, re.M)
+    cut = at.end() if at else 0
+    return ptx[:cut] + "\n" + "".join(decls.values()) + ptx[cut:]
 
 
 def ptx_target(ptx: str) -> str:

@@ -259,10 +259,14 @@ class CudaRecording:
 def _check_block_sizes(plan: dict, fns: list) -> None:
     """Refuse a program one of whose launches asks for more threads per block than its
     kernel can run with (registers): named here rather than as a bare
-    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES at graph instantiation."""
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES at graph instantiation. Kernels launched with more
+    than 48 KB of dynamic workgroup memory (a launch's ``shared``) are allowed their most
+    (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``); a device that cannot give it
+    refuses here, naming the kernel."""
     cu = driver()
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
     most = {}
+    shared: dict = {}
     for L in plan["launches"]:
         if L["op"] == "kernel":
             k = L["kernel"]
@@ -272,6 +276,14 @@ def _check_block_sizes(plan: dict, fns: list) -> None:
             if b > most[k]:
                 raise CudaError(f"kernel {plan['kernels'][k]} is launched with {b} threads "
                                 f"per block but can run at most {most[k]}")
+            shared[k] = max(shared.get(k, 0), L.get("shared", 0))
+    for k, nb in shared.items():
+        if nb > 48 << 10:
+            dyn = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            err = cu.cuFuncSetAttribute(fns[k], dyn, nb)[0]
+            if int(err) != 0:
+                raise CudaError(f"kernel {plan['kernels'][k]} needs {nb} bytes of workgroup "
+                                f"memory, more than this device gives a block ({err})")
 
 
 class CudaDevice:
@@ -596,8 +608,8 @@ class CudaDevice:
                     self._launch_programmatic(f, L, params if len(vals) else None, keep, what)
                 else:
                     g, b = L["grid"], L["block"]
-                    _check(cu.cuLaunchKernel(f, g[0], g[1], g[2], b[0], b[1], b[2], 0,
-                                             self.stream,
+                    _check(cu.cuLaunchKernel(f, g[0], g[1], g[2], b[0], b[1], b[2],
+                                             L.get("shared", 0), self.stream,
                                              params.ctypes.data if len(vals) else 0, 0), what)
                 prev_kernel = True
             n += 1
@@ -619,7 +631,7 @@ class CudaDevice:
         g, b = L["grid"], L["block"]
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
-        cfg.sharedMemBytes = 0
+        cfg.sharedMemBytes = L.get("shared", 0)
         cfg.hStream = self.stream
         cfg.attrs = [attr]
         cfg.numAttrs = 1

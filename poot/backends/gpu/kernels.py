@@ -82,6 +82,9 @@ class Launch:
     block: tuple[int, int, int] = (1, 1, 1)
     nbytes: int = 0
     strategy: str = "naive"
+    #: bytes of dynamic workgroup memory the kernel takes (``gpu.dynamic_shared_memory``);
+    #: 0: only its static workgroup buffers
+    shared: int = 0
 
 
 @dataclass

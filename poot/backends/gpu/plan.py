@@ -66,7 +66,8 @@ def host_spec(t) -> dict:
 @dataclass
 class GpuPlan:
     """See the module doc. ``buffers[i]``: ``{"role", "name", "nbytes", ...}``; ``launches``:
-    ``{"op": "kernel", "kernel", "grid", "block", "args"}`` or ``{"op": "copy", "src", "dst",
+    ``{"op": "kernel", "kernel", "grid", "block", "args"[, "shared"]}`` (``shared``: bytes of
+    dynamic workgroup memory) or ``{"op": "copy", "src", "dst",
     "nbytes"}``; ``dispatches``: per call ``{"callee", "kind", "args", "outs", "first",
     "count"}`` (its launches are ``launches[first:first + count]``)."""
 
@@ -286,7 +287,8 @@ class _Planner:
                               f"bind at most {most})", str(fn.location))
             self.launches.append({"op": "kernel", "kernel": info["kernels"][(L.module, L.kernel)],
                                   "grid": list(L.grid), "block": list(L.block),
-                                  "args": [buf(s) for s in L.args], "strategy": L.strategy})
+                                  "args": [buf(s) for s in L.args], "strategy": L.strategy,
+                                  **({"shared": L.shared} if L.shared else {})})
             self.strategies[L.strategy] = self.strategies.get(L.strategy, 0) + 1
         self.dispatches.append({"callee": callee, "kind": dispatch_kind(fn), "key": key,
                                 "args": arg_bufs, "outs": out_bufs, "first": first,

@@ -220,6 +220,10 @@ class _DecodeKernel(G._GemmKernel):
     """Emits the kernel of a :class:`DecodeTiling` (module doc); the tiled GEMM's helpers
     (thread jobs, split-K partials and reduction kernel)."""
 
+    #: ``%xs`` in dynamic workgroup memory (the launch's ``shared`` bytes) instead of a
+    #: workgroup attribution of the kernel
+    dynamic_xs = False
+
     def __init__(self, m: GemvMatch, d: DecodeTiling, fn: ir.Operation, fmt: str):
         t = G.Tiling(16 * d.MT, d.BN, 1, d.WN, KSTEP)
         super().__init__(m, t, False, fn, d.S)
@@ -564,11 +568,14 @@ class _DecodeKernel(G._GemmKernel):
         params, slots, consts, reduce, rslots = self._launch_params(
             x_reads, " {llvm.noalias, llvm.readonly}", d.S)
         sig = ", ".join(f"{a}: {b}" for a, b in params)
-        wg = f" workgroup(%xs: {self.xs_t} {WG_ALIGN})"
+        # %xs: a workgroup attribution, or dynamic workgroup memory (its launch's shared)
+        dyn = self.dynamic_xs
+        wg = "" if dyn else f" workgroup(%xs: {self.xs_t} {WG_ALIGN})"
+        pre = f"    %xs = gpu.dynamic_shared_memory : {self.xs_t}\n" if dyn else ""
         text = (f"gpu.module @poot_gemm {{\n"
                 f"  gpu.func @gemm({sig}){wg} "
                 f"kernel attributes {{known_block_size = array<i32: {d.T}, 1, 1>}} {{\n"
-                f"{e.k.text()}\n    gpu.return\n  }}\n{reduce}}}\n")
+                f"{pre}{e.k.text()}\n    gpu.return\n  }}\n{reduce}}}\n")
         return text, [slots] + ([rslots] if reduce else []), consts
 
 

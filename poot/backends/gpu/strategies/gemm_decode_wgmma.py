@@ -38,6 +38,29 @@ built from the weight words carried from the iteration before, ``wgmma.fence``, 
 pass through empty ``asm volatile`` statements (as CUTLASS's ``warpgroup_fence_operand``):
 LLVM then cannot move their definitions past the fence or their uses before the wait.
 
+Dense weights through a ring (:attr:`WgmmaTiling.stages` > 0, bf16/f16 weights): the
+register path above keeps one chunk of weights in flight a block and waits for it every
+chunk, so at M = 64-128 it streams the 1B's projections at 1.0-1.4 TB/s where cuBLAS's
+TMA-fed kernels reach 2.2 (``bench/results/decode_gemm.md``). Here both operands come from
+workgroup memory through matrix descriptors: the block's threads copy each chunk's weight
+tiles and x's packed image (16 bytes a ``cp.async.cg``, L1 bypassed) into slot ``c % stages``
+of a ring, chunks ``c + 1 .. c + stages - 1`` in flight while chunk ``c``'s wgmma's run.
+The weight tile of mma ``s`` of step ``u`` (64 rows x 16 k a warpgroup) has the B tiles'
+canonical K-major layout (:func:`a_unit`: core matrices of 8 rows x 16 bytes, k halves
+:data:`LBO` apart, 8-row groups :data:`SBO` apart), so its descriptor is a B descriptor at
+the tile's address; its k are in natural order, and so are x's (the packing kernel's
+``natural`` image, :func:`natural_pair`). A chunk's copies are dealt so that the 8 lanes of
+a workgroup-memory phase write one core matrix (8 rows, the same 16 bytes of k): 128
+consecutive bytes, no bank conflict; a warp reads 64 consecutive bytes of 8 weight rows.
+The first ``stages - 1`` chunks' weight copies are issued before the kernel's grid
+dependency wait (the weights are the step's constants), x's after it. Each iteration:
+``cp.async.wait_group stages - 2`` (this thread's copies of chunk ``c``
+landed), ``fence.proxy.async`` (the wgmma's read through the async proxy), a barrier (every
+thread's copies landed; every warpgroup done with chunk ``c - 1``), the copies of chunk
+``c + stages - 1`` into the slot chunk ``c - 1`` freed and a ``commit_group`` (empty past
+the last chunk: the group count stays uniform), then chunk ``c``'s wgmma's, committed and
+waited for.
+
 Split-K, the epilogue and the reduction kernel are :mod:`.gemm_decode`'s (the tiled GEMM's).
 """
 
@@ -82,6 +105,16 @@ XPACK_MIN_BYTES = 4 << 20
 #: mma.sync kernel's 4 MB kept SmolLM2's gate/up at M = 128 to 3 slices, 1.34x slower
 #: than 9)
 PARTIALS_BYTES = 8 << 20
+#: most bytes of the ring of :attr:`WgmmaTiling.stages` chunks: dynamic workgroup memory
+#: (``gpu.dynamic_shared_memory``, the launch's :attr:`~poot.backends.gpu.kernels.Launch.shared`),
+#: of which sm_90 gives a block up to 227 KB
+RING_BYTES = 192 << 10
+#: most chunks in the ring
+MAX_STAGES = 24
+#: chunks in the ring where :func:`wgmma_tiling`'s rule takes it (the sweep's fastest)
+RULE_STAGES = 4
+#: benchmarks: the ring's depth instead of the rule's (0: A in registers everywhere)
+FORCE_STAGES: int | None = None
 #: fewest rows of x this kernel takes: at M = 16 the mma.sync decode GEMM measured faster
 #: (1.05-1.1x on the 1B's projections; sweep above), at 64 this one
 MIN_M = 33
@@ -103,6 +136,10 @@ class WgmmaTiling:
     #: the B tiles of every K step (``Np * 64`` bytes a step, scratch 0), which the blocks
     #: then copy: half the bytes of x's f32 rows, no rounding a block
     xpack: bool = False
+    #: dense weights: A from workgroup memory through a ring of this many chunks of the
+    #: weight's tiles and x's image (module doc, "Dense weights through a ring"); 0: A in
+    #: registers
+    stages: int = 0
 
     @property
     def BN(self) -> int:
@@ -123,8 +160,50 @@ class WgmmaTiling:
         """16-byte rows of one chunk's buffer (U steps x 2 mma's)."""
         return 2 * self.U * self.tile16
 
+    @property
+    def w_units(self) -> int:
+        """16-byte units of one chunk's weight tiles in the ring (U steps x 2 mma's x R WG
+        tiles of 64 rows x 16 k)."""
+        return 2 * self.U * self.R * self.WG * 128
 
-def wgmma_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> WgmmaTiling:
+    @property
+    def slot_units(self) -> int:
+        """16-byte units of one ring slot: the chunk's weight tiles, then its x image."""
+        return self.w_units + self.rows16
+
+
+def ring_stages(Np: int, R: int, WG: int, U: int) -> int:
+    """The deepest ring (chunks, at most :data:`MAX_STAGES`) of a tiling whose slots fit in
+    :data:`RING_BYTES`; below 2 no ring fits."""
+    slot = 16 * (2 * U * R * WG * 128 + 4 * U * Np)
+    return min(MAX_STAGES, RING_BYTES // slot)
+
+
+def a_unit(row: int, j: int, R: int, WG: int) -> int:
+    """16-byte unit, in a ring slot, of the weight's 8 k ``8 j ..`` (``j`` < 4 U: chunk-local,
+    natural order) of the block's row ``row``: the tile of mma ``s = (j >> 1) & 1`` of step
+    ``u = j >> 2`` for the row's 64-row tile, then the canonical K-major layout (8-row
+    groups :data:`SBO` apart, k halves ``h = j & 1`` :data:`LBO` apart)."""
+    return (((j >> 1) * R * WG + row // 64) * 128 + ((row % 64) // 8) * (SBO // 16)
+            + (j & 1) * (LBO // 16) + row % 8)
+
+
+def w_piece(p: int, U: int) -> tuple[int, int]:
+    """``(row, j)`` of copy job ``p`` of a chunk's weight tiles: 8 consecutive jobs are 8
+    consecutive rows' same 16 bytes (one core matrix: 128 consecutive bytes of the slot),
+    the next 8 the next 16 bytes of k, 4 U of them a row's chunk."""
+    return (p // (32 * U)) * 8 + p % 8, (p // 8) % (4 * U)
+
+
+def natural_pair(t: int, s: int, hi: int) -> tuple[int, int]:
+    """(4-k group of a 32-k step, element) of the low k of pair ``t`` of k half ``hi`` of
+    mma ``s`` when k is in natural order: k = 16 s + 8 hi + 2 t."""
+    k = 16 * s + 8 * hi + 2 * t
+    return k // 4, k % 4
+
+
+def wgmma_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int,
+                 dense: bool = False) -> WgmmaTiling:
     """The tiling of an [M, K] x [K, N] decode GEMM (``K % 32 == 0``, :data:`MIN_M` <= M <=
     128), fitted to an H100 sweep of every ``(R, WG, S, U, xpack)`` over the Llama-3.2-1B
     (bf16) and SmolLM2 (Q4_1) projections at M = 16, 64, 128 with the weights streamed from
@@ -144,17 +223,38 @@ def wgmma_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> Wgmma
       Np <= 64, one above (the sweep's fastest), at most :data:`~.gemm_decode.MAX_SPLIT`, each of at least
       :data:`~.gemm_decode.MIN_BLOCK_STEPS` steps, the partials (S * M * N f32) under the
       weight's bytes or :data:`PARTIALS_BYTES`, dividing the K steps (slices of whole
-      chunks preferred); U then divides a slice's steps."""
+      chunks preferred); U then divides a slice's steps.
+
+    ``dense`` (16-bit weights stored [N, K]): the ring (:attr:`WgmmaTiling.stages`, module
+    doc) only where the H100 sweep measured it faster than A in registers: Np > 64 and
+    N >= 4 K (the 1B's gate/up at M = 128: 27.4 against 32.5 us), with one warpgroup a
+    block, U = 2, :data:`RULE_STAGES` chunks; everywhere else it was 1.0-1.5x slower (the
+    packing kernel's launch, and copies no faster than the registers' loads).
+    :data:`FORCE_STAGES` > 0 gives any dense tiling that ring."""
     Np = -(-M // 8) * 8
     KT = K // D.KSTEP
     u_max = max(1, min(MAX_U, X_BUF_BYTES // (64 * Np)))
     if FORCE_TILING is not None:
         R, WG, S, U = FORCE_TILING
-        return WgmmaTiling(Np, R, WG, S, U, KT // S, bool(FORCE_XPACK))
+        st = FORCE_STAGES if dense and FORCE_STAGES else 0
+        return WgmmaTiling(Np, R, WG, S, U, KT // S, bool(FORCE_XPACK) or st > 0, st)
+    if dense and FORCE_STAGES != 0 and (FORCE_STAGES or (Np > 64 and N >= 4 * K)):
+        st = FORCE_STAGES or min(RULE_STAGES, ring_stages(Np, 1, 1, 2))
+        S = _split(M, N, KT, 2, 1, cores, weight_bytes, Np)
+        if (KT // S) % 2 == 0:
+            return WgmmaTiling(Np, 1, 1, S, 2, KT // S, True, st)
     WG = 2 if -(-N // 128) >= 8 else 1
     xpack = weight_bytes >= (XPACK_MIN_BYTES if Np > 64 else 4 * XPACK_MIN_BYTES) \
         if FORCE_XPACK is None else FORCE_XPACK
     U = min(u_max, (1 if Np > 64 else MAX_U) if xpack else 2)
+    S = _split(M, N, KT, U, WG, cores, weight_bytes, Np)
+    per = KT // S
+    return WgmmaTiling(Np, 1, WG, S, D._largest_divisor(per, U), per, xpack)
+
+
+def _split(M: int, N: int, KT: int, U: int, WG: int, cores: int, weight_bytes: int,
+           Np: int) -> int:
+    """:func:`wgmma_tiling`'s split-K slices (its doc)."""
     blocks = -(-N // (64 * WG))
     smax = max(1, min(D.MAX_SPLIT, KT // D.MIN_BLOCK_STEPS))
     cap = min(smax, max(weight_bytes, PARTIALS_BYTES) // (4 * M * N),
@@ -166,8 +266,7 @@ def wgmma_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int) -> Wgmma
         whole = [s for s in ok if (KT // s) % U == 0] or ok
         enough = [s for s in whole if blocks * s >= want]
         S = min(enough) if enough else max(whole)
-    per = KT // S
-    return WgmmaTiling(Np, 1, WG, S, D._largest_divisor(per, U), per, xpack)
+    return S
 
 
 def b_offset(Np: int, n: int, k: int) -> int:
@@ -242,7 +341,9 @@ class _WgmmaKernel(D._DecodeKernel):
     def stage_row(self, u: str, n: str, v: list, store) -> None:
         """x row ``n`` of K step ``u`` (``v``: its 32 f32 in groups of 4), rounded to the mma
         type, as the four 16-byte rows it has in the B tiles of the step's two mma's (k
-        halves 0 and 1): ``store(row16, value)`` each, rows counted from the step's first."""
+        halves 0 and 1): ``store(row16, value)`` each, rows counted from the step's first.
+        The k order is the lanes' A registers' (:func:`x_quad`), or natural with the ring
+        (:func:`natural_pair`)."""
         d = self.d
         grp = self.op(f"arith.shrui {n}, {self.c(3)} : index")
         r8 = self.op(f"arith.andi {n}, {self.c(7)} : index")
@@ -251,8 +352,12 @@ class _WgmmaKernel(D._DecodeKernel):
             for hi in (0, 1):
                 regs = []
                 for t in range(4):
-                    q = v[x_quad(self.fmt, t, s)]
-                    regs.append(self.bits(self.pack(q[2 * hi], q[2 * hi + 1])))
+                    if d.stages:                    # the ring's A: k in natural order
+                        quad, at = natural_pair(t, s, hi)
+                        q = v[quad][at:at + 2]
+                    else:                           # the lanes' A registers' order
+                        q = v[x_quad(self.fmt, t, s)][2 * hi:2 * hi + 2]
+                    regs.append(self.bits(self.pack(q[0], q[1])))
                 w = self.op(f"vector.from_elements {', '.join(regs)} : vector<4xi32>")
                 store(self.add(base, s * d.tile16 + hi * (LBO // 16)), w)
 
@@ -311,16 +416,22 @@ class _WgmmaKernel(D._DecodeKernel):
         return self.op(f"arith.addi {self.desc0}, {o64} : i64")
 
     # -- the instruction
-    def wgmma(self, acc: list, a: list, desc: str) -> list:
-        """One ``wgmma.mma_async m64n{Np}k16`` (A in registers, B from ``desc``, D += A B):
-        the new accumulators (valid after :meth:`wait`)."""
+    def wgmma(self, acc: list, a: list | str, desc: str) -> list:
+        """One ``wgmma.mma_async m64n{Np}k16`` (D += A B, B from descriptor ``desc``): A in
+        registers (``a`` a list of 4) or from workgroup memory (``a`` its descriptor, K-major
+        as B); the new accumulators (valid after :meth:`wait`)."""
         n = len(acc)
         ds = ", ".join(f"${i}" for i in range(n))
+        if isinstance(a, str):
+            a, a_text, a_cons, tail = [a], f"${n}", ["l"], "1, 1, 1, 0, 0"
+        else:
+            a_text, a_cons, tail = f"{{${n}, ${n + 1}, ${n + 2}, ${n + 3}}}", ["r"] * 4, \
+                "1, 1, 1, 0"
         text = (f"wgmma.mma_async.sync.aligned.m64n{self.d.Np}k16.f32.{self.ity}.{self.ity} "
-                f"{{{ds}}}, {{${n}, ${n + 1}, ${n + 2}, ${n + 3}}}, ${n + 4}, 1, 1, 1, 0;")
-        cons = ",".join(["=f"] * n + ["r"] * 4 + ["l"] + [str(i) for i in range(n)])
+                f"{{{ds}}}, {a_text}, ${n + len(a)}, {tail};")
+        cons = ",".join(["=f"] * n + a_cons + ["l"] + [str(i) for i in range(n)])
         st = f"!llvm.struct<({', '.join(['f32'] * n)})>"
-        tys = ", ".join(["i32"] * 4 + ["i64"] + ["f32"] * n)
+        tys = ", ".join(["i64" if a_cons == ["l"] else "i32"] * len(a) + ["i64"] + ["f32"] * n)
         r = self.op(f'llvm.inline_asm has_side_effects "{text}", "{cons}" '
                     f'{", ".join(a + [desc] + acc)} : ({tys}) -> {st}')
         return [self.op(f"llvm.extractvalue {r}[{i}] : {st}") for i in range(n)]
@@ -376,26 +487,31 @@ class _WgmmaKernel(D._DecodeKernel):
         accs, raw, last = self._pipelined_chunks(nrows, d.R * na, body)
         return self.wait(self.chunk_mma(rows(accs), raw, last))
 
-    def kernel(self) -> tuple[str, list[list], list]:
+    def _prologue(self) -> tuple[str, str, str | None]:
+        """The lane setup, the lane's first weight row (warpgroup ``warp // 4`` owns R tiles
+        of 64 rows, its warp ``warp % 4`` rows ``16 (warp % 4) ..`` of each), the split-K
+        slice's first K step, and :attr:`desc0`. Returns ``(wrow, wg, bz)``."""
         m, e, d = self.m, self.e, self.d
         warp, g = self._lane_setup()
-        # the lane's first row: warpgroup warp // 4 owns R tiles of 64 rows, its warp
-        # warp % 4 rows 16 (warp % 4) .. of each
         wg = self.op(f"arith.shrui {warp}, {self.c(2)} : index")
         w4 = self.op(f"arith.andi {warp}, {self.c(3)} : index")
         wrow = self.add(self.add(self.add(self.n0, self.mul(wg, 64 * d.R)), self.mul(w4, 16)), g)
-        nrows = [self.minu(self.add(wrow, 64 * r + 8 * h), m.N - 1)
-                 for r in range(d.R) for h in (0, 1)]
         bz = e.op("gpu.block_id z") if d.S > 1 else None
         self.kfirst = self.mul(bz, self.KTS) if bz else self.c(0)     # in K steps
         self.first = self.mul(self.kfirst, D.KSTEP)                    # in k
-        base = self.op(f"memref.extract_aligned_pointer_as_index %xs : {self.xs_t} -> index")
-        b64 = self.op(f"arith.index_cast {base} : index to i64")
+        #: byte address of %xs (workgroup memory)
+        self.xs0 = self.op(f"memref.extract_aligned_pointer_as_index %xs : {self.xs_t} -> index")
+        b64 = self.op(f"arith.index_cast {self.xs0} : index to i64")
         low = self.op(f"arith.andi {b64}, {self.c(0x3FFFF, 'i64')} : i64")
         start = self.op(f"arith.shrui {low}, {self.c(4, 'i64')} : i64")
         #: the descriptor of byte 0 of %xs; a tile's adds its offset >> 4 (< 2^14)
         self.desc0 = self.op(f"arith.ori {start}, {self.c(b_descriptor(0), 'i64')} : i64")
-        accs = self._k_loop(nrows)
+        return wrow, wg, bz
+
+    def _epilogue(self, accs: list, wrow: str, bz: str | None):
+        """Each accumulator to y (or the split-K partials) through the epilogue (the D
+        fragment's places, module doc); then the module's text."""
+        m, d = self.m, self.d
         x_reads = set(self.se.seen)
         part0 = self.mul(bz, m.M * m.N) if bz else None
         rows2t = self.mul(self.t1, 2)
@@ -407,6 +523,142 @@ class _WgmmaKernel(D._DecodeKernel):
                 self.store_at(v, brow, fcol, part0, 8 * (j + 1) > m.M, bool(m.N % d.BN))
         self.cur_acc = None
         return self._module_text(x_reads)
+
+    def kernel(self) -> tuple[str, list[list], list]:
+        m, d = self.m, self.d
+        wrow, _, bz = self._prologue()
+        nrows = [self.minu(self.add(wrow, 64 * r + 8 * h), m.N - 1)
+                 for r in range(d.R) for h in (0, 1)]
+        return self._epilogue(self._k_loop(nrows), wrow, bz)
+
+
+class _WgmmaRingKernel(_WgmmaKernel):
+    """Emits the kernel of a :class:`WgmmaTiling` with a ring (module doc, "Dense weights
+    through a ring"): one workgroup buffer ``%xs`` of ``stages`` slots, each the chunk's
+    weight tiles (:attr:`WgmmaTiling.w_units`) then its x image; copies and the
+    instruction's operands are byte addresses in inline PTX. Benchmarks'
+    :data:`.gemm_decode.ABLATE` (timing only): ``no_x`` drops x's copies, ``no_mma`` the
+    wgmma's, ``stream`` both (the weight's copies alone)."""
+
+    dynamic_xs = True
+
+    def __init__(self, m: GemvMatch, d: WgmmaTiling, fn: ir.Operation, fmt: str):
+        super().__init__(m, d, fn, fmt)
+        self.xs_t = f"memref<?xi8, {G._WG}>"
+
+    def _ptr(self, name: str, ty: str) -> str:
+        """Buffer ``name``'s base address as an index."""
+        return self.op(f"memref.extract_aligned_pointer_as_index {name} : {ty} -> index")
+
+    def cp_async(self, smem: str, gmem: str) -> None:
+        """One 16-byte ``cp.async.cg`` from global byte address ``gmem`` (index) to
+        workgroup byte address ``smem`` (index)."""
+        s32 = self.op(f"arith.index_cast {smem} : index to i32")
+        g64 = self.op(f"arith.index_cast {gmem} : index to i64")
+        self.e.raw(f'llvm.inline_asm has_side_effects "cp.async.cg.shared.global [$0], [$1], '
+                   f'16;", "r,l" {s32}, {g64} : (i32, i64) -> ()')
+
+    def _copy_jobs(self, wrows_cap: int) -> None:
+        """This thread's copy jobs of a chunk, as (workgroup byte offset in a slot, global
+        byte offset of the block's chunk 0) pairs: the weight's (:func:`w_piece`,
+        :func:`a_unit`) in :attr:`wjobs`, x's image rows in :attr:`xjobs`."""
+        m, d = self.m, self.d
+        U = d.U
+        self.wjobs = []
+        for p in self.jobs(d.BN * U * 4):
+            r8 = self.op(f"arith.andi {p}, {self.c(7)} : index")
+            j = self.op(f"arith.andi {self.op(f'arith.shrui {p}, {self.c(3)} : index')}, "
+                        f"{self.c(4 * U - 1)} : index")
+            rg = self.op(f"arith.divui {p}, {self.c(32 * U)} : index")
+            row = self.add(self.mul(rg, 8), r8)
+            grow = self.minu(self.add(self.n0, row), m.N - 1)
+            gbyte = self.mul(self.add(self.add(self.mul(grow, m.K), self.first),
+                                      self.mul(j, 8)), 2)
+            jh = self.op(f"arith.shrui {j}, {self.c(1)} : index")
+            tile = self.add(self.mul(jh, d.R * d.WG),
+                            self.op(f"arith.shrui {rg}, {self.c(3)} : index"))
+            unit = self.add(self.add(self.add(
+                self.mul(tile, 128),
+                self.mul(self.op(f"arith.andi {rg}, {self.c(7)} : index"), SBO // 16)),
+                self.mul(self.op(f"arith.andi {j}, {self.c(1)} : index"), LBO // 16)), r8)
+            self.wjobs.append((self.mul(unit, 16), gbyte))
+        x0 = self.mul(self.kfirst, 2 * d.tile16)             # the slice's first image row
+        self.xjobs = [(self.mul(self.add(idx, d.w_units), 16),
+                       self.mul(self.add(x0, idx), 16)) for idx in self.jobs(d.rows16)]
+
+    def copy_chunk(self, chunk: str, slot: str, w: bool = True, x: bool = True) -> None:
+        """Issue the thread's copies of chunk ``chunk`` into ring slot ``slot`` (its weight's
+        where ``w``, its x's where ``x``)."""
+        d = self.d
+        sbase = self.add(self.xs0, self.mul(slot, 16 * d.slot_units))
+        wbase = self.add(self.wp, self.mul(chunk, 64 * d.U))
+        xbase = self.add(self.xip, self.mul(chunk, 16 * d.rows16))
+        for so, go in self.wjobs if w else []:
+            self.cp_async(self.add(sbase, so), self.add(wbase, go))
+        for so, go in [] if D.ABLATE in ("no_x", "stream") or not x else self.xjobs:
+            self.cp_async(self.add(sbase, so), self.add(xbase, go))
+
+    def _desc(self, slot: str, unit) -> str:
+        off = self.add(self.mul(slot, self.d.slot_units), unit)
+        o64 = self.op(f"arith.index_cast {off} : index to i64")
+        return self.op(f"arith.addi {self.desc0}, {o64} : i64")
+
+    def ring_loop(self, wg: str) -> list:
+        """The block's C chunks through the ring (module doc); the accumulators ``[r]``."""
+        d, e = self.d, self.e
+        C, ST = d.per_block // d.U, d.stages
+        na = d.Np // 2
+        # the first chunks' weights before the grid dependency wait (the step's constants:
+        # launched as a programmatic dependent, their DRAM latency overlaps the predecessor,
+        # as codegen.add_grid_dependency_control keeps a top-level wait), x's after it
+        first = range(min(ST - 1, C))
+        for q in first:
+            self.copy_chunk(self.c(q), self.c(q), x=False)
+        e.raw("nvvm.griddepcontrol wait")
+        for q in range(ST - 1):
+            if q < C:
+                self.copy_chunk(self.c(q), self.c(q), w=False)
+            self.asm("cp.async.commit_group;")
+        zero = self.c(0.0, "f32")
+        names = [e.name() for _ in range(d.R * na)]
+        res = e.name()
+        types = ", ".join(["f32"] * len(names))
+        e.raw(f"{res}:{len(names)} = scf.for %kc = {self.c(0)} to {self.c(C)} "
+              f"step {self.c(1)} iter_args({', '.join(f'{n} = {zero}' for n in names)}) "
+              f"-> ({types}) {{")
+        with self.se.scope():
+            self.asm(f"cp.async.wait_group {ST - 2};")
+            self.asm("fence.proxy.async.shared::cta;")
+            e.raw("gpu.barrier")
+            if C > ST - 1:
+                ahead = self.add("%kc", ST - 1)
+                e.raw(f"scf.if {self.op(f'arith.cmpi ult, {ahead}, {self.c(C)} : index')} {{")
+                with self.se.scope():
+                    self.copy_chunk(ahead, self.op(f"arith.remui {ahead}, {self.c(ST)} : index"))
+                e.raw("}")
+            self.asm("cp.async.commit_group;")
+            slot = self.op(f"arith.remui %kc, {self.c(ST)} : index")
+            accs = [names[r * na:(r + 1) * na] for r in range(d.R)]
+            self.asm("wgmma.fence.sync.aligned;")
+            for u in range(d.U if D.ABLATE not in ("no_mma", "stream") else 0):
+                for s in (0, 1):
+                    b = self._desc(slot, d.w_units + (2 * u + s) * d.tile16)
+                    for r in range(d.R):
+                        tile = self.add(self.mul(wg, d.R), (2 * u + s) * d.R * d.WG + r)
+                        a = self._desc(slot, self.mul(tile, 128))
+                        accs[r] = self.wgmma(accs[r], a, b)
+            self.asm("wgmma.commit_group.sync.aligned;")
+            accs = self.wait(accs)
+            e.raw(f"scf.yield {', '.join(v for acc in accs for v in acc)} : {types}")
+        e.raw("}")
+        return [[f"{res}#{r * na + i}" for i in range(na)] for r in range(d.R)]
+
+    def kernel(self) -> tuple[str, list[list], list]:
+        wrow, wg, bz = self._prologue()
+        self.wp = self._ptr("%w", self.wtype)
+        self.xip = self._ptr("%xi", self.xi_t)
+        self._copy_jobs(self.m.N)
+        return self._epilogue(self.ring_loop(wg), wrow, bz)
 
 
 def takes(m: GemvMatch, caps) -> str | None:
@@ -430,12 +682,15 @@ def gemm_decode_wgmma(fn: ir.Operation, caps) -> Synthesized | None:
     if fmt is None:
         return None
     cores = max(1, int(getattr(caps, "cores", 1) or 1))
-    d = wgmma_tiling(m.M, m.N, m.K, cores, m.weight.nbytes)
+    # the ring copies x's packed image: an x expression (no x argument) stays in registers
+    dense = fmt in ("bf16", "f16") and m.x_arg is not None
+    d = wgmma_tiling(m.M, m.N, m.K, cores, m.weight.nbytes, dense)
     if d.xpack and m.x_arg is None:             # an x expression stays the blocks' own
         d = replace(d, xpack=False)
+    kind = _WgmmaRingKernel if d.stages else _WgmmaKernel
     try:
-        text, slots, consts = _WgmmaKernel(m, d, fn, fmt).kernel()
-        pack = _WgmmaKernel(m, d, fn, fmt).pack_kernel() if d.xpack else ""
+        text, slots, consts = kind(m, d, fn, fmt).kernel()
+        pack = kind(m, d, fn, fmt).pack_kernel() if d.xpack else ""
     except ScalarUnsupported:
         return None
     launches, scratch = [], []
@@ -448,7 +703,8 @@ def gemm_decode_wgmma(fn: ir.Operation, caps) -> Synthesized | None:
         nbytes = m.K // D.KSTEP * d.Np * 64
         scratch.append((f"memref<{nbytes // 16}x4xi32>", nbytes))
     launches.append(Launch("kernel", slots[0], "poot_gemm", "gemm",
-                           (-(-m.N // d.BN), 1, d.S), (d.T, 1, 1)))
+                           (-(-m.N // d.BN), 1, d.S), (d.T, 1, 1),
+                           shared=16 * d.stages * d.slot_units))
     if d.S > 1:
         launches.append(Launch("kernel", slots[1], "poot_gemm", "gemm_reduce",
                                (-(-m.M * m.N // G.REDUCE_T), 1, 1), (G.REDUCE_T, 1, 1)))
@@ -456,5 +712,6 @@ def gemm_decode_wgmma(fn: ir.Operation, caps) -> Synthesized | None:
     return Synthesized(text, launches, consts=consts, scratch=scratch)
 
 
-__all__ = ["FEATURE", "LBO", "MIN_M", "SBO", "WgmmaTiling", "b_descriptor", "b_offset",
-           "gemm_decode_wgmma", "takes", "wgmma_tiling", "x_quad"]
+__all__ = ["FEATURE", "LBO", "MIN_M", "SBO", "WgmmaTiling", "a_unit", "b_descriptor",
+           "b_offset", "gemm_decode_wgmma", "natural_pair", "ring_stages", "takes", "w_piece",
+           "wgmma_tiling", "x_quad"]
