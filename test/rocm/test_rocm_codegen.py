@@ -113,7 +113,8 @@ def _families():
 #: every family -- subgroup reductions 32 lanes wide, the prefill GEMM on WMMA, workgroup
 #: sizes -- and between them these four trace every kind of poot op the other nine do (the
 #: test checks it), so the other nine compile for wave64 only (about 100 s less a CI run on
-#: 2 cores); the feature matrix compiles every family's decode step for rocm too.
+#: 2 cores; the four make 171 kernels). The feature matrix compiles every family's decode
+#: step for the default arch (gfx942) too.
 WAVE32_FAMILIES = ("bert", "deepseek_v3", "gemma2", "qwen3_moe")
 
 
@@ -159,7 +160,7 @@ def test_every_tiny_family_step_compiles_to_an_hsaco(arch):
             n += check_artifact(_compile(g, arch), arch)
     assert not kinds - compiled, \
         f"ops no compiled family traces (add a family to WAVE32_FAMILIES): {kinds - compiled}"
-    assert n > (40 if wave32 else 100), n
+    assert n > 100, n
 
 
 @pytest.mark.parametrize("arch", [p[0] for p in PAIRS.values()])
