@@ -30,7 +30,6 @@ from types import SimpleNamespace
 
 from mlir import ir
 
-from poot.backends.gpu.plan import plan_program
 from poot.backends.vulkan.target import vulkan_target
 from poot.compiler.planning import check_module
 from poot.compiler.target import Capabilities, Target
@@ -120,6 +119,9 @@ def gpu_kernels_text(module: ir.Module, caps: Capabilities) -> str:
     kernel covers, a module without a step function; a
     :class:`~poot.compiler.planning.Refusal` for an op ``caps`` cannot run, as
     :func:`~poot.compiler.compile` refuses it)."""
+    # lazy: the GPU strategies import ml_dtypes (about 0.6 s), which only --gpu-kernels needs
+    from poot.backends.gpu.plan import plan_program
+
     check_module(module.operation, Target("gpu", caps))
     plan = plan_program(SimpleNamespace(graph=Graph.from_module(module), storage=[]), caps)
     lines = [str(plan.module).rstrip("\n")]

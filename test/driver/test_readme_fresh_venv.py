@@ -13,6 +13,8 @@ README's own commands, from a copy of this checkout, with an empty compile cache
 environment; this file checks what only a fresh environment shows (a dependency the README's
 install line does not bring, an example that needs a package no extra provides). It needs a
 package index (pip downloads what the README installs) and skips, saying so, without one.
+The run's environment carries over, ``POOT_COMPILE_WORKERS=0`` of ``test/conftest.py`` too
+(no compile worker processes: CI's cores already run the test workers).
 """
 
 from __future__ import annotations
