@@ -111,8 +111,6 @@ PARTIALS_BYTES = 8 << 20
 RING_BYTES = 192 << 10
 #: most chunks in the ring
 MAX_STAGES = 24
-#: chunks in the ring where :func:`wgmma_tiling`'s rule takes it (the sweep's fastest)
-RULE_STAGES = 4
 #: benchmarks: the ring's depth instead of the rule's (0: A in registers everywhere)
 FORCE_STAGES: int | None = None
 #: fewest rows of x this kernel takes: at M = 16 the mma.sync decode GEMM measured faster
@@ -225,12 +223,12 @@ def wgmma_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int,
       weight's bytes or :data:`PARTIALS_BYTES`, dividing the K steps (slices of whole
       chunks preferred); U then divides a slice's steps.
 
-    ``dense`` (16-bit weights stored [N, K]): the ring (:attr:`WgmmaTiling.stages`, module
-    doc) only where the H100 sweep measured it faster than A in registers: Np > 64 and
-    N >= 4 K (the 1B's gate/up at M = 128: 27.4 against 32.5 us), with one warpgroup a
-    block, U = 2, :data:`RULE_STAGES` chunks; everywhere else it was 1.0-1.5x slower (the
-    packing kernel's launch, and copies no faster than the registers' loads).
-    :data:`FORCE_STAGES` > 0 gives any dense tiling that ring."""
+    ``dense`` (16-bit weights stored [N, K]): A stays in registers. The ring
+    (:attr:`WgmmaTiling.stages`, module doc) is taken only when :data:`FORCE_STAGES` > 0
+    (benchmarks): on an H100 it was 1.0-1.5x slower than A in registers at every 1B
+    projection and M in 32..128 but one (the gate/up at M = 128: 27.4 against 32.5 us
+    alone), and inside the 1B's decode step even there it made the step slower (B = 128:
+    23.9k against 27.2k tok/s; ``bench/results/decode_gemm.md``)."""
     Np = -(-M // 8) * 8
     KT = K // D.KSTEP
     u_max = max(1, min(MAX_U, X_BUF_BYTES // (64 * Np)))
@@ -238,11 +236,10 @@ def wgmma_tiling(M: int, N: int, K: int, cores: int, weight_bytes: int,
         R, WG, S, U = FORCE_TILING
         st = FORCE_STAGES if dense and FORCE_STAGES else 0
         return WgmmaTiling(Np, R, WG, S, U, KT // S, bool(FORCE_XPACK) or st > 0, st)
-    if dense and FORCE_STAGES != 0 and (FORCE_STAGES or (Np > 64 and N >= 4 * K)):
-        st = FORCE_STAGES or min(RULE_STAGES, ring_stages(Np, 1, 1, 2))
+    if dense and FORCE_STAGES:          # the sweep's fastest ring shape, FORCE_STAGES deep
         S = _split(M, N, KT, 2, 1, cores, weight_bytes, Np)
         if (KT // S) % 2 == 0:
-            return WgmmaTiling(Np, 1, 1, S, 2, KT // S, True, st)
+            return WgmmaTiling(Np, 1, 1, S, 2, KT // S, True, FORCE_STAGES)
     WG = 2 if -(-N // 128) >= 8 else 1
     xpack = weight_bytes >= (XPACK_MIN_BYTES if Np > 64 else 4 * XPACK_MIN_BYTES) \
         if FORCE_XPACK is None else FORCE_XPACK
