@@ -38,10 +38,12 @@ built from the weight words carried from the iteration before, ``wgmma.fence``, 
 pass through empty ``asm volatile`` statements (as CUTLASS's ``warpgroup_fence_operand``):
 LLVM then cannot move their definitions past the fence or their uses before the wait.
 
-Dense weights through a ring (:attr:`WgmmaTiling.stages` > 0, bf16/f16 weights): the
-register path above keeps one chunk of weights in flight a block and waits for it every
-chunk, so at M = 64-128 it streams the 1B's projections at 1.0-1.4 TB/s where cuBLAS's
-TMA-fed kernels reach 2.2 (``bench/results/decode_gemm.md``). Here both operands come from
+Dense weights through a ring (:attr:`WgmmaTiling.stages` > 0, bf16/f16 weights; only under
+:data:`FORCE_STAGES`: planning does not take it, measured slower, see
+:func:`wgmma_tiling`): the register path above keeps one chunk of weights in flight a block
+and waits for it every chunk, so at M = 64-128 it streams the 1B's projections at 1.0-1.4
+TB/s where cuBLAS's TMA-fed kernels reach 2.2 (``bench/results/decode_gemm.md``); the ring
+was built to keep many chunks in flight instead. Here both operands come from
 workgroup memory through matrix descriptors: the block's threads copy each chunk's weight
 tiles and x's packed image (16 bytes a ``cp.async.cg``, L1 bypassed) into slot ``c % stages``
 of a ring, chunks ``c + 1 .. c + stages - 1`` in flight while chunk ``c``'s wgmma's run.
