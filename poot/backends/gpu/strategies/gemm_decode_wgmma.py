@@ -557,10 +557,11 @@ class _WgmmaRingKernel(_WgmmaKernel):
         self.e.raw(f'llvm.inline_asm has_side_effects "cp.async.cg.shared.global [$0], [$1], '
                    f'16;", "r,l" {s32}, {g64} : (i32, i64) -> ()')
 
-    def _copy_jobs(self, wrows_cap: int) -> None:
+    def _copy_jobs(self) -> None:
         """This thread's copy jobs of a chunk, as (workgroup byte offset in a slot, global
-        byte offset of the block's chunk 0) pairs: the weight's (:func:`w_piece`,
-        :func:`a_unit`) in :attr:`wjobs`, x's image rows in :attr:`xjobs`."""
+        byte offset of the block's chunk 0) pairs: the weight's in :attr:`wjobs` (job ``p``:
+        :func:`w_piece` and :func:`a_unit`, computed in index arithmetic), x's image rows in
+        :attr:`xjobs`."""
         m, d = self.m, self.d
         U = d.U
         self.wjobs = []
@@ -598,6 +599,7 @@ class _WgmmaRingKernel(_WgmmaKernel):
             self.cp_async(self.add(sbase, so), self.add(xbase, go))
 
     def _desc(self, slot: str, unit) -> str:
+        """The descriptor of the tile at 16-byte unit ``unit`` of ring slot ``slot``."""
         off = self.add(self.mul(slot, self.d.slot_units), unit)
         o64 = self.op(f"arith.index_cast {off} : index to i64")
         return self.op(f"arith.addi {self.desc0}, {o64} : i64")
@@ -610,8 +612,7 @@ class _WgmmaRingKernel(_WgmmaKernel):
         # the first chunks' weights before the grid dependency wait (the step's constants:
         # launched as a programmatic dependent, their DRAM latency overlaps the predecessor,
         # as codegen.add_grid_dependency_control keeps a top-level wait), x's after it
-        first = range(min(ST - 1, C))
-        for q in first:
+        for q in range(min(ST - 1, C)):
             self.copy_chunk(self.c(q), self.c(q), x=False)
         e.raw("nvvm.griddepcontrol wait")
         for q in range(ST - 1):
@@ -656,7 +657,7 @@ class _WgmmaRingKernel(_WgmmaKernel):
         wrow, wg, bz = self._prologue()
         self.wp = self._ptr("%w", self.wtype)
         self.xip = self._ptr("%xi", self.xi_t)
-        self._copy_jobs(self.m.N)
+        self._copy_jobs()
         return self._epilogue(self.ring_loop(wg), wrow, bz)
 
 
