@@ -171,11 +171,16 @@ class WgmmaTiling:
         """16-byte units of one ring slot: the chunk's weight tiles, then its x image."""
         return self.w_units + self.rows16
 
+    @property
+    def ring_bytes(self) -> int:
+        """Bytes of the ring (the launch's dynamic workgroup memory); 0 without one."""
+        return 16 * self.stages * self.slot_units
+
 
 def ring_stages(Np: int, R: int, WG: int, U: int) -> int:
     """The deepest ring (chunks, at most :data:`MAX_STAGES`) of a tiling whose slots fit in
     :data:`RING_BYTES`; below 2 no ring fits."""
-    slot = 16 * (2 * U * R * WG * 128 + 4 * U * Np)
+    slot = WgmmaTiling(Np, R, WG, 1, U, U, True, 1).ring_bytes
     return min(MAX_STAGES, RING_BYTES // slot)
 
 
@@ -486,6 +491,10 @@ class _WgmmaKernel(D._DecodeKernel):
         accs, raw, last = self._pipelined_chunks(nrows, d.R * na, body)
         return self.wait(self.chunk_mma(rows(accs), raw, last))
 
+    def _ptr(self, name: str, ty: str) -> str:
+        """Buffer ``name``'s base address as an index."""
+        return self.op(f"memref.extract_aligned_pointer_as_index {name} : {ty} -> index")
+
     def _prologue(self) -> tuple[str, str, str | None]:
         """The lane setup, the lane's first weight row (warpgroup ``warp // 4`` owns R tiles
         of 64 rows, its warp ``warp % 4`` rows ``16 (warp % 4) ..`` of each), the split-K
@@ -499,7 +508,7 @@ class _WgmmaKernel(D._DecodeKernel):
         self.kfirst = self.mul(bz, self.KTS) if bz else self.c(0)     # in K steps
         self.first = self.mul(self.kfirst, D.KSTEP)                    # in k
         #: byte address of %xs (workgroup memory)
-        self.xs0 = self.op(f"memref.extract_aligned_pointer_as_index %xs : {self.xs_t} -> index")
+        self.xs0 = self._ptr("%xs", self.xs_t)
         b64 = self.op(f"arith.index_cast {self.xs0} : index to i64")
         low = self.op(f"arith.andi {b64}, {self.c(0x3FFFF, 'i64')} : i64")
         start = self.op(f"arith.shrui {low}, {self.c(4, 'i64')} : i64")
@@ -544,10 +553,6 @@ class _WgmmaRingKernel(_WgmmaKernel):
     def __init__(self, m: GemvMatch, d: WgmmaTiling, fn: ir.Operation, fmt: str):
         super().__init__(m, d, fn, fmt)
         self.xs_t = f"memref<?xi8, {G._WG}>"
-
-    def _ptr(self, name: str, ty: str) -> str:
-        """Buffer ``name``'s base address as an index."""
-        return self.op(f"memref.extract_aligned_pointer_as_index {name} : {ty} -> index")
 
     def cp_async(self, smem: str, gmem: str) -> None:
         """One 16-byte ``cp.async.cg`` from global byte address ``gmem`` (index) to
@@ -703,8 +708,7 @@ def gemm_decode_wgmma(fn: ir.Operation, caps) -> Synthesized | None:
         nbytes = m.K // D.KSTEP * d.Np * 64
         scratch.append((f"memref<{nbytes // 16}x4xi32>", nbytes))
     launches.append(Launch("kernel", slots[0], "poot_gemm", "gemm",
-                           (-(-m.N // d.BN), 1, d.S), (d.T, 1, 1),
-                           shared=16 * d.stages * d.slot_units))
+                           (-(-m.N // d.BN), 1, d.S), (d.T, 1, 1), shared=d.ring_bytes))
     if d.S > 1:
         launches.append(Launch("kernel", slots[1], "poot_gemm", "gemm_reduce",
                                (-(-m.M * m.N // G.REDUCE_T), 1, 1), (G.REDUCE_T, 1, 1)))
