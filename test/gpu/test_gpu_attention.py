@@ -431,7 +431,8 @@ def test_combine_past_the_grid_limit_uses_a_2d_grid_on_vulkan(vk_device, monkeyp
 
 def test_plan_rule_boundaries():
     """The single-kernel rule on the CUDA target (warps of 32, 132 SMs): D = 64 decode is
-    one launch up to 1024 keys (64 a warp over 16 warps), split past it; a prefill block of
+    one launch up to 1024 keys (64 a warp over 16 warps), split past it, at any batch; a
+    prefill block of
     16 rows keeps the split plan; a single plan's shared memory and threads stay within the
     target."""
     from poot.backends.cuda.codegen import cuda_target
@@ -453,6 +454,11 @@ def test_plan_rule_boundaries():
     for S in (1056, 4096, 32768):
         p = plan(S=S)
         assert p.NS > 1 and p.W == 1, (S, p)
+    # 128 sequences x 8 kv heads: enough row groups for one chunk each, whose keys W warps
+    # share (one warp walking all 512 keys measured 4x the time of B = 64's plan)
+    for B in (64, 128, 1024):
+        p = plan(S=512, B=B)
+        assert p.NS == 1 and p.W > 1, (B, p)
     # D = 128 (Llama-3-8B): 32 keys a warp at S = 512 stay one launch, 64 at 1024 split
     # (SINGLE_MAX_KEY_ELEMS, measured)
     assert plan(S=512, D=128, Dv=128).NS == 1
@@ -898,13 +904,14 @@ def test_paged_walk_bounds_follow_the_mask_on_vulkan(vk_device):
     """A one-subgroup chunk first finds the first and last key any row sees, then walks the
     batches between: with a sliding window of 5 over 40 keys (batches of the subgroup's
     keys), for every position of one sequence (the other elsewhere), the first and the last
-    visible key landing on every offset of a batch, the result equals the oracle."""
-    from poot.backends.gpu.strategies.attention import (emit_attention, match_attention,
-                                                        plan_attention)
+    visible key landing on every offset of a batch, the result equals the oracle. (9 q heads
+    a kv head: blocks of more rows than SINGLE_MAX_ROWS keep the one-subgroup walk.)"""
+    from poot.backends.gpu.strategies.attention import (SINGLE_MAX_ROWS, emit_attention,
+                                                        match_attention, plan_attention)
     from poot.backends.vulkan.codegen import codegen_vulkan
 
-    shape = dict(B=2, T=1, Hkv=2, G=2, NB=24, bs=4, TW=10, D=16, Dv=16, mask="i1",
-                 kv="f16")
+    shape = dict(B=2, T=1, Hkv=2, G=SINGLE_MAX_ROWS + 1, NB=24, bs=4, TW=10, D=16, Dv=16,
+                 mask="i1", kv="f16")
     g = paged_region(**shape)
     target = _vk_target(vk_device, 1)
     reg = match_attention(_callee(g))
