@@ -11,25 +11,26 @@ Run there (cuda-bindings, numpy; no MLIR), carry ``.cache/gpu/attn``::
 
 Each case is the attention region of one decode layer as the folded step holds it (RoPE of q
 and the causal mask ``iota <= position`` computed in the region, f32 KV caches; see
-``rope_attention_region`` in test/gpu/test_gpu_attention.py), compiled three times: ``auto`` (what
-:func:`~poot.backends.gpu.strategies.attention.plan_attention` picks), ``split`` (the
-single-kernel plan disabled: split + combine) and ``w32`` (the single-kernel plan with blocks of
-up to 32 subgroups). ``run`` checks every variant against the
-oracle's outputs computed here (same seeded inputs; 1e-4), then times a CUDA graph of
+``rope_attention_region`` in test/gpu/test_gpu_attention.py), compiled once per plan variant
+of :data:`DENSE_VARIANTS` (:func:`plan_variant`; ``auto`` is what
+:func:`~poot.backends.gpu.strategies.attention.plan_attention` picks). ``run`` checks every
+variant against the oracle's outputs computed here (same seeded inputs; 1e-4), then times a CUDA graph of
 ``LAYERS`` back-to-back copies of the region (a decode step's attention launches, their
 graph-node overheads included) per position, and reports microseconds per layer.
 
 Paged cases (``PAGED``: ``poot.paged_attention`` as a paged step's folded region holds it, f16
-block pools of 32 positions, every sequence's blocks scattered over the pool) are compiled once
-(``auto``) and timed the same way, every sequence at the position: the same shapes as the dense
-cases (what the block table costs) and a batch of 16 sequences in a 2048-key table (what a
-serving decode step's attention costs while the sequences are short).
+block pools of 32 positions, every sequence's blocks scattered over the pool) are compiled per
+variant of :data:`PAGED_VARIANTS` and timed the same way, every sequence at the position: the
+same shapes as the dense cases (what the block table costs), a batch of 16 sequences in a
+2048-key table (what a serving decode step's attention costs while the sequences are short)
+and one of 128 in a 512-key table (the 1B's decode bench at B = 128).
 
 KV storage cases (``KV``, built alone with ``build FOLDER --kv``): the Llama-3.2-1B shape at
 B = 64 sequences in a 2048-key table (issue 49's H200 target), paged, once per pool storage of
 ``KV_FORMATS``: f16, bf16 and q8_0 (i8 values and f16 scales, dequantized by the kernel where
 it loads them, K four values a 32-bit word load; q8_0's ``bytes`` variant reads K one byte
-load a value, its ``k2`` variant twice the K loads a round). ``run`` checks each
+load a value, its ``k2`` variant twice the K loads a round; every storage's ``w1``, split
+blocks of one subgroup). ``run`` checks each
 against the oracle and adds ``kv_summary``: per position, microseconds per layer of each
 storage and the speed-ups of q8_0 over f16 and bf16 (the issue's target: >= 1.1x bf16 at 2k
 context)::
@@ -61,7 +62,8 @@ CASES = {"smollm2_s256": (3, 3, 256, 64), "llama1b_s512": (8, 4, 512, 64),
 #: name -> (B, Hkv, G, S, D) of paged regions (f16 pools, PAGED_BS positions a block)
 PAGED = {"smollm2_s256_paged": (1, 3, 3, 256, 64), "llama8b_s512_paged": (1, 8, 4, 512, 128),
          "llama8b_s4096_paged": (1, 8, 4, 4096, 128),
-         "llama1b_b16_s2048_paged": (16, 8, 4, 2048, 64)}
+         "llama1b_b16_s2048_paged": (16, 8, 4, 2048, 64),
+         "llama1b_b128_s512_paged": (128, 8, 4, 512, 64)}
 PAGED_BS = 32
 #: name -> (B, Hkv, G, S, D) of the KV storage cases (paged, PAGED_BS positions a block)
 KV = {"llama1b_b64_s2048": (64, 8, 4, 2048, 64)}
@@ -211,6 +213,34 @@ def byte_loads():
 Q8_VARIANTS = {"bytes": byte_loads, "k2": wide_k_rounds}
 
 
+@contextlib.contextmanager
+def plan_variant(variant: str):
+    """Within it, the attention plan is ``variant``'s: ``auto`` (the planner's), ``split``
+    (no single-kernel plan: split + combine), ``w32`` (single-kernel blocks of up to 32
+    subgroups, 1024 threads), ``w1`` (split blocks of one subgroup:
+    :func:`~poot.backends.gpu.strategies.attention.plan.split_subgroups` off) or
+    ``split_w1`` (both: every block one subgroup, the plan of the paged decode step at
+    B = 128 before the single-kernel plan was tried for one-chunk plans)."""
+    from poot.backends.gpu.strategies.attention import plan as A
+
+    saved = A._single_plan, A.split_subgroups, A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS
+    if variant in ("split", "split_w1"):
+        A._single_plan = lambda *a, **k: None
+    if variant in ("w1", "split_w1"):
+        A.split_subgroups = lambda *a, **k: 1
+    if variant == "w32":
+        A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS = 32, 1024
+    try:
+        yield
+    finally:
+        A._single_plan, A.split_subgroups, A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS = saved
+
+
+#: variants of the dense and the paged cases
+DENSE_VARIANTS = ("auto", "split", "w32", "w1")
+PAGED_VARIANTS = ("auto", "w1", "split_w1")
+
+
 def build_kv(folder: str) -> dict:
     """The KV storage cases (:data:`KV` x :data:`KV_FORMATS`) into ``folder``: each one's
     artifact (the strategy's kernels only, else it stops) and the oracle's outputs at
@@ -240,6 +270,10 @@ def build_kv(folder: str) -> dict:
                 sys.exit(f"{case}: planned {plan.strategies}, not the flash-decoding kernels")
             ks = save_plan(plan, folder, f"{case}_auto")
             manifest[f"{case}_auto"] = {"case": case, "variant": "auto", "launches": ks}
+            with plan_variant("w1"):         # split blocks of one subgroup
+                plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
+            ks = save_plan(plan, folder, f"{case}_w1")
+            manifest[f"{case}_w1"] = {"case": case, "variant": "w1", "launches": ks}
             for variant, how in (Q8_VARIANTS.items() if fmt == "q8_0" else ()):
                 with how():
                     plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
@@ -273,7 +307,6 @@ def build(folder: str, kv_only: bool = False) -> None:
     from poot import oracle
     from poot.backends.cuda.codegen import cuda_target
     from poot.backends.gpu.plan import plan_program
-    from poot.backends.gpu.strategies.attention import plan as A
 
     caps = cuda_target().caps
     manifest = {}
@@ -281,17 +314,9 @@ def build(folder: str, kv_only: bool = False) -> None:
         g = rope_attention_region(B=1, T=1, Hkv=Hkv, G=G, S=S, D=D, Dv=D, mask="i1")
         want = {str(p): oracle.evaluate(g, inputs(Hkv, G, S, D, p))["r0"].tolist()
                 for p in positions(S)}
-        for variant in ("auto", "split", "w32"):
-            single, limits = A._single_plan, (A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS)
-            if variant == "split":
-                A._single_plan = lambda *a, **k: None
-            if variant == "w32":             # blocks of up to 32 subgroups (1024 threads)
-                A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS = 32, 1024
-            try:
+        for variant in DENSE_VARIANTS:
+            with plan_variant(variant):
                 plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
-            finally:
-                A._single_plan = single
-                A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS = limits
             ks = save_plan(plan, folder, f"{name}_{variant}")
             manifest[f"{name}_{variant}"] = {"case": name, "variant": variant, "launches": ks}
             print(name, variant, ks, flush=True)
@@ -306,10 +331,12 @@ def build(folder: str, kv_only: bool = False) -> None:
             x = paged_inputs(B, Hkv, G, S, D, p)
             x["a2"], x["a3"] = x["a2"].view(np.float16), x["a3"].view(np.float16)
             want[str(p)] = oracle.evaluate(g, x)["r0"].tolist()
-        plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
-        ks = save_plan(plan, folder, f"{name}_auto")
-        manifest[f"{name}_auto"] = {"case": name, "variant": "auto", "launches": ks}
-        print(name, "auto", ks, flush=True)
+        for variant in PAGED_VARIANTS:
+            with plan_variant(variant):
+                plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
+            ks = save_plan(plan, folder, f"{name}_{variant}")
+            manifest[f"{name}_{variant}"] = {"case": name, "variant": variant, "launches": ks}
+            print(name, variant, ks, flush=True)
         with open(os.path.join(folder, f"{name}_want.json"), "w") as f:
             json.dump(want, f)
     with open(os.path.join(folder, "manifest.json"), "w") as f:

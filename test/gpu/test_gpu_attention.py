@@ -451,9 +451,9 @@ def test_plan_rule_boundaries():
         assert p.NS == 1 and p.W > 1 and p.TB <= MAX_BLOCK_THREADS, (S, p)
         assert -(-(-(-S // p.KL)) // p.W) * p.KL <= SINGLE_MAX_KEYS
         assert 4 * p.W * p.R * (64 + 2) <= caps.max_shared_bytes
-    for S in (1056, 4096, 32768):
-        p = plan(S=S)
-        assert p.NS > 1 and p.W == 1, (S, p)
+    for S, W in ((1056, 1), (4096, 1), (32768, 8)):
+        p = plan(S=S)                         # split over the GPU: chunks of 16, 64, 512 keys
+        assert p.NS > 1 and p.W == W, (S, p)  # 512 keys: 8 warps of 64 (SINGLE_MAX_KEYS)
     # 128 sequences x 8 kv heads: enough row groups for one chunk each, whose keys W warps
     # share (one warp walking all 512 keys measured 4x the time of B = 64's plan)
     for B in (64, 128, 1024):
@@ -996,7 +996,8 @@ def _ptxas_spills(ptx: str) -> list[str] | None:
 @pytest.mark.parametrize("G,T,S,D,Dv,mask,softcap,dt,blocks", [
     (3, 1, 256, 64, 64, "i1", 0.0, "f32", [512]),            # SmolLM2-like decode: one kernel
     (1, 5, 7, 128, 96, "f32", 30.0, "f16", [64]),            # 7 keys: two warps
-    (4, 16, 4096, 256, 256, "i1", 50.0, "f32", [32, 128]),   # long prefill: split + combine
+    (4, 16, 4096, 256, 256, "i1", 50.0, "f32", [64, 128]),   # long prefill: split (2 warps
+    #                                                          a chunk of 128 keys) + combine
     (4, 1, 4096, 128, 128, "i1", 0.0, "f32", [32, 128]),     # long-context decode: split
 ])
 def test_attention_region_ptx_assembles(G, T, S, D, Dv, mask, softcap, dt, blocks):
@@ -1084,8 +1085,9 @@ def test_llama_decode_attention_plans_and_ptx(Hkv, G, S, D, launches):
         assert p.W == 16 and kernels[0]["block"] == [512, 1, 1]
         assert kernels[0]["grid"] == [1, 1, Hkv]
         assert -(-(-(-S // p.KL)) // p.W) * p.KL <= SINGLE_MAX_KEYS
-    else:
-        assert p.W == 1 and kernels[0]["grid"][0] == p.NS > 1
+    else:                                     # split: the busiest warp walks <= 64 keys
+        assert kernels[0]["grid"][0] == p.NS > 1 and kernels[0]["block"][0] == 32 * p.W
+        assert -(-(p.C // p.KL) // p.W) * p.KL <= SINGLE_MAX_KEYS
     ptx = ptx_text(plan.module)
     if ptxas_check(ptx) is None:
         pytest.skip("ptxas is not installed (PTX generated, not assembled)")

@@ -147,6 +147,46 @@ def _single_plan(reg: AttentionRegion, caps, sg: int, R: int, RG: int, dl_max: i
     return AttentionPlan(sg, DL, R, RG, C, 1, CT, W)
 
 
+def split_subgroups(reg: AttentionRegion, caps, sg: int, R: int, C: int, KL: int) -> int:
+    """Subgroups a split block of ``R`` rows gives its chunk of ``C`` keys (batches of
+    ``KL``): the fewest (a power of two) with which the busiest walks at most
+    :data:`SINGLE_MAX_KEYS` keys, within :data:`MAX_SUBGROUPS`, the block's threads
+    (:data:`MAX_BLOCK_THREADS`, half where a lane holds many accumulators) and the
+    workgroup memory (a computed q, the chunk's table entries and the subgroups' partial
+    states).
+
+    Few sequences give many short chunks (the split plan's aim), so 1 subgroup; many
+    sequences at a long capacity give few long ones. Measured on an H100
+    (``bench/gpu_run/attn_bench.py``, paged f16, 1B shape, us a layer): B = 64 at 2,048
+    keys (two chunks of 1,024) 112 / 364 with 16 subgroups against 226 / 429 with one, at
+    positions 511 / 2,047; B = 16 (five chunks of 416) 60 / 77 / 133 with 8 against
+    93 / 122 / 152 at 512 / 1,024 / 2,047. The single-kernel plan's tighter
+    :data:`SINGLE_MAX_KEY_ELEMS` is not applied: with it one Llama-3-8B sequence at 4,096
+    keys took 2 subgroups, no faster overall (0.89-1.11x of 1 by position), and ptxas
+    spilled that kernel.
+
+    1 for a q8_0 K pool: its split kernel reads K as words only in blocks of one subgroup
+    (:meth:`~poot.backends.gpu.strategies.attention.emit.SplitKernel.k_words`), which at
+    B = 64 and 2,048 keys measured 306 us a layer at the last position against 377 for 16
+    subgroups reading bytes (143 against 118 at position 511)."""
+    if reg.paged is not None and reg.paged.k_scale is not None:
+        return 1
+    ndv = -(-reg.Dv // sg)
+    threads = MAX_BLOCK_THREADS if R * ndv <= MAX_ACC_PER_LANE // 2 else MAX_BLOCK_THREADS // 2
+    wmax = _pow2_floor(max(1, min(MAX_SUBGROUPS, threads // sg, C // KL)))
+    shared = getattr(caps, "max_shared_bytes", 0) or 16384
+    fixed = (4 * R * reg.D if reg.q is None else 0) + 4 * table_entries(reg, C)
+    W = 1
+    while W < wmax:
+        walk = -(-(C // KL) // W) * KL            # keys of the busiest subgroup
+        if walk <= SINGLE_MAX_KEYS:
+            break
+        W *= 2
+    while W > 1 and fixed + 4 * W * R * (reg.Dv + 2) > shared:
+        W //= 2
+    return W
+
+
 def scale_words(reg: AttentionRegion, caps) -> bool:
     """Whether a q8_0 region's f16 scales are read as 32-bit words on a target of ``caps``:
     where the target stores no f16 (wgpu: naga has no 16-bit storage; the planes keep their
@@ -179,7 +219,9 @@ def plan_blocks(reg: AttentionRegion, caps) -> AttentionPlan | None:
     power of two dividing ``D``, at most ``D / 8`` and the subgroup) with which one-batch
     chunks would give enough blocks, so few rows (decode) split each dot product over lanes
     and many rows (prefill) give each lane its own key. Chunk ``C``: whole batches of ``KL``
-    keys, as many chunks as the block budget asks; a combine launch merges them.
+    keys, as many chunks as the block budget asks; a combine launch merges them. Where many
+    row groups leave few, long chunks, ``W`` subgroups share a chunk
+    (:func:`split_subgroups`).
 
     *Single-kernel* plan, taken where the split plan needs more than one chunk or its one
     chunk is more than one key batch (a subgroup alone walking it serially): ``NS = 1``,
@@ -207,8 +249,9 @@ def plan_blocks(reg: AttentionRegion, caps) -> AttentionPlan | None:
     with the rows, which the round-trip count does not model). Many row groups (decode at
     B = 128 with 8 kv heads: 1,024 groups) fill the GPU with one chunk each, but then one
     subgroup would walk all ``S`` keys alone: measured on an H100 in the 1B's step, that
-    took 1.11 ms at B = 128 against 0.28 ms at B = 64 (16 subgroups a block). The bound is a model's, to be calibrated on the
-    device (``bench/gpu_run/attn_bench.py``)."""
+    took 1.11 ms at B = 128 against 0.28 ms at B = 64 (16 subgroups a block); the single
+    plan took 0.56 ms. The bound is a model's, to be calibrated on the device
+    (``bench/gpu_run/attn_bench.py``)."""
     sg = getattr(caps, "subgroup_size", None)
     if not sg or sg & (sg - 1) or sg > 128:
         return None                          # butterflies need a known power-of-two width
@@ -249,8 +292,9 @@ def plan_blocks(reg: AttentionRegion, caps) -> AttentionPlan | None:
         single = _single_plan(reg, caps, sg, R, RG, dl_max, CT)
         if single is not None:
             return single
-    return AttentionPlan(sg, DL, R, RG, C, NS, CT)
+    W = split_subgroups(reg, caps, sg, R, C, KL) if R <= SINGLE_MAX_ROWS else 1
+    return AttentionPlan(sg, DL, R, RG, C, NS, CT, W)
 
 
 __all__ = ["AttentionPlan", "batch_rounds", "plan_attention", "plan_blocks", "scale_words",
-           "table_entries", "unroll"]
+           "split_subgroups", "table_entries", "unroll"]
