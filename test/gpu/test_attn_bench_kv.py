@@ -6,7 +6,6 @@ on Vulkan (lavapipe here), so a device run's check compares like with like."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
@@ -36,8 +35,9 @@ def test_kv_build_and_the_machines_inputs_agree_on_vulkan(vk_device, small_kv, t
     from poot.backends.vulkan.codegen import codegen_vulkan
 
     manifest = attn_bench.build_kv(str(tmp_path))
-    assert sorted(manifest) == [f"small_{f}" for f in ("bf16_auto", "f16_auto", "q8_0_auto",
-                                                        "q8_0_bytes", "q8_0_k2")]
+    assert sorted(manifest) == [f"small_{f}" for f in ("bf16_auto", "bf16_w1", "f16_auto",
+                                                        "f16_w1", "q8_0_auto", "q8_0_bytes",
+                                                        "q8_0_k2", "q8_0_w1")]
     B, Hkv, G, S, D = SMALL["small"]
     target = _vk_target(vk_device, 4)
     for key, m in manifest.items():
@@ -48,8 +48,9 @@ def test_kv_build_and_the_machines_inputs_agree_on_vulkan(vk_device, small_kv, t
         g = rope_attention_region(B=B, T=1, Hkv=Hkv, G=G, S=S, D=D, Dv=D, mask="i1",
                                   paged=(B * S // attn_bench.PAGED_BS + 1, attn_bench.PAGED_BS,
                                          fmt))
-        how = attn_bench.Q8_VARIANTS.get(m["variant"], contextlib.nullcontext)
-        with how():
+        v = m["variant"]
+        with attn_bench.Q8_VARIANTS[v]() if v in attn_bench.Q8_VARIANTS else \
+                attn_bench.plan_variant(v):
             vk = codegen_vulkan(g, target)
         want = attn_bench.expected(str(tmp_path), m["case"])
         assert sorted(want) == sorted(map(str, POSITIONS))
