@@ -790,8 +790,6 @@ PAGED_CASES = [
     (1, 3, 3, 1, 12, 16, 6, 32, 32, "f32", "f16", 0.0, None, False, (60,)),
     (1, 1, 2, 2, 80, 16, 72, 32, 32, "i1", "bf16", 0.0, None, False, (1100,)),
 ]
-#: the plans the paged device tests ran
-PAGED_PLANS: list = []
 
 
 def _paged_shape(case):
@@ -830,7 +828,6 @@ def test_paged_attention_matches_oracle_on_vulkan(vk_device, case):
         got = _run(vk_device, art, feed)["r0"]
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
                                    err_msg=f"{shape} cores={cores} {plan}")
-        PAGED_PLANS.append(plan)
     if shape["TW"] * shape["bs"] > 1024:
         assert plan.NS > 1                                 # long context: split + combine
 
@@ -840,6 +837,15 @@ def test_paged_attention_matches_oracle_on_vulkan(vk_device, case):
 #: subgroup with no batch (guarded), dot products split over 2 and 8 lanes
 PAGED_FORCED = [(4, 12, 5, 2, 2, "i1"), (3, 7, 9, 1, 8, "f32"), (8, 5, 5, 4, 1, "i1"),
                 (5, 9, 2, 4, 1, "f32")]
+
+
+def _forced_plan(sg: int, bs: int, TW: int, nbat: int, W: int, DL: int):
+    """The hand-made plan of a :data:`PAGED_FORCED` case (GQA 2 x 3: 3 rows a block) for
+    subgroups of ``sg``: chunks of ``nbat`` key batches."""
+    from poot.backends.gpu.strategies.attention import AttentionPlan
+
+    C = nbat * (sg // DL)
+    return AttentionPlan(sg, DL, 3, 1, C, -(-bs * TW // C), max(sg, min(256, 4 * sg)), W)
 
 
 @pytest.mark.parametrize("bs,TW,nbat,W,DL,mask", PAGED_FORCED)
@@ -856,15 +862,12 @@ def test_paged_forced_plans_on_vulkan(vk_device, monkeypatch, bs, TW, nbat, W, D
     feed = {f"a{i}": x[n] for i, n in enumerate(("q", "k", "v", "table", "mask"))}
     want = oracle.evaluate(g, feed)["r0"]
     target = _vk_target(vk_device, 4)
-    sg = target.caps.subgroup_size
-    C = nbat * (sg // DL)
-    plan = A.AttentionPlan(sg, DL, 3, 1, C, -(-S // C), max(sg, min(256, 4 * sg)), W)
+    plan = _forced_plan(target.caps.subgroup_size, bs, TW, nbat, W, DL)
     monkeypatch.setattr(A, "plan_attention", lambda reg, caps: plan)
     art = codegen_vulkan(g, target)
     assert len(art.steps) == (1 if plan.NS == 1 else 2)
     np.testing.assert_allclose(_run(vk_device, art, feed)["r0"], want, rtol=RTOL, atol=ATOL,
                                err_msg=f"{plan}")
-    PAGED_PLANS.append(plan)
 
 
 #: (B, T, Hkv, G, NB, bs, TW, D, mask, kv, window, ends) of the folded form
@@ -937,13 +940,22 @@ def test_paged_walk_bounds_follow_the_mask_on_vulkan(vk_device):
 
 
 def test_paged_device_plans_covered_every_kernel_shape(vk_device):
-    """The paged device cases ran one and several chunks, one and several subgroups a
-    block, one lane a key and dot products split over lanes."""
-    if len(PAGED_PLANS) < 3 * len(PAGED_CASES) + len(PAGED_FORCED):
-        pytest.skip("runs after the paged device cases (run the whole module)")
-    assert {p.NS == 1 for p in PAGED_PLANS} == {True, False}
-    assert {p.W > 1 for p in PAGED_PLANS} == {True, False}
-    assert {p.DL > 1 for p in PAGED_PLANS} == {True, False}
+    """The paged device cases (:data:`PAGED_CASES` at 1, 16 and 1000 cores, as
+    ``test_paged_attention_matches_oracle_on_vulkan`` plans them, and :data:`PAGED_FORCED`)
+    run one and several chunks, one and several subgroups a block, one lane a key and dot
+    products split over lanes."""
+    from poot.backends.gpu.strategies.attention import match_attention, plan_attention
+
+    plans = []
+    for case in PAGED_CASES:
+        g = paged_region(**_paged_shape(case), softcap=case[11])   # held: the function's module
+        reg = match_attention(_callee(g))
+        plans += [plan_attention(reg, _vk_target(vk_device, c).caps) for c in (1, 16, 1000)]
+    sg = _vk_target(vk_device, 4).caps.subgroup_size
+    plans += [_forced_plan(sg, *f[:5]) for f in PAGED_FORCED]
+    assert {p.NS == 1 for p in plans} == {True, False}
+    assert {p.W > 1 for p in plans} == {True, False}
+    assert {p.DL > 1 for p in plans} == {True, False}
 
 
 def test_paged_plans_follow_the_dense_ones():
