@@ -204,18 +204,23 @@ def _python(venv: Path, code: str, cwd: Path, env) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=600)
 
 
-def _install_serve(src: Path, venv: Path, env) -> None:
+@pytest.fixture(scope="module")
+def served(fresh):
+    """``fresh`` after the server section's install line (run once: the three server tests
+    share the environment, and a second ``pip install -e`` would only rebuild the same
+    editable wheel)."""
+    src, venv, env, _ = fresh
     text = section("Serving over HTTP")
     m = re.search(r'`(pip install -e "\.\[serve[^"]*\]")`', text)
     assert m, "the server section names no install command"
     r = subprocess.run(["bash", "-ec", f". .venv/bin/activate && {m.group(1)}"], cwd=src,
                        env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
+    return fresh
 
 
-def test_server_section_examples(fresh):
-    src, venv, env, _ = fresh
-    _install_serve(src, venv, env)
+def test_server_section_examples(served):
+    src, venv, env, _ = served
     text = section("Serving over HTTP")
     cmds = console_commands(blocks("console")[0])
     assert cmds[0] == "poot serve --port 8000", cmds
@@ -245,9 +250,8 @@ def test_server_section_examples(fresh):
         assert "cuda" in lines[0].lower() or "nvidia" in lines[0].lower(), lines[0]
 
 
-def test_embeddings_and_rerank_examples(fresh):
-    src, venv, env, _ = fresh
-    _install_serve(src, venv, env)
+def test_embeddings_and_rerank_examples(served):
+    src, venv, env, _ = served
     fixtures = ROOT / "test" / "fixtures" / "tiny"
     shutil.copytree(fixtures / "bert_embed", src / "all-MiniLM-L6-v2", dirs_exist_ok=True)
     shutil.copytree(fixtures / "bert_cross_encoder", src / "ms-marco-MiniLM", dirs_exist_ok=True)
@@ -286,11 +290,10 @@ def _curl(cmd: str, srv: Server, cwd: Path) -> str:
     return r.stdout
 
 
-def test_lora_examples(fresh):
+def test_lora_examples(served):
     """The LoRA section's server: the tiny Llama GGUF fixture as MODEL, its two adapters as
     ./sql-lora and ./chat-lora, a copy of one as ./adapters/x for the runtime load."""
-    src, venv, env, _ = fresh
-    _install_serve(src, venv, env)
+    src, venv, env, _ = served
     tiny = ROOT / "test" / "fixtures" / "tiny"
     shutil.copy(tiny / "llama_gguf_q4_1" / "model.gguf", src / "tiny-llama.gguf")
     shutil.copytree(tiny / "llama_lora" / "adapter_a", src / "sql-lora", dirs_exist_ok=True)

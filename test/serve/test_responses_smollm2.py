@@ -28,9 +28,13 @@ def smol_client(cache_dir):
     # a context that holds the generic tool format's system message (about 300 tokens);
     # the default precision and test_tools_smollm2's KV (1024, chunk 32, batch 8): its steps
     # come from the run's compile cache when that file compiled them (every comparison here
-    # is of two answers of this one server, so the precision is not what is tested)
+    # is of two answers of this one server, so the precision is not what is tested).
+    # --no-warm-up: the server compiles (or loads) only the steps these one-at-a-time
+    # requests use, not every decode bucket and ragged step with both serve samplers
+    # (test_ready_time and test_compile_serve test the warm-up, and test_readme_fresh_venv
+    # runs the README's server with it; here it was 160 s of the file's 170)
     p = ServeProcess("--port", "0", "--kv-capacity", "1024", "--prefill-chunk", "32",
-                     "--max-batch", "8", "--served-model-name",
+                     "--max-batch", "8", "--no-warm-up", "--served-model-name",
                      "smollm2", env={"POOT_CACHE_DIR": cache_dir})
     try:
         url = p.wait_for(r"ready: serving .* on (http://\S+) ", 900).group(1)
