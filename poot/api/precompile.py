@@ -19,7 +19,7 @@ from poot.compiler import CompileOptions
 from poot.compiler.cache import CompileCache, step_key
 from poot.engine.runner import (SamplerProgram, decode_buckets, ragged_token_buckets, spec_tag,
                                step_spec, step_trace)
-from poot.graph.sampling import FULL, GREEDY, SamplerStep
+from poot.graph.sampling import FULL, GREEDY, SamplerStep, history_pool_rows
 from poot.progress import as_callback
 from poot.sampling_params import InvalidRequest
 
@@ -84,6 +84,7 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
         raise InvalidRequest("cache_dir", str(cache.dir), "the compile cache is not writable")
     options = compile_options or DEFAULT_COMPILE_OPTIONS
     vocab = model.dims().vocab
+    slots = history_pool_rows(max_batch)
     jobs = []
     chunk = max(1, min(prefill_chunk, kv.max_model_len))
     for t in ragged_token_buckets(chunk, max_batch, max_prefill_tokens,
@@ -93,12 +94,12 @@ def compile_steps(path: str | os.PathLike | None = None, backend: str = "cpu", *
                      step_spec(kv, "ragged", t, logit_rows=max_batch)))
         rows = min(t, max_batch)
         for sp in dict.fromkeys(list(samplers or [GREEDY]) + ([FULL] if t == chunk else [])):
-            st = SamplerStep(rows, vocab, max_batch + 1, sp)
+            st = SamplerStep(rows, vocab, slots, sp)
             jobs.append((f"sampler[B={rows}{spec_tag(sp)}]", SamplerProgram(st), {}, st))
     for b in (batches or decode_buckets(max_batch)):
         jobs.append((f"decode[B={b}]", model, weights.types, step_spec(kv, "decode", b)))
         for sp in list(dict.fromkeys(list(samplers or [GREEDY]) + ([FULL] if b == 1 else []))):
-            st = SamplerStep(b, vocab, max_batch + 1, sp)
+            st = SamplerStep(b, vocab, slots, sp)
             jobs.append((f"sampler[B={b}{spec_tag(sp)}]", SamplerProgram(st), {}, st))
     out: dict[str, Any] = {"cache_dir": str(cache.dir), "backend": backend,
                            "pipeline_parallel": pipeline_parallel,

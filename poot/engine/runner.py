@@ -423,8 +423,9 @@ class ModelRunner(RunnerBase):
         self.max_batch = max_batch
         self.prefill_chunk = max(1, min(prefill_chunk, kv.max_model_len))
         self.vocab = model.dims().vocab
-        #: rows of the token-history pool: one per running sequence, plus a scratch row
-        self.history_slots = max_batch + 1
+        #: rows of the token-history pool: one per running sequence, a scratch row (the
+        #: last), rounded up (:func:`~poot.graph.sampling.history_pool_rows`)
+        self.history_slots = sampling.history_pool_rows(max_batch)
         if upload:
             self.upload_weights()
         self._entries: dict[Any, Entry] = {}

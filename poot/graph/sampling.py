@@ -573,8 +573,9 @@ class SamplerStep:
     Attributes:
         batch: rows B (the decode bucket it follows).
         vocab: V.
-        history_slots: rows of the token-history pool (one per sequence the engine may run,
-            plus a scratch row for idle batch rows); used when ``spec.penalties``.
+        history_slots: rows of the token-history pool (:func:`history_pool_rows`); used when
+            ``spec.penalties``, else set to 1: a sampler without penalties has no pool, so its
+            program (and its compile-cache key) does not depend on the engine's batch size.
         spec: the :class:`SamplerSpec` (the union of the features of the batch's requests).
     """
 
@@ -588,6 +589,21 @@ class SamplerStep:
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise BuilderError(f"SamplerStep.{k} must be a positive int, got {v!r}")
+        if not self.spec.penalties:
+            object.__setattr__(self, "history_slots", 1)
+
+
+#: the token-history pool's rows come in multiples of this (see :func:`history_pool_rows`)
+HISTORY_ROW_QUANTUM = 8
+
+
+def history_pool_rows(max_batch: int) -> int:
+    """Rows of the token-history pool (i32 [rows, V]) of an engine running up to
+    ``max_batch`` sequences: one a sequence plus a scratch row for idle batch rows (the
+    last), rounded up to a multiple of :data:`HISTORY_ROW_QUANTUM`, so that engines of
+    nearby batch sizes (1, 2 and 4; 8 and 9) run, and compile, the same penalties sampler
+    (the extra rows are free rows like the others: at most ``max_batch`` are in use)."""
+    return -(-(max_batch + 1) // HISTORY_ROW_QUANTUM) * HISTORY_ROW_QUANTUM
 
 
 def trace_sampler(step: SamplerStep) -> Graph:

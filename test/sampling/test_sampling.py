@@ -405,3 +405,25 @@ def test_guided_spec_declares_the_mask_and_covers():
     g = S.SamplerSpec(guided=True)
     assert S.covers(g, S.SamplerSpec()) and S.covers(g, S.GREEDY)
     assert not S.covers(S.FULL, S.SamplerSpec(stochastic=False, guided=True))
+
+
+def test_sampler_program_depends_on_the_history_pool_only_with_penalties():
+    """A sampler without penalties has no token-history pool, so engines of any batch size
+    share its program (equal steps: one compile-cache key); with penalties the pool's rows
+    (a sequence each plus the scratch row, in multiples of 8) are part of it, and engines of
+    1, 2, 4 and 7 sequences share one pool shape."""
+    from poot.api.model import target_for
+    from poot.api.options import DEFAULT_COMPILE_OPTIONS
+    from poot.compiler.cache import step_key
+    from poot.engine.runner import SamplerProgram
+
+    def key(st):
+        return step_key(SamplerProgram(st), {}, st, target_for("cpu"), DEFAULT_COMPILE_OPTIONS)
+
+    greedy = [S.SamplerStep(1, 1000, S.history_pool_rows(mb), S.GREEDY) for mb in (1, 8, 32)]
+    assert {st.history_slots for st in greedy} == {1} and len({key(st) for st in greedy}) == 1
+    assert [S.history_pool_rows(mb) for mb in (1, 2, 4, 7, 8, 15, 32)] == \
+        [8, 8, 8, 8, 16, 16, 40]
+    full = {mb: S.SamplerStep(1, 1000, S.history_pool_rows(mb), S.FULL) for mb in (2, 4, 8)}
+    assert full[2] == full[4] and full[8].history_slots == 16 and full[2] != full[8]
+    assert key(full[2]) == key(full[4]) != key(full[8])
