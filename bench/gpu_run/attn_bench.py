@@ -293,9 +293,22 @@ def build_kv(folder: str) -> dict:
     return manifest
 
 
-def build(folder: str, kv_only: bool = False) -> None:
+def save_variants(g, caps, folder: str, name: str, variants, manifest: dict) -> None:
+    """Plan ``g`` under each of ``variants`` (:func:`plan_variant`) and save each as the
+    artifact ``folder/<name>_<variant>``, listed in ``manifest``."""
     from types import SimpleNamespace
 
+    from poot.backends.gpu.plan import plan_program
+
+    for variant in variants:
+        with plan_variant(variant):
+            plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
+        ks = save_plan(plan, folder, f"{name}_{variant}")
+        manifest[f"{name}_{variant}"] = {"case": name, "variant": variant, "launches": ks}
+        print(name, variant, ks, flush=True)
+
+
+def build(folder: str, kv_only: bool = False) -> None:
     os.makedirs(folder, exist_ok=True)
     if kv_only:
         with open(os.path.join(folder, "manifest.json"), "w") as f:
@@ -306,7 +319,6 @@ def build(folder: str, kv_only: bool = False) -> None:
 
     from poot import oracle
     from poot.backends.cuda.codegen import cuda_target
-    from poot.backends.gpu.plan import plan_program
 
     caps = cuda_target().caps
     manifest = {}
@@ -314,12 +326,7 @@ def build(folder: str, kv_only: bool = False) -> None:
         g = rope_attention_region(B=1, T=1, Hkv=Hkv, G=G, S=S, D=D, Dv=D, mask="i1")
         want = {str(p): oracle.evaluate(g, inputs(Hkv, G, S, D, p))["r0"].tolist()
                 for p in positions(S)}
-        for variant in DENSE_VARIANTS:
-            with plan_variant(variant):
-                plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
-            ks = save_plan(plan, folder, f"{name}_{variant}")
-            manifest[f"{name}_{variant}"] = {"case": name, "variant": variant, "launches": ks}
-            print(name, variant, ks, flush=True)
+        save_variants(g, caps, folder, name, DENSE_VARIANTS, manifest)
         with open(os.path.join(folder, f"{name}_want.json"), "w") as f:
             json.dump(want, f)
     for name, (B, Hkv, G, S, D) in PAGED.items():
@@ -331,12 +338,7 @@ def build(folder: str, kv_only: bool = False) -> None:
             x = paged_inputs(B, Hkv, G, S, D, p)
             x["a2"], x["a3"] = x["a2"].view(np.float16), x["a3"].view(np.float16)
             want[str(p)] = oracle.evaluate(g, x)["r0"].tolist()
-        for variant in PAGED_VARIANTS:
-            with plan_variant(variant):
-                plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
-            ks = save_plan(plan, folder, f"{name}_{variant}")
-            manifest[f"{name}_{variant}"] = {"case": name, "variant": variant, "launches": ks}
-            print(name, variant, ks, flush=True)
+        save_variants(g, caps, folder, name, PAGED_VARIANTS, manifest)
         with open(os.path.join(folder, f"{name}_want.json"), "w") as f:
             json.dump(want, f)
     with open(os.path.join(folder, "manifest.json"), "w") as f:
