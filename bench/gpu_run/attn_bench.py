@@ -29,8 +29,9 @@ KV storage cases (``KV``, built alone with ``build FOLDER --kv``): the Llama-3.2
 B = 64 sequences in a 2048-key table (issue 49's H200 target), paged, once per pool storage of
 ``KV_FORMATS``: f16, bf16 and q8_0 (i8 values and f16 scales, dequantized by the kernel where
 it loads them, K four values a 32-bit word load; q8_0's ``bytes`` variant reads K one byte
-load a value, its ``k2`` variant twice the K loads a round; every storage's ``w1``, split
-blocks of one subgroup). ``run`` checks each
+load a value, its ``k2`` variant twice the K loads a round, its ``bytes16`` split blocks of 16
+subgroups reading bytes; every storage's ``w1``, split blocks of one subgroup). ``run`` checks
+each
 against the oracle and adds ``kv_summary``: per position, microseconds per layer of each
 storage and the speed-ups of q8_0 over f16 and bf16 (the issue's target: >= 1.1x bf16 at 2k
 context)::
@@ -220,20 +221,26 @@ def plan_variant(variant: str):
     subgroups, 1024 threads), ``w1`` (split blocks of one subgroup:
     :func:`~poot.backends.gpu.strategies.attention.plan.split_subgroups` off) or
     ``split_w1`` (both: every block one subgroup, the plan of the paged decode step at
-    B = 128 before the single-kernel plan was tried for one-chunk plans)."""
+    B = 128 before the single-kernel plan was tried for one-chunk plans) or ``bytes16`` (a q8_0
+    K pool's split blocks as wide as an f16 pool's, up to 16 subgroups, past the 256 threads
+    within which its kernel reads K as words: bytes then)."""
     from poot.backends.gpu.strategies.attention import plan as A
 
-    saved = A._single_plan, A.split_subgroups, A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS
+    saved = A._single_plan, A.split_subgroups, A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS, \
+        A.WORD_MAX_THREADS
     if variant in ("split", "split_w1"):
         A._single_plan = lambda *a, **k: None
     if variant in ("w1", "split_w1"):
         A.split_subgroups = lambda *a, **k: 1
     if variant == "w32":
         A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS = 32, 1024
+    if variant == "bytes16":
+        A.WORD_MAX_THREADS = A.MAX_BLOCK_THREADS
     try:
         yield
     finally:
-        A._single_plan, A.split_subgroups, A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS = saved
+        A._single_plan, A.split_subgroups, A.MAX_SUBGROUPS, A.MAX_BLOCK_THREADS, \
+            A.WORD_MAX_THREADS = saved
 
 
 #: variants of the dense and the paged cases
@@ -270,10 +277,12 @@ def build_kv(folder: str) -> dict:
                 sys.exit(f"{case}: planned {plan.strategies}, not the flash-decoding kernels")
             ks = save_plan(plan, folder, f"{case}_auto")
             manifest[f"{case}_auto"] = {"case": case, "variant": "auto", "launches": ks}
-            with plan_variant("w1"):         # split blocks of one subgroup
-                plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
-            ks = save_plan(plan, folder, f"{case}_w1")
-            manifest[f"{case}_w1"] = {"case": case, "variant": "w1", "launches": ks}
+            for variant in ("w1", "bytes16") if fmt == "q8_0" else ("w1",):
+                with plan_variant(variant):
+                    plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)
+                ks = save_plan(plan, folder, f"{case}_{variant}")
+                manifest[f"{case}_{variant}"] = {"case": case, "variant": variant,
+                                                 "launches": ks}
             for variant, how in (Q8_VARIANTS.items() if fmt == "q8_0" else ()):
                 with how():
                     plan = plan_program(SimpleNamespace(graph=g, storage=[]), caps)

@@ -37,7 +37,7 @@ def test_kv_build_and_the_machines_inputs_agree_on_vulkan(vk_device, small_kv, t
     manifest = attn_bench.build_kv(str(tmp_path))
     assert sorted(manifest) == [f"small_{f}" for f in ("bf16_auto", "bf16_w1", "f16_auto",
                                                         "f16_w1", "q8_0_auto", "q8_0_bytes",
-                                                        "q8_0_k2", "q8_0_w1")]
+                                                        "q8_0_bytes16", "q8_0_k2", "q8_0_w1")]
     B, Hkv, G, S, D = SMALL["small"]
     target = _vk_target(vk_device, 4)
     for key, m in manifest.items():

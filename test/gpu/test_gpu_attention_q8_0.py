@@ -131,11 +131,13 @@ CASES = [
                          f"-{'q8' if c[9] else 'f16'}-{'q8' if c[10] else 'f16'}")
 def test_q8_0_paged_attention_matches_numpy_on_vulkan(vk_device, case):
     """The strategy takes q8_0 pools (the scales planes matched as views) and, planned for 1
-    and 1000 cores (one launch: K read a byte a value; or split + combine: K read as words of
-    four values), equals numpy's dequantize-then-attend: the inf scales of stale rows never
-    leak, a row that sees no key gives zeros."""
+    and 1000 cores (one launch or split + combine; K read as words of four values in blocks
+    of at most WORD_MAX_THREADS threads, else a byte a value), equals numpy's
+    dequantize-then-attend: the inf scales of stale rows never leak, a row that sees no key
+    gives zeros."""
     from poot.backends.gpu.strategies.attention import (emit_attention, match_attention,
                                                         plan_attention)
+    from poot.backends.gpu.strategies.attention.plan import WORD_MAX_THREADS
     from poot.backends.vulkan.codegen import codegen_vulkan
 
     *shape, lengths, k_q8, v_q8 = case
@@ -151,7 +153,7 @@ def test_q8_0_paged_attention_matches_numpy_on_vulkan(vk_device, case):
         plan = plan_attention(reg, target.caps)
         with g.module.context:
             text = emit_attention(reg, plan).text
-        assert (words in text) == (k_q8 and plan.W == 1), plan    # else K a byte a value
+        assert (words in text) == (k_q8 and plan.TB <= WORD_MAX_THREADS), plan  # else bytes
         art = codegen_vulkan(g, target)
         assert _strategies(g, target) == {"flash_decode": 1 + (plan.NS > 1)}
         got = _run(vk_device, art, feed)["r0"]

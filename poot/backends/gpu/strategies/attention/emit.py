@@ -105,6 +105,7 @@ from poot.backends.gpu.strategies.attention.body import (
 from poot.backends.gpu.strategies.attention.match import AttentionRegion
 from poot.backends.gpu.strategies.attention.plan import (
     MAX_GRID,
+    WORD_MAX_THREADS,
     AttentionPlan,
     table_entries,
     unroll,
@@ -200,13 +201,15 @@ class SplitKernel:
         every element offset of a lane's round is a multiple of 4 (unit head-dim stride, the
         other strides and the offset multiples of 4), no other operand reads the pool
         (multi-head latent attention's V is a slice of it: byte loads there), and a block is
-        one subgroup (the split plans: long contexts, large batches, where the bytes a step
-        reads decide its time; the one-launch plans of up to 16 subgroups run at 64
-        registers a thread, which word loads overran at D = 128 where byte loads fit)."""
+        at most :data:`~.plan.WORD_MAX_THREADS` threads (the split plans: long contexts,
+        large batches, where the bytes a step reads decide its time; the one-launch plans of
+        16 subgroups run at 64 registers a thread, which word loads overran at D = 128 where
+        byte loads fit)."""
         reg = self.reg
         k = reg.k
         if not Q8_WORDS or reg.paged is None or reg.paged.k_scale is None or \
-                reg.v.arg == k.arg or unroll(reg.D, self.DL)[0] != 4 or self.W > 1:
+                reg.v.arg == k.arg or unroll(reg.D, self.DL)[0] != 4 or \
+                self.TB > WORD_MAX_THREADS:
             return False
         return k.strides[-1] == 1 and k.offset % 4 == 0 and \
             all(st % 4 == 0 for st in k.strides[:-1])

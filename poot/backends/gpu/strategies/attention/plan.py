@@ -33,6 +33,10 @@ SINGLE_MAX_KEYS = 64
 #: keys: up to 37 us against 17.8); with D = 64, 64 keys a warp (S = 1024) still won on
 #: average over the positions
 SINGLE_MAX_KEY_ELEMS = 64 * 64
+#: threads a block whose kernel reads a q8_0 K pool as 32-bit words holds at most (four
+#: values a load, :meth:`~.emit.SplitKernel.k_words`): CUDA then leaves a thread up to 255
+#: registers (at 512 threads, 64, which word loads overran at D = 128)
+WORD_MAX_THREADS = 256
 #: query rows per block at most for the single-kernel path (decode: the q heads of a kv head)
 SINGLE_MAX_ROWS = 8
 #: block-table entries a paged block stages in workgroup memory at most (4 KiB): a chunk
@@ -165,14 +169,14 @@ def split_subgroups(reg: AttentionRegion, caps, sg: int, R: int, C: int, KL: int
     keys took 2 subgroups, no faster overall (0.89-1.11x of 1 by position), and ptxas
     spilled that kernel.
 
-    1 for a q8_0 K pool: its split kernel reads K as words only in blocks of one subgroup
-    (:meth:`~poot.backends.gpu.strategies.attention.emit.SplitKernel.k_words`), which at
-    B = 64 and 2,048 keys measured 306 us a layer at the last position against 377 for 16
-    subgroups reading bytes (143 against 118 at position 511)."""
-    if reg.paged is not None and reg.paged.k_scale is not None:
-        return 1
+    A q8_0 K pool keeps its blocks within :data:`WORD_MAX_THREADS`, where its kernel reads
+    K as words (:meth:`~poot.backends.gpu.strategies.attention.emit.SplitKernel.k_words`):
+    at B = 64 and 2,048 keys, one subgroup reading words measured 306 us a layer at the
+    last position against 377 for 16 reading bytes (143 against 118 at position 511)."""
     ndv = -(-reg.Dv // sg)
     threads = MAX_BLOCK_THREADS if R * ndv <= MAX_ACC_PER_LANE // 2 else MAX_BLOCK_THREADS // 2
+    if reg.paged is not None and reg.paged.k_scale is not None:
+        threads = min(threads, WORD_MAX_THREADS)
     wmax = _pow2_floor(max(1, min(MAX_SUBGROUPS, threads // sg, C // KL)))
     shared = getattr(caps, "max_shared_bytes", 0) or 16384
     fixed = (4 * R * reg.D if reg.q is None else 0) + 4 * table_entries(reg, C)
