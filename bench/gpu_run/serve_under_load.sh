@@ -8,18 +8,24 @@
 #   call 4,    carry [".cache/gpu/serve"]:    bash bench/gpu_run/serve_under_load.sh
 #
 # Out: serve_{smollm2,llama1b}_k{1,16,64}.json (serve_load's JSON with --server-metrics),
-# logs/ (the servers' stderr: one line per request). Loopback only. SERVE_SECONDS (default 20).
+# logs/ (the servers' stderr: one line per request). Loopback only. SERVE_SECONDS (default 20),
+# SERVE_MODELS (default "smollm2 llama1b"; llama1b alone needs no staged GGUF). SERVE_PROFILE=1:
+# while K = 64 runs, the server's CPU seconds by thread (cpu_NAME.json) and then a py-spy
+# profile (pyspy_NAME.raw, summarized in pyspy_NAME.json) by bench/gpu_run/thread_profile.py.
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/serve_under_load}"
 mkdir -p "$OUT/logs"
 B=.cache/gpu/serve
 [ -f "$B/manifest.json" ] || { echo "serve_under_load: carry $B" >&2; exit 2; }
+MODELS="${SERVE_MODELS:-smollm2 llama1b}"
 GGUF=/tmp/gguf/smollm2.gguf
-[ -f "$GGUF" ] || { echo "serve_under_load: $GGUF is missing: stage_gguf.sh first" >&2; exit 2; }
+case " $MODELS " in *" smollm2 "*) [ -f "$GGUF" ] || { echo "serve_under_load: $GGUF is missing: \
+stage_gguf.sh first" >&2; exit 2; } ;; esac
 PY=python3
 $PY -m pip install -q --no-index --no-deps --target /tmp/serve_site $B/wheels/*.whl 2>&1 | tail -2
 export PYTHONPATH=.:/tmp/serve_site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export PATH=/tmp/serve_site/bin:$PATH
 $PY -c "import fastapi, uvicorn, prometheus_client, httpx" || { echo "serve_under_load: the serve \
 wheels do not import" >&2; exit 2; }
 [ -d /tmp/serve_cache ] || cp -r "$B/cache" /tmp/serve_cache
@@ -58,7 +64,10 @@ PYEOF
     for k in 1 16 64; do
         timeout 200 $PY bench/serve_load.py --url http://127.0.0.1:$PORT -k $k \
             -m "$SECONDS_EACH" --server-metrics $load > "$OUT/serve_${name}_k$k.json" \
-            2> "$OUT/logs/load_${name}_k$k.err" || FAILED+=("$name:k$k")
+            2> "$OUT/logs/load_${name}_k$k.err" &
+        local lp=$!
+        [ "$k" = 64 ] && [ "${SERVE_PROFILE:-0}" = 1 ] && profile "$name" $pid
+        wait $lp || FAILED+=("$name:k$k")
         $PY -c "import json; r = json.load(open('$OUT/serve_${name}_k$k.json')); \
 print('$name K=$k', r['requests_per_s'], 'req/s', r['output_tokens_per_s'], 'tok/s', \
 'ttft p50', r['ttft_s']['p50'], 'itl p50', r['itl_s']['p50'], 'errors', r['errors'], \
@@ -68,8 +77,21 @@ r.get('server'))" >&2 || true
     tail -n 3 "$OUT/logs/server_$name.log" >&2
 }
 
-serve_and_load smollm2 "--max-tokens 64" --model "$GGUF"
-serve_and_load llama1b "--max-tokens 64 --token-prompts 32" \
-    --model bench/shapes/llama-3.2-1b.json --random-weights bf16
+profile() {  # NAME PID: within the K = 64 run (SERVE_SECONDS >= 16)
+    sleep 3
+    $PY bench/gpu_run/thread_profile.py cpu $2 5 > "$OUT/cpu_$1.json"
+    py-spy record -p $2 -d 5 -r 250 --threads --nonblocking -f raw -o "$OUT/pyspy_$1.raw" \
+        > /dev/null 2>&1
+    $PY bench/gpu_run/thread_profile.py summarize "$OUT/pyspy_$1.raw" > "$OUT/pyspy_$1.json"
+}
+
+for m in $MODELS; do
+    case $m in
+        smollm2) serve_and_load smollm2 "--max-tokens 64" --model "$GGUF" ;;
+        llama1b) serve_and_load llama1b "--max-tokens 64 --token-prompts 32" \
+            --model bench/shapes/llama-3.2-1b.json --random-weights bf16 ;;
+        *) echo "serve_under_load: unknown model $m" >&2; FAILED+=("$m") ;;
+    esac
+done
 echo "serve_under_load: done; failed: ${FAILED[*]:-none}" >&2
 [ ${#FAILED[@]} -eq 0 ]

@@ -6,8 +6,8 @@
 --max-batch 64 --kv-capacity 512 --no-warm-up`` runs for greedy requests: SmolLM2 (the GGUF)
 and the Llama-3.2-1B shape (random bf16 weights; ``--random-weights``), each with its prefill
 chunk and the decode step and greedy sampler of every batch bucket up to 64.
-``.cache/gpu/serve/wheels``: the ``serve`` extra and httpx with every dependency, for Python
-3.12 (the GPU machine reaches no package index). The GGUF goes over in parts
+``.cache/gpu/serve/wheels``: the ``serve`` extra, httpx and py-spy with every dependency, for
+Python 3.12 (the GPU machine reaches no package index). The GGUF goes over in parts
 (``carry.split_gguf``), joined there by ``stage_gguf.sh``. The cache keys hash poot's
 sources: run on this same working tree.
 """
@@ -29,7 +29,7 @@ CAP, MAX_BATCH = 512, 64
 SHAPE_1B = "bench/shapes/llama-3.2-1b.json"
 #: with their dependencies, resolved by pip for the machine's Python (3.12)
 WHEELS = ["fastapi>=0.110", "uvicorn>=0.29", "pydantic>=2.6", "prometheus-client>=0.20",
-          "httpx>=0.27"]
+          "httpx>=0.27", "py-spy>=0.3"]      # py-spy: serve_under_load.sh's SERVE_PROFILE
 
 
 def main() -> int:
