@@ -421,24 +421,31 @@ class UniformStream:
 
     ``numpy.random.Generator(PCG64(seed)).random(dtype=float32)``: reproducible for a seed,
     independent of the batch and the backend (the host draws it; only the f32 crosses to the
-    device). ``seed=None`` draws fresh OS entropy.
+    device). ``seed=None`` draws fresh OS entropy. The generator is made at the first draw:
+    a greedy request never draws, and making one (with OS entropy) costs about as much as
+    the rest of admitting a request.
     """
 
     def __init__(self, seed: int | None):
         self.seed = seed
-        self._gen = np.random.Generator(np.random.PCG64(seed))
+        self._gen: np.random.Generator | None = None
         self._ahead: list[np.float32] = []      # drawn by peek, not yet consumed
+
+    def _draw(self) -> np.float32:
+        if self._gen is None:
+            self._gen = np.random.Generator(np.random.PCG64(self.seed))
+        return self._gen.random(dtype=np.float32)
 
     def next(self) -> np.float32:
         if self._ahead:
             return self._ahead.pop(0)
-        return self._gen.random(dtype=np.float32)
+        return self._draw()
 
     def peek(self, n: int) -> list[np.float32]:
         """The next ``n`` numbers without consuming them (a speculative step samples
         several tokens of one sequence; :meth:`advance` consumes those it kept)."""
         while len(self._ahead) < n:
-            self._ahead.append(self._gen.random(dtype=np.float32))
+            self._ahead.append(self._draw())
         return self._ahead[:n]
 
     def advance(self, n: int) -> None:

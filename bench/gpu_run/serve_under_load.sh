@@ -12,6 +12,9 @@
 # SERVE_MODELS (default "smollm2 llama1b"; llama1b alone needs no staged GGUF). SERVE_PROFILE=1:
 # while K = 64 runs, the server's CPU seconds by thread (cpu_NAME.json) and then a py-spy
 # profile (pyspy_NAME.raw, summarized in pyspy_NAME.json) by bench/gpu_run/thread_profile.py.
+# SERVE_KS (default "1 16 64"). SERVE_SWITCH_INTERVALS="0.005 0.0005": each model served once a
+# value, the interpreter's GIL switch interval set to it (sys.setswitchinterval) before poot's
+# main; the files' NAME gets _si<value>.
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/serve_under_load}"
@@ -34,11 +37,15 @@ SECONDS_EACH="${SERVE_SECONDS:-20}"
 PORT=8765
 FAILED=()
 
-serve_and_load() {  # NAME LOADARGS -- SERVEARGS...
-    local name=$1 load=$2; shift 2
+serve_and_load() {  # NAME LOADARGS -- SERVEARGS...   (SI: a switch interval, or empty)
+    local served=$1 load=$2; shift 2
+    local name=$served${SI:+_si$SI}
     local t=$(date +%s)
-    $PY -m poot.cli serve --backend cuda --port $PORT --max-batch 64 --kv-capacity 512 \
-        --no-warm-up --served-model-name "$name" "$@" > "$OUT/logs/server_$name.log" 2>&1 &
+    local launch=(-m poot.cli)
+    [ -n "${SI:-}" ] && launch=(-c "import sys; sys.setswitchinterval($SI); \
+from poot.cli import main; sys.exit(main())")
+    $PY "${launch[@]}" serve --backend cuda --port $PORT --max-batch 64 --kv-capacity 512 \
+        --no-warm-up --served-model-name "$served" "$@" > "$OUT/logs/server_$name.log" 2>&1 &
     local pid=$!
     if ! $PY - <<PYEOF
 import os, time, urllib.request, sys
@@ -61,7 +68,7 @@ PYEOF
     # a short pass at K = 64 first: every bucket's step loaded from the cache (discarded)
     timeout 120 $PY bench/serve_load.py --url http://127.0.0.1:$PORT -k 64 -m 4 $load \
         > "$OUT/logs/warm_$name.json" 2>&1
-    for k in 1 16 64; do
+    for k in ${SERVE_KS:-1 16 64}; do
         timeout 200 $PY bench/serve_load.py --url http://127.0.0.1:$PORT -k $k \
             -m "$SECONDS_EACH" --server-metrics $load > "$OUT/serve_${name}_k$k.json" \
             2> "$OUT/logs/load_${name}_k$k.err" &
@@ -85,13 +92,13 @@ profile() {  # NAME PID: within the K = 64 run (SERVE_SECONDS >= 16)
     $PY bench/gpu_run/thread_profile.py summarize "$OUT/pyspy_$1.raw" > "$OUT/pyspy_$1.json"
 }
 
-for m in $MODELS; do
+for SI in ${SERVE_SWITCH_INTERVALS:-default}; do [ "$SI" = default ] && SI=; for m in $MODELS; do
     case $m in
         smollm2) serve_and_load smollm2 "--max-tokens 64" --model "$GGUF" ;;
         llama1b) serve_and_load llama1b "--max-tokens 64 --token-prompts 32" \
             --model bench/shapes/llama-3.2-1b.json --random-weights bf16 ;;
         *) echo "serve_under_load: unknown model $m" >&2; FAILED+=("$m") ;;
     esac
-done
+done; done
 echo "serve_under_load: done; failed: ${FAILED[*]:-none}" >&2
 [ ${#FAILED[@]} -eq 0 ]
