@@ -134,6 +134,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "poot.engine.llm_engine"),
     _s("POOT_API_KEY", "str", None, "bearer key poot serve requires (--api-key)",
        "poot.cli.serve_cmd"),
+    _s("POOT_SERVE_SWITCH_INTERVAL", "float", "0.0001",
+       "the interpreter's thread switch interval under poot serve, seconds: the longest the "
+       "engine thread waits for the GIL while the HTTP front end runs", "poot.serve.server"),
     # benchmarks and tests
     _s("POOT_PP_CONTEXTS", "choice", "own",
        "pipeline stages on one GPU as own contexts or one shared context",

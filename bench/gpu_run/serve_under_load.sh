@@ -12,9 +12,10 @@
 # SERVE_MODELS (default "smollm2 llama1b"; llama1b alone needs no staged GGUF). SERVE_PROFILE=1:
 # while K = 64 runs, the server's CPU seconds by thread (cpu_NAME.json) and then a py-spy
 # profile (pyspy_NAME.raw, summarized in pyspy_NAME.json) by bench/gpu_run/thread_profile.py.
-# SERVE_KS (default "1 16 64"). SERVE_SWITCH_INTERVALS="0.005 0.0005": each model served once a
-# value, the interpreter's GIL switch interval set to it (sys.setswitchinterval) before poot's
-# main; the files' NAME gets _si<value>.
+# SERVE_KS (default "1 16 64"). SERVE_SWITCH_INTERVALS="0.005 0.0001": each model served once a
+# value of POOT_SERVE_SWITCH_INTERVAL (the GIL's switch interval); the files' NAME gets
+# _si<value>. SERVE_NO_C_HTTP=1: httptools and uvloop removed first (uvicorn then runs h11 on
+# asyncio's loop, as without them).
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/serve_under_load}"
@@ -29,6 +30,7 @@ PY=python3
 $PY -m pip install -q --no-index --no-deps --target /tmp/serve_site $B/wheels/*.whl 2>&1 | tail -2
 export PYTHONPATH=.:/tmp/serve_site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export PATH=/tmp/serve_site/bin:$PATH
+[ "${SERVE_NO_C_HTTP:-0}" = 1 ] && rm -rf /tmp/serve_site/httptools* /tmp/serve_site/uvloop*
 $PY -c "import fastapi, uvicorn, prometheus_client, httpx" || { echo "serve_under_load: the serve \
 wheels do not import" >&2; exit 2; }
 [ -d /tmp/serve_cache ] || cp -r "$B/cache" /tmp/serve_cache
@@ -41,10 +43,7 @@ serve_and_load() {  # NAME LOADARGS -- SERVEARGS...   (SI: a switch interval, or
     local served=$1 load=$2; shift 2
     local name=$served${SI:+_si$SI}
     local t=$(date +%s)
-    local launch=(-m poot.cli)
-    [ -n "${SI:-}" ] && launch=(-c "import sys; sys.setswitchinterval($SI); \
-from poot.cli import main; sys.exit(main())")
-    $PY "${launch[@]}" serve --backend cuda --port $PORT --max-batch 64 --kv-capacity 512 \
+    POOT_SERVE_SWITCH_INTERVAL=${SI:-} $PY -m poot.cli serve --backend cuda --port $PORT --max-batch 64 --kv-capacity 512 \
         --no-warm-up --served-model-name "$served" "$@" > "$OUT/logs/server_$name.log" 2>&1 &
     local pid=$!
     if ! $PY - <<PYEOF

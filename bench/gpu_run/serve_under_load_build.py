@@ -6,8 +6,8 @@
 --max-batch 64 --kv-capacity 512 --no-warm-up`` runs for greedy requests: SmolLM2 (the GGUF)
 and the Llama-3.2-1B shape (random bf16 weights; ``--random-weights``), each with its prefill
 chunk and the decode step and greedy sampler of every batch bucket up to 64.
-``.cache/gpu/serve/wheels``: the ``serve`` extra, httpx and py-spy with every dependency, for
-Python 3.12 (the GPU machine reaches no package index). The GGUF goes over in parts
+``.cache/gpu/serve/wheels``: the ``serve`` extra (pyproject.toml), httpx and py-spy with every
+dependency, for Python 3.12 (the GPU machine reaches no package index). The GGUF goes over in parts
 (``carry.split_gguf``), joined there by ``stage_gguf.sh``. The cache keys hash poot's
 sources: run on this same working tree.
 """
@@ -27,9 +27,19 @@ from carry import check_sizes, download_wheels, folder_bytes, fresh_dir, split_g
 
 CAP, MAX_BATCH = 512, 64
 SHAPE_1B = "bench/shapes/llama-3.2-1b.json"
-#: with their dependencies, resolved by pip for the machine's Python (3.12)
-WHEELS = ["fastapi>=0.110", "uvicorn>=0.29", "pydantic>=2.6", "prometheus-client>=0.20",
-          "httpx>=0.27", "py-spy>=0.3"]      # py-spy: serve_under_load.sh's SERVE_PROFILE
+#: beside the ``serve`` extra of pyproject.toml: the load client's httpx, and py-spy for
+#: serve_under_load.sh's SERVE_PROFILE; all with their dependencies, resolved by pip for the
+#: machine's Python (3.12)
+EXTRA_WHEELS = ["httpx>=0.27", "py-spy>=0.3"]
+
+
+def serve_requirements() -> list[str]:
+    """The ``serve`` extra's requirements (pyproject.toml), then :data:`EXTRA_WHEELS`."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    return list(extras["serve"]) + EXTRA_WHEELS
 
 
 def main() -> int:
@@ -40,7 +50,7 @@ def main() -> int:
 
     out = fresh_dir("serve")
     say = lambda m: print(f"serve_under_load_build: {m}", file=sys.stderr, flush=True)  # noqa: E731
-    download_wheels(os.path.join(out, "wheels"), WHEELS)
+    download_wheels(os.path.join(out, "wheels"), serve_requirements())
     man: dict = {"source_hash_cuda": step_source_hash("cuda"), "cap": CAP,
                  "max_batch": MAX_BATCH, "smollm2": split_gguf(str(smollm2_gguf())),
                  "compile": {}}

@@ -311,8 +311,9 @@ def _serve(args, config, options) -> int:
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
     from poot.serve.loading import load_and_warm
     # lazy: CLI start-up (every command module is imported for --help) loads no engine
-    from poot.serve.server import bind, make_server
+    from poot.serve.server import bind, make_server, shorten_switch_interval
 
+    shorten_switch_interval()       # the engine thread and the event loop share the GIL
     try:
         sock = bind(args.host, args.port)
     except OSError as e:

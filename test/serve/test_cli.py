@@ -4,6 +4,7 @@ before anything loads, and ``--kv-memory`` sizing the KV pool."""
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 
@@ -59,3 +60,34 @@ def test_kv_memory_sizes_the_pool(tiny_path, cache_dir):
     assert m.runner.kv.num_blocks == 10 and m.engine.stats().kv_blocks_total == 9
     with pytest.raises(InvalidRequest, match="kv_memory"):
         load_tiny(tiny_path, cache_dir, max_batch=2, kv_memory=per_block)
+
+
+def test_switch_interval_setting(monkeypatch):
+    """``poot serve`` runs with POOT_SERVE_SWITCH_INTERVAL as the GIL's switch interval
+    (default 0.1 ms); a value that is not a positive number is a typed error naming it."""
+    from poot.serve.server import shorten_switch_interval
+    from poot.settings import InvalidSetting
+
+    before = sys.getswitchinterval()
+    try:
+        monkeypatch.delenv("POOT_SERVE_SWITCH_INTERVAL", raising=False)
+        assert shorten_switch_interval() == 1e-4
+        assert sys.getswitchinterval() == pytest.approx(1e-4)
+        monkeypatch.setenv("POOT_SERVE_SWITCH_INTERVAL", "0.002")
+        assert shorten_switch_interval() == 0.002
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+        for bad in ("0", "-1", "fast"):
+            monkeypatch.setenv("POOT_SERVE_SWITCH_INTERVAL", bad)
+            with pytest.raises(InvalidSetting, match="POOT_SERVE_SWITCH_INTERVAL"):
+                shorten_switch_interval()
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_switch_interval_error_before_loading(monkeypatch, capsys, tiny_path):
+    monkeypatch.setenv("POOT_SERVE_SWITCH_INTERVAL", "soon")
+    before = sys.getswitchinterval()
+    assert main(["serve", "--model", str(tiny_path), "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("poot: error: POOT_SERVE_SWITCH_INTERVAL='soon'"), err
+    assert sys.getswitchinterval() == before
