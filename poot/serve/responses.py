@@ -83,10 +83,18 @@ def new_id(prefix: str) -> str:
 _LINE_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
 
 
+#: compact JSON, non-ASCII kept (one encoder: ``json.dumps`` with options builds one a call)
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(',', ':'))
+
+
+def sse_json(obj: Any) -> str:
+    """``obj`` as an event's JSON: compact, non-ASCII kept, line separators escaped."""
+    return _ENCODER.encode(obj).translate(_LINE_BREAKS)
+
+
 def sse(obj: Any) -> str:
     """One server-sent event carrying ``obj`` as JSON (one line: no raw line separator)."""
-    data = json.dumps(obj, ensure_ascii=False, separators=(',', ':')).translate(_LINE_BREAKS)
-    return f"data: {data}\n\n"
+    return f"data: {sse_json(obj)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
