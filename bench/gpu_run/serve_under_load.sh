@@ -10,7 +10,8 @@
 # Out: serve_{smollm2,llama1b}_k{1,16,64}.json (serve_load's JSON with --server-metrics),
 # logs/ (the servers' stderr: one line per request). Loopback only. SERVE_SECONDS (default 20),
 # SERVE_MODELS (default "smollm2 llama1b"; llama1b alone needs no staged GGUF). SERVE_PROFILE=1:
-# while K = 64 runs, the server's CPU seconds by thread (cpu_NAME.json) and then a py-spy
+# while K = 64 runs, the server's and the load client's CPU seconds by thread (cpu_NAME.json,
+# cpu_client_NAME.json) and then a py-spy
 # profile (pyspy_NAME.raw, summarized in pyspy_NAME.json) by bench/gpu_run/thread_profile.py.
 # SERVE_KS (default "1 16 64"). SERVE_SWITCH_INTERVALS="0.005 0.0001": each model served once a
 # value of POOT_SERVE_SWITCH_INTERVAL (the GIL's switch interval); the files' NAME gets
@@ -72,7 +73,7 @@ PYEOF
             -m "$SECONDS_EACH" --server-metrics $load > "$OUT/serve_${name}_k$k.json" \
             2> "$OUT/logs/load_${name}_k$k.err" &
         local lp=$!
-        [ "$k" = 64 ] && [ "${SERVE_PROFILE:-0}" = 1 ] && profile "$name" $pid
+        [ "$k" = 64 ] && [ "${SERVE_PROFILE:-0}" = 1 ] && profile "$name" $pid $lp
         wait $lp || FAILED+=("$name:k$k")
         $PY -c "import json; r = json.load(open('$OUT/serve_${name}_k$k.json')); \
 print('$name K=$k', r['requests_per_s'], 'req/s', r['output_tokens_per_s'], 'tok/s', \
@@ -83,9 +84,12 @@ r.get('server'))" >&2 || true
     tail -n 3 "$OUT/logs/server_$name.log" >&2
 }
 
-profile() {  # NAME PID: within the K = 64 run (SERVE_SECONDS >= 16)
+profile() {  # NAME PID LOADPID: within the K = 64 run (SERVE_SECONDS >= 16)
     sleep 3
+    local client=$(pgrep -P $3 | head -1)        # the load client under `timeout`
+    $PY bench/gpu_run/thread_profile.py cpu ${client:-$3} 5 > "$OUT/cpu_client_$1.json" &
     $PY bench/gpu_run/thread_profile.py cpu $2 5 > "$OUT/cpu_$1.json"
+    wait $!
     py-spy record -p $2 -d 5 -r 250 --threads --nonblocking -f raw -o "$OUT/pyspy_$1.raw" \
         > /dev/null 2>&1
     $PY bench/gpu_run/thread_profile.py summarize "$OUT/pyspy_$1.raw" > "$OUT/pyspy_$1.json"
