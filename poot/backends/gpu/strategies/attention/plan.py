@@ -110,24 +110,36 @@ def table_entries(reg: AttentionRegion, C: int) -> int:
     return max(1, min(pg.TW, n))
 
 
+def subgroup_budget(reg: AttentionRegion, caps, sg: int, R: int, C: int,
+                    words: bool = False) -> int:
+    """The most subgroups (a power of two, at most :data:`MAX_SUBGROUPS`) a block of ``R``
+    rows walking a chunk of ``C`` keys holds, or 0 when not even one fits: within its threads
+    (:data:`MAX_BLOCK_THREADS`, half where a lane holds many accumulators;
+    :data:`WORD_MAX_THREADS` with ``words``) and the workgroup memory (a computed q of ``R x
+    D``, the chunk's block-table entries, and each subgroup's partial states, ``R x (Dv +
+    2)`` f32)."""
+    ndv = -(-reg.Dv // sg)
+    threads = MAX_BLOCK_THREADS if R * ndv <= MAX_ACC_PER_LANE // 2 else MAX_BLOCK_THREADS // 2
+    if words:
+        threads = min(threads, WORD_MAX_THREADS)
+    w = _pow2_floor(max(1, min(MAX_SUBGROUPS, threads // sg)))
+    shared = getattr(caps, "max_shared_bytes", 0) or 16384
+    fixed = (4 * R * reg.D if reg.q is None else 0) + 4 * table_entries(reg, C)
+    while w > 1 and fixed + 4 * w * R * (reg.Dv + 2) > shared:
+        w //= 2
+    return w if fixed + 4 * w * R * (reg.Dv + 2) <= shared else 0
+
+
 def _single_plan(reg: AttentionRegion, caps, sg: int, R: int, RG: int, dl_max: int,
                  CT: int) -> AttentionPlan | None:
     """The one-launch plan (``NS = 1``, ``W`` subgroups per block), or None when a subgroup
     would walk more than :data:`SINGLE_MAX_KEYS` keys or :data:`SINGLE_MAX_KEY_ELEMS` key
     elements (or nothing fits)."""
-    ndv = -(-reg.Dv // sg)
-    threads = MAX_BLOCK_THREADS if R * ndv <= MAX_ACC_PER_LANE // 2 else MAX_BLOCK_THREADS // 2
-    wmax = _pow2_floor(max(1, min(MAX_SUBGROUPS, threads // sg)))
-    # workgroup memory: the staged q (R x D) and W partial states (R x (Dv + 2)) per block
-    shared = getattr(caps, "max_shared_bytes", 0) or 16384
-    qbytes = 4 * R * reg.D if reg.q is None else 0
     # a paged region stages its whole table row (one chunk: every key)
-    tbytes = 4 * table_entries(reg, reg.S)
-    if tbytes > 4 * TABLE_MAX_ENTRIES:
+    if table_entries(reg, reg.S) > TABLE_MAX_ENTRIES:
         return None
-    while wmax > 1 and qbytes + tbytes + 4 * wmax * R * (reg.Dv + 2) > shared:
-        wmax //= 2
-    if qbytes + tbytes + 4 * wmax * R * (reg.Dv + 2) > shared:
+    wmax = subgroup_budget(reg, caps, sg, R, reg.S)
+    if wmax == 0:
         return None
     best = None
     DL = 1
@@ -174,21 +186,13 @@ def split_subgroups(reg: AttentionRegion, caps, sg: int, R: int, C: int, KL: int
     at B = 64 and 2,048 keys, 8 subgroups reading words measured 59 / 172 us a layer at
     positions 511 / 2,047, against 144 / 306 for one (words) and 118 / 377 for 16 (bytes);
     bf16 pools 113 / 361."""
-    ndv = -(-reg.Dv // sg)
-    threads = MAX_BLOCK_THREADS if R * ndv <= MAX_ACC_PER_LANE // 2 else MAX_BLOCK_THREADS // 2
-    if reg.paged is not None and reg.paged.k_scale is not None:
-        threads = min(threads, WORD_MAX_THREADS)
-    wmax = _pow2_floor(max(1, min(MAX_SUBGROUPS, threads // sg, C // KL)))
-    shared = getattr(caps, "max_shared_bytes", 0) or 16384
-    fixed = (4 * R * reg.D if reg.q is None else 0) + 4 * table_entries(reg, C)
+    wmax = min(max(1, subgroup_budget(reg, caps, sg, R, C,
+                                      words=reg.paged is not None
+                                      and reg.paged.k_scale is not None)),
+               _pow2_floor(max(1, C // KL)))
     W = 1
-    while W < wmax:
-        walk = -(-(C // KL) // W) * KL            # keys of the busiest subgroup
-        if walk <= SINGLE_MAX_KEYS:
-            break
+    while W < wmax and -(-(C // KL) // W) * KL > SINGLE_MAX_KEYS:   # the busiest's keys
         W *= 2
-    while W > 1 and fixed + 4 * W * R * (reg.Dv + 2) > shared:
-        W //= 2
     return W
 
 
@@ -302,4 +306,4 @@ def plan_blocks(reg: AttentionRegion, caps) -> AttentionPlan | None:
 
 
 __all__ = ["AttentionPlan", "batch_rounds", "plan_attention", "plan_blocks", "scale_words",
-           "split_subgroups", "table_entries", "unroll"]
+           "split_subgroups", "subgroup_budget", "table_entries", "unroll"]
