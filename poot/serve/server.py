@@ -16,6 +16,8 @@ import socket
 import sys
 from typing import Any
 
+from poot.settings import get_float
+
 #: seconds uvicorn waits past the drain deadline (for the aborted requests' last words)
 #: before it cancels what still runs
 ABORT_GRACE_S = 5
@@ -34,8 +36,6 @@ def shorten_switch_interval() -> float:
 
     Raises :class:`~poot.settings.InvalidSetting` for a value that is not a positive number.
     """
-    from poot.settings import get_float
-
     interval = get_float("POOT_SERVE_SWITCH_INTERVAL", positive=True)
     sys.setswitchinterval(interval)
     return interval
