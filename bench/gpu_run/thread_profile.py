@@ -56,7 +56,7 @@ def cpu(pid: int, seconds: float) -> dict:
     before = cpu_times(pid)
     time.sleep(seconds)
     after = cpu_times(pid)
-    names.update({t: n for t, n in thread_names(pid).items()})
+    names.update(thread_names(pid))          # threads started during the window
     by_name: dict[str, float] = collections.defaultdict(float)
     for tid, t in after.items():
         by_name[names.get(tid, "native")] += t - before.get(tid, 0.0)

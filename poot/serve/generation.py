@@ -198,14 +198,16 @@ class GenerationRun:
     def _chunk(self, choice: dict[str, Any], top: dict[str, Any] | None = None) -> str:
         obj = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else
                "text_completion", "created": self.created, "model": self.model,
-               "system_fingerprint": None, "choices": [choice], **(top or {})}
+               "system_fingerprint": None, "choices": []}
         opts = self.body.stream_options
         if top is None and (opts is None or not opts.include_usage):
             # the request's fields end up the same in every chunk: encoded once (a token's
             # chunk 6.7 -> 3.8 us on the event loop)
             if self._chunk_head is None:
-                self._chunk_head = sse_json({**obj, "choices": []})[:-2]
+                self._chunk_head = sse_json(obj)[:-2]
             return f"data: {self._chunk_head}{sse_json(choice)}]}}\n\n"
+        obj["choices"] = [choice]
+        obj.update(top or {})
         if opts is not None and opts.include_usage:
             obj["usage"] = None
             if opts.continuous_usage_stats:
