@@ -9,6 +9,8 @@ object.
 
     python3 bench/gpu_run/engine_check.py OUT.json --backend cuda --model GGUF --ref DIR \
         [--kv-capacity 512] [--max-batch 128]
+    python3 bench/gpu_run/engine_check.py OUT.json --model bench/shapes/llama-3.2-1b.json \
+        --random-weights bf16 --greedy --max-batch 64      # in the serve build's cache
 
 Runs anywhere poot runs (``--backend cpu`` with a tiny fixture checks the script itself);
 on the GPU machine the programs come from the carried compile cache.
@@ -50,6 +52,11 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--engine-max-batch", type=int, default=None,
                     help="schedule at most this many sequences (the programs of --max-batch)")
+    ap.add_argument("--random-weights", default=None, metavar="DTYPE",
+                    help="--model is a HF config.json given random weights of DTYPE")
+    ap.add_argument("--greedy", action="store_true",
+                    help="greedy requests without log-probs only (the programs of a greedy "
+                         "server's compile cache, serve_under_load_build.py)")
     a = ap.parse_args()
 
     from poot.api import ModelHandle
@@ -60,7 +67,7 @@ def main() -> int:
 
     cfg = EngineConfig(max_batch=a.engine_max_batch or a.max_batch)
     h = ModelHandle.load(a.model, a.backend, kv_capacity=a.kv_capacity, max_batch=a.max_batch,
-                         engine_config=cfg)
+                         engine_config=cfg, random_weights=a.random_weights)
     res: dict = {"backend": a.backend, "load_s": round(time.perf_counter() - t0, 2),
                  "kv": {"block_size": h.runner.kv.block_size, "blocks": h.runner.kv.num_blocks,
                         "dtype": h.runner.kv.kv_dtype.value}}
@@ -75,7 +82,9 @@ def main() -> int:
     prompts = prompts[:32]
     params = []
     for i in range(len(prompts)):
-        if i >= len(refs) and i % 4 == 1:
+        if a.greedy:
+            params.append(SamplingParams(temperature=0.0, max_tokens=a.tokens, ignore_eos=True))
+        elif i >= len(refs) and i % 4 == 1:
             params.append(SamplingParams(temperature=0.8, top_p=0.95, seed=i, logprobs=2,
                                          max_tokens=a.tokens, ignore_eos=True))
         else:
