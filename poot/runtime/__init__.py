@@ -8,7 +8,7 @@ inputs)``: the first step on an entry records, later steps replay (see
 
 from poot.backends.registry import BACKENDS, hook
 from poot.runtime.device import Device, DeviceError, Kernel, KernelArg, Readback, Ready
-from poot.runtime.session import Session, Entry, SessionError, Submitted
+from poot.runtime.session import Session, Entry, RowFeed, SessionError, Submitted
 
 
 _OPEN: dict[str, Device] = {}

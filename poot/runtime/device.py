@@ -47,6 +47,32 @@ class DeviceError(PootError):
     program)."""
 
 
+def row_regions(src: Any, dst: Any, runs: Sequence[tuple[int, int, int]]
+                ) -> list[tuple[int, int, int]]:
+    """The byte regions ``(src offset, dst offset, bytes)`` of a row copy
+    (:meth:`Device.copy_rows_async`): ``runs`` are ``(src row, dst row, rows)`` over the first
+    axis of two buffers (anything with ``shape`` and ``dtype``) whose rows hold the same bytes.
+    Runs that continue one another are merged. Raises :class:`DeviceError` for rows of
+    unequal size or a run outside either buffer."""
+    row_s = int(np.prod(src.shape[1:], dtype=np.int64)) * np.dtype(src.dtype).itemsize
+    row_d = int(np.prod(dst.shape[1:], dtype=np.int64)) * np.dtype(dst.dtype).itemsize
+    if row_s != row_d or not src.shape or not dst.shape:
+        raise DeviceError(f"cannot copy rows of a {list(src.shape)} x {np.dtype(src.dtype)} "
+                          f"buffer into a {list(dst.shape)} x {np.dtype(dst.dtype)} one")
+    out: list[list[int]] = []
+    for s, d, n in runs:
+        if n <= 0:
+            continue
+        if s < 0 or d < 0 or s + n > src.shape[0] or d + n > dst.shape[0]:
+            raise DeviceError(f"rows {s}..{s + n - 1} -> {d}..{d + n - 1} are outside a "
+                              f"copy from {src.shape[0]} rows into {dst.shape[0]}")
+        if out and out[-1][0] + out[-1][2] == s * row_s and out[-1][1] + out[-1][2] == d * row_s:
+            out[-1][2] += n * row_s
+        else:
+            out.append([s * row_s, d * row_s, n * row_s])
+    return [(a, b, c) for a, b, c in out]
+
+
 #: Argument roles of a kernel, in the order a device reports them.
 ROLES = ("input", "param", "output")
 
@@ -150,6 +176,17 @@ class Device(Protocol):
 
     def replay(self, recording: Any) -> None:
         """Launch a recording again (the bound buffers' current contents are read)."""
+        ...
+
+    def copy_rows_async(self, src: Any, dst: Any, runs: Sequence[tuple[int, int, int]]
+                        ) -> None:
+        """Queue device-to-device copies of rows (first axis) of ``src`` into ``dst``, after the
+        work issued so far: ``runs`` are ``(src row, dst row, rows)`` (:func:`row_regions`
+        checks them). The engine feeds a step's token input from the rows the previous step
+        sampled, in another order, with no host round trip. A synchronous device copies at
+        once. Optional: on a device without it the engine reads a step before it issues one
+        whose rows differ (:attr:`Session.copies_rows
+        <poot.runtime.session.Session.copies_rows>`)."""
         ...
 
     def synchronize(self) -> None:

@@ -113,6 +113,27 @@ class Entry:
         return [a.name for a in self.kernel.args if a.role == "input"]
 
 
+@dataclass(frozen=True)
+class RowFeed:
+    """Rows of an output of a step issued earlier copied on the device into a per-step input of
+    the step being issued, after its host inputs were queued and before it launches
+    (:meth:`Session.submit`): the tokens sampled by the step in flight feed the next step's
+    token rows in that step's order (``runs``: ``(source row, input row, rows)``, the first
+    axis of each), so the host issues it before it reads them.
+
+    Attributes:
+        source: the entry whose output is read (its buffer as of the copy).
+        output: that output's name.
+        input: the per-step input of the step being issued that is written.
+        runs: the rows copied.
+    """
+
+    source: "Entry"
+    output: str
+    input: str
+    runs: tuple[tuple[int, int, int], ...]
+
+
 @dataclass
 class Submitted:
     """A step issued by :meth:`Session.submit`: its entry and the queued reads of its outputs
@@ -354,18 +375,37 @@ class Session(Generic[D]):
         work on this engine's device (``Device.overlaps``)."""
         return bool(getattr(self.device, "overlaps", False))
 
+    @property
+    def copies_rows(self) -> bool:
+        """Whether :meth:`submit` takes a :class:`RowFeed` on this device (it has
+        ``Device.copy_rows_async``)."""
+        return callable(getattr(self.device, "copy_rows_async", None))
+
     def submit(self, entry: Entry, inputs: Mapping[str, np.ndarray] | None = None,
-               read: Iterable[str] | None = None) -> Submitted:
+               read: Iterable[str] | None = None, feed: RowFeed | None = None) -> Submitted:
         """Issue one step without waiting: queue ``inputs`` into the slot buffers (the device
-        copies the arrays at once: the caller may reuse them), record or replay, advance the
-        carried state, and queue reads of the outputs in ``read`` (default: every non-carried
-        output). Steps run in issue order; :meth:`collect` returns the reads."""
+        copies the arrays at once: the caller may reuse them), then ``feed``'s row copies
+        (:class:`RowFeed`), record or replay, advance the carried state, and queue reads of
+        the outputs in ``read`` (default: every non-carried output). Steps run in issue order;
+        :meth:`collect` returns the reads. Raises :class:`SessionError` for an unknown input
+        or output, or a feed on a device without row copies."""
         names = self._names(entry, read)
         for name, value in (inputs or {}).items():
             buf = entry.slots.get(name)
             if buf is None:
                 raise self._no_slot(entry, name)
             self.device.upload_async(buf, value)
+        if feed is not None:
+            dst = entry.slots.get(feed.input)
+            if dst is None:
+                raise self._no_slot(entry, feed.input)
+            src = feed.source.outputs.get(feed.output)
+            if src is None:
+                raise SessionError(f"the feeding entry has no per-step output '{feed.output}'")
+            if not self.copies_rows:
+                raise SessionError(f"{type(self.device).__name__} cannot copy rows on the "
+                                   f"device (no copy_rows_async)")
+            self.device.copy_rows_async(src, dst, feed.runs)
         self._launch(entry)
         return Submitted(entry, {n: self.device.download_async(entry.outputs[n])
                                  for n in names})
@@ -393,4 +433,4 @@ def _count(t) -> int:
     return int(np.prod(getattr(t, "shape", ()), dtype=np.int64))
 
 
-__all__ = ["Session", "Entry", "SessionError", "Submitted"]
+__all__ = ["Session", "Entry", "RowFeed", "SessionError", "Submitted"]

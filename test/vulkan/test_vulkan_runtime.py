@@ -187,6 +187,34 @@ def queued_fault_case(vk_device, vk_target):
     assert getattr(vk_device, "poisoned", None) is None
 
 
+def row_copy_case(dev, target):
+    """Rows copied on the device between steps in flight (``copy_rows_async``, what feeds a
+    step's tokens from the previous step's sampled rows): the copy lands after the host's
+    queued write of the same buffer and before the next step reads it, while the step in
+    flight still reads the tokens it was issued with; a run outside a buffer is refused."""
+    from poot.runtime.device import DeviceError
+
+    k, table, bufs, rec = embed_recorded(dev, target, [1, 2])
+    src = dev.alloc(TensorType((3, 2), DType.I32))
+    dev.upload(src, np.array([[5, 6], [7, 8], [9, 10]], np.int32))
+    dev.replay(rec)                                          # in flight: tokens [1, 2]
+    first = dev.download_async(bufs[2])
+    dev.upload_async(bufs[0], np.array([[3, 4]], np.int32))  # the host's write, then ...
+    dev.copy_rows_async(src, bufs[0], [(2, 0, 1)])           # ... src's row 2 over it
+    dev.replay(rec)
+    second = dev.download_async(bufs[2])
+    np.testing.assert_array_equal(first.wait()[0], -table[[1, 2]])
+    np.testing.assert_array_equal(second.wait()[0], -table[[9, 10]])
+    with pytest.raises(DeviceError, match="outside"):
+        dev.copy_rows_async(src, bufs[0], [(3, 0, 1)])
+    dev.copy_rows_async(src, bufs[0], [(0, 0, 1)])           # nothing in flight: at once
+    np.testing.assert_array_equal(dev.download(bufs[0]), [[5, 6]])
+
+
+def test_row_copies_between_steps_in_flight(vk_device, vk_target):
+    row_copy_case(vk_device, vk_target)
+
+
 def test_queued_steps_in_flight_equal_sequential(vk_device, vk_target):
     """:func:`queued_steps_case` on Vulkan: inline uploads in the transfer command buffer,
     readback slots reused (the released one too, once its submission ran)."""

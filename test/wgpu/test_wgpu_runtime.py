@@ -10,7 +10,8 @@ import copy
 import numpy as np
 import pytest
 from test_vulkan_runtime import (_embed, _out, cache_step_bound,  # the Vulkan tests' cases
-                                 embed_recorded, queued_fault_case, queued_steps_case)
+                                 embed_recorded, queued_fault_case, queued_steps_case,
+                                 row_copy_case)
 
 from poot import oracle
 from poot.dialects.types import DType, TensorType
@@ -120,6 +121,10 @@ def test_a_dropped_read_frees_its_buffer_for_the_next(wg_device, wg_target):
 
 def test_a_fault_in_a_queued_step_surfaces_at_its_readback(wg_device, wg_target):
     queued_fault_case(wg_device, wg_target)
+
+
+def test_row_copies_between_steps_in_flight(wg_device, wg_target):
+    row_copy_case(wg_device, wg_target)
 
 
 @pytest.mark.parametrize("dtype,shape", [(np.int8, (3,)), (np.bool_, (5,)), (np.float32, (7,)),

@@ -33,7 +33,8 @@ import numpy as np
 
 from poot.compiler import target as host_target
 from poot.dialects.types import PootType
-from poot.runtime.device import DeviceError, KernelArg, Ready, host_dtype, host_shape
+from poot.runtime.device import (DeviceError, KernelArg, Ready, host_dtype, host_shape,
+                                 row_regions)
 from poot import settings
 
 
@@ -199,6 +200,14 @@ class CpuDevice:
 
     def upload_async(self, buffer: np.ndarray, array) -> None:
         self.upload(buffer, array)
+
+    def copy_rows_async(self, src: np.ndarray, dst: np.ndarray,
+                        runs: Sequence[tuple[int, int, int]]) -> None:
+        """Copy rows of ``src`` into ``dst`` now (:meth:`Device.copy_rows_async
+        <poot.runtime.device.Device.copy_rows_async>`)."""
+        s, d = src.reshape(-1).view(np.uint8), dst.reshape(-1).view(np.uint8)
+        for so, do, n in row_regions(src, dst, runs):
+            d[do:do + n] = s[so:so + n]
 
     def download_async(self, buffer: np.ndarray) -> Ready:
         return Ready(buffer.copy())

@@ -57,8 +57,10 @@ import numpy as np
 
 if __package__:
     from poot.backends.gpu import artifact as plan_io
+    from poot.runtime.device import row_regions
 else:   # a plain file beside artifact.py (devcheck.py without the poot package)
     from artifact import plan_io  # type: ignore  # noqa: E402
+    row_regions = None   # devcheck.py copies no rows
 Arg, DeviceBuffer, host_of, kernel_args = (plan_io.Arg, plan_io.DeviceBuffer, plan_io.host_of,
                                            plan_io.kernel_args)
 bind_pointers, check_copies = plan_io.bind_pointers, plan_io.check_copies
@@ -428,6 +430,16 @@ class CudaDevice:
         _check(cu.cuMemcpyHtoDAsync(buffer.ptr, slot.ptr, a.nbytes, self.stream),
                "cuMemcpyHtoDAsync")
         slot.record(self.stream)
+
+    def copy_rows_async(self, src: DeviceBuffer, dst: DeviceBuffer,
+                        runs: Sequence[tuple[int, int, int]]) -> None:
+        """Queue device-to-device copies of rows of ``src`` into ``dst`` on the stream (one
+        ``cuMemcpyDtoDAsync`` a run of consecutive rows; :meth:`Device.copy_rows_async
+        <poot.runtime.device.Device.copy_rows_async>`)."""
+        cu = self._driver()
+        for so, do, n in row_regions(src, dst, runs):
+            _check(cu.cuMemcpyDtoDAsync(dst.ptr + do, src.ptr + so, n, self.stream),
+                   "cuMemcpyDtoDAsync")
 
     def download_async(self, buffer: DeviceBuffer) -> CudaReadback:
         """Queue a device-to-host copy of ``buffer`` (into a page-locked slot) after the work

@@ -70,7 +70,7 @@ from poot.backends.rocm.hsa import (AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED,
                                     AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT,
                                     AMD_SEGMENT_GLOBAL, DEVICE_TYPE_CPU, DEVICE_TYPE_GPU, Hsa,
                                     HsaTimeout, host_supports_release_store)
-from poot.runtime.device import DeviceError
+from poot.runtime.device import DeviceError, row_regions
 from poot.runtime.device import Ready
 from poot import settings
 
@@ -354,6 +354,18 @@ class RocmDevice:
     def upload_async(self, buffer: DeviceBuffer, array) -> None:
         """:meth:`upload` (waits for the queue, then copies: not overlapped)."""
         self.upload(buffer, array)
+
+    def copy_rows_async(self, src: DeviceBuffer, dst: DeviceBuffer,
+                        runs: Sequence[tuple[int, int, int]]) -> None:
+        """Copy rows of ``src`` into ``dst`` once the queued work finished (``hsa_memory_copy``
+        a run of consecutive rows: correct, not overlapped; :meth:`Device.copy_rows_async
+        <poot.runtime.device.Device.copy_rows_async>`)."""
+        self._guard()
+        regions = row_regions(src, dst, runs)
+        if regions:
+            self._wait_idle("the queued work before a row copy")
+        for so, do, n in regions:
+            self.hsa.copy(dst.ptr + do, src.ptr + so, n)
 
     def download(self, buffer: DeviceBuffer) -> np.ndarray:
         """A host copy of ``buffer`` after the queued work finished."""

@@ -62,7 +62,7 @@ import numpy as np
 
 from poot.backends.gpu.artifact import check_bindings, check_copies
 from poot.errors import PootError
-from poot.runtime.device import DeviceError, Ready
+from poot.runtime.device import DeviceError, Ready, row_regions
 from poot import settings
 
 if __package__:
@@ -643,6 +643,25 @@ class VulkanDevice:
         self._flush_reads()
         t = self._transfer(buffer)
         self.lib.vkCmdUpdateBuffer(t.cb, buffer.buffer, 0, n, self.ffi.from_buffer(raw))
+
+    def copy_rows_async(self, src: VkBuffer, dst: VkBuffer,
+                        runs: Sequence[tuple[int, int, int]]) -> None:
+        """Queue copies of rows of ``src`` into ``dst`` after the work issued so far: one
+        ``vkCmdCopyBuffer`` of a region a run of consecutive rows, in the open transfer command
+        buffer (submitted before the next replay); with nothing in flight, at once
+        (:meth:`Device.copy_rows_async <poot.runtime.device.Device.copy_rows_async>`)."""
+        self._check()
+        regions = [self.vk.VkBufferCopy(srcOffset=a, dstOffset=b, size=n)
+                   for a, b, n in row_regions(src, dst, runs)]
+        if not regions:
+            return
+        if self._idle():
+            self._one_shot(lambda cb: self.vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer,
+                                                              len(regions), regions))
+            return
+        self._flush_reads()
+        t = self._transfer(src, dst)
+        self.vk.vkCmdCopyBuffer(t.cb, src.buffer, dst.buffer, len(regions), regions)
 
     def download_async(self, buffer: VkBuffer):
         """Queue a read of ``buffer`` after the work issued so far: a :class:`VkReadback`

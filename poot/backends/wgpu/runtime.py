@@ -61,7 +61,7 @@ from poot.backends.gpu.artifact import check_bindings, check_copies
 from poot.backends.vulkan.artifact import VulkanArtifact
 from poot.backends.vulkan.runtime import KernelFault, buffer_bytes, host_layout
 from poot.errors import PootError
-from poot.runtime.device import DeviceError, Ready
+from poot.runtime.device import DeviceError, Ready, row_regions
 from poot import settings
 
 
@@ -468,6 +468,22 @@ class WgpuDevice:
         """:meth:`upload`: already queued (``queue.write_buffer`` takes the bytes at once and
         runs in queue order)."""
         self.upload(buffer, array)
+
+    def copy_rows_async(self, src: WgpuBuffer, dst: WgpuBuffer,
+                        runs: Sequence[tuple[int, int, int]]) -> None:
+        """Queue copies of rows of ``src`` into ``dst`` (``copy_buffer_to_buffer``, a run of
+        consecutive rows each, 4-byte aligned) after the work issued so far: the command
+        buffer goes out with the next submission, after any write queued before this call
+        (:meth:`Device.copy_rows_async <poot.runtime.device.Device.copy_rows_async>`)."""
+        regions = row_regions(src, dst, runs)
+        if not regions:
+            return
+        if any(x % 4 for r in regions for x in r):
+            raise WgpuError(f"row copies of {np.dtype(src.dtype)} rows are not 4-byte aligned")
+        enc = self.device.create_command_encoder()
+        for so, do, n in regions:
+            enc.copy_buffer_to_buffer(src.buffer, so, dst.buffer, do, n)
+        self._unsubmitted.append(enc.finish())
 
     def download_async(self, buffer: WgpuBuffer):
         """Queue a read of ``buffer`` (and of the error word) after the work issued so far:
