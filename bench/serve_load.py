@@ -140,7 +140,7 @@ def server_metrics(url: str, headers: dict) -> dict:
     text = httpx.get(url + "/metrics", headers=headers, timeout=30).text
     out = {}
     for name in ("poot_decode_steps_total", "poot_ragged_steps_total",
-                 "poot_engine_generated_tokens_total",
+                 "poot_ahead_steps_total", "poot_engine_generated_tokens_total",
                  "poot_decode_batch_max", "poot_preemptions_total"):
         m = re.search(rf"^{name} (\S+)$", text, re.M)
         if m:
@@ -211,7 +211,9 @@ def main(argv=None) -> int:
                          "mean_sampled_rows": round(toks / steps, 2) if steps else None,
                          "max_decode_batch": after.get("poot_decode_batch_max"),
                          "preemptions": after.get("poot_preemptions_total", 0) -
-                         before.get("poot_preemptions_total", 0)}
+                         before.get("poot_preemptions_total", 0),
+                         "ahead_steps": after.get("poot_ahead_steps_total", 0) -
+                         before.get("poot_ahead_steps_total", 0)}
     print(json.dumps(res, indent=2))
     return 0 if res["errors"] == 0 else 1
 

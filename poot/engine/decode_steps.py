@@ -21,7 +21,7 @@ from poot.engine.guided import ALL_ALLOWED
 from poot.engine.output_processor import SampledTokens
 from poot.engine.request import RUNNING, Request
 from poot.engine.runner import (DecodeBatch, DecodeHandle, ModelRunner, RaggedBatch,
-                               sampler_spec_for)
+                               TokenFeed, sampler_spec_for)
 from poot.engine.scheduler import PrefillChunk
 from poot.graph import sampling
 
@@ -32,13 +32,24 @@ class DecodeStep:
 
     Attributes:
         handle: the runner's handle of it.
-        rows: its requests, row i = ``rows[i]``.
+        rows: its requests, row i = ``rows[i]`` (the rows it samples).
         lane: its micro-batch lane (0: not micro-batched, or the first).
+        fed_back: its sampler copies the sampled tokens into its decode entry's token input
+            (a decode step; a ragged step's sampler copies nothing).
     """
 
     handle: DecodeHandle
     rows: list[Request]
     lane: int = 0
+    fed_back: bool = True
+
+    def feed(self, rows: Sequence[Request]) -> TokenFeed:
+        """The :class:`~poot.engine.runner.TokenFeed` of the token rows ``rows`` (those of
+        ``rows`` that are rows of this step, in their order) from this step's sampled
+        tokens."""
+        where = {id(s): i for i, s in enumerate(self.rows)}
+        return TokenFeed(self.handle, tuple((where[id(s)], j) for j, s in enumerate(rows)
+                                            if id(s) in where))
 
 
 class DecodeIssuer:
@@ -56,11 +67,14 @@ class DecodeIssuer:
         self.guided_masks = 0
         self.guided_mask_s = 0.0
 
-    def issue(self, rows: Sequence[Request], chained: bool, lane: int = 0) -> DecodeStep:
+    def issue(self, rows: Sequence[Request], chained: bool, lane: int = 0,
+              source: DecodeStep | None = None) -> DecodeStep:
         """Issue the decode step of ``rows`` (non-empty, each with a block for its position)
         on ``lane``'s entries: its forward pass, and its sampler unless the batch is guided
-        (then :meth:`issue_sampler`). ``chained``: the rows of the step in flight on that
-        lane, one position further, their tokens fed on the device by its sampler."""
+        (then :meth:`issue_sampler`). ``chained``: every row is a row of the step in flight
+        ``source``, one position further, its token fed on the device from what ``source``
+        samples: by ``source``'s own sampler where that is a decode step of the same rows on
+        this lane, else by a row copy (:class:`~poot.engine.runner.TokenFeed`)."""
         rows = list(rows)
         key = tuple(s.id for s in rows)
         cached = self._specs.get(lane)
@@ -68,6 +82,10 @@ class DecodeIssuer:
             cached = self._specs[lane] = (key, sampler_spec_for([s.params for s in rows]))
         spec = cached[1]
         batch = self._batch(rows, chained)
+        if chained and source is not None and not (
+                source.fed_back and source.lane == lane
+                and tuple(s.id for s in source.rows) == key):
+            batch.feed = source.feed(rows)
         if spec.guided:                    # the sampler waits for the rows' masks
             handle = self.runner.submit_model(batch, spec, lane)
         else:
@@ -88,17 +106,21 @@ class DecodeIssuer:
                            np.fromiter((s.lora_slot for s in rows), np.int32, n)
                            if self.runner.lora is not None else None)
 
-    def issue_ragged(self, decode: Sequence[Request], chunks: Sequence[PrefillChunk]
-                     ) -> DecodeStep | None:
+    def issue_ragged(self, decode: Sequence[Request], chunks: Sequence[PrefillChunk],
+                     source: DecodeStep | None = None) -> DecodeStep | None:
         """Issue one ragged step: a token row per request of ``decode`` (its last token at
         its position) then every token of ``chunks``, each row with its request's block
         table; the rows sampled are the decode rows and each chunk's last token where the
         chunk ends the prompt. Its sampler too, unless the batch is guided (then
-        :meth:`issue_sampler`). None when no row is sampled (the step only prefills)."""
+        :meth:`issue_sampler`). None when no row is sampled (the step only prefills).
+        ``source``: a step in flight whose rows include every decode row: each decodes one
+        position further, its token the one ``source`` samples (fed on the device)."""
         reqs = list(decode) + [c.request for c in chunks]
         counts = [1] * len(decode) + [len(c.token_ids) for c in chunks]
-        tokens = [s.tokens[-1] for s in decode] + [t for c in chunks for t in c.token_ids]
-        positions = [len(s.tokens) - 1 for s in decode] + \
+        shift = 0 if source is None else 1
+        tokens = [0 if source is not None else s.tokens[-1] for s in decode] + \
+            [t for c in chunks for t in c.token_ids]
+        positions = [len(s.tokens) - 1 + shift for s in decode] + \
             [c.start + i for c in chunks for i in range(len(c.token_ids))]
         ends = np.cumsum(counts) - 1
         sampled = list(decode) + [c.request for c in chunks if c.sample]
@@ -111,10 +133,11 @@ class DecodeIssuer:
         batch = RaggedBatch(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
                             np.repeat(np.stack([s.table for s in reqs]), counts, axis=0),
                             np.asarray(logit_rows, np.int32),
-                            self._batch(sampled, chained=False) if sampled else None, lora)
+                            self._batch(sampled, chained=False) if sampled else None, lora,
+                            source.feed(decode) if source is not None and decode else None)
         spec = sampler_spec_for([s.params for s in sampled]) if sampled else None
         handle = self.runner.submit_ragged(batch, spec)
-        return None if handle is None else DecodeStep(handle, sampled)
+        return None if handle is None else DecodeStep(handle, sampled, fed_back=False)
 
     def issue_sampler(self, step: DecodeStep | None, guided) -> None:
         """Issue the sampler of a guided step whose forward pass is running (nothing for

@@ -128,8 +128,9 @@ class EngineStats:
     """A snapshot: sequences running (admitted), waiting; KV blocks used (referenced),
     cached-free (evictable), free, total; prefix-cache hit rate (blocks hit / blocks looked
     up); steps run (plain decode steps, separate prefill chunks, ragged steps mixing decode
-    rows and prompt chunks) and tokens produced so far; preemptions; guided-decoding masks computed
-    on the host and their seconds."""
+    rows and prompt chunks), of them the steps issued ahead across a change of rows (before
+    the step in flight was read: ``ahead_steps``), and tokens produced so far; preemptions;
+    guided-decoding masks computed on the host and their seconds."""
 
     running: int
     waiting: int
@@ -145,6 +146,7 @@ class EngineStats:
     ragged_steps: int
     preemptions: int
     max_decode_batch: int
+    ahead_steps: int = 0
     guided_masks: int = 0
     guided_mask_s: float = 0.0
     spec_draft_tokens: int = 0
@@ -241,6 +243,9 @@ class LLMEngine:
         self.micro_batched_steps = 0
         #: micro-batch steps issued chained (before the lane's step in flight was read)
         self.chained_lane_steps = 0
+        #: steps issued before the step in flight was read although their rows differ from
+        #: its rows (:meth:`~poot.engine.scheduler.Scheduler.plan_ahead`)
+        self.ahead_steps = 0
         #: chain rolling micro-batches where they can be (``POOT_CHAIN_LANES=0``: re-issue
         #: each only after reading it)
         self.chain_lanes = settings.get_flag("POOT_CHAIN_LANES")
@@ -496,19 +501,33 @@ class LLMEngine:
                                                            seq.lora_slot)
 
     def _run_ragged(self, plan: SchedulerOutput) -> list[RequestOutput]:
-        """Start the admitted requests' history rows, run the plan's ragged step (decode rows
-        and prompt chunks at once) and read it: the outputs of the rows it sampled."""
+        """Start the admitted requests' history rows and issue the plan's ragged step (decode
+        rows and prompt chunks at once); unless the engine pipelines, read it now: the
+        outputs of the rows it sampled."""
+        step = self._issue_ragged(plan)
+        if step is None:
+            return []
+        self.issuer.issue_sampler(step, self._guided)
+        if self.pipelined and self.runner.session.copies_rows:   # the next step takes its
+            self._inflight = step                                 # tokens by a row copy
+            return []
+        return self._read(step)
+
+    def _issue_ragged(self, plan: SchedulerOutput, source: DecodeStep | None = None
+                      ) -> DecodeStep | None:
+        """Start the admitted requests' history rows and issue the ragged step of ``plan``
+        (its sampler too unless guided); ``source``: the step in flight whose sampled tokens
+        its decode rows take (:meth:`DecodeIssuer.issue_ragged
+        <poot.engine.decode_steps.DecodeIssuer.issue_ragged>`). None: nothing is sampled."""
         for seq in plan.admitted:
             self.runner.reset_history(seq.history_row, seq.output_ids)
         for c in plan.prefill:
             c.request.stats.prefill_steps += 1
         self.runner.prefill_steps += 1
-        step = self.issuer.issue_ragged(plan.decode, plan.prefill)
-        if step is None:
-            return []
-        self.max_decode_batch = max(self.max_decode_batch, len(step.rows))
-        self.issuer.issue_sampler(step, self._guided)
-        return self._read(step)
+        step = self.issuer.issue_ragged(plan.decode, plan.prefill, source)
+        if step is not None:
+            self.max_decode_batch = max(self.max_decode_batch, len(step.rows))
+        return step
 
     def _run_verify(self, plan: SchedulerOutput) -> list[RequestOutput]:
         """Run the plan's verify step (every decoding request's last token and its drafts,
@@ -546,15 +565,16 @@ class LLMEngine:
         return [] if self.pipelined else self._read_inflight()
 
     # ---- decode steps in flight -----------------------------------------------------------
-    def _issue(self, rows: list[Request], chained: bool, lane: int = 0) -> DecodeStep | None:
+    def _issue(self, rows: list[Request], chained: bool, lane: int = 0,
+               source: DecodeStep | None = None) -> DecodeStep | None:
         """Issue a decode step over ``rows`` on ``lane`` once each has a block for its
         position (:meth:`Scheduler.grow <poot.engine.scheduler.Scheduler.grow>`; ``chained``:
-        the rows of the lane's step in flight, one position further); None when no row is
-        left."""
+        rows of the step in flight ``source``, one position further, their tokens the ones
+        it samples); None when no row is left."""
         rows = self.scheduler.grow(rows, chained)
         if not rows:
             return None
-        step = self.issuer.issue(rows, chained, lane)
+        step = self.issuer.issue(rows, chained, lane, source)
         self._shape = ("decode", step.handle.bucket) if self._shape is None else ("mixed",)
         self.max_decode_batch = max(self.max_decode_batch, len(rows))
         return step
@@ -584,8 +604,12 @@ class LLMEngine:
         nothing needs the scheduler, issue their successors first (chained, or the
         micro-batches rolled) and return True: this iteration schedules nothing."""
         if self._inflight is not None:
+            nxt = None
             if self._can_chain():
-                nxt = self._issue(self._inflight.rows, chained=True)
+                nxt = self._issue(self._inflight.rows, chained=True, source=self._inflight)
+            else:
+                nxt = self._issue_ahead()
+            if nxt is not None:
                 events += self._read_inflight()
                 self.issuer.issue_sampler(nxt, self._guided)   # guided: after the matchers
                 self._inflight = nxt
@@ -598,6 +622,32 @@ class LLMEngine:
             events += self._drain_lanes()
         return False
 
+    def _issue_ahead(self) -> DecodeStep | None:
+        """Where the rows change but the step in flight need not be read first (an arrival
+        to prefill, a row ending by length, an abort): issue the next iteration's step now,
+        planned by :meth:`Scheduler.plan_ahead
+        <poot.engine.scheduler.Scheduler.plan_ahead>`, its decode rows' tokens copied on the
+        device from what the step in flight samples (a ragged step where prompts are
+        planned, else a decode step). None where it cannot: the engine does not pipeline,
+        the device copies no rows, steps are micro-batched or speculative, or the plan
+        cannot be made ahead."""
+        if not self.pipelined or not self.scheduler.config.ragged or self.micro_batches > 1 \
+                or self.speculator is not None or not self.runner.session.copies_rows:
+            return None
+        src = self._inflight
+        plan = self.scheduler.plan_ahead(src.rows)
+        if plan is None:
+            return None
+        if plan.ragged:
+            step = self._issue_ragged(plan, source=src)
+        else:
+            for seq in plan.admitted:
+                self.runner.reset_history(seq.history_row, seq.output_ids)
+            step = self._issue(plan.decode, chained=True, source=src)
+        if step is not None:
+            self.ahead_steps += 1
+        return step
+
     def _can_chain(self) -> bool:
         """Whether the next decode step can be issued before the in-flight one is read: the
         same sequences, none of which ends by length at the in-flight step, no admission,
@@ -605,6 +655,8 @@ class LLMEngine:
         if not self.pipelined or self._inflight is None:
             return False
         rows = self._inflight.rows
+        if not self._inflight.fed_back and not self.runner.session.copies_rows:
+            return False                  # its tokens reach a decode step by row copies only
         if self.micro_batches > 1 and len(rows) >= self.micro_batches:
             return False                  # the step runs as micro-batches instead
         if not Scheduler.chainable(rows) or len(self.running) != len(rows):
@@ -735,6 +787,7 @@ class LLMEngine:
                            generated_tokens=self.generated_tokens,
                            preemptions=self.preemptions,
                            max_decode_batch=self.max_decode_batch,
+                           ahead_steps=self.ahead_steps,
                            guided_masks=self.guided_masks, guided_mask_s=self.guided_mask_s,
                            **(self.speculator.stats() if self.speculator else {}))
 

@@ -54,7 +54,7 @@ from poot.engine.guided import ALL_ALLOWED
 from poot.engine.blocks import NULL_BLOCK
 from poot.engine.lora import slot_column
 from poot.engine.scheduler import idle_prefill_budget
-from poot.runtime import Session, Entry, Submitted
+from poot.runtime import Session, Entry, RowFeed, Submitted
 from poot.graph import sampling
 from poot.graph.sampling import GREEDY, SamplerSpec, SamplerStep, covers
 from poot.models import StepSpec
@@ -190,14 +190,34 @@ class KVConfig:
         return int(round(dims.kv_token_elems * (k + v) / 2))
 
 
+@dataclass(frozen=True)
+class TokenFeed:
+    """Token rows of a step taken on the device from what a step issued before it sampled,
+    so the step is issued before the host has read those tokens.
+
+    Attributes:
+        source: the earlier step's handle (its sampler's sampled-token output is read).
+        rows: ``(sampled row of source, token row of this step)`` pairs.
+    """
+
+    source: "DecodeHandle"
+    rows: tuple[tuple[int, int], ...]
+
+    def row_feed(self) -> RowFeed:
+        """The session's :class:`~poot.runtime.session.RowFeed` of it (into ``tokens``)."""
+        return RowFeed(self.source.sampler, TOKEN, "tokens",
+                       tuple((s, d, 1) for s, d in self.rows))
+
+
 @dataclass
 class DecodeBatch:
     """The running sequences of one decode step, as columns (row i = one sequence).
 
     Attributes:
-        tokens: i32 [n], the token fed at each row's position; None: the previous step's
-            sampled tokens, already copied into the token input on the device (the rows are
-            the previous step's, in the same order).
+        tokens: i32 [n], the token fed at each row's position; None: fed on the device,
+            by ``feed``, or else (no ``feed``) by the previous step's sampler, which copied
+            its tokens into this entry's token input (the rows are the previous step's, in
+            the same order).
         positions: i32 [n]; each row's K/V go to slot ``table[pos // bs] * bs + pos % bs``.
         tables: i32 [n, W], each row's block table (:meth:`ModelRunner.table_row`).
         params: each row's :class:`~poot.sampling_params.SamplingParams`.
@@ -207,6 +227,8 @@ class DecodeBatch:
             parameters already written.
         lora_slots: i32 [n], each row's LoRA slot (0: the base model); None: all 0. Written
             only when the model carries LoRA slots (:mod:`poot.engine.lora`).
+        feed: the rows' tokens taken on the device from an earlier step's sampled tokens
+            (:class:`TokenFeed`; with ``tokens`` None).
     """
 
     tokens: np.ndarray | None
@@ -217,6 +239,7 @@ class DecodeBatch:
     history_rows: np.ndarray
     keys: tuple
     lora_slots: np.ndarray | None = None
+    feed: TokenFeed | None = None
 
 
 @dataclass
@@ -225,7 +248,8 @@ class RaggedBatch:
     token dimension (:meth:`ModelRunner.submit_ragged`).
 
     Attributes:
-        tokens, positions: i32 [n], each token row's token and position.
+        tokens, positions: i32 [n], each token row's token and position (a row ``feed``
+            fills: any token, overwritten on the device).
         tables: i32 [n, W], each token row's sequence's block table (rows of one sequence
             repeat it).
         logit_rows: i32 [s], the token rows sampled (a decode row; the last prompt token of a
@@ -233,6 +257,8 @@ class RaggedBatch:
         sampled: the sampled rows as a :class:`DecodeBatch` of s rows (their parameters,
             uniforms, history rows and keys; its ``tokens`` unused).
         lora_slots: i32 [n], each token row's LoRA slot, or None (all 0).
+        feed: token rows taken on the device from an earlier step's sampled tokens
+            (:class:`TokenFeed`), or None.
     """
 
     tokens: np.ndarray
@@ -241,6 +267,7 @@ class RaggedBatch:
     logit_rows: np.ndarray
     sampled: DecodeBatch
     lora_slots: np.ndarray | None = None
+    feed: TokenFeed | None = None
 
 
 @dataclass
@@ -636,7 +663,10 @@ class ModelRunner(RunnerBase):
                              f"step of {t} tokens")
         entry = self.verify_entry(t) if verify else self.ragged_entry(t)
         values = self._ragged_inputs(entry, t, rows, batch)
-        self.session.submit(entry, self._write(entry, values), read=())
+        # the token input is written every step: a fed step leaves device rows the host
+        # copy of what was last written does not know
+        self.session.submit(entry, self._write(entry, values, force={"tokens"}), read=(),
+                            feed=batch.feed.row_feed() if batch.feed is not None else None)
         self.ragged_steps += 1
         if spec is None:
             return None
@@ -821,12 +851,13 @@ class ModelRunner(RunnerBase):
             tokens = np.zeros((bsz, 1), np.int32)
             tokens[:n, 0] = batch.tokens
             values["tokens"] = tokens
-        elif st.last.get("rowkeys") != batch.keys:
+        elif batch.feed is None and st.last.get("rowkeys") != batch.keys:
             raise ValueError("a batch without tokens whose rows are not the previous step's")
         dins = self._write(dec, values, force={"tokens"} if "tokens" in values else set())
         st.last["rowkeys"] = batch.keys
         sins = self._sampler_inputs(smp, batch, bsz, spec)
-        self.session.submit(dec, dins, read=())
+        self.session.submit(dec, dins, read=(),
+                            feed=batch.feed.row_feed() if batch.feed is not None else None)
         self.decode_steps += 1
         return DecodeHandle(None, n, spec, _sampler_reads(spec), bsz, smp, sins)
 
@@ -887,7 +918,7 @@ class ModelRunner(RunnerBase):
         self.session.device.synchronize()
 
 
-__all__ = ["DecodeBatch", "DecodeHandle", "RaggedBatch", "GREEDY", "KVConfig", "ModelRunner",
+__all__ = ["DecodeBatch", "DecodeHandle", "RaggedBatch", "TokenFeed", "GREEDY", "KVConfig", "ModelRunner",
            "RunnerBase", "mixed_ragged_buckets", "ragged_ladder", "ragged_token_buckets",
            "SamplerProgram", "decode_buckets", "sampler_spec_for", "smallest_bucket",
            "step_spec"]

@@ -426,6 +426,32 @@ class Scheduler:
                    and self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
         return need <= self.blocks.num_free()
 
+    def plan_ahead(self, in_flight: Sequence[Request]) -> SchedulerOutput | None:
+        """The next iteration's plan made while the step over ``in_flight`` (the rows it
+        samples) is still running, or None where it cannot be made before that step is read:
+        the decode rows are the rows of ``in_flight`` that go on after it (not aborted, not
+        ending by length at it: a stop token cannot be foreseen, its row's extra token is
+        discarded), each one position further, their tokens the ones the step in flight
+        samples; then admissions and prompt chunks as :meth:`schedule` plans them. None
+        where a running request is not a row of ``in_flight`` (it needs the host's token),
+        where growing the decode rows would preempt, or where no row goes on."""
+        rows = {id(s) for s in in_flight}
+        if any(s.status == RUNNING and id(s) not in rows for s in self.running):
+            return None
+        decode = [s for s in in_flight if s.status == RUNNING and not s.aborted
+                  and s.generated + 1 < s.params.max_tokens]
+        if not decode:
+            return None
+        need = sum(1 for s in decode if self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
+        if need > self.blocks.num_free():
+            return None
+        self.grow(decode, chained=True)
+        admitted = self._admit()
+        out = SchedulerOutput(admitted=[s for s in admitted if s.status == PREFILL],
+                              prefill=self._plan_chunks(len(decode)), decode=decode)
+        out.ragged = bool(out.prefill)
+        return out
+
     @staticmethod
     def chainable(rows: Sequence[Request]) -> bool:
         """Whether the step after the one in flight over ``rows`` can be issued before that

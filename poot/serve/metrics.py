@@ -73,6 +73,8 @@ class _EngineCollector:
             "poot_prefill_steps": ("prefill chunks run as steps of their own", st.prefill_steps),
             "poot_ragged_steps": ("ragged steps run (decode rows and prompt chunks in one step)",
                                   st.ragged_steps),
+            "poot_ahead_steps": ("steps issued before the step in flight was read although "
+                                 "their rows differ from its rows", st.ahead_steps),
             "poot_engine_generated_tokens": ("tokens sampled by the engine",
                                              st.generated_tokens),
             "poot_preemptions": ("sequences preempted for lack of KV blocks", st.preemptions),

@@ -88,8 +88,8 @@ def case_max_tokens_one(h, prompt):
 
 
 def case_stop_token_then_next_request(h, fresh, prompt, other, params=None):
-    """A stop token in the middle: the pipelined run has issued one step past it where a
-    decode step sampled it (it runs and its token is discarded); ids equal the sequential run's. The next request on the same
+    """A stop token in the middle: the pipelined run has issued one step past the step that
+    sampled it (it runs and its token is discarded); ids equal the sequential run's. The next request on the same
     engine (a shorter prompt whose decode passes over the position the extra step wrote) then
     equals the same request on an untouched engine."""
     params = params or greedy(8)
@@ -106,9 +106,9 @@ def case_stop_token_then_next_request(h, fresh, prompt, other, params=None):
     assert pipe.stats.finish_reason == seq.stats.finish_reason == "stop"
     # the decode steps up to the stop token (the first token comes from the ragged step)
     assert n1 - n0 == first
-    # ... and the one issued past it (none when the stop is the first token: the ragged
-    # step is read before anything else is issued)
-    assert n2 - n1 == first + (first > 0)
+    # ... and the one issued past it (also when the stop is the first token: the ragged
+    # step that samples it is in flight when the first decode step is issued)
+    assert n2 - n1 == first + 1
     # the extra step wrote K/V at position len(prompt) + first and bumped the history
     nxt = greedy(len(prompt) + first + 2 - len(other), **_penalties(params))
     after = run(h, other, nxt, True)

@@ -39,9 +39,9 @@ def _record(engine) -> list[tuple[int, list[tuple[int, int, bool]]]]:
     log = []
     issue = engine.issuer.issue_ragged
 
-    def spy(decode, chunks):
+    def spy(decode, chunks, source=None):
         log.append((len(decode), [(c.start, len(c.token_ids), c.sample) for c in chunks]))
-        return issue(decode, chunks)
+        return issue(decode, chunks, source)
 
     engine.issuer.issue_ragged = spy
     return log

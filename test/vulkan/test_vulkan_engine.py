@@ -44,9 +44,12 @@ def test_32_staggered_prompts_equal_alone_and_cpu(handles):
     want = [alone(eng, p, sp) for p, sp in zip(ps, sps)]
     mixed = []                       # ragged steps with decode rows and prompt chunks
     issue = eng.issuer.issue_ragged
-    eng.issuer.issue_ragged = lambda d, c: (mixed.append(bool(d) and bool(c)), issue(d, c))[1]
+    eng.issuer.issue_ragged = lambda d, c, s=None: (mixed.append(bool(d) and bool(c)),
+                                                issue(d, c, s))[1]
+    ahead = eng.ahead_steps
     got = staggered(eng, list(zip(ps, sps)), every=1)
     assert sum(mixed) >= 8
+    assert eng.pipelined and eng.ahead_steps - ahead >= 8   # issued before the last was read
     assert eng.stats().max_decode_batch >= 16
     for rid, w in zip(got["ids"], want):
         assert got["final"][rid].output_ids == w, rid

@@ -121,8 +121,10 @@ def test_ragged_steps_equal_alone_and_cpu(wg_device, tmp_path):
     want = [alone(eng, p, sp) for p, sp in zip(ps, sps)]
     mixed = []
     issue = eng.issuer.issue_ragged
-    eng.issuer.issue_ragged = lambda d, c: (mixed.append(bool(d) and bool(c)), issue(d, c))[1]
+    eng.issuer.issue_ragged = lambda d, c, s=None: (mixed.append(bool(d) and bool(c)),
+                                                issue(d, c, s))[1]
     got = staggered(eng, list(zip(ps, sps)), every=1)
     assert any(mixed)                                   # decode rows and chunks in one step
+    assert eng.pipelined and eng.ahead_steps > 0        # issued before the last was read
     assert [got["final"][rid].output_ids for rid in got["ids"]] == want
     assert [r.token_ids for r in LLM(handle=handles["cpu"]).generate(ps, sps)] == want
