@@ -143,10 +143,11 @@ def main() -> int:
     st = eng.stats()
     res["stats"] = st.to_dict()
     res["pipelined"] = eng.pipelined
+    res["ahead_steps"] = st.ahead_steps       # issued before the step in flight was read
     res["ok"] = all(same) and all(r["equal"] for r in ref_ok) and st.max_decode_batch > 1
     json.dump(res, open(a.out, "w"), indent=1)
     print(json.dumps({k: res[k] for k in ("ok", "batched_equal_alone", "requests", "reference",
-                                          "pipelined")}))
+                                          "pipelined", "ahead_steps")}))
     return 0 if res["ok"] else 1
 
 
