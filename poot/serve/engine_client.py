@@ -6,6 +6,12 @@ request's outputs are handed to the event loop by the engine thread through
 ``loop.call_soon_threadsafe`` into an ``asyncio.Queue`` (the engine's ``sink`` hook), so the
 event loop never waits on a step and no thread is parked per request.
 
+A request waiting for its next output awaits its queue with no timer of its own: one
+watchdog task per event loop (:func:`_watchdog`) wakes each waiting request every
+``poll_s`` (sooner when its deadline comes first) to check its deadline, the engine's health
+and its client. At 64 streams a timer a token was the front end's largest cost after HTTP
+(``asyncio.wait_for`` arms and cancels one for every output).
+
 ``n`` > 1: the choices of a prompt share its KV blocks through the prefix cache. The first
 choice is added alone; when its first output arrives its prompt has been prefilled and every
 full block of the prompt is registered in the cache, and only then are the other ``n - 1``
@@ -58,6 +64,7 @@ class ShuttingDown(Exception):
 
 #: the choice index of the item :meth:`AsyncEngine.abort_all` queues (no choice has it)
 _STOP = -1
+_WAKE = -2          # the watchdog's: check the deadline, the engine and the client
 
 
 class _LoopBatch:
@@ -101,6 +108,39 @@ class _Sink:
             pass
 
 
+async def _watchdog(owner: "AsyncEngine", loop: asyncio.AbstractEventLoop) -> None:
+    """Wake the requests on ``loop`` that wait for an output when a check is due (their
+    ``check_at``, every ``poll_s``, or their deadline): sleep until the earliest, or until a
+    request that starts waiting nudges it with an earlier one. Runs while any request is
+    live, then ends (the next :meth:`AsyncEngine.submit` on the loop starts another)."""
+    nudge = owner._nudges[loop]
+    try:
+        while True:
+            gens = [g for g in owner.live if g.loop is loop]
+            if not gens:
+                return
+            now = time.monotonic()
+            due = now + min(g.poll_s for g in gens)   # a busy one may wait by then
+            for g in gens:
+                at = min(g.check_at, g.deadline)
+                if g.waiting and now >= at:
+                    g.waiting = False
+                    g.queue.put_nowait((_WAKE, None))
+                elif at > now:
+                    due = min(due, at)
+            owner._due[loop] = due
+            nudge.clear()
+            try:
+                await asyncio.wait_for(nudge.wait(), max(due - time.monotonic(), 0.001))
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        if owner._watchdogs.get(loop) is asyncio.current_task():
+            del owner._watchdogs[loop]
+            owner._due.pop(loop, None)
+            owner._nudges.pop(loop, None)
+
+
 class AsyncEngine:
     """An :class:`~poot.engine.LLMEngine` (its loop running on its thread) as seen from the
     event loop: :meth:`generate` adds a request's sequences and yields their outputs.
@@ -119,6 +159,22 @@ class AsyncEngine:
         self.live: set[Generation] = set()   # requests submitted and not closed
         self.stopping = False
         self._batches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._watchdogs: dict[asyncio.AbstractEventLoop, asyncio.Task] = {}
+        self._nudges: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
+        self._due: dict[asyncio.AbstractEventLoop, float] = {}   # each watchdog's next pass
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start ``loop``'s :func:`_watchdog` unless it runs."""
+        task = self._watchdogs.get(loop)
+        if task is None or task.done():
+            self._nudges[loop] = asyncio.Event()
+            self._watchdogs[loop] = loop.create_task(_watchdog(self, loop))
+
+    def _waits(self, gen: "Generation") -> None:
+        """``gen`` starts waiting: nudge its loop's watchdog if its check is due before the
+        watchdog's next pass."""
+        if min(gen.check_at, gen.deadline) < self._due.get(gen.loop, float("-inf")):
+            self._nudges[gen.loop].set()
 
     def batch_for(self, loop: asyncio.AbstractEventLoop) -> _LoopBatch:
         """The :class:`_LoopBatch` every sink on ``loop`` shares."""
@@ -185,6 +241,9 @@ class Generation:
         self.deferred: dict[int, list[int]] = {}     # first choice of a prompt -> the rest
         self.reserved = 0
         self.lora: str | None = None
+        #: awaiting its queue (the watchdog may wake it), and when its next check is due
+        self.waiting = False
+        self.check_at = time.monotonic() + poll_s
 
     def _start(self) -> None:
         owner, total = self.owner, len(self.params)
@@ -201,6 +260,7 @@ class Generation:
         owner.inflight += total
         self.reserved = total
         owner.live.add(self)
+        owner._watch(self.loop)
         try:
             for p, ids in enumerate(self.prompts):
                 first = p * self.n
@@ -234,19 +294,23 @@ class Generation:
         :meth:`AsyncEngine.abort_all` stopped it."""
         owner = self.owner
         while self.unfinished or self.deferred:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
+            if time.monotonic() >= self.deadline:
                 raise RequestTimeout()
-            try:
-                if not self.queue.empty():   # no timer for an output that is already here
-                    i, ev = self.queue.get_nowait()
-                else:
-                    i, ev = await asyncio.wait_for(self.queue.get(), min(left, self.poll_s))
-            except asyncio.TimeoutError:
+            if not self.queue.empty():
+                i, ev = self.queue.get_nowait()
+            else:                              # woken by an output or by the watchdog
+                self.waiting = True
+                owner._waits(self)
+                try:
+                    i, ev = await self.queue.get()
+                finally:
+                    self.waiting = False
+            if i == _WAKE:
+                self.check_at = time.monotonic() + self.poll_s
                 if owner.fault is not None:
-                    raise EngineFault(owner.fault) from None
+                    raise EngineFault(owner.fault)
                 if self.disconnected is not None and await self.disconnected():
-                    raise ClientGone() from None
+                    raise ClientGone()
                 continue
             if i == _STOP:
                 raise ShuttingDown()
