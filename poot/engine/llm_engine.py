@@ -604,11 +604,8 @@ class LLMEngine:
         nothing needs the scheduler, issue their successors first (chained, or the
         micro-batches rolled) and return True: this iteration schedules nothing."""
         if self._inflight is not None:
-            nxt = None
-            if self._can_chain():
-                nxt = self._issue(self._inflight.rows, chained=True, source=self._inflight)
-            else:
-                nxt = self._issue_ahead()
+            nxt = self._issue(self._inflight.rows, chained=True, source=self._inflight) \
+                if self._can_chain() else self._issue_ahead()
             if nxt is not None:
                 events += self._read_inflight()
                 self.issuer.issue_sampler(nxt, self._guided)   # guided: after the matchers

@@ -918,7 +918,7 @@ class ModelRunner(RunnerBase):
         self.session.device.synchronize()
 
 
-__all__ = ["DecodeBatch", "DecodeHandle", "RaggedBatch", "TokenFeed", "GREEDY", "KVConfig", "ModelRunner",
-           "RunnerBase", "mixed_ragged_buckets", "ragged_ladder", "ragged_token_buckets",
+__all__ = ["DecodeBatch", "DecodeHandle", "RaggedBatch", "TokenFeed", "GREEDY", "KVConfig",
+           "ModelRunner", "RunnerBase", "mixed_ragged_buckets", "ragged_ladder", "ragged_token_buckets",
            "SamplerProgram", "decode_buckets", "sampler_spec_for", "smallest_bucket",
            "step_spec"]

@@ -422,8 +422,12 @@ class Scheduler:
             return False
         if self.waiting and len(self.running) < self.config.max_batch:
             return False
-        need = sum(1 for s in rows if s.status == RUNNING
-                   and self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
+        return self._room_to_grow([s for s in rows if s.status == RUNNING])
+
+    def _room_to_grow(self, rows: Sequence[Request]) -> bool:
+        """Whether the pool's free blocks cover what ``rows`` need for the position one past
+        their last token (the step after the one in flight writes there)."""
+        need = sum(1 for s in rows if self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
         return need <= self.blocks.num_free()
 
     def plan_ahead(self, in_flight: Sequence[Request]) -> SchedulerOutput | None:
@@ -442,8 +446,7 @@ class Scheduler:
                   and s.generated + 1 < s.params.max_tokens]
         if not decode:
             return None
-        need = sum(1 for s in decode if self.blocks.blocks_for(len(s.tokens) + 1) > len(s.blocks))
-        if need > self.blocks.num_free():
+        if not self._room_to_grow(decode):
             return None
         self.grow(decode, chained=True)
         admitted = self._admit()
