@@ -14,7 +14,8 @@ drives a server on this machine, nothing else. Prints one JSON object:
     requests, requests_per_s, output_tokens, output_tokens_per_s (usage's completion tokens
     over the wall time), ttft_s {p50, p99, mean} (request sent -> first content chunk),
     itl_s {p50, p99, mean} (gaps between content chunks), errors (must be 0), and the
-    settings. ``--server-metrics`` adds the server's batching figures from /metrics.
+    settings. ``--procs P`` spreads the clients over P processes (their results merged).
+    ``--server-metrics`` adds the server's batching figures from /metrics.
 """
 
 from __future__ import annotations
@@ -148,27 +149,56 @@ def server_metrics(url: str, headers: dict) -> dict:
     return out
 
 
-async def run(args) -> dict:
+async def run_clients(args, first: int, count: int) -> dict:
+    """Clients ``first .. first + count - 1`` of K for M seconds: their raw counts, TTFTs and
+    gaps, and the wall time (one process's share of the load)."""
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=args.clients + 4)
+    limits = httpx.Limits(max_connections=count + 4)
     async with httpx.AsyncClient(base_url=args.url, headers=headers, limits=limits) as c:
-        if args.model is None:
-            args.model = (await c.get("/v1/models", timeout=30)).json()["data"][0]["id"]
         out = {"requests": 0, "tokens": 0, "ttft": [], "itl": [], "errors": []}
         t0 = time.perf_counter()
         stop_at = t0 + args.seconds
         await asyncio.gather(*[client_loop(i, c, args, stop_at, out)
-                               for i in range(args.clients)])
-        wall = time.perf_counter() - t0
-    return {"clients": args.clients, "seconds": args.seconds, "wall_s": round(wall, 2),
-            "max_tokens": args.max_tokens, "temperature": args.temperature,
-            "token_prompts": args.token_prompts or None,
-            "model": args.model, "requests": out["requests"],
-            "requests_per_s": round(out["requests"] / wall, 3),
-            "output_tokens": out["tokens"],
-            "output_tokens_per_s": round(out["tokens"] / wall, 2),
-            "ttft_s": percentiles(out["ttft"]), "itl_s": percentiles(out["itl"]),
-            "errors": len(out["errors"]), "error_samples": out["errors"][:5]}
+                               for i in range(first, first + count)])
+        out["wall"] = time.perf_counter() - t0
+    return out
+
+
+def _process_share(args, first: int, count: int) -> dict:
+    return asyncio.run(run_clients(args, first, count))
+
+
+def run(args) -> dict:
+    """The K clients, in ``--procs`` processes (K split as evenly as it goes), merged: the
+    load generator's own Python must not be what limits a fast server."""
+    if args.model is None:
+        args.model = httpx.get(args.url + "/v1/models", timeout=30,
+                               headers={"authorization": f"Bearer {args.api_key}"}
+                               if args.api_key else {}).json()["data"][0]["id"]
+    procs = min(args.procs, args.clients)
+    shares = [(sum(args.clients // procs + (j < args.clients % procs) for j in range(i)),
+               args.clients // procs + (i < args.clients % procs)) for i in range(procs)]
+    if procs == 1:
+        parts = [_process_share(args, 0, args.clients)]
+    else:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(procs) as pool:
+            parts = pool.starmap(_process_share, [(args, f, n) for f, n in shares])
+    wall = max(x["wall"] for x in parts)
+    req = sum(x["requests"] for x in parts)
+    toks = sum(x["tokens"] for x in parts)
+    errors = [e for x in parts for e in x["errors"]]
+    return {"clients": args.clients, "procs": procs, "seconds": args.seconds,
+            "wall_s": round(wall, 2), "max_tokens": args.max_tokens,
+            "temperature": args.temperature, "token_prompts": args.token_prompts or None,
+            "model": args.model, "requests": req,
+            "requests_per_s": round(req / wall, 3),
+            "output_tokens": toks,
+            "output_tokens_per_s": round(toks / wall, 2),
+            "ttft_s": percentiles([t for x in parts for t in x["ttft"]]),
+            "itl_s": percentiles([g for x in parts for g in x["itl"]]),
+            "errors": len(errors), "error_samples": errors[:5]}
 
 
 def main(argv=None) -> int:
@@ -187,17 +217,22 @@ def main(argv=None) -> int:
                         "chat prompts (a server with --random-weights)")
     p.add_argument("--token-id-max", type=int, default=999, metavar="ID",
                    help="with --token-prompts: ids drawn from 1..ID (default: 999)")
+    p.add_argument("--procs", type=int, default=1, metavar="P",
+                   help="run the K clients in P processes (default 1): one Python process "
+                        "parsing every stream can be slower than a GPU server")
     p.add_argument("--server-metrics", action="store_true",
                    help="add the server's decode steps and batch figures for the run")
     args = p.parse_args(argv)
     if not 1 <= args.clients <= 1024 or not 0 < args.seconds <= 3600:
         raise SystemExit("serve_load: --clients in [1, 1024], --seconds in (0, 3600]")
+    if not 1 <= args.procs <= 64:
+        raise SystemExit("serve_load: --procs in [1, 64]")
     if not 0 <= args.token_prompts <= 4096:
         raise SystemExit("serve_load: --token-prompts in [0, 4096]")
     loopback_only(args.url)
     before = server_metrics(args.url, {"authorization": f"Bearer {args.api_key}"}
                             if args.api_key else {}) if args.server_metrics else None
-    res = asyncio.run(run(args))
+    res = run(args)
     if before is not None:
         after = server_metrics(args.url, {"authorization": f"Bearer {args.api_key}"}
                                if args.api_key else {})

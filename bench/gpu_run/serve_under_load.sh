@@ -15,8 +15,12 @@
 # profile (pyspy_NAME.raw, summarized in pyspy_NAME.json) by bench/gpu_run/thread_profile.py.
 # SERVE_KS (default "1 16 64"). SERVE_SWITCH_INTERVALS="0.005 0.0001": each model served once a
 # value of POOT_SERVE_SWITCH_INTERVAL (the GIL's switch interval); the files' NAME gets
-# _si<value>. SERVE_NO_C_HTTP=1: httptools and uvloop removed first (uvicorn then runs h11 on
-# asyncio's loop, as without them).
+# _si<value>. SERVE_POOT=DIR: the server runs from DIR, with DIR's poot package and model files
+# (an older tree's, for an A/B on one machine; its compiled steps must hash the same);
+# SERVE_ENV="VAR=value ...": the server's environment has these too. SERVE_TAG: a suffix for
+# the files' NAME. SERVE_LOAD_PROCS=P: serve_load.py's --procs (the
+# clients in P processes; default 1). SERVE_NO_C_HTTP=1: httptools and uvloop removed
+# first (uvicorn then runs h11 on asyncio's loop, as without them).
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/serve_under_load}"
@@ -42,10 +46,13 @@ FAILED=()
 
 serve_and_load() {  # NAME LOADARGS -- SERVEARGS...   (SI: a switch interval, or empty)
     local served=$1 load=$2; shift 2
-    local name=$served${SI:+_si$SI}
+    local name=$served${SI:+_si$SI}${SERVE_TAG:-}
     local t=$(date +%s)
-    POOT_SERVE_SWITCH_INTERVAL=${SI:-} $PY -m poot.cli serve --backend cuda --port $PORT --max-batch 64 --kv-capacity 512 \
-        --no-warm-up --served-model-name "$served" "$@" > "$OUT/logs/server_$name.log" 2>&1 &
+    # from SERVE_POOT's folder: `python -m` puts the working directory first on sys.path
+    (cd "${SERVE_POOT:-.}" && POOT_SERVE_SWITCH_INTERVAL=${SI:-} exec env ${SERVE_ENV:-} \
+        $PY -m poot.cli serve \
+        --backend cuda --port $PORT --max-batch 64 --kv-capacity 512 --no-warm-up \
+        --served-model-name "$served" "$@") > "$OUT/logs/server_$name.log" 2>&1 &
     local pid=$!
     if ! $PY - <<PYEOF
 import os, time, urllib.request, sys
@@ -70,7 +77,8 @@ PYEOF
         > "$OUT/logs/warm_$name.json" 2>&1
     for k in ${SERVE_KS:-1 16 64}; do
         timeout 200 $PY bench/serve_load.py --url http://127.0.0.1:$PORT -k $k \
-            -m "$SECONDS_EACH" --server-metrics $load > "$OUT/serve_${name}_k$k.json" \
+            -m "$SECONDS_EACH" --procs "${SERVE_LOAD_PROCS:-1}" --server-metrics $load \
+            > "$OUT/serve_${name}_k$k.json" \
             2> "$OUT/logs/load_${name}_k$k.err" &
         local lp=$!
         [ "$k" = 64 ] && [ "${SERVE_PROFILE:-0}" = 1 ] && profile "$name" $pid $lp
