@@ -42,10 +42,11 @@ INVALID_DEVICE = 101
 #: what the driver answers a thread with no current context (or a handle of another context)
 INVALID_CONTEXT = 201
 INVALID_HANDLE = 400
+NOT_READY = 600
 PEER_ACCESS_ALREADY_ENABLED = 704
 ERROR_NAMES = {INVALID_DEVICE: "CUDA_ERROR_INVALID_DEVICE",
                INVALID_CONTEXT: "CUDA_ERROR_INVALID_CONTEXT",
-               INVALID_HANDLE: "CUDA_ERROR_INVALID_HANDLE",
+               INVALID_HANDLE: "CUDA_ERROR_INVALID_HANDLE", NOT_READY: "CUDA_ERROR_NOT_READY",
                PEER_ACCESS_ALREADY_ENABLED: "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED"}
 
 
@@ -112,6 +113,7 @@ class FakeDriver:
         self.async_copies = 0
         self.peer_copies = 0
         self.set_current_calls = 0
+        self.queries = 0
         self.waits: list[tuple[_Stream, _Event]] = []
 
     def _alloc(self, n):
@@ -320,6 +322,12 @@ class FakeDriver:
         for s in self.streams:
             s.run_until(lambda: e.done >= e.recorded)
         return (OK,)
+
+    def cuEventQuery(self, e):                                                      # noqa: N802
+        """Whether ``e``'s last record ran: never runs the lazy stream (a real query does
+        not wait either), so a record still queued answers CUDA_ERROR_NOT_READY."""
+        self.queries += 1
+        return (OK,) if e.done >= e.recorded else (NOT_READY,)
 
     def cuStreamWaitEvent(self, s, e, flags):                                       # noqa: N802
         """Work queued on ``s`` afterwards waits for ``e``'s record as of now (the event may

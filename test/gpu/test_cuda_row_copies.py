@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from poot.backends.cuda.runtime import CudaDevice
+from poot.backends.cuda.runtime import CudaDevice, StreamCalls
 from poot.backends.gpu.artifact import DeviceBuffer
 from poot.runtime.device import DeviceError
 
@@ -26,6 +26,7 @@ def _device(cu) -> CudaDevice:
     dev = CudaDevice.__new__(CudaDevice)     # no context: the driver is the recording one
     dev.stream = "stream"
     dev._driver = lambda: cu
+    dev.calls = StreamCalls(cu)
     return dev
 
 

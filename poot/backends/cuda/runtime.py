@@ -132,9 +132,8 @@ def _create_context(cu, dev):
 def _check(res, what: str):
     err = res[0]
     if int(err) != 0:
-        cu = driver()
         try:
-            name = cu.cuGetErrorName(err)[1].decode()
+            name = driver().cuGetErrorName(err)[1].decode()
         except Exception:  # noqa: BLE001
             name = str(err)
         raise CudaError(f"{what}: {name}")
@@ -180,12 +179,142 @@ def device_available() -> tuple[bool, str]:
         return False, f"no CUDA device ({e})"
 
 
+class StreamCalls:
+    """The driver calls a step makes between its host work, all of which only queue work on
+    a stream or look at an event (none waits for the GPU): host-to-device, device-to-device
+    and device-to-host copies, event records and queries, graph launches. This set goes
+    through cuda-python, which gives the GIL up around every call; :class:`GilHeldCalls`
+    keeps it. ``cu`` is ``cuda.bindings.driver`` (or a stand-in with its functions). Every
+    method raises :class:`CudaError` naming the call when the driver returns an error."""
+
+    def __init__(self, cu):
+        self.cu = cu
+
+    def htod_async(self, dst: int, src: int, nbytes: int, stream) -> None:
+        """``cuMemcpyHtoDAsync``: ``nbytes`` from host address ``src`` (page-locked) to
+        device address ``dst``, on ``stream``."""
+        _check(self.cu.cuMemcpyHtoDAsync(dst, src, nbytes, stream), "cuMemcpyHtoDAsync")
+
+    def dtod_async(self, dst: int, src: int, nbytes: int, stream) -> None:
+        """``cuMemcpyDtoDAsync``: ``nbytes`` from device address ``src`` to ``dst``."""
+        _check(self.cu.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+
+    def dtoh_async(self, dst: int, src: int, nbytes: int, stream) -> None:
+        """``cuMemcpyDtoHAsync``: ``nbytes`` from device address ``src`` to host ``dst``."""
+        _check(self.cu.cuMemcpyDtoHAsync(dst, src, nbytes, stream), "cuMemcpyDtoHAsync")
+
+    def event_record(self, event, stream) -> None:
+        """``cuEventRecord``: ``event`` fires once ``stream`` ran the work queued so far."""
+        _check(self.cu.cuEventRecord(event, stream), "cuEventRecord")
+
+    def event_done(self, event) -> bool:
+        """``cuEventQuery``: whether ``event`` fired (CUDA_ERROR_NOT_READY: not yet)."""
+        err = self.cu.cuEventQuery(event)[0]
+        if int(err) == _NOT_READY:
+            return False
+        _check((err,), "cuEventQuery")
+        return True
+
+    def graph_launch(self, graph_exec, stream) -> None:
+        """``cuGraphLaunch``: one replay of an instantiated graph on ``stream``."""
+        _check(self.cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch")
+
+
+#: CUDA_ERROR_NOT_READY (an event or stream that has not finished yet)
+_NOT_READY = 600
+
+
+class GilHeldCalls(StreamCalls):
+    """:class:`StreamCalls` through libcuda's own entry points (``ctypes.PyDLL``: the GIL
+    stays held). Each call returns in microseconds, but a call that gives the GIL up must
+    take it back, and while the server's event loop holds it that waits up to a switch
+    interval: with a dozen such calls a step (a few inputs written, the launch, the reads
+    queued) the engine thread lost about as long as the GPU step took (py-spy on an H100 at
+    64 streams). Calls that block -- synchronizations, allocations, module loads -- still go
+    through cuda-python, which lets the other threads run while they wait.
+
+    ``lib`` is the loaded driver library; handles (streams, events, graph execs) are passed
+    as their addresses (``int()`` of cuda-python's wrappers). The ``_v2`` symbols are the
+    ones ``cuda.h`` maps the plain names to (64-bit device pointers)."""
+
+    def __init__(self, lib, cu):
+        super().__init__(cu)
+        c = ctypes
+        u64, ptr, size = c.c_uint64, c.c_void_p, c.c_size_t
+
+        def fn(name, *argtypes):
+            f = getattr(lib, name)
+            f.argtypes, f.restype = list(argtypes), c.c_int
+            return f
+
+        self._htod = fn("cuMemcpyHtoDAsync_v2", u64, ptr, size, ptr)
+        self._dtod = fn("cuMemcpyDtoDAsync_v2", u64, u64, size, ptr)
+        self._dtoh = fn("cuMemcpyDtoHAsync_v2", ptr, u64, size, ptr)
+        self._record = fn("cuEventRecord", ptr, ptr)
+        self._query = fn("cuEventQuery", ptr)
+        self._launch = fn("cuGraphLaunch", ptr, ptr)
+
+    def _fail(self, err: int, what: str) -> None:
+        _check((self.cu.CUresult(err),), what)
+
+    def htod_async(self, dst: int, src: int, nbytes: int, stream) -> None:
+        err = self._htod(int(dst), int(src), int(nbytes), int(stream))
+        if err:
+            self._fail(err, "cuMemcpyHtoDAsync")
+
+    def dtod_async(self, dst: int, src: int, nbytes: int, stream) -> None:
+        err = self._dtod(int(dst), int(src), int(nbytes), int(stream))
+        if err:
+            self._fail(err, "cuMemcpyDtoDAsync")
+
+    def dtoh_async(self, dst: int, src: int, nbytes: int, stream) -> None:
+        err = self._dtoh(int(dst), int(src), int(nbytes), int(stream))
+        if err:
+            self._fail(err, "cuMemcpyDtoHAsync")
+
+    def event_record(self, event, stream) -> None:
+        err = self._record(int(event), int(stream))
+        if err:
+            self._fail(err, "cuEventRecord")
+
+    def event_done(self, event) -> bool:
+        err = self._query(int(event))
+        if err == _NOT_READY:
+            return False
+        if err:
+            self._fail(err, "cuEventQuery")
+        return True
+
+    def graph_launch(self, graph_exec, stream) -> None:
+        err = self._launch(int(graph_exec), int(stream))
+        if err:
+            self._fail(err, "cuGraphLaunch")
+
+
+def stream_calls(cu) -> StreamCalls:
+    """:class:`GilHeldCalls` when ``cu`` is cuda-python's driver module and the driver
+    library loads through ctypes with its entry points (``POOT_CUDA_GIL_CALLS=0``: never),
+    else :class:`StreamCalls` over ``cu`` (a stand-in driver's handles mean nothing to the
+    real one)."""
+    real = getattr(cu, "__name__", None) == "cuda.bindings.driver"
+    name = nvidia_driver() if real and os.environ.get("POOT_CUDA_GIL_CALLS", "1") != "0" \
+        else None
+    if name is not None:
+        try:
+            return GilHeldCalls(ctypes.PyDLL(name), cu)
+        except (OSError, AttributeError):
+            pass
+    return StreamCalls(cu)
+
+
 class _Pinned:
     """One page-locked host allocation (``cuMemHostAlloc``), its uint8 view and an event
-    recorded after the last queued copy that uses it."""
+    recorded after the last queued copy that uses it (through ``calls``, the device's
+    :class:`StreamCalls`)."""
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, calls: StreamCalls):
         cu = driver()
+        self.calls = calls
         self.nbytes = max(4096, (int(nbytes) + 4095) // 4096 * 4096)
         self.ptr = int(_check(cu.cuMemHostAlloc(self.nbytes, 0), "cuMemHostAlloc"))
         self.view = np.ctypeslib.as_array((ctypes.c_uint8 * self.nbytes).from_address(self.ptr))
@@ -194,13 +323,15 @@ class _Pinned:
         self.queued = False
 
     def record(self, stream) -> None:
-        _check(driver().cuEventRecord(self.event, stream), "cuEventRecord")
+        self.calls.event_record(self.event, stream)
         self.queued = True
 
     def wait(self) -> None:
-        """Wait until the stream passed this slot's last queued copy."""
+        """Wait until the stream passed this slot's last queued copy (asking the event
+        first: a slot the stream is done with costs no synchronizing call)."""
         if self.queued:
-            _check(driver().cuEventSynchronize(self.event), "cuEventSynchronize")
+            if not self.calls.event_done(self.event):
+                _check(driver().cuEventSynchronize(self.event), "cuEventSynchronize")
             self.queued = False
 
     def free(self) -> None:
@@ -295,7 +426,10 @@ class CudaDevice:
 
     name = "cuda"
     overlaps = True          # replays and queued copies return before the stream ran them
-    STAGING_SLOTS = 8        # page-locked slots in the upload ring
+    #: page-locked slots in the upload ring: enough for the writes of several steps, so a
+    #: write never waits for a slot whose copy is queued behind the step in flight (a step
+    #: writes up to a dozen inputs, its sampler's among them; a slot is 4 KiB or more)
+    STAGING_SLOTS = 64
     SIGNAL_EVENTS = 16       # marker events :meth:`signal` records in turn
 
     def __init__(self, ordinal: int = 0, own_context: bool = False):
@@ -314,6 +448,8 @@ class CudaDevice:
         _ctx = self.ctx
         cu = self._driver()
         self.stream = _check(cu.cuStreamCreate(0), "cuStreamCreate")
+        #: the copies, event records and launches of a step (:func:`stream_calls`)
+        self.calls = stream_calls(cu)
         self.device_name = _check(cu.cuDeviceGetName(128, self.dev),
                                   "cuDeviceGetName").split(b"\0")[0].decode()
         self._modules: dict[int, Any] = {}
@@ -416,7 +552,7 @@ class CudaDevice:
         """Queue a host-to-device write on the stream. ``array`` is copied at once into the
         next page-locked slot of the upload ring (waiting, if ever, only until the stream
         has read that slot's previous contents), so the caller may reuse it immediately."""
-        cu = self._driver()         # the slots are made and freed in this context too
+        self._driver()              # the slots are made and freed in this context too
         a = self._host_array(buffer, array)
         i = self._stage_next
         self._stage_next = (i + 1) % len(self._stage)
@@ -424,11 +560,10 @@ class CudaDevice:
         if slot is None or slot.nbytes < a.nbytes:
             if slot is not None:
                 slot.free()
-            slot = self._stage[i] = _Pinned(a.nbytes)
+            slot = self._stage[i] = _Pinned(a.nbytes, self.calls)
         slot.wait()                 # the stream has copied what the slot held before
         slot.view[:a.nbytes] = a.reshape(-1).view(np.uint8)
-        _check(cu.cuMemcpyHtoDAsync(buffer.ptr, slot.ptr, a.nbytes, self.stream),
-               "cuMemcpyHtoDAsync")
+        self.calls.htod_async(buffer.ptr, slot.ptr, a.nbytes, self.stream)
         slot.record(self.stream)
 
     def copy_rows_async(self, src: DeviceBuffer, dst: DeviceBuffer,
@@ -436,24 +571,22 @@ class CudaDevice:
         """Queue device-to-device copies of rows of ``src`` into ``dst`` on the stream (one
         ``cuMemcpyDtoDAsync`` a run of consecutive rows; :meth:`Device.copy_rows_async
         <poot.runtime.device.Device.copy_rows_async>`)."""
-        cu = self._driver()
+        self._driver()
         for so, do, n in row_regions(src, dst, runs):
-            _check(cu.cuMemcpyDtoDAsync(dst.ptr + do, src.ptr + so, n, self.stream),
-                   "cuMemcpyDtoDAsync")
+            self.calls.dtod_async(dst.ptr + do, src.ptr + so, n, self.stream)
 
     def download_async(self, buffer: DeviceBuffer) -> CudaReadback:
         """Queue a device-to-host copy of ``buffer`` (into a page-locked slot) after the work
         issued so far; the returned readback's ``wait()`` waits for that copy only."""
-        cu = self._driver()
+        self._driver()
         slot = None
         for j, s in enumerate(self._read_free):
             if s.nbytes >= buffer.nbytes:
                 slot = self._read_free.pop(j)
                 break
         if slot is None:
-            slot = _Pinned(buffer.nbytes)
-        _check(cu.cuMemcpyDtoHAsync(slot.ptr, buffer.ptr, buffer.nbytes, self.stream),
-               "cuMemcpyDtoHAsync")
+            slot = _Pinned(buffer.nbytes, self.calls)
+        self.calls.dtoh_async(slot.ptr, buffer.ptr, buffer.nbytes, self.stream)
         slot.record(self.stream)
         return CudaReadback(self, slot, buffer.dtype, buffer.shape, buffer.nbytes)
 
@@ -476,10 +609,10 @@ class CudaDevice:
         copies read from a device before it writes again); past that its event was
         re-recorded later on this stream, so a wait on it waits for more, never less (a
         wait takes the event's state when the wait is issued)."""
-        cu = self._driver()
+        self._driver()
         ev = self._signals[self._signal_next]
         self._signal_next = (self._signal_next + 1) % len(self._signals)
-        _check(cu.cuEventRecord(ev, self.stream), "cuEventRecord")
+        self.calls.event_record(ev, self.stream)
         return ev
 
     def wait_for(self, marker) -> None:
@@ -686,7 +819,8 @@ class CudaDevice:
         _check(cu.cuGraphDestroy(recording.graph), "cuGraphDestroy")
 
     def replay(self, recording: CudaRecording) -> None:
-        _check(self._driver().cuGraphLaunch(recording.exec, self.stream), "cuGraphLaunch")
+        self._driver()
+        self.calls.graph_launch(recording.exec, self.stream)
         self.replays += 1
 
     def profile_kernel(self, kernel: CudaKernel, bindings: Sequence[DeviceBuffer], repeats: int = 3,
