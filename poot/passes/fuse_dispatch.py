@@ -338,19 +338,28 @@ class _Partition:
 
 
 def _clone_fanout(block: ir.Block) -> None:
-    """Give every view/dequantize one user: clone it per extra user (users in this block)."""
+    """Give every view/dequantize one user: clone it per extra user (users in this block).
+    A user that takes the value as several operands (``concat(v, v)``) gets one clone for all
+    of them: a clone per use would be one more op in that region, and where the region is at
+    its size limit, one more region."""
     for o in reversed([x.operation for x in block.operations]):
         if o.name not in PULLED:
             continue
         uses = [(u.owner.operation, u.operand_number) for u in o.results[0].uses]
+        clones: list[tuple[ir.Operation, ir.Value]] = [(uses[0][0], o.results[0])] \
+            if uses else []
         for owner, idx in uses[1:]:
-            with o.context, o.location:
-                c = ir.Operation.create(o.name, results=[o.results[0].type],
-                                        operands=list(o.operands),
-                                        attributes=op_attributes(o),
-                                        ip=ir.InsertionPoint(owner) if owner.block == block
-                                        else ir.InsertionPoint(o))
-            owner.operands[idx] = c.results[0]
+            mine = next((v for user, v in clones if user == owner), None)
+            if mine is None:
+                with o.context, o.location:
+                    c = ir.Operation.create(o.name, results=[o.results[0].type],
+                                            operands=list(o.operands),
+                                            attributes=op_attributes(o),
+                                            ip=ir.InsertionPoint(owner) if owner.block == block
+                                            else ir.InsertionPoint(o))
+                mine = c.results[0]
+                clones.append((owner, mine))
+            owner.operands[idx] = mine
 
 
 class _Outliner:

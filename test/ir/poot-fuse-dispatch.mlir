@@ -233,3 +233,22 @@ func.func @attention(%q: tensor<4x2x8xf32>, %k: tensor<2x4x8xf32>, %v: tensor<2x
   %2 = "poot.attention"(%1, %k, %v, %m) {scale = 0.35 : f64, softcap = 0.0 : f64} : (tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x4xi1>) -> tensor<2x4x8xf32>
   return %2 : tensor<2x4x8xf32>
 }
+
+// -----
+
+// A view that one op takes as two operands (concat(v, v)) is cloned for that op once, not
+// once per operand: each op once in the region.
+// CHECK-LABEL: func.func @view_used_twice_by_one_op(
+// CHECK-NEXT: %[[R:.+]] = call @view_used_twice_by_one_op_dispatch_0(%arg0)
+// CHECK-NEXT: return %[[R]]
+// CHECK: func.func private @view_used_twice_by_one_op_dispatch_0({{.*}} attributes {poot.dispatch = {kind = "elementwise", ops = 3 : i64}}
+// CHECK-NEXT: "poot.transpose"
+// CHECK-NEXT: "poot.reshape"
+// CHECK-NEXT: "poot.concat"
+// CHECK-NEXT: return
+func.func @view_used_twice_by_one_op(%x: tensor<4x8xf32>) -> tensor<8x8xf32> {
+  %0 = "poot.transpose"(%x) {perm = array<i64: 1, 0>} : (tensor<4x8xf32>) -> tensor<8x4xf32>
+  %1 = "poot.reshape"(%0) : (tensor<8x4xf32>) -> tensor<4x8xf32>
+  %2 = "poot.concat"(%1, %1) {axis = 0 : i64} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+  return %2 : tensor<8x8xf32>
+}
