@@ -12,7 +12,7 @@
 #
 # Out: $OUT/serve_ab.json: per variant the output tok/s, ITL p50/p99, steps and ahead steps of
 # every round, the median tok/s, and B/A. SERVE_AB_ROUNDS (2), SERVE_AB_K (64), SERVE_SECONDS
-# (15), SERVE_LOAD_PROCS (1), SERVE_AB_ENV_A / _B ("VAR=value ...": that variant's server
+# (15), SERVE_LOAD_PROCS (4), SERVE_AB_ENV_A / _B ("VAR=value ...": that variant's server
 # environment; with OLD_TREE "." an A/B of a setting); serve_under_load.sh's files, with
 # _A<round> / _B<round> in their names, stay in $OUT.
 set -u

@@ -19,7 +19,7 @@
 # (an older tree's, for an A/B on one machine; its compiled steps must hash the same);
 # SERVE_ENV="VAR=value ...": the server's environment has these too. SERVE_TAG: a suffix for
 # the files' NAME. SERVE_LOAD_PROCS=P: serve_load.py's --procs (the
-# clients in P processes; default 1). SERVE_NO_C_HTTP=1: httptools and uvloop removed
+# clients in P processes; default 4: one process fell behind a GPU server at 64 clients). SERVE_NO_C_HTTP=1: httptools and uvloop removed
 # first (uvicorn then runs h11 on asyncio's loop, as without them).
 set -u
 cd "$(dirname "$0")/../.."
@@ -77,7 +77,7 @@ PYEOF
         > "$OUT/logs/warm_$name.json" 2>&1
     for k in ${SERVE_KS:-1 16 64}; do
         timeout 200 $PY bench/serve_load.py --url http://127.0.0.1:$PORT -k $k \
-            -m "$SECONDS_EACH" --procs "${SERVE_LOAD_PROCS:-1}" --server-metrics $load \
+            -m "$SECONDS_EACH" --procs "${SERVE_LOAD_PROCS:-4}" --server-metrics $load \
             > "$OUT/serve_${name}_k$k.json" \
             2> "$OUT/logs/load_${name}_k$k.err" &
         local lp=$!
